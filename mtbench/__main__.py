@@ -1,0 +1,3 @@
+from mtbench.cli import main
+
+main()

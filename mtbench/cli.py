@@ -1,0 +1,137 @@
+"""The command line: parsing and presentation only; the work is in mtbench.runner."""
+
+import functools
+import json
+import sys
+import traceback
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from mtbench import plugins
+from mtbench.errors import MtbenchError
+from mtbench.keras_models.presets import PRESETS
+from mtbench.runner.config import DTYPES, TrainConfig
+
+
+def _fail(message, code):
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(command):
+    """One line and a non-zero exit for every failure; the traceback only with --debug."""
+
+    @functools.wraps(command)
+    def wrapper(*args, debug=False, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except MtbenchError as error:
+            if debug:
+                traceback.print_exc()
+            _fail(str(error), error.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except Exception as error:  # an mtbench bug or a framework failure: still one line unless --debug
+            if debug:
+                traceback.print_exc()
+            _fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)
+
+    return click.option("--debug", is_flag=True, help="Show the traceback of a failure.")(wrapper)
+
+
+def _warn_broken_plugins(registry):
+    for warning in registry.warnings:
+        click.echo(f"Warning: {warning}", err=True)
+
+
+def _extras_help():
+    try:
+        extras = plugins.registry().extras
+    except Exception:  # help must render even when a plugin is broken
+        return ""
+    if not extras:
+        return " None installed."
+    return " Installed: " + "; ".join(f"{e.name} ({', '.join(e.backends)})" for e in extras.values()) + "."
+
+
+class OneLineErrors(click.Group):
+    """Usage errors in one line too (click's default repeats the usage text above the error)."""
+
+    def main(self, *args, **kwargs):
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.Abort:
+            _fail("interrupted", 130)
+        except click.ClickException as error:
+            _fail(error.format_message(), error.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=OneLineErrors)
+@click.version_option(package_name="mtbench")
+def main():
+    """Train one Keras 3 Transformer for translation on JAX or PyTorch and report honest figures."""
+
+
+@main.command()
+@click.option("--backend", default="jax", show_default=True, help="Backend plugin: jax, torch, or a third-party one.")
+@click.option("--extra", "extras", multiple=True, help="Backend extra (repeatable)." + _extras_help())
+@click.option("--dataset", default="bible-en-fr", show_default=True, help="Registered dataset (see `mtbench plugins`).")
+@click.option("--data", "data_file", type=click.Path(dir_okay=True), help="TSV file (source TAB target) instead of --dataset.")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default="small", show_default=True, help="Model size.")
+@click.option("--steps", type=int, help="Training steps (default: per preset; tiny 40, small 450, base 2000).")
+@click.option("--epochs", type=float, help="Train for this many passes over the training split instead of --steps.")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="Sentence pairs per step.")
+@click.option("--learning-rate", type=float, default=1e-3, show_default=True)
+@click.option("--warmup-steps", type=int, default=100, show_default=True)
+@click.option("--max-pairs", type=int, help="Use only the first N pairs of the corpus.")
+@click.option("--valid-size", type=int, default=500, show_default=True)
+@click.option("--test-size", type=int, default=500, show_default=True)
+@click.option("--vocab-size", type=int, help="Sentencepiece vocabulary (default: the preset's).")
+@click.option("--max-len", type=int, help="Tokens per side, longer pairs are dropped (default: the preset's).")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True, help="Keras dtype policy.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Initial weights and batch order.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora and tokenizers (default ~/.cache/mtbench).")
+@click.option("--out", type=click.Path(dir_okay=False), help="Result JSON (default mtbench-results/<time>-<backend>.json).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing result file.")
+@click.option("--report", "reporters", multiple=True, default=("table",), show_default=True, help="Reporter (repeatable).")
+@handle_errors
+def train(reporters, cache_dir, **options):
+    """Train, evaluate and time the Transformer on one backend."""
+    from mtbench.runner.training import run_training
+    registry = plugins.registry()
+    _warn_broken_plugins(registry)
+    unknown = [r for r in reporters if r not in registry.reporters]
+    if unknown:
+        raise MtbenchError(f"unknown reporter '{unknown[0]}'; available: {', '.join(sorted(registry.reporters))}")
+    if cache_dir:
+        options["cache_dir"] = cache_dir
+    config = TrainConfig(**options)
+    console = Console()
+    result = run_training(config, registry, console)
+    for name in reporters:
+        registry.reporters[name].report(result, console)
+    console.print(f"result: {config.out}")
+
+
+@main.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def list_plugins(as_json):
+    """List every loaded plugin with its hooks and what it provides."""
+    registry = plugins.registry()
+    rows = plugins.plugin_descriptions()
+    if as_json:
+        click.echo(json.dumps({"plugins": rows, "warnings": registry.warnings}, indent=2))
+        return
+    _warn_broken_plugins(registry)
+    table = Table(title="mtbench plugins")
+    for column in ("plugin", "version", "hooks", "provides"):
+        table.add_column(column)
+    for row in rows:
+        provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in row["provides"].items())
+        name = row["name"] + (" (built-in)" if row["builtin"] else "")
+        table.add_row(name, row["version"] or "?", "\n".join(row["hooks"]), provides)
+    Console().print(table)

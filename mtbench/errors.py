@@ -1,0 +1,14 @@
+"""Errors that end a run with one clear line instead of a traceback."""
+
+
+class MtbenchError(Exception):
+    """A problem the user can fix. Exit code 2 for bad input or usage, 1 for a failure at run time."""
+
+    def __init__(self, message, exit_code=2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class RunFailure(MtbenchError):
+    def __init__(self, message):
+        super().__init__(message, exit_code=1)

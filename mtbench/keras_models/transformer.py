@@ -1,0 +1,147 @@
+"""The encoder-decoder Transformer, written once with keras and keras.ops so that every backend runs the same model.
+
+Pre-layer-norm blocks (more stable at high learning rates than the post-LN of the original paper), one embedding
+shared by source, target and the output projection, learned positions. Token id 0 is padding.
+"""
+
+import keras
+from keras import layers, ops
+
+PAD_ID = 0
+
+
+class Attention(layers.Layer):
+    """Multi-head attention through `keras.ops.dot_product_attention`, so a backend may route it to a fused
+    (flash) kernel. Padding is expressed as a key mask and causality as `is_causal`, the two forms fused
+    kernels accept."""
+
+    def __init__(self, d_model, num_heads, is_causal=False, flash_attention=None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.is_causal = is_causal
+        self.flash_attention = flash_attention
+        self.query = layers.Dense(d_model, name="query")
+        self.key = layers.Dense(d_model, name="key")
+        self.value = layers.Dense(d_model, name="value")
+        self.output_projection = layers.Dense(d_model, name="output")
+
+    def _split_heads(self, x):
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        return ops.reshape(x, (batch, length, self.num_heads, self.head_dim))
+
+    def call(self, x, memory, key_mask=None):
+        q = self._split_heads(self.query(x))
+        k = self._split_heads(self.key(memory))
+        v = self._split_heads(self.value(memory))
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        attended = ops.dot_product_attention(q, k, v, mask=mask, is_causal=self.is_causal,
+                                             flash_attention=self.flash_attention)
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        return self.output_projection(ops.reshape(attended, (batch, length, self.num_heads * self.head_dim)))
+
+
+class FeedForward(layers.Layer):
+    def __init__(self, d_model, ff_dim, dropout, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = layers.Dense(ff_dim, activation="relu", name="hidden")
+        self.out = layers.Dense(d_model, name="out")
+        self.dropout = layers.Dropout(dropout)
+
+    def call(self, x, training=False):
+        return self.out(self.dropout(self.hidden(x), training=training))
+
+
+class EncoderBlock(layers.Layer):
+    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=None, **kwargs):
+        super().__init__(**kwargs)
+        self.attention_norm = layers.LayerNormalization(epsilon=1e-6, name="attention_norm")
+        self.attention = Attention(d_model, num_heads, flash_attention=flash_attention, name="self_attention")
+        self.ff_norm = layers.LayerNormalization(epsilon=1e-6, name="ff_norm")
+        self.ff = FeedForward(d_model, ff_dim, dropout, name="ff")
+        self.dropout = layers.Dropout(dropout)
+
+    def call(self, x, src_mask, training=False):
+        h = self.attention_norm(x)
+        x = x + self.dropout(self.attention(h, h, key_mask=src_mask), training=training)
+        return x + self.dropout(self.ff(self.ff_norm(x), training=training), training=training)
+
+
+class DecoderBlock(layers.Layer):
+    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=None, **kwargs):
+        super().__init__(**kwargs)
+        self.self_attention_norm = layers.LayerNormalization(epsilon=1e-6, name="self_attention_norm")
+        self.self_attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
+                                        name="self_attention")
+        self.cross_attention_norm = layers.LayerNormalization(epsilon=1e-6, name="cross_attention_norm")
+        self.cross_attention = Attention(d_model, num_heads, flash_attention=flash_attention,
+                                         name="cross_attention")
+        self.ff_norm = layers.LayerNormalization(epsilon=1e-6, name="ff_norm")
+        self.ff = FeedForward(d_model, ff_dim, dropout, name="ff")
+        self.dropout = layers.Dropout(dropout)
+
+    def call(self, x, memory, src_mask, training=False):
+        # Target padding needs no mask: causality keeps real positions from seeing the padding after them,
+        # and the loss ignores the padded positions themselves.
+        h = self.self_attention_norm(x)
+        x = x + self.dropout(self.self_attention(h, h), training=training)
+        h = self.cross_attention_norm(x)
+        x = x + self.dropout(self.cross_attention(h, memory, key_mask=src_mask), training=training)
+        return x + self.dropout(self.ff(self.ff_norm(x), training=training), training=training)
+
+
+class Transformer(keras.Model):
+    """Inputs: `(source_ids, target_input_ids)`, both (batch, length) int32; output: logits (batch, length, vocab)."""
+
+    def __init__(self, vocab_size, d_model, num_heads, encoder_layers, decoder_layers, ff_dim, max_len,
+                 dropout=0.0, flash_attention=None, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.max_len = max_len
+        self.token_embedding = layers.Embedding(vocab_size, d_model, name="token_embedding")
+        self.position_embedding = layers.Embedding(max_len, d_model, name="position_embedding")
+        self.embedding_dropout = layers.Dropout(dropout)
+        self.encoder_blocks = [EncoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention, name=f"encoder_{i}")
+                               for i in range(encoder_layers)]
+        self.decoder_blocks = [DecoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention, name=f"decoder_{i}")
+                               for i in range(decoder_layers)]
+        self.encoder_norm = layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")
+        self.decoder_norm = layers.LayerNormalization(epsilon=1e-6, name="decoder_norm")
+
+    def _embed(self, ids, training):
+        positions = ops.arange(ops.shape(ids)[1])
+        x = self.token_embedding(ids) * ops.cast(self.d_model ** 0.5, self.compute_dtype)
+        return self.embedding_dropout(x + self.position_embedding(positions)[None], training=training)
+
+    def encode(self, source_ids, training=False):
+        """Returns the encoder output and the source padding mask that decoding attends with."""
+        src_mask = ops.not_equal(source_ids, PAD_ID)
+        x = self._embed(source_ids, training)
+        for block in self.encoder_blocks:
+            x = block(x, src_mask, training=training)
+        return self.encoder_norm(x), src_mask
+
+    def decode(self, target_input_ids, memory, src_mask, training=False):
+        x = self._embed(target_input_ids, training)
+        for block in self.decoder_blocks:
+            x = block(x, memory, src_mask, training=training)
+        x = self.decoder_norm(x)
+        # Tied output layer: logits against the shared embedding table, computed in float32 for a stable softmax.
+        table = ops.cast(self.token_embedding.embeddings, x.dtype)
+        return ops.cast(ops.matmul(x, ops.transpose(table)), "float32")
+
+    def call(self, inputs, training=False):
+        source_ids, target_input_ids = inputs
+        memory, src_mask = self.encode(source_ids, training=training)
+        return self.decode(target_input_ids, memory, src_mask, training=training)
+
+
+def build_transformer(preset, flash_attention=None):
+    """Builds the model with its variables created, so weights can be set before compiling."""
+    model = Transformer(vocab_size=preset.vocab_size, d_model=preset.d_model, num_heads=preset.num_heads,
+                        encoder_layers=preset.encoder_layers, decoder_layers=preset.decoder_layers,
+                        ff_dim=preset.ff_dim, max_len=preset.max_len, dropout=preset.dropout,
+                        flash_attention=flash_attention, name="transformer")
+    dummy = ops.ones((1, 8), dtype="int32")
+    model((dummy, dummy))
+    return model

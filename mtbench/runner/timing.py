@@ -1,0 +1,74 @@
+"""Step timing that keeps compilation apart from steady steps.
+
+The first step of each batch shape pays for tracing and compilation (XLA on JAX, torch.compile when enabled)
+and for allocator warm-up; it is timed, but not mixed into the steady figures. The compile time of a shape is its
+first step minus that shape's steady median, so it is not inflated by the step's own work.
+"""
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class StepRecord:
+    step: int
+    shape: tuple
+    seconds: float
+    target_tokens: int
+    first_of_shape: bool
+
+
+@dataclass
+class StepTimer:
+    records: list = field(default_factory=list)
+    _seen: set = field(default_factory=set)
+
+    def add(self, step, shape, seconds, target_tokens):
+        first = shape not in self._seen
+        self._seen.add(shape)
+        self.records.append(StepRecord(step, shape, seconds, target_tokens, first))
+        return first
+
+    def summary(self):
+        steady = [r for r in self.records if not r.first_of_shape]
+        first = [r for r in self.records if r.first_of_shape]
+        steady_times = np.array([r.seconds for r in steady]) if steady else None
+        compile_s = 0.0
+        for r in first:
+            same_shape = [s.seconds for s in steady if s.shape == r.shape]
+            baseline = float(np.median(same_shape)) if same_shape else (
+                float(np.median(steady_times)) if steady_times is not None else 0.0)
+            compile_s += max(r.seconds - baseline, 0.0)
+        return {
+            "compile_s": compile_s,
+            "first_steps_s": float(sum(r.seconds for r in first)),
+            "shapes_compiled": len(first),
+            "steady_steps": len(steady),
+            "step_s_median": float(np.median(steady_times)) if steady else None,
+            "step_s_p90": float(np.percentile(steady_times, 90)) if steady else None,
+            "step_s_min": float(steady_times.min()) if steady else None,
+            "tokens_per_s": (sum(r.target_tokens for r in steady) / float(steady_times.sum())) if steady else None,
+            "steady_s": float(steady_times.sum()) if steady else 0.0,
+        }
+
+
+class Stopwatch:
+    """Wall time of named phases (data, tokenizer, build, train, evaluate, ...)."""
+
+    def __init__(self):
+        self.phases = {}
+        self._start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
+
+    def total(self):
+        return time.perf_counter() - self._start

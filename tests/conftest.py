@@ -1,0 +1,51 @@
+"""Shared fixtures. In-process tests run keras on JAX; anything that needs another backend runs the CLI in a
+subprocess, as real users do (keras fixes its backend at import)."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+_SESSION_DIR = tempfile.mkdtemp(prefix="mtbench-tests-")
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("KERAS_HOME", os.path.join(_SESSION_DIR, "keras"))
+
+# Small enough for seconds per run, large enough that the tiny model learns something measurable.
+TINY_TRAIN = ["--preset", "tiny", "--max-pairs", "4000", "--valid-size", "100", "--test-size", "100",
+              "--max-len", "48", "--steps", "60", "--batch-size", "32"]
+
+
+@pytest.fixture(scope="session")
+def cache_dir():
+    """One cache for the whole session: the corpus and tokenizer are prepared once."""
+    path = os.path.join(_SESSION_DIR, "cache")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def run_cli(*args, env=None, cwd=None, timeout=600):
+    """Runs `python -m mtbench ARGS` in a fresh process; returns the CompletedProcess."""
+    full_env = dict(os.environ)
+    full_env.pop("KERAS_BACKEND", None)  # the backend plugin must set it, not the test environment
+    full_env.setdefault("MTBENCH_LOAD_PLUGINS", "")
+    full_env.update(env or {})
+    full_env = {k: v for k, v in full_env.items() if v is not None}  # None in `env` unsets a variable
+    return subprocess.run([sys.executable, "-m", "mtbench", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(cache_dir):
+    """One tiny training run per built-in backend, shared by the tests that inspect results."""
+    out_dir = os.path.join(_SESSION_DIR, "runs")
+    runs = {}
+    for backend in ("jax", "torch"):
+        out = os.path.join(out_dir, f"{backend}.json")
+        proc = run_cli("train", "--backend", backend, *TINY_TRAIN, "--cache-dir", cache_dir, "--out", out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with open(out) as f:
+            runs[backend] = {"result": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
+    return runs
