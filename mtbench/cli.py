@@ -12,7 +12,7 @@ from rich.table import Table
 from mtbench import plugins
 from mtbench.errors import MtbenchError
 from mtbench.keras_models.presets import PRESETS
-from mtbench.runner.config import DTYPES, TrainConfig
+from mtbench.runner.config import COMPILE_MODES, DTYPES, TrainConfig
 
 
 def _fail(message, code):
@@ -92,6 +92,8 @@ def main():
 @click.option("--vocab-size", type=int, help="Sentencepiece vocabulary (default: the preset's).")
 @click.option("--max-len", type=int, help="Tokens per side, longer pairs are dropped (default: the preset's).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True, help="Keras dtype policy.")
+@click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default", show_default=True,
+              help="torch.compile mode for the torch-compile extra.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Initial weights and batch order.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora and tokenizers (default ~/.cache/mtbench).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Result JSON (default mtbench-results/<time>-<backend>.json).")
@@ -121,10 +123,12 @@ def train(reporters, cache_dir, **options):
 @handle_errors
 def list_plugins(as_json):
     """List every loaded plugin with its hooks and what it provides."""
+    from mtbench.runner.availability import extras_availability
     registry = plugins.registry()
     rows = plugins.plugin_descriptions()
+    extras = extras_availability(registry)
     if as_json:
-        click.echo(json.dumps({"plugins": rows, "warnings": registry.warnings}, indent=2))
+        click.echo(json.dumps({"plugins": rows, "extras": extras, "warnings": registry.warnings}, indent=2))
         return
     _warn_broken_plugins(registry)
     table = Table(title="mtbench plugins")
@@ -134,4 +138,11 @@ def list_plugins(as_json):
         provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in row["provides"].items())
         name = row["name"] + (" (built-in)" if row["builtin"] else "")
         table.add_row(name, row["version"] or "?", "\n".join(row["hooks"]), provides)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    extras_table = Table(title="extras on this machine (default run)")
+    for column in ("extra", "backend", "available", "why not"):
+        extras_table.add_column(column)
+    for row in extras:
+        extras_table.add_row(row["extra"], row["backend"], "yes" if row["available"] else "no", row["reason"] or "")
+    console.print(extras_table)

@@ -68,13 +68,14 @@ class EncoderBlock(layers.Layer):
 
 
 class DecoderBlock(layers.Layer):
-    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=None, **kwargs):
+    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=None, flash_attention_masked=None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.self_attention_norm = layers.LayerNormalization(epsilon=1e-6, name="self_attention_norm")
         self.self_attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
                                         name="self_attention")
         self.cross_attention_norm = layers.LayerNormalization(epsilon=1e-6, name="cross_attention_norm")
-        self.cross_attention = Attention(d_model, num_heads, flash_attention=flash_attention,
+        self.cross_attention = Attention(d_model, num_heads, flash_attention=flash_attention_masked,
                                          name="cross_attention")
         self.ff_norm = layers.LayerNormalization(epsilon=1e-6, name="ff_norm")
         self.ff = FeedForward(d_model, ff_dim, dropout, name="ff")
@@ -94,16 +95,20 @@ class Transformer(keras.Model):
     """Inputs: `(source_ids, target_input_ids)`, both (batch, length) int32; output: logits (batch, length, vocab)."""
 
     def __init__(self, vocab_size, d_model, num_heads, encoder_layers, decoder_layers, ff_dim, max_len,
-                 dropout=0.0, flash_attention=None, **kwargs):
+                 dropout=0.0, flash_attention=None, flash_attention_masked=None, **kwargs):
+        """`flash_attention` applies to the decoder's causal self-attention; `flash_attention_masked` to the
+        attentions that take a padding mask (encoder self-attention, cross-attention), since some fused
+        kernels (torch's flash) accept no mask."""
         super().__init__(**kwargs)
         self.d_model = d_model
         self.max_len = max_len
         self.token_embedding = layers.Embedding(vocab_size, d_model, name="token_embedding")
         self.position_embedding = layers.Embedding(max_len, d_model, name="position_embedding")
         self.embedding_dropout = layers.Dropout(dropout)
-        self.encoder_blocks = [EncoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention, name=f"encoder_{i}")
-                               for i in range(encoder_layers)]
-        self.decoder_blocks = [DecoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention, name=f"decoder_{i}")
+        self.encoder_blocks = [EncoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention_masked,
+                                            name=f"encoder_{i}") for i in range(encoder_layers)]
+        self.decoder_blocks = [DecoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention,
+                                            flash_attention_masked, name=f"decoder_{i}")
                                for i in range(decoder_layers)]
         self.encoder_norm = layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")
         self.decoder_norm = layers.LayerNormalization(epsilon=1e-6, name="decoder_norm")
@@ -136,12 +141,13 @@ class Transformer(keras.Model):
         return self.decode(target_input_ids, memory, src_mask, training=training)
 
 
-def build_transformer(preset, flash_attention=None):
+def build_transformer(preset, flash_attention=None, flash_attention_masked=None):
     """Builds the model with its variables created, so weights can be set before compiling."""
     model = Transformer(vocab_size=preset.vocab_size, d_model=preset.d_model, num_heads=preset.num_heads,
                         encoder_layers=preset.encoder_layers, decoder_layers=preset.decoder_layers,
                         ff_dim=preset.ff_dim, max_len=preset.max_len, dropout=preset.dropout,
-                        flash_attention=flash_attention, name="transformer")
+                        flash_attention=flash_attention, flash_attention_masked=flash_attention_masked,
+                        name="transformer")
     dummy = ops.ones((1, 8), dtype="int32")
     model((dummy, dummy))
     return model

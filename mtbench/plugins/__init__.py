@@ -19,6 +19,10 @@ BUILTIN_PLUGINS = (
     "mtbench.plugins.torch_backend",
     "mtbench.plugins.bible_dataset",
     "mtbench.plugins.table_reporter",
+    "mtbench.plugins.flash_attention",
+    "mtbench.plugins.torch_compile",
+    "mtbench.plugins.jax_parallel",
+    "mtbench.plugins.jax_tpu",
 )
 REGISTER_HOOKS = {
     "backends": "mtbench_register_backends",

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 @dataclass
 class RunContext:
     """What a plugin may look at while a run is set up: the configuration, the backend, and (once the
-    framework is imported) the device. `extras_state` is scratch space for extras, keyed by extra name."""
+    framework is imported) the device. Extras may add keyword arguments for `build_transformer` to
+    `model_options` (for example `flash_attention`), and keep what they learn in `extras_state[name]`."""
     config: object
     backend: "Backend"
     device: dict = field(default_factory=dict)
+    model_options: dict = field(default_factory=dict)
     extras_state: dict = field(default_factory=dict)
 
     @property
@@ -75,6 +77,10 @@ class Extra:
         """Environment variables to set before the framework is imported."""
         return {}
 
+    def adjust_config(self, run):
+        """Called before the data is batched: may change `run.config` (batch size, bucket step). Whatever it
+        changes is what the result's config shows."""
+
     def unavailable_reason(self, run):
         """Why this extra cannot run in this run (device, dtype, devices), or None when it can."""
         return None
@@ -87,13 +93,40 @@ class Extra:
         return {}
 
     def make_train_step(self, run, model):
-        """Optionally return a callable `step(x, y, sample_weight) -> {'loss': float, 'accuracy': float}` that
-        replaces `model.train_on_batch`; None keeps the Keras step."""
+        """Optionally return a `TrainStep` that replaces Keras's own (`model.train_on_batch`); None keeps it."""
+        return None
+
+    def verify(self, run, model, batch):
+        """Called once before training with the model and a real batch: check that the extra takes effect
+        (a fused kernel is in the compiled program, ...). Return a reason when it does not; the run stops
+        rather than measure something other than what it claims."""
         return None
 
     def record(self, run):
         """What the extra did, for the result JSON (verified facts, not intentions)."""
         return {}
+
+
+class TrainStep:
+    """One optimisation step on a batch. `finalize` writes any state the step keeps outside the model (replicated
+    parameters, optimizer slots) back into the Keras variables, so that evaluation sees the trained weights."""
+
+    def __call__(self, x, y, sample_weight):
+        """Returns {'loss': float, 'accuracy': float} of the batch, computed before the update."""
+        raise NotImplementedError
+
+    def finalize(self):
+        pass
+
+
+class KerasTrainStep(TrainStep):
+    """Keras's own compiled train step."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, x, y, sample_weight):
+        return self.model.train_on_batch(x, y, sample_weight=sample_weight, return_dict=True)
 
 
 class Dataset:

@@ -22,7 +22,8 @@ def result_rows(result):
     return [
         ("run", "backend", result["backend"] + "".join(f" +{e}" for e in result["extras"])),
         ("run", "status", result["status"]),
-        ("run", "device", f"{device.get('kind')} x{device.get('count')}: {device.get('name')}"),
+        ("run", "device", f"{device.get('kind')}: {device.get('name')}, {result['devices_used']} of "
+                          f"{device.get('count')} used"),
         ("run", "versions", f"keras {env['keras']}, jax {env['jax']}, torch {env['torch']}"),
         ("run", "corpus / preset", f"{result['data']['corpus']} / {cfg['preset']} "
                                    f"({result['model']['parameters']:,} parameters), {cfg['dtype']}"),

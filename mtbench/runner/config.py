@@ -11,6 +11,7 @@ from mtbench.keras_models.presets import PRESETS
 
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
 DTYPES = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def default_cache_dir():
@@ -37,6 +38,7 @@ class TrainConfig:
     vocab_size: int = None         # default: the preset's
     max_len: int = None            # tokens per side, special tokens included; default: the preset's
     dtype: str = "float32"
+    compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
     seed: int = 0
     log_every: int = 10
     decode_batch_size: int = 128
@@ -59,6 +61,8 @@ class TrainConfig:
             raise MtbenchError("give --steps or --epochs, not both")
         if self.dtype not in DTYPES:
             raise MtbenchError(f"unknown dtype '{self.dtype}'; choose one of {', '.join(DTYPES)}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len", "log_every",
                      "decode_batch_size", "max_pairs"):
             value = getattr(self, name)

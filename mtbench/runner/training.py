@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api import RunContext
+from mtbench.plugins.api import KerasTrainStep, RunContext
 from mtbench.runner import results as results_module
 from mtbench.runner.batches import batches_per_epoch, encode_split, training_batches
 from mtbench.runner.data import load_corpus
@@ -84,13 +84,17 @@ def compile_model(keras, model, config, total_steps, compile_options):
         decay_steps=max(total_steps - warmup, 1), alpha=0.1)
     optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=config.weight_decay,
                                        beta_1=0.9, beta_2=0.98, epsilon=1e-9, clipnorm=1.0)
+    if config.dtype in ("float16", "mixed_float16"):
+        # float16 gradients underflow without loss scaling; Keras's optimizer wrapper scales dynamically.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     # The loss and accuracy are means over real target tokens: the batch's weights are 0 on padding.
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
     options = {"jit_compile": "auto"}
     options.update(compile_options)
     model.compile(optimizer=optimizer, loss=loss,
                   weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")], **options)
-    return options
+    return {"jit_compile": model.jit_compile, "optimizer": type(model.optimizer).__name__,
+            "dtype_policy": model.dtype_policy.name}
 
 
 def run_training(config, registry, console):
@@ -111,6 +115,9 @@ def run_training(config, registry, console):
         reason = extra.unavailable_reason(run)
         if reason:
             raise MtbenchError(f"{extra.name}: {reason}")
+
+    for extra in extras:
+        extra.adjust_config(run)
 
     with stopwatch.phase("data"), corpus_progress(console) as progress:
         corpus = load_corpus(config, registry.datasets, progress)
@@ -139,18 +146,20 @@ def run_training(config, registry, console):
         for extra in extras:
             extra.before_model(run)
         model_shape = dataclasses.replace(config.model, vocab_size=tokenizer.vocab_size)
-        model = build_transformer(model_shape)
+        model = build_transformer(model_shape, **run.model_options)
         assign_weights(model, initial_weights(model, config.seed))
         compile_options = {}
         for extra in extras:
             compile_options.update(extra.compile_options(run))
         compile_options = compile_model(keras, model, config, total_steps, compile_options)
-        train_step = None
+        train_step = KerasTrainStep(model)
         for extra in extras:
             train_step = extra.make_train_step(run, model) or train_step
-        if train_step is None:
-            def train_step(x, y, sample_weight):
-                return model.train_on_batch(x, y, sample_weight=sample_weight, return_dict=True)
+        _, first_batch = next(training_batches(train_split, config.batch_size, config.max_len, config.seed))
+        for extra in extras:
+            reason = extra.verify(run, model, first_batch)
+            if reason:
+                raise RunFailure(f"{extra.name}: {reason}")
 
     callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=model)
     timer = StepTimer()
@@ -175,6 +184,7 @@ def run_training(config, registry, console):
                 raise RunFailure(f"training diverged at step {step}: loss is {loss}")
             progress.advance(loss, batch.target_tokens / seconds)
     callbacks.on_train_end()
+    train_step.finalize()
 
     with stopwatch.phase("evaluate"):
         batch_rows = config.batch_size
@@ -190,15 +200,17 @@ def run_training(config, registry, console):
     write_text_atomic(hypotheses_file, "".join(h + "\n" for h in scores.hypotheses))
     write_text_atomic(references_file, "".join(r + "\n" for r in scores.references))
     steady = timer.summary()
+    extras_record = {extra.name: extra.record(run) for extra in extras}
     result = {
         "schema_version": results_module.SCHEMA_VERSION,
         "status": "completed",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "backend": backend.name,
         "extras": [extra.name for extra in extras],
-        "extras_record": {extra.name: extra.record(run) for extra in extras},
+        "extras_record": extras_record,
+        "devices_used": max([record.get("devices", 1) for record in extras_record.values()] + [1]),
         "config": config.to_dict(),
-        "compile_options": {k: str(v) for k, v in compile_options.items()},
+        "compile_options": compile_options,
         "env": results_module.environment(backend),
         "data": {
             "corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),

@@ -1,0 +1,28 @@
+"""Which extras can run on this machine, and why not: what `mtbench plugins` shows."""
+
+from mtbench.plugins.api import RunContext
+from mtbench.runner.config import TrainConfig
+
+
+def extras_availability(registry):
+    """One row per (extra, backend it serves): available or the reason, for a default run on this machine.
+    Describing a backend's devices imports its framework (not keras)."""
+    devices = {}
+    rows = []
+    for extra in registry.extras.values():
+        for backend_name in extra.backends:
+            backend = registry.backends.get(backend_name)
+            if backend is None:
+                reason = f"backend '{backend_name}' is not installed as a plugin"
+            else:
+                reason = backend.missing_framework()
+                if reason is None:
+                    if backend_name not in devices:
+                        devices[backend_name] = backend.device_info()
+                    run = RunContext(config=TrainConfig(backend=backend_name), backend=backend,
+                                     device=devices[backend_name])
+                    reason = extra.unavailable_reason(run)
+            rows.append({"extra": extra.name, "backend": backend_name, "available": reason is None,
+                         "reason": reason, "description": extra.description,
+                         "conflicts": list(extra.conflicts)})
+    return rows

@@ -1,0 +1,138 @@
+"""Built-in extras: availability with its reason, the effect each has, and its record in the result JSON."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import TINY_TRAIN, run_cli
+from mtbench.plugins.flash_attention import (JAX_KERNEL_PATTERN, TORCH_KERNEL_PATTERN, FlashAttention,
+                                             kernel_evidence)
+
+TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+SHORT = [*TINY_TRAIN, "--steps", "20"]
+
+
+def train(tmp_path, name, cache_dir, *args, env=None):
+    out = str(tmp_path / f"{name}.json")
+    proc = run_cli("train", *SHORT, "--cache-dir", cache_dir, "--out", out, *args, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(out) as f:
+        return json.load(f)
+
+
+def losses(result):
+    return np.array([h["loss"] for h in result["history"]])
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--backend", "jax", "--extra", "flash-attention"], None,
+     "flash-attention: flash attention needs a CUDA GPU (or TPU) and float16/bfloat16; this run has cpu/float32"),
+    (["--backend", "torch", "--extra", "flash-attention", "--dtype", "mixed_bfloat16"], None,
+     "flash-attention: flash attention needs a CUDA GPU (or TPU) and float16/bfloat16; this run has cpu/mixed_bfloat16"),
+    (["--backend", "jax", "--extra", "pmap"], None, "pmap: data parallelism needs at least 2 devices; this run has 1"),
+    (["--backend", "jax", "--extra", "data-parallel"], None, "data-parallel: data parallelism needs at least 2 devices"),
+    (["--backend", "jax", "--extra", "data-parallel", "--batch-size", "33"], TWO_DEVICES,
+     "data-parallel: the batch size 33 does not split evenly over 2 devices"),
+    (["--backend", "jax", "--extra", "pmap", "--dtype", "mixed_float16"], TWO_DEVICES,
+     "pmap: the pmap step has no loss scaling"),
+    (["--backend", "jax", "--extra", "tpu"], None, "tpu: the TPU strategy needs TPU devices; this run has 1 cpu device(s)"),
+    (["--backend", "jax", "--extra", "pmap", "--extra", "data-parallel"], TWO_DEVICES,
+     "extra 'pmap' cannot run together with 'data-parallel'"),
+    (["--backend", "jax", "--extra", "torch-compile"], None, "extra 'torch-compile' serves the torch backend(s), not 'jax'"),
+])
+def test_unavailable_extra_stops_the_run_with_its_reason(tmp_path, cache_dir, args, env, message):
+    proc = run_cli("train", *TINY_TRAIN, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"), *args, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("Error: " + message), proc.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_plugins_command_reports_availability_with_reasons():
+    proc = run_cli("plugins", "--json", env=TWO_DEVICES)
+    rows = {(r["extra"], r["backend"]): r for r in json.loads(proc.stdout)["extras"]}
+    assert rows[("torch-compile", "torch")]["available"]
+    assert rows[("pmap", "jax")]["available"] and rows[("data-parallel", "jax")]["available"]
+    assert not rows[("tpu", "jax")]["available"] and "TPU devices" in rows[("tpu", "jax")]["reason"]
+    assert "cpu/float32" in rows[("flash-attention", "torch")]["reason"]
+
+
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory, cache_dir):
+    return train(tmp_path_factory.mktemp("single"), "single", cache_dir, "--backend", "jax", env=TWO_DEVICES)
+
+
+@pytest.mark.parametrize("extra", ["pmap", "data-parallel"])
+def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, single_device, extra):
+    result = train(tmp_path, extra, cache_dir, "--backend", "jax", "--extra", extra, env=TWO_DEVICES)
+    assert result["extras"] == [extra]
+    assert result["extras_record"][extra]["devices"] == 2
+    assert result["extras_record"][extra]["per_device_batch"] == 16
+    np.testing.assert_allclose(losses(result), losses(single_device), rtol=1e-4)
+    assert result["metrics"]["val_loss"] == pytest.approx(single_device["metrics"]["val_loss"], rel=1e-4)
+
+
+def test_torch_compile_really_compiles_and_reports_dynamo_counters(tmp_path, cache_dir):
+    result = train(tmp_path, "compiled", cache_dir, "--backend", "torch", "--extra", "torch-compile",
+                   env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    record = result["extras_record"]["torch-compile"]
+    assert record["mode"] == "default"
+    assert record["graphs_compiled"] >= 1 and record["frames_compiled"] >= 1
+    assert isinstance(record["graph_breaks"], int)
+    assert losses(result)[-5:].mean() < losses(result)[:3].mean()
+
+
+@pytest.mark.parametrize("dtype, optimizer", [("mixed_bfloat16", "AdamW"), ("mixed_float16", "LossScaleOptimizer")])
+def test_dtype_policy_is_applied_and_recorded(tmp_path, cache_dir, dtype, optimizer):
+    result = train(tmp_path, dtype, cache_dir, "--backend", "torch", "--dtype", dtype)
+    assert result["compile_options"]["dtype_policy"] == dtype
+    assert result["compile_options"]["optimizer"] == optimizer
+    assert losses(result)[-5:].mean() < losses(result)[:3].mean()
+
+
+def test_flash_check_fails_when_the_fused_kernel_did_not_run(cache_dir):
+    """On this CPU the compiled forward pass has plain XLA attention: verification must refuse."""
+    from types import SimpleNamespace
+
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.plugins.jax_backend import JaxBackend
+    from mtbench.runner.batches import make_batch
+    model = build_transformer(PRESETS["tiny"])
+    split = SimpleNamespace(sources=[[5, 6, 7, 3]] * 2, targets=[[8, 9]] * 2)
+    run = SimpleNamespace(backend=JaxBackend(), extras_state={"flash-attention": {}})
+    reason = FlashAttention().verify(run, model, make_batch(split, [0, 1], 2, 16))
+    assert reason.startswith("the fused attention kernel did not run")
+    assert run.extras_state["flash-attention"]["kernels"] == []
+
+
+def test_kernel_evidence_recognises_only_fused_kernels():
+    hlo = 'custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax", backend_config={}'
+    assert kernel_evidence(hlo, JAX_KERNEL_PATTERN) == ["__cudnn$fmhaSoftmax"]
+    assert kernel_evidence("dot(%q, %k) softmax reduce", JAX_KERNEL_PATTERN) == []
+    events = ["aten::_scaled_dot_product_flash_attention", "void pytorch_flash::flash_fwd_kernel<Flash_fwd>()"]
+    assert len(kernel_evidence(events, TORCH_KERNEL_PATTERN)) == 2
+    assert kernel_evidence(["aten::_scaled_dot_product_efficient_attention", "aten::bmm"], TORCH_KERNEL_PATTERN) == []
+
+
+def test_tpu_mesh_and_sizes_on_simulated_devices():
+    script = """
+import json, jax
+from types import SimpleNamespace
+from mtbench.plugins.jax_tpu import TpuStrategy, tpu_batch_size, tpu_mesh
+from mtbench.runner.config import TrainConfig
+mesh, distribution = tpu_mesh(jax.devices())
+run = SimpleNamespace(config=TrainConfig(batch_size=60, max_len=45), device={"count": 4}, extras_state={})
+TpuStrategy().adjust_config(run)
+print(json.dumps({"mesh": list(mesh.shape), "axes": list(mesh.axis_names), "batch": run.config.batch_size,
+                  "max_len": run.config.max_len, "dtype": run.config.dtype, "b": [tpu_batch_size(8, 1), tpu_batch_size(33, 4)]}))
+"""
+    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"mesh": [4], "axes": ["batch"], "batch": 64, "max_len": 48, "dtype": "mixed_bfloat16",
+                   "b": [8, 64]}
