@@ -38,7 +38,7 @@ def losses(result):
     (["--backend", "jax", "--extra", "data-parallel", "--batch-size", "33"], TWO_DEVICES,
      "data-parallel: the batch size 33 does not split evenly over 2 devices"),
     (["--backend", "jax", "--extra", "pmap", "--dtype", "mixed_float16"], TWO_DEVICES,
-     "pmap: the pmap step has no loss scaling"),
+     "--dtype mixed_float16: XLA on the CPU has no float16 matmul"),
     (["--backend", "jax", "--extra", "tpu"], None, "tpu: the TPU strategy needs TPU devices; this run has 1 cpu device(s)"),
     (["--backend", "jax", "--extra", "pmap", "--extra", "data-parallel"], TWO_DEVICES,
      "extra 'pmap' cannot run together with 'data-parallel'"),
@@ -85,12 +85,41 @@ def test_torch_compile_really_compiles_and_reports_dynamo_counters(tmp_path, cac
     assert losses(result)[-5:].mean() < losses(result)[:3].mean()
 
 
-@pytest.mark.parametrize("dtype, optimizer", [("mixed_bfloat16", "AdamW"), ("mixed_float16", "LossScaleOptimizer")])
-def test_dtype_policy_is_applied_and_recorded(tmp_path, cache_dir, dtype, optimizer):
-    result = train(tmp_path, dtype, cache_dir, "--backend", "torch", "--dtype", dtype)
-    assert result["compile_options"]["dtype_policy"] == dtype
-    assert result["compile_options"]["optimizer"] == optimizer
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_bfloat16_policy_is_applied_and_recorded(tmp_path, cache_dir, backend):
+    result = train(tmp_path, backend, cache_dir, "--backend", backend, "--dtype", "mixed_bfloat16", "--steps", "12")
+    assert result["compile_options"]["dtype_policy"] == "mixed_bfloat16"
+    assert result["compile_options"]["optimizer"] == "AdamW"
+    assert result["utilization"]["peak_source"].startswith(f"measured: 2048x2048 bfloat16 matmul on {backend}")
     assert losses(result)[-5:].mean() < losses(result)[:3].mean()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "mixed_float16"])
+def test_float16_trains_with_loss_scaling(dtype):
+    """Checked in-process at compile time: a float16 run on this CPU would take minutes (torch) or cannot
+    run at all (XLA has no float16 matmul on the CPU, which the next test covers)."""
+    import keras
+
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.training import compile_model
+    keras.config.set_dtype_policy(dtype)
+    try:
+        config = TrainConfig(preset="tiny", dtype=dtype)
+        model = build_transformer(config.model)
+        options = compile_model(keras, model, config, total_steps=10, compile_options={})
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert options["optimizer"] == "LossScaleOptimizer" and options["dtype_policy"] == dtype
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def test_float16_on_jax_cpu_is_refused_with_the_reason(tmp_path, cache_dir):
+    proc = run_cli("train", *TINY_TRAIN, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"),
+                   "--backend", "jax", "--dtype", "mixed_float16")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("Error: --dtype mixed_float16: XLA on the CPU has no float16 matmul "
+                                   "(mixed_float16); use bfloat16 or mixed_bfloat16 there")
 
 
 def test_flash_check_fails_when_the_fused_kernel_did_not_run(cache_dir):

@@ -40,6 +40,10 @@ class Backend:
         """Environment variables to set before keras (and the framework) is imported."""
         return {}
 
+    def unsupported_dtype_reason(self, dtype, device):
+        """Why this backend cannot train in `dtype` (a Keras dtype policy name) on `device`, or None."""
+        return None
+
     def framework_versions(self):
         """{package: version} of the framework packages."""
         return {}
@@ -55,6 +59,16 @@ class Backend:
 
     def peak_device_bytes(self):
         """Peak device memory in bytes as the framework reports it, or None where it reports none."""
+        return None
+
+    def matmul_flops_per_s(self, dtype, size):
+        """Measured FLOP/s of a square `size` matmul in `dtype` on the run's device (the peak for MFU on
+        devices without a datasheet figure). Median of several synchronised repeats after a warm-up."""
+        raise NotImplementedError
+
+    def compilations(self):
+        """A running count of programs the framework has compiled in this process, or None where it does not
+        compile ahead of running."""
         return None
 
     def compile_inference(self, fn, model):

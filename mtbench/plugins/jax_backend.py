@@ -2,7 +2,15 @@
 
 from mtbench.plugins.api import Backend
 from mtbench.plugins.hookspecs import hookimpl
-from mtbench.runner.hardware import cpu_model
+from mtbench.runner.hardware import cpu_model, median_flops_per_s
+
+
+_compile_events = []  # [count] once the listener is registered
+
+
+def _count_compile(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _compile_events[0] += 1
 
 
 class JaxBackend(Backend):
@@ -10,6 +18,11 @@ class JaxBackend(Backend):
     keras_backend = "jax"
     framework_modules = ("jax", "jaxlib")
     description = "Keras 3 on JAX: train steps compiled by XLA (jax.jit)"
+
+    def unsupported_dtype_reason(self, dtype, device):
+        if device.get("kind") == "cpu" and "float16" in dtype and "bfloat16" not in dtype:
+            return f"XLA on the CPU has no float16 matmul ({dtype}); use bfloat16 or mixed_bfloat16 there"
+        return None
 
     def framework_versions(self):
         import jax
@@ -35,6 +48,21 @@ class JaxBackend(Backend):
         peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
         peaks = [p for p in peaks if p is not None]
         return sum(peaks) if peaks else None
+
+    def matmul_flops_per_s(self, dtype, size):
+        import jax
+        import jax.numpy as jnp
+        a = jax.random.normal(jax.random.key(0), (size, size), dtype=dtype)
+        b = jax.random.normal(jax.random.key(1), (size, size), dtype=dtype)
+        matmul = jax.jit(jnp.matmul)
+        return median_flops_per_s(lambda: matmul(a, b).block_until_ready(), 2 * size ** 3)
+
+    def compilations(self):
+        import jax
+        if not _compile_events:
+            jax.monitoring.register_event_duration_secs_listener(_count_compile)
+            _compile_events.append(0)
+        return _compile_events[0]
 
     def compile_inference(self, fn, model):
         import jax

@@ -14,6 +14,13 @@ def _seconds(s):
     return "n/a" if s is None else f"{s:,.3f} s"
 
 
+def _mfu(utilization):
+    if not utilization or utilization.get("mfu") is None:
+        return "n/a"
+    return (f"{utilization['mfu']:.1%} of {utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s "
+            f"({utilization['peak_source']})")
+
+
 def result_rows(result):
     """(section, figure, value) rows of a result: shared by every table-shaped reporter."""
     t, m, mem, env = result["timing"], result["metrics"], result["memory"], result["env"]
@@ -32,6 +39,7 @@ def result_rows(result):
         ("timing", "steady step median / p90", f"{_seconds(t['step_s_median'])} / {_seconds(t['step_s_p90'])}"),
         ("timing", "tokens/s (target, steady)", "n/a" if t["tokens_per_s"] is None else f"{t['tokens_per_s']:,.0f}"),
         ("timing", "train / total wall time", f"{_seconds(t['train_s'])} / {_seconds(t['total_s'])}"),
+        ("timing", "MFU (model FLOP/s / peak)", _mfu(result.get("utilization"))),
         ("memory", "peak host / device", f"{_bytes(mem['peak_host_bytes'])} / {_bytes(mem['peak_device_bytes'])}"),
         ("quality", "loss train / val / test", f"{m['train_loss']:.3f} / {m['val_loss']:.3f} / {m['test_loss']:.3f}"),
         ("quality", "token accuracy val / test", f"{m['val_accuracy']:.3f} / {m['test_accuracy']:.3f}"),

@@ -4,7 +4,7 @@ import os
 
 from mtbench.plugins.api import Backend
 from mtbench.plugins.hookspecs import hookimpl
-from mtbench.runner.hardware import cpu_model
+from mtbench.runner.hardware import cpu_model, median_flops_per_s
 
 
 class TorchBackend(Backend):
@@ -37,6 +37,19 @@ class TorchBackend(Backend):
         if torch.cuda.is_available():
             return int(torch.cuda.max_memory_allocated())
         return None
+
+    def matmul_flops_per_s(self, dtype, size):
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        generator = torch.Generator(device=device).manual_seed(0)
+        a = torch.randn(size, size, dtype=getattr(torch, dtype), device=device, generator=generator)
+        b = torch.randn(size, size, dtype=getattr(torch, dtype), device=device, generator=generator)
+
+        def run():
+            torch.matmul(a, b)
+            self.synchronize()
+
+        return median_flops_per_s(run, 2 * size ** 3)
 
     def compile_inference(self, fn, model):
         import torch

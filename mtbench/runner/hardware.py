@@ -3,6 +3,9 @@
 import os
 import platform
 import resource
+import time
+
+import numpy as np
 
 
 def cpu_model():
@@ -27,3 +30,15 @@ def peak_host_bytes():
     """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if platform.system() == "Darwin" else peak * 1024
+
+
+def median_flops_per_s(run_once, flops, warmup=3, repeats=10):
+    """FLOP/s of `run_once` (which must block until its work is done): median over repeats after warm-up."""
+    for _ in range(warmup):
+        run_once()
+    seconds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run_once()
+        seconds.append(time.perf_counter() - t0)
+    return flops / float(np.median(seconds))

@@ -27,6 +27,7 @@ SCHEMA = {
     "timing": {"compile_s": NUMBER, "first_steps_s": NUMBER, "shapes_compiled": int,
                "step_s_median": MAYBE_NUMBER, "step_s_p90": MAYBE_NUMBER, "tokens_per_s": MAYBE_NUMBER,
                "train_s": NUMBER, "total_s": NUMBER, "phases_s": dict, "steps": int},
+    "utilization": {"model_flops_per_s": MAYBE_NUMBER, "peak_flops_per_s": MAYBE_NUMBER, "mfu": MAYBE_NUMBER},
     "memory": {"peak_host_bytes": int, "peak_device_bytes": (int, type(None))},
     "metrics": {"train_loss": NUMBER, "val_loss": NUMBER, "test_loss": NUMBER, "val_accuracy": NUMBER,
                 "test_accuracy": NUMBER, "bleu": NUMBER, "chrf": NUMBER, "bleu_signature": str,

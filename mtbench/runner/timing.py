@@ -19,6 +19,9 @@ class StepRecord:
     seconds: float
     target_tokens: int
     first_of_shape: bool
+    flops: float = 0.0
+    input_seconds: float = 0.0
+    compilations: int = None
 
 
 @dataclass
@@ -26,11 +29,22 @@ class StepTimer:
     records: list = field(default_factory=list)
     _seen: set = field(default_factory=set)
 
-    def add(self, step, shape, seconds, target_tokens):
+    def add(self, step, shape, seconds, target_tokens, flops=0.0, input_seconds=0.0, compilations=None):
         first = shape not in self._seen
         self._seen.add(shape)
-        self.records.append(StepRecord(step, shape, seconds, target_tokens, first))
+        self.records.append(StepRecord(step, shape, seconds, target_tokens, first, flops, input_seconds,
+                                       compilations))
         return first
+
+    def compilations_by_shape(self):
+        """Programs compiled during the steps of each shape ('BxL' keys), where the backend counts them."""
+        if any(r.compilations is None for r in self.records):
+            return None
+        counts = {}
+        for r in self.records:
+            key = "x".join(map(str, r.shape))
+            counts[key] = counts.get(key, 0) + r.compilations
+        return counts
 
     def summary(self):
         steady = [r for r in self.records if not r.first_of_shape]
@@ -52,6 +66,11 @@ class StepTimer:
             "step_s_min": float(steady_times.min()) if steady else None,
             "tokens_per_s": (sum(r.target_tokens for r in steady) / float(steady_times.sum())) if steady else None,
             "steady_s": float(steady_times.sum()) if steady else 0.0,
+            "flops_per_s": (sum(r.flops for r in steady) / float(steady_times.sum())) if steady else None,
+            # Time spent producing batches, against the steady step time it must hide behind.
+            "input_s_median": float(np.median([r.input_seconds for r in self.records])) if self.records else None,
+            "input_fraction": (float(np.median([r.input_seconds for r in steady])) / float(np.median(steady_times)))
+            if steady else None,
         }
 
 

@@ -14,6 +14,7 @@ from mtbench.runner import results as results_module
 from mtbench.runner.batches import batches_per_epoch, encode_split, training_batches
 from mtbench.runner.data import load_corpus
 from mtbench.runner.files import write_json_atomic, write_text_atomic
+from mtbench.runner.flops import device_peak, training_flops
 from mtbench.runner.hardware import peak_host_bytes
 from mtbench.runner.progress import corpus_progress, training_progress
 from mtbench.runner.timing import Stopwatch, StepTimer
@@ -111,6 +112,9 @@ def run_training(config, registry, console):
     from mtbench.runner.tokenizer import load_or_train_tokenizer
 
     run = RunContext(config=config, backend=backend, device=backend.device_info())
+    reason = backend.unsupported_dtype_reason(config.dtype, run.device)
+    if reason:
+        raise MtbenchError(f"--dtype {config.dtype}: {reason}")
     for extra in extras:
         reason = extra.unavailable_reason(run)
         if reason:
@@ -168,17 +172,23 @@ def run_training(config, registry, console):
     callbacks.on_train_begin()
     with stopwatch.phase("train"), training_progress(console, total_steps) as progress:
         for step in range(1, total_steps + 1):
+            t_input = time.perf_counter()
             epoch, batch = next(batches)
+            input_seconds = time.perf_counter() - t_input
             callbacks.on_train_batch_begin(step)
+            compiled_before = backend.compilations()
             backend.synchronize(model)
             t0 = time.perf_counter()
             logs = train_step((batch.source, batch.target_input), batch.target_output, batch.weight)
             backend.synchronize(model)
             seconds = time.perf_counter() - t0
+            compiled = None if compiled_before is None else backend.compilations() - compiled_before
             loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
-            timer.add(step, batch.shape, seconds, batch.target_tokens)
+            timer.add(step, batch.shape, seconds, batch.target_tokens,
+                      flops=training_flops(model_shape, batch.shape[0], batch.shape[1], batch.shape[1]),
+                      input_seconds=input_seconds, compilations=compiled)
             history.append({"step": step, "epoch": epoch, "loss": loss, "accuracy": accuracy,
-                            "seconds": seconds, "shape": list(batch.shape)})
+                            "seconds": seconds, "shape": list(batch.shape), "compilations": compiled})
             callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
             if not math.isfinite(loss):
                 raise RunFailure(f"training diverged at step {step}: loss is {loss}")
@@ -199,8 +209,13 @@ def run_training(config, registry, console):
     hypotheses_file, references_file = results_module.sidecar_paths(config.out)
     write_text_atomic(hypotheses_file, "".join(h + "\n" for h in scores.hypotheses))
     write_text_atomic(references_file, "".join(r + "\n" for r in scores.references))
-    steady = timer.summary()
     extras_record = {extra.name: extra.record(run) for extra in extras}
+    steady = timer.summary()
+    peak, peak_source = device_peak(backend, run.device, config.dtype, config.cache_dir)
+    devices_used = max([record.get("devices", 1) for record in extras_record.values()] + [1])
+    # Simulated devices share one CPU, whose measured peak already spans all its cores.
+    peak_devices = 1 if run.device_kind == "cpu" else devices_used
+    mfu = None if peak is None or steady["flops_per_s"] is None else steady["flops_per_s"] / (peak * peak_devices)
     result = {
         "schema_version": results_module.SCHEMA_VERSION,
         "status": "completed",
@@ -208,7 +223,7 @@ def run_training(config, registry, console):
         "backend": backend.name,
         "extras": [extra.name for extra in extras],
         "extras_record": extras_record,
-        "devices_used": max([record.get("devices", 1) for record in extras_record.values()] + [1]),
+        "devices_used": devices_used,
         "config": config.to_dict(),
         "compile_options": compile_options,
         "env": results_module.environment(backend),
@@ -228,6 +243,14 @@ def run_training(config, registry, console):
             "phases_s": dict(stopwatch.phases),
             "total_s": stopwatch.total(),
             "clock": "time.perf_counter around each step, device synchronised before and after",
+            # Every XLA compilation during the steps (None where the backend compiles nothing ahead of time);
+            # the first step of a run also compiles a few one-time helper programs.
+            "compilations_by_shape": timer.compilations_by_shape(),
+        },
+        "utilization": {
+            "flops_per_step_note": "analytic: matmuls and attention of the padded batch, training = 3x forward",
+            "model_flops_per_s": steady["flops_per_s"],
+            "peak_flops_per_s": peak, "peak_source": peak_source, "mfu": mfu,
         },
         "memory": {"peak_host_bytes": peak_host_bytes(), "peak_device_bytes": backend.peak_device_bytes()},
         "metrics": {
