@@ -9,7 +9,29 @@ import pytest
 from conftest import TINY_TRAIN, run_cli
 
 THIRD_PARTY = textwrap.dedent('''
-    from mtbench import Backend, Reporter, hookimpl
+    from mtbench import Backend, Extra, Reporter, hookimpl
+    from mtbench.plugins.api import KerasTrainStep
+
+    class CountingStep(KerasTrainStep):
+        def __init__(self, model, state):
+            super().__init__(model)
+            self.state = state
+
+        def __call__(self, x, y, sample_weight):
+            self.state["steps_seen"] += 1
+            return super().__call__(x, y, sample_weight)
+
+    class CountSteps(Extra):
+        name = "count-steps"
+        description = "counts the train steps it wraps"
+        backends = ("jax", "torch")
+
+        def make_train_step(self, run, model):
+            run.extras_state[self.name] = {"steps_seen": 0}
+            return CountingStep(model, run.extras_state[self.name])
+
+        def record(self, run):
+            return run.extras_state[self.name]
 
     class NotInstalledBackend(Backend):
         name = "fakeflow"
@@ -31,6 +53,10 @@ THIRD_PARTY = textwrap.dedent('''
     @hookimpl
     def mtbench_register_reporters(register):
         register(OneLineReporter())
+
+    @hookimpl
+    def mtbench_register_extras(register):
+        register(CountSteps())
 ''')
 
 
@@ -74,7 +100,12 @@ def test_third_party_plugin_loads_from_entry_points(plugin_path):
     by_name = {p["name"]: p for p in listing["plugins"]}
     assert by_name["thirdparty"]["version"] == "0.3.0"
     assert not by_name["thirdparty"]["builtin"]
-    assert by_name["thirdparty"]["provides"] == {"backends": ["fakeflow"], "reporters": ["oneline"]}
+    assert by_name["thirdparty"]["provides"] == {"backends": ["fakeflow"], "extras": ["count-steps"],
+                                                 "reporters": ["oneline"]}
+    assert sorted(by_name["thirdparty"]["hooks"]) == ["mtbench_register_backends", "mtbench_register_extras",
+                                                      "mtbench_register_reporters"]
+    extras = {(row["extra"], row["backend"]): row["available"] for row in listing["extras"]}
+    assert extras[("count-steps", "jax")] and extras[("count-steps", "torch")]
     assert "broken" not in by_name
     assert any("plugin 'broken' failed to load" in w and "broken on purpose" in w for w in listing["warnings"])
 
@@ -97,10 +128,14 @@ def test_backend_whose_framework_is_missing_fails_clearly(plugin_path, cache_dir
                                    "installed (pip install 'mtbench[fakeflow]')")
 
 
-def test_third_party_reporter_runs_and_broken_plugin_only_warns(plugin_path, cache_dir, tmp_path):
+def test_third_party_extra_and_reporter_run_and_broken_plugin_only_warns(plugin_path, cache_dir, tmp_path):
+    out = tmp_path / "r.json"
     proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "3", "--cache-dir", cache_dir,
-                   "--out", str(tmp_path / "r.json"), "--report", "oneline", "--report", "table",
+                   "--out", str(out), "--report", "oneline", "--report", "table", "--extra", "count-steps",
                    env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "thirdparty,broken"})
     assert proc.returncode == 0, proc.stderr
     assert "ONELINE backend=jax steps=3 bleu=" in proc.stdout
     assert "Warning: plugin 'broken' failed to load" in proc.stderr
+    result = json.loads(out.read_text())
+    assert result["extras"] == ["count-steps"]
+    assert result["extras_record"] == {"count-steps": {"steps_seen": 3}}
