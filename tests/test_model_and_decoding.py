@@ -69,6 +69,33 @@ def test_compiled_greedy_decoding_matches_naive_decoding(model):
     compiled = JaxBackend().compile_inference(greedy_decoder(model), model)
     got_compiled = translate(compiled, sources, batch_size=3, max_len=32)
     assert got_compiled == translate(greedy_decoder(model), sources, batch_size=3, max_len=32)
+    assert got_compiled == translate(greedy_decoder(model, use_cache=False), sources, batch_size=3, max_len=32)
     # Both batches here decode into 32-token buffers (sources of up to 16 tokens get 1.5x + 2 -> bucket 32).
     assert output_length(16, 32) == output_length(32, 32) == 32
     assert got_compiled == [naive_greedy(model, source, 32) for source in sources]
+
+
+def test_cached_decoding_matches_full_decoding_on_torch():
+    import json
+    import os
+    import subprocess
+    import sys
+    script = """
+import json, numpy as np
+from mtbench.keras_models.initialization import assign_weights, initial_weights
+from mtbench.keras_models.presets import PRESETS
+from mtbench.keras_models.transformer import build_transformer
+from mtbench.plugins.torch_backend import TorchBackend
+from mtbench.runner.decoding import greedy_decoder, translate
+model = build_transformer(PRESETS["tiny"])
+assign_weights(model, initial_weights(model, seed=0))
+rng = np.random.default_rng(0)
+sources = [list(map(int, rng.integers(4, 1000, size=n))) + [3] for n in (3, 9, 14, 20)]
+run = lambda decoder: translate(TorchBackend().compile_inference(decoder, model), sources, batch_size=3, max_len=32)
+print(json.dumps([run(greedy_decoder(model)), run(greedy_decoder(model, use_cache=False))]))
+"""
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cached, full = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert cached == full and all(len(tokens) > 0 for tokens in cached)

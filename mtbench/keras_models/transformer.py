@@ -30,15 +30,20 @@ class Attention(layers.Layer):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return ops.reshape(x, (batch, length, self.num_heads, self.head_dim))
 
-    def call(self, x, memory, key_mask=None):
+    def keys_values(self, memory):
+        return self._split_heads(self.key(memory)), self._split_heads(self.value(memory))
+
+    def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=None):
         q = self._split_heads(self.query(x))
-        k = self._split_heads(self.key(memory))
-        v = self._split_heads(self.value(memory))
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        attended = ops.dot_product_attention(q, k, v, mask=mask, is_causal=self.is_causal,
-                                             flash_attention=self.flash_attention)
+        attended = ops.dot_product_attention(q, keys, values, mask=mask, is_causal=is_causal,
+                                             flash_attention=flash_attention)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return self.output_projection(ops.reshape(attended, (batch, length, self.num_heads * self.head_dim)))
+
+    def call(self, x, memory, key_mask=None):
+        keys, values = self.keys_values(memory)
+        return self.attend(x, keys, values, key_mask, self.is_causal, self.flash_attention)
 
 
 class FeedForward(layers.Layer):
@@ -91,6 +96,23 @@ class DecoderBlock(layers.Layer):
         return x + self.dropout(self.ff(self.ff_norm(x), training=training), training=training)
 
 
+    def step(self, x, position, cache, cross_keys_values, src_mask):
+        """One decoding position with a key/value cache: `x` (batch, 1, d_model) is the input at `position`;
+        `cache` holds this block's self-attention keys and values for every position so far."""
+        cache_keys, cache_values = cache
+        h = self.self_attention_norm(x)
+        new_keys, new_values = self.self_attention.keys_values(h)
+        cache_keys = ops.slice_update(cache_keys, (0, position, 0, 0), new_keys)
+        cache_values = ops.slice_update(cache_values, (0, position, 0, 0), new_values)
+        # The cache has room for the whole output; attend only to the positions written so far.
+        written = ops.arange(ops.shape(cache_keys)[1]) <= position
+        written = ops.broadcast_to(written[None, :], (ops.shape(x)[0], ops.shape(cache_keys)[1]))
+        x = x + self.self_attention.attend(h, cache_keys, cache_values, key_mask=written)
+        h = self.cross_attention_norm(x)
+        x = x + self.cross_attention.attend(h, *cross_keys_values, key_mask=src_mask)
+        return x + self.ff(self.ff_norm(x)), (cache_keys, cache_values)
+
+
 class Transformer(keras.Model):
     """Inputs: `(source_ids, target_input_ids)`, both (batch, length) int32; output: logits (batch, length, vocab)."""
 
@@ -130,10 +152,34 @@ class Transformer(keras.Model):
         x = self._embed(target_input_ids, training)
         for block in self.decoder_blocks:
             x = block(x, memory, src_mask, training=training)
-        x = self.decoder_norm(x)
+        return self._logits(self.decoder_norm(x))
+
+    def _logits(self, x):
         # Tied output layer: logits against the shared embedding table, computed in float32 for a stable softmax.
         table = ops.cast(self.token_embedding.embeddings, x.dtype)
         return ops.cast(ops.matmul(x, ops.transpose(table)), "float32")
+
+    def start_decoding(self, memory, length):
+        """The state incremental decoding carries: the cross-attention keys and values of the source (computed
+        once) and an empty self-attention cache of `length` positions per decoder block."""
+        rows = ops.shape(memory)[0]
+        cross = [block.cross_attention.keys_values(memory) for block in self.decoder_blocks]
+        caches = []
+        for block in self.decoder_blocks:
+            attention = block.self_attention
+            empty = ops.zeros((rows, length, attention.num_heads, attention.head_dim), dtype=memory.dtype)
+            caches.append((empty, empty))
+        return cross, caches
+
+    def decode_step(self, token_ids, position, caches, cross, src_mask):
+        """Logits (batch, vocab) for the token after `token_ids` (batch, 1) at `position`, and the new caches."""
+        x = self.token_embedding(token_ids) * ops.cast(self.d_model ** 0.5, self.compute_dtype)
+        x = x + self.position_embedding(ops.reshape(position, (1,)))[None]
+        new_caches = []
+        for block, cache, cross_keys_values in zip(self.decoder_blocks, caches, cross):
+            x, cache = block.step(x, position, cache, cross_keys_values, src_mask)
+            new_caches.append(cache)
+        return self._logits(self.decoder_norm(x))[:, 0], new_caches
 
     def call(self, inputs, training=False):
         source_ids, target_input_ids = inputs

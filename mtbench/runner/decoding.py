@@ -1,5 +1,6 @@
 """Greedy decoding as one loop under keras.ops, so a compiling backend compiles it once per buffer shape and
-stops as soon as every row has produced EOS."""
+stops as soon as every row has produced EOS. The decoder keeps a key/value cache, so each new token costs one
+position of work, not a pass over everything decoded so far."""
 
 import math
 
@@ -10,26 +11,39 @@ from mtbench.runner.batches import bucket_for, bucket_lengths
 from mtbench.runner.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
-def greedy_decoder(model):
-    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with BOS."""
+def greedy_decoder(model, use_cache=True):
+    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with BOS.
+
+    With `use_cache`, each position runs the decoder on one token against cached keys and values (linear in
+    the output length); without, it reruns the decoder over the whole buffer (quadratic), which is the
+    reference the cached decoder must agree with."""
 
     def decode(source, buffer):
         memory, src_mask = model.encode(source)
-        length = ops.shape(buffer)[1]
+        rows, length = ops.shape(buffer)[0], ops.shape(buffer)[1]
         # Filler rows (no source token) count as finished from the start.
         finished = ops.logical_not(ops.any(src_mask, axis=1))
+        # An empty tuple, not None, when there is no cache: loop variables must be (nested) tensors.
+        state = model.start_decoding(memory, length) if use_cache else ()
 
-        def keep_going(t, buffer, finished):
+        def next_logits(t, buffer, state):
+            if not use_cache:
+                return ops.take(model.decode(buffer, memory, src_mask), t, axis=1), ()
+            cross, caches = state
+            logits, caches = model.decode_step(ops.slice(buffer, (0, t), (rows, 1)), t, caches, cross, src_mask)
+            return logits, (cross, caches)
+
+        def keep_going(t, buffer, finished, state):
             return ops.logical_and(t < length - 1, ops.logical_not(ops.all(finished)))
 
-        def next_token(t, buffer, finished):
-            logits = model.decode(buffer, memory, src_mask)
-            ids = ops.cast(ops.argmax(ops.take(logits, t, axis=1), axis=-1), "int32")
-            ids = ops.where(finished, PAD_ID, ids)
+        def next_token(t, buffer, finished, state):
+            logits, state = next_logits(t, buffer, state)
+            ids = ops.where(finished, PAD_ID, ops.cast(ops.argmax(logits, axis=-1), "int32"))
             buffer = ops.slice_update(buffer, (0, t + 1), ids[:, None])
-            return t + 1, buffer, ops.logical_or(finished, ops.equal(ids, EOS_ID))
+            return t + 1, buffer, ops.logical_or(finished, ops.equal(ids, EOS_ID)), state
 
-        _, buffer, _ = ops.while_loop(keep_going, next_token, (ops.convert_to_tensor(0), buffer, finished))
+        start = (ops.convert_to_tensor(0), ops.convert_to_tensor(buffer), finished, state)
+        _, buffer, _, _ = ops.while_loop(keep_going, next_token, start)
         return buffer
 
     return decode
