@@ -38,6 +38,7 @@ class TrainConfig:
     max_len: int = None            # tokens per side, special tokens included; default: the preset's
     dtype: str = "float32"
     seed: int = 0
+    initial_weights: str = None    # a weights file (.npz by variable path) instead of the numpy draw from seed
     log_every: int = 10
     decode_batch_size: int = 128
     cache_dir: str = field(default_factory=default_cache_dir)
