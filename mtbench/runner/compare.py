@@ -157,8 +157,10 @@ def run_compare(plan, registry, console):
                   f"{len(schedule)} runs, each in its own process")
 
     baseline_backend = plan.baseline_spec.backend
-    run_child(["init-weights", "--backend", baseline_backend, *plan.configuration, "--out", plan.weights_file,
-               *overwrite], os.path.join(plan.runs_dir, "initial-weights.log"), "writing the initial weights")
+    with console.status("writing the initial weights (data, tokenizer, model shapes)"):
+        run_child(["init-weights", "--backend", baseline_backend, *plan.configuration, "--out",
+                   plan.weights_file, *overwrite], os.path.join(plan.runs_dir, "initial-weights.log"),
+                  "writing the initial weights")
     from mtbench.runner.weights_file import read_weights_file
     _, weights_sha256 = read_weights_file(plan.weights_file)
     console.print(f"initial weights: {plan.weights_file} (sha256 {weights_sha256[:16]}…, drawn on "
@@ -170,9 +172,10 @@ def run_compare(plan, registry, console):
         result_file = plan.run_file(spec, repeat)
         extras = [argument for extra in spec.extras for argument in ("--extra", extra)]
         started = time.perf_counter()
-        run_child(["train", "--backend", spec.backend, *extras, *plan.configuration,
-                   "--initial-weights", plan.weights_file, "--out", result_file, *overwrite],
-                  plan.run_file(spec, repeat, ".log"), name)
+        with console.status(f"[{number}/{len(schedule)}] {name}: training in its own process"):
+            run_child(["train", "--backend", spec.backend, *extras, *plan.configuration,
+                       "--initial-weights", plan.weights_file, "--out", result_file, *overwrite],
+                      plan.run_file(spec, repeat, ".log"), name)
         result = _read_result(result_file, name)
         if result["config"].get("initial_weights_sha256") != weights_sha256:
             raise RunFailure(f"{name} did not start from {plan.weights_file}: it records sha256 "
