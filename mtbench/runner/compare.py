@@ -19,6 +19,7 @@ from mtbench.runner.files import write_json_atomic, write_text_atomic
 from mtbench.runner.report import COMPARE_KIND, LoadedRun, build_comparison, to_json_dict
 from mtbench.runner.results import host_environment
 from mtbench.runner.training import check_output_path, resolve_backend, resolve_extras
+from mtbench.runner.weights_file import read_weights_file
 
 COMPARE_SCHEMA_VERSION = 1
 
@@ -161,7 +162,6 @@ def run_compare(plan, registry, console):
         run_child(["init-weights", "--backend", baseline_backend, *plan.configuration, "--out",
                    plan.weights_file, *overwrite], os.path.join(plan.runs_dir, "initial-weights.log"),
                   "writing the initial weights")
-    from mtbench.runner.weights_file import read_weights_file
     _, weights_sha256 = read_weights_file(plan.weights_file)
     console.print(f"initial weights: {plan.weights_file} (sha256 {weights_sha256[:16]}…, drawn on "
                   f"{baseline_backend}), loaded by every run")
