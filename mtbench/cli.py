@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mtbench import plugins
-from mtbench.errors import MtbenchError, RunFailure
+from mtbench.errors import MtbenchError
 from mtbench.keras_models.presets import PRESETS
 from mtbench.runner.config import DTYPES, TrainConfig
 from mtbench.runner.parity import PARITY_STEPS, PARITY_TOLERANCE
@@ -178,7 +178,7 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
             **configuration):
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
-    from mtbench.runner.compare import ComparePlan, plan_runs, run_compare
+    from mtbench.runner.compare import ComparePlan, plan_runs, require_parity, run_compare
     from mtbench.runner.report import context_lines, rich_table
     registry = plugins.registry()
     _warn_broken_plugins(registry)
@@ -193,12 +193,7 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
     for line in context_lines(comparison):
         console.print(line, highlight=False)
     console.print(f"result: {out}")
-    failures = comparison.parity.failures
-    if failures:
-        worst = max(failures, key=lambda pair: pair.max_relative_difference)
-        raise RunFailure(f"parity check failed: {worst.run} differs from {worst.reference} by up to "
-                         f"{worst.max_relative_difference:.2%} (more than {parity_tolerance:.0%}) over the first "
-                         f"{worst.steps} steps; the figures are not comparable (results kept in {out})")
+    require_parity(comparison, out)
 
 
 @main.command()

@@ -186,3 +186,18 @@ def test_parity_flags_a_run_whose_losses_differ():
     assert report.unchecked == [["jax-bf16", "no other mixed_bfloat16 run to compare with"]]
     assert report.to_dict()["passed"] is False
     assert any("torch+perturbed vs jax" in line and "NOT within 1 %" in line for line in report.lines())
+
+
+def test_a_comparison_that_fails_parity_ends_with_status_1():
+    from mtbench.errors import RunFailure
+    from mtbench.runner.compare import require_parity
+    from mtbench.runner.report import Comparison
+
+    losses = list(np.linspace(7.5, 5.0, 60))
+    drifting = fake_run([loss * 1.02 for loss in losses])
+    report = check_parity([("jax", fake_run(losses)), ("torch", drifting)], run_dtype)
+    with pytest.raises(RunFailure, match=r"parity check failed: torch differs from jax by up to 2 % "
+                                         r"\(more than 1 %\) over the first 50 steps; results kept in c.json"):
+        require_parity(Comparison(groups=[], baseline=None, parity=report), "c.json")
+    passing = check_parity([("jax", fake_run(losses)), ("torch", fake_run(losses))], run_dtype)
+    require_parity(Comparison(groups=[], baseline=None, parity=passing), "c.json")

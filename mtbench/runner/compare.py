@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.files import write_json_atomic, write_text_atomic
+from mtbench.runner.parity import percent
 from mtbench.runner.report import COMPARE_KIND, LoadedRun, build_comparison, to_json_dict
 from mtbench.runner.results import host_environment
 from mtbench.runner.training import check_output_path, resolve_backend, resolve_extras
@@ -207,3 +208,15 @@ def run_compare(plan, registry, console):
     }
     write_json_atomic(plan.out, combined)
     return comparison, combined
+
+
+def require_parity(comparison, out):
+    """A comparison whose runs failed the parity check ends with status 1 (after its figures were shown and
+    written): its timings compare different computations."""
+    failures = comparison.parity.failures
+    if failures:
+        worst = max(failures, key=lambda pair: pair.max_relative_difference)
+        raise RunFailure(f"parity check failed: {worst.run} differs from {worst.reference} by up to "
+                         f"{percent(worst.max_relative_difference)} (more than "
+                         f"{percent(comparison.parity.tolerance)}) over the first {worst.steps} steps; "
+                         f"results kept in {out}")
