@@ -2,7 +2,9 @@
 
 import functools
 import json
+import os
 import sys
+import time
 import traceback
 
 import click
@@ -13,6 +15,7 @@ from mtbench import plugins
 from mtbench.errors import MtbenchError
 from mtbench.keras_models.presets import PRESETS
 from mtbench.runner.config import COMPILE_MODES, DTYPES, TrainConfig
+from mtbench.runner.parity import PARITY_STEPS, PARITY_TOLERANCE
 
 
 def _fail(message, code):
@@ -75,32 +78,59 @@ def main():
     """Train one Keras 3 Transformer for translation on JAX or PyTorch and report honest figures."""
 
 
+# The options that make up a run's configuration, shared by `train`, `init-weights` and `compare` (which
+# passes them on to every run), so the three cannot drift apart.
+RUN_CONFIGURATION_OPTIONS = (
+    click.option("--dataset", default="bible-en-fr", show_default=True, help="Registered dataset (see `mtbench plugins`)."),
+    click.option("--data", "data_file", type=click.Path(dir_okay=True), help="TSV file (source TAB target) instead of --dataset."),
+    click.option("--preset", type=click.Choice(list(PRESETS)), default="small", show_default=True, help="Model size."),
+    click.option("--steps", type=int, help="Training steps (default: per preset; tiny 40, small 450, base 2000)."),
+    click.option("--epochs", type=float, help="Train for this many passes over the training split instead of --steps."),
+    click.option("--batch-size", type=int, default=64, show_default=True, help="Sentence pairs per step."),
+    click.option("--learning-rate", type=float, default=1e-3, show_default=True),
+    click.option("--warmup-steps", type=int, default=100, show_default=True),
+    click.option("--max-pairs", type=int, help="Use only the first N pairs of the corpus."),
+    click.option("--valid-size", type=int, default=500, show_default=True),
+    click.option("--test-size", type=int, default=500, show_default=True),
+    click.option("--vocab-size", type=int, help="Sentencepiece vocabulary (default: the preset's)."),
+    click.option("--max-len", type=int, help="Tokens per side, longer pairs are dropped (default: the preset's)."),
+    click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True, help="Keras dtype policy."),
+    click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default", show_default=True,
+                 help="torch.compile mode for the torch-compile extra."),
+    click.option("--seed", type=int, default=0, show_default=True, help="Initial weights and batch order."),
+    click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora and tokenizers (default ~/.cache/mtbench)."),
+)
+
+
+def run_configuration_options(command):
+    for option in reversed(RUN_CONFIGURATION_OPTIONS):
+        command = option(command)
+    return command
+
+
+def _train_config(**options):
+    if options.get("cache_dir") is None:
+        options.pop("cache_dir", None)  # the configuration's own default applies
+    return TrainConfig(**options)
+
+
+def _as_arguments(configuration):
+    """The command-line arguments that give a child process the same run configuration."""
+    flags = {param.name: param.opts[0] for param in click.get_current_context().command.params}
+    return [text for name, value in configuration.items() if value is not None
+            for text in (flags[name], str(value))]
+
+
 @main.command()
 @click.option("--backend", default="jax", show_default=True, help="Backend plugin: jax, torch, or a third-party one.")
 @click.option("--extra", "extras", multiple=True, help="Backend extra (repeatable)." + _extras_help())
-@click.option("--dataset", default="bible-en-fr", show_default=True, help="Registered dataset (see `mtbench plugins`).")
-@click.option("--data", "data_file", type=click.Path(dir_okay=True), help="TSV file (source TAB target) instead of --dataset.")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default="small", show_default=True, help="Model size.")
-@click.option("--steps", type=int, help="Training steps (default: per preset; tiny 40, small 450, base 2000).")
-@click.option("--epochs", type=float, help="Train for this many passes over the training split instead of --steps.")
-@click.option("--batch-size", type=int, default=64, show_default=True, help="Sentence pairs per step.")
-@click.option("--learning-rate", type=float, default=1e-3, show_default=True)
-@click.option("--warmup-steps", type=int, default=100, show_default=True)
-@click.option("--max-pairs", type=int, help="Use only the first N pairs of the corpus.")
-@click.option("--valid-size", type=int, default=500, show_default=True)
-@click.option("--test-size", type=int, default=500, show_default=True)
-@click.option("--vocab-size", type=int, help="Sentencepiece vocabulary (default: the preset's).")
-@click.option("--max-len", type=int, help="Tokens per side, longer pairs are dropped (default: the preset's).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True, help="Keras dtype policy.")
-@click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default", show_default=True,
-              help="torch.compile mode for the torch-compile extra.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Initial weights and batch order.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora and tokenizers (default ~/.cache/mtbench).")
+@run_configuration_options
+@click.option("--initial-weights", type=click.Path(dir_okay=False), help="Start from this weights file (.npz by variable path, see `mtbench init-weights`) instead of the draw from --seed.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Result JSON (default mtbench-results/<time>-<backend>.json).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing result file.")
 @click.option("--report", "reporters", multiple=True, default=("table",), show_default=True, help="Reporter (repeatable).")
 @handle_errors
-def train(reporters, cache_dir, **options):
+def train(reporters, **options):
     """Train, evaluate and time the Transformer on one backend."""
     from mtbench.runner.training import run_training
     registry = plugins.registry()
@@ -108,14 +138,117 @@ def train(reporters, cache_dir, **options):
     unknown = [r for r in reporters if r not in registry.reporters]
     if unknown:
         raise MtbenchError(f"unknown reporter '{unknown[0]}'; available: {', '.join(sorted(registry.reporters))}")
-    if cache_dir:
-        options["cache_dir"] = cache_dir
-    config = TrainConfig(**options)
+    config = _train_config(**options)
     console = Console()
     result = run_training(config, registry, console)
     for name in reporters:
         registry.reporters[name].report(result, console)
     console.print(f"result: {config.out}")
+
+
+@main.command("init-weights")
+@click.option("--backend", default="jax", show_default=True, help="Backend whose keras builds the model to name its variables.")
+@run_configuration_options
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The weights file to write (.npz).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing file.")
+@handle_errors
+def init_weights(backend, out, overwrite, **configuration):
+    """Write the initial weights of a configuration (drawn with numpy from --seed) to a backend-neutral .npz,
+    for `mtbench train --initial-weights`."""
+    from mtbench.runner.training import write_initial_weights
+    registry = plugins.registry()
+    _warn_broken_plugins(registry)
+    config = _train_config(backend=backend, **configuration)
+    console = Console(stderr=True)
+    sha256 = write_initial_weights(config, registry, console, out, overwrite)
+    click.echo(f"initial weights: {out} (sha256 {sha256})")
+
+
+@main.command()
+@click.option("--backends", help="Comma-separated backends, one run each (default: jax,torch).")
+@click.option("--extra", "extras", multiple=True, help="Extra for every run (repeatable)." + _extras_help())
+@click.option("--matrix", help="The runs as backend+extra+extra, separated by ';': 'torch;torch+torch-compile;jax'. Instead of --backends and --extra.")
+@click.option("--repeats", type=int, default=1, show_default=True, help="Run everything N times; timings show median and min-max.")
+@click.option("--baseline", help="The run speed-ups are measured against (default: the first).")
+@run_configuration_options
+@click.option("--out", type=click.Path(dir_okay=False), help="Combined JSON (default mtbench-results/<time>-compare.json); the runs' files go into a folder beside it.")
+@click.option("--overwrite", is_flag=True, help="Replace existing result files.")
+@click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True, help="Steps whose training loss the parity check compares.")
+@click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True, help="Largest relative loss difference allowed between runs of the same dtype.")
+@handle_errors
+def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_steps, parity_tolerance,
+            **configuration):
+    """Train the same configuration on several backends (and extras), each in its own process from one weights
+    file; check that their losses agree, and compare their figures."""
+    from mtbench.runner.compare import ComparePlan, plan_runs, require_parity, run_compare
+    from mtbench.runner.report import context_lines, rich_table
+    registry = plugins.registry()
+    _warn_broken_plugins(registry)
+    specs = plan_runs(backends, extras, matrix)
+    _train_config(backend=specs[0].backend, **configuration)  # bad options fail here, before any process starts
+    out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
+    plan = ComparePlan(specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
+                       parity_tolerance)
+    console = Console()
+    comparison, _ = run_compare(plan, registry, console)
+    console.print(rich_table(comparison, title="mtbench compare"))
+    for line in context_lines(comparison):
+        console.print(line, highlight=False)
+    console.print(f"result: {out}")
+    require_parity(comparison, out)
+
+
+@main.command()
+@click.argument("results", nargs=-1, required=True, type=click.Path())
+@click.option("--format", "output_format", type=click.Choice(["table", "markdown", "csv", "json"]), default="table", show_default=True)
+@click.option("--baseline", help="The run speed-ups are measured against (default: the first).")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Also draw loss curves and tokens/s into this PNG.")
+@click.option("--force", is_flag=True, help="Report runs whose configurations differ beyond backend, extras and dtype.")
+@click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True)
+@click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True)
+@handle_errors
+def report(results, output_format, baseline, plot, force, parity_steps, parity_tolerance):
+    """Show saved results (single-run or compare JSONs) side by side."""
+    from mtbench.runner import report as reporting
+    comparison = reporting.build_comparison(reporting.load_runs(results), baseline=baseline, force=force,
+                                            parity_steps=parity_steps, parity_tolerance=parity_tolerance)
+    if plot:
+        from mtbench.runner.plots import comparison_figure, save_figure
+        save_figure(comparison_figure(comparison), plot)
+    if output_format == "table":
+        console = Console()
+        console.print(reporting.rich_table(comparison))
+        for line in reporting.context_lines(comparison):
+            console.print(line, highlight=False)
+    else:
+        render = {"markdown": reporting.to_markdown, "csv": reporting.to_csv, "json": reporting.to_json}
+        click.echo(render[output_format](comparison), nl=False)
+    if plot:
+        click.echo(f"plot: {plot}", err=True)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--calibrate", is_flag=True, help="Measure each backend's matmul peak (the MFU denominator on CPUs) and cache it.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Where the measured peaks are cached (default ~/.cache/mtbench).")
+@handle_errors
+def env(as_json, calibrate, cache_dir):
+    """Versions, devices and the plugins that would load (imports each framework, never keras)."""
+    from mtbench.runner.config import default_cache_dir
+    from mtbench.runner.environment import calibrate_peaks, describe_environment, environment_rows
+    registry = plugins.registry()
+    description = describe_environment(registry)
+    if calibrate:
+        calibrate_peaks(description, registry, cache_dir or default_cache_dir())
+    if as_json:
+        click.echo(json.dumps(description, indent=2))
+        return
+    table = Table(title="mtbench env")
+    for column in ("", "name", "value"):
+        table.add_column(column)
+    for row in environment_rows(description):
+        table.add_row(*row)
+    Console().print(table)
 
 
 @main.command("plugins")

@@ -49,3 +49,19 @@ def tiny_runs(cache_dir):
         with open(out) as f:
             runs[backend] = {"result": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
     return runs
+
+
+# The tiny configuration with fewer steps: a compare runs both backends, and the parity check still covers
+# every step it trains.
+COMPARE_STEPS = 30
+TINY_COMPARE = [*TINY_TRAIN, "--steps", str(COMPARE_STEPS)]  # click keeps the last --steps
+
+
+@pytest.fixture(scope="session")
+def compared(cache_dir):
+    """One `mtbench compare` of jax and torch on the tiny preset, shared by the compare and report tests."""
+    out = os.path.join(_SESSION_DIR, "compare", "tiny-compare.json")
+    proc = run_cli("compare", "--backends", "jax,torch", *TINY_COMPARE, "--cache-dir", cache_dir, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out) as f:
+        return {"combined": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}

@@ -60,3 +60,19 @@ def test_torch_eager_reports_no_compilations(tiny_runs):
     assert tiny_runs["torch"]["result"]["timing"]["compilations_by_shape"] is None
     timing = tiny_runs["torch"]["result"]["timing"]
     assert timing["input_s_median"] >= 0 and timing["input_fraction"] is not None
+
+
+def test_env_calibrate_measures_and_caches_each_backends_peak(tmp_path):
+    import json
+    import os
+
+    from conftest import run_cli
+    proc = run_cli("env", "--calibrate", "--json", "--cache-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    backends = json.loads(proc.stdout)["backends"]
+    for backend in ("jax", "torch"):
+        for dtype in ("float32", "bfloat16"):
+            peak = backends[backend]["peaks"][dtype]
+            assert peak["flops_per_s"] > 1e9
+            assert peak["source"] == f"measured: 2048x2048 {dtype} matmul on {backend}, median of repeats"
+    assert len(os.listdir(tmp_path / "calibration")) == 4

@@ -4,47 +4,47 @@ from rich.table import Table
 
 from mtbench.plugins.api import Reporter
 from mtbench.plugins.hookspecs import hookimpl
+from mtbench.runner.figures import figure_text, run_dtype, run_label
 
 
-def _bytes(n):
-    return "n/a (not reported)" if n is None else f"{n / 2**20:,.0f} MiB"
+def _joined(result, *keys, unit=""):
+    texts = [figure_text(result, key) for key in keys]
+    return " / ".join(text if text == "n/a" else text + unit for text in texts)
 
 
-def _seconds(s):
-    return "n/a" if s is None else f"{s:,.3f} s"
-
-
-def _mfu(utilization):
-    if not utilization or utilization.get("mfu") is None:
-        return "n/a"
-    return (f"{utilization['mfu']:.1%} of {utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s "
-            f"({utilization['peak_source']})")
+def _mfu(result):
+    text = figure_text(result, "mfu")
+    if text == "n/a":
+        return text
+    utilization = result["utilization"]
+    return f"{text} % of {utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s ({utilization['peak_source']})"
 
 
 def result_rows(result):
-    """(section, figure, value) rows of a result: shared by every table-shaped reporter."""
-    t, m, mem, env = result["timing"], result["metrics"], result["memory"], result["env"]
-    cfg = result["config"]
+    """(section, figure, value) rows of a result: shared by every table-shaped reporter. The figures and their
+    formats come from `mtbench.runner.figures`, the one definition every output uses."""
+    t, env, cfg = result["timing"], result["env"], result["config"]
     device = env["device"]
     return [
-        ("run", "backend", result["backend"] + "".join(f" +{e}" for e in result["extras"])),
+        ("run", "backend", run_label(result).replace("+", " +")),
         ("run", "status", result["status"]),
         ("run", "device", f"{device.get('kind')}: {device.get('name')}, {result['devices_used']} of "
                           f"{device.get('count')} used"),
         ("run", "versions", f"keras {env['keras']}, jax {env['jax']}, torch {env['torch']}"),
         ("run", "corpus / preset", f"{result['data']['corpus']} / {cfg['preset']} "
-                                   f"({result['model']['parameters']:,} parameters), {cfg['dtype']}"),
+                                   f"({result['model']['parameters']:,} parameters), {run_dtype(result)}"),
         ("run", "steps x batch", f"{t['steps']} x {cfg['batch_size']}"),
-        ("timing", "compile (first step of each shape)", f"{_seconds(t['compile_s'])} over {t['shapes_compiled']} shapes"),
-        ("timing", "steady step median / p90", f"{_seconds(t['step_s_median'])} / {_seconds(t['step_s_p90'])}"),
-        ("timing", "tokens/s (target, steady)", "n/a" if t["tokens_per_s"] is None else f"{t['tokens_per_s']:,.0f}"),
-        ("timing", "train / total wall time", f"{_seconds(t['train_s'])} / {_seconds(t['total_s'])}"),
-        ("timing", "MFU (model FLOP/s / peak)", _mfu(result.get("utilization"))),
-        ("memory", "peak host / device", f"{_bytes(mem['peak_host_bytes'])} / {_bytes(mem['peak_device_bytes'])}"),
-        ("quality", "loss train / val / test", f"{m['train_loss']:.3f} / {m['val_loss']:.3f} / {m['test_loss']:.3f}"),
-        ("quality", "token accuracy val / test", f"{m['val_accuracy']:.3f} / {m['test_accuracy']:.3f}"),
-        ("quality", "BLEU / chrF (test)", f"{m['bleu']:.2f} / {m['chrf']:.2f}"),
-        ("quality", "BLEU signature", m["bleu_signature"]),
+        ("timing", "compile (first step of each shape)", f"{figure_text(result, 'compile_s')} s over "
+                                                        f"{t['shapes_compiled']} shapes"),
+        ("timing", "steady step median / p90", _joined(result, "step_s_median", "step_s_p90", unit=" ms")),
+        ("timing", "tokens/s (target, steady)", figure_text(result, "tokens_per_s")),
+        ("timing", "train / total wall time", _joined(result, "train_s", "total_s", unit=" s")),
+        ("timing", "MFU (model FLOP/s / peak)", _mfu(result)),
+        ("memory", "peak host / device", _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")),
+        ("quality", "loss train / val / test", _joined(result, "train_loss", "val_loss", "test_loss")),
+        ("quality", "token accuracy val / test", _joined(result, "val_accuracy", "test_accuracy")),
+        ("quality", "BLEU / chrF (test)", _joined(result, "bleu", "chrf")),
+        ("quality", "BLEU signature", result["metrics"]["bleu_signature"]),
     ]
 
 

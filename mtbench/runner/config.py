@@ -40,6 +40,7 @@ class TrainConfig:
     dtype: str = "float32"
     compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
     seed: int = 0
+    initial_weights: str = None    # a weights file (.npz by variable path) instead of the numpy draw from seed
     log_every: int = 10
     decode_batch_size: int = 128
     cache_dir: str = field(default_factory=default_cache_dir)

@@ -76,27 +76,27 @@ def _git_commit():
         return None
 
 
-def environment(backend):
-    """Versions and hardware. Framework versions are read from package metadata, so describing the other
-    backend's framework never imports it."""
+PACKAGES = ("keras", "jax", "jaxlib", "torch", "numpy", "sacrebleu", "sentencepiece")
+
+
+def host_environment():
+    """Versions and hardware, from package metadata and the OS: describing a framework never imports it."""
     from mtbench import __version__
     return {
         "python": platform.python_version(),
-        "keras": _version("keras"),
-        "jax": _version("jax"),
-        "jaxlib": _version("jaxlib"),
-        "torch": _version("torch"),
-        "numpy": _version("numpy"),
-        "sacrebleu": _version("sacrebleu"),
-        "sentencepiece": _version("sentencepiece"),
-        "backend_versions": backend.framework_versions(),
-        "device": backend.device_info(),
+        **{package: _version(package) for package in PACKAGES},
         "cpu_model": cpu_model(),
         "cpu_count": cpu_count(),
         "platform": platform.platform(),
         "mtbench": __version__,
         "mtbench_git_commit": _git_commit(),
     }
+
+
+def environment(backend):
+    """The host, and the framework and devices of the backend this run used."""
+    return {**host_environment(), "backend_versions": backend.framework_versions(),
+            "device": backend.device_info()}
 
 
 def sidecar_paths(result_path):

@@ -5,6 +5,7 @@ import dataclasses
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from mtbench.runner.flops import device_peak, training_flops
 from mtbench.runner.hardware import peak_host_bytes
 from mtbench.runner.progress import corpus_progress, training_progress
 from mtbench.runner.timing import Stopwatch, StepTimer
+from mtbench.runner.weights_file import read_weights_file, write_weights_file
 
 TRAIN_LOSS_SAMPLE = 500  # training pairs re-evaluated with the final weights, comparable to val/test loss
 
@@ -51,17 +53,17 @@ def resolve_extras(names, backend, registry):
     return extras
 
 
-def check_output_path(config):
-    if os.path.isdir(config.out):
-        raise MtbenchError(f"{config.out}: is a directory; --out takes a .json file path")
-    if os.path.exists(config.out) and not config.overwrite:
-        raise MtbenchError(f"{config.out}: already exists; pass --overwrite to replace it")
-    parent = os.path.dirname(os.path.abspath(config.out))
+def check_output_path(path, overwrite, kind=".json"):
+    if os.path.isdir(path):
+        raise MtbenchError(f"{path}: is a directory; --out takes a {kind} file path")
+    if os.path.exists(path) and not overwrite:
+        raise MtbenchError(f"{path}: already exists; pass --overwrite to replace it")
+    parent = os.path.dirname(os.path.abspath(path))
     existing = parent
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
-        raise MtbenchError(f"{config.out}: cannot write into {existing}")
+        raise MtbenchError(f"{path}: cannot write into {existing}")
 
 
 def prepare_process(config, backend, extras):
@@ -98,18 +100,82 @@ def compile_model(keras, model, config, total_steps, compile_options):
             "dtype_policy": model.dtype_policy.name}
 
 
+@dataclass
+class PreparedData:
+    """The corpus and its splits, encoded with the run's tokenizer."""
+    corpus: object
+    tokenizer: object
+    train: object
+    valid: object
+    test: object
+    train_eval: object  # the first TRAIN_LOSS_SAMPLE training pairs, re-evaluated with the final weights
+
+
+def prepare_data(config, registry, console, stopwatch):
+    from mtbench.runner.tokenizer import load_or_train_tokenizer
+    with stopwatch.phase("data"), corpus_progress(console) as progress:
+        corpus = load_corpus(config, registry.datasets, progress)
+    with stopwatch.phase("tokenizer"):
+        tokenizer = load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
+        splits = [encode_split(pairs, tokenizer, config.max_len)
+                  for pairs in (corpus.train, corpus.valid, corpus.test, corpus.train[:TRAIN_LOSS_SAMPLE])]
+    data = PreparedData(corpus, tokenizer, *splits)
+    if len(data.valid) == 0 or len(data.test) == 0:
+        raise MtbenchError(f"every validation or test pair is longer than --max-len {config.max_len} tokens")
+    return data
+
+
+def build_model(config, tokenizer, model_options=None):
+    """The Transformer of `config`, its vocabulary sized by the tokenizer (a small corpus may support fewer
+    pieces than asked for); `model_options` are those extras set (flash attention)."""
+    from mtbench.keras_models.transformer import build_transformer
+    model_shape = dataclasses.replace(config.model, vocab_size=tokenizer.vocab_size)
+    return build_transformer(model_shape, **(model_options or {})), model_shape
+
+
+def write_initial_weights(config, registry, console, path, overwrite=False):
+    """Draws the initial weights of `config`'s model from its seed and writes them to a weights file; returns
+    the file's sha256.
+
+    The numpy draw needs every variable's Keras path and shape, and the embedding's shape depends on the
+    tokenizer's vocabulary, known only once the corpus is read. Rather than restate the model's structure
+    without keras (a second description that could drift from the real one), this prepares the data and builds
+    the model exactly as a run does, on `config.backend`, and writes only numpy arrays: the file is
+    backend-neutral although keras named its variables. Like a run, it needs a process of its own
+    (`mtbench init-weights`), because keras fixes its backend at import."""
+    backend = resolve_backend(config.backend, registry)
+    check_output_path(path, overwrite, kind=".npz")
+    prepare_process(config, backend, extras=())
+    from mtbench.keras_models.initialization import initial_weights
+    data = prepare_data(config, registry, console, Stopwatch())
+    model, _ = build_model(config, data.tokenizer)
+    return write_weights_file(path, initial_weights(model, config.seed))
+
+
+def starting_weights(config, model, weights_file):
+    """Sets the model's initial weights: those of the weights file when one was given, else the numpy draw."""
+    from mtbench.keras_models.initialization import assign_weights, initial_weights
+    if weights_file is None:
+        assign_weights(model, initial_weights(model, config.seed))
+        return
+    try:
+        assign_weights(model, weights_file)
+    except ValueError as error:
+        raise MtbenchError(f"{config.initial_weights}: {error}") from None
+
+
 def run_training(config, registry, console):
     stopwatch = Stopwatch()
     backend = resolve_backend(config.backend, registry)
     extras = resolve_extras(config.extras, backend, registry)
-    check_output_path(config)
+    check_output_path(config.out, config.overwrite)
+    # Read before any framework is imported, so a bad file fails at once; the hash is of the bytes loaded.
+    weights_file, weights_sha256 = (read_weights_file(config.initial_weights) if config.initial_weights
+                                    else (None, None))
 
     keras = prepare_process(config, backend, extras)
-    from mtbench.keras_models.initialization import assign_weights, initial_weights
-    from mtbench.keras_models.transformer import build_transformer
     from mtbench.runner.decoding import greedy_decoder
     from mtbench.runner.evaluation import loss_and_accuracy, translate_and_score
-    from mtbench.runner.tokenizer import load_or_train_tokenizer
 
     run = RunContext(config=config, backend=backend, device=backend.device_info())
     reason = backend.unsupported_dtype_reason(config.dtype, run.device)
@@ -123,17 +189,9 @@ def run_training(config, registry, console):
     for extra in extras:
         extra.adjust_config(run)
 
-    with stopwatch.phase("data"), corpus_progress(console) as progress:
-        corpus = load_corpus(config, registry.datasets, progress)
-    with stopwatch.phase("tokenizer"):
-        tokenizer = load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
-        train_split = encode_split(corpus.train, tokenizer, config.max_len)
-        valid_split = encode_split(corpus.valid, tokenizer, config.max_len)
-        test_split = encode_split(corpus.test, tokenizer, config.max_len)
-        train_eval_pairs = corpus.train[:TRAIN_LOSS_SAMPLE]
-        train_eval_split = encode_split(train_eval_pairs, tokenizer, config.max_len)
-    if len(valid_split) == 0 or len(test_split) == 0:
-        raise MtbenchError(f"every validation or test pair is longer than --max-len {config.max_len} tokens")
+    data = prepare_data(config, registry, console, stopwatch)
+    corpus, tokenizer = data.corpus, data.tokenizer
+    train_split, valid_split, test_split, train_eval_split = data.train, data.valid, data.test, data.train_eval
     if config.epochs is not None:
         total_steps = max(1, math.ceil(config.epochs * batches_per_epoch(train_split, config.batch_size,
                                                                          config.max_len)))
@@ -149,9 +207,8 @@ def run_training(config, registry, console):
         keras.config.set_dtype_policy(config.dtype)
         for extra in extras:
             extra.before_model(run)
-        model_shape = dataclasses.replace(config.model, vocab_size=tokenizer.vocab_size)
-        model = build_transformer(model_shape, **run.model_options)
-        assign_weights(model, initial_weights(model, config.seed))
+        model, model_shape = build_model(config, tokenizer, run.model_options)
+        starting_weights(config, model, weights_file)
         compile_options = {}
         for extra in extras:
             compile_options.update(extra.compile_options(run))
@@ -224,7 +281,7 @@ def run_training(config, registry, console):
         "extras": [extra.name for extra in extras],
         "extras_record": extras_record,
         "devices_used": devices_used,
-        "config": config.to_dict(),
+        "config": {**config.to_dict(), "initial_weights_sha256": weights_sha256},
         "compile_options": compile_options,
         "env": results_module.environment(backend),
         "data": {
@@ -234,7 +291,8 @@ def run_training(config, registry, console):
             "tokenizer": {"type": "sentencepiece-unigram", "vocab_size": tokenizer.vocab_size,
                           "file": tokenizer.path},
         },
-        "model": {"parameters": int(model.count_params()), **model_shape.to_dict()},
+        "model": {"parameters": int(model.count_params()), **model_shape.to_dict(),
+                  "dtype_policy": model.dtype_policy.name},
         "timing": {
             **steady,
             "steps": total_steps,

@@ -1,0 +1,87 @@
+"""The figures of a result, defined once: where each is read from, what it is called and how it is shown.
+
+Every output (the single-run table, the comparison table, markdown, CSV, JSON and the plot) takes its figures
+from here, so they cannot disagree about what a figure is.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+MIB = 2 ** 20
+
+
+@dataclass(frozen=True)
+class Figure:
+    key: str                  # the name in CSV and JSON outputs, which carry the raw value
+    title: str                # the name in tables, with the unit shown
+    section: str
+    read: Callable            # result dict -> number or None
+    display_scale: float = 1.0  # shown value = raw value x display_scale
+    decimals: int = 3
+    is_timing: bool = False   # varies between repeats of the same run: shown as median and min-max
+
+    def value(self, result):
+        return self.read(result)
+
+    def text(self, value):
+        """The value as tables show it; 'n/a' where the run has no such figure (device memory on a CPU)."""
+        if value is None:
+            return "n/a"
+        return f"{value * self.display_scale:,.{self.decimals}f}"
+
+
+def _timing(key):
+    return lambda result: result["timing"][key]
+
+
+def _memory(key):
+    return lambda result: result["memory"][key]
+
+
+def _metric(key):
+    return lambda result: result["metrics"][key]
+
+
+FIGURES = (
+    Figure("compile_s", "compile (s)", "timing", _timing("compile_s"), decimals=2, is_timing=True),
+    Figure("step_s_median", "steady step, median (ms)", "timing", _timing("step_s_median"), 1000, 1, True),
+    Figure("step_s_p90", "steady step, p90 (ms)", "timing", _timing("step_s_p90"), 1000, 1, True),
+    Figure("tokens_per_s", "tokens/s (target, steady)", "timing", _timing("tokens_per_s"), decimals=0,
+           is_timing=True),
+    Figure("train_s", "train time (s)", "timing", _timing("train_s"), decimals=1, is_timing=True),
+    Figure("total_s", "total time (s)", "timing", _timing("total_s"), decimals=1, is_timing=True),
+    Figure("mfu", "MFU (%)", "timing", lambda result: (result.get("utilization") or {}).get("mfu"), 100, 1, True),
+    Figure("peak_host_bytes", "peak host memory (MiB)", "memory", _memory("peak_host_bytes"), 1 / MIB, 0),
+    Figure("peak_device_bytes", "peak device memory (MiB)", "memory", _memory("peak_device_bytes"), 1 / MIB, 0),
+    Figure("train_loss", "train loss", "quality", _metric("train_loss")),
+    Figure("val_loss", "validation loss", "quality", _metric("val_loss")),
+    Figure("test_loss", "test loss", "quality", _metric("test_loss")),
+    Figure("val_accuracy", "validation token accuracy", "quality", _metric("val_accuracy")),
+    Figure("test_accuracy", "test token accuracy", "quality", _metric("test_accuracy")),
+    Figure("bleu", "BLEU (test)", "quality", _metric("bleu"), decimals=2),
+    Figure("chrf", "chrF (test)", "quality", _metric("chrf"), decimals=2),
+)
+FIGURES_BY_KEY = {figure.key: figure for figure in FIGURES}
+
+
+def figure_text(result, key):
+    figure = FIGURES_BY_KEY[key]
+    return figure.text(figure.value(result))
+
+
+def run_label(result):
+    """'backend+extra+extra': how a run is named in every output, and how `--matrix` and `--baseline` name it."""
+    return "+".join([result["backend"], *result["extras"]])
+
+
+def run_dtype(result):
+    """The dtype policy the model really ran with (an extra may set one), else the one asked for."""
+    return result["model"].get("dtype_policy") or result["config"]["dtype"]
+
+
+def hardware(result):
+    env = result["env"]
+    device = env["device"]
+    if device.get("kind") == "cpu":
+        return f"{device.get('name')}, {env.get('cpu_count')} cores"
+    return f"{device.get('count')}x {device.get('name')}"

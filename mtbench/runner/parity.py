@@ -1,0 +1,99 @@
+"""The parity check: runs that start from the same weights and see the same batches must follow the same
+training-loss curve, apart from float rounding. A run that does not is not measuring the same computation,
+and its timings do not compare.
+
+Only runs with the same dtype policy are held to it: bfloat16 and float32 curves part by design. Within each
+dtype, every run is checked against the first run of that dtype (the baseline where it has that dtype).
+"""
+
+from dataclasses import asdict, dataclass, field
+
+PARITY_STEPS = 50
+PARITY_TOLERANCE = 0.01  # float32 runs on different frameworks agree far better than this over 50 steps
+
+
+@dataclass
+class ParityPair:
+    reference: str
+    run: str
+    dtype: str
+    steps: int
+    max_relative_difference: float
+    at_step: int
+    within_tolerance: bool
+
+
+@dataclass
+class ParityReport:
+    steps: int
+    tolerance: float
+    pairs: list = field(default_factory=list)
+    unchecked: list = field(default_factory=list)  # [run name, why it was held to nothing]
+
+    @property
+    def failures(self):
+        return [pair for pair in self.pairs if not pair.within_tolerance]
+
+    @property
+    def largest(self):
+        return max(self.pairs, key=lambda pair: pair.max_relative_difference, default=None)
+
+    def to_dict(self):
+        return {"steps": self.steps, "tolerance": self.tolerance, "passed": not self.failures,
+                "max_relative_difference": self.largest.max_relative_difference if self.pairs else None,
+                "pairs": [asdict(pair) for pair in self.pairs], "unchecked": self.unchecked}
+
+    def lines(self):
+        """One sentence per checked pair and per run held to nothing, for terminals and READMEs."""
+        lines = []
+        for pair in self.pairs:
+            verdict = "within" if pair.within_tolerance else "NOT within"
+            lines.append(f"parity {pair.run} vs {pair.reference} ({pair.dtype}, first {pair.steps} steps): "
+                         f"largest relative loss difference {percent(pair.max_relative_difference)} at step "
+                         f"{pair.at_step}, {verdict} {percent(self.tolerance)}")
+        lines.extend(f"parity {name}: not checked, {why}" for name, why in self.unchecked)
+        return lines
+
+
+def percent(fraction):
+    """Two significant digits, however small: parity differences are often millionths."""
+    return f"{fraction * 100:.2g} %"
+
+
+def loss_curve(result, steps):
+    return [entry["loss"] for entry in result["history"][:steps]]
+
+
+def compare_curves(reference, run):
+    """(largest |run - reference| / |reference|, the 1-based step where it occurs) over their common steps."""
+    worst, at_step = 0.0, 1
+    for step, (expected, actual) in enumerate(zip(reference, run), start=1):
+        difference = abs(actual - expected) / max(abs(expected), 1e-12)
+        if difference > worst or difference != difference:  # NaN is the worst difference of all
+            worst, at_step = difference, step
+    return worst, at_step
+
+
+def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLERANCE):
+    """`named_runs`: [(name, result)], the baseline first. `dtype_of(result)` names the run's dtype policy."""
+    report = ParityReport(steps=steps, tolerance=tolerance)
+    reference_by_dtype = {}
+    runs_by_dtype = {}
+    for name, result in named_runs:
+        dtype = dtype_of(result)
+        runs_by_dtype[dtype] = runs_by_dtype.get(dtype, 0) + 1
+        if dtype not in reference_by_dtype:
+            reference_by_dtype[dtype] = (name, result)
+            continue
+        reference_name, reference = reference_by_dtype[dtype]
+        common = min(steps, len(reference["history"]), len(result["history"]))
+        if common == 0:
+            report.unchecked.append([name, "no training steps to compare"])
+            continue
+        worst, at_step = compare_curves(loss_curve(reference, common), loss_curve(result, common))
+        report.pairs.append(ParityPair(reference_name, name, dtype, common, worst, at_step,
+                                       within_tolerance=worst <= tolerance))
+    for dtype, (name, _) in reference_by_dtype.items():
+        if runs_by_dtype[dtype] == 1:
+            report.unchecked.append([name, f"no other {dtype} run to compare with"])
+    return report
