@@ -1,5 +1,6 @@
-"""One training run, top to bottom: choose the backend, read and tokenise the corpus, build the model from
-numpy-drawn weights, train with honest timing, evaluate, translate the test set, and write the result."""
+"""One training run, top to bottom: choose the backend, read, report and tokenise the corpus, build the model
+from numpy-drawn weights (or a checkpoint), train with honest timing, checkpoints and an eye on signals, loss and
+target quality, evaluate, translate the test set, and write the result (a partial one when training stopped)."""
 
 import dataclasses
 import math
@@ -8,23 +9,26 @@ import time
 
 import numpy as np
 
-from mtbench.errors import MtbenchError, RunFailure
+from mtbench.errors import MtbenchError, RunFailure, RunInterrupted
 from mtbench.plugins.api import KerasTrainStep, RunContext
+from mtbench.runner import faults
 from mtbench.runner import results as results_module
 from mtbench.runner.batches import batches_per_epoch, encode_split, training_batches
+from mtbench.runner.checkpoints import RunDirectory, TrainingState, restore, run_dir_for
+from mtbench.runner.corpus_report import corpus_report, report_lines
 from mtbench.runner.data import load_corpus
 from mtbench.runner.files import write_json_atomic, write_text_atomic
 from mtbench.runner.hardware import peak_host_bytes
 from mtbench.runner.progress import corpus_progress, training_progress
-from mtbench.runner.timing import Stopwatch, StepTimer
+from mtbench.runner.signals import stop_requests
+from mtbench.runner.target import QualityTarget
+from mtbench.runner.timing import Stopwatch, StepTimer, TrainingClock
 
 TRAIN_LOSS_SAMPLE = 500  # training pairs re-evaluated with the final weights, comparable to val/test loss
 
 
 def resolve_backend(name, registry):
-    if name not in registry.backends:
-        raise MtbenchError(f"unknown backend '{name}'; available: {', '.join(sorted(registry.backends))}")
-    backend = registry.backends[name]
+    backend = registry.lookup("backends", name)
     reason = backend.missing_framework()
     if reason:
         raise MtbenchError(reason)
@@ -35,10 +39,7 @@ def resolve_extras(names, backend, registry):
     """The requested extras, checked for existence, backend and conflicts before anything is imported."""
     extras = []
     for name in names:
-        if name not in registry.extras:
-            available = ", ".join(sorted(registry.extras)) or "none installed"
-            raise MtbenchError(f"unknown extra '{name}'; available: {available}")
-        extra = registry.extras[name]
+        extra = registry.lookup("extras", name)
         if backend.name not in extra.backends:
             raise MtbenchError(f"extra '{name}' serves the {', '.join(extra.backends)} backend(s), "
                                f"not '{backend.name}'")
@@ -50,17 +51,29 @@ def resolve_extras(names, backend, registry):
     return extras
 
 
-def check_output_path(config):
+def check_output_path(config, resuming=False):
+    """Refuses to replace a result or to mix with an earlier run's checkpoints, unless told to (--overwrite), or
+    unless resuming the run whose partial result it is. Missing directories are created when writing."""
     if os.path.isdir(config.out):
         raise MtbenchError(f"{config.out}: is a directory; --out takes a .json file path")
-    if os.path.exists(config.out) and not config.overwrite:
+    if os.path.exists(config.out) and resuming:
+        status = results_module.read_status(config.out)
+        if status not in results_module.PARTIAL_STATUSES:
+            raise MtbenchError(f"{config.out}: the run already has a result with status {status or 'unknown'}; "
+                               "there is nothing to resume")
+    elif os.path.exists(config.out) and not config.overwrite:
         raise MtbenchError(f"{config.out}: already exists; pass --overwrite to replace it")
-    parent = os.path.dirname(os.path.abspath(config.out))
-    existing = parent
+    run_dir = RunDirectory(run_dir_for(config.out), fresh=False)
+    if not resuming and not config.overwrite and run_dir.checkpoints():
+        raise MtbenchError(f"{run_dir.path}: holds checkpoints of an earlier run writing {config.out}; continue "
+                           f"it with --resume {run_dir.path}, or pass --overwrite to start afresh")
+    existing = os.path.dirname(os.path.abspath(config.out))
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
-        raise MtbenchError(f"{config.out}: cannot write into {existing}")
+    if not os.path.isdir(existing):
+        raise MtbenchError(f"{config.out}: cannot write into {existing}: it is a file, not a directory")
+    if not os.access(existing, os.W_OK):
+        raise MtbenchError(f"{config.out}: cannot write into {existing}: permission denied or read-only")
 
 
 def prepare_process(config, backend, extras):
@@ -97,11 +110,19 @@ def compile_model(keras, model, config, total_steps, compile_options):
             "dtype_policy": model.dtype_policy.name}
 
 
-def run_training(config, registry, console):
+def run_training(config, registry, console, resume=None):
+    """Runs `config`; `resume` (a checkpoints.Resumption, whose config `config` is) continues an earlier run
+    from its latest checkpoint."""
     stopwatch = Stopwatch()
+    run_config = config.to_dict()  # what --resume rebuilds the run from; extras may adjust `config` below
     backend = resolve_backend(config.backend, registry)
     extras = resolve_extras(config.extras, backend, registry)
-    check_output_path(config)
+    check_output_path(config, resuming=resume is not None)
+    run_dir = resume.directory if resume else RunDirectory(run_dir_for(config.out), fresh=True)
+
+    # Read before the framework is imported: a bad corpus file fails in a second, not after the import.
+    with stopwatch.phase("data"), corpus_progress(console) as progress:
+        corpus = load_corpus(config, registry, progress)
 
     keras = prepare_process(config, backend, extras)
     from mtbench.keras_models.initialization import assign_weights, initial_weights
@@ -119,15 +140,21 @@ def run_training(config, registry, console):
     for extra in extras:
         extra.adjust_config(run)
 
-    with stopwatch.phase("data"), corpus_progress(console) as progress:
-        corpus = load_corpus(config, registry.datasets, progress)
     with stopwatch.phase("tokenizer"):
         tokenizer = load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
-        train_split = encode_split(corpus.train, tokenizer, config.max_len)
-        valid_split = encode_split(corpus.valid, tokenizer, config.max_len)
-        test_split = encode_split(corpus.test, tokenizer, config.max_len)
+        encoded = {split: encode_split(getattr(corpus, split), tokenizer, config.max_len)
+                   for split in ("train", "valid", "test")}
+        train_split, valid_split, test_split = encoded["train"], encoded["valid"], encoded["test"]
         train_eval_pairs = corpus.train[:TRAIN_LOSS_SAMPLE]
         train_eval_split = encode_split(train_eval_pairs, tokenizer, config.max_len)
+    report = corpus_report(corpus, encoded, config.max_len)
+    for line in report_lines(corpus.name, report):
+        console.print(line, highlight=False, soft_wrap=True)
+    # The tokenizer file is named by a hash of the training pairs: a resumed run must train on the same ones.
+    data_fingerprint = os.path.basename(tokenizer.path)
+    if resume and resume.data_fingerprint != data_fingerprint:
+        raise MtbenchError(f"{resume.directory.path}: the training data differs from the run's (tokenizer "
+                           f"{data_fingerprint}, the run had {resume.data_fingerprint}); it cannot be resumed")
     if len(valid_split) == 0 or len(test_split) == 0:
         raise MtbenchError(f"every validation or test pair is longer than --max-len {config.max_len} tokens")
     if config.epochs is not None:
@@ -135,10 +162,6 @@ def run_training(config, registry, console):
                                                                          config.max_len)))
     else:
         total_steps = config.steps
-    try:
-        batches = training_batches(train_split, config.batch_size, config.max_len, config.seed)
-    except ValueError as error:
-        raise MtbenchError(str(error)) from None
 
     with stopwatch.phase("build"):
         keras.utils.set_random_seed(config.seed)
@@ -152,23 +175,42 @@ def run_training(config, registry, console):
         for extra in extras:
             compile_options.update(extra.compile_options(run))
         compile_options = compile_model(keras, model, config, total_steps, compile_options)
+        state = TrainingState()
+        if resume:
+            state = restore(resume.checkpoint, model)
+            state.resumed_at_steps.append(state.step + 1)
+            console.print(f"resuming {resume.directory.path} after step {state.step}", highlight=False, soft_wrap=True)
         train_step = KerasTrainStep(model)
         for extra in extras:
             train_step = extra.make_train_step(run, model) or train_step
-        _, first_batch = next(training_batches(train_split, config.batch_size, config.max_len, config.seed))
+        try:
+            batches = training_batches(train_split, config.batch_size, config.max_len, config.seed, skip=state.step)
+            _, first_batch = next(training_batches(train_split, config.batch_size, config.max_len, config.seed))
+        except ValueError as error:
+            raise MtbenchError(str(error)) from None
         for extra in extras:
             reason = extra.verify(run, model, first_batch)
             if reason:
                 raise RunFailure(f"{extra.name}: {reason}")
+        decode = backend.compile_inference(greedy_decoder(model), model)
 
     callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=model)
     timer = StepTimer()
-    history = []
-    epoch = 0
+    for h in state.history:
+        timer.add(h["step"], tuple(h["shape"]), h["seconds"], h["tokens"], first_of_shape=h["first_of_shape"])
+    timer.restart()
+    target = QualityTarget(config.target_bleu, config.eval_every, state.evaluations)
+    poison_at = faults.nan_step()
+    stop = None  # (status, reason) when training ends before its last step
+    checkpoint = resume.checkpoint if resume else None  # the latest of this run (not of an overwritten one)
     callbacks.on_train_begin()
-    with stopwatch.phase("train"), training_progress(console, total_steps) as progress:
-        for step in range(1, total_steps + 1):
+    clock = TrainingClock(state.training_s, state.aside_s)
+    with stopwatch.phase("train"), training_progress(console, total_steps, state.step) as progress, \
+            stop_requests() as signals:
+        for step in range(state.step + 1, total_steps + 1):
             epoch, batch = next(batches)
+            if step == poison_at:
+                faults.poison_weights(model)
             callbacks.on_train_batch_begin(step)
             backend.synchronize(model)
             t0 = time.perf_counter()
@@ -176,34 +218,45 @@ def run_training(config, registry, console):
             backend.synchronize(model)
             seconds = time.perf_counter() - t0
             loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
-            timer.add(step, batch.shape, seconds, batch.target_tokens)
-            history.append({"step": step, "epoch": epoch, "loss": loss, "accuracy": accuracy,
-                            "seconds": seconds, "shape": list(batch.shape)})
+            first = timer.add(step, batch.shape, seconds, batch.target_tokens)
+            state.history.append({"step": step, "epoch": epoch, "loss": _finite_or_none(loss),
+                                  "accuracy": _finite_or_none(accuracy), "seconds": seconds,
+                                  "shape": list(batch.shape), "tokens": batch.target_tokens, "first_of_shape": first})
             callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
             if not math.isfinite(loss):
-                raise RunFailure(f"training diverged at step {step}: loss is {loss}")
+                stop = ("diverged", f"the loss is {loss} at step {step}")
+                break
+            state.step, state.epoch = step, epoch
             progress.advance(loss, batch.target_tokens / seconds)
+            reached = False
+            if target.due(step):
+                training_s = clock.training_s()
+                with clock.aside("validation"):
+                    eval_t0 = time.perf_counter()
+                    train_step.finalize()
+                    scores = translate_and_score(decode, tokenizer, valid_split, corpus.valid,
+                                                 config.decode_batch_size, config.max_len)
+                    eval_seconds = time.perf_counter() - eval_t0
+                reached = target.record(step, scores.bleu, scores.chrf, training_s, eval_seconds)
+            if signals.requested or (config.checkpoint_every and step % config.checkpoint_every == 0):
+                checkpoint = _save_checkpoint(run_dir, model, train_step, state, clock, target, run_config,
+                                              data_fingerprint, config.keep_checkpoints)
+            if signals.requested:
+                stop = ("interrupted", f"{signals.name} received; stopped after step {step}")
+                break
+            if reached:
+                stop = ("completed", f"validation BLEU {scores.bleu:.2f} reached the target {config.target_bleu} "
+                                     f"at step {step}")
+                break
     callbacks.on_train_end()
     train_step.finalize()
+    status, status_reason = stop or ("completed", None)
 
-    with stopwatch.phase("evaluate"):
-        batch_rows = config.batch_size
-        train_loss, train_accuracy = loss_and_accuracy(model, train_eval_split, batch_rows, config.max_len)
-        val_loss, val_accuracy = loss_and_accuracy(model, valid_split, batch_rows, config.max_len)
-        test_loss, test_accuracy = loss_and_accuracy(model, test_split, batch_rows, config.max_len)
-    with stopwatch.phase("translate"):
-        decode = backend.compile_inference(greedy_decoder(model), model)
-        scores = translate_and_score(decode, tokenizer, test_split, corpus.test, config.decode_batch_size,
-                                     config.max_len)
-
-    hypotheses_file, references_file = results_module.sidecar_paths(config.out)
-    write_text_atomic(hypotheses_file, "".join(h + "\n" for h in scores.hypotheses))
-    write_text_atomic(references_file, "".join(r + "\n" for r in scores.references))
-    steady = timer.summary()
     extras_record = {extra.name: extra.record(run) for extra in extras}
     result = {
         "schema_version": results_module.SCHEMA_VERSION,
-        "status": "completed",
+        "status": status,
+        "status_reason": status_reason,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "backend": backend.name,
         "extras": [extra.name for extra in extras],
@@ -214,34 +267,95 @@ def run_training(config, registry, console):
         "env": results_module.environment(backend),
         "data": {
             "corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),
-            "dropped_too_long": {"train": train_split.dropped_too_long, "valid": valid_split.dropped_too_long,
-                                 "test": test_split.dropped_too_long},
+            "dropped_too_long": report["dropped"]["too_long"],
+            **report,
             "tokenizer": {"type": "sentencepiece-unigram", "vocab_size": tokenizer.vocab_size,
                           "file": tokenizer.path},
         },
         "model": {"parameters": int(model.count_params()), **model_shape.to_dict()},
         "timing": {
-            **steady,
-            "steps": total_steps,
-            "epochs_seen": epoch + 1,
-            "train_s": stopwatch.phases["train"],
-            "phases_s": dict(stopwatch.phases),
-            "total_s": stopwatch.total(),
-            "clock": "time.perf_counter around each step, device synchronised before and after",
+            **timer.summary(),
+            "steps": len(state.history),
+            "epochs_seen": state.epoch + 1,
+            "train_s": clock.training_s(),
+            "validation_s": clock.aside_s.get("validation", 0.0),
+            "checkpoint_s": clock.aside_s.get("checkpoint", 0.0),
+            "resumed_at_steps": state.resumed_at_steps,
+            "clock": "time.perf_counter around each step, device synchronised before and after; train_s is the "
+                     "training wall time of every process of the run, validation and checkpoints apart",
         },
-        "memory": {"peak_host_bytes": peak_host_bytes(), "peak_device_bytes": backend.peak_device_bytes()},
-        "metrics": {
-            "train_loss": train_loss, "train_accuracy": train_accuracy,
-            "train_loss_last_steps": float(np.mean([h["loss"] for h in history[-50:]])),
-            "val_loss": val_loss, "val_accuracy": val_accuracy,
-            "test_loss": test_loss, "test_accuracy": test_accuracy,
-            "bleu": scores.bleu, "chrf": scores.chrf,
-            "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
-            "test_sentences_scored": len(scores.hypotheses),
-        },
-        "history": history,
-        "hypotheses_file": os.path.abspath(hypotheses_file),
-        "references_file": os.path.abspath(references_file),
+        "target": target.to_dict(),
+        "metrics": _metrics_so_far(state.history),
+        "history": state.history,
+        "run_dir": os.path.abspath(run_dir.path) if checkpoint else None,
+        "checkpoint": checkpoint,
+        "hypotheses_file": None,
+        "references_file": None,
     }
-    write_json_atomic(config.out, result)
+    if status != "completed":
+        _write_result(config.out, result, stopwatch, backend)
+        _raise_for_stop(status, status_reason, config.out, result["checkpoint"], run_dir, signals)
+
+    with stopwatch.phase("evaluate"):
+        batch_rows = config.batch_size
+        train_loss, train_accuracy = loss_and_accuracy(model, train_eval_split, batch_rows, config.max_len)
+        val_loss, val_accuracy = loss_and_accuracy(model, valid_split, batch_rows, config.max_len)
+        test_loss, test_accuracy = loss_and_accuracy(model, test_split, batch_rows, config.max_len)
+    with stopwatch.phase("translate"):
+        scores = translate_and_score(decode, tokenizer, test_split, corpus.test, config.decode_batch_size,
+                                     config.max_len)
+
+    hypotheses_file, references_file = results_module.sidecar_paths(config.out)
+    write_text_atomic(hypotheses_file, "".join(h + "\n" for h in scores.hypotheses))
+    write_text_atomic(references_file, "".join(r + "\n" for r in scores.references))
+    result["metrics"].update({
+        "train_loss": train_loss, "train_accuracy": train_accuracy,
+        "val_loss": val_loss, "val_accuracy": val_accuracy,
+        "test_loss": test_loss, "test_accuracy": test_accuracy,
+        "bleu": scores.bleu, "chrf": scores.chrf,
+        "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
+        "test_sentences_scored": len(scores.hypotheses),
+    })
+    result["hypotheses_file"] = os.path.abspath(hypotheses_file)
+    result["references_file"] = os.path.abspath(references_file)
+    _write_result(config.out, result, stopwatch, backend)
     return result
+
+
+def _finite_or_none(value):
+    """JSON has no NaN: a diverged step's loss is written as null (the result's status_reason says what it was)."""
+    return value if math.isfinite(value) else None
+
+
+def _metrics_so_far(history):
+    """The metrics of a run whose evaluation has not run yet: only the training loss of the last steps."""
+    recent = [h["loss"] for h in history[-50:] if h["loss"] is not None]
+    metrics = dict.fromkeys(("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss",
+                             "test_accuracy", "bleu", "chrf", "bleu_signature", "chrf_signature",
+                             "test_sentences_scored"))
+    metrics["train_loss_last_steps"] = float(np.mean(recent)) if recent else None
+    return metrics
+
+
+def _save_checkpoint(run_dir, model, train_step, state, clock, target, run_config, data_fingerprint, keep):
+    # The figures so far are read before the checkpoint's own time starts counting apart.
+    state.training_s, state.aside_s, state.evaluations = clock.training_s(), dict(clock.aside_s), target.evaluations
+    with clock.aside("checkpoint"):
+        train_step.finalize()  # a train step that keeps state outside the Keras variables writes it back
+        return run_dir.save(model, state, run_config, data_fingerprint, keep)
+
+
+def _write_result(path, result, stopwatch, backend):
+    result["timing"]["phases_s"] = dict(stopwatch.phases)
+    result["timing"]["total_s"] = stopwatch.total()
+    result["memory"] = {"peak_host_bytes": peak_host_bytes(), "peak_device_bytes": backend.peak_device_bytes()}
+    write_json_atomic(path, result)
+
+
+def _raise_for_stop(status, reason, out, checkpoint, run_dir, signals):
+    saved = f"partial result in {out}"
+    if checkpoint:
+        saved += f", checkpoint {checkpoint}; continue with: mtbench train --resume {run_dir.path}"
+    if status == "diverged":
+        raise RunFailure(f"training diverged: {reason}; {saved}")
+    raise RunInterrupted(f"interrupted: {reason}; {saved}", signals.exit_code)
