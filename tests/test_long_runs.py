@@ -13,6 +13,7 @@ import pytest
 
 from conftest import TINY_TRAIN, run_cli
 from mtbench.runner.results import schema_errors
+from mtbench.runner.signals import stop_requests
 
 CHECKPOINTED = [*TINY_TRAIN, "--checkpoint-every", "10"]
 
@@ -93,6 +94,16 @@ def test_ctrl_c_finishes_the_step_and_keeps_a_checkpoint_and_partial_result(tmp_
     assert_interrupted(proc, stderr, out, run_dir, "SIGINT", 130)
 
 
+def test_signals_are_recorded_once_and_a_second_ctrl_c_stops_at_once():
+    previous = signal.getsignal(signal.SIGINT)
+    with stop_requests() as requests:
+        signal.raise_signal(signal.SIGTERM)
+        assert requests.requested and requests.name == "SIGTERM" and requests.exit_code == 143
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is previous
+
+
 def test_sigterm_then_resume_replaces_the_partial_result_with_the_uninterrupted_figures(tmp_path, cache_dir,
                                                                                          tiny_runs):
     out, run_dir = str(tmp_path / "sigterm.json"), str(tmp_path / "sigterm.run")
@@ -159,3 +170,22 @@ def test_a_target_not_reached_is_a_result_too(tmp_path, cache_dir):
     assert result["target"]["outcome"] == "not reached"
     assert result["target"]["steps_to_target"] is None and result["target"]["time_to_target_s"] is None
     assert [e["step"] for e in result["target"]["evaluations"]] == [10, 20]
+
+
+def test_resume_refuses_training_data_that_changed_since(tmp_path, cache_dir):
+    from mtbench.plugins.bible_dataset import BibleDataset
+    from mtbench.runner.data import load_dataset_pairs
+    pairs = load_dataset_pairs(BibleDataset("en", "fr"), cache_dir, progress=lambda done, total: None)[:2000]
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    out, run_dir = str(tmp_path / "changed.json"), str(tmp_path / "changed.run")
+    first = run_cli("train", "--data", str(data), "--preset", "tiny", "--steps", "20", "--batch-size", "32",
+                    "--max-len", "48", "--valid-size", "100", "--test-size", "100", "--checkpoint-every", "3",
+                    "--cache-dir", cache_dir, "--out", out, env={"MTBENCH_TEST_NAN_AT_STEP": "4"})
+    assert first.returncode == 1 and checkpoint_steps(run_dir) == [3], first.stderr[-2000:]
+    with open(data, "a") as f:
+        f.write("A sentence added later.\tUne phrase ajoutée plus tard.\n")
+    resumed = run_cli("train", "--resume", run_dir)
+    assert resumed.returncode == 2
+    assert f"Error: {run_dir}: the training data differs from the run's" in resumed.stderr
+    assert read(out)["status"] == "diverged"

@@ -26,7 +26,7 @@ class StopRequests:
         return EXIT_CODES[self.received]
 
     def _handle(self, signum, frame):
-        if self.received == signal.SIGINT and signum == signal.SIGINT:
+        if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if self.received is None:
             self.received = signum

@@ -179,7 +179,8 @@ def run_training(config, registry, console, resume=None):
         if resume:
             state = restore(resume.checkpoint, model)
             state.resumed_at_steps.append(state.step + 1)
-            console.print(f"resuming {resume.directory.path} after step {state.step}", highlight=False, soft_wrap=True)
+            console.print(f"resuming {resume.directory.path} after step {state.step}", highlight=False,
+                          soft_wrap=True)
         train_step = KerasTrainStep(model)
         for extra in extras:
             train_step = extra.make_train_step(run, model) or train_step
