@@ -158,6 +158,7 @@ def test_training_stops_when_validation_bleu_reaches_the_target(tmp_path, cache_
     assert timing["validation_s"] >= target["evaluation_s"]
     assert result["status_reason"].startswith(f"validation BLEU {evaluations[-1]['bleu']:.2f} reached the target")
     assert result["metrics"]["bleu"] is not None
+    assert "time to validation" in proc.stdout and f"reached at step {timing['steps']}" in proc.stdout
 
 
 def test_a_target_not_reached_is_a_result_too(tmp_path, cache_dir):
@@ -170,6 +171,7 @@ def test_a_target_not_reached_is_a_result_too(tmp_path, cache_dir):
     assert result["target"]["outcome"] == "not reached"
     assert result["target"]["steps_to_target"] is None and result["target"]["time_to_target_s"] is None
     assert [e["step"] for e in result["target"]["evaluations"]] == [10, 20]
+    assert "time to validation" in proc.stdout and "not reached" in proc.stdout
 
 
 def test_resume_refuses_training_data_that_changed_since(tmp_path, cache_dir):

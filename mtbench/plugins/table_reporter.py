@@ -37,7 +37,19 @@ def result_rows(result):
         ("quality", "token accuracy val / test", f"{m['val_accuracy']:.3f} / {m['test_accuracy']:.3f}"),
         ("quality", "BLEU / chrF (test)", f"{m['bleu']:.2f} / {m['chrf']:.2f}"),
         ("quality", "BLEU signature", m["bleu_signature"]),
-    ]
+    ] + _target_rows(result.get("target"))
+
+
+def _target_rows(target):
+    if not target or target["target_bleu"] is None:
+        return []
+    if target["outcome"] == "reached":
+        value = (f"reached at step {target['steps_to_target']} after {_seconds(target['time_to_target_s'])} "
+                 f"of training")
+    else:
+        value = "not reached"
+    return [("quality", f"time to validation BLEU {target['target_bleu']:g}", value),
+            ("timing", "validation during training", _seconds(target["evaluation_s"]))]
 
 
 class TableReporter(Reporter):
