@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mtbench import plugins
-from mtbench.errors import MtbenchError
+from mtbench.errors import MtbenchError, RunFailure
 from mtbench.keras_models.presets import PRESETS
 from mtbench.runner.config import COMPILE_MODES, DTYPES, TrainConfig
 from mtbench.runner.parity import PARITY_STEPS, PARITY_TOLERANCE
@@ -47,6 +47,7 @@ def handle_errors(command):
 def _warn_broken_plugins(registry):
     for warning in registry.warnings:
         click.echo(f"Warning: {warning}", err=True)
+    registry.echo_warnings = True  # later ones (a hook failing during the run) as they happen
 
 
 def _extras_help():
@@ -78,11 +79,38 @@ def main():
     """Train one Keras 3 Transformer for translation on JAX or PyTorch and report honest figures."""
 
 
+def _stack(options):
+    """One decorator applying `options` as if stacked above the command in the order listed."""
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
+
+
+CORPUS_OPTIONS = (
+    click.option("--valid", "valid_file", metavar="CORPUS",
+                 help="Validation pairs in any --data format, instead of a split of the training data."),
+    click.option("--test", "test_file", metavar="CORPUS",
+                 help="Test pairs in any --data format, or sacrebleu:NAME for a sacrebleu test set already in its "
+                      "local cache (e.g. sacrebleu:wmt14)."),
+    click.option("--src-col", type=int, metavar="N", default=1, show_default=True,
+                 help="TSV column of the source (1-based)."),
+    click.option("--tgt-col", type=int, metavar="N", default=2, show_default=True,
+                 help="TSV column of the target (1-based)."),
+    click.option("--src-lang", metavar="LANG",
+                 help="Source language: the JSONL key, the Moses file suffix, the sacrebleu pair."),
+    click.option("--tgt-lang", metavar="LANG", help="Target language (as --src-lang)."),
+)
+
 # The options that make up a run's configuration, shared by `train`, `init-weights` and `compare` (which
 # passes them on to every run), so the three cannot drift apart.
 RUN_CONFIGURATION_OPTIONS = (
     click.option("--dataset", default="bible-en-fr", show_default=True, help="Registered dataset (see `mtbench plugins`)."),
-    click.option("--data", "data_file", type=click.Path(dir_okay=True), help="TSV file (source TAB target) instead of --dataset."),
+    click.option("--data", "data_file", type=click.Path(dir_okay=True), metavar="CORPUS",
+                 help="Your corpus instead of --dataset: FILE.tsv, FILE.jsonl (each may be .gz) or a Moses PREFIX "
+                      "(PREFIX.SRC and PREFIX.TGT, with --src-lang/--tgt-lang)."),
     click.option("--preset", type=click.Choice(list(PRESETS)), default="small", show_default=True, help="Model size."),
     click.option("--steps", type=int, help="Training steps (default: per preset; tiny 40, small 450, base 2000)."),
     click.option("--epochs", type=float, help="Train for this many passes over the training split instead of --steps."),
@@ -99,13 +127,10 @@ RUN_CONFIGURATION_OPTIONS = (
                  help="torch.compile mode for the torch-compile extra."),
     click.option("--seed", type=int, default=0, show_default=True, help="Initial weights and batch order."),
     click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora and tokenizers (default ~/.cache/mtbench)."),
-)
+) + CORPUS_OPTIONS
+run_configuration_options = _stack(RUN_CONFIGURATION_OPTIONS)
 
 
-def run_configuration_options(command):
-    for option in reversed(RUN_CONFIGURATION_OPTIONS):
-        command = option(command)
-    return command
 
 
 def _train_config(**options):
@@ -120,6 +145,38 @@ def _as_arguments(configuration):
     return [text for name, value in configuration.items() if value is not None
             for text in (flags[name], str(value))]
 
+long_run_options = _stack([
+    click.option("--checkpoint-every", type=int, metavar="N",
+                 help="Write a checkpoint every N steps (always on Ctrl-C/SIGTERM)."),
+    click.option("--keep-checkpoints", type=int, metavar="K", default=3, show_default=True,
+                 help="Checkpoints kept (the last)."),
+    click.option("--resume", "resume_dir", type=click.Path(), metavar="RUN_DIR",
+                 help="Continue the run in RUN_DIR (RESULT.run) from its last checkpoint, with its configuration."),
+    click.option("--eval-every", type=int, metavar="N",
+                 help="Validation BLEU every N steps (recorded under `target`)."),
+    click.option("--target-bleu", type=float, metavar="X",
+                 help="Stop when validation BLEU reaches this (needs --eval-every)."),
+])
+
+# With --resume the run's own configuration is used: only these may be given beside it.
+ALLOWED_WITH_RESUME = ("resume_dir", "reporters", "debug")
+
+
+def _refuse_options_beside_resume():
+    ctx = click.get_current_context()
+    given = [param.opts[0] for param in ctx.command.params if param.name not in ALLOWED_WITH_RESUME
+             and ctx.get_parameter_source(param.name) is click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise MtbenchError(f"--resume continues a run with its own configuration; drop {', '.join(given)}")
+
+
+def _report(registry, name, result, console):
+    try:
+        registry.reporters[name].report(result, console)
+    except Exception as error:  # a third-party reporter: name it, the result itself is safe on disk
+        raise RunFailure(f"reporter '{name}' of plugin '{registry.provider[('reporters', name)]}' failed: "
+                         f"{error!r}; the result is in {result['config']['out']}") from error
+
 
 @main.command()
 @click.option("--backend", default="jax", show_default=True, help="Backend plugin: jax, torch, or a third-party one.")
@@ -129,20 +186,27 @@ def _as_arguments(configuration):
 @click.option("--out", type=click.Path(dir_okay=False), help="Result JSON (default mtbench-results/<time>-<backend>.json).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing result file.")
 @click.option("--report", "reporters", multiple=True, default=("table",), show_default=True, help="Reporter (repeatable).")
+@long_run_options
 @handle_errors
-def train(reporters, **options):
+def train(reporters, resume_dir, **options):
     """Train, evaluate and time the Transformer on one backend."""
+    from mtbench.runner.checkpoints import open_run
     from mtbench.runner.training import run_training
     registry = plugins.registry()
     _warn_broken_plugins(registry)
-    unknown = [r for r in reporters if r not in registry.reporters]
-    if unknown:
-        raise MtbenchError(f"unknown reporter '{unknown[0]}'; available: {', '.join(sorted(registry.reporters))}")
-    config = _train_config(**options)
-    console = Console()
-    result = run_training(config, registry, console)
     for name in reporters:
-        registry.reporters[name].report(result, console)
+        registry.lookup("reporters", name)
+    resume = None
+    if resume_dir:
+        _refuse_options_beside_resume()
+        resume = open_run(resume_dir)
+        config = resume.config
+    else:
+        config = _train_config(**options)
+    console = Console()
+    result = run_training(config, registry, console, resume=resume)
+    for name in reporters:
+        _report(registry, name, result, console)
     console.print(f"result: {config.out}")
 
 

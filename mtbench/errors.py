@@ -12,3 +12,7 @@ class MtbenchError(Exception):
 class RunFailure(MtbenchError):
     def __init__(self, message):
         super().__init__(message, exit_code=1)
+
+
+class RunInterrupted(MtbenchError):
+    """Stopped by a signal after saving a checkpoint and a partial result; the exit code is the signal's."""

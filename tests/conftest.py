@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 
 import pytest
 
@@ -65,3 +66,82 @@ def compared(cache_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out) as f:
         return {"combined": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
+THIRD_PARTY = textwrap.dedent('''
+    from mtbench import Backend, Extra, Reporter, hookimpl
+    from mtbench.plugins.api import KerasTrainStep
+
+    class CountingStep(KerasTrainStep):
+        def __init__(self, model, state):
+            super().__init__(model)
+            self.state = state
+
+        def __call__(self, x, y, sample_weight):
+            self.state["steps_seen"] += 1
+            return super().__call__(x, y, sample_weight)
+
+    class CountSteps(Extra):
+        name = "count-steps"
+        description = "counts the train steps it wraps"
+        backends = ("jax", "torch")
+
+        def make_train_step(self, run, model):
+            run.extras_state[self.name] = {"steps_seen": 0}
+            return CountingStep(model, run.extras_state[self.name])
+
+        def record(self, run):
+            return run.extras_state[self.name]
+
+    class NotInstalledBackend(Backend):
+        name = "fakeflow"
+        keras_backend = "jax"
+        framework_modules = ("fakeflow_is_not_installed",)
+
+    class OneLineReporter(Reporter):
+        name = "oneline"
+        description = "one line per run"
+
+        def report(self, result, console):
+            print(f"ONELINE backend={result['backend']} steps={result['timing']['steps']} "
+                  f"bleu={result['metrics']['bleu']:.2f}")
+
+    @hookimpl
+    def mtbench_register_backends(register):
+        register(NotInstalledBackend())
+
+    @hookimpl
+    def mtbench_register_reporters(register):
+        register(OneLineReporter())
+
+    @hookimpl
+    def mtbench_register_extras(register):
+        register(CountSteps())
+''')
+
+# Loads, but its callbacks hook fails during the run.
+FLAKY = textwrap.dedent('''
+    from mtbench import hookimpl
+
+    @hookimpl
+    def mtbench_keras_callbacks(config):
+        raise RuntimeError("flaky callbacks on purpose")
+''')
+
+
+@pytest.fixture(scope="session")
+def plugin_path(tmp_path_factory):
+    """A directory holding three installed distributions: a working plugin, one that fails to import and one
+    whose hook fails during a run."""
+    site = tmp_path_factory.mktemp("site")
+    (site / "mtbench_thirdparty.py").write_text(THIRD_PARTY)
+    (site / "mtbench_broken.py").write_text("raise ImportError('this plugin is broken on purpose')\n")
+    (site / "mtbench_flaky.py").write_text(FLAKY)
+    for dist, version in (("mtbench_thirdparty", "0.3.0"), ("mtbench_broken", "0.0.1"), ("mtbench_flaky", "0.1.0")):
+        info = site / f"{dist}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[mtbench]\n{dist.split('_', 1)[1]} = {dist}\n")
+    return str(site)
+
+
+def env_with(plugin_path):
+    return {"PYTHONPATH": plugin_path + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -6,7 +6,8 @@ import pytest
 from mtbench.errors import MtbenchError
 from mtbench.plugins.bible_dataset import BibleDataset, clean_verse
 from mtbench.runner.batches import (bucket_lengths, encode_split, evaluation_batches, training_batches)
-from mtbench.runner.data import load_dataset_pairs, read_tsv, split_corpus
+from mtbench.runner.data import load_dataset_pairs, split_corpus
+from mtbench.runner.formats import read_tsv
 from mtbench.runner.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_or_train_tokenizer
 
 

@@ -7,10 +7,12 @@
 import importlib
 import importlib.metadata
 import os
+import sys
 from dataclasses import dataclass, field
 
 import pluggy
 
+from mtbench.errors import MtbenchError
 from mtbench.plugins import hookspecs
 
 LOAD_PLUGINS_ENV = "MTBENCH_LOAD_PLUGINS"
@@ -41,11 +43,37 @@ class Registry:
     reporters: dict = field(default_factory=dict)
     provider: dict = field(default_factory=dict)  # (kind, name) -> plugin name
     warnings: list = field(default_factory=list)  # broken plugins: they are reported, not fatal
+    broken: dict = field(default_factory=dict)    # plugin name -> what went wrong
+    echo_warnings: bool = False                   # print warnings on stderr as they happen (the CLI sets it)
     hook: object = None
 
+    def warn(self, plugin, message):
+        self.broken.setdefault(plugin, message)
+        self.warnings.append(message)
+        if self.echo_warnings:
+            print(f"Warning: {message}", file=sys.stderr)
+
+    def lookup(self, kind, name):
+        """The registered backend, extra, dataset or reporter `name`; an unknown name is an error that lists
+        what is available and names the broken plugins that might have provided it."""
+        items = getattr(self, kind)
+        if name in items:
+            return items[name]
+        message = f"unknown {kind[:-1]} '{name}'; available: {', '.join(sorted(items)) or 'none installed'}"
+        if self.broken:
+            message += "; it may come from a plugin that failed: " + "; ".join(self.broken.values())
+        raise MtbenchError(message)
+
     def keras_callbacks(self, config):
-        """The Keras callbacks plugins add to a run."""
-        return [cb for cbs in self.hook.mtbench_keras_callbacks(config=config) for cb in (cbs or [])]
+        """The Keras callbacks plugins add to a run. A plugin whose hook fails is warned about and left out."""
+        callbacks = []
+        for impl in self.hook.mtbench_keras_callbacks.get_hookimpls():
+            try:
+                callbacks.extend(impl.function(config=config) or [])
+            except Exception as error:
+                self.warn(impl.plugin_name, f"plugin '{impl.plugin_name}' failed in mtbench_keras_callbacks "
+                                            f"and was left out: {error!r}")
+        return callbacks
 
 
 def _builtin_name(module_name):
@@ -71,7 +99,7 @@ def _build():
         try:
             pm.load_setuptools_entrypoints("mtbench", name=name)
         except Exception as error:  # a broken third-party plugin must not take mtbench down with it
-            registry.warnings.append(f"plugin '{name}' failed to load and was skipped: {error!r}")
+            registry.warn(name, f"plugin '{name}' failed to load and was skipped: {error!r}")
     for kind, hook_name in REGISTER_HOOKS.items():
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             _collect(registry, kind, impl)
@@ -92,7 +120,7 @@ def _collect(registry, kind, impl):
     try:
         impl.function(register)
     except Exception as error:
-        registry.warnings.append(f"plugin '{impl.plugin_name}' failed in {impl.function.__name__}: {error!r}")
+        registry.warn(impl.plugin_name, f"plugin '{impl.plugin_name}' failed in {impl.function.__name__}: {error!r}")
 
 
 _loaded = None

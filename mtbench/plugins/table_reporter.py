@@ -12,6 +12,10 @@ def _joined(result, *keys, unit=""):
     return " / ".join(text if text == "n/a" else text + unit for text in texts)
 
 
+def _seconds(seconds):
+    return "n/a" if seconds is None else f"{seconds:,.3f} s"
+
+
 def _mfu(result):
     text = figure_text(result, "mfu")
     if text == "n/a":
@@ -45,7 +49,19 @@ def result_rows(result):
         ("quality", "token accuracy val / test", _joined(result, "val_accuracy", "test_accuracy")),
         ("quality", "BLEU / chrF (test)", _joined(result, "bleu", "chrf")),
         ("quality", "BLEU signature", result["metrics"]["bleu_signature"]),
-    ]
+    ] + _target_rows(result.get("target"))
+
+
+def _target_rows(target):
+    if not target or target["target_bleu"] is None:
+        return []
+    if target["outcome"] == "reached":
+        value = (f"reached at step {target['steps_to_target']} after {_seconds(target['time_to_target_s'])} "
+                 f"of training")
+    else:
+        value = "not reached"
+    return [("quality", f"time to validation BLEU {target['target_bleu']:g}", value),
+            ("timing", "validation during training", _seconds(target["evaluation_s"]))]
 
 
 class TableReporter(Reporter):

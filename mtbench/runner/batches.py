@@ -31,6 +31,7 @@ class EncodedSplit:
     targets: list        # token ids (no BOS/EOS: added when batching)
     pair_index: list     # index of each kept pair in the split
     dropped_too_long: int
+    token_lengths: np.ndarray = None  # (pairs, 2): source and target tokens of every pair, dropped ones too
 
     def __len__(self):
         return len(self.sources)
@@ -41,8 +42,9 @@ def encode_split(pairs, tokenizer, max_len):
     source_ids = tokenizer.encode(s for s, _ in pairs)
     target_ids = tokenizer.encode(t for _, t in pairs)
     kept = [i for i in range(len(pairs)) if len(source_ids[i]) + 1 <= max_len and len(target_ids[i]) + 1 <= max_len]
+    lengths = np.array([[len(s), len(t)] for s, t in zip(source_ids, target_ids)], np.int64).reshape(-1, 2)
     return EncodedSplit(sources=[source_ids[i] + [EOS_ID] for i in kept], targets=[target_ids[i] for i in kept],
-                        pair_index=kept, dropped_too_long=len(pairs) - len(kept))
+                        pair_index=kept, dropped_too_long=len(pairs) - len(kept), token_lengths=lengths)
 
 
 @dataclass
@@ -81,9 +83,10 @@ def _example_bucket(split, i, buckets):
     return bucket_for(max(len(split.sources[i]), len(split.targets[i]) + 1), buckets)
 
 
-def training_batches(split, batch_size, max_len, seed):
+def training_batches(split, batch_size, max_len, seed, skip=0):
     """Endless full batches, reshuffled every epoch. Each yield is (epoch, batch). Per bucket, the examples
-    that do not fill a last batch wait for the next epoch's shuffle."""
+    that do not fill a last batch wait for the next epoch's shuffle. `skip` passes over the first batches
+    without building them (a resumed run): the random draws are the same, so the batches that follow are too."""
     buckets = bucket_lengths(max_len)
     by_bucket = {b: [] for b in buckets}
     for i in range(len(split)):
@@ -100,6 +103,9 @@ def training_batches(split, batch_size, max_len, seed):
             for start in range(0, len(shuffled) - batch_size + 1, batch_size):
                 plan.append((bucket, shuffled[start:start + batch_size]))
         for k in rng.permutation(len(plan)):
+            if skip:
+                skip -= 1
+                continue
             bucket, indices = plan[k]
             yield epoch, make_batch(split, indices, batch_size, bucket)
         epoch += 1

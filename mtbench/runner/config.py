@@ -46,6 +46,18 @@ class TrainConfig:
     cache_dir: str = field(default_factory=default_cache_dir)
     out: str = None                # result JSON; default mtbench-results/<time>-<backend>.json
     overwrite: bool = False
+    # Reading the user's corpus (mtbench/runner/formats.py)
+    valid_file: str = None         # validation pairs in any format, instead of a split of the training data
+    test_file: str = None          # test pairs in any format, or sacrebleu:NAME
+    src_col: int = 1               # TSV columns, 1-based
+    tgt_col: int = 2
+    src_lang: str = None           # JSONL keys, Moses suffixes, sacrebleu language pair
+    tgt_lang: str = None
+    # Long runs: checkpoints (mtbench/runner/checkpoints.py) and time to target quality (target.py)
+    checkpoint_every: int = None   # steps between checkpoints; None: only when interrupted
+    keep_checkpoints: int = 3
+    eval_every: int = None         # steps between validation BLEU evaluations
+    target_bleu: float = None      # stop once validation BLEU reaches it
 
     def __post_init__(self):
         self.extras = tuple(self.extras)
@@ -65,7 +77,8 @@ class TrainConfig:
         if self.compile_mode not in COMPILE_MODES:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len", "log_every",
-                     "decode_batch_size", "max_pairs"):
+                     "decode_batch_size", "max_pairs", "src_col", "tgt_col", "checkpoint_every", "keep_checkpoints",
+                     "eval_every"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise MtbenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -79,9 +92,23 @@ class TrainConfig:
             raise MtbenchError(f"--vocab-size must be at least 16, got {self.vocab_size}")
         if self.max_len < 8:
             raise MtbenchError(f"--max-len must be at least 8, got {self.max_len}")
+        self._check_corpus_and_long_run_options()
         if self.out is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             self.out = os.path.join("mtbench-results", f"{stamp}-{self.backend}.json")
+
+    def _check_corpus_and_long_run_options(self):
+        if self.src_col == self.tgt_col:
+            raise MtbenchError(f"--src-col and --tgt-col are both {self.src_col}; they must differ")
+        if bool(self.src_lang) != bool(self.tgt_lang):
+            raise MtbenchError("give both --src-lang and --tgt-lang, or neither")
+        if self.src_lang and self.src_lang == self.tgt_lang:
+            raise MtbenchError(f"--src-lang and --tgt-lang are both '{self.src_lang}'; they must differ")
+        if self.target_bleu is not None:
+            if not 0 < self.target_bleu <= 100:
+                raise MtbenchError(f"--target-bleu must be in (0, 100], got {self.target_bleu}")
+            if self.eval_every is None:
+                raise MtbenchError("--target-bleu needs --eval-every N: how often to measure validation BLEU")
 
     @property
     def model(self):
@@ -91,6 +118,16 @@ class TrainConfig:
     @property
     def corpus_name(self):
         return os.path.basename(self.data_file) if self.data_file else self.dataset
+
+    @classmethod
+    def from_dict(cls, data):
+        """The configuration `to_dict` wrote; its derived `model` entry is rebuilt from the preset."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names - {"model"})
+        if unknown:
+            raise MtbenchError(f"unknown configuration keys {', '.join(unknown)} (written by another mtbench "
+                               "version?)")
+        return cls(**{key: value for key, value in data.items() if key in names})
 
     def to_dict(self):
         data = dataclasses.asdict(self)

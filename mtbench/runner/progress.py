@@ -30,10 +30,10 @@ class _TrainingBar:
 
 
 @contextlib.contextmanager
-def training_progress(console, total_steps):
+def training_progress(console, total_steps, completed=0):
     columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tokens_per_s]:,.0f} tok/s"),
                TimeRemainingColumn())
     with Progress(*columns, console=console) as bar:
-        task = bar.add_task("train", total=total_steps, loss=float("nan"), tokens_per_s=0.0)
+        task = bar.add_task("train", total=total_steps, completed=completed, loss=float("nan"), tokens_per_s=0.0)
         yield _TrainingBar(bar, task)

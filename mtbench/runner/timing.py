@@ -29,8 +29,10 @@ class StepTimer:
     records: list = field(default_factory=list)
     _seen: set = field(default_factory=set)
 
-    def add(self, step, shape, seconds, target_tokens, flops=0.0, input_seconds=0.0, compilations=None):
-        first = shape not in self._seen
+    def add(self, step, shape, seconds, target_tokens, first_of_shape=None, flops=0.0, input_seconds=0.0,
+            compilations=None):
+        """Records a step; `first_of_shape` is given when restoring steps timed by an earlier process."""
+        first = shape not in self._seen if first_of_shape is None else first_of_shape
         self._seen.add(shape)
         self.records.append(StepRecord(step, shape, seconds, target_tokens, first, flops, input_seconds,
                                        compilations))
@@ -45,6 +47,10 @@ class StepTimer:
             key = "x".join(map(str, r.shape))
             counts[key] = counts.get(key, 0) + r.compilations
         return counts
+
+    def restart(self):
+        """A resumed run is a new process: it compiles every shape again, so first steps are first again."""
+        self._seen.clear()
 
     def summary(self):
         steady = [r for r in self.records if not r.first_of_shape]
@@ -91,3 +97,25 @@ class Stopwatch:
 
     def total(self):
         return time.perf_counter() - self._start
+
+
+class TrainingClock:
+    """Wall time spent training, from the first step of a run (an earlier process's share included), with the
+    time set aside inside the loop (validation, checkpoints) taken out and kept apart by name."""
+
+    def __init__(self, earlier_s=0.0, earlier_aside=None):
+        self._start = time.perf_counter()
+        self._earlier_s = earlier_s
+        self._earlier_aside = dict(earlier_aside or {})
+        self._aside = Stopwatch()
+
+    def aside(self, name):
+        return self._aside.phase(name)
+
+    @property
+    def aside_s(self):
+        names = set(self._earlier_aside) | set(self._aside.phases)
+        return {name: self._earlier_aside.get(name, 0.0) + self._aside.phases.get(name, 0.0) for name in names}
+
+    def training_s(self):
+        return self._earlier_s + time.perf_counter() - self._start - sum(self._aside.phases.values())

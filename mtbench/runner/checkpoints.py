@@ -1,0 +1,202 @@
+"""The run directory: a run's configuration and its checkpoints, so that a run that was killed, interrupted or
+stopped by a full disk continues where it stopped (`mtbench train --resume RUN_DIR`).
+
+    RUN_DIR/run.json                the configuration (paths made absolute) and the training data's fingerprint
+    RUN_DIR/checkpoint-000040/      one checkpoint, written into a temporary directory and renamed (atomic)
+        model.weights.h5            Keras's save_weights: the weights and the optimizer's variables, its
+                                    iteration count included (the learning-rate schedule follows it)
+        random_state.npz            the model's other variables: the dropout layers' seed generator states
+        state.json                  step, epoch, history, clocks and validation record so far
+
+The data position is the step: each step takes one batch from a generator seeded by --seed, so a resumed run
+re-creates the generator and skips that many batches without building them (see `training_batches`).
+"""
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mtbench.errors import MtbenchError, RunFailure
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.files import write_json_atomic
+
+RUN_FILE = "run.json"
+RUN_FORMAT = 1
+WEIGHTS_FILE = "model.weights.h5"
+RANDOM_STATE_FILE = "random_state.npz"
+STATE_FILE = "state.json"
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+PATH_FIELDS = ("data_file", "valid_file", "test_file", "cache_dir", "out")
+
+
+def run_dir_for(result_path):
+    """Where a result's run directory lives: beside it, like its hypotheses and references."""
+    stem = result_path[:-5] if result_path.endswith(".json") else result_path
+    return f"{stem}.run"
+
+
+@dataclass
+class TrainingState:
+    """What a checkpoint restores besides the variables: where training stands and every figure so far."""
+    step: int = 0
+    epoch: int = 0
+    history: list = field(default_factory=list)
+    training_s: float = 0.0
+    aside_s: dict = field(default_factory=dict)      # validation and checkpoint time inside the loop
+    evaluations: list = field(default_factory=list)  # validation BLEU every --eval-every steps
+    resumed_at_steps: list = field(default_factory=list)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def _absolute_paths(config_dict):
+    data = dict(config_dict)
+    for name in PATH_FIELDS:
+        value = data.get(name)
+        if value and not value.startswith("sacrebleu:"):
+            data[name] = os.path.abspath(value)
+    return data
+
+
+def _fsync_directory(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RunDirectory:
+    def __init__(self, path, fresh):
+        """`fresh`: a new run, whose first checkpoint replaces whatever an earlier run left here."""
+        self.path = path
+        self._fresh = fresh
+
+    def checkpoints(self):
+        """(step, path) of every complete checkpoint, oldest first."""
+        if not os.path.isdir(self.path):
+            return []
+        found = []
+        for name in os.listdir(self.path):
+            match = CHECKPOINT_NAME.match(name)
+            if match and os.path.isfile(os.path.join(self.path, name, STATE_FILE)):
+                found.append((int(match.group(1)), os.path.join(self.path, name)))
+        return sorted(found)
+
+    def latest(self):
+        checkpoints = self.checkpoints()
+        return checkpoints[-1] if checkpoints else None
+
+    def save(self, model, state, run_config, data_fingerprint, keep):
+        """Writes a checkpoint of `model` at `state.step` atomically, then keeps only the last `keep`. A failed
+        write (a full disk) leaves the earlier checkpoints as they were."""
+        tmp = None
+        try:
+            if self._fresh:
+                self._clear()
+            write_json_atomic(os.path.join(self.path, RUN_FILE), {
+                "mtbench_run": RUN_FORMAT, "config": _absolute_paths(run_config),
+                "data_fingerprint": data_fingerprint})
+            tmp = tempfile.mkdtemp(prefix=".tmp-checkpoint-", dir=self.path)
+            model.save_weights(os.path.join(tmp, WEIGHTS_FILE))
+            np.savez(os.path.join(tmp, RANDOM_STATE_FILE), *[np.asarray(v.value) for v in _random_state(model)])
+            with open(os.path.join(tmp, STATE_FILE), "w") as f:
+                json.dump(state.to_dict(), f)
+            for name in os.listdir(tmp):
+                with open(os.path.join(tmp, name), "rb") as f:
+                    os.fsync(f.fileno())
+            final = os.path.join(self.path, f"checkpoint-{state.step:06d}")
+            if os.path.exists(final):  # the same step again after a resume: the same content
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_directory(self.path)
+        except OSError as error:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise RunFailure(f"{self.path}: cannot write the checkpoint of step {state.step}: "
+                             f"{error.strerror or error}; earlier checkpoints are intact") from None
+        self._fresh = False
+        for _, old in self.checkpoints()[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def _clear(self):
+        for _, old in self.checkpoints():
+            shutil.rmtree(old)
+        for name in os.listdir(self.path) if os.path.isdir(self.path) else []:
+            if name.startswith(".tmp-checkpoint-"):  # left by a process killed while writing
+                shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
+
+
+def _random_state(model):
+    """Model variables that are not weights (save_weights leaves them out): seed generator states."""
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def restore(checkpoint, model):
+    """Loads a checkpoint into a compiled `model` and returns its TrainingState."""
+    # The optimizer must have its variables before load_weights can fill them.
+    model.optimizer.build(model.trainable_variables)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.load_weights(os.path.join(checkpoint, WEIGHTS_FILE))
+    # Keras only warns when it skips variables that do not fit; resuming without them would not be this run.
+    skipped = [str(w.message).strip() for w in caught if "Skipping variable loading" in str(w.message)]
+    if skipped:
+        raise RunFailure(f"{checkpoint}: does not fit this model: {skipped[0]}")
+    with np.load(os.path.join(checkpoint, RANDOM_STATE_FILE)) as saved:
+        values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    variables = _random_state(model)
+    if len(values) != len(variables):
+        raise RunFailure(f"{checkpoint}: holds {len(values)} random-state variables, the model has {len(variables)}")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+    with open(os.path.join(checkpoint, STATE_FILE)) as f:
+        return TrainingState(**json.load(f))
+
+
+@dataclass
+class Resumption:
+    """An earlier run to continue: its directory, configuration, data fingerprint and latest checkpoint."""
+    directory: RunDirectory
+    config: TrainConfig
+    data_fingerprint: str
+    step: int
+    checkpoint: str
+
+
+def open_run(path):
+    """The Resumption of the run in directory `path`; anything that is not a resumable mtbench run is an error
+    saying what is wrong."""
+    if not os.path.exists(path):
+        raise MtbenchError(f"{path}: no such run directory")
+    if not os.path.isdir(path):
+        raise MtbenchError(f"{path}: not a directory; --resume takes the run directory (RESULT.run) of a run")
+    run_file = os.path.join(path, RUN_FILE)
+    if not os.path.isfile(run_file):
+        raise MtbenchError(f"{path}: not an mtbench run directory (it has no {RUN_FILE})")
+    try:
+        with open(run_file, encoding="utf-8") as f:
+            run = json.load(f)
+    except (OSError, ValueError) as error:
+        raise MtbenchError(f"{run_file}: cannot be read as an mtbench run file: {error}") from None
+    if not isinstance(run, dict) or run.get("mtbench_run") != RUN_FORMAT or not isinstance(run.get("config"), dict):
+        raise MtbenchError(f"{run_file}: not an mtbench run file of format {RUN_FORMAT}")
+    directory = RunDirectory(path, fresh=False)
+    latest = directory.latest()
+    if latest is None:
+        raise MtbenchError(f"{path}: holds no complete checkpoint to resume from")
+    try:
+        config = TrainConfig.from_dict(run["config"])
+    except (MtbenchError, TypeError) as error:
+        raise MtbenchError(f"{run_file}: {error}") from None
+    return Resumption(directory, config, run.get("data_fingerprint"), *latest)

@@ -1,0 +1,48 @@
+"""Ctrl-C and SIGTERM during training: the step under way finishes, then the run stops cleanly (a checkpoint and
+a partial result). A second Ctrl-C stops at once, for when even that takes too long."""
+
+import contextlib
+import signal
+import threading
+
+# The shell's convention: 128 + the signal number.
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class StopRequests:
+    def __init__(self):
+        self.received = None  # the first signal received, or None
+
+    @property
+    def requested(self):
+        return self.received is not None
+
+    @property
+    def name(self):
+        return signal.Signals(self.received).name
+
+    @property
+    def exit_code(self):
+        return EXIT_CODES[self.received]
+
+    def _handle(self, signum, frame):
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.received is None:
+            self.received = signum
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """Yields a StopRequests that records SIGINT/SIGTERM while the block runs; the previous handlers come back
+    afterwards. Outside the main thread (where Python cannot take signals) nothing is installed."""
+    requests = StopRequests()
+    if threading.current_thread() is not threading.main_thread():
+        yield requests
+        return
+    previous = {signum: signal.signal(signum, requests._handle) for signum in EXIT_CODES}
+    try:
+        yield requests
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
