@@ -93,7 +93,7 @@ def needs_languages(spec, kind, options):
         raise MtbenchError(f"{spec}: a {kind} corpus needs --src-lang and --tgt-lang ({what})")
 
 
-def _check_readable(path):
+def check_readable(path, expected="a corpus file"):
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -103,7 +103,7 @@ def _check_readable(path):
     except OSError as error:
         raise MtbenchError(f"{path}: cannot read: {error.strerror}") from None
     if stat.S_ISDIR(mode):
-        raise MtbenchError(f"{path}: is a directory, expected a corpus file")
+        raise MtbenchError(f"{path}: is a directory, expected {expected}")
     if not stat.S_ISREG(mode):
         # A FIFO or device would block or never end; a corpus is a regular file.
         raise MtbenchError(f"{path}: not a regular file (a pipe or a device); give a file")
@@ -112,7 +112,7 @@ def _check_readable(path):
 def numbered_lines(path):
     """Yields (line number, text) of a UTF-8 text file, gunzipped when its name ends in `.gz`. Lines are split
     on newlines only (not on the Unicode separators str.splitlines knows), without the line ending."""
-    _check_readable(path)
+    check_readable(path)
     opener = gzip.open if path.endswith(".gz") else open
     number = 0
     try:

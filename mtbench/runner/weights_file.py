@@ -11,6 +11,7 @@ import zipfile
 import numpy as np
 
 from mtbench.errors import MtbenchError
+from mtbench.runner.formats import check_readable
 from mtbench.runner.files import write_bytes_atomic
 
 
@@ -26,13 +27,10 @@ def write_weights_file(path, weights):
 def read_weights_file(path):
     """Returns ({variable path: array}, sha256 of the file). The hash is of exactly the bytes parsed, so a
     result that records it says which numbers the run started from."""
+    check_readable(path, expected="an .npz file for --initial-weights")
     try:
         with open(path, "rb") as f:
             data = f.read()
-    except FileNotFoundError:
-        raise MtbenchError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise MtbenchError(f"{path}: is a directory; --initial-weights takes an .npz file") from None
     except OSError as error:
         raise MtbenchError(f"{path}: cannot read: {error.strerror}") from None
     try:
