@@ -15,6 +15,7 @@ import pytest
 from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_workload
 from mtbench.plugins.api import KerasTrainStep
 from mtbench.runner.config import TrainConfig
+from optimizer_exercise import assert_updates_like_keras, keras_optimizer_result, optimizer_exercise
 
 STEPS = 3
 needs_flax = pytest.mark.skipif(importlib.util.find_spec("flax") is None or importlib.util.find_spec("optax") is None,
@@ -62,33 +63,6 @@ def test_torch_step_losses_equal_the_keras_steps(keras_run):
     np.testing.assert_allclose(losses, keras_run["losses"], rtol=1e-4)
 
 
-def optimizer_exercise():
-    """Initial values and three steps of gradients: one tensor's gradient norm far above the clipping norm (clipped
-    alone), one with gradients of epsilon's order (where epsilon's placement decides the update), one ordinary."""
-    rng = np.random.default_rng(7)
-    shapes = {"clipped": (4, 3), "tiny": (5,), "ordinary": (2, 2)}
-    scales = {"clipped": 5.0, "tiny": 3e-9, "ordinary": 0.1}
-    initial = {name: rng.normal(size=shape).astype(np.float32) for name, shape in shapes.items()}
-    grads = [{name: (scales[name] * rng.normal(size=shape)).astype(np.float32) for name, shape in shapes.items()}
-             for _ in range(3)]
-    return initial, grads
-
-
-def keras_optimizer_result(initial, grads, total_steps):
-    """What the optimizer mtbench's `compile_model` builds makes of the exercise."""
-    import keras
-
-    from mtbench.runner.training import compile_model
-    config = TrainConfig(warmup_steps=1, learning_rate=1e-2)
-    probe = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    compile_model(keras, probe, config, total_steps, {})
-    variables = {name: keras.Variable(value, name=name) for name, value in initial.items()}
-    for step_grads in grads:
-        probe.optimizer.apply([step_grads[name] for name in variables], list(variables.values()))
-    return {name: np.array(v.value) for name, v in variables.items()}, \
-        OptimizerSettings.of_keras_optimizer(probe.optimizer)
-
-
 def torch_optimizer_result(initial, grads, settings):
     import torch
 
@@ -119,12 +93,8 @@ def flax_optimizer_result(initial, grads, settings):
                          ids=["torch", "flax"])
 def test_native_optimizer_updates_like_keras(native):
     initial, grads = optimizer_exercise()
-    expected, settings = keras_optimizer_result(initial, grads, total_steps=4)
-    got = native(initial, grads, settings)
-    for name in initial:
-        moved = expected[name] - initial[name]
-        assert np.abs(moved).max() > 1e-3, "the exercise must move every tensor"
-        np.testing.assert_allclose(got[name] - initial[name], moved, rtol=1e-4, atol=1e-7, err_msg=name)
+    expected, optimizer = keras_optimizer_result(initial, grads)
+    assert_updates_like_keras(initial, native(initial, grads, OptimizerSettings.of_keras_optimizer(optimizer)), expected)
 
 
 def test_the_schedule_starts_at_zero_and_ends_at_alpha():

@@ -28,6 +28,7 @@ def result_rows(result):
         ("run", "corpus / preset", f"{result['data']['corpus']} / {cfg['preset']} "
                                    f"({result['model']['parameters']:,} parameters), {cfg['dtype']}"),
         ("run", "steps x batch", f"{t['steps']} x {cfg['batch_size']}"),
+        ("run", "train step", result.get("train_step", "n/a")),
         ("timing", "compile (first step of each shape)", f"{_seconds(t['compile_s'])} over {t['shapes_compiled']} shapes"),
         ("timing", "steady step median / p90", f"{_seconds(t['step_s_median'])} / {_seconds(t['step_s_p90'])}"),
         ("timing", "tokens/s (target, steady)", "n/a" if t["tokens_per_s"] is None else f"{t['tokens_per_s']:,.0f}"),

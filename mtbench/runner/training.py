@@ -152,7 +152,7 @@ def run_training(config, registry, console):
         for extra in extras:
             compile_options.update(extra.compile_options(run))
         compile_options = compile_model(keras, model, config, total_steps, compile_options)
-        train_step = KerasTrainStep(model)
+        train_step = backend.make_train_step(run, model) or KerasTrainStep(model)
         for extra in extras:
             train_step = extra.make_train_step(run, model) or train_step
         _, first_batch = next(training_batches(train_split, config.batch_size, config.max_len, config.seed))
@@ -211,6 +211,7 @@ def run_training(config, registry, console):
         "devices_used": max([record.get("devices", 1) for record in extras_record.values()] + [1]),
         "config": config.to_dict(),
         "compile_options": compile_options,
+        "train_step": train_step.name,
         "env": results_module.environment(backend),
         "data": {
             "corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),
