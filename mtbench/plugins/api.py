@@ -76,6 +76,12 @@ class Backend:
         backend runs inference fastest. The default runs it eagerly."""
         return fn
 
+    def make_train_step(self, run, model):
+        """Optionally return the `TrainStep` this backend trains with by default: the same mathematics as
+        Keras's `train_on_batch`, without its per-call overhead. None keeps `train_on_batch`. An extra's
+        `make_train_step` still replaces it."""
+        return None
+
 
 class Extra:
     """An optional way of training: fused attention, a compiler, data parallelism, a dtype policy.
@@ -123,7 +129,9 @@ class Extra:
 
 class TrainStep:
     """One optimisation step on a batch. `finalize` writes any state the step keeps outside the model (replicated
-    parameters, optimizer slots) back into the Keras variables, so that evaluation sees the trained weights."""
+    parameters, optimizer slots) back into the Keras variables, so that evaluation sees the trained weights.
+    A step whose work may still be running when it returns must wait for it: the caller reads its clock then."""
+    name = ""  # recorded in the result as `train_step`
 
     def __call__(self, x, y, sample_weight):
         """Returns {'loss': float, 'accuracy': float} of the batch, computed before the update."""
@@ -135,6 +143,7 @@ class TrainStep:
 
 class KerasTrainStep(TrainStep):
     """Keras's own compiled train step."""
+    name = "keras-train-on-batch"
 
     def __init__(self, model):
         self.model = model

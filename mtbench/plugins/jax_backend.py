@@ -80,6 +80,13 @@ class JaxBackend(Backend):
 
         return call
 
+    def make_train_step(self, run, model):
+        import keras
+        if keras.distribution.distribution() is not None:
+            return None  # Keras's own step lays the state out over the mesh; this one does not
+        from mtbench.plugins.jax_jit_step import JitTrainStep
+        return JitTrainStep(model)
+
 
 @hookimpl
 def mtbench_register_backends(register):

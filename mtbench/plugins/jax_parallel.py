@@ -24,6 +24,7 @@ class PmapTrainStep(TrainStep):
     """The Keras model's forward pass (`stateless_call`) and optimizer (`stateless_apply`) inside `jax.pmap`.
     The loss is the global token mean: each device divides its token-weighted loss sum by the token count of
     the whole batch (a psum), so the summed gradients are exactly those of the single-device step."""
+    name = "jax-pmap"
 
     def __init__(self, model, devices):
         import jax

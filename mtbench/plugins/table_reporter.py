@@ -38,6 +38,7 @@ def result_rows(result):
         ("run", "corpus / preset", f"{result['data']['corpus']} / {cfg['preset']} "
                                    f"({result['model']['parameters']:,} parameters), {run_dtype(result)}"),
         ("run", "steps x batch", f"{t['steps']} x {cfg['batch_size']}"),
+        ("run", "train step", result.get("train_step", "n/a")),
         ("timing", "compile (first step of each shape)", f"{figure_text(result, 'compile_s')} s over "
                                                         f"{t['shapes_compiled']} shapes"),
         ("timing", "steady step median / p90", _joined(result, "step_s_median", "step_s_p90", unit=" ms")),

@@ -60,6 +60,10 @@ class TorchBackend(Backend):
 
         return call
 
+    def make_train_step(self, run, model):
+        from mtbench.plugins.torch_eager_step import EagerTorchTrainStep
+        return EagerTorchTrainStep(model)
+
 
 @hookimpl
 def mtbench_register_backends(register):

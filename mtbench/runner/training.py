@@ -253,7 +253,8 @@ def run_training(config, registry, console, resume=None):
             state.resumed_at_steps.append(state.step + 1)
             console.print(f"resuming {resume.directory.path} after step {state.step}", highlight=False,
                           soft_wrap=True)
-        train_step = KerasTrainStep(model)
+        # Created after a restore: a step that keeps its own copy of the state reads the restored variables.
+        train_step = backend.make_train_step(run, model) or KerasTrainStep(model)
         for extra in extras:
             train_step = extra.make_train_step(run, model) or train_step
         try:
@@ -287,6 +288,7 @@ def run_training(config, registry, console, resume=None):
             epoch, batch = next(batches)
             input_seconds = time.perf_counter() - t_input
             if step == poison_at:
+                train_step.finalize()  # a step holding its own copy of the weights re-reads them next call
                 faults.poison_weights(model)
             callbacks.on_train_batch_begin(step)
             compiled_before = backend.compilations()
@@ -351,6 +353,7 @@ def run_training(config, registry, console, resume=None):
         "devices_used": devices_used,
         "config": {**config.to_dict(), "initial_weights_sha256": weights_sha256},
         "compile_options": compile_options,
+        "train_step": train_step.name,
         "env": results_module.environment(backend),
         "data": {
             "corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),

@@ -1,0 +1,1 @@
+"""Benchmarks of mtbench against hand-written native baselines (Flax + optax, plain PyTorch)."""

@@ -1,0 +1,291 @@
+"""What mtbench's train step costs against the step a user would write by hand: Flax + optax under one
+`jax.jit` on JAX, a plain `nn.Module` with `torch.optim.AdamW` on torch; in float32 and mixed bfloat16, on the
+`small` preset and real batches of one length bucket from mtbench's own pipeline.
+
+    python benchmarks/overhead.py [--quick] [--backends jax,torch] [--dtypes float32,mixed_bfloat16]
+                                  [--batch-size 64] [--length 32] [--rounds 6] [--steps-per-round 5]
+                                  [--warmup 3] [--no-keras] [--cpus 0,1] [--cache-dir DIR]
+
+How the figures are taken. Each (backend, precision) runs in its own process (keras reads its backend once at
+import). In it, the contestants train their own copies of one model from the same initial weights on the same
+batches: `mtbench` (the step `mtbench train` uses), `native`, and `keras` (plain `train_on_batch`, the
+issue's baseline; --no-keras leaves it out). Each first takes --warmup untimed steps (tracing, compilation,
+allocator warm-up), then they alternate in rounds of --steps-per-round steps, A B C A B C ..., so that a change in
+the machine's speed during the run hits every contestant alike. The device is synchronised before the clock
+starts and before it is read. A figure is the median over every timed step; a ratio is mtbench's median over the
+native one. The last line printed is one JSON object for scripts.
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPOSITORY not in sys.path:
+    sys.path.insert(0, REPOSITORY)  # run as a script: `benchmarks` and `mtbench` from this checkout
+
+DTYPES = ("float32", "mixed_bfloat16")
+RATIO_KEYS = {("jax", "float32"): "jax_ratio", ("torch", "float32"): "torch_ratio",
+              ("jax", "mixed_bfloat16"): "jax_ratio_bf16", ("torch", "mixed_bfloat16"): "torch_ratio_bf16"}
+QUICK = {"batch_size": 16, "rounds": 2, "steps_per_round": 2, "warmup": 1}
+
+
+@dataclass
+class Contestant:
+    """`step(batch)` trains on one batch; `synchronize()` returns once the device has finished all of it."""
+    name: str
+    step: object
+    synchronize: object
+
+
+def interleaved_order(names, rounds):
+    """The order contestants take their turns in: every name once per round, in the same order each round."""
+    return [name for _ in range(rounds) for name in names]
+
+
+def run_interleaved(contestants, batches, warmup, rounds, steps_per_round, clock=time.perf_counter):
+    """{name: [seconds of each timed step]}. Every contestant walks the same batch sequence (cycling), so its
+    k-th step trains on the same batch whatever the interleaving; warm-up steps are taken first and not timed."""
+    position = {c.name: 0 for c in contestants}
+    by_name = {c.name: c for c in contestants}
+
+    def next_batch(name):
+        batch = batches[position[name] % len(batches)]
+        position[name] += 1
+        return batch
+
+    for contestant in contestants:
+        for _ in range(warmup):
+            contestant.step(next_batch(contestant.name))
+        contestant.synchronize()
+    seconds = {c.name: [] for c in contestants}
+    for name in interleaved_order([c.name for c in contestants], rounds):
+        contestant = by_name[name]
+        for _ in range(steps_per_round):
+            batch = next_batch(name)
+            contestant.synchronize()
+            start = clock()
+            contestant.step(batch)
+            contestant.synchronize()
+            seconds[name].append(clock() - start)
+    return seconds
+
+
+def summarize(seconds):
+    values = np.asarray(seconds, dtype=float)
+    return {"median_s": float(np.median(values)), "p10_s": float(np.percentile(values, 10)),
+            "p90_s": float(np.percentile(values, 90)), "steps": int(values.size)}
+
+
+def ratio(numerator, denominator):
+    if numerator is None or denominator is None:
+        return None
+    return numerator["median_s"] / denominator["median_s"]
+
+
+def model_flops_utilisation(worker_result):
+    # TODO(flops): mtbench.runner.flops is not on this branch. Once it is, MFU of mtbench's step is
+    #   flops.training_flops(model_shape, batch_size, length, length) / median_s
+    #   / flops.device_peak(backend, device, dtype, cache_dir)[0]
+    # (float32 runs for mfu_jax / mfu_torch).
+    return None
+
+
+# ---- worker: one backend and dtype, in its own process ----------------------------------------------------------
+
+def native_contestant(backend_name, workload, weights, settings):
+    mixed = workload.config.dtype == "mixed_bfloat16"
+    if backend_name == "jax":
+        from benchmarks import native_flax as native
+        convert = native.batch_arrays
+    else:
+        from benchmarks import native_torch as native
+        convert = native.batch_tensors
+    step = native.train_step_from_keras_weights(workload.model_shape, weights, settings, mixed_bfloat16=mixed)
+
+    def train(batch):
+        float(step(*convert(batch))["loss"])  # a training loop reads its loss, as mtbench's does
+
+    return Contestant("native", train, step.block)
+
+
+def keras_contestant(name, backend, model, train_step):
+    def train(batch):
+        train_step((batch.source, batch.target_input), batch.target_output, batch.weight)
+
+    return Contestant(name, train, lambda: backend.synchronize(model))
+
+
+def measure(backend_name, dtype, args):
+    from mtbench import plugins
+    from mtbench.plugins.api import KerasTrainStep, RunContext
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.training import prepare_process
+    config = TrainConfig(backend=backend_name, preset=args.preset, batch_size=args.batch_size, dtype=dtype,
+                         cache_dir=args.cache_dir, **({"max_len": args.max_len} if args.max_len else {}))
+    backend = plugins.registry().backends[backend_name]
+    keras = prepare_process(config, backend, [])
+
+    from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_workload
+    from mtbench.keras_models.initialization import initial_weights
+    workload = prepare_workload(config, args.batches, length=args.length)
+    if not workload.batches:
+        raise SystemExit(f"no batch of length {args.length} in the corpus; try another --length")
+    run = RunContext(config=config, backend=backend, device=backend.device_info())
+    total_steps = args.warmup + args.rounds * args.steps_per_round
+
+    contestants, step_names = [], {}
+    model = build_keras_model(keras, workload, total_steps)
+    weights, settings = initial_weights(model, config.seed), OptimizerSettings.of_keras_optimizer(model.optimizer)
+    mtbench_step = backend.make_train_step(run, model) or KerasTrainStep(model)
+    step_names["mtbench"] = mtbench_step.name
+    contestants.append(keras_contestant("mtbench", backend, model, mtbench_step))
+    contestants.append(native_contestant(backend_name, workload, weights, settings))
+    if args.keras:
+        keras_model = build_keras_model(keras, workload, total_steps)
+        contestants.append(keras_contestant("keras", backend, keras_model, KerasTrainStep(keras_model)))
+        step_names["keras"] = "keras-train-on-batch"
+
+    seconds = run_interleaved(contestants, workload.batches, args.warmup, args.rounds, args.steps_per_round)
+    threads = None
+    if backend_name == "torch":
+        import torch
+        threads = torch.get_num_threads()
+    return {"backend": backend_name, "dtype": dtype, "train_steps": step_names,
+            "contestants": {name: summarize(values) for name, values in seconds.items()},
+            "device": run.device, "torch_threads": threads, "parameters": int(model.count_params()),
+            "batch_shape": list(workload.batches[0].shape),
+            "target_tokens_per_batch": float(np.mean([b.target_tokens for b in workload.batches]))}
+
+
+# ---- driver ------------------------------------------------------------------------------------------------------
+
+def versions():
+    found = {"python": platform.python_version()}
+    for package in ("keras", "jax", "jaxlib", "flax", "optax", "torch", "numpy"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def hardware():
+    from mtbench.runner.hardware import cpu_count, cpu_model
+    return {"cpu_model": cpu_model(), "cpus_usable": cpu_count(), "platform": platform.platform()}
+
+
+def run_worker(backend_name, dtype, argv):
+    """Runs one (backend, dtype) in a fresh process; returns its result dict."""
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    command = [sys.executable, os.path.abspath(__file__), "--worker", backend_name, dtype, *argv]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPOSITORY)
+    if proc.returncode != 0:
+        raise SystemExit(f"{backend_name}/{dtype} failed:\n{proc.stderr[-3000:]}")
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def milliseconds(summary):
+    return "-" if summary is None else f"{summary['median_s'] * 1e3:8.1f}"
+
+
+def format_ratio(value):
+    return "-" if value is None else f"{value:.3f}"
+
+
+def table(results):
+    header = (f"{'backend':8s} {'precision':15s} {'mtbench ms':>10s} {'native ms':>10s} {'mtbench/native':>15s} "
+              f"{'keras ms':>10s} {'keras/native':>13s} {'steps':>6s}  mtbench step")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        c = r["contestants"]
+        lines.append(f"{r['backend']:8s} {r['dtype']:15s} {milliseconds(c['mtbench']):>10s} "
+                     f"{milliseconds(c['native']):>10s} {format_ratio(ratio(c['mtbench'], c['native'])):>15s} "
+                     f"{milliseconds(c.get('keras')):>10s} {format_ratio(ratio(c.get('keras'), c['native'])):>13s} "
+                     f"{c['mtbench']['steps']:>6d}  {r['train_steps']['mtbench']}")
+    return "\n".join(lines)
+
+
+def summary_json(results, settings):
+    out = {key: None for key in RATIO_KEYS.values()}
+    out.update(mfu_jax=None, mfu_torch=None)
+    for r in results:
+        c = r["contestants"]
+        out[RATIO_KEYS[(r["backend"], r["dtype"])]] = ratio(c["mtbench"], c["native"])
+        if r["dtype"] == "float32":
+            out[f"mfu_{r['backend']}"] = model_flops_utilisation(r)
+    out["settings"] = settings
+    out["runs"] = results
+    return out
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run of about a minute ({QUICK})")
+    parser.add_argument("--backends", default="jax,torch")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--batch-size", type=int, default=64, help="rows per batch (mtbench train's default)")
+    parser.add_argument("--length", type=int, default=32, help="the length bucket the timed batches come from")
+    parser.add_argument("--max-len", type=int, default=None)
+    parser.add_argument("--batches", type=int, default=12, help="distinct batches, cycled")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps-per-round", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-keras", dest="keras", action="store_false", help="leave plain train_on_batch out")
+    parser.add_argument("--cpus", default=None, help="pin the measuring processes to these CPUs, e.g. 0,1")
+    parser.add_argument("--cache-dir", default=None, help="mtbench's cache (default: mtbench train's)")
+    parser.add_argument("--worker", nargs=2, metavar=("BACKEND", "DTYPE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    if args.cache_dir is None:
+        from mtbench.runner.config import default_cache_dir
+        args.cache_dir = default_cache_dir()
+    return args
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})  # inherited by the workers
+    if args.worker:
+        print(json.dumps(measure(*args.worker, args)))
+        return
+    worker_argv = [a for a in argv if a != "--quick"]
+    if args.quick:
+        worker_argv += [f"--{name.replace('_', '-')}={value}" for name, value in QUICK.items()]
+    settings = {"preset": args.preset, "batch_size": args.batch_size, "length": args.length,
+                "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup": args.warmup,
+                "versions": versions(), "hardware": hardware(), "cpus": args.cpus}
+    results = []
+    started = time.perf_counter()
+    for backend_name in args.backends.split(","):
+        for dtype in args.dtypes.split(","):
+            print(f"measuring {backend_name} {dtype} ...", file=sys.stderr, flush=True)
+            results.append(run_worker(backend_name, dtype, worker_argv))
+    print(f"mtbench step overhead: {args.preset} preset, batch {args.batch_size} x {args.length} tokens, "
+          f"{args.rounds} rounds x {args.steps_per_round} steps per contestant after {args.warmup} warm-up steps")
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in settings["versions"].items() if v))
+    torch_threads = next((r["torch_threads"] for r in results if r["torch_threads"]), None)
+    print(f"hardware: {settings['hardware']['cpu_model']}, {settings['hardware']['cpus_usable']} usable CPUs"
+          + (f", pinned to {args.cpus}" if args.cpus else "")
+          + (f"; torch intra-op threads {torch_threads}" if torch_threads else ""))
+    print(f"model: {results[0]['parameters']:,} parameters" if results else "model: -")
+    print(table(results))
+    print(f"(median step times; {time.perf_counter() - started:.0f} s in all)")
+    print(json.dumps(summary_json(results, settings)))
+
+
+if __name__ == "__main__":
+    main()

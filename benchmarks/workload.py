@@ -1,0 +1,78 @@
+"""The workload every benchmark and baseline trains on: mtbench's real batches, its model and its optimizer.
+
+Native baselines are only comparable when they see the very batches, initial weights and optimizer settings
+mtbench's step sees, so all of them come from here, and the optimizer settings are read back from the Keras
+optimizer that `compile_model` built rather than restated."""
+
+import dataclasses
+from dataclasses import dataclass
+
+from mtbench.runner.batches import encode_split, training_batches
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.data import load_corpus
+from mtbench.runner.tokenizer import load_or_train_tokenizer
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """AdamW with linear warm-up from 0 and cosine decay to `alpha * learning_rate`, each gradient clipped to
+    `clipnorm` on its own (Keras's `clipnorm`, not a global norm)."""
+    learning_rate: float
+    warmup_steps: int
+    decay_steps: int
+    alpha: float
+    weight_decay: float
+    beta_1: float
+    beta_2: float
+    epsilon: float
+    clipnorm: float
+
+    @classmethod
+    def of_keras_optimizer(cls, optimizer):
+        schedule = optimizer._learning_rate  # the schedule object; `learning_rate` reads its current value
+        return cls(learning_rate=float(schedule.warmup_target), warmup_steps=int(schedule.warmup_steps),
+                   decay_steps=int(schedule.decay_steps), alpha=float(schedule.alpha),
+                   weight_decay=float(optimizer.weight_decay), beta_1=float(optimizer.beta_1),
+                   beta_2=float(optimizer.beta_2), epsilon=float(optimizer.epsilon),
+                   clipnorm=float(optimizer.clipnorm))
+
+
+@dataclass
+class Workload:
+    config: TrainConfig
+    vocab_size: int
+    batches: list  # mtbench `Batch` objects, in the order training would see them
+
+    @property
+    def model_shape(self):
+        return dataclasses.replace(self.config.model, vocab_size=self.vocab_size)
+
+
+def prepare_workload(config, steps, length=None):
+    """The first `steps` training batches mtbench would train on for `config`; with `length`, only batches of
+    that bucket length (one compiled shape, so every timed step does the same work)."""
+    from mtbench import plugins
+    corpus = load_corpus(config, plugins.registry(), progress=lambda done, total: None)
+    tokenizer = load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
+    split = encode_split(corpus.train, tokenizer, config.max_len)
+    batches = []
+    for _, batch in training_batches(split, config.batch_size, config.max_len, config.seed):
+        if length is None or batch.shape[1] == length:
+            batches.append(batch)
+        if len(batches) == steps:
+            break
+    return Workload(config=config, vocab_size=tokenizer.vocab_size, batches=batches)
+
+
+def build_keras_model(keras, workload, total_steps):
+    """mtbench's model with its numpy-drawn initial weights, compiled by mtbench's own `compile_model`, under
+    the workload's dtype policy (keras must already be imported with the wanted backend)."""
+    from mtbench.keras_models.initialization import assign_weights, initial_weights
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.runner.training import compile_model
+    keras.utils.set_random_seed(workload.config.seed)
+    keras.config.set_dtype_policy(workload.config.dtype)
+    model = build_transformer(workload.model_shape)
+    assign_weights(model, initial_weights(model, workload.config.seed))
+    compile_model(keras, model, workload.config, total_steps, {})
+    return model

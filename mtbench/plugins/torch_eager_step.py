@@ -1,0 +1,69 @@
+"""mtbench's default train step on torch: the Keras model (a `torch.nn.Module`) called eagerly, a native torch
+loss and `backward`, and Keras's AdamW carried out by torch's fused kernel (`torch_fused_adamw`), without the
+per-call bookkeeping of `train_on_batch` (build checks, metric resets, compiled-loss and metric trackers). An
+optimizer the fused kernel cannot carry out exactly is applied by Keras (`optimizer.apply`).
+
+Keras's sparse cross-entropy on torch moves the class axis of the (batch, length, vocabulary) logits to
+position 1 before `F.cross_entropy`, so the log-softmax and its gradient run over strided memory and the logits
+are copied; on the `small` preset that is about a tenth of a CPU step. The loss `compile_model` sets (token-mean
+cross-entropy from logits) is computed here over contiguous rows instead: the same numbers, faster. Any other
+compiled loss is called as Keras would call it.
+"""
+
+from mtbench.plugins.api import TrainStep
+from mtbench.plugins.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
+
+
+def is_token_mean_cross_entropy(loss):
+    """True when `loss` is sparse categorical cross-entropy from logits over the last axis, summed over tokens
+    with their weights and divided by the sum of the weights."""
+    import keras
+    if not isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
+        return False
+    config = loss.get_config()
+    return (config["from_logits"] and config["reduction"] == "mean_with_sample_weight"
+            and config.get("ignore_class") is None and config.get("axis", -1) == -1)
+
+
+class EagerTorchTrainStep(TrainStep):
+    name = "torch-eager"
+
+    def __init__(self, model):
+        self.model = model
+        self.variables = list(model.trainable_variables)
+        self.native_loss = is_token_mean_cross_entropy(model.loss)
+        model.optimizer.build(self.variables)
+        self.fused_optimizer = (None if fused_adamw_unsupported(model.optimizer)
+                                else FusedAdamW(model.optimizer, self.variables))
+
+    def _loss(self, y, logits, sample_weight):
+        import torch.nn.functional as F
+        if not self.native_loss:
+            return self.model.loss(y, logits, sample_weight=sample_weight)
+        token_loss = F.cross_entropy(logits.flatten(0, -2).float(), y.flatten().long(), reduction="none")
+        return (token_loss * sample_weight.flatten()).sum() / sample_weight.sum()
+
+    def __call__(self, x, y, sample_weight):
+        import torch
+        from keras import ops
+        model, optimizer = self.model, self.model.optimizer
+        y, sample_weight = ops.convert_to_tensor(y), ops.convert_to_tensor(sample_weight)  # on Keras's device
+        for variable in self.variables:
+            variable.value.grad = None
+        logits = model(x, training=True)
+        loss = self._loss(y, logits, sample_weight)
+        if model.losses:
+            loss = loss + sum(model.losses)
+        optimizer.scale_loss(loss).backward()  # the identity unless the optimizer scales losses
+        with torch.no_grad():
+            if self.fused_optimizer:
+                self.fused_optimizer.step()
+            else:
+                optimizer.apply([variable.value.grad for variable in self.variables], self.variables)
+            correct = ((torch.argmax(logits, dim=-1) == y) * sample_weight).sum()
+            accuracy = correct / sample_weight.sum()
+        return {"loss": float(loss.detach()), "accuracy": float(accuracy)}
+
+    def finalize(self):
+        if self.fused_optimizer:
+            self.fused_optimizer.write_back()

@@ -1,0 +1,71 @@
+"""Keras's AdamW update carried out by torch's fused AdamW kernel, for the torch train step.
+
+Keras's optimizer on torch updates with out-of-place `_foreach` operations (five full-size temporaries per step)
+and clips each gradient with half a dozen separate operations per variable: on the `small` preset that is about
+50 ms a step on one CPU core, against 7 ms for torch's fused AdamW. The two compute the same update but for where
+epsilon sits: Keras divides by `sqrt(v) + eps` and folds the bias correction of `v` into the step size, torch
+divides by `sqrt(v) / sqrt(1 - beta_2**t) + eps`. Giving torch `eps / sqrt(1 - beta_2**t)` at step t makes them
+the same expression. Learning rate, clipping (each gradient on its own, Keras's `clipnorm`), and the decoupled
+weight decay (`w *= 1 - lr * weight_decay`, before the moments) are Keras's. The Keras optimizer's `iterations`
+advances with every step; its moment variables receive torch's state in `write_back`.
+"""
+
+import math
+
+
+def fused_adamw_unsupported(optimizer):
+    """Why `optimizer` cannot be carried out by `FusedAdamW` (None when it can)."""
+    import keras
+    if not isinstance(optimizer, keras.optimizers.AdamW):
+        return f"{type(optimizer).__name__} is not AdamW"
+    if optimizer.amsgrad or optimizer.use_ema or optimizer.gradient_accumulation_steps:
+        return "amsgrad, EMA and gradient accumulation are left to Keras"
+    if optimizer.clipvalue or optimizer.global_clipnorm:
+        return "only clipnorm clipping is implemented"
+    if getattr(optimizer, "_exclude_from_weight_decay", None) or \
+            getattr(optimizer, "_exclude_from_weight_decay_pattern", None):
+        return "weight-decay exclusions are left to Keras"
+    if int(optimizer.iterations) != 0:
+        return "the optimizer has already taken steps"
+    return None
+
+
+class FusedAdamW:
+    def __init__(self, optimizer, variables):
+        import torch
+        self.keras_optimizer = optimizer
+        self.variables = list(variables)
+        self.parameters = [v.value for v in self.variables]
+        self.clipnorm = optimizer.clipnorm
+        self.torch_optimizer = torch.optim.AdamW(
+            self.parameters, lr=0.0, betas=(optimizer.beta_1, optimizer.beta_2), eps=optimizer.epsilon,
+            weight_decay=optimizer.weight_decay, fused=True)
+
+    def _clip_each_gradient(self, grads):
+        import torch
+        scales = torch._foreach_clamp_min(torch._foreach_norm(grads), self.clipnorm)
+        torch._foreach_reciprocal_(scales)
+        torch._foreach_mul_(scales, self.clipnorm)
+        torch._foreach_mul_(grads, scales)
+
+    def step(self):
+        """Updates the variables from their `.grad`."""
+        optimizer = self.keras_optimizer
+        if self.clipnorm:
+            self._clip_each_gradient([p.grad for p in self.parameters])
+        step = int(optimizer.iterations) + 1
+        group = self.torch_optimizer.param_groups[0]
+        group["lr"] = float(optimizer.learning_rate)  # the schedule at Keras's own iteration count
+        group["eps"] = optimizer.epsilon / math.sqrt(1 - optimizer.beta_2 ** step)
+        self.torch_optimizer.step()
+        optimizer.iterations.assign_add(1)
+
+    def write_back(self):
+        """Copies torch's moments into the Keras optimizer's variables."""
+        optimizer = self.keras_optimizer
+        for variable, parameter in zip(self.variables, self.parameters):
+            state = self.torch_optimizer.state.get(parameter)
+            if state:
+                index = optimizer._get_variable_index(variable)
+                optimizer._momentums[index].assign(state["exp_avg"])
+                optimizer._velocities[index].assign(state["exp_avg_sq"])

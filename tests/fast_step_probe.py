@@ -1,0 +1,96 @@
+"""Run by tests/test_fast_train_steps.py in a fresh process per backend (keras fixes its backend at import):
+trains two copies of the tiny model on the same real batches, one with Keras's `train_on_batch`, one with the step
+the backend plugin makes, and prints one JSON line of what the test compares.
+
+    python tests/fast_step_probe.py BACKEND CACHE_DIR
+"""
+
+import json
+import os
+import sys
+
+STEPS = 5
+
+
+def main(backend_name, cache_dir):
+    from mtbench import plugins
+    from mtbench.plugins.api import KerasTrainStep, RunContext
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.training import prepare_process
+    config = TrainConfig(backend=backend_name, preset="tiny", max_pairs=4000, valid_size=100, test_size=100,
+                         max_len=48, batch_size=32, warmup_steps=1, cache_dir=cache_dir)
+    backend = plugins.registry().backends[backend_name]
+    keras = prepare_process(config, backend, [])
+    import numpy as np
+
+    from benchmarks.workload import build_keras_model, prepare_workload
+    workload = prepare_workload(config, STEPS + 1)
+    train_batches, held_out = workload.batches[:STEPS], workload.batches[STEPS]
+    run = RunContext(config=config, backend=backend, device=backend.device_info())
+
+    def values(variables):
+        return [np.array(keras.ops.convert_to_numpy(v.value)) for v in variables]
+
+    def train(make_step):
+        model = build_keras_model(keras, workload, total_steps=STEPS)
+        initial = values(model.weights)
+        step = make_step(model)
+        losses = [step((b.source, b.target_input), b.target_output, b.weight)["loss"] for b in train_batches]
+        step.finalize()
+        logs = model.test_on_batch((held_out.source, held_out.target_input), held_out.target_output,
+                                   sample_weight=held_out.weight, return_dict=True)
+        return {"name": step.name, "losses": losses, "held_out_loss": float(logs["loss"]),
+                "iterations": int(model.optimizer.iterations),
+                "initial": initial, "weights": values(model.weights), "optimizer": values(model.optimizer.variables)}
+
+    keras_run = train(KerasTrainStep)
+    fast_run = train(lambda model: backend.make_train_step(run, model))
+
+    def relative_distance(a, b):
+        """|a - b| / |b| over all arrays together."""
+        return float(np.sqrt(sum(np.sum((x - y) ** 2) for x, y in zip(a, b)) / sum(np.sum(y ** 2) for y in b)))
+
+    report = {
+        "names": [keras_run["name"], fast_run["name"]],
+        "keras_losses": keras_run["losses"], "fast_losses": fast_run["losses"],
+        "held_out_losses": [keras_run["held_out_loss"], fast_run["held_out_loss"]],
+        "iterations": [keras_run["iterations"], fast_run["iterations"]],
+        "weights_distance": relative_distance(fast_run["weights"], keras_run["weights"]),
+        "weights_moved": relative_distance(keras_run["weights"], keras_run["initial"]),
+        "optimizer_distance": relative_distance(fast_run["optimizer"], keras_run["optimizer"]),
+    }
+    if backend_name == "torch":
+        report["fused_adamw"] = fused_adamw_exercise()
+    print(json.dumps(report))
+
+
+def fused_adamw_exercise():
+    """The torch step's fused AdamW against Keras's own `apply` on the optimizer exercise: the largest update
+    difference relative to the update, per tensor."""
+    import numpy as np
+    import torch
+
+    from mtbench.plugins.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
+    from optimizer_exercise import keras_optimizer_result, keras_variables, mtbench_optimizer, optimizer_exercise
+    initial, grads = optimizer_exercise()
+    expected, _ = keras_optimizer_result(initial, grads)
+    optimizer = mtbench_optimizer()
+    assert fused_adamw_unsupported(optimizer) is None
+    variables = keras_variables(initial)
+    fused = FusedAdamW(optimizer, variables.values())
+    for step_grads in grads:
+        for name, variable in variables.items():
+            variable.value.grad = torch.from_numpy(step_grads[name].copy())
+        with torch.no_grad():
+            fused.step()
+    differences = {}
+    for name, variable in variables.items():
+        moved = expected[name] - initial[name]
+        got = variable.value.detach().numpy() - initial[name]
+        differences[name] = float(np.abs(got - moved).max() / np.abs(moved).max())
+    return {"relative_difference": differences, "iterations": int(optimizer.iterations)}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main(*sys.argv[1:])
