@@ -9,7 +9,7 @@ itself, with donated buffers so XLA updates it in place. The Keras variables are
 
 While the step is traced, every LayerNormalization runs inside its own `jax.jit`. Without that boundary, XLA on
 the CPU fuses the layer-norm backward of every later layer into each transposed copy that feeds a kernel
-gradient, recomputing the residual stream's gradient chain dozens of times (about a quarter of the step on the
+gradient, recomputing the residual stream's gradient chain dozens of times (about a fifth of the step on the
 `small` preset); with it, the chain is materialised once, as it is for the Flax baseline's layer norm. The
 numbers are the same; only XLA's fusion changes.
 """
