@@ -53,3 +53,40 @@ def test_torch_fused_adamw_updates_like_keras_adamw(probe):
 def test_runs_record_the_step_they_trained_with(tiny_runs, backend):
     assert tiny_runs[backend]["result"]["train_step"] == DEFAULT_STEPS[backend]
     assert "train step" in tiny_runs[backend]["stdout"]
+
+
+def test_only_the_loss_compile_model_sets_is_computed_natively():
+    import keras
+
+    from mtbench.plugins.compiled_loss import is_token_mean_cross_entropy
+    loss = keras.losses.SparseCategoricalCrossentropy
+    assert is_token_mean_cross_entropy(loss(from_logits=True, reduction="mean_with_sample_weight"))
+    assert not is_token_mean_cross_entropy(loss(from_logits=False, reduction="mean_with_sample_weight"))
+    assert not is_token_mean_cross_entropy(loss(from_logits=True))  # a mean over rows, not over weighted tokens
+    assert not is_token_mean_cross_entropy(loss(from_logits=True, reduction="mean_with_sample_weight",
+                                                ignore_class=0))
+    assert not is_token_mean_cross_entropy(keras.losses.MeanSquaredError())
+
+
+def test_jax_step_computes_any_other_compiled_loss_through_keras():
+    """In-process (keras on JAX): with a loss the step does not recognise, it still matches train_on_batch."""
+    import keras
+
+    from mtbench.keras_models.initialization import assign_weights, initial_weights
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.plugins.api import KerasTrainStep
+    from mtbench.plugins.jax_jit_step import JitTrainStep
+    rng = np.random.default_rng(0)
+    source, target = (rng.integers(4, 1000, size=(4, 16)).astype(np.int32) for _ in range(2))
+    weight = np.ones((4, 16), np.float32)
+
+    def losses(make_step):
+        model = build_transformer(PRESETS["tiny"])
+        assign_weights(model, initial_weights(model, 0))
+        model.compile(optimizer=keras.optimizers.AdamW(1e-2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        step = make_step(model)
+        return [step((source, target), target, weight)["loss"] for _ in range(3)]
+
+    np.testing.assert_allclose(losses(JitTrainStep), losses(KerasTrainStep), rtol=1e-5)

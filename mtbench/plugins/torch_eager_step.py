@@ -11,18 +11,8 @@ compiled loss is called as Keras would call it.
 """
 
 from mtbench.plugins.api import TrainStep
+from mtbench.plugins.compiled_loss import is_token_mean_cross_entropy
 from mtbench.plugins.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
-
-
-def is_token_mean_cross_entropy(loss):
-    """True when `loss` is sparse categorical cross-entropy from logits over the last axis, summed over tokens
-    with their weights and divided by the sum of the weights."""
-    import keras
-    if not isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
-        return False
-    config = loss.get_config()
-    return (config["from_logits"] and config["reduction"] == "mean_with_sample_weight"
-            and config.get("ignore_class") is None and config.get("axis", -1) == -1)
 
 
 class EagerTorchTrainStep(TrainStep):
