@@ -92,11 +92,12 @@ def ratio(numerator, denominator):
 
 
 def model_flops_utilisation(worker_result):
-    # TODO(flops): mtbench.runner.flops is not on this branch. Once it is, MFU of mtbench's step is
-    #   flops.training_flops(model_shape, batch_size, length, length) / median_s
-    #   / flops.device_peak(backend, device, dtype, cache_dir)[0]
-    # (float32 runs for mfu_jax / mfu_torch).
-    return None
+    """Analytic training FLOPs of mtbench's step over its median time, against the device's peak (a datasheet
+    figure, or on a CPU the matmul peak `mtbench env --calibrate` measured and cached)."""
+    peak = worker_result.get("peak_flops_per_s")
+    if not peak or not worker_result.get("step_flops"):
+        return None
+    return worker_result["step_flops"] / worker_result["contestants"]["mtbench"]["median_s"] / peak
 
 
 # ---- worker: one backend and dtype, in its own process ----------------------------------------------------------
@@ -155,6 +156,9 @@ def measure(backend_name, dtype, args):
         step_names["keras"] = "keras-train-on-batch"
 
     seconds = run_interleaved(contestants, workload.batches, args.warmup, args.rounds, args.steps_per_round)
+    from mtbench.runner.flops import device_peak, training_flops
+    rows, length = workload.batches[0].shape
+    peak, peak_source = device_peak(backend, run.device, dtype, config.cache_dir)
     threads = None
     if backend_name == "torch":
         import torch
@@ -163,6 +167,8 @@ def measure(backend_name, dtype, args):
             "contestants": {name: summarize(values) for name, values in seconds.items()},
             "device": run.device, "torch_threads": threads, "parameters": int(model.count_params()),
             "batch_shape": list(workload.batches[0].shape),
+            "step_flops": training_flops(workload.model_shape, rows, length, length),
+            "peak_flops_per_s": peak, "peak_source": peak_source,
             "target_tokens_per_batch": float(np.mean([b.target_tokens for b in workload.batches]))}
 
 
