@@ -41,7 +41,6 @@ class TrainConfig:
     compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
     seed: int = 0
     initial_weights: str = None    # a weights file (.npz by variable path) instead of the numpy draw from seed
-    log_every: int = 10
     decode_batch_size: int = 128
     cache_dir: str = field(default_factory=default_cache_dir)
     out: str = None                # result JSON; default mtbench-results/<time>-<backend>.json
@@ -76,7 +75,7 @@ class TrainConfig:
             raise MtbenchError(f"unknown dtype '{self.dtype}'; choose one of {', '.join(DTYPES)}")
         if self.compile_mode not in COMPILE_MODES:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
-        for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len", "log_every",
+        for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
                      "decode_batch_size", "max_pairs", "src_col", "tgt_col", "checkpoint_every", "keep_checkpoints",
                      "eval_every"):
             value = getattr(self, name)

@@ -23,6 +23,7 @@ REPORT_KIND = "mtbench-report"
 # What a comparison is about: these may differ between the runs compared.
 COMPARED_KEYS = ("backend", "extras", "dtype")
 # Where a run's files went, and how its start was written down (the weights' hash is compared instead).
+# `log_every` appears only in results written before that unused option was removed.
 BOOKKEEPING_KEYS = ("out", "overwrite", "cache_dir", "initial_weights", "log_every")
 
 
