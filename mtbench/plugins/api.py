@@ -123,8 +123,9 @@ class Extra:
         return None
 
     def record(self, run):
-        """What the extra did, for the result JSON (verified facts, not intentions)."""
-        return {}
+        """What the extra did, for the result JSON (verified facts, not intentions). By default, what it kept in
+        `run.extras_state[self.name]`."""
+        return dict(run.extras_state.get(self.name, {}))
 
 
 class TrainStep:

@@ -86,9 +86,6 @@ class FlashAttention(Extra):
             torch.cuda.synchronize()
         return kernel_evidence([event.name for event in trace.events()], TORCH_KERNEL_PATTERN)
 
-    def record(self, run):
-        return dict(run.extras_state.get(self.name, {}))
-
 
 @hookimpl
 def mtbench_register_extras(register):

@@ -93,9 +93,6 @@ class Pmap(Extra):
         run.extras_state[self.name] = {"devices": len(devices), "per_device_batch": run.config.batch_size // len(devices)}
         return PmapTrainStep(model, devices)
 
-    def record(self, run):
-        return dict(run.extras_state.get(self.name, {}))
-
 
 class DataParallel(Extra):
     name = "data-parallel"
@@ -114,9 +111,6 @@ class DataParallel(Extra):
         run.extras_state[self.name] = {"devices": len(jax.devices()),
                                        "mesh_shape": list(distribution.device_mesh.shape),
                                        "per_device_batch": run.config.batch_size // len(jax.devices())}
-
-    def record(self, run):
-        return dict(run.extras_state.get(self.name, {}))
 
 
 @hookimpl

@@ -56,9 +56,6 @@ class TpuStrategy(Extra):
         keras.distribution.set_distribution(distribution)
         run.extras_state[self.name]["mesh_shape"] = list(mesh.shape)
 
-    def record(self, run):
-        return dict(run.extras_state.get(self.name, {}))
-
 
 @hookimpl
 def mtbench_register_extras(register):
