@@ -1,7 +1,8 @@
-"""Greedy decoding speed: mtbench's compiled loop with a key/value cache against a per-token Python loop that
-reruns the model over everything decoded so far (what a first implementation usually does).
+"""Decoding speed: mtbench's compiled greedy loop with a key/value cache against a per-token Python loop that
+reruns the model over everything decoded so far (what a first implementation usually does), and what beam
+search (`mtbench train --beam N`) costs on top of greedy decoding.
 
-    python benchmarks/decoding.py --backend jax [--preset small --sentences 128 --length 48 --repeats 3]
+    python benchmarks/decoding.py --backend jax [--preset small --sentences 128 --length 48 --repeats 3 --beam 4]
 
 Random initial weights never emit EOS, so every sentence decodes the full buffer in both ways: the figure is the
 cost per token, not luck with early stops. Both produce the same tokens (checked here, and in the tests).
@@ -23,6 +24,7 @@ def main():
     parser.add_argument("--sentences", type=int, default=128)
     parser.add_argument("--length", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--beam", type=int, default=4, help="beam size to time beside greedy (1: skip)")
     args = parser.parse_args()
     os.environ["KERAS_BACKEND"] = args.backend
 
@@ -32,7 +34,7 @@ def main():
     from mtbench.keras_models.presets import PRESETS
     from mtbench.keras_models.transformer import build_transformer
     from mtbench.plugins import registry
-    from mtbench.runner.decoding import greedy_decoder
+    from mtbench.runner.decoding import beam_decoder, greedy_decoder
     from mtbench.runner.tokenizer import BOS_ID, EOS_ID
 
     backend = registry().backends[args.backend]
@@ -45,6 +47,7 @@ def main():
     buffer[:, 0] = BOS_ID
 
     compiled = backend.compile_inference(greedy_decoder(model), model)
+    beam_compiled = backend.compile_inference(beam_decoder(model, args.beam), model) if args.beam > 1 else None
     forward = backend.compile_inference(lambda src, tgt: model((src, tgt)), model)
 
     def python_loop():
@@ -65,6 +68,7 @@ def main():
 
     cached_s, cached_tokens = timed(lambda: compiled(source, buffer))
     loop_s, loop_tokens = timed(python_loop)
+    beam_s = timed(lambda: beam_compiled(source, buffer))[0] if args.beam > 1 else None
     same = bool((cached_tokens == loop_tokens).all())
     tokens = args.sentences * (args.length - 1)
     print(f"{args.backend} {args.preset}: {args.sentences} sentences x {args.length - 1} tokens, "
@@ -72,8 +76,11 @@ def main():
     print(f"  compiled loop with key/value cache: {cached_s:8.3f} s  ({tokens / cached_s:,.0f} tokens/s)")
     print(f"  per-token Python loop, full rerun:  {loop_s:8.3f} s  ({tokens / loop_s:,.0f} tokens/s)")
     print(f"  speed-up {loop_s / cached_s:.1f}x; same tokens: {same}")
+    if beam_s is not None:
+        print(f"  compiled beam search, beam {args.beam}:   {beam_s:8.3f} s  ({beam_s / cached_s:.1f}x greedy)")
     print(json.dumps({"backend": args.backend, "preset": args.preset, "cached_s": cached_s, "python_loop_s": loop_s,
-                      "speedup": loop_s / cached_s, "same_tokens": same}))
+                      "speedup": loop_s / cached_s, "same_tokens": same,
+                      "beam": args.beam, "beam_s": beam_s}))
     return 0 if same else 1
 
 

@@ -126,6 +126,10 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default", show_default=True,
                  help="torch.compile mode for the torch-compile extra."),
     click.option("--seed", type=int, default=0, show_default=True, help="Initial weights and batch order."),
+    click.option("--beam", type=int, default=1, show_default=True, metavar="N",
+                 help="Translate the test set with beam search over N hypotheses (1: greedy)."),
+    click.option("--length-penalty", type=float, default=0.6, show_default=True, metavar="ALPHA",
+                 help="Beam search's length normalisation ((5 + length) / 6) ** ALPHA."),
     click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora and tokenizers (default ~/.cache/mtbench)."),
 ) + CORPUS_OPTIONS
 run_configuration_options = _stack(RUN_CONFIGURATION_OPTIONS)

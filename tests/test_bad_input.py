@@ -100,6 +100,8 @@ def cases(tmp_path, plugin_path):
                                "extra 'pmap' cannot run together with 'data-parallel'", None),
         "batch size zero": (["--batch-size", "0"], "--batch-size must be at least 1", None),
         "negative steps": (["--steps", "-3"], "--steps must be at least 1", None),
+        "no beam": (["--beam", "0"], "--beam must be at least 1", None),
+        "negative length penalty": (["--length-penalty", "-1"], "--length-penalty must not be negative", None),
         "steps and epochs": (["--steps", "3", "--epochs", "1"], "not both", None),
         "no checkpoints kept": (["--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1", None),
         "target without evaluations": (["--target-bleu", "20"], "--target-bleu needs --eval-every", None),
@@ -131,7 +133,8 @@ CASE_NAMES = [
     "jsonl without languages", "one language only", "bad validation file", "sacrebleu set not cached",
     "unknown sacrebleu set", "sacrebleu pair missing", "corpus too small to split", "unknown dataset",
     "unknown extra", "extra unavailable here", "conflicting extras", "batch size zero", "negative steps",
-    "steps and epochs", "no checkpoints kept", "target without evaluations", "unknown reporter",
+    "no beam", "negative length penalty", "steps and epochs", "no checkpoints kept", "target without evaluations",
+    "unknown reporter",
     "reporter of a broken plugin", "existing result", "output is a directory", "output under a file",
     "earlier run's checkpoints", "resume a missing directory", "resume a directory that is not a run",
     "resume a run without checkpoints", "resume with other options"]

@@ -50,7 +50,7 @@ def test_environment_variable_limits_third_party_plugins(plugin_path):
 def test_third_party_extra_and_reporter_run_and_broken_plugin_only_warns(plugin_path, cache_dir, tmp_path):
     out = tmp_path / "r.json"
     proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "3", "--cache-dir", cache_dir,
-                   "--out", str(out), "--report", "oneline", "--report", "table", "--extra", "count-steps",
+                   "--out", str(out), "--report", "oneline", "--report", "table", "--extra", "count-steps", "--beam", "2",
                    env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "thirdparty,broken,flaky"})
     assert proc.returncode == 0, proc.stderr
     assert "ONELINE backend=jax steps=3 bleu=" in proc.stdout
@@ -60,6 +60,8 @@ def test_third_party_extra_and_reporter_run_and_broken_plugin_only_warns(plugin_
     result = json.loads(out.read_text())
     assert result["extras"] == ["count-steps"]
     assert result["extras_record"] == {"count-steps": {"steps_seen": 3}}
+    assert result["config"]["beam"] == 2 and result["metrics"]["decoding"] == "beam 2, length penalty 0.6"
+    assert "beam 2, length penalty 0.6" in proc.stdout  # the table's decoding row
 
 
 def test_failing_reporter_is_named_with_its_plugin():

@@ -50,7 +50,14 @@ def result_rows(result):
         ("quality", "token accuracy val / test", _joined(result, "val_accuracy", "test_accuracy")),
         ("quality", "BLEU / chrF (test)", _joined(result, "bleu", "chrf")),
         ("quality", "BLEU signature", result["metrics"]["bleu_signature"]),
+        ("quality", "test decoding", _decoding(result)),
     ] + _target_rows(result.get("target"))
+
+
+def _decoding(result):
+    seconds = result["timing"].get("phases_s", {}).get("translate")
+    name = result["metrics"].get("decoding") or "n/a"
+    return name if seconds is None else f"{name}, {seconds:.1f} s"
 
 
 def _target_rows(target):

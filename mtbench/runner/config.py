@@ -42,6 +42,8 @@ class TrainConfig:
     seed: int = 0
     initial_weights: str = None    # a weights file (.npz by variable path) instead of the numpy draw from seed
     decode_batch_size: int = 128
+    beam: int = 1                  # hypotheses per sentence when translating; 1 is greedy decoding
+    length_penalty: float = 0.6    # beam search's length normalisation exponent (GNMT)
     cache_dir: str = field(default_factory=default_cache_dir)
     out: str = None                # result JSON; default mtbench-results/<time>-<backend>.json
     overwrite: bool = False
@@ -76,7 +78,7 @@ class TrainConfig:
         if self.compile_mode not in COMPILE_MODES:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
-                     "decode_batch_size", "max_pairs", "src_col", "tgt_col", "checkpoint_every", "keep_checkpoints",
+                     "decode_batch_size", "beam", "max_pairs", "src_col", "tgt_col", "checkpoint_every", "keep_checkpoints",
                      "eval_every"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -85,6 +87,8 @@ class TrainConfig:
             raise MtbenchError(f"--epochs must be positive, got {self.epochs}")
         if self.learning_rate <= 0:
             raise MtbenchError(f"--learning-rate must be positive, got {self.learning_rate}")
+        if self.length_penalty < 0:
+            raise MtbenchError(f"--length-penalty must not be negative, got {self.length_penalty}")
         if self.warmup_steps < 0:
             raise MtbenchError(f"--warmup-steps must not be negative, got {self.warmup_steps}")
         if self.vocab_size < 16:

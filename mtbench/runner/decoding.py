@@ -1,37 +1,52 @@
-"""Greedy decoding as one loop under keras.ops, so a compiling backend compiles it once per buffer shape and
-stops as soon as every row has produced EOS. The decoder keeps a key/value cache, so each new token costs one
-position of work, not a pass over everything decoded so far."""
+"""Decoding as one loop under keras.ops, so a compiling backend compiles it once per buffer shape and stops as
+soon as every row has produced EOS: greedy, or beam search over `beam` hypotheses per sentence. The decoder keeps
+a key/value cache, so each new token costs one position of work, not a pass over everything decoded so far."""
 
 import math
 
+import keras
 import numpy as np
 from keras import ops
 
 from mtbench.runner.batches import bucket_for, bucket_lengths
 from mtbench.runner.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
+# A log-probability no real hypothesis reaches; finite, so sums of them stay comparable (no inf - inf).
+IMPOSSIBLE = -1e9
 
-def greedy_decoder(model, use_cache=True):
-    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with BOS.
+
+def _next_logits_fn(model, memory, src_mask, use_cache):
+    """`next_logits(t, buffer, state) -> (logits (rows, vocab) of position t + 1, state)` and the initial state.
 
     With `use_cache`, each position runs the decoder on one token against cached keys and values (linear in
     the output length); without, it reruns the decoder over the whole buffer (quadratic), which is the
     reference the cached decoder must agree with."""
 
+    def next_logits(t, buffer, state):
+        if not use_cache:
+            return ops.take(model.decode(buffer, memory, src_mask), t, axis=1), ()
+        cross, caches = state
+        rows = ops.shape(buffer)[0]
+        logits, caches = model.decode_step(ops.slice(buffer, (0, t), (rows, 1)), t, caches, cross, src_mask)
+        return logits, (cross, caches)
+
+    return next_logits
+
+
+def _start(model, memory, length, use_cache):
+    # An empty tuple, not None, when there is no cache: loop variables must be (nested) tensors.
+    return model.start_decoding(memory, length) if use_cache else ()
+
+
+def greedy_decoder(model, use_cache=True):
+    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with BOS."""
+
     def decode(source, buffer):
         memory, src_mask = model.encode(source)
-        rows, length = ops.shape(buffer)[0], ops.shape(buffer)[1]
+        length = ops.shape(buffer)[1]
+        next_logits = _next_logits_fn(model, memory, src_mask, use_cache)
         # Filler rows (no source token) count as finished from the start.
         finished = ops.logical_not(ops.any(src_mask, axis=1))
-        # An empty tuple, not None, when there is no cache: loop variables must be (nested) tensors.
-        state = model.start_decoding(memory, length) if use_cache else ()
-
-        def next_logits(t, buffer, state):
-            if not use_cache:
-                return ops.take(model.decode(buffer, memory, src_mask), t, axis=1), ()
-            cross, caches = state
-            logits, caches = model.decode_step(ops.slice(buffer, (0, t), (rows, 1)), t, caches, cross, src_mask)
-            return logits, (cross, caches)
 
         def keep_going(t, buffer, finished, state):
             return ops.logical_and(t < length - 1, ops.logical_not(ops.all(finished)))
@@ -42,11 +57,81 @@ def greedy_decoder(model, use_cache=True):
             buffer = ops.slice_update(buffer, (0, t + 1), ids[:, None])
             return t + 1, buffer, ops.logical_or(finished, ops.equal(ids, EOS_ID)), state
 
-        start = (ops.convert_to_tensor(0), ops.convert_to_tensor(buffer), finished, state)
+        start = (ops.convert_to_tensor(0), ops.convert_to_tensor(buffer), finished,
+                 _start(model, memory, length, use_cache))
         _, buffer, _, _ = ops.while_loop(keep_going, next_token, start)
         return buffer
 
     return decode
+
+
+def length_penalty(lengths, alpha):
+    """GNMT's length normalisation ((5 + length) / 6) ** alpha: without it beam search favours short outputs."""
+    return ops.power((5.0 + ops.cast(lengths, "float32")) / 6.0, alpha)
+
+
+def beam_decoder(model, beam, alpha=0.6, use_cache=True):
+    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with BOS: the
+    hypothesis of `beam` kept per sentence with the best log-probability over its length penalty (`alpha`).
+
+    The `beam` hypotheses of a sentence are adjacent rows of one (rows * beam, T) buffer. At each position every
+    hypothesis proposes every token, and each sentence keeps its `beam` best sums of log-probabilities; the
+    buffers and key/value caches of the kept hypotheses are gathered from their parents. A finished hypothesis
+    stays in the beam with its score and proposes only padding, so it competes with the unfinished ones until
+    the end. With `beam` 1 this is greedy decoding."""
+    if beam < 1:
+        raise ValueError(f"beam must be at least 1, got {beam}")
+
+    def decode(source, buffer):
+        memory, src_mask = model.encode(source)
+        rows, length = ops.shape(buffer)[0], ops.shape(buffer)[1]
+        memory, src_mask = ops.repeat(memory, beam, axis=0), ops.repeat(src_mask, beam, axis=0)
+        next_logits = _next_logits_fn(model, memory, src_mask, use_cache)
+        finished = ops.logical_not(ops.any(src_mask, axis=1))
+        # Every hypothesis starts as the same BOS: only the first may propose, or the beam fills with copies.
+        first = ops.convert_to_tensor([0.0] + [IMPOSSIBLE] * (beam - 1), dtype="float32")
+        scores = ops.tile(first, (rows,))
+        sentence_start = ops.repeat(ops.arange(rows) * beam, beam)
+
+        def keep_going(t, hypotheses, scores, finished, state):
+            return ops.logical_and(t < length - 1, ops.logical_not(ops.all(finished)))
+
+        def extend(t, hypotheses, scores, finished, state):
+            logits, state = next_logits(t, hypotheses, state)
+            vocab = ops.shape(logits)[-1]
+            log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+            padding_only = ops.where(ops.arange(vocab) == PAD_ID, 0.0, IMPOSSIBLE)
+            log_probs = ops.where(finished[:, None], padding_only[None, :], log_probs)
+            proposals = ops.reshape(scores[:, None] + log_probs, (rows, beam * vocab))
+            best, choice = ops.top_k(proposals, beam)
+            parents = sentence_start + ops.reshape(ops.floor_divide(choice, vocab), (-1,))
+            tokens = ops.cast(ops.reshape(ops.mod(choice, vocab), (-1, 1)), "int32")
+            hypotheses = ops.slice_update(ops.take(hypotheses, parents, axis=0), (0, t + 1), tokens)
+            finished = ops.logical_or(ops.take(finished, parents, axis=0), ops.equal(tokens[:, 0], EOS_ID))
+            if use_cache:
+                # The cross-attention keys and values are the same for every hypothesis of a sentence.
+                cross, caches = state
+                state = (cross, keras.tree.map_structure(lambda c: ops.take(c, parents, axis=0), caches))
+            return t + 1, hypotheses, ops.reshape(best, (-1,)), finished, state
+
+        start = (ops.convert_to_tensor(0), ops.repeat(ops.convert_to_tensor(buffer), beam, axis=0), scores,
+                 finished, _start(model, memory, length, use_cache))
+        _, hypotheses, scores, _, _ = ops.while_loop(keep_going, extend, start)
+        lengths = ops.sum(ops.cast(ops.not_equal(hypotheses[:, 1:], PAD_ID), "int32"), axis=1)
+        normalised = ops.reshape(scores / length_penalty(lengths, alpha), (rows, beam))
+        best = ops.arange(rows) * beam + ops.cast(ops.argmax(normalised, axis=1), "int32")
+        return ops.take(hypotheses, best, axis=0)
+
+    return decode
+
+
+def decoding_name(beam, alpha):
+    return "greedy" if beam == 1 else f"beam {beam}, length penalty {alpha:g}"
+
+
+def make_decoder(model, beam=1, alpha=0.6, use_cache=True):
+    """The decoder a run translates with: greedy for `beam` 1 (no log-softmax or top-k), else beam search."""
+    return greedy_decoder(model, use_cache) if beam == 1 else beam_decoder(model, beam, alpha, use_cache)
 
 
 def output_length(source_length, max_len):
@@ -56,7 +141,7 @@ def output_length(source_length, max_len):
 
 
 def translate(decode, sources, batch_size, max_len):
-    """Greedy translations (token ids without BOS/EOS) of `sources` (lists of ids ending in EOS), in order.
+    """Translations (token ids without BOS/EOS) of `sources` (lists of ids ending in EOS), in order.
     Sources are sorted by length so each batch decodes into a buffer that fits it."""
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results = [None] * len(sources)

@@ -204,7 +204,7 @@ def run_training(config, registry, console, resume=None):
     corpus = read_corpus(config, registry, console, stopwatch)
 
     keras = prepare_process(config, backend, extras)
-    from mtbench.runner.decoding import greedy_decoder
+    from mtbench.runner.decoding import decoding_name, make_decoder
     from mtbench.runner.evaluation import loss_and_accuracy, translate_and_score
 
     run = RunContext(config=config, backend=backend, device=backend.device_info())
@@ -266,7 +266,7 @@ def run_training(config, registry, console, resume=None):
             reason = extra.verify(run, model, first_batch)
             if reason:
                 raise RunFailure(f"{extra.name}: {reason}")
-        decode = backend.compile_inference(greedy_decoder(model), model)
+        decode = backend.compile_inference(make_decoder(model, config.beam, config.length_penalty), model)
 
     callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=model)
     timer = StepTimer()
@@ -414,6 +414,7 @@ def run_training(config, registry, console, resume=None):
         "bleu": scores.bleu, "chrf": scores.chrf,
         "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
         "test_sentences_scored": len(scores.hypotheses),
+        "decoding": decoding_name(config.beam, config.length_penalty),
     })
     result["hypotheses_file"] = os.path.abspath(hypotheses_file)
     result["references_file"] = os.path.abspath(references_file)
@@ -431,7 +432,7 @@ def _metrics_so_far(history):
     recent = [h["loss"] for h in history[-50:] if h["loss"] is not None]
     metrics = dict.fromkeys(("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss",
                              "test_accuracy", "bleu", "chrf", "bleu_signature", "chrf_signature",
-                             "test_sentences_scored"))
+                             "test_sentences_scored", "decoding"))
     metrics["train_loss_last_steps"] = float(np.mean(recent)) if recent else None
     return metrics
 
