@@ -10,6 +10,14 @@ from keras import layers, ops
 PAD_ID = 0
 
 
+def dropout_layer(rate):
+    """Dropout at `rate`, or the identity when it is 0 (the CPU presets): on torch every Keras layer call costs
+    tens of microseconds of Python bookkeeping even when the layer does nothing."""
+    if rate > 0:
+        return layers.Dropout(rate)
+    return lambda x, training=False: x
+
+
 class Attention(layers.Layer):
     """Multi-head attention through `keras.ops.dot_product_attention`, so a backend may route it to a fused
     (flash) kernel. Padding is expressed as a key mask and causality as `is_causal`, the two forms fused
@@ -51,7 +59,7 @@ class FeedForward(layers.Layer):
         super().__init__(**kwargs)
         self.hidden = layers.Dense(ff_dim, activation="relu", name="hidden")
         self.out = layers.Dense(d_model, name="out")
-        self.dropout = layers.Dropout(dropout)
+        self.dropout = dropout_layer(dropout)
 
     def call(self, x, training=False):
         return self.out(self.dropout(self.hidden(x), training=training))
@@ -64,7 +72,7 @@ class EncoderBlock(layers.Layer):
         self.attention = Attention(d_model, num_heads, flash_attention=flash_attention, name="self_attention")
         self.ff_norm = layers.LayerNormalization(epsilon=1e-6, name="ff_norm")
         self.ff = FeedForward(d_model, ff_dim, dropout, name="ff")
-        self.dropout = layers.Dropout(dropout)
+        self.dropout = dropout_layer(dropout)
 
     def call(self, x, src_mask, training=False):
         h = self.attention_norm(x)
@@ -84,7 +92,7 @@ class DecoderBlock(layers.Layer):
                                          name="cross_attention")
         self.ff_norm = layers.LayerNormalization(epsilon=1e-6, name="ff_norm")
         self.ff = FeedForward(d_model, ff_dim, dropout, name="ff")
-        self.dropout = layers.Dropout(dropout)
+        self.dropout = dropout_layer(dropout)
 
     def call(self, x, memory, src_mask, training=False):
         # Target padding needs no mask: causality keeps real positions from seeing the padding after them,
@@ -126,7 +134,7 @@ class Transformer(keras.Model):
         self.max_len = max_len
         self.token_embedding = layers.Embedding(vocab_size, d_model, name="token_embedding")
         self.position_embedding = layers.Embedding(max_len, d_model, name="position_embedding")
-        self.embedding_dropout = layers.Dropout(dropout)
+        self.embedding_dropout = dropout_layer(dropout)
         self.encoder_blocks = [EncoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention_masked,
                                             name=f"encoder_{i}") for i in range(encoder_layers)]
         self.decoder_blocks = [DecoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention,
