@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mtbench.plugins.jax_jit_step import correct_tokens  # the same accuracy formulation as mtbench's step
+
 PAD_ID = 0
 LAYER_NORM_EPSILON = 1e-6
 
@@ -225,7 +227,7 @@ class FlaxTrainStep:
         (loss, logits), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
         updates, optimizer_state = self.optimizer.update(grads, optimizer_state, params)
         params = optax.apply_updates(params, updates)
-        accuracy = jnp.sum((jnp.argmax(logits, axis=-1) == target_output) * weight) / tokens
+        accuracy = correct_tokens(target_output, logits, weight) / tokens
         return (params, optimizer_state, key), {"loss": loss, "accuracy": accuracy}
 
     def __call__(self, source, target_input, target_output, weight):

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtbench.plugins.torch_eager_step import correct_tokens  # the same accuracy formulation as mtbench's step
+
 PAD_ID = 0
 LAYER_NORM_EPSILON = 1e-6
 
@@ -236,7 +238,7 @@ class TorchTrainStep:
         token_loss = F.cross_entropy(logits.flatten(0, 1), target_output.flatten(), reduction="none")
         tokens = weight.sum()
         loss = (token_loss * weight.flatten()).sum() / tokens
-        correct = ((logits.argmax(-1) == target_output) * weight).sum()
+        correct = correct_tokens(target_output, logits, weight)
         return loss, correct / tokens
 
     def __call__(self, source, target_input, target_output, weight):

@@ -158,7 +158,8 @@ def measure(backend_name, dtype, args):
     seconds = run_interleaved(contestants, workload.batches, args.warmup, args.rounds, args.steps_per_round)
     from mtbench.runner.flops import device_peak, training_flops
     rows, length = workload.batches[0].shape
-    peak, peak_source = device_peak(backend, run.device, dtype, config.cache_dir)
+    peak, peak_source = device_peak(backend, run.device, dtype, config.cache_dir,
+                                       plugins.registry().backends.values())
     threads = None
     if backend_name == "torch":
         import torch

@@ -32,6 +32,15 @@ def token_mean_cross_entropy(labels, logits, weight):
     return jnp.sum(token_loss * weight) / jnp.sum(weight)
 
 
+def correct_tokens(labels, logits, weight):
+    """Weighted count of tokens whose label has the largest logit. XLA on the CPU runs `argmax` as a two-output
+    reduction that is not vectorised (a tenth of a step on the `small` preset); a max and a comparison are
+    one fast reduction. The count differs from argmax's only on an exact tie with the label's logit."""
+    import jax.numpy as jnp
+    label_logits = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.sum((label_logits >= jnp.max(logits, axis=-1)) * weight)
+
+
 @contextlib.contextmanager
 def traced_separately(layers):
     """While inside, each of `layers` is traced as its own `jax.jit` (XLA inlines it again, but fuses it on its
@@ -83,7 +92,7 @@ class JitTrainStep(TrainStep):
 
             (_, (loss, logits, non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
             trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
-            correct = jnp.sum((jnp.argmax(logits, axis=-1) == y) * weight)
+            correct = correct_tokens(y, logits, weight)
             logs = {"loss": loss, "accuracy": correct / jnp.sum(weight)}
             return (trainable, non_trainable, optimizer_state), logs
 

@@ -7,6 +7,7 @@ global batch. On a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platfor
 
 from mtbench.plugins.api import Extra, TrainStep
 from mtbench.plugins.hookspecs import hookimpl
+from mtbench.plugins.jax_jit_step import correct_tokens
 
 SIMULATE_HINT = "on a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N"
 
@@ -45,7 +46,7 @@ class PmapTrainStep(TrainStep):
 
             (loss, (logits, new_non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
             grads = jax.lax.psum(grads, "batch")
-            correct = jnp.sum((jnp.argmax(logits, axis=-1) == y) * weight)
+            correct = correct_tokens(y, logits, weight)
             new_trainable, new_optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
             logs = {"loss": jax.lax.psum(loss, "batch"), "accuracy": jax.lax.psum(correct, "batch") / tokens}
             return new_trainable, new_non_trainable, new_optimizer_state, logs

@@ -15,6 +15,14 @@ from mtbench.plugins.compiled_loss import is_token_mean_cross_entropy
 from mtbench.plugins.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
 
 
+def correct_tokens(labels, logits, weight):
+    """Weighted count of tokens whose label has the largest logit: a max and a gather, about a quarter of
+    `argmax`'s time over the (batch, length, vocabulary) logits on the CPU. It differs from argmax's count
+    only on an exact tie with the label's logit."""
+    label_logits = logits.gather(-1, labels[..., None].long())[..., 0]
+    return ((label_logits >= logits.amax(-1)) * weight).sum()
+
+
 class EagerTorchTrainStep(TrainStep):
     name = "torch-eager"
 
@@ -50,7 +58,7 @@ class EagerTorchTrainStep(TrainStep):
                 self.fused_optimizer.step()
             else:
                 optimizer.apply([variable.value.grad for variable in self.variables], self.variables)
-            correct = ((torch.argmax(logits, dim=-1) == y) * sample_weight).sum()
+            correct = correct_tokens(y, logits, sample_weight)
             accuracy = correct / sample_weight.sum()
         return {"loss": float(loss.detach()), "accuracy": float(accuracy)}
 

@@ -337,7 +337,8 @@ def run_training(config, registry, console, resume=None):
 
     extras_record = {extra.name: extra.record(run) for extra in extras}
     steady = timer.summary()
-    peak, peak_source = device_peak(backend, run.device, config.dtype, config.cache_dir)
+    peak, peak_source = device_peak(backend, run.device, config.dtype, config.cache_dir,
+                                    registry.backends.values())
     devices_used = max([record.get("devices", 1) for record in extras_record.values()] + [1])
     # Simulated devices share one CPU, whose measured peak already spans all its cores.
     peak_devices = 1 if run.device_kind == "cpu" else devices_used
