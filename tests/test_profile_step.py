@@ -9,8 +9,6 @@ import sys
 
 import pytest
 
-from conftest import TINY_TRAIN
-
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def profile(backend, cache_dir):
