@@ -1,0 +1,143 @@
+"""mtbench's torch step with its forward pass and loss compiled by `torch.compile`.
+
+Only `EagerTorchTrainStep._loss_and_accuracy` is compiled; AOTAutograd compiles its backward alongside, and the
+fused AdamW update stays outside, as in the eager step (it is one fused kernel already, and inside the graph
+its Python-side schedule and step counter would each be a break).
+
+Traced through Keras as it is, the forward breaks the graph at every layer: `Layer.__call__` flattens its
+arguments with a tree helper dynamo cannot trace (`is not` between tuples), binds them to the call signature
+with `inspect` (a mapping proxy dynamo refuses after mutation), and inside the open name scope each such break
+turns into falling back to eager for the whole frame; `dot_product_attention`, asked to choose the attention
+kernel itself, builds a pybind `SDPAParams` to ask torch whether flash attention applies. Two contexts, entered
+around the compiled call (never traced), remove both causes without changing a number:
+
+* `plain_layer_calls`: a layer called inside runs its `call` with what `Layer.__call__` would have given it for
+  an already built model: the `training` flag of the outermost call where the layer takes one and the caller
+  passed none, floating inputs cast to the layer's input dtype, and the policy's autocast scope for variables.
+  Build, masks, activity regularizers and symbolic tracing are what it leaves out; `plain_calls_unsupported`
+  refuses a model that would need them.
+* `attention_kernel_left_to_torch`: an attention layer asked to choose its kernel (`flash_attention=None`)
+  passes `False` instead, so Keras calls `scaled_dot_product_attention` without restricting its backends and
+  torch's own dispatcher picks the kernel, flash where it applies: the choice Keras's check would make.
+"""
+
+import contextlib
+
+from mtbench.plugins.torch_eager_step import EagerTorchTrainStep
+
+COMPILED_PART = "mtbench torch step: forward + loss (backward via AOTAutograd); fused AdamW update eager"
+
+
+def plain_calls_unsupported(model):
+    """Why `plain_layer_calls` cannot run `model` as Keras would (None when it can)."""
+    for layer in model._flatten_layers(include_self=True):
+        if not layer.built:
+            return f"layer '{layer.name}' is not built"
+        if layer.activity_regularizer is not None:
+            return f"layer '{layer.name}' has an activity regularizer"
+        if layer._call_has_mask_arg or getattr(layer, "mask_zero", False):
+            return f"layer '{layer.name}' uses Keras masks"
+    return None
+
+
+def _autocast_scope_for(layer):
+    """The autocast scope `Layer.__call__` would enter for `layer` (None: keep the current one)."""
+    from keras.src import backend
+    current = backend.get_autocast_scope()
+    if current is None:
+        return backend.AutocastScope(layer.compute_dtype) if layer.compute_dtype != layer.variable_dtype else None
+    if not layer.autocast or not backend.is_float_dtype(layer.compute_dtype):
+        return backend.AutocastScope(None)
+    return backend.AutocastScope(layer.compute_dtype) if current.dtype != layer.compute_dtype else None
+
+
+@contextlib.contextmanager
+def plain_layer_calls(training):
+    """While inside, calling any Keras layer runs its `call` without `Layer.__call__`'s bookkeeping (see the
+    module's docstring); `training` is the flag of the outermost call."""
+    import keras
+
+    def plain_call(layer, *args, **kwargs):
+        if layer._call_has_training_arg and kwargs.get("training") is None:
+            kwargs["training"] = training
+        if layer._convert_input_args:
+            convert = layer.dtype_policy.convert_input
+            args = [convert(arg, layer.autocast, layer.input_dtype) for arg in args]
+            kwargs = {name: convert(value, layer.autocast, layer.input_dtype) for name, value in kwargs.items()}
+        scope = _autocast_scope_for(layer)
+        with scope if scope is not None else contextlib.nullcontext():
+            return layer.call(*args, **kwargs)
+
+    keras_call = keras.layers.Layer.__call__
+    keras.layers.Layer.__call__ = plain_call
+    try:
+        yield
+    finally:
+        keras.layers.Layer.__call__ = keras_call
+
+
+@contextlib.contextmanager
+def attention_kernel_left_to_torch(model):
+    """While inside, attention layers of `model` that would ask Keras to choose the kernel (see the module's
+    docstring) leave the choice to torch's SDPA dispatcher."""
+    choosing = [layer for layer in model._flatten_layers(include_self=False)
+                if hasattr(layer, "flash_attention") and layer.flash_attention is None]
+    for layer in choosing:
+        layer.flash_attention = False
+    try:
+        yield
+    finally:
+        for layer in choosing:
+            layer.flash_attention = None
+
+
+def dynamo_counters():
+    """Dynamo's process-wide counters of graphs, frames and graph breaks (with the ten commonest reasons)."""
+    from torch._dynamo.utils import counters
+    breaks = dict(counters["graph_break"])
+    return {
+        "graphs_compiled": int(counters["stats"]["unique_graphs"]),
+        "frames_compiled": int(counters["frames"]["ok"]),
+        "graph_breaks": int(sum(breaks.values())),
+        "graph_break_reasons": dict(sorted(breaks.items(), key=lambda kv: -kv[1])[:10]),
+    }
+
+
+class CompiledTorchTrainStep(EagerTorchTrainStep):
+    name = "torch-compiled"
+
+    def __init__(self, model, mode=None):
+        """`mode`: torch.compile's mode (None: its default)."""
+        import torch
+        from torch._dynamo.utils import calculate_time_spent
+
+        from mtbench.errors import MtbenchError
+        reason = plain_calls_unsupported(model)
+        if reason:
+            raise MtbenchError(f"torch-compile: {reason}; the compiled step runs Keras layers' call() directly")
+        super().__init__(model)
+        # One graph per length bucket: the buckets are few, and static shapes give inductor fixed tile sizes.
+        self._forward = torch.compile(self._loss_and_accuracy, mode=mode, dynamic=False)
+        self._compile_seconds_before = calculate_time_spent().get("total_wall_time", 0.0)
+
+    def _forward_context(self):
+        stack = contextlib.ExitStack()
+        stack.enter_context(plain_layer_calls(training=True))
+        stack.enter_context(attention_kernel_left_to_torch(self.model))
+        return stack
+
+    def compilations(self):
+        """How often the compiled function itself was compiled: once per input shape (length bucket), since
+        shapes are static; `recompile_limit_reached` says dynamo gave up compiling new shapes and ran them
+        eagerly."""
+        import torch
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        compiled = len(_debug_get_cache_entry_list(EagerTorchTrainStep._loss_and_accuracy.__code__))
+        return {"recompilations": max(compiled - 1, 0),
+                "recompile_limit_reached": compiled >= torch._dynamo.config.recompile_limit}
+
+    def compile_seconds(self):
+        """Seconds dynamo, AOTAutograd and inductor have spent compiling this step so far (forward and backward),
+        as torch accounts them."""
+        from torch._dynamo.utils import calculate_time_spent
+        return calculate_time_spent().get("total_wall_time", 0.0) - self._compile_seconds_before
