@@ -93,6 +93,25 @@ def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eag
     assert losses(compiled)[-5:].mean() < losses(compiled)[:3].mean()
 
 
+def test_compiled_torch_step_refuses_models_that_need_layer_call_bookkeeping():
+    """The compiled step runs layers' `call` directly; a model relying on what `Layer.__call__` adds is refused
+    with the layer and the reason (checked on Keras's layer attributes, the same on every backend)."""
+    import keras
+
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.plugins.torch_compiled_step import plain_calls_unsupported
+    assert plain_calls_unsupported(build_transformer(PRESETS["tiny"])) is None
+    masked = keras.layers.Embedding(10, 3, mask_zero=True, name="tokens")
+    regularized = keras.layers.Dense(2, activity_regularizer="l2", name="out")
+    for layer in (masked, regularized):
+        layer.build((None, 4))
+    assert plain_calls_unsupported(masked) == "layer 'tokens' uses Keras masks (a `mask` argument or `mask_zero`)"
+    assert plain_calls_unsupported(regularized) == "layer 'out' has an activity regularizer"
+    unbuilt = keras.layers.Dense(2, name="unbuilt")
+    assert plain_calls_unsupported(unbuilt) == "layer 'unbuilt' is not built"
+
+
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_bfloat16_policy_is_applied_and_recorded(tmp_path, cache_dir, backend):
     result = train(tmp_path, backend, cache_dir, "--backend", backend, "--dtype", "mixed_bfloat16", "--steps", "12")

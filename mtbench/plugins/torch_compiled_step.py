@@ -55,7 +55,7 @@ def plain_calls_unsupported(model):
         if layer.activity_regularizer is not None:
             return f"layer '{layer.name}' has an activity regularizer"
         if layer._call_has_mask_arg or getattr(layer, "mask_zero", False):
-            return f"layer '{layer.name}' uses Keras masks"
+            return f"layer '{layer.name}' uses Keras masks (a `mask` argument or `mask_zero`)"
     return None
 
 
@@ -112,9 +112,9 @@ def plain_layer_calls(training):
         if layer._call_has_training_arg and kwargs.get("training") is None:
             kwargs["training"] = training
         if layer._convert_input_args:
-            convert = layer.dtype_policy.convert_input
-            args = [convert(arg, layer.autocast, layer.input_dtype) for arg in args]
-            kwargs = {name: convert(value, layer.autocast, layer.input_dtype) for name, value in kwargs.items()}
+            convert, autocast, dtype = layer.dtype_policy.convert_input, layer.autocast, layer.input_dtype
+            args = [convert(arg, autocast, dtype) for arg in args]
+            kwargs = {name: convert(value, autocast, dtype) for name, value in kwargs.items()}
         scope = _autocast_scope_for(layer)
         with scope if scope is not None else contextlib.nullcontext():
             return layer.call(*args, **kwargs)
@@ -131,8 +131,9 @@ def plain_layer_calls(training):
 def attention_kernel_left_to_torch(model):
     """While inside, attention layers of `model` that would ask Keras to choose the kernel (see the module's
     docstring) leave the choice to torch's SDPA dispatcher."""
+    from mtbench.keras_models.transformer import Attention
     choosing = [layer for layer in model._flatten_layers(include_self=False)
-                if hasattr(layer, "flash_attention") and layer.flash_attention is None]
+                if isinstance(layer, Attention) and layer.flash_attention is None]
     for layer in choosing:
         layer.flash_attention = False
     try:
@@ -181,7 +182,8 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
     def compilations(self):
         """How often the compiled function itself was compiled: once per input shape (length bucket), since
         shapes are static; `recompile_limit_reached` says dynamo gave up compiling new shapes and ran them
-        eagerly."""
+        eagerly. Counted on the method's code, which all instances share: right for one compiled step per
+        process, as mtbench trains."""
         import torch
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
         compiled = len(_debug_get_cache_entry_list(EagerTorchTrainStep._loss_and_accuracy.__code__))
