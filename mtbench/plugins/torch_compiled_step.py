@@ -36,7 +36,10 @@ Keras that is several dozen lines around each torch call. Two kinds of Keras hel
 
 With them, dynamo traces the small preset's forward in about 3 s instead of 5 (the hand-written model of
 benchmarks/native_torch.py: 0.4 s); the rest is Keras's own per-operation Python (device and dtype checks,
-variable and property reads), which stays.
+variable and property reads), which stays. Hierarchical compilation (`torch.compiler.nested_compile_region`
+on the encoder and decoder blocks, traced once per class) would cut the small preset's compile by another 2 s,
+but with it the losses leave the eager step's from the third step on (1e-5 relative there, growing), where
+without it they agree to 1e-7 over every length bucket; it is not used.
 """
 
 import collections
