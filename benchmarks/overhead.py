@@ -102,7 +102,9 @@ def model_flops_utilisation(worker_result):
 
 # ---- worker: one backend and dtype, in its own process ----------------------------------------------------------
 
-def native_contestant(backend_name, workload, weights, settings):
+def native_contestant(backend_name, workload, weights, settings, name="native", **step_options):
+    """The hand-written baseline as a contestant; `step_options` go to its `train_step_from_keras_weights`
+    (torch's `compile=True`, say)."""
     mixed = workload.config.dtype == "mixed_bfloat16"
     if backend_name == "jax":
         from benchmarks import native_flax as native
@@ -110,12 +112,13 @@ def native_contestant(backend_name, workload, weights, settings):
     else:
         from benchmarks import native_torch as native
         convert = native.batch_tensors
-    step = native.train_step_from_keras_weights(workload.model_shape, weights, settings, mixed_bfloat16=mixed)
+    step = native.train_step_from_keras_weights(workload.model_shape, weights, settings, mixed_bfloat16=mixed,
+                                                **step_options)
 
     def train(batch):
         float(step(*convert(batch))["loss"])  # a training loop reads its loss, as mtbench's does
 
-    return Contestant("native", train, step.block)
+    return Contestant(name, train, step.block)
 
 
 def keras_contestant(name, backend, model, train_step):
@@ -234,31 +237,48 @@ def summary_json(results, settings):
     return out
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help=f"a smoke run of about a minute ({QUICK})")
-    parser.add_argument("--backends", default="jax,torch")
-    parser.add_argument("--dtypes", default=",".join(DTYPES))
+def measurement_parser(description, quick, quick_help):
+    """An argument parser with the flags every interleaved step benchmark takes: the model and batches, the
+    timing rounds, CPU pinning and the cache; `quick` are the settings --quick replaces."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help=f"{quick_help} ({quick})")
     parser.add_argument("--preset", default="small")
     parser.add_argument("--batch-size", type=int, default=64, help="rows per batch (mtbench train's default)")
     parser.add_argument("--length", type=int, default=32, help="the length bucket the timed batches come from")
-    parser.add_argument("--max-len", type=int, default=None)
     parser.add_argument("--batches", type=int, default=12, help="distinct batches, cycled")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps-per-round", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--no-keras", dest="keras", action="store_false", help="leave plain train_on_batch out")
     parser.add_argument("--cpus", default=None, help="pin the measuring processes to these CPUs, e.g. 0,1")
     parser.add_argument("--cache-dir", default=None, help="mtbench's cache (default: mtbench train's)")
-    parser.add_argument("--worker", nargs=2, metavar=("BACKEND", "DTYPE"), help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_measurement_args(parser, argv, quick):
+    """`parser`'s arguments with --quick applied, counts checked and the cache defaulted to mtbench train's."""
     args = parser.parse_args(argv)
     if args.quick:
-        for name, value in QUICK.items():
+        for name, value in quick.items():
             setattr(args, name, value)
+    for name in ("batch_size", "length", "batches", "rounds", "steps_per_round"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be 0 or more, not {args.warmup}")
     if args.cache_dir is None:
         from mtbench.runner.config import default_cache_dir
         args.cache_dir = default_cache_dir()
     return args
+
+
+def parse_args(argv):
+    parser = measurement_parser(__doc__.split("\n\n")[0], QUICK, "a smoke run of about a minute")
+    parser.add_argument("--backends", default="jax,torch")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--max-len", type=int, default=None)
+    parser.add_argument("--no-keras", dest="keras", action="store_false", help="leave plain train_on_batch out")
+    parser.add_argument("--worker", nargs=2, metavar=("BACKEND", "DTYPE"), help=argparse.SUPPRESS)
+    return parse_measurement_args(parser, argv, QUICK)
 
 
 def main(argv=None):

@@ -8,7 +8,12 @@ position 1 before `F.cross_entropy`, so the log-softmax and its gradient run ove
 are copied; on the `small` preset that is about a tenth of a CPU step. The loss `compile_model` sets (token-mean
 cross-entropy from logits) is computed here over contiguous rows instead: the same numbers, faster. Any other
 compiled loss is called as Keras would call it.
+
+The forward pass, loss and accuracy are one method, `_loss_and_accuracy`, called through `self._forward`, so
+that the compiled step (`torch_compiled_step`) can replace exactly that part and share the rest.
 """
+
+import contextlib
 
 from mtbench.plugins.api import TrainStep
 from mtbench.plugins.compiled_loss import is_token_mean_cross_entropy
@@ -33,6 +38,7 @@ class EagerTorchTrainStep(TrainStep):
         model.optimizer.build(self.variables)
         self.fused_optimizer = (None if fused_adamw_unsupported(model.optimizer)
                                 else FusedAdamW(model.optimizer, self.variables))
+        self._forward = self._loss_and_accuracy
 
     def _loss(self, y, logits, sample_weight):
         import torch.nn.functional as F
@@ -41,15 +47,27 @@ class EagerTorchTrainStep(TrainStep):
         token_loss = F.cross_entropy(logits.flatten(0, -2).float(), y.flatten().long(), reduction="none")
         return (token_loss * sample_weight.flatten()).sum() / sample_weight.sum()
 
+    def _loss_and_accuracy(self, x, y, sample_weight):
+        logits = self.model(x, training=True)
+        # The comparison has no gradient, so the accuracy adds nothing to the backward pass.
+        correct = correct_tokens(y, logits.detach(), sample_weight)
+        return self._loss(y, logits, sample_weight), correct / sample_weight.sum()
+
+    def _forward_context(self):
+        """The context `self._forward` runs in."""
+        return contextlib.nullcontext()
+
     def __call__(self, x, y, sample_weight):
         import torch
-        from keras import ops
+        from keras import ops, tree
         model, optimizer = self.model, self.model.optimizer
-        y, sample_weight = ops.convert_to_tensor(y), ops.convert_to_tensor(sample_weight)  # on Keras's device
+        # On Keras's device, and as tensors before any compiled code sees them.
+        x = tree.map_structure(ops.convert_to_tensor, x)
+        y, sample_weight = ops.convert_to_tensor(y), ops.convert_to_tensor(sample_weight)
         for variable in self.variables:
             variable.value.grad = None
-        logits = model(x, training=True)
-        loss = self._loss(y, logits, sample_weight)
+        with self._forward_context():
+            loss, accuracy = self._forward(x, y, sample_weight)
         if model.losses:
             loss = loss + sum(model.losses)
         optimizer.scale_loss(loss).backward()  # the identity unless the optimizer scales losses
@@ -58,8 +76,6 @@ class EagerTorchTrainStep(TrainStep):
                 self.fused_optimizer.step()
             else:
                 optimizer.apply([variable.value.grad for variable in self.variables], self.variables)
-            correct = correct_tokens(y, logits, sample_weight)
-            accuracy = correct / sample_weight.sum()
         return {"loss": float(loss.detach()), "accuracy": float(accuracy)}
 
     def finalize(self):
