@@ -105,10 +105,11 @@ class JitTrainStep(TrainStep):
 
     def __call__(self, x, y, sample_weight):
         import jax
-        import jax.numpy as jnp
         if self.state is None:
-            # Copies: the donated buffers must not be the ones the Keras variables hold.
-            self.state = tuple([jnp.array(v.value, copy=True) for v in variables]
+            # Copies: the donated buffers must not be the ones the Keras variables hold. A device-side copy
+            # compiles nothing (`jnp.array(copy=True)` compiles a program per variable shape), so the first
+            # bucket's count holds the step's one compilation alone.
+            self.state = tuple([jax.device_put(v.value, may_alias=False) for v in variables]
                                for variables in self._keras_state())
         self.state, logs = self._step(self.state, x, y, sample_weight)
         # The Keras variables are stale until `finalize`, so the backend's synchronize cannot see this step's
