@@ -71,56 +71,75 @@ def length_penalty(lengths, alpha):
 
 
 def beam_decoder(model, beam, alpha=0.6, use_cache=True):
-    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with BOS: the
-    hypothesis of `beam` kept per sentence with the best log-probability over its length penalty (`alpha`).
+    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with BOS: the best
+    hypothesis of a beam search over `beam` hypotheses per sentence, scored by its log-probability over the
+    length penalty (`alpha`).
 
-    The `beam` hypotheses of a sentence are adjacent rows of one (rows * beam, T) buffer. At each position every
-    hypothesis proposes every token, and each sentence keeps its `beam` best sums of log-probabilities; the
-    buffers and key/value caches of the kept hypotheses are gathered from their parents. A finished hypothesis
-    stays in the beam with its score and proposes only padding, so it competes with the unfinished ones until
-    the end. With `beam` 1 this is greedy decoding."""
+    Each sentence keeps two sets of `beam`: alive hypotheses (adjacent rows of one buffer, with their key/value
+    caches) and finished ones (ended by EOS). At each position every alive hypothesis proposes every token and
+    the sentence's 2 x `beam` best sums of log-probabilities are taken: enough that `beam` of them do not end
+    (each parent ends in one way only). Those that end join the finished set, scored with the length penalty;
+    the best `beam` that do not end stay alive, their buffers and caches gathered from their parents. A sentence
+    is done when no alive hypothesis could still beat its worst finished one, even stretched to the buffer's
+    end (a log-probability only falls as tokens are added). The answer is the best finished hypothesis, or the
+    best alive one where none finished within the buffer."""
     if beam < 1:
         raise ValueError(f"beam must be at least 1, got {beam}")
 
     def decode(source, buffer):
         memory, src_mask = model.encode(source)
         rows, length = ops.shape(buffer)[0], ops.shape(buffer)[1]
+        filler = ops.logical_not(ops.any(src_mask, axis=1))  # rows with no source: nothing to wait for
         memory, src_mask = ops.repeat(memory, beam, axis=0), ops.repeat(src_mask, beam, axis=0)
         next_logits = _next_logits_fn(model, memory, src_mask, use_cache)
-        finished = ops.logical_not(ops.any(src_mask, axis=1))
         # Every hypothesis starts as the same BOS: only the first may propose, or the beam fills with copies.
-        first = ops.convert_to_tensor([0.0] + [IMPOSSIBLE] * (beam - 1), dtype="float32")
-        scores = ops.tile(first, (rows,))
-        sentence_start = ops.repeat(ops.arange(rows) * beam, beam)
+        first = ops.convert_to_tensor([[0.0] + [IMPOSSIBLE] * (beam - 1)], dtype="float32")
+        alive_scores = ops.tile(first, (rows, 1))
+        finished_scores = ops.full((rows, beam), IMPOSSIBLE, dtype="float32")
+        alive = ops.repeat(ops.convert_to_tensor(buffer), beam, axis=0)
+        sentence = ops.arange(rows)[:, None]
+        longest = length_penalty(length - 1, alpha)
 
-        def keep_going(t, hypotheses, scores, finished, state):
-            return ops.logical_and(t < length - 1, ops.logical_not(ops.all(finished)))
+        def keep_going(t, alive, alive_scores, finished, finished_scores, state):
+            could_improve = alive_scores[:, 0] / longest > ops.min(finished_scores, axis=1)
+            undecided = ops.logical_and(could_improve, ops.logical_not(filler))
+            return ops.logical_and(t < length - 1, ops.any(undecided))
 
-        def extend(t, hypotheses, scores, finished, state):
-            logits, state = next_logits(t, hypotheses, state)
+        def extend(t, alive, alive_scores, finished, finished_scores, state):
+            logits, state = next_logits(t, alive, state)
             vocab = ops.shape(logits)[-1]
             log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-            padding_only = ops.where(ops.arange(vocab) == PAD_ID, 0.0, IMPOSSIBLE)
-            log_probs = ops.where(finished[:, None], padding_only[None, :], log_probs)
-            proposals = ops.reshape(scores[:, None] + log_probs, (rows, beam * vocab))
-            best, choice = ops.top_k(proposals, beam)
-            parents = sentence_start + ops.reshape(ops.floor_divide(choice, vocab), (-1,))
-            tokens = ops.cast(ops.reshape(ops.mod(choice, vocab), (-1, 1)), "int32")
-            hypotheses = ops.slice_update(ops.take(hypotheses, parents, axis=0), (0, t + 1), tokens)
-            finished = ops.logical_or(ops.take(finished, parents, axis=0), ops.equal(tokens[:, 0], EOS_ID))
+            proposals = ops.reshape(ops.reshape(alive_scores, (-1,))[:, None] + log_probs, (rows, beam * vocab))
+            scores, choice = ops.top_k(proposals, 2 * beam)
+            parents = ops.reshape(sentence * beam + ops.floor_divide(choice, vocab), (-1,))
+            tokens = ops.cast(ops.mod(choice, vocab), "int32")
+            extended = ops.slice_update(ops.take(alive, parents, axis=0), (0, t + 1), ops.reshape(tokens, (-1, 1)))
+            ended = ops.equal(tokens, EOS_ID)
+
+            alive_scores, kept = ops.top_k(ops.where(ended, IMPOSSIBLE, scores), beam)
+            kept = ops.reshape(sentence * 2 * beam + kept, (-1,))
+            alive = ops.take(extended, kept, axis=0)
             if use_cache:
                 # The cross-attention keys and values are the same for every hypothesis of a sentence.
                 cross, caches = state
-                state = (cross, keras.tree.map_structure(lambda c: ops.take(c, parents, axis=0), caches))
-            return t + 1, hypotheses, ops.reshape(best, (-1,)), finished, state
+                survivors = ops.take(parents, kept, axis=0)
+                state = (cross, keras.tree.map_structure(lambda c: ops.take(c, survivors, axis=0), caches))
 
-        start = (ops.convert_to_tensor(0), ops.repeat(ops.convert_to_tensor(buffer), beam, axis=0), scores,
-                 finished, _start(model, memory, length, use_cache))
-        _, hypotheses, scores, _, _ = ops.while_loop(keep_going, extend, start)
-        lengths = ops.sum(ops.cast(ops.not_equal(hypotheses[:, 1:], PAD_ID), "int32"), axis=1)
-        normalised = ops.reshape(scores / length_penalty(lengths, alpha), (rows, beam))
-        best = ops.arange(rows) * beam + ops.cast(ops.argmax(normalised, axis=1), "int32")
-        return ops.take(hypotheses, best, axis=0)
+            candidates = ops.where(ended, scores / length_penalty(t + 1, alpha), IMPOSSIBLE)
+            pooled = ops.concatenate([ops.reshape(finished, (rows, beam, length)),
+                                      ops.reshape(extended, (rows, 2 * beam, length))], axis=1)
+            finished_scores, best = ops.top_k(ops.concatenate([finished_scores, candidates], axis=1), beam)
+            finished = ops.take(ops.reshape(pooled, (-1, length)), ops.reshape(sentence * 3 * beam + best, (-1,)),
+                                axis=0)
+            return t + 1, alive, alive_scores, finished, finished_scores, state
+
+        start = (ops.convert_to_tensor(0), alive, alive_scores, alive, finished_scores,
+                 _start(model, memory, length, use_cache))
+        _, alive, _, finished, finished_scores, _ = ops.while_loop(keep_going, extend, start)
+        first_of_each = ops.arange(rows) * beam  # both sets are sorted best first
+        any_finished = finished_scores[:, 0] > IMPOSSIBLE / 2
+        return ops.where(any_finished[:, None], ops.take(finished, first_of_each, axis=0),
+                         ops.take(alive, first_of_each, axis=0))
 
     return decode
 
