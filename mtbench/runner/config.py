@@ -137,3 +137,8 @@ class TrainConfig:
         data["extras"] = list(self.extras)
         data["model"] = self.model.to_dict()
         return data
+
+
+def decoding_name(beam, length_penalty):
+    """How a run translates, as results and reports name it."""
+    return "greedy" if beam == 1 else f"beam {beam}, length penalty {length_penalty:g}"

@@ -144,10 +144,6 @@ def beam_decoder(model, beam, alpha=0.6, use_cache=True):
     return decode
 
 
-def decoding_name(beam, alpha):
-    return "greedy" if beam == 1 else f"beam {beam}, length penalty {alpha:g}"
-
-
 def make_decoder(model, beam=1, alpha=0.6, use_cache=True):
     """The decoder a run translates with: greedy for `beam` 1 (no log-softmax or top-k), else beam search."""
     return greedy_decoder(model, use_cache) if beam == 1 else beam_decoder(model, beam, alpha, use_cache)

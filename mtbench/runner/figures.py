@@ -50,6 +50,8 @@ FIGURES = (
            is_timing=True),
     Figure("train_s", "train time (s)", "timing", _timing("train_s"), decimals=1, is_timing=True),
     Figure("total_s", "total time (s)", "timing", _timing("total_s"), decimals=1, is_timing=True),
+    Figure("translate_s", "test translation (s)", "timing",
+           lambda result: result["timing"].get("phases_s", {}).get("translate"), decimals=1, is_timing=True),
     Figure("mfu", "MFU (%)", "timing", lambda result: (result.get("utilization") or {}).get("mfu"), 100, 1, True),
     Figure("peak_host_bytes", "peak host memory (MiB)", "memory", _memory("peak_host_bytes"), 1 / MIB, 0),
     Figure("peak_device_bytes", "peak device memory (MiB)", "memory", _memory("peak_device_bytes"), 1 / MIB, 0),

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from rich.table import Table
 
 from mtbench.errors import MtbenchError
+from mtbench.runner.config import decoding_name
 from mtbench.runner.figures import FIGURES, FIGURES_BY_KEY, hardware, run_dtype, run_label
 from mtbench.runner.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results import schema_errors
@@ -244,7 +245,8 @@ def describe_configuration(config):
     length = f"{config['steps']} steps" if config.get("epochs") is None else f"{config['epochs']} epochs"
     corpus = config.get("data_file") or config["dataset"]
     return (f"{corpus}, preset {config['preset']}, {length} x batch {config['batch_size']}, "
-            f"max-len {config['max_len']}, max-pairs {config.get('max_pairs') or 'all'}, seed {config['seed']}")
+            f"max-len {config['max_len']}, max-pairs {config.get('max_pairs') or 'all'}, seed {config['seed']}, "
+            f"{decoding_name(config.get('beam', 1), config.get('length_penalty', 0.6))} decoding")
 
 
 def context_lines(comparison):

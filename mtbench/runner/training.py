@@ -17,6 +17,7 @@ from mtbench.runner import results as results_module
 from mtbench.runner.batches import batches_per_epoch, encode_split, training_batches
 from mtbench.runner.checkpoints import RunDirectory, TrainingState, restore, run_dir_for
 from mtbench.runner.corpus_report import corpus_report, report_lines
+from mtbench.runner.config import decoding_name
 from mtbench.runner.data import load_corpus
 from mtbench.runner.files import write_json_atomic, write_text_atomic
 from mtbench.runner.flops import device_peak, training_flops
@@ -204,7 +205,7 @@ def run_training(config, registry, console, resume=None):
     corpus = read_corpus(config, registry, console, stopwatch)
 
     keras = prepare_process(config, backend, extras)
-    from mtbench.runner.decoding import decoding_name, make_decoder
+    from mtbench.runner.decoding import make_decoder
     from mtbench.runner.evaluation import loss_and_accuracy, translate_and_score
 
     run = RunContext(config=config, backend=backend, device=backend.device_info())
