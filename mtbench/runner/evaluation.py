@@ -1,4 +1,5 @@
-"""Evaluation: token-level loss and accuracy on a split, and BLEU/chrF of the translations (greedy or beam search) with sacrebleu."""
+"""Evaluation: token-level loss and accuracy on a split, and BLEU/chrF of the test translations (greedy or beam
+search) with sacrebleu."""
 
 from dataclasses import dataclass
 
