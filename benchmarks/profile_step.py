@@ -120,8 +120,7 @@ def profile_torch(run_steps, steps):
         if event.key in TORCH_MATMULS:
             categories[MATMUL] += seconds
             flops += event.flops
-        elif "softmax" in event.key or "layer_norm" in event.key or "nll" in event.key or "sum" in event.key \
-                or "amax" in event.key or "native_layer_norm" in event.key:
+        elif any(part in event.key for part in ("softmax", "layer_norm", "nll", "sum", "amax")):
             categories["reductions (softmax, layer norm, loss)"] += seconds
         elif "copy" in event.key or "clone" in event.key or "contiguous" in event.key:
             categories["copies and transposes"] += seconds

@@ -55,9 +55,9 @@ def result_rows(result):
 
 
 def _decoding(result):
-    seconds = result["timing"].get("phases_s", {}).get("translate")
     name = result["metrics"].get("decoding") or "n/a"
-    return name if seconds is None else f"{name}, {seconds:.1f} s"
+    seconds = figure_text(result, "translate_s")
+    return name if seconds == "n/a" else f"{name}, {seconds} s"
 
 
 def _target_rows(target):

@@ -91,14 +91,11 @@ def device_peak(backend, device, dtype, cache_dir, all_backends=()):
 
 
 def _runs_on_cpu(backend):
-    """Whether `backend`'s framework is installed and computes on the CPU by default (a framework that would
-    measure a GPU must not set a CPU's peak)."""
-    if backend.missing_framework():
-        return False
-    try:
-        return backend.device_info().get("kind") == "cpu"
-    except Exception:  # a framework that fails to start does not measure anything
-        return False
+    """Whether `backend`'s framework is installed, starts, and computes on the CPU by default (a framework that
+    would measure a GPU must not set a CPU's peak)."""
+    from mtbench.runner.environment import describe_backend
+    description = describe_backend(backend)
+    return description["available"] and description["device"].get("kind") == "cpu"
 
 
 def calibration_path(cache_dir, backend_name, dtype, device_name):
