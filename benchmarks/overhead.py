@@ -129,21 +129,14 @@ def keras_contestant(name, backend, model, train_step):
 
 
 def measure(backend_name, dtype, args):
+    from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_benchmark
     from mtbench import plugins
-    from mtbench.plugins.api import KerasTrainStep, RunContext
+    from mtbench.plugins.api import KerasTrainStep
     from mtbench.runner.config import TrainConfig
-    from mtbench.runner.training import prepare_process
     config = TrainConfig(backend=backend_name, preset=args.preset, batch_size=args.batch_size, dtype=dtype,
                          cache_dir=args.cache_dir, **({"max_len": args.max_len} if args.max_len else {}))
-    backend = plugins.registry().backends[backend_name]
-    keras = prepare_process(config, backend, [])
-
-    from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_workload
+    keras, backend, run, workload = prepare_benchmark(config, args.batches, args.length)
     from mtbench.keras_models.initialization import initial_weights
-    workload = prepare_workload(config, args.batches, length=args.length)
-    if not workload.batches:
-        raise SystemExit(f"no batch of length {args.length} in the corpus; try another --length")
-    run = RunContext(config=config, backend=backend, device=backend.device_info())
     total_steps = args.warmup + args.rounds * args.steps_per_round
 
     contestants, step_names = [], {}

@@ -147,20 +147,14 @@ def main(argv=None):
     if args.backend == "jax":
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir}").strip()
 
+    from benchmarks.workload import build_keras_model, prepare_benchmark
     from mtbench import plugins
-    from mtbench.plugins.api import KerasTrainStep, RunContext
+    from mtbench.plugins.api import KerasTrainStep
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.flops import device_peak, training_flops
-    from mtbench.runner.training import prepare_process
     config = TrainConfig(backend=args.backend, preset=args.preset, batch_size=args.batch_size, dtype=args.dtype,
                          **({"cache_dir": args.cache_dir} if args.cache_dir else {}))
-    backend = plugins.registry().backends[args.backend]
-    keras = prepare_process(config, backend, [])
-    from benchmarks.workload import build_keras_model, prepare_workload
-    workload = prepare_workload(config, args.steps, length=args.length)
-    if not workload.batches:
-        raise SystemExit(f"no batch of length {args.length} in the corpus; try another --length")
-    run = RunContext(config=config, backend=backend, device=backend.device_info())
+    keras, backend, run, workload = prepare_benchmark(config, args.steps, args.length)
     model = build_keras_model(keras, workload, 2 * args.steps + 10)
     step = backend.make_train_step(run, model) or KerasTrainStep(model)
 

@@ -77,19 +77,12 @@ def make_contestants(keras, backend, workload, total_steps):
 
 
 def measure(args):
-    from mtbench import plugins
+    from benchmarks.workload import prepare_benchmark
     from mtbench.runner.config import TrainConfig
-    from mtbench.runner.training import prepare_process
     config = TrainConfig(backend="torch", preset=args.preset, batch_size=args.batch_size, cache_dir=args.cache_dir)
-    backend = plugins.registry().backends["torch"]
-    keras = prepare_process(config, backend, [])
+    keras, backend, _, workload = prepare_benchmark(config, args.batches, args.length)
     import torch
     torch.compiler.config.force_disable_caches = True  # compile times as a first run sees them
-
-    from benchmarks.workload import prepare_workload
-    workload = prepare_workload(config, args.batches, length=args.length)
-    if not workload.batches:
-        raise SystemExit(f"no batch of length {args.length} in the corpus; try another --length")
     total_steps = 1 + args.warmup + args.rounds * args.steps_per_round
     contestants = make_contestants(keras, backend, workload, total_steps)
     warm_up_compiler()

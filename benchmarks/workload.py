@@ -64,6 +64,21 @@ def prepare_workload(config, steps, length=None):
     return Workload(config=config, vocab_size=tokenizer.vocab_size, batches=batches)
 
 
+def prepare_benchmark(config, steps, length):
+    """What a benchmark process sets up first: keras imported on `config.backend` (as `mtbench train` imports
+    it), the workload of `steps` batches of bucket `length`, and the run context. Returns (keras, backend, run,
+    workload)."""
+    from mtbench import plugins
+    from mtbench.plugins.api import RunContext
+    from mtbench.runner.training import prepare_process
+    backend = plugins.registry().backends[config.backend]
+    keras = prepare_process(config, backend, [])
+    workload = prepare_workload(config, steps, length=length)
+    if not workload.batches:
+        raise SystemExit(f"no batch of length {length} in the corpus; try another --length")
+    return keras, backend, RunContext(config=config, backend=backend, device=backend.device_info()), workload
+
+
 def build_keras_model(keras, workload, total_steps):
     """mtbench's model with its numpy-drawn initial weights, compiled by mtbench's own `compile_model`, under
     the workload's dtype policy (keras must already be imported with the wanted backend)."""
