@@ -33,9 +33,9 @@ def main():
     from mtbench.keras_models.initialization import assign_weights, initial_weights
     from mtbench.keras_models.presets import PRESETS
     from mtbench.keras_models.transformer import build_transformer
-    from mtbench.plugins import registry
-    from mtbench.runner.decoding import beam_decoder, greedy_decoder
-    from mtbench.runner.tokenizer import BOS_ID, EOS_ID
+    from mtbench.plugins.manager import registry
+    from mtbench.runner.evaluation.decoding import beam_decoder, greedy_decoder
+    from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID
 
     backend = registry().backends[args.backend]
     model = build_transformer(PRESETS[args.preset])

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mtbench.plugins.jax_jit_step import correct_tokens  # the same accuracy formulation as mtbench's step
+from mtbench.plugins.backends.jax_jit_step import correct_tokens  # the same accuracy formulation as mtbench's step
 
 PAD_ID = 0
 LAYER_NORM_EPSILON = 1e-6

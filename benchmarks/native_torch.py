@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtbench.plugins.torch_eager_step import correct_tokens  # the same accuracy formulation as mtbench's step
+from mtbench.plugins.backends.torch_eager_step import correct_tokens  # the same accuracy formulation as mtbench's step
 
 PAD_ID = 0
 LAYER_NORM_EPSILON = 1e-6

@@ -130,8 +130,8 @@ def keras_contestant(name, backend, model, train_step):
 
 def measure(backend_name, dtype, args):
     from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_benchmark
-    from mtbench import plugins
-    from mtbench.plugins.api import KerasTrainStep
+    from mtbench.plugins import manager as plugins
+    from mtbench import KerasTrainStep
     from mtbench.runner.config import TrainConfig
     config = TrainConfig(backend=backend_name, preset=args.preset, batch_size=args.batch_size, dtype=dtype,
                          cache_dir=args.cache_dir, **({"max_len": args.max_len} if args.max_len else {}))
@@ -152,7 +152,8 @@ def measure(backend_name, dtype, args):
         step_names["keras"] = "keras-train-on-batch"
 
     seconds = run_interleaved(contestants, workload.batches, args.warmup, args.rounds, args.steps_per_round)
-    from mtbench.runner.flops import device_peak, training_flops
+    from mtbench.runner.measurement.flops import training_flops
+    from mtbench.runner.measurement.peaks import device_peak
     rows, length = workload.batches[0].shape
     peak, peak_source = device_peak(backend, run.device, dtype, config.cache_dir,
                                        plugins.registry().backends.values())
@@ -182,7 +183,7 @@ def versions():
 
 
 def hardware():
-    from mtbench.runner.hardware import cpu_count, cpu_model
+    from mtbench import cpu_count, cpu_model
     return {"cpu_model": cpu_model(), "cpus_usable": cpu_count(), "platform": platform.platform()}
 
 

@@ -148,10 +148,11 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir}").strip()
 
     from benchmarks.workload import build_keras_model, prepare_benchmark
-    from mtbench import plugins
-    from mtbench.plugins.api import KerasTrainStep
+    from mtbench.plugins import manager as plugins
+    from mtbench import KerasTrainStep
     from mtbench.runner.config import TrainConfig
-    from mtbench.runner.flops import device_peak, training_flops
+    from mtbench.runner.measurement.flops import training_flops
+    from mtbench.runner.measurement.peaks import device_peak
     config = TrainConfig(backend=args.backend, preset=args.preset, batch_size=args.batch_size, dtype=args.dtype,
                          **({"cache_dir": args.cache_dir} if args.cache_dir else {}))
     keras, backend, run, workload = prepare_benchmark(config, args.steps, args.length)

@@ -48,7 +48,7 @@ def first_steps(contestants, batch, clock=time.perf_counter):
     """{name: the wall seconds of each contestant's first step, and dynamo's counters of that step alone}."""
     from torch._dynamo.utils import counters
 
-    from mtbench.plugins.torch_compiled_step import dynamo_counters
+    from mtbench.plugins.backends.torch_compiled_step import dynamo_counters
     found = {}
     for contestant in contestants:
         counters.clear()
@@ -63,8 +63,8 @@ def first_steps(contestants, batch, clock=time.perf_counter):
 def make_contestants(keras, backend, workload, total_steps):
     from benchmarks.workload import OptimizerSettings, build_keras_model
     from mtbench.keras_models.initialization import initial_weights
-    from mtbench.plugins.torch_compiled_step import CompiledTorchTrainStep
-    from mtbench.plugins.torch_eager_step import EagerTorchTrainStep
+    from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+    from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
     eager_model, compiled_model = (build_keras_model(keras, workload, total_steps) for _ in range(2))
     weights = initial_weights(eager_model, workload.config.seed)
     settings = OptimizerSettings.of_keras_optimizer(eager_model.optimizer)

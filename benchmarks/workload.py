@@ -7,10 +7,10 @@ optimizer that `compile_model` built rather than restated."""
 import dataclasses
 from dataclasses import dataclass
 
-from mtbench.runner.batches import encode_split, training_batches
+from mtbench.runner.data.batches import encode_split, training_batches
 from mtbench.runner.config import TrainConfig
-from mtbench.runner.data import load_corpus
-from mtbench.runner.tokenizer import load_or_train_tokenizer
+from mtbench.runner.data.corpus import load_corpus
+from mtbench.runner.data.tokenizer import load_or_train_tokenizer
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Workload:
 def prepare_workload(config, steps, length=None):
     """The first `steps` training batches mtbench would train on for `config`; with `length`, only batches of
     that bucket length (one compiled shape, so every timed step does the same work)."""
-    from mtbench import plugins
+    from mtbench.plugins import manager as plugins
     corpus = load_corpus(config, plugins.registry(), progress=lambda done, total: None)
     tokenizer = load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
     split = encode_split(corpus.train, tokenizer, config.max_len)
@@ -68,11 +68,11 @@ def prepare_benchmark(config, steps, length):
     """What a benchmark process sets up first: keras imported on `config.backend` (as `mtbench train` imports
     it), the workload of `steps` batches of bucket `length`, and the run context. Returns (keras, backend, run,
     workload)."""
-    from mtbench import plugins
-    from mtbench.plugins.api import RunContext
-    from mtbench.runner.training import prepare_process
+    from mtbench.plugins import manager as plugins
+    from mtbench import RunContext
+    from mtbench.runner.setup import import_keras
     backend = plugins.registry().backends[config.backend]
-    keras = prepare_process(config, backend, [])
+    keras = import_keras(config, backend, [])
     workload = prepare_workload(config, steps, length=length)
     if not workload.batches:
         raise SystemExit(f"no batch of length {length} in the corpus; try another --length")
@@ -84,7 +84,7 @@ def build_keras_model(keras, workload, total_steps):
     the workload's dtype policy (keras must already be imported with the wanted backend)."""
     from mtbench.keras_models.initialization import assign_weights, initial_weights
     from mtbench.keras_models.transformer import build_transformer
-    from mtbench.runner.training import compile_model
+    from mtbench.runner.setup import compile_model
     keras.utils.set_random_seed(workload.config.seed)
     keras.config.set_dtype_policy(workload.config.dtype)
     model = build_transformer(workload.model_shape)

@@ -1,7 +1,9 @@
-"""mtbench: one Keras 3 Transformer for translation, trained and timed on JAX and PyTorch."""
+"""mtbench: one Keras 3 Transformer for translation, trained and timed on JAX and PyTorch.
 
-from mtbench.plugins.api import Backend, Dataset, Extra, Reporter, RunContext
-from mtbench.plugins.hookspecs import hookimpl
+The names below are the plugin API (see docs/plugins.md); everything else is mtbench's own and may change."""
+
+from mtbench.plugins.api import *  # noqa: F401,F403 (the public API, listed in its __all__)
+from mtbench.plugins.api import __all__ as _api
 
 __version__ = "0.1.0"
-__all__ = ["Backend", "Dataset", "Extra", "Reporter", "RunContext", "hookimpl", "__version__"]
+__all__ = [*_api, "__version__"]

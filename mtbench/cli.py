@@ -11,11 +11,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from mtbench import plugins
+from mtbench.plugins import manager as plugins
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.keras_models.presets import PRESETS
 from mtbench.runner.config import COMPILE_MODES, DTYPES, TrainConfig
-from mtbench.runner.parity import PARITY_STEPS, PARITY_TOLERANCE
+from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
 
 def _fail(message, code):
@@ -174,12 +174,22 @@ def _refuse_options_beside_resume():
         raise MtbenchError(f"--resume continues a run with its own configuration; drop {', '.join(given)}")
 
 
-def _report(registry, name, result, console):
-    try:
-        registry.reporters[name].report(result, console)
-    except Exception as error:  # a third-party reporter: name it, the result itself is safe on disk
-        raise RunFailure(f"reporter '{name}' of plugin '{registry.provider[('reporters', name)]}' failed: "
-                         f"{error!r}; the result is in {result['config']['out']}") from error
+def _reporter_names(reporters):
+    """--report NAME ...: 'none' reports nothing (as Hugging Face's --report_to none)."""
+    return [name for name in reporters if name != "none"]
+
+
+def _require_reporters_succeeded(failures):
+    """Reporters run isolated (each failure is a warning as it happens); the command still says it failed."""
+    if len(failures) == 1:
+        raise RunFailure(failures[0])
+    if failures:
+        raise RunFailure(f"{len(failures)} reporter runs failed; the first: {failures[0]}")
+
+
+report_option = click.option(
+    "--report", "reporters", multiple=True, metavar="NAME",
+    help="Reporter to hand every result to, complete or partial (repeatable; see `mtbench plugins`).")
 
 
 @main.command()
@@ -189,17 +199,16 @@ def _report(registry, name, result, console):
 @click.option("--initial-weights", type=click.Path(dir_okay=False), help="Start from this weights file (.npz by variable path, see `mtbench init-weights`) instead of the draw from --seed.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Result JSON (default mtbench-results/<time>-<backend>.json).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing result file.")
-@click.option("--report", "reporters", multiple=True, default=("table",), show_default=True, help="Reporter (repeatable).")
+@click.option("--report", "reporters", multiple=True, default=("table",), show_default=True, metavar="NAME",
+              help="Reporter to hand the result to, complete or partial (repeatable; 'none' for none).")
 @long_run_options
 @handle_errors
 def train(reporters, resume_dir, **options):
     """Train, evaluate and time the Transformer on one backend."""
-    from mtbench.runner.checkpoints import open_run
+    from mtbench.runner.loop.checkpoints import open_run
     from mtbench.runner.training import run_training
     registry = plugins.registry()
     _warn_broken_plugins(registry)
-    for name in reporters:
-        registry.lookup("reporters", name)
     resume = None
     if resume_dir:
         _refuse_options_beside_resume()
@@ -208,10 +217,9 @@ def train(reporters, resume_dir, **options):
     else:
         config = _train_config(**options)
     console = Console()
-    result = run_training(config, registry, console, resume=resume)
-    for name in reporters:
-        _report(registry, name, result, console)
+    _, failures = run_training(config, registry, console, resume=resume, reporter_names=_reporter_names(reporters))
     console.print(f"result: {config.out}")
+    _require_reporters_succeeded(failures)
 
 
 @main.command("init-weights")
@@ -223,7 +231,7 @@ def train(reporters, resume_dir, **options):
 def init_weights(backend, out, overwrite, **configuration):
     """Write the initial weights of a configuration (drawn with numpy from --seed) to a backend-neutral .npz,
     for `mtbench train --initial-weights`."""
-    from mtbench.runner.training import write_initial_weights
+    from mtbench.runner.init_weights import write_initial_weights
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     config = _train_config(backend=backend, **configuration)
@@ -243,27 +251,31 @@ def init_weights(backend, out, overwrite, **configuration):
 @click.option("--overwrite", is_flag=True, help="Replace existing result files.")
 @click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True, help="Steps whose training loss the parity check compares.")
 @click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True, help="Largest relative loss difference allowed between runs of the same dtype.")
+@report_option
 @handle_errors
-def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_steps, parity_tolerance,
+def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_steps, parity_tolerance, reporters,
             **configuration):
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
-    from mtbench.runner.compare import ComparePlan, plan_runs, require_parity, run_compare
-    from mtbench.runner.report import context_lines, rich_table
+    from mtbench.runner.results.compare import ComparePlan, plan_runs, require_parity, run_compare
+    from mtbench.runner.results.report import context_lines, rich_table
+    from mtbench.runner.setup import resolve_reporters
     registry = plugins.registry()
     _warn_broken_plugins(registry)
+    chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
     specs = plan_runs(backends, extras, matrix)
     _train_config(backend=specs[0].backend, **configuration)  # bad options fail here, before any process starts
     out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
     plan = ComparePlan(specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
-                       parity_tolerance)
+                       parity_tolerance, chosen_reporters)
     console = Console()
-    comparison, _ = run_compare(plan, registry, console)
+    comparison, _, failures = run_compare(plan, registry, console)
     console.print(rich_table(comparison, title="mtbench compare"))
     for line in context_lines(comparison):
         console.print(line, highlight=False)
     console.print(f"result: {out}")
     require_parity(comparison, out)
+    _require_reporters_succeeded(failures)
 
 
 @main.command()
@@ -274,14 +286,23 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
 @click.option("--force", is_flag=True, help="Report runs whose configurations differ beyond backend, extras and dtype.")
 @click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True)
 @click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True)
+@report_option
 @handle_errors
-def report(results, output_format, baseline, plot, force, parity_steps, parity_tolerance):
-    """Show saved results (single-run or compare JSONs) side by side."""
-    from mtbench.runner import report as reporting
-    comparison = reporting.build_comparison(reporting.load_runs(results), baseline=baseline, force=force,
+def report(results, output_format, baseline, plot, force, parity_steps, parity_tolerance, reporters):
+    """Show saved results (single-run or compare JSONs) side by side; --report hands each run to a reporter."""
+    from mtbench.runner.results import report as reporting
+    from mtbench.runner.results.reporting import run_reporters
+    from mtbench.runner.setup import resolve_reporters
+    registry = plugins.registry() if reporters else None
+    chosen_reporters = []
+    if reporters:
+        _warn_broken_plugins(registry)
+        chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
+    runs = reporting.load_runs(results)
+    comparison = reporting.build_comparison(runs, baseline=baseline, force=force,
                                             parity_steps=parity_steps, parity_tolerance=parity_tolerance)
     if plot:
-        from mtbench.runner.plots import comparison_figure, save_figure
+        from mtbench.runner.results.plots import comparison_figure, save_figure
         save_figure(comparison_figure(comparison), plot)
     if output_format == "table":
         console = Console()
@@ -293,6 +314,12 @@ def report(results, output_format, baseline, plot, force, parity_steps, parity_t
         click.echo(render[output_format](comparison), nl=False)
     if plot:
         click.echo(f"plot: {plot}", err=True)
+    failures = []
+    for run in runs if chosen_reporters else ():
+        # Beside machine-readable output, reporters write to stderr so that stdout stays parseable.
+        failures += run_reporters(chosen_reporters, registry, run.result, Console(stderr=output_format != "table"),
+                                  run.source)
+    _require_reporters_succeeded(failures)
 
 
 @main.command()
@@ -303,7 +330,7 @@ def report(results, output_format, baseline, plot, force, parity_steps, parity_t
 def env(as_json, calibrate, cache_dir):
     """Versions, devices and the plugins that would load (imports each framework, never keras)."""
     from mtbench.runner.config import default_cache_dir
-    from mtbench.runner.environment import calibrate_peaks, describe_environment, environment_rows
+    from mtbench.runner.measurement.environment import calibrate_peaks, describe_environment, environment_rows
     registry = plugins.registry()
     description = describe_environment(registry)
     if calibrate:
@@ -323,22 +350,25 @@ def env(as_json, calibrate, cache_dir):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @handle_errors
 def list_plugins(as_json):
-    """List every loaded plugin with its hooks and what it provides."""
-    from mtbench.runner.availability import extras_availability
+    """List every plugin, loaded or not, with its status, hooks and what it provides, and the extras that can
+    run on this machine."""
+    from mtbench.runner.measurement.availability import extras_availability
     registry = plugins.registry()
     rows = plugins.plugin_descriptions()
     extras = extras_availability(registry)
     if as_json:
-        click.echo(json.dumps({"plugins": rows, "extras": extras, "warnings": registry.warnings}, indent=2))
+        click.echo(json.dumps({"plugins": rows, "extras": extras, "warnings": registry.warnings,
+                               "load_plugins": os.environ.get(plugins.LOAD_PLUGINS_ENV)}, indent=2))
         return
     _warn_broken_plugins(registry)
     table = Table(title="mtbench plugins")
-    for column in ("plugin", "version", "hooks", "provides"):
+    for column in ("plugin", "package", "status", "hooks", "provides"):
         table.add_column(column)
     for row in rows:
         provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in row["provides"].items())
         name = row["name"] + (" (built-in)" if row["builtin"] else "")
-        table.add_row(name, row["version"] or "?", "\n".join(row["hooks"]), provides)
+        status = "\n".join([row["status"], *row["problems"]])
+        table.add_row(name, f"{row['package']} {row['version'] or '?'}", status, "\n".join(row["hooks"]), provides)
     console = Console()
     console.print(table)
     extras_table = Table(title="extras on this machine (default run)")

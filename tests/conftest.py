@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPOSITORY = os.path.dirname(TESTS_DIR)
 _SESSION_DIR = tempfile.mkdtemp(prefix="mtbench-tests-")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("KERAS_HOME", os.path.join(_SESSION_DIR, "keras"))
@@ -67,29 +69,37 @@ def compared(cache_dir):
     with open(out) as f:
         return {"combined": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
 THIRD_PARTY = textwrap.dedent('''
-    from mtbench import Backend, Extra, Reporter, hookimpl
-    from mtbench.plugins.api import KerasTrainStep
+    from mtbench import Backend, Extra, MtbenchError, Reporter, TrainStep, hookimpl
 
-    class CountingStep(KerasTrainStep):
-        def __init__(self, model, state):
-            super().__init__(model)
-            self.state = state
+    class CountingStep(TrainStep):
+        """Wraps the step chosen before it (the backend's fast step) and counts its calls."""
+        def __init__(self, inner, state):
+            self.inner, self.state = inner, state
+            self.name = f"counted {inner.name}"
 
         def __call__(self, x, y, sample_weight):
             self.state["steps_seen"] += 1
-            return super().__call__(x, y, sample_weight)
+            return self.inner(x, y, sample_weight)
+
+        def finalize(self):
+            self.inner.finalize()
 
     class CountSteps(Extra):
         name = "count-steps"
         description = "counts the train steps it wraps"
         backends = ("jax", "torch")
 
-        def make_train_step(self, run, model):
-            run.extras_state[self.name] = {"steps_seen": 0}
-            return CountingStep(model, run.extras_state[self.name])
+        def make_train_step(self, run, model, step):
+            run.extras_state[self.name] = {"steps_seen": 0, "wrapped": step.name}
+            return CountingStep(step, run.extras_state[self.name])
 
-        def record(self, run):
-            return run.extras_state[self.name]
+    class NoJit(Extra):
+        name = "no-jit"
+        description = "asks model.compile for jit_compile=False"
+        backends = ("jax",)
+
+        def compile_options(self, run):
+            return {"jit_compile": False}
 
     class NotInstalledBackend(Backend):
         name = "fakeflow"
@@ -100,9 +110,18 @@ THIRD_PARTY = textwrap.dedent('''
         name = "oneline"
         description = "one line per run"
 
-        def report(self, result, console):
-            print(f"ONELINE backend={result['backend']} steps={result['timing']['steps']} "
-                  f"bleu={result['metrics']['bleu']:.2f}")
+        def report(self, result, console, complete):
+            bleu = result["metrics"]["bleu"]
+            console.print(f"ONELINE backend={result['backend']} steps={result['timing']['steps']} "
+                          f"complete={complete} bleu={'none' if bleu is None else f'{bleu:.2f}'}",
+                          highlight=False, soft_wrap=True)
+
+    class ExplodingReporter(Reporter):
+        name = "explode"
+        description = "fails on purpose"
+
+        def report(self, result, console, complete):
+            raise ValueError("no ink")
 
     @hookimpl
     def mtbench_register_backends(register):
@@ -111,10 +130,12 @@ THIRD_PARTY = textwrap.dedent('''
     @hookimpl
     def mtbench_register_reporters(register):
         register(OneLineReporter())
+        register(ExplodingReporter())
 
     @hookimpl
     def mtbench_register_extras(register):
         register(CountSteps())
+        register(NoJit())
 ''')
 
 # Loads, but its callbacks hook fails during the run.
@@ -126,20 +147,73 @@ FLAKY = textwrap.dedent('''
         raise RuntimeError("flaky callbacks on purpose")
 ''')
 
+# Loads, but fails while registering datasets: it may explain an unknown dataset, never an unknown backend.
+DATASET_TROUBLE = textwrap.dedent('''
+    from mtbench import Dataset, MtbenchError, hookimpl
+
+    class Crashing(Dataset):
+        name = "crashing"
+        description = "raises a plain exception while reading"
+
+        def read_pairs(self, progress):
+            raise OSError("the tape is stuck")
+            yield
+
+    class NeedsKey(Dataset):
+        name = "needs-key"
+        description = "a user's error, raised as MtbenchError"
+
+        def missing_reason(self):
+            return None
+
+        def read_pairs(self, progress):
+            raise MtbenchError("set NEEDS_KEY_PATH to the corpus you licensed")
+            yield
+
+    @hookimpl
+    def mtbench_register_datasets(register):
+        register(Crashing())
+        register(NeedsKey())
+        raise RuntimeError("half of the datasets registered")
+''')
+
+# Two packages whose entry points share the name "twin".
+TWIN = textwrap.dedent('''
+    from mtbench import Reporter, hookimpl
+
+    class Twin(Reporter):
+        name = "twin-{letter}"
+
+        def report(self, result, console, complete):
+            pass
+
+    @hookimpl
+    def mtbench_register_reporters(register):
+        register(Twin())
+''')
+
+THIRD_PARTY_PACKAGES = {  # package -> (version, entry-point name, module source)
+    "mtbench_thirdparty": ("0.3.0", "thirdparty", THIRD_PARTY),
+    "mtbench_broken": ("0.0.1", "broken", "raise ImportError('this plugin is broken on purpose')\n"),
+    "mtbench_flaky": ("0.1.0", "flaky", FLAKY),
+    "mtbench_datasets_trouble": ("0.2.0", "trouble", DATASET_TROUBLE),
+    "mtbench_twin_a": ("1.0.0", "twin", TWIN.replace("{letter}", "a")),
+    "mtbench_twin_b": ("1.0.0", "twin", TWIN.replace("{letter}", "b")),
+}
+
 
 @pytest.fixture(scope="session")
 def plugin_path(tmp_path_factory):
-    """A directory holding three installed distributions: a working plugin, one that fails to import and one
-    whose hook fails during a run."""
+    """A directory of installed distributions with entry points: a working plugin, one that fails to import, one
+    whose hook fails during a run, one that fails while registering datasets, and two sharing an entry-point
+    name."""
     site = tmp_path_factory.mktemp("site")
-    (site / "mtbench_thirdparty.py").write_text(THIRD_PARTY)
-    (site / "mtbench_broken.py").write_text("raise ImportError('this plugin is broken on purpose')\n")
-    (site / "mtbench_flaky.py").write_text(FLAKY)
-    for dist, version in (("mtbench_thirdparty", "0.3.0"), ("mtbench_broken", "0.0.1"), ("mtbench_flaky", "0.1.0")):
-        info = site / f"{dist}-{version}.dist-info"
+    for package, (version, entry_point, source) in THIRD_PARTY_PACKAGES.items():
+        (site / f"{package}.py").write_text(source)
+        info = site / f"{package}-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-        (info / "entry_points.txt").write_text(f"[mtbench]\n{dist.split('_', 1)[1]} = {dist}\n")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[mtbench]\n{entry_point} = {package}\n")
     return str(site)
 
 

@@ -13,14 +13,14 @@ STEPS = 5
 
 
 def main(backend_name, cache_dir):
-    from mtbench import plugins
-    from mtbench.plugins.api import KerasTrainStep, RunContext
+    from mtbench.plugins import manager as plugins
+    from mtbench import KerasTrainStep, RunContext
     from mtbench.runner.config import TrainConfig
-    from mtbench.runner.training import prepare_process
+    from mtbench.runner.setup import import_keras
     config = TrainConfig(backend=backend_name, preset="tiny", max_pairs=4000, valid_size=100, test_size=100,
                          max_len=48, batch_size=32, warmup_steps=1, cache_dir=cache_dir)
     backend = plugins.registry().backends[backend_name]
-    keras = prepare_process(config, backend, [])
+    keras = import_keras(config, backend, [])
     import numpy as np
 
     from benchmarks.workload import build_keras_model, prepare_workload
@@ -70,7 +70,7 @@ def fused_adamw_exercise():
     import numpy as np
     import torch
 
-    from mtbench.plugins.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
+    from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
     from optimizer_exercise import keras_optimizer_result, keras_variables, mtbench_optimizer, optimizer_exercise
     initial, grads = optimizer_exercise()
     expected, _ = keras_optimizer_result(initial, grads)

@@ -1,0 +1,171 @@
+"""What plugins provide: backends, extras, datasets and reporters. Subclass these and register instances from
+the matching `mtbench_register_*` hook (see `hookspecs.py`). For a problem the user can fix (a bad option, a
+missing file), raise `mtbench.MtbenchError` with one line that says what to do: mtbench prints it as it is.
+Any other exception is reported as a failure of the plugin, with the plugin's name."""
+
+import importlib.util
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunContext:
+    """What a plugin may look at while a run is set up: the configuration, the backend, and (once the
+    framework is imported) the device. Extras may add keyword arguments for `build_transformer` to
+    `model_options` (for example `flash_attention`), and keep what they learn in `extras_state[name]`."""
+    config: object
+    backend: "Backend"
+    device: dict = field(default_factory=dict)
+    model_options: dict = field(default_factory=dict)
+    extras_state: dict = field(default_factory=dict)
+
+    @property
+    def device_kind(self):
+        return self.device.get("kind", "unknown")
+
+
+class Backend:
+    """One framework under Keras. One process runs one backend: keras reads its backend once, at import."""
+    name = ""
+    keras_backend = ""
+    framework_modules = ()  # importable modules the backend needs; checked before anything is imported
+    description = ""
+
+    def missing_framework(self):
+        """A reason the framework cannot be imported here, or None."""
+        missing = [m for m in self.framework_modules if importlib.util.find_spec(m) is None]
+        if missing:
+            return (f"backend '{self.name}' needs {', '.join(missing)}, which is not installed "
+                    f"(pip install 'mtbench[{self.name}]')")
+        return None
+
+    def prepare_process(self, config):
+        """Environment variables to set before keras (and the framework) is imported."""
+        return {}
+
+    def unsupported_dtype_reason(self, dtype, device):
+        """Why this backend cannot train in `dtype` (a Keras dtype policy name) on `device`, or None."""
+        return None
+
+    def framework_versions(self):
+        """{package: version} of the framework packages."""
+        return {}
+
+    def device_info(self):
+        """{'kind': 'cpu'|'gpu'|'tpu', 'name': str, 'count': int, ...} of the devices the run uses."""
+        raise NotImplementedError
+
+    def synchronize(self, model=None):
+        """Blocks until the device has finished all queued work (at least every variable of `model`), so a
+        clock read after it is honest."""
+        raise NotImplementedError
+
+    def peak_device_bytes(self):
+        """Peak device memory in bytes as the framework reports it, or None where it reports none."""
+        return None
+
+    def matmul_flops_per_s(self, dtype, size):
+        """Measured FLOP/s of a square `size` matmul in `dtype` on the run's device (the peak for MFU on
+        devices without a datasheet figure). Median of several synchronised repeats after a warm-up."""
+        raise NotImplementedError
+
+    def compilations(self):
+        """A running count of programs the framework has compiled in this process, or None where it does not
+        compile ahead of running."""
+        return None
+
+    def compile_inference(self, fn, model):
+        """Returns a callable equivalent to `fn(*arrays)` (which calls `model` layers) compiled the way this
+        backend runs inference fastest. The default runs it eagerly."""
+        return fn
+
+    def make_train_step(self, run, model):
+        """Optionally return the `TrainStep` this backend trains with by default: the same mathematics as
+        Keras's `train_on_batch`, without its per-call overhead. None keeps `KerasTrainStep(model)`. Extras may
+        then wrap or replace it (`Extra.make_train_step`)."""
+        return None
+
+
+class Extra:
+    """An optional way of training: fused attention, a compiler, data parallelism, a dtype policy.
+
+    Never degrade silently: `unavailable_reason` must explain why the extra cannot run, and `record` must
+    report only what really happened. The hooks are called in this order, in the process that trains:
+    `environment` (before the framework is imported), `unavailable_reason`, `adjust_config`, `before_model`,
+    `compile_options`, `make_train_step`, `verify`, then training, then `record`."""
+    name = ""
+    description = ""
+    backends = ()   # backend names the extra serves
+    conflicts = ()  # names of extras that cannot run beside this one
+
+    def environment(self, config):
+        """Environment variables to set before the framework is imported."""
+        return {}
+
+    def adjust_config(self, run):
+        """Called before the data is batched: may change `run.config` (batch size, bucket step). Whatever it
+        changes is what the result's config shows."""
+
+    def unavailable_reason(self, run):
+        """Why this extra cannot run in this run (device, dtype, devices), or None when it can. Say it without
+        the extra's name, which mtbench puts in front: 'needs a CUDA GPU; this run has cpu/float32'."""
+        return None
+
+    def before_model(self, run):
+        """Called after keras is imported and before the model is built (dtype policies, distribution)."""
+
+    def compile_options(self, run):
+        """Keyword arguments merged into `model.compile` (for example `jit_compile`). They govern Keras's own
+        compiled functions: evaluation always, training only when the run trains with a step that calls them
+        (`TrainStep.uses_compile_options`, true of `KerasTrainStep`). A run whose train step would ignore them
+        stops with an error rather than record options that did not apply to training."""
+        return {}
+
+    def make_train_step(self, run, model, step):
+        """Optionally return the `TrainStep` to train with instead of `step`, the one chosen so far (the
+        backend's fast step, `KerasTrainStep`, or an earlier extra's). Wrap `step` to observe or change each
+        call; return a new step to replace it. None keeps `step`."""
+        return None
+
+    def verify(self, run, model, batch):
+        """Called once before training with the model and the run's first `Batch`: check that the extra takes
+        effect (a fused kernel is in the compiled program, ...). Return a reason when it does not (without the
+        extra's name); the run stops rather than measure something other than what it claims."""
+        return None
+
+    def record(self, run):
+        """What the extra did, for the result JSON (verified facts, not intentions). By default, what it kept in
+        `run.extras_state[self.name]`."""
+        return dict(run.extras_state.get(self.name, {}))
+
+
+class Dataset:
+    """A parallel corpus available without a network."""
+    name = ""
+    description = ""
+    source_lang = ""
+    target_lang = ""
+
+    def missing_reason(self):
+        """Why the data cannot be read here (a package not installed), or None."""
+        return None
+
+    def read_pairs(self, progress):
+        """Yields (source, target) pairs, cleaned. `progress(done, total)` may be called to report progress."""
+        raise NotImplementedError
+
+    def fingerprint(self):
+        """A string that changes whenever `read_pairs` would yield other pairs (used to key caches)."""
+        return self.name
+
+
+class Reporter:
+    """Presents a result once it is written: every result a command writes, complete or partial."""
+    name = ""
+    description = ""
+
+    def report(self, result, console, complete):
+        """`result` is the dict written to the result JSON (see docs/results.md); `console` a
+        `rich.console.Console`; `complete` is False for a partial result (a run that diverged or was
+        interrupted: `result["status"]` says which, and the figures of the evaluation are null). A reporter
+        that raises is named in a warning; the other reporters still run and the result file is kept."""
+        raise NotImplementedError

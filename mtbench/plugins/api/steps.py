@@ -1,0 +1,64 @@
+"""Train steps and the batches they take.
+
+mtbench calls a train step once per batch as `step((batch.source, batch.target_input), batch.target_output,
+batch.weight)`: numpy arrays (int32 token ids, rows x bucket length; float32 weights, 1 on real target tokens and
+0 on padding). The step returns the batch's loss and token accuracy computed before its update; the loss is the
+mean cross-entropy over real target tokens (padding weighs nothing). The clock around a call stops when it
+returns, after the backend has synchronised the device, so a step must not leave work of its own running
+outside the device queue. `finalize` is called before evaluation, checkpoints and the end of training.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Batch:
+    """One batch of the run: every array has `rows` rows (the batch size; filler rows are all padding) and one
+    length, the batch's length bucket."""
+    source: np.ndarray        # (rows, length) int32
+    target_input: np.ndarray  # BOS + target, padded
+    target_output: np.ndarray # target + EOS, padded
+    weight: np.ndarray        # 1.0 on real target tokens, 0.0 on padding (float32)
+    index: np.ndarray         # example index of each row, -1 for filler rows
+
+    @property
+    def target_tokens(self):
+        return int(self.weight.sum())
+
+    @property
+    def shape(self):
+        return tuple(self.source.shape)
+
+
+class TrainStep:
+    """One optimisation step on a batch. `finalize` writes any state the step keeps outside the model (replicated
+    parameters, optimizer slots) back into the Keras variables, so that evaluation sees the trained weights.
+    A step whose work may still be running when it returns must wait for it: the caller reads its clock then."""
+    name = ""  # recorded in the result as `train_step`
+    # Whether the step trains through Keras's compiled train function, so that `model.compile`'s options
+    # (`Extra.compile_options`) apply to training.
+    uses_compile_options = False
+
+    def __call__(self, x, y, sample_weight):
+        """`x` is (source, target_input), `y` target_output, `sample_weight` the token weights of one `Batch`.
+        Returns {'loss': ..., 'accuracy': ...} of the batch, computed before the update (numbers, or scalars
+        of the framework that `float()` reads)."""
+        raise NotImplementedError
+
+    def finalize(self):
+        pass
+
+
+class KerasTrainStep(TrainStep):
+    """Keras's own compiled train step (`model.train_on_batch`). Subclass it, or hold a step and call it, to
+    wrap a step."""
+    name = "keras-train-on-batch"
+    uses_compile_options = True
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, x, y, sample_weight):
+        return self.model.train_on_batch(x, y, sample_weight=sample_weight, return_dict=True)

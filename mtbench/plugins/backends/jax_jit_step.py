@@ -1,0 +1,126 @@
+"""mtbench's default train step on JAX: the Keras model and optimizer, stateless, inside one `jax.jit`.
+
+Keras's `train_on_batch` runs a jitted step too, but around it, on every call, it re-checks the build, resets
+and re-syncs metric variables, assigns every model and optimizer variable back through Keras, and converts the
+logs. This step keeps the same mathematics (the model's `stateless_call`, the compiled loss, the optimizer's
+`stateless_apply`, with loss scaling when the optimizer scales) and carries the state from one step to the next
+itself, with donated buffers so XLA updates it in place. The Keras variables are only written back in
+`finalize`. The loss `compile_model` sets is computed in JAX's own formulation (`compiled_loss`).
+
+While the step is traced, every LayerNormalization runs inside its own `jax.jit`. Without that boundary, XLA on
+the CPU fuses the layer-norm backward of every later layer into each transposed copy that feeds a kernel
+gradient, recomputing the residual stream's gradient chain dozens of times (about a fifth of the step on the
+`small` preset); with it, the chain is materialised once, as it is for the Flax baseline's layer norm. The
+numbers are the same; only XLA's fusion changes.
+"""
+
+import contextlib
+import functools
+
+from mtbench import TrainStep
+from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
+
+
+def token_mean_cross_entropy(labels, logits, weight):
+    """The loss `compile_model` sets, as log-sum-exp minus the label's logit: its backward is one softmax
+    pass, where Keras's one-hot formulation materialises a second vocabulary-sized array (a twentieth of a step
+    on the `small` preset)."""
+    import jax
+    import jax.numpy as jnp
+    label_logits = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    token_loss = jax.nn.logsumexp(logits, axis=-1) - label_logits
+    return jnp.sum(token_loss * weight) / jnp.sum(weight)
+
+
+def correct_tokens(labels, logits, weight):
+    """Weighted count of tokens whose label has the largest logit. XLA on the CPU runs `argmax` as a two-output
+    reduction that is not vectorised (a tenth of a step on the `small` preset); a max and a comparison are
+    one fast reduction. The count differs from argmax's only on an exact tie with the label's logit."""
+    import jax.numpy as jnp
+    label_logits = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.sum((label_logits >= jnp.max(logits, axis=-1)) * weight)
+
+
+@contextlib.contextmanager
+def traced_separately(layers):
+    """While inside, each of `layers` is traced as its own `jax.jit` (XLA inlines it again, but fuses it on its
+    own terms)."""
+    import jax
+
+    def separately(call):
+        return lambda *args, **kwargs: jax.jit(functools.partial(call, **kwargs))(*args)
+
+    for layer in layers:
+        layer.call = separately(layer.call)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.call  # the class's own `call` again
+
+
+class JitTrainStep(TrainStep):
+    name = "jax-jit-stateless"
+
+    def __init__(self, model):
+        import jax
+        import jax.numpy as jnp
+        import keras
+
+        self.model = model
+        optimizer = model.optimizer
+        optimizer.build(model.trainable_variables)
+        loss_object = model.loss
+        native_loss = is_token_mean_cross_entropy(loss_object)
+        layer_norms = [layer for layer in model._flatten_layers()
+                       if isinstance(layer, keras.layers.LayerNormalization)]
+
+        def step(state, x, y, weight):
+            trainable, non_trainable, optimizer_state = state
+
+            def loss_of(trainable):
+                with traced_separately(layer_norms):
+                    logits, new_non_trainable, losses = model.stateless_call(
+                        trainable, non_trainable, x, training=True, return_losses=True)
+                loss = token_mean_cross_entropy(y, logits, weight) if native_loss else \
+                    loss_object(y, logits, sample_weight=weight)
+                if losses:
+                    loss = loss + sum(losses)
+                with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, optimizer_state))):
+                    scaled = optimizer.scale_loss(loss)  # the identity unless the optimizer scales losses
+                return scaled, (loss, logits, new_non_trainable)
+
+            (_, (loss, logits, non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
+            trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
+            correct = correct_tokens(y, logits, weight)
+            logs = {"loss": loss, "accuracy": correct / jnp.sum(weight)}
+            return (trainable, non_trainable, optimizer_state), logs
+
+        self._step = jax.jit(step, donate_argnums=0)
+        self.state = None
+
+    def _keras_state(self):
+        model = self.model
+        return model.trainable_variables, model.non_trainable_variables, model.optimizer.variables
+
+    def __call__(self, x, y, sample_weight):
+        import jax
+        if self.state is None:
+            # Copies: the donated buffers must not be the ones the Keras variables hold. A device-side copy
+            # compiles nothing (`jnp.array(copy=True)` compiles a program per variable shape), so the first
+            # bucket's count holds the step's one compilation alone.
+            self.state = tuple([jax.device_put(v.value, may_alias=False) for v in variables]
+                               for variables in self._keras_state())
+        self.state, logs = self._step(self.state, x, y, sample_weight)
+        # The Keras variables are stale until `finalize`, so the backend's synchronize cannot see this step's
+        # work: wait for it here, before the caller reads its clock.
+        jax.block_until_ready(self.state)
+        return {name: float(value) for name, value in logs.items()}
+
+    def finalize(self):
+        if self.state is None:  # nothing trained since the last finalize (or at all)
+            return
+        for variables, values in zip(self._keras_state(), self.state):
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+        self.state = None  # the Keras variables own these buffers now

@@ -1,0 +1,200 @@
+"""mtbench's torch step with its forward pass and loss compiled by `torch.compile`.
+
+Only `EagerTorchTrainStep._loss_and_accuracy` is compiled; AOTAutograd compiles its backward alongside, and the
+fused AdamW update stays outside, as in the eager step (it is one fused kernel already, and inside the graph
+its Python-side schedule and step counter would each be a break).
+
+Traced through Keras as it is, the forward breaks the graph in every layer call: `Layer.__call__` flattens its
+arguments with a tree helper dynamo cannot trace (`is not` between tuples) and binds them to the call signature
+with `inspect` (a mapping proxy dynamo refuses after mutation), and where that happens inside the name scope
+it opens, dynamo gives up on the whole frame and runs it eagerly; `dot_product_attention`, asked to choose the
+attention kernel itself, builds a pybind `SDPAParams` to ask torch whether flash attention applies, another
+break per attention. Two contexts, entered
+around the compiled call (never traced), remove both causes without changing a number:
+
+* `plain_layer_calls`: a layer called inside runs its `call` with what `Layer.__call__` would have given it for
+  an already built model: the `training` flag of the outermost call where the layer takes one and the caller
+  passed none, floating inputs cast to the layer's input dtype, and the policy's autocast scope for variables.
+  Build, masks, activity regularizers and symbolic tracing are what it leaves out; `plain_calls_unsupported`
+  refuses a model that would need them.
+* `attention_kernel_left_to_torch`: an attention layer asked to choose its kernel (`flash_attention=None`)
+  passes `False` instead, so Keras calls `scaled_dot_product_attention` without restricting its backends and
+  torch's own dispatcher picks the kernel, flash where it applies: the choice Keras's check would make.
+
+What is left costs compile time, not breaks: dynamo traces every line of Python an operation runs, and in
+Keras that is several dozen lines around each torch call. Two kinds of Keras helper take most of them, and
+`lighten_keras_for_dynamo` gives dynamo a cheaper way through each, with the same answers:
+
+* the dtype-name helpers (`standardize_dtype`, `result_type`, torch's `to_torch_dtype`) are pure functions of
+  dtype names: marked with `torch._dynamo.assume_constant_result`, they are called once at trace time and their
+  answer is a constant. (Their one impure input, `keras.config.floatx()` for a dtype of None, is fixed for the
+  run.)
+* `any_symbolic_tensors`, which every operation calls to tell a symbolic (functional-model) call from an eager
+  one, looks for a `KerasTensor` through Keras's tree utilities, whose torch pytree machinery is the costliest
+  code dynamo meets here; it gets a substitute (`torch.compiler.substitute_in_graph`, used only while dynamo
+  traces) that walks the lists, tuples and dicts those utilities would flatten, with no pytree.
+
+With them, dynamo traces the small preset's forward in about 3 s instead of 5 (the hand-written model of
+benchmarks/native_torch.py: 0.4 s); the rest is Keras's own per-operation Python (device and dtype checks,
+variable and property reads), which stays. Hierarchical compilation (`torch.compiler.nested_compile_region`
+on the encoder and decoder blocks, traced once per class) would cut the small preset's compile by another 2 s,
+but with it the losses leave the eager step's from the third step on (1e-5 relative there, growing), where
+without it they agree to 1e-7 over every length bucket; it is not used.
+"""
+
+import collections
+import contextlib
+
+from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
+
+COMPILED_PART = "mtbench torch step: forward + loss (backward via AOTAutograd); fused AdamW update eager"
+
+
+def plain_calls_unsupported(model):
+    """Why `plain_layer_calls` cannot run `model` as Keras would (None when it can)."""
+    for layer in model._flatten_layers(include_self=True):
+        if not layer.built:
+            return f"layer '{layer.name}' is not built"
+        if layer.activity_regularizer is not None:
+            return f"layer '{layer.name}' has an activity regularizer"
+        if layer._call_has_mask_arg or getattr(layer, "mask_zero", False):
+            return f"layer '{layer.name}' uses Keras masks (a `mask` argument or `mask_zero`)"
+    return None
+
+
+_substitutes_registered = False
+
+
+def lighten_keras_for_dynamo():
+    """Gives dynamo the cheaper ways through Keras's helpers (see the module's docstring). Marks and substitutes
+    apply to the function objects, so every module that imported them sees them; they change nothing outside
+    dynamo's tracing."""
+    global _substitutes_registered
+    import torch
+    from keras.src.backend.common import dtypes, keras_tensor, variables
+    from keras.src.backend.torch import core
+    for helper in (variables.standardize_dtype, dtypes.result_type, core.to_torch_dtype):
+        torch._dynamo.assume_constant_result(helper)
+    if _substitutes_registered:  # dynamo refuses a second substitute for one function
+        return
+
+    @torch.compiler.substitute_in_graph(keras_tensor.any_symbolic_tensors)
+    def any_keras_tensor(args=None, kwargs=None):
+        pending = [*(args or ()), *(kwargs.values() if kwargs else ())]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, keras_tensor.KerasTensor):
+                return True
+            if isinstance(item, (list, tuple, collections.deque)):
+                pending.extend(item)
+            elif isinstance(item, dict):
+                pending.extend(item.values())
+        return False
+
+    _substitutes_registered = True
+
+
+def _autocast_scope_for(layer):
+    """The autocast scope `Layer.__call__` would enter for `layer` (None: keep the current one)."""
+    from keras.src import backend
+    current = backend.get_autocast_scope()
+    if current is None:
+        return backend.AutocastScope(layer.compute_dtype) if layer.compute_dtype != layer.variable_dtype else None
+    if not layer.autocast or not backend.is_float_dtype(layer.compute_dtype):
+        return backend.AutocastScope(None)
+    return backend.AutocastScope(layer.compute_dtype) if current.dtype != layer.compute_dtype else None
+
+
+@contextlib.contextmanager
+def plain_layer_calls(training):
+    """While inside, calling any Keras layer runs its `call` without `Layer.__call__`'s bookkeeping (see the
+    module's docstring); `training` is the flag of the outermost call."""
+    import keras
+
+    def plain_call(layer, *args, **kwargs):
+        if layer._call_has_training_arg and kwargs.get("training") is None:
+            kwargs["training"] = training
+        if layer._convert_input_args:
+            convert, autocast, dtype = layer.dtype_policy.convert_input, layer.autocast, layer.input_dtype
+            args = [convert(arg, autocast, dtype) for arg in args]
+            kwargs = {name: convert(value, autocast, dtype) for name, value in kwargs.items()}
+        scope = _autocast_scope_for(layer)
+        with scope if scope is not None else contextlib.nullcontext():
+            return layer.call(*args, **kwargs)
+
+    keras_call = keras.layers.Layer.__call__
+    keras.layers.Layer.__call__ = plain_call
+    try:
+        yield
+    finally:
+        keras.layers.Layer.__call__ = keras_call
+
+
+@contextlib.contextmanager
+def attention_kernel_left_to_torch(model):
+    """While inside, attention layers of `model` that would ask Keras to choose the kernel (see the module's
+    docstring) leave the choice to torch's SDPA dispatcher."""
+    from mtbench.keras_models.transformer import Attention
+    choosing = [layer for layer in model._flatten_layers(include_self=False)
+                if isinstance(layer, Attention) and layer.flash_attention is None]
+    for layer in choosing:
+        layer.flash_attention = False
+    try:
+        yield
+    finally:
+        for layer in choosing:
+            layer.flash_attention = None
+
+
+def dynamo_counters():
+    """Dynamo's process-wide counters of graphs, frames and graph breaks (with the ten commonest reasons)."""
+    from torch._dynamo.utils import counters
+    breaks = dict(counters["graph_break"])
+    return {
+        "graphs_compiled": int(counters["stats"]["unique_graphs"]),
+        "frames_compiled": int(counters["frames"]["ok"]),
+        "graph_breaks": int(sum(breaks.values())),
+        "graph_break_reasons": dict(sorted(breaks.items(), key=lambda kv: -kv[1])[:10]),
+    }
+
+
+class CompiledTorchTrainStep(EagerTorchTrainStep):
+    name = "torch-compiled"
+
+    def __init__(self, model, mode=None):
+        """`mode`: torch.compile's mode (None: its default)."""
+        import torch
+        from torch._dynamo.utils import calculate_time_spent
+
+        from mtbench import MtbenchError
+        reason = plain_calls_unsupported(model)
+        if reason:
+            raise MtbenchError(f"torch-compile: {reason}; the compiled step runs Keras layers' call() directly")
+        super().__init__(model)
+        lighten_keras_for_dynamo()
+        # One graph per length bucket: the buckets are few, and static shapes give inductor fixed tile sizes.
+        self._forward = torch.compile(self._loss_and_accuracy, mode=mode, dynamic=False)
+        self._compile_seconds_before = calculate_time_spent().get("total_wall_time", 0.0)
+
+    def _forward_context(self):
+        stack = contextlib.ExitStack()
+        stack.enter_context(plain_layer_calls(training=True))
+        stack.enter_context(attention_kernel_left_to_torch(self.model))
+        return stack
+
+    def compilations(self):
+        """How often the compiled function itself was compiled: once per input shape (length bucket), since
+        shapes are static; `recompile_limit_reached` says dynamo gave up compiling new shapes and ran them
+        eagerly. Counted on the method's code, which all instances share: right for one compiled step per
+        process, as mtbench trains."""
+        import torch
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        compiled = len(_debug_get_cache_entry_list(EagerTorchTrainStep._loss_and_accuracy.__code__))
+        return {"recompilations": max(compiled - 1, 0),
+                "recompile_limit_reached": compiled >= torch._dynamo.config.recompile_limit}
+
+    def compile_seconds(self):
+        """Seconds dynamo, AOTAutograd and inductor have spent compiling this step so far (forward and backward),
+        as torch accounts them."""
+        from torch._dynamo.utils import calculate_time_spent
+        return calculate_time_spent().get("total_wall_time", 0.0) - self._compile_seconds_before

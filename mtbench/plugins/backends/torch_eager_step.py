@@ -1,0 +1,83 @@
+"""mtbench's default train step on torch: the Keras model (a `torch.nn.Module`) called eagerly, a native torch
+loss and `backward`, and Keras's AdamW carried out by torch's fused kernel (`torch_fused_adamw`), without the
+per-call bookkeeping of `train_on_batch` (build checks, metric resets, compiled-loss and metric trackers). An
+optimizer the fused kernel cannot carry out exactly is applied by Keras (`optimizer.apply`).
+
+Keras's sparse cross-entropy on torch moves the class axis of the (batch, length, vocabulary) logits to
+position 1 before `F.cross_entropy`, so the log-softmax and its gradient run over strided memory and the logits
+are copied; on the `small` preset that is about a tenth of a CPU step. The loss `compile_model` sets (token-mean
+cross-entropy from logits) is computed here over contiguous rows instead: the same numbers, faster. Any other
+compiled loss is called as Keras would call it.
+
+The forward pass, loss and accuracy are one method, `_loss_and_accuracy`, called through `self._forward`, so
+that the compiled step (`torch_compiled_step`) can replace exactly that part and share the rest.
+"""
+
+import contextlib
+
+from mtbench import TrainStep
+from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
+from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
+
+
+def correct_tokens(labels, logits, weight):
+    """Weighted count of tokens whose label has the largest logit: a max and a gather, about a quarter of
+    `argmax`'s time over the (batch, length, vocabulary) logits on the CPU. It differs from argmax's count
+    only on an exact tie with the label's logit."""
+    label_logits = logits.gather(-1, labels[..., None].long())[..., 0]
+    return ((label_logits >= logits.amax(-1)) * weight).sum()
+
+
+class EagerTorchTrainStep(TrainStep):
+    name = "torch-eager"
+
+    def __init__(self, model):
+        self.model = model
+        self.variables = list(model.trainable_variables)
+        self.native_loss = is_token_mean_cross_entropy(model.loss)
+        model.optimizer.build(self.variables)
+        self.fused_optimizer = (None if fused_adamw_unsupported(model.optimizer)
+                                else FusedAdamW(model.optimizer, self.variables))
+        self._forward = self._loss_and_accuracy
+
+    def _loss(self, y, logits, sample_weight):
+        import torch.nn.functional as F
+        if not self.native_loss:
+            return self.model.loss(y, logits, sample_weight=sample_weight)
+        token_loss = F.cross_entropy(logits.flatten(0, -2).float(), y.flatten().long(), reduction="none")
+        return (token_loss * sample_weight.flatten()).sum() / sample_weight.sum()
+
+    def _loss_and_accuracy(self, x, y, sample_weight):
+        logits = self.model(x, training=True)
+        # The comparison has no gradient, so the accuracy adds nothing to the backward pass.
+        correct = correct_tokens(y, logits.detach(), sample_weight)
+        return self._loss(y, logits, sample_weight), correct / sample_weight.sum()
+
+    def _forward_context(self):
+        """The context `self._forward` runs in."""
+        return contextlib.nullcontext()
+
+    def __call__(self, x, y, sample_weight):
+        import torch
+        from keras import ops, tree
+        model, optimizer = self.model, self.model.optimizer
+        # On Keras's device, and as tensors before any compiled code sees them.
+        x = tree.map_structure(ops.convert_to_tensor, x)
+        y, sample_weight = ops.convert_to_tensor(y), ops.convert_to_tensor(sample_weight)
+        for variable in self.variables:
+            variable.value.grad = None
+        with self._forward_context():
+            loss, accuracy = self._forward(x, y, sample_weight)
+        if model.losses:
+            loss = loss + sum(model.losses)
+        optimizer.scale_loss(loss).backward()  # the identity unless the optimizer scales losses
+        with torch.no_grad():
+            if self.fused_optimizer:
+                self.fused_optimizer.step()
+            else:
+                optimizer.apply([variable.value.grad for variable in self.variables], self.variables)
+        return {"loss": float(loss.detach()), "accuracy": float(accuracy)}
+
+    def finalize(self):
+        if self.fused_optimizer:
+            self.fused_optimizer.write_back()

@@ -1,0 +1,90 @@
+"""flash-attention: fused attention kernels (cuDNN on JAX, FlashAttention through torch's SDPA) via Keras's
+`dot_product_attention(..., flash_attention=True)`.
+
+Keras on JAX falls back to plain XLA attention with only a logged message when cuDNN refuses the inputs, so
+asking for the kernel proves nothing: before training, the compiled program (JAX) or a profiler trace (torch)
+of a real forward pass must name the fused kernel, or the run stops.
+"""
+
+import re
+
+from mtbench import Extra, hookimpl
+
+HALF_DTYPES = ("float16", "bfloat16", "mixed_float16", "mixed_bfloat16")
+# Names that only a fused attention kernel produces: cuDNN's fused multi-head attention custom calls in XLA's
+# HLO, and torch's flash SDPA operator and CUDA kernels.
+JAX_KERNEL_PATTERN = re.compile(r"__cudnn\$fmha\w*")
+TORCH_KERNEL_PATTERN = re.compile(r"\S*flash\S*", re.IGNORECASE)
+
+
+def kernel_evidence(text_or_names, pattern):
+    """The distinct kernel names in a compiled program's text or a list of profiler event names."""
+    text = text_or_names if isinstance(text_or_names, str) else "\n".join(text_or_names)
+    return sorted(set(pattern.findall(text)))
+
+
+class FlashAttention(Extra):
+    name = "flash-attention"
+    description = "fused attention kernel (cuDNN on JAX, FlashAttention on torch), verified before training"
+    backends = ("jax", "torch")
+
+    def unavailable_reason(self, run):
+        kind, dtype = run.device_kind, run.config.dtype
+        if kind not in ("gpu", "tpu") or dtype not in HALF_DTYPES:
+            return f"needs a CUDA GPU (or TPU) and float16/bfloat16; this run has {kind}/{dtype}"
+        head_dim = run.config.model.d_model // run.config.model.num_heads
+        if head_dim % 8 or head_dim > 256:
+            return f"needs a head size that is a multiple of 8 and at most 256; this model has {head_dim}"
+        if run.backend.name == "torch":
+            import torch
+            major, minor = torch.cuda.get_device_capability()
+            if major < 8:
+                return f"needs compute capability 8.0 or newer on torch; this GPU has {major}.{minor}"
+        return None
+
+    def before_model(self, run):
+        # torch's flash kernel takes no attention mask: there it serves the causal decoder self-attention only,
+        # and the padded attentions keep torch's default SDPA choice.
+        masked = True if run.backend.name == "jax" else None
+        run.model_options.update(flash_attention=True, flash_attention_masked=masked)
+        run.extras_state[self.name] = {
+            "applied_to": ["decoder self-attention"] + (["encoder self-attention", "cross-attention"]
+                                                        if masked else []),
+        }
+
+    def verify(self, run, model, batch):
+        x = (batch.source, batch.target_input)
+        if run.backend.name == "jax":
+            evidence, method = self._jax_evidence(model, x), "names in the compiled HLO of the forward pass"
+        else:
+            evidence, method = self._torch_evidence(model, x), "torch.profiler events of one forward pass"
+        run.extras_state[self.name].update(verified_by=method, kernels=evidence)
+        if not evidence:
+            return f"the fused attention kernel did not run ({method} name none); the run would mislabel itself"
+        return None
+
+    @staticmethod
+    def _jax_evidence(model, x):
+        import jax
+        import keras
+
+        def forward(values, inputs):
+            with keras.StatelessScope(state_mapping=list(zip(model.variables, values))):
+                return model(inputs)
+
+        compiled = jax.jit(forward).lower([v.value for v in model.variables], x).compile()
+        return kernel_evidence(compiled.as_text(), JAX_KERNEL_PATTERN)
+
+    @staticmethod
+    def _torch_evidence(model, x):
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
+            model(x)
+            torch.cuda.synchronize()
+        return kernel_evidence([event.name for event in trace.events()], TORCH_KERNEL_PATTERN)
+
+
+@hookimpl
+def mtbench_register_extras(register):
+    register(FlashAttention())

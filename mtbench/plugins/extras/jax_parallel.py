@@ -1,0 +1,119 @@
+"""Data parallelism on JAX, two ways: `pmap` (the classic explicit SPMD step) and `data-parallel`
+(`keras.distribution.DataParallel`: one jit-compiled program over sharded arrays, pmap's successor).
+
+Both split the global batch across the local devices and must give the loss a single device gives for the same
+global batch. On a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N.
+"""
+
+from mtbench import Extra, TrainStep, hookimpl
+from mtbench.plugins.backends.jax_jit_step import correct_tokens
+
+SIMULATE_HINT = "on a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N"
+
+
+def data_parallel_reason(run):
+    count = run.device.get("count", 1)
+    if count < 2:
+        return f"needs at least 2 devices; this run has {count} ({SIMULATE_HINT})"
+    if run.config.batch_size % count:
+        return f"the batch size {run.config.batch_size} does not split evenly over {count} devices"
+    return None
+
+
+class PmapTrainStep(TrainStep):
+    """The Keras model's forward pass (`stateless_call`) and optimizer (`stateless_apply`) inside `jax.pmap`.
+    The loss is the global token mean: each device divides its token-weighted loss sum by the token count of
+    the whole batch (a psum), so the summed gradients are exactly those of the single-device step."""
+    name = "jax-pmap"
+
+    def __init__(self, model, devices):
+        import jax
+        import jax.numpy as jnp
+        import keras
+
+        self.model, self.devices = model, devices
+        optimizer = model.optimizer
+        optimizer.build(model.trainable_variables)
+
+        def step(trainable, non_trainable, optimizer_state, x, y, weight):
+            tokens = jax.lax.psum(jnp.sum(weight), "batch")
+
+            def loss_of(params):
+                logits, new_non_trainable = model.stateless_call(params, non_trainable, x, training=True)
+                token_loss = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+                return jnp.sum(token_loss * weight) / tokens, (logits, new_non_trainable)
+
+            (loss, (logits, new_non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
+            grads = jax.lax.psum(grads, "batch")
+            correct = correct_tokens(y, logits, weight)
+            new_trainable, new_optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
+            logs = {"loss": jax.lax.psum(loss, "batch"), "accuracy": jax.lax.psum(correct, "batch") / tokens}
+            return new_trainable, new_non_trainable, new_optimizer_state, logs
+
+        self._step = jax.pmap(step, axis_name="batch", devices=devices)
+        def replicate(variables):
+            # A leading device axis: pmap hands row i of each array to device i.
+            return [jnp.broadcast_to(v.value, (len(devices),) + tuple(v.shape)) for v in variables]
+
+        self.state = (replicate(model.trainable_variables), replicate(model.non_trainable_variables),
+                      replicate(optimizer.variables))
+
+    def _shard(self, array):
+        return array.reshape((len(self.devices), -1) + array.shape[1:])
+
+    def __call__(self, x, y, sample_weight):
+        source, target_input = x
+        trainable, non_trainable, optimizer_state, logs = self._step(
+            *self.state, (self._shard(source), self._shard(target_input)), self._shard(y), self._shard(sample_weight))
+        self.state = (trainable, non_trainable, optimizer_state)
+        return {name: float(value[0]) for name, value in logs.items()}
+
+    def finalize(self):
+        model = self.model
+        variables = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables)
+        for group, values in zip(variables, self.state):
+            for variable, value in zip(group, values):
+                variable.assign(value[0])
+
+
+class Pmap(Extra):
+    name = "pmap"
+    description = "data-parallel train step with jax.pmap over the local devices (gradients summed with psum)"
+    backends = ("jax",)
+    conflicts = ("data-parallel", "tpu")
+
+    def unavailable_reason(self, run):
+        if run.config.dtype in ("float16", "mixed_float16"):
+            return "has no loss scaling for float16; use bfloat16 or float32"
+        return data_parallel_reason(run)
+
+    def make_train_step(self, run, model, step):
+        import jax
+        devices = jax.local_devices()
+        run.extras_state[self.name] = {"devices": len(devices), "per_device_batch": run.config.batch_size // len(devices)}
+        return PmapTrainStep(model, devices)
+
+
+class DataParallel(Extra):
+    name = "data-parallel"
+    description = "keras.distribution.DataParallel over all devices (jit with sharded batches)"
+    backends = ("jax",)
+    conflicts = ("pmap", "tpu")
+
+    def unavailable_reason(self, run):
+        return data_parallel_reason(run)
+
+    def before_model(self, run):
+        import jax
+        import keras
+        distribution = keras.distribution.DataParallel(devices=jax.devices())
+        keras.distribution.set_distribution(distribution)
+        run.extras_state[self.name] = {"devices": len(jax.devices()),
+                                       "mesh_shape": list(distribution.device_mesh.shape),
+                                       "per_device_batch": run.config.batch_size // len(jax.devices())}
+
+
+@hookimpl
+def mtbench_register_extras(register):
+    register(Pmap())
+    register(DataParallel())

@@ -1,0 +1,270 @@
+"""The plugin manager: built-in plugins and those of the `mtbench` entry-point group, registered the same way.
+
+Third-party plugins are the entry points of the `mtbench` group, found per installed package (distribution),
+so two packages may use the same entry-point name. `MTBENCH_LOAD_PLUGINS` limits which packages load: a
+comma-separated list of package names as pip knows them (`mtbench-example`, `-`/`_`/`.` and case alike; empty:
+none). Built-in plugins always load; mtbench cannot run without its backends. Whatever was left out, failed to
+load or failed in a hook is kept on the registry, shown by `mtbench plugins`, and named in the error for an
+unknown backend, extra, dataset or reporter that it might have provided.
+"""
+
+import importlib
+import importlib.metadata
+import os
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import pluggy
+
+from mtbench.errors import MtbenchError, RunFailure
+from mtbench.plugins import hookspecs
+
+ENTRY_POINT_GROUP = "mtbench"
+LOAD_PLUGINS_ENV = "MTBENCH_LOAD_PLUGINS"
+BUILTIN_PLUGINS = (
+    "mtbench.plugins.backends.jax_backend",
+    "mtbench.plugins.backends.torch_backend",
+    "mtbench.plugins.datasets.bible_dataset",
+    "mtbench.plugins.reporters.table_reporter",
+    "mtbench.plugins.extras.flash_attention",
+    "mtbench.plugins.extras.torch_compile",
+    "mtbench.plugins.extras.jax_parallel",
+    "mtbench.plugins.extras.jax_tpu",
+)
+REGISTER_HOOKS = {
+    "backends": "mtbench_register_backends",
+    "extras": "mtbench_register_extras",
+    "datasets": "mtbench_register_datasets",
+    "reporters": "mtbench_register_reporters",
+}
+KINDS = tuple(REGISTER_HOOKS)
+ANY_KIND = "any"  # what a plugin that failed to load might have provided: we cannot know
+
+
+def singular(kind):
+    return kind[:-1]
+
+
+def package_key(name):
+    """A distribution name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass
+class PluginProblem:
+    plugin: str
+    kind: str      # the kind of thing the failing hook registers, or ANY_KIND
+    message: str
+
+
+@dataclass
+class PluginEntry:
+    """One plugin as `mtbench plugins` lists it, loaded or not."""
+    name: str
+    builtin: bool
+    package: str = None
+    version: str = None
+    status: str = "loaded"  # loaded | not loaded | failed to load
+    reason: str = None      # why it is not loaded or failed
+
+
+@dataclass
+class Registry:
+    """Everything the loaded plugins provide, by kind and name, with the plugin that provided it."""
+    backends: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict)
+    datasets: dict = field(default_factory=dict)
+    reporters: dict = field(default_factory=dict)
+    provider: dict = field(default_factory=dict)   # (kind, name) -> plugin name
+    warnings: list = field(default_factory=list)   # every problem, in the order it happened
+    problems: list = field(default_factory=list)   # PluginProblem of plugins that failed (not fatal)
+    entries: dict = field(default_factory=dict)    # plugin name -> PluginEntry, loaded or not
+    echo_warnings: bool = False                    # print warnings on stderr as they happen (the CLI sets it)
+    hook: object = None
+
+    def warn(self, message, plugin=None, kind=ANY_KIND):
+        if plugin is not None:
+            self.problems.append(PluginProblem(plugin, kind, message))
+        self.warnings.append(message)
+        if self.echo_warnings:
+            print(f"Warning: {message}", file=sys.stderr)
+
+    def problems_of(self, plugin):
+        return [problem.message for problem in self.problems if problem.plugin == plugin]
+
+    def lookup(self, kind, name):
+        """The registered backend, extra, dataset or reporter `name`; an unknown name is an error that lists
+        what is available and names only the plugins that might have provided it: those that failed to load,
+        those whose hook for this kind failed, and the packages MTBENCH_LOAD_PLUGINS left out."""
+        items = getattr(self, kind)
+        if name in items:
+            return items[name]
+        message = f"unknown {singular(kind)} '{name}'; available: {', '.join(sorted(items)) or 'none installed'}"
+        suspects = [problem.message for problem in self.problems if problem.kind in (kind, ANY_KIND)]
+        if suspects:
+            message += "; it may come from a plugin that failed: " + "; ".join(suspects)
+        left_out = sorted({entry.package for entry in self.entries.values() if entry.status == "not loaded"})
+        if left_out:
+            message += (f"; {LOAD_PLUGINS_ENV} left out the plugin package(s) {', '.join(left_out)}, which might "
+                        f"provide it")
+        raise MtbenchError(message)
+
+    @contextmanager
+    def plugin_code(self, kind, name):
+        """Runs a registered item's own code: a user's error (MtbenchError) keeps its message behind the item's
+        name; any other exception is a failure of the plugin, named with it."""
+        label = f"{singular(kind)} '{name}'"
+        try:
+            yield
+        except MtbenchError as error:
+            raise MtbenchError(f"{label}: {error}", error.exit_code) from error
+        except Exception as error:
+            plugin = self.provider.get((kind, name), "?")
+            raise RunFailure(f"{label} of plugin '{plugin}' failed: {type(error).__name__}: {error}") from error
+
+    def keras_callbacks(self, config):
+        """The Keras callbacks plugins add to a run. A plugin whose hook fails is warned about and left out."""
+        callbacks = []
+        for impl in self.hook.mtbench_keras_callbacks.get_hookimpls():
+            try:
+                callbacks.extend(impl.function(config=config) or [])
+            except Exception as error:
+                self.warn(f"plugin '{impl.plugin_name}' failed in mtbench_keras_callbacks and was left out: "
+                          f"{error!r}", impl.plugin_name, "callbacks")
+        return callbacks
+
+
+def _builtin_name(module_name):
+    return module_name.rsplit(".", 1)[-1]
+
+
+def _installed_entry_points():
+    """(distribution, entry point) of every `mtbench` entry point, one per (package, name) pair."""
+    found, seen = [], set()
+    for dist in importlib.metadata.distributions():
+        package = dist.metadata["Name"] or "?"
+        for entry_point in dist.entry_points:
+            key = (package_key(package), entry_point.name)
+            if entry_point.group == ENTRY_POINT_GROUP and key not in seen:
+                seen.add(key)  # a package on sys.path twice (an editable install and a copy) counts once
+                found.append((dist, entry_point))
+    return sorted(found, key=lambda pair: (package_key(pair[0].metadata["Name"] or ""), pair[1].name))
+
+
+def _wanted_packages(registry, installed_packages):
+    """The package keys MTBENCH_LOAD_PLUGINS allows (None: every package), warning about names of packages that
+    are not installed with mtbench plugins."""
+    limit = os.environ.get(LOAD_PLUGINS_ENV)
+    if limit is None:
+        return None
+    wanted = [name.strip() for name in limit.split(",") if name.strip()]
+    for name in wanted:
+        if package_key(name) not in installed_packages:
+            registry.warn(f"{LOAD_PLUGINS_ENV} names '{name}', which is no installed package with mtbench plugins "
+                          f"(installed: {', '.join(sorted(installed_packages.values())) or 'none'})")
+    return {package_key(name) for name in wanted}
+
+
+def _plugin_names(entry_points):
+    """An entry point's plugin name: its own name, or package:name where two packages share it."""
+    counts = {}
+    for _, entry_point in entry_points:
+        counts[entry_point.name] = counts.get(entry_point.name, 0) + 1
+    return [entry_point.name if counts[entry_point.name] == 1 else f"{dist.metadata['Name']}:{entry_point.name}"
+            for dist, entry_point in entry_points]
+
+
+def _build():
+    pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+    pm.add_hookspecs(hookspecs)
+    registry = Registry(hook=pm.hook)
+    from mtbench import __version__
+    for module_name in BUILTIN_PLUGINS:
+        name = _builtin_name(module_name)
+        pm.register(importlib.import_module(module_name), name=name)
+        registry.entries[name] = PluginEntry(name, builtin=True, package="mtbench", version=__version__)
+
+    entry_points = _installed_entry_points()
+    installed = {package_key(dist.metadata["Name"] or "?"): dist.metadata["Name"] for dist, _ in entry_points}
+    wanted = _wanted_packages(registry, installed)
+    for (dist, entry_point), name in zip(entry_points, _plugin_names(entry_points)):
+        entry = PluginEntry(name, builtin=False, package=dist.metadata["Name"], version=dist.version)
+        registry.entries[name] = entry
+        if wanted is not None and package_key(entry.package) not in wanted:
+            entry.status, entry.reason = "not loaded", f"{LOAD_PLUGINS_ENV} does not name {entry.package}"
+            continue
+        try:
+            pm.register(entry_point.load(), name=name)
+        except Exception as error:  # a broken third-party plugin must not take mtbench down with it
+            entry.status, entry.reason = "failed to load", repr(error)
+            registry.warn(f"plugin '{name}' failed to load and was skipped: {error!r}", name)
+
+    for kind, hook_name in REGISTER_HOOKS.items():
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            _collect(registry, kind, impl)
+    return pm, registry
+
+
+def _collect(registry, kind, impl):
+    items = getattr(registry, kind)
+
+    def register(item):
+        if item.name in items:
+            registry.warn(f"plugin '{impl.plugin_name}' registers {singular(kind)} '{item.name}', already "
+                          f"provided by '{registry.provider[(kind, item.name)]}'; ignored")
+            return
+        items[item.name] = item
+        registry.provider[(kind, item.name)] = impl.plugin_name
+
+    try:
+        impl.function(register)
+    except Exception as error:
+        registry.warn(f"plugin '{impl.plugin_name}' failed in {impl.function.__name__}: {error!r}",
+                      impl.plugin_name, kind)
+
+
+_loaded = None
+
+
+def plugin_manager():
+    global _loaded
+    if _loaded is None:
+        _loaded = _build()
+    return _loaded[0]
+
+
+def registry():
+    plugin_manager()
+    return _loaded[1]
+
+
+def reset():
+    """Forget the loaded plugins (tests that install or limit plugins call this)."""
+    global _loaded
+    _loaded = None
+
+
+def plugin_descriptions():
+    """One dict per plugin, loaded or not: name, package, version, status (loaded, not loaded, failed to load,
+    broken: loaded but a hook failed), the problems, hooks, and what it provides."""
+    pm, reg = plugin_manager(), registry()
+    rows = []
+    for name, entry in reg.entries.items():
+        plugin = pm.get_plugin(name)
+        problems = reg.problems_of(name)
+        status = "broken" if entry.status == "loaded" and problems else entry.status
+        provides = {kind: sorted(item for (k, item), provider in reg.provider.items()
+                                 if k == kind and provider == name) for kind in KINDS}
+        rows.append({
+            "name": name,
+            "builtin": entry.builtin,
+            "package": entry.package,
+            "version": entry.version,
+            "status": status,
+            "problems": problems or ([entry.reason] if entry.reason else []),
+            "hooks": sorted(h.name for h in pm.get_hookcallers(plugin)) if plugin is not None else [],
+            "provides": {kind: names for kind, names in provides.items() if names},
+        })
+    return rows

@@ -1,0 +1,1 @@
+"""Built-in reporters: the terminal table of one run."""

@@ -1,0 +1,89 @@
+"""The default reporter: every figure of a run in one rich table."""
+
+from rich.table import Table
+
+from mtbench import Reporter, figure_text, hookimpl, run_dtype, run_label
+
+
+def _joined(result, *keys, unit=""):
+    texts = [figure_text(result, key) for key in keys]
+    return " / ".join(text if text == "n/a" else text + unit for text in texts)
+
+
+def _seconds(seconds):
+    return "n/a" if seconds is None else f"{seconds:,.3f} s"
+
+
+def _mfu(result):
+    text = figure_text(result, "mfu")
+    if text == "n/a":
+        return text
+    utilization = result["utilization"]
+    return f"{text} % of {utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s ({utilization['peak_source']})"
+
+
+def result_rows(result):
+    """(section, figure, value) rows of a result: shared by every table-shaped reporter. The figures and their
+    formats come from `mtbench.FIGURES`, the one definition every output uses."""
+    t, env, cfg = result["timing"], result["env"], result["config"]
+    device = env["device"]
+    return [
+        ("run", "backend", run_label(result).replace("+", " +")),
+        ("run", "status", result["status"] + (f": {result['status_reason']}" if result.get("status_reason") else "")),
+        ("run", "device", f"{device.get('kind')}: {device.get('name')}, {result['devices_used']} of "
+                          f"{device.get('count')} used"),
+        ("run", "versions", f"keras {env['keras']}, jax {env['jax']}, torch {env['torch']}"),
+        ("run", "corpus / preset", f"{result['data']['corpus']} / {cfg['preset']} "
+                                   f"({result['model']['parameters']:,} parameters), {run_dtype(result)}"),
+        ("run", "steps x batch", f"{t['steps']} x {cfg['batch_size']}"),
+        ("run", "train step", result.get("train_step", "n/a")),
+        ("timing", "compile (first step of each shape)", f"{figure_text(result, 'compile_s')} s over "
+                                                        f"{t['shapes_compiled']} shapes"),
+        ("timing", "steady step median / p90", _joined(result, "step_s_median", "step_s_p90", unit=" ms")),
+        ("timing", "tokens/s (target, steady)", figure_text(result, "tokens_per_s")),
+        ("timing", "train / total wall time", _joined(result, "train_s", "total_s", unit=" s")),
+        ("timing", "MFU (model FLOP/s / peak)", _mfu(result)),
+        ("memory", "peak host / device", _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")),
+        ("quality", "loss train / val / test", _joined(result, "train_loss", "val_loss", "test_loss")),
+        ("quality", "token accuracy val / test", _joined(result, "val_accuracy", "test_accuracy")),
+        ("quality", "BLEU / chrF (test)", _joined(result, "bleu", "chrf")),
+        ("quality", "BLEU signature", result["metrics"]["bleu_signature"] or "n/a"),
+        ("quality", "test decoding", _decoding(result)),
+    ] + _target_rows(result.get("target"))
+
+
+def _decoding(result):
+    name = result["metrics"].get("decoding") or "n/a"
+    seconds = figure_text(result, "translate_s")
+    return name if seconds == "n/a" else f"{name}, {seconds} s"
+
+
+def _target_rows(target):
+    if not target or target["target_bleu"] is None:
+        return []
+    if target["outcome"] == "reached":
+        value = (f"reached at step {target['steps_to_target']} after {_seconds(target['time_to_target_s'])} "
+                 f"of training")
+    else:
+        value = "not reached"
+    return [("quality", f"time to validation BLEU {target['target_bleu']:g}", value),
+            ("timing", "validation during training", _seconds(target["evaluation_s"]))]
+
+
+class TableReporter(Reporter):
+    name = "table"
+    description = "every figure of the run in a terminal table"
+
+    def report(self, result, console, complete):
+        title = f"mtbench train: {run_label(result)}" + ("" if complete else f" ({result['status']}, partial)")
+        table = Table(title=title, show_lines=False)
+        for column in ("", "figure", "value"):
+            table.add_column(column)
+        for section, figure, value in result_rows(result):
+            table.add_row(section, figure, value)
+        console.print(table)
+
+
+@hookimpl
+def mtbench_register_reporters(register):
+    register(TableReporter())

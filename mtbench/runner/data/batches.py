@@ -1,0 +1,114 @@
+"""Token ids, length buckets and batches.
+
+Every batch is padded to one of a few lengths (buckets) and has a fixed number of rows, so a compiling backend
+sees only a few shapes. Both sides of a batch share its bucket length: one shape per bucket, not one per pair of
+lengths. The batch order is drawn from numpy with the run's seed, so every backend sees the same batches.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mtbench.plugins.api.steps import Batch
+from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+BUCKET_STEP = 16
+
+
+def bucket_lengths(max_len):
+    return list(range(BUCKET_STEP, max_len, BUCKET_STEP)) + [max_len]
+
+
+def bucket_for(length, buckets):
+    for bucket in buckets:
+        if length <= bucket:
+            return bucket
+    raise ValueError(f"length {length} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclass
+class EncodedSplit:
+    sources: list        # token ids + EOS
+    targets: list        # token ids (no BOS/EOS: added when batching)
+    pair_index: list     # index of each kept pair in the split
+    dropped_too_long: int
+    token_lengths: np.ndarray = None  # (pairs, 2): source and target tokens of every pair, dropped ones too
+
+    def __len__(self):
+        return len(self.sources)
+
+
+def encode_split(pairs, tokenizer, max_len):
+    """Encodes pairs; drops those whose source (+EOS) or target (+BOS or +EOS) exceeds max_len."""
+    source_ids = tokenizer.encode(s for s, _ in pairs)
+    target_ids = tokenizer.encode(t for _, t in pairs)
+    kept = [i for i in range(len(pairs)) if len(source_ids[i]) + 1 <= max_len and len(target_ids[i]) + 1 <= max_len]
+    lengths = np.array([[len(s), len(t)] for s, t in zip(source_ids, target_ids)], np.int64).reshape(-1, 2)
+    return EncodedSplit(sources=[source_ids[i] + [EOS_ID] for i in kept], targets=[target_ids[i] for i in kept],
+                        pair_index=kept, dropped_too_long=len(pairs) - len(kept), token_lengths=lengths)
+
+
+def make_batch(split, indices, rows, length):
+    source = np.full((rows, length), PAD_ID, np.int32)
+    target_input = np.full((rows, length), PAD_ID, np.int32)
+    target_output = np.full((rows, length), PAD_ID, np.int32)
+    index = np.full((rows,), -1, np.int64)
+    for row, i in enumerate(indices):
+        src, tgt = split.sources[i], split.targets[i]
+        source[row, :len(src)] = src
+        target_input[row, :len(tgt) + 1] = [BOS_ID] + tgt
+        target_output[row, :len(tgt) + 1] = tgt + [EOS_ID]
+        index[row] = i
+    weight = (target_output != PAD_ID).astype(np.float32)
+    return Batch(source, target_input, target_output, weight, index)
+
+
+def _example_bucket(split, i, buckets):
+    return bucket_for(max(len(split.sources[i]), len(split.targets[i]) + 1), buckets)
+
+
+def training_batches(split, batch_size, max_len, seed, skip=0):
+    """Endless full batches, reshuffled every epoch. Each yield is (epoch, batch). Per bucket, the examples
+    that do not fill a last batch wait for the next epoch's shuffle. `skip` passes over the first batches
+    without building them (a resumed run): the random draws are the same, so the batches that follow are too."""
+    buckets = bucket_lengths(max_len)
+    by_bucket = {b: [] for b in buckets}
+    for i in range(len(split)):
+        by_bucket[_example_bucket(split, i, buckets)].append(i)
+    if all(len(members) < batch_size for members in by_bucket.values()):
+        raise ValueError(f"no length bucket holds a full batch of {batch_size} examples "
+                         f"({len(split)} training pairs); lower --batch-size")
+    rng = np.random.default_rng(seed)
+    epoch = 0
+    while True:
+        plan = []
+        for bucket, members in by_bucket.items():
+            shuffled = rng.permutation(members)
+            for start in range(0, len(shuffled) - batch_size + 1, batch_size):
+                plan.append((bucket, shuffled[start:start + batch_size]))
+        for k in rng.permutation(len(plan)):
+            if skip:
+                skip -= 1
+                continue
+            bucket, indices = plan[k]
+            yield epoch, make_batch(split, indices, batch_size, bucket)
+        epoch += 1
+
+
+def batches_per_epoch(split, batch_size, max_len):
+    buckets = bucket_lengths(max_len)
+    counts = {}
+    for i in range(len(split)):
+        b = _example_bucket(split, i, buckets)
+        counts[b] = counts.get(b, 0) + 1
+    return sum(c // batch_size for c in counts.values())
+
+
+def evaluation_batches(split, batch_size, max_len):
+    """Every example once, grouped by bucket; the last batch of a bucket is filled with empty rows (weight 0)
+    so the shapes stay those of training."""
+    buckets = bucket_lengths(max_len)
+    for bucket in buckets:
+        members = [i for i in range(len(split)) if _example_bucket(split, i, buckets) == bucket]
+        for start in range(0, len(members), batch_size):
+            yield make_batch(split, members[start:start + batch_size], batch_size, bucket)

@@ -1,0 +1,115 @@
+"""The corpus: read it (a registered dataset or the user's files), cache a dataset's pairs, drop what cannot be
+trained on (counting why), and split it deterministically unless validation and test files are given."""
+
+import contextlib
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mtbench.errors import MtbenchError
+from mtbench.runner.files import write_text_atomic
+from mtbench.runner.data.formats import ReadOptions, describe, read_pairs, read_tsv
+
+SPLIT_SEED = 1234  # fixed apart from --seed: changing the training seed must not change the test set
+
+
+@dataclass
+class Corpus:
+    name: str
+    origin: str
+    train: list
+    valid: list
+    test: list
+    sources: dict = field(default_factory=dict)  # split -> where its pairs come from
+    read: dict = field(default_factory=dict)     # split -> pairs read for it (a split of the training data: none)
+    dropped: dict = field(default_factory=dict)  # reason -> {split: pairs dropped}
+
+    def sizes(self):
+        return {"train": len(self.train), "valid": len(self.valid), "test": len(self.test)}
+
+
+def _write_tsv(path, pairs):
+    write_text_atomic(path, "".join(f"{s}\t{t}\n" for s, t in pairs))
+
+
+def load_dataset_pairs(dataset, cache_dir, progress, plugin_code=contextlib.nullcontext):
+    """The dataset's cleaned pairs, prepared once into the cache directory. The dataset's own code runs inside
+    `plugin_code()` (the registry's, which names the dataset and its plugin in any error it raises)."""
+    with plugin_code():
+        reason = dataset.missing_reason()
+        if reason:
+            raise MtbenchError(reason)
+        # v2: empty pairs are cached too, so the corpus report counts them.
+        key = hashlib.sha256(f"v2:{dataset.fingerprint()}".encode()).hexdigest()[:12]
+    cached = os.path.join(cache_dir, "datasets", f"{dataset.name}-{key}.tsv")
+    if not os.path.exists(cached):
+        with plugin_code():
+            pairs = [(s.strip(), t.strip()) for s, t in dataset.read_pairs(progress)]
+        _write_tsv(cached, pairs)
+    return read_tsv(cached)
+
+
+def _drop_empty(pairs):
+    kept = [(s, t) for s, t in pairs if s and t]
+    return kept, len(pairs) - len(kept)
+
+
+def split_corpus(pairs, valid_size, test_size, name, origin, held_out=None, sources=None):
+    """The training pairs and a fixed random split (the same for every seed and backend) for each of the
+    validation and test sets not given in `held_out` ({split: pairs read from its own file}). Pairs with an
+    empty side are dropped; exact duplicates in the training data are removed before splitting, so a test pair
+    cannot also sit in the training split. Held-out files are kept as they are apart from empty pairs."""
+    held_out = held_out or {}
+    read = {"train": len(pairs)}
+    dropped = {"empty_side": {}, "duplicate": {}}
+    kept, dropped["empty_side"]["train"] = _drop_empty(pairs)
+    unique = list(dict.fromkeys(kept))
+    dropped["duplicate"]["train"] = len(kept) - len(unique)
+    if pairs and not unique:
+        raise MtbenchError(f"{name}: no pair has both a source and a target sentence")
+    valid_size = 0 if "valid" in held_out else valid_size
+    test_size = 0 if "test" in held_out else test_size
+    if len(unique) < valid_size + test_size + 1:
+        raise MtbenchError(f"{name}: {len(unique)} distinct pairs cannot be split into {valid_size} validation, "
+                           f"{test_size} test and at least 1 training pair; lower --valid-size/--test-size")
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(unique))
+    splits = {"test": [unique[i] for i in order[:test_size]],
+              "valid": [unique[i] for i in order[test_size:test_size + valid_size]]}
+    train = [unique[i] for i in order[test_size + valid_size:]]
+    for split, split_pairs in held_out.items():
+        read[split] = len(split_pairs)
+        splits[split], dropped["empty_side"][split] = _drop_empty(split_pairs)
+        dropped["duplicate"][split] = 0
+        if not splits[split]:
+            raise MtbenchError(f"{(sources or {}).get(split, split)}: no pair has both a source and a target "
+                               "sentence")
+    sources = {"train": origin, "valid": "a split of the training data", "test": "a split of the training data",
+               **(sources or {})}
+    return Corpus(name=name, origin=origin, train=train, valid=splits["valid"], test=splits["test"],
+                  sources=sources, read=read, dropped=dropped)
+
+
+def read_options(config, dataset=None):
+    """How the user's files are read; a registered dataset lends its languages to sacrebleu test sets."""
+    src_lang, tgt_lang = config.src_lang, config.tgt_lang
+    if not src_lang and dataset is not None:
+        src_lang, tgt_lang = dataset.source_lang or None, dataset.target_lang or None
+    return ReadOptions(src_col=config.src_col, tgt_col=config.tgt_col, src_lang=src_lang, tgt_lang=tgt_lang)
+
+
+def load_corpus(config, registry, progress):
+    dataset = None if config.data_file else registry.lookup("datasets", config.dataset)
+    options = read_options(config, dataset)
+    if dataset is None:
+        pairs, origin = read_pairs(config.data_file, options), describe(config.data_file, options)
+    else:
+        plugin_code = lambda: registry.plugin_code("datasets", dataset.name)
+        pairs, origin = load_dataset_pairs(dataset, config.cache_dir, progress, plugin_code), dataset.description
+    if config.max_pairs:
+        pairs = pairs[:config.max_pairs]
+    files = {split: path for split, path in (("valid", config.valid_file), ("test", config.test_file)) if path}
+    held_out = {split: read_pairs(path, options) for split, path in files.items()}
+    sources = {split: describe(path, options) for split, path in files.items()}
+    return split_corpus(pairs, config.valid_size, config.test_size, config.corpus_name, origin, held_out, sources)

@@ -1,0 +1,57 @@
+"""Scoring: token-level loss and accuracy on a split, and BLEU/chrF of the test translations (greedy or beam
+search) with sacrebleu."""
+
+from dataclasses import dataclass
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from mtbench.runner.data.batches import evaluation_batches
+from mtbench.runner.evaluation.decoding import translate
+
+
+def loss_and_accuracy(model, split, batch_size, max_len):
+    """Loss and accuracy per real target token over the whole split (batches weighted by their tokens)."""
+    loss_sum = correct_sum = tokens = 0.0
+    for batch in evaluation_batches(split, batch_size, max_len):
+        logs = model.test_on_batch((batch.source, batch.target_input), batch.target_output,
+                                   sample_weight=batch.weight, return_dict=True)
+        n = batch.target_tokens
+        loss_sum += float(logs["loss"]) * n
+        correct_sum += float(logs["accuracy"]) * n
+        tokens += n
+    return loss_sum / tokens, correct_sum / tokens
+
+
+def split_losses(model, splits, batch_size, max_len):
+    """Loss and token accuracy of each split, as metrics: {'train_loss': ..., 'train_accuracy': ..., ...}
+    for `splits` {'train': ..., 'val': ..., 'test': ...}."""
+    metrics = {}
+    for name, split in splits.items():
+        metrics[f"{name}_loss"], metrics[f"{name}_accuracy"] = loss_and_accuracy(model, split, batch_size, max_len)
+    return metrics
+
+
+@dataclass
+class TranslationScores:
+    bleu: float
+    chrf: float
+    bleu_signature: str
+    chrf_signature: str
+    hypotheses: list
+    references: list
+
+
+def score(hypotheses, references):
+    bleu, chrf = BLEU(), CHRF()
+    bleu_score = bleu.corpus_score(hypotheses, [references])
+    chrf_score = chrf.corpus_score(hypotheses, [references])
+    return bleu_score.score, chrf_score.score, str(bleu.get_signature()), str(chrf.get_signature())
+
+
+def translate_and_score(decode, tokenizer, split, pairs, batch_size, max_len):
+    """Translates the encoded split and scores it against the original target sentences (not a
+    detokenised copy of them): the score is what a user of the translations would get."""
+    hypotheses = tokenizer.decode(translate(decode, split.sources, batch_size, max_len))
+    references = [pairs[i][1] for i in split.pair_index]
+    bleu, chrf, bleu_signature, chrf_signature = score(hypotheses, references)
+    return TranslationScores(bleu, chrf, bleu_signature, chrf_signature, hypotheses, references)

@@ -1,0 +1,29 @@
+"""`mtbench init-weights`: the initial weights of a configuration, drawn with numpy from its seed, written to a
+backend-neutral weights file that every run of a comparison loads."""
+
+from mtbench.runner.data.weights_file import write_weights_file
+from mtbench.runner.loop.timing import Stopwatch
+from mtbench.runner.results.output import check_output_path
+from mtbench.runner.setup import build_model, import_keras, resolve_backend
+from mtbench.runner.training import prepare_data, read_corpus
+
+
+def write_initial_weights(config, registry, console, path, overwrite=False):
+    """Draws the initial weights of `config`'s model from its seed and writes them to a weights file; returns
+    the file's sha256.
+
+    The numpy draw needs every variable's Keras path and shape, and the embedding's shape depends on the
+    tokenizer's vocabulary, known only once the corpus is read. Rather than restate the model's structure
+    without keras (a second description that could drift from the real one), this prepares the data and builds
+    the model exactly as a run does, on `config.backend`, and writes only numpy arrays: the file is
+    backend-neutral although keras named its variables. Like a run, it needs a process of its own, because
+    keras fixes its backend at import."""
+    backend = resolve_backend(config.backend, registry)
+    check_output_path(path, overwrite, kind=".npz")
+    stopwatch = Stopwatch()
+    corpus = read_corpus(config, registry, console, stopwatch)
+    import_keras(config, backend, extras=())
+    from mtbench.keras_models.initialization import initial_weights
+    data = prepare_data(config, corpus, stopwatch)
+    model, _ = build_model(config, data.tokenizer)
+    return write_weights_file(path, initial_weights(model, config.seed))

@@ -1,0 +1,34 @@
+"""Where a command writes: checked before any work starts, so a run never ends by failing to save its figures
+and never replaces what an earlier run left unless told to."""
+
+import os
+
+from mtbench.errors import MtbenchError
+from mtbench.runner.loop.checkpoints import RunDirectory, run_dir_for
+from mtbench.runner.results.schema import PARTIAL_STATUSES, read_status
+
+
+def check_output_path(path, overwrite, resuming=False, kind=".json"):
+    """Refuses to replace a result or to mix with an earlier run's checkpoints, unless told to (--overwrite), or
+    unless resuming the run whose partial result it is. Missing directories are created when writing."""
+    if os.path.isdir(path):
+        raise MtbenchError(f"{path}: is a directory; --out takes a {kind} file path")
+    if os.path.exists(path) and resuming:
+        status = read_status(path)
+        if status not in PARTIAL_STATUSES:
+            raise MtbenchError(f"{path}: the run already has a result with status {status or 'unknown'}; "
+                               "there is nothing to resume")
+    elif os.path.exists(path) and not overwrite:
+        raise MtbenchError(f"{path}: already exists; pass --overwrite to replace it")
+    if kind == ".json":
+        run_dir = RunDirectory(run_dir_for(path), fresh=False)
+        if not resuming and not overwrite and run_dir.checkpoints():
+            raise MtbenchError(f"{run_dir.path}: holds checkpoints of an earlier run writing {path}; continue "
+                               f"it with --resume {run_dir.path}, or pass --overwrite to start afresh")
+    existing = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise MtbenchError(f"{path}: cannot write into {existing}: it is a file, not a directory")
+    if not os.access(existing, os.W_OK):
+        raise MtbenchError(f"{path}: cannot write into {existing}: permission denied or read-only")

@@ -1,0 +1,130 @@
+"""The result of one training run, assembled from what each stage gave: the section of training figures (written
+as a partial result when training stopped early), then the evaluation's figures, then the file."""
+
+import os
+import time
+
+import numpy as np
+
+from mtbench.errors import RunFailure, RunInterrupted
+from mtbench.plugins.api import peak_host_bytes
+from mtbench.runner.config import decoding_name
+from mtbench.runner.files import write_json_atomic, write_text_atomic
+from mtbench.runner.measurement.environment import run_environment
+from mtbench.runner.measurement.peaks import device_peak
+from mtbench.runner.results.schema import SCHEMA_VERSION, sidecar_paths
+
+EVALUATION_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy",
+                      "bleu", "chrf", "bleu_signature", "chrf_signature", "test_sentences_scored", "decoding")
+
+
+def utilization(steady, backend, run, devices_used, config, all_backends):
+    """Model FLOP/s against the peak of the devices used (MFU)."""
+    peak, peak_source = device_peak(backend, run.device, config.dtype, config.cache_dir, all_backends)
+    # Simulated devices share one CPU, whose measured peak already spans all its cores.
+    peak_devices = 1 if run.device_kind == "cpu" else devices_used
+    mfu = None if peak is None or steady["flops_per_s"] is None else steady["flops_per_s"] / (peak * peak_devices)
+    return {
+        "flops_per_step_note": "analytic: matmuls and attention of the padded batch, training = 3x forward",
+        "model_flops_per_s": steady["flops_per_s"],
+        "peak_flops_per_s": peak, "peak_source": peak_source, "mfu": mfu,
+    }
+
+
+def training_result(config, run, plugins, registry, data, corpus_figures, built, outcome, weights_sha256,
+                    run_dir):
+    """Every section of the result that training decides; the evaluation's metrics are null until
+    `add_evaluation` fills them."""
+    extras_record = {extra.name: extra.record(run) for extra in plugins.extras}
+    devices_used = max([record.get("devices", 1) for record in extras_record.values()] + [1])
+    steady = outcome.timer.summary()
+    state, clock = outcome.state, outcome.clock
+    tokenizer, corpus = data.tokenizer, data.corpus
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": outcome.status,
+        "status_reason": outcome.reason,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "backend": plugins.backend.name,
+        "extras": [extra.name for extra in plugins.extras],
+        "extras_record": extras_record,
+        "devices_used": devices_used,
+        "config": {**config.to_dict(), "initial_weights_sha256": weights_sha256},
+        "compile_options": built.compile_record,
+        "train_step": built.train_step.name,
+        "env": run_environment(plugins.backend),
+        "data": {
+            "corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),
+            "dropped_too_long": corpus_figures["dropped"]["too_long"],
+            **corpus_figures,
+            "tokenizer": {"type": "sentencepiece-unigram", "vocab_size": tokenizer.vocab_size,
+                          "file": tokenizer.path},
+        },
+        "model": {"parameters": int(built.model.count_params()), **built.model_shape.to_dict(),
+                  "dtype_policy": built.model.dtype_policy.name},
+        "timing": {
+            **steady,
+            "steps": len(state.history),
+            "epochs_seen": state.epoch + 1,
+            "train_s": clock.training_s(),
+            "validation_s": clock.aside_s.get("validation", 0.0),
+            "checkpoint_s": clock.aside_s.get("checkpoint", 0.0),
+            "resumed_at_steps": state.resumed_at_steps,
+            "clock": "time.perf_counter around each step, device synchronised before and after; train_s is the "
+                     "training wall time of every process of the run, validation and checkpoints apart",
+            # Every XLA compilation during the steps (None where the backend compiles nothing ahead of time);
+            # the first step of a run also compiles a few one-time helper programs.
+            "compilations_by_shape": outcome.timer.compilations_by_shape(),
+        },
+        "utilization": utilization(steady, plugins.backend, run, devices_used, config,
+                                   registry.backends.values()),
+        "target": outcome.target.to_dict(),
+        "metrics": _metrics_so_far(state.history),
+        "history": state.history,
+        "run_dir": os.path.abspath(run_dir.path) if outcome.checkpoint else None,
+        "checkpoint": outcome.checkpoint,
+        "hypotheses_file": None,
+        "references_file": None,
+    }
+
+
+def _metrics_so_far(history):
+    """The metrics of a run whose evaluation has not run yet: only the training loss of the last steps."""
+    recent = [h["loss"] for h in history[-50:] if h["loss"] is not None]
+    metrics = dict.fromkeys(EVALUATION_METRICS)
+    metrics["train_loss_last_steps"] = float(np.mean(recent)) if recent else None
+    return metrics
+
+
+def add_evaluation(result, evaluation, scores, config):
+    """Fills the metrics from the losses of every split and the test translation's scores, and writes the
+    hypotheses and references beside the result file."""
+    hypotheses_file, references_file = sidecar_paths(config.out)
+    write_text_atomic(hypotheses_file, "".join(h + "\n" for h in scores.hypotheses))
+    write_text_atomic(references_file, "".join(r + "\n" for r in scores.references))
+    result["metrics"].update({
+        **evaluation,
+        "bleu": scores.bleu, "chrf": scores.chrf,
+        "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
+        "test_sentences_scored": len(scores.hypotheses),
+        "decoding": decoding_name(config.beam, config.length_penalty),
+    })
+    result["hypotheses_file"] = os.path.abspath(hypotheses_file)
+    result["references_file"] = os.path.abspath(references_file)
+
+
+def write_result(path, result, stopwatch, backend):
+    result["timing"]["phases_s"] = dict(stopwatch.phases)
+    result["timing"]["total_s"] = stopwatch.total()
+    result["memory"] = {"peak_host_bytes": peak_host_bytes(), "peak_device_bytes": backend.peak_device_bytes()}
+    write_json_atomic(path, result)
+
+
+def stop_error(outcome, out, run_dir):
+    """The error a run that stopped early ends with, naming its partial result and how to continue it."""
+    saved = f"partial result in {out}"
+    if outcome.checkpoint:
+        saved += f", checkpoint {outcome.checkpoint}; continue with: mtbench train --resume {run_dir.path}"
+    if outcome.status == "diverged":
+        return RunFailure(f"training diverged: {outcome.reason}; {saved}")
+    return RunInterrupted(f"interrupted: {outcome.reason}; {saved}", outcome.exit_code)

@@ -1,0 +1,90 @@
+"""The result JSON: what it holds, how it is checked, and where its sidecar files live."""
+
+import json
+
+SCHEMA_VERSION = 1
+# completed: every figure exists. interrupted (a signal) and diverged (a NaN or infinite loss) are partial
+# results: the figures of the evaluation after training are null, and `status_reason` says why.
+STATUSES = ("completed", "interrupted", "diverged")
+PARTIAL_STATUSES = ("interrupted", "diverged")
+
+# Required keys and the types their values may take (None: the figure does not exist in this run, e.g. device
+# memory on a CPU, which no framework reports, or a figure a partial result did not get to).
+NUMBER = (int, float)
+MAYBE_NUMBER = (int, float, type(None))
+MAYBE_STR = (str, type(None))
+SCHEMA = {
+    "schema_version": int,
+    "status": str,
+    "backend": str,
+    "extras": list,
+    "config": dict,
+    "env": {"python": str, "keras": str, "jax": (str, type(None)), "torch": (str, type(None)),
+            "device": dict, "cpu_model": str, "cpu_count": int, "platform": str,
+            "mtbench": str, "mtbench_git_commit": (str, type(None))},
+    "data": {"corpus": str, "origin": str, "pairs": dict, "dropped_too_long": dict, "tokenizer": dict},
+    "model": {"parameters": int},
+    "timing": {"compile_s": NUMBER, "first_steps_s": NUMBER, "shapes_compiled": int,
+               "step_s_median": MAYBE_NUMBER, "step_s_p90": MAYBE_NUMBER, "tokens_per_s": MAYBE_NUMBER,
+               "train_s": NUMBER, "total_s": NUMBER, "phases_s": dict, "steps": int},
+    "utilization": {"model_flops_per_s": MAYBE_NUMBER, "peak_flops_per_s": MAYBE_NUMBER, "mfu": MAYBE_NUMBER},
+    "memory": {"peak_host_bytes": int, "peak_device_bytes": (int, type(None))},
+    "metrics": {"train_loss": MAYBE_NUMBER, "val_loss": MAYBE_NUMBER, "test_loss": MAYBE_NUMBER,
+                "val_accuracy": MAYBE_NUMBER, "test_accuracy": MAYBE_NUMBER, "bleu": MAYBE_NUMBER,
+                "chrf": MAYBE_NUMBER, "bleu_signature": MAYBE_STR, "chrf_signature": MAYBE_STR},
+    "history": list,
+    "hypotheses_file": MAYBE_STR,
+    "references_file": MAYBE_STR,
+}
+# Null only in a partial result.
+FIGURES_OF_COMPLETED_RUNS = ("metrics.train_loss", "metrics.val_loss", "metrics.test_loss", "metrics.val_accuracy",
+                             "metrics.test_accuracy", "metrics.bleu", "metrics.chrf", "metrics.bleu_signature",
+                             "metrics.chrf_signature", "hypotheses_file", "references_file")
+
+
+def schema_errors(result):
+    """Every way `result` departs from the schema, as 'key: problem' strings (empty when it conforms)."""
+    errors = _type_errors(result, SCHEMA, "")
+    status = result.get("status")
+    if status not in STATUSES:
+        errors.append(f"status: {status!r} is not one of {', '.join(STATUSES)}")
+    elif status == "completed":
+        for path in FIGURES_OF_COMPLETED_RUNS:
+            value = result
+            for key in path.split("."):
+                value = value.get(key) if isinstance(value, dict) else None
+            if value is None:
+                errors.append(f"{path}: null in a completed result")
+    return errors
+
+
+def read_status(path):
+    """The status of the result file at `path`, or None when it is not a readable mtbench result."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return result.get("status") if isinstance(result, dict) else None
+
+
+def _type_errors(result, schema, prefix):
+    errors = []
+    for key, expected in schema.items():
+        name = f"{prefix}{key}"
+        if key not in result:
+            errors.append(f"{name}: missing")
+        elif isinstance(expected, dict):
+            if isinstance(result[key], dict):
+                errors.extend(_type_errors(result[key], expected, f"{name}."))
+            else:
+                errors.append(f"{name}: expected an object")
+        elif isinstance(result[key], bool) or not isinstance(result[key], expected):
+            errors.append(f"{name}: {type(result[key]).__name__} is not {expected}")
+    return errors
+
+
+def sidecar_paths(result_path):
+    """Where the hypotheses and references of a result file live: beside it, one sentence a line."""
+    stem = result_path[:-5] if result_path.endswith(".json") else result_path
+    return f"{stem}.hyp.txt", f"{stem}.ref.txt"

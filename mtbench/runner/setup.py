@@ -1,0 +1,152 @@
+"""Setting a run up: the plugins it uses (checked before anything is imported), the process (keras on the chosen
+backend, the device, the extras that can run there), and the model with its optimizer and train step."""
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from mtbench.errors import MtbenchError, RunFailure
+from mtbench.plugins.api import KerasTrainStep, RunContext
+
+
+@dataclass
+class RunPlugins:
+    """The backend, extras and reporters a run uses, looked up in the registry."""
+    backend: object
+    extras: list
+    reporters: list
+
+
+def resolve_backend(name, registry):
+    backend = registry.lookup("backends", name)
+    reason = backend.missing_framework()
+    if reason:
+        raise MtbenchError(reason)
+    return backend
+
+
+def resolve_extras(names, backend, registry):
+    """The requested extras, checked for existence, backend and conflicts before anything is imported."""
+    extras = []
+    for name in names:
+        extra = registry.lookup("extras", name)
+        if backend.name not in extra.backends:
+            raise MtbenchError(f"extra '{name}' serves the {', '.join(extra.backends)} backend(s), "
+                               f"not '{backend.name}'")
+        extras.append(extra)
+    for extra in extras:
+        clash = [other for other in names if other in extra.conflicts]
+        if clash:
+            raise MtbenchError(f"extra '{extra.name}' cannot run together with '{clash[0]}'")
+    return extras
+
+
+def resolve_reporters(names, registry):
+    return [registry.lookup("reporters", name) for name in names]
+
+
+def choose_plugins(config, registry, reporter_names=()):
+    backend = resolve_backend(config.backend, registry)
+    return RunPlugins(backend, resolve_extras(config.extras, backend, registry),
+                      resolve_reporters(reporter_names, registry))
+
+
+def import_keras(config, backend, extras):
+    """Sets the environment keras and the framework read at import, then imports keras."""
+    env = {"KERAS_BACKEND": backend.keras_backend, "KERAS_HOME": os.path.join(config.cache_dir, "keras")}
+    env.update(backend.prepare_process(config))
+    for extra in extras:
+        env.update(extra.environment(config))
+    os.environ.update(env)
+    import keras
+    if keras.backend.backend() != backend.keras_backend:
+        raise RunFailure(f"keras was already imported with the {keras.backend.backend()} backend in this "
+                         f"process; run each backend in its own process")
+    return keras
+
+
+def start_backend(config, plugins):
+    """Imports keras on the backend and checks that the dtype and every extra can run on its device; the
+    extras may then adjust the configuration. Returns (keras, the RunContext the plugins see)."""
+    keras = import_keras(config, plugins.backend, plugins.extras)
+    run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info())
+    reason = plugins.backend.unsupported_dtype_reason(config.dtype, run.device)
+    if reason:
+        raise MtbenchError(f"--dtype {config.dtype}: {reason}")
+    for extra in plugins.extras:
+        reason = extra.unavailable_reason(run)
+        if reason:
+            raise MtbenchError(f"extra '{extra.name}' cannot run here: {reason}")
+    for extra in plugins.extras:
+        extra.adjust_config(run)
+    return keras, run
+
+
+def build_model(config, tokenizer, model_options=None):
+    """The Transformer of `config`, its vocabulary sized by the tokenizer (a small corpus may support fewer
+    pieces than asked for); `model_options` are those extras set (flash attention)."""
+    from mtbench.keras_models.transformer import build_transformer
+    model_shape = dataclasses.replace(config.model, vocab_size=tokenizer.vocab_size)
+    return build_transformer(model_shape, **(model_options or {})), model_shape
+
+
+def starting_weights(config, model, weights_file):
+    """Sets the model's initial weights: those of the weights file when one was given, else the numpy draw."""
+    from mtbench.keras_models.initialization import assign_weights, initial_weights
+    if weights_file is None:
+        assign_weights(model, initial_weights(model, config.seed))
+        return
+    try:
+        assign_weights(model, weights_file)
+    except ValueError as error:
+        raise MtbenchError(f"{config.initial_weights}: {error}") from None
+
+
+def compile_model(keras, model, config, total_steps, compile_options):
+    warmup = min(config.warmup_steps, max(total_steps - 1, 0))
+    schedule = keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0, warmup_target=config.learning_rate, warmup_steps=warmup,
+        decay_steps=max(total_steps - warmup, 1), alpha=0.1)
+    optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=config.weight_decay,
+                                       beta_1=0.9, beta_2=0.98, epsilon=1e-9, clipnorm=1.0)
+    if config.dtype in ("float16", "mixed_float16"):
+        # float16 gradients underflow without loss scaling; Keras's optimizer wrapper scales dynamically.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    # The loss and accuracy are means over real target tokens: the batch's weights are 0 on padding.
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
+    options = {"jit_compile": "auto"}
+    options.update(compile_options)
+    model.compile(optimizer=optimizer, loss=loss,
+                  weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")], **options)
+    return {"jit_compile": model.jit_compile, "optimizer": type(model.optimizer).__name__,
+            "dtype_policy": model.dtype_policy.name}
+
+
+def extras_compile_options(run, extras):
+    """The `model.compile` options the extras ask for, each with the extra that asked."""
+    options, asked_by = {}, {}
+    for extra in extras:
+        for key, value in extra.compile_options(run).items():
+            options[key] = value
+            asked_by[key] = extra.name
+    return options, asked_by
+
+
+def choose_train_step(run, model, plugins):
+    """The backend's fast step (or Keras's own), then each extra's wrapper or replacement, in the order given."""
+    step = plugins.backend.make_train_step(run, model) or KerasTrainStep(model)
+    for extra in plugins.extras:
+        step = extra.make_train_step(run, model, step) or step
+    return step
+
+
+def check_compile_options_apply(asked, asked_by, train_step):
+    """An extra's `model.compile` options that the train step would ignore are an error, not a record: the
+    result would claim a training that did not happen."""
+    if asked and not train_step.uses_compile_options:
+        first = next(iter(asked))
+        raise MtbenchError(
+            f"extra '{asked_by[first]}' sets model.compile options {asked}, but the run trains with the "
+            f"'{train_step.name}' step, which does not run Keras's compiled train function, so they would "
+            f"change evaluation only; return a step built on mtbench.KerasTrainStep from make_train_step to "
+            f"train with them")

@@ -1,0 +1,94 @@
+"""The train step each backend plugin makes (mtbench's default) is Keras's `train_on_batch` without its
+overhead: the same losses step for step, and after `finalize` the same weights and optimizer state, so
+evaluation sees what Keras's step would have left. One process per backend (tests/fast_step_probe.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import TESTS_DIR
+
+PROBE = os.path.join(TESTS_DIR, "fast_step_probe.py")
+DEFAULT_STEPS = {"jax": "jax-jit-stateless", "torch": "torch-eager"}
+
+
+@pytest.fixture(scope="module", params=["jax", "torch"])
+def probe(request, cache_dir):
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env["MTBENCH_LOAD_PLUGINS"] = ""
+    proc = subprocess.run([sys.executable, PROBE, request.param, cache_dir], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return request.param, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_fast_step_losses_equal_keras_steps(probe):
+    backend, report = probe
+    assert report["names"] == ["keras-train-on-batch", DEFAULT_STEPS[backend]]
+    assert len(report["fast_losses"]) == 5
+    np.testing.assert_allclose(report["fast_losses"], report["keras_losses"], rtol=1e-5)
+
+
+def test_after_finalize_evaluation_sees_the_trained_weights(probe):
+    _, report = probe
+    keras_loss, fast_loss = report["held_out_losses"]
+    assert fast_loss == pytest.approx(keras_loss, rel=1e-5)
+    assert report["iterations"] == [5, 5]
+    # Adam turns float noise in near-zero gradients (a key bias's, say) into steps of the learning rate, so the
+    # weights agree to a fraction of how far they moved, not to float precision.
+    assert report["weights_distance"] < 0.01 * report["weights_moved"]
+    assert report["optimizer_distance"] < 1e-4
+
+
+@pytest.mark.parametrize("probe", ["torch"], indirect=True)
+def test_torch_fused_adamw_updates_like_keras_adamw(probe):
+    _, report = probe
+    assert report["fused_adamw"]["iterations"] == 3
+    assert max(report["fused_adamw"]["relative_difference"].values()) < 1e-4
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_runs_record_the_step_they_trained_with(tiny_runs, backend):
+    assert tiny_runs[backend]["result"]["train_step"] == DEFAULT_STEPS[backend]
+    assert "train step" in tiny_runs[backend]["stdout"]
+
+
+def test_only_the_loss_compile_model_sets_is_computed_natively():
+    import keras
+
+    from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
+    loss = keras.losses.SparseCategoricalCrossentropy
+    assert is_token_mean_cross_entropy(loss(from_logits=True, reduction="mean_with_sample_weight"))
+    assert not is_token_mean_cross_entropy(loss(from_logits=False, reduction="mean_with_sample_weight"))
+    assert not is_token_mean_cross_entropy(loss(from_logits=True))  # a mean over rows, not over weighted tokens
+    assert not is_token_mean_cross_entropy(loss(from_logits=True, reduction="mean_with_sample_weight",
+                                                ignore_class=0))
+    assert not is_token_mean_cross_entropy(keras.losses.MeanSquaredError())
+
+
+def test_jax_step_computes_any_other_compiled_loss_through_keras():
+    """In-process (keras on JAX): with a loss the step does not recognise, it still matches train_on_batch."""
+    import keras
+
+    from mtbench.keras_models.initialization import assign_weights, initial_weights
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench import KerasTrainStep
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep
+    rng = np.random.default_rng(0)
+    source, target = (rng.integers(4, 1000, size=(4, 16)).astype(np.int32) for _ in range(2))
+    weight = np.ones((4, 16), np.float32)
+
+    def losses(make_step):
+        model = build_transformer(PRESETS["tiny"])
+        assign_weights(model, initial_weights(model, 0))
+        model.compile(optimizer=keras.optimizers.AdamW(1e-2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        step = make_step(model)
+        return [step((source, target), target, weight)["loss"] for _ in range(3)]
+
+    np.testing.assert_allclose(losses(JitTrainStep), losses(KerasTrainStep), rtol=1e-5)

@@ -1,0 +1,194 @@
+"""Built-in extras: availability with its reason, the effect each has, and its record in the result JSON."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import TINY_TRAIN, run_cli
+from mtbench.plugins.extras.flash_attention import (JAX_KERNEL_PATTERN, TORCH_KERNEL_PATTERN, FlashAttention,
+                                             kernel_evidence)
+
+TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+SHORT = [*TINY_TRAIN, "--steps", "20"]
+
+
+def train(tmp_path, name, cache_dir, *args, env=None):
+    out = str(tmp_path / f"{name}.json")
+    proc = run_cli("train", *SHORT, "--cache-dir", cache_dir, "--out", out, *args, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(out) as f:
+        return json.load(f)
+
+
+def losses(result):
+    return np.array([h["loss"] for h in result["history"]])
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--backend", "jax", "--extra", "flash-attention"], None,
+     "extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16; this run has cpu/float32"),
+    (["--backend", "torch", "--extra", "flash-attention", "--dtype", "mixed_bfloat16"], None,
+     "extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16; this run has cpu/mixed_bfloat16"),
+    (["--backend", "jax", "--extra", "pmap"], None, "extra 'pmap' cannot run here: needs at least 2 devices; this run has 1"),
+    (["--backend", "jax", "--extra", "data-parallel"], None, "extra 'data-parallel' cannot run here: needs at least 2 devices"),
+    (["--backend", "jax", "--extra", "data-parallel", "--batch-size", "33"], TWO_DEVICES,
+     "extra 'data-parallel' cannot run here: the batch size 33 does not split evenly over 2 devices"),
+    (["--backend", "jax", "--extra", "pmap", "--dtype", "mixed_float16"], TWO_DEVICES,
+     "--dtype mixed_float16: XLA on the CPU has no float16 matmul"),
+    (["--backend", "jax", "--extra", "tpu"], None, "extra 'tpu' cannot run here: needs TPU devices; this run has 1 cpu device(s)"),
+    (["--backend", "jax", "--extra", "pmap", "--extra", "data-parallel"], TWO_DEVICES,
+     "extra 'pmap' cannot run together with 'data-parallel'"),
+    (["--backend", "jax", "--extra", "torch-compile"], None, "extra 'torch-compile' serves the torch backend(s), not 'jax'"),
+])
+def test_unavailable_extra_stops_the_run_with_its_reason(tmp_path, cache_dir, args, env, message):
+    proc = run_cli("train", *TINY_TRAIN, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"), *args, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("Error: " + message), proc.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_plugins_command_reports_availability_with_reasons():
+    proc = run_cli("plugins", "--json", env=TWO_DEVICES)
+    rows = {(r["extra"], r["backend"]): r for r in json.loads(proc.stdout)["extras"]}
+    assert rows[("torch-compile", "torch")]["available"]
+    assert rows[("pmap", "jax")]["available"] and rows[("data-parallel", "jax")]["available"]
+    assert not rows[("tpu", "jax")]["available"] and "TPU devices" in rows[("tpu", "jax")]["reason"]
+    assert "cpu/float32" in rows[("flash-attention", "torch")]["reason"]
+
+
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory, cache_dir):
+    return train(tmp_path_factory.mktemp("single"), "single", cache_dir, "--backend", "jax", env=TWO_DEVICES)
+
+
+@pytest.mark.parametrize("extra", ["pmap", "data-parallel"])
+def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, single_device, extra):
+    result = train(tmp_path, extra, cache_dir, "--backend", "jax", "--extra", extra, env=TWO_DEVICES)
+    assert result["extras"] == [extra]
+    assert result["extras_record"][extra]["devices"] == 2
+    assert result["extras_record"][extra]["per_device_batch"] == 16
+    np.testing.assert_allclose(losses(result), losses(single_device), rtol=1e-4)
+    assert result["metrics"]["val_loss"] == pytest.approx(single_device["metrics"]["val_loss"], rel=1e-4)
+
+
+def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eager(tmp_path, cache_dir):
+    compiled = train(tmp_path, "compiled", cache_dir, "--backend", "torch", "--extra", "torch-compile",
+                     env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    eager = train(tmp_path, "eager", cache_dir, "--backend", "torch")
+    record = compiled["extras_record"]["torch-compile"]
+    assert compiled["train_step"] == "torch-compiled" and eager["train_step"] == "torch-eager"
+    assert record["mode"] == "default" and record["compiled"].startswith("mtbench torch step: forward + loss")
+    assert record["graphs_compiled"] >= 1 and record["frames_compiled"] >= 1
+    assert record["graph_breaks"] <= 3, record["graph_break_reasons"]
+    # One compilation per length bucket the run met, and dynamo never gave up on a new one.
+    buckets = {tuple(h["shape"]) for h in compiled["history"]}
+    assert record["recompilations"] == len(buckets) - 1 and not record["recompile_limit_reached"]
+    assert record["compile_s"] > 0
+    # Same initial weights and batches by construction: the compiled step must take the eager step's path.
+    np.testing.assert_allclose(losses(compiled)[:5], losses(eager)[:5], rtol=1e-4)
+    assert losses(compiled)[-5:].mean() < losses(compiled)[:3].mean()
+
+
+def test_compiled_torch_step_refuses_models_that_need_layer_call_bookkeeping():
+    """The compiled step runs layers' `call` directly; a model relying on what `Layer.__call__` adds is refused
+    with the layer and the reason (checked on Keras's layer attributes, the same on every backend)."""
+    import keras
+
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.plugins.backends.torch_compiled_step import plain_calls_unsupported
+    assert plain_calls_unsupported(build_transformer(PRESETS["tiny"])) is None
+    masked = keras.layers.Embedding(10, 3, mask_zero=True, name="tokens")
+    regularized = keras.layers.Dense(2, activity_regularizer="l2", name="out")
+    for layer in (masked, regularized):
+        layer.build((None, 4))
+    assert plain_calls_unsupported(masked) == "layer 'tokens' uses Keras masks (a `mask` argument or `mask_zero`)"
+    assert plain_calls_unsupported(regularized) == "layer 'out' has an activity regularizer"
+    unbuilt = keras.layers.Dense(2, name="unbuilt")
+    assert plain_calls_unsupported(unbuilt) == "layer 'unbuilt' is not built"
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_bfloat16_policy_is_applied_and_recorded(tmp_path, cache_dir, backend):
+    result = train(tmp_path, backend, cache_dir, "--backend", backend, "--dtype", "mixed_bfloat16", "--steps", "12")
+    assert result["compile_options"]["dtype_policy"] == "mixed_bfloat16"
+    assert result["compile_options"]["optimizer"] == "AdamW"
+    assert result["utilization"]["peak_source"].startswith("measured: 2048x2048 bfloat16 matmul on ")
+    assert losses(result)[-5:].mean() < losses(result)[:3].mean()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "mixed_float16"])
+def test_float16_trains_with_loss_scaling(dtype):
+    """Checked in-process at compile time: a float16 run on this CPU would take minutes (torch) or cannot
+    run at all (XLA has no float16 matmul on the CPU, which the next test covers)."""
+    import keras
+
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import compile_model
+    keras.config.set_dtype_policy(dtype)
+    try:
+        config = TrainConfig(preset="tiny", dtype=dtype)
+        model = build_transformer(config.model)
+        options = compile_model(keras, model, config, total_steps=10, compile_options={})
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert options["optimizer"] == "LossScaleOptimizer" and options["dtype_policy"] == dtype
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def test_float16_on_jax_cpu_is_refused_with_the_reason(tmp_path, cache_dir):
+    proc = run_cli("train", *TINY_TRAIN, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"),
+                   "--backend", "jax", "--dtype", "mixed_float16")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("Error: --dtype mixed_float16: XLA on the CPU has no float16 matmul "
+                                   "(mixed_float16); use bfloat16 or mixed_bfloat16 there")
+
+
+def test_flash_check_fails_when_the_fused_kernel_did_not_run(cache_dir):
+    """On this CPU the compiled forward pass has plain XLA attention: verification must refuse."""
+    from types import SimpleNamespace
+
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.plugins.backends.jax_backend import JaxBackend
+    from mtbench.runner.data.batches import make_batch
+    model = build_transformer(PRESETS["tiny"])
+    split = SimpleNamespace(sources=[[5, 6, 7, 3]] * 2, targets=[[8, 9]] * 2)
+    run = SimpleNamespace(backend=JaxBackend(), extras_state={"flash-attention": {}})
+    reason = FlashAttention().verify(run, model, make_batch(split, [0, 1], 2, 16))
+    assert reason.startswith("the fused attention kernel did not run")
+    assert run.extras_state["flash-attention"]["kernels"] == []
+
+
+def test_kernel_evidence_recognises_only_fused_kernels():
+    hlo = 'custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax", backend_config={}'
+    assert kernel_evidence(hlo, JAX_KERNEL_PATTERN) == ["__cudnn$fmhaSoftmax"]
+    assert kernel_evidence("dot(%q, %k) softmax reduce", JAX_KERNEL_PATTERN) == []
+    events = ["aten::_scaled_dot_product_flash_attention", "void pytorch_flash::flash_fwd_kernel<Flash_fwd>()"]
+    assert len(kernel_evidence(events, TORCH_KERNEL_PATTERN)) == 2
+    assert kernel_evidence(["aten::_scaled_dot_product_efficient_attention", "aten::bmm"], TORCH_KERNEL_PATTERN) == []
+
+
+def test_tpu_mesh_and_sizes_on_simulated_devices():
+    script = """
+import json, jax
+from types import SimpleNamespace
+from mtbench.plugins.extras.jax_tpu import TpuStrategy, tpu_batch_size, tpu_mesh
+from mtbench.runner.config import TrainConfig
+mesh, distribution = tpu_mesh(jax.devices())
+run = SimpleNamespace(config=TrainConfig(batch_size=60, max_len=45), device={"count": 4}, extras_state={})
+TpuStrategy().adjust_config(run)
+print(json.dumps({"mesh": list(mesh.shape), "axes": list(mesh.axis_names), "batch": run.config.batch_size,
+                  "max_len": run.config.max_len, "dtype": run.config.dtype, "b": [tpu_batch_size(8, 1), tpu_batch_size(33, 4)]}))
+"""
+    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"mesh": [4], "axes": ["batch"], "batch": 64, "max_len": 48, "dtype": "mixed_bfloat16",
+                   "b": [8, 64]}

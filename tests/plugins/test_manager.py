@@ -1,0 +1,172 @@
+"""The plugin manager and the plugin API as a third-party author meets them: plugins installed here as real
+distributions with entry points (see conftest.THIRD_PARTY_PACKAGES), loaded, limited, listed and run."""
+
+import json
+
+from conftest import TINY_TRAIN, env_with, run_cli
+
+LOADED = "mtbench-thirdparty,mtbench_broken,MTBENCH.FLAKY"  # package names, spelt as pip compares them
+
+
+def plugins_json(env):
+    proc = run_cli("plugins", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def by_name(listing):
+    return {p["name"]: p for p in listing["plugins"]}
+
+
+def test_builtin_plugins_are_listed_with_their_hooks():
+    plugins = by_name(plugins_json({}))
+    assert plugins["jax_backend"]["provides"] == {"backends": ["jax"]}
+    assert plugins["torch_backend"]["hooks"] == ["mtbench_register_backends"]
+    assert plugins["bible_dataset"]["provides"]["datasets"] == ["bible-en-de", "bible-en-es", "bible-en-fr"]
+    assert plugins["table_reporter"]["provides"] == {"reporters": ["table"]}
+    builtin = [p for p in plugins.values() if p["builtin"]]
+    assert len(builtin) == 8 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
+
+
+def test_third_party_plugins_load_by_package_and_every_plugin_is_listed_with_its_status(plugin_path):
+    listing = plugins_json({**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": LOADED})
+    plugins = by_name(listing)
+    third = plugins["thirdparty"]
+    assert (third["version"], third["package"], third["status"], third["builtin"]) == \
+        ("0.3.0", "mtbench_thirdparty", "loaded", False)
+    assert third["provides"] == {"backends": ["fakeflow"], "extras": ["count-steps", "no-jit"],
+                                 "reporters": ["explode", "oneline"]}
+    assert third["hooks"] == ["mtbench_register_backends", "mtbench_register_extras", "mtbench_register_reporters"]
+    assert plugins["broken"]["status"] == "failed to load"
+    assert "broken on purpose" in plugins["broken"]["problems"][0]
+    # A plugin whose hook raised is not listed like a healthy one (flaky fails only during a run).
+    assert plugins["flaky"]["status"] == "loaded"
+    for name in ("trouble", "mtbench_twin_a:twin", "mtbench_twin_b:twin"):
+        assert plugins[name]["status"] == "not loaded"
+        assert "MTBENCH_LOAD_PLUGINS does not name" in plugins[name]["problems"][0]
+    extras = {(row["extra"], row["backend"]): row["available"] for row in listing["extras"]}
+    assert extras[("count-steps", "jax")] and extras[("count-steps", "torch")]
+    assert any("plugin 'broken' failed to load" in w and "broken on purpose" in w for w in listing["warnings"])
+
+
+def test_a_hook_that_raises_marks_its_plugin_broken(plugin_path):
+    plugins = by_name(plugins_json({**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-datasets-trouble"}))
+    assert plugins["trouble"]["status"] == "broken"
+    assert "failed in mtbench_register_datasets: RuntimeError('half of the datasets registered')" in \
+        plugins["trouble"]["problems"][0]
+    assert plugins["trouble"]["provides"] == {"datasets": ["crashing", "needs-key"]}
+
+
+def test_environment_variable_limits_packages_and_says_what_it_left_out(plugin_path):
+    unset = by_name(plugins_json({**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": None}))
+    assert unset["thirdparty"]["status"] == "loaded" and unset["broken"]["status"] == "failed to load"
+    none = by_name(plugins_json({**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": ""}))
+    assert none["thirdparty"]["status"] == "not loaded" and none["jax_backend"]["status"] == "loaded"
+    listing = plugins_json({**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench_thirdparty,mtbench-thirdpraty"})
+    plugins = by_name(listing)
+    assert plugins["thirdparty"]["status"] == "loaded" and plugins["broken"]["status"] == "not loaded"
+    # A misspelt name loads nothing, and says so.
+    assert any("MTBENCH_LOAD_PLUGINS names 'mtbench-thirdpraty', which is no installed package with mtbench "
+               "plugins" in w for w in listing["warnings"])
+
+
+def test_two_packages_may_share_an_entry_point_name(plugin_path):
+    listing = plugins_json({**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-twin-a,mtbench-twin-b"})
+    plugins = by_name(listing)
+    assert plugins["mtbench_twin_a:twin"]["provides"] == {"reporters": ["twin-a"]}
+    assert plugins["mtbench_twin_b:twin"]["provides"] == {"reporters": ["twin-b"]}
+    assert listing["warnings"] == []
+
+
+def test_unknown_names_quote_only_the_plugins_that_could_have_provided_them(plugin_path, cache_dir, tmp_path):
+    env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-datasets-trouble"}
+    backend = run_cli("train", "--backend", "nonesuch", "--out", str(tmp_path / "a.json"), env=env)
+    assert backend.returncode == 2
+    assert "unknown backend 'nonesuch'" in backend.stderr and "half of the datasets" not in backend.stderr.split(
+        "Error:")[1]
+    assert "MTBENCH_LOAD_PLUGINS left out the plugin package(s)" in backend.stderr
+    dataset = run_cli("train", "--dataset", "nonesuch", "--out", str(tmp_path / "b.json"), env=env)
+    assert dataset.returncode == 2
+    error = dataset.stderr.split("Error:")[1]
+    assert "unknown dataset 'nonesuch'; available: bible-en-de, bible-en-es, bible-en-fr, crashing, needs-key" in error
+    assert "it may come from a plugin that failed: plugin 'trouble' failed in mtbench_register_datasets" in error
+
+
+def test_a_dataset_plugins_failure_is_named_with_the_plugin(plugin_path, cache_dir, tmp_path):
+    env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-datasets-trouble"}
+    crash = run_cli("train", "--dataset", "crashing", "--cache-dir", cache_dir, "--out", str(tmp_path / "a.json"),
+                    env=env)
+    assert crash.returncode == 1 and "Traceback" not in crash.stderr
+    assert crash.stderr.strip().endswith("Error: dataset 'crashing' of plugin 'trouble' failed: OSError: the tape "
+                                         "is stuck")
+    user = run_cli("train", "--dataset", "needs-key", "--cache-dir", cache_dir, "--out", str(tmp_path / "b.json"),
+                   env=env)
+    assert user.returncode == 2
+    assert user.stderr.strip().endswith("Error: dataset 'needs-key': set NEEDS_KEY_PATH to the corpus you licensed")
+
+
+def test_third_party_extra_wraps_the_backends_step_and_reporters_run_isolated(plugin_path, cache_dir, tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "3", "--cache-dir", cache_dir,
+                   "--out", str(out), "--report", "explode", "--report", "oneline", "--report", "table",
+                   "--extra", "count-steps", "--beam", "2", env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": LOADED})
+    # The exploding reporter is named, the reporters after it still run, the command fails, the result stays.
+    assert proc.returncode == 1, proc.stderr
+    assert "ONELINE backend=jax steps=3 complete=True bleu=" in proc.stdout
+    assert "mtbench train: jax+count-steps" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == (f"Error: reporter 'explode' of plugin 'thirdparty' failed: "
+                                                    f"ValueError: no ink; the result is in {out}")
+    assert "Warning: plugin 'broken' failed to load" in proc.stderr
+    assert ("Warning: plugin 'flaky' failed in mtbench_keras_callbacks and was left out: "
+            "RuntimeError('flaky callbacks on purpose')") in proc.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "completed"
+    assert result["extras"] == ["count-steps"]
+    assert result["extras_record"] == {"count-steps": {"steps_seen": 3, "wrapped": "jax-jit-stateless"}}
+    assert result["train_step"] == "counted jax-jit-stateless"
+    assert result["compile_options"]["applies_to"] == "evaluation only (training runs the 'counted " \
+                                                      "jax-jit-stateless' step)"
+    assert result["config"]["beam"] == 2 and result["metrics"]["decoding"] == "beam 2, length penalty 0.6"
+    assert "beam 2, length penalty 0.6" in proc.stdout  # the table's decoding row
+
+
+def test_partial_results_reach_the_reporters(plugin_path, cache_dir, tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "6", "--cache-dir", cache_dir,
+                   "--out", str(out), "--report", "oneline", "--report", "table",
+                   env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty",
+                        "MTBENCH_TEST_NAN_AT_STEP": "4"})
+    assert proc.returncode == 1
+    assert "training diverged" in proc.stderr
+    assert "ONELINE backend=jax steps=4 complete=False bleu=none" in proc.stdout
+    assert "mtbench train: jax (diverged, partial)" in proc.stdout
+    assert json.loads(out.read_text())["status"] == "diverged"
+
+
+def test_compile_options_that_training_would_ignore_are_refused(plugin_path, cache_dir, tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "2", "--cache-dir", cache_dir,
+                   "--out", str(out), "--extra", "no-jit",
+                   env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith(
+        "Error: extra 'no-jit' sets model.compile options {'jit_compile': False}, but the run trains with the "
+        "'jax-jit-stateless' step, which does not run Keras's compiled train function, so they would change "
+        "evaluation only; return a step built on mtbench.KerasTrainStep from make_train_step to train with them")
+    assert not out.exists()
+
+
+def test_reporters_run_on_every_result_of_compare_and_report(plugin_path, cache_dir, tmp_path):
+    env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty"}
+    out = tmp_path / "c.json"
+    compare = run_cli("compare", "--backends", "jax,torch", *TINY_TRAIN, "--steps", "3", "--cache-dir", cache_dir,
+                      "--out", str(out), "--report", "oneline", env=env)
+    assert compare.returncode == 0, compare.stderr
+    assert "ONELINE backend=jax steps=3 complete=True" in compare.stdout
+    assert "ONELINE backend=torch steps=3 complete=True" in compare.stdout
+    assert "mtbench train:" not in compare.stdout  # the runs report nothing themselves: no table per run
+    report = run_cli("report", str(out), "--format", "json", "--report", "oneline", env=env)
+    assert report.returncode == 0, report.stderr
+    assert set(json.loads(report.stdout)["speedups"]) == {"jax", "torch"}  # stdout stays parseable: reporters use stderr
+    assert "ONELINE backend=jax steps=3 complete=True" in report.stderr
+    assert "ONELINE backend=torch steps=3 complete=True" in report.stderr

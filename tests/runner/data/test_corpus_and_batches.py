@@ -1,0 +1,112 @@
+"""Corpus reading, cleaning, splitting and batching, on the real built-in corpus where it matters."""
+
+import numpy as np
+import pytest
+
+from mtbench.errors import MtbenchError
+from mtbench.plugins.datasets.bible_dataset import BibleDataset, clean_verse
+from mtbench.runner.data.batches import (bucket_lengths, encode_split, evaluation_batches, training_batches)
+from mtbench.runner.data.corpus import load_dataset_pairs, split_corpus
+from mtbench.runner.data.formats import read_tsv
+from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_or_train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def bible_pairs(cache_dir):
+    return load_dataset_pairs(BibleDataset("en", "fr"), cache_dir, progress=lambda done, total: None)
+
+
+def test_bible_corpus_is_aligned_by_verse(bible_pairs):
+    assert len(bible_pairs) == 31102
+    assert bible_pairs[0] == ("In the beginning God created the heavens and the earth.",
+                              "Au commencement, Dieu créa les cieux et la terre.")
+    assert all(s and t for s, t in bible_pairs)
+
+
+def test_bible_cleaning_removes_markup(bible_pairs):
+    assert not any("`" in s or "[" in s for s, _ in bible_pairs)
+    assert not any(t.startswith("(") and ":" in t[:8] for _, t in bible_pairs)
+    assert clean_verse("(7:26) L'Éternel  dit") == "L'Éternel dit"
+    assert clean_verse("God`s [even] first -[fruits]") == "God's even first -fruits"
+
+
+def test_read_tsv_keeps_every_pair(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("a b\tc d\r\nsecond\tzweite\n")
+    assert read_tsv(str(path)) == [("a b", "c d"), ("second", "zweite")]
+
+
+def test_read_tsv_names_the_bad_line(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("a\tb\nc\td\te\n")
+    with pytest.raises(MtbenchError, match=r"pairs.tsv:2: expected 2 tab-separated columns .* found 3"):
+        read_tsv(str(path))
+
+
+def test_split_is_deterministic_disjoint_and_independent_of_order_of_calls(bible_pairs):
+    first = split_corpus(bible_pairs[:3000], 100, 200, "x", "y")
+    second = split_corpus(bible_pairs[:3000], 100, 200, "x", "y")
+    assert first.test == second.test and first.valid == second.valid
+    assert len(first.test) == 200 and len(first.valid) == 100
+    assert not set(first.test) & set(first.train) and not set(first.valid) & set(first.train)
+
+
+def test_split_removes_duplicates_before_splitting():
+    pairs = [("same", "pareil")] * 50 + [(f"s{i}", f"t{i}") for i in range(20)]
+    corpus = split_corpus(pairs, 2, 2, "x", "y")
+    assert sum(corpus.sizes().values()) == 21
+
+
+@pytest.fixture(scope="module")
+def encoded(bible_pairs, cache_dir):
+    train = bible_pairs[:2000]
+    tokenizer = load_or_train_tokenizer(train, 500, cache_dir)
+    return tokenizer, encode_split(train, tokenizer, 48)
+
+
+def test_tokenizer_round_trips_and_is_cached(bible_pairs, cache_dir, encoded):
+    tokenizer, _ = encoded
+    again = load_or_train_tokenizer(bible_pairs[:2000], 500, cache_dir)
+    assert again.path == tokenizer.path
+    sentence = bible_pairs[5][1]
+    assert tokenizer.decode(tokenizer.encode([sentence])) == [sentence]
+    assert tokenizer.vocab_size == 500
+
+
+def test_length_filter_and_special_tokens(encoded):
+    _, split = encoded
+    assert split.dropped_too_long > 0
+    assert all(len(s) <= 48 and s[-1] == EOS_ID for s in split.sources)
+    assert all(len(t) + 1 <= 48 for t in split.targets)
+
+
+def test_training_batches_use_fixed_shapes_and_mask_padding(encoded):
+    _, split = encoded
+    batches = training_batches(split, 16, 48, seed=3)
+    seen_shapes = set()
+    for _ in range(40):
+        _, batch = next(batches)
+        seen_shapes.add(batch.shape)
+        assert batch.shape[0] == 16 and batch.shape[1] in bucket_lengths(48)
+        assert (batch.target_input[:, 0] == BOS_ID).all()
+        assert ((batch.target_output != PAD_ID) == (batch.weight > 0)).all()
+        shifted = batch.target_input[:, 1:] != PAD_ID  # teacher forcing: input j+1 is output j
+        np.testing.assert_array_equal(batch.target_input[:, 1:][shifted], batch.target_output[:, :-1][shifted])
+        lengths = batch.weight.sum(axis=1).astype(int)
+        assert (batch.target_output[np.arange(16), lengths - 1] == EOS_ID).all()
+    assert len(seen_shapes) <= len(bucket_lengths(48))
+
+
+def test_same_seed_same_batches(encoded):
+    _, split = encoded
+    a, b, c = (training_batches(split, 16, 48, seed=s) for s in (7, 7, 8))
+    first_a, first_b, first_c = (next(g)[1] for g in (a, b, c))
+    np.testing.assert_array_equal(first_a.source, first_b.source)
+    assert not np.array_equal(first_a.index, first_c.index)
+
+
+def test_evaluation_batches_hold_every_example_once(encoded):
+    _, split = encoded
+    indices = np.concatenate([b.index for b in evaluation_batches(split, 64, 48)])
+    real = indices[indices >= 0]
+    assert sorted(real.tolist()) == list(range(len(split)))

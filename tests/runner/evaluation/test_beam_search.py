@@ -1,0 +1,88 @@
+"""Beam search on a tiny model trained briefly on the real corpus (so it emits EOS and varied tokens): the
+compiled, cached loop against a plain Python beam search over full forward passes."""
+
+import itertools
+import math
+
+import keras
+import numpy as np
+import pytest
+from rich.console import Console
+
+from mtbench.plugins.manager import registry
+from mtbench.plugins.backends.jax_backend import JaxBackend
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.data.batches import bucket_for, bucket_lengths, training_batches
+from mtbench.runner.evaluation.decoding import beam_decoder, greedy_decoder, make_decoder, output_length, translate
+from mtbench.runner.loop.timing import Stopwatch
+from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from mtbench.runner.setup import build_model, compile_model, starting_weights
+from mtbench.runner.training import prepare_data, read_corpus
+
+STEPS = 150
+MAX_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def trained(cache_dir, tmp_path_factory):
+    config = TrainConfig(backend="jax", preset="tiny", max_pairs=4000, valid_size=100, test_size=100,
+                         max_len=MAX_LEN, steps=STEPS, batch_size=32, learning_rate=3e-3, warmup_steps=20,
+                         cache_dir=cache_dir, out=str(tmp_path_factory.mktemp("beam") / "unused.json"))
+    stopwatch = Stopwatch()
+    data = prepare_data(config, read_corpus(config, registry(), Console(quiet=True), stopwatch), stopwatch)
+    keras.utils.set_random_seed(0)
+    model, _ = build_model(config, data.tokenizer)
+    starting_weights(config, model, None)
+    compile_model(keras, model, config, STEPS, {})
+    for _, batch in itertools.islice(training_batches(data.train, 32, MAX_LEN, seed=0), STEPS):
+        model.train_on_batch((batch.source, batch.target_input), batch.target_output, sample_weight=batch.weight)
+    return model, data.test.sources[:12]
+
+
+def log_softmax(logits):
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def python_beam_search(forward, source, length, beam, alpha):
+    """The reference: hypotheses as Python lists, one full forward pass per hypothesis and position."""
+    def penalty(generated):
+        return ((5 + generated) / 6) ** alpha
+
+    alive, finished = [(0.0, [BOS_ID])], []  # (log-probability, tokens); (normalised score, tokens)
+    for position in range(length - 1):
+        worst_finished = min(score for score, _ in finished) if len(finished) == beam else -math.inf
+        if alive[0][0] / penalty(length - 1) <= worst_finished:
+            break
+        proposals = []
+        for score, tokens in alive:
+            padded = np.array([tokens + [PAD_ID] * (length - len(tokens))], np.int32)
+            logits = keras.ops.convert_to_numpy(forward(np.array([source], np.int32), padded))[0, position]
+            proposals += [(score + log_prob, tokens + [token]) for token, log_prob in enumerate(log_softmax(logits))]
+        proposals = sorted(proposals, key=lambda p: -p[0])[:2 * beam]
+        alive = [p for p in proposals if p[1][-1] != EOS_ID][:beam]
+        ended = [(score / penalty(position + 1), tokens) for score, tokens in proposals if tokens[-1] == EOS_ID]
+        finished = sorted(finished + ended, key=lambda p: -p[0])[:beam]
+    tokens = (finished[0] if finished else alive[0])[1][1:]
+    return tokens[:tokens.index(EOS_ID)] if EOS_ID in tokens else [t for t in tokens if t != PAD_ID]
+
+
+def test_trained_model_translates_into_varied_sentences(trained):
+    model, sources = trained
+    greedy = translate(JaxBackend().compile_inference(greedy_decoder(model), model), sources, 4, MAX_LEN)
+    assert len({tuple(t) for t in greedy}) > 1 and any(len(t) < MAX_LEN - 2 for t in greedy)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_compiled_beam_search_matches_python_beam_search(trained, beam):
+    model, sources = trained
+    compiled = translate(JaxBackend().compile_inference(make_decoder(model, beam=beam), model), sources, 12, MAX_LEN)
+    assert compiled == translate(beam_decoder(model, beam, use_cache=False), sources, 12, MAX_LEN)
+    # The buffer length `translate` gives the one batch these sources make.
+    length = output_length(bucket_for(max(map(len, sources)), bucket_lengths(MAX_LEN)), MAX_LEN)
+    forward = JaxBackend().compile_inference(lambda source, target: model((source, target)), model)
+    assert compiled == [python_beam_search(forward, s, length, beam, 0.6) for s in sources]
+    if beam > 1:
+        greedy = translate(greedy_decoder(model), sources, 12, MAX_LEN)
+        assert compiled != greedy, "beam search should change at least one of these translations"

@@ -1,0 +1,87 @@
+"""Checkpoints on the functions that write and read them: a round trip, the last K kept, and a full disk that
+leaves the earlier checkpoints intact."""
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from mtbench.errors import RunFailure
+from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore
+
+
+def small_model(seed):
+    import keras
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dropout(0.5),
+                              keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.AdamW(1e-2), loss="mse")
+    return model
+
+
+def train(model, steps):
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        model.train_on_batch(rng.normal(size=(8, 4)), rng.normal(size=(8, 2)))
+
+
+def save(run_dir, model, step, keep=2):
+    return run_dir.save(model, TrainingState(step=step, history=[{"step": step}]), {"preset": "tiny"}, "spm.model",
+                        keep)
+
+
+def test_checkpoint_round_trip_restores_weights_optimizer_and_random_state(tmp_path):
+    trained = small_model(seed=1)
+    train(trained, 3)
+    checkpoint = save(RunDirectory(str(tmp_path / "r.run"), fresh=True), trained, step=3)
+    fresh = small_model(seed=2)
+    state = restore(checkpoint, fresh)
+    assert state == TrainingState(step=3, history=[{"step": 3}])
+    assert int(fresh.optimizer.iterations.numpy()) == 3
+    for restored, original in zip(fresh.variables + fresh.optimizer.variables,
+                                  trained.variables + trained.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(restored.value), np.asarray(original.value))
+    train(trained, 2)
+    train(fresh, 2)
+    np.testing.assert_array_equal(fresh.get_weights()[0], trained.get_weights()[0])
+
+
+def test_only_the_last_checkpoints_are_kept_and_a_new_run_replaces_them(tmp_path):
+    model = small_model(seed=1)
+    run_dir = RunDirectory(str(tmp_path / "r.run"), fresh=True)
+    for step in (1, 2, 3, 4):
+        save(run_dir, model, step)
+    assert [step for step, _ in run_dir.checkpoints()] == [3, 4]
+    again = RunDirectory(run_dir.path, fresh=True)
+    save(again, model, 1)
+    assert [step for step, _ in again.checkpoints()] == [1]
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_refused(tmp_path):
+    untrained = small_model(seed=1)  # its optimizer has no slots yet: the saved state cannot fill a built one
+    checkpoint = save(RunDirectory(str(tmp_path / "r.run"), fresh=True), untrained, step=1)
+    with pytest.raises(RunFailure, match=r"checkpoint-000001: does not fit this model: Skipping variable loading "
+                                         r"for optimizer"):
+        restore(checkpoint, small_model(seed=1))
+
+
+def test_full_disk_during_a_checkpoint_leaves_the_earlier_ones_intact(tmp_path, monkeypatch):
+    model = small_model(seed=1)
+    train(model, 1)
+    run_dir = RunDirectory(str(tmp_path / "r.run"), fresh=True)
+    save(run_dir, model, 1)
+    save(run_dir, model, 2)
+    before = sorted(os.listdir(run_dir.path))
+
+    def disk_full(path):
+        with open(path, "wb") as f:
+            f.write(b"half a file")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(model, "save_weights", disk_full)
+    with pytest.raises(RunFailure, match=r"r.run: cannot write the checkpoint of step 3: No space left on device; "
+                                         r"earlier checkpoints are intact"):
+        save(run_dir, model, 3)
+    assert sorted(os.listdir(run_dir.path)) == before
+    assert restore(run_dir.latest()[1], small_model(seed=1)).step == 2

@@ -1,0 +1,193 @@
+"""Long runs that end badly and the work they keep: a SIGKILL and --resume, Ctrl-C and SIGTERM, a diverging
+loss, and stopping at a target quality. Each runs the CLI in a subprocess on the tiny preset, as users do."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import TINY_TRAIN, run_cli
+from mtbench.runner.results.schema import schema_errors
+from mtbench.runner.loop.signals import stop_requests
+
+CHECKPOINTED = [*TINY_TRAIN, "--checkpoint-every", "10"]
+
+
+def start(*args):
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env["MTBENCH_LOAD_PLUGINS"] = ""
+    return subprocess.Popen([sys.executable, "-m", "mtbench", "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def signal_after_first_checkpoint(proc, run_dir, signum, timeout=300):
+    """Sends `signum` as soon as the first checkpoint exists, while training goes on."""
+    deadline = time.monotonic() + timeout
+    while not os.path.isdir(os.path.join(run_dir, "checkpoint-000010")):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return stdout, stderr
+
+
+def read(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def losses(result):
+    return np.array([h["loss"] for h in result["history"]])
+
+
+def checkpoint_steps(run_dir):
+    return sorted(int(name.split("-")[1]) for name in os.listdir(run_dir) if name.startswith("checkpoint-"))
+
+
+def test_killed_run_resumes_to_the_losses_of_an_uninterrupted_run(tmp_path, cache_dir, tiny_runs):
+    out, run_dir = str(tmp_path / "killed.json"), str(tmp_path / "killed.run")
+    proc = start("--backend", "jax", *CHECKPOINTED, "--cache-dir", cache_dir, "--out", out)
+    signal_after_first_checkpoint(proc, run_dir, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL and not os.path.exists(out)
+    saved = checkpoint_steps(run_dir)
+    assert saved and saved[-1] < 60
+
+    resumed = run_cli("train", "--resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {run_dir} after step {saved[-1]}" in resumed.stdout
+    result = read(out)
+    assert schema_errors(result) == [] and result["status"] == "completed"
+    assert result["timing"]["resumed_at_steps"] == [saved[-1] + 1]
+    uninterrupted = tiny_runs["jax"]["result"]
+    assert [h["shape"] for h in result["history"]] == [h["shape"] for h in uninterrupted["history"]]
+    np.testing.assert_allclose(losses(result), losses(uninterrupted), rtol=0, atol=1e-4)
+    assert result["metrics"]["val_loss"] == pytest.approx(uninterrupted["metrics"]["val_loss"], abs=1e-4)
+
+
+def assert_interrupted(proc, stderr, out, run_dir, signal_name, exit_code):
+    assert proc.returncode == exit_code, stderr[-3000:]
+    result = read(out)
+    step = result["timing"]["steps"]
+    assert stderr.strip() == (f"Error: interrupted: {signal_name} received; stopped after step {step}; partial "
+                              f"result in {out}, checkpoint {run_dir}/checkpoint-{step:06d}; continue with: "
+                              f"mtbench train --resume {run_dir}")
+    assert schema_errors(result) == []
+    assert result["status"] == "interrupted" and 10 <= step < 60
+    assert [h["step"] for h in result["history"]] == list(range(1, step + 1))
+    assert result["metrics"]["train_loss_last_steps"] > 0
+    assert result["metrics"]["val_loss"] is None and result["metrics"]["bleu"] is None
+    assert result["hypotheses_file"] is None
+    assert result["checkpoint"] == f"{run_dir}/checkpoint-{step:06d}" and os.path.isdir(result["checkpoint"])
+    return result
+
+
+def test_ctrl_c_finishes_the_step_and_keeps_a_checkpoint_and_partial_result(tmp_path, cache_dir):
+    out, run_dir = str(tmp_path / "sigint.json"), str(tmp_path / "sigint.run")
+    proc = start("--backend", "jax", *CHECKPOINTED, "--cache-dir", cache_dir, "--out", out)
+    _, stderr = signal_after_first_checkpoint(proc, run_dir, signal.SIGINT)
+    assert_interrupted(proc, stderr, out, run_dir, "SIGINT", 130)
+
+
+def test_signals_are_recorded_once_and_a_second_ctrl_c_stops_at_once():
+    previous = signal.getsignal(signal.SIGINT)
+    with stop_requests() as requests:
+        signal.raise_signal(signal.SIGTERM)
+        assert requests.requested and requests.name == "SIGTERM" and requests.exit_code == 143
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is previous
+
+
+def test_sigterm_then_resume_replaces_the_partial_result_with_the_uninterrupted_figures(tmp_path, cache_dir,
+                                                                                         tiny_runs):
+    out, run_dir = str(tmp_path / "sigterm.json"), str(tmp_path / "sigterm.run")
+    proc = start("--backend", "torch", *CHECKPOINTED, "--cache-dir", cache_dir, "--out", out)
+    _, stderr = signal_after_first_checkpoint(proc, run_dir, signal.SIGTERM)
+    partial = assert_interrupted(proc, stderr, out, run_dir, "SIGTERM", 143)
+
+    resumed = run_cli("train", "--resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = read(out)
+    assert result["status"] == "completed" and result["backend"] == "torch"
+    assert result["history"][:partial["timing"]["steps"]] == partial["history"]
+    np.testing.assert_allclose(losses(result), losses(tiny_runs["torch"]["result"]), rtol=0, atol=1e-4)
+    again = run_cli("train", "--resume", run_dir)
+    assert again.returncode == 2
+    assert "the run already has a result with status completed; there is nothing to resume" in again.stderr
+
+
+def test_nan_loss_stops_the_run_as_diverged_and_keeps_the_partial_result(tmp_path, cache_dir):
+    out, run_dir = str(tmp_path / "nan.json"), str(tmp_path / "nan.run")
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "20", "--checkpoint-every", "3",
+                   "--cache-dir", cache_dir, "--out", out, env={"MTBENCH_TEST_NAN_AT_STEP": "5"})
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (f"Error: training diverged: the loss is nan at step 5; partial result in {out}, "
+                                   f"checkpoint {run_dir}/checkpoint-000003; continue with: mtbench train "
+                                   f"--resume {run_dir}")
+    result = read(out)
+    assert schema_errors(result) == []
+    assert result["status"] == "diverged" and result["status_reason"] == "the loss is nan at step 5"
+    assert [h["loss"] is None for h in result["history"]] == [False] * 4 + [True]
+    assert result["timing"]["steps"] == 5 and result["metrics"]["test_loss"] is None
+    assert checkpoint_steps(run_dir) == [3]
+
+
+TARGET_RUN = [*TINY_TRAIN, "--steps", "200", "--warmup-steps", "20", "--learning-rate", "3e-3"]
+
+
+def test_training_stops_when_validation_bleu_reaches_the_target(tmp_path, cache_dir):
+    out = str(tmp_path / "target.json")
+    proc = run_cli("train", "--backend", "jax", *TARGET_RUN, "--eval-every", "25", "--target-bleu", "0.05",
+                   "--cache-dir", cache_dir, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = read(out)
+    target, timing = result["target"], result["timing"]
+    evaluations = target["evaluations"]
+    assert target["outcome"] == "reached" and result["status"] == "completed"
+    assert [e["step"] for e in evaluations] == list(range(25, timing["steps"] + 1, 25))
+    assert evaluations[-1]["bleu"] >= 0.05 > max(e["bleu"] for e in evaluations[:-1])
+    assert target["steps_to_target"] == timing["steps"] < 200
+    assert target["time_to_target_s"] == evaluations[-1]["training_s"] <= timing["train_s"]
+    assert target["evaluation_s"] == pytest.approx(sum(e["seconds"] for e in evaluations))
+    assert timing["validation_s"] >= target["evaluation_s"]
+    assert result["status_reason"].startswith(f"validation BLEU {evaluations[-1]['bleu']:.2f} reached the target")
+    assert result["metrics"]["bleu"] is not None
+    assert "time to validation" in proc.stdout and f"reached at step {timing['steps']}" in proc.stdout
+
+
+def test_a_target_not_reached_is_a_result_too(tmp_path, cache_dir):
+    out = str(tmp_path / "missed.json")
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "20", "--eval-every", "10",
+                   "--target-bleu", "50", "--cache-dir", cache_dir, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = read(out)
+    assert result["status"] == "completed" and result["timing"]["steps"] == 20
+    assert result["target"]["outcome"] == "not reached"
+    assert result["target"]["steps_to_target"] is None and result["target"]["time_to_target_s"] is None
+    assert [e["step"] for e in result["target"]["evaluations"]] == [10, 20]
+    assert "time to validation" in proc.stdout and "not reached" in proc.stdout
+
+
+def test_resume_refuses_training_data_that_changed_since(tmp_path, cache_dir):
+    from mtbench.plugins.datasets.bible_dataset import BibleDataset
+    from mtbench.runner.data.corpus import load_dataset_pairs
+    pairs = load_dataset_pairs(BibleDataset("en", "fr"), cache_dir, progress=lambda done, total: None)[:2000]
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    out, run_dir = str(tmp_path / "changed.json"), str(tmp_path / "changed.run")
+    first = run_cli("train", "--data", str(data), "--preset", "tiny", "--steps", "20", "--batch-size", "32",
+                    "--max-len", "48", "--valid-size", "100", "--test-size", "100", "--checkpoint-every", "3",
+                    "--cache-dir", cache_dir, "--out", out, env={"MTBENCH_TEST_NAN_AT_STEP": "4"})
+    assert first.returncode == 1 and checkpoint_steps(run_dir) == [3], first.stderr[-2000:]
+    with open(data, "a") as f:
+        f.write("A sentence added later.\tUne phrase ajoutée plus tard.\n")
+    resumed = run_cli("train", "--resume", run_dir)
+    assert resumed.returncode == 2
+    assert f"Error: {run_dir}: the training data differs from the run's" in resumed.stderr
+    assert read(out)["status"] == "diverged"

@@ -1,0 +1,83 @@
+"""Analytic FLOPs against a hand count, MFU's peak, and how often a backend compiles."""
+
+import pytest
+
+from mtbench.keras_models.presets import PRESETS
+from mtbench.runner.measurement.flops import forward_flops, training_flops
+from mtbench.runner.measurement.peaks import datasheet_peak
+
+
+def test_flops_of_the_tiny_preset_match_a_hand_count():
+    # tiny: d_model 64, ff 128, vocab 1000, 1 encoder and 1 decoder layer; batch 2, source and target 16 tokens.
+    tokens, d, f = 2 * 16, 64, 128
+    projections = 4 * 2 * tokens * d * d            # Q, K, V and output projections of one attention
+    scores_and_mix = 2 * (2 * 2 * 16 * 16 * d)      # QK^T and (scores)V over all heads
+    attention = projections + scores_and_mix
+    feed_forward = 2 * 2 * tokens * d * f
+    encoder = attention + feed_forward
+    decoder = 2 * attention + feed_forward          # self- and cross-attention (equal lengths here)
+    output_layer = 2 * tokens * d * 1000
+    assert forward_flops(PRESETS["tiny"], 2, 16, 16) == encoder + decoder + output_layer == 9_732_096
+    assert training_flops(PRESETS["tiny"], 2, 16, 16) == 3 * 9_732_096
+
+
+def test_flops_grow_quadratically_only_in_attention():
+    model = PRESETS["small"]
+    short, long = forward_flops(model, 8, 16, 16), forward_flops(model, 8, 32, 32)
+    assert 2 * short < long < 2.2 * short
+
+
+def test_datasheet_peaks_name_their_source():
+    peak, source = datasheet_peak("NVIDIA H100 80GB HBM3", "mixed_bfloat16")
+    assert peak == pytest.approx(989.4e12) and "H100" in source
+    assert datasheet_peak("Some Unknown Accelerator", "float32") == (None, None)
+
+
+def test_jax_compiles_once_per_bucket_and_never_in_steady_steps(tiny_runs):
+    result = tiny_runs["jax"]["result"]
+    history = result["history"]
+    seen = set()
+    for entry in history:
+        shape = tuple(entry["shape"])
+        if shape in seen:
+            assert entry["compilations"] == 0, f"step {entry['step']} recompiled"
+        else:
+            assert entry["compilations"] == 1, f"bucket {shape} compiled {entry['compilations']} programs"
+        seen.add(shape)
+    assert len(seen) >= 2, "the test slice should exercise more than one bucket"
+    assert result["timing"]["compilations_by_shape"] == {"x".join(map(str, s)): 1 for s in seen}
+
+
+def test_mfu_of_both_backends_is_against_the_same_named_cpu_peak(tiny_runs):
+    """The CPU's peak is the fastest matmul any installed framework measured on it, not each framework's own."""
+    peaks = set()
+    for backend in ("jax", "torch"):
+        utilization = tiny_runs[backend]["result"]["utilization"]
+        assert utilization["peak_source"].startswith("measured: 2048x2048 float32 matmul on ")
+        assert utilization["peak_source"].endswith("(the fastest of jax, torch on this CPU)")
+        assert 0 < utilization["mfu"] < 1
+        assert utilization["mfu"] == pytest.approx(utilization["model_flops_per_s"] / utilization["peak_flops_per_s"])
+        peaks.add((utilization["peak_flops_per_s"], utilization["peak_source"]))
+    assert len(peaks) == 1
+
+
+def test_torch_eager_reports_no_compilations(tiny_runs):
+    assert tiny_runs["torch"]["result"]["timing"]["compilations_by_shape"] is None
+    timing = tiny_runs["torch"]["result"]["timing"]
+    assert timing["input_s_median"] >= 0 and timing["input_fraction"] is not None
+
+
+def test_env_calibrate_measures_and_caches_each_backends_peak(tmp_path):
+    import json
+    import os
+
+    from conftest import run_cli
+    proc = run_cli("env", "--calibrate", "--json", "--cache-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    backends = json.loads(proc.stdout)["backends"]
+    for backend in ("jax", "torch"):
+        for dtype in ("float32", "bfloat16"):
+            peak = backends[backend]["peaks"][dtype]
+            assert peak["flops_per_s"] > 1e9
+            assert peak["source"] == f"measured: 2048x2048 {dtype} matmul on {backend}, median of repeats"
+    assert len(os.listdir(tmp_path / "calibration")) == 4

@@ -1,0 +1,252 @@
+"""`mtbench report` and `mtbench env`: every format carries the results' own numbers, runs that do not compare
+are refused, and the plot shows the runs' real series."""
+
+import csv
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+from mtbench import FIGURES
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def results(tiny_runs):
+    """The two single-run results (jax, torch) as files and as dicts."""
+    return {backend: (run["path"], run["result"]) for backend, run in tiny_runs.items()}
+
+
+def report(*args, **kwargs):
+    proc = run_cli("report", *args, **kwargs)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_json_output_carries_the_results_figures(results):
+    data = json.loads(report(results["jax"][0], results["torch"][0], "--format", "json"))
+    assert [entry["label"] for entry in data["summary"]] == ["jax", "torch"]
+    for entry in data["summary"]:
+        result = results[entry["label"]][1]
+        assert entry["repeats"] == 1 and entry["dtype"] == "float32"
+        for figure in FIGURES:
+            stat = entry["figures"][figure.key]
+            assert stat["median"] == stat["low"] == stat["high"] == figure.value(result), figure.key
+    tokens = {b: results[b][1]["timing"]["tokens_per_s"] for b in ("jax", "torch")}
+    assert data["speedups"] == {"jax": 1.0, "torch": pytest.approx(tokens["torch"] / tokens["jax"])}
+    assert data["parity"]["passed"] is True and data["parity"]["pairs"][0]["run"] == "torch"
+
+
+def test_baseline_option_sets_the_speedups_reference(results):
+    data = json.loads(report(results["jax"][0], results["torch"][0], "--format", "json", "--baseline", "torch"))
+    tokens = {b: results[b][1]["timing"]["tokens_per_s"] for b in ("jax", "torch")}
+    assert data["baseline"] == "torch"
+    assert data["speedups"] == {"jax": pytest.approx(tokens["jax"] / tokens["torch"]), "torch": 1.0}
+    assert data["parity"]["pairs"][0]["reference"] == "torch"
+
+
+def test_repeats_of_a_run_show_median_and_range_of_every_timing(results, tmp_path):
+    """Two results of the same backend and configuration are repeats of one run."""
+    jax_path, jax_result = results["jax"]
+    slower = json.loads(json.dumps(jax_result))
+    for key in ("compile_s", "step_s_median", "step_s_p90", "train_s", "total_s"):
+        slower["timing"][key] *= 2
+    slower["timing"]["tokens_per_s"] /= 2
+    slower_path = tmp_path / "slower.json"
+    slower_path.write_text(json.dumps(slower))
+    paths = [jax_path, str(slower_path), results["torch"][0]]
+
+    data = json.loads(report(*paths, "--format", "json"))
+    jax_entry = data["summary"][0]
+    assert jax_entry["label"] == "jax" and jax_entry["repeats"] == 2
+    tokens = jax_entry["figures"]["tokens_per_s"]
+    original = jax_result["timing"]["tokens_per_s"]
+    assert (tokens["low"], tokens["high"]) == (original / 2, original)
+    assert tokens["median"] == pytest.approx(0.75 * original)
+
+    header, rows = parse_markdown_table(report(*paths, "--format", "markdown"))
+    assert header == ["figure", "jax", "torch"] and rows["runs (repeats)"] == ["2", "1"]
+    for figure in FIGURES:
+        cell = rows[figure.title][0]
+        if figure.is_timing:
+            low, high = (figure.text(v) for v in sorted([figure.value(jax_result), figure.value(slower)]))
+            assert cell.endswith(f" ({low}–{high})"), (figure.key, cell)
+        else:
+            assert "–" not in cell, (figure.key, cell)
+
+
+def test_csv_output_carries_the_results_figures(results):
+    rows = list(csv.DictReader(io.StringIO(report(results["jax"][0], results["torch"][0], "--format", "csv"))))
+    assert [row["label"] for row in rows] == ["jax", "torch"]
+    for row in rows:
+        result = results[row["label"]][1]
+        assert row["backend"] == result["backend"] and row["repeats"] == "1"
+        for figure in FIGURES:
+            value = figure.value(result)
+            keys = [figure.key] + ([f"{figure.key}_min", f"{figure.key}_max"] if figure.is_timing else [])
+            for key in keys:
+                assert (row[key] == "") if value is None else (float(row[key]) == value), key
+
+
+def parse_markdown_table(text):
+    """{first cell: [other cells]} of the markdown table's body, and its header."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
+    header, body = cells[0], cells[2:]
+    return header, {row[0]: row[1:] for row in body}
+
+
+def test_markdown_output_carries_the_results_figures(results):
+    text = report(results["jax"][0], results["torch"][0], "--format", "markdown")
+    header, rows = parse_markdown_table(text)
+    assert header == ["figure", "jax", "torch"]
+    for column, backend in enumerate(("jax", "torch")):
+        result = results[backend][1]
+        for figure in FIGURES:
+            cell, value = rows[figure.title][column], figure.value(result)
+            if value is None:
+                assert cell == "n/a"
+            else:  # the cell is the raw value, scaled and rounded as the figure says
+                shown = float(cell.replace(",", ""))
+                assert shown == pytest.approx(value * figure.display_scale, abs=0.51 * 10 ** -figure.decimals)
+    assert rows["dtype"] == ["float32", "float32"]
+    assert "parity torch vs jax" in text
+
+
+def test_a_compare_json_reports_the_same_figures_as_its_run_files(compared):
+    from_compare = json.loads(report(compared["path"], "--format", "json"))
+    run_files = [run["result_file"] for run in compared["combined"]["runs"]]
+    from_files = json.loads(report(*run_files, "--format", "json"))
+    strip = [{k: v for k, v in entry.items() if k != "sources"} for entry in from_compare["summary"]]
+    assert strip == [{k: v for k, v in entry.items() if k != "sources"} for entry in from_files["summary"]]
+    assert from_compare["parity"] == compared["combined"]["parity"]
+
+
+def test_runs_of_different_configurations_are_refused(results, compared):
+    """The compare ran 30 steps from a weights file; the single runs 60 steps from the seed's draw."""
+    proc = run_cli("report", results["jax"][0], compared["path"])
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: not comparable: "), proc.stderr
+    assert "steps (60 vs 30)" in lines[0] and "initial_weights_sha256 (None vs '" in lines[0]
+    assert "--force" in lines[0]
+
+
+def test_a_deliberately_changed_configuration_is_refused_unless_forced(results, tmp_path):
+    changed = json.loads(json.dumps(results["torch"][1]))
+    changed["config"]["batch_size"] = 16
+    changed["config"]["seed"] = 7
+    changed["config"]["dtype"] = "mixed_bfloat16"  # may differ: not named
+    path = tmp_path / "changed.json"
+    path.write_text(json.dumps(changed))
+    proc = run_cli("report", results["jax"][0], str(path))
+    assert proc.returncode == 2
+    message = proc.stderr.strip()
+    assert "not comparable" in message and "batch_size (32 vs 16)" in message and "seed (0 vs 7)" in message
+    assert "dtype (" not in message
+    assert "Traceback" not in proc.stderr
+    forced = report(results["jax"][0], str(path), "--force", "--format", "csv")
+    assert len(list(csv.DictReader(io.StringIO(forced)))) == 2
+
+
+def test_perturbed_losses_are_flagged_in_the_report(results, tmp_path):
+    perturbed = json.loads(json.dumps(results["torch"][1]))
+    for entry in perturbed["history"][10:]:
+        entry["loss"] *= 1.05
+    path = tmp_path / "perturbed.json"
+    path.write_text(json.dumps(perturbed))
+    data = json.loads(report(results["jax"][0], str(path), "--format", "json"))
+    assert data["parity"]["passed"] is False
+    assert data["parity"]["pairs"][0]["max_relative_difference"] == pytest.approx(0.05, rel=1e-3)
+    assert "NOT within 1 %" in report(results["jax"][0], str(path), "--format", "markdown")
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("{not json", "not valid JSON"),
+    ('{"backend": "jax"}', "not an mtbench result (schema_version: missing"),
+])
+def test_unreadable_inputs_fail_with_one_line(tmp_path, content, expected):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    proc = run_cli("report", str(path))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+
+
+def png_size(data):
+    assert data[:8] == PNG_SIGNATURE
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_shows_each_runs_loss_curve_and_throughput(results, tmp_path):
+    from mtbench.runner.results.plots import comparison_figure, save_figure
+    from mtbench.runner.results.report import build_comparison, load_runs
+
+    comparison = build_comparison(load_runs([results["jax"][0], results["torch"][0]]))
+    figure = comparison_figure(comparison)
+    loss_axes, speed_axes = figure.axes
+    lines = loss_axes.get_lines()
+    assert [line.get_label() for line in lines] == ["jax · float32", "torch · float32"]
+    for line, backend in zip(lines, ("jax", "torch")):
+        history = results[backend][1]["history"]
+        assert list(line.get_xdata()) == [h["step"] for h in history]
+        assert list(line.get_ydata()) == [h["loss"] for h in history]
+    bars = speed_axes.patches
+    assert [bar.get_height() for bar in bars] == [results[b][1]["timing"]["tokens_per_s"] for b in ("jax", "torch")]
+    assert [tick.get_text() for tick in speed_axes.get_xticklabels()] == ["jax\nfloat32", "torch\nfloat32"]
+    assert "2 cores" in figure.get_suptitle() and "preset tiny" in figure.get_suptitle()
+
+    path = tmp_path / "plot.png"
+    save_figure(figure, str(path))
+    width, height = png_size(path.read_bytes())
+    assert (width, height) == (round(12 * 110), round(4.8 * 110))
+
+
+def test_report_plot_option_writes_a_png(results, tmp_path):
+    path = tmp_path / "cli.png"
+    report(results["jax"][0], results["torch"][0], "--plot", str(path))
+    width, height = png_size(path.read_bytes())
+    assert width > 600 and height > 300
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(results, tmp_path):
+    blocker = tmp_path / "matplotlib"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('matplotlib is absent in this test')\n")
+    proc = run_cli("report", results["jax"][0], "--plot", str(tmp_path / "p.png"),
+                   env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "Error: --plot needs matplotlib, which is not installed " \
+                                  "(pip install 'mtbench[plot]')"
+
+
+def test_env_describes_versions_devices_and_plugins_without_keras():
+    proc = run_cli("env", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["host"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    for backend in ("jax", "torch"):
+        assert data["backends"][backend]["available"] is True
+        assert data["backends"][backend]["device"]["kind"] == "cpu"
+        assert data["backends"][backend]["versions"][backend] == data["host"][backend]
+    assert {p["name"] for p in data["plugins"]} >= {"jax_backend", "torch_backend", "table_reporter"}
+    table = run_cli("env")
+    assert table.returncode == 0 and "mtbench env" in table.stdout and "backend" in table.stdout
+
+
+def test_env_imports_the_frameworks_but_never_keras():
+    probe = ("import sys; from mtbench.cli import main; sys.argv = ['mtbench', 'env', '--json']\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "print('keras' in sys.modules, 'jax' in sys.modules, 'torch' in sys.modules, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MTBENCH_LOAD_PLUGINS": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "False True True"

@@ -1,0 +1,79 @@
+"""The result schema check, atomic writes and the arithmetic of step timing."""
+
+import os
+import time
+
+import pytest
+
+from mtbench.errors import RunFailure
+from mtbench.runner.files import write_json_atomic
+from mtbench.runner.results.schema import schema_errors, sidecar_paths
+from mtbench.runner.loop.timing import StepTimer, TrainingClock
+
+
+def test_schema_errors_name_missing_and_mistyped_fields(tiny_runs):
+    result = dict(tiny_runs["jax"]["result"])
+    assert schema_errors(result) == []
+    broken = {**result, "timing": {**result["timing"], "step_s_median": "fast"}}
+    del broken["metrics"]
+    errors = schema_errors(broken)
+    assert "metrics: missing" in errors
+    assert any(e.startswith("timing.step_s_median: str") for e in errors)
+
+
+def test_compile_time_is_first_step_minus_the_steady_step_of_its_shape():
+    timer = StepTimer()
+    for step, (shape, seconds) in enumerate([((8, 16), 5.0), ((8, 16), 1.0), ((8, 32), 9.0), ((8, 16), 1.2),
+                                             ((8, 32), 2.0), ((8, 16), 0.8)], start=1):
+        timer.add(step, shape, seconds, target_tokens=100)
+    summary = timer.summary()
+    assert summary["shapes_compiled"] == 2 and summary["steady_steps"] == 4
+    assert summary["compile_s"] == pytest.approx((5.0 - 1.0) + (9.0 - 2.0))
+    assert summary["step_s_median"] == pytest.approx(1.1)
+    assert summary["tokens_per_s"] == pytest.approx(400 / 5.0)
+
+
+def test_a_resumed_timer_counts_the_first_step_of_each_shape_again():
+    timer = StepTimer()
+    timer.add(1, (8, 16), 5.0, 100, first_of_shape=True)  # restored from the earlier process's history
+    timer.add(2, (8, 16), 1.0, 100, first_of_shape=False)
+    timer.restart()
+    assert timer.add(3, (8, 16), 4.0, 100) is True
+    assert timer.add(4, (8, 16), 1.0, 100) is False
+    summary = timer.summary()
+    assert summary["shapes_compiled"] == 2 and summary["steady_steps"] == 2
+    assert summary["compile_s"] == pytest.approx(4.0 + 3.0)
+
+
+def test_training_clock_keeps_validation_and_checkpoints_apart(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    clock = TrainingClock(earlier_s=5.0, earlier_aside={"validation": 2.0})
+    now[0] += 3.0
+    with clock.aside("validation"):
+        now[0] += 4.0
+    with clock.aside("checkpoint"):
+        now[0] += 1.0
+    now[0] += 2.0
+    assert clock.training_s() == pytest.approx(5.0 + 3.0 + 2.0)
+    assert clock.aside_s == {"validation": 6.0, "checkpoint": 1.0}
+
+
+def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "result.json"
+    write_json_atomic(str(path), {"a": 1})
+    with pytest.raises(TypeError):
+        write_json_atomic(str(path), {"a": object()})
+    assert path.read_text() == '{\n  "a": 1\n}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_write_into_an_unwritable_place_is_a_clear_failure(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(RunFailure, match="cannot write"):
+        write_json_atomic(os.path.join(str(blocker), "result.json"), {})
+
+
+def test_sidecar_files_sit_beside_the_result():
+    assert sidecar_paths("runs/a.json") == ("runs/a.hyp.txt", "runs/a.ref.txt")

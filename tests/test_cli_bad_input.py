@@ -1,0 +1,211 @@
+"""Every bad input: one line on stderr (after any warning about a broken plugin), exit code 2, no traceback,
+nothing already written lost. Failures that cannot be produced honestly from the command line (a read-only
+directory or an unreadable file when the tests run as root, a full disk) are tested on the function that
+reports them."""
+
+import errno
+import gzip
+import json
+import os
+
+import pytest
+
+from conftest import env_with, run_cli
+from mtbench.errors import MtbenchError, RunFailure
+
+GOOD_TSV = "".join(f"source sentence number {i}\tphrase cible numéro {i}\n" for i in range(60))
+EN = "".join(f"source sentence number {i}\n" for i in range(60))
+FR = "".join(f"phrase cible numéro {i}\n" for i in range(60))
+
+
+def write(path, data):
+    mode = "wb" if isinstance(data, bytes) else "w"
+    with open(path, mode) as f:
+        f.write(data)
+    return str(path)
+
+
+def jsonl(records):
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
+def cases(tmp_path, plugin_path):
+    """name -> (arguments, the error line must contain, environment)."""
+    t = tmp_path
+    good = write(t / "good.tsv", GOOD_TSV)
+    existing = write(t / "existing.json", '{"keep": "me"}\n')
+    translations = [{"translation": {"en": f"sentence {i}", "fr": f"phrase {i}"}} for i in range(60)]
+    write(t / "corpus.en", EN)
+    write(t / "corpus.fr", FR.rsplit("phrase", 1)[0])  # one line short
+    os.mkfifo(t / "pipe.tsv")
+    (t / "not-a-run").mkdir()
+    (t / "empty-run").mkdir()
+    write(t / "empty-run" / "run.json", json.dumps({"mtbench_run": 1, "config": {"preset": "tiny"}}))
+    os.makedirs(t / "earlier.run" / "checkpoint-000010")
+    write(t / "earlier.run" / "checkpoint-000010" / "state.json", "{}")
+    (t / "sacrebleu-cache").mkdir()
+    plugins = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "thirdparty,broken"}
+    empty_cache = {"SACREBLEU": str(t / "sacrebleu-cache")}
+    return {
+        "unknown backend": (["--backend", "nonesuch"], "unknown backend 'nonesuch'", None),
+        "backend framework not installed": (["--backend", "fakeflow"], "backend 'fakeflow' needs "
+                                            "fakeflow_is_not_installed, which is not installed "
+                                            "(pip install 'mtbench[fakeflow]')", plugins),
+        "missing data file": (["--data", str(t / "absent.tsv")], "absent.tsv: no such file", None),
+        "data is a directory": (["--data", str(t)], "is a directory", None),
+        "data is a pipe": (["--data", str(t / "pipe.tsv")], "pipe.tsv: not a regular file", None),
+        "data under a file": (["--data", str(t / "good.tsv" / "x.tsv")], "x.tsv: no such file (a parent of it is a "
+                              "file", None),
+        "empty file": (["--data", write(t / "empty.tsv", "")], "empty.tsv: the file is empty", None),
+        "invalid utf-8": (["--data", write(t / "latin1.tsv", GOOD_TSV.encode() + "café\tcafé\n".encode("latin-1"))],
+                          "latin1.tsv:61: not valid UTF-8", None),
+        "not gzip": (["--data", write(t / "plain.tsv.gz", GOOD_TSV)], "plain.tsv.gz:1: not a valid gzip file", None),
+        "truncated gzip": (["--data", write(t / "cut.tsv.gz", gzip.compress(GOOD_TSV.encode())[:-20])],
+                           "cut.tsv.gz", None),
+        "too few columns": (["--data", write(t / "columns.tsv", GOOD_TSV + "only one column here\n")],
+                            "columns.tsv:61: expected 2 tab-separated columns", None),
+        "column beyond the line": (["--data", good, "--tgt-col", "3"],
+                                   "good.tsv:1: expected at least 3 tab-separated columns", None),
+        "same column twice": (["--data", good, "--src-col", "2"], "--src-col and --tgt-col are both 2", None),
+        "every pair has an empty side": (["--data", write(t / "hollow.tsv", "a\t\n\tb\n\n")],
+                                         "hollow.tsv: no pair has both a source and a target sentence", None),
+        "moses line counts differ": (["--data", str(t / "corpus"), "--src-lang", "en", "--tgt-lang", "fr"],
+                                     "corpus.fr:60: missing line: ", None),
+        "moses side missing": (["--data", str(t / "corpus"), "--src-lang", "en", "--tgt-lang", "de"],
+                               "corpus.de: no such file", None),
+        "jsonl line not json": (["--data", write(t / "broken.jsonl", jsonl(translations[:2]) + "{'en': 'x'}\n"),
+                                 "--src-lang", "en", "--tgt-lang", "fr"], "broken.jsonl:3: not valid JSON", None),
+        "jsonl lacks the language": (["--data", write(t / "lacks.jsonl", jsonl(translations[:1] + [
+            {"translation": {"en": "only english"}}])), "--src-lang", "en", "--tgt-lang", "fr"],
+            'lacks.jsonl:2: the translation has no "fr" (it has: en)', None),
+        "jsonl without languages": (["--data", write(t / "pairs.jsonl", jsonl(translations))],
+                                    "pairs.jsonl: a jsonl corpus needs --src-lang and --tgt-lang", None),
+        "one language only": (["--data", good, "--src-lang", "en"], "give both --src-lang and --tgt-lang", None),
+        "bad validation file": (["--data", good, "--valid", write(t / "valid.tsv", "one column only\n")],
+                                "valid.tsv:1: expected at least 2 tab-separated columns", None),
+        "sacrebleu set not cached": (["--data", good, "--test", "sacrebleu:wmt14", "--src-lang", "en",
+                                      "--tgt-lang", "fr"], "sacrebleu test set wmt14 en-fr is not in sacrebleu's "
+                                     "cache", empty_cache),
+        "unknown sacrebleu set": (["--data", good, "--test", "sacrebleu:wmt41", "--src-lang", "en", "--tgt-lang",
+                                   "fr"], "unknown sacrebleu test set 'wmt41'", empty_cache),
+        "sacrebleu pair missing": (["--data", good, "--test", "sacrebleu:wmt14", "--src-lang", "en", "--tgt-lang",
+                                    "tlh"], "sacrebleu test set 'wmt14' has no en-tlh", empty_cache),
+        "corpus too small to split": (["--data", write(t / "small.tsv", "".join(GOOD_TSV.splitlines(True)[:5])),
+                                       "--valid-size", "5", "--test-size", "5"], "cannot be split", None),
+        "unknown dataset": (["--dataset", "bible-xx-yy"], "unknown dataset 'bible-xx-yy'", None),
+        "unknown extra": (["--data", good, "--extra", "warp-drive"], "unknown extra 'warp-drive'", None),
+        "extra unavailable here": (["--data", good, "--valid-size", "5", "--test-size", "5", "--extra", "tpu"],
+                                   "extra 'tpu' cannot run here: needs TPU devices", None),
+        "conflicting extras": (["--data", good, "--extra", "pmap", "--extra", "data-parallel"],
+                               "extra 'pmap' cannot run together with 'data-parallel'", None),
+        "batch size zero": (["--batch-size", "0"], "--batch-size must be at least 1", None),
+        "negative steps": (["--steps", "-3"], "--steps must be at least 1", None),
+        "no beam": (["--beam", "0"], "--beam must be at least 1", None),
+        "negative length penalty": (["--length-penalty", "-1"], "--length-penalty must not be negative", None),
+        "steps and epochs": (["--steps", "3", "--epochs", "1"], "not both", None),
+        "no checkpoints kept": (["--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1", None),
+        "target without evaluations": (["--target-bleu", "20"], "--target-bleu needs --eval-every", None),
+        "unknown reporter": (["--report", "fax"], "unknown reporter 'fax'", None),
+        "reporter of a broken plugin": (["--report", "twoline"], "unknown reporter 'twoline'; available: oneline, "
+                                        "table; it may come from a plugin that failed: plugin 'broken' failed to "
+                                        "load", plugins),
+        "existing result": (["--data", good, "--out", existing], "already exists; pass --overwrite", None),
+        "output is a directory": (["--data", good, "--out", str(t)], "is a directory", None),
+        "output under a file": (["--data", good, "--out", str(t / "good.tsv" / "r.json")],
+                                "good.tsv: it is a file, not a directory", None),
+        "earlier run's checkpoints": (["--data", good, "--out", str(t / "earlier.json")],
+                                      "earlier.run: holds checkpoints of an earlier run", None),
+        "resume a missing directory": (["--resume", str(t / "nowhere")], "nowhere: no such run directory", None),
+        "resume a directory that is not a run": (["--resume", str(t / "not-a-run")],
+                                                 "not-a-run: not an mtbench run directory (it has no run.json)", None),
+        "resume a run without checkpoints": (["--resume", str(t / "empty-run")],
+                                             "empty-run: holds no complete checkpoint", None),
+        "resume with other options": (["--resume", str(t / "empty-run"), "--steps", "5"],
+                                      "--resume continues a run with its own configuration; drop --steps", None),
+    }
+
+
+CASE_NAMES = [
+    "unknown backend", "backend framework not installed", "missing data file", "data is a directory",
+    "data is a pipe", "data under a file", "empty file", "invalid utf-8", "not gzip", "truncated gzip",
+    "too few columns", "column beyond the line", "same column twice", "every pair has an empty side",
+    "moses line counts differ", "moses side missing", "jsonl line not json", "jsonl lacks the language",
+    "jsonl without languages", "one language only", "bad validation file", "sacrebleu set not cached",
+    "unknown sacrebleu set", "sacrebleu pair missing", "corpus too small to split", "unknown dataset",
+    "unknown extra", "extra unavailable here", "conflicting extras", "batch size zero", "negative steps",
+    "no beam", "negative length penalty", "steps and epochs", "no checkpoints kept", "target without evaluations",
+    "unknown reporter",
+    "reporter of a broken plugin", "existing result", "output is a directory", "output under a file",
+    "earlier run's checkpoints", "resume a missing directory", "resume a directory that is not a run",
+    "resume a run without checkpoints", "resume with other options"]
+
+
+def snapshot(directory):
+    files = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            if os.path.isfile(path):
+                with open(path, "rb") as f:
+                    files[path] = f.read()
+    return files
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_bad_input_fails_with_one_clear_line(tmp_path, cache_dir, plugin_path, case):
+    args, expected, env = cases(tmp_path, plugin_path)[case]
+    before = snapshot(tmp_path)
+    common = [] if "--resume" in args else ["--preset", "tiny", "--cache-dir", cache_dir]
+    out_args = [] if "--out" in args or "--resume" in args else ["--out", str(tmp_path / "result.json")]
+    proc = run_cli("train", *common, *out_args, *args, env=env)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("Warning: ")]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("Error: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert snapshot(tmp_path) == before, "a failed run changed or removed a file that was already there"
+
+
+def test_the_table_covers_every_case(tmp_path, plugin_path):
+    assert sorted(cases(tmp_path, plugin_path)) == sorted(CASE_NAMES)
+
+
+def test_debug_shows_the_traceback(tmp_path, cache_dir):
+    proc = run_cli("train", "--backend", "nonesuch", "--debug", "--cache-dir", cache_dir)
+    assert proc.returncode == 2
+    assert "Traceback" in proc.stderr and "unknown backend 'nonesuch'" in proc.stderr
+
+
+def test_unreadable_file_names_the_file_and_the_reason(tmp_path, monkeypatch):
+    """Root reads a chmod 000 file anyway, so the refusal comes from a patched open."""
+    from mtbench.runner.data import formats
+    path = write(tmp_path / "locked.tsv", GOOD_TSV)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(formats, "open", refuse, raising=False)
+    with pytest.raises(MtbenchError, match=r"locked.tsv: cannot read: Permission denied"):
+        formats.read_tsv(path)
+
+
+def test_read_only_output_directory_is_refused_before_training(tmp_path, monkeypatch):
+    from mtbench.runner.results.output import check_output_path
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(MtbenchError, match=r"r.json: cannot write into .*: permission denied or read-only"):
+        check_output_path(str(tmp_path / "r.json"), overwrite=False)
+
+
+def test_full_disk_is_a_clear_failure_and_keeps_the_earlier_file(tmp_path, monkeypatch):
+    from mtbench.runner import files
+    path = tmp_path / "result.json"
+    files.write_json_atomic(str(path), {"earlier": True})
+
+    def disk_full(fd):  # where a full disk often shows: the data cannot be flushed to it
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, "fsync", disk_full)
+    with pytest.raises(RunFailure, match=r"result.json: cannot write: No space left on device"):
+        files.write_json_atomic(str(path), {"later": True})
+    assert json.loads(path.read_text()) == {"earlier": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]

@@ -1,0 +1,72 @@
+"""`mtbench train` on both backends, end to end, on a slice of the built-in corpus."""
+
+import numpy as np
+import pytest
+from sacrebleu.metrics import BLEU, CHRF
+
+from mtbench.runner.results.schema import schema_errors
+
+BACKENDS = ("jax", "torch")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_result_matches_schema(tiny_runs, backend):
+    result = tiny_runs[backend]["result"]
+    assert schema_errors(result) == []
+    assert result["backend"] == backend
+    assert result["status"] == "completed"
+    assert result["config"]["preset"] == "tiny"
+    assert result["env"]["device"]["kind"] == "cpu"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loss_falls(tiny_runs, backend):
+    losses = [h["loss"] for h in tiny_runs[backend]["result"]["history"]]
+    assert len(losses) == 60
+    assert np.mean(losses[-10:]) < np.mean(losses[:5]) - 1.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reported_scores_are_sacrebleus_scores_of_the_saved_files(tiny_runs, backend):
+    result = tiny_runs[backend]["result"]
+    with open(result["hypotheses_file"]) as f:
+        hypotheses = f.read().splitlines()
+    with open(result["references_file"]) as f:
+        references = f.read().splitlines()
+    assert len(hypotheses) == len(references) == result["metrics"]["test_sentences_scored"] > 0
+    assert any(h.strip() for h in hypotheses), "the model produced no words at all"
+    bleu, chrf = BLEU(), CHRF()
+    assert result["metrics"]["bleu"] == pytest.approx(bleu.corpus_score(hypotheses, [references]).score)
+    assert result["metrics"]["chrf"] == pytest.approx(chrf.corpus_score(hypotheses, [references]).score)
+    assert result["metrics"]["chrf"] > 1.0
+    assert result["metrics"]["bleu_signature"] == str(bleu.get_signature())
+    assert result["metrics"]["bleu_signature"].startswith("nrefs:1|")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_timing_separates_compilation_from_steady_steps(tiny_runs, backend):
+    timing = tiny_runs[backend]["result"]["timing"]
+    history = tiny_runs[backend]["result"]["history"]
+    distinct_shapes = {tuple(h["shape"]) for h in history}
+    assert timing["shapes_compiled"] == len(distinct_shapes)
+    assert timing["steady_steps"] == len(history) - len(distinct_shapes)
+    assert timing["step_s_median"] <= timing["step_s_p90"]
+    assert timing["train_s"] <= timing["total_s"]
+
+
+def test_backends_start_from_the_same_weights_and_batches(tiny_runs):
+    """Numpy-drawn initial weights and a numpy batch order: in float32 the two backends' loss curves must
+    coincide step for step, apart from float rounding."""
+    jax_losses = np.array([h["loss"] for h in tiny_runs["jax"]["result"]["history"]])
+    torch_losses = np.array([h["loss"] for h in tiny_runs["torch"]["result"]["history"]])
+    assert [h["shape"] for h in tiny_runs["jax"]["result"]["history"]] == \
+        [h["shape"] for h in tiny_runs["torch"]["result"]["history"]]
+    assert jax_losses[0] == pytest.approx(torch_losses[0], rel=1e-5)
+    assert np.max(np.abs(jax_losses - torch_losses) / jax_losses) < 0.01
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_terminal_table_shows_the_figures(tiny_runs, backend):
+    stdout = tiny_runs[backend]["stdout"]
+    for label in ("steady step median", "tokens/s", "BLEU / chrF", "loss train / val / test", "result:"):
+        assert label in stdout
