@@ -72,7 +72,7 @@ def prepare_benchmark(config, steps, length):
     from mtbench import RunContext
     from mtbench.runner.setup import import_keras
     backend = plugins.registry().backends[config.backend]
-    keras = import_keras(config, backend, [])
+    keras = import_keras(config, backend)
     workload = prepare_workload(config, steps, length=length)
     if not workload.batches:
         raise SystemExit(f"no batch of length {length} in the corpus; try another --length")

@@ -69,20 +69,18 @@ def compared(cache_dir):
     with open(out) as f:
         return {"combined": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
 THIRD_PARTY = textwrap.dedent('''
-    from mtbench import Backend, Extra, MtbenchError, Reporter, TrainStep, hookimpl
+    from mtbench import Backend, Extra, MtbenchError, Reporter, WrappingStep, hookimpl
 
-    class CountingStep(TrainStep):
+    class CountingStep(WrappingStep):
         """Wraps the step chosen before it (the backend's fast step) and counts its calls."""
         def __init__(self, inner, state):
-            self.inner, self.state = inner, state
+            super().__init__(inner)
+            self.state = state
             self.name = f"counted {inner.name}"
 
         def __call__(self, x, y, sample_weight):
             self.state["steps_seen"] += 1
             return self.inner(x, y, sample_weight)
-
-        def finalize(self):
-            self.inner.finalize()
 
     class CountSteps(Extra):
         name = "count-steps"
@@ -100,6 +98,14 @@ THIRD_PARTY = textwrap.dedent('''
 
         def compile_options(self, run):
             return {"jit_compile": False}
+
+    class CrashBeforeModel(Extra):
+        name = "crash-before-model"
+        description = "a bug in an extra's own code"
+        backends = ("jax",)
+
+        def before_model(self, run):
+            raise KeyError("mesh")
 
     class NotInstalledBackend(Backend):
         name = "fakeflow"
@@ -136,6 +142,7 @@ THIRD_PARTY = textwrap.dedent('''
     def mtbench_register_extras(register):
         register(CountSteps())
         register(NoJit())
+        register(CrashBeforeModel())
 ''')
 
 # Loads, but its callbacks hook fails during the run.
@@ -192,6 +199,22 @@ TWIN = textwrap.dedent('''
         register(Twin())
 ''')
 
+# A backend whose process set-up fails: a compare names the run and quotes its last error line.
+BROKEN_BACKEND = textwrap.dedent('''
+    from mtbench import Backend, RunFailure, hookimpl
+
+    class BrokenBackend(Backend):
+        name = "brokenflow"
+        keras_backend = "jax"
+
+        def prepare_process(self, config):
+            raise RunFailure("the brokenflow device is on fire")
+
+    @hookimpl
+    def mtbench_register_backends(register):
+        register(BrokenBackend())
+''')
+
 THIRD_PARTY_PACKAGES = {  # package -> (version, entry-point name, module source)
     "mtbench_thirdparty": ("0.3.0", "thirdparty", THIRD_PARTY),
     "mtbench_broken": ("0.0.1", "broken", "raise ImportError('this plugin is broken on purpose')\n"),
@@ -199,6 +222,7 @@ THIRD_PARTY_PACKAGES = {  # package -> (version, entry-point name, module source
     "mtbench_datasets_trouble": ("0.2.0", "trouble", DATASET_TROUBLE),
     "mtbench_twin_a": ("1.0.0", "twin", TWIN.replace("{letter}", "a")),
     "mtbench_twin_b": ("1.0.0", "twin", TWIN.replace("{letter}", "b")),
+    "mtbench_brokenflow": ("1.0", "brokenflow", BROKEN_BACKEND),
 }
 
 

@@ -20,7 +20,7 @@ def main(backend_name, cache_dir):
     config = TrainConfig(backend=backend_name, preset="tiny", max_pairs=4000, valid_size=100, test_size=100,
                          max_len=48, batch_size=32, warmup_steps=1, cache_dir=cache_dir)
     backend = plugins.registry().backends[backend_name]
-    keras = import_keras(config, backend, [])
+    keras = import_keras(config, backend)
     import numpy as np
 
     from benchmarks.workload import build_keras_model, prepare_workload

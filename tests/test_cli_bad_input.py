@@ -44,7 +44,7 @@ def cases(tmp_path, plugin_path):
     os.makedirs(t / "earlier.run" / "checkpoint-000010")
     write(t / "earlier.run" / "checkpoint-000010" / "state.json", "{}")
     (t / "sacrebleu-cache").mkdir()
-    plugins = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "thirdparty,broken"}
+    plugins = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty,mtbench-broken"}
     empty_cache = {"SACREBLEU": str(t / "sacrebleu-cache")}
     return {
         "unknown backend": (["--backend", "nonesuch"], "unknown backend 'nonesuch'", None),
@@ -106,8 +106,8 @@ def cases(tmp_path, plugin_path):
         "no checkpoints kept": (["--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1", None),
         "target without evaluations": (["--target-bleu", "20"], "--target-bleu needs --eval-every", None),
         "unknown reporter": (["--report", "fax"], "unknown reporter 'fax'", None),
-        "reporter of a broken plugin": (["--report", "twoline"], "unknown reporter 'twoline'; available: oneline, "
-                                        "table; it may come from a plugin that failed: plugin 'broken' failed to "
+        "reporter of a broken plugin": (["--report", "twoline"], "unknown reporter 'twoline'; available: explode, "
+                                        "oneline, table; it may come from a plugin that failed: plugin 'broken' failed to "
                                         "load", plugins),
         "existing result": (["--data", good, "--out", existing], "already exists; pass --overwrite", None),
         "output is a directory": (["--data", good, "--out", str(t)], "is a directory", None),

@@ -1,7 +1,7 @@
 """The hooks a plugin may implement. Built-in plugins use them exactly as third-party ones do.
 
 A plugin is a module (or object) with functions decorated by `mtbench.hookimpl`, registered through the
-`mtbench` entry-point group. The `register_*` hooks are called once per process with a `register` callable;
+`mtbench` entry-point group (built-in plugins are registered the same way, by module). The `register_*` hooks are called once per process with a `register` callable;
 a plugin calls it with each thing it provides. Plugin modules are imported in every process before a backend
 is chosen, so they must not import keras, jax or torch at module level: do that inside methods.
 """
@@ -14,7 +14,7 @@ hookimpl = HookimplMarker("mtbench")
 
 @hookspec
 def mtbench_register_backends(register):
-    """Register backends: call `register(backend)` with instances of `mtbench.plugins.api.Backend`.
+    """Register backends: call `register(backend)` with instances of `mtbench.Backend`.
 
     A backend names the Keras backend it runs on, sets the process up before keras is imported, and answers
     the questions timing needs (synchronise the device, peak device memory, versions, device name)."""
@@ -22,7 +22,7 @@ def mtbench_register_backends(register):
 
 @hookspec
 def mtbench_register_extras(register):
-    """Register extras: call `register(extra)` with instances of `mtbench.plugins.api.Extra`.
+    """Register extras: call `register(extra)` with instances of `mtbench.Extra`.
 
     An extra changes how a backend trains (a fused kernel, a compiler, data parallelism, a dtype policy).
     It declares the backends it serves and the extras it conflicts with, says why it cannot run on this
@@ -31,7 +31,7 @@ def mtbench_register_extras(register):
 
 @hookspec
 def mtbench_register_datasets(register):
-    """Register datasets: call `register(dataset)` with instances of `mtbench.plugins.api.Dataset`.
+    """Register datasets: call `register(dataset)` with instances of `mtbench.Dataset`.
 
     A dataset yields (source, target) sentence pairs from local files or installed packages; it never
     downloads."""
@@ -39,9 +39,10 @@ def mtbench_register_datasets(register):
 
 @hookspec
 def mtbench_register_reporters(register):
-    """Register reporters: call `register(reporter)` with instances of `mtbench.plugins.api.Reporter`.
+    """Register reporters: call `register(reporter)` with instances of `mtbench.Reporter`.
 
-    A reporter presents a finished result (a dict in the result-JSON schema) after it has been written."""
+    A reporter is handed every result a command writes (a dict in the result-JSON schema, docs/results.md),
+    complete or partial, once it is on disk: by `train`, `compare` and `report` when the user names it."""
 
 
 @hookspec

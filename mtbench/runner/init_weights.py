@@ -22,7 +22,7 @@ def write_initial_weights(config, registry, console, path, overwrite=False):
     check_output_path(path, overwrite, kind=".npz")
     stopwatch = Stopwatch()
     corpus = read_corpus(config, registry, console, stopwatch)
-    import_keras(config, backend, extras=())
+    import_keras(config, backend)
     from mtbench.keras_models.initialization import initial_weights
     data = prepare_data(config, corpus, stopwatch)
     model, _ = build_model(config, data.tokenizer)

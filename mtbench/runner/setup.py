@@ -15,6 +15,11 @@ class RunPlugins:
     backend: object
     extras: list
     reporters: list
+    registry: object
+
+    def extra_code(self, extra):
+        """A block running an extra's own code: its errors name the extra (and its plugin, for a crash)."""
+        return self.registry.plugin_code("extras", extra.name)
 
 
 def resolve_backend(name, registry):
@@ -48,15 +53,15 @@ def resolve_reporters(names, registry):
 def choose_plugins(config, registry, reporter_names=()):
     backend = resolve_backend(config.backend, registry)
     return RunPlugins(backend, resolve_extras(config.extras, backend, registry),
-                      resolve_reporters(reporter_names, registry))
+                      resolve_reporters(reporter_names, registry), registry)
 
 
-def import_keras(config, backend, extras):
-    """Sets the environment keras and the framework read at import, then imports keras."""
+def import_keras(config, backend, extras_environment=None):
+    """Sets the environment keras and the framework read at import (the backend's, then the extras'), then
+    imports keras."""
     env = {"KERAS_BACKEND": backend.keras_backend, "KERAS_HOME": os.path.join(config.cache_dir, "keras")}
     env.update(backend.prepare_process(config))
-    for extra in extras:
-        env.update(extra.environment(config))
+    env.update(extras_environment or {})
     os.environ.update(env)
     import keras
     if keras.backend.backend() != backend.keras_backend:
@@ -68,17 +73,23 @@ def import_keras(config, backend, extras):
 def start_backend(config, plugins):
     """Imports keras on the backend and checks that the dtype and every extra can run on its device; the
     extras may then adjust the configuration. Returns (keras, the RunContext the plugins see)."""
-    keras = import_keras(config, plugins.backend, plugins.extras)
+    extras_environment = {}
+    for extra in plugins.extras:
+        with plugins.extra_code(extra):
+            extras_environment.update(extra.environment(config))
+    keras = import_keras(config, plugins.backend, extras_environment)
     run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info())
     reason = plugins.backend.unsupported_dtype_reason(config.dtype, run.device)
     if reason:
         raise MtbenchError(f"--dtype {config.dtype}: {reason}")
     for extra in plugins.extras:
-        reason = extra.unavailable_reason(run)
+        with plugins.extra_code(extra):
+            reason = extra.unavailable_reason(run)
         if reason:
             raise MtbenchError(f"extra '{extra.name}' cannot run here: {reason}")
     for extra in plugins.extras:
-        extra.adjust_config(run)
+        with plugins.extra_code(extra):
+            extra.adjust_config(run)
     return keras, run
 
 
@@ -122,11 +133,13 @@ def compile_model(keras, model, config, total_steps, compile_options):
             "dtype_policy": model.dtype_policy.name}
 
 
-def extras_compile_options(run, extras):
+def extras_compile_options(run, plugins):
     """The `model.compile` options the extras ask for, each with the extra that asked."""
     options, asked_by = {}, {}
-    for extra in extras:
-        for key, value in extra.compile_options(run).items():
+    for extra in plugins.extras:
+        with plugins.extra_code(extra):
+            asked = extra.compile_options(run)
+        for key, value in asked.items():
             options[key] = value
             asked_by[key] = extra.name
     return options, asked_by
@@ -136,7 +149,8 @@ def choose_train_step(run, model, plugins):
     """The backend's fast step (or Keras's own), then each extra's wrapper or replacement, in the order given."""
     step = plugins.backend.make_train_step(run, model) or KerasTrainStep(model)
     for extra in plugins.extras:
-        step = extra.make_train_step(run, model, step) or step
+        with plugins.extra_code(extra):
+            step = extra.make_train_step(run, model, step) or step
     return step
 
 

@@ -151,10 +151,11 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(config.dtype)
     for extra in plugins.extras:
-        extra.before_model(run)
+        with plugins.extra_code(extra):
+            extra.before_model(run)
     model, model_shape = build_model(config, data.tokenizer, run.model_options)
     starting_weights(config, model, weights_file)
-    asked, asked_by = extras_compile_options(run, plugins.extras)
+    asked, asked_by = extras_compile_options(run, plugins)
     compile_record = compile_model(keras, model, config, total_steps, asked)
     state = TrainingState()
     if resume:
@@ -173,7 +174,8 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     except ValueError as error:
         raise MtbenchError(str(error)) from None
     for extra in plugins.extras:
-        reason = extra.verify(run, model, first_batch)
+        with plugins.extra_code(extra):
+            reason = extra.verify(run, model, first_batch)
         if reason:
             raise RunFailure(f"extra '{extra.name}' did not take effect: {reason}")
     decode = plugins.backend.compile_inference(make_decoder(model, config.beam, config.length_penalty), model)

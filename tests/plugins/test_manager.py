@@ -34,7 +34,7 @@ def test_third_party_plugins_load_by_package_and_every_plugin_is_listed_with_its
     third = plugins["thirdparty"]
     assert (third["version"], third["package"], third["status"], third["builtin"]) == \
         ("0.3.0", "mtbench_thirdparty", "loaded", False)
-    assert third["provides"] == {"backends": ["fakeflow"], "extras": ["count-steps", "no-jit"],
+    assert third["provides"] == {"backends": ["fakeflow"], "extras": ["count-steps", "crash-before-model", "no-jit"],
                                  "reporters": ["explode", "oneline"]}
     assert third["hooks"] == ["mtbench_register_backends", "mtbench_register_extras", "mtbench_register_reporters"]
     assert plugins["broken"]["status"] == "failed to load"
@@ -170,3 +170,12 @@ def test_reporters_run_on_every_result_of_compare_and_report(plugin_path, cache_
     assert set(json.loads(report.stdout)["speedups"]) == {"jax", "torch"}  # stdout stays parseable: reporters use stderr
     assert "ONELINE backend=jax steps=3 complete=True" in report.stderr
     assert "ONELINE backend=torch steps=3 complete=True" in report.stderr
+
+
+def test_an_extras_crash_is_named_with_the_extra_and_its_plugin(plugin_path, cache_dir, tmp_path):
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "2", "--cache-dir", cache_dir,
+                   "--out", str(tmp_path / "r.json"), "--extra", "crash-before-model",
+                   env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty"})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().endswith(
+        "Error: extra 'crash-before-model' of plugin 'thirdparty' failed: KeyError: 'mesh'")

@@ -1,7 +1,8 @@
 """The public plugin API: what a plugin (built-in or third-party) may use. `mtbench` re-exports all of it.
 
 - `kinds`: the things plugins register (Backend, Extra, Dataset, Reporter) and the RunContext they see;
-- `steps`: the train-step interface, Keras's own step and the Batch a step and `Extra.verify` receive;
+- `steps`: the train-step interface, Keras's own step, a base for wrapping steps, and the Batch a step and
+  `Extra.verify` receive;
 - `figures`: the figures of a result as every mtbench output shows them, for reporters;
 - `host`: facts about the host and a timing helper, for backends.
 """
@@ -10,12 +11,12 @@ from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api.figures import FIGURES, FIGURES_BY_KEY, Figure, figure_text, hardware, run_dtype, run_label
 from mtbench.plugins.api.host import cpu_count, cpu_model, median_flops_per_s, peak_host_bytes
 from mtbench.plugins.api.kinds import Backend, Dataset, Extra, Reporter, RunContext
-from mtbench.plugins.api.steps import Batch, KerasTrainStep, TrainStep
+from mtbench.plugins.api.steps import Batch, KerasTrainStep, TrainStep, WrappingStep
 from mtbench.plugins.hookspecs import hookimpl
 
 __all__ = [
     "Backend", "Extra", "Dataset", "Reporter", "RunContext",
-    "TrainStep", "KerasTrainStep", "Batch",
+    "TrainStep", "KerasTrainStep", "WrappingStep", "Batch",
     "Figure", "FIGURES", "FIGURES_BY_KEY", "figure_text", "hardware", "run_dtype", "run_label",
     "cpu_count", "cpu_model", "median_flops_per_s", "peak_host_bytes",
     "MtbenchError", "RunFailure", "hookimpl",

@@ -62,3 +62,23 @@ class KerasTrainStep(TrainStep):
 
     def __call__(self, x, y, sample_weight):
         return self.model.train_on_batch(x, y, sample_weight=sample_weight, return_dict=True)
+
+
+class WrappingStep(TrainStep):
+    """A step that wraps another (the one `Extra.make_train_step` receives): it calls it, passes `finalize` on,
+    and trains through Keras's compiled function exactly when the wrapped step does. Override `__call__`, call
+    `self.inner(x, y, sample_weight)` inside, and set `name` (by default the inner step's name)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = inner.name
+
+    @property
+    def uses_compile_options(self):
+        return self.inner.uses_compile_options
+
+    def __call__(self, x, y, sample_weight):
+        return self.inner(x, y, sample_weight)
+
+    def finalize(self):
+        self.inner.finalize()

@@ -169,7 +169,7 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
         from mtbench import MtbenchError
         reason = plain_calls_unsupported(model)
         if reason:
-            raise MtbenchError(f"torch-compile: {reason}; the compiled step runs Keras layers' call() directly")
+            raise MtbenchError(f"{reason}; the compiled step runs Keras layers' call() directly")
         super().__init__(model)
         lighten_keras_for_dynamo()
         # One graph per length bucket: the buckets are few, and static shapes give inductor fixed tile sizes.

@@ -21,7 +21,10 @@ def extras_availability(registry):
                         devices[backend_name] = backend.device_info()
                     run = RunContext(config=TrainConfig(backend=backend_name), backend=backend,
                                      device=devices[backend_name])
-                    reason = extra.unavailable_reason(run)
+                    try:
+                        reason = extra.unavailable_reason(run)
+                    except Exception as error:  # one broken extra must not hide the others
+                        reason = f"unavailable_reason failed: {type(error).__name__}: {error}"
             rows.append({"extra": extra.name, "backend": backend_name, "available": reason is None,
                          "reason": reason, "description": extra.description,
                          "conflicts": list(extra.conflicts)})

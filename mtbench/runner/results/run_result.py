@@ -35,7 +35,10 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
                     run_dir):
     """Every section of the result that training decides; the evaluation's metrics are null until
     `add_evaluation` fills them."""
-    extras_record = {extra.name: extra.record(run) for extra in plugins.extras}
+    extras_record = {}
+    for extra in plugins.extras:
+        with plugins.extra_code(extra):
+            extras_record[extra.name] = extra.record(run)
     devices_used = max([record.get("devices", 1) for record in extras_record.values()] + [1])
     steady = outcome.timer.summary()
     state, clock = outcome.state, outcome.clock

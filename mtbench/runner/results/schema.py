@@ -2,7 +2,11 @@
 
 import json
 
-SCHEMA_VERSION = 1
+# 1: the first schema. 2: `compile_options` says which extras asked for each option and what they applied to
+# (`requested_by_extras`, `applies_to`); `env.mtbench_git_commit` is null unless mtbench runs from its own checkout.
+# A result of an earlier version still reads; docs/results.md describes every field.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 # completed: every figure exists. interrupted (a signal) and diverged (a NaN or infinite loss) are partial
 # results: the figures of the evaluation after training are null, and `status_reason` says why.
 STATUSES = ("completed", "interrupted", "diverged")
@@ -16,9 +20,15 @@ MAYBE_STR = (str, type(None))
 SCHEMA = {
     "schema_version": int,
     "status": str,
+    "status_reason": MAYBE_STR,
+    "created": str,
     "backend": str,
     "extras": list,
+    "extras_record": dict,
+    "devices_used": int,
     "config": dict,
+    "compile_options": dict,
+    "train_step": str,
     "env": {"python": str, "keras": str, "jax": (str, type(None)), "torch": (str, type(None)),
             "device": dict, "cpu_model": str, "cpu_count": int, "platform": str,
             "mtbench": str, "mtbench_git_commit": (str, type(None))},
@@ -45,6 +55,10 @@ FIGURES_OF_COMPLETED_RUNS = ("metrics.train_loss", "metrics.val_loss", "metrics.
 def schema_errors(result):
     """Every way `result` departs from the schema, as 'key: problem' strings (empty when it conforms)."""
     errors = _type_errors(result, SCHEMA, "")
+    version = result.get("schema_version")
+    if isinstance(version, int) and version not in READABLE_VERSIONS:
+        errors.insert(0, f"schema_version: {version} is not one this mtbench reads "
+                         f"({', '.join(map(str, READABLE_VERSIONS))}); a newer mtbench wrote it")
     status = result.get("status")
     if status not in STATUSES:
         errors.append(f"status: {status!r} is not one of {', '.join(STATUSES)}")

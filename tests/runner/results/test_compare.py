@@ -3,12 +3,11 @@
 import hashlib
 import json
 import os
-import textwrap
 
 import numpy as np
 import pytest
 
-from conftest import COMPARE_STEPS, TINY_COMPARE, run_cli
+from conftest import COMPARE_STEPS, TINY_COMPARE, env_with, run_cli
 from mtbench import run_dtype
 from mtbench.runner.results.parity import check_parity
 
@@ -104,34 +103,11 @@ def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
     assert list(tmp_path.iterdir()) == [], "a refused plan must not start anything"
 
 
-BROKEN_BACKEND = textwrap.dedent('''
-    from mtbench import Backend, hookimpl
-    from mtbench.errors import RunFailure
-
-    class BrokenBackend(Backend):
-        name = "brokenflow"
-        keras_backend = "jax"
-
-        def prepare_process(self, config):
-            raise RunFailure("the brokenflow device is on fire")
-
-    @hookimpl
-    def mtbench_register_backends(register):
-        register(BrokenBackend())
-''')
-
-
-def test_a_failing_run_is_named_with_its_last_error_line(tmp_path, cache_dir):
-    site = tmp_path / "site"
-    info = site / "mtbench_brokenflow-1.0.dist-info"
-    info.mkdir(parents=True)
-    (site / "mtbench_brokenflow.py").write_text(BROKEN_BACKEND)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mtbench_brokenflow\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[mtbench]\nbrokenflow = mtbench_brokenflow\n")
+def test_a_failing_run_is_named_with_its_last_error_line(tmp_path, cache_dir, plugin_path):
     out = tmp_path / "c.json"
     proc = run_cli("compare", "--matrix", "brokenflow;jax", "--baseline", "jax", *TINY_COMPARE,
                    "--cache-dir", cache_dir, "--out", str(out),
-                   env={"MTBENCH_LOAD_PLUGINS": "brokenflow", "PYTHONPATH": str(site)})
+                   env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-brokenflow"})
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
