@@ -122,6 +122,13 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--test-size", type=int, default=500, show_default=True),
     click.option("--vocab-size", type=int, help="Sentencepiece vocabulary (default: the preset's)."),
     click.option("--max-len", type=int, help="Tokens per side, longer pairs are dropped (default: the preset's)."),
+    click.option("--layers", type=int, metavar="N", help="Encoder and decoder layers each (default: the preset's)."),
+    click.option("--encoder-layers", type=int, metavar="N", help="Encoder layers (default: the preset's)."),
+    click.option("--decoder-layers", type=int, metavar="N", help="Decoder layers (default: the preset's)."),
+    click.option("--d-model", type=int, metavar="N", help="Model dimension (default: the preset's)."),
+    click.option("--heads", type=int, metavar="N", help="Attention heads; must divide --d-model (default: the preset's)."),
+    click.option("--ff-dim", type=int, metavar="N", help="Feed-forward dimension (default: the preset's)."),
+    click.option("--dropout", type=float, metavar="RATE", help="Dropout rate (default: the preset's)."),
     click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True, help="Keras dtype policy."),
     click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default", show_default=True,
                  help="torch.compile mode for the torch-compile extra."),
@@ -131,6 +138,9 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--length-penalty", type=float, default=0.6, show_default=True, metavar="ALPHA",
                  help="Beam search's length normalisation ((5 + length) / 6) ** ALPHA."),
     click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora and tokenizers (default ~/.cache/mtbench)."),
+    click.option("--report-to", metavar="NAMES", help="Experiment trackers that follow the run as it trains, comma-separated: tensorboard, mlflow, wandb or a plugin's (default: none)."),
+    click.option("--logging-dir", type=click.Path(file_okay=False), help="The trackers' local files (default: in the run directory, RESULT.run)."),
+    click.option("--price-per-hour", type=float, metavar="USD", envvar="MTBENCH_PRICE_PER_HOUR", help="What the machine costs per hour, for the result's cost section (also MTBENCH_PRICE_PER_HOUR)."),
 ) + CORPUS_OPTIONS
 run_configuration_options = _stack(RUN_CONFIGURATION_OPTIONS)
 
@@ -201,6 +211,7 @@ report_option = click.option(
 @click.option("--overwrite", is_flag=True, help="Replace an existing result file.")
 @click.option("--report", "reporters", multiple=True, default=("table",), show_default=True, metavar="NAME",
               help="Reporter to hand the result to, complete or partial (repeatable; 'none' for none).")
+@click.option("--run-group", metavar="NAME", help="Group this run with others in the trackers (compare sets it).")
 @long_run_options
 @handle_errors
 def train(reporters, resume_dir, **options):
@@ -243,7 +254,7 @@ def init_weights(backend, out, overwrite, **configuration):
 @main.command()
 @click.option("--backends", help="Comma-separated backends, one run each (default: jax,torch).")
 @click.option("--extra", "extras", multiple=True, help="Extra for every run (repeatable)." + _extras_help())
-@click.option("--matrix", help="The runs as backend+extra+extra, separated by ';': 'torch;torch+torch-compile;jax'. Instead of --backends and --extra.")
+@click.option("--matrix", help="The runs as backend+extra+extra[:size-flag=value,...], separated by ';': 'torch;torch+torch-compile;jax' or 'jax:d-model=128;jax:d-model=256'. Instead of --backends and --extra.")
 @click.option("--repeats", type=int, default=1, show_default=True, help="Run everything N times; timings show median and min-max.")
 @click.option("--baseline", help="The run speed-ups are measured against (default: the first).")
 @run_configuration_options
@@ -264,7 +275,13 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
     specs = plan_runs(backends, extras, matrix)
-    _train_config(backend=specs[0].backend, **configuration)  # bad options fail here, before any process starts
+    shared = _train_config(backend=specs[0].backend, **configuration)
+    resolve_reporters(shared.report_to, registry)  # trackers follow each run in its process: checked here first
+    for spec in specs:  # bad options and impossible sizes fail here, before any process starts
+        try:
+            _train_config(backend=spec.backend, **{**configuration, **dict(spec.sizes)})
+        except MtbenchError as error:
+            raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
     out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
     plan = ComparePlan(specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
                        parity_tolerance, chosen_reporters)

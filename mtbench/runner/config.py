@@ -10,6 +10,9 @@ from mtbench.errors import MtbenchError
 from mtbench.keras_models.presets import PRESETS
 
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
+# The model's shape from flags, over the preset's: config field -> ModelPreset field (`layers` sets both stacks).
+SIZE_FIELDS = {"d_model": "d_model", "heads": "num_heads", "encoder_layers": "encoder_layers",
+               "decoder_layers": "decoder_layers", "ff_dim": "ff_dim", "dropout": "dropout"}
 DTYPES = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -37,6 +40,14 @@ class TrainConfig:
     test_size: int = 500
     vocab_size: int = None         # default: the preset's
     max_len: int = None            # tokens per side, special tokens included; default: the preset's
+    # The model's size over the preset's (None: the preset's): --layers sets both stacks.
+    layers: int = None
+    encoder_layers: int = None
+    decoder_layers: int = None
+    d_model: int = None
+    heads: int = None
+    ff_dim: int = None
+    dropout: float = None
     dtype: str = "float32"
     compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
     seed: int = 0
@@ -59,9 +70,18 @@ class TrainConfig:
     keep_checkpoints: int = 3
     eval_every: int = None         # steps between validation BLEU evaluations
     target_bleu: float = None      # stop once validation BLEU reaches it
+    # Where the run is reported while it trains, and what it costs (docs/commands.md)
+    report_to: tuple = ()          # experiment trackers (reporter names); "none" or empty: none
+    logging_dir: str = None        # the trackers' local files; None: each tracker's default in the run directory
+    run_group: str = None          # the trackers' group of this run (compare sets it to the comparison's name)
+    price_per_hour: float = None   # USD per hour of the machine, for the result's cost section
 
     def __post_init__(self):
         self.extras = tuple(self.extras)
+        self.report_to = self.report_to or ()
+        if isinstance(self.report_to, str):
+            self.report_to = [name.strip() for name in self.report_to.split(",")]
+        self.report_to = tuple(name for name in dict.fromkeys(self.report_to) if name and name != "none")
         if self.preset not in PRESETS:
             raise MtbenchError(f"unknown preset '{self.preset}'; choose one of {', '.join(PRESETS)}")
         model = PRESETS[self.preset]
@@ -89,6 +109,8 @@ class TrainConfig:
             raise MtbenchError(f"--learning-rate must be positive, got {self.learning_rate}")
         if self.length_penalty < 0:
             raise MtbenchError(f"--length-penalty must not be negative, got {self.length_penalty}")
+        if self.price_per_hour is not None and self.price_per_hour < 0:
+            raise MtbenchError(f"--price-per-hour must not be negative, got {self.price_per_hour}")
         if self.warmup_steps < 0:
             raise MtbenchError(f"--warmup-steps must not be negative, got {self.warmup_steps}")
         if self.vocab_size < 16:
@@ -96,6 +118,7 @@ class TrainConfig:
         if self.max_len < 8:
             raise MtbenchError(f"--max-len must be at least 8, got {self.max_len}")
         self._check_corpus_and_long_run_options()
+        self._check_model_size()
         if self.out is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             self.out = os.path.join("mtbench-results", f"{stamp}-{self.backend}.json")
@@ -113,10 +136,33 @@ class TrainConfig:
             if self.eval_every is None:
                 raise MtbenchError("--target-bleu needs --eval-every N: how often to measure validation BLEU")
 
+    def _check_model_size(self):
+        """Impossible shapes end here, before anything is built."""
+        for name in ("layers", *SIZE_FIELDS):
+            value = getattr(self, name)
+            if value is not None and name != "dropout" and value < 1:
+                raise MtbenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if self.layers is not None and (self.encoder_layers is not None or self.decoder_layers is not None):
+            raise MtbenchError("give --layers (both stacks), or --encoder-layers/--decoder-layers, not both")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise MtbenchError(f"--dropout must be in [0, 1), got {self.dropout}")
+        model = self.model
+        if model.d_model % model.num_heads:
+            raise MtbenchError(f"--d-model {model.d_model} is not divisible by --heads {model.num_heads}: each "
+                               f"head needs a whole share of the model dimension")
+
+    def size_overrides(self):
+        """{ModelPreset field: value} that the size flags set over the preset."""
+        overrides = {SIZE_FIELDS[name]: getattr(self, name) for name in SIZE_FIELDS if getattr(self, name) is not None}
+        if self.layers is not None:
+            overrides.update(encoder_layers=self.layers, decoder_layers=self.layers)
+        return overrides
+
     @property
     def model(self):
-        """The model shape: the preset with this run's vocabulary and length."""
-        return dataclasses.replace(PRESETS[self.preset], vocab_size=self.vocab_size, max_len=self.max_len)
+        """The model shape: the preset with this run's size flags, vocabulary and length."""
+        return dataclasses.replace(PRESETS[self.preset], vocab_size=self.vocab_size, max_len=self.max_len,
+                                   **self.size_overrides())
 
     @property
     def corpus_name(self):
@@ -135,6 +181,7 @@ class TrainConfig:
     def to_dict(self):
         data = dataclasses.asdict(self)
         data["extras"] = list(self.extras)
+        data["report_to"] = list(self.report_to)
         data["model"] = self.model.to_dict()
         return data
 

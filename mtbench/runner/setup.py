@@ -47,7 +47,16 @@ def resolve_extras(names, backend, registry):
 
 
 def resolve_reporters(names, registry):
-    return [registry.lookup("reporters", name) for name in names]
+    """The reporters named (once each), checked to run here (a tracker's library installed)."""
+    reporters = []
+    for name in dict.fromkeys(names):
+        reporter = registry.lookup("reporters", name)
+        with registry.plugin_code("reporters", name):
+            reason = reporter.missing_reason()
+        if reason:
+            raise MtbenchError(f"reporter '{name}': {reason}")
+        reporters.append(reporter)
+    return reporters
 
 
 def choose_plugins(config, registry, reporter_names=()):

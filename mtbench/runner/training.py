@@ -14,12 +14,14 @@ from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.corpus_report import corpus_report, report_lines
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore, run_dir_for
-from mtbench.runner.loop.loop import Checkpointing, train_loop
+from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 from mtbench.runner.loop.progress import corpus_progress
 from mtbench.runner.loop.timing import Stopwatch
+from mtbench.runner.measurement.energy import EnergyMeter, open_counter
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.run_result import add_evaluation, stop_error, training_result, write_result
+from mtbench.runner.results.tracking import Trackers, tracked_run
 from mtbench.runner.setup import (build_model, check_compile_options_apply, choose_plugins, choose_train_step,
                                   compile_model, extras_compile_options, start_backend, starting_weights)
 
@@ -32,7 +34,7 @@ def run_training(config, registry, console, resume=None, reporter_names=()):
     early raises once its partial result is written and reported."""
     stopwatch = Stopwatch()
     run_config = config.to_dict()  # what --resume rebuilds the run from; extras may adjust `config` below
-    plugins = choose_plugins(config, registry, reporter_names)
+    plugins = choose_plugins(config, registry, [*reporter_names, *config.report_to])
     check_output_path(config.out, config.overwrite, resuming=resume is not None)
     weights_file, weights_sha256 = read_initial_weights(config)
     run_dir = resume.directory if resume else RunDirectory(run_dir_for(config.out), fresh=True)
@@ -40,6 +42,7 @@ def run_training(config, registry, console, resume=None, reporter_names=()):
     corpus = read_corpus(config, registry, console, stopwatch)
 
     keras, run = start_backend(config, plugins)
+    energy = EnergyMeter(*open_counter(run.device, devices_used=run.device.get("count", 1)))
     data = prepare_data(config, corpus, stopwatch)
     corpus_figures = show_corpus_report(data, config, console)
     data_fingerprint = check_resumable(data, resume)
@@ -51,9 +54,12 @@ def run_training(config, registry, console, resume=None, reporter_names=()):
                                   config.keep_checkpoints, latest=resume.checkpoint if resume else None)
     validate = lambda: translate_split(built.decode, data, "valid", config)
     callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=built.model)
+    trackers = Trackers(plugins.reporters, registry)
+    trackers.start(tracked_run(config, plugins, run, config.out, run_dir.path))
     with stopwatch.phase("train"):
         outcome = train_loop(config, plugins.backend, built.model, built.model_shape, built.train_step, built.state,
-                             built.batches, total_steps, checkpointing, validate, callbacks, console)
+                             built.batches, total_steps, checkpointing, validate,
+                             Observers(callbacks, trackers, energy), console)
     result = training_result(config, run, plugins, registry, data, corpus_figures, built, outcome,
                              weights_sha256, run_dir)
 
@@ -63,8 +69,11 @@ def run_training(config, registry, console, resume=None, reporter_names=()):
         with stopwatch.phase("translate"):
             scores = translate_split(built.decode, data, "test", config)
         add_evaluation(result, evaluation, scores, config)
-    write_result(config.out, result, stopwatch, plugins.backend)
-    failures = run_reporters(plugins.reporters, registry, result, console, config.out)
+    write_result(config.out, result, stopwatch, plugins.backend, energy, config.price_per_hour)
+    trackers.finish(result)
+    still_reporting = [reporter for reporter in plugins.reporters if reporter not in trackers.failed]
+    failures = trackers.failures + run_reporters(still_reporting, registry, result, console, config.out,
+                                                 followed=True)
     if outcome.status != "completed":
         raise stop_error(outcome, config.out, run_dir)
     return result, failures

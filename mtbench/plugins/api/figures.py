@@ -38,6 +38,14 @@ def _memory(key):
     return lambda result: result["memory"][key]
 
 
+def _section(result, *keys):
+    """A figure inside an optional section (energy, cost: absent from results of earlier versions)."""
+    value = result
+    for key in keys:
+        value = (value or {}).get(key)
+    return value
+
+
 def _metric(key):
     return lambda result: result["metrics"][key]
 
@@ -53,6 +61,12 @@ FIGURES = (
     Figure("translate_s", "test translation (s)", "timing",
            lambda result: result["timing"].get("phases_s", {}).get("translate"), decimals=1, is_timing=True),
     Figure("mfu", "MFU (%)", "timing", lambda result: (result.get("utilization") or {}).get("mfu"), 100, 1, True),
+    Figure("joules_per_1k_tokens", "energy, steady (J / 1k tokens)", "energy",
+           lambda result: _section(result, "energy", "steady", "joules_per_1k_tokens"), decimals=1, is_timing=True),
+    Figure("usd", "cost of the run (USD)", "cost", lambda result: _section(result, "cost", "usd"), decimals=4,
+           is_timing=True),
+    Figure("usd_to_target", "cost to target BLEU (USD)", "cost",
+           lambda result: _section(result, "cost", "usd_to_target"), decimals=4, is_timing=True),
     Figure("peak_host_bytes", "peak host memory (MiB)", "memory", _memory("peak_host_bytes"), 1 / MIB, 0),
     Figure("peak_device_bytes", "peak device memory (MiB)", "memory", _memory("peak_device_bytes"), 1 / MIB, 0),
     Figure("train_loss", "train loss", "quality", _metric("train_loss")),
@@ -71,9 +85,22 @@ def figure_text(result, key):
     return figure.text(figure.value(result))
 
 
+# The size flags a run may set over its preset, in the order labels list them (configuration keys; the flag is
+# the key with dashes).
+SIZE_KEYS = ("layers", "encoder_layers", "decoder_layers", "d_model", "heads", "ff_dim", "dropout")
+
+
+def size_label(sizes):
+    """'d-model=128,layers=2' of {configuration key: value}, in SIZE_KEYS order; '' when nothing is set."""
+    return ",".join(f"{key.replace('_', '-')}={sizes[key]:g}" for key in SIZE_KEYS if sizes.get(key) is not None)
+
+
 def run_label(result):
-    """'backend+extra+extra': how a run is named in every output, and how `--matrix` and `--baseline` name it."""
-    return "+".join([result["backend"], *result["extras"]])
+    """'backend+extra+extra', then ':flag=value,...' for the size flags the run set over its preset: how a run is
+    named in every output, and how `--matrix` and `--baseline` name it."""
+    label = "+".join([result["backend"], *result["extras"]])
+    size = size_label(result["config"])
+    return f"{label}:{size}" if size else label
 
 
 def run_dtype(result):

@@ -158,10 +158,39 @@ class Dataset:
         return self.name
 
 
+@dataclass
+class TrackedRun:
+    """A run as an experiment tracker sees it when it starts (`Reporter.start`)."""
+    name: str            # the run's label: backend+extras[:size flags]
+    result_path: str     # where the result JSON will be written
+    directory: str       # the run's directory (beside the result), for a tracker's local files
+    logging_dir: str     # --logging-dir, or None: the tracker's own default under `directory`
+    group: str           # the compare this run belongs to (--run-group), or None
+    config: dict         # the full configuration, as the result's `config` will hold it
+    tags: dict           # {name: str}: backend, extras, dtype, preset, device, versions: what to filter runs by
+
+
 class Reporter:
-    """Presents a result once it is written: every result a command writes, complete or partial."""
+    """Presents a result once it is written: every result a command writes, complete or partial. An experiment
+    tracker also follows the run while it trains (`start`, `log`), when named by `--report-to`."""
     name = ""
     description = ""
+    needs = ()         # importable modules the reporter needs (a tracker's library), checked before a run starts
+    install_hint = ""  # how to install them: "pip install 'mtbench[tensorboard]'"
+
+    def missing_reason(self):
+        """Why this reporter cannot run here, or None. By default: a module of `needs` is not installed."""
+        missing = [module for module in self.needs if importlib.util.find_spec(module) is None]
+        if missing:
+            return f"{', '.join(missing)} is not installed" + (f" ({self.install_hint})" if self.install_hint else "")
+        return None
+
+    def start(self, run):
+        """The run (a `TrackedRun`) is set up and about to train. Called in the training process."""
+
+    def log(self, metrics, step):
+        """Figures of the run so far, {name: number} at the global `step`: `train_loss` every step,
+        `tokens_per_s` every timing window, `val_bleu` and `val_chrf` at each validation."""
 
     def report(self, result, console, complete):
         """`result` is the dict written to the result JSON (see docs/results.md); `console` a

@@ -2,7 +2,7 @@
 
 from rich.table import Table
 
-from mtbench import Reporter, figure_text, hookimpl, run_dtype, run_label
+from mtbench import Reporter, figure_text, hookimpl, run_dtype, run_label, size_label
 
 
 def _joined(result, *keys, unit=""):
@@ -34,7 +34,7 @@ def result_rows(result):
                           f"{device.get('count')} used"),
         ("run", "versions", f"keras {env['keras']}, jax {env['jax']}, torch {env['torch']}"),
         ("run", "corpus / preset", f"{result['data']['corpus']} / {cfg['preset']} "
-                                   f"({result['model']['parameters']:,} parameters), {run_dtype(result)}"),
+                                   f"({_size(cfg)}{result['model']['parameters']:,} parameters), {run_dtype(result)}"),
         ("run", "steps x batch", f"{t['steps']} x {cfg['batch_size']}"),
         ("run", "train step", result.get("train_step", "n/a")),
         ("timing", "compile (first step of each shape)", f"{figure_text(result, 'compile_s')} s over "
@@ -44,12 +44,38 @@ def result_rows(result):
         ("timing", "train / total wall time", _joined(result, "train_s", "total_s", unit=" s")),
         ("timing", "MFU (model FLOP/s / peak)", _mfu(result)),
         ("memory", "peak host / device", _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")),
+        ("energy", "steady steps: J / 1k tokens, power", _energy(result.get("energy"))),
+        ("cost", "run / to target BLEU", _cost(result)),
         ("quality", "loss train / val / test", _joined(result, "train_loss", "val_loss", "test_loss")),
         ("quality", "token accuracy val / test", _joined(result, "val_accuracy", "test_accuracy")),
         ("quality", "BLEU / chrF (test)", _joined(result, "bleu", "chrf")),
         ("quality", "BLEU signature", result["metrics"]["bleu_signature"] or "n/a"),
         ("quality", "test decoding", _decoding(result)),
     ] + _target_rows(result.get("target"))
+
+
+def _size(config):
+    size = size_label(config)
+    return f"{size}; " if size else ""
+
+
+def _energy(energy):
+    if not energy:  # a result of an earlier version
+        return "n/a"
+    if energy["source"] is None:
+        return f"n/a: {energy['reason']}"
+    steady = energy["steady"]
+    if steady["joules_per_1k_tokens"] is None:
+        return f"n/a: no steady step ({energy['source']})"
+    return f"{steady['joules_per_1k_tokens']:,.1f} J, {steady['avg_watts']:,.0f} W ({energy['source']})"
+
+
+def _cost(result):
+    cost = result.get("cost") or {}
+    if cost.get("price_per_hour") is None:
+        return "n/a" + (f": {cost['reason']}" if cost.get("reason") else "")
+    return (f"{figure_text(result, 'usd')} / {figure_text(result, 'usd_to_target')} USD at "
+            f"{cost['price_per_hour']:g} USD/h")
 
 
 def _decoding(result):

@@ -27,6 +27,15 @@ class Checkpointing:
 
 
 @dataclass
+class Observers:
+    """What watches the steps without changing them: plugins' Keras callbacks, the experiment trackers
+    (`results.tracking.Trackers`) and the energy meter (`measurement.energy.EnergyMeter`)."""
+    callbacks: object
+    trackers: object
+    energy: object
+
+
+@dataclass
 class TrainingOutcome:
     status: str              # completed | interrupted | diverged
     reason: str              # why training stopped early, else None
@@ -39,9 +48,10 @@ class TrainingOutcome:
 
 
 def train_loop(config, backend, model, model_shape, train_step, state, batches, total_steps, checkpointing,
-               validate, callbacks, console):
+               validate, observers, console):
     """Trains from `state.step + 1` to `total_steps`; `validate()` translates the validation set and scores it.
     Returns the TrainingOutcome; the model's variables hold the trained weights (`train_step.finalize()` done)."""
+    callbacks, trackers, energy = observers.callbacks, observers.trackers, observers.energy
     timer = StepTimer()
     step_flops = lambda shape: training_flops(model_shape, shape[0], shape[1], shape[1])
     for h in state.history:  # a resumed run's earlier steps count in its figures
@@ -64,10 +74,12 @@ def train_loop(config, backend, model, model_shape, train_step, state, batches, 
             callbacks.on_train_batch_begin(step)
             compiled_before = backend.compilations()
             backend.synchronize(model)
+            energy_before = energy.read()
             t0 = time.perf_counter()
             logs = train_step((batch.source, batch.target_input), batch.target_output, batch.weight)
             backend.synchronize(model)
             seconds = time.perf_counter() - t0
+            joules = energy.between(energy_before, energy.read())
             compiled = None if compiled_before is None else backend.compilations() - compiled_before
             loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
             first = timer.add(step, batch.shape, seconds, batch.target_tokens, flops=step_flops(batch.shape),
@@ -75,8 +87,9 @@ def train_loop(config, backend, model, model_shape, train_step, state, batches, 
             state.history.append({"step": step, "epoch": epoch, "loss": finite_or_none(loss),
                                   "accuracy": finite_or_none(accuracy), "seconds": seconds,
                                   "shape": list(batch.shape), "tokens": batch.target_tokens, "first_of_shape": first,
-                                  "input_seconds": input_seconds, "compilations": compiled})
+                                  "input_seconds": input_seconds, "compilations": compiled, "joules": joules})
             callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
+            trackers.step(step, finite_or_none(loss), batch.target_tokens, seconds, first)
             if not math.isfinite(loss):
                 stop = ("diverged", f"the loss is {loss} at step {step}")
                 break
@@ -91,6 +104,7 @@ def train_loop(config, backend, model, model_shape, train_step, state, batches, 
                     scores = validate()
                     eval_seconds = time.perf_counter() - eval_t0
                 reached = target.record(step, scores.bleu, scores.chrf, training_s, eval_seconds)
+                trackers.validation(step, scores.bleu, scores.chrf)
             if signals.requested or (checkpointing.every and step % checkpointing.every == 0):
                 checkpointing.latest = save_checkpoint(checkpointing, model, train_step, state, clock, target)
             if signals.requested:

@@ -7,7 +7,6 @@ framework and spawns `python -m mtbench` once for the weights file and once for 
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.files import write_json_atomic, write_text_atomic
 from mtbench.runner.results.parity import percent
+from mtbench.plugins.api import size_label
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.measurement.environment import host_environment
 from mtbench.runner.results.output import check_output_path
@@ -27,22 +27,58 @@ from mtbench.runner.setup import resolve_backend, resolve_extras
 COMPARE_SCHEMA_VERSION = 1
 
 
+# The size flags a --matrix entry may set, and how their values are read.
+SIZE_TYPES = {"layers": int, "encoder_layers": int, "decoder_layers": int, "d_model": int, "heads": int,
+              "ff_dim": int, "dropout": float}
+
+
 @dataclass(frozen=True)
 class RunSpec:
     backend: str
     extras: tuple = ()
+    sizes: tuple = ()  # ((configuration key, value), ...): the size flags this run sets over the shared ones
 
     @property
     def label(self):
-        return "+".join((self.backend, *self.extras))
+        """The name run_label gives the run's result."""
+        size = size_label(dict(self.sizes))
+        return "+".join((self.backend, *self.extras)) + (f":{size}" if size else "")
+
+    def size_arguments(self):
+        return [text for key, value in self.sizes for text in (f"--{key.replace('_', '-')}", f"{value:g}")]
 
 
 def parse_run_spec(text):
-    """'backend+extra+extra' -> RunSpec."""
-    parts = [part.strip() for part in text.split("+")]
+    """'backend+extra+extra' or 'backend+extra:d-model=128,layers=2' -> RunSpec."""
+    run, _, size_text = text.strip().partition(":")
+    parts = [part.strip() for part in run.split("+")]
     if not all(parts):
-        raise MtbenchError(f"--matrix: '{text.strip()}' is not of the form backend+extra+extra")
-    return RunSpec(parts[0], tuple(parts[1:]))
+        raise MtbenchError(f"--matrix: '{text.strip()}' is not of the form backend+extra+extra[:flag=value,...]")
+    sizes = {}
+    for item in filter(None, (item.strip() for item in size_text.split(","))):
+        flag, _, value = item.partition("=")
+        key = flag.strip().lstrip("-").replace("-", "_")
+        if key not in SIZE_TYPES or not value.strip():
+            raise MtbenchError(f"--matrix: '{item}' in '{text.strip()}' is not flag=value with a size flag "
+                               f"({', '.join(k.replace('_', '-') for k in SIZE_TYPES)})")
+        try:
+            sizes[key] = SIZE_TYPES[key](value.strip())
+        except ValueError:
+            raise MtbenchError(f"--matrix: {flag.strip()}={value.strip()} in '{text.strip()}' is not a number of "
+                               f"the flag's kind") from None
+    return RunSpec(parts[0], tuple(parts[1:]), tuple(sorted(sizes.items())))
+
+
+def _matrix_entries(matrix):
+    """The entries of --matrix, separated by ';' (or ',' between entries without sizes)."""
+    entries = []
+    for chunk in matrix.split(";"):
+        for token in chunk.split(","):
+            if "=" in token and ":" not in token and entries:
+                entries[-1] += "," + token  # another flag=value of the entry before
+            elif token.strip():
+                entries.append(token)
+    return entries
 
 
 def plan_runs(backends=None, extras=(), matrix=None):
@@ -51,7 +87,7 @@ def plan_runs(backends=None, extras=(), matrix=None):
     if matrix is not None:
         if backends or extras:
             raise MtbenchError("give --matrix, or --backends with --extra, not both")
-        specs = [parse_run_spec(item) for item in re.split(r"[;,]", matrix) if item.strip()]
+        specs = [parse_run_spec(item) for item in _matrix_entries(matrix)]
     else:
         names = [name.strip() for name in (backends or "jax,torch").split(",") if name.strip()]
         specs = [RunSpec(name, tuple(extras)) for name in names]
@@ -90,13 +126,23 @@ class ComparePlan:
         return self.specs[0] if self.baseline is None else next(s for s in self.specs if s.label == self.baseline)
 
     @property
+    def group(self):
+        """How the trackers group this comparison's runs: the name of its JSON."""
+        return os.path.splitext(os.path.basename(self.out))[0]
+
+    @property
     def runs_dir(self):
         stem = self.out[:-5] if self.out.endswith(".json") else self.out
         return stem + ".runs"
 
-    @property
-    def weights_file(self):
-        return os.path.join(self.runs_dir, "initial-weights.npz")
+    def weights_file(self, spec):
+        """One weights file per model size: every run of a size starts from the same weights."""
+        size = size_label(dict(spec.sizes))
+        return os.path.join(self.runs_dir, f"initial-weights{'-' + size if size else ''}.npz")
+
+    def sizes(self):
+        """One spec of each model size, in the order they first appear."""
+        return list({spec.sizes: spec for spec in self.specs}.values())
 
     def run_file(self, spec, repeat, suffix=".json"):
         return os.path.join(self.runs_dir, f"{spec.label}-{repeat}{suffix}")
@@ -119,7 +165,8 @@ def validate_plan(plan, registry):
         raise MtbenchError(f"--baseline '{plan.baseline}' is none of the runs: {', '.join(labels)}")
     check_runs(plan.specs, registry)
     check_output_path(plan.out, plan.overwrite)
-    check_output_path(plan.weights_file, plan.overwrite, kind=".npz")
+    for spec in plan.sizes():
+        check_output_path(plan.weights_file(spec), plan.overwrite, kind=".npz")
     for spec, repeat in plan.schedule():
         check_output_path(plan.run_file(spec, repeat), plan.overwrite)
 
@@ -167,13 +214,18 @@ def run_compare(plan, registry, console):
                   f"{len(schedule)} runs, each in its own process")
 
     baseline_backend = plan.baseline_spec.backend
-    with console.status("writing the initial weights (data, tokenizer, model shapes)"):
-        _require_success(run_child(["init-weights", "--backend", baseline_backend, *plan.configuration,
-                                    "--out", plan.weights_file, *overwrite],
-                                   os.path.join(plan.runs_dir, "initial-weights.log"), "writing the initial weights"))
-    _, weights_sha256 = read_weights_file(plan.weights_file)
-    console.print(f"initial weights: {plan.weights_file} (sha256 {weights_sha256[:16]}…, drawn on "
-                  f"{baseline_backend}), loaded by every run")
+    weights = {}  # model size -> {"file", "sha256", "drawn_on"}
+    for sized in plan.sizes():
+        path = plan.weights_file(sized)
+        with console.status("writing the initial weights (data, tokenizer, model shapes)"):
+            _require_success(run_child(["init-weights", "--backend", baseline_backend, *plan.configuration,
+                                        *sized.size_arguments(), "--out", path, *overwrite],
+                                       path[:-len(".npz")] + ".log", "writing the initial weights"))
+        _, sha256 = read_weights_file(path)
+        weights[sized.sizes] = {"file": os.path.abspath(path), "sha256": sha256, "drawn_on": baseline_backend}
+        size = size_label(dict(sized.sizes))
+        console.print(f"initial weights: {path} (sha256 {sha256[:16]}…, drawn on {baseline_backend}), loaded by "
+                      f"every run" + (f" of {size}" if size else ""))
 
     runs, entries, report_failures = [], [], []
     for number, (spec, repeat) in enumerate(schedule, start=1):
@@ -184,8 +236,9 @@ def run_compare(plan, registry, console):
         before = os.stat(result_file).st_mtime_ns if os.path.exists(result_file) else None  # --overwrite
         with console.status(f"[{number}/{len(schedule)}] {name}: training in its own process"):
             failure = run_child(["train", "--backend", spec.backend, *extras, *plan.configuration,
-                                 "--initial-weights", plan.weights_file, "--out", result_file, "--report", "none",
-                                 *overwrite], plan.run_file(spec, repeat, ".log"), name)
+                                 *spec.size_arguments(), "--initial-weights", weights[spec.sizes]["file"],
+                                 "--out", result_file, "--report", "none", "--run-group", plan.group, *overwrite],
+                                plan.run_file(spec, repeat, ".log"), name)
         written = os.path.exists(result_file) and os.stat(result_file).st_mtime_ns != before
         if failure and plan.reporters and written:  # a partial result is reported too
             report_failures += run_reporters(plan.reporters, registry, _read_result(result_file, name), console,
@@ -193,8 +246,8 @@ def run_compare(plan, registry, console):
         _require_success(failure)
         result = _read_result(result_file, name)
         report_failures += run_reporters(plan.reporters, registry, result, console, result_file)
-        if result["config"].get("initial_weights_sha256") != weights_sha256:
-            raise RunFailure(f"{name} did not start from {plan.weights_file}: it records sha256 "
+        if result["config"].get("initial_weights_sha256") != weights[spec.sizes]["sha256"]:
+            raise RunFailure(f"{name} did not start from {weights[spec.sizes]['file']}: it records sha256 "
                              f"{result['config'].get('initial_weights_sha256')}")
         tokens = result["timing"]["tokens_per_s"]
         console.print(f"[{number}/{len(schedule)}] {spec.label}" + (f" #{repeat}" if plan.repeats > 1 else "") +
@@ -214,8 +267,8 @@ def run_compare(plan, registry, console):
         "schema_version": COMPARE_SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": shlex.join(["mtbench", *sys.argv[1:]]),
-        "initial_weights": {"file": os.path.abspath(plan.weights_file), "sha256": weights_sha256,
-                            "drawn_on": baseline_backend},
+        "initial_weights": weights[plan.baseline_spec.sizes],
+        "initial_weights_by_size": {size_label(dict(sizes)): record for sizes, record in weights.items()},
         "run_order": "round-robin: every run once, then every run again for each further repeat",
         **figures,
         "env": host_environment(),

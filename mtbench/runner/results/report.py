@@ -15,17 +15,21 @@ from rich.table import Table
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import decoding_name
-from mtbench.plugins.api import FIGURES, FIGURES_BY_KEY, hardware, run_dtype, run_label
+from mtbench.plugins.api import FIGURES, FIGURES_BY_KEY, hardware, run_dtype, run_label, size_label
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import schema_errors
 
 COMPARE_KIND = "mtbench-compare"
 REPORT_KIND = "mtbench-report"
-# What a comparison is about: these may differ between the runs compared.
-COMPARED_KEYS = ("backend", "extras", "dtype")
+# What a comparison is about: these may differ between the runs compared (the size flags: a size sweep).
+COMPARED_KEYS = ("backend", "extras", "dtype", "layers", "encoder_layers", "decoder_layers", "d_model", "heads",
+                 "ff_dim", "dropout")
+# Derived from the keys above and the rest of the configuration, so never a difference of their own.
+DERIVED_KEYS = ("model", "parameters")
 # Where a run's files went, and how its start was written down (the weights' hash is compared instead).
 # `log_every` appears only in results written before that unused option was removed.
-BOOKKEEPING_KEYS = ("out", "overwrite", "cache_dir", "initial_weights", "log_every")
+BOOKKEEPING_KEYS = ("out", "overwrite", "cache_dir", "initial_weights", "log_every", "report_to", "logging_dir",
+                    "run_group", "price_per_hour")
 
 
 @dataclass
@@ -78,7 +82,9 @@ def load_runs(paths):
 
 def configuration_differences(reference, other):
     """[(key, reference value, other value)] for every configuration key that matters and differs."""
-    ignored = set(COMPARED_KEYS) | set(BOOKKEEPING_KEYS)
+    ignored = set(COMPARED_KEYS) | set(BOOKKEEPING_KEYS) | set(DERIVED_KEYS)
+    if size_label(reference) != size_label(other):
+        ignored.add("initial_weights_sha256")  # models of different sizes start from weights of their own shapes
     keys = [k for k in dict.fromkeys([*reference, *other]) if k not in ignored]
     return [(k, reference.get(k), other.get(k)) for k in keys if reference.get(k) != other.get(k)]
 
@@ -91,7 +97,8 @@ def check_comparable(runs):
         if differences:
             listed = ", ".join(f"{key} ({a!r} vs {b!r})" for key, a, b in differences)
             raise MtbenchError(f"not comparable: {run.source} differs from {reference.source} in {listed}; "
-                               f"only {', '.join(COMPARED_KEYS)} may differ (--force reports them anyway)")
+                               f"only backend, extras, dtype and the model size flags may differ (--force reports "
+                               f"them anyway)")
 
 
 @dataclass(frozen=True)
@@ -174,7 +181,7 @@ class Comparison:
     @property
     def config(self):
         """The configuration the runs share (what may differ between them left out)."""
-        per_run = set(COMPARED_KEYS) | {"out", "overwrite"}
+        per_run = set(COMPARED_KEYS) | set(DERIVED_KEYS) | {"out", "overwrite"}
         return {k: v for k, v in self.baseline.first["config"].items() if k not in per_run}
 
     def speedup(self, group):
@@ -185,6 +192,12 @@ class Comparison:
     def shared_hardware(self):
         machines = {group.hardware for group in self.groups}
         return machines.pop() if len(machines) == 1 else None
+
+
+def parity_class(result):
+    """Runs held to the same loss curve: the same dtype policy and the same model size."""
+    size = size_label(result["config"])
+    return f"{run_dtype(result)}, {size}" if size else run_dtype(result)
 
 
 def _parity_names(groups):
@@ -204,7 +217,7 @@ def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS
     else:
         raise MtbenchError(f"--baseline '{baseline}' is none of the runs: {', '.join(labels)}")
     ordered = [chosen] + [group for group in groups if group is not chosen]
-    parity = check_parity(_parity_names(ordered), run_dtype, steps=parity_steps, tolerance=parity_tolerance)
+    parity = check_parity(_parity_names(ordered), parity_class, steps=parity_steps, tolerance=parity_tolerance)
     return Comparison(groups, chosen, parity)
 
 
@@ -250,7 +263,28 @@ def describe_configuration(config):
 
 
 def context_lines(comparison):
-    return [f"configuration: {describe_configuration(comparison.config)}", *comparison.parity.lines()]
+    return [f"configuration: {describe_configuration(comparison.config)}", *comparison.parity.lines(),
+            *energy_and_cost_lines(comparison)]
+
+
+def energy_and_cost_lines(comparison):
+    """Why energy is missing where it is, and the cheapest run to the target quality where runs were priced."""
+    missing = {group.label: reason for group in comparison.groups
+               for reason in {(result.get("energy") or {}).get("reason") for result in group.results} if reason}
+    if missing and len(set(missing.values())) == 1 and len(missing) == len(comparison.groups):
+        lines = [f"energy: not measured, {next(iter(missing.values()))}"]
+    else:
+        lines = [f"energy of {label}: not measured, {reason}" for label, reason in missing.items()]
+    priced = [group for group in comparison.groups if group.stat("usd_to_target").median is not None]
+    if priced:
+        cheapest = min(priced, key=lambda group: group.stat("usd_to_target").median)
+        figure = FIGURES_BY_KEY["usd_to_target"]
+        lines.append(f"cheapest to the target BLEU: {cheapest.label}, {figure.text(cheapest.stat('usd_to_target').median)}"
+                     f" USD (at {cheapest.first['cost']['price_per_hour']:g} USD/h)")
+    elif any((group.first.get("cost") or {}).get("price_per_hour") is not None for group in comparison.groups) \
+            and any((group.first.get("target") or {}).get("target_bleu") for group in comparison.groups):
+        lines.append("cheapest to the target BLEU: no run reached it")
+    return lines
 
 
 def rich_table(comparison, title="mtbench comparison"):

@@ -1,19 +1,26 @@
 """Reporters on the results a command writes: each runs on its own, so one that fails is named and the others
-still run, and the result file it was given stays where it is."""
+still run, and the result file it was given stays where it is. A reporter that did not follow the run while it
+trained (in `compare`'s parent process, in `report`) is first told the run as it happened, from its history, so
+that an experiment tracker records a saved result as it would have recorded the run."""
+
+from mtbench.runner.results.tracking import replay
 
 
-def run_reporters(reporters, registry, result, console, result_path):
-    """Runs every reporter on `result` (complete or partial, as its status says); returns one line for each
-    reporter that failed."""
-    complete = result.get("status") == "completed"
+def run_reporters(reporters, registry, result, console, result_path, followed=False):
+    """Runs every reporter on `result` (complete or partial, as its status says); `followed`: the reporters
+    followed the run as it trained. Returns one line for each reporter that failed."""
     failures = []
+    if not followed:
+        trackers = replay(reporters, result, result_path, registry)
+        reporters, failures = [r for r in reporters if r not in trackers.failed], list(trackers.failures)
+    complete = result.get("status") == "completed"
     for reporter in reporters:
         try:
             reporter.report(result, console, complete)
         except Exception as error:  # a third-party reporter: name it; the result itself is safe on disk
             plugin = registry.provider.get(("reporters", reporter.name), "?")
-            failures.append(f"reporter '{reporter.name}' of plugin '{plugin}' failed: {type(error).__name__}: "
-                            f"{error}; the result is in {result_path}")
-    for failure in failures:
-        registry.warn(failure)
+            failure = (f"reporter '{reporter.name}' of plugin '{plugin}' failed: {type(error).__name__}: {error}; "
+                       f"the result is in {result_path}")
+            failures.append(failure)
+            registry.warn(failure)
     return failures

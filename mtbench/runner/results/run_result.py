@@ -52,7 +52,9 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
         "extras": [extra.name for extra in plugins.extras],
         "extras_record": extras_record,
         "devices_used": devices_used,
-        "config": {**config.to_dict(), "initial_weights_sha256": weights_sha256},
+        # The values used (the preset with the size flags over it, under "model") and what they add up to.
+        "config": {**config.to_dict(), "initial_weights_sha256": weights_sha256,
+                   "parameters": int(built.model.count_params())},
         "compile_options": built.compile_record,
         "train_step": built.train_step.name,
         "env": run_environment(plugins.backend),
@@ -116,11 +118,25 @@ def add_evaluation(result, evaluation, scores, config):
     result["references_file"] = os.path.abspath(references_file)
 
 
-def write_result(path, result, stopwatch, backend):
+def write_result(path, result, stopwatch, backend, energy, price_per_hour):
+    """Adds the figures of the whole run (time, memory, energy, cost) and writes the result file."""
     result["timing"]["phases_s"] = dict(stopwatch.phases)
     result["timing"]["total_s"] = stopwatch.total()
     result["memory"] = {"peak_host_bytes": peak_host_bytes(), "peak_device_bytes": backend.peak_device_bytes()}
+    result["energy"] = energy.section(result["history"])
+    result["cost"] = cost(price_per_hour, result["timing"]["total_s"], result["target"])
     write_json_atomic(path, result)
+
+
+def cost(price_per_hour, total_s, target):
+    """What the run cost at `price_per_hour` (USD, per machine): the whole run, and the training time to the
+    target quality when one was reached."""
+    if price_per_hour is None:
+        return {"price_per_hour": None, "reason": "no --price-per-hour (or MTBENCH_PRICE_PER_HOUR) was given"}
+    reached = target["time_to_target_s"] if target else None
+    return {"price_per_hour": price_per_hour, "currency": "USD", "reason": None,
+            "usd": price_per_hour * total_s / 3600,
+            "usd_to_target": None if reached is None else price_per_hour * reached / 3600}
 
 
 def stop_error(outcome, out, run_dir):

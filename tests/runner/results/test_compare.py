@@ -177,3 +177,31 @@ def test_a_comparison_that_fails_parity_ends_with_status_1():
         require_parity(Comparison(groups=[], baseline=None, parity=report), "c.json")
     passing = check_parity([("jax", fake_run(losses)), ("torch", fake_run(losses))], run_dtype)
     require_parity(Comparison(groups=[], baseline=None, parity=passing), "c.json")
+
+
+def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_path, cache_dir):
+    """Two model sizes, each on both backends: one weights file per size, parity within a size, labels that
+    name the size, the energy and cost lines, and every run's TensorBoard events under the comparison's group."""
+    out, logs = tmp_path / "sweep.json", tmp_path / "tb"
+    proc = run_cli("compare", "--matrix", "jax:d-model=32,heads=4;torch:d-model=32,heads=4;jax", *TINY_COMPARE,
+                   "--steps", "6", "--cache-dir", cache_dir, "--out", str(out), "--report-to", "tensorboard",
+                   "--logging-dir", str(logs), "--price-per-hour", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    combined = json.loads(out.read_text())
+    assert [run["label"] for run in combined["runs"]] == ["jax:d-model=32,heads=4", "torch:d-model=32,heads=4", "jax"]
+    by_size = combined["initial_weights_by_size"]
+    assert set(by_size) == {"d-model=32,heads=4", ""} and by_size[""]["sha256"] != by_size["d-model=32,heads=4"]["sha256"]
+    small, _, preset = [run["result"] for run in combined["runs"]]
+    assert small["config"]["model"]["d_model"] == 32 and small["config"]["d_model"] == 32
+    assert small["config"]["parameters"] == small["model"]["parameters"] < preset["config"]["parameters"]
+    assert [(p["reference"], p["run"], p["dtype"]) for p in combined["parity"]["pairs"]] == \
+        [("jax:d-model=32,heads=4", "torch:d-model=32,heads=4", "float32, d-model=32,heads=4")]
+    assert ["jax", "no other float32 run to compare with"] in combined["parity"]["unchecked"]
+    figures = {entry["label"]: entry["figures"] for entry in combined["summary"]}
+    assert figures["jax"]["usd"]["median"] == pytest.approx(preset["cost"]["usd"])
+    assert "joules_per_1k_tokens" in figures["jax"]  # null here where the machine shows no energy counter
+    for run in combined["runs"]:
+        assert run["result"]["cost"]["usd"] == pytest.approx(2 * run["result"]["timing"]["total_s"] / 3600)
+        assert run["result"]["config"]["run_group"] == "sweep"
+        stem = os.path.basename(run["result_file"])[:-5]
+        assert (logs / "sweep" / stem / "config.json").is_file(), os.listdir(logs / "sweep")

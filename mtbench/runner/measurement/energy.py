@@ -1,0 +1,160 @@
+"""The energy a run draws, from the hardware's own counters: NVML's total-energy counter on NVIDIA GPUs (the
+`nvidia-ml-py` package), the powercap/RAPL package counters on CPUs where the system exposes them. Elsewhere the
+result says why there is no figure; it never estimates one.
+
+Counters are read at the edges of the timed steps (after the device is synchronised) and at the start and end of
+the run. A RAPL counter wraps at `max_energy_range_uj`; each difference is taken modulo that range, so a run
+longer than one wrap still adds up as long as it is read at least once per wrap (every step is).
+"""
+
+import os
+import time
+
+RAPL_ROOT = "/sys/class/powercap"
+
+
+class Counter:
+    """A monotonic energy counter over every device the run uses."""
+    source = ""
+
+    def read(self):
+        """The counter in joules, per device (a list)."""
+        raise NotImplementedError
+
+    def difference(self, before, after):
+        """Joules between two readings, summed over devices."""
+        return float(sum(b - a for a, b in zip(before, after)))
+
+
+class RaplCounter(Counter):
+    source = "rapl"
+
+    def __init__(self, domains):
+        self.domains = domains  # [(energy_uj path, max_energy_range_uj)]
+
+    def read(self):
+        readings = []
+        for path, _ in self.domains:
+            with open(path) as f:
+                readings.append(int(f.read()) / 1e6)
+        return readings
+
+    def difference(self, before, after):
+        total = 0.0
+        for (a, b), (_, wrap_uj) in zip(zip(before, after), self.domains):
+            total += (b - a) % (wrap_uj / 1e6)
+        return total
+
+
+class NvmlCounter(Counter):
+    source = "nvml"
+
+    def __init__(self, pynvml, handles):
+        self.pynvml, self.handles = pynvml, handles
+
+    def read(self):
+        # Millijoules since the driver was loaded.
+        return [self.pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1e3 for handle in self.handles]
+
+
+def rapl_domains(root=RAPL_ROOT):
+    """The package-level RAPL domains ('intel-rapl:N' or 'amd-rapl:N', not their subdomains) whose counters this
+    process can read: [(energy_uj path, wrap range in µJ)]."""
+    if not os.path.isdir(root):
+        return []
+    domains = []
+    for name in sorted(os.listdir(root)):
+        prefix, _, rest = name.partition(":")
+        if not prefix.endswith("rapl") or not rest or ":" in rest:
+            continue
+        energy, wrap = os.path.join(root, name, "energy_uj"), os.path.join(root, name, "max_energy_range_uj")
+        try:
+            with open(energy) as f:
+                int(f.read())
+            with open(wrap) as f:
+                domains.append((energy, int(f.read())))
+        except (OSError, ValueError):
+            continue
+    return domains
+
+
+def _visible_gpu_indices(count):
+    """NVML numbers every GPU of the machine; CUDA_VISIBLE_DEVICES (as indices) says which ones the run sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        try:
+            return [int(index) for index in visible.split(",")][:count]
+        except ValueError:
+            pass  # GPU UUIDs: fall back to the first devices
+    return list(range(count))
+
+
+def open_counter(device, devices_used):
+    """(Counter or None, reason when None) for the run's device (`Backend.device_info()`)."""
+    kind, name = device.get("kind"), device.get("name") or ""
+    if kind == "gpu":
+        try:
+            import pynvml
+        except ImportError:
+            return None, "nvidia-ml-py is not installed (pip install 'mtbench[energy]')"
+        try:
+            pynvml.nvmlInit()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_gpu_indices(max(devices_used, 1))]
+            counter = NvmlCounter(pynvml, handles)
+            counter.read()
+        except Exception as error:  # pynvml.NVMLError_NotSupported on GPUs older than Volta, no driver, ...
+            return None, (f"NVML's energy counter cannot be read on {name or 'this GPU'}: "
+                          f"{type(error).__name__}: {error}")
+        return counter, None
+    if kind == "cpu":
+        domains = rapl_domains()
+        if domains:
+            return RaplCounter(domains), None
+        return None, (f"no readable powercap/RAPL counter under {RAPL_ROOT} (a virtual machine or container "
+                      f"often hides them; on Linux hosts they may need read permission on energy_uj)")
+    return None, f"no energy counter known for {kind} devices"
+
+
+class EnergyMeter:
+    """Reads a counter at the run's edges and around each timed step, and sums what it read."""
+
+    def __init__(self, counter, reason=None, clock=time.perf_counter):
+        self.counter, self.reason, self.clock = counter, reason, clock
+        self.run_start, self.run_start_s = self.read(), clock()
+
+    def read(self):
+        return None if self.counter is None else self.counter.read()
+
+    def between(self, before, after):
+        """Joules between two readings of this meter; None without a counter."""
+        if before is None or after is None:
+            return None
+        return self.counter.difference(before, after)
+
+    def section(self, history):
+        """The result's `energy` section: the steady steps (those timed apart from compilation) and the run so
+        far, from the backend's start (the corpus is read before it)."""
+        if self.counter is None:
+            return {"source": None, "reason": self.reason}
+        run_end, run_seconds = self.read(), self.clock() - self.run_start_s
+        steady = [h for h in history if not h["first_of_shape"] and h.get("joules") is not None]
+        steady_joules = sum(h["joules"] for h in steady)
+        steady_seconds = sum(h["seconds"] for h in steady)
+        steady_tokens = sum(h["tokens"] for h in steady)
+        run_joules = self.between(self.run_start, run_end)
+        run_tokens = sum(h["tokens"] for h in history)
+        return {
+            "source": self.counter.source,
+            "reason": None,
+            "clock": "counter read after the device is synchronised, around each step and at the run's edges",
+            "steady": {"steps": len(steady), "joules": steady_joules,
+                       "joules_per_1k_tokens": _per_1k(steady_joules, steady_tokens),
+                       "avg_watts": steady_joules / steady_seconds if steady_seconds else None},
+            "run": {"joules": run_joules, "seconds": run_seconds,
+                    "joules_per_1k_tokens": _per_1k(run_joules, run_tokens),
+                    "avg_watts": run_joules / run_seconds if run_seconds else None},
+        }
+
+
+def _per_1k(joules, tokens):
+    return joules / tokens * 1000 if tokens else None

@@ -1,0 +1,121 @@
+"""Experiment trackers (`--report-to`) follow a run while it trains: what they are told, when, and what happens
+when one fails (it is named once, left out for the rest of the run, and the run and its result go on)."""
+
+import importlib.metadata
+
+from mtbench.plugins.api import TrackedRun, run_dtype, run_label, size_label
+
+TRACKING_WINDOW = 10  # steps per `tokens_per_s` figure: steady steps only, so compilation does not dilute it
+# The result's metrics logged under another name at the end, because the name is a series streamed every step:
+# the result's train_loss is the final weights' loss on a sample of the training pairs.
+FINAL_NAMES = {"train_loss": "train_sample_loss", "train_accuracy": "train_sample_accuracy"}
+
+
+class Trackers:
+    def __init__(self, reporters, registry):
+        self.active = list(reporters)
+        self.registry = registry
+        self.failed = []    # reporters left out after a failure
+        self.failures = []  # one line each
+        self._window_tokens = self._window_seconds = 0.0
+
+    def _call(self, reporter, method, *arguments):
+        try:
+            getattr(reporter, method)(*arguments)
+        except Exception as error:  # a tracker's disk or server: the training and its result go on
+            self.active.remove(reporter)
+            self.failed.append(reporter)
+            plugin = self.registry.provider.get(("reporters", reporter.name), "?")
+            message = (f"tracker '{reporter.name}' of plugin '{plugin}' failed in {method}: {type(error).__name__}: "
+                       f"{error}; it follows this run no further")
+            self.failures.append(message)
+            self.registry.warn(message)
+
+    def start(self, run):
+        for reporter in list(self.active):
+            self._call(reporter, "start", run)
+
+    def log(self, metrics, step):
+        for reporter in list(self.active):
+            self._call(reporter, "log", metrics, step)
+
+    def step(self, step, loss, tokens, seconds, first_of_shape):
+        """After each training step: its loss, and every TRACKING_WINDOW steps the window's steady tokens/s."""
+        metrics = {} if loss is None else {"train_loss": loss}  # a diverged step's loss is not a number
+        if not first_of_shape:
+            self._window_tokens += tokens
+            self._window_seconds += seconds
+        if step % TRACKING_WINDOW == 0 and self._window_seconds > 0:
+            metrics["tokens_per_s"] = self._window_tokens / self._window_seconds
+            self._window_tokens = self._window_seconds = 0.0
+        if metrics:
+            self.log(metrics, step)
+
+    def validation(self, step, bleu, chrf):
+        self.log({"val_bleu": bleu, "val_chrf": chrf}, step)
+
+    def finish(self, result):
+        """Every number of the result's metrics (and its energy and cost), at the last step, before the reporters'
+        `report` receives the whole result."""
+        final = {FINAL_NAMES.get(name, name): value for name, value in result["metrics"].items()
+                 if isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None}
+        final.update({name: value for name, value in summary_figures(result).items() if value is not None})
+        if final:
+            self.log(final, len(result["history"]))
+
+
+def replay(reporters, result, result_path, registry):
+    """Tells `reporters` a saved run as it happened: its start, every step, every validation, its end figures.
+    Returns the Trackers, which know the reporters that failed."""
+    trackers = Trackers(reporters, registry)
+    trackers.start(saved_run(result, result_path))
+    evaluations = {}
+    for evaluation in (result.get("target") or {}).get("evaluations", []):
+        evaluations[evaluation["step"]] = evaluation
+    for h in result["history"]:
+        trackers.step(h["step"], h["loss"], h["tokens"], h["seconds"], h["first_of_shape"])
+        if h["step"] in evaluations:
+            trackers.validation(h["step"], evaluations[h["step"]]["bleu"], evaluations[h["step"]]["chrf"])
+    trackers.finish(result)
+    return trackers
+
+
+def saved_run(result, result_path):
+    """The TrackedRun of a saved result."""
+    config, env = result["config"], result["env"]
+    tags = run_tags(result["backend"], result["extras"], run_dtype(result), config.get("preset"), env["device"],
+                    {"keras": env.get("keras"), "mtbench": env.get("mtbench"), **(env.get("backend_versions") or {})},
+                    config.get("run_group"))
+    stem = result_path[:-5] if result_path.endswith(".json") else result_path
+    return TrackedRun(name=run_label(result), result_path=result_path, directory=result.get("run_dir") or f"{stem}.run",
+                      logging_dir=config.get("logging_dir"), group=config.get("run_group"), config=config, tags=tags)
+
+
+def run_tags(backend, extras, dtype, preset, device, versions, group):
+    """What a tracker's runs are filtered by."""
+    tags = {"backend": backend, "extras": ",".join(extras) or "none", "dtype": dtype, "preset": str(preset),
+            "device": str(device.get("name")), "device_kind": str(device.get("kind")),
+            **{name: str(version) for name, version in versions.items()}}
+    if group:
+        tags["group"] = group
+    return tags
+
+
+def summary_figures(result):
+    """The run's headline figures beside its metrics: steady timing, energy and cost."""
+    timing, energy, cost = result["timing"], result.get("energy") or {}, result.get("cost") or {}
+    steady = energy.get("steady") or {}
+    return {"step_s_median": timing.get("step_s_median"), "compile_s": timing.get("compile_s"),
+            "steady_tokens_per_s": timing.get("tokens_per_s"), "mfu": (result.get("utilization") or {}).get("mfu"),
+            "joules_per_1k_tokens": steady.get("joules_per_1k_tokens"), "usd": cost.get("usd")}
+
+
+def tracked_run(config, plugins, run, result_path, directory):
+    """What a tracker is told of the run when it starts."""
+    extras = [extra.name for extra in plugins.extras]
+    label, size = "+".join([plugins.backend.name, *extras]), size_label(config.to_dict())
+    versions = {"keras": importlib.metadata.version("keras"), "mtbench": importlib.metadata.version("mtbench"),
+                **plugins.backend.framework_versions()}
+    tags = run_tags(plugins.backend.name, extras, config.dtype, config.preset, run.device, versions, config.run_group)
+    return TrackedRun(name=f"{label}:{size}" if size else label, result_path=result_path, directory=directory,
+                      logging_dir=config.logging_dir, group=config.run_group, config=config.to_dict(), tags=tags)

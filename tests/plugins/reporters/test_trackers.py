@@ -1,0 +1,116 @@
+"""Experiment trackers (`--report-to`), read back with each library's own reader: what was streamed while the run
+trained equals the result's history, and a tracker that fails does not stop the run or lose its result."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import TINY_TRAIN, run_cli
+
+STEPS = 12
+TRACKED = [*TINY_TRAIN, "--steps", str(STEPS), "--eval-every", "6"]
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory, cache_dir):
+    """One tiny run followed by all three built-in trackers, priced."""
+    folder = tmp_path_factory.mktemp("tracked")
+    out = folder / "run.json"
+    proc = run_cli("train", "--backend", "jax", *TRACKED, "--cache-dir", cache_dir, "--out", str(out),
+                   "--report-to", "tensorboard,mlflow,wandb", "--price-per-hour", "3.6",
+                   env={"MLFLOW_TRACKING_URI": None, "WANDB_MODE": None, "WANDB_DIR": None})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"folder": folder, "result": json.loads(out.read_text()), "stdout": proc.stdout, "stderr": proc.stderr}
+
+
+def history_losses(result):
+    return [h["loss"] for h in result["history"]]
+
+
+def test_tensorboard_events_hold_the_streamed_figures(tracked):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    result = tracked["result"]
+    events = EventAccumulator(str(tracked["folder"] / "run.run" / "tensorboard"))
+    events.Reload()
+    losses = events.Scalars("train_loss")
+    assert [e.step for e in losses] == list(range(1, STEPS + 1))
+    # TensorBoard keeps float32: the streamed values are the history's, rounded to float32.
+    assert [e.value for e in losses] == [float(np.float32(loss)) for loss in history_losses(result)]
+    assert [e.step for e in events.Scalars("tokens_per_s")] == [10]
+    bleu = events.Scalars("val_bleu")
+    assert [(e.step, e.value) for e in bleu] == [(ev["step"], pytest.approx(ev["bleu"], rel=1e-6))
+                                                 for ev in result["target"]["evaluations"]]
+    assert events.Scalars("test_loss")[0].value == pytest.approx(result["metrics"]["test_loss"], rel=1e-6)
+    assert events.Scalars("train_sample_loss")[0].value == pytest.approx(result["metrics"]["train_loss"], rel=1e-6)
+    config = json.loads((tracked["folder"] / "run.run" / "tensorboard" / "config.json").read_text())
+    assert config["tags"]["backend"] == "jax" and config["config"]["steps"] == STEPS
+
+
+def test_mlflow_run_holds_params_tags_metrics_and_artifacts(tracked):
+    from mlflow import MlflowClient
+    result = tracked["result"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tracked['folder'] / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("mtbench").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "jax"
+    assert run.data.tags["mtbench.backend"] == "jax" and run.data.tags["mtbench.dtype"] == "float32"
+    assert run.data.params["steps"] == str(STEPS) and run.data.params["model.d_model"] == "64"
+    history = client.get_metric_history(run.info.run_id, "train_loss")
+    assert sorted((m.step, m.value) for m in history) == list(enumerate(history_losses(result), start=1))
+    assert run.data.metrics["bleu"] == pytest.approx(result["metrics"]["bleu"])
+    assert run.data.metrics["usd"] == pytest.approx(result["cost"]["usd"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"run.json", "run.hyp.txt", "run.ref.txt", "loss.png"} <= artifacts
+
+
+def test_wandb_offline_run_holds_the_streamed_figures(tracked):
+    from wandb_reader import offline_history
+    result = tracked["result"]
+    [run_dir] = (tracked["folder"] / "run.run" / "wandb").glob("offline-run-*")
+    history, summary, config = offline_history(run_dir)
+    assert [(row["_step"], row["train_loss"]) for row in history if "train_loss" in row] == \
+        list(enumerate(history_losses(result), start=1))
+    assert summary["test_loss"] == pytest.approx(result["metrics"]["test_loss"])
+    assert config["backend"] == "jax"
+
+
+def test_the_result_records_energy_and_cost(tracked):
+    result = tracked["result"]
+    assert result["cost"]["price_per_hour"] == 3.6 and result["cost"]["currency"] == "USD"
+    assert result["cost"]["usd"] == pytest.approx(3.6 * result["timing"]["total_s"] / 3600)
+    assert result["cost"]["usd_to_target"] is None  # no target was set
+    energy = result["energy"]
+    if energy["source"] is None:  # this machine shows no counter: the reason, never a figure
+        assert energy["reason"] and set(energy) == {"source", "reason"}
+    else:
+        assert energy["steady"]["joules"] > 0 and energy["run"]["joules"] >= energy["steady"]["joules"]
+
+
+def test_a_failing_tracker_is_reported_and_the_run_and_its_result_go_on(tmp_path, cache_dir):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the tracker wants a folder\n")
+    out = tmp_path / "run.json"
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "3", "--cache-dir", cache_dir,
+                   "--out", str(out), "--report-to", "tensorboard", "--logging-dir", str(blocker / "tb"))
+    assert proc.returncode == 1
+    assert "Warning: tracker 'tensorboard' of plugin 'tensorboard_tracker' failed in start: " in proc.stderr
+    assert "it follows this run no further" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "completed" and len(result["history"]) == 3
+    assert "mtbench train: jax" in proc.stdout  # the other reporters still ran
+
+
+def test_a_missing_tracker_library_names_the_extra_to_install(monkeypatch):
+    import importlib.util
+    from mtbench.errors import MtbenchError
+    from mtbench.plugins.manager import Registry
+    from mtbench.plugins.reporters.tensorboard_tracker import TensorBoardTracker
+    from mtbench.runner.setup import resolve_reporters
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    registry = Registry(reporters={"tensorboard": TensorBoardTracker()})
+    with pytest.raises(MtbenchError, match=r"^reporter 'tensorboard': tensorboard is not installed "
+                                           r"\(pip install 'mtbench\[tensorboard\]'\)$"):
+        resolve_reporters(["tensorboard"], registry)

@@ -1,0 +1,92 @@
+"""Energy from the hardware's counters: the arithmetic on recorded counter sequences (RAPL with its wrap-around,
+NVML through a stand-in for pynvml), and the reason a run without a counter gives."""
+
+import sys
+import types
+
+import pytest
+
+from mtbench.runner.measurement import energy
+from mtbench.runner.measurement.energy import EnergyMeter, NvmlCounter, RaplCounter, open_counter, rapl_domains
+
+
+def write_domain(root, name, energy_uj, wrap_uj=262143328850):
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "energy_uj").write_text(f"{energy_uj}\n")
+    (folder / "max_energy_range_uj").write_text(f"{wrap_uj}\n")
+    return folder
+
+
+def test_rapl_reads_package_domains_only_and_survives_a_wrap(tmp_path):
+    write_domain(tmp_path, "intel-rapl:0", 1_000_000, wrap_uj=10_000_000)
+    write_domain(tmp_path, "intel-rapl:0:0", 5)    # a subdomain (core): already inside the package's count
+    write_domain(tmp_path, "intel-rapl:1", 2_000_000, wrap_uj=10_000_000)
+    (tmp_path / "intel-rapl:2").mkdir()              # no counter file: skipped, not fatal
+    domains = rapl_domains(str(tmp_path))
+    assert [path.split("/")[-2] for path, _ in domains] == ["intel-rapl:0", "intel-rapl:1"]
+    counter = RaplCounter(domains)
+    before = counter.read()
+    assert before == [1.0, 2.0]
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("4000000\n")   # +3 J
+    (tmp_path / "intel-rapl:1" / "energy_uj").write_text("500000\n")    # wrapped: +8.5 J (10 - 2 + 0.5)
+    assert counter.difference(before, counter.read()) == pytest.approx(3.0 + 8.5)
+
+
+class RecordedCounter:
+    """A counter that plays back a recorded sequence of readings (joules per device)."""
+    source = "recorded"
+
+    def __init__(self, readings):
+        self.readings = iter(readings)
+
+    def read(self):
+        return next(self.readings)
+
+    def difference(self, before, after):
+        return float(sum(b - a for a, b in zip(before, after)))
+
+
+def test_meter_sums_steady_steps_and_the_whole_run():
+    clock = iter([100.0, 112.0])  # the run's start and end, seconds
+    # start of run, then (before, after) around 3 steps on two devices, then the end of the run
+    readings = [[0, 0], [10, 10], [40, 30], [50, 35], [60, 45], [61, 46], [81, 56], [100, 70]]
+    meter = EnergyMeter(RecordedCounter(readings), clock=lambda: next(clock))
+    history = []
+    for step, (first, tokens, seconds) in enumerate([(True, 100, 2.0), (False, 200, 0.5), (False, 300, 1.0)], 1):
+        joules = meter.between(meter.read(), meter.read())
+        history.append({"step": step, "first_of_shape": first, "tokens": tokens, "seconds": seconds,
+                        "joules": joules})
+    assert [h["joules"] for h in history] == [50.0, 20.0, 30.0]
+    section = meter.section(history)
+    assert section["source"] == "recorded"
+    assert section["steady"] == {"steps": 2, "joules": 50.0, "joules_per_1k_tokens": 100.0, "avg_watts": 50 / 1.5}
+    assert section["run"] == {"joules": 170.0, "seconds": 12.0, "joules_per_1k_tokens": 170 / 600 * 1000,
+                              "avg_watts": 170 / 12}
+
+
+def test_nvml_counter_reads_millijoules_of_every_device_used(monkeypatch):
+    # Millijoules as NVML counts them; open_counter reads once to check that the counter works.
+    recorded = {0: iter([4_000, 5_000, 9_000]), 1: iter([6_000, 7_000, 7_500]), 2: iter([0, 10**9])}
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda index: index,
+        nvmlDeviceGetTotalEnergyConsumption=lambda handle: next(recorded[handle]))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    counter, reason = open_counter({"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 2}, devices_used=2)
+    assert reason is None and isinstance(counter, NvmlCounter) and counter.handles == [1, 0]
+    before, after = counter.read(), counter.read()
+    assert before == [7.0, 5.0] and counter.difference(before, after) == pytest.approx(0.5 + 4.0)
+
+
+def test_without_a_counter_the_result_says_why_and_gives_no_figure(monkeypatch, tmp_path):
+    monkeypatch.setattr(energy, "RAPL_ROOT", str(tmp_path / "none"))
+    monkeypatch.setattr(energy, "rapl_domains", lambda root=None: [])
+    counter, reason = open_counter({"kind": "cpu", "name": "some CPU"}, devices_used=1)
+    assert counter is None and "no readable powercap/RAPL counter" in reason
+    assert EnergyMeter(counter, reason).section([]) == {"source": None, "reason": reason}
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    assert open_counter({"kind": "gpu", "name": "NVIDIA A100"}, 1) == (
+        None, "nvidia-ml-py is not installed (pip install 'mtbench[energy]')")
+    assert open_counter({"kind": "tpu", "name": "TPU v4"}, 1)[1] == "no energy counter known for tpu devices"

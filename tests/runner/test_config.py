@@ -1,0 +1,57 @@
+"""The run's configuration: model size from flags over the preset, impossible shapes refused before anything is
+built, and the trackers and price a run is given."""
+
+import pytest
+
+from conftest import run_cli
+from mtbench.errors import MtbenchError
+from mtbench.keras_models.presets import PRESETS
+from mtbench.runner.config import TrainConfig
+
+
+def test_size_flags_override_the_preset_and_layers_sets_both_stacks():
+    config = TrainConfig(preset="tiny", layers=3, d_model=96, heads=4, ff_dim=200, dropout=0.1)
+    model = config.model
+    assert (model.encoder_layers, model.decoder_layers, model.d_model, model.num_heads, model.ff_dim,
+            model.dropout) == (3, 3, 96, 4, 200, 0.1)
+    assert model.vocab_size == PRESETS["tiny"].vocab_size  # what no flag sets stays the preset's
+    only_decoder = TrainConfig(preset="small", decoder_layers=1).model
+    assert (only_decoder.encoder_layers, only_decoder.decoder_layers) == (PRESETS["small"].encoder_layers, 1)
+    recorded = TrainConfig(preset="tiny", d_model=96, heads=4).to_dict()
+    assert recorded["d_model"] == 96 and recorded["model"]["d_model"] == 96 and recorded["model"]["num_heads"] == 4
+    assert TrainConfig.from_dict(recorded).model == TrainConfig(preset="tiny", d_model=96, heads=4).model
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"d_model": 100, "heads": 3}, "--d-model 100 is not divisible by --heads 3"),
+    ({"heads": 3}, "--d-model 64 is not divisible by --heads 3"),  # the preset's d_model
+    ({"layers": 0}, "--layers must be at least 1, got 0"),
+    ({"ff_dim": -4}, "--ff-dim must be at least 1, got -4"),
+    ({"d_model": 0}, "--d-model must be at least 1, got 0"),
+    ({"dropout": 1.0}, "--dropout must be in [0, 1), got 1.0"),
+    ({"layers": 2, "encoder_layers": 1}, "give --layers (both stacks), or --encoder-layers/--decoder-layers"),
+    ({"price_per_hour": -1.0}, "--price-per-hour must not be negative"),
+])
+def test_impossible_configurations_are_refused(flags, message):
+    with pytest.raises(MtbenchError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        TrainConfig(preset="tiny", **flags)
+
+
+def test_a_bad_size_is_one_line_before_anything_is_built(tmp_path):
+    proc = run_cli("train", "--preset", "tiny", "--d-model", "60", "--heads", "8", "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("Error: --d-model 60 is not divisible by --heads 8: each head needs a whole "
+                                   "share of the model dimension")
+    assert list(tmp_path.iterdir()) == []
+    proc = run_cli("compare", "--matrix", "jax:d-model=64,heads=2;jax:d-model=64,heads=3", "--preset", "tiny",
+                   "--out", str(tmp_path / "c.json"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("Error: run 'jax:d-model=64,heads=3': --d-model 64 is not divisible")
+    proc = run_cli("compare", "--matrix", "jax:width=3", "--preset", "tiny", "--out", str(tmp_path / "c.json"))
+    assert proc.returncode == 2 and "is not flag=value with a size flag" in proc.stderr
+
+
+def test_trackers_are_a_comma_separated_list_and_none_means_none():
+    assert TrainConfig(report_to="tensorboard, mlflow,tensorboard").report_to == ("tensorboard", "mlflow")
+    assert TrainConfig(report_to="none").report_to == ()
+    assert TrainConfig().to_dict()["report_to"] == []
