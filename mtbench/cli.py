@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mtbench.plugins import manager as plugins
-from mtbench.errors import MtbenchError, RunFailure
+from mtbench.errors import MtbenchError, ReportingFailed
 from mtbench.keras_models.presets import PRESETS
 from mtbench.runner.config import COMPILE_MODES, DTYPES, TrainConfig
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
@@ -192,9 +192,9 @@ def _reporter_names(reporters):
 def _require_reporters_succeeded(failures):
     """Reporters run isolated (each failure is a warning as it happens); the command still says it failed."""
     if len(failures) == 1:
-        raise RunFailure(failures[0])
+        raise ReportingFailed(failures[0])
     if failures:
-        raise RunFailure(f"{len(failures)} reporter runs failed; the first: {failures[0]}")
+        raise ReportingFailed(f"{len(failures)} reporter runs failed; the first: {failures[0]}")
 
 
 report_option = click.option(

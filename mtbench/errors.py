@@ -14,5 +14,14 @@ class RunFailure(MtbenchError):
         super().__init__(message, exit_code=1)
 
 
+class ReportingFailed(MtbenchError):
+    """The run completed and its result is written, but a reporter or tracker failed (an exit code of its own,
+    so that a comparison goes on with its other runs)."""
+    EXIT_CODE = 3
+
+    def __init__(self, message):
+        super().__init__(message, exit_code=self.EXIT_CODE)
+
+
 class RunInterrupted(MtbenchError):
     """Stopped by a signal after saving a checkpoint and a partial result; the exit code is the signal's."""

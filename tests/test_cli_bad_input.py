@@ -107,8 +107,8 @@ def cases(tmp_path, plugin_path):
         "target without evaluations": (["--target-bleu", "20"], "--target-bleu needs --eval-every", None),
         "unknown reporter": (["--report", "fax"], "unknown reporter 'fax'", None),
         "reporter of a broken plugin": (["--report", "twoline"], "unknown reporter 'twoline'; available: explode, "
-                                        "oneline, table; it may come from a plugin that failed: plugin 'broken' failed to "
-                                        "load", plugins),
+                                        "mlflow, oneline, table, tensorboard, wandb; it may come from a plugin that "
+                                        "failed: plugin 'broken' failed to load", plugins),
         "existing result": (["--data", good, "--out", existing], "already exists; pass --overwrite", None),
         "output is a directory": (["--data", good, "--out", str(t)], "is a directory", None),
         "output under a file": (["--data", good, "--out", str(t / "good.tsv" / "r.json")],

@@ -111,7 +111,7 @@ def test_third_party_extra_wraps_the_backends_step_and_reporters_run_isolated(pl
                    "--out", str(out), "--report", "explode", "--report", "oneline", "--report", "table",
                    "--extra", "count-steps", "--beam", "2", env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": LOADED})
     # The exploding reporter is named, the reporters after it still run, the command fails, the result stays.
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     assert "ONELINE backend=jax steps=3 complete=True bleu=" in proc.stdout
     assert "mtbench train: jax+count-steps" in proc.stdout
     assert proc.stderr.strip().splitlines()[-1] == (f"Error: reporter 'explode' of plugin 'thirdparty' failed: "
@@ -158,10 +158,16 @@ def test_compile_options_that_training_would_ignore_are_refused(plugin_path, cac
 
 def test_reporters_run_on_every_result_of_compare_and_report(plugin_path, cache_dir, tmp_path):
     env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty"}
-    out = tmp_path / "c.json"
+    out, blocker = tmp_path / "c.json", tmp_path / "a-file"
+    blocker.write_text("where the tracker wants a folder\n")
+    # Each run's tracker fails (its folder cannot be made): the runs complete, the comparison goes on.
     compare = run_cli("compare", "--backends", "jax,torch", *TINY_TRAIN, "--steps", "3", "--cache-dir", cache_dir,
-                      "--out", str(out), "--report", "oneline", env=env)
-    assert compare.returncode == 0, compare.stderr
+                      "--out", str(out), "--report", "oneline", "--report-to", "tensorboard",
+                      "--logging-dir", str(blocker / "tb"), env=env)
+    assert compare.returncode == 3, compare.stderr
+    assert compare.stderr.strip().splitlines()[-1].startswith("Error: 2 reporter runs failed; the first: run 'jax' "
+                                                              "failed: tracker 'tensorboard'")
+    assert [run["label"] for run in json.loads(out.read_text())["runs"]] == ["jax", "torch"]
     assert "ONELINE backend=jax steps=3 complete=True" in compare.stdout
     assert "ONELINE backend=torch steps=3 complete=True" in compare.stdout
     assert "mtbench train:" not in compare.stdout  # the runs report nothing themselves: no table per run

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from mtbench.errors import MtbenchError, RunFailure
+from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
 from mtbench.runner.files import write_json_atomic, write_text_atomic
 from mtbench.runner.results.parity import percent
 from mtbench.plugins.api import size_label
@@ -188,8 +188,19 @@ def run_child(arguments, log_file, name):
     write_text_atomic(log_file, f"$ mtbench {shlex.join(arguments)}\n# exit code {process.returncode}\n"
                                 f"--- stdout\n{process.stdout}--- stderr\n{process.stderr}")
     if process.returncode != 0:
-        return f"{name} failed: {_last_error_line(process.stderr, process.returncode)} (log: {log_file})"
+        return ChildFailure(f"{name} failed: {_last_error_line(process.stderr, process.returncode)} "
+                            f"(log: {log_file})", process.returncode)
     return None
+
+
+class ChildFailure(str):
+    """The one line naming a failed child process, and its exit code."""
+
+    def __new__(cls, text, exit_code):
+        line = super().__new__(cls, text)
+        line.exit_code = exit_code
+        return line
+
 
 
 def _require_success(failure):
@@ -239,6 +250,9 @@ def run_compare(plan, registry, console):
                                  *spec.size_arguments(), "--initial-weights", weights[spec.sizes]["file"],
                                  "--out", result_file, "--report", "none", "--run-group", plan.group, *overwrite],
                                 plan.run_file(spec, repeat, ".log"), name)
+        if failure and failure.exit_code == ReportingFailed.EXIT_CODE:
+            report_failures.append(failure)  # the run completed; only one of its trackers failed
+            failure = None
         written = os.path.exists(result_file) and os.stat(result_file).st_mtime_ns != before
         if failure and plan.reporters and written:  # a partial result is reported too
             report_failures += run_reporters(plan.reporters, registry, _read_result(result_file, name), console,

@@ -93,7 +93,7 @@ def test_a_failing_tracker_is_reported_and_the_run_and_its_result_go_on(tmp_path
     out = tmp_path / "run.json"
     proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "3", "--cache-dir", cache_dir,
                    "--out", str(out), "--report-to", "tensorboard", "--logging-dir", str(blocker / "tb"))
-    assert proc.returncode == 1
+    assert proc.returncode == 3
     assert "Warning: tracker 'tensorboard' of plugin 'tensorboard_tracker' failed in start: " in proc.stderr
     assert "it follows this run no further" in proc.stderr
     assert "Traceback" not in proc.stderr
