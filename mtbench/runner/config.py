@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from mtbench.errors import MtbenchError
 from mtbench.keras_models.presets import PRESETS
+from mtbench.plugins.api import SIZE_KEYS
 
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
 # The model's shape from flags, over the preset's: config field -> ModelPreset field (`layers` sets both stacks).
@@ -138,7 +139,7 @@ class TrainConfig:
 
     def _check_model_size(self):
         """Impossible shapes end here, before anything is built."""
-        for name in ("layers", *SIZE_FIELDS):
+        for name in SIZE_KEYS:
             value = getattr(self, name)
             if value is not None and name != "dropout" and value < 1:
                 raise MtbenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")

@@ -8,8 +8,8 @@
 """
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api.figures import (FIGURES, FIGURES_BY_KEY, Figure, figure_text, hardware, run_dtype, run_label,
-                                         size_label)
+from mtbench.plugins.api.figures import (FIGURES, FIGURES_BY_KEY, SIZE_KEYS, Figure, figure_text, hardware,
+                                         run_dtype, run_label, run_name, size_label)
 from mtbench.plugins.api.host import cpu_count, cpu_model, median_flops_per_s, peak_host_bytes
 from mtbench.plugins.api.kinds import Backend, Dataset, Extra, Reporter, RunContext, TrackedRun
 from mtbench.plugins.api.steps import Batch, KerasTrainStep, TrainStep, WrappingStep
@@ -18,7 +18,7 @@ from mtbench.plugins.hookspecs import hookimpl
 __all__ = [
     "Backend", "Extra", "Dataset", "Reporter", "RunContext", "TrackedRun",
     "TrainStep", "KerasTrainStep", "WrappingStep", "Batch",
-    "Figure", "FIGURES", "FIGURES_BY_KEY", "figure_text", "hardware", "run_dtype", "run_label", "size_label",
+    "Figure", "FIGURES", "FIGURES_BY_KEY", "figure_text", "hardware", "run_dtype", "run_label", "run_name", "size_label", "SIZE_KEYS",
     "cpu_count", "cpu_model", "median_flops_per_s", "peak_host_bytes",
     "MtbenchError", "RunFailure", "hookimpl",
 ]

@@ -95,12 +95,15 @@ def size_label(sizes):
     return ",".join(f"{key.replace('_', '-')}={sizes[key]:g}" for key in SIZE_KEYS if sizes.get(key) is not None)
 
 
-def run_label(result):
-    """'backend+extra+extra', then ':flag=value,...' for the size flags the run set over its preset: how a run is
-    named in every output, and how `--matrix` and `--baseline` name it."""
-    label = "+".join([result["backend"], *result["extras"]])
-    size = size_label(result["config"])
+def run_name(backend, extras, sizes):
+    """'backend+extra+extra', then ':flag=value,...' for the size flags set in `sizes` (a configuration)."""
+    label, size = "+".join([backend, *extras]), size_label(sizes)
     return f"{label}:{size}" if size else label
+
+
+def run_label(result):
+    """The name of a result's run in every output, and how `--matrix` and `--baseline` name it (`run_name`)."""
+    return run_name(result["backend"], result["extras"], result["config"])
 
 
 def run_dtype(result):

@@ -5,6 +5,7 @@ Keras fixes its backend when it is imported, so no process can hold two runs: th
 framework and spawns `python -m mtbench` once for the weights file and once for each run.
 """
 
+import dataclasses
 import json
 import os
 import shlex
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
 from mtbench.runner.files import write_json_atomic, write_text_atomic
 from mtbench.runner.results.parity import percent
-from mtbench.plugins.api import size_label
+from mtbench.plugins.api import SIZE_KEYS, run_name, size_label
+from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.measurement.environment import host_environment
 from mtbench.runner.results.output import check_output_path
@@ -27,9 +29,8 @@ from mtbench.runner.setup import resolve_backend, resolve_extras
 COMPARE_SCHEMA_VERSION = 1
 
 
-# The size flags a --matrix entry may set, and how their values are read.
-SIZE_TYPES = {"layers": int, "encoder_layers": int, "decoder_layers": int, "d_model": int, "heads": int,
-              "ff_dim": int, "dropout": float}
+# The size flags a --matrix entry may set, and how their values are read: as the configuration types them.
+SIZE_TYPES = {field.name: field.type for field in dataclasses.fields(TrainConfig) if field.name in SIZE_KEYS}
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,7 @@ class RunSpec:
     @property
     def label(self):
         """The name run_label gives the run's result."""
-        size = size_label(dict(self.sizes))
-        return "+".join((self.backend, *self.extras)) + (f":{size}" if size else "")
+        return run_name(self.backend, self.extras, dict(self.sizes))
 
     def size_arguments(self):
         return [text for key, value in self.sizes for text in (f"--{key.replace('_', '-')}", f"{value:g}")]

@@ -15,15 +15,14 @@ from rich.table import Table
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import decoding_name
-from mtbench.plugins.api import FIGURES, FIGURES_BY_KEY, hardware, run_dtype, run_label, size_label
+from mtbench.plugins.api import FIGURES, FIGURES_BY_KEY, SIZE_KEYS, hardware, run_dtype, run_label, size_label
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import schema_errors
 
 COMPARE_KIND = "mtbench-compare"
 REPORT_KIND = "mtbench-report"
 # What a comparison is about: these may differ between the runs compared (the size flags: a size sweep).
-COMPARED_KEYS = ("backend", "extras", "dtype", "layers", "encoder_layers", "decoder_layers", "d_model", "heads",
-                 "ff_dim", "dropout")
+COMPARED_KEYS = ("backend", "extras", "dtype", *SIZE_KEYS)
 # Derived from the keys above and the rest of the configuration, so never a difference of their own.
 DERIVED_KEYS = ("model", "parameters")
 # Where a run's files went, and how its start was written down (the weights' hash is compared instead).

@@ -3,7 +3,7 @@ when one fails (it is named once, left out for the rest of the run, and the run 
 
 import importlib.metadata
 
-from mtbench.plugins.api import TrackedRun, run_dtype, run_label, size_label
+from mtbench.plugins.api import TrackedRun, run_dtype, run_label, run_name
 
 TRACKING_WINDOW = 10  # steps per `tokens_per_s` figure: steady steps only, so compilation does not dilute it
 # The result's metrics logged under another name at the end, because the name is a series streamed every step:
@@ -58,7 +58,7 @@ class Trackers:
         """Every number of the result's metrics (and its energy and cost), at the last step, before the reporters'
         `report` receives the whole result."""
         final = {FINAL_NAMES.get(name, name): value for name, value in result["metrics"].items()
-                 if isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None}
+                 if isinstance(value, (int, float)) and not isinstance(value, bool)}
         final.update({name: value for name, value in summary_figures(result).items() if value is not None})
         if final:
             self.log(final, len(result["history"]))
@@ -112,10 +112,10 @@ def summary_figures(result):
 
 def tracked_run(config, plugins, run, result_path, directory):
     """What a tracker is told of the run when it starts."""
-    extras = [extra.name for extra in plugins.extras]
-    label, size = "+".join([plugins.backend.name, *extras]), size_label(config.to_dict())
+    extras, settings = [extra.name for extra in plugins.extras], config.to_dict()
     versions = {"keras": importlib.metadata.version("keras"), "mtbench": importlib.metadata.version("mtbench"),
                 **plugins.backend.framework_versions()}
     tags = run_tags(plugins.backend.name, extras, config.dtype, config.preset, run.device, versions, config.run_group)
-    return TrackedRun(name=f"{label}:{size}" if size else label, result_path=result_path, directory=directory,
-                      logging_dir=config.logging_dir, group=config.run_group, config=config.to_dict(), tags=tags)
+    return TrackedRun(name=run_name(plugins.backend.name, extras, settings), result_path=result_path,
+                      directory=directory, logging_dir=config.logging_dir, group=config.run_group, config=settings,
+                      tags=tags)
