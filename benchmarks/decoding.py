@@ -35,7 +35,7 @@ def main():
     from mtbench.keras_models.transformer import build_transformer
     from mtbench.plugins.manager import registry
     from mtbench.runner.evaluation.decoding import beam_decoder, greedy_decoder
-    from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID
+    from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, JOINT_SPECIAL
 
     backend = registry().backends[args.backend]
     model = build_transformer(PRESETS[args.preset])
@@ -46,8 +46,8 @@ def main():
     buffer = np.zeros((args.sentences, args.length), np.int32)
     buffer[:, 0] = BOS_ID
 
-    compiled = backend.compile_inference(greedy_decoder(model), model)
-    beam_compiled = backend.compile_inference(beam_decoder(model, args.beam), model) if args.beam > 1 else None
+    compiled = backend.compile_inference(greedy_decoder(model, JOINT_SPECIAL), model)
+    beam_compiled = backend.compile_inference(beam_decoder(model, JOINT_SPECIAL, args.beam), model) if args.beam > 1 else None
     forward = backend.compile_inference(lambda src, tgt: model((src, tgt)), model)
 
     def python_loop():

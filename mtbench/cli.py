@@ -107,6 +107,9 @@ CORPUS_OPTIONS = (
 # The options that make up a run's configuration, shared by `train`, `init-weights` and `compare` (which
 # passes them on to every run), so the three cannot drift apart.
 RUN_CONFIGURATION_OPTIONS = (
+    click.option("--model", "model_name", default="transformer", show_default=True, metavar="NAME[:DIR]",
+                 help="Model family: transformer (mtbench's, sized by --preset and the size flags) or marian:DIR "
+                      "(a MarianMT checkpoint directory as transformers saves it, fine-tuned)."),
     click.option("--dataset", default="bible-en-fr", show_default=True, help="Registered dataset (see `mtbench plugins`)."),
     click.option("--data", "data_file", type=click.Path(dir_okay=True), metavar="CORPUS",
                  help="Your corpus instead of --dataset: FILE.tsv, FILE.jsonl (each may be .gz) or a Moses PREFIX "
@@ -173,7 +176,7 @@ long_run_options = _stack([
 ])
 
 # With --resume the run's own configuration is used: only these may be given beside it.
-ALLOWED_WITH_RESUME = ("resume_dir", "reporters", "debug")
+ALLOWED_WITH_RESUME = ("resume_dir", "reporters", "debug", "save_model")
 
 
 def _refuse_options_beside_resume():
@@ -212,9 +215,11 @@ report_option = click.option(
 @click.option("--report", "reporters", multiple=True, default=("table",), show_default=True, metavar="NAME",
               help="Reporter to hand the result to, complete or partial (repeatable; 'none' for none).")
 @click.option("--run-group", metavar="NAME", help="Group this run with others in the trackers (compare sets it).")
+@click.option("--no-save-model", "save_model", is_flag=True, flag_value=False, default=True,
+              help="Do not keep the final weights in the run directory (RESULT.run/model).")
 @long_run_options
 @handle_errors
-def train(reporters, resume_dir, **options):
+def train(reporters, resume_dir, save_model, **options):
     """Train, evaluate and time the Transformer on one backend."""
     from mtbench.runner.loop.checkpoints import open_run
     from mtbench.runner.training import run_training
@@ -225,8 +230,9 @@ def train(reporters, resume_dir, **options):
         _refuse_options_beside_resume()
         resume = open_run(resume_dir)
         config = resume.config
+        config.save_model = config.save_model and save_model
     else:
-        config = _train_config(**options)
+        config = _train_config(save_model=save_model, **options)
     console = Console()
     _, failures = run_training(config, registry, console, resume=resume, reporter_names=_reporter_names(reporters))
     console.print(f"result: {config.out}")
@@ -337,6 +343,92 @@ def report(results, output_format, baseline, plot, force, parity_steps, parity_t
         failures += run_reporters(chosen_reporters, registry, run.result, Console(stderr=output_format != "table"),
                                   run.source)
     _require_reporters_succeeded(failures)
+
+
+MODEL_ARGUMENT = click.argument("model", metavar="MODEL", type=click.Path())
+inference_options = _stack([
+    click.option("--backend", help="Backend to translate on (default: the one that trained the model)."),
+    click.option("--beam", type=click.IntRange(min=1), metavar="N", help="Beam search over N hypotheses, 1 greedy (default: the run's)."),
+    click.option("--length-penalty", type=float, metavar="ALPHA", help="Beam search's length penalty (default: the run's)."),
+    click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Sentences decoded together."),
+])
+
+
+def _translation_progress(total):
+    """A progress bar on stderr, so stdout holds only the translations."""
+    from rich.progress import Progress
+    progress = Progress(console=Console(stderr=True), transient=True)
+    task = progress.add_task("translating", total=total)
+    return progress, lambda done: progress.update(task, completed=done)
+
+
+@main.command()
+@MODEL_ARGUMENT
+@click.argument("file", required=False, type=click.File("r", encoding="utf-8"))
+@inference_options
+@handle_errors
+def translate(model, file, backend, beam, length_penalty, batch_size):
+    """Translate FILE (or stdin), one sentence a line, to stdout, with a trained model: MODEL is a result JSON, a
+    run directory (RESULT.run), its saved model (RESULT.run/model) or one of its checkpoints."""
+    from mtbench.runner.inference import open_translator
+    registry = plugins.registry()
+    _warn_broken_plugins(registry)
+    translator = open_translator(model, registry, backend, beam, length_penalty)
+    lines = [line.rstrip("\r\n") for line in (file or click.get_text_stream("stdin"))]
+    progress, advance = _translation_progress(len(lines))
+    with progress:
+        translations = translator.translate(lines, batch_size, advance)
+    click.echo("".join(f"{text}\n" for text in translations), nl=False)
+    if translator.truncated:
+        click.echo(f"Warning: {translator.truncated} sentences were longer than the model's {translator.config.max_len} "
+                   f"tokens and were cut", err=True)
+
+
+@main.command()
+@MODEL_ARGUMENT
+@click.option("--test", "test_file", required=True, metavar="CORPUS",
+              help="Test pairs in any --data format of `train`, or sacrebleu:NAME.")
+@_stack(CORPUS_OPTIONS[2:])
+@inference_options
+@click.option("--out", type=click.Path(dir_okay=False), help="Also write the scores (JSON) and the hypotheses beside them.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
+@handle_errors
+def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, beam, length_penalty, batch_size, out,
+             overwrite):
+    """Score a trained model (see `translate` for MODEL) on another test set: BLEU and chrF with sacrebleu."""
+    from mtbench.runner.data.formats import ReadOptions, read_pairs
+    from mtbench.runner.files import write_json_atomic, write_text_atomic
+    from mtbench.runner.inference import evaluate_translator, open_translator
+    from mtbench.runner.results.output import check_output_path
+    from mtbench.runner.results.schema import sidecar_paths
+    if out:
+        check_output_path(out, overwrite, kind="scores .json")
+    registry = plugins.registry()
+    _warn_broken_plugins(registry)
+    pairs = read_pairs(test_file, ReadOptions(src_col, tgt_col, src_lang, tgt_lang))
+    if not pairs:
+        raise MtbenchError(f"{test_file}: holds no sentence pairs")
+    translator = open_translator(model, registry, backend, beam, length_penalty)
+    progress, advance = _translation_progress(len(pairs))
+    with progress:
+        scores, hypotheses = evaluate_translator(translator, pairs, batch_size, advance)
+    scores["test"] = test_file
+    table = Table(title="mtbench evaluate")
+    for column in ("test set", "sentences", "BLEU", "chrF", "decoding", "backend"):
+        table.add_column(column)
+    table.add_row(test_file, str(scores["sentences"]), f"{scores['bleu']:.2f}", f"{scores['chrf']:.2f}",
+                  scores["decoding"], scores["backend"])
+    console = Console()
+    console.print(table)
+    console.print(f"{scores['bleu_signature']}\n{scores['chrf_signature']}", highlight=False, soft_wrap=True)
+    if scores["sources_truncated"]:
+        console.print(f"{scores['sources_truncated']} sources were longer than the model's {scores['max_len']} tokens "
+                      f"and were cut", highlight=False)
+    if out:
+        hypotheses_file, _ = sidecar_paths(out)
+        write_text_atomic(hypotheses_file, "".join(h + "\n" for h in hypotheses))
+        write_json_atomic(out, {**scores, "hypotheses_file": hypotheses_file})
+        console.print(f"scores: {out}")
 
 
 @main.command()

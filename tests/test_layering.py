@@ -8,7 +8,7 @@ import os
 from conftest import REPOSITORY
 
 PACKAGE_DIR = os.path.join(REPOSITORY, "mtbench")
-BUILTIN_KINDS = ("backends", "extras", "datasets", "reporters")
+BUILTIN_KINDS = ("backends", "extras", "datasets", "reporters", "models")
 FRAMEWORKS = ("jax", "jaxlib", "torch", "flax", "optax")
 
 

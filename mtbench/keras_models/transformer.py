@@ -121,8 +121,23 @@ class DecoderBlock(layers.Layer):
         return x + self.ff(self.ff_norm(x)), (cache_keys, cache_values)
 
 
+def decoding_state(decoder_blocks, memory, length):
+    """The state incremental decoding carries: the cross-attention keys and values of the source (computed once)
+    and an empty self-attention cache of `length` positions per decoder block (blocks with `self_attention`
+    and `cross_attention` Attention layers)."""
+    rows = ops.shape(memory)[0]
+    cross = [block.cross_attention.keys_values(memory) for block in decoder_blocks]
+    caches = []
+    for block in decoder_blocks:
+        attention = block.self_attention
+        empty = ops.zeros((rows, length, attention.num_heads, attention.head_dim), dtype=memory.dtype)
+        caches.append((empty, empty))
+    return cross, caches
+
+
 class Transformer(keras.Model):
     """Inputs: `(source_ids, target_input_ids)`, both (batch, length) int32; output: logits (batch, length, vocab)."""
+    pad_id = PAD_ID
 
     def __init__(self, vocab_size, d_model, num_heads, encoder_layers, decoder_layers, ff_dim, max_len,
                  dropout=0.0, flash_attention=None, flash_attention_masked=None, **kwargs):
@@ -168,16 +183,7 @@ class Transformer(keras.Model):
         return ops.cast(ops.matmul(x, ops.transpose(table)), "float32")
 
     def start_decoding(self, memory, length):
-        """The state incremental decoding carries: the cross-attention keys and values of the source (computed
-        once) and an empty self-attention cache of `length` positions per decoder block."""
-        rows = ops.shape(memory)[0]
-        cross = [block.cross_attention.keys_values(memory) for block in self.decoder_blocks]
-        caches = []
-        for block in self.decoder_blocks:
-            attention = block.self_attention
-            empty = ops.zeros((rows, length, attention.num_heads, attention.head_dim), dtype=memory.dtype)
-            caches.append((empty, empty))
-        return cross, caches
+        return decoding_state(self.decoder_blocks, memory, length)
 
     def decode_step(self, token_ids, position, caches, cross, src_mask):
         """Logits (batch, vocab) for the token after `token_ids` (batch, 1) at `position`, and the new caches."""

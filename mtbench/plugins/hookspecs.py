@@ -38,6 +38,14 @@ def mtbench_register_datasets(register):
 
 
 @hookspec
+def mtbench_register_models(register):
+    """Register model families: call `register(family)` with instances of `mtbench.ModelFamily`.
+
+    A family is what `--model NAME[:PATH]` names: it builds the Keras model a run trains (with keras and
+    keras.ops only, so every backend runs it), and may bring pretrained weights and its own tokenizer."""
+
+
+@hookspec
 def mtbench_register_reporters(register):
     """Register reporters: call `register(reporter)` with instances of `mtbench.Reporter`.
 

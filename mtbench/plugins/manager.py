@@ -27,6 +27,8 @@ BUILTIN_PLUGINS = (
     "mtbench.plugins.backends.jax_backend",
     "mtbench.plugins.backends.torch_backend",
     "mtbench.plugins.datasets.bible_dataset",
+    "mtbench.plugins.models.transformer",
+    "mtbench.plugins.models.marian",
     "mtbench.plugins.reporters.table_reporter",
     "mtbench.plugins.reporters.tensorboard_tracker",
     "mtbench.plugins.reporters.mlflow_tracker",
@@ -41,6 +43,7 @@ REGISTER_HOOKS = {
     "extras": "mtbench_register_extras",
     "datasets": "mtbench_register_datasets",
     "reporters": "mtbench_register_reporters",
+    "models": "mtbench_register_models",
 }
 KINDS = tuple(REGISTER_HOOKS)
 ANY_KIND = "any"  # what a plugin that failed to load might have provided: we cannot know
@@ -80,6 +83,7 @@ class Registry:
     extras: dict = field(default_factory=dict)
     datasets: dict = field(default_factory=dict)
     reporters: dict = field(default_factory=dict)
+    models: dict = field(default_factory=dict)
     provider: dict = field(default_factory=dict)   # (kind, name) -> plugin name
     warnings: list = field(default_factory=list)   # every problem, in the order it happened
     problems: list = field(default_factory=list)   # PluginProblem of plugins that failed (not fatal)

@@ -30,6 +30,7 @@ class TrainConfig:
     dataset: str = "bible-en-fr"
     data_file: str = None          # a TSV file (source TAB target) used instead of a registered dataset
     preset: str = "small"
+    model_name: str = "transformer"  # --model: a model family, NAME or NAME:PATH (marian:DIR)
     steps: int = None              # default: DEFAULT_STEPS of the preset, unless epochs is given
     epochs: float = None
     batch_size: int = 64
@@ -59,6 +60,7 @@ class TrainConfig:
     cache_dir: str = field(default_factory=default_cache_dir)
     out: str = None                # result JSON; default mtbench-results/<time>-<backend>.json
     overwrite: bool = False
+    save_model: bool = True        # keep the final weights (and what rebuilds the model) in the run directory
     # Reading the user's corpus (mtbench/runner/formats.py)
     valid_file: str = None         # validation pairs in any format, instead of a split of the training data
     test_file: str = None          # test pairs in any format, or sacrebleu:NAME
@@ -164,6 +166,12 @@ class TrainConfig:
         """The model shape: the preset with this run's size flags, vocabulary and length."""
         return dataclasses.replace(PRESETS[self.preset], vocab_size=self.vocab_size, max_len=self.max_len,
                                    **self.size_overrides())
+
+    @property
+    def model_family(self):
+        """(family name, path or None) of --model NAME[:PATH]."""
+        name, _, path = self.model_name.partition(":")
+        return name, (path or None)
 
     @property
     def corpus_name(self):

@@ -1,10 +1,11 @@
-"""`mtbench init-weights`: the initial weights of a configuration, drawn with numpy from its seed, written to a
-backend-neutral weights file that every run of a comparison loads."""
+"""`mtbench init-weights`: the initial weights of a configuration (drawn with numpy from its seed, or a pretrained
+model's), written to a backend-neutral weights file that every run of a comparison loads."""
 
 from mtbench.runner.data.weights_file import write_weights_file
 from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.results.output import check_output_path
-from mtbench.runner.setup import build_model, import_keras, resolve_backend
+from mtbench.plugins.api import RunContext
+from mtbench.runner.setup import build_model, choose_plugins, import_keras, initial_values
 from mtbench.runner.training import prepare_data, read_corpus
 
 
@@ -18,12 +19,12 @@ def write_initial_weights(config, registry, console, path, overwrite=False):
     the model exactly as a run does, on `config.backend`, and writes only numpy arrays: the file is
     backend-neutral although keras named its variables. Like a run, it needs a process of its own, because
     keras fixes its backend at import."""
-    backend = resolve_backend(config.backend, registry)
+    plugins = choose_plugins(config, registry)
     check_output_path(path, overwrite, kind=".npz")
     stopwatch = Stopwatch()
     corpus = read_corpus(config, registry, console, stopwatch)
-    import_keras(config, backend)
-    from mtbench.keras_models.initialization import initial_weights
-    data = prepare_data(config, corpus, stopwatch)
-    model, _ = build_model(config, data.tokenizer)
-    return write_weights_file(path, initial_weights(model, config.seed))
+    import_keras(config, plugins.backend)
+    data = prepare_data(config, plugins, corpus, stopwatch)
+    model, _ = build_model(RunContext(config=config, backend=plugins.backend), plugins, data.tokenizer)
+    weights, _ = initial_values(config, plugins, model)
+    return write_weights_file(path, weights)

@@ -1,7 +1,6 @@
 """Setting a run up: the plugins it uses (checked before anything is imported), the process (keras on the chosen
 backend, the device, the extras that can run there), and the model with its optimizer and train step."""
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -11,11 +10,17 @@ from mtbench.plugins.api import KerasTrainStep, RunContext
 
 @dataclass
 class RunPlugins:
-    """The backend, extras and reporters a run uses, looked up in the registry."""
+    """The backend, extras, reporters and model family a run uses, looked up in the registry."""
     backend: object
     extras: list
     reporters: list
     registry: object
+    model: object = None       # the ModelFamily of --model
+    model_path: str = None     # its PATH, for a family that takes one
+
+    def model_code(self):
+        """A block running the model family's own code: its errors name the family."""
+        return self.registry.plugin_code("models", self.model.name)
 
     def extra_code(self, extra):
         """A block running an extra's own code: its errors name the extra (and its plugin, for a crash)."""
@@ -59,10 +64,24 @@ def resolve_reporters(names, registry):
     return reporters
 
 
+def resolve_model(config, registry):
+    """The model family of --model NAME[:PATH] and its path, checked (files present, options it takes) before
+    anything is imported."""
+    name, path = config.model_family
+    family = registry.lookup("models", name)
+    if family.takes_path and not path:
+        raise MtbenchError(f"--model {name} needs the model's directory: --model {name}:DIR")
+    if path and not family.takes_path:
+        raise MtbenchError(f"--model {name} takes no path (got '{config.model_name}')")
+    with registry.plugin_code("models", name):
+        family.check(path, config)
+    return family, path
+
+
 def choose_plugins(config, registry, reporter_names=()):
     backend = resolve_backend(config.backend, registry)
     return RunPlugins(backend, resolve_extras(config.extras, backend, registry),
-                      resolve_reporters(reporter_names, registry), registry)
+                      resolve_reporters(reporter_names, registry), registry, *resolve_model(config, registry))
 
 
 def import_keras(config, backend, extras_environment=None):
@@ -87,7 +106,10 @@ def start_backend(config, plugins):
         with plugins.extra_code(extra):
             extras_environment.update(extra.environment(config))
     keras = import_keras(config, plugins.backend, extras_environment)
-    run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info())
+    with plugins.model_code():
+        model_shape = plugins.model.shape(plugins.model_path, config)
+    run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info(),
+                     model_shape=model_shape)
     reason = plugins.backend.unsupported_dtype_reason(config.dtype, run.device)
     if reason:
         raise MtbenchError(f"--dtype {config.dtype}: {reason}")
@@ -102,24 +124,35 @@ def start_backend(config, plugins):
     return keras, run
 
 
-def build_model(config, tokenizer, model_options=None):
-    """The Transformer of `config`, its vocabulary sized by the tokenizer (a small corpus may support fewer
-    pieces than asked for); `model_options` are those extras set (flash attention)."""
-    from mtbench.keras_models.transformer import build_transformer
-    model_shape = dataclasses.replace(config.model, vocab_size=tokenizer.vocab_size)
-    return build_transformer(model_shape, **(model_options or {})), model_shape
+def build_model(run, plugins, tokenizer):
+    """(model, ModelShape) of the run's model family, its vocabulary that of the tokenizer (a small corpus may
+    support fewer pieces than asked for); `run.model_options` are those extras set (flash attention)."""
+    with plugins.model_code():
+        return plugins.model.build(run, plugins.model_path, tokenizer, run.config.max_len)
 
 
-def starting_weights(config, model, weights_file):
-    """Sets the model's initial weights: those of the weights file when one was given, else the numpy draw."""
-    from mtbench.keras_models.initialization import assign_weights, initial_weights
-    if weights_file is None:
-        assign_weights(model, initial_weights(model, config.seed))
-        return
+def initial_values(config, plugins, model):
+    """(weights, origin) a run starts from without --initial-weights: the family's pretrained ones ('pretrained'),
+    or mtbench's numpy draw from the seed ('seed')."""
+    from mtbench.keras_models.initialization import initial_weights
+    with plugins.model_code():
+        pretrained = plugins.model.pretrained_weights(plugins.model_path, model)
+    if pretrained is not None:
+        return pretrained, "pretrained"
+    return initial_weights(model, config.seed), "seed"
+
+
+def starting_weights(config, plugins, model, weights_file):
+    """Sets the model's initial weights: those of the weights file when one was given, else `initial_values`.
+    Returns where they came from: 'file', 'pretrained' or 'seed'."""
+    from mtbench.keras_models.initialization import assign_weights
+    weights, origin = (weights_file, "file") if weights_file is not None else initial_values(config, plugins, model)
     try:
-        assign_weights(model, weights_file)
+        assign_weights(model, weights)
     except ValueError as error:
-        raise MtbenchError(f"{config.initial_weights}: {error}") from None
+        source = config.initial_weights or f"--model {config.model_name}"
+        raise MtbenchError(f"{source}: {error}") from None
+    return origin
 
 
 def compile_model(keras, model, config, total_steps, compile_options):

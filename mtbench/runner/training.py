@@ -5,7 +5,6 @@ test set, write the result (a partial one when training stopped early) and hand 
 Each stage is a function with explicit inputs and outputs; `run_training` is the whole run on one screen."""
 
 import math
-import os
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
@@ -22,6 +21,7 @@ from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.run_result import add_evaluation, stop_error, training_result, write_result
 from mtbench.runner.results.tracking import Trackers, tracked_run
+from mtbench.runner.saved_model import save_trained_model
 from mtbench.runner.setup import (build_model, check_compile_options_apply, choose_plugins, choose_train_step,
                                   compile_model, extras_compile_options, start_backend, starting_weights)
 
@@ -43,12 +43,15 @@ def run_training(config, registry, console, resume=None, reporter_names=()):
 
     keras, run = start_backend(config, plugins)
     energy = EnergyMeter(*open_counter(run.device, devices_used=run.device.get("count", 1)))
-    data = prepare_data(config, corpus, stopwatch)
+    data = prepare_data(config, plugins, corpus, stopwatch)
     corpus_figures = show_corpus_report(data, config, console)
     data_fingerprint = check_resumable(data, resume)
     total_steps = count_steps(config, data)
     with stopwatch.phase("build"):
         built = build_for_training(keras, config, run, plugins, data, weights_file, total_steps, resume, console)
+    if built.starts_pretrained:
+        with stopwatch.phase("evaluate_pretrained"):
+            built.before_training = scores_before_training(built.decode, data, config)
 
     checkpointing = Checkpointing(run_dir, run_config, data_fingerprint, config.checkpoint_every,
                                   config.keep_checkpoints, latest=resume.checkpoint if resume else None)
@@ -69,6 +72,10 @@ def run_training(config, registry, console, resume=None, reporter_names=()):
         with stopwatch.phase("translate"):
             scores = translate_split(built.decode, data, "test", config)
         add_evaluation(result, evaluation, scores, config)
+        if config.save_model:
+            with stopwatch.phase("save_model"):
+                result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer, plugins,
+                                                              built.model_shape, config)
     write_result(config.out, result, stopwatch, plugins.backend, energy, config.price_per_hour)
     trackers.finish(result)
     still_reporting = [reporter for reporter in plugins.reporters if reporter not in trackers.failed]
@@ -104,11 +111,13 @@ class PreparedData:
         return {"train": self.train, "valid": self.valid, "test": self.test}
 
 
-def prepare_data(config, corpus, stopwatch):
-    """Trains (or loads) the tokenizer and encodes every split."""
+def prepare_data(config, plugins, corpus, stopwatch):
+    """Loads the model family's tokenizer, or trains (or loads) mtbench's own, and encodes every split."""
     from mtbench.runner.data.tokenizer import load_or_train_tokenizer
     with stopwatch.phase("tokenizer"):
-        tokenizer = load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
+        with plugins.model_code():
+            tokenizer = plugins.model.tokenizer(plugins.model_path, config)
+        tokenizer = tokenizer or load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
         splits = [encode_split(pairs, tokenizer, config.max_len)
                   for pairs in (corpus.train, corpus.valid, corpus.test, corpus.train[:TRAIN_LOSS_SAMPLE])]
     data = PreparedData(corpus, tokenizer, *splits)
@@ -126,13 +135,21 @@ def show_corpus_report(data, config, console):
 
 
 def check_resumable(data, resume):
-    """The training data's fingerprint (the tokenizer file is named by a hash of the training pairs); a resumed
-    run must train on the same pairs as the run it continues."""
-    fingerprint = os.path.basename(data.tokenizer.path)
+    """The training data's fingerprint: the tokenizer's (mtbench's own is named by a hash of the training pairs)
+    and the pairs'; a resumed run must train on the same pairs as the run it continues."""
+    fingerprint = data_fingerprint(data)
     if resume and resume.data_fingerprint != fingerprint:
         raise MtbenchError(f"{resume.directory.path}: the training data differs from the run's (tokenizer "
                            f"{fingerprint}, the run had {resume.data_fingerprint}); it cannot be resumed")
     return fingerprint
+
+
+def data_fingerprint(data):
+    from mtbench.runner.data.tokenizer import JointTokenizer, pairs_digest
+    fingerprint = data.tokenizer.fingerprint
+    if isinstance(data.tokenizer, JointTokenizer):
+        return fingerprint  # its file name already hashes the training pairs
+    return f"{fingerprint}-{pairs_digest(data.corpus.train)[:16]}"
 
 
 def count_steps(config, data):
@@ -151,6 +168,8 @@ class BuiltRun:
     state: TrainingState   # where training starts: step 0, or the resumed checkpoint's
     batches: object        # (epoch, Batch) iterator from the step after `state.step`
     decode: object
+    starts_pretrained: bool = False  # a fresh run of a pretrained model (its weights loaded, or in a weights file)
+    before_training: dict = None     # test BLEU and chrF of the pretrained weights
 
 
 def build_for_training(keras, config, run, plugins, data, weights_file, total_steps, resume, console):
@@ -162,8 +181,8 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     for extra in plugins.extras:
         with plugins.extra_code(extra):
             extra.before_model(run)
-    model, model_shape = build_model(config, data.tokenizer, run.model_options)
-    starting_weights(config, model, weights_file)
+    model, model_shape = build_model(run, plugins, data.tokenizer)
+    starting_weights(config, plugins, model, weights_file)
     asked, asked_by = extras_compile_options(run, plugins)
     compile_record = compile_model(keras, model, config, total_steps, asked)
     state = TrainingState()
@@ -187,8 +206,17 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
             reason = extra.verify(run, model, first_batch)
         if reason:
             raise RunFailure(f"extra '{extra.name}' did not take effect: {reason}")
-    decode = plugins.backend.compile_inference(make_decoder(model, config.beam, config.length_penalty), model)
-    return BuiltRun(model, model_shape, compile_record, train_step, state, batches, decode)
+    decoder = make_decoder(model, data.tokenizer.special, config.beam, config.length_penalty)
+    decode = plugins.backend.compile_inference(decoder, model)
+    return BuiltRun(model, model_shape, compile_record, train_step, state, batches, decode,
+                    starts_pretrained=plugins.model.pretrained and resume is None)
+
+
+def scores_before_training(decode, data, config):
+    """Test BLEU and chrF of a pretrained model as it was loaded: what fine-tuning is measured against."""
+    scores = translate_split(decode, data, "test", config)
+    return {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
+            "chrf_signature": scores.chrf_signature, "split": "test"}
 
 
 def evaluate_splits(model, data, config):

@@ -25,7 +25,9 @@ def test_builtin_plugins_are_listed_with_their_hooks():
     assert plugins["bible_dataset"]["provides"]["datasets"] == ["bible-en-de", "bible-en-es", "bible-en-fr"]
     assert plugins["table_reporter"]["provides"] == {"reporters": ["table"]}
     builtin = [p for p in plugins.values() if p["builtin"]]
-    assert len(builtin) == 11 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
+    assert plugins["transformer"]["provides"] == {"models": ["transformer"]}
+    assert plugins["marian"]["provides"] == {"models": ["marian"]}
+    assert len(builtin) == 13 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
 
 
 def test_third_party_plugins_load_by_package_and_every_plugin_is_listed_with_its_status(plugin_path):

@@ -9,12 +9,14 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RunContext:
-    """What a plugin may look at while a run is set up: the configuration, the backend, and (once the
-    framework is imported) the device. Extras may add keyword arguments for `build_transformer` to
-    `model_options` (for example `flash_attention`), and keep what they learn in `extras_state[name]`."""
+    """What a plugin may look at while a run is set up: the configuration, the backend, (once the framework is
+    imported) the device, and the shape of the model the family will build (`ModelShape`: heads, dimensions).
+    Extras may add keyword arguments for the model's builder to `model_options` (for example
+    `flash_attention`), and keep what they learn in `extras_state[name]`."""
     config: object
     backend: "Backend"
     device: dict = field(default_factory=dict)
+    model_shape: object = None
     model_options: dict = field(default_factory=dict)
     extras_state: dict = field(default_factory=dict)
 

@@ -32,7 +32,7 @@ class FlashAttention(Extra):
         kind, dtype = run.device_kind, run.config.dtype
         if kind not in ("gpu", "tpu") or dtype not in HALF_DTYPES:
             return f"needs a CUDA GPU (or TPU) and float16/bfloat16; this run has {kind}/{dtype}"
-        head_dim = run.config.model.d_model // run.config.model.num_heads
+        head_dim = run.model_shape.d_model // run.model_shape.num_heads
         if head_dim % 8 or head_dim > 256:
             return f"needs a head size that is a multiple of 8 and at most 256; this model has {head_dim}"
         if run.backend.name == "torch":

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mtbench.plugins.api import SpecialTokens
 from mtbench.plugins.api.steps import Batch
-from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 BUCKET_STEP = 16
 
@@ -29,9 +29,10 @@ def bucket_for(length, buckets):
 @dataclass
 class EncodedSplit:
     sources: list        # token ids + EOS
-    targets: list        # token ids (no BOS/EOS: added when batching)
+    targets: list        # token ids (no start/EOS: added when batching)
     pair_index: list     # index of each kept pair in the split
     dropped_too_long: int
+    special: SpecialTokens  # the tokenizer's padding, EOS and start ids
     token_lengths: np.ndarray = None  # (pairs, 2): source and target tokens of every pair, dropped ones too
 
     def __len__(self):
@@ -39,27 +40,32 @@ class EncodedSplit:
 
 
 def encode_split(pairs, tokenizer, max_len):
-    """Encodes pairs; drops those whose source (+EOS) or target (+BOS or +EOS) exceeds max_len."""
-    source_ids = tokenizer.encode(s for s, _ in pairs)
-    target_ids = tokenizer.encode(t for _, t in pairs)
+    """Encodes pairs; drops those whose source (+EOS) or target (+start or +EOS) exceeds max_len."""
+    source_ids = tokenizer.encode_source(s for s, _ in pairs)
+    target_ids = tokenizer.encode_target(t for _, t in pairs)
     kept = [i for i in range(len(pairs)) if len(source_ids[i]) + 1 <= max_len and len(target_ids[i]) + 1 <= max_len]
     lengths = np.array([[len(s), len(t)] for s, t in zip(source_ids, target_ids)], np.int64).reshape(-1, 2)
-    return EncodedSplit(sources=[source_ids[i] + [EOS_ID] for i in kept], targets=[target_ids[i] for i in kept],
-                        pair_index=kept, dropped_too_long=len(pairs) - len(kept), token_lengths=lengths)
+    eos = tokenizer.special.eos
+    return EncodedSplit(sources=[source_ids[i] + [eos] for i in kept], targets=[target_ids[i] for i in kept],
+                        pair_index=kept, dropped_too_long=len(pairs) - len(kept), special=tokenizer.special,
+                        token_lengths=lengths)
 
 
 def make_batch(split, indices, rows, length):
-    source = np.full((rows, length), PAD_ID, np.int32)
-    target_input = np.full((rows, length), PAD_ID, np.int32)
-    target_output = np.full((rows, length), PAD_ID, np.int32)
+    special = split.special
+    source = np.full((rows, length), special.pad, np.int32)
+    target_input = np.full((rows, length), special.pad, np.int32)
+    target_output = np.full((rows, length), special.pad, np.int32)
+    weight = np.zeros((rows, length), np.float32)
     index = np.full((rows,), -1, np.int64)
     for row, i in enumerate(indices):
         src, tgt = split.sources[i], split.targets[i]
         source[row, :len(src)] = src
-        target_input[row, :len(tgt) + 1] = [BOS_ID] + tgt
-        target_output[row, :len(tgt) + 1] = tgt + [EOS_ID]
+        target_input[row, :len(tgt) + 1] = [special.start] + tgt
+        target_output[row, :len(tgt) + 1] = tgt + [special.eos]
+        # By position, not by comparing with the padding id: a model's padding id may also be its start id.
+        weight[row, :len(tgt) + 1] = 1.0
         index[row] = i
-    weight = (target_output != PAD_ID).astype(np.float32)
     return Batch(source, target_input, target_output, weight, index)
 
 

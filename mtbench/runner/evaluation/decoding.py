@@ -9,7 +9,6 @@ import numpy as np
 from keras import ops
 
 from mtbench.runner.data.batches import bucket_for, bucket_lengths
-from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # A log-probability no real hypothesis reaches; finite, so sums of them stay comparable (no inf - inf).
 IMPOSSIBLE = -1e9
@@ -38,8 +37,9 @@ def _start(model, memory, length, use_cache):
     return model.start_decoding(memory, length) if use_cache else ()
 
 
-def greedy_decoder(model, use_cache=True):
-    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with BOS."""
+def greedy_decoder(model, special, use_cache=True):
+    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with the start id;
+    `special` (SpecialTokens) says which ids pad and end a sentence."""
 
     def decode(source, buffer):
         memory, src_mask = model.encode(source)
@@ -53,9 +53,9 @@ def greedy_decoder(model, use_cache=True):
 
         def next_token(t, buffer, finished, state):
             logits, state = next_logits(t, buffer, state)
-            ids = ops.where(finished, PAD_ID, ops.cast(ops.argmax(logits, axis=-1), "int32"))
+            ids = ops.where(finished, special.pad, ops.cast(ops.argmax(logits, axis=-1), "int32"))
             buffer = ops.slice_update(buffer, (0, t + 1), ids[:, None])
-            return t + 1, buffer, ops.logical_or(finished, ops.equal(ids, EOS_ID)), state
+            return t + 1, buffer, ops.logical_or(finished, ops.equal(ids, special.eos)), state
 
         start = (ops.convert_to_tensor(0), ops.convert_to_tensor(buffer), finished,
                  _start(model, memory, length, use_cache))
@@ -70,8 +70,8 @@ def length_penalty(lengths, alpha):
     return ops.power((5.0 + ops.cast(lengths, "float32")) / 6.0, alpha)
 
 
-def beam_decoder(model, beam, alpha=0.6, use_cache=True):
-    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with BOS: the best
+def beam_decoder(model, special, beam, alpha=0.6, use_cache=True):
+    """Returns decode(source_ids (rows, S), buffer (rows, T)) -> token ids (rows, T) beginning with the start id: the best
     hypothesis of a beam search over `beam` hypotheses per sentence, scored by its log-probability over the
     length penalty (`alpha`).
 
@@ -114,7 +114,7 @@ def beam_decoder(model, beam, alpha=0.6, use_cache=True):
             parents = ops.reshape(sentence * beam + ops.floor_divide(choice, vocab), (-1,))
             tokens = ops.cast(ops.mod(choice, vocab), "int32")
             extended = ops.slice_update(ops.take(alive, parents, axis=0), (0, t + 1), ops.reshape(tokens, (-1, 1)))
-            ended = ops.equal(tokens, EOS_ID)
+            ended = ops.equal(tokens, special.eos)
 
             alive_scores, kept = ops.top_k(ops.where(ended, IMPOSSIBLE, scores), beam)
             kept = ops.reshape(sentence * 2 * beam + kept, (-1,))
@@ -144,9 +144,11 @@ def beam_decoder(model, beam, alpha=0.6, use_cache=True):
     return decode
 
 
-def make_decoder(model, beam=1, alpha=0.6, use_cache=True):
+def make_decoder(model, special, beam=1, alpha=0.6, use_cache=True):
     """The decoder a run translates with: greedy for `beam` 1 (no log-softmax or top-k), else beam search."""
-    return greedy_decoder(model, use_cache) if beam == 1 else beam_decoder(model, beam, alpha, use_cache)
+    if beam == 1:
+        return greedy_decoder(model, special, use_cache)
+    return beam_decoder(model, special, beam, alpha, use_cache)
 
 
 def output_length(source_length, max_len):
@@ -155,22 +157,25 @@ def output_length(source_length, max_len):
     return bucket_for(min(max_len, math.ceil(1.5 * source_length) + 2), buckets)
 
 
-def translate(decode, sources, batch_size, max_len):
-    """Translations (token ids without BOS/EOS) of `sources` (lists of ids ending in EOS), in order.
-    Sources are sorted by length so each batch decodes into a buffer that fits it."""
+def translate(decode, sources, batch_size, max_len, special, progress=None):
+    """Translations (token ids without start/EOS) of `sources` (lists of ids ending in EOS), in order.
+    Sources are sorted by length so each batch decodes into a buffer that fits it. `progress(done)` is called
+    with the sentences translated so far."""
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results = [None] * len(sources)
     buckets = bucket_lengths(max_len)
     for start in range(0, len(order), batch_size):
         members = order[start:start + batch_size]
         source_length = bucket_for(max(len(sources[i]) for i in members), buckets)
-        source = np.full((batch_size, source_length), PAD_ID, np.int32)
+        source = np.full((batch_size, source_length), special.pad, np.int32)
         for row, i in enumerate(members):
             source[row, :len(sources[i])] = sources[i]
-        buffer = np.full((batch_size, output_length(source_length, max_len)), PAD_ID, np.int32)
-        buffer[:, 0] = BOS_ID
+        buffer = np.full((batch_size, output_length(source_length, max_len)), special.pad, np.int32)
+        buffer[:, 0] = special.start
         tokens = ops.convert_to_numpy(decode(source, buffer))
         for row, i in enumerate(members):
             ids = [int(t) for t in tokens[row, 1:]]
-            results[i] = ids[:ids.index(EOS_ID)] if EOS_ID in ids else [t for t in ids if t != PAD_ID]
+            results[i] = ids[:ids.index(special.eos)] if special.eos in ids else [t for t in ids if t != special.pad]
+        if progress:
+            progress(min(start + batch_size, len(order)))
     return results

@@ -51,7 +51,7 @@ def score(hypotheses, references):
 def translate_and_score(decode, tokenizer, split, pairs, batch_size, max_len):
     """Translates the encoded split and scores it against the original target sentences (not a
     detokenised copy of them): the score is what a user of the translations would get."""
-    hypotheses = tokenizer.decode(translate(decode, split.sources, batch_size, max_len))
+    hypotheses = tokenizer.decode(translate(decode, split.sources, batch_size, max_len, split.special))
     references = [pairs[i][1] for i in split.pair_index]
     bleu, chrf, bleu_signature, chrf_signature = score(hypotheses, references)
     return TranslationScores(bleu, chrf, bleu_signature, chrf_signature, hypotheses, references)

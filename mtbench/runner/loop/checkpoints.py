@@ -63,6 +63,9 @@ def _absolute_paths(config_dict):
         value = data.get(name)
         if value and not value.startswith("sacrebleu:"):
             data[name] = os.path.abspath(value)
+    family, _, model_path = data.get("model_name", "").partition(":")
+    if model_path:
+        data["model_name"] = f"{family}:{os.path.abspath(model_path)}"
     return data
 
 

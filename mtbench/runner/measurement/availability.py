@@ -19,8 +19,9 @@ def extras_availability(registry):
                 if reason is None:
                     if backend_name not in devices:
                         devices[backend_name] = backend.device_info()
-                    run = RunContext(config=TrainConfig(backend=backend_name), backend=backend,
-                                     device=devices[backend_name])
+                    config = TrainConfig(backend=backend_name)
+                    run = RunContext(config=config, backend=backend, device=devices[backend_name],
+                                     model_shape=config.model)
                     try:
                         reason = extra.unavailable_reason(run)
                     except Exception as error:  # one broken extra must not hide the others

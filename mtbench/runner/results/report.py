@@ -6,6 +6,7 @@ same numbers.
 """
 
 import csv
+import dataclasses
 import io
 import json
 import statistics
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass
 from rich.table import Table
 
 from mtbench.errors import MtbenchError
-from mtbench.runner.config import decoding_name
+from mtbench.runner.config import TrainConfig, decoding_name
 from mtbench.plugins.api import FIGURES, FIGURES_BY_KEY, SIZE_KEYS, hardware, run_dtype, run_label, size_label
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import schema_errors
@@ -28,7 +29,9 @@ DERIVED_KEYS = ("model", "parameters")
 # Where a run's files went, and how its start was written down (the weights' hash is compared instead).
 # `log_every` appears only in results written before that unused option was removed.
 BOOKKEEPING_KEYS = ("out", "overwrite", "cache_dir", "initial_weights", "log_every", "report_to", "logging_dir",
-                    "run_group", "price_per_hour")
+                    "run_group", "price_per_hour", "save_model")
+# A result written before a configuration key existed ran with its default.
+KEY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
 
 
 @dataclass
@@ -85,7 +88,8 @@ def configuration_differences(reference, other):
     if size_label(reference) != size_label(other):
         ignored.add("initial_weights_sha256")  # models of different sizes start from weights of their own shapes
     keys = [k for k in dict.fromkeys([*reference, *other]) if k not in ignored]
-    return [(k, reference.get(k), other.get(k)) for k in keys if reference.get(k) != other.get(k)]
+    value = lambda config, key: config.get(key, KEY_DEFAULTS.get(key))
+    return [(k, value(reference, k), value(other, k)) for k in keys if value(reference, k) != value(other, k)]
 
 
 def check_comparable(runs):

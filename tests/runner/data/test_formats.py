@@ -10,6 +10,7 @@ from mtbench.runner.data.batches import EncodedSplit
 from mtbench.runner.data.corpus_report import corpus_report, report_lines
 from mtbench.runner.data.corpus import split_corpus
 from mtbench.runner.data.formats import ReadOptions, describe, detect_format, read_pairs
+from mtbench.runner.data.tokenizer import JOINT_SPECIAL
 
 EN_FR = ReadOptions(src_lang="en", tgt_lang="fr")
 
@@ -61,7 +62,8 @@ def test_split_uses_held_out_files_and_counts_what_it_drops():
 
 def encoded(kept, lengths, dropped_too_long=0):
     return EncodedSplit(sources=[[5]] * kept, targets=[[6]] * kept, pair_index=list(range(kept)),
-                        dropped_too_long=dropped_too_long, token_lengths=np.array(lengths).reshape(-1, 2))
+                        dropped_too_long=dropped_too_long, special=JOINT_SPECIAL,
+                        token_lengths=np.array(lengths).reshape(-1, 2))
 
 
 def test_corpus_report_counts_drops_lengths_and_test_sources_seen_in_training():

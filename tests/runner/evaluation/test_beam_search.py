@@ -15,8 +15,9 @@ from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.batches import bucket_for, bucket_lengths, training_batches
 from mtbench.runner.evaluation.decoding import beam_decoder, greedy_decoder, make_decoder, output_length, translate
 from mtbench.runner.loop.timing import Stopwatch
-from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from mtbench.runner.setup import build_model, compile_model, starting_weights
+from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, JOINT_SPECIAL, PAD_ID
+from mtbench.plugins.api import RunContext
+from mtbench.runner.setup import build_model, choose_plugins, compile_model, starting_weights
 from mtbench.runner.training import prepare_data, read_corpus
 
 STEPS = 150
@@ -29,10 +30,11 @@ def trained(cache_dir, tmp_path_factory):
                          max_len=MAX_LEN, steps=STEPS, batch_size=32, learning_rate=3e-3, warmup_steps=20,
                          cache_dir=cache_dir, out=str(tmp_path_factory.mktemp("beam") / "unused.json"))
     stopwatch = Stopwatch()
-    data = prepare_data(config, read_corpus(config, registry(), Console(quiet=True), stopwatch), stopwatch)
+    plugins = choose_plugins(config, registry())
+    data = prepare_data(config, plugins, read_corpus(config, registry(), Console(quiet=True), stopwatch), stopwatch)
     keras.utils.set_random_seed(0)
-    model, _ = build_model(config, data.tokenizer)
-    starting_weights(config, model, None)
+    model, _ = build_model(RunContext(config=config, backend=plugins.backend), plugins, data.tokenizer)
+    starting_weights(config, plugins, model, None)
     compile_model(keras, model, config, STEPS, {})
     for _, batch in itertools.islice(training_batches(data.train, 32, MAX_LEN, seed=0), STEPS):
         model.train_on_batch((batch.source, batch.target_input), batch.target_output, sample_weight=batch.weight)
@@ -70,19 +72,19 @@ def python_beam_search(forward, source, length, beam, alpha):
 
 def test_trained_model_translates_into_varied_sentences(trained):
     model, sources = trained
-    greedy = translate(JaxBackend().compile_inference(greedy_decoder(model), model), sources, 4, MAX_LEN)
+    greedy = translate(JaxBackend().compile_inference(greedy_decoder(model, JOINT_SPECIAL), model), sources, 4, MAX_LEN, JOINT_SPECIAL)
     assert len({tuple(t) for t in greedy}) > 1 and any(len(t) < MAX_LEN - 2 for t in greedy)
 
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_compiled_beam_search_matches_python_beam_search(trained, beam):
     model, sources = trained
-    compiled = translate(JaxBackend().compile_inference(make_decoder(model, beam=beam), model), sources, 12, MAX_LEN)
-    assert compiled == translate(beam_decoder(model, beam, use_cache=False), sources, 12, MAX_LEN)
+    compiled = translate(JaxBackend().compile_inference(make_decoder(model, JOINT_SPECIAL, beam=beam), model), sources, 12, MAX_LEN, JOINT_SPECIAL)
+    assert compiled == translate(beam_decoder(model, JOINT_SPECIAL, beam, use_cache=False), sources, 12, MAX_LEN, JOINT_SPECIAL)
     # The buffer length `translate` gives the one batch these sources make.
     length = output_length(bucket_for(max(map(len, sources)), bucket_lengths(MAX_LEN)), MAX_LEN)
     forward = JaxBackend().compile_inference(lambda source, target: model((source, target)), model)
     assert compiled == [python_beam_search(forward, s, length, beam, 0.6) for s in sources]
     if beam > 1:
-        greedy = translate(greedy_decoder(model), sources, 12, MAX_LEN)
+        greedy = translate(greedy_decoder(model, JOINT_SPECIAL), sources, 12, MAX_LEN, JOINT_SPECIAL)
         assert compiled != greedy, "beam search should change at least one of these translations"

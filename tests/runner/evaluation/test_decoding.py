@@ -9,7 +9,7 @@ from mtbench.keras_models.presets import PRESETS
 from mtbench.keras_models.transformer import build_transformer
 from mtbench.plugins.backends.jax_backend import JaxBackend
 from mtbench.runner.evaluation.decoding import greedy_decoder, output_length, translate
-from mtbench.runner.data.tokenizer import EOS_ID
+from mtbench.runner.data.tokenizer import EOS_ID, JOINT_SPECIAL
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +66,10 @@ def naive_greedy(model, source, length):
 def test_compiled_greedy_decoding_matches_naive_decoding(model):
     rng = np.random.default_rng(0)
     sources = [list(rng.integers(4, 1000, size=n)) + [EOS_ID] for n in (3, 9, 14, 20)]
-    compiled = JaxBackend().compile_inference(greedy_decoder(model), model)
-    got_compiled = translate(compiled, sources, batch_size=3, max_len=32)
-    assert got_compiled == translate(greedy_decoder(model), sources, batch_size=3, max_len=32)
-    assert got_compiled == translate(greedy_decoder(model, use_cache=False), sources, batch_size=3, max_len=32)
+    compiled = JaxBackend().compile_inference(greedy_decoder(model, JOINT_SPECIAL), model)
+    got_compiled = translate(compiled, sources, batch_size=3, max_len=32, special=JOINT_SPECIAL)
+    assert got_compiled == translate(greedy_decoder(model, JOINT_SPECIAL), sources, batch_size=3, max_len=32, special=JOINT_SPECIAL)
+    assert got_compiled == translate(greedy_decoder(model, JOINT_SPECIAL, use_cache=False), sources, batch_size=3, max_len=32, special=JOINT_SPECIAL)
     # Both batches here decode into 32-token buffers (sources of up to 16 tokens get 1.5x + 2 -> bucket 32).
     assert output_length(16, 32) == output_length(32, 32) == 32
     assert got_compiled == [naive_greedy(model, source, 32) for source in sources]
@@ -87,12 +87,13 @@ from mtbench.keras_models.presets import PRESETS
 from mtbench.keras_models.transformer import build_transformer
 from mtbench.plugins.backends.torch_backend import TorchBackend
 from mtbench.runner.evaluation.decoding import greedy_decoder, translate
+from mtbench.runner.data.tokenizer import JOINT_SPECIAL
 model = build_transformer(PRESETS["tiny"])
 assign_weights(model, initial_weights(model, seed=0))
 rng = np.random.default_rng(0)
 sources = [list(map(int, rng.integers(4, 1000, size=n))) + [3] for n in (3, 9, 14, 20)]
-run = lambda decoder: translate(TorchBackend().compile_inference(decoder, model), sources, batch_size=3, max_len=32)
-print(json.dumps([run(greedy_decoder(model)), run(greedy_decoder(model, use_cache=False))]))
+run = lambda decoder: translate(TorchBackend().compile_inference(decoder, model), sources, batch_size=3, max_len=32, special=JOINT_SPECIAL)
+print(json.dumps([run(greedy_decoder(model, JOINT_SPECIAL)), run(greedy_decoder(model, JOINT_SPECIAL, use_cache=False))]))
 """
     env = {**os.environ, "KERAS_BACKEND": "torch"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)

@@ -1,0 +1,101 @@
+"""Model families: what `--model NAME[:PATH]` names. A family builds the Keras model a run trains and, when the
+model comes with its own vocabulary (a pretrained checkpoint), the tokenizer that goes with it.
+
+The Keras model a family builds answers what training and decoding call:
+- `model((source_ids, target_input_ids))` -> float32 logits (batch, length, vocab);
+- `model.encode(source_ids)` -> (memory, source mask); `model.decode(target_input_ids, memory, source_mask)`
+  -> logits;
+- `model.start_decoding(memory, length)` -> (cross, caches) and `model.decode_step(token_ids (batch, 1),
+  position, caches, cross, source_mask)` -> (logits (batch, vocab), caches): incremental decoding with a
+  key/value cache;
+- `model.pad_id`: the id its source mask treats as padding.
+"""
+
+from dataclasses import dataclass
+
+# The size of a built model, for FLOP counts and the result: the fields of mtbench's presets (d_model, num_heads,
+# encoder_layers, decoder_layers, ff_dim, vocab_size, max_len, dropout).
+from mtbench.keras_models.presets import ModelPreset as ModelShape  # noqa: F401 (re-exported)
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The ids batching and decoding need: padding, end of sentence, and the id a target starts with (BOS, or
+    the decoder-start id of a pretrained model)."""
+    pad: int
+    eos: int
+    start: int
+
+    def to_dict(self):
+        return {"pad": self.pad, "eos": self.eos, "start": self.start}
+
+
+class Tokenizer:
+    """Text to ids and back. Sources and targets may use different sentencepiece models (MarianMT does); ids
+    come without special tokens: mtbench appends EOS and prepends the start id."""
+    special: SpecialTokens = None
+    vocab_size = 0
+    fingerprint = ""  # changes whenever the ids of some text would change (keys caches, guards --resume)
+
+    def encode_source(self, sentences):
+        """[[id, ...], ...] of source sentences."""
+        raise NotImplementedError
+
+    def encode_target(self, sentences):
+        raise NotImplementedError
+
+    def decode(self, ids_batch):
+        """Target sentences of id lists (special ids may be present and are dropped)."""
+        raise NotImplementedError
+
+    def describe(self):
+        """What the result JSON records of the tokenizer."""
+        return {"type": type(self).__name__, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint,
+                "special": self.special.to_dict()}
+
+    def save(self, directory):
+        """Writes what `ModelFamily.load_saved` needs to rebuild this tokenizer into `directory`."""
+        raise NotImplementedError
+
+
+class ModelFamily:
+    """A kind of model mtbench can train. `--model NAME` (or `NAME:PATH` for a family with `takes_path`) picks
+    one. Called in this order: `check` (before any framework is imported), `tokenizer`, then in the training
+    process `build` and `pretrained_weights`."""
+    name = ""
+    description = ""
+    takes_path = False   # whether the family needs `:PATH` (a checkpoint directory)
+    pretrained = False   # whether `pretrained_weights` gives trained weights: a fresh run then scores them first
+
+    def check(self, path, config):
+        """Raises `MtbenchError` with one line when `path` (None for a family without one) or `config` cannot
+        serve (a missing file, a size flag the family does not take)."""
+
+    def tokenizer(self, path, config):
+        """The family's own `Tokenizer`, or None to train mtbench's joint sentencepiece model on the corpus."""
+        return None
+
+    def shape(self, path, config):
+        """The `ModelShape` the model will have (its vocabulary as far as known before the tokenizer exists):
+        extras check it before the model is built (`RunContext.model_shape`)."""
+        raise NotImplementedError
+
+    def build(self, run, path, tokenizer, max_len):
+        """(keras model with its variables created, `ModelShape`) for `tokenizer`'s vocabulary and sequences of
+        up to `max_len` tokens. `run.model_options` holds what extras asked for (`flash_attention`)."""
+        raise NotImplementedError
+
+    def pretrained_weights(self, path, model):
+        """{variable path: numpy array} for every variable of `model`, or None to start from mtbench's seeded
+        draw."""
+        return None
+
+    def save(self, path, model_shape, directory):
+        """Writes what `load_saved` needs besides the weights and the tokenizer (a checkpoint's config) into
+        `directory`; returns a JSON-able dict kept in the saved model's description."""
+        return {}
+
+    def load_saved(self, directory, description):
+        """(path, tokenizer) to rebuild a model that `save` and `Tokenizer.save` wrote into `directory`:
+        `build(run, path, tokenizer, max_len)` then gives the same architecture."""
+        raise NotImplementedError

@@ -1,0 +1,1 @@
+"""Built-in model families: mtbench's own Transformer and pretrained MarianMT checkpoints."""

@@ -1,0 +1,27 @@
+"""mtbench's own encoder-decoder Transformer (`--model transformer`, the default): sized by the preset and the size
+flags, started from a seeded numpy draw, with mtbench's joint sentencepiece tokenizer trained on the corpus."""
+
+import dataclasses
+
+from mtbench import ModelFamily, hookimpl
+
+
+class TransformerFamily(ModelFamily):
+    name = "transformer"
+    description = "mtbench's pre-layer-norm Transformer, trained from scratch (size: --preset and size flags)"
+
+    def shape(self, path, config):
+        return config.model
+
+    def build(self, run, path, tokenizer, max_len):
+        from mtbench.keras_models.transformer import build_transformer
+        shape = dataclasses.replace(run.config.model, vocab_size=tokenizer.vocab_size, max_len=max_len)
+        return build_transformer(shape, **run.model_options), shape
+
+    def load_saved(self, directory, description):
+        return None, None  # the shape comes from the run's configuration, the tokenizer is mtbench's own
+
+
+@hookimpl
+def mtbench_register_models(register):
+    register(TransformerFamily())

@@ -1,0 +1,84 @@
+"""Using a trained model: `mtbench translate` (sentences in, translations out) and `mtbench evaluate` (BLEU and
+chrF on another test set), on any backend, whichever backend trained it: the saved weights are numpy arrays by
+Keras variable path, so they load wherever the model builds."""
+
+import time
+from dataclasses import dataclass
+
+from mtbench.plugins.api import RunContext
+from mtbench.runner.config import decoding_name
+from mtbench.runner.saved_model import find_model, load_tokenizer, load_weights, model_path_of
+from mtbench.runner.setup import import_keras, resolve_backend, resolve_model, RunPlugins
+
+
+@dataclass
+class Translator:
+    """A trained model ready to translate, and how it decodes."""
+    tokenizer: object
+    decode: object
+    config: object
+    backend: str
+    source_label: str
+    decoding: str
+    truncated: int = 0   # input sentences cut to the model's --max-len
+
+    def translate(self, sentences, batch_size, progress=None):
+        """Translations of `sentences`, in order; an empty line translates to an empty line."""
+        from mtbench.runner.evaluation.decoding import translate
+        special, max_len = self.tokenizer.special, self.config.max_len
+        wanted = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+        encoded = self.tokenizer.encode_source(sentences[i] for i in wanted)
+        sources = []
+        for ids in encoded:
+            if len(ids) + 1 > max_len:  # the model was trained on, and has positions for, max_len tokens
+                self.truncated += 1
+                ids = ids[:max_len - 1]
+            sources.append(ids + [special.eos])
+        ids = translate(self.decode, sources, batch_size, max_len, special, progress)
+        translations = [""] * len(sentences)
+        for i, text in zip(wanted, self.tokenizer.decode(ids)):
+            translations[i] = text
+        return translations
+
+
+def open_translator(path, registry, backend_name=None, beam=None, length_penalty=None):
+    """The Translator of the model at `path` (see `saved_model.find_model`) on `backend_name` (default: the
+    backend that trained it), decoding as the run did unless `beam`/`length_penalty` say otherwise."""
+    source = find_model(path)
+    config = source.config
+    backend = resolve_backend(backend_name or config.backend, registry)
+    family, family_path = resolve_model(config, registry) if source.is_checkpoint else _saved_family(source, registry)
+    plugins = RunPlugins(backend, [], [], registry, family, family_path)
+    keras = import_keras(config, backend)
+    keras.config.set_dtype_policy(config.dtype)
+    tokenizer = load_tokenizer(source, plugins)
+    plugins.model_path = model_path_of(source, plugins)
+    run = RunContext(config=config, backend=backend, device=backend.device_info())
+    with plugins.model_code():
+        model, _ = family.build(run, plugins.model_path, tokenizer, config.max_len)
+    load_weights(source, keras, model, config)
+    beam = config.beam if beam is None else beam
+    length_penalty = config.length_penalty if length_penalty is None else length_penalty
+    from mtbench.runner.evaluation.decoding import make_decoder
+    decode = backend.compile_inference(make_decoder(model, tokenizer.special, beam, length_penalty), model)
+    return Translator(tokenizer, decode, config, backend.name, source.label, decoding_name(beam, length_penalty))
+
+
+def _saved_family(source, registry):
+    family = registry.lookup("models", source.description["family"])
+    return family, None
+
+
+def evaluate_translator(translator, pairs, batch_size, progress=None):
+    """BLEU and chrF (sacrebleu, with signatures) of the translations of `pairs`' sources against their targets."""
+    from mtbench.runner.evaluation.scoring import score
+    started = time.perf_counter()
+    hypotheses = translator.translate([source for source, _ in pairs], batch_size, progress)
+    translate_s = time.perf_counter() - started
+    bleu, chrf, bleu_signature, chrf_signature = score(hypotheses, [target for _, target in pairs])
+    return {
+        "model": translator.source_label, "backend": translator.backend, "decoding": translator.decoding,
+        "sentences": len(pairs), "sources_truncated": translator.truncated, "max_len": translator.config.max_len,
+        "bleu": bleu, "chrf": chrf, "bleu_signature": bleu_signature, "chrf_signature": chrf_signature,
+        "translate_s": translate_s,
+    }, hypotheses

@@ -1,0 +1,180 @@
+"""A trained model kept for later use: the final weights of a completed run, and where `mtbench translate` and
+`mtbench evaluate` find a model (a result, a run directory, a saved model, a checkpoint).
+
+    RUN_DIR/model/
+        model.json      the family, the run's configuration, the model's shape and special token ids
+        weights.npz     every variable by Keras path: the backend-neutral weights file, so the model loads on
+                        any backend (and may start another run: --initial-weights)
+        ...             the tokenizer's files and the family's own (a pretrained model's config.json)
+
+Written into a temporary directory and renamed, so a half-written model is never found.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from mtbench.errors import MtbenchError
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.data.weights_file import read_weights_file, write_weights_file
+from mtbench.runner.files import write_json_atomic
+from mtbench.runner.loop.checkpoints import CHECKPOINT_NAME, RUN_FILE, RunDirectory, open_run
+
+SAVED_DIR = "model"
+DESCRIPTION_FILE = "model.json"
+WEIGHTS_NPZ = "weights.npz"
+SAVED_FORMAT = 1
+
+
+def save_trained_model(run_dir, model, tokenizer, plugins, model_shape, config):
+    """Writes RUN_DIR/model (replacing an earlier one); returns its absolute path."""
+    from mtbench.runner.data.tokenizer import JointTokenizer
+    final = os.path.join(run_dir, SAVED_DIR)
+    os.makedirs(run_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-model-", dir=run_dir)
+    try:
+        write_weights_file(os.path.join(tmp, WEIGHTS_NPZ), {v.path: v.numpy() for v in model.weights})
+        tokenizer.save(tmp)
+        with plugins.model_code():
+            family_record = plugins.model.save(plugins.model_path, model_shape, tmp)
+        write_json_atomic(os.path.join(tmp, DESCRIPTION_FILE), {
+            "mtbench_model": SAVED_FORMAT,
+            "family": plugins.model.name,
+            "family_record": family_record,
+            "own_tokenizer": isinstance(tokenizer, JointTokenizer),
+            "shape": model_shape.to_dict(),
+            "special": tokenizer.special.to_dict(),
+            "config": config.to_dict(),
+        })
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise MtbenchError(f"{final}: cannot save the trained model: {error.strerror or error}") from None
+    return os.path.abspath(final)
+
+
+@dataclass
+class ModelSource:
+    """A trained model found on disk: the configuration that built it and where its weights are."""
+    config: TrainConfig
+    weights: str           # a weights.npz, or a checkpoint directory
+    saved_dir: str = None  # the saved model's directory (None for a checkpoint)
+    description: dict = None
+    label: str = ""        # what it is, for messages
+
+    @property
+    def is_checkpoint(self):
+        return self.saved_dir is None
+
+
+def find_model(path):
+    """The ModelSource of `path`: a result JSON, a run directory (its saved model, else its latest checkpoint),
+    a saved model directory or a checkpoint directory. Anything else is an error that says what it is not."""
+    if not os.path.exists(path):
+        raise MtbenchError(f"{path}: no such file or directory")
+    if os.path.isfile(path):
+        return _from_result(path)
+    if os.path.isfile(os.path.join(path, DESCRIPTION_FILE)):
+        return _from_saved(path)
+    if os.path.isfile(os.path.join(path, SAVED_DIR, DESCRIPTION_FILE)):  # a run directory: its final model
+        return _from_saved(os.path.join(path, SAVED_DIR))
+    if os.path.isfile(os.path.join(path, RUN_FILE)):
+        return _from_run(path)
+    parent, name = os.path.split(os.path.abspath(path))
+    if CHECKPOINT_NAME.match(name) and os.path.isfile(os.path.join(parent, RUN_FILE)):
+        resumption = open_run(parent)
+        return ModelSource(resumption.config, os.path.abspath(path), label=f"checkpoint {path}")
+    raise MtbenchError(f"{path}: not a result, run directory, saved model or checkpoint of mtbench")
+
+
+def _from_result(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+    except (OSError, ValueError) as error:
+        raise MtbenchError(f"{path}: cannot be read as a result JSON: {error}") from None
+    if not isinstance(result, dict) or "config" not in result:
+        raise MtbenchError(f"{path}: not an mtbench result")
+    saved = (result.get("model") or {}).get("saved")
+    if saved and os.path.isfile(os.path.join(saved, DESCRIPTION_FILE)):
+        return _from_saved(saved)
+    run_dir = result.get("run_dir")
+    if run_dir and RunDirectory(run_dir, fresh=False).latest():
+        return _from_run(run_dir)
+    why = "its saved model is gone" if saved else "the run kept no model (--no-save-model, or it did not complete)"
+    raise MtbenchError(f"{path}: {why}, and it has no checkpoint; nothing to translate with")
+
+
+def _from_run(run_dir):
+    resumption = open_run(run_dir)
+    return ModelSource(resumption.config, resumption.checkpoint, label=f"checkpoint {resumption.checkpoint}")
+
+
+def _from_saved(directory):
+    description_file = os.path.join(directory, DESCRIPTION_FILE)
+    try:
+        with open(description_file, encoding="utf-8") as f:
+            description = json.load(f)
+    except (OSError, ValueError) as error:
+        raise MtbenchError(f"{description_file}: cannot be read: {error}") from None
+    if not isinstance(description, dict) or description.get("mtbench_model") != SAVED_FORMAT:
+        raise MtbenchError(f"{description_file}: not a saved mtbench model of format {SAVED_FORMAT}")
+    config = TrainConfig.from_dict(description["config"])
+    return ModelSource(config, os.path.join(directory, WEIGHTS_NPZ), saved_dir=directory,
+                       description=description, label=f"model {directory}")
+
+
+def load_tokenizer(source, plugins):
+    """The tokenizer the model was trained with."""
+    from mtbench.runner.data.tokenizer import SAVED_NAME, JointTokenizer
+    if source.saved_dir is not None:
+        if source.description["own_tokenizer"]:
+            return JointTokenizer.from_file(os.path.join(source.saved_dir, SAVED_NAME))
+        with plugins.model_code():
+            _, tokenizer = plugins.model.load_saved(source.saved_dir, source.description["family_record"])
+        return tokenizer
+    with plugins.model_code():
+        tokenizer = plugins.model.tokenizer(plugins.model_path, source.config)
+    return tokenizer or _cached_joint_tokenizer(source)
+
+
+def _cached_joint_tokenizer(source):
+    """A checkpoint's run trained mtbench's tokenizer into its cache; run.json names the file."""
+    from mtbench.runner.data.tokenizer import JointTokenizer
+    run_file = os.path.join(os.path.dirname(source.weights), RUN_FILE)
+    with open(run_file, encoding="utf-8") as f:
+        fingerprint = json.load(f).get("data_fingerprint") or ""
+    path = os.path.join(source.config.cache_dir, "tokenizers", fingerprint)
+    if not fingerprint or not os.path.isfile(path):
+        raise MtbenchError(f"{source.label}: its tokenizer {path} is no longer in the cache; translate with a "
+                           f"completed run's saved model instead")
+    return JointTokenizer.from_file(path)
+
+
+def model_path_of(source, plugins):
+    """The PATH the family builds from: the saved copy of a pretrained model's files, else the run's own."""
+    if source.saved_dir is not None:
+        with plugins.model_code():
+            path, _ = plugins.model.load_saved(source.saved_dir, source.description["family_record"])
+        return path
+    return plugins.model_path
+
+
+def load_weights(source, keras, model, config):
+    """Sets the model's variables from the saved weights or the checkpoint."""
+    from mtbench.keras_models.initialization import assign_weights
+    from mtbench.runner.loop.checkpoints import restore
+    from mtbench.runner.setup import compile_model
+    if source.is_checkpoint:
+        compile_model(keras, model, config, config.steps or 1, {})  # a checkpoint holds the optimizer's state too
+        restore(source.weights, model)
+        return
+    weights, _ = read_weights_file(source.weights)
+    try:
+        assign_weights(model, weights)
+    except ValueError as error:
+        raise MtbenchError(f"{source.weights}: {error}") from None

@@ -1,0 +1,95 @@
+"""Fine-tuning a pretrained MarianMT checkpoint through the command line: a comparison of both backends from the
+checkpoint's weights (held to the parity check), the pretrained model's BLEU recorded, the fine-tuned model kept
+and translating on the backend that did not train it; bad checkpoints and options end in one line."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import run_cli
+from marian_fixture import build_checkpoint, parallel_sentences
+
+FINE_TUNE = ["--data", None, "--valid-size", "16", "--test-size", "16", "--max-len", "32", "--steps", "12",
+             "--batch-size", "16", "--learning-rate", "1e-3", "--warmup-steps", "4", "--dropout", "0",
+             "--report", "none"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("marian")
+    build_checkpoint(str(directory / "opus-mt-tiny"))
+    pairs = directory / "pairs.tsv"
+    pairs.write_text("".join(f"{s}\t{t}\n" for s, t in parallel_sentences()), encoding="utf-8")
+    return {"model": str(directory / "opus-mt-tiny"), "pairs": str(pairs), "directory": directory}
+
+
+def fine_tune_args(checkpoint):
+    return ["--model", f"marian:{checkpoint['model']}",
+            *[checkpoint["pairs"] if arg is None else arg for arg in FINE_TUNE]]
+
+
+@pytest.fixture(scope="module")
+def compared(checkpoint, cache_dir):
+    out = checkpoint["directory"] / "compare.json"
+    proc = run_cli("compare", "--backends", "jax,torch", *fine_tune_args(checkpoint), "--cache-dir", cache_dir,
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_both_backends_fine_tune_the_checkpoint_alike(compared):
+    results = [run["result"] for run in compared["runs"]]
+    assert compared["parity"]["passed"] and compared["parity"]["pairs"], compared["parity"]
+    for result in results:
+        assert result["model"]["family"] == "marian" and result["model"]["d_model"] == 32
+        assert result["data"]["tokenizer"]["special"] == {"pad": 87, "eos": 0, "start": 87}
+        assert result["history"][-1]["loss"] < result["history"][0]["loss"]
+    # The pretrained weights translate the same on both backends before any training.
+    before = [result["model"]["before_training"] for result in results]
+    assert before[0]["bleu"] == pytest.approx(before[1]["bleu"], abs=1e-6)
+    assert before[0]["bleu_signature"] == results[0]["metrics"]["bleu_signature"]
+
+
+def test_the_fine_tuned_model_is_kept_and_translates_on_the_other_backend(compared, tmp_path):
+    torch_run = next(run for run in compared["runs"] if run["result"]["backend"] == "torch")
+    saved = torch_run["result"]["model"]["saved"]
+    assert {"config.json", "source.spm", "target.spm", "vocab.json", "weights.npz", "model.json"} <= set(
+        os.listdir(saved))
+    with open(torch_run["result"]["hypotheses_file"], encoding="utf-8") as f:
+        hypotheses = f.read().splitlines()
+    sources = [line.split("\t")[0] for line in open(torch_run["result"]["config"]["data_file"], encoding="utf-8")]
+    # Which test sentences the run scored is the corpus split's business; any sentences will do here: the same
+    # model must give the same translation on both backends.
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("".join(s + "\n" for s in sources[:20]), encoding="utf-8")
+    translations = {}
+    for backend in ("jax", "torch"):
+        proc = run_cli("translate", torch_run["result_file"], "--backend", backend, str(sentences))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        translations[backend] = proc.stdout.splitlines()
+    assert translations["jax"] == translations["torch"] and len(translations["jax"]) == 20
+    assert len(hypotheses) == torch_run["result"]["metrics"]["test_sentences_scored"]
+
+
+@pytest.mark.parametrize("breakage, message", [
+    ("no-directory", "does not exist"),
+    ("source.spm", "source.spm"),
+    ("model.safetensors", "model.safetensors"),
+    ("size-flag", "--d-model"),
+])
+def test_a_bad_checkpoint_or_option_is_one_line(checkpoint, tmp_path, breakage, message):
+    model = str(tmp_path / "missing")
+    extra = []
+    if breakage == "size-flag":
+        model, extra = checkpoint["model"], ["--d-model", "64"]
+    elif breakage != "no-directory":
+        model = str(tmp_path / "broken")
+        shutil.copytree(checkpoint["model"], model)
+        os.remove(os.path.join(model, breakage))
+    proc = run_cli("train", *fine_tune_args(checkpoint)[2:], "--model", f"marian:{model}", *extra,
+                   "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "r.json").exists()

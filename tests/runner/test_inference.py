@@ -1,0 +1,99 @@
+"""A trained model kept and used again: `mtbench translate` and `mtbench evaluate` with a run's saved model or one
+of its checkpoints, on the backend that trained it and on the other one."""
+
+import json
+import os
+
+import pytest
+
+from mtbench.plugins.manager import registry
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.data.batches import encode_split
+from mtbench.runner.data.corpus import load_corpus
+from mtbench.runner.data.tokenizer import JointTokenizer
+from conftest import run_cli
+
+# Long enough for the tiny model to produce varied sentences, so equal translations say something.
+TRAINED = ["--preset", "tiny", "--max-pairs", "4000", "--valid-size", "100", "--test-size", "100", "--max-len", "32",
+           "--steps", "150", "--batch-size", "32", "--learning-rate", "3e-3", "--warmup-steps", "20",
+           "--checkpoint-every", "75", "--report", "none"]
+
+
+@pytest.fixture(scope="module")
+def trained(cache_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("inference") / "jax.json"
+    proc = run_cli("train", "--backend", "jax", *TRAINED, "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    with open(result["hypotheses_file"], encoding="utf-8") as f:
+        hypotheses = f.read().splitlines()
+    with open(result["references_file"], encoding="utf-8") as f:
+        references = f.read().splitlines()
+    return {"path": str(out), "result": result, "hypotheses": hypotheses, "references": references,
+            "sources": scored_test_sources(result)}
+
+
+def scored_test_sources(result):
+    """The source sentences the run translated for its BLEU, in the order of its hypotheses file."""
+    recorded = ("initial_weights_sha256", "parameters")  # what the result adds to the configuration
+    config = TrainConfig.from_dict({k: v for k, v in result["config"].items() if k not in recorded})
+    corpus = load_corpus(config, registry(), lambda *_: None)
+    split = encode_split(corpus.test, JointTokenizer.from_file(result["data"]["tokenizer"]["file"]), config.max_len)
+    return [corpus.test[i][0] for i in split.pair_index]
+
+
+def test_a_completed_run_keeps_its_model(trained):
+    saved = trained["result"]["model"]["saved"]
+    assert sorted(os.listdir(saved)) == ["model.json", "tokenizer.model", "weights.npz"]
+    description = json.loads(open(os.path.join(saved, "model.json")).read())
+    assert description["family"] == "transformer" and description["special"] == {"pad": 0, "eos": 3, "start": 2}
+    assert len(set(trained["hypotheses"])) > 10, "the model should translate into varied sentences"
+
+
+def test_a_model_trained_on_jax_translates_identically_on_torch(trained, tmp_path):
+    sources = trained["sources"]
+    # A blank line stays a blank line: the output lines match the input lines one for one.
+    lines = sources[:5] + [""] + sources[5:]
+    expected = trained["hypotheses"][:5] + [""] + trained["hypotheses"][5:]
+    input_file = tmp_path / "sources.txt"
+    input_file.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    proc = run_cli("translate", trained["path"], "--backend", "torch", str(input_file))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == expected
+
+
+def test_evaluate_scores_the_runs_test_set_as_the_run_did(trained, tmp_path):
+    test_file = tmp_path / "test.tsv"
+    test_file.write_text("".join(f"{s}\t{r}\n" for s, r in zip(trained["sources"], trained["references"])),
+                         encoding="utf-8")
+    out = tmp_path / "scores.json"
+    proc = run_cli("evaluate", os.path.dirname(trained["result"]["model"]["saved"]), "--test", str(test_file),
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores, metrics = json.loads(out.read_text()), trained["result"]["metrics"]
+    assert scores["sentences"] == len(trained["sources"]) and scores["backend"] == "jax"
+    assert scores["bleu"] == pytest.approx(metrics["bleu"], abs=1e-9)
+    assert scores["chrf"] == pytest.approx(metrics["chrf"], abs=1e-9)
+    assert scores["bleu_signature"] == metrics["bleu_signature"]
+    assert open(scores["hypotheses_file"], encoding="utf-8").read().splitlines() == trained["hypotheses"]
+
+
+def test_a_checkpoint_translates_with_its_own_weights(trained, tmp_path):
+    checkpoint = os.path.join(trained["result"]["run_dir"], "checkpoint-000075")
+    input_file = tmp_path / "sources.txt"
+    input_file.write_text("".join(s + "\n" for s in trained["sources"]), encoding="utf-8")
+    proc = run_cli("translate", checkpoint, str(input_file))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    halfway = proc.stdout.splitlines()
+    assert len(halfway) == len(trained["sources"])
+    assert halfway != trained["hypotheses"], "step 75's weights should translate differently from step 150's"
+
+
+def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(trained, tmp_path):
+    result = dict(trained["result"], model={**trained["result"]["model"], "saved": None}, run_dir=None)
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(result))
+    for args, message in [((str(bare),), "kept no model"), ((str(tmp_path / "missing.json"),), "no such file")]:
+        proc = run_cli("translate", *args, "/dev/null")
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
