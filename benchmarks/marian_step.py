@@ -101,6 +101,7 @@ def main():
     parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "mtbench-bench-cache"))
     args = parser.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="marian-step-")
+    os.makedirs(work, exist_ok=True)
     pairs = corpus_pairs(args.pairs, args.cache_dir)
     args.corpus = os.path.join(work, "corpus.tsv")
     with open(args.corpus, "w", encoding="utf-8") as f:

@@ -6,6 +6,10 @@ target and the output layer, learned positions, padding as a key mask, causal de
 feed-forward, LayerNorm eps 1e-6, float32 logits) and the same optimizer (AdamW, warm-up and cosine decay, each
 gradient clipped on its own). Flax modules carry the Keras layer names, so mtbench's initial weights load by
 path. Mixed bfloat16 is Flax's own: modules compute in bfloat16 and keep float32 parameters.
+
+Parameters, optimizer state, the dropout key and batches are created with `jnp.asarray` and friends, so they live
+on jax's default device, the one Keras on JAX trains on too: the GPU where jax sees one. Nothing here names a
+device, so nothing pins the baseline to the CPU.
 """
 
 import math
@@ -238,6 +242,11 @@ class FlaxTrainStep:
     def block(self):
         jax.block_until_ready(self.state)
 
+    @property
+    def devices(self):
+        """The devices the parameters live on."""
+        return set().union(*(leaf.devices() for leaf in jax.tree.leaves(self.state[0])))
+
     def weights_by_keras_path(self, paths):
         return weights_by_keras_path(self.state[0], paths)
 
@@ -249,6 +258,6 @@ def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False
 
 
 def batch_arrays(batch):
-    """An mtbench `Batch` as the step's device arrays."""
+    """An mtbench `Batch` as the step's arrays, on jax's default device."""
     return tuple(jnp.asarray(np.asarray(a)) for a in (batch.source, batch.target_input, batch.target_output,
                                                        batch.weight))

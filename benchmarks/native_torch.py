@@ -2,12 +2,17 @@
 `torch.optim.AdamW` with a `LambdaLR` schedule, and an eager train step; optionally under
 `torch.autocast(bfloat16)` and optionally compiled with `torch.compile`. Nothing from Keras.
 
+It trains on the device Keras-torch would put mtbench's variables on (`default_device`), or on the one it is
+given: model, optimizer state and batches live there, autocast is that device's, and `block()` waits for CUDA.
+A baseline left on the CPU while mtbench trains on a GPU would make every ratio against it meaningless.
+
 Same architecture as `mtbench.keras_models.transformer` and the same optimizer (AdamW, warm-up and cosine decay,
 each gradient clipped on its own as Keras's `clipnorm` does). Module names follow the Keras layer names, so
 mtbench's initial weights load by path.
 """
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -18,6 +23,20 @@ from mtbench.plugins.backends.torch_eager_step import correct_tokens  # the same
 
 PAD_ID = 0
 LAYER_NORM_EPSILON = 1e-6
+
+
+def default_device():
+    """The device Keras 3 on torch puts its variables on, chosen the way Keras chooses it (KERAS_TORCH_DEVICE,
+    then MPS, CUDA, XPU, else the CPU), without importing Keras."""
+    if "KERAS_TORCH_DEVICE" in os.environ:
+        return torch.device(os.environ["KERAS_TORCH_DEVICE"])
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.device("xpu")
+    return torch.device("cpu")
 
 
 class Attention(nn.Module):
@@ -157,7 +176,7 @@ def weights_by_keras_path(model, paths):
     weights = {}
     for path in paths:
         name, transposed = torch_name(path)
-        tensor = state[name].detach().float()
+        tensor = state[name].detach().float().cpu()
         weights[path] = (tensor.T if transposed else tensor).numpy()
     return weights
 
@@ -175,10 +194,10 @@ def learning_rate_factor(settings):
     return factor
 
 
-def fastest_adamw_implementation():
-    """`fused=True` where this torch build has a fused AdamW kernel for CPU tensors, else `foreach`."""
+def fastest_adamw_implementation(device):
+    """`fused=True` where this torch build has a fused AdamW kernel for tensors on `device`, else `foreach`."""
     try:
-        torch.optim.AdamW([torch.zeros(1, requires_grad=True)], fused=True)
+        torch.optim.AdamW([torch.zeros(1, device=device, requires_grad=True)], fused=True)
         return {"fused": True}
     except (RuntimeError, TypeError):
         return {"foreach": True}
@@ -196,7 +215,8 @@ class AdamWLikeKeras:
         self.settings = settings
         self.optimizer = torch.optim.AdamW(self.parameters, lr=settings.learning_rate,
                                            betas=(settings.beta_1, settings.beta_2), eps=settings.epsilon,
-                                           weight_decay=settings.weight_decay, **fastest_adamw_implementation())
+                                           weight_decay=settings.weight_decay,
+                                           **fastest_adamw_implementation(self.parameters[0].device))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, learning_rate_factor(settings))
         self.steps_taken = 0
 
@@ -224,16 +244,19 @@ class AdamWLikeKeras:
 class TorchTrainStep:
     """One eager step: forward (under autocast for mixed bfloat16), token-weighted mean cross-entropy,
     backward, `AdamWLikeKeras`. With `compile`, the forward and loss are one `torch.compile`d function, the way a
-    PyTorch user compiles a train step."""
+    PyTorch user compiles a train step. The step runs where the model's parameters are; batches must be there
+    too (`batch_tensors(batch, step.device)`)."""
 
     def __init__(self, model, settings, mixed_bfloat16=False, compile=False):
         self.model = model.train()
+        self.device = next(model.parameters()).device
         self.optimizer = AdamWLikeKeras([p for p in model.parameters() if p.requires_grad], settings)
         self.autocast_dtype = torch.bfloat16 if mixed_bfloat16 else None
         self._forward = torch.compile(self._loss_and_correct) if compile else self._loss_and_correct
 
     def _loss_and_correct(self, source, target_input, target_output, weight):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast_dtype is not None):
+        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
+                            enabled=self.autocast_dtype is not None):
             logits = self.model(source, target_input)
         token_loss = F.cross_entropy(logits.flatten(0, 1), target_output.flatten(), reduction="none")
         tokens = weight.sum()
@@ -250,21 +273,27 @@ class TorchTrainStep:
         return {"loss": loss.detach(), "accuracy": accuracy.detach()}
 
     def block(self):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        """Returns once the device has finished every step queued so far (CUDA runs them asynchronously)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def weights_by_keras_path(self, paths):
         return weights_by_keras_path(self.model, paths)
 
 
-def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False, compile=False):
-    """The native step starting from mtbench's initial weights ({Keras path: numpy array})."""
+def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False, compile=False, device=None):
+    """The native step starting from mtbench's initial weights ({Keras path: numpy array}), on `device`
+    (default: `default_device()`, where Keras-torch puts its variables)."""
     model = build_model(shape)
     model.load_state_dict(state_dict_from_keras_paths(weights))
+    model.to(default_device() if device is None else device)
     return TorchTrainStep(model, settings, mixed_bfloat16=mixed_bfloat16, compile=compile)
 
 
-def batch_tensors(batch):
-    """An mtbench `Batch` as the step's tensors."""
-    return (torch.from_numpy(batch.source.astype(np.int64)), torch.from_numpy(batch.target_input.astype(np.int64)),
-            torch.from_numpy(batch.target_output.astype(np.int64)), torch.from_numpy(batch.weight))
+def batch_tensors(batch, device=None):
+    """An mtbench `Batch` as the step's tensors on `device` (default: `default_device()`). The copies are
+    `non_blocking`, so that on CUDA the host goes on queueing work while a batch travels."""
+    device = default_device() if device is None else device
+    arrays = (batch.source.astype(np.int64), batch.target_input.astype(np.int64),
+              batch.target_output.astype(np.int64), np.asarray(batch.weight, np.float32))
+    return tuple(torch.from_numpy(array).to(device, non_blocking=True) for array in arrays)

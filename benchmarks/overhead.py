@@ -17,6 +17,7 @@ native one. The last line printed is one JSON object for scripts.
 """
 
 import argparse
+import functools
 import importlib.metadata
 import json
 import os
@@ -104,16 +105,19 @@ def model_flops_utilisation(worker_result):
 
 def native_contestant(backend_name, workload, weights, settings, name="native", **step_options):
     """The hand-written baseline as a contestant; `step_options` go to its `train_step_from_keras_weights`
-    (torch's `compile=True`, say)."""
+    (torch's `compile=True`, or the `device` mtbench's variables are on, say). On JAX it trains on jax's default
+    device, as Keras does; on torch on the given device, else on the one Keras-torch picks."""
     mixed = workload.config.dtype == "mixed_bfloat16"
     if backend_name == "jax":
         from benchmarks import native_flax as native
-        convert = native.batch_arrays
     else:
         from benchmarks import native_torch as native
-        convert = native.batch_tensors
     step = native.train_step_from_keras_weights(workload.model_shape, weights, settings, mixed_bfloat16=mixed,
                                                 **step_options)
+    if backend_name == "jax":
+        convert = native.batch_arrays
+    else:
+        convert = functools.partial(native.batch_tensors, device=step.device)
 
     def train(batch):
         float(step(*convert(batch))["loss"])  # a training loop reads its loss, as mtbench's does
@@ -123,9 +127,14 @@ def native_contestant(backend_name, workload, weights, settings, name="native", 
 
 def keras_contestant(name, backend, model, train_step):
     def train(batch):
-        train_step((batch.source, batch.target_input), batch.target_output, batch.weight)
+        logs = train_step((batch.source, batch.target_input), batch.target_output, batch.weight)
+        float(logs["loss"])  # a training loop reads its loss, as the native contestants do
 
-    return Contestant(name, train, lambda: backend.synchronize(model))
+    def synchronize():
+        train_step.block()
+        backend.synchronize(model)
+
+    return Contestant(name, train, synchronize)
 
 
 def measure(backend_name, dtype, args):
@@ -145,7 +154,9 @@ def measure(backend_name, dtype, args):
     mtbench_step = backend.make_train_step(run, model) or KerasTrainStep(model)
     step_names["mtbench"] = mtbench_step.name
     contestants.append(keras_contestant("mtbench", backend, model, mtbench_step))
-    contestants.append(native_contestant(backend_name, workload, weights, settings))
+    # The baseline trains where mtbench's variables are (Keras-torch puts them on CUDA when it can).
+    native_options = {"device": model.weights[0].value.device} if backend_name == "torch" else {}
+    contestants.append(native_contestant(backend_name, workload, weights, settings, **native_options))
     if args.keras:
         keras_model = build_keras_model(keras, workload, total_steps)
         contestants.append(keras_contestant("keras", backend, keras_model, KerasTrainStep(keras_model)))
@@ -302,6 +313,8 @@ def main(argv=None):
     print(f"hardware: {settings['hardware']['cpu_model']}, {settings['hardware']['cpus_usable']} usable CPUs"
           + (f", pinned to {args.cpus}" if args.cpus else "")
           + (f"; torch intra-op threads {torch_threads}" if torch_threads else ""))
+    devices = sorted({f"{r['backend']} on {r['device']['kind']} ({r['device']['name']})" for r in results})
+    print("device: " + ("; ".join(devices) or "-"))
     print(f"model: {results[0]['parameters']:,} parameters" if results else "model: -")
     print(table(results))
     print(f"(median step times; {time.perf_counter() - started:.0f} s in all)")

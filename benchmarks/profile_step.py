@@ -163,6 +163,7 @@ def main(argv=None):
         for k in range(count):
             batch = workload.batches[k % len(workload.batches)]
             step((batch.source, batch.target_input), batch.target_output, batch.weight)
+        step.block()
         backend.synchronize(model)
 
     run_steps(args.steps)  # warm-up: compilation, allocator

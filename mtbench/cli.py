@@ -14,7 +14,7 @@ from rich.table import Table
 from mtbench.plugins import manager as plugins
 from mtbench.errors import MtbenchError, ReportingFailed
 from mtbench.keras_models.presets import PRESETS
-from mtbench.runner.config import COMPILE_MODES, DTYPES, TrainConfig
+from mtbench.runner.config import COMPILE_MODES, DEFAULT_TIMING_WINDOW, DTYPES, TrainConfig
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
 
@@ -117,7 +117,9 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--preset", type=click.Choice(list(PRESETS)), default="small", show_default=True, help="Model size."),
     click.option("--steps", type=int, help="Training steps (default: per preset; tiny 40, small 450, base 2000)."),
     click.option("--epochs", type=float, help="Train for this many passes over the training split instead of --steps."),
-    click.option("--batch-size", type=int, default=64, show_default=True, help="Sentence pairs per step."),
+    click.option("--batch-size", type=int, default=64, show_default=True, help="Sentence pairs per step (evaluation batches too)."),
+    click.option("--max-tokens", type=int, metavar="N", help="Token batching, as fairseq's: each length bucket's training batches get as many rows as fit N tokens of padded length (a multiple of 8 from 8 rows), instead of --batch-size rows."),
+    click.option("--timing-window", type=int, metavar="N", default=DEFAULT_TIMING_WINDOW, show_default=True, help="Steady steps between device synchronisations (losses are read then too); a step's time is its window's mean. 1: every step alone. The first step of each shape is always timed alone."),
     click.option("--learning-rate", type=float, default=1e-3, show_default=True),
     click.option("--warmup-steps", type=int, default=100, show_default=True),
     click.option("--max-pairs", type=int, help="Use only the first N pairs of the corpus."),
@@ -217,6 +219,8 @@ report_option = click.option(
 @click.option("--run-group", metavar="NAME", help="Group this run with others in the trackers (compare sets it).")
 @click.option("--no-save-model", "save_model", is_flag=True, flag_value=False, default=True,
               help="Do not keep the final weights in the run directory (RESULT.run/model).")
+@click.option("--no-compile-cache", "compile_cache", is_flag=True, flag_value=False, default=True,
+              help="Compile from scratch and keep nothing: no persistent compilation cache (CACHE_DIR/compile).")
 @long_run_options
 @handle_errors
 def train(reporters, resume_dir, save_model, **options):

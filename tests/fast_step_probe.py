@@ -1,6 +1,8 @@
-"""Run by tests/test_fast_train_steps.py in a fresh process per backend (keras fixes its backend at import):
-trains two copies of the tiny model on the same real batches, one with Keras's `train_on_batch`, one with the step
-the backend plugin makes, and prints one JSON line of what the test compares.
+"""Run by tests/plugins/backends/test_fast_train_steps.py in a fresh process per backend (keras fixes its backend
+at import): trains two copies of the tiny model on the same real batches, one with Keras's `train_on_batch`, one
+with the step the backend plugin makes, and prints one JSON line of what the test compares, with the device it ran
+on and the arithmetic of its float32 matmuls there (the test's tolerances depend on it). Tensors are made on the
+device of the variables they meet, and read back through the host, so the probe runs on a GPU as on a CPU.
 
     python tests/fast_step_probe.py BACKEND CACHE_DIR
 """
@@ -35,7 +37,7 @@ def main(backend_name, cache_dir):
         model = build_keras_model(keras, workload, total_steps=STEPS)
         initial = values(model.weights)
         step = make_step(model)
-        losses = [step((b.source, b.target_input), b.target_output, b.weight)["loss"] for b in train_batches]
+        losses = [float(step((b.source, b.target_input), b.target_output, b.weight)["loss"]) for b in train_batches]
         step.finalize()
         logs = model.test_on_batch((held_out.source, held_out.target_input), held_out.target_output,
                                    sample_weight=held_out.weight, return_dict=True)
@@ -50,7 +52,10 @@ def main(backend_name, cache_dir):
         """|a - b| / |b| over all arrays together."""
         return float(np.sqrt(sum(np.sum((x - y) ** 2) for x, y in zip(a, b)) / sum(np.sum(y ** 2) for y in b)))
 
+    from optimizer_exercise import float32_matmul_arithmetic
     report = {
+        "device_kind": run.device["kind"],
+        "matmul_arithmetic": float32_matmul_arithmetic(backend_name),
         "names": [keras_run["name"], fast_run["name"]],
         "keras_losses": keras_run["losses"], "fast_losses": fast_run["losses"],
         "held_out_losses": [keras_run["held_out_loss"], fast_run["held_out_loss"]],
@@ -80,13 +85,13 @@ def fused_adamw_exercise():
     fused = FusedAdamW(optimizer, variables.values())
     for step_grads in grads:
         for name, variable in variables.items():
-            variable.value.grad = torch.from_numpy(step_grads[name].copy())
+            variable.value.grad = torch.from_numpy(step_grads[name].copy()).to(variable.value.device)
         with torch.no_grad():
             fused.step()
     differences = {}
     for name, variable in variables.items():
         moved = expected[name] - initial[name]
-        got = variable.value.detach().numpy() - initial[name]
+        got = variable.value.detach().cpu().numpy() - initial[name]
         differences[name] = float(np.abs(got - moved).max() / np.abs(moved).max())
     return {"relative_difference": differences, "iterations": int(optimizer.iterations)}
 

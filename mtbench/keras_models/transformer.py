@@ -21,7 +21,11 @@ def dropout_layer(rate):
 class Attention(layers.Layer):
     """Multi-head attention through `keras.ops.dot_product_attention`, so a backend may route it to a fused
     (flash) kernel. Padding is expressed as a key mask and causality as `is_causal`, the two forms fused
-    kernels accept."""
+    kernels accept.
+
+    `flash_attention=True` asks for the fused kernel; False or None (nobody asked) runs the backend's plain
+    attention, and says so to Keras: left to choose (None), Keras on a GPU tries the fused kernel, and where it
+    refuses the inputs logs a traceback and falls back, at every trace, so no run could say which one ran."""
 
     def __init__(self, d_model, num_heads, is_causal=False, flash_attention=None, **kwargs):
         super().__init__(**kwargs)
@@ -41,17 +45,28 @@ class Attention(layers.Layer):
     def keys_values(self, memory):
         return self._split_heads(self.key(memory)), self._split_heads(self.value(memory))
 
-    def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=None):
+    def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=False):
         q = self._split_heads(self.query(x))
-        mask = None if key_mask is None else key_mask[:, None, None, :]
-        attended = ops.dot_product_attention(q, keys, values, mask=mask, is_causal=is_causal,
-                                             flash_attention=flash_attention)
+        fused = flash_attention is True
+        mask = None if key_mask is None else attention_mask(key_mask, ops.shape(q)[1], fused)
+        attended = ops.dot_product_attention(q, keys, values, mask=mask, is_causal=is_causal, flash_attention=fused)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return self.output_projection(ops.reshape(attended, (batch, length, self.num_heads * self.head_dim)))
 
     def call(self, x, memory, key_mask=None):
         keys, values = self.keys_values(memory)
         return self.attend(x, keys, values, key_mask, self.is_causal, self.flash_attention)
+
+
+def attention_mask(key_mask, query_length, fused):
+    """The attention mask of `key_mask` (batch, keys; True where a key is real). Plain attention broadcasts a
+    (batch, 1, 1, keys) mask itself; cuDNN's fused kernel takes the mask as a bias that must already span every
+    query, (batch, 1, queries, keys), and refuses the broadcastable form (jax-ml/jax#28974). Both masks hide the
+    same keys from every query, so the numbers are the same."""
+    mask = key_mask[:, None, None, :]
+    if not fused:
+        return mask
+    return ops.broadcast_to(mask, (ops.shape(key_mask)[0], 1, query_length, ops.shape(key_mask)[1]))
 
 
 class FeedForward(layers.Layer):

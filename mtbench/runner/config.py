@@ -14,6 +14,8 @@ DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
 # The model's shape from flags, over the preset's: config field -> ModelPreset field (`layers` sets both stacks).
 SIZE_FIELDS = {"d_model": "d_model", "heads": "num_heads", "encoder_layers": "encoder_layers",
                "decoder_layers": "decoder_layers", "ff_dim": "ff_dim", "dropout": "dropout"}
+# Long enough that the host queues steps ahead of a GPU, short enough that losses and figures stay fresh.
+DEFAULT_TIMING_WINDOW = 10
 DTYPES = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -34,6 +36,7 @@ class TrainConfig:
     steps: int = None              # default: DEFAULT_STEPS of the preset, unless epochs is given
     epochs: float = None
     batch_size: int = 64
+    max_tokens: int = None         # token batching: rows per length bucket chosen so rows x length <= this
     learning_rate: float = 1e-3
     warmup_steps: int = 100
     weight_decay: float = 0.01
@@ -51,6 +54,7 @@ class TrainConfig:
     ff_dim: int = None
     dropout: float = None
     dtype: str = "float32"
+    timing_window: int = DEFAULT_TIMING_WINDOW  # steady steps between device synchronisations (1: every step)
     compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
     seed: int = 0
     initial_weights: str = None    # a weights file (.npz by variable path) instead of the numpy draw from seed
@@ -58,6 +62,7 @@ class TrainConfig:
     beam: int = 1                  # hypotheses per sentence when translating; 1 is greedy decoding
     length_penalty: float = 0.6    # beam search's length normalisation exponent (GNMT)
     cache_dir: str = field(default_factory=default_cache_dir)
+    compile_cache: bool = True     # keep compiled programs under cache_dir/compile for later runs (--no-compile-cache)
     out: str = None                # result JSON; default mtbench-results/<time>-<backend>.json
     overwrite: bool = False
     save_model: bool = True        # keep the final weights (and what rebuilds the model) in the run directory
@@ -102,7 +107,7 @@ class TrainConfig:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
                      "decode_batch_size", "beam", "max_pairs", "src_col", "tgt_col", "checkpoint_every", "keep_checkpoints",
-                     "eval_every"):
+                     "eval_every", "max_tokens", "timing_window"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise MtbenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -120,6 +125,9 @@ class TrainConfig:
             raise MtbenchError(f"--vocab-size must be at least 16, got {self.vocab_size}")
         if self.max_len < 8:
             raise MtbenchError(f"--max-len must be at least 8, got {self.max_len}")
+        if self.max_tokens is not None and self.max_tokens < self.max_len:
+            raise MtbenchError(f"--max-tokens {self.max_tokens} cannot hold one row of --max-len {self.max_len} "
+                               f"tokens; give at least {self.max_len}")
         self._check_corpus_and_long_run_options()
         self._check_model_size()
         if self.out is None:
@@ -153,6 +161,14 @@ class TrainConfig:
         if model.d_model % model.num_heads:
             raise MtbenchError(f"--d-model {model.d_model} is not divisible by --heads {model.num_heads}: each "
                                f"head needs a whole share of the model dimension")
+
+    def rows_for(self, length):
+        """Rows of a training batch whose bucket is `length` tokens long: --batch-size, or with --max-tokens as
+        many as fit (a multiple of 8 from 8 rows on, the shapes tensor cores and device counts divide)."""
+        if self.max_tokens is None:
+            return self.batch_size
+        rows = self.max_tokens // length
+        return rows - rows % 8 if rows >= 8 else rows
 
     def size_overrides(self):
         """{ModelPreset field: value} that the size flags set over the preset."""

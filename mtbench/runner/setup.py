@@ -110,6 +110,7 @@ def start_backend(config, plugins):
         model_shape = plugins.model.shape(plugins.model_path, config)
     run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info(),
                      model_shape=model_shape)
+    run.compile_cache = plugins.backend.open_compile_cache(config)  # before anything compiles
     reason = plugins.backend.unsupported_dtype_reason(config.dtype, run.device)
     if reason:
         raise MtbenchError(f"--dtype {config.dtype}: {reason}")

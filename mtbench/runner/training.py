@@ -155,7 +155,7 @@ def data_fingerprint(data):
 def count_steps(config, data):
     if config.epochs is None:
         return config.steps
-    return max(1, math.ceil(config.epochs * batches_per_epoch(data.train, config.batch_size, config.max_len)))
+    return max(1, math.ceil(config.epochs * batches_per_epoch(data.train, config.rows_for, config.max_len)))
 
 
 @dataclass
@@ -197,8 +197,8 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
                           applies_to="training and evaluation" if train_step.uses_compile_options
                           else f"evaluation only (training runs the '{train_step.name}' step)")
     try:
-        batches = training_batches(data.train, config.batch_size, config.max_len, config.seed, skip=state.step)
-        _, first_batch = next(training_batches(data.train, config.batch_size, config.max_len, config.seed))
+        batches = training_batches(data.train, config.rows_for, config.max_len, config.seed, skip=state.step)
+        _, first_batch = next(training_batches(data.train, config.rows_for, config.max_len, config.seed))
     except ValueError as error:
         raise MtbenchError(str(error)) from None
     for extra in plugins.extras:

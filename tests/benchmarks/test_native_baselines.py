@@ -5,9 +5,11 @@ where gradients are tiny), so each baseline's optimizer is also checked against 
 exercise them.
 
 In-process (keras on JAX): the torch baseline needs no Keras, so both baselines are checked against one run of
-Keras's own step."""
+Keras's own step. Each baseline trains where mtbench would, on the GPU where there is one; the losses are held to
+the tolerance of the arithmetic their matmuls use there."""
 
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -15,7 +17,8 @@ import pytest
 from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_workload
 from mtbench import KerasTrainStep
 from mtbench.runner.config import TrainConfig
-from optimizer_exercise import assert_updates_like_keras, keras_optimizer_result, optimizer_exercise
+from optimizer_exercise import (assert_updates_like_keras, float32_matmul_arithmetic, keras_optimizer_result,
+                                matmul_tolerance, optimizer_exercise)
 
 STEPS = 3
 needs_flax = pytest.mark.skipif(importlib.util.find_spec("flax") is None or importlib.util.find_spec("optax") is None,
@@ -36,7 +39,7 @@ def keras_run(cache_dir):
     weights = initial_weights(model, config.seed)
     settings = OptimizerSettings.of_keras_optimizer(model.optimizer)
     step = KerasTrainStep(model)
-    losses = [step((b.source, b.target_input), b.target_output, b.weight)["loss"] for b in workload.batches]
+    losses = [float(step((b.source, b.target_input), b.target_output, b.weight)["loss"]) for b in workload.batches]
     return {"workload": workload, "weights": weights, "settings": settings, "losses": np.array(losses)}
 
 
@@ -52,28 +55,66 @@ def test_flax_step_losses_equal_the_keras_steps(keras_run):
     workload = keras_run["workload"]
     step = native_flax.train_step_from_keras_weights(workload.model_shape, keras_run["weights"], keras_run["settings"])
     losses = [float(step(*native_flax.batch_arrays(b))["loss"]) for b in workload.batches]
-    np.testing.assert_allclose(losses, keras_run["losses"], rtol=1e-4)
+    rtol = matmul_tolerance(1e-4, float32_matmul_arithmetic("jax"))  # Keras and Flax: both JAX
+    np.testing.assert_allclose(losses, keras_run["losses"], rtol=rtol)
 
 
 def test_torch_step_losses_equal_the_keras_steps(keras_run):
     from benchmarks import native_torch
     workload = keras_run["workload"]
     step = native_torch.train_step_from_keras_weights(workload.model_shape, keras_run["weights"], keras_run["settings"])
-    losses = [float(step(*native_torch.batch_tensors(b))["loss"]) for b in workload.batches]
-    np.testing.assert_allclose(losses, keras_run["losses"], rtol=1e-4)
+    losses = [float(step(*native_torch.batch_tensors(b, step.device))["loss"]) for b in workload.batches]
+    rtol = matmul_tolerance(1e-4, float32_matmul_arithmetic("jax"), float32_matmul_arithmetic("torch"))
+    np.testing.assert_allclose(losses, keras_run["losses"], rtol=rtol)
+
+
+def test_torch_step_keeps_model_optimizer_and_batches_where_keras_torch_would(keras_run):
+    """Keras-torch puts its variables on CUDA when there is one: a baseline left on the CPU would make the
+    overhead ratio compare a GPU with a CPU. Mixed bfloat16, so the device's autocast runs too."""
+    import torch
+
+    from benchmarks import native_torch
+    device = native_torch.default_device()
+    if torch.cuda.is_available() and "KERAS_TORCH_DEVICE" not in os.environ:
+        assert device.type == "cuda"
+    workload = keras_run["workload"]
+    step = native_torch.train_step_from_keras_weights(workload.model_shape, keras_run["weights"],
+                                                      keras_run["settings"], mixed_bfloat16=True)
+    batch = native_torch.batch_tensors(workload.batches[0], step.device)
+    assert np.isfinite(float(step(*batch)["loss"]))
+    step.block()
+    moments = [state[key] for state in step.optimizer.optimizer.state.values() for key in ("exp_avg", "exp_avg_sq")]
+    assert {t.device.type for t in [*step.model.parameters(), *moments, *batch]} == {device.type}
+    weights = step.weights_by_keras_path(list(keras_run["weights"]))
+    assert all(isinstance(value, np.ndarray) for value in weights.values())
+
+
+@needs_flax
+def test_flax_step_trains_on_jaxs_default_device(keras_run):
+    import jax
+
+    from benchmarks import native_flax
+    workload = keras_run["workload"]
+    step = native_flax.train_step_from_keras_weights(workload.model_shape, keras_run["weights"],
+                                                     keras_run["settings"])
+    step(*native_flax.batch_arrays(workload.batches[0]))
+    step.block()
+    assert step.devices == {jax.devices()[0]}
 
 
 def torch_optimizer_result(initial, grads, settings):
     import torch
 
-    from benchmarks.native_torch import AdamWLikeKeras
-    parameters = {name: torch.nn.Parameter(torch.from_numpy(value.copy())) for name, value in initial.items()}
+    from benchmarks.native_torch import AdamWLikeKeras, default_device
+    device = default_device()  # where the baseline trains, and so whose AdamW kernel it uses
+    parameters = {name: torch.nn.Parameter(torch.from_numpy(value.copy()).to(device))
+                  for name, value in initial.items()}
     optimizer = AdamWLikeKeras(parameters.values(), settings)
     for step_grads in grads:
         for name, parameter in parameters.items():
-            parameter.grad = torch.from_numpy(step_grads[name].copy())
+            parameter.grad = torch.from_numpy(step_grads[name].copy()).to(device)
         optimizer.step()
-    return {name: p.detach().numpy() for name, p in parameters.items()}
+    return {name: p.detach().cpu().numpy() for name, p in parameters.items()}
 
 
 def flax_optimizer_result(initial, grads, settings):

@@ -19,6 +19,7 @@ class RunContext:
     model_shape: object = None
     model_options: dict = field(default_factory=dict)
     extras_state: dict = field(default_factory=dict)
+    compile_cache: dict = None  # the persistent compilation cache as the run started (`Backend.open_compile_cache`)
 
     @property
     def device_kind(self):
@@ -74,6 +75,36 @@ class Backend:
         """A running count of programs the framework has compiled in this process, or None where it does not
         compile ahead of running."""
         return None
+
+    def open_compile_cache(self, config):
+        """Called once in a training process, after the framework is imported and before it compiles anything:
+        points the framework's persistent compilation caches at this backend's directory under
+        `config.cache_dir`, or, when `config.compile_cache` is false, keeps nothing of earlier processes. Returns
+        `compile_cache_state(...)`: whether the run starts cold or warm, or why the cache is off; None where the
+        backend has no compiler whose work a cache could keep."""
+        return None
+
+    def compile_cache_entries(self, directory):
+        """How many compiled programs the cache in `directory` holds now."""
+        return None
+
+    def compile_cache_hits(self):
+        """{'hits': N, 'misses': N}: lookups of compiled programs in the persistent cache by this process so
+        far, or None where the framework does not count them."""
+        return None
+
+    def compile_cache_state(self, directory, off_reason=None):
+        """The record of the cache as a run starts: 'off' without a `directory` (`off_reason` says why), else
+        'warm' when it already holds programs compiled by earlier processes, 'cold' when it holds none."""
+        if directory is None:
+            return {"dir": None, "state": "off", "reason": off_reason, "entries_before": None}
+        entries = self.compile_cache_entries(directory)
+        return {"dir": directory, "state": "warm" if entries else "cold", "reason": None, "entries_before": entries}
+
+    def attention_implementation(self, fused, device):
+        """What `keras.ops.dot_product_attention` runs on `device` (`device_info()`) with `flash_attention=fused`
+        (mtbench always says True or False, never leaving Keras to choose)."""
+        return "fused" if fused else "plain"
 
     def compile_inference(self, fn, model):
         """Returns a callable equivalent to `fn(*arrays)` (which calls `model` layers) compiled the way this

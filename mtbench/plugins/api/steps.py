@@ -3,9 +3,11 @@
 mtbench calls a train step once per batch as `step((batch.source, batch.target_input), batch.target_output,
 batch.weight)`: numpy arrays (int32 token ids, rows x bucket length; float32 weights, 1 on real target tokens and
 0 on padding). The step returns the batch's loss and token accuracy computed before its update; the loss is the
-mean cross-entropy over real target tokens (padding weighs nothing). The clock around a call stops when it
-returns, after the backend has synchronised the device, so a step must not leave work of its own running
-outside the device queue. `finalize` is called before evaluation, checkpoints and the end of training.
+mean cross-entropy over real target tokens (padding weighs nothing). A step need not wait for its work: the
+loop times steps in windows (`--timing-window`) and reads the losses only at a window's edges, after calling
+`block()` on the step and synchronising the device, so a step that returns the framework's scalars lets the host
+queue the next steps while the device works. `finalize` is called before evaluation, checkpoints and the end of
+training.
 """
 
 from dataclasses import dataclass
@@ -35,7 +37,8 @@ class Batch:
 class TrainStep:
     """One optimisation step on a batch. `finalize` writes any state the step keeps outside the model (replicated
     parameters, optimizer slots) back into the Keras variables, so that evaluation sees the trained weights.
-    A step whose work may still be running when it returns must wait for it: the caller reads its clock then."""
+    `block` waits for the step's queued work where the backend's `synchronize` cannot see it (state the step
+    keeps outside the Keras variables)."""
     name = ""  # recorded in the result as `train_step`
     # Whether the step trains through Keras's compiled train function, so that `model.compile`'s options
     # (`Extra.compile_options`) apply to training.
@@ -44,8 +47,13 @@ class TrainStep:
     def __call__(self, x, y, sample_weight):
         """`x` is (source, target_input), `y` target_output, `sample_weight` the token weights of one `Batch`.
         Returns {'loss': ..., 'accuracy': ...} of the batch, computed before the update (numbers, or scalars
-        of the framework that `float()` reads)."""
+        of the framework that `float()` reads; reading them is left to the loop, which does it at a window's
+        edge so the device is not stalled every step)."""
         raise NotImplementedError
+
+    def block(self):
+        """Returns once every step called so far has finished on the device (beyond the Keras variables, which
+        the backend's `synchronize` waits for)."""
 
     def finalize(self):
         pass
@@ -79,6 +87,9 @@ class WrappingStep(TrainStep):
 
     def __call__(self, x, y, sample_weight):
         return self.inner(x, y, sample_weight)
+
+    def block(self):
+        self.inner.block()
 
     def finalize(self):
         self.inner.finalize()

@@ -1,14 +1,33 @@
 """The JAX backend."""
 
+import os
+import re
+
 from mtbench import Backend, cpu_model, hookimpl, median_flops_per_s
 
 
 _compile_events = []  # [count] once the listener is registered
+# Lookups of the persistent compilation cache in this process, once the listener is registered.
+_cache_lookups = {}
+CACHE_LOOKUP_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
+CACHE_ENTRY_SUFFIX = "-cache"  # each program is one file: <key>-cache (beside it, <key>-atime for the LRU)
 
 
 def _count_compile(event, duration, **kwargs):
     if event == "/jax/core/compile/backend_compile_duration":
         _compile_events[0] += 1
+
+
+def _count_cache_lookup(event, **kwargs):
+    if event in CACHE_LOOKUP_EVENTS:
+        _cache_lookups[CACHE_LOOKUP_EVENTS[event]] += 1
+
+
+def compile_cache_dir(cache_dir, jax_version, device_kind):
+    """One directory per JAX version and device kind, so that caches of different GPUs or versions stay apart
+    (JAX's own cache key separates them too; separate directories keep each one's count meaningful)."""
+    kind = re.sub(r"[^A-Za-z0-9._-]+", "-", device_kind).strip("-") or "unknown"
+    return os.path.join(cache_dir, "compile", f"jax-{jax_version}-{kind}")
 
 
 class JaxBackend(Backend):
@@ -61,6 +80,38 @@ class JaxBackend(Backend):
             jax.monitoring.register_event_duration_secs_listener(_count_compile)
             _compile_events.append(0)
         return _compile_events[0]
+
+    def open_compile_cache(self, config):
+        import jax
+        if not config.compile_cache:
+            # A JAX_COMPILATION_CACHE_DIR in the user's environment would still serve programs.
+            jax.config.update("jax_enable_compilation_cache", False)
+            return self.compile_cache_state(None, "--no-compile-cache")
+        directory = compile_cache_dir(config.cache_dir, jax.__version__, jax.devices()[0].device_kind)
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.config.update("jax_compilation_cache_dir", directory)
+        # By default JAX keeps only programs that took a second or more to compile: a CPU's, and on a GPU the
+        # many small ones of the first step, would be compiled again in every process. -1, not 0, for the size:
+        # 0 lets JAX substitute a filesystem-dependent minimum.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        if not _cache_lookups:
+            _cache_lookups.update(hits=0, misses=0)
+            jax.monitoring.register_event_listener(_count_cache_lookup)
+        return self.compile_cache_state(directory)
+
+    def compile_cache_entries(self, directory):
+        if not os.path.isdir(directory):
+            return 0
+        return sum(1 for name in os.listdir(directory) if name.endswith(CACHE_ENTRY_SUFFIX))
+
+    def compile_cache_hits(self):
+        return dict(_cache_lookups) if _cache_lookups else None
+
+    def attention_implementation(self, fused, device):
+        if not fused:
+            return "xla"
+        return "splash" if device.get("kind") == "tpu" else "cudnn"
 
     def compile_inference(self, fn, model):
         import jax

@@ -112,10 +112,14 @@ class JitTrainStep(TrainStep):
             self.state = tuple([jax.device_put(v.value, may_alias=False) for v in variables]
                                for variables in self._keras_state())
         self.state, logs = self._step(self.state, x, y, sample_weight)
+        return logs  # device scalars: the loop reads them at the edge of its timing window
+
+    def block(self):
         # The Keras variables are stale until `finalize`, so the backend's synchronize cannot see this step's
-        # work: wait for it here, before the caller reads its clock.
-        jax.block_until_ready(self.state)
-        return {name: float(value) for name, value in logs.items()}
+        # work: the loop waits on the step's own state before it reads its clock.
+        import jax
+        if self.state is not None:
+            jax.block_until_ready(self.state)
 
     def finalize(self):
         if self.state is None:  # nothing trained since the last finalize (or at all)

@@ -1,8 +1,31 @@
 """The PyTorch backend."""
 
+import atexit
+import importlib.metadata
 import os
+import shutil
+import tempfile
 
 from mtbench import Backend, cpu_model, hookimpl, median_flops_per_s
+
+# Extras whose train step torch.compile compiles (inductor): without one, a torch run compiles nothing to cache.
+INDUCTOR_EXTRAS = ("torch-compile",)
+# Where inductor keeps what its FX graph and AOTAutograd caches hold: one entry per compiled graph.
+INDUCTOR_ENTRY_DIRS = ("fxgraph", "aotautograd")
+
+
+def compile_cache_dir(cache_dir):
+    """Inductor's caches for this torch version (its cache keys hold the version too; a directory per version
+    keeps each one's count meaningful). Known before torch is imported, as inductor reads it at import."""
+    return os.path.join(cache_dir, "compile", f"torch-{importlib.metadata.version('torch')}")
+
+
+def _scratch_dir():
+    """A directory of this process only, removed at exit: inductor needs somewhere to write its code even when
+    nothing may be kept, and its default (/tmp/torchinductor_USER) outlives the process."""
+    path = tempfile.mkdtemp(prefix="mtbench-inductor-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 class TorchBackend(Backend):
@@ -12,8 +35,12 @@ class TorchBackend(Backend):
     description = "Keras 3 on PyTorch: eager by default"
 
     def prepare_process(self, config):
-        # torch.compile caches under /tmp by default; keep its files with mtbench's other caches.
-        return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(config.cache_dir, "torchinductor")}
+        if not getattr(config, "compile_cache", True):
+            return {"TORCHINDUCTOR_CACHE_DIR": _scratch_dir(), "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+                    "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+        # On by default in this torch, but a justknob or an older torch may say otherwise: set, not assumed.
+        return {"TORCHINDUCTOR_CACHE_DIR": compile_cache_dir(config.cache_dir), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+                "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 
     def framework_versions(self):
         import torch
@@ -48,6 +75,27 @@ class TorchBackend(Backend):
             self.synchronize()
 
         return median_flops_per_s(run, 2 * size ** 3)
+
+    def open_compile_cache(self, config):
+        if not config.compile_cache:
+            return self.compile_cache_state(None, "--no-compile-cache")
+        if not any(name in INDUCTOR_EXTRAS for name in config.extras):
+            return self.compile_cache_state(None, "eager: nothing is compiled (torch.compile: --extra torch-compile)")
+        return self.compile_cache_state(compile_cache_dir(config.cache_dir))
+
+    def compile_cache_entries(self, directory):
+        return sum(len(files) for entry_dir in INDUCTOR_ENTRY_DIRS
+                   for _, _, files in os.walk(os.path.join(directory, entry_dir)))
+
+    def compile_cache_hits(self):
+        from torch._dynamo.utils import counters
+        # AOTAutograd's entry is the whole compiled forward and backward (inductor's FX graphs are what it loads).
+        return {"hits": int(counters["aot_autograd"]["autograd_cache_hit"]),
+                "misses": int(counters["aot_autograd"]["autograd_cache_miss"])}
+
+    def attention_implementation(self, fused, device):
+        # Not fused: torch's SDPA dispatcher picks the kernel (flash, memory-efficient, cuDNN or math) per call.
+        return "flash" if fused else "sdpa"
 
     def compile_inference(self, fn, model):
         import torch

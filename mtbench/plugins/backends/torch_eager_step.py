@@ -76,7 +76,9 @@ class EagerTorchTrainStep(TrainStep):
                 self.fused_optimizer.step()
             else:
                 optimizer.apply([variable.value.grad for variable in self.variables], self.variables)
-        return {"loss": float(loss.detach()), "accuracy": float(accuracy)}
+        # Tensors, not numbers: reading them would wait for the device; the loop reads them at its window's edge.
+        # Copies, because a CUDA-graph replay (torch.compile's reduce-overhead) reuses its output memory.
+        return {"loss": loss.detach().clone(), "accuracy": accuracy.detach().clone()}
 
     def finalize(self):
         if self.fused_optimizer:

@@ -34,6 +34,9 @@ class FusedAdamW:
     def __init__(self, optimizer, variables):
         import torch
         self.keras_optimizer = optimizer
+        # Counted on the host (the optimizer starts at 0, `fused_adamw_unsupported`): reading Keras's counter or
+        # its schedule from a GPU would wait for the device every step.
+        self.iterations = 0
         self.variables = list(variables)
         self.parameters = [v.value for v in self.variables]
         self.clipnorm = optimizer.clipnorm
@@ -53,12 +56,22 @@ class FusedAdamW:
         optimizer = self.keras_optimizer
         if self.clipnorm:
             self._clip_each_gradient([p.grad for p in self.parameters])
-        step = int(optimizer.iterations) + 1
+        step = self.iterations + 1
         group = self.torch_optimizer.param_groups[0]
-        group["lr"] = float(optimizer.learning_rate)  # the schedule at Keras's own iteration count
+        group["lr"] = self._learning_rate(self.iterations)  # the schedule at Keras's own iteration count
         group["eps"] = optimizer.epsilon / math.sqrt(1 - optimizer.beta_2 ** step)
         self.torch_optimizer.step()
         optimizer.iterations.assign_add(1)
+        self.iterations = step
+
+    def _learning_rate(self, iteration):
+        """Keras's learning rate (or schedule) at `iteration`, evaluated on the CPU."""
+        import keras
+        rate = self.keras_optimizer._learning_rate
+        if not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            return float(self.keras_optimizer.learning_rate)
+        with keras.device("cpu"):
+            return float(rate(iteration))
 
     def write_back(self):
         """Copies torch's moments into the Keras optimizer's variables."""

@@ -3,7 +3,9 @@
 
 Keras on JAX falls back to plain XLA attention with only a logged message when cuDNN refuses the inputs, so
 asking for the kernel proves nothing: before training, the compiled program (JAX) or a profiler trace (torch)
-of a real forward pass must name the fused kernel, or the run stops.
+of a real forward pass must name the fused kernel, for every kind of attention it was asked for, or the run
+stops. On JAX the padded attentions take the fused kernel too: the model then spells their mask out over every
+query, the form cuDNN accepts (`mtbench.keras_models.transformer.attention_mask`).
 """
 
 import re
@@ -17,10 +19,22 @@ JAX_KERNEL_PATTERN = re.compile(r"__cudnn\$fmha\w*")
 TORCH_KERNEL_PATTERN = re.compile(r"\S*flash\S*", re.IGNORECASE)
 
 
+MASKED_KINDS = ["encoder self-attention", "cross-attention"]
+
+
 def kernel_evidence(text_or_names, pattern):
     """The distinct kernel names in a compiled program's text or a list of profiler event names."""
     text = text_or_names if isinstance(text_or_names, str) else "\n".join(text_or_names)
     return sorted(set(pattern.findall(text)))
+
+
+def cudnn_kinds_missing(kernels, applied_to):
+    """The kinds of attention in `applied_to` that no cuDNN kernel in `kernels` served. cuDNN takes a padding
+    mask as a bias: the masked attentions run its bias variant (`__cudnn$fmhaScaleBiasSoftmax`), the causal
+    self-attention, which has no mask, a variant without one."""
+    with_bias = any("Bias" in kernel for kernel in kernels)
+    without_bias = any("Bias" not in kernel for kernel in kernels)
+    return [kind for kind in applied_to if not (with_bias if kind in MASKED_KINDS else without_bias)]
 
 
 class FlashAttention(Extra):
@@ -40,6 +54,11 @@ class FlashAttention(Extra):
             major, minor = torch.cuda.get_device_capability()
             if major < 8:
                 return f"needs compute capability 8.0 or newer on torch; this GPU has {major}.{minor}"
+        elif run.config.max_len % 2:
+            # Every length bucket but the last is a multiple of 16; cuDNN trains with a mask (bias) only on
+            # even lengths.
+            return (f"needs an even --max-len on JAX (cuDNN trains masked attention on even lengths only); "
+                    f"got {run.config.max_len}")
         return None
 
     def before_model(self, run):
@@ -47,10 +66,7 @@ class FlashAttention(Extra):
         # and the padded attentions keep torch's default SDPA choice.
         masked = True if run.backend.name == "jax" else None
         run.model_options.update(flash_attention=True, flash_attention_masked=masked)
-        run.extras_state[self.name] = {
-            "applied_to": ["decoder self-attention"] + (["encoder self-attention", "cross-attention"]
-                                                        if masked else []),
-        }
+        run.extras_state[self.name] = {"applied_to": ["decoder self-attention"] + (MASKED_KINDS if masked else [])}
 
     def verify(self, run, model, batch):
         x = (batch.source, batch.target_input)
@@ -58,9 +74,14 @@ class FlashAttention(Extra):
             evidence, method = self._jax_evidence(model, x), "names in the compiled HLO of the forward pass"
         else:
             evidence, method = self._torch_evidence(model, x), "torch.profiler events of one forward pass"
-        run.extras_state[self.name].update(verified_by=method, kernels=evidence)
+        state = run.extras_state[self.name]
+        state.update(verified_by=method, kernels=evidence)
         if not evidence:
             return f"the fused attention kernel did not run ({method} name none); the run would mislabel itself"
+        missing = cudnn_kinds_missing(evidence, state.get("applied_to", [])) if run.backend.name == "jax" else []
+        if missing:
+            return (f"the fused attention kernel did not run for the {' and '.join(missing)} ({method}: "
+                    f"{', '.join(evidence)}); the run would mislabel itself")
         return None
 
     @staticmethod

@@ -15,6 +15,9 @@ def data_parallel_reason(run):
     count = run.device.get("count", 1)
     if count < 2:
         return f"needs at least 2 devices; this run has {count} ({SIMULATE_HINT})"
+    if run.config.max_tokens is not None:
+        return ("splits a fixed --batch-size over the devices; --max-tokens gives each length bucket its own "
+                "number of rows")
     if run.config.batch_size % count:
         return f"the batch size {run.config.batch_size} does not split evenly over {count} devices"
     return None
@@ -66,7 +69,11 @@ class PmapTrainStep(TrainStep):
         trainable, non_trainable, optimizer_state, logs = self._step(
             *self.state, (self._shard(source), self._shard(target_input)), self._shard(y), self._shard(sample_weight))
         self.state = (trainable, non_trainable, optimizer_state)
-        return {name: float(value[0]) for name, value in logs.items()}
+        return {name: value[0] for name, value in logs.items()}  # read by the loop at its window's edge
+
+    def block(self):
+        import jax
+        jax.block_until_ready(self.state)  # replicated outside the Keras variables until `finalize`
 
     def finalize(self):
         model = self.model

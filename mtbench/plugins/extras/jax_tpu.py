@@ -33,6 +33,8 @@ class TpuStrategy(Extra):
         if run.device_kind != "tpu":
             return (f"needs TPU devices; this run has {run.device.get('count', 1)} "
                     f"{run.device_kind} device(s)")
+        if run.config.max_tokens is not None:
+            return "sizes a fixed --batch-size for the TPU cores; --max-tokens gives each length bucket its own rows"
         if run.config.dtype not in ("float32", "mixed_bfloat16", "bfloat16"):
             return f"computes in bfloat16; --dtype {run.config.dtype} does not fit it"
         return None

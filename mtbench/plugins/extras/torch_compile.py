@@ -2,9 +2,58 @@
 the user picks (`torch_compiled_step`).
 
 Graph breaks and recompilations are what make torch.compile slow or fast, so dynamo's counters go into the
-result: a graph break or a recompile storm is a figure to show, not hide."""
+result: a graph break or a recompile storm is a figure to show, not hide.
+
+Inductor's FX graph and AOTAutograd caches (in the backend's compile cache directory) spare a later process the
+compilation proper; dynamo still traces in every process. What this process's compilations used is also bundled
+into one file (`torch.compiler.save_cache_artifacts`) after training and loaded before the step compiles: the
+portable form of the same caches: copied into another machine's cache directory, it serves there too."""
+
+import os
 
 from mtbench import Extra, hookimpl
+
+CACHE_ARTIFACTS_FILE = "cache-artifacts.bin"
+
+
+def cache_artifacts_path(compile_cache):
+    """Where the run keeps its cache artifacts, or None when its compile cache is off."""
+    if not compile_cache or compile_cache["dir"] is None:
+        return None
+    return os.path.join(compile_cache["dir"], CACHE_ARTIFACTS_FILE)
+
+
+def artifact_counts(cache_info):
+    """{kind: how many} of a torch `CacheInfo`."""
+    return {kind: len(keys) for kind, keys in sorted(cache_info.artifacts.items())}
+
+
+def load_cache_artifacts(path):
+    """Puts the artifacts an earlier run saved at `path` into inductor's caches; their counts, or None when there
+    are none to load (no file, or a torch without the API)."""
+    import torch
+    if path is None or not os.path.exists(path) or not hasattr(torch.compiler, "load_cache_artifacts"):
+        return None
+    with open(path, "rb") as f:
+        info = torch.compiler.load_cache_artifacts(f.read())
+    return None if info is None else artifact_counts(info)
+
+
+def save_cache_artifacts(path):
+    """Writes what this process's compilations added to the caches to `path` (atomically), or leaves an earlier
+    file alone when they added nothing; the counts written, or None."""
+    import torch
+    if path is None or not hasattr(torch.compiler, "save_cache_artifacts"):
+        return None
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return None
+    artifacts, info = saved
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "wb") as f:
+        f.write(artifacts)
+    os.replace(partial, path)
+    return artifact_counts(info)
 
 
 class TorchCompile(Extra):
@@ -17,17 +66,23 @@ class TorchCompile(Extra):
         from torch._dynamo.utils import counters
 
         from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+        artifacts = cache_artifacts_path(run.compile_cache)
+        loaded = load_cache_artifacts(artifacts)
         counters.clear()
         mode = None if run.config.compile_mode == "default" else run.config.compile_mode
         compiled = CompiledTorchTrainStep(model, mode=mode)  # replaces the eager step rather than wrapping it
-        run.extras_state[self.name] = {"step": compiled}
+        run.extras_state[self.name] = {"step": compiled, "artifacts": artifacts, "artifacts_loaded": loaded}
         return compiled
 
     def record(self, run):
         from mtbench.plugins.backends.torch_compiled_step import COMPILED_PART, dynamo_counters
-        step = run.extras_state[self.name]["step"]
+        state = run.extras_state[self.name]
+        step = state["step"]
+        # Called once training has ended: the last point at which this process's compilations are all known.
+        saved = save_cache_artifacts(state["artifacts"])
         return {"mode": run.config.compile_mode, "compiled": COMPILED_PART, **dynamo_counters(),
-                **step.compilations(), "compile_s": round(step.compile_seconds(), 3)}
+                **step.compilations(), "compile_s": round(step.compile_seconds(), 3),
+                "cache_artifacts": {"file": state["artifacts"], "loaded": state["artifacts_loaded"], "saved": saved}}
 
 
 @hookimpl

@@ -73,41 +73,50 @@ def _example_bucket(split, i, buckets):
     return bucket_for(max(len(split.sources[i]), len(split.targets[i]) + 1), buckets)
 
 
-def training_batches(split, batch_size, max_len, seed, skip=0):
+def _rows_of(rows):
+    """`rows`: the rows of every batch, or a function of the bucket length (token batching, --max-tokens)."""
+    return rows if callable(rows) else (lambda length: rows)
+
+
+def training_batches(split, rows, max_len, seed, skip=0):
     """Endless full batches, reshuffled every epoch. Each yield is (epoch, batch). Per bucket, the examples
     that do not fill a last batch wait for the next epoch's shuffle. `skip` passes over the first batches
     without building them (a resumed run): the random draws are the same, so the batches that follow are too."""
     buckets = bucket_lengths(max_len)
+    rows_of = _rows_of(rows)
     by_bucket = {b: [] for b in buckets}
     for i in range(len(split)):
         by_bucket[_example_bucket(split, i, buckets)].append(i)
-    if all(len(members) < batch_size for members in by_bucket.values()):
-        raise ValueError(f"no length bucket holds a full batch of {batch_size} examples "
-                         f"({len(split)} training pairs); lower --batch-size")
+    if all(len(members) < rows_of(bucket) for bucket, members in by_bucket.items()):
+        wanted = rows if not callable(rows) else ", ".join(f"{rows_of(b)} of {b} tokens" for b in buckets)
+        raise ValueError(f"no length bucket holds a full batch ({wanted} rows; {len(split)} training pairs); "
+                         f"lower --batch-size or --max-tokens")
     rng = np.random.default_rng(seed)
     epoch = 0
     while True:
         plan = []
         for bucket, members in by_bucket.items():
             shuffled = rng.permutation(members)
-            for start in range(0, len(shuffled) - batch_size + 1, batch_size):
-                plan.append((bucket, shuffled[start:start + batch_size]))
+            size = rows_of(bucket)
+            for start in range(0, len(shuffled) - size + 1, size):
+                plan.append((bucket, shuffled[start:start + size]))
         for k in rng.permutation(len(plan)):
             if skip:
                 skip -= 1
                 continue
             bucket, indices = plan[k]
-            yield epoch, make_batch(split, indices, batch_size, bucket)
+            yield epoch, make_batch(split, indices, rows_of(bucket), bucket)
         epoch += 1
 
 
-def batches_per_epoch(split, batch_size, max_len):
+def batches_per_epoch(split, rows, max_len):
     buckets = bucket_lengths(max_len)
+    rows_of = _rows_of(rows)
     counts = {}
     for i in range(len(split)):
         b = _example_bucket(split, i, buckets)
         counts[b] = counts.get(b, 0) + 1
-    return sum(c // batch_size for c in counts.values())
+    return sum(c // rows_of(b) for b, c in counts.items())
 
 
 def evaluation_batches(split, batch_size, max_len):

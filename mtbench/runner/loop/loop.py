@@ -1,4 +1,4 @@
-"""The training loop: one train step per batch, each timed between device synchronisations, with validation
+"""The training loop: one train step per batch, timed in windows between device synchronisations, with validation
 BLEU every --eval-every steps, checkpoints every --checkpoint-every steps and on a signal, and a stop on a
 non-finite loss, a signal, or the target quality."""
 
@@ -11,7 +11,7 @@ from mtbench.runner.loop.checkpoints import TrainingState
 from mtbench.runner.loop.progress import training_progress
 from mtbench.runner.loop.signals import stop_requests
 from mtbench.runner.loop.target import QualityTarget
-from mtbench.runner.loop.timing import StepTimer, TrainingClock
+from mtbench.runner.loop.timing import StepTimer, TimingWindow, TrainingClock
 from mtbench.runner.measurement.flops import training_flops
 
 
@@ -50,7 +50,11 @@ class TrainingOutcome:
 def train_loop(config, backend, model, model_shape, train_step, state, batches, total_steps, checkpointing,
                validate, observers, console):
     """Trains from `state.step + 1` to `total_steps`; `validate()` translates the validation set and scores it.
-    Returns the TrainingOutcome; the model's variables hold the trained weights (`train_step.finalize()` done)."""
+    Returns the TrainingOutcome; the model's variables hold the trained weights (`train_step.finalize()` done).
+
+    Steps run in timing windows of up to `config.timing_window` steps (see `timing`): a window ends before and
+    after the first step of a new shape, at validation and checkpoint steps, on a signal and at the last step.
+    Losses are read, and callbacks, trackers and the divergence check see each step, when its window ends."""
     callbacks, trackers, energy = observers.callbacks, observers.trackers, observers.energy
     timer = StepTimer()
     step_flops = lambda shape: training_flops(model_shape, shape[0], shape[1], shape[1])
@@ -60,41 +64,62 @@ def train_loop(config, backend, model, model_shape, train_step, state, batches, 
     timer.restart()
     target = QualityTarget(config.target_bleu, config.eval_every, state.evaluations)
     clock = TrainingClock(state.training_s, state.aside_s)
+    window = TimingWindow(backend, model, train_step, energy)
     poison_at = faults.nan_step()
     stop = None  # (status, reason) when training ends before its last step
+
+    def end_window(progress):
+        """Measures the open window and records its steps; (status, reason) if a loss was not finite."""
+        steps, seconds, joules, compiled = window.close()
+        for position, (step, epoch, batch, logs, input_seconds) in enumerate(steps):
+            share = seconds / len(steps)
+            loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
+            first = timer.add(step, batch.shape, share, batch.target_tokens, flops=step_flops(batch.shape),
+                              input_seconds=input_seconds, compilations=compiled if position == 0 else
+                              (None if compiled is None else 0))
+            state.history.append({"step": step, "epoch": epoch, "loss": finite_or_none(loss),
+                                  "accuracy": finite_or_none(accuracy), "seconds": share,
+                                  "window_steps": len(steps), "shape": list(batch.shape),
+                                  "tokens": batch.target_tokens, "first_of_shape": first,
+                                  "input_seconds": input_seconds, "compilations": compiled if position == 0 else
+                                  (None if compiled is None else 0),
+                                  "joules": None if joules is None else joules / len(steps)})
+            callbacks.on_train_batch_begin(step)
+            callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
+            trackers.step(step, finite_or_none(loss), batch.target_tokens, share, first)
+            if not math.isfinite(loss):
+                return "diverged", f"the loss is {loss} at step {step}"
+            state.step, state.epoch = step, epoch
+            progress.advance(loss, batch.target_tokens / share)
+        return None
+
     callbacks.on_train_begin()
     with training_progress(console, total_steps, state.step) as progress, stop_requests() as signals:
         for step in range(state.step + 1, total_steps + 1):
             t_input = time.perf_counter()
             epoch, batch = next(batches)
             input_seconds = time.perf_counter() - t_input
+            # The step that compiles this shape is timed on its own; so is the test hook's poisoned step, so that a
+            # test knows which steps ran (a real divergence is seen at the end of its window).
+            alone = not timer.seen(batch.shape) or step == poison_at
+            if window.open and alone:
+                stop = end_window(progress)
+                if stop:
+                    break
             if step == poison_at:
                 train_step.finalize()  # a step holding its own copy of the weights re-reads them next call
                 faults.poison_weights(model)
-            callbacks.on_train_batch_begin(step)
-            compiled_before = backend.compilations()
-            backend.synchronize(model)
-            energy_before = energy.read()
-            t0 = time.perf_counter()
+            if not window.open:
+                window.start()
             logs = train_step((batch.source, batch.target_input), batch.target_output, batch.weight)
-            backend.synchronize(model)
-            seconds = time.perf_counter() - t0
-            joules = energy.between(energy_before, energy.read())
-            compiled = None if compiled_before is None else backend.compilations() - compiled_before
-            loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
-            first = timer.add(step, batch.shape, seconds, batch.target_tokens, flops=step_flops(batch.shape),
-                              input_seconds=input_seconds, compilations=compiled)
-            state.history.append({"step": step, "epoch": epoch, "loss": finite_or_none(loss),
-                                  "accuracy": finite_or_none(accuracy), "seconds": seconds,
-                                  "shape": list(batch.shape), "tokens": batch.target_tokens, "first_of_shape": first,
-                                  "input_seconds": input_seconds, "compilations": compiled, "joules": joules})
-            callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
-            trackers.step(step, finite_or_none(loss), batch.target_tokens, seconds, first)
-            if not math.isfinite(loss):
-                stop = ("diverged", f"the loss is {loss} at step {step}")
+            window.steps.append((step, epoch, batch, logs, input_seconds))
+            checkpoint_due = signals.requested or (checkpointing.every and step % checkpointing.every == 0)
+            if not (alone or len(window.steps) >= config.timing_window or step == total_steps
+                    or target.due(step) or checkpoint_due):
+                continue
+            stop = end_window(progress)
+            if stop:
                 break
-            state.step, state.epoch = step, epoch
-            progress.advance(loss, batch.target_tokens / seconds)
             reached = False
             if target.due(step):
                 training_s = clock.training_s()

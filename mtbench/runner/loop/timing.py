@@ -1,8 +1,13 @@
-"""Step timing that keeps compilation apart from steady steps.
+"""Step timing that keeps compilation apart from steady steps, and does not stall the device.
 
 The first step of each batch shape pays for tracing and compilation (XLA on JAX, torch.compile when enabled)
-and for allocator warm-up; it is timed, but not mixed into the steady figures. The compile time of a shape is its
-first step minus that shape's steady median, so it is not inflated by the step's own work.
+and for allocator warm-up; it is timed alone, between two device synchronisations, and not mixed into the steady
+figures. The compile time of a shape is its first step minus that shape's steady median, so it is not inflated by
+the step's own work.
+
+Steady steps are timed in windows: the device is synchronised (and the losses read) only at a window's edges, so
+the host queues the next steps while the device works, as in a real training loop. Each step of a window is
+recorded with the window's mean time; the median and p90 are over those means.
 """
 
 import contextlib
@@ -48,6 +53,9 @@ class StepTimer:
             counts[key] = counts.get(key, 0) + r.compilations
         return counts
 
+    def seen(self, shape):
+        return shape in self._seen
+
     def restart(self):
         """A resumed run is a new process: it compiles every shape again, so first steps are first again."""
         self._seen.clear()
@@ -78,6 +86,36 @@ class StepTimer:
             "input_fraction": (float(np.median([r.input_seconds for r in steady])) / float(np.median(steady_times)))
             if steady else None,
         }
+
+
+class TimingWindow:
+    """Steps run between two device synchronisations: their clock, energy and compilations, measured once."""
+
+    def __init__(self, backend, model, train_step, energy):
+        self.backend, self.model, self.train_step, self.energy = backend, model, train_step, energy
+        self.steps = []  # whatever the caller keeps per step, in order
+
+    @property
+    def open(self):
+        return bool(self.steps) or hasattr(self, "_t0")
+
+    def start(self):
+        self._compiled_before = self.backend.compilations()
+        self.backend.synchronize(self.model)
+        self._energy_before = self.energy.read()
+        self._t0 = time.perf_counter()
+
+    def close(self):
+        """Waits for the device; returns (steps, seconds, joules, programs compiled or None) and starts empty."""
+        self.train_step.block()
+        self.backend.synchronize(self.model)
+        seconds = time.perf_counter() - self._t0
+        joules = self.energy.between(self._energy_before, self.energy.read())
+        compiled = self.backend.compilations()
+        compiled = None if self._compiled_before is None or compiled is None else compiled - self._compiled_before
+        steps, self.steps = self.steps, []
+        del self._t0
+        return steps, seconds, joules, compiled
 
 
 class Stopwatch:

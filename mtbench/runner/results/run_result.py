@@ -69,6 +69,7 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
                   "path": plugins.model_path and os.path.abspath(plugins.model_path),
                   "parameters": int(built.model.count_params()), **built.model_shape.to_dict(),
                   "dtype_policy": built.model.dtype_policy.name,
+                  "attention": attention_implementations(run),
                   # BLEU and chrF of the starting weights on the test set (pretrained models only)
                   "before_training": built.before_training,
                   "saved": None},
@@ -80,11 +81,15 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
             "validation_s": clock.aside_s.get("validation", 0.0),
             "checkpoint_s": clock.aside_s.get("checkpoint", 0.0),
             "resumed_at_steps": state.resumed_at_steps,
-            "clock": "time.perf_counter around each step, device synchronised before and after; train_s is the "
-                     "training wall time of every process of the run, validation and checkpoints apart",
+            "timing_window": config.timing_window,
+            "clock": f"time.perf_counter around windows of up to {config.timing_window} steady steps, the device "
+                     "synchronised (and the losses read) at each window's edges, the first step of each shape "
+                     "alone; a step's seconds are its window's mean; train_s is the training wall time of every "
+                     "process of the run, validation and checkpoints apart",
             # Every XLA compilation during the steps (None where the backend compiles nothing ahead of time);
             # the first step of a run also compiles a few one-time helper programs.
             "compilations_by_shape": outcome.timer.compilations_by_shape(),
+            "compile_cache": compile_cache_section(run),
         },
         "utilization": utilization(steady, plugins.backend, run, devices_used, config,
                                    registry.backends.values()),
@@ -96,6 +101,31 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
         "hypotheses_file": None,
         "references_file": None,
     }
+
+
+def attention_implementations(run):
+    """What each kind of attention ran: the causal self-attention of the decoder and the attentions with a
+    padding mask (the model options `flash_attention` and `flash_attention_masked`, which extras set; a fused
+    kernel is asked for only by an extra that verifies it ran), and incremental decoding, never fused."""
+    def implementation(fused):
+        return run.backend.attention_implementation(fused is True, run.device)
+    return {"causal": implementation(run.model_options.get("flash_attention")),
+            "masked": implementation(run.model_options.get("flash_attention_masked")),
+            "decoding": implementation(False)}
+
+
+def compile_cache_section(run):
+    """The persistent compilation cache: its state as the run started, what it holds now, and this process's
+    hits and misses; None where the backend has no such cache."""
+    opened = run.compile_cache
+    if opened is None:
+        return None
+    lookups = {"hits": None, "misses": None}
+    entries_after = None
+    if opened["dir"] is not None:
+        lookups.update(run.backend.compile_cache_hits() or {})
+        entries_after = run.backend.compile_cache_entries(opened["dir"])
+    return {**opened, "entries_after": entries_after, **lookups}
 
 
 def _metrics_so_far(history):

@@ -11,9 +11,15 @@ import numpy as np
 import pytest
 
 from conftest import TESTS_DIR
+from optimizer_exercise import FLOAT32, TF32, float32_matmul_arithmetic, matmul_tolerance
 
 PROBE = os.path.join(TESTS_DIR, "fast_step_probe.py")
 DEFAULT_STEPS = {"jax": "jax-jit-stateless", "torch": "torch-eager"}
+# How far the fast step's weights may end from Keras's, as a fraction of how far Keras's moved. Adam turns float
+# noise in near-zero gradients (a key bias's, say) into steps of the learning rate, so the weights agree to a
+# fraction of their movement, not to float precision. Float32 leaves about 0.1 % (1 % allowed). TF32 matmuls
+# round 10^4 times coarser, so more gradients are noise-dominated: 1.5 % on an H100 (issue 13), 3 % allowed.
+WEIGHTS_DISTANCE_FRACTION = {FLOAT32: 0.01, TF32: 0.03}
 
 
 @pytest.fixture(scope="module", params=["jax", "torch"])
@@ -30,18 +36,18 @@ def test_fast_step_losses_equal_keras_steps(probe):
     backend, report = probe
     assert report["names"] == ["keras-train-on-batch", DEFAULT_STEPS[backend]]
     assert len(report["fast_losses"]) == 5
-    np.testing.assert_allclose(report["fast_losses"], report["keras_losses"], rtol=1e-5)
+    rtol = matmul_tolerance(1e-5, report["matmul_arithmetic"])
+    np.testing.assert_allclose(report["fast_losses"], report["keras_losses"], rtol=rtol)
 
 
 def test_after_finalize_evaluation_sees_the_trained_weights(probe):
     _, report = probe
+    arithmetic = report["matmul_arithmetic"]
     keras_loss, fast_loss = report["held_out_losses"]
-    assert fast_loss == pytest.approx(keras_loss, rel=1e-5)
+    assert fast_loss == pytest.approx(keras_loss, rel=matmul_tolerance(1e-5, arithmetic))
     assert report["iterations"] == [5, 5]
-    # Adam turns float noise in near-zero gradients (a key bias's, say) into steps of the learning rate, so the
-    # weights agree to a fraction of how far they moved, not to float precision.
-    assert report["weights_distance"] < 0.01 * report["weights_moved"]
-    assert report["optimizer_distance"] < 1e-4
+    assert report["weights_distance"] < WEIGHTS_DISTANCE_FRACTION[arithmetic] * report["weights_moved"]
+    assert report["optimizer_distance"] < matmul_tolerance(1e-4, arithmetic)
 
 
 @pytest.mark.parametrize("probe", ["torch"], indirect=True)
@@ -89,6 +95,7 @@ def test_jax_step_computes_any_other_compiled_loss_through_keras():
         model.compile(optimizer=keras.optimizers.AdamW(1e-2),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         step = make_step(model)
-        return [step((source, target), target, weight)["loss"] for _ in range(3)]
+        return [float(step((source, target), target, weight)["loss"]) for _ in range(3)]
 
-    np.testing.assert_allclose(losses(JitTrainStep), losses(KerasTrainStep), rtol=1e-5)
+    rtol = matmul_tolerance(1e-5, float32_matmul_arithmetic("jax"))
+    np.testing.assert_allclose(losses(JitTrainStep), losses(KerasTrainStep), rtol=rtol)

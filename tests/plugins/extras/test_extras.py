@@ -88,6 +88,10 @@ def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eag
     buckets = {tuple(h["shape"]) for h in compiled["history"]}
     assert record["recompilations"] == len(buckets) - 1 and not record["recompile_limit_reached"]
     assert record["compile_s"] > 0
+    # Inductor's caches and torch's cache artifacts persist under --cache-dir for the next run (cold or warm
+    # here, depending on what ran before in this session's cache; a cold-then-warm pair is measured by hand).
+    cache = compiled["timing"]["compile_cache"]
+    assert cache["state"] in ("cold", "warm") and cache["entries_after"] > 0 and record["cache_artifacts"]["saved"]
     # Same initial weights and batches by construction: the compiled step must take the eager step's path.
     np.testing.assert_allclose(losses(compiled)[:5], losses(eager)[:5], rtol=1e-4)
     assert losses(compiled)[-5:].mean() < losses(compiled)[:3].mean()
@@ -157,8 +161,9 @@ def test_flash_check_fails_when_the_fused_kernel_did_not_run(cache_dir):
     from mtbench.keras_models.transformer import build_transformer
     from mtbench.plugins.backends.jax_backend import JaxBackend
     from mtbench.runner.data.batches import make_batch
+    from mtbench.runner.data.tokenizer import JOINT_SPECIAL
     model = build_transformer(PRESETS["tiny"])
-    split = SimpleNamespace(sources=[[5, 6, 7, 3]] * 2, targets=[[8, 9]] * 2)
+    split = SimpleNamespace(sources=[[5, 6, 7, 3]] * 2, targets=[[8, 9]] * 2, special=JOINT_SPECIAL)
     run = SimpleNamespace(backend=JaxBackend(), extras_state={"flash-attention": {}})
     reason = FlashAttention().verify(run, model, make_batch(split, [0, 1], 2, 16))
     assert reason.startswith("the fused attention kernel did not run")

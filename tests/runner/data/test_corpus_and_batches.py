@@ -1,11 +1,15 @@
 """Corpus reading, cleaning, splitting and batching, on the real built-in corpus where it matters."""
 
+import itertools
+
 import numpy as np
 import pytest
 
 from mtbench.errors import MtbenchError
 from mtbench.plugins.datasets.bible_dataset import BibleDataset, clean_verse
-from mtbench.runner.data.batches import (bucket_lengths, encode_split, evaluation_batches, training_batches)
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.data.batches import (batches_per_epoch, bucket_lengths, encode_split, evaluation_batches,
+                                         training_batches)
 from mtbench.runner.data.corpus import load_dataset_pairs, split_corpus
 from mtbench.runner.data.formats import read_tsv
 from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_or_train_tokenizer
@@ -95,6 +99,24 @@ def test_training_batches_use_fixed_shapes_and_mask_padding(encoded):
         lengths = batch.weight.sum(axis=1).astype(int)
         assert (batch.target_output[np.arange(16), lengths - 1] == EOS_ID).all()
     assert len(seen_shapes) <= len(bucket_lengths(48))
+
+
+def test_token_batching_fills_each_bucket_up_to_max_tokens(encoded, tmp_path):
+    _, split = encoded
+    config = TrainConfig(max_tokens=700, max_len=48, out=str(tmp_path / "r.json"))
+    # 700 tokens: 43 rows of 16 (rounded down to 40), 21 of 32 (16), 14 of 48 (8).
+    assert [config.rows_for(length) for length in bucket_lengths(48)] == [40, 16, 8]
+    counts = {}
+    epoch_batches = batches_per_epoch(split, config.rows_for, 48)
+    for epoch, batch in itertools.islice(training_batches(split, config.rows_for, 48, seed=3), epoch_batches):
+        rows, length = batch.shape
+        assert epoch == 0 and rows * length <= 700 and rows == config.rows_for(length)
+        assert (batch.index >= 0).all(), "training batches are full: no filler rows"
+        counts[length] = counts.get(length, 0) + 1
+    assert len(counts) >= 2, "several buckets, each with its own number of rows"
+    assert TrainConfig(max_len=48, out=str(tmp_path / "r.json")).rows_for(16) == 64  # --batch-size otherwise
+    with pytest.raises(MtbenchError, match="cannot hold one row"):
+        TrainConfig(max_tokens=40, max_len=48, out=str(tmp_path / "r.json"))
 
 
 def test_same_seed_same_batches(encoded):

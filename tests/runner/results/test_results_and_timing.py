@@ -77,3 +77,20 @@ def test_write_into_an_unwritable_place_is_a_clear_failure(tmp_path):
 
 def test_sidecar_files_sit_beside_the_result():
     assert sidecar_paths("runs/a.json") == ("runs/a.hyp.txt", "runs/a.ref.txt")
+
+
+def test_steady_steps_are_timed_in_windows_and_first_steps_alone(tiny_runs):
+    for run in tiny_runs.values():
+        result = run["result"]
+        window = result["timing"]["timing_window"]
+        history = result["history"]
+        assert window == result["config"]["timing_window"] == 10
+        assert all(h["window_steps"] == 1 for h in history if h["first_of_shape"])
+        assert max(h["window_steps"] for h in history) == window, "the steady steps of a tiny run fill windows"
+        # The steps of one window share its time: recorded spans add up to whole windows.
+        position = 0
+        while position < len(history):
+            size = history[position]["window_steps"]
+            assert {h["seconds"] for h in history[position:position + size]} == {history[position]["seconds"]}
+            position += size
+        assert position == len(history)

@@ -1,0 +1,93 @@
+"""The attention layer's choice of implementation: Keras is never left to pick one (on a GPU it then tries the
+fused kernel and logs a traceback wherever that refuses the padding mask), and the mask's form for the fused
+kernel changes no number."""
+
+import numpy as np
+import pytest
+from keras import ops
+
+from mtbench.keras_models import transformer
+from mtbench.keras_models.presets import PRESETS
+from mtbench.keras_models.transformer import Attention, attention_mask, build_transformer
+
+
+def padded_ids(rows, length, vocab, seed):
+    """Random token ids with a random amount of padding (id 0) at the end of each row, one token at least."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(4, vocab, size=(rows, length)).astype("int32")
+    for row, real in enumerate(rng.integers(1, length + 1, size=rows)):
+        ids[row, real:] = 0
+    return ids
+
+
+def attend_before_the_change(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=None):
+    """`Attention.attend` as it was: the broadcastable mask, and Keras left to choose when nobody asked."""
+    q = self._split_heads(self.query(x))
+    mask = None if key_mask is None else key_mask[:, None, None, :]
+    attended = ops.dot_product_attention(q, keys, values, mask=mask, is_causal=is_causal,
+                                         flash_attention=flash_attention)
+    batch, length = ops.shape(x)[0], ops.shape(x)[1]
+    return self.output_projection(ops.reshape(attended, (batch, length, self.num_heads * self.head_dim)))
+
+
+def test_logits_are_those_of_the_layer_before_the_explicit_choice(monkeypatch):
+    model = build_transformer(PRESETS["tiny"])
+    source = padded_ids(4, 16, PRESETS["tiny"].vocab_size, seed=1)
+    target = padded_ids(4, 12, PRESETS["tiny"].vocab_size, seed=2)
+    logits = ops.convert_to_numpy(model((source, target)))
+    monkeypatch.setattr(Attention, "attend", attend_before_the_change)
+    before = ops.convert_to_numpy(model((source, target)))
+    np.testing.assert_allclose(logits, before, rtol=0, atol=1e-6)
+
+
+def test_mask_spelled_out_for_the_fused_kernel_gives_the_same_attention():
+    rng = np.random.default_rng(0)
+    query, key, value = (rng.standard_normal((3, length, 2, 8)).astype("float32") for length in (5, 7, 7))
+    key_mask = padded_ids(3, 7, 10, seed=3) != 0
+    broadcastable = attention_mask(key_mask, 5, fused=False)
+    spelled_out = attention_mask(key_mask, 5, fused=True)
+    assert tuple(broadcastable.shape) == (3, 1, 1, 7) and tuple(spelled_out.shape) == (3, 1, 5, 7)
+    plain = ops.dot_product_attention(query, key, value, mask=broadcastable, flash_attention=False)
+    full = ops.dot_product_attention(query, key, value, mask=spelled_out, flash_attention=False)
+    np.testing.assert_allclose(ops.convert_to_numpy(plain), ops.convert_to_numpy(full), rtol=0, atol=1e-6)
+
+
+@pytest.fixture
+def attention_calls(monkeypatch):
+    """What every `keras.ops.dot_product_attention` call was told (the call still computes, plainly)."""
+    calls = []
+    real = ops.dot_product_attention
+
+    def spy(query, key, value, **kwargs):
+        mask = kwargs.get("mask")
+        calls.append({"flash_attention": kwargs.get("flash_attention"), "is_causal": kwargs.get("is_causal"),
+                      "mask_shape": None if mask is None else tuple(mask.shape)})
+        # Computed plainly: this CPU has no fused kernel, and Keras refuses flash_attention=True here.
+        return real(query, key, value, **{**kwargs, "flash_attention": False})
+
+    monkeypatch.setattr(transformer.ops, "dot_product_attention", spy)
+    return calls
+
+
+@pytest.mark.parametrize("asked, passed, mask_shape", [(None, False, (2, 1, 1, 6)), (False, False, (2, 1, 1, 6)),
+                                                       (True, True, (2, 1, 5, 6))])
+def test_masked_attention_tells_keras_its_choice(attention_calls, asked, passed, mask_shape):
+    layer = Attention(16, 2, flash_attention=asked)
+    x, memory = np.ones((2, 5, 16), "float32"), np.ones((2, 6, 16), "float32")
+    layer(x, memory, key_mask=padded_ids(2, 6, 10, seed=4) != 0)
+    # Keras may call the layer once more while building it: every call must tell the same.
+    assert attention_calls
+    assert all(call == {"flash_attention": passed, "is_causal": False, "mask_shape": mask_shape}
+               for call in attention_calls)
+
+
+def test_causal_attention_and_decoding_never_leave_the_choice_to_keras(attention_calls):
+    model = build_transformer(PRESETS["tiny"])
+    attention_calls.clear()
+    source, target = padded_ids(2, 8, 50, seed=5), padded_ids(2, 8, 50, seed=6)
+    model((source, target))
+    memory, src_mask = model.encode(source)
+    cross, caches = model.start_decoding(memory, 8)
+    model.decode_step(ops.ones((2, 1), "int32"), ops.convert_to_tensor(0), caches, cross, src_mask)
+    assert attention_calls and all(call["flash_attention"] is False for call in attention_calls)
+    assert {call["is_causal"] for call in attention_calls} == {True, False}

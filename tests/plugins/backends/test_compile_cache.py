@@ -1,0 +1,105 @@
+"""Persistent compilation caches under --cache-dir: a run records whether it started cold or warm, a second run
+with the same cache starts warm and is served from it, --no-compile-cache keeps nothing; and the attention each
+run used is in its result. Timings are never asserted: they are measured by hand (docs/commands.md)."""
+
+import json
+import os
+
+import pytest
+
+from conftest import TINY_TRAIN, run_cli
+from mtbench.plugins.backends import jax_backend, torch_backend
+from mtbench.runner.config import TrainConfig
+
+FEW_STEPS = [*TINY_TRAIN, "--steps", "4"]
+
+
+def own_compile_cache(session_cache, path):
+    """A cache directory whose compiled programs are its own, its corpora and tokenizers the session's (linked),
+    so that a first run there is cold without preparing the corpus again."""
+    os.makedirs(path)
+    for name in os.listdir(session_cache):
+        if name != "compile":
+            os.symlink(os.path.join(session_cache, name), os.path.join(path, name))
+    return path
+
+
+def train(cache, out, *args):
+    proc = run_cli("train", *FEW_STEPS, "--cache-dir", cache, "--out", str(out), *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out) as f:
+        return json.load(f), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def jax_cache(cache_dir, tmp_path_factory):
+    return own_compile_cache(cache_dir, str(tmp_path_factory.mktemp("jax-compile") / "cache"))
+
+
+@pytest.fixture(scope="module")
+def jax_runs(jax_cache, tmp_path_factory):
+    """Two bfloat16 runs, one after the other, on one cache: (result, stderr) of each."""
+    out = tmp_path_factory.mktemp("jax-runs")
+    return [train(jax_cache, out / f"{i}.json", "--backend", "jax", "--dtype", "mixed_bfloat16") for i in (1, 2)]
+
+
+def test_a_jax_run_starts_cold_and_the_next_one_warm(jax_runs, jax_cache):
+    (first, _), (second, _) = jax_runs
+    cold, warm = first["timing"]["compile_cache"], second["timing"]["compile_cache"]
+    assert cold["dir"] == warm["dir"] and cold["dir"].startswith(os.path.join(jax_cache, "compile", "jax-"))
+    assert (cold["state"], cold["entries_before"], cold["hits"]) == ("cold", 0, 0)
+    assert cold["entries_after"] > 0 and cold["misses"] > 0
+    # Evaluation and translation add programs after training, when `entries_after` was counted.
+    assert warm["state"] == "warm" and warm["entries_before"] >= cold["entries_after"]
+    assert warm["hits"] > 0
+
+
+def test_a_jax_run_records_plain_attention_and_logs_no_fused_fallback(jax_runs):
+    for result, stderr in jax_runs:
+        assert result["model"]["attention"] == {"causal": "xla", "masked": "xla", "decoding": "xla"}
+        assert "Failed to apply" not in stderr
+
+
+def test_no_compile_cache_keeps_nothing(jax_runs, jax_cache, tmp_path):
+    entries = jax_runs[1][0]["timing"]["compile_cache"]["entries_after"]
+    result, _ = train(jax_cache, tmp_path / "off.json", "--backend", "jax", "--dtype", "mixed_bfloat16",
+                      "--no-compile-cache")
+    off = result["timing"]["compile_cache"]
+    assert (off["state"], off["dir"], off["reason"], off["hits"]) == ("off", None, "--no-compile-cache", None)
+    assert result["config"]["compile_cache"] is False
+    directory = jax_runs[1][0]["timing"]["compile_cache"]["dir"]
+    assert jax_backend.JaxBackend().compile_cache_entries(directory) == entries
+
+
+def test_torch_eager_compiles_nothing_to_cache(cache_dir, tmp_path):
+    result, _ = train(cache_dir, tmp_path / "eager.json", "--backend", "torch")
+    cache = result["timing"]["compile_cache"]
+    assert cache["state"] == "off" and cache["reason"].startswith("eager")
+    assert result["model"]["attention"] == {"causal": "sdpa", "masked": "sdpa", "decoding": "sdpa"}
+
+
+def test_jax_cache_directory_names_version_and_device():
+    path = jax_backend.compile_cache_dir("/c", "0.10.2", "NVIDIA H100 80GB HBM3")
+    assert path == os.path.join("/c", "compile", "jax-0.10.2-NVIDIA-H100-80GB-HBM3")
+
+
+def test_jax_counts_programs_not_their_access_times(tmp_path):
+    for name in ("jit_step-1f2e-cache", "jit_step-1f2e-atime", "jit_add-9a-cache"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "xla_gpu_per_fusion_autotune_cache_dir").mkdir()
+    backend = jax_backend.JaxBackend()
+    assert backend.compile_cache_entries(str(tmp_path)) == 2
+    assert backend.compile_cache_entries(str(tmp_path / "absent")) == 0
+    assert backend.compile_cache_state(str(tmp_path))["state"] == "warm"
+    assert backend.compile_cache_state(str(tmp_path / "absent"))["state"] == "cold"
+
+
+def test_torch_points_inductor_at_the_cache_or_at_a_scratch_directory(tmp_path):
+    backend = torch_backend.TorchBackend()
+    kept = backend.prepare_process(TrainConfig(cache_dir=str(tmp_path)))
+    assert kept == {"TORCHINDUCTOR_CACHE_DIR": torch_backend.compile_cache_dir(str(tmp_path)),
+                    "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+    scratch = backend.prepare_process(TrainConfig(cache_dir=str(tmp_path), compile_cache=False))
+    assert not scratch["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path))
+    assert os.path.isdir(scratch["TORCHINDUCTOR_CACHE_DIR"])
+    assert (scratch["TORCHINDUCTOR_FX_GRAPH_CACHE"], scratch["TORCHINDUCTOR_AUTOGRAD_CACHE"]) == ("0", "0")

@@ -1,0 +1,99 @@
+"""The loop's timing windows, with a fake backend that counts its synchronisations: steady steps share a
+synchronisation per window, the first step of each shape is timed alone, and a window ends wherever the loop
+must see the weights or the loss (validation, checkpoints, divergence, the last step)."""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+from rich.console import Console
+
+from mtbench.keras_models.presets import PRESETS
+from mtbench.plugins.api import Batch
+from mtbench.runner.loop.checkpoints import TrainingState
+from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
+
+
+class CountingBackend:
+    def __init__(self):
+        self.synchronisations = 0
+
+    def synchronize(self, model=None):
+        self.synchronisations += 1
+
+    def compilations(self):
+        return None
+
+
+class FakeStep:
+    """Returns a loss per call; `nan_at` makes one step's loss not finite."""
+
+    def __init__(self, nan_at=None):
+        self.calls, self.nan_at = 0, nan_at
+
+    def __call__(self, x, y, sample_weight):
+        self.calls += 1
+        return {"loss": math.nan if self.calls == self.nan_at else 1.0 / self.calls, "accuracy": 0.5}
+
+    def block(self):
+        pass
+
+    def finalize(self):
+        pass
+
+
+class Quiet:
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def batches(shapes):
+    for rows, length in shapes:
+        weight = np.ones((rows, length), np.float32)
+        ids = np.ones((rows, length), np.int32)
+        yield 0, Batch(ids, ids, ids, weight, np.arange(rows))
+
+
+def run(shapes, window, nan_at=None, checkpoint_every=None, saved=None):
+    backend, step = CountingBackend(), FakeStep(nan_at)
+    config = SimpleNamespace(timing_window=window, target_bleu=None, eval_every=None)
+    run_dir = SimpleNamespace(save=lambda model, state, *rest: saved.append(state.step) or f"ckpt-{state.step}")
+    checkpointing = Checkpointing(run_dir, {}, "fingerprint", checkpoint_every, keep=1)
+    energy = SimpleNamespace(read=lambda: None, between=lambda before, after: None)
+    outcome = train_loop(config, backend, None, PRESETS["tiny"], step, TrainingState(), batches(shapes),
+                         len(shapes), checkpointing, None, Observers(Quiet(), Quiet(), energy),
+                         Console(quiet=True))
+    return outcome, backend
+
+
+def test_steady_steps_share_a_synchronisation_per_window_and_first_steps_are_alone():
+    shapes = [(8, 16)] * 12 + [(4, 32)] + [(8, 16)] * 3
+    outcome, backend = run(shapes, window=5)
+    windows = [h["window_steps"] for h in outcome.state.history]
+    # step 1 alone (new shape), 2-6, 7-11, then 12 closes early: step 13 is a new shape, alone; 14-16 to the end.
+    assert windows == [1] + [5] * 10 + [1, 1] + [3] * 3
+    assert backend.synchronisations == 2 * 6  # one before and one after each of the six windows
+    firsts = [h["step"] for h in outcome.state.history if h["first_of_shape"]]
+    assert firsts == [1, 13]
+    assert outcome.status == "completed" and outcome.state.step == 16
+    seconds = [h["seconds"] for h in outcome.state.history[1:6]]
+    assert len(set(seconds)) == 1, "the steps of one window share its mean time"
+
+
+def test_a_window_of_one_synchronises_around_every_step():
+    outcome, backend = run([(8, 16)] * 6, window=1)
+    assert backend.synchronisations == 12
+    assert [h["window_steps"] for h in outcome.state.history] == [1] * 6
+
+
+def test_divergence_inside_a_window_names_its_step_and_stops_at_the_window():
+    outcome, _ = run([(8, 16)] * 20, window=5, nan_at=4)
+    assert outcome.status == "diverged" and "at step 4" in outcome.reason
+    assert outcome.state.step == 3 and outcome.state.history[-1]["step"] == 4
+
+
+def test_checkpoint_steps_end_a_window():
+    saved = []
+    outcome, _ = run([(8, 16)] * 12, window=5, checkpoint_every=4, saved=saved)
+    assert saved == [4, 8, 12]
+    assert [h["window_steps"] for h in outcome.state.history] == [1, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4]
