@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from mtbench.plugins.api import RunContext
 from mtbench.runner.config import decoding_name
-from mtbench.runner.saved_model import find_model, load_tokenizer, load_weights, model_path_of
+from mtbench.runner.saved_model import find_model, load_weights, model_files
 from mtbench.runner.setup import import_keras, resolve_backend, resolve_model, RunPlugins
 
 
@@ -51,8 +51,7 @@ def open_translator(path, registry, backend_name=None, beam=None, length_penalty
     plugins = RunPlugins(backend, [], [], registry, family, family_path)
     keras = import_keras(config, backend)
     keras.config.set_dtype_policy(config.dtype)
-    tokenizer = load_tokenizer(source, plugins)
-    plugins.model_path = model_path_of(source, plugins)
+    plugins.model_path, tokenizer = model_files(source, plugins)
     run = RunContext(config=config, backend=backend, device=backend.device_info())
     with plugins.model_code():
         model, _ = family.build(run, plugins.model_path, tokenizer, config.max_len)

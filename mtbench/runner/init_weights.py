@@ -26,5 +26,4 @@ def write_initial_weights(config, registry, console, path, overwrite=False):
     import_keras(config, plugins.backend)
     data = prepare_data(config, plugins, corpus, stopwatch)
     model, _ = build_model(RunContext(config=config, backend=plugins.backend), plugins, data.tokenizer)
-    weights, _ = initial_values(config, plugins, model)
-    return write_weights_file(path, weights)
+    return write_weights_file(path, initial_values(config, plugins, model))

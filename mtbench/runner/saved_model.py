@@ -128,18 +128,19 @@ def _from_saved(directory):
                        description=description, label=f"model {directory}")
 
 
-def load_tokenizer(source, plugins):
-    """The tokenizer the model was trained with."""
+def model_files(source, plugins):
+    """(the PATH the family builds from, the tokenizer the model was trained with): a saved model's own copies
+    (a pretrained family's files, mtbench's tokenizer), or for a checkpoint the run's."""
     from mtbench.runner.data.tokenizer import SAVED_NAME, JointTokenizer
     if source.saved_dir is not None:
-        if source.description["own_tokenizer"]:
-            return JointTokenizer.from_file(os.path.join(source.saved_dir, SAVED_NAME))
         with plugins.model_code():
-            _, tokenizer = plugins.model.load_saved(source.saved_dir, source.description["family_record"])
-        return tokenizer
+            path, tokenizer = plugins.model.load_saved(source.saved_dir, source.description["family_record"])
+        if source.description["own_tokenizer"]:
+            tokenizer = JointTokenizer.from_file(os.path.join(source.saved_dir, SAVED_NAME))
+        return path, tokenizer
     with plugins.model_code():
         tokenizer = plugins.model.tokenizer(plugins.model_path, source.config)
-    return tokenizer or _cached_joint_tokenizer(source)
+    return plugins.model_path, tokenizer or _cached_joint_tokenizer(source)
 
 
 def _cached_joint_tokenizer(source):
@@ -153,15 +154,6 @@ def _cached_joint_tokenizer(source):
         raise MtbenchError(f"{source.label}: its tokenizer {path} is no longer in the cache; translate with a "
                            f"completed run's saved model instead")
     return JointTokenizer.from_file(path)
-
-
-def model_path_of(source, plugins):
-    """The PATH the family builds from: the saved copy of a pretrained model's files, else the run's own."""
-    if source.saved_dir is not None:
-        with plugins.model_code():
-            path, _ = plugins.model.load_saved(source.saved_dir, source.description["family_record"])
-        return path
-    return plugins.model_path
 
 
 def load_weights(source, keras, model, config):

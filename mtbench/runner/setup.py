@@ -133,27 +133,23 @@ def build_model(run, plugins, tokenizer):
 
 
 def initial_values(config, plugins, model):
-    """(weights, origin) a run starts from without --initial-weights: the family's pretrained ones ('pretrained'),
-    or mtbench's numpy draw from the seed ('seed')."""
+    """The weights a run starts from without --initial-weights: the family's pretrained ones, or mtbench's numpy
+    draw from the seed."""
     from mtbench.keras_models.initialization import initial_weights
     with plugins.model_code():
         pretrained = plugins.model.pretrained_weights(plugins.model_path, model)
-    if pretrained is not None:
-        return pretrained, "pretrained"
-    return initial_weights(model, config.seed), "seed"
+    return pretrained if pretrained is not None else initial_weights(model, config.seed)
 
 
 def starting_weights(config, plugins, model, weights_file):
-    """Sets the model's initial weights: those of the weights file when one was given, else `initial_values`.
-    Returns where they came from: 'file', 'pretrained' or 'seed'."""
+    """Sets the model's initial weights: those of the weights file when one was given, else `initial_values`."""
     from mtbench.keras_models.initialization import assign_weights
-    weights, origin = (weights_file, "file") if weights_file is not None else initial_values(config, plugins, model)
+    weights = weights_file if weights_file is not None else initial_values(config, plugins, model)
     try:
         assign_weights(model, weights)
     except ValueError as error:
         source = config.initial_weights or f"--model {config.model_name}"
         raise MtbenchError(f"{source}: {error}") from None
-    return origin
 
 
 def compile_model(keras, model, config, total_steps, compile_options):
