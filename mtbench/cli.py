@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mtbench.plugins import manager as plugins
-from mtbench.errors import MtbenchError, ReportingFailed
+from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
 from mtbench.keras_models.presets import PRESETS
 from mtbench.runner.config import COMPILE_MODES, DEFAULT_TIMING_WINDOW, DTYPES, TrainConfig
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
@@ -177,8 +177,21 @@ long_run_options = _stack([
                  help="Stop when validation BLEU reaches this (needs --eval-every)."),
 ])
 
-# With --resume the run's own configuration is used: only these may be given beside it.
-ALLOWED_WITH_RESUME = ("resume_dir", "reporters", "debug", "save_model")
+process_options = _stack([
+    click.option("--coordinator", metavar="HOST:PORT",
+                 help="Several processes without torchrun or SLURM: where process 0 serves the others (with "
+                      "--num-processes and --process-id)."),
+    click.option("--num-processes", type=int, metavar="N", help="How many processes the run has (see --coordinator)."),
+    click.option("--process-id", type=int, metavar="I", help="This process's number, 0 to N-1 (see --coordinator)."),
+    click.option("--process-timeout", type=int, default=300, show_default=True, metavar="SECONDS",
+                 help="How long a process waits for the others (to start, or in a collective) before it stops "
+                      "with an error."),
+])
+PROCESS_OPTIONS = ("coordinator", "num_processes", "process_id", "process_timeout")
+
+# With --resume the run's own configuration is used: only these may be given beside it (and where the
+# processes meet, which is the launch's, not the run's).
+ALLOWED_WITH_RESUME = ("resume_dir", "reporters", "debug", "save_model", *PROCESS_OPTIONS)
 
 
 def _refuse_options_beside_resume():
@@ -222,13 +235,34 @@ report_option = click.option(
 @click.option("--no-compile-cache", "compile_cache", is_flag=True, flag_value=False, default=True,
               help="Compile from scratch and keep nothing: no persistent compilation cache (CACHE_DIR/compile).")
 @long_run_options
+@process_options
 @handle_errors
-def train(reporters, resume_dir, save_model, **options):
-    """Train, evaluate and time the Transformer on one backend."""
+def train(reporters, resume_dir, save_model, coordinator, num_processes, process_id, process_timeout, **options):
+    """Train, evaluate and time the Transformer on one backend (in several processes under torchrun, SLURM or
+    --coordinator: one model, data parallel)."""
+    from mtbench.runner.launch import read_launch
+    launch = read_launch(coordinator, num_processes, process_id, process_timeout)
+    try:
+        _train(reporters, resume_dir, save_model, launch, options)
+    except MtbenchError as error:
+        if launch.num_processes > 1:
+            error.args = (f"process {launch.process_id} of {launch.num_processes}: {error}",)
+        raise
+    except (RuntimeError, OSError) as error:
+        if launch.num_processes == 1:
+            raise
+        # A collective that fails mid-run: another process died or cannot be reached (its launcher names it).
+        first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise RunFailure(f"process {launch.process_id} of {launch.num_processes}: stopped, as the run's other "
+                         f"processes cannot be reached ({first_line.strip()[:300]})") from None
+
+
+def _train(reporters, resume_dir, save_model, launch, options):
     from mtbench.runner.loop.checkpoints import open_run
     from mtbench.runner.training import run_training
     registry = plugins.registry()
-    _warn_broken_plugins(registry)
+    if launch.is_first:
+        _warn_broken_plugins(registry)
     resume = None
     if resume_dir:
         _refuse_options_beside_resume()
@@ -238,8 +272,10 @@ def train(reporters, resume_dir, save_model, **options):
     else:
         config = _train_config(save_model=save_model, **options)
     console = Console()
-    _, failures = run_training(config, registry, console, resume=resume, reporter_names=_reporter_names(reporters))
-    console.print(f"result: {config.out}")
+    _, failures = run_training(config, registry, console, resume=resume, reporter_names=_reporter_names(reporters),
+                               launch=launch)
+    if launch.is_first:
+        console.print(f"result: {config.out}")
     _require_reporters_succeeded(failures)
 
 

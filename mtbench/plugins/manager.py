@@ -35,6 +35,7 @@ BUILTIN_PLUGINS = (
     "mtbench.plugins.reporters.wandb_tracker",
     "mtbench.plugins.extras.flash_attention",
     "mtbench.plugins.extras.torch_compile",
+    "mtbench.plugins.extras.torch_ddp",
     "mtbench.plugins.extras.jax_parallel",
     "mtbench.plugins.extras.jax_tpu",
 )

@@ -98,18 +98,39 @@ def import_keras(config, backend, extras_environment=None):
     return keras
 
 
-def start_backend(config, plugins):
-    """Imports keras on the backend and checks that the dtype and every extra can run on its device; the
-    extras may then adjust the configuration. Returns (keras, the RunContext the plugins see)."""
+def check_launch(config, plugins, launch):
+    """A run of several processes trains one model only through an extra that spans them, and splits every
+    batch evenly between them: checked before anything is imported."""
+    if launch.num_processes == 1:
+        return
+    spanning = [extra.name for extra in plugins.registry.extras.values()
+                if plugins.backend.name in extra.backends and extra.spans_processes]
+    if not any(extra.spans_processes for extra in plugins.extras):
+        offer = f" (--extra {' or --extra '.join(spanning)})" if spanning else ""
+        raise MtbenchError(f"{launch.num_processes} processes were launched, but no extra of this run trains one "
+                           f"model over them{offer}; without one each process would train its own")
+    if config.max_tokens is not None:
+        raise MtbenchError("several processes split a fixed --batch-size; --max-tokens gives each length bucket "
+                           "its own number of rows")
+    if config.batch_size % launch.num_processes:
+        raise MtbenchError(f"the batch size {config.batch_size} does not split evenly over "
+                           f"{launch.num_processes} processes")
+
+
+def start_backend(config, plugins, launch):
+    """Imports keras on the backend, joins the run's processes (`launch`) and checks that the dtype and every
+    extra can run on its device; the extras may then adjust the configuration. Returns (keras, the RunContext
+    the plugins see)."""
     extras_environment = {}
     for extra in plugins.extras:
         with plugins.extra_code(extra):
             extras_environment.update(extra.environment(config))
     keras = import_keras(config, plugins.backend, extras_environment)
+    processes = plugins.backend.start_processes(launch)  # before the framework computes anything
     with plugins.model_code():
         model_shape = plugins.model.shape(plugins.model_path, config)
     run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info(),
-                     model_shape=model_shape)
+                     model_shape=model_shape, processes=processes)
     run.compile_cache = plugins.backend.open_compile_cache(config)  # before anything compiles
     reason = plugins.backend.unsupported_dtype_reason(config.dtype, run.device)
     if reason:

@@ -7,7 +7,10 @@ Each stage is a function with explicit inputs and outputs; `run_training` is the
 import math
 from dataclasses import dataclass
 
+from rich.console import Console
+
 from mtbench.errors import MtbenchError, RunFailure
+from mtbench.plugins.api import Launch
 from mtbench.runner.data.batches import batches_per_epoch, encode_split, training_batches
 from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.corpus_report import corpus_report, report_lines
@@ -22,26 +25,42 @@ from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.run_result import add_evaluation, stop_error, training_result, write_result
 from mtbench.runner.results.tracking import Trackers, tracked_run
 from mtbench.runner.saved_model import save_trained_model
-from mtbench.runner.setup import (build_model, check_compile_options_apply, choose_plugins, choose_train_step,
-                                  compile_model, extras_compile_options, start_backend, starting_weights)
+from mtbench.runner.setup import (build_model, check_compile_options_apply, check_launch, choose_plugins,
+                                  choose_train_step, compile_model, extras_compile_options, start_backend,
+                                  starting_weights)
 
 TRAIN_LOSS_SAMPLE = 500  # training pairs re-evaluated with the final weights, comparable to val/test loss
 
 
-def run_training(config, registry, console, resume=None, reporter_names=()):
+def run_training(config, registry, console, resume=None, reporter_names=(), launch=Launch()):
     """Runs `config`; `resume` (a checkpoints.Resumption, whose config `config` is) continues an earlier run
-    from its latest checkpoint. Returns (the result, a line for each reporter that failed); a run that stopped
+    from its latest checkpoint; `launch` places this process among the run's processes (all train, process 0
+    alone prints and writes). Returns (the result, a line for each reporter that failed); a run that stopped
     early raises once its partial result is written and reported."""
     stopwatch = Stopwatch()
     run_config = config.to_dict()  # what --resume rebuilds the run from; extras may adjust `config` below
-    plugins = choose_plugins(config, registry, [*reporter_names, *config.report_to])
+    plugins = choose_plugins(config, registry, [*reporter_names, *config.report_to] if launch.is_first else [])
+    check_launch(config, plugins, launch)
+    if not launch.is_first:
+        console = Console(quiet=True)
     check_output_path(config.out, config.overwrite, resuming=resume is not None)
     weights_file, weights_sha256 = read_initial_weights(config)
     run_dir = resume.directory if resume else RunDirectory(run_dir_for(config.out), fresh=True)
+    run_dir.writes = launch.is_first
     # Read before the framework is imported: a bad corpus file fails in a second, not after the import.
     corpus = read_corpus(config, registry, console, stopwatch)
 
-    keras, run = start_backend(config, plugins)
+    keras, run = start_backend(config, plugins, launch)
+    try:
+        return train_and_report(config, registry, console, resume, plugins, run, keras, run_config, run_dir,
+                                corpus, weights_file, weights_sha256, stopwatch)
+    finally:
+        run.processes.close()
+
+
+def train_and_report(config, registry, console, resume, plugins, run, keras, run_config, run_dir, corpus,
+                     weights_file, weights_sha256, stopwatch):
+    """The run once keras runs on the backend: data, model, training, evaluation, the result and its reports."""
     energy = EnergyMeter(*open_counter(run.device, devices_used=run.device.get("count", 1)))
     data = prepare_data(config, plugins, corpus, stopwatch)
     corpus_figures = show_corpus_report(data, config, console)
@@ -62,7 +81,7 @@ def run_training(config, registry, console, resume=None, reporter_names=()):
     with stopwatch.phase("train"):
         outcome = train_loop(config, plugins.backend, built.model, built.model_shape, built.train_step, built.state,
                              built.batches, total_steps, checkpointing, validate,
-                             Observers(callbacks, trackers, energy), console)
+                             Observers(callbacks, trackers, energy), console, run.processes)
     result = training_result(config, run, plugins, registry, data, corpus_figures, built, outcome,
                              weights_sha256, run_dir)
 
@@ -72,10 +91,14 @@ def run_training(config, registry, console, resume=None, reporter_names=()):
         with stopwatch.phase("translate"):
             scores = translate_split(built.decode, data, "test", config)
         add_evaluation(result, evaluation, scores, config)
-        if config.save_model:
+        if config.save_model and run_dir.writes:
             with stopwatch.phase("save_model"):
                 result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer, plugins,
                                                               built.model_shape, config)
+    if not run_dir.writes:  # process 0 of several writes and reports
+        if outcome.status != "completed":
+            raise stop_error(outcome, config.out, run_dir)
+        return result, []
     write_result(config.out, result, stopwatch, plugins.backend, energy, config.price_per_hour)
     trackers.finish(result)
     still_reporting = [reporter for reporter in plugins.reporters if reporter not in trackers.failed]
@@ -201,6 +224,7 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
         _, first_batch = next(training_batches(data.train, config.rows_for, config.max_len, config.seed))
     except ValueError as error:
         raise MtbenchError(str(error)) from None
+    first_batch = first_batch.shard(run.processes.rank, run.processes.world_size)
     for extra in plugins.extras:
         with plugins.extra_code(extra):
             reason = extra.verify(run, model, first_batch)

@@ -2,6 +2,7 @@
 
 - `kinds`: the things plugins register (Backend, Extra, Dataset, Reporter) and the RunContext they see;
 - `models`: model families (`--model`), the tokenizers they bring and the special token ids;
+- `processes`: where a process stands among the run's processes (`Launch`) and what joins them (`ProcessGroup`);
 - `steps`: the train-step interface, Keras's own step, a base for wrapping steps, and the Batch a step and
   `Extra.verify` receive;
 - `figures`: the figures of a result as every mtbench output shows them, for reporters;
@@ -13,6 +14,7 @@ from mtbench.plugins.api.figures import (FIGURES, FIGURES_BY_KEY, SIZE_KEYS, Fig
                                          run_dtype, run_label, run_name, size_label)
 from mtbench.plugins.api.host import cpu_count, cpu_model, median_flops_per_s, peak_host_bytes
 from mtbench.plugins.api.kinds import Backend, Dataset, Extra, Reporter, RunContext, TrackedRun
+from mtbench.plugins.api.processes import Launch, ProcessGroup
 from mtbench.plugins.api.models import ModelFamily, ModelShape, SpecialTokens, Tokenizer
 from mtbench.plugins.api.steps import Batch, KerasTrainStep, TrainStep, WrappingStep
 from mtbench.plugins.hookspecs import hookimpl
@@ -20,7 +22,7 @@ from mtbench.plugins.hookspecs import hookimpl
 __all__ = [
     "Backend", "Extra", "Dataset", "Reporter", "RunContext", "TrackedRun",
     "ModelFamily", "ModelShape", "SpecialTokens", "Tokenizer",
-    "TrainStep", "KerasTrainStep", "WrappingStep", "Batch",
+    "TrainStep", "KerasTrainStep", "WrappingStep", "Batch", "Launch", "ProcessGroup",
     "Figure", "FIGURES", "FIGURES_BY_KEY", "figure_text", "hardware", "run_dtype", "run_label", "run_name", "size_label", "SIZE_KEYS",
     "cpu_count", "cpu_model", "median_flops_per_s", "peak_host_bytes",
     "MtbenchError", "RunFailure", "hookimpl",

@@ -6,6 +6,9 @@ Any other exception is reported as a failure of the plugin, with the plugin's na
 import importlib.util
 from dataclasses import dataclass, field
 
+from mtbench.errors import MtbenchError
+from mtbench.plugins.api.processes import Launch, ProcessGroup
+
 
 @dataclass
 class RunContext:
@@ -20,6 +23,7 @@ class RunContext:
     model_options: dict = field(default_factory=dict)
     extras_state: dict = field(default_factory=dict)
     compile_cache: dict = None  # the persistent compilation cache as the run started (`Backend.open_compile_cache`)
+    processes: ProcessGroup = field(default_factory=lambda: ProcessGroup(Launch()))  # `Backend.start_processes`
 
     @property
     def device_kind(self):
@@ -48,6 +52,15 @@ class Backend:
     def unsupported_dtype_reason(self, dtype, device):
         """Why this backend cannot train in `dtype` (a Keras dtype policy name) on `device`, or None."""
         return None
+
+    def start_processes(self, launch):
+        """Joins this process to the run's other processes (`launch`, a `Launch`) through the framework's
+        collectives and returns the `ProcessGroup`. Called once keras is imported, before the framework computes
+        anything. The default serves a run of one process."""
+        if launch.num_processes > 1:
+            raise MtbenchError(f"backend '{self.name}' trains in one process only; this launch started "
+                               f"{launch.num_processes}")
+        return ProcessGroup(launch)
 
     def framework_versions(self):
         """{package: version} of the framework packages."""
@@ -129,6 +142,9 @@ class Extra:
     description = ""
     backends = ()   # backend names the extra serves
     conflicts = ()  # names of extras that cannot run beside this one
+    # Whether the extra trains one model over all the run's processes (their gradients combined): a run of
+    # several processes needs one, or each process would train a model of its own.
+    spans_processes = False
 
     def environment(self, config):
         """Environment variables to set before the framework is imported."""

@@ -33,6 +33,16 @@ class Batch:
     def shape(self):
         return tuple(self.source.shape)
 
+    def shard(self, index, count):
+        """The rows process `index` of `count` trains on: the index-th of `count` equal slices (mtbench makes
+        the batch size a multiple of the process count). The global batch is the batch one process would take."""
+        if count == 1:
+            return self
+        rows = self.shape[0] // count
+        part = slice(index * rows, (index + 1) * rows)
+        return Batch(self.source[part], self.target_input[part], self.target_output[part], self.weight[part],
+                     self.index[part])
+
 
 class TrainStep:
     """One optimisation step on a batch. `finalize` writes any state the step keeps outside the model (replicated

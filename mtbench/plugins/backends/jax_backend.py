@@ -41,6 +41,12 @@ class JaxBackend(Backend):
             return f"XLA on the CPU has no float16 matmul ({dtype}); use bfloat16 or mixed_bfloat16 there"
         return None
 
+    def start_processes(self, launch):
+        if launch.num_processes == 1:
+            return super().start_processes(launch)
+        from mtbench.plugins.backends.jax_processes import JaxProcessGroup
+        return JaxProcessGroup(launch)
+
     def framework_versions(self):
         import jax
         import jaxlib

@@ -42,6 +42,12 @@ class TorchBackend(Backend):
         return {"TORCHINDUCTOR_CACHE_DIR": compile_cache_dir(config.cache_dir), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
                 "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 
+    def start_processes(self, launch):
+        if launch.num_processes == 1:
+            return super().start_processes(launch)
+        from mtbench.plugins.backends.torch_processes import TorchProcessGroup
+        return TorchProcessGroup(launch)
+
     def framework_versions(self):
         import torch
         return {"torch": torch.__version__}

@@ -39,6 +39,18 @@ class EagerTorchTrainStep(TrainStep):
         self.fused_optimizer = (None if fused_adamw_unsupported(model.optimizer)
                                 else FusedAdamW(model.optimizer, self.variables))
         self._forward = self._loss_and_accuracy
+        self.module = model     # what the forward pass calls: the model, or DistributedDataParallel around it
+        self.processes = None   # the ProcessGroup of a step distributed over several processes
+
+    def distribute(self, processes, module):
+        """Trains over several processes (`processes`, a ProcessGroup) through `module`, the model wrapped in
+        DistributedDataParallel, whose backward averages the gradients over the processes."""
+        self.processes, self.module = processes, module
+
+    def share_distribution(self, step):
+        """Trains over the processes `step` was distributed over (one DDP wrapper per model: a second would
+        reduce every gradient twice)."""
+        self.processes, self.module = step.processes, step.module
 
     def _loss(self, y, logits, sample_weight):
         import torch.nn.functional as F
@@ -48,7 +60,7 @@ class EagerTorchTrainStep(TrainStep):
         return (token_loss * sample_weight.flatten()).sum() / sample_weight.sum()
 
     def _loss_and_accuracy(self, x, y, sample_weight):
-        logits = self.model(x, training=True)
+        logits = self.module(x, training=True)
         # The comparison has no gradient, so the accuracy adds nothing to the backward pass.
         correct = correct_tokens(y, logits.detach(), sample_weight)
         return self._loss(y, logits, sample_weight), correct / sample_weight.sum()
@@ -70,7 +82,10 @@ class EagerTorchTrainStep(TrainStep):
             loss, accuracy = self._forward(x, y, sample_weight)
         if model.losses:
             loss = loss + sum(model.losses)
-        optimizer.scale_loss(loss).backward()  # the identity unless the optimizer scales losses
+        objective = loss
+        if self.processes is not None:
+            objective, loss, accuracy = self._global_token_means(loss, accuracy, sample_weight)
+        optimizer.scale_loss(objective).backward()  # the identity unless the optimizer scales losses
         with torch.no_grad():
             if self.fused_optimizer:
                 self.fused_optimizer.step()
@@ -79,6 +94,22 @@ class EagerTorchTrainStep(TrainStep):
         # Tensors, not numbers: reading them would wait for the device; the loop reads them at its window's edge.
         # Copies, because a CUDA-graph replay (torch.compile's reduce-overhead) reuses its output memory.
         return {"loss": loss.detach().clone(), "accuracy": accuracy.detach().clone()}
+
+    def _global_token_means(self, loss, accuracy, sample_weight):
+        """(what to differentiate, the loss, the accuracy) over the global batch of several processes. Each
+        process's loss is a mean over its own target tokens; DDP averages the gradients over the processes, so
+        each process differentiates its token sum times the process count over the global token count, and
+        the average is the gradient of the global token mean (a plain mean of the processes' means would weigh
+        a process with fewer real tokens as much as one with more). One all-reduce of three numbers gives the
+        token count and the figures the step reports."""
+        import torch
+        import torch.distributed as dist
+        tokens = sample_weight.sum()
+        sums = torch.stack([loss.detach() * tokens, accuracy.detach() * tokens, tokens]).float()
+        dist.all_reduce(sums)
+        global_tokens = sums[2]
+        objective = loss * tokens * self.processes.world_size / global_tokens
+        return objective, sums[0] / global_tokens, sums[1] / global_tokens
 
     def finalize(self):
         if self.fused_optimizer:

@@ -1,7 +1,7 @@
 """Data parallelism on JAX, two ways: `pmap` (the classic explicit SPMD step) and `data-parallel`
 (`keras.distribution.DataParallel`: one jit-compiled program over sharded arrays, pmap's successor).
 
-Both split the global batch across the local devices and must give the loss a single device gives for the same
+Both split the global batch across the devices and must give the loss a single device gives for the same
 global batch. On a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N.
 """
 
@@ -103,9 +103,13 @@ class Pmap(Extra):
 
 class DataParallel(Extra):
     name = "data-parallel"
-    description = "keras.distribution.DataParallel over all devices (jit with sharded batches)"
+    description = ("keras.distribution.DataParallel over all devices, of every process of the run (jit with "
+                   "sharded batches; several processes: torchrun, SLURM or --coordinator)")
     backends = ("jax",)
     conflicts = ("pmap", "tpu")
+    # After jax.distributed.initialize, jax.devices() is every process's devices: the mesh spans them, and Keras
+    # assembles each global batch from the processes' shards (jax.make_array_from_process_local_data).
+    spans_processes = True
 
     def unavailable_reason(self, run):
         return data_parallel_reason(run)
@@ -115,7 +119,7 @@ class DataParallel(Extra):
         import keras
         distribution = keras.distribution.DataParallel(devices=jax.devices())
         keras.distribution.set_distribution(distribution)
-        run.extras_state[self.name] = {"devices": len(jax.devices()),
+        run.extras_state[self.name] = {"devices": len(jax.devices()), "processes": jax.process_count(),
                                        "mesh_shape": list(distribution.device_mesh.shape),
                                        "per_device_batch": run.config.batch_size // len(jax.devices())}
 

@@ -66,11 +66,14 @@ class TorchCompile(Extra):
         from torch._dynamo.utils import counters
 
         from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+        from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
         artifacts = cache_artifacts_path(run.compile_cache)
         loaded = load_cache_artifacts(artifacts)
         counters.clear()
         mode = None if run.config.compile_mode == "default" else run.config.compile_mode
         compiled = CompiledTorchTrainStep(model, mode=mode)  # replaces the eager step rather than wrapping it
+        if isinstance(step, EagerTorchTrainStep):
+            compiled.share_distribution(step)  # --extra ddp given before this extra
         run.extras_state[self.name] = {"step": compiled, "artifacts": artifacts, "artifacts_loaded": loaded}
         return compiled
 

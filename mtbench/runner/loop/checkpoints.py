@@ -78,10 +78,12 @@ def _fsync_directory(path):
 
 
 class RunDirectory:
-    def __init__(self, path, fresh):
-        """`fresh`: a new run, whose first checkpoint replaces whatever an earlier run left here."""
+    def __init__(self, path, fresh, writes=True):
+        """`fresh`: a new run, whose first checkpoint replaces whatever an earlier run left here. `writes`: this
+        process writes the checkpoints (of a run's several processes, process 0 alone does)."""
         self.path = path
         self._fresh = fresh
+        self.writes = writes
 
     def checkpoints(self):
         """(step, path) of every complete checkpoint, oldest first."""
@@ -101,6 +103,8 @@ class RunDirectory:
     def save(self, model, state, run_config, data_fingerprint, keep):
         """Writes a checkpoint of `model` at `state.step` atomically, then keeps only the last `keep`. A failed
         write (a full disk) leaves the earlier checkpoints as they were."""
+        if not self.writes:
+            return os.path.join(self.path, f"checkpoint-{state.step:06d}")
         tmp = None
         try:
             if self._fresh:

@@ -2,13 +2,19 @@
 
 MTBENCH_TEST_NAN_AT_STEP=N fills the first trainable variable with NaN just before step N, so that step's loss is
 a real NaN computed by the model and the divergence check sees what a diverging run would show it.
+
+MTBENCH_TEST_KILL_AT=P:N kills process P of a run of several (SIGKILL, as the kernel's OOM killer or a lost
+machine would) just before step N, so that the others meet a process that is gone.
 """
 
 import os
 
+import signal
+
 import numpy as np
 
 NAN_AT_STEP_ENV = "MTBENCH_TEST_NAN_AT_STEP"
+KILL_AT_ENV = "MTBENCH_TEST_KILL_AT"
 
 
 def nan_step():
@@ -19,3 +25,13 @@ def nan_step():
 def poison_weights(model):
     variable = model.trainable_variables[0]
     variable.assign(np.full(tuple(variable.shape), np.nan, np.float32))
+
+
+def kill_step(rank):
+    """The step before which process `rank` dies, or None."""
+    process, _, step = os.environ.get(KILL_AT_ENV, "").partition(":")
+    return int(step) if step and int(process) == rank else None
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -48,9 +48,14 @@ class TrainingOutcome:
 
 
 def train_loop(config, backend, model, model_shape, train_step, state, batches, total_steps, checkpointing,
-               validate, observers, console):
+               validate, observers, console, processes):
     """Trains from `state.step + 1` to `total_steps`; `validate()` translates the validation set and scores it.
     Returns the TrainingOutcome; the model's variables hold the trained weights (`train_step.finalize()` done).
+
+    `batches` yields the global batches; this process trains on its shard of each (`processes`, the run's
+    ProcessGroup) and counts the global batch's tokens. Of several processes, every one ends its windows at
+    the same steps, and there they agree whether any received a signal or reached the target, so that all
+    stop after the same step.
 
     Steps run in timing windows of up to `config.timing_window` steps (see `timing`): a window ends before and
     after the first step of a new shape, at validation and checkpoint steps, on a signal and at the last step.
@@ -66,6 +71,7 @@ def train_loop(config, backend, model, model_shape, train_step, state, batches, 
     clock = TrainingClock(state.training_s, state.aside_s)
     window = TimingWindow(backend, model, train_step, energy)
     poison_at = faults.nan_step()
+    die_at = faults.kill_step(processes.rank)
     stop = None  # (status, reason) when training ends before its last step
 
     def end_window(progress):
@@ -106,20 +112,27 @@ def train_loop(config, backend, model, model_shape, train_step, state, batches, 
                 stop = end_window(progress)
                 if stop:
                     break
+            if step == die_at:
+                faults.die()
             if step == poison_at:
                 train_step.finalize()  # a step holding its own copy of the weights re-reads them next call
                 faults.poison_weights(model)
             if not window.open:
                 window.start()
-            logs = train_step((batch.source, batch.target_input), batch.target_output, batch.weight)
+            part = batch.shard(processes.rank, processes.world_size)
+            logs = train_step((part.source, part.target_input), part.target_output, part.weight)
             window.steps.append((step, epoch, batch, logs, input_seconds))
-            checkpoint_due = signals.requested or (checkpointing.every and step % checkpointing.every == 0)
+            # A signal ends one process's window at once; several processes take it up at their next common edge.
+            signalled = signals.requested and processes.world_size == 1
+            checkpoint_due = signalled or (checkpointing.every and step % checkpointing.every == 0)
             if not (alone or len(window.steps) >= config.timing_window or step == total_steps
                     or target.due(step) or checkpoint_due):
                 continue
             stop = end_window(progress)
             if stop:
                 break
+            if processes.world_size > 1:
+                signals.agree(processes)
             reached = False
             if target.due(step):
                 training_s = clock.training_s()
@@ -128,7 +141,7 @@ def train_loop(config, backend, model, model_shape, train_step, state, batches, 
                     train_step.finalize()
                     scores = validate()
                     eval_seconds = time.perf_counter() - eval_t0
-                reached = target.record(step, scores.bleu, scores.chrf, training_s, eval_seconds)
+                reached = processes.any(target.record(step, scores.bleu, scores.chrf, training_s, eval_seconds))
                 trackers.validation(step, scores.bleu, scores.chrf)
             if signals.requested or (checkpointing.every and step % checkpointing.every == 0):
                 checkpointing.latest = save_checkpoint(checkpointing, model, train_step, state, clock, target)

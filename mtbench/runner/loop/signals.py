@@ -25,6 +25,13 @@ class StopRequests:
     def exit_code(self):
         return EXIT_CODES[self.received]
 
+    def agree(self, processes):
+        """Of several processes (a ProcessGroup), a signal any one received stops them all after the same step;
+        one that received none stops as if it had received SIGTERM."""
+        if processes.any(self.requested) and self.received is None:
+            self.received = signal.SIGTERM
+        return self.requested
+
     def _handle(self, signum, frame):
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt

@@ -9,7 +9,7 @@ import numpy as np
 from rich.console import Console
 
 from mtbench.keras_models.presets import PRESETS
-from mtbench.plugins.api import Batch
+from mtbench.plugins.api import Batch, Launch, ProcessGroup
 from mtbench.runner.loop.checkpoints import TrainingState
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 
@@ -62,7 +62,7 @@ def run(shapes, window, nan_at=None, checkpoint_every=None, saved=None):
     energy = SimpleNamespace(read=lambda: None, between=lambda before, after: None)
     outcome = train_loop(config, backend, None, PRESETS["tiny"], step, TrainingState(), batches(shapes),
                          len(shapes), checkpointing, None, Observers(Quiet(), Quiet(), energy),
-                         Console(quiet=True))
+                         Console(quiet=True), ProcessGroup(Launch()))
     return outcome, backend
 
 

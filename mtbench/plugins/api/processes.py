@@ -1,0 +1,60 @@
+"""The processes of one run. A run may be started once per GPU or per machine by a launcher (torchrun, SLURM, or
+explicit flags); each process then trains on its shard of every global batch and the backend's collectives
+keep the processes in step. `Launch` is where this process stands among them, read before any framework is
+imported; `ProcessGroup` is what the backend makes of it (`Backend.start_processes`) and what mtbench asks
+of it: agreeing on a stop, and waiting for each other.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How this process was started. `coordinator` is host:port of the service process 0 runs for the others
+    (torch.distributed's store, JAX's coordination service)."""
+    process_id: int = 0
+    num_processes: int = 1
+    local_rank: int = 0        # this process's place among the processes of its machine: its GPU
+    local_processes: int = 1
+    coordinator: str = None
+    launcher: str = "single"   # single | torchrun | slurm | flags
+    timeout_s: int = 300       # how long a process waits for the others before it stops with an error
+
+    @property
+    def is_first(self):
+        """Process 0 writes the result, checkpoints and the model, and prints; the others only train."""
+        return self.process_id == 0
+
+
+class ProcessGroup:
+    """The run's processes as one backend joined them. One process alone is a group of one, whose agreements
+    are its own answers; a backend that joins several overrides `any` and `barrier` with its collectives."""
+    collectives = None  # the library the processes talk through: 'gloo', 'nccl', ...
+
+    def __init__(self, launch):
+        self.launch = launch
+
+    @property
+    def rank(self):
+        return self.launch.process_id
+
+    @property
+    def world_size(self):
+        return self.launch.num_processes
+
+    def any(self, flag):
+        """True on every process when `flag` is true on any one (a signal one process received, a target one
+        process's validation reached): every process must stop after the same step."""
+        return bool(flag)
+
+    def barrier(self):
+        """Returns once every process has called it."""
+
+    def close(self):
+        """Leaves the group at the end of the run."""
+
+    def record(self, devices_per_process):
+        """The result's `processes` entry."""
+        return {"world_size": self.world_size, "processes": self.world_size,
+                "devices_per_process": devices_per_process, "launcher": self.launch.launcher,
+                "collectives": self.collectives, "coordinator": self.launch.coordinator}

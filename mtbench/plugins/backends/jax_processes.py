@@ -1,0 +1,44 @@
+"""A JAX run of several processes: `jax.distributed.initialize` joins them (every process then sees the devices
+of all as `jax.devices()`, the global mesh that `keras.distribution` lays a model over); between CPUs the
+processes talk through gloo, between GPUs through NCCL, as XLA chooses."""
+
+from mtbench import MtbenchError, ProcessGroup
+
+# torchrun's agent serves its store on MASTER_PORT, so JAX's coordination service takes the next port.
+PORT_AFTER_TORCHRUN_STORE = 1
+
+
+def coordinator_address(launch):
+    if launch.launcher != "torchrun":
+        return launch.coordinator
+    host, _, port = launch.coordinator.rpartition(":")
+    return f"{host}:{int(port) + PORT_AFTER_TORCHRUN_STORE}"
+
+
+class JaxProcessGroup(ProcessGroup):
+    def __init__(self, launch):
+        import jax
+        super().__init__(launch)
+        # Collectives between CPU processes need a library (none by default); GPUs use NCCL without being told.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        try:
+            jax.distributed.initialize(coordinator_address(launch), launch.num_processes, launch.process_id,
+                                       initialization_timeout=launch.timeout_s,
+                                       heartbeat_timeout_seconds=min(launch.timeout_s, 100))
+        except (RuntimeError, ValueError) as error:
+            raise MtbenchError(f"process {launch.process_id} of {launch.num_processes} could not join the others "
+                               f"at {coordinator_address(launch)}: {str(error).splitlines()[0]}") from None
+        self.collectives = "gloo" if jax.devices()[0].platform == "cpu" else "nccl"
+
+    def any(self, flag):
+        import numpy as np
+        from jax.experimental import multihost_utils
+        return bool(np.max(multihost_utils.process_allgather(np.int32(1 if flag else 0))))
+
+    def barrier(self):
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("mtbench")
+
+    def close(self):
+        import jax
+        jax.distributed.shutdown()

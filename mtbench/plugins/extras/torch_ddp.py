@@ -1,0 +1,39 @@
+"""ddp: mtbench's torch step (eager or compiled) over several processes with torch's DistributedDataParallel,
+started by torchrun: `torchrun --nproc-per-node 2 -m mtbench train --backend torch --extra ddp`. Each process
+trains on its shard of every global batch; DDP averages the gradients during the backward pass, and the step
+weighs each process's loss by its share of the global batch's target tokens (`EagerTorchTrainStep`)."""
+
+from mtbench import Extra, MtbenchError, hookimpl
+
+LAUNCH_HINT = "start mtbench with torchrun --nproc-per-node N -m mtbench train ..."
+
+
+class DistributedDataParallel(Extra):
+    name = "ddp"
+    description = "torch DistributedDataParallel over the run's processes (torchrun; NCCL on GPUs, gloo on CPUs)"
+    backends = ("torch",)
+    spans_processes = True
+
+    def unavailable_reason(self, run):
+        if run.processes.world_size < 2:
+            return f"needs at least 2 processes; this run has 1 ({LAUNCH_HINT})"
+        return None
+
+    def make_train_step(self, run, model, step):
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
+        if not isinstance(step, EagerTorchTrainStep):
+            raise MtbenchError(f"distributes mtbench's torch step (eager or compiled), not the '{step.name}' step")
+        device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
+        # Gradients are averaged as they are produced, bucket by bucket, overlapping the backward pass.
+        step.distribute(run.processes, DDP(model, device_ids=device_ids))
+        run.extras_state[self.name] = {"devices": run.processes.world_size, "collectives": run.processes.collectives,
+                                       "per_process_batch": run.config.batch_size // run.processes.world_size}
+        return step
+
+
+@hookimpl
+def mtbench_register_extras(register):
+    register(DistributedDataParallel())

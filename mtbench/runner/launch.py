@@ -1,0 +1,54 @@
+"""Where this process stands among the run's processes, read before any framework is imported: from explicit
+flags (--coordinator, --num-processes, --process-id), from torchrun's environment, or from SLURM's. A process
+started on its own is a run of one."""
+
+import os
+
+from mtbench.errors import MtbenchError
+from mtbench.plugins.api import Launch
+
+
+def read_launch(coordinator=None, num_processes=None, process_id=None, timeout_s=300, environ=os.environ):
+    explicit = (coordinator, num_processes, process_id)
+    if any(value is not None for value in explicit):
+        if not all(value is not None for value in explicit):
+            raise MtbenchError("--coordinator, --num-processes and --process-id go together: give all three")
+        launch = Launch(process_id, num_processes, local_rank=_int(environ, "LOCAL_RANK", 0),
+                        local_processes=_int(environ, "LOCAL_WORLD_SIZE", 1), coordinator=coordinator,
+                        launcher="flags", timeout_s=timeout_s)
+    elif "TORCHELASTIC_RUN_ID" in environ or ("RANK" in environ and "WORLD_SIZE" in environ):
+        launch = Launch(_int(environ, "RANK"), _int(environ, "WORLD_SIZE"), _int(environ, "LOCAL_RANK", 0),
+                        _int(environ, "LOCAL_WORLD_SIZE", 1), _master(environ, "torchrun"), "torchrun", timeout_s)
+    elif "SLURM_PROCID" in environ and _int(environ, "SLURM_NTASKS", 1) > 1:
+        launch = Launch(_int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS"), _int(environ, "SLURM_LOCALID", 0),
+                        _int(environ, "SLURM_NTASKS_PER_NODE", 1), _master(environ, "SLURM"), "slurm", timeout_s)
+    else:
+        return Launch(timeout_s=timeout_s)
+    if launch.num_processes < 1 or not 0 <= launch.process_id < launch.num_processes:
+        raise MtbenchError(f"process id {launch.process_id} is not one of {launch.num_processes} processes "
+                           f"({launch.launcher})")
+    if launch.num_processes > 1 and not launch.coordinator:
+        raise MtbenchError(f"{launch.num_processes} processes need the address of process 0: --coordinator "
+                           f"HOST:PORT ({launch.launcher})")
+    return launch
+
+
+def _int(environ, name, default=None):
+    text = environ.get(name)
+    if text is None:
+        if default is None:
+            raise MtbenchError(f"the launcher set no {name}")
+        return default
+    try:
+        return int(text.split("(")[0])  # SLURM writes '2(x3)' for repeated counts
+    except ValueError:
+        raise MtbenchError(f"{name}={text!r} is not a number") from None
+
+
+def _master(environ, launcher):
+    """host:port of process 0, as MASTER_ADDR and MASTER_PORT give it (torchrun sets them; a SLURM script
+    exports them)."""
+    host, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
+    if not host or not port:
+        return None
+    return f"{host}:{port}"
