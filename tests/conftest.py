@@ -29,15 +29,19 @@ def cache_dir():
     return path
 
 
-def run_cli(*args, env=None, cwd=None, timeout=600):
-    """Runs `python -m mtbench ARGS` in a fresh process; returns the CompletedProcess."""
+def cli_environment(env=None):
+    """The environment of an mtbench process a test starts: this one's, with `env` over it."""
     full_env = dict(os.environ)
     full_env.pop("KERAS_BACKEND", None)  # the backend plugin must set it, not the test environment
     full_env.setdefault("MTBENCH_LOAD_PLUGINS", "")
     full_env.update(env or {})
-    full_env = {k: v for k, v in full_env.items() if v is not None}  # None in `env` unsets a variable
+    return {k: v for k, v in full_env.items() if v is not None}  # None in `env` unsets a variable
+
+
+def run_cli(*args, env=None, cwd=None, timeout=600):
+    """Runs `python -m mtbench ARGS` in a fresh process; returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "mtbench", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=timeout)
+                          env=cli_environment(env), cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,103 @@
+"""Several processes train one model (`ddp` on torch, `data-parallel` over jax.distributed on JAX), launched by
+torchrun as users launch them: 2 CPU processes, joined through gloo, must train what one process trains on the
+same global batches, stop together, and resume together."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import TINY_TRAIN, cli_environment, run_cli
+
+# torchrun as a module of the interpreter running the tests: the venv's torchrun, whatever PATH holds.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+RELATIVE_TOLERANCE = 1e-5  # float32 gradients summed in another order by the collectives
+
+
+def torchrun(*args, env=None, timeout=600):
+    """Runs `torchrun --nproc-per-node 2 -m mtbench ARGS`; returns the CompletedProcess."""
+    return subprocess.run([*TORCHRUN, "-m", "mtbench", *args], capture_output=True, text=True,
+                          env=cli_environment(env), timeout=timeout)
+
+
+def assert_same_losses(history, reference):
+    assert [h["step"] for h in history] == [h["step"] for h in reference]
+    assert [h["tokens"] for h in history] == [h["tokens"] for h in reference]  # the global batches
+    for got, want in zip(history, reference):
+        assert got["loss"] == pytest.approx(want["loss"], rel=RELATIVE_TOLERANCE), got["step"]
+
+
+def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
+    out = tmp_path / "jax-2.json"
+    proc = torchrun("train", "--backend", "jax", "--extra", "data-parallel", *TINY_TRAIN, "--cache-dir", cache_dir,
+                    "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert len(result["history"]) >= 20
+    assert_same_losses(result["history"], tiny_runs["jax"]["result"]["history"])
+    assert result["processes"] == {"world_size": 2, "processes": 2, "devices_per_process": 1,
+                                   "launcher": "torchrun", "collectives": "gloo",
+                                   "coordinator": result["processes"]["coordinator"]}
+    assert result["extras_record"]["data-parallel"]["processes"] == 2
+    assert result["extras_record"]["data-parallel"]["mesh_shape"] == [2]
+    # Process 0 alone prints the table and writes: one result, one run directory.
+    assert proc.stdout.count("result: ") == 1 and proc.stdout.count("tokens/s") == 1
+    assert sorted(os.listdir(tmp_path)) == ["jax-2.hyp.txt", "jax-2.json", "jax-2.ref.txt", "jax-2.run"]
+    assert os.listdir(tmp_path / "jax-2.run") == ["model"]
+    # Every process evaluates the same weights; process 0's figures are those of one process's weights.
+    one = tiny_runs["jax"]["result"]["metrics"]
+    assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
+    assert result["metrics"]["bleu"] is not None
+
+
+def test_a_killed_torch_process_stops_the_run_which_resumes_to_the_losses_of_one_process(tiny_runs, cache_dir,
+                                                                                         tmp_path):
+    out = tmp_path / "torch-2.json"
+    started = time.monotonic()
+    proc = torchrun("train", "--backend", "torch", "--extra", "ddp", *TINY_TRAIN, "--checkpoint-every", "30",
+                    "--process-timeout", "60", "--cache-dir", cache_dir, "--out", str(out),
+                    env={"MTBENCH_TEST_KILL_AT": "1:45"}, timeout=300)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 200  # the survivor stopped; nothing waited for the process timeout
+    output = proc.stdout + proc.stderr
+    # The survivor says why it stopped; torchrun names the process that died first.
+    assert "process 0 of 2: stopped, as the run's other processes cannot be reached" in output \
+        or "rank      : 0" in output, output[-3000:]
+    root_cause = output[output.index("Root Cause"):]
+    assert "rank      : 1" in root_cause and "SIGKILL" in root_cause, output[-3000:]
+    assert sorted(os.listdir(tmp_path / "torch-2.run")) == ["checkpoint-000030", "run.json"]
+    assert not out.exists()  # torchrun ended the survivor (SIGTERM, then SIGKILL) before a partial result
+
+    proc = torchrun("train", "--resume", str(tmp_path / "torch-2.run"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [31]
+    assert_same_losses(result["history"], tiny_runs["torch"]["result"]["history"])
+    assert result["processes"]["world_size"] == 2 and result["extras_record"]["ddp"]["per_process_batch"] == 16
+    assert result["train_step"] == "torch-eager"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "torch"], "2 processes were launched, but no extra of this run trains one model over them "
+                             "(--extra ddp); without one each process would train its own"),
+    (["--backend", "jax", "--extra", "data-parallel", "--batch-size", "33"],
+     "the batch size 33 does not split evenly over 2 processes"),
+])
+def test_a_launch_without_one_model_over_its_processes_is_refused(cache_dir, tmp_path, args, message):
+    proc = torchrun("train", *args, "--preset", "tiny", "--steps", "2", "--cache-dir", cache_dir,
+                    "--out", str(tmp_path / "r.json"), timeout=120)
+    assert proc.returncode != 0
+    assert f"Error: process 0 of 2: {message}" in proc.stderr
+    assert not os.listdir(tmp_path)
+
+
+def test_ddp_in_one_process_says_how_to_launch_several(cache_dir, tmp_path):
+    proc = run_cli("train", "--backend", "torch", "--extra", "ddp", "--preset", "tiny", "--steps", "2",
+                   "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "Error: extra 'ddp' cannot run here: needs at least 2 processes; this run has 1 (start mtbench with "
+        "torchrun --nproc-per-node N -m mtbench train ...)")

@@ -1,0 +1,45 @@
+"""Where a process stands among a run's processes: read from explicit flags, torchrun's or SLURM's environment,
+before any framework is imported."""
+
+import pytest
+
+from mtbench.errors import MtbenchError
+from mtbench.runner.launch import read_launch
+
+TORCHRUN = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+
+
+def test_a_process_started_alone_is_a_run_of_one():
+    launch = read_launch(environ={})
+    assert (launch.process_id, launch.num_processes, launch.launcher, launch.is_first) == (0, 1, "single", True)
+
+
+def test_torchrun_environment_places_the_process():
+    launch = read_launch(environ=TORCHRUN)
+    assert (launch.process_id, launch.num_processes, launch.local_rank, launch.local_processes) == (3, 4, 1, 2)
+    assert (launch.coordinator, launch.launcher, launch.is_first) == ("node0:29500", "torchrun", False)
+
+
+def test_slurm_environment_places_the_process():
+    launch = read_launch(environ={"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+                                  "SLURM_NTASKS_PER_NODE": "1(x2)", "MASTER_ADDR": "n1", "MASTER_PORT": "1234"})
+    assert (launch.process_id, launch.num_processes, launch.local_processes, launch.launcher) == (1, 2, 1, "slurm")
+    assert launch.coordinator == "n1:1234"
+
+
+def test_explicit_flags_win_over_the_environment():
+    launch = read_launch("10.0.0.1:5000", 2, 1, environ=TORCHRUN)
+    assert (launch.process_id, launch.num_processes, launch.coordinator, launch.launcher) == \
+        (1, 2, "10.0.0.1:5000", "flags")
+
+
+@pytest.mark.parametrize("flags, environ, message", [
+    (("h:1", 2, None), {}, "--coordinator, --num-processes and --process-id go together"),
+    (("h:1", 2, 2), {}, "process id 2 is not one of 2 processes"),
+    ((None, None, None), {"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "need the address of process 0"),
+    ((None, None, None), {**TORCHRUN, "RANK": "x"}, "RANK='x' is not a number"),
+])
+def test_an_incomplete_or_inconsistent_launch_is_one_clear_error(flags, environ, message):
+    with pytest.raises(MtbenchError, match=message):
+        read_launch(*flags, environ=environ)
