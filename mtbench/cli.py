@@ -300,7 +300,7 @@ def init_weights(backend, out, overwrite, **configuration):
 @main.command()
 @click.option("--backends", help="Comma-separated backends, one run each (default: jax,torch).")
 @click.option("--extra", "extras", multiple=True, help="Extra for every run (repeatable)." + _extras_help())
-@click.option("--matrix", help="The runs as backend+extra+extra[:size-flag=value,...], separated by ';': 'torch;torch+torch-compile;jax' or 'jax:d-model=128;jax:d-model=256'. Instead of --backends and --extra.")
+@click.option("--matrix", help="The runs as backend+extra+extra[@N][:size-flag=value,...], separated by ';': 'torch;torch+torch-compile;jax', 'jax:d-model=128;jax:d-model=256', or 'torch;torch+ddp@2' (2 processes under torchrun; the table adds their scaling efficiency). Instead of --backends and --extra.")
 @click.option("--repeats", type=int, default=1, show_default=True, help="Run everything N times; timings show median and min-max.")
 @click.option("--baseline", help="The run speed-ups are measured against (default: the first).")
 @run_configuration_options

@@ -98,17 +98,23 @@ def import_keras(config, backend, extras_environment=None):
     return keras
 
 
+def require_extra_spanning_processes(processes, backend, extras, registry):
+    """Several processes train one model only through an extra that spans them; else each would train its own."""
+    if processes == 1 or any(extra.spans_processes for extra in extras):
+        return
+    spanning = [extra.name for extra in registry.extras.values()
+                if backend.name in extra.backends and extra.spans_processes]
+    offer = f" (--extra {' or --extra '.join(spanning)})" if spanning else ""
+    raise MtbenchError(f"{processes} processes were launched, but no extra of this run trains one model over "
+                       f"them{offer}; without one each process would train its own")
+
+
 def check_launch(config, plugins, launch):
     """A run of several processes trains one model only through an extra that spans them, and splits every
     batch evenly between them: checked before anything is imported."""
     if launch.num_processes == 1:
         return
-    spanning = [extra.name for extra in plugins.registry.extras.values()
-                if plugins.backend.name in extra.backends and extra.spans_processes]
-    if not any(extra.spans_processes for extra in plugins.extras):
-        offer = f" (--extra {' or --extra '.join(spanning)})" if spanning else ""
-        raise MtbenchError(f"{launch.num_processes} processes were launched, but no extra of this run trains one "
-                           f"model over them{offer}; without one each process would train its own")
+    require_extra_spanning_processes(launch.num_processes, plugins.backend, plugins.extras, plugins.registry)
     if config.max_tokens is not None:
         raise MtbenchError("several processes split a fixed --batch-size; --max-tokens gives each length bucket "
                            "its own number of rows")

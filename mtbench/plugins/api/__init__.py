@@ -11,7 +11,7 @@
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api.figures import (FIGURES, FIGURES_BY_KEY, SIZE_KEYS, Figure, figure_text, hardware,
-                                         run_dtype, run_label, run_name, size_label)
+                                         run_dtype, run_label, run_name, run_processes, size_label)
 from mtbench.plugins.api.host import cpu_count, cpu_model, median_flops_per_s, peak_host_bytes
 from mtbench.plugins.api.kinds import Backend, Dataset, Extra, Reporter, RunContext, TrackedRun
 from mtbench.plugins.api.processes import Launch, ProcessGroup
@@ -23,7 +23,7 @@ __all__ = [
     "Backend", "Extra", "Dataset", "Reporter", "RunContext", "TrackedRun",
     "ModelFamily", "ModelShape", "SpecialTokens", "Tokenizer",
     "TrainStep", "KerasTrainStep", "WrappingStep", "Batch", "Launch", "ProcessGroup",
-    "Figure", "FIGURES", "FIGURES_BY_KEY", "figure_text", "hardware", "run_dtype", "run_label", "run_name", "size_label", "SIZE_KEYS",
+    "Figure", "FIGURES", "FIGURES_BY_KEY", "figure_text", "hardware", "run_dtype", "run_label", "run_name", "run_processes", "size_label", "SIZE_KEYS",
     "cpu_count", "cpu_model", "median_flops_per_s", "peak_host_bytes",
     "MtbenchError", "RunFailure", "hookimpl",
 ]

@@ -95,15 +95,23 @@ def size_label(sizes):
     return ",".join(f"{key.replace('_', '-')}={sizes[key]:g}" for key in SIZE_KEYS if sizes.get(key) is not None)
 
 
-def run_name(backend, extras, sizes):
-    """'backend+extra+extra', then ':flag=value,...' for the size flags set in `sizes` (a configuration)."""
+def run_name(backend, extras, sizes, processes=1):
+    """'backend+extra+extra', '@N' for a run of N processes, then ':flag=value,...' for the size flags set in
+    `sizes` (a configuration)."""
     label, size = "+".join([backend, *extras]), size_label(sizes)
+    if processes > 1:
+        label += f"@{processes}"
     return f"{label}:{size}" if size else label
+
+
+def run_processes(result):
+    """How many processes trained the run (results from before several processes existed: one)."""
+    return (result.get("processes") or {}).get("world_size", 1)
 
 
 def run_label(result):
     """The name of a result's run in every output, and how `--matrix` and `--baseline` name it (`run_name`)."""
-    return run_name(result["backend"], result["extras"], result["config"])
+    return run_name(result["backend"], result["extras"], result["config"], run_processes(result))
 
 
 def run_dtype(result):

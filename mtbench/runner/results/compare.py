@@ -6,6 +6,7 @@ framework and spawns `python -m mtbench` once for the weights file and once for 
 """
 
 import dataclasses
+import importlib.util
 import json
 import os
 import shlex
@@ -24,7 +25,7 @@ from mtbench.runner.measurement.environment import host_environment
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.report import COMPARE_KIND, LoadedRun, build_comparison, to_json_dict
 from mtbench.runner.results.reporting import run_reporters
-from mtbench.runner.setup import resolve_backend, resolve_extras
+from mtbench.runner.setup import require_extra_spanning_processes, resolve_backend, resolve_extras
 
 COMPARE_SCHEMA_VERSION = 1
 
@@ -38,22 +39,26 @@ class RunSpec:
     backend: str
     extras: tuple = ()
     sizes: tuple = ()  # ((configuration key, value), ...): the size flags this run sets over the shared ones
+    processes: int = 1  # processes on this machine, started by torchrun
 
     @property
     def label(self):
         """The name run_label gives the run's result."""
-        return run_name(self.backend, self.extras, dict(self.sizes))
+        return run_name(self.backend, self.extras, dict(self.sizes), self.processes)
 
     def size_arguments(self):
         return [text for key, value in self.sizes for text in (f"--{key.replace('_', '-')}", f"{value:g}")]
 
 
 def parse_run_spec(text):
-    """'backend+extra+extra' or 'backend+extra:d-model=128,layers=2' -> RunSpec."""
+    """'backend+extra+extra', 'backend+extra@2' (2 processes) or 'backend+extra:d-model=128,layers=2' -> RunSpec."""
     run, _, size_text = text.strip().partition(":")
+    run, at, count = run.partition("@")
     parts = [part.strip() for part in run.split("+")]
     if not all(parts):
-        raise MtbenchError(f"--matrix: '{text.strip()}' is not of the form backend+extra+extra[:flag=value,...]")
+        raise MtbenchError(f"--matrix: '{text.strip()}' is not of the form backend+extra+extra[@N][:flag=value,...]")
+    if at and not (count.strip().isdigit() and int(count) >= 1):
+        raise MtbenchError(f"--matrix: '@{count.strip()}' in '{text.strip()}' is not a number of processes")
     sizes = {}
     for item in filter(None, (item.strip() for item in size_text.split(","))):
         flag, _, value = item.partition("=")
@@ -66,7 +71,7 @@ def parse_run_spec(text):
         except ValueError:
             raise MtbenchError(f"--matrix: {flag.strip()}={value.strip()} in '{text.strip()}' is not a number of "
                                f"the flag's kind") from None
-    return RunSpec(parts[0], tuple(parts[1:]), tuple(sorted(sizes.items())))
+    return RunSpec(parts[0], tuple(parts[1:]), tuple(sorted(sizes.items())), int(count) if at else 1)
 
 
 def _matrix_entries(matrix):
@@ -104,9 +109,14 @@ def check_runs(specs, registry):
     """Every backend and extra exists, is installed and fits its run: checked before any process starts."""
     for spec in specs:
         try:
-            resolve_extras(spec.extras, resolve_backend(spec.backend, registry), registry)
+            backend = resolve_backend(spec.backend, registry)
+            require_extra_spanning_processes(spec.processes, backend, resolve_extras(spec.extras, backend, registry),
+                                             registry)
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}") from None
+        if spec.processes > 1 and importlib.util.find_spec("torch") is None:
+            raise MtbenchError(f"run '{spec.label}': several processes are started with torchrun, which comes "
+                               f"with torch (pip install 'mtbench[torch]')")
 
 
 @dataclass
@@ -180,12 +190,20 @@ def _last_error_line(stderr, returncode):
     return f"exited with code {returncode}, no error message"
 
 
-def run_child(arguments, log_file, name):
-    """Runs `python -m mtbench ARGUMENTS` in a fresh process and keeps its output in `log_file`. Returns None,
-    or for a failure one line that names the run and quotes its last line on stderr."""
-    process = subprocess.run([sys.executable, "-m", "mtbench", *arguments], capture_output=True, text=True,
-                             stdin=subprocess.DEVNULL)
-    write_text_atomic(log_file, f"$ mtbench {shlex.join(arguments)}\n# exit code {process.returncode}\n"
+def launcher_command(processes):
+    """How a child of `processes` processes is started: `python -m mtbench`, or torchrun (its module, so the
+    interpreter's own) with one process per device on this machine."""
+    if processes == 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+
+
+def run_child(arguments, log_file, name, processes=1):
+    """Runs `python -m mtbench ARGUMENTS` in fresh processes (several under torchrun) and keeps their output in
+    `log_file`. Returns None, or for a failure one line that names the run and quotes its last line on stderr."""
+    command = [*launcher_command(processes), "-m", "mtbench", *arguments]
+    process = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    write_text_atomic(log_file, f"$ {shlex.join(command)}\n# exit code {process.returncode}\n"
                                 f"--- stdout\n{process.stdout}--- stderr\n{process.stderr}")
     if process.returncode != 0:
         return ChildFailure(f"{name} failed: {_last_error_line(process.stderr, process.returncode)} "
@@ -249,7 +267,7 @@ def run_compare(plan, registry, console):
             failure = run_child(["train", "--backend", spec.backend, *extras, *plan.configuration,
                                  *spec.size_arguments(), "--initial-weights", weights[spec.sizes]["file"],
                                  "--out", result_file, "--report", "none", "--run-group", plan.group, *overwrite],
-                                plan.run_file(spec, repeat, ".log"), name)
+                                plan.run_file(spec, repeat, ".log"), name, spec.processes)
         if failure and failure.exit_code == ReportingFailed.EXIT_CODE:
             report_failures.append(failure)  # the run completed; only one of its trackers failed
             failure = None

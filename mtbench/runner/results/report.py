@@ -16,7 +16,8 @@ from rich.table import Table
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig, decoding_name
-from mtbench.plugins.api import FIGURES, FIGURES_BY_KEY, SIZE_KEYS, hardware, run_dtype, run_label, size_label
+from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, SIZE_KEYS, hardware, run_dtype, run_label, run_processes,
+                                 size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import schema_errors
 
@@ -192,6 +193,26 @@ class Comparison:
         mine, theirs = group.stat("tokens_per_s").median, self.baseline.stat("tokens_per_s").median
         return mine / theirs if mine is not None and theirs else None
 
+    def scaling(self, group):
+        """A run of N processes against the run of one process it scales (the same backend, extras less those
+        that span the processes, dtype and hardware): {'processes', 'against', 'efficiency'}, the efficiency
+        being N-process tokens/s over N x one-process tokens/s (medians over repeats); None for a run of one
+        process, or of N without its one-process run in the comparison."""
+        count = run_processes(group.first)
+        if count == 1:
+            return None
+        spanning = set((group.first.get("processes") or {}).get("spanned_by") or ())
+        single = [extra for extra in group.first["extras"] if extra not in spanning]
+        for other in self.groups:
+            result = other.first
+            if (run_processes(result) == 1 and result["backend"] == group.first["backend"]
+                    and list(result["extras"]) == single and other.dtype == group.dtype
+                    and other.hardware == group.hardware):
+                mine, theirs = group.stat("tokens_per_s").median, other.stat("tokens_per_s").median
+                efficiency = mine / (count * theirs) if mine is not None and theirs else None
+                return {"processes": count, "against": other.label, "efficiency": efficiency}
+        return None
+
     def shared_hardware(self):
         machines = {group.hardware for group in self.groups}
         return machines.pop() if len(machines) == 1 else None
@@ -254,7 +275,17 @@ def table_cells(comparison):
     rows += [[figure.title, *(_cell(group, figure) for group in groups)] for figure in FIGURES]
     rows.append([f"speed-up vs {comparison.baseline.label} (tokens/s)",
                  *(_speedup_cell(comparison, group) for group in groups)])
+    if any(comparison.scaling(group) for group in groups):
+        rows.append(["scaling efficiency (N processes vs N x 1)", *(_scaling_cell(comparison, group) for group in groups)])
     return header, rows
+
+
+def _scaling_cell(comparison, group):
+    scaling = comparison.scaling(group)
+    if scaling is None:
+        return ""
+    efficiency = scaling["efficiency"]
+    return ("n/a" if efficiency is None else f"{efficiency:.0%}") + f" of {scaling['processes']}x {scaling['against']}"
 
 
 def describe_configuration(config):
@@ -327,6 +358,8 @@ def summary(comparison):
             "sources": [run.source for run in group.runs],
             "figures": {figure.key: asdict(group.stat(figure.key)) for figure in FIGURES},
             "speedup": comparison.speedup(group),
+            "processes": run_processes(group.first),
+            "scaling": comparison.scaling(group),
         })
     return entries
 
@@ -338,6 +371,8 @@ def to_json_dict(comparison):
         "config": comparison.config,
         "summary": summary(comparison),
         "speedups": {group.label: comparison.speedup(group) for group in comparison.groups},
+        "scaling": {group.label: comparison.scaling(group) for group in comparison.groups
+                    if comparison.scaling(group) is not None},
         "parity": comparison.parity.to_dict(),
     }
 
@@ -354,7 +389,7 @@ def to_csv(comparison):
     columns = list(CSV_IDENTITY)
     for figure in FIGURES:
         columns += [figure.key, f"{figure.key}_min", f"{figure.key}_max"] if figure.is_timing else [figure.key]
-    columns.append("speedup")
+    columns += ["speedup", "processes", "scaling_efficiency"]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
@@ -366,6 +401,7 @@ def to_csv(comparison):
             row[figure.key] = stat["median"]
             if figure.is_timing:
                 row[f"{figure.key}_min"], row[f"{figure.key}_max"] = stat["low"], stat["high"]
-        row["speedup"] = entry["speedup"]
+        row["speedup"], row["processes"] = entry["speedup"], entry["processes"]
+        row["scaling_efficiency"] = entry["scaling"] and entry["scaling"]["efficiency"]
         writer.writerow({key: "" if value is None else value for key, value in row.items()})
     return buffer.getvalue()

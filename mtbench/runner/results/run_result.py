@@ -53,7 +53,8 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
         "extras_record": extras_record,
         "devices_used": devices_used,
         # The run's processes: each trained on its shard of every global batch; tokens/s counts the global batch.
-        "processes": run.processes.record(max(devices_used // run.processes.world_size, 1)),
+        "processes": {**run.processes.record(max(devices_used // run.processes.world_size, 1)),
+                      "spanned_by": [extra.name for extra in plugins.extras if extra.spans_processes]},
         # The values used (the preset with the size flags over it, under "model") and what they add up to.
         # `model` is the shape built: a pretrained family's own, the vocabulary the tokenizer supports.
         "config": {**config.to_dict(), "model": built.model_shape.to_dict(), "initial_weights_sha256": weights_sha256,

@@ -4,9 +4,10 @@ import json
 
 # 1: the first schema. 2: `compile_options` says which extras asked for each option and what they applied to
 # (`requested_by_extras`, `applies_to`); `env.mtbench_git_commit` is null unless mtbench runs from its own checkout.
+# 3: `processes` (the run's processes: world size, launcher, collectives; a result without it is a run of one).
 # A result of an earlier version still reads; docs/results.md describes every field.
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 # completed: every figure exists. interrupted (a signal) and diverged (a NaN or infinite loss) are partial
 # results: the figures of the evaluation after training are null, and `status_reason` says why.
 STATUSES = ("completed", "interrupted", "diverged")

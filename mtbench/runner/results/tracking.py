@@ -116,6 +116,7 @@ def tracked_run(config, plugins, run, result_path, directory):
     versions = {"keras": importlib.metadata.version("keras"), "mtbench": importlib.metadata.version("mtbench"),
                 **plugins.backend.framework_versions()}
     tags = run_tags(plugins.backend.name, extras, config.dtype, config.preset, run.device, versions, config.run_group)
-    return TrackedRun(name=run_name(plugins.backend.name, extras, settings), result_path=result_path,
+    return TrackedRun(name=run_name(plugins.backend.name, extras, settings, run.processes.world_size),
+                      result_path=result_path,
                       directory=directory, logging_dir=config.logging_dir, group=config.run_group, config=settings,
                       tags=tags)

@@ -40,7 +40,7 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
     assert_same_losses(result["history"], tiny_runs["jax"]["result"]["history"])
     assert result["processes"] == {"world_size": 2, "processes": 2, "devices_per_process": 1,
                                    "launcher": "torchrun", "collectives": "gloo",
-                                   "coordinator": result["processes"]["coordinator"]}
+                                   "coordinator": result["processes"]["coordinator"], "spanned_by": ["data-parallel"]}
     assert result["extras_record"]["data-parallel"]["processes"] == 2
     assert result["extras_record"]["data-parallel"]["mesh_shape"] == [2]
     # Process 0 alone prints the table and writes: one result, one run directory.

@@ -1,0 +1,56 @@
+"""Runs of several processes in a comparison: named with their process count, and set against the one-process
+run they scale (`compare --matrix 'torch;torch+ddp@2'` runs them; `report` reads their results)."""
+
+import copy
+import json
+
+import pytest
+
+from conftest import run_cli
+from mtbench import MtbenchError
+from mtbench.plugins import manager
+from mtbench.runner.results.compare import RunSpec, check_runs, parse_run_spec
+
+
+def two_process_copy(result, extra, tokens_factor):
+    """`result` as if `extra` had trained it over 2 processes, `tokens_factor` times as fast."""
+    scaled = copy.deepcopy(result)
+    scaled["extras"] = [*scaled["extras"], extra]
+    scaled["processes"] = {"world_size": 2, "processes": 2, "devices_per_process": 1, "launcher": "torchrun",
+                           "collectives": "gloo", "coordinator": "localhost:29500", "spanned_by": [extra]}
+    scaled["timing"]["tokens_per_s"] *= tokens_factor
+    return scaled
+
+
+def test_report_sets_a_two_process_run_against_twice_its_one_process_run(tiny_runs, tmp_path):
+    one = tiny_runs["torch"]["result"]
+    paths = []
+    for name, result in (("one", one), ("two", two_process_copy(one, "ddp", 1.5)), ("jax", tiny_runs["jax"]["result"])):
+        paths.append(str(tmp_path / f"{name}.json"))
+        with open(paths[-1], "w") as f:
+            json.dump(result, f)
+    proc = run_cli("report", *paths, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    # 1.5x the tokens/s of one process, on 2 processes: 75 % of linear scaling.
+    assert report["scaling"] == {"torch+ddp@2": {"processes": 2, "against": "torch", "efficiency": pytest.approx(0.75)}}
+    assert [entry["processes"] for entry in report["summary"]] == [1, 2, 1]
+    proc = run_cli("report", *paths, "--format", "markdown")
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| scaling efficiency"))
+    assert [cell.strip() for cell in row.strip("|").split("|")][1:] == ["", "75% of 2x torch", ""]
+
+
+def test_matrix_entries_name_their_process_count():
+    assert parse_run_spec("torch+ddp@2:d-model=64") == RunSpec("torch", ("ddp",), (("d_model", 64),), 2)
+    assert parse_run_spec("torch+ddp@2:d-model=64").label == "torch+ddp@2:d-model=64"
+    assert parse_run_spec("jax").processes == 1
+    with pytest.raises(MtbenchError, match="'@two' in 'torch@two' is not a number of processes"):
+        parse_run_spec("torch@two")
+
+
+def test_a_compare_run_of_several_processes_needs_an_extra_over_them():
+    registry = manager.registry()
+    check_runs([RunSpec("torch", ("ddp",), (), 2), RunSpec("jax", ("data-parallel",), (), 2)], registry)
+    with pytest.raises(MtbenchError, match="run 'torch@2': 2 processes were launched, but no extra of this run "
+                                           r"trains one model over them \(--extra ddp\)"):
+        check_runs([RunSpec("torch", (), (), 2)], registry)
