@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mtbench.plugins import manager as plugins
-from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
+from mtbench.errors import MtbenchError, ReportingFailed
 from mtbench.keras_models.presets import PRESETS
 from mtbench.runner.config import COMPILE_MODES, DEFAULT_TIMING_WINDOW, DTYPES, TrainConfig
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
@@ -177,6 +178,10 @@ long_run_options = _stack([
                  help="Stop when validation BLEU reaches this (needs --eval-every)."),
 ])
 
+# How the frameworks' collectives word a peer that is gone (gloo, NCCL, JAX's coordination service).
+LOST_PROCESS = re.compile(r"gloo|nccl|connection (reset|closed|refused)|heartbeat|coordination service|"
+                          r"timed? ?out", re.IGNORECASE)
+
 process_options = _stack([
     click.option("--coordinator", metavar="HOST:PORT",
                  help="Several processes without torchrun or SLURM: where process 0 serves the others (with "
@@ -248,13 +253,18 @@ def train(reporters, resume_dir, save_model, coordinator, num_processes, process
         if launch.num_processes > 1:
             error.args = (f"process {launch.process_id} of {launch.num_processes}: {error}",)
         raise
-    except (RuntimeError, OSError) as error:
-        if launch.num_processes == 1:
+    except (RuntimeError, OSError, ValueError) as error:
+        if launch.num_processes == 1 or not LOST_PROCESS.search(str(error)):
             raise
-        # A collective that fails mid-run: another process died or cannot be reached (its launcher names it).
-        first_line = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        raise RunFailure(f"process {launch.process_id} of {launch.num_processes}: stopped, as the run's other "
-                         f"processes cannot be reached ({first_line.strip()[:300]})") from None
+        # A collective that failed mid-run: another process died or cannot be reached (its launcher names it).
+        first_line = next(line for line in str(error).splitlines() if LOST_PROCESS.search(line))
+        click.echo(f"Error: process {launch.process_id} of {launch.num_processes}: stopped, as the run's other "
+                   f"processes cannot be reached ({first_line.strip()[:300]})", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Not sys.exit: at exit the frameworks wait to leave the group, and a gone process makes JAX's
+        # coordination client abort the process with a screenful of C++ log over this line.
+        os._exit(1)
 
 
 def _train(reporters, resume_dir, save_model, launch, options):

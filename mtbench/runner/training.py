@@ -51,11 +51,11 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     corpus = read_corpus(config, registry, console, stopwatch)
 
     keras, run = start_backend(config, plugins, launch)
-    try:
-        return train_and_report(config, registry, console, resume, plugins, run, keras, run_config, run_dir,
-                                corpus, weights_file, weights_sha256, stopwatch)
-    finally:
-        run.processes.close()
+    outcome = train_and_report(config, registry, console, resume, plugins, run, keras, run_config, run_dir,
+                               corpus, weights_file, weights_sha256, stopwatch)
+    # Left only by a run that ended well: leaving waits for every process, and one may be gone.
+    run.processes.close()
+    return outcome
 
 
 def train_and_report(config, registry, console, resume, plugins, run, keras, run_config, run_dir, corpus,
