@@ -22,7 +22,10 @@ class JaxProcessGroup(ProcessGroup):
         # Collectives between CPU processes need a library (none by default); GPUs use NCCL without being told.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         try:
+            # Several processes on a machine: one GPU each, its local rank, as torchrun's processes have (JAX
+            # reads it as the GPUs it may see; a machine without GPUs ignores it).
             jax.distributed.initialize(coordinator_address(launch), launch.num_processes, launch.process_id,
+                                       local_device_ids=[launch.local_rank] if launch.local_processes > 1 else None,
                                        initialization_timeout=launch.timeout_s,
                                        heartbeat_timeout_seconds=min(launch.timeout_s, 100))
         except (RuntimeError, ValueError) as error:
