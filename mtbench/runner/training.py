@@ -97,7 +97,7 @@ def train_and_report(config, registry, console, resume, plugins, run, keras, run
                                                               built.model_shape, config)
     if not run_dir.writes:  # process 0 of several writes and reports
         if outcome.status != "completed":
-            raise stop_error(outcome, config.out, run_dir)
+            raise stop_error(outcome, config.out, run_dir, run.processes.world_size)
         return result, []
     write_result(config.out, result, stopwatch, plugins.backend, energy, config.price_per_hour)
     trackers.finish(result)
@@ -105,7 +105,7 @@ def train_and_report(config, registry, console, resume, plugins, run, keras, run
     failures = trackers.failures + run_reporters(still_reporting, registry, result, console, config.out,
                                                  followed=True)
     if outcome.status != "completed":
-        raise stop_error(outcome, config.out, run_dir)
+        raise stop_error(outcome, config.out, run_dir, run.processes.world_size)
     return result, failures
 
 
