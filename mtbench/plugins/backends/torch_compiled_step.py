@@ -7,19 +7,16 @@ its Python-side schedule and step counter would each be a break).
 Traced through Keras as it is, the forward breaks the graph in every layer call: `Layer.__call__` flattens its
 arguments with a tree helper dynamo cannot trace (`is not` between tuples) and binds them to the call signature
 with `inspect` (a mapping proxy dynamo refuses after mutation), and where that happens inside the name scope
-it opens, dynamo gives up on the whole frame and runs it eagerly; `dot_product_attention`, asked to choose the
-attention kernel itself, builds a pybind `SDPAParams` to ask torch whether flash attention applies, another
-break per attention. Two contexts, entered
-around the compiled call (never traced), remove both causes without changing a number:
+it opens, dynamo gives up on the whole frame and runs it eagerly. (`dot_product_attention` asked to choose the
+kernel itself would break the graph once more per attention, building a pybind `SDPAParams`; mtbench's attention
+layers never ask it to choose: they pass `flash_attention` True or False.) One context, entered around the
+compiled call (never traced), removes the layer-call breaks without changing a number:
 
 * `plain_layer_calls`: a layer called inside runs its `call` with what `Layer.__call__` would have given it for
   an already built model: the `training` flag of the outermost call where the layer takes one and the caller
   passed none, floating inputs cast to the layer's input dtype, and the policy's autocast scope for variables.
   Build, masks, activity regularizers and symbolic tracing are what it leaves out; `plain_calls_unsupported`
   refuses a model that would need them.
-* `attention_kernel_left_to_torch`: an attention layer asked to choose its kernel (`flash_attention=None`)
-  passes `False` instead, so Keras calls `scaled_dot_product_attention` without restricting its backends and
-  torch's own dispatcher picks the kernel, flash where it applies: the choice Keras's check would make.
 
 What is left costs compile time, not breaks: dynamo traces every line of Python an operation runs, and in
 Keras that is several dozen lines around each torch call. Two kinds of Keras helper take most of them, and
@@ -130,22 +127,6 @@ def plain_layer_calls(training):
         keras.layers.Layer.__call__ = keras_call
 
 
-@contextlib.contextmanager
-def attention_kernel_left_to_torch(model):
-    """While inside, attention layers of `model` that would ask Keras to choose the kernel (see the module's
-    docstring) leave the choice to torch's SDPA dispatcher."""
-    from mtbench.keras_models.transformer import Attention
-    choosing = [layer for layer in model._flatten_layers(include_self=False)
-                if isinstance(layer, Attention) and layer.flash_attention is None]
-    for layer in choosing:
-        layer.flash_attention = False
-    try:
-        yield
-    finally:
-        for layer in choosing:
-            layer.flash_attention = None
-
-
 def dynamo_counters():
     """Dynamo's process-wide counters of graphs, frames and graph breaks (with the ten commonest reasons)."""
     from torch._dynamo.utils import counters
@@ -177,10 +158,7 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
         self._compile_seconds_before = calculate_time_spent().get("total_wall_time", 0.0)
 
     def _forward_context(self):
-        stack = contextlib.ExitStack()
-        stack.enter_context(plain_layer_calls(training=True))
-        stack.enter_context(attention_kernel_left_to_torch(self.model))
-        return stack
+        return plain_layer_calls(training=True)
 
     def compilations(self):
         """How often the compiled function itself was compiled: once per input shape (length bucket), since

@@ -94,10 +94,11 @@ class TimingWindow:
     def __init__(self, backend, model, train_step, energy):
         self.backend, self.model, self.train_step, self.energy = backend, model, train_step, energy
         self.steps = []  # whatever the caller keeps per step, in order
+        self._t0 = None  # the clock's start while the window is open
 
     @property
     def open(self):
-        return bool(self.steps) or hasattr(self, "_t0")
+        return bool(self.steps) or self._t0 is not None
 
     def start(self):
         self._compiled_before = self.backend.compilations()
@@ -114,7 +115,7 @@ class TimingWindow:
         compiled = self.backend.compilations()
         compiled = None if self._compiled_before is None or compiled is None else compiled - self._compiled_before
         steps, self.steps = self.steps, []
-        del self._t0
+        self._t0 = None
         return steps, seconds, joules, compiled
 
 
