@@ -19,8 +19,10 @@ def main(backend_name, cache_dir):
     from mtbench import KerasTrainStep, RunContext
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.setup import import_keras
+    # max_len 32: every batch has one shape, so each step compiles once (48 gave two shapes and twice the compiles;
+    # steps across length buckets are compared in the jax/torch parity check of `mtbench compare`).
     config = TrainConfig(backend=backend_name, preset="tiny", max_pairs=4000, valid_size=100, test_size=100,
-                         max_len=48, batch_size=32, warmup_steps=1, cache_dir=cache_dir)
+                         max_len=32, batch_size=32, warmup_steps=1, cache_dir=cache_dir)
     backend = plugins.registry().backends[backend_name]
     keras = import_keras(config, backend)
     import numpy as np

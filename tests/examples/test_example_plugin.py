@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPOSITORY, TINY_TRAIN, run_cli
+from conftest import ONE_BUCKET, REPOSITORY, TINY_TRAIN, run_cli
 from mtbench import FIGURES, run_label
 
 PACKAGE = "mtbench-example"
@@ -63,8 +63,8 @@ def jax_run(cache_dir, corpus_tsv, tmp_path_factory):
     """A tiny jax run that uses all four things of the example: its dataset, extra, reporter and callback."""
     folder = tmp_path_factory.mktemp("jax-run")
     out, log = str(folder / "r.json"), str(folder / "log.jsonl")
-    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", str(STEPS), "--cache-dir", cache_dir,
-                   "--out", out, "--dataset", "example-tsv", "--extra", "loss-log",
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS),
+                   "--cache-dir", cache_dir, "--out", out, "--dataset", "example-tsv", "--extra", "loss-log",
                    "--report", "example-jsonl", "--report", "table",
                    env={**LOADED, TSV_ENV: corpus_tsv, LOG_ENV: log})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -146,8 +146,9 @@ def test_the_reporter_writes_the_result_it_was_given(jax_run):
 
 def test_a_partial_result_reaches_the_reporter_as_incomplete(cache_dir, corpus_tsv, tmp_path):
     out, log = str(tmp_path / "r.json"), str(tmp_path / "log.jsonl")
-    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", str(STEPS), "--cache-dir", cache_dir,
-                   "--out", out, "--dataset", "example-tsv", "--extra", "loss-log", "--report", "example-jsonl",
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS),
+                   "--cache-dir", cache_dir, "--out", out, "--dataset", "example-tsv", "--extra", "loss-log",
+                   "--report", "example-jsonl",
                    env={**LOADED, TSV_ENV: corpus_tsv, LOG_ENV: log, "MTBENCH_TEST_NAN_AT_STEP": "3"})
     assert proc.returncode == 1 and "training diverged" in proc.stderr
     result = read_json(out)
@@ -164,8 +165,9 @@ def test_a_partial_result_reaches_the_reporter_as_incomplete(cache_dir, corpus_t
 
 def test_on_torch_without_a_log_the_reporter_prints_and_no_callback_runs(cache_dir, tmp_path):
     out = str(tmp_path / "r.json")
-    proc = run_cli("train", "--backend", "torch", *TINY_TRAIN, "--steps", str(STEPS), "--cache-dir", cache_dir,
-                   "--out", out, "--extra", "loss-log", "--report", "example-jsonl", env={**LOADED, LOG_ENV: None})
+    proc = run_cli("train", "--backend", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS),
+                   "--cache-dir", cache_dir, "--out", out, "--extra", "loss-log", "--report", "example-jsonl",
+                   env={**LOADED, LOG_ENV: None})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = read_json(out)
     assert result["train_step"] == "torch-eager+loss-log"

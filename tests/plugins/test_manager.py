@@ -3,7 +3,7 @@ distributions with entry points (see conftest.THIRD_PARTY_PACKAGES), loaded, lim
 
 import json
 
-from conftest import TINY_TRAIN, env_with, run_cli
+from conftest import ONE_BUCKET, TINY_TRAIN, env_with, run_cli
 
 LOADED = "mtbench-thirdparty,mtbench_broken,MTBENCH.FLAKY"  # package names, spelt as pip compares them
 
@@ -27,7 +27,8 @@ def test_builtin_plugins_are_listed_with_their_hooks():
     builtin = [p for p in plugins.values() if p["builtin"]]
     assert plugins["transformer"]["provides"] == {"models": ["transformer"]}
     assert plugins["marian"]["provides"] == {"models": ["marian"]}
-    assert len(builtin) == 13 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
+    assert plugins["torch_ddp"]["provides"] == {"extras": ["ddp"]}
+    assert len(builtin) == 14 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
 
 
 def test_third_party_plugins_load_by_package_and_every_plugin_is_listed_with_its_status(plugin_path):
@@ -109,7 +110,7 @@ def test_a_dataset_plugins_failure_is_named_with_the_plugin(plugin_path, cache_d
 
 def test_third_party_extra_wraps_the_backends_step_and_reporters_run_isolated(plugin_path, cache_dir, tmp_path):
     out = tmp_path / "r.json"
-    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "3", "--cache-dir", cache_dir,
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "3", "--cache-dir", cache_dir,
                    "--out", str(out), "--report", "explode", "--report", "oneline", "--report", "table",
                    "--extra", "count-steps", "--beam", "2", env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": LOADED})
     # The exploding reporter is named, the reporters after it still run, the command fails, the result stays.
@@ -134,7 +135,7 @@ def test_third_party_extra_wraps_the_backends_step_and_reporters_run_isolated(pl
 
 def test_partial_results_reach_the_reporters(plugin_path, cache_dir, tmp_path):
     out = tmp_path / "r.json"
-    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "6", "--cache-dir", cache_dir,
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "6", "--cache-dir", cache_dir,
                    "--out", str(out), "--report", "oneline", "--report", "table",
                    env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty",
                         "MTBENCH_TEST_NAN_AT_STEP": "4"})
@@ -163,8 +164,8 @@ def test_reporters_run_on_every_result_of_compare_and_report(plugin_path, cache_
     out, blocker = tmp_path / "c.json", tmp_path / "a-file"
     blocker.write_text("where the tracker wants a folder\n")
     # Each run's tracker fails (its folder cannot be made): the runs complete, the comparison goes on.
-    compare = run_cli("compare", "--backends", "jax,torch", *TINY_TRAIN, "--steps", "3", "--cache-dir", cache_dir,
-                      "--out", str(out), "--report", "oneline", "--report-to", "tensorboard",
+    compare = run_cli("compare", "--backends", "jax,torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "3",
+                      "--cache-dir", cache_dir, "--out", str(out), "--report", "oneline", "--report-to", "tensorboard",
                       "--logging-dir", str(blocker / "tb"), env=env)
     assert compare.returncode == 3, compare.stderr
     assert compare.stderr.strip().splitlines()[-1].startswith("Error: 2 reporter runs failed; the first: run 'jax' "

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from conftest import TINY_TRAIN, run_cli
+from conftest import ONE_BUCKET, TINY_TRAIN, run_cli
 
 STEPS = 12
-TRACKED = [*TINY_TRAIN, "--steps", str(STEPS), "--eval-every", "6"]
+TRACKED = [*TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS), "--eval-every", "6"]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_a_failing_tracker_is_reported_and_the_run_and_its_result_go_on(tmp_path
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the tracker wants a folder\n")
     out = tmp_path / "run.json"
-    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "3", "--cache-dir", cache_dir,
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "3", "--cache-dir", cache_dir,
                    "--out", str(out), "--report-to", "tensorboard", "--logging-dir", str(blocker / "tb"))
     assert proc.returncode == 3
     assert "Warning: tracker 'tensorboard' of plugin 'tensorboard_tracker' failed in start: " in proc.stderr

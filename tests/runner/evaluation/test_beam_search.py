@@ -41,6 +41,13 @@ def trained(cache_dir, tmp_path_factory):
     return model, data.test.sources[:12]
 
 
+@pytest.fixture(scope="module")
+def forward(trained):
+    """The reference's full forward pass, jitted once for both beam widths (a program per source length)."""
+    model, _ = trained
+    return JaxBackend().compile_inference(lambda source, target: model((source, target)), model)
+
+
 def log_softmax(logits):
     logits = logits.astype(np.float64)
     shifted = logits - logits.max(-1, keepdims=True)
@@ -77,13 +84,12 @@ def test_trained_model_translates_into_varied_sentences(trained):
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-def test_compiled_beam_search_matches_python_beam_search(trained, beam):
+def test_compiled_beam_search_matches_python_beam_search(trained, forward, beam):
     model, sources = trained
     compiled = translate(JaxBackend().compile_inference(make_decoder(model, JOINT_SPECIAL, beam=beam), model), sources, 12, MAX_LEN, JOINT_SPECIAL)
     assert compiled == translate(beam_decoder(model, JOINT_SPECIAL, beam, use_cache=False), sources, 12, MAX_LEN, JOINT_SPECIAL)
     # The buffer length `translate` gives the one batch these sources make.
     length = output_length(bucket_for(max(map(len, sources)), bucket_lengths(MAX_LEN)), MAX_LEN)
-    forward = JaxBackend().compile_inference(lambda source, target: model((source, target)), model)
     assert compiled == [python_beam_search(forward, s, length, beam, 0.6) for s in sources]
     if beam > 1:
         greedy = translate(greedy_decoder(model, JOINT_SPECIAL), sources, 12, MAX_LEN, JOINT_SPECIAL)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import TINY_TRAIN, run_cli
+from conftest import ONE_BUCKET, TINY_TRAIN, run_cli
 from mtbench.runner.results.schema import schema_errors
 from mtbench.runner.loop.signals import stop_requests
 
@@ -89,7 +89,7 @@ def assert_interrupted(proc, stderr, out, run_dir, signal_name, exit_code):
 
 def test_ctrl_c_finishes_the_step_and_keeps_a_checkpoint_and_partial_result(tmp_path, cache_dir):
     out, run_dir = str(tmp_path / "sigint.json"), str(tmp_path / "sigint.run")
-    proc = start("--backend", "jax", *CHECKPOINTED, "--cache-dir", cache_dir, "--out", out)
+    proc = start("--backend", "jax", *CHECKPOINTED, *ONE_BUCKET, "--cache-dir", cache_dir, "--out", out)
     _, stderr = signal_after_first_checkpoint(proc, run_dir, signal.SIGINT)
     assert_interrupted(proc, stderr, out, run_dir, "SIGINT", 130)
 
@@ -124,7 +124,7 @@ def test_sigterm_then_resume_replaces_the_partial_result_with_the_uninterrupted_
 
 def test_nan_loss_stops_the_run_as_diverged_and_keeps_the_partial_result(tmp_path, cache_dir):
     out, run_dir = str(tmp_path / "nan.json"), str(tmp_path / "nan.run")
-    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "20", "--checkpoint-every", "3",
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "20", "--checkpoint-every", "3",
                    "--cache-dir", cache_dir, "--out", out, env={"MTBENCH_TEST_NAN_AT_STEP": "5"})
     assert proc.returncode == 1
     assert proc.stderr.strip() == (f"Error: training diverged: the loss is nan at step 5; partial result in {out}, "
@@ -163,7 +163,7 @@ def test_training_stops_when_validation_bleu_reaches_the_target(tmp_path, cache_
 
 def test_a_target_not_reached_is_a_result_too(tmp_path, cache_dir):
     out = str(tmp_path / "missed.json")
-    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, "--steps", "20", "--eval-every", "10",
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "20", "--eval-every", "10",
                    "--target-bleu", "50", "--cache-dir", cache_dir, "--out", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = read(out)
@@ -182,7 +182,7 @@ def test_resume_refuses_training_data_that_changed_since(tmp_path, cache_dir):
     data.write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
     out, run_dir = str(tmp_path / "changed.json"), str(tmp_path / "changed.run")
     first = run_cli("train", "--data", str(data), "--preset", "tiny", "--steps", "20", "--batch-size", "32",
-                    "--max-len", "48", "--valid-size", "100", "--test-size", "100", "--checkpoint-every", "3",
+                    *ONE_BUCKET, "--valid-size", "100", "--test-size", "100", "--checkpoint-every", "3",
                     "--cache-dir", cache_dir, "--out", out, env={"MTBENCH_TEST_NAN_AT_STEP": "4"})
     assert first.returncode == 1 and checkpoint_steps(run_dir) == [3], first.stderr[-2000:]
     with open(data, "a") as f:

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import COMPARE_STEPS, TINY_COMPARE, env_with, run_cli
+from conftest import COMPARE_STEPS, ONE_BUCKET, TINY_COMPARE, env_with, run_cli
 from mtbench import run_dtype
 from mtbench.runner.results.parity import check_parity
 
@@ -184,7 +184,7 @@ def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_p
     name the size, the energy and cost lines, and every run's TensorBoard events under the comparison's group."""
     out, logs = tmp_path / "sweep.json", tmp_path / "tb"
     proc = run_cli("compare", "--matrix", "jax:d-model=32,heads=4;torch:d-model=32,heads=4;jax", *TINY_COMPARE,
-                   "--steps", "6", "--cache-dir", cache_dir, "--out", str(out), "--report-to", "tensorboard",
+                   *ONE_BUCKET, "--steps", "6", "--cache-dir", cache_dir, "--out", str(out), "--report-to", "tensorboard",
                    "--logging-dir", str(logs), "--price-per-hour", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     combined = json.loads(out.read_text())
