@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api import KerasTrainStep, RunContext
+from mtbench.plugins.api import KerasTrainStep, RunContext, uneven_split_reason
 
 
 @dataclass
@@ -115,12 +115,9 @@ def check_launch(config, plugins, launch):
     if launch.num_processes == 1:
         return
     require_extra_spanning_processes(launch.num_processes, plugins.backend, plugins.extras, plugins.registry)
-    if config.max_tokens is not None:
-        raise MtbenchError("several processes split a fixed --batch-size; --max-tokens gives each length bucket "
-                           "its own number of rows")
-    if config.batch_size % launch.num_processes:
-        raise MtbenchError(f"the batch size {config.batch_size} does not split evenly over "
-                           f"{launch.num_processes} processes")
+    reason = uneven_split_reason(config, launch.num_processes, "processes")
+    if reason:
+        raise MtbenchError(reason)
 
 
 def start_backend(config, plugins, launch):

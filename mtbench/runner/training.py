@@ -51,16 +51,6 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     corpus = read_corpus(config, registry, console, stopwatch)
 
     keras, run = start_backend(config, plugins, launch)
-    outcome = train_and_report(config, registry, console, resume, plugins, run, keras, run_config, run_dir,
-                               corpus, weights_file, weights_sha256, stopwatch)
-    # Left only by a run that ended well: leaving waits for every process, and one may be gone.
-    run.processes.close()
-    return outcome
-
-
-def train_and_report(config, registry, console, resume, plugins, run, keras, run_config, run_dir, corpus,
-                     weights_file, weights_sha256, stopwatch):
-    """The run once keras runs on the backend: data, model, training, evaluation, the result and its reports."""
     energy = EnergyMeter(*open_counter(run.device, devices_used=run.device.get("count", 1)))
     data = prepare_data(config, plugins, corpus, stopwatch)
     corpus_figures = show_corpus_report(data, config, console)
@@ -98,6 +88,7 @@ def train_and_report(config, registry, console, resume, plugins, run, keras, run
     if not run_dir.writes:  # process 0 of several writes and reports
         if outcome.status != "completed":
             raise stop_error(outcome, config.out, run_dir, run.processes.world_size)
+        run.processes.close()
         return result, []
     write_result(config.out, result, stopwatch, plugins.backend, energy, config.price_per_hour)
     trackers.finish(result)
@@ -106,6 +97,8 @@ def train_and_report(config, registry, console, resume, plugins, run, keras, run
                                                  followed=True)
     if outcome.status != "completed":
         raise stop_error(outcome, config.out, run_dir, run.processes.world_size)
+    # The group is left only by a run that ended well: leaving waits for every process, and one may be gone.
+    run.processes.close()
     return result, failures
 
 

@@ -16,13 +16,13 @@ from mtbench.plugins.api.host import cpu_count, cpu_model, median_flops_per_s, p
 from mtbench.plugins.api.kinds import Backend, Dataset, Extra, Reporter, RunContext, TrackedRun
 from mtbench.plugins.api.processes import Launch, ProcessGroup
 from mtbench.plugins.api.models import ModelFamily, ModelShape, SpecialTokens, Tokenizer
-from mtbench.plugins.api.steps import Batch, KerasTrainStep, TrainStep, WrappingStep
+from mtbench.plugins.api.steps import Batch, KerasTrainStep, TrainStep, WrappingStep, uneven_split_reason
 from mtbench.plugins.hookspecs import hookimpl
 
 __all__ = [
     "Backend", "Extra", "Dataset", "Reporter", "RunContext", "TrackedRun",
     "ModelFamily", "ModelShape", "SpecialTokens", "Tokenizer",
-    "TrainStep", "KerasTrainStep", "WrappingStep", "Batch", "Launch", "ProcessGroup",
+    "TrainStep", "KerasTrainStep", "WrappingStep", "Batch", "uneven_split_reason", "Launch", "ProcessGroup",
     "Figure", "FIGURES", "FIGURES_BY_KEY", "figure_text", "hardware", "run_dtype", "run_label", "run_name", "run_processes", "size_label", "SIZE_KEYS",
     "cpu_count", "cpu_model", "median_flops_per_s", "peak_host_bytes",
     "MtbenchError", "RunFailure", "hookimpl",

@@ -44,6 +44,17 @@ class Batch:
                      self.index[part])
 
 
+def uneven_split_reason(config, parts, kind):
+    """Why the run's batches cannot be split into `parts` equal slices, one per device or process (`kind`:
+    'devices', 'processes'), or None."""
+    if config.max_tokens is not None:
+        return (f"splits a fixed --batch-size over the {kind}; --max-tokens gives each length bucket its own "
+                f"number of rows")
+    if config.batch_size % parts:
+        return f"the batch size {config.batch_size} does not split evenly over {parts} {kind}"
+    return None
+
+
 class TrainStep:
     """One optimisation step on a batch. `finalize` writes any state the step keeps outside the model (replicated
     parameters, optimizer slots) back into the Keras variables, so that evaluation sees the trained weights.

@@ -5,7 +5,7 @@ Both split the global batch across the devices and must give the loss a single d
 global batch. On a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N.
 """
 
-from mtbench import Extra, TrainStep, hookimpl
+from mtbench import Extra, TrainStep, hookimpl, uneven_split_reason
 from mtbench.plugins.backends.jax_jit_step import correct_tokens
 
 SIMULATE_HINT = "on a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N"
@@ -15,12 +15,7 @@ def data_parallel_reason(run):
     count = run.device.get("count", 1)
     if count < 2:
         return f"needs at least 2 devices; this run has {count} ({SIMULATE_HINT})"
-    if run.config.max_tokens is not None:
-        return ("splits a fixed --batch-size over the devices; --max-tokens gives each length bucket its own "
-                "number of rows")
-    if run.config.batch_size % count:
-        return f"the batch size {run.config.batch_size} does not split evenly over {count} devices"
-    return None
+    return uneven_split_reason(run.config, count, "devices")
 
 
 class PmapTrainStep(TrainStep):

@@ -78,12 +78,11 @@ def _fsync_directory(path):
 
 
 class RunDirectory:
-    def __init__(self, path, fresh, writes=True):
-        """`fresh`: a new run, whose first checkpoint replaces whatever an earlier run left here. `writes`: this
-        process writes the checkpoints (of a run's several processes, process 0 alone does)."""
+    def __init__(self, path, fresh):
+        """`fresh`: a new run, whose first checkpoint replaces whatever an earlier run left here."""
         self.path = path
         self._fresh = fresh
-        self.writes = writes
+        self.writes = True  # of a run's several processes, process 0 alone writes (the run sets it)
 
     def checkpoints(self):
         """(step, path) of every complete checkpoint, oldest first."""

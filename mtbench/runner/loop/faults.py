@@ -8,7 +8,6 @@ machine would) just before step N, so that the others meet a process that is gon
 """
 
 import os
-
 import signal
 
 import numpy as np

@@ -371,8 +371,8 @@ def to_json_dict(comparison):
         "config": comparison.config,
         "summary": summary(comparison),
         "speedups": {group.label: comparison.speedup(group) for group in comparison.groups},
-        "scaling": {group.label: comparison.scaling(group) for group in comparison.groups
-                    if comparison.scaling(group) is not None},
+        "scaling": {label: scaling for label, scaling in
+                    ((group.label, comparison.scaling(group)) for group in comparison.groups) if scaling is not None},
         "parity": comparison.parity.to_dict(),
     }
 
