@@ -4,6 +4,7 @@ same global batches, stop together, and resume together."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -66,8 +67,10 @@ def test_a_killed_torch_process_stops_the_run_which_resumes_to_the_losses_of_one
     # The survivor says why it stopped; torchrun names the process that died first.
     assert "process 0 of 2: stopped, as the run's other processes cannot be reached" in output \
         or "rank      : 0" in output, output[-3000:]
-    root_cause = output[output.index("Root Cause"):]
-    assert "rank      : 1" in root_cause and "SIGKILL" in root_cause, output[-3000:]
+    # torchrun's report lists each failed process; which one it calls the root cause is a race between the
+    # killed process and the survivor, which now exits as soon as its collective fails.
+    report = output[output.index("mtbench FAILED"):]
+    assert re.search(r"rank +: 1 \(local_rank: 1\)\n +exitcode +: -9 .*\(SIGKILL\)", report), output[-3000:]
     assert sorted(os.listdir(tmp_path / "torch-2.run")) == ["checkpoint-000030", "run.json"]
     assert not out.exists()  # torchrun ended the survivor (SIGTERM, then SIGKILL) before a partial result
 
