@@ -15,7 +15,7 @@ from rich.table import Table
 from mtbench.plugins import manager as plugins
 from mtbench.errors import MtbenchError, ReportingFailed
 from mtbench.keras_models.presets import PRESETS
-from mtbench.runner.config import COMPILE_MODES, DEFAULT_TIMING_WINDOW, DTYPES, TrainConfig
+from mtbench.runner.config import COMPILE_MODES, DEFAULT_TIMING_WINDOW, DTYPES, MATMUL_PRECISIONS, TrainConfig
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
 
@@ -136,8 +136,15 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--ff-dim", type=int, metavar="N", help="Feed-forward dimension (default: the preset's)."),
     click.option("--dropout", type=float, metavar="RATE", help="Dropout rate (default: the preset's)."),
     click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True, help="Keras dtype policy."),
-    click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default="default", show_default=True,
-                 help="torch.compile mode for the torch-compile extra."),
+    click.option("--matmul-precision", type=click.Choice(MATMUL_PRECISIONS), default="highest", show_default=True,
+                 help="float32 matmuls on both backends: highest (true float32) or high (TF32 on GPUs that have it; "
+                      "XLA's own default there, not torch's). Recorded, and MFU divides by that arithmetic's peak."),
+    click.option("--measure-only", is_flag=True, default=False,
+                 help="Benchmark mode: train and time only; skip validation, the final evaluation, the test "
+                      "translation and saving the model (the result's quality figures are n/a)."),
+    click.option("--compile-mode", type=click.Choice(COMPILE_MODES),
+                 help="torch.compile mode for the torch-compile extra (default: default; for the compiled torch run "
+                      "that compare adds on a CUDA GPU, reduce-overhead: CUDA graphs)."),
     click.option("--seed", type=int, default=0, show_default=True, help="Initial weights and batch order."),
     click.option("--beam", type=int, default=1, show_default=True, metavar="N",
                  help="Translate the test set with beam search over N hypotheses (1: greedy)."),
@@ -154,16 +161,22 @@ run_configuration_options = _stack(RUN_CONFIGURATION_OPTIONS)
 
 
 def _train_config(**options):
-    if options.get("cache_dir") is None:
-        options.pop("cache_dir", None)  # the configuration's own default applies
+    for name in ("cache_dir", "compile_mode"):
+        if options.get(name) is None:
+            options.pop(name, None)  # the configuration's own default applies
     return TrainConfig(**options)
 
 
 def _as_arguments(configuration):
     """The command-line arguments that give a child process the same run configuration."""
-    flags = {param.name: param.opts[0] for param in click.get_current_context().command.params}
-    return [text for name, value in configuration.items() if value is not None
-            for text in (flags[name], str(value))]
+    params = {param.name: param for param in click.get_current_context().command.params}
+    arguments = []
+    for name, value in configuration.items():
+        if value is None or value is False:
+            continue
+        flag = params[name].opts[0]
+        arguments += [flag] if params[name].is_flag else [flag, str(value)]
+    return arguments
 
 long_run_options = _stack([
     click.option("--checkpoint-every", type=int, metavar="N",
@@ -324,13 +337,19 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
             **configuration):
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
-    from mtbench.runner.results.compare import ComparePlan, plan_runs, require_parity, run_compare
+    from mtbench.runner.results.compare import (TORCH_COMPILED, ComparePlan, check_same_hardware, plan_runs,
+                                                probe_devices, require_parity, run_compare)
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import resolve_reporters
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
-    specs = plan_runs(backends, extras, matrix)
+    devices = probe_devices()
+    specs = plan_runs(backends, extras, matrix, devices)
+    check_same_hardware(specs, devices)
+    compiled_added = matrix is None and not extras and any(spec.extras == (TORCH_COMPILED,) for spec in specs)
+    if compiled_added and configuration.get("compile_mode") is None:
+        configuration["compile_mode"] = "reduce-overhead"
     shared = _train_config(backend=specs[0].backend, **configuration)
     resolve_reporters(shared.report_to, registry)  # trackers follow each run in its process: checked here first
     for spec in specs:  # bad options and impossible sizes fail here, before any process starts
@@ -342,6 +361,9 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
     plan = ComparePlan(specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
                        parity_tolerance, chosen_reporters)
     console = Console()
+    if compiled_added:
+        console.print(f"torch sees a CUDA GPU: it trains eager and compiled ({TORCH_COMPILED}, --compile-mode "
+                      f"{configuration['compile_mode']}), two rows; --matrix names the runs exactly", highlight=False)
     comparison, _, failures = run_compare(plan, registry, console)
     console.print(rich_table(comparison, title="mtbench compare"))
     for line in context_lines(comparison):
@@ -490,6 +512,7 @@ def env(as_json, calibrate, cache_dir):
     """Versions, devices and the plugins that would load (imports each framework, never keras)."""
     from mtbench.runner.config import default_cache_dir
     from mtbench.runner.measurement.environment import calibrate_peaks, describe_environment, environment_rows
+    from rich.markup import escape
     registry = plugins.registry()
     description = describe_environment(registry)
     if calibrate:
@@ -501,7 +524,7 @@ def env(as_json, calibrate, cache_dir):
     for column in ("", "name", "value"):
         table.add_column(column)
     for row in environment_rows(description):
-        table.add_row(*row)
+        table.add_row(*map(escape, row))  # plain text: "mtbench[jax-cuda]" is no markup
     Console().print(table)
 
 

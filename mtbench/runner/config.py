@@ -18,6 +18,9 @@ SIZE_FIELDS = {"d_model": "d_model", "heads": "num_heads", "encoder_layers": "en
 DEFAULT_TIMING_WINDOW = 10
 DTYPES = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# float32 matmuls: 'highest' is true float32 on both backends, 'high' lets both use TF32 (XLA's default on a GPU,
+# not torch's). Set alike on both so that the arithmetic compared is the same.
+MATMUL_PRECISIONS = ("highest", "high")
 
 
 def default_cache_dir():
@@ -54,6 +57,7 @@ class TrainConfig:
     ff_dim: int = None
     dropout: float = None
     dtype: str = "float32"
+    matmul_precision: str = "highest"  # float32 matmuls: 'highest' (true float32) or 'high' (TF32), both backends
     timing_window: int = DEFAULT_TIMING_WINDOW  # steady steps between device synchronisations (1: every step)
     compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
     seed: int = 0
@@ -66,6 +70,7 @@ class TrainConfig:
     out: str = None                # result JSON; default mtbench-results/<time>-<backend>.json
     overwrite: bool = False
     save_model: bool = True        # keep the final weights (and what rebuilds the model) in the run directory
+    measure_only: bool = False     # benchmark mode: train and time only; no validation, evaluation, translation, saving
     # Reading the user's corpus (mtbench/runner/formats.py)
     valid_file: str = None         # validation pairs in any format, instead of a split of the training data
     test_file: str = None          # test pairs in any format, or sacrebleu:NAME
@@ -103,6 +108,11 @@ class TrainConfig:
             raise MtbenchError("give --steps or --epochs, not both")
         if self.dtype not in DTYPES:
             raise MtbenchError(f"unknown dtype '{self.dtype}'; choose one of {', '.join(DTYPES)}")
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise MtbenchError(f"unknown matmul precision '{self.matmul_precision}'; choose one of "
+                               f"{', '.join(MATMUL_PRECISIONS)}")
+        if self.measure_only and (self.eval_every is not None or self.target_bleu is not None):
+            raise MtbenchError("--measure-only skips validation; it cannot take --eval-every or --target-bleu")
         if self.compile_mode not in COMPILE_MODES:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",

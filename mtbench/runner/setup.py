@@ -135,6 +135,7 @@ def start_backend(config, plugins, launch):
     run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info(),
                      model_shape=model_shape, processes=processes)
     run.compile_cache = plugins.backend.open_compile_cache(config)  # before anything compiles
+    run.matmul_precision = set_matmul_precision(plugins.backend, config.matmul_precision)
     reason = plugins.backend.unsupported_dtype_reason(config.dtype, run.device)
     if reason:
         raise MtbenchError(f"--dtype {config.dtype}: {reason}")
@@ -147,6 +148,38 @@ def start_backend(config, plugins, launch):
         with plugins.extra_code(extra):
             extra.adjust_config(run)
     return keras, run
+
+
+def set_matmul_precision(backend, precision):
+    """Sets the float32 matmul arithmetic on the backend's framework; the record of what it reports."""
+    reported = backend.set_matmul_precision(precision)
+    if reported is None and precision != "highest":
+        raise MtbenchError(f"--matmul-precision {precision}: backend '{backend.name}' cannot set its matmul "
+                           f"precision")
+    return {"requested": precision, "reported": reported}
+
+
+def choose_attention_kernels(run, plugins):
+    """Holds the backend to the class of attention kernel the extras asked for (fused or not), before the model
+    is built; what each kind of attention then runs."""
+    options = run.model_options
+    fused = any(options.get(key) is True for key in ("flash_attention", "flash_attention_masked"))
+    kernels = plugins.backend.attention_kernels(fused, run.device)
+    if kernels is None:
+        name = lambda asked: plugins.backend.attention_implementation(asked is True, run.device)
+        kernels = {"causal": name(options.get("flash_attention")), "masked": name(options.get("flash_attention_masked")),
+                   "decoding": name(False)}
+    return kernels
+
+
+def local_devices(run):
+    """Ordinals of the devices this process computes on, as it numbers the devices it sees: the extras say over
+    how many devices the run spans (`extras_state[name]['devices']`, all processes together); a process of
+    several with one device each computes on its local rank's."""
+    spanned = max([state.get("devices", 1) for state in run.extras_state.values() if isinstance(state, dict)] + [1])
+    per_process = max(spanned // run.processes.world_size, 1)
+    first = run.processes.launch.local_rank if per_process == 1 else 0
+    return list(range(first, first + per_process))
 
 
 def build_model(run, plugins, tokenizer):

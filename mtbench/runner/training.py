@@ -13,6 +13,7 @@ from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api import Launch
 from mtbench.runner.data.batches import batches_per_epoch, encode_split, training_batches
 from mtbench.runner.data.corpus import load_corpus
+from mtbench.runner.data.prefetch import Prefetched
 from mtbench.runner.data.corpus_report import corpus_report, report_lines
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore, run_dir_for
@@ -25,9 +26,9 @@ from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.run_result import add_evaluation, stop_error, training_result, write_result
 from mtbench.runner.results.tracking import Trackers, tracked_run
 from mtbench.runner.saved_model import save_trained_model
-from mtbench.runner.setup import (build_model, check_compile_options_apply, check_launch, choose_plugins,
-                                  choose_train_step, compile_model, extras_compile_options, start_backend,
-                                  starting_weights)
+from mtbench.runner.setup import (build_model, check_compile_options_apply, check_launch, choose_attention_kernels,
+                                  choose_plugins, choose_train_step, compile_model, extras_compile_options, local_devices,
+                                  start_backend, starting_weights)
 
 TRAIN_LOSS_SAMPLE = 500  # training pairs re-evaluated with the final weights, comparable to val/test loss
 
@@ -51,14 +52,14 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     corpus = read_corpus(config, registry, console, stopwatch)
 
     keras, run = start_backend(config, plugins, launch)
-    energy = EnergyMeter(*open_counter(run.device, devices_used=run.device.get("count", 1)))
     data = prepare_data(config, plugins, corpus, stopwatch)
     corpus_figures = show_corpus_report(data, config, console)
     data_fingerprint = check_resumable(data, resume)
     total_steps = count_steps(config, data)
     with stopwatch.phase("build"):
         built = build_for_training(keras, config, run, plugins, data, weights_file, total_steps, resume, console)
-    if built.starts_pretrained:
+    energy = EnergyMeter(*open_counter(run.device, local_devices(run)))  # once the extras know their devices
+    if built.starts_pretrained and not config.measure_only:
         with stopwatch.phase("evaluate_pretrained"):
             built.before_training = scores_before_training(built.decode, data, config)
 
@@ -68,14 +69,19 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=built.model)
     trackers = Trackers(plugins.reporters, registry)
     trackers.start(tracked_run(config, plugins, run, config.out, run_dir.path))
+    memory_since = "training start" if plugins.backend.reset_peak_device_bytes() else "process start"
     with stopwatch.phase("train"):
         outcome = train_loop(config, plugins.backend, built.model, built.model_shape, built.train_step, built.state,
                              built.batches, total_steps, checkpointing, validate,
                              Observers(callbacks, trackers, energy), console, run.processes)
+    built.batches.close()
+    training_memory = {"per_device": plugins.backend.device_memory(), "peak_since": memory_since}
     result = training_result(config, run, plugins, registry, data, corpus_figures, built, outcome,
-                             weights_sha256, run_dir)
+                             weights_sha256, run_dir, training_memory)
 
-    if outcome.status == "completed":
+    if outcome.status == "completed" and config.measure_only:
+        result["metrics"]["skipped"] = "--measure-only: no evaluation, translation or saved model"
+    elif outcome.status == "completed":
         with stopwatch.phase("evaluate"):
             evaluation = evaluate_splits(built.model, data, config)
         with stopwatch.phase("translate"):
@@ -197,6 +203,7 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     for extra in plugins.extras:
         with plugins.extra_code(extra):
             extra.before_model(run)
+    run.attention = choose_attention_kernels(run, plugins)
     model, model_shape = build_model(run, plugins, data.tokenizer)
     starting_weights(config, plugins, model, weights_file)
     asked, asked_by = extras_compile_options(run, plugins)
@@ -213,7 +220,8 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
                           applies_to="training and evaluation" if train_step.uses_compile_options
                           else f"evaluation only (training runs the '{train_step.name}' step)")
     try:
-        batches = training_batches(data.train, config.rows_for, config.max_len, config.seed, skip=state.step)
+        batches = Prefetched(training_batches(data.train, config.rows_for, config.max_len, config.seed,
+                                              skip=state.step))
         _, first_batch = next(training_batches(data.train, config.rows_for, config.max_len, config.seed))
     except ValueError as error:
         raise MtbenchError(str(error)) from None

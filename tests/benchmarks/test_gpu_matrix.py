@@ -1,6 +1,8 @@
-"""benchmarks/gpu_matrix.py: which rows a machine gets and why the others are skipped (a GPU's matrix is planned
-here from a described GPU), how the budget cuts rows, and one real run on the CPU's tiny matrix, one row trained and
-three listed as cut or skipped, whose table and JSON line are checked (not its timings)."""
+"""benchmarks/gpu_matrix.py: which rows a machine gets, in which order, and why the others are skipped (a GPU's
+plan is made here from a described GPU); how the budget cuts rows that would not fit, stops one that outruns it and
+lets a later, cheaper row run; that the table and JSON are on disk as each row ends; and two real runs on the CPU's
+tiny plan: one row trained and two skipped, whose table and JSON are checked (not their timings), and a budget too
+small for any row."""
 
 import json
 import os
@@ -17,6 +19,7 @@ SCRIPT = os.path.join(REPOSITORY, "benchmarks", "gpu_matrix.py")
 H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}
 CPU = {"kind": "cpu", "name": "some CPU", "count": 1}
 FLASH_REFUSED = "extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16"
+BF16 = "mixed_bfloat16"
 
 
 def described(jax=H100, torch=H100, refusals=None):
@@ -25,24 +28,40 @@ def described(jax=H100, torch=H100, refusals=None):
     return {"backends": backends, "refusals": refusals or {}}
 
 
-def test_a_gpu_gets_small_and_base_in_both_dtypes_with_cuda_graphs():
-    refusals = {f"{preset} float32 {way.label}": FLASH_REFUSED for preset in ("small", "base")
-                for way in gpu_matrix.WAYS if "flash-attention" in way.extras}
-    planned = plan_rows(described(refusals=refusals))
-    assert len(planned) == 2 * 2 * len(gpu_matrix.WAYS)
-    assert [row.preset for row, _ in planned[::len(gpu_matrix.WAYS) * 2]] == ["small", "base"]
-    skipped = {row.key: reason for row, reason in planned if reason}
-    assert skipped == refusals  # flash attention in float32 only; CUDA graphs and bfloat16 flash rows run
-    assert ("small mixed_bfloat16 torch+torch-compile@reduce-overhead" in
-            [row.key for row, reason in planned if reason is None])
+def test_a_gpu_gets_small_with_jax_against_compiled_and_eager_torch_in_bfloat16_first():
+    planned = plan_rows(described())
+    assert {row.preset for row, _ in planned} == {"small"} and len(planned) == len(gpu_matrix.PLAN)
+    assert [row.key for row, _ in planned[:4]] == [
+        "small mixed_bfloat16 jax", "small mixed_bfloat16 torch+torch-compile", "small mixed_bfloat16 torch",
+        "small mixed_bfloat16 torch+torch-compile@reduce-overhead"]
+    assert all(reason is None for _, reason in planned)  # CUDA graphs and bfloat16 flash attention run on a GPU
+    assert [row.number for row, _ in planned] == list(range(1, len(gpu_matrix.PLAN) + 1))
+    float32 = [(row.way.label, row.precision) for row, _ in planned if row.dtype == "float32"]
+    assert float32 == [("jax", "highest"), ("jax", "high"), ("torch+torch-compile", "highest"),
+                       ("torch+torch-compile", "high")]
+    flash = {row.way.label for row, _ in planned if "flash-attention" in row.way.extras}
+    assert flash == {"jax+flash-attention", "torch+flash-attention", "torch+torch-compile+flash-attention"}
 
 
-def test_a_cpu_gets_the_tiny_matrix_and_says_why_cuda_graphs_are_skipped():
+def test_a_row_trains_measure_only_with_its_precision_and_gpu_sized_batches():
+    row = Row("small", "float32", Way("torch", ("torch-compile",), "reduce-overhead"), "high", 11)
+    assert row.train_arguments() == ["--backend", "torch", "--extra", "torch-compile", "--compile-mode",
+                                     "reduce-overhead", "--preset", "small", "--dtype", "float32",
+                                     "--matmul-precision", "high"]
+    assert row.key == "small float32 (high) torch+torch-compile@reduce-overhead"
+    assert gpu_matrix.batching_options("small", [], "gpu") == ["--max-tokens", "16384"]
+    assert gpu_matrix.batching_options("small", ["--batch-size", "256"], "gpu") == []
+    assert gpu_matrix.batching_options("small", ["--max-tokens=8192"], "gpu") == []
+    assert gpu_matrix.batching_options("tiny", [], "cpu") == []
+
+
+def test_a_cpu_gets_the_tiny_plan_and_says_why_cuda_graphs_are_skipped():
     planned = plan_rows(described(jax=CPU, torch=CPU))
     assert {row.preset for row, _ in planned} == {"tiny"}
-    reasons = {row.way.label: reason for row, reason in planned if row.dtype == "float32"}
-    assert reasons["torch+torch-compile@reduce-overhead"].startswith("CUDA graphs need a CUDA device")
-    assert reasons["jax"] is None and reasons["torch+torch-compile"] is None
+    reasons = {row.key: reason for row, reason in planned}
+    assert reasons["tiny mixed_bfloat16 torch+torch-compile@reduce-overhead"].startswith(
+        "CUDA graphs need a CUDA device")
+    assert reasons["tiny mixed_bfloat16 jax"] is None and reasons["tiny float32 (high) jax"] is None
 
 
 def test_a_backend_without_the_gpu_or_not_installed_is_skipped_with_the_reason():
@@ -51,6 +70,14 @@ def test_a_backend_without_the_gpu_or_not_installed_is_skipped_with_the_reason()
     assert all(reason is None for row, reason in cpu_torch if row.way == Way("jax"))
     no_jax = plan_rows(described(jax="backend 'jax' needs jax, which is not installed"), presets=["small"])
     assert all("not installed" in reason for row, reason in no_jax if row.way.backend == "jax")
+
+
+def test_rows_choose_a_part_of_the_plan_by_number():
+    planned = plan_rows(described(), numbers=gpu_matrix.parse_numbers("2,5-6"))
+    assert [(row.number, row.key) for row, _ in planned] == [
+        (2, "small mixed_bfloat16 torch+torch-compile"), (5, "small float32 (highest) jax"),
+        (6, "small float32 (high) jax")]
+    assert gpu_matrix.parse_numbers("1,x") is None
 
 
 def test_the_probe_refuses_what_mtbench_train_would_refuse_here():
@@ -63,94 +90,199 @@ def test_the_probe_refuses_what_mtbench_train_would_refuse_here():
         assert probe["refusals"]["tiny float32 jax"] is None
 
 
-def fake_result(way, dtype, loss):
+def fake_result(way, dtype, loss, precision="highest"):
     return {"backend": way.backend, "extras": list(way.extras), "status": "completed", "status_reason": None,
             "train_step": f"{way.backend}-step", "extras_record": {}, "model": {"dropout": 0.0},
-            "config": {"dtype": dtype, "steps": 3, "seed": 0, "compile_mode": way.compile_mode or "default"},
+            "config": {"dtype": dtype, "steps": 3, "seed": 0, "compile_mode": way.compile_mode or "default",
+                       "matmul_precision": precision, "measure_only": True},
             "history": [{"loss": loss}, {"loss": loss}],
             "timing": {"step_s_median": 0.0123, "tokens_per_s": 45678.0, "compile_s": 1.5, "steady_steps": 1,
                        "clock": "a clock"},
             "utilization": {"mfu": 0.25}, "memory": {"peak_device_bytes": 3 * 2 ** 20}, "env": {"device": H100}}
 
 
-def test_the_budget_stops_new_rows_and_names_them(tmp_path, monkeypatch):
-    now = [0.0]
-    launched = []
+class FakeMtbench:
+    """Stands in for `run_mtbench` on a fake clock: every process takes `seconds[its kind]` (init-weights: the
+    weights file), and a process whose timeout is shorter is stopped at it."""
 
-    def fake_mtbench(arguments, log_file, timeout):
-        launched.append(arguments[0])
-        now[0] += 100.0  # every process takes 100 s
-        if arguments[0] == "train":
-            way = Way("jax")
+    def __init__(self, seconds, on_train=None):
+        self.now, self.seconds, self.launched, self.on_train = 0.0, seconds, [], on_train
+
+    def clock(self):
+        return self.now
+
+    def __call__(self, arguments, log_file, timeout):
+        command = arguments[0]
+        way = None
+        if command == "train":
+            label = arguments[arguments.index("--backend") + 1]
+            extras = tuple(arguments[i + 1] for i, a in enumerate(arguments) if a == "--extra")
+            mode = arguments[arguments.index("--compile-mode") + 1] if "--compile-mode" in arguments else None
+            way = Way(label, extras, mode)
+        needed = self.seconds["init-weights" if way is None else way.kind]
+        self.launched.append(command if way is None else way.label)
+        if needed > timeout:
+            self.now += timeout
+            return gpu_matrix.TimedOut(f"stopped after {timeout:.0f} s")
+        if self.on_train and way is not None:
+            self.on_train(way)
+        self.now += needed
+        if way is not None:
+            dtype = arguments[arguments.index("--dtype") + 1]
             with open(arguments[arguments.index("--out") + 1], "w") as f:
-                json.dump(fake_result(way, "float32", 5.0), f)
+                json.dump(fake_result(way, dtype, 5.0), f)
         return None
 
-    monkeypatch.setattr(gpu_matrix, "run_mtbench", fake_mtbench)
-    args, _ = gpu_matrix.parse_args(["--budget", "150", "--out", str(tmp_path), "--cache-dir", str(tmp_path)])
-    planned = plan_rows(described(jax=CPU, torch=CPU), dtypes=["float32"],
-                        ways=[Way("jax"), Way("torch", ("torch-compile",), "reduce-overhead"), Way("torch")])
-    records, results = run_matrix(planned, args, [], clock=lambda: now[0])
-    assert launched == ["init-weights", "train"]  # 200 s spent after the first row: nothing else starts
-    assert [r["status"] for r in records] == ["ran", "skipped", "cut"]
-    assert "budget of 150 s" in records[2]["reason"]
-    assert list(results) == ["tiny float32 jax"]
+
+def matrix_args(tmp_path, budget):
+    args, _ = gpu_matrix.parse_args(["--budget", str(budget), "--out", str(tmp_path), "--cache-dir", str(tmp_path)])
+    return args
+
+
+def test_rows_that_would_not_fit_are_cut_with_their_estimate_and_a_cheaper_one_still_runs(tmp_path, monkeypatch):
+    fake = FakeMtbench({"init-weights": 30, "jax": 50, "torch eager": 20, "torch compiled default": 90})
+    monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
+    planned = plan_rows(described(), numbers={1, 2, 3, 5})  # jax, torch compiled, torch eager, jax float32
+    records, results = run_matrix(planned, matrix_args(tmp_path, 150), [], "gpu", clock=fake.clock)
+    # 30 s of weights + 50 s of jax leave 70 s: the compiled row's first guess (30 + 100 s) does not fit, torch
+    # eager's (30 + 20 s) does and takes 20 s; the second jax row needs what the first took, 50 s, and 50 are left.
+    assert fake.launched == ["init-weights", "jax", "torch", "jax"]
+    assert [r["status"] for r in records] == ["ran", "cut", "ran", "ran"]
+    assert records[1]["reason"] == ("not started: it needs about 130 s (a first guess for torch compiled default: "
+                                    "30 s to start (the weights file's) + 100 s); 70 s of the 150 s budget were "
+                                    "left")
+    assert records[3]["estimate_s"] == 50  # what the first jax row took
+    assert list(results) == ["small mixed_bfloat16 jax", "small mixed_bfloat16 torch", "small float32 (highest) jax"]
+    summary = gpu_matrix.summarize(records, results, described(), matrix_args(tmp_path, 150), [], "gpu", 150, True)
+    assert summary["cut"] == ["small mixed_bfloat16 torch+torch-compile"]
+    assert summary["rerun"] == ["python3 benchmarks/gpu_matrix.py --presets small --rows 2 --budget 150"]
+
+
+def test_a_row_still_running_when_the_budget_ends_is_stopped(tmp_path, monkeypatch):
+    fake = FakeMtbench({"init-weights": 10, "jax": 200})  # guessed: 40 s for the weights, 40 + 40 s for the row
+    monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
+    records, results = run_matrix(plan_rows(described(), numbers={1}), matrix_args(tmp_path, 130), [], "gpu",
+                                  clock=fake.clock)
+    assert fake.now == 130 and not results
+    assert records[0]["status"] == "stopped"
+    assert records[0]["reason"].startswith("the 130 s budget ran out 120 s into the row (estimated at 120 s)")
+
+
+def test_a_budget_too_small_for_the_weights_and_a_row_starts_nothing(tmp_path, monkeypatch):
+    fake = FakeMtbench({"init-weights": 10, "jax": 10})
+    monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
+    records, _ = run_matrix(plan_rows(described(), numbers={1, 3}), matrix_args(tmp_path, 30), [], "gpu",
+                            clock=fake.clock)
+    assert fake.launched == [] and [r["status"] for r in records] == ["cut", "cut"]
+    assert "and the preset's weights file first (about 40 s)" in records[0]["reason"]
+
+
+def test_the_table_and_json_are_on_disk_and_the_row_printed_as_each_row_ends(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def look_at_the_files(way):  # called as a row starts: every row before it must already be written
+        with open(tmp_path / "gpu-matrix.json") as f:
+            rows = json.load(f)["rows"]
+        with open(tmp_path / "gpu-matrix.md") as f:
+            table = f.read()
+        seen.append((way.label, [r["status"] for r in rows], table.count("-step |")))
+
+    fake = FakeMtbench({"init-weights": 1, "jax": 1, "torch eager": 1}, on_train=look_at_the_files)
+    monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
+    monkeypatch.setattr(gpu_matrix, "run_probe", lambda: described())
+    # On the real clock the fake rows take no time: a budget far above their estimates lets both run.
+    assert gpu_matrix.main(["--runs", "jax,torch", "--dtypes", BF16, "--budget", "1000", "--out", str(tmp_path),
+                            "--cache-dir", str(tmp_path)]) == 0
+    assert seen == [("jax", ["running", "pending"], 0), ("torch", ["ran", "running"], 1)]
+    err = capsys.readouterr().err
+    assert "| 1 | small | mixed_bfloat16 | jax | jax-step" in err and "| 3 | small | mixed_bfloat16 | torch |" in err
+    with open(tmp_path / "gpu-matrix.json") as f:
+        final = json.load(f)
+    assert final["finished"] and [r["status"] for r in final["rows"]] == ["ran", "ran"]
+
+
+def test_an_interrupted_matrix_marks_the_running_row_stopped_and_writes_what_it_has(tmp_path, monkeypatch):
+    def interrupt(way):  # SIGTERM arrives as KeyboardInterrupt (stop_on_sigterm)
+        raise KeyboardInterrupt
+
+    fake = FakeMtbench({"init-weights": 1, "jax": 1, "torch eager": 1}, on_train=interrupt)
+    monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
+    published = []
+    with pytest.raises(KeyboardInterrupt):
+        run_matrix(plan_rows(described(), numbers={1, 3}), matrix_args(tmp_path, 1000), [], "gpu", clock=fake.clock,
+                   publish=lambda records, results, record: published.append([r["status"] for r in records]))
+    assert published == [["pending", "pending"], ["running", "pending"], ["stopped", "cut"]]
 
 
 def test_table_labels_every_row_with_the_step_that_ran_or_why_not():
     jax, torch = Way("jax"), Way("torch", ("torch-compile",))
-    results = {"small float32 jax": fake_result(jax, "float32", 5.0),
-               "small float32 torch+torch-compile": fake_result(torch, "float32", 5.01)}
-    records = [{"preset": "small", "dtype": "float32", "run": way.label, "status": "ran", "reason": None,
-                **gpu_matrix.figures(results[Row("small", "float32", way).key])} for way in (jax, torch)]
+    rows = [Row("small", "float32", jax, "highest", 5), Row("small", "float32", torch, "highest", 10),
+            Row("small", "float32", jax, "high", 6)]
+    results = {rows[0].key: fake_result(jax, "float32", 5.0), rows[1].key: fake_result(torch, "float32", 5.01),
+               rows[2].key: fake_result(jax, "float32", 5.2, precision="high")}
+    records = [{**gpu_matrix.first_record(row, None), "status": "ran", "reason": None, "wall_s": 42.0,
+                **gpu_matrix.figures(results[row.key])} for row in rows]
     records[1]["what_ran"] = "mode default, 0 graph breaks"
-    records.append({"preset": "small", "dtype": "float32", "run": "jax+flash-attention", "status": "skipped",
-                    "reason": FLASH_REFUSED})
+    records.append(gpu_matrix.first_record(Row("small", BF16, Way("jax", ("flash-attention",)), None, 7),
+                                           FLASH_REFUSED))
     add_parity(records, results)
+    # float32 rows are compared within one matmul precision: highest with highest, high with nothing
     assert records[0]["parity"] == "reference" and records[1]["parity"] == "0.2 % vs jax"
+    assert records[2]["parity"].startswith("not checked: no other float32 high run")
     lines = markdown_table(records).splitlines()
-    assert lines[0].split(" | ")[3] == "train step that ran" and len(lines) == 5
+    assert lines[0].split(" | ")[4] == "train step that ran" and len(lines) == 6
     assert [cell.strip() for cell in lines[2].strip("|").split("|")] == [
-        "small", "float32", "jax", "jax-step", "12.3", "45,678", "1.5", "25.0 %", "3", "reference"]
+        "5", "small", "float32 (highest)", "jax", "jax-step", "12.3", "45,678", "1.5", "25.0 %", "3", "reference",
+        "42"]
     assert "torch-step (mode default, 0 graph breaks)" in lines[3]
-    assert f"skipped: {FLASH_REFUSED}" in lines[4]
+    assert f"skipped: {FLASH_REFUSED}" in lines[5]
 
 
-def test_unknown_runs_are_refused_with_the_choices():
-    proc = subprocess.run([sys.executable, SCRIPT, "--runs", "jax,mxnet"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "--runs: mxnet is none of jax, torch" in proc.stderr
+def test_bad_choices_are_refused_with_one_line():
+    for argv, message in ((["--runs", "jax,mxnet"], "--runs: mxnet is none of jax, torch"),
+                          (["--rows", "0,3"], "--rows: '0,3' is not row numbers from 1 to 11"),
+                          (["--rows", "two"], "--rows: 'two' is not row numbers")):
+        proc = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True)
+        assert proc.returncode == 2 and message in proc.stderr.splitlines()[-1], proc.stderr
+
+
+def run_script(cache_dir, out, *argv):
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env["MTBENCH_LOAD_PLUGINS"] = ""
+    proc = subprocess.run([sys.executable, SCRIPT, *argv, "--out", str(out), "--cache-dir", cache_dir, "--",
+                           "--max-pairs", "4000", "--valid-size", "20", "--test-size", "20", "--max-len", "32",
+                           "--batch-size", "16"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+RUNS = ["torch", "torch+torch-compile@reduce-overhead", "jax+flash-attention"]
 
 
 @pytest.fixture(scope="module")
 def cpu_matrix(cache_dir, tmp_path_factory):
-    """The CPU's matrix cut down to four float32 rows: torch trains a few steps, jax is cut by a budget that the
-    first row alone spends (a second training process would double the test's time), and the CPU rules out CUDA
-    graphs and flash attention."""
+    """The CPU's plan cut down to three bfloat16 rows: torch eager trains a few steps, and the CPU rules out CUDA
+    graphs and flash attention (one training process: a second would double the test's time)."""
     out = tmp_path_factory.mktemp("gpu-matrix")
-    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    env["MTBENCH_LOAD_PLUGINS"] = ""
-    proc = subprocess.run([sys.executable, SCRIPT, "--runs", ",".join(RUNS), "--dtypes", "float32", "--steps", "6",
-                           "--budget", "1", "--out", str(out), "--cache-dir", cache_dir, "--", "--max-pairs", "4000",
-                           "--valid-size", "20", "--test-size", "20", "--max-len", "32", "--batch-size", "16"],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1]), out
+    proc = run_script(cache_dir, out, "--runs", ",".join(RUNS), "--dtypes", BF16, "--steps", "6", "--budget", "400")
+    return proc.stdout, proc.stderr, json.loads(proc.stdout.strip().splitlines()[-1]), out
 
 
-RUNS = ["torch", "jax", "torch+torch-compile@reduce-overhead", "jax+flash-attention"]
-
-
-def test_cpu_matrix_trains_cuts_and_skips_rows_and_says_why(cpu_matrix):
-    _, summary, out = cpu_matrix
-    assert summary["device_kind"] == "cpu" and summary["presets"] == ["tiny"]
+def test_cpu_matrix_trains_and_skips_rows_and_says_why(cpu_matrix):
+    _, _, summary, out = cpu_matrix
+    assert summary["device_kind"] == "cpu" and summary["presets"] == ["tiny"] and summary["finished"]
     rows = {row["run"]: row for row in summary["rows"]}
     assert list(rows) == RUNS
-    assert [rows[run]["status"] for run in RUNS] == ["ran", "cut", "skipped", "skipped"]
+    assert [rows[run]["status"] for run in RUNS] == ["ran", "skipped", "skipped"]
     torch = rows["torch"]
-    assert torch["train_step"] == "torch-eager" and torch["step_ms_median"] > 0 and torch["steady_steps"] > 0
+    assert torch["row"] == 3 and torch["train_step"] == "torch-eager" and torch["steady_steps"] > 0
+    assert torch["step_ms_median"] > 0 and torch["wall_s"] > 0 and torch["estimate_s"] > 0
     assert torch["device"]["kind"] == "cpu" and os.path.exists(torch["result_file"])
-    assert torch["parity"].startswith("not checked")  # the only float32 row that ran
-    assert summary["cut"] == ["tiny float32 jax"] and "budget of 1 s" in rows["jax"]["reason"]
+    with open(torch["result_file"]) as f:
+        result = json.load(f)
+    assert result["config"]["measure_only"] and result["config"]["dtype"] == BF16
+    assert torch["parity"].startswith("not checked")  # the only bfloat16 row that ran
+    assert summary["cut"] == [] and summary["rerun"] == []
     assert rows["torch+torch-compile@reduce-overhead"]["reason"].startswith("CUDA graphs need a CUDA device")
     assert rows["jax+flash-attention"]["reason"].startswith("extra 'flash-attention' cannot run here")
     assert summary["config"]["batch_size"] == 16 and summary["env"]["keras"]
@@ -158,13 +290,28 @@ def test_cpu_matrix_trains_cuts_and_skips_rows_and_says_why(cpu_matrix):
         assert json.load(f)["rows"] == summary["rows"]
 
 
-def test_cpu_matrix_prints_device_versions_config_and_one_row_each(cpu_matrix):
-    stdout, _, _ = cpu_matrix
+def test_cpu_matrix_prints_device_versions_config_and_each_row(cpu_matrix):
+    stdout, stderr, _, out = cpu_matrix
     assert "device (jax): 1x" in stdout and "device (torch): 1x" in stdout
     assert "versions: python" in stdout and "config shared by every row: " in stdout
-    rows = [line for line in stdout.splitlines() if line.startswith("| tiny ")]
-    assert [row.split(" | ")[2] for row in rows] == RUNS
-    assert rows[0].split(" | ")[3].startswith("torch-eager (attention")
-    assert "cut: the budget of 1 s was spent" in rows[1]
-    assert "skipped: CUDA graphs need a CUDA device" in rows[2]
-    assert "cut by the budget (1 s): tiny float32 jax" in stdout
+    rows = [line for line in stdout.splitlines() if line.startswith("| ") and not line.startswith("| # ")]
+    assert [row.split(" | ")[3] for row in rows] == RUNS
+    assert rows[0].split(" | ")[4].startswith("torch-eager (attention")
+    assert "skipped: CUDA graphs need a CUDA device" in rows[1]
+    assert rows[0] in stderr  # printed as the row ended
+    with open(os.path.join(out, "gpu-matrix.md")) as f:
+        assert rows[0] in f.read()
+
+
+def test_a_budget_too_small_for_any_row_cuts_every_row_with_the_reason(cache_dir, tmp_path):
+    proc = run_script(cache_dir, tmp_path, "--runs", "jax,torch", "--dtypes", "float32", "--budget", "1")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [row["status"] for row in summary["rows"]] == ["cut", "cut"]
+    for row in summary["rows"]:
+        assert row["reason"].startswith("not started: it needs about ")
+        assert row["reason"].endswith("of the 1 s budget were left")
+    assert summary["rerun"] == ["python3 benchmarks/gpu_matrix.py --presets tiny --rows 5,6 --budget 1 -- "
+                                "--max-pairs 4000 --valid-size 20 --test-size 20 --max-len 32 --batch-size 16"]
+    assert not os.path.exists(tmp_path / "tiny")  # no weights file, no row
+    with open(tmp_path / "gpu-matrix.md") as f:
+        assert "cut by the budget (1 s): tiny float32 (highest) jax, tiny float32 (high) jax" in f.read()

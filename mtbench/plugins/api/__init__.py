@@ -10,9 +10,10 @@
 """
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api.figures import (FIGURES, FIGURES_BY_KEY, SIZE_KEYS, Figure, figure_text, hardware,
-                                         run_dtype, run_label, run_name, run_processes, size_label)
-from mtbench.plugins.api.host import cpu_count, cpu_model, median_flops_per_s, peak_host_bytes
+from mtbench.plugins.api.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, Figure, attention_text,
+                                         figure_text, hardware, matmul_precision_text, run_dtype, run_label, run_name,
+                                         run_processes, size_label, train_step_text, training_peak_bytes)
+from mtbench.plugins.api.host import cpu_count, cpu_model, cudnn_version_text, median_flops_per_s, peak_host_bytes
 from mtbench.plugins.api.kinds import Backend, Dataset, Extra, Reporter, RunContext, TrackedRun
 from mtbench.plugins.api.processes import Launch, ProcessGroup
 from mtbench.plugins.api.models import ModelFamily, ModelShape, SpecialTokens, Tokenizer
@@ -23,7 +24,8 @@ __all__ = [
     "Backend", "Extra", "Dataset", "Reporter", "RunContext", "TrackedRun",
     "ModelFamily", "ModelShape", "SpecialTokens", "Tokenizer",
     "TrainStep", "KerasTrainStep", "WrappingStep", "Batch", "uneven_split_reason", "Launch", "ProcessGroup",
-    "Figure", "FIGURES", "FIGURES_BY_KEY", "figure_text", "hardware", "run_dtype", "run_label", "run_name", "run_processes", "size_label", "SIZE_KEYS",
-    "cpu_count", "cpu_model", "median_flops_per_s", "peak_host_bytes",
+    "Figure", "FIGURES", "FIGURES_BY_KEY", "RUN_CHOICES", "figure_text", "train_step_text", "attention_text",
+    "matmul_precision_text", "training_peak_bytes", "hardware", "run_dtype", "run_label", "run_name", "run_processes", "size_label", "SIZE_KEYS",
+    "cpu_count", "cpu_model", "cudnn_version_text", "median_flops_per_s", "peak_host_bytes",
     "MtbenchError", "RunFailure", "hookimpl",
 ]

@@ -68,7 +68,10 @@ FIGURES = (
     Figure("usd_to_target", "cost to target BLEU (USD)", "cost",
            lambda result: _section(result, "cost", "usd_to_target"), decimals=4, is_timing=True),
     Figure("peak_host_bytes", "peak host memory (MiB)", "memory", _memory("peak_host_bytes"), 1 / MIB, 0),
-    Figure("peak_device_bytes", "peak device memory (MiB)", "memory", _memory("peak_device_bytes"), 1 / MIB, 0),
+    Figure("peak_training_device_bytes", "peak training memory, per device (MiB)", "memory",
+           lambda result: training_peak_bytes(result), 1 / MIB, 0),
+    Figure("peak_device_bytes", "peak device memory, whole run (MiB)", "memory", _memory("peak_device_bytes"),
+           1 / MIB, 0),
     Figure("train_loss", "train loss", "quality", _metric("train_loss")),
     Figure("val_loss", "validation loss", "quality", _metric("val_loss")),
     Figure("test_loss", "test loss", "quality", _metric("test_loss")),
@@ -78,6 +81,61 @@ FIGURES = (
     Figure("chrf", "chrF (test)", "quality", _metric("chrf"), decimals=2),
 )
 FIGURES_BY_KEY = {figure.key: figure for figure in FIGURES}
+
+
+def training_peak_bytes(result):
+    """The largest device's peak memory while training (`memory.training`), None where none was reported."""
+    per_device = _section(result, "memory", "training", "per_device")
+    return max(device["peak_bytes"] for device in per_device) if per_device else None
+
+
+def train_step_text(result):
+    """The train step that ran, with how it ran ('torch-compiled (mode reduce-overhead, CUDA graphs: ...)')."""
+    detail = result.get("train_step_detail")
+    return f"{result['train_step']} ({detail})" if detail else result["train_step"]
+
+
+def attention_text(result):
+    """The attention implementation each kind of attention ran: one name when both kinds ran the same."""
+    attention = result["model"].get("attention") or {}
+    causal, masked = attention.get("causal"), attention.get("masked")
+    if causal is None:
+        return "not recorded"
+    return causal if causal == masked else f"causal {causal}, masked {masked}"
+
+
+MATMUL_PRECISION_NAMES = {"highest": "highest (IEEE float32)", "high": "high (TF32 where the device has it)"}
+
+
+def matmul_precision_text(result):
+    """The arithmetic of float32 matmuls the run asked both frameworks for (results before it was set: not
+    recorded, and XLA then ran TF32 on GPUs that have it where torch did not)."""
+    precision = result["config"].get("matmul_precision")
+    return MATMUL_PRECISION_NAMES.get(precision, "not recorded")
+
+
+def compile_cache_text(result):
+    """Whether the run's compilation came from the persistent cache ('cold', 'warm (12 hits)', 'off'), by the
+    run's own lookups where the backend counts them, else by whether the cache held programs as it started."""
+    cache = _section(result, "timing", "compile_cache")
+    if not cache:
+        return "none (nothing compiled ahead)"
+    if cache["state"] == "off":
+        return "off"
+    programs = cache.get("programs")
+    if programs is None:
+        return f"{cache['state']} (held {cache['entries_before']} programs as the run started)"
+    return f"{programs} ({cache['hits']} hits, {cache['misses']} misses)"
+
+
+# What ran, beside the figures of every run: what changes the arithmetic or the kind of work.
+# (key in JSON and CSV, title in tables, the text of a result)
+RUN_CHOICES = (
+    ("train_step", "train step", train_step_text),
+    ("attention", "attention", attention_text),
+    ("matmul_precision", "float32 matmuls", matmul_precision_text),
+    ("compile_cache", "compile cache", compile_cache_text),
+)
 
 
 def figure_text(result, key):

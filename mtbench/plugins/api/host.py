@@ -26,6 +26,15 @@ def cpu_count():
         return os.cpu_count()
 
 
+def cudnn_version_text(number):
+    """cuDNN's version number as cudnnGetVersion() gives it (90800 since cuDNN 9, 8902 before) as text: '9.8.0',
+    '8.9.2'; None for None."""
+    if not number:
+        return None
+    major_unit = 10000 if number >= 90000 else 1000
+    return f"{number // major_unit}.{number % major_unit // 100}.{number % 100}"
+
+
 def peak_host_bytes():
     """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -24,6 +24,8 @@ class RunContext:
     extras_state: dict = field(default_factory=dict)
     compile_cache: dict = None  # the persistent compilation cache as the run started (`Backend.open_compile_cache`)
     processes: ProcessGroup = field(default_factory=lambda: ProcessGroup(Launch()))  # `Backend.start_processes`
+    matmul_precision: dict = None  # {'requested': ..., what the framework reports}: `Backend.set_matmul_precision`
+    attention: dict = None         # what each kind of attention runs, once the model is built (see `attention_kernels`)
 
     @property
     def device_kind(self):
@@ -66,6 +68,14 @@ class Backend:
         """{package: version} of the framework packages."""
         return {}
 
+    def accelerator_environment(self):
+        """What the framework reports of the accelerator software it runs on and of its float32 arithmetic:
+        {'cuda_version': str or None (the CUDA runtime it uses, '12.8'), 'cudnn_version': str or None
+        ('9.8.0'), 'float32_matmul': {setting: value} as the framework reports it now (TF32 switches, matmul
+        precision)}. None for what the framework's build lacks (a CPU-only build has no CUDA); never raises.
+        Called with the framework imported, keras perhaps not. The default reports nothing."""
+        return {}
+
     def device_info(self):
         """{'kind': 'cpu'|'gpu'|'tpu', 'name': str, 'count': int, ...} of the devices the run uses."""
         raise NotImplementedError
@@ -77,6 +87,17 @@ class Backend:
 
     def peak_device_bytes(self):
         """Peak device memory in bytes as the framework reports it, or None where it reports none."""
+        return None
+
+    def reset_peak_device_bytes(self):
+        """Called as training starts: starts the peak of `device_memory` afresh. True where the framework did so;
+        False (the default) where its peak counts from the process's start."""
+        return False
+
+    def device_memory(self):
+        """[{'device': name, 'peak_bytes': int, 'in_use_bytes': int}] for each device this process computes on,
+        as the framework's allocator counts them (bytes held by live arrays or tensors, not what the allocator
+        reserved from the driver); None where the framework reports none (CPUs)."""
         return None
 
     def matmul_flops_per_s(self, dtype, size):
@@ -113,6 +134,21 @@ class Backend:
             return {"dir": None, "state": "off", "reason": off_reason, "entries_before": None}
         entries = self.compile_cache_entries(directory)
         return {"dir": directory, "state": "warm" if entries else "cold", "reason": None, "entries_before": entries}
+
+    def set_matmul_precision(self, precision):
+        """Called once keras is imported, before the model is built: makes float32 matmuls run in `precision`,
+        'highest' (true float32) or 'high' (TF32 where the device has it), and returns what the framework then
+        reports, {setting: value} read back from it (not the values asked for). None: this backend cannot set it
+        (a run asking for 'high' then stops; 'highest' is recorded as not reported)."""
+        return None
+
+    def attention_kernels(self, fused, device):
+        """Called once before the model is built with whether an extra asked for fused attention kernels: may
+        restrict the framework's attention in this process to that class of kernel (so that no dispatcher picks
+        another behind the run's back), and returns {'causal', 'masked', 'decoding': the implementation each
+        kind of attention runs}. None: nothing to restrict; each kind is then named by
+        `attention_implementation`."""
+        return None
 
     def attention_implementation(self, fused, device):
         """What `keras.ops.dot_product_attention` runs on `device` (`device_info()`) with `flash_attention=fused`

@@ -76,6 +76,11 @@ class TrainStep:
         """Returns once every step called so far has finished on the device (beyond the Keras variables, which
         the backend's `synchronize` waits for)."""
 
+    def description(self):
+        """How the step ran, in a few words shown beside its `name` in every table (a compiler's mode, whether
+        CUDA graphs ran, shapes that fell back to eager); '' when the name says it all. Called after training."""
+        return ""
+
     def finalize(self):
         pass
 
@@ -111,6 +116,9 @@ class WrappingStep(TrainStep):
 
     def block(self):
         self.inner.block()
+
+    def description(self):
+        return self.inner.description()
 
     def finalize(self):
         self.inner.finalize()

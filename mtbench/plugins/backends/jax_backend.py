@@ -63,7 +63,8 @@ class JaxBackend(Backend):
         import jax
         # XLA runs asynchronously: a clock is only honest once the values the step produced exist.
         if model is not None:
-            jax.block_until_ready([v.value for v in model.variables])
+            # A variable whose buffer the train step took over (donated) is waited for by the step's `block`.
+            jax.block_until_ready([v.value for v in model.variables if not v.value.is_deleted()])
         jax.effects_barrier()
 
     def peak_device_bytes(self):
@@ -71,6 +72,18 @@ class JaxBackend(Backend):
         peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
         peaks = [p for p in peaks if p is not None]
         return sum(peaks) if peaks else None
+
+    def device_memory(self):
+        import jax
+        # XLA's allocators keep a peak from the process's start and offer no reset.
+        memory = []
+        for device in jax.local_devices():
+            stats = device.memory_stats()
+            if not stats or "peak_bytes_in_use" not in stats:
+                return None
+            memory.append({"device": device.device_kind, "index": device.id,
+                           "peak_bytes": int(stats["peak_bytes_in_use"]), "in_use_bytes": int(stats["bytes_in_use"])})
+        return memory
 
     def matmul_flops_per_s(self, dtype, size):
         import jax
@@ -114,10 +127,16 @@ class JaxBackend(Backend):
     def compile_cache_hits(self):
         return dict(_cache_lookups) if _cache_lookups else None
 
+    def set_matmul_precision(self, precision):
+        import jax
+        # XLA runs float32 dots as TF32 on Ampere and newer GPUs unless told otherwise (jax-ml/jax#12008).
+        jax.config.update("jax_default_matmul_precision", {"highest": "float32", "high": "tensorfloat32"}[precision])
+        return self.accelerator_environment()["float32_matmul"]
+
     def attention_implementation(self, fused, device):
         if not fused:
-            return "xla"
-        return "splash" if device.get("kind") == "tpu" else "cudnn"
+            return "xla (unfused)"
+        return "splash (fused)" if device.get("kind") == "tpu" else "cudnn (fused)"
 
     def compile_inference(self, fn, model):
         import jax
@@ -141,6 +160,28 @@ class JaxBackend(Backend):
             return None  # Keras's own step lays the state out over the mesh; this one does not
         from mtbench.plugins.backends.jax_jit_step import JitTrainStep
         return JitTrainStep(model)
+
+    def accelerator_environment(self):
+        import jax
+        from mtbench import cudnn_version_text
+        try:
+            # The `_versions` module of jaxlib's CUDA plugin, as jax finds it; None in a CPU-only jaxlib.
+            from jax._src.lib import cuda_versions
+        except ImportError:
+            cuda_versions = None
+
+        def reported(getter):
+            try:
+                return getattr(cuda_versions, getter)()
+            except Exception:  # no CUDA plugin, or one whose libraries do not load here
+                return None
+
+        runtime = reported("cuda_runtime_get_version")  # 12080 for CUDA 12.8
+        # None: XLA's own default, which runs float32 dots as TF32 on GPUs that have it.
+        precision = jax.config.jax_default_matmul_precision
+        return {"cuda_version": f"{runtime // 1000}.{runtime % 1000 // 10}" if runtime else None,
+                "cudnn_version": cudnn_version_text(reported("cudnn_get_version")),
+                "float32_matmul": {"jax.config.jax_default_matmul_precision": precision}}
 
 
 @hookimpl

@@ -4,8 +4,8 @@ Keras's `train_on_batch` runs a jitted step too, but around it, on every call, i
 and re-syncs metric variables, assigns every model and optimizer variable back through Keras, and converts the
 logs. This step keeps the same mathematics (the model's `stateless_call`, the compiled loss, the optimizer's
 `stateless_apply`, with loss scaling when the optimizer scales) and carries the state from one step to the next
-itself, with donated buffers so XLA updates it in place. The Keras variables are only written back in
-`finalize`. The loss `compile_model` sets is computed in JAX's own formulation (`compiled_loss`).
+itself, with donated buffers so XLA updates it in place: the Keras variables' own, so that the state is held
+once. The Keras variables are only written back in `finalize`. The loss `compile_model` sets is computed in JAX's own formulation (`compiled_loss`).
 
 While the step is traced, every LayerNormalization runs inside its own `jax.jit`. Without that boundary, XLA on
 the CPU fuses the layer-norm backward of every later layer into each transposed copy that feeds a kernel
@@ -104,13 +104,12 @@ class JitTrainStep(TrainStep):
         return model.trainable_variables, model.non_trainable_variables, model.optimizer.variables
 
     def __call__(self, x, y, sample_weight):
-        import jax
         if self.state is None:
-            # Copies: the donated buffers must not be the ones the Keras variables hold. A device-side copy
-            # compiles nothing (`jnp.array(copy=True)` compiles a program per variable shape), so the first
-            # bucket's count holds the step's one compilation alone.
-            self.state = tuple([jax.device_put(v.value, may_alias=False) for v in variables]
-                               for variables in self._keras_state())
+            # The Keras variables' own buffers, donated to the first call: a copy would hold the parameters and
+            # the optimizer state twice on the device, which torch's step does not. Until `finalize` writes
+            # the state back, the Keras variables hold deleted arrays (nothing reads them during training:
+            # validation and checkpoints finalize first).
+            self.state = tuple([v.value for v in variables] for variables in self._keras_state())
         self.state, logs = self._step(self.state, x, y, sample_weight)
         return logs  # device scalars: the loop reads them at the edge of its timing window
 

@@ -69,6 +69,22 @@ class TorchBackend(Backend):
             return int(torch.cuda.max_memory_allocated())
         return None
 
+    def reset_peak_device_bytes(self):
+        import torch
+        if not torch.cuda.is_available():
+            return False
+        torch.cuda.reset_peak_memory_stats()
+        return True
+
+    def device_memory(self):
+        import torch
+        if not torch.cuda.is_available():
+            return None
+        index = torch.cuda.current_device()  # one device a process: its local rank's under torchrun
+        return [{"device": torch.cuda.get_device_name(index), "index": index,
+                 "peak_bytes": int(torch.cuda.max_memory_allocated(index)),
+                 "in_use_bytes": int(torch.cuda.memory_allocated(index))}]
+
     def matmul_flops_per_s(self, dtype, size):
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,9 +115,49 @@ class TorchBackend(Backend):
         return {"hits": int(counters["aot_autograd"]["autograd_cache_hit"]),
                 "misses": int(counters["aot_autograd"]["autograd_cache_miss"])}
 
+    def unsupported_dtype_reason(self, dtype, device):
+        if dtype in ("float16", "mixed_float16"):
+            # Keras's LossScaleOptimizer decides whether to apply the step with `ops.cond`, which on torch is a
+            # Python `if` on a device tensor: host syncs every step that JAX, tracing it into the program, does
+            # not pay. The comparison would measure that, not the frameworks.
+            return ("float16 trains through Keras's loss-scaling optimizer, whose finite-gradient check on torch "
+                    "waits for the device every step (JAX keeps it in the compiled step); use bfloat16 or "
+                    "mixed_bfloat16")
+        return None
+
+    def set_matmul_precision(self, precision):
+        import torch
+        # 'high' allows TF32 in CUDA (and oneDNN) float32 matmuls; 'highest' keeps them IEEE float32. cuDNN's own
+        # TF32 switch (convolutions; on by default in torch) is set alike so that nothing keeps the other one.
+        torch.set_float32_matmul_precision(precision)
+        torch.backends.cudnn.allow_tf32 = precision == "high"
+        return self.accelerator_environment()["float32_matmul"]
+
+    def attention_kernels(self, fused, device):
+        """torch's SDPA dispatcher would otherwise pick flash, memory-efficient or cuDNN kernels on a GPU where
+        JAX runs plain XLA attention: the process is held to the math kernel, or (fused) to the fused kernels
+        only (flash and memory-efficient), where inputs no such kernel takes are an error rather than a quiet
+        fallback. Keras narrows a fused causal attention to flash itself; flash takes no mask, so the masked ones
+        run memory-efficient."""
+        import torch
+        # cuDNN's SDPA stays off either way: with it on, which fused kernel a masked attention ran would be the
+        # dispatcher's choice again.
+        enable = {"math": not fused, "flash": fused, "mem_efficient": fused, "cudnn": False}
+        for name, on in enable.items():
+            getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
+        enabled = [name for name in enable if getattr(torch.backends.cuda, f"{name}_sdp_enabled")()]
+        if enabled != [name for name, on in enable.items() if on]:
+            from mtbench import RunFailure
+            raise RunFailure(f"torch kept the SDPA kernels {enabled} enabled; mtbench asked for "
+                             f"{[name for name, on in enable.items() if on]}")
+        if not fused:
+            return {"causal": "math (unfused)", "masked": "math (unfused)", "decoding": "math (unfused)",
+                    "sdpa_kernels_enabled": enabled}
+        return {"causal": "flash (fused)", "masked": "memory-efficient (fused)",
+                "decoding": "memory-efficient (fused)", "sdpa_kernels_enabled": enabled}
+
     def attention_implementation(self, fused, device):
-        # Not fused: torch's SDPA dispatcher picks the kernel (flash, memory-efficient, cuDNN or math) per call.
-        return "flash" if fused else "sdpa"
+        return "flash (fused)" if fused else "math (unfused)"
 
     def compile_inference(self, fn, model):
         import torch
@@ -115,6 +171,28 @@ class TorchBackend(Backend):
     def make_train_step(self, run, model):
         from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
         return EagerTorchTrainStep(model)
+
+    def accelerator_environment(self):
+        import torch
+        from mtbench import cudnn_version_text
+
+        def reported(read):
+            try:
+                return read()
+            except Exception:  # a getter this torch lacks; the legacy TF32 getters raise once the new API was used
+                return None
+
+        # The legacy TF32 switches and their successors (torch 2.9+): torch reports them through either API.
+        float32_matmul = {
+            "torch.backends.cuda.matmul.allow_tf32": lambda: bool(torch.backends.cuda.matmul.allow_tf32),
+            "torch.backends.cudnn.allow_tf32": lambda: bool(torch.backends.cudnn.allow_tf32),
+            "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision,
+            "torch.backends.cuda.matmul.fp32_precision": lambda: torch.backends.cuda.matmul.fp32_precision,
+            "torch.backends.cudnn.fp32_precision": lambda: torch.backends.cudnn.fp32_precision,
+        }
+        return {"cuda_version": torch.version.cuda,
+                "cudnn_version": cudnn_version_text(reported(torch.backends.cudnn.version)),
+                "float32_matmul": {name: reported(read) for name, read in float32_matmul.items()}}
 
 
 @hookimpl

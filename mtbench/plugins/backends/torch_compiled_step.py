@@ -45,6 +45,12 @@ import contextlib
 from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
 
 COMPILED_PART = "mtbench torch step: forward + loss (backward via AOTAutograd); fused AdamW update eager"
+# Graphs dynamo keeps per compiled function before it gives up and runs further shapes eagerly (torch's default
+# is 8, exactly the `base` preset's length buckets). Raised so that every bucket, of any preset, is compiled;
+# a shape that still runs eagerly is counted and shown beside the step's name.
+RECOMPILE_LIMIT = 64
+# The modes in which inductor captures the compiled graphs in CUDA graphs (on a GPU).
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def plain_calls_unsupported(model):
@@ -153,12 +159,44 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
             raise MtbenchError(f"{reason}; the compiled step runs Keras layers' call() directly")
         super().__init__(model)
         lighten_keras_for_dynamo()
+        self.mode = mode
+        self.shapes_seen = set()
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         # One graph per length bucket: the buckets are few, and static shapes give inductor fixed tile sizes.
         self._forward = torch.compile(self._loss_and_accuracy, mode=mode, dynamic=False)
         self._compile_seconds_before = calculate_time_spent().get("total_wall_time", 0.0)
 
     def _forward_context(self):
         return plain_layer_calls(training=True)
+
+    def __call__(self, x, y, sample_weight):
+        self.shapes_seen.add(tuple(y.shape))
+        return super().__call__(x, y, sample_weight)
+
+    def shapes_run_eagerly(self):
+        """Shapes this step trained that have no compiled graph: dynamo ran them eagerly (its recompile limit)."""
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        compiled = len(_debug_get_cache_entry_list(EagerTorchTrainStep._loss_and_accuracy.__code__))
+        return max(len(self.shapes_seen) - compiled, 0)
+
+    def cuda_graphs(self):
+        """Whether the compiled graphs ran as CUDA graphs: 'not used' (mode), 'not on this device', 'every
+        graph', or how many graphs inductor skipped (it logs why; `cudagraph_skips` counts them)."""
+        import torch
+        from torch._dynamo.utils import counters
+        if (self.mode or "default") not in CUDA_GRAPH_MODES:
+            return f"not used (mode {self.mode or 'default'})"
+        if not torch.cuda.is_available():
+            return "not used: no CUDA device (CUDA graphs need one)"
+        skipped = int(counters["inductor"]["cudagraph_skips"])
+        return f"skipped for {skipped} graph(s)" if skipped else "every compiled graph"
+
+    def description(self):
+        eager = self.shapes_run_eagerly()
+        parts = [f"mode {self.mode or 'default'}", f"CUDA graphs: {self.cuda_graphs()}"]
+        if eager:
+            parts.append(f"{eager} of {len(self.shapes_seen)} shapes ran eagerly")
+        return ", ".join(parts)
 
     def compilations(self):
         """How often the compiled function itself was compiled: once per input shape (length bucket), since

@@ -20,6 +20,20 @@ from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
 
 
+def to_device(array, device):
+    """A numpy batch array as a tensor on `device` without a host wait: on the CPU the array's own memory; on a
+    GPU a copy into pinned (page-locked) host memory, then a non-blocking copy the device runs in order with the
+    step (a copy from pageable memory would hold the host until the device had taken it)."""
+    import numpy as np
+    import torch
+    if isinstance(array, torch.Tensor):
+        return array.to(device, non_blocking=True)
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if torch.device(device).type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def correct_tokens(labels, logits, weight):
     """Weighted count of tokens whose label has the largest logit: a max and a gather, about a quarter of
     `argmax`'s time over the (batch, length, vocabulary) logits on the CPU. It differs from argmax's count
@@ -71,11 +85,12 @@ class EagerTorchTrainStep(TrainStep):
 
     def __call__(self, x, y, sample_weight):
         import torch
-        from keras import ops, tree
+        from keras.src.backend.torch.core import get_device
         model, optimizer = self.model, self.model.optimizer
         # On Keras's device, and as tensors before any compiled code sees them.
-        x = tree.map_structure(ops.convert_to_tensor, x)
-        y, sample_weight = ops.convert_to_tensor(y), ops.convert_to_tensor(sample_weight)
+        device = get_device()
+        x = tuple(to_device(part, device) for part in x)
+        y, sample_weight = to_device(y, device), to_device(sample_weight, device)
         for variable in self.variables:
             variable.value.grad = None
         with self._forward_context():
@@ -110,7 +125,3 @@ class EagerTorchTrainStep(TrainStep):
         global_tokens = sums[2]
         objective = loss * tokens * self.processes.world_size / global_tokens
         return objective, sums[0] / global_tokens, sums[1] / global_tokens
-
-    def finalize(self):
-        if self.fused_optimizer:
-            self.fused_optimizer.write_back()

@@ -7,7 +7,9 @@ epsilon sits: Keras divides by `sqrt(v) + eps` and folds the bias correction of 
 divides by `sqrt(v) / sqrt(1 - beta_2**t) + eps`. Giving torch `eps / sqrt(1 - beta_2**t)` at step t makes them
 the same expression. Learning rate, clipping (each gradient on its own, Keras's `clipnorm`), and the decoupled
 weight decay (`w *= 1 - lr * weight_decay`, before the moments) are Keras's. The Keras optimizer's `iterations`
-advances with every step; its moment variables receive torch's state in `write_back`.
+advances with every step. torch's optimizer state is the Keras optimizer's own moment variables, which the fused
+kernel updates in place: one copy of the moments (a second one would count against torch's memory alone), and
+Keras always holds the current ones.
 """
 
 import math
@@ -38,11 +40,20 @@ class FusedAdamW:
         # its schedule from a GPU would wait for the device every step.
         self.iterations = 0
         self.variables = list(variables)
+        if not optimizer.built:
+            optimizer.build(self.variables)  # its moment variables are the state torch updates
         self.parameters = [v.value for v in self.variables]
         self.clipnorm = optimizer.clipnorm
         self.torch_optimizer = torch.optim.AdamW(
             self.parameters, lr=0.0, betas=(optimizer.beta_1, optimizer.beta_2), eps=optimizer.epsilon,
             weight_decay=optimizer.weight_decay, fused=True)
+        for variable, parameter in zip(self.variables, self.parameters):
+            index = optimizer._get_variable_index(variable)
+            # The state torch would create at its first step (the fused kernel keeps `step` on the device), with
+            # Keras's moment tensors instead of new zeros.
+            self.torch_optimizer.state[parameter] = {
+                "step": torch.zeros((), dtype=torch.float32, device=parameter.device),
+                "exp_avg": optimizer._momentums[index].value, "exp_avg_sq": optimizer._velocities[index].value}
 
     def _clip_each_gradient(self, grads):
         import torch
@@ -72,13 +83,3 @@ class FusedAdamW:
             return float(self.keras_optimizer.learning_rate)
         with keras.device("cpu"):
             return float(rate(iteration))
-
-    def write_back(self):
-        """Copies torch's moments into the Keras optimizer's variables."""
-        optimizer = self.keras_optimizer
-        for variable, parameter in zip(self.variables, self.parameters):
-            state = self.torch_optimizer.state.get(parameter)
-            if state:
-                index = optimizer._get_variable_index(variable)
-                optimizer._momentums[index].assign(state["exp_avg"])
-                optimizer._velocities[index].assign(state["exp_avg_sq"])

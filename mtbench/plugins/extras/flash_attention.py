@@ -1,5 +1,8 @@
-"""flash-attention: fused attention kernels (cuDNN on JAX, FlashAttention through torch's SDPA) via Keras's
-`dot_product_attention(..., flash_attention=True)`.
+"""flash-attention: fused attention kernels for every kind of attention, on both backends: cuDNN on JAX (Keras's
+`dot_product_attention(..., flash_attention=True)`); on torch, FlashAttention for the causal self-attention
+(Keras narrows it to flash) and the memory-efficient kernel for the masked ones, which flash cannot take: the
+torch backend holds the process to fused SDPA kernels (`TorchBackend.attention_kernels`), as it holds a run
+without this extra to the math kernel.
 
 Keras on JAX falls back to plain XLA attention with only a logged message when cuDNN refuses the inputs, so
 asking for the kernel proves nothing: before training, the compiled program (JAX) or a profiler trace (torch)
@@ -16,7 +19,7 @@ HALF_DTYPES = ("float16", "bfloat16", "mixed_float16", "mixed_bfloat16")
 # Names that only a fused attention kernel produces: cuDNN's fused multi-head attention custom calls in XLA's
 # HLO, and torch's flash SDPA operator and CUDA kernels.
 JAX_KERNEL_PATTERN = re.compile(r"__cudnn\$fmha\w*")
-TORCH_KERNEL_PATTERN = re.compile(r"\S*flash\S*", re.IGNORECASE)
+TORCH_KERNEL_PATTERN = re.compile(r"\S*(?:flash|efficient)\S*", re.IGNORECASE)
 
 
 MASKED_KINDS = ["encoder self-attention", "cross-attention"]
@@ -26,6 +29,14 @@ def kernel_evidence(text_or_names, pattern):
     """The distinct kernel names in a compiled program's text or a list of profiler event names."""
     text = text_or_names if isinstance(text_or_names, str) else "\n".join(text_or_names)
     return sorted(set(pattern.findall(text)))
+
+
+def torch_kinds_missing(kernels, applied_to):
+    """The kinds of attention in `applied_to` that no torch kernel in `kernels` served: flash serves the causal
+    self-attention, the memory-efficient kernel the masked ones."""
+    flash = any("flash" in kernel.lower() for kernel in kernels)
+    efficient = any("efficient" in kernel.lower() for kernel in kernels)
+    return [kind for kind in applied_to if not (efficient if kind in MASKED_KINDS else flash)]
 
 
 def cudnn_kinds_missing(kernels, applied_to):
@@ -62,11 +73,11 @@ class FlashAttention(Extra):
         return None
 
     def before_model(self, run):
-        # torch's flash kernel takes no attention mask: there it serves the causal decoder self-attention only,
-        # and the padded attentions keep torch's default SDPA choice.
+        # torch's flash kernel takes no attention mask: Keras is asked for it on the causal decoder self-attention
+        # only, and the padded attentions run the memory-efficient kernel the backend holds the process to.
         masked = True if run.backend.name == "jax" else None
         run.model_options.update(flash_attention=True, flash_attention_masked=masked)
-        run.extras_state[self.name] = {"applied_to": ["decoder self-attention"] + (MASKED_KINDS if masked else [])}
+        run.extras_state[self.name] = {"applied_to": ["decoder self-attention", *MASKED_KINDS]}
 
     def verify(self, run, model, batch):
         x = (batch.source, batch.target_input)
@@ -78,7 +89,8 @@ class FlashAttention(Extra):
         state.update(verified_by=method, kernels=evidence)
         if not evidence:
             return f"the fused attention kernel did not run ({method} name none); the run would mislabel itself"
-        missing = cudnn_kinds_missing(evidence, state.get("applied_to", [])) if run.backend.name == "jax" else []
+        kinds_missing = cudnn_kinds_missing if run.backend.name == "jax" else torch_kinds_missing
+        missing = kinds_missing(evidence, state.get("applied_to", []))
         if missing:
             return (f"the fused attention kernel did not run for the {' and '.join(missing)} ({method}: "
                     f"{', '.join(evidence)}); the run would mislabel itself")

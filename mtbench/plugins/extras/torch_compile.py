@@ -78,6 +78,9 @@ class TorchCompile(Extra):
         return compiled
 
     def record(self, run):
+        import torch
+        from torch._dynamo.utils import counters
+
         from mtbench.plugins.backends.torch_compiled_step import COMPILED_PART, dynamo_counters
         state = run.extras_state[self.name]
         step = state["step"]
@@ -85,6 +88,9 @@ class TorchCompile(Extra):
         saved = save_cache_artifacts(state["artifacts"])
         return {"mode": run.config.compile_mode, "compiled": COMPILED_PART, **dynamo_counters(),
                 **step.compilations(), "compile_s": round(step.compile_seconds(), 3),
+                "recompile_limit": torch._dynamo.config.recompile_limit,
+                "shapes_trained": len(step.shapes_seen), "shapes_run_eagerly": step.shapes_run_eagerly(),
+                "cuda_graphs": step.cuda_graphs(), "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"]),
                 "cache_artifacts": {"file": state["artifacts"], "loaded": state["artifacts_loaded"], "saved": saved}}
 
 

@@ -2,7 +2,8 @@
 
 from rich.table import Table
 
-from mtbench import Reporter, figure_text, hookimpl, run_dtype, run_label, size_label
+from mtbench import (Reporter, attention_text, figure_text, hookimpl, matmul_precision_text, run_dtype, run_label,
+                     size_label, train_step_text)
 
 
 def _joined(result, *keys, unit=""):
@@ -36,14 +37,17 @@ def result_rows(result):
         ("run", "corpus / preset", f"{result['data']['corpus']} / {cfg['preset']} "
                                    f"({_size(cfg)}{result['model']['parameters']:,} parameters), {run_dtype(result)}"),
         ("run", "steps x batch", f"{t['steps']} x {cfg['batch_size']}"),
-        ("run", "train step", result.get("train_step", "n/a")),
+        ("run", "train step", train_step_text(result)),
+        ("run", "attention", attention_text(result)),
+        ("run", "float32 matmuls", matmul_precision_text(result)),
         ("timing", "compile (first step of each shape)", f"{figure_text(result, 'compile_s')} s over "
                                                         f"{t['shapes_compiled']} shapes"),
         ("timing", "steady step median / p90", _joined(result, "step_s_median", "step_s_p90", unit=" ms")),
         ("timing", "tokens/s (target, steady)", figure_text(result, "tokens_per_s")),
         ("timing", "train / total wall time", _joined(result, "train_s", "total_s", unit=" s")),
         ("timing", "MFU (model FLOP/s / peak)", _mfu(result)),
-        ("memory", "peak host / device", _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")),
+        ("memory", "peak host / device (run)", _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")),
+        ("memory", "peak training, per device", _training_memory(result)),
         ("energy", "steady steps: J / 1k tokens, power", _energy(result.get("energy"))),
         ("cost", "run / to target BLEU", _cost(result)),
         ("quality", "loss train / val / test", _joined(result, "train_loss", "val_loss", "test_loss")),
@@ -52,6 +56,14 @@ def result_rows(result):
         ("quality", "BLEU signature", result["metrics"]["bleu_signature"] or "n/a"),
         ("quality", "test decoding", _decoding(result)),
     ] + _target_rows(result.get("target"))
+
+
+def _training_memory(result):
+    training = (result.get("memory") or {}).get("training") or {}
+    if not training.get("per_device"):
+        return "n/a"
+    peaks = " / ".join(f"{device['peak_bytes'] / 2 ** 20:,.0f}" for device in training["per_device"])
+    return f"{peaks} MiB (since {training['peak_since']})"
 
 
 def _size(config):

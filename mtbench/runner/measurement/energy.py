@@ -78,19 +78,23 @@ def rapl_domains(root=RAPL_ROOT):
     return domains
 
 
-def _visible_gpu_indices(count):
-    """NVML numbers every GPU of the machine; CUDA_VISIBLE_DEVICES (as indices) says which ones the run sees."""
+def _visible_gpu_indices(ordinals):
+    """NVML numbers every GPU of the machine; CUDA_VISIBLE_DEVICES (as indices) says which ones the process sees,
+    and `ordinals` are devices as the process numbers the ones it sees."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         try:
-            return [int(index) for index in visible.split(",")][:count]
+            numbers = [int(index) for index in visible.split(",")]
+            return [numbers[i] for i in ordinals if i < len(numbers)]
         except ValueError:
-            pass  # GPU UUIDs: fall back to the first devices
-    return list(range(count))
+            pass  # GPU UUIDs: fall back to the ordinals themselves
+    return list(ordinals)
 
 
-def open_counter(device, devices_used):
-    """(Counter or None, reason when None) for the run's device (`Backend.device_info()`)."""
+def open_counter(device, ordinals=(0,)):
+    """(Counter or None, reason when None) for the run's device (`Backend.device_info()`): on GPUs, the counters
+    of the devices this process computes on (`ordinals`, as it numbers its visible devices), not every GPU of
+    the machine."""
     kind, name = device.get("kind"), device.get("name") or ""
     if kind == "gpu":
         try:
@@ -99,7 +103,7 @@ def open_counter(device, devices_used):
             return None, "nvidia-ml-py is not installed (pip install 'mtbench[energy]')"
         try:
             pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_gpu_indices(max(devices_used, 1))]
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_gpu_indices(ordinals)]
             counter = NvmlCounter(pynvml, handles)
             counter.read()
         except Exception as error:  # pynvml.NVMLError_NotSupported on GPUs older than Volta, no driver, ...

@@ -6,12 +6,14 @@ described, not fatal."""
 import importlib.metadata
 import os
 import platform
+import re
+import shutil
 import subprocess
 
 from mtbench.plugins import manager as plugins
 from mtbench.plugins.api import cpu_count, cpu_model
 from mtbench.runner.measurement.devices import describe_backend
-from mtbench.runner.measurement.peaks import calibrate, device_peak
+from mtbench.runner.measurement.peaks import calibrate, device_peak_record
 
 
 def _version(package):
@@ -44,9 +46,80 @@ def _git_commit():
 
 PACKAGES = ("keras", "jax", "jaxlib", "torch", "numpy", "sacrebleu", "sentencepiece")
 
+# Environment variables that change what the frameworks compute, which kernels they run or on which devices;
+# recorded whether set or not (null: unset).
+ARITHMETIC_ENV_VARS = (
+    "XLA_FLAGS",                         # XLA's compiler: autotuning, deterministic ops, fusions, host devices
+    "NVIDIA_TF32_OVERRIDE",              # 0 turns TF32 off in cuBLAS and cuDNN, whatever a framework asked for
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",  # 1 turns TF32 on in torch's cuBLAS matmuls, whatever it was told
+    "CUBLAS_WORKSPACE_CONFIG",           # set for deterministic cuBLAS, which then picks other kernels
+    "CUDA_VISIBLE_DEVICES",              # which GPUs the frameworks see
+    "CUDA_LAUNCH_BLOCKING",              # 1: every kernel launch waits for the kernel; no host/device overlap
+    "PYTORCH_CUDA_ALLOC_CONF",           # torch's caching allocator: device memory figures and fragmentation
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS",  # the CPU threads of torch's and XLA's CPU kernels
+)
+# And every set variable that starts with one of these: JAX's configuration (JAX_PLATFORMS,
+# JAX_DEFAULT_MATMUL_PRECISION, JAX_ENABLE_X64, ...), XLA's client allocator (preallocation, memory fraction),
+# torch's cuDNN and BLAS library choices, inductor's autotuning (other kernels).
+ARITHMETIC_ENV_PREFIXES = ("JAX_", "XLA_PYTHON_CLIENT_", "TORCH_CUDNN_", "TORCH_BLAS_", "TORCHINDUCTOR_MAX_AUTOTUNE")
+
+
+def arithmetic_environment_variables(environ=None):
+    """{name: value or None} of the environment variables above, as this process sees them."""
+    environ = os.environ if environ is None else environ
+    return {**{name: environ.get(name) for name in ARITHMETIC_ENV_VARS},
+            **{name: value for name, value in sorted(environ.items()) if name.startswith(ARITHMETIC_ENV_PREFIXES)}}
+
+
+NVIDIA_VERSION_FILE = "/proc/driver/nvidia/version"
+
+
+def nvidia_gpu(version_file=NVIDIA_VERSION_FILE, nvidia_smi="nvidia-smi"):
+    """{'gpu_present': bool, 'nvidia_driver_version': str or None}, asked of the NVIDIA driver, never of a
+    framework (whose build may see only the CPU): a GPU is present when the driver's kernel module is loaded
+    (`version_file`) or `nvidia-smi -L` lists one. The driver's version comes from NVML where pynvml is
+    installed (`mtbench[energy]`), else from `version_file`."""
+    try:
+        with open(version_file) as f:
+            module = f.read()
+    except OSError:
+        module = None
+    present = module is not None or _nvidia_smi_lists_a_gpu(nvidia_smi)
+    driver = _nvml_driver_version() if present else None
+    if driver is None and module:
+        found = re.search(r"Kernel Module(?: for \S+)?\s+(\d[\w.-]*)", module)
+        driver = found.group(1) if found else None
+    return {"gpu_present": present, "nvidia_driver_version": driver}
+
+
+def _nvidia_smi_lists_a_gpu(nvidia_smi):
+    if shutil.which(nvidia_smi) is None:
+        return False
+    try:
+        listing = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return listing.returncode == 0 and any(line.startswith("GPU ") for line in listing.stdout.splitlines())
+
+
+def _nvml_driver_version():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # not installed, or no driver library
+        return None
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
 
 def host_environment():
-    """Versions and hardware, from package metadata and the OS: describing a framework never imports it."""
+    """Versions and hardware, from package metadata, the OS and the GPU driver: describing a framework never
+    imports it."""
     from mtbench import __version__
     return {
         "python": platform.python_version(),
@@ -56,13 +129,42 @@ def host_environment():
         "platform": platform.platform(),
         "mtbench": __version__,
         "mtbench_git_commit": _git_commit(),
+        **nvidia_gpu(),
+        "framework_env": arithmetic_environment_variables(),
     }
 
 
+def accelerator_record(backend):
+    """`Backend.accelerator_environment()` with each of its keys present (None where the backend reports none)."""
+    reported = backend.accelerator_environment() or {}
+    return {"cuda_version": reported.get("cuda_version"), "cudnn_version": reported.get("cudnn_version"),
+            "float32_matmul": reported.get("float32_matmul")}
+
+
 def run_environment(backend):
-    """The host, and the framework and devices of the backend this run used."""
+    """The host, and the framework, devices and accelerator software of the backend this run used."""
     return {**host_environment(), "backend_versions": backend.framework_versions(),
-            "device": backend.device_info()}
+            "device": backend.device_info(), **accelerator_record(backend)}
+
+
+# How to install each built-in backend's framework with CUDA.
+CUDA_BUILDS = {
+    "jax": "pip install 'mtbench[jax-cuda]'",
+    "torch": "pip install --force-reinstall torch (PyPI's Linux wheel is the CUDA build; the 'torch' extra pins "
+             "the CPU build of a machine without a GPU)",
+}
+
+
+def cpu_only_backend_warnings(backends, gpu_present):
+    """A warning for each available backend (`describe_environment`'s `backends`) that computes on the CPU of a
+    machine that has an NVIDIA GPU: its framework is a CPU-only build (or told to use the CPU), and a run would
+    time the CPU. Each names the fix."""
+    if not gpu_present:
+        return []
+    return [f"this machine has an NVIDIA GPU but backend '{name}' sees only the CPU; install a CUDA build of its "
+            f"framework: {CUDA_BUILDS.get(name, 'see its plugin documentation')}"
+            for name, backend in backends.items()
+            if backend["available"] and backend["device"].get("kind") == "cpu"]
 
 
 CALIBRATED_DTYPES = ("float32", "bfloat16")
@@ -78,22 +180,34 @@ def calibrate_peaks(description, registry, cache_dir):
         peaks = {}
         for dtype in CALIBRATED_DTYPES:
             if device.get("kind") == "cpu":
-                flops, source = calibrate(registry.backends[name], dtype, device.get("name"), cache_dir)
+                peaks[dtype] = calibrate(backend, dtype, device.get("name"), cache_dir)
             else:
-                flops, source = device_peak(backend, device, dtype, cache_dir)
-            peaks[dtype] = {"flops_per_s": flops, "source": source}
+                peaks[dtype] = device_peak_record(backend, device, dtype, cache_dir)
         backend_description["peaks"] = peaks
 
 
+def _describe_backend(backend):
+    description = describe_backend(backend)
+    if description["available"]:
+        try:
+            description["accelerator"] = accelerator_record(backend)
+        except Exception as error:  # a plugin's failure to say is a fact to show, not a reason to stop
+            description["accelerator"] = {"error": f"{type(error).__name__}: {error}"}
+    return description
+
+
 def describe_environment(registry):
+    host = host_environment()
+    backends = {name: _describe_backend(backend) for name, backend in sorted(registry.backends.items())}
     return {
-        "host": host_environment(),
-        "backends": {name: describe_backend(backend) for name, backend in sorted(registry.backends.items())},
+        "host": host,
+        "backends": backends,
         "extras": {name: {"backends": list(extra.backends), "description": extra.description,
                           "plugin": registry.provider[("extras", name)]}
                    for name, extra in sorted(registry.extras.items())},
         "plugins": plugins.plugin_descriptions(),
         "warnings": list(registry.warnings),
+        "device_warnings": cpu_only_backend_warnings(backends, host["gpu_present"]),
     }
 
 
@@ -106,6 +220,10 @@ def environment_rows(description):
         ("host", "python", host["python"]),
         ("host", "platform", host["platform"]),
         ("host", "cpu", f"{host['cpu_model']}, {host['cpu_count']} cores"),
+        ("host", "gpu", f"NVIDIA, driver {host['nvidia_driver_version'] or 'version unknown'}"
+                        if host["gpu_present"] else "no NVIDIA GPU"),
+        ("host", "framework env", ", ".join(f"{name}={value}" for name, value in host["framework_env"].items()
+                                            if value is not None) or "none set"),
     ]
     rows += [("package", name, host.get(name) or "not installed") for name in PACKAGES]
     for name, backend in description["backends"].items():
@@ -116,8 +234,13 @@ def environment_rows(description):
         else:
             value = f"unavailable: {backend['reason']}"
         rows.append(("backend", name, value))
+        if "accelerator" in backend:
+            rows.append(("backend", f"{name} accelerator", _accelerator_text(backend["accelerator"])))
         for dtype, peak in backend.get("peaks", {}).items():
             figure = "unknown" if peak["flops_per_s"] is None else f"{peak['flops_per_s'] / 1e12:,.3f} TFLOP/s"
+            if peak.get("measured_at"):
+                load = " / ".join(map(str, peak["load_average"] or ["unknown"]))
+                figure += f", measured {peak['measured_at']} at load average {load}"
             rows.append(("peak", f"{name} {dtype}", f"{figure} ({peak['source']})"))
     rows += [("extra", name, f"{', '.join(extra['backends'])} (plugin {extra['plugin']})")
              for name, extra in description["extras"].items()]
@@ -128,4 +251,13 @@ def environment_rows(description):
         origin = "built-in" if plugin["builtin"] else f"version {plugin['version'] or '?'}"
         rows.append(("plugin", plugin["name"], f"{origin}; {provides or 'hooks only'}"))
     rows += [("warning", "plugin", text) for text in description["warnings"]]
+    rows += [("warning", "device", text) for text in description["device_warnings"]]
     return rows
+
+
+def _accelerator_text(accelerator):
+    if "error" in accelerator:
+        return f"unknown: {accelerator['error']}"
+    settings = ", ".join(f"{name} = {value}" for name, value in (accelerator["float32_matmul"] or {}).items())
+    return (f"CUDA {accelerator['cuda_version'] or 'none'}, cuDNN {accelerator['cudnn_version'] or 'none'}; "
+            f"float32 matmul: {settings or 'not reported'}")

@@ -1,51 +1,104 @@
 """The peak FLOP/s that MFU divides by: a datasheet figure on accelerators, the fastest measured matmul on CPUs."""
 
+import datetime
 import json
 import os
+import re
 
 from mtbench.runner.files import write_json_atomic
 from mtbench.runner.measurement.devices import describe_backend
 from mtbench.runner.measurement.flops import compute_dtype
 
-# Dense peak FLOP/s from vendor datasheets (without sparsity), by device name fragment and dtype class.
+
+def _gpu(float32, tf32, bfloat16, source):
+    """A GPU's peaks by arithmetic (float16 runs at the bfloat16 rate) and the datasheet they come from."""
+    return {"float32": float32, "tf32": tf32, "bfloat16": bfloat16, "float16": bfloat16, "source": source}
+
+
+def _tpu(bfloat16, source):
+    """A TPU's MXU multiplies in bfloat16: every dtype counts against that peak, and its source says so."""
+    return {"float32": bfloat16, "bfloat16": bfloat16, "float16": bfloat16, "arithmetic": "BF16 MXU",
+            "source": source}
+
+
+# Dense peak FLOP/s per chip from vendor datasheets (without sparsity: half the "with sparsity" figures), by the
+# arithmetic the matmuls run in. `match` is a regular expression found, as whole words and in any case, in the
+# device name as the frameworks report it (torch.cuda.get_device_name(), JAX's device_kind); where several
+# match, the longest match wins, so "NVIDIA H100 PCIe" is the PCIe card and not the SXM one.
+# "tf32": float32 matmuls run as TensorFloat-32 (matmul precision "high").
+HOPPER_SXM = (67e12, 494.7e12, 989.4e12)   # H100 SXM, H200 SXM and GH200: the same peaks on their datasheets
+HOPPER_NVL = (60e12, 417.5e12, 835.5e12)   # H100 NVL and H200 NVL, per GPU
 DATASHEET_PEAKS = {
-    "H200": {"float32": 67e12, "tf32": 494.7e12, "bfloat16": 989.4e12, "float16": 989.4e12,
-             "source": "NVIDIA H200 datasheet (SXM, dense)"},
-    "H100": {"float32": 67e12, "tf32": 494.7e12, "bfloat16": 989.4e12, "float16": 989.4e12,
-             "source": "NVIDIA H100 datasheet (SXM, dense)"},
-    "A100": {"float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12, "float16": 312e12,
-             "source": "NVIDIA A100 datasheet (dense)"},
-    "TPU v4": {"float32": 275e12, "bfloat16": 275e12, "float16": 275e12, "source": "Google Cloud TPU v4 documentation"},
-    "TPU v5": {"float32": 197e12, "bfloat16": 197e12, "float16": 197e12, "source": "Google Cloud TPU v5e documentation"},
+    "NVIDIA H100 SXM": {"match": r"h100", **_gpu(*HOPPER_SXM, "NVIDIA H100 SXM datasheet")},
+    "NVIDIA H100 PCIe": {"match": r"h100 pcie", **_gpu(51e12, 378e12, 756e12, "NVIDIA H100 PCIe datasheet")},
+    "NVIDIA H100 NVL": {"match": r"h100 nvl", **_gpu(*HOPPER_NVL, "NVIDIA H100 NVL datasheet (per GPU)")},
+    "NVIDIA H200": {"match": r"h200", **_gpu(*HOPPER_SXM, "NVIDIA H200 SXM datasheet")},
+    "NVIDIA H200 NVL": {"match": r"h200 nvl", **_gpu(*HOPPER_NVL, "NVIDIA H200 NVL datasheet")},
+    "NVIDIA GH200": {"match": r"gh200", **_gpu(*HOPPER_SXM, "NVIDIA GH200 Grace Hopper datasheet")},
+    # 40 GB and 80 GB, SXM4 and PCIe: the same peaks.
+    "NVIDIA A100": {"match": r"a100", **_gpu(19.5e12, 156e12, 312e12, "NVIDIA A100 datasheet")},
+    "TPU v4": {"match": r"tpu v4", **_tpu(275e12, "Google Cloud TPU v4 documentation")},
+    # JAX calls a v5e "TPU v5 lite" and a v5p "TPU v5" (or "TPU v5p").
+    "TPU v5e": {"match": r"tpu v5(?: lite|e|litepod)", **_tpu(197e12, "Google Cloud TPU v5e documentation")},
+    "TPU v5p": {"match": r"tpu v5p?", **_tpu(459e12, "Google Cloud TPU v5p documentation")},
+    "TPU v6e": {"match": r"tpu v6(?: lite|e)", **_tpu(918e12, "Google Cloud TPU v6e (Trillium) documentation")},
 }
+ARITHMETIC_NAMES = {"float32": "FP32", "tf32": "TF32", "bfloat16": "BF16", "float16": "FP16"}
 
 
-def datasheet_peak(device_name, dtype):
-    for fragment, peaks in DATASHEET_PEAKS.items():
-        if fragment.lower() in (device_name or "").lower():
-            return peaks.get(compute_dtype(dtype)), peaks["source"]
-    return None, None
+def datasheet_entry(device_name):
+    """The entry of DATASHEET_PEAKS whose pattern matches the longest part of `device_name`, or None."""
+    best, best_length = None, 0
+    for peaks in DATASHEET_PEAKS.values():
+        found = re.search(rf"(?<![a-z0-9]){peaks['match']}(?![a-z0-9])", (device_name or "").lower())
+        if found and len(found.group()) > best_length:
+            best, best_length = peaks, len(found.group())
+    return best
 
 
-def device_peak(backend, device, dtype, cache_dir, all_backends=()):
-    """(peak FLOP/s, source). Accelerators: the datasheet. CPUs: the fastest square matmul measured on this CPU
-    model in this dtype by any backend of `all_backends` whose framework is installed and runs on the CPU. One
-    framework's matmul may reach half of another's on the same cores (on this project's 2-core EPYC, torch's
-    float32 matmul reaches 235 GFLOP/s where XLA's reaches 525): the hardware's peak is the best of them, so
-    that every backend's MFU is measured against the same figure. Measurements are cached per CPU model (`mtbench
-    env --calibrate` redoes them)."""
+def peak_arithmetic(peaks, dtype, matmul_precision="highest"):
+    """The arithmetic the matmuls of a run in `dtype` (a Keras dtype policy name) ran in: float32 with matmul
+    precision 'high' runs as TF32 on a GPU that has it; anything else in its compute dtype."""
+    arithmetic = compute_dtype(dtype)
+    if arithmetic == "float32" and matmul_precision == "high" and "tf32" in peaks:
+        return "tf32"
+    return arithmetic
+
+
+def datasheet_peak(device_name, dtype, matmul_precision="highest"):
+    """(dense peak FLOP/s, source naming the device and the arithmetic), or (None, None) for an unknown device."""
+    peaks = datasheet_entry(device_name)
+    if peaks is None:
+        return None, None
+    arithmetic = peak_arithmetic(peaks, dtype, matmul_precision)
+    name = peaks.get("arithmetic") or ARITHMETIC_NAMES.get(arithmetic, arithmetic)
+    return peaks.get(arithmetic), f"{peaks['source']}, {name} dense"
+
+
+def peak_record(flops_per_s, source, measured_at=None, load_average=None):
+    """A peak and where it comes from; `measured_at` (ISO 8601) and `load_average` (the 1, 5 and 15 minute load
+    averages as the measurement began) for a measured one, None for a datasheet figure."""
+    return {"flops_per_s": flops_per_s, "source": source, "measured_at": measured_at, "load_average": load_average}
+
+
+def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmul_precision="highest"):
+    """The peak MFU divides by, as a `peak_record`. Accelerators: the datasheet figure of the arithmetic the
+    matmuls ran in (`matmul_precision`: float32 with 'high' is TF32 on GPUs that have it). CPUs: the fastest
+    square matmul measured on this CPU model in this dtype by any backend of `all_backends` whose framework is
+    installed and runs on the CPU. One framework's matmul may reach half of another's on the same cores (on this
+    project's 2-core EPYC, torch's float32 matmul reaches 235 GFLOP/s where XLA's reaches 525): the hardware's
+    peak is the best of them, so that every backend's MFU is measured against the same figure. Measurements are
+    cached per CPU model (`mtbench env --calibrate` redoes them)."""
     if device.get("kind") != "cpu":
-        peak, source = datasheet_peak(device.get("name"), dtype)
-        return peak, source or f"no datasheet peak known for {device.get('name')}"
+        peak, source = datasheet_peak(device.get("name"), dtype, matmul_precision)
+        return peak_record(peak, source or f"no datasheet peak known for {device.get('name')}")
     dtype, device_name = compute_dtype(dtype), device.get("name")
     candidates = [backend] + [other for other in all_backends if other.name != backend.name]
     measured = {}
     for candidate in candidates:
         path = calibration_path(cache_dir, candidate.name, dtype, device_name)
         if os.path.exists(path):
-            with open(path) as f:
-                cached = json.load(f)
-            measured[candidate.name] = (cached["flops_per_s"], cached["source"])
+            measured[candidate.name] = read_calibration(path)
         elif candidate is backend:
             measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir)
         elif _runs_on_cpu(candidate):
@@ -53,10 +106,16 @@ def device_peak(backend, device, dtype, cache_dir, all_backends=()):
                 measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir)
             except Exception:  # a plugin backend without a matmul measurement (or one that fails) sets no peak
                 pass
-    peak, source = max(measured.values())
+    best = dict(max(measured.values(), key=lambda record: (record["flops_per_s"], record["source"])))
     if len(measured) > 1:
-        source += f" (the fastest of {', '.join(sorted(measured))} on this CPU)"
-    return peak, source
+        best["source"] += f" (the fastest of {', '.join(sorted(measured))} on this CPU)"
+    return best
+
+
+def device_peak(backend, device, dtype, cache_dir, all_backends=(), matmul_precision="highest"):
+    """(peak FLOP/s, source) of `device_peak_record`."""
+    record = device_peak_record(backend, device, dtype, cache_dir, all_backends, matmul_precision)
+    return record["flops_per_s"], record["source"]
 
 
 def _runs_on_cpu(backend):
@@ -71,9 +130,30 @@ def calibration_path(cache_dir, backend_name, dtype, device_name):
     return os.path.join(cache_dir, "calibration", f"{backend_name}-{dtype}-{safe}.json")
 
 
+def read_calibration(path):
+    """A cached measurement as a `peak_record`; a file written before measurements carried their time and load
+    reads with those None."""
+    with open(path) as f:
+        cached = json.load(f)
+    return peak_record(cached["flops_per_s"], cached["source"], cached.get("measured_at"),
+                       cached.get("load_average"))
+
+
+def load_average():
+    """[1, 5, 15 minute] load averages of the host, or None where the OS reports none."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 def calibrate(backend, dtype, device_name, cache_dir, size=2048):
+    """Measures `backend`'s matmul peak in `dtype`, caches it with when it was measured and how busy the host was
+    as it began (a busy host gives a low peak), and returns it as a `peak_record`."""
+    measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    load = load_average()
     flops_per_s = backend.matmul_flops_per_s(dtype, size)
-    source = f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of repeats"
-    write_json_atomic(calibration_path(cache_dir, backend.name, dtype, device_name),
-                      {"flops_per_s": flops_per_s, "source": source})
-    return flops_per_s, source
+    record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of repeats",
+                         measured_at, load)
+    write_json_atomic(calibration_path(cache_dir, backend.name, dtype, device_name), record)
+    return record

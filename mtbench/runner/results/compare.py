@@ -86,9 +86,15 @@ def _matrix_entries(matrix):
     return entries
 
 
-def plan_runs(backends=None, extras=(), matrix=None):
+# The extra that compiles torch's step: on CUDA, `--backends` with torch also trains torch compiled.
+TORCH_COMPILED = "torch-compile"
+
+
+def plan_runs(backends=None, extras=(), matrix=None, devices=None):
     """The runs to compare: each backend of `backends` with every extra of `extras`, or the runs that `matrix`
-    lists ('torch;torch+torch-compile;jax')."""
+    lists ('torch;torch+torch-compile;jax'). Where torch sees a CUDA GPU (`devices`, from `probe_devices`),
+    `--backends` without extras trains torch both eager and compiled: on a GPU an eager Keras step is bound by
+    Python's dispatch, and a comparison of one XLA program with it alone would answer another question."""
     if matrix is not None:
         if backends or extras:
             raise MtbenchError("give --matrix, or --backends with --extra, not both")
@@ -96,6 +102,9 @@ def plan_runs(backends=None, extras=(), matrix=None):
     else:
         names = [name.strip() for name in (backends or "jax,torch").split(",") if name.strip()]
         specs = [RunSpec(name, tuple(extras)) for name in names]
+        if not extras and ((devices or {}).get("torch") or {}).get("kind") == "gpu":
+            specs = [added for spec in specs for added in
+                     ([spec, RunSpec("torch", (TORCH_COMPILED,))] if spec.backend == "torch" else [spec])]
     if not specs:
         raise MtbenchError("no runs to compare")
     labels = [spec.label for spec in specs]
@@ -103,6 +112,40 @@ def plan_runs(backends=None, extras=(), matrix=None):
     if twice:
         raise MtbenchError(f"run '{twice}' is listed twice; use --repeats to run it again")
     return specs
+
+
+def probe_devices():
+    """{backend: its devices (`Backend.device_info()`), or None where it is unavailable}, asked of a child
+    `mtbench env --json`: importing the frameworks here would hold device memory while the runs train."""
+    environment = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    process = subprocess.run([sys.executable, "-m", "mtbench", "env", "--json"], capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, env=environment)
+    if process.returncode != 0:
+        raise MtbenchError(f"cannot tell which devices the backends see: `mtbench env` failed "
+                           f"({_last_error_line(process.stderr, process.returncode)})")
+    backends = json.loads(process.stdout)["backends"]
+    return {name: described.get("device") if described.get("available") else None
+            for name, described in backends.items()}
+
+
+def device_text(device):
+    return f"{device.get('kind')} ({device.get('name')})"
+
+
+def check_same_hardware(specs, devices):
+    """Runs whose backends see different hardware (JAX's CPU build beside torch's CUDA build) would compare
+    machines, not frameworks: refused before anything trains."""
+    seen = {spec.backend: devices.get(spec.backend) for spec in specs if devices.get(spec.backend)}
+    kinds = {(device.get("kind"), device.get("name")) for device in seen.values()}
+    if len(kinds) <= 1:
+        return
+    listed = ", ".join(f"{backend} sees {device_text(device)}" for backend, device in seen.items())
+    on_cpu = [backend for backend, device in seen.items() if device.get("kind") == "cpu"]
+    hint = ""
+    if on_cpu and len(on_cpu) < len(seen):
+        hint = (f"; {' and '.join(on_cpu)} see{'s' if len(on_cpu) == 1 else ''} only the CPU on a machine with an "
+                f"accelerator: install its accelerator build (JAX: pip install 'mtbench[jax-cuda]')")
+    raise MtbenchError(f"the runs would train on different hardware: {listed}{hint}")
 
 
 def check_runs(specs, registry):

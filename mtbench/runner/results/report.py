@@ -16,8 +16,8 @@ from rich.table import Table
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig, decoding_name
-from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, SIZE_KEYS, hardware, run_dtype, run_label, run_processes,
-                                 size_label)
+from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_label,
+                                 run_processes, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import schema_errors
 
@@ -270,6 +270,7 @@ def table_cells(comparison):
         ["dtype", *(group.dtype for group in groups)],
         ["hardware", *(group.hardware for group in groups)],
         ["versions", *(group.versions() for group in groups)],
+        *([title, *(text(group.first) for group in groups)] for _, title, text in RUN_CHOICES),
         ["runs (repeats)", *(str(len(group.runs)) for group in groups)],
     ]
     rows += [[figure.title, *(_cell(group, figure) for group in groups)] for figure in FIGURES]
@@ -354,6 +355,7 @@ def summary(comparison):
             "extras": list(group.first["extras"]),
             "dtype": group.dtype,
             "hardware": group.hardware,
+            **{key: text(group.first) for key, _, text in RUN_CHOICES},
             "repeats": len(group.runs),
             "sources": [run.source for run in group.runs],
             "figures": {figure.key: asdict(group.stat(figure.key)) for figure in FIGURES},
@@ -381,7 +383,7 @@ def to_json(comparison):
     return json.dumps(to_json_dict(comparison), indent=2) + "\n"
 
 
-CSV_IDENTITY = ("label", "backend", "extras", "dtype", "hardware", "repeats")
+CSV_IDENTITY = ("label", "backend", "extras", "dtype", "hardware", *(key for key, _, _ in RUN_CHOICES), "repeats")
 
 
 def to_csv(comparison):

@@ -11,7 +11,7 @@ from mtbench.plugins.api import peak_host_bytes
 from mtbench.runner.config import decoding_name
 from mtbench.runner.files import write_json_atomic, write_text_atomic
 from mtbench.runner.measurement.environment import run_environment
-from mtbench.runner.measurement.peaks import device_peak
+from mtbench.runner.measurement.peaks import device_peak_record
 from mtbench.runner.results.schema import SCHEMA_VERSION, sidecar_paths
 
 EVALUATION_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy",
@@ -20,7 +20,9 @@ EVALUATION_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy"
 
 def utilization(steady, backend, run, devices_used, config, all_backends):
     """Model FLOP/s against the peak of the devices used (MFU)."""
-    peak, peak_source = device_peak(backend, run.device, config.dtype, config.cache_dir, all_backends)
+    peak_record = device_peak_record(backend, run.device, config.dtype, config.cache_dir, all_backends,
+                                     matmul_precision=config.matmul_precision)
+    peak, peak_source = peak_record["flops_per_s"], peak_record["source"]
     # Simulated devices share one CPU, whose measured peak already spans all its cores.
     peak_devices = 1 if run.device_kind == "cpu" else devices_used
     mfu = None if peak is None or steady["flops_per_s"] is None else steady["flops_per_s"] / (peak * peak_devices)
@@ -28,13 +30,16 @@ def utilization(steady, backend, run, devices_used, config, all_backends):
         "flops_per_step_note": "analytic: matmuls and attention of the padded batch, training = 3x forward",
         "model_flops_per_s": steady["flops_per_s"],
         "peak_flops_per_s": peak, "peak_source": peak_source, "mfu": mfu,
+        # A measured (CPU) peak: when, and under what load; null for a datasheet's.
+        "peak_measured_at": peak_record["measured_at"], "peak_load_average": peak_record["load_average"],
     }
 
 
 def training_result(config, run, plugins, registry, data, corpus_figures, built, outcome, weights_sha256,
-                    run_dir):
+                    run_dir, training_memory=None):
     """Every section of the result that training decides; the evaluation's metrics are null until
-    `add_evaluation` fills them."""
+    `add_evaluation` fills them. `training_memory`: {'per_device': `Backend.device_memory()` read as training
+    ended, 'peak_since': 'training start' or 'process start'}."""
     extras_record = {}
     for extra in plugins.extras:
         with plugins.extra_code(extra):
@@ -61,7 +66,8 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
                    "parameters": int(built.model.count_params())},
         "compile_options": built.compile_record,
         "train_step": built.train_step.name,
-        "env": run_environment(plugins.backend),
+        "train_step_detail": getattr(built.train_step, "description", lambda: "")(),
+        "env": {**run_environment(plugins.backend), "matmul_precision": run.matmul_precision},
         "data": {
             "corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),
             "dropped_too_long": corpus_figures["dropped"]["too_long"],
@@ -96,6 +102,7 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
         },
         "utilization": utilization(steady, plugins.backend, run, devices_used, config,
                                    registry.backends.values()),
+        "memory": {"training": training_memory},
         "target": outcome.target.to_dict(),
         "metrics": _metrics_so_far(state.history),
         "history": state.history,
@@ -107,19 +114,17 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
 
 
 def attention_implementations(run):
-    """What each kind of attention ran: the causal self-attention of the decoder and the attentions with a
-    padding mask (the model options `flash_attention` and `flash_attention_masked`, which extras set; a fused
-    kernel is asked for only by an extra that verifies it ran), and incremental decoding, never fused."""
-    def implementation(fused):
-        return run.backend.attention_implementation(fused is True, run.device)
-    return {"causal": implementation(run.model_options.get("flash_attention")),
-            "masked": implementation(run.model_options.get("flash_attention_masked")),
-            "decoding": implementation(False)}
+    """What each kind of attention ran: the causal self-attention of the decoder, the attentions with a padding
+    mask, and incremental decoding (`setup.choose_attention_kernels`, from what the extras asked for; a fused
+    kernel is asked for only by an extra that verifies it ran)."""
+    return dict(run.attention)
 
 
 def compile_cache_section(run):
-    """The persistent compilation cache: its state as the run started, what it holds now, and this process's
-    hits and misses; None where the backend has no such cache."""
+    """The persistent compilation cache: its state as the run started (`state`: whether it held any program),
+    what it holds now, and this process's own hits and misses, from which `programs` says whether this run's
+    programs came from the cache: 'warm' (every lookup hit), 'cold' (none did), 'partly warm', or None where the
+    backend does not count lookups. None where the backend has no such cache."""
     opened = run.compile_cache
     if opened is None:
         return None
@@ -128,7 +133,14 @@ def compile_cache_section(run):
     if opened["dir"] is not None:
         lookups.update(run.backend.compile_cache_hits() or {})
         entries_after = run.backend.compile_cache_entries(opened["dir"])
-    return {**opened, "entries_after": entries_after, **lookups}
+    return {**opened, "entries_after": entries_after, **lookups, "programs": programs_state(**lookups)}
+
+
+def programs_state(hits, misses):
+    """Whether a run's compiled programs came from the persistent cache, by its own lookups."""
+    if hits is None or misses is None or hits + misses == 0:
+        return None
+    return "warm" if not misses else "cold" if not hits else "partly warm"
 
 
 def _metrics_so_far(history):
@@ -160,7 +172,8 @@ def write_result(path, result, stopwatch, backend, energy, price_per_hour):
     """Adds the figures of the whole run (time, memory, energy, cost) and writes the result file."""
     result["timing"]["phases_s"] = dict(stopwatch.phases)
     result["timing"]["total_s"] = stopwatch.total()
-    result["memory"] = {"peak_host_bytes": peak_host_bytes(), "peak_device_bytes": backend.peak_device_bytes()}
+    result["memory"] = {**result.get("memory", {}), "peak_host_bytes": peak_host_bytes(),
+                        "peak_device_bytes": backend.peak_device_bytes()}
     result["energy"] = energy.section(result["history"])
     result["cost"] = cost(price_per_hour, result["timing"]["total_s"], result["target"])
     write_json_atomic(path, result)

@@ -5,9 +5,12 @@ import json
 # 1: the first schema. 2: `compile_options` says which extras asked for each option and what they applied to
 # (`requested_by_extras`, `applies_to`); `env.mtbench_git_commit` is null unless mtbench runs from its own checkout.
 # 3: `processes` (the run's processes: world size, launcher, collectives; a result without it is a run of one).
+# 4: `config.matmul_precision` and `config.measure_only` (a completed measure-only run has no quality figures);
+# `env.matmul_precision` (what each framework reports it set), `model.attention` names the kernel class,
+# `train_step_detail`, `memory.training` (per device, training alone), and the compile cache per program.
 # A result of an earlier version still reads; docs/results.md describes every field.
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 # completed: every figure exists. interrupted (a signal) and diverged (a NaN or infinite loss) are partial
 # results: the figures of the evaluation after training are null, and `status_reason` says why.
 STATUSES = ("completed", "interrupted", "diverged")
@@ -63,7 +66,7 @@ def schema_errors(result):
     status = result.get("status")
     if status not in STATUSES:
         errors.append(f"status: {status!r} is not one of {', '.join(STATUSES)}")
-    elif status == "completed":
+    elif status == "completed" and not (result.get("config") or {}).get("measure_only"):
         for path in FIGURES_OF_COMPLETED_RUNS:
             value = result
             for key in path.split("."):

@@ -1,5 +1,7 @@
-"""The attention implementation a result names for each kind of attention, from what the extras asked for, and
-the flash-attention extra's check that cuDNN served every kind it was asked for (the GPU itself is not here)."""
+"""The attention a run may use and the implementation its result names for each kind of attention: torch is held to
+its math kernel without the flash extra (as JAX runs plain XLA attention) and to fused kernels with it, and the
+flash-attention extra's check that the fused kernels served every kind it was asked for (the GPU itself is not
+here)."""
 
 from types import SimpleNamespace
 
@@ -7,25 +9,59 @@ import pytest
 
 from mtbench.plugins.backends.jax_backend import JaxBackend
 from mtbench.plugins.backends.torch_backend import TorchBackend
-from mtbench.plugins.extras.flash_attention import MASKED_KINDS, cudnn_kinds_missing
-from mtbench.runner.results.run_result import attention_implementations
+from mtbench.plugins.extras.flash_attention import MASKED_KINDS, cudnn_kinds_missing, torch_kinds_missing
+from mtbench.runner.setup import choose_attention_kernels
+
+torch = pytest.importorskip("torch")
+SDPA_KERNELS = ("math", "flash", "mem_efficient", "cudnn")
+
+
+@pytest.fixture
+def sdpa_flags():
+    """The process's SDPA kernel switches, restored after the test."""
+    saved = {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in SDPA_KERNELS}
+    yield
+    for name, on in saved.items():
+        getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
 
 
 def run_on(backend, kind, **model_options):
     return SimpleNamespace(backend=backend, device={"kind": kind}, model_options=model_options)
 
 
+def kernels_of(run):
+    return choose_attention_kernels(run, SimpleNamespace(backend=run.backend))
+
+
 @pytest.mark.parametrize("run, expected", [
-    (run_on(JaxBackend(), "gpu"), {"causal": "xla", "masked": "xla", "decoding": "xla"}),
+    (run_on(JaxBackend(), "gpu"), {"causal": "xla (unfused)", "masked": "xla (unfused)", "decoding": "xla (unfused)"}),
     (run_on(JaxBackend(), "gpu", flash_attention=True, flash_attention_masked=True),
-     {"causal": "cudnn", "masked": "cudnn", "decoding": "xla"}),
+     {"causal": "cudnn (fused)", "masked": "cudnn (fused)", "decoding": "xla (unfused)"}),
     (run_on(JaxBackend(), "tpu", flash_attention=True, flash_attention_masked=True),
-     {"causal": "splash", "masked": "splash", "decoding": "xla"}),
-    (run_on(TorchBackend(), "gpu", flash_attention=True, flash_attention_masked=None),
-     {"causal": "flash", "masked": "sdpa", "decoding": "sdpa"}),
+     {"causal": "splash (fused)", "masked": "splash (fused)", "decoding": "xla (unfused)"}),
 ])
-def test_the_result_names_what_each_kind_of_attention_ran(run, expected):
-    assert attention_implementations(run) == expected
+def test_the_result_names_what_each_kind_of_attention_ran_on_jax(run, expected):
+    assert kernels_of(run) == expected
+
+
+def test_torch_without_the_flash_extra_is_held_to_the_math_kernel(sdpa_flags):
+    torch.backends.cuda.enable_flash_sdp(True)  # as torch starts: its dispatcher may pick any kernel
+    kernels = kernels_of(run_on(TorchBackend(), "gpu"))
+    assert kernels == {"causal": "math (unfused)", "masked": "math (unfused)", "decoding": "math (unfused)",
+                       "sdpa_kernels_enabled": ["math"]}
+    assert torch.backends.cuda.math_sdp_enabled()
+    assert not any(getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in ("flash", "mem_efficient", "cudnn"))
+    # Attention still computes (on the math kernel) with the others switched off.
+    q = torch.randn(2, 4, 8, 16)
+    mask = torch.ones(2, 1, 8, 8, dtype=torch.bool)
+    assert torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask).shape == (2, 4, 8, 16)
+
+
+def test_torch_with_the_flash_extra_is_held_to_fused_kernels(sdpa_flags):
+    kernels = kernels_of(run_on(TorchBackend(), "gpu", flash_attention=True, flash_attention_masked=None))
+    assert kernels == {"causal": "flash (fused)", "masked": "memory-efficient (fused)",
+                       "decoding": "memory-efficient (fused)", "sdpa_kernels_enabled": ["flash", "mem_efficient"]}
+    assert not torch.backends.cuda.math_sdp_enabled()  # no quiet fallback to the unfused kernel
 
 
 def test_cudnn_must_serve_the_masked_attentions_with_its_bias_variant():
@@ -35,3 +71,12 @@ def test_cudnn_must_serve_the_masked_attentions_with_its_bias_variant():
     assert cudnn_kinds_missing(causal_only, ["decoder self-attention"]) == []
     assert cudnn_kinds_missing(["__cudnn$fmhaScaleBiasSoftmax"], everything) == ["decoder self-attention"]
     assert cudnn_kinds_missing(["__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaSoftmax"], everything) == []
+
+
+def test_torch_needs_flash_for_the_causal_attention_and_memory_efficient_for_the_masked_ones():
+    everything = ["decoder self-attention", *MASKED_KINDS]
+    flash = "aten::_scaled_dot_product_flash_attention"
+    efficient = "aten::_scaled_dot_product_efficient_attention"
+    assert torch_kinds_missing([flash], everything) == MASKED_KINDS
+    assert torch_kinds_missing([efficient], everything) == ["decoder self-attention"]
+    assert torch_kinds_missing([flash, efficient], everything) == []

@@ -74,19 +74,34 @@ def test_nvml_counter_reads_millijoules_of_every_device_used(monkeypatch):
         nvmlDeviceGetTotalEnergyConsumption=lambda handle: next(recorded[handle]))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
-    counter, reason = open_counter({"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 2}, devices_used=2)
+    counter, reason = open_counter({"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 2}, ordinals=[0, 1])
     assert reason is None and isinstance(counter, NvmlCounter) and counter.handles == [1, 0]
     before, after = counter.read(), counter.read()
     assert before == [7.0, 5.0] and counter.difference(before, after) == pytest.approx(0.5 + 4.0)
 
 
+def test_nvml_counts_only_the_devices_this_process_computes_on(monkeypatch):
+    """One process of an 8-GPU machine (torchrun's local rank 3, or a single-device run on GPU 0) counts its own
+    GPU, not the idle others."""
+    opened = []
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: opened.append(i) or i,
+                                 nvmlDeviceGetTotalEnergyConsumption=lambda handle: 1_000)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpu = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 8}
+    assert open_counter(gpu)[0].handles == [0]
+    assert open_counter(gpu, ordinals=[3])[0].handles == [3]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert open_counter(gpu, ordinals=[1])[0].handles == [5]
+
+
 def test_without_a_counter_the_result_says_why_and_gives_no_figure(monkeypatch, tmp_path):
     monkeypatch.setattr(energy, "RAPL_ROOT", str(tmp_path / "none"))
     monkeypatch.setattr(energy, "rapl_domains", lambda root=None: [])
-    counter, reason = open_counter({"kind": "cpu", "name": "some CPU"}, devices_used=1)
+    counter, reason = open_counter({"kind": "cpu", "name": "some CPU"})
     assert counter is None and "no readable powercap/RAPL counter" in reason
     assert EnergyMeter(counter, reason).section([]) == {"source": None, "reason": reason}
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
-    assert open_counter({"kind": "gpu", "name": "NVIDIA A100"}, 1) == (
+    assert open_counter({"kind": "gpu", "name": "NVIDIA A100"}) == (
         None, "nvidia-ml-py is not installed (pip install 'mtbench[energy]')")
-    assert open_counter({"kind": "tpu", "name": "TPU v4"}, 1)[1] == "no energy counter known for tpu devices"
+    assert open_counter({"kind": "tpu", "name": "TPU v4"})[1] == "no energy counter known for tpu devices"

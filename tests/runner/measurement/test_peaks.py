@@ -1,0 +1,119 @@
+"""The peak MFU divides by: the datasheet entry a device name selects, the arithmetic whose peak is used, and
+the record of a CPU measurement (when it was taken, how busy the host was)."""
+
+import datetime
+import json
+import os
+
+import pytest
+
+from mtbench import Backend
+from mtbench.runner.measurement.peaks import (calibrate, calibration_path, datasheet_peak, device_peak,
+                                              device_peak_record)
+
+
+@pytest.mark.parametrize("device_name, source, bfloat16", [
+    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM datasheet", 989.4e12),   # torch and JAX name the SXM card so
+    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe datasheet", 756e12),
+    ("NVIDIA H100 NVL", "NVIDIA H100 NVL datasheet (per GPU)", 835.5e12),
+    ("NVIDIA H200", "NVIDIA H200 SXM datasheet", 989.4e12),
+    ("NVIDIA H200 NVL", "NVIDIA H200 NVL datasheet", 835.5e12),
+    ("NVIDIA GH200 480GB", "NVIDIA GH200 Grace Hopper datasheet", 989.4e12),  # not taken for an H200
+    ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 datasheet", 312e12),
+    ("NVIDIA A100 80GB PCIe", "NVIDIA A100 datasheet", 312e12),
+    ("TPU v4", "Google Cloud TPU v4 documentation", 275e12),
+    ("TPU v5 lite", "Google Cloud TPU v5e documentation", 197e12),   # JAX's device_kind of a v5e
+    ("TPU v5e", "Google Cloud TPU v5e documentation", 197e12),
+    ("TPU v5", "Google Cloud TPU v5p documentation", 459e12),        # JAX's device_kind of a v5p
+    ("TPU v5p", "Google Cloud TPU v5p documentation", 459e12),
+    ("TPU v6 lite", "Google Cloud TPU v6e (Trillium) documentation", 918e12),
+])
+def test_the_most_specific_device_name_selects_the_datasheet(device_name, source, bfloat16):
+    peak, named = datasheet_peak(device_name, "mixed_bfloat16")
+    assert peak == bfloat16
+    assert named.startswith(source + ", ")
+
+
+@pytest.mark.parametrize("device_name", ["NVIDIA A10", "Tesla V100-SXM2-16GB", "TPU v3", "", None])
+def test_an_unknown_device_has_no_datasheet_peak(device_name):
+    assert datasheet_peak(device_name, "float32") == (None, None)
+
+
+@pytest.mark.parametrize("dtype, precision, peak, source", [
+    ("float32", "high", 378e12, "NVIDIA H100 PCIe datasheet, TF32 dense"),
+    ("float32", "highest", 51e12, "NVIDIA H100 PCIe datasheet, FP32 dense"),
+    ("bfloat16", "high", 756e12, "NVIDIA H100 PCIe datasheet, BF16 dense"),
+    ("mixed_bfloat16", "highest", 756e12, "NVIDIA H100 PCIe datasheet, BF16 dense"),
+    ("mixed_float16", "high", 756e12, "NVIDIA H100 PCIe datasheet, FP16 dense"),
+])
+def test_the_tf32_peak_is_used_exactly_for_float32_at_high_precision(dtype, precision, peak, source):
+    assert datasheet_peak("NVIDIA H100 PCIe", dtype, matmul_precision=precision) == (peak, source)
+
+
+def test_matmul_precision_defaults_to_highest_and_reaches_device_peak(tmp_path):
+    gpu = {"kind": "gpu", "name": "NVIDIA A100-SXM4-80GB", "count": 1}
+    assert datasheet_peak(gpu["name"], "float32") == (19.5e12, "NVIDIA A100 datasheet, FP32 dense")
+    assert device_peak(FakeBackend(), gpu, "float32", str(tmp_path), matmul_precision="high") == \
+        (156e12, "NVIDIA A100 datasheet, TF32 dense")
+    record = device_peak_record(FakeBackend(), gpu, "float32", str(tmp_path))
+    assert record == {"flops_per_s": 19.5e12, "source": "NVIDIA A100 datasheet, FP32 dense", "measured_at": None,
+                      "load_average": None}
+    unknown = device_peak(FakeBackend(), {"kind": "gpu", "name": "NVIDIA A10"}, "float32", str(tmp_path))
+    assert unknown == (None, "no datasheet peak known for NVIDIA A10")
+
+
+def test_a_tpu_has_no_tf32_peak():
+    assert datasheet_peak("TPU v5 lite", "float32", matmul_precision="high") == \
+        (197e12, "Google Cloud TPU v5e documentation, BF16 MXU dense")
+
+
+class FakeBackend(Backend):
+    """A backend whose matmul 'measures' a fixed figure, on the CPU."""
+    name = "fake"
+
+    def __init__(self, name="fake", flops_per_s=1e11):
+        self.name, self.flops_per_s, self.measured = name, flops_per_s, 0
+
+    def device_info(self):
+        return {"kind": "cpu", "name": "Test CPU", "count": 1}
+
+    def matmul_flops_per_s(self, dtype, size):
+        self.measured += 1
+        return self.flops_per_s
+
+
+def test_a_cpu_measurement_records_when_it_was_taken_and_the_load(tmp_path):
+    before = datetime.datetime.now().astimezone().replace(microsecond=0)
+    record = calibrate(FakeBackend(), "float32", "Test CPU", str(tmp_path))
+    measured_at = datetime.datetime.fromisoformat(record["measured_at"])
+    assert before <= measured_at <= datetime.datetime.now().astimezone()
+    assert measured_at.utcoffset() is not None
+    assert len(record["load_average"]) == 3 and all(load >= 0 for load in record["load_average"])
+    with open(calibration_path(str(tmp_path), "fake", "float32", "Test CPU")) as f:
+        assert json.load(f) == record
+    # A later run reads the cached measurement, its time and load included, and measures nothing.
+    backend = FakeBackend()
+    cached = device_peak_record(backend, backend.device_info(), "float32", str(tmp_path),
+                                matmul_precision="high")
+    assert cached == record and backend.measured == 0
+
+
+def test_a_cache_file_written_before_the_time_was_recorded_still_reads(tmp_path):
+    path = calibration_path(str(tmp_path), "fake", "float32", "Test CPU")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        json.dump({"flops_per_s": 2e11, "source": "measured: old"}, f)
+    backend = FakeBackend()
+    assert device_peak_record(backend, backend.device_info(), "float32", str(tmp_path)) == \
+        {"flops_per_s": 2e11, "source": "measured: old", "measured_at": None, "load_average": None}
+    assert device_peak(backend, backend.device_info(), "float32", str(tmp_path)) == (2e11, "measured: old")
+
+
+def test_the_fastest_backend_sets_the_cpu_peak_with_its_own_record(tmp_path):
+    slow, fast = FakeBackend("slow", 1e11), FakeBackend("fast", 3e11)
+    record = device_peak_record(slow, slow.device_info(), "float32", str(tmp_path), all_backends=(slow, fast))
+    assert record["flops_per_s"] == 3e11
+    assert record["source"] == ("measured: 2048x2048 float32 matmul on fast, median of repeats "
+                                "(the fastest of fast, slow on this CPU)")
+    with open(calibration_path(str(tmp_path), "fast", "float32", "Test CPU")) as f:
+        assert record["measured_at"] == json.load(f)["measured_at"] is not None
