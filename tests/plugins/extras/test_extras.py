@@ -97,6 +97,11 @@ def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eag
     # One compilation per length bucket the run met, and dynamo never gave up on a new one.
     buckets = {tuple(h["shape"]) for h in compiled["history"]}
     assert record["recompilations"] == len(buckets) - 1 and not record["recompile_limit_reached"]
+    # Every shape trained was compiled (the limit is raised above torch's 8 for `base`'s buckets), and the
+    # label says how the step ran: no CUDA graphs in the default mode.
+    assert record["recompile_limit"] >= 64 and record["shapes_trained"] == len(buckets)
+    assert record["shapes_run_eagerly"] == 0 and record["cuda_graphs"] == "not used (mode default)"
+    assert compiled["train_step_detail"] == "mode default, CUDA graphs: not used (mode default)"
     assert record["compile_s"] > 0
     # Inductor's caches and torch's cache artifacts persist under --cache-dir for the next run (cold or warm
     # here, depending on what ran before in this session's cache; a cold-then-warm pair is measured by hand).

@@ -205,3 +205,51 @@ def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_p
         assert run["result"]["config"]["run_group"] == "sweep"
         stem = os.path.basename(run["result_file"])[:-5]
         assert (logs / "sweep" / stem / "config.json").is_file(), os.listdir(logs / "sweep")
+
+
+CPU = {"kind": "cpu", "name": "Intel(R) Xeon(R) Processor", "count": 1}
+H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}
+
+
+def test_on_cuda_compare_trains_torch_eager_and_compiled():
+    from mtbench.runner.results.compare import plan_runs
+    labels = lambda specs: [spec.label for spec in specs]
+    assert labels(plan_runs("jax,torch", devices={"jax": H100, "torch": H100})) == \
+        ["jax", "torch", "torch+torch-compile"]
+    assert labels(plan_runs("jax,torch", devices={"jax": CPU, "torch": CPU})) == ["jax", "torch"]
+    # The user's own runs are left as named: extras for every run, or a matrix.
+    assert labels(plan_runs("jax,torch", ["flash-attention"], devices={"torch": H100})) == \
+        ["jax+flash-attention", "torch+flash-attention"]
+    assert labels(plan_runs(matrix="jax;torch", devices={"torch": H100})) == ["jax", "torch"]
+
+
+def test_runs_that_would_see_different_hardware_are_refused_before_training():
+    from mtbench.errors import MtbenchError
+    from mtbench.runner.results.compare import check_same_hardware, plan_runs
+    specs = plan_runs("jax,torch")
+    check_same_hardware(specs, {"jax": H100, "torch": H100})
+    check_same_hardware(specs, {"jax": CPU, "torch": CPU})
+    with pytest.raises(MtbenchError) as error:
+        check_same_hardware(specs, {"jax": CPU, "torch": H100})
+    assert str(error.value) == (
+        "the runs would train on different hardware: jax sees cpu (Intel(R) Xeon(R) Processor), torch sees gpu "
+        "(NVIDIA H100 80GB HBM3); jax sees only the CPU on a machine with an accelerator: install its accelerator "
+        "build (JAX: pip install 'mtbench[jax-cuda]')")
+    a100 = {"kind": "gpu", "name": "NVIDIA A100-SXM4-80GB", "count": 1}
+    with pytest.raises(MtbenchError, match="jax sees gpu \\(NVIDIA A100-SXM4-80GB\\), torch sees gpu"):
+        check_same_hardware(specs, {"jax": a100, "torch": H100})
+
+
+def test_the_device_probe_asks_a_child_process():
+    """The orchestrator imports no framework (one would hold GPU memory while the runs train): the devices come
+    from `mtbench env --json` in a child."""
+    import subprocess
+    import sys as system
+    code = ("import json, sys; from mtbench.runner.results.compare import probe_devices; devices = probe_devices(); "
+            "print(json.dumps({'devices': devices, 'imported': [m for m in ('jax', 'torch', 'keras') "
+            "if m in sys.modules]}))")
+    proc = subprocess.run([system.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["imported"] == []
+    assert report["devices"]["jax"]["kind"] == report["devices"]["torch"]["kind"] == "cpu"

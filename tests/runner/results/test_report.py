@@ -35,6 +35,8 @@ def test_json_output_carries_the_results_figures(results):
     for entry in data["summary"]:
         result = results[entry["label"]][1]
         assert entry["repeats"] == 1 and entry["dtype"] == "float32"
+        assert entry["train_step"] == result["train_step"] and entry["matmul_precision"] == "highest (IEEE float32)"
+        assert entry["attention"] == result["model"]["attention"]["causal"]
         for figure in FIGURES:
             stat = entry["figures"][figure.key]
             assert stat["median"] == stat["low"] == stat["high"] == figure.value(result), figure.key
@@ -89,6 +91,7 @@ def test_csv_output_carries_the_results_figures(results):
     for row in rows:
         result = results[row["label"]][1]
         assert row["backend"] == result["backend"] and row["repeats"] == "1"
+        assert row["train_step"] == result["train_step"] and row["matmul_precision"].startswith("highest")
         for figure in FIGURES:
             value = figure.value(result)
             keys = [figure.key] + ([f"{figure.key}_min", f"{figure.key}_max"] if figure.is_timing else [])
@@ -118,6 +121,11 @@ def test_markdown_output_carries_the_results_figures(results):
                 shown = float(cell.replace(",", ""))
                 assert shown == pytest.approx(value * figure.display_scale, abs=0.51 * 10 ** -figure.decimals)
     assert rows["dtype"] == ["float32", "float32"]
+    # What ran, beside the figures: the step, the attention kernels and the float32 arithmetic of each run.
+    assert rows["train step"] == ["jax-jit-stateless", "torch-eager"]
+    assert rows["attention"] == ["xla (unfused)", "math (unfused)"]
+    assert rows["float32 matmuls"] == ["highest (IEEE float32)"] * 2
+    assert rows["compile cache"][1] == "off"
     assert "parity torch vs jax" in text
 
 

@@ -1,0 +1,70 @@
+"""benchmarks/host_overhead.py: a --quick run end to end (two worker processes taking turns, six contestants) whose
+output has the structure scripts read, the last line a JSON object with the three ratios; what the summary makes
+of the timed steps; and bad settings refused in one line. No timing is asserted."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.host_overhead import RATIOS, report, summary_json
+from benchmarks.overhead import summarize
+from conftest import REPOSITORY
+
+SCRIPT = os.path.join(REPOSITORY, "benchmarks", "host_overhead.py")
+CONTESTANTS = ["mtbench eager", "mtbench compiled", "native eager", "native compiled", "mtbench jax", "native flax"]
+
+
+@pytest.mark.slow
+def test_quick_run_times_every_contestant_and_ends_with_the_three_ratios(cache_dir):
+    pytest.importorskip("flax")
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env.update(MTBENCH_LOAD_PLUGINS="", TORCHINDUCTOR_COMPILE_THREADS="2")
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--cache-dir", cache_dir], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("torch_eager_ratio", "torch_compiled_ratio", "jax_ratio"):
+        assert isinstance(summary[key], float) and summary[key] > 0
+        assert isinstance(summary["goals"][key]["met"], bool)
+    assert sorted(summary["contestants"]) == sorted(CONTESTANTS)
+    assert all(c["steps"] == 2 * 2 for c in summary["contestants"].values())  # --quick: 2 rounds x 2 steps
+    assert all(ms > 0 for ms in summary["step_ms"].values())
+    assert summary["train_steps"]["mtbench eager"] == "torch-eager"
+    assert summary["train_steps"]["mtbench compiled"] == "torch-compiled"
+    assert summary["settings"]["model"]["d_model"] == 16 and summary["settings"]["batch_shape"] == [2, 8]
+    assert summary["settings"]["versions"]["torch"] and summary["settings"]["hardware"]["cpu_model"]
+    assert {device["kind"] for device in summary["devices"].values()} == {"cpu"}
+    assert "mtbench eager / native eager" in proc.stdout
+
+
+def test_ratios_divide_medians_and_say_whether_each_goal_is_met():
+    seconds = {"mtbench eager": [0.003, 0.005, 0.004], "native eager": [0.002], "mtbench compiled": [0.0011],
+               "native compiled": [0.001], "mtbench jax": [0.0013], "native flax": [0.001]}
+    ready = {framework: {"train_steps": {}, "warmup_s": 1.0, "device": {"kind": "cpu"}, "torch_threads": 2}
+             for framework in ("torch", "jax")}
+    settings = {"model": {"d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "num_heads": 2, "ff_dim": 32,
+                          "vocab_size": 1000}, "batch_shape": [2, 8], "rounds": 1, "steps_per_round": 3,
+                "warmup": 1, "versions": {"torch": "x"}, "hardware": {"cpu_model": "c", "cpus_usable": 2},
+                "cpus": None}
+    summary = summary_json(ready, seconds, settings)
+    assert summary["torch_eager_ratio"] == pytest.approx(2.0)
+    assert summary["torch_compiled_ratio"] == pytest.approx(1.1)
+    assert summary["jax_ratio"] == pytest.approx(1.3)
+    assert {key: goal["met"] for key, goal in summary["goals"].items()} == {
+        "torch_eager_ratio": False, "torch_compiled_ratio": True, "jax_ratio": False}
+    assert summary["contestants"]["mtbench eager"] == summarize([0.003, 0.005, 0.004])
+    assert summary["step_ms"]["mtbench eager"] == pytest.approx(4.0)
+    lines = report(summary)
+    assert any(line.startswith("mtbench eager / native eager") and line.endswith("NO") for line in lines)
+    assert len([line for line in lines if line.endswith(("yes", "NO"))]) == len(RATIOS)
+
+
+def test_bad_settings_are_refused_with_one_line():
+    for argv, message in ((["--rounds", "0"], "--rounds must be at least 1, not 0"),
+                          (["--d-model", "15"], "--d-model 15 is not divisible by --heads 2")):
+        proc = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True)
+        assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr
+        assert "Traceback" not in proc.stderr

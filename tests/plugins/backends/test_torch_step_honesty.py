@@ -1,0 +1,70 @@
+"""What the torch steps do that a comparison could hide: how a batch reaches the device (no host wait, on CUDA a
+pinned, non-blocking copy) and a compiled step that says when a shape ran eagerly or CUDA graphs did not run."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mtbench.plugins.backends.torch_eager_step import to_device  # noqa: E402
+
+
+def test_on_the_cpu_a_batch_is_the_arrays_own_memory():
+    array = np.arange(12, dtype=np.int32).reshape(3, 4)
+    tensor = to_device(array, "cpu")
+    assert tensor.dtype == torch.int32 and np.shares_memory(tensor.numpy(), array)
+
+
+def test_on_cuda_a_batch_is_pinned_then_copied_without_waiting(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: calls.append("pin_memory") or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, device, non_blocking=False:
+                        calls.append(("to", str(device), non_blocking)) or self)
+    to_device(np.zeros((2, 8), np.float32), "cuda")
+    assert calls == ["pin_memory", ("to", "cuda", True)]
+    calls.clear()
+    to_device(torch.zeros(2, 8), "cuda:1")  # a tensor already (a wrapping step's): copied without waiting too
+    assert calls == [("to", "cuda:1", True)]
+
+
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras, numpy as np, torch
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import compile_model
+    model = build_transformer(PRESETS["tiny"])
+    compile_model(keras, model, TrainConfig(preset="tiny"), 10, {})
+    step = CompiledTorchTrainStep(model, mode="reduce-overhead")
+    limit_after_init = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = 1  # as torch's default of 8 would be for a model of 9 buckets
+    for length in (16, 32):
+        ids = np.ones((4, length), np.int32)
+        step((ids, ids), ids, np.ones((4, length), np.float32))
+    print(json.dumps({"limit_after_init": limit_after_init, "eager": step.shapes_run_eagerly(),
+                      "cuda_graphs": step.cuda_graphs(), "description": step.description()}))
+""")
+
+
+@pytest.mark.slow
+def test_a_shape_past_dynamos_limit_is_named_not_hidden():
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env.pop("KERAS_BACKEND", None)
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["limit_after_init"] >= 64  # raised by the step: every bucket of any preset compiles
+    assert report["eager"] == 1
+    # reduce-overhead asked for CUDA graphs; on this CPU none ran, and the label says so.
+    assert report["cuda_graphs"] == "not used: no CUDA device (CUDA graphs need one)"
+    assert report["description"] == ("mode reduce-overhead, CUDA graphs: not used: no CUDA device (CUDA graphs "
+                                     "need one), 1 of 2 shapes ran eagerly")

@@ -1,0 +1,103 @@
+"""Setting a run up the same way on both backends: the float32 matmul arithmetic each framework is told and what
+it reports back, a backend that cannot set it, the devices a process computes on (what energy counts), and the
+float16 policy torch refuses."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import run_cli
+from mtbench import Backend, Launch, MtbenchError, ProcessGroup
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.setup import local_devices, set_matmul_precision
+
+
+@pytest.fixture
+def torch_precision():
+    torch = pytest.importorskip("torch")
+    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    yield torch
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cudnn.allow_tf32 = saved[1]
+
+
+@pytest.fixture
+def jax_precision():
+    import jax
+    saved = jax.config.jax_default_matmul_precision
+    yield jax
+    jax.config.update("jax_default_matmul_precision", saved)
+
+
+def test_torch_is_told_tf32_only_for_high_and_reports_what_it_set(torch_precision):
+    from mtbench.plugins.backends.torch_backend import TorchBackend
+    torch = torch_precision
+    highest = set_matmul_precision(TorchBackend(), "highest")
+    assert highest["requested"] == "highest"
+    # Read back from torch, including cuDNN's own TF32 switch, which torch leaves on by default.
+    assert highest["reported"]["torch.get_float32_matmul_precision()"] == "highest"
+    assert torch.backends.cudnn.allow_tf32 is False and torch.backends.cuda.matmul.allow_tf32 is False
+    high = set_matmul_precision(TorchBackend(), "high")
+    assert high["reported"]["torch.get_float32_matmul_precision()"] == "high"
+    assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
+
+
+def test_jax_is_told_float32_or_tensorfloat32_rather_than_xlas_default(jax_precision):
+    from mtbench.plugins.backends.jax_backend import JaxBackend
+    jax = jax_precision
+    assert set_matmul_precision(JaxBackend(), "highest")["reported"] == \
+        {"jax.config.jax_default_matmul_precision": "float32"}
+    assert jax.config.jax_default_matmul_precision == "float32"
+    assert set_matmul_precision(JaxBackend(), "high")["reported"] == \
+        {"jax.config.jax_default_matmul_precision": "tensorfloat32"}
+
+
+def test_a_backend_that_cannot_set_the_precision_is_refused_tf32_and_recorded_as_not_reporting():
+    class Silent(Backend):
+        name = "silent"
+    assert set_matmul_precision(Silent(), "highest") == {"requested": "highest", "reported": None}
+    with pytest.raises(MtbenchError, match="backend 'silent' cannot set its matmul precision"):
+        set_matmul_precision(Silent(), "high")
+
+
+def test_matmul_precision_and_measure_only_are_checked_in_the_configuration():
+    with pytest.raises(MtbenchError, match="unknown matmul precision 'medium'"):
+        TrainConfig(matmul_precision="medium")
+    with pytest.raises(MtbenchError, match="--measure-only skips validation"):
+        TrainConfig(measure_only=True, eval_every=10)
+    proc = run_cli("train", "--matmul-precision", "medium")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "'medium' is not one of" in proc.stderr
+
+
+def test_every_run_records_the_precision_both_frameworks_reported(tiny_runs):
+    for backend, run in tiny_runs.items():
+        record = run["result"]["env"]["matmul_precision"]
+        assert record["requested"] == run["result"]["config"]["matmul_precision"] == "highest"
+        reported = record["reported"]
+        if backend == "jax":
+            assert reported["jax.config.jax_default_matmul_precision"] == "float32"
+        else:
+            assert reported["torch.get_float32_matmul_precision()"] == "highest"
+            assert reported["torch.backends.cuda.matmul.allow_tf32"] is False
+
+
+def run_with(extras_state, world_size=1, local_rank=0):
+    launch = Launch(num_processes=world_size, process_id=local_rank, local_rank=local_rank)
+    return SimpleNamespace(extras_state=extras_state, processes=ProcessGroup(launch))
+
+
+def test_a_process_counts_the_devices_it_computes_on():
+    assert local_devices(run_with({})) == [0]  # one device, whatever the machine has
+    assert local_devices(run_with({"pmap": {"devices": 4}})) == [0, 1, 2, 3]
+    # torch DDP / JAX over 8 processes of one device each: process 3 computes on its local rank's device.
+    assert local_devices(run_with({"ddp": {"devices": 8}}, world_size=8, local_rank=3)) == [3]
+    assert local_devices(run_with({"flash-attention": {"applied_to": []}})) == [0]
+
+
+def test_float16_on_torch_is_refused_with_the_host_sync_it_would_measure(tmp_path, cache_dir):
+    proc = run_cli("train", "--backend", "torch", "--dtype", "mixed_float16", "--preset", "tiny",
+                   "--cache-dir", cache_dir, "--out", str(tmp_path / "f16.json"))
+    assert proc.returncode != 0 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("Error: --dtype mixed_float16: float16 trains through Keras's loss-scaling "
+                                  "optimizer, whose finite-gradient check on torch waits for the device")
+    assert not (tmp_path / "f16.json").exists()
