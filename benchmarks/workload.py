@@ -68,15 +68,21 @@ def prepare_benchmark(config, steps, length):
     """What a benchmark process sets up first: keras imported on `config.backend` (as `mtbench train` imports
     it), the workload of `steps` batches of bucket `length`, and the run context. Returns (keras, backend, run,
     workload)."""
+    from types import SimpleNamespace
+
     from mtbench.plugins import manager as plugins
     from mtbench import RunContext
-    from mtbench.runner.setup import import_keras
+    from mtbench.runner.setup import choose_attention_kernels, import_keras, set_matmul_precision
     backend = plugins.registry().backends[config.backend]
     keras = import_keras(config, backend)
     workload = prepare_workload(config, steps, length=length)
     if not workload.batches:
         raise SystemExit(f"no batch of length {length} in the corpus; try another --length")
-    return keras, backend, RunContext(config=config, backend=backend, device=backend.device_info()), workload
+    run = RunContext(config=config, backend=backend, device=backend.device_info())
+    # The arithmetic and attention kernels `mtbench train` sets, for every contestant of the process alike.
+    run.matmul_precision = set_matmul_precision(backend, config.matmul_precision)
+    run.attention = choose_attention_kernels(run, SimpleNamespace(backend=backend))
+    return keras, backend, run, workload
 
 
 def build_keras_model(keras, workload, total_steps):

@@ -9,14 +9,10 @@ arguments with a tree helper dynamo cannot trace (`is not` between tuples) and b
 with `inspect` (a mapping proxy dynamo refuses after mutation), and where that happens inside the name scope
 it opens, dynamo gives up on the whole frame and runs it eagerly. (`dot_product_attention` asked to choose the
 kernel itself would break the graph once more per attention, building a pybind `SDPAParams`; mtbench's attention
-layers never ask it to choose: they pass `flash_attention` True or False.) One context, entered around the
-compiled call (never traced), removes the layer-call breaks without changing a number:
-
-* `plain_layer_calls`: a layer called inside runs its `call` with what `Layer.__call__` would have given it for
-  an already built model: the `training` flag of the outermost call where the layer takes one and the caller
-  passed none, floating inputs cast to the layer's input dtype, and the policy's autocast scope for variables.
-  Build, masks, activity regularizers and symbolic tracing are what it leaves out; `plain_calls_unsupported`
-  refuses a model that would need them.
+layers never ask it to choose: they pass `flash_attention` True or False.) The eager step's own context,
+`torch_plain_calls.plain_layer_calls`, entered around the compiled call (never traced), removes the layer-call
+breaks without changing a number; this step refuses a model that needs `Layer.__call__` (`plain_calls_unsupported`),
+where the eager step would only fall back to it.
 
 What is left costs compile time, not breaks: dynamo traces every line of Python an operation runs, and in
 Keras that is several dozen lines around each torch call. Two kinds of Keras helper take most of them, and
@@ -39,10 +35,8 @@ but with it the losses leave the eager step's from the third step on (1e-5 relat
 without it they agree to 1e-7 over every length bucket; it is not used.
 """
 
-import collections
-import contextlib
-
 from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
+from mtbench.plugins.backends.torch_plain_calls import any_keras_tensor, plain_calls_unsupported
 
 COMPILED_PART = "mtbench torch step: forward + loss (backward via AOTAutograd); fused AdamW update eager"
 # Graphs dynamo keeps per compiled function before it gives up and runs further shapes eagerly (torch's default
@@ -51,18 +45,6 @@ COMPILED_PART = "mtbench torch step: forward + loss (backward via AOTAutograd); 
 RECOMPILE_LIMIT = 64
 # The modes in which inductor captures the compiled graphs in CUDA graphs (on a GPU).
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-
-
-def plain_calls_unsupported(model):
-    """Why `plain_layer_calls` cannot run `model` as Keras would (None when it can)."""
-    for layer in model._flatten_layers(include_self=True):
-        if not layer.built:
-            return f"layer '{layer.name}' is not built"
-        if layer.activity_regularizer is not None:
-            return f"layer '{layer.name}' has an activity regularizer"
-        if layer._call_has_mask_arg or getattr(layer, "mask_zero", False):
-            return f"layer '{layer.name}' uses Keras masks (a `mask` argument or `mask_zero`)"
-    return None
 
 
 _substitutes_registered = False
@@ -81,56 +63,9 @@ def lighten_keras_for_dynamo():
     if _substitutes_registered:  # dynamo refuses a second substitute for one function
         return
 
-    @torch.compiler.substitute_in_graph(keras_tensor.any_symbolic_tensors)
-    def any_keras_tensor(args=None, kwargs=None):
-        pending = [*(args or ()), *(kwargs.values() if kwargs else ())]
-        while pending:
-            item = pending.pop()
-            if isinstance(item, keras_tensor.KerasTensor):
-                return True
-            if isinstance(item, (list, tuple, collections.deque)):
-                pending.extend(item)
-            elif isinstance(item, dict):
-                pending.extend(item.values())
-        return False
+    torch.compiler.substitute_in_graph(keras_tensor.any_symbolic_tensors)(any_keras_tensor)
 
     _substitutes_registered = True
-
-
-def _autocast_scope_for(layer):
-    """The autocast scope `Layer.__call__` would enter for `layer` (None: keep the current one)."""
-    from keras.src import backend
-    current = backend.get_autocast_scope()
-    if current is None:
-        return backend.AutocastScope(layer.compute_dtype) if layer.compute_dtype != layer.variable_dtype else None
-    if not layer.autocast or not backend.is_float_dtype(layer.compute_dtype):
-        return backend.AutocastScope(None)
-    return backend.AutocastScope(layer.compute_dtype) if current.dtype != layer.compute_dtype else None
-
-
-@contextlib.contextmanager
-def plain_layer_calls(training):
-    """While inside, calling any Keras layer runs its `call` without `Layer.__call__`'s bookkeeping (see the
-    module's docstring); `training` is the flag of the outermost call."""
-    import keras
-
-    def plain_call(layer, *args, **kwargs):
-        if layer._call_has_training_arg and kwargs.get("training") is None:
-            kwargs["training"] = training
-        if layer._convert_input_args:
-            convert, autocast, dtype = layer.dtype_policy.convert_input, layer.autocast, layer.input_dtype
-            args = [convert(arg, autocast, dtype) for arg in args]
-            kwargs = {name: convert(value, autocast, dtype) for name, value in kwargs.items()}
-        scope = _autocast_scope_for(layer)
-        with scope if scope is not None else contextlib.nullcontext():
-            return layer.call(*args, **kwargs)
-
-    keras_call = keras.layers.Layer.__call__
-    keras.layers.Layer.__call__ = plain_call
-    try:
-        yield
-    finally:
-        keras.layers.Layer.__call__ = keras_call
 
 
 def dynamo_counters():
@@ -165,9 +100,6 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
         # One graph per length bucket: the buckets are few, and static shapes give inductor fixed tile sizes.
         self._forward = torch.compile(self._loss_and_accuracy, mode=mode, dynamic=False)
         self._compile_seconds_before = calculate_time_spent().get("total_wall_time", 0.0)
-
-    def _forward_context(self):
-        return plain_layer_calls(training=True)
 
     def __call__(self, x, y, sample_weight):
         self.shapes_seen.add(tuple(y.shape))

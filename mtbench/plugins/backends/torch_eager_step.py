@@ -18,6 +18,7 @@ import contextlib
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
+from mtbench.plugins.backends.torch_plain_calls import plain_calls_unsupported, plain_layer_calls
 
 
 def to_device(array, device):
@@ -53,6 +54,8 @@ class EagerTorchTrainStep(TrainStep):
         self.fused_optimizer = (None if fused_adamw_unsupported(model.optimizer)
                                 else FusedAdamW(model.optimizer, self.variables))
         self._forward = self._loss_and_accuracy
+        # Why the layers must be called through `Layer.__call__` (None: they are called plainly).
+        self.plain_calls_refused = plain_calls_unsupported(model)
         self.module = model     # what the forward pass calls: the model, or DistributedDataParallel around it
         self.processes = None   # the ProcessGroup of a step distributed over several processes
 
@@ -80,8 +83,11 @@ class EagerTorchTrainStep(TrainStep):
         return self._loss(y, logits, sample_weight), correct / sample_weight.sum()
 
     def _forward_context(self):
-        """The context `self._forward` runs in."""
-        return contextlib.nullcontext()
+        """The context `self._forward` runs in: Keras layers called without `Layer.__call__`'s per-call Python
+        (`torch_plain_calls`), where the model allows it."""
+        if self.plain_calls_refused is not None:
+            return contextlib.nullcontext()
+        return plain_layer_calls(training=True)
 
     def __call__(self, x, y, sample_weight):
         import torch

@@ -1,0 +1,101 @@
+"""Keras layers called without `Layer.__call__`'s bookkeeping, for mtbench's torch steps.
+
+On torch every Keras layer call runs tens of microseconds of Python before the layer's `call`: flattening its
+arguments, binding them to the call signature, name scopes, build checks, masks, autocast scopes. On a GPU that
+is host time the device waits for; under torch.compile it breaks the graph in every layer. `plain_layer_calls`
+runs each layer's `call` with what `Layer.__call__` would have given it for an already built model: the `training`
+flag of the outermost call where the layer takes one and the caller passed none, floating inputs cast to the
+layer's input dtype, and the policy's autocast scope for variables. Build, masks, activity regularizers and
+symbolic tracing are what it leaves out; `plain_calls_unsupported` refuses a model that would need them. The
+numbers are the same (the eager step's losses equal Keras's `train_on_batch`'s, `tests/plugins/backends`).
+"""
+
+import collections
+import contextlib
+import sys
+
+
+def plain_calls_unsupported(model):
+    """Why `plain_layer_calls` cannot run `model` as Keras would (None when it can)."""
+    for layer in model._flatten_layers(include_self=True):
+        if not layer.built:
+            return f"layer '{layer.name}' is not built"
+        if layer.activity_regularizer is not None:
+            return f"layer '{layer.name}' has an activity regularizer"
+        if layer._call_has_mask_arg or getattr(layer, "mask_zero", False):
+            return f"layer '{layer.name}' uses Keras masks (a `mask` argument or `mask_zero`)"
+    return None
+
+
+def _autocast_scope_for(layer):
+    """The autocast scope `Layer.__call__` would enter for `layer` (None: keep the current one)."""
+    from keras.src import backend
+    current = backend.get_autocast_scope()
+    if current is None:
+        return backend.AutocastScope(layer.compute_dtype) if layer.compute_dtype != layer.variable_dtype else None
+    if not layer.autocast or not backend.is_float_dtype(layer.compute_dtype):
+        return backend.AutocastScope(None)
+    return backend.AutocastScope(layer.compute_dtype) if current.dtype != layer.compute_dtype else None
+
+
+def any_keras_tensor(args=None, kwargs=None):
+    """Keras's `any_symbolic_tensors` (is any argument a `KerasTensor`, so that an operation builds a functional
+    graph instead of computing?), walking the lists, tuples and dicts its tree utilities would flatten, without
+    torch's pytree machinery: every Keras operation asks, and on torch the pytree walk is the largest share of
+    an eager step's Python (about a quarter of a tiny model's step)."""
+    from keras.src.backend.common.keras_tensor import KerasTensor
+    pending = [*(args or ()), *(kwargs.values() if kwargs else ())]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, KerasTensor):
+            return True
+        if isinstance(item, (list, tuple, collections.deque)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+    return False
+
+
+_holders_of_the_symbolic_check = []  # the modules that imported Keras's `any_symbolic_tensors` by name
+
+
+def _symbolic_check_holders():
+    if not _holders_of_the_symbolic_check:
+        from keras.src.backend.common import keras_tensor
+        original = keras_tensor.any_symbolic_tensors
+        _holders_of_the_symbolic_check.extend(
+            module for name, module in list(sys.modules.items())
+            if name.startswith("keras.src") and getattr(module, "any_symbolic_tensors", None) is original)
+    return _holders_of_the_symbolic_check
+
+
+@contextlib.contextmanager
+def plain_layer_calls(training):
+    """While inside, calling any Keras layer runs its `call` without `Layer.__call__`'s bookkeeping (see the
+    module's docstring), and Keras's operations tell symbolic from eager arguments by `any_keras_tensor`;
+    `training` is the flag of the outermost call."""
+    import keras
+    from keras.src.backend.common import keras_tensor
+
+    def plain_call(layer, *args, **kwargs):
+        if layer._call_has_training_arg and kwargs.get("training") is None:
+            kwargs["training"] = training
+        if layer._convert_input_args:
+            convert, autocast, dtype = layer.dtype_policy.convert_input, layer.autocast, layer.input_dtype
+            args = [convert(arg, autocast, dtype) for arg in args]
+            kwargs = {name: convert(value, autocast, dtype) for name, value in kwargs.items()}
+        scope = _autocast_scope_for(layer)
+        with scope if scope is not None else contextlib.nullcontext():
+            return layer.call(*args, **kwargs)
+
+    keras_call, keras_check = keras.layers.Layer.__call__, keras_tensor.any_symbolic_tensors
+    holders = _symbolic_check_holders()
+    keras.layers.Layer.__call__ = plain_call
+    for module in holders:
+        module.any_symbolic_tensors = any_keras_tensor
+    try:
+        yield
+    finally:
+        keras.layers.Layer.__call__ = keras_call
+        for module in holders:
+            module.any_symbolic_tensors = keras_check
