@@ -1,56 +1,76 @@
-"""One command for the GPU table: every way mtbench trains, on whatever device this machine has, within a time
-budget, as a markdown table and one JSON line.
+"""One command for the GPU table: the ways mtbench trains, on whatever device this machine has, within a time
+budget that one lent 10-minute session holds, as a markdown table and JSON written after every row.
 
-    python benchmarks/gpu_matrix.py [--presets small,base] [--dtypes float32,mixed_bfloat16] [--runs jax,torch,...]
-                                    [--steps N] [--budget SECONDS] [--row-timeout SECONDS] [--out DIR]
-                                    [-- TRAIN OPTIONS]
+    python benchmarks/gpu_matrix.py [--presets small] [--dtypes float32,mixed_bfloat16] [--runs jax,torch,...]
+                                    [--rows 1,2,5-7] [--steps N] [--budget SECONDS] [--row-timeout SECONDS]
+                                    [--out DIR] [-- TRAIN OPTIONS]
 
-The matrix. For each preset and each dtype policy (`float32`, `mixed_bfloat16`), one row per way to train:
-`jax` (`--backend jax`), `torch` (eager), `torch+torch-compile` (`--extra torch-compile`, compile mode
-`default`), `torch+torch-compile@reduce-overhead` (the same with `--compile-mode reduce-overhead`: CUDA graphs,
-CUDA only), and `jax`, `torch` and `torch+torch-compile` again with `--extra flash-attention`. The presets are
-`small` and `base` where a backend sees a GPU, `tiny` on a CPU, so that CI and the tests run the same matrix.
-`--presets`, `--dtypes` and `--runs` choose a part of it; TRAIN OPTIONS (after `--`) go to every run (`--batch-size
-256`, `--max-len 64`, `--dataset ...`).
+The rows. One preset (`small` where a backend sees a GPU, `tiny` on a CPU, so that CI and the tests run the same
+code), in this order, the most important comparison first:
+
+     1-3  mixed_bfloat16: `jax`, `torch+torch-compile` (compile mode default), `torch` (eager)
+     4    mixed_bfloat16: `torch+torch-compile@reduce-overhead` (CUDA graphs, CUDA only)
+     5-6  float32: `jax` with `--matmul-precision highest` (true float32) and `high` (TF32)
+     7-9  mixed_bfloat16 with `--extra flash-attention`: `jax`, `torch+torch-compile`, `torch`
+    10-11 float32: `torch+torch-compile` with `--matmul-precision highest` and `high`
+
+The float32 rows answer whether both backends, set alike, do the same arithmetic and what TF32 buys (JAX's own
+default on a GPU is TF32, torch's true float32); JAX's pair comes first because it is cheap to compile. Every row
+is `mtbench train --measure-only` (no validation, final evaluation, test translation or saved model), for --steps
+steps (default 200 on a GPU, the preset's own on a CPU), and on a GPU with token batching sized for it
+(`--max-tokens`: 16384 for `small`, 32768 for `base`, 4096 for `tiny`) unless the TRAIN OPTIONS after `--`, which
+go to every run, give `--max-tokens` or `--batch-size`. `--presets`, `--dtypes`, `--runs` and `--rows` (the row
+numbers above) choose a part of the plan.
 
 How the figures are taken. First one short process asks each backend plugin what it runs on and, for every row,
 whether its dtype and extras can run there (the checks `mtbench train` makes before it trains, for the row's own
 preset and dtype). A row they rule out is listed as "skipped: why", as is a CUDA-graphs row without CUDA and a row
 whose backend sees only a CPU in a GPU matrix. Then, per preset, `mtbench init-weights` writes one weights file,
 and each remaining row is one `mtbench train` in its own process (keras fixes its backend at import, and a row's
-crash or out-of-memory cannot touch the next), loading that file, for `--steps` steps (default 200 on a GPU, the
-preset's own on a CPU), in the order of the table. Every figure is mtbench's own, read from the row's result JSON
-(see docs/results.md for the clocks):
+crash or out-of-memory cannot touch the next), loading that file, in the order of the plan. Every figure is
+mtbench's own, read from the row's result JSON (see docs/results.md for the clocks):
 
 - `train step that ran`: the step that really ran (`train_step`), the attention implementation the decoder's
   causal and the padded attentions ran (`model.attention`), and what the extras recorded (`extras_record`: the
-  compile mode and graph breaks of torch-compile, the fused kernels flash-attention found in the compiled program
-  or profiler trace);
+  compile mode and graph breaks of torch-compile, the fused kernels flash-attention found);
 - `step ms (median)`: the median steady step, compilation and each batch shape's first step kept apart;
 - `tokens/s`: real (non-padding) target tokens of the steady steps over their time;
 - `compile s`: the first-of-shape steps' time beyond the steady median, summed over shapes;
-- `MFU`: the steady steps' analytic FLOPs over their time, over the device's datasheet peak for the dtype (on a
-  CPU, the measured matmul peak);
+- `MFU`: the steady steps' analytic FLOPs over their time, over the device's datasheet peak for the arithmetic
+  (TF32's for `high`; on a CPU, the measured matmul peak);
 - `peak device MiB`: the peak device memory the framework reports (n/a on a CPU);
-- `parity`: the largest relative loss difference, over the first 50 steps, from the first row of the same preset
-  and dtype (mtbench compare's check, within 1 %); rows that train with dropout (`base`) are not checked.
+- `parity`: the largest relative loss difference, over the first 50 steps, from the first row of the same preset,
+  dtype and matmul precision (mtbench compare's check, within 1 %); rows with dropout (`base`) are not checked;
+- `row s`: the row's wall time, its process's start, data and compilation included.
 
-`--budget` bounds the rows' time, counted from the first weights file on: once it is spent no new row (or weights
-file) is started, and every row not started is listed as cut by the budget; a row already running finishes
-(`--row-timeout` stops a stuck one). Above the table: the device each backend ran on, the versions and the
-configuration every row shares, from the results' `env` and `config`. Each row's result JSON and log, and the
-whole summary (`gpu-matrix.json`), go to `--out`. The last line printed is the summary as one JSON object. The
-exit status is 1 when a row failed.
+The budget. `--budget SECONDS` bounds the whole command, counted from its start: a row (or a preset's weights
+file) starts only if its estimated time fits in what is left, else it is listed as "cut: not started: it needs
+about N s (how that was estimated), M s of the budget were left", and a later, cheaper row may still run. A row's
+estimate is the wall time of the last row of its kind (jax, torch eager, torch compiled in one mode) on its preset,
+else a first guess: the weights file's wall time (a process's start and data) plus a fixed allowance per kind
+(FIRST_GUESS_S). A row still running when the budget ends is stopped ("stopped: ...", its log kept), so the
+command ends within the budget; `--row-timeout` stops a row that hangs. `.gpukit/check.sh matrix 480` runs
+`--budget 480` inside one 10-minute device call. Rows cut or stopped are named below the table with the command
+that runs just them (`--rows`).
+
+What survives a killed run. Before the first row, and again whenever a row ends, `gpu-matrix.json` (the summary,
+rows not yet run marked pending) and `gpu-matrix.md` (the table and the lines above and below it) are rewritten
+in `--out`, and the row's table line is printed to stderr. SIGTERM or Ctrl-C stops the running row, marks it and
+writes both files. Above the table: the device each backend ran on, the versions and the configuration every row
+shares, from the results' `env` and `config`. Each row's result JSON and log go to `--out` too. The last line
+printed is the summary as one JSON object. The exit status is 1 when a row failed (not when the budget cut it).
 
 Why not one `mtbench compare --matrix`: compare gives every run the same train options, so it cannot hold two
-torch-compile runs that differ in `--compile-mode`; it stops at the first run that fails; and it has no budget.
-The rows here are what compare's runs are (the same weights file, one `mtbench train` each, the same parity check),
-launched one at a time so that each can be skipped, cut or fail on its own.
+torch-compile runs that differ in `--compile-mode` or rows of several dtypes; it stops at the first run that fails;
+and it has no budget. The rows here are what compare's runs are (the same weights file, one `mtbench train` each,
+the same parity check), launched one at a time so that each can be skipped, cut or fail on its own.
 """
 
 import argparse
+import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,15 +80,28 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # run as a script: `mtbench` from this checkout
 
-DTYPES = ("float32", "mixed_bfloat16")
-PRESETS_ON = {"gpu": ("small", "base"), "cpu": ("tiny",)}
-GPU_STEPS = 200  # enough steady steps for a stable median after compilation, short enough for the whole matrix
+BF16 = "mixed_bfloat16"
+DTYPES = ("float32", BF16)
+PRESETS_ON = {"gpu": ("small",), "cpu": ("tiny",)}
+GPU_STEPS = 200  # enough steady steps for a stable median after compilation, few enough for one device call
+# Tokens per training batch on a GPU (--max-tokens), per preset: batches that give the device real work (the
+# measured `small` step at batch 64 is host-bound on an H100) and hold every length bucket but `small`'s shortest.
+GPU_MAX_TOKENS = {"tiny": 4096, "small": 16384, "base": 32768}
 FLASH = "flash-attention"
 COMPILE = "torch-compile"
 # Keys of a result's `config` that differ from row to row by design, or name files: not part of the shared
 # configuration printed above the table.
-PER_ROW_CONFIG = ("backend", "extras", "dtype", "compile_mode", "initial_weights", "initial_weights_sha256", "out",
-                  "overwrite", "preset", "model", "parameters", "vocab_size", "max_len", "steps", "dropout")
+PER_ROW_CONFIG = ("backend", "extras", "dtype", "matmul_precision", "compile_mode", "initial_weights",
+                  "initial_weights_sha256", "out", "overwrite", "preset", "model", "parameters", "vocab_size",
+                  "max_len", "steps", "dropout")
+# A row's first guess, in seconds beyond its process's start and data (the weights file's wall time): its
+# compilations (two length buckets on `small`) and steps. Guesses, not measurements: each is replaced by the first
+# measured row of its kind. Generous for the torch.compile rows, whose compile time is the least known.
+FIRST_GUESS_S = {
+    "gpu": {"jax": 40, "torch eager": 20, "torch compiled default": 100, "torch compiled reduce-overhead": 130},
+    "cpu": {"jax": 15, "torch eager": 10, "torch compiled default": 60, "torch compiled reduce-overhead": 60},
+}
+WEIGHTS_GUESS_S = {"gpu": 40, "cpu": 20}  # a weights file before one was written: a process's start and data
 
 
 @dataclass(frozen=True)
@@ -82,6 +115,15 @@ class Way:
     def label(self):
         name = "+".join((self.backend, *self.extras))
         return f"{name}@{self.compile_mode}" if self.compile_mode else name
+
+    @property
+    def kind(self):
+        """What its time is made of, for estimates: 'jax', 'torch eager' or 'torch compiled MODE'."""
+        if self.backend != "torch":
+            return self.backend
+        if COMPILE not in self.extras:
+            return "torch eager"
+        return f"torch compiled {self.compile_mode or 'default'}"
 
     def train_arguments(self):
         arguments = ["--backend", self.backend]
@@ -101,27 +143,58 @@ WAYS = (
 )
 WAYS_BY_LABEL = {way.label: way for way in WAYS}
 
+# (dtype, way, --matmul-precision or None for mtbench's default), in the order they run; a row's number is its
+# place here (1-based), the same whatever part of the plan runs.
+PLAN = (
+    (BF16, "jax", None),
+    (BF16, "torch+torch-compile", None),
+    (BF16, "torch", None),
+    (BF16, "torch+torch-compile@reduce-overhead", None),
+    ("float32", "jax", "highest"),
+    ("float32", "jax", "high"),
+    (BF16, "jax+flash-attention", None),
+    (BF16, "torch+torch-compile+flash-attention", None),
+    (BF16, "torch+flash-attention", None),
+    ("float32", "torch+torch-compile", "highest"),
+    ("float32", "torch+torch-compile", "high"),
+)
+
 
 @dataclass(frozen=True)
 class Row:
     preset: str
     dtype: str
     way: Way
+    precision: str = None  # --matmul-precision; None: not given (mtbench's default)
+    number: int = 0        # its place in PLAN
+
+    @property
+    def dtype_label(self):
+        return f"{self.dtype} ({self.precision})" if self.precision else self.dtype
 
     @property
     def key(self):
+        return f"{self.preset} {self.dtype_label} {self.way.label}"
+
+    @property
+    def probe_key(self):
+        """The probe's refusals depend on the preset, dtype and way only."""
         return f"{self.preset} {self.dtype} {self.way.label}"
 
     @property
     def file_stem(self):
-        return f"{self.preset}-{self.dtype}-{self.way.label}"
+        return "-".join([self.preset, self.dtype, *([self.precision] if self.precision else []), self.way.label])
+
+    def train_arguments(self):
+        precision = ["--matmul-precision", self.precision] if self.precision else []
+        return [*self.way.train_arguments(), "--preset", self.preset, "--dtype", self.dtype, *precision]
 
 
 # ---- what the machine can run (in a child process: a framework that touches the GPU keeps memory) ----------------
 
 def probe_machine():
     """{"backends": {name: {"device": ...} or {"missing": why}}, "refusals": {row key: why not, or None}} for every
-    row of every preset: the checks `mtbench train` makes before training (`start_backend`), each for the row's
+    preset, dtype and way: the checks `mtbench train` makes before training (`start_backend`), each for the row's
     own preset and dtype. Imports the frameworks, never keras."""
     from mtbench.errors import MtbenchError
     from mtbench.keras_models.presets import PRESETS
@@ -159,7 +232,7 @@ def probe_machine():
                         if why:
                             reason = f"extra '{extra.name}' cannot run here: {why}"
                             break
-                refusals[Row(preset, dtype, way).key] = reason
+                refusals[Row(preset, dtype, way).probe_key] = reason
     return {"backends": backends, "refusals": refusals}
 
 
@@ -181,15 +254,18 @@ def device_kind(probe):
 
 # ---- the plan ---------------------------------------------------------------------------------------------------
 
-def plan_rows(probe, presets=None, dtypes=DTYPES, ways=WAYS):
-    """[(Row, why it is skipped or None)] in the order they run: by preset, dtype, then way."""
+def plan_rows(probe, presets=None, dtypes=DTYPES, ways=WAYS, numbers=None):
+    """[(Row, why it is skipped or None)] in the order they run: by preset, then PLAN's order; `numbers` (row
+    numbers) keeps only those."""
     kind = device_kind(probe)
     rows = []
     for preset in presets or PRESETS_ON[kind]:
-        for dtype in dtypes:
-            for way in ways:
-                row = Row(preset, dtype, way)
-                rows.append((row, skip_reason(row, probe, kind)))
+        for number, (dtype, label, precision) in enumerate(PLAN, start=1):
+            way = WAYS_BY_LABEL[label]
+            if dtype not in dtypes or way not in ways or (numbers and number not in numbers):
+                continue
+            row = Row(preset, dtype, way, precision, number)
+            rows.append((row, skip_reason(row, probe, kind)))
     return rows
 
 
@@ -203,14 +279,51 @@ def skip_reason(row, probe, kind):
                 f"(install the backend's CUDA build)")
     if row.way.compile_mode == "reduce-overhead" and device["kind"] != "gpu":
         return f"CUDA graphs need a CUDA device; {row.way.backend} runs on the {device['kind']} here"
-    return probe["refusals"].get(row.key)
+    return probe["refusals"].get(row.probe_key)
+
+
+def batching_options(preset, train_options, kind):
+    """On a GPU, `--max-tokens` sized for it, unless the train options choose the batch themselves."""
+    chosen = any(option.split("=")[0] in ("--max-tokens", "--batch-size") for option in train_options)
+    return [] if kind == "cpu" or chosen else ["--max-tokens", str(GPU_MAX_TOKENS[preset])]
+
+
+class Estimates:
+    """How long a row, or a preset's weights file, will take: measured where a row of its kind (or the weights
+    file) already ran on its preset, else a first guess."""
+
+    def __init__(self, kind):
+        self.kind = kind
+        self.weights_s = {}  # preset: the weights file's wall time
+        self.rows = {}       # (preset, way kind): (wall time, key of the row it was measured on)
+
+    def weights_file(self, preset):
+        return self.weights_s.get(preset, WEIGHTS_GUESS_S[self.kind])
+
+    def row(self, row):
+        """(seconds, how they were estimated)."""
+        kind = row.way.kind
+        measured = self.rows.get((row.preset, kind))
+        if measured:
+            return measured[0], f"{measured[1]} took {measured[0]:.0f} s"
+        setup = self.weights_file(row.preset)
+        guess = FIRST_GUESS_S[self.kind].get(kind, max(FIRST_GUESS_S[self.kind].values()))
+        source = "the weights file's" if row.preset in self.weights_s else "a guess"
+        return setup + guess, f"a first guess for {kind}: {setup:.0f} s to start ({source}) + {guess} s"
+
+    def ran(self, row, seconds):
+        self.rows[(row.preset, row.way.kind)] = (seconds, row.key)
 
 
 # ---- running the rows -------------------------------------------------------------------------------------------
 
+class TimedOut(str):
+    """run_mtbench's reason for a process it stopped at its timeout."""
+
+
 def run_mtbench(arguments, log_file, timeout):
     """Runs `python -m mtbench ARGUMENTS` in a fresh process, its output kept in `log_file`. Returns None, or why
-    it failed in one line."""
+    it failed in one line (a `TimedOut` when it was stopped at `timeout` seconds)."""
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}  # the backend plugin sets it
     try:
         proc = subprocess.run([sys.executable, "-m", "mtbench", *arguments], capture_output=True, text=True,
@@ -220,8 +333,8 @@ def run_mtbench(arguments, log_file, timeout):
         if isinstance(output, bytes):  # what a killed child left is not always decoded
             output = output.decode(errors="replace")
         with open(log_file, "w", encoding="utf-8") as f:
-            f.write(f"$ mtbench {' '.join(arguments)}\n# timed out after {timeout} s\n--- stdout\n{output}")
-        return f"timed out after {timeout:.0f} s (--row-timeout; log: {log_file})"
+            f.write(f"$ mtbench {' '.join(arguments)}\n# stopped after {timeout:.0f} s\n--- stdout\n{output}")
+        return TimedOut(f"stopped after {timeout:.0f} s (log: {log_file})")
     with open(log_file, "w", encoding="utf-8") as f:
         f.write(f"$ mtbench {' '.join(arguments)}\n# exit code {proc.returncode}\n--- stdout\n{proc.stdout}"
                 f"--- stderr\n{proc.stderr}")
@@ -259,89 +372,148 @@ def figures(result):
             "step_ms_median": None if median is None else median * 1e3, "tokens_per_s": timing.get("tokens_per_s"),
             "compile_s": timing.get("compile_s"), "mfu": result["utilization"].get("mfu"),
             "peak_device_mib": None if peak is None else peak / 2 ** 20, "steady_steps": timing.get("steady_steps"),
-            "device": result["env"]["device"]}
+            "device": result["env"]["device"], "matmul_precision_set": matmul_precision_set(result)}
 
 
-def run_matrix(planned, args, train_options, clock=time.monotonic):
-    """Runs the planned rows within the budget; returns one record per row, in the plan's order, and the results
-    of the rows that ran ({row key: result})."""
-    started = clock()
-    records, results, weights = [], {}, {}
+def matmul_precision_set(result):
+    """What each framework reported it set for float32 matmuls (`env.matmul_precision`, schema 4), or None."""
+    recorded = result["env"].get("matmul_precision")
+    return recorded.get("reported") if isinstance(recorded, dict) else recorded
+
+
+def first_record(row, reason):
+    record = {"row": row.number, "key": row.key, "preset": row.preset, "dtype": row.dtype,
+              "matmul_precision": row.precision, "run": row.way.label}
+    record.update(status="skipped" if reason else "pending", reason=reason)
+    return record
+
+
+def run_matrix(planned, args, train_options, kind, clock=None, started=None, publish=None):
+    """Runs the planned rows within the budget (counted from `started`, default now); returns one record per row,
+    in the plan's order, and the results of the rows that ran ({row key: result}). `publish(records, results,
+    record)` is called before the first row and whenever a row ends (`record`: that row's)."""
+    clock = clock or time.monotonic
+    started = clock() if started is None else started
+    publish = publish or (lambda records, results, record: None)
+    estimates = Estimates(kind)
+    records = [first_record(row, reason) for row, reason in planned]
+    results, weights = {}, {}
+    publish(records, results, None)
     runnable = [row for row, reason in planned if reason is None]
-    for row, reason in planned:
-        record = {"preset": row.preset, "dtype": row.dtype, "run": row.way.label}
-        records.append(record)
-        if reason:
-            record.update(status="skipped", reason=reason)
-            continue
-        if clock() - started >= args.budget:
-            record.update(status="cut", reason=f"the budget of {args.budget:g} s was spent before it started")
-            continue
-        preset_dir = os.path.join(args.out, row.preset)
-        os.makedirs(preset_dir, exist_ok=True)
-        if row.preset not in weights:
-            path = os.path.join(preset_dir, "initial-weights.npz")
-            print(f"{row.preset}: writing the initial weights every row of it loads", file=sys.stderr, flush=True)
-            failure = run_mtbench(["init-weights", "--backend", row.way.backend, "--preset", row.preset,
-                                   *train_options, "--cache-dir", args.cache_dir, "--out", path, "--overwrite"],
-                                  path[:-len(".npz")] + ".log", args.row_timeout)
-            weights[row.preset] = (path, failure)
-        path, weights_failure = weights[row.preset]
-        if weights_failure:
-            record.update(status="failed", reason=f"mtbench init-weights failed: {weights_failure}")
-            continue
-        number = runnable.index(row) + 1
-        print(f"[{number}/{len(runnable)}] {row.key} ...", file=sys.stderr, flush=True)
-        row_started = clock()
-        result_file = os.path.join(preset_dir, f"{row.file_stem}.json")
-        steps = ["--steps", str(args.steps)] if args.steps else []
-        failure = run_mtbench(["train", *row.way.train_arguments(), "--preset", row.preset, "--dtype", row.dtype,
-                               *steps, *train_options, "--cache-dir", args.cache_dir, "--initial-weights", path,
-                               "--out", result_file, "--overwrite", "--report", "none", "--no-save-model"],
-                              os.path.join(preset_dir, f"{row.file_stem}.log"), args.row_timeout)
-        record["wall_s"] = clock() - row_started
-        record["result_file"] = os.path.abspath(result_file)
-        if failure:
-            record.update(status="failed", reason=failure)
-            continue
-        with open(result_file, encoding="utf-8") as f:
-            result = json.load(f)
-        results[row.key] = result
-        record.update(status="ran", reason=None, **figures(result))
-        print(f"[{number}/{len(runnable)}] {row.key}: {record['wall_s']:.1f} s, {result['train_step']}",
-              file=sys.stderr, flush=True)
+    record = None
+    try:
+        for (row, reason), record in zip(planned, records):
+            if reason:
+                continue
+            run_row(row, record, args, train_options + batching_options(row.preset, train_options, kind),
+                    estimates, weights, results, lambda: args.budget - (clock() - started), clock,
+                    f"[{runnable.index(row) + 1}/{len(runnable)}]", lambda: publish(records, results, None))
+            publish(records, results, record)
+    except KeyboardInterrupt:
+        for other in records:
+            if other["status"] == "running":
+                other.update(status="stopped", reason="the matrix was interrupted while this row ran")
+            elif other["status"] == "pending":
+                other.update(status="cut", reason="the matrix was interrupted before it started")
+        publish(records, results, record)
+        raise
     return records, results
 
 
+def run_row(row, record, args, options, estimates, weights, results, left, clock, tag, starting):
+    """Writes the preset's weights file if it is the first row of it, then trains the row; `record` says how it
+    went. `left()`: the seconds of the budget left; `starting()` is called once the row is marked running."""
+    need, basis = estimates.row(row)
+    if row.preset not in weights:
+        need += estimates.weights_file(row.preset)
+        basis += f", and the preset's weights file first (about {estimates.weights_file(row.preset):.0f} s)"
+    record["estimate_s"] = need
+    if need > left():
+        record.update(status="cut", reason=f"not started: it needs about {need:.0f} s ({basis}); "
+                                           f"{max(left(), 0):.0f} s of the {args.budget:g} s budget were left")
+        return
+    preset_dir = os.path.join(args.out, row.preset)
+    os.makedirs(preset_dir, exist_ok=True)
+    record["status"] = "running"
+    starting()
+    if row.preset not in weights:
+        path = os.path.join(preset_dir, "initial-weights.npz")
+        print(f"{row.preset}: writing the initial weights every row of it loads", file=sys.stderr, flush=True)
+        weights_started, timeout = clock(), min(args.row_timeout, left())
+        failure = run_mtbench(["init-weights", "--backend", row.way.backend, "--preset", row.preset, *options,
+                               "--cache-dir", args.cache_dir, "--out", path, "--overwrite"],
+                              path[:-len(".npz")] + ".log", timeout)
+        estimates.weights_s[row.preset] = clock() - weights_started
+        if isinstance(failure, TimedOut) and timeout < args.row_timeout:
+            failure = TimedOut(f"the {args.budget:g} s budget ran out while it ran; {failure}")
+        weights[row.preset] = (path, failure)
+    path, weights_failure = weights[row.preset]
+    if weights_failure:
+        status = "stopped" if isinstance(weights_failure, TimedOut) else "failed"
+        record.update(status=status, reason=f"mtbench init-weights: {weights_failure}")
+        return
+    print(f"{tag} {row.key} ...", file=sys.stderr, flush=True)
+    row_started = clock()
+    result_file = os.path.join(preset_dir, f"{row.file_stem}.json")
+    steps = ["--steps", str(args.steps)] if args.steps else []
+    timeout = min(args.row_timeout, left())
+    if timeout <= 0:
+        record.update(status="cut", reason=f"not started: the weights file spent the {args.budget:g} s budget")
+        return
+    failure = run_mtbench(["train", *row.train_arguments(), *steps, *options, "--cache-dir", args.cache_dir,
+                           "--initial-weights", path, "--out", result_file, "--overwrite", "--report", "none",
+                           "--measure-only"],
+                          os.path.join(preset_dir, f"{row.file_stem}.log"), timeout)
+    record["wall_s"] = clock() - row_started
+    record["result_file"] = os.path.abspath(result_file)
+    if isinstance(failure, TimedOut) and timeout < args.row_timeout:
+        record.update(status="stopped", reason=f"the {args.budget:g} s budget ran out {record['wall_s']:.0f} s into "
+                                               f"the row (estimated at {need:.0f} s); {failure}")
+        return
+    if failure:
+        record.update(status="failed", reason=failure + (" (--row-timeout)" if isinstance(failure, TimedOut) else ""))
+        return
+    with open(result_file, encoding="utf-8") as f:
+        result = json.load(f)
+    results[row.key] = result
+    estimates.ran(row, record["wall_s"])
+    record.update(status="ran", reason=None, **figures(result))
+    print(f"{tag} {row.key}: {record['wall_s']:.1f} s, {result['train_step']}", file=sys.stderr, flush=True)
+
+
 def add_parity(records, results):
-    """Each row that ran gets mtbench compare's parity against the first row of its preset and dtype."""
+    """Each row that ran gets mtbench compare's parity against the first row of its preset, dtype and matmul
+    precision."""
     from mtbench.plugins.api import run_dtype
     from mtbench.runner.results.parity import check_parity, percent
+
+    def arithmetic(result):  # --matmul-precision sets float32 matmuls only
+        dtype = run_dtype(result)
+        return f"{dtype} {result['config'].get('matmul_precision', 'highest')}" if dtype == "float32" else dtype
+
     for preset in dict.fromkeys(record["preset"] for record in records):
-        named = [(f"{r['run']} {r['dtype']}", results[f"{r['preset']} {r['dtype']} {r['run']}"])
-                 for r in records if r["preset"] == preset and r["status"] == "ran"]
-        report = check_parity(named, run_dtype)
-        cells = {pair.run: (f"{percent(pair.max_relative_difference)} vs {pair.reference.split(' ')[0]}"
+        ran = [r for r in records if r["preset"] == preset and r["status"] == "ran"]
+        report = check_parity([(r["key"], results[r["key"]]) for r in ran], arithmetic)
+        reference_run = {r["key"]: r["run"] for r in ran}
+        cells = {pair.run: (f"{percent(pair.max_relative_difference)} vs {reference_run[pair.reference]}"
                             + ("" if pair.within_tolerance else f", NOT within {percent(report.tolerance)}"))
                  for pair in report.pairs}
         references = {pair.reference for pair in report.pairs}
         unchecked = dict(report.unchecked)
-        for record in records:
-            name = f"{record['run']} {record['dtype']}"
-            if record["preset"] != preset or record["status"] != "ran":
-                continue
-            if name in cells:
-                record["parity"] = cells[name]
-            elif name in references:
+        for record in ran:
+            if record["key"] in cells:
+                record["parity"] = cells[record["key"]]
+            elif record["key"] in references:
                 record["parity"] = "reference"
             else:
-                record["parity"] = "not checked: " + unchecked.get(name, "no other run to compare with")
+                record["parity"] = "not checked: " + unchecked.get(record["key"], "no other run to compare with")
 
 
 # ---- output -----------------------------------------------------------------------------------------------------
 
-COLUMNS = ("preset", "dtype", "run", "train step that ran", "step ms (median)", "tokens/s", "compile s", "MFU",
-           "peak device MiB", "parity")
+COLUMNS = ("#", "preset", "dtype", "run", "train step that ran", "step ms (median)", "tokens/s", "compile s", "MFU",
+           "peak device MiB", "parity", "row s")
+STATUS_COLUMN = COLUMNS.index("train step that ran")
 
 
 def number(value, form):
@@ -349,23 +521,29 @@ def number(value, form):
 
 
 def table_row(record):
-    head = [record["preset"], record["dtype"], record["run"]]
+    dtype = record["dtype"] + (f" ({record['matmul_precision']})" if record.get("matmul_precision") else "")
+    head = [str(record.get("row", "")), record["preset"], dtype, record["run"]]
+    wall = number(record.get("wall_s"), ".0f") if "wall_s" in record else ""
     if record["status"] != "ran":
-        return head + [f"{record['status']}: {record['reason']}"] + [""] * (len(COLUMNS) - 4)
+        why = f"{record['status']}: {record['reason']}" if record.get("reason") else record["status"]
+        return head + [why] + [""] * (len(COLUMNS) - STATUS_COLUMN - 2) + [wall]
     step = record["train_step"] + (f" ({record['what_ran']})" if record["what_ran"] else "")
     if record["result_status"] != "completed":  # a diverged run's figures stand, but not as a finished run's
         step += f"; {record['result_status']}: {record['result_status_reason']}"
     return head + [step, number(record["step_ms_median"], ".1f"), number(record["tokens_per_s"], ",.0f"),
                    number(record["compile_s"], ".1f"),
                    "n/a" if record["mfu"] is None else f"{record['mfu'] * 100:.1f} %",
-                   number(record["peak_device_mib"], ",.0f"), record.get("parity", "")]
+                   number(record["peak_device_mib"], ",.0f"), record.get("parity", ""), wall]
+
+
+def table_line(record):
+    return "| " + " | ".join(cell.replace("|", "/") for cell in table_row(record)) + " |"
 
 
 def markdown_table(records):
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" if i < 4 else "---:" for i in
-                                                               range(len(COLUMNS))) + "|"]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in table_row(record)) + " |" for record in records]
-    return "\n".join(lines)
+    lines = ["| " + " | ".join(COLUMNS) + " |",
+             "|" + "|".join("---" if i <= STATUS_COLUMN else "---:" for i in range(len(COLUMNS))) + "|"]
+    return "\n".join(lines + [table_line(record) for record in records])
 
 
 def shared_config(results):
@@ -377,13 +555,18 @@ def shared_config(results):
             if key not in PER_ROW_CONFIG and all(config.get(key) == value for config in configs)}
 
 
+@functools.lru_cache(maxsize=1)
+def this_host():
+    from mtbench.runner.measurement.environment import host_environment
+    return host_environment()
+
+
 def environment(results, probe):
     """Versions, host and the device each backend ran on: from the results' `env` where rows ran, else from this
     process and the probe."""
-    from mtbench.runner.measurement.environment import host_environment
-    env = dict(next(iter(results.values()))["env"]) if results else host_environment()
-    env.pop("device", None)
-    env.pop("backend_versions", None)
+    env = dict(next(iter(results.values()))["env"]) if results else dict(this_host())
+    for key in ("device", "backend_versions", "matmul_precision"):
+        env.pop(key, None)
     devices = {}
     for name, info in probe["backends"].items():
         ran = [r for r in results.values() if r["backend"] == name]
@@ -397,6 +580,82 @@ def describe_device(device):
     return f"{device.get('count', 1)}x {device.get('name')} ({device.get('kind')})"
 
 
+def rerun_commands(records, args, train_options):
+    """For each preset, the command that runs just the rows the budget cut or stopped."""
+    commands = []
+    for preset in dict.fromkeys(r["preset"] for r in records):
+        numbers = [str(r["row"]) for r in records if r["preset"] == preset and r["status"] in ("cut", "stopped")]
+        if numbers:
+            options = f" -- {' '.join(train_options)}" if train_options else ""
+            commands.append(f"python3 benchmarks/gpu_matrix.py --presets {preset} --rows {','.join(numbers)} "
+                            f"--budget {args.budget:g}{options}")
+    return commands
+
+
+def summarize(records, results, probe, args, train_options, kind, elapsed_s, finished):
+    add_parity(records, results)
+    env, devices = environment(results, probe)
+    return {
+        "kind": "gpu-matrix", "device_kind": kind, "finished": finished,
+        "presets": list(dict.fromkeys(r["preset"] for r in records)), "steps": args.steps,
+        "train_options": train_options, "budget_s": args.budget, "elapsed_s": elapsed_s,
+        "cut": [r["key"] for r in records if r["status"] in ("cut", "stopped")],
+        "rerun": rerun_commands(records, args, train_options),
+        "devices": devices, "env": env, "config": shared_config(results),
+        "clock": next((r["timing"].get("clock") for r in results.values()), None),
+        "out": os.path.abspath(args.out), "rows": records,
+    }
+
+
+def report_lines(summary):
+    """The report: what ran where, the table, and what the budget cut, as lines of markdown-friendly text."""
+    env, budget = summary["env"], summary["budget_s"]
+    steps = "the preset's own number of" if summary["steps"] is None else summary["steps"]
+    state = "" if summary["finished"] else " (in progress: rows not yet run are pending)"
+    lines = [f"mtbench training matrix on the {summary['device_kind']}: presets {', '.join(summary['presets'])}, "
+             f"{steps} steps a row, --measure-only, {summary['elapsed_s']:.0f} s of a {budget:g} s budget{state}"]
+    lines += [f"device ({name}): {describe_device(device)}" for name, device in summary["devices"].items()]
+    lines.append("versions: " + ", ".join(f"{key} {env[key]}" for key in
+                                          ("python", "mtbench", "keras", "jax", "jaxlib", "torch", "numpy")
+                                          if env.get(key))
+                 + (f"; mtbench commit {env['mtbench_git_commit']}" if env.get("mtbench_git_commit") else ""))
+    lines.append(f"host: {env.get('cpu_model')}, {env.get('cpu_count')} CPUs, {env.get('platform')}")
+    lines.append("config shared by every row: "
+                 + (", ".join(f"{k}={v}" for k, v in summary["config"].items()) or "-")
+                 + (f"; train options: {' '.join(summary['train_options'])}" if summary["train_options"] else ""))
+    if summary["clock"]:
+        lines.append(f"clock: {summary['clock']}")
+    lines += ["", markdown_table(summary["rows"]), ""]
+    if summary["cut"]:
+        lines.append(f"cut by the budget ({budget:g} s): {', '.join(summary['cut'])}")
+        lines += [f"to run them: {command}" for command in summary["rerun"]]
+    lines.append(f"rows' results and logs: {summary['out']}")
+    return lines
+
+
+def write_atomically(path, text):
+    """A reader (or a kill) never meets half a file."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def write_report(summary, out):
+    write_atomically(os.path.join(out, "gpu-matrix.json"), json.dumps(summary, indent=2))
+    write_atomically(os.path.join(out, "gpu-matrix.md"), "\n".join(report_lines(summary)) + "\n")
+
+
+def parse_numbers(text):
+    """'1,3,5-7' -> {1, 3, 5, 6, 7}; None where it is not that."""
+    numbers = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        if not first.strip().isdigit() or (last and not last.strip().isdigit()):
+            return None
+        numbers.update(range(int(first), int(last or first) + 1))
+    return numbers
+
+
 def parse_args(argv):
     if "--" in argv:
         split = argv.index("--")
@@ -405,17 +664,19 @@ def parse_args(argv):
         train_options = []
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default=None,
-                        help="comma-separated (default: small,base on a GPU, tiny on a CPU)")
+                        help="comma-separated (default: small on a GPU, tiny on a CPU)")
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--runs", default=",".join(WAYS_BY_LABEL),
                         help="comma-separated ways to train, of: " + ", ".join(WAYS_BY_LABEL))
+    parser.add_argument("--rows", default=None, help=f"row numbers of the plan, e.g. 1,2,5-7 (1 to {len(PLAN)})")
     parser.add_argument("--steps", type=int, default=None,
                         help=f"training steps of every row (default: {GPU_STEPS} on a GPU, the preset's on a CPU)")
     parser.add_argument("--budget", type=float, default=3600.0,
-                        help="seconds after which no new row starts (default 3600)")
+                        help="seconds the whole command may take; rows that would not fit are cut (default 3600)")
     parser.add_argument("--row-timeout", type=float, default=1800.0, help="seconds before a row is stopped")
     parser.add_argument("--out", default=None,
-                        help="folder for the rows' results and logs (default mtbench-results/gpu-matrix-<time>)")
+                        help="folder for the table, the rows' results and logs (default "
+                             "mtbench-results/gpu-matrix-<time>)")
     parser.add_argument("--cache-dir", default=None, help="mtbench's cache (default: mtbench train's)")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -427,6 +688,9 @@ def parse_args(argv):
     wrong = [dtype for dtype in args.dtype_list if dtype not in DTYPES]
     if wrong:
         parser.error(f"--dtypes: {', '.join(wrong)} is none of {', '.join(DTYPES)}")
+    args.numbers = None if args.rows is None else parse_numbers(args.rows)
+    if args.rows is not None and (not args.numbers or not args.numbers <= set(range(1, len(PLAN) + 1))):
+        parser.error(f"--rows: '{args.rows}' is not row numbers from 1 to {len(PLAN)} such as 1,2,5-7")
     from mtbench.keras_models.presets import PRESETS
     args.preset_list = [preset for preset in (args.presets or "").split(",") if preset] or None
     wrong = [preset for preset in args.preset_list or () if preset not in PRESETS]
@@ -442,52 +706,46 @@ def parse_args(argv):
     return args, train_options
 
 
+def stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt  # subprocess.run kills the running row; run_matrix marks it and writes the files
+
+
 def main(argv=None):
+    started = time.monotonic()
     args, train_options = parse_args(sys.argv[1:] if argv is None else argv)
     if args.probe:
         print(json.dumps(probe_machine()))
         return 0
-    started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        return run(args, train_options, started)
+    except KeyboardInterrupt:
+        print(f"gpu_matrix: stopped; what had ended is in {os.path.abspath(args.out)}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(args, train_options, started):
     probe = run_probe()
     kind = device_kind(probe)
     if args.steps is None and kind != "cpu":
         args.steps = GPU_STEPS
-    planned = plan_rows(probe, args.preset_list, args.dtype_list, args.ways)
+    planned = plan_rows(probe, args.preset_list, args.dtype_list, args.ways, args.numbers)
     os.makedirs(args.out, exist_ok=True)
-    records, results = run_matrix(planned, args, train_options)
-    add_parity(records, results)
-    env, devices = environment(results, probe)
-    summary = {
-        "kind": "gpu-matrix", "device_kind": kind, "presets": list(dict.fromkeys(r["preset"] for r in records)),
-        "steps": args.steps, "train_options": train_options, "budget_s": args.budget,
-        "elapsed_s": time.monotonic() - started,
-        "cut": [f"{r['preset']} {r['dtype']} {r['run']}" for r in records if r["status"] == "cut"],
-        "devices": devices, "env": env, "config": shared_config(results),
-        "clock": next((r["timing"].get("clock") for r in results.values()), None),
-        "out": os.path.abspath(args.out), "rows": records,
-    }
-    with open(os.path.join(args.out, "gpu-matrix.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
 
-    steps = "the preset's own number of" if args.steps is None else args.steps
-    print(f"mtbench training matrix on the {kind}: presets {', '.join(summary['presets'])}, {steps} steps a row, "
-          f"{summary['elapsed_s']:.0f} s of a {args.budget:g} s budget")
-    for name, device in devices.items():
-        print(f"device ({name}): {describe_device(device)}")
-    print("versions: " + ", ".join(f"{key} {env[key]}" for key in
-                                    ("python", "mtbench", "keras", "jax", "jaxlib", "torch", "numpy") if env.get(key))
-          + (f"; mtbench commit {env['mtbench_git_commit']}" if env.get("mtbench_git_commit") else ""))
-    print(f"host: {env.get('cpu_model')}, {env.get('cpu_count')} CPUs, {env.get('platform')}")
-    print("config shared by every row: " + (", ".join(f"{k}={v}" for k, v in summary["config"].items()) or "-")
-          + (f"; train options: {' '.join(train_options)}" if train_options else ""))
-    if summary["clock"]:
-        print(f"clock: {summary['clock']}")
-    print()
-    print(markdown_table(records))
-    print()
-    if summary["cut"]:
-        print(f"cut by the budget ({args.budget:g} s): {', '.join(summary['cut'])}")
-    print(f"rows' results and logs: {summary['out']}")
+    def publish(records, results, record):
+        summary = summarize(records, results, probe, args, train_options, kind, time.monotonic() - started,
+                            finished=False)
+        write_report(summary, args.out)
+        if record is not None:
+            print(table_line(record), file=sys.stderr, flush=True)
+
+    records, results = run_matrix(planned, args, train_options, kind, started=started, publish=publish)
+    summary = summarize(records, results, probe, args, train_options, kind, time.monotonic() - started,
+                        finished=True)
+    write_report(summary, args.out)
+    print("\n".join(report_lines(summary)))
     print(json.dumps(summary))
     return 1 if any(r["status"] == "failed" for r in records) else 0
 

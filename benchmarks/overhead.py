@@ -163,7 +163,7 @@ def measure(backend_name, dtype, args):
         step_names["keras"] = "keras-train-on-batch"
 
     seconds = run_interleaved(contestants, workload.batches, args.warmup, args.rounds, args.steps_per_round)
-    from mtbench.runner.measurement.flops import training_flops
+    from mtbench.keras_models.flops import training_flops
     from mtbench.runner.measurement.peaks import device_peak
     rows, length = workload.batches[0].shape
     peak, peak_source = device_peak(backend, run.device, dtype, config.cache_dir,

@@ -151,7 +151,7 @@ def main(argv=None):
     from mtbench.plugins import manager as plugins
     from mtbench import KerasTrainStep
     from mtbench.runner.config import TrainConfig
-    from mtbench.runner.measurement.flops import training_flops
+    from mtbench.keras_models.flops import training_flops
     from mtbench.runner.measurement.peaks import device_peak
     config = TrainConfig(backend=args.backend, preset=args.preset, batch_size=args.batch_size, dtype=args.dtype,
                          **({"cache_dir": args.cache_dir} if args.cache_dir else {}))

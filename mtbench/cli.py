@@ -14,6 +14,7 @@ from rich.table import Table
 
 from mtbench.plugins import manager as plugins
 from mtbench.errors import MtbenchError, ReportingFailed
+from mtbench.plugins.api import PLUGIN_API_VERSION
 from mtbench.keras_models.presets import PRESETS
 from mtbench.runner.config import COMPILE_MODES, DEFAULT_TIMING_WINDOW, DTYPES, MATMUL_PRECISIONS, TrainConfig
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
@@ -167,15 +168,22 @@ def _train_config(**options):
     return TrainConfig(**options)
 
 
-def _as_arguments(configuration):
-    """The command-line arguments that give a child process the same run configuration."""
-    params = {param.name: param for param in click.get_current_context().command.params}
+def _as_arguments(configuration, command=None):
+    """The command-line arguments that give a child process the same run configuration, by the options of
+    `command` (default: the command running)."""
+    params = {param.name: param for param in (command or click.get_current_context().command).params}
     arguments = []
     for name, value in configuration.items():
-        if value is None or value is False:
+        param = params[name]
+        flag = param.opts[0]
+        if value is None:
             continue
-        flag = params[name].opts[0]
-        arguments += [flag] if params[name].is_flag else [flag, str(value)]
+        if param.is_flag:  # given where the value is the flag's own (--no-save-model: save_model False)
+            arguments += [flag] if value == (param.flag_value if isinstance(param.flag_value, bool) else True) else []
+        elif param.multiple:
+            arguments += [text for item in value for text in (flag, str(item))]
+        else:
+            arguments += [flag, str(value)]
     return arguments
 
 long_run_options = _stack([
@@ -215,7 +223,8 @@ ALLOWED_WITH_RESUME = ("resume_dir", "reporters", "debug", "save_model", *PROCES
 def _refuse_options_beside_resume():
     ctx = click.get_current_context()
     given = [param.opts[0] for param in ctx.command.params if param.name not in ALLOWED_WITH_RESUME
-             and ctx.get_parameter_source(param.name) is click.core.ParameterSource.COMMANDLINE]
+             and ctx.get_parameter_source(param.name) in (click.core.ParameterSource.COMMANDLINE,
+                                                         click.core.ParameterSource.DEFAULT_MAP)]
     if given:
         raise MtbenchError(f"--resume continues a run with its own configuration; drop {', '.join(given)}")
 
@@ -225,12 +234,66 @@ def _reporter_names(reporters):
     return [name for name in reporters if name != "none"]
 
 
-def _require_reporters_succeeded(failures):
-    """Reporters run isolated (each failure is a warning as it happens); the command still says it failed."""
+def _require_reporting_succeeded(failures):
+    """Reporters, trackers and extras' records fail in isolation (the run and its result go on); the command then
+    ends with every failure, each said once, on its last line."""
     if len(failures) == 1:
         raise ReportingFailed(failures[0])
     if failures:
-        raise ReportingFailed(f"{len(failures)} reporter runs failed; the first: {failures[0]}")
+        raise ReportingFailed(f"{len(failures)} reporting failures: " +
+                              "; ".join(f"({number}) {failure}" for number, failure in enumerate(failures, 1)))
+
+
+# Text options that a --config file may also give as a list, and what joins its items.
+JOINED_IN_CONFIG = {"matrix": ";", "backends": ",", "report_to": ","}
+
+
+def _config_file_options(ctx):
+    """{key: FileOption} of every option of the command but --config: the keys a --config file may hold, each
+    the flag's own name without its dashes (`batch-size`, `no-save-model`)."""
+    from mtbench.runner.config_file import FileOption
+
+    def converter(param):
+        def convert(value):
+            try:
+                return param.type.convert(value, param, ctx)
+            except click.BadParameter as error:
+                raise ValueError(error.message) from None
+        return convert
+
+    options = {}
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name == "config_file":
+            continue
+        key = max(param.opts, key=len).lstrip("-")
+        if param.is_flag:  # `key = true` gives the flag (--no-save-model sets save_model to False)
+            given = param.flag_value if isinstance(param.flag_value, bool) else True
+            options[key] = FileOption(param.name, bool, on_value=given, off_value=not given)
+        else:
+            kind = (int if isinstance(param.type, click.types.IntParamType) else
+                    float if isinstance(param.type, click.types.FloatParamType) else str)
+            options[key] = FileOption(param.name, kind, param.multiple, joined_by=JOINED_IN_CONFIG.get(param.name),
+                                      convert=converter(param))
+    return options
+
+
+def _apply_config_file(ctx, param, path):
+    """--config FILE: the file's keys become the command's defaults, so the flags given still win."""
+    if path is None:
+        return
+    from mtbench.runner.config_file import read_config_file
+    try:
+        defaults = read_config_file(path, _config_file_options(ctx))
+    except MtbenchError as error:
+        raise click.UsageError(str(error)) from None
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+
+
+config_option = click.option(
+    "--config", "config_file", type=click.Path(dir_okay=False), metavar="FILE.toml", is_eager=True,
+    expose_value=False, callback=_apply_config_file,
+    help="Options from a TOML file whose keys are the flags' own names (batch-size = 64, extra = [\"torch-compile\"], "
+         "measure-only = true); flags given on the command line win over it.")
 
 
 report_option = click.option(
@@ -239,6 +302,7 @@ report_option = click.option(
 
 
 @main.command()
+@config_option
 @click.option("--backend", default="jax", show_default=True, help="Backend plugin: jax, torch, or a third-party one.")
 @click.option("--extra", "extras", multiple=True, help="Backend extra (repeatable)." + _extras_help())
 @run_configuration_options
@@ -299,7 +363,7 @@ def _train(reporters, resume_dir, save_model, launch, options):
                                launch=launch)
     if launch.is_first:
         console.print(f"result: {config.out}")
-    _require_reporters_succeeded(failures)
+    _require_reporting_succeeded(failures)
 
 
 @main.command("init-weights")
@@ -321,9 +385,10 @@ def init_weights(backend, out, overwrite, **configuration):
 
 
 @main.command()
+@config_option
 @click.option("--backends", help="Comma-separated backends, one run each (default: jax,torch).")
 @click.option("--extra", "extras", multiple=True, help="Extra for every run (repeatable)." + _extras_help())
-@click.option("--matrix", help="The runs as backend+extra+extra[@N][:size-flag=value,...], separated by ';': 'torch;torch+torch-compile;jax', 'jax:d-model=128;jax:d-model=256', or 'torch;torch+ddp@2' (2 processes under torchrun; the table adds their scaling efficiency). Instead of --backends and --extra.")
+@click.option("--matrix", help="The runs as backend+extra+extra[@N][:flag=value,...], separated by ';': 'torch;torch+torch-compile;jax', 'jax:d-model=128;jax:d-model=256' (the size flags), 'jax:batch-size=16;torch:batch-size=16;jax:batch-size=64;torch:batch-size=64' (batch-size, max-len, max-tokens: a sweep), 'torch;torch:python=/path/venv/bin/python' (another environment's interpreter: other versions), or 'torch;torch+ddp@2' (2 processes under torchrun; the table adds their scaling efficiency). Instead of --backends and --extra.")
 @click.option("--repeats", type=int, default=1, show_default=True, help="Run everything N times; timings show median and min-max.")
 @click.option("--baseline", help="The run speed-ups are measured against (default: the first).")
 @run_configuration_options
@@ -337,16 +402,17 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
             **configuration):
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
-    from mtbench.runner.results.compare import (TORCH_COMPILED, ComparePlan, check_same_hardware, plan_runs,
-                                                probe_devices, require_parity, run_compare)
+    from mtbench.runner.results.compare import (TORCH_COMPILED, ComparePlan, check_interpreters, check_same_hardware,
+                                                plan_runs, probe_devices, require_parity, run_compare)
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import resolve_reporters
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
     devices = probe_devices()
-    specs = plan_runs(backends, extras, matrix, devices)
-    check_same_hardware(specs, devices)
+    specs = plan_runs(backends, extras, matrix, devices, configuration["model_name"])
+    interpreters = check_interpreters(specs)  # other environments' (python=PATH): checked before any run
+    check_same_hardware(specs, devices, interpreters)
     compiled_added = matrix is None and not extras and any(spec.extras == (TORCH_COMPILED,) for spec in specs)
     if compiled_added and configuration.get("compile_mode") is None:
         configuration["compile_mode"] = "reduce-overhead"
@@ -359,7 +425,7 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
     out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
     plan = ComparePlan(specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
-                       parity_tolerance, chosen_reporters)
+                       parity_tolerance, chosen_reporters, interpreters)
     console = Console()
     if compiled_added:
         console.print(f"torch sees a CUDA GPU: it trains eager and compiled ({TORCH_COMPILED}, --compile-mode "
@@ -370,7 +436,7 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
         console.print(line, highlight=False)
     console.print(f"result: {out}")
     require_parity(comparison, out)
-    _require_reporters_succeeded(failures)
+    _require_reporting_succeeded(failures)
 
 
 @main.command()
@@ -414,7 +480,23 @@ def report(results, output_format, baseline, plot, force, parity_steps, parity_t
         # Beside machine-readable output, reporters write to stderr so that stdout stays parseable.
         failures += run_reporters(chosen_reporters, registry, run.result, Console(stderr=output_format != "table"),
                                   run.source)
-    _require_reporters_succeeded(failures)
+    _require_reporting_succeeded(failures)
+
+
+@main.command()
+@click.argument("result", type=click.Path())
+@click.option("--out", type=click.Path(dir_okay=False), help="The new result JSON (default mtbench-results/<time>-rerun-<backend>.json); for a compare JSON, its combined JSON, the runs' files in a folder beside it.")
+@click.option("--overwrite", is_flag=True, help="Replace existing result files.")
+@handle_errors
+def rerun(result, out, overwrite):
+    """Train the run of RESULT (a result JSON, or every run of a compare JSON) again: the same configuration, from
+    the same weights file where it is still there unchanged; then show both side by side, naming every
+    difference in versions, hardware, configuration and figures."""
+    from mtbench.runner.results.rerun import rerun_results
+    flags = {param.name for param in train.params}
+    written = rerun_results(result, out, overwrite, flags, lambda configuration: _as_arguments(configuration, train),
+                            Console())
+    click.echo(f"result: {written}")
 
 
 MODEL_ARGUMENT = click.argument("model", metavar="MODEL", type=click.Path())
@@ -492,7 +574,8 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, be
                   scores["decoding"], scores["backend"])
     console = Console()
     console.print(table)
-    console.print(f"{scores['bleu_signature']}\n{scores['chrf_signature']}", highlight=False, soft_wrap=True)
+    console.print(f"BLEU signature: {scores['bleu_signature']}\nchrF signature: {scores['chrf_signature']}",
+                  highlight=False, soft_wrap=True)
     if scores["sources_truncated"]:
         console.print(f"{scores['sources_truncated']} sources were longer than the model's {scores['max_len']} tokens "
                       f"and were cut", highlight=False)
@@ -539,23 +622,24 @@ def list_plugins(as_json):
     rows = plugins.plugin_descriptions()
     extras = extras_availability(registry)
     if as_json:
-        click.echo(json.dumps({"plugins": rows, "extras": extras, "warnings": registry.warnings,
+        click.echo(json.dumps({"plugin_api_version": PLUGIN_API_VERSION, "plugins": rows, "extras": extras,
+                               "warnings": registry.warnings,
                                "load_plugins": os.environ.get(plugins.LOAD_PLUGINS_ENV)}, indent=2))
         return
     _warn_broken_plugins(registry)
-    table = Table(title="mtbench plugins")
+    table = Table(title=f"mtbench plugins (plugin API {PLUGIN_API_VERSION})")
     for column in ("plugin", "package", "status", "hooks", "provides"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a hook's name or an install hint is one long word: never cut
     for row in rows:
         provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in row["provides"].items())
         name = row["name"] + (" (built-in)" if row["builtin"] else "")
-        status = "\n".join([row["status"], *row["problems"]])
+        status = "\n".join([row["status"], *row["problems"], *row["deprecated"]])
         table.add_row(name, f"{row['package']} {row['version'] or '?'}", status, "\n".join(row["hooks"]), provides)
     console = Console()
     console.print(table)
     extras_table = Table(title="extras on this machine (default run)")
     for column in ("extra", "backend", "available", "why not"):
-        extras_table.add_column(column)
+        extras_table.add_column(column, overflow="fold")
     for row in extras:
         extras_table.add_row(row["extra"], row["backend"], "yes" if row["available"] else "no", row["reason"] or "")
     console.print(extras_table)

@@ -15,8 +15,8 @@ class RunFailure(MtbenchError):
 
 
 class ReportingFailed(MtbenchError):
-    """The run completed and its result is written, but a reporter or tracker failed (an exit code of its own,
-    so that a comparison goes on with its other runs)."""
+    """The run completed and its result is written, but part of its reporting failed: a reporter, a tracker, or
+    an extra's `record` (an exit code of its own, so that a comparison goes on with its other runs)."""
     EXIT_CODE = 3
 
     def __init__(self, message):

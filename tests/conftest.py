@@ -116,6 +116,14 @@ THIRD_PARTY = textwrap.dedent('''
         def before_model(self, run):
             raise KeyError("mesh")
 
+    class BadRecord(Extra):
+        name = "bad-record"
+        description = "a bug in an extra's record, once the run has trained"
+        backends = ("jax",)
+
+        def record(self, run):
+            raise KeyError("lost the count")
+
     class NotInstalledBackend(Backend):
         name = "fakeflow"
         keras_backend = "jax"
@@ -152,6 +160,7 @@ THIRD_PARTY = textwrap.dedent('''
         register(CountSteps())
         register(NoJit())
         register(CrashBeforeModel())
+        register(BadRecord())
 ''')
 
 # Loads, but its callbacks hook fails during the run.

@@ -122,6 +122,18 @@ def cases(tmp_path, plugin_path):
                                              "empty-run: holds no complete checkpoint", None),
         "resume with other options": (["--resume", str(t / "empty-run"), "--steps", "5"],
                                       "--resume continues a run with its own configuration; drop --steps", None),
+        "config file missing": (["--config", str(t / "absent.toml")], "--config " + str(t / "absent.toml") +
+                                ": no such file", None),
+        "config file not toml": (["--config", write(t / "broken.toml", "steps = \n")], "broken.toml: not valid "
+                                 "TOML (Invalid value (at line 1, column 9))", None),
+        "config key unknown": (["--config", write(t / "unknown.toml", "batch_size = 16\n")],
+                               "unknown.toml: unknown key 'batch_size'; did you mean batch-size?", None),
+        "config value of the wrong kind": (["--config", write(t / "kind.toml", 'steps = "many"\n')],
+                                           "kind.toml: steps must be an integer, got a string 'many'", None),
+        "config value the flag refuses": (["--config", write(t / "choice.toml", 'dtype = "float64"\n')],
+                                          "choice.toml: dtype = 'float64': 'float64' is not one of 'float32'", None),
+        "config value the run refuses": (["--config", write(t / "zero.toml", "batch-size = 0\n")],
+                                         "--batch-size must be at least 1, got 0", None),
     }
 
 
@@ -137,7 +149,9 @@ CASE_NAMES = [
     "unknown reporter",
     "reporter of a broken plugin", "existing result", "output is a directory", "output under a file",
     "earlier run's checkpoints", "resume a missing directory", "resume a directory that is not a run",
-    "resume a run without checkpoints", "resume with other options"]
+    "resume a run without checkpoints", "resume with other options", "config file missing", "config file not toml",
+    "config key unknown", "config value of the wrong kind", "config value the flag refuses",
+    "config value the run refuses"]
 
 
 def snapshot(directory):
@@ -163,6 +177,7 @@ def test_bad_input_fails_with_one_clear_line(tmp_path, cache_dir, plugin_path, c
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("Error: ") and expected in lines[0], lines[0]
     assert "Traceback" not in proc.stderr + proc.stdout
+    assert "" not in proc.stdout.splitlines(), "an empty line on stdout before the error"
     assert snapshot(tmp_path) == before, "a failed run changed or removed a file that was already there"
 
 

@@ -5,7 +5,9 @@ so two packages may use the same entry-point name. `MTBENCH_LOAD_PLUGINS` limits
 comma-separated list of package names as pip knows them (`mtbench-example`, `-`/`_`/`.` and case alike; empty:
 none). Built-in plugins always load; mtbench cannot run without its backends. Whatever was left out, failed to
 load or failed in a hook is kept on the registry, shown by `mtbench plugins`, and named in the error for an
-unknown backend, extra, dataset or reporter that it might have provided.
+unknown backend, extra, dataset or reporter that it might have provided. A plugin method written in an older
+form of the API is called through `Registry.call` with the arguments it takes (`compat.py`) and named once in a
+deprecation warning.
 """
 
 import importlib
@@ -20,6 +22,8 @@ import pluggy
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins import hookspecs
+from mtbench.plugins.api.versioning import PLUGIN_API_VERSION, next_major
+from mtbench.plugins.compat import fitting_arguments, form, older_form, older_forms
 
 ENTRY_POINT_GROUP = "mtbench"
 LOAD_PLUGINS_ENV = "MTBENCH_LOAD_PLUGINS"
@@ -38,6 +42,7 @@ BUILTIN_PLUGINS = (
     "mtbench.plugins.extras.torch_ddp",
     "mtbench.plugins.extras.jax_parallel",
     "mtbench.plugins.extras.jax_tpu",
+    "mtbench.plugins.extras.fsdp",
 )
 REGISTER_HOOKS = {
     "backends": "mtbench_register_backends",
@@ -91,6 +96,7 @@ class Registry:
     entries: dict = field(default_factory=dict)    # plugin name -> PluginEntry, loaded or not
     echo_warnings: bool = False                    # print warnings on stderr as they happen (the CLI sets it)
     hook: object = None
+    deprecated: set = field(default_factory=set)   # (kind, name, method) of older forms already warned about
 
     def warn(self, message, plugin=None, kind=ANY_KIND):
         if plugin is not None:
@@ -132,6 +138,19 @@ class Registry:
             plugin = self.provider.get((kind, name), "?")
             raise RunFailure(f"{label} of plugin '{plugin}' failed: {type(error).__name__}: {error}") from error
 
+    def call(self, kind, item, method, *args):
+        """`item.method(*args)` for a registered backend, extra, dataset, reporter or model family. A method in an
+        older form of the API (it takes fewer of the trailing arguments) is called with those it takes, and named
+        once in a deprecation warning with the form mtbench calls now."""
+        bound = getattr(item, method)
+        fitting = fitting_arguments(bound, args)
+        if len(fitting) < len(args) and (kind, item.name, method) not in self.deprecated:
+            self.deprecated.add((kind, item.name, method))
+            implemented, current = older_form(item, kind, method) or (form(method, ["..."]), method)
+            self.warn(deprecation_text(self.provider.get((kind, item.name), "?"), kind, item.name, implemented,
+                                       current))
+        return bound(*fitting)
+
     def keras_callbacks(self, config):
         """The Keras callbacks plugins add to a run. A plugin whose hook fails is warned about and left out."""
         callbacks = []
@@ -142,6 +161,12 @@ class Registry:
                 self.warn(f"plugin '{impl.plugin_name}' failed in mtbench_keras_callbacks and was left out: "
                           f"{error!r}", impl.plugin_name, "callbacks")
         return callbacks
+
+
+def deprecation_text(plugin, kind, name, implemented, current):
+    return (f"plugin '{plugin}': {singular(kind)} '{name}' implements {implemented}, deprecated in plugin API "
+            f"{PLUGIN_API_VERSION}: mtbench calls {current}, and passes the old form only the arguments it takes "
+            f"until plugin API {next_major()} (docs/plugins.md, \"Compatibility\")")
 
 
 def _builtin_name(module_name):
@@ -256,7 +281,8 @@ def reset():
 
 def plugin_descriptions():
     """One dict per plugin, loaded or not: name, package, version, status (loaded, not loaded, failed to load,
-    broken: loaded but a hook failed), the problems, hooks, and what it provides."""
+    broken: loaded but a hook failed), the problems, hooks, what it provides, and the methods it implements in a
+    deprecated form."""
     pm, reg = plugin_manager(), registry()
     rows = []
     for name, entry in reg.entries.items():
@@ -265,6 +291,9 @@ def plugin_descriptions():
         status = "broken" if entry.status == "loaded" and problems else entry.status
         provides = {kind: sorted(item for (k, item), provider in reg.provider.items()
                                  if k == kind and provider == name) for kind in KINDS}
+        deprecated = [deprecation_text(name, kind, item, implemented, current)
+                      for kind in KINDS for item in provides[kind]
+                      for _, implemented, current in older_forms(getattr(reg, kind)[item], kind)]
         rows.append({
             "name": name,
             "builtin": entry.builtin,
@@ -274,5 +303,6 @@ def plugin_descriptions():
             "problems": problems or ([entry.reason] if entry.reason else []),
             "hooks": sorted(h.name for h in pm.get_hookcallers(plugin)) if plugin is not None else [],
             "provides": {kind: names for kind, names in provides.items() if names},
+            "deprecated": deprecated,  # methods in an older form of the API, still called (see `Registry.call`)
         })
     return rows

@@ -1,10 +1,39 @@
-"""Atomic writes: a reader (or a crash) never sees half a file, and a failed write leaves the old file intact."""
+"""Atomic writes: a reader (or a crash) never sees half a file, and a failed write leaves the old file intact.
+Every file and folder mtbench writes gets the permissions the umask gives (tempfile makes them private)."""
 
 import json
 import os
 import tempfile
 
 from mtbench.errors import RunFailure
+
+
+def current_umask():
+    """This process's umask: read from /proc where Linux shows it, else set and put back at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_mode(directory=False):
+    """The mode open() and os.makedirs give a new file (or folder) under the umask: what tempfile's private 0600
+    and 0700 are set to, so that colleagues and CI jobs running as other users read results as they read any
+    other file of the user's."""
+    return (0o777 if directory else 0o666) & ~current_umask()
+
+
+def make_temporary_folder(prefix, parent):
+    """tempfile.mkdtemp in `parent`, with the umask's permissions instead of 0700."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    os.chmod(path, umask_mode(directory=True))
+    return path
 
 
 def write_bytes_atomic(path, data):
@@ -16,6 +45,7 @@ def write_bytes_atomic(path, data):
         raise RunFailure(f"{path}: cannot write: {error.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), umask_mode())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

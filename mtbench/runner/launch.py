@@ -52,3 +52,22 @@ def _master(environ, launcher):
     if not host or not port:
         return None
     return f"{host}:{port}"
+
+
+def share_cores(launch, environ=os.environ):
+    """Gives this process its share of the CPUs when it runs beside others on one machine: the local rank's
+    equal slice of the CPUs the process may run on, and as many intra-op threads. XLA's CPU runtime sizes its
+    thread pool to the CPUs a process may run on and torchrun binds only torch (`OMP_NUM_THREADS=1`), so N
+    processes would otherwise run N x cores threads on the cores one had, and JAX's N-process figure would
+    measure the oversubscription. Called before any framework is imported; returns the record of what was set,
+    or None for a process alone on its machine (or with fewer CPUs than processes, where no share is whole)."""
+    if launch.local_processes == 1 or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // launch.local_processes
+    if share == 0:
+        return None
+    mine = cpus[launch.local_rank * share:(launch.local_rank + 1) * share]
+    os.sched_setaffinity(0, mine)
+    environ["OMP_NUM_THREADS"] = str(share)  # torch's intra-op threads (over torchrun's 1), read at its import
+    return {"cpus": mine, "threads": share, "of_cpus": len(cpus), "local_processes": launch.local_processes}

@@ -13,13 +13,12 @@ Written into a temporary directory and renamed, so a half-written model is never
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file, write_weights_file
-from mtbench.runner.files import write_json_atomic
+from mtbench.runner.files import make_temporary_folder, write_json_atomic
 from mtbench.runner.loop.checkpoints import CHECKPOINT_NAME, RUN_FILE, RunDirectory, open_run
 
 SAVED_DIR = "model"
@@ -33,7 +32,7 @@ def save_trained_model(run_dir, model, tokenizer, plugins, model_shape, config):
     from mtbench.runner.data.tokenizer import JointTokenizer
     final = os.path.join(run_dir, SAVED_DIR)
     os.makedirs(run_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-model-", dir=run_dir)
+    tmp = make_temporary_folder(".tmp-model-", run_dir)
     try:
         write_weights_file(os.path.join(tmp, WEIGHTS_NPZ), {v.path: v.numpy() for v in model.weights})
         tokenizer.save(tmp)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api import KerasTrainStep, RunContext, uneven_split_reason
+from mtbench.runner.launch import share_cores
 
 
 @dataclass
@@ -128,12 +129,13 @@ def start_backend(config, plugins, launch):
     for extra in plugins.extras:
         with plugins.extra_code(extra):
             extras_environment.update(extra.environment(config))
+    cpu_share = share_cores(launch)  # before the framework (and its thread pools) starts
     keras = import_keras(config, plugins.backend, extras_environment)
     processes = plugins.backend.start_processes(launch)  # before the framework computes anything
     with plugins.model_code():
         model_shape = plugins.model.shape(plugins.model_path, config)
     run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info(),
-                     model_shape=model_shape, processes=processes)
+                     model_shape=model_shape, processes=processes, cpu_share=cpu_share)
     run.compile_cache = plugins.backend.open_compile_cache(config)  # before anything compiles
     run.matmul_precision = set_matmul_precision(plugins.backend, config.matmul_precision)
     reason = plugins.backend.unsupported_dtype_reason(config.dtype, run.device)
@@ -187,6 +189,20 @@ def build_model(run, plugins, tokenizer):
     support fewer pieces than asked for); `run.model_options` are those extras set (flash attention)."""
     with plugins.model_code():
         return plugins.model.build(run, plugins.model_path, tokenizer, run.config.max_len)
+
+
+def step_flops(plugins, model_shape):
+    """FLOPs of a training step by the shape (rows, length) of its batch, as the model family counts them
+    (`ModelFamily.training_flops`; None: it counts none), asked once per shape."""
+    counted = {}
+
+    def flops(shape):
+        shape = tuple(shape)
+        if shape not in counted:
+            with plugins.model_code():
+                counted[shape] = plugins.model.training_flops(model_shape, shape[0], shape[1], shape[1])
+        return counted[shape]
+    return flops
 
 
 def initial_values(config, plugins, model):
@@ -246,7 +262,7 @@ def choose_train_step(run, model, plugins):
     step = plugins.backend.make_train_step(run, model) or KerasTrainStep(model)
     for extra in plugins.extras:
         with plugins.extra_code(extra):
-            step = extra.make_train_step(run, model, step) or step
+            step = plugins.registry.call("extras", extra, "make_train_step", run, model, step) or step
     return step
 
 

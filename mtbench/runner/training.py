@@ -21,14 +21,16 @@ from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 from mtbench.runner.loop.progress import corpus_progress
 from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.measurement.energy import EnergyMeter, open_counter
+from mtbench.runner.measurement.load import machine_load, sample_load
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.reporting import run_reporters
-from mtbench.runner.results.run_result import add_evaluation, stop_error, training_result, write_result
+from mtbench.runner.results.run_result import (add_evaluation, record_failures, stop_error, training_result,
+                                               write_result)
 from mtbench.runner.results.tracking import Trackers, tracked_run
 from mtbench.runner.saved_model import save_trained_model
 from mtbench.runner.setup import (build_model, check_compile_options_apply, check_launch, choose_attention_kernels,
                                   choose_plugins, choose_train_step, compile_model, extras_compile_options, local_devices,
-                                  start_backend, starting_weights)
+                                  start_backend, starting_weights, step_flops)
 
 TRAIN_LOSS_SAMPLE = 500  # training pairs re-evaluated with the final weights, comparable to val/test loss
 
@@ -70,14 +72,18 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     trackers = Trackers(plugins.reporters, registry)
     trackers.start(tracked_run(config, plugins, run, config.out, run_dir.path))
     memory_since = "training start" if plugins.backend.reset_peak_device_bytes() else "process start"
+    load_before = sample_load()
     with stopwatch.phase("train"):
-        outcome = train_loop(config, plugins.backend, built.model, built.model_shape, built.train_step, built.state,
+        outcome = train_loop(config, plugins.backend, built.model, step_flops(plugins, built.model_shape),
+                             built.train_step, built.state,
                              built.batches, total_steps, checkpointing, validate,
                              Observers(callbacks, trackers, energy), console, run.processes)
+    load_during = machine_load(load_before, sample_load(), launch.local_processes)
     built.batches.close()
     training_memory = {"per_device": plugins.backend.device_memory(), "peak_since": memory_since}
     result = training_result(config, run, plugins, registry, data, corpus_figures, built, outcome,
                              weights_sha256, run_dir, training_memory)
+    result["machine_load"] = load_during
 
     if outcome.status == "completed" and config.measure_only:
         result["metrics"]["skipped"] = "--measure-only: no evaluation, translation or saved model"
@@ -99,8 +105,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     write_result(config.out, result, stopwatch, plugins.backend, energy, config.price_per_hour)
     trackers.finish(result)
     still_reporting = [reporter for reporter in plugins.reporters if reporter not in trackers.failed]
-    failures = trackers.failures + run_reporters(still_reporting, registry, result, console, config.out,
-                                                 followed=True)
+    failures = record_failures(result, config.out) + trackers.failures + run_reporters(
+        still_reporting, registry, result, console, config.out, followed=True)
     if outcome.status != "completed":
         raise stop_error(outcome, config.out, run_dir, run.processes.world_size)
     # The group is left only by a run that ended well: leaving waits for every process, and one may be gone.

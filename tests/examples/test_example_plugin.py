@@ -100,7 +100,9 @@ def test_left_out_by_mtbench_load_plugins_its_names_are_explained(tmp_path):
     assert proc.returncode == 2
     error = proc.stderr.strip().splitlines()[-1]
     assert error.startswith("Error: unknown extra 'loss-log'")
-    assert error.endswith(f"MTBENCH_LOAD_PLUGINS left out the plugin package(s) {PACKAGE}, which might provide it")
+    left_out = error.partition("MTBENCH_LOAD_PLUGINS left out the plugin package(s) ")[2]
+    assert left_out.endswith(", which might provide it")
+    assert PACKAGE in left_out.removesuffix(", which might provide it").split(", ")  # with any others installed
 
 
 def test_the_extra_wraps_the_backends_fast_step_and_records_what_went_through_it(jax_run):
@@ -157,8 +159,8 @@ def test_a_partial_result_reaches_the_reporter_as_incomplete(cache_dir, corpus_t
     losses = [h["loss"] for h in result["history"]]
     assert losses[2] is None  # JSON has no NaN: the diverged step's loss is null
     assert result["extras_record"]["loss-log"]["losses"] == losses == callback["losses"]
-    # finalize before the test's NaN is written into the weights, and at the end of training
-    assert result["extras_record"]["loss-log"]["finalize_calls"] == 2
+    # once, at the end of training, as in a run that completes: a diverged run calls it no more often
+    assert result["extras_record"]["loss-log"]["finalize_calls"] == 1
     assert (line["complete"], line["status"], line["result"]) == (False, "diverged", result)
     assert line["figures"]["bleu"] is None
 

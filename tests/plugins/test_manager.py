@@ -31,14 +31,27 @@ def test_builtin_plugins_are_listed_with_their_hooks():
     assert len(builtin) == 14 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
 
 
+def test_an_80_column_terminal_folds_hooks_and_hints_instead_of_cutting_them():
+    proc = run_cli("plugins", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    assert "…" not in proc.stdout
+    listing = plugins_json({})
+    hint = max((row["reason"] or "" for row in listing["extras"]), key=len)  # the longest why-not
+    folded = "".join(line.split("│")[4].strip() for line in proc.stdout.splitlines() if line.count("│") == 5)
+    assert hint.replace(" ", "") in folded.replace(" ", "")
+
+
 def test_third_party_plugins_load_by_package_and_every_plugin_is_listed_with_its_status(plugin_path):
     listing = plugins_json({**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": LOADED})
     plugins = by_name(listing)
     third = plugins["thirdparty"]
     assert (third["version"], third["package"], third["status"], third["builtin"]) == \
         ("0.3.0", "mtbench_thirdparty", "loaded", False)
-    assert third["provides"] == {"backends": ["fakeflow"], "extras": ["count-steps", "crash-before-model", "no-jit"],
+    assert third["provides"] == {"backends": ["fakeflow"],
+                                 "extras": ["bad-record", "count-steps", "crash-before-model", "no-jit"],
                                  "reporters": ["explode", "oneline"]}
+    assert third["deprecated"] == []  # written in the current forms of the API
     assert third["hooks"] == ["mtbench_register_backends", "mtbench_register_extras", "mtbench_register_reporters"]
     assert plugins["broken"]["status"] == "failed to load"
     assert "broken on purpose" in plugins["broken"]["problems"][0]
@@ -47,8 +60,12 @@ def test_third_party_plugins_load_by_package_and_every_plugin_is_listed_with_its
     for name in ("trouble", "mtbench_twin_a:twin", "mtbench_twin_b:twin"):
         assert plugins[name]["status"] == "not loaded"
         assert "MTBENCH_LOAD_PLUGINS does not name" in plugins[name]["problems"][0]
-    extras = {(row["extra"], row["backend"]): row["available"] for row in listing["extras"]}
-    assert extras[("count-steps", "jax")] and extras[("count-steps", "torch")]
+    extras = {(row["extra"], row["backend"]): row for row in listing["extras"]}
+    assert extras[("count-steps", "jax")]["available"] and extras[("count-steps", "torch")]["available"]
+    # Every run of it stops (its compile options would not reach jax's own step): not listed as available.
+    assert not extras[("no-jit", "jax")]["available"]
+    assert extras[("no-jit", "jax")]["reason"].startswith("sets model.compile options and brings no train step, "
+                                                          "but backend 'jax' trains with a step of its own")
     assert any("plugin 'broken' failed to load" in w and "broken on purpose" in w for w in listing["warnings"])
 
 
@@ -112,20 +129,27 @@ def test_third_party_extra_wraps_the_backends_step_and_reporters_run_isolated(pl
     out = tmp_path / "r.json"
     proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "3", "--cache-dir", cache_dir,
                    "--out", str(out), "--report", "explode", "--report", "oneline", "--report", "table",
-                   "--extra", "count-steps", "--beam", "2", env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": LOADED})
-    # The exploding reporter is named, the reporters after it still run, the command fails, the result stays.
+                   "--extra", "count-steps", "--extra", "bad-record", "--beam", "2",
+                   env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": LOADED})
+    # The exploding reporter and the extra whose record raised are named, once each, on the last line; the
+    # reporters after it still run, the command fails with the reporting code, the result is written and stays.
     assert proc.returncode == 3, proc.stderr
     assert "ONELINE backend=jax steps=3 complete=True bleu=" in proc.stdout
-    assert "mtbench train: jax+count-steps" in proc.stdout
-    assert proc.stderr.strip().splitlines()[-1] == (f"Error: reporter 'explode' of plugin 'thirdparty' failed: "
-                                                    f"ValueError: no ink; the result is in {out}")
+    assert "mtbench train: jax+count-steps+bad-record" in proc.stdout
+    record_failure = "extra 'bad-record' of plugin 'thirdparty' failed in record: KeyError: 'lost the count'"
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"Error: 2 reporting failures: (1) {record_failure}; the result is in {out}, with this failure as "
+        f"extras_record['bad-record']; (2) reporter 'explode' of plugin 'thirdparty' failed: ValueError: no ink; "
+        f"the result is in {out}")
+    assert proc.stderr.count("no ink") == 1 and proc.stderr.count("lost the count") == 1
     assert "Warning: plugin 'broken' failed to load" in proc.stderr
     assert ("Warning: plugin 'flaky' failed in mtbench_keras_callbacks and was left out: "
             "RuntimeError('flaky callbacks on purpose')") in proc.stderr
     result = json.loads(out.read_text())
-    assert result["status"] == "completed"
-    assert result["extras"] == ["count-steps"]
-    assert result["extras_record"] == {"count-steps": {"steps_seen": 3, "wrapped": "jax-jit-stateless"}}
+    assert result["status"] == "completed" and result["metrics"]["bleu"] is not None
+    assert result["extras"] == ["count-steps", "bad-record"]
+    assert result["extras_record"] == {"count-steps": {"steps_seen": 3, "wrapped": "jax-jit-stateless"},
+                                       "bad-record": {"record_failed": record_failure}}
     assert result["train_step"] == "counted jax-jit-stateless"
     assert result["compile_options"]["applies_to"] == "evaluation only (training runs the 'counted " \
                                                       "jax-jit-stateless' step)"
@@ -168,8 +192,9 @@ def test_reporters_run_on_every_result_of_compare_and_report(plugin_path, cache_
                       "--cache-dir", cache_dir, "--out", str(out), "--report", "oneline", "--report-to", "tensorboard",
                       "--logging-dir", str(blocker / "tb"), env=env)
     assert compare.returncode == 3, compare.stderr
-    assert compare.stderr.strip().splitlines()[-1].startswith("Error: 2 reporter runs failed; the first: run 'jax' "
-                                                              "failed: tracker 'tensorboard'")
+    last = compare.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: 2 reporting failures: (1) run 'jax' failed: tracker 'tensorboard'")
+    assert "; (2) run 'torch' failed: tracker 'tensorboard'" in last
     assert [run["label"] for run in json.loads(out.read_text())["runs"]] == ["jax", "torch"]
     assert "ONELINE backend=jax steps=3 complete=True" in compare.stdout
     assert "ONELINE backend=torch steps=3 complete=True" in compare.stdout

@@ -76,6 +76,8 @@ def test_evaluate_scores_the_runs_test_set_as_the_run_did(trained, tmp_path):
     assert scores["chrf"] == pytest.approx(metrics["chrf"], abs=1e-9)
     assert scores["bleu_signature"] == metrics["bleu_signature"]
     assert open(scores["hypotheses_file"], encoding="utf-8").read().splitlines() == trained["hypotheses"]
+    # Each signature says whose it is.
+    assert f"BLEU signature: {metrics['bleu_signature']}\nchrF signature: {metrics['chrf_signature']}\n" in proc.stdout
 
 
 def test_a_checkpoint_translates_with_its_own_weights(trained, tmp_path):

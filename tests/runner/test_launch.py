@@ -4,6 +4,7 @@ before any framework is imported."""
 import pytest
 
 from mtbench.errors import MtbenchError
+from mtbench import Launch
 from mtbench.runner.launch import read_launch
 
 TORCHRUN = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
@@ -43,3 +44,21 @@ def test_explicit_flags_win_over_the_environment():
 def test_an_incomplete_or_inconsistent_launch_is_one_clear_error(flags, environ, message):
     with pytest.raises(MtbenchError, match=message):
         read_launch(*flags, environ=environ)
+
+
+def test_local_processes_share_the_cores_instead_of_each_taking_all(monkeypatch):
+    """XLA's thread pool follows the CPUs a process may run on: each of a machine's processes gets its slice, and
+    torch as many threads (over torchrun's OMP_NUM_THREADS=1)."""
+    import os
+
+    from mtbench.runner.launch import share_cores
+    pinned = {}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.setdefault("cpus", list(cpus)))
+    environ = {"OMP_NUM_THREADS": "1"}
+    record = share_cores(Launch(process_id=5, num_processes=8, local_rank=1, local_processes=4), environ)
+    assert pinned["cpus"] == [2, 3] and environ["OMP_NUM_THREADS"] == "2"
+    assert record == {"cpus": [2, 3], "threads": 2, "of_cpus": 8, "local_processes": 4}
+    # A process alone on its machine, or more processes than CPUs: nothing is pinned.
+    pinned.clear()
+    assert share_cores(Launch()) is None and share_cores(Launch(0, 16, 3, 16), {}) is None and not pinned

@@ -17,9 +17,10 @@ class LossLogStep(WrappingStep):
 
     def __call__(self, x, y, sample_weight):
         logs = self.inner(x, y, sample_weight)
-        # The loss is the batch's, computed before the update; float() reads it from the device. The built-in
-        # fast steps already return Python floats, so this adds nothing to the timed step.
-        self.log["losses"].append(float(logs["loss"]))
+        # The batch's loss, computed before the update, kept as the step returned it: a framework scalar the
+        # device may still be computing. float() here would wait for the device on every step (the loop reads
+        # losses only at the edges of its timing windows); `LossLog.record` reads them once training is over.
+        self.log["losses"].append(logs["loss"])
         return logs
 
     def finalize(self):
@@ -43,6 +44,7 @@ class LossLog(Extra):
         """Facts, not intentions: how many steps really went through the wrapper and with which losses (null
         where a loss was not finite, as in the result's history)."""
         log = run.extras_state[self.name]
-        losses = [loss if math.isfinite(loss) else None for loss in log["losses"]]
+        losses = [float(loss) for loss in log["losses"]]  # training is over: reading them stalls nothing
+        losses = [loss if math.isfinite(loss) else None for loss in losses]
         return {"wrapped_step": log["wrapped_step"], "steps": len(losses), "losses": losses,
                 "finalize_calls": log["finalize_calls"]}

@@ -97,8 +97,10 @@ def train_step_text(result):
 
 def attention_text(result):
     """The attention implementation each kind of attention ran: one name when both kinds ran the same."""
-    attention = result["model"].get("attention") or {}
-    causal, masked = attention.get("causal"), attention.get("masked")
+    attention = result["model"].get("attention")
+    if attention == {}:
+        return "none named (the model family runs no attention mtbench holds to a kernel)"
+    causal, masked = (attention or {}).get("causal"), (attention or {}).get("masked")
     if causal is None:
         return "not recorded"
     return causal if causal == masked else f"causal {causal}, masked {masked}"
@@ -143,6 +145,81 @@ def figure_text(result, key):
     return figure.text(figure.value(result))
 
 
+# Bounds past which a run's timings carry a warning. Steady steps of several length buckets differ by their
+# lengths alone (p90 about 1.2x to 1.5x the median on this project's presets); past 1.5x something else stalled
+# some of them. A quiet machine's other processes use about 1 % of its CPUs; a single-threaded neighbour on 2
+# cores takes a third of them from a run that would use both.
+SCATTER_BOUND = 1.5      # steady step p90 / median
+OTHERS_BOUND = 10.0      # percent of the CPUs' time other processes used while the run trained
+STEAL_BOUND = 5.0        # percent of the CPUs' time the hypervisor gave to other guests while the run trained
+
+
+def _loaded(load_average, cores):
+    """The 1-minute load average when it is above `cores`, else None."""
+    return load_average[0] if load_average and cores and load_average[0] > cores else None
+
+
+def run_warnings(result):
+    """Why a run's timings may mislead, one sentence each (empty when none applies): steady steps that scatter,
+    a machine loaded while the run trained (other processes used more than OTHERS_BOUND of its CPUs; where the
+    OS does not tell, a load average above the cores as training began) or whose hypervisor took its CPUs, and
+    an MFU peak measured while the load average was above the cores. Results written before the machine's load
+    was recorded get no load warning."""
+    warnings = []
+    timing = result["timing"]
+    median, p90 = timing.get("step_s_median"), timing.get("step_s_p90")
+    if median and p90 and p90 / median > SCATTER_BOUND:
+        warnings.append(f"steady steps scatter: p90 {p90 * 1000:,.1f} ms is {p90 / median:.2f}x the median "
+                        f"{median * 1000:,.1f} ms (bound {SCATTER_BOUND:g}x)")
+    load = result.get("machine_load") or {}
+    cores = load.get("cores") or result["env"].get("cpu_count")
+    averages = {moment: (load.get(f"{moment}_training") or {}).get("load_average") for moment in ("before", "after")}
+    others = load.get("other_processes_percent")
+    if (others > OTHERS_BOUND) if others is not None else _loaded(averages["before"], cores):
+        seen = ", ".join(f"{average[0]:g} {moment} training" for moment, average in averages.items() if average)
+        used = "" if others is None else (f"other processes used {others:.0f} % of the CPUs' time while the run "
+                                          f"trained (bound {OTHERS_BOUND:g} %); ")
+        warnings.append(f"machine loaded: {used}load average {seen or 'not recorded'}, on {cores} cores")
+    steal = load.get("steal_percent")
+    if steal is not None and steal > STEAL_BOUND:
+        warnings.append(f"the hypervisor took {steal:g} % of the CPUs' time while the run trained (steal; bound "
+                        f"{STEAL_BOUND:g} %)")
+    utilization = result.get("utilization") or {}
+    peak_load = _loaded(utilization.get("peak_load_average"), cores)
+    if peak_load is not None and utilization.get("mfu") is not None:
+        warnings.append(f"MFU peak measured under load: load average {peak_load:g} on {cores} cores at "
+                        f"{utilization.get('peak_measured_at')}, so MFU reads high (`mtbench env --calibrate` on a "
+                        f"quiet machine measures it again)")
+    return warnings
+
+
+def peak_measurement_text(measured_at, load_average):
+    """When a measured MFU peak was measured and how busy the host was: 'measured 2026-11-22T10:04:31+00:00 at load
+    average 0.42 / 0.3 / 0.25'; None for a datasheet peak or one cached before measurements kept their time."""
+    if not measured_at:
+        return None
+    load = " / ".join(f"{value:g}" for value in load_average) if load_average else "unknown"
+    return f"measured {measured_at} at load average {load}"
+
+
+def scored_sentences_text(result):
+    """How many test sentences the scores cover, and why the others were left out: '370 of 500 (130 longer than
+    --max-len 48)'; None before the test set was translated."""
+    scored = result["metrics"].get("test_sentences_scored")
+    if scored is None:
+        return None
+    data = result["data"]
+    dropped = {reason: (counts or {}).get("test", 0) for reason, counts in (data.get("dropped") or {}).items()}
+    dropped.setdefault("too_long", (data.get("dropped_too_long") or {}).get("test", 0))
+    total = scored + sum(dropped.values())
+    if total == scored:
+        return f"{scored} (the whole test set)"
+    reasons = {"too_long": f"longer than --max-len {result['config'].get('max_len')}",
+               "empty_side": "with an empty side", "duplicate": "duplicates"}
+    left_out = ", ".join(f"{count} {reasons.get(reason, reason)}" for reason, count in dropped.items() if count)
+    return f"{scored} of {total} ({left_out})"
+
+
 # The size flags a run may set over its preset, in the order labels list them (configuration keys; the flag is
 # the key with dashes).
 SIZE_KEYS = ("layers", "encoder_layers", "decoder_layers", "d_model", "heads", "ff_dim", "dropout")
@@ -153,13 +230,28 @@ def size_label(sizes):
     return ",".join(f"{key.replace('_', '-')}={sizes[key]:g}" for key in SIZE_KEYS if sizes.get(key) is not None)
 
 
-def run_name(backend, extras, sizes, processes=1):
-    """'backend+extra+extra', '@N' for a run of N processes, then ':flag=value,...' for the size flags set in
-    `sizes` (a configuration)."""
-    label, size = "+".join([backend, *extras]), size_label(sizes)
+DEFAULT_MODEL = "transformer"  # the model family of a run without --model
+
+
+def model_label(config):
+    """'model=NAME' for a run of another model family than mtbench's Transformer (its path left out), '' for the
+    Transformer and for results written before `--model` existed."""
+    name = (config.get("model_name") or DEFAULT_MODEL).partition(":")[0]
+    return "" if name == DEFAULT_MODEL else f"model={name}"
+
+
+def run_name(backend, extras, sizes, processes=1, settings=()):
+    """'backend+extra+extra', '@N' for a run of N processes, then ':flag=value,...' for `model=NAME` of another
+    model family than the Transformer and the size flags set in `sizes` (a configuration), and the (flag, value)
+    pairs of `settings` after them (what a sweep varies beside the size: 'batch-size', 'max-len', 'max-tokens';
+    'python', the environment a run came from)."""
+    label = "+".join([backend, *extras])
     if processes > 1:
         label += f"@{processes}"
-    return f"{label}:{size}" if size else label
+    keys = [model_label(sizes), size_label(sizes),
+            *(f"{flag}={value:g}" if isinstance(value, float) else f"{flag}={value}" for flag, value in settings)]
+    keys = ",".join(key for key in keys if key)
+    return f"{label}:{keys}" if keys else label
 
 
 def run_processes(result):

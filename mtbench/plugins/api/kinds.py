@@ -26,6 +26,7 @@ class RunContext:
     processes: ProcessGroup = field(default_factory=lambda: ProcessGroup(Launch()))  # `Backend.start_processes`
     matmul_precision: dict = None  # {'requested': ..., what the framework reports}: `Backend.set_matmul_precision`
     attention: dict = None         # what each kind of attention runs, once the model is built (see `attention_kernels`)
+    cpu_share: dict = None         # this process's CPUs and threads beside the machine's other processes, or None
 
     @property
     def device_kind(self):

@@ -60,12 +60,18 @@ class Tokenizer:
 
 class ModelFamily:
     """A kind of model mtbench can train. `--model NAME` (or `NAME:PATH` for a family with `takes_path`) picks
-    one. Called in this order: `check` (before any framework is imported), `tokenizer`, then in the training
-    process `build` and `pretrained_weights`."""
+    one. Called in this order: `check` (before any framework is imported), `shape` and `tokenizer`, then in the
+    training process `build`, `pretrained_weights`, `training_flops` (per batch shape) and, once a run completed,
+    `save`; `load_saved` by `translate` and `evaluate`."""
     name = ""
     description = ""
     takes_path = False   # whether the family needs `:PATH` (a checkpoint directory)
     pretrained = False   # whether `pretrained_weights` gives trained weights: a fresh run then scores them first
+    # The kinds of attention the model runs through `keras.ops.dot_product_attention` with the `flash_attention`
+    # and `flash_attention_masked` options of `run.model_options`: 'causal' (the decoder's self-attention),
+    # 'masked' (attention over padded keys) and 'decoding' (incremental decoding). The result's `model.attention`
+    # names what each ran; () (the default): the model has none that mtbench holds to a kernel, and none is named.
+    attention_kinds = ()
 
     def check(self, path, config):
         """Raises `MtbenchError` with one line when `path` (None for a family without one) or `config` cannot
@@ -76,14 +82,22 @@ class ModelFamily:
         return None
 
     def shape(self, path, config):
-        """The `ModelShape` the model will have (its vocabulary as far as known before the tokenizer exists):
-        extras check it before the model is built (`RunContext.model_shape`)."""
-        raise NotImplementedError
+        """The `ModelShape` the model will have (its vocabulary as far as known before the tokenizer exists), for
+        extras to check before the model is built (`RunContext.model_shape`); None (the default) where it is not
+        known before `build`."""
+        return None
 
     def build(self, run, path, tokenizer, max_len):
         """(keras model with its variables created, `ModelShape`) for `tokenizer`'s vocabulary and sequences of
         up to `max_len` tokens. `run.model_options` holds what extras asked for (`flash_attention`)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"model family '{self.name}' ({type(self).__name__}) does not implement "
+                                  f"build(run, path, tokenizer, max_len), which every run calls")
+
+    def training_flops(self, model_shape, rows, source_length, target_length):
+        """FLOPs of one training step (forward and backward) over a padded batch of `rows` sources of
+        `source_length` tokens and targets of `target_length`, of the model `build` returned with `model_shape`:
+        the numerator of MFU. None (the default): not counted, and the result's MFU is n/a, saying why."""
+        return None
 
     def pretrained_weights(self, path, model):
         """{variable path: numpy array} for every variable of `model`, or None to start from mtbench's seeded
@@ -98,4 +112,6 @@ class ModelFamily:
     def load_saved(self, directory, description):
         """(path, tokenizer) to rebuild a model that `save` and `Tokenizer.save` wrote into `directory`:
         `build(run, path, tokenizer, max_len)` then gives the same architecture."""
-        raise NotImplementedError
+        raise NotImplementedError(f"model family '{self.name}' ({type(self).__name__}) does not implement "
+                                  f"load_saved(directory, description), which translate and evaluate call for a "
+                                  f"saved model")

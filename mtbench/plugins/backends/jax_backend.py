@@ -75,9 +75,14 @@ class JaxBackend(Backend):
 
     def device_memory(self):
         import jax
+        import keras
+        # The devices this process computes on: its distribution's mesh where one is set, else the first.
+        distribution = keras.distribution.distribution()
+        local = jax.local_devices()
+        used = [d for d in local if d in set(distribution.device_mesh.devices.flatten())] if distribution else local[:1]
         # XLA's allocators keep a peak from the process's start and offer no reset.
         memory = []
-        for device in jax.local_devices():
+        for device in used:
             stats = device.memory_stats()
             if not stats or "peak_bytes_in_use" not in stats:
                 return None
@@ -156,10 +161,9 @@ class JaxBackend(Backend):
 
     def make_train_step(self, run, model):
         import keras
-        if keras.distribution.distribution() is not None:
-            return None  # Keras's own step lays the state out over the mesh; this one does not
         from mtbench.plugins.backends.jax_jit_step import JitTrainStep
-        return JitTrainStep(model)
+        # Under a distribution (data-parallel, TPU) the step runs over the mesh the extra set.
+        return JitTrainStep(model, keras.distribution.distribution())
 
     def accelerator_environment(self):
         import jax

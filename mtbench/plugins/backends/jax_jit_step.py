@@ -21,15 +21,20 @@ from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
 
 
-def token_mean_cross_entropy(labels, logits, weight):
-    """The loss `compile_model` sets, as log-sum-exp minus the label's logit: its backward is one softmax
-    pass, where Keras's one-hot formulation materialises a second vocabulary-sized array (a twentieth of a step
-    on the `small` preset)."""
+def token_cross_entropy(labels, logits):
+    """Each token's cross-entropy as log-sum-exp minus the label's logit: its backward is one softmax pass,
+    where Keras's one-hot formulation materialises a second vocabulary-sized array (a twentieth of a step on the
+    `small` preset)."""
     import jax
     import jax.numpy as jnp
     label_logits = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    token_loss = jax.nn.logsumexp(logits, axis=-1) - label_logits
-    return jnp.sum(token_loss * weight) / jnp.sum(weight)
+    return jax.nn.logsumexp(logits, axis=-1) - label_logits
+
+
+def token_mean_cross_entropy(labels, logits, weight):
+    """The loss `compile_model` sets: the mean cross-entropy over real (weighted) target tokens."""
+    import jax.numpy as jnp
+    return jnp.sum(token_cross_entropy(labels, logits) * weight) / jnp.sum(weight)
 
 
 def correct_tokens(labels, logits, weight):
@@ -60,20 +65,29 @@ def traced_separately(layers):
 
 
 class JitTrainStep(TrainStep):
+    """Under a `keras.distribution` (data-parallel over a mesh of one process's devices or of several
+    processes', the TPU strategy) the same step runs as one program over the mesh: the state is what the
+    distribution laid the Keras variables out as, each batch is placed by the distribution's data layout (this
+    process's rows of the global batch, `jax.make_array_from_process_local_data`), and XLA partitions the step
+    (GSPMD), so the loss is the global batch's token mean, as on one device."""
     name = "jax-jit-stateless"
 
-    def __init__(self, model):
+    def __init__(self, model, distribution=None):
         import jax
         import jax.numpy as jnp
         import keras
 
         self.model = model
+        self.distribution = distribution
         optimizer = model.optimizer
         optimizer.build(model.trainable_variables)
         loss_object = model.loss
         native_loss = is_token_mean_cross_entropy(loss_object)
         layer_norms = [layer for layer in model._flatten_layers()
                        if isinstance(layer, keras.layers.LayerNormalization)]
+        # Under a distribution each gradient is held to its weight's layout: sharded weights (fsdp) get sharded
+        # gradients, never a replicated copy XLA might otherwise choose.
+        layouts = None if distribution is None else [v.value.sharding for v in model.trainable_variables]
 
         def step(state, x, y, weight):
             trainable, non_trainable, optimizer_state = state
@@ -91,6 +105,8 @@ class JitTrainStep(TrainStep):
                 return scaled, (loss, logits, new_non_trainable)
 
             (_, (loss, logits, non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
+            if layouts is not None:
+                grads = jax.lax.with_sharding_constraint(grads, layouts)
             trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
             correct = correct_tokens(y, logits, weight)
             logs = {"loss": loss, "accuracy": correct / jnp.sum(weight)}
@@ -110,8 +126,25 @@ class JitTrainStep(TrainStep):
             # the state back, the Keras variables hold deleted arrays (nothing reads them during training:
             # validation and checkpoints finalize first).
             self.state = tuple([v.value for v in variables] for variables in self._keras_state())
+        if self.distribution is not None:
+            x, y, sample_weight = self._distribute(x), self._distribute(y), self._distribute(sample_weight)
         self.state, logs = self._step(self.state, x, y, sample_weight)
         return logs  # device scalars: the loop reads them at the edge of its timing window
+
+    def _distribute(self, arrays):
+        """This process's rows of a batch array (or a tuple of them) as global arrays laid out over the mesh."""
+        from keras.src.backend.jax.distribution_lib import distribute_data_input
+        if isinstance(arrays, tuple):
+            return tuple(self._distribute(array) for array in arrays)
+        layout = self.distribution.get_data_layout(arrays.shape)
+        return distribute_data_input(arrays, layout, self.distribution.batch_dim_name)
+
+    def description(self):
+        if self.distribution is None:
+            return ""
+        mesh = self.distribution.device_mesh
+        shape = " x ".join(f"{size} {name}" for size, name in zip(mesh.shape, mesh.axis_names))
+        return f"{type(self.distribution).__name__} over a mesh of {shape}"
 
     def block(self):
         # The Keras variables are stale until `finalize`, so the backend's synchronize cannot see this step's

@@ -57,8 +57,9 @@ class FlashAttention(Extra):
         kind, dtype = run.device_kind, run.config.dtype
         if kind not in ("gpu", "tpu") or dtype not in HALF_DTYPES:
             return f"needs a CUDA GPU (or TPU) and float16/bfloat16; this run has {kind}/{dtype}"
-        head_dim = run.model_shape.d_model // run.model_shape.num_heads
-        if head_dim % 8 or head_dim > 256:
+        shape = run.model_shape  # None where the model family knows it only once built: `verify` checks then
+        head_dim = shape and shape.d_model // shape.num_heads
+        if head_dim and (head_dim % 8 or head_dim > 256):
             return f"needs a head size that is a multiple of 8 and at most 256; this model has {head_dim}"
         if run.backend.name == "torch":
             import torch

@@ -6,7 +6,7 @@ global batch. On a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platfor
 """
 
 from mtbench import Extra, TrainStep, hookimpl, uneven_split_reason
-from mtbench.plugins.backends.jax_jit_step import correct_tokens
+from mtbench.plugins.backends.jax_jit_step import correct_tokens, token_cross_entropy
 
 SIMULATE_HINT = "on a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N"
 
@@ -20,14 +20,14 @@ def data_parallel_reason(run):
 
 class PmapTrainStep(TrainStep):
     """The Keras model's forward pass (`stateless_call`) and optimizer (`stateless_apply`) inside `jax.pmap`.
-    The loss is the global token mean: each device divides its token-weighted loss sum by the token count of
-    the whole batch (a psum), so the summed gradients are exactly those of the single-device step."""
+    The loss is the global token mean of the single-device step's own cross-entropy (`token_cross_entropy`):
+    each device divides its token-weighted loss sum by the token count of the whole batch (a psum), so the
+    summed gradients are exactly those of the single-device step."""
     name = "jax-pmap"
 
     def __init__(self, model, devices):
         import jax
         import jax.numpy as jnp
-        import keras
 
         self.model, self.devices = model, devices
         optimizer = model.optimizer
@@ -38,8 +38,7 @@ class PmapTrainStep(TrainStep):
 
             def loss_of(params):
                 logits, new_non_trainable = model.stateless_call(params, non_trainable, x, training=True)
-                token_loss = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-                return jnp.sum(token_loss * weight) / tokens, (logits, new_non_trainable)
+                return jnp.sum(token_cross_entropy(y, logits) * weight) / tokens, (logits, new_non_trainable)
 
             (loss, (logits, new_non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
             grads = jax.lax.psum(grads, "batch")

@@ -8,6 +8,7 @@ import shutil
 from mtbench import ModelFamily, ModelShape, MtbenchError, hookimpl
 from mtbench.plugins.models import marian_checkpoint as checkpoint
 from mtbench.plugins.models.marian_tokenizer import MarianTokenizer
+from mtbench.plugins.models.transformer import ENCODER_DECODER_ATTENTION, TransformerFamily
 
 # The size flags a pretrained model cannot take (its size is its config.json's): config field -> flag.
 SIZE_FLAGS = {"layers": "--layers", "encoder_layers": "--encoder-layers", "decoder_layers": "--decoder-layers",
@@ -19,6 +20,8 @@ class MarianFamily(ModelFamily):
     description = "a pretrained MarianMT checkpoint: a local transformers model directory (--model marian:PATH)"
     takes_path = True
     pretrained = True
+    attention_kinds = ENCODER_DECODER_ATTENTION
+    training_flops = TransformerFamily.training_flops  # the same stacks of matmuls as mtbench's Transformer
 
     def check(self, path, config):
         if path is None:

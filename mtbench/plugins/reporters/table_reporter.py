@@ -2,8 +2,9 @@
 
 from rich.table import Table
 
-from mtbench import (Reporter, attention_text, figure_text, hookimpl, matmul_precision_text, run_dtype, run_label,
-                     size_label, train_step_text)
+from mtbench import (Reporter, attention_text, compile_cache_text, figure_text, hookimpl, matmul_precision_text,
+                     peak_measurement_text, run_dtype, run_label, run_warnings, scored_sentences_text, size_label,
+                     train_step_text)
 
 
 def _joined(result, *keys, unit=""):
@@ -17,10 +18,39 @@ def _seconds(seconds):
 
 def _mfu(result):
     text = figure_text(result, "mfu")
-    if text == "n/a":
-        return text
     utilization = result["utilization"]
-    return f"{text} % of {utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s ({utilization['peak_source']})"
+    if text == "n/a":
+        reason = (utilization or {}).get("mfu_reason")  # absent from results before it was recorded
+        return f"n/a ({reason})" if reason else text
+    text = f"{text} % of {utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s ({utilization['peak_source']}"
+    measured = peak_measurement_text(utilization.get("peak_measured_at"), utilization.get("peak_load_average"))
+    if measured:
+        text += f"; {measured}"
+    elif utilization["peak_source"].startswith("measured"):  # cached before measurements kept their time
+        text += "; when and under what load not recorded: `mtbench env --calibrate` measures it again"
+    return text + ")"
+
+
+def _compile(result):
+    count = result["timing"]["shapes_compiled"]
+    return (f"{figure_text(result, 'compile_s')} s over {count} shape{'' if count == 1 else 's'}, compile cache "
+            f"{compile_cache_text(result)}")
+
+
+def _machine_load(result):
+    load = result.get("machine_load")
+    if not load:
+        return "not recorded"
+    averages = [(load.get(moment) or {}).get("load_average") for moment in ("before_training", "after_training")]
+    clocks = [(load.get(moment) or {}).get("cpu_mhz") for moment in ("before_training", "after_training")]
+    text = f"load average {' -> '.join('n/a' if a is None else f'{a[0]:g}' for a in averages)} on {load['cores']} cores"
+    if load.get("other_processes_percent") is not None:
+        text += f", other processes {load['other_processes_percent']:.0f} % of the CPUs"
+    if load.get("steal_percent") is not None:
+        text += f", steal {load['steal_percent']:g} %"
+    if any(clocks):
+        text += f", CPU clock {' -> '.join('n/a' if c is None else f'{c:,.0f}' for c in clocks)} MHz"
+    return text
 
 
 def result_rows(result):
@@ -40,8 +70,9 @@ def result_rows(result):
         ("run", "train step", train_step_text(result)),
         ("run", "attention", attention_text(result)),
         ("run", "float32 matmuls", matmul_precision_text(result)),
-        ("timing", "compile (first step of each shape)", f"{figure_text(result, 'compile_s')} s over "
-                                                        f"{t['shapes_compiled']} shapes"),
+        ("run", "machine load (training start -> end)", _machine_load(result)),
+        ("run", "warnings", "\n".join(run_warnings(result)) or "none"),
+        ("timing", "compile (first step of each shape)", _compile(result)),
         ("timing", "steady step median / p90", _joined(result, "step_s_median", "step_s_p90", unit=" ms")),
         ("timing", "tokens/s (target, steady)", figure_text(result, "tokens_per_s")),
         ("timing", "train / total wall time", _joined(result, "train_s", "total_s", unit=" s")),
@@ -53,6 +84,7 @@ def result_rows(result):
         ("quality", "loss train / val / test", _joined(result, "train_loss", "val_loss", "test_loss")),
         ("quality", "token accuracy val / test", _joined(result, "val_accuracy", "test_accuracy")),
         ("quality", "BLEU / chrF (test)", _joined(result, "bleu", "chrf")),
+        ("quality", "test sentences scored", scored_sentences_text(result) or "n/a"),
         ("quality", "BLEU signature", result["metrics"]["bleu_signature"] or "n/a"),
         ("quality", "test decoding", _decoding(result)),
     ] + _target_rows(result.get("target"))
@@ -115,8 +147,9 @@ class TableReporter(Reporter):
     def report(self, result, console, complete):
         title = f"mtbench train: {run_label(result)}" + ("" if complete else f" ({result['status']}, partial)")
         table = Table(title=title, show_lines=False)
-        for column in ("", "figure", "value"):
+        for column in ("", "figure"):
             table.add_column(column)
+        table.add_column("value", overflow="fold")  # a signature or a path is one long word: folded, never cut
         for section, figure, value in result_rows(result):
             table.add_row(section, figure, value)
         console.print(table)

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 
@@ -25,7 +24,7 @@ import numpy as np
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.config import TrainConfig
-from mtbench.runner.files import write_json_atomic
+from mtbench.runner.files import make_temporary_folder, write_json_atomic
 
 RUN_FILE = "run.json"
 RUN_FORMAT = 1
@@ -111,7 +110,7 @@ class RunDirectory:
             write_json_atomic(os.path.join(self.path, RUN_FILE), {
                 "mtbench_run": RUN_FORMAT, "config": _absolute_paths(run_config),
                 "data_fingerprint": data_fingerprint})
-            tmp = tempfile.mkdtemp(prefix=".tmp-checkpoint-", dir=self.path)
+            tmp = make_temporary_folder(".tmp-checkpoint-", self.path)
             model.save_weights(os.path.join(tmp, WEIGHTS_FILE))
             np.savez(os.path.join(tmp, RANDOM_STATE_FILE), *[np.asarray(v.value) for v in _random_state(model)])
             with open(os.path.join(tmp, STATE_FILE), "w") as f:

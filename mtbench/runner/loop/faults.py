@@ -1,12 +1,14 @@
 """A failure on purpose, for the tests of how a run survives it; nothing sets it in normal use.
 
-MTBENCH_TEST_NAN_AT_STEP=N fills the first trainable variable with NaN just before step N, so that step's loss is
-a real NaN computed by the model and the divergence check sees what a diverging run would show it.
+MTBENCH_TEST_NAN_AT_STEP=N hands step N token weights of NaN, so that the train step itself computes a NaN loss
+(and NaN gradients) and the divergence check sees what a diverging run would show it. Only the batch is touched:
+the train step is called exactly as in a run that diverges on its own (no `finalize` of its own for the test).
 
 MTBENCH_TEST_KILL_AT=P:N kills process P of a run of several (SIGKILL, as the kernel's OOM killer or a lost
 machine would) just before step N, so that the others meet a process that is gone.
 """
 
+import dataclasses
 import os
 import signal
 
@@ -21,9 +23,9 @@ def nan_step():
     return int(value) if value else None
 
 
-def poison_weights(model):
-    variable = model.trainable_variables[0]
-    variable.assign(np.full(tuple(variable.shape), np.nan, np.float32))
+def poisoned(batch):
+    """`batch` with every token weight NaN."""
+    return dataclasses.replace(batch, weight=np.full_like(batch.weight, np.nan))
 
 
 def kill_step(rank):

@@ -12,7 +12,6 @@ from mtbench.runner.loop.progress import training_progress
 from mtbench.runner.loop.signals import stop_requests
 from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.timing import StepTimer, TimingWindow, TrainingClock
-from mtbench.runner.measurement.flops import training_flops
 
 
 @dataclass
@@ -47,9 +46,10 @@ class TrainingOutcome:
     exit_code: int = None    # the signal's exit code when interrupted
 
 
-def train_loop(config, backend, model, model_shape, train_step, state, batches, total_steps, checkpointing,
+def train_loop(config, backend, model, step_flops, train_step, state, batches, total_steps, checkpointing,
                validate, observers, console, processes):
     """Trains from `state.step + 1` to `total_steps`; `validate()` translates the validation set and scores it.
+    `step_flops(shape)` counts a step's FLOPs on a batch of that (rows, length) shape (None: not counted).
     Returns the TrainingOutcome; the model's variables hold the trained weights (`train_step.finalize()` done).
 
     `batches` yields the global batches; this process trains on its shard of each (`processes`, the run's
@@ -60,103 +60,144 @@ def train_loop(config, backend, model, model_shape, train_step, state, batches, 
     Steps run in timing windows of up to `config.timing_window` steps (see `timing`): a window ends before and
     after the first step of a new shape, at validation and checkpoint steps, on a signal and at the last step.
     Losses are read, and callbacks, trackers and the divergence check see each step, when its window ends."""
-    callbacks, trackers, energy = observers.callbacks, observers.trackers, observers.energy
-    timer = StepTimer()
-    step_flops = lambda shape: training_flops(model_shape, shape[0], shape[1], shape[1])
-    for h in state.history:  # a resumed run's earlier steps count in its figures
-        timer.add(h["step"], tuple(h["shape"]), h["seconds"], h["tokens"], first_of_shape=h["first_of_shape"],
-                  flops=step_flops(h["shape"]), input_seconds=h["input_seconds"], compilations=h["compilations"])
-    timer.restart()
-    target = QualityTarget(config.target_bleu, config.eval_every, state.evaluations)
-    clock = TrainingClock(state.training_s, state.aside_s)
-    window = TimingWindow(backend, model, train_step, energy)
-    poison_at = faults.nan_step()
-    die_at = faults.kill_step(processes.rank)
-    stop = None  # (status, reason) when training ends before its last step
+    return TrainingLoop(config, backend, model, step_flops, train_step, state, batches, total_steps, checkpointing,
+                        validate, observers, processes).run(console)
 
-    def end_window(progress):
-        """Measures the open window and records its steps; (status, reason) if a loss was not finite."""
-        steps, seconds, joules, compiled = window.close()
+
+class TrainingLoop:
+    """`train_loop`'s state between steps; `run` is the loop, and each method one thing it does."""
+
+    def __init__(self, config, backend, model, step_flops, train_step, state, batches, total_steps, checkpointing,
+                 validate, observers, processes):
+        self.config, self.model, self.step_flops, self.train_step = config, model, step_flops, train_step
+        self.state, self.batches, self.total_steps, self.checkpointing = state, batches, total_steps, checkpointing
+        self.validate, self.processes = validate, processes
+        self.callbacks, self.trackers = observers.callbacks, observers.trackers
+        self.timer = resumed_timer(state.history, step_flops)
+        self.target = QualityTarget(config.target_bleu, config.eval_every, state.evaluations)
+        self.clock = TrainingClock(state.training_s, state.aside_s)
+        self.window = TimingWindow(backend, model, train_step, observers.energy)
+        self.poison_at, self.die_at = faults.nan_step(), faults.kill_step(processes.rank)
+        self.stop = None  # (status, reason) when training ends before its last step
+        self.progress = self.signals = None
+
+    def run(self, console):
+        self.callbacks.on_train_begin()
+        with training_progress(console, self.total_steps, self.state.step) as self.progress, \
+                stop_requests() as self.signals:
+            for step in range(self.state.step + 1, self.total_steps + 1):
+                epoch, batch, input_seconds = self.next_batch()
+                alone = self.timed_alone(step, batch)
+                if alone and self.window.open and self.end_window():
+                    break
+                self.train(step, epoch, batch, input_seconds)
+                if not self.window_ends_after(step, alone):
+                    continue
+                if self.end_window() or self.at_window_edge(step):
+                    break
+        self.train_step.finalize()  # before the callbacks' end: a step holding the weights itself writes them back
+        self.callbacks.on_train_end()
+        status, reason = self.stop or ("completed", None)
+        return TrainingOutcome(status, reason, self.state, self.timer, self.clock, self.target,
+                               self.checkpointing.latest, self.signals.exit_code if status == "interrupted" else None)
+
+    def next_batch(self):
+        """(epoch, the global batch, seconds the loop waited for it: batches are built ahead, see `prefetch`)."""
+        started = time.perf_counter()
+        epoch, batch = next(self.batches)
+        return epoch, batch, time.perf_counter() - started
+
+    def timed_alone(self, step, batch):
+        """The step that compiles a shape is timed on its own; so is the test hook's poisoned step, so that a test
+        knows which steps ran (a real divergence is seen at the end of its window)."""
+        return not self.timer.seen(batch.shape) or step == self.poison_at
+
+    def train(self, step, epoch, batch, input_seconds):
+        """One step on this process's shard of `batch`, queued in the open window (or a new one)."""
+        if step == self.die_at:
+            faults.die()
+        if not self.window.open:
+            self.window.start()
+        part = batch.shard(self.processes.rank, self.processes.world_size)
+        if step == self.poison_at:
+            part = faults.poisoned(part)
+        logs = self.train_step((part.source, part.target_input), part.target_output, part.weight)
+        self.window.steps.append((step, epoch, batch, logs, input_seconds))
+
+    def window_ends_after(self, step, alone):
+        """Whether the open window ends after `step`: a step timed alone, a full window, the last step, a
+        validation or checkpoint step, or this process's signal (several processes take a signal up at their
+        next common edge)."""
+        signalled = self.signals.requested and self.processes.world_size == 1
+        return (alone or len(self.window.steps) >= self.config.timing_window or step == self.total_steps
+                or self.target.due(step) or signalled or self.checkpoint_due(step))
+
+    def checkpoint_due(self, step):
+        every = self.checkpointing.every
+        return bool(every and step % every == 0)
+
+    def end_window(self):
+        """Measures the open window and records its steps; True (with `self.stop`) when a loss was not finite."""
+        steps, seconds, joules, compiled = self.window.close()
         for position, (step, epoch, batch, logs, input_seconds) in enumerate(steps):
             share = seconds / len(steps)
             loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
-            first = timer.add(step, batch.shape, share, batch.target_tokens, flops=step_flops(batch.shape),
-                              input_seconds=input_seconds, compilations=compiled if position == 0 else
-                              (None if compiled is None else 0))
-            state.history.append({"step": step, "epoch": epoch, "loss": finite_or_none(loss),
-                                  "accuracy": finite_or_none(accuracy), "seconds": share,
-                                  "window_steps": len(steps), "shape": list(batch.shape),
-                                  "tokens": batch.target_tokens, "first_of_shape": first,
-                                  "input_seconds": input_seconds, "compilations": compiled if position == 0 else
-                                  (None if compiled is None else 0),
-                                  "joules": None if joules is None else joules / len(steps)})
-            callbacks.on_train_batch_begin(step)
-            callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
-            trackers.step(step, finite_or_none(loss), batch.target_tokens, share, first)
+            compilations = compiled if position == 0 else (None if compiled is None else 0)
+            first = self.timer.add(step, batch.shape, share, batch.target_tokens, flops=self.step_flops(batch.shape),
+                                   input_seconds=input_seconds, compilations=compilations)
+            self.state.history.append({
+                "step": step, "epoch": epoch, "loss": finite_or_none(loss), "accuracy": finite_or_none(accuracy),
+                "seconds": share, "window_steps": len(steps), "shape": list(batch.shape),
+                "tokens": batch.target_tokens, "first_of_shape": first, "input_seconds": input_seconds,
+                "compilations": compilations, "joules": None if joules is None else joules / len(steps)})
+            self.callbacks.on_train_batch_begin(step)
+            self.callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
+            self.trackers.step(step, finite_or_none(loss), batch.target_tokens, share, first)
             if not math.isfinite(loss):
-                return "diverged", f"the loss is {loss} at step {step}"
-            state.step, state.epoch = step, epoch
-            progress.advance(loss, batch.target_tokens / share)
-        return None
+                self.stop = ("diverged", f"the loss is {loss} at step {step}")
+                return True
+            self.state.step, self.state.epoch = step, epoch
+            self.progress.advance(loss, batch.target_tokens / share)
+        return False
 
-    callbacks.on_train_begin()
-    with training_progress(console, total_steps, state.step) as progress, stop_requests() as signals:
-        for step in range(state.step + 1, total_steps + 1):
-            t_input = time.perf_counter()
-            epoch, batch = next(batches)
-            input_seconds = time.perf_counter() - t_input
-            # The step that compiles this shape is timed on its own; so is the test hook's poisoned step, so that a
-            # test knows which steps ran (a real divergence is seen at the end of its window).
-            alone = not timer.seen(batch.shape) or step == poison_at
-            if window.open and alone:
-                stop = end_window(progress)
-                if stop:
-                    break
-            if step == die_at:
-                faults.die()
-            if step == poison_at:
-                train_step.finalize()  # a step holding its own copy of the weights re-reads them next call
-                faults.poison_weights(model)
-            if not window.open:
-                window.start()
-            part = batch.shard(processes.rank, processes.world_size)
-            logs = train_step((part.source, part.target_input), part.target_output, part.weight)
-            window.steps.append((step, epoch, batch, logs, input_seconds))
-            # A signal ends one process's window at once; several processes take it up at their next common edge.
-            signalled = signals.requested and processes.world_size == 1
-            checkpoint_due = signalled or (checkpointing.every and step % checkpointing.every == 0)
-            if not (alone or len(window.steps) >= config.timing_window or step == total_steps
-                    or target.due(step) or checkpoint_due):
-                continue
-            stop = end_window(progress)
-            if stop:
-                break
-            if processes.world_size > 1:
-                signals.agree(processes)
-            reached = False
-            if target.due(step):
-                training_s = clock.training_s()
-                with clock.aside("validation"):
-                    eval_t0 = time.perf_counter()
-                    train_step.finalize()
-                    scores = validate()
-                    eval_seconds = time.perf_counter() - eval_t0
-                reached = processes.any(target.record(step, scores.bleu, scores.chrf, training_s, eval_seconds))
-                trackers.validation(step, scores.bleu, scores.chrf)
-            if signals.requested or (checkpointing.every and step % checkpointing.every == 0):
-                checkpointing.latest = save_checkpoint(checkpointing, model, train_step, state, clock, target)
-            if signals.requested:
-                stop = ("interrupted", f"{signals.name} received; stopped after step {step}")
-                break
-            if reached:
-                stop = ("completed", f"validation BLEU {scores.bleu:.2f} reached the target {config.target_bleu} "
-                                     f"at step {step}")
-                break
-    callbacks.on_train_end()
-    train_step.finalize()
-    status, reason = stop or ("completed", None)
-    return TrainingOutcome(status, reason, state, timer, clock, target, checkpointing.latest,
-                           signals.exit_code if status == "interrupted" else None)
+    def at_window_edge(self, step):
+        """What happens between windows: the processes agree on signals, validation, a checkpoint; True (with
+        `self.stop`) when training ends here (a signal, or the target quality reached)."""
+        if self.processes.world_size > 1:
+            self.signals.agree(self.processes)
+        reached = self.target.due(step) and self.validation_reaches_target(step)
+        if self.signals.requested or self.checkpoint_due(step):
+            self.checkpointing.latest = save_checkpoint(self.checkpointing, self.model, self.train_step, self.state,
+                                                        self.clock, self.target)
+        if self.signals.requested:
+            self.stop = ("interrupted", f"{self.signals.name} received; stopped after step {step}")
+        elif reached:
+            self.stop = ("completed", f"validation BLEU {reached:.2f} reached the target {self.config.target_bleu} "
+                                      f"at step {step}")
+        return self.stop is not None
+
+    def validation_reaches_target(self, step):
+        """Translates the validation set with the weights so far (its time kept apart from training); the BLEU
+        when any process reached the target quality, else None."""
+        training_s = self.clock.training_s()
+        with self.clock.aside("validation"):
+            started = time.perf_counter()
+            self.train_step.finalize()
+            scores = self.validate()
+            seconds = time.perf_counter() - started
+        reached = self.processes.any(self.target.record(step, scores.bleu, scores.chrf, training_s, seconds))
+        self.trackers.validation(step, scores.bleu, scores.chrf)
+        return scores.bleu if reached else None
+
+
+def resumed_timer(history, step_flops):
+    """A step timer holding a resumed run's earlier steps (they count in its figures)."""
+    timer = StepTimer()
+    for h in history:
+        timer.add(h["step"], tuple(h["shape"]), h["seconds"], h["tokens"], first_of_shape=h["first_of_shape"],
+                  flops=step_flops(h["shape"]), input_seconds=h["input_seconds"], compilations=h["compilations"])
+    timer.restart()
+    return timer
 
 
 def finite_or_none(value):

@@ -7,18 +7,26 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 @contextlib.contextmanager
 def corpus_progress(console):
-    """Yields `progress(done, total)`; the bar appears only when a dataset reports work to do."""
-    with Progress(TextColumn("preparing corpus"), BarColumn(), MofNCompleteColumn(), console=console,
-                  transient=True) as bar:
-        task = None
+    """Yields `progress(done, total)`; the bar appears only on a terminal, when a dataset reports work to do (on a
+    file or pipe a transient bar shows nothing but leaves an empty line, before a failure's one line)."""
+    bar, task = None, None
 
-        def progress(done, total):
-            nonlocal task
-            if task is None:
-                task = bar.add_task("corpus", total=total)
-            bar.update(task, completed=done, total=total)
+    def progress(done, total):
+        nonlocal bar, task
+        if not console.is_terminal:
+            return
+        if bar is None:
+            bar = Progress(TextColumn("preparing corpus"), BarColumn(), MofNCompleteColumn(), console=console,
+                           transient=True)
+            bar.start()
+            task = bar.add_task("corpus", total=total)
+        bar.update(task, completed=done, total=total)
 
+    try:
         yield progress
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 class _TrainingBar:

@@ -24,7 +24,7 @@ class StepRecord:
     seconds: float
     target_tokens: int
     first_of_shape: bool
-    flops: float = 0.0
+    flops: float = 0.0       # None where the model family counts no FLOPs
     input_seconds: float = 0.0
     compilations: int = None
 
@@ -80,7 +80,8 @@ class StepTimer:
             "step_s_min": float(steady_times.min()) if steady else None,
             "tokens_per_s": (sum(r.target_tokens for r in steady) / float(steady_times.sum())) if steady else None,
             "steady_s": float(steady_times.sum()) if steady else 0.0,
-            "flops_per_s": (sum(r.flops for r in steady) / float(steady_times.sum())) if steady else None,
+            "flops_per_s": (sum(r.flops for r in steady) / float(steady_times.sum()))
+            if steady and all(r.flops is not None for r in steady) else None,
             # Time spent producing batches, against the steady step time it must hide behind.
             "input_s_median": float(np.median([r.input_seconds for r in self.records])) if self.records else None,
             "input_fraction": (float(np.median([r.input_seconds for r in steady])) / float(np.median(steady_times)))

@@ -1,7 +1,21 @@
 """Which extras can run on this machine, and why not: what `mtbench plugins` shows."""
 
-from mtbench.plugins.api import RunContext
+from mtbench.plugins.api import Backend, Extra, RunContext
 from mtbench.runner.config import TrainConfig
+
+
+def ignored_compile_options_reason(extra, backend):
+    """Why every default run of `extra` on `backend` stops before training (`setup.check_compile_options_apply`):
+    the extra asks for model.compile options (overrides `compile_options`) and gives no train step of its own,
+    while the backend trains with its own step (overrides `make_train_step`), which does not run Keras's compiled
+    train function; None otherwise. Read from the classes: no step is built here, and keras is not imported."""
+    overrides = lambda item, base, method: getattr(type(item), method) is not getattr(base, method)
+    if (overrides(extra, Extra, "compile_options") and not overrides(extra, Extra, "make_train_step")
+            and overrides(backend, Backend, "make_train_step")):
+        return (f"sets model.compile options and brings no train step, but backend '{backend.name}' trains with a "
+                f"step of its own that does not run Keras's compiled train function, so a run stops rather than "
+                f"apply them to evaluation only")
+    return None
 
 
 def extras_availability(registry):
@@ -26,6 +40,7 @@ def extras_availability(registry):
                         reason = extra.unavailable_reason(run)
                     except Exception as error:  # one broken extra must not hide the others
                         reason = f"unavailable_reason failed: {type(error).__name__}: {error}"
+                    reason = reason or ignored_compile_options_reason(extra, backend)
             rows.append({"extra": extra.name, "backend": backend_name, "available": reason is None,
                          "reason": reason, "description": extra.description,
                          "conflicts": list(extra.conflicts)})

@@ -9,9 +9,10 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 
 from mtbench.plugins import manager as plugins
-from mtbench.plugins.api import cpu_count, cpu_model
+from mtbench.plugins.api import cpu_count, cpu_model, peak_measurement_text
 from mtbench.runner.measurement.devices import describe_backend
 from mtbench.runner.measurement.peaks import calibrate, device_peak_record
 
@@ -123,6 +124,7 @@ def host_environment():
     from mtbench import __version__
     return {
         "python": platform.python_version(),
+        "python_executable": sys.executable,  # which environment: compare may run each run in another's
         **{package: _version(package) for package in PACKAGES},
         "cpu_model": cpu_model(),
         "cpu_count": cpu_count(),
@@ -238,9 +240,9 @@ def environment_rows(description):
             rows.append(("backend", f"{name} accelerator", _accelerator_text(backend["accelerator"])))
         for dtype, peak in backend.get("peaks", {}).items():
             figure = "unknown" if peak["flops_per_s"] is None else f"{peak['flops_per_s'] / 1e12:,.3f} TFLOP/s"
-            if peak.get("measured_at"):
-                load = " / ".join(map(str, peak["load_average"] or ["unknown"]))
-                figure += f", measured {peak['measured_at']} at load average {load}"
+            measured = peak_measurement_text(peak.get("measured_at"), peak.get("load_average"))
+            if measured:
+                figure += f", {measured}"
             rows.append(("peak", f"{name} {dtype}", f"{figure} ({peak['source']})"))
     rows += [("extra", name, f"{', '.join(extra['backends'])} (plugin {extra['plugin']})")
              for name, extra in description["extras"].items()]

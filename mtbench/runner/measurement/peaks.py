@@ -8,6 +8,7 @@ import re
 from mtbench.runner.files import write_json_atomic
 from mtbench.runner.measurement.devices import describe_backend
 from mtbench.runner.measurement.flops import compute_dtype
+from mtbench.runner.measurement.load import load_average
 
 
 def _gpu(float32, tf32, bfloat16, source):
@@ -137,14 +138,6 @@ def read_calibration(path):
         cached = json.load(f)
     return peak_record(cached["flops_per_s"], cached["source"], cached.get("measured_at"),
                        cached.get("load_average"))
-
-
-def load_average():
-    """[1, 5, 15 minute] load averages of the host, or None where the OS reports none."""
-    try:
-        return [round(value, 2) for value in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
 
 
 def calibrate(backend, dtype, device_name, cache_dir, size=2048):

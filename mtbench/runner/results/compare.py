@@ -10,12 +10,14 @@ import importlib.util
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
-from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
+from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
 from mtbench.runner.files import write_json_atomic, write_text_atomic
 from mtbench.runner.results.parity import percent
 from mtbench.plugins.api import SIZE_KEYS, run_name, size_label
@@ -23,35 +25,72 @@ from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.measurement.environment import host_environment
 from mtbench.runner.results.output import check_output_path
-from mtbench.runner.results.report import COMPARE_KIND, LoadedRun, build_comparison, to_json_dict
+from mtbench.runner.results.report import (COMPARE_KIND, SWEEP_KEYS, LoadedRun, build_comparison,
+                                           environment_names, to_json_dict)
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.setup import require_extra_spanning_processes, resolve_backend, resolve_extras
 
 COMPARE_SCHEMA_VERSION = 1
 
 
-# The size flags a --matrix entry may set, and how their values are read: as the configuration types them.
-SIZE_TYPES = {field.name: field.type for field in dataclasses.fields(TrainConfig) if field.name in SIZE_KEYS}
+# The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
+# model's size, and what a sweep varies beside it (batch size, max length, max tokens).
+FIELD_TYPES = {field.name: field.type for field in dataclasses.fields(TrainConfig)}
+SETTING_TYPES = {name: FIELD_TYPES[name] for name in (*SIZE_KEYS, *SWEEP_KEYS)}
+# What the initial weights' shapes follow: the model's size, and --max-len (the position embeddings).
+SHAPE_KEYS = (*SIZE_KEYS, "max_len")
+# The --matrix key that runs an entry with another environment's interpreter.
+PYTHON_KEY = "python"
 
 
 @dataclass(frozen=True)
 class RunSpec:
     backend: str
     extras: tuple = ()
-    sizes: tuple = ()  # ((configuration key, value), ...): the size flags this run sets over the shared ones
+    sizes: tuple = ()  # ((configuration key, value), ...): the size and sweep flags this run sets over the shared ones
     processes: int = 1  # processes on this machine, started by torchrun
+    python: str = None  # the interpreter it runs under (absolute), where an entry names another environment's
+    python_name: str = None  # the interpreter's name in the label (`environment_names`)
+    model: str = "transformer"  # --model of the comparison (every run's), as its label names it
 
     @property
     def label(self):
-        """The name run_label gives the run's result."""
-        return run_name(self.backend, self.extras, dict(self.sizes), self.processes)
+        """The run's name: as `comparison_labels` names its result where the comparison sweeps the keys it sets."""
+        settings = [(key.replace("_", "-"), value) for key, value in self.sizes if key in SWEEP_KEYS]
+        if self.python:
+            settings.append((PYTHON_KEY, self.python_name or environment_names([self.python])[self.python]))
+        return run_name(self.backend, self.extras, {**dict(self.sizes), "model_name": self.model}, self.processes,
+                        settings)
+
+    @property
+    def shape(self):
+        """The settings its initial weights follow: one weights file per shape."""
+        return tuple((key, value) for key, value in self.sizes if key in SHAPE_KEYS)
+
+    @property
+    def interpreter(self):
+        return self.python or sys.executable
+
+    @property
+    def foreign(self):
+        """Whether it runs under another interpreter than this process's."""
+        return self.interpreter != sys.executable
 
     def size_arguments(self):
-        return [text for key, value in self.sizes for text in (f"--{key.replace('_', '-')}", f"{value:g}")]
+        return [text for key, value in self.sizes
+                for text in (f"--{key.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value))]
+
+
+def shape_label(shape):
+    """'d-model=128,heads=4,max-len=64' of a RunSpec.shape; '' for the shared shape."""
+    settings = dict(shape)
+    length = f"max-len={settings['max_len']}" if "max_len" in settings else ""
+    return ",".join(part for part in (size_label(settings), length) if part)
 
 
 def parse_run_spec(text):
-    """'backend+extra+extra', 'backend+extra@2' (2 processes) or 'backend+extra:d-model=128,layers=2' -> RunSpec."""
+    """'backend+extra+extra', 'backend+extra@2' (2 processes) or 'backend+extra:d-model=128,batch-size=16' (flags
+    of this run), with 'python=PATH' among the flags for another environment's interpreter -> RunSpec."""
     run, _, size_text = text.strip().partition(":")
     run, at, count = run.partition("@")
     parts = [part.strip() for part in run.split("+")]
@@ -59,19 +98,32 @@ def parse_run_spec(text):
         raise MtbenchError(f"--matrix: '{text.strip()}' is not of the form backend+extra+extra[@N][:flag=value,...]")
     if at and not (count.strip().isdigit() and int(count) >= 1):
         raise MtbenchError(f"--matrix: '@{count.strip()}' in '{text.strip()}' is not a number of processes")
-    sizes = {}
+    sizes, python = {}, None
     for item in filter(None, (item.strip() for item in size_text.split(","))):
         flag, _, value = item.partition("=")
         key = flag.strip().lstrip("-").replace("-", "_")
-        if key not in SIZE_TYPES or not value.strip():
-            raise MtbenchError(f"--matrix: '{item}' in '{text.strip()}' is not flag=value with a size flag "
-                               f"({', '.join(k.replace('_', '-') for k in SIZE_TYPES)})")
+        if key == PYTHON_KEY and value.strip():
+            python = os.path.abspath(os.path.expanduser(value.strip()))
+            continue
+        if key not in SETTING_TYPES or not value.strip():
+            raise MtbenchError(f"--matrix: '{item}' in '{text.strip()}' is not flag=value with a size or sweep flag "
+                               f"({', '.join(k.replace('_', '-') for k in SETTING_TYPES)}) or python=PATH")
         try:
-            sizes[key] = SIZE_TYPES[key](value.strip())
+            sizes[key] = SETTING_TYPES[key](value.strip())
         except ValueError:
             raise MtbenchError(f"--matrix: {flag.strip()}={value.strip()} in '{text.strip()}' is not a number of "
                                f"the flag's kind") from None
-    return RunSpec(parts[0], tuple(parts[1:]), tuple(sorted(sizes.items())), int(count) if at else 1)
+    return RunSpec(parts[0], tuple(parts[1:]), tuple(sorted(sizes.items())), int(count) if at else 1,
+                   None if python == sys.executable else python)
+
+
+def name_interpreters(specs):
+    """Where an entry runs under another environment's interpreter, every run names its interpreter (the others
+    this one's), each by a name of its own: the labels `comparison_labels` gives their results."""
+    if not any(spec.python for spec in specs):
+        return specs
+    names = environment_names(spec.interpreter for spec in specs)
+    return [dataclasses.replace(spec, python=spec.interpreter, python_name=names[spec.interpreter]) for spec in specs]
 
 
 def _matrix_entries(matrix):
@@ -90,15 +142,16 @@ def _matrix_entries(matrix):
 TORCH_COMPILED = "torch-compile"
 
 
-def plan_runs(backends=None, extras=(), matrix=None, devices=None):
-    """The runs to compare: each backend of `backends` with every extra of `extras`, or the runs that `matrix`
-    lists ('torch;torch+torch-compile;jax'). Where torch sees a CUDA GPU (`devices`, from `probe_devices`),
+def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transformer"):
+    """The runs to compare, all of the model family `model` (--model): each backend of `backends` with every extra
+    of `extras`, or the runs that `matrix` lists ('torch;torch+torch-compile;jax'). Where torch sees a CUDA GPU
+    (`devices`, from `probe_devices`),
     `--backends` without extras trains torch both eager and compiled: on a GPU an eager Keras step is bound by
     Python's dispatch, and a comparison of one XLA program with it alone would answer another question."""
     if matrix is not None:
         if backends or extras:
             raise MtbenchError("give --matrix, or --backends with --extra, not both")
-        specs = [parse_run_spec(item) for item in _matrix_entries(matrix)]
+        specs = name_interpreters([parse_run_spec(item) for item in _matrix_entries(matrix)])
     else:
         names = [name.strip() for name in (backends or "jax,torch").split(",") if name.strip()]
         specs = [RunSpec(name, tuple(extras)) for name in names]
@@ -107,6 +160,7 @@ def plan_runs(backends=None, extras=(), matrix=None, devices=None):
                      ([spec, RunSpec("torch", (TORCH_COMPILED,))] if spec.backend == "torch" else [spec])]
     if not specs:
         raise MtbenchError("no runs to compare")
+    specs = [dataclasses.replace(spec, model=model) for spec in specs]
     labels = [spec.label for spec in specs]
     twice = next((label for i, label in enumerate(labels) if label in labels[:i]), None)
     if twice:
@@ -117,25 +171,78 @@ def plan_runs(backends=None, extras=(), matrix=None, devices=None):
 def probe_devices():
     """{backend: its devices (`Backend.device_info()`), or None where it is unavailable}, asked of a child
     `mtbench env --json`: importing the frameworks here would hold device memory while the runs train."""
+    return backend_devices(probe_environment(sys.executable, "cannot tell which devices the backends see"))
+
+
+def probe_environment(python, failing):
+    """`mtbench env --json` of the interpreter `python`, in a child; `failing` begins the line of its failure."""
     environment = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    process = subprocess.run([sys.executable, "-m", "mtbench", "env", "--json"], capture_output=True, text=True,
+    process = subprocess.run([python, "-m", "mtbench", "env", "--json"], capture_output=True, text=True,
                              stdin=subprocess.DEVNULL, env=environment)
     if process.returncode != 0:
-        raise MtbenchError(f"cannot tell which devices the backends see: `mtbench env` failed "
-                           f"({_last_error_line(process.stderr, process.returncode)})")
-    backends = json.loads(process.stdout)["backends"]
+        raise MtbenchError(f"{failing}: `mtbench env` failed ({_last_error_line(process.stderr, process.returncode)})")
+    return json.loads(process.stdout)
+
+
+def backend_devices(description):
     return {name: described.get("device") if described.get("available") else None
-            for name, described in backends.items()}
+            for name, described in description["backends"].items()}
+
+
+def check_interpreters(specs):
+    """{interpreter: its `mtbench env --json`} of every other environment an entry names (python=PATH), each
+    checked before any run starts: the file exists, is executable, and imports mtbench."""
+    described = {}
+    for spec in specs:
+        path = spec.interpreter
+        if not spec.foreign or path in described:
+            continue
+        where = f"run '{spec.label}': python={path}"
+        if not os.path.exists(path):
+            raise MtbenchError(f"{where}: no such file")
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            raise MtbenchError(f"{where}: not an executable file")
+        try:
+            process = subprocess.run([path, "-c", "import mtbench"], capture_output=True, text=True,
+                                     stdin=subprocess.DEVNULL)
+        except OSError as error:
+            raise MtbenchError(f"{where}: cannot start it ({error.strerror})") from None
+        if process.returncode != 0:
+            raise MtbenchError(f"{where}: cannot import mtbench ({_last_error_line(process.stderr, process.returncode)}"
+                               f"); install mtbench into that environment")
+        described[path] = probe_environment(path, where)
+    return described
+
+
+def _check_in_environment(spec, description):
+    """The backend and extras of a run under another interpreter, as that environment's `mtbench env` sees them."""
+    backend = description["backends"].get(spec.backend)
+    if backend is None:
+        raise MtbenchError(f"run '{spec.label}': unknown backend '{spec.backend}' in {spec.interpreter} (it has "
+                           f"{', '.join(description['backends']) or 'none'})")
+    if not backend.get("available"):
+        raise MtbenchError(f"run '{spec.label}': backend '{spec.backend}' is not available in {spec.interpreter}: "
+                           f"{backend.get('reason')}")
+    for extra in spec.extras:
+        known = description.get("extras", {}).get(extra)
+        if known is None or spec.backend not in known.get("backends", ()):
+            raise MtbenchError(f"run '{spec.label}': {spec.interpreter} has no extra '{extra}' for {spec.backend}")
 
 
 def device_text(device):
     return f"{device.get('kind')} ({device.get('name')})"
 
 
-def check_same_hardware(specs, devices):
+def check_same_hardware(specs, devices, interpreters=None):
     """Runs whose backends see different hardware (JAX's CPU build beside torch's CUDA build) would compare
-    machines, not frameworks: refused before anything trains."""
-    seen = {spec.backend: devices.get(spec.backend) for spec in specs if devices.get(spec.backend)}
+    machines, not frameworks: refused before anything trains. `interpreters`: `check_interpreters`' answer, for
+    the runs under another environment's interpreter (whose backends may see other devices)."""
+    seen = {}
+    for spec in specs:
+        other = (interpreters or {}).get(spec.interpreter) if spec.foreign else None
+        device = (backend_devices(other) if other else devices).get(spec.backend)
+        if device:
+            seen.setdefault(f"{spec.backend} in {spec.python_name}" if other else spec.backend, device)
     kinds = {(device.get("kind"), device.get("name")) for device in seen.values()}
     if len(kinds) <= 1:
         return
@@ -143,14 +250,24 @@ def check_same_hardware(specs, devices):
     on_cpu = [backend for backend, device in seen.items() if device.get("kind") == "cpu"]
     hint = ""
     if on_cpu and len(on_cpu) < len(seen):
+        builds = {"jax": "JAX: pip install 'mtbench[jax-cuda]'", "torch": "torch: a CUDA build of torch"}
+        how = "; ".join(builds[name] for name in on_cpu if name in builds) or "see the backend's documentation"
         hint = (f"; {' and '.join(on_cpu)} see{'s' if len(on_cpu) == 1 else ''} only the CPU on a machine with an "
-                f"accelerator: install its accelerator build (JAX: pip install 'mtbench[jax-cuda]')")
+                f"accelerator: install its accelerator build ({how})")
     raise MtbenchError(f"the runs would train on different hardware: {listed}{hint}")
 
 
-def check_runs(specs, registry):
-    """Every backend and extra exists, is installed and fits its run: checked before any process starts."""
+def check_runs(specs, registry, interpreters=None):
+    """Every backend and extra exists, is installed and fits its run: checked before any process starts (for a
+    run under another interpreter, in that environment: `interpreters`, else asked here)."""
+    interpreters = check_interpreters(specs) if interpreters is None else interpreters
     for spec in specs:
+        if spec.foreign:
+            _check_in_environment(spec, interpreters[spec.interpreter])
+            if spec.processes > 1 and not interpreters[spec.interpreter]["host"].get("torch"):
+                raise MtbenchError(f"run '{spec.label}': several processes are started with torchrun, which "
+                                   f"{spec.interpreter} lacks (it comes with torch)")
+            continue
         try:
             backend = resolve_backend(spec.backend, registry)
             require_extra_spanning_processes(spec.processes, backend, resolve_extras(spec.extras, backend, registry),
@@ -173,6 +290,7 @@ class ComparePlan:
     parity_steps: int
     parity_tolerance: float
     reporters: list = ()     # Reporter objects, run here on every run's result (the runs themselves report nothing)
+    interpreters: dict = None  # `check_interpreters` of the specs, where the caller asked already
 
     @property
     def baseline_spec(self):
@@ -189,13 +307,14 @@ class ComparePlan:
         return stem + ".runs"
 
     def weights_file(self, spec):
-        """One weights file per model size: every run of a size starts from the same weights."""
-        size = size_label(dict(spec.sizes))
-        return os.path.join(self.runs_dir, f"initial-weights{'-' + size if size else ''}.npz")
+        """One weights file per model shape (size and max length): every run of a shape starts from the same
+        weights."""
+        shape = shape_label(spec.shape)
+        return os.path.join(self.runs_dir, f"initial-weights{'-' + shape if shape else ''}.npz")
 
     def sizes(self):
-        """One spec of each model size, in the order they first appear."""
-        return list({spec.sizes: spec for spec in self.specs}.values())
+        """One spec of each model shape, in the order they first appear."""
+        return list({spec.shape: spec for spec in self.specs}.values())
 
     def run_file(self, spec, repeat, suffix=".json"):
         return os.path.join(self.runs_dir, f"{spec.label}-{repeat}{suffix}")
@@ -216,7 +335,7 @@ def validate_plan(plan, registry):
     labels = [spec.label for spec in plan.specs]
     if plan.baseline is not None and plan.baseline not in labels:
         raise MtbenchError(f"--baseline '{plan.baseline}' is none of the runs: {', '.join(labels)}")
-    check_runs(plan.specs, registry)
+    check_runs(plan.specs, registry, plan.interpreters)
     check_output_path(plan.out, plan.overwrite)
     for spec in plan.sizes():
         check_output_path(plan.weights_file(spec), plan.overwrite, kind=".npz")
@@ -233,25 +352,54 @@ def _last_error_line(stderr, returncode):
     return f"exited with code {returncode}, no error message"
 
 
-def launcher_command(processes):
-    """How a child of `processes` processes is started: `python -m mtbench`, or torchrun (its module, so the
-    interpreter's own) with one process per device on this machine."""
+def launcher_command(processes, python=None):
+    """How a child of `processes` processes is started: `python -m mtbench` (this interpreter, or `python`), or
+    torchrun (its module, so the interpreter's own) with one process per device on this machine."""
+    python = python or sys.executable
     if processes == 1:
-        return [sys.executable]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+        return [python]
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
 
 
-def run_child(arguments, log_file, name, processes=1):
+def run_child(arguments, log_file, name, processes=1, python=None):
     """Runs `python -m mtbench ARGUMENTS` in fresh processes (several under torchrun) and keeps their output in
-    `log_file`. Returns None, or for a failure one line that names the run and quotes its last line on stderr."""
-    command = [*launcher_command(processes), "-m", "mtbench", *arguments]
-    process = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    write_text_atomic(log_file, f"$ {shlex.join(command)}\n# exit code {process.returncode}\n"
-                                f"--- stdout\n{process.stdout}--- stderr\n{process.stderr}")
+    `log_file`. Returns None, or for a failure one line that names the run and quotes its last line on stderr.
+    A Ctrl-C while it runs is passed on to it (`wait_passing_interrupts`); once it has stopped and its log is
+    written, KeyboardInterrupt is raised again."""
+    command = [*launcher_command(processes, python), "-m", "mtbench", *arguments]
+    # Output goes to files, not pipes: nothing is lost when the wait is interrupted.
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as out, tempfile.TemporaryFile("w+", encoding="utf-8") as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, text=True,
+                                   start_new_session=True)
+        interrupted = wait_passing_interrupts(process)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    write_text_atomic(log_file, f"$ {shlex.join(command)}\n# exit code {process.returncode}"
+                                f"{' (interrupted)' if interrupted else ''}\n--- stdout\n{stdout}--- stderr\n{stderr}")
+    if interrupted:
+        raise KeyboardInterrupt
     if process.returncode != 0:
-        return ChildFailure(f"{name} failed: {_last_error_line(process.stderr, process.returncode)} "
+        return ChildFailure(f"{name} failed: {_last_error_line(stderr, process.returncode)} "
                             f"(log: {log_file})", process.returncode)
     return None
+
+
+def wait_passing_interrupts(process):
+    """Waits for `process`, started in a session of its own so that a terminal's Ctrl-C reaches only this one:
+    each Ctrl-C here is passed on to it once. The first lets a training run finish its step and write a partial
+    result, a second stops it at once, a third kills it. Returns whether it was interrupted."""
+    interrupts = 0
+    while True:
+        try:
+            process.wait()
+            return interrupts > 0
+        except KeyboardInterrupt:
+            interrupts += 1
+            if interrupts < 3:
+                process.send_signal(signal.SIGINT)
+            else:
+                process.kill()
 
 
 class ChildFailure(str):
@@ -277,80 +425,179 @@ def _read_result(path, name):
         raise RunFailure(f"{name} finished but its result {path} cannot be read: {error}") from None
 
 
+@dataclass
+class CompareProgress:
+    """What a comparison has done so far: what an interrupted one writes and names."""
+    weights: dict = dataclasses.field(default_factory=dict)  # model size -> {"file", "sha256", "drawn_on"}
+    runs: list = dataclasses.field(default_factory=list)      # LoadedRun of every run that finished
+    entries: list = dataclasses.field(default_factory=list)   # their entries in the combined JSON
+    doing: str = "starting"                                   # what runs now, for an interruption's message
+    log_file: str = None                                      # its log
+    run: tuple = None  # (spec, repeat, result file, its mtime before the run) while a run trains
+
+    def add(self, spec, repeat, result, result_file, log_file):
+        self.runs.append(LoadedRun(result, result_file))
+        self.entries.append({"label": spec.label, "repeat": repeat, "position": len(self.entries) + 1,
+                             "status": result.get("status"), "result_file": os.path.abspath(result_file),
+                             "log_file": os.path.abspath(log_file), "python": spec.interpreter, "result": result})
+
+
 def run_compare(plan, registry, console):
-    """Writes the weights file, runs every run, checks parity; returns (Comparison, the combined JSON dict)."""
+    """Writes the weights file, runs every run, checks parity; returns (Comparison, the combined JSON dict, the
+    reporters' failures). A Ctrl-C stops the run under way (it writes its partial result), writes the combined
+    JSON of what finished, marked interrupted, and ends with RunInterrupted naming those files."""
     validate_plan(plan, registry)
-    overwrite = ["--overwrite"] if plan.overwrite else []
     schedule = plan.schedule()
     console.print(f"compare: {', '.join(spec.label for spec in plan.specs)}; {plan.repeats} repeat(s), "
                   f"{len(schedule)} runs, each in its own process")
+    progress = CompareProgress()
+    report_failures = []
+    try:
+        write_weights_files(plan, console, progress)
+        for number, (spec, repeat) in enumerate(schedule, start=1):
+            report_failures += train_one(plan, registry, console, progress, number, spec, repeat)
+    except KeyboardInterrupt:
+        raise interrupted(plan, progress) from None
+    comparison, combined = write_combined(plan, progress)
+    return comparison, combined, report_failures
 
+
+def write_weights_files(plan, console, progress):
+    """One initial-weights file per model size, drawn on the baseline's backend."""
     baseline_backend = plan.baseline_spec.backend
-    weights = {}  # model size -> {"file", "sha256", "drawn_on"}
     for sized in plan.sizes():
         path = plan.weights_file(sized)
+        progress.doing, progress.log_file = "writing the initial weights", path[:-len(".npz")] + ".log"
         with console.status("writing the initial weights (data, tokenizer, model shapes)"):
             _require_success(run_child(["init-weights", "--backend", baseline_backend, *plan.configuration,
-                                        *sized.size_arguments(), "--out", path, *overwrite],
-                                       path[:-len(".npz")] + ".log", "writing the initial weights"))
+                                        *sized.size_arguments(), "--out", path, *_overwrite(plan)],
+                                       progress.log_file, "writing the initial weights",
+                                       python=plan.baseline_spec.interpreter))
         _, sha256 = read_weights_file(path)
-        weights[sized.sizes] = {"file": os.path.abspath(path), "sha256": sha256, "drawn_on": baseline_backend}
-        size = size_label(dict(sized.sizes))
+        progress.weights[sized.shape] = {"file": os.path.abspath(path), "sha256": sha256, "drawn_on": baseline_backend}
+        size = shape_label(sized.shape)
         console.print(f"initial weights: {path} (sha256 {sha256[:16]}…, drawn on {baseline_backend}), loaded by "
                       f"every run" + (f" of {size}" if size else ""))
 
-    runs, entries, report_failures = [], [], []
-    for number, (spec, repeat) in enumerate(schedule, start=1):
-        name = f"run '{spec.label}'" + (f" (repeat {repeat} of {plan.repeats})" if plan.repeats > 1 else "")
-        result_file = plan.run_file(spec, repeat)
-        extras = [argument for extra in spec.extras for argument in ("--extra", extra)]
-        started = time.perf_counter()
-        before = os.stat(result_file).st_mtime_ns if os.path.exists(result_file) else None  # --overwrite
-        with console.status(f"[{number}/{len(schedule)}] {name}: training in its own process"):
-            failure = run_child(["train", "--backend", spec.backend, *extras, *plan.configuration,
-                                 *spec.size_arguments(), "--initial-weights", weights[spec.sizes]["file"],
-                                 "--out", result_file, "--report", "none", "--run-group", plan.group, *overwrite],
-                                plan.run_file(spec, repeat, ".log"), name, spec.processes)
-        if failure and failure.exit_code == ReportingFailed.EXIT_CODE:
-            report_failures.append(failure)  # the run completed; only one of its trackers failed
-            failure = None
-        written = os.path.exists(result_file) and os.stat(result_file).st_mtime_ns != before
-        if failure and plan.reporters and written:  # a partial result is reported too
-            report_failures += run_reporters(plan.reporters, registry, _read_result(result_file, name), console,
-                                             result_file)
-        _require_success(failure)
-        result = _read_result(result_file, name)
-        report_failures += run_reporters(plan.reporters, registry, result, console, result_file)
-        if result["config"].get("initial_weights_sha256") != weights[spec.sizes]["sha256"]:
-            raise RunFailure(f"{name} did not start from {weights[spec.sizes]['file']}: it records sha256 "
-                             f"{result['config'].get('initial_weights_sha256')}")
-        tokens = result["timing"]["tokens_per_s"]
-        console.print(f"[{number}/{len(schedule)}] {spec.label}" + (f" #{repeat}" if plan.repeats > 1 else "") +
-                      f": {time.perf_counter() - started:.1f} s, "
-                      f"{'n/a' if tokens is None else f'{tokens:,.0f}'} tokens/s, "
-                      f"final loss {result['history'][-1]['loss']:.3f}")
-        runs.append(LoadedRun(result, result_file))
-        entries.append({"label": spec.label, "repeat": repeat, "result_file": os.path.abspath(result_file),
-                        "log_file": os.path.abspath(plan.run_file(spec, repeat, ".log")), "result": result})
 
-    comparison = build_comparison(runs, baseline=plan.baseline, parity_steps=plan.parity_steps,
-                                  parity_tolerance=plan.parity_tolerance)
+def _overwrite(plan):
+    return ["--overwrite"] if plan.overwrite else []
+
+
+def _run_name(plan, spec, repeat):
+    return f"run '{spec.label}'" + (f" (repeat {repeat} of {plan.repeats})" if plan.repeats > 1 else "")
+
+
+def train_one(plan, registry, console, progress, number, spec, repeat):
+    """Trains one run of the schedule in its own process and adds its result to `progress`; returns the
+    reporters' failures."""
+    name, total = _run_name(plan, spec, repeat), len(plan.specs) * plan.repeats
+    result_file, log_file = plan.run_file(spec, repeat), plan.run_file(spec, repeat, ".log")
+    weights = progress.weights[spec.shape]
+    extras = [argument for extra in spec.extras for argument in ("--extra", extra)]
+    started = time.perf_counter()
+    before = os.stat(result_file).st_mtime_ns if os.path.exists(result_file) else None  # --overwrite
+    progress.doing, progress.log_file, progress.run = name, log_file, (spec, repeat, result_file, before)
+    report_failures = []
+    with console.status(f"[{number}/{total}] {name}: training in its own process"):
+        failure = run_child(["train", "--backend", spec.backend, *extras, *plan.configuration,
+                             *spec.size_arguments(), "--initial-weights", weights["file"],
+                             "--out", result_file, "--report", "none", "--run-group", plan.group, *_overwrite(plan)],
+                            log_file, name, spec.processes, spec.interpreter)
+    progress.run = None
+    if failure and failure.exit_code == ReportingFailed.EXIT_CODE:
+        report_failures.append(failure)  # the run completed; only one of its trackers failed
+        failure = None
+    if failure and plan.reporters and _written(result_file, before):  # a partial result is reported too
+        report_failures += run_reporters(plan.reporters, registry, _read_result(result_file, name), console,
+                                         result_file)
+    _require_success(failure)
+    result = _read_result(result_file, name)
+    report_failures += run_reporters(plan.reporters, registry, result, console, result_file)
+    if result["config"].get("initial_weights_sha256") != weights["sha256"]:
+        raise RunFailure(f"{name} did not start from {weights['file']}: it records sha256 "
+                         f"{result['config'].get('initial_weights_sha256')}")
+    tokens = result["timing"]["tokens_per_s"]
+    console.print(f"[{number}/{total}] {spec.label}" + (f" #{repeat}" if plan.repeats > 1 else "") +
+                  f": {time.perf_counter() - started:.1f} s, "
+                  f"{'n/a' if tokens is None else f'{tokens:,.0f}'} tokens/s, "
+                  f"final loss {result['history'][-1]['loss']:.3f}")
+    progress.add(spec, repeat, result, result_file, log_file)
+    return report_failures
+
+
+def _written(path, mtime_before):
+    """Whether the run wrote `path` (a file there before it, kept by --overwrite until then, is not its own)."""
+    return os.path.exists(path) and os.stat(path).st_mtime_ns != mtime_before
+
+
+def write_combined(plan, progress, status="completed", status_reason=None):
+    """Builds the comparison of the runs that finished and writes the combined JSON; returns (Comparison, JSON)."""
+    # The baseline spec's first run (an interrupted comparison may lack it): its label in the comparison may
+    # name more than the spec's (a key another run sweeps).
+    baseline = next((run for run, entry in zip(progress.runs, progress.entries)
+                     if entry["label"] == plan.baseline_spec.label), None)
+    comparison = build_comparison(progress.runs, baseline=baseline,
+                                  parity_steps=plan.parity_steps, parity_tolerance=plan.parity_tolerance)
     figures = to_json_dict(comparison)
     del figures["kind"]
+    weights = progress.weights
     combined = {
         "kind": COMPARE_KIND,
         "schema_version": COMPARE_SCHEMA_VERSION,
+        "status": status,
+        "status_reason": status_reason,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": shlex.join(["mtbench", *sys.argv[1:]]),
-        "initial_weights": weights[plan.baseline_spec.sizes],
-        "initial_weights_by_size": {size_label(dict(sizes)): record for sizes, record in weights.items()},
-        "run_order": "round-robin: every run once, then every run again for each further repeat",
+        "initial_weights": weights[plan.baseline_spec.shape],
+        "initial_weights_by_size": {shape_label(shape): record for shape, record in weights.items()},
+        "run_order": "round-robin: every run once, then every run again for each further repeat (each run's "
+                     "`position` is its place in that order)",
         **figures,
         "env": host_environment(),
-        "runs": entries,
+        "runs": progress.entries,
     }
     write_json_atomic(plan.out, combined)
-    return comparison, combined, report_failures
+    return comparison, combined
+
+
+def interrupted(plan, progress):
+    """After a Ctrl-C: keeps the interrupted run's partial result, writes the combined JSON of every run that has
+    a result (status 'interrupted'), and returns the one-line error naming what was written (exit code 130)."""
+    total = len(plan.specs) * plan.repeats
+    finished = len(progress.entries)
+    kept = [f"log {progress.log_file}"] if progress.log_file and os.path.exists(progress.log_file) else []
+    if progress.run:
+        spec, repeat, result_file, before = progress.run
+        result = _partial_result(result_file, before)
+        if result is None:
+            kept.insert(0, f"no result from {progress.doing}")
+        else:
+            kept.insert(0, f"its partial result {result_file}")
+            progress.add(spec, repeat, result, result_file, progress.log_file)
+    reason = f"interrupted during {progress.doing} ({finished} of {total} runs finished)"
+    if progress.entries:
+        try:
+            write_combined(plan, progress, "interrupted", reason)
+            kept.append(f"the {len(progress.entries)} result(s) combined in {plan.out} (status interrupted)")
+        except MtbenchError as error:
+            kept.append(f"no combined JSON ({error})")
+    elif progress.weights:
+        kept.append("no run finished: no combined JSON")
+    else:
+        kept.append("nothing was trained")
+    return RunInterrupted(f"{reason}; {'; '.join(kept)}", 130)
+
+
+def _partial_result(path, mtime_before):
+    """The result an interrupted run wrote (partial, or complete when it finished first), or None."""
+    if not _written(path, mtime_before):
+        return None
+    try:
+        result = _read_result(path, "the interrupted run")
+    except RunFailure:  # killed while writing: atomic writes leave no half file, but a foreign one may be there
+        return None
+    return result if isinstance(result, dict) and result.get("history") is not None else None
 
 
 def require_parity(comparison, out):

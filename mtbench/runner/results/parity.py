@@ -23,6 +23,10 @@ class ParityPair:
     max_relative_difference: float
     at_step: int
     within_tolerance: bool
+    # The first step where one run's loss is null (not finite: it diverged) and the other's is not; steps from
+    # there on are not compared, and the pair is not within tolerance. None when both curves have every loss.
+    diverged_at: int = None
+    diverged_run: str = None
 
 
 @dataclass
@@ -50,6 +54,12 @@ class ParityReport:
         lines = []
         for pair in self.pairs:
             verdict = "within" if pair.within_tolerance else "NOT within"
+            if pair.diverged_at is not None:
+                lines.append(f"parity {pair.run} vs {pair.reference} ({pair.dtype}): {pair.diverged_run}'s loss is "
+                             f"not finite from step {pair.diverged_at}, the other's is; over the "
+                             f"{pair.diverged_at - 1} steps before, largest relative loss difference "
+                             f"{percent(pair.max_relative_difference)}, NOT within {percent(self.tolerance)}")
+                continue
             lines.append(f"parity {pair.run} vs {pair.reference} ({pair.dtype}, first {pair.steps} steps): "
                          f"largest relative loss difference {percent(pair.max_relative_difference)} at step "
                          f"{pair.at_step}, {verdict} {percent(self.tolerance)}")
@@ -67,13 +77,27 @@ def loss_curve(result, steps):
 
 
 def compare_curves(reference, run):
-    """(largest |run - reference| / |reference|, the 1-based step where it occurs) over their common steps."""
+    """(largest |run - reference| / |reference|, the 1-based step where it occurs) over their common steps, up to
+    the first step where a loss is null (a diverged run writes its non-finite loss as null)."""
     worst, at_step = 0.0, 1
     for step, (expected, actual) in enumerate(zip(reference, run), start=1):
+        if expected is None or actual is None:
+            break
         difference = abs(actual - expected) / max(abs(expected), 1e-12)
         if difference > worst or difference != difference:  # NaN is the worst difference of all
             worst, at_step = difference, step
     return worst, at_step
+
+
+def first_lone_null(reference, run, reference_name, name):
+    """(the first 1-based step where exactly one curve's loss is null, the name of that run), or (None, None).
+    Both null at the same step: both diverged there, as the same computation would."""
+    for step, (expected, actual) in enumerate(zip(reference, run), start=1):
+        if (expected is None) != (actual is None):
+            return step, reference_name if expected is None else name
+        if expected is None:
+            break
+    return None, None
 
 
 def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLERANCE):
@@ -97,9 +121,12 @@ def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLE
         if common == 0:
             report.unchecked.append([name, "no training steps to compare"])
             continue
-        worst, at_step = compare_curves(loss_curve(reference, common), loss_curve(result, common))
+        reference_curve, curve = loss_curve(reference, common), loss_curve(result, common)
+        worst, at_step = compare_curves(reference_curve, curve)
+        diverged_at, diverged_run = first_lone_null(reference_curve, curve, reference_name, name)
         report.pairs.append(ParityPair(reference_name, name, dtype, common, worst, at_step,
-                                       within_tolerance=worst <= tolerance))
+                                       within_tolerance=worst <= tolerance and diverged_at is None,
+                                       diverged_at=diverged_at, diverged_run=diverged_run))
     for dtype, (name, _) in reference_by_dtype.items():
         if runs_by_dtype[dtype] == 1:
             report.unchecked.append([name, f"no other {dtype} run to compare with"])

@@ -1,4 +1,6 @@
-"""The comparison as a picture: training-loss curves of every run on one chart, and steady tokens/s as bars.
+"""The comparison as a picture: training-loss curves of every run on one chart, and steady tokens/s as bars; for
+a sweep (runs that differ in one size flag, the batch size, the max length or the max tokens), tokens/s against
+the swept value too, one line per backend and extras.
 
 matplotlib is optional (`pip install 'mtbench[plot]'`) and imported only here, when a plot is asked for. The
 figure is built with matplotlib's object API on the Agg canvas: no pyplot, no global state, no display needed.
@@ -7,9 +9,11 @@ figure is built with matplotlib's object API on the Agg canvas: no pyplot, no gl
 import io
 
 from mtbench.errors import MtbenchError
-from mtbench.plugins.api import run_label
+from mtbench.plugins.api import SIZE_KEYS, run_name, run_processes
+from mtbench.runner.config import SIZE_FIELDS
 from mtbench.runner.files import write_bytes_atomic
-from mtbench.runner.results.report import describe_configuration
+from mtbench.runner.results.report import (KEY_DEFAULTS, SWEEP_KEYS, describe_configuration, environment_names,
+                                           interpreter, versions_text)
 
 LINE_STYLES = ("-", "--", ":", "-.")
 
@@ -24,20 +28,92 @@ def _matplotlib():
 
 
 def series_label(comparison, group):
-    """Backend, extras and dtype of a run, and its hardware where the runs did not all share one."""
-    parts = [run_label(group.first), group.dtype]
+    """The run's label in the comparison (backend, extras, size, swept keys), its dtype, and its hardware where the
+    runs did not all share one (each unless the label names it already)."""
+    parts = [group.label, group.dtype]
     if comparison.shared_hardware() is None:
         parts.append(group.hardware)
-    return " · ".join(parts)
+    return " · ".join(dict.fromkeys(part for part in parts if part == group.label or part not in group.label))
+
+
+def _configured(result, key):
+    return result["config"].get(key, KEY_DEFAULTS.get(key))
+
+
+def swept_value(result, key):
+    """The value of `key` a run trained with: a size flag left unset is the preset's (config.model)."""
+    value = _configured(result, key)
+    if value is None and key in SIZE_KEYS:
+        return (result["config"].get("model") or {}).get(SIZE_FIELDS.get(key, "encoder_layers"))
+    return value
+
+
+def sweep_key(comparison):
+    """The one size flag or sweep key (configuration key) the runs differ in, or None where they differ in none
+    or in several (d-model and heads together are no curve of one value)."""
+    results = [group.first for group in comparison.groups]
+    varying = [key for key in (*SIZE_KEYS, *SWEEP_KEYS) if len({_configured(result, key) for result in results}) > 1]
+    return varying[0] if len(varying) == 1 else None
+
+
+def sweep_series(comparison, key):
+    """{series name: [(swept value, group)] sorted by value}: one series per backend, extras, processes, dtype,
+    hardware and environment, in the order of `comparison.groups`; runs without a value of `key` are left out."""
+    groups = comparison.groups
+    paths = {interpreter(group.first) for group in groups}
+    names = environment_names(path for path in paths if path) if len(paths) > 1 else {}
+    hardware_shown = comparison.shared_hardware() is None
+    series = {}  # (name, versions) -> points
+    for group in groups:
+        result, value = group.first, swept_value(group.first, key)
+        if value is None:
+            continue
+        sizes = {k: v for k, v in result["config"].items() if k != key}
+        python = [("python", names[interpreter(result)])] if interpreter(result) in names else []
+        parts = [run_name(result["backend"], result["extras"], sizes, run_processes(result), python), group.dtype]
+        parts += [group.hardware] if hardware_shown else []
+        series.setdefault((" · ".join(parts), versions_text(result)), []).append((value, group))
+    named = {}
+    for (name, versions), points in series.items():  # versions only where they tell two lines apart
+        twins = sum(1 for other, _ in series if other == name) > 1
+        named[f"{name} · {versions}" if twins else name] = sorted(points, key=lambda point: point[0])
+    return named
+
+
+def _draw_sweep(axes, comparison, key):
+    flag = key.replace("_", "-")
+    values = set()
+    for index, (name, points) in enumerate(sweep_series(comparison, key).items()):
+        xs = [value for value, _ in points]
+        stats = [group.stat("tokens_per_s") for _, group in points]
+        ys = [stat.median if stat.median is not None else float("nan") for stat in stats]
+        repeated = any(len(group.runs) > 1 for _, group in points)
+        errors = [[y - stat.low if stat.median is not None else 0.0 for y, stat in zip(ys, stats)],
+                  [stat.high - y if stat.median is not None else 0.0 for y, stat in zip(ys, stats)]]
+        (line,) = axes.plot(xs, ys, label=name, marker="o", linestyle=LINE_STYLES[index % len(LINE_STYLES)])
+        if repeated:
+            axes.errorbar(xs, ys, yerr=errors, fmt="none", ecolor=line.get_color(), capsize=4)
+        values.update(xs)
+    if values and min(values) > 0 and max(values) >= 4 * min(values):
+        axes.set_xscale("log", base=2)
+    axes.set_xticks(sorted(values), labels=[f"{value:g}" for value in sorted(values)])
+    axes.minorticks_off()
+    axes.set(xlabel=f"--{flag}", ylabel="target tokens/s (steady steps)", title=f"Throughput against --{flag}")
+    axes.legend()
 
 
 def comparison_figure(comparison):
     """Returns the matplotlib Figure: axes[0] the loss curves (first repeat of each run, one line each, in the
-    order of `comparison.groups`), axes[1] the tokens/s bars (median, min–max as error bars)."""
+    order of `comparison.groups`), axes[1] the tokens/s bars (median, min–max as error bars), and for a sweep
+    (`sweep_key`) axes[2], tokens/s against the swept value, one line per `sweep_series`."""
     Figure, FigureCanvasAgg = _matplotlib()
-    figure = Figure(figsize=(12, 4.8), layout="constrained")
+    swept = sweep_key(comparison)
+    figure = Figure(figsize=(18 if swept else 12, 4.8), layout="constrained")
     FigureCanvasAgg(figure)
-    loss_axes, speed_axes = figure.subplots(1, 2)
+    axes = figure.subplots(1, 3 if swept else 2)
+    loss_axes, speed_axes = axes[:2]
+    if swept:
+        _draw_sweep(axes[2], comparison, swept)
     labels = [series_label(comparison, group) for group in comparison.groups]
 
     colours = []
@@ -58,7 +134,9 @@ def comparison_figure(comparison):
     above = [stat.high - stat.median if stat.median is not None else 0.0 for stat in stats]
     repeated = any(len(group.runs) > 1 for group in comparison.groups)
     speed_axes.bar(range(len(labels)), heights, yerr=[below, above] if repeated else None, capsize=4,
-                   tick_label=[label.replace(" · ", "\n") for label in labels], color=colours)
+                   tick_label=[label.replace(" · ", "\n").replace(":", "\n").replace(",", "\n") for label in labels], color=colours)
+    if len(labels) > 4:  # a sweep's labels are long: smaller, so that neighbours do not overlap
+        speed_axes.tick_params(axis="x", labelsize=7)
     speed_axes.set(ylabel="target tokens/s (steady steps)",
                    title="Throughput" + (" (median, min–max of repeats)" if repeated else ""))
 

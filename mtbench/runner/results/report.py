@@ -9,6 +9,7 @@ import csv
 import dataclasses
 import io
 import json
+import os
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -16,15 +17,17 @@ from rich.table import Table
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig, decoding_name
-from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_label,
-                                 run_processes, size_label)
+from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name,
+                                 run_processes, run_warnings, scored_sentences_text, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import schema_errors
 
 COMPARE_KIND = "mtbench-compare"
 REPORT_KIND = "mtbench-report"
-# What a comparison is about: these may differ between the runs compared (the size flags: a size sweep).
-COMPARED_KEYS = ("backend", "extras", "dtype", *SIZE_KEYS)
+# What a sweep may vary beside the model size (configuration keys; with dashes, the --matrix keys and labels').
+SWEEP_KEYS = ("batch_size", "max_len", "max_tokens")
+# What a comparison is about: these may differ between the runs compared (a size sweep, a batch or length sweep).
+COMPARED_KEYS = ("backend", "extras", "dtype", *SIZE_KEYS, *SWEEP_KEYS)
 # Derived from the keys above and the rest of the configuration, so never a difference of their own.
 DERIVED_KEYS = ("model", "parameters")
 # Where a run's files went, and how its start was written down (the weights' hash is compared instead).
@@ -33,6 +36,9 @@ BOOKKEEPING_KEYS = ("out", "overwrite", "cache_dir", "initial_weights", "log_eve
                     "run_group", "price_per_hour", "save_model")
 # A result written before a configuration key existed ran with its default.
 KEY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+# Except the float32 arithmetic: before it was set, XLA ran TF32 on GPUs and torch did not, so a result without it
+# matches no precision.
+del KEY_DEFAULTS["matmul_precision"]
 
 
 @dataclass
@@ -86,23 +92,80 @@ def load_runs(paths):
 def configuration_differences(reference, other):
     """[(key, reference value, other value)] for every configuration key that matters and differs."""
     ignored = set(COMPARED_KEYS) | set(BOOKKEEPING_KEYS) | set(DERIVED_KEYS)
-    if size_label(reference) != size_label(other):
-        ignored.add("initial_weights_sha256")  # models of different sizes start from weights of their own shapes
+    if model_shape(reference) != model_shape(other):
+        ignored.add("initial_weights_sha256")  # models of different shapes start from weights of their own shapes
     keys = [k for k in dict.fromkeys([*reference, *other]) if k not in ignored]
     value = lambda config, key: config.get(key, KEY_DEFAULTS.get(key))
     return [(k, value(reference, k), value(other, k)) for k in keys if value(reference, k) != value(other, k)]
 
 
 def check_comparable(runs):
-    """Refuses runs whose configurations differ beyond backend, extras and dtype, naming the keys."""
+    """Refuses runs whose configurations differ beyond what a comparison may vary, naming the keys."""
     reference = runs[0]
     for run in runs[1:]:
         differences = configuration_differences(reference.result["config"], run.result["config"])
         if differences:
             listed = ", ".join(f"{key} ({a!r} vs {b!r})" for key, a, b in differences)
             raise MtbenchError(f"not comparable: {run.source} differs from {reference.source} in {listed}; "
-                               f"only backend, extras, dtype and the model size flags may differ (--force reports "
-                               f"them anyway)")
+                               f"only backend, extras, dtype, the model size flags, batch size, max length and "
+                               f"max tokens may differ (--force reports them anyway)")
+
+
+def model_shape(config):
+    """What the initial weights' shapes follow beside the configuration a comparison shares: the size flags, and
+    --max-len (the position embeddings)."""
+    return size_label(config), config.get("max_len")
+
+
+def swept_keys(results):
+    """The SWEEP_KEYS whose value differs between the results: what their labels name."""
+    return tuple(key for key in SWEEP_KEYS
+                 if len({result["config"].get(key, KEY_DEFAULTS.get(key)) for result in results}) > 1)
+
+
+def sweep_settings(result, keys):
+    """[(flag, value)] of the swept `keys` a run set (a key it left unset, such as --max-tokens, is not named)."""
+    values = ((key, result["config"].get(key, KEY_DEFAULTS.get(key))) for key in keys)
+    return [(key.replace("_", "-"), value) for key, value in values if value is not None]
+
+
+def interpreter(result):
+    """The Python executable a run ran under (None in results written before it was recorded)."""
+    return result["env"].get("python_executable")
+
+
+def environment_names(paths):
+    """{interpreter path: its short name}: the directory of its environment ('venv-old' of venv-old/bin/python),
+    with as many parent directories as it takes to tell the given ones apart ('a-.venv', 'b-.venv')."""
+    paths = list(dict.fromkeys(paths))
+
+    def parts(path):
+        directory = os.path.dirname(path)
+        root = os.path.dirname(directory) if os.path.basename(directory) in ("bin", "Scripts") else path
+        return [part for part in root.split(os.sep) if part] or [path]
+
+    for depth in range(1, max((len(parts(path)) for path in paths), default=1) + 1):
+        names = {path: "-".join(parts(path)[-depth:]) for path in paths}
+        if len(set(names.values())) == len(paths):
+            return names
+    return {path: "-".join(part for part in path.split(os.sep) if part) for path in paths}
+
+
+def comparison_labels(results):
+    """Each result's label in a comparison: `run_label`, then the swept keys whose value differs between the
+    runs (`jax:batch-size=16`), then, where the runs ran under different interpreters, `python=NAME` of each
+    (`torch:python=venv-old`): the names `--matrix` gives such runs."""
+    swept = swept_keys(results)
+    paths = {path for path in map(interpreter, results) if path}
+    names = environment_names(sorted(paths)) if len(paths) > 1 else {}
+    labels = []
+    for result in results:
+        settings = sweep_settings(result, swept)
+        if interpreter(result) in names:
+            settings.append(("python", names[interpreter(result)]))
+        labels.append(run_name(result["backend"], result["extras"], result["config"], run_processes(result),
+                               settings))
+    return labels
 
 
 @dataclass(frozen=True)
@@ -146,33 +209,39 @@ class RunGroup:
         figure = FIGURES_BY_KEY[key]
         return Stat.of([figure.value(result) for result in self.results])
 
+    def warnings(self):
+        """Every repeat's warnings (`run_warnings`), each named by its repeat where there are several."""
+        if len(self.runs) == 1:
+            return run_warnings(self.first)
+        return [f"#{number}: {text}" for number, result in enumerate(self.results, start=1)
+                for text in run_warnings(result)]
+
     def versions(self):
-        env = self.first["env"]
-        framework = ", ".join(f"{name} {version}" for name, version in
-                              (env.get("backend_versions") or {}).items())
-        return f"{framework}, keras {env['keras']}" if framework else f"keras {env['keras']}"
+        return versions_text(self.first)
 
 
-def _group_key(result):
-    return run_label(result), run_dtype(result), hardware(result)
+def versions_text(result):
+    """'jax 0.10.2, jaxlib 0.10.2, keras 3.15.1, python 3.11.7': the software a run trained with."""
+    env = result["env"]
+    framework = ", ".join(f"{name} {version}" for name, version in (env.get("backend_versions") or {}).items())
+    python = f", python {env['python']}" if env.get("python") else ""
+    return (f"{framework}, " if framework else "") + f"keras {env['keras']}" + python
 
 
 def group_runs(runs):
-    """Groups repeats, in the order runs first appear. A label names the backend and extras, and adds the dtype
-    or the hardware only where runs of the same backend and extras differ in them."""
+    """Groups repeats, in the order runs first appear. A label is the run's name in the comparison
+    (`comparison_labels`: backend, extras, size, the swept keys, another interpreter), with the dtype, the
+    hardware or the versions added only where runs of the same name differ in them: runs of different versions
+    are never repeats of one run."""
     by_key = {}
-    for run in runs:
-        by_key.setdefault(_group_key(run.result), []).append(run)
+    for run, label in zip(runs, comparison_labels([run.result for run in runs])):
+        key = (label, run_dtype(run.result), hardware(run.result), versions_text(run.result))
+        by_key.setdefault(key, []).append(run)
     groups = []
     for key, members in by_key.items():
-        base, dtype, machine = key
-        namesakes = [k for k in by_key if k[0] == base]
-        details = []
-        if len({k[1] for k in namesakes}) > 1:
-            details.append(dtype)
-        if len({k[2] for k in namesakes}) > 1:
-            details.append(machine)
-        groups.append(RunGroup(f"{base} ({', '.join(details)})" if details else base, members))
+        namesakes = [k for k in by_key if k[0] == key[0]]
+        details = [key[i] for i in (1, 2, 3) if len({k[i] for k in namesakes}) > 1]
+        groups.append(RunGroup(f"{key[0]} ({', '.join(details)})" if details else key[0], members))
     return groups
 
 
@@ -181,11 +250,13 @@ class Comparison:
     groups: list
     baseline: RunGroup
     parity: object  # parity.ParityReport
+    swept: tuple = ()  # the SWEEP_KEYS whose value differs between the runs
 
     @property
     def config(self):
-        """The configuration the runs share (what may differ between them left out)."""
-        per_run = set(COMPARED_KEYS) | set(DERIVED_KEYS) | {"out", "overwrite"}
+        """The configuration the runs share (what may differ between them left out; a sweep key the runs share is
+        shared configuration)."""
+        per_run = (set(COMPARED_KEYS) - set(SWEEP_KEYS)) | set(self.swept) | set(DERIVED_KEYS) | {"out", "overwrite"}
         return {k: v for k, v in self.baseline.first["config"].items() if k not in per_run}
 
     def speedup(self, group):
@@ -194,8 +265,8 @@ class Comparison:
         return mine / theirs if mine is not None and theirs else None
 
     def scaling(self, group):
-        """A run of N processes against the run of one process it scales (the same backend, extras less those
-        that span the processes, dtype and hardware): {'processes', 'against', 'efficiency'}, the efficiency
+        """A run of N processes against the run of one process it scales (the same backend, train step, extras
+        less those that span the processes, dtype and hardware): {'processes', 'against', 'efficiency'}, the efficiency
         being N-process tokens/s over N x one-process tokens/s (medians over repeats); None for a run of one
         process, or of N without its one-process run in the comparison."""
         count = run_processes(group.first)
@@ -206,22 +277,49 @@ class Comparison:
         for other in self.groups:
             result = other.first
             if (run_processes(result) == 1 and result["backend"] == group.first["backend"]
-                    and list(result["extras"]) == single and other.dtype == group.dtype
-                    and other.hardware == group.hardware):
+                    and list(result["extras"]) == single and result.get("train_step") == group.first.get("train_step")
+                    and other.dtype == group.dtype
+                    and other.hardware == group.hardware and _settings(result) == _settings(group.first)):
                 mine, theirs = group.stat("tokens_per_s").median, other.stat("tokens_per_s").median
                 efficiency = mine / (count * theirs) if mine is not None and theirs else None
                 return {"processes": count, "against": other.label, "efficiency": efficiency}
         return None
+
+    def ranking(self):
+        """The runs by median tokens/s, fastest first, and whether that order can be trusted: `reason` says why not
+        (the fastest and the next overlap over their repeats, or either carries a warning), else None."""
+        timed = [group for group in self.groups if group.stat("tokens_per_s").median is not None]
+        order = sorted(timed, key=lambda group: group.stat("tokens_per_s").median, reverse=True)
+        reasons = []
+        if len(order) > 1:
+            first, second = order[0], order[1]
+            fast, next_ = first.stat("tokens_per_s"), second.stat("tokens_per_s")
+            if max(len(first.runs), len(second.runs)) > 1 and fast.low <= next_.high:
+                reasons.append(f"the tokens/s of {first.label} ({_range(fast)}) and {second.label} ({_range(next_)}) "
+                               f"overlap over their repeats")
+            warned = [group.label for group in (first, second) if group.warnings()]
+            if warned:
+                reasons.append(f"{' and '.join(warned)} carr{'ies' if len(warned) == 1 else 'y'} warnings (see "
+                               f"the warnings row)")
+        return {"order": [group.label for group in order], "reliable": not reasons,
+                "reason": "; ".join(reasons) or None}
 
     def shared_hardware(self):
         machines = {group.hardware for group in self.groups}
         return machines.pop() if len(machines) == 1 else None
 
 
-def parity_class(result):
-    """Runs held to the same loss curve: the same dtype policy and the same model size."""
-    size = size_label(result["config"])
-    return f"{run_dtype(result)}, {size}" if size else run_dtype(result)
+def _settings(result):
+    """What else a run of N processes and the one-process run it scales must share: size, sweep keys, Python."""
+    return ([result["config"].get(key, KEY_DEFAULTS.get(key)) for key in (*SIZE_KEYS, *SWEEP_KEYS)],
+            interpreter(result), versions_text(result))
+
+
+def parity_class(result, swept=()):
+    """Runs held to the same loss curve: the same dtype policy, the same model size and the same batches (the
+    `swept` keys among batch size, max length and max tokens; their values name the class where they vary)."""
+    settings = ",".join(f"{flag}={value}" for flag, value in sweep_settings(result, swept))
+    return ", ".join(part for part in (run_dtype(result), size_label(result["config"]), settings) if part)
 
 
 def _parity_names(groups):
@@ -230,19 +328,24 @@ def _parity_names(groups):
 
 
 def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS, parity_tolerance=PARITY_TOLERANCE):
+    """`baseline`: a group's label, or one of `runs` (compare names its baseline run so, whatever its label)."""
     if not force:
         check_comparable(runs)
     groups = group_runs(runs)
     labels = [group.label for group in groups]
     if baseline is None:
         chosen = groups[0]
+    elif isinstance(baseline, LoadedRun):
+        chosen = next(group for group in groups if any(run is baseline for run in group.runs))
     elif baseline in labels:
         chosen = groups[labels.index(baseline)]
     else:
         raise MtbenchError(f"--baseline '{baseline}' is none of the runs: {', '.join(labels)}")
     ordered = [chosen] + [group for group in groups if group is not chosen]
-    parity = check_parity(_parity_names(ordered), parity_class, steps=parity_steps, tolerance=parity_tolerance)
-    return Comparison(groups, chosen, parity)
+    swept = swept_keys([run.result for run in runs])
+    parity = check_parity(_parity_names(ordered), lambda result: parity_class(result, swept), steps=parity_steps,
+                          tolerance=parity_tolerance)
+    return Comparison(groups, chosen, parity, swept)
 
 
 # ---- rendering -------------------------------------------------------------------------------------------------
@@ -253,6 +356,11 @@ def _cell(group, figure):
     if figure.is_timing and len(group.runs) > 1 and stat.median is not None:
         text += f" ({figure.text(stat.low)}–{figure.text(stat.high)})"
     return text
+
+
+def _range(stat):
+    figure = FIGURES_BY_KEY["tokens_per_s"]
+    return figure.text(stat.low) if stat.low == stat.high else f"{figure.text(stat.low)}–{figure.text(stat.high)}"
 
 
 def _speedup_cell(comparison, group):
@@ -272,6 +380,7 @@ def table_cells(comparison):
         ["versions", *(group.versions() for group in groups)],
         *([title, *(text(group.first) for group in groups)] for _, title, text in RUN_CHOICES),
         ["runs (repeats)", *(str(len(group.runs)) for group in groups)],
+        ["warnings", *("\n".join(group.warnings()) or "none" for group in groups)],
     ]
     rows += [[figure.title, *(_cell(group, figure) for group in groups)] for figure in FIGURES]
     rows.append([f"speed-up vs {comparison.baseline.label} (tokens/s)",
@@ -290,16 +399,25 @@ def _scaling_cell(comparison, group):
 
 
 def describe_configuration(config):
+    """The configuration in one line; a swept batch size or max length (absent from a comparison's shared
+    configuration) reads 'per run'."""
     length = f"{config['steps']} steps" if config.get("epochs") is None else f"{config['epochs']} epochs"
     corpus = config.get("data_file") or config["dataset"]
-    return (f"{corpus}, preset {config['preset']}, {length} x batch {config['batch_size']}, "
-            f"max-len {config['max_len']}, max-pairs {config.get('max_pairs') or 'all'}, seed {config['seed']}, "
+    tokens = config.get("max_tokens")
+    batch = f"{tokens} tokens" if tokens is not None else config.get("batch_size", "per run")
+    return (f"{corpus}, preset {config['preset']}, {length} x batch {batch}, "
+            f"max-len {config.get('max_len', 'per run')}, max-pairs {config.get('max_pairs') or 'all'}, "
+            f"seed {config['seed']}, "
             f"{decoding_name(config.get('beam', 1), config.get('length_penalty', 0.6))} decoding")
 
 
 def context_lines(comparison):
-    return [f"configuration: {describe_configuration(comparison.config)}", *comparison.parity.lines(),
-            *energy_and_cost_lines(comparison)]
+    ranking = comparison.ranking()
+    scored = scored_sentences_text(comparison.baseline.first)
+    return [f"configuration: {describe_configuration(comparison.config)}",
+            *([f"test sentences scored: {scored}"] if scored else []),
+            *([f"ranking not reliable: {ranking['reason']}"] if ranking["reason"] else []),
+            *comparison.parity.lines(), *energy_and_cost_lines(comparison)]
 
 
 def energy_and_cost_lines(comparison):
@@ -337,7 +455,7 @@ def to_markdown(comparison):
     header, rows = table_cells(comparison)
 
     def line(cells):
-        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+        return "| " + " | ".join(cell.replace("|", "\\|").replace("\n", "<br>") for cell in cells) + " |"
 
     lines = [line(header), "|" + "---|" + "---:|" * (len(header) - 1)]
     lines += [line(row) for row in rows]
@@ -357,6 +475,7 @@ def summary(comparison):
             "hardware": group.hardware,
             **{key: text(group.first) for key, _, text in RUN_CHOICES},
             "repeats": len(group.runs),
+            "warnings": group.warnings(),
             "sources": [run.source for run in group.runs],
             "figures": {figure.key: asdict(group.stat(figure.key)) for figure in FIGURES},
             "speedup": comparison.speedup(group),
@@ -376,6 +495,7 @@ def to_json_dict(comparison):
         "scaling": {label: scaling for label, scaling in
                     ((group.label, comparison.scaling(group)) for group in comparison.groups) if scaling is not None},
         "parity": comparison.parity.to_dict(),
+        "ranking": comparison.ranking(),
     }
 
 
@@ -383,7 +503,8 @@ def to_json(comparison):
     return json.dumps(to_json_dict(comparison), indent=2) + "\n"
 
 
-CSV_IDENTITY = ("label", "backend", "extras", "dtype", "hardware", *(key for key, _, _ in RUN_CHOICES), "repeats")
+CSV_IDENTITY = ("label", "backend", "extras", "dtype", "hardware", *(key for key, _, _ in RUN_CHOICES), "repeats",
+                "warnings")
 
 
 def to_csv(comparison):
@@ -398,6 +519,7 @@ def to_csv(comparison):
     for entry in summary(comparison):
         row = {key: entry[key] for key in CSV_IDENTITY}
         row["extras"] = "+".join(entry["extras"])
+        row["warnings"] = "; ".join(entry["warnings"])
         for figure in FIGURES:
             stat = entry["figures"][figure.key]
             row[figure.key] = stat["median"]

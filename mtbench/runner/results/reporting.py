@@ -16,11 +16,10 @@ def run_reporters(reporters, registry, result, console, result_path, followed=Fa
     complete = result.get("status") == "completed"
     for reporter in reporters:
         try:
-            reporter.report(result, console, complete)
+            registry.call("reporters", reporter, "report", result, console, complete)
         except Exception as error:  # a third-party reporter: name it; the result itself is safe on disk
             plugin = registry.provider.get(("reporters", reporter.name), "?")
             failure = (f"reporter '{reporter.name}' of plugin '{plugin}' failed: {type(error).__name__}: {error}; "
                        f"the result is in {result_path}")
-            failures.append(failure)
-            registry.warn(failure)
+            failures.append(failure)  # the command ends with it, once: no warning besides
     return failures

@@ -1,6 +1,7 @@
 """The result of one training run, assembled from what each stage gave: the section of training figures (written
 as a partial result when training stopped early), then the evaluation's figures, then the file."""
 
+import json
 import os
 import time
 
@@ -18,18 +19,28 @@ EVALUATION_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy"
                       "bleu", "chrf", "bleu_signature", "chrf_signature", "test_sentences_scored", "decoding")
 
 
-def utilization(steady, backend, run, devices_used, config, all_backends):
-    """Model FLOP/s against the peak of the devices used (MFU)."""
+def utilization(steady, backend, run, devices_used, config, all_backends, family):
+    """Model FLOP/s (as the model family `family` counts them) against the peak of the devices used (MFU)."""
     peak_record = device_peak_record(backend, run.device, config.dtype, config.cache_dir, all_backends,
                                      matmul_precision=config.matmul_precision)
     peak, peak_source = peak_record["flops_per_s"], peak_record["source"]
     # Simulated devices share one CPU, whose measured peak already spans all its cores.
     peak_devices = 1 if run.device_kind == "cpu" else devices_used
     mfu = None if peak is None or steady["flops_per_s"] is None else steady["flops_per_s"] / (peak * peak_devices)
+    uncounted = f"model family '{family.name}' counts no training FLOPs (ModelFamily.training_flops)"
+    counted = steady["flops_per_s"] is not None or not steady["steady_steps"]
+    if mfu is not None:
+        reason = None
+    elif not steady["steady_steps"]:
+        reason = "no steady steps"
+    else:
+        reason = peak_source if counted else uncounted
     return {
-        "flops_per_step_note": "analytic: matmuls and attention of the padded batch, training = 3x forward",
+        "flops_per_step_note": f"ModelFamily.training_flops of model family '{family.name}' over each steady "
+                               f"step's padded batch" if counted else f"not counted: {uncounted}",
         "model_flops_per_s": steady["flops_per_s"],
         "peak_flops_per_s": peak, "peak_source": peak_source, "mfu": mfu,
+        "mfu_reason": reason,  # why MFU is null, else null
         # A measured (CPU) peak: when, and under what load; null for a datasheet's.
         "peak_measured_at": peak_record["measured_at"], "peak_load_average": peak_record["load_average"],
     }
@@ -40,10 +51,7 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
     """Every section of the result that training decides; the evaluation's metrics are null until
     `add_evaluation` fills them. `training_memory`: {'per_device': `Backend.device_memory()` read as training
     ended, 'peak_since': 'training start' or 'process start'}."""
-    extras_record = {}
-    for extra in plugins.extras:
-        with plugins.extra_code(extra):
-            extras_record[extra.name] = extra.record(run)
+    extras_record = extras_records(run, plugins)
     devices_used = max([record.get("devices", 1) for record in extras_record.values()] + [1])
     steady = outcome.timer.summary()
     state, clock = outcome.state, outcome.clock
@@ -59,7 +67,8 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
         "devices_used": devices_used,
         # The run's processes: each trained on its shard of every global batch; tokens/s counts the global batch.
         "processes": {**run.processes.record(max(devices_used // run.processes.world_size, 1)),
-                      "spanned_by": [extra.name for extra in plugins.extras if extra.spans_processes]},
+                      "spanned_by": [extra.name for extra in plugins.extras if extra.spans_processes],
+                "cpu_share": run.cpu_share},
         # The values used (the preset with the size flags over it, under "model") and what they add up to.
         # `model` is the shape built: a pretrained family's own, the vocabulary the tokenizer supports.
         "config": {**config.to_dict(), "model": built.model_shape.to_dict(), "initial_weights_sha256": weights_sha256,
@@ -78,7 +87,7 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
                   "path": plugins.model_path and os.path.abspath(plugins.model_path),
                   "parameters": int(built.model.count_params()), **built.model_shape.to_dict(),
                   "dtype_policy": built.model.dtype_policy.name,
-                  "attention": attention_implementations(run),
+                  "attention": attention_implementations(run, plugins.model),
                   # BLEU and chrF of the starting weights on the test set (pretrained models only)
                   "before_training": built.before_training,
                   "saved": None},
@@ -101,7 +110,7 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
             "compile_cache": compile_cache_section(run),
         },
         "utilization": utilization(steady, plugins.backend, run, devices_used, config,
-                                   registry.backends.values()),
+                                   registry.backends.values(), plugins.model),
         "memory": {"training": training_memory},
         "target": outcome.target.to_dict(),
         "metrics": _metrics_so_far(state.history),
@@ -113,11 +122,42 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
     }
 
 
-def attention_implementations(run):
+# The key of an extra's `extras_record` entry when its `record` failed: the failure, in place of a record.
+RECORD_FAILED = "record_failed"
+
+
+def extras_records(run, plugins):
+    """{extra: its `record(run)`}. A record that raises, or that is no JSON object, takes nothing else down: the
+    extra's entry is {RECORD_FAILED: the failure, naming the extra and its plugin} and the result is still written
+    (see `record_failures`)."""
+    records = {}
+    for extra in plugins.extras:
+        try:
+            record = extra.record(run)
+            if not isinstance(record, dict):
+                raise TypeError(f"it returned {type(record).__name__}, not a dict")
+            json.dumps(record)
+        except Exception as error:  # an extra's own code, after training: the run's figures are safe
+            plugin = plugins.registry.provider.get(("extras", extra.name), "?")
+            record = {RECORD_FAILED: f"extra '{extra.name}' of plugin '{plugin}' failed in record: "
+                                     f"{type(error).__name__}: {error}"}
+        records[extra.name] = record
+    return records
+
+
+def record_failures(result, result_path):
+    """A line for each extra whose record failed: the command ends with them (exit code 3, as for reporters)."""
+    return [f"{record[RECORD_FAILED]}; the result is in {result_path}, with this failure as extras_record['{name}']"
+            for name, record in result["extras_record"].items() if RECORD_FAILED in record]
+
+
+def attention_implementations(run, family):
     """What each kind of attention ran: the causal self-attention of the decoder, the attentions with a padding
     mask, and incremental decoding (`setup.choose_attention_kernels`, from what the extras asked for; a fused
-    kernel is asked for only by an extra that verifies it ran)."""
-    return dict(run.attention)
+    kernel is asked for only by an extra that verifies it ran). Only the kinds the model family's model runs
+    (`ModelFamily.attention_kinds`): none for a model without attention, or one whose attention mtbench does not
+    hold to a kernel."""
+    return {kind: name for kind, name in run.attention.items() if kind in family.attention_kinds}
 
 
 def compile_cache_section(run):

@@ -8,6 +8,7 @@ import json
 # 4: `config.matmul_precision` and `config.measure_only` (a completed measure-only run has no quality figures);
 # `env.matmul_precision` (what each framework reports it set), `model.attention` names the kernel class,
 # `train_step_detail`, `memory.training` (per device, training alone), and the compile cache per program.
+# Added under 4, as nothing existing changed: `machine_load` (the host's load around training), absent before.
 # A result of an earlier version still reads; docs/results.md describes every field.
 SCHEMA_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)

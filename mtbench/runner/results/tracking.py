@@ -28,8 +28,7 @@ class Trackers:
             plugin = self.registry.provider.get(("reporters", reporter.name), "?")
             message = (f"tracker '{reporter.name}' of plugin '{plugin}' failed in {method}: {type(error).__name__}: "
                        f"{error}; it follows this run no further")
-            self.failures.append(message)
-            self.registry.warn(message)
+            self.failures.append(message)  # the command ends with it, once: no warning besides
 
     def start(self, run):
         for reporter in list(self.active):

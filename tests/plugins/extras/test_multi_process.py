@@ -24,6 +24,9 @@ def torchrun(*args, env=None, timeout=600):
                           env=cli_environment(env), timeout=timeout)
 
 
+CPUS = sorted(os.sched_getaffinity(0))
+
+
 def assert_same_losses(history, reference):
     assert [h["step"] for h in history] == [h["step"] for h in reference]
     assert [h["tokens"] for h in history] == [h["tokens"] for h in reference]  # the global batches
@@ -41,7 +44,12 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
     assert_same_losses(result["history"], tiny_runs["jax"]["result"]["history"])
     assert result["processes"] == {"world_size": 2, "processes": 2, "devices_per_process": 1,
                                    "launcher": "torchrun", "collectives": "gloo",
-                                   "coordinator": result["processes"]["coordinator"], "spanned_by": ["data-parallel"]}
+                                   "coordinator": result["processes"]["coordinator"], "spanned_by": ["data-parallel"],
+                                   # Process 0's half of the cores: XLA's thread pool follows it.
+                                   "cpu_share": {"cpus": CPUS[:len(CPUS) // 2], "threads": len(CPUS) // 2,
+                                                 "of_cpus": len(CPUS), "local_processes": 2}}
+    # mtbench's jit step over the two processes' mesh, as one process trains with (not Keras's train_on_batch).
+    assert result["train_step"] == "jax-jit-stateless"
     assert result["extras_record"]["data-parallel"]["processes"] == 2
     assert result["extras_record"]["data-parallel"]["mesh_shape"] == [2]
     # Process 0 alone prints the table and writes: one result, one run directory.

@@ -3,7 +3,7 @@
 import pytest
 
 from mtbench.keras_models.presets import PRESETS
-from mtbench.runner.measurement.flops import forward_flops, training_flops
+from mtbench.keras_models.flops import forward_flops, training_flops
 from mtbench.runner.measurement.peaks import datasheet_peak
 
 

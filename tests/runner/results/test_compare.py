@@ -3,12 +3,13 @@
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
-from conftest import COMPARE_STEPS, ONE_BUCKET, TINY_COMPARE, env_with, run_cli
-from mtbench import run_dtype
+from conftest import COMPARE_STEPS, ONE_BUCKET, REPOSITORY, TINY_COMPARE, env_with, run_cli
+from mtbench import FIGURES, FIGURES_BY_KEY, run_dtype
 from mtbench.runner.results.parity import check_parity
 
 
@@ -253,3 +254,210 @@ def test_the_device_probe_asks_a_child_process():
     report = json.loads(proc.stdout)
     assert report["imported"] == []
     assert report["devices"]["jax"]["kind"] == report["devices"]["torch"]["kind"] == "cpu"
+
+
+# ---- sweeps beyond size, other environments, rerun --------------------------------------------------------------
+
+def environment_name(python):
+    """The label name of the environment an interpreter path lies in (venv/bin/python -> venv)."""
+    return os.path.basename(os.path.dirname(os.path.dirname(python)))
+
+
+def other_environment(directory):
+    """A virtual environment of its own, seeing this one's packages: its interpreter has a path of its own, as
+    another environment's would (its runs record it), on the same versions (no download here)."""
+    import site
+    import subprocess
+    import sys as system
+    subprocess.run([system.executable, "-m", "venv", "--without-pip", str(directory)], check=True)
+    version = f"python{system.version_info.major}.{system.version_info.minor}"
+    packages = directory / "lib" / version / "site-packages"
+    lines = [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages()]
+    (packages / "parent-environment.pth").write_text("\n".join(lines) + f"\n{REPOSITORY}\n")
+    return str(directory / "bin" / "python")
+
+
+def test_matrix_entries_sweep_batch_size_and_length_and_name_other_environments(tmp_path):
+    import sys as system
+    from mtbench.runner.results.compare import ComparePlan, plan_runs
+    specs = plan_runs(matrix="jax:batch-size=16;torch:batch-size=16;jax:batch-size=256,max-len=64,max-tokens=4096")
+    assert [spec.label for spec in specs] == ["jax:batch-size=16", "torch:batch-size=16",
+                                              "jax:batch-size=256,max-len=64,max-tokens=4096"]
+    assert specs[2].size_arguments() == ["--batch-size", "256", "--max-len", "64", "--max-tokens", "4096"]
+    plan = ComparePlan(specs, 1, None, [], str(tmp_path / "c.json"), False, 50, 0.01)
+    # the weights follow the model's shape: the max length sizes the position embeddings, the batch does not
+    assert [os.path.basename(plan.weights_file(spec)) for spec in plan.sizes()] == \
+        ["initial-weights.npz", "initial-weights-max-len=64.npz"]
+
+    old = str(tmp_path / "venv-old" / "bin" / "python")
+    runs = plan_runs(matrix=f"torch;torch:python={old}")
+    this = environment_name(system.executable)
+    assert [spec.label for spec in runs] == [f"torch:python={this}", "torch:python=venv-old"]
+    assert [(spec.interpreter, spec.foreign) for spec in runs] == [(system.executable, False), (old, True)]
+    twins = plan_runs(matrix=f"jax:python={tmp_path}/a/venv/bin/python;jax:python={tmp_path}/b/venv/bin/python")
+    assert [spec.label for spec in twins] == ["jax:python=a-venv", "jax:python=b-venv"]
+    assert plan_runs(matrix=f"jax:python={system.executable}")[0].label == "jax"  # this interpreter is no other
+
+
+@pytest.mark.parametrize("matrix, expected", [
+    ("jax:batch-size=many", "--matrix: batch-size=many in 'jax:batch-size=many' is not a number of the flag's kind"),
+    ("jax:width=3", "'width=3' in 'jax:width=3' is not flag=value with a size or sweep flag (layers, "),
+    ("jax;jax:python=/nonexistent/venv/bin/python",
+     "run 'jax:python=venv': python=/nonexistent/venv/bin/python: no such file"),
+])
+def test_bad_matrix_keys_fail_before_any_run(tmp_path, matrix, expected):
+    proc = run_cli("compare", "--matrix", matrix, "--out", str(tmp_path / "c.json"))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interpreter_that_cannot_run_mtbench_is_refused(tmp_path):
+    from mtbench.errors import MtbenchError
+    from mtbench.runner.results.compare import check_interpreters, plan_runs
+    (tmp_path / "plain.txt").write_text("not a program\n")
+    broken = tmp_path / "broken" / "bin" / "python"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'mtbench'\" >&2\nexit 1\n")
+    broken.chmod(0o755)
+    for path, expected in ((tmp_path, "not an executable file"), (tmp_path / "plain.txt", "not an executable file"),
+                           (broken, "cannot import mtbench (ModuleNotFoundError: No module named 'mtbench'); "
+                                    "install mtbench into that environment")):
+        with pytest.raises(MtbenchError) as error:
+            check_interpreters(plan_runs(matrix=f"jax;torch:python={path}"))
+        assert str(error.value).startswith("run 'torch:python=") and f"python={path}: {expected}" in str(error.value)
+
+
+@pytest.mark.slow
+def test_a_batch_sweep_from_a_config_file_with_a_run_in_another_environment(tmp_path, cache_dir):
+    """Three runs from a --config file (flags on the command line win): batch 16 on both backends, torch's under
+    another environment's interpreter, and batch 32. One weights file serves them all (same shape); parity
+    compares only the runs that train the same batches; the run under the other interpreter records it; the plot
+    draws tokens/s against the batch size."""
+    import sys as system
+    from mtbench.runner.results.plots import comparison_figure
+    from mtbench.runner.results.report import build_comparison, load_runs
+    python = other_environment(tmp_path / "venv-b")
+    config = tmp_path / "sweep.toml"
+    config.write_text(f'matrix = ["jax:batch-size=16", "torch:batch-size=16,python={python}", "jax:batch-size=32"]\n'
+                      'preset = "tiny"\nmax-pairs = 4000\nvalid-size = 100\ntest-size = 100\nmax-len = 32\n'
+                      'steps = 6\nmeasure-only = true\n')
+    out = tmp_path / "sweep.json"
+    proc = run_cli("compare", "--config", str(config), "--steps", "8", "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    combined = json.loads(out.read_text())
+    this = environment_name(system.executable)
+    labels = [f"jax:batch-size=16,python={this}", "torch:batch-size=16,python=venv-b",
+              f"jax:batch-size=32,python={this}"]
+    assert [run["label"] for run in combined["runs"]] == labels
+    assert [entry["label"] for entry in combined["summary"]] == labels  # the report names them alike
+    assert list(combined["initial_weights_by_size"]) == [""]
+    results = [run["result"] for run in combined["runs"]]
+    assert [(r["config"]["batch_size"], r["config"]["steps"], r["config"]["max_len"], r["config"]["measure_only"])
+            for r in results] == [(16, 8, 32, True), (16, 8, 32, True), (32, 8, 32, True)]
+    assert len({r["config"]["initial_weights_sha256"] for r in results}) == 1
+    assert [r["env"]["python_executable"] for r in results] == [system.executable, python, system.executable]
+    assert [run["python"] for run in combined["runs"]] == [system.executable, python, system.executable]
+    assert results[1]["env"]["backend_versions"]["torch"]  # the child recorded its own environment
+    assert [(p["reference"], p["run"], p["dtype"]) for p in combined["parity"]["pairs"]] == \
+        [(labels[0], labels[1], "float32, batch-size=16")]
+    assert combined["parity"]["pairs"][0]["within_tolerance"]
+    assert [labels[2], "no other float32, batch-size=32 run to compare with"] in combined["parity"]["unchecked"]
+    assert "batch per run" in proc.stdout
+
+    comparison = build_comparison(load_runs([str(out)]))
+    sweep_axes = comparison_figure(comparison).axes[2]
+    assert sweep_axes.get_xlabel() == "--batch-size"
+    lines = {line.get_label(): line for line in sweep_axes.get_lines()}
+    assert set(lines) == {f"jax:python={this} · float32", "torch:python=venv-b · float32"}
+    jax_line = lines[f"jax:python={this} · float32"]
+    assert list(jax_line.get_xdata()) == [16, 32]
+    assert list(jax_line.get_ydata()) == [results[0]["timing"]["tokens_per_s"], results[2]["timing"]["tokens_per_s"]]
+
+
+def test_rerun_gives_train_back_the_configuration(compared):
+    """The flags `rerun` gives a child `train` rebuild the original's configuration key by key (no training)."""
+    from mtbench.cli import _as_arguments, train
+    from mtbench.errors import MtbenchError
+    from mtbench.runner.results.rerun import NOT_REPEATED, train_arguments
+    result = compared["combined"]["runs"][1]["result"]
+    flags = {param.name for param in train.params}
+    arguments = train_arguments(result, flags, lambda configuration: _as_arguments(configuration, train))
+    given = train.make_context("train", [*arguments, "--out", "x.json"]).params
+    assert given["backend"] == "torch" and given["extras"] == tuple(result["extras"])
+    repeated = [key for key in result["config"] if key in flags and key not in NOT_REPEATED]
+    assert {"steps", "batch_size", "max_len", "max_pairs", "seed", "preset", "cache_dir"} <= set(repeated)
+    for key in repeated:
+        assert given[key] == result["config"][key], key
+    changed = json.loads(json.dumps(result))
+    changed["config"]["weight_decay"] = 0.1
+    with pytest.raises(MtbenchError, match="sets weight_decay = 0.1, which no flag of this mtbench sets"):
+        train_arguments(changed, flags, lambda configuration: _as_arguments(configuration, train))
+
+
+def test_rerun_starts_from_the_weights_file_only_while_it_is_unchanged(compared, tmp_path):
+    from mtbench.runner.results.rerun import starting_weights
+    weights = compared["combined"]["initial_weights"]
+    copy = tmp_path / "w.npz"
+    copy.write_bytes(open(weights["file"], "rb").read())
+    config = {"initial_weights": str(copy), "initial_weights_sha256": weights["sha256"], "seed": 0}
+    assert starting_weights(config) == (str(copy), None)
+    copy.write_bytes(copy.read_bytes() + b"\0")
+    path, note = starting_weights(config)
+    assert path is None and note.startswith(f"the weights file {copy} has changed (sha256 ")
+    assert note.endswith("the rerun draws its weights from --seed 0 instead")
+    copy.unlink()
+    assert starting_weights(config) == (None, f"the weights file {copy} is gone: the rerun draws its weights "
+                                              f"from --seed 0 instead")
+    assert starting_weights({"seed": 0}) == (None, None)  # drawn from the seed, as the original
+
+
+def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
+    from mtbench.runner.results.rerun import plan_reruns
+    reruns, out, single = plan_reruns(compared["path"], str(tmp_path / "again.json"), False)
+    assert not single and out == str(tmp_path / "again.json")
+    assert [(rerun.label, rerun.out) for rerun in reruns] == \
+        [("jax", str(tmp_path / "again.runs" / "jax-1.json")), ("torch", str(tmp_path / "again.runs" / "torch-1.json"))]
+    assert {rerun.weights for rerun in reruns} == {compared["combined"]["initial_weights"]["file"]}
+
+
+def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
+    existing = tmp_path / "existing.json"
+    existing.write_text('{"keep": "me"}\n')
+    source = compared["combined"]["runs"][0]["result_file"]
+    for args, expected in (([str(tmp_path / "absent.json")], "absent.json: no such file"),
+                           ([str(existing)], "existing.json: not an mtbench result"),
+                           ([source, "--out", str(existing)], "existing.json: already exists; pass --overwrite")):
+        proc = run_cli("rerun", *args)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], proc.stderr
+    assert existing.read_text() == '{"keep": "me"}\n' and sorted(os.listdir(tmp_path)) == ["existing.json"]
+
+
+@pytest.mark.slow
+def test_rerun_trains_a_result_again_and_names_every_difference(compared, tmp_path):
+    original = compared["combined"]["runs"][0]
+    out = tmp_path / "again.json"
+    proc = run_cli("rerun", original["result_file"], "--out", str(out), env={"COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads(out.read_text())
+    before = original["result"]
+    assert again["config"]["initial_weights_sha256"] == before["config"]["initial_weights_sha256"]
+    assert again["config"]["initial_weights"] == before["config"]["initial_weights"]
+    assert [h["loss"] for h in again["history"]] == pytest.approx([h["loss"] for h in before["history"]], rel=1e-5)
+    text = proc.stdout
+    assert f"jax: starts from {before['config']['initial_weights']}, the original's weights file" in text
+    assert "mtbench rerun: jax" in text and "rerun / original" in text
+    for figure in FIGURES:
+        assert figure.title in text, figure.title
+    tokens = FIGURES_BY_KEY["tokens_per_s"]
+    ratio = again["timing"]["tokens_per_s"] / before["timing"]["tokens_per_s"]
+    assert re.search(rf"{re.escape(tokens.title)}.*{tokens.text(before['timing']['tokens_per_s'])} +│ +"
+                     rf"{tokens.text(again['timing']['tokens_per_s'])} +│ +{ratio:.3f}x", text), text
+    assert "losses of the rerun against the original (float32, first 30 steps)" in text and "within 1 %" in text
+    assert f"result: {out}" in text
+    # the original and its rerun report together: the same run twice
+    both = json.loads(run_cli("report", original["result_file"], str(out), "--format", "json").stdout)
+    assert [(entry["label"], entry["repeats"]) for entry in both["summary"]] == [("jax", 2)]

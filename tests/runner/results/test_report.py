@@ -150,16 +150,17 @@ def test_runs_of_different_configurations_are_refused(results, compared):
 
 def test_a_deliberately_changed_configuration_is_refused_unless_forced(results, tmp_path):
     changed = json.loads(json.dumps(results["torch"][1]))
-    changed["config"]["batch_size"] = 16
+    changed["config"]["learning_rate"] = 0.002
     changed["config"]["seed"] = 7
     changed["config"]["dtype"] = "mixed_bfloat16"  # may differ: not named
+    changed["config"]["batch_size"] = 16  # may differ too: a batch sweep
     path = tmp_path / "changed.json"
     path.write_text(json.dumps(changed))
     proc = run_cli("report", results["jax"][0], str(path))
     assert proc.returncode == 2
     message = proc.stderr.strip()
-    assert "not comparable" in message and "batch_size (32 vs 16)" in message and "seed (0 vs 7)" in message
-    assert "dtype (" not in message
+    assert "not comparable" in message and "learning_rate (0.001 vs 0.002)" in message and "seed (0 vs 7)" in message
+    assert "dtype (" not in message and "batch_size" not in message
     assert "Traceback" not in proc.stderr
     forced = report(results["jax"][0], str(path), "--force", "--format", "csv")
     assert len(list(csv.DictReader(io.StringIO(forced)))) == 2
@@ -260,3 +261,54 @@ def test_env_imports_the_frameworks_but_never_keras():
                           env={**os.environ, "MTBENCH_LOAD_PLUGINS": ""})
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "False True True"
+
+
+def variant(result, path, config=None, env=None, tokens_per_s=None):
+    """A copy of `result` with configuration and environment entries changed, written to `path`."""
+    changed = json.loads(json.dumps(result))
+    changed["config"].update(config or {})
+    changed["env"].update(env or {})
+    if tokens_per_s is not None:
+        changed["timing"]["tokens_per_s"] = tokens_per_s
+    path.write_text(json.dumps(changed))
+    return str(path)
+
+
+def test_runs_differing_in_a_swept_key_compare_with_labels_naming_it(results, tmp_path):
+    """Batch size and max length may differ (a sweep): labels name the value, parity holds only runs of the same
+    batches to each other, and the shared configuration leaves them out."""
+    from mtbench.runner.results.report import build_comparison, load_runs
+    (jax_path, jax), (torch_path, torch) = results["jax"], results["torch"]
+    batch = jax["config"]["batch_size"]
+    paths = [jax_path, torch_path, variant(jax, tmp_path / "jax-8.json", {"batch_size": 8}),
+             variant(torch, tmp_path / "torch-8.json", {"batch_size": 8})]
+    comparison = build_comparison(load_runs(paths))
+    assert [group.label for group in comparison.groups] == \
+        [f"jax:batch-size={batch}", f"torch:batch-size={batch}", "jax:batch-size=8", "torch:batch-size=8"]
+    assert comparison.swept == ("batch_size",) and "batch_size" not in comparison.config
+    assert [(pair.reference, pair.run, pair.dtype) for pair in comparison.parity.pairs] == \
+        [(f"jax:batch-size={batch}", f"torch:batch-size={batch}", f"float32, batch-size={batch}"),
+         ("jax:batch-size=8", "torch:batch-size=8", "float32, batch-size=8")]
+    data = json.loads(report(*paths, "--format", "json", "--baseline", "jax:batch-size=8"))
+    assert data["baseline"] == "jax:batch-size=8" and "batch_size" not in data["config"]
+    # a longer max length sizes other position embeddings: its runs may start from other weights
+    longer = variant(jax, tmp_path / "jax-64.json", {"max_len": 64, "initial_weights_sha256": "another"})
+    assert [group.label for group in build_comparison(load_runs([jax_path, longer])).groups] == \
+        [f"jax:max-len={jax['config']['max_len']}", "jax:max-len=64"]
+
+
+def test_runs_of_other_versions_or_interpreters_are_never_repeats(results, tmp_path):
+    from mtbench.runner.results.report import build_comparison, load_runs
+    jax_path, jax = results["jax"]
+    older = variant(jax, tmp_path / "older.json", env={"backend_versions": {"jax": "0.4.30", "jaxlib": "0.4.30"}})
+    groups = build_comparison(load_runs([jax_path, older])).groups
+    assert [len(group.runs) for group in groups] == [1, 1]
+    assert groups[1].label == "jax (jax 0.4.30, jaxlib 0.4.30, keras " + jax["env"]["keras"] + \
+        f", python {jax['env']['python']})"
+    assert groups[1].versions() != groups[0].versions()
+    elsewhere = variant(jax, tmp_path / "elsewhere.json", env={"python_executable": "/opt/venv-old/bin/python"})
+    labels = [group.label for group in build_comparison(load_runs([jax_path, elsewhere])).groups]
+    this = os.path.basename(os.path.dirname(os.path.dirname(jax["env"]["python_executable"])))
+    assert labels == [f"jax:python={this}", "jax:python=venv-old"]
+    header, rows = parse_markdown_table(report(jax_path, older, "--format", "markdown"))
+    assert rows["versions"][1].startswith("jax 0.4.30, jaxlib 0.4.30, keras ")

@@ -1,0 +1,21 @@
+"""The plugin API's version, and the rule by which it changes (docs/plugins.md, "Compatibility").
+
+`PLUGIN_API_VERSION` is "MAJOR.MINOR". MINOR grows when the API gains something a plugin written for the version
+before it need not know about: a new method or attribute with a working default in the base class, a new export,
+a new argument appended to a method mtbench calls. MAJOR grows only when a form that was deprecated stops working.
+
+A plugin method written in an older form, one taking fewer of the trailing arguments than mtbench now passes, is
+called with the arguments it takes (as pluggy calls a hook implementation with the arguments it names) and named
+once per process in a deprecation warning with the form mtbench now calls. Such forms keep working for the rest
+of their MAJOR version.
+
+1.0: the first numbered version. It accepts the earlier documented forms `Reporter.report(result, console)` (before
+`complete`) and `Extra.make_train_step(run, model)` (before `step`), deprecated; 2.0 may drop them.
+"""
+
+PLUGIN_API_VERSION = "1.0"
+
+
+def next_major(version=PLUGIN_API_VERSION):
+    """The version in which the forms deprecated in `version` may stop working."""
+    return f"{int(version.split('.')[0]) + 1}.0"

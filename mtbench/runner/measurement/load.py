@@ -1,0 +1,121 @@
+"""How busy the machine was around a run: its load average and the CPUs' clock as training begins and as it ends,
+and between the two the share of the CPUs' time that other processes used and that a hypervisor gave to other
+guests (steal). Runs of a comparison train one after the other, so a burst of another job's load lands on one of
+them: these figures let the result say so. Whatever the OS does not give (/proc/stat outside Linux, a CPU clock on
+most macOS machines) is None.
+
+The load average is a moving average over a minute: it counts this run's own threads and, right after another
+run, that run's too. The CPU time other processes used while this run trained, from /proc/stat less this
+process's own (getrusage), is what tells a loaded machine from a busy run."""
+
+import datetime
+import glob
+import os
+import resource
+from dataclasses import dataclass
+
+# /proc/stat's aggregate "cpu" line: time in USER_HZ ticks since boot, in this order (guest time is already
+# counted in user and nice, so it is left out of the total).
+PROC_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def load_average():
+    """[1, 5, 15 minute] load averages of the host, or None where the OS reports none."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def cpu_ticks(path="/proc/stat"):
+    """{PROC_STAT_FIELDS name: ticks since boot} of all CPUs together, or None where there is no /proc/stat.
+    Kernels before 2.6.11 give no steal field: it reads None."""
+    try:
+        with open(path, encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    values = [int(value) for value in fields[1:len(PROC_STAT_FIELDS) + 1]]
+    return dict(zip(PROC_STAT_FIELDS, values + [None] * (len(PROC_STAT_FIELDS) - len(values))))
+
+
+def cpu_mhz(sysfs="/sys/devices/system/cpu", cpuinfo="/proc/cpuinfo"):
+    """The CPUs' mean current clock in MHz: cpufreq's scaling_cur_freq (kHz) where the kernel exposes it, else the
+    'cpu MHz' lines of /proc/cpuinfo (many virtual machines give only those, often the nominal clock); None
+    where neither exists."""
+    clocks = []
+    for path in glob.glob(os.path.join(sysfs, "cpu[0-9]*", "cpufreq", "scaling_cur_freq")):
+        try:
+            with open(path, encoding="ascii") as f:
+                clocks.append(int(f.read()) / 1000)
+        except (OSError, ValueError):
+            continue
+    if not clocks:
+        try:
+            with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+                clocks = [float(line.split(":", 1)[1]) for line in f if line.lower().startswith("cpu mhz")]
+        except (OSError, ValueError, IndexError):
+            clocks = []
+    return round(sum(clocks) / len(clocks), 1) if clocks else None
+
+
+@dataclass
+class LoadSample:
+    """The machine's load at one moment."""
+    at: str              # ISO 8601, local time with its offset
+    load_average: list   # [1, 5, 15 minute], or None
+    cpu_mhz: float       # or None
+    ticks: dict          # cpu_ticks(), or None
+    own_cpu_s: float     # CPU seconds this process has used, every thread, user and system
+
+    def record(self):
+        return {"at": self.at, "load_average": self.load_average, "cpu_mhz": self.cpu_mhz}
+
+
+def own_cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def sample_load():
+    return LoadSample(datetime.datetime.now().astimezone().isoformat(timespec="seconds"), load_average(),
+                      cpu_mhz(), cpu_ticks(), own_cpu_seconds())
+
+
+def _elapsed_ticks(before, after):
+    return sum(after[name] - before[name] for name in PROC_STAT_FIELDS if after[name] is not None)
+
+
+def steal_percent(before, after):
+    """The share of all CPUs' time between two `cpu_ticks()` that the hypervisor gave to other guests (steal), in
+    percent; None where the OS counts no steal time or no time passed."""
+    if not before or not after or before.get("steal") is None or after.get("steal") is None:
+        return None
+    total = _elapsed_ticks(before, after)
+    return round(100 * (after["steal"] - before["steal"]) / total, 2) if total > 0 else None
+
+
+def other_processes_percent(before, after, ticks_per_s=None):
+    """The share of all CPUs' time between two `LoadSample`s that processes other than this one used (busy
+    time from /proc/stat less this process's CPU time), in percent; None without /proc/stat."""
+    if not before.ticks or not after.ticks:
+        return None
+    total = _elapsed_ticks(before.ticks, after.ticks)
+    if total <= 0:
+        return None
+    busy = total - sum(after.ticks[name] - before.ticks[name] for name in ("idle", "iowait", "steal")
+                       if after.ticks[name] is not None)
+    own = (after.own_cpu_s - before.own_cpu_s) * (ticks_per_s or os.sysconf("SC_CLK_TCK"))
+    return round(max(0.0, 100 * (busy - own) / total), 2)
+
+
+def machine_load(before, after, own_processes=1):
+    """The result's `machine_load` section from the samples taken as training began and as it ended: the cores
+    the load average is measured against, each sample, and in between the CPU time other processes took and the
+    steal time. `own_processes`: the run's processes on this machine; where there are several, the others are
+    the run's own too, and other processes' time is not told apart (None)."""
+    return {"cores": os.cpu_count(), "before_training": before.record(), "after_training": after.record(),
+            "other_processes_percent": other_processes_percent(before, after) if own_processes == 1 else None,
+            "steal_percent": steal_percent(before.ticks, after.ticks)}

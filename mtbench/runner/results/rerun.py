@@ -1,0 +1,266 @@
+"""`mtbench rerun RESULT.json`: the run a result describes (or every run of a compare JSON), trained again in a
+child process with the same configuration and, where the weights file it names is still there with the same
+sha256, from the same weights; then the two side by side, naming every difference in versions, hardware,
+configuration and figures. Figures that can be run again from the JSON they came in are figures a reader can
+check.
+"""
+
+import hashlib
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+
+from rich.table import Table
+
+from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
+from mtbench.plugins.api import FIGURES, RUN_CHOICES, hardware, run_dtype, run_processes
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.files import write_json_atomic
+from mtbench.runner.measurement.environment import host_environment
+from mtbench.runner.results.compare import COMPARE_SCHEMA_VERSION, run_child
+from mtbench.runner.results.output import check_output_path
+from mtbench.runner.results.parity import check_parity
+from mtbench.runner.results.report import (BOOKKEEPING_KEYS, COMPARE_KIND, KEY_DEFAULTS, LoadedRun, build_comparison,
+                                           comparison_labels, load_runs, to_json_dict)
+
+# Recorded beside the configuration by the run itself, or by an mtbench before the option was removed: not
+# options to give again.
+RECORDED_KEYS = ("initial_weights_sha256", "parameters", "log_every")
+# Where the original's files went and how it was followed: the rerun sets its own (its file, its log, no
+# trackers). Backend, extras and weights are given on their own; the cache directory where it exists here.
+NOT_REPEATED = ("out", "overwrite", "report_to", "logging_dir", "run_group", "backend", "extras", "initial_weights")
+
+
+@dataclass
+class Rerun:
+    """One run to train again: the original, where the rerun writes, and how it starts."""
+    original: LoadedRun
+    label: str
+    out: str
+    repeat: int = 1
+    weights: str = None       # the weights file to start from, or None (the draw from the seed, as configured)
+    weights_note: str = None  # why the rerun does not start from the original's weights file, where it does not
+
+    @property
+    def log_file(self):
+        return (self.out[:-5] if self.out.endswith(".json") else self.out) + ".log"
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def starting_weights(config):
+    """(weights file, note): the original's weights file where it still holds the bytes the run loaded, else
+    (None, why not: the rerun then draws its weights from the seed)."""
+    path, recorded = config.get("initial_weights"), config.get("initial_weights_sha256")
+    if not path:
+        return None, None
+    seed = f"the rerun draws its weights from --seed {config.get('seed')} instead"
+    if not os.path.isfile(path):
+        return None, f"the weights file {path} is gone: {seed}"
+    found = sha256_of(path)
+    if recorded and found != recorded:
+        return None, f"the weights file {path} has changed (sha256 {found[:16]}…, the run loaded {recorded[:16]}…): {seed}"
+    return path, None
+
+
+def train_arguments(result, flag_names, arguments_of):
+    """The `mtbench train` arguments that run `result`'s configuration again (its weights and files aside).
+    `flag_names`: the configuration keys train has a flag for; `arguments_of(dict)`: those flags' arguments. A key
+    set to other than its default that no flag sets is refused: this mtbench could not run it as it was."""
+    recorded = {key: value for key, value in result["config"].items() if key not in RECORDED_KEYS}
+    try:
+        config = TrainConfig.from_dict(recorded).to_dict()
+    except (MtbenchError, TypeError) as error:
+        raise MtbenchError(f"its configuration cannot be read: {error}") from None
+    repeated = {}
+    for key, value in config.items():
+        if key in NOT_REPEATED or key == "model" or key == "cache_dir" and not os.path.isdir(value):
+            continue
+        if key in flag_names:
+            repeated[key] = value
+        elif value != KEY_DEFAULTS.get(key):
+            raise MtbenchError(f"its configuration sets {key} = {value!r}, which no flag of this mtbench sets: it "
+                               f"cannot be run again as it was")
+    extras = [text for extra in result["extras"] for text in ("--extra", extra)]
+    return ["--backend", result["backend"], *extras, *arguments_of(repeated)]
+
+
+def plan_reruns(path, out, overwrite):
+    """The runs of `path` to train again, each with its output file; checked before anything starts."""
+    runs = load_runs([path])
+    single = len(runs) == 1 and runs[0].source == path
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = out or os.path.join("mtbench-results", f"{stamp}-rerun{'-' + runs[0].result['backend'] if single else ''}.json")
+    labels = comparison_labels([run.result for run in runs])
+    if single:
+        reruns = [Rerun(runs[0], labels[0], out)]
+    else:
+        runs_dir = (out[:-5] if out.endswith(".json") else out) + ".runs"
+        repeats = {}
+        reruns = []
+        for run, label in zip(runs, labels):
+            repeats[label] = repeats.get(label, 0) + 1
+            reruns.append(Rerun(run, label, os.path.join(runs_dir, f"{label}-{repeats[label]}.json"),
+                                repeats[label]))
+        check_output_path(out, overwrite)
+    for rerun in reruns:
+        check_output_path(rerun.out, overwrite)
+        rerun.weights, rerun.weights_note = starting_weights(rerun.original.result["config"])
+    return reruns, out, single
+
+
+def run_again(rerun, flag_names, arguments_of, overwrite, console):
+    """Trains the rerun in its own process (under torchrun for a run of several processes); returns its result."""
+    result = rerun.original.result
+    arguments = train_arguments(result, flag_names, arguments_of)
+    weights = ["--initial-weights", rerun.weights] if rerun.weights else []
+    name = f"the rerun of {rerun.original.source}"
+    if rerun.weights_note:
+        console.print(f"{rerun.label}: {rerun.weights_note}", highlight=False)
+    elif rerun.weights:
+        console.print(f"{rerun.label}: starts from {rerun.weights}, the original's weights file (sha256 unchanged)",
+                      highlight=False)
+    with console.status(f"{rerun.label}: training again in its own process"):
+        failure = run_child(["train", *arguments, *weights, "--out", rerun.out, "--report", "none",
+                             *(["--overwrite"] if overwrite else [])], rerun.log_file, name, run_processes(result))
+    if failure and failure.exit_code != ReportingFailed.EXIT_CODE:
+        raise RunFailure(failure)
+    loaded = load_runs([rerun.out])[0]
+    return loaded.result
+
+
+# ---- the side-by-side ------------------------------------------------------------------------------------------
+
+def _flat(value, prefix=""):
+    """{dotted key: value} of nested dicts."""
+    if isinstance(value, dict):
+        flat = {}
+        for key, item in value.items():
+            flat.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}
+
+
+def _differing(original, rerun, keys=None):
+    keys = keys or list(dict.fromkeys([*original, *rerun]))
+    return [(key, original.get(key), rerun.get(key)) for key in keys if original.get(key) != rerun.get(key)]
+
+
+def environment_differences(original, rerun):
+    """[(what, original, rerun)]: every version, hardware and environment entry that differs."""
+    rows = _differing(_flat(original["env"]), _flat(rerun["env"]))
+    if hardware(original) != hardware(rerun):
+        rows.insert(0, ("hardware", hardware(original), hardware(rerun)))
+    return rows
+
+
+def run_differences(original, rerun):
+    """[(what, original, rerun)]: every configuration key that differs (where the files went aside), and what ran
+    (backend, extras, processes, dtype, train step, attention, ...)."""
+    value = lambda config, key: config.get(key, KEY_DEFAULTS.get(key))
+    keys = [key for key in dict.fromkeys([*original["config"], *rerun["config"]]) if key not in BOOKKEEPING_KEYS]
+    rows = [(f"config.{key}", value(original["config"], key), value(rerun["config"], key)) for key in keys
+            if value(original["config"], key) != value(rerun["config"], key)]
+    ran = [("backend", lambda r: r["backend"]), ("extras", lambda r: list(r["extras"])),
+           ("processes", run_processes), ("dtype", run_dtype), *((title, text) for _, title, text in RUN_CHOICES)]
+    rows += [(title, read(original), read(rerun)) for title, read in ran if read(original) != read(rerun)]
+    return rows
+
+
+def figure_rows(original, rerun):
+    """[(figure title, original text, rerun text, rerun / original)] for every figure."""
+    rows = []
+    for figure in FIGURES:
+        before, after = figure.value(original), figure.value(rerun)
+        if before is None and after is None:
+            ratio = ""
+        elif before == after:
+            ratio = "same"
+        elif before and after is not None:
+            ratio = f"{after / before:.3f}x"
+        else:
+            ratio = "n/a"
+        rows.append((figure.title, figure.text(before), figure.text(after), ratio))
+    return rows
+
+
+def side_by_side(original, rerun):
+    """Everything that differs between a result and its rerun: {'environment', 'configuration', 'figures',
+    'parity'} (the JSON form; `side_by_side_table` shows it)."""
+    parity = check_parity([("original", original), ("rerun", rerun)], run_dtype)
+    return {
+        "environment": [list(row) for row in environment_differences(original, rerun)],
+        "configuration": [list(row) for row in run_differences(original, rerun)],
+        "figures": [{"figure": title, "original": before, "rerun": after, "ratio": ratio}
+                    for title, before, after, ratio in figure_rows(original, rerun)],
+        "parity": parity.to_dict(),
+        "parity_lines": parity.lines(),
+    }
+
+
+def _text(value):
+    return "(absent)" if value is None else str(value)
+
+
+def side_by_side_table(differences, title):
+    table = Table(title=title)
+    for column, justify in (("", "left"), ("original", "right"), ("rerun", "right"), ("rerun / original", "right")):
+        table.add_column(column, justify=justify)
+    for section, key in (("versions, hardware, environment", "environment"), ("configuration and what ran",
+                                                                           "configuration")):
+        rows = differences[key]
+        table.add_row(f"[bold]{section}[/bold]", "", "", "" if rows else "the same", end_section=not rows)
+        for index, (what, before, after) in enumerate(rows):
+            table.add_row(what, _text(before), _text(after), "differs", end_section=index == len(rows) - 1)
+    table.add_row("[bold]figures[/bold]", "", "", "")
+    for row in differences["figures"]:
+        table.add_row(row["figure"], row["original"], row["rerun"], row["ratio"])
+    return table
+
+
+def rerun_results(path, out, overwrite, flag_names, arguments_of, console):
+    """Trains every run of `path` again and shows each beside its original; returns the file(s) written."""
+    reruns, out, single = plan_reruns(path, out, overwrite)
+    console.print(f"rerun of {path}: {len(reruns)} run(s), each in its own process", highlight=False)
+    entries = []
+    for rerun in reruns:
+        result = run_again(rerun, flag_names, arguments_of, overwrite, console)
+        differences = side_by_side(rerun.original.result, result)
+        console.print(side_by_side_table(differences, f"mtbench rerun: {rerun.label}"))
+        for line in differences["parity_lines"]:
+            console.print(line.replace("parity rerun vs original", "losses of the rerun against the original"),
+                          highlight=False)
+        entries.append((rerun, result, differences))
+    if not single:
+        write_rerun_compare(path, out, entries)
+    return out
+
+
+def write_rerun_compare(path, out, entries):
+    """The reruns of a compare JSON as a compare JSON of their own (`mtbench report` reads it), with each run's
+    differences from its original."""
+    runs = [LoadedRun(result, rerun.out) for rerun, result, _ in entries]
+    figures = to_json_dict(build_comparison(runs, force=True))
+    del figures["kind"]
+    write_json_atomic(out, {
+        "kind": COMPARE_KIND,
+        "schema_version": COMPARE_SCHEMA_VERSION,
+        "status": "completed",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": shlex.join(["mtbench", *sys.argv[1:]]),
+        "rerun_of": os.path.abspath(path),
+        **figures,
+        "env": host_environment(),
+        "runs": [{"label": rerun.label, "repeat": rerun.repeat, "result_file": os.path.abspath(rerun.out),
+                  "log_file": os.path.abspath(rerun.log_file), "original": rerun.original.source,
+                  "weights_note": rerun.weights_note, "differences": differences, "result": result}
+                 for rerun, result, differences in entries],
+    })

@@ -1,0 +1,260 @@
+"""Runs whose timings may mislead say so: the machine's load recorded around training, the warnings a run
+carries (steps that scatter, a loaded machine, steal time, an MFU peak measured under load) in every output,
+compare's word on a ranking its repeats do not support, and the single-run table's other facts (cold or warm
+compile, when the MFU peak was measured, how much of the test set was scored).
+
+Real tiny runs give the results; the figures a warning is about are then set to chosen numbers."""
+
+import csv
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from conftest import run_cli
+from mtbench import OTHERS_BOUND, SCATTER_BOUND, run_warnings, scored_sentences_text
+from mtbench.plugins.reporters.table_reporter import TableReporter, result_rows
+from mtbench.runner.results.report import (LoadedRun, build_comparison, context_lines, table_cells, to_csv,
+                                           to_json_dict, to_markdown)
+from mtbench.runner.results.schema import schema_errors
+
+
+def copy(result):
+    return json.loads(json.dumps(result))
+
+
+def quiet(result):
+    """`result` as if it ran on a quiet machine: steps that do not scatter, nobody else on the CPUs, a peak
+    measured at rest."""
+    quieted = copy(result)
+    timing = quieted["timing"]
+    timing["step_s_p90"] = timing["step_s_median"] * 1.2
+    load = quieted["machine_load"]
+    load["other_processes_percent"], load["steal_percent"] = 1.0, 0.0
+    load["before_training"]["load_average"] = load["after_training"]["load_average"] = [0.5, 0.4, 0.3]
+    quieted["utilization"]["peak_load_average"] = [0.3, 0.2, 0.1]
+    return quieted
+
+
+def write(tmp_path, name, result):
+    path = tmp_path / name
+    path.write_text(json.dumps(result))
+    return str(path)
+
+
+def rows(result):
+    return {figure: value for _, figure, value in result_rows(result)}
+
+
+def test_every_run_records_the_machine_load_around_training(tiny_runs):
+    for run in tiny_runs.values():
+        result = run["result"]
+        assert schema_errors(result) == []
+        load = result["machine_load"]
+        assert load["cores"] >= 1
+        before, after = load["before_training"], load["after_training"]
+        assert before["at"] <= after["at"]
+        assert len(before["load_average"]) == 3 and len(after["load_average"]) == 3
+        assert 0 <= load["other_processes_percent"] <= 100 and 0 <= load["steal_percent"] <= 100
+        # The MFU peak says when and under what load it was measured.
+        utilization = result["utilization"]
+        assert utilization["peak_measured_at"] and len(utilization["peak_load_average"]) == 3
+
+
+def test_a_quiet_run_carries_no_warning(tiny_runs):
+    assert run_warnings(quiet(tiny_runs["jax"]["result"])) == []
+    assert rows(quiet(tiny_runs["jax"]["result"]))["warnings"] == "none"
+
+
+def test_steps_that_scatter_past_the_bound_are_flagged(tiny_runs):
+    result = quiet(tiny_runs["jax"]["result"])
+    result["timing"]["step_s_median"], result["timing"]["step_s_p90"] = 0.0536, 0.0536 * SCATTER_BOUND
+    assert run_warnings(result) == []  # at the bound, not past it
+    result["timing"]["step_s_median"], result["timing"]["step_s_p90"] = 0.0536, 0.3455
+    assert run_warnings(result) == ["steady steps scatter: p90 345.5 ms is 6.45x the median 53.6 ms (bound 1.5x)"]
+
+
+def test_a_machine_loaded_by_other_processes_is_flagged(tiny_runs):
+    result = quiet(tiny_runs["jax"]["result"])
+    cores = result["machine_load"]["cores"]
+    result["machine_load"]["other_processes_percent"] = OTHERS_BOUND
+    assert run_warnings(result) == []
+    result["machine_load"]["other_processes_percent"] = 62.4
+    result["machine_load"]["before_training"]["load_average"] = [3.9, 2.1, 1.2]
+    result["machine_load"]["after_training"]["load_average"] = [4.2, 2.5, 1.3]
+    assert run_warnings(result) == [
+        f"machine loaded: other processes used 62 % of the CPUs' time while the run trained (bound 10 %); load "
+        f"average 3.9 before training, 4.2 after training, on {cores} cores"]
+    # Where the OS does not tell other processes' time apart, a load average above the cores says it.
+    result["machine_load"]["other_processes_percent"] = None
+    result["machine_load"]["before_training"]["load_average"] = [cores + 1.9, 2.1, 1.2]
+    assert run_warnings(result)[0].startswith(f"machine loaded: load average {cores + 1.9:g} before training")
+    result["machine_load"]["before_training"]["load_average"] = [cores - 0.5, 2.1, 1.2]
+    assert run_warnings(result) == []
+
+
+def test_steal_time_and_a_peak_measured_under_load_are_flagged(tiny_runs):
+    result = quiet(tiny_runs["jax"]["result"])
+    cores = result["machine_load"]["cores"]
+    result["machine_load"]["steal_percent"] = 12.5
+    result["utilization"]["peak_load_average"] = [cores + 2.0, 1.0, 0.5]
+    at = result["utilization"]["peak_measured_at"]
+    assert run_warnings(result) == [
+        "the hypervisor took 12.5 % of the CPUs' time while the run trained (steal; bound 5 %)",
+        f"MFU peak measured under load: load average {cores + 2.0:g} on {cores} cores at {at}, so MFU reads high "
+        f"(`mtbench env --calibrate` on a quiet machine measures it again)"]
+
+
+def test_a_result_written_before_the_load_was_recorded_gets_no_load_warning(tiny_runs):
+    older = quiet(tiny_runs["torch"]["result"])
+    del older["machine_load"]
+    del older["utilization"]["peak_measured_at"], older["utilization"]["peak_load_average"]
+    assert run_warnings(older) == []
+    assert rows(older)["machine load (training start -> end)"] == "not recorded"
+    assert "when and under what load not recorded" in rows(older)["MFU (model FLOP/s / peak)"]
+
+
+def test_the_single_run_table_shows_load_warnings_compile_cache_peak_and_test_set(tiny_runs):
+    result = tiny_runs["jax"]["result"]
+    shown = rows(result)
+    load = result["machine_load"]
+    assert shown["machine load (training start -> end)"].startswith(
+        f"load average {load['before_training']['load_average'][0]:g} -> "
+        f"{load['after_training']['load_average'][0]:g} on {load['cores']} cores, other processes ")
+    assert shown["warnings"] == ("\n".join(run_warnings(result)) or "none")
+    cache = result["timing"]["compile_cache"]
+    assert shown["compile (first step of each shape)"].endswith(
+        f" over 2 shapes, compile cache {cache['programs']} ({cache['hits']} hits, {cache['misses']} misses)")
+    one_shape = copy(result)
+    one_shape["timing"]["shapes_compiled"] = 1
+    assert " over 1 shape, compile cache " in rows(one_shape)["compile (first step of each shape)"]
+    utilization = result["utilization"]
+    load_text = " / ".join(f"{value:g}" for value in utilization["peak_load_average"])
+    assert shown["MFU (model FLOP/s / peak)"].endswith(
+        f"; measured {utilization['peak_measured_at']} at load average {load_text})")
+    # --max-len 48 drops test pairs on the tiny preset's tokenizer: the table says how many were scored of how many.
+    scored, dropped = result["metrics"]["test_sentences_scored"], result["data"]["dropped"]["too_long"]["test"]
+    assert dropped > 0 and scored + dropped == result["data"]["pairs"]["test"]
+    assert shown["test sentences scored"] == f"{scored} of {scored + dropped} ({dropped} longer than --max-len 48)"
+
+
+def test_the_scored_sentences_of_a_whole_test_set_and_of_a_partial_result(tiny_runs):
+    whole = copy(tiny_runs["jax"]["result"])
+    for counts in whole["data"]["dropped"].values():
+        counts["test"] = 0
+    whole["data"]["dropped_too_long"]["test"] = 0
+    assert scored_sentences_text(whole) == f"{whole['metrics']['test_sentences_scored']} (the whole test set)"
+    whole["metrics"]["test_sentences_scored"] = None  # a partial result translated nothing
+    assert scored_sentences_text(whole) is None
+
+
+def test_an_80_column_table_folds_the_bleu_signature_instead_of_cutting_it(tiny_runs):
+    result = tiny_runs["jax"]["result"]
+    console = Console(file=io.StringIO(), width=80, record=True)
+    TableReporter().report(result, console, complete=True)
+    text = console.export_text()
+    assert "…" not in text
+    values = "".join(line.split("│")[3].strip() for line in text.splitlines() if line.count("│") == 4)
+    assert result["metrics"]["bleu_signature"] in values
+
+
+def repeats(result, tokens_per_s):
+    """Repeats of one run with the chosen throughputs."""
+    made = []
+    for number, tokens in enumerate(tokens_per_s, start=1):
+        repeat = quiet(result)
+        repeat["timing"]["tokens_per_s"] = tokens
+        made.append(LoadedRun(repeat, f"{result['backend']}-{number}.json"))
+    return made
+
+
+def test_overlapping_repeats_make_the_ranking_not_reliable(tiny_runs):
+    jax, torch = tiny_runs["jax"]["result"], tiny_runs["torch"]["result"]
+    overlapping = build_comparison(repeats(jax, [40_100, 44_000, 43_000]) + repeats(torch, [43_500, 45_000, 44_800]))
+    ranking = overlapping.ranking()
+    assert ranking["order"] == ["torch", "jax"] and ranking["reliable"] is False
+    line = ("ranking not reliable: the tokens/s of torch (43,500–45,000) and jax (40,100–44,000) overlap over their "
+            "repeats")
+    assert line in context_lines(overlapping)
+    assert to_json_dict(overlapping)["ranking"]["reason"] == line.removeprefix("ranking not reliable: ")
+    assert f"- {line}" in to_markdown(overlapping)
+
+    apart = build_comparison(repeats(jax, [40_100, 41_000, 40_500]) + repeats(torch, [43_500, 45_000, 44_800]))
+    assert apart.ranking() == {"order": ["torch", "jax"], "reliable": True, "reason": None}
+    assert not any(line.startswith("ranking") for line in context_lines(apart))
+
+
+def test_warnings_reach_the_comparison_table_json_csv_and_markdown(tiny_runs, tmp_path):
+    jax = quiet(tiny_runs["jax"]["result"])
+    torch = quiet(tiny_runs["torch"]["result"])
+    torch["timing"]["step_s_median"], torch["timing"]["step_s_p90"] = 0.0536, 0.3455
+    torch["machine_load"]["other_processes_percent"] = 62.4
+    expected = run_warnings(torch)
+    assert len(expected) == 2
+    comparison = build_comparison([LoadedRun(jax, "jax.json"), LoadedRun(torch, "torch.json")])
+    header, cells = table_cells(comparison)
+    warnings_row = next(row for row in cells if row[0] == "warnings")
+    assert warnings_row[header.index("jax")] == "none"
+    assert warnings_row[header.index("torch")] == "\n".join(expected)
+    summary = {entry["label"]: entry for entry in to_json_dict(comparison)["summary"]}
+    assert summary["jax"]["warnings"] == [] and summary["torch"]["warnings"] == expected
+    assert "| warnings | none | " + "<br>".join(expected) + " |" in to_markdown(comparison)
+    csv_rows = {row["label"]: row for row in csv.DictReader(io.StringIO(to_csv(comparison)))}
+    assert csv_rows["torch"]["warnings"] == "; ".join(expected) and csv_rows["jax"]["warnings"] == ""
+    # A warned run among the two fastest: the ranking is not reliable either.
+    assert "torch carries warnings (see the warnings row)" in comparison.ranking()["reason"]
+
+    # The same through `mtbench report`, from files.
+    paths = [write(tmp_path, "jax.json", jax), write(tmp_path, "torch.json", torch)]
+    proc = run_cli("report", *paths, "--format", "markdown")
+    assert proc.returncode == 0, proc.stderr
+    assert "<br>".join(expected) in proc.stdout
+    assert f"- test sentences scored: {scored_sentences_text(jax)}" in proc.stdout
+
+
+def test_repeats_name_their_own_warnings(tiny_runs):
+    first, second = repeats(tiny_runs["jax"]["result"], [40_000, 41_000])
+    second.result["machine_load"]["steal_percent"] = 9.0
+    group = build_comparison([first, second]).groups[0]
+    assert group.warnings() == ["#2: the hypervisor took 9 % of the CPUs' time while the run trained (steal; bound "
+                                "5 %)"]
+
+
+def test_the_compare_json_records_the_order_and_warnings_of_its_runs(compared):
+    combined = compared["combined"]
+    assert combined["status"] == "completed" and combined["status_reason"] is None
+    assert [(run["label"], run["repeat"], run["position"]) for run in combined["runs"]] == \
+        [("jax", 1, 1), ("torch", 1, 2)]
+    assert all(run["status"] == "completed" and "machine_load" in run["result"] for run in combined["runs"])
+    for entry in combined["summary"]:
+        result = next(run["result"] for run in combined["runs"] if run["label"] == entry["label"])
+        assert entry["warnings"] == run_warnings(result)
+    assert sorted(combined["ranking"]["order"]) == ["jax", "torch"]
+    assert "| warnings |" in run_cli("report", compared["path"], "--format", "markdown").stdout
+
+
+@pytest.mark.parametrize("output_format", ["table", "json", "markdown", "csv"])
+def test_a_complete_and_a_diverged_result_report_together(tiny_runs, tmp_path, output_format):
+    jax_path = tiny_runs["jax"]["path"]
+    diverged = copy(tiny_runs["torch"]["result"])
+    diverged["status"], diverged["status_reason"] = "diverged", "the loss is nan at step 10"
+    diverged["history"] = diverged["history"][:10]
+    diverged["history"][-1]["loss"] = None
+    diverged["timing"]["steps"] = 10
+    for key in diverged["metrics"]:
+        diverged["metrics"][key] = None
+    diverged["hypotheses_file"] = diverged["references_file"] = None
+    assert schema_errors(diverged) == []
+    proc = run_cli("report", jax_path, write(tmp_path, "diverged.json", diverged), "--format", output_format)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr == ""
+    if output_format == "json":
+        def refuse(constant):
+            raise ValueError(f"{constant} is not JSON")
+        pair = json.loads(proc.stdout, parse_constant=refuse)["parity"]["pairs"][0]
+        assert pair["diverged_at"] == 10 and pair["diverged_run"] == "torch"
+        assert pair["within_tolerance"] is False and pair["steps"] == 10 and pair["max_relative_difference"] < 0.01
+    elif output_format in ("table", "markdown"):
+        assert ("parity torch vs jax (float32): torch's loss is not finite from step 10, the other's is; over the 9 "
+                "steps before, largest relative loss difference") in " ".join(proc.stdout.split())

@@ -1,0 +1,37 @@
+"""`--config FILE` on train and compare: a TOML file of the flags' own names sets the command's defaults, and the
+flags given on the command line win over it (the bad files are in tests/test_cli_bad_input.py)."""
+
+import click
+import pytest
+
+from conftest import run_cli
+
+
+def test_the_file_sets_defaults_and_the_command_line_wins(tmp_path):
+    from mtbench.cli import compare, train
+    path = tmp_path / "run.toml"
+    path.write_text('preset = "tiny"\nbatch-size = 16\nsteps = 6\nextra = ["torch-compile"]\nmeasure-only = true\n'
+                    'learning-rate = 2e-3\nmatrix = ["jax:batch-size=16", "torch"]\n'
+                    'backends = ["jax", "torch"]\n')
+    given = compare.make_context("compare", ["--config", str(path), "--steps", "9"]).params
+    assert (given["preset"], given["batch_size"], given["steps"], given["extras"], given["measure_only"],
+            given["learning_rate"]) == ("tiny", 16, 9, ("torch-compile",), True, 2e-3)
+    assert given["matrix"] == "jax:batch-size=16;torch" and given["backends"] == "jax,torch"
+    path.write_text('preset = "tiny"\nbatch-size = 16\nno-save-model = true\nextra = "fast"\n')
+    given = train.make_context("train", ["--config", str(path), "--batch-size", "8", "--extra", "slow"]).params
+    assert (given["preset"], given["batch_size"], given["save_model"], given["extras"]) == ("tiny", 8, False,
+                                                                                            ("slow",))
+    with pytest.raises(click.UsageError, match="unknown key 'matrix'"):  # train has no --matrix
+        path.write_text('matrix = "jax"\n')
+        train.make_context("train", ["--config", str(path)])
+
+
+def test_compare_reads_its_runs_from_the_file(tmp_path):
+    """The file's matrix reaches compare: an entry listed twice is refused before anything starts."""
+    path = tmp_path / "twice.toml"
+    path.write_text('matrix = ["jax", "jax"]\npreset = "tiny"\n')
+    proc = run_cli("compare", "--config", str(path), "--out", str(tmp_path / "c.json"))
+    assert proc.returncode == 2 and proc.stderr.strip() == "Error: run 'jax' is listed twice; use --repeats to run " \
+                                                           "it again", proc.stderr
+    proc = run_cli("train", "--config", str(path))
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(f"Error: --config {path}: unknown key 'matrix'")
