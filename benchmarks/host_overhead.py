@@ -3,7 +3,8 @@ dispatch take per step, for mtbench's steps against the steps a user would write
 
     python benchmarks/host_overhead.py [--quick] [--d-model 16] [--layers 1] [--heads 2] [--ff-dim 32]
                                        [--batch-size 2] [--length 8] [--batches 12] [--rounds 50]
-                                       [--steps-per-round 20] [--warmup 5] [--cpus 0,1] [--cache-dir DIR]
+                                       [--steps-per-round 20] [--warmup 5] [--max-other 10] [--retries 5]
+                                       [--cpus 0,1] [--cache-dir DIR]
 
 Why it predicts a GPU's floor. A GPU step is host-bound when the framework's work per step on the host (Python,
 dispatch, kernel launches, or one compiled program's launch) outlasts the device's work: the device then waits on
@@ -11,7 +12,9 @@ the host, and a step cannot run faster than its dispatch however fast the GPU. H
 default d_model 16, one encoder and one decoder layer, 2 heads, feed-forward 32, batch 2 x 8 tokens, float32)
 that the arithmetic is negligible even on a CPU, so a step's time is the host's work: the same Python, dispatch and
 operation count as the step on a GPU, with the CPU's microsecond kernels in place of launches. `--layers 3
---heads 4` gives the `small` preset's depth (its operation count) at the same negligible size.
+--heads 4` gives the `small` preset's depth (its operation count) at the same negligible size. --length is also
+--max-len, so every pair falls in one length bucket (at most 16 tokens); the built-in corpus has only 3 pairs of
+at most 8 tokens a side, so the default batches repeat them, which changes nothing of the host's work.
 
 The contestants, on mtbench's own real batches (one length bucket), from the same initial weights:
 
@@ -32,6 +35,12 @@ billed to whichever contestant comes first), then each contestant in turn takes 
 step timed alone between two synchronisations, its loss read as a training loop reads it. A contestant's figure
 is the median of all its timed steps; a ratio is mtbench's median over the native one's in the same worker.
 
+On a shared machine another process's work during a burst slows whichever contestant it meets. Each worker reads,
+around every burst, the CPU time other processes took (/proc/stat less its own: mtbench's machine-load figures); a
+burst during which they took more than --max-other percent of the CPUs' time (default 10) is thrown away and run
+again, up to --retries times (default 5). The last try is kept whatever the load; the report counts the bursts run
+again and warns where busy ones were kept.
+
 Goals (from the issue): compiled torch and JAX within 1.2x of their native steps, eager torch within 1.5x of native
 eager. The last line printed is one JSON object: `torch_eager_ratio`, `torch_compiled_ratio`, `jax_ratio`, each
 goal and whether it is met, the per-step milliseconds of every contestant, the settings, versions and CPU.
@@ -47,12 +56,15 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # run as a script: `benchmarks` and `mtbench` from this checkout
 
 from benchmarks.overhead import (hardware, measurement_parser, parse_measurement_args, ratio,  # noqa: E402
                                  run_interleaved, summarize, versions)
+from mtbench.runner.measurement.load import other_processes_percent, sample_load  # noqa: E402
 
 QUICK = {"batches": 2, "rounds": 2, "steps_per_round": 2, "warmup": 1}
 FRAMEWORKS = ("torch", "jax")  # the order of the bursts in a round
@@ -91,7 +103,8 @@ def torch_contestants(keras, backend, workload, total_steps):
     from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
     from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
     steps = {EAGER["mtbench"]: EagerTorchTrainStep.name, COMPILED["mtbench"]: CompiledTorchTrainStep.name,
-             EAGER["native"]: "native_torch.TorchTrainStep", COMPILED["native"]: "native_torch.TorchTrainStep(compile)"}
+             EAGER["native"]: "native_torch.TorchTrainStep",
+             COMPILED["native"]: "native_torch.TorchTrainStep(compile)"}
     return make_contestants(keras, backend, workload, total_steps), steps
 
 
@@ -110,9 +123,9 @@ def serve(framework, args):
         contestants, steps = jax_contestants(keras, backend, run, workload, total_steps)
     started = time.perf_counter()
     run_interleaved(contestants, workload.batches, args.warmup, rounds=0, steps_per_round=0)
-    info = {"contestants": [c.name for c in contestants], "train_steps": steps, "warmup_s": time.perf_counter() - started,
-            "device": run.device, "batch_shape": list(workload.batches[0].shape),
-            "model": workload.model_shape.to_dict()}
+    info = {"contestants": [c.name for c in contestants], "train_steps": steps,
+            "warmup_s": time.perf_counter() - started, "device": run.device,
+            "batch_shape": list(workload.batches[0].shape), "model": workload.model_shape.to_dict()}
     if framework == "torch":
         import torch
         info["torch_threads"] = torch.get_num_threads()
@@ -120,7 +133,9 @@ def serve(framework, args):
     for line in sys.stdin:
         if line.strip() != "burst":
             break
-        reply({"seconds": run_interleaved(contestants, workload.batches, 1, 1, args.steps_per_round)})
+        before = sample_load()
+        seconds = run_interleaved(contestants, workload.batches, 1, 1, args.steps_per_round)
+        reply({"seconds": seconds, "other_percent": other_processes_percent(before, sample_load())})
     return 0
 
 
@@ -154,9 +169,13 @@ class Worker:
         raise WorkerFailed(f"the {self.framework} worker ended early: {last} (log: {self.log_path})")
 
     def burst(self):
-        self.process.stdin.write("burst\n")
-        self.process.stdin.flush()
-        return self.read()["seconds"]
+        """{'seconds': {contestant: [timed steps]}, 'other_percent': the CPUs' time other processes took}."""
+        try:
+            self.process.stdin.write("burst\n")
+            self.process.stdin.flush()
+        except OSError:  # the worker has ended: read() says why
+            pass
+        return self.read()
 
     def close(self):
         if self.process.poll() is None:
@@ -170,10 +189,28 @@ class Worker:
         self.log.close()
 
 
+def quiet_burst(worker, args, bursts):
+    """One burst of `worker` that ran while other processes took at most --max-other percent of the CPUs, trying
+    again up to --retries times; the last try is kept even if it was not quiet. Counts into `bursts`."""
+    for attempt in range(args.retries + 1):
+        burst = worker.burst()
+        other = burst["other_percent"]
+        bursts["other_percent"].append(other)
+        if other is None or other <= args.max_other:
+            break
+        if attempt < args.retries:
+            bursts["discarded"] += 1
+        else:
+            bursts["kept_busy"] += 1
+    bursts["kept"] += 1
+    return burst["seconds"]
+
+
 def measure(argv, args, log_dir):
-    """Starts the workers one after the other, then runs the rounds; returns what each worker said when ready and
-    every contestant's timed seconds."""
+    """Starts the workers one after the other, then runs the rounds; returns what each worker said when ready,
+    every contestant's timed seconds, and how many bursts the machine's other load cost."""
     workers, ready, seconds = [], {}, {}
+    bursts = {"kept": 0, "discarded": 0, "kept_busy": 0, "other_percent": []}
     try:
         for framework in FRAMEWORKS:
             print(f"starting the {framework} worker (model set-up, {args.warmup} warm-up steps per contestant) ...",
@@ -183,17 +220,18 @@ def measure(argv, args, log_dir):
             ready[framework] = worker.read()["ready"]
         for number in range(args.rounds):
             for worker in workers:
-                for name, values in worker.burst().items():
+                for name, values in quiet_burst(worker, args, bursts).items():
                     seconds.setdefault(name, []).extend(values)
             if (number + 1) % 10 == 0:
-                print(f"round {number + 1} of {args.rounds}", file=sys.stderr, flush=True)
+                print(f"round {number + 1} of {args.rounds} ({bursts['discarded']} bursts run again so far: other "
+                      f"processes were busy)", file=sys.stderr, flush=True)
     finally:
         for worker in workers:
             worker.close()
-    return ready, seconds
+    return ready, seconds, bursts
 
 
-def summary_json(ready, seconds, settings):
+def summary_json(ready, seconds, bursts, settings):
     contestants = {name: summarize(values) for name, values in seconds.items()}
     out = {}
     for key, (mine, native, goal) in RATIOS.items():
@@ -205,6 +243,9 @@ def summary_json(ready, seconds, settings):
     out["warmup_s"] = {framework: info["warmup_s"] for framework, info in ready.items()}
     out["torch_threads"] = ready["torch"].get("torch_threads")
     out["devices"] = {framework: info["device"] for framework, info in ready.items()}
+    measured = [value for value in bursts["other_percent"] if value is not None]
+    out["bursts"] = {"kept": bursts["kept"], "run_again": bursts["discarded"], "kept_busy": bursts["kept_busy"],
+                     "other_processes_percent_median": float(np.median(measured)) if measured else None}
     out["settings"] = settings
     return out
 
@@ -219,7 +260,8 @@ def report(summary):
              f"processes taking turns, after {s['warmup']} warm-up steps",
              "versions: " + ", ".join(f"{k} {v}" for k, v in s["versions"].items() if v),
              f"hardware: {s['hardware']['cpu_model']}, {s['hardware']['cpus_usable']} usable CPUs"
-             + (f", pinned to {s['cpus']}" if s["cpus"] else "") + f"; torch intra-op threads {summary['torch_threads']}",
+             + (f", pinned to {s['cpus']}" if s["cpus"] else "")
+             + f"; torch intra-op threads {summary['torch_threads']}",
              "", f"{'contestant':18s} {'median ms':>10s} {'p10 ms':>8s} {'p90 ms':>8s} {'steps':>6s}  train step"]
     for name, c in summary["contestants"].items():
         lines.append(f"{name:18s} {c['median_s'] * 1e3:10.2f} {c['p10_s'] * 1e3:8.2f} {c['p90_s'] * 1e3:8.2f} "
@@ -228,6 +270,14 @@ def report(summary):
     for key, (mine, native, goal) in RATIOS.items():
         met = "yes" if summary["goals"][key]["met"] else "NO"
         lines.append(f"{mine + ' / ' + native:36s} {summary[key]:6.2f} {goal:6.1f}  {met}")
+    b = summary["bursts"]
+    lines.append(f"\nbursts: {b['kept']} kept, {b['run_again']} run again because other processes took more than "
+                 f"{s['max_other_percent']:g} % of the CPUs")
+    if b["kept_busy"]:
+        lines.append(f"WARNING: {b['kept_busy']} kept bursts ran on a busy machine after {s['retries']} retries "
+                     f"(other processes' median share {b['other_processes_percent_median']:.0f} %): the figures "
+                     f"are inflated, the ratios less so (each is taken within one worker, its contestants "
+                     f"interleaved)")
     return lines
 
 
@@ -238,8 +288,19 @@ def parse_args(argv):
     parser.add_argument("--layers", type=int, default=1, help="encoder and decoder layers each")
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--ff-dim", type=int, default=32)
+    parser.add_argument("--max-other", type=float, default=10.0, metavar="PERCENT",
+                        help="a burst during which other processes took more of the CPUs' time is run again "
+                             "(default 10)")
+    parser.add_argument("--retries", type=int, default=5, help="times a busy burst is run again (default 5)")
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parse_measurement_args(parser, argv, QUICK)
+    if args.retries < 0 or args.max_other < 0:
+        parser.error("--retries and --max-other must be 0 or more")
+    from mtbench.runner.data.batches import BUCKET_STEP
+    if args.length > BUCKET_STEP:
+        # --max-len is the length, so every pair falls in one length bucket (a bucket too thin to fill a batch,
+        # beside others, would leave the search for its batches endless)
+        parser.error(f"--length must be at most {BUCKET_STEP} (one length bucket), not {args.length}")
     from mtbench.errors import MtbenchError
     try:
         train_config("torch", args)  # the model's shape, checked as mtbench train checks it
@@ -266,7 +327,7 @@ def main(argv=None):
     started = time.perf_counter()
     log_dir = tempfile.mkdtemp(prefix="host-overhead-")
     try:
-        ready, seconds = measure(argv, args, log_dir)
+        ready, seconds, bursts = measure(argv, args, log_dir)
     except WorkerFailed as failure:
         print(f"host_overhead: {failure}", file=sys.stderr)
         return 1
@@ -274,8 +335,9 @@ def main(argv=None):
     settings = {"model": ready["torch"]["model"], "batch_shape": ready["torch"]["batch_shape"],
                 "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup": args.warmup,
                 "batches": args.batches, "dtype": "float32", "versions": versions(), "hardware": hardware(),
-                "cpus": args.cpus, "seconds": time.perf_counter() - started}
-    summary = summary_json(ready, seconds, settings)
+                "cpus": args.cpus, "max_other_percent": args.max_other, "retries": args.retries,
+                "seconds": time.perf_counter() - started}
+    summary = summary_json(ready, seconds, bursts, settings)
     print("\n".join(report(summary)))
     print(f"({settings['seconds']:.0f} s in all)")
     print(json.dumps(summary))

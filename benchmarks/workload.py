@@ -56,7 +56,9 @@ def prepare_workload(config, steps, length=None):
     tokenizer = load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
     split = encode_split(corpus.train, tokenizer, config.max_len)
     batches = []
-    for _, batch in training_batches(split, config.batch_size, config.max_len, config.seed):
+    for epoch, batch in training_batches(split, config.batch_size, config.max_len, config.seed):
+        if epoch > 0 and not batches:
+            break  # a whole pass over the data held no batch of that length: there is none to find
         if length is None or batch.shape[1] == length:
             batches.append(batch)
         if len(batches) == steps:

@@ -268,6 +268,7 @@ def cpu_matrix(cache_dir, tmp_path_factory):
     return proc.stdout, proc.stderr, json.loads(proc.stdout.strip().splitlines()[-1]), out
 
 
+@pytest.mark.slow
 def test_cpu_matrix_trains_and_skips_rows_and_says_why(cpu_matrix):
     _, _, summary, out = cpu_matrix
     assert summary["device_kind"] == "cpu" and summary["presets"] == ["tiny"] and summary["finished"]
@@ -290,6 +291,7 @@ def test_cpu_matrix_trains_and_skips_rows_and_says_why(cpu_matrix):
         assert json.load(f)["rows"] == summary["rows"]
 
 
+@pytest.mark.slow
 def test_cpu_matrix_prints_device_versions_config_and_each_row(cpu_matrix):
     stdout, stderr, _, out = cpu_matrix
     assert "device (jax): 1x" in stdout and "device (torch): 1x" in stdout

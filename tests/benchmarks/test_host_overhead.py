@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.host_overhead import RATIOS, report, summary_json
+from benchmarks.host_overhead import RATIOS, quiet_burst, report, summary_json
 from benchmarks.overhead import summarize
 from conftest import REPOSITORY
 
@@ -38,6 +39,7 @@ def test_quick_run_times_every_contestant_and_ends_with_the_three_ratios(cache_d
     assert summary["settings"]["versions"]["torch"] and summary["settings"]["hardware"]["cpu_model"]
     assert {device["kind"] for device in summary["devices"].values()} == {"cpu"}
     assert "mtbench eager / native eager" in proc.stdout
+    assert summary["bursts"]["kept"] == 2 * 2  # 2 rounds x 2 workers, each burst kept once, busy or not
 
 
 def test_ratios_divide_medians_and_say_whether_each_goal_is_met():
@@ -48,8 +50,9 @@ def test_ratios_divide_medians_and_say_whether_each_goal_is_met():
     settings = {"model": {"d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "num_heads": 2, "ff_dim": 32,
                           "vocab_size": 1000}, "batch_shape": [2, 8], "rounds": 1, "steps_per_round": 3,
                 "warmup": 1, "versions": {"torch": "x"}, "hardware": {"cpu_model": "c", "cpus_usable": 2},
-                "cpus": None}
-    summary = summary_json(ready, seconds, settings)
+                "cpus": None, "max_other_percent": 10.0, "retries": 5}
+    bursts = {"kept": 2, "discarded": 3, "kept_busy": 1, "other_percent": [50.0, 40.0, 30.0, 20.0, 0.0, None]}
+    summary = summary_json(ready, seconds, bursts, settings)
     assert summary["torch_eager_ratio"] == pytest.approx(2.0)
     assert summary["torch_compiled_ratio"] == pytest.approx(1.1)
     assert summary["jax_ratio"] == pytest.approx(1.3)
@@ -57,14 +60,48 @@ def test_ratios_divide_medians_and_say_whether_each_goal_is_met():
         "torch_eager_ratio": False, "torch_compiled_ratio": True, "jax_ratio": False}
     assert summary["contestants"]["mtbench eager"] == summarize([0.003, 0.005, 0.004])
     assert summary["step_ms"]["mtbench eager"] == pytest.approx(4.0)
+    assert summary["bursts"] == {"kept": 2, "run_again": 3, "kept_busy": 1,
+                                 "other_processes_percent_median": 30.0}
     lines = report(summary)
     assert any(line.startswith("mtbench eager / native eager") and line.endswith("NO") for line in lines)
     assert len([line for line in lines if line.endswith(("yes", "NO"))]) == len(RATIOS)
+    assert any(line.startswith("WARNING: 1 kept bursts ran on a busy machine") for line in lines)
+
+
+class Busy:
+    """A worker whose bursts find other processes taking these shares of the CPUs, one per burst."""
+
+    def __init__(self, *others):
+        self.others = list(others)
+
+    def burst(self):
+        return {"seconds": {"a": [len(self.others)]}, "other_percent": self.others.pop(0)}
+
+
+def test_a_burst_on_a_busy_machine_is_run_again_and_the_last_try_kept():
+    args = SimpleNamespace(retries=2, max_other=10.0)
+    bursts = {"kept": 0, "discarded": 0, "kept_busy": 0, "other_percent": []}
+    assert quiet_burst(Busy(60.0, 5.0, 99.0), args, bursts) == {"a": [2]}  # the second try was quiet
+    assert quiet_burst(Busy(60.0, 70.0, 80.0), args, bursts) == {"a": [1]}  # never quiet: the third try kept
+    assert quiet_burst(Busy(None), args, bursts) == {"a": [1]}  # no /proc/stat: nothing to judge by
+    assert bursts == {"kept": 3, "discarded": 3, "kept_busy": 1, "other_percent": [60.0, 5.0, 60.0, 70.0, 80.0, None]}
 
 
 def test_bad_settings_are_refused_with_one_line():
     for argv, message in ((["--rounds", "0"], "--rounds must be at least 1, not 0"),
-                          (["--d-model", "15"], "--d-model 15 is not divisible by --heads 2")):
+                          (["--d-model", "15"], "--d-model 15 is not divisible by --heads 2"),
+                          (["--length", "20"], "--length must be at most 16 (one length bucket), not 20")):
         proc = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True)
         assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_a_worker_that_cannot_start_ends_the_run_with_its_reason_in_one_line(cache_dir, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env.update(MTBENCH_LOAD_PLUGINS="", TMPDIR=str(tmp_path))  # the failed worker's log is kept there
+    proc = subprocess.run([sys.executable, SCRIPT, "--batch-size", "4096", "--cache-dir", cache_dir],
+                          capture_output=True, text=True, env=env, timeout=600)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert last.startswith("host_overhead: the torch worker ended early: ValueError: no length bucket holds a full "
+                           "batch (4096 rows;") and f"(log: {tmp_path}" in last

@@ -1,6 +1,7 @@
 """benchmarks/profile_step.py on the tiny preset: the multiplications XLA really runs in the jitted step, counted
 from the optimised HLO, must add up to the analytic FLOPs mtbench divides by for MFU; torch's profiler must see
-every multiplication outside attention (its fused attention kernel reports no FLOPs)."""
+every multiplication outside attention, and, as mtbench holds torch to SDPA's math kernel (the unfused class JAX
+runs), some of attention's products too, as plain batched matmuls, but never more than the analytic count."""
 
 import json
 import os
@@ -26,7 +27,7 @@ def test_jax_profile_counts_the_analytic_flops_in_the_compiled_step(cache_dir):
     assert summary["profiled_matmul_flops"] == summary["analytic_flops"]
     assert 0 < summary["matmul_share"] < 1 and sum(summary["categories_ms"].values()) > 0
 
-def test_torch_profile_sees_every_multiplication_but_attention(cache_dir):
+def test_torch_profile_sees_every_multiplication_and_no_more(cache_dir):
     from mtbench.keras_models.presets import PRESETS
     summary = profile("torch", cache_dir)
     tiny = PRESETS["tiny"]
@@ -34,4 +35,4 @@ def test_torch_profile_sees_every_multiplication_but_attention(cache_dir):
     # Attention's score and value products: 2 matmuls x 2 FLOPs x rows x heads x L x L x head_dim, forward
     # and twice backward, in every encoder self-, decoder self- and cross-attention.
     attention = 3 * 2 * 2 * rows * length * length * tiny.d_model * (tiny.encoder_layers + 2 * tiny.decoder_layers)
-    assert summary["profiled_matmul_flops"] == pytest.approx(summary["analytic_flops"] - attention, rel=1e-9)
+    assert summary["analytic_flops"] - attention < summary["profiled_matmul_flops"] <= summary["analytic_flops"]

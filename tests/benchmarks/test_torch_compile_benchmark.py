@@ -7,12 +7,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.torch_compile import parse_args
 from conftest import REPOSITORY
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "torch_compile.py")
 
 
+@pytest.mark.slow
 def test_quick_run_reports_compile_times_breaks_and_ratios(cache_dir):
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     # Two compile workers, not one: about 30 % less compile time on two cores (no timing is asserted).

@@ -165,6 +165,7 @@ def test_a_partial_result_reaches_the_reporter_as_incomplete(cache_dir, corpus_t
     assert line["figures"]["bleu"] is None
 
 
+@pytest.mark.slow
 def test_on_torch_without_a_log_the_reporter_prints_and_no_callback_runs(cache_dir, tmp_path):
     out = str(tmp_path / "r.json")
     proc = run_cli("train", "--backend", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS),

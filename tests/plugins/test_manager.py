@@ -3,6 +3,8 @@ distributions with entry points (see conftest.THIRD_PARTY_PACKAGES), loaded, lim
 
 import json
 
+import pytest
+
 from conftest import ONE_BUCKET, TINY_TRAIN, env_with, run_cli
 
 LOADED = "mtbench-thirdparty,mtbench_broken,MTBENCH.FLAKY"  # package names, spelt as pip compares them
@@ -28,7 +30,8 @@ def test_builtin_plugins_are_listed_with_their_hooks():
     assert plugins["transformer"]["provides"] == {"models": ["transformer"]}
     assert plugins["marian"]["provides"] == {"models": ["marian"]}
     assert plugins["torch_ddp"]["provides"] == {"extras": ["ddp"]}
-    assert len(builtin) == 14 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
+    assert plugins["fsdp"]["provides"] == {"extras": ["fsdp"]}  # one name, both backends
+    assert len(builtin) == 15 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
 
 
 def test_an_80_column_terminal_folds_hooks_and_hints_instead_of_cutting_them():
@@ -183,6 +186,7 @@ def test_compile_options_that_training_would_ignore_are_refused(plugin_path, cac
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_reporters_run_on_every_result_of_compare_and_report(plugin_path, cache_dir, tmp_path):
     env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty"}
     out, blocker = tmp_path / "c.json", tmp_path / "a-file"

@@ -48,7 +48,7 @@ def test_a_bad_size_is_one_line_before_anything_is_built(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("Error: run 'jax:d-model=64,heads=3': --d-model 64 is not divisible")
     proc = run_cli("compare", "--matrix", "jax:width=3", "--preset", "tiny", "--out", str(tmp_path / "c.json"))
-    assert proc.returncode == 2 and "is not flag=value with a size flag" in proc.stderr
+    assert proc.returncode == 2 and "is not flag=value with a size or sweep flag" in proc.stderr
 
 
 def test_trackers_are_a_comma_separated_list_and_none_means_none():

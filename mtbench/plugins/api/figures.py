@@ -70,6 +70,8 @@ FIGURES = (
     Figure("peak_host_bytes", "peak host memory (MiB)", "memory", _memory("peak_host_bytes"), 1 / MIB, 0),
     Figure("peak_training_device_bytes", "peak training memory, per device (MiB)", "memory",
            lambda result: training_peak_bytes(result), 1 / MIB, 0),
+    Figure("state_bytes_per_device", "training state, per device (MiB)", "memory",
+           lambda result: state_bytes_per_device(result), 1 / MIB, 1),
     Figure("peak_device_bytes", "peak device memory, whole run (MiB)", "memory", _memory("peak_device_bytes"),
            1 / MIB, 0),
     Figure("train_loss", "train loss", "quality", _metric("train_loss")),
@@ -81,6 +83,14 @@ FIGURES = (
     Figure("chrf", "chrF (test)", "quality", _metric("chrf"), decimals=2),
 )
 FIGURES_BY_KEY = {figure.key: figure for figure in FIGURES}
+
+
+def state_bytes_per_device(result):
+    """Parameters, gradients and optimizer state the largest device held while training, as the extra that
+    placed them recorded (`extras_record[name]['state_bytes']`: ddp, data-parallel, fsdp); None where none did."""
+    recorded = [record["state_bytes"] for record in (result.get("extras_record") or {}).values()
+                if isinstance(record, dict) and record.get("state_bytes") is not None]
+    return max(recorded) if recorded else None
 
 
 def training_peak_bytes(result):

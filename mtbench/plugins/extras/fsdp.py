@@ -83,22 +83,77 @@ def sharded_model_parallel(devices):
     return ShardedWeights(layout_map=LayoutMap(mesh), batch_dim_name=MODEL_AXIS)
 
 
-class JaxStateProbe(WrappingStep):
-    """The jit step over the sharded mesh, recording the state it holds per device as training ends."""
+def jax_relaid(arrays, shardings):
+    """`arrays` laid out as `shardings` say (one program: it works across processes too)."""
+    import jax
+    return jax.jit(lambda values: values, out_shardings=shardings)(arrays)
 
-    def __init__(self, inner, state):
+
+class StateRecording(WrappingStep):
+    """Wraps a train step and records its training state per device at every `finalize`, before the step hands
+    its state to Keras: `measure()` returns the record (`state_record`), or None when nothing trained since."""
+
+    def __init__(self, inner, record, measure):
         super().__init__(inner)
-        self.record = state
-        self.layouts = [variable.value.sharding for variable in inner.model.trainable_variables]
+        self.record, self.measure = record, measure
 
     def finalize(self):
-        if self.inner.state is not None:  # the arrays the step carried from step to step, before Keras holds them
-            trainable, _, optimizer_state = self.inner.state
-            self.record.update(jax_state_record(trainable, optimizer_state))
-            # Whether the weights kept the layouts the distribution gave them through every step.
-            self.record["layouts_kept"] = all(array.sharding.is_equivalent_to(layout, array.ndim)
-                                              for array, layout in zip(trainable, self.layouts))
+        measured = self.measure()
+        if measured is not None:
+            self.record.update(measured)
         self.inner.finalize()
+
+
+def jax_step_state(step):
+    """The state record of a `JitTrainStep` from the arrays it carries from step to step (None before a step)."""
+    if step.state is None:
+        return None
+    trainable, _, optimizer_state = step.state
+    return jax_state_record(trainable, optimizer_state)
+
+
+class JaxShardedStep(StateRecording):
+    """The jit step over the sharded mesh. Across processes the whole state is replicated at `finalize` (process
+    0 alone writes checkpoints and the saved model, and can read only what it holds) and laid out sharded again
+    when training goes on."""
+
+    def __init__(self, inner, record):
+        super().__init__(inner, record, self._measure)
+        model = inner.model
+        self.variables = [*model.trainable_variables, *model.non_trainable_variables, *model.optimizer.variables]
+        self.layouts = [variable.value.sharding for variable in self.variables]
+        self.keras_layouts = [variable._layout for variable in self.variables]  # what Keras lays assignments as
+        self.replicated = False
+
+    def _measure(self):
+        measured = jax_step_state(self.inner)
+        if measured is not None:
+            # Whether the weights kept the layouts the distribution gave them through every step.
+            trainable = self.inner.state[0]
+            measured["layouts_kept"] = all(array.sharding.is_equivalent_to(layout, array.ndim)
+                                           for array, layout in zip(trainable, self.layouts[:len(trainable)]))
+        return measured
+
+    def _lay_out(self, shardings, keras_layouts):
+        for variable, value, layout in zip(self.variables, jax_relaid([v.value for v in self.variables], shardings),
+                                           keras_layouts):
+            variable._value, variable._layout = value, layout
+
+    def __call__(self, x, y, sample_weight):
+        if self.replicated:
+            self._lay_out(self.layouts, self.keras_layouts)
+            self.replicated = False
+        return self.inner(x, y, sample_weight)
+
+    def finalize(self):
+        import jax
+        super().finalize()
+        if not self.replicated and not all(variable.value.is_fully_addressable for variable in self.variables):
+            whole = [jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec()) for layout in self.layouts]
+            # Keras lays what is assigned to a variable out as its layout says (evaluation assigns): replicated
+            # until training goes on.
+            self._lay_out(whole, whole)
+            self.replicated = True
 
 
 # ----- torch -----
@@ -133,13 +188,13 @@ def fsdp_units(model):
 
 
 class TorchSharding:
-    """FSDP2 over `mesh` around a Keras model: the units' calls run FSDP's hooks, and the Keras variables hold
-    the sharded parameters between steps and the gathered ones inside a unit's call."""
+    """FSDP2 over `mesh` around a Keras model: each unit's call runs FSDP's hooks, its variables holding the
+    parameters FSDP gathered while it computes, and their shards (DTensors) before and after."""
 
     def __init__(self, model, mesh):
         import torch
         from torch.distributed.fsdp import fully_shard
-        from torch.distributed.tensor import DTensor, distribute_tensor
+        from torch.distributed.tensor import DTensor
 
         # Keras registers each variable's tensor with its own layer and again with every layer above it; FSDP
         # wants one owner per parameter, so each layer keeps only its own variables' tensors.
@@ -151,111 +206,119 @@ class TorchSharding:
             for key, tensor in layer._torch_params._parameters.items():
                 owners[id(tensor)] = (layer._torch_params, key)
         variables = {id(variable.value): variable for variable in model.variables}
-        frozen = {variable.value for variable in model.variables if not variable.trainable}
+        frozen = {variable.value for variable in model.variables if not variable.trainable}  # seeds stay whole
         units = fsdp_units(model)
         submodules = set(model.modules())
         for index, unit in enumerate(units[:-1]):
             if unit not in submodules:  # a layer held in a list: torch's module tree does not know it
                 torch.nn.Module.add_module(model, f"fsdp_unit_{index}", unit)
-        claimed, self.units = set(), []
+        claimed, self.units, self.classes = set(), [], []
         for unit in units:  # innermost first: the model's unit takes what the blocks left
             held = []
             for tensor in unit.parameters():
                 variable = variables.get(id(tensor))
-                if variable is None or not variable.trainable or id(tensor) in claimed:
-                    continue
-                claimed.add(id(tensor))
-                held.append((variable, *owners[id(tensor)]))
-            fully_shard(unit, mesh=mesh, ignored_params=frozen)
+                if variable is not None and variable.trainable and id(tensor) not in claimed:
+                    claimed.add(id(tensor))
+                    held.append((variable, *owners[id(tensor)]))
+            keras_class = type(unit)
+            fully_shard(unit, mesh=mesh, ignored_params=frozen)  # makes the unit's class FSDP's subclass of it
+            self.classes.append((unit, keras_class, type(unit)))
+            # (variable, where FSDP puts the gathered parameter, the shard FSDP keeps between gatherings)
+            held = [(variable, parameters, key, parameters._parameters[key]) for variable, parameters, key in held]
+            for variable, _, _, shard in held:
+                if not isinstance(shard, DTensor):
+                    raise RunFailure(f"FSDP left the weight {variable.path} unsharded")
             self.units.append((unit, unit.call, held))
-        self.held = [entry for _, _, entries in self.units for entry in entries]
-        self.hold_shards()
-        self.sharded = [(variable, variable.value) for variable, _, _ in self.held]  # each with its shard
-        for variable, parameter in self.sharded:
-            if not isinstance(parameter, DTensor):
-                raise RunFailure(f"FSDP left the weight {variable.path} unsharded")
-        self.model, self.mesh, self.distribute_tensor = model, mesh, distribute_tensor
-        self.full_moments = None
+        self.sharded = [(variable, shard) for _, _, held in self.units for variable, _, _, shard in held]
+        self.model, self.mesh, self.moments = model, mesh, []
         self.gathering = False
+        self.hold_shards()  # the whole tensors the variables held are freed
 
     def shard_moments(self, optimizer):
         """Lays the Keras optimizer's moment variables out as their parameters are (a resumed run's moments
-        carried over), so that torch's AdamW updates shards."""
-        self.moments = []
+        carried over), so that the optimizer updates shards."""
+        from torch.distributed.tensor import distribute_tensor
         for variable, parameter in self.sharded:
             index = optimizer._get_variable_index(variable)
             for slot in (optimizer._momentums[index], optimizer._velocities[index]):
-                shard = self.distribute_tensor(slot.value.detach(), parameter.device_mesh, parameter.placements)
+                shard = distribute_tensor(slot.value.detach(), parameter.device_mesh, parameter.placements)
                 if shard.to_local().shape != parameter.to_local().shape:
                     raise RunFailure(f"the moments of {variable.path} shard unlike the weight")
                 slot._value = shard
                 self.moments.append((slot, shard))
 
     def start_gathering(self):
-        """Each unit's call runs FSDP's hooks around it, its variables pointed at the parameters FSDP gathered."""
+        """Each unit's call goes through `torch.nn.Module.__call__`, where FSDP's hooks gather the unit's
+        parameters before it (and again for its backward) and reduce-scatter their gradients after."""
         import torch
-        if self.gathering:
-            return
+        for unit, _, fsdp_class in self.classes:
+            unit.__class__ = fsdp_class
         for unit, call, held in self.units:
             def forward(*args, _call=call, _held=held, **kwargs):
-                for variable, parameters, key in _held:
-                    variable._value = parameters._parameters[key]  # the gathered parameter, now the module's
-                return _call(*args, **kwargs)
+                for variable, parameters, key, _ in _held:
+                    variable._value = parameters._parameters[key]  # the gathered parameter, while FSDP holds it
+                try:
+                    return _call(*args, **kwargs)
+                finally:
+                    for variable, _, _, shard in _held:
+                        variable._value = shard  # the backward reads what the forward saved, not the variable
 
             unit.forward = forward
             unit.call = lambda *args, _unit=unit, **kwargs: torch.nn.Module.__call__(_unit, *args, **kwargs)
         self.gathering = True
 
-    def stop_gathering(self):
-        for unit, _, _ in self.units:
-            del unit.call, unit.forward  # the class's own again
-        self.gathering = False
-
     def hold_shards(self):
-        """Points every variable at its sharded parameter (and each moment at its shard) for the optimizer's
-        update and the next step."""
-        for variable, parameters, key in self.held:
-            variable._value = parameters._parameters[key]
-        for slot, shard in getattr(self, "moments", ()):
+        """Points every variable at its shard and every moment variable at its own, for the next step."""
+        for variable, shard in self.sharded:
+            variable._value = shard
+        for slot, shard in self.moments:
             slot._value = shard
 
     def hold_full(self):
-        """Gathers every weight and moment whole into its Keras variable, for evaluation and checkpoints (FSDP's
-        hooks off meanwhile: evaluation computes with the variables as Keras holds them)."""
+        """Gathers every weight and moment whole into its Keras variable, for evaluation and checkpoints, and
+        turns FSDP's hooks off meanwhile: evaluation computes with the variables as Keras holds them."""
         import torch
-        self.stop_gathering()
-        for variable, parameter in self.sharded:
-            variable._value = torch.nn.Parameter(parameter.full_tensor(), requires_grad=False)
+        for unit, _, _ in self.units:
+            del unit.call, unit.forward  # the class's own again
+        # Keras names a checkpoint's objects by their class: a checkpoint must name the model's own classes.
+        for unit, keras_class, _ in self.classes:
+            unit.__class__ = keras_class
+        self.gathering = False
+        for variable, shard in self.sharded:
+            variable._value = torch.nn.Parameter(shard.full_tensor(), requires_grad=False)
         for slot, shard in self.moments:
             slot._value = shard.full_tensor()
 
 
-class TorchShardedStep(WrappingStep):
+def torch_step_state(step):
+    """The state record of mtbench's eager torch step: its variables' tensors, their gradients, the moments."""
+    return torch_state_record([variable.value for variable in step.variables], step.model.optimizer)
+
+
+class TorchShardedStep(StateRecording):
     """mtbench's eager torch step over FSDP's shards: the variables hold the shards between steps, the whole
     weights from `finalize` until the next step."""
 
     def __init__(self, inner, sharding, record):
-        super().__init__(inner)
-        self.sharding, self.record = sharding, record
+        super().__init__(inner, record, self._measure)
+        self.sharding = sharding
+
+    def _measure(self):
+        return torch_step_state(self.inner) if self.sharding.gathering else None
 
     def __call__(self, x, y, sample_weight):
-        if not self.sharding.gathering:
+        if not self.sharding.gathering:  # the first step, or the first after `finalize`
             self.sharding.hold_shards()
             self.sharding.start_gathering()
-        logs = self.inner(x, y, sample_weight)
-        self.sharding.hold_shards()  # before the next step clears the gradients of the variables' tensors
-        return logs
+        return self.inner(x, y, sample_weight)
 
     def description(self):
-        units = len(self.sharding.units)
-        return f"FSDP2 over {self.sharding.mesh.size()} processes, {units} units"
+        return f"FSDP2 over {self.sharding.mesh.size()} processes, {len(self.sharding.units)} units"
 
     def finalize(self):
+        super().finalize()
         if self.sharding.gathering:
-            self.record.update(torch_state_record([parameter for _, parameter in self.sharding.sharded],
-                                                  self.inner.model.optimizer))
             self.sharding.hold_full()
-        self.inner.finalize()
 
 
 class FullySharded(Extra):
@@ -302,7 +365,7 @@ class FullySharded(Extra):
         from mtbench.plugins.backends.jax_jit_step import JitTrainStep
         if not isinstance(step, JitTrainStep) or step.distribution is None:
             raise MtbenchError(f"shards mtbench's jit step, not the '{step.name}' step")
-        return JaxStateProbe(step, run.extras_state[self.name])
+        return JaxShardedStep(step, run.extras_state[self.name])
 
     def _torch_step(self, run, model, step):
         import torch
@@ -312,11 +375,6 @@ class FullySharded(Extra):
         from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
         if type(step) is not EagerTorchTrainStep:
             raise MtbenchError(f"shards mtbench's eager torch step, not the '{step.name}' step")
-        if step.fused_optimizer is None:
-            # Keras's own `optimizer.apply` updates the variables with operations DTensor shards do not take.
-            from mtbench.plugins.backends.torch_fused_adamw import fused_adamw_unsupported
-            raise MtbenchError(f"updates the shards with torch's fused AdamW, which cannot carry out this run's "
-                               f"optimizer: {fused_adamw_unsupported(model.optimizer)}")
         world = run.processes.world_size
         mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,))
         sharding = TorchSharding(model, mesh)
@@ -324,7 +382,8 @@ class FullySharded(Extra):
         # The gradients FSDP reduce-scatters are averages over the processes, as DDP's are: the step weighs each
         # process's loss by its share of the global batch's tokens.
         step.distribute(run.processes, model)
-        step.fused_optimizer = FusedAdamW(model.optimizer, step.variables)  # over the shards now
+        if step.fused_optimizer is not None:  # else Keras's `optimizer.apply`, which takes the shards as they are
+            step.fused_optimizer = FusedAdamW(model.optimizer, step.variables)  # over the shards now
         run.extras_state[self.name] = {"devices": world, "processes": world, "collectives": run.processes.collectives,
                                        "units": [unit.name for unit, _, _ in sharding.units],
                                        "per_process_batch": run.config.batch_size // world}

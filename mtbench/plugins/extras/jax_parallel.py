@@ -117,6 +117,11 @@ class DataParallel(Extra):
                                        "mesh_shape": list(distribution.device_mesh.shape),
                                        "per_device_batch": run.config.batch_size // len(jax.devices())}
 
+    def make_train_step(self, run, model, step):
+        from mtbench.plugins.extras.fsdp import StateRecording, jax_step_state
+        # The state each device holds whole (`--extra fsdp` shards it), recorded as training ends.
+        return StateRecording(step, run.extras_state[self.name], lambda: jax_step_state(step))
+
 
 @hookimpl
 def mtbench_register_extras(register):

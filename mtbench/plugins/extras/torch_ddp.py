@@ -30,8 +30,17 @@ class DistributedDataParallel(Extra):
         # Gradients are averaged as they are produced, bucket by bucket, overlapping the backward pass.
         step.distribute(run.processes, DDP(model, device_ids=device_ids))
         run.extras_state[self.name] = {"devices": run.processes.world_size, "collectives": run.processes.collectives,
-                                       "per_process_batch": run.config.batch_size // run.processes.world_size}
+                                       "per_process_batch": run.config.batch_size // run.processes.world_size,
+                                       "step": step}
         return step
+
+    def record(self, run):
+        from mtbench.plugins.extras.fsdp import torch_step_state
+        record = dict(run.extras_state[self.name])
+        # Every process holds the whole state: the parameters, their gradients, the moments (`--extra fsdp`
+        # shards them).
+        record.update(torch_step_state(record.pop("step")))
+        return record
 
 
 @hookimpl

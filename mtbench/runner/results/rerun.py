@@ -40,6 +40,7 @@ class Rerun:
     label: str
     out: str
     repeat: int = 1
+    arguments: tuple = ()     # the `mtbench train` arguments of its configuration (`train_arguments`)
     weights: str = None       # the weights file to start from, or None (the draw from the seed, as configured)
     weights_note: str = None  # why the rerun does not start from the original's weights file, where it does not
 
@@ -93,8 +94,9 @@ def train_arguments(result, flag_names, arguments_of):
     return ["--backend", result["backend"], *extras, *arguments_of(repeated)]
 
 
-def plan_reruns(path, out, overwrite):
-    """The runs of `path` to train again, each with its output file; checked before anything starts."""
+def plan_reruns(path, out, overwrite, flag_names, arguments_of):
+    """The runs of `path` to train again, each with its output file and its arguments (`train_arguments`), all
+    checked before anything starts."""
     runs = load_runs([path])
     single = len(runs) == 1 and runs[0].source == path
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -113,14 +115,17 @@ def plan_reruns(path, out, overwrite):
         check_output_path(out, overwrite)
     for rerun in reruns:
         check_output_path(rerun.out, overwrite)
+        try:
+            rerun.arguments = tuple(train_arguments(rerun.original.result, flag_names, arguments_of))
+        except MtbenchError as error:
+            raise MtbenchError(f"{rerun.original.source}: {error}") from None
         rerun.weights, rerun.weights_note = starting_weights(rerun.original.result["config"])
     return reruns, out, single
 
 
-def run_again(rerun, flag_names, arguments_of, overwrite, console):
+def run_again(rerun, overwrite, console):
     """Trains the rerun in its own process (under torchrun for a run of several processes); returns its result."""
     result = rerun.original.result
-    arguments = train_arguments(result, flag_names, arguments_of)
     weights = ["--initial-weights", rerun.weights] if rerun.weights else []
     name = f"the rerun of {rerun.original.source}"
     if rerun.weights_note:
@@ -129,7 +134,7 @@ def run_again(rerun, flag_names, arguments_of, overwrite, console):
         console.print(f"{rerun.label}: starts from {rerun.weights}, the original's weights file (sha256 unchanged)",
                       highlight=False)
     with console.status(f"{rerun.label}: training again in its own process"):
-        failure = run_child(["train", *arguments, *weights, "--out", rerun.out, "--report", "none",
+        failure = run_child(["train", *rerun.arguments, *weights, "--out", rerun.out, "--report", "none",
                              *(["--overwrite"] if overwrite else [])], rerun.log_file, name, run_processes(result))
     if failure and failure.exit_code != ReportingFailed.EXIT_CODE:
         raise RunFailure(failure)
@@ -228,11 +233,11 @@ def side_by_side_table(differences, title):
 
 def rerun_results(path, out, overwrite, flag_names, arguments_of, console):
     """Trains every run of `path` again and shows each beside its original; returns the file(s) written."""
-    reruns, out, single = plan_reruns(path, out, overwrite)
+    reruns, out, single = plan_reruns(path, out, overwrite, flag_names, arguments_of)
     console.print(f"rerun of {path}: {len(reruns)} run(s), each in its own process", highlight=False)
     entries = []
     for rerun in reruns:
-        result = run_again(rerun, flag_names, arguments_of, overwrite, console)
+        result = run_again(rerun, overwrite, console)
         differences = side_by_side(rerun.original.result, result)
         console.print(side_by_side_table(differences, f"mtbench rerun: {rerun.label}"))
         for line in differences["parity_lines"]:

@@ -157,7 +157,10 @@ def attention_implementations(run, family):
     kernel is asked for only by an extra that verifies it ran). Only the kinds the model family's model runs
     (`ModelFamily.attention_kinds`): none for a model without attention, or one whose attention mtbench does not
     hold to a kernel."""
-    return {kind: name for kind, name in run.attention.items() if kind in family.attention_kinds}
+    kinds = {kind: name for kind, name in run.attention.items() if kind in family.attention_kinds}
+    if kinds:  # and what the backend held the process to (torch's SDPA switches), beside the kinds
+        kinds.update({key: value for key, value in run.attention.items() if key not in ("causal", "masked", "decoding")})
+    return kinds
 
 
 def compile_cache_section(run):

@@ -72,6 +72,7 @@ def single_device(tmp_path_factory, cache_dir):
                  flags=PARALLEL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", ["pmap", "data-parallel"])
 def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, single_device, extra):
     result = train(tmp_path, extra, cache_dir, "--backend", "jax", "--extra", extra, env=TWO_DEVICES, flags=PARALLEL)
@@ -88,6 +89,7 @@ def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, singl
     assert result["metrics"]["val_loss"] == pytest.approx(single_device["metrics"]["val_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eager(tmp_path, cache_dir, tiny_runs):
     # The session's eager torch run is the reference: the compiled run trains with its flags, so it takes the same
     # batches from the same weights (a second eager run of its own cost about 25 s; the 40 extra compiled steps
@@ -137,6 +139,7 @@ def test_compiled_torch_step_refuses_models_that_need_layer_call_bookkeeping():
     assert plain_calls_unsupported(unbuilt) == "layer 'unbuilt' is not built"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_bfloat16_policy_is_applied_and_recorded(tmp_path, cache_dir, backend):
     result = train(tmp_path, backend, cache_dir, "--backend", backend, "--dtype", "mixed_bfloat16", "--steps", "12",

@@ -34,6 +34,7 @@ def assert_same_losses(history, reference):
         assert got["loss"] == pytest.approx(want["loss"], rel=RELATIVE_TOLERANCE), got["step"]
 
 
+@pytest.mark.slow
 def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
     out = tmp_path / "jax-2.json"
     proc = torchrun("train", "--backend", "jax", "--extra", "data-parallel", *TINY_TRAIN, "--cache-dir", cache_dir,
@@ -62,6 +63,7 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
     assert result["metrics"]["bleu"] is not None
 
 
+@pytest.mark.slow
 def test_a_killed_torch_process_stops_the_run_which_resumes_to_the_losses_of_one_process(tiny_runs, cache_dir,
                                                                                          tmp_path):
     out = tmp_path / "torch-2.json"
@@ -93,7 +95,7 @@ def test_a_killed_torch_process_stops_the_run_which_resumes_to_the_losses_of_one
 
 @pytest.mark.parametrize("args, message", [
     (["--backend", "torch"], "2 processes were launched, but no extra of this run trains one model over them "
-                             "(--extra ddp); without one each process would train its own"),
+                             "(--extra ddp or --extra fsdp); without one each process would train its own"),
     (["--backend", "jax", "--extra", "data-parallel", "--batch-size", "33"],
      "the batch size 33 does not split evenly over 2 processes"),
 ])

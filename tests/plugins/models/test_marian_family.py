@@ -39,6 +39,7 @@ def compared(checkpoint, cache_dir):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_both_backends_fine_tune_the_checkpoint_alike(compared):
     results = [run["result"] for run in compared["runs"]]
     assert compared["parity"]["passed"] and compared["parity"]["pairs"], compared["parity"]
@@ -52,6 +53,7 @@ def test_both_backends_fine_tune_the_checkpoint_alike(compared):
     assert before[0]["bleu_signature"] == results[0]["metrics"]["bleu_signature"]
 
 
+@pytest.mark.slow
 def test_the_fine_tuned_model_is_kept_and_translates_on_the_other_backend(compared, tmp_path):
     torch_run = next(run for run in compared["runs"] if run["result"]["backend"] == "torch")
     saved = torch_run["result"]["model"]["saved"]

@@ -84,6 +84,7 @@ def test_corpus_report_counts_drops_lengths_and_test_sources_seen_in_training():
     assert lines[-1] == "  test sources also in the training data: 1 of 2"
 
 
+@pytest.mark.slow
 def test_every_format_together_end_to_end(tmp_path, cache_dir):
     """Moses training pairs (one side gzipped), JSONL validation and a WMT test set from a sacrebleu cache laid
     out as sacrebleu lays it out; the run reads them all and reports what it kept."""

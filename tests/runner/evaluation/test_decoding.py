@@ -64,6 +64,7 @@ def naive_greedy(forward, source, length):
     return out[1:-1] if out[-1] == EOS_ID else out[1:]
 
 
+@pytest.mark.slow
 def test_compiled_greedy_decoding_matches_naive_decoding(model):
     rng = np.random.default_rng(0)
     sources = [list(rng.integers(4, 1000, size=n)) + [EOS_ID] for n in (3, 9, 14, 20)]
@@ -79,6 +80,7 @@ def test_compiled_greedy_decoding_matches_naive_decoding(model):
     assert got_compiled == [naive_greedy(forward, source, 32) for source in sources]
 
 
+@pytest.mark.slow
 def test_cached_decoding_matches_full_decoding_on_torch():
     import json
     import os

@@ -104,6 +104,7 @@ def test_signals_are_recorded_once_and_a_second_ctrl_c_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is previous
 
 
+@pytest.mark.slow
 def test_sigterm_then_resume_replaces_the_partial_result_with_the_uninterrupted_figures(tmp_path, cache_dir,
                                                                                          tiny_runs):
     out, run_dir = str(tmp_path / "sigterm.json"), str(tmp_path / "sigterm.run")
@@ -141,6 +142,7 @@ def test_nan_loss_stops_the_run_as_diverged_and_keeps_the_partial_result(tmp_pat
 TARGET_RUN = [*TINY_TRAIN, "--steps", "200", "--warmup-steps", "20", "--learning-rate", "3e-3"]
 
 
+@pytest.mark.slow
 def test_training_stops_when_validation_bleu_reaches_the_target(tmp_path, cache_dir):
     out = str(tmp_path / "target.json")
     proc = run_cli("train", "--backend", "jax", *TARGET_RUN, "--eval-every", "25", "--target-bleu", "0.05",

@@ -180,6 +180,7 @@ def test_a_comparison_that_fails_parity_ends_with_status_1():
     require_parity(Comparison(groups=[], baseline=None, parity=passing), "c.json")
 
 
+@pytest.mark.slow
 def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_path, cache_dir):
     """Two model sizes, each on both backends: one weights file per size, parity within a size, labels that
     name the size, the energy and cost lines, and every run's TensorBoard events under the comparison's group."""
@@ -414,26 +415,37 @@ def test_rerun_starts_from_the_weights_file_only_while_it_is_unchanged(compared,
 
 
 def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
+    from mtbench.cli import _as_arguments, train
     from mtbench.runner.results.rerun import plan_reruns
-    reruns, out, single = plan_reruns(compared["path"], str(tmp_path / "again.json"), False)
+    reruns, out, single = plan_reruns(compared["path"], str(tmp_path / "again.json"), False,
+                                      {param.name for param in train.params},
+                                      lambda configuration: _as_arguments(configuration, train))
     assert not single and out == str(tmp_path / "again.json")
     assert [(rerun.label, rerun.out) for rerun in reruns] == \
         [("jax", str(tmp_path / "again.runs" / "jax-1.json")), ("torch", str(tmp_path / "again.runs" / "torch-1.json"))]
     assert {rerun.weights for rerun in reruns} == {compared["combined"]["initial_weights"]["file"]}
+    assert [rerun.arguments[:2] for rerun in reruns] == [("--backend", "jax"), ("--backend", "torch")]
 
 
 def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
     existing = tmp_path / "existing.json"
     existing.write_text('{"keep": "me"}\n')
     source = compared["combined"]["runs"][0]["result_file"]
+    changed = json.loads(json.dumps(compared["combined"]["runs"][0]["result"]))
+    changed["config"]["weight_decay"] = 0.1  # no flag sets it: another version's run
+    (tmp_path / "changed.json").write_text(json.dumps(changed))
     for args, expected in (([str(tmp_path / "absent.json")], "absent.json: no such file"),
                            ([str(existing)], "existing.json: not an mtbench result"),
-                           ([source, "--out", str(existing)], "existing.json: already exists; pass --overwrite")):
+                           ([source, "--out", str(existing)], "existing.json: already exists; pass --overwrite"),
+                           ([str(tmp_path / "changed.json"), "--out", str(tmp_path / "again.json")],
+                            "changed.json: its configuration sets weight_decay = 0.1, which no flag of this mtbench "
+                            "sets: it cannot be run again as it was")):
         proc = run_cli("rerun", *args)
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], proc.stderr
-    assert existing.read_text() == '{"keep": "me"}\n' and sorted(os.listdir(tmp_path)) == ["existing.json"]
+    assert existing.read_text() == '{"keep": "me"}\n'
+    assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json"]
 
 
 @pytest.mark.slow

@@ -289,6 +289,8 @@ def test_runs_differing_in_a_swept_key_compare_with_labels_naming_it(results, tm
     assert [(pair.reference, pair.run, pair.dtype) for pair in comparison.parity.pairs] == \
         [(f"jax:batch-size={batch}", f"torch:batch-size={batch}", f"float32, batch-size={batch}"),
          ("jax:batch-size=8", "torch:batch-size=8", "float32, batch-size=8")]
+    runs = load_runs(paths)  # compare names its baseline by its run, whatever label the comparison gives it
+    assert build_comparison(runs, baseline=runs[3]).baseline.label == "torch:batch-size=8"
     data = json.loads(report(*paths, "--format", "json", "--baseline", "jax:batch-size=8"))
     assert data["baseline"] == "jax:batch-size=8" and "batch_size" not in data["config"]
     # a longer max length sizes other position embeddings: its runs may start from other weights

@@ -1,0 +1,170 @@
+"""`--extra fsdp`: parameters, gradients and optimizer state sharded over the devices (JAX: two simulated devices
+in one process, or two processes; torch: two gloo processes under torchrun). Each must train what one device
+trains, step for step, while every device holds half the state a replicated run holds."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import ONE_BUCKET, TINY_TRAIN, run_cli
+from mtbench import FIGURES_BY_KEY
+from mtbench.plugins.extras.fsdp import sharded_axis
+from tests.plugins.extras.test_multi_process import assert_same_losses, torchrun
+
+TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+PARALLEL = [*TINY_TRAIN, *ONE_BUCKET]  # one length bucket: one train program per run
+FLOAT32 = 4
+
+
+def train(tmp_path, name, cache_dir, *args, env=None, flags=PARALLEL):
+    out = tmp_path / f"{name}.json"
+    proc = run_cli("train", *flags, "--cache-dir", cache_dir, "--out", str(out), *args, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def losses(result):
+    return np.array([h["loss"] for h in result["history"]])
+
+
+def fsdp_over_two_processes(tiny_runs, cache_dir, out, backend, *args):
+    """The result of `torchrun --nproc-per-node 2 -m mtbench train --extra fsdp` on TINY_TRAIN, whose losses
+    were checked against the session's one-process run of `backend`."""
+    proc = torchrun("train", "--backend", backend, "--extra", "fsdp", *TINY_TRAIN, *args, "--cache-dir", cache_dir,
+                    "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert len(result["history"]) == 60
+    assert_same_losses(result["history"], tiny_runs[backend]["result"]["history"])
+    return result
+
+
+def assert_half_of_the_state(record, parameters):
+    """Each of 2 devices holds half of every weight, of its gradient and of its two Adam moments."""
+    whole = parameters * FLOAT32
+    assert record["unsharded_parameter_bytes"] == whole
+    assert record["parameter_bytes"] == whole // 2
+    assert record["gradient_bytes"] == whole // 2
+    # The two moments, and the optimizer's step counter and learning rate (a few bytes, on every device).
+    assert whole <= record["optimizer_state_bytes"] <= whole + 16
+    assert record["state_bytes"] == sum(record[key] for key in ("parameter_bytes", "gradient_bytes",
+                                                                "optimizer_state_bytes"))
+
+
+def test_each_weight_is_split_on_its_largest_axis_that_the_devices_divide():
+    assert sharded_axis((1000, 64), 2) == 0
+    assert sharded_axis((64, 128), 2) == 1
+    assert sharded_axis((64, 64), 2) == 0  # the first of equals
+    assert sharded_axis((63, 8), 2) == 1
+    assert sharded_axis((7,), 2) is None  # stays whole on every device
+    assert sharded_axis((), 2) is None
+    assert sharded_axis((1, 3), 4) is None
+
+
+def test_the_state_per_device_is_a_figure_of_every_output():
+    figure = FIGURES_BY_KEY["state_bytes_per_device"]
+    result = {"extras_record": {"flash-attention": {"kernels": []}, "fsdp": {"state_bytes": 3 * 2 ** 20}}}
+    assert figure.value(result) == 3 * 2 ** 20 and figure.text(figure.value(result)) == "3.0"
+    assert figure.title == "training state, per device (MiB)"
+    assert figure.value({"extras_record": {}}) is None and figure.text(None) == "n/a"
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--backend", "jax", "--extra", "fsdp"], None,
+     "extra 'fsdp' cannot run here: needs at least 2 devices; this run has 1 (on a CPU, simulate devices with "
+     "XLA_FLAGS=--xla_force_host_platform_device_count=N)"),
+    (["--backend", "jax", "--extra", "fsdp", "--batch-size", "33"], TWO_DEVICES,
+     "extra 'fsdp' cannot run here: the batch size 33 does not split evenly over 2 devices"),
+    (["--backend", "jax", "--extra", "fsdp", "--extra", "data-parallel"], TWO_DEVICES,
+     "extra 'fsdp' cannot run together with 'data-parallel'"),
+    (["--backend", "torch", "--extra", "fsdp"], None,
+     "extra 'fsdp' cannot run here: needs at least 2 processes; this run has 1 (start mtbench with torchrun "
+     "--nproc-per-node N -m mtbench train ...)"),
+    (["--backend", "torch", "--extra", "fsdp", "--extra", "torch-compile"], None,
+     "extra 'fsdp' cannot run together with 'torch-compile'"),
+])
+def test_fsdp_where_it_cannot_run_says_why(tmp_path, cache_dir, args, env, message):
+    proc = run_cli("train", "--preset", "tiny", "--steps", "2", "--cache-dir", cache_dir,
+                   "--out", str(tmp_path / "r.json"), *args, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"Error: {message}"
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.fixture(scope="module")
+def jax_runs(tmp_path_factory, cache_dir):
+    """One JAX device, two devices replicating the state (data-parallel) and two sharding it (fsdp)."""
+    tmp_path = tmp_path_factory.mktemp("jax-fsdp")
+    return {extra: train(tmp_path, extra, cache_dir, "--backend", "jax", *(["--extra", extra] if extra else []),
+                         env=TWO_DEVICES)
+            for extra in (None, "data-parallel", "fsdp")}
+
+
+@pytest.mark.slow
+def test_jax_fsdp_trains_like_one_device_with_half_the_state_on_each(jax_runs):
+    one, replicated, sharded = jax_runs[None], jax_runs["data-parallel"], jax_runs["fsdp"]
+    assert len(losses(sharded)) == 60
+    np.testing.assert_allclose(losses(sharded), losses(one), rtol=1e-5)
+    assert sharded["metrics"]["val_loss"] == pytest.approx(one["metrics"]["val_loss"], rel=1e-5)
+    record = sharded["extras_record"]["fsdp"]
+    assert record["mesh_axes"] == ["model"] and record["mesh_shape"] == [2] and record["per_device_batch"] == 16
+    # mtbench's jit step ran over the sharded mesh, and its state kept the layouts through every step.
+    assert sharded["train_step"] == "jax-jit-stateless"
+    assert sharded["train_step_detail"] == "ShardedWeights over a mesh of 2 model"
+    assert record["layouts_kept"] is True
+    parameters = sharded["model"]["parameters"]
+    assert_half_of_the_state(record, parameters)
+    # data-parallel holds every weight, gradient and moment whole on each device.
+    whole = replicated["extras_record"]["data-parallel"]
+    assert whole["parameter_bytes"] == whole["gradient_bytes"] == parameters * FLOAT32
+    assert record["state_bytes"] * 2 == pytest.approx(whole["state_bytes"], abs=32)
+    state = FIGURES_BY_KEY["state_bytes_per_device"]
+    assert state.value(sharded) == record["state_bytes"] and state.value(one) is None
+
+
+@pytest.mark.slow
+def test_jax_fsdp_over_two_processes_trains_like_one(tiny_runs, cache_dir, tmp_path):
+    result = fsdp_over_two_processes(tiny_runs, cache_dir, tmp_path / "jax-fsdp-2.json", "jax")
+    record = result["extras_record"]["fsdp"]
+    assert record["processes"] == 2 and record["mesh_shape"] == [2] and record["layouts_kept"] is True
+    assert_half_of_the_state(record, result["model"]["parameters"])
+    # Process 0 evaluated and saved the weights the two processes held in halves.
+    one = tiny_runs["jax"]["result"]["metrics"]
+    assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
+    assert (tmp_path / "jax-fsdp-2.run" / "model").is_dir()
+
+
+@pytest.mark.slow
+def test_torch_fsdp_computes_with_its_shards_and_trains_like_one_process(tiny_runs, cache_dir, tmp_path):
+    """Had the Keras variables kept their own whole tensors, the step would train those and FSDP's shards would
+    stay as they started: the losses would part from one process's at the second step."""
+    # Every step, across the checkpoint at step 30 (the weights gathered whole for it, then sharded again).
+    result = fsdp_over_two_processes(tiny_runs, cache_dir, tmp_path / "torch-fsdp.json", "torch",
+                                     "--checkpoint-every", "30")
+    assert result["train_step"] == "torch-eager"
+    assert result["train_step_detail"] == "FSDP2 over 2 processes, 3 units"
+    record = result["extras_record"]["fsdp"]
+    assert record["units"] == ["encoder_0", "decoder_0", "transformer"] and record["collectives"] == "gloo"
+    assert_half_of_the_state(record, result["model"]["parameters"])
+    one = tiny_runs["torch"]["result"]["metrics"]
+    assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
+    # The checkpoint holds the whole weights under the model's own layer names: it resumes (next test).
+    assert sorted(p.name for p in (tmp_path / "torch-fsdp.run").iterdir()) == [
+        "checkpoint-000030", "checkpoint-000060", "model", "run.json"]
+
+
+@pytest.mark.slow
+def test_a_killed_torch_fsdp_run_resumes_to_the_losses_of_one_process(tiny_runs, cache_dir, tmp_path):
+    out = tmp_path / "torch-fsdp.json"
+    proc = torchrun("train", "--backend", "torch", "--extra", "fsdp", *TINY_TRAIN, "--checkpoint-every", "30",
+                    "--process-timeout", "60", "--cache-dir", cache_dir, "--out", str(out),
+                    env={"MTBENCH_TEST_KILL_AT": "1:45"}, timeout=300)
+    assert proc.returncode != 0 and not out.exists()
+    proc = torchrun("train", "--resume", str(tmp_path / "torch-fsdp.run"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [31]
+    # The resumed steps update the shards with Keras's own optimizer (the fused one counts steps from 0).
+    assert_same_losses(result["history"], tiny_runs["torch"]["result"]["history"])
+    assert_half_of_the_state(result["extras_record"]["fsdp"], result["model"]["parameters"])
