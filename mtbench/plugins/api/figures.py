@@ -283,5 +283,7 @@ def hardware(result):
     env = result["env"]
     device = env["device"]
     if device.get("kind") == "cpu":
-        return f"{device.get('name')}, {env.get('cpu_count')} cores"
+        # The machine's cores: a process beside others on it counts only its share (`processes.cpu_share`).
+        share = (result.get("processes") or {}).get("cpu_share")
+        return f"{device.get('name')}, {share['of_cpus'] if share else env.get('cpu_count')} cores"
     return f"{device.get('count')}x {device.get('name')}"

@@ -54,3 +54,18 @@ def test_a_compare_run_of_several_processes_needs_an_extra_over_them():
     with pytest.raises(MtbenchError, match="run 'torch@2': 2 processes were launched, but no extra of this run "
                                            r"trains one model over them \(--extra ddp or --extra fsdp\)"):
         check_runs([RunSpec("torch", (), (), 2)], registry)
+
+
+def test_a_process_with_a_share_of_the_cores_runs_on_the_same_machine(tiny_runs):
+    """Two local processes each get half the CPUs (`processes.cpu_share`): their hardware is still the machine's,
+    so the scaling row finds the one-process run to divide by."""
+    import copy
+
+    from mtbench import hardware
+    one = tiny_runs["jax"]["result"]
+    two = copy.deepcopy(one)
+    two["env"]["cpu_count"] = 1
+    two["processes"] = {**(two.get("processes") or {}), "world_size": 2,
+                        "cpu_share": {"cpus": [0], "threads": 1, "of_cpus": one["env"]["cpu_count"],
+                                      "local_processes": 2}}
+    assert hardware(two) == hardware(one)
