@@ -194,14 +194,14 @@ class Row:
 
 def probe_machine():
     """{"backends": {name: {"device": ...} or {"missing": why}}, "refusals": {row key: why not, or None}} for every
-    preset, dtype and way: the checks `mtbench train` makes before training (`start_backend`), each for the row's
-    own preset and dtype. Imports the frameworks, never keras."""
+    preset, dtype and way: the checks `mtbench train` makes before training (`device_refusal`, as `start_backend`
+    calls it), each for the row's own preset and dtype. Imports the frameworks, never keras."""
     from mtbench.errors import MtbenchError
     from mtbench.keras_models.presets import PRESETS
     from mtbench.plugins import manager as plugins
     from mtbench.plugins.api import RunContext
     from mtbench.runner.config import TrainConfig
-    from mtbench.runner.setup import resolve_extras
+    from mtbench.runner.setup import device_refusal, resolve_extras
     registry = plugins.registry()
     backends = {}
     for name in dict.fromkeys(way.backend for way in WAYS):
@@ -219,20 +219,11 @@ def probe_machine():
                 config = TrainConfig(backend=way.backend, extras=way.extras, preset=preset, dtype=dtype)
                 run = RunContext(config=config, backend=backend, device=backends[way.backend]["device"],
                                  model_shape=config.model)
-                reason = backend.unsupported_dtype_reason(dtype, run.device)
-                if reason:
-                    reason = f"--dtype {dtype}: {reason}"
-                else:
-                    try:
-                        extras = resolve_extras(way.extras, backend, registry)
-                    except MtbenchError as error:
-                        extras, reason = [], str(error)
-                    for extra in extras:
-                        why = extra.unavailable_reason(run)
-                        if why:
-                            reason = f"extra '{extra.name}' cannot run here: {why}"
-                            break
-                refusals[Row(preset, dtype, way).probe_key] = reason
+                try:
+                    extras, unresolved = resolve_extras(way.extras, backend, registry), None
+                except MtbenchError as error:
+                    extras, unresolved = [], str(error)
+                refusals[Row(preset, dtype, way).probe_key] = device_refusal(run, extras) or unresolved
     return {"backends": backends, "refusals": refusals}
 
 
@@ -633,16 +624,10 @@ def report_lines(summary):
     return lines
 
 
-def write_atomically(path, text):
-    """A reader (or a kill) never meets half a file."""
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-
-
 def write_report(summary, out):
-    write_atomically(os.path.join(out, "gpu-matrix.json"), json.dumps(summary, indent=2))
-    write_atomically(os.path.join(out, "gpu-matrix.md"), "\n".join(report_lines(summary)) + "\n")
+    from mtbench.runner.files import write_text_atomic  # a reader (or a kill) never meets half a file
+    write_text_atomic(os.path.join(out, "gpu-matrix.json"), json.dumps(summary, indent=2))
+    write_text_atomic(os.path.join(out, "gpu-matrix.md"), "\n".join(report_lines(summary)) + "\n")
 
 
 def parse_numbers(text):

@@ -1,6 +1,7 @@
 """Setting a run up: the plugins it uses (checked before anything is imported), the process (keras on the chosen
 backend, the device, the extras that can run there), and the model with its optimizer and train step."""
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -138,18 +139,27 @@ def start_backend(config, plugins, launch):
                      model_shape=model_shape, processes=processes, cpu_share=cpu_share)
     run.compile_cache = plugins.backend.open_compile_cache(config)  # before anything compiles
     run.matmul_precision = set_matmul_precision(plugins.backend, config.matmul_precision)
-    reason = plugins.backend.unsupported_dtype_reason(config.dtype, run.device)
+    reason = device_refusal(run, plugins.extras, plugins.extra_code)
     if reason:
-        raise MtbenchError(f"--dtype {config.dtype}: {reason}")
-    for extra in plugins.extras:
-        with plugins.extra_code(extra):
-            reason = extra.unavailable_reason(run)
-        if reason:
-            raise MtbenchError(f"extra '{extra.name}' cannot run here: {reason}")
+        raise MtbenchError(reason)
     for extra in plugins.extras:
         with plugins.extra_code(extra):
             extra.adjust_config(run)
     return keras, run
+
+
+def device_refusal(run, extras, extra_code=None):
+    """Why the run's dtype or one of `extras` cannot run on its device (`run`: the RunContext), in one line, or
+    None. `extra_code(extra)`: the block an extra's own code runs in (`RunPlugins.extra_code`)."""
+    reason = run.backend.unsupported_dtype_reason(run.config.dtype, run.device)
+    if reason:
+        return f"--dtype {run.config.dtype}: {reason}"
+    for extra in extras:
+        with extra_code(extra) if extra_code else contextlib.nullcontext():
+            reason = extra.unavailable_reason(run)
+        if reason:
+            return f"extra '{extra.name}' cannot run here: {reason}"
+    return None
 
 
 def set_matmul_precision(backend, precision):

@@ -18,6 +18,9 @@ parameters (DTensors). torch's fused AdamW then updates the shards with Keras's 
 its state the Keras optimizer's moment variables, sharded as their parameters are.
 """
 
+import functools
+from typing import NamedTuple
+
 from mtbench import Extra, MtbenchError, RunFailure, WrappingStep, hookimpl, uneven_split_reason
 
 MODEL_AXIS = "model"
@@ -30,6 +33,23 @@ def sharded_axis(shape, parts):
     first of equals); None when no axis divides."""
     divisible = [axis for axis, size in enumerate(shape) if size >= parts and size % parts == 0]
     return max(divisible, key=lambda axis: shape[axis], default=None)
+
+
+def devices_reason(run):
+    """Why a JAX run cannot split its batches over its devices (fewer than 2, or a batch that does not split
+    evenly), or None: `fsdp`, `pmap` and `data-parallel` alike."""
+    count = run.device.get("count", 1)
+    if count < 2:
+        return f"needs at least 2 devices; this run has {count} ({SIMULATE_HINT})"
+    return uneven_split_reason(run.config, count, "devices")
+
+
+def processes_reason(run):
+    """Why a torch run is not spread over processes to distribute (started without torchrun), or None: `fsdp` and
+    `ddp` alike."""
+    if run.processes.world_size < 2:
+        return f"needs at least 2 processes; this run has 1 ({LAUNCH_HINT})"
+    return None
 
 
 def state_record(parameter_bytes, gradient_bytes, optimizer_state_bytes, replicated_bytes):
@@ -83,19 +103,40 @@ def sharded_model_parallel(devices):
     return ShardedWeights(layout_map=LayoutMap(mesh), batch_dim_name=MODEL_AXIS)
 
 
-def jax_relaid(arrays, shardings):
-    """`arrays` laid out as `shardings` say (one program: it works across processes too)."""
+def use_distribution(run, distribution):
+    """Sets `distribution`, a mesh over every process's devices (`jax.devices()`), as Keras's; returns the record
+    of it (`fsdp` and `data-parallel` alike)."""
     import jax
-    return jax.jit(lambda values: values, out_shardings=shardings)(arrays)
+    import keras
+    keras.distribution.set_distribution(distribution)
+    devices = len(jax.devices())
+    return {"devices": devices, "processes": jax.process_count(), "mesh_shape": list(distribution.device_mesh.shape),
+            "per_device_batch": run.config.batch_size // devices}
+
+
+@functools.lru_cache(maxsize=2)
+def _relayout_program(shardings):
+    import jax
+    return jax.jit(lambda values: values, out_shardings=list(shardings))
+
+
+def jax_relaid(arrays, shardings):
+    """`arrays` laid out as `shardings` say (one program: it works across processes too), compiled once per
+    layout: a run lays its state out whole and sharded again around every evaluation and checkpoint."""
+    return _relayout_program(tuple(shardings))(arrays)
 
 
 class StateRecording(WrappingStep):
     """Wraps a train step and records its training state per device at every `finalize`, before the step hands
-    its state to Keras: `measure()` returns the record (`state_record`), or None when nothing trained since."""
+    its state to Keras: `measure()` returns the record (`state_of(inner)`: `state_record`'s), or None when nothing
+    trained since."""
 
-    def __init__(self, inner, record, measure):
+    def __init__(self, inner, record, state_of):
         super().__init__(inner)
-        self.record, self.measure = record, measure
+        self.record, self.state_of = record, state_of
+
+    def measure(self):
+        return self.state_of(self.inner)
 
     def finalize(self):
         measured = self.measure()
@@ -118,15 +159,15 @@ class JaxShardedStep(StateRecording):
     when training goes on."""
 
     def __init__(self, inner, record):
-        super().__init__(inner, record, self._measure)
+        super().__init__(inner, record, jax_step_state)
         model = inner.model
         self.variables = [*model.trainable_variables, *model.non_trainable_variables, *model.optimizer.variables]
         self.layouts = [variable.value.sharding for variable in self.variables]
         self.keras_layouts = [variable._layout for variable in self.variables]  # what Keras lays assignments as
         self.replicated = False
 
-    def _measure(self):
-        measured = jax_step_state(self.inner)
+    def measure(self):
+        measured = super().measure()
         if measured is not None:
             # Whether the weights kept the layouts the distribution gave them through every step.
             trainable = self.inner.state[0]
@@ -187,6 +228,17 @@ def fsdp_units(model):
             if any(True for _ in layer._flatten_layers(include_self=False))] + [model]
 
 
+class ShardedUnit(NamedTuple):
+    """One FSDP unit: the Keras layer, its own `call`, what it holds ((variable, where FSDP puts the gathered
+    parameter, its key there, the shard FSDP keeps between gatherings)), and its class as Keras made it and as
+    FSDP made it."""
+    module: object
+    call: object
+    held: list
+    keras_class: type
+    fsdp_class: type
+
+
 class TorchSharding:
     """FSDP2 over `mesh` around a Keras model: each unit's call runs FSDP's hooks, its variables holding the
     parameters FSDP gathered while it computes, and their shards (DTensors) before and after."""
@@ -198,11 +250,10 @@ class TorchSharding:
 
         # Keras registers each variable's tensor with its own layer and again with every layer above it; FSDP
         # wants one owner per parameter, so each layer keeps only its own variables' tensors.
+        owners = {}  # id(tensor) -> (the ParameterDict holding it, its key there)
         for layer in model._flatten_layers(include_self=True):
             own = layer._trainable_variables + layer._non_trainable_variables
             layer._torch_params = torch.nn.ParameterDict({variable.path: variable.value for variable in own})
-        owners = {}  # id(tensor) -> (the ParameterDict holding it, its key there)
-        for layer in model._flatten_layers(include_self=True):
             for key, tensor in layer._torch_params._parameters.items():
                 owners[id(tensor)] = (layer._torch_params, key)
         variables = {id(variable.value): variable for variable in model.variables}
@@ -212,7 +263,7 @@ class TorchSharding:
         for index, unit in enumerate(units[:-1]):
             if unit not in submodules:  # a layer held in a list: torch's module tree does not know it
                 torch.nn.Module.add_module(model, f"fsdp_unit_{index}", unit)
-        claimed, self.units, self.classes = set(), [], []
+        claimed, self.units = set(), []
         for unit in units:  # innermost first: the model's unit takes what the blocks left
             held = []
             for tensor in unit.parameters():
@@ -222,14 +273,12 @@ class TorchSharding:
                     held.append((variable, *owners[id(tensor)]))
             keras_class = type(unit)
             fully_shard(unit, mesh=mesh, ignored_params=frozen)  # makes the unit's class FSDP's subclass of it
-            self.classes.append((unit, keras_class, type(unit)))
-            # (variable, where FSDP puts the gathered parameter, the shard FSDP keeps between gatherings)
             held = [(variable, parameters, key, parameters._parameters[key]) for variable, parameters, key in held]
             for variable, _, _, shard in held:
                 if not isinstance(shard, DTensor):
                     raise RunFailure(f"FSDP left the weight {variable.path} unsharded")
-            self.units.append((unit, unit.call, held))
-        self.sharded = [(variable, shard) for _, _, held in self.units for variable, _, _, shard in held]
+            self.units.append(ShardedUnit(unit, unit.call, held, keras_class, type(unit)))
+        self.sharded = [(variable, shard) for unit in self.units for variable, _, _, shard in unit.held]
         self.model, self.mesh, self.moments = model, mesh, []
         self.gathering = False
         self.hold_shards()  # the whole tensors the variables held are freed
@@ -251,9 +300,9 @@ class TorchSharding:
         """Each unit's call goes through `torch.nn.Module.__call__`, where FSDP's hooks gather the unit's
         parameters before it (and again for its backward) and reduce-scatter their gradients after."""
         import torch
-        for unit, _, fsdp_class in self.classes:
+        for unit, call, held, _, fsdp_class in self.units:
             unit.__class__ = fsdp_class
-        for unit, call, held in self.units:
+
             def forward(*args, _call=call, _held=held, **kwargs):
                 for variable, parameters, key, _ in _held:
                     variable._value = parameters._parameters[key]  # the gathered parameter, while FSDP holds it
@@ -278,10 +327,9 @@ class TorchSharding:
         """Gathers every weight and moment whole into its Keras variable, for evaluation and checkpoints, and
         turns FSDP's hooks off meanwhile: evaluation computes with the variables as Keras holds them."""
         import torch
-        for unit, _, _ in self.units:
+        for unit, _, _, keras_class, _ in self.units:
             del unit.call, unit.forward  # the class's own again
-        # Keras names a checkpoint's objects by their class: a checkpoint must name the model's own classes.
-        for unit, keras_class, _ in self.classes:
+            # Keras names a checkpoint's objects by their class: a checkpoint must name the model's own classes.
             unit.__class__ = keras_class
         self.gathering = False
         for variable, shard in self.sharded:
@@ -300,11 +348,11 @@ class TorchShardedStep(StateRecording):
     weights from `finalize` until the next step."""
 
     def __init__(self, inner, sharding, record):
-        super().__init__(inner, record, self._measure)
+        super().__init__(inner, record, torch_step_state)
         self.sharding = sharding
 
-    def _measure(self):
-        return torch_step_state(self.inner) if self.sharding.gathering else None
+    def measure(self):
+        return super().measure() if self.sharding.gathering else None
 
     def __call__(self, x, y, sample_weight):
         if not self.sharding.gathering:  # the first step, or the first after `finalize`
@@ -331,30 +379,21 @@ class FullySharded(Extra):
 
     def unavailable_reason(self, run):
         if run.backend.name == "jax":
-            count = run.device.get("count", 1)
-            if count < 2:
-                return f"needs at least 2 devices; this run has {count} ({SIMULATE_HINT})"
-            return uneven_split_reason(run.config, count, "devices")
+            return devices_reason(run)
         try:
             from torch.distributed.fsdp import fully_shard  # noqa: F401 (FSDP2: torch 2.6 and later)
         except ImportError:
             import torch
             return f"needs torch.distributed.fsdp.fully_shard (FSDP2), which torch {torch.__version__} lacks"
-        if run.processes.world_size < 2:
-            return f"needs at least 2 processes; this run has 1 ({LAUNCH_HINT})"
-        return None
+        return processes_reason(run)
 
     def before_model(self, run):
         if run.backend.name != "jax":
             return
         import jax
-        import keras
         distribution = sharded_model_parallel(jax.devices())
-        keras.distribution.set_distribution(distribution)
-        run.extras_state[self.name] = {"devices": len(jax.devices()), "processes": jax.process_count(),
-                                       "mesh_shape": list(distribution.device_mesh.shape),
-                                       "mesh_axes": list(distribution.device_mesh.axis_names),
-                                       "per_device_batch": run.config.batch_size // len(jax.devices())}
+        run.extras_state[self.name] = {**use_distribution(run, distribution),
+                                       "mesh_axes": list(distribution.device_mesh.axis_names)}
 
     def make_train_step(self, run, model, step):
         if run.backend.name == "jax":
@@ -385,7 +424,7 @@ class FullySharded(Extra):
         if step.fused_optimizer is not None:  # else Keras's `optimizer.apply`, which takes the shards as they are
             step.fused_optimizer = FusedAdamW(model.optimizer, step.variables)  # over the shards now
         run.extras_state[self.name] = {"devices": world, "processes": world, "collectives": run.processes.collectives,
-                                       "units": [unit.name for unit, _, _ in sharding.units],
+                                       "units": [unit.module.name for unit in sharding.units],
                                        "per_process_batch": run.config.batch_size // world}
         return TorchShardedStep(step, sharding, run.extras_state[self.name])
 

@@ -5,17 +5,9 @@ Both split the global batch across the devices and must give the loss a single d
 global batch. On a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N.
 """
 
-from mtbench import Extra, TrainStep, hookimpl, uneven_split_reason
+from mtbench import Extra, TrainStep, hookimpl
 from mtbench.plugins.backends.jax_jit_step import correct_tokens, token_cross_entropy
-
-SIMULATE_HINT = "on a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N"
-
-
-def data_parallel_reason(run):
-    count = run.device.get("count", 1)
-    if count < 2:
-        return f"needs at least 2 devices; this run has {count} ({SIMULATE_HINT})"
-    return uneven_split_reason(run.config, count, "devices")
+from mtbench.plugins.extras.fsdp import StateRecording, devices_reason, jax_step_state, use_distribution
 
 
 class PmapTrainStep(TrainStep):
@@ -86,7 +78,7 @@ class Pmap(Extra):
     def unavailable_reason(self, run):
         if run.config.dtype in ("float16", "mixed_float16"):
             return "has no loss scaling for float16; use bfloat16 or float32"
-        return data_parallel_reason(run)
+        return devices_reason(run)
 
     def make_train_step(self, run, model, step):
         import jax
@@ -106,21 +98,16 @@ class DataParallel(Extra):
     spans_processes = True
 
     def unavailable_reason(self, run):
-        return data_parallel_reason(run)
+        return devices_reason(run)
 
     def before_model(self, run):
         import jax
         import keras
-        distribution = keras.distribution.DataParallel(devices=jax.devices())
-        keras.distribution.set_distribution(distribution)
-        run.extras_state[self.name] = {"devices": len(jax.devices()), "processes": jax.process_count(),
-                                       "mesh_shape": list(distribution.device_mesh.shape),
-                                       "per_device_batch": run.config.batch_size // len(jax.devices())}
+        run.extras_state[self.name] = use_distribution(run, keras.distribution.DataParallel(devices=jax.devices()))
 
     def make_train_step(self, run, model, step):
-        from mtbench.plugins.extras.fsdp import StateRecording, jax_step_state
         # The state each device holds whole (`--extra fsdp` shards it), recorded as training ends.
-        return StateRecording(step, run.extras_state[self.name], lambda: jax_step_state(step))
+        return StateRecording(step, run.extras_state[self.name], jax_step_state)
 
 
 @hookimpl

@@ -4,8 +4,7 @@ trains on its shard of every global batch; DDP averages the gradients during the
 weighs each process's loss by its share of the global batch's target tokens (`EagerTorchTrainStep`)."""
 
 from mtbench import Extra, MtbenchError, hookimpl
-
-LAUNCH_HINT = "start mtbench with torchrun --nproc-per-node N -m mtbench train ..."
+from mtbench.plugins.extras.fsdp import processes_reason, torch_step_state
 
 
 class DistributedDataParallel(Extra):
@@ -15,9 +14,7 @@ class DistributedDataParallel(Extra):
     spans_processes = True
 
     def unavailable_reason(self, run):
-        if run.processes.world_size < 2:
-            return f"needs at least 2 processes; this run has 1 ({LAUNCH_HINT})"
-        return None
+        return processes_reason(run)
 
     def make_train_step(self, run, model, step):
         import torch
@@ -35,7 +32,6 @@ class DistributedDataParallel(Extra):
         return step
 
     def record(self, run):
-        from mtbench.plugins.extras.fsdp import torch_step_state
         record = dict(run.extras_state[self.name])
         # Every process holds the whole state: the parameters, their gradients, the moments (`--extra fsdp`
         # shards them).

@@ -25,6 +25,7 @@ from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.measurement.environment import host_environment
 from mtbench.runner.results.output import check_output_path
+from mtbench.runner.results.schema import result_stem
 from mtbench.runner.results.report import (COMPARE_KIND, SWEEP_KEYS, LoadedRun, build_comparison,
                                            environment_names, to_json_dict)
 from mtbench.runner.results.reporting import run_reporters
@@ -303,8 +304,7 @@ class ComparePlan:
 
     @property
     def runs_dir(self):
-        stem = self.out[:-5] if self.out.endswith(".json") else self.out
-        return stem + ".runs"
+        return runs_dir(self.out)
 
     def weights_file(self, spec):
         """One weights file per model shape (size and max length): every run of a shape starts from the same
@@ -323,6 +323,11 @@ class ComparePlan:
         """(spec, repeat) in the order they run: round-robin over repeats, so a slow drift of the machine (heat,
         a neighbour's load) touches every run alike instead of the last ones."""
         return [(spec, repeat) for repeat in range(1, self.repeats + 1) for spec in self.specs]
+
+
+def runs_dir(out):
+    """The folder beside a combined JSON that holds its runs' own files (`mtbench compare`'s, `mtbench rerun`'s)."""
+    return result_stem(out) + ".runs"
 
 
 def validate_plan(plan, registry):
@@ -539,26 +544,34 @@ def write_combined(plan, progress, status="completed", status_reason=None):
                      if entry["label"] == plan.baseline_spec.label), None)
     comparison = build_comparison(progress.runs, baseline=baseline,
                                   parity_steps=plan.parity_steps, parity_tolerance=plan.parity_tolerance)
-    figures = to_json_dict(comparison)
-    del figures["kind"]
     weights = progress.weights
-    combined = {
-        "kind": COMPARE_KIND,
-        "schema_version": COMPARE_SCHEMA_VERSION,
-        "status": status,
-        "status_reason": status_reason,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": shlex.join(["mtbench", *sys.argv[1:]]),
+    combined = combined_json(comparison, progress.entries, {"status": status, "status_reason": status_reason}, {
         "initial_weights": weights[plan.baseline_spec.shape],
         "initial_weights_by_size": {shape_label(shape): record for shape, record in weights.items()},
         "run_order": "round-robin: every run once, then every run again for each further repeat (each run's "
                      "`position` is its place in that order)",
-        **figures,
-        "env": host_environment(),
-        "runs": progress.entries,
-    }
+    })
     write_json_atomic(plan.out, combined)
     return comparison, combined
+
+
+def combined_json(comparison, runs, status, about):
+    """A compare JSON (`mtbench compare`'s, `mtbench rerun`'s of a compare JSON): its kind and version, `status`
+    ({'status': ...}), when and by which command it was made, `about` (what the command adds), the figures of
+    `comparison`, this host and `runs` (the entries of the runs)."""
+    figures = to_json_dict(comparison)
+    del figures["kind"]
+    return {
+        "kind": COMPARE_KIND,
+        "schema_version": COMPARE_SCHEMA_VERSION,
+        **status,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": shlex.join(["mtbench", *sys.argv[1:]]),
+        **about,
+        **figures,
+        "env": host_environment(),
+        "runs": runs,
+    }
 
 
 def interrupted(plan, progress):

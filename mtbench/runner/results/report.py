@@ -89,14 +89,21 @@ def load_runs(paths):
     return runs
 
 
+def differing(reference, other, ignored=(), defaults=None):
+    """[(key, reference value, other value)] for every key of either dict, `ignored` aside, whose values differ; a
+    key one of them lacks reads as its value in `defaults` (None where that lacks it too)."""
+    defaults = defaults or {}
+    value = lambda values, key: values.get(key, defaults.get(key))
+    keys = [k for k in dict.fromkeys([*reference, *other]) if k not in ignored]
+    return [(k, value(reference, k), value(other, k)) for k in keys if value(reference, k) != value(other, k)]
+
+
 def configuration_differences(reference, other):
     """[(key, reference value, other value)] for every configuration key that matters and differs."""
     ignored = set(COMPARED_KEYS) | set(BOOKKEEPING_KEYS) | set(DERIVED_KEYS)
     if model_shape(reference) != model_shape(other):
         ignored.add("initial_weights_sha256")  # models of different shapes start from weights of their own shapes
-    keys = [k for k in dict.fromkeys([*reference, *other]) if k not in ignored]
-    value = lambda config, key: config.get(key, KEY_DEFAULTS.get(key))
-    return [(k, value(reference, k), value(other, k)) for k in keys if value(reference, k) != value(other, k)]
+    return differing(reference, other, ignored, KEY_DEFAULTS)
 
 
 def check_comparable(runs):

@@ -7,8 +7,6 @@ check.
 
 import hashlib
 import os
-import shlex
-import sys
 import time
 from dataclasses import dataclass
 
@@ -18,12 +16,12 @@ from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
 from mtbench.plugins.api import FIGURES, RUN_CHOICES, hardware, run_dtype, run_processes
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import write_json_atomic
-from mtbench.runner.measurement.environment import host_environment
-from mtbench.runner.results.compare import COMPARE_SCHEMA_VERSION, run_child
+from mtbench.runner.results.compare import combined_json, run_child, runs_dir
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.parity import check_parity
-from mtbench.runner.results.report import (BOOKKEEPING_KEYS, COMPARE_KIND, KEY_DEFAULTS, LoadedRun, build_comparison,
-                                           comparison_labels, load_runs, to_json_dict)
+from mtbench.runner.results.report import (BOOKKEEPING_KEYS, KEY_DEFAULTS, LoadedRun, build_comparison,
+                                           comparison_labels, differing, load_runs)
+from mtbench.runner.results.schema import result_stem
 
 # Recorded beside the configuration by the run itself, or by an mtbench before the option was removed: not
 # options to give again.
@@ -46,7 +44,7 @@ class Rerun:
 
     @property
     def log_file(self):
-        return (self.out[:-5] if self.out.endswith(".json") else self.out) + ".log"
+        return result_stem(self.out) + ".log"
 
 
 def sha256_of(path):
@@ -105,12 +103,11 @@ def plan_reruns(path, out, overwrite, flag_names, arguments_of):
     if single:
         reruns = [Rerun(runs[0], labels[0], out)]
     else:
-        runs_dir = (out[:-5] if out.endswith(".json") else out) + ".runs"
         repeats = {}
         reruns = []
         for run, label in zip(runs, labels):
             repeats[label] = repeats.get(label, 0) + 1
-            reruns.append(Rerun(run, label, os.path.join(runs_dir, f"{label}-{repeats[label]}.json"),
+            reruns.append(Rerun(run, label, os.path.join(runs_dir(out), f"{label}-{repeats[label]}.json"),
                                 repeats[label]))
         check_output_path(out, overwrite)
     for rerun in reruns:
@@ -154,14 +151,9 @@ def _flat(value, prefix=""):
     return {prefix: value}
 
 
-def _differing(original, rerun, keys=None):
-    keys = keys or list(dict.fromkeys([*original, *rerun]))
-    return [(key, original.get(key), rerun.get(key)) for key in keys if original.get(key) != rerun.get(key)]
-
-
 def environment_differences(original, rerun):
     """[(what, original, rerun)]: every version, hardware and environment entry that differs."""
-    rows = _differing(_flat(original["env"]), _flat(rerun["env"]))
+    rows = differing(_flat(original["env"]), _flat(rerun["env"]))
     if hardware(original) != hardware(rerun):
         rows.insert(0, ("hardware", hardware(original), hardware(rerun)))
     return rows
@@ -170,10 +162,8 @@ def environment_differences(original, rerun):
 def run_differences(original, rerun):
     """[(what, original, rerun)]: every configuration key that differs (where the files went aside), and what ran
     (backend, extras, processes, dtype, train step, attention, ...)."""
-    value = lambda config, key: config.get(key, KEY_DEFAULTS.get(key))
-    keys = [key for key in dict.fromkeys([*original["config"], *rerun["config"]]) if key not in BOOKKEEPING_KEYS]
-    rows = [(f"config.{key}", value(original["config"], key), value(rerun["config"], key)) for key in keys
-            if value(original["config"], key) != value(rerun["config"], key)]
+    rows = [(f"config.{key}", before, after) for key, before, after in
+            differing(original["config"], rerun["config"], BOOKKEEPING_KEYS, KEY_DEFAULTS)]
     ran = [("backend", lambda r: r["backend"]), ("extras", lambda r: list(r["extras"])),
            ("processes", run_processes), ("dtype", run_dtype), *((title, text) for _, title, text in RUN_CHOICES)]
     rows += [(title, read(original), read(rerun)) for title, read in ran if read(original) != read(rerun)]
@@ -253,19 +243,10 @@ def write_rerun_compare(path, out, entries):
     """The reruns of a compare JSON as a compare JSON of their own (`mtbench report` reads it), with each run's
     differences from its original."""
     runs = [LoadedRun(result, rerun.out) for rerun, result, _ in entries]
-    figures = to_json_dict(build_comparison(runs, force=True))
-    del figures["kind"]
-    write_json_atomic(out, {
-        "kind": COMPARE_KIND,
-        "schema_version": COMPARE_SCHEMA_VERSION,
-        "status": "completed",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": shlex.join(["mtbench", *sys.argv[1:]]),
-        "rerun_of": os.path.abspath(path),
-        **figures,
-        "env": host_environment(),
-        "runs": [{"label": rerun.label, "repeat": rerun.repeat, "result_file": os.path.abspath(rerun.out),
-                  "log_file": os.path.abspath(rerun.log_file), "original": rerun.original.source,
-                  "weights_note": rerun.weights_note, "differences": differences, "result": result}
-                 for rerun, result, differences in entries],
-    })
+    write_json_atomic(out, combined_json(
+        build_comparison(runs, force=True),
+        [{"label": rerun.label, "repeat": rerun.repeat, "result_file": os.path.abspath(rerun.out),
+          "log_file": os.path.abspath(rerun.log_file), "original": rerun.original.source,
+          "weights_note": rerun.weights_note, "differences": differences, "result": result}
+         for rerun, result, differences in entries],
+        {"status": "completed"}, {"rerun_of": os.path.abspath(path)}))

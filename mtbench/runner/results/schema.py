@@ -103,7 +103,12 @@ def _type_errors(result, schema, prefix):
     return errors
 
 
+def result_stem(result_path):
+    """A result file's path without its `.json`: what the files beside it (sidecars, logs, folders) are named by."""
+    return result_path.removesuffix(".json")
+
+
 def sidecar_paths(result_path):
     """Where the hypotheses and references of a result file live: beside it, one sentence a line."""
-    stem = result_path[:-5] if result_path.endswith(".json") else result_path
+    stem = result_stem(result_path)
     return f"{stem}.hyp.txt", f"{stem}.ref.txt"
