@@ -15,6 +15,29 @@ REPOSITORY = os.path.dirname(TESTS_DIR)
 _SESSION_DIR = tempfile.mkdtemp(prefix="mtbench-tests-")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("KERAS_HOME", os.path.join(_SESSION_DIR, "keras"))
+# The machine's CPUs, before a pytest-xdist worker takes its share of them (`pytest_configure`).
+MACHINE_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def pytest_configure(config):
+    """Each pytest-xdist worker, and every process its tests start, runs on its own share of the cores, as each of
+    mtbench's local processes does (`share_cores`). Unpinned, two workers' runs on two cores each start threads
+    for both cores, and torch's OpenMP threads spin while they wait for a busy core: two tiny torch runs side by
+    side took 28 s unpinned against 12 s pinned on this project's 2-core machine."""
+    from mtbench.plugins.api import Launch
+    from mtbench.runner.launch import share_cores
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    if worker and MACHINE_CPUS:
+        share_cores(Launch(local_rank=int(worker.removeprefix("gw")),
+                           local_processes=int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
+def on_every_core(env=None):
+    """What `subprocess.run` needs to start processes that spread themselves over the machine's cores (torchrun's,
+    which share them out among themselves) from a worker that holds only its share: (preexec_fn, env)."""
+    if not MACHINE_CPUS:
+        return None, env
+    return (lambda: os.sched_setaffinity(0, MACHINE_CPUS)), {"OMP_NUM_THREADS": None, **(env or {})}
 
 # Small enough for seconds per run, large enough that the tiny model learns something measurable.
 TINY_TRAIN = ["--preset", "tiny", "--max-pairs", "4000", "--valid-size", "100", "--test-size", "100",
@@ -49,18 +72,76 @@ def run_cli(*args, env=None, cwd=None, timeout=600):
                           env=cli_environment(env), cwd=cwd, timeout=timeout)
 
 
-@pytest.fixture(scope="session")
-def tiny_runs(cache_dir):
-    """One tiny training run per built-in backend, shared by the tests that inspect results."""
-    out_dir = os.path.join(_SESSION_DIR, "runs")
-    runs = {}
-    for backend in ("jax", "torch"):
+class SharedRuns:
+    """Runs made once per test session, whichever pytest-xdist worker first needs one: the others wait for it and
+    read its files. A worker builds the runs no other worker is building, then waits for the rest, so two workers
+    that both need all the runs build them side by side instead of twice each."""
+
+    def __init__(self, directory, cache_dir, makers):
+        self.directory, self.cache_dir, self.makers = directory, cache_dir, makers
+
+    def get(self, *names):
+        from filelock import FileLock, Timeout
+        records, pending = {}, list(names)
+        for wait in (False, True):
+            for name in list(pending):
+                lock = FileLock(os.path.join(self.directory, f"{name}.lock"))
+                try:
+                    lock.acquire(timeout=-1 if wait else 0)
+                except Timeout:
+                    continue  # another worker is building it: build the others first
+                try:
+                    records[name] = self._read_or_make(name)
+                finally:
+                    lock.release()
+                pending.remove(name)
+        return records
+
+    def _read_or_make(self, name):
+        record_file = os.path.join(self.directory, f"{name}.record.json")
+        if not os.path.exists(record_file):  # a worker whose build failed left none: this one tries again
+            record = self.makers[name](os.path.join(self.directory, name), self.cache_dir)
+            with open(record_file + ".tmp", "w") as f:
+                json.dump(record, f)
+            os.replace(record_file + ".tmp", record_file)
+        with open(record_file) as f:
+            return json.load(f)
+
+
+def shared_directory(tmp_path_factory):
+    """A directory that every xdist worker of this test session sees: the parent of the workers' own."""
+    base = tmp_path_factory.getbasetemp()
+    return str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+
+
+def train_tiny(backend):
+    def make(out_dir, cache_dir):
         out = os.path.join(out_dir, f"{backend}.json")
         proc = run_cli("train", "--backend", backend, *TINY_TRAIN, "--cache-dir", cache_dir, "--out", out)
         assert proc.returncode == 0, proc.stderr[-3000:]
         with open(out) as f:
-            runs[backend] = {"result": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
-    return runs
+            return {"result": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
+    return make
+
+
+def compare_tiny(out_dir, cache_dir):
+    out = os.path.join(out_dir, "tiny-compare.json")
+    proc = run_cli("compare", "--backends", "jax,torch", *TINY_COMPARE, "--cache-dir", cache_dir, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out) as f:
+        return {"combined": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory, cache_dir):
+    return SharedRuns(shared_directory(tmp_path_factory), cache_dir,
+                      {"jax": train_tiny("jax"), "torch": train_tiny("torch"), "compare": compare_tiny})
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(shared_runs):
+    """One tiny training run per built-in backend, shared by the tests that inspect results."""
+    return shared_runs.get("jax", "torch")
 
 
 # The tiny configuration with fewer steps: a compare runs both backends, and the parity check still covers
@@ -70,13 +151,11 @@ TINY_COMPARE = [*TINY_TRAIN, "--steps", str(COMPARE_STEPS)]  # click keeps the l
 
 
 @pytest.fixture(scope="session")
-def compared(cache_dir):
+def compared(shared_runs):
     """One `mtbench compare` of jax and torch on the tiny preset, shared by the compare and report tests."""
-    out = os.path.join(_SESSION_DIR, "compare", "tiny-compare.json")
-    proc = run_cli("compare", "--backends", "jax,torch", *TINY_COMPARE, "--cache-dir", cache_dir, "--out", out)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out) as f:
-        return {"combined": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
+    return shared_runs.get("compare")["compare"]
+
+
 THIRD_PARTY = textwrap.dedent('''
     from mtbench import Backend, Extra, MtbenchError, Reporter, WrappingStep, hookimpl
 

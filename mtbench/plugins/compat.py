@@ -11,9 +11,16 @@ from mtbench.plugins.api.models import ModelFamily
 
 BASE_CLASSES = {"backends": Backend, "extras": Extra, "datasets": Dataset, "reporters": Reporter,
                 "models": ModelFamily}
-# The methods that gained an argument since they were documented, by kind: mtbench calls them through
-# `Registry.call`, which passes an older form the arguments it takes. A method that gains an argument joins them.
-GROWN = {"reporters": ("report",), "extras": ("make_train_step",)}
+# The methods that gained an argument since they were documented, by kind, with the plugin API version that
+# deprecated their older form: mtbench calls them through `Registry.call`, which passes an older form the
+# arguments it takes. A method that gains an argument joins them, with the version that grew it.
+GROWN = {"reporters": {"report": "1.0"}, "extras": {"make_train_step": "1.0"}}
+
+
+def deprecated_in(kind, method):
+    """The plugin API version that deprecated `method`'s older forms (the current one for a method not listed)."""
+    from mtbench.plugins.api.versioning import PLUGIN_API_VERSION
+    return GROWN.get(kind, {}).get(method, PLUGIN_API_VERSION)
 
 
 @functools.lru_cache(maxsize=None)

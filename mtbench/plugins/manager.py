@@ -22,8 +22,8 @@ import pluggy
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins import hookspecs
-from mtbench.plugins.api.versioning import PLUGIN_API_VERSION, next_major
-from mtbench.plugins.compat import fitting_arguments, form, older_form, older_forms
+from mtbench.plugins.api.versioning import next_major
+from mtbench.plugins.compat import deprecated_in, fitting_arguments, form, older_form, older_forms
 
 ENTRY_POINT_GROUP = "mtbench"
 LOAD_PLUGINS_ENV = "MTBENCH_LOAD_PLUGINS"
@@ -148,7 +148,7 @@ class Registry:
             self.deprecated.add((kind, item.name, method))
             implemented, current = older_form(item, kind, method) or (form(method, ["..."]), method)
             self.warn(deprecation_text(self.provider.get((kind, item.name), "?"), kind, item.name, implemented,
-                                       current))
+                                       current, deprecated_in(kind, method)))
         return bound(*fitting)
 
     def keras_callbacks(self, config):
@@ -163,10 +163,10 @@ class Registry:
         return callbacks
 
 
-def deprecation_text(plugin, kind, name, implemented, current):
+def deprecation_text(plugin, kind, name, implemented, current, version):
     return (f"plugin '{plugin}': {singular(kind)} '{name}' implements {implemented}, deprecated in plugin API "
-            f"{PLUGIN_API_VERSION}: mtbench calls {current}, and passes the old form only the arguments it takes "
-            f"until plugin API {next_major()} (docs/plugins.md, \"Compatibility\")")
+            f"{version}: mtbench calls {current}, and passes the old form only the arguments it takes "
+            f"until plugin API {next_major(version)} (docs/plugins.md, \"Compatibility\")")
 
 
 def _builtin_name(module_name):
@@ -291,9 +291,9 @@ def plugin_descriptions():
         status = "broken" if entry.status == "loaded" and problems else entry.status
         provides = {kind: sorted(item for (k, item), provider in reg.provider.items()
                                  if k == kind and provider == name) for kind in KINDS}
-        deprecated = [deprecation_text(name, kind, item, implemented, current)
+        deprecated = [deprecation_text(name, kind, item, implemented, current, deprecated_in(kind, method))
                       for kind in KINDS for item in provides[kind]
-                      for _, implemented, current in older_forms(getattr(reg, kind)[item], kind)]
+                      for method, implemented, current in older_forms(getattr(reg, kind)[item], kind)]
         rows.append({
             "name": name,
             "builtin": entry.builtin,

@@ -94,7 +94,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
             scores = translate_split(built.decode, data, "test", config)
         add_evaluation(result, evaluation, scores, config)
         if config.save_model and run_dir.writes:
-            with stopwatch.phase("save_model"):
+            with stopwatch.phase("save_model"), run.processes.alone():  # the others do not wait for it
                 result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer, plugins,
                                                               built.model_shape, config)
     if not run_dir.writes:  # process 0 of several writes and reports

@@ -5,6 +5,7 @@ imported; `ProcessGroup` is what the backend makes of it (`Backend.start_process
 of it: agreeing on a stop, and waiting for each other.
 """
 
+import contextlib
 from dataclasses import dataclass
 
 
@@ -49,6 +50,16 @@ class ProcessGroup:
 
     def barrier(self):
         """Returns once every process has called it."""
+
+    @contextlib.contextmanager
+    def alone(self):
+        """A context in which this process works on the model by itself while the others go on: process 0
+        writes checkpoints and the saved model in it (after `TrainStep.finalize`, which every process calls, has
+        made each variable's whole value readable here). Whatever runs inside must start no collective the other
+        processes would have to join; a backend whose framework would start one (JAX places each new variable
+        over every process's devices, and checks that they agree on its value) turns that off here. The default
+        does nothing."""
+        yield
 
     def close(self):
         """Leaves the group at the end of the run."""

@@ -11,9 +11,10 @@ of their MAJOR version.
 
 1.0: the first numbered version. It accepts the earlier documented forms `Reporter.report(result, console)` (before
 `complete`) and `Extra.make_train_step(run, model)` (before `step`), deprecated; 2.0 may drop them.
+1.1: `ProcessGroup.alone()`, where process 0 works by itself (checkpoints, the saved model) while the others go on.
 """
 
-PLUGIN_API_VERSION = "1.0"
+PLUGIN_API_VERSION = "1.1"
 
 
 def next_major(version=PLUGIN_API_VERSION):

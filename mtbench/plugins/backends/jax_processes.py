@@ -2,6 +2,8 @@
 of all as `jax.devices()`, the global mesh that `keras.distribution` lays a model over); between CPUs the
 processes talk through gloo, between GPUs through NCCL, as XLA chooses."""
 
+import contextlib
+
 from mtbench import MtbenchError, ProcessGroup
 
 # torchrun's agent serves its store on MASTER_PORT, so JAX's coordination service takes the next port.
@@ -41,6 +43,22 @@ class JaxProcessGroup(ProcessGroup):
     def barrier(self):
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("mtbench")
+
+    @contextlib.contextmanager
+    def alone(self):
+        """Without keras's distribution: under one that spans the processes every variable Keras creates is placed
+        over all their devices, which `jax.device_put` checks with a collective (`multihost_utils.assert_equal`)
+        that the other processes never join. Keras's `save_weights` creates variables (a reference optimizer, to
+        know which attributes to leave out), so process 0 saving alone would wait for ever. Created here, they stay
+        on this process; reading the model's variables needs none, once `TrainStep.finalize` left them whole on
+        every process (data-parallel replicates them, fsdp's step gathers them)."""
+        import keras
+        distribution = keras.distribution.distribution()
+        keras.distribution.set_distribution(None)
+        try:
+            yield
+        finally:
+            keras.distribution.set_distribution(distribution)
 
     def close(self):
         import jax

@@ -168,7 +168,7 @@ class TrainingLoop:
         reached = self.target.due(step) and self.validation_reaches_target(step)
         if self.signals.requested or self.checkpoint_due(step):
             self.checkpointing.latest = save_checkpoint(self.checkpointing, self.model, self.train_step, self.state,
-                                                        self.clock, self.target)
+                                                        self.clock, self.target, self.processes)
         if self.signals.requested:
             self.stop = ("interrupted", f"{self.signals.name} received; stopped after step {step}")
         elif reached:
@@ -205,10 +205,15 @@ def finite_or_none(value):
     return value if math.isfinite(value) else None
 
 
-def save_checkpoint(checkpointing, model, train_step, state, clock, target):
+def save_checkpoint(checkpointing, model, train_step, state, clock, target, processes):
     # The figures so far are read before the checkpoint's own time starts counting apart.
     state.training_s, state.aside_s, state.evaluations = clock.training_s(), dict(clock.aside_s), target.evaluations
     with clock.aside("checkpoint"):
-        train_step.finalize()  # a train step that keeps state outside the Keras variables writes it back
-        return checkpointing.run_dir.save(model, state, checkpointing.run_config, checkpointing.data_fingerprint,
-                                          checkpointing.keep)
+        # Every process: a train step that keeps state outside the Keras variables writes it back, and one whose
+        # state spans the processes gathers it whole (a collective), so that process 0 can read it by itself.
+        train_step.finalize()
+        # Process 0 alone writes (the others return at once and go on to the next step), so nothing it does
+        # there may wait for them.
+        with processes.alone():
+            return checkpointing.run_dir.save(model, state, checkpointing.run_config, checkpointing.data_fingerprint,
+                                              checkpointing.keep)

@@ -125,14 +125,18 @@ def test_jax_fsdp_trains_like_one_device_with_half_the_state_on_each(jax_runs):
 
 @pytest.mark.slow
 def test_jax_fsdp_over_two_processes_trains_like_one(tiny_runs, cache_dir, tmp_path):
-    result = fsdp_over_two_processes(tiny_runs, cache_dir, tmp_path / "jax-fsdp-2.json", "jax")
+    # Every step, across the checkpoint at step 30 (the weights gathered whole for it, then sharded again), which
+    # process 0 writes alone while the other goes on.
+    result = fsdp_over_two_processes(tiny_runs, cache_dir, tmp_path / "jax-fsdp-2.json", "jax",
+                                     "--checkpoint-every", "30")
     record = result["extras_record"]["fsdp"]
     assert record["processes"] == 2 and record["mesh_shape"] == [2] and record["layouts_kept"] is True
     assert_half_of_the_state(record, result["model"]["parameters"])
     # Process 0 evaluated and saved the weights the two processes held in halves.
     one = tiny_runs["jax"]["result"]["metrics"]
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
-    assert (tmp_path / "jax-fsdp-2.run" / "model").is_dir()
+    assert sorted(p.name for p in (tmp_path / "jax-fsdp-2.run").iterdir()) == [
+        "checkpoint-000030", "checkpoint-000060", "model", "run.json"]
 
 
 @pytest.mark.slow
@@ -155,16 +159,22 @@ def test_torch_fsdp_computes_with_its_shards_and_trains_like_one_process(tiny_ru
 
 
 @pytest.mark.slow
-def test_a_killed_torch_fsdp_run_resumes_to_the_losses_of_one_process(tiny_runs, cache_dir, tmp_path):
-    out = tmp_path / "torch-fsdp.json"
-    proc = torchrun("train", "--backend", "torch", "--extra", "fsdp", *TINY_TRAIN, "--checkpoint-every", "30",
+@pytest.mark.parametrize("backend, kept", [("jax", {"processes": 2, "layouts_kept": True}),
+                                           ("torch", {"collectives": "gloo"})])
+def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, tiny_runs, cache_dir, tmp_path):
+    out = tmp_path / f"{backend}-fsdp.json"
+    proc = torchrun("train", "--backend", backend, "--extra", "fsdp", *TINY_TRAIN, "--checkpoint-every", "30",
                     "--process-timeout", "60", "--cache-dir", cache_dir, "--out", str(out),
                     env={"MTBENCH_TEST_KILL_AT": "1:45"}, timeout=300)
     assert proc.returncode != 0 and not out.exists()
-    proc = torchrun("train", "--resume", str(tmp_path / "torch-fsdp.run"), timeout=300)
+    assert sorted(p.name for p in (tmp_path / f"{backend}-fsdp.run").iterdir()) == ["checkpoint-000030", "run.json"]
+    proc = torchrun("train", "--resume", str(tmp_path / f"{backend}-fsdp.run"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [31]
-    # The resumed steps update the shards with Keras's own optimizer (the fused one counts steps from 0).
-    assert_same_losses(result["history"], tiny_runs["torch"]["result"]["history"])
-    assert_half_of_the_state(result["extras_record"]["fsdp"], result["model"]["parameters"])
+    # Every process loaded the checkpoint's whole weights into the sharded layouts, which the steps kept (on
+    # torch the resumed steps update the shards with Keras's own optimizer: the fused one counts steps from 0).
+    assert_same_losses(result["history"], tiny_runs[backend]["result"]["history"])
+    record = result["extras_record"]["fsdp"]
+    assert kept.items() <= record.items()
+    assert_half_of_the_state(record, result["model"]["parameters"])

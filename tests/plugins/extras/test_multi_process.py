@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import TINY_TRAIN, cli_environment, run_cli
+from tests.conftest import MACHINE_CPUS, TINY_TRAIN, cli_environment, on_every_core, run_cli
 
 # torchrun as a module of the interpreter running the tests: the venv's torchrun, whatever PATH holds.
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -19,12 +19,13 @@ RELATIVE_TOLERANCE = 1e-5  # float32 gradients summed in another order by the co
 
 
 def torchrun(*args, env=None, timeout=600):
-    """Runs `torchrun --nproc-per-node 2 -m mtbench ARGS`; returns the CompletedProcess."""
+    """Runs `torchrun --nproc-per-node 2 -m mtbench ARGS` on the machine's cores; returns the CompletedProcess."""
+    preexec_fn, env = on_every_core(env)
     return subprocess.run([*TORCHRUN, "-m", "mtbench", *args], capture_output=True, text=True,
-                          env=cli_environment(env), timeout=timeout)
+                          env=cli_environment(env), timeout=timeout, preexec_fn=preexec_fn)
 
 
-CPUS = sorted(os.sched_getaffinity(0))
+CPUS = MACHINE_CPUS
 
 
 def assert_same_losses(history, reference):
@@ -37,8 +38,9 @@ def assert_same_losses(history, reference):
 @pytest.mark.slow
 def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
     out = tmp_path / "jax-2.json"
-    proc = torchrun("train", "--backend", "jax", "--extra", "data-parallel", *TINY_TRAIN, "--cache-dir", cache_dir,
-                    "--out", str(out))
+    # With a checkpoint midway, which process 0 writes alone while the other goes on to the next step.
+    proc = torchrun("train", "--backend", "jax", "--extra", "data-parallel", *TINY_TRAIN, "--checkpoint-every", "30",
+                    "--cache-dir", cache_dir, "--out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert len(result["history"]) >= 20
@@ -56,7 +58,7 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
     # Process 0 alone prints the table and writes: one result, one run directory.
     assert proc.stdout.count("result: ") == 1 and proc.stdout.count("tokens/s") == 1
     assert sorted(os.listdir(tmp_path)) == ["jax-2.hyp.txt", "jax-2.json", "jax-2.ref.txt", "jax-2.run"]
-    assert os.listdir(tmp_path / "jax-2.run") == ["model"]
+    assert sorted(os.listdir(tmp_path / "jax-2.run")) == ["checkpoint-000030", "checkpoint-000060", "model", "run.json"]
     # Every process evaluates the same weights; process 0's figures are those of one process's weights.
     one = tiny_runs["jax"]["result"]["metrics"]
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
@@ -64,11 +66,17 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_torch_process_stops_the_run_which_resumes_to_the_losses_of_one_process(tiny_runs, cache_dir,
-                                                                                         tmp_path):
-    out = tmp_path / "torch-2.json"
+@pytest.mark.parametrize("backend, extra, kept, train_step", [
+    ("torch", "ddp", {"per_process_batch": 16}, "torch-eager"),
+    # Process 0 writes the checkpoint of step 30 alone, under a distribution over both processes' devices (Keras's
+    # save_weights creates variables, which JAX would place with a collective the other process never joins).
+    ("jax", "data-parallel", {"processes": 2}, "jax-jit-stateless"),
+])
+def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_process(backend, extra, kept, train_step,
+                                                                                   tiny_runs, cache_dir, tmp_path):
+    out = tmp_path / f"{backend}-2.json"
     started = time.monotonic()
-    proc = torchrun("train", "--backend", "torch", "--extra", "ddp", *TINY_TRAIN, "--checkpoint-every", "30",
+    proc = torchrun("train", "--backend", backend, "--extra", extra, *TINY_TRAIN, "--checkpoint-every", "30",
                     "--process-timeout", "60", "--cache-dir", cache_dir, "--out", str(out),
                     env={"MTBENCH_TEST_KILL_AT": "1:45"}, timeout=300)
     assert proc.returncode != 0
@@ -81,16 +89,18 @@ def test_a_killed_torch_process_stops_the_run_which_resumes_to_the_losses_of_one
     # killed process and the survivor, which now exits as soon as its collective fails.
     report = output[output.index("mtbench FAILED"):]
     assert re.search(r"rank +: 1 \(local_rank: 1\)\n +exitcode +: -9 .*\(SIGKILL\)", report), output[-3000:]
-    assert sorted(os.listdir(tmp_path / "torch-2.run")) == ["checkpoint-000030", "run.json"]
+    assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000030", "run.json"]
     assert not out.exists()  # torchrun ended the survivor (SIGTERM, then SIGKILL) before a partial result
 
-    proc = torchrun("train", "--resume", str(tmp_path / "torch-2.run"), timeout=300)
+    proc = torchrun("train", "--resume", str(tmp_path / f"{backend}-2.run"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [31]
-    assert_same_losses(result["history"], tiny_runs["torch"]["result"]["history"])
-    assert result["processes"]["world_size"] == 2 and result["extras_record"]["ddp"]["per_process_batch"] == 16
-    assert result["train_step"] == "torch-eager"
+    assert_same_losses(result["history"], tiny_runs[backend]["result"]["history"])
+    assert result["processes"]["world_size"] == 2 and kept.items() <= result["extras_record"][extra].items()
+    assert result["train_step"] == train_step
+    assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000030", "checkpoint-000060", "model",
+                                                                 "run.json"]
 
 
 @pytest.mark.parametrize("args, message", [
