@@ -15,8 +15,14 @@ REPOSITORY = os.path.dirname(TESTS_DIR)
 _SESSION_DIR = tempfile.mkdtemp(prefix="mtbench-tests-")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("KERAS_HOME", os.path.join(_SESSION_DIR, "keras"))
-# The machine's CPUs, before a pytest-xdist worker takes its share of them (`pytest_configure`).
-MACHINE_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+# The machine's CPUs, before a pytest-xdist worker takes its share of them (`pytest_configure`). Read once by the
+# controller and handed down in the environment the workers inherit: test modules import this file a second time
+# (as `tests.conftest`), after their worker is pinned, and would otherwise see the worker's share as the machine.
+if hasattr(os, "sched_getaffinity"):
+    os.environ.setdefault("MTBENCH_TESTS_MACHINE_CPUS", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+    MACHINE_CPUS = [int(cpu) for cpu in os.environ["MTBENCH_TESTS_MACHINE_CPUS"].split(",")]
+else:
+    MACHINE_CPUS = None
 
 
 def pytest_configure(config):
