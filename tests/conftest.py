@@ -150,10 +150,10 @@ def tiny_runs(shared_runs):
     return shared_runs.get("jax", "torch")
 
 
-# The tiny configuration with fewer steps: a compare runs both backends, and the parity check still covers
-# every step it trains.
+# The tiny configuration with fewer steps and one length bucket: a compare runs both backends, and the parity
+# check still covers every step it trains.
 COMPARE_STEPS = 30
-TINY_COMPARE = [*TINY_TRAIN, "--steps", str(COMPARE_STEPS)]  # click keeps the last --steps
+TINY_COMPARE = [*TINY_TRAIN, *ONE_BUCKET, "--steps", str(COMPARE_STEPS)]  # click keeps the last --steps
 
 
 @pytest.fixture(scope="session")

@@ -96,6 +96,7 @@ def test_bad_settings_are_refused_with_one_line():
         assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_start_ends_the_run_with_its_reason_in_one_line(cache_dir, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env.update(MTBENCH_LOAD_PLUGINS="", TMPDIR=str(tmp_path))  # the failed worker's log is kept there

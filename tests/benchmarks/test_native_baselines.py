@@ -20,6 +20,9 @@ from mtbench.runner.config import TrainConfig
 from optimizer_exercise import (assert_updates_like_keras, float32_matmul_arithmetic, keras_optimizer_result,
                                 matmul_tolerance, optimizer_exercise)
 
+# The benchmarks' hand-written baselines, built and trained beside Keras's (30 s in all): the full suite's.
+pytestmark = pytest.mark.slow
+
 STEPS = 3
 needs_flax = pytest.mark.skipif(importlib.util.find_spec("flax") is None or importlib.util.find_spec("optax") is None,
                                 reason="the Flax baseline needs flax and optax (pip install -e '.[bench]')")

@@ -12,6 +12,9 @@ import pytest
 
 from conftest import REPOSITORY
 
+# Each test profiles a training run in a fresh process (7-12 s): the full suite's, not the day-to-day tier's.
+pytestmark = pytest.mark.slow
+
 
 def profile(backend, cache_dir):
     env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}

@@ -19,6 +19,9 @@ from marian_probe import build_loaded_model, mtbench_outputs
 from mtbench import MtbenchError
 from mtbench.runner.config import TrainConfig
 
+# A Marian checkpoint written by transformers and loaded on both backends (19 s in all): the full suite's.
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-4
 NEW_TOKENS = 12
 # Of different lengths (a padded batch), one with a language code, one with a piece vocab.json lacks.

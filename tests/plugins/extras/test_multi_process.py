@@ -28,6 +28,14 @@ def torchrun(*args, env=None, timeout=600):
 CPUS = MACHINE_CPUS
 
 
+def process_zero_share(processes):
+    """The cores `share_cores` gives process 0 of N on this machine: none where a share would not be whole."""
+    share = len(CPUS) // processes if CPUS else 0
+    if share == 0:
+        return None
+    return {"cpus": CPUS[:share], "threads": share, "of_cpus": len(CPUS), "local_processes": processes}
+
+
 def assert_same_losses(history, reference):
     assert [h["step"] for h in history] == [h["step"] for h in reference]
     assert [h["tokens"] for h in history] == [h["tokens"] for h in reference]  # the global batches
@@ -49,8 +57,7 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
                                    "launcher": "torchrun", "collectives": "gloo",
                                    "coordinator": result["processes"]["coordinator"], "spanned_by": ["data-parallel"],
                                    # Process 0's half of the cores: XLA's thread pool follows it.
-                                   "cpu_share": {"cpus": CPUS[:len(CPUS) // 2], "threads": len(CPUS) // 2,
-                                                 "of_cpus": len(CPUS), "local_processes": 2}}
+                                   "cpu_share": process_zero_share(2)}
     # mtbench's jit step over the two processes' mesh, as one process trains with (not Keras's train_on_batch).
     assert result["train_step"] == "jax-jit-stateless"
     assert result["extras_record"]["data-parallel"]["processes"] == 2
@@ -113,7 +120,8 @@ def test_a_launch_without_one_model_over_its_processes_is_refused(cache_dir, tmp
     proc = torchrun("train", *args, "--preset", "tiny", "--steps", "2", "--cache-dir", cache_dir,
                     "--out", str(tmp_path / "r.json"), timeout=120)
     assert proc.returncode != 0
-    assert f"Error: process 0 of 2: {message}" in proc.stderr
+    # Every process refuses; torchrun ends the others as soon as one has exited, so whichever refused first says so.
+    assert re.search(rf"^Error: process [01] of 2: {re.escape(message)}$", proc.stderr, re.MULTILINE), proc.stderr
     assert not os.listdir(tmp_path)
 
 

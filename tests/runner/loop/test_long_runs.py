@@ -50,6 +50,7 @@ def checkpoint_steps(run_dir):
     return sorted(int(name.split("-")[1]) for name in os.listdir(run_dir) if name.startswith("checkpoint-"))
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_losses_of_an_uninterrupted_run(tmp_path, cache_dir, tiny_runs):
     out, run_dir = str(tmp_path / "killed.json"), str(tmp_path / "killed.run")
     proc = start("--backend", "jax", *CHECKPOINTED, "--cache-dir", cache_dir, "--out", out)

@@ -67,6 +67,7 @@ def test_torch_eager_reports_no_compilations(tiny_runs):
     assert timing["input_s_median"] >= 0 and timing["input_fraction"] is not None
 
 
+@pytest.mark.slow
 def test_env_calibrate_measures_and_caches_each_backends_peak(tmp_path):
     import json
     import os

@@ -139,13 +139,23 @@ def test_a_compare_json_reports_the_same_figures_as_its_run_files(compared):
 
 
 def test_runs_of_different_configurations_are_refused(results, compared):
-    """The compare ran 30 steps from a weights file; the single runs 60 steps from the seed's draw."""
+    """The compare ran 30 steps with one length bucket; the single runs 60 steps with two. The length may differ
+    (a sweep), and with it the weights file (the position embeddings follow it); the steps may not."""
     proc = run_cli("report", results["jax"][0], compared["path"])
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: not comparable: "), proc.stderr
-    assert "steps (60 vs 30)" in lines[0] and "initial_weights_sha256 (None vs '" in lines[0]
+    assert " in steps (60 vs 30); only " in lines[0]
     assert "--force" in lines[0]
+
+
+def test_runs_of_one_shape_from_other_weights_are_refused(results, tmp_path):
+    jax_path, jax = results["jax"]
+    other = variant(jax, tmp_path / "other-weights.json", {"initial_weights_sha256": "another"})
+    proc = run_cli("report", jax_path, other)
+    assert proc.returncode == 2, proc.stderr
+    assert f" in initial_weights_sha256 ({jax['config']['initial_weights_sha256']!r} vs 'another'); only " in \
+        proc.stderr.strip().splitlines()[-1]
 
 
 def test_a_deliberately_changed_configuration_is_refused_unless_forced(results, tmp_path):
