@@ -16,6 +16,7 @@ numbers are the same; only XLA's fusion changes.
 
 import contextlib
 import functools
+import itertools
 
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
@@ -29,12 +30,6 @@ def token_cross_entropy(labels, logits):
     import jax.numpy as jnp
     label_logits = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return jax.nn.logsumexp(logits, axis=-1) - label_logits
-
-
-def token_mean_cross_entropy(labels, logits, weight):
-    """The loss `compile_model` sets: the mean cross-entropy over real (weighted) target tokens."""
-    import jax.numpy as jnp
-    return jnp.sum(token_cross_entropy(labels, logits) * weight) / jnp.sum(weight)
 
 
 def correct_tokens(labels, logits, weight):
@@ -64,12 +59,74 @@ def traced_separately(layers):
             del layer.call  # the class's own `call` again
 
 
+SEED_STATE = "seed_generator_state"  # the name of a keras.random.SeedGenerator's variable
+
+
+def flat_gradient_shards(model, distribution, native_loss):
+    """How many batch shards the data-parallel step sums as one flat buffer, or 0 where XLA's own reduction serves.
+
+    XLA combines the gradients' all-reduces into one of a tuple, but XLA:CPU runs that as one gloo collective per
+    buffer: 41 for the tiny Transformer, together 19 ms a step between two processes, and 166 ms when each
+    process has a core of its own (each collective then waits for a scheduler tick, about 4 ms, where one flat
+    buffer takes 4 ms in all). So on CPUs the step takes each shard's gradients apart (`summed_over_shards`) and
+    sums them in one all-reduce, as DDP sums a bucket. On GPUs and TPUs XLA's collectives take the tuple at once
+    and overlap it with the backward pass: GSPMD's reduction stays. Models whose non-trainable state is more than
+    dropout seeds (a batch norm's statistics, which want the whole batch) and losses other than the token mean
+    keep it too."""
+    import keras
+    if not native_loss or not isinstance(distribution, keras.distribution.DataParallel):
+        return 0
+    devices = distribution.device_mesh.backend_mesh.devices.flatten()
+    if len(devices) < 2 or devices[0].platform != "cpu":
+        return 0
+    if any(variable.name != SEED_STATE for variable in model.non_trainable_variables):
+        return 0
+    return len(devices)
+
+
+def summed_over_shards(loss_of, shards, distribution, trainable, non_trainable, optimizer_state, x, y, weight):
+    """Each shard's gradients, loss and correct tokens (a `jax.vmap` over the batch split into `shards` rows of
+    the mesh, so each device computes its own), summed over the shards as one flat buffer: one all-reduce.
+    Each shard draws its dropout masks from its own stream (the seeds' first word offset by the shard's index), as
+    DDP's processes draw theirs; without dropout the losses are one device's. Returns (grads, loss, correct,
+    tokens, non_trainable)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = distribution.device_mesh.backend_mesh
+    by_shard = NamedSharding(mesh, PartitionSpec(distribution.batch_dim_name))
+    whole = NamedSharding(mesh, PartitionSpec())
+    split = lambda array: jax.lax.with_sharding_constraint(
+        array.reshape((shards, array.shape[0] // shards) + array.shape[1:]), by_shard)
+    x, y, weight = jax.tree_util.tree_map(split, (x, y, weight))
+    tokens = jnp.sum(weight)
+    offsets = jnp.stack([jnp.arange(shards, dtype="uint32"), jnp.zeros(shards, dtype="uint32")], axis=1)
+    seeds = [jax.lax.with_sharding_constraint(state[None] + offsets, by_shard) for state in non_trainable]
+
+    def one_shard(seeds, x, y, weight):
+        (_, (loss, logits, seeds)), grads = jax.value_and_grad(loss_of, has_aux=True)(
+            trainable, seeds, optimizer_state, x, y, weight, tokens, 1.0 / shards)
+        return grads, loss, correct_tokens(y, logits, weight), seeds
+
+    grads, loss, correct, seeds = jax.vmap(one_shard)(seeds, x, y, weight)
+    pieces = [g.reshape(shards, -1) for g in grads] + [loss[:, None], correct[:, None]]
+    dtype = jnp.result_type(*pieces)
+    summed = jax.lax.with_sharding_constraint(
+        jnp.sum(jnp.concatenate([piece.astype(dtype) for piece in pieces], axis=1), axis=0), whole)
+    ends = list(itertools.accumulate((g.size // shards for g in grads), initial=0))
+    grads = [summed[start:end].reshape(g.shape[1:]).astype(g.dtype) for g, start, end in zip(grads, ends, ends[1:])]
+    non_trainable = [state[0] for state in seeds]  # shard 0's stream is the seeds' own
+    return grads, summed[-2], summed[-1], tokens, non_trainable
+
+
 class JitTrainStep(TrainStep):
     """Under a `keras.distribution` (data-parallel over a mesh of one process's devices or of several
     processes', the TPU strategy) the same step runs as one program over the mesh: the state is what the
     distribution laid the Keras variables out as, each batch is placed by the distribution's data layout (this
     process's rows of the global batch, `jax.make_array_from_process_local_data`), and XLA partitions the step
-    (GSPMD), so the loss is the global batch's token mean, as on one device."""
+    (GSPMD), so the loss is the global batch's token mean, as on one device. Data-parallel on CPUs sums the
+    gradients as one flat buffer (`flat_gradient_shards`)."""
     name = "jax-jit-stateless"
 
     def __init__(self, model, distribution=None):
@@ -88,28 +145,36 @@ class JitTrainStep(TrainStep):
         # Under a distribution each gradient is held to its weight's layout: sharded weights (fsdp) get sharded
         # gradients, never a replicated copy XLA might otherwise choose.
         layouts = None if distribution is None else [v.value.sharding for v in model.trainable_variables]
+        self.flat_shards = flat_gradient_shards(model, distribution, native_loss)
+
+        def loss_of(trainable, non_trainable, optimizer_state, x, y, weight, tokens, share):
+            """The loss of (a shard of) the batch, its share of the model's own losses, scaled as the optimizer
+            scales; `tokens` are the whole batch's, so the shards' losses add up to the batch's mean."""
+            with traced_separately(layer_norms):
+                logits, new_non_trainable, losses = model.stateless_call(
+                    trainable, non_trainable, x, training=True, return_losses=True)
+            loss = jnp.sum(token_cross_entropy(y, logits) * weight) / tokens if native_loss else \
+                loss_object(y, logits, sample_weight=weight)
+            if losses:
+                loss = loss + share * sum(losses)
+            with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, optimizer_state))):
+                scaled = optimizer.scale_loss(loss)  # the identity unless the optimizer scales losses
+            return scaled, (loss, logits, new_non_trainable)
 
         def step(state, x, y, weight):
             trainable, non_trainable, optimizer_state = state
-
-            def loss_of(trainable):
-                with traced_separately(layer_norms):
-                    logits, new_non_trainable, losses = model.stateless_call(
-                        trainable, non_trainable, x, training=True, return_losses=True)
-                loss = token_mean_cross_entropy(y, logits, weight) if native_loss else \
-                    loss_object(y, logits, sample_weight=weight)
-                if losses:
-                    loss = loss + sum(losses)
-                with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, optimizer_state))):
-                    scaled = optimizer.scale_loss(loss)  # the identity unless the optimizer scales losses
-                return scaled, (loss, logits, new_non_trainable)
-
-            (_, (loss, logits, non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
+            if self.flat_shards:
+                grads, loss, correct, tokens, non_trainable = summed_over_shards(
+                    loss_of, self.flat_shards, distribution, trainable, non_trainable, optimizer_state, x, y, weight)
+            else:
+                tokens = jnp.sum(weight)
+                (_, (loss, logits, non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(
+                    trainable, non_trainable, optimizer_state, x, y, weight, tokens, 1.0)
+                correct = correct_tokens(y, logits, weight)
             if layouts is not None:
                 grads = jax.lax.with_sharding_constraint(grads, layouts)
             trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
-            correct = correct_tokens(y, logits, weight)
-            logs = {"loss": loss, "accuracy": correct / jnp.sum(weight)}
+            logs = {"loss": loss, "accuracy": correct / tokens}
             return (trainable, non_trainable, optimizer_state), logs
 
         self._step = jax.jit(step, donate_argnums=0)
@@ -144,7 +209,8 @@ class JitTrainStep(TrainStep):
             return ""
         mesh = self.distribution.device_mesh
         shape = " x ".join(f"{size} {name}" for size, name in zip(mesh.shape, mesh.axis_names))
-        return f"{type(self.distribution).__name__} over a mesh of {shape}"
+        reduction = ", gradients summed as one flat buffer" if self.flat_shards else ""
+        return f"{type(self.distribution).__name__} over a mesh of {shape}{reduction}"
 
     def block(self):
         # The Keras variables are stale until `finalize`, so the backend's synchronize cannot see this step's

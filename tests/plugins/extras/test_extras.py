@@ -83,7 +83,7 @@ def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, singl
     # Keras's train_on_batch), with the step's own loss.
     assert result["train_step"] == {"pmap": "jax-pmap", "data-parallel": "jax-jit-stateless"}[extra]
     if extra == "data-parallel":
-        assert result["train_step_detail"] == "DataParallel over a mesh of 2 batch"
+        assert result["train_step_detail"] == "DataParallel over a mesh of 2 batch, gradients summed as one flat buffer"
     assert len(losses(result)) == 60
     np.testing.assert_allclose(losses(result), losses(single_device), rtol=1e-5)
     assert result["metrics"]["val_loss"] == pytest.approx(single_device["metrics"]["val_loss"], rel=1e-5)
