@@ -34,8 +34,11 @@ class DistributedDataParallel(Extra):
     def record(self, run):
         record = dict(run.extras_state[self.name])
         # Every process holds the whole state: the parameters, their gradients, the moments (`--extra fsdp`
-        # shards them).
+        # shards them). Apart from it, as the state figure leaves out what a framework adds around the state:
+        # DDP's gradient buckets, a second copy of the gradients that DDP all-reduces, held for the whole run
+        # (`gradient_as_bucket_view` is off, as DDP leaves it).
         record.update(torch_step_state(record.pop("step")))
+        record["gradient_bucket_bytes"] = record["gradient_bytes"]
         return record
 
 

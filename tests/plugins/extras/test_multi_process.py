@@ -106,6 +106,12 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
     assert_same_losses(result["history"], tiny_runs[backend]["result"]["history"])
     assert result["processes"]["world_size"] == 2 and kept.items() <= result["extras_record"][extra].items()
     assert result["train_step"] == train_step
+    if extra == "ddp":  # each process holds the whole state, and DDP's buckets hold the gradients a second time
+        record, parameters = result["extras_record"]["ddp"], result["model"]["parameters"]
+        assert record["parameter_bytes"] == record["gradient_bytes"] == record["gradient_bucket_bytes"] == \
+            parameters * 4
+        assert record["state_bytes"] == sum(record[key] for key in ("parameter_bytes", "gradient_bytes",
+                                                                     "optimizer_state_bytes"))
     assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000030", "checkpoint-000060", "model",
                                                                  "run.json"]
 
