@@ -140,6 +140,18 @@ def compile_cache_text(result):
     return f"{programs} ({cache['hits']} hits, {cache['misses']} misses)"
 
 
+def cores_text(result):
+    """The CPU cores each of the run's processes computed on: its share where several shared a machine
+    (`processes.cpu_share`: pinned to its cores, as many threads), else every core it was allowed."""
+    share = (result.get("processes") or {}).get("cpu_share")
+    if share:
+        threads = f"{share['threads']} thread" + ("s" if share["threads"] != 1 else "")
+        return (f"pinned to {len(share['cpus'])} of {share['of_cpus']} cores, {threads} "
+                f"({share['local_processes']} processes on the machine)")
+    cores = result["env"].get("cpu_count")
+    return f"every core it may use ({cores})" if cores else "not recorded"
+
+
 # What ran, beside the figures of every run: what changes the arithmetic or the kind of work.
 # (key in JSON and CSV, title in tables, the text of a result)
 RUN_CHOICES = (
@@ -147,6 +159,7 @@ RUN_CHOICES = (
     ("attention", "attention", attention_text),
     ("matmul_precision", "float32 matmuls", matmul_precision_text),
     ("compile_cache", "compile cache", compile_cache_text),
+    ("cores", "cores and threads", cores_text),
 )
 
 

@@ -11,7 +11,8 @@ of their MAJOR version.
 
 1.0: the first numbered version. It accepts the earlier documented forms `Reporter.report(result, console)` (before
 `complete`) and `Extra.make_train_step(run, model)` (before `step`), deprecated; 2.0 may drop them.
-1.1: `ProcessGroup.alone()`, where process 0 works by itself (checkpoints, the saved model) while the others go on.
+1.1: `ProcessGroup.alone()`, where process 0 works by itself (checkpoints, the saved model) while the others go on;
+`cores_text`, the cores and threads each process computed on, among `RUN_CHOICES`.
 """
 
 PLUGIN_API_VERSION = "1.1"

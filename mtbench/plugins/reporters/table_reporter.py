@@ -2,9 +2,9 @@
 
 from rich.table import Table
 
-from mtbench import (Reporter, attention_text, compile_cache_text, figure_text, hookimpl, matmul_precision_text,
-                     peak_measurement_text, run_dtype, run_label, run_warnings, scored_sentences_text, size_label,
-                     train_step_text)
+from mtbench import (Reporter, attention_text, compile_cache_text, cores_text, figure_text, hookimpl,
+                     matmul_precision_text, peak_measurement_text, run_dtype, run_label, run_warnings,
+                     scored_sentences_text, size_label, train_step_text)
 
 
 def _joined(result, *keys, unit=""):
@@ -70,6 +70,7 @@ def result_rows(result):
         ("run", "train step", train_step_text(result)),
         ("run", "attention", attention_text(result)),
         ("run", "float32 matmuls", matmul_precision_text(result)),
+        ("run", "cores and threads", cores_text(result)),
         ("run", "machine load (training start -> end)", _machine_load(result)),
         ("run", "warnings", "\n".join(run_warnings(result)) or "none"),
         ("timing", "compile (first step of each shape)", _compile(result)),

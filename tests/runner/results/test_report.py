@@ -126,6 +126,8 @@ def test_markdown_output_carries_the_results_figures(results):
     assert rows["attention"] == ["xla (unfused)", "math (unfused)"]
     assert rows["float32 matmuls"] == ["highest (IEEE float32)"] * 2
     assert rows["compile cache"][1] == "off"
+    assert rows["cores and threads"] == [f"every core it may use ({results[backend][1]['env']['cpu_count']})"
+                                         for backend in ("jax", "torch")]
     assert "parity torch vs jax" in text
 
 
