@@ -63,11 +63,19 @@ def share_cores(launch, environ=os.environ):
     or None for a process alone on its machine (or with fewer CPUs than processes, where no share is whole)."""
     if launch.local_processes == 1 or not hasattr(os, "sched_getaffinity"):
         return None
-    cpus = sorted(os.sched_getaffinity(0))
-    share = len(cpus) // launch.local_processes
-    if share == 0:
+    share = core_share(sorted(os.sched_getaffinity(0)), launch.local_rank, launch.local_processes)
+    if share is None:
         return None
-    mine = cpus[launch.local_rank * share:(launch.local_rank + 1) * share]
-    os.sched_setaffinity(0, mine)
-    environ["OMP_NUM_THREADS"] = str(share)  # torch's intra-op threads (over torchrun's 1), read at its import
-    return {"cpus": mine, "threads": share, "of_cpus": len(cpus), "local_processes": launch.local_processes}
+    os.sched_setaffinity(0, share["cpus"])
+    environ["OMP_NUM_THREADS"] = str(share["threads"])  # torch's intra-op threads (over torchrun's 1), at its import
+    return share
+
+
+def core_share(cpus, local_rank, local_processes):
+    """The record of local process `local_rank`'s share of `cpus` (its equal slice, as many threads), or None where
+    a share would not be whole."""
+    size = len(cpus) // local_processes
+    if size == 0:
+        return None
+    return {"cpus": cpus[local_rank * size:(local_rank + 1) * size], "threads": size, "of_cpus": len(cpus),
+            "local_processes": local_processes}

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from mtbench.runner.launch import core_share
 from tests.conftest import MACHINE_CPUS, TINY_TRAIN, cli_environment, on_every_core, run_cli
 
 # torchrun as a module of the interpreter running the tests: the venv's torchrun, whatever PATH holds.
@@ -26,14 +27,6 @@ def torchrun(*args, env=None, timeout=600):
 
 
 CPUS = MACHINE_CPUS
-
-
-def process_zero_share(processes):
-    """The cores `share_cores` gives process 0 of N on this machine: none where a share would not be whole."""
-    share = len(CPUS) // processes if CPUS else 0
-    if share == 0:
-        return None
-    return {"cpus": CPUS[:share], "threads": share, "of_cpus": len(CPUS), "local_processes": processes}
 
 
 def assert_same_losses(history, reference):
@@ -57,7 +50,7 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
                                    "launcher": "torchrun", "collectives": "gloo",
                                    "coordinator": result["processes"]["coordinator"], "spanned_by": ["data-parallel"],
                                    # Process 0's half of the cores: XLA's thread pool follows it.
-                                   "cpu_share": process_zero_share(2)}
+                                   "cpu_share": core_share(CPUS, 0, 2) if CPUS else None}
     # mtbench's jit step over the two processes' mesh, as one process trains with (not Keras's train_on_batch).
     assert result["train_step"] == "jax-jit-stateless"
     assert result["extras_record"]["data-parallel"]["processes"] == 2
