@@ -15,7 +15,7 @@ from rich.table import Table
 from mtbench.plugins import manager as plugins
 from mtbench.errors import MtbenchError, ReportingFailed
 from mtbench.plugins.api import PLUGIN_API_VERSION
-from mtbench.keras_models.presets import PRESETS
+from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 from mtbench.runner.config import COMPILE_MODES, DEFAULT_TIMING_WINDOW, DTYPES, MATMUL_PRECISIONS, TrainConfig
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
@@ -110,14 +110,17 @@ CORPUS_OPTIONS = (
 # passes them on to every run), so the three cannot drift apart.
 RUN_CONFIGURATION_OPTIONS = (
     click.option("--model", "model_name", default="transformer", show_default=True, metavar="NAME[:DIR]",
-                 help="Model family: transformer (mtbench's, sized by --preset and the size flags) or marian:DIR "
+                 help="Model family: transformer (mtbench's, sized by --preset and the size flags), gpt (a decoder-only "
+                      "language model, scored by perplexity and bits per byte) or marian:DIR "
                       "(a MarianMT checkpoint directory as transformers saves it, fine-tuned)."),
     click.option("--dataset", default="bible-en-fr", show_default=True, help="Registered dataset (see `mtbench plugins`)."),
     click.option("--data", "data_file", type=click.Path(dir_okay=True), metavar="CORPUS",
                  help="Your corpus instead of --dataset: FILE.tsv, FILE.jsonl (each may be .gz) or a Moses PREFIX "
-                      "(PREFIX.SRC and PREFIX.TGT, with --src-lang/--tgt-lang)."),
-    click.option("--preset", type=click.Choice(list(PRESETS)), default="small", show_default=True, help="Model size."),
-    click.option("--steps", type=int, help="Training steps (default: per preset; tiny 40, small 450, base 2000)."),
+                      "(PREFIX.SRC and PREFIX.TGT, with --src-lang/--tgt-lang); for a language model a text FILE or a "
+                      "folder of .txt files."),
+    click.option("--preset", type=click.Choice(list(dict.fromkeys([*PRESETS, *GPT_PRESETS]))), default="small",
+                 show_default=True, help=f"Model size: {', '.join(PRESETS)} (transformer); {', '.join(GPT_PRESETS)} (gpt)."),
+    click.option("--steps", type=int, help="Training steps (default: per preset; transformer tiny 40, small 450, base 2000; gpt tiny 40, small 300, char 5000, gpt2-small 2000)."),
     click.option("--epochs", type=float, help="Train for this many passes over the training split instead of --steps."),
     click.option("--batch-size", type=int, default=64, show_default=True, help="Sentence pairs per step (evaluation batches too)."),
     click.option("--max-tokens", type=int, metavar="N", help="Token batching, as fairseq's: each length bucket's training batches get as many rows as fit N tokens of padded length (a multiple of 8 from 8 rows), instead of --batch-size rows."),
@@ -129,7 +132,9 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--test-size", type=int, default=500, show_default=True),
     click.option("--vocab-size", type=int, help="Sentencepiece vocabulary (default: the preset's)."),
     click.option("--max-len", type=int, help="Tokens per side, longer pairs are dropped (default: the preset's)."),
-    click.option("--layers", type=int, metavar="N", help="Encoder and decoder layers each (default: the preset's)."),
+    click.option("--block-size", type=int, metavar="N", help="A language model's block: tokens per row, its positions (default: the preset's)."),
+    click.option("--tokenizer", type=click.Choice(["byte", "char", "sentencepiece"]), help="A language model's tokens: byte (vocabulary 256, default), char (the training split's characters) or sentencepiece (--vocab-size)."),
+    click.option("--layers", type=int, metavar="N", help="Encoder and decoder layers each; a language model's blocks (default: the preset's)."),
     click.option("--encoder-layers", type=int, metavar="N", help="Encoder layers (default: the preset's)."),
     click.option("--decoder-layers", type=int, metavar="N", help="Decoder layers (default: the preset's)."),
     click.option("--d-model", type=int, metavar="N", help="Model dimension (default: the preset's)."),
@@ -194,9 +199,12 @@ long_run_options = _stack([
     click.option("--resume", "resume_dir", type=click.Path(), metavar="RUN_DIR",
                  help="Continue the run in RUN_DIR (RESULT.run) from its last checkpoint, with its configuration."),
     click.option("--eval-every", type=int, metavar="N",
-                 help="Validation BLEU every N steps (recorded under `target`)."),
+                 help="Evaluate the validation split every N steps (BLEU; a language model's loss), recorded under "
+                      "`target`."),
     click.option("--target-bleu", type=float, metavar="X",
                  help="Stop when validation BLEU reaches this (needs --eval-every)."),
+    click.option("--target-loss", type=float, metavar="X",
+                 help="Stop when a language model's validation loss falls to this (needs --eval-every)."),
 ])
 
 # How the frameworks' collectives word a peer that is gone (gloo, NCCL, JAX's coordination service).
@@ -514,6 +522,28 @@ def _translation_progress(total):
     progress = Progress(console=Console(stderr=True), transient=True)
     task = progress.add_task("translating", total=total)
     return progress, lambda done: progress.update(task, completed=done)
+
+
+@main.command()
+@MODEL_ARGUMENT
+@click.option("--prompt", required=True, help="The text to continue.")
+@click.option("--backend", help="Generate on this backend (default: the one that trained the model).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Divides the logits before sampling; 0 takes the most likely token (greedy).")
+@click.option("--top-k", type=click.IntRange(min=1), help="Sample from the K most likely tokens only.")
+@click.option("--seed", type=int, default=0, show_default=True, help="The sampling's random draws (numpy).")
+@handle_errors
+def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed):
+    """Continue --prompt with a trained language model (--model gpt), on either backend: MODEL is a result JSON, a
+    run directory (RESULT.run) or its saved model. Prints the prompt and its continuation."""
+    from mtbench.runner.inference import generate_text
+    registry = plugins.registry()
+    _warn_broken_plugins(registry)
+    text, record = generate_text(model, registry, prompt, backend, max_new_tokens, temperature, top_k, seed)
+    click.echo(prompt + text)
+    click.echo(f"{record['new_tokens']} tokens by {record['model']} on {record['backend']} ({record['sampling']}) "
+               f"in {record['seconds']:.2f} s", err=True)
 
 
 @main.command()

@@ -29,3 +29,26 @@ PRESETS = {
     "base": ModelPreset(d_model=512, num_heads=8, encoder_layers=6, decoder_layers=6, ff_dim=2048,
                         vocab_size=32000, max_len=128, dropout=0.1),
 }
+
+# The decoder-only language model (`--model gpt`): `decoder_layers` blocks, no encoder, `max_len` the block size.
+# Its vocabulary is the tokenizer's (bytes: 256); `vocab_size` is what a sentencepiece tokenizer is trained to.
+GPT_PRESETS = {
+    # For tests.
+    "tiny": ModelPreset(d_model=64, num_heads=2, encoder_layers=0, decoder_layers=2, ff_dim=256,
+                        vocab_size=2000, max_len=64),
+    # The CPU default: minutes on 2 cores.
+    "small": ModelPreset(d_model=256, num_heads=4, encoder_layers=0, decoder_layers=4, ff_dim=1024,
+                         vocab_size=8000, max_len=128),
+    # nanoGPT's Shakespeare-character model (config/train_shakespeare_char.py).
+    "char": ModelPreset(d_model=384, num_heads=6, encoder_layers=0, decoder_layers=6, ff_dim=1536,
+                        vocab_size=8000, max_len=256, dropout=0.2),
+    # GPT-2 small (124 M parameters with GPT-2's 50,304-entry padded vocabulary), for GPUs.
+    "gpt2-small": ModelPreset(d_model=768, num_heads=12, encoder_layers=0, decoder_layers=12, ff_dim=3072,
+                              vocab_size=50304, max_len=1024),
+}
+# The built-in families' presets; any other family's run takes the translation presets' names.
+PRESETS_BY_FAMILY = {"gpt": GPT_PRESETS}
+
+
+def presets_for(family):
+    return PRESETS_BY_FAMILY.get(family, PRESETS)

@@ -46,6 +46,14 @@ def mtbench_register_models(register):
 
 
 @hookspec
+def mtbench_register_tasks(register):
+    """Register tasks: call `register(task)` with instances of `mtbench.Task`.
+
+    A task is what a run trains on and how it is scored (translation: sentence pairs, BLEU; language modelling: a
+    token stream, perplexity): a model family names it (`ModelFamily.task`)."""
+
+
+@hookspec
 def mtbench_register_reporters(register):
     """Register reporters: call `register(reporter)` with instances of `mtbench.Reporter`.
 

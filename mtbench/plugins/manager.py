@@ -33,6 +33,7 @@ BUILTIN_PLUGINS = (
     "mtbench.plugins.datasets.bible_dataset",
     "mtbench.plugins.models.transformer",
     "mtbench.plugins.models.marian",
+    "mtbench.plugins.models.gpt",
     "mtbench.plugins.reporters.table_reporter",
     "mtbench.plugins.reporters.tensorboard_tracker",
     "mtbench.plugins.reporters.mlflow_tracker",
@@ -50,6 +51,7 @@ REGISTER_HOOKS = {
     "datasets": "mtbench_register_datasets",
     "reporters": "mtbench_register_reporters",
     "models": "mtbench_register_models",
+    "tasks": "mtbench_register_tasks",
 }
 KINDS = tuple(REGISTER_HOOKS)
 ANY_KIND = "any"  # what a plugin that failed to load might have provided: we cannot know
@@ -90,6 +92,7 @@ class Registry:
     datasets: dict = field(default_factory=dict)
     reporters: dict = field(default_factory=dict)
     models: dict = field(default_factory=dict)
+    tasks: dict = field(default_factory=dict)
     provider: dict = field(default_factory=dict)   # (kind, name) -> plugin name
     warnings: list = field(default_factory=list)   # every problem, in the order it happened
     problems: list = field(default_factory=list)   # PluginProblem of plugins that failed (not fatal)
@@ -133,10 +136,13 @@ class Registry:
         try:
             yield
         except MtbenchError as error:
-            raise MtbenchError(f"{label}: {error}", error.exit_code) from error
+            if getattr(error, "names_its_source", False):  # from a registered item that code called (a task's dataset)
+                raise
+            raise _naming(MtbenchError(f"{label}: {error}", error.exit_code)) from error
         except Exception as error:
             plugin = self.provider.get((kind, name), "?")
-            raise RunFailure(f"{label} of plugin '{plugin}' failed: {type(error).__name__}: {error}") from error
+            raise _naming(RunFailure(f"{label} of plugin '{plugin}' failed: {type(error).__name__}: {error}")) \
+                from error
 
     def call(self, kind, item, method, *args):
         """`item.method(*args)` for a registered backend, extra, dataset, reporter or model family. A method in an
@@ -163,10 +169,42 @@ class Registry:
         return callbacks
 
 
+def _naming(error):
+    """`error`, marked as naming the registered item it came from: an enclosing `plugin_code` keeps it as it is."""
+    error.names_its_source = True
+    return error
+
+
 def deprecation_text(plugin, kind, name, implemented, current, version):
     return (f"plugin '{plugin}': {singular(kind)} '{name}' implements {implemented}, deprecated in plugin API "
             f"{version}: mtbench calls {current}, and passes the old form only the arguments it takes "
             f"until plugin API {next_major(version)} (docs/plugins.md, \"Compatibility\")")
+
+
+# Built-in plugin modules that live above the plugins (the runner's tasks), named to the manager by the code that
+# owns them (`add_builtin_plugin`), so that the manager imports nothing above it.
+_added_builtins = []
+
+
+def add_builtin_plugin(module_name):
+    """Loads `module_name` as a built-in plugin in every registry built from now on (and in the one built)."""
+    if module_name in _added_builtins:
+        return
+    _added_builtins.append(module_name)
+    if _loaded is not None:
+        pm, registry = _loaded
+        _register_builtin(pm, registry, module_name)
+        for kind, hook_name in REGISTER_HOOKS.items():
+            for impl in getattr(pm.hook, hook_name).get_hookimpls():
+                if impl.plugin_name == _builtin_name(module_name):
+                    _collect(registry, kind, impl)
+
+
+def _register_builtin(pm, registry, module_name):
+    from mtbench import __version__
+    name = _builtin_name(module_name)
+    pm.register(importlib.import_module(module_name), name=name)
+    registry.entries[name] = PluginEntry(name, builtin=True, package="mtbench", version=__version__)
 
 
 def _builtin_name(module_name):
@@ -213,11 +251,8 @@ def _build():
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(hookspecs)
     registry = Registry(hook=pm.hook)
-    from mtbench import __version__
-    for module_name in BUILTIN_PLUGINS:
-        name = _builtin_name(module_name)
-        pm.register(importlib.import_module(module_name), name=name)
-        registry.entries[name] = PluginEntry(name, builtin=True, package="mtbench", version=__version__)
+    for module_name in (*BUILTIN_PLUGINS, *_added_builtins):
+        _register_builtin(pm, registry, module_name)
 
     entry_points = _installed_entry_points()
     installed = {package_key(dist.metadata["Name"] or "?"): dist.metadata["Name"] for dist, _ in entry_points}

@@ -7,10 +7,12 @@ import time
 from dataclasses import dataclass, field
 
 from mtbench.errors import MtbenchError
-from mtbench.keras_models.presets import PRESETS
+from mtbench.keras_models.presets import presets_for
 from mtbench.plugins.api import SIZE_KEYS
 
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
+# A language model's steps by preset: "char" trains as long as nanoGPT's Shakespeare-character run.
+DEFAULT_STEPS_BY_FAMILY = {"gpt": {"tiny": 40, "small": 300, "char": 5000, "gpt2-small": 2000}}
 # The model's shape from flags, over the preset's: config field -> ModelPreset field (`layers` sets both stacks).
 SIZE_FIELDS = {"d_model": "d_model", "heads": "num_heads", "encoder_layers": "encoder_layers",
                "decoder_layers": "decoder_layers", "ff_dim": "ff_dim", "dropout": "dropout"}
@@ -48,6 +50,8 @@ class TrainConfig:
     test_size: int = 500
     vocab_size: int = None         # default: the preset's
     max_len: int = None            # tokens per side, special tokens included; default: the preset's
+    block_size: int = None         # a language model's block (its positions): sets max_len
+    tokenizer: str = None          # a language model's tokens: byte (default), char or sentencepiece
     # The model's size over the preset's (None: the preset's): --layers sets both stacks.
     layers: int = None
     encoder_layers: int = None
@@ -83,6 +87,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     eval_every: int = None         # steps between validation BLEU evaluations
     target_bleu: float = None      # stop once validation BLEU reaches it
+    target_loss: float = None      # stop once the validation loss falls to it (language models)
     # Where the run is reported while it trains, and what it costs (docs/commands.md)
     report_to: tuple = ()          # experiment trackers (reporter names); "none" or empty: none
     logging_dir: str = None        # the trackers' local files; None: each tracker's default in the run directory
@@ -95,15 +100,21 @@ class TrainConfig:
         if isinstance(self.report_to, str):
             self.report_to = [name.strip() for name in self.report_to.split(",")]
         self.report_to = tuple(name for name in dict.fromkeys(self.report_to) if name and name != "none")
-        if self.preset not in PRESETS:
-            raise MtbenchError(f"unknown preset '{self.preset}'; choose one of {', '.join(PRESETS)}")
-        model = PRESETS[self.preset]
+        presets = presets_for(self.model_family[0])
+        if self.preset not in presets:
+            raise MtbenchError(f"unknown preset '{self.preset}' for --model {self.model_family[0]}; choose one of "
+                               f"{', '.join(presets)}")
+        model = presets[self.preset]
+        if self.block_size is not None:
+            if self.max_len is not None and self.max_len != self.block_size:
+                raise MtbenchError("give --block-size or --max-len, not both")
+            self.max_len = self.block_size
         if self.vocab_size is None:
             self.vocab_size = model.vocab_size
         if self.max_len is None:
             self.max_len = model.max_len
         if self.steps is None and self.epochs is None:
-            self.steps = DEFAULT_STEPS[self.preset]
+            self.steps = DEFAULT_STEPS_BY_FAMILY.get(self.model_family[0], DEFAULT_STEPS)[self.preset]
         if self.steps is not None and self.epochs is not None:
             raise MtbenchError("give --steps or --epochs, not both")
         if self.dtype not in DTYPES:
@@ -111,8 +122,9 @@ class TrainConfig:
         if self.matmul_precision not in MATMUL_PRECISIONS:
             raise MtbenchError(f"unknown matmul precision '{self.matmul_precision}'; choose one of "
                                f"{', '.join(MATMUL_PRECISIONS)}")
-        if self.measure_only and (self.eval_every is not None or self.target_bleu is not None):
-            raise MtbenchError("--measure-only skips validation; it cannot take --eval-every or --target-bleu")
+        if self.measure_only and (self.eval_every is not None or self.target is not None):
+            raise MtbenchError("--measure-only skips validation; it cannot take --eval-every, --target-bleu or "
+                               "--target-loss")
         if self.compile_mode not in COMPILE_MODES:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
@@ -151,11 +163,15 @@ class TrainConfig:
             raise MtbenchError("give both --src-lang and --tgt-lang, or neither")
         if self.src_lang and self.src_lang == self.tgt_lang:
             raise MtbenchError(f"--src-lang and --tgt-lang are both '{self.src_lang}'; they must differ")
-        if self.target_bleu is not None:
-            if not 0 < self.target_bleu <= 100:
-                raise MtbenchError(f"--target-bleu must be in (0, 100], got {self.target_bleu}")
-            if self.eval_every is None:
-                raise MtbenchError("--target-bleu needs --eval-every N: how often to measure validation BLEU")
+        if self.target_bleu is not None and not 0 < self.target_bleu <= 100:
+            raise MtbenchError(f"--target-bleu must be in (0, 100], got {self.target_bleu}")
+        if self.target_loss is not None and self.target_loss <= 0:
+            raise MtbenchError(f"--target-loss must be positive, got {self.target_loss}")
+        if self.target_bleu is not None and self.target_loss is not None:
+            raise MtbenchError("give --target-bleu or --target-loss, not both")
+        if self.target is not None and self.eval_every is None:
+            flag = "--target-bleu" if self.target_bleu is not None else "--target-loss"
+            raise MtbenchError(f"{flag} needs --eval-every N: how often to evaluate the validation split")
 
     def _check_model_size(self):
         """Impossible shapes end here, before anything is built."""
@@ -184,14 +200,24 @@ class TrainConfig:
         """{ModelPreset field: value} that the size flags set over the preset."""
         overrides = {SIZE_FIELDS[name]: getattr(self, name) for name in SIZE_FIELDS if getattr(self, name) is not None}
         if self.layers is not None:
-            overrides.update(encoder_layers=self.layers, decoder_layers=self.layers)
+            decoder_only = presets_for(self.model_family[0])[self.preset].encoder_layers == 0
+            overrides.update(decoder_layers=self.layers, **({} if decoder_only else {"encoder_layers": self.layers}))
         return overrides
+
+    @property
+    def target(self):
+        """(metric, value) of the quality a run stops at (--target-bleu, --target-loss), or None."""
+        if self.target_bleu is not None:
+            return "bleu", self.target_bleu
+        if self.target_loss is not None:
+            return "loss", self.target_loss
+        return None
 
     @property
     def model(self):
         """The model shape: the preset with this run's size flags, vocabulary and length."""
-        return dataclasses.replace(PRESETS[self.preset], vocab_size=self.vocab_size, max_len=self.max_len,
-                                   **self.size_overrides())
+        return dataclasses.replace(presets_for(self.model_family[0])[self.preset], vocab_size=self.vocab_size,
+                                   max_len=self.max_len, **self.size_overrides())
 
     @property
     def model_family(self):

@@ -1,10 +1,14 @@
-"""Using a trained model: `mtbench translate` (sentences in, translations out) and `mtbench evaluate` (BLEU and
-chrF on another test set), on any backend, whichever backend trained it: the saved weights are numpy arrays by
-Keras variable path, so they load wherever the model builds."""
+"""Using a trained model: `mtbench translate` (sentences in, translations out), `mtbench evaluate` (BLEU and
+chrF on another test set) and `mtbench generate` (a language model's text from a prompt), on any backend, whichever
+backend trained it: the saved weights are numpy arrays by Keras variable path, so they load wherever the model
+builds."""
 
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
+from mtbench.errors import MtbenchError
 from mtbench.plugins.api import RunContext
 from mtbench.runner.config import decoding_name
 from mtbench.runner.saved_model import find_model, load_weights, model_files
@@ -41,14 +45,27 @@ class Translator:
         return translations
 
 
-def open_translator(path, registry, backend_name=None, beam=None, length_penalty=None):
-    """The Translator of the model at `path` (see `saved_model.find_model`) on `backend_name` (default: the
-    backend that trained it), decoding as the run did unless `beam`/`length_penalty` say otherwise."""
+@dataclass
+class LoadedModel:
+    """A trained model rebuilt on a backend, with its tokenizer."""
+    source: object      # saved_model.ModelSource
+    plugins: object     # setup.RunPlugins: the backend, the model family and its task
+    model: object
+    tokenizer: object
+    keras: object
+
+
+def open_model(path, registry, backend_name=None, task=None):
+    """The model at `path` (see `saved_model.find_model`) rebuilt on `backend_name` (default: the backend that
+    trained it) with its trained weights; `task`: the task the command serves, refused for another's model."""
     source = find_model(path)
     config = source.config
     backend = resolve_backend(backend_name or config.backend, registry)
     family, family_path = resolve_model(config, registry) if source.is_checkpoint else _saved_family(source, registry)
-    plugins = RunPlugins(backend, [], [], registry, family, family_path)
+    if task is not None and family.task != task:
+        raise MtbenchError(f"{source.label}: a model of the {family.task} task ('{family.name}'); this command "
+                           f"serves {task} models")
+    plugins = RunPlugins(backend, [], [], registry, family, family_path, registry.lookup("tasks", family.task))
     keras = import_keras(config, backend)
     keras.config.set_dtype_policy(config.dtype)
     plugins.model_path, tokenizer = model_files(source, plugins)
@@ -56,6 +73,15 @@ def open_translator(path, registry, backend_name=None, beam=None, length_penalty
     with plugins.model_code():
         model, _ = family.build(run, plugins.model_path, tokenizer, config.max_len)
     load_weights(source, keras, model, config)
+    return LoadedModel(source, plugins, model, tokenizer, keras)
+
+
+def open_translator(path, registry, backend_name=None, beam=None, length_penalty=None):
+    """The Translator of the model at `path` on `backend_name` (default: the backend that trained it), decoding
+    as the run did unless `beam`/`length_penalty` say otherwise."""
+    loaded = open_model(path, registry, backend_name, task="translation")
+    source, config, backend, model, tokenizer = (loaded.source, loaded.source.config, loaded.plugins.backend,
+                                                 loaded.model, loaded.tokenizer)
     beam = config.beam if beam is None else beam
     length_penalty = config.length_penalty if length_penalty is None else length_penalty
     from mtbench.runner.evaluation.decoding import make_decoder
@@ -81,3 +107,47 @@ def evaluate_translator(translator, pairs, batch_size, progress=None):
         "bleu": bleu, "chrf": chrf, "bleu_signature": bleu_signature, "chrf_signature": chrf_signature,
         "translate_s": translate_s,
     }, hypotheses
+
+
+def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200, temperature=1.0, top_k=None,
+                  seed=0):
+    """(the prompt's continuation, what generated it) by the language model at `path` on `backend_name`: one
+    token at a time from the model's logits at the last position of the last --block-size tokens, greedily
+    (`temperature` 0) or sampled from the softmax of logits / `temperature`, restricted to the `top_k` most
+    likely tokens, with numpy's generator from `seed` (the same text on every backend, up to the arithmetic)."""
+    loaded = open_model(path, registry, backend_name, task="language-modelling")
+    if loaded.source.is_checkpoint:
+        raise MtbenchError(f"{path}: generation needs a completed run's saved model, not a checkpoint")
+    ids = list(loaded.tokenizer.encode_text(prompt))
+    if not ids:
+        raise MtbenchError("--prompt is empty: give the text to continue")
+    block = loaded.source.config.max_len
+    model, ops = loaded.model, loaded.keras.ops
+    forward = loaded.plugins.backend.compile_inference(lambda x: model(x, training=False), model)
+    rng = np.random.default_rng(seed)
+    started = time.perf_counter()
+    generated = []
+    for _ in range(max_new_tokens):
+        window = (ids + generated)[-block:]
+        x = np.zeros((1, block), np.int32)  # one shape: compiled once; causality keeps the padding after unseen
+        x[0, :len(window)] = window
+        logits = ops.convert_to_numpy(forward(x))[0, len(window) - 1].astype(np.float64)
+        generated.append(next_token(logits, temperature, top_k, rng))
+    seconds = time.perf_counter() - started
+    return loaded.tokenizer.decode_text(generated), {
+        "model": loaded.source.label, "backend": loaded.plugins.backend.name, "prompt_tokens": len(ids),
+        "new_tokens": len(generated), "seconds": seconds,
+        "sampling": "greedy" if temperature == 0 else f"temperature {temperature:g}"
+                    + (f", top-k {top_k}" if top_k else "") + f", seed {seed}"}
+
+
+def next_token(logits, temperature, top_k, rng):
+    """The next token of `logits` (the vocabulary's, float64): the largest at temperature 0, else drawn."""
+    if temperature == 0:
+        return int(np.argmax(logits))
+    logits = logits / temperature
+    if top_k:
+        kth = np.sort(logits)[-min(top_k, len(logits))]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probabilities = np.exp(logits - logits.max())
+    return int(rng.choice(len(logits), p=probabilities / probabilities.sum()))

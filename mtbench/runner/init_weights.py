@@ -6,7 +6,7 @@ from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.results.output import check_output_path
 from mtbench.plugins.api import RunContext
 from mtbench.runner.setup import build_model, choose_plugins, import_keras, initial_values
-from mtbench.runner.training import prepare_data, read_corpus
+from mtbench.runner.training import prepare_data, read_data
 
 
 def write_initial_weights(config, registry, console, path, overwrite=False):
@@ -22,8 +22,9 @@ def write_initial_weights(config, registry, console, path, overwrite=False):
     plugins = choose_plugins(config, registry)
     check_output_path(path, overwrite, kind=".npz")
     stopwatch = Stopwatch()
-    corpus = read_corpus(config, registry, console, stopwatch)
+    raw = read_data(config, plugins, console, stopwatch)
     import_keras(config, plugins.backend)
-    data = prepare_data(config, plugins, corpus, stopwatch)
-    model, _ = build_model(RunContext(config=config, backend=plugins.backend), plugins, data.tokenizer)
+    data = prepare_data(config, plugins, raw, stopwatch)
+    model, _ = build_model(RunContext(config=config, backend=plugins.backend, task=plugins.task), plugins,
+                           data.tokenizer)
     return write_weights_file(path, initial_values(config, plugins, model))

@@ -29,7 +29,7 @@ SAVED_FORMAT = 1
 
 def save_trained_model(run_dir, model, tokenizer, plugins, model_shape, config):
     """Writes RUN_DIR/model (replacing an earlier one); returns its absolute path."""
-    from mtbench.runner.data.tokenizer import JointTokenizer
+    from mtbench.plugins.api import ModelFamily
     final = os.path.join(run_dir, SAVED_DIR)
     os.makedirs(run_dir, exist_ok=True)
     tmp = make_temporary_folder(".tmp-model-", run_dir)
@@ -42,9 +42,12 @@ def save_trained_model(run_dir, model, tokenizer, plugins, model_shape, config):
             "mtbench_model": SAVED_FORMAT,
             "family": plugins.model.name,
             "family_record": family_record,
-            "own_tokenizer": isinstance(tokenizer, JointTokenizer),
+            # The task's tokenizer (the family brings none): reloaded by `Task.load_tokenizer`.
+            "own_tokenizer": type(plugins.model).tokenizer is ModelFamily.tokenizer,
+            "task": plugins.task.name,
+            "tokenizer": tokenizer.describe(),
             "shape": model_shape.to_dict(),
-            "special": tokenizer.special.to_dict(),
+            "special": tokenizer.special and tokenizer.special.to_dict(),
             "config": config.to_dict(),
         })
         if os.path.exists(final):
@@ -130,12 +133,12 @@ def _from_saved(directory):
 def model_files(source, plugins):
     """(the PATH the family builds from, the tokenizer the model was trained with): a saved model's own copies
     (a pretrained family's files, mtbench's tokenizer), or for a checkpoint the run's."""
-    from mtbench.runner.data.tokenizer import SAVED_NAME, JointTokenizer
     if source.saved_dir is not None:
         with plugins.model_code():
             path, tokenizer = plugins.model.load_saved(source.saved_dir, source.description["family_record"])
         if source.description["own_tokenizer"]:
-            tokenizer = JointTokenizer.from_file(os.path.join(source.saved_dir, SAVED_NAME))
+            with plugins.task_code():
+                tokenizer = plugins.task.load_tokenizer(source.saved_dir, source.description.get("tokenizer") or {})
         return path, tokenizer
     with plugins.model_code():
         tokenizer = plugins.model.tokenizer(plugins.model_path, source.config)

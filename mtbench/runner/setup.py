@@ -19,6 +19,11 @@ class RunPlugins:
     registry: object
     model: object = None       # the ModelFamily of --model
     model_path: str = None     # its PATH, for a family that takes one
+    task: object = None        # the Task the family trains on (`ModelFamily.task`)
+
+    def task_code(self):
+        """A block running the task's own code: its errors name the task."""
+        return self.registry.plugin_code("tasks", self.task.name)
 
     def model_code(self):
         """A block running the model family's own code: its errors name the family."""
@@ -80,10 +85,23 @@ def resolve_model(config, registry):
     return family, path
 
 
+def resolve_task(family, config, registry):
+    """The task the model family trains on, checked to take the run's options."""
+    task = registry.lookup("tasks", family.task)
+    with registry.plugin_code("tasks", task.name):
+        task.check(config)
+    if config.target is not None and config.target[0] != task.validation_metric:
+        raise MtbenchError(f"--target-{config.target[0]}: the {task.name} task validates by "
+                           f"{task.validation_metric or 'nothing'}, not {config.target[0]}")
+    return task
+
+
 def choose_plugins(config, registry, reporter_names=()):
     backend = resolve_backend(config.backend, registry)
+    family, path = resolve_model(config, registry)
     return RunPlugins(backend, resolve_extras(config.extras, backend, registry),
-                      resolve_reporters(reporter_names, registry), registry, *resolve_model(config, registry))
+                      resolve_reporters(reporter_names, registry), registry, family, path,
+                      resolve_task(family, config, registry))
 
 
 def import_keras(config, backend, extras_environment=None):
@@ -136,7 +154,10 @@ def start_backend(config, plugins, launch):
     with plugins.model_code():
         model_shape = plugins.model.shape(plugins.model_path, config)
     run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info(),
-                     model_shape=model_shape, processes=processes, cpu_share=cpu_share)
+                     model_shape=model_shape, processes=processes, cpu_share=cpu_share,
+                     task=plugins.task)
+    if plugins.model.attention_kinds:  # a family that names none keeps every kind (plugin API 1.1's behaviour)
+        run.attention_kinds = tuple(plugins.model.attention_kinds)
     run.compile_cache = plugins.backend.open_compile_cache(config)  # before anything compiles
     run.matmul_precision = set_matmul_precision(plugins.backend, config.matmul_precision)
     reason = device_refusal(run, plugins.extras, plugins.extra_code)

@@ -1,6 +1,7 @@
-"""One training run, top to bottom: choose the plugins, read and tokenise the corpus, start keras on the backend,
-build the model from numpy-drawn weights (or a checkpoint), train with honest timing, evaluate, translate the
-test set, write the result (a partial one when training stopped early) and hand it to the reporters.
+"""One training run, top to bottom: choose the plugins (the model family's task among them), read the task's data,
+start keras on the backend, prepare the data, build the model from numpy-drawn weights (or a checkpoint), train
+with honest timing, let the task evaluate, write the result (a partial one when training stopped early) and hand
+it to the reporters.
 
 Each stage is a function with explicit inputs and outputs; `run_training` is the whole run on one screen."""
 
@@ -11,14 +12,12 @@ from rich.console import Console
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api import Launch
-from mtbench.runner.data.batches import batches_per_epoch, encode_split, training_batches
-from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.prefetch import Prefetched
-from mtbench.runner.data.corpus_report import corpus_report, report_lines
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore, run_dir_for
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 from mtbench.runner.loop.progress import corpus_progress
+from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.measurement.energy import EnergyMeter, open_counter
 from mtbench.runner.measurement.load import machine_load, sample_load
@@ -31,9 +30,6 @@ from mtbench.runner.saved_model import save_trained_model
 from mtbench.runner.setup import (build_model, check_compile_options_apply, check_launch, choose_attention_kernels,
                                   choose_plugins, choose_train_step, compile_model, extras_compile_options, local_devices,
                                   start_backend, starting_weights, step_flops)
-
-TRAIN_LOSS_SAMPLE = 500  # training pairs re-evaluated with the final weights, comparable to val/test loss
-
 
 def run_training(config, registry, console, resume=None, reporter_names=(), launch=Launch()):
     """Runs `config`; `resume` (a checkpoints.Resumption, whose config `config` is) continues an earlier run
@@ -51,23 +47,25 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     run_dir = resume.directory if resume else RunDirectory(run_dir_for(config.out), fresh=True)
     run_dir.writes = launch.is_first
     # Read before the framework is imported: a bad corpus file fails in a second, not after the import.
-    corpus = read_corpus(config, registry, console, stopwatch)
+    raw = read_data(config, plugins, console, stopwatch)
 
     keras, run = start_backend(config, plugins, launch)
-    data = prepare_data(config, plugins, corpus, stopwatch)
-    corpus_figures = show_corpus_report(data, config, console)
-    data_fingerprint = check_resumable(data, resume)
-    total_steps = count_steps(config, data)
+    data = prepare_data(config, plugins, raw, stopwatch)
+    for line in data.lines:
+        console.print(line, highlight=False, soft_wrap=True)
+    check_resumable(data, resume)
+    total_steps = count_steps(config, plugins, data)
     with stopwatch.phase("build"):
         built = build_for_training(keras, config, run, plugins, data, weights_file, total_steps, resume, console)
     energy = EnergyMeter(*open_counter(run.device, local_devices(run)))  # once the extras know their devices
     if built.starts_pretrained and not config.measure_only:
         with stopwatch.phase("evaluate_pretrained"):
-            built.before_training = scores_before_training(built.decode, data, config)
+            built.before_training = built.evaluator.before_training()
 
-    checkpointing = Checkpointing(run_dir, run_config, data_fingerprint, config.checkpoint_every,
+    checkpointing = Checkpointing(run_dir, run_config, data.fingerprint, config.checkpoint_every,
                                   config.keep_checkpoints, latest=resume.checkpoint if resume else None)
-    validate = lambda: translate_split(built.decode, data, "valid", config)
+    target = QualityTarget(plugins.task.validation_metric, config.target and config.target[1],
+                           plugins.task.higher_is_better, config.eval_every, built.state.evaluations)
     callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=built.model)
     trackers = Trackers(plugins.reporters, registry)
     trackers.start(tracked_run(config, plugins, run, config.out, run_dir.path))
@@ -76,23 +74,19 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     with stopwatch.phase("train"):
         outcome = train_loop(config, plugins.backend, built.model, step_flops(plugins, built.model_shape),
                              built.train_step, built.state,
-                             built.batches, total_steps, checkpointing, validate,
+                             built.batches, total_steps, checkpointing, built.evaluator.validate, target,
                              Observers(callbacks, trackers, energy), console, run.processes)
     load_during = machine_load(load_before, sample_load(), launch.local_processes)
     built.batches.close()
     training_memory = {"per_device": plugins.backend.device_memory(), "peak_since": memory_since}
-    result = training_result(config, run, plugins, registry, data, corpus_figures, built, outcome,
-                             weights_sha256, run_dir, training_memory)
+    result = training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
+                             training_memory)
     result["machine_load"] = load_during
 
     if outcome.status == "completed" and config.measure_only:
         result["metrics"]["skipped"] = "--measure-only: no evaluation, translation or saved model"
     elif outcome.status == "completed":
-        with stopwatch.phase("evaluate"):
-            evaluation = evaluate_splits(built.model, data, config)
-        with stopwatch.phase("translate"):
-            scores = translate_split(built.decode, data, "test", config)
-        add_evaluation(result, evaluation, scores, config)
+        add_evaluation(result, *built.evaluator.evaluate(stopwatch.phase))
         if config.save_model and run_dir.writes:
             with stopwatch.phase("save_model"), run.processes.alone():  # the others do not wait for it
                 result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer, plugins,
@@ -120,70 +114,34 @@ def read_initial_weights(config):
     return read_weights_file(config.initial_weights) if config.initial_weights else (None, None)
 
 
-def read_corpus(config, registry, console, stopwatch):
-    with stopwatch.phase("data"), corpus_progress(console) as progress:
-        return load_corpus(config, registry, progress)
+def read_data(config, plugins, console, stopwatch):
+    """The task's raw data (a corpus, a text), read before the framework is imported."""
+    with stopwatch.phase("data"), corpus_progress(console) as progress, plugins.task_code():
+        return plugins.task.read(config, plugins.registry, progress)
 
 
-@dataclass
-class PreparedData:
-    """The corpus and its splits, encoded with the run's tokenizer."""
-    corpus: object
-    tokenizer: object
-    train: object
-    valid: object
-    test: object
-    train_eval: object  # the first TRAIN_LOSS_SAMPLE training pairs, re-evaluated with the final weights
-
-    def encoded(self):
-        return {"train": self.train, "valid": self.valid, "test": self.test}
-
-
-def prepare_data(config, plugins, corpus, stopwatch):
-    """Loads the model family's tokenizer, or trains (or loads) mtbench's own, and encodes every split."""
-    from mtbench.runner.data.tokenizer import load_or_train_tokenizer
+def prepare_data(config, plugins, raw, stopwatch):
+    """The task's `TaskData`: its tokenizer (the model family's own, or the task's default) and encoded splits."""
     with stopwatch.phase("tokenizer"):
         with plugins.model_code():
             tokenizer = plugins.model.tokenizer(plugins.model_path, config)
-        tokenizer = tokenizer or load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
-        splits = [encode_split(pairs, tokenizer, config.max_len)
-                  for pairs in (corpus.train, corpus.valid, corpus.test, corpus.train[:TRAIN_LOSS_SAMPLE])]
-    data = PreparedData(corpus, tokenizer, *splits)
-    if len(data.valid) == 0 or len(data.test) == 0:
-        raise MtbenchError(f"every validation or test pair is longer than --max-len {config.max_len} tokens")
-    return data
-
-
-def show_corpus_report(data, config, console):
-    """Prints what was read, dropped and kept of the corpus; returns those figures for the result."""
-    report = corpus_report(data.corpus, data.encoded(), config.max_len)
-    for line in report_lines(data.corpus.name, report):
-        console.print(line, highlight=False, soft_wrap=True)
-    return report
+        with plugins.task_code():
+            return plugins.task.prepare(config, raw, tokenizer)
 
 
 def check_resumable(data, resume):
-    """The training data's fingerprint: the tokenizer's (mtbench's own is named by a hash of the training pairs)
-    and the pairs'; a resumed run must train on the same pairs as the run it continues."""
-    fingerprint = data_fingerprint(data)
-    if resume and resume.data_fingerprint != fingerprint:
+    """A resumed run must train on the same data, tokenized alike, as the run it continues."""
+    if resume and resume.data_fingerprint != data.fingerprint:
         raise MtbenchError(f"{resume.directory.path}: the training data differs from the run's (tokenizer "
-                           f"{fingerprint}, the run had {resume.data_fingerprint}); it cannot be resumed")
-    return fingerprint
+                           f"{data.fingerprint}, the run had {resume.data_fingerprint}); it cannot be resumed")
 
 
-def data_fingerprint(data):
-    from mtbench.runner.data.tokenizer import JointTokenizer, pairs_digest
-    fingerprint = data.tokenizer.fingerprint
-    if isinstance(data.tokenizer, JointTokenizer):
-        return fingerprint  # its file name already hashes the training pairs
-    return f"{fingerprint}-{pairs_digest(data.corpus.train)[:16]}"
-
-
-def count_steps(config, data):
+def count_steps(config, plugins, data):
     if config.epochs is None:
         return config.steps
-    return max(1, math.ceil(config.epochs * batches_per_epoch(data.train, config.rows_for, config.max_len)))
+    with plugins.task_code():
+        per_epoch = plugins.task.batches_per_epoch(data, config)
+    return max(1, math.ceil(config.epochs * per_epoch))
 
 
 @dataclass
@@ -195,15 +153,14 @@ class BuiltRun:
     train_step: object
     state: TrainingState   # where training starts: step 0, or the resumed checkpoint's
     batches: object        # (epoch, Batch) iterator from the step after `state.step`
-    decode: object
+    evaluator: object      # the task's `Evaluator` of the model
     starts_pretrained: bool = False  # a fresh run of a pretrained model (its weights loaded, or in a weights file)
-    before_training: dict = None     # test BLEU and chrF of the pretrained weights
+    before_training: dict = None     # the task's test figures of the pretrained weights
 
 
 def build_for_training(keras, config, run, plugins, data, weights_file, total_steps, resume, console):
     """Builds and compiles the model with its starting weights, restores a checkpoint when resuming, chooses
     the train step (the extras wrap or replace the backend's), and lets each extra verify it takes effect."""
-    from mtbench.runner.evaluation.decoding import make_decoder
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(config.dtype)
     for extra in plugins.extras:
@@ -225,41 +182,19 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     compile_record.update(requested_by_extras=asked_by,
                           applies_to="training and evaluation" if train_step.uses_compile_options
                           else f"evaluation only (training runs the '{train_step.name}' step)")
-    try:
-        batches = Prefetched(training_batches(data.train, config.rows_for, config.max_len, config.seed,
-                                              skip=state.step))
-        _, first_batch = next(training_batches(data.train, config.rows_for, config.max_len, config.seed))
-    except ValueError as error:
-        raise MtbenchError(str(error)) from None
+    with plugins.task_code():
+        _, first_batch = next(plugins.task.batches(data, config))
+        batches = Prefetched(plugins.task.batches(data, config, skip=state.step))
     first_batch = first_batch.shard(run.processes.rank, run.processes.world_size)
     for extra in plugins.extras:
         with plugins.extra_code(extra):
             reason = extra.verify(run, model, first_batch)
         if reason:
             raise RunFailure(f"extra '{extra.name}' did not take effect: {reason}")
-    decoder = make_decoder(model, data.tokenizer.special, config.beam, config.length_penalty)
-    decode = plugins.backend.compile_inference(decoder, model)
-    return BuiltRun(model, model_shape, compile_record, train_step, state, batches, decode,
+    with plugins.task_code():
+        evaluator = plugins.task.evaluator(model, data, config,
+                                           lambda fn: plugins.backend.compile_inference(fn, model))
+    return BuiltRun(model, model_shape, compile_record, train_step, state, batches, evaluator,
                     starts_pretrained=plugins.model.pretrained and resume is None)
 
 
-def scores_before_training(decode, data, config):
-    """Test BLEU and chrF of a pretrained model as it was loaded: what fine-tuning is measured against."""
-    scores = translate_split(decode, data, "test", config)
-    return {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
-            "chrf_signature": scores.chrf_signature, "split": "test"}
-
-
-def evaluate_splits(model, data, config):
-    """Loss and token accuracy of the final weights on a sample of the training pairs, validation and test."""
-    from mtbench.runner.evaluation.scoring import split_losses
-    return split_losses(model, {"train": data.train_eval, "val": data.valid, "test": data.test},
-                        config.batch_size, config.max_len)
-
-
-def translate_split(decode, data, split, config):
-    """Translates the validation or test split and scores it against its reference sentences."""
-    from mtbench.runner.evaluation.scoring import translate_and_score
-    pairs = data.corpus.valid if split == "valid" else data.corpus.test
-    encoded = data.valid if split == "valid" else data.test
-    return translate_and_score(decode, data.tokenizer, encoded, pairs, config.decode_batch_size, config.max_len)

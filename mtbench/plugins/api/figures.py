@@ -47,7 +47,7 @@ def _section(result, *keys):
 
 
 def _metric(key):
-    return lambda result: result["metrics"][key]
+    return lambda result: result["metrics"].get(key)  # a task's own: a language model has no BLEU
 
 
 FIGURES = (
@@ -65,7 +65,7 @@ FIGURES = (
            lambda result: _section(result, "energy", "steady", "joules_per_1k_tokens"), decimals=1, is_timing=True),
     Figure("usd", "cost of the run (USD)", "cost", lambda result: _section(result, "cost", "usd"), decimals=4,
            is_timing=True),
-    Figure("usd_to_target", "cost to target BLEU (USD)", "cost",
+    Figure("usd_to_target", "cost to target quality (USD)", "cost",
            lambda result: _section(result, "cost", "usd_to_target"), decimals=4, is_timing=True),
     Figure("peak_host_bytes", "peak host memory (MiB)", "memory", _memory("peak_host_bytes"), 1 / MIB, 0),
     Figure("peak_training_device_bytes", "peak training memory, per device (MiB)", "memory",
@@ -81,8 +81,19 @@ FIGURES = (
     Figure("test_accuracy", "test token accuracy", "quality", _metric("test_accuracy")),
     Figure("bleu", "BLEU (test)", "quality", _metric("bleu"), decimals=2),
     Figure("chrf", "chrF (test)", "quality", _metric("chrf"), decimals=2),
+    Figure("val_perplexity", "validation perplexity", "quality", _metric("val_perplexity"), decimals=2),
+    Figure("test_perplexity", "test perplexity", "quality", _metric("test_perplexity"), decimals=2),
+    Figure("val_bits_per_byte", "validation bits per byte", "quality", _metric("val_bits_per_byte")),
+    Figure("test_bits_per_byte", "test bits per byte", "quality", _metric("test_bits_per_byte")),
 )
 FIGURES_BY_KEY = {figure.key: figure for figure in FIGURES}
+
+
+def shown_figures(results):
+    """The FIGURES that `results` have: every figure but the quality figures no result's task measures (a
+    language model's run has no BLEU, a translation's no perplexity), which would only show 'n/a'."""
+    return [figure for figure in FIGURES if figure.section != "quality"
+            or any(figure.key in (result.get("metrics") or {}) for result in results)]
 
 
 def state_bytes_per_device(result):
@@ -207,6 +218,8 @@ def run_warnings(result):
     if steal is not None and steal > STEAL_BOUND:
         warnings.append(f"the hypervisor took {steal:g} % of the CPUs' time while the run trained (steal; bound "
                         f"{STEAL_BOUND:g} %)")
+    if (result.get("metrics") or {}).get("quality_warning"):  # the task's own (empty translations)
+        warnings.append(result["metrics"]["quality_warning"])
     utilization = result.get("utilization") or {}
     peak_load = _loaded(utilization.get("peak_load_average"), cores)
     if peak_load is not None and utilization.get("mfu") is not None:

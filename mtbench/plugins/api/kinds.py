@@ -27,6 +27,9 @@ class RunContext:
     matmul_precision: dict = None  # {'requested': ..., what the framework reports}: `Backend.set_matmul_precision`
     attention: dict = None         # what each kind of attention runs, once the model is built (see `attention_kernels`)
     cpu_share: dict = None         # this process's CPUs and threads beside the machine's other processes, or None
+    # The kinds of attention the model family's model runs (`ModelFamily.attention_kinds`).
+    attention_kinds: tuple = ("causal", "masked", "decoding")
+    task: object = None            # the run's `Task` (`ModelFamily.task` names it)
 
     @property
     def device_kind(self):

@@ -72,6 +72,10 @@ class ModelFamily:
     # 'masked' (attention over padded keys) and 'decoding' (incremental decoding). The result's `model.attention`
     # names what each ran; () (the default): the model has none that mtbench holds to a kernel, and none is named.
     attention_kinds = ()
+    # The task the model is trained on and scored by (`mtbench.Task`, registered by name): 'translation' (an
+    # encoder-decoder, the model protocol above) or 'language-modelling' (a decoder-only model called on
+    # `(input_ids,)`, returning logits for the next token at every position).
+    task = "translation"
 
     def check(self, path, config):
         """Raises `MtbenchError` with one line when `path` (None for a family without one) or `config` cannot

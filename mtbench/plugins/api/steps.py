@@ -1,8 +1,9 @@
 """Train steps and the batches they take.
 
-mtbench calls a train step once per batch as `step((batch.source, batch.target_input), batch.target_output,
-batch.weight)`: numpy arrays (int32 token ids, rows x bucket length; float32 weights, 1 on real target tokens and
-0 on padding). The step returns the batch's loss and token accuracy computed before its update; the loss is the
+mtbench calls a train step once per batch as `step(batch.inputs, batch.target_output, batch.weight)`: numpy arrays
+(int32 token ids, rows x bucket length; float32 weights, 1 on the tokens the loss counts and 0 on padding).
+`batch.inputs` is `(source, target_input)` for an encoder-decoder (translation) and `(input_ids,)` for a
+decoder-only model (language modelling), whose batches have no source. The step returns the batch's loss and token accuracy computed before its update; the loss is the
 mean cross-entropy over real target tokens (padding weighs nothing). A step need not wait for its work: the
 loop times steps in windows (`--timing-window`) and reads the losses only at a window's edges, after calling
 `block()` on the step and synchronising the device, so a step that returns the framework's scalars lets the host
@@ -18,20 +19,26 @@ import numpy as np
 @dataclass
 class Batch:
     """One batch of the run: every array has `rows` rows (the batch size; filler rows are all padding) and one
-    length, the batch's length bucket."""
-    source: np.ndarray        # (rows, length) int32
+    length, the batch's length bucket (a language model's block)."""
+    source: np.ndarray        # (rows, length) int32; None for a decoder-only model's batch
     target_input: np.ndarray  # BOS + target, padded
     target_output: np.ndarray # target + EOS, padded
     weight: np.ndarray        # 1.0 on real target tokens, 0.0 on padding (float32)
     index: np.ndarray         # example index of each row, -1 for filler rows
 
     @property
+    def inputs(self):
+        """What the model is called on: (source, target_input), or (target_input,) without a source."""
+        return (self.target_input,) if self.source is None else (self.source, self.target_input)
+
+    @property
     def target_tokens(self):
+        """The tokens the loss counts (and tokens/s)."""
         return int(self.weight.sum())
 
     @property
     def shape(self):
-        return tuple(self.source.shape)
+        return tuple(self.target_input.shape)
 
     def shard(self, index, count):
         """The rows process `index` of `count` trains on: the index-th of `count` equal slices (mtbench makes
@@ -40,7 +47,8 @@ class Batch:
             return self
         rows = self.shape[0] // count
         part = slice(index * rows, (index + 1) * rows)
-        return Batch(self.source[part], self.target_input[part], self.target_output[part], self.weight[part],
+        source = None if self.source is None else self.source[part]
+        return Batch(source, self.target_input[part], self.target_output[part], self.weight[part],
                      self.index[part])
 
 
@@ -66,7 +74,7 @@ class TrainStep:
     uses_compile_options = False
 
     def __call__(self, x, y, sample_weight):
-        """`x` is (source, target_input), `y` target_output, `sample_weight` the token weights of one `Batch`.
+        """`x` is the batch's `inputs` ((source, target_input), or (input_ids,)), `y` target_output, `sample_weight` the token weights of one `Batch`.
         Returns {'loss': ..., 'accuracy': ...} of the batch, computed before the update (numbers, or scalars
         of the framework that `float()` reads; reading them is left to the loop, which does it at a window's
         edge so the device is not stalled every step)."""

@@ -78,10 +78,11 @@ class FlashAttention(Extra):
         # only, and the padded attentions run the memory-efficient kernel the backend holds the process to.
         masked = True if run.backend.name == "jax" else None
         run.model_options.update(flash_attention=True, flash_attention_masked=masked)
-        run.extras_state[self.name] = {"applied_to": ["decoder self-attention", *MASKED_KINDS]}
+        masked_kinds = MASKED_KINDS if "masked" in run.attention_kinds else []  # a decoder-only model has none
+        run.extras_state[self.name] = {"applied_to": ["decoder self-attention", *masked_kinds]}
 
     def verify(self, run, model, batch):
-        x = (batch.source, batch.target_input)
+        x = batch.inputs
         if run.backend.name == "jax":
             evidence, method = self._jax_evidence(model, x), "names in the compiled HLO of the forward pass"
         else:

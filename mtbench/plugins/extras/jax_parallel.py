@@ -51,9 +51,8 @@ class PmapTrainStep(TrainStep):
         return array.reshape((len(self.devices), -1) + array.shape[1:])
 
     def __call__(self, x, y, sample_weight):
-        source, target_input = x
         trainable, non_trainable, optimizer_state, logs = self._step(
-            *self.state, (self._shard(source), self._shard(target_input)), self._shard(y), self._shard(sample_weight))
+            *self.state, tuple(self._shard(part) for part in x), self._shard(y), self._shard(sample_weight))
         self.state = (trainable, non_trainable, optimizer_state)
         return {name: value[0] for name, value in logs.items()}  # read by the loop at its window's edge
 

@@ -81,14 +81,43 @@ def result_rows(result):
         ("memory", "peak host / device (run)", _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")),
         ("memory", "peak training, per device", _training_memory(result)),
         ("energy", "steady steps: J / 1k tokens, power", _energy(result.get("energy"))),
-        ("cost", "run / to target BLEU", _cost(result)),
-        ("quality", "loss train / val / test", _joined(result, "train_loss", "val_loss", "test_loss")),
-        ("quality", "token accuracy val / test", _joined(result, "val_accuracy", "test_accuracy")),
-        ("quality", "BLEU / chrF (test)", _joined(result, "bleu", "chrf")),
-        ("quality", "test sentences scored", scored_sentences_text(result) or "n/a"),
-        ("quality", "BLEU signature", result["metrics"]["bleu_signature"] or "n/a"),
-        ("quality", "test decoding", _decoding(result)),
-    ] + _target_rows(result.get("target"))
+        ("cost", "run / to target quality", _cost(result)),
+    ] + _quality_rows(result) + _target_rows(result.get("target"))
+
+
+# The task's figures, by the metrics its result holds: translation's BLEU, a language model's perplexity.
+TRANSLATION_ROWS = ("bleu", "chrf", "bleu_signature", "chrf_signature", "test_sentences_scored", "decoding")
+LANGUAGE_MODEL_ROWS = tuple(f"{split}_{name}" for split in ("train", "val", "test")
+                            for name in ("perplexity", "bits_per_byte", "tokens_evaluated"))
+SHOWN_ELSEWHERE = ("train_loss", "val_loss", "test_loss", "val_accuracy", "test_accuracy", "train_accuracy",
+                   "train_loss_last_steps", "skipped", "quality_warning")
+
+
+def _quality_rows(result):
+    metrics = result["metrics"]
+    rows = [("quality", "loss train / val / test", _joined(result, "train_loss", "val_loss", "test_loss"))]
+    if "val_accuracy" in metrics:
+        rows.append(("quality", "token accuracy val / test", _joined(result, "val_accuracy", "test_accuracy")))
+    if "val_perplexity" in metrics:
+        rows += [("quality", "perplexity val / test", _joined(result, "val_perplexity", "test_perplexity")),
+                 ("quality", "bits per byte val / test", _joined(result, "val_bits_per_byte", "test_bits_per_byte")),
+                 ("quality", "tokens evaluated val / test", _evaluated(metrics))]
+    if "bleu" in metrics:
+        rows += [("quality", "BLEU / chrF (test)", _joined(result, "bleu", "chrf")),
+                 ("quality", "test sentences scored", scored_sentences_text(result) or "n/a"),
+                 ("quality", "BLEU signature", metrics["bleu_signature"] or "n/a"),
+                 ("quality", "test decoding", _decoding(result))]
+    # A plugin's task: its other figures as they are.
+    rows += [("quality", name.replace("_", " "), "n/a" if value is None else f"{value:,.4g}"
+              if isinstance(value, (int, float)) else str(value))
+             for name, value in metrics.items()
+             if name not in (*SHOWN_ELSEWHERE, *TRANSLATION_ROWS, *LANGUAGE_MODEL_ROWS)]
+    return rows
+
+
+def _evaluated(metrics):
+    counts = [metrics.get(f"{split}_tokens_evaluated") for split in ("val", "test")]
+    return " / ".join("n/a" if count is None else f"{count:,}" for count in counts)
 
 
 def _training_memory(result):
@@ -130,14 +159,16 @@ def _decoding(result):
 
 
 def _target_rows(target):
-    if not target or target["target_bleu"] is None:
+    if not target or target.get("target", target.get("target_bleu")) is None:
         return []
+    metric = target.get("metric", "bleu")
+    name = "BLEU" if metric == "bleu" else metric
     if target["outcome"] == "reached":
         value = (f"reached at step {target['steps_to_target']} after {_seconds(target['time_to_target_s'])} "
                  f"of training")
     else:
         value = "not reached"
-    return [("quality", f"time to validation BLEU {target['target_bleu']:g}", value),
+    return [("quality", f"time to validation {name} {target.get('target', target.get('target_bleu')):g}", value),
             ("timing", "validation during training", _seconds(target["evaluation_s"]))]
 
 

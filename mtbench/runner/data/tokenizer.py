@@ -59,11 +59,18 @@ def pairs_digest(pairs, prefix=""):
 
 def load_or_train_tokenizer(train_pairs, vocab_size, cache_dir):
     digest = pairs_digest(train_pairs, prefix=f"{TOKENIZER_VERSION}:{vocab_size}\n")
+    return load_or_train_sentencepiece(lambda: [s for pair in train_pairs for s in pair], digest, vocab_size,
+                                       cache_dir)
+
+
+def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir):
+    """The sentencepiece model cached under `digest` (a hash of everything that shapes it), or one trained on
+    `sentences()` and cached."""
     path = os.path.join(cache_dir, "tokenizers", f"spm-{vocab_size}-{digest[:16]}.model")
     if os.path.exists(path):
         return JointTokenizer.from_file(path)
     model = io.BytesIO()
-    sentences = [s for pair in train_pairs for s in pair]
+    sentences = sentences()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size, model_type="unigram",
         pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, character_coverage=1.0,

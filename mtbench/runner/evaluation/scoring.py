@@ -9,17 +9,23 @@ from mtbench.runner.data.batches import evaluation_batches
 from mtbench.runner.evaluation.decoding import translate
 
 
-def loss_and_accuracy(model, split, batch_size, max_len):
-    """Loss and accuracy per real target token over the whole split (batches weighted by their tokens)."""
+def mean_loss(model, batches):
+    """(loss, accuracy, tokens): loss and accuracy per token the loss counts over `batches` (each weighted by
+    its tokens), with the model's compiled loss and metric."""
     loss_sum = correct_sum = tokens = 0.0
-    for batch in evaluation_batches(split, batch_size, max_len):
-        logs = model.test_on_batch((batch.source, batch.target_input), batch.target_output,
-                                   sample_weight=batch.weight, return_dict=True)
+    for batch in batches:
+        logs = model.test_on_batch(batch.inputs, batch.target_output, sample_weight=batch.weight, return_dict=True)
         n = batch.target_tokens
         loss_sum += float(logs["loss"]) * n
         correct_sum += float(logs["accuracy"]) * n
         tokens += n
-    return loss_sum / tokens, correct_sum / tokens
+    return loss_sum / tokens, correct_sum / tokens, tokens
+
+
+def loss_and_accuracy(model, split, batch_size, max_len):
+    """Loss and accuracy per real target token over the whole split."""
+    loss, accuracy, _ = mean_loss(model, evaluation_batches(split, batch_size, max_len))
+    return loss, accuracy
 
 
 def split_losses(model, splits, batch_size, max_len):

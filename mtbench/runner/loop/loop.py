@@ -1,5 +1,5 @@
-"""The training loop: one train step per batch, timed in windows between device synchronisations, with validation
-BLEU every --eval-every steps, checkpoints every --checkpoint-every steps and on a signal, and a stop on a
+"""The training loop: one train step per batch, timed in windows between device synchronisations, with the task's
+validation every --eval-every steps, checkpoints every --checkpoint-every steps and on a signal, and a stop on a
 non-finite loss, a signal, or the target quality."""
 
 import math
@@ -10,7 +10,7 @@ from mtbench.runner.loop import faults
 from mtbench.runner.loop.checkpoints import TrainingState
 from mtbench.runner.loop.progress import training_progress
 from mtbench.runner.loop.signals import stop_requests
-from mtbench.runner.loop.target import QualityTarget
+from mtbench.runner.loop.target import QualityTarget  # noqa: F401 (TrainingOutcome.target)
 from mtbench.runner.loop.timing import StepTimer, TimingWindow, TrainingClock
 
 
@@ -47,8 +47,9 @@ class TrainingOutcome:
 
 
 def train_loop(config, backend, model, step_flops, train_step, state, batches, total_steps, checkpointing,
-               validate, observers, console, processes):
-    """Trains from `state.step + 1` to `total_steps`; `validate()` translates the validation set and scores it.
+               validate, target, observers, console, processes):
+    """Trains from `state.step + 1` to `total_steps`; `validate()` scores the validation split ({figure: value},
+    `Evaluator.validate`), at the steps `target` (a QualityTarget holding the resumed run's evaluations) is due.
     `step_flops(shape)` counts a step's FLOPs on a batch of that (rows, length) shape (None: not counted).
     Returns the TrainingOutcome; the model's variables hold the trained weights (`train_step.finalize()` done).
 
@@ -61,20 +62,20 @@ def train_loop(config, backend, model, step_flops, train_step, state, batches, t
     after the first step of a new shape, at validation and checkpoint steps, on a signal and at the last step.
     Losses are read, and callbacks, trackers and the divergence check see each step, when its window ends."""
     return TrainingLoop(config, backend, model, step_flops, train_step, state, batches, total_steps, checkpointing,
-                        validate, observers, processes).run(console)
+                        validate, target, observers, processes).run(console)
 
 
 class TrainingLoop:
     """`train_loop`'s state between steps; `run` is the loop, and each method one thing it does."""
 
     def __init__(self, config, backend, model, step_flops, train_step, state, batches, total_steps, checkpointing,
-                 validate, observers, processes):
+                 validate, target, observers, processes):
         self.config, self.model, self.step_flops, self.train_step = config, model, step_flops, train_step
         self.state, self.batches, self.total_steps, self.checkpointing = state, batches, total_steps, checkpointing
         self.validate, self.processes = validate, processes
         self.callbacks, self.trackers = observers.callbacks, observers.trackers
         self.timer = resumed_timer(state.history, step_flops)
-        self.target = QualityTarget(config.target_bleu, config.eval_every, state.evaluations)
+        self.target = target
         self.clock = TrainingClock(state.training_s, state.aside_s)
         self.window = TimingWindow(backend, model, train_step, observers.energy)
         self.poison_at, self.die_at = faults.nan_step(), faults.kill_step(processes.rank)
@@ -121,7 +122,7 @@ class TrainingLoop:
         part = batch.shard(self.processes.rank, self.processes.world_size)
         if step == self.poison_at:
             part = faults.poisoned(part)
-        logs = self.train_step((part.source, part.target_input), part.target_output, part.weight)
+        logs = self.train_step(part.inputs, part.target_output, part.weight)
         self.window.steps.append((step, epoch, batch, logs, input_seconds))
 
     def window_ends_after(self, step, alone):
@@ -172,22 +173,22 @@ class TrainingLoop:
         if self.signals.requested:
             self.stop = ("interrupted", f"{self.signals.name} received; stopped after step {step}")
         elif reached:
-            self.stop = ("completed", f"validation BLEU {reached:.2f} reached the target {self.config.target_bleu} "
-                                      f"at step {step}")
+            self.stop = ("completed", f"validation {self.target.metric} {reached:.4g} reached the target "
+                                      f"{self.target.target} at step {step}")
         return self.stop is not None
 
     def validation_reaches_target(self, step):
-        """Translates the validation set with the weights so far (its time kept apart from training); the BLEU
-        when any process reached the target quality, else None."""
+        """Scores the validation split with the weights so far (its time kept apart from training); the target
+        figure when any process reached the target quality, else None."""
         training_s = self.clock.training_s()
         with self.clock.aside("validation"):
             started = time.perf_counter()
             self.train_step.finalize()
             scores = self.validate()
             seconds = time.perf_counter() - started
-        reached = self.processes.any(self.target.record(step, scores.bleu, scores.chrf, training_s, seconds))
-        self.trackers.validation(step, scores.bleu, scores.chrf)
-        return scores.bleu if reached else None
+        reached = self.processes.any(self.target.record(step, scores, training_s, seconds))
+        self.trackers.validation(step, scores)
+        return scores[self.target.metric] if reached else None
 
 
 def resumed_timer(history, step_flops):

@@ -9,14 +9,10 @@ import numpy as np
 
 from mtbench.errors import RunFailure, RunInterrupted
 from mtbench.plugins.api import peak_host_bytes
-from mtbench.runner.config import decoding_name
-from mtbench.runner.files import write_json_atomic, write_text_atomic
+from mtbench.runner.files import write_json_atomic
 from mtbench.runner.measurement.environment import run_environment
 from mtbench.runner.measurement.peaks import device_peak_record
-from mtbench.runner.results.schema import SCHEMA_VERSION, sidecar_paths
-
-EVALUATION_METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy",
-                      "bleu", "chrf", "bleu_signature", "chrf_signature", "test_sentences_scored", "decoding")
+from mtbench.runner.results.schema import SCHEMA_VERSION
 
 
 def utilization(steady, backend, run, devices_used, config, all_backends, family):
@@ -46,16 +42,15 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
     }
 
 
-def training_result(config, run, plugins, registry, data, corpus_figures, built, outcome, weights_sha256,
-                    run_dir, training_memory=None):
-    """Every section of the result that training decides; the evaluation's metrics are null until
-    `add_evaluation` fills them. `training_memory`: {'per_device': `Backend.device_memory()` read as training
+def training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
+                    training_memory=None):
+    """Every section of the result that training decides; the task's metrics are null until `add_evaluation`
+    fills them (`data`: the task's `TaskData`). `training_memory`: {'per_device': `Backend.device_memory()` read as training
     ended, 'peak_since': 'training start' or 'process start'}."""
     extras_record = extras_records(run, plugins)
     devices_used = max([record.get("devices", 1) for record in extras_record.values()] + [1])
     steady = outcome.timer.summary()
     state, clock = outcome.state, outcome.clock
-    tokenizer, corpus = data.tokenizer, data.corpus
     return {
         "schema_version": SCHEMA_VERSION,
         "status": outcome.status,
@@ -72,23 +67,18 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
         # The values used (the preset with the size flags over it, under "model") and what they add up to.
         # `model` is the shape built: a pretrained family's own, the vocabulary the tokenizer supports.
         "config": {**config.to_dict(), "model": built.model_shape.to_dict(), "initial_weights_sha256": weights_sha256,
-                   "parameters": int(built.model.count_params())},
+                   "parameters": int(built.model.count_params()), "task": plugins.task.name},
         "compile_options": built.compile_record,
         "train_step": built.train_step.name,
         "train_step_detail": getattr(built.train_step, "description", lambda: "")(),
         "env": {**run_environment(plugins.backend), "matmul_precision": run.matmul_precision},
-        "data": {
-            "corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),
-            "dropped_too_long": corpus_figures["dropped"]["too_long"],
-            **corpus_figures,
-            "tokenizer": tokenizer.describe(),
-        },
+        "data": data.record,
         "model": {"family": plugins.model.name,
                   "path": plugins.model_path and os.path.abspath(plugins.model_path),
                   "parameters": int(built.model.count_params()), **built.model_shape.to_dict(),
                   "dtype_policy": built.model.dtype_policy.name,
                   "attention": attention_implementations(run, plugins.model),
-                  # BLEU and chrF of the starting weights on the test set (pretrained models only)
+                  # the task's test figures of the starting weights (pretrained models only)
                   "before_training": built.before_training,
                   "saved": None},
         "timing": {
@@ -113,12 +103,11 @@ def training_result(config, run, plugins, registry, data, corpus_figures, built,
                                    registry.backends.values(), plugins.model),
         "memory": {"training": training_memory},
         "target": outcome.target.to_dict(),
-        "metrics": _metrics_so_far(state.history),
+        "metrics": _metrics_so_far(plugins.task.metrics, state.history),
         "history": state.history,
         "run_dir": os.path.abspath(run_dir.path) if outcome.checkpoint else None,
         "checkpoint": outcome.checkpoint,
-        "hypotheses_file": None,
-        "references_file": None,
+        **dict.fromkeys(plugins.task.result_files),
     }
 
 
@@ -186,29 +175,20 @@ def programs_state(hits, misses):
     return "warm" if not misses else "cold" if not hits else "partly warm"
 
 
-def _metrics_so_far(history):
-    """The metrics of a run whose evaluation has not run yet: only the training loss of the last steps."""
+def _metrics_so_far(task_metrics, history):
+    """The metrics of a run whose evaluation has not run yet: the task's, null, and the training loss of the last
+    steps."""
     recent = [h["loss"] for h in history[-50:] if h["loss"] is not None]
-    metrics = dict.fromkeys(EVALUATION_METRICS)
+    metrics = dict.fromkeys(task_metrics)
     metrics["train_loss_last_steps"] = float(np.mean(recent)) if recent else None
     return metrics
 
 
-def add_evaluation(result, evaluation, scores, config):
-    """Fills the metrics from the losses of every split and the test translation's scores, and writes the
-    hypotheses and references beside the result file."""
-    hypotheses_file, references_file = sidecar_paths(config.out)
-    write_text_atomic(hypotheses_file, "".join(h + "\n" for h in scores.hypotheses))
-    write_text_atomic(references_file, "".join(r + "\n" for r in scores.references))
-    result["metrics"].update({
-        **evaluation,
-        "bleu": scores.bleu, "chrf": scores.chrf,
-        "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
-        "test_sentences_scored": len(scores.hypotheses),
-        "decoding": decoding_name(config.beam, config.length_penalty),
-    })
-    result["hypotheses_file"] = os.path.abspath(hypotheses_file)
-    result["references_file"] = os.path.abspath(references_file)
+def add_evaluation(result, metrics, sidecar):
+    """Fills the metrics with the task's evaluation (`Evaluator.evaluate`), and adds what it wrote beside the
+    result (translation: the hypotheses and references files)."""
+    result["metrics"].update(metrics)
+    result.update(sidecar)
 
 
 def write_result(path, result, stopwatch, backend, energy, price_per_hour):

@@ -9,9 +9,11 @@ import json
 # `env.matmul_precision` (what each framework reports it set), `model.attention` names the kernel class,
 # `train_step_detail`, `memory.training` (per device, training alone), and the compile cache per program.
 # Added under 4, as nothing existing changed: `machine_load` (the host's load around training), absent before.
+# 5: tasks: `config.task` names it (a result without it is a translation run); `data`, `metrics` and the files
+# beside the result are the task's (a language model has perplexity and bits per byte, and no BLEU keys).
 # A result of an earlier version still reads; docs/results.md describes every field.
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 # completed: every figure exists. interrupted (a signal) and diverged (a NaN or infinite loss) are partial
 # results: the figures of the evaluation after training are null, and `status_reason` says why.
 STATUSES = ("completed", "interrupted", "diverged")
@@ -37,29 +39,48 @@ SCHEMA = {
     "env": {"python": str, "keras": str, "jax": (str, type(None)), "torch": (str, type(None)),
             "device": dict, "cpu_model": str, "cpu_count": int, "platform": str,
             "mtbench": str, "mtbench_git_commit": (str, type(None))},
-    "data": {"corpus": str, "origin": str, "pairs": dict, "dropped_too_long": dict, "tokenizer": dict},
+    "data": {"corpus": str, "origin": str, "tokenizer": dict},
     "model": {"parameters": int},
     "timing": {"compile_s": NUMBER, "first_steps_s": NUMBER, "shapes_compiled": int,
                "step_s_median": MAYBE_NUMBER, "step_s_p90": MAYBE_NUMBER, "tokens_per_s": MAYBE_NUMBER,
                "train_s": NUMBER, "total_s": NUMBER, "phases_s": dict, "steps": int},
     "utilization": {"model_flops_per_s": MAYBE_NUMBER, "peak_flops_per_s": MAYBE_NUMBER, "mfu": MAYBE_NUMBER},
     "memory": {"peak_host_bytes": int, "peak_device_bytes": (int, type(None))},
-    "metrics": {"train_loss": MAYBE_NUMBER, "val_loss": MAYBE_NUMBER, "test_loss": MAYBE_NUMBER,
-                "val_accuracy": MAYBE_NUMBER, "test_accuracy": MAYBE_NUMBER, "bleu": MAYBE_NUMBER,
-                "chrf": MAYBE_NUMBER, "bleu_signature": MAYBE_STR, "chrf_signature": MAYBE_STR},
+    "metrics": {"train_loss": MAYBE_NUMBER, "val_loss": MAYBE_NUMBER, "test_loss": MAYBE_NUMBER},
     "history": list,
-    "hypotheses_file": MAYBE_STR,
-    "references_file": MAYBE_STR,
+}
+# What each built-in task adds to the schema; a plugin's task is checked by the common keys.
+TASK_SCHEMAS = {
+    "translation": {
+        "data": {"pairs": dict, "dropped_too_long": dict},
+        "metrics": {"val_accuracy": MAYBE_NUMBER, "test_accuracy": MAYBE_NUMBER, "bleu": MAYBE_NUMBER,
+                    "chrf": MAYBE_NUMBER, "bleu_signature": MAYBE_STR, "chrf_signature": MAYBE_STR},
+        "hypotheses_file": MAYBE_STR, "references_file": MAYBE_STR},
+    "language-modelling": {
+        "data": {"bytes": dict, "tokens": dict, "block_size": int},
+        "metrics": {name: MAYBE_NUMBER for name in ("val_perplexity", "test_perplexity", "val_bits_per_byte",
+                                                    "test_bits_per_byte")}},
 }
 # Null only in a partial result.
-FIGURES_OF_COMPLETED_RUNS = ("metrics.train_loss", "metrics.val_loss", "metrics.test_loss", "metrics.val_accuracy",
-                             "metrics.test_accuracy", "metrics.bleu", "metrics.chrf", "metrics.bleu_signature",
-                             "metrics.chrf_signature", "hypotheses_file", "references_file")
+COMPLETED_FIGURES = ("metrics.train_loss", "metrics.val_loss", "metrics.test_loss")
+FIGURES_OF_COMPLETED_RUNS = {
+    "translation": (*COMPLETED_FIGURES, "metrics.val_accuracy", "metrics.test_accuracy", "metrics.bleu",
+                    "metrics.chrf", "metrics.bleu_signature", "metrics.chrf_signature", "hypotheses_file",
+                    "references_file"),
+    "language-modelling": (*COMPLETED_FIGURES, "metrics.val_perplexity", "metrics.test_perplexity",
+                           "metrics.val_bits_per_byte", "metrics.test_bits_per_byte"),
+}
+
+
+def result_task(result):
+    """The task a result's run trained on: `config.task`, or translation for results before schema 5."""
+    return (result.get("config") or {}).get("task") or "translation"
 
 
 def schema_errors(result):
     """Every way `result` departs from the schema, as 'key: problem' strings (empty when it conforms)."""
-    errors = _type_errors(result, SCHEMA, "")
+    task = result_task(result)
+    errors = _type_errors(result, SCHEMA, "") + _type_errors(result, TASK_SCHEMAS.get(task, {}), "")
     version = result.get("schema_version")
     if isinstance(version, int) and version not in READABLE_VERSIONS:
         errors.insert(0, f"schema_version: {version} is not one this mtbench reads "
@@ -68,7 +89,7 @@ def schema_errors(result):
     if status not in STATUSES:
         errors.append(f"status: {status!r} is not one of {', '.join(STATUSES)}")
     elif status == "completed" and not (result.get("config") or {}).get("measure_only"):
-        for path in FIGURES_OF_COMPLETED_RUNS:
+        for path in FIGURES_OF_COMPLETED_RUNS.get(task, COMPLETED_FIGURES):
             value = result
             for key in path.split("."):
                 value = value.get(key) if isinstance(value, dict) else None

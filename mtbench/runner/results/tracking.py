@@ -50,8 +50,10 @@ class Trackers:
         if metrics:
             self.log(metrics, step)
 
-    def validation(self, step, bleu, chrf):
-        self.log({"val_bleu": bleu, "val_chrf": chrf}, step)
+    def validation(self, step, scores):
+        """The task's validation figures ({figure: value}) as `val_<figure>`: val_bleu and val_chrf for
+        translation, val_loss, val_perplexity and val_bits_per_byte for a language model."""
+        self.log({f"val_{name}": value for name, value in scores.items()}, step)
 
     def finish(self, result):
         """Every number of the result's metrics (and its energy and cost), at the last step, before the reporters'
@@ -74,7 +76,8 @@ def replay(reporters, result, result_path, registry):
     for h in result["history"]:
         trackers.step(h["step"], h["loss"], h["tokens"], h["seconds"], h["first_of_shape"])
         if h["step"] in evaluations:
-            trackers.validation(h["step"], evaluations[h["step"]]["bleu"], evaluations[h["step"]]["chrf"])
+            trackers.validation(h["step"], {name: value for name, value in evaluations[h["step"]].items()
+                                            if name not in ("step", "training_s", "seconds")})
     trackers.finish(result)
     return trackers
 

@@ -18,7 +18,7 @@ from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, JOINT_SPECIAL, PAD_ID
 from mtbench.plugins.api import RunContext
 from mtbench.runner.setup import build_model, choose_plugins, compile_model, starting_weights
-from mtbench.runner.training import prepare_data, read_corpus
+from mtbench.runner.training import prepare_data, read_data
 
 STEPS = 150
 MAX_LEN = 32
@@ -31,14 +31,14 @@ def trained(cache_dir, tmp_path_factory):
                          cache_dir=cache_dir, out=str(tmp_path_factory.mktemp("beam") / "unused.json"))
     stopwatch = Stopwatch()
     plugins = choose_plugins(config, registry())
-    data = prepare_data(config, plugins, read_corpus(config, registry(), Console(quiet=True), stopwatch), stopwatch)
+    data = prepare_data(config, plugins, read_data(config, plugins, Console(quiet=True), stopwatch), stopwatch)
     keras.utils.set_random_seed(0)
     model, _ = build_model(RunContext(config=config, backend=plugins.backend), plugins, data.tokenizer)
     starting_weights(config, plugins, model, None)
     compile_model(keras, model, config, STEPS, {})
-    for _, batch in itertools.islice(training_batches(data.train, 32, MAX_LEN, seed=0), STEPS):
+    for _, batch in itertools.islice(training_batches(data.splits['train'], 32, MAX_LEN, seed=0), STEPS):
         model.train_on_batch((batch.source, batch.target_input), batch.target_output, sample_weight=batch.weight)
-    return model, data.test.sources[:12]
+    return model, data.splits['test'].sources[:12]
 
 
 @pytest.fixture(scope="module")

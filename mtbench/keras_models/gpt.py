@@ -1,0 +1,88 @@
+"""A decoder-only (GPT-style) language model, written once with keras and keras.ops so every backend runs the same
+model: pre-LayerNorm causal Transformer blocks, learned positions, the output layer tied to the token embedding, as
+nanoGPT and GPT-2. Every position predicts the next token; there is no padding inside a block."""
+
+import keras
+from keras import layers, ops
+
+from mtbench.keras_models.transformer import Attention, dropout_layer
+
+
+class MLP(layers.Layer):
+    def __init__(self, d_model, ff_dim, dropout, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = layers.Dense(ff_dim, activation="gelu", name="hidden")
+        self.out = layers.Dense(d_model, name="out")
+        self.dropout = dropout_layer(dropout)
+
+    def call(self, x, training=False):
+        return self.dropout(self.out(self.hidden(x)), training=training)
+
+
+class Block(layers.Layer):
+    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=None, **kwargs):
+        super().__init__(**kwargs)
+        self.attention_norm = layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
+        self.attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
+                                   name="self_attention")
+        self.mlp_norm = layers.LayerNormalization(epsilon=1e-5, name="mlp_norm")
+        self.mlp = MLP(d_model, ff_dim, dropout, name="mlp")
+        self.dropout = dropout_layer(dropout)
+
+    def call(self, x, training=False):
+        h = self.attention_norm(x)
+        x = x + self.dropout(self.attention(h, h), training=training)
+        return x + self.mlp(self.mlp_norm(x), training=training)
+
+
+class GPT(keras.Model):
+    """Input: token ids (batch, length) int32, or a one-element tuple of them (how mtbench's train steps pass a
+    batch's inputs); output: float32 logits (batch, length, vocab) for the token after each position."""
+
+    def __init__(self, vocab_size, d_model, num_heads, layers_count, ff_dim, block_size, dropout=0.0,
+                 flash_attention=None, **kwargs):
+        super().__init__(**kwargs)
+        self.block_size = block_size
+        self.token_embedding = layers.Embedding(vocab_size, d_model, name="token_embedding")
+        self.position_embedding = layers.Embedding(block_size, d_model, name="position_embedding")
+        self.embedding_dropout = dropout_layer(dropout)
+        self.blocks = [Block(d_model, num_heads, ff_dim, dropout, flash_attention, name=f"block_{i}")
+                       for i in range(layers_count)]
+        self.final_norm = layers.LayerNormalization(epsilon=1e-5, name="final_norm")
+
+    def call(self, inputs, training=False):
+        ids = inputs[0] if isinstance(inputs, (tuple, list)) else inputs
+        positions = ops.arange(ops.shape(ids)[1])
+        x = self.token_embedding(ids) + self.position_embedding(positions)[None]
+        x = self.embedding_dropout(x, training=training)
+        for block in self.blocks:
+            x = block(x, training=training)
+        x = self.final_norm(x)
+        # Tied output layer, as the translation model's: logits in float32 for a stable softmax.
+        table = ops.cast(self.token_embedding.embeddings, x.dtype)
+        return ops.cast(ops.matmul(x, ops.transpose(table)), "float32")
+
+
+def build_gpt(shape, flash_attention=None):
+    """The model of `shape` (a ModelPreset: `decoder_layers` blocks, `max_len` positions) with its variables
+    created, so weights can be set before compiling."""
+    model = GPT(vocab_size=shape.vocab_size, d_model=shape.d_model, num_heads=shape.num_heads,
+                layers_count=shape.decoder_layers, ff_dim=shape.ff_dim, block_size=shape.max_len,
+                dropout=shape.dropout, flash_attention=flash_attention, name="gpt")
+    model(ops.ones((1, 8), dtype="int32"))
+    return model
+
+
+def non_embedding_parameters(shape):
+    """nanoGPT's `get_num_params()`: every parameter but the position embedding (the token embedding is also the
+    output layer, so it counts)."""
+    d, f, layers_count = shape.d_model, shape.ff_dim, shape.decoder_layers
+    block = 4 * (d * d + d) + (d * f + f) + (f * d + d) + 4 * d
+    return layers_count * block + 2 * d + shape.vocab_size * d
+
+
+def training_flops(shape, rows, length):
+    """nanoGPT's (and PaLM's) count for a training step: 6 x non-embedding parameters + 12 x layers x heads x head
+    size x length, per token, over `rows` x `length` tokens."""
+    per_token = 6 * non_embedding_parameters(shape) + 12 * shape.decoder_layers * shape.d_model * length
+    return per_token * rows * length

@@ -1,0 +1,43 @@
+"""mtbench's decoder-only language model (`--model gpt`): GPT-2's shape (pre-LayerNorm, learned positions, tied
+embeddings), sized by --preset (tiny, small, char, gpt2-small) and the size flags, started from the seeded numpy
+draw, trained on the language-modelling task."""
+
+import dataclasses
+
+from mtbench import ModelFamily, MtbenchError, hookimpl
+
+# Size flags of an encoder-decoder, which a decoder-only model does not take (--layers sets its blocks).
+ENCODER_DECODER_FLAGS = ("encoder_layers", "decoder_layers")
+
+
+class GPTFamily(ModelFamily):
+    name = "gpt"
+    description = ("mtbench's GPT-style decoder-only language model (nanoGPT's and GPT-2's shape), trained from "
+                   "scratch (size: --preset tiny/small/char/gpt2-small and the size flags)")
+    attention_kinds = ("causal",)
+    task = "language-modelling"
+
+    def check(self, path, config):
+        for flag in ENCODER_DECODER_FLAGS:
+            if getattr(config, flag) is not None:
+                raise MtbenchError(f"--{flag.replace('_', '-')}: a decoder-only model has one stack; give --layers")
+
+    def shape(self, path, config):
+        return config.model
+
+    def build(self, run, path, tokenizer, max_len):
+        from mtbench.keras_models.gpt import build_gpt
+        shape = dataclasses.replace(run.config.model, vocab_size=tokenizer.vocab_size, max_len=max_len)
+        return build_gpt(shape, flash_attention=run.model_options.get("flash_attention")), shape
+
+    def training_flops(self, model_shape, rows, source_length, target_length):
+        from mtbench.keras_models.gpt import training_flops
+        return training_flops(model_shape, rows, target_length)
+
+    def load_saved(self, directory, description):
+        return None, None  # the shape comes from the run's configuration, the tokenizer from the task
+
+
+@hookimpl
+def mtbench_register_models(register):
+    register(GPTFamily())

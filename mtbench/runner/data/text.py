@@ -1,0 +1,259 @@
+"""Text for language models: read (a file, a folder of .txt files, or the built-in corpus), split into contiguous
+ranges (enwik8's convention: the last parts are validation and test), tokenized at the byte, character or
+sentencepiece level, and cut into blocks: random windows for training, consecutive ones for evaluation.
+
+Every token carries the number of bytes of text it stands for, so that bits per byte compare models whose
+tokens differ (a byte, a character of one to four bytes, a sentencepiece piece)."""
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from mtbench.errors import MtbenchError
+from mtbench.plugins.api import Batch, Tokenizer
+from mtbench.runner.data.corpus import load_dataset_pairs
+from mtbench.runner.files import write_json_atomic
+
+# enwik8's split, 90/5/5 of its 100 M bytes: the last two twentieths are validation and test.
+HELD_OUT_FRACTION = 0.05
+TOKENIZERS = ("byte", "char", "sentencepiece")
+SAVED_NAME = "tokenizer.json"  # a byte or character tokenizer in a saved model's directory
+LINE_BREAK_ID = 3              # sentencepiece's EOS id stands for a line break between encoded lines
+
+
+@dataclass
+class Text:
+    """The raw text of a run, and where it came from."""
+    name: str
+    origin: str
+    data: bytes
+
+
+def read_text(config, registry, progress):
+    """--data FILE or a folder of .txt files (sorted by name and concatenated), else the source side of
+    --dataset, a verse per line."""
+    if config.data_file:
+        return Text(os.path.basename(os.path.normpath(config.data_file)), *_read_files(config.data_file))
+    dataset = registry.lookup("datasets", config.dataset)
+    pairs = load_dataset_pairs(dataset, config.cache_dir, progress,
+                               lambda: registry.plugin_code("datasets", dataset.name))
+    text = "".join(source + "\n" for source, _ in pairs).encode("utf-8")
+    return Text(config.dataset, f"{dataset.description}: the source side, a sentence per line", text)
+
+
+def _read_files(path):
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, name) for name in os.listdir(path) if name.endswith(".txt"))
+        if not files:
+            raise MtbenchError(f"{path}: the folder holds no .txt file")
+        origin = f"{len(files)} .txt files of {path}, concatenated in name order"
+    elif os.path.isfile(path):
+        files, origin = [path], path
+    else:
+        raise MtbenchError(f"{path}: no such file or folder")
+    chunks = []
+    for name in files:
+        try:
+            with open(name, "rb") as f:
+                chunks.append(f.read())
+        except OSError as error:
+            raise MtbenchError(f"{name}: cannot be read: {error.strerror or error}") from None
+    data = b"".join(chunks)
+    if not data:
+        raise MtbenchError(f"{path}: the text is empty")
+    return origin, data
+
+
+def character_boundary(data, position):
+    """The first position at or after `position` where a UTF-8 character starts (continuation bytes are
+    10xxxxxx), so that no split cuts a character."""
+    while position < len(data) and data[position] & 0xC0 == 0x80:
+        position += 1
+    return position
+
+
+def split_ranges(size, data=None):
+    """{split: (start, end)} byte ranges: training first, then validation, then test, each held-out part
+    `HELD_OUT_FRACTION` of the text; cut between characters when `data` is given."""
+    held_out = int(size * HELD_OUT_FRACTION)
+    cuts = [size - 2 * held_out, size - held_out]
+    if data is not None:
+        cuts = [character_boundary(data, cut) for cut in cuts]
+    return {"train": (0, cuts[0]), "valid": (cuts[0], cuts[1]), "test": (cuts[1], size)}
+
+
+@dataclass
+class TokenStream:
+    """A split as tokens, and the bytes of text each token stands for."""
+    ids: np.ndarray          # int32
+    token_bytes: np.ndarray  # float64, one per token; they sum to the split's bytes
+    unknown: int = 0         # characters the tokenizer had no id for (a character tokenizer's <unk>)
+
+    def __len__(self):
+        return len(self.ids)
+
+
+class ByteTokenizer(Tokenizer):
+    """Bytes as tokens, vocabulary 256: enwik8's and enwik9's setup."""
+    kind = "byte"
+    vocab_size = 256
+    fingerprint = "bytes"
+
+    def stream(self, data):
+        return TokenStream(np.frombuffer(data, np.uint8).astype(np.int32), np.ones(len(data)))
+
+    def decode_text(self, ids):
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def encode_text(self, text):
+        return list(text.encode("utf-8"))
+
+    def describe(self):
+        return {"type": self.kind, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint}
+
+    def save(self, directory):
+        write_json_atomic(os.path.join(directory, SAVED_NAME), {"type": self.kind})
+
+
+class CharTokenizer(ByteTokenizer):
+    """The distinct characters of the training split, and id 0 for any other (<unk>), as nanoGPT's
+    Shakespeare-character model."""
+    kind = "char"
+
+    def __init__(self, characters):
+        self.characters = "".join(sorted(set(characters)))
+        self.index = {c: i + 1 for i, c in enumerate(self.characters)}
+        self.vocab_size = len(self.characters) + 1
+        self.fingerprint = "chars-" + hashlib.sha256(self.characters.encode("utf-8")).hexdigest()[:16]
+
+    def stream(self, data):
+        text = utf8_text(data)
+        ids = np.array([self.index.get(c, 0) for c in text], np.int32)
+        return TokenStream(ids, np.array([len(c.encode("utf-8")) for c in text], np.float64), int((ids == 0).sum()))
+
+    def encode_text(self, text):
+        return [self.index.get(c, 0) for c in text]
+
+    def decode_text(self, ids):
+        return "".join(self.characters[i - 1] if 0 < i <= len(self.characters) else "\ufffd" for i in ids)
+
+    def save(self, directory):
+        write_json_atomic(os.path.join(directory, SAVED_NAME), {"type": self.kind, "characters": self.characters})
+
+
+class SentencePieceText(Tokenizer):
+    """mtbench's sentencepiece model trained on the training split's lines; a line break is its EOS id. Each
+    token stands for an equal share of its split's bytes (a piece's bytes are not the text's own: sentencepiece
+    normalises whitespace)."""
+    kind = "sentencepiece"
+
+    def __init__(self, joint):
+        self.joint = joint
+        self.vocab_size, self.fingerprint = joint.vocab_size, joint.fingerprint
+
+    def encode_text(self, text):
+        ids = []
+        for encoded in self.joint.encode(text.split("\n")):
+            ids += encoded + [LINE_BREAK_ID]
+        return ids[:-1]
+
+    def stream(self, data):
+        ids = np.array(self.encode_text(utf8_text(data)), np.int32)
+        return TokenStream(ids, np.full(len(ids), len(data) / max(len(ids), 1)))
+
+    def decode_text(self, ids):
+        lines, line = [], []
+        for i in list(ids) + [LINE_BREAK_ID]:
+            if i == LINE_BREAK_ID:
+                lines.append(self.joint.decode([line])[0])
+                line = []
+            else:
+                line.append(int(i))
+        return "\n".join(lines)
+
+    def describe(self):
+        return {**self.joint.describe(), "type": "sentencepiece-unigram", "line_break_id": LINE_BREAK_ID}
+
+    def save(self, directory):
+        self.joint.save(directory)
+
+
+def utf8_text(data):
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise MtbenchError(f"the text is not UTF-8 at byte {error.start} ({error.reason}); train it at the byte "
+                           f"level: --tokenizer byte") from None
+
+
+def text_tokenizer(kind, train_data, vocab_size, cache_dir):
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "char":
+        return CharTokenizer(utf8_text(train_data))
+    from mtbench.runner.data.tokenizer import TOKENIZER_VERSION, load_or_train_sentencepiece
+    digest = hashlib.sha256(f"text-{TOKENIZER_VERSION}:{vocab_size}\n".encode() + train_data).hexdigest()
+    lines = lambda: [line for line in utf8_text(train_data).split("\n") if line.strip()]
+    return SentencePieceText(load_or_train_sentencepiece(lines, digest, vocab_size, cache_dir))
+
+
+def load_text_tokenizer(directory, description):
+    """The tokenizer `save` wrote into a saved model's directory."""
+    from mtbench.runner.data.tokenizer import SAVED_NAME as SENTENCEPIECE_NAME, JointTokenizer
+    if description.get("type") == "sentencepiece-unigram":
+        return SentencePieceText(JointTokenizer.from_file(os.path.join(directory, SENTENCEPIECE_NAME)))
+    with open(os.path.join(directory, SAVED_NAME), encoding="utf-8") as f:
+        saved = json.load(f)
+    return CharTokenizer(saved["characters"]) if saved["type"] == "char" else ByteTokenizer()
+
+
+def window_batch(ids, starts, block, rows=None):
+    """Rows of `block` tokens from each start, and the next token of each as its label; filler rows (up to `rows`)
+    and positions past the stream's end weigh nothing."""
+    rows = rows or len(starts)
+    inputs = np.zeros((rows, block), np.int32)
+    labels = np.zeros((rows, block), np.int32)
+    weight = np.zeros((rows, block), np.float32)
+    index = np.full((rows,), -1, np.int64)
+    for row, start in enumerate(starts):
+        taken = min(block, len(ids) - 1 - start)
+        inputs[row, :taken] = ids[start:start + taken]
+        labels[row, :taken] = ids[start + 1:start + 1 + taken]
+        weight[row, :taken] = 1.0
+        index[row] = start
+    return Batch(None, inputs, labels, weight, index)
+
+
+def training_batches(stream, rows, block, seed, skip=0):
+    """Endless batches of `rows` windows of `block` tokens at starts drawn uniformly from the seed (nanoGPT's
+    `get_batch`), the same on every backend; an epoch is as many batches as hold the split's tokens once. `skip`
+    draws and passes over the first batches (a resumed run)."""
+    rng = np.random.default_rng(seed)
+    per_epoch = batches_per_epoch(stream, rows, block)
+    drawn = 0
+    while True:
+        starts = rng.integers(0, len(stream) - block, size=rows)
+        if drawn >= skip:
+            yield drawn // per_epoch, window_batch(stream.ids, starts, block)
+        drawn += 1
+
+
+def batches_per_epoch(stream, rows, block):
+    return max(1, (len(stream) - 1) // (rows * block))
+
+
+def evaluation_batches(stream, rows, block, max_blocks):
+    """Consecutive blocks from the split's start (every token predicted once), at most `max_blocks`, `rows` to a
+    batch; the last block may be partial (its missing positions weigh nothing)."""
+    starts = list(range(0, len(stream) - 1, block))[:max_blocks]
+    for first in range(0, len(starts), rows):
+        yield window_batch(stream.ids, starts[first:first + rows], block, rows)
+
+
+def evaluated_bytes(stream, block, max_blocks):
+    """The bytes of text that `evaluation_batches` predicts: tokens 1 to the last one its blocks reach."""
+    end = min(len(stream) - 1, max_blocks * block)
+    return float(stream.token_bytes[1:end + 1].sum())

@@ -1,0 +1,125 @@
+"""The language-modelling task: a token stream cut into blocks of --block-size; the loss over every position (each
+predicts the next token), and tokens/s counts them all. Scored by the loss of validation and test, their
+perplexity, and bits per byte, which compares models whose tokens differ (bytes, characters, subwords)."""
+
+import math
+from dataclasses import dataclass
+
+from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
+from mtbench.runner.data.text import (TOKENIZERS, evaluated_bytes, evaluation_batches, load_text_tokenizer,
+                                      read_text, split_ranges, text_tokenizer, training_batches, batches_per_epoch)
+
+SPLITS = ("train", "valid", "test")
+METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}
+METRICS = tuple(f"{name}_{figure}" for name in METRIC_SPLITS.values()
+                for figure in ("loss", "accuracy", "perplexity", "bits_per_byte", "tokens_evaluated"))
+# Translation's options, which a language model does not take (their value when not given).
+TRANSLATION_OPTIONS = {"max_tokens": None, "beam": 1, "valid_file": None, "test_file": None, "src_lang": None,
+                       "tgt_lang": None, "target_bleu": None, "max_pairs": None}
+
+
+class LanguageModellingTask(Task):
+    name = "language-modelling"
+    description = ("a text as one token stream (bytes, characters or sentencepiece), split 90/5/5 in order; scored "
+                   "by loss, perplexity and bits per byte")
+    metrics = METRICS
+    quality_figures = ("train_loss", "val_loss", "test_loss", "val_perplexity", "test_perplexity",
+                       "val_bits_per_byte", "test_bits_per_byte")
+    validation_metric = "loss"
+    higher_is_better = False
+
+    def check(self, config):
+        for name, unset in TRANSLATION_OPTIONS.items():
+            if getattr(config, name) != unset:
+                raise MtbenchError(f"--{name.replace('_', '-')} is an option of translation; the "
+                                   f"'{config.model_family[0]}' model family is a language model")
+        if config.tokenizer not in (None, *TOKENIZERS):
+            raise MtbenchError(f"unknown --tokenizer '{config.tokenizer}'; choose one of {', '.join(TOKENIZERS)}")
+
+    def read(self, config, registry, progress):
+        return read_text(config, registry, progress)
+
+    def prepare(self, config, text, tokenizer):
+        """Splits the text in order (training, validation, test), builds the tokenizer on the training split
+        (unless the family brings one) and tokenizes every split."""
+        ranges = split_ranges(len(text.data), text.data if config.tokenizer != "byte" else None)
+        parts = {split: text.data[start:end] for split, (start, end) in ranges.items()}
+        tokenizer = tokenizer or text_tokenizer(config.tokenizer or "byte", parts["train"], config.vocab_size,
+                                                config.cache_dir)
+        streams = {split: tokenizer.stream(part) for split, part in parts.items()}
+        block = config.max_len
+        for split, stream in streams.items():
+            if len(stream) < block + 1:
+                raise MtbenchError(f"{text.name}: the {split} split has {len(stream)} tokens, fewer than one block "
+                                   f"of --block-size {block} and its next token ({block + 1}); give a longer text "
+                                   f"or a smaller --block-size")
+        record = {"corpus": text.name, "origin": text.origin, "split": "contiguous: train, validation, test",
+                  "bytes": {split: end - start for split, (start, end) in ranges.items()},
+                  "byte_ranges": {split: list(span) for split, span in ranges.items()},
+                  "tokens": {split: len(stream) for split, stream in streams.items()},
+                  "unknown_characters": {split: stream.unknown for split, stream in streams.items()},
+                  "block_size": block, "tokenizer": tokenizer.describe()}
+        lines = [f"text {text.name}: {len(text.data):,} bytes; train {record['bytes']['train']:,}, valid "
+                 f"{record['bytes']['valid']:,}, test {record['bytes']['test']:,} (contiguous, in that order)",
+                 f"  {tokenizer.describe()['type']} tokens: vocabulary {tokenizer.vocab_size:,}; train "
+                 f"{len(streams['train']):,}, valid {len(streams['valid']):,}, test {len(streams['test']):,}"]
+        unknown = sum(stream.unknown for stream in streams.values())
+        if unknown:
+            lines.append(f"  {unknown} characters of validation or test are not in the training split (<unk>)")
+        fingerprint = f"{tokenizer.fingerprint}-{len(parts['train'])}-{hash_bytes(parts['train'])}"
+        return TaskData(tokenizer, streams, fingerprint, record, lines)
+
+    def batches(self, data, config, skip=0):
+        return training_batches(data.splits["train"], config.batch_size, config.max_len, config.seed, skip)
+
+    def batches_per_epoch(self, data, config):
+        return batches_per_epoch(data.splits["train"], config.batch_size, config.max_len)
+
+    def evaluator(self, model, data, config, compile_inference):
+        return LanguageModelEvaluator(model, data, config)
+
+    def load_tokenizer(self, directory, description):
+        return load_text_tokenizer(directory, description)
+
+
+def hash_bytes(data):
+    import hashlib
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+@dataclass
+class LanguageModelEvaluator(Evaluator):
+    """Scores consecutive blocks from the start of a split: at most --valid-size blocks of validation (and of the
+    training split, for a training loss comparable to them), --test-size of test."""
+    model: object
+    data: TaskData
+    config: object
+
+    def scores(self, split):
+        from mtbench.runner.evaluation.scoring import mean_loss
+        stream, block = self.data.splits[split], self.config.max_len
+        limit = self.config.test_size if split == "test" else self.config.valid_size
+        loss, accuracy, tokens = mean_loss(self.model, evaluation_batches(stream, self.config.batch_size, block,
+                                                                          limit))
+        nats = loss * tokens
+        prefix = METRIC_SPLITS[split]
+        return {f"{prefix}_loss": loss, f"{prefix}_accuracy": accuracy, f"{prefix}_perplexity": math.exp(loss),
+                f"{prefix}_bits_per_byte": nats / math.log(2) / evaluated_bytes(stream, block, limit),
+                f"{prefix}_tokens_evaluated": int(tokens)}
+
+    def validate(self):
+        scores = self.scores("valid")
+        return {"loss": scores["val_loss"], "perplexity": scores["val_perplexity"],
+                "bits_per_byte": scores["val_bits_per_byte"]}
+
+    def evaluate(self, phase):
+        metrics = {}
+        with phase("evaluate"):
+            for split in SPLITS:
+                metrics.update(self.scores(split))
+        return metrics, {}
+
+
+@hookimpl
+def mtbench_register_tasks(register):
+    register(LanguageModellingTask())

@@ -1,0 +1,132 @@
+"""The translation task: sentence pairs in, BLEU and chrF (sacrebleu) of the test translations out. The loss
+counts the target tokens (the source is what is translated), and so does tokens/s."""
+
+import os
+from dataclasses import dataclass
+
+from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
+from mtbench.runner.config import decoding_name
+from mtbench.runner.data.batches import batches_per_epoch, encode_split, training_batches
+from mtbench.runner.data.corpus import load_corpus
+from mtbench.runner.data.corpus_report import corpus_report, report_lines
+from mtbench.runner.files import write_text_atomic
+from mtbench.runner.results.schema import sidecar_paths
+
+TRAIN_LOSS_SAMPLE = 500  # training pairs re-evaluated with the final weights, comparable to val/test loss
+METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy",
+           "bleu", "chrf", "bleu_signature", "chrf_signature", "test_sentences_scored", "decoding")
+# Options of the language-modelling task, which translation does not take (their value when not given).
+LANGUAGE_MODEL_OPTIONS = {"block_size": None, "tokenizer": None, "target_loss": None}
+
+
+class TranslationTask(Task):
+    name = "translation"
+    description = "sentence pairs (a parallel corpus); scored by BLEU and chrF of the test translations"
+    metrics = METRICS
+    quality_figures = ("train_loss", "val_loss", "test_loss", "val_accuracy", "test_accuracy", "bleu", "chrf")
+    validation_metric = "bleu"
+    higher_is_better = True
+    result_files = ("hypotheses_file", "references_file")
+
+    def check(self, config):
+        for name, unset in LANGUAGE_MODEL_OPTIONS.items():
+            if getattr(config, name) != unset and not (name == "tokenizer" and config.tokenizer == "sentencepiece"):
+                raise MtbenchError(f"--{name.replace('_', '-')} is an option of language models; the "
+                                   f"'{config.model_family[0]}' model family is trained on translation")
+
+    def read(self, config, registry, progress):
+        return load_corpus(config, registry, progress)
+
+    def prepare(self, config, corpus, tokenizer):
+        """The family's tokenizer, or mtbench's joint sentencepiece model trained (or loaded) on the training
+        pairs; every split encoded, pairs over --max-len dropped and counted."""
+        from mtbench.runner.data.tokenizer import load_or_train_tokenizer
+        tokenizer = tokenizer or load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
+        train, valid, test, train_eval = [encode_split(pairs, tokenizer, config.max_len) for pairs in
+                                          (corpus.train, corpus.valid, corpus.test, corpus.train[:TRAIN_LOSS_SAMPLE])]
+        if len(valid) == 0 or len(test) == 0:
+            raise MtbenchError(f"every validation or test pair is longer than --max-len {config.max_len} tokens")
+        splits = {"train": train, "valid": valid, "test": test}
+        report = corpus_report(corpus, splits, config.max_len)
+        record = {"corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),
+                  "dropped_too_long": report["dropped"]["too_long"], **report, "tokenizer": tokenizer.describe()}
+        return TaskData(tokenizer, {**splits, "train_eval": train_eval, "corpus": corpus},
+                        training_fingerprint(tokenizer, corpus), record, report_lines(corpus.name, report))
+
+    def batches(self, data, config, skip=0):
+        try:
+            yield from training_batches(data.splits["train"], config.rows_for, config.max_len, config.seed, skip)
+        except ValueError as error:
+            raise MtbenchError(str(error)) from None
+
+    def batches_per_epoch(self, data, config):
+        return batches_per_epoch(data.splits["train"], config.rows_for, config.max_len)
+
+    def evaluator(self, model, data, config, compile_inference):
+        from mtbench.runner.evaluation.decoding import make_decoder
+        decoder = make_decoder(model, data.tokenizer.special, config.beam, config.length_penalty)
+        return TranslationEvaluator(model, data, config, compile_inference(decoder))
+
+    def load_tokenizer(self, directory, description):
+        from mtbench.runner.data.tokenizer import SAVED_NAME, JointTokenizer
+        return JointTokenizer.from_file(os.path.join(directory, SAVED_NAME))
+
+
+def training_fingerprint(tokenizer, corpus):
+    """The tokenizer's fingerprint (mtbench's own is named by a hash of the training pairs) and the pairs'."""
+    from mtbench.runner.data.tokenizer import JointTokenizer, pairs_digest
+    if isinstance(tokenizer, JointTokenizer):
+        return tokenizer.fingerprint  # its file name already hashes the training pairs
+    return f"{tokenizer.fingerprint}-{pairs_digest(corpus.train)[:16]}"
+
+
+@dataclass
+class TranslationEvaluator(Evaluator):
+    model: object
+    data: TaskData
+    config: object
+    decode: object
+
+    def translate(self, split):
+        """Translates the validation or test split and scores it against its reference sentences."""
+        from mtbench.runner.evaluation.scoring import translate_and_score
+        corpus = self.data.splits["corpus"]
+        pairs = corpus.valid if split == "valid" else corpus.test
+        return translate_and_score(self.decode, self.data.tokenizer, self.data.splits[split], pairs,
+                                   self.config.decode_batch_size, self.config.max_len)
+
+    def validate(self):
+        scores = self.translate("valid")
+        return {"bleu": scores.bleu, "chrf": scores.chrf}
+
+    def before_training(self):
+        scores = self.translate("test")
+        return {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
+                "chrf_signature": scores.chrf_signature, "split": "test"}
+
+    def evaluate(self, phase):
+        """Loss and token accuracy of the final weights on a sample of the training pairs, validation and test;
+        the test translations' BLEU and chrF; the hypotheses and references written beside the result."""
+        from mtbench.runner.evaluation.scoring import split_losses
+        splits = self.data.splits
+        with phase("evaluate"):
+            metrics = split_losses(self.model, {"train": splits["train_eval"], "val": splits["valid"],
+                                                "test": splits["test"]}, self.config.batch_size, self.config.max_len)
+        with phase("translate"):
+            scores = self.translate("test")
+        hypotheses_file, references_file = sidecar_paths(self.config.out)
+        write_text_atomic(hypotheses_file, "".join(h + "\n" for h in scores.hypotheses))
+        write_text_atomic(references_file, "".join(r + "\n" for r in scores.references))
+        metrics.update({"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
+                        "chrf_signature": scores.chrf_signature, "test_sentences_scored": len(scores.hypotheses),
+                        "decoding": decoding_name(self.config.beam, self.config.length_penalty)})
+        if scores.hypotheses and not any(h.strip() for h in scores.hypotheses):
+            metrics["quality_warning"] = ("the model produced no words for any test sentence: BLEU and chrF score empty "
+                                  "output")
+        return metrics, {"hypotheses_file": os.path.abspath(hypotheses_file),
+                         "references_file": os.path.abspath(references_file)}
+
+
+@hookimpl
+def mtbench_register_tasks(register):
+    register(TranslationTask())
