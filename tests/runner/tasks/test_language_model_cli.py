@@ -1,0 +1,136 @@
+"""`mtbench train --model gpt` and `mtbench generate` as users run them: real text (the built-in corpus's English
+Bible, as files), both backends, the task's figures in the result and none of translation's."""
+
+import json
+import math
+import os
+
+import pytest
+
+from conftest import run_cli
+from mtbench.runner.results.schema import schema_errors
+
+TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
+            "--test-size", "10"]
+
+
+def bible_verses(count, skip=0):
+    from mtbench.plugins.datasets.bible_dataset import BibleDataset
+    pairs = BibleDataset("en", "fr").read_pairs(lambda *_: None)
+    return [source for _, (source, _) in zip(range(skip + count), pairs)][skip:]
+
+
+@pytest.fixture(scope="module")
+def text_folder(tmp_path_factory):
+    """Two .txt files of real text (and a file that is not .txt, left out)."""
+    folder = tmp_path_factory.mktemp("text")
+    verses = bible_verses(4000)
+    (folder / "a-genesis.txt").write_text("\n".join(verses[:2000]) + "\n", encoding="utf-8")
+    (folder / "b-exodus.txt").write_text("\n".join(verses[2000:]) + "\n", encoding="utf-8")
+    (folder / "notes.md").write_text("not part of the text\n", encoding="utf-8")
+    return str(folder)
+
+
+def train(backend, out, *arguments, cache_dir):
+    proc = run_cli("train", "--backend", backend, *TINY_GPT, *arguments, "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.mark.slow  # 15-35 s: one training process
+def test_a_byte_level_model_reports_perplexity_and_bits_per_byte_and_no_bleu(text_folder, cache_dir, tmp_path):
+    result = train("jax", tmp_path / "bytes.json", "--data", os.path.join(text_folder, "a-genesis.txt"),
+                   "--steps", "20", cache_dir=cache_dir)
+    assert schema_errors(result) == []
+    assert result["config"]["task"] == "language-modelling" and result["data"]["tokenizer"]["type"] == "byte"
+    metrics = result["metrics"]
+    assert not any(key.startswith(("bleu", "chrf")) for key in metrics) and "hypotheses_file" not in result
+    for split in ("val", "test"):
+        # One token is one byte: bits per byte is the loss in bits, and perplexity its exponential.
+        assert metrics[f"{split}_bits_per_byte"] == pytest.approx(metrics[f"{split}_loss"] / math.log(2), rel=1e-6)
+        assert metrics[f"{split}_perplexity"] == pytest.approx(math.exp(metrics[f"{split}_loss"]), rel=1e-6)
+        assert metrics[f"{split}_tokens_evaluated"] == 10 * 32
+    assert metrics["val_loss"] < math.log(256)  # it learned something beyond a uniform guess over bytes
+    ranges = result["data"]["byte_ranges"]
+    assert ranges["train"][1] == ranges["valid"][0] and ranges["valid"][1] == ranges["test"][0]
+    steady = [h for h in result["history"] if not h["first_of_shape"]]
+    assert all(h["tokens"] == 8 * 32 for h in steady)  # tokens/s counts every position the loss counts
+
+
+@pytest.fixture(scope="module")
+def char_runs(text_folder, cache_dir, tmp_path_factory):
+    """The same character-level model trained on each backend from a folder of .txt files."""
+    out = tmp_path_factory.mktemp("char-runs")
+    return {backend: train(backend, out / f"{backend}.json", "--data", text_folder, "--tokenizer", "char",
+                           "--steps", "50", cache_dir=cache_dir) for backend in ("jax", "torch")}
+
+
+@pytest.mark.slow
+def test_both_backends_follow_one_loss_curve_from_the_same_weights(char_runs):
+    jax_losses = [h["loss"] for h in char_runs["jax"]["history"]]
+    torch_losses = [h["loss"] for h in char_runs["torch"]["history"]]
+    assert len(jax_losses) == len(torch_losses) == 50
+    assert max(abs(a - b) / a for a, b in zip(jax_losses, torch_losses)) < 0.01
+    assert jax_losses[-1] < jax_losses[0] - 0.5
+    data = char_runs["jax"]["data"]
+    assert data["tokenizer"]["type"] == "char" and data["origin"].startswith("2 .txt files")
+    assert char_runs["jax"]["metrics"]["val_bits_per_byte"] == pytest.approx(
+        char_runs["torch"]["metrics"]["val_bits_per_byte"], rel=0.01)
+
+
+@pytest.mark.slow
+def test_generate_continues_a_prompt_alike_on_the_other_backend(char_runs):
+    texts = {}
+    for backend in ("jax", "torch"):
+        proc = run_cli("generate", char_runs["torch"]["config"]["out"], "--prompt", "And God said", "--backend",
+                       backend, "--max-new-tokens", "24", "--temperature", "0")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("And God said") and f"24 tokens" in proc.stderr
+        texts[backend] = proc.stdout
+    assert texts["jax"] == texts["torch"]  # greedy, from the same weights
+    sampled = run_cli("generate", char_runs["jax"]["config"]["out"], "--prompt", "And", "--max-new-tokens", "40",
+                      "--top-k", "5", "--seed", "1")
+    assert sampled.returncode == 0 and len(sampled.stdout.rstrip("\n")) > len("And")
+
+
+def bad_input_cases(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    no_text = tmp_path / "no-text"
+    no_text.mkdir()
+    (no_text / "readme.md").write_text("hello\n")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(("word " * 2000).encode() + "café".encode("latin-1") + b" more" * 3000)
+    short = tmp_path / "short.txt"
+    short.write_text("a short text\n" * 30)
+    return {
+        "empty file": (["--data", str(empty)], "the text is empty"),
+        "folder without .txt": (["--data", str(no_text)], "holds no .txt file"),
+        "not UTF-8": (["--data", str(latin1), "--tokenizer", "char"], "not UTF-8 at byte 10003"),
+        "shorter than a block": (["--data", str(short), "--block-size", "64"], "fewer than one block"),
+        "encoder flag": (["--encoder-layers", "2"], "a decoder-only model has one stack"),
+        "beam": (["--beam", "4"], "--beam is an option of translation"),
+        "target BLEU": (["--target-bleu", "10", "--eval-every", "5"], "--target-bleu is an option of translation"),
+        "preset": (["--preset", "base"], "unknown preset 'base' for --model gpt"),
+    }
+
+
+@pytest.mark.parametrize("name", [
+    "empty file", "folder without .txt", "not UTF-8", "shorter than a block", "encoder flag", "beam", "target BLEU",
+    "preset"])
+def test_bad_input_gets_one_line_and_nothing_written(name, tmp_path, cache_dir):
+    arguments, expected = bad_input_cases(tmp_path)[name]
+    out = tmp_path / "result.json"
+    proc = run_cli("train", *TINY_GPT, *arguments, "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert expected in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists()
+
+
+def test_translation_refuses_a_language_models_options(tmp_path, cache_dir):
+    proc = run_cli("train", "--preset", "tiny", "--block-size", "32", "--cache-dir", cache_dir,
+                   "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("Error: task 'translation': --block-size is an option of language models; the "
+                                   "'transformer' model family is trained on translation")

@@ -1,0 +1,66 @@
+"""Text for language models, without a framework: contiguous splits cut between characters, the three tokenizers,
+the bytes each token stands for (what bits per byte divides by), and blocks drawn alike for every backend."""
+
+import numpy as np
+import pytest
+
+from mtbench.errors import MtbenchError
+from mtbench.runner.data.text import (ByteTokenizer, CharTokenizer, evaluated_bytes, evaluation_batches,
+                                      split_ranges, text_tokenizer, training_batches)
+
+TEXT = ("Au commencement était la Parole. " * 40 + "Ünïcödé — ✓\n" * 20).encode("utf-8")
+
+
+def test_the_splits_are_contiguous_in_order_and_never_cut_a_character():
+    ranges = split_ranges(len(TEXT), TEXT)
+    assert ranges["train"][0] == 0 and ranges["train"][1] == ranges["valid"][0]
+    assert ranges["valid"][1] == ranges["test"][0] and ranges["test"][1] == len(TEXT)
+    for start, end in ranges.values():
+        TEXT[start:end].decode("utf-8")  # raises if a character were cut
+    held_out = ranges["test"][1] - ranges["test"][0]
+    assert abs(held_out - 0.05 * len(TEXT)) < 4  # 5 %, moved at most to the next character's start
+
+
+def test_byte_and_character_tokens_carry_the_bytes_they_stand_for():
+    byte_stream = ByteTokenizer().stream(TEXT)
+    assert len(byte_stream) == len(TEXT) and byte_stream.token_bytes.sum() == len(TEXT)
+    chars = CharTokenizer(TEXT.decode("utf-8")[:200])  # only some characters: the others are <unk>
+    stream = chars.stream(TEXT)
+    assert stream.token_bytes.sum() == len(TEXT)
+    assert stream.unknown == sum(1 for c in TEXT.decode("utf-8") if c not in TEXT.decode("utf-8")[:200])
+    assert chars.decode_text(chars.encode_text("Parole.")) == "Parole."
+    assert stream.token_bytes.max() == 3  # '—' and '✓' are three bytes each in UTF-8
+
+
+def test_the_character_level_refuses_bytes_that_are_not_utf8_and_says_where():
+    with pytest.raises(MtbenchError, match="not UTF-8 at byte 5"):
+        text_tokenizer("char", b"hello\xff world", None, None)
+
+
+def test_sentencepiece_text_round_trips_lines(tmp_path):
+    tokenizer = text_tokenizer("sentencepiece", TEXT * 3, 60, str(tmp_path))
+    stream = tokenizer.stream(TEXT)
+    assert abs(stream.token_bytes.sum() - len(TEXT)) < 1e-6
+    assert tokenizer.decode_text(tokenizer.encode_text("la Parole\nla Parole")) == "la Parole\nla Parole"
+
+
+def test_training_blocks_are_the_seeds_and_a_resumed_run_gets_the_same_ones():
+    stream = ByteTokenizer().stream(TEXT)
+    first = [batch for _, batch in zip(range(5), training_batches(stream, 4, 16, seed=3))]
+    resumed = [batch for _, batch in zip(range(2), training_batches(stream, 4, 16, seed=3, skip=3))]
+    for (_, a), (_, b) in zip(first[3:], resumed):
+        np.testing.assert_array_equal(a.target_input, b.target_input)
+    _, batch = first[0]
+    assert batch.source is None and batch.inputs == (batch.target_input,)
+    assert batch.target_tokens == 4 * 16  # every position counts in the loss and in tokens/s
+    np.testing.assert_array_equal(batch.target_input[:, 1:], batch.target_output[:, :-1])  # the next token
+
+
+def test_evaluation_predicts_every_token_once_and_counts_its_bytes():
+    stream = CharTokenizer(TEXT.decode("utf-8")).stream(TEXT)
+    batches = list(evaluation_batches(stream, rows=3, block=50, max_blocks=10 ** 6))
+    assert sum(batch.target_tokens for batch in batches) == len(stream) - 1
+    predicted = np.concatenate([batch.target_output[batch.weight > 0] for batch in batches])
+    np.testing.assert_array_equal(predicted, stream.ids[1:])
+    assert evaluated_bytes(stream, 50, 10 ** 6) == len(TEXT) - stream.token_bytes[0]
+    assert sum(b.target_tokens for b in evaluation_batches(stream, 3, 50, max_blocks=4)) == 200
