@@ -127,3 +127,39 @@ def test_cosine_decay_in_numpy_is_keras_schedule():
         ours = [float(cosine_decay(schedule, step)) for step in steps]
         theirs = [float(keras.ops.convert_to_numpy(schedule(step))) for step in steps]
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-12)
+
+
+def test_keras_large_negative_filled_on_the_device_is_keras_own_value():
+    pytest.importorskip("torch")
+    from keras.src.backend.torch import nn
+
+    from mtbench.plugins.backends.torch_host_syncs import _large_negative_on_device, keras_constants_on_device
+    for dtype in ("float32", "bfloat16", "float16"):
+        keras_value, ours = nn._get_large_negative(dtype), _large_negative_on_device(dtype)
+        assert (ours.dtype, ours.device, ours.item()) == (keras_value.dtype, keras_value.device, keras_value.item())
+    keras_function = nn._get_large_negative
+    with keras_constants_on_device():
+        assert nn._get_large_negative is _large_negative_on_device
+    assert nn._get_large_negative is keras_function
+
+
+def test_own_losses_are_model_losses():
+    """The torch step lists the layers and regularized weights once; it finds what `model.losses` walks for."""
+    import keras
+
+    from mtbench.plugins.backends.torch_eager_step import OwnLosses
+
+    class Penalised(keras.layers.Layer):
+        def call(self, x):
+            self.add_loss(0.5 * keras.ops.sum(x))
+            return x
+
+    inputs = keras.Input((3,))
+    outputs = keras.layers.Dense(2, kernel_regularizer=keras.regularizers.L2(0.1))(Penalised()(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(outputs))
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model(np.ones((2, 3), np.float32))
+    own = OwnLosses(model)()
+    assert len(own) == len(model.losses) == 2
+    np.testing.assert_allclose(sorted(float(loss) for loss in own), sorted(float(loss) for loss in model.losses))
+    assert OwnLosses(plain)() == plain.losses == []
