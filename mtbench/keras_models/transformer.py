@@ -162,6 +162,10 @@ class Transformer(keras.Model):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.max_len = max_len
+        # sqrt(d_model) in the compute dtype, as a Python number: multiplied in, it is an argument of the
+        # multiplication's kernel, where a constant made in each call would be a tensor built from host data (on
+        # torch with a GPU, a copy the host waits for, twice a step).
+        self.embedding_scale = float(ops.convert_to_numpy(ops.cast(d_model ** 0.5, self.compute_dtype)))
         self.token_embedding = layers.Embedding(vocab_size, d_model, name="token_embedding")
         self.position_embedding = layers.Embedding(max_len, d_model, name="position_embedding")
         self.embedding_dropout = dropout_layer(dropout)
@@ -175,12 +179,13 @@ class Transformer(keras.Model):
 
     def _embed(self, ids, training):
         positions = ops.arange(ops.shape(ids)[1])
-        x = self.token_embedding(ids) * ops.cast(self.d_model ** 0.5, self.compute_dtype)
+        x = self.token_embedding(ids) * self.embedding_scale
         return self.embedding_dropout(x + self.position_embedding(positions)[None], training=training)
 
     def encode(self, source_ids, training=False):
         """Returns the encoder output and the source padding mask that decoding attends with."""
-        src_mask = ops.not_equal(source_ids, PAD_ID)
+        # `!=` with a Python number, not `ops.not_equal`, which would make a tensor of PAD_ID from host data.
+        src_mask = source_ids != PAD_ID
         x = self._embed(source_ids, training)
         for block in self.encoder_blocks:
             x = block(x, src_mask, training=training)
@@ -202,7 +207,7 @@ class Transformer(keras.Model):
 
     def decode_step(self, token_ids, position, caches, cross, src_mask):
         """Logits (batch, vocab) for the token after `token_ids` (batch, 1) at `position`, and the new caches."""
-        x = self.token_embedding(token_ids) * ops.cast(self.d_model ** 0.5, self.compute_dtype)
+        x = self.token_embedding(token_ids) * self.embedding_scale
         x = x + self.position_embedding(ops.reshape(position, (1,)))[None]
         new_caches = []
         for block, cache, cross_keys_values in zip(self.decoder_blocks, caches, cross):

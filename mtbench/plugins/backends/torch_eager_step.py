@@ -18,6 +18,7 @@ import contextlib
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
+from mtbench.plugins.backends.torch_host_syncs import keras_constants_on_device
 from mtbench.plugins.backends.torch_plain_calls import plain_calls_unsupported, plain_layer_calls
 
 
@@ -43,12 +44,30 @@ def correct_tokens(labels, logits, weight):
     return ((label_logits >= logits.amax(-1)) * weight).sum()
 
 
+class OwnLosses:
+    """`model.losses` (what `add_loss` added in the last call, and the weights' regularization), without walking
+    the model's layers every step: the layers and the regularized weights are listed once (a built model gains
+    none while it trains)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.layers = list(model._flatten_layers(include_self=True))
+        self.regularized = [v for v in model.trainable_weights if v.regularizer is not None]
+
+    def __call__(self):
+        if self.model._losses_override:
+            return list(self.model._losses_override)
+        losses = [loss for layer in self.layers if layer._losses for loss in layer._losses]
+        return losses + [variable.regularizer(variable) for variable in self.regularized]
+
+
 class EagerTorchTrainStep(TrainStep):
     name = "torch-eager"
 
     def __init__(self, model):
         self.model = model
         self.variables = list(model.trainable_variables)
+        self.own_losses = OwnLosses(model)
         self.native_loss = is_token_mean_cross_entropy(model.loss)
         model.optimizer.build(self.variables)
         self.fused_optimizer = (None if fused_adamw_unsupported(model.optimizer)
@@ -82,12 +101,14 @@ class EagerTorchTrainStep(TrainStep):
         correct = correct_tokens(y, logits.detach(), sample_weight)
         return self._loss(y, logits, sample_weight), correct / sample_weight.sum()
 
+    @contextlib.contextmanager
     def _forward_context(self):
         """The context `self._forward` runs in: Keras layers called without `Layer.__call__`'s per-call Python
-        (`torch_plain_calls`), where the model allows it."""
-        if self.plain_calls_refused is not None:
-            return contextlib.nullcontext()
-        return plain_layer_calls(training=True)
+        (`torch_plain_calls`), where the model allows it, and Keras's per-call constants filled on the device
+        (`torch_host_syncs.keras_constants_on_device`)."""
+        plain = contextlib.nullcontext() if self.plain_calls_refused is not None else plain_layer_calls(training=True)
+        with plain, keras_constants_on_device():
+            yield
 
     def __call__(self, x, y, sample_weight):
         import torch
@@ -97,12 +118,15 @@ class EagerTorchTrainStep(TrainStep):
         device = get_device()
         x = tuple(to_device(part, device) for part in x)
         y, sample_weight = to_device(y, device), to_device(sample_weight, device)
+        # The tensors each variable holds now (an extra may swap them: fsdp's shards), read as the attribute:
+        # Keras's `value` property costs microseconds a read, a tenth of a millisecond a step.
         for variable in self.variables:
-            variable.value.grad = None
+            variable._value.grad = None
         with self._forward_context():
             loss, accuracy = self._forward(x, y, sample_weight)
-        if model.losses:
-            loss = loss + sum(model.losses)
+        losses = self.own_losses()
+        if losses:
+            loss = loss + sum(losses)
         objective = loss
         if self.processes is not None:
             objective, loss, accuracy = self._global_token_means(loss, accuracy, sample_weight)
@@ -111,7 +135,7 @@ class EagerTorchTrainStep(TrainStep):
             if self.fused_optimizer:
                 self.fused_optimizer.step()
             else:
-                optimizer.apply([variable.value.grad for variable in self.variables], self.variables)
+                optimizer.apply([variable._value.grad for variable in self.variables], self.variables)
         # Tensors, not numbers: reading them would wait for the device; the loop reads them at its window's edge.
         # Copies, because a CUDA-graph replay (torch.compile's reduce-overhead) reuses its output memory.
         return {"loss": loss.detach().clone(), "accuracy": accuracy.detach().clone()}

@@ -14,6 +14,8 @@ Keras always holds the current ones.
 
 import math
 
+import numpy as np
+
 
 def fused_adamw_unsupported(optimizer):
     """Why `optimizer` cannot be carried out by `FusedAdamW` (None when it can)."""
@@ -44,6 +46,7 @@ class FusedAdamW:
             optimizer.build(self.variables)  # its moment variables are the state torch updates
         self.parameters = [v.value for v in self.variables]
         self.clipnorm = optimizer.clipnorm
+        self.learning_rate = schedule_in_python(optimizer)
         self.torch_optimizer = torch.optim.AdamW(
             self.parameters, lr=0.0, betas=(optimizer.beta_1, optimizer.beta_2), eps=optimizer.epsilon,
             weight_decay=optimizer.weight_decay, fused=True)
@@ -69,17 +72,51 @@ class FusedAdamW:
             self._clip_each_gradient([p.grad for p in self.parameters])
         step = self.iterations + 1
         group = self.torch_optimizer.param_groups[0]
-        group["lr"] = self._learning_rate(self.iterations)  # the schedule at Keras's own iteration count
+        group["lr"] = self.learning_rate(self.iterations)  # the schedule at Keras's own iteration count
         group["eps"] = optimizer.epsilon / math.sqrt(1 - optimizer.beta_2 ** step)
         self.torch_optimizer.step()
-        optimizer.iterations.assign_add(1)
+        # In place on the device: `assign_add(1)` would make a tensor of 1 from host data every step.
+        optimizer.iterations.value.add_(1)
         self.iterations = step
 
-    def _learning_rate(self, iteration):
-        """Keras's learning rate (or schedule) at `iteration`, evaluated on the CPU."""
-        import keras
-        rate = self.keras_optimizer._learning_rate
-        if not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-            return float(self.keras_optimizer.learning_rate)
+
+def schedule_in_python(optimizer):
+    """Keras's learning rate at an iteration, as a function the step calls on the host without torch: a constant
+    rate is the rate's own variable (a device tensor torch's fused kernel reads, so a rate assigned later is
+    seen, and nothing is read back), a `CosineDecay` (what `compile_model` sets) is computed in numpy float32 as
+    Keras computes it, and any other schedule is Keras's, evaluated on the CPU."""
+    import keras
+    rate = optimizer._learning_rate
+    if not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        return lambda iteration: rate.value
+    if type(rate) is keras.optimizers.schedules.CosineDecay:
+        return lambda iteration: float(cosine_decay(rate, iteration))
+
+    def keras_schedule(iteration):
         with keras.device("cpu"):
             return float(rate(iteration))
+
+    return keras_schedule
+
+
+def cosine_decay(schedule, iteration):
+    """`keras.optimizers.schedules.CosineDecay`'s `__call__` at `iteration`, operation for operation in float32
+    (numpy scalars, no tensors): Keras evaluates it with backend operations, which on torch cost a dozen tensors
+    and a read every step."""
+    f32 = np.float32
+    initial = f32(schedule.initial_learning_rate)
+    decay_steps = f32(schedule.decay_steps)
+    step = f32(iteration)
+
+    def decayed(step, decay_from):
+        completed = step / decay_steps
+        cosine = f32(0.5) * (f32(1.0) + np.cos(f32(math.pi) * completed))
+        return decay_from * (f32(1 - schedule.alpha) * cosine + f32(schedule.alpha))
+
+    if schedule.warmup_target is None:
+        return decayed(min(step, decay_steps), initial)
+    target, warmup_steps = f32(schedule.warmup_target), f32(schedule.warmup_steps)
+    step = min(step, decay_steps + warmup_steps)
+    if step < warmup_steps:
+        return (target - initial) * (step / warmup_steps) + initial
+    return decayed(step - warmup_steps, target)

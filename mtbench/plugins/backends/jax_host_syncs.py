@@ -1,0 +1,118 @@
+"""Counts the host waits inside JAX train steps, as `torch_host_syncs` counts torch's (issue 29): implicit
+transfers between the host and the devices, and device values read on the host.
+
+JAX's transfer guard sees every implicit transfer (a NumPy array or Python number handed to a jitted function or
+an operation, a value read back on a GPU); in its 'log' mode it writes one line per transfer to the process's
+standard error, from C++. The counter runs a step under `jax.transfer_guard('log')`, reads those lines back from
+the file descriptor (what else was written there meanwhile is passed on), and exempts the step's own batch
+arrays, which every step hands to its jitted function once (matched by shape and dtype, or, as the guard logs a
+jitted function's arguments without naming them, by their number). The guard sees no read
+on the CPU, where an array's memory is the host's: reads (`float`, `bool`, `item`, `np.asarray`: a jax.Array's
+`_value`) are counted where they happen, on every platform. Logging that hides warnings
+(`TF_CPP_MIN_LOG_LEVEL` above 0) hides the guard's lines too: the counter checks that it can see one before it
+counts, and `per_step()` is None where it cannot.
+"""
+
+import collections
+import contextlib
+import os
+import re
+import tempfile
+
+# The guard's line; a jitted function's arguments are logged without their aval (empty).
+TRANSFER_LINE = re.compile(r"(host-to-device|device-to-host|device-to-device) transfer:(?: aval=ShapedArray\(([^)]*)\))?")
+
+
+@contextlib.contextmanager
+def _standard_error_captured():
+    """Everything written to file descriptor 2 inside, as the text the context yields (a list holding it once
+    the context exits); the text is written on to the real standard error too."""
+    import sys
+    sys.stderr.flush()
+    captured = []
+    with tempfile.TemporaryFile() as scratch:
+        saved = os.dup(2)
+        os.dup2(scratch.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            scratch.seek(0)
+            text = scratch.read().decode(errors="replace")
+            captured.append(text)
+            if text:
+                lines = [line for line in text.splitlines(keepends=True) if not TRANSFER_LINE.search(line)]
+                os.write(2, "".join(lines).encode())
+
+
+def _aval(array):
+    """How the guard names an array's aval: 'int32[4,16]'."""
+    import numpy as np
+    array = np.asarray(array)
+    return f"{array.dtype}[{','.join(map(str, array.shape))}]"
+
+
+class JaxHostSyncCounter:
+    """`count_step(step, x, y, w)` runs one train step counting its host waits; `syncs`, `steps`, `events`
+    ({'kind aval at ...': count}) and `per_step()` as `TorchHostSyncCounter`'s."""
+
+    def __init__(self):
+        self.syncs = 0
+        self.steps = 0
+        self.events = collections.Counter()
+        self.can_count = self._guard_lines_visible()
+
+    @staticmethod
+    def _guard_lines_visible():
+        import jax
+        import numpy as np
+        with _standard_error_captured() as text, jax.transfer_guard("log"):
+            jax.numpy.asarray(np.zeros(1, np.float32)) + 0
+        return bool(TRANSFER_LINE.search(text[0]))
+
+    @contextlib.contextmanager
+    def _reads_counted(self):
+        """Counts reads of device values on the host while inside (a jax.Array's `_value`, which `float`,
+        `bool`, `item`, `tolist` and `np.asarray` go through)."""
+        from jax._src.array import ArrayImpl
+        value = ArrayImpl._value
+
+        def counted(array):
+            if array._npy_value is None:  # a copy from the device, not a value read before
+                self.syncs += 1
+                self.events[f"read {array.dtype}{list(array.shape)}"] += 1
+            return value.fget(array)
+
+        ArrayImpl._value = property(counted)
+        try:
+            yield
+        finally:
+            ArrayImpl._value = value
+
+    def count_step(self, step, x, y, sample_weight):
+        """Runs `step(x, y, sample_weight)` counting its host waits; returns what the step returns."""
+        import jax
+        batch = collections.Counter(_aval(a) for a in (*x, y, sample_weight))
+        unnamed = sum(batch.values())  # transfers the guard does not name that the batch may account for
+        with _standard_error_captured() as text, jax.transfer_guard("log"), self._reads_counted():
+            logs = step(x, y, sample_weight)
+        for kind, aval in TRANSFER_LINE.findall(text[0]):
+            if kind == "device-to-host":
+                continue  # counted as a read where it happened
+            aval = aval.split(",", 1)[0]  # without ', weak_type=True'
+            if kind == "host-to-device" and (batch[aval] > 0 if aval else unnamed > 0):
+                # The batch's own arrays, handed to the step once.
+                if aval:
+                    batch[aval] -= 1
+                unnamed -= 1
+                continue
+            self.syncs += 1
+            self.events[f"{kind} {aval or 'of an argument'}"] += 1
+        self.steps += 1
+        return logs
+
+    def per_step(self):
+        """Host waits per counted step (None before any, or where the guard's lines cannot be seen)."""
+        return self.syncs / self.steps if self.steps and self.can_count else None

@@ -1,0 +1,80 @@
+"""Run by tests/plugins/backends/test_host_syncs.py in a fresh process per backend (keras fixes its backend at
+import): builds the tiny Transformer as mtbench compiles it, runs the backend's train step (or torch's compiled
+step) until its shape is steady, then counts the host waits of a few steady steps with the backend's counter.
+On torch with CUDA the counted steps run under
+`torch.cuda.set_sync_debug_mode('error')`. Prints one JSON line: {'syncs_per_step', 'events', 'cuda_sync_debug',
+'losses'}.
+
+    python tests/host_syncs_probe.py BACKEND STEP DTYPE     (STEP: default | compiled; DTYPE: a Keras policy)
+"""
+
+import contextlib
+import json
+import os
+import sys
+
+WARM_STEPS, COUNTED_STEPS = 2, 3
+
+
+def batch(seed, rows=4, length=16):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    source, target = (rng.integers(4, 1000, size=(rows, length)).astype(np.int32) for _ in range(2))
+    source[:, -3:] = 0  # padding, so the encoder's key mask hides something
+    target[1:, -2:] = 0
+    weight = (target != 0).astype(np.float32)
+    return (source, target), target, weight
+
+
+def main(backend, step_kind, dtype):
+    os.environ["KERAS_BACKEND"] = backend
+    import keras
+
+    from mtbench.keras_models.initialization import assign_weights, initial_weights
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import compile_model
+    keras.config.set_dtype_policy(dtype)
+    model = build_transformer(PRESETS["tiny"])
+    assign_weights(model, initial_weights(model, 0))
+    compile_model(keras, model, TrainConfig(preset="tiny", dtype=dtype, warmup_steps=2), 20, {})
+    if backend == "torch":
+        from mtbench.plugins.backends.torch_host_syncs import TorchHostSyncCounter as Counter
+        if step_kind == "compiled":
+            from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep as Step
+        else:
+            from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep as Step
+    else:
+        from mtbench.plugins.backends.jax_host_syncs import JaxHostSyncCounter as Counter
+        from mtbench.plugins.backends.jax_jit_step import JitTrainStep as Step
+    step = Step(model)
+    logs = [step(*batch(i)) for i in range(WARM_STEPS)]
+    counter = Counter()
+    with cuda_sync_debug(backend) as sync_debug:
+        logs += [counter.count_step(step, *batch(WARM_STEPS + i)) for i in range(COUNTED_STEPS)]
+    print(json.dumps({"syncs_per_step": counter.per_step(), "events": dict(counter.events), "cuda_sync_debug":
+                      sync_debug, "losses": [float(entry["loss"]) for entry in logs]}))
+
+
+@contextlib.contextmanager
+def cuda_sync_debug(backend):
+    """On torch with CUDA, every synchronising call is an error while inside; yields the mode, or why none."""
+    if backend != "torch":
+        yield "not torch"
+        return
+    import torch
+    if not torch.cuda.is_available():
+        yield "no CUDA device"
+        return
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield "error"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main(*sys.argv[1:])

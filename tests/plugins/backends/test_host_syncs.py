@@ -1,0 +1,165 @@
+"""No host waits inside a steady step (issue 29): the counters of tensors made from host data and of device values
+read on the host (`torch_host_syncs`, `jax_host_syncs`) see what they should and nothing else, and the steps
+mtbench trains with wait for nothing, on both backends, eager and compiled, float32 and mixed bfloat16
+(tests/host_syncs_probe.py, a process per backend). On a GPU the torch steps run under
+`torch.cuda.set_sync_debug_mode('error')` too, where any synchronising call is an error."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import TESTS_DIR
+
+PROBE = os.path.join(TESTS_DIR, "host_syncs_probe.py")
+
+
+def probe(backend, step="default", dtype="float32"):
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env.update(MTBENCH_LOAD_PLUGINS="", TORCHINDUCTOR_COMPILE_THREADS="1")
+    proc = subprocess.run([sys.executable, PROBE, backend, step, dtype], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_torch_eager_step_waits_for_nothing(dtype):
+    report = probe("torch", dtype=dtype)
+    assert report["events"] == {}
+    assert report["syncs_per_step"] == 0
+    assert report["cuda_sync_debug"] in ("error", "no CUDA device")
+
+
+@pytest.mark.slow
+def test_torch_compiled_step_waits_for_nothing():
+    report = probe("torch", "compiled", "mixed_bfloat16")
+    assert report["events"] == {}
+    assert report["syncs_per_step"] == 0
+
+
+@pytest.mark.slow
+def test_jax_step_waits_for_nothing():
+    report = probe("jax", dtype="mixed_bfloat16")
+    assert report["events"] == {}
+    assert report["syncs_per_step"] == 0
+
+
+def torch_counter():
+    from mtbench.plugins.backends.torch_host_syncs import TorchHostSyncCounter
+    return TorchHostSyncCounter("cpu")
+
+
+def test_torch_counter_counts_tensors_from_host_data_and_reads():
+    torch = pytest.importorskip("torch")
+    counter = torch_counter()
+    x = torch.arange(6.0)
+    with counter.counting():
+        torch.tensor(2.0)                       # from a Python number: a host copy on a GPU
+        torch.as_tensor(np.ones(3))             # from a host array that is not the batch's
+        float(x.sum())                          # a read
+        bool(x[0] > 0)                          # a read
+        torch.nonzero(x)                        # a size that depends on the values
+    kinds = sorted(event.split()[0] for event in counter.events.elements())
+    assert kinds == ["from", "from", "read", "read", "read"]
+    assert counter.syncs == 5
+    assert any("test_host_syncs.py" in event for event in counter.events)  # where it came from
+
+
+def test_torch_counter_lets_kernels_with_number_arguments_and_the_batch_pass():
+    torch = pytest.importorskip("torch")
+    counter = torch_counter()
+    batch = np.arange(8, dtype=np.int32).reshape(2, 4)
+
+    def step(x, y, sample_weight):
+        tensor = torch.from_numpy(x[0])         # the batch's own array: copied once a step, exempt
+        ids = tensor * 2.0 + 1                  # numbers as kernel arguments
+        mask = ids != 0
+        filled = torch.full((), -1e9) + torch.arange(4) + torch.zeros(2, 4)
+        return {"loss": (filled * mask).sum()}
+
+    counter.count_step(step, (batch, batch), batch, batch.astype(np.float32))
+    counter.count_step(step, (batch, batch), batch, batch.astype(np.float32))
+    assert counter.events == {}
+    assert (counter.steps, counter.per_step()) == (2, 0)
+
+
+def test_jax_counter_counts_implicit_transfers_and_reads_but_not_the_batch():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from mtbench.plugins.backends.jax_host_syncs import JaxHostSyncCounter
+    jitted = jax.jit(lambda a, b, w: {"loss": jnp.sum((a + b) * w)})
+    batch = np.ones((2, 4), np.int32), np.ones((2, 4), np.int32)
+    weight = np.ones((2, 4), np.float32)
+
+    def clean(x, y, w):
+        return jitted(x[0], y, w)
+
+    def waiting(x, y, w):
+        logs = jitted(x[0], y, w)
+        jnp.asarray(np.ones(3, np.float32)) + 1         # a host array sent implicitly
+        float(logs["loss"])                             # and a read
+        return logs
+
+    counter = JaxHostSyncCounter()
+    assert counter.can_count
+    clean(batch, batch[1], weight)
+    counter.count_step(clean, batch, batch[1], weight)
+    assert (counter.events, counter.per_step()) == ({}, 0)
+    waiting(batch, batch[1], weight)
+    counter.count_step(waiting, batch, batch[1], weight)
+    assert counter.syncs >= 2 and any(event.startswith("read") for event in counter.events), counter.events
+    assert counter.per_step() == counter.syncs / 2
+
+
+def test_cosine_decay_in_numpy_is_keras_schedule():
+    import keras
+
+    from mtbench.plugins.backends.torch_fused_adamw import cosine_decay
+    schedules = [keras.optimizers.schedules.CosineDecay(0.0, 90, alpha=0.1, warmup_target=3e-3, warmup_steps=10),
+                 keras.optimizers.schedules.CosineDecay(1e-3, 50, alpha=0.0)]
+    for schedule in schedules:
+        steps = list(range(0, 120, 3)) + [9, 10, 11, 99, 100, 101]
+        ours = [float(cosine_decay(schedule, step)) for step in steps]
+        theirs = [float(keras.ops.convert_to_numpy(schedule(step))) for step in steps]
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-12)
+
+
+def test_keras_large_negative_filled_on_the_device_is_keras_own_value():
+    pytest.importorskip("torch")
+    from keras.src.backend.torch import nn
+
+    from mtbench.plugins.backends.torch_host_syncs import _large_negative_on_device, keras_constants_on_device
+    for dtype in ("float32", "bfloat16", "float16"):
+        keras_value, ours = nn._get_large_negative(dtype), _large_negative_on_device(dtype)
+        assert (ours.dtype, ours.device, ours.item()) == (keras_value.dtype, keras_value.device, keras_value.item())
+    keras_function = nn._get_large_negative
+    with keras_constants_on_device():
+        assert nn._get_large_negative is _large_negative_on_device
+    assert nn._get_large_negative is keras_function
+
+
+def test_own_losses_are_model_losses():
+    """The torch step lists the layers and regularized weights once; it finds what `model.losses` walks for."""
+    import keras
+
+    from mtbench.plugins.backends.torch_eager_step import OwnLosses
+
+    class Penalised(keras.layers.Layer):
+        def call(self, x):
+            self.add_loss(0.5 * keras.ops.sum(x))
+            return x
+
+    inputs = keras.Input((3,))
+    outputs = keras.layers.Dense(2, kernel_regularizer=keras.regularizers.L2(0.1))(Penalised()(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(outputs))
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model(np.ones((2, 3), np.float32))
+    own = OwnLosses(model)()
+    assert len(own) == len(model.losses) == 2
+    np.testing.assert_allclose(sorted(float(loss) for loss in own), sorted(float(loss) for loss in model.losses))
+    assert OwnLosses(plain)() == plain.losses == []
