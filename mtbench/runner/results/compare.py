@@ -38,8 +38,8 @@ COMPARE_SCHEMA_VERSION = 1
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
 FIELD_TYPES = {field.name: field.type for field in dataclasses.fields(TrainConfig)}
 SETTING_TYPES = {name: FIELD_TYPES[name] for name in (*SIZE_KEYS, *SWEEP_KEYS)}
-# What the initial weights' shapes follow: the model's size, and --max-len (the position embeddings).
-SHAPE_KEYS = (*SIZE_KEYS, "max_len")
+# What the initial weights' shapes follow: the model's size, and --max-len or --block-size (the positions).
+SHAPE_KEYS = (*SIZE_KEYS, "max_len", "block_size")
 # The --matrix key that runs an entry with another environment's interpreter.
 PYTHON_KEY = "python"
 

@@ -25,9 +25,9 @@ from mtbench.runner.results.schema import schema_errors
 COMPARE_KIND = "mtbench-compare"
 REPORT_KIND = "mtbench-report"
 # What a sweep may vary beside the model size (configuration keys; with dashes, the --matrix keys and labels').
-SWEEP_KEYS = ("batch_size", "max_len", "max_tokens")
+SWEEP_KEYS = ("batch_size", "max_len", "max_tokens", "block_size", "dtype")
 # What a comparison is about: these may differ between the runs compared (a size sweep, a batch or length sweep).
-COMPARED_KEYS = ("backend", "extras", "dtype", *SIZE_KEYS, *SWEEP_KEYS)
+COMPARED_KEYS = tuple(dict.fromkeys(("backend", "extras", "dtype", *SIZE_KEYS, *SWEEP_KEYS)))
 # Derived from the keys above and the rest of the configuration, so never a difference of their own.
 DERIVED_KEYS = ("model", "parameters")
 # Where a run's files went, and how its start was written down (the weights' hash is compared instead).
