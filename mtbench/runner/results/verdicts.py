@@ -328,7 +328,7 @@ def break_even(run, against, compile_s, step_s):
                          faster_compiling=fast_compile, faster_stepping=fast_compile)
     steps = (compile_s[slow_compile] - compile_s[fast_compile]) / (step_s[fast_compile] - step_s[slow_compile])
     seconds = compile_s[fast_compile] + steps * step_s[fast_compile]
-    whole = math.ceil(steps)
+    whole = math.ceil(round(steps, 6))  # 2 / 0.01 is 200.00000000000003 in floats: 200 steps, not 201
     return BreakEven(run, against, f"{slow_compile} overtakes {fast_compile} after {whole:,} steps ({seconds:,.1f} s)",
                      whole, seconds, fast_compile, slow_compile)
 
