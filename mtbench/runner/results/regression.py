@@ -51,11 +51,11 @@ class Regression:
 
     def slower_beyond_threshold(self):
         """The runs whose tokens/s is slower than the baseline's by more than --fail-if-slower, the whole interval
-        past it (`verdicts.significantly_slower`)."""
+        past it (`verdicts.significantly_slower`) and past the noise floor where one was recorded."""
         if self.threshold is None:
             return []
         return [change for change in self.changes if change.figure == stats.SPEED_FIGURE and change.verdict
-                and stats.significantly_slower(change.verdict, self.threshold)]
+                and change.verdict.call == "slower" and stats.significantly_slower(change.verdict, self.threshold)]
 
     def lines(self):
         lines = [stats.noise_floor_line(self.noise_floor)]

@@ -222,13 +222,14 @@ FIGURE_WORDS = {"tokens_per_s": "tokens/s", "step_s_median": "steady step time",
 
 
 def call_of(interval, noise_floor=None):
-    """'faster', 'slower' or 'no difference': a difference is called only where the interval excludes 1 and the
-    ratio lies beyond the noise floor (a fraction, as `noise_floor_of` gives it)."""
-    speed, low, high = interval.speed()
-    beyond_floor = abs(math.log(speed)) > math.log1p(noise_floor or 0.0)
-    if low > 1 and beyond_floor:
+    """'faster', 'slower' or 'no difference': a difference is called only where the whole interval lies beyond
+    the noise floor (a fraction, as `noise_floor_of` gives it; without one, where the interval excludes 1): even
+    its bound nearest to 1 is a larger difference than the machine makes of one configuration run twice."""
+    _, low, high = interval.speed()
+    bound = 1 + (noise_floor or 0.0)
+    if low > bound:
         return "faster"
-    if high < 1 and beyond_floor:
+    if high < 1 / bound:
         return "slower"
     return "no difference"
 
