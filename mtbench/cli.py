@@ -397,7 +397,10 @@ def init_weights(backend, out, overwrite, **configuration):
 @click.option("--backends", help="Comma-separated backends, one run each (default: jax,torch).")
 @click.option("--extra", "extras", multiple=True, help="Extra for every run (repeatable)." + _extras_help())
 @click.option("--matrix", help="The runs as backend+extra+extra[@N][:flag=value,...], separated by ';': 'torch;torch+torch-compile;jax', 'jax:d-model=128;jax:d-model=256' (the size flags), 'jax:batch-size=16;torch:batch-size=16;jax:batch-size=64;torch:batch-size=64' (batch-size, max-len, max-tokens: a sweep), 'torch;torch:python=/path/venv/bin/python' (another environment's interpreter: other versions), or 'torch;torch+ddp@2' (2 processes under torchrun; the table adds their scaling efficiency). Instead of --backends and --extra.")
-@click.option("--repeats", type=int, default=1, show_default=True, help="Run everything N times; timings show median and min-max.")
+@click.option("--repeats", default="1", show_default=True, help="Run everything N times; timings show median and min-max. 'auto': repeat until every tokens/s interval is within --repeats-width, or --repeats-budget runs out.")
+@click.option("--repeats-width", default="3%", show_default=True, help="--repeats auto: the half width every tokens/s interval must come within.")
+@click.option("--repeats-budget", type=float, default=1800, show_default=True, metavar="SECONDS", help="--repeats auto: no repeat starts that would end past this many seconds.")
+@click.option("--aa", is_flag=True, help="Run the baseline twice in each repeat, interleaved (an A/A): its difference from itself is the noise floor, recorded and held to every verdict.")
 @click.option("--baseline", help="The run speed-ups are measured against (default: the first).")
 @run_configuration_options
 @click.option("--out", type=click.Path(dir_okay=False), help="Combined JSON (default mtbench-results/<time>-compare.json); the runs' files go into a folder beside it.")
@@ -406,14 +409,15 @@ def init_weights(backend, out, overwrite, **configuration):
 @click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True, help="Largest relative loss difference allowed between runs of the same dtype.")
 @report_option
 @handle_errors
-def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_steps, parity_tolerance, reporters,
-            **configuration):
+def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa, baseline, out, overwrite, parity_steps,
+            parity_tolerance, reporters, **configuration):
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
     from mtbench.runner.results.compare import (TORCH_COMPILED, ComparePlan, check_interpreters, check_same_hardware,
                                                 plan_runs, probe_devices, require_parity, run_compare)
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import resolve_reporters
+    repeats, auto = _compare_repeats(repeats, repeats_width, repeats_budget)
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
@@ -433,7 +437,7 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
     out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
     plan = ComparePlan(specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
-                       parity_tolerance, chosen_reporters, interpreters)
+                       parity_tolerance, chosen_reporters, interpreters, aa, auto)
     console = Console()
     if compiled_added:
         console.print(f"torch sees a CUDA GPU: it trains eager and compiled ({TORCH_COMPILED}, --compile-mode "
@@ -447,18 +451,36 @@ def compare(backends, extras, matrix, repeats, baseline, out, overwrite, parity_
     _require_reporting_succeeded(failures)
 
 
+def _compare_repeats(repeats, width, budget):
+    """(repeats, AutoRepeats or None) of compare's --repeats N or auto."""
+    from mtbench.runner.results.compare import AutoRepeats
+    from mtbench.runner.results.verdicts import parse_percent
+    if repeats.strip().lower() == "auto":
+        return None, AutoRepeats(parse_percent(width, "--repeats-width"), budget)
+    try:
+        return int(repeats), None
+    except ValueError:
+        raise MtbenchError(f"--repeats: '{repeats}' is neither a number of repeats nor 'auto'") from None
+
+
 @main.command()
 @click.argument("results", nargs=-1, required=True, type=click.Path())
 @click.option("--format", "output_format", type=click.Choice(["table", "markdown", "csv", "json"]), default="table", show_default=True)
-@click.option("--baseline", help="The run speed-ups are measured against (default: the first).")
+@click.option("--baseline", help="The run speed-ups are measured against (default: the first); or OLD.json, a result or compare JSON: each run of RESULTS against the same run there, every timing figure with its interval.")
+@click.option("--fail-if-slower", metavar="PERCENT", help="With --baseline OLD.json: exit with code 1 when a run's tokens/s is slower than OLD's by more than PERCENT (5%), its whole interval past it.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also draw loss curves and tokens/s into this PNG.")
 @click.option("--force", is_flag=True, help="Report runs whose configurations differ beyond backend, extras and dtype.")
 @click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True)
 @click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True)
 @report_option
 @handle_errors
-def report(results, output_format, baseline, plot, force, parity_steps, parity_tolerance, reporters):
-    """Show saved results (single-run or compare JSONs) side by side; --report hands each run to a reporter."""
+def report(results, output_format, baseline, fail_if_slower, plot, force, parity_steps, parity_tolerance, reporters):
+    """Show saved results (single-run or compare JSONs) side by side; --report hands each run to a reporter.
+    With --baseline OLD.json, hold each run against the same run of OLD (a regression gate with --fail-if-slower)."""
+    if baseline and (baseline.endswith(".json") or os.path.isfile(baseline)):
+        return _report_against_file(results, baseline, output_format, fail_if_slower, plot, force)
+    if fail_if_slower is not None:
+        raise MtbenchError("--fail-if-slower needs --baseline OLD.json, the results to hold the runs against")
     from mtbench.runner.results import report as reporting
     from mtbench.runner.results.reporting import run_reporters
     from mtbench.runner.setup import resolve_reporters
@@ -469,7 +491,8 @@ def report(results, output_format, baseline, plot, force, parity_steps, parity_t
         chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
     runs = reporting.load_runs(results)
     comparison = reporting.build_comparison(runs, baseline=baseline, force=force,
-                                            parity_steps=parity_steps, parity_tolerance=parity_tolerance)
+                                            parity_steps=parity_steps, parity_tolerance=parity_tolerance,
+                                            noise_floor=reporting.recorded_noise_floor(results))
     if plot:
         from mtbench.runner.results.plots import comparison_figure, save_figure
         save_figure(comparison_figure(comparison), plot)
@@ -489,6 +512,24 @@ def report(results, output_format, baseline, plot, force, parity_steps, parity_t
         failures += run_reporters(chosen_reporters, registry, run.result, Console(stderr=output_format != "table"),
                                   run.source)
     _require_reporting_succeeded(failures)
+
+
+def _report_against_file(results, baseline, output_format, fail_if_slower, plot, force):
+    from mtbench.runner.results import regression
+    from mtbench.runner.results.verdicts import parse_percent
+    if plot:
+        raise MtbenchError("--plot draws a comparison, not a report against --baseline OLD.json")
+    threshold = None if fail_if_slower is None else parse_percent(fail_if_slower, "--fail-if-slower")
+    held = regression.build_regression(results, baseline, force, threshold)
+    if output_format == "table":
+        console = Console()
+        console.print(regression.rich_table(held))
+        for line in held.lines():
+            console.print(line, highlight=False)
+    else:
+        render = {"markdown": regression.to_markdown, "csv": regression.to_csv, "json": regression.to_json}
+        click.echo(render[output_format](held), nl=False)
+    regression.require_not_slower(held)
 
 
 @main.command()

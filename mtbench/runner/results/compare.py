@@ -7,6 +7,7 @@ framework and spawns `python -m mtbench` once for the weights file and once for 
 
 import dataclasses
 import importlib.util
+import itertools
 import json
 import os
 import shlex
@@ -29,6 +30,7 @@ from mtbench.runner.results.schema import result_stem
 from mtbench.runner.results.report import (COMPARE_KIND, SWEEP_KEYS, LoadedRun, build_comparison,
                                            environment_names, to_json_dict)
 from mtbench.runner.results.reporting import run_reporters
+from mtbench.runner.results import verdicts as stats
 from mtbench.runner.setup import require_extra_spanning_processes, resolve_backend, resolve_extras
 
 COMPARE_SCHEMA_VERSION = 1
@@ -53,6 +55,7 @@ class RunSpec:
     python: str = None  # the interpreter it runs under (absolute), where an entry names another environment's
     python_name: str = None  # the interpreter's name in the label (`environment_names`)
     model: str = "transformer"  # --model of the comparison (every run's), as its label names it
+    twin: bool = False  # the baseline's A/A twin (--aa): the same run again, measuring the noise floor
 
     @property
     def label(self):
@@ -292,6 +295,8 @@ class ComparePlan:
     parity_tolerance: float
     reporters: list = ()     # Reporter objects, run here on every run's result (the runs themselves report nothing)
     interpreters: dict = None  # `check_interpreters` of the specs, where the caller asked already
+    aa: bool = False         # --aa: the baseline runs twice in each repeat, interleaved, to measure the noise floor
+    auto: "AutoRepeats" = None  # --repeats auto (then `repeats` is None): repeat until narrow enough or out of time
 
     @property
     def baseline_spec(self):
@@ -317,12 +322,63 @@ class ComparePlan:
         return list({spec.shape: spec for spec in self.specs}.values())
 
     def run_file(self, spec, repeat, suffix=".json"):
-        return os.path.join(self.runs_dir, f"{spec.label}-{repeat}{suffix}")
+        return os.path.join(self.runs_dir, f"{spec.label}{'-aa' if spec.twin else ''}-{repeat}{suffix}")
+
+    def round(self, repeat):
+        """(spec, repeat) of one repeat, in the order they run. With --aa the baseline's twin runs beside the
+        baseline, after it in odd repeats and before it in even ones, so neither always runs first."""
+        runs = [(spec, repeat) for spec in self.specs]
+        if self.aa:
+            at = self.specs.index(self.baseline_spec) + repeat % 2
+            runs.insert(at, (dataclasses.replace(self.baseline_spec, twin=True), repeat))
+        return runs
 
     def schedule(self):
         """(spec, repeat) in the order they run: round-robin over repeats, so a slow drift of the machine (heat,
-        a neighbour's load) touches every run alike instead of the last ones."""
-        return [(spec, repeat) for repeat in range(1, self.repeats + 1) for spec in self.specs]
+        a neighbour's load) touches every run alike instead of the last ones. Under --repeats auto, the first
+        repeat (how many follow depends on their figures)."""
+        return [run for repeat in range(1, (self.repeats or 1) + 1) for run in self.round(repeat)]
+
+    @property
+    def repeats_text(self):
+        if self.auto is None:
+            return f"{self.repeats} repeat(s)"
+        return (f"repeats until every tokens/s interval is within ±{self.auto.width:.1%} or {self.auto.budget_s:g} s "
+                f"have passed")
+
+
+@dataclass(frozen=True)
+class AutoRepeats:
+    """--repeats auto: repeat every run until every tokens/s interval lies within ±`width` of its ratio (after at
+    least `verdicts.MIN_REPEATS` repeats), or until another repeat would end past `budget_s` seconds, or at
+    `most` repeats."""
+    width: float = stats.DEFAULT_WIDTH
+    budget_s: float = 1800.0
+    most: int = 50
+
+
+def auto_repeats_end(auto, repeats, widest, elapsed_s, round_s):
+    """What ends --repeats auto after `repeats` repeats (None: another repeat): {'ended_by': 'width', 'budget' or
+    'most', ...} with the sentence that says so. `widest`: the widest tokens/s interval's half width so far (None
+    where there is none yet); `round_s`: the last repeat's time, which the next is expected to take."""
+    if widest is not None and widest <= auto.width and repeats >= stats.MIN_REPEATS:
+        ended_by = "width"
+        text = f"every tokens/s interval is within ±{widest:.1%} (goal ±{auto.width:.1%})"
+    elif repeats >= auto.most:
+        ended_by, text = "most", f"{auto.most} repeats, the most it runs"
+    elif elapsed_s + round_s > auto.budget_s:
+        ended_by = "budget"
+        text = (f"the time budget: {elapsed_s:,.0f} s of {auto.budget_s:g} s used, and another repeat would take "
+                f"about {round_s:,.0f} s")
+    else:
+        return None
+    widest_text = "" if ended_by == "width" or widest is None else \
+        f"; the widest tokens/s interval is ±{widest:.1%} (goal ±{auto.width:.1%})"
+    few = f"; only {repeats} repeat(s), fewer than the {stats.MIN_REPEATS} the interval needs" \
+        if repeats < stats.MIN_REPEATS else ""
+    return {"ended_by": ended_by, "repeats": repeats, "width": auto.width, "widest": widest, "budget_s": auto.budget_s,
+            "elapsed_s": elapsed_s,
+            "text": f"--repeats auto ended by {ended_by} after {repeats} repeat(s): {text}{widest_text}{few}"}
 
 
 def runs_dir(out):
@@ -331,8 +387,13 @@ def runs_dir(out):
 
 
 def validate_plan(plan, registry):
-    if plan.repeats < 1:
+    if plan.auto is None and plan.repeats < 1:
         raise MtbenchError(f"--repeats must be at least 1, got {plan.repeats}")
+    if plan.auto is not None and len(plan.specs) < 2 and not plan.aa:
+        raise MtbenchError("--repeats auto repeats until the intervals between runs are narrow: give two runs or "
+                           "more, or --aa")
+    if plan.auto is not None and not plan.auto.budget_s > 0:
+        raise MtbenchError(f"--repeats-budget must be positive, got {plan.auto.budget_s:g}")
     if plan.parity_steps < 1:
         raise MtbenchError(f"--parity-steps must be at least 1, got {plan.parity_steps}")
     if not plan.parity_tolerance > 0:
@@ -437,14 +498,19 @@ class CompareProgress:
     runs: list = dataclasses.field(default_factory=list)      # LoadedRun of every run that finished
     entries: list = dataclasses.field(default_factory=list)   # their entries in the combined JSON
     doing: str = "starting"                                   # what runs now, for an interruption's message
+    twins: list = dataclasses.field(default_factory=list)      # LoadedRun of every A/A twin (--aa) that finished
+    twin_entries: list = dataclasses.field(default_factory=list)
+    auto: dict = None                                         # what ended --repeats auto
     log_file: str = None                                      # its log
     run: tuple = None  # (spec, repeat, result file, its mtime before the run) while a run trains
 
     def add(self, spec, repeat, result, result_file, log_file):
-        self.runs.append(LoadedRun(result, result_file))
-        self.entries.append({"label": spec.label, "repeat": repeat, "position": len(self.entries) + 1,
-                             "status": result.get("status"), "result_file": os.path.abspath(result_file),
-                             "log_file": os.path.abspath(log_file), "python": spec.interpreter, "result": result})
+        runs, entries = (self.twins, self.twin_entries) if spec.twin else (self.runs, self.entries)
+        runs.append(LoadedRun(result, result_file))
+        entries.append({"label": spec.label + (" (A/A twin)" if spec.twin else ""), "repeat": repeat,
+                        "position": len(self.entries) + len(self.twin_entries) + 1,
+                        "status": result.get("status"), "result_file": os.path.abspath(result_file),
+                        "log_file": os.path.abspath(log_file), "python": spec.interpreter, "result": result})
 
 
 def run_compare(plan, registry, console):
@@ -452,19 +518,47 @@ def run_compare(plan, registry, console):
     reporters' failures). A Ctrl-C stops the run under way (it writes its partial result), writes the combined
     JSON of what finished, marked interrupted, and ends with RunInterrupted naming those files."""
     validate_plan(plan, registry)
-    schedule = plan.schedule()
-    console.print(f"compare: {', '.join(spec.label for spec in plan.specs)}; {plan.repeats} repeat(s), "
-                  f"{len(schedule)} runs, each in its own process")
+    twin = f" (and {plan.baseline_spec.label} again in each, A/A)" if plan.aa else ""
+    console.print(f"compare: {', '.join(spec.label for spec in plan.specs)}; {plan.repeats_text}{twin}, each run in "
+                  f"its own process")
     progress = CompareProgress()
     report_failures = []
     try:
         write_weights_files(plan, console, progress)
-        for number, (spec, repeat) in enumerate(schedule, start=1):
-            report_failures += train_one(plan, registry, console, progress, number, spec, repeat)
+        number, started = 0, time.perf_counter()
+        for repeat in itertools.count(1):
+            round_started = time.perf_counter()
+            if repeat > 1 and plan.auto is not None:  # the first repeat's files were checked with the plan
+                for spec, _ in plan.round(repeat):
+                    check_output_path(plan.run_file(spec, repeat), plan.overwrite)
+            for spec, _ in plan.round(repeat):
+                number += 1
+                report_failures += train_one(plan, registry, console, progress, number, spec, repeat)
+            if plan.auto is None:
+                if repeat >= plan.repeats:
+                    break
+                continue
+            now = time.perf_counter()
+            widest = max((stats.half_width(low, high) for low, high in _auto_intervals(plan, progress)),
+                         default=None)
+            progress.auto = auto_repeats_end(plan.auto, repeat, widest, now - started, now - round_started)
+            if progress.auto:
+                console.print(progress.auto["text"], highlight=False)
+                break
     except KeyboardInterrupt:
         raise interrupted(plan, progress) from None
     comparison, combined = write_combined(plan, progress)
     return comparison, combined, report_failures
+
+
+def _auto_intervals(plan, progress):
+    """(low, high) of the tokens/s intervals --repeats auto waits to narrow: every run against the baseline, and
+    the A/A."""
+    comparison = _comparison(plan, progress)
+    found = [by_figure[stats.SPEED_FIGURE] for by_figure in comparison.verdicts.values()
+             if stats.SPEED_FIGURE in by_figure]
+    twin = ((comparison.noise_floor or {}).get("figures") or {}).get(stats.SPEED_FIGURE)
+    return [(verdict.low, verdict.high) for verdict in found] + ([(twin["low"], twin["high"])] if twin else [])
 
 
 def write_weights_files(plan, console, progress):
@@ -490,13 +584,17 @@ def _overwrite(plan):
 
 
 def _run_name(plan, spec, repeat):
-    return f"run '{spec.label}'" + (f" (repeat {repeat} of {plan.repeats})" if plan.repeats > 1 else "")
+    name = f"run '{spec.label}'" + (" (A/A twin)" if spec.twin else "")
+    if plan.auto is not None:
+        return name + f" (repeat {repeat})"
+    return name + (f" (repeat {repeat} of {plan.repeats})" if plan.repeats > 1 else "")
 
 
 def train_one(plan, registry, console, progress, number, spec, repeat):
     """Trains one run of the schedule in its own process and adds its result to `progress`; returns the
     reporters' failures."""
-    name, total = _run_name(plan, spec, repeat), len(plan.specs) * plan.repeats
+    name = _run_name(plan, spec, repeat)
+    total = "?" if plan.auto else len(plan.schedule())
     result_file, log_file = plan.run_file(spec, repeat), plan.run_file(spec, repeat, ".log")
     weights = progress.weights[spec.shape]
     extras = [argument for extra in spec.extras for argument in ("--extra", extra)]
@@ -523,7 +621,8 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
         raise RunFailure(f"{name} did not start from {weights['file']}: it records sha256 "
                          f"{result['config'].get('initial_weights_sha256')}")
     tokens = result["timing"]["tokens_per_s"]
-    console.print(f"[{number}/{total}] {spec.label}" + (f" #{repeat}" if plan.repeats > 1 else "") +
+    console.print(f"[{number}/{total}] {spec.label}" + (" (A/A twin)" if spec.twin else "") +
+                  (f" #{repeat}" if plan.auto or plan.repeats > 1 else "") +
                   f": {time.perf_counter() - started:.1f} s, "
                   f"{'n/a' if tokens is None else f'{tokens:,.0f}'} tokens/s, "
                   f"final loss {result['history'][-1]['loss']:.3f}")
@@ -536,20 +635,48 @@ def _written(path, mtime_before):
     return os.path.exists(path) and os.stat(path).st_mtime_ns != mtime_before
 
 
-def write_combined(plan, progress, status="completed", status_reason=None):
-    """Builds the comparison of the runs that finished and writes the combined JSON; returns (Comparison, JSON)."""
+def _baseline_runs(plan, progress):
+    return [run for run, entry in zip(progress.runs, progress.entries) if entry["label"] == plan.baseline_spec.label]
+
+
+def _comparison(plan, progress):
     # The baseline spec's first run (an interrupted comparison may lack it): its label in the comparison may
     # name more than the spec's (a key another run sweeps).
-    baseline = next((run for run, entry in zip(progress.runs, progress.entries)
-                     if entry["label"] == plan.baseline_spec.label), None)
-    comparison = build_comparison(progress.runs, baseline=baseline,
-                                  parity_steps=plan.parity_steps, parity_tolerance=plan.parity_tolerance)
+    baseline = next(iter(_baseline_runs(plan, progress)), None)
+    return build_comparison(progress.runs, baseline=baseline, parity_steps=plan.parity_steps,
+                            parity_tolerance=plan.parity_tolerance,
+                            noise_floor=noise_floor_record(plan.baseline_spec.label,
+                                                           [run.result for run in _baseline_runs(plan, progress)],
+                                                           [run.result for run in progress.twins]))
+
+
+def noise_floor_record(label, baseline, twins):
+    """The noise floor an A/A measured (the `baseline` run's results and its `twins`', repeat by repeat): for each
+    window figure its ratio, interval and floor (`verdicts.noise_floor_of`); None without twins."""
+    count = min(len(baseline), len(twins))
+    figures = {}
+    for key in stats.WINDOW_FIGURES:
+        interval = stats.ratio_interval(key, twins[:count], baseline[:count], paired=True) if count else None
+        if interval is not None:
+            figures[key] = {"floor": stats.noise_floor_of(interval), "ratio": interval.ratio, "low": interval.low,
+                            "high": interval.high, "repeats": count}
+    if not figures:
+        return None
+    return {"measured_by": f"A/A: run '{label}' twice in each of {count} repeat(s), interleaved",
+            "figures": figures}
+
+
+def write_combined(plan, progress, status="completed", status_reason=None):
+    """Builds the comparison of the runs that finished and writes the combined JSON; returns (Comparison, JSON)."""
+    comparison = _comparison(plan, progress)
     weights = progress.weights
     combined = combined_json(comparison, progress.entries, {"status": status, "status_reason": status_reason}, {
         "initial_weights": weights[plan.baseline_spec.shape],
         "initial_weights_by_size": {shape_label(shape): record for shape, record in weights.items()},
         "run_order": "round-robin: every run once, then every run again for each further repeat (each run's "
                      "`position` is its place in that order)",
+        "repeats_auto": progress.auto,
+        "aa_runs": progress.twin_entries,
     })
     write_json_atomic(plan.out, combined)
     return comparison, combined
@@ -577,8 +704,8 @@ def combined_json(comparison, runs, status, about):
 def interrupted(plan, progress):
     """After a Ctrl-C: keeps the interrupted run's partial result, writes the combined JSON of every run that has
     a result (status 'interrupted'), and returns the one-line error naming what was written (exit code 130)."""
-    total = len(plan.specs) * plan.repeats
-    finished = len(progress.entries)
+    total = "?" if plan.auto else len(plan.schedule())
+    finished = len(progress.entries) + len(progress.twin_entries)
     kept = [f"log {progress.log_file}"] if progress.log_file and os.path.exists(progress.log_file) else []
     if progress.run:
         spec, repeat, result_file, before = progress.run

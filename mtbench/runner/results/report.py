@@ -12,6 +12,7 @@ import json
 import os
 import statistics
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 from rich.table import Table
 
@@ -21,6 +22,7 @@ from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS
                                  run_processes, run_warnings, scored_sentences_text, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import schema_errors
+from mtbench.runner.results import verdicts as stats
 
 COMPARE_KIND = "mtbench-compare"
 REPORT_KIND = "mtbench-report"
@@ -258,6 +260,46 @@ class Comparison:
     baseline: RunGroup
     parity: object  # parity.ParityReport
     swept: tuple = ()  # the SWEEP_KEYS whose value differs between the runs
+    noise_floor: dict = None  # the A/A measure a compare recorded (`noise_floor_record`), None where none was
+
+    def floor(self, key):
+        """The noise floor of figure `key` (a fraction), None where no A/A measured it."""
+        return (((self.noise_floor or {}).get("figures") or {}).get(key) or {}).get("floor")
+
+    @cached_property
+    def verdicts(self):
+        """{group label: {figure: Verdict}} of every run but the baseline against the baseline, for the figures
+        whose interval counts the windows within runs (tokens/s, steady step time); a figure neither run has is
+        left out."""
+        found = {}
+        reference = self.baseline.results
+        for group in self.groups:
+            if group is self.baseline:
+                continue
+            paired = stats.same_session(group.results, reference)
+            for key in stats.WINDOW_FIGURES:
+                interval = stats.ratio_interval(key, group.results, reference, paired)
+                if interval is not None:
+                    found.setdefault(group.label, {})[key] = stats.verdict(group.label, self.baseline.label, interval,
+                                                                           self.floor(key))
+        return found
+
+    def break_even(self, group):
+        """After how many steps `group` and the baseline overtake each other (`verdicts.break_even`, from the
+        medians over repeats of their compile time and steady step time); None for the baseline."""
+        if group is self.baseline:
+            return None
+        pair = (group, self.baseline)
+        return stats.break_even(group.label, self.baseline.label,
+                                {g.label: g.stat("compile_s").median for g in pair},
+                                {g.label: g.stat("step_s_median").median for g in pair})
+
+    def target_time(self, group):
+        """(median time to the target quality with compilation, without it) over the repeats that reached it."""
+        times = [t for t in map(stats.target_times, group.results) if t is not None]
+        if not times:
+            return None
+        return tuple(float(statistics.median(side)) for side in zip(*times))
 
     @property
     def config(self):
@@ -334,8 +376,10 @@ def _parity_names(groups):
             for group in groups for i, run in enumerate(group.runs, start=1)]
 
 
-def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS, parity_tolerance=PARITY_TOLERANCE):
-    """`baseline`: a group's label, or one of `runs` (compare names its baseline run so, whatever its label)."""
+def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS, parity_tolerance=PARITY_TOLERANCE,
+                     noise_floor=None):
+    """`baseline`: a group's label, or one of `runs` (compare names its baseline run so, whatever its label).
+    `noise_floor`: an A/A measure a compare recorded (`compare.noise_floor_record`)."""
     if not force:
         check_comparable(runs)
     groups = group_runs(runs)
@@ -352,7 +396,19 @@ def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS
     swept = swept_keys([run.result for run in runs])
     parity = check_parity(_parity_names(ordered), lambda result: parity_class(result, swept), steps=parity_steps,
                           tolerance=parity_tolerance)
-    return Comparison(groups, chosen, parity, swept)
+    return Comparison(groups, chosen, parity, swept, noise_floor)
+
+
+def recorded_noise_floor(paths):
+    """The noise floor recorded in the compare JSONs among `paths` (`noise_floor`, where `compare --aa` measured
+    one): the widest where several did, None where none did."""
+    found = []
+    for path in paths:
+        data = _read_json(path)
+        if isinstance(data, dict) and data.get("kind") == COMPARE_KIND and data.get("noise_floor"):
+            found.append(data["noise_floor"])
+    return max(found, key=lambda record: max((f.get("floor") or 0 for f in record["figures"].values()), default=0),
+               default=None)
 
 
 # ---- rendering -------------------------------------------------------------------------------------------------
@@ -394,7 +450,48 @@ def table_cells(comparison):
                  *(_speedup_cell(comparison, group) for group in groups)])
     if any(comparison.scaling(group) for group in groups):
         rows.append(["scaling efficiency (N processes vs N x 1)", *(_scaling_cell(comparison, group) for group in groups)])
+    rows += verdict_rows(comparison)
     return header, rows
+
+
+VERDICT_TITLES = {"tokens_per_s": "tokens/s vs {} (95 % interval)", "step_s_median": "steady step vs {} (95 % interval)"}
+
+
+def verdict_rows(comparison):
+    """The rows of the verdicts: each speed figure against the baseline with its interval, the break-even with
+    compilation, and the time to the target quality with and without compilation where a run reached it."""
+    groups, baseline = comparison.groups, comparison.baseline
+
+    def cell(group, text):
+        return "(baseline)" if group is baseline else text
+
+    rows = []
+    for key, title in VERDICT_TITLES.items():
+        found = [comparison.verdicts.get(group.label, {}).get(key) for group in groups]
+        if any(found):
+            rows.append([title.format(baseline.label), *(cell(group, verdict.cell() if verdict else "n/a")
+                                                          for group, verdict in zip(groups, found))])
+    evens = [comparison.break_even(group) for group in groups]
+    if any(evens):
+        rows.append([f"break-even vs {baseline.label} (compile + steps)",
+                     *(cell(group, even.text if even else "n/a") for group, even in zip(groups, evens))])
+    targets = [comparison.target_time(group) for group in groups]
+    if any(targets):
+        figure = FIGURES_BY_KEY["train_s"]
+        for index, title in enumerate(("time to target, with compilation (s)", "time to target, without compilation (s)")):
+            rows.append([title, *(figure.text(target[index]) if target else "n/a" for target in targets)])
+    return rows
+
+
+def verdict_lines(comparison):
+    """The noise floor, every verdict in words, why an interval may be too narrow, and every break-even."""
+    lines = [stats.noise_floor_line(comparison.noise_floor)] if comparison.noise_floor or comparison.verdicts else []
+    found = [verdict for by_figure in comparison.verdicts.values() for verdict in by_figure.values()]
+    lines += [verdict.text for verdict in found]
+    lines += [f"interval warning: {text}" for text in dict.fromkeys(w for verdict in found for w in verdict.warnings)]
+    lines += [f"break-even: {even.text}" for even in map(comparison.break_even, comparison.groups)
+              if even and even.steps is not None]
+    return lines
 
 
 def _scaling_cell(comparison, group):
@@ -424,7 +521,7 @@ def context_lines(comparison):
     return [f"configuration: {describe_configuration(comparison.config)}",
             *([f"test sentences scored: {scored}"] if scored else []),
             *([f"ranking not reliable: {ranking['reason']}"] if ranking["reason"] else []),
-            *comparison.parity.lines(), *energy_and_cost_lines(comparison)]
+            *comparison.parity.lines(), *energy_and_cost_lines(comparison), *verdict_lines(comparison)]
 
 
 def energy_and_cost_lines(comparison):
@@ -488,8 +585,19 @@ def summary(comparison):
             "speedup": comparison.speedup(group),
             "processes": run_processes(group.first),
             "scaling": comparison.scaling(group),
+            "verdicts": {key: verdict.to_dict() for key, verdict in comparison.verdicts.get(group.label, {}).items()},
+            "break_even": _as_dict(comparison.break_even(group)),
+            "time_to_target": _target_dict(comparison.target_time(group)),
         })
     return entries
+
+
+def _as_dict(value):
+    return None if value is None else value.to_dict()
+
+
+def _target_dict(times):
+    return None if times is None else {"with_compilation_s": times[0], "without_compilation_s": times[1]}
 
 
 def to_json_dict(comparison):
@@ -503,6 +611,9 @@ def to_json_dict(comparison):
                     ((group.label, comparison.scaling(group)) for group in comparison.groups) if scaling is not None},
         "parity": comparison.parity.to_dict(),
         "ranking": comparison.ranking(),
+        "noise_floor": comparison.noise_floor,
+        "verdicts": [verdict.to_dict() for by_figure in comparison.verdicts.values() for verdict in by_figure.values()],
+        "break_even": [even.to_dict() for even in map(comparison.break_even, comparison.groups) if even],
     }
 
 
@@ -520,6 +631,9 @@ def to_csv(comparison):
     for figure in FIGURES:
         columns += [figure.key, f"{figure.key}_min", f"{figure.key}_max"] if figure.is_timing else [figure.key]
     columns += ["speedup", "processes", "scaling_efficiency"]
+    for key in stats.WINDOW_FIGURES:
+        columns += [f"{key}_ratio", f"{key}_ratio_low", f"{key}_ratio_high", f"{key}_verdict"]
+    columns += ["break_even_steps", "break_even_s", "time_to_target_s", "time_to_target_without_compile_s"]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
@@ -534,5 +648,12 @@ def to_csv(comparison):
                 row[f"{figure.key}_min"], row[f"{figure.key}_max"] = stat["low"], stat["high"]
         row["speedup"], row["processes"] = entry["speedup"], entry["processes"]
         row["scaling_efficiency"] = entry["scaling"] and entry["scaling"]["efficiency"]
+        for key, verdict in entry["verdicts"].items():
+            row[f"{key}_ratio"], row[f"{key}_ratio_low"], row[f"{key}_ratio_high"], row[f"{key}_verdict"] = \
+                verdict["ratio"], verdict["low"], verdict["high"], verdict["call"]
+        even, target = entry["break_even"] or {}, entry["time_to_target"] or {}
+        row["break_even_steps"], row["break_even_s"] = even.get("steps"), even.get("seconds")
+        row["time_to_target_s"] = target.get("with_compilation_s")
+        row["time_to_target_without_compile_s"] = target.get("without_compilation_s")
         writer.writerow({key: "" if value is None else value for key, value in row.items()})
     return buffer.getvalue()

@@ -1,0 +1,168 @@
+"""`mtbench report NEW.json --baseline OLD.json`: every run of NEW against the same run of OLD, each timing figure
+with its interval, the figures that changed beyond the noise named, and `--fail-if-slower` as a gate for CI.
+
+The statistics are `verdicts`'; this module matches the runs, renders the rows and decides the gate.
+"""
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+
+from rich.table import Table
+
+from mtbench.errors import MtbenchError
+from mtbench.plugins.api import FIGURES_BY_KEY
+from mtbench.runner.results import verdicts as stats
+from mtbench.runner.results.report import check_comparable, group_runs, load_runs, recorded_noise_floor
+
+REGRESSION_KIND = "mtbench-regression"
+# The figures held against the baseline: how fast each run trains, compiles and finishes.
+GATE_FIGURES = ("tokens_per_s", "step_s_median", "step_s_p90", "compile_s", "train_s", "total_s")
+SLOWER_EXIT_CODE = 1
+
+
+@dataclass
+class Change:
+    label: str
+    figure: str
+    baseline: float   # the median over the baseline's repeats
+    new: float        # the median over NEW's
+    verdict: object   # verdicts.Verdict, or None where no interval could be drawn
+    reason: str = None  # why not
+
+    def to_dict(self):
+        return {"label": self.label, "figure": self.figure, "baseline": self.baseline, "new": self.new,
+                "verdict": None if self.verdict is None else self.verdict.to_dict(), "reason": self.reason}
+
+
+@dataclass
+class Regression:
+    new: list             # NEW's files
+    baseline: str         # OLD's file
+    changes: list         # Change of every figure of every run both have
+    only_new: list        # labels of NEW's runs the baseline lacks
+    only_baseline: list
+    noise_floor: dict
+    threshold: float = None  # --fail-if-slower, a fraction
+
+    def beyond_noise(self):
+        return [change for change in self.changes if change.verdict and change.verdict.call != "no difference"]
+
+    def slower_beyond_threshold(self):
+        """The runs whose tokens/s is slower than the baseline's by more than --fail-if-slower, the whole interval
+        past it (`verdicts.significantly_slower`) and past the noise floor where one was recorded."""
+        if self.threshold is None:
+            return []
+        return [change for change in self.changes if change.figure == stats.SPEED_FIGURE and change.verdict
+                and change.verdict.call == "slower" and stats.significantly_slower(change.verdict, self.threshold)]
+
+    def lines(self):
+        lines = [stats.noise_floor_line(self.noise_floor)]
+        changed = self.beyond_noise()
+        lines += [f"changed beyond the noise: {change.verdict.text}" for change in changed] or \
+            ["no figure changed beyond the noise"]
+        warnings = dict.fromkeys(w for change in self.changes if change.verdict for w in change.verdict.warnings)
+        lines += [f"interval warning: {text}" for text in warnings]
+        lines += [f"only in {', '.join(self.new)}: {label}" for label in self.only_new]
+        lines += [f"only in {self.baseline}: {label}" for label in self.only_baseline]
+        if self.threshold is not None:
+            slower = self.slower_beyond_threshold()
+            lines.append(f"--fail-if-slower {self.threshold:.0%}: " + (
+                "; ".join(change.verdict.text for change in slower) if slower else
+                "no run is slower beyond it"))
+        return lines
+
+
+def build_regression(new_paths, baseline_path, force=False, threshold=None):
+    new_runs, old_runs = load_runs(new_paths), load_runs([baseline_path])
+    if not force:
+        check_comparable(old_runs + new_runs)
+    new_groups, old_groups = ({group.label: group for group in group_runs(runs)} for runs in (new_runs, old_runs))
+    both = [label for label in new_groups if label in old_groups]
+    if not both:
+        raise MtbenchError(f"no run of {', '.join(new_paths)} is in {baseline_path} (they have "
+                           f"{', '.join(new_groups)}; it has {', '.join(old_groups)})")
+    floor = recorded_noise_floor([*new_paths, baseline_path])
+    floors = (floor or {}).get("figures") or {}
+    changes = []
+    for label in both:
+        new, old = new_groups[label], old_groups[label]
+        for key in GATE_FIGURES:
+            medians = old.stat(key).median, new.stat(key).median
+            if None in medians:
+                continue
+            interval = stats.ratio_interval(key, new.results, old.results)
+            verdict = interval and stats.verdict(f"{label} (new)", f"{label} (baseline)", interval,
+                                                 (floors.get(key) or {}).get("floor"))
+            changes.append(Change(label, key, *medians, verdict,
+                                  None if verdict else "one repeat on a side: no interval over repeats"))
+    return Regression(list(new_paths), baseline_path, changes, [label for label in new_groups if label not in both],
+                      [label for label in old_groups if label not in both], floor, threshold)
+
+
+HEADER = ("run", "figure", "baseline", "new", "new / baseline (95 % interval)", "verdict")
+
+
+def rows(regression):
+    out = []
+    for change in regression.changes:
+        figure = FIGURES_BY_KEY[change.figure]
+        verdict = change.verdict
+        ratio = (f"{verdict.ratio:.3f}x ({stats.range_text(verdict.low, verdict.high)})" if verdict else
+                 f"{change.new / change.baseline:.3f}x" if change.baseline else "n/a")
+        out.append([change.label, figure.title, figure.text(change.baseline), figure.text(change.new), ratio,
+                    verdict.cell() if verdict else change.reason])
+    return out
+
+
+def rich_table(regression):
+    table = Table(title=f"mtbench report: against the baseline {regression.baseline}")
+    for index, column in enumerate(HEADER):
+        table.add_column(column, justify="right" if 2 <= index <= 4 else "left")
+    for row in rows(regression):
+        table.add_row(*row)
+    return table
+
+
+def to_markdown(regression):
+    line = lambda cells: "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+    lines = [line(HEADER), "|---|---|---:|---:|---:|---|", *map(line, rows(regression)), ""]
+    return "\n".join(lines + [f"- {text}" for text in regression.lines()]) + "\n"
+
+
+def to_json_dict(regression):
+    return {"kind": REGRESSION_KIND, "new": regression.new, "baseline": regression.baseline,
+            "noise_floor": regression.noise_floor, "changes": [change.to_dict() for change in regression.changes],
+            "beyond_noise": [change.verdict.text for change in regression.beyond_noise()],
+            "only_in_new": regression.only_new, "only_in_baseline": regression.only_baseline,
+            "fail_if_slower": regression.threshold,
+            "slower_beyond_threshold": [change.label for change in regression.slower_beyond_threshold()]}
+
+
+def to_json(regression):
+    return json.dumps(to_json_dict(regression), indent=2) + "\n"
+
+
+CSV_COLUMNS = ("label", "figure", "baseline", "new", "ratio", "ratio_low", "ratio_high", "verdict", "reason")
+
+
+def to_csv(regression):
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for change in regression.changes:
+        verdict = change.verdict
+        writer.writerow({"label": change.label, "figure": change.figure, "baseline": change.baseline,
+                         "new": change.new, "ratio": verdict.ratio if verdict else "",
+                         "ratio_low": verdict.low if verdict else "", "ratio_high": verdict.high if verdict else "",
+                         "verdict": verdict.call if verdict else "", "reason": change.reason or ""})
+    return buffer.getvalue()
+
+
+def require_not_slower(regression):
+    """Ends with exit code 1 where --fail-if-slower found a run slower beyond its threshold."""
+    slower = regression.slower_beyond_threshold()
+    if slower:
+        raise MtbenchError(f"slower than the baseline by more than {regression.threshold:.0%}: "
+                           f"{'; '.join(change.verdict.text for change in slower)}", SLOWER_EXIT_CODE)

@@ -1,0 +1,358 @@
+"""Verdicts with their uncertainty: pure functions on numbers, no framework and no I/O.
+
+- `ratio_interval`: the ratio of a speed figure of two runs (tokens/s, steady step time) with a 95 % interval, from
+  a two-level bootstrap of the log ratio: the repeats of each run are resampled (jointly where the runs were
+  interleaved, so repeat k of one stays paired with repeat k of the other), and within each repeat its steady
+  timing windows. Other timing figures (one number per repeat) are resampled over repeats alone.
+- `verdict`: the interval in words ('torch is 1.23x faster than jax in tokens/s (1.19–1.27)'), where a difference
+  that is not beyond the interval or not beyond the noise floor is 'no difference beyond the noise'.
+- `noise_floor_of`: how far from 1 an A/A ratio (the same configuration twice) strays: the machine's noise floor.
+- `break_even`: after how many steps a run that steps faster overtakes one that compiles faster.
+- `target_times`: time to the target quality with and without compilation.
+
+The method and its assumptions are described in docs/results.md ("Verdicts and their intervals"). Every bootstrap
+draws from a generator of fixed seed, so the same results always give the same intervals.
+"""
+
+import math
+import re
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from mtbench.plugins.api import FIGURES_BY_KEY
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+SEED = 30  # fixed: the same results give the same intervals, run after run
+# Fewer repeats than this, and the bootstrap over repeats has too few distinct resamples (3 for 2 repeats, 10 for
+# 3, 126 for 5) to place the 2.5th and 97.5th percentiles: the interval then understates the run-to-run noise.
+MIN_REPEATS = 5
+# Fewer steady timing windows in a run than this, and the bootstrap within it has too few to resample.
+MIN_WINDOWS = 10
+DEFAULT_WIDTH = 0.03  # --repeats auto: until every interval lies within +-3 % of its ratio
+# The figures whose interval counts the windows within each run: (how a repeat's windows give the figure,
+# whether a higher value is faster).
+WINDOW_FIGURES = {"tokens_per_s": ("tokens over seconds", True), "step_s_median": ("median window step", False)}
+# Timing figures where a higher value is faster; every other timing figure is a time (lower is faster).
+HIGHER_IS_FASTER = {"tokens_per_s", "mfu"}
+SPEED_FIGURE = "tokens_per_s"  # what "faster" and "slower" of a run mean: a regression gate judges it
+
+
+def steady_windows(history):
+    """The steady timing windows of a run's `history`, as an array of rows (seconds, steps, tokens): consecutive
+    entries that are not first of their shape, `window_steps` of them at a time (each entry holds its window's
+    mean, so a window's seconds are its entries' sum). Results written before `window_steps` count each step as a
+    window of its own."""
+    windows, i = [], 0
+    while i < len(history):
+        entry = history[i]
+        if entry.get("first_of_shape") or entry.get("seconds") is None:
+            i += 1
+            continue
+        size = max(int(entry.get("window_steps") or 1), 1)
+        members = [entry]
+        while len(members) < size and i + len(members) < len(history):
+            following = history[i + len(members)]
+            if following.get("first_of_shape") or following.get("seconds") is None:
+                break
+            members.append(following)
+        windows.append((sum(m["seconds"] for m in members), len(members), sum(m.get("tokens") or 0 for m in members)))
+        i += len(members)
+    return np.array(windows, dtype=float).reshape(-1, 3)
+
+
+def window_figure(key, windows):
+    """A window figure of one run's windows: tokens/s (tokens over seconds) or the median per-step time."""
+    if key == "tokens_per_s":
+        return windows[:, 2].sum() / windows[:, 0].sum()
+    return float(np.median(windows[:, 0] / windows[:, 1]))
+
+
+def _resampled_window_figure(key, windows, rng, resamples):
+    """The figure of `resamples` bootstrap resamples of a run's windows (drawn with replacement, as many as it
+    has), as an array; in chunks, so that a long run's windows never fill the memory."""
+    count = len(windows)
+    out = np.empty(resamples)
+    chunk = max(1, 2_000_000 // max(count, 1))
+    order = np.argsort(windows[:, 0] / windows[:, 1])
+    per_step = (windows[:, 0] / windows[:, 1])[order]
+    for start in range(0, resamples, chunk):
+        n = min(chunk, resamples - start)
+        counts = rng.multinomial(count, np.full(count, 1.0 / count), size=n)
+        if key == "tokens_per_s":
+            out[start:start + n] = (counts @ windows[:, 2]) / (counts @ windows[:, 0])
+        else:  # the lower median of the resampled per-step times
+            cumulative = np.cumsum(counts[:, order], axis=1)
+            out[start:start + n] = per_step[np.argmax(cumulative >= (count + 1) // 2, axis=1)]
+    return out
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A ratio (candidate over reference) of one figure, with its interval and what it rests on."""
+    figure: str
+    ratio: float
+    low: float
+    high: float
+    repeats: tuple        # (candidate's, reference's)
+    paired: bool          # repeats resampled jointly (the runs were interleaved)
+    windows: tuple        # fewest steady windows in a repeat of each run (None for a figure of whole runs)
+    method: str
+
+    @property
+    def half_width(self):
+        return half_width(self.low, self.high)
+
+    def speed(self):
+        return speed_of(self)
+
+
+def speed_of(ratio):
+    """(ratio, low, high) of an Interval or a Verdict as speed: above 1 the candidate is faster (a time figure's
+    ratio inverted)."""
+    if ratio.figure in HIGHER_IS_FASTER:
+        return ratio.ratio, ratio.low, ratio.high
+    return 1 / ratio.ratio, 1 / ratio.high, 1 / ratio.low
+
+
+def half_width(low, high):
+    """An interval's half width, relative: (high/low)^(1/2) - 1 (0.03: the ratio ±3 %)."""
+    return math.sqrt(high / low) - 1
+
+
+def _log_values(values):
+    values = [v for v in values if v is not None and v > 0]
+    return np.log(np.array(values, dtype=float))
+
+
+def ratio_interval(key, candidate, reference, paired=False, resamples=RESAMPLES, seed=SEED, confidence=CONFIDENCE):
+    """The candidate's `key` over the reference's, with its bootstrap interval, or None where either lacks it.
+
+    `candidate`, `reference`: the results of each run's repeats. For the WINDOW_FIGURES the statistic is the
+    difference of the two runs' geometric means over their repeats of the figure of each repeat's windows, both
+    levels resampled; for any other timing figure it is the same difference of the repeats' own values, resampled
+    over repeats (None unless both runs have at least two). `paired`: the repeats were interleaved (repeat k of
+    one beside repeat k of the other) and are as many: they are resampled jointly."""
+    rng = np.random.default_rng(seed)
+    if key in WINDOW_FIGURES:
+        sides = [[w for w in (steady_windows(r["history"]) for r in results) if len(w)] for results in
+                 (candidate, reference)]
+        if not all(sides):
+            return None
+        points = [np.log([window_figure(key, w) for w in side]) for side in sides]
+        resampled = [np.log(np.array([_resampled_window_figure(key, w, rng, resamples) for w in side]))
+                     for side in sides]  # each (repeats, resamples)
+        windows = tuple(min(len(w) for w in side) for side in sides)
+        method = "bootstrap of the log ratio over repeats and the steady windows within each"
+    else:
+        figure = FIGURES_BY_KEY[key]
+        points = [_log_values([figure.value(r) for r in results]) for results in (candidate, reference)]
+        if min(len(p) for p in points) < 2:
+            return None
+        resampled = [np.repeat(p[:, None], resamples, axis=1) for p in points]
+        windows = None
+        method = "bootstrap of the log ratio over repeats"
+    counts = tuple(len(p) for p in points)
+    paired = paired and counts[0] == counts[1] and counts[0] > 1
+    picks = [rng.integers(count, size=(resamples, count)) for count in counts]
+    if paired:
+        picks[1] = picks[0]
+    columns = np.arange(resamples)[:, None]
+    means = [values[pick, columns].mean(axis=1) for values, pick in zip(resampled, picks)]
+    statistic = means[0] - means[1]
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(statistic, [tail, 100 - tail])
+    point = points[0].mean() - points[1].mean()
+    return Interval(key, float(math.exp(point)), float(math.exp(min(low, point))), float(math.exp(max(high, point))),
+                    counts, paired, windows, method)
+
+
+def same_session(candidate, reference):
+    """Whether two runs' repeats were interleaved in one comparison (every result names the same `run_group`,
+    which `mtbench compare` sets) and are as many: their repeats are paired."""
+    groups = {(r.get("config") or {}).get("run_group") for r in (*candidate, *reference)}
+    return len(groups) == 1 and None not in groups and len(candidate) == len(reference) > 1
+
+
+# ---- words -------------------------------------------------------------------------------------------------------
+
+def factor_text(value):
+    return f"{value:.2f}"
+
+
+def range_text(low, high):
+    return f"{factor_text(low)}–{factor_text(high)}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    run: str
+    against: str
+    figure: str
+    ratio: float
+    low: float
+    high: float
+    call: str          # 'faster', 'slower' or 'no difference'
+    text: str
+    noise_floor: float  # the floor it was held to (a fraction), None where none was measured
+    repeats: tuple
+    paired: bool
+    warnings: tuple
+
+    def to_dict(self):
+        return {**asdict(self), "repeats": list(self.repeats), "warnings": list(self.warnings)}
+
+    def speed(self):
+        return speed_of(self)
+
+    def cell(self):
+        """'1.23x faster (1.19–1.27)', 'no difference (0.98–1.04)': a table's cell, as speed."""
+        speed, low, high = self.speed()
+        if self.call == "slower":
+            return f"{factor_text(1 / speed)}x slower ({range_text(1 / high, 1 / low)})"
+        if self.call == "faster":
+            return f"{factor_text(speed)}x faster ({range_text(low, high)})"
+        return f"no difference ({range_text(low, high)})"
+
+
+FIGURE_WORDS = {"tokens_per_s": "tokens/s", "step_s_median": "steady step time", "step_s_p90": "steady step p90",
+                "compile_s": "compile time", "train_s": "train time", "total_s": "total time",
+                "translate_s": "test translation time", "mfu": "MFU"}
+
+
+def call_of(interval, noise_floor=None):
+    """'faster', 'slower' or 'no difference': a difference is called only where the whole interval lies beyond
+    the noise floor (a fraction, as `noise_floor_of` gives it; without one, where the interval excludes 1): even
+    its bound nearest to 1 is a larger difference than the machine makes of one configuration run twice."""
+    _, low, high = interval.speed()
+    bound = 1 + (noise_floor or 0.0)
+    if low > bound:
+        return "faster"
+    if high < 1 / bound:
+        return "slower"
+    return "no difference"
+
+
+def repeat_warnings(interval):
+    """Why an interval may be too narrow: too few repeats for the bootstrap over them, or too few windows within
+    a run."""
+    warnings = []
+    fewest = min(interval.repeats)
+    if fewest < MIN_REPEATS:
+        what = ("the intervals count only the noise within each run, not between runs" if fewest == 1 else
+                "the interval understates the noise between runs")
+        warnings.append(f"{fewest} repeat{'s' if fewest > 1 else ''}: {what} (--repeats {MIN_REPEATS} or more, or "
+                        f"--repeats auto)")
+    if interval.windows and min(interval.windows) < MIN_WINDOWS:
+        warnings.append(f"{min(interval.windows)} steady timing windows in a run: too few to resample "
+                        f"(at least {MIN_WINDOWS}: more --steps, or a smaller --timing-window)")
+    return warnings
+
+
+def verdict(run, against, interval, noise_floor=None):
+    """The interval of `run` against `against` in words, as a Verdict."""
+    call = call_of(interval, noise_floor)
+    what = FIGURE_WORDS.get(interval.figure, interval.figure)
+    speed, low, high = interval.speed()
+    if call == "faster":
+        text = f"{run} is {factor_text(speed)}x faster than {against} in {what} ({range_text(low, high)})"
+    elif call == "slower":
+        text = f"{run} is {factor_text(1 / speed)}x slower than {against} in {what} ({range_text(1 / high, 1 / low)})"
+    else:
+        excluded = low > 1 or high < 1  # a difference, but not beyond the noise floor
+        inside = f", within the noise floor of ±{noise_floor:.1%}" if excluded and noise_floor else ""
+        text = f"{run}: no difference from {against} in {what} beyond the noise ({range_text(low, high)}{inside})"
+    return Verdict(run, against, interval.figure, interval.ratio, interval.low, interval.high, call, text,
+                   noise_floor, interval.repeats, interval.paired, tuple(repeat_warnings(interval)))
+
+
+def noise_floor_line(record):
+    """'noise floor: tokens/s ±2.1 %, steady step time ±0.9 % (A/A: ...)' of a recorded noise floor."""
+    if not record:
+        return "noise floor: not measured (compare --aa measures one): differences are held to their intervals alone"
+    floors = ", ".join(f"{FIGURE_WORDS.get(key, key)} ±{entry['floor']:.1%}" for key, entry in record["figures"].items())
+    return f"noise floor: {floors} ({record['measured_by']})"
+
+
+def noise_floor_of(interval):
+    """The noise floor an A/A interval (the same configuration twice) shows: how far from 1 its farther bound
+    lies, as a fraction (0.021: differences up to ±2.1 % arise from the machine alone)."""
+    return math.exp(max(abs(math.log(interval.low)), abs(math.log(interval.high)))) - 1
+
+
+def parse_percent(text, option):
+    """'5%', '5 %' or '5' -> 0.05; a one-line MtbenchError names `option` otherwise."""
+    from mtbench.errors import MtbenchError
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*%?\s*", str(text))
+    if not match or not 0 < float(match.group(1)) < 100:
+        raise MtbenchError(f"{option}: '{text}' is not a percentage between 0 and 100 (such as 5%)")
+    return float(match.group(1)) / 100
+
+
+def significantly_slower(interval, threshold):
+    """Whether the candidate is slower than the reference by more than `threshold` (a fraction) with the whole
+    interval past it: its time per unit of work is above 1 + threshold even at the interval's faster bound."""
+    _, _, high = interval.speed()
+    return 1 / high > 1 + threshold
+
+
+# ---- compilation -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BreakEven:
+    run: str
+    against: str
+    text: str
+    steps: int = None          # steps after which the faster-stepping run has caught up (None: never)
+    seconds: float = None      # the training time (compilation included) at that point
+    faster_compiling: str = None
+    faster_stepping: str = None
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def break_even(run, against, compile_s, step_s):
+    """After how many steps the faster-stepping of two runs overtakes the faster-compiling one, where the total
+    time of n steps is compile_s + n x step_s (each run's own figures, `compile_s` and `step_s` as
+    {name: value}). None where either lacks a figure."""
+    if any(compile_s.get(name) is None or step_s.get(name) is None for name in (run, against)):
+        return None
+    (c_run, c_against), (s_run, s_against) = (compile_s[run], compile_s[against]), (step_s[run], step_s[against])
+    if c_run == c_against or s_run == s_against:
+        same = "compile" if c_run == c_against else "step"
+        return BreakEven(run, against, f"never: both {same} alike, so the other figure decides from the start")
+    fast_compile, slow_compile = (run, against) if c_run < c_against else (against, run)
+    if (s_run < s_against) == (c_run < c_against):
+        return BreakEven(run, against, f"never: {fast_compile} compiles faster and steps faster",
+                         faster_compiling=fast_compile, faster_stepping=fast_compile)
+    steps = (compile_s[slow_compile] - compile_s[fast_compile]) / (step_s[fast_compile] - step_s[slow_compile])
+    seconds = compile_s[fast_compile] + steps * step_s[fast_compile]
+    whole = math.ceil(round(steps, 6))  # 2 / 0.01 is 200.00000000000003 in floats: 200 steps, not 201
+    return BreakEven(run, against, f"{slow_compile} overtakes {fast_compile} after {whole:,} steps ({seconds:,.1f} s)",
+                     whole, seconds, fast_compile, slow_compile)
+
+
+def compile_excess(history, up_to_step=None):
+    """The compilation of a run's first-of-shape steps up to `up_to_step` (all without it): each one's time less
+    the median steady step of its shape (of all steady steps where its shape has none), at least 0, summed (as
+    `timing.compile_s` counts it)."""
+    steady = [h for h in history if not h.get("first_of_shape") and h.get("seconds") is not None]
+    everything = float(np.median([h["seconds"] for h in steady])) if steady else 0.0
+    total = 0.0
+    for entry in history:
+        if not entry.get("first_of_shape") or (up_to_step is not None and entry["step"] > up_to_step):
+            continue
+        same = [h["seconds"] for h in steady if h.get("shape") == entry.get("shape")]
+        total += max(entry["seconds"] - (float(np.median(same)) if same else everything), 0.0)
+    return total
+
+
+def target_times(result):
+    """(time to the target with compilation, without it) in seconds, or None where the run reached no target."""
+    target = result.get("target") or {}
+    seconds, step = target.get("time_to_target_s"), target.get("steps_to_target")
+    if seconds is None or step is None:
+        return None
+    return seconds, max(seconds - compile_excess(result["history"], step), 0.0)

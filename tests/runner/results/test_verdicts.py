@@ -1,0 +1,279 @@
+"""The statistics of verdicts on synthetic histories, no training: windows, intervals of the log ratio, verdicts
+held to the noise floor, break-even with compilation, time to target without it, --repeats auto's stopping rule,
+and how compare and report render them."""
+
+import csv
+import io
+import math
+
+import numpy as np
+import pytest
+
+from mtbench.errors import MtbenchError
+from mtbench.runner.results import verdicts as stats
+from mtbench.runner.results.report import LoadedRun, build_comparison, table_cells, to_csv, to_json_dict, to_markdown
+
+COMPILE_S = 1.5
+
+
+def history(step_s, windows=20, window=4, noise=0.03, seed=0, tokens=800, compile_s=COMPILE_S, drift=1.0):
+    """A run's history: one first-of-shape step (compilation), then `windows` timing windows of `window` steps
+    whose per-step time scatters by `noise` around `step_s` x `drift`."""
+    rng = np.random.default_rng(seed)
+    entries = [{"step": 1, "seconds": compile_s + step_s, "window_steps": 1, "tokens": tokens, "shape": [32, 32],
+                "first_of_shape": True, "loss": 7.0}]
+    for _ in range(windows):
+        share = step_s * drift * math.exp(rng.normal(0, noise))
+        for _ in range(window):
+            entries.append({"step": len(entries) + 1, "seconds": share, "window_steps": window, "tokens": tokens,
+                            "shape": [32, 32], "first_of_shape": False, "loss": 7.0 - 0.01 * len(entries)})
+    return entries
+
+
+def result(backend="jax", extras=(), step_s=0.015, seed=0, group="c", **history_options):
+    steps = history(step_s, seed=seed, **history_options)
+    steady = [h["seconds"] for h in steps if not h["first_of_shape"]]
+    return {
+        "backend": backend, "extras": list(extras), "train_step": "jax-jit-stateless",
+        "config": {"dtype": "float32", "steps": len(steps), "seed": 0, "preset": "tiny", "dataset": "bible-en-fr",
+                   "max_len": 32, "batch_size": 32, "max_pairs": 4000, "run_group": group},
+        "model": {"dtype_policy": "float32", "attention": {"causal": "xla (unfused)", "masked": "xla (unfused)"}},
+        "env": {"device": {"kind": "cpu", "name": "CPU"}, "cpu_count": 2, "keras": "3", "python": "3.11"},
+        "timing": {"compile_s": stats.compile_excess(steps), "step_s_median": float(np.median(steady)),
+                   "step_s_p90": float(np.percentile(steady, 90)),
+                   "tokens_per_s": sum(h["tokens"] for h in steps[1:]) / sum(steady), "train_s": None,
+                   "total_s": None},
+        "memory": {"peak_host_bytes": None, "peak_device_bytes": None},
+        "metrics": dict.fromkeys(("train_loss", "val_loss", "test_loss", "val_accuracy", "test_accuracy", "bleu",
+                                  "chrf")),
+        "history": steps, "target": None,
+    }
+
+
+def repeats(count, seed=0, **options):
+    return [result(seed=seed + number, **options) for number in range(count)]
+
+
+def test_windows_group_a_windows_steps_and_leave_out_compilation():
+    steps = history(0.01, windows=3, window=4)
+    steps[-1]["window_steps"] = steps[-2]["window_steps"] = 2  # a last, shorter window
+    steps[-3]["window_steps"] = steps[-4]["window_steps"] = 2
+    windows = stats.steady_windows(steps)
+    assert windows.shape == (4, 3)
+    assert list(windows[:, 1]) == [4, 4, 2, 2] and list(windows[:, 2]) == [3200, 3200, 1600, 1600]
+    assert windows[0, 0] == pytest.approx(4 * steps[1]["seconds"])
+    old = [{k: v for k, v in h.items() if k != "window_steps"} for h in steps]  # before window_steps: a step each
+    assert len(stats.steady_windows(old)) == 12
+
+
+def test_the_same_configuration_twice_is_no_difference():
+    interval = stats.ratio_interval("tokens_per_s", repeats(5, seed=10), repeats(5, seed=20), paired=True)
+    assert interval.low < 1 < interval.high and interval.repeats == (5, 5) and interval.paired
+    verdict = stats.verdict("jax+same-step", "jax", interval)
+    assert verdict.call == "no difference" and verdict.warnings == ()
+    assert verdict.text.startswith("jax+same-step: no difference from jax in tokens/s beyond the noise (")
+    # reproducible: the bootstrap's generator has a fixed seed
+    assert stats.ratio_interval("tokens_per_s", repeats(5, seed=10), repeats(5, seed=20), paired=True) == interval
+
+
+def test_a_slowed_run_is_slower_with_an_interval_that_excludes_1():
+    slow, fast = repeats(3, step_s=0.015 * 1.3), repeats(3, seed=5)
+    for key in stats.WINDOW_FIGURES:
+        interval = stats.ratio_interval(key, slow, fast)
+        speed, low, high = interval.speed()
+        assert high < 1 and speed == pytest.approx(1 / 1.3, rel=0.03), key
+        verdict = stats.verdict("jax+slow-step", "jax", interval)
+        assert verdict.call == "slower"
+        assert verdict.text.startswith(f"jax+slow-step is {1 / speed:.2f}x slower than jax in "
+                                       f"{stats.FIGURE_WORDS[key]} ({1 / high:.2f}–{1 / low:.2f})")
+        assert verdict.cell() == f"{1 / speed:.2f}x slower ({1 / high:.2f}–{1 / low:.2f})"
+        assert verdict.warnings == ("3 repeats: the interval understates the noise between runs (--repeats 5 or "
+                                    "more, or --repeats auto)",)
+    faster = stats.verdict("jax", "jax+slow-step", stats.ratio_interval("tokens_per_s", fast, slow))
+    assert faster.call == "faster" and faster.text.startswith("jax is 1.3")
+
+
+def test_pairing_interleaved_repeats_removes_the_drift_they_share():
+    """Each repeat k of both runs ran on the machine in the same state (a drift of ±10 % between repeats): paired,
+    the interval is far narrower than unpaired."""
+    drifts = [0.9, 1.0, 1.1, 0.95, 1.05]
+    fast = [result(seed=i, drift=d, noise=0.005) for i, d in enumerate(drifts)]
+    slow = [result(seed=10 + i, drift=d * 1.04, noise=0.005) for i, d in enumerate(drifts)]
+    paired = stats.ratio_interval("tokens_per_s", slow, fast, paired=True)
+    unpaired = stats.ratio_interval("tokens_per_s", slow, fast, paired=False)
+    assert paired.half_width < unpaired.half_width / 3
+    assert stats.call_of(paired) == "slower" and stats.call_of(unpaired) == "no difference"
+    assert stats.same_session(slow, fast) and not stats.same_session(slow, fast[:4])
+
+
+def test_a_difference_inside_the_noise_floor_is_not_called_one():
+    slow, fast = repeats(5, step_s=0.015 * 1.03, noise=0.002), repeats(5, seed=9, noise=0.002)
+    interval = stats.ratio_interval("tokens_per_s", slow, fast)
+    assert interval.high < 1
+    assert stats.verdict("b", "a", interval).call == "slower"
+    held = stats.verdict("b", "a", interval, noise_floor=0.05)
+    assert held.call == "no difference" and held.noise_floor == 0.05
+    assert held.text.endswith(", within the noise floor of ±5.0%)")
+    # the floor an A/A shows is how far its farther bound strays from 1
+    aa = stats.ratio_interval("tokens_per_s", repeats(5, seed=1), repeats(5, seed=2), paired=True)
+    floor = stats.noise_floor_of(aa)
+    assert floor == pytest.approx(max(aa.high, 1 / aa.low) - 1)
+
+
+def test_one_repeat_and_few_windows_are_warned_of():
+    interval = stats.ratio_interval("step_s_median", [result(windows=6)], [result(seed=3, windows=6)])
+    assert interval.repeats == (1, 1) and interval.windows == (6, 6)
+    assert stats.repeat_warnings(interval) == [
+        "1 repeat: the intervals count only the noise within each run, not between runs (--repeats 5 or more, or "
+        "--repeats auto)",
+        "6 steady timing windows in a run: too few to resample (at least 10: more --steps, or a smaller "
+        "--timing-window)"]
+    # figures of whole runs are resampled over repeats alone: none with one repeat
+    assert stats.ratio_interval("compile_s", [result()], [result()]) is None
+    assert stats.ratio_interval("compile_s", repeats(2), repeats(2)).method == "bootstrap of the log ratio over repeats"
+
+
+def test_break_even_against_a_hand_count():
+    # b compiles 2 s slower but steps 10 ms faster: it catches up after 200 steps, 1 + 200 x 0.03 = 7 s
+    even = stats.break_even("b", "a", {"a": 1.0, "b": 3.0}, {"a": 0.03, "b": 0.02})
+    assert (even.steps, even.seconds, even.faster_compiling, even.faster_stepping) == (200, pytest.approx(7.0), "a", "b")
+    assert even.text == "b overtakes a after 200 steps (7.0 s)"
+    odd = stats.break_even("b", "a", {"a": 1.0, "b": 3.5}, {"a": 0.03, "b": 0.02})
+    assert odd.steps == 250
+    never = stats.break_even("b", "a", {"a": 1.0, "b": 0.5}, {"a": 0.03, "b": 0.02})
+    assert never.steps is None and never.text == "never: b compiles faster and steps faster"
+    assert stats.break_even("b", "a", {"a": None, "b": 0.5}, {"a": 0.03, "b": 0.02}) is None
+
+
+def test_time_to_target_with_and_without_compilation():
+    run = result(compile_s=2.0)
+    assert stats.compile_excess(run["history"]) == pytest.approx(2.0, abs=0.01)
+    run["target"] = {"time_to_target_s": 5.0, "steps_to_target": 40}
+    assert stats.target_times(run) == pytest.approx((5.0, 3.0), abs=0.01)
+    assert stats.target_times(result()) is None
+
+
+def test_auto_repeats_ends_on_width_budget_or_count():
+    from mtbench.runner.results.compare import AutoRepeats, auto_repeats_end
+    auto = AutoRepeats(width=0.03, budget_s=100)
+    assert auto_repeats_end(auto, 5, 0.02, 50, 10) ["ended_by"] == "width"
+    assert auto_repeats_end(auto, 3, 0.02, 50, 10) is None  # narrow, but too few repeats to trust it
+    budget = auto_repeats_end(auto, 2, 0.08, 95, 10)
+    assert budget["ended_by"] == "budget" and budget["text"] == (
+        "--repeats auto ended by budget after 2 repeat(s): the time budget: 95 s of 100 s used, and another repeat "
+        "would take about 10 s; the widest tokens/s interval is ±8.0% (goal ±3.0%); only 2 repeat(s), fewer than "
+        "the 5 the interval needs")
+    assert auto_repeats_end(AutoRepeats(most=4), 4, 0.2, 1, 1)["ended_by"] == "most"
+
+
+@pytest.mark.parametrize("text, expected", [("5%", 0.05), ("5 %", 0.05), ("2.5", 0.025), (".5%", 0.005)])
+def test_percentages(text, expected):
+    assert stats.parse_percent(text, "--x") == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "-5%", "0", "100%", "5%%"])
+def test_bad_percentages(text):
+    with pytest.raises(MtbenchError, match=r"^--x: '.*' is not a percentage between 0 and 100 \(such as 5%\)$"):
+        stats.parse_percent(text, "--x")
+
+
+def test_the_gate_fails_only_where_the_whole_interval_is_past_the_threshold():
+    fast = repeats(5, noise=0.002)
+    much = stats.ratio_interval("tokens_per_s", repeats(5, seed=7, step_s=0.015 * 1.2, noise=0.002), fast)
+    little = stats.ratio_interval("tokens_per_s", repeats(5, seed=7, step_s=0.015 * 1.03, noise=0.002), fast)
+    same = stats.ratio_interval("tokens_per_s", repeats(5, seed=7), fast)
+    assert stats.significantly_slower(much, 0.05)
+    assert not stats.significantly_slower(little, 0.05) and stats.call_of(little) == "slower"
+    assert not stats.significantly_slower(same, 0.05)
+
+
+def comparison(slow_factor=1.3, count=2):
+    runs = [LoadedRun(r, f"{label}-{i}.json") for label, rs in
+            (("jax", repeats(count, compile_s=3.0)), ("jax+slow-step", repeats(count, seed=50, extras=("slow-step",),
+                                                                               step_s=0.015 * slow_factor)))
+            for i, r in enumerate(rs)]
+    return build_comparison(runs)
+
+
+def test_compare_table_markdown_csv_and_json_carry_the_intervals():
+    compared = comparison()
+    verdict = compared.verdicts["jax+slow-step"]["tokens_per_s"]
+    assert verdict.call == "slower" and verdict.paired  # the same run_group: one compare's interleaved repeats
+    header, rows = table_cells(compared)
+    by_title = {row[0]: row[1:] for row in rows}
+    assert by_title["tokens/s vs jax (95 % interval)"] == ["(baseline)", verdict.cell()]
+    compile_s = {g.label: g.stat("compile_s").median for g in compared.groups}
+    step_s = {g.label: g.stat("step_s_median").median for g in compared.groups}
+    steps = math.ceil((compile_s["jax"] - compile_s["jax+slow-step"]) / (step_s["jax+slow-step"] - step_s["jax"]))
+    assert by_title["break-even vs jax (compile + steps)"][1].startswith(f"jax overtakes jax+slow-step after {steps:,} steps")
+    markdown = to_markdown(compared)
+    assert f"- {verdict.text}" in markdown and "- interval warning: 2 repeats" in markdown
+    assert "- noise floor: not measured" in markdown
+    row = {r["label"]: r for r in csv.DictReader(io.StringIO(to_csv(compared)))}["jax+slow-step"]
+    assert (float(row["tokens_per_s_ratio_low"]), float(row["tokens_per_s_ratio_high"])) == (verdict.low, verdict.high)
+    assert row["tokens_per_s_verdict"] == "slower" and int(row["break_even_steps"]) == steps
+    data = to_json_dict(compared)
+    assert data["verdicts"][0] == verdict.to_dict() and data["break_even"][0]["steps"] == steps
+    assert data["summary"][1]["verdicts"]["step_s_median"]["call"] == "slower"
+
+
+def test_a_recorded_noise_floor_is_shown_and_held_to():
+    from mtbench.runner.results.compare import noise_floor_record
+    baseline, twins = repeats(3), repeats(3, seed=30)
+    record = noise_floor_record("jax", baseline, twins)
+    assert record["measured_by"] == "A/A: run 'jax' twice in each of 3 repeat(s), interleaved"
+    interval = stats.ratio_interval("tokens_per_s", twins, baseline, paired=True)
+    assert record["figures"]["tokens_per_s"]["floor"] == stats.noise_floor_of(interval)
+    runs = [LoadedRun(r, "x.json") for r in baseline + repeats(3, seed=60, extras=("same-step",), step_s=0.0152)]
+    compared = build_comparison(runs, noise_floor={**record, "figures": {
+        key: {**entry, "floor": 0.05} for key, entry in record["figures"].items()}})
+    assert compared.verdicts["jax+same-step"]["tokens_per_s"].call == "no difference"
+    assert "noise floor: tokens/s ±5.0%, steady step time ±5.0% (A/A: run 'jax' twice in each of 3 repeat(s), " \
+           "interleaved)" in to_markdown(compared)
+
+
+def fake_compare(monkeypatch, tmp_path, plan):
+    """Runs compare's loop with each run's training replaced by a synthetic result (no process, no framework):
+    returns the combined JSON and the order the runs were trained in."""
+    from rich.console import Console
+    from mtbench.runner.results import compare
+    trained = []
+
+    def train_one(plan, registry, console, progress, number, spec, repeat):
+        trained.append((spec.label + ("~aa" if spec.twin else ""), repeat))
+        step_s = 0.015 * (1.3 if spec.extras else 1.0)
+        made = result(extras=spec.extras, step_s=step_s, seed=len(trained), noise=0.004, group="c")
+        progress.add(spec, repeat, made, str(tmp_path / f"{len(trained)}.json"), str(tmp_path / "log"))
+        return []
+
+    monkeypatch.setattr(compare, "validate_plan", lambda plan, registry: None)
+    monkeypatch.setattr(compare, "write_weights_files", lambda plan, console, progress: progress.weights.update(
+        {spec.shape: {"file": "w.npz", "sha256": "0", "drawn_on": "jax"} for spec in plan.specs}))
+    monkeypatch.setattr(compare, "train_one", train_one)
+    _, combined, _ = compare.run_compare(plan, None, Console(file=io.StringIO()))
+    return combined, trained
+
+
+def test_repeats_auto_stops_once_every_interval_is_narrow(monkeypatch, tmp_path):
+    from mtbench.runner.results.compare import AutoRepeats, ComparePlan, plan_runs
+    plan = ComparePlan(plan_runs(matrix="jax;jax+slow-step"), None, None, [], str(tmp_path / "c.json"), False, 50,
+                       0.01, aa=True, auto=AutoRepeats(width=0.03, budget_s=600))
+    combined, trained = fake_compare(monkeypatch, tmp_path, plan)
+    auto = combined["repeats_auto"]
+    assert auto["ended_by"] == "width" and auto["repeats"] == stats.MIN_REPEATS and auto["widest"] <= 0.03
+    assert auto["text"].startswith(f"--repeats auto ended by width after {stats.MIN_REPEATS} repeat(s): every "
+                                   f"tokens/s interval is within ±")
+    # the A/A twin beside the baseline, after it in odd repeats and before it in even ones
+    assert trained[:6] == [("jax", 1), ("jax~aa", 1), ("jax+slow-step", 1), ("jax~aa", 2), ("jax", 2),
+                           ("jax+slow-step", 2)]
+    assert len(combined["aa_runs"]) == stats.MIN_REPEATS and combined["noise_floor"]["figures"]["tokens_per_s"]["floor"] > 0
+    assert [entry["label"] for entry in combined["summary"]] == ["jax", "jax+slow-step"]  # the twin is no run of its own
+    assert combined["verdicts"][0]["call"] == "slower"
+
+
+def test_repeats_auto_stops_when_the_budget_runs_out(monkeypatch, tmp_path):
+    from mtbench.runner.results.compare import AutoRepeats, ComparePlan, plan_runs
+    plan = ComparePlan(plan_runs(matrix="jax;jax+slow-step"), None, None, [], str(tmp_path / "c.json"), False, 50,
+                       0.01, auto=AutoRepeats(width=0.03, budget_s=1e-6))
+    combined, trained = fake_compare(monkeypatch, tmp_path, plan)
+    assert combined["repeats_auto"]["ended_by"] == "budget" and len(trained) == 2

@@ -1,0 +1,170 @@
+"""Verdicts on real runs: a compare of the same computation under two names says "no difference", one against a
+run slowed by a fixed sleep per step (the `mtbench-pace` test plugin, pace_plugin.py) says "slower" with 1 outside
+its interval; the A/A noise floor is recorded; the break-even matches a hand count from the runs' own figures;
+`report --baseline OLD.json --fail-if-slower` exits 0 on the A/A pair and 1 on the slowed one; `--repeats auto`
+says what ended it."""
+
+import json
+import math
+import os
+import shutil
+import statistics
+
+import pytest
+
+from conftest import TINY_COMPARE, run_cli
+
+PACE = {"MTBENCH_LOAD_PLUGINS": "mtbench-pace"}
+# 30 steps in windows of 2: 15 steady windows a run, enough to resample within it.
+RUNS = [*TINY_COMPARE, "--steps", "30", "--timing-window", "2", "--measure-only"]
+
+
+@pytest.fixture(scope="module")
+def pace_env(tmp_path_factory):
+    """The environment of a process that loads the test plugin `mtbench-pace`, installed into a directory of its
+    own with an entry point, as a user's plugin package would be."""
+    site = tmp_path_factory.mktemp("pace-site")
+    shutil.copy(os.path.join(os.path.dirname(__file__), "pace_plugin.py"), site / "mtbench_pace.py")
+    info = site / "mtbench_pace-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mtbench-pace\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[mtbench]\npace = mtbench_pace\n")
+    return {**PACE, "PYTHONPATH": str(site) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+@pytest.fixture(scope="module")
+def paced(tmp_path_factory, cache_dir, pace_env):
+    """jax, jax+same-step (the same computation) and jax+slow-step, two repeats, with the A/A twin of jax."""
+    out = tmp_path_factory.mktemp("paced") / "paced.json"
+    proc = run_cli("compare", "--matrix", "jax;jax+same-step;jax+slow-step", "--repeats", "2", "--aa", *RUNS,
+                   "--cache-dir", cache_dir, "--out", str(out), env={**pace_env, "COLUMNS": "250"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"path": str(out), "combined": json.loads(out.read_text()), "stdout": proc.stdout}
+
+
+def verdicts_of(combined):
+    return {(verdict["run"], verdict["figure"]): verdict for verdict in combined["verdicts"]}
+
+
+@pytest.mark.slow
+def test_the_same_computation_is_no_difference_and_the_slowed_one_is_slower(paced):
+    combined, stdout = paced["combined"], paced["stdout"]
+    found = verdicts_of(combined)
+    same = found[("jax+same-step", "tokens_per_s")]
+    assert same["call"] == "no difference", same["text"]
+    assert same["text"].startswith("jax+same-step: no difference from jax in tokens/s beyond the noise (")
+    slow = found[("jax+slow-step", "tokens_per_s")]
+    assert slow["call"] == "slower" and slow["high"] < 1, slow  # the interval excludes 1
+    assert slow["paired"] and slow["repeats"] == [2, 2]
+    assert found[("jax+slow-step", "step_s_median")]["call"] == "slower"
+    assert slow["text"] in stdout and same["text"] in stdout
+    assert "interval warning: 2 repeats: the interval understates the noise between runs" in stdout
+    # the A/A twin: recorded, shown, and no run of the comparison
+    floor = combined["noise_floor"]
+    assert floor["measured_by"] == "A/A: run 'jax' twice in each of 2 repeat(s), interleaved"
+    assert set(floor["figures"]) == {"tokens_per_s", "step_s_median"}
+    assert f"noise floor: tokens/s ±{floor['figures']['tokens_per_s']['floor']:.1%}" in stdout
+    assert [(run["label"], run["repeat"]) for run in combined["aa_runs"]] == [("jax (A/A twin)", 1),
+                                                                               ("jax (A/A twin)", 2)]
+    assert [entry["label"] for entry in combined["summary"]] == ["jax", "jax+same-step", "jax+slow-step"]
+
+
+@pytest.mark.slow
+def test_break_even_matches_a_hand_count_from_the_runs_figures(paced):
+    combined = paced["combined"]
+    by_label = {}
+    for run in combined["runs"]:
+        by_label.setdefault(run["label"], []).append(run["result"]["timing"])
+    median = lambda label, key: statistics.median(timing[key] for timing in by_label[label])
+    even = {entry["run"]: entry for entry in combined["break_even"]}["jax+slow-step"]
+    c_jax, c_slow = median("jax", "compile_s"), median("jax+slow-step", "compile_s")
+    s_jax, s_slow = median("jax", "step_s_median"), median("jax+slow-step", "step_s_median")
+    assert s_slow > s_jax
+    if c_slow < c_jax:  # the slowed run compiled faster: jax overtakes it
+        steps = math.ceil(round((c_jax - c_slow) / (s_slow - s_jax), 6))
+        assert even["steps"] == steps and even["seconds"] == pytest.approx(c_slow + (c_jax - c_slow) /
+                                                                           (s_slow - s_jax) * s_slow)
+        text = f"jax overtakes jax+slow-step after {steps:,} steps"
+    else:
+        assert even["steps"] is None
+        text = "never: jax compiles faster and steps faster"
+    assert even["text"].startswith(text)
+    assert "break-even vs jax (compile + steps)" in paced["stdout"] and text in paced["stdout"]
+
+
+@pytest.mark.slow
+def test_report_of_the_compare_json_carries_the_intervals_in_every_format(paced):
+    import csv
+    import io
+    found = verdicts_of(paced["combined"])
+    csv_rows = {row["label"]: row for row in
+                csv.DictReader(io.StringIO(run_cli("report", paced["path"], "--format", "csv").stdout))}
+    slow = found[("jax+slow-step", "tokens_per_s")]
+    assert float(csv_rows["jax+slow-step"]["tokens_per_s_ratio_high"]) == pytest.approx(slow["high"])
+    assert csv_rows["jax+slow-step"]["tokens_per_s_verdict"] == "slower"
+    markdown = run_cli("report", paced["path"], "--format", "markdown").stdout
+    assert f"- {slow['text']}" in markdown and "| tokens/s vs jax (95 % interval) | (baseline) |" in markdown
+    assert "- noise floor: tokens/s ±" in markdown  # read back from the compare JSON
+    data = json.loads(run_cli("report", paced["path"], "--format", "json").stdout)
+    assert verdicts_of(data) == found and data["noise_floor"] == paced["combined"]["noise_floor"]
+
+
+def relabelled(entry, path):
+    """A run's result file as a run of plain `jax`, so that the regression gate holds it against jax's."""
+    result = dict(entry["result"], extras=[])
+    path.write_text(json.dumps(result))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_the_regression_gate_passes_the_aa_pair_and_fails_the_slowed_one(paced, tmp_path):
+    runs = paced["combined"]["runs"]
+    jax = [run["result_file"] for run in runs if run["label"] == "jax"]
+    twins = [run["result_file"] for run in paced["combined"]["aa_runs"]]
+    slowed = [relabelled(run, tmp_path / f"slowed-{run['repeat']}.json") for run in runs
+              if run["label"] == "jax+slow-step"]
+    baseline = tmp_path / "old.json"  # the baseline's two repeats, as a compare JSON of them alone would hold
+    baseline.write_text(json.dumps({**paced["combined"], "runs": [r for r in runs if r["label"] == "jax"]}))
+
+    same = run_cli("report", *twins, "--baseline", str(baseline), "--fail-if-slower", "5%", "--format", "json")
+    assert same.returncode == 0, same.stderr
+    data = json.loads(same.stdout)
+    assert data["slower_beyond_threshold"] == [] and data["fail_if_slower"] == 0.05
+    tokens = next(c for c in data["changes"] if c["figure"] == "tokens_per_s")
+    assert tokens["label"] == "jax" and tokens["verdict"]["call"] == "no difference"
+
+    slow = run_cli("report", *slowed, "--baseline", str(baseline), "--fail-if-slower", "5%", env={"COLUMNS": "250"})
+    assert slow.returncode == 1, slow.stderr
+    lines = slow.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: slower than the baseline by more than 5%: jax (new) is ")
+    assert "changed beyond the noise: jax (new) is " in slow.stdout and "x slower than jax (baseline) in tokens/s (" \
+        in slow.stdout
+    assert run_cli("report", *slowed, "--baseline", str(baseline)).returncode == 0  # no gate, no failure
+    missing = run_cli("report", *jax, "--baseline", str(tmp_path / "absent.json"))
+    assert missing.returncode == 2 and missing.stderr.strip() == f"Error: {tmp_path / 'absent.json'}: no such file"
+
+
+@pytest.mark.slow
+def test_repeats_auto_says_the_budget_ended_it(tmp_path, cache_dir, pace_env):
+    out = tmp_path / "auto.json"
+    proc = run_cli("compare", "--matrix", "jax;jax+same-step", "--repeats", "auto", "--repeats-budget", "1", *RUNS,
+                   "--cache-dir", cache_dir, "--out", str(out), env={**pace_env, "COLUMNS": "250"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    auto = json.loads(out.read_text())["repeats_auto"]
+    assert auto["ended_by"] == "budget" and auto["repeats"] == 1 and auto["budget_s"] == 1
+    assert "--repeats auto ended by budget after 1 repeat(s): the time budget: " in proc.stdout
+    assert "fewer than the 5 the interval needs" in proc.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--repeats", "many"], "--repeats: 'many' is neither a number of repeats nor 'auto'"),
+    (["--repeats", "auto", "--repeats-width", "wide"], "--repeats-width: 'wide' is not a percentage between 0 and 100"),
+    (["--matrix", "jax", "--repeats", "auto"], "--repeats auto repeats until the intervals between runs are narrow: "
+                                                "give two runs or more, or --aa"),
+])
+def test_bad_repeats_fail_with_one_line(tmp_path, args, expected):
+    proc = run_cli("compare", *args, "--out", str(tmp_path / "c.json"))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []
