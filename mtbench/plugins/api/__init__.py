@@ -14,7 +14,7 @@
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api.figures import (FIGURES, FIGURES_BY_KEY, OTHERS_BOUND, RUN_CHOICES, SCATTER_BOUND, SIZE_KEYS,
                                          STEAL_BOUND, Figure, attention_text, compile_cache_text, cores_text,
-                                         figure_text, hardware, matmul_precision_text, peak_measurement_text, run_dtype,
+                                         figure_text, hardware, host_syncs_text, matmul_precision_text, peak_measurement_text, run_dtype,
                                          run_label, run_name, run_processes, run_warnings, scored_sentences_text,
                                          shown_figures, size_label, train_step_text, training_peak_bytes)
 from mtbench.plugins.api.host import cpu_count, cpu_model, cudnn_version_text, median_flops_per_s, peak_host_bytes
@@ -31,7 +31,7 @@ __all__ = [
     "ModelFamily", "ModelShape", "SpecialTokens", "Tokenizer",
     "Task", "TaskData", "Evaluator",
     "TrainStep", "KerasTrainStep", "WrappingStep", "Batch", "uneven_split_reason", "Launch", "ProcessGroup",
-    "Figure", "FIGURES", "FIGURES_BY_KEY", "shown_figures", "RUN_CHOICES", "figure_text", "train_step_text", "attention_text",
+    "Figure", "FIGURES", "FIGURES_BY_KEY", "shown_figures", "RUN_CHOICES", "figure_text", "train_step_text", "host_syncs_text", "attention_text",
     "matmul_precision_text", "compile_cache_text", "cores_text", "peak_measurement_text", "scored_sentences_text",
     "run_warnings", "SCATTER_BOUND", "OTHERS_BOUND", "STEAL_BOUND", "training_peak_bytes", "hardware", "run_dtype", "run_label", "run_name", "run_processes", "size_label", "SIZE_KEYS",
     "cpu_count", "cpu_model", "cudnn_version_text", "median_flops_per_s", "peak_host_bytes",

@@ -165,8 +165,23 @@ def cores_text(result):
 
 # What ran, beside the figures of every run: what changes the arithmetic or the kind of work.
 # (key in JSON and CSV, title in tables, the text of a result)
+def host_syncs_text(result):
+    """The host waits counted inside one steady train step ('0 (step 2)', or each wait with where it came from);
+    'not counted' for a backend (or a result) without a counter."""
+    record = result.get("host_syncs")
+    if not record:
+        return "not counted"
+    if record["per_step"] is None:
+        return "not countable on this machine"
+    if not record["per_step"]:
+        return f"0 (counted on step {record['step']})"
+    events = sorted(record["events"].items(), key=lambda item: -item[1])
+    return f"{record['per_step']:g} (step {record['step']}): " + "; ".join(f"{count} x {what}" for what, count in events)
+
+
 RUN_CHOICES = (
     ("train_step", "train step", train_step_text),
+    ("host_syncs", "host waits per step", host_syncs_text),
     ("attention", "attention", attention_text),
     ("matmul_precision", "float32 matmuls", matmul_precision_text),
     ("compile_cache", "compile cache", compile_cache_text),

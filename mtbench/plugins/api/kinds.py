@@ -159,6 +159,14 @@ class Backend:
         (mtbench always says True or False, never leaving Keras to choose)."""
         return "fused" if fused else "plain"
 
+    def host_sync_counter(self):
+        """A counter of the host waits inside a train step (tensors made from host data for the device, device
+        values read on the host), or None where the backend cannot count them. It has `count_step(step, x, y,
+        sample_weight)` (runs one step counting, returns the step's logs), `per_step()` (waits per counted step,
+        None where it could not see them) and `events` ({'what, where': count}). Called once keras is imported;
+        the loop counts one steady step of every run, timed apart from the steady figures."""
+        return None
+
     def compile_inference(self, fn, model):
         """Returns a callable equivalent to `fn(*arrays)` (which calls `model` layers) compiled the way this
         backend runs inference fastest. The default runs it eagerly."""

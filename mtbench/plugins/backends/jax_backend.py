@@ -159,6 +159,10 @@ class JaxBackend(Backend):
 
         return call
 
+    def host_sync_counter(self):
+        from mtbench.plugins.backends.jax_host_syncs import JaxHostSyncCounter
+        return JaxHostSyncCounter()
+
     def make_train_step(self, run, model):
         import keras
         from mtbench.plugins.backends.jax_jit_step import JitTrainStep

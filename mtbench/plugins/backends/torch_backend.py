@@ -168,6 +168,10 @@ class TorchBackend(Backend):
 
         return call
 
+    def host_sync_counter(self):
+        from mtbench.plugins.backends.torch_host_syncs import TorchHostSyncCounter
+        return TorchHostSyncCounter()
+
     def make_train_step(self, run, model):
         from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
         return EagerTorchTrainStep(model)

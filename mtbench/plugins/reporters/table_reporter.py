@@ -2,7 +2,7 @@
 
 from rich.table import Table
 
-from mtbench import (Reporter, attention_text, compile_cache_text, cores_text, figure_text, hookimpl,
+from mtbench import (Reporter, attention_text, compile_cache_text, cores_text, figure_text, hookimpl, host_syncs_text,
                      matmul_precision_text, peak_measurement_text, run_dtype, run_label, run_warnings,
                      scored_sentences_text, size_label, train_step_text)
 
@@ -68,6 +68,7 @@ def result_rows(result):
                                    f"({_size(cfg)}{result['model']['parameters']:,} parameters), {run_dtype(result)}"),
         ("run", "steps x batch", f"{t['steps']} x {cfg['batch_size']}"),
         ("run", "train step", train_step_text(result)),
+        ("run", "host waits per step", host_syncs_text(result)),
         ("run", "attention", attention_text(result)),
         ("run", "float32 matmuls", matmul_precision_text(result)),
         ("run", "cores and threads", cores_text(result)),

@@ -44,6 +44,7 @@ class TrainingOutcome:
     target: QualityTarget
     checkpoint: str          # the newest checkpoint, or None
     exit_code: int = None    # the signal's exit code when interrupted
+    host_syncs: dict = None  # the host waits of the probed steady step (`Backend.host_sync_counter`), or None
 
 
 def train_loop(config, backend, model, step_flops, train_step, state, batches, total_steps, checkpointing,
@@ -79,6 +80,9 @@ class TrainingLoop:
         self.clock = TrainingClock(state.training_s, state.aside_s)
         self.window = TimingWindow(backend, model, train_step, observers.energy)
         self.poison_at, self.die_at = faults.nan_step(), faults.kill_step(processes.rank)
+        # One steady step of the run is counted for host waits, alone in its window and kept out of the figures.
+        self.sync_counter = backend.host_sync_counter()
+        self.probe_pending = self.sync_counter is not None
         self.stop = None  # (status, reason) when training ends before its last step
         self.progress = self.signals = None
 
@@ -89,10 +93,11 @@ class TrainingLoop:
             for step in range(self.state.step + 1, self.total_steps + 1):
                 epoch, batch, input_seconds = self.next_batch()
                 alone = self.timed_alone(step, batch)
-                if alone and self.window.open and self.end_window():
+                probe = self.probe_pending and not alone  # a shape already compiled: a steady step
+                if (alone or probe) and self.window.open and self.end_window():
                     break
-                self.train(step, epoch, batch, input_seconds)
-                if not self.window_ends_after(step, alone):
+                self.train(step, epoch, batch, input_seconds, probe)
+                if not self.window_ends_after(step, alone or probe):
                     continue
                 if self.end_window() or self.at_window_edge(step):
                     break
@@ -100,7 +105,17 @@ class TrainingLoop:
         self.callbacks.on_train_end()
         status, reason = self.stop or ("completed", None)
         return TrainingOutcome(status, reason, self.state, self.timer, self.clock, self.target,
-                               self.checkpointing.latest, self.signals.exit_code if status == "interrupted" else None)
+                               self.checkpointing.latest, self.signals.exit_code if status == "interrupted" else None,
+                               self.host_syncs())
+
+    def host_syncs(self):
+        """What the host-sync probe counted: waits per step, where they came from, the step it counted."""
+        counter = self.sync_counter
+        if counter is None or not counter.steps:
+            return None
+        probed = [h["step"] for h in self.state.history if h.get("host_sync_probe")]
+        return {"per_step": counter.per_step(), "events": dict(counter.events), "counted_steps": counter.steps,
+                "step": probed[0] if probed else None}
 
     def next_batch(self):
         """(epoch, the global batch, seconds the loop waited for it: batches are built ahead, see `prefetch`)."""
@@ -113,8 +128,9 @@ class TrainingLoop:
         knows which steps ran (a real divergence is seen at the end of its window)."""
         return not self.timer.seen(batch.shape) or step == self.poison_at
 
-    def train(self, step, epoch, batch, input_seconds):
-        """One step on this process's shard of `batch`, queued in the open window (or a new one)."""
+    def train(self, step, epoch, batch, input_seconds, probe=False):
+        """One step on this process's shard of `batch`, queued in the open window (or a new one); the `probe` step
+        runs under the host-sync counter."""
         if step == self.die_at:
             faults.die()
         if not self.window.open:
@@ -122,8 +138,12 @@ class TrainingLoop:
         part = batch.shard(self.processes.rank, self.processes.world_size)
         if step == self.poison_at:
             part = faults.poisoned(part)
-        logs = self.train_step(part.inputs, part.target_output, part.weight)
-        self.window.steps.append((step, epoch, batch, logs, input_seconds))
+        if probe:
+            self.probe_pending = False
+            logs = self.sync_counter.count_step(self.train_step, part.inputs, part.target_output, part.weight)
+        else:
+            logs = self.train_step(part.inputs, part.target_output, part.weight)
+        self.window.steps.append((step, epoch, batch, logs, input_seconds, probe))
 
     def window_ends_after(self, step, alone):
         """Whether the open window ends after `step`: a step timed alone, a full window, the last step, a
@@ -140,20 +160,21 @@ class TrainingLoop:
     def end_window(self):
         """Measures the open window and records its steps; True (with `self.stop`) when a loss was not finite."""
         steps, seconds, joules, compiled = self.window.close()
-        for position, (step, epoch, batch, logs, input_seconds) in enumerate(steps):
+        for position, (step, epoch, batch, logs, input_seconds, probe) in enumerate(steps):
             share = seconds / len(steps)
             loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
             compilations = compiled if position == 0 else (None if compiled is None else 0)
             first = self.timer.add(step, batch.shape, share, batch.target_tokens, flops=self.step_flops(batch.shape),
-                                   input_seconds=input_seconds, compilations=compilations)
+                                   input_seconds=input_seconds, compilations=compilations, aside=probe)
             self.state.history.append({
                 "step": step, "epoch": epoch, "loss": finite_or_none(loss), "accuracy": finite_or_none(accuracy),
                 "seconds": share, "window_steps": len(steps), "shape": list(batch.shape),
                 "tokens": batch.target_tokens, "first_of_shape": first, "input_seconds": input_seconds,
-                "compilations": compilations, "joules": None if joules is None else joules / len(steps)})
+                "compilations": compilations, "joules": None if joules is None else joules / len(steps),
+                **({"host_sync_probe": True} if probe else {})})
             self.callbacks.on_train_batch_begin(step)
             self.callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
-            self.trackers.step(step, finite_or_none(loss), batch.target_tokens, share, first)
+            self.trackers.step(step, finite_or_none(loss), batch.target_tokens, share, first or probe)
             if not math.isfinite(loss):
                 self.stop = ("diverged", f"the loss is {loss} at step {step}")
                 return True
@@ -196,7 +217,8 @@ def resumed_timer(history, step_flops):
     timer = StepTimer()
     for h in history:
         timer.add(h["step"], tuple(h["shape"]), h["seconds"], h["tokens"], first_of_shape=h["first_of_shape"],
-                  flops=step_flops(h["shape"]), input_seconds=h["input_seconds"], compilations=h["compilations"])
+                  flops=step_flops(h["shape"]), input_seconds=h["input_seconds"], compilations=h["compilations"],
+                  aside=h.get("host_sync_probe", False))
     timer.restart()
     return timer
 

@@ -27,6 +27,7 @@ class StepRecord:
     flops: float = 0.0       # None where the model family counts no FLOPs
     input_seconds: float = 0.0
     compilations: int = None
+    aside: bool = False      # a step that was timed but is no steady step (the host-sync probe's, which it slows)
 
 
 @dataclass
@@ -35,12 +36,13 @@ class StepTimer:
     _seen: set = field(default_factory=set)
 
     def add(self, step, shape, seconds, target_tokens, first_of_shape=None, flops=0.0, input_seconds=0.0,
-            compilations=None):
-        """Records a step; `first_of_shape` is given when restoring steps timed by an earlier process."""
+            compilations=None, aside=False):
+        """Records a step; `first_of_shape` is given when restoring steps timed by an earlier process; a step
+        `aside` counts in neither the steady figures nor compilation."""
         first = shape not in self._seen if first_of_shape is None else first_of_shape
         self._seen.add(shape)
         self.records.append(StepRecord(step, shape, seconds, target_tokens, first, flops, input_seconds,
-                                       compilations))
+                                       compilations, aside))
         return first
 
     def compilations_by_shape(self):
@@ -61,8 +63,8 @@ class StepTimer:
         self._seen.clear()
 
     def summary(self):
-        steady = [r for r in self.records if not r.first_of_shape]
-        first = [r for r in self.records if r.first_of_shape]
+        steady = [r for r in self.records if not r.first_of_shape and not r.aside]
+        first = [r for r in self.records if r.first_of_shape and not r.aside]
         steady_times = np.array([r.seconds for r in steady]) if steady else None
         compile_s = 0.0
         for r in first:

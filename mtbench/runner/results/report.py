@@ -18,8 +18,8 @@ from rich.table import Table
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig, decoding_name
-from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name,
-                                 run_processes, run_warnings, scored_sentences_text, size_label)
+from mtbench.plugins.api import (FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name, run_processes,
+                                 run_warnings, scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import schema_errors
 from mtbench.runner.results import verdicts as stats
@@ -262,6 +262,11 @@ class Comparison:
     swept: tuple = ()  # the SWEEP_KEYS whose value differs between the runs
     noise_floor: dict = None  # the A/A measure a compare recorded (`noise_floor_record`), None where none was
 
+    @cached_property
+    def figures(self):
+        """The figures the runs' tasks have (`shown_figures`): no BLEU row for language models."""
+        return shown_figures([run.result for group in self.groups for run in group.runs])
+
     def floor(self, key):
         """The noise floor of figure `key` (a fraction), None where no A/A measured it."""
         return (((self.noise_floor or {}).get("figures") or {}).get(key) or {}).get("floor")
@@ -432,6 +437,12 @@ def _speedup_cell(comparison, group):
     return text + " (baseline)" if group is comparison.baseline else text
 
 
+def _target_value(target):
+    """The target a run aimed at (results before tasks name only `target_bleu`), or None."""
+    target = target or {}
+    return target.get("target", target.get("target_bleu"))
+
+
 def table_cells(comparison):
     """(header, rows) of the comparison table: one column per run, one row per figure. Timings of repeated runs
     read 'median (min–max)'."""
@@ -445,7 +456,7 @@ def table_cells(comparison):
         ["runs (repeats)", *(str(len(group.runs)) for group in groups)],
         ["warnings", *("\n".join(group.warnings()) or "none" for group in groups)],
     ]
-    rows += [[figure.title, *(_cell(group, figure) for group in groups)] for figure in FIGURES]
+    rows += [[figure.title, *(_cell(group, figure) for group in groups)] for figure in comparison.figures]
     rows.append([f"speed-up vs {comparison.baseline.label} (tokens/s)",
                  *(_speedup_cell(comparison, group) for group in groups)])
     if any(comparison.scaling(group) for group in groups):
@@ -536,11 +547,11 @@ def energy_and_cost_lines(comparison):
     if priced:
         cheapest = min(priced, key=lambda group: group.stat("usd_to_target").median)
         figure = FIGURES_BY_KEY["usd_to_target"]
-        lines.append(f"cheapest to the target BLEU: {cheapest.label}, {figure.text(cheapest.stat('usd_to_target').median)}"
+        lines.append(f"cheapest to the target quality: {cheapest.label}, {figure.text(cheapest.stat('usd_to_target').median)}"
                      f" USD (at {cheapest.first['cost']['price_per_hour']:g} USD/h)")
     elif any((group.first.get("cost") or {}).get("price_per_hour") is not None for group in comparison.groups) \
-            and any((group.first.get("target") or {}).get("target_bleu") for group in comparison.groups):
-        lines.append("cheapest to the target BLEU: no run reached it")
+            and any(_target_value(group.first.get("target")) for group in comparison.groups):
+        lines.append("cheapest to the target quality: no run reached it")
     return lines
 
 
@@ -581,7 +592,7 @@ def summary(comparison):
             "repeats": len(group.runs),
             "warnings": group.warnings(),
             "sources": [run.source for run in group.runs],
-            "figures": {figure.key: asdict(group.stat(figure.key)) for figure in FIGURES},
+            "figures": {figure.key: asdict(group.stat(figure.key)) for figure in comparison.figures},
             "speedup": comparison.speedup(group),
             "processes": run_processes(group.first),
             "scaling": comparison.scaling(group),
@@ -628,7 +639,7 @@ CSV_IDENTITY = ("label", "backend", "extras", "dtype", "hardware", *(key for key
 def to_csv(comparison):
     """One row per run. A timing has its median and its min and max over repeats; other figures one value."""
     columns = list(CSV_IDENTITY)
-    for figure in FIGURES:
+    for figure in comparison.figures:
         columns += [figure.key, f"{figure.key}_min", f"{figure.key}_max"] if figure.is_timing else [figure.key]
     columns += ["speedup", "processes", "scaling_efficiency"]
     for key in stats.WINDOW_FIGURES:
@@ -641,7 +652,7 @@ def to_csv(comparison):
         row = {key: entry[key] for key in CSV_IDENTITY}
         row["extras"] = "+".join(entry["extras"])
         row["warnings"] = "; ".join(entry["warnings"])
-        for figure in FIGURES:
+        for figure in comparison.figures:
             stat = entry["figures"][figure.key]
             row[figure.key] = stat["median"]
             if figure.is_timing:

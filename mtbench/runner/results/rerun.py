@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
-from mtbench.plugins.api import FIGURES, RUN_CHOICES, hardware, run_dtype, run_processes
+from mtbench.plugins.api import RUN_CHOICES, hardware, run_dtype, run_processes, shown_figures
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import write_json_atomic
 from mtbench.runner.results.compare import combined_json, run_child, runs_dir
@@ -173,7 +173,7 @@ def run_differences(original, rerun):
 def figure_rows(original, rerun):
     """[(figure title, original text, rerun text, rerun / original)] for every figure."""
     rows = []
-    for figure in FIGURES:
+    for figure in shown_figures([original, rerun]):
         before, after = figure.value(original), figure.value(rerun)
         if before is None and after is None:
             ratio = ""

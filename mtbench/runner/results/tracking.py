@@ -74,7 +74,7 @@ def replay(reporters, result, result_path, registry):
     for evaluation in (result.get("target") or {}).get("evaluations", []):
         evaluations[evaluation["step"]] = evaluation
     for h in result["history"]:
-        trackers.step(h["step"], h["loss"], h["tokens"], h["seconds"], h["first_of_shape"])
+        trackers.step(h["step"], h["loss"], h["tokens"], h["seconds"], h["first_of_shape"] or h.get("host_sync_probe"))
         if h["step"] in evaluations:
             trackers.validation(h["step"], {name: value for name, value in evaluations[h["step"]].items()
                                             if name not in ("step", "training_s", "seconds")})

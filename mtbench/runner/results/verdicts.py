@@ -39,6 +39,12 @@ HIGHER_IS_FASTER = {"tokens_per_s", "mfu"}
 SPEED_FIGURE = "tokens_per_s"  # what "faster" and "slower" of a run mean: a regression gate judges it
 
 
+def is_steady(entry):
+    """Whether a history entry is a steady step: not the first of its shape, nor the host-sync probe's step
+    (timed alone and slowed by the counting), and timed."""
+    return not entry.get("first_of_shape") and not entry.get("host_sync_probe") and entry.get("seconds") is not None
+
+
 def steady_windows(history):
     """The steady timing windows of a run's `history`, as an array of rows (seconds, steps, tokens): consecutive
     entries that are not first of their shape, `window_steps` of them at a time (each entry holds its window's
@@ -47,14 +53,14 @@ def steady_windows(history):
     windows, i = [], 0
     while i < len(history):
         entry = history[i]
-        if entry.get("first_of_shape") or entry.get("seconds") is None:
+        if not is_steady(entry):
             i += 1
             continue
         size = max(int(entry.get("window_steps") or 1), 1)
         members = [entry]
         while len(members) < size and i + len(members) < len(history):
             following = history[i + len(members)]
-            if following.get("first_of_shape") or following.get("seconds") is None:
+            if not is_steady(following):
                 break
             members.append(following)
         windows.append((sum(m["seconds"] for m in members), len(members), sum(m.get("tokens") or 0 for m in members)))
@@ -338,11 +344,11 @@ def compile_excess(history, up_to_step=None):
     """The compilation of a run's first-of-shape steps up to `up_to_step` (all without it): each one's time less
     the median steady step of its shape (of all steady steps where its shape has none), at least 0, summed (as
     `timing.compile_s` counts it)."""
-    steady = [h for h in history if not h.get("first_of_shape") and h.get("seconds") is not None]
+    steady = [h for h in history if is_steady(h)]
     everything = float(np.median([h["seconds"] for h in steady])) if steady else 0.0
     total = 0.0
     for entry in history:
-        if not entry.get("first_of_shape") or (up_to_step is not None and entry["step"] > up_to_step):
+        if not entry.get("first_of_shape") or entry.get("host_sync_probe") or (up_to_step is not None and entry["step"] > up_to_step):
             continue
         same = [h["seconds"] for h in steady if h.get("shape") == entry.get("shape")]
         total += max(entry["seconds"] - (float(np.median(same)) if same else everything), 0.0)

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from mtbench.plugins.api import Batch, Launch, ProcessGroup
 from mtbench.runner.loop.checkpoints import TrainingState
+from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 
 
@@ -60,7 +61,7 @@ def run(shapes, window, nan_at=None, checkpoint_every=None, saved=None):
     checkpointing = Checkpointing(run_dir, {}, "fingerprint", checkpoint_every, keep=1)
     energy = SimpleNamespace(read=lambda: None, between=lambda before, after: None)
     outcome = train_loop(config, backend, None, lambda shape: 1e6, step, TrainingState(), batches(shapes),
-                         len(shapes), checkpointing, None, Observers(Quiet(), Quiet(), energy),
+                         len(shapes), checkpointing, None, QualityTarget(), Observers(Quiet(), Quiet(), energy),
                          Console(quiet=True), ProcessGroup(Launch()))
     return outcome, backend
 
