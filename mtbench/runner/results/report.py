@@ -18,7 +18,7 @@ from rich.table import Table
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig, decoding_name
-from mtbench.plugins.api import (FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name, run_processes,
+from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name, run_processes,
                                  run_warnings, scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import schema_errors
@@ -264,7 +264,8 @@ class Comparison:
 
     @cached_property
     def figures(self):
-        """The figures the runs' tasks have (`shown_figures`): no BLEU row for language models."""
+        """The figures the runs' tasks have (`shown_figures`), which the table shows: no BLEU row for a language
+        model. JSON and CSV carry every figure (null where a run has none), so their columns never change."""
         return shown_figures([run.result for group in self.groups for run in group.runs])
 
     def floor(self, key):
@@ -592,7 +593,7 @@ def summary(comparison):
             "repeats": len(group.runs),
             "warnings": group.warnings(),
             "sources": [run.source for run in group.runs],
-            "figures": {figure.key: asdict(group.stat(figure.key)) for figure in comparison.figures},
+            "figures": {figure.key: asdict(group.stat(figure.key)) for figure in FIGURES},
             "speedup": comparison.speedup(group),
             "processes": run_processes(group.first),
             "scaling": comparison.scaling(group),
@@ -639,7 +640,7 @@ CSV_IDENTITY = ("label", "backend", "extras", "dtype", "hardware", *(key for key
 def to_csv(comparison):
     """One row per run. A timing has its median and its min and max over repeats; other figures one value."""
     columns = list(CSV_IDENTITY)
-    for figure in comparison.figures:
+    for figure in FIGURES:
         columns += [figure.key, f"{figure.key}_min", f"{figure.key}_max"] if figure.is_timing else [figure.key]
     columns += ["speedup", "processes", "scaling_efficiency"]
     for key in stats.WINDOW_FIGURES:
@@ -652,7 +653,7 @@ def to_csv(comparison):
         row = {key: entry[key] for key in CSV_IDENTITY}
         row["extras"] = "+".join(entry["extras"])
         row["warnings"] = "; ".join(entry["warnings"])
-        for figure in comparison.figures:
+        for figure in FIGURES:
             stat = entry["figures"][figure.key]
             row[figure.key] = stat["median"]
             if figure.is_timing:
