@@ -141,7 +141,7 @@ def comparison_figure(comparison):
                    title="Throughput" + (" (median, min–max of repeats)" if repeated else ""))
 
     where = comparison.shared_hardware()
-    figure.suptitle("mtbench: " + describe_configuration(comparison.config) + (f"\non {where}" if where else ""),
+    figure.suptitle("mtbench: " + describe_configuration(comparison) + (f"\non {where}" if where else ""),
                     fontsize=10)
     return figure
 

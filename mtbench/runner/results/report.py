@@ -18,10 +18,10 @@ from rich.table import Table
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig, decoding_name
-from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name, run_processes,
-                                 run_warnings, scored_sentences_text, shown_figures, size_label)
+from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name,
+                                 run_processes, run_warnings, scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
-from mtbench.runner.results.schema import schema_errors
+from mtbench.runner.results.schema import result_task, schema_errors
 from mtbench.runner.results import verdicts as stats
 
 COMPARE_KIND = "mtbench-compare"
@@ -457,6 +457,8 @@ def table_cells(comparison):
         ["runs (repeats)", *(str(len(group.runs)) for group in groups)],
         ["warnings", *("\n".join(group.warnings()) or "none" for group in groups)],
     ]
+    # The quality figures of the runs' task (no BLEU rows for a language model or a classifier, no perplexity rows
+    # for translation); the JSON and CSV summaries keep every figure.
     rows += [[figure.title, *(_cell(group, figure) for group in groups)] for figure in comparison.figures]
     rows.append([f"speed-up vs {comparison.baseline.label} (tokens/s)",
                  *(_speedup_cell(comparison, group) for group in groups)])
@@ -514,23 +516,30 @@ def _scaling_cell(comparison, group):
     return ("n/a" if efficiency is None else f"{efficiency:.0%}") + f" of {scaling['processes']}x {scaling['against']}"
 
 
-def describe_configuration(config):
-    """The configuration in one line; a swept batch size or max length (absent from a comparison's shared
-    configuration) reads 'per run'."""
+def describe_configuration(comparison):
+    """The runs' shared configuration in one line: the data they read (`data.corpus`: a plugin's task may read
+    data of its own, whatever --dataset says) and the settings of their task; a swept batch size or max length
+    (absent from a comparison's shared configuration) reads 'per run'."""
+    config, task = comparison.config, result_task(comparison.baseline.first)
     length = f"{config['steps']} steps" if config.get("epochs") is None else f"{config['epochs']} epochs"
-    corpus = config.get("data_file") or config["dataset"]
+    corpus = config.get("data_file") or comparison.baseline.first["data"]["corpus"]
     tokens = config.get("max_tokens")
     batch = f"{tokens} tokens" if tokens is not None else config.get("batch_size", "per run")
-    return (f"{corpus}, preset {config['preset']}, {length} x batch {batch}, "
-            f"max-len {config.get('max_len', 'per run')}, max-pairs {config.get('max_pairs') or 'all'}, "
-            f"seed {config['seed']}, "
-            f"{decoding_name(config.get('beam', 1), config.get('length_penalty', 0.6))} decoding")
+    parts = [corpus, f"preset {config['preset']}", f"{length} x batch {batch}"]
+    if task in ("translation", "language-modelling"):  # a plugin's task may have no lengths
+        parts.append(f"max-len {config.get('max_len', 'per run')}")
+    if task == "translation":
+        parts.append(f"max-pairs {config.get('max_pairs') or 'all'}")
+    parts.append(f"seed {config['seed']}")
+    if task == "translation":
+        parts.append(f"{decoding_name(config.get('beam', 1), config.get('length_penalty', 0.6))} decoding")
+    return ", ".join(parts)
 
 
 def context_lines(comparison):
     ranking = comparison.ranking()
     scored = scored_sentences_text(comparison.baseline.first)
-    return [f"configuration: {describe_configuration(comparison.config)}",
+    return [f"configuration: {describe_configuration(comparison)}",
             *([f"test sentences scored: {scored}"] if scored else []),
             *([f"ranking not reliable: {ranking['reason']}"] if ranking["reason"] else []),
             *comparison.parity.lines(), *energy_and_cost_lines(comparison), *verdict_lines(comparison)]

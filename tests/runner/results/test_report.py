@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import run_cli
-from mtbench import FIGURES
+from mtbench import FIGURES, shown_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -74,7 +74,7 @@ def test_repeats_of_a_run_show_median_and_range_of_every_timing(results, tmp_pat
 
     header, rows = parse_markdown_table(report(*paths, "--format", "markdown"))
     assert header == ["figure", "jax", "torch"] and rows["runs (repeats)"] == ["2", "1"]
-    for figure in FIGURES:
+    for figure in shown_figures([jax_result]):
         cell = rows[figure.title][0]
         if figure.value(jax_result) is None:  # energy on a machine without a counter, cost without a price
             assert cell == "n/a", (figure.key, cell)
@@ -111,9 +111,11 @@ def test_markdown_output_carries_the_results_figures(results):
     text = report(results["jax"][0], results["torch"][0], "--format", "markdown")
     header, rows = parse_markdown_table(text)
     assert header == ["figure", "jax", "torch"]
+    # Translation's quality figures, and none of another task's (a language model's perplexity).
+    assert "BLEU (test)" in rows and "validation perplexity" not in rows
     for column, backend in enumerate(("jax", "torch")):
         result = results[backend][1]
-        for figure in FIGURES:
+        for figure in shown_figures([result]):
             cell, value = rows[figure.title][column], figure.value(result)
             if value is None:
                 assert cell == "n/a"
