@@ -14,6 +14,9 @@ code), in this order, the most important comparison first:
      7-9  mixed_bfloat16 with `--extra flash-attention`: `jax`, `torch+torch-compile`, `torch`
     10-11 float32: `torch+torch-compile` with `--matmul-precision highest` and `high`
 
+On a GPU the language-model rows follow (`--model gpt`): presets `gpt-char` (nanoGPT's Shakespeare-character
+shape, batch 64 x 256) and `gpt2-small` (GPT-2 small, 124 M parameters, batch 16 x 1024), each on rows 1-4 and 7-9.
+
 The float32 rows answer whether both backends, set alike, do the same arithmetic and what TF32 buys (JAX's own
 default on a GPU is TF32, torch's true float32); JAX's pair comes first because it is cheap to compile. Every row
 is `mtbench train --measure-only` (no validation, final evaluation, test translation or saved model), for --steps
@@ -82,11 +85,24 @@ if REPOSITORY not in sys.path:
 
 BF16 = "mixed_bfloat16"
 DTYPES = ("float32", BF16)
-PRESETS_ON = {"gpu": ("small",), "cpu": ("tiny",)}
+# The language-model rows (`--model gpt`), after the translation rows: nanoGPT's Shakespeare-character shape and
+# GPT-2 small, as "preset names" of their own (family, preset).
+MODEL_PRESETS = {"gpt-char": ("gpt", "char"), "gpt2-small": ("gpt", "gpt2-small")}
+PRESETS_ON = {"gpu": ("small", *MODEL_PRESETS), "cpu": ("tiny",)}
+# The rows of PLAN a language model runs: bfloat16 on each way to train, and fused attention (the causal kernel).
+LANGUAGE_MODEL_ROWS = (1, 2, 3, 4, 7, 8, 9)
+# Rows x block tokens per training batch (--batch-size: a language model's blocks are all one length).
+GPU_BATCH_SIZE = {"gpt-char": 64, "gpt2-small": 16}
 GPU_STEPS = 200  # enough steady steps for a stable median after compilation, few enough for one device call
 # Tokens per training batch on a GPU (--max-tokens), per preset: batches that give the device real work (the
 # measured `small` step at batch 64 is host-bound on an H100) and hold every length bucket but `small`'s shortest.
 GPU_MAX_TOKENS = {"tiny": 4096, "small": 16384, "base": 32768}
+
+
+def preset_arguments(preset):
+    """The flags that choose a row's model: --preset, and --model for a language-model row."""
+    family, name = MODEL_PRESETS.get(preset, (None, preset))
+    return (["--model", family] if family else []) + ["--preset", name]
 FLASH = "flash-attention"
 COMPILE = "torch-compile"
 # Keys of a result's `config` that differ from row to row by design, or name files: not part of the shared
@@ -187,7 +203,7 @@ class Row:
 
     def train_arguments(self):
         precision = ["--matmul-precision", self.precision] if self.precision else []
-        return [*self.way.train_arguments(), "--preset", self.preset, "--dtype", self.dtype, *precision]
+        return [*self.way.train_arguments(), *preset_arguments(self.preset), "--dtype", self.dtype, *precision]
 
 
 # ---- what the machine can run (in a child process: a framework that touches the GPU keeps memory) ----------------
@@ -210,13 +226,15 @@ def probe_machine():
                    else backend.missing_framework())
         backends[name] = {"missing": missing} if missing else {"device": backend.device_info()}
     refusals = {}
-    for preset in PRESETS:
+    for preset in (*PRESETS, *MODEL_PRESETS):
+        family, name = MODEL_PRESETS.get(preset, ("transformer", preset))
         for dtype in DTYPES:
             for way in WAYS:
                 if "device" not in backends[way.backend]:
                     continue
                 backend = registry.backends[way.backend]
-                config = TrainConfig(backend=way.backend, extras=way.extras, preset=preset, dtype=dtype)
+                config = TrainConfig(backend=way.backend, extras=way.extras, preset=name, dtype=dtype,
+                                     model_name=family)
                 run = RunContext(config=config, backend=backend, device=backends[way.backend]["device"],
                                  model_shape=config.model)
                 try:
@@ -255,6 +273,8 @@ def plan_rows(probe, presets=None, dtypes=DTYPES, ways=WAYS, numbers=None):
             way = WAYS_BY_LABEL[label]
             if dtype not in dtypes or way not in ways or (numbers and number not in numbers):
                 continue
+            if preset in MODEL_PRESETS and number not in LANGUAGE_MODEL_ROWS:
+                continue
             row = Row(preset, dtype, way, precision, number)
             rows.append((row, skip_reason(row, probe, kind)))
     return rows
@@ -276,7 +296,11 @@ def skip_reason(row, probe, kind):
 def batching_options(preset, train_options, kind):
     """On a GPU, `--max-tokens` sized for it, unless the train options choose the batch themselves."""
     chosen = any(option.split("=")[0] in ("--max-tokens", "--batch-size") for option in train_options)
-    return [] if kind == "cpu" or chosen else ["--max-tokens", str(GPU_MAX_TOKENS[preset])]
+    if kind == "cpu" or chosen:
+        return []
+    if preset in MODEL_PRESETS:
+        return ["--batch-size", str(GPU_BATCH_SIZE[preset])]
+    return ["--max-tokens", str(GPU_MAX_TOKENS[preset])]
 
 
 class Estimates:
@@ -431,7 +455,7 @@ def run_row(row, record, args, options, estimates, weights, results, left, clock
         path = os.path.join(preset_dir, "initial-weights.npz")
         print(f"{row.preset}: writing the initial weights every row of it loads", file=sys.stderr, flush=True)
         weights_started, timeout = clock(), min(args.row_timeout, left())
-        failure = run_mtbench(["init-weights", "--backend", row.way.backend, "--preset", row.preset, *options,
+        failure = run_mtbench(["init-weights", "--backend", row.way.backend, *preset_arguments(row.preset), *options,
                                "--cache-dir", args.cache_dir, "--out", path, "--overwrite"],
                               path[:-len(".npz")] + ".log", timeout)
         estimates.weights_s[row.preset] = clock() - weights_started
@@ -678,9 +702,9 @@ def parse_args(argv):
         parser.error(f"--rows: '{args.rows}' is not row numbers from 1 to {len(PLAN)} such as 1,2,5-7")
     from mtbench.keras_models.presets import PRESETS
     args.preset_list = [preset for preset in (args.presets or "").split(",") if preset] or None
-    wrong = [preset for preset in args.preset_list or () if preset not in PRESETS]
+    wrong = [preset for preset in args.preset_list or () if preset not in (*PRESETS, *MODEL_PRESETS)]
     if wrong:
-        parser.error(f"--presets: {', '.join(wrong)} is none of {', '.join(PRESETS)}")
+        parser.error(f"--presets: {', '.join(wrong)} is none of {', '.join((*PRESETS, *MODEL_PRESETS))}")
     if args.budget < 0 or args.row_timeout <= 0 or (args.steps is not None and args.steps < 1):
         parser.error("--budget must be 0 or more, --row-timeout and --steps more than 0")
     if args.cache_dir is None:

@@ -318,6 +318,52 @@ BROKEN_BACKEND = textwrap.dedent('''
         register(BrokenBackend())
 ''')
 
+# Plugins that fail in ways mtbench must name: a train step that is no TrainStep, one that raises, a reporter that
+# fails on a partial result.
+MISFITS = textwrap.dedent('''
+    from mtbench import Extra, Reporter, WrappingStep, hookimpl
+
+    class NotAStep:
+        name = "not a step"
+        def __call__(self, x, y, sample_weight):
+            raise AssertionError("never called")
+
+    class NotAStepExtra(Extra):
+        name, backends = "not-a-step", ("jax", "torch")
+        def make_train_step(self, run, model, step):
+            return NotAStep()
+
+    class BreakingStep(WrappingStep):
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.calls = 0
+        def __call__(self, x, y, sample_weight):
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("the step broke")
+            return self.inner(x, y, sample_weight)
+
+    class RaisingStepExtra(Extra):
+        name, backends = "raising-step", ("jax", "torch")
+        def make_train_step(self, run, model, step):
+            return BreakingStep(step)
+
+    class PartialFails(Reporter):
+        name = "partial-fails"
+        def report(self, result, console, complete):
+            if not complete:
+                raise ValueError("cannot read a partial result")
+
+    @hookimpl
+    def mtbench_register_extras(register):
+        register(NotAStepExtra())
+        register(RaisingStepExtra())
+
+    @hookimpl
+    def mtbench_register_reporters(register):
+        register(PartialFails())
+''')
+
 THIRD_PARTY_PACKAGES = {  # package -> (version, entry-point name, module source)
     "mtbench_thirdparty": ("0.3.0", "thirdparty", THIRD_PARTY),
     "mtbench_broken": ("0.0.1", "broken", "raise ImportError('this plugin is broken on purpose')\n"),
@@ -326,6 +372,7 @@ THIRD_PARTY_PACKAGES = {  # package -> (version, entry-point name, module source
     "mtbench_twin_a": ("1.0.0", "twin", TWIN.replace("{letter}", "a")),
     "mtbench_twin_b": ("1.0.0", "twin", TWIN.replace("{letter}", "b")),
     "mtbench_brokenflow": ("1.0", "brokenflow", BROKEN_BACKEND),
+    "mtbench_misfits": ("1.0", "misfits", MISFITS),
 }
 
 

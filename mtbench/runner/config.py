@@ -231,9 +231,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data):
-        """The configuration `to_dict` wrote; its derived `model` entry is rebuilt from the preset."""
+        """The configuration `to_dict` wrote; its derived `model` entry is rebuilt from the preset, and `task`
+        (which a result records) follows from the model family."""
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names - {"model"})
+        unknown = sorted(set(data) - names - {"model", "task"})
         if unknown:
             raise MtbenchError(f"unknown configuration keys {', '.join(unknown)} (written by another mtbench "
                                "version?)")

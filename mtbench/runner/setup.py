@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api import KerasTrainStep, RunContext, uneven_split_reason
+from mtbench.plugins.api import KerasTrainStep, RunContext, TrainStep, uneven_split_reason
 from mtbench.runner.launch import share_cores
 
 
@@ -291,9 +291,19 @@ def extras_compile_options(run, plugins):
 def choose_train_step(run, model, plugins):
     """The backend's fast step (or Keras's own), then each extra's wrapper or replacement, in the order given."""
     step = plugins.backend.make_train_step(run, model) or KerasTrainStep(model)
+    step.made_by = f"backend '{plugins.backend.name}'"
     for extra in plugins.extras:
         with plugins.extra_code(extra):
-            step = plugins.registry.call("extras", extra, "make_train_step", run, model, step) or step
+            made = plugins.registry.call("extras", extra, "make_train_step", run, model, step)
+        if made is None:
+            continue
+        plugin = plugins.registry.provider.get(("extras", extra.name), "?")
+        if not isinstance(made, TrainStep):
+            raise RunFailure(f"extra '{extra.name}' of plugin '{plugin}' returned a {type(made).__name__} from "
+                             f"make_train_step, not a mtbench.TrainStep (subclass it, or mtbench.WrappingStep to wrap "
+                             f"the step it was given)")
+        made.made_by = f"extra '{extra.name}' of plugin '{plugin}'"
+        step = made
     return step
 
 

@@ -102,7 +102,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     failures = record_failures(result, config.out) + trackers.failures + run_reporters(
         still_reporting, registry, result, console, config.out, followed=True)
     if outcome.status != "completed":
-        raise stop_error(outcome, config.out, run_dir, run.processes.world_size)
+        raise stop_error(outcome, config.out, run_dir, run.processes.world_size, failures)
     # The group is left only by a run that ended well: leaving waits for every process, and one may be gone.
     run.processes.close()
     return result, failures

@@ -29,8 +29,8 @@ def described(jax=H100, torch=H100, refusals=None):
 
 
 def test_a_gpu_gets_small_with_jax_against_compiled_and_eager_torch_in_bfloat16_first():
-    planned = plan_rows(described())
-    assert {row.preset for row, _ in planned} == {"small"} and len(planned) == len(gpu_matrix.PLAN)
+    planned = [(row, reason) for row, reason in plan_rows(described()) if row.preset == "small"]
+    assert len(planned) == len(gpu_matrix.PLAN)
     assert [row.key for row, _ in planned[:4]] == [
         "small mixed_bfloat16 jax", "small mixed_bfloat16 torch+torch-compile", "small mixed_bfloat16 torch",
         "small mixed_bfloat16 torch+torch-compile@reduce-overhead"]
@@ -41,6 +41,19 @@ def test_a_gpu_gets_small_with_jax_against_compiled_and_eager_torch_in_bfloat16_
                        ("torch+torch-compile", "high")]
     flash = {row.way.label for row, _ in planned if "flash-attention" in row.way.extras}
     assert flash == {"jax+flash-attention", "torch+flash-attention", "torch+torch-compile+flash-attention"}
+
+
+def test_a_gpu_then_trains_the_language_models_in_bfloat16_with_and_without_fused_attention():
+    planned = [row for row, _ in plan_rows(described())]
+    assert [row.preset for row in planned].index("gpt-char") == len(gpu_matrix.PLAN)  # after the translation rows
+    char = [row for row in planned if row.preset == "gpt-char"]
+    assert {row.dtype for row in char} == {BF16}
+    assert [row.way.label for row in char] == [
+        "jax", "torch+torch-compile", "torch", "torch+torch-compile@reduce-overhead", "jax+flash-attention",
+        "torch+torch-compile+flash-attention", "torch+flash-attention"]
+    assert char[0].train_arguments() == ["--backend", "jax", "--model", "gpt", "--preset", "char", "--dtype", BF16]
+    assert [row.way.label for row in planned if row.preset == "gpt2-small"] == [row.way.label for row in char]
+    assert gpu_matrix.batching_options("gpt2-small", [], "gpu") == ["--batch-size", "16"]
 
 
 def test_a_row_trains_measure_only_with_its_precision_and_gpu_sized_batches():
@@ -83,8 +96,11 @@ def test_rows_choose_a_part_of_the_plan_by_number():
 def test_the_probe_refuses_what_mtbench_train_would_refuse_here():
     probe = gpu_matrix.probe_machine()
     from mtbench.keras_models.presets import PRESETS
-    assert len(probe["refusals"]) == len(PRESETS) * len(gpu_matrix.DTYPES) * len(gpu_matrix.WAYS)
+    presets = len(PRESETS) + len(gpu_matrix.MODEL_PRESETS)
+    assert len(probe["refusals"]) == presets * len(gpu_matrix.DTYPES) * len(gpu_matrix.WAYS)
     if gpu_matrix.device_kind(probe) == "cpu":
+        assert probe["refusals"]["gpt-char mixed_bfloat16 torch+flash-attention"].startswith(
+            "extra 'flash-attention' cannot run here: needs a CUDA GPU")
         assert probe["refusals"]["tiny mixed_bfloat16 jax+flash-attention"].startswith(
             "extra 'flash-attention' cannot run here: needs a CUDA GPU")
         assert probe["refusals"]["tiny float32 jax"] is None

@@ -13,9 +13,12 @@ of their MAJOR version.
 `complete`) and `Extra.make_train_step(run, model)` (before `step`), deprecated; 2.0 may drop them.
 1.1: `ProcessGroup.alone()`, where process 0 works by itself (checkpoints, the saved model) while the others go on;
 `cores_text`, the cores and threads each process computed on, among `RUN_CHOICES`.
+1.2: tasks (`Task`, `TaskData`, `Evaluator`, the hook `mtbench_register_tasks`, `ModelFamily.task`, default
+'translation'); `Batch.inputs` (a decoder-only batch has no source); `Backend.host_sync_counter()`, with
+`host_syncs_text` among `RUN_CHOICES`; `shown_figures`; `RunContext.attention_kinds` and `RunContext.task`.
 """
 
-PLUGIN_API_VERSION = "1.1"
+PLUGIN_API_VERSION = "1.2"
 
 
 def next_major(version=PLUGIN_API_VERSION):

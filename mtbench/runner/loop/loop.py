@@ -6,6 +6,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.loop import faults
 from mtbench.runner.loop.checkpoints import TrainingState
 from mtbench.runner.loop.progress import training_progress
@@ -138,11 +139,18 @@ class TrainingLoop:
         part = batch.shard(self.processes.rank, self.processes.world_size)
         if step == self.poison_at:
             part = faults.poisoned(part)
-        if probe:
-            self.probe_pending = False
-            logs = self.sync_counter.count_step(self.train_step, part.inputs, part.target_output, part.weight)
-        else:
-            logs = self.train_step(part.inputs, part.target_output, part.weight)
+        try:
+            if probe:
+                self.probe_pending = False
+                logs = self.sync_counter.count_step(self.train_step, part.inputs, part.target_output, part.weight)
+            else:
+                logs = self.train_step(part.inputs, part.target_output, part.weight)
+        except MtbenchError:
+            raise
+        except Exception as error:  # the step's own code: name what made it (an extra, and its plugin)
+            made_by = getattr(self.train_step, "made_by", "the run's")
+            raise RunFailure(f"train step '{self.train_step.name}' of {made_by} failed at step {step}: "
+                             f"{type(error).__name__}: {error}") from error
         self.window.steps.append((step, epoch, batch, logs, input_seconds, probe))
 
     def window_ends_after(self, step, alone):

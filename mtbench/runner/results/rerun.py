@@ -25,7 +25,7 @@ from mtbench.runner.results.schema import result_stem
 
 # Recorded beside the configuration by the run itself, or by an mtbench before the option was removed: not
 # options to give again.
-RECORDED_KEYS = ("initial_weights_sha256", "parameters", "log_every")
+RECORDED_KEYS = ("initial_weights_sha256", "parameters", "log_every", "task")
 # Where the original's files went and how it was followed: the rerun sets its own (its file, its log, no
 # trackers). Backend, extras and weights are given on their own; the cache directory where it exists here.
 NOT_REPEATED = ("out", "overwrite", "report_to", "logging_dir", "run_group", "backend", "extras", "initial_weights")

@@ -216,13 +216,15 @@ def cost(price_per_hour, total_s, target):
             "usd_to_target": None if reached is None else price_per_hour * reached / 3600}
 
 
-def stop_error(outcome, out, run_dir, processes=1):
-    """The error a run that stopped early ends with, naming its partial result and how to continue it (a run of
-    several processes: with the launcher that started them)."""
+def stop_error(outcome, out, run_dir, processes=1, failures=()):
+    """The error a run that stopped early ends with, naming its partial result, how to continue it (a run of
+    several processes: with the launcher that started them) and the reporters that failed on the partial result."""
     saved = f"partial result in {out}"
     if outcome.checkpoint:
         relaunch = "" if processes == 1 else f"the launcher of its {processes} processes, "
         saved += f", checkpoint {outcome.checkpoint}; continue with: {relaunch}mtbench train --resume {run_dir.path}"
+    if failures:
+        saved += "; and " + "; ".join(failures)
     if outcome.status == "diverged":
         return RunFailure(f"training diverged: {outcome.reason}; {saved}")
     return RunInterrupted(f"interrupted: {outcome.reason}; {saved}", outcome.exit_code)
