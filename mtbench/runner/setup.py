@@ -2,11 +2,13 @@
 backend, the device, the extras that can run there), and the model with its optimizer and train step."""
 
 import contextlib
+import copy
+import dataclasses
 import os
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api import KerasTrainStep, RunContext, TrainStep, uneven_split_reason
+from mtbench.plugins.api import Extra, KerasTrainStep, RunContext, TrainStep, uneven_split_reason
 from mtbench.runner.launch import share_cores
 
 
@@ -32,6 +34,15 @@ class RunPlugins:
     def extra_code(self, extra):
         """A block running an extra's own code: its errors name the extra (and its plugin, for a crash)."""
         return self.registry.plugin_code("extras", extra.name)
+
+    def ask_extras(self, method, *args):
+        """[(extra, what its `method(*args)` returned)] for every extra of the run, in the order given, each in
+        its own code's block: the one place the extras' hooks are called from."""
+        answers = []
+        for extra in self.extras:
+            with self.extra_code(extra):
+                answers.append((extra, self.registry.call("extras", extra, method, *args)))
+        return answers
 
 
 def resolve_backend(name, registry):
@@ -145,9 +156,8 @@ def start_backend(config, plugins, launch):
     extra can run on its device; the extras may then adjust the configuration. Returns (keras, the RunContext
     the plugins see)."""
     extras_environment = {}
-    for extra in plugins.extras:
-        with plugins.extra_code(extra):
-            extras_environment.update(extra.environment(config))
+    for _, variables in plugins.ask_extras("environment", config):
+        extras_environment.update(variables)
     cpu_share = share_cores(launch)  # before the framework (and its thread pools) starts
     keras = import_keras(config, plugins.backend, extras_environment)
     processes = plugins.backend.start_processes(launch)  # before the framework computes anything
@@ -163,10 +173,32 @@ def start_backend(config, plugins, launch):
     reason = device_refusal(run, plugins.extras, plugins.extra_code)
     if reason:
         raise MtbenchError(reason)
-    for extra in plugins.extras:
-        with plugins.extra_code(extra):
-            extra.adjust_config(run)
+    run.config = adjusted_config(run, plugins)
     return keras, run
+
+
+def adjusted_config(run, plugins):
+    """The run's configuration with what the extras change (`Extra.config_changes`): a new, checked
+    configuration; `run.config` itself is never written to. An extra of plugin API 1.1 or before that changes it
+    in place (`adjust_config`) is still called, on a copy."""
+    config = run.config
+    for extra in plugins.extras:  # each sees the configuration the extras before it made
+        with plugins.extra_code(extra):
+            changes = plugins.registry.call("extras", extra, "config_changes", run)
+        if changes:
+            unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(config)})
+            if unknown:
+                raise RunFailure(f"extra '{extra.name}' changes unknown configuration keys: {', '.join(unknown)}")
+            config = dataclasses.replace(config, **changes)
+            run = dataclasses.replace(run, config=config)
+    in_place = [extra for extra in plugins.extras if type(extra).adjust_config is not Extra.adjust_config]
+    if in_place:
+        config = copy.deepcopy(config)
+        run = dataclasses.replace(run, config=config)
+        for extra in in_place:
+            with plugins.extra_code(extra):
+                extra.adjust_config(run)
+    return config
 
 
 def device_refusal(run, extras, extra_code=None):
@@ -279,9 +311,7 @@ def compile_model(keras, model, config, total_steps, compile_options):
 def extras_compile_options(run, plugins):
     """The `model.compile` options the extras ask for, each with the extra that asked."""
     options, asked_by = {}, {}
-    for extra in plugins.extras:
-        with plugins.extra_code(extra):
-            asked = extra.compile_options(run)
+    for extra, asked in plugins.ask_extras("compile_options", run):
         for key, value in asked.items():
             options[key] = value
             asked_by[key] = extra.name

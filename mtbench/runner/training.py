@@ -50,6 +50,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     raw = read_data(config, plugins, console, stopwatch)
 
     keras, run = start_backend(config, plugins, launch)
+    config = run.config  # with what the extras change (a TPU's batch size)
     data = prepare_data(config, plugins, raw, stopwatch)
     for line in data.lines:
         console.print(line, highlight=False, soft_wrap=True)
@@ -163,9 +164,7 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     the train step (the extras wrap or replace the backend's), and lets each extra verify it takes effect."""
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(config.dtype)
-    for extra in plugins.extras:
-        with plugins.extra_code(extra):
-            extra.before_model(run)
+    plugins.ask_extras("before_model", run)
     run.attention = choose_attention_kernels(run, plugins)
     model, model_shape = build_model(run, plugins, data.tokenizer)
     starting_weights(config, plugins, model, weights_file)
@@ -186,9 +185,7 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
         _, first_batch = next(plugins.task.batches(data, config))
         batches = Prefetched(plugins.task.batches(data, config, skip=state.step))
     first_batch = first_batch.shard(run.processes.rank, run.processes.world_size)
-    for extra in plugins.extras:
-        with plugins.extra_code(extra):
-            reason = extra.verify(run, model, first_batch)
+    for extra, reason in plugins.ask_extras("verify", run, model, first_batch):
         if reason:
             raise RunFailure(f"extra '{extra.name}' did not take effect: {reason}")
     with plugins.task_code():

@@ -184,7 +184,7 @@ class Extra:
 
     Never degrade silently: `unavailable_reason` must explain why the extra cannot run, and `record` must
     report only what really happened. The hooks are called in this order, in the process that trains:
-    `environment` (before the framework is imported), `unavailable_reason`, `adjust_config`, `before_model`,
+    `environment` (before the framework is imported), `unavailable_reason`, `config_changes`, `before_model`,
     `compile_options`, `make_train_step`, `verify`, then training, then `record`."""
     name = ""
     description = ""
@@ -198,9 +198,15 @@ class Extra:
         """Environment variables to set before the framework is imported."""
         return {}
 
+    def config_changes(self, run):
+        """Called before the data is batched: {configuration key: new value} this extra needs (a TPU's batch size),
+        or {}. mtbench makes the run's configuration anew with them (checked as the command line's are); the
+        result's config shows them. Plugin API 1.2; it replaces `adjust_config`."""
+        return {}
+
     def adjust_config(self, run):
-        """Called before the data is batched: may change `run.config` (batch size, bucket step). Whatever it
-        changes is what the result's config shows."""
+        """Deprecated in plugin API 1.2 for `config_changes`: an extra that implements it may still change
+        `run.config` in place (on a copy mtbench then uses)."""
 
     def unavailable_reason(self, run):
         """Why this extra cannot run in this run (device, dtype, devices), or None when it can. Say it without

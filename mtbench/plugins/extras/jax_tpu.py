@@ -39,16 +39,15 @@ class TpuStrategy(Extra):
             return f"computes in bfloat16; --dtype {run.config.dtype} does not fit it"
         return None
 
-    def adjust_config(self, run):
+    def config_changes(self, run):
         config = run.config
         cores = run.device.get("count", 1)
         before = {"batch_size": config.batch_size, "max_len": config.max_len, "dtype": config.dtype}
-        config.batch_size = tpu_batch_size(config.batch_size, cores)
-        config.max_len = round_up(config.max_len, LENGTH_MULTIPLE)
-        if config.dtype == "float32":
-            config.dtype = "mixed_bfloat16"
-        run.extras_state[self.name] = {"cores": cores, "requested": before,
-                                       "used": {k: getattr(config, k) for k in before}}
+        used = {"batch_size": tpu_batch_size(config.batch_size, cores),
+                "max_len": round_up(config.max_len, LENGTH_MULTIPLE),
+                "dtype": "mixed_bfloat16" if config.dtype == "float32" else config.dtype}
+        run.extras_state[self.name] = {"cores": cores, "requested": before, "used": used}
+        return {key: value for key, value in used.items() if value != before[key]}
 
     def before_model(self, run):
         import jax

@@ -215,14 +215,21 @@ from types import SimpleNamespace
 from mtbench.plugins.extras.jax_tpu import TpuStrategy, tpu_batch_size, tpu_mesh
 from mtbench.runner.config import TrainConfig
 mesh, distribution = tpu_mesh(jax.devices())
-run = SimpleNamespace(config=TrainConfig(batch_size=60, max_len=45), device={"count": 4}, extras_state={})
-TpuStrategy().adjust_config(run)
-print(json.dumps({"mesh": list(mesh.shape), "axes": list(mesh.axis_names), "batch": run.config.batch_size,
-                  "max_len": run.config.max_len, "dtype": run.config.dtype, "b": [tpu_batch_size(8, 1), tpu_batch_size(33, 4)]}))
+from mtbench.plugins.api import RunContext
+from mtbench.plugins.manager import registry
+from mtbench.runner.setup import RunPlugins, adjusted_config
+given = TrainConfig(batch_size=60, max_len=45)
+run = RunContext(config=given, backend=None, device={"count": 4})
+config = adjusted_config(run, RunPlugins(None, [TpuStrategy()], [], registry()))
+assert (given.batch_size, given.max_len, given.dtype) == (60, 45, "float32")  # a new configuration, not a rewrite
+print(json.dumps({"mesh": list(mesh.shape), "axes": list(mesh.axis_names), "batch": config.batch_size,
+                  "max_len": config.max_len, "dtype": config.dtype, "b": [tpu_batch_size(8, 1), tpu_batch_size(33, 4)],
+                  "record": run.extras_state["tpu"]}))
 """
     env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"mesh": [4], "axes": ["batch"], "batch": 64, "max_len": 48, "dtype": "mixed_bfloat16",
-                   "b": [8, 64]}
+                   "b": [8, 64], "record": {"cores": 4, "requested": {"batch_size": 60, "max_len": 45, "dtype": "float32"},
+                                            "used": {"batch_size": 64, "max_len": 48, "dtype": "mixed_bfloat16"}}}
