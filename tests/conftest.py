@@ -391,5 +391,21 @@ def plugin_path(tmp_path_factory):
     return str(site)
 
 
+def require_installed_example(package, module, directory, install):
+    """The distribution of an example plugin package, installed from this checkout's `directory` (CI installs
+    it): a test module's fixture fails, never skips, when it is not."""
+    import importlib
+    import importlib.metadata
+    try:
+        distribution = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail(f"the example plugin package {package} is not installed; run: {install}", pytrace=False)
+    where = os.path.realpath(importlib.import_module(module).__file__)
+    if not where.startswith(os.path.realpath(directory) + os.sep):
+        pytest.fail(f"{package} is imported from {where}, not from this checkout's "
+                    f"{os.path.relpath(directory, REPOSITORY)}; run: {install}", pytrace=False)
+    return distribution
+
+
 def env_with(plugin_path):
     return {"PYTHONPATH": plugin_path + os.pathsep + os.environ.get("PYTHONPATH", "")}

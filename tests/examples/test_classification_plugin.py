@@ -2,7 +2,6 @@
 hook open. Installed with pip, loaded by its package name, trained and compared through mtbench's command line on
 both backends: float32 losses that coincide, accuracy in the tables and no BLEU or perplexity."""
 
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -11,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPOSITORY, run_cli
+from conftest import require_installed_example, REPOSITORY, run_cli
 from mtbench.runner.results.schema import schema_errors
 
 PACKAGE = "mtbench-classification"
@@ -27,16 +26,7 @@ QUALITY_ROWS = ("train loss", "validation loss", "test loss", "validation token 
 @pytest.fixture(scope="module", autouse=True)
 def installed():
     """The package must be installed from this checkout (the CI script installs it); never skipped."""
-    try:
-        distribution = importlib.metadata.distribution(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail(f"the example plugin package {PACKAGE} is not installed; run: {INSTALL}", pytrace=False)
-    import mtbench_classification
-    where = os.path.realpath(mtbench_classification.__file__)
-    if not where.startswith(os.path.realpath(EXAMPLE_DIR) + os.sep):
-        pytest.fail(f"{PACKAGE} is imported from {where}, not from this checkout's examples/mtbench-classification; "
-                    f"run: {INSTALL}", pytrace=False)
-    return distribution
+    return require_installed_example(PACKAGE, "mtbench_classification", EXAMPLE_DIR, INSTALL)
 
 
 def test_plugin_modules_import_no_framework_and_no_scikit_learn():

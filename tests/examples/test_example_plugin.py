@@ -2,7 +2,6 @@
 package name, run through mtbench's command line in a fresh process. It is also the pattern for testing a plugin
 package of your own (docs/plugins.md, "Testing a plugin")."""
 
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -10,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ONE_BUCKET, REPOSITORY, TINY_TRAIN, run_cli
+from conftest import require_installed_example, ONE_BUCKET, REPOSITORY, TINY_TRAIN, run_cli
 from mtbench import FIGURES, run_label
 
 PACKAGE = "mtbench-example"
@@ -25,16 +24,7 @@ MISSING_TSV = "Error: dataset 'example-tsv': set MTBENCH_EXAMPLE_TSV to a TSV fi
 @pytest.fixture(scope="module", autouse=True)
 def installed():
     """The example must be installed from this checkout (the CI script installs it); never skipped."""
-    try:
-        distribution = importlib.metadata.distribution(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail(f"the example plugin package {PACKAGE} is not installed; run: {INSTALL}", pytrace=False)
-    import mtbench_example
-    where = os.path.realpath(mtbench_example.__file__)
-    if not where.startswith(os.path.realpath(EXAMPLE_DIR) + os.sep):
-        pytest.fail(f"{PACKAGE} is imported from {where}, not from this checkout's examples/mtbench-example; "
-                    f"run: {INSTALL}", pytrace=False)
-    return distribution
+    return require_installed_example(PACKAGE, "mtbench_example", EXAMPLE_DIR, INSTALL)
 
 
 @pytest.fixture(scope="module")

@@ -36,10 +36,9 @@ class ClassificationTask(Task):
     higher_is_better = True
 
     def check(self, config):
-        for name, unset in OTHER_TASKS_OPTIONS.items():
-            if getattr(config, name) != unset:
-                raise MtbenchError(f"--{FLAGS.get(name, name.replace('_', '-'))} is not an option of classification; "
-                                   f"the '{config.model_family[0]}' model family is a classifier")
+        self.refuse_options(config, OTHER_TASKS_OPTIONS, f"is not an option of classification; the "
+                                                         f"'{config.model_family[0]}' model family is a classifier",
+                            FLAGS)
         if config.dataset not in DATASETS and config.dataset != dataset_default(config):
             raise MtbenchError(f"--dataset {config.dataset}: the classification task reads "
                                f"{', '.join(DATASETS)}, not a translation corpus")

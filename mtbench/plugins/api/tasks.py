@@ -9,6 +9,8 @@ and `batches_per_epoch` for training, and, with the trained model, `evaluator` o
 
 from dataclasses import dataclass, field
 
+from mtbench.errors import MtbenchError
+
 
 @dataclass
 class TaskData:
@@ -57,6 +59,14 @@ class Task:
     def check(self, config):
         """Raises `MtbenchError` with one line for an option this task does not take (before anything is
         imported)."""
+
+    def refuse_options(self, config, unset, why, flags=None):
+        """A helper for `check`: raises `MtbenchError` for the first option of `unset` ({configuration key: its value
+        when not given}) that `config` sets, as '--FLAG WHY'; `flags` names a key's flag where it is not the key
+        with dashes ({'data_file': 'data'})."""
+        for name, value in unset.items():
+            if getattr(config, name) != value:
+                raise MtbenchError(f"--{(flags or {}).get(name, name.replace('_', '-'))} {why}")
 
     def read(self, config, registry, progress):
         """The raw data (the task's own type), read before the framework is imported. `registry` looks up

@@ -29,10 +29,8 @@ class LanguageModellingTask(Task):
     higher_is_better = False
 
     def check(self, config):
-        for name, unset in TRANSLATION_OPTIONS.items():
-            if getattr(config, name) != unset:
-                raise MtbenchError(f"--{name.replace('_', '-')} is an option of translation; the "
-                                   f"'{config.model_family[0]}' model family is a language model")
+        self.refuse_options(config, TRANSLATION_OPTIONS, f"is an option of translation; the "
+                                                         f"'{config.model_family[0]}' model family is a language model")
         if config.tokenizer not in (None, *TOKENIZERS):
             raise MtbenchError(f"unknown --tokenizer '{config.tokenizer}'; choose one of {', '.join(TOKENIZERS)}")
 

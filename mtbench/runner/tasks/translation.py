@@ -29,10 +29,9 @@ class TranslationTask(Task):
     result_files = ("hypotheses_file", "references_file")
 
     def check(self, config):
-        for name, unset in LANGUAGE_MODEL_OPTIONS.items():
-            if getattr(config, name) != unset and not (name == "tokenizer" and config.tokenizer == "sentencepiece"):
-                raise MtbenchError(f"--{name.replace('_', '-')} is an option of language models; the "
-                                   f"'{config.model_family[0]}' model family is trained on translation")
+        self.refuse_options(config, LANGUAGE_MODEL_OPTIONS, f"is an option of language models; the "
+                                                            f"'{config.model_family[0]}' model family is trained on "
+                                                            f"translation")
 
     def read(self, config, registry, progress):
         return load_corpus(config, registry, progress)
