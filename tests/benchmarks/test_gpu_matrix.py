@@ -86,7 +86,7 @@ def test_a_backend_without_the_gpu_or_not_installed_is_skipped_with_the_reason()
 
 
 def test_rows_choose_a_part_of_the_plan_by_number():
-    planned = plan_rows(described(), numbers=gpu_matrix.parse_numbers("2,5-6"))
+    planned = plan_rows(described(), numbers=gpu_matrix.parse_numbers("2,5-6"), presets=["small"])
     assert [(row.number, row.key) for row, _ in planned] == [
         (2, "small mixed_bfloat16 torch+torch-compile"), (5, "small float32 (highest) jax"),
         (6, "small float32 (high) jax")]
@@ -158,7 +158,7 @@ def matrix_args(tmp_path, budget):
 def test_rows_that_would_not_fit_are_cut_with_their_estimate_and_a_cheaper_one_still_runs(tmp_path, monkeypatch):
     fake = FakeMtbench({"init-weights": 30, "jax": 50, "torch eager": 20, "torch compiled default": 90})
     monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
-    planned = plan_rows(described(), numbers={1, 2, 3, 5})  # jax, torch compiled, torch eager, jax float32
+    planned = plan_rows(described(), numbers={1, 2, 3, 5}, presets=["small"])  # jax, torch compiled, torch eager, jax float32
     records, results = run_matrix(planned, matrix_args(tmp_path, 150), [], "gpu", clock=fake.clock)
     # 30 s of weights + 50 s of jax leave 70 s: the compiled row's first guess (30 + 100 s) does not fit, torch
     # eager's (30 + 20 s) does and takes 20 s; the second jax row needs what the first took, 50 s, and 50 are left.
@@ -177,7 +177,7 @@ def test_rows_that_would_not_fit_are_cut_with_their_estimate_and_a_cheaper_one_s
 def test_a_row_still_running_when_the_budget_ends_is_stopped(tmp_path, monkeypatch):
     fake = FakeMtbench({"init-weights": 10, "jax": 200})  # guessed: 40 s for the weights, 40 + 40 s for the row
     monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
-    records, results = run_matrix(plan_rows(described(), numbers={1}), matrix_args(tmp_path, 130), [], "gpu",
+    records, results = run_matrix(plan_rows(described(), numbers={1}, presets=["small"]), matrix_args(tmp_path, 130), [], "gpu",
                                   clock=fake.clock)
     assert fake.now == 130 and not results
     assert records[0]["status"] == "stopped"
@@ -187,7 +187,7 @@ def test_a_row_still_running_when_the_budget_ends_is_stopped(tmp_path, monkeypat
 def test_a_budget_too_small_for_the_weights_and_a_row_starts_nothing(tmp_path, monkeypatch):
     fake = FakeMtbench({"init-weights": 10, "jax": 10})
     monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
-    records, _ = run_matrix(plan_rows(described(), numbers={1, 3}), matrix_args(tmp_path, 30), [], "gpu",
+    records, _ = run_matrix(plan_rows(described(), numbers={1, 3}, presets=["small"]), matrix_args(tmp_path, 30), [], "gpu",
                             clock=fake.clock)
     assert fake.launched == [] and [r["status"] for r in records] == ["cut", "cut"]
     assert "and the preset's weights file first (about 40 s)" in records[0]["reason"]
@@ -207,8 +207,8 @@ def test_the_table_and_json_are_on_disk_and_the_row_printed_as_each_row_ends(tmp
     monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
     monkeypatch.setattr(gpu_matrix, "run_probe", lambda: described())
     # On the real clock the fake rows take no time: a budget far above their estimates lets both run.
-    assert gpu_matrix.main(["--runs", "jax,torch", "--dtypes", BF16, "--budget", "1000", "--out", str(tmp_path),
-                            "--cache-dir", str(tmp_path)]) == 0
+    assert gpu_matrix.main(["--runs", "jax,torch", "--dtypes", BF16, "--presets", "small", "--budget", "1000",
+                            "--out", str(tmp_path), "--cache-dir", str(tmp_path)]) == 0
     assert seen == [("jax", ["running", "pending"], 0), ("torch", ["ran", "running"], 1)]
     err = capsys.readouterr().err
     assert "| 1 | small | mixed_bfloat16 | jax | jax-step" in err and "| 3 | small | mixed_bfloat16 | torch |" in err
@@ -225,7 +225,7 @@ def test_an_interrupted_matrix_marks_the_running_row_stopped_and_writes_what_it_
     monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
     published = []
     with pytest.raises(KeyboardInterrupt):
-        run_matrix(plan_rows(described(), numbers={1, 3}), matrix_args(tmp_path, 1000), [], "gpu", clock=fake.clock,
+        run_matrix(plan_rows(described(), numbers={1, 3}, presets=["small"]), matrix_args(tmp_path, 1000), [], "gpu", clock=fake.clock,
                    publish=lambda records, results, record: published.append([r["status"] for r in records]))
     assert published == [["pending", "pending"], ["running", "pending"], ["stopped", "cut"]]
 

@@ -522,7 +522,8 @@ def describe_configuration(comparison):
     (absent from a comparison's shared configuration) reads 'per run'."""
     config, task = comparison.config, result_task(comparison.baseline.first)
     length = f"{config['steps']} steps" if config.get("epochs") is None else f"{config['epochs']} epochs"
-    corpus = config.get("data_file") or comparison.baseline.first["data"]["corpus"]
+    corpus = config.get("data_file") or (comparison.baseline.first.get("data") or {}).get("corpus") \
+        or config.get("dataset")
     tokens = config.get("max_tokens")
     batch = f"{tokens} tokens" if tokens is not None else config.get("batch_size", "per run")
     parts = [corpus, f"preset {config['preset']}", f"{length} x batch {batch}"]
