@@ -364,6 +364,15 @@ MISFITS = textwrap.dedent('''
         register(PartialFails())
 ''')
 
+def guide_example(heading):
+    """The Python block that follows `heading` in docs/plugins.md: the guide's example, as a reader copies it."""
+    with open(os.path.join(REPOSITORY, "docs", "plugins.md"), encoding="utf-8") as f:
+        guide = f.read()
+    after = guide[guide.index(heading):]
+    start = after.index("```python\n") + len("```python\n")
+    return after[start:after.index("```", start)]
+
+
 THIRD_PARTY_PACKAGES = {  # package -> (version, entry-point name, module source)
     "mtbench_thirdparty": ("0.3.0", "thirdparty", THIRD_PARTY),
     "mtbench_broken": ("0.0.1", "broken", "raise ImportError('this plugin is broken on purpose')\n"),
@@ -373,6 +382,7 @@ THIRD_PARTY_PACKAGES = {  # package -> (version, entry-point name, module source
     "mtbench_twin_b": ("1.0.0", "twin", TWIN.replace("{letter}", "b")),
     "mtbench_brokenflow": ("1.0", "brokenflow", BROKEN_BACKEND),
     "mtbench_misfits": ("1.0", "misfits", MISFITS),
+    "mtbench_oneblock": ("1.0", "oneblock", guide_example("**A decoder-only family**")),
 }
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import run_cli
+from conftest import env_with, run_cli
 from mtbench.runner.results.schema import schema_errors
 
 TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
@@ -40,8 +40,8 @@ def train(backend, out, *arguments, cache_dir):
 
 @pytest.mark.slow  # 15-35 s: one training process
 def test_a_byte_level_model_reports_perplexity_and_bits_per_byte_and_no_bleu(text_folder, cache_dir, tmp_path):
-    result = train("jax", tmp_path / "bytes.json", "--data", os.path.join(text_folder, "a-genesis.txt"),
-                   "--steps", "20", cache_dir=cache_dir)
+    result = train("jax", tmp_path / "bytes.json", "--data", text_folder, "--steps", "20", "--eval-every", "10",
+                   "--target-loss", "10", cache_dir=cache_dir)
     assert schema_errors(result) == []
     assert result["config"]["task"] == "language-modelling" and result["data"]["tokenizer"]["type"] == "byte"
     metrics = result["metrics"]
@@ -56,6 +56,10 @@ def test_a_byte_level_model_reports_perplexity_and_bits_per_byte_and_no_bleu(tex
     assert ranges["train"][1] == ranges["valid"][0] and ranges["valid"][1] == ranges["test"][0]
     steady = [h for h in result["history"] if not h["first_of_shape"]]
     assert all(h["tokens"] == 8 * 32 for h in steady)  # tokens/s counts every position the loss counts
+    target = result["target"]  # a loss of 10 nats is below a uniform guess's 5.5: reached at the first evaluation
+    assert target["metric"] == "loss" and target["outcome"] == "reached" and target["steps_to_target"] == 10
+    assert result["status_reason"] == "validation loss " + f"{target['evaluations'][0]['loss']:.4g}" + \
+        " reached the target 10.0 at step 10"
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +138,22 @@ def test_translation_refuses_a_language_models_options(tmp_path, cache_dir):
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("Error: task 'translation': --block-size is an option of language models; the "
                                    "'transformer' model family is trained on translation")
+
+
+@pytest.mark.slow
+def test_the_guides_decoder_only_family_trains_compares_and_is_scored_by_perplexity(plugin_path, text_folder,
+                                                                                   cache_dir, tmp_path):
+    """The decoder-only family of docs/plugins.md, copied as a reader would, in a plugin package of its own."""
+    env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-oneblock"}
+    out = tmp_path / "compare.json"
+    proc = run_cli("compare", "--backends", "jax,torch", "--model", "one-block-lm", "--preset", "tiny", "--steps", "12",
+                   "--block-size", "32", "--batch-size", "8", "--valid-size", "5", "--test-size", "5", "--data",
+                   text_folder, "--cache-dir", cache_dir, "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "validation perplexity" in proc.stdout and "BLEU" not in proc.stdout
+    combined = json.loads(out.read_text())
+    for run in combined["runs"]:
+        result = run["result"]
+        assert result["config"]["task"] == "language-modelling" and result["model"]["family"] == "one-block-lm"
+        assert result["metrics"]["val_perplexity"] > 1 and "bleu" not in result["metrics"]
+    assert combined["parity"]["passed"] and combined["parity"]["pairs"], combined["parity"]
