@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from benchmarks import native_flax
-from benchmarks.native_flax import Attention, batch_arrays  # noqa: F401 (batch_arrays: this module's API)
+from benchmarks.native_flax import batch_arrays  # noqa: F401 (this module's API)
 
 LAYER_NORM_EPSILON = 1e-5
 
@@ -22,11 +22,8 @@ def layer_norm(name, dtype):
     return nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=dtype, name=name)
 
 
-class MLP(nn.Module):
-    d_model: int
-    ff_dim: int
-    dropout: float
-    dtype: jnp.dtype = jnp.float32
+class MLP(native_flax.FeedForward):
+    """The translation model's feed-forward layers, with exact GELU, and dropout on its output (as Keras's GPT)."""
 
     @nn.compact
     def __call__(self, x, training):
@@ -35,19 +32,12 @@ class MLP(nn.Module):
         return nn.Dropout(self.dropout, deterministic=not training)(out)
 
 
-class Block(nn.Module):
-    d_model: int
-    num_heads: int
-    ff_dim: int
-    dropout: float
-    dtype: jnp.dtype = jnp.float32
-
+class Block(native_flax.Block):
     @nn.compact
     def __call__(self, x, training):
         drop = nn.Dropout(self.dropout, deterministic=not training)
         h = layer_norm("attention_norm", self.dtype)(x)
-        attention = Attention(self.d_model, self.num_heads, is_causal=True, dtype=self.dtype, name="self_attention")
-        x = x + drop(attention(h, h))
+        x = x + drop(self.attention("self_attention", is_causal=True)(h, h))
         mlp = MLP(self.d_model, self.ff_dim, self.dropout, self.dtype, name="mlp")
         return x + mlp(layer_norm("mlp_norm", self.dtype)(x), training)
 

@@ -23,12 +23,8 @@ def layer_norm(d_model):
     return nn.LayerNorm(d_model, eps=LAYER_NORM_EPSILON)
 
 
-class MLP(nn.Module):
-    def __init__(self, d_model, ff_dim, dropout):
-        super().__init__()
-        self.hidden = nn.Linear(d_model, ff_dim)
-        self.out = nn.Linear(ff_dim, d_model)
-        self.dropout = nn.Dropout(dropout)
+class MLP(native_torch.FeedForward):
+    """The translation model's feed-forward layers, with GELU, and dropout on its output (as Keras's GPT)."""
 
     def forward(self, x):
         return self.dropout(self.out(F.gelu(self.hidden(x))))  # approximate="none": erf, as Keras's default

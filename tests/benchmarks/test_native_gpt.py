@@ -5,14 +5,13 @@ the same optimizer, their losses are mtbench's Keras step's losses for several s
 In-process (keras on JAX), as tests/benchmarks/test_native_baselines.py: both baselines against one run of Keras's
 own step, each held to the tolerance of the arithmetic its matmuls use."""
 
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 
 from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_workload
-from conftest import REPOSITORY
+from conftest import REPOSITORY, needs_flax
 from mtbench import KerasTrainStep
 from mtbench.runner.config import TrainConfig
 from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
@@ -21,8 +20,6 @@ from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 pytestmark = pytest.mark.slow
 
 STEPS = 4
-needs_flax = pytest.mark.skipif(importlib.util.find_spec("flax") is None or importlib.util.find_spec("optax") is None,
-                                reason="the Flax baseline needs flax and optax (pip install -e '.[bench]')")
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +50,19 @@ def test_the_workload_is_the_language_modelling_tasks_byte_batches(keras_run):
     assert len(set(np.round(keras_run["losses"], 6))) == STEPS  # every step moved the weights
 
 
+def native_losses(keras_run, native):
+    """The native step's losses on the workload's batches, from Keras's initial weights; and the step."""
+    workload = keras_run["workload"]
+    step = native.train_step_from_keras_weights(workload.model_shape, keras_run["weights"], keras_run["settings"])
+    convert = native.batch_arrays if hasattr(native, "batch_arrays") else native.batch_tensors
+    losses = [float(step(*convert(b))["loss"]) for b in workload.batches]
+    return np.array(losses), step
+
+
 @needs_flax
 def test_flax_gpt_step_losses_equal_the_keras_steps(keras_run):
     from benchmarks import native_gpt_flax
-    workload = keras_run["workload"]
-    step = native_gpt_flax.train_step_from_keras_weights(workload.model_shape, keras_run["weights"],
-                                                         keras_run["settings"])
-    losses = [float(step(*native_gpt_flax.batch_arrays(b))["loss"]) for b in workload.batches]
+    losses, step = native_losses(keras_run, native_gpt_flax)
     np.testing.assert_allclose(losses, keras_run["losses"], rtol=matmul_tolerance(1e-4, float32_matmul_arithmetic("jax")))
     weights = step.weights_by_keras_path(list(keras_run["weights"]))
     assert {path: value.shape for path, value in weights.items()} == {
@@ -68,10 +71,7 @@ def test_flax_gpt_step_losses_equal_the_keras_steps(keras_run):
 
 def test_torch_gpt_step_losses_equal_the_keras_steps(keras_run):
     from benchmarks import native_gpt_torch
-    workload = keras_run["workload"]
-    step = native_gpt_torch.train_step_from_keras_weights(workload.model_shape, keras_run["weights"],
-                                                          keras_run["settings"])
-    losses = [float(step(*native_gpt_torch.batch_tensors(b, step.device))["loss"]) for b in workload.batches]
+    losses, step = native_losses(keras_run, native_gpt_torch)
     rtol = matmul_tolerance(1e-4, float32_matmul_arithmetic("jax"), float32_matmul_arithmetic("torch"))
     np.testing.assert_allclose(losses, keras_run["losses"], rtol=rtol)
     assert set(step.model.state_dict()) == {native_gpt_torch.native_torch.torch_name(path)[0]
