@@ -1,7 +1,7 @@
 """The host's share of a training step, measured where there is no GPU: how long each framework's Python and
 dispatch take per step, for mtbench's steps against the steps a user would write by hand.
 
-    python benchmarks/host_overhead.py [--quick] [--d-model 16] [--layers 1] [--heads 2] [--ff-dim 32]
+    python benchmarks/host_overhead.py [--quick] [--model transformer|gpt] [--text FILE] [--d-model 16] [--layers 1] [--heads 2] [--ff-dim 32]
                                        [--batch-size 2] [--length 8] [--batches 12] [--rounds 50]
                                        [--steps-per-round 20] [--warmup 5] [--max-other 10] [--retries 5]
                                        [--cpus 0,1] [--cache-dir DIR]
@@ -15,6 +15,11 @@ operation count as the step on a GPU, with the CPU's microsecond kernels in plac
 --heads 4` gives the `small` preset's depth (its operation count) at the same negligible size. --length is also
 --max-len, so every pair falls in one length bucket (at most 16 tokens); the built-in corpus has only 3 pairs of
 at most 8 tokens a side, so the default batches repeat them, which changes nothing of the host's work.
+
+With --model gpt the model is the decoder-only language model (the `tiny` GPT preset at the same negligible size:
+d_model 16, --layers 1 block, 2 heads, feed-forward 32, byte vocabulary 256), on the language-modelling task's
+byte-level batches of --text FILE or the built-in corpus's source side, blocks of --length (8) tokens; the native
+contestants are benchmarks/native_gpt_torch.py and native_gpt_flax.py.
 
 The contestants, on mtbench's own real batches (one length bucket), from the same initial weights:
 
@@ -63,7 +68,7 @@ if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # run as a script: `benchmarks` and `mtbench` from this checkout
 
 from benchmarks.overhead import (hardware, measurement_parser, parse_measurement_args, ratio,  # noqa: E402
-                                 run_interleaved, summarize, versions)
+                                 run_interleaved, summarize, versions, workload_config)
 from mtbench.runner.measurement.load import other_processes_percent, sample_load  # noqa: E402
 
 QUICK = {"batches": 2, "rounds": 2, "steps_per_round": 2, "warmup": 1}
@@ -80,10 +85,8 @@ REQUIRED = ("torch", "jax", "flax", "optax")
 # ---- worker: one framework, in its own process ------------------------------------------------------------------
 
 def train_config(framework, args):
-    from mtbench.runner.config import TrainConfig
-    return TrainConfig(backend=framework, preset=args.preset, batch_size=args.batch_size, max_len=args.length,
-                       d_model=args.d_model, heads=args.heads, layers=args.layers, ff_dim=args.ff_dim,
-                       cache_dir=args.cache_dir)
+    return workload_config(args, framework, max_len=args.length, d_model=args.d_model, heads=args.heads,
+                           layers=args.layers, ff_dim=args.ff_dim)
 
 
 def jax_contestants(keras, backend, run, workload, total_steps):
@@ -95,16 +98,22 @@ def jax_contestants(keras, backend, run, workload, total_steps):
     native = native_contestant("jax", workload, initial_weights(model, workload.config.seed),
                                OptimizerSettings.of_keras_optimizer(model.optimizer), name=NATIVE_FLAX)
     return ([keras_contestant(MTBENCH_JAX, backend, model, step), native],
-            {MTBENCH_JAX: step.name, NATIVE_FLAX: "native_flax.FlaxTrainStep"})
+            {MTBENCH_JAX: step.name, NATIVE_FLAX: f"{native_module('jax', workload)}.FlaxTrainStep"})
+
+
+def native_module(framework, workload):
+    """The name of the native baselines' module for the workload's model, as the report shows it."""
+    from benchmarks.overhead import NATIVE_MODULES
+    return NATIVE_MODULES[(workload.config.model_family[0], framework)].rpartition(".")[2]
 
 
 def torch_contestants(keras, backend, workload, total_steps):
     from benchmarks.torch_compile import COMPILED, EAGER, make_contestants
     from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
     from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
+    native = native_module("torch", workload)
     steps = {EAGER["mtbench"]: EagerTorchTrainStep.name, COMPILED["mtbench"]: CompiledTorchTrainStep.name,
-             EAGER["native"]: "native_torch.TorchTrainStep",
-             COMPILED["native"]: "native_torch.TorchTrainStep(compile)"}
+             EAGER["native"]: f"{native}.TorchTrainStep", COMPILED["native"]: f"{native}.TorchTrainStep(compile)"}
     return make_contestants(keras, backend, workload, total_steps), steps
 
 
@@ -253,7 +262,7 @@ def summary_json(ready, seconds, bursts, settings):
 def report(summary):
     s = summary["settings"]
     model = s["model"]
-    lines = [f"host overhead per training step: d_model {model['d_model']}, {model['encoder_layers']}+"
+    lines = [f"host overhead per training step, {s.get('model_family', 'transformer')} model: d_model {model['d_model']}, {model['encoder_layers']}+"
              f"{model['decoder_layers']} layers, {model['num_heads']} heads, feed-forward {model['ff_dim']}, "
              f"vocabulary {model['vocab_size']}, float32; batch {s['batch_shape'][0]} x {s['batch_shape'][1]} tokens; "
              f"{s['rounds']} rounds of {s['steps_per_round']} timed steps per contestant, the torch and JAX worker "
@@ -297,7 +306,7 @@ def parse_args(argv):
     if args.retries < 0 or args.max_other < 0:
         parser.error("--retries and --max-other must be 0 or more")
     from mtbench.runner.data.batches import BUCKET_STEP
-    if args.length > BUCKET_STEP:
+    if args.model != "gpt" and args.length > BUCKET_STEP:
         # --max-len is the length, so every pair falls in one length bucket (a bucket too thin to fill a batch,
         # beside others, would leave the search for its batches endless)
         parser.error(f"--length must be at most {BUCKET_STEP} (one length bucket), not {args.length}")
@@ -332,7 +341,7 @@ def main(argv=None):
         print(f"host_overhead: {failure}", file=sys.stderr)
         return 1
     shutil.rmtree(log_dir, ignore_errors=True)  # kept only where a worker failed
-    settings = {"model": ready["torch"]["model"], "batch_shape": ready["torch"]["batch_shape"],
+    settings = {"model_family": args.model, "model": ready["torch"]["model"], "batch_shape": ready["torch"]["batch_shape"],
                 "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup": args.warmup,
                 "batches": args.batches, "dtype": "float32", "versions": versions(), "hardware": hardware(),
                 "cpus": args.cpus, "max_other_percent": args.max_other, "retries": args.retries,

@@ -218,13 +218,14 @@ class FlaxTrainStep:
         self.state = (params, optimizer.init(params), jax.random.key(seed))
         self._step = jax.jit(self._train_step, donate_argnums=0)
 
-    def _train_step(self, state, source, target_input, target_output, weight):
+    def _train_step(self, state, *arrays):
+        *inputs, target_output, weight = arrays
         params, optimizer_state, key = state
         key, dropout_key = jax.random.split(key)
         tokens = jnp.sum(weight)
 
         def loss_of(params):
-            logits = self.model.apply(params, source, target_input, training=True, rngs={"dropout": dropout_key})
+            logits = self.model.apply(params, *inputs, training=True, rngs={"dropout": dropout_key})
             token_loss = optax.softmax_cross_entropy_with_integer_labels(logits, target_output)
             return jnp.sum(token_loss * weight) / tokens, logits
 
@@ -234,9 +235,11 @@ class FlaxTrainStep:
         accuracy = correct_tokens(target_output, logits, weight) / tokens
         return (params, optimizer_state, key), {"loss": loss, "accuracy": accuracy}
 
-    def __call__(self, source, target_input, target_output, weight):
-        """Returns the batch's {'loss', 'accuracy'} as device arrays (asynchronously); `block()` waits."""
-        self.state, logs = self._step(self.state, source, target_input, target_output, weight)
+    def __call__(self, *arrays):
+        """`arrays`: the model's inputs (the translation model's source and target input, a language model's
+        tokens), the labels, the weights. Returns the batch's {'loss', 'accuracy'} as device arrays
+        (asynchronously); `block()` waits."""
+        self.state, logs = self._step(self.state, *arrays)
         return logs
 
     def block(self):
@@ -251,13 +254,14 @@ class FlaxTrainStep:
         return weights_by_keras_path(self.state[0], paths)
 
 
-def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False, seed=0):
-    """The native step starting from mtbench's initial weights ({Keras path: numpy array})."""
-    model = build_model(shape, jnp.bfloat16 if mixed_bfloat16 else jnp.float32)
+def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False, seed=0, build=build_model):
+    """The native step of the model `build(shape, dtype)` makes (default: the translation Transformer), starting
+    from mtbench's initial weights ({Keras path: numpy array})."""
+    model = build(shape, jnp.bfloat16 if mixed_bfloat16 else jnp.float32)
     return FlaxTrainStep(model, params_from_keras_paths(weights), make_optimizer(settings), seed)
 
 
 def batch_arrays(batch):
-    """An mtbench `Batch` as the step's arrays, on jax's default device."""
-    return tuple(jnp.asarray(np.asarray(a)) for a in (batch.source, batch.target_input, batch.target_output,
-                                                       batch.weight))
+    """An mtbench `Batch` as the step's arrays, on jax's default device: the model's inputs (`batch.inputs`), the
+    labels, the weights."""
+    return tuple(jnp.asarray(np.asarray(a)) for a in (*batch.inputs, batch.target_output, batch.weight))

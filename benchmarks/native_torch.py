@@ -148,6 +148,10 @@ def build_model(shape):
                        shape.decoder_layers, shape.ff_dim, shape.max_len, shape.dropout)
 
 
+# The `nn.ModuleList` holding the Keras layers `KIND_N` (the translation model's `encoder_0`, the GPT's `block_0`).
+BLOCK_LISTS = {"encoder": "encoder_blocks", "decoder": "decoder_blocks", "block": "blocks"}
+
+
 def torch_name(keras_path):
     """The state-dict name of a Keras variable path (e.g. `transformer/encoder_0/ff/hidden/kernel`), and whether
     the tensor is the transpose of Keras's (`nn.Linear.weight` is (out, in), a Keras Dense kernel (in, out)):
@@ -155,8 +159,8 @@ def torch_name(keras_path):
     *scopes, leaf = keras_path.split("/")[1:]  # drop the model's own name
     for i, scope in enumerate(scopes):
         kind, _, index = scope.partition("_")
-        if kind in ("encoder", "decoder") and index.isdigit():
-            scopes[i] = f"{kind}_blocks.{index}"
+        if kind in BLOCK_LISTS and index.isdigit():
+            scopes[i] = f"{BLOCK_LISTS[kind]}.{index}"
     return ".".join(scopes + ["bias" if leaf in ("bias", "beta") else "weight"]), leaf == "kernel"
 
 
@@ -245,7 +249,8 @@ class TorchTrainStep:
     """One eager step: forward (under autocast for mixed bfloat16), token-weighted mean cross-entropy,
     backward, `AdamWLikeKeras`. With `compile`, the forward and loss are one `torch.compile`d function, the way a
     PyTorch user compiles a train step. The step runs where the model's parameters are; batches must be there
-    too (`batch_tensors(batch, step.device)`)."""
+    too (`batch_tensors(batch, step.device)`). It is called as mtbench's steps are, on the model's inputs (the
+    translation model's source and target input, a language model's tokens), then the labels and weights."""
 
     def __init__(self, model, settings, mixed_bfloat16=False, compile=False):
         self.model = model.train()
@@ -254,20 +259,22 @@ class TorchTrainStep:
         self.autocast_dtype = torch.bfloat16 if mixed_bfloat16 else None
         self._forward = torch.compile(self._loss_and_correct) if compile else self._loss_and_correct
 
-    def _loss_and_correct(self, source, target_input, target_output, weight):
+    def _loss_and_correct(self, *arrays):
+        *inputs, target_output, weight = arrays
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
-            logits = self.model(source, target_input)
+            logits = self.model(*inputs)
         token_loss = F.cross_entropy(logits.flatten(0, 1), target_output.flatten(), reduction="none")
         tokens = weight.sum()
         loss = (token_loss * weight.flatten()).sum() / tokens
         correct = correct_tokens(target_output, logits, weight)
         return loss, correct / tokens
 
-    def __call__(self, source, target_input, target_output, weight):
-        """Returns the batch's {'loss', 'accuracy'} as tensors."""
+    def __call__(self, *arrays):
+        """`arrays`: the model's inputs, the labels, the weights. Returns the batch's {'loss', 'accuracy'} as
+        tensors."""
         self.optimizer.zero_grad()
-        loss, accuracy = self._forward(source, target_input, target_output, weight)
+        loss, accuracy = self._forward(*arrays)
         loss.backward()
         self.optimizer.step()
         return {"loss": loss.detach(), "accuracy": accuracy.detach()}
@@ -281,10 +288,12 @@ class TorchTrainStep:
         return weights_by_keras_path(self.model, paths)
 
 
-def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False, compile=False, device=None):
-    """The native step starting from mtbench's initial weights ({Keras path: numpy array}), on `device`
-    (default: `default_device()`, where Keras-torch puts its variables)."""
-    model = build_model(shape)
+def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False, compile=False, device=None,
+                                  build=build_model):
+    """The native step of the model `build(shape)` makes (default: the translation Transformer), starting from
+    mtbench's initial weights ({Keras path: numpy array}), on `device` (default: `default_device()`, where
+    Keras-torch puts its variables)."""
+    model = build(shape)
     model.load_state_dict(state_dict_from_keras_paths(weights))
     model.to(default_device() if device is None else device)
     return TorchTrainStep(model, settings, mixed_bfloat16=mixed_bfloat16, compile=compile)
@@ -292,8 +301,9 @@ def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False
 
 def batch_tensors(batch, device=None):
     """An mtbench `Batch` as the step's tensors on `device` (default: `default_device()`). The copies are
-    `non_blocking`, so that on CUDA the host goes on queueing work while a batch travels."""
+    `non_blocking`, so that on CUDA the host goes on queueing work while a batch travels: the model's inputs
+    (`batch.inputs`), the labels, the weights."""
     device = default_device() if device is None else device
-    arrays = (batch.source.astype(np.int64), batch.target_input.astype(np.int64),
-              batch.target_output.astype(np.int64), np.asarray(batch.weight, np.float32))
+    arrays = (*(ids.astype(np.int64) for ids in batch.inputs), batch.target_output.astype(np.int64),
+              np.asarray(batch.weight, np.float32))
     return tuple(torch.from_numpy(array).to(device, non_blocking=True) for array in arrays)

@@ -2,9 +2,14 @@
 `jax.jit` on JAX, a plain `nn.Module` with `torch.optim.AdamW` on torch; in float32 and mixed bfloat16, on the
 `small` preset and real batches of one length bucket from mtbench's own pipeline.
 
-    python benchmarks/overhead.py [--quick] [--backends jax,torch] [--dtypes float32,mixed_bfloat16]
-                                  [--batch-size 64] [--length 32] [--rounds 6] [--steps-per-round 5]
-                                  [--warmup 3] [--no-keras] [--cpus 0,1] [--cache-dir DIR]
+    python benchmarks/overhead.py [--quick] [--model transformer|gpt] [--text FILE] [--backends jax,torch]
+                                  [--dtypes float32,mixed_bfloat16] [--batch-size 64] [--length 32] [--rounds 6]
+                                  [--steps-per-round 5] [--warmup 3] [--no-keras] [--cpus 0,1] [--cache-dir DIR]
+
+The model is the translation Transformer (benchmarks/native_torch.py, native_flax.py), or with --model gpt the
+decoder-only language model (native_gpt_torch.py, native_gpt_flax.py: nanoGPT's shape) on the language-modelling
+task's byte-level batches of --text FILE or the built-in corpus's source side, its block --length tokens (default:
+the preset's, 128 for `small`).
 
 How the figures are taken. Each (backend, precision) runs in its own process (keras reads its backend once at
 import). In it, the contestants train their own copies of one model from the same initial weights on the same
@@ -37,6 +42,11 @@ DTYPES = ("float32", "mixed_bfloat16")
 RATIO_KEYS = {("jax", "float32"): "jax_ratio", ("torch", "float32"): "torch_ratio",
               ("jax", "mixed_bfloat16"): "jax_ratio_bf16", ("torch", "mixed_bfloat16"): "torch_ratio_bf16"}
 QUICK = {"batch_size": 16, "rounds": 2, "steps_per_round": 2, "warmup": 1}
+MODELS = ("transformer", "gpt")
+TRANSLATION_LENGTH = 32  # --length's default for the translation model: a well-filled length bucket
+# The hand-written baselines of each model family, by backend.
+NATIVE_MODULES = {("transformer", "jax"): "benchmarks.native_flax", ("transformer", "torch"): "benchmarks.native_torch",
+                  ("gpt", "jax"): "benchmarks.native_gpt_flax", ("gpt", "torch"): "benchmarks.native_gpt_torch"}
 
 
 @dataclass
@@ -104,14 +114,13 @@ def model_flops_utilisation(worker_result):
 # ---- worker: one backend and dtype, in its own process ----------------------------------------------------------
 
 def native_contestant(backend_name, workload, weights, settings, name="native", **step_options):
-    """The hand-written baseline as a contestant; `step_options` go to its `train_step_from_keras_weights`
-    (torch's `compile=True`, or the `device` mtbench's variables are on, say). On JAX it trains on jax's default
-    device, as Keras does; on torch on the given device, else on the one Keras-torch picks."""
+    """The hand-written baseline of the workload's model as a contestant; `step_options` go to its
+    `train_step_from_keras_weights` (torch's `compile=True`, or the `device` mtbench's variables are on, say). On
+    JAX it trains on jax's default device, as Keras does; on torch on the given device, else on the one
+    Keras-torch picks."""
+    import importlib
     mixed = workload.config.dtype == "mixed_bfloat16"
-    if backend_name == "jax":
-        from benchmarks import native_flax as native
-    else:
-        from benchmarks import native_torch as native
+    native = importlib.import_module(NATIVE_MODULES[(workload.config.model_family[0], backend_name)])
     step = native.train_step_from_keras_weights(workload.model_shape, weights, settings, mixed_bfloat16=mixed,
                                                 **step_options)
     if backend_name == "jax":
@@ -127,7 +136,7 @@ def native_contestant(backend_name, workload, weights, settings, name="native", 
 
 def keras_contestant(name, backend, model, train_step):
     def train(batch):
-        logs = train_step((batch.source, batch.target_input), batch.target_output, batch.weight)
+        logs = train_step(batch.inputs, batch.target_output, batch.weight)
         float(logs["loss"])  # a training loop reads its loss, as the native contestants do
 
     def synchronize():
@@ -141,9 +150,7 @@ def measure(backend_name, dtype, args):
     from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_benchmark
     from mtbench.plugins import manager as plugins
     from mtbench import KerasTrainStep
-    from mtbench.runner.config import TrainConfig
-    config = TrainConfig(backend=backend_name, preset=args.preset, batch_size=args.batch_size, dtype=dtype,
-                         cache_dir=args.cache_dir, **({"max_len": args.max_len} if args.max_len else {}))
+    config = workload_config(args, backend_name, dtype=dtype, **({"max_len": args.max_len} if args.max_len else {}))
     keras, backend, run, workload = prepare_benchmark(config, args.batches, args.length)
     from mtbench.keras_models.initialization import initial_weights
     total_steps = args.warmup + args.rounds * args.steps_per_round
@@ -163,9 +170,9 @@ def measure(backend_name, dtype, args):
         step_names["keras"] = "keras-train-on-batch"
 
     seconds = run_interleaved(contestants, workload.batches, args.warmup, args.rounds, args.steps_per_round)
-    from mtbench.keras_models.flops import training_flops
     from mtbench.runner.measurement.peaks import device_peak
     rows, length = workload.batches[0].shape
+    family = plugins.registry().lookup("models", config.model_family[0])
     peak, peak_source = device_peak(backend, run.device, dtype, config.cache_dir,
                                        plugins.registry().backends.values())
     threads = None
@@ -176,7 +183,7 @@ def measure(backend_name, dtype, args):
             "contestants": {name: summarize(values) for name, values in seconds.items()},
             "device": run.device, "torch_threads": threads, "parameters": int(model.count_params()),
             "batch_shape": list(workload.batches[0].shape),
-            "step_flops": training_flops(workload.model_shape, rows, length, length),
+            "step_flops": family.training_flops(workload.model_shape, rows, length, length),
             "peak_flops_per_s": peak, "peak_source": peak_source,
             "target_tokens_per_batch": float(np.mean([b.target_tokens for b in workload.batches]))}
 
@@ -247,9 +254,15 @@ def measurement_parser(description, quick, quick_help):
     timing rounds, CPU pinning and the cache; `quick` are the settings --quick replaces."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help=f"{quick_help} ({quick})")
+    parser.add_argument("--model", choices=MODELS, default="transformer",
+                        help="the translation Transformer (default) or the GPT language model")
+    parser.add_argument("--text", default=None, metavar="FILE",
+                        help="--model gpt: the text to train on, as bytes (default: the built-in corpus's source side)")
     parser.add_argument("--preset", default="small")
     parser.add_argument("--batch-size", type=int, default=64, help="rows per batch (mtbench train's default)")
-    parser.add_argument("--length", type=int, default=32, help="the length bucket the timed batches come from")
+    parser.add_argument("--length", type=int, default=None,
+                        help=f"the length bucket the timed batches come from (default {TRANSLATION_LENGTH}); with "
+                             f"--model gpt, the block size (default: the preset's)")
     parser.add_argument("--batches", type=int, default=12, help="distinct batches, cycled")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps-per-round", type=int, default=5)
@@ -265,6 +278,14 @@ def parse_measurement_args(parser, argv, quick):
     if args.quick:
         for name, value in quick.items():
             setattr(args, name, value)
+    if args.text is not None and args.model != "gpt":
+        parser.error("--text is the language model's text; the translation model trains on --dataset pairs")
+    if args.length is None:
+        from mtbench.keras_models.presets import presets_for
+        presets = presets_for(args.model)
+        if args.preset not in presets:
+            parser.error(f"unknown preset '{args.preset}' for --model {args.model}; choose one of {', '.join(presets)}")
+        args.length = presets[args.preset].max_len if args.model == "gpt" else TRANSLATION_LENGTH
     for name in ("batch_size", "length", "batches", "rounds", "steps_per_round"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
@@ -276,6 +297,17 @@ def parse_measurement_args(parser, argv, quick):
     return args
 
 
+def workload_config(args, backend_name, **fields):
+    """The `TrainConfig` of the run a benchmark times, from its measurement flags and `fields`: the translation
+    model on the built-in corpus, or (--model gpt) the language model on --text or the built-in corpus, its block
+    --length tokens."""
+    from mtbench.runner.config import TrainConfig
+    if args.model == "gpt":
+        fields.update(model_name="gpt", data_file=args.text, tokenizer="byte", max_len=args.length)
+    return TrainConfig(backend=backend_name, preset=args.preset, batch_size=args.batch_size, cache_dir=args.cache_dir,
+                       **fields)
+
+
 def parse_args(argv):
     parser = measurement_parser(__doc__.split("\n\n")[0], QUICK, "a smoke run of about a minute")
     parser.add_argument("--backends", default="jax,torch")
@@ -283,7 +315,10 @@ def parse_args(argv):
     parser.add_argument("--max-len", type=int, default=None)
     parser.add_argument("--no-keras", dest="keras", action="store_false", help="leave plain train_on_batch out")
     parser.add_argument("--worker", nargs=2, metavar=("BACKEND", "DTYPE"), help=argparse.SUPPRESS)
-    return parse_measurement_args(parser, argv, QUICK)
+    args = parse_measurement_args(parser, argv, QUICK)
+    if args.model == "gpt" and args.max_len is not None:
+        parser.error("--max-len is the translation model's; a language model's block is --length")
+    return args
 
 
 def main(argv=None):
@@ -297,7 +332,7 @@ def main(argv=None):
     worker_argv = [a for a in argv if a != "--quick"]
     if args.quick:
         worker_argv += [f"--{name.replace('_', '-')}={value}" for name, value in QUICK.items()]
-    settings = {"preset": args.preset, "batch_size": args.batch_size, "length": args.length,
+    settings = {"model": args.model, "preset": args.preset, "batch_size": args.batch_size, "length": args.length,
                 "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup": args.warmup,
                 "versions": versions(), "hardware": hardware(), "cpus": args.cpus}
     results = []
@@ -306,7 +341,7 @@ def main(argv=None):
         for dtype in args.dtypes.split(","):
             print(f"measuring {backend_name} {dtype} ...", file=sys.stderr, flush=True)
             results.append(run_worker(backend_name, dtype, worker_argv))
-    print(f"mtbench step overhead: {args.preset} preset, batch {args.batch_size} x {args.length} tokens, "
+    print(f"mtbench step overhead: {args.model} model, {args.preset} preset, batch {args.batch_size} x {args.length} tokens, "
           f"{args.rounds} rounds x {args.steps_per_round} steps per contestant after {args.warmup} warm-up steps")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in settings["versions"].items() if v))
     torch_threads = next((r["torch_threads"] for r in results if r["torch_threads"]), None)

@@ -29,7 +29,7 @@ if REPOSITORY not in sys.path:
 
 from benchmarks.overhead import (hardware, keras_contestant, measurement_parser,  # noqa: E402
                                  milliseconds, native_contestant, parse_measurement_args, ratio,
-                                 run_interleaved, summarize, versions)
+                                 run_interleaved, summarize, versions, workload_config)
 
 QUICK = {"batch_size": 8, "batches": 3, "rounds": 2, "steps_per_round": 2, "warmup": 1}
 COMPILED = {"mtbench": "mtbench compiled", "native": "native compiled"}
@@ -78,8 +78,7 @@ def make_contestants(keras, backend, workload, total_steps):
 
 def measure(args):
     from benchmarks.workload import prepare_benchmark
-    from mtbench.runner.config import TrainConfig
-    config = TrainConfig(backend="torch", preset=args.preset, batch_size=args.batch_size, cache_dir=args.cache_dir)
+    config = workload_config(args, "torch")
     keras, backend, _, workload = prepare_benchmark(config, args.batches, args.length)
     import torch
     torch.compiler.config.force_disable_caches = True  # compile times as a first run sees them

@@ -50,7 +50,10 @@ class Workload:
 
 def prepare_workload(config, steps, length=None):
     """The first `steps` training batches mtbench would train on for `config`; with `length`, only batches of
-    that bucket length (one compiled shape, so every timed step does the same work)."""
+    that bucket length (one compiled shape, so every timed step does the same work). A language model's
+    (`--model gpt`) batches all have its block's length."""
+    if config.model_family[0] == "gpt":
+        return prepare_text_workload(config, steps)
     from mtbench.plugins import manager as plugins
     corpus = load_corpus(config, plugins.registry(), progress=lambda done, total: None)
     tokenizer = load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
@@ -63,6 +66,23 @@ def prepare_workload(config, steps, length=None):
             batches.append(batch)
         if len(batches) == steps:
             break
+    return Workload(config=config, vocab_size=tokenizer.vocab_size, batches=batches)
+
+
+def prepare_text_workload(config, steps):
+    """The first `steps` batches the language-modelling task trains `config`'s model on: byte-level tokens of the
+    text's training split (`config.data_file`, else the built-in corpus's source side), random windows of
+    `config.max_len` tokens."""
+    from itertools import islice
+
+    from mtbench.plugins import manager as plugins
+    from mtbench.runner.data.text import ByteTokenizer, read_text, split_ranges, training_batches
+    text = read_text(config, plugins.registry(), progress=lambda done, total: None)
+    start, end = split_ranges(len(text.data))["train"]
+    tokenizer = ByteTokenizer()
+    stream = tokenizer.stream(text.data[start:end])
+    batches = [batch for _, batch in islice(training_batches(stream, config.batch_size, config.max_len,
+                                                             config.seed), steps)]
     return Workload(config=config, vocab_size=tokenizer.vocab_size, batches=batches)
 
 
@@ -90,12 +110,14 @@ def prepare_benchmark(config, steps, length):
 def build_keras_model(keras, workload, total_steps):
     """mtbench's model with its numpy-drawn initial weights, compiled by mtbench's own `compile_model`, under
     the workload's dtype policy (keras must already be imported with the wanted backend)."""
+    from mtbench.keras_models.gpt import build_gpt
     from mtbench.keras_models.initialization import assign_weights, initial_weights
     from mtbench.keras_models.transformer import build_transformer
     from mtbench.runner.setup import compile_model
     keras.utils.set_random_seed(workload.config.seed)
     keras.config.set_dtype_policy(workload.config.dtype)
-    model = build_transformer(workload.model_shape)
+    build = build_gpt if workload.config.model_family[0] == "gpt" else build_transformer
+    model = build(workload.model_shape)
     assign_weights(model, initial_weights(model, workload.config.seed))
     compile_model(keras, model, workload.config, total_steps, {})
     return model

@@ -1,6 +1,7 @@
 """Shared fixtures. In-process tests run keras on JAX; anything that needs another backend runs the CLI in a
 subprocess, as real users do (keras fixes its backend at import)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -44,6 +45,10 @@ def on_every_core(env=None):
     if not MACHINE_CPUS:
         return None, env
     return (lambda: os.sched_setaffinity(0, MACHINE_CPUS)), {"OMP_NUM_THREADS": None, **(env or {})}
+
+# The Flax baselines of benchmarks/ (native_flax.py, native_gpt_flax.py) need the bench extra.
+needs_flax = pytest.mark.skipif(importlib.util.find_spec("flax") is None or importlib.util.find_spec("optax") is None,
+                                reason="the Flax baselines need flax and optax (pip install -e '.[bench]')")
 
 # Small enough for seconds per run, large enough that the tiny model learns something measurable.
 TINY_TRAIN = ["--preset", "tiny", "--max-pairs", "4000", "--valid-size", "100", "--test-size", "100",

@@ -8,13 +8,13 @@ In-process (keras on JAX): the torch baseline needs no Keras, so both baselines 
 Keras's own step. Each baseline trains where mtbench would, on the GPU where there is one; the losses are held to
 the tolerance of the arithmetic their matmuls use there."""
 
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 
 from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_workload
+from conftest import needs_flax
 from mtbench import KerasTrainStep
 from mtbench.runner.config import TrainConfig
 from optimizer_exercise import (assert_updates_like_keras, float32_matmul_arithmetic, keras_optimizer_result,
@@ -24,8 +24,6 @@ from optimizer_exercise import (assert_updates_like_keras, float32_matmul_arithm
 pytestmark = pytest.mark.slow
 
 STEPS = 3
-needs_flax = pytest.mark.skipif(importlib.util.find_spec("flax") is None or importlib.util.find_spec("optax") is None,
-                                reason="the Flax baseline needs flax and optax (pip install -e '.[bench]')")
 
 
 @pytest.fixture(scope="module")

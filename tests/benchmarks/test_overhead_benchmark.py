@@ -82,3 +82,15 @@ def test_quick_run_shrinks_the_measurement():
     quick, full = parse_args(["--quick", "--cache-dir", "x"]), parse_args(["--cache-dir", "x"])
     assert quick.rounds * quick.steps_per_round < full.rounds * full.steps_per_round
     assert quick.batch_size < full.batch_size
+
+
+def test_the_language_models_length_is_its_block_and_defaults_to_the_presets():
+    from benchmarks.overhead import workload_config
+    gpt = parse_args(["--model", "gpt", "--quick", "--cache-dir", "x"])
+    assert (gpt.preset, gpt.length) == ("small", 128)  # GPT_PRESETS['small']'s block
+    config = workload_config(gpt, "torch")
+    assert config.model_family[0] == "gpt" and config.max_len == 128 and config.tokenizer == "byte"
+    assert workload_config(parse_args(["--model", "gpt", "--length", "64", "--cache-dir", "x"]), "jax").max_len == 64
+    assert parse_args(["--cache-dir", "x"]).length == 32  # the translation model's bucket
+    with pytest.raises(SystemExit):
+        parse_args(["--text", "corpus.txt", "--cache-dir", "x"])  # a translation run takes no text
