@@ -113,7 +113,7 @@ class EagerTorchTrainStep(TrainStep):
     def __call__(self, x, y, sample_weight):
         import torch
         from keras.src.backend.torch.core import get_device
-        model, optimizer = self.model, self.model.optimizer
+        optimizer = self.model.optimizer
         # On Keras's device, and as tensors before any compiled code sees them.
         device = get_device()
         x = tuple(to_device(part, device) for part in x)

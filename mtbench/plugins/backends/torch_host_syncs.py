@@ -62,7 +62,6 @@ def _host_sync_mode():
     global _Mode
     if _Mode is not None:
         return _Mode
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Mode(TorchDispatchMode):

@@ -202,8 +202,8 @@ class TrainingLoop:
         if self.signals.requested:
             self.stop = ("interrupted", f"{self.signals.name} received; stopped after step {step}")
         elif reached:
-            self.stop = ("completed", f"validation {self.target.metric} {reached:.4g} reached the target "
-                                      f"{self.target.target} at step {step}")
+            value = f"BLEU {reached:.2f}" if self.target.metric == "bleu" else f"{self.target.metric} {reached:.4g}"
+            self.stop = ("completed", f"validation {value} reached the target {self.target.target} at step {step}")
         return self.stop is not None
 
     def validation_reaches_target(self, step):

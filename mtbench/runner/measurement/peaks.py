@@ -140,11 +140,26 @@ def read_calibration(path):
                        cached.get("load_average"))
 
 
+PROBE_SIZE = 256          # a first, small matmul: how fast this dtype runs here at all
+MATMUL_SECONDS = 2.0      # what one measured matmul may take: 13 of them are run
+
+
+def calibration_size(backend, dtype, largest=2048):
+    """The matmul size to measure `dtype`'s peak with: `largest`, or smaller where one matmul of it would take
+    more than MATMUL_SECONDS (a CPU without bfloat16 instructions emulates them: a 2048 bfloat16 matmul took 64 s
+    on a 2-core AMD EPYC, so a calibration of 13 took 14 minutes)."""
+    probed = backend.matmul_flops_per_s(dtype, PROBE_SIZE)
+    fitting = int((MATMUL_SECONDS * probed / 2) ** (1 / 3)) // PROBE_SIZE * PROBE_SIZE
+    return max(PROBE_SIZE, min(largest, fitting))
+
+
 def calibrate(backend, dtype, device_name, cache_dir, size=2048):
-    """Measures `backend`'s matmul peak in `dtype`, caches it with when it was measured and how busy the host was
-    as it began (a busy host gives a low peak), and returns it as a `peak_record`."""
+    """Measures `backend`'s matmul peak in `dtype` on matmuls of `size` (smaller where they would be slow:
+    `calibration_size`), caches it with when it was measured and how busy the host was as it began (a busy host
+    gives a low peak), and returns it as a `peak_record`."""
     measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     load = load_average()
+    size = calibration_size(backend, dtype, size)
     flops_per_s = backend.matmul_flops_per_s(dtype, size)
     record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of repeats",
                          measured_at, load)

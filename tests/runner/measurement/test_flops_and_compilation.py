@@ -1,5 +1,7 @@
 """Analytic FLOPs against a hand count, MFU's peak, and how often a backend compiles."""
 
+import re
+
 import pytest
 
 from mtbench.keras_models.presets import PRESETS
@@ -53,7 +55,7 @@ def test_mfu_of_both_backends_is_against_the_same_named_cpu_peak(tiny_runs):
     peaks = set()
     for backend in ("jax", "torch"):
         utilization = tiny_runs[backend]["result"]["utilization"]
-        assert utilization["peak_source"].startswith("measured: 2048x2048 float32 matmul on ")
+        assert re.match(r"measured: (\d+)x\1 float32 matmul on ", utilization["peak_source"])
         assert utilization["peak_source"].endswith("(the fastest of jax, torch on this CPU)")
         assert 0 < utilization["mfu"] < 1
         assert utilization["mfu"] == pytest.approx(utilization["model_flops_per_s"] / utilization["peak_flops_per_s"])
@@ -71,6 +73,7 @@ def test_torch_eager_reports_no_compilations(tiny_runs):
 def test_env_calibrate_measures_and_caches_each_backends_peak(tmp_path):
     import json
     import os
+    import re
 
     from conftest import run_cli
     proc = run_cli("env", "--calibrate", "--json", "--cache-dir", str(tmp_path))
@@ -79,6 +82,7 @@ def test_env_calibrate_measures_and_caches_each_backends_peak(tmp_path):
     for backend in ("jax", "torch"):
         for dtype in ("float32", "bfloat16"):
             peak = backends[backend]["peaks"][dtype]
-            assert peak["flops_per_s"] > 1e9
-            assert peak["source"] == f"measured: 2048x2048 {dtype} matmul on {backend}, median of repeats"
+            assert peak["flops_per_s"] > 1e8  # bfloat16 emulated on a CPU without it: about 1 GFLOP/s on 2 EPYC cores
+            # 2048 where one matmul is quick; smaller where it is not (bfloat16 emulated by a CPU without it)
+            assert re.fullmatch(rf"measured: (\d+)x\1 {dtype} matmul on {backend}, median of repeats", peak["source"])
     assert len(os.listdir(tmp_path / "calibration")) == 4

@@ -3,7 +3,6 @@ Bible, as files), both backends, the task's figures in the result and none of tr
 
 import json
 import math
-import os
 
 import pytest
 
@@ -90,7 +89,7 @@ def test_generate_continues_a_prompt_alike_on_the_other_backend(char_runs):
         proc = run_cli("generate", char_runs["torch"]["config"]["out"], "--prompt", "And God said", "--backend",
                        backend, "--max-new-tokens", "24", "--temperature", "0")
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.startswith("And God said") and f"24 tokens" in proc.stderr
+        assert proc.stdout.startswith("And God said") and "24 tokens" in proc.stderr
         texts[backend] = proc.stdout
     assert texts["jax"] == texts["torch"]  # greedy, from the same weights
     sampled = run_cli("generate", char_runs["jax"]["config"]["out"], "--prompt", "And", "--max-new-tokens", "40",
