@@ -84,6 +84,7 @@ class TrainingLoop:
         # One steady step of the run is counted for host waits, alone in its window and kept out of the figures.
         self.sync_counter = backend.host_sync_counter()
         self.probe_pending = self.sync_counter is not None
+        self.probed_step = None
         self.stop = None  # (status, reason) when training ends before its last step
         self.progress = self.signals = None
 
@@ -114,9 +115,8 @@ class TrainingLoop:
         counter = self.sync_counter
         if counter is None or not counter.steps:
             return None
-        probed = [h["step"] for h in self.state.history if h.get("host_sync_probe")]
         return {"per_step": counter.per_step(), "events": dict(counter.events), "counted_steps": counter.steps,
-                "step": probed[0] if probed else None}
+                "step": self.probed_step}
 
     def next_batch(self):
         """(epoch, the global batch, seconds the loop waited for it: batches are built ahead, see `prefetch`)."""
@@ -141,7 +141,7 @@ class TrainingLoop:
             part = faults.poisoned(part)
         try:
             if probe:
-                self.probe_pending = False
+                self.probe_pending, self.probed_step = False, step
                 logs = self.sync_counter.count_step(self.train_step, part.inputs, part.target_output, part.weight)
             else:
                 logs = self.train_step(part.inputs, part.target_output, part.weight)
