@@ -20,7 +20,7 @@ class MLP(layers.Layer):
 
 
 class Block(layers.Layer):
-    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=None, **kwargs):
+    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, **kwargs):
         super().__init__(**kwargs)
         self.attention_norm = layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
         self.attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
@@ -40,7 +40,7 @@ class GPT(keras.Model):
     batch's inputs); output: float32 logits (batch, length, vocab) for the token after each position."""
 
     def __init__(self, vocab_size, d_model, num_heads, layers_count, ff_dim, block_size, dropout=0.0,
-                 flash_attention=None, **kwargs):
+                 flash_attention=False, **kwargs):
         super().__init__(**kwargs)
         self.block_size = block_size
         self.token_embedding = layers.Embedding(vocab_size, d_model, name="token_embedding")
@@ -63,7 +63,7 @@ class GPT(keras.Model):
         return ops.cast(ops.matmul(x, ops.transpose(table)), "float32")
 
 
-def build_gpt(shape, flash_attention=None):
+def build_gpt(shape, flash_attention=False):
     """The model of `shape` (a ModelPreset: `decoder_layers` blocks, `max_len` positions) with its variables
     created, so weights can be set before compiling."""
     model = GPT(vocab_size=shape.vocab_size, d_model=shape.d_model, num_heads=shape.num_heads,

@@ -101,7 +101,7 @@ class _PostNormBlock(layers.Layer):
 
 
 class MarianEncoderLayer(_PostNormBlock):
-    def __init__(self, d_model, num_heads, ffn_dim, activation, dropout, activation_dropout, flash_attention=None,
+    def __init__(self, d_model, num_heads, ffn_dim, activation, dropout, activation_dropout, flash_attention=False,
                  **kwargs):
         super().__init__(d_model, ffn_dim, activation, dropout, activation_dropout, **kwargs)
         self.self_attention = Attention(d_model, num_heads, flash_attention=flash_attention, name="self_attention")
@@ -114,8 +114,8 @@ class MarianEncoderLayer(_PostNormBlock):
 
 
 class MarianDecoderLayer(_PostNormBlock):
-    def __init__(self, d_model, num_heads, ffn_dim, activation, dropout, activation_dropout, flash_attention=None,
-                 flash_attention_masked=None, **kwargs):
+    def __init__(self, d_model, num_heads, ffn_dim, activation, dropout, activation_dropout, flash_attention=False,
+                 flash_attention_masked=False, **kwargs):
         super().__init__(d_model, ffn_dim, activation, dropout, activation_dropout, **kwargs)
         self.self_attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
                                         name="self_attention")
@@ -163,7 +163,7 @@ class MarianMT(keras.Model):
     """Inputs: `(source_ids, target_input_ids)`, both (batch, length) int32, targets starting with the decoder's
     start id (Marian's padding id); output: float32 logits (batch, length, target vocabulary)."""
 
-    def __init__(self, config, flash_attention=None, flash_attention_masked=None, **kwargs):
+    def __init__(self, config, flash_attention=False, flash_attention_masked=False, **kwargs):
         """`config`: the parsed config.json of a transformers MarianMT checkpoint. `flash_attention` applies to
         the decoder's causal self-attention, `flash_attention_masked` to the attentions with a padding mask."""
         super().__init__(**kwargs)
@@ -261,7 +261,7 @@ class MarianMT(keras.Model):
         return self.decode(target_input_ids, memory, src_mask, training=training)
 
 
-def build_marian(config, flash_attention=None, flash_attention_masked=None):
+def build_marian(config, flash_attention=False, flash_attention_masked=False):
     """The MarianMT of a parsed config.json, with its variables created so weights can be set before compiling."""
     model = MarianMT(config, flash_attention=flash_attention, flash_attention_masked=flash_attention_masked,
                      name="marian")

@@ -19,15 +19,19 @@ def dropout_layer(rate):
 
 
 class Attention(layers.Layer):
-    """Multi-head attention through `keras.ops.dot_product_attention`, so a backend may route it to a fused
-    (flash) kernel. Padding is expressed as a key mask and causality as `is_causal`, the two forms fused
+    """Multi-head attention. Padding is expressed as a key mask and causality as `is_causal`, the two forms fused
     kernels accept.
 
-    `flash_attention=True` asks for the fused kernel; False or None (nobody asked) runs the backend's plain
-    attention, and says so to Keras: left to choose (None), Keras on a GPU tries the fused kernel, and where it
-    refuses the inputs logs a traceback and falls back, at every trace, so no run could say which one ran."""
+    `flash_attention` (as extras set it in `run.model_options`): True asks `keras.ops.dot_product_attention`
+    for the fused kernel; None calls it without Keras's fused path, so the backend picks among the kernels it
+    holds the process to (torch's memory-efficient kernel for the masked attention under `--extra
+    flash-attention`, FlashAttention taking no mask); False (the default) runs `plain_attention`, the same
+    operations in the same dtypes on every backend. Keras's own plain attention differs by backend (JAX's keeps
+    the scores in float32, torch's SDPA math kernel upcasts a 16-bit query, key and value to float32), and left to
+    choose Keras on a GPU tries the fused kernel, and where it refuses the inputs logs a traceback and falls back,
+    at every trace, so no run could say which one ran: Keras is always told."""
 
-    def __init__(self, d_model, num_heads, is_causal=False, flash_attention=None, **kwargs):
+    def __init__(self, d_model, num_heads, is_causal=False, flash_attention=False, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
@@ -47,15 +51,54 @@ class Attention(layers.Layer):
 
     def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=False):
         q = self._split_heads(self.query(x))
-        fused = flash_attention is True
-        mask = None if key_mask is None else attention_mask(key_mask, ops.shape(q)[1], fused)
-        attended = ops.dot_product_attention(q, keys, values, mask=mask, is_causal=is_causal, flash_attention=fused)
+        if flash_attention is not False:
+            fused = flash_attention is True
+            mask = None if key_mask is None else attention_mask(key_mask, ops.shape(q)[1], fused)
+            attended = ops.dot_product_attention(q, keys, values, mask=mask, is_causal=is_causal,
+                                                 flash_attention=fused)
+        else:
+            attended = plain_attention(q, keys, values, key_mask, is_causal)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return self.output_projection(ops.reshape(attended, (batch, length, self.num_heads * self.head_dim)))
 
     def call(self, x, memory, key_mask=None):
         keys, values = self.keys_values(memory)
         return self.attend(x, keys, values, key_mask, self.is_causal, self.flash_attention)
+
+
+# A large negative score for hidden keys: finite, so a query that sees no key gets equal weights and no NaN.
+HIDDEN_SCORE = -1e9
+
+
+def plain_attention(query, keys, values, key_mask=None, is_causal=False):
+    """Scaled dot-product attention of (batch, length, heads, head_dim) tensors, written with keras.ops so that
+    every backend runs the same operations: both matmuls in the compute dtype, the scores scaled, masked and
+    normalised in float32, the probabilities cast back to the compute dtype (as the fused kernels do)."""
+    scores = ops.cast(ops.einsum("btnh,bsnh->bnts", query, keys), "float32") * (ops.shape(query)[-1] ** -0.5)
+    visible = None if key_mask is None else key_mask[:, None, None, :]
+    if is_causal:
+        # Comparisons of two ranges made on the device (no tensor copied from the host).
+        causal = ops.arange(ops.shape(query)[1])[:, None] >= ops.arange(ops.shape(keys)[1])[None, :]
+        visible = causal[None, None] if visible is None else ops.logical_and(visible, causal[None, None])
+    if visible is not None:
+        # Added as a bias the size of the mask, with Python numbers as kernel arguments.
+        scores = scores + (1.0 - ops.cast(visible, "float32")) * HIDDEN_SCORE
+    probabilities = ops.cast(ops.softmax(scores, axis=-1), values.dtype)
+    return ops.einsum("bnts,bsnh->btnh", probabilities, values)
+
+
+def attention_arithmetic(model):
+    """What `model`'s attention layers (`Attention`) compute in, as they train: {'matmul_inputs': the compute
+    dtype, 'accumulation': 'float32' (what the GPU libraries accumulate 16-bit matmuls in), 'scores': the dtype the
+    first matmul writes (`plain_attention`: the compute dtype; the fused kernels keep them in float32), 'softmax':
+    'float32'}; None where it has no such layer, or layers that compute differently."""
+    found = {(layer.compute_dtype, layer.flash_attention is not False)
+             for layer in model._flatten_layers() if isinstance(layer, Attention)}
+    if len(found) != 1:
+        return None
+    dtype, fused = found.pop()
+    return {"matmul_inputs": dtype, "accumulation": "float32", "scores": "float32" if fused else dtype,
+            "softmax": "float32"}
 
 
 def attention_mask(key_mask, query_length, fused):
@@ -81,7 +124,7 @@ class FeedForward(layers.Layer):
 
 
 class EncoderBlock(layers.Layer):
-    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=None, **kwargs):
+    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, **kwargs):
         super().__init__(**kwargs)
         self.attention_norm = layers.LayerNormalization(epsilon=1e-6, name="attention_norm")
         self.attention = Attention(d_model, num_heads, flash_attention=flash_attention, name="self_attention")
@@ -96,7 +139,7 @@ class EncoderBlock(layers.Layer):
 
 
 class DecoderBlock(layers.Layer):
-    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=None, flash_attention_masked=None,
+    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, flash_attention_masked=False,
                  **kwargs):
         super().__init__(**kwargs)
         self.self_attention_norm = layers.LayerNormalization(epsilon=1e-6, name="self_attention_norm")
@@ -155,7 +198,7 @@ class Transformer(keras.Model):
     pad_id = PAD_ID
 
     def __init__(self, vocab_size, d_model, num_heads, encoder_layers, decoder_layers, ff_dim, max_len,
-                 dropout=0.0, flash_attention=None, flash_attention_masked=None, **kwargs):
+                 dropout=0.0, flash_attention=False, flash_attention_masked=False, **kwargs):
         """`flash_attention` applies to the decoder's causal self-attention; `flash_attention_masked` to the
         attentions that take a padding mask (encoder self-attention, cross-attention), since some fused
         kernels (torch's flash) accept no mask."""
@@ -221,7 +264,7 @@ class Transformer(keras.Model):
         return self.decode(target_input_ids, memory, src_mask, training=training)
 
 
-def build_transformer(preset, flash_attention=None, flash_attention_masked=None):
+def build_transformer(preset, flash_attention=False, flash_attention_masked=False):
     """Builds the model with its variables created, so weights can be set before compiling."""
     model = Transformer(vocab_size=preset.vocab_size, d_model=preset.d_model, num_heads=preset.num_heads,
                         encoder_layers=preset.encoder_layers, decoder_layers=preset.decoder_layers,

@@ -117,14 +117,20 @@ def train_step_text(result):
 
 
 def attention_text(result):
-    """The attention implementation each kind of attention ran: one name when both kinds ran the same."""
+    """The attention implementation each kind of attention ran (one name when both kinds ran the same) and, in a
+    16-bit dtype, the arithmetic of the training attention (`model.attention.arithmetic`) where recorded."""
     attention = result["model"].get("attention")
     if attention == {}:
         return "none named (the model family runs no attention mtbench holds to a kernel)"
     causal, masked = (attention or {}).get("causal"), (attention or {}).get("masked")
     if causal is None:
         return "not recorded"
-    return causal if causal == masked else f"causal {causal}, masked {masked}"
+    kernels = causal if causal == masked else f"causal {causal}, masked {masked}"
+    arithmetic = attention.get("arithmetic")
+    if not arithmetic or arithmetic["matmul_inputs"] == "float32":
+        return kernels
+    return (f"{kernels}; {arithmetic['matmul_inputs']} matmuls summing in {arithmetic['accumulation']}, "
+            f"{arithmetic['scores']} scores, {arithmetic['softmax']} softmax")
 
 
 MATMUL_PRECISION_NAMES = {"highest": "highest (IEEE float32)", "high": "high (TF32 where the device has it)"}

@@ -134,11 +134,11 @@ class TorchBackend(Backend):
         return self.accelerator_environment()["float32_matmul"]
 
     def attention_kernels(self, fused, device):
-        """torch's SDPA dispatcher would otherwise pick flash, memory-efficient or cuDNN kernels on a GPU where
-        JAX runs plain XLA attention: the process is held to the math kernel, or (fused) to the fused kernels
-        only (flash and memory-efficient), where inputs no such kernel takes are an error rather than a quiet
-        fallback. Keras narrows a fused causal attention to flash itself; flash takes no mask, so the masked ones
-        run memory-efficient."""
+        """Unfused, mtbench's models attend with aten's matmuls and softmax (`plain_attention`), as JAX does with
+        XLA's, and SDPA (which other code may call) is held to its math kernel; fused, to the fused kernels only
+        (flash and memory-efficient), where inputs no such kernel takes are an error rather than a quiet fallback.
+        Left alone, SDPA's dispatcher would pick flash, memory-efficient or cuDNN kernels on a GPU. Keras narrows
+        a fused causal attention to flash itself; flash takes no mask, so the masked ones run memory-efficient."""
         import torch
         # cuDNN's SDPA stays off either way: with it on, which fused kernel a masked attention ran would be the
         # dispatcher's choice again.
@@ -151,13 +151,13 @@ class TorchBackend(Backend):
             raise RunFailure(f"torch kept the SDPA kernels {enabled} enabled; mtbench asked for "
                              f"{[name for name, on in enable.items() if on]}")
         if not fused:
-            return {"causal": "math (unfused)", "masked": "math (unfused)", "decoding": "math (unfused)",
+            return {"causal": "aten (unfused)", "masked": "aten (unfused)", "decoding": "aten (unfused)",
                     "sdpa_kernels_enabled": enabled}
         return {"causal": "flash (fused)", "masked": "memory-efficient (fused)",
                 "decoding": "memory-efficient (fused)", "sdpa_kernels_enabled": enabled}
 
     def attention_implementation(self, fused, device):
-        return "flash (fused)" if fused else "math (unfused)"
+        return "flash (fused)" if fused else "aten (unfused)"
 
     def compile_inference(self, fn, model):
         import torch

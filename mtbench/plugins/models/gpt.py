@@ -28,7 +28,7 @@ class GPTFamily(ModelFamily):
     def build(self, run, path, tokenizer, max_len):
         from mtbench.keras_models.gpt import build_gpt
         shape = dataclasses.replace(run.config.model, vocab_size=tokenizer.vocab_size, max_len=max_len)
-        return build_gpt(shape, flash_attention=run.model_options.get("flash_attention")), shape
+        return build_gpt(shape, flash_attention=run.model_options.get("flash_attention", False)), shape
 
     def training_flops(self, model_shape, rows, source_length, target_length):
         from mtbench.keras_models.gpt import training_flops

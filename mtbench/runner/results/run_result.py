@@ -80,7 +80,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
                   "path": plugins.model_path and os.path.abspath(plugins.model_path),
                   "parameters": int(built.model.count_params()), **built.model_shape.to_dict(),
                   "dtype_policy": built.model.dtype_policy.name,
-                  "attention": attention_implementations(run, plugins.model),
+                  "attention": attention_implementations(run, plugins.model, built.model),
                   # the task's test figures of the starting weights (pretrained models only)
                   "before_training": built.before_training,
                   "saved": None},
@@ -143,15 +143,20 @@ def record_failures(result, result_path):
             for name, record in result["extras_record"].items() if RECORD_FAILED in record]
 
 
-def attention_implementations(run, family):
+def attention_implementations(run, family, model):
     """What each kind of attention ran: the causal self-attention of the decoder, the attentions with a padding
     mask, and incremental decoding (`setup.choose_attention_kernels`, from what the extras asked for; a fused
     kernel is asked for only by an extra that verifies it ran). Only the kinds the model family's model runs
     (`ModelFamily.attention_kinds`): none for a model without attention, or one whose attention mtbench does not
-    hold to a kernel."""
+    hold to a kernel. With them, the arithmetic of the training attention where the model's attention is
+    mtbench's own layer (`keras_models.transformer.attention_arithmetic`)."""
+    from mtbench.keras_models.transformer import attention_arithmetic
     kinds = {kind: name for kind, name in run.attention.items() if kind in family.attention_kinds}
     if kinds:  # and what the backend held the process to (torch's SDPA switches), beside the kinds
         kinds.update({key: value for key, value in run.attention.items() if key not in ("causal", "masked", "decoding")})
+        arithmetic = attention_arithmetic(model)
+        if arithmetic:
+            kinds["arithmetic"] = arithmetic
     return kinds
 
 
