@@ -63,7 +63,7 @@ def jax_attention_ops(model):
 def torch_attention_ops():
     """The dtypes of the attention operations one torch forward pass ran, by aten operation."""
     proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "attention_ops_probe.py"), "mixed_bfloat16"],
-                          capture_output=True, text=True, env=cli_environment(), timeout=300)
+                          capture_output=True, text=True, env=cli_environment(), timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ran = json.loads(proc.stdout.strip().splitlines()[-1])
     matmuls = ran.get("bmm", []) + ran.get("baddbmm", [])

@@ -47,7 +47,7 @@ def test_the_result_names_what_each_kind_of_attention_ran_on_jax(run, expected):
 def test_torch_without_the_flash_extra_is_held_to_the_math_kernel(sdpa_flags):
     torch.backends.cuda.enable_flash_sdp(True)  # as torch starts: its dispatcher may pick any kernel
     kernels = kernels_of(run_on(TorchBackend(), "gpu"))
-    assert kernels == {"causal": "math (unfused)", "masked": "math (unfused)", "decoding": "math (unfused)",
+    assert kernels == {"causal": "aten (unfused)", "masked": "aten (unfused)", "decoding": "aten (unfused)",
                        "sdpa_kernels_enabled": ["math"]}
     assert torch.backends.cuda.math_sdp_enabled()
     assert not any(getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in ("flash", "mem_efficient", "cudnn"))

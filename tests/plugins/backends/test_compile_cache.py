@@ -12,6 +12,9 @@ from mtbench.plugins.backends import jax_backend, torch_backend
 from mtbench.runner.config import TrainConfig
 
 FEW_STEPS = [*TINY_TRAIN, *ONE_BUCKET, "--steps", "4"]
+ARITHMETIC_KEYS = ("matmul_inputs", "accumulation", "scores", "softmax")
+BFLOAT16_ARITHMETIC = {"matmul_inputs": "bfloat16", "accumulation": "float32", "scores": "bfloat16",
+                       "softmax": "float32"}
 
 
 def own_compile_cache(session_cache, path):
@@ -59,7 +62,7 @@ def test_a_jax_run_starts_cold_and_the_next_one_warm(jax_runs, jax_cache):
 def test_a_jax_run_records_plain_attention_and_logs_no_fused_fallback(jax_runs):
     for result, stderr in jax_runs:
         assert result["model"]["attention"] == {"causal": "xla (unfused)", "masked": "xla (unfused)",
-                                                "decoding": "xla (unfused)"}
+                                                "decoding": "xla (unfused)", "arithmetic": BFLOAT16_ARITHMETIC}
         assert "Failed to apply" not in stderr
 
 
@@ -80,8 +83,9 @@ def test_torch_eager_compiles_nothing_to_cache(tiny_runs):
     result = tiny_runs["torch"]["result"]  # the session's eager torch run, with the session's cache
     cache = result["timing"]["compile_cache"]
     assert cache["state"] == "off" and cache["reason"].startswith("eager")
-    assert result["model"]["attention"] == {"causal": "math (unfused)", "masked": "math (unfused)",
-                                           "decoding": "math (unfused)", "sdpa_kernels_enabled": ["math"]}
+    assert result["model"]["attention"] == {"causal": "aten (unfused)", "masked": "aten (unfused)",
+                                           "decoding": "aten (unfused)", "sdpa_kernels_enabled": ["math"],
+                                           "arithmetic": dict.fromkeys(ARITHMETIC_KEYS, "float32")}
 
 
 def test_jax_cache_directory_names_version_and_device():

@@ -125,7 +125,7 @@ def test_markdown_output_carries_the_results_figures(results):
     assert rows["dtype"] == ["float32", "float32"]
     # What ran, beside the figures: the step, the attention kernels and the float32 arithmetic of each run.
     assert rows["train step"] == ["jax-jit-stateless", "torch-eager"]
-    assert rows["attention"] == ["xla (unfused)", "math (unfused)"]
+    assert rows["attention"] == ["xla (unfused)", "aten (unfused)"]
     assert rows["float32 matmuls"] == ["highest (IEEE float32)"] * 2
     assert rows["compile cache"][1] == "off"
     assert rows["cores and threads"] == [f"every core it may use ({results[backend][1]['env']['cpu_count']})"
