@@ -97,10 +97,10 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
     # A dtype a backend refuses is refused here, before the weights file or another run is written.
-    (["--backends", "jax,torch", "--dtype", "mixed_float16"], "run 'jax': --dtype mixed_float16: XLA on the CPU "
-                                                              "has no float16 matmul"),
-    (["--backends", "torch", "--dtype", "mixed_float16"], "run 'torch': --dtype mixed_float16: float16 trains "
-                                                          "through Keras's loss-scaling optimizer"),
+    (["--backends", "jax,torch", "--dtype", "mixed_float16"],
+     "run 'jax': --dtype mixed_float16: XLA on the CPU has no float16 matmul"),
+    (["--backends", "torch", "--dtype", "mixed_float16"],
+     "run 'torch': --dtype mixed_float16: float16 trains through Keras's loss-scaling optimizer"),
 ])
 def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
     proc = run_cli("compare", *args, "--out", str(tmp_path / "c.json"))
@@ -235,8 +235,8 @@ def test_on_cuda_compare_trains_torch_eager_and_compiled():
     sharded = plan_runs("torch", ["fsdp"], devices={"torch": H100})
     assert labels(sharded) == ["torch+fsdp"]
     assert eager_only_lines(sharded, {"torch": H100}, registry()) == [
-        "run 'torch+fsdp' trains torch eager only (no compiled row beside it): extra 'fsdp' cannot run together "
-        "with 'torch-compile'"]
+        ("run 'torch+fsdp' trains torch eager only (no compiled row beside it): extra 'fsdp' cannot run together "
+         "with 'torch-compile'")]
     assert eager_only_lines(sharded, {"torch": CPU}, registry()) == []
     # A matrix is left as named.
     assert labels(plan_runs(matrix="jax;torch", devices={"torch": H100})) == ["jax", "torch"]
