@@ -30,7 +30,9 @@ whether its dtype and extras can run there (the checks `mtbench train` makes bef
 preset and dtype). A row they rule out is listed as "skipped: why", as is a CUDA-graphs row without CUDA and a row
 whose backend sees only a CPU in a GPU matrix. Then, per preset, `mtbench init-weights` writes one weights file,
 and each remaining row is one `mtbench train` in its own process (keras fixes its backend at import, and a row's
-crash or out-of-memory cannot touch the next), loading that file, in the order of the plan. Every figure is
+crash or out-of-memory cannot touch the next), loading that file, in the order of the plan; `--repeats N`
+(default 3 on a GPU, 1 on a CPU) runs the plan N times round-robin, as `mtbench compare` does, and a row's timing
+figures are their medians over its repeats (a repeat the budget cuts is noted in `repeats_not_run`). Every figure is
 mtbench's own, read from the row's result JSON (see docs/results.md for the clocks):
 
 - `train step that ran`: the step that really ran (`train_step`), the attention implementation the decoder's
@@ -93,6 +95,7 @@ PRESETS_ON = {"gpu": ("small", *MODEL_PRESETS), "cpu": ("tiny",)}
 LANGUAGE_MODEL_ROWS = (1, 2, 3, 4, 7, 8, 9)
 # Rows x block tokens per training batch (--batch-size: a language model's blocks are all one length).
 GPU_BATCH_SIZE = {"gpt-char": 64, "gpt2-small": 16}
+GPU_REPEATS = 3  # each row's figures the median of three runs, interleaved with the other rows'
 GPU_STEPS = 200  # enough steady steps for a stable median after compilation, few enough for one device call
 # Tokens per training batch on a GPU (--max-tokens), per preset: batches that give the device real work (the
 # measured `small` step at batch 64 is host-bound on an H100) and hold every length bucket but `small`'s shortest.
@@ -415,15 +418,20 @@ def run_matrix(planned, args, train_options, kind, clock=None, started=None, pub
     results, weights = {}, {}
     publish(records, results, None)
     runnable = [row for row, reason in planned if reason is None]
+    repeats = args.repeats or 1
     record = None
     try:
-        for (row, reason), record in zip(planned, records):
-            if reason:
-                continue
-            run_row(row, record, args, train_options + batching_options(row.preset, train_options, kind),
-                    estimates, weights, results, lambda: args.budget - (clock() - started), clock,
-                    f"[{runnable.index(row) + 1}/{len(runnable)}]", lambda: publish(records, results, None))
-            publish(records, results, record)
+        # Round-robin over the repeats, as mtbench compare runs them: a slow drift of the machine touches every
+        # row alike; a row that did not run in the first repeat is not tried again.
+        for repeat in range(1, repeats + 1):
+            for (row, reason), record in zip(planned, records):
+                if reason or (repeat > 1 and record["status"] != "ran"):
+                    continue
+                tag = f"[{runnable.index(row) + 1}/{len(runnable)}]" + (f" #{repeat}" if repeats > 1 else "")
+                run_row(row, record, args, train_options + batching_options(row.preset, train_options, kind),
+                        estimates, weights, results, lambda: args.budget - (clock() - started), clock, tag,
+                        lambda: publish(records, results, None), repeat)
+                publish(records, results, record)
     except KeyboardInterrupt:
         for other in records:
             if other["status"] == "running":
@@ -435,17 +443,27 @@ def run_matrix(planned, args, train_options, kind, clock=None, started=None, pub
     return records, results
 
 
-def run_row(row, record, args, options, estimates, weights, results, left, clock, tag, starting):
-    """Writes the preset's weights file if it is the first row of it, then trains the row; `record` says how it
-    went. `left()`: the seconds of the budget left; `starting()` is called once the row is marked running."""
+def run_row(row, record, args, options, estimates, weights, results, left, clock, tag, starting, repeat=1):
+    """Writes the preset's weights file if it is the first row of it, then trains the row (its `repeat`th time);
+    `record` says how it went: its figures are the medians over the repeats that ran. `left()`: the seconds of
+    the budget left; `starting()` is called once the row is marked running."""
+    if repeat > 1:  # the row ran before: a later repeat that cannot run is noted, the figures measured stand
+        record.update(status="running")
+        measured = record["measured"]
+        give_up = lambda status, reason: record.update(
+            status="ran", reason=None, repeats_not_run=[*record.get("repeats_not_run", []),
+                                                        f"repeat {repeat} {status}: {reason}"])
+    else:
+        measured = record.setdefault("measured", [])
+        give_up = lambda status, reason: record.update(status=status, reason=reason)
     need, basis = estimates.row(row)
     if row.preset not in weights:
         need += estimates.weights_file(row.preset)
         basis += f", and the preset's weights file first (about {estimates.weights_file(row.preset):.0f} s)"
     record["estimate_s"] = need
     if need > left():
-        record.update(status="cut", reason=f"not started: it needs about {need:.0f} s ({basis}); "
-                                           f"{max(left(), 0):.0f} s of the {args.budget:g} s budget were left")
+        give_up("cut", f"not started: it needs about {need:.0f} s ({basis}); {max(left(), 0):.0f} s of the "
+                       f"{args.budget:g} s budget were left")
         return
     preset_dir = os.path.join(args.out, row.preset)
     os.makedirs(preset_dir, exist_ok=True)
@@ -469,31 +487,48 @@ def run_row(row, record, args, options, estimates, weights, results, left, clock
         return
     print(f"{tag} {row.key} ...", file=sys.stderr, flush=True)
     row_started = clock()
-    result_file = os.path.join(preset_dir, f"{row.file_stem}.json")
+    stem = row.file_stem + (f"-repeat{repeat}" if repeat > 1 else "")
+    result_file = os.path.join(preset_dir, f"{stem}.json")
     steps = ["--steps", str(args.steps)] if args.steps else []
     timeout = min(args.row_timeout, left())
     if timeout <= 0:
-        record.update(status="cut", reason=f"not started: the weights file spent the {args.budget:g} s budget")
+        give_up("cut", f"not started: the weights file spent the {args.budget:g} s budget")
         return
     failure = run_mtbench(["train", *row.train_arguments(), *steps, *options, "--cache-dir", args.cache_dir,
                            "--initial-weights", path, "--out", result_file, "--overwrite", "--report", "none",
                            "--measure-only"],
-                          os.path.join(preset_dir, f"{row.file_stem}.log"), timeout)
-    record["wall_s"] = clock() - row_started
-    record["result_file"] = os.path.abspath(result_file)
+                          os.path.join(preset_dir, f"{stem}.log"), timeout)
+    wall_s = clock() - row_started
+    if repeat == 1:
+        record.update(wall_s=wall_s, result_file=os.path.abspath(result_file))
     if isinstance(failure, TimedOut) and timeout < args.row_timeout:
-        record.update(status="stopped", reason=f"the {args.budget:g} s budget ran out {record['wall_s']:.0f} s into "
-                                               f"the row (estimated at {need:.0f} s); {failure}")
+        give_up("stopped", f"the {args.budget:g} s budget ran out {wall_s:.0f} s into the row (estimated at "
+                           f"{need:.0f} s); {failure}")
         return
     if failure:
-        record.update(status="failed", reason=failure + (" (--row-timeout)" if isinstance(failure, TimedOut) else ""))
+        give_up("failed", failure + (" (--row-timeout)" if isinstance(failure, TimedOut) else ""))
         return
     with open(result_file, encoding="utf-8") as f:
         result = json.load(f)
-    results[row.key] = result
-    estimates.ran(row, record["wall_s"])
-    record.update(status="ran", reason=None, **figures(result))
+    results.setdefault(row.key, result)  # the parity check reads the first repeat's losses
+    estimates.ran(row, wall_s)
+    measured.append({**figures(result), "wall_s": wall_s})
+    record.update(status="ran", reason=None, **median_figures(measured))
     print(f"{tag} {row.key}: {record['wall_s']:.1f} s, {result['train_step']}", file=sys.stderr, flush=True)
+
+
+# The figures a row reports as their median over its repeats.
+MEDIAN_FIGURES = ("step_ms_median", "tokens_per_s", "compile_s", "mfu", "peak_device_mib", "wall_s")
+
+
+def median_figures(measured):
+    """The first repeat's record of what ran, with each of MEDIAN_FIGURES the median over the repeats."""
+    import statistics
+    medians = {}
+    for key in MEDIAN_FIGURES:
+        values = [figures[key] for figures in measured if figures.get(key) is not None]
+        medians[key] = statistics.median(values) if values else None
+    return {**measured[0], **medians, "repeats": len(measured)}
 
 
 def add_parity(records, results):
@@ -613,6 +648,7 @@ def summarize(records, results, probe, args, train_options, kind, elapsed_s, fin
     return {
         "kind": "gpu-matrix", "device_kind": kind, "finished": finished,
         "presets": list(dict.fromkeys(r["preset"] for r in records)), "steps": args.steps,
+        "repeats": args.repeats or 1,
         "train_options": train_options, "budget_s": args.budget, "elapsed_s": elapsed_s,
         "cut": [r["key"] for r in records if r["status"] in ("cut", "stopped")],
         "rerun": rerun_commands(records, args, train_options),
@@ -628,7 +664,7 @@ def report_lines(summary):
     steps = "the preset's own number of" if summary["steps"] is None else summary["steps"]
     state = "" if summary["finished"] else " (in progress: rows not yet run are pending)"
     lines = [f"mtbench training matrix on the {summary['device_kind']}: presets {', '.join(summary['presets'])}, "
-             f"{steps} steps a row, --measure-only, {summary['elapsed_s']:.0f} s of a {budget:g} s budget{state}"]
+             f"{steps} steps a row, the median of {summary.get('repeats', 1)} run(s) each, --measure-only, {summary['elapsed_s']:.0f} s of a {budget:g} s budget{state}"]
     lines += [f"device ({name}): {describe_device(device)}" for name, device in summary["devices"].items()]
     lines.append("versions: " + ", ".join(f"{key} {env[key]}" for key in
                                           ("python", "mtbench", "keras", "jax", "jaxlib", "torch", "numpy")
@@ -680,6 +716,9 @@ def parse_args(argv):
     parser.add_argument("--rows", default=None, help=f"row numbers of the plan, e.g. 1,2,5-7 (1 to {len(PLAN)})")
     parser.add_argument("--steps", type=int, default=None,
                         help=f"training steps of every row (default: {GPU_STEPS} on a GPU, the preset's on a CPU)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"times each row runs, round-robin over the rows; figures are medians (default: "
+                             f"{GPU_REPEATS} on a GPU, 1 on a CPU)")
     parser.add_argument("--budget", type=float, default=3600.0,
                         help="seconds the whole command may take; rows that would not fit are cut (default 3600)")
     parser.add_argument("--row-timeout", type=float, default=1800.0, help="seconds before a row is stopped")
@@ -705,8 +744,8 @@ def parse_args(argv):
     wrong = [preset for preset in args.preset_list or () if preset not in (*PRESETS, *MODEL_PRESETS)]
     if wrong:
         parser.error(f"--presets: {', '.join(wrong)} is none of {', '.join((*PRESETS, *MODEL_PRESETS))}")
-    if args.budget < 0 or args.row_timeout <= 0 or (args.steps is not None and args.steps < 1):
-        parser.error("--budget must be 0 or more, --row-timeout and --steps more than 0")
+    if args.budget < 0 or args.row_timeout <= 0 or any(n is not None and n < 1 for n in (args.steps, args.repeats)):
+        parser.error("--budget must be 0 or more, --row-timeout, --steps and --repeats more than 0")
     if args.cache_dir is None:
         from mtbench.runner.config import default_cache_dir
         args.cache_dir = default_cache_dir()
@@ -740,6 +779,8 @@ def run(args, train_options, started):
     kind = device_kind(probe)
     if args.steps is None and kind != "cpu":
         args.steps = GPU_STEPS
+    if args.repeats is None:
+        args.repeats = 1 if kind == "cpu" else GPU_REPEATS
     planned = plan_rows(probe, args.preset_list, args.dtype_list, args.ways, args.numbers)
     os.makedirs(args.out, exist_ok=True)
 

@@ -413,8 +413,9 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
             parity_tolerance, reporters, **configuration):
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
-    from mtbench.runner.results.compare import (TORCH_COMPILED, ComparePlan, check_interpreters, check_same_hardware,
-                                                plan_runs, probe_devices, require_parity, run_compare)
+    from mtbench.runner.results.compare import (TORCH_COMPILED, ComparePlan, check_dtype, check_interpreters,
+                                                check_same_hardware, eager_only_lines, plan_runs, probe_devices,
+                                                require_parity, run_compare, with_compile_mode)
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import resolve_reporters
     repeats, auto = _compare_repeats(repeats, repeats_width, repeats_budget)
@@ -422,12 +423,16 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
     devices = probe_devices()
-    specs = plan_runs(backends, extras, matrix, devices, configuration["model_name"])
+    specs = plan_runs(backends, extras, matrix, devices, configuration["model_name"], registry)
     interpreters = check_interpreters(specs)  # other environments' (python=PATH): checked before any run
     check_same_hardware(specs, devices, interpreters)
-    compiled_added = matrix is None and not extras and any(spec.extras == (TORCH_COMPILED,) for spec in specs)
-    if compiled_added and configuration.get("compile_mode") is None:
-        configuration["compile_mode"] = "reduce-overhead"
+    check_dtype(specs, configuration["dtype"], devices, registry)
+    compiled_added = matrix is None and TORCH_COMPILED not in extras and \
+        any(TORCH_COMPILED in spec.extras for spec in specs)
+    # --compile-mode is given to the runs that compile torch's step alone (the others' configuration keeps the
+    # default): reduce-overhead (CUDA graphs) for those compare adds.
+    compile_mode = configuration.pop("compile_mode") or ("reduce-overhead" if compiled_added else None)
+    specs = with_compile_mode(specs, compile_mode)
     shared = _train_config(backend=specs[0].backend, **configuration)
     resolve_reporters(shared.report_to, registry)  # trackers follow each run in its process: checked here first
     for spec in specs:  # bad options and impossible sizes fail here, before any process starts
@@ -440,8 +445,10 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
                        parity_tolerance, chosen_reporters, interpreters, aa, auto)
     console = Console()
     if compiled_added:
-        console.print(f"torch sees a CUDA GPU: it trains eager and compiled ({TORCH_COMPILED}, --compile-mode "
-                      f"{configuration['compile_mode']}), two rows; --matrix names the runs exactly", highlight=False)
+        console.print(f"torch sees a CUDA GPU: each torch run trains eager and compiled ({TORCH_COMPILED}, "
+                      f"--compile-mode {compile_mode}), two rows; --matrix names the runs exactly", highlight=False)
+    for line in eager_only_lines(specs, devices, registry):
+        console.print(line, highlight=False)
     comparison, _, failures = run_compare(plan, registry, console)
     console.print(rich_table(comparison, title="mtbench compare"))
     for line in context_lines(comparison):

@@ -174,6 +174,34 @@ def test_rows_that_would_not_fit_are_cut_with_their_estimate_and_a_cheaper_one_s
     assert summary["rerun"] == ["python3 benchmarks/gpu_matrix.py --presets small --rows 2 --budget 150"]
 
 
+def test_repeats_run_round_robin_and_each_row_reports_its_medians(tmp_path, monkeypatch):
+    fake = FakeMtbench({"init-weights": 1, "jax": 1, "torch eager": 1})
+    tokens = iter([100.0, 300.0, 200.0, 600.0, 150.0, 400.0])  # jax, torch, jax, torch, ...
+
+    def run(arguments, log_file, timeout):
+        failure = fake(arguments, log_file, timeout)
+        if arguments[0] == "train":
+            out = arguments[arguments.index("--out") + 1]
+            with open(out) as f:
+                result = json.load(f)
+            result["timing"]["tokens_per_s"] = next(tokens)
+            with open(out, "w") as f:
+                json.dump(result, f)
+        return failure
+
+    monkeypatch.setattr(gpu_matrix, "run_mtbench", run)
+    args, _ = gpu_matrix.parse_args(["--repeats", "3", "--budget", "1000", "--out", str(tmp_path), "--cache-dir",
+                                     str(tmp_path)])
+    records, _ = run_matrix(plan_rows(described(), numbers={1, 3}, presets=["small"]), args, [], "gpu",
+                            clock=fake.clock)
+    assert fake.launched == ["init-weights", "jax", "torch", "jax", "torch", "jax", "torch"]
+    assert [(r["status"], r["repeats"], r["tokens_per_s"]) for r in records] == [("ran", 3, 150.0),
+                                                                                ("ran", 3, 400.0)]
+    assert [m["tokens_per_s"] for m in records[1]["measured"]] == [300.0, 600.0, 400.0]
+    assert {"small-mixed_bfloat16-jax-repeat2.json", "small-mixed_bfloat16-torch-repeat3.json"} <= \
+        set(os.listdir(tmp_path / "small"))
+
+
 def test_a_row_still_running_when_the_budget_ends_is_stopped(tmp_path, monkeypatch):
     fake = FakeMtbench({"init-weights": 10, "jax": 200})  # guessed: 40 s for the weights, 40 + 40 s for the row
     monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
@@ -207,7 +235,8 @@ def test_the_table_and_json_are_on_disk_and_the_row_printed_as_each_row_ends(tmp
     monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
     monkeypatch.setattr(gpu_matrix, "run_probe", lambda: described())
     # On the real clock the fake rows take no time: a budget far above their estimates lets both run.
-    assert gpu_matrix.main(["--runs", "jax,torch", "--dtypes", BF16, "--presets", "small", "--budget", "1000",
+    assert gpu_matrix.main(["--runs", "jax,torch", "--dtypes", BF16, "--presets", "small", "--repeats", "1",
+                            "--budget", "1000",
                             "--out", str(tmp_path), "--cache-dir", str(tmp_path)]) == 0
     assert seen == [("jax", ["running", "pending"], 0), ("torch", ["ran", "running"], 1)]
     err = capsys.readouterr().err

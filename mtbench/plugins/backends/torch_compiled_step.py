@@ -9,7 +9,8 @@ arguments with a tree helper dynamo cannot trace (`is not` between tuples) and b
 with `inspect` (a mapping proxy dynamo refuses after mutation), and where that happens inside the name scope
 it opens, dynamo gives up on the whole frame and runs it eagerly. (`dot_product_attention` asked to choose the
 kernel itself would break the graph once more per attention, building a pybind `SDPAParams`; mtbench's attention
-layers never ask it to choose: they pass `flash_attention` True or False.) The eager step's own context,
+layers never ask it to choose: they pass `flash_attention` True or False. Asked for flash (True), Keras builds one
+all the same, to check that flash takes the inputs: `flash_checked_by_the_kernel` leaves that check to the kernel.) The eager step's own context,
 `torch_plain_calls.plain_layer_calls`, entered around the compiled call (never traced), removes the layer-call
 breaks without changing a number; this step refuses a model that needs `Layer.__call__` (`plain_calls_unsupported`),
 where the eager step would only fall back to it.
@@ -58,14 +59,24 @@ def lighten_keras_for_dynamo():
     import torch
     from keras.src.backend.common import dtypes, keras_tensor, variables
     from keras.src.backend.torch import core
+    from keras.src.backend.torch import nn as torch_nn
     for helper in (variables.standardize_dtype, dtypes.result_type, core.to_torch_dtype):
         torch._dynamo.assume_constant_result(helper)
     if _substitutes_registered:  # dynamo refuses a second substitute for one function
         return
 
     torch.compiler.substitute_in_graph(keras_tensor.any_symbolic_tensors)(any_keras_tensor)
+    torch.compiler.substitute_in_graph(torch_nn._can_use_flash_attention)(flash_checked_by_the_kernel)
 
     _substitutes_registered = True
+
+
+def flash_checked_by_the_kernel(query, key, value, mask=None, is_causal=False, raise_error=False):
+    """Keras's `_can_use_flash_attention` as dynamo traces it, without the pybind `SDPAParams` it cannot trace (a
+    graph break in every fused attention). Asked for flash, Keras ignores the answer and calls SDPA held to the
+    flash kernel alone (`sdpa_kernel`), which raises for inputs flash cannot take, so the check is not lost;
+    asked to choose (which mtbench's layers never do), it reads the answer: False keeps the backend's kernels."""
+    return False
 
 
 def dynamo_counters():

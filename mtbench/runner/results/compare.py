@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
 from mtbench.runner.files import write_json_atomic, write_text_atomic
 from mtbench.runner.results.parity import percent
+from mtbench.plugins import manager as plugins
 from mtbench.plugins.api import SIZE_KEYS, run_name, size_label
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.measurement.environment import host_environment
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.schema import result_stem
-from mtbench.runner.results.report import (COMPARE_KIND, SWEEP_KEYS, LoadedRun, build_comparison,
+from mtbench.runner.results.report import (COMPARE_KIND, SWEEP_KEYS, TORCH_COMPILED, LoadedRun, build_comparison,
                                            environment_names, to_json_dict)
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results import verdicts as stats
@@ -50,7 +51,8 @@ PYTHON_KEY = "python"
 class RunSpec:
     backend: str
     extras: tuple = ()
-    sizes: tuple = ()  # ((configuration key, value), ...): the size and sweep flags this run sets over the shared ones
+    sizes: tuple = ()  # ((configuration key, value), ...): the flags this run sets over the shared ones (size and
+    # sweep flags; --compile-mode, `with_compile_mode`)
     processes: int = 1  # processes on this machine, started by torchrun
     python: str = None  # the interpreter it runs under (absolute), where an entry names another environment's
     python_name: str = None  # the interpreter's name in the label (`environment_names`)
@@ -142,16 +144,50 @@ def _matrix_entries(matrix):
     return entries
 
 
-# The extra that compiles torch's step: on CUDA, `--backends` with torch also trains torch compiled.
-TORCH_COMPILED = "torch-compile"
+def torch_on_gpu(devices):
+    """Whether torch sees a CUDA GPU (`devices`, from `probe_devices`)."""
+    return ((devices or {}).get("torch") or {}).get("kind") == "gpu"
 
 
-def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transformer"):
+def compile_refusal(extras, registry):
+    """Why a torch run with `extras` cannot compile its step, as the extras declare it (an extra that conflicts
+    with torch-compile, or one torch-compile conflicts with), or None. An unknown extra is `check_runs`' to name."""
+    known = [registry.extras[name] for name in (TORCH_COMPILED, *extras) if name in registry.extras]
+    for extra in known[1:]:
+        if TORCH_COMPILED in extra.conflicts or extra.name in known[0].conflicts:
+            return f"extra '{extra.name}' cannot run together with '{TORCH_COMPILED}'"
+    return None
+
+
+def compiled_twin(spec, registry):
+    """[`spec` with torch's step compiled] for an eager torch run whose extras let it compile; else []."""
+    if spec.backend != "torch" or TORCH_COMPILED in spec.extras or compile_refusal(spec.extras, registry):
+        return []
+    return [dataclasses.replace(spec, extras=(*spec.extras, TORCH_COMPILED))]
+
+
+def eager_only_lines(specs, devices, registry):
+    """One line for each torch run that a CUDA GPU would have trained compiled too, but whose extras refuse it."""
+    if not torch_on_gpu(devices):
+        return []
+    return [f"run '{spec.label}' trains torch eager only (no compiled row beside it): "
+            f"{compile_refusal(spec.extras, registry)}"
+            for spec in specs if spec.backend == "torch" and compile_refusal(spec.extras, registry)]
+
+
+def with_compile_mode(specs, mode):
+    """`specs` with --compile-mode `mode` set on the runs it applies to (those that compile torch's step) alone."""
+    return [dataclasses.replace(spec, sizes=tuple(sorted({**dict(spec.sizes), "compile_mode": mode}.items())))
+            if mode and TORCH_COMPILED in spec.extras else spec for spec in specs]
+
+
+def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transformer", registry=None):
     """The runs to compare, all of the model family `model` (--model): each backend of `backends` with every extra
     of `extras`, or the runs that `matrix` lists ('torch;torch+torch-compile;jax'). Where torch sees a CUDA GPU
-    (`devices`, from `probe_devices`),
-    `--backends` without extras trains torch both eager and compiled: on a GPU an eager Keras step is bound by
-    Python's dispatch, and a comparison of one XLA program with it alone would answer another question."""
+    (`devices`, from `probe_devices`), `--backends` trains each torch run both eager and compiled (its extras
+    plus torch-compile) wherever its extras allow (`compile_refusal`; `registry`: the plugins, by default
+    those installed): on a GPU an eager Keras step is bound by Python's dispatch, and a comparison of one XLA
+    program with it alone would answer another question."""
     if matrix is not None:
         if backends or extras:
             raise MtbenchError("give --matrix, or --backends with --extra, not both")
@@ -159,9 +195,9 @@ def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transf
     else:
         names = [name.strip() for name in (backends or "jax,torch").split(",") if name.strip()]
         specs = [RunSpec(name, tuple(extras)) for name in names]
-        if not extras and ((devices or {}).get("torch") or {}).get("kind") == "gpu":
-            specs = [added for spec in specs for added in
-                     ([spec, RunSpec("torch", (TORCH_COMPILED,))] if spec.backend == "torch" else [spec])]
+        if torch_on_gpu(devices):
+            registry = registry or plugins.registry()
+            specs = [added for spec in specs for added in (spec, *compiled_twin(spec, registry))]
     if not specs:
         raise MtbenchError("no runs to compare")
     specs = [dataclasses.replace(spec, model=model) for spec in specs]
@@ -170,6 +206,19 @@ def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transf
     if twice:
         raise MtbenchError(f"run '{twice}' is listed twice; use --repeats to run it again")
     return specs
+
+
+def check_dtype(specs, dtype, devices, registry):
+    """A dtype a run's backend refuses on its device (float16 on torch) is refused before any run starts, as the
+    run would refuse it; a run under another interpreter, or of a backend not found here, is left to
+    `check_runs`."""
+    for spec in specs:
+        backend = registry.backends.get(spec.backend)
+        if spec.foreign or backend is None:
+            continue
+        reason = backend.unsupported_dtype_reason(dtype, (devices or {}).get(spec.backend) or {})
+        if reason:
+            raise MtbenchError(f"run '{spec.label}': --dtype {dtype}: {reason}")
 
 
 def probe_devices():

@@ -36,6 +36,8 @@ DERIVED_KEYS = ("model", "parameters")
 # `log_every` appears only in results written before that unused option was removed.
 BOOKKEEPING_KEYS = ("out", "overwrite", "cache_dir", "initial_weights", "log_every", "report_to", "logging_dir",
                     "run_group", "price_per_hour", "save_model")
+# The extra that compiles torch's step: --compile-mode is its alone, and differs only between runs that both have it.
+TORCH_COMPILED = "torch-compile"
 # A result written before a configuration key existed ran with its default.
 KEY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
 # Except the float32 arithmetic: before it was set, XLA ran TF32 on GPUs and torch did not, so a result without it
@@ -49,7 +51,7 @@ class LoadedRun:
     source: str  # the file, and which of its runs for a compare JSON
 
 
-def _read_json(path):
+def read_json(path):
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -77,7 +79,7 @@ def load_runs(paths):
     """Every run in the given files: a single-run result is one run, a compare JSON holds several."""
     runs = []
     for path in paths:
-        data = _read_json(path)
+        data = read_json(path)
         if isinstance(data, dict) and data.get("kind") == COMPARE_KIND:
             runs.extend(_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})")
                         for entry in data.get("runs", []))
@@ -103,6 +105,8 @@ def differing(reference, other, ignored=(), defaults=None):
 def configuration_differences(reference, other):
     """[(key, reference value, other value)] for every configuration key that matters and differs."""
     ignored = set(COMPARED_KEYS) | set(BOOKKEEPING_KEYS) | set(DERIVED_KEYS)
+    if not all(TORCH_COMPILED in config.get("extras", ()) for config in (reference, other)):
+        ignored.add("compile_mode")
     if model_shape(reference) != model_shape(other):
         ignored.add("initial_weights_sha256")  # models of different shapes start from weights of their own shapes
     return differing(reference, other, ignored, KEY_DEFAULTS)
@@ -410,7 +414,7 @@ def recorded_noise_floor(paths):
     one): the widest where several did, None where none did."""
     found = []
     for path in paths:
-        data = _read_json(path)
+        data = read_json(path)
         if isinstance(data, dict) and data.get("kind") == COMPARE_KIND and data.get("noise_floor"):
             found.append(data["noise_floor"])
     return max(found, key=lambda record: max((f.get("floor") or 0 for f in record["figures"].values()), default=0),

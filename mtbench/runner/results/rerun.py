@@ -20,7 +20,7 @@ from mtbench.runner.results.compare import combined_json, run_child, runs_dir
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.parity import check_parity
 from mtbench.runner.results.report import (BOOKKEEPING_KEYS, KEY_DEFAULTS, LoadedRun, build_comparison,
-                                           comparison_labels, differing, load_runs)
+                                           comparison_labels, differing, load_runs, read_json)
 from mtbench.runner.results.schema import result_stem
 
 # Recorded beside the configuration by the run itself, or by an mtbench before the option was removed: not
@@ -41,6 +41,7 @@ class Rerun:
     arguments: tuple = ()     # the `mtbench train` arguments of its configuration (`train_arguments`)
     weights: str = None       # the weights file to start from, or None (the draw from the seed, as configured)
     weights_note: str = None  # why the rerun does not start from the original's weights file, where it does not
+    python: str = None        # the interpreter it runs under: the original's, in a comparison of environments
 
     @property
     def log_file(self):
@@ -110,6 +111,8 @@ def plan_reruns(path, out, overwrite, flag_names, arguments_of):
             reruns.append(Rerun(run, label, os.path.join(runs_dir(out), f"{label}-{repeats[label]}.json"),
                                 repeats[label]))
         check_output_path(out, overwrite)
+        for rerun, python in zip(reruns, compared_interpreters(path)):
+            rerun.python = python
     for rerun in reruns:
         check_output_path(rerun.out, overwrite)
         try:
@@ -118,6 +121,19 @@ def plan_reruns(path, out, overwrite, flag_names, arguments_of):
             raise MtbenchError(f"{rerun.original.source}: {error}") from None
         rerun.weights, rerun.weights_note = starting_weights(rerun.original.result["config"])
     return reruns, out, single
+
+
+def compared_interpreters(path):
+    """The interpreter of each run of the compare JSON `path`, in order, where its runs ran under several (an
+    upgrade comparison, `python=PATH`), each checked to exist; else Nones (every run under this interpreter)."""
+    pythons = [entry.get("python") for entry in read_json(path).get("runs", [])]
+    if len(set(pythons)) < 2:
+        return [None] * len(pythons)
+    for python in dict.fromkeys(pythons):
+        if not (python and os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise MtbenchError(f"{path}: its runs ran under several interpreters, and {python} is not an "
+                               f"executable file here")
+    return pythons
 
 
 def run_again(rerun, overwrite, console):
@@ -132,7 +148,8 @@ def run_again(rerun, overwrite, console):
                       highlight=False)
     with console.status(f"{rerun.label}: training again in its own process"):
         failure = run_child(["train", *rerun.arguments, *weights, "--out", rerun.out, "--report", "none",
-                             *(["--overwrite"] if overwrite else [])], rerun.log_file, name, run_processes(result))
+                             *(["--overwrite"] if overwrite else [])], rerun.log_file, name, run_processes(result),
+                            rerun.python)
     if failure and failure.exit_code != ReportingFailed.EXIT_CODE:
         raise RunFailure(failure)
     loaded = load_runs([rerun.out])[0]

@@ -68,3 +68,46 @@ def test_a_shape_past_dynamos_limit_is_named_not_hidden():
     assert report["cuda_graphs"] == "not used: no CUDA device (CUDA graphs need one)"
     assert report["description"] == ("mode reduce-overhead, CUDA graphs: not used: no CUDA device (CUDA graphs "
                                      "need one), 1 of 2 shapes ran eagerly")
+
+
+FLASH_PROBE = textwrap.dedent("""
+    import collections, json, os
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras, numpy as np, torch
+    from torch._dynamo.utils import counters
+    from torch.profiler import profile
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.plugins.backends.torch_backend import TorchBackend
+    from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import compile_model
+    TorchBackend().attention_kernels(True, {"kind": "cpu"})  # as under --extra flash-attention: fused kernels only
+    # Keras asks torch whether flash takes the inputs, a CUDA-only answer: the GPU's yes, on this CPU.
+    torch.backends.cuda.can_use_flash_attention = lambda params, debug=False: True
+    model = build_transformer(PRESETS["tiny"], flash_attention=True)
+    compile_model(keras, model, TrainConfig(preset="tiny"), 10, {})
+    step = CompiledTorchTrainStep(model)
+    ids = np.ones((4, 16), np.int32)
+    step((ids, ids), ids, np.ones((4, 16), np.float32))
+    with profile() as trace:
+        step((ids, ids), ids, np.ones((4, 16), np.float32))
+    ran = collections.Counter(event.name for event in trace.events() if "attention" in event.name)
+    print(json.dumps({"ran": ran, "graph_breaks": sum(counters["graph_break"].values()),
+                      "attentions": len(model.encoder_blocks) + 2 * len(model.decoder_blocks)}))
+""")
+
+
+@pytest.mark.slow
+def test_the_compiled_step_runs_the_fused_attention_in_one_graph():
+    """torch-compile with flash-attention: the compiled program runs the flash kernel (its CPU form here) for every
+    attention, forward and backward, and Keras's flash check no longer breaks the graph at each attention."""
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env.pop("KERAS_BACKEND", None)
+    proc = subprocess.run([sys.executable, "-c", FLASH_PROBE], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    attentions = report["attentions"]
+    assert report["ran"] == {"aten::_scaled_dot_product_flash_attention_for_cpu": attentions,
+                             "aten::_scaled_dot_product_flash_attention_for_cpu_backward": attentions}
+    assert report["graph_breaks"] == 0

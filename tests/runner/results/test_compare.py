@@ -1,12 +1,14 @@
 """`mtbench compare`: one process per run, one weights file for all, the parity check, and one-line failures."""
 
 import hashlib
+import io
 import json
 import os
 import re
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from conftest import COMPARE_STEPS, ONE_BUCKET, REPOSITORY, TINY_COMPARE, env_with, run_cli
 from mtbench import FIGURES_BY_KEY, run_dtype, shown_figures
@@ -94,6 +96,11 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     (["--baseline", "tensorflow"], "--baseline 'tensorflow' is none of the runs: jax, torch"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
+    # A dtype a backend refuses is refused here, before the weights file or another run is written.
+    (["--backends", "jax,torch", "--dtype", "mixed_float16"],
+     "run 'jax': --dtype mixed_float16: XLA on the CPU has no float16 matmul"),
+    (["--backends", "torch", "--dtype", "mixed_float16"],
+     "run 'torch': --dtype mixed_float16: float16 trains through Keras's loss-scaling optimizer"),
 ])
 def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
     proc = run_cli("compare", *args, "--out", str(tmp_path / "c.json"))
@@ -214,15 +221,43 @@ H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}
 
 
 def test_on_cuda_compare_trains_torch_eager_and_compiled():
-    from mtbench.runner.results.compare import plan_runs
+    from mtbench.runner.results.compare import eager_only_lines, plan_runs
     labels = lambda specs: [spec.label for spec in specs]
     assert labels(plan_runs("jax,torch", devices={"jax": H100, "torch": H100})) == \
         ["jax", "torch", "torch+torch-compile"]
     assert labels(plan_runs("jax,torch", devices={"jax": CPU, "torch": CPU})) == ["jax", "torch"]
-    # The user's own runs are left as named: extras for every run, or a matrix.
+    # Under every extra that lets the step compile, the compiled row stands beside the eager one.
     assert labels(plan_runs("jax,torch", ["flash-attention"], devices={"torch": H100})) == \
-        ["jax+flash-attention", "torch+flash-attention"]
+        ["jax+flash-attention", "torch+flash-attention", "torch+flash-attention+torch-compile"]
+    assert labels(plan_runs("torch", ["ddp"], devices={"torch": H100})) == ["torch+ddp", "torch+ddp+torch-compile"]
+    assert labels(plan_runs("torch", ["torch-compile"], devices={"torch": H100})) == ["torch+torch-compile"]
+    # Where an extra refuses torch-compile (its declared conflicts), torch runs eager, and compare says why.
+    sharded = plan_runs("torch", ["fsdp"], devices={"torch": H100})
+    assert labels(sharded) == ["torch+fsdp"]
+    assert eager_only_lines(sharded, {"torch": H100}, registry()) == [
+        ("run 'torch+fsdp' trains torch eager only (no compiled row beside it): extra 'fsdp' cannot run together "
+         "with 'torch-compile'")]
+    assert eager_only_lines(sharded, {"torch": CPU}, registry()) == []
+    # A matrix is left as named.
     assert labels(plan_runs(matrix="jax;torch", devices={"torch": H100})) == ["jax", "torch"]
+
+
+def registry():
+    from mtbench.plugins import manager
+    return manager.registry()
+
+
+def test_compile_mode_reaches_only_the_runs_that_compile_and_does_not_split_them():
+    from mtbench.runner.results.compare import plan_runs, with_compile_mode
+    from mtbench.runner.results.report import configuration_differences
+    specs = with_compile_mode(plan_runs("jax,torch", devices={"torch": H100}), "reduce-overhead")
+    assert [spec.size_arguments() for spec in specs] == [[], [], ["--compile-mode", "reduce-overhead"]]
+    assert specs[2].label == "torch+torch-compile"
+    eager = {"extras": [], "compile_mode": "default", "seed": 0}
+    compiled = {"extras": ["torch-compile"], "compile_mode": "reduce-overhead", "seed": 0}
+    assert configuration_differences(eager, compiled) == []  # the mode applies to the compiled run alone
+    assert configuration_differences({**compiled, "compile_mode": "default"}, compiled) == \
+        [("compile_mode", "default", "reduce-overhead")]
 
 
 def test_runs_that_would_see_different_hardware_are_refused_before_training():
@@ -425,6 +460,28 @@ def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
         [("jax", str(tmp_path / "again.runs" / "jax-1.json")), ("torch", str(tmp_path / "again.runs" / "torch-1.json"))]
     assert {rerun.weights for rerun in reruns} == {compared["combined"]["initial_weights"]["file"]}
     assert [rerun.arguments[:2] for rerun in reruns] == [("--backend", "jax"), ("--backend", "torch")]
+
+
+def test_rerun_of_an_upgrade_comparison_runs_each_run_under_its_interpreter(compared, tmp_path):
+    """A comparison of environments (python=PATH) is trained again under each run's own interpreter: here a
+    wrapper that records its arguments and stops."""
+    from mtbench.cli import _as_arguments, train
+    from mtbench.errors import RunFailure
+    from mtbench.runner.results.rerun import plan_reruns, run_again
+    record = tmp_path / "ran.txt"
+    wrapper = tmp_path / "venv-old" / "bin" / "python"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\necho "$@" > {record}\nexit 5\n')
+    wrapper.chmod(0o755)
+    upgrade = json.loads(json.dumps(compared["combined"]))
+    upgrade["runs"][1]["python"] = str(wrapper)
+    (tmp_path / "upgrade.json").write_text(json.dumps(upgrade))
+    reruns, _, _ = plan_reruns(str(tmp_path / "upgrade.json"), str(tmp_path / "again.json"), False,
+                               {param.name for param in train.params},
+                               lambda configuration: _as_arguments(configuration, train))
+    with pytest.raises(RunFailure, match="exited with code 5"):
+        run_again(reruns[1], False, Console(file=io.StringIO()))
+    assert record.read_text().startswith("-m mtbench train --backend torch ")
 
 
 def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
