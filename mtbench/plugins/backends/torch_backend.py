@@ -131,6 +131,10 @@ class TorchBackend(Backend):
         # TF32 switch (convolutions; on by default in torch) is set alike so that nothing keeps the other one.
         torch.set_float32_matmul_precision(precision)
         torch.backends.cudnn.allow_tf32 = precision == "high"
+        # cuBLAS may otherwise sum a 16-bit matmul's split-K partial products in 16 bits; XLA accumulates them in
+        # float32, which is what `model.attention.arithmetic` and the policies record.
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         return self.accelerator_environment()["float32_matmul"]
 
     def attention_kernels(self, fused, device):
@@ -194,9 +198,13 @@ class TorchBackend(Backend):
             "torch.backends.cuda.matmul.fp32_precision": lambda: torch.backends.cuda.matmul.fp32_precision,
             "torch.backends.cudnn.fp32_precision": lambda: torch.backends.cudnn.fp32_precision,
         }
+        sixteen_bit_sums = {f"torch.backends.cuda.matmul.allow_{dtype}_reduced_precision_reduction":
+                            getattr(torch.backends.cuda.matmul, f"allow_{dtype}_reduced_precision_reduction")
+                            for dtype in ("bf16", "fp16")}
         return {"cuda_version": torch.version.cuda,
                 "cudnn_version": cudnn_version_text(reported(torch.backends.cudnn.version)),
-                "float32_matmul": {name: reported(read) for name, read in float32_matmul.items()}}
+                "float32_matmul": {name: reported(read) for name, read in float32_matmul.items()},
+                "sixteen_bit_matmul": sixteen_bit_sums}
 
 
 @hookimpl

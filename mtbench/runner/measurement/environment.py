@@ -139,8 +139,8 @@ def host_environment():
 def accelerator_record(backend):
     """`Backend.accelerator_environment()` with each of its keys present (None where the backend reports none)."""
     reported = backend.accelerator_environment() or {}
-    return {"cuda_version": reported.get("cuda_version"), "cudnn_version": reported.get("cudnn_version"),
-            "float32_matmul": reported.get("float32_matmul")}
+    return {key: reported.get(key)
+            for key in ("cuda_version", "cudnn_version", "float32_matmul", "sixteen_bit_matmul")}
 
 
 def run_environment(backend):
@@ -261,5 +261,8 @@ def _accelerator_text(accelerator):
     if "error" in accelerator:
         return f"unknown: {accelerator['error']}"
     settings = ", ".join(f"{name} = {value}" for name, value in (accelerator["float32_matmul"] or {}).items())
+    sixteen_bit = ", ".join(f"{name} = {value}"
+                            for name, value in (accelerator.get("sixteen_bit_matmul") or {}).items())
     return (f"CUDA {accelerator['cuda_version'] or 'none'}, cuDNN {accelerator['cudnn_version'] or 'none'}; "
-            f"float32 matmul: {settings or 'not reported'}")
+            f"float32 matmul: {settings or 'not reported'}"
+            + (f"; 16-bit matmul: {sixteen_bit}" if sixteen_bit else ""))

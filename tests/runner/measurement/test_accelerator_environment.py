@@ -52,7 +52,8 @@ def test_a_backend_that_reports_nothing_records_none():
     class Quiet(Backend):
         name = "quiet"
 
-    assert accelerator_record(Quiet()) == {"cuda_version": None, "cudnn_version": None, "float32_matmul": None}
+    assert accelerator_record(Quiet()) == {"cuda_version": None, "cudnn_version": None, "float32_matmul": None,
+                                        "sixteen_bit_matmul": None}
 
 
 def test_cudnn_versions_read_in_both_numberings():
