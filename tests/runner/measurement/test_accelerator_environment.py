@@ -122,4 +122,5 @@ def test_mtbench_env_warns_of_each_cpu_only_backend_on_a_gpu_machine():
     assert described.returncode == 0, described.stderr
     data = json.loads(described.stdout)
     assert data["device_warnings"] == [] and data["host"]["gpu_present"] is False
-    assert set(data["backends"]["jax"]["accelerator"]) == {"cuda_version", "cudnn_version", "float32_matmul"}
+    assert set(data["backends"]["jax"]["accelerator"]) == {"cuda_version", "cudnn_version", "float32_matmul",
+                                                             "sixteen_bit_matmul"}
