@@ -111,3 +111,21 @@ def test_a_shape_past_dynamos_limit_is_named_not_hidden():
     assert report["cuda_graphs"] == "not used: no CUDA device (CUDA graphs need one)"
     assert report["description"] == ("mode reduce-overhead, CUDA graphs: not used: no CUDA device (CUDA graphs "
                                      "need one), 1 of 2 shapes ran eagerly")
+
+
+def test_the_symbolic_check_finds_a_keras_tensor_wherever_keras_would():
+    # Keras's own check flattens every list, tuple, deque and dict; the plain calls' walk must find what it finds.
+    import collections
+
+    import keras
+    from keras.src.backend.common.keras_tensor import any_symbolic_tensors
+
+    from mtbench.plugins.backends.torch_plain_calls import any_keras_tensor
+    symbolic, tensor = keras.KerasTensor((2, 3)), torch.zeros(2, 3)
+    cases = [((tensor, 1, None, "float32"), {}), ((tensor, (2, 3)), {"dtype": "float32"}), ((), {}), (None, None),
+             ((symbolic,), {}), ((tensor, [1, {"a": (symbolic,)}]), {}), ((), {"x": collections.deque([symbolic])}),
+             (((tensor, (tensor,)),), {"training": True})]
+    assert [any_keras_tensor(args, kwargs) for args, kwargs in cases] == \
+        [False, False, False, False, True, True, True, False]
+    assert [any_symbolic_tensors(args, kwargs) for args, kwargs in cases] == \
+        [False, False, False, False, True, True, True, False]
