@@ -93,6 +93,9 @@ def dynamo_counters():
 
 class CompiledTorchTrainStep(EagerTorchTrainStep):
     name = "torch-compiled"
+    # A CUDA-graph replay reuses its outputs' memory; and even without CUDA graphs, the compiled step's first
+    # loss, read after the update, was one ulp off on the CPU unless copied: the step returns copies in every mode.
+    outputs_overwritten = True
 
     def __init__(self, model, mode=None):
         """`mode`: torch.compile's mode (None: its default)."""

@@ -63,6 +63,9 @@ class OwnLosses:
 
 class EagerTorchTrainStep(TrainStep):
     name = "torch-eager"
+    # Whether later work may overwrite the memory of a step's loss and accuracy (a compiled step's: see
+    # torch_compiled_step), so that the step returns copies: two kernels a step that the eager step saves.
+    outputs_overwritten = False
 
     def __init__(self, model):
         self.model = model
@@ -137,8 +140,10 @@ class EagerTorchTrainStep(TrainStep):
             else:
                 optimizer.apply([variable._value.grad for variable in self.variables], self.variables)
         # Tensors, not numbers: reading them would wait for the device; the loop reads them at its window's edge.
-        # Copies, because a CUDA-graph replay (torch.compile's reduce-overhead) reuses its output memory.
-        return {"loss": loss.detach().clone(), "accuracy": accuracy.detach().clone()}
+        loss, accuracy = loss.detach(), accuracy.detach()
+        if self.outputs_overwritten:
+            loss, accuracy = loss.clone(), accuracy.clone()
+        return {"loss": loss, "accuracy": accuracy}
 
     def _global_token_means(self, loss, accuracy, sample_weight):
         """(what to differentiate, the loss, the accuracy) over the global batch of several processes. Each

@@ -27,9 +27,9 @@ def plain_calls_unsupported(model):
     return None
 
 
-def _autocast_scope_for(layer):
-    """The autocast scope `Layer.__call__` would enter for `layer` (None: keep the current one)."""
-    from keras.src import backend
+def _autocast_scope_for(layer, backend):
+    """The autocast scope `Layer.__call__` would enter for `layer` (None: keep the current one); `backend` is
+    `keras.src.backend`, imported once by the caller rather than at every layer call."""
     current = backend.get_autocast_scope()
     if current is None:
         return backend.AutocastScope(layer.compute_dtype) if layer.compute_dtype != layer.variable_dtype else None
@@ -43,17 +43,36 @@ def any_keras_tensor(args=None, kwargs=None):
     graph instead of computing?), walking the lists, tuples and dicts its tree utilities would flatten, without
     torch's pytree machinery: every Keras operation asks, and on torch the pytree walk is the largest share of
     an eager step's Python (about a quarter of a tiny model's step)."""
-    from keras.src.backend.common.keras_tensor import KerasTensor
-    pending = [*(args or ()), *(kwargs.values() if kwargs else ())]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, KerasTensor):
+    kinds = _walked_kinds or _load_walked_kinds()
+    return bool(args and _holds_keras_tensor(args, kinds)) or \
+        bool(kwargs and _holds_keras_tensor(kwargs.values(), kinds))
+
+
+def _holds_keras_tensor(items, kinds):
+    """One check per item: most (tensors, numbers, dtype names) end there."""
+    for item in items:
+        if isinstance(item, kinds) and (isinstance(item, kinds[0]) or _holds_keras_tensor(
+                item.values() if isinstance(item, dict) else item, kinds)):
             return True
-        if isinstance(item, (list, tuple, collections.deque)):
-            pending.extend(item)
-        elif isinstance(item, dict):
-            pending.extend(item.values())
     return False
+
+
+# (KerasTensor, the containers walked into), loaded once: importing KerasTensor at each call took most of an
+# `any_keras_tensor` call's time, and this module must not import Keras before a backend is chosen.
+_walked_kinds = None
+
+
+def _load_walked_kinds():
+    global _walked_kinds
+    from keras.src.backend.common.keras_tensor import KerasTensor
+    _walked_kinds = (KerasTensor, list, tuple, collections.deque, dict)
+    return _walked_kinds
+
+
+def _array_like(value):
+    """Whether Keras's `convert_input` could change `value`: it returns anything else (flags such as
+    `training`, numbers, None) as it is, after a dtype lookup and three type checks."""
+    return hasattr(value, "__array__") or hasattr(value, "dtype")
 
 
 _holders_of_the_symbolic_check = []  # the modules that imported Keras's `any_symbolic_tensors` by name
@@ -75,6 +94,7 @@ def plain_layer_calls(training):
     module's docstring), and Keras's operations tell symbolic from eager arguments by `any_keras_tensor`;
     `training` is the flag of the outermost call."""
     import keras
+    from keras.src import backend
     from keras.src.backend.common import keras_tensor
 
     def plain_call(layer, *args, **kwargs):
@@ -82,14 +102,16 @@ def plain_layer_calls(training):
             kwargs["training"] = training
         if layer._convert_input_args:
             convert, autocast, dtype = layer.dtype_policy.convert_input, layer.autocast, layer.input_dtype
-            args = [convert(arg, autocast, dtype) for arg in args]
-            kwargs = {name: convert(value, autocast, dtype) for name, value in kwargs.items()}
-        scope = _autocast_scope_for(layer)
+            args = [convert(arg, autocast, dtype) if _array_like(arg) else arg for arg in args]
+            kwargs = {name: convert(value, autocast, dtype) if _array_like(value) else value
+                      for name, value in kwargs.items()}
+        scope = _autocast_scope_for(layer, backend)
         with scope if scope is not None else contextlib.nullcontext():
             return layer.call(*args, **kwargs)
 
     keras_call, keras_check = keras.layers.Layer.__call__, keras_tensor.any_symbolic_tensors
     holders = _symbolic_check_holders()
+    _load_walked_kinds()  # here rather than at a first call that torch.compile may be tracing
     keras.layers.Layer.__call__ = plain_call
     for module in holders:
         module.any_symbolic_tensors = any_keras_tensor

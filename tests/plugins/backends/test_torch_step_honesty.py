@@ -21,16 +21,59 @@ def test_on_the_cpu_a_batch_is_the_arrays_own_memory():
     assert tensor.dtype == torch.int32 and np.shares_memory(tensor.numpy(), array)
 
 
-def test_on_cuda_a_batch_is_pinned_then_copied_without_waiting(monkeypatch):
-    calls = []
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: calls.append("pin_memory") or self)
-    monkeypatch.setattr(torch.Tensor, "to", lambda self, device, non_blocking=False:
-                        calls.append(("to", str(device), non_blocking)) or self)
-    to_device(np.zeros((2, 8), np.float32), "cuda")
-    assert calls == ["pin_memory", ("to", "cuda", True)]
-    calls.clear()
-    to_device(torch.zeros(2, 8), "cuda:1")  # a tensor already (a wrapping step's): copied without waiting too
-    assert calls == [("to", "cuda:1", True)]
+class CopiesSeen:
+    """Every `aten._to_copy` that ran inside it, as (source, non_blocking, result), and the tensors pinning made.
+    Where torch has no accelerator, pinning is stood in for: `aten._pin_memory` returns a copy, remembered as
+    pinned memory (torch cannot pin memory without one)."""
+
+    def __init__(self, stand_in_pinning):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        seen = self
+        self.copies, self.pinned = [], []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if stand_in_pinning and func is torch.ops.aten._pin_memory.default:
+                    out = args[0].clone()
+                else:
+                    out = func(*args, **kwargs)
+                if func is torch.ops.aten._pin_memory.default:
+                    seen.pinned.append(out)
+                elif func is torch.ops.aten._to_copy.default:
+                    seen.copies.append((args[0], kwargs.get("non_blocking", False), out))
+                return out
+
+        self.mode = Mode()
+
+    def was_pinned(self, tensor):
+        return any(tensor is pinned for pinned in self.pinned) or tensor.is_pinned()
+
+
+# Off the CPU every device takes the same path; the meta device stands in for CUDA where there is none.
+DEVICES = ["meta", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_off_the_cpu_a_batch_is_copied_once_from_pinned_memory_without_waiting(device):
+    array = np.arange(12, dtype=np.int32).reshape(3, 4)
+    seen = CopiesSeen(stand_in_pinning=device == "meta")
+    with seen.mode:
+        tensor = to_device(array, device)
+    (source, non_blocking, result), = seen.copies  # one copy to the device, after the pinning
+    assert result is tensor and tensor.device.type == device and tensor.dtype == torch.int32
+    assert seen.was_pinned(source) and np.array_equal(source.cpu().numpy(), array)
+    assert non_blocking
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_already_a_tensor_is_copied_without_waiting(device):
+    host = torch.arange(6.0).reshape(2, 3)  # a wrapping step's tensor
+    seen = CopiesSeen(stand_in_pinning=device == "meta")
+    with seen.mode:
+        tensor = to_device(host, device)
+    (source, non_blocking, result), = seen.copies
+    assert source is host and result is tensor and tensor.device.type == device and non_blocking
 
 
 PROBE = textwrap.dedent("""
@@ -111,3 +154,21 @@ def test_the_compiled_step_runs_the_fused_attention_in_one_graph():
     assert report["ran"] == {"aten::_scaled_dot_product_flash_attention_for_cpu": attentions,
                              "aten::_scaled_dot_product_flash_attention_for_cpu_backward": attentions}
     assert report["graph_breaks"] == 0
+
+
+def test_the_symbolic_check_finds_a_keras_tensor_wherever_keras_would():
+    # Keras's own check flattens every list, tuple, deque and dict; the plain calls' walk must find what it finds.
+    import collections
+
+    import keras
+    from keras.src.backend.common.keras_tensor import any_symbolic_tensors
+
+    from mtbench.plugins.backends.torch_plain_calls import any_keras_tensor
+    symbolic, tensor = keras.KerasTensor((2, 3)), torch.zeros(2, 3)
+    cases = [((tensor, 1, None, "float32"), {}), ((tensor, (2, 3)), {"dtype": "float32"}), ((), {}), (None, None),
+             ((symbolic,), {}), ((tensor, [1, {"a": (symbolic,)}]), {}), ((), {"x": collections.deque([symbolic])}),
+             (((tensor, (tensor,)),), {"training": True})]
+    assert [any_keras_tensor(args, kwargs) for args, kwargs in cases] == \
+        [False, False, False, False, True, True, True, False]
+    assert [any_symbolic_tensors(args, kwargs) for args, kwargs in cases] == \
+        [False, False, False, False, True, True, True, False]

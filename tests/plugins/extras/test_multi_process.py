@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from mtbench.runner.launch import core_share
 from tests.conftest import MACHINE_CPUS, TINY_TRAIN, cli_environment, on_every_core, run_cli
 
 # torchrun as a module of the interpreter running the tests: the venv's torchrun, whatever PATH holds.
@@ -27,6 +26,9 @@ def torchrun(*args, env=None, timeout=600):
 
 
 CPUS = MACHINE_CPUS
+# Process 0's half of the machine's cores, by hand: the first half of them, one thread each.
+FIRST_HALF = {"cpus": CPUS[:len(CPUS) // 2], "threads": len(CPUS) // 2, "of_cpus": len(CPUS),
+              "local_processes": 2} if CPUS and len(CPUS) >= 2 else None
 
 
 def assert_same_losses(history, reference):
@@ -50,7 +52,7 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
                                    "launcher": "torchrun", "collectives": "gloo",
                                    "coordinator": result["processes"]["coordinator"], "spanned_by": ["data-parallel"],
                                    # Process 0's half of the cores: XLA's thread pool follows it.
-                                   "cpu_share": core_share(CPUS, 0, 2) if CPUS else None}
+                                   "cpu_share": FIRST_HALF}
     # mtbench's jit step over the two processes' mesh, as one process trains with (not Keras's train_on_batch).
     assert result["train_step"] == "jax-jit-stateless"
     assert result["extras_record"]["data-parallel"]["processes"] == 2
@@ -107,6 +109,28 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
                                                                      "optimizer_state_bytes"))
     assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000030", "checkpoint-000060", "model",
                                                                  "run.json"]
+
+
+SECOND_OF_TWO = """
+import json, os
+from mtbench.plugins.api import Launch
+from mtbench.runner.launch import share_cores
+record = share_cores(Launch(local_rank=1, local_processes=2))
+import torch
+print(json.dumps({"record": record, "cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads()}))
+"""
+
+
+@pytest.mark.skipif(not CPUS or len(CPUS) < 2, reason="needs at least 2 CPUs to share")
+def test_the_second_of_two_local_processes_runs_on_the_second_half_of_the_cores_with_as_many_threads():
+    preexec_fn, env = on_every_core()
+    proc = subprocess.run([sys.executable, "-c", SECOND_OF_TWO], check=False, capture_output=True, text=True,
+                          timeout=120, env=cli_environment(env), preexec_fn=preexec_fn)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    half = len(CPUS) // 2
+    assert got["cpus"] == CPUS[half:2 * half] and got["threads"] == half  # what torch's intra-op pool got
+    assert got["record"] == {"cpus": got["cpus"], "threads": half, "of_cpus": len(CPUS), "local_processes": 2}
 
 
 @pytest.mark.parametrize("args, message", [

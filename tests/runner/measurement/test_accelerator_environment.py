@@ -37,15 +37,43 @@ def test_the_run_environment_has_the_accelerator_fields_empty_on_a_cpu(backend, 
     json.dumps(env)  # all of it goes into the result file
 
 
-def test_each_framework_reports_its_float32_matmul_settings():
+@pytest.fixture
+def framework_precisions():
+    """The frameworks' float32 matmul settings put back as they were after the test."""
     import jax
     import torch
-    assert JaxBackend().accelerator_environment()["float32_matmul"] == \
-        {"jax.config.jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
-    torch_settings = TorchBackend().accelerator_environment()["float32_matmul"]
-    assert torch_settings["torch.backends.cuda.matmul.allow_tf32"] is torch.backends.cuda.matmul.allow_tf32
-    assert torch_settings["torch.backends.cudnn.allow_tf32"] is torch.backends.cudnn.allow_tf32
-    assert torch_settings["torch.get_float32_matmul_precision()"] == torch.get_float32_matmul_precision()
+    before = jax.config.jax_default_matmul_precision, torch.get_float32_matmul_precision(), \
+        torch.backends.cudnn.allow_tf32
+    yield
+    jax.config.update("jax_default_matmul_precision", before[0])
+    torch.set_float32_matmul_precision(before[1])
+    torch.backends.cudnn.allow_tf32 = before[2]
+
+
+# What each --matmul-precision means to each framework: TF32 allowed everywhere, or IEEE float32 everywhere.
+TORCH_PRECISIONS = {
+    "high": {"torch.backends.cuda.matmul.allow_tf32": True, "torch.backends.cudnn.allow_tf32": True,
+             "torch.get_float32_matmul_precision()": "high", "torch.backends.cuda.matmul.fp32_precision": "tf32",
+             "torch.backends.cudnn.fp32_precision": "none"},
+    "highest": {"torch.backends.cuda.matmul.allow_tf32": False, "torch.backends.cudnn.allow_tf32": False,
+                "torch.get_float32_matmul_precision()": "highest", "torch.backends.cuda.matmul.fp32_precision": "ieee",
+                "torch.backends.cudnn.fp32_precision": "none"}}
+JAX_PRECISIONS = {"high": "tensorfloat32", "highest": "float32"}
+
+
+def test_the_report_records_the_float32_matmul_precision_a_run_set(framework_precisions):
+    torch_backend, jax_backend = TorchBackend(), JaxBackend()
+    for precision in ("high", "highest", "high"):  # there and back: nothing of the last setting sticks
+        torch_backend.set_matmul_precision(precision)
+        jax_backend.set_matmul_precision(precision)
+        assert torch_backend.accelerator_environment()["float32_matmul"] == TORCH_PRECISIONS[precision]
+        assert jax_backend.accelerator_environment()["float32_matmul"] == \
+            {"jax.config.jax_default_matmul_precision": JAX_PRECISIONS[precision]}
+    import torch
+    torch_backend.set_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = True  # torch's own default beside IEEE matmuls: each switch read on its own
+    assert torch_backend.accelerator_environment()["float32_matmul"] == {
+        **TORCH_PRECISIONS["highest"], "torch.backends.cudnn.allow_tf32": True}
 
 
 def test_a_backend_that_reports_nothing_records_none():
