@@ -108,10 +108,12 @@ def test_jax_fsdp_trains_like_one_device_with_half_the_state_on_each(jax_runs):
     np.testing.assert_allclose(losses(sharded), losses(one), rtol=1e-5)
     assert sharded["metrics"]["val_loss"] == pytest.approx(one["metrics"]["val_loss"], rel=1e-5)
     record = sharded["extras_record"]["fsdp"]
-    assert record["mesh_axes"] == ["model"] and record["mesh_shape"] == [2] and record["per_device_batch"] == 16
+    assert record["mesh_axes"] == ["data"] and record["mesh_shape"] == [2] and record["per_device_batch"] == 16
+    assert record["units"] == ["encoder_0", "decoder_0", "transformer"] and record["gather_dtype"] == "float32"
     # mtbench's jit step ran over the sharded mesh, and its state kept the layouts through every step.
     assert sharded["train_step"] == "jax-jit-stateless"
-    assert sharded["train_step_detail"] == "ShardedWeights over a mesh of 2 model"
+    assert sharded["train_step_detail"] == ("ShardedWeights over a mesh of 2 data, 3 units gathered, gradients "
+                                            "reduce-scattered")
     assert record["layouts_kept"] is True
     parameters = sharded["model"]["parameters"]
     assert_half_of_the_state(record, parameters)
