@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.plugins.extras.test_multi_process import TORCHRUN
@@ -116,3 +117,74 @@ def test_jax_fsdp_gathers_in_the_compute_dtype_and_reduces_in_float32(jax_runs):
     assert len(fsdp["reduce-scatter"]) == 3 and all(shape.startswith("f32[1,") for shape in fsdp["reduce-scatter"])
     for mine, theirs in zip(run["fsdp"]["losses"], run["gspmd"]["losses"]):
         assert mine == pytest.approx(theirs, rel=1e-2)  # the weights rounded to bfloat16 once, as Keras rounds them
+
+
+TORCH_SCRIPT = r"""
+import collections, dataclasses, json, os, sys, types
+import numpy as np
+import torch, torch.distributed as dist
+import keras
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
+from mtbench.keras_models.presets import PRESETS
+from mtbench.keras_models.transformer import build_transformer
+from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
+from mtbench.plugins.extras.fsdp import torch_sharded_step
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.setup import compile_model
+
+class GatheredDtypes(TorchDispatchMode):
+    # The dtypes of the tensors that went through each c10d collective FSDP called.
+    def __init__(self):
+        super().__init__()
+        self.seen = collections.defaultdict(set)
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith("c10d."):
+            self.seen[str(func)].update(str(a.dtype) for a in args if isinstance(a, torch.Tensor))
+        return func(*args, **(kwargs or {}))
+
+dist.init_process_group("gloo")
+keras.config.set_dtype_policy("mixed_bfloat16")
+rank, rng = dist.get_rank(), np.random.default_rng(0)
+batches = []
+for _ in range(3):
+    source, target = rng.integers(3, 64, (8, 12)).astype("int32"), rng.integers(3, 64, (8, 13)).astype("int32")
+    weight = (rng.random((8, 12)) < 0.8).astype("float32")
+    rows = slice(4 * rank, 4 * rank + 4)
+    batches.append(((source[rows], target[rows, :-1]), target[rows, 1:], weight[rows]))
+keras.utils.set_random_seed(0)
+model = build_transformer(dataclasses.replace(PRESETS["tiny"], vocab_size=64, dropout=0.0))
+model(batches[0][0])
+compile_model(keras, model, TrainConfig(learning_rate=3e-3, warmup_steps=2), 6, {})
+step = torch_sharded_step(model, EagerTorchTrainStep(model), types.SimpleNamespace(world_size=2, collectives="gloo"))
+losses = [float(step(*batches[0])["loss"])]
+with profile(activities=[ProfilerActivity.CPU]) as profiled:
+    losses.append(float(step(*batches[1])["loss"]))
+with GatheredDtypes() as dtypes:  # a step of its own: the profiler would see each collective twice
+    losses.append(float(step(*batches[2])["loss"]))
+ran = collections.Counter(event.name for event in profiled.events() if event.name.startswith("c10d::"))
+if rank == 0:
+    print(json.dumps({"losses": losses, "ran": ran, "dtypes": {op: sorted(seen) for op, seen in dtypes.seen.items()},
+                      "weights": len(model.trainable_variables), "units": step.record["units"]}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torch_fsdp_clips_with_one_all_reduce_and_gathers_in_the_compute_dtype(tmp_path):
+    script = tmp_path / "fsdp_step.py"
+    script.write_text(TORCH_SCRIPT)
+    env = {**os.environ, "KERAS_BACKEND": "torch", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*TORCHRUN, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["units"] == ["encoder_0", "decoder_0", "transformer"] and got["weights"] == 48
+    # A step's collectives: each unit gathered for its forward and again for its backward (but the model's own,
+    # which FSDP keeps gathered between the two), its gradients reduce-scattered, and two all-reduces: the global
+    # batch's token means, and every gradient's squared norm for Keras's clipnorm at once (a DTensor's norm of
+    # each gradient on its own was 48 more).
+    assert got["ran"] == {"c10d::_allgather_base_": 5, "c10d::_reduce_scatter_base_": 3, "c10d::allreduce_": 2}
+    # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): what went through the collectives.
+    assert got["dtypes"]["c10d._allgather_base_.default"] == ["torch.bfloat16"]
+    assert got["dtypes"]["c10d._reduce_scatter_base_.default"] == ["torch.float32"]
+    assert len(got["losses"]) == 3 and all(np.isfinite(got["losses"]))
