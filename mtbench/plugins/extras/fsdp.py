@@ -522,8 +522,10 @@ def torch_step_state(step):
 
 
 class TorchShardedStep(StateRecording):
-    """mtbench's eager torch step over FSDP's shards: the variables hold the shards between steps, the whole
-    weights from `finalize` until the next step."""
+    """mtbench's torch step (eager, or compiled by `torch-compile`) over FSDP's shards: the variables hold the
+    shards between steps, the whole weights from `finalize` until the next step. Compiled, dynamo breaks the graph
+    at FSDP's hooks (it skips them), so each unit's forward is a graph of its own and the collectives run eagerly
+    between them, as FSDP2 runs under torch.compile without compiled autograd."""
 
     def __init__(self, inner, sharding, record):
         super().__init__(inner, record, torch_step_state)
@@ -538,8 +540,17 @@ class TorchShardedStep(StateRecording):
             self.sharding.start_gathering()
         return self.inner(x, y, sample_weight)
 
+    def around(self, step):
+        """This sharding around `step`, the compiled step `torch-compile` makes from the model when it is given
+        after `fsdp`: distributed and updating the shards as the step it replaces."""
+        step.share_distribution(self.inner)
+        if step.fused_optimizer is not None:
+            step.fused_optimizer = self.inner.fused_optimizer
+        return TorchShardedStep(step, self.sharding, self.record)
+
     def description(self):
-        return f"FSDP2 over {self.sharding.mesh.size()} processes, {len(self.sharding.units)} units"
+        sharded = f"FSDP2 over {self.sharding.mesh.size()} processes, {len(self.sharding.units)} units"
+        return ", ".join(part for part in (self.inner.description(), sharded) if part)
 
     def finalize(self):
         super().finalize()
@@ -572,7 +583,7 @@ class FullySharded(Extra):
     description = ("parameters, gradients and optimizer state sharded over the devices, gathered per layer: JAX "
                    "keras.distribution.ModelParallel over a model axis; torch FSDP2 under torchrun")
     backends = ("jax", "torch")
-    conflicts = ("pmap", "data-parallel", "tpu", "ddp", "torch-compile")
+    conflicts = ("pmap", "data-parallel", "tpu", "ddp")
     spans_processes = True
 
     def unavailable_reason(self, run):
@@ -609,8 +620,8 @@ class FullySharded(Extra):
 
     def _torch_step(self, run, model, step):
         from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
-        if type(step) is not EagerTorchTrainStep:
-            raise MtbenchError(f"shards mtbench's eager torch step, not the '{step.name}' step")
+        if not isinstance(step, EagerTorchTrainStep):
+            raise MtbenchError(f"shards mtbench's torch step (eager or compiled), not the '{step.name}' step")
         sharded = torch_sharded_step(model, step, run.processes)
         sharded.record["per_process_batch"] = run.config.batch_size // run.processes.world_size
         run.extras_state[self.name] = sharded.record

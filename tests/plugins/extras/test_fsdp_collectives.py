@@ -73,7 +73,8 @@ def jax_runs():
     """{dtype: the fsdp step's and GSPMD's run of the same model from the same weights} for float32 and
     mixed_bfloat16, from one process on 2 simulated devices."""
     env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -175,7 +176,7 @@ def test_torch_fsdp_clips_with_one_all_reduce_and_gathers_in_the_compute_dtype(t
     script = tmp_path / "fsdp_step.py"
     script.write_text(TORCH_SCRIPT)
     env = {**os.environ, "KERAS_BACKEND": "torch", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([*TORCHRUN, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([*TORCHRUN, str(script)], capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["units"] == ["encoder_0", "decoder_0", "transformer"] and got["weights"] == 48
