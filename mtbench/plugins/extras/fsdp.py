@@ -581,7 +581,7 @@ def torch_sharded_step(model, step, processes):
 class FullySharded(Extra):
     name = "fsdp"
     description = ("parameters, gradients and optimizer state sharded over the devices, gathered per layer: JAX "
-                   "keras.distribution.ModelParallel over a model axis; torch FSDP2 under torchrun")
+                   "per-device gathers and reduce-scatters over a data axis; torch FSDP2 under torchrun")
     backends = ("jax", "torch")
     conflicts = ("pmap", "data-parallel", "tpu", "ddp")
     spans_processes = True
