@@ -129,7 +129,11 @@ class JitTrainStep(TrainStep):
     gradients as one flat buffer (`flat_gradient_shards`)."""
     name = "jax-jit-stateless"
 
-    def __init__(self, model, distribution=None):
+    def __init__(self, model, distribution=None, gradients_of=None):
+        """`gradients_of`, when given, differentiates in place of the step's own way: called as
+        `gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight)` inside the jitted step, it
+        returns (grads, loss, correct tokens, tokens, non_trainable), as `summed_over_shards` does (`fsdp`'s
+        per-device gathering). `loss_of` reads only the optimizer state it is given (None: not read)."""
         import jax
         import jax.numpy as jnp
         import keras
@@ -157,13 +161,18 @@ class JitTrainStep(TrainStep):
                 loss_object(y, logits, sample_weight=weight)
             if losses:
                 loss = loss + share * sum(losses)
-            with keras.StatelessScope(state_mapping=list(zip(optimizer.variables, optimizer_state))):
+            mapping = [(variable, value) for variable, value in zip(optimizer.variables, optimizer_state)
+                       if value is not None]
+            with keras.StatelessScope(state_mapping=mapping):
                 scaled = optimizer.scale_loss(loss)  # the identity unless the optimizer scales losses
             return scaled, (loss, logits, new_non_trainable)
 
         def step(state, x, y, weight):
             trainable, non_trainable, optimizer_state = state
-            if self.flat_shards:
+            if gradients_of is not None:
+                grads, loss, correct, tokens, non_trainable = gradients_of(
+                    loss_of, trainable, non_trainable, optimizer_state, x, y, weight)
+            elif self.flat_shards:
                 grads, loss, correct, tokens, non_trainable = summed_over_shards(
                     loss_of, self.flat_shards, distribution, trainable, non_trainable, optimizer_state, x, y, weight)
             else:

@@ -1,11 +1,13 @@
 """fsdp: parameters, gradients and optimizer state sharded over the devices, gathered layer by layer for compute,
 on both backends under one name.
 
-JAX: a `keras.distribution.ModelParallel` whose layout shards every weight over the `model` axis of a mesh of
+JAX: a `keras.distribution.ModelParallel` whose layout shards every weight over the `data` axis of a mesh of
 all the run's devices, on the weight's largest axis that the axis size divides (a weight no axis of which it
-divides stays replicated). The batch is split over the same axis, so each device computes on its rows with
-weights XLA gathers where a layer needs them (ZeRO-3 as GSPMD does it). mtbench's jit step runs over that mesh;
-its optimizer state takes the weights' layouts and its gradients are held to them, so nothing is replicated.
+divides stays replicated); the batch is split over the same axis. mtbench's jit step runs over that mesh, its
+optimizer state in the weights' layouts, and differentiates as FSDP does (`gathered_per_device`): each device
+gathers a unit's weights (one all-gather per unit, in the compute dtype), computes its rows, and reduce-scatters
+the unit's gradients to their shards. Left to GSPMD, the same layouts compile to model parallelism on XLA:CPU
+(activations gathered, every gradient all-reduced whole, no reduce-scatter), which is not ZeRO-3.
 
 torch: FSDP2 (`torch.distributed.fsdp.fully_shard`) on a device mesh of the run's processes (torchrun; NCCL on
 GPUs, gloo on CPUs), one unit per composite layer of the model (the Transformer's blocks) and the model itself
@@ -19,11 +21,21 @@ its state the Keras optimizer's moment variables, sharded as their parameters ar
 """
 
 import functools
+import itertools
+import math
 from typing import NamedTuple
 
-from mtbench import Extra, MtbenchError, RunFailure, WrappingStep, hookimpl, uneven_split_reason
+from mtbench import (
+    Extra,
+    MtbenchError,
+    RunFailure,
+    WrappingStep,
+    hookimpl,
+    uneven_split_reason,
+)
+from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 
-MODEL_AXIS = "model"
+DATA_AXIS = "data"
 SIMULATE_HINT = "on a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N"
 LAUNCH_HINT = "start mtbench with torchrun --nproc-per-node N -m mtbench train ..."
 
@@ -83,9 +95,8 @@ def jax_state_record(trainable, optimizer_state):
 
 
 def sharded_model_parallel(devices):
-    """A `keras.distribution.ModelParallel` over a mesh of `devices` on one `model` axis, the batch split over
+    """A `keras.distribution.ModelParallel` over a mesh of `devices` on one `data` axis, the batch split over
     it too, laying every variable out on its `sharded_axis`."""
-    import keras
     from keras.distribution import DeviceMesh, LayoutMap, ModelParallel, TensorLayout
 
     class ShardedWeights(ModelParallel):
@@ -96,11 +107,11 @@ def sharded_model_parallel(devices):
             axes = [None] * len(variable.shape)
             axis = sharded_axis(tuple(variable.shape), self.device_mesh.shape[0])
             if axis is not None:
-                axes[axis] = MODEL_AXIS
+                axes[axis] = DATA_AXIS
             return TensorLayout(axes, self.device_mesh)
 
-    mesh = DeviceMesh((len(devices),), [MODEL_AXIS], devices)
-    return ShardedWeights(layout_map=LayoutMap(mesh), batch_dim_name=MODEL_AXIS)
+    mesh = DeviceMesh((len(devices),), [DATA_AXIS], devices)
+    return ShardedWeights(layout_map=LayoutMap(mesh), batch_dim_name=DATA_AXIS)
 
 
 def use_distribution(run, distribution):
@@ -153,6 +164,137 @@ def jax_step_state(step):
     return jax_state_record(trainable, optimizer_state)
 
 
+class Bucket(NamedTuple):
+    """Weights gathered in one collective: their indices among the trainable weights, the axis each is split on
+    (None: held whole), the dtype they are gathered in and the dtype they and their gradients are stored in."""
+    indices: list
+    dims: list
+    compute_dtype: str
+    stored_dtype: str
+
+
+def jax_buckets(model, specs):
+    """One `Bucket` per FSDP unit (`fsdp_units`) and dtype, as FSDP2 gathers a unit's parameters in one
+    all-gather and reduce-scatters their gradients in one reduce-scatter; a weight no axis of which the devices
+    divide is a bucket of its own (held whole, its gradient all-reduced)."""
+    policy = model.dtype_policy
+    unit_of = {}
+    for unit, layer in enumerate(fsdp_units(model)):
+        for variable in layer.trainable_variables:
+            unit_of.setdefault(id(variable), unit)
+    groups = {}
+    for index, (variable, spec) in enumerate(zip(model.trainable_variables, specs)):
+        dim = next((axis for axis, name in enumerate(spec) if name is not None), None)
+        compute = policy.compute_dtype if variable.dtype == policy.variable_dtype else variable.dtype
+        key = (unit_of[id(variable)], compute, variable.dtype) if dim is not None else ("whole", index)
+        groups.setdefault(key, Bucket([], [], compute, variable.dtype))
+        groups[key].indices.append(index)
+        groups[key].dims.append(dim)
+    return list(groups.values())
+
+
+def bucket_gathering(axis, devices, bucket):
+    """A function of a bucket's shards that returns its weights whole, in the bucket's compute dtype: one
+    all-gather of the shards flattened into one buffer. Its backward sums the weights' gradients over the devices
+    and keeps this device's shards of the sums, in the stored dtype: one reduce-scatter (an all-reduce for a
+    weight held whole). torch's FSDP2 with MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=stored)."""
+    import jax
+    import jax.numpy as jnp
+
+    def split(flat, shapes):
+        ends = list(itertools.accumulate((math.prod(shape) for shape in shapes), initial=0))
+        return [flat[..., start:end].reshape(flat.shape[:-1] + shape)
+                for start, end, shape in zip(ends, ends[1:], shapes)]
+
+    @jax.custom_vjp
+    def gather(shards):
+        shards = [shard.astype(bucket.compute_dtype) for shard in shards]
+        if bucket.dims == [None]:
+            return shards
+        flat = jnp.concatenate([shard.reshape(-1) for shard in shards])
+        # Gathered as the compute dtype's bits: XLA would move Keras's widening of the gathered weights back to
+        # their variables' dtype above the all-gather, and gather float32.
+        bits = jnp.dtype(f"uint{flat.dtype.itemsize * 8}")
+        gathered = jax.lax.bitcast_convert_type(jax.lax.all_gather(jax.lax.bitcast_convert_type(flat, bits), axis),
+                                                flat.dtype)
+        pieces = split(gathered, [shard.shape for shard in shards])  # (devices, *shard)
+        return [jnp.moveaxis(piece, 0, dim).reshape(shard.shape[:dim] + (-1,) + shard.shape[dim + 1:])
+                for piece, shard, dim in zip(pieces, shards, bucket.dims)]
+
+    def forward(shards):
+        return gather(shards), None
+
+    def backward(_, gradients):
+        gradients = [gradient.astype(bucket.stored_dtype) for gradient in gradients]
+        if bucket.dims == [None]:
+            return ([jax.lax.psum(gradients[0], axis)],)
+        shapes = [gradient.shape[:dim] + (gradient.shape[dim] // devices,) + gradient.shape[dim + 1:]
+                  for gradient, dim in zip(gradients, bucket.dims)]
+        by_device = [jnp.moveaxis(gradient.reshape(shape[:dim] + (devices,) + shape[dim:]), dim, 0)
+                     .reshape(devices, -1) for gradient, shape, dim in zip(gradients, shapes, bucket.dims)]
+        summed = jax.lax.psum_scatter(jnp.concatenate(by_device, axis=1), axis)
+        return (split(summed, shapes),)
+
+    gather.defvjp(forward, backward)
+    return gather
+
+
+def gathered_per_device(model, distribution):
+    """The fsdp step's differentiation (`JitTrainStep`'s `gradients_of`): each device, in a `jax.shard_map` over
+    the mesh, gathers each unit's weights whole in the compute dtype (`bucket_gathering`: one all-gather) for the
+    forward pass, computes its rows of the batch, and its backward reduce-scatters the unit's gradients to the
+    weights' shards: ZeRO-3, as torch's FSDP2 runs it. Left to GSPMD, XLA partitions the step as model
+    parallelism instead (activations gathered, every gradient all-reduced whole). Each device draws its dropout
+    masks from its own stream (the seeds' first word offset by its index), as `summed_over_shards` does."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    from mtbench.plugins.backends.jax_jit_step import SEED_STATE, correct_tokens
+    if any(variable.name != SEED_STATE for variable in model.non_trainable_variables):
+        raise MtbenchError("shards models whose only non-trainable state is dropout seeds (a batch norm's "
+                           "statistics want the whole batch)")
+    mesh, axis = distribution.device_mesh.backend_mesh, distribution.batch_dim_name
+    devices = mesh.shape[axis]
+    whole, rows = PartitionSpec(), PartitionSpec(axis)
+    specs = [variable.value.sharding.spec for variable in model.trainable_variables]
+    buckets = [(bucket, bucket_gathering(axis, devices, bucket)) for bucket in jax_buckets(model, specs)]
+    # The optimizer state the loss reads (a loss scale): the variables held whole; the moments stay outside.
+    optimizer_whole = [all(name is None for name in variable.value.sharding.spec)
+                       for variable in model.optimizer.variables]
+
+    def gathered(shards):
+        weights = [None] * len(shards)
+        for bucket, gather in buckets:
+            for index, weight in zip(bucket.indices, gather([shards[index] for index in bucket.indices])):
+                weights[index] = weight
+        return weights
+
+    def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
+        def per_device(trainable, seeds, optimizer_whole_state, x, y, weight):
+            index = jax.lax.axis_index(axis).astype("uint32")
+            offset = jnp.stack([index, jnp.zeros((), "uint32")])
+            tokens = jax.lax.psum(jnp.sum(weight), axis)
+            states = iter(optimizer_whole_state)
+            optimizer_state = [next(states) if held else None for held in optimizer_whole]
+
+            def loss_of_shards(shards):
+                return loss_of(gathered(shards), [seed + offset for seed in seeds], optimizer_state, x, y, weight,
+                               tokens, 1.0 / devices)
+
+            (_, (loss, logits, seeds)), grads = jax.value_and_grad(loss_of_shards, has_aux=True)(trainable)
+            correct = jax.lax.psum(correct_tokens(y, logits, weight), axis)
+            return grads, jax.lax.psum(loss, axis), correct, tokens, [seed - offset for seed in seeds]
+
+        held = [state for state, whole_held in zip(optimizer_state, optimizer_whole) if whole_held]
+        return jax.shard_map(per_device, mesh=mesh, check_vma=False,
+                             in_specs=(specs, whole, whole, rows, rows, rows),
+                             out_specs=(specs, whole, whole, whole, whole))(
+            trainable, non_trainable, held, x, y, weight)
+
+    return gradients_of
+
+
 class JaxShardedStep(StateRecording):
     """The jit step over the sharded mesh. Across processes the whole state is replicated at `finalize` (process
     0 alone writes checkpoints and the saved model, and can read only what it holds) and laid out sharded again
@@ -174,6 +316,9 @@ class JaxShardedStep(StateRecording):
             measured["layouts_kept"] = all(array.sharding.is_equivalent_to(layout, array.ndim)
                                            for array, layout in zip(trainable, self.layouts[:len(trainable)]))
         return measured
+
+    def description(self):
+        return f"{self.inner.description()}, {len(self.record['units'])} units gathered, gradients reduce-scattered"
 
     def _lay_out(self, shardings, keras_layouts):
         for variable, value, layout in zip(self.variables, jax_relaid([v.value for v in self.variables], shardings),
@@ -239,6 +384,19 @@ class ShardedUnit(NamedTuple):
     fsdp_class: type
 
 
+def mixed_precision_policy(model):
+    """FSDP2's policy for the model's dtype policy: under a mixed one, weights gathered in the compute dtype and
+    gradients reduced in the weights' own (as `bucket_gathering` does on JAX); Keras casts the layers' inputs
+    itself."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    policy = model.dtype_policy
+    if policy.compute_dtype == policy.variable_dtype:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, policy.compute_dtype),
+                                reduce_dtype=getattr(torch, policy.variable_dtype), cast_forward_inputs=False)
+
+
 class TorchSharding:
     """FSDP2 over `mesh` around a Keras model: each unit's call runs FSDP's hooks, its variables holding the
     parameters FSDP gathered while it computes, and their shards (DTensors) before and after."""
@@ -272,7 +430,8 @@ class TorchSharding:
                     claimed.add(id(tensor))
                     held.append((variable, *owners[id(tensor)]))
             keras_class = type(unit)
-            fully_shard(unit, mesh=mesh, ignored_params=frozen)  # makes the unit's class FSDP's subclass of it
+            # Makes the unit's class FSDP's subclass of it.
+            fully_shard(unit, mesh=mesh, ignored_params=frozen, mp_policy=mixed_precision_policy(model))
             held = [(variable, parameters, key, parameters._parameters[key]) for variable, parameters, key in held]
             for variable, _, _, shard in held:
                 if not isinstance(shard, DTensor):
@@ -338,14 +497,35 @@ class TorchSharding:
             slot._value = shard.full_tensor()
 
 
+class CombinedNormAdamW(FusedAdamW):
+    """torch's fused AdamW over FSDP's shards, each gradient clipped by its own norm (Keras's `clipnorm`) as
+    `FusedAdamW` clips, the squared norms of every gradient's shards summed over the processes in one all-reduce:
+    a DTensor's norm is an all-reduce of its own, one per gradient (about 130 a step on the `small` preset)."""
+
+    def __init__(self, optimizer, variables, group):
+        super().__init__(optimizer, variables)
+        self.group = group
+
+    def _clip_each_gradient(self, grads):
+        import torch
+        import torch.distributed as dist
+        shards = [grad.to_local() for grad in grads]
+        squares = torch.stack(torch._foreach_norm(shards)).float().square()
+        dist.all_reduce(squares, group=self.group)
+        scales = self.clipnorm / squares.sqrt().clamp_min(self.clipnorm)
+        torch._foreach_mul_(shards, list(scales.to(shards[0].dtype).unbind()))
+
+
 def torch_step_state(step):
     """The state record of mtbench's eager torch step: its variables' tensors, their gradients, the moments."""
     return torch_state_record([variable.value for variable in step.variables], step.model.optimizer)
 
 
 class TorchShardedStep(StateRecording):
-    """mtbench's eager torch step over FSDP's shards: the variables hold the shards between steps, the whole
-    weights from `finalize` until the next step."""
+    """mtbench's torch step (eager, or compiled by `torch-compile`) over FSDP's shards: the variables hold the
+    shards between steps, the whole weights from `finalize` until the next step. Compiled, dynamo breaks the graph
+    at FSDP's hooks (it skips them), so each unit's forward is a graph of its own and the collectives run eagerly
+    between them, as FSDP2 runs under torch.compile without compiled autograd."""
 
     def __init__(self, inner, sharding, record):
         super().__init__(inner, record, torch_step_state)
@@ -360,8 +540,17 @@ class TorchShardedStep(StateRecording):
             self.sharding.start_gathering()
         return self.inner(x, y, sample_weight)
 
+    def around(self, step):
+        """This sharding around `step`, the compiled step `torch-compile` makes from the model when it is given
+        after `fsdp`: distributed and updating the shards as the step it replaces."""
+        step.share_distribution(self.inner)
+        if step.fused_optimizer is not None:
+            step.fused_optimizer = self.inner.fused_optimizer
+        return TorchShardedStep(step, self.sharding, self.record)
+
     def description(self):
-        return f"FSDP2 over {self.sharding.mesh.size()} processes, {len(self.sharding.units)} units"
+        sharded = f"FSDP2 over {self.sharding.mesh.size()} processes, {len(self.sharding.units)} units"
+        return ", ".join(part for part in (self.inner.description(), sharded) if part)
 
     def finalize(self):
         super().finalize()
@@ -369,12 +558,32 @@ class TorchShardedStep(StateRecording):
             self.sharding.hold_full()
 
 
+def torch_sharded_step(model, step, processes):
+    """`step`, mtbench's eager torch step, over FSDP2's shards of `model` on `processes` (a ProcessGroup), as a
+    `TorchShardedStep` whose record is the run's."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    world = processes.world_size
+    mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,))
+    sharding = TorchSharding(model, mesh)
+    sharding.shard_moments(model.optimizer)
+    # The gradients FSDP reduce-scatters are averages over the processes, as DDP's are: the step weighs each
+    # process's loss by its share of the global batch's tokens.
+    step.distribute(processes, model)
+    if step.fused_optimizer is not None:  # else Keras's `optimizer.apply`, which takes the shards as they are
+        step.fused_optimizer = CombinedNormAdamW(model.optimizer, step.variables, mesh.get_group())
+    record = {"devices": world, "processes": world, "collectives": processes.collectives,
+              "units": [unit.module.name for unit in sharding.units],
+              "gather_dtype": model.dtype_policy.compute_dtype}
+    return TorchShardedStep(step, sharding, record)
+
+
 class FullySharded(Extra):
     name = "fsdp"
     description = ("parameters, gradients and optimizer state sharded over the devices, gathered per layer: JAX "
-                   "keras.distribution.ModelParallel over a model axis; torch FSDP2 under torchrun")
+                   "per-device gathers and reduce-scatters over a data axis; torch FSDP2 under torchrun")
     backends = ("jax", "torch")
-    conflicts = ("pmap", "data-parallel", "tpu", "ddp", "torch-compile")
+    conflicts = ("pmap", "data-parallel", "tpu", "ddp")
     spans_processes = True
 
     def unavailable_reason(self, run):
@@ -404,29 +613,19 @@ class FullySharded(Extra):
         from mtbench.plugins.backends.jax_jit_step import JitTrainStep
         if not isinstance(step, JitTrainStep) or step.distribution is None:
             raise MtbenchError(f"shards mtbench's jit step, not the '{step.name}' step")
-        return JaxShardedStep(step, run.extras_state[self.name])
+        sharded = JitTrainStep(model, step.distribution, gathered_per_device(model, step.distribution))
+        run.extras_state[self.name].update(units=[unit.name for unit in fsdp_units(model)],
+                                           gather_dtype=model.dtype_policy.compute_dtype)
+        return JaxShardedStep(sharded, run.extras_state[self.name])
 
     def _torch_step(self, run, model, step):
-        import torch
-        from torch.distributed.device_mesh import init_device_mesh
-
         from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
-        from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
-        if type(step) is not EagerTorchTrainStep:
-            raise MtbenchError(f"shards mtbench's eager torch step, not the '{step.name}' step")
-        world = run.processes.world_size
-        mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,))
-        sharding = TorchSharding(model, mesh)
-        sharding.shard_moments(model.optimizer)
-        # The gradients FSDP reduce-scatters are averages over the processes, as DDP's are: the step weighs each
-        # process's loss by its share of the global batch's tokens.
-        step.distribute(run.processes, model)
-        if step.fused_optimizer is not None:  # else Keras's `optimizer.apply`, which takes the shards as they are
-            step.fused_optimizer = FusedAdamW(model.optimizer, step.variables)  # over the shards now
-        run.extras_state[self.name] = {"devices": world, "processes": world, "collectives": run.processes.collectives,
-                                       "units": [unit.module.name for unit in sharding.units],
-                                       "per_process_batch": run.config.batch_size // world}
-        return TorchShardedStep(step, sharding, run.extras_state[self.name])
+        if not isinstance(step, EagerTorchTrainStep):
+            raise MtbenchError(f"shards mtbench's torch step (eager or compiled), not the '{step.name}' step")
+        sharded = torch_sharded_step(model, step, run.processes)
+        sharded.record["per_process_batch"] = run.config.batch_size // run.processes.world_size
+        run.extras_state[self.name] = sharded.record
+        return sharded
 
 
 @hookimpl

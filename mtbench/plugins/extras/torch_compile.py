@@ -72,9 +72,11 @@ class TorchCompile(Extra):
         counters.clear()
         mode = None if run.config.compile_mode == "default" else run.config.compile_mode
         compiled = CompiledTorchTrainStep(model, mode=mode)  # replaces the eager step rather than wrapping it
+        run.extras_state[self.name] = {"step": compiled, "artifacts": artifacts, "artifacts_loaded": loaded}
         if isinstance(step, EagerTorchTrainStep):
             compiled.share_distribution(step)  # --extra ddp given before this extra
-        run.extras_state[self.name] = {"step": compiled, "artifacts": artifacts, "artifacts_loaded": loaded}
+        elif hasattr(step, "around"):  # a wrapper that must stay around the step (fsdp's), given before this extra
+            return step.around(compiled)
         return compiled
 
     def record(self, run):

@@ -81,8 +81,6 @@ def test_the_state_per_device_is_a_figure_of_every_output():
     (["--backend", "torch", "--extra", "fsdp"], None,
      "extra 'fsdp' cannot run here: needs at least 2 processes; this run has 1 (start mtbench with torchrun "
      "--nproc-per-node N -m mtbench train ...)"),
-    (["--backend", "torch", "--extra", "fsdp", "--extra", "torch-compile"], None,
-     "extra 'fsdp' cannot run together with 'torch-compile'"),
 ])
 def test_fsdp_where_it_cannot_run_says_why(tmp_path, cache_dir, args, env, message):
     proc = run_cli("train", "--preset", "tiny", "--steps", "2", "--cache-dir", cache_dir,
@@ -108,10 +106,12 @@ def test_jax_fsdp_trains_like_one_device_with_half_the_state_on_each(jax_runs):
     np.testing.assert_allclose(losses(sharded), losses(one), rtol=1e-5)
     assert sharded["metrics"]["val_loss"] == pytest.approx(one["metrics"]["val_loss"], rel=1e-5)
     record = sharded["extras_record"]["fsdp"]
-    assert record["mesh_axes"] == ["model"] and record["mesh_shape"] == [2] and record["per_device_batch"] == 16
+    assert record["mesh_axes"] == ["data"] and record["mesh_shape"] == [2] and record["per_device_batch"] == 16
+    assert record["units"] == ["encoder_0", "decoder_0", "transformer"] and record["gather_dtype"] == "float32"
     # mtbench's jit step ran over the sharded mesh, and its state kept the layouts through every step.
     assert sharded["train_step"] == "jax-jit-stateless"
-    assert sharded["train_step_detail"] == "ShardedWeights over a mesh of 2 model"
+    assert sharded["train_step_detail"] == ("ShardedWeights over a mesh of 2 data, 3 units gathered, gradients "
+                                            "reduce-scattered")
     assert record["layouts_kept"] is True
     parameters = sharded["model"]["parameters"]
     assert_half_of_the_state(record, parameters)
@@ -178,3 +178,23 @@ def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, t
     record = result["extras_record"]["fsdp"]
     assert kept.items() <= record.items()
     assert_half_of_the_state(record, result["model"]["parameters"])
+
+
+@pytest.mark.slow
+def test_torch_fsdp_runs_the_compiled_step_given_either_side_of_torch_compile(cache_dir, tmp_path):
+    """torch-compile given first makes the compiled step that fsdp shards; given after, it compiles the step
+    inside fsdp's wrapper (`TorchShardedStep.around`). Either way FSDP's collectives run between compiled graphs."""
+    results = []
+    for extras in (["fsdp", "torch-compile"], ["torch-compile", "fsdp"]):
+        out = tmp_path / f"{'-'.join(extras)}.json"
+        proc = torchrun("train", "--backend", "torch", *(arg for extra in extras for arg in ("--extra", extra)),
+                        *PARALLEL, "--steps", "8", "--measure-only", "--cache-dir", cache_dir, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append(json.loads(out.read_text()))
+    for result in results:
+        assert result["train_step"] == "torch-compiled"
+        assert result["train_step_detail"].endswith(", FSDP2 over 2 processes, 3 units")
+        compiled = result["extras_record"]["torch-compile"]
+        assert compiled["graphs_compiled"] >= 3 and compiled["shapes_run_eagerly"] == 0
+        assert_half_of_the_state(result["extras_record"]["fsdp"], result["model"]["parameters"])
+    np.testing.assert_allclose(losses(results[0]), losses(results[1]), rtol=1e-5)
