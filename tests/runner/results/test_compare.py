@@ -231,13 +231,25 @@ def test_on_cuda_compare_trains_torch_eager_and_compiled():
         ["jax+flash-attention", "torch+flash-attention", "torch+flash-attention+torch-compile"]
     assert labels(plan_runs("torch", ["ddp"], devices={"torch": H100})) == ["torch+ddp", "torch+ddp+torch-compile"]
     assert labels(plan_runs("torch", ["torch-compile"], devices={"torch": H100})) == ["torch+torch-compile"]
+    assert labels(plan_runs("torch", ["fsdp"], devices={"torch": H100})) == ["torch+fsdp", "torch+fsdp+torch-compile"]
     # Where an extra refuses torch-compile (its declared conflicts), torch runs eager, and compare says why.
-    sharded = plan_runs("torch", ["fsdp"], devices={"torch": H100})
-    assert labels(sharded) == ["torch+fsdp"]
-    assert eager_only_lines(sharded, {"torch": H100}, registry()) == [
-        ("run 'torch+fsdp' trains torch eager only (no compiled row beside it): extra 'fsdp' cannot run together "
-         "with 'torch-compile'")]
-    assert eager_only_lines(sharded, {"torch": CPU}, registry()) == []
+    import dataclasses
+
+    from mtbench.plugins.api import Extra
+
+    class Uncompiled(Extra):
+        name = "uncompiled"
+        backends = ("torch",)
+        conflicts = ("torch-compile",)
+
+    plugins = registry()
+    plugins = dataclasses.replace(plugins, extras={**plugins.extras, "uncompiled": Uncompiled()})
+    uncompiled = plan_runs("torch", ["uncompiled"], devices={"torch": H100}, registry=plugins)
+    assert labels(uncompiled) == ["torch+uncompiled"]
+    assert eager_only_lines(uncompiled, {"torch": H100}, plugins) == [
+        ("run 'torch+uncompiled' trains torch eager only (no compiled row beside it): extra 'uncompiled' cannot run "
+         "together with 'torch-compile'")]
+    assert eager_only_lines(uncompiled, {"torch": CPU}, plugins) == []
     # A matrix is left as named.
     assert labels(plan_runs(matrix="jax;torch", devices={"torch": H100})) == ["jax", "torch"]
 
