@@ -5,6 +5,8 @@ outlier and the return from it are none, a change at the last point is unconfirm
 line."""
 
 import copy
+import csv
+import io
 import json
 import os
 import struct
@@ -13,7 +15,7 @@ import pytest
 from conftest import run_cli
 
 from mtbench.errors import MtbenchError
-from mtbench.runner.results.history import build_history
+from mtbench.runner.results.history import build_history, to_csv, to_markdown
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -38,12 +40,14 @@ def point(result, level, day, commit=None, jax=None):
     return made
 
 
-def write_history(directory, result, levels, commits=None):
-    """One file per level, day 1 onwards; the files are named in reverse so that only the dates give the order."""
+def write_history(directory, result, levels, commits=None, jax_from=None):
+    """One file per level, day 1 onwards (jax 9.9.9 from point `jax_from` on); the files are named in reverse so
+    that only the dates give the order."""
     os.makedirs(directory, exist_ok=True)
     for index, level in enumerate(levels):
         commit = commits[index] if commits else None
-        made = point(result, level, index + 1, commit)
+        newer = jax_from is not None and index + 1 >= jax_from
+        made = point(result, level, index + 1, commit, "9.9.9" if newer else None)
         with open(os.path.join(directory, f"{len(levels) - index:03d}.json"), "w") as f:
             json.dump(made, f)
     return str(directory)
@@ -54,7 +58,7 @@ def marks(history):
 
 
 def test_a_slowdown_that_holds_is_one_step_at_its_point(real, tmp_path):
-    history = build_history(write_history(tmp_path, real, [1, 1, 1, 0.7, 0.7, 0.7]))
+    history = build_history(write_history(tmp_path, real, [1, 1, 1, 0.7, 0.7, 0.7], jax_from=4))
     assert marks(history) == [(4, "step", "slower")]
     speed = real["timing"]["tokens_per_s"]
     assert [p.interval[0] for p in history.points] == pytest.approx([speed] * 3 + [0.7 * speed] * 3)
@@ -63,6 +67,15 @@ def test_a_slowdown_that_holds_is_one_step_at_its_point(real, tmp_path):
     assert [p.change.call for p in history.points[4:]] == ["no difference"] * 2  # the same timings again
     assert [p.date.day for p in history.points] == [1, 2, 3, 4, 5, 6]
     assert history.lines()[2].startswith("step: #4 is 1.43x slower than #3 in tokens/s (")
+    rows = list(csv.DictReader(io.StringIO(to_csv(history))))
+    assert [(row["point"], row["change_verdict"], row["mark"]) for row in rows[2:5]] == \
+        [("3", "no difference", ""), ("4", "slower", "step"), ("5", "no difference", "")]
+    assert float(rows[3]["tokens_per_s"]) == pytest.approx(0.7 * speed)
+    markdown = to_markdown(history)
+    assert "| 1.43x slower (" in markdown and markdown.count("| step: slower |") == 1
+    table = markdown.splitlines()
+    assert "jax 9.9.9" not in table[4] and table[5].startswith("| 4 |") and "jax 9.9.9" in table[5]
+    assert "- step: #4 is 1.43x slower" in markdown
 
 
 def test_a_flat_history_and_an_outlier_have_no_step(real, tmp_path):
