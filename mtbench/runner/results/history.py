@@ -11,7 +11,7 @@ import io
 import itertools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from mtbench.errors import MtbenchError
@@ -184,7 +184,6 @@ def build_history(directory):
     check_one_configuration(runs)
     floor_record = recorded_noise_floor(compares)
     floor = (((floor_record or {}).get("figures") or {}).get(stats.SPEED_FIGURE) or {}).get("floor")
-    points = group_points(runs)
     verdicts = {}
 
     def verdict(later, earlier):
@@ -194,15 +193,15 @@ def build_history(directory):
                                            earlier.name, floor)
         return verdicts[key]
 
-    for index, point in enumerate(points):
-        point.interval = stats.figure_interval(stats.SPEED_FIGURE, point.results)
-        point.change = verdict(point, points[index - 1]) if index else None
     def call(later, earlier):
         found = verdict(later, earlier)
         return found.call if found else None
 
-    for point, mark in zip(points, find_steps(points, call)):
-        point.mark = mark
+    grouped = group_points(runs)
+    points = [replace(point, interval=stats.figure_interval(stats.SPEED_FIGURE, point.results),
+                      change=verdict(point, grouped[index - 1]) if index else None)
+              for index, point in enumerate(grouped)]
+    points = [replace(point, mark=mark) for point, mark in zip(points, find_steps(points, call))]
     first = runs[0][0]
     return History(directory, run_label(first), hardware(first), points, left_out, floor_record)
 
