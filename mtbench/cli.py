@@ -471,7 +471,8 @@ def _compare_repeats(repeats, width, budget):
 
 
 @main.command()
-@click.argument("results", nargs=-1, required=True, type=click.Path())
+@click.argument("results", nargs=-1, type=click.Path())
+@click.option("--history", metavar="DIR", help="Instead of RESULTS: the train results of one configuration in DIR over time (versions, commits, dates), tokens/s with its interval, the change from the point before, and the steps beyond the noise (--plot draws them).")
 @click.option("--format", "output_format", type=click.Choice(["table", "markdown", "csv", "json"]), default="table", show_default=True)
 @click.option("--baseline", help="The run speed-ups are measured against (default: the first); or OLD.json, a result or compare JSON: each run of RESULTS against the same run there, every timing figure with its interval.")
 @click.option("--fail-if-slower", metavar="PERCENT", help="With --baseline OLD.json: exit with code 1 when a run's tokens/s is slower than OLD's by more than PERCENT (5%), its whole interval past it.")
@@ -481,9 +482,19 @@ def _compare_repeats(repeats, width, budget):
 @click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True)
 @report_option
 @handle_errors
-def report(results, output_format, baseline, fail_if_slower, plot, force, parity_steps, parity_tolerance, reporters):
+def report(results, history, output_format, baseline, fail_if_slower, plot, force, parity_steps, parity_tolerance,
+           reporters):
     """Show saved results (single-run or compare JSONs) side by side; --report hands each run to a reporter.
-    With --baseline OLD.json, hold each run against the same run of OLD (a regression gate with --fail-if-slower)."""
+    With --baseline OLD.json, hold each run against the same run of OLD (a regression gate with --fail-if-slower).
+    With --history DIR, follow one configuration's tokens/s over time."""
+    if history is not None:
+        given = [name for name, value in (("RESULTS", results), ("--baseline", baseline),
+                                          ("--fail-if-slower", fail_if_slower), ("--report", reporters)) if value]
+        if given:
+            raise MtbenchError(f"--history DIR reads the results in DIR alone: drop {', '.join(given)}")
+        return _report_history(history, output_format, plot)
+    if not results:
+        raise MtbenchError("give RESULTS (result or compare JSON files) or --history DIR")
     if baseline and (baseline.endswith(".json") or os.path.isfile(baseline)):
         return _report_against_file(results, baseline, output_format, fail_if_slower, plot, force)
     if fail_if_slower is not None:
@@ -503,14 +514,7 @@ def report(results, output_format, baseline, fail_if_slower, plot, force, parity
     if plot:
         from mtbench.runner.results.plots import comparison_figure, save_figure
         save_figure(comparison_figure(comparison), plot)
-    if output_format == "table":
-        console = Console()
-        console.print(reporting.rich_table(comparison))
-        for line in reporting.context_lines(comparison):
-            console.print(line, highlight=False)
-    else:
-        render = {"markdown": reporting.to_markdown, "csv": reporting.to_csv, "json": reporting.to_json}
-        click.echo(render[output_format](comparison), nl=False)
+    _print_report(output_format, reporting, comparison, reporting.context_lines(comparison))
     if plot:
         click.echo(f"plot: {plot}", err=True)
     failures = []
@@ -521,6 +525,30 @@ def report(results, output_format, baseline, fail_if_slower, plot, force, parity
     _require_reporting_succeeded(failures)
 
 
+def _print_report(output_format, rendering, value, lines):
+    """`value` as `rendering` (the module of its kind of report) renders it: the table and the `lines` below it on
+    the terminal, else markdown, CSV or JSON on stdout."""
+    if output_format == "table":
+        console = Console()
+        console.print(rendering.rich_table(value))
+        for line in lines:
+            console.print(line, highlight=False)
+    else:
+        render = {"markdown": rendering.to_markdown, "csv": rendering.to_csv, "json": rendering.to_json}
+        click.echo(render[output_format](value), nl=False)
+
+
+def _report_history(directory, output_format, plot):
+    from mtbench.runner.results import history as histories
+    found = histories.build_history(directory)
+    if plot:
+        from mtbench.runner.results.plots import history_figure, save_figure
+        save_figure(history_figure(found), plot)
+    _print_report(output_format, histories, found, found.lines())
+    if plot:
+        click.echo(f"plot: {plot}", err=True)
+
+
 def _report_against_file(results, baseline, output_format, fail_if_slower, plot, force):
     from mtbench.runner.results import regression
     from mtbench.runner.results.verdicts import parse_percent
@@ -528,14 +556,7 @@ def _report_against_file(results, baseline, output_format, fail_if_slower, plot,
         raise MtbenchError("--plot draws a comparison, not a report against --baseline OLD.json")
     threshold = None if fail_if_slower is None else parse_percent(fail_if_slower, "--fail-if-slower")
     held = regression.build_regression(results, baseline, force, threshold)
-    if output_format == "table":
-        console = Console()
-        console.print(regression.rich_table(held))
-        for line in held.lines():
-            console.print(line, highlight=False)
-    else:
-        render = {"markdown": regression.to_markdown, "csv": regression.to_csv, "json": regression.to_json}
-        click.echo(render[output_format](held), nl=False)
+    _print_report(output_format, regression, held, held.lines())
     regression.require_not_slower(held)
 
 

@@ -1,6 +1,7 @@
 """The comparison as a picture: training-loss curves of every run on one chart, and steady tokens/s as bars; for
 a sweep (runs that differ in one size flag, the batch size, the max length or the max tokens), tokens/s against
-the swept value too, one line per backend and extras.
+the swept value too, one line per backend and extras. A history (`report --history`): tokens/s over its points,
+the steps marked.
 
 matplotlib is optional (`pip install 'mtbench[plot]'`) and imported only here, when a plot is asked for. The
 figure is built with matplotlib's object API on the Agg canvas: no pyplot, no global state, no display needed.
@@ -143,6 +144,37 @@ def comparison_figure(comparison):
     where = comparison.shared_hardware()
     figure.suptitle("mtbench: " + describe_configuration(comparison) + (f"\non {where}" if where else ""),
                     fontsize=10)
+    return figure
+
+
+STEP_COLOURS = {"slower": "tab:red", "faster": "tab:green"}
+
+
+def history_figure(history):
+    """Returns the matplotlib Figure of a history (`history.build_history`): tokens/s of each point with its 95 %
+    interval as error bars, in date order, and a vertical line before each step (dashed where the last point
+    alone shows it: unconfirmed), coloured by its direction."""
+    Figure, FigureCanvasAgg = _matplotlib()
+    points = history.points
+    figure = Figure(figsize=(max(6.0, 0.9 * len(points) + 2), 4.8), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    xs = list(range(len(points)))
+    nan = float("nan")
+    ys = [point.interval[0] if point.interval else nan for point in points]
+    errors = [[y - point.interval[1] if point.interval else 0.0 for y, point in zip(ys, points)],
+              [point.interval[2] - y if point.interval else 0.0 for y, point in zip(ys, points)]]
+    axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=4)
+    for x, point in zip(xs, points):
+        if point.mark:
+            axes.axvline(x - 0.5, color=STEP_COLOURS.get(point.change.call, "tab:gray"),
+                         linestyle="-" if point.mark == "step" else "--", label=point.mark_text())
+    if history.steps():
+        axes.legend()
+    labels = [f"{point.name}\n{point.date:%Y-%m-%d}\n{(point.commit or '')[:8]}" for point in points]
+    axes.set_xticks(xs, labels=labels, fontsize=7)
+    axes.set(ylabel="target tokens/s (steady steps, 95 % interval)",
+             title=f"History of {history.label} on {history.hardware}")
     return figure
 
 

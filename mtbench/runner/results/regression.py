@@ -74,6 +74,14 @@ class Regression:
         return lines
 
 
+def change_verdict(key, new_results, old_results, new_name, old_name, noise_floor=None):
+    """The Verdict of figure `key` of the runs `new_results` against `old_results` (their repeats' results, unpaired:
+    they ran apart), held to `noise_floor`; None where no interval can be drawn. The one rule by which a report
+    calls a change between runs of different times beyond the noise (--baseline, --history)."""
+    interval = stats.ratio_interval(key, new_results, old_results)
+    return interval and stats.verdict(new_name, old_name, interval, noise_floor)
+
+
 def build_regression(new_paths, baseline_path, force=False, threshold=None):
     new_runs, old_runs = load_runs(new_paths), load_runs([baseline_path])
     if not force:
@@ -92,9 +100,8 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
             medians = old.stat(key).median, new.stat(key).median
             if None in medians:
                 continue
-            interval = stats.ratio_interval(key, new.results, old.results)
-            verdict = interval and stats.verdict(f"{label} (new)", f"{label} (baseline)", interval,
-                                                 (floors.get(key) or {}).get("floor"))
+            verdict = change_verdict(key, new.results, old.results, f"{label} (new)", f"{label} (baseline)",
+                                     (floors.get(key) or {}).get("floor"))
             changes.append(Change(label, key, *medians, verdict,
                                   None if verdict else "one repeat on a side: no interval over repeats"))
     return Regression(list(new_paths), baseline_path, changes, [label for label in new_groups if label not in both],
@@ -116,19 +123,32 @@ def rows(regression):
     return out
 
 
-def rich_table(regression):
-    table = Table(title=f"mtbench report: against the baseline {regression.baseline}")
-    for index, column in enumerate(HEADER):
-        table.add_column(column, justify="right" if 2 <= index <= 4 else "left")
-    for row in rows(regression):
+def table_of(title, header, right, cells):
+    """A rich Table of one row per list in `cells` under `header`, the columns numbered in `right` right-aligned."""
+    table = Table(title=title)
+    for index, column in enumerate(header):
+        table.add_column(column, justify="right" if index in right else "left")
+    for row in cells:
         table.add_row(*row)
     return table
 
 
+def markdown_of(header, right, cells, lines):
+    """The same as markdown, the `lines` as a list below it."""
+    line = lambda row: "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
+    rule = "|" + "".join("---:|" if index in right else "---|" for index in range(len(header)))
+    return "\n".join([line(header), rule, *map(line, cells), "", *(f"- {text}" for text in lines)]) + "\n"
+
+
+RIGHT = (2, 3, 4)  # the figures and the ratio
+
+
+def rich_table(regression):
+    return table_of(f"mtbench report: against the baseline {regression.baseline}", HEADER, RIGHT, rows(regression))
+
+
 def to_markdown(regression):
-    line = lambda cells: "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
-    lines = [line(HEADER), "|---|---|---:|---:|---:|---|", *map(line, rows(regression)), ""]
-    return "\n".join(lines + [f"- {text}" for text in regression.lines()]) + "\n"
+    return markdown_of(HEADER, RIGHT, rows(regression), regression.lines())
 
 
 def to_json_dict(regression):

@@ -94,6 +94,34 @@ def _resampled_window_figure(key, windows, rng, resamples):
     return out
 
 
+def _window_sides(results):
+    """The steady windows of each repeat that has any."""
+    return [w for w in (steady_windows(r["history"]) for r in results) if len(w)]
+
+
+def _resampled_repeats(key, side, rng, resamples):
+    """The log of each repeat's figure over `resamples` resamples of its windows: an array (repeats, resamples)."""
+    return np.log(np.array([_resampled_window_figure(key, w, rng, resamples) for w in side]))
+
+
+def figure_interval(key, results, resamples=RESAMPLES, seed=SEED, confidence=CONFIDENCE):
+    """(value, low, high) of a window figure (`WINDOW_FIGURES`) of one run's repeats: the geometric mean over
+    the repeats of each one's figure, with the 95 % interval of the same two-level bootstrap as `ratio_interval`
+    (repeats, then the windows within each); None where no repeat has a steady window."""
+    side = _window_sides(results)
+    if not side:
+        return None
+    rng = np.random.default_rng(seed)
+    points = np.log([window_figure(key, w) for w in side])
+    resampled = _resampled_repeats(key, side, rng, resamples)
+    pick = rng.integers(len(side), size=(resamples, len(side)))
+    means = resampled[pick, np.arange(resamples)[:, None]].mean(axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    point = points.mean()
+    return float(math.exp(point)), float(math.exp(min(low, point))), float(math.exp(max(high, point)))
+
+
 @dataclass(frozen=True)
 class Interval:
     """A ratio (candidate over reference) of one figure, with its interval and what it rests on."""
@@ -142,13 +170,11 @@ def ratio_interval(key, candidate, reference, paired=False, resamples=RESAMPLES,
     one beside repeat k of the other) and are as many: they are resampled jointly."""
     rng = np.random.default_rng(seed)
     if key in WINDOW_FIGURES:
-        sides = [[w for w in (steady_windows(r["history"]) for r in results) if len(w)] for results in
-                 (candidate, reference)]
+        sides = [_window_sides(results) for results in (candidate, reference)]
         if not all(sides):
             return None
         points = [np.log([window_figure(key, w) for w in side]) for side in sides]
-        resampled = [np.log(np.array([_resampled_window_figure(key, w, rng, resamples) for w in side]))
-                     for side in sides]  # each (repeats, resamples)
+        resampled = [_resampled_repeats(key, side, rng, resamples) for side in sides]
         windows = tuple(min(len(w) for w in side) for side in sides)
         method = "bootstrap of the log ratio over repeats and the steady windows within each"
     else:

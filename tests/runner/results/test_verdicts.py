@@ -76,6 +76,19 @@ def test_the_same_configuration_twice_is_no_difference():
     assert stats.ratio_interval("tokens_per_s", repeats(5, seed=10), repeats(5, seed=20), paired=True) == interval
 
 
+def test_one_runs_interval_spans_its_repeats_and_their_windows():
+    # 800 tokens a step: 0.008 s a step is 100,000 tokens/s, 0.002 s 400,000. Windows without noise leave the
+    # repeats alone to resample: of two, a quarter of the resamples draw the slower twice, a quarter the faster.
+    slow, fast = result(step_s=0.008, noise=0.0), result(step_s=0.002, noise=0.0)
+    value, low, high = stats.figure_interval("tokens_per_s", [slow, fast])
+    assert value == pytest.approx(200_000) and low == pytest.approx(100_000) and high == pytest.approx(400_000)
+    noisy = result(step_s=0.008, noise=0.05)
+    value, low, high = stats.figure_interval("tokens_per_s", [noisy])
+    assert low < value < high and value == pytest.approx(noisy["timing"]["tokens_per_s"])
+    compiled_only = {**noisy, "history": noisy["history"][:1]}  # no steady step
+    assert stats.figure_interval("tokens_per_s", [compiled_only]) is None
+
+
 def test_a_slowed_run_is_slower_with_an_interval_that_excludes_1():
     slow, fast = repeats(3, step_s=0.015 * 1.3), repeats(3, seed=5)
     for key in stats.WINDOW_FIGURES:

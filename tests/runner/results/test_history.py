@@ -1,0 +1,154 @@
+"""`mtbench report --history DIR` on histories made from one real tiny train result: copies of it dated one day
+apart, each one's steady steps slowed or sped by a chosen level (the run's own window-to-window noise kept), so
+where the steps lie is known by construction: a slowdown that holds is one step at its point, a flat history, an
+outlier and the return from it are none, a change at the last point is unconfirmed. Bad directories fail in one
+line."""
+
+import copy
+import csv
+import io
+import json
+import os
+import struct
+
+import pytest
+from conftest import run_cli
+
+from mtbench.errors import MtbenchError
+from mtbench.runner.results.history import build_history, to_csv, to_markdown
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def real(shared_runs):
+    """The session's tiny jax run (the torch one, which these tests do not need, is not trained for them)."""
+    return shared_runs.get("jax")["jax"]["result"]
+
+
+def point(result, level, day, commit=None, jax=None):
+    """The result as if run on day `day` of January at `commit`: every steady step's seconds divided by `level`
+    (tokens/s times `level`), compilation and the host-sync probe's step left as they ran."""
+    made = copy.deepcopy(result)
+    for entry in made["history"]:
+        if not entry.get("first_of_shape") and not entry.get("host_sync_probe") and entry["seconds"] is not None:
+            entry["seconds"] /= level
+    made["created"] = f"2026-01-{day:02d}T12:00:00+0000"
+    made["env"]["mtbench_git_commit"] = commit or f"{day:040x}"
+    if jax:
+        made["env"]["backend_versions"]["jax"] = jax
+    return made
+
+
+def write_history(directory, result, levels, commits=None, jax_from=None):
+    """One file per level, day 1 onwards (jax 9.9.9 from point `jax_from` on); the files are named in reverse so
+    that only the dates give the order."""
+    os.makedirs(directory, exist_ok=True)
+    for index, level in enumerate(levels):
+        commit = commits[index] if commits else None
+        newer = jax_from is not None and index + 1 >= jax_from
+        made = point(result, level, index + 1, commit, "9.9.9" if newer else None)
+        with open(os.path.join(directory, f"{len(levels) - index:03d}.json"), "w") as f:
+            json.dump(made, f)
+    return str(directory)
+
+
+def marks(history):
+    return [(p.number, p.mark, p.change.call) for p in history.points if p.mark]
+
+
+def test_a_slowdown_that_holds_is_one_step_at_its_point(real, tmp_path):
+    history = build_history(write_history(tmp_path, real, [1, 1, 1, 0.7, 0.7, 0.7], jax_from=4))
+    assert marks(history) == [(4, "step", "slower")]
+    speed = real["timing"]["tokens_per_s"]
+    assert [p.interval[0] for p in history.points] == pytest.approx([speed] * 3 + [0.7 * speed] * 3)
+    assert all(low < value < high for value, low, high in (p.interval for p in history.points))
+    assert history.points[3].change.ratio == pytest.approx(0.7)
+    assert [p.change.call for p in history.points[4:]] == ["no difference"] * 2  # the same timings again
+    assert [p.date.day for p in history.points] == [1, 2, 3, 4, 5, 6]
+    assert history.lines()[2].startswith("step: #4 is 1.43x slower than #3 in tokens/s (")
+    rows = list(csv.DictReader(io.StringIO(to_csv(history))))
+    assert [(row["point"], row["change_verdict"], row["mark"]) for row in rows[2:5]] == \
+        [("3", "no difference", ""), ("4", "slower", "step"), ("5", "no difference", "")]
+    assert float(rows[3]["tokens_per_s"]) == pytest.approx(0.7 * speed)
+    markdown = to_markdown(history)
+    assert "| 1.43x slower (" in markdown and markdown.count("| step: slower |") == 1
+    table = markdown.splitlines()
+    assert "jax 9.9.9" not in table[4] and table[5].startswith("| 4 |") and "jax 9.9.9" in table[5]
+    assert "- step: #4 is 1.43x slower" in markdown
+
+
+def test_a_flat_history_and_an_outlier_have_no_step(real, tmp_path):
+    flat = build_history(write_history(tmp_path / "flat", real, [1, 1.03, 0.98, 1.01, 0.99]))
+    assert marks(flat) == [] and "no step beyond the noise" in flat.lines()
+    outlier = build_history(write_history(tmp_path / "outlier", real, [1, 1, 0.7, 1, 1]))
+    assert outlier.points[2].change.call == "slower" and outlier.points[3].change.call == "faster"
+    assert marks(outlier) == []  # one point off its neighbours: neither it nor the return from it is a step
+
+
+def test_a_change_at_the_last_point_is_unconfirmed(real, tmp_path):
+    history = build_history(write_history(tmp_path, real, [1, 1, 1, 0.7]))
+    assert marks(history) == [(4, "unconfirmed", "slower")]
+    assert any(line.startswith("unconfirmed step (the last point): #4 is 1.43x slower") for line in history.lines())
+
+
+def test_results_of_one_commit_in_a_row_are_repeats_of_one_point(real, tmp_path):
+    commits = ["a" * 40, "a" * 40, "b" * 40, "b" * 40, "a" * 40]
+    history = build_history(write_history(tmp_path, real, [1, 1, 0.5, 0.5, 1], commits))
+    assert [(p.commit[0], len(p.results)) for p in history.points] == [("a", 2), ("b", 2), ("a", 1)]
+    assert history.points[1].change.call == "slower" and history.points[1].change.repeats == (2, 2)
+
+
+def test_a_recorded_noise_floor_holds_the_changes(real, tmp_path):
+    directory = write_history(tmp_path, real, [1, 1, 1, 0.7, 0.7, 0.7])
+    aa = {"kind": "mtbench-compare", "runs": [],
+          "noise_floor": {"figures": {"tokens_per_s": {"floor": 0.5}}, "measured_by": "A/A of jax"}}
+    (tmp_path / "aa.json").write_text(json.dumps(aa))
+    history = build_history(directory)
+    assert marks(history) == [] and history.points[3].change.call == "no difference"  # 1.43x is inside ±50 %
+    assert f"left out: {tmp_path / 'aa.json'}: a compare JSON: a history's points are train results (its A/A " \
+           "noise floor is used)" in history.lines()
+
+
+def test_the_cli_writes_every_point_and_the_plot(real, tmp_path):
+    directory = write_history(tmp_path / "results", real, [1, 1, 0.7, 0.7])
+    plot = tmp_path / "history.png"
+    proc = run_cli("report", "--history", directory, "--format", "json", "--plot", str(plot))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["kind"] == "mtbench-history" and [p["point"] for p in data["points"]] == [1, 2, 3, 4]
+    assert [p["mark"] for p in data["points"]] == [None, None, "step", None]
+    assert data["steps"][0].startswith("#3 is 1.43x slower than #2 in tokens/s")
+    png = plot.read_bytes()
+    assert png.startswith(PNG_SIGNATURE) and struct.unpack(">II", png[16:24])[0] > 400
+
+
+@pytest.mark.parametrize("setup, expected", [
+    ("missing", "--history {d}: no such directory"),
+    ("empty", "--history {d}: no result JSON files (*.json) in it"),
+    ("compare only", "--history {d}: no train results among its 1 JSON files"),
+    ("two configurations", "--history: {d}/001.json is another configuration than {d}/002.json: batch_size (32 vs 16)"),
+])
+def test_bad_history_directories_are_refused_in_one_line(real, tmp_path, setup, expected):
+    directory = tmp_path / "history"
+    if setup != "missing":
+        directory.mkdir()
+    if setup == "compare only":
+        (directory / "c.json").write_text(json.dumps({"kind": "mtbench-compare", "runs": []}))
+    if setup == "two configurations":
+        write_history(directory, real, [1, 1])
+        other = json.loads((directory / "001.json").read_text())
+        other["config"]["batch_size"] = 16
+        (directory / "001.json").write_text(json.dumps(other))
+    with pytest.raises(MtbenchError) as error:
+        build_history(str(directory))
+    assert str(error.value).startswith(expected.format(d=directory))
+
+
+def test_the_cli_refuses_in_one_line(real, tmp_path):
+    proc = run_cli("report", "--history", str(tmp_path / "absent"))
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines() == \
+        [f"Error: --history {tmp_path / 'absent'}: no such directory"]
+    mixed = run_cli("report", "x.json", "--history", str(tmp_path), "--baseline", "old.json")
+    assert mixed.returncode != 0 and mixed.stderr.strip().splitlines() == \
+        ["Error: --history DIR reads the results in DIR alone: drop RESULTS, --baseline"]
