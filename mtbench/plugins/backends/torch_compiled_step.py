@@ -128,7 +128,7 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
         parts = [f"mode {self.mode or 'default'}", f"CUDA graphs: {self.cuda_graphs()}"]
         if eager:
             parts.append(f"{eager} of {len(self.shapes_seen)} shapes ran eagerly")
-        return ", ".join(parts)
+        return ", ".join(parts + [part for part in [super().description()] if part])
 
     def compilations(self):
         """How often the compiled function itself was compiled: once per input shape (length bucket), since
