@@ -76,7 +76,7 @@ class TrainingLoop:
         self.state, self.batches, self.total_steps, self.checkpointing = state, batches, total_steps, checkpointing
         self.validate, self.processes = validate, processes
         self.callbacks, self.trackers = observers.callbacks, observers.trackers
-        self.timer = resumed_timer(state.history, step_flops)
+        self.timer = resumed_timer(state.history, step_flops, train_step.warmup_calls)
         self.target = target
         self.clock = TrainingClock(state.training_s, state.aside_s)
         self.window = TimingWindow(backend, model, train_step, observers.energy)
@@ -125,9 +125,10 @@ class TrainingLoop:
         return epoch, batch, time.perf_counter() - started
 
     def timed_alone(self, step, batch):
-        """The step that compiles a shape is timed on its own; so is the test hook's poisoned step, so that a test
-        knows which steps ran (a real divergence is seen at the end of its window)."""
-        return not self.timer.seen(batch.shape) or step == self.poison_at
+        """The steps that warm a shape up (compile it, record its CUDA graph) are timed on their own; so is the test
+        hook's poisoned step, so that a test knows which steps ran (a real divergence is seen at the end of its
+        window)."""
+        return self.timer.warming_up(batch.shape) or step == self.poison_at
 
     def train(self, step, epoch, batch, input_seconds, probe=False):
         """One step on this process's shard of `batch`, queued in the open window (or a new one); the `probe` step
@@ -220,9 +221,10 @@ class TrainingLoop:
         return scores[self.target.metric] if reached else None
 
 
-def resumed_timer(history, step_flops):
-    """A step timer holding a resumed run's earlier steps (they count in its figures)."""
-    timer = StepTimer()
+def resumed_timer(history, step_flops, warmup_calls=1):
+    """A step timer holding a resumed run's earlier steps (they count in its figures), whose step warms each
+    shape up over `warmup_calls` steps."""
+    timer = StepTimer(warmup_calls=warmup_calls)
     for h in history:
         timer.add(h["step"], tuple(h["shape"]), h["seconds"], h["tokens"], first_of_shape=h["first_of_shape"],
                   flops=step_flops(h["shape"]), input_seconds=h["input_seconds"], compilations=h["compilations"],

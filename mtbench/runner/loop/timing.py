@@ -2,14 +2,16 @@
 
 The first step of each batch shape pays for tracing and compilation (XLA on JAX, torch.compile when enabled)
 and for allocator warm-up; it is timed alone, between two device synchronisations, and not mixed into the steady
-figures. The compile time of a shape is its first step minus that shape's steady median, so it is not inflated by
-the step's own work.
+figures. A step may warm a shape up over more calls (`TrainStep.warmup_calls`: torch.compile's reduce-overhead
+records its CUDA graph on a shape's second call): each of them is such a warm-up step. The compile time of a shape
+is its warm-up steps minus that shape's steady median each, so it is not inflated by the step's own work.
 
 Steady steps are timed in windows: the device is synchronised (and the losses read) only at a window's edges, so
 the host queues the next steps while the device works, as in a real training loop. Each step of a window is
 recorded with the window's mean time; the median and p90 are over those means.
 """
 
+import collections
 import contextlib
 import time
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ class StepRecord:
     shape: tuple
     seconds: float
     target_tokens: int
-    first_of_shape: bool
+    first_of_shape: bool     # a warm-up step of its shape: the first, or one of the first `warmup_calls`
     flops: float = 0.0       # None where the model family counts no FLOPs
     input_seconds: float = 0.0
     compilations: int = None
@@ -33,14 +35,15 @@ class StepRecord:
 @dataclass
 class StepTimer:
     records: list = field(default_factory=list)
-    _seen: set = field(default_factory=set)
+    warmup_calls: int = 1  # steps of each shape that are warm-up (`TrainStep.warmup_calls`)
+    _calls: collections.Counter = field(default_factory=collections.Counter)  # steps of each shape so far
 
     def add(self, step, shape, seconds, target_tokens, first_of_shape=None, flops=0.0, input_seconds=0.0,
             compilations=None, aside=False):
-        """Records a step; `first_of_shape` is given when restoring steps timed by an earlier process; a step
-        `aside` counts in neither the steady figures nor compilation."""
-        first = shape not in self._seen if first_of_shape is None else first_of_shape
-        self._seen.add(shape)
+        """Records a step; `first_of_shape` (a warm-up step) is given when restoring steps timed by an earlier
+        process; a step `aside` counts in neither the steady figures nor compilation."""
+        first = self.warming_up(shape) if first_of_shape is None else first_of_shape
+        self._calls[shape] += 1
         self.records.append(StepRecord(step, shape, seconds, target_tokens, first, flops, input_seconds,
                                        compilations, aside))
         return first
@@ -55,12 +58,27 @@ class StepTimer:
             counts[key] = counts.get(key, 0) + r.compilations
         return counts
 
-    def seen(self, shape):
-        return shape in self._seen
+    def warming_up(self, shape):
+        """Whether the next step of `shape` is a warm-up step (fewer than `warmup_calls` of it so far)."""
+        return self._calls[shape] < self.warmup_calls
 
     def restart(self):
         """A resumed run is a new process: it compiles every shape again, so first steps are first again."""
-        self._seen.clear()
+        self._calls.clear()
+
+    def _warmups(self):
+        """How many times a shape was warmed up: runs of warm-up steps of one shape (a resumed process warms its
+        shapes up again)."""
+        warming, count = set(), 0
+        for r in self.records:
+            if r.aside:
+                continue
+            if not r.first_of_shape:
+                warming.discard(r.shape)
+            elif r.shape not in warming:
+                warming.add(r.shape)
+                count += 1
+        return count
 
     def summary(self):
         steady = [r for r in self.records if not r.first_of_shape and not r.aside]
@@ -75,7 +93,7 @@ class StepTimer:
         return {
             "compile_s": compile_s,
             "first_steps_s": float(sum(r.seconds for r in first)),
-            "shapes_compiled": len(first),
+            "shapes_compiled": self._warmups(),
             "steady_steps": len(steady),
             "step_s_median": float(np.median(steady_times)) if steady else None,
             "step_s_p90": float(np.percentile(steady_times, 90)) if steady else None,

@@ -3,12 +3,13 @@ synchronisation per window, the first step of each shape is timed alone, and a w
 must see the weights or the loss (validation, checkpoints, divergence, the last step)."""
 
 import math
+import time
 from types import SimpleNamespace
 
 import numpy as np
 from rich.console import Console
 
-from mtbench.plugins.api import Batch, Launch, ProcessGroup
+from mtbench.plugins.api import Batch, Launch, ProcessGroup, TrainStep
 from mtbench.runner.loop.checkpoints import TrainingState
 from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
@@ -28,7 +29,7 @@ class CountingBackend:
         return None
 
 
-class FakeStep:
+class FakeStep(TrainStep):
     """Returns a loss per call; `nan_at` makes one step's loss not finite."""
 
     def __init__(self, nan_at=None):
@@ -57,8 +58,8 @@ def batches(shapes):
         yield 0, Batch(ids, ids, ids, weight, np.arange(rows))
 
 
-def run(shapes, window, nan_at=None, checkpoint_every=None, saved=None):
-    backend, step = CountingBackend(), FakeStep(nan_at)
+def run(shapes, window, nan_at=None, checkpoint_every=None, saved=None, step=None):
+    backend, step = CountingBackend(), step or FakeStep(nan_at)
     config = SimpleNamespace(timing_window=window, target_bleu=None, eval_every=None)
     run_dir = SimpleNamespace(save=lambda model, state, *rest: saved.append(state.step) or f"ckpt-{state.step}")
     checkpointing = Checkpointing(run_dir, {}, "fingerprint", checkpoint_every, keep=1)
@@ -100,3 +101,35 @@ def test_checkpoint_steps_end_a_window():
     outcome, _ = run([(8, 16)] * 12, window=5, checkpoint_every=4, saved=saved)
     assert saved == [4, 8, 12]
     assert [h["window_steps"] for h in outcome.state.history] == [1, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4]
+
+
+class GraphRecordingStep(FakeStep):
+    """Takes 1 s of a fake clock a call, 10 s on the second call of a shape (where reduce-overhead records its
+    CUDA graph); warms a shape up over `warmup_calls` calls."""
+
+    def __init__(self, clock, warmup_calls):
+        super().__init__()
+        self.clock, self.warmup_calls, self.shape_calls = clock, warmup_calls, {}
+
+    def __call__(self, x, y, sample_weight):
+        calls = self.shape_calls[y.shape] = self.shape_calls.get(y.shape, 0) + 1
+        self.clock[0] += 10.0 if calls == 2 else 1.0
+        return super().__call__(x, y, sample_weight)
+
+
+def test_a_step_that_records_its_graph_on_the_second_call_of_a_shape_counts_it_in_compile_time(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    shapes = [(8, 16)] * 6 + [(4, 32)] * 4
+    outcome, _ = run(shapes, window=3, step=GraphRecordingStep(clock, warmup_calls=2))
+    history, summary = outcome.state.history, outcome.timer.summary()
+    assert [h["step"] for h in history if h["first_of_shape"]] == [1, 2, 7, 8]
+    assert [h["window_steps"] for h in history] == [1, 1, 3, 3, 3, 1, 1, 1, 2, 2]
+    assert {h["seconds"] for h in history if not h["first_of_shape"]} == {1.0}
+    assert summary["steady_steps"] == 6 and summary["tokens_per_s"] == 6 * 128 / 6.0
+    assert summary["compile_s"] == 2 * (10.0 - 1.0) and summary["shapes_compiled"] == 2
+
+    # Counted as a steady step, the recording would weigh in the steady figures.
+    clock[0] = 0.0
+    outcome, _ = run(shapes, window=3, step=GraphRecordingStep(clock, warmup_calls=1))
+    assert max(h["seconds"] for h in outcome.state.history if not h["first_of_shape"]) > 1.0
