@@ -26,7 +26,8 @@ class StepRecord:
     seconds: float
     target_tokens: int
     first_of_shape: bool     # a warm-up step of its shape: the first, or one of the first `warmup_calls`
-    flops: float = 0.0       # None where the model family counts no FLOPs
+    flops: float = 0.0       # over the padded batch; None where the model family counts no FLOPs
+    real_token_flops: float = None  # over the batch's real tokens alone
     input_seconds: float = 0.0
     compilations: int = None
     aside: bool = False      # a step that was timed but is no steady step (the host-sync probe's, which it slows)
@@ -39,13 +40,13 @@ class StepTimer:
     _calls: collections.Counter = field(default_factory=collections.Counter)  # steps of each shape so far
 
     def add(self, step, shape, seconds, target_tokens, first_of_shape=None, flops=0.0, input_seconds=0.0,
-            compilations=None, aside=False):
+            compilations=None, aside=False, real_token_flops=None):
         """Records a step; `first_of_shape` (a warm-up step) is given when restoring steps timed by an earlier
         process; a step `aside` counts in neither the steady figures nor compilation."""
         first = self.warming_up(shape) if first_of_shape is None else first_of_shape
         self._calls[shape] += 1
-        self.records.append(StepRecord(step, shape, seconds, target_tokens, first, flops, input_seconds,
-                                       compilations, aside))
+        self.records.append(StepRecord(step, shape, seconds, target_tokens, first, flops, real_token_flops,
+                                       input_seconds, compilations, aside))
         return first
 
     def compilations_by_shape(self):
@@ -100,13 +101,20 @@ class StepTimer:
             "step_s_min": float(steady_times.min()) if steady else None,
             "tokens_per_s": (sum(r.target_tokens for r in steady) / float(steady_times.sum())) if steady else None,
             "steady_s": float(steady_times.sum()) if steady else 0.0,
-            "flops_per_s": (sum(r.flops for r in steady) / float(steady_times.sum()))
-            if steady and all(r.flops is not None for r in steady) else None,
+            "flops_per_s": _per_second([r.flops for r in steady], steady_times),
+            "real_token_flops_per_s": _per_second([r.real_token_flops for r in steady], steady_times),
             # Time spent producing batches, against the steady step time it must hide behind.
             "input_s_median": float(np.median([r.input_seconds for r in self.records])) if self.records else None,
             "input_fraction": (float(np.median([r.input_seconds for r in steady])) / float(np.median(steady_times)))
             if steady else None,
         }
+
+
+def _per_second(amounts, seconds):
+    """The steady steps' total of a figure over their time; None without steady steps or where one is missing."""
+    if not amounts or any(amount is None for amount in amounts):
+        return None
+    return sum(amounts) / float(seconds.sum())
 
 
 class TimingWindow:

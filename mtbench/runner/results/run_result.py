@@ -22,7 +22,10 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
     peak, peak_source = peak_record["flops_per_s"], peak_record["source"]
     # Simulated devices share one CPU, whose measured peak already spans all its cores.
     peak_devices = 1 if run.device_kind == "cpu" else devices_used
-    mfu = None if peak is None or steady["flops_per_s"] is None else steady["flops_per_s"] / (peak * peak_devices)
+    def share_of_peak(flops_per_s):
+        return None if peak is None or flops_per_s is None else flops_per_s / (peak * peak_devices)
+
+    mfu = share_of_peak(steady["flops_per_s"])
     uncounted = f"model family '{family.name}' counts no training FLOPs (ModelFamily.training_flops)"
     counted = steady["flops_per_s"] is not None or not steady["steady_steps"]
     if mfu is not None:
@@ -35,7 +38,10 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
         "flops_per_step_note": f"ModelFamily.training_flops of model family '{family.name}' over each steady "
                                f"step's padded batch" if counted else f"not counted: {uncounted}",
         "model_flops_per_s": steady["flops_per_s"],
+        # The useful work: the FLOPs of the steady steps' real tokens alone, as tokens/s counts them.
+        "real_token_flops_per_s": steady["real_token_flops_per_s"],
         "peak_flops_per_s": peak, "peak_source": peak_source, "mfu": mfu,
+        "mfu_real_tokens": share_of_peak(steady["real_token_flops_per_s"]),
         "mfu_reason": reason,  # why MFU is null, else null
         # A measured (CPU) peak: when, and under what load; null for a datasheet's.
         "peak_measured_at": peak_record["measured_at"], "peak_load_average": peak_record["load_average"],
