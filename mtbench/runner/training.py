@@ -92,12 +92,14 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
             with stopwatch.phase("save_model"), run.processes.alone():  # the others do not wait for it
                 result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer, plugins,
                                                               built.model_shape, config)
+    # Every process: each adds the joules of its own devices.
+    result["energy"], result["history"] = energy.section(result["history"], run.processes)
     if not run_dir.writes:  # process 0 of several writes and reports
         if outcome.status != "completed":
             raise stop_error(outcome, config.out, run_dir, run.processes.world_size)
         run.processes.close()
         return result, []
-    write_result(config.out, result, stopwatch, plugins.backend, energy, config.price_per_hour)
+    write_result(config.out, result, stopwatch, plugins.backend, config.price_per_hour)
     trackers.finish(result)
     still_reporting = [reporter for reporter in plugins.reporters if reporter not in trackers.failed]
     failures = record_failures(result, config.out) + trackers.failures + run_reporters(

@@ -200,13 +200,12 @@ def add_evaluation(result, metrics, sidecar):
     result.update(sidecar)
 
 
-def write_result(path, result, stopwatch, backend, energy, price_per_hour):
-    """Adds the figures of the whole run (time, memory, energy, cost) and writes the result file."""
+def write_result(path, result, stopwatch, backend, price_per_hour):
+    """Adds the figures of the whole run (time, memory, cost) and writes the result file."""
     result["timing"]["phases_s"] = dict(stopwatch.phases)
     result["timing"]["total_s"] = stopwatch.total()
     result["memory"] = {**result.get("memory", {}), "peak_host_bytes": peak_host_bytes(),
                         "peak_device_bytes": backend.peak_device_bytes()}
-    result["energy"] = energy.section(result["history"])
     result["cost"] = cost(price_per_hour, result["timing"]["total_s"], result["target"])
     write_json_atomic(path, result)
 
