@@ -70,7 +70,6 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=built.model)
     trackers = Trackers(plugins.reporters, registry)
     trackers.start(tracked_run(config, plugins, run, config.out, run_dir.path))
-    memory_since = "training start" if plugins.backend.reset_peak_device_bytes() else "process start"
     load_before = sample_load()
     with stopwatch.phase("train"):
         outcome = train_loop(config, plugins.backend, built.model, step_flops(plugins, built.model_shape),
@@ -79,7 +78,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
                              Observers(callbacks, trackers, energy), console, run.processes)
     load_during = machine_load(load_before, sample_load(), launch.local_processes)
     built.batches.close()
-    training_memory = {"per_device": plugins.backend.device_memory(), "peak_since": memory_since}
+    # Peaks from the process's start on every backend: JAX's allocators keep no other.
+    training_memory = {"per_device": plugins.backend.device_memory(), "peak_since": "process start"}
     result = training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
                              training_memory)
     result["machine_load"] = load_during

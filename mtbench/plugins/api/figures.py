@@ -75,7 +75,7 @@ FIGURES = (
            lambda result: training_peak_bytes(result), 1 / MIB, 0),
     Figure("state_bytes_per_device", "training state, per device (MiB)", "memory",
            lambda result: state_bytes_per_device(result), 1 / MIB, 1),
-    Figure("peak_device_bytes", "peak device memory, whole run (MiB)", "memory", _memory("peak_device_bytes"),
+    Figure("peak_device_bytes", "peak device memory, whole run, largest device (MiB)", "memory", _memory("peak_device_bytes"),
            1 / MIB, 0),
     Figure("train_loss", "train loss", "quality", _metric("train_loss")),
     Figure("val_loss", "validation loss", "quality", _metric("val_loss")),

@@ -52,7 +52,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
                     training_memory=None):
     """Every section of the result that training decides; the task's metrics are null until `add_evaluation`
     fills them (`data`: the task's `TaskData`). `training_memory`: {'per_device': `Backend.device_memory()` read as training
-    ended, 'peak_since': 'training start' or 'process start'}."""
+    ended, 'peak_since': 'process start'}."""
     extras_record = extras_records(run, plugins)
     devices_used = max([record.get("devices", 1) for record in extras_record.values()] + [1])
     steady = outcome.timer.summary()
