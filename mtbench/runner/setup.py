@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api import Extra, KerasTrainStep, RunContext, TrainStep, uneven_split_reason
 from mtbench.runner.launch import share_cores
+from mtbench.runner.measurement.flops import StepFlops
 
 
 @dataclass
@@ -255,17 +256,12 @@ def build_model(run, plugins, tokenizer):
 
 
 def step_flops(plugins, model_shape):
-    """FLOPs of a training step by the shape (rows, length) of its batch, as the model family counts them
-    (`ModelFamily.training_flops`; None: it counts none), asked once per shape."""
-    counted = {}
-
-    def flops(shape):
-        shape = tuple(shape)
-        if shape not in counted:
-            with plugins.model_code():
-                counted[shape] = plugins.model.training_flops(model_shape, shape[0], shape[1], shape[1])
-        return counted[shape]
-    return flops
+    """The `StepFlops` of training steps, as the model family counts them (`ModelFamily.training_flops`; None: it
+    counts none)."""
+    def count(rows, length):
+        with plugins.model_code():
+            return plugins.model.training_flops(model_shape, rows, length, length)
+    return StepFlops(count)
 
 
 def initial_values(config, plugins, model):

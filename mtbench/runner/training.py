@@ -70,7 +70,6 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=built.model)
     trackers = Trackers(plugins.reporters, registry)
     trackers.start(tracked_run(config, plugins, run, config.out, run_dir.path))
-    memory_since = "training start" if plugins.backend.reset_peak_device_bytes() else "process start"
     load_before = sample_load()
     with stopwatch.phase("train"):
         outcome = train_loop(config, plugins.backend, built.model, step_flops(plugins, built.model_shape),
@@ -79,7 +78,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
                              Observers(callbacks, trackers, energy), console, run.processes)
     load_during = machine_load(load_before, sample_load(), launch.local_processes)
     built.batches.close()
-    training_memory = {"per_device": plugins.backend.device_memory(), "peak_since": memory_since}
+    # Peaks from the process's start on every backend: JAX's allocators keep no other.
+    training_memory = {"per_device": plugins.backend.device_memory(), "peak_since": "process start"}
     result = training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
                              training_memory)
     result["machine_load"] = load_during
@@ -92,12 +92,14 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
             with stopwatch.phase("save_model"), run.processes.alone():  # the others do not wait for it
                 result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer, plugins,
                                                               built.model_shape, config)
+    # Every process: each adds the joules of its own devices.
+    result["energy"], result["history"] = energy.section(result["history"], run.processes)
     if not run_dir.writes:  # process 0 of several writes and reports
         if outcome.status != "completed":
             raise stop_error(outcome, config.out, run_dir, run.processes.world_size)
         run.processes.close()
         return result, []
-    write_result(config.out, result, stopwatch, plugins.backend, energy, config.price_per_hour)
+    write_result(config.out, result, stopwatch, plugins.backend, config.price_per_hour)
     trackers.finish(result)
     still_reporting = [reporter for reporter in plugins.reporters if reporter not in trackers.failed]
     failures = record_failures(result, config.out) + trackers.failures + run_reporters(

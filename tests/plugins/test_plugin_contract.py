@@ -151,9 +151,11 @@ def test_utilization_without_the_familys_flops_is_na_with_the_reason(monkeypatch
     run = SimpleNamespace(device_kind="gpu", device={"kind": "gpu", "name": "some gpu"})
     config = SimpleNamespace(dtype="float32", cache_dir=None, matmul_precision="highest")
     family = SimpleNamespace(name="bow")
-    counted = run_result.utilization({"flops_per_s": 5e11, "steady_steps": 3}, None, run, 1, config, (), family)
-    assert counted["mfu"] == 0.5 and counted["mfu_reason"] is None
-    uncounted = run_result.utilization({"flops_per_s": None, "steady_steps": 3}, None, run, 1, config, (), family)
+    counted = run_result.utilization({"flops_per_s": 5e11, "real_token_flops_per_s": 4e11, "steady_steps": 3}, None,
+                                     run, 1, config, (), family)
+    assert counted["mfu"] == 0.5 and counted["mfu_real_tokens"] == 0.4 and counted["mfu_reason"] is None
+    uncounted = run_result.utilization({"flops_per_s": None, "real_token_flops_per_s": None, "steady_steps": 3},
+                                       None, run, 1, config, (), family)
     assert uncounted["mfu"] is None and uncounted["model_flops_per_s"] is None
     assert uncounted["mfu_reason"] == "model family 'bow' counts no training FLOPs (ModelFamily.training_flops)"
 

@@ -90,12 +90,14 @@ class Backend:
         raise NotImplementedError
 
     def peak_device_bytes(self):
-        """Peak device memory in bytes as the framework reports it, or None where it reports none."""
+        """Peak memory in bytes of the largest device this process computes on, since the process started, as the
+        framework reports it, or None where it reports none."""
         return None
 
     def reset_peak_device_bytes(self):
-        """Called as training starts: starts the peak of `device_memory` afresh. True where the framework did so;
-        False (the default) where its peak counts from the process's start."""
+        """Deprecated, no longer called: every backend's peaks count from the process's start, the one scope
+        JAX's allocators offer, so that both backends' peaks hold the same work. (It was called as training
+        started, to start the peak of `device_memory` afresh.)"""
         return False
 
     def device_memory(self):

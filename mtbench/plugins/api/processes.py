@@ -29,7 +29,7 @@ class Launch:
 
 class ProcessGroup:
     """The run's processes as one backend joined them. One process alone is a group of one, whose agreements
-    are its own answers; a backend that joins several overrides `any` and `barrier` with its collectives."""
+    are its own answers; a backend that joins several overrides `any`, `sum` and `barrier` with its collectives."""
     collectives = None  # the library the processes talk through: 'gloo', 'nccl', ...
 
     def __init__(self, launch):
@@ -47,6 +47,12 @@ class ProcessGroup:
         """True on every process when `flag` is true on any one (a signal one process received, a target one
         process's validation reached): every process must stop after the same step."""
         return bool(flag)
+
+    def sum(self, values):
+        """The element-wise sum over every process of `values` (a list of floats, as long on each), on every
+        process: figures each process measures of its own devices (the joules of its GPU). Every process must
+        call it at the same point."""
+        return [float(value) for value in values]
 
     def barrier(self):
         """Returns once every process has called it."""

@@ -72,6 +72,9 @@ class TrainStep:
     # Whether the step trains through Keras's compiled train function, so that `model.compile`'s options
     # (`Extra.compile_options`) apply to training.
     uses_compile_options = False
+    # How many calls of each batch shape warm the step up (compile, record a CUDA graph): timed alone and counted
+    # in compile time, never in the steady figures.
+    warmup_calls = 1
 
     def __call__(self, x, y, sample_weight):
         """`x` is the batch's `inputs` ((source, target_input), or (input_ids,)), `y` target_output, `sample_weight` the token weights of one `Batch`.
@@ -118,6 +121,10 @@ class WrappingStep(TrainStep):
     @property
     def uses_compile_options(self):
         return self.inner.uses_compile_options
+
+    @property
+    def warmup_calls(self):
+        return self.inner.warmup_calls
 
     def __call__(self, x, y, sample_weight):
         return self.inner(x, y, sample_weight)

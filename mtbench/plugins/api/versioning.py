@@ -16,9 +16,11 @@ of their MAJOR version.
 1.2: tasks (`Task`, `TaskData`, `Evaluator`, the hook `mtbench_register_tasks`, `ModelFamily.task`, default
 'translation'); `Batch.inputs` (a decoder-only batch has no source); `Backend.host_sync_counter()`, with
 `host_syncs_text` among `RUN_CHOICES`; `shown_figures`; `RunContext.attention_kinds` and `RunContext.task`.
+1.3: `TrainStep.warmup_calls`; `ProcessGroup.sum(values)`; `Backend.reset_peak_device_bytes` deprecated (no longer
+called: peaks count from the process's start on every backend).
 """
 
-PLUGIN_API_VERSION = "1.2"
+PLUGIN_API_VERSION = "1.3"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -71,7 +71,8 @@ class JaxBackend(Backend):
         import jax
         peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
         peaks = [p for p in peaks if p is not None]
-        return sum(peaks) if peaks else None
+        # The largest device's, as torch reads its one device: a sum would grow with the devices a run spans.
+        return max(peaks) if peaks else None
 
     def device_memory(self):
         import jax

@@ -40,6 +40,13 @@ class JaxProcessGroup(ProcessGroup):
         from jax.experimental import multihost_utils
         return bool(np.max(multihost_utils.process_allgather(np.int32(1 if flag else 0))))
 
+    def sum(self, values):
+        import numpy as np
+        from jax.experimental import multihost_utils
+        # float32 (JAX's default): each figure to 7 digits.
+        gathered = multihost_utils.process_allgather(np.asarray(values, dtype=np.float32))
+        return [float(value) for value in np.asarray(gathered).sum(axis=0)]
+
     def barrier(self):
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("mtbench")

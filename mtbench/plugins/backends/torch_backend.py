@@ -69,13 +69,6 @@ class TorchBackend(Backend):
             return int(torch.cuda.max_memory_allocated())
         return None
 
-    def reset_peak_device_bytes(self):
-        import torch
-        if not torch.cuda.is_available():
-            return False
-        torch.cuda.reset_peak_memory_stats()
-        return True
-
     def device_memory(self):
         import torch
         if not torch.cuda.is_available():

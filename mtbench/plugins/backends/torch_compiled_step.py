@@ -115,6 +115,13 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
         self._forward = torch.compile(self._loss_and_accuracy, mode=mode, dynamic=False)
         self._compile_seconds_before = calculate_time_spent().get("total_wall_time", 0.0)
 
+    @property
+    def warmup_calls(self):
+        """Inductor's CUDA graphs (cudagraph trees) run a shape's first call to warm up and record the graph on its
+        second: that call is warm-up too. Without CUDA graphs only the first call compiles."""
+        import torch
+        return 2 if (self.mode or "default") in CUDA_GRAPH_MODES and torch.cuda.is_available() else 1
+
     def __call__(self, x, y, sample_weight):
         self.shapes_seen.add(tuple(y.shape))
         return super().__call__(x, y, sample_weight)
@@ -142,7 +149,7 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
         parts = [f"mode {self.mode or 'default'}", f"CUDA graphs: {self.cuda_graphs()}"]
         if eager:
             parts.append(f"{eager} of {len(self.shapes_seen)} shapes ran eagerly")
-        return ", ".join(parts)
+        return ", ".join(parts + [part for part in [super().description()] if part])
 
     def compilations(self):
         """How often the compiled function itself was compiled: once per input shape (length bucket), since

@@ -73,8 +73,9 @@ class EagerTorchTrainStep(TrainStep):
         self.own_losses = OwnLosses(model)
         self.native_loss = is_token_mean_cross_entropy(model.loss)
         model.optimizer.build(self.variables)
-        self.fused_optimizer = (None if fused_adamw_unsupported(model.optimizer)
-                                else FusedAdamW(model.optimizer, self.variables))
+        # Why Keras's `optimizer.apply` updates the variables instead of torch's fused AdamW (None: it does not).
+        self.fused_optimizer_refused = fused_adamw_unsupported(model.optimizer)
+        self.fused_optimizer = None if self.fused_optimizer_refused else FusedAdamW(model.optimizer, self.variables)
         self._forward = self._loss_and_accuracy
         # Why the layers must be called through `Layer.__call__` (None: they are called plainly).
         self.plain_calls_refused = plain_calls_unsupported(model)
@@ -90,6 +91,12 @@ class EagerTorchTrainStep(TrainStep):
         """Trains over the processes `step` was distributed over (one DDP wrapper per model: a second would
         reduce every gradient twice)."""
         self.processes, self.module = step.processes, step.module
+
+    def description(self):
+        """What differs from the default step: the update, when Keras's `optimizer.apply` carries it out."""
+        if self.fused_optimizer_refused is None:
+            return ""
+        return f"update by Keras's optimizer.apply ({self.fused_optimizer_refused})"
 
     def _loss(self, y, logits, sample_weight):
         import torch.nn.functional as F

@@ -7,7 +7,8 @@ epsilon sits: Keras divides by `sqrt(v) + eps` and folds the bias correction of 
 divides by `sqrt(v) / sqrt(1 - beta_2**t) + eps`. Giving torch `eps / sqrt(1 - beta_2**t)` at step t makes them
 the same expression. Learning rate, clipping (each gradient on its own, Keras's `clipnorm`), and the decoupled
 weight decay (`w *= 1 - lr * weight_decay`, before the moments) are Keras's. The Keras optimizer's `iterations`
-advances with every step. torch's optimizer state is the Keras optimizer's own moment variables, which the fused
+advances with every step, and a resumed run's optimizer (restored at its checkpoint's iteration count) goes on
+from there: the step counts, bias corrections and schedule are those the uninterrupted run would have had. torch's optimizer state is the Keras optimizer's own moment variables, which the fused
 kernel updates in place: one copy of the moments (a second one would count against torch's memory alone), and
 Keras always holds the current ones.
 """
@@ -29,8 +30,6 @@ def fused_adamw_unsupported(optimizer):
     if getattr(optimizer, "_exclude_from_weight_decay", None) or \
             getattr(optimizer, "_exclude_from_weight_decay_pattern", None):
         return "weight-decay exclusions are left to Keras"
-    if int(optimizer.iterations) != 0:
-        return "the optimizer has already taken steps"
     return None
 
 
@@ -38,9 +37,9 @@ class FusedAdamW:
     def __init__(self, optimizer, variables):
         import torch
         self.keras_optimizer = optimizer
-        # Counted on the host (the optimizer starts at 0, `fused_adamw_unsupported`): reading Keras's counter or
-        # its schedule from a GPU would wait for the device every step.
-        self.iterations = 0
+        # Counted on the host from Keras's count (read once here: a restored checkpoint's, or 0): reading Keras's
+        # counter or its schedule from a GPU would wait for the device every step.
+        self.iterations = int(optimizer.iterations)
         self.variables = list(variables)
         if not optimizer.built:
             optimizer.build(self.variables)  # its moment variables are the state torch updates
@@ -52,10 +51,10 @@ class FusedAdamW:
             weight_decay=optimizer.weight_decay, fused=True)
         for variable, parameter in zip(self.variables, self.parameters):
             index = optimizer._get_variable_index(variable)
-            # The state torch would create at its first step (the fused kernel keeps `step` on the device), with
-            # Keras's moment tensors instead of new zeros.
+            # The state torch would have after `iterations` steps (the fused kernel keeps `step` on the device), with
+            # Keras's moment tensors instead of new ones.
             self.torch_optimizer.state[parameter] = {
-                "step": torch.zeros((), dtype=torch.float32, device=parameter.device),
+                "step": torch.full((), float(self.iterations), dtype=torch.float32, device=parameter.device),
                 "exp_avg": optimizer._momentums[index].value, "exp_avg_sq": optimizer._velocities[index].value}
 
     def _clip_each_gradient(self, grads):

@@ -36,6 +36,13 @@ class TorchProcessGroup(ProcessGroup):
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._host_group)
         return bool(value.item())
 
+    def sum(self, values):
+        import torch
+        import torch.distributed as dist
+        total = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self._host_group)
+        return total.tolist()
+
     def barrier(self):
         import torch.distributed as dist
         dist.barrier(group=self._host_group)

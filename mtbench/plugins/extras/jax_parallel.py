@@ -5,6 +5,8 @@ Both split the global batch across the devices and must give the loss a single d
 global batch. On a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N.
 """
 
+import numpy as np
+
 from mtbench import Extra, TrainStep, hookimpl
 from mtbench.plugins.backends.jax_jit_step import correct_tokens, token_cross_entropy
 from mtbench.plugins.extras.fsdp import StateRecording, devices_reason, jax_step_state, use_distribution
@@ -14,12 +16,18 @@ class PmapTrainStep(TrainStep):
     """The Keras model's forward pass (`stateless_call`) and optimizer (`stateless_apply`) inside `jax.pmap`.
     The loss is the global token mean of the single-device step's own cross-entropy (`token_cross_entropy`):
     each device divides its token-weighted loss sum by the token count of the whole batch (a psum), so the
-    summed gradients are exactly those of the single-device step."""
+    summed gradients are exactly those of the single-device step.
+
+    The state is held once on each device, as the jit step holds it once: on the first call each Keras variable's
+    buffer is copied to every device (a leading device axis, as pmap takes it) and then deleted, and each call
+    donates the state it is given to the state it returns. `finalize` writes device 0's copy back into the Keras
+    variables."""
     name = "jax-pmap"
 
     def __init__(self, model, devices):
         import jax
         import jax.numpy as jnp
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
         self.model, self.devices = model, devices
         optimizer = model.optimizer
@@ -39,18 +47,32 @@ class PmapTrainStep(TrainStep):
             logs = {"loss": jax.lax.psum(loss, "batch"), "accuracy": jax.lax.psum(correct, "batch") / tokens}
             return new_trainable, new_non_trainable, new_optimizer_state, logs
 
-        self._step = jax.pmap(step, axis_name="batch", devices=devices)
-        def replicate(variables):
-            # A leading device axis: pmap hands row i of each array to device i.
-            return [jnp.broadcast_to(v.value, (len(devices),) + tuple(v.shape)) for v in variables]
+        self._step = jax.pmap(step, axis_name="batch", devices=devices, donate_argnums=(0, 1, 2))
+        self.sharding = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
+        self.state = None  # (trainable, non-trainable, optimizer) replicated over the devices while training
 
-        self.state = (replicate(model.trainable_variables), replicate(model.non_trainable_variables),
-                      replicate(optimizer.variables))
+    def _keras_state(self):
+        model = self.model
+        return model.trainable_variables, model.non_trainable_variables, model.optimizer.variables
+
+    def _replicate(self, variables):
+        """Each variable's value on every device, row i on device i, in place of the Keras variable's buffer."""
+        import jax
+        replicated = []
+        for variable in variables:
+            value = variable.value
+            rows = [jax.device_put(value[None], device) for device in self.devices]
+            replicated.append(jax.make_array_from_single_device_arrays((len(self.devices), *value.shape),
+                                                                       self.sharding, rows))
+            value.delete()  # nothing reads the Keras variables while training: `finalize` comes first
+        return replicated
 
     def _shard(self, array):
         return array.reshape((len(self.devices), -1) + array.shape[1:])
 
     def __call__(self, x, y, sample_weight):
+        if self.state is None:
+            self.state = tuple(self._replicate(variables) for variables in self._keras_state())
         trainable, non_trainable, optimizer_state, logs = self._step(
             *self.state, tuple(self._shard(part) for part in x), self._shard(y), self._shard(sample_weight))
         self.state = (trainable, non_trainable, optimizer_state)
@@ -58,14 +80,17 @@ class PmapTrainStep(TrainStep):
 
     def block(self):
         import jax
-        jax.block_until_ready(self.state)  # replicated outside the Keras variables until `finalize`
+        if self.state is not None:
+            jax.block_until_ready(self.state)  # replicated outside the Keras variables until `finalize`
 
     def finalize(self):
-        model = self.model
-        variables = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables)
-        for group, values in zip(variables, self.state):
+        if self.state is None:  # nothing trained since the last finalize
+            return
+        for group, values in zip(self._keras_state(), self.state):
             for variable, value in zip(group, values):
-                variable.assign(value[0])
+                row = next(shard.data for shard in value.addressable_shards if shard.device == self.devices[0])
+                variable.assign(row[0])  # device 0's row, on device 0 alone
+        self.state = None
 
 
 class Pmap(Extra):

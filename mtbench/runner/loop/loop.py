@@ -52,7 +52,7 @@ def train_loop(config, backend, model, step_flops, train_step, state, batches, t
                validate, target, observers, console, processes):
     """Trains from `state.step + 1` to `total_steps`; `validate()` scores the validation split ({figure: value},
     `Evaluator.validate`), at the steps `target` (a QualityTarget holding the resumed run's evaluations) is due.
-    `step_flops(shape)` counts a step's FLOPs on a batch of that (rows, length) shape (None: not counted).
+    `step_flops` (`measurement.flops.StepFlops`) counts a step's FLOPs over its padded batch and its real tokens.
     Returns the TrainingOutcome; the model's variables hold the trained weights (`train_step.finalize()` done).
 
     `batches` yields the global batches; this process trains on its shard of each (`processes`, the run's
@@ -76,7 +76,7 @@ class TrainingLoop:
         self.state, self.batches, self.total_steps, self.checkpointing = state, batches, total_steps, checkpointing
         self.validate, self.processes = validate, processes
         self.callbacks, self.trackers = observers.callbacks, observers.trackers
-        self.timer = resumed_timer(state.history, step_flops)
+        self.timer = resumed_timer(state.history, step_flops, train_step.warmup_calls)
         self.target = target
         self.clock = TrainingClock(state.training_s, state.aside_s)
         self.window = TimingWindow(backend, model, train_step, observers.energy)
@@ -125,9 +125,10 @@ class TrainingLoop:
         return epoch, batch, time.perf_counter() - started
 
     def timed_alone(self, step, batch):
-        """The step that compiles a shape is timed on its own; so is the test hook's poisoned step, so that a test
-        knows which steps ran (a real divergence is seen at the end of its window)."""
-        return not self.timer.seen(batch.shape) or step == self.poison_at
+        """The steps that warm a shape up (compile it, record its CUDA graph) are timed on their own; so is the test
+        hook's poisoned step, so that a test knows which steps ran (a real divergence is seen at the end of its
+        window)."""
+        return self.timer.warming_up(batch.shape) or step == self.poison_at
 
     def train(self, step, epoch, batch, input_seconds, probe=False):
         """One step on this process's shard of `batch`, queued in the open window (or a new one); the `probe` step
@@ -172,13 +173,16 @@ class TrainingLoop:
             share = seconds / len(steps)
             loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
             compilations = compiled if position == 0 else (None if compiled is None else 0)
-            first = self.timer.add(step, batch.shape, share, batch.target_tokens, flops=self.step_flops(batch.shape),
+            real_token_flops = self.step_flops.real_tokens(batch.weight)
+            first = self.timer.add(step, batch.shape, share, batch.target_tokens,
+                                   flops=self.step_flops.padded(batch.shape), real_token_flops=real_token_flops,
                                    input_seconds=input_seconds, compilations=compilations, aside=probe)
             self.state.history.append({
                 "step": step, "epoch": epoch, "loss": finite_or_none(loss), "accuracy": finite_or_none(accuracy),
                 "seconds": share, "window_steps": len(steps), "shape": list(batch.shape),
                 "tokens": batch.target_tokens, "first_of_shape": first, "input_seconds": input_seconds,
                 "compilations": compilations, "joules": None if joules is None else joules / len(steps),
+                "real_token_flops": real_token_flops,
                 **({"host_sync_probe": True} if probe else {})})
             self.callbacks.on_train_batch_begin(step)
             self.callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
@@ -220,12 +224,14 @@ class TrainingLoop:
         return scores[self.target.metric] if reached else None
 
 
-def resumed_timer(history, step_flops):
-    """A step timer holding a resumed run's earlier steps (they count in its figures)."""
-    timer = StepTimer()
+def resumed_timer(history, step_flops, warmup_calls=1):
+    """A step timer holding a resumed run's earlier steps (they count in its figures), whose step warms each
+    shape up over `warmup_calls` steps."""
+    timer = StepTimer(warmup_calls=warmup_calls)
     for h in history:
         timer.add(h["step"], tuple(h["shape"]), h["seconds"], h["tokens"], first_of_shape=h["first_of_shape"],
-                  flops=step_flops(h["shape"]), input_seconds=h["input_seconds"], compilations=h["compilations"],
+                  flops=step_flops.padded(h["shape"]), real_token_flops=h.get("real_token_flops"),
+                  input_seconds=h["input_seconds"], compilations=h["compilations"],
                   aside=h.get("host_sync_probe", False))
     timer.restart()
     return timer

@@ -2,14 +2,16 @@
 
 The first step of each batch shape pays for tracing and compilation (XLA on JAX, torch.compile when enabled)
 and for allocator warm-up; it is timed alone, between two device synchronisations, and not mixed into the steady
-figures. The compile time of a shape is its first step minus that shape's steady median, so it is not inflated by
-the step's own work.
+figures. A step may warm a shape up over more calls (`TrainStep.warmup_calls`: torch.compile's reduce-overhead
+records its CUDA graph on a shape's second call): each of them is such a warm-up step. The compile time of a shape
+is its warm-up steps minus that shape's steady median each, so it is not inflated by the step's own work.
 
 Steady steps are timed in windows: the device is synchronised (and the losses read) only at a window's edges, so
 the host queues the next steps while the device works, as in a real training loop. Each step of a window is
 recorded with the window's mean time; the median and p90 are over those means.
 """
 
+import collections
 import contextlib
 import time
 from dataclasses import dataclass, field
@@ -23,8 +25,9 @@ class StepRecord:
     shape: tuple
     seconds: float
     target_tokens: int
-    first_of_shape: bool
-    flops: float = 0.0       # None where the model family counts no FLOPs
+    first_of_shape: bool     # a warm-up step of its shape: the first, or one of the first `warmup_calls`
+    flops: float = 0.0       # over the padded batch; None where the model family counts no FLOPs
+    real_token_flops: float = None  # over the batch's real tokens alone
     input_seconds: float = 0.0
     compilations: int = None
     aside: bool = False      # a step that was timed but is no steady step (the host-sync probe's, which it slows)
@@ -33,16 +36,17 @@ class StepRecord:
 @dataclass
 class StepTimer:
     records: list = field(default_factory=list)
-    _seen: set = field(default_factory=set)
+    warmup_calls: int = 1  # steps of each shape that are warm-up (`TrainStep.warmup_calls`)
+    _calls: collections.Counter = field(default_factory=collections.Counter)  # steps of each shape so far
 
     def add(self, step, shape, seconds, target_tokens, first_of_shape=None, flops=0.0, input_seconds=0.0,
-            compilations=None, aside=False):
-        """Records a step; `first_of_shape` is given when restoring steps timed by an earlier process; a step
-        `aside` counts in neither the steady figures nor compilation."""
-        first = shape not in self._seen if first_of_shape is None else first_of_shape
-        self._seen.add(shape)
-        self.records.append(StepRecord(step, shape, seconds, target_tokens, first, flops, input_seconds,
-                                       compilations, aside))
+            compilations=None, aside=False, real_token_flops=None):
+        """Records a step; `first_of_shape` (a warm-up step) is given when restoring steps timed by an earlier
+        process; a step `aside` counts in neither the steady figures nor compilation."""
+        first = self.warming_up(shape) if first_of_shape is None else first_of_shape
+        self._calls[shape] += 1
+        self.records.append(StepRecord(step, shape, seconds, target_tokens, first, flops, real_token_flops,
+                                       input_seconds, compilations, aside))
         return first
 
     def compilations_by_shape(self):
@@ -55,12 +59,27 @@ class StepTimer:
             counts[key] = counts.get(key, 0) + r.compilations
         return counts
 
-    def seen(self, shape):
-        return shape in self._seen
+    def warming_up(self, shape):
+        """Whether the next step of `shape` is a warm-up step (fewer than `warmup_calls` of it so far)."""
+        return self._calls[shape] < self.warmup_calls
 
     def restart(self):
         """A resumed run is a new process: it compiles every shape again, so first steps are first again."""
-        self._seen.clear()
+        self._calls.clear()
+
+    def _warmups(self):
+        """How many times a shape was warmed up: runs of warm-up steps of one shape (a resumed process warms its
+        shapes up again)."""
+        warming, count = set(), 0
+        for r in self.records:
+            if r.aside:
+                continue
+            if not r.first_of_shape:
+                warming.discard(r.shape)
+            elif r.shape not in warming:
+                warming.add(r.shape)
+                count += 1
+        return count
 
     def summary(self):
         steady = [r for r in self.records if not r.first_of_shape and not r.aside]
@@ -75,20 +94,27 @@ class StepTimer:
         return {
             "compile_s": compile_s,
             "first_steps_s": float(sum(r.seconds for r in first)),
-            "shapes_compiled": len(first),
+            "shapes_compiled": self._warmups(),
             "steady_steps": len(steady),
             "step_s_median": float(np.median(steady_times)) if steady else None,
             "step_s_p90": float(np.percentile(steady_times, 90)) if steady else None,
             "step_s_min": float(steady_times.min()) if steady else None,
             "tokens_per_s": (sum(r.target_tokens for r in steady) / float(steady_times.sum())) if steady else None,
             "steady_s": float(steady_times.sum()) if steady else 0.0,
-            "flops_per_s": (sum(r.flops for r in steady) / float(steady_times.sum()))
-            if steady and all(r.flops is not None for r in steady) else None,
+            "flops_per_s": _per_second([r.flops for r in steady], steady_times),
+            "real_token_flops_per_s": _per_second([r.real_token_flops for r in steady], steady_times),
             # Time spent producing batches, against the steady step time it must hide behind.
             "input_s_median": float(np.median([r.input_seconds for r in self.records])) if self.records else None,
             "input_fraction": (float(np.median([r.input_seconds for r in steady])) / float(np.median(steady_times)))
             if steady else None,
         }
+
+
+def _per_second(amounts, seconds):
+    """The steady steps' total of a figure over their time; None without steady steps or where one is missing."""
+    if not amounts or any(amount is None for amount in amounts):
+        return None
+    return sum(amounts) / float(seconds.sum())
 
 
 class TimingWindow:

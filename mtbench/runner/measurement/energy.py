@@ -3,14 +3,18 @@
 result says why there is no figure; it never estimates one.
 
 Counters are read at the edges of the timed steps (after the device is synchronised) and at the start and end of
-the run. A RAPL counter wraps at `max_energy_range_uj`; each difference is taken modulo that range, so a run
+the run. Each process of a run reads the counters of its own devices; the figures are summed over the processes,
+so that a run's joules are those of every device whose tokens tokens/s counts. A RAPL counter wraps at `max_energy_range_uj`; each difference is taken modulo that range, so a run
 longer than one wrap still adds up as long as it is read at least once per wrap (every step is).
 """
 
 import os
 import time
 
+from mtbench.plugins.api import Launch, ProcessGroup
+
 RAPL_ROOT = "/sys/class/powercap"
+ONE_PROCESS = ProcessGroup(Launch())
 
 
 class Counter:
@@ -135,21 +139,31 @@ class EnergyMeter:
             return None
         return self.counter.difference(before, after)
 
-    def section(self, history):
-        """The result's `energy` section: the steady steps (those timed apart from compilation) and the run so
-        far, from the backend's start (the corpus is read before it)."""
-        if self.counter is None:
-            return {"source": None, "reason": self.reason}
+    def section(self, history, processes=ONE_PROCESS):
+        """(the result's `energy` section, `history` with each step's joules summed over the processes): the
+        steady steps (those timed apart from compilation) and the run so far, from the backend's start (the
+        corpus is read before it), over every process of the run (`processes`; every process calls this at the
+        same point: the sum is a collective)."""
         run_end, run_seconds = self.read(), self.clock() - self.run_start_s
+        own = [self.between(self.run_start, run_end), *(h.get("joules") for h in history)]
+        counted = processes.sum([self.counter is not None, *(value or 0.0 for value in own)])
+        if self.counter is None:
+            return {"source": None, "reason": self.reason}, history
+        if counted[0] < processes.world_size:
+            return {"source": None, "reason": f"{processes.world_size - int(counted[0])} of the run's "
+                                              f"{processes.world_size} processes have no energy counter"}, history
+        run_joules = counted[1]
+        history = [{**h, "joules": None if h.get("joules") is None else joules}
+                   for h, joules in zip(history, counted[2:])]
         steady = [h for h in history if not h["first_of_shape"] and h.get("joules") is not None]
         steady_joules = sum(h["joules"] for h in steady)
         steady_seconds = sum(h["seconds"] for h in steady)
         steady_tokens = sum(h["tokens"] for h in steady)
-        run_joules = self.between(self.run_start, run_end)
         run_tokens = sum(h["tokens"] for h in history)
         return {
             "source": self.counter.source,
             "reason": None,
+            "processes": processes.world_size,
             "clock": "counter read after the device is synchronised, around each step and at the run's edges",
             "steady": {"steps": len(steady), "joules": steady_joules,
                        "joules_per_1k_tokens": _per_1k(steady_joules, steady_tokens),
@@ -157,7 +171,7 @@ class EnergyMeter:
             "run": {"joules": run_joules, "seconds": run_seconds,
                     "joules_per_1k_tokens": _per_1k(run_joules, run_tokens),
                     "avg_watts": run_joules / run_seconds if run_seconds else None},
-        }
+        }, history
 
 
 def _per_1k(joules, tokens):

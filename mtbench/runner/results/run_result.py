@@ -22,7 +22,10 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
     peak, peak_source = peak_record["flops_per_s"], peak_record["source"]
     # Simulated devices share one CPU, whose measured peak already spans all its cores.
     peak_devices = 1 if run.device_kind == "cpu" else devices_used
-    mfu = None if peak is None or steady["flops_per_s"] is None else steady["flops_per_s"] / (peak * peak_devices)
+    def share_of_peak(flops_per_s):
+        return None if peak is None or flops_per_s is None else flops_per_s / (peak * peak_devices)
+
+    mfu = share_of_peak(steady["flops_per_s"])
     uncounted = f"model family '{family.name}' counts no training FLOPs (ModelFamily.training_flops)"
     counted = steady["flops_per_s"] is not None or not steady["steady_steps"]
     if mfu is not None:
@@ -35,7 +38,10 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
         "flops_per_step_note": f"ModelFamily.training_flops of model family '{family.name}' over each steady "
                                f"step's padded batch" if counted else f"not counted: {uncounted}",
         "model_flops_per_s": steady["flops_per_s"],
+        # The useful work: the FLOPs of the steady steps' real tokens alone, as tokens/s counts them.
+        "real_token_flops_per_s": steady["real_token_flops_per_s"],
         "peak_flops_per_s": peak, "peak_source": peak_source, "mfu": mfu,
+        "mfu_real_tokens": share_of_peak(steady["real_token_flops_per_s"]),
         "mfu_reason": reason,  # why MFU is null, else null
         # A measured (CPU) peak: when, and under what load; null for a datasheet's.
         "peak_measured_at": peak_record["measured_at"], "peak_load_average": peak_record["load_average"],
@@ -46,7 +52,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
                     training_memory=None):
     """Every section of the result that training decides; the task's metrics are null until `add_evaluation`
     fills them (`data`: the task's `TaskData`). `training_memory`: {'per_device': `Backend.device_memory()` read as training
-    ended, 'peak_since': 'training start' or 'process start'}."""
+    ended, 'peak_since': 'process start'}."""
     extras_record = extras_records(run, plugins)
     devices_used = max([record.get("devices", 1) for record in extras_record.values()] + [1])
     steady = outcome.timer.summary()
@@ -199,13 +205,12 @@ def add_evaluation(result, metrics, sidecar):
     result.update(sidecar)
 
 
-def write_result(path, result, stopwatch, backend, energy, price_per_hour):
-    """Adds the figures of the whole run (time, memory, energy, cost) and writes the result file."""
+def write_result(path, result, stopwatch, backend, price_per_hour):
+    """Adds the figures of the whole run (time, memory, cost) and writes the result file."""
     result["timing"]["phases_s"] = dict(stopwatch.phases)
     result["timing"]["total_s"] = stopwatch.total()
     result["memory"] = {**result.get("memory", {}), "peak_host_bytes": peak_host_bytes(),
                         "peak_device_bytes": backend.peak_device_bytes()}
-    result["energy"] = energy.section(result["history"])
     result["cost"] = cost(price_per_hour, result["timing"]["total_s"], result["target"])
     write_json_atomic(path, result)
 

@@ -35,7 +35,7 @@ DEFAULT_WIDTH = 0.03  # --repeats auto: until every interval lies within +-3 % o
 # whether a higher value is faster).
 WINDOW_FIGURES = {"tokens_per_s": ("tokens over seconds", True), "step_s_median": ("median window step", False)}
 # Timing figures where a higher value is faster; every other timing figure is a time (lower is faster).
-HIGHER_IS_FASTER = {"tokens_per_s", "mfu"}
+HIGHER_IS_FASTER = {"tokens_per_s", "mfu", "mfu_real_tokens"}
 SPEED_FIGURE = "tokens_per_s"  # what "faster" and "slower" of a run mean: a regression gate judges it
 
 
@@ -250,7 +250,8 @@ class Verdict:
 
 FIGURE_WORDS = {"tokens_per_s": "tokens/s", "step_s_median": "steady step time", "step_s_p90": "steady step p90",
                 "compile_s": "compile time", "train_s": "train time", "total_s": "total time",
-                "translate_s": "test translation time", "mfu": "MFU"}
+                "translate_s": "test translation time", "mfu": "MFU (padded)",
+                "mfu_real_tokens": "MFU (real tokens)"}
 
 
 def call_of(interval, noise_floor=None):

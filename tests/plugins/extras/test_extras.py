@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ONE_BUCKET, TINY_TRAIN, run_cli
+from conftest import ONE_BUCKET, TESTS_DIR, TINY_TRAIN, run_cli
 from mtbench.plugins.extras.flash_attention import (JAX_KERNEL_PATTERN, TORCH_KERNEL_PATTERN, FlashAttention,
                                              kernel_evidence)
 
@@ -91,6 +91,20 @@ def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, singl
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_pmap_holds_one_copy_of_the_state_on_device_zero():
+    """Bytes of live arrays on device 0 of two simulated devices (tests/pmap_memory_probe.py): the model and
+    optimizer state alone, then with the pmap step trained and finalized. It held the Keras variables and pmap's
+    replicated state beside them (2.3x the state after two steps, 3.3x as the step was made)."""
+    env = {**os.environ, "KERAS_BACKEND": "jax", **TWO_DEVICES}
+    proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "pmap_memory_probe.py")], capture_output=True,
+                          text=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    held = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert held["trained"] <= held["state"] * 1.01 and held["finalized"] <= held["state"] * 1.01
+    assert np.isfinite(held["losses"]).all()
+
+
 def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eager(tmp_path, cache_dir, tiny_runs):
     # The session's eager torch run is the reference: the compiled run trains with its flags, so it takes the same
     # batches from the same weights (a second eager run of its own cost about 25 s; the 40 extra compiled steps

@@ -140,6 +140,25 @@ def test_nan_loss_stops_the_run_as_diverged_and_keeps_the_partial_result(tmp_pat
     assert checkpoint_steps(run_dir) == [3]
 
 
+@pytest.mark.slow
+def test_a_resumed_torch_run_updates_with_the_fused_adamw_of_a_fresh_one(tmp_path, cache_dir):
+    """The NaN at step 6 stops the run with steps 1-5 trained and a checkpoint after step 3; the resumed run's
+    steps 4 and 5 are then those updates again, from the restored optimizer."""
+    out, run_dir = str(tmp_path / "resumed.json"), str(tmp_path / "resumed.run")
+    stopped = run_cli("train", "--backend", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "8", "--checkpoint-every",
+                      "3", "--cache-dir", cache_dir, "--out", out, env={"MTBENCH_TEST_NAN_AT_STEP": "6"})
+    assert stopped.returncode == 1, stopped.stderr[-3000:]
+    fresh = read(out)
+    resumed = run_cli("train", "--resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = read(out)
+    assert result["timing"]["resumed_at_steps"] == [4]
+    # Keras's `optimizer.apply` made 289 tensors from host data a step on the tiny preset; the fused AdamW none.
+    assert fresh["host_syncs_per_step"] == result["host_syncs_per_step"] == 0
+    assert fresh["train_step_detail"] == result["train_step_detail"] == ""
+    np.testing.assert_allclose(losses(result)[:5].astype(float), losses(fresh)[:5].astype(float), rtol=1e-5)
+
+
 TARGET_RUN = [*TINY_TRAIN, "--steps", "200", "--warmup-steps", "20", "--learning-rate", "3e-3"]
 
 

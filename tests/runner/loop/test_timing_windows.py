@@ -3,13 +3,17 @@ synchronisation per window, the first step of each shape is timed alone, and a w
 must see the weights or the loss (validation, checkpoints, divergence, the last step)."""
 
 import math
+import time
 from types import SimpleNamespace
 
 import numpy as np
 from rich.console import Console
 
-from mtbench.plugins.api import Batch, Launch, ProcessGroup
+from mtbench import FIGURES_BY_KEY, figure_text
+from mtbench.plugins.api import Batch, Launch, ProcessGroup, TrainStep
+from mtbench.runner.results import run_result
 from mtbench.runner.loop.checkpoints import TrainingState
+from mtbench.runner.measurement.flops import StepFlops
 from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 
@@ -28,7 +32,7 @@ class CountingBackend:
         return None
 
 
-class FakeStep:
+class FakeStep(TrainStep):
     """Returns a loss per call; `nan_at` makes one step's loss not finite."""
 
     def __init__(self, nan_at=None):
@@ -50,21 +54,24 @@ class Quiet:
         return lambda *args, **kwargs: None
 
 
-def batches(shapes):
+def batches(shapes, real_lengths=None):
+    """Batches of `shapes`, whose row i holds `real_lengths[i]` real tokens (default: no padding)."""
     for rows, length in shapes:
         weight = np.ones((rows, length), np.float32)
+        if real_lengths is not None:
+            weight = (np.arange(length) < np.array(real_lengths)[:, None]).astype(np.float32)
         ids = np.ones((rows, length), np.int32)
         yield 0, Batch(ids, ids, ids, weight, np.arange(rows))
 
 
-def run(shapes, window, nan_at=None, checkpoint_every=None, saved=None):
-    backend, step = CountingBackend(), FakeStep(nan_at)
+def run(shapes, window, nan_at=None, checkpoint_every=None, saved=None, step=None, flops=None, real_lengths=None):
+    backend, step = CountingBackend(), step or FakeStep(nan_at)
     config = SimpleNamespace(timing_window=window, target_bleu=None, eval_every=None)
     run_dir = SimpleNamespace(save=lambda model, state, *rest: saved.append(state.step) or f"ckpt-{state.step}")
     checkpointing = Checkpointing(run_dir, {}, "fingerprint", checkpoint_every, keep=1)
     energy = SimpleNamespace(read=lambda: None, between=lambda before, after: None)
-    outcome = train_loop(config, backend, None, lambda shape: 1e6, step, TrainingState(), batches(shapes),
-                         len(shapes), checkpointing, None, QualityTarget(), Observers(Quiet(), Quiet(), energy),
+    flops = flops or StepFlops(lambda rows, length: 1e6)
+    outcome = train_loop(config, backend, None, flops, step, TrainingState(), batches(shapes, real_lengths), len(shapes), checkpointing, None, QualityTarget(), Observers(Quiet(), Quiet(), energy),
                          Console(quiet=True), ProcessGroup(Launch()))
     return outcome, backend
 
@@ -100,3 +107,60 @@ def test_checkpoint_steps_end_a_window():
     outcome, _ = run([(8, 16)] * 12, window=5, checkpoint_every=4, saved=saved)
     assert saved == [4, 8, 12]
     assert [h["window_steps"] for h in outcome.state.history] == [1, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4]
+
+
+class GraphRecordingStep(FakeStep):
+    """Takes 1 s of a fake clock a call, 10 s on the second call of a shape (where reduce-overhead records its
+    CUDA graph); warms a shape up over `warmup_calls` calls."""
+
+    def __init__(self, clock, warmup_calls):
+        super().__init__()
+        self.clock, self.warmup_calls, self.shape_calls = clock, warmup_calls, {}
+
+    def __call__(self, x, y, sample_weight):
+        calls = self.shape_calls[y.shape] = self.shape_calls.get(y.shape, 0) + 1
+        self.clock[0] += 10.0 if calls == 2 else 1.0
+        return super().__call__(x, y, sample_weight)
+
+
+def test_a_step_that_records_its_graph_on_the_second_call_of_a_shape_counts_it_in_compile_time(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    shapes = [(8, 16)] * 6 + [(4, 32)] * 4
+    outcome, _ = run(shapes, window=3, step=GraphRecordingStep(clock, warmup_calls=2))
+    history, summary = outcome.state.history, outcome.timer.summary()
+    assert [h["step"] for h in history if h["first_of_shape"]] == [1, 2, 7, 8]
+    assert [h["window_steps"] for h in history] == [1, 1, 3, 3, 3, 1, 1, 1, 2, 2]
+    assert {h["seconds"] for h in history if not h["first_of_shape"]} == {1.0}
+    assert summary["steady_steps"] == 6 and summary["tokens_per_s"] == 6 * 128 / 6.0
+    assert summary["compile_s"] == 2 * (10.0 - 1.0) and summary["shapes_compiled"] == 2
+
+    # Counted as a steady step, the recording would weigh in the steady figures.
+    clock[0] = 0.0
+    outcome, _ = run(shapes, window=3, step=GraphRecordingStep(clock, warmup_calls=1))
+    assert max(h["seconds"] for h in outcome.state.history if not h["first_of_shape"]) > 1.0
+
+
+def test_mfu_of_real_tokens_counts_each_row_at_its_real_length(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    # A family whose step costs rows x length^2 (attention-like), on batches of 4 rows of 8 tokens holding 8, 5, 5
+    # and 0 real tokens: 4 x 64 = 256 FLOPs padded, 64 + 2 x 25 = 114 over the real tokens.
+    flops = StepFlops(lambda rows, length: rows * length ** 2)
+    outcome, _ = run([(4, 8)] * 5, window=3, step=GraphRecordingStep(clock, warmup_calls=2), flops=flops,
+                     real_lengths=[8, 5, 5, 0])
+    summary = outcome.timer.summary()
+    assert summary["steady_steps"] == 3 and summary["tokens_per_s"] == 18.0
+    assert summary["flops_per_s"] == 256.0 and summary["real_token_flops_per_s"] == 114.0
+    assert [h["real_token_flops"] for h in outcome.state.history] == [114.0] * 5
+
+    # Against a peak of 1000 FLOP/s, both MFUs, labelled, in the result and every output's figures.
+    monkeypatch.setattr(run_result, "device_peak_record", lambda *args, **kwargs: {
+        "flops_per_s": 1000.0, "source": "test", "measured_at": None, "load_average": None})
+    run_context = SimpleNamespace(device=None, device_kind="cpu", config=None)
+    config = SimpleNamespace(dtype="float32", cache_dir=None, matmul_precision="highest")
+    utilization = run_result.utilization(summary, None, run_context, 1, config, (), SimpleNamespace(name="fake"))
+    assert utilization["mfu"] == 0.256 and utilization["mfu_real_tokens"] == 0.114
+    result = {"utilization": utilization}
+    assert [(FIGURES_BY_KEY[key].title, figure_text(result, key)) for key in ("mfu", "mfu_real_tokens")] == [
+        ("MFU (padded, %)", "25.6"), ("MFU (real tokens, %)", "11.4")]

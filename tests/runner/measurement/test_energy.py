@@ -1,6 +1,10 @@
 """Energy from the hardware's counters: the arithmetic on recorded counter sequences (RAPL with its wrap-around,
 NVML through a stand-in for pynvml), and the reason a run without a counter gives."""
 
+import json
+import os
+import socket
+import subprocess
 import sys
 import types
 
@@ -8,6 +12,7 @@ import pytest
 
 from mtbench.runner.measurement import energy
 from mtbench.runner.measurement.energy import EnergyMeter, NvmlCounter, RaplCounter, open_counter, rapl_domains
+from tests.conftest import TESTS_DIR, cli_environment
 
 
 def write_domain(root, name, energy_uj, wrap_uj=262143328850):
@@ -58,7 +63,7 @@ def test_meter_sums_steady_steps_and_the_whole_run():
         history.append({"step": step, "first_of_shape": first, "tokens": tokens, "seconds": seconds,
                         "joules": joules})
     assert [h["joules"] for h in history] == [50.0, 20.0, 30.0]
-    section = meter.section(history)
+    section, history = meter.section(history)
     assert section["source"] == "recorded"
     assert section["steady"] == {"steps": 2, "joules": 50.0, "joules_per_1k_tokens": 100.0, "avg_watts": 50 / 1.5}
     assert section["run"] == {"joules": 170.0, "seconds": 12.0, "joules_per_1k_tokens": 170 / 600 * 1000,
@@ -100,8 +105,29 @@ def test_without_a_counter_the_result_says_why_and_gives_no_figure(monkeypatch, 
     monkeypatch.setattr(energy, "rapl_domains", lambda root=None: [])
     counter, reason = open_counter({"kind": "cpu", "name": "some CPU"})
     assert counter is None and "no readable powercap/RAPL counter" in reason
-    assert EnergyMeter(counter, reason).section([]) == {"source": None, "reason": reason}
+    assert EnergyMeter(counter, reason).section([]) == ({"source": None, "reason": reason}, [])
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
     assert open_counter({"kind": "gpu", "name": "NVIDIA A100"}) == (
         None, "nvidia-ml-py is not installed (pip install 'mtbench[energy]')")
     assert open_counter({"kind": "tpu", "name": "TPU v4"})[1] == "no energy counter known for tpu devices"
+
+
+@pytest.mark.slow
+def test_the_energy_of_a_run_of_two_processes_is_both_devices_joules():
+    """Each process reads only its own GPU (`test_nvml_counts_only_the_devices_this_process_computes_on`), while
+    tokens/s counts the global batch: process 0's device draws 10 J between readings, process 1's 20 J."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        coordinator = f"127.0.0.1:{free.getsockname()[1]}"
+    probe = os.path.join(TESTS_DIR, "energy_processes_probe.py")
+    started = [subprocess.Popen([sys.executable, probe, str(rank), coordinator], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=cli_environment()) for rank in (0, 1)]
+    outputs = [process.communicate(timeout=120) for process in started]
+    assert [process.returncode for process in started] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    first, second = (json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs)
+    assert first == second  # every process sums the same figures
+    # Steps take 10 + 20 J each; the run, from the meter's start to its end (7 readings on), 70 + 140 J.
+    assert first["joules"] == [30.0, 30.0, 30.0]
+    assert first["section"]["processes"] == 2
+    assert first["section"]["steady"] == {"steps": 2, "joules": 60.0, "joules_per_1k_tokens": 60.0, "avg_watts": 30.0}
+    assert first["section"]["run"]["joules"] == 210.0

@@ -112,7 +112,7 @@ def test_a_result_written_before_the_load_was_recorded_gets_no_load_warning(tiny
     del older["utilization"]["peak_measured_at"], older["utilization"]["peak_load_average"]
     assert run_warnings(older) == []
     assert rows(older)["machine load (training start -> end)"] == "not recorded"
-    assert "when and under what load not recorded" in rows(older)["MFU (model FLOP/s / peak)"]
+    assert "when and under what load not recorded" in rows(older)["MFU (padded): model FLOP/s / peak"]
 
 
 def test_the_single_run_table_shows_load_warnings_compile_cache_peak_and_test_set(tiny_runs):
@@ -131,7 +131,7 @@ def test_the_single_run_table_shows_load_warnings_compile_cache_peak_and_test_se
     assert " over 1 shape, compile cache " in rows(one_shape)["compile (first step of each shape)"]
     utilization = result["utilization"]
     load_text = " / ".join(f"{value:g}" for value in utilization["peak_load_average"])
-    assert shown["MFU (model FLOP/s / peak)"].endswith(
+    assert shown["MFU (padded): model FLOP/s / peak"].endswith(
         f"; measured {utilization['peak_measured_at']} at load average {load_text})")
     # --max-len 48 drops test pairs on the tiny preset's tokenizer: the table says how many were scored of how many.
     scored, dropped = result["metrics"]["test_sentences_scored"], result["data"]["dropped"]["too_long"]["test"]
