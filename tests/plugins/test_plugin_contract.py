@@ -171,9 +171,10 @@ def test_a_step_without_flops_leaves_the_steady_flops_uncounted():
 def test_only_the_attention_a_family_names_is_recorded():
     from mtbench.runner.results.run_result import attention_implementations
     run = SimpleNamespace(attention={"causal": "xla", "masked": "xla", "decoding": "xla"})
-    assert attention_implementations(run, SimpleNamespace(attention_kinds=())) == {}
-    assert attention_implementations(run, SimpleNamespace(attention_kinds=("causal", "masked", "decoding"))) == \
-        run.attention
+    model = SimpleNamespace(_flatten_layers=lambda: [])  # no mtbench attention layer: no arithmetic recorded
+    assert attention_implementations(run, SimpleNamespace(attention_kinds=()), model) == {}
+    assert attention_implementations(run, SimpleNamespace(attention_kinds=("causal", "masked", "decoding")),
+                                     model) == run.attention
     assert mtbench.attention_text({"model": {"attention": {}}}).startswith("none named")
     assert mtbench.attention_text({"model": {}}) == "not recorded"  # a result from before it was recorded
 

@@ -23,7 +23,7 @@ from mtbench.runner.results.report import (
     COMPARE_KIND,
     KEY_DEFAULTS,
     _checked,
-    _read_json,
+    read_json,
     differing,
     recorded_noise_floor,
     versions_text,
@@ -124,7 +124,7 @@ def read_directory(directory):
         raise MtbenchError(f"--history {directory}: no result JSON files (*.json) in it")
     runs, left_out, compares = [], [], []
     for path in paths:
-        data = _read_json(path)
+        data = read_json(path)
         kind = data.get("kind") if isinstance(data, dict) else None
         if kind == COMPARE_KIND:
             compares.append(path)
