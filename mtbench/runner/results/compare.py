@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
-from mtbench.runner.files import write_json_atomic, write_text_atomic
+from mtbench.runner.files import read_json, write_json_atomic, write_text_atomic
 from mtbench.runner.results.parity import percent
 from mtbench.plugins.api import SIZE_KEYS, run_name, size_label
 from mtbench.runner.config import TrainConfig
@@ -485,10 +485,9 @@ def _require_success(failure):
 
 def _read_result(path, name):
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as error:
-        raise RunFailure(f"{name} finished but its result {path} cannot be read: {error}") from None
+        return read_json(path, "its result JSON")
+    except MtbenchError as error:
+        raise RunFailure(f"{name} finished but {error}") from None
 
 
 @dataclass
