@@ -31,6 +31,7 @@ from mtbench.runner.results.report import (COMPARE_KIND, SWEEP_KEYS, LoadedRun, 
                                            environment_names, to_json_dict)
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results import verdicts as stats
+from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
 from mtbench.runner.setup import require_extra_spanning_processes, resolve_backend, resolve_extras
 
 COMPARE_SCHEMA_VERSION = 1
@@ -44,6 +45,8 @@ SETTING_TYPES = {name: FIELD_TYPES[name] for name in (*SIZE_KEYS, *SWEEP_KEYS)}
 SHAPE_KEYS = (*SIZE_KEYS, "max_len", "block_size")
 # The --matrix key that runs an entry with another environment's interpreter.
 PYTHON_KEY = "python"
+# Beside each run's result: the run file its process trained from (`mtbench train --run-file`).
+RUN_FILE_SUFFIX = ".train.json"
 
 
 @dataclass(frozen=True)
@@ -297,6 +300,7 @@ class ComparePlan:
     interpreters: dict = None  # `check_interpreters` of the specs, where the caller asked already
     aa: bool = False         # --aa: the baseline runs twice in each repeat, interleaved, to measure the noise floor
     auto: "AutoRepeats" = None  # --repeats auto (then `repeats` is None): repeat until narrow enough or out of time
+    options: dict = None     # the shared train options by name: what each child's run file is made of
 
     @property
     def baseline_spec(self):
@@ -601,11 +605,19 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
     before = os.stat(result_file).st_mtime_ns if os.path.exists(result_file) else None  # --overwrite
     progress.doing, progress.log_file, progress.run = name, log_file, (spec, repeat, result_file, before)
     report_failures = []
+    if reads_run_files(plan, spec):
+        train_file = plan.run_file(spec, repeat, RUN_FILE_SUFFIX)
+        write_run_file(train_file, TrainConfig.from_options(**{
+            **plan.options, **dict(spec.sizes), "backend": spec.backend, "extras": spec.extras,
+            "initial_weights": weights["file"], "out": result_file, "run_group": plan.group,
+            "overwrite": plan.overwrite}))
+        arguments = ["train", "--run-file", train_file, "--report", "none"]
+    else:  # another environment's mtbench from before run files
+        arguments = ["train", "--backend", spec.backend, *extras, *plan.configuration, *spec.size_arguments(),
+                     "--initial-weights", weights["file"], "--out", result_file, "--report", "none",
+                     "--run-group", plan.group, *_overwrite(plan)]
     with console.status(f"[{number}/{total}] {name}: training in its own process"):
-        failure = run_child(["train", "--backend", spec.backend, *extras, *plan.configuration,
-                             *spec.size_arguments(), "--initial-weights", weights["file"],
-                             "--out", result_file, "--report", "none", "--run-group", plan.group, *_overwrite(plan)],
-                            log_file, name, spec.processes, spec.interpreter)
+        failure = run_child(arguments, log_file, name, spec.processes, spec.interpreter)
     progress.run = None
     if failure and failure.exit_code == ReportingFailed.EXIT_CODE:
         report_failures.append(failure)  # the run completed; only one of its trackers failed
@@ -627,6 +639,16 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
                   f"final loss {result['history'][-1]['loss']:.3f}")
     progress.add(spec, repeat, result, result_file, log_file)
     return report_failures
+
+
+def reads_run_files(plan, spec):
+    """Whether the mtbench that trains `spec` reads this mtbench's run files: this interpreter's does; another
+    environment's where its `mtbench env --json` names the same run file format."""
+    if plan.options is None:
+        return False
+    if not spec.foreign:
+        return True
+    return ((plan.interpreters or {}).get(spec.interpreter) or {}).get("run_file_format") == RUN_FILE_FORMAT
 
 
 def _written(path, mtime_before):

@@ -51,6 +51,41 @@ def test_every_run_loaded_the_same_weights_file(compared):
     assert first_losses[0] == pytest.approx(first_losses[1], rel=1e-5)
 
 
+def test_each_child_trains_the_run_file_of_its_run(compared):
+    """compare hands each child its configuration as a run file (`train --run-file`), not as flags: the file
+    holds the run's configuration, and the result the child wrote records the same."""
+    from mtbench.runner.results.compare import RUN_FILE_SUFFIX
+    from mtbench.runner.results.schema import result_stem
+    from mtbench.runner.run_file import read_run_file
+    combined = compared["combined"]
+    for run in combined["runs"]:
+        train_file = result_stem(run["result_file"]) + RUN_FILE_SUFFIX
+        with open(run["log_file"]) as f:
+            command = f.readline()
+        arguments = command.split(" -m mtbench ")[1].split()
+        assert arguments[:2] == ["train", "--run-file"] and arguments[3:] == ["--report", "none"]
+        assert os.path.abspath(arguments[2]) == train_file
+        given = read_run_file(train_file).to_dict()
+        assert (given["backend"], os.path.abspath(given["out"]), given["initial_weights"], given["run_group"]) == \
+            (run["label"], run["result_file"], combined["initial_weights"]["file"],
+             os.path.splitext(os.path.basename(compared["path"]))[0])
+        recorded = run["result"]["config"]
+        assert {key: recorded[key] for key in given if key != "model"} == \
+            {key: value for key, value in given.items() if key != "model"}
+
+
+def test_another_environments_mtbench_from_before_run_files_gets_flags():
+    """Its `mtbench env --json` names no run file format (or another): its children get the options as flags."""
+    from mtbench.runner.results.compare import ComparePlan, RunSpec, reads_run_files
+    from mtbench.runner.run_file import RUN_FILE_FORMAT
+    specs = [RunSpec("jax"), RunSpec("jax", python="/old/bin/python"), RunSpec("jax", python="/new/bin/python"),
+             RunSpec("jax", python="/later/bin/python")]
+    described = {"/old/bin/python": {"backends": {}}, "/new/bin/python": {"run_file_format": RUN_FILE_FORMAT},
+                 "/later/bin/python": {"run_file_format": RUN_FILE_FORMAT + 1}}
+    plan = ComparePlan(specs, 1, None, [], "c.json", False, 50, 0.01, interpreters=described, options={})
+    assert [reads_run_files(plan, spec) for spec in specs] == [True, False, True, False]
+
+
 def test_weights_file_holds_the_numpy_draw_and_sets_every_variable(tmp_path):
     """In-process on JAX: the file written from one model, loaded into another drawn from a different seed,
     makes the two identical; a file that does not fit is refused."""
@@ -377,24 +412,29 @@ def test_a_batch_sweep_from_a_config_file_with_a_run_in_another_environment(tmp_
     assert list(jax_line.get_ydata()) == [results[0]["timing"]["tokens_per_s"], results[2]["timing"]["tokens_per_s"]]
 
 
-def test_rerun_gives_train_back_the_configuration(compared):
-    """The flags `rerun` gives a child `train` rebuild the original's configuration key by key (no training)."""
-    from mtbench.cli import _as_arguments, train
+def test_rerun_gives_train_back_the_configuration(compared, tmp_path):
+    """The run file `rerun` gives a child `train` holds the original's configuration key by key, a key no flag
+    sets included (no training); a key this mtbench does not know is refused."""
     from mtbench.errors import MtbenchError
-    from mtbench.runner.results.rerun import NOT_REPEATED, train_arguments
-    result = compared["combined"]["runs"][1]["result"]
-    flags = {param.name for param in train.params}
-    arguments = train_arguments(result, flags, lambda configuration: _as_arguments(configuration, train))
-    given = train.make_context("train", [*arguments, "--out", "x.json"]).params
-    assert given["backend"] == "torch" and given["extras"] == tuple(result["extras"])
-    repeated = [key for key in result["config"] if key in flags and key not in NOT_REPEATED]
-    assert {"steps", "batch_size", "max_len", "max_pairs", "seed", "preset", "cache_dir"} <= set(repeated)
+    from mtbench.runner.results.rerun import NOT_REPEATED, RECORDED_KEYS, plan_reruns
+    from mtbench.runner.run_file import read_run_file, write_run_file
+    result = json.loads(json.dumps(compared["combined"]["runs"][1]["result"]))
+    result["config"]["weight_decay"] = 0.1  # no flag sets it
+    (tmp_path / "changed.json").write_text(json.dumps(result))
+    [rerun], _, _ = plan_reruns(str(tmp_path / "changed.json"), str(tmp_path / "again.json"), False)
+    write_run_file(str(tmp_path / "run.json"), rerun.config)
+    given = read_run_file(str(tmp_path / "run.json")).to_dict()
+    assert given["backend"] == "torch" and given["extras"] == result["extras"]
+    assert given["out"] == str(tmp_path / "again.json") and given["initial_weights"] == result["config"]["initial_weights"]
+    repeated = [key for key in result["config"] if key not in (*NOT_REPEATED, *RECORDED_KEYS, "model")]
+    assert {"steps", "batch_size", "max_len", "max_pairs", "seed", "preset", "cache_dir", "weight_decay"} <= set(repeated)
     for key in repeated:
         assert given[key] == result["config"][key], key
-    changed = json.loads(json.dumps(result))
-    changed["config"]["weight_decay"] = 0.1
-    with pytest.raises(MtbenchError, match="sets weight_decay = 0.1, which no flag of this mtbench sets"):
-        train_arguments(changed, flags, lambda configuration: _as_arguments(configuration, train))
+    result["config"]["warp_factor"] = 9
+    (tmp_path / "unknown.json").write_text(json.dumps(result))
+    with pytest.raises(MtbenchError, match="unknown.json: its configuration cannot be read: unknown configuration "
+                                           "keys warp_factor"):
+        plan_reruns(str(tmp_path / "unknown.json"), str(tmp_path / "again.json"), True)
 
 
 def test_rerun_starts_from_the_weights_file_only_while_it_is_unchanged(compared, tmp_path):
@@ -415,16 +455,13 @@ def test_rerun_starts_from_the_weights_file_only_while_it_is_unchanged(compared,
 
 
 def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
-    from mtbench.cli import _as_arguments, train
     from mtbench.runner.results.rerun import plan_reruns
-    reruns, out, single = plan_reruns(compared["path"], str(tmp_path / "again.json"), False,
-                                      {param.name for param in train.params},
-                                      lambda configuration: _as_arguments(configuration, train))
+    reruns, out, single = plan_reruns(compared["path"], str(tmp_path / "again.json"), False)
     assert not single and out == str(tmp_path / "again.json")
     assert [(rerun.label, rerun.out) for rerun in reruns] == \
         [("jax", str(tmp_path / "again.runs" / "jax-1.json")), ("torch", str(tmp_path / "again.runs" / "torch-1.json"))]
     assert {rerun.weights for rerun in reruns} == {compared["combined"]["initial_weights"]["file"]}
-    assert [rerun.arguments[:2] for rerun in reruns] == [("--backend", "jax"), ("--backend", "torch")]
+    assert [(rerun.config.backend, rerun.config.out) for rerun in reruns] == [(rerun.label, rerun.out) for rerun in reruns]
 
 
 def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
@@ -432,14 +469,13 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
     existing.write_text('{"keep": "me"}\n')
     source = compared["combined"]["runs"][0]["result_file"]
     changed = json.loads(json.dumps(compared["combined"]["runs"][0]["result"]))
-    changed["config"]["weight_decay"] = 0.1  # no flag sets it: another version's run
+    changed["config"]["warp_factor"] = 9  # a later version's key
     (tmp_path / "changed.json").write_text(json.dumps(changed))
     for args, expected in (([str(tmp_path / "absent.json")], "absent.json: no such file"),
                            ([str(existing)], "existing.json: not an mtbench result"),
                            ([source, "--out", str(existing)], "existing.json: already exists; pass --overwrite"),
                            ([str(tmp_path / "changed.json"), "--out", str(tmp_path / "again.json")],
-                            "changed.json: its configuration sets weight_decay = 0.1, which no flag of this mtbench "
-                            "sets: it cannot be run again as it was")):
+                            "changed.json: its configuration cannot be read: unknown configuration keys warp_factor")):
         proc = run_cli("rerun", *args)
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
