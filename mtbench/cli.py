@@ -420,8 +420,9 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
             parity_tolerance, reporters, **configuration):
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
-    from mtbench.runner.results.compare import (TORCH_COMPILED, ComparePlan, check_interpreters, check_same_hardware,
-                                                plan_runs, probe_devices, require_parity, run_compare)
+    from mtbench.runner.orchestration.compare import (TORCH_COMPILED, ComparePlan, check_interpreters,
+                                                      check_same_hardware, plan_runs, probe_devices, require_parity,
+                                                      run_compare)
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import resolve_reporters
     repeats, auto = _compare_repeats(repeats, repeats_width, repeats_budget)
@@ -460,7 +461,7 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
 
 def _compare_repeats(repeats, width, budget):
     """(repeats, AutoRepeats or None) of compare's --repeats N or auto."""
-    from mtbench.runner.results.compare import AutoRepeats
+    from mtbench.runner.orchestration.compare import AutoRepeats
     from mtbench.runner.results.verdicts import parse_percent
     if repeats.strip().lower() == "auto":
         return None, AutoRepeats(parse_percent(width, "--repeats-width"), budget)
@@ -548,7 +549,7 @@ def rerun(result, out, overwrite):
     """Train the run of RESULT (a result JSON, or every run of a compare JSON) again: the same configuration, from
     the same weights file where it is still there unchanged; then show both side by side, naming every
     difference in versions, hardware, configuration and figures."""
-    from mtbench.runner.results.rerun import rerun_results
+    from mtbench.runner.orchestration.rerun import rerun_results
     written = rerun_results(result, out, overwrite, Console())
     click.echo(f"result: {written}")
 

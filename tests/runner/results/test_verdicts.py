@@ -154,7 +154,7 @@ def test_time_to_target_with_and_without_compilation():
 
 
 def test_auto_repeats_ends_on_width_budget_or_count():
-    from mtbench.runner.results.compare import AutoRepeats, auto_repeats_end
+    from mtbench.runner.orchestration.compare import AutoRepeats, auto_repeats_end
     auto = AutoRepeats(width=0.03, budget_s=100)
     assert auto_repeats_end(auto, 5, 0.02, 50, 10) ["ended_by"] == "width"
     assert auto_repeats_end(auto, 3, 0.02, 50, 10) is None  # narrow, but too few repeats to trust it
@@ -218,7 +218,7 @@ def test_compare_table_markdown_csv_and_json_carry_the_intervals():
 
 
 def test_a_recorded_noise_floor_is_shown_and_held_to():
-    from mtbench.runner.results.compare import noise_floor_record
+    from mtbench.runner.orchestration.compare import noise_floor_record
     baseline, twins = repeats(3), repeats(3, seed=30)
     record = noise_floor_record("jax", baseline, twins)
     assert record["measured_by"] == "A/A: run 'jax' twice in each of 3 repeat(s), interleaved"
@@ -255,7 +255,7 @@ def fake_compare(monkeypatch, tmp_path, plan):
 
 
 def test_repeats_auto_stops_once_every_interval_is_narrow(monkeypatch, tmp_path):
-    from mtbench.runner.results.compare import AutoRepeats, ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import AutoRepeats, ComparePlan, plan_runs
     plan = ComparePlan(plan_runs(matrix="jax;jax+slow-step"), None, None, [], str(tmp_path / "c.json"), False, 50,
                        0.01, aa=True, auto=AutoRepeats(width=0.03, budget_s=600))
     combined, trained = fake_compare(monkeypatch, tmp_path, plan)
@@ -272,7 +272,7 @@ def test_repeats_auto_stops_once_every_interval_is_narrow(monkeypatch, tmp_path)
 
 
 def test_repeats_auto_stops_when_the_budget_runs_out(monkeypatch, tmp_path):
-    from mtbench.runner.results.compare import AutoRepeats, ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import AutoRepeats, ComparePlan, plan_runs
     plan = ComparePlan(plan_runs(matrix="jax;jax+slow-step"), None, None, [], str(tmp_path / "c.json"), False, 50,
                        0.01, auto=AutoRepeats(width=0.03, budget_s=1e-6))
     combined, trained = fake_compare(monkeypatch, tmp_path, plan)

@@ -54,7 +54,7 @@ def test_every_run_loaded_the_same_weights_file(compared):
 def test_each_child_trains_the_run_file_of_its_run(compared):
     """compare hands each child its configuration as a run file (`train --run-file`), not as flags: the file
     holds the run's configuration, and the result the child wrote records the same."""
-    from mtbench.runner.results.compare import RUN_FILE_SUFFIX
+    from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX
     from mtbench.runner.results.schema import result_stem
     from mtbench.runner.run_file import read_run_file
     combined = compared["combined"]
@@ -76,7 +76,7 @@ def test_each_child_trains_the_run_file_of_its_run(compared):
 
 def test_another_environments_mtbench_from_before_run_files_gets_flags():
     """Its `mtbench env --json` names no run file format (or another): its children get the options as flags."""
-    from mtbench.runner.results.compare import ComparePlan, RunSpec, reads_run_files
+    from mtbench.runner.orchestration.compare import ComparePlan, RunSpec, reads_run_files
     from mtbench.runner.run_file import RUN_FILE_FORMAT
     specs = [RunSpec("jax"), RunSpec("jax", python="/old/bin/python"), RunSpec("jax", python="/new/bin/python"),
              RunSpec("jax", python="/later/bin/python")]
@@ -156,7 +156,7 @@ def test_a_failing_run_is_named_with_its_last_error_line(tmp_path, cache_dir, pl
 
 
 def test_repeats_run_round_robin_and_extras_reach_every_run():
-    from mtbench.runner.results.compare import ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import ComparePlan, plan_runs
     specs = plan_runs("jax,torch", ("fast",))
     assert [spec.label for spec in specs] == ["jax+fast", "torch+fast"]
     plan = ComparePlan(specs, 2, None, [], "out/c.json", False, 50, 0.01)
@@ -202,7 +202,7 @@ def test_parity_flags_a_run_whose_losses_differ():
 
 def test_a_comparison_that_fails_parity_ends_with_status_1():
     from mtbench.errors import RunFailure
-    from mtbench.runner.results.compare import require_parity
+    from mtbench.runner.orchestration.compare import require_parity
     from mtbench.runner.results.report import Comparison
 
     losses = list(np.linspace(7.5, 5.0, 60))
@@ -249,7 +249,7 @@ H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}
 
 
 def test_on_cuda_compare_trains_torch_eager_and_compiled():
-    from mtbench.runner.results.compare import plan_runs
+    from mtbench.runner.orchestration.compare import plan_runs
     labels = lambda specs: [spec.label for spec in specs]
     assert labels(plan_runs("jax,torch", devices={"jax": H100, "torch": H100})) == \
         ["jax", "torch", "torch+torch-compile"]
@@ -262,7 +262,7 @@ def test_on_cuda_compare_trains_torch_eager_and_compiled():
 
 def test_runs_that_would_see_different_hardware_are_refused_before_training():
     from mtbench.errors import MtbenchError
-    from mtbench.runner.results.compare import check_same_hardware, plan_runs
+    from mtbench.runner.orchestration.compare import check_same_hardware, plan_runs
     specs = plan_runs("jax,torch")
     check_same_hardware(specs, {"jax": H100, "torch": H100})
     check_same_hardware(specs, {"jax": CPU, "torch": CPU})
@@ -282,7 +282,7 @@ def test_the_device_probe_asks_a_child_process():
     from `mtbench env --json` in a child."""
     import subprocess
     import sys as system
-    code = ("import json, sys; from mtbench.runner.results.compare import probe_devices; devices = probe_devices(); "
+    code = ("import json, sys; from mtbench.runner.orchestration.compare import probe_devices; devices = probe_devices(); "
             "print(json.dumps({'devices': devices, 'imported': [m for m in ('jax', 'torch', 'keras') "
             "if m in sys.modules]}))")
     proc = subprocess.run([system.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -315,7 +315,7 @@ def other_environment(directory):
 
 def test_matrix_entries_sweep_batch_size_and_length_and_name_other_environments(tmp_path):
     import sys as system
-    from mtbench.runner.results.compare import ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import ComparePlan, plan_runs
     specs = plan_runs(matrix="jax:batch-size=16;torch:batch-size=16;jax:batch-size=256,max-len=64,max-tokens=4096")
     assert [spec.label for spec in specs] == ["jax:batch-size=16", "torch:batch-size=16",
                                               "jax:batch-size=256,max-len=64,max-tokens=4096"]
@@ -351,7 +351,7 @@ def test_bad_matrix_keys_fail_before_any_run(tmp_path, matrix, expected):
 
 def test_an_interpreter_that_cannot_run_mtbench_is_refused(tmp_path):
     from mtbench.errors import MtbenchError
-    from mtbench.runner.results.compare import check_interpreters, plan_runs
+    from mtbench.runner.orchestration.compare import check_interpreters, plan_runs
     (tmp_path / "plain.txt").write_text("not a program\n")
     broken = tmp_path / "broken" / "bin" / "python"
     broken.parent.mkdir(parents=True)
@@ -416,7 +416,7 @@ def test_rerun_gives_train_back_the_configuration(compared, tmp_path):
     """The run file `rerun` gives a child `train` holds the original's configuration key by key, a key no flag
     sets included (no training); a key this mtbench does not know is refused."""
     from mtbench.errors import MtbenchError
-    from mtbench.runner.results.rerun import NOT_REPEATED, RECORDED_KEYS, plan_reruns
+    from mtbench.runner.orchestration.rerun import NOT_REPEATED, RECORDED_KEYS, plan_reruns
     from mtbench.runner.run_file import read_run_file, write_run_file
     result = json.loads(json.dumps(compared["combined"]["runs"][1]["result"]))
     result["config"]["weight_decay"] = 0.1  # no flag sets it
@@ -438,7 +438,7 @@ def test_rerun_gives_train_back_the_configuration(compared, tmp_path):
 
 
 def test_rerun_starts_from_the_weights_file_only_while_it_is_unchanged(compared, tmp_path):
-    from mtbench.runner.results.rerun import starting_weights
+    from mtbench.runner.orchestration.rerun import starting_weights
     weights = compared["combined"]["initial_weights"]
     copy = tmp_path / "w.npz"
     copy.write_bytes(open(weights["file"], "rb").read())
@@ -455,7 +455,7 @@ def test_rerun_starts_from_the_weights_file_only_while_it_is_unchanged(compared,
 
 
 def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
-    from mtbench.runner.results.rerun import plan_reruns
+    from mtbench.runner.orchestration.rerun import plan_reruns
     reruns, out, single = plan_reruns(compared["path"], str(tmp_path / "again.json"), False)
     assert not single and out == str(tmp_path / "again.json")
     assert [(rerun.label, rerun.out) for rerun in reruns] == \

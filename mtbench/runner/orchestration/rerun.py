@@ -16,7 +16,7 @@ from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
 from mtbench.plugins.api import RUN_CHOICES, hardware, run_dtype, run_processes, shown_figures
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import write_json_atomic
-from mtbench.runner.results.compare import RUN_FILE_SUFFIX, combined_json, run_child, runs_dir
+from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, combined_json, run_child, runs_dir
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.parity import check_parity
 from mtbench.runner.results.report import (BOOKKEEPING_KEYS, KEY_DEFAULTS, LoadedRun, build_comparison,
