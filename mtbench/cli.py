@@ -421,8 +421,8 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
     from mtbench.runner.orchestration.compare import (TORCH_COMPILED, ComparePlan, check_interpreters,
-                                                      check_same_hardware, plan_runs, probe_devices, require_parity,
-                                                      run_compare)
+                                                      check_same_hardware, plan_runs, probe_devices, run_compare)
+    from mtbench.runner.results.parity import require_parity
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import resolve_reporters
     repeats, auto = _compare_repeats(repeats, repeats_width, repeats_budget)

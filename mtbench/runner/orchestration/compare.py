@@ -20,22 +20,17 @@ from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
 from mtbench.runner.files import read_json, write_json_atomic, write_text_atomic
-from mtbench.runner.results.parity import percent
 from mtbench.plugins.api import SIZE_KEYS, run_name, size_label
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file
-from mtbench.runner.measurement.environment import host_environment
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.schema import result_stem
-from mtbench.runner.results.report import (COMPARE_KIND, SWEEP_KEYS, LoadedRun, build_comparison,
-                                           environment_names, to_json_dict)
+from mtbench.runner.results.compare_json import combined_json
+from mtbench.runner.results.report import SWEEP_KEYS, LoadedRun, build_comparison, environment_names
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
 from mtbench.runner.setup import require_extra_spanning_processes, resolve_backend, resolve_extras
-
-COMPARE_SCHEMA_VERSION = 1
-
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
@@ -666,25 +661,9 @@ def _comparison(plan, progress):
     baseline = next(iter(_baseline_runs(plan, progress)), None)
     return build_comparison(progress.runs, baseline=baseline, parity_steps=plan.parity_steps,
                             parity_tolerance=plan.parity_tolerance,
-                            noise_floor=noise_floor_record(plan.baseline_spec.label,
-                                                           [run.result for run in _baseline_runs(plan, progress)],
-                                                           [run.result for run in progress.twins]))
-
-
-def noise_floor_record(label, baseline, twins):
-    """The noise floor an A/A measured (the `baseline` run's results and its `twins`', repeat by repeat): for each
-    window figure its ratio, interval and floor (`verdicts.noise_floor_of`); None without twins."""
-    count = min(len(baseline), len(twins))
-    figures = {}
-    for key in stats.WINDOW_FIGURES:
-        interval = stats.ratio_interval(key, twins[:count], baseline[:count], paired=True) if count else None
-        if interval is not None:
-            figures[key] = {"floor": stats.noise_floor_of(interval), "ratio": interval.ratio, "low": interval.low,
-                            "high": interval.high, "repeats": count}
-    if not figures:
-        return None
-    return {"measured_by": f"A/A: run '{label}' twice in each of {count} repeat(s), interleaved",
-            "figures": figures}
+                            noise_floor=stats.noise_floor_record(plan.baseline_spec.label,
+                                                                 [run.result for run in _baseline_runs(plan, progress)],
+                                                                 [run.result for run in progress.twins]))
 
 
 def write_combined(plan, progress, status="completed", status_reason=None):
@@ -701,25 +680,6 @@ def write_combined(plan, progress, status="completed", status_reason=None):
     })
     write_json_atomic(plan.out, combined)
     return comparison, combined
-
-
-def combined_json(comparison, runs, status, about):
-    """A compare JSON (`mtbench compare`'s, `mtbench rerun`'s of a compare JSON): its kind and version, `status`
-    ({'status': ...}), when and by which command it was made, `about` (what the command adds), the figures of
-    `comparison`, this host and `runs` (the entries of the runs)."""
-    figures = to_json_dict(comparison)
-    del figures["kind"]
-    return {
-        "kind": COMPARE_KIND,
-        "schema_version": COMPARE_SCHEMA_VERSION,
-        **status,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": shlex.join(["mtbench", *sys.argv[1:]]),
-        **about,
-        **figures,
-        "env": host_environment(),
-        "runs": runs,
-    }
 
 
 def interrupted(plan, progress):
@@ -759,15 +719,3 @@ def _partial_result(path, mtime_before):
     except RunFailure:  # killed while writing: atomic writes leave no half file, but a foreign one may be there
         return None
     return result if isinstance(result, dict) and result.get("history") is not None else None
-
-
-def require_parity(comparison, out):
-    """A comparison whose runs failed the parity check ends with status 1 (after its figures were shown and
-    written): its timings compare different computations."""
-    failures = comparison.parity.failures
-    if failures:
-        worst = max(failures, key=lambda pair: pair.max_relative_difference)
-        raise RunFailure(f"parity check failed: {worst.run} differs from {worst.reference} by up to "
-                         f"{percent(worst.max_relative_difference)} (more than "
-                         f"{percent(comparison.parity.tolerance)}) over the first {worst.steps} steps; "
-                         f"results kept in {out}")

@@ -202,7 +202,7 @@ def test_parity_flags_a_run_whose_losses_differ():
 
 def test_a_comparison_that_fails_parity_ends_with_status_1():
     from mtbench.errors import RunFailure
-    from mtbench.runner.orchestration.compare import require_parity
+    from mtbench.runner.results.parity import require_parity
     from mtbench.runner.results.report import Comparison
 
     losses = list(np.linspace(7.5, 5.0, 60))

@@ -218,7 +218,7 @@ def test_compare_table_markdown_csv_and_json_carry_the_intervals():
 
 
 def test_a_recorded_noise_floor_is_shown_and_held_to():
-    from mtbench.runner.orchestration.compare import noise_floor_record
+    from mtbench.runner.results.verdicts import noise_floor_record
     baseline, twins = repeats(3), repeats(3, seed=30)
     record = noise_floor_record("jax", baseline, twins)
     assert record["measured_by"] == "A/A: run 'jax' twice in each of 3 repeat(s), interleaved"
@@ -236,7 +236,7 @@ def fake_compare(monkeypatch, tmp_path, plan):
     """Runs compare's loop with each run's training replaced by a synthetic result (no process, no framework):
     returns the combined JSON and the order the runs were trained in."""
     from rich.console import Console
-    from mtbench.runner.results import compare
+    from mtbench.runner.orchestration import compare
     trained = []
 
     def train_one(plan, registry, console, progress, number, spec, repeat):
