@@ -167,16 +167,13 @@ run_configuration_options = _stack(RUN_CONFIGURATION_OPTIONS)
 
 
 def _train_config(**options):
-    for name in ("cache_dir", "compile_mode"):
-        if options.get(name) is None:
-            options.pop(name, None)  # the configuration's own default applies
-    return TrainConfig(**options)
+    return TrainConfig.from_options(**options)
 
 
-def _as_arguments(configuration, command=None):
-    """The command-line arguments that give a child process the same run configuration, by the options of
-    `command` (default: the command running)."""
-    params = {param.name: param for param in (command or click.get_current_context().command).params}
+def _as_arguments(configuration):
+    """The command-line arguments that give a child process the same run configuration, by the options of the
+    command running: for `init-weights`, and `train` in another environment's mtbench from before run files."""
+    params = {param.name: param for param in click.get_current_context().command.params}
     arguments = []
     for name, value in configuration.items():
         param = params[name]
@@ -226,15 +223,17 @@ PROCESS_OPTIONS = ("coordinator", "num_processes", "process_id", "process_timeou
 # With --resume the run's own configuration is used: only these may be given beside it (and where the
 # processes meet, which is the launch's, not the run's).
 ALLOWED_WITH_RESUME = ("resume_dir", "reporters", "debug", "save_model", *PROCESS_OPTIONS)
+# With --run-file the file is the whole configuration: beside it only how the run is reported and launched.
+ALLOWED_WITH_RUN_FILE = ("run_file", "reporters", "debug", *PROCESS_OPTIONS)
 
 
-def _refuse_options_beside_resume():
+def _refuse_options_beside(allowed, why):
     ctx = click.get_current_context()
-    given = [param.opts[0] for param in ctx.command.params if param.name not in ALLOWED_WITH_RESUME
+    given = [param.opts[0] for param in ctx.command.params if param.name not in allowed
              and ctx.get_parameter_source(param.name) in (click.core.ParameterSource.COMMANDLINE,
                                                          click.core.ParameterSource.DEFAULT_MAP)]
     if given:
-        raise MtbenchError(f"--resume continues a run with its own configuration; drop {', '.join(given)}")
+        raise MtbenchError(f"{why}; drop {', '.join(given)}")
 
 
 def _reporter_names(reporters):
@@ -325,15 +324,19 @@ report_option = click.option(
 @click.option("--no-compile-cache", "compile_cache", is_flag=True, flag_value=False, default=True,
               help="Compile from scratch and keep nothing: no persistent compilation cache (CACHE_DIR/compile).")
 @long_run_options
+@click.option("--run-file", type=click.Path(dir_okay=False), metavar="RUN.json",
+              help="Train the configuration in this file (as compare and rerun write one for each run) instead of "
+                   "the options'.")
 @process_options
 @handle_errors
-def train(reporters, resume_dir, save_model, coordinator, num_processes, process_id, process_timeout, **options):
+def train(reporters, resume_dir, run_file, save_model, coordinator, num_processes, process_id, process_timeout,
+          **options):
     """Train, evaluate and time the Transformer on one backend (in several processes under torchrun, SLURM or
     --coordinator: one model, data parallel)."""
     from mtbench.runner.launch import read_launch
     launch = read_launch(coordinator, num_processes, process_id, process_timeout)
     try:
-        _train(reporters, resume_dir, save_model, launch, options)
+        _train(reporters, resume_dir, run_file, save_model, launch, options)
     except MtbenchError as error:
         if launch.num_processes > 1:
             error.args = (f"process {launch.process_id} of {launch.num_processes}: {error}",)
@@ -352,7 +355,7 @@ def train(reporters, resume_dir, save_model, coordinator, num_processes, process
         os._exit(1)
 
 
-def _train(reporters, resume_dir, save_model, launch, options):
+def _train(reporters, resume_dir, run_file, save_model, launch, options):
     from mtbench.runner.loop.checkpoints import open_run
     from mtbench.runner.training import run_training
     registry = plugins.registry()
@@ -360,10 +363,14 @@ def _train(reporters, resume_dir, save_model, launch, options):
         _warn_broken_plugins(registry)
     resume = None
     if resume_dir:
-        _refuse_options_beside_resume()
+        _refuse_options_beside(ALLOWED_WITH_RESUME, "--resume continues a run with its own configuration")
         resume = open_run(resume_dir)
         config = resume.config
         config.save_model = config.save_model and save_model
+    elif run_file:
+        from mtbench.runner.run_file import read_run_file
+        _refuse_options_beside(ALLOWED_WITH_RUN_FILE, "--run-file holds the run's whole configuration")
+        config = read_run_file(run_file)
     else:
         config = _train_config(save_model=save_model, **options)
     console = Console()
@@ -413,9 +420,10 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
             parity_tolerance, reporters, **configuration):
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
-    from mtbench.runner.results.compare import (TORCH_COMPILED, ComparePlan, check_dtype, check_interpreters,
-                                                check_same_hardware, eager_only_lines, plan_runs, probe_devices,
-                                                require_parity, run_compare, with_compile_mode)
+    from mtbench.runner.orchestration.compare import (TORCH_COMPILED, ComparePlan, check_dtype, check_interpreters,
+                                                      check_same_hardware, eager_only_lines, plan_runs,
+                                                      probe_devices, run_compare, with_compile_mode)
+    from mtbench.runner.results.parity import require_parity
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import resolve_reporters
     repeats, auto = _compare_repeats(repeats, repeats_width, repeats_budget)
@@ -442,7 +450,7 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
     out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
     plan = ComparePlan(specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
-                       parity_tolerance, chosen_reporters, interpreters, aa, auto)
+                       parity_tolerance, chosen_reporters, interpreters, aa, auto, options=dict(configuration))
     console = Console()
     if compiled_added:
         console.print(f"torch sees a CUDA GPU: each torch run trains eager and compiled ({TORCH_COMPILED}, "
@@ -460,7 +468,7 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
 
 def _compare_repeats(repeats, width, budget):
     """(repeats, AutoRepeats or None) of compare's --repeats N or auto."""
-    from mtbench.runner.results.compare import AutoRepeats
+    from mtbench.runner.orchestration.compare import AutoRepeats
     from mtbench.runner.results.verdicts import parse_percent
     if repeats.strip().lower() == "auto":
         return None, AutoRepeats(parse_percent(width, "--repeats-width"), budget)
@@ -569,10 +577,8 @@ def rerun(result, out, overwrite):
     """Train the run of RESULT (a result JSON, or every run of a compare JSON) again: the same configuration, from
     the same weights file where it is still there unchanged; then show both side by side, naming every
     difference in versions, hardware, configuration and figures."""
-    from mtbench.runner.results.rerun import rerun_results
-    flags = {param.name for param in train.params}
-    written = rerun_results(result, out, overwrite, flags, lambda configuration: _as_arguments(configuration, train),
-                            Console())
+    from mtbench.runner.orchestration.rerun import rerun_results
+    written = rerun_results(result, out, overwrite, Console())
     click.echo(f"result: {written}")
 
 

@@ -134,6 +134,14 @@ def cases(tmp_path, plugin_path):
                                           "choice.toml: dtype = 'float64': 'float64' is not one of 'float32'", None),
         "config value the run refuses": (["--config", write(t / "zero.toml", "batch-size = 0\n")],
                                          "--batch-size must be at least 1, got 0", None),
+        "run file beside other options": (["--run-file", write(t / "run.json", "{}"), "--steps", "3"],
+                                          "--run-file holds the run's whole configuration; drop --steps", None),
+        "run file of another format": (["--run-file", write(t / "later.json", json.dumps(
+            {"mtbench_run_file": 2, "config": {}}))], "later.json: a run file of format 2; this mtbench reads format 1",
+                                       None),
+        "run file with an unknown key": (["--run-file", write(t / "unknown.json", json.dumps(
+            {"mtbench_run_file": 1, "config": {"preset": "tiny", "warp_factor": 9}}))],
+            "unknown.json: unknown configuration keys warp_factor (written by another mtbench version?)", None),
     }
 
 
@@ -151,7 +159,8 @@ CASE_NAMES = [
     "earlier run's checkpoints", "resume a missing directory", "resume a directory that is not a run",
     "resume a run without checkpoints", "resume with other options", "config file missing", "config file not toml",
     "config key unknown", "config value of the wrong kind", "config value the flag refuses",
-    "config value the run refuses"]
+    "config value the run refuses", "run file beside other options", "run file of another format",
+    "run file with an unknown key"]
 
 
 def snapshot(directory):
@@ -169,8 +178,9 @@ def snapshot(directory):
 def test_bad_input_fails_with_one_clear_line(tmp_path, cache_dir, plugin_path, case):
     args, expected, env = cases(tmp_path, plugin_path)[case]
     before = snapshot(tmp_path)
-    common = [] if "--resume" in args else ["--preset", "tiny", "--cache-dir", cache_dir]
-    out_args = [] if "--out" in args or "--resume" in args else ["--out", str(tmp_path / "result.json")]
+    whole = "--resume" in args or "--run-file" in args  # the run's configuration comes from there alone
+    common = [] if whole else ["--preset", "tiny", "--cache-dir", cache_dir]
+    out_args = [] if "--out" in args or whole else ["--out", str(tmp_path / "result.json")]
     proc = run_cli("train", *common, *out_args, *args, env=env)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("Warning: ")]

@@ -230,6 +230,11 @@ class TrainConfig:
         return os.path.basename(self.data_file) if self.data_file else self.dataset
 
     @classmethod
+    def from_options(cls, **options):
+        """The configuration of a command's options: an option not given (None) leaves the field's default."""
+        return cls(**{name: value for name, value in options.items() if value is not None})
+
+    @classmethod
     def from_dict(cls, data):
         """The configuration `to_dict` wrote; its derived `model` entry is rebuilt from the preset, and `task`
         (which a result records) follows from the model family."""

@@ -5,7 +5,7 @@ import json
 import os
 import tempfile
 
-from mtbench.errors import RunFailure
+from mtbench.errors import MtbenchError, RunFailure
 
 
 def current_umask():
@@ -61,3 +61,21 @@ def write_text_atomic(path, text):
 
 def write_json_atomic(path, data):
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path, what):
+    """The JSON file at `path`; a missing, unreadable or malformed file is one line naming the file and `what` was
+    expected there ("a result JSON")."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise MtbenchError(f"{path}: no such file; expected {what}") from None
+    except IsADirectoryError:
+        raise MtbenchError(f"{path}: is a directory, expected {what}") from None
+    except UnicodeDecodeError:
+        raise MtbenchError(f"{path}: not valid UTF-8; expected {what}") from None
+    except json.JSONDecodeError as error:
+        raise MtbenchError(f"{path}:{error.lineno}: not valid JSON ({error.msg}); expected {what}") from None
+    except OSError as error:
+        raise MtbenchError(f"{path}: cannot read: {error.strerror}; expected {what}") from None

@@ -10,7 +10,6 @@
 Written into a temporary directory and renamed, so a half-written model is never found.
 """
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file, write_weights_file
-from mtbench.runner.files import make_temporary_folder, write_json_atomic
+from mtbench.runner.files import make_temporary_folder, read_json, write_json_atomic
 from mtbench.runner.loop.checkpoints import CHECKPOINT_NAME, RUN_FILE, RunDirectory, open_run
 
 SAVED_DIR = "model"
@@ -94,11 +93,7 @@ def find_model(path):
 
 
 def _from_result(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            result = json.load(f)
-    except (OSError, ValueError) as error:
-        raise MtbenchError(f"{path}: cannot be read as a result JSON: {error}") from None
+    result = read_json(path, "a result JSON")
     if not isinstance(result, dict) or "config" not in result:
         raise MtbenchError(f"{path}: not an mtbench result")
     saved = (result.get("model") or {}).get("saved")
@@ -118,11 +113,7 @@ def _from_run(run_dir):
 
 def _from_saved(directory):
     description_file = os.path.join(directory, DESCRIPTION_FILE)
-    try:
-        with open(description_file, encoding="utf-8") as f:
-            description = json.load(f)
-    except (OSError, ValueError) as error:
-        raise MtbenchError(f"{description_file}: cannot be read: {error}") from None
+    description = read_json(description_file, "a saved model's description")
     if not isinstance(description, dict) or description.get("mtbench_model") != SAVED_FORMAT:
         raise MtbenchError(f"{description_file}: not a saved mtbench model of format {SAVED_FORMAT}")
     config = TrainConfig.from_dict(description["config"])
@@ -149,8 +140,7 @@ def _cached_joint_tokenizer(source):
     """A checkpoint's run trained mtbench's tokenizer into its cache; run.json names the file."""
     from mtbench.runner.data.tokenizer import JointTokenizer
     run_file = os.path.join(os.path.dirname(source.weights), RUN_FILE)
-    with open(run_file, encoding="utf-8") as f:
-        fingerprint = json.load(f).get("data_fingerprint") or ""
+    fingerprint = read_json(run_file, "an mtbench run file").get("data_fingerprint") or ""
     path = os.path.join(source.config.cache_dir, "tokenizers", fingerprint)
     if not fingerprint or not os.path.isfile(path):
         raise MtbenchError(f"{source.label}: its tokenizer {path} is no longer in the cache; translate with a "

@@ -6,7 +6,6 @@ Every token carries the number of bytes of text it stands for, so that bits per 
 tokens differ (a byte, a character of one to four bytes, a sentencepiece piece)."""
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 
@@ -15,7 +14,7 @@ import numpy as np
 from mtbench.errors import MtbenchError
 from mtbench.plugins.api import Batch, Tokenizer
 from mtbench.runner.data.corpus import load_dataset_pairs
-from mtbench.runner.files import write_json_atomic
+from mtbench.runner.files import read_json, write_json_atomic
 
 # enwik8's split, 90/5/5 of its 100 M bytes: the last two twentieths are validation and test.
 HELD_OUT_FRACTION = 0.05
@@ -205,8 +204,7 @@ def load_text_tokenizer(directory, description):
     from mtbench.runner.data.tokenizer import SAVED_NAME as SENTENCEPIECE_NAME, JointTokenizer
     if description.get("type") == "sentencepiece-unigram":
         return SentencePieceText(JointTokenizer.from_file(os.path.join(directory, SENTENCEPIECE_NAME)))
-    with open(os.path.join(directory, SAVED_NAME), encoding="utf-8") as f:
-        saved = json.load(f)
+    saved = read_json(os.path.join(directory, SAVED_NAME), "a saved model's tokenizer")
     return CharTokenizer(saved["characters"]) if saved["type"] == "char" else ByteTokenizer()
 
 

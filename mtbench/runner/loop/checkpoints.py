@@ -24,7 +24,7 @@ import numpy as np
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.config import TrainConfig
-from mtbench.runner.files import make_temporary_folder, write_json_atomic
+from mtbench.runner.files import make_temporary_folder, read_json, write_json_atomic
 
 RUN_FILE = "run.json"
 RUN_FORMAT = 1
@@ -165,8 +165,7 @@ def restore(checkpoint, model):
         raise RunFailure(f"{checkpoint}: holds {len(values)} random-state variables, the model has {len(variables)}")
     for variable, value in zip(variables, values):
         variable.assign(value)
-    with open(os.path.join(checkpoint, STATE_FILE)) as f:
-        return TrainingState(**json.load(f))
+    return TrainingState(**read_json(os.path.join(checkpoint, STATE_FILE), "a checkpoint's training state"))
 
 
 @dataclass
@@ -189,11 +188,7 @@ def open_run(path):
     run_file = os.path.join(path, RUN_FILE)
     if not os.path.isfile(run_file):
         raise MtbenchError(f"{path}: not an mtbench run directory (it has no {RUN_FILE})")
-    try:
-        with open(run_file, encoding="utf-8") as f:
-            run = json.load(f)
-    except (OSError, ValueError) as error:
-        raise MtbenchError(f"{run_file}: cannot be read as an mtbench run file: {error}") from None
+    run = read_json(run_file, "an mtbench run file")
     if not isinstance(run, dict) or run.get("mtbench_run") != RUN_FORMAT or not isinstance(run.get("config"), dict):
         raise MtbenchError(f"{run_file}: not an mtbench run file of format {RUN_FORMAT}")
     directory = RunDirectory(path, fresh=False)

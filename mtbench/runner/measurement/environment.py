@@ -15,6 +15,7 @@ from mtbench.plugins import manager as plugins
 from mtbench.plugins.api import cpu_count, cpu_model, peak_measurement_text
 from mtbench.runner.measurement.devices import describe_backend
 from mtbench.runner.measurement.peaks import calibrate, device_peak_record
+from mtbench.runner.run_file import RUN_FILE_FORMAT
 
 
 def _version(package):
@@ -210,6 +211,7 @@ def describe_environment(registry):
         "plugins": plugins.plugin_descriptions(),
         "warnings": list(registry.warnings),
         "device_warnings": cpu_only_backend_warnings(backends, host["gpu_present"]),
+        "run_file_format": RUN_FILE_FORMAT,  # what `train --run-file` reads here (absent: no --run-file)
     }
 
 

@@ -10,6 +10,8 @@ from the first step (`--dropout 0` makes a run checkable).
 
 from dataclasses import asdict, dataclass, field
 
+from mtbench.errors import RunFailure
+
 PARITY_STEPS = 50
 PARITY_TOLERANCE = 0.01  # float32 runs on different frameworks agree far better than this over 50 steps
 
@@ -131,3 +133,15 @@ def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLE
         if runs_by_dtype[dtype] == 1:
             report.unchecked.append([name, f"no other {dtype} run to compare with"])
     return report
+
+
+def require_parity(comparison, out):
+    """A comparison whose runs failed the parity check ends with status 1 (after its figures were shown and
+    written): its timings compare different computations."""
+    failures = comparison.parity.failures
+    if failures:
+        worst = max(failures, key=lambda pair: pair.max_relative_difference)
+        raise RunFailure(f"parity check failed: {worst.run} differs from {worst.reference} by up to "
+                         f"{percent(worst.max_relative_difference)} (more than "
+                         f"{percent(comparison.parity.tolerance)}) over the first {worst.steps} steps; "
+                         f"results kept in {out}")

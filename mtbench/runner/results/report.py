@@ -18,6 +18,7 @@ from rich.table import Table
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig, decoding_name
+from mtbench.runner.files import read_json
 from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name,
                                  run_processes, run_warnings, scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
@@ -25,6 +26,7 @@ from mtbench.runner.results.schema import result_task, schema_errors
 from mtbench.runner.results import verdicts as stats
 
 COMPARE_KIND = "mtbench-compare"
+RESULT_FILES = "a result or compare JSON"
 REPORT_KIND = "mtbench-report"
 # What a sweep may vary beside the model size (configuration keys; with dashes, the --matrix keys and labels').
 SWEEP_KEYS = ("batch_size", "max_len", "max_tokens", "block_size", "dtype")
@@ -51,22 +53,6 @@ class LoadedRun:
     source: str  # the file, and which of its runs for a compare JSON
 
 
-def read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise MtbenchError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise MtbenchError(f"{path}: is a directory; give result JSON files") from None
-    except UnicodeDecodeError:
-        raise MtbenchError(f"{path}: not valid UTF-8") from None
-    except json.JSONDecodeError as error:
-        raise MtbenchError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
-    except OSError as error:
-        raise MtbenchError(f"{path}: cannot read: {error.strerror}") from None
-
-
 def _checked(result, source):
     errors = schema_errors(result) if isinstance(result, dict) else ["not a JSON object"]
     if errors:
@@ -79,7 +65,7 @@ def load_runs(paths):
     """Every run in the given files: a single-run result is one run, a compare JSON holds several."""
     runs = []
     for path in paths:
-        data = read_json(path)
+        data = read_json(path, RESULT_FILES)
         if isinstance(data, dict) and data.get("kind") == COMPARE_KIND:
             runs.extend(_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})")
                         for entry in data.get("runs", []))
@@ -414,7 +400,7 @@ def recorded_noise_floor(paths):
     one): the widest where several did, None where none did."""
     found = []
     for path in paths:
-        data = read_json(path)
+        data = read_json(path, RESULT_FILES)
         if isinstance(data, dict) and data.get("kind") == COMPARE_KIND and data.get("noise_floor"):
             found.append(data["noise_floor"])
     return max(found, key=lambda record: max((f.get("floor") or 0 for f in record["figures"].values()), default=0),

@@ -389,3 +389,19 @@ def target_times(result):
     if seconds is None or step is None:
         return None
     return seconds, max(seconds - compile_excess(result["history"], step), 0.0)
+
+
+def noise_floor_record(label, baseline, twins):
+    """The noise floor an A/A measured (the `baseline` run's results and its `twins`', repeat by repeat): for each
+    window figure its ratio, interval and floor (`verdicts.noise_floor_of`); None without twins."""
+    count = min(len(baseline), len(twins))
+    figures = {}
+    for key in WINDOW_FIGURES:
+        interval = ratio_interval(key, twins[:count], baseline[:count], paired=True) if count else None
+        if interval is not None:
+            figures[key] = {"floor": noise_floor_of(interval), "ratio": interval.ratio, "low": interval.low,
+                            "high": interval.high, "repeats": count}
+    if not figures:
+        return None
+    return {"measured_by": f"A/A: run '{label}' twice in each of {count} repeat(s), interleaved",
+            "figures": figures}

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from mtbench.errors import RunFailure
-from mtbench.runner.files import write_json_atomic
+from mtbench.errors import MtbenchError, RunFailure
+from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.results.schema import schema_errors, sidecar_paths
 from mtbench.runner.loop.timing import StepTimer, TrainingClock
 
@@ -73,6 +73,21 @@ def test_write_into_an_unwritable_place_is_a_clear_failure(tmp_path):
     blocker.write_text("x")
     with pytest.raises(RunFailure, match="cannot write"):
         write_json_atomic(os.path.join(str(blocker), "result.json"), {})
+
+
+def test_reading_json_fails_in_one_line_naming_the_file_and_what_was_expected(tmp_path):
+    write_json_atomic(str(tmp_path / "good.json"), {"a": [1, 2]})
+    assert read_json(str(tmp_path / "good.json"), "a result") == {"a": [1, 2]}
+    (tmp_path / "broken.json").write_text('{\n  "a": 1,\n}')
+    (tmp_path / "latin1.json").write_bytes(b'{"a": "\xe9"}')
+    for name, problem in (("absent.json", "no such file"), ("broken.json", ":3: not valid JSON"),
+                          ("latin1.json", "not valid UTF-8"), (".", "is a directory")):
+        path = str(tmp_path / name)
+        with pytest.raises(MtbenchError) as raised:
+            read_json(path, "a result")
+        message = str(raised.value)
+        assert message.startswith(path) and problem in message and message.endswith("expected a result")
+        assert "\n" not in message
 
 
 def test_sidecar_files_sit_beside_the_result():

@@ -167,7 +167,7 @@ def test_time_to_target_with_and_without_compilation():
 
 
 def test_auto_repeats_ends_on_width_budget_or_count():
-    from mtbench.runner.results.compare import AutoRepeats, auto_repeats_end
+    from mtbench.runner.orchestration.compare import AutoRepeats, auto_repeats_end
     auto = AutoRepeats(width=0.03, budget_s=100)
     assert auto_repeats_end(auto, 5, 0.02, 50, 10) ["ended_by"] == "width"
     assert auto_repeats_end(auto, 3, 0.02, 50, 10) is None  # narrow, but too few repeats to trust it
@@ -231,7 +231,7 @@ def test_compare_table_markdown_csv_and_json_carry_the_intervals():
 
 
 def test_a_recorded_noise_floor_is_shown_and_held_to():
-    from mtbench.runner.results.compare import noise_floor_record
+    from mtbench.runner.results.verdicts import noise_floor_record
     baseline, twins = repeats(3), repeats(3, seed=30)
     record = noise_floor_record("jax", baseline, twins)
     assert record["measured_by"] == "A/A: run 'jax' twice in each of 3 repeat(s), interleaved"
@@ -249,7 +249,7 @@ def fake_compare(monkeypatch, tmp_path, plan):
     """Runs compare's loop with each run's training replaced by a synthetic result (no process, no framework):
     returns the combined JSON and the order the runs were trained in."""
     from rich.console import Console
-    from mtbench.runner.results import compare
+    from mtbench.runner.orchestration import compare
     trained = []
 
     def train_one(plan, registry, console, progress, number, spec, repeat):
@@ -268,7 +268,7 @@ def fake_compare(monkeypatch, tmp_path, plan):
 
 
 def test_repeats_auto_stops_once_every_interval_is_narrow(monkeypatch, tmp_path):
-    from mtbench.runner.results.compare import AutoRepeats, ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import AutoRepeats, ComparePlan, plan_runs
     plan = ComparePlan(plan_runs(matrix="jax;jax+slow-step"), None, None, [], str(tmp_path / "c.json"), False, 50,
                        0.01, aa=True, auto=AutoRepeats(width=0.03, budget_s=600))
     combined, trained = fake_compare(monkeypatch, tmp_path, plan)
@@ -285,7 +285,7 @@ def test_repeats_auto_stops_once_every_interval_is_narrow(monkeypatch, tmp_path)
 
 
 def test_repeats_auto_stops_when_the_budget_runs_out(monkeypatch, tmp_path):
-    from mtbench.runner.results.compare import AutoRepeats, ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import AutoRepeats, ComparePlan, plan_runs
     plan = ComparePlan(plan_runs(matrix="jax;jax+slow-step"), None, None, [], str(tmp_path / "c.json"), False, 50,
                        0.01, auto=AutoRepeats(width=0.03, budget_s=1e-6))
     combined, trained = fake_compare(monkeypatch, tmp_path, plan)

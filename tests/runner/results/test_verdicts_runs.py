@@ -141,7 +141,7 @@ def test_the_regression_gate_passes_the_aa_pair_and_fails_the_slowed_one(paced, 
         in slow.stdout
     assert run_cli("report", *slowed, "--baseline", str(baseline)).returncode == 0  # no gate, no failure
     missing = run_cli("report", *jax, "--baseline", str(tmp_path / "absent.json"))
-    assert missing.returncode == 2 and missing.stderr.strip() == f"Error: {tmp_path / 'absent.json'}: no such file"
+    assert missing.returncode == 2 and missing.stderr.strip() == f"Error: {tmp_path / 'absent.json'}: no such file; expected a result or compare JSON"
 
 
 @pytest.mark.slow

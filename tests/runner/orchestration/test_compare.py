@@ -53,6 +53,41 @@ def test_every_run_loaded_the_same_weights_file(compared):
     assert first_losses[0] == pytest.approx(first_losses[1], rel=1e-5)
 
 
+def test_each_child_trains_the_run_file_of_its_run(compared):
+    """compare hands each child its configuration as a run file (`train --run-file`), not as flags: the file
+    holds the run's configuration, and the result the child wrote records the same."""
+    from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX
+    from mtbench.runner.results.schema import result_stem
+    from mtbench.runner.run_file import read_run_file
+    combined = compared["combined"]
+    for run in combined["runs"]:
+        train_file = result_stem(run["result_file"]) + RUN_FILE_SUFFIX
+        with open(run["log_file"]) as f:
+            command = f.readline()
+        arguments = command.split(" -m mtbench ")[1].split()
+        assert arguments[:2] == ["train", "--run-file"] and arguments[3:] == ["--report", "none"]
+        assert os.path.abspath(arguments[2]) == train_file
+        given = read_run_file(train_file).to_dict()
+        assert (given["backend"], os.path.abspath(given["out"]), given["initial_weights"], given["run_group"]) == \
+            (run["label"], run["result_file"], combined["initial_weights"]["file"],
+             os.path.splitext(os.path.basename(compared["path"]))[0])
+        recorded = run["result"]["config"]
+        assert {key: recorded[key] for key in given if key != "model"} == \
+            {key: value for key, value in given.items() if key != "model"}
+
+
+def test_another_environments_mtbench_from_before_run_files_gets_flags():
+    """Its `mtbench env --json` names no run file format (or another): its children get the options as flags."""
+    from mtbench.runner.orchestration.compare import ComparePlan, RunSpec, reads_run_files
+    from mtbench.runner.run_file import RUN_FILE_FORMAT
+    specs = [RunSpec("jax"), RunSpec("jax", python="/old/bin/python"), RunSpec("jax", python="/new/bin/python"),
+             RunSpec("jax", python="/later/bin/python")]
+    described = {"/old/bin/python": {"backends": {}}, "/new/bin/python": {"run_file_format": RUN_FILE_FORMAT},
+                 "/later/bin/python": {"run_file_format": RUN_FILE_FORMAT + 1}}
+    plan = ComparePlan(specs, 1, None, [], "c.json", False, 50, 0.01, interpreters=described, options={})
+    assert [reads_run_files(plan, spec) for spec in specs] == [True, False, True, False]
+
+
 def test_weights_file_holds_the_numpy_draw_and_sets_every_variable(tmp_path):
     """In-process on JAX: the file written from one model, loaded into another drawn from a different seed,
     makes the two identical; a file that does not fit is refused."""
@@ -128,7 +163,7 @@ def test_a_failing_run_is_named_with_its_last_error_line(tmp_path, cache_dir, pl
 
 
 def test_repeats_run_round_robin_and_extras_reach_every_run():
-    from mtbench.runner.results.compare import ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import ComparePlan, plan_runs
     specs = plan_runs("jax,torch", ("fast",))
     assert [spec.label for spec in specs] == ["jax+fast", "torch+fast"]
     plan = ComparePlan(specs, 2, None, [], "out/c.json", False, 50, 0.01)
@@ -174,7 +209,7 @@ def test_parity_flags_a_run_whose_losses_differ():
 
 def test_a_comparison_that_fails_parity_ends_with_status_1():
     from mtbench.errors import RunFailure
-    from mtbench.runner.results.compare import require_parity
+    from mtbench.runner.results.parity import require_parity
     from mtbench.runner.results.report import Comparison
 
     losses = list(np.linspace(7.5, 5.0, 60))
@@ -221,7 +256,7 @@ H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}
 
 
 def test_on_cuda_compare_trains_torch_eager_and_compiled():
-    from mtbench.runner.results.compare import eager_only_lines, plan_runs
+    from mtbench.runner.orchestration.compare import eager_only_lines, plan_runs
     labels = lambda specs: [spec.label for spec in specs]
     assert labels(plan_runs("jax,torch", devices={"jax": H100, "torch": H100})) == \
         ["jax", "torch", "torch+torch-compile"]
@@ -260,7 +295,7 @@ def registry():
 
 
 def test_compile_mode_reaches_only_the_runs_that_compile_and_does_not_split_them():
-    from mtbench.runner.results.compare import plan_runs, with_compile_mode
+    from mtbench.runner.orchestration.compare import plan_runs, with_compile_mode
     from mtbench.runner.results.report import configuration_differences
     specs = with_compile_mode(plan_runs("jax,torch", devices={"torch": H100}), "reduce-overhead")
     assert [spec.size_arguments() for spec in specs] == [[], [], ["--compile-mode", "reduce-overhead"]]
@@ -274,7 +309,7 @@ def test_compile_mode_reaches_only_the_runs_that_compile_and_does_not_split_them
 
 def test_runs_that_would_see_different_hardware_are_refused_before_training():
     from mtbench.errors import MtbenchError
-    from mtbench.runner.results.compare import check_same_hardware, plan_runs
+    from mtbench.runner.orchestration.compare import check_same_hardware, plan_runs
     specs = plan_runs("jax,torch")
     check_same_hardware(specs, {"jax": H100, "torch": H100})
     check_same_hardware(specs, {"jax": CPU, "torch": CPU})
@@ -294,7 +329,7 @@ def test_the_device_probe_asks_a_child_process():
     from `mtbench env --json` in a child."""
     import subprocess
     import sys as system
-    code = ("import json, sys; from mtbench.runner.results.compare import probe_devices; devices = probe_devices(); "
+    code = ("import json, sys; from mtbench.runner.orchestration.compare import probe_devices; devices = probe_devices(); "
             "print(json.dumps({'devices': devices, 'imported': [m for m in ('jax', 'torch', 'keras') "
             "if m in sys.modules]}))")
     proc = subprocess.run([system.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -327,7 +362,7 @@ def other_environment(directory):
 
 def test_matrix_entries_sweep_batch_size_and_length_and_name_other_environments(tmp_path):
     import sys as system
-    from mtbench.runner.results.compare import ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import ComparePlan, plan_runs
     specs = plan_runs(matrix="jax:batch-size=16;torch:batch-size=16;jax:batch-size=256,max-len=64,max-tokens=4096")
     assert [spec.label for spec in specs] == ["jax:batch-size=16", "torch:batch-size=16",
                                               "jax:batch-size=256,max-len=64,max-tokens=4096"]
@@ -363,7 +398,7 @@ def test_bad_matrix_keys_fail_before_any_run(tmp_path, matrix, expected):
 
 def test_an_interpreter_that_cannot_run_mtbench_is_refused(tmp_path):
     from mtbench.errors import MtbenchError
-    from mtbench.runner.results.compare import check_interpreters, plan_runs
+    from mtbench.runner.orchestration.compare import check_interpreters, plan_runs
     (tmp_path / "plain.txt").write_text("not a program\n")
     broken = tmp_path / "broken" / "bin" / "python"
     broken.parent.mkdir(parents=True)
@@ -424,28 +459,33 @@ def test_a_batch_sweep_from_a_config_file_with_a_run_in_another_environment(tmp_
     assert list(jax_line.get_ydata()) == [results[0]["timing"]["tokens_per_s"], results[2]["timing"]["tokens_per_s"]]
 
 
-def test_rerun_gives_train_back_the_configuration(compared):
-    """The flags `rerun` gives a child `train` rebuild the original's configuration key by key (no training)."""
-    from mtbench.cli import _as_arguments, train
+def test_rerun_gives_train_back_the_configuration(compared, tmp_path):
+    """The run file `rerun` gives a child `train` holds the original's configuration key by key, a key no flag
+    sets included (no training); a key this mtbench does not know is refused."""
     from mtbench.errors import MtbenchError
-    from mtbench.runner.results.rerun import NOT_REPEATED, train_arguments
-    result = compared["combined"]["runs"][1]["result"]
-    flags = {param.name for param in train.params}
-    arguments = train_arguments(result, flags, lambda configuration: _as_arguments(configuration, train))
-    given = train.make_context("train", [*arguments, "--out", "x.json"]).params
-    assert given["backend"] == "torch" and given["extras"] == tuple(result["extras"])
-    repeated = [key for key in result["config"] if key in flags and key not in NOT_REPEATED]
-    assert {"steps", "batch_size", "max_len", "max_pairs", "seed", "preset", "cache_dir"} <= set(repeated)
+    from mtbench.runner.orchestration.rerun import NOT_REPEATED, RECORDED_KEYS, plan_reruns
+    from mtbench.runner.run_file import read_run_file, write_run_file
+    result = json.loads(json.dumps(compared["combined"]["runs"][1]["result"]))
+    result["config"]["weight_decay"] = 0.1  # no flag sets it
+    (tmp_path / "changed.json").write_text(json.dumps(result))
+    [rerun], _, _ = plan_reruns(str(tmp_path / "changed.json"), str(tmp_path / "again.json"), False)
+    write_run_file(str(tmp_path / "run.json"), rerun.config)
+    given = read_run_file(str(tmp_path / "run.json")).to_dict()
+    assert given["backend"] == "torch" and given["extras"] == result["extras"]
+    assert given["out"] == str(tmp_path / "again.json") and given["initial_weights"] == result["config"]["initial_weights"]
+    repeated = [key for key in result["config"] if key not in (*NOT_REPEATED, *RECORDED_KEYS, "model")]
+    assert {"steps", "batch_size", "max_len", "max_pairs", "seed", "preset", "cache_dir", "weight_decay"} <= set(repeated)
     for key in repeated:
         assert given[key] == result["config"][key], key
-    changed = json.loads(json.dumps(result))
-    changed["config"]["weight_decay"] = 0.1
-    with pytest.raises(MtbenchError, match="sets weight_decay = 0.1, which no flag of this mtbench sets"):
-        train_arguments(changed, flags, lambda configuration: _as_arguments(configuration, train))
+    result["config"]["warp_factor"] = 9
+    (tmp_path / "unknown.json").write_text(json.dumps(result))
+    with pytest.raises(MtbenchError, match="unknown.json: its configuration cannot be read: unknown configuration "
+                                           "keys warp_factor"):
+        plan_reruns(str(tmp_path / "unknown.json"), str(tmp_path / "again.json"), True)
 
 
 def test_rerun_starts_from_the_weights_file_only_while_it_is_unchanged(compared, tmp_path):
-    from mtbench.runner.results.rerun import starting_weights
+    from mtbench.runner.orchestration.rerun import starting_weights
     weights = compared["combined"]["initial_weights"]
     copy = tmp_path / "w.npz"
     copy.write_bytes(open(weights["file"], "rb").read())
@@ -462,24 +502,20 @@ def test_rerun_starts_from_the_weights_file_only_while_it_is_unchanged(compared,
 
 
 def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
-    from mtbench.cli import _as_arguments, train
-    from mtbench.runner.results.rerun import plan_reruns
-    reruns, out, single = plan_reruns(compared["path"], str(tmp_path / "again.json"), False,
-                                      {param.name for param in train.params},
-                                      lambda configuration: _as_arguments(configuration, train))
+    from mtbench.runner.orchestration.rerun import plan_reruns
+    reruns, out, single = plan_reruns(compared["path"], str(tmp_path / "again.json"), False)
     assert not single and out == str(tmp_path / "again.json")
     assert [(rerun.label, rerun.out) for rerun in reruns] == \
         [("jax", str(tmp_path / "again.runs" / "jax-1.json")), ("torch", str(tmp_path / "again.runs" / "torch-1.json"))]
     assert {rerun.weights for rerun in reruns} == {compared["combined"]["initial_weights"]["file"]}
-    assert [rerun.arguments[:2] for rerun in reruns] == [("--backend", "jax"), ("--backend", "torch")]
+    assert [(rerun.config.backend, rerun.config.out) for rerun in reruns] == [(rerun.label, rerun.out) for rerun in reruns]
 
 
 def test_rerun_of_an_upgrade_comparison_runs_each_run_under_its_interpreter(compared, tmp_path):
     """A comparison of environments (python=PATH) is trained again under each run's own interpreter: here a
     wrapper that records its arguments and stops."""
-    from mtbench.cli import _as_arguments, train
     from mtbench.errors import RunFailure
-    from mtbench.runner.results.rerun import plan_reruns, run_again
+    from mtbench.runner.orchestration.rerun import plan_reruns, run_again
     record = tmp_path / "ran.txt"
     wrapper = tmp_path / "venv-old" / "bin" / "python"
     wrapper.parent.mkdir(parents=True)
@@ -488,12 +524,10 @@ def test_rerun_of_an_upgrade_comparison_runs_each_run_under_its_interpreter(comp
     upgrade = json.loads(json.dumps(compared["combined"]))
     upgrade["runs"][1]["python"] = str(wrapper)
     (tmp_path / "upgrade.json").write_text(json.dumps(upgrade))
-    reruns, _, _ = plan_reruns(str(tmp_path / "upgrade.json"), str(tmp_path / "again.json"), False,
-                               {param.name for param in train.params},
-                               lambda configuration: _as_arguments(configuration, train))
+    reruns, _, _ = plan_reruns(str(tmp_path / "upgrade.json"), str(tmp_path / "again.json"), False)
     with pytest.raises(RunFailure, match="exited with code 5"):
-        run_again(reruns[1], False, Console(file=io.StringIO()))
-    assert record.read_text().startswith("-m mtbench train --backend torch ")
+        run_again(reruns[1], Console(file=io.StringIO()))
+    assert record.read_text().startswith(f"-m mtbench train --run-file {reruns[1].train_file} ")
 
 
 def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
@@ -501,14 +535,13 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
     existing.write_text('{"keep": "me"}\n')
     source = compared["combined"]["runs"][0]["result_file"]
     changed = json.loads(json.dumps(compared["combined"]["runs"][0]["result"]))
-    changed["config"]["weight_decay"] = 0.1  # no flag sets it: another version's run
+    changed["config"]["warp_factor"] = 9  # a later version's key
     (tmp_path / "changed.json").write_text(json.dumps(changed))
     for args, expected in (([str(tmp_path / "absent.json")], "absent.json: no such file"),
                            ([str(existing)], "existing.json: not an mtbench result"),
                            ([source, "--out", str(existing)], "existing.json: already exists; pass --overwrite"),
                            ([str(tmp_path / "changed.json"), "--out", str(tmp_path / "again.json")],
-                            "changed.json: its configuration sets weight_decay = 0.1, which no flag of this mtbench "
-                            "sets: it cannot be run again as it was")):
+                            "changed.json: its configuration cannot be read: unknown configuration keys warp_factor")):
         proc = run_cli("rerun", *args)
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()

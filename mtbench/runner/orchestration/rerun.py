@@ -10,18 +10,17 @@ import os
 import time
 from dataclasses import dataclass
 
-from rich.table import Table
-
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
-from mtbench.plugins.api import RUN_CHOICES, hardware, run_dtype, run_processes, shown_figures
+from mtbench.plugins.api import run_processes
 from mtbench.runner.config import TrainConfig
-from mtbench.runner.files import write_json_atomic
-from mtbench.runner.results.compare import combined_json, run_child, runs_dir
+from mtbench.runner.files import read_json, write_json_atomic
+from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, run_child, runs_dir
+from mtbench.runner.results.compare_json import combined_json
 from mtbench.runner.results.output import check_output_path
-from mtbench.runner.results.parity import check_parity
-from mtbench.runner.results.report import (BOOKKEEPING_KEYS, KEY_DEFAULTS, LoadedRun, build_comparison,
-                                           comparison_labels, differing, load_runs, read_json)
+from mtbench.runner.results.report import LoadedRun, build_comparison, comparison_labels, load_runs
 from mtbench.runner.results.schema import result_stem
+from mtbench.runner.results.side_by_side import side_by_side, side_by_side_table
+from mtbench.runner.run_file import write_run_file
 
 # Recorded beside the configuration by the run itself, or by an mtbench before the option was removed: not
 # options to give again.
@@ -38,7 +37,7 @@ class Rerun:
     label: str
     out: str
     repeat: int = 1
-    arguments: tuple = ()     # the `mtbench train` arguments of its configuration (`train_arguments`)
+    config: TrainConfig = None  # what it trains: the original's configuration (`repeated_options`), its own files
     weights: str = None       # the weights file to start from, or None (the draw from the seed, as configured)
     weights_note: str = None  # why the rerun does not start from the original's weights file, where it does not
     python: str = None        # the interpreter it runs under: the original's, in a comparison of environments
@@ -46,6 +45,10 @@ class Rerun:
     @property
     def log_file(self):
         return result_stem(self.out) + ".log"
+
+    @property
+    def train_file(self):
+        return result_stem(self.out) + RUN_FILE_SUFFIX
 
 
 def sha256_of(path):
@@ -71,31 +74,22 @@ def starting_weights(config):
     return path, None
 
 
-def train_arguments(result, flag_names, arguments_of):
-    """The `mtbench train` arguments that run `result`'s configuration again (its weights and files aside).
-    `flag_names`: the configuration keys train has a flag for; `arguments_of(dict)`: those flags' arguments. A key
-    set to other than its default that no flag sets is refused: this mtbench could not run it as it was."""
+def repeated_options(result):
+    """The configuration of `result` to train again, by TrainConfig field: all of it but its weights and files.
+    One this mtbench cannot read (a key it does not know) is refused."""
     recorded = {key: value for key, value in result["config"].items() if key not in RECORDED_KEYS}
     try:
         config = TrainConfig.from_dict(recorded).to_dict()
     except (MtbenchError, TypeError) as error:
         raise MtbenchError(f"its configuration cannot be read: {error}") from None
-    repeated = {}
-    for key, value in config.items():
-        if key in NOT_REPEATED or key == "model" or key == "cache_dir" and not os.path.isdir(value):
-            continue
-        if key in flag_names:
-            repeated[key] = value
-        elif value != KEY_DEFAULTS.get(key):
-            raise MtbenchError(f"its configuration sets {key} = {value!r}, which no flag of this mtbench sets: it "
-                               f"cannot be run again as it was")
-    extras = [text for extra in result["extras"] for text in ("--extra", extra)]
-    return ["--backend", result["backend"], *extras, *arguments_of(repeated)]
+    repeated = {key: value for key, value in config.items() if key not in NOT_REPEATED and key != "model"
+                and not (key == "cache_dir" and not os.path.isdir(value))}
+    return {**repeated, "backend": result["backend"], "extras": tuple(result["extras"])}
 
 
-def plan_reruns(path, out, overwrite, flag_names, arguments_of):
-    """The runs of `path` to train again, each with its output file and its arguments (`train_arguments`), all
-    checked before anything starts."""
+def plan_reruns(path, out, overwrite):
+    """The runs of `path` to train again, each with its output file and its configuration, all checked before
+    anything starts."""
     runs = load_runs([path])
     single = len(runs) == 1 and runs[0].source == path
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -115,18 +109,19 @@ def plan_reruns(path, out, overwrite, flag_names, arguments_of):
             rerun.python = python
     for rerun in reruns:
         check_output_path(rerun.out, overwrite)
+        rerun.weights, rerun.weights_note = starting_weights(rerun.original.result["config"])
         try:
-            rerun.arguments = tuple(train_arguments(rerun.original.result, flag_names, arguments_of))
+            rerun.config = TrainConfig.from_options(**repeated_options(rerun.original.result),
+                                                    initial_weights=rerun.weights, out=rerun.out, overwrite=overwrite)
         except MtbenchError as error:
             raise MtbenchError(f"{rerun.original.source}: {error}") from None
-        rerun.weights, rerun.weights_note = starting_weights(rerun.original.result["config"])
     return reruns, out, single
 
 
 def compared_interpreters(path):
     """The interpreter of each run of the compare JSON `path`, in order, where its runs ran under several (an
     upgrade comparison, `python=PATH`), each checked to exist; else Nones (every run under this interpreter)."""
-    pythons = [entry.get("python") for entry in read_json(path).get("runs", [])]
+    pythons = [entry.get("python") for entry in read_json(path, "a compare JSON").get("runs", [])]
     if len(set(pythons)) < 2:
         return [None] * len(pythons)
     for python in dict.fromkeys(pythons):
@@ -136,115 +131,32 @@ def compared_interpreters(path):
     return pythons
 
 
-def run_again(rerun, overwrite, console):
+def run_again(rerun, console):
     """Trains the rerun in its own process (under torchrun for a run of several processes); returns its result."""
     result = rerun.original.result
-    weights = ["--initial-weights", rerun.weights] if rerun.weights else []
     name = f"the rerun of {rerun.original.source}"
     if rerun.weights_note:
         console.print(f"{rerun.label}: {rerun.weights_note}", highlight=False)
     elif rerun.weights:
         console.print(f"{rerun.label}: starts from {rerun.weights}, the original's weights file (sha256 unchanged)",
                       highlight=False)
+    write_run_file(rerun.train_file, rerun.config)
     with console.status(f"{rerun.label}: training again in its own process"):
-        failure = run_child(["train", *rerun.arguments, *weights, "--out", rerun.out, "--report", "none",
-                             *(["--overwrite"] if overwrite else [])], rerun.log_file, name, run_processes(result),
-                            rerun.python)
+        failure = run_child(["train", "--run-file", rerun.train_file, "--report", "none"], rerun.log_file, name,
+                            run_processes(result), rerun.python)
     if failure and failure.exit_code != ReportingFailed.EXIT_CODE:
         raise RunFailure(failure)
     loaded = load_runs([rerun.out])[0]
     return loaded.result
 
 
-# ---- the side-by-side ------------------------------------------------------------------------------------------
-
-def _flat(value, prefix=""):
-    """{dotted key: value} of nested dicts."""
-    if isinstance(value, dict):
-        flat = {}
-        for key, item in value.items():
-            flat.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    return {prefix: value}
-
-
-def environment_differences(original, rerun):
-    """[(what, original, rerun)]: every version, hardware and environment entry that differs."""
-    rows = differing(_flat(original["env"]), _flat(rerun["env"]))
-    if hardware(original) != hardware(rerun):
-        rows.insert(0, ("hardware", hardware(original), hardware(rerun)))
-    return rows
-
-
-def run_differences(original, rerun):
-    """[(what, original, rerun)]: every configuration key that differs (where the files went aside), and what ran
-    (backend, extras, processes, dtype, train step, attention, ...)."""
-    rows = [(f"config.{key}", before, after) for key, before, after in
-            differing(original["config"], rerun["config"], BOOKKEEPING_KEYS, KEY_DEFAULTS)]
-    ran = [("backend", lambda r: r["backend"]), ("extras", lambda r: list(r["extras"])),
-           ("processes", run_processes), ("dtype", run_dtype), *((title, text) for _, title, text in RUN_CHOICES)]
-    rows += [(title, read(original), read(rerun)) for title, read in ran if read(original) != read(rerun)]
-    return rows
-
-
-def figure_rows(original, rerun):
-    """[(figure title, original text, rerun text, rerun / original)] for every figure."""
-    rows = []
-    for figure in shown_figures([original, rerun]):
-        before, after = figure.value(original), figure.value(rerun)
-        if before is None and after is None:
-            ratio = ""
-        elif before == after:
-            ratio = "same"
-        elif before and after is not None:
-            ratio = f"{after / before:.3f}x"
-        else:
-            ratio = "n/a"
-        rows.append((figure.title, figure.text(before), figure.text(after), ratio))
-    return rows
-
-
-def side_by_side(original, rerun):
-    """Everything that differs between a result and its rerun: {'environment', 'configuration', 'figures',
-    'parity'} (the JSON form; `side_by_side_table` shows it)."""
-    parity = check_parity([("original", original), ("rerun", rerun)], run_dtype)
-    return {
-        "environment": [list(row) for row in environment_differences(original, rerun)],
-        "configuration": [list(row) for row in run_differences(original, rerun)],
-        "figures": [{"figure": title, "original": before, "rerun": after, "ratio": ratio}
-                    for title, before, after, ratio in figure_rows(original, rerun)],
-        "parity": parity.to_dict(),
-        "parity_lines": parity.lines(),
-    }
-
-
-def _text(value):
-    return "(absent)" if value is None else str(value)
-
-
-def side_by_side_table(differences, title):
-    table = Table(title=title)
-    for column, justify in (("", "left"), ("original", "right"), ("rerun", "right"), ("rerun / original", "right")):
-        table.add_column(column, justify=justify)
-    for section, key in (("versions, hardware, environment", "environment"), ("configuration and what ran",
-                                                                           "configuration")):
-        rows = differences[key]
-        table.add_row(f"[bold]{section}[/bold]", "", "", "" if rows else "the same", end_section=not rows)
-        for index, (what, before, after) in enumerate(rows):
-            table.add_row(what, _text(before), _text(after), "differs", end_section=index == len(rows) - 1)
-    table.add_row("[bold]figures[/bold]", "", "", "")
-    for row in differences["figures"]:
-        table.add_row(row["figure"], row["original"], row["rerun"], row["ratio"])
-    return table
-
-
-def rerun_results(path, out, overwrite, flag_names, arguments_of, console):
+def rerun_results(path, out, overwrite, console):
     """Trains every run of `path` again and shows each beside its original; returns the file(s) written."""
-    reruns, out, single = plan_reruns(path, out, overwrite, flag_names, arguments_of)
+    reruns, out, single = plan_reruns(path, out, overwrite)
     console.print(f"rerun of {path}: {len(reruns)} run(s), each in its own process", highlight=False)
     entries = []
     for rerun in reruns:
-        result = run_again(rerun, overwrite, console)
+        result = run_again(rerun, console)
         differences = side_by_side(rerun.original.result, result)
         console.print(side_by_side_table(differences, f"mtbench rerun: {rerun.label}"))
         for line in differences["parity_lines"]:

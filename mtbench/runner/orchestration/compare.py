@@ -19,23 +19,19 @@ import time
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
-from mtbench.runner.files import write_json_atomic, write_text_atomic
-from mtbench.runner.results.parity import percent
+from mtbench.runner.files import read_json, write_json_atomic, write_text_atomic
 from mtbench.plugins import manager as plugins
 from mtbench.plugins.api import SIZE_KEYS, run_name, size_label
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file
-from mtbench.runner.measurement.environment import host_environment
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.schema import result_stem
-from mtbench.runner.results.report import (COMPARE_KIND, SWEEP_KEYS, TORCH_COMPILED, LoadedRun, build_comparison,
-                                           environment_names, to_json_dict)
+from mtbench.runner.results.compare_json import combined_json
+from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, LoadedRun, build_comparison, environment_names
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results import verdicts as stats
+from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
 from mtbench.runner.setup import require_extra_spanning_processes, resolve_backend, resolve_extras
-
-COMPARE_SCHEMA_VERSION = 1
-
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
@@ -45,6 +41,8 @@ SETTING_TYPES = {name: FIELD_TYPES[name] for name in (*SIZE_KEYS, *SWEEP_KEYS)}
 SHAPE_KEYS = (*SIZE_KEYS, "max_len", "block_size")
 # The --matrix key that runs an entry with another environment's interpreter.
 PYTHON_KEY = "python"
+# Beside each run's result: the run file its process trained from (`mtbench train --run-file`).
+RUN_FILE_SUFFIX = ".train.json"
 
 
 @dataclass(frozen=True)
@@ -346,6 +344,7 @@ class ComparePlan:
     interpreters: dict = None  # `check_interpreters` of the specs, where the caller asked already
     aa: bool = False         # --aa: the baseline runs twice in each repeat, interleaved, to measure the noise floor
     auto: "AutoRepeats" = None  # --repeats auto (then `repeats` is None): repeat until narrow enough or out of time
+    options: dict = None     # the shared train options by name: what each child's run file is made of
 
     @property
     def baseline_spec(self):
@@ -534,10 +533,9 @@ def _require_success(failure):
 
 def _read_result(path, name):
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as error:
-        raise RunFailure(f"{name} finished but its result {path} cannot be read: {error}") from None
+        return read_json(path, "its result JSON")
+    except MtbenchError as error:
+        raise RunFailure(f"{name} finished but {error}") from None
 
 
 @dataclass
@@ -651,11 +649,19 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
     before = os.stat(result_file).st_mtime_ns if os.path.exists(result_file) else None  # --overwrite
     progress.doing, progress.log_file, progress.run = name, log_file, (spec, repeat, result_file, before)
     report_failures = []
+    if reads_run_files(plan, spec):
+        train_file = plan.run_file(spec, repeat, RUN_FILE_SUFFIX)
+        write_run_file(train_file, TrainConfig.from_options(**{
+            **plan.options, **dict(spec.sizes), "backend": spec.backend, "extras": spec.extras,
+            "initial_weights": weights["file"], "out": result_file, "run_group": plan.group,
+            "overwrite": plan.overwrite}))
+        arguments = ["train", "--run-file", train_file, "--report", "none"]
+    else:  # another environment's mtbench from before run files
+        arguments = ["train", "--backend", spec.backend, *extras, *plan.configuration, *spec.size_arguments(),
+                     "--initial-weights", weights["file"], "--out", result_file, "--report", "none",
+                     "--run-group", plan.group, *_overwrite(plan)]
     with console.status(f"[{number}/{total}] {name}: training in its own process"):
-        failure = run_child(["train", "--backend", spec.backend, *extras, *plan.configuration,
-                             *spec.size_arguments(), "--initial-weights", weights["file"],
-                             "--out", result_file, "--report", "none", "--run-group", plan.group, *_overwrite(plan)],
-                            log_file, name, spec.processes, spec.interpreter)
+        failure = run_child(arguments, log_file, name, spec.processes, spec.interpreter)
     progress.run = None
     if failure and failure.exit_code == ReportingFailed.EXIT_CODE:
         report_failures.append(failure)  # the run completed; only one of its trackers failed
@@ -679,6 +685,16 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
     return report_failures
 
 
+def reads_run_files(plan, spec):
+    """Whether the mtbench that trains `spec` reads this mtbench's run files: this interpreter's does; another
+    environment's where its `mtbench env --json` names the same run file format."""
+    if plan.options is None:
+        return False
+    if not spec.foreign:
+        return True
+    return ((plan.interpreters or {}).get(spec.interpreter) or {}).get("run_file_format") == RUN_FILE_FORMAT
+
+
 def _written(path, mtime_before):
     """Whether the run wrote `path` (a file there before it, kept by --overwrite until then, is not its own)."""
     return os.path.exists(path) and os.stat(path).st_mtime_ns != mtime_before
@@ -694,25 +710,9 @@ def _comparison(plan, progress):
     baseline = next(iter(_baseline_runs(plan, progress)), None)
     return build_comparison(progress.runs, baseline=baseline, parity_steps=plan.parity_steps,
                             parity_tolerance=plan.parity_tolerance,
-                            noise_floor=noise_floor_record(plan.baseline_spec.label,
-                                                           [run.result for run in _baseline_runs(plan, progress)],
-                                                           [run.result for run in progress.twins]))
-
-
-def noise_floor_record(label, baseline, twins):
-    """The noise floor an A/A measured (the `baseline` run's results and its `twins`', repeat by repeat): for each
-    window figure its ratio, interval and floor (`verdicts.noise_floor_of`); None without twins."""
-    count = min(len(baseline), len(twins))
-    figures = {}
-    for key in stats.WINDOW_FIGURES:
-        interval = stats.ratio_interval(key, twins[:count], baseline[:count], paired=True) if count else None
-        if interval is not None:
-            figures[key] = {"floor": stats.noise_floor_of(interval), "ratio": interval.ratio, "low": interval.low,
-                            "high": interval.high, "repeats": count}
-    if not figures:
-        return None
-    return {"measured_by": f"A/A: run '{label}' twice in each of {count} repeat(s), interleaved",
-            "figures": figures}
+                            noise_floor=stats.noise_floor_record(plan.baseline_spec.label,
+                                                                 [run.result for run in _baseline_runs(plan, progress)],
+                                                                 [run.result for run in progress.twins]))
 
 
 def write_combined(plan, progress, status="completed", status_reason=None):
@@ -729,25 +729,6 @@ def write_combined(plan, progress, status="completed", status_reason=None):
     })
     write_json_atomic(plan.out, combined)
     return comparison, combined
-
-
-def combined_json(comparison, runs, status, about):
-    """A compare JSON (`mtbench compare`'s, `mtbench rerun`'s of a compare JSON): its kind and version, `status`
-    ({'status': ...}), when and by which command it was made, `about` (what the command adds), the figures of
-    `comparison`, this host and `runs` (the entries of the runs)."""
-    figures = to_json_dict(comparison)
-    del figures["kind"]
-    return {
-        "kind": COMPARE_KIND,
-        "schema_version": COMPARE_SCHEMA_VERSION,
-        **status,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": shlex.join(["mtbench", *sys.argv[1:]]),
-        **about,
-        **figures,
-        "env": host_environment(),
-        "runs": runs,
-    }
 
 
 def interrupted(plan, progress):
@@ -787,15 +768,3 @@ def _partial_result(path, mtime_before):
     except RunFailure:  # killed while writing: atomic writes leave no half file, but a foreign one may be there
         return None
     return result if isinstance(result, dict) and result.get("history") is not None else None
-
-
-def require_parity(comparison, out):
-    """A comparison whose runs failed the parity check ends with status 1 (after its figures were shown and
-    written): its timings compare different computations."""
-    failures = comparison.parity.failures
-    if failures:
-        worst = max(failures, key=lambda pair: pair.max_relative_difference)
-        raise RunFailure(f"parity check failed: {worst.run} differs from {worst.reference} by up to "
-                         f"{percent(worst.max_relative_difference)} (more than "
-                         f"{percent(comparison.parity.tolerance)}) over the first {worst.steps} steps; "
-                         f"results kept in {out}")

@@ -1,0 +1,1 @@
+"""Runs in processes of their own: compare's plan, its children and their interleaved repeats, and rerun's."""

@@ -1,0 +1,30 @@
+"""The compare JSON, as `mtbench compare` writes it and `mtbench rerun` of a compare JSON: its kind and layout
+version, how it was made, the comparison's figures and the runs' entries."""
+
+import shlex
+import sys
+import time
+
+from mtbench.runner.measurement.environment import host_environment
+from mtbench.runner.results.report import COMPARE_KIND, to_json_dict
+
+COMPARE_SCHEMA_VERSION = 1
+
+
+def combined_json(comparison, runs, status, about):
+    """A compare JSON (`mtbench compare`'s, `mtbench rerun`'s of a compare JSON): its kind and version, `status`
+    ({'status': ...}), when and by which command it was made, `about` (what the command adds), the figures of
+    `comparison`, this host and `runs` (the entries of the runs)."""
+    figures = to_json_dict(comparison)
+    del figures["kind"]
+    return {
+        "kind": COMPARE_KIND,
+        "schema_version": COMPARE_SCHEMA_VERSION,
+        **status,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": shlex.join(["mtbench", *sys.argv[1:]]),
+        **about,
+        **figures,
+        "env": host_environment(),
+        "runs": runs,
+    }
