@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from mtbench.errors import MtbenchError
+from mtbench.runner.files import read_json
 from mtbench.plugins.api import FIGURES_BY_KEY, hardware, run_label, run_processes
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.regression import change_verdict, markdown_of, table_of
@@ -23,7 +24,6 @@ from mtbench.runner.results.report import (
     COMPARE_KIND,
     KEY_DEFAULTS,
     _checked,
-    read_json,
     differing,
     recorded_noise_floor,
     versions_text,
@@ -124,7 +124,7 @@ def read_directory(directory):
         raise MtbenchError(f"--history {directory}: no result JSON files (*.json) in it")
     runs, left_out, compares = [], [], []
     for path in paths:
-        data = read_json(path)
+        data = read_json(path, "a result JSON")
         kind = data.get("kind") if isinstance(data, dict) else None
         if kind == COMPARE_KIND:
             compares.append(path)
