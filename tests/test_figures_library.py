@@ -34,3 +34,14 @@ def test_the_api_lists_only_what_plugins_implement_or_call():
     assert set(mtbench.plugins.api.__all__) & public_figures == set()
     assert set(mtbench.__all__) & public_figures == set()
     assert {"Reporter", "hookimpl", "PLUGIN_API_VERSION"} <= set(mtbench.__all__)
+
+
+def test_the_old_module_still_serves_the_figures_and_warns():
+    import importlib
+    import sys
+
+    import mtbench.figures
+    sys.modules.pop("mtbench.plugins.api.figures", None)
+    with pytest.warns(DeprecationWarning, match="mtbench.figures"):
+        old = importlib.import_module("mtbench.plugins.api.figures")
+    assert old.FIGURES is mtbench.figures.FIGURES and old.figure_text is mtbench.figures.figure_text
