@@ -534,7 +534,7 @@ def median_figures(measured):
 def add_parity(records, results):
     """Each row that ran gets mtbench compare's parity against the first row of its preset, dtype and matmul
     precision."""
-    from mtbench.plugins.api import run_dtype
+    from mtbench.figures import run_dtype
     from mtbench.runner.results.parity import check_parity, percent
 
     def arithmetic(result):  # --matmul-precision sets float32 matmuls only

@@ -1,6 +1,6 @@
 """The direction of dependency, read from the source (every import statement, module level or inside a function):
-cli -> runner -> the plugin API; built-in plugins use only what a third-party plugin could; no import cycles;
-backend-specific code only in plugins."""
+cli -> runner -> the plugin API and `mtbench.figures`; built-in plugins use only what a third-party plugin could;
+no import cycles; backend-specific code only in plugins."""
 
 import ast
 import os
@@ -124,12 +124,19 @@ def test_the_plugin_api_depends_on_nothing_above_it():
                       and not is_builtin_plugin(t)) == []
 
 
+def test_the_figures_library_stands_on_nothing_but_the_plugin_api():
+    """`mtbench.figures` is public like the API: the runner, the CLI and plugins import it, it imports none of them."""
+    assert "mtbench.figures" in GRAPH["mtbench.runner.results.report"]
+    assert "mtbench.figures" in GRAPH["mtbench.plugins.reporters.table_reporter"]
+    assert violations(["mtbench.figures"], lambda t: t == "mtbench.errors" or t.startswith("mtbench.plugins.api")) == []
+
+
 def test_builtin_plugins_use_only_what_a_third_party_plugin_could():
-    """The public face (`mtbench`), the model definitions, and other plugins; nothing of the runner or the
-    manager."""
+    """The public face (`mtbench` and `mtbench.figures`), the model definitions, and other plugins; nothing of
+    the runner or the manager."""
     builtins = [m for m in GRAPH if is_builtin_plugin(m)]
     assert len(builtins) >= 15
-    assert violations(builtins, lambda t: t == "mtbench" or t.startswith("mtbench.keras_models")
+    assert violations(builtins, lambda t: t in ("mtbench", "mtbench.figures") or t.startswith("mtbench.keras_models")
                       or is_builtin_plugin(t)) == []
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from mtbench.errors import MtbenchError
 from mtbench.keras_models.presets import presets_for
-from mtbench.plugins.api import SIZE_KEYS
+from mtbench.figures import SIZE_KEYS
 
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
 # A language model's steps by preset: "char" trains as long as nanoGPT's Shakespeare-character run.

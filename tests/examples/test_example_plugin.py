@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import require_installed_example, ONE_BUCKET, REPOSITORY, TINY_TRAIN, run_cli
-from mtbench import FIGURES, run_label
+from mtbench.figures import FIGURES, run_label
 
 PACKAGE = "mtbench-example"
 EXAMPLE_DIR = os.path.join(REPOSITORY, "examples", "mtbench-example")

@@ -9,6 +9,7 @@ import os
 import pytest
 
 import mtbench
+from mtbench import figures
 from conftest import ONE_BUCKET, REPOSITORY, TINY_TRAIN, run_cli
 
 PACKAGE = "mtbench-frozen-v0"
@@ -106,12 +107,12 @@ def test_its_model_family_trains_without_what_came_later(frozen_run):
     with the reason, and no attention kernel is claimed for it."""
     result, proc = frozen_run["result"], frozen_run["proc"]
     assert result["model"]["family"] == "frozen-transformer"
-    assert mtbench.run_label(result) == "jax+frozen-count:model=frozen-transformer"
-    assert f"mtbench train: {mtbench.run_label(result)}" in proc.stdout
+    assert figures.run_label(result) == "jax+frozen-count:model=frozen-transformer"
+    assert f"mtbench train: {figures.run_label(result)}" in proc.stdout
     utilization = result["utilization"]
     assert utilization["mfu"] is None and utilization["model_flops_per_s"] is None
     assert utilization["mfu_reason"] == ("model family 'frozen-transformer' counts no training FLOPs "
                                          "(ModelFamily.training_flops)")
     assert result["model"]["attention"] == {}
-    assert mtbench.attention_text(result).startswith("none named")
+    assert figures.attention_text(result).startswith("none named")
     assert result["metrics"]["bleu"] is not None  # evaluated and translated like any model

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import mtbench
+from mtbench import figures
 from conftest import REPOSITORY
 from mtbench import (Backend, Batch, Dataset, Extra, KerasTrainStep, ModelFamily, ProcessGroup, Reporter, Tokenizer,
                      TrainStep)
@@ -175,22 +176,22 @@ def test_only_the_attention_a_family_names_is_recorded():
     assert attention_implementations(run, SimpleNamespace(attention_kinds=()), model) == {}
     assert attention_implementations(run, SimpleNamespace(attention_kinds=("causal", "masked", "decoding")),
                                      model) == run.attention
-    assert mtbench.attention_text({"model": {"attention": {}}}).startswith("none named")
-    assert mtbench.attention_text({"model": {}}) == "not recorded"  # a result from before it was recorded
+    assert figures.attention_text({"model": {"attention": {}}}).startswith("none named")
+    assert figures.attention_text({"model": {}}) == "not recorded"  # a result from before it was recorded
 
 
 def test_a_run_of_another_model_family_is_named_with_it():
     from mtbench.runner.orchestration.compare import plan_runs
     transformer = {"model_name": "transformer", "d_model": 128}
-    assert mtbench.run_name("jax", [], transformer) == "jax:d-model=128"
-    assert mtbench.run_name("jax", ["pmap"], {}) == "jax+pmap"  # results from before --model
-    assert mtbench.run_name("jax", [], {"model_name": "marian:/models/opus-en-fr"}, 2) == "jax@2:model=marian"
-    assert mtbench.run_name("torch", [], {"model_name": "bow", "layers": 2}) == "torch:model=bow,layers=2"
+    assert figures.run_name("jax", [], transformer) == "jax:d-model=128"
+    assert figures.run_name("jax", ["pmap"], {}) == "jax+pmap"  # results from before --model
+    assert figures.run_name("jax", [], {"model_name": "marian:/models/opus-en-fr"}, 2) == "jax@2:model=marian"
+    assert figures.run_name("torch", [], {"model_name": "bow", "layers": 2}) == "torch:model=bow,layers=2"
     specs = plan_runs("jax,torch", model="marian:/models/opus-en-fr")
     assert [spec.label for spec in specs] == ["jax:model=marian", "torch:model=marian"]
     assert [spec.label for spec in plan_runs(matrix="jax:d-model=128")] == ["jax:d-model=128"]
     result = {"backend": "jax", "extras": [], "config": {"model_name": "marian:/models/opus-en-fr"}}
-    assert mtbench.run_label(result) == specs[0].label  # --baseline and --matrix name the run as its result does
+    assert figures.run_label(result) == specs[0].label  # --baseline and --matrix name the run as its result does
 
 
 def plugins_with(*extras):

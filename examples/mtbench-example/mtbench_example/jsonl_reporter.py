@@ -4,7 +4,8 @@ or printed on the console when it is not set."""
 import json
 import os
 
-from mtbench import FIGURES, Reporter, hardware, run_dtype, run_label
+from mtbench import Reporter
+from mtbench.figures import FIGURES, hardware, run_dtype, run_label
 
 LOG_ENV = "MTBENCH_EXAMPLE_LOG"
 

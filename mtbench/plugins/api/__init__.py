@@ -6,17 +6,16 @@
 - `tasks`: what a run trains on and how it is scored (`Task`), the data a task prepares and its evaluator;
 - `steps`: the train-step interface, Keras's own step, a base for wrapping steps, and the Batch a step and
   `Extra.verify` receive;
-- `figures`: the figures of a result as every mtbench output shows them, for reporters;
 - `host`: facts about the host and a timing helper, for backends;
 - `versioning`: `PLUGIN_API_VERSION` and the rule by which it changes.
+
+The figures and their formatting (`FIGURES`, `run_label`...) are in `mtbench.figures`; their old names here and
+in `mtbench` still work, deprecated since 1.4.
 """
 
+import warnings
+
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api.figures import (FIGURES, FIGURES_BY_KEY, OTHERS_BOUND, RUN_CHOICES, SCATTER_BOUND, SIZE_KEYS,
-                                         STEAL_BOUND, Figure, attention_text, compile_cache_text, cores_text,
-                                         figure_text, hardware, host_syncs_text, matmul_precision_text, peak_measurement_text, run_dtype,
-                                         run_label, run_name, run_processes, run_warnings, scored_sentences_text,
-                                         shown_figures, size_label, train_step_text, training_peak_bytes)
 from mtbench.plugins.api.host import cpu_count, cpu_model, cudnn_version_text, median_flops_per_s, peak_host_bytes
 from mtbench.plugins.api.kinds import Backend, Dataset, Extra, Reporter, RunContext, TrackedRun
 from mtbench.plugins.api.processes import Launch, ProcessGroup
@@ -31,9 +30,30 @@ __all__ = [
     "ModelFamily", "ModelShape", "SpecialTokens", "Tokenizer",
     "Task", "TaskData", "Evaluator",
     "TrainStep", "KerasTrainStep", "WrappingStep", "Batch", "uneven_split_reason", "Launch", "ProcessGroup",
-    "Figure", "FIGURES", "FIGURES_BY_KEY", "shown_figures", "RUN_CHOICES", "figure_text", "train_step_text", "host_syncs_text", "attention_text",
-    "matmul_precision_text", "compile_cache_text", "cores_text", "peak_measurement_text", "scored_sentences_text",
-    "run_warnings", "SCATTER_BOUND", "OTHERS_BOUND", "STEAL_BOUND", "training_peak_bytes", "hardware", "run_dtype", "run_label", "run_name", "run_processes", "size_label", "SIZE_KEYS",
     "cpu_count", "cpu_model", "cudnn_version_text", "median_flops_per_s", "peak_host_bytes",
     "MtbenchError", "RunFailure", "hookimpl", "PLUGIN_API_VERSION",
 ]
+
+# The names that moved to mtbench.figures in 1.4, still served here (and by `mtbench`) with a warning.
+MOVED_TO_FIGURES = frozenset({
+    "Figure", "FIGURES", "FIGURES_BY_KEY", "shown_figures", "RUN_CHOICES", "figure_text", "train_step_text",
+    "host_syncs_text", "attention_text", "matmul_precision_text", "compile_cache_text", "cores_text",
+    "peak_measurement_text", "scored_sentences_text", "run_warnings", "SCATTER_BOUND", "OTHERS_BOUND", "STEAL_BOUND",
+    "training_peak_bytes", "hardware", "run_dtype", "run_label", "run_name", "run_processes", "size_label",
+    "SIZE_KEYS",
+})
+
+
+def moved_names_of(module_name):
+    """A module `__getattr__` serving the names that moved to `mtbench.figures`, each with a DeprecationWarning."""
+    def __getattr__(name):
+        if name not in MOVED_TO_FIGURES:
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        from mtbench import figures
+        warnings.warn(f"mtbench.{name} moved to mtbench.figures.{name}; the old name is deprecated since plugin API "
+                      "1.4", DeprecationWarning, stacklevel=2)
+        return getattr(figures, name)
+    return __getattr__
+
+
+__getattr__ = moved_names_of(__name__)

@@ -18,9 +18,11 @@ of their MAJOR version.
 `host_syncs_text` among `RUN_CHOICES`; `shown_figures`; `RunContext.attention_kinds` and `RunContext.task`.
 1.3: `TrainStep.warmup_calls`; `ProcessGroup.sum(values)`; `Backend.reset_peak_device_bytes` deprecated (no longer
 called: peaks count from the process's start on every backend).
+1.4: the figures and their formatting (`FIGURES`, `run_label`...) move to `mtbench.figures`; their names in `mtbench`
+and `mtbench.plugins.api` are deprecated.
 """
 
-PLUGIN_API_VERSION = "1.3"
+PLUGIN_API_VERSION = "1.4"
 
 
 def next_major(version=PLUGIN_API_VERSION):

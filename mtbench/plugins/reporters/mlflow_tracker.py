@@ -11,7 +11,8 @@ import os
 import tempfile
 import time
 
-from mtbench import Reporter, hookimpl, run_label
+from mtbench import Reporter, hookimpl
+from mtbench.figures import run_label
 
 EXPERIMENT = "mtbench"
 BATCH = 200  # metrics buffered before one write to the store

@@ -2,9 +2,10 @@
 
 from rich.table import Table
 
-from mtbench import (Reporter, attention_text, compile_cache_text, cores_text, figure_text, hookimpl, host_syncs_text,
-                     matmul_precision_text, peak_measurement_text, run_dtype, run_label, run_warnings,
-                     scored_sentences_text, size_label, train_step_text)
+from mtbench import Reporter, hookimpl
+from mtbench.figures import (attention_text, compile_cache_text, cores_text, figure_text, host_syncs_text,
+                             matmul_precision_text, peak_measurement_text, run_dtype, run_label, run_warnings,
+                             scored_sentences_text, size_label, train_step_text)
 
 
 def _joined(result, *keys, unit=""):

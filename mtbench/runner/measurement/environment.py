@@ -12,7 +12,8 @@ import subprocess
 import sys
 
 from mtbench.plugins import manager as plugins
-from mtbench.plugins.api import cpu_count, cpu_model, peak_measurement_text
+from mtbench.figures import peak_measurement_text
+from mtbench.plugins.api import cpu_count, cpu_model
 from mtbench.runner.measurement.devices import describe_backend
 from mtbench.runner.measurement.peaks import calibrate, device_peak_record
 from mtbench.runner.run_file import RUN_FILE_FORMAT

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
 from mtbench.runner.files import read_json, write_json_atomic, write_text_atomic
 from mtbench.plugins import manager as plugins
-from mtbench.plugins.api import SIZE_KEYS, run_name, size_label
+from mtbench.figures import SIZE_KEYS, run_name, size_label
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.results.output import check_output_path

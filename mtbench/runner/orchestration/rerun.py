@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
-from mtbench.plugins.api import run_processes
+from mtbench.figures import run_processes
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, run_child, runs_dir

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.files import read_json
-from mtbench.plugins.api import FIGURES_BY_KEY, hardware, run_label, run_processes
+from mtbench.figures import FIGURES_BY_KEY, hardware, run_label, run_processes
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.regression import change_verdict, markdown_of, table_of
 from mtbench.runner.results.report import (

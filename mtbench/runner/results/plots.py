@@ -10,7 +10,7 @@ figure is built with matplotlib's object API on the Agg canvas: no pyplot, no gl
 import io
 
 from mtbench.errors import MtbenchError
-from mtbench.plugins.api import SIZE_KEYS, run_name, run_processes
+from mtbench.figures import SIZE_KEYS, run_name, run_processes
 from mtbench.runner.config import SIZE_FIELDS
 from mtbench.runner.files import write_bytes_atomic
 from mtbench.runner.results.report import (KEY_DEFAULTS, SWEEP_KEYS, describe_configuration, environment_names,

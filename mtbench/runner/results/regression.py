@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from mtbench.errors import MtbenchError
-from mtbench.plugins.api import FIGURES_BY_KEY
+from mtbench.figures import FIGURES_BY_KEY
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.report import check_comparable, group_runs, load_runs, recorded_noise_floor
 

@@ -19,8 +19,8 @@ from rich.table import Table
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig, decoding_name
 from mtbench.runner.files import read_json
-from mtbench.plugins.api import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name,
-                                 run_processes, run_warnings, scored_sentences_text, shown_figures, size_label)
+from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name,
+                             run_processes, run_warnings, scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import result_task, schema_errors
 from mtbench.runner.results import verdicts as stats

@@ -3,7 +3,7 @@ ran, every figure with its ratio, and whether the two loss curves agree."""
 
 from rich.table import Table
 
-from mtbench.plugins.api import RUN_CHOICES, hardware, run_dtype, run_processes, shown_figures
+from mtbench.figures import RUN_CHOICES, hardware, run_dtype, run_processes, shown_figures
 from mtbench.runner.results.parity import check_parity
 from mtbench.runner.results.report import BOOKKEEPING_KEYS, KEY_DEFAULTS, differing
 

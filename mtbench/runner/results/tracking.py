@@ -3,7 +3,8 @@ when one fails (it is named once, left out for the rest of the run, and the run 
 
 import importlib.metadata
 
-from mtbench.plugins.api import TrackedRun, run_dtype, run_label, run_name
+from mtbench.figures import run_dtype, run_label, run_name
+from mtbench.plugins.api import TrackedRun
 
 TRACKING_WINDOW = 10  # steps per `tokens_per_s` figure: steady steps only, so compilation does not dilute it
 # The result's metrics logged under another name at the end, because the name is a series streamed every step:

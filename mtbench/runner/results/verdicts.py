@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from mtbench.plugins.api import FIGURES_BY_KEY
+from mtbench.figures import FIGURES_BY_KEY
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000

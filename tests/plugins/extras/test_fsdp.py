@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ONE_BUCKET, TINY_TRAIN, run_cli
-from mtbench import FIGURES_BY_KEY
+from mtbench.figures import FIGURES_BY_KEY
 from mtbench.plugins.extras.fsdp import sharded_axis
 from tests.plugins.extras.test_multi_process import assert_same_losses, torchrun
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 from rich.console import Console
 
-from mtbench import FIGURES_BY_KEY, figure_text
+from mtbench.figures import FIGURES_BY_KEY, figure_text
 from mtbench.plugins.api import Batch, Launch, ProcessGroup, TrainStep
 from mtbench.runner.results import run_result
 from mtbench.runner.loop.checkpoints import TrainingState

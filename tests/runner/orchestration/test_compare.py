@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from conftest import COMPARE_STEPS, ONE_BUCKET, REPOSITORY, TINY_COMPARE, env_with, run_cli
-from mtbench import FIGURES_BY_KEY, run_dtype, shown_figures
+from mtbench.figures import FIGURES_BY_KEY, run_dtype, shown_figures
 from mtbench.runner.results.parity import check_parity
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import run_cli
-from mtbench import FIGURES, shown_figures
+from mtbench.figures import FIGURES, shown_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from conftest import run_cli
-from mtbench import OTHERS_BOUND, SCATTER_BOUND, run_warnings, scored_sentences_text
+from mtbench.figures import OTHERS_BOUND, SCATTER_BOUND, run_warnings, scored_sentences_text
 from mtbench.plugins.reporters.table_reporter import TableReporter, result_rows
 from mtbench.runner.results.report import (LoadedRun, build_comparison, context_lines, table_cells, to_csv,
                                            to_json_dict, to_markdown)

@@ -61,7 +61,7 @@ def test_a_process_with_a_share_of_the_cores_runs_on_the_same_machine(tiny_runs)
     so the scaling row finds the one-process run to divide by."""
     import copy
 
-    from mtbench import hardware
+    from mtbench.figures import hardware
     one = tiny_runs["jax"]["result"]
     two = copy.deepcopy(one)
     two["env"]["cpu_count"] = 1
@@ -69,6 +69,6 @@ def test_a_process_with_a_share_of_the_cores_runs_on_the_same_machine(tiny_runs)
                         "cpu_share": {"cpus": [0], "threads": 1, "of_cpus": one["env"]["cpu_count"],
                                       "local_processes": 2}}
     assert hardware(two) == hardware(one)
-    from mtbench import cores_text
+    from mtbench.figures import cores_text
     assert cores_text(two) == f"pinned to 1 of {one['env']['cpu_count']} cores, 1 thread (2 processes on the machine)"
     assert cores_text(one) == f"every core it may use ({one['env']['cpu_count']})"

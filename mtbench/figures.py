@@ -1,0 +1,339 @@
+"""The figures of a result, defined once: where each is read from, what it is called and how it is shown.
+
+Every output (the single-run table, the comparison table, markdown, CSV, JSON and the plot) takes its figures
+from here, so they cannot disagree about what a figure is.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+MIB = 2 ** 20
+
+
+@dataclass(frozen=True)
+class Figure:
+    key: str                  # the name in CSV and JSON outputs, which carry the raw value
+    title: str                # the name in tables, with the unit shown
+    section: str
+    read: Callable            # result dict -> number or None
+    display_scale: float = 1.0  # shown value = raw value x display_scale
+    decimals: int = 3
+    is_timing: bool = False   # varies between repeats of the same run: shown as median and min-max
+
+    def value(self, result):
+        return self.read(result)
+
+    def text(self, value):
+        """The value as tables show it; 'n/a' where the run has no such figure (device memory on a CPU)."""
+        if value is None:
+            return "n/a"
+        return f"{value * self.display_scale:,.{self.decimals}f}"
+
+
+def _timing(key):
+    return lambda result: result["timing"][key]
+
+
+def _memory(key):
+    return lambda result: result["memory"][key]
+
+
+def _section(result, *keys):
+    """A figure inside an optional section (energy, cost: absent from results of earlier versions)."""
+    value = result
+    for key in keys:
+        value = (value or {}).get(key)
+    return value
+
+
+def _metric(key):
+    return lambda result: result["metrics"].get(key)  # a task's own: a language model has no BLEU
+
+
+FIGURES = (
+    Figure("compile_s", "compile (s)", "timing", _timing("compile_s"), decimals=2, is_timing=True),
+    Figure("step_s_median", "steady step, median (ms)", "timing", _timing("step_s_median"), 1000, 1, True),
+    Figure("step_s_p90", "steady step, p90 (ms)", "timing", _timing("step_s_p90"), 1000, 1, True),
+    Figure("tokens_per_s", "tokens/s (target, steady)", "timing", _timing("tokens_per_s"), decimals=0,
+           is_timing=True),
+    Figure("train_s", "train time (s)", "timing", _timing("train_s"), decimals=1, is_timing=True),
+    Figure("total_s", "total time (s)", "timing", _timing("total_s"), decimals=1, is_timing=True),
+    Figure("translate_s", "test translation (s)", "timing",
+           lambda result: result["timing"].get("phases_s", {}).get("translate"), decimals=1, is_timing=True),
+    Figure("mfu", "MFU (padded, %)", "timing", lambda result: (result.get("utilization") or {}).get("mfu"), 100, 1,
+           True),
+    Figure("mfu_real_tokens", "MFU (real tokens, %)", "timing",
+           lambda result: (result.get("utilization") or {}).get("mfu_real_tokens"), 100, 1, True),
+    Figure("joules_per_1k_tokens", "energy, steady (J / 1k tokens)", "energy",
+           lambda result: _section(result, "energy", "steady", "joules_per_1k_tokens"), decimals=1, is_timing=True),
+    Figure("usd", "cost of the run (USD)", "cost", lambda result: _section(result, "cost", "usd"), decimals=4,
+           is_timing=True),
+    Figure("usd_to_target", "cost to target quality (USD)", "cost",
+           lambda result: _section(result, "cost", "usd_to_target"), decimals=4, is_timing=True),
+    Figure("peak_host_bytes", "peak host memory (MiB)", "memory", _memory("peak_host_bytes"), 1 / MIB, 0),
+    Figure("peak_training_device_bytes", "peak training memory, per device (MiB)", "memory",
+           lambda result: training_peak_bytes(result), 1 / MIB, 0),
+    Figure("state_bytes_per_device", "training state, per device (MiB)", "memory",
+           lambda result: state_bytes_per_device(result), 1 / MIB, 1),
+    Figure("peak_device_bytes", "peak device memory, whole run, largest device (MiB)", "memory", _memory("peak_device_bytes"),
+           1 / MIB, 0),
+    Figure("train_loss", "train loss", "quality", _metric("train_loss")),
+    Figure("val_loss", "validation loss", "quality", _metric("val_loss")),
+    Figure("test_loss", "test loss", "quality", _metric("test_loss")),
+    Figure("val_accuracy", "validation token accuracy", "quality", _metric("val_accuracy")),
+    Figure("test_accuracy", "test token accuracy", "quality", _metric("test_accuracy")),
+    Figure("bleu", "BLEU (test)", "quality", _metric("bleu"), decimals=2),
+    Figure("chrf", "chrF (test)", "quality", _metric("chrf"), decimals=2),
+    Figure("val_perplexity", "validation perplexity", "quality", _metric("val_perplexity"), decimals=2),
+    Figure("test_perplexity", "test perplexity", "quality", _metric("test_perplexity"), decimals=2),
+    Figure("val_bits_per_byte", "validation bits per byte", "quality", _metric("val_bits_per_byte")),
+    Figure("test_bits_per_byte", "test bits per byte", "quality", _metric("test_bits_per_byte")),
+)
+FIGURES_BY_KEY = {figure.key: figure for figure in FIGURES}
+
+
+def shown_figures(results):
+    """The FIGURES that `results` have: every figure but the quality figures no result's task measures (a
+    language model's run has no BLEU, a translation's no perplexity), which would only show 'n/a'."""
+    return [figure for figure in FIGURES if figure.section != "quality"
+            or any(figure.key in (result.get("metrics") or {}) for result in results)]
+
+
+def state_bytes_per_device(result):
+    """Parameters, gradients and optimizer state the largest device held while training, as the extra that
+    placed them recorded (`extras_record[name]['state_bytes']`: ddp, data-parallel, fsdp); None where none did."""
+    recorded = [record["state_bytes"] for record in (result.get("extras_record") or {}).values()
+                if isinstance(record, dict) and record.get("state_bytes") is not None]
+    return max(recorded) if recorded else None
+
+
+def training_peak_bytes(result):
+    """The largest device's peak memory while training (`memory.training`), None where none was reported."""
+    per_device = _section(result, "memory", "training", "per_device")
+    return max(device["peak_bytes"] for device in per_device) if per_device else None
+
+
+def train_step_text(result):
+    """The train step that ran, with how it ran ('torch-compiled (mode reduce-overhead, CUDA graphs: ...)')."""
+    detail = result.get("train_step_detail")
+    return f"{result['train_step']} ({detail})" if detail else result["train_step"]
+
+
+def attention_text(result):
+    """The attention implementation each kind of attention ran (one name when both kinds ran the same) and, in a
+    16-bit dtype, the arithmetic of the training attention (`model.attention.arithmetic`) where recorded."""
+    attention = result["model"].get("attention")
+    if attention == {}:
+        return "none named (the model family runs no attention mtbench holds to a kernel)"
+    causal, masked = (attention or {}).get("causal"), (attention or {}).get("masked")
+    if causal is None:
+        return "not recorded"
+    kernels = causal if causal == masked else f"causal {causal}, masked {masked}"
+    arithmetic = attention.get("arithmetic")
+    if not arithmetic or arithmetic["matmul_inputs"] == "float32":
+        return kernels
+    return (f"{kernels}; {arithmetic['matmul_inputs']} matmuls summing in {arithmetic['accumulation']}, "
+            f"{arithmetic['scores']} scores, {arithmetic['softmax']} softmax")
+
+
+MATMUL_PRECISION_NAMES = {"highest": "highest (IEEE float32)", "high": "high (TF32 where the device has it)"}
+
+
+def matmul_precision_text(result):
+    """The arithmetic of float32 matmuls the run asked both frameworks for (results before it was set: not
+    recorded, and XLA then ran TF32 on GPUs that have it where torch did not)."""
+    precision = result["config"].get("matmul_precision")
+    return MATMUL_PRECISION_NAMES.get(precision, "not recorded")
+
+
+def compile_cache_text(result):
+    """Whether the run's compilation came from the persistent cache ('cold', 'warm (12 hits)', 'off'), by the
+    run's own lookups where the backend counts them, else by whether the cache held programs as it started."""
+    cache = _section(result, "timing", "compile_cache")
+    if not cache:
+        return "none (nothing compiled ahead)"
+    if cache["state"] == "off":
+        return "off"
+    programs = cache.get("programs")
+    if programs is None:
+        return f"{cache['state']} (held {cache['entries_before']} programs as the run started)"
+    return f"{programs} ({cache['hits']} hits, {cache['misses']} misses)"
+
+
+def cores_text(result):
+    """The CPU cores each of the run's processes computed on: its share where several shared a machine
+    (`processes.cpu_share`: pinned to its cores, as many threads), else every core it was allowed."""
+    share = (result.get("processes") or {}).get("cpu_share")
+    if share:
+        threads = f"{share['threads']} thread" + ("s" if share["threads"] != 1 else "")
+        return (f"pinned to {len(share['cpus'])} of {share['of_cpus']} cores, {threads} "
+                f"({share['local_processes']} processes on the machine)")
+    cores = result["env"].get("cpu_count")
+    return f"every core it may use ({cores})" if cores else "not recorded"
+
+
+# What ran, beside the figures of every run: what changes the arithmetic or the kind of work.
+# (key in JSON and CSV, title in tables, the text of a result)
+def host_syncs_text(result):
+    """The host waits counted inside one steady train step ('0 (step 2)', or each wait with where it came from);
+    'not counted' for a backend (or a result) without a counter."""
+    record = result.get("host_syncs")
+    if not record:
+        return "not counted"
+    if record["per_step"] is None:
+        return "not countable on this machine"
+    if not record["per_step"]:
+        return f"0 (counted on step {record['step']})"
+    events = sorted(record["events"].items(), key=lambda item: -item[1])
+    return f"{record['per_step']:g} (step {record['step']}): " + "; ".join(f"{count} x {what}" for what, count in events)
+
+
+RUN_CHOICES = (
+    ("train_step", "train step", train_step_text),
+    ("host_syncs", "host waits per step", host_syncs_text),
+    ("attention", "attention", attention_text),
+    ("matmul_precision", "float32 matmuls", matmul_precision_text),
+    ("compile_cache", "compile cache", compile_cache_text),
+    ("cores", "cores and threads", cores_text),
+)
+
+
+def figure_text(result, key):
+    figure = FIGURES_BY_KEY[key]
+    return figure.text(figure.value(result))
+
+
+# Bounds past which a run's timings carry a warning. Steady steps of several length buckets differ by their
+# lengths alone (p90 about 1.2x to 1.5x the median on this project's presets); past 1.5x something else stalled
+# some of them. A quiet machine's other processes use about 1 % of its CPUs; a single-threaded neighbour on 2
+# cores takes a third of them from a run that would use both.
+SCATTER_BOUND = 1.5      # steady step p90 / median
+OTHERS_BOUND = 10.0      # percent of the CPUs' time other processes used while the run trained
+STEAL_BOUND = 5.0        # percent of the CPUs' time the hypervisor gave to other guests while the run trained
+
+
+def _loaded(load_average, cores):
+    """The 1-minute load average when it is above `cores`, else None."""
+    return load_average[0] if load_average and cores and load_average[0] > cores else None
+
+
+def run_warnings(result):
+    """Why a run's timings may mislead, one sentence each (empty when none applies): steady steps that scatter,
+    a machine loaded while the run trained (other processes used more than OTHERS_BOUND of its CPUs; where the
+    OS does not tell, a load average above the cores as training began) or whose hypervisor took its CPUs, and
+    an MFU peak measured while the load average was above the cores. Results written before the machine's load
+    was recorded get no load warning."""
+    warnings = []
+    timing = result["timing"]
+    median, p90 = timing.get("step_s_median"), timing.get("step_s_p90")
+    if median and p90 and p90 / median > SCATTER_BOUND:
+        warnings.append(f"steady steps scatter: p90 {p90 * 1000:,.1f} ms is {p90 / median:.2f}x the median "
+                        f"{median * 1000:,.1f} ms (bound {SCATTER_BOUND:g}x)")
+    load = result.get("machine_load") or {}
+    cores = load.get("cores") or result["env"].get("cpu_count")
+    averages = {moment: (load.get(f"{moment}_training") or {}).get("load_average") for moment in ("before", "after")}
+    others = load.get("other_processes_percent")
+    if (others > OTHERS_BOUND) if others is not None else _loaded(averages["before"], cores):
+        seen = ", ".join(f"{average[0]:g} {moment} training" for moment, average in averages.items() if average)
+        used = "" if others is None else (f"other processes used {others:.0f} % of the CPUs' time while the run "
+                                          f"trained (bound {OTHERS_BOUND:g} %); ")
+        warnings.append(f"machine loaded: {used}load average {seen or 'not recorded'}, on {cores} cores")
+    steal = load.get("steal_percent")
+    if steal is not None and steal > STEAL_BOUND:
+        warnings.append(f"the hypervisor took {steal:g} % of the CPUs' time while the run trained (steal; bound "
+                        f"{STEAL_BOUND:g} %)")
+    if (result.get("metrics") or {}).get("quality_warning"):  # the task's own (empty translations)
+        warnings.append(result["metrics"]["quality_warning"])
+    utilization = result.get("utilization") or {}
+    peak_load = _loaded(utilization.get("peak_load_average"), cores)
+    if peak_load is not None and utilization.get("mfu") is not None:
+        warnings.append(f"MFU peak measured under load: load average {peak_load:g} on {cores} cores at "
+                        f"{utilization.get('peak_measured_at')}, so MFU reads high (`mtbench env --calibrate` on a "
+                        f"quiet machine measures it again)")
+    return warnings
+
+
+def peak_measurement_text(measured_at, load_average):
+    """When a measured MFU peak was measured and how busy the host was: 'measured 2026-11-22T10:04:31+00:00 at load
+    average 0.42 / 0.3 / 0.25'; None for a datasheet peak or one cached before measurements kept their time."""
+    if not measured_at:
+        return None
+    load = " / ".join(f"{value:g}" for value in load_average) if load_average else "unknown"
+    return f"measured {measured_at} at load average {load}"
+
+
+def scored_sentences_text(result):
+    """How many test sentences the scores cover, and why the others were left out: '370 of 500 (130 longer than
+    --max-len 48)'; None before the test set was translated."""
+    scored = result["metrics"].get("test_sentences_scored")
+    if scored is None:
+        return None
+    data = result["data"]
+    dropped = {reason: (counts or {}).get("test", 0) for reason, counts in (data.get("dropped") or {}).items()}
+    dropped.setdefault("too_long", (data.get("dropped_too_long") or {}).get("test", 0))
+    total = scored + sum(dropped.values())
+    if total == scored:
+        return f"{scored} (the whole test set)"
+    reasons = {"too_long": f"longer than --max-len {result['config'].get('max_len')}",
+               "empty_side": "with an empty side", "duplicate": "duplicates"}
+    left_out = ", ".join(f"{count} {reasons.get(reason, reason)}" for reason, count in dropped.items() if count)
+    return f"{scored} of {total} ({left_out})"
+
+
+# The size flags a run may set over its preset, in the order labels list them (configuration keys; the flag is
+# the key with dashes).
+SIZE_KEYS = ("layers", "encoder_layers", "decoder_layers", "d_model", "heads", "ff_dim", "dropout")
+
+
+def size_label(sizes):
+    """'d-model=128,layers=2' of {configuration key: value}, in SIZE_KEYS order; '' when nothing is set."""
+    return ",".join(f"{key.replace('_', '-')}={sizes[key]:g}" for key in SIZE_KEYS if sizes.get(key) is not None)
+
+
+DEFAULT_MODEL = "transformer"  # the model family of a run without --model
+
+
+def model_label(config):
+    """'model=NAME' for a run of another model family than mtbench's Transformer (its path left out), '' for the
+    Transformer and for results written before `--model` existed."""
+    name = (config.get("model_name") or DEFAULT_MODEL).partition(":")[0]
+    return "" if name == DEFAULT_MODEL else f"model={name}"
+
+
+def run_name(backend, extras, sizes, processes=1, settings=()):
+    """'backend+extra+extra', '@N' for a run of N processes, then ':flag=value,...' for `model=NAME` of another
+    model family than the Transformer and the size flags set in `sizes` (a configuration), and the (flag, value)
+    pairs of `settings` after them (what a sweep varies beside the size: 'batch-size', 'max-len', 'max-tokens';
+    'python', the environment a run came from)."""
+    label = "+".join([backend, *extras])
+    if processes > 1:
+        label += f"@{processes}"
+    keys = [model_label(sizes), size_label(sizes),
+            *(f"{flag}={value:g}" if isinstance(value, float) else f"{flag}={value}" for flag, value in settings)]
+    keys = ",".join(key for key in keys if key)
+    return f"{label}:{keys}" if keys else label
+
+
+def run_processes(result):
+    """How many processes trained the run (results from before several processes existed: one)."""
+    return (result.get("processes") or {}).get("world_size", 1)
+
+
+def run_label(result):
+    """The name of a result's run in every output, and how `--matrix` and `--baseline` name it (`run_name`)."""
+    return run_name(result["backend"], result["extras"], result["config"], run_processes(result))
+
+
+def run_dtype(result):
+    """The dtype policy the model really ran with (an extra may set one), else the one asked for."""
+    return result["model"].get("dtype_policy") or result["config"]["dtype"]
+
+
+def hardware(result):
+    env = result["env"]
+    device = env["device"]
+    if device.get("kind") == "cpu":
+        # The machine's cores: a process beside others on it counts only its share (`processes.cpu_share`).
+        share = (result.get("processes") or {}).get("cpu_share")
+        return f"{device.get('name')}, {share['of_cpus'] if share else env.get('cpu_count')} cores"
+    return f"{device.get('count')}x {device.get('name')}"

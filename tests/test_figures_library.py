@@ -1,0 +1,47 @@
+"""The figures and their formatting live in `mtbench.figures`; their old names in the plugin API still work, with a
+DeprecationWarning that says where they went (plugin API 1.4)."""
+
+import warnings
+
+import pytest
+
+import mtbench
+import mtbench.plugins.api
+from mtbench import figures
+
+
+def test_the_old_names_still_work_and_say_where_they_went():
+    with pytest.warns(DeprecationWarning, match=r"mtbench\.FIGURES moved to mtbench\.figures\.FIGURES"):
+        from mtbench import FIGURES
+    assert FIGURES is figures.FIGURES
+    with pytest.warns(DeprecationWarning, match=r"mtbench\.figures\.figure_text; .* deprecated since plugin API 1\.4"):
+        figure_text = mtbench.plugins.api.figure_text
+    assert figure_text is figures.figure_text
+    with pytest.raises(AttributeError, match="'mtbench' has no attribute 'not_a_figure'"):
+        _ = mtbench.not_a_figure
+
+
+def test_the_new_module_is_imported_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from mtbench.figures import FIGURES, run_label
+        assert FIGURES and run_label({"backend": "jax", "extras": [], "config": {}}) == "jax"
+
+
+def test_the_api_lists_only_what_plugins_implement_or_call():
+    public_figures = {name for name in vars(figures) if not name.startswith("_")}
+    assert {"FIGURES", "figure_text", "run_label", "SIZE_KEYS", "STEAL_BOUND"} <= public_figures
+    assert set(mtbench.plugins.api.__all__) & public_figures == set()
+    assert set(mtbench.__all__) & public_figures == set()
+    assert {"Reporter", "hookimpl", "PLUGIN_API_VERSION"} <= set(mtbench.__all__)
+
+
+def test_the_old_module_still_serves_the_figures_and_warns():
+    import importlib
+    import sys
+
+    import mtbench.figures
+    sys.modules.pop("mtbench.plugins.api.figures", None)
+    with pytest.warns(DeprecationWarning, match="mtbench.figures"):
+        old = importlib.import_module("mtbench.plugins.api.figures")
+    assert old.FIGURES is mtbench.figures.FIGURES and old.figure_text is mtbench.figures.figure_text
