@@ -260,12 +260,15 @@ def environment_rows(description):
     return rows
 
 
+def _switches_text(switches):
+    return ", ".join(f"{name} = {value}" for name, value in (switches or {}).items())
+
+
 def _accelerator_text(accelerator):
     if "error" in accelerator:
         return f"unknown: {accelerator['error']}"
-    settings = ", ".join(f"{name} = {value}" for name, value in (accelerator["float32_matmul"] or {}).items())
-    sixteen_bit = ", ".join(f"{name} = {value}"
-                            for name, value in (accelerator.get("sixteen_bit_matmul") or {}).items())
+    settings = _switches_text(accelerator["float32_matmul"])
+    sixteen_bit = _switches_text(accelerator.get("sixteen_bit_matmul"))
     return (f"CUDA {accelerator['cuda_version'] or 'none'}, cuDNN {accelerator['cudnn_version'] or 'none'}; "
             f"float32 matmul: {settings or 'not reported'}"
             + (f"; 16-bit matmul: {sixteen_bit}" if sixteen_bit else ""))
