@@ -100,13 +100,11 @@ def plan_reruns(path, out, overwrite):
     else:
         repeats = {}
         reruns = []
-        for run, label in zip(runs, labels):
+        for run, label, python in zip(runs, labels, compared_interpreters(path)):
             repeats[label] = repeats.get(label, 0) + 1
             reruns.append(Rerun(run, label, os.path.join(runs_dir(out), f"{label}-{repeats[label]}.json"),
-                                repeats[label]))
+                                repeats[label], python=python))
         check_output_path(out, overwrite)
-        for rerun, python in zip(reruns, compared_interpreters(path)):
-            rerun.python = python
     for rerun in reruns:
         check_output_path(rerun.out, overwrite)
         rerun.weights, rerun.weights_note = starting_weights(rerun.original.result["config"])
