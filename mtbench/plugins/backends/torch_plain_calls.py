@@ -28,14 +28,19 @@ def plain_calls_unsupported(model):
 
 
 def _autocast_scope_for(layer, backend):
-    """The autocast scope `Layer.__call__` would enter for `layer` (None: keep the current one); `backend` is
-    `keras.src.backend`, imported once by the caller rather than at every layer call."""
+    """(the autocast scope `Layer.__call__` would enter for `layer`, None to keep the current one; the dtype
+    variables are cast to inside it, None for none); `backend` is `keras.src.backend`, imported once by the caller
+    rather than at every layer call."""
     current = backend.get_autocast_scope()
     if current is None:
-        return backend.AutocastScope(layer.compute_dtype) if layer.compute_dtype != layer.variable_dtype else None
+        if layer.compute_dtype != layer.variable_dtype:
+            return backend.AutocastScope(layer.compute_dtype), layer.compute_dtype
+        return None, None
     if not layer.autocast or not backend.is_float_dtype(layer.compute_dtype):
-        return backend.AutocastScope(None)
-    return backend.AutocastScope(layer.compute_dtype) if current.dtype != layer.compute_dtype else None
+        return backend.AutocastScope(None), None
+    if current.dtype != layer.compute_dtype:
+        return backend.AutocastScope(layer.compute_dtype), layer.compute_dtype
+    return None, current.dtype
 
 
 def any_keras_tensor(args=None, kwargs=None):
@@ -98,6 +103,12 @@ def plain_layer_calls(training):
     from keras.src.backend.common import keras_tensor
 
     def plain_call(layer, *args, **kwargs):
+        scope, autocast_dtype = _autocast_scope_for(layer, backend)
+        kernel = kernels.get(type(layer))
+        if kernel is not None:
+            outputs = kernel(layer, args, kwargs, autocast_dtype)
+            if outputs is not NotImplemented:
+                return outputs
         if layer._call_has_training_arg and kwargs.get("training") is None:
             kwargs["training"] = training
         if layer._convert_input_args:
@@ -105,10 +116,11 @@ def plain_layer_calls(training):
             args = [convert(arg, autocast, dtype) if _array_like(arg) else arg for arg in args]
             kwargs = {name: convert(value, autocast, dtype) if _array_like(value) else value
                       for name, value in kwargs.items()}
-        scope = _autocast_scope_for(layer, backend)
         with scope if scope is not None else contextlib.nullcontext():
             return layer.call(*args, **kwargs)
 
+    from mtbench.plugins.backends.torch_layer_kernels import layer_kernels
+    kernels = layer_kernels()
     keras_call, keras_check = keras.layers.Layer.__call__, keras_tensor.any_symbolic_tensors
     holders = _symbolic_check_holders()
     _load_walked_kinds()  # here rather than at a first call that torch.compile may be tracing
