@@ -250,6 +250,9 @@ def run_warnings(result):
         warnings.append(f"MFU peak measured under load: load average {peak_load:g} on {cores} cores at "
                         f"{utilization.get('peak_measured_at')}, so MFU reads high (`mtbench env --calibrate` on a "
                         f"quiet machine measures it again)")
+    elif (utilization.get("mfu") or 0) > 1:
+        warnings.append(f"MFU above 100 %: the run reached more than its peak ({utilization.get('peak_source')}), "
+                        f"which is no peak (`mtbench env --calibrate` measures it again)")
     return warnings
 
 

@@ -106,6 +106,18 @@ def test_steal_time_and_a_peak_measured_under_load_are_flagged(tiny_runs):
         f"(`mtbench env --calibrate` on a quiet machine measures it again)"]
 
 
+def test_an_mfu_above_the_peak_is_flagged(tiny_runs):
+    """A peak measured on a busy machine and cached can sit below what a later quiet run reaches (52 GFLOP/s
+    cached against 98 reached, 2026-11-26): MFU over 100 % says the peak is wrong, not the run fast."""
+    result = quiet(tiny_runs["jax"]["result"])
+    result["utilization"]["mfu"] = 1.87
+    assert run_warnings(result) == [
+        f"MFU above 100 %: the run reached more than its peak ({result['utilization']['peak_source']}), which is no "
+        f"peak (`mtbench env --calibrate` measures it again)"]
+    result["utilization"]["mfu"] = 0.55
+    assert run_warnings(result) == []
+
+
 def test_a_result_written_before_the_load_was_recorded_gets_no_load_warning(tiny_runs):
     older = quiet(tiny_runs["torch"]["result"])
     del older["machine_load"]
