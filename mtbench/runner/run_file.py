@@ -8,10 +8,18 @@ from mtbench.runner.files import read_json, write_json_atomic
 
 RUN_FILE_FORMAT = 1
 WHAT = "an mtbench run file"
+# Its `kind`, as results, compare and report JSONs name theirs, so that a reader of a folder of JSON files (`report
+# --history` over a compare's `.runs`) tells it from a result; files written before it carried one are told by
+# their format key (`is_run_file`).
+RUN_FILE_KIND = "mtbench-run-file"
 
 
 def write_run_file(path, config):
-    write_json_atomic(path, {"mtbench_run_file": RUN_FILE_FORMAT, "config": config.to_dict()})
+    write_json_atomic(path, {"kind": RUN_FILE_KIND, "mtbench_run_file": RUN_FILE_FORMAT, "config": config.to_dict()})
+
+
+def is_run_file(data):
+    return isinstance(data, dict) and (data.get("kind") == RUN_FILE_KIND or "mtbench_run_file" in data)
 
 
 def read_run_file(path):

@@ -14,13 +14,13 @@ from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
 from mtbench.figures import run_processes
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import read_json, write_json_atomic
-from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, run_child, runs_dir
+from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, probe_environment, run_child, runs_dir
 from mtbench.runner.results.compare_json import combined_json
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.report import LoadedRun, build_comparison, comparison_labels, load_runs
 from mtbench.runner.results.schema import result_stem
 from mtbench.runner.results.side_by_side import side_by_side, side_by_side_table
-from mtbench.runner.run_file import write_run_file
+from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
 
 # Recorded beside the configuration by the run itself, or by an mtbench before the option was removed: not
 # options to give again.
@@ -126,6 +126,13 @@ def compared_interpreters(path):
         if not (python and os.path.isfile(python) and os.access(python, os.X_OK)):
             raise MtbenchError(f"{path}: its runs ran under several interpreters, and {python} is not an "
                                f"executable file here")
+        # A rerun hands each run its configuration as a run file: an mtbench from before them would fail in the
+        # child, after other runs had trained.
+        described = probe_environment(python, f"{path}: the interpreter {python}")
+        if described.get("run_file_format") != RUN_FILE_FORMAT:
+            raise MtbenchError(f"{path}: the mtbench of {python} reads no run files of format {RUN_FILE_FORMAT} "
+                               f"(`mtbench train --run-file`), which rerun gives every run: upgrade it there, or "
+                               f"run the comparison again with `mtbench compare`")
     return pythons
 
 

@@ -19,6 +19,7 @@ from mtbench.runner.files import read_json
 from mtbench.figures import FIGURES_BY_KEY, hardware, run_label, run_processes
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.regression import change_verdict, markdown_of, table_of
+from mtbench.runner.run_file import is_run_file
 from mtbench.runner.results.report import (
     BOOKKEEPING_KEYS,
     COMPARE_KIND,
@@ -126,7 +127,9 @@ def read_directory(directory):
     for path in paths:
         data = read_json(path, "a result JSON")
         kind = data.get("kind") if isinstance(data, dict) else None
-        if kind == COMPARE_KIND:
+        if is_run_file(data):
+            left_out.append((path, "a run file: the configuration a run was given, not its result"))
+        elif kind == COMPARE_KIND:
             compares.append(path)
             floor = " (its A/A noise floor is used)" if data.get("noise_floor") else ""
             left_out.append((path, f"a compare JSON: a history's points are train results{floor}"))

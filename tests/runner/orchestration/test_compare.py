@@ -513,21 +513,31 @@ def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
 
 def test_rerun_of_an_upgrade_comparison_runs_each_run_under_its_interpreter(compared, tmp_path):
     """A comparison of environments (python=PATH) is trained again under each run's own interpreter: here a
-    wrapper that records its arguments and stops."""
-    from mtbench.errors import RunFailure
+    wrapper that answers `mtbench env --json` with a run file format, records any other arguments and stops. One
+    whose mtbench reads no run files is refused in one line before anything trains."""
+    from mtbench.errors import MtbenchError, RunFailure
     from mtbench.runner.orchestration.rerun import plan_reruns, run_again
+    from mtbench.runner.run_file import RUN_FILE_FORMAT
     record = tmp_path / "ran.txt"
     wrapper = tmp_path / "venv-old" / "bin" / "python"
     wrapper.parent.mkdir(parents=True)
-    wrapper.write_text(f'#!/bin/sh\necho "$@" > {record}\nexit 5\n')
-    wrapper.chmod(0o755)
+
+    def answer_env_with(description):
+        wrapper.write_text(f'#!/bin/sh\nif [ "$3" = env ]; then echo \'{json.dumps(description)}\'; exit 0; fi\n'
+                           f'echo "$@" > {record}\nexit 5\n')
+        wrapper.chmod(0o755)
+
     upgrade = json.loads(json.dumps(compared["combined"]))
     upgrade["runs"][1]["python"] = str(wrapper)
     (tmp_path / "upgrade.json").write_text(json.dumps(upgrade))
+    answer_env_with({"backends": {}, "run_file_format": RUN_FILE_FORMAT})
     reruns, _, _ = plan_reruns(str(tmp_path / "upgrade.json"), str(tmp_path / "again.json"), False)
     with pytest.raises(RunFailure, match="exited with code 5"):
         run_again(reruns[1], Console(file=io.StringIO()))
     assert record.read_text().startswith(f"-m mtbench train --run-file {reruns[1].train_file} ")
+    answer_env_with({"backends": {}})  # an mtbench from before run files
+    with pytest.raises(MtbenchError, match=f"the mtbench of {wrapper} reads no run files of format "):
+        plan_reruns(str(tmp_path / "upgrade.json"), str(tmp_path / "again2.json"), False)
 
 
 def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):

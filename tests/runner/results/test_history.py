@@ -110,6 +110,21 @@ def test_a_recorded_noise_floor_holds_the_changes(real, tmp_path):
            "noise floor is used)" in history.lines()
 
 
+def test_the_run_files_beside_a_compares_results_are_left_out(real, tmp_path):
+    """A compare's `.runs` folder holds each run's run file (`NAME.train.json`) beside its result: a history of
+    it reads the results and names the run files it left out (failed before: a run file read as a broken result)."""
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.run_file import write_run_file
+    directory = write_history(tmp_path, real, [1, 1, 1])
+    write_run_file(str(tmp_path / "001.train.json"), TrainConfig(preset="tiny"))
+    (tmp_path / "002.train.json").write_text(json.dumps({"mtbench_run_file": 1, "config": {}}))  # before `kind`
+    history = build_history(directory)
+    assert len(history.points) == 3
+    for name in ("001.train.json", "002.train.json"):
+        assert f"left out: {tmp_path / name}: a run file: the configuration a run was given, not its result" \
+            in history.lines()
+
+
 def test_the_cli_writes_every_point_and_the_plot(real, tmp_path):
     directory = write_history(tmp_path / "results", real, [1, 1, 0.7, 0.7])
     plot = tmp_path / "history.png"
