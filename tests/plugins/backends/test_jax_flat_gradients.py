@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # one process compiling three data-parallel steps: about a minute
+
 SCRIPT = r"""
 import dataclasses, json, re, sys
 import numpy as np

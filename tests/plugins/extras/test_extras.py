@@ -105,6 +105,7 @@ def test_pmap_holds_one_copy_of_the_state_on_device_zero():
     assert np.isfinite(held["losses"]).all()
 
 
+@pytest.mark.slow
 def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eager(tmp_path, cache_dir, tiny_runs):
     # The session's eager torch run is the reference: the compiled run trains with its flags, so it takes the same
     # batches from the same weights (a second eager run of its own cost about 25 s; the 40 extra compiled steps

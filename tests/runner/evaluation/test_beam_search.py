@@ -83,6 +83,7 @@ def test_trained_model_translates_into_varied_sentences(trained):
     assert len({tuple(t) for t in greedy}) > 1 and any(len(t) < MAX_LEN - 2 for t in greedy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam", [1, 3])
 def test_compiled_beam_search_matches_python_beam_search(trained, forward, beam):
     model, sources = trained
