@@ -8,9 +8,9 @@ bookkeeping already gone (`torch_plain_calls`), a `Dense` call still took 85 us 
 one (benchmarks/host_overhead.py). A kernel here runs the same torch operations on the same tensors in the same
 dtypes (the variables cast as the layer's autocast scope casts them, the input as `convert_input` casts it), so
 every number and gradient is Keras's; it serves only the exact built-in class in its plain configuration (no
-LoRA, no quantization, an activation it knows) and returns `NotImplemented` for anything else, which is then
-called as Keras calls it. `tests/plugins/backends/test_torch_layer_kernels.py` checks outputs and gradients
-bit for bit against Keras's own `call`.
+LoRA, no quantization, an activation it knows: linear, ReLU, exact GELU) and returns `NotImplemented` for
+anything else, which is then called as Keras calls it. `tests/plugins/backends/test_torch_layer_kernels.py`
+checks outputs and gradients bit for bit against Keras's own `call`.
 """
 
 import torch
@@ -42,6 +42,11 @@ def _floating_input(layer, x):
 
 def _identity(x):
     return x
+
+
+def _exact_gelu(x):
+    """`keras.activations.gelu` (`approximate=False`, what `activation="gelu"` gives) on torch."""
+    return F.gelu(x)
 
 
 # Keras's activation functions that `dense` runs as the one torch function Keras's torch backend calls, filled by
@@ -103,5 +108,5 @@ def embedding(layer, args, kwargs, autocast_dtype):
 def layer_kernels():
     """{Keras layer class: its kernel}: only these exact classes (a subclass may override `call`)."""
     from keras import activations, layers
-    _KNOWN_ACTIVATIONS.update({activations.linear: _identity, activations.relu: F.relu})
+    _KNOWN_ACTIVATIONS.update({activations.linear: _identity, activations.relu: F.relu, activations.gelu: _exact_gelu})
     return {layers.Dense: dense, layers.LayerNormalization: layer_normalization, layers.Embedding: embedding}

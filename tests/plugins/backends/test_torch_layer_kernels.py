@@ -50,14 +50,15 @@ PROBE = textwrap.dedent("""
             self.uncentred = layers.LayerNormalization(center=False)
             self.hidden = layers.Dense(32, activation="relu")
             self.out = layers.Dense(16, use_bias=False)
-            self.gelu = layers.Dense(16, activation="gelu")     # an activation the kernels leave to Keras
+            self.gelu = layers.Dense(16, activation="gelu")
+            self.softplus = layers.Dense(16, activation="softplus")  # an activation the kernels leave to Keras
             self.lora = layers.Dense(16)
             self.float32 = layers.Dense(16, dtype="float32")   # a float32 layer inside a mixed-precision one
 
         def call(self, ids):
             x = self.norm(self.tokens(ids))
             x = x + self.out(self.hidden(x))
-            x = self.lora(self.gelu(self.uncentred(x)))
+            x = self.lora(self.softplus(self.gelu(self.uncentred(x))))
             return self.float32(x)
 
     def run(policy, plain):
@@ -91,7 +92,7 @@ def test_the_kernels_run_kerass_operations_and_give_its_numbers():
     report = run_on_torch(PROBE)
     for policy, seen in report.items():
         assert seen["outputs_equal"], policy
-        assert all(seen["gradients_equal"]) and len(seen["gradients_equal"]) == 14, policy
+        assert all(seen["gradients_equal"]) and len(seen["gradients_equal"]) == 16, policy
         assert seen["kernel_ops"] == seen["keras_ops"], policy
     assert report["mixed_bfloat16"]["dtype"] == "torch.float32"   # the float32 layer's output
 
