@@ -5,14 +5,15 @@ JAX: a `keras.distribution.ModelParallel` whose layout shards every weight over 
 all the run's devices, on the weight's largest axis that the axis size divides (a weight no axis of which it
 divides stays replicated); the batch is split over the same axis. mtbench's jit step runs over that mesh, its
 optimizer state in the weights' layouts, and differentiates as FSDP does (`gathered_per_device`): each device
-gathers a unit's weights (one all-gather per unit, in the compute dtype), computes its rows, and reduce-scatters
-the unit's gradients to their shards. Left to GSPMD, the same layouts compile to model parallelism on XLA:CPU
+gathers a unit's weights (one all-gather per unit, in the compute dtype, kept for the backward), computes its rows,
+and reduce-scatters the unit's gradients to their shards. Left to GSPMD, the same layouts compile to model parallelism on XLA:CPU
 (activations gathered, every gradient all-reduced whole, no reduce-scatter), which is not ZeRO-3.
 
 torch: FSDP2 (`torch.distributed.fsdp.fully_shard`) on a device mesh of the run's processes (torchrun; NCCL on
 GPUs, gloo on CPUs), one unit per composite layer of the model (the Transformer's blocks) and the model itself
-for the rest. FSDP gathers a unit's parameters before its forward and backward and reduce-scatters its gradients
-after, but it does so for the module's registered parameters, while a Keras layer computes with its variables'
+for the rest. FSDP gathers a unit's parameters before its forward, keeps them to its backward (as JAX's
+program does: `reshard_after_forward=False`, one all-gather a unit a step on both) and reduce-scatters its
+gradients after, but it does so for the module's registered parameters, while a Keras layer computes with its variables'
 own tensors: wrapped naively, FSDP shards parameters nothing reads and the model trains the unsharded originals.
 So each unit's call goes through `torch.nn.Module.__call__` (where FSDP's hooks run) and, once FSDP has gathered
 the unit, points the unit's variables at the gathered parameters; between steps the variables hold the sharded
@@ -243,7 +244,8 @@ def gathered_per_device(model, distribution):
     """The fsdp step's differentiation (`JitTrainStep`'s `gradients_of`): each device, in a `jax.shard_map` over
     the mesh, gathers each unit's weights whole in the compute dtype (`bucket_gathering`: one all-gather) for the
     forward pass, computes its rows of the batch, and its backward reduce-scatters the unit's gradients to the
-    weights' shards: ZeRO-3, as torch's FSDP2 runs it. Left to GSPMD, XLA partitions the step as model
+    weights' shards: weights, gradients and optimizer state sharded at rest, as torch's FSDP2 runs them here
+    (the gathered weights kept from forward to backward on both: ZeRO-3 would gather them again for the backward). Left to GSPMD, XLA partitions the step as model
     parallelism instead (activations gathered, every gradient all-reduced whole). Each device draws its dropout
     masks from its own stream (the seeds' first word offset by its index), as `summed_over_shards` does."""
     import jax
@@ -318,7 +320,8 @@ class JaxShardedStep(StateRecording):
         return measured
 
     def description(self):
-        return f"{self.inner.description()}, {len(self.record['units'])} units gathered, gradients reduce-scattered"
+        return (f"{self.inner.description()}, {len(self.record['units'])} units gathered once a step, gradients "
+                f"reduce-scattered")
 
     def _lay_out(self, shardings, keras_layouts):
         for variable, value, layout in zip(self.variables, jax_relaid([v.value for v in self.variables], shardings),
@@ -431,7 +434,11 @@ class TorchSharding:
                     held.append((variable, *owners[id(tensor)]))
             keras_class = type(unit)
             # Makes the unit's class FSDP's subclass of it.
-            fully_shard(unit, mesh=mesh, ignored_params=frozen, mp_policy=mixed_precision_policy(model))
+            # Gathered once a step: kept from the unit's forward to its backward, as JAX's program keeps the
+            # gathered weights for its backward (FSDP2's default gathers each unit a second time in the backward,
+            # two all-gathers a unit against JAX's one).
+            fully_shard(unit, mesh=mesh, ignored_params=frozen, mp_policy=mixed_precision_policy(model),
+                        reshard_after_forward=False)
             held = [(variable, parameters, key, parameters._parameters[key]) for variable, parameters, key in held]
             for variable, _, _, shard in held:
                 if not isinstance(shard, DTensor):
@@ -549,7 +556,8 @@ class TorchShardedStep(StateRecording):
         return TorchShardedStep(step, self.sharding, self.record)
 
     def description(self):
-        sharded = f"FSDP2 over {self.sharding.mesh.size()} processes, {len(self.sharding.units)} units"
+        sharded = (f"FSDP2 over {self.sharding.mesh.size()} processes, {len(self.sharding.units)} units gathered "
+                   f"once a step")
         return ", ".join(part for part in (self.inner.description(), sharded) if part)
 
     def finalize(self):

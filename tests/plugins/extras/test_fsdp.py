@@ -110,8 +110,8 @@ def test_jax_fsdp_trains_like_one_device_with_half_the_state_on_each(jax_runs):
     assert record["units"] == ["encoder_0", "decoder_0", "transformer"] and record["gather_dtype"] == "float32"
     # mtbench's jit step ran over the sharded mesh, and its state kept the layouts through every step.
     assert sharded["train_step"] == "jax-jit-stateless"
-    assert sharded["train_step_detail"] == ("ShardedWeights over a mesh of 2 data, 3 units gathered, gradients "
-                                            "reduce-scattered")
+    assert sharded["train_step_detail"] == ("ShardedWeights over a mesh of 2 data, 3 units gathered once a step, "
+                                            "gradients reduce-scattered")
     assert record["layouts_kept"] is True
     parameters = sharded["model"]["parameters"]
     assert_half_of_the_state(record, parameters)
@@ -147,7 +147,7 @@ def test_torch_fsdp_computes_with_its_shards_and_trains_like_one_process(tiny_ru
     result = fsdp_over_two_processes(tiny_runs, cache_dir, tmp_path / "torch-fsdp.json", "torch",
                                      "--checkpoint-every", "30")
     assert result["train_step"] == "torch-eager"
-    assert result["train_step_detail"] == "FSDP2 over 2 processes, 3 units"
+    assert result["train_step_detail"] == "FSDP2 over 2 processes, 3 units gathered once a step"
     record = result["extras_record"]["fsdp"]
     assert record["units"] == ["encoder_0", "decoder_0", "transformer"] and record["collectives"] == "gloo"
     assert_half_of_the_state(record, result["model"]["parameters"])
@@ -193,7 +193,7 @@ def test_torch_fsdp_runs_the_compiled_step_given_either_side_of_torch_compile(ca
         results.append(json.loads(out.read_text()))
     for result in results:
         assert result["train_step"] == "torch-compiled"
-        assert result["train_step_detail"].endswith(", FSDP2 over 2 processes, 3 units")
+        assert result["train_step_detail"].endswith(", FSDP2 over 2 processes, 3 units gathered once a step")
         compiled = result["extras_record"]["torch-compile"]
         assert compiled["graphs_compiled"] >= 3 and compiled["shapes_run_eagerly"] == 0
         assert_half_of_the_state(result["extras_record"]["fsdp"], result["model"]["parameters"])
