@@ -27,20 +27,21 @@ def plain_calls_unsupported(model):
     return None
 
 
-def _autocast_scope_for(layer, backend):
-    """(the autocast scope `Layer.__call__` would enter for `layer`, None to keep the current one; the dtype
-    variables are cast to inside it, None for none); `backend` is `keras.src.backend`, imported once by the caller
-    rather than at every layer call."""
+def _autocast_for(layer, backend):
+    """(whether `Layer.__call__` would enter an autocast scope for `layer`, the dtype variables are cast to inside
+    it then, None for none: the new scope's dtype, or the current scope's where none is entered). Only the layers
+    Keras calls are given a scope (`AutocastScope(dtype)`); a layer kernel casts its own variables. `backend` is
+    `keras.src.backend`, imported once by the caller rather than at every layer call."""
     current = backend.get_autocast_scope()
     if current is None:
         if layer.compute_dtype != layer.variable_dtype:
-            return backend.AutocastScope(layer.compute_dtype), layer.compute_dtype
-        return None, None
+            return True, layer.compute_dtype
+        return False, None
     if not layer.autocast or not backend.is_float_dtype(layer.compute_dtype):
-        return backend.AutocastScope(None), None
+        return True, None
     if current.dtype != layer.compute_dtype:
-        return backend.AutocastScope(layer.compute_dtype), layer.compute_dtype
-    return None, current.dtype
+        return True, layer.compute_dtype
+    return False, current.dtype
 
 
 def any_keras_tensor(args=None, kwargs=None):
@@ -103,7 +104,7 @@ def plain_layer_calls(training):
     from keras.src.backend.common import keras_tensor
 
     def plain_call(layer, *args, **kwargs):
-        scope, autocast_dtype = _autocast_scope_for(layer, backend)
+        enter_scope, autocast_dtype = _autocast_for(layer, backend)
         kernel = kernels.get(type(layer))
         if kernel is not None:
             outputs = kernel(layer, args, kwargs, autocast_dtype)
@@ -116,7 +117,7 @@ def plain_layer_calls(training):
             args = [convert(arg, autocast, dtype) if _array_like(arg) else arg for arg in args]
             kwargs = {name: convert(value, autocast, dtype) if _array_like(value) else value
                       for name, value in kwargs.items()}
-        with scope if scope is not None else contextlib.nullcontext():
+        with backend.AutocastScope(autocast_dtype) if enter_scope else contextlib.nullcontext():
             return layer.call(*args, **kwargs)
 
     from mtbench.plugins.backends.torch_layer_kernels import layer_kernels
