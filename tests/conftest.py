@@ -83,6 +83,14 @@ def run_cli(*args, env=None, cwd=None, timeout=600):
                           env=cli_environment(env), cwd=cwd, timeout=timeout)
 
 
+def assert_refused_in_one_line(proc, expected):
+    """The command refused its input as mtbench must: exit code 2 and one line on stderr, `Error: ...` holding
+    `expected` (so no traceback either)."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], proc.stderr
+
+
 class SharedRuns:
     """Runs made once per test session, whichever pytest-xdist worker first needs one: the others wait for it and
     read its files. A worker builds the runs no other worker is building, then waits for the rest, so two workers

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from conftest import COMPARE_STEPS, ONE_BUCKET, REPOSITORY, TINY_COMPARE, env_with, run_cli
+from conftest import COMPARE_STEPS, ONE_BUCKET, REPOSITORY, TINY_COMPARE, assert_refused_in_one_line, env_with, run_cli
 from mtbench.figures import FIGURES_BY_KEY, run_dtype, shown_figures
 from mtbench.runner.results.parity import check_parity
 
@@ -139,9 +139,7 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
 ])
 def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
     proc = run_cli("compare", *args, "--out", str(tmp_path / "c.json"))
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], proc.stderr
+    assert_refused_in_one_line(proc, expected)
     assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == [], "a refused plan must not start anything"
 
@@ -390,9 +388,7 @@ def test_matrix_entries_sweep_batch_size_and_length_and_name_other_environments(
 ])
 def test_bad_matrix_keys_fail_before_any_run(tmp_path, matrix, expected):
     proc = run_cli("compare", "--matrix", matrix, "--out", str(tmp_path / "c.json"))
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], proc.stderr
+    assert_refused_in_one_line(proc, expected)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -553,9 +549,7 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
                            ([str(tmp_path / "changed.json"), "--out", str(tmp_path / "again.json")],
                             "changed.json: its configuration cannot be read: unknown configuration keys warp_factor")):
         proc = run_cli("rerun", *args)
-        assert proc.returncode == 2, proc.stderr
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], proc.stderr
+        assert_refused_in_one_line(proc, expected)
     assert existing.read_text() == '{"keep": "me"}\n'
     assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json"]
 

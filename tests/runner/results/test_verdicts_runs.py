@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from conftest import TINY_COMPARE, run_cli
+from conftest import TINY_COMPARE, assert_refused_in_one_line, run_cli
 
 PACE = {"MTBENCH_LOAD_PLUGINS": "mtbench-pace"}
 # 30 steps in windows of 2: 15 steady windows a run, enough to resample within it.
@@ -164,7 +164,5 @@ def test_repeats_auto_says_the_budget_ended_it(tmp_path, cache_dir, pace_env):
 ])
 def test_bad_repeats_fail_with_one_line(tmp_path, args, expected):
     proc = run_cli("compare", *args, "--out", str(tmp_path / "c.json"))
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], proc.stderr
+    assert_refused_in_one_line(proc, expected)
     assert list(tmp_path.iterdir()) == []
