@@ -13,9 +13,15 @@ code), in this order, the most important comparison first:
      5-6  float32: `jax` with `--matmul-precision highest` (true float32) and `high` (TF32)
      7-9  mixed_bfloat16 with `--extra flash-attention`: `jax`, `torch+torch-compile`, `torch`
     10-11 float32: `torch+torch-compile` with `--matmul-precision highest` and `high`
+    12-13 mixed_bfloat16: `best-by-hand-jax`, `best-by-hand-torch` (language models only)
 
-On a GPU the language-model rows follow (`--model gpt`): presets `gpt-char` (nanoGPT's Shakespeare-character
-shape, batch 64 x 256) and `gpt2-small` (GPT-2 small, 124 M parameters, batch 16 x 1024), each on rows 1-4 and 7-9.
+On a GPU the language-model presets come first and last: `gpt2-small` (GPT-2 small, 124 M parameters with its
+padded 50,304-entry vocabulary, batch 16 x 1024) before `small`, `gpt-char` (nanoGPT's Shakespeare-character
+shape, batch 64 x 256) after it. A language model runs rows 7, 8, 12, 13, 1, 2, 3, 4, 9 in that order: each
+backend's best way (fused attention; torch compiled), the best-by-hand references (benchmarks/best_gpt.py: nanoGPT's
+recipe on torch, plain JAX with cuDNN attention, on the same batches from the same weights file), then the fair
+default (unfused attention, the same arithmetic on both). The column "step vs best by hand (same backend)" is a
+row's median step over its backend's reference row's, with the peak device memory's ratio beside it.
 
 The float32 rows answer whether both backends, set alike, do the same arithmetic and what TF32 buys (JAX's own
 default on a GPU is TF32, torch's true float32); JAX's pair comes first because it is cheap to compile. Every row
@@ -90,9 +96,11 @@ DTYPES = ("float32", BF16)
 # The language-model rows (`--model gpt`), after the translation rows: nanoGPT's Shakespeare-character shape and
 # GPT-2 small, as "preset names" of their own (family, preset).
 MODEL_PRESETS = {"gpt-char": ("gpt", "char"), "gpt2-small": ("gpt", "gpt2-small")}
-PRESETS_ON = {"gpu": ("small", *MODEL_PRESETS), "cpu": ("tiny",)}
-# The rows of PLAN a language model runs: bfloat16 on each way to train, and fused attention (the causal kernel).
-LANGUAGE_MODEL_ROWS = (1, 2, 3, 4, 7, 8, 9)
+# GPT-2 small first: the comparison people publish, and the one the references' rows are for.
+PRESETS_ON = {"gpu": ("gpt2-small", "small", "gpt-char"), "cpu": ("tiny",)}
+# The rows of PLAN a language model runs, in the order it runs them: each backend's best way (fused attention,
+# compiled), the best-by-hand references, then the fair default (unfused attention) on each way to train.
+LANGUAGE_MODEL_ROWS = (7, 8, 12, 13, 1, 2, 3, 4, 9)
 # Rows x block tokens per training batch (--batch-size: a language model's blocks are all one length).
 GPU_BATCH_SIZE = {"gpt-char": 64, "gpt2-small": 16}
 GPU_REPEATS = 3  # each row's figures the median of three runs, interleaved with the other rows'
@@ -108,6 +116,7 @@ def preset_arguments(preset):
     return (["--model", family] if family else []) + ["--preset", name]
 FLASH = "flash-attention"
 COMPILE = "torch-compile"
+REFERENCE = "best-by-hand"  # benchmarks/best_gpt.py's rows
 # Keys of a result's `config` that differ from row to row by design, or name files: not part of the shared
 # configuration printed above the table.
 PER_ROW_CONFIG = ("backend", "extras", "dtype", "matmul_precision", "compile_mode", "initial_weights",
@@ -117,27 +126,36 @@ PER_ROW_CONFIG = ("backend", "extras", "dtype", "matmul_precision", "compile_mod
 # compilations (two length buckets on `small`) and steps. Guesses, not measurements: each is replaced by the first
 # measured row of its kind. Generous for the torch.compile rows, whose compile time is the least known.
 FIRST_GUESS_S = {
-    "gpu": {"jax": 40, "torch eager": 20, "torch compiled default": 100, "torch compiled reduce-overhead": 130},
-    "cpu": {"jax": 15, "torch eager": 10, "torch compiled default": 60, "torch compiled reduce-overhead": 60},
+    "gpu": {"jax": 40, "torch eager": 20, "torch compiled default": 100, "torch compiled reduce-overhead": 130,
+            "reference jax": 40, "reference torch": 80},
+    "cpu": {"jax": 15, "torch eager": 10, "torch compiled default": 60, "torch compiled reduce-overhead": 60,
+            "reference jax": 15, "reference torch": 10},
 }
 WEIGHTS_GUESS_S = {"gpu": 40, "cpu": 20}  # a weights file before one was written: a process's start and data
 
 
 @dataclass(frozen=True)
 class Way:
-    """One way to train: a backend, its extras and torch.compile's mode."""
+    """One way to train: a backend, its extras and torch.compile's mode; or (`reference`) the backend's
+    best-by-hand language model of benchmarks/best_gpt.py, trained on the same batches from the same weights."""
     backend: str
     extras: tuple = ()
     compile_mode: str = None
+    reference: bool = False
 
     @property
     def label(self):
+        if self.reference:
+            return f"{REFERENCE}-{self.backend}"
         name = "+".join((self.backend, *self.extras))
         return f"{name}@{self.compile_mode}" if self.compile_mode else name
 
     @property
     def kind(self):
-        """What its time is made of, for estimates: 'jax', 'torch eager' or 'torch compiled MODE'."""
+        """What its time is made of, for estimates: 'jax', 'torch eager', 'torch compiled MODE' or 'reference
+        BACKEND'."""
+        if self.reference:
+            return f"reference {self.backend}"
         if self.backend != "torch":
             return self.backend
         if COMPILE not in self.extras:
@@ -146,8 +164,12 @@ class Way:
 
     def train_arguments(self):
         arguments = ["--backend", self.backend]
+        if self.reference:
+            return arguments
         for extra in self.extras:
             arguments += ["--extra", extra]
+        if FLASH not in self.extras:  # the fair default's rows: unfused on every device (auto would fuse on a GPU)
+            arguments += ["--attention", "unfused"]
         return arguments + (["--compile-mode", self.compile_mode] if self.compile_mode else [])
 
 
@@ -159,6 +181,8 @@ WAYS = (
     Way("jax", (FLASH,)),
     Way("torch", (FLASH,)),
     Way("torch", (COMPILE, FLASH)),
+    Way("jax", reference=True),
+    Way("torch", reference=True),
 )
 WAYS_BY_LABEL = {way.label: way for way in WAYS}
 
@@ -176,6 +200,8 @@ PLAN = (
     (BF16, "torch+flash-attention", None),
     ("float32", "torch+torch-compile", "highest"),
     ("float32", "torch+torch-compile", "high"),
+    (BF16, f"{REFERENCE}-jax", None),
+    (BF16, f"{REFERENCE}-torch", None),
 )
 
 
@@ -272,11 +298,12 @@ def plan_rows(probe, presets=None, dtypes=DTYPES, ways=WAYS, numbers=None):
     kind = device_kind(probe)
     rows = []
     for preset in presets or PRESETS_ON[kind]:
-        for number, (dtype, label, precision) in enumerate(PLAN, start=1):
+        order = LANGUAGE_MODEL_ROWS if preset in MODEL_PRESETS else [
+            number for number, (_, label, _) in enumerate(PLAN, start=1) if not WAYS_BY_LABEL[label].reference]
+        for number in order:
+            dtype, label, precision = PLAN[number - 1]
             way = WAYS_BY_LABEL[label]
             if dtype not in dtypes or way not in ways or (numbers and number not in numbers):
-                continue
-            if preset in MODEL_PRESETS and number not in LANGUAGE_MODEL_ROWS:
                 continue
             row = Row(preset, dtype, way, precision, number)
             rows.append((row, skip_reason(row, probe, kind)))
@@ -339,12 +366,17 @@ class TimedOut(str):
     """run_mtbench's reason for a process it stopped at its timeout."""
 
 
-def run_mtbench(arguments, log_file, timeout):
-    """Runs `python -m mtbench ARGUMENTS` in a fresh process, its output kept in `log_file`. Returns None, or why
-    it failed in one line (a `TimedOut` when it was stopped at `timeout` seconds)."""
+MTBENCH = ("-m", "mtbench")
+REFERENCE_SCRIPT = (os.path.join(REPOSITORY, "benchmarks", "best_gpt.py"),)
+
+
+def run_mtbench(arguments, log_file, timeout, program=MTBENCH):
+    """Runs `python -m mtbench ARGUMENTS` (or `program`, a script) in a fresh process, its output kept in
+    `log_file`. Returns None, or why it failed in one line (a `TimedOut` when it was stopped at `timeout`
+    seconds)."""
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}  # the backend plugin sets it
     try:
-        proc = subprocess.run([sys.executable, "-m", "mtbench", *arguments], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, *program, *arguments], capture_output=True, text=True,
                               env=env, cwd=REPOSITORY, stdin=subprocess.DEVNULL, timeout=timeout)
     except subprocess.TimeoutExpired as expired:
         output = expired.stdout or ""
@@ -366,7 +398,7 @@ def run_mtbench(arguments, log_file, timeout):
 def what_ran(result):
     """In a few words, what the result records of how it trained: the attention each kind of training attention
     ran, and what each extra recorded (torch-compile's mode and graph breaks, flash-attention's kernels)."""
-    parts = []
+    parts = [result["description"]] if result.get("description") else []
     attention = (result.get("model") or {}).get("attention") or {}
     if "causal" in attention or "masked" in attention:
         parts.append(f"attention causal/masked {attention.get('causal')}/{attention.get('masked')}")
@@ -494,10 +526,11 @@ def run_row(row, record, args, options, estimates, weights, results, left, clock
     if timeout <= 0:
         give_up("cut", f"not started: the weights file spent the {args.budget:g} s budget")
         return
-    failure = run_mtbench(["train", *row.train_arguments(), *steps, *options, "--cache-dir", args.cache_dir,
+    command, program = (([], REFERENCE_SCRIPT) if row.way.reference else (["train"], MTBENCH))
+    failure = run_mtbench([*command, *row.train_arguments(), *steps, *options, "--cache-dir", args.cache_dir,
                            "--initial-weights", path, "--out", result_file, "--overwrite", "--report", "none",
                            "--measure-only"],
-                          os.path.join(preset_dir, f"{stem}.log"), timeout)
+                          os.path.join(preset_dir, f"{stem}.log"), timeout, program)
     wall_s = clock() - row_started
     if repeat == 1:
         record.update(wall_s=wall_s, result_file=os.path.abspath(result_file))
@@ -562,7 +595,7 @@ def add_parity(records, results):
 # ---- output -----------------------------------------------------------------------------------------------------
 
 COLUMNS = ("#", "preset", "dtype", "run", "train step that ran", "step ms (median)", "tokens/s", "compile s", "MFU",
-           "peak device MiB", "parity", "row s")
+           "peak device MiB", "step vs best by hand (same backend)", "parity", "row s")
 STATUS_COLUMN = COLUMNS.index("train step that ran")
 
 
@@ -583,7 +616,8 @@ def table_row(record):
     return head + [step, number(record["step_ms_median"], ".1f"), number(record["tokens_per_s"], ",.0f"),
                    number(record["compile_s"], ".1f"),
                    "n/a" if record["mfu"] is None else f"{record['mfu'] * 100:.1f} %",
-                   number(record["peak_device_mib"], ",.0f"), record.get("parity", ""), wall]
+                   number(record["peak_device_mib"], ",.0f"), record.get("vs_best_by_hand", ""),
+                   record.get("parity", ""), wall]
 
 
 def table_line(record):
@@ -642,8 +676,26 @@ def rerun_commands(records, args, train_options):
     return commands
 
 
+def add_best_by_hand_ratios(records):
+    """Each row that ran beside a best-by-hand reference of its preset, dtype and backend gets its steady step
+    over the reference's, and its peak device memory over the reference's."""
+    ran = {(r["preset"], r["dtype"], r["run"]): r for r in records if r["status"] == "ran"}
+    for record in ran.values():
+        way = WAYS_BY_LABEL[record["run"]]
+        reference = ran.get((record["preset"], record["dtype"], f"{REFERENCE}-{way.backend}"))
+        if way.reference or reference is None or not (record["step_ms_median"] and reference["step_ms_median"]):
+            continue
+        record["step_vs_best_by_hand"] = record["step_ms_median"] / reference["step_ms_median"]
+        text = f"{record['step_vs_best_by_hand']:.2f}x"
+        if record.get("peak_device_mib") and reference.get("peak_device_mib"):
+            record["memory_vs_best_by_hand"] = record["peak_device_mib"] / reference["peak_device_mib"]
+            text += f" (memory {record['memory_vs_best_by_hand']:.2f}x)"
+        record["vs_best_by_hand"] = text
+
+
 def summarize(records, results, probe, args, train_options, kind, elapsed_s, finished):
     add_parity(records, results)
+    add_best_by_hand_ratios(records)
     env, devices = environment(results, probe)
     return {
         "kind": "gpu-matrix", "device_kind": kind, "finished": finished,

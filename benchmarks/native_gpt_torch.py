@@ -46,12 +46,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab_size, d_model, num_heads, layers_count, ff_dim, block_size, dropout=0.0):
+    """`block`: the class of its blocks (this module's `Block` unless another model reuses the rest)."""
+
+    def __init__(self, vocab_size, d_model, num_heads, layers_count, ff_dim, block_size, dropout=0.0, block=None):
         super().__init__()
+        block = block or Block
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(block_size, d_model)
         self.embedding_dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(d_model, num_heads, ff_dim, dropout) for _ in range(layers_count))
+        self.blocks = nn.ModuleList(block(d_model, num_heads, ff_dim, dropout) for _ in range(layers_count))
         self.final_norm = layer_norm(d_model)
 
     def forward(self, ids):

@@ -47,6 +47,9 @@ TRANSLATION_LENGTH = 32  # --length's default for the translation model: a well-
 # The hand-written baselines of each model family, by backend.
 NATIVE_MODULES = {("transformer", "jax"): "benchmarks.native_flax", ("transformer", "torch"): "benchmarks.native_torch",
                   ("gpt", "jax"): "benchmarks.native_gpt_flax", ("gpt", "torch"): "benchmarks.native_gpt_torch"}
+# --baseline best: the language model as each backend's best users write it (fused QKV and attention, torch.compile
+# and fused AdamW; one donating jit with cuDNN attention), against mtbench's best way to train on that backend.
+BEST_MODULES = {("gpt", "jax"): "benchmarks.best_gpt_jax", ("gpt", "torch"): "benchmarks.best_gpt_torch"}
 
 
 @dataclass
@@ -120,7 +123,8 @@ def native_contestant(backend_name, workload, weights, settings, name="native", 
     Keras-torch picks."""
     import importlib
     mixed = workload.config.dtype == "mixed_bfloat16"
-    native = importlib.import_module(NATIVE_MODULES[(workload.config.model_family[0], backend_name)])
+    modules = BEST_MODULES if name == "best" else NATIVE_MODULES
+    native = importlib.import_module(modules[(workload.config.model_family[0], backend_name)])
     step = native.train_step_from_keras_weights(workload.model_shape, weights, settings, mixed_bfloat16=mixed,
                                                 **step_options)
     if backend_name == "jax":
@@ -146,24 +150,38 @@ def keras_contestant(name, backend, model, train_step):
     return Contestant(name, train, synchronize)
 
 
+def best_train_step(backend, run, model):
+    """mtbench's best way to train `model` on `backend`: torch's compiled step (what `--extra torch-compile`
+    trains with), JAX's jitted one; the model built with fused attention where the device has it."""
+    if backend.name == "torch":
+        from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+        return CompiledTorchTrainStep(model)
+    return backend.make_train_step(run, model)
+
+
 def measure(backend_name, dtype, args):
     from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_benchmark
     from mtbench.plugins import manager as plugins
     from mtbench import KerasTrainStep
     config = workload_config(args, backend_name, dtype=dtype, **({"max_len": args.max_len} if args.max_len else {}))
-    keras, backend, run, workload = prepare_benchmark(config, args.batches, args.length)
+    keras, backend, run, workload = prepare_benchmark(config, args.batches, args.length,
+                                                      fused_attention=args.baseline == "best")
     from mtbench.keras_models.initialization import initial_weights
     total_steps = args.warmup + args.rounds * args.steps_per_round
 
     contestants, step_names = [], {}
-    model = build_keras_model(keras, workload, total_steps)
+    best = args.baseline == "best"
+    fused = best and run.attention.get("causal", "").endswith("(fused)")  # where the device has the kernels
+    model = build_keras_model(keras, workload, total_steps, flash_attention=fused)
     weights, settings = initial_weights(model, config.seed), OptimizerSettings.of_keras_optimizer(model.optimizer)
-    mtbench_step = backend.make_train_step(run, model) or KerasTrainStep(model)
+    mtbench_step = best_train_step(backend, run, model) if best else (
+        backend.make_train_step(run, model) or KerasTrainStep(model))
     step_names["mtbench"] = mtbench_step.name
     contestants.append(keras_contestant("mtbench", backend, model, mtbench_step))
     # The baseline trains where mtbench's variables are (Keras-torch puts them on CUDA when it can).
     native_options = {"device": model.weights[0].value.device} if backend_name == "torch" else {}
-    contestants.append(native_contestant(backend_name, workload, weights, settings, **native_options))
+    contestants.append(native_contestant(backend_name, workload, weights, settings,
+                                         name="best" if best else "native", **native_options))
     if args.keras:
         keras_model = build_keras_model(keras, workload, total_steps)
         contestants.append(keras_contestant("keras", backend, keras_model, KerasTrainStep(keras_model)))
@@ -179,7 +197,8 @@ def measure(backend_name, dtype, args):
     if backend_name == "torch":
         import torch
         threads = torch.get_num_threads()
-    return {"backend": backend_name, "dtype": dtype, "train_steps": step_names,
+    return {"backend": backend_name, "dtype": dtype, "train_steps": step_names, "baseline": args.baseline,
+            "attention": run.attention,
             "contestants": {name: summarize(values) for name, values in seconds.items()},
             "device": run.device, "torch_threads": threads, "parameters": int(model.count_params()),
             "batch_shape": list(workload.batches[0].shape),
@@ -224,14 +243,15 @@ def format_ratio(value):
 
 
 def table(results):
-    header = (f"{'backend':8s} {'precision':15s} {'mtbench ms':>10s} {'native ms':>10s} {'mtbench/native':>15s} "
-              f"{'keras ms':>10s} {'keras/native':>13s} {'steps':>6s}  mtbench step")
+    base = results[0].get("baseline", "native") if results else "native"
+    header = (f"{'backend':8s} {'precision':15s} {'mtbench ms':>10s} {base + ' ms':>10s} {'mtbench/' + base:>15s} "
+              f"{'keras ms':>10s} {'keras/' + base:>13s} {'steps':>6s}  mtbench step")
     lines = [header, "-" * len(header)]
     for r in results:
         c = r["contestants"]
         lines.append(f"{r['backend']:8s} {r['dtype']:15s} {milliseconds(c['mtbench']):>10s} "
-                     f"{milliseconds(c['native']):>10s} {format_ratio(ratio(c['mtbench'], c['native'])):>15s} "
-                     f"{milliseconds(c.get('keras')):>10s} {format_ratio(ratio(c.get('keras'), c['native'])):>13s} "
+                     f"{milliseconds(c[base]):>10s} {format_ratio(ratio(c['mtbench'], c[base])):>15s} "
+                     f"{milliseconds(c.get('keras')):>10s} {format_ratio(ratio(c.get('keras'), c[base])):>13s} "
                      f"{c['mtbench']['steps']:>6d}  {r['train_steps']['mtbench']}")
     return "\n".join(lines)
 
@@ -241,6 +261,11 @@ def summary_json(results, settings):
     out.update(mfu_jax=None, mfu_torch=None)
     for r in results:
         c = r["contestants"]
+        if r.get("baseline") == "best":  # jax_ratio_best (mixed bfloat16), jax_ratio_best_float32, ...
+            suffix = "" if r["dtype"] == "mixed_bfloat16" else f"_{r['dtype']}"
+            out[f"{r['backend']}_ratio_best{suffix}"] = ratio(c["mtbench"], c["best"])
+            out[f"mfu_{r['backend']}_best{suffix}"] = model_flops_utilisation(r)
+            continue
         out[RATIO_KEYS[(r["backend"], r["dtype"])]] = ratio(c["mtbench"], c["native"])
         if r["dtype"] == "float32":
             out[f"mfu_{r['backend']}"] = model_flops_utilisation(r)
@@ -314,10 +339,16 @@ def parse_args(argv):
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--max-len", type=int, default=None)
     parser.add_argument("--no-keras", dest="keras", action="store_false", help="leave plain train_on_batch out")
+    parser.add_argument("--baseline", choices=("native", "best"), default="native",
+                        help="native: hand-written steps that copy mtbench's arithmetic (its overhead); best (--model "
+                             "gpt): the best-by-hand references against mtbench's best way on each backend (fused "
+                             "attention where the device has it, torch compiled)")
     parser.add_argument("--worker", nargs=2, metavar=("BACKEND", "DTYPE"), help=argparse.SUPPRESS)
     args = parse_measurement_args(parser, argv, QUICK)
     if args.model == "gpt" and args.max_len is not None:
         parser.error("--max-len is the translation model's; a language model's block is --length")
+    if args.baseline == "best" and args.model != "gpt":
+        parser.error("--baseline best: the best-by-hand references are the language model's (--model gpt)")
     return args
 
 
@@ -332,7 +363,7 @@ def main(argv=None):
     worker_argv = [a for a in argv if a != "--quick"]
     if args.quick:
         worker_argv += [f"--{name.replace('_', '-')}={value}" for name, value in QUICK.items()]
-    settings = {"model": args.model, "preset": args.preset, "batch_size": args.batch_size, "length": args.length,
+    settings = {"model": args.model, "baseline": args.baseline, "preset": args.preset, "batch_size": args.batch_size, "length": args.length,
                 "rounds": args.rounds, "steps_per_round": args.steps_per_round, "warmup": args.warmup,
                 "versions": versions(), "hardware": hardware(), "cpus": args.cpus}
     results = []

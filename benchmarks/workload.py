@@ -36,6 +36,12 @@ class OptimizerSettings:
                    beta_2=float(optimizer.beta_2), epsilon=float(optimizer.epsilon),
                    clipnorm=float(optimizer.clipnorm))
 
+    @classmethod
+    def of_config(cls, config, total_steps):
+        """The settings `mtbench train` gives its Keras optimizer for `config` over `total_steps`, without keras."""
+        from mtbench.runner.loop.recipe import optimizer_recipe
+        return cls(**optimizer_recipe(config, total_steps))
+
 
 @dataclass
 class Workload:
@@ -79,17 +85,18 @@ def prepare_text_workload(config, steps):
     from mtbench.runner.data.text import ByteTokenizer, read_text, split_ranges, training_batches
     text = read_text(config, plugins.registry(), progress=lambda done, total: None)
     start, end = split_ranges(len(text.data))["train"]
-    tokenizer = ByteTokenizer()
+    tokenizer = ByteTokenizer(config.model.byte_vocab_size)  # GPT-2 small's padded vocabulary, as `mtbench train`
     stream = tokenizer.stream(text.data[start:end])
     batches = [batch for _, batch in islice(training_batches(stream, config.batch_size, config.max_len,
                                                              config.seed), steps)]
     return Workload(config=config, vocab_size=tokenizer.vocab_size, batches=batches)
 
 
-def prepare_benchmark(config, steps, length):
+def prepare_benchmark(config, steps, length, fused_attention=False):
     """What a benchmark process sets up first: keras imported on `config.backend` (as `mtbench train` imports
-    it), the workload of `steps` batches of bucket `length`, and the run context. Returns (keras, backend, run,
-    workload)."""
+    it), the workload of `steps` batches of bucket `length`, and the run context. With `fused_attention`, the
+    attention kernels are the fused ones where the flash-attention extra could run here (as `--attention auto`
+    chooses), else the plain ones. Returns (keras, backend, run, workload)."""
     from types import SimpleNamespace
 
     from mtbench.plugins import manager as plugins
@@ -103,13 +110,18 @@ def prepare_benchmark(config, steps, length):
     run = RunContext(config=config, backend=backend, device=backend.device_info())
     # The arithmetic and attention kernels `mtbench train` sets, for every contestant of the process alike.
     run.matmul_precision = set_matmul_precision(backend, config.matmul_precision)
+    if fused_attention:
+        flash = plugins.registry().extras.get("flash-attention")
+        if flash is not None and backend.name in flash.backends and flash.unavailable_reason(run) is None:
+            run.model_options["flash_attention"] = True
     run.attention = choose_attention_kernels(run, SimpleNamespace(backend=backend))
     return keras, backend, run, workload
 
 
-def build_keras_model(keras, workload, total_steps):
+def build_keras_model(keras, workload, total_steps, flash_attention=False):
     """mtbench's model with its numpy-drawn initial weights, compiled by mtbench's own `compile_model`, under
-    the workload's dtype policy (keras must already be imported with the wanted backend)."""
+    the workload's dtype policy (keras must already be imported with the wanted backend); `flash_attention`
+    asks Keras for the fused kernel in the causal attention."""
     from mtbench.keras_models.gpt import build_gpt
     from mtbench.keras_models.initialization import assign_weights, initial_weights
     from mtbench.keras_models.transformer import build_transformer
@@ -117,7 +129,7 @@ def build_keras_model(keras, workload, total_steps):
     keras.utils.set_random_seed(workload.config.seed)
     keras.config.set_dtype_policy(workload.config.dtype)
     build = build_gpt if workload.config.model_family[0] == "gpt" else build_transformer
-    model = build(workload.model_shape)
+    model = build(workload.model_shape, flash_attention=flash_attention)
     assign_weights(model, initial_weights(model, workload.config.seed))
     compile_model(keras, model, workload.config, total_steps, {})
     return model

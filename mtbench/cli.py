@@ -16,7 +16,8 @@ from mtbench.plugins import manager as plugins
 from mtbench.errors import MtbenchError, ReportingFailed
 from mtbench.plugins.api import PLUGIN_API_VERSION
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
-from mtbench.runner.config import COMPILE_MODES, DEFAULT_TIMING_WINDOW, DTYPES, MATMUL_PRECISIONS, TrainConfig
+from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW, DTYPES,
+                                   MATMUL_PRECISIONS, TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
 
@@ -125,6 +126,7 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--batch-size", type=int, default=64, show_default=True, help="Sentence pairs per step (evaluation batches too)."),
     click.option("--max-tokens", type=int, metavar="N", help="Token batching, as fairseq's: each length bucket's training batches get as many rows as fit N tokens of padded length (a multiple of 8 from 8 rows), instead of --batch-size rows."),
     click.option("--timing-window", type=int, metavar="N", default=DEFAULT_TIMING_WINDOW, show_default=True, help="Steady steps between device synchronisations (losses are read then too); a step's time is its window's mean. 1: every step alone. The first step of each shape is always timed alone."),
+    click.option("--log-every", type=int, metavar="N", default=DEFAULT_LOG_EVERY, show_default=True, help="Off a terminal (a file, a pipe), a line every N steps: step, loss, learning rate, step time, tokens/s; and one per validation. On a terminal the bar."),
     click.option("--learning-rate", type=float, default=1e-3, show_default=True),
     click.option("--warmup-steps", type=int, default=100, show_default=True),
     click.option("--max-pairs", type=int, help="Use only the first N pairs of the corpus."),
@@ -145,6 +147,10 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--matmul-precision", type=click.Choice(MATMUL_PRECISIONS), default="highest", show_default=True,
                  help="float32 matmuls on both backends: highest (true float32) or high (TF32 on GPUs that have it; "
                       "XLA's own default there, not torch's). Recorded, and MFU divides by that arithmetic's peak."),
+    click.option("--attention", type=click.Choice(ATTENTION_CHOICES), default="auto", show_default=True,
+                 help="Attention kernels: auto (fused where the device has them, as their best users train: the "
+                      "flash-attention extra on a GPU in 16 bits, else unfused), fused (the extra; refused where it "
+                      "cannot run) or unfused (the same plain operations on both backends). What ran is recorded."),
     click.option("--measure-only", is_flag=True, default=False,
                  help="Benchmark mode: train and time only; skip validation, the final evaluation, the test "
                       "translation and saving the model (the result's quality figures are n/a)."),

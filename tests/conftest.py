@@ -432,3 +432,25 @@ def require_installed_example(package, module, directory, install):
 
 def env_with(plugin_path):
     return {"PYTHONPATH": plugin_path + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def keras_gpt_run(cache_dir, steps):
+    """mtbench's Keras step on the tiny GPT (a 32-token block, 8 rows) for `steps` batches of the README's bytes,
+    without warm-up so that every step moves the weights: {'workload', 'weights', 'settings', 'losses'}, what the
+    language model's baselines in benchmarks/ are held to."""
+    import keras
+    import numpy as np
+
+    from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_workload
+    from mtbench import KerasTrainStep
+    from mtbench.keras_models.initialization import initial_weights
+    from mtbench.runner.config import TrainConfig
+    config = TrainConfig(model_name="gpt", preset="tiny", data_file=os.path.join(REPOSITORY, "README.md"),
+                         block_size=32, batch_size=8, warmup_steps=0, cache_dir=cache_dir)
+    workload = prepare_workload(config, steps)
+    model = build_keras_model(keras, workload, total_steps=steps)
+    weights = initial_weights(model, config.seed)
+    settings = OptimizerSettings.of_keras_optimizer(model.optimizer)
+    step = KerasTrainStep(model)
+    losses = [float(step(b.inputs, b.target_output, b.weight)["loss"]) for b in workload.batches]
+    return {"workload": workload, "weights": weights, "settings": settings, "losses": np.array(losses)}

@@ -3,9 +3,11 @@ import): builds the tiny Transformer as mtbench compiles it, runs the backend's 
 step) until its shape is steady, then counts the host waits of a few steady steps with the backend's counter.
 On torch with CUDA the counted steps run under
 `torch.cuda.set_sync_debug_mode('error')`. Prints one JSON line: {'syncs_per_step', 'events', 'cuda_sync_debug',
-'losses'}.
+'counted_steps', 'variables', 'losses'}.
 
-    python tests/host_syncs_probe.py BACKEND STEP DTYPE     (STEP: default | compiled; DTYPE: a Keras policy)
+    python tests/host_syncs_probe.py BACKEND STEP DTYPE [keras-schedule]
+        (STEP: default | compiled; DTYPE: a Keras policy; keras-schedule: Keras's own CosineDecay, which branches,
+        in place of mtbench's)
 """
 
 import contextlib
@@ -26,7 +28,7 @@ def batch(seed, rows=4, length=16):
     return (source, target), target, weight
 
 
-def main(backend, step_kind, dtype):
+def main(backend, step_kind, dtype, schedule="mtbench"):
     os.environ["KERAS_BACKEND"] = backend
     import keras
 
@@ -39,6 +41,10 @@ def main(backend, step_kind, dtype):
     model = build_transformer(PRESETS["tiny"])
     assign_weights(model, initial_weights(model, 0))
     compile_model(keras, model, TrainConfig(preset="tiny", dtype=dtype, warmup_steps=2), 20, {})
+    if schedule == "keras-schedule":
+        ours = model.optimizer._learning_rate
+        model.optimizer._learning_rate = keras.optimizers.schedules.CosineDecay(
+            0.0, ours.decay_steps, ours.alpha, warmup_target=ours.warmup_target, warmup_steps=ours.warmup_steps)
     if backend == "torch":
         from mtbench.plugins.backends.torch_host_syncs import TorchHostSyncCounter as Counter
         if step_kind == "compiled":
@@ -54,7 +60,7 @@ def main(backend, step_kind, dtype):
     with cuda_sync_debug(backend) as sync_debug:
         logs += [counter.count_step(step, *batch(WARM_STEPS + i)) for i in range(COUNTED_STEPS)]
     print(json.dumps({"syncs_per_step": counter.per_step(), "events": dict(counter.events), "cuda_sync_debug":
-                      sync_debug, "losses": [float(entry["loss"]) for entry in logs]}))
+                      sync_debug, "counted_steps": COUNTED_STEPS, "variables": len(model.trainable_variables), "losses": [float(entry["loss"]) for entry in logs]}))
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ nanoGPT and GPT-2. Every position predicts the next token; there is no padding i
 import keras
 from keras import layers, ops
 
-from mtbench.keras_models.transformer import Attention, dropout_layer
+from mtbench.keras_models.transformer import Attention, Embedding, dropout_layer
 
 
 class MLP(layers.Layer):
@@ -43,8 +43,8 @@ class GPT(keras.Model):
                  flash_attention=False, **kwargs):
         super().__init__(**kwargs)
         self.block_size = block_size
-        self.token_embedding = layers.Embedding(vocab_size, d_model, name="token_embedding")
-        self.position_embedding = layers.Embedding(block_size, d_model, name="position_embedding")
+        self.token_embedding = Embedding(vocab_size, d_model, name="token_embedding")
+        self.position_embedding = Embedding(block_size, d_model, name="position_embedding")
         self.embedding_dropout = dropout_layer(dropout)
         self.blocks = [Block(d_model, num_heads, ff_dim, dropout, flash_attention, name=f"block_{i}")
                        for i in range(layers_count)]

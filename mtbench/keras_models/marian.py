@@ -13,7 +13,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from mtbench.keras_models.transformer import Attention, decoding_state, dropout_layer
+from mtbench.keras_models.transformer import Attention, Embedding, decoding_state, dropout_layer
 
 # MarianConfig's defaults, for the keys a config.json may leave out.
 MARIAN_DEFAULTS = {
@@ -177,12 +177,11 @@ class MarianMT(keras.Model):
         self.max_len = settings["max_position_embeddings"]
         self.embed_scale = float(np.sqrt(d_model)) if settings["scale_embedding"] else 1.0
         if settings["share_encoder_decoder_embeddings"]:
-            self.encoder_embedding = self.decoder_embedding = layers.Embedding(
+            self.encoder_embedding = self.decoder_embedding = Embedding(
                 settings["vocab_size"], d_model, name="shared_embedding")
         else:
-            self.encoder_embedding = layers.Embedding(settings["vocab_size"], d_model, name="encoder_embedding")
-            self.decoder_embedding = layers.Embedding(settings["decoder_vocab_size"], d_model,
-                                                      name="decoder_embedding")
+            self.encoder_embedding = Embedding(settings["vocab_size"], d_model, name="encoder_embedding")
+            self.decoder_embedding = Embedding(settings["decoder_vocab_size"], d_model, name="decoder_embedding")
         vocab = target_vocab_size(settings)
         # Tied: the logits are scores against the decoder's input embeddings.
         self.lm_head = (None if settings["tie_word_embeddings"]

@@ -13,6 +13,9 @@ class ModelPreset:
     vocab_size: int
     max_len: int
     dropout: float = 0.0
+    # A byte-level language model's embedding rows: the 256 bytes, or more rows that no byte uses so that the
+    # output layer does the work of a larger vocabulary's (nanoGPT pads GPT-2's 50,257 to 50,304 likewise).
+    byte_vocab_size: int = 256
 
     def to_dict(self):
         return asdict(self)
@@ -42,9 +45,10 @@ GPT_PRESETS = {
     # nanoGPT's Shakespeare-character model (config/train_shakespeare_char.py).
     "char": ModelPreset(d_model=384, num_heads=6, encoder_layers=0, decoder_layers=6, ff_dim=1536,
                         vocab_size=8000, max_len=256, dropout=0.2),
-    # GPT-2 small (124 M parameters with GPT-2's 50,304-entry padded vocabulary), for GPUs.
+    # GPT-2 small (124 M parameters with GPT-2's 50,304-entry padded vocabulary), for GPUs. At the byte level its
+    # embedding keeps GPT-2's 50,304 rows (bytes use the first 256), so that a step does GPT-2 small's work.
     "gpt2-small": ModelPreset(d_model=768, num_heads=12, encoder_layers=0, decoder_layers=12, ff_dim=3072,
-                              vocab_size=50304, max_len=1024),
+                              vocab_size=50304, max_len=1024, byte_vocab_size=50304),
 }
 # The built-in families' presets; any other family's run takes the translation presets' names.
 PRESETS_BY_FAMILY = {"gpt": GPT_PRESETS}

@@ -10,6 +10,28 @@ from keras import layers, ops
 PAD_ID = 0
 
 
+class Embedding(layers.Layer):
+    """A table of `rows` vectors looked up by id, in its float32 variable, the result cast to the compute dtype,
+    as nanoGPT's and Flax's embeddings are. Keras's `Embedding` reads its table through the layer's autocast
+    scope, so under a 16-bit policy the backward pass sums each row's gradient in 16 bits (a scatter-add into a
+    16-bit table): lossy where a row is looked up thousands of times a step (a byte, a common word), and on a GPU
+    a 16-bit atomic loop per element. The variable is `embeddings`, as Keras's, so weights files load alike."""
+
+    def __init__(self, rows, d_model, **kwargs):
+        super().__init__(**kwargs)
+        self.rows, self.d_model = rows, d_model
+
+    def build(self, input_shape=None):
+        self.embeddings = self.add_weight(shape=(self.rows, self.d_model), initializer="uniform", autocast=False,
+                                          name="embeddings")
+
+    def call(self, ids):
+        return ops.cast(ops.take(self.embeddings, ops.cast(ids, "int32"), axis=0), self.compute_dtype)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.d_model)
+
+
 def dropout_layer(rate):
     """Dropout at `rate`, or the identity when it is 0 (the CPU presets): on torch every Keras layer call costs
     tens of microseconds of Python bookkeeping even when the layer does nothing."""
@@ -209,8 +231,8 @@ class Transformer(keras.Model):
         # multiplication's kernel, where a constant made in each call would be a tensor built from host data (on
         # torch with a GPU, a copy the host waits for, twice a step).
         self.embedding_scale = float(ops.convert_to_numpy(ops.cast(d_model ** 0.5, self.compute_dtype)))
-        self.token_embedding = layers.Embedding(vocab_size, d_model, name="token_embedding")
-        self.position_embedding = layers.Embedding(max_len, d_model, name="position_embedding")
+        self.token_embedding = Embedding(vocab_size, d_model, name="token_embedding")
+        self.position_embedding = Embedding(max_len, d_model, name="position_embedding")
         self.embedding_dropout = dropout_layer(dropout)
         self.encoder_blocks = [EncoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention_masked,
                                             name=f"encoder_{i}") for i in range(encoder_layers)]

@@ -18,11 +18,17 @@ SIZE_FIELDS = {"d_model": "d_model", "heads": "num_heads", "encoder_layers": "en
                "decoder_layers": "decoder_layers", "ff_dim": "ff_dim", "dropout": "dropout"}
 # Long enough that the host queues steps ahead of a GPU, short enough that losses and figures stay fresh.
 DEFAULT_TIMING_WINDOW = 10
+DEFAULT_LOG_EVERY = 10
 DTYPES = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # float32 matmuls: 'highest' is true float32 on both backends, 'high' lets both use TF32 (XLA's default on a GPU,
 # not torch's). Set alike on both so that the arithmetic compared is the same.
 MATMUL_PRECISIONS = ("highest", "high")
+# The attention kernels: fused where the device has them (auto: the flash-attention extra where it can run, as its
+# best users train), fused always (the extra; a refusal where it cannot run), or unfused on every device (the same
+# plain operations on both backends).
+ATTENTION_CHOICES = ("auto", "fused", "unfused")
+FUSED_ATTENTION_EXTRA = "flash-attention"
 
 
 def default_cache_dir():
@@ -62,7 +68,9 @@ class TrainConfig:
     dropout: float = None
     dtype: str = "float32"
     matmul_precision: str = "highest"  # float32 matmuls: 'highest' (true float32) or 'high' (TF32), both backends
+    attention: str = "auto"        # ATTENTION_CHOICES: fused kernels where the device has them, always, or never
     timing_window: int = DEFAULT_TIMING_WINDOW  # steady steps between device synchronisations (1: every step)
+    log_every: int = DEFAULT_LOG_EVERY  # off a terminal, a training line every N steps (on one, the bar)
     compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
     seed: int = 0
     initial_weights: str = None    # a weights file (.npz by variable path) instead of the numpy draw from seed
@@ -119,6 +127,12 @@ class TrainConfig:
             raise MtbenchError("give --steps or --epochs, not both")
         if self.dtype not in DTYPES:
             raise MtbenchError(f"unknown dtype '{self.dtype}'; choose one of {', '.join(DTYPES)}")
+        if self.attention not in ATTENTION_CHOICES:
+            raise MtbenchError(f"unknown --attention '{self.attention}'; choose one of {', '.join(ATTENTION_CHOICES)}")
+        if self.attention == "unfused" and FUSED_ATTENTION_EXTRA in self.extras:
+            raise MtbenchError(f"--attention unfused contradicts --extra {FUSED_ATTENTION_EXTRA}; give one of them")
+        if self.attention == "fused" and FUSED_ATTENTION_EXTRA not in self.extras:
+            self.extras = (*self.extras, FUSED_ATTENTION_EXTRA)
         if self.matmul_precision not in MATMUL_PRECISIONS:
             raise MtbenchError(f"unknown matmul precision '{self.matmul_precision}'; choose one of "
                                f"{', '.join(MATMUL_PRECISIONS)}")
@@ -129,7 +143,7 @@ class TrainConfig:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
                      "decode_batch_size", "beam", "max_pairs", "src_col", "tgt_col", "checkpoint_every", "keep_checkpoints",
-                     "eval_every", "max_tokens", "timing_window"):
+                     "eval_every", "max_tokens", "timing_window", "log_every"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise MtbenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -239,6 +253,8 @@ class TrainConfig:
         """The configuration `to_dict` wrote; its derived `model` entry is rebuilt from the preset, and `task`
         (which a result records) follows from the model family."""
         names = {f.name for f in dataclasses.fields(cls)}
+        # Written before --attention existed: those runs attended unfused unless the extra was given.
+        data = {"attention": "unfused" if FUSED_ATTENTION_EXTRA not in data.get("extras", ()) else "auto", **data}
         unknown = sorted(set(data) - names - {"model", "task"})
         if unknown:
             raise MtbenchError(f"unknown configuration keys {', '.join(unknown)} (written by another mtbench "

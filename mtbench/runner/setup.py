@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api import Extra, KerasTrainStep, RunContext, TrainStep, uneven_split_reason
+from mtbench.runner.config import FUSED_ATTENTION_EXTRA
 from mtbench.runner.launch import share_cores
+from mtbench.runner.loop.recipe import optimizer_recipe
 from mtbench.runner.measurement.flops import StepFlops
 
 
@@ -171,11 +173,41 @@ def start_backend(config, plugins, launch):
         run.attention_kinds = tuple(plugins.model.attention_kinds)
     run.compile_cache = plugins.backend.open_compile_cache(config)  # before anything compiles
     run.matmul_precision = set_matmul_precision(plugins.backend, config.matmul_precision)
+    choose_fused_attention(run, plugins)
     reason = device_refusal(run, plugins.extras, plugins.extra_code)
     if reason:
         raise MtbenchError(reason)
     run.config = adjusted_config(run, plugins)
     return keras, run
+
+
+def choose_fused_attention(run, plugins):
+    """`--attention auto`: the fused-attention extra joins the run where it can run here (a GPU, a 16-bit dtype,
+    the model's heads; the extra says), so that the obvious command trains as the backend's best users do; the
+    extra then proves its kernels ran, as when asked for. Sets `run.attention_choice` (what was chosen and why)
+    and, where the extra joined, `run.config` naming it."""
+    config, name = run.config, FUSED_ATTENTION_EXTRA
+    asked = config.attention
+    extra = plugins.registry.extras.get(name)
+    if asked != "auto" or name in config.extras:
+        run.attention_choice = {"asked": asked, "fused": name in config.extras}
+        return
+    reason = None
+    if extra is None or run.backend.name not in extra.backends:
+        reason = f"no '{name}' extra serves the {run.backend.name} backend here"
+    elif not run.attention_kinds:
+        reason = "the model has no attention"
+    elif any(name in other.conflicts or other.name in extra.conflicts for other in plugins.extras):
+        reason = f"'{name}' cannot run with the extras given"
+    else:
+        with plugins.extra_code(extra):
+            reason = extra.unavailable_reason(run)
+    if reason:
+        run.attention_choice = {"asked": asked, "fused": False, "why_unfused": reason}
+        return
+    plugins.extras.append(extra)
+    run.config = dataclasses.replace(config, extras=(*config.extras, name))
+    run.attention_choice = {"asked": asked, "fused": True, "by_extra": name}
 
 
 def adjusted_config(run, plugins):
@@ -285,12 +317,12 @@ def starting_weights(config, plugins, model, weights_file):
 
 
 def compile_model(keras, model, config, total_steps, compile_options):
-    warmup = min(config.warmup_steps, max(total_steps - 1, 0))
-    schedule = keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0, warmup_target=config.learning_rate, warmup_steps=warmup,
-        decay_steps=max(total_steps - warmup, 1), alpha=0.1)
-    optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=config.weight_decay,
-                                       beta_1=0.9, beta_2=0.98, epsilon=1e-9, clipnorm=1.0)
+    recipe = optimizer_recipe(config, total_steps)
+    from mtbench.keras_models.schedules import schedule_of_recipe
+    schedule = schedule_of_recipe(recipe)
+    optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=recipe["weight_decay"],
+                                       beta_1=recipe["beta_1"], beta_2=recipe["beta_2"], epsilon=recipe["epsilon"],
+                                       clipnorm=recipe["clipnorm"])
     if config.dtype in ("float16", "mixed_float16"):
         # float16 gradients underflow without loss scaling; Keras's optimizer wrapper scales dynamically.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

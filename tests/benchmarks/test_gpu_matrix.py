@@ -35,10 +35,15 @@ TRANSLATION_ROWS = [
     (7, BF16, "jax+flash-attention"), (8, BF16, "torch+torch-compile+flash-attention"),
     (9, BF16, "torch+flash-attention"),
     (10, "float32 (highest)", "torch+torch-compile"), (11, "float32 (high)", "torch+torch-compile")]
-LANGUAGE_MODEL_ROWS = [row for row in TRANSLATION_ROWS if row[0] in (1, 2, 3, 4, 7, 8, 9)]
+# A language model's rows, most important first: each backend's best way, the best-by-hand references, the fair
+# default.
+LANGUAGE_MODEL_ROWS = [
+    (7, BF16, "jax+flash-attention"), (8, BF16, "torch+torch-compile+flash-attention"), (12, BF16, "best-by-hand-jax"),
+    (13, BF16, "best-by-hand-torch"), (1, BF16, "jax"), (2, BF16, "torch+torch-compile"), (3, BF16, "torch"),
+    (4, BF16, "torch+torch-compile@reduce-overhead"), (9, BF16, "torch+flash-attention")]
 GPU_PLAN = [(number, preset, dtype, run)
-            for preset, rows in (("small", TRANSLATION_ROWS), ("gpt-char", LANGUAGE_MODEL_ROWS),
-                                 ("gpt2-small", LANGUAGE_MODEL_ROWS))
+            for preset, rows in (("gpt2-small", LANGUAGE_MODEL_ROWS), ("small", TRANSLATION_ROWS),
+                                 ("gpt-char", LANGUAGE_MODEL_ROWS))
             for number, dtype, run in rows]
 
 
@@ -54,7 +59,7 @@ def printed_plan(tmp_path, monkeypatch, capsys, *argv):
     return [(int(row[0]), row[1], row[2], row[3]) for row in cells]
 
 
-def test_a_gpu_gets_small_then_the_language_models_bfloat16_jax_against_torch_first(tmp_path, monkeypatch, capsys):
+def test_a_gpu_gets_gpt2_small_then_small_then_the_character_model_best_rows_first(tmp_path, monkeypatch, capsys):
     assert printed_plan(tmp_path, monkeypatch, capsys) == GPU_PLAN  # CUDA graphs and flash attention run on a GPU
 
 
@@ -62,20 +67,23 @@ def test_a_part_of_the_gpu_plan_keeps_the_rows_numbers(tmp_path, monkeypatch, ca
     assert printed_plan(tmp_path, monkeypatch, capsys, "--presets", "small,gpt-char", "--rows", "2,5-7",
                         "--dtypes", BF16) == [(2, "small", BF16, "torch+torch-compile"),
                                               (7, "small", BF16, "jax+flash-attention"),
-                                              (2, "gpt-char", BF16, "torch+torch-compile"),
-                                              (7, "gpt-char", BF16, "jax+flash-attention")]
+                                              (7, "gpt-char", BF16, "jax+flash-attention"),
+                                              (2, "gpt-char", BF16, "torch+torch-compile")]
 
 
 def test_a_gpu_then_trains_the_language_models_in_bfloat16_with_and_without_fused_attention():
     char = [row for row, _ in plan_rows(described(), presets=["gpt-char"])]
-    assert char[0].train_arguments() == ["--backend", "jax", "--model", "gpt", "--preset", "char", "--dtype", BF16]
+    assert char[0].train_arguments() == ["--backend", "jax", "--extra", "flash-attention", "--model", "gpt",
+                                         "--preset", "char", "--dtype", BF16]
+    reference = next(row for row in char if row.way.reference)
+    assert reference.train_arguments() == ["--backend", "jax", "--model", "gpt", "--preset", "char", "--dtype", BF16]
     assert gpu_matrix.batching_options("gpt2-small", [], "gpu") == ["--batch-size", "16"]
 
 
 def test_a_row_trains_measure_only_with_its_precision_and_gpu_sized_batches():
     row = Row("small", "float32", Way("torch", ("torch-compile",), "reduce-overhead"), "high", 11)
-    assert row.train_arguments() == ["--backend", "torch", "--extra", "torch-compile", "--compile-mode",
-                                     "reduce-overhead", "--preset", "small", "--dtype", "float32",
+    assert row.train_arguments() == ["--backend", "torch", "--extra", "torch-compile", "--attention", "unfused",
+                                     "--compile-mode", "reduce-overhead", "--preset", "small", "--dtype", "float32",
                                      "--matmul-precision", "high"]
     assert row.key == "small float32 (high) torch+torch-compile@reduce-overhead"
     assert gpu_matrix.batching_options("small", [], "gpu") == ["--max-tokens", "16384"]
@@ -135,10 +143,13 @@ class FakeMtbench:
     def clock(self):
         return self.now
 
-    def __call__(self, arguments, log_file, timeout):
+    def __call__(self, arguments, log_file, timeout, program=gpu_matrix.MTBENCH):
         command = arguments[0]
         way = None
-        if command == "train":
+        if program == gpu_matrix.REFERENCE_SCRIPT:
+            command = "best-by-hand"
+            way = Way(arguments[arguments.index("--backend") + 1], reference=True)
+        elif command == "train":
             label = arguments[arguments.index("--backend") + 1]
             extras = tuple(arguments[i + 1] for i, a in enumerate(arguments) if a == "--extra")
             mode = arguments[arguments.index("--compile-mode") + 1] if "--compile-mode" in arguments else None
@@ -186,8 +197,8 @@ def test_repeats_run_round_robin_and_each_row_reports_its_medians(tmp_path, monk
     fake = FakeMtbench({"init-weights": 1, "jax": 1, "torch eager": 1})
     tokens = iter([100.0, 300.0, 200.0, 600.0, 150.0, 400.0])  # jax, torch, jax, torch, ...
 
-    def run(arguments, log_file, timeout):
-        failure = fake(arguments, log_file, timeout)
+    def run(arguments, log_file, timeout, program=gpu_matrix.MTBENCH):
+        failure = fake(arguments, log_file, timeout, program)
         if arguments[0] == "train":
             out = arguments[arguments.index("--out") + 1]
             with open(out) as f:
@@ -208,6 +219,39 @@ def test_repeats_run_round_robin_and_each_row_reports_its_medians(tmp_path, monk
     assert [m["tokens_per_s"] for m in records[1]["measured"]] == [300.0, 600.0, 400.0]
     assert {"small-mixed_bfloat16-jax-repeat2.json", "small-mixed_bfloat16-torch-repeat3.json"} <= \
         set(os.listdir(tmp_path / "small"))
+
+
+def test_the_references_run_their_script_and_each_row_is_set_beside_its_backends_reference(tmp_path, monkeypatch):
+    fake = FakeMtbench({"init-weights": 1, "jax": 1, "torch compiled default": 1, "reference jax": 1,
+                        "reference torch": 1})
+    steps_ms = {"jax+flash-attention": 11.0, "torch+torch-compile+flash-attention": 12.0, "best-by-hand-jax": 10.0,
+                "best-by-hand-torch": 15.0}
+    programs = []
+
+    def run(arguments, log_file, timeout, program=gpu_matrix.MTBENCH):
+        programs.append(program)
+        failure = fake(arguments, log_file, timeout, program)
+        if "--out" in arguments and arguments[0] != "init-weights":
+            out = arguments[arguments.index("--out") + 1]
+            with open(out) as f:
+                result = json.load(f)
+            result["timing"]["step_s_median"] = steps_ms[fake.launched[-1]] / 1e3
+            with open(out, "w") as f:
+                json.dump(result, f)
+        return failure
+
+    monkeypatch.setattr(gpu_matrix, "run_mtbench", run)
+    records, _ = run_matrix(plan_rows(described(), numbers={7, 8, 12, 13}, presets=["gpt2-small"]),
+                            matrix_args(tmp_path, 1000), [], "gpu", clock=fake.clock)
+    assert fake.launched == ["init-weights", "jax+flash-attention", "torch+torch-compile+flash-attention",
+                             "best-by-hand-jax", "best-by-hand-torch"]
+    assert programs[-2:] == [gpu_matrix.REFERENCE_SCRIPT] * 2 and gpu_matrix.MTBENCH in programs[:3]
+    gpu_matrix.add_best_by_hand_ratios(records)
+    by_run = {r["run"]: r for r in records}
+    assert by_run["jax+flash-attention"]["step_vs_best_by_hand"] == pytest.approx(1.1)
+    assert by_run["torch+torch-compile+flash-attention"]["step_vs_best_by_hand"] == pytest.approx(0.8)
+    assert by_run["jax+flash-attention"]["vs_best_by_hand"] == "1.10x (memory 1.00x)"
+    assert "vs_best_by_hand" not in by_run["best-by-hand-jax"]
 
 
 def test_a_row_still_running_when_the_budget_ends_is_stopped(tmp_path, monkeypatch):
@@ -285,7 +329,7 @@ def test_table_labels_every_row_with_the_step_that_ran_or_why_not():
     lines = markdown_table(records).splitlines()
     assert lines[0].split(" | ")[4] == "train step that ran" and len(lines) == 6
     assert [cell.strip() for cell in lines[2].strip("|").split("|")] == [
-        "5", "small", "float32 (highest)", "jax", "jax-step", "12.3", "45,678", "1.5", "25.0 %", "3", "reference",
+        "5", "small", "float32 (highest)", "jax", "jax-step", "12.3", "45,678", "1.5", "25.0 %", "3", "", "reference",
         "42"]
     assert "torch-step (mode default, 0 graph breaks)" in lines[3]
     assert f"skipped: {FLASH_REFUSED}" in lines[5]
@@ -293,7 +337,7 @@ def test_table_labels_every_row_with_the_step_that_ran_or_why_not():
 
 def test_bad_choices_are_refused_with_one_line():
     for argv, message in ((["--runs", "jax,mxnet"], "--runs: mxnet is none of jax, torch"),
-                          (["--rows", "0,3"], "--rows: '0,3' is not row numbers from 1 to 11"),
+                          (["--rows", "0,3"], "--rows: '0,3' is not row numbers from 1 to 13"),
                           (["--rows", "two"], "--rows: 'two' is not row numbers")):
         proc = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True)
         assert proc.returncode == 2 and message in proc.stderr.splitlines()[-1], proc.stderr

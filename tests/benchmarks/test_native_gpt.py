@@ -5,15 +5,10 @@ the same optimizer, their losses are mtbench's Keras step's losses for several s
 In-process (keras on JAX), as tests/benchmarks/test_native_baselines.py: both baselines against one run of Keras's
 own step, each held to the tolerance of the arithmetic its matmuls use."""
 
-import os
-
 import numpy as np
 import pytest
 
-from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_workload
-from conftest import REPOSITORY, needs_flax
-from mtbench import KerasTrainStep
-from mtbench.runner.config import TrainConfig
+from conftest import keras_gpt_run, needs_flax
 from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 
 # Keras's step and both baselines built and trained on the tiny GPT (about 25 s in all on 2 cores).
@@ -24,20 +19,7 @@ STEPS = 4
 
 @pytest.fixture(scope="module")
 def keras_run(cache_dir):
-    """mtbench's Keras step on the tiny GPT (a 32-token block) for a few batches of the README's bytes, without
-    warm-up so that every step moves the weights."""
-    import keras
-
-    from mtbench.keras_models.initialization import initial_weights
-    config = TrainConfig(model_name="gpt", preset="tiny", data_file=os.path.join(REPOSITORY, "README.md"),
-                         block_size=32, batch_size=8, warmup_steps=0, cache_dir=cache_dir)
-    workload = prepare_workload(config, STEPS)
-    model = build_keras_model(keras, workload, total_steps=STEPS)
-    weights = initial_weights(model, config.seed)
-    settings = OptimizerSettings.of_keras_optimizer(model.optimizer)
-    step = KerasTrainStep(model)
-    losses = [float(step(b.inputs, b.target_output, b.weight)["loss"]) for b in workload.batches]
-    return {"workload": workload, "weights": weights, "settings": settings, "losses": np.array(losses)}
+    return keras_gpt_run(cache_dir, STEPS)
 
 
 def test_the_workload_is_the_language_modelling_tasks_byte_batches(keras_run):

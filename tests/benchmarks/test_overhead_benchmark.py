@@ -71,6 +71,20 @@ def test_json_summary_names_each_ratio_and_leaves_missing_ones_null():
     assert summary["settings"] == {"preset": "small"}
 
 
+def test_against_the_best_by_hand_the_json_names_each_backends_best_ratio_and_mfu():
+    results = [{**fake_result("jax", "mixed_bfloat16", 0.6, 0.4), "baseline": "best"},
+               {**fake_result("torch", "float32", 0.21, 0.2), "baseline": "best"}]
+    for result in results:
+        result["contestants"]["best"] = result["contestants"].pop("native")
+        result.update(step_flops=1e12, peak_flops_per_s=1e13)
+    summary = summary_json(results, settings={"baseline": "best"})
+    assert summary["jax_ratio_best"] == pytest.approx(1.5) and summary["torch_ratio_best_float32"] == pytest.approx(1.05)
+    assert summary["mfu_jax_best"] == pytest.approx(1 / 6) and summary["jax_ratio_bf16"] is None
+    assert "best ms" in table(results).splitlines()[0] and "mtbench/best" in table(results).splitlines()[0]
+    with pytest.raises(SystemExit):
+        parse_args(["--baseline", "best", "--cache-dir", "x"])  # the references are the language model's
+
+
 def test_table_shows_times_ratios_and_the_step_that_ran():
     text = table([fake_result("jax", "float32", 0.42, 0.40, keras_s=0.5)])
     row = text.splitlines()[2].split()

@@ -30,6 +30,8 @@ class RunContext:
     # The kinds of attention the model family's model runs (`ModelFamily.attention_kinds`).
     attention_kinds: tuple = ("causal", "masked", "decoding")
     task: object = None            # the run's `Task` (`ModelFamily.task` names it)
+    # --attention and what it chose: {'asked': auto/fused/unfused, 'fused': bool, 'why_unfused' or 'by_extra'}.
+    attention_choice: dict = None
 
     @property
     def device_kind(self):

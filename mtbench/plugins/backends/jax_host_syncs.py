@@ -10,7 +10,8 @@ jitted function's arguments without naming them, by their number). The guard see
 on the CPU, where an array's memory is the host's: reads (`float`, `bool`, `item`, `np.asarray`: a jax.Array's
 `_value`) are counted where they happen, on every platform. Logging that hides warnings
 (`TF_CPP_MIN_LOG_LEVEL` above 0) hides the guard's lines too: the counter checks that it can see one before it
-counts, and `per_step()` is None where it cannot.
+counts, and `per_step()` is None where it cannot. A step that shows its program (`lowered_program`) has the
+conditionals in it counted too: on a GPU each reads its predicate on the host and waits for the device.
 """
 
 import collections
@@ -20,6 +21,8 @@ import re
 import tempfile
 
 # The guard's line; a jitted function's arguments are logged without their aval (empty).
+# A branch in a StableHLO program: XLA's GPU conditional thunk reads the branch index on the host.
+CONDITIONAL = re.compile(r"\bstablehlo\.(?:case|if)\b")
 TRANSFER_LINE = re.compile(r"(host-to-device|device-to-host|device-to-device) transfer:(?: aval=ShapedArray\(([^)]*)\))?")
 
 
@@ -110,8 +113,25 @@ class JaxHostSyncCounter:
                 continue
             self.syncs += 1
             self.events[f"{kind} {aval or 'of an argument'}"] += 1
+        self._count_conditionals(step, x, y, sample_weight)
         self.steps += 1
         return logs
+
+    def _count_conditionals(self, step, x, y, sample_weight):
+        """The conditionals of the step's program (`lowered_program`, on the step or a step it wraps): on a GPU
+        XLA copies each one's predicate to the host and waits for the device before it picks a branch, a wait
+        the transfer guard cannot see. Counted as host waits on accelerators, named as events everywhere."""
+        import jax
+        inner = step
+        while not hasattr(inner, "lowered_program") and hasattr(inner, "inner"):
+            inner = inner.inner
+        if not hasattr(inner, "lowered_program"):
+            return
+        found = len(CONDITIONAL.findall(inner.lowered_program(x, y, sample_weight)))
+        if found:
+            self.events["conditional in the compiled step (a host wait on a GPU)"] += found
+            if jax.default_backend() != "cpu":
+                self.syncs += found
 
     def per_step(self):
         """Host waits per counted step (None before any, or where the guard's lines cannot be seen)."""

@@ -205,6 +205,13 @@ class JitTrainStep(TrainStep):
         self.state, logs = self._step(self.state, x, y, sample_weight)
         return logs  # device scalars: the loop reads them at the edge of its timing window
 
+    def lowered_program(self, x, y, sample_weight):
+        """The step's program as StableHLO text, for the arrays it would train on (traced again, not run)."""
+        state = self.state or tuple([v.value for v in variables] for variables in self._keras_state())
+        if self.distribution is not None:
+            x, y, sample_weight = self._distribute(x), self._distribute(y), self._distribute(sample_weight)
+        return self._step.lower(state, x, y, sample_weight).as_text()
+
     def _distribute(self, arrays):
         """This process's rows of a batch array (or a tuple of them) as global arrays laid out over the mesh."""
         from keras.src.backend.jax.distribution_lib import distribute_data_input

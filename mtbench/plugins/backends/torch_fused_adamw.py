@@ -15,8 +15,6 @@ Keras always holds the current ones.
 
 import math
 
-import numpy as np
-
 
 def fused_adamw_unsupported(optimizer):
     """Why `optimizer` cannot be carried out by `FusedAdamW` (None when it can)."""
@@ -85,10 +83,13 @@ def schedule_in_python(optimizer):
     seen, and nothing is read back), a `CosineDecay` (what `compile_model` sets) is computed in numpy float32 as
     Keras computes it, and any other schedule is Keras's, evaluated on the CPU."""
     import keras
+
+    from mtbench.keras_models.schedules import cosine_decay
     rate = optimizer._learning_rate
     if not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
         return lambda iteration: rate.value
-    if type(rate) is keras.optimizers.schedules.CosineDecay:
+    # Keras's own, or mtbench's branch-free `WarmupCosineDecay` (the same numbers).
+    if isinstance(rate, keras.optimizers.schedules.CosineDecay):
         return lambda iteration: float(cosine_decay(rate, iteration))
 
     def keras_schedule(iteration):
@@ -96,26 +97,3 @@ def schedule_in_python(optimizer):
             return float(rate(iteration))
 
     return keras_schedule
-
-
-def cosine_decay(schedule, iteration):
-    """`keras.optimizers.schedules.CosineDecay`'s `__call__` at `iteration`, operation for operation in float32
-    (numpy scalars, no tensors): Keras evaluates it with backend operations, which on torch cost a dozen tensors
-    and a read every step."""
-    f32 = np.float32
-    initial = f32(schedule.initial_learning_rate)
-    decay_steps = f32(schedule.decay_steps)
-    step = f32(iteration)
-
-    def decayed(step, decay_from):
-        completed = step / decay_steps
-        cosine = f32(0.5) * (f32(1.0) + np.cos(f32(math.pi) * completed))
-        return decay_from * (f32(1 - schedule.alpha) * cosine + f32(schedule.alpha))
-
-    if schedule.warmup_target is None:
-        return decayed(min(step, decay_steps), initial)
-    target, warmup_steps = f32(schedule.warmup_target), f32(schedule.warmup_steps)
-    step = min(step, decay_steps + warmup_steps)
-    if step < warmup_steps:
-        return (target - initial) * (step / warmup_steps) + initial
-    return decayed(step - warmup_steps, target)

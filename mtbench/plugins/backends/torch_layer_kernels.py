@@ -1,5 +1,5 @@
-"""Keras's most called layers (`Dense`, `LayerNormalization`, `Embedding`) as the torch operations their `call`
-reaches on the torch backend, for mtbench's torch steps.
+"""Keras's most called layers (`Dense`, `LayerNormalization`, `Embedding`, and mtbench's float32 `Embedding`) as
+the torch operations their `call` reaches on the torch backend, for mtbench's torch steps.
 
 Each Keras operation on torch costs several microseconds of Python before its kernel (converting and checking
 every argument, resolving dtypes, reading the device), and a `Dense` layer makes three: with `Layer.__call__`'s
@@ -105,8 +105,25 @@ def embedding(layer, args, kwargs, autocast_dtype):
     return F.embedding(ids, table).to(_TORCH_DTYPES[layer.compute_dtype])
 
 
+def float32_embedding(layer, args, kwargs, autocast_dtype):
+    """`mtbench.keras_models.transformer.Embedding.call`: ids cast to int32, `take` from the float32 table (never
+    autocast), cast to the layer's dtype."""
+    if len(args) != 1 or kwargs:
+        return NotImplemented
+    ids = args[0]
+    if type(ids) is not torch.Tensor or ids.dtype not in (torch.int32, torch.int64):
+        return NotImplemented
+    table = _variable(layer.embeddings, None)
+    ids = ids.to(torch.int32).long()
+    ids = torch.where(ids < 0, ids + table.shape[0], ids)
+    return F.embedding(ids, table).to(_TORCH_DTYPES[layer.compute_dtype])
+
+
 def layer_kernels():
     """{Keras layer class: its kernel}: only these exact classes (a subclass may override `call`)."""
     from keras import activations, layers
+
+    from mtbench.keras_models.transformer import Embedding
     _KNOWN_ACTIVATIONS.update({activations.linear: _identity, activations.relu: F.relu, activations.gelu: _exact_gelu})
-    return {layers.Dense: dense, layers.LayerNormalization: layer_normalization, layers.Embedding: embedding}
+    return {layers.Dense: dense, layers.LayerNormalization: layer_normalization, layers.Embedding: embedding,
+            Embedding: float32_embedding}

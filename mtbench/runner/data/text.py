@@ -96,25 +96,39 @@ class TokenStream:
 
 
 class ByteTokenizer(Tokenizer):
-    """Bytes as tokens, vocabulary 256: enwik8's and enwik9's setup."""
+    """Bytes as tokens, vocabulary 256: enwik8's and enwik9's setup. With `vocab_size` above 256 the model gets
+    that many embedding rows, the ones past 255 never seen in the text (a padded vocabulary: the work of a larger
+    one's output layer, on real bytes)."""
     kind = "byte"
     vocab_size = 256
     fingerprint = "bytes"
+
+    def __init__(self, vocab_size=256):
+        if vocab_size < 256:
+            raise MtbenchError(f"a byte-level vocabulary has at least 256 entries, not {vocab_size}")
+        self.vocab_size = vocab_size
+        if vocab_size != 256:
+            self.fingerprint = f"bytes-{vocab_size}"
 
     def stream(self, data):
         return TokenStream(np.frombuffer(data, np.uint8).astype(np.int32), np.ones(len(data)))
 
     def decode_text(self, ids):
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+        # A padded row (no byte) decodes as the replacement character, as an invalid byte does.
+        return b"".join(bytes([int(i)]) if int(i) < 256 else "\ufffd".encode() for i in ids).decode(
+            "utf-8", errors="replace")
 
     def encode_text(self, text):
         return list(text.encode("utf-8"))
 
     def describe(self):
-        return {"type": self.kind, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint}
+        described = {"type": self.kind, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint}
+        if self.vocab_size != 256:
+            described["padded_from"] = 256
+        return described
 
     def save(self, directory):
-        write_json_atomic(os.path.join(directory, SAVED_NAME), {"type": self.kind})
+        write_json_atomic(os.path.join(directory, SAVED_NAME), {"type": self.kind, "vocab_size": self.vocab_size})
 
 
 class CharTokenizer(ByteTokenizer):
@@ -188,9 +202,11 @@ def utf8_text(data):
                            f"level: --tokenizer byte") from None
 
 
-def text_tokenizer(kind, train_data, vocab_size, cache_dir):
+def text_tokenizer(kind, train_data, vocab_size, cache_dir, byte_vocab_size=256):
+    """`vocab_size`: what a sentencepiece model is trained to; `byte_vocab_size`: a byte tokenizer's embedding
+    rows (the preset's, 256 unless padded)."""
     if kind == "byte":
-        return ByteTokenizer()
+        return ByteTokenizer(byte_vocab_size)
     if kind == "char":
         return CharTokenizer(utf8_text(train_data))
     from mtbench.runner.data.tokenizer import TOKENIZER_VERSION, load_or_train_sentencepiece
@@ -205,7 +221,9 @@ def load_text_tokenizer(directory, description):
     if description.get("type") == "sentencepiece-unigram":
         return SentencePieceText(JointTokenizer.from_file(os.path.join(directory, SENTENCEPIECE_NAME)))
     saved = read_json(os.path.join(directory, SAVED_NAME), "a saved model's tokenizer")
-    return CharTokenizer(saved["characters"]) if saved["type"] == "char" else ByteTokenizer()
+    if saved["type"] == "char":
+        return CharTokenizer(saved["characters"])
+    return ByteTokenizer(saved.get("vocab_size", 256))
 
 
 def window_batch(ids, starts, block, rows=None):

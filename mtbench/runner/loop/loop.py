@@ -10,6 +10,7 @@ from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.loop import faults
 from mtbench.runner.loop.checkpoints import TrainingState
 from mtbench.runner.loop.progress import training_progress
+from mtbench.runner.loop.recipe import optimizer_recipe
 from mtbench.runner.loop.signals import stop_requests
 from mtbench.runner.loop.target import QualityTarget  # noqa: F401 (TrainingOutcome.target)
 from mtbench.runner.loop.timing import StepTimer, TimingWindow, TrainingClock
@@ -87,10 +88,12 @@ class TrainingLoop:
         self.probed_step = None
         self.stop = None  # (status, reason) when training ends before its last step
         self.progress = self.signals = None
+        self._schedule = None
 
     def run(self, console):
         self.callbacks.on_train_begin()
-        with training_progress(console, self.total_steps, self.state.step) as self.progress, \
+        with training_progress(console, self.total_steps, self.state.step, self.config.log_every,
+                               self.learning_rate) as self.progress, \
                 stop_requests() as self.signals:
             for step in range(self.state.step + 1, self.total_steps + 1):
                 epoch, batch, input_seconds = self.next_batch()
@@ -109,6 +112,14 @@ class TrainingLoop:
         return TrainingOutcome(status, reason, self.state, self.timer, self.clock, self.target,
                                self.checkpointing.latest, self.signals.exit_code if status == "interrupted" else None,
                                self.host_syncs())
+
+    def learning_rate(self, step):
+        """The rate the optimizer applied at `step` (its schedule at the update count before it), from the
+        recipe on the host: reading the optimizer's own would wait for the device."""
+        from mtbench.keras_models.schedules import cosine_decay, schedule_of_recipe
+        if self._schedule is None:
+            self._schedule = schedule_of_recipe(optimizer_recipe(self.config, self.total_steps))
+        return float(cosine_decay(self._schedule, step - 1))
 
     def host_syncs(self):
         """What the host-sync probe counted: waits per step, where they came from, the step it counted."""
@@ -191,7 +202,7 @@ class TrainingLoop:
                 self.stop = ("diverged", f"the loss is {loss} at step {step}")
                 return True
             self.state.step, self.state.epoch = step, epoch
-            self.progress.advance(loss, batch.target_tokens / share)
+            self.progress.advance(loss, batch.target_tokens / share, step, share)
         return False
 
     def at_window_edge(self, step):
@@ -221,6 +232,7 @@ class TrainingLoop:
             seconds = time.perf_counter() - started
         reached = self.processes.any(self.target.record(step, scores, training_s, seconds))
         self.trackers.validation(step, scores)
+        self.progress.validation(step, scores)
         return scores[self.target.metric] if reached else None
 
 

@@ -33,12 +33,47 @@ class _TrainingBar:
     def __init__(self, bar, task):
         self.bar, self.task = bar, task
 
-    def advance(self, loss, tokens_per_s):
+    def advance(self, loss, tokens_per_s, step=None, step_s=None):
         self.bar.update(self.task, advance=1, loss=loss, tokens_per_s=tokens_per_s)
+
+    def validation(self, step, scores):
+        self.bar.console.print(validation_line(step, scores), highlight=False, soft_wrap=True)
+
+
+class _LogLines:
+    """Off a terminal (a file or a pipe: nohup, SLURM, CI), where a bar shows nothing: one line every `every` steps
+    (and the last), as nanoGPT logs, each flushed as it is written."""
+
+    def __init__(self, console, total_steps, every, learning_rate):
+        self.console, self.total_steps, self.every, self.learning_rate = console, total_steps, every, learning_rate
+
+    def advance(self, loss, tokens_per_s, step=None, step_s=None):
+        if step is None or (step % self.every and step != self.total_steps):
+            return
+        rate = f"  lr {self.learning_rate(step):.3e}" if self.learning_rate else ""
+        self.console.print(f"step {step}/{self.total_steps}  loss {loss:.4f}{rate}  {step_s * 1e3:.1f} ms  "
+                           f"{tokens_per_s:,.0f} tok/s", highlight=False, soft_wrap=True)
+        self.console.file.flush()
+
+    def validation(self, step, scores):
+        self.console.print(validation_line(step, scores), highlight=False, soft_wrap=True)
+        self.console.file.flush()
+
+
+def validation_line(step, scores):
+    """'validation at step 500: loss 1.2345, perplexity 3.437, ...': the task's validation figures."""
+    figures = ", ".join(f"{name.replace('_', ' ')} {value:.4g}" for name, value in scores.items()
+                        if isinstance(value, (int, float)) and not isinstance(value, bool))
+    return f"validation at step {step}: {figures}"
 
 
 @contextlib.contextmanager
-def training_progress(console, total_steps, completed=0):
+def training_progress(console, total_steps, completed=0, log_every=10, learning_rate=None):
+    """The bar on a terminal; elsewhere a line every `log_every` steps (`learning_rate(step)`, when given, is the
+    rate the optimizer used at that step). Both take `validation(step, scores)` lines."""
+    if not console.is_terminal:
+        yield _LogLines(console, total_steps, log_every, learning_rate)
+        return
     columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tokens_per_s]:,.0f} tok/s"),
                TimeRemainingColumn())

@@ -163,6 +163,9 @@ def attention_implementations(run, family, model):
         arithmetic = attention_arithmetic(model)
         if arithmetic:
             kinds["arithmetic"] = arithmetic
+        chosen = getattr(run, "attention_choice", None)  # --attention, and why auto chose as it did
+        if chosen:
+            kinds["chosen"] = chosen
     return kinds
 
 

@@ -1,7 +1,6 @@
 """Experiment trackers (`--report-to`) follow a run while it trains: what they are told, when, and what happens
 when one fails (it is named once, left out for the rest of the run, and the run and its result go on)."""
 
-import importlib.metadata
 
 from mtbench.figures import run_dtype, run_label, run_name
 from mtbench.plugins.api import TrackedRun
@@ -116,8 +115,11 @@ def summary_figures(result):
 def tracked_run(config, plugins, run, result_path, directory):
     """What a tracker is told of the run when it starts."""
     extras, settings = [extra.name for extra in plugins.extras], config.to_dict()
-    versions = {"keras": importlib.metadata.version("keras"), "mtbench": importlib.metadata.version("mtbench"),
-                **plugins.backend.framework_versions()}
+    import keras
+
+    from mtbench import __version__
+    # The modules' own versions: a checkout run without installing it has no package metadata for mtbench.
+    versions = {"keras": keras.__version__, "mtbench": __version__, **plugins.backend.framework_versions()}
     tags = run_tags(plugins.backend.name, extras, config.dtype, config.preset, run.device, versions, config.run_group)
     return TrackedRun(name=run_name(plugins.backend.name, extras, settings, run.processes.world_size),
                       result_path=result_path,

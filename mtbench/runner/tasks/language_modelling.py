@@ -43,7 +43,7 @@ class LanguageModellingTask(Task):
         ranges = split_ranges(len(text.data), text.data if config.tokenizer != "byte" else None)
         parts = {split: text.data[start:end] for split, (start, end) in ranges.items()}
         tokenizer = tokenizer or text_tokenizer(config.tokenizer or "byte", parts["train"], config.vocab_size,
-                                                config.cache_dir)
+                                                config.cache_dir, config.model.byte_vocab_size)
         streams = {split: tokenizer.stream(part) for split, part in parts.items()}
         block = config.max_len
         for split, stream in streams.items():

@@ -83,9 +83,12 @@ def test_torch_eager_compiles_nothing_to_cache(tiny_runs):
     result = tiny_runs["torch"]["result"]  # the session's eager torch run, with the session's cache
     cache = result["timing"]["compile_cache"]
     assert cache["state"] == "off" and cache["reason"].startswith("eager")
-    assert result["model"]["attention"] == {"causal": "aten (unfused)", "masked": "aten (unfused)",
-                                           "decoding": "aten (unfused)", "sdpa_kernels_enabled": ["math"],
-                                           "arithmetic": dict.fromkeys(ARITHMETIC_KEYS, "float32")}
+    attention = dict(result["model"]["attention"])
+    chosen = attention.pop("chosen")  # a float32 run attends unfused, on a CPU or a GPU: --attention auto says why
+    assert chosen["asked"] == "auto" and not chosen["fused"] and "float16/bfloat16" in chosen["why_unfused"]
+    assert attention == {"causal": "aten (unfused)", "masked": "aten (unfused)",
+                         "decoding": "aten (unfused)", "sdpa_kernels_enabled": ["math"],
+                         "arithmetic": dict.fromkeys(ARITHMETIC_KEYS, "float32")}
 
 
 def test_jax_cache_directory_names_version_and_device():

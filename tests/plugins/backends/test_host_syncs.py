@@ -17,11 +17,11 @@ from conftest import TESTS_DIR
 PROBE = os.path.join(TESTS_DIR, "host_syncs_probe.py")
 
 
-def probe(backend, step="default", dtype="float32"):
+def probe(backend, step="default", dtype="float32", *more):
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env.update(MTBENCH_LOAD_PLUGINS="", TORCHINDUCTOR_COMPILE_THREADS="1")
-    proc = subprocess.run([sys.executable, PROBE, backend, step, dtype], capture_output=True, text=True, env=env,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, PROBE, backend, step, dtype, *more], capture_output=True, text=True,
+                          env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -46,6 +46,17 @@ def test_jax_step_waits_for_nothing():
     report = probe("jax", dtype="mixed_bfloat16")
     assert report["events"] == {}
     assert report["syncs_per_step"] == 0
+
+
+def test_jax_counter_sees_the_conditionals_of_kerass_branching_schedule():
+    """Keras's CosineDecay branches with `ops.cond`, and its AdamW reads the schedule once per decayed variable:
+    XLA conditionals, each a host wait on a GPU (counted there; named on the CPU, where it is none). mtbench's
+    schedule has none (the test above)."""
+    report = probe("jax", "default", "float32", "keras-schedule")
+    conditionals = report["events"].get("conditional in the compiled step (a host wait on a GPU)", 0)
+    # One for each variable weight decay reads the rate for, one for the update's rate, in every counted step.
+    assert conditionals == report["counted_steps"] * (report["variables"] + 1)
+    assert report["syncs_per_step"] == 0  # the CPU runs a conditional without waiting
 
 
 def torch_counter():
@@ -119,7 +130,7 @@ def test_jax_counter_counts_implicit_transfers_and_reads_but_not_the_batch():
 def test_cosine_decay_in_numpy_is_keras_schedule():
     import keras
 
-    from mtbench.plugins.backends.torch_fused_adamw import cosine_decay
+    from mtbench.keras_models.schedules import cosine_decay
     schedules = [keras.optimizers.schedules.CosineDecay(0.0, 90, alpha=0.1, warmup_target=3e-3, warmup_steps=10),
                  keras.optimizers.schedules.CosineDecay(1e-3, 50, alpha=0.0)]
     for schedule in schedules:

@@ -30,6 +30,7 @@ PROBE = textwrap.dedent("""
     from torch.utils._python_dispatch import TorchDispatchMode
     from mtbench.plugins.backends import torch_layer_kernels
     from mtbench.plugins.backends.torch_plain_calls import plain_layer_calls
+    from mtbench.keras_models.transformer import Embedding
 
     class Ops(TorchDispatchMode):
         '''The aten operations that ran, with their arguments' dtypes.'''
@@ -46,6 +47,7 @@ PROBE = textwrap.dedent("""
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             self.tokens = layers.Embedding(50, 16)
+            self.positions = Embedding(8, 16)   # mtbench's: looked up in float32, cast after
             self.norm = layers.LayerNormalization(epsilon=1e-6)
             self.uncentred = layers.LayerNormalization(center=False)
             self.hidden = layers.Dense(32, activation="relu")
@@ -56,7 +58,7 @@ PROBE = textwrap.dedent("""
             self.float32 = layers.Dense(16, dtype="float32")   # a float32 layer inside a mixed-precision one
 
         def call(self, ids):
-            x = self.norm(self.tokens(ids))
+            x = self.norm(self.tokens(ids) + self.positions(ids % 8))
             x = x + self.out(self.hidden(x))
             x = self.lora(self.softplus(self.gelu(self.uncentred(x))))
             return self.float32(x)
@@ -92,7 +94,7 @@ def test_the_kernels_run_kerass_operations_and_give_its_numbers():
     report = run_on_torch(PROBE)
     for policy, seen in report.items():
         assert seen["outputs_equal"], policy
-        assert all(seen["gradients_equal"]) and len(seen["gradients_equal"]) == 16, policy
+        assert all(seen["gradients_equal"]) and len(seen["gradients_equal"]) == 17, policy
         assert seen["kernel_ops"] == seen["keras_ops"], policy
     assert report["mixed_bfloat16"]["dtype"] == "torch.float32"   # the float32 layer's output
 

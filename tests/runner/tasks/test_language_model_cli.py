@@ -156,3 +156,28 @@ def test_the_guides_decoder_only_family_trains_compares_and_is_scored_by_perplex
         assert result["config"]["task"] == "language-modelling" and result["model"]["family"] == "one-block-lm"
         assert result["metrics"]["val_perplexity"] > 1 and "bleu" not in result["metrics"]
     assert combined["parity"]["passed"] and combined["parity"]["pairs"], combined["parity"]
+
+
+def test_off_a_terminal_training_logs_a_line_every_n_steps_and_each_validation(tmp_path, cache_dir):
+    """Read from a pipe, as a log file under nohup or SLURM gets them: the step, loss, learning rate (here in
+    warm-up, which min(100, 12 - 1) = 11 steps make: 1e-3 x 3 / 11 at step 4), step time and tokens/s."""
+    proc = run_cli("train", "--backend", "jax", *TINY_GPT, "--steps", "12", "--log-every", "4", "--eval-every", "6",
+                   "--data", text_file(tmp_path), "--cache-dir", cache_dir, "--out", str(tmp_path / "run.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in steps] == ["4/12", "8/12", "12/12"]
+    history = {entry["step"]: entry for entry in json.loads((tmp_path / "run.json").read_text())["history"]}
+    fields = steps[0].split()
+    assert fields[2:4] == ["loss", f"{history[4]['loss']:.4f}"] and fields[4] == "lr"
+    assert float(fields[5]) == pytest.approx(1e-3 * 3 / 11, rel=1e-3)
+    assert fields[7] == "ms" and fields[9] == "tok/s"
+    validations = [line for line in lines if line.startswith("validation at step")]
+    assert [line.split(":")[0] for line in validations] == ["validation at step 6", "validation at step 12"]
+    assert "loss" in validations[0] and "bits per byte" in validations[0]
+
+
+def text_file(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text("\n".join(bible_verses(600)) + "\n", encoding="utf-8")
+    return str(path)

@@ -1,0 +1,190 @@
+"""Trains a best-by-hand GPT reference (benchmarks/best_gpt_torch.py, best_gpt_jax.py) on mtbench's batches from
+mtbench's weights file, timed as `mtbench train` times a run, and writes a result JSON with the fields the GPU
+matrix reads (`train_step`, `timing`, `utilization.mfu`, `memory`, `history`, `env.device`, `config`):
+
+    python benchmarks/best_gpt.py --backend torch|jax [--preset gpt2-small] [--dtype mixed_bfloat16]
+        [--batch-size 16] [--block-size N] [--steps 100] [--timing-window 10] [--initial-weights FILE] [--out FILE]
+        [--data FILE] [--cache-dir DIR]
+
+The batches are `mtbench train --model gpt`'s (the language-modelling task's byte-level windows of the same text,
+in the same seeded order); the weights are the file's, or mtbench's numpy draw from the seed. The first
+--warmup steps are timed alone (compilation, autotuning, allocator growth) and their time beyond the steady median
+is the compile time; then steady steps run in windows of --timing-window steps with the device synchronised at
+each window's edges, where the losses are read. MFU is nanoGPT's FLOP count (the one mtbench's GPT family uses)
+over the same datasheet peak as mtbench's."""
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPOSITORY not in sys.path:
+    sys.path.insert(0, REPOSITORY)  # run as a script: `benchmarks` and `mtbench` from this checkout
+
+MODULES = {"torch": "benchmarks.best_gpt_torch", "jax": "benchmarks.best_gpt_jax"}
+DTYPES = ("float32", "mixed_bfloat16")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=sorted(MODULES), required=True)
+    parser.add_argument("--model", default="gpt", choices=["gpt"], help="only the language model has references")
+    parser.add_argument("--preset", default="gpt2-small")
+    parser.add_argument("--dtype", default="mixed_bfloat16", choices=DTYPES)
+    parser.add_argument("--matmul-precision", default="highest", choices=["highest", "high"],
+                        help="float32 matmuls, as mtbench train's option")
+    parser.add_argument("--batch-size", type=int, default=None, help="rows per batch (default: mtbench train's)")
+    parser.add_argument("--block-size", type=int, default=None, help="tokens per row (default: the preset's)")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=3, help="first steps timed alone, as compilation")
+    parser.add_argument("--timing-window", type=int, default=10)
+    parser.add_argument("--initial-weights", default=None, help="mtbench's .npz weights file (default: the draw)")
+    parser.add_argument("--data", default=None, help="the text (default: the built-in corpus's source side)")
+    parser.add_argument("--out", default=None, help="the result JSON (default: print it only)")
+    parser.add_argument("--cache-dir", default=None)
+    # What the GPU matrix passes every row, meaningless here.
+    for flag in ("--overwrite", "--measure-only"):
+        parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--report", default=None, help=argparse.SUPPRESS)
+    args, ignored = parser.parse_known_args(argv)
+    args.ignored_options = ignored  # `mtbench train` options a matrix gives every row; recorded, not applied
+    if min(args.steps, args.timing_window) < 1 or args.warmup < 1 or args.steps <= args.warmup:
+        parser.error("--steps must exceed --warmup (at least 1), and --timing-window be at least 1")
+    return args
+
+
+def train_config(args):
+    from mtbench.runner.config import TrainConfig, default_cache_dir
+    fields = {name: getattr(args, name) for name in ("batch_size", "block_size") if getattr(args, name)}
+    return TrainConfig(backend=args.backend, model_name="gpt", preset=args.preset, dtype=args.dtype,
+                       data_file=args.data, tokenizer="byte", steps=args.steps, matmul_precision=args.matmul_precision,
+                       cache_dir=args.cache_dir or default_cache_dir(), **fields)
+
+
+def starting_weights(args, config, shape):
+    """{Keras path: array}: the weights file's, else mtbench's numpy draw for this shape (keras on this backend)."""
+    if args.initial_weights:
+        from mtbench.runner.data.weights_file import read_weights_file
+        return read_weights_file(args.initial_weights)[0]
+    import keras  # noqa: F401 (builds the model whose draw mtbench makes)
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.initialization import initial_weights
+    return initial_weights(build_gpt(shape), config.seed)
+
+
+def device_and_peak(backend_name, dtype, cache_dir):
+    from mtbench.plugins import manager as plugins
+    from mtbench.runner.measurement.peaks import device_peak
+    registry = plugins.registry()
+    backend = registry.backends[backend_name]
+    device = backend.device_info()
+    peak, source = device_peak(backend, device, dtype, cache_dir, registry.backends.values())
+    return backend, device, peak, source
+
+
+def peak_device_bytes(backend_name):
+    if backend_name == "torch":
+        import torch
+        return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+    import jax
+    stats = jax.local_devices()[0].memory_stats()
+    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+def train(step, convert, batches, warmup, window):
+    """(first steps' seconds, steady windows' seconds per step, losses): each warm-up step timed alone, then
+    windows of `window` steps with the device synchronised at their edges only."""
+    first, per_step, losses = [], [], []
+    for batch in batches[:warmup]:
+        start = time.perf_counter()
+        losses.append(float(step(*convert(batch))["loss"]))
+        first.append(time.perf_counter() - start)
+    steady = batches[warmup:]
+    for begin in range(0, len(steady), window):
+        chunk = steady[begin:begin + window]
+        step.block()
+        start = time.perf_counter()
+        pending = [step(*convert(batch))["loss"] for batch in chunk]
+        step.block()
+        seconds = time.perf_counter() - start
+        per_step += [seconds / len(chunk)] * len(chunk)
+        losses += [float(loss) for loss in pending]
+    return first, per_step, losses
+
+
+def measure(args):
+    # mtbench's modules that read the batches and the device may import keras: on this backend, never a default.
+    os.environ["KERAS_BACKEND"] = args.backend
+    config = train_config(args)
+    shape = config.model
+    from benchmarks.workload import prepare_workload
+    workload = prepare_workload(config, args.steps)
+    shape = workload.model_shape
+    weights = starting_weights(args, config, shape)
+    backend, device, peak, peak_source = device_and_peak(args.backend, args.dtype, config.cache_dir)
+    # float32 matmuls as `mtbench train` sets them (true float32 unless --matmul-precision high), on both sides.
+    matmul_precision = backend.set_matmul_precision(config.matmul_precision)
+    from benchmarks.workload import OptimizerSettings
+    settings = OptimizerSettings.of_config(config, args.steps)
+    reference = importlib.import_module(MODULES[args.backend])
+    step = reference.train_step_from_keras_weights(shape, weights, settings,
+                                                   mixed_bfloat16=args.dtype == "mixed_bfloat16")
+    convert = reference.batch_arrays if args.backend == "jax" else (
+        lambda batch: reference.batch_tensors(batch, step.device))
+    started = time.perf_counter()
+    first, per_step, losses = train(step, convert, workload.batches, args.warmup, args.timing_window)
+    wall_s = time.perf_counter() - started
+    median = statistics.median(per_step)
+    rows, length = workload.batches[0].shape
+    from mtbench.keras_models.gpt import training_flops
+    flops = training_flops(shape, rows, length)
+    peak_bytes = peak_device_bytes(args.backend)
+    return {
+        "kind": "best-by-hand reference", "status": "completed", "backend": args.backend,
+        "train_step": getattr(step, "name", f"best-by-hand {args.backend}"),
+        "description": getattr(step, "description", ""),
+        "config": {**config.to_dict(), "steps": args.steps, "timing_window": args.timing_window,
+                   "ignored_options": args.ignored_options},
+        "model": {"dtype_policy": args.dtype, "dropout": shape.dropout, "vocab_size": shape.vocab_size,
+                  "parameters": int(sum(value.size for value in weights.values()))},
+        "timing": {"step_s_median": median, "step_s_p90": sorted(per_step)[int(0.9 * (len(per_step) - 1))],
+                   "steady_steps": len(per_step), "tokens_per_s": rows * length / median,
+                   "compile_s": sum(max(seconds - median, 0.0) for seconds in first),
+                   "first_steps_s": first, "wall_s": wall_s,
+                   "clock": "time.perf_counter; device synchronised at each window's edges"},
+        "utilization": {"mfu": flops / median / peak if peak else None, "peak_flops_per_s": peak,
+                        "peak_source": peak_source, "step_flops": flops},
+        "memory": {"peak_device_bytes": peak_bytes, "peak_since": "process start"},
+        "history": [{"step": i + 1, "loss": loss} for i, loss in enumerate(losses)],
+        "env": {"device": device, "backend_versions": backend.framework_versions(),
+                "matmul_precision": {"requested": config.matmul_precision, "reported": matmul_precision}},
+    }
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from mtbench.errors import MtbenchError
+    try:
+        result = measure(args)
+    except MtbenchError as error:
+        print(f"Error: {error}", file=sys.stderr)
+        return 1
+    text = json.dumps(result, indent=2)
+    if args.out:
+        from mtbench.runner.files import write_text_atomic
+        write_text_atomic(args.out, text)
+    t = result["timing"]
+    print(f"{result['train_step']}: step {t['step_s_median'] * 1e3:.1f} ms (median), {t['tokens_per_s']:,.0f} "
+          f"tokens/s, MFU {100 * (result['utilization']['mfu'] or 0):.1f} %, compile {t['compile_s']:.1f} s, "
+          f"final loss {result['history'][-1]['loss']:.4f}", file=sys.stderr)
+    if not args.out:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

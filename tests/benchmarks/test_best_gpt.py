@@ -1,0 +1,123 @@
+"""The best-by-hand language-model references of benchmarks/ (best_gpt_torch.py, best_gpt_jax.py) train the same
+model as mtbench's `--model gpt`: from mtbench's initial weights, on the language-modelling task's byte-level
+batches, with the same optimizer, their losses are mtbench's Keras step's losses for 50 steps, in float32; their
+weights go back to Keras's paths and shapes. And they are what they say: one fused attention op and one QKV
+matmul per block.
+
+In-process (keras on JAX), as tests/benchmarks/test_native_gpt.py; the torch reference runs eagerly here
+(`compile=False`): Inductor's compile on 2 cores would cost more than the whole module."""
+
+import numpy as np
+import pytest
+
+from conftest import keras_gpt_run, needs_flax
+from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
+
+# Keras's step and both references trained for 50 steps on the tiny GPT: about 15 s in all on 2 cores, under the
+# slow tier's 20 s.
+STEPS = 50
+
+
+@pytest.fixture(scope="module")
+def keras_run(cache_dir):
+    return keras_gpt_run(cache_dir, STEPS)
+
+
+def torch_step(keras_run):
+    from benchmarks import best_gpt_torch
+    run = keras_run
+    return best_gpt_torch.train_step_from_keras_weights(run["workload"].model_shape, run["weights"], run["settings"],
+                                                        compile=False, device="cpu")
+
+
+def assert_weights_go_back_by_path(step, keras_run):
+    weights = step.weights_by_keras_path(list(keras_run["weights"]))
+    assert {path: value.shape for path, value in weights.items()} == {
+        path: value.shape for path, value in keras_run["weights"].items()}
+
+
+def test_torch_reference_losses_equal_the_keras_steps(keras_run):
+    from benchmarks import best_gpt_torch
+    step = torch_step(keras_run)
+    # Before any step, every Keras variable comes back as it went in: the fused QKV splits where it was joined.
+    for path, value in step.weights_by_keras_path(list(keras_run["weights"])).items():
+        np.testing.assert_array_equal(value, keras_run["weights"][path], err_msg=path)
+    batches = [best_gpt_torch.batch_tensors(b, step.device) for b in keras_run["workload"].batches]
+    losses = np.array([float(step(*batch)["loss"]) for batch in batches])
+    rtol = matmul_tolerance(1e-4, float32_matmul_arithmetic("jax"), float32_matmul_arithmetic("torch"))
+    np.testing.assert_allclose(losses, keras_run["losses"], rtol=rtol)
+    assert_weights_go_back_by_path(step, keras_run)
+
+
+@needs_flax
+def test_jax_reference_losses_equal_the_keras_steps(keras_run):
+    from benchmarks import best_gpt_jax
+    run = keras_run
+    step = best_gpt_jax.train_step_from_keras_weights(run["workload"].model_shape, run["weights"], run["settings"])
+    for path, value in step.weights_by_keras_path(list(run["weights"])).items():
+        np.testing.assert_array_equal(value, run["weights"][path], err_msg=path)
+    losses = np.array([float(step(*best_gpt_jax.batch_arrays(b))["loss"]) for b in run["workload"].batches])
+    np.testing.assert_allclose(losses, run["losses"], rtol=matmul_tolerance(1e-4, float32_matmul_arithmetic("jax")))
+    assert_weights_go_back_by_path(step, run)
+
+
+def test_torch_reference_attends_with_one_fused_op_and_projects_qkv_with_one_matmul_per_block(keras_run):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from benchmarks import best_gpt_torch
+
+    class Ops(TorchDispatchMode):
+        """The aten ops a forward pass runs (under autograd, as in training), with their first output's shape."""
+
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            self.seen.append((func.overloadpacket.__name__, tuple(getattr(first, "shape", ()))))
+            return out
+
+    step = torch_step(keras_run)
+    shape = keras_run["workload"].model_shape
+    tokens = best_gpt_torch.batch_tensors(keras_run["workload"].batches[0], step.device)[0]
+    with Ops() as ops:
+        step.model(tokens)
+    names = [name for name, _ in ops.seen]
+    attention = [name for name in names if name.startswith("_scaled_dot_product_")]
+    assert len(attention) == shape.decoder_layers, names
+    assert not [name for name in names if "softmax" in name], names  # no unfused attention's softmax
+    matmuls = [out for name, out in ops.seen if name in ("mm", "addmm", "bmm", "baddbmm", "matmul")]
+    # Per block: qkv, the attention's output, the MLP's two layers; then the tied output layer.
+    assert len(matmuls) == 4 * shape.decoder_layers + 1, ops.seen
+    assert sum(out[-1] == 3 * shape.d_model for out in matmuls) == shape.decoder_layers
+
+
+def test_torch_reference_loss_compiles_to_one_graph(keras_run):
+    """What `compile=True` (the default on CUDA) hands torch.compile traces without a graph break: Dynamo's trace
+    alone (the eager backend), since Inductor's compile on 2 cores takes about 30 s."""
+    import torch
+
+    from benchmarks import best_gpt_torch
+    step = torch_step(keras_run)
+    batch = best_gpt_torch.batch_tensors(keras_run["workload"].batches[0], step.device)
+    traced = torch.compile(step.loss, backend="eager", fullgraph=True)  # fullgraph: a graph break raises
+    torch.testing.assert_close(traced(*batch), step.loss(*batch))
+
+
+@needs_flax
+def test_jax_reference_projects_qkv_with_one_dot_general_per_block(keras_run):
+    import jax
+
+    from benchmarks import best_gpt_jax
+    run = keras_run
+    shape = run["workload"].model_shape
+    step = best_gpt_jax.train_step_from_keras_weights(shape, run["weights"], run["settings"])
+    tokens = best_gpt_jax.batch_arrays(run["workload"].batches[0])[0]
+    text = jax.jit(step.forward).lower(step.params, tokens).as_text()
+    dots = [line for line in text.splitlines() if "dot_general" in line]
+    qkv = f"tensor<{tokens.shape[0]}x{tokens.shape[1]}x{3 * shape.d_model}xf32>"
+    assert sum(line.rstrip().endswith(qkv) for line in dots) == shape.decoder_layers, dots
+    # Per block: qkv, the attention's output, the MLP's two layers, and XLA attention's two; then the output layer.
+    assert len(dots) == 6 * shape.decoder_layers + 1, dots

@@ -1,0 +1,55 @@
+"""benchmarks/best_gpt.py, the GPU matrix's reference rows: from the weights file `mtbench init-weights` writes, on
+the batches `mtbench train --model gpt` trains on, with the optimizer recipe `mtbench train` builds, each
+best-by-hand reference's losses are mtbench's (float32, the CPU), and its result carries the figures the matrix
+reads."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPOSITORY, cli_environment, run_cli
+from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
+
+pytestmark = pytest.mark.slow  # three processes, two frameworks: about 40 s on 2 cores
+
+SCRIPT = os.path.join(REPOSITORY, "benchmarks", "best_gpt.py")
+STEPS = 12
+RUN = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "4", "--steps", str(STEPS),
+       "--data", os.path.join(REPOSITORY, "README.md")]
+
+
+@pytest.fixture(scope="module")
+def weights_and_mtbench_losses(tmp_path_factory, cache_dir):
+    folder = tmp_path_factory.mktemp("best-gpt")
+    weights = str(folder / "weights.npz")
+    made = run_cli("init-weights", "--backend", "jax", *RUN, "--cache-dir", cache_dir, "--out", weights)
+    assert made.returncode == 0, made.stderr
+    out = folder / "mtbench.json"
+    trained = run_cli("train", "--backend", "jax", *RUN, "--initial-weights", weights, "--measure-only",
+                      "--timing-window", "5", "--cache-dir", cache_dir, "--out", str(out))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    return weights, np.array([entry["loss"] for entry in json.loads(out.read_text())["history"]])
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_figures(
+        backend, weights_and_mtbench_losses, tmp_path, cache_dir):
+    weights, mtbench_losses = weights_and_mtbench_losses
+    out = tmp_path / "reference.json"
+    proc = subprocess.run([sys.executable, SCRIPT, "--backend", backend, *RUN, "--dtype", "float32",
+                           "--initial-weights", weights, "--cache-dir", cache_dir, "--out", str(out)],
+                          capture_output=True, text=True, env=cli_environment(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    losses = np.array([entry["loss"] for entry in result["history"]])
+    assert len(losses) == STEPS
+    rtol = matmul_tolerance(1e-4, float32_matmul_arithmetic("jax"), float32_matmul_arithmetic(backend))
+    np.testing.assert_allclose(losses, mtbench_losses, rtol=rtol)
+    timing = result["timing"]
+    assert timing["steady_steps"] == STEPS - 3 and timing["step_s_median"] > 0 and timing["tokens_per_s"] > 0
+    assert result["train_step"].startswith("best-by-hand") and result["model"]["vocab_size"] == 256
+    assert result["utilization"]["step_flops"] > 0 and result["env"]["device"]["kind"] == "cpu"
