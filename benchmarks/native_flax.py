@@ -203,10 +203,26 @@ def make_optimizer(settings):
     def keras_epsilon(count):  # `count` updates done before this one
         return settings.epsilon / jnp.sqrt(1 - settings.beta_2 ** (count + 1))
 
-    adamw = optax.inject_hyperparams(optax.adamw)(
+    # `mask` is static: inject_hyperparams would call any other callable as a schedule of the step count.
+    adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
         learning_rate=schedule, b1=settings.beta_1, b2=settings.beta_2, eps=keras_epsilon,
-        weight_decay=settings.weight_decay)
-    return optax.chain(clip_each_by_norm(settings.clipnorm), adamw)
+        weight_decay=settings.weight_decay, mask=lambda params: jax.tree.map(lambda p: settings.decays(p.shape), params))
+    clipping = {"per-variable": lambda: clip_each_by_norm(settings.clipnorm),
+                "global": lambda: clip_by_global_norm_as_keras(settings.clipnorm),
+                "none": optax.identity}[settings.clip]
+    return optax.chain(clipping(), adamw)
+
+
+def clip_by_global_norm_as_keras(max_norm):
+    """Keras's `clip_by_global_norm`: every gradient times max_norm x min(1 / norm, 1 / max_norm), the norm of
+    them all."""
+
+    def clip(updates, params=None):
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(update)) for update in jax.tree.leaves(updates)))
+        scale = max_norm * jnp.minimum(1.0 / norm, 1.0 / max_norm)
+        return jax.tree.map(lambda update: update * scale, updates)
+
+    return optax.stateless(clip)
 
 
 class FlaxTrainStep:

@@ -217,7 +217,11 @@ class AdamWLikeKeras:
     def __init__(self, parameters, settings):
         self.parameters = list(parameters)
         self.settings = settings
-        self.optimizer = torch.optim.AdamW(self.parameters, lr=settings.learning_rate,
+        # Decayed or not as Keras decays the variable (a torch Linear's weight is its kernel transposed: the same
+        # number of dimensions).
+        groups = [{"params": [p for p in self.parameters if settings.decays(p.shape) == decayed],
+                   "weight_decay": settings.weight_decay if decayed else 0.0} for decayed in (True, False)]
+        self.optimizer = torch.optim.AdamW([group for group in groups if group["params"]], lr=settings.learning_rate,
                                            betas=(settings.beta_1, settings.beta_2), eps=settings.epsilon,
                                            weight_decay=settings.weight_decay,
                                            **fastest_adamw_implementation(self.parameters[0].device))
@@ -235,12 +239,22 @@ class AdamWLikeKeras:
         torch._foreach_mul_(scales, clipnorm)
         torch._foreach_mul_(grads, scales)
 
+    def _clip_together(self):
+        """Keras's `clip_by_global_norm`, on the device."""
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        norm = torch.stack(torch._foreach_norm(grads)).square().sum().sqrt()
+        torch._foreach_mul_(grads, self.settings.clipnorm * torch.clamp(1.0 / norm, max=1.0 / self.settings.clipnorm))
+
     def step(self):
         """Updates the parameters from their `.grad`."""
-        self._clip_each_gradient()
+        if self.settings.clip == "per-variable":
+            self._clip_each_gradient()
+        elif self.settings.clip == "global":
+            self._clip_together()
         self.steps_taken += 1
         settings = self.settings
-        self.optimizer.param_groups[0]["eps"] = settings.epsilon / math.sqrt(1 - settings.beta_2 ** self.steps_taken)
+        for group in self.optimizer.param_groups:
+            group["eps"] = settings.epsilon / math.sqrt(1 - settings.beta_2 ** self.steps_taken)
         self.optimizer.step()
         self.scheduler.step()
 

@@ -15,8 +15,9 @@ from mtbench.runner.data.tokenizer import load_or_train_tokenizer
 
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """AdamW with linear warm-up from 0 and cosine decay to `alpha * learning_rate`, each gradient clipped to
-    `clipnorm` on its own (Keras's `clipnorm`, not a global norm)."""
+    """AdamW with linear warm-up from 0 and cosine decay to `alpha * learning_rate`; gradients clipped to
+    `clipnorm` each on its own (`clip` 'per-variable', Keras's `clipnorm`), all together ('global') or not at all
+    ('none'); decoupled weight decay on every variable (`decay` 'all') or on the matrices alone ('matrices')."""
     learning_rate: float
     warmup_steps: int
     decay_steps: int
@@ -26,21 +27,34 @@ class OptimizerSettings:
     beta_2: float
     epsilon: float
     clipnorm: float
+    clip: str = "per-variable"
+    decay: str = "all"
 
     @classmethod
     def of_keras_optimizer(cls, optimizer):
         schedule = optimizer._learning_rate  # the schedule object; `learning_rate` reads its current value
+        clip = "per-variable" if optimizer.clipnorm else "global" if optimizer.global_clipnorm else "none"
+        # `compile_model` excludes exactly the vectors when the recipe decays the matrices alone.
+        decay = "matrices" if getattr(optimizer, "_exclude_from_weight_decay", None) else "all"
         return cls(learning_rate=float(schedule.warmup_target), warmup_steps=int(schedule.warmup_steps),
                    decay_steps=int(schedule.decay_steps), alpha=float(schedule.alpha),
                    weight_decay=float(optimizer.weight_decay), beta_1=float(optimizer.beta_1),
                    beta_2=float(optimizer.beta_2), epsilon=float(optimizer.epsilon),
-                   clipnorm=float(optimizer.clipnorm))
+                   clipnorm=float(optimizer.clipnorm or optimizer.global_clipnorm or 0.0), clip=clip, decay=decay)
 
     @classmethod
     def of_config(cls, config, total_steps):
         """The settings `mtbench train` gives its Keras optimizer for `config` over `total_steps`, without keras."""
         from mtbench.runner.loop.recipe import optimizer_recipe
-        return cls(**optimizer_recipe(config, total_steps))
+        recipe = optimizer_recipe(config, total_steps)
+        return cls(**{name: recipe[name] for name in ("learning_rate", "warmup_steps", "decay_steps", "alpha",
+                                                       "weight_decay", "beta_1", "beta_2", "epsilon", "clip",
+                                                       "decay")},
+                   clipnorm=recipe["clip_norm"])
+
+    def decays(self, shape):
+        """Whether a variable of `shape` (Keras's layout) is decayed."""
+        return self.decay == "all" or len(shape) >= 2
 
 
 @dataclass

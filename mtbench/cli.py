@@ -16,6 +16,7 @@ from mtbench.plugins import manager as plugins
 from mtbench.errors import MtbenchError, ReportingFailed
 from mtbench.plugins.api import PLUGIN_API_VERSION
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
+from mtbench.runner.loop.recipe import CLIP_CHOICES, DECAY_CHOICES
 from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW, DTYPES,
                                    MATMUL_PRECISIONS, TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
@@ -129,6 +130,14 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--log-every", type=int, metavar="N", default=DEFAULT_LOG_EVERY, show_default=True, help="Off a terminal (a file, a pipe), a line every N steps: step, loss, learning rate, step time, tokens/s; and one per validation. On a terminal the bar."),
     click.option("--learning-rate", type=float, default=1e-3, show_default=True),
     click.option("--warmup-steps", type=int, default=100, show_default=True),
+    click.option("--min-learning-rate", type=float, metavar="LR", help="The cosine schedule's floor (default: a tenth of --learning-rate)."),
+    click.option("--weight-decay", type=float, help="AdamW's decoupled weight decay (default: the model family's: transformer 0.01, gpt 0.1)."),
+    click.option("--weight-decay-on", type=click.Choice(DECAY_CHOICES), help="Which variables decay: all, or matrices (2-D and larger: biases and norms left out, as nanoGPT) (default: transformer all, gpt matrices)."),
+    click.option("--adam-beta1", type=float, help="Adam's beta1 (default 0.9)."),
+    click.option("--adam-beta2", type=float, help="Adam's beta2 (default: transformer 0.98, gpt 0.95, gpt char 0.99)."),
+    click.option("--adam-epsilon", type=float, help="Adam's epsilon (default: transformer 1e-9, gpt 1e-8)."),
+    click.option("--clip", type=click.Choice(CLIP_CHOICES), help="Gradient clipping: per-variable (each gradient on its own, Keras's clipnorm), global (their joint norm, as nanoGPT and Hugging Face) or none (default: transformer per-variable, gpt global)."),
+    click.option("--clip-norm", type=float, help="The norm gradients are clipped to (default 1.0)."),
     click.option("--max-pairs", type=int, help="Use only the first N pairs of the corpus."),
     click.option("--valid-size", type=int, default=500, show_default=True),
     click.option("--test-size", type=int, default=500, show_default=True),

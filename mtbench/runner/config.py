@@ -50,7 +50,15 @@ class TrainConfig:
     max_tokens: int = None         # token batching: rows per length bucket chosen so rows x length <= this
     learning_rate: float = 1e-3
     warmup_steps: int = 100
-    weight_decay: float = 0.01
+    # The optimizer over the model family's recipe (None: the family's; mtbench/runner/loop/recipe.py).
+    weight_decay: float = None
+    weight_decay_on: str = None    # all | matrices (weights of 2 or more dimensions: biases and norms left out)
+    adam_beta1: float = None
+    adam_beta2: float = None
+    adam_epsilon: float = None
+    min_learning_rate: float = None  # the cosine schedule's floor (default: the family's share of the peak)
+    clip: str = None               # per-variable | global | none
+    clip_norm: float = None
     max_pairs: int = None          # keep only the first N pairs of the corpus (before the split)
     valid_size: int = 500
     test_size: int = 500
@@ -253,6 +261,11 @@ class TrainConfig:
         """The configuration `to_dict` wrote; its derived `model` entry is rebuilt from the preset, and `task`
         (which a result records) follows from the model family."""
         names = {f.name for f in dataclasses.fields(cls)}
+        # Written before the family recipes: those runs trained with translation's recipe, whatever the model.
+        legacy = {"weight_decay_on": "all", "adam_beta1": 0.9, "adam_beta2": 0.98, "adam_epsilon": 1e-9,
+                  "clip": "per-variable", "clip_norm": 1.0}
+        if "clip" not in data:
+            data = {**legacy, "min_learning_rate": 0.1 * data.get("learning_rate", 1e-3), **data}
         # Written before --attention existed: those runs attended unfused unless the extra was given.
         data = {"attention": "unfused" if FUSED_ATTENTION_EXTRA not in data.get("extras", ()) else "auto", **data}
         unknown = sorted(set(data) - names - {"model", "task"})

@@ -316,13 +316,18 @@ def starting_weights(config, plugins, model, weights_file):
         raise MtbenchError(f"{source}: {error}") from None
 
 
-def compile_model(keras, model, config, total_steps, compile_options):
-    recipe = optimizer_recipe(config, total_steps)
+def compile_model(keras, model, config, total_steps, compile_options, family=None):
+    """Compiles `model` with AdamW as the run's recipe says (`optimizer_recipe`, the model family's under the
+    user's options; `family`: the run's ModelFamily, default the registry's for `config`)."""
     from mtbench.keras_models.schedules import schedule_of_recipe
-    schedule = schedule_of_recipe(recipe)
-    optimizer = keras.optimizers.AdamW(learning_rate=schedule, weight_decay=recipe["weight_decay"],
+    recipe = optimizer_recipe(config, total_steps, family)
+    clipping = {"per-variable": {"clipnorm": recipe["clip_norm"]}, "global": {"global_clipnorm": recipe["clip_norm"]},
+                "none": {}}[recipe["clip"]]
+    optimizer = keras.optimizers.AdamW(learning_rate=schedule_of_recipe(recipe), weight_decay=recipe["weight_decay"],
                                        beta_1=recipe["beta_1"], beta_2=recipe["beta_2"], epsilon=recipe["epsilon"],
-                                       clipnorm=recipe["clipnorm"])
+                                       **clipping)
+    if recipe["decay"] == "matrices":  # biases, norms' scales and offsets: vectors
+        optimizer.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if len(v.shape) < 2])
     if config.dtype in ("float16", "mixed_float16"):
         # float16 gradients underflow without loss scaling; Keras's optimizer wrapper scales dynamically.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -333,7 +338,7 @@ def compile_model(keras, model, config, total_steps, compile_options):
     model.compile(optimizer=optimizer, loss=loss,
                   weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")], **options)
     return {"jit_compile": model.jit_compile, "optimizer": type(model.optimizer).__name__,
-            "dtype_policy": model.dtype_policy.name}
+            "dtype_policy": model.dtype_policy.name, "optimizer_recipe": recipe}
 
 
 def extras_compile_options(run, plugins):

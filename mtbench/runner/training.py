@@ -171,7 +171,7 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     model, model_shape = build_model(run, plugins, data.tokenizer)
     starting_weights(config, plugins, model, weights_file)
     asked, asked_by = extras_compile_options(run, plugins)
-    compile_record = compile_model(keras, model, config, total_steps, asked)
+    compile_record = compile_model(keras, model, config, total_steps, asked, plugins.model)
     state = TrainingState()
     if resume:
         state = restore(resume.checkpoint, model)

@@ -53,3 +53,18 @@ def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_
     assert timing["steady_steps"] == STEPS - 3 and timing["step_s_median"] > 0 and timing["tokens_per_s"] > 0
     assert result["train_step"].startswith("best-by-hand") and result["model"]["vocab_size"] == 256
     assert result["utilization"]["step_flops"] > 0 and result["env"]["device"]["kind"] == "cpu"
+
+
+def test_overhead_sets_mtbenchs_best_step_beside_the_references(cache_dir):
+    """`benchmarks/overhead.py --baseline best`: mtbench's best way on each backend (torch compiled; fused attention
+    where the device has it) in turns with the reference, its ratio in the JSON under the backend's name."""
+    proc = subprocess.run([sys.executable, os.path.join(REPOSITORY, "benchmarks", "overhead.py"), "--model", "gpt",
+                           "--preset", "tiny", "--baseline", "best", "--quick", "--no-keras", "--dtypes", "float32",
+                           "--cache-dir", cache_dir],
+                          capture_output=True, text=True, env=cli_environment(), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["jax_ratio_best_float32"] > 0 and summary["torch_ratio_best_float32"] > 0
+    steps = {run["backend"]: run["train_steps"]["mtbench"] for run in summary["runs"]}
+    assert steps == {"jax": "jax-jit-stateless", "torch": "torch-compiled"}
+    assert all(run["baseline"] == "best" and "best" in run["contestants"] for run in summary["runs"])

@@ -81,6 +81,13 @@ class ModelFamily:
         """Raises `MtbenchError` with one line when `path` (None for a family without one) or `config` cannot
         serve (a missing file, a size flag the family does not take)."""
 
+    def optimizer_recipe(self, config):
+        """The family's AdamW recipe over mtbench's (the translation Transformer's): any of `beta_1`, `beta_2`,
+        `epsilon`, `weight_decay`, `decay` ('all' or 'matrices': weights of 2 or more dimensions), `min_lr_ratio`
+        (the cosine floor's share of the peak), `clip` ('per-variable', 'global', 'none') and `clip_norm`, as it
+        depends on `config` (its preset). The user's options win over it. {} (the default): mtbench's."""
+        return {}
+
     def tokenizer(self, path, config):
         """The family's own `Tokenizer`, or None to train mtbench's joint sentencepiece model on the corpus."""
         return None

@@ -20,9 +20,10 @@ of their MAJOR version.
 called: peaks count from the process's start on every backend).
 1.4: the figures and their formatting (`FIGURES`, `run_label`...) move to `mtbench.figures`; their names in `mtbench`
 and `mtbench.plugins.api` are deprecated.
+1.5: `ModelFamily.optimizer_recipe(config)`, the family's AdamW recipe over mtbench's; `RunContext.attention_choice`.
 """
 
-PLUGIN_API_VERSION = "1.4"
+PLUGIN_API_VERSION = "1.5"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -5,8 +5,9 @@ and clips each gradient with half a dozen separate operations per variable: on t
 50 ms a step on one CPU core, against 7 ms for torch's fused AdamW. The two compute the same update but for where
 epsilon sits: Keras divides by `sqrt(v) + eps` and folds the bias correction of `v` into the step size, torch
 divides by `sqrt(v) / sqrt(1 - beta_2**t) + eps`. Giving torch `eps / sqrt(1 - beta_2**t)` at step t makes them
-the same expression. Learning rate, clipping (each gradient on its own, Keras's `clipnorm`), and the decoupled
-weight decay (`w *= 1 - lr * weight_decay`, before the moments) are Keras's. The Keras optimizer's `iterations`
+the same expression. Learning rate, clipping (each gradient on its own, Keras's `clipnorm`, or all together,
+`global_clipnorm`), and the decoupled weight decay (`w *= 1 - lr * weight_decay`, before the moments, on the
+variables Keras decays) are Keras's. The Keras optimizer's `iterations`
 advances with every step, and a resumed run's optimizer (restored at its checkpoint's iteration count) goes on
 from there: the step counts, bias corrections and schedule are those the uninterrupted run would have had. torch's optimizer state is the Keras optimizer's own moment variables, which the fused
 kernel updates in place: one copy of the moments (a second one would count against torch's memory alone), and
@@ -23,11 +24,8 @@ def fused_adamw_unsupported(optimizer):
         return f"{type(optimizer).__name__} is not AdamW"
     if optimizer.amsgrad or optimizer.use_ema or optimizer.gradient_accumulation_steps:
         return "amsgrad, EMA and gradient accumulation are left to Keras"
-    if optimizer.clipvalue or optimizer.global_clipnorm:
-        return "only clipnorm clipping is implemented"
-    if getattr(optimizer, "_exclude_from_weight_decay", None) or \
-            getattr(optimizer, "_exclude_from_weight_decay_pattern", None):
-        return "weight-decay exclusions are left to Keras"
+    if optimizer.clipvalue:
+        return "clipping by value is left to Keras"
     return None
 
 
@@ -42,11 +40,15 @@ class FusedAdamW:
         if not optimizer.built:
             optimizer.build(self.variables)  # its moment variables are the state torch updates
         self.parameters = [v.value for v in self.variables]
-        self.clipnorm = optimizer.clipnorm
+        self.clipnorm, self.global_clipnorm = optimizer.clipnorm, optimizer.global_clipnorm
         self.learning_rate = schedule_in_python(optimizer)
+        # Keras's exclusions (`exclude_from_weight_decay`: biases and norms) as a group without decay.
+        decays = [bool(optimizer.weight_decay) and optimizer._use_weight_decay(v) for v in self.variables]
+        groups = [{"params": [p for p, d in zip(self.parameters, decays) if d == decay],
+                   "weight_decay": optimizer.weight_decay if decay else 0.0} for decay in (True, False)]
         self.torch_optimizer = torch.optim.AdamW(
-            self.parameters, lr=0.0, betas=(optimizer.beta_1, optimizer.beta_2), eps=optimizer.epsilon,
-            weight_decay=optimizer.weight_decay, fused=True)
+            [group for group in groups if group["params"]], lr=0.0, betas=(optimizer.beta_1, optimizer.beta_2),
+            eps=optimizer.epsilon, weight_decay=optimizer.weight_decay or 0.0, fused=True)
         for variable, parameter in zip(self.variables, self.parameters):
             index = optimizer._get_variable_index(variable)
             # The state torch would have after `iterations` steps (the fused kernel keeps `step` on the device), with
@@ -62,15 +64,25 @@ class FusedAdamW:
         torch._foreach_mul_(scales, self.clipnorm)
         torch._foreach_mul_(grads, scales)
 
+    def _clip_together(self, grads):
+        """Keras's `clip_by_global_norm`: every gradient times clip x min(1 / norm, 1 / clip), the norm of them all,
+        computed on the device (no read)."""
+        import torch
+        norm = torch.stack(torch._foreach_norm(grads)).square().sum().sqrt()
+        scale = self.global_clipnorm * torch.clamp(1.0 / norm, max=1.0 / self.global_clipnorm)
+        torch._foreach_mul_(grads, scale + (norm - norm))  # NaN where the norm is not finite, as Keras
+
     def step(self):
         """Updates the variables from their `.grad`."""
         optimizer = self.keras_optimizer
         if self.clipnorm:
             self._clip_each_gradient([p.grad for p in self.parameters])
+        elif self.global_clipnorm:
+            self._clip_together([p.grad for p in self.parameters])
         step = self.iterations + 1
-        group = self.torch_optimizer.param_groups[0]
-        group["lr"] = self.learning_rate(self.iterations)  # the schedule at Keras's own iteration count
-        group["eps"] = optimizer.epsilon / math.sqrt(1 - optimizer.beta_2 ** step)
+        for group in self.torch_optimizer.param_groups:
+            group["lr"] = self.learning_rate(self.iterations)  # the schedule at Keras's own iteration count
+            group["eps"] = optimizer.epsilon / math.sqrt(1 - optimizer.beta_2 ** step)
         self.torch_optimizer.step()
         # In place on the device: `assign_add(1)` would make a tensor of 1 from host data every step.
         optimizer.iterations.value.add_(1)

@@ -22,6 +22,16 @@ class GPTFamily(ModelFamily):
             if getattr(config, flag) is not None:
                 raise MtbenchError(f"--{flag.replace('_', '-')}: a decoder-only model has one stack; give --layers")
 
+    def optimizer_recipe(self, config):
+        """GPT-2's and nanoGPT's AdamW: betas (0.9, 0.95), epsilon 1e-8, weight decay 0.1 on the matrices alone
+        (biases and norms left out), the cosine floor at a tenth of the peak, gradients clipped by their joint
+        norm to 1. The `char` preset is nanoGPT's Shakespeare-character run, whose beta2 is 0.99."""
+        recipe = {"beta_1": 0.9, "beta_2": 0.95, "epsilon": 1e-8, "weight_decay": 0.1, "decay": "matrices",
+                  "min_lr_ratio": 0.1, "clip": "global", "clip_norm": 1.0}
+        if config.preset == "char":
+            recipe["beta_2"] = 0.99
+        return recipe
+
     def shape(self, path, config):
         return config.model
 

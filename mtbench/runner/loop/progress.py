@@ -40,6 +40,14 @@ class _TrainingBar:
         self.bar.console.print(validation_line(step, scores), highlight=False, soft_wrap=True)
 
 
+class _Silent:
+    def advance(self, loss, tokens_per_s, step=None, step_s=None):
+        pass
+
+    def validation(self, step, scores):
+        pass
+
+
 class _LogLines:
     """Off a terminal (a file or a pipe: nohup, SLURM, CI), where a bar shows nothing: one line every `every` steps
     (and the last), as nanoGPT logs, each flushed as it is written."""
@@ -71,6 +79,9 @@ def validation_line(step, scores):
 def training_progress(console, total_steps, completed=0, log_every=10, learning_rate=None):
     """The bar on a terminal; elsewhere a line every `log_every` steps (`learning_rate(step)`, when given, is the
     rate the optimizer used at that step). Both take `validation(step, scores)` lines."""
+    if console.quiet:  # the processes of a run but the first
+        yield _Silent()
+        return
     if not console.is_terminal:
         yield _LogLines(console, total_steps, log_every, learning_rate)
         return

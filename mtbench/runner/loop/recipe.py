@@ -1,11 +1,57 @@
-"""The optimizer recipe a run trains with, stated once: the Keras optimizer is built from it, the training log
-reads its learning rate from it on the host, and the hand-written references in benchmarks/ follow it."""
+"""The optimizer recipe a run trains with, stated once: mtbench's (the translation Transformer's), under what the
+model family sets (`ModelFamily.optimizer_recipe`: the GPT family trains as GPT recipes do), under what the user
+gave. The Keras optimizer is built from it, torch's fused AdamW carries it out, the training log reads its learning
+rate from it on the host, the hand-written references in benchmarks/ follow it, and the result records it."""
+
+from mtbench.errors import MtbenchError
+
+# AdamW as the translation Transformer has always trained: Vaswani et al.'s betas and epsilon, a light decay on
+# every variable, the cosine floor at a tenth of the peak, each gradient clipped on its own (Keras's `clipnorm`).
+BASE_RECIPE = {"beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9, "weight_decay": 0.01, "decay": "all",
+               "min_lr_ratio": 0.1, "clip": "per-variable", "clip_norm": 1.0}
+DECAY_CHOICES = ("all", "matrices")  # matrices: weights of 2 or more dimensions (biases and norms left out)
+CLIP_CHOICES = ("per-variable", "global", "none")
+# The configuration's options that set a recipe key (None: not given).
+OPTIONS = {"adam_beta1": "beta_1", "adam_beta2": "beta_2", "adam_epsilon": "epsilon", "weight_decay": "weight_decay",
+           "weight_decay_on": "decay", "clip": "clip", "clip_norm": "clip_norm"}
 
 
-def optimizer_recipe(config, total_steps):
+def optimizer_recipe(config, total_steps, family=None):
     """AdamW's settings for `config` over `total_steps`: linear warm-up from 0 to the learning rate, cosine decay
-    to `alpha` of it, each gradient clipped to `clipnorm` on its own (Keras's `clipnorm`)."""
+    to `min_lr_ratio` of it (`alpha`), decoupled weight decay on the variables `decay` names, clipping by `clip`.
+    `family`: the run's ModelFamily (default: the registry's for `config`)."""
+    recipe = dict(BASE_RECIPE)
+    recipe.update(family_recipe(config, family))
+    recipe.update({key: getattr(config, option) for option, key in OPTIONS.items()
+                   if getattr(config, option) is not None})
+    if config.min_learning_rate is not None:
+        recipe["min_lr_ratio"] = config.min_learning_rate / config.learning_rate
+    check_recipe(recipe)
     warmup = min(config.warmup_steps, max(total_steps - 1, 0))
-    return {"learning_rate": config.learning_rate, "warmup_steps": warmup,
-            "decay_steps": max(total_steps - warmup, 1), "alpha": 0.1, "weight_decay": config.weight_decay,
-            "beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9, "clipnorm": 1.0}
+    return {**recipe, "learning_rate": config.learning_rate, "warmup_steps": warmup,
+            "decay_steps": max(total_steps - warmup, 1), "alpha": recipe["min_lr_ratio"]}
+
+
+def family_recipe(config, family=None):
+    if family is None:
+        from mtbench.plugins import manager
+        family = manager.registry().models.get(config.model_family[0])
+    recipe = family.optimizer_recipe(config) if family is not None else {}
+    unknown = sorted(set(recipe) - set(BASE_RECIPE))
+    if unknown:
+        raise MtbenchError(f"model family '{family.name}' sets unknown optimizer settings: {', '.join(unknown)}")
+    return recipe
+
+
+def check_recipe(recipe):
+    for name in ("beta_1", "beta_2"):
+        if not 0 <= recipe[name] < 1:
+            raise MtbenchError(f"Adam's {name.replace('_', '')} must be in [0, 1), got {recipe[name]}")
+    if recipe["epsilon"] <= 0 or recipe["weight_decay"] < 0 or recipe["clip_norm"] <= 0:
+        raise MtbenchError("--adam-epsilon and --clip-norm must be positive, --weight-decay not negative")
+    if not 0 <= recipe["min_lr_ratio"] <= 1:
+        raise MtbenchError(f"--min-learning-rate must lie between 0 and --learning-rate (a ratio of "
+                           f"{recipe['min_lr_ratio']:g})")
+    if recipe["decay"] not in DECAY_CHOICES or recipe["clip"] not in CLIP_CHOICES:
+        raise MtbenchError(f"weight decay on {recipe['decay']!r}, clipping {recipe['clip']!r}: choose among "
+                           f"{', '.join(DECAY_CHOICES)} and {', '.join(CLIP_CHOICES)}")

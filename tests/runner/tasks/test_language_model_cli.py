@@ -4,6 +4,7 @@ Bible, as files), both backends, the task's figures in the result and none of tr
 import json
 import math
 
+import numpy as np
 import pytest
 
 from conftest import env_with, run_cli
@@ -80,6 +81,26 @@ def test_both_backends_follow_one_loss_curve_from_the_same_weights(char_runs):
     assert data["tokenizer"]["type"] == "char" and data["origin"].startswith("2 .txt files")
     assert char_runs["jax"]["metrics"]["val_bits_per_byte"] == pytest.approx(
         char_runs["torch"]["metrics"]["val_bits_per_byte"], rel=0.01)
+
+
+@pytest.mark.slow
+def test_the_gpt_recipe_trains_alike_on_both_backends_and_is_recorded(char_runs, text_folder, cache_dir, tmp_path):
+    """GPT's recipe (betas 0.9/0.95, decay 0.1 on the matrices alone, clipping by the global norm) is what both
+    backends train with, torch's fused AdamW and Keras's on JAX step for step; the user's options win over it."""
+    for result in char_runs.values():
+        recipe = result["compile_options"]["optimizer_recipe"]
+        assert (recipe["beta_2"], recipe["epsilon"], recipe["weight_decay"]) == (0.95, 1e-8, 0.1)
+        assert (recipe["decay"], recipe["clip"], recipe["clip_norm"]) == ("matrices", "global", 1.0)
+    jax_losses = np.array([h["loss"] for h in char_runs["jax"]["history"]])
+    torch_losses = np.array([h["loss"] for h in char_runs["torch"]["history"]])
+    np.testing.assert_allclose(torch_losses, jax_losses, rtol=1e-4)
+    given = train("jax", tmp_path / "given.json", "--data", text_folder, "--tokenizer", "char", "--steps", "3",
+                  "--clip", "per-variable", "--weight-decay-on", "all", "--adam-beta2", "0.99",
+                  "--min-learning-rate", "1e-4", cache_dir=cache_dir)
+    recipe = given["compile_options"]["optimizer_recipe"]
+    assert (recipe["clip"], recipe["decay"], recipe["beta_2"], recipe["weight_decay"]) == (
+        "per-variable", "all", 0.99, 0.1)
+    assert recipe["alpha"] == pytest.approx(0.1)  # 1e-4 of the 1e-3 peak
 
 
 @pytest.mark.slow
