@@ -47,6 +47,7 @@ class TrainConfig:
     steps: int = None              # default: DEFAULT_STEPS of the preset, unless epochs is given
     epochs: float = None
     batch_size: int = 64
+    grad_accum: int = 1            # micro-batches of --batch-size rows (or --max-tokens) a step sums gradients over
     max_tokens: int = None         # token batching: rows per length bucket chosen so rows x length <= this
     learning_rate: float = 1e-3
     warmup_steps: int = 100
@@ -151,7 +152,7 @@ class TrainConfig:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
                      "decode_batch_size", "beam", "max_pairs", "src_col", "tgt_col", "checkpoint_every", "keep_checkpoints",
-                     "eval_every", "max_tokens", "timing_window", "log_every"):
+                     "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise MtbenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -211,12 +212,13 @@ class TrainConfig:
                                f"head needs a whole share of the model dimension")
 
     def rows_for(self, length):
-        """Rows of a training batch whose bucket is `length` tokens long: --batch-size, or with --max-tokens as
-        many as fit (a multiple of 8 from 8 rows on, the shapes tensor cores and device counts divide)."""
+        """Rows of a training step's batch whose bucket is `length` tokens long: --grad-accum micro-batches of
+        --batch-size rows, or with --max-tokens of as many as fit (a multiple of 8 from 8 rows on, the shapes tensor
+        cores and device counts divide)."""
         if self.max_tokens is None:
-            return self.batch_size
+            return self.batch_size * self.grad_accum
         rows = self.max_tokens // length
-        return rows - rows % 8 if rows >= 8 else rows
+        return (rows - rows % 8 if rows >= 8 else rows) * self.grad_accum
 
     def size_overrides(self):
         """{ModelPreset field: value} that the size flags set over the preset."""

@@ -143,6 +143,24 @@ def require_extra_spanning_processes(processes, backend, extras, registry):
                        f"them{offer}; without one each process would train its own")
 
 
+# The extras a step that accumulates gradients runs with: the others distribute or replace the step, and would
+# each need their own way to hold their collectives back until the last micro-batch.
+ACCUMULATING_EXTRAS = ("torch-compile", "flash-attention")
+
+
+def check_gradient_accumulation(config, plugins):
+    """--grad-accum N: refused in one line, before anything is imported, where the run could not accumulate."""
+    if config.grad_accum == 1:
+        return
+    others = [extra.name for extra in plugins.extras if extra.name not in ACCUMULATING_EXTRAS]
+    if others:
+        raise MtbenchError(f"--grad-accum {config.grad_accum} runs with {' and '.join(ACCUMULATING_EXTRAS)} only, not "
+                           f"with --extra {others[0]} (its collectives would run at every micro-batch)")
+    if plugins.backend.name not in ("jax", "torch"):
+        raise MtbenchError(f"--grad-accum {config.grad_accum}: backend '{plugins.backend.name}' has no step that "
+                           f"accumulates gradients")
+
+
 def check_launch(config, plugins, launch):
     """A run of several processes trains one model only through an extra that spans them, and splits every
     batch evenly between them: checked before anything is imported."""

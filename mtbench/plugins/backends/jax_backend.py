@@ -167,8 +167,11 @@ class JaxBackend(Backend):
     def make_train_step(self, run, model):
         import keras
         from mtbench.plugins.backends.jax_jit_step import JitTrainStep
+        from mtbench.plugins.backends.jax_jit_step import accumulated_gradients
+        accumulate = run.config.grad_accum
         # Under a distribution (data-parallel, TPU) the step runs over the mesh the extra set.
-        return JitTrainStep(model, keras.distribution.distribution())
+        return JitTrainStep(model, keras.distribution.distribution(),
+                            gradients_of=accumulated_gradients(accumulate) if accumulate > 1 else None)
 
     def accelerator_environment(self):
         import jax

@@ -120,6 +120,37 @@ def summed_over_shards(loss_of, shards, distribution, trainable, non_trainable, 
     return grads, summed[-2], summed[-1], tokens, non_trainable
 
 
+def accumulated_gradients(micro_batches):
+    """A `gradients_of` for `JitTrainStep` that sums the gradients of the batch's `micro_batches` equal parts, one
+    after the other (`jax.lax.scan`: one compiled body, each part's activations freed before the next), each
+    part's loss over the whole batch's tokens, so that the sum is the whole batch's token mean and its gradient:
+    what one batch of all the rows would give, with a part's activations in memory at a time."""
+
+    def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
+        import jax
+        import jax.numpy as jnp
+        tokens = jnp.sum(weight)
+        parts = jax.tree_util.tree_map(
+            lambda array: array.reshape((micro_batches, array.shape[0] // micro_batches) + array.shape[1:]),
+            (x, y, weight))
+
+        def add_part(carry, part):
+            grads, loss, correct, non_trainable = carry
+            px, py, pw = part
+            (_, (part_loss, logits, non_trainable)), part_grads = jax.value_and_grad(loss_of, has_aux=True)(
+                trainable, non_trainable, optimizer_state, px, py, pw, tokens, 1.0 / micro_batches)
+            grads = jax.tree_util.tree_map(jnp.add, grads, part_grads)
+            return (grads, loss + part_loss, correct + correct_tokens(py, logits, pw), non_trainable), None
+
+        start = (jax.tree_util.tree_map(jnp.zeros_like, list(trainable)), jnp.zeros((), jnp.float32),
+                 jnp.zeros((), weight.dtype), non_trainable)
+        (grads, loss, correct, non_trainable), _ = jax.lax.scan(add_part, start, parts)
+        return grads, loss, correct, tokens, non_trainable
+
+    gradients_of.micro_batches = micro_batches
+    return gradients_of
+
+
 class JitTrainStep(TrainStep):
     """Under a `keras.distribution` (data-parallel over a mesh of one process's devices or of several
     processes', the TPU strategy) the same step runs as one program over the mesh: the state is what the
@@ -140,6 +171,7 @@ class JitTrainStep(TrainStep):
 
         self.model = model
         self.distribution = distribution
+        self.micro_batches = getattr(gradients_of, "micro_batches", 1)
         optimizer = model.optimizer
         optimizer.build(model.trainable_variables)
         loss_object = model.loss
@@ -221,8 +253,10 @@ class JitTrainStep(TrainStep):
         return distribute_data_input(arrays, layout, self.distribution.batch_dim_name)
 
     def description(self):
+        accumulating = f"gradients of {self.micro_batches} micro-batches summed in the step" \
+            if self.micro_batches > 1 else ""
         if self.distribution is None:
-            return ""
+            return accumulating
         mesh = self.distribution.device_mesh
         shape = " x ".join(f"{size} {name}" for size, name in zip(mesh.shape, mesh.axis_names))
         reduction = ", gradients summed as one flat buffer" if self.flat_shards else ""

@@ -171,7 +171,7 @@ class TorchBackend(Backend):
 
     def make_train_step(self, run, model):
         from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
-        return EagerTorchTrainStep(model)
+        return EagerTorchTrainStep(model, micro_batches=run.config.grad_accum)
 
     def accelerator_environment(self):
         import torch

@@ -97,8 +97,8 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
     # loss, read after the update, was one ulp off on the CPU unless copied: the step returns copies in every mode.
     outputs_overwritten = True
 
-    def __init__(self, model, mode=None):
-        """`mode`: torch.compile's mode (None: its default)."""
+    def __init__(self, model, mode=None, micro_batches=1):
+        """`mode`: torch.compile's mode (None: its default); `micro_batches` as the eager step's."""
         import torch
         from torch._dynamo.utils import calculate_time_spent
 
@@ -106,7 +106,7 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
         reason = plain_calls_unsupported(model)
         if reason:
             raise MtbenchError(f"{reason}; the compiled step runs Keras layers' call() directly")
-        super().__init__(model)
+        super().__init__(model, micro_batches)
         lighten_keras_for_dynamo()
         self.mode = mode
         self.shapes_seen = set()

@@ -71,7 +71,8 @@ class TorchCompile(Extra):
         loaded = load_cache_artifacts(artifacts)
         counters.clear()
         mode = None if run.config.compile_mode == "default" else run.config.compile_mode
-        compiled = CompiledTorchTrainStep(model, mode=mode)  # replaces the eager step rather than wrapping it
+        # Replaces the eager step rather than wrapping it.
+        compiled = CompiledTorchTrainStep(model, mode=mode, micro_batches=run.config.grad_accum)
         run.extras_state[self.name] = {"step": compiled, "artifacts": artifacts, "artifacts_loaded": loaded}
         if isinstance(step, EagerTorchTrainStep):
             compiled.share_distribution(step)  # --extra ddp given before this extra

@@ -67,7 +67,8 @@ def result_rows(result):
         ("run", "versions", f"keras {env['keras']}, jax {env['jax']}, torch {env['torch']}"),
         ("run", "corpus / preset", f"{result['data']['corpus']} / {cfg['preset']} "
                                    f"({_size(cfg)}{result['model']['parameters']:,} parameters), {run_dtype(result)}"),
-        ("run", "steps x batch", f"{t['steps']} x {cfg['batch_size']}"),
+        ("run", "steps x batch", f"{t['steps']} x {cfg['batch_size']}"
+                                 + (f" x {cfg['grad_accum']} micro-batches" if cfg.get("grad_accum", 1) > 1 else "")),
         ("run", "train step", train_step_text(result)),
         ("run", "host waits per step", host_syncs_text(result)),
         ("run", "attention", attention_text(result)),

@@ -68,10 +68,11 @@ class LanguageModellingTask(Task):
         return TaskData(tokenizer, streams, fingerprint, record, lines)
 
     def batches(self, data, config, skip=0):
-        return training_batches(data.splits["train"], config.batch_size, config.max_len, config.seed, skip)
+        return training_batches(data.splits["train"], config.rows_for(config.max_len), config.max_len, config.seed,
+                                skip)
 
     def batches_per_epoch(self, data, config):
-        return batches_per_epoch(data.splits["train"], config.batch_size, config.max_len)
+        return batches_per_epoch(data.splits["train"], config.rows_for(config.max_len), config.max_len)
 
     def evaluator(self, model, data, config, compile_inference):
         return LanguageModelEvaluator(model, data, config)

@@ -1,0 +1,75 @@
+"""--grad-accum N: each step sums the gradients of N micro-batches and updates once. On both backends a step of two
+micro-batches of 4 rows trains as one batch of 8 (loss for loss, float32), counts the whole batch's tokens and
+says what it does; on JAX the micro-batches are a loop inside the compiled step. What cannot accumulate is refused
+in one line before training."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import REPOSITORY, assert_refused_in_one_line, run_cli
+
+RUN = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--steps", "6", "--timing-window", "1",
+       "--measure-only", "--data", os.path.join(REPOSITORY, "README.md")]
+
+
+def train(backend, tmp_path, cache_dir, *arguments):
+    out = tmp_path / f"{backend}-{'-'.join(arguments)}.json"
+    proc = run_cli("train", "--backend", backend, *RUN, *arguments, "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow  # four training processes
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_two_micro_batches_of_four_rows_train_as_one_batch_of_eight(backend, tmp_path, cache_dir):
+    whole = train(backend, tmp_path, cache_dir, "--batch-size", "8")
+    accumulated = train(backend, tmp_path, cache_dir, "--batch-size", "4", "--grad-accum", "2")
+    np.testing.assert_allclose([h["loss"] for h in accumulated["history"]], [h["loss"] for h in whole["history"]],
+                               rtol=1e-5)
+    assert [h["tokens"] for h in accumulated["history"]] == [8 * 32] * 6  # the step's tokens, all of them
+    assert "gradients of 2 micro-batches summed" in accumulated["train_step_detail"]
+    assert accumulated["config"]["grad_accum"] == 2
+
+
+def test_on_jax_the_micro_batches_are_a_loop_in_the_compiled_step():
+    jax = pytest.importorskip("jax")
+    import keras
+    if keras.backend.backend() != "jax":
+        pytest.skip("keras runs another backend in this process")
+    import dataclasses
+    import re
+
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep, accumulated_gradients
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import compile_model
+    model = build_gpt(dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32))
+    compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny"), 10, {})
+    ids = np.ones((8, 32), np.int32)
+    weight = np.ones((8, 32), np.float32)
+    plain = JitTrainStep(model).lowered_program((ids,), ids, weight)
+    looped = JitTrainStep(model, gradients_of=accumulated_gradients(2)).lowered_program((ids,), ids, weight)
+    assert "stablehlo.while" not in plain
+    assert re.search(r"stablehlo\.while", looped)
+    # The loop's body runs the model on 4 rows: its embedding lookup reads a (4, 32) block of ids.
+    assert "tensor<4x32xi32>" in looped and "tensor<4x32xi32>" not in plain
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    (["--grad-accum", "0"], "--grad-accum must be at least 1"),
+    (["--grad-accum", "2", "--backend", "torch", "--extra", "ddp"], "runs with torch-compile and flash-attention only"),
+])
+def test_what_cannot_accumulate_is_refused_in_one_line(arguments, expected, tmp_path, cache_dir):
+    proc = run_cli("train", *RUN, *arguments, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
+    assert_refused_in_one_line(proc, expected)
+    assert not os.path.exists(tmp_path / "r.json")
+
+
+def test_a_step_holds_its_micro_batches_rows_for_every_length_bucket():
+    from mtbench.runner.config import TrainConfig
+    assert TrainConfig(batch_size=12, grad_accum=40).rows_for(32) == 480  # nanoGPT's GPT-2 run: 12 x 40 rows
+    assert TrainConfig(max_tokens=4096, grad_accum=2).rows_for(32) == 256  # two of 128 rows of 32 tokens
