@@ -454,3 +454,12 @@ def keras_gpt_run(cache_dir, steps):
     step = KerasTrainStep(model)
     losses = [float(step(b.inputs, b.target_output, b.weight)["loss"]) for b in workload.batches]
     return {"workload": workload, "weights": weights, "settings": settings, "losses": np.array(losses)}
+
+
+def keras_on_jax():
+    """keras, imported on JAX as this file sets it up (KERAS_BACKEND=jax unless the environment chose another):
+    a test that reads a JAX program in-process fails, rather than skips, when keras runs another backend."""
+    import keras
+    assert keras.backend.backend() == "jax", (f"keras runs {keras.backend.backend()} in this process; these tests "
+                                              f"read JAX programs (unset KERAS_BACKEND)")
+    return keras

@@ -4,6 +4,8 @@ which XLA's fusion of the two differently shaped programs may round apart), with
 import numpy as np
 import pytest
 
+from conftest import keras_on_jax
+
 
 @pytest.mark.parametrize("warmup_steps", [0, 1, 7])
 def test_warmup_cosine_decay_is_kerass_cosine_decay_at_every_step(warmup_steps):
@@ -20,10 +22,8 @@ def test_warmup_cosine_decay_is_kerass_cosine_decay_at_every_step(warmup_steps):
 
 
 def test_the_schedule_has_no_branch_in_a_jax_program():
-    jax = pytest.importorskip("jax")
-    import keras
-    if keras.backend.backend() != "jax":
-        pytest.skip("keras runs another backend in this process")
+    import jax
+    keras = keras_on_jax()
     from mtbench.keras_models.schedules import WarmupCosineDecay
     ours = WarmupCosineDecay(0.0, 20, 0.1, warmup_target=3e-3, warmup_steps=5)
     theirs = keras.optimizers.schedules.CosineDecay(0.0, 20, 0.1, warmup_target=3e-3, warmup_steps=5)

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import REPOSITORY, assert_refused_in_one_line, run_cli
+from conftest import REPOSITORY, assert_refused_in_one_line, keras_on_jax, run_cli
 
 RUN = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--steps", "6", "--timing-window", "1",
        "--measure-only", "--data", os.path.join(REPOSITORY, "README.md")]
@@ -35,10 +35,7 @@ def test_two_micro_batches_of_four_rows_train_as_one_batch_of_eight(backend, tmp
 
 
 def test_on_jax_the_micro_batches_are_a_loop_in_the_compiled_step():
-    jax = pytest.importorskip("jax")
-    import keras
-    if keras.backend.backend() != "jax":
-        pytest.skip("keras runs another backend in this process")
+    keras = keras_on_jax()
     import dataclasses
     import re
 

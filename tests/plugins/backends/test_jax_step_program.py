@@ -6,14 +6,12 @@ import re
 
 import pytest
 
-jax = pytest.importorskip("jax")
+from conftest import keras_on_jax
 
 
 @pytest.fixture(scope="module")
 def program():
-    import keras
-    if keras.backend.backend() != "jax":
-        pytest.skip("keras runs another backend in this process")
+    keras = keras_on_jax()
     import dataclasses
 
     import numpy as np
