@@ -120,15 +120,13 @@ def measure(args):
     # mtbench's modules that read the batches and the device may import keras: on this backend, never a default.
     os.environ["KERAS_BACKEND"] = args.backend
     config = train_config(args)
-    shape = config.model
-    from benchmarks.workload import prepare_workload
+    from benchmarks.workload import OptimizerSettings, prepare_workload
     workload = prepare_workload(config, args.steps)
     shape = workload.model_shape
     weights = starting_weights(args, config, shape)
     backend, device, peak, peak_source = device_and_peak(args.backend, args.dtype, config.cache_dir)
     # float32 matmuls as `mtbench train` sets them (true float32 unless --matmul-precision high), on both sides.
     matmul_precision = backend.set_matmul_precision(config.matmul_precision)
-    from benchmarks.workload import OptimizerSettings
     settings = OptimizerSettings.of_config(config, args.steps)
     reference = importlib.import_module(MODULES[args.backend])
     step = reference.train_step_from_keras_weights(shape, weights, settings,

@@ -15,3 +15,12 @@ def is_token_mean_cross_entropy(loss):
     config = loss.get_config()
     return (config["from_logits"] and config["reduction"] == "mean_with_sample_weight"
             and config.get("ignore_class") is None and config.get("axis", -1) == -1)
+
+
+def refuse_accumulating_other_losses(micro_batches, native_loss, loss):
+    """Gradient accumulation weighs each micro-batch's token mean by its share of the step's tokens, which sums to
+    the step's token mean only for that loss: any other compiled loss is refused rather than summed wrongly."""
+    if micro_batches > 1 and not native_loss:
+        from mtbench import MtbenchError
+        raise MtbenchError(f"--grad-accum {micro_batches}: the model's loss ({type(loss).__name__}) is not the "
+                           f"token-mean cross-entropy whose micro-batches a step can sum")

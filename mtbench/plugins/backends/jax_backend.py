@@ -166,8 +166,7 @@ class JaxBackend(Backend):
 
     def make_train_step(self, run, model):
         import keras
-        from mtbench.plugins.backends.jax_jit_step import JitTrainStep
-        from mtbench.plugins.backends.jax_jit_step import accumulated_gradients
+        from mtbench.plugins.backends.jax_jit_step import JitTrainStep, accumulated_gradients
         accumulate = run.config.grad_accum
         # Under a distribution (data-parallel, TPU) the step runs over the mesh the extra set.
         return JitTrainStep(model, keras.distribution.distribution(),

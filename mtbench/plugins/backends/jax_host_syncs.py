@@ -20,9 +20,9 @@ import os
 import re
 import tempfile
 
-# The guard's line; a jitted function's arguments are logged without their aval (empty).
 # A branch in a StableHLO program: XLA's GPU conditional thunk reads the branch index on the host.
 CONDITIONAL = re.compile(r"\bstablehlo\.(?:case|if)\b")
+# The guard's line; a jitted function's arguments are logged without their aval (empty).
 TRANSFER_LINE = re.compile(r"(host-to-device|device-to-host|device-to-device) transfer:(?: aval=ShapedArray\(([^)]*)\))?")
 
 

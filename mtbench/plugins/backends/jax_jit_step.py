@@ -19,7 +19,7 @@ import functools
 import itertools
 
 from mtbench import TrainStep
-from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
+from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
 
 
 def token_cross_entropy(labels, logits):
@@ -176,6 +176,7 @@ class JitTrainStep(TrainStep):
         optimizer.build(model.trainable_variables)
         loss_object = model.loss
         native_loss = is_token_mean_cross_entropy(loss_object)
+        refuse_accumulating_other_losses(self.micro_batches, native_loss, loss_object)
         layer_norms = [layer for layer in model._flatten_layers()
                        if isinstance(layer, keras.layers.LayerNormalization)]
         # Under a distribution each gradient is held to its weight's layout: sharded weights (fsdp) get sharded

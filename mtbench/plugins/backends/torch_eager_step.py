@@ -16,7 +16,7 @@ that the compiled step (`torch_compiled_step`) can replace exactly that part and
 import contextlib
 
 from mtbench import TrainStep
-from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
+from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
 from mtbench.plugins.backends.torch_host_syncs import keras_constants_on_device
 from mtbench.plugins.backends.torch_plain_calls import plain_calls_unsupported, plain_layer_calls
@@ -74,6 +74,7 @@ class EagerTorchTrainStep(TrainStep):
         self.variables = list(model.trainable_variables)
         self.own_losses = OwnLosses(model)
         self.native_loss = is_token_mean_cross_entropy(model.loss)
+        refuse_accumulating_other_losses(micro_batches, self.native_loss, model.loss)
         model.optimizer.build(self.variables)
         # Why Keras's `optimizer.apply` updates the variables instead of torch's fused AdamW (None: it does not).
         self.fused_optimizer_refused = fused_adamw_unsupported(model.optimizer)

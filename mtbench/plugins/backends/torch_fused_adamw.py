@@ -80,9 +80,10 @@ class FusedAdamW:
         elif self.global_clipnorm:
             self._clip_together([p.grad for p in self.parameters])
         step = self.iterations + 1
-        for group in self.torch_optimizer.param_groups:
-            group["lr"] = self.learning_rate(self.iterations)  # the schedule at Keras's own iteration count
-            group["eps"] = optimizer.epsilon / math.sqrt(1 - optimizer.beta_2 ** step)
+        rate = self.learning_rate(self.iterations)  # the schedule at Keras's own iteration count
+        epsilon = optimizer.epsilon / math.sqrt(1 - optimizer.beta_2 ** step)
+        for group in self.torch_optimizer.param_groups:  # with decay, and without (biases and norms)
+            group["lr"], group["eps"] = rate, epsilon
         self.torch_optimizer.step()
         # In place on the device: `assign_add(1)` would make a tensor of 1 from host data every step.
         optimizer.iterations.value.add_(1)

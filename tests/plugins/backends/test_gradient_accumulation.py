@@ -70,3 +70,18 @@ def test_a_step_holds_its_micro_batches_rows_for_every_length_bucket():
     from mtbench.runner.config import TrainConfig
     assert TrainConfig(batch_size=12, grad_accum=40).rows_for(32) == 480  # nanoGPT's GPT-2 run: 12 x 40 rows
     assert TrainConfig(max_tokens=4096, grad_accum=2).rows_for(32) == 256  # two of 128 rows of 32 tokens
+
+
+def test_a_loss_other_than_the_token_mean_is_refused_not_summed_wrongly():
+    import dataclasses
+
+    from mtbench import MtbenchError
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep, accumulated_gradients
+    keras = keras_on_jax()
+    model = build_gpt(dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32))
+    model.compile(optimizer="adamw", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # a batch mean
+    with pytest.raises(MtbenchError, match="is not the token-mean cross-entropy"):
+        JitTrainStep(model, gradients_of=accumulated_gradients(2))
+    JitTrainStep(model)  # one batch a step: any loss
