@@ -218,6 +218,11 @@ long_run_options = _stack([
                  help="Stop when validation BLEU reaches this (needs --eval-every)."),
     click.option("--target-loss", type=float, metavar="X",
                  help="Stop when a language model's validation loss falls to this (needs --eval-every)."),
+    click.option("--sample-prompt", metavar="TEXT",
+                 help="At each validation, print a language model's continuation of TEXT (needs --eval-every; "
+                      "nanoGPT's sampling: temperature 0.8, top-k 200, seeded by --seed)."),
+    click.option("--sample-tokens", type=int, metavar="N", default=100, show_default=True,
+                 help="Tokens of each --sample-prompt continuation."),
 ])
 
 # How the frameworks' collectives word a peer that is gone (gloo, NCCL, JAX's coordination service).
@@ -332,8 +337,9 @@ report_option = click.option(
 @click.option("--initial-weights", type=click.Path(dir_okay=False), help="Start from this weights file (.npz by variable path, see `mtbench init-weights`) instead of the draw from --seed.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Result JSON (default mtbench-results/<time>-<backend>.json).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing result file.")
-@click.option("--report", "reporters", multiple=True, default=("table",), show_default=True, metavar="NAME",
-              help="Reporter to hand the result to, complete or partial (repeatable; 'none' for none).")
+@click.option("--report", "reporters", multiple=True, default=("summary",), show_default=True, metavar="NAME",
+              help="Reporter to hand the result to, complete or partial (repeatable; 'table' for every figure, "
+                   "'none' for none).")
 @click.option("--run-group", metavar="NAME", help="Group this run with others in the trackers (compare sets it).")
 @click.option("--no-save-model", "save_model", is_flag=True, flag_value=False, default=True,
               help="Do not keep the final weights in the run directory (RESULT.run/model).")

@@ -128,7 +128,10 @@ def attention_text(result):
     causal, masked = (attention or {}).get("causal"), (attention or {}).get("masked")
     if causal is None:
         return "not recorded"
-    kernels = causal if causal == masked else f"causal {causal}, masked {masked}"
+    if masked is None:  # a decoder-only model has no padding mask
+        kernels = f"causal {causal}"
+    else:
+        kernels = causal if causal == masked else f"causal {causal}, masked {masked}"
     arithmetic = attention.get("arithmetic")
     if not arithmetic or arithmetic["matmul_inputs"] == "float32":
         return kernels

@@ -70,7 +70,13 @@ def test_backends_start_from_the_same_weights_and_batches(tiny_runs):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_terminal_table_shows_the_figures(tiny_runs, backend):
+def test_the_run_ends_with_a_short_summary_of_the_figures_read_first(tiny_runs, backend):
+    """The default reporter: what ran, speed, quality, memory and warnings in a few lines, the full table left to
+    `mtbench report --report table`."""
     stdout = tiny_runs[backend]["stdout"]
-    for label in ("steady step median", "tokens/s", "BLEU / chrF", "loss train / val / test", "result:"):
-        assert label in stdout
+    summary = stdout[stdout.index(f"{backend} completed"):stdout.index("result:")].splitlines()
+    assert len(summary) <= 10
+    for label in ("median", "tokens/s", "MFU", "BLEU / chrF", "loss train / val / test", "warnings",
+                  "--report table"):
+        assert label in "\n".join(summary)
+    assert "steady step median" not in stdout  # the table's, not printed by default

@@ -105,6 +105,8 @@ class TrainConfig:
     eval_every: int = None         # steps between validation BLEU evaluations
     target_bleu: float = None      # stop once validation BLEU reaches it
     target_loss: float = None      # stop once the validation loss falls to it (language models)
+    sample_prompt: str = None      # a language model's continuation of this text at each validation
+    sample_tokens: int = 100       # the continuation's length
     # Where the run is reported while it trains, and what it costs (docs/commands.md)
     report_to: tuple = ()          # experiment trackers (reporter names); "none" or empty: none
     logging_dir: str = None        # the trackers' local files; None: each tracker's default in the run directory
@@ -152,7 +154,7 @@ class TrainConfig:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
                      "decode_batch_size", "beam", "max_pairs", "src_col", "tgt_col", "checkpoint_every", "keep_checkpoints",
-                     "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum"):
+                     "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum", "sample_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise MtbenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -192,6 +194,10 @@ class TrainConfig:
             raise MtbenchError(f"--target-loss must be positive, got {self.target_loss}")
         if self.target_bleu is not None and self.target_loss is not None:
             raise MtbenchError("give --target-bleu or --target-loss, not both")
+        if self.sample_prompt is not None and self.eval_every is None:
+            raise MtbenchError("--sample-prompt needs --eval-every N: the sample is printed at each validation")
+        if self.sample_prompt == "":
+            raise MtbenchError("--sample-prompt is empty: give the text to continue")
         if self.target is not None and self.eval_every is None:
             flag = "--target-bleu" if self.target_bleu is not None else "--target-loss"
             raise MtbenchError(f"{flag} needs --eval-every N: how often to evaluate the validation split")

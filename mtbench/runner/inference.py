@@ -11,6 +11,7 @@ import numpy as np
 from mtbench.errors import MtbenchError
 from mtbench.plugins.api import RunContext
 from mtbench.runner.config import decoding_name
+from mtbench.runner.evaluation.sampling import continuation
 from mtbench.runner.saved_model import find_model, load_weights, model_files
 from mtbench.runner.setup import import_keras, resolve_backend, resolve_model, RunPlugins
 
@@ -123,31 +124,13 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
         raise MtbenchError("--prompt is empty: give the text to continue")
     block = loaded.source.config.max_len
     model, ops = loaded.model, loaded.keras.ops
-    forward = loaded.plugins.backend.compile_inference(lambda x: model(x, training=False), model)
-    rng = np.random.default_rng(seed)
+    compiled = loaded.plugins.backend.compile_inference(lambda x: model(x, training=False), model)
     started = time.perf_counter()
-    generated = []
-    for _ in range(max_new_tokens):
-        window = (ids + generated)[-block:]
-        x = np.zeros((1, block), np.int32)  # one shape: compiled once; causality keeps the padding after unseen
-        x[0, :len(window)] = window
-        logits = ops.convert_to_numpy(forward(x))[0, len(window) - 1].astype(np.float64)
-        generated.append(next_token(logits, temperature, top_k, rng))
+    generated = continuation(lambda x: ops.convert_to_numpy(compiled(x)), ids, block, max_new_tokens, temperature,
+                             top_k, np.random.default_rng(seed))
     seconds = time.perf_counter() - started
     return loaded.tokenizer.decode_text(generated), {
         "model": loaded.source.label, "backend": loaded.plugins.backend.name, "prompt_tokens": len(ids),
         "new_tokens": len(generated), "seconds": seconds,
         "sampling": "greedy" if temperature == 0 else f"temperature {temperature:g}"
                     + (f", top-k {top_k}" if top_k else "") + f", seed {seed}"}
-
-
-def next_token(logits, temperature, top_k, rng):
-    """The next token of `logits` (the vocabulary's, float64): the largest at temperature 0, else drawn."""
-    if temperature == 0:
-        return int(np.argmax(logits))
-    logits = logits / temperature
-    if top_k:
-        kth = np.sort(logits)[-min(top_k, len(logits))]
-        logits = np.where(logits < kth, -np.inf, logits)
-    probabilities = np.exp(logits - logits.max())
-    return int(rng.choice(len(logits), p=probabilities / probabilities.sum()))

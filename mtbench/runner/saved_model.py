@@ -21,15 +21,25 @@ from mtbench.runner.files import make_temporary_folder, read_json, write_json_at
 from mtbench.runner.loop.checkpoints import CHECKPOINT_NAME, RUN_FILE, RunDirectory, open_run
 
 SAVED_DIR = "model"
+BEST_DIR = "best"  # the model of the best validation (--eval-every), in the same format
 DESCRIPTION_FILE = "model.json"
 WEIGHTS_NPZ = "weights.npz"
 SAVED_FORMAT = 1
 
 
-def save_trained_model(run_dir, model, tokenizer, plugins, model_shape, config):
-    """Writes RUN_DIR/model (replacing an earlier one); returns its absolute path."""
+def best_model_keeper(config, run_dir, data, plugins, model_shape):
+    """model -> the path of RUN_DIR/best, the weights of the best validation so far, for a run that validates
+    (--eval-every) and keeps its model; None for any other."""
+    if config.eval_every is None or not config.save_model:
+        return None
+    return lambda model: save_trained_model(run_dir.path, model, data.tokenizer, plugins, model_shape, config,
+                                            name=BEST_DIR)
+
+
+def save_trained_model(run_dir, model, tokenizer, plugins, model_shape, config, name=SAVED_DIR):
+    """Writes RUN_DIR/NAME (replacing an earlier one); returns its absolute path."""
     from mtbench.plugins.api import ModelFamily
-    final = os.path.join(run_dir, SAVED_DIR)
+    final = os.path.join(run_dir, name)
     os.makedirs(run_dir, exist_ok=True)
     tmp = make_temporary_folder(".tmp-model-", run_dir)
     try:

@@ -143,9 +143,10 @@ def require_extra_spanning_processes(processes, backend, extras, registry):
                        f"them{offer}; without one each process would train its own")
 
 
-# The extras a step that accumulates gradients runs with: the others distribute or replace the step, and would
-# each need their own way to hold their collectives back until the last micro-batch.
-ACCUMULATING_EXTRAS = ("torch-compile", "flash-attention")
+# The extras a step that accumulates gradients runs with: ddp averages the gradients with the last micro-batch
+# only, data-parallel's micro-batches are a loop inside its one program; the others replace the step's gradients
+# (fsdp's per-device gathering, pmap) and would each need their own way to hold their collectives back.
+ACCUMULATING_EXTRAS = ("torch-compile", "flash-attention", "ddp", "data-parallel")
 
 
 def check_gradient_accumulation(config, plugins):
@@ -154,7 +155,7 @@ def check_gradient_accumulation(config, plugins):
         return
     others = [extra.name for extra in plugins.extras if extra.name not in ACCUMULATING_EXTRAS]
     if others:
-        raise MtbenchError(f"--grad-accum {config.grad_accum} runs with {' and '.join(ACCUMULATING_EXTRAS)} only, not "
+        raise MtbenchError(f"--grad-accum {config.grad_accum} runs with {', '.join(ACCUMULATING_EXTRAS)} only, not "
                            f"with --extra {others[0]} (its collectives would run at every micro-batch)")
     if plugins.backend.name not in ("jax", "torch"):
         raise MtbenchError(f"--grad-accum {config.grad_accum}: backend '{plugins.backend.name}' has no step that "

@@ -26,7 +26,7 @@ from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.run_result import (add_evaluation, record_failures, stop_error, training_result,
                                                write_result)
 from mtbench.runner.results.tracking import Trackers, tracked_run
-from mtbench.runner.saved_model import save_trained_model
+from mtbench.runner.saved_model import best_model_keeper, save_trained_model
 from mtbench.runner.setup import (build_model, check_compile_options_apply, check_gradient_accumulation, check_launch,
                                   choose_attention_kernels,
                                   choose_plugins, choose_train_step, compile_model, extras_compile_options, local_devices,
@@ -66,7 +66,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
             built.before_training = built.evaluator.before_training()
 
     checkpointing = Checkpointing(run_dir, run_config, data.fingerprint, config.checkpoint_every,
-                                  config.keep_checkpoints, latest=resume.checkpoint if resume else None)
+                                  config.keep_checkpoints, latest=resume.checkpoint if resume else None,
+                                  keep_best=best_model_keeper(config, run_dir, data, plugins, built.model_shape))
     target = QualityTarget(plugins.task.validation_metric, config.target and config.target[1],
                            plugins.task.higher_is_better, config.eval_every, built.state.evaluations)
     callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=built.model)

@@ -130,8 +130,11 @@ def accumulated_gradients(micro_batches):
         import jax
         import jax.numpy as jnp
         tokens = jnp.sum(weight)
+        # Part i is every `micro_batches`-th row from row i: of a batch split over devices by rows (data-parallel),
+        # each device holds its share of every part, so each part runs on all of them, no rows moved.
         parts = jax.tree_util.tree_map(
-            lambda array: array.reshape((micro_batches, array.shape[0] // micro_batches) + array.shape[1:]),
+            lambda array: jnp.swapaxes(
+                array.reshape((array.shape[0] // micro_batches, micro_batches) + array.shape[1:]), 0, 1),
             (x, y, weight))
 
         def add_part(carry, part):
@@ -172,6 +175,7 @@ class JitTrainStep(TrainStep):
         self.model = model
         self.distribution = distribution
         self.micro_batches = getattr(gradients_of, "micro_batches", 1)
+        self.own_gradients = gradients_of is not None
         optimizer = model.optimizer
         optimizer.build(model.trainable_variables)
         loss_object = model.loss
@@ -260,8 +264,10 @@ class JitTrainStep(TrainStep):
             return accumulating
         mesh = self.distribution.device_mesh
         shape = " x ".join(f"{size} {name}" for size, name in zip(mesh.shape, mesh.axis_names))
-        reduction = ", gradients summed as one flat buffer" if self.flat_shards else ""
-        return f"{type(self.distribution).__name__} over a mesh of {shape}{reduction}"
+        # A step's own `gradients_of` (accumulation, fsdp's gathering) differentiates in place of the flat buffer.
+        reduction = ", gradients summed as one flat buffer" if self.flat_shards and not self.own_gradients else ""
+        return ", ".join(part for part in (f"{type(self.distribution).__name__} over a mesh of {shape}{reduction}",
+                                           accumulating) if part)
 
     def block(self):
         # The Keras variables are stale until `finalize`, so the backend's synchronize cannot see this step's

@@ -162,24 +162,39 @@ class EagerTorchTrainStep(TrainStep):
     def _accumulate(self, x, y, sample_weight):
         """Forward and backward of each of the batch's `micro_batches` equal parts in turn, the gradients summed in
         `.grad`: each part's token mean weighted by its share of the batch's tokens, so that the sum is the whole
-        batch's token mean, and its gradient what one batch of all the rows would give. Returns the batch's loss
-        and accuracy (device tensors)."""
+        batch's token mean, and its gradient what one batch of all the rows would give. Over several processes
+        (ddp) the batch is the global one: its token count is all-reduced first, the gradients are averaged only
+        with the last part (DDP's `no_sync` before it), and the figures are all-reduced at the end. Returns the
+        batch's loss and accuracy (device tensors)."""
+        import torch
+        import torch.distributed as dist
         parts = self.micro_batches
-        tokens = sample_weight.sum()
+        tokens, scale = sample_weight.sum(), 1
+        if self.processes is not None:
+            tokens = tokens.float()
+            dist.all_reduce(tokens)
+            scale = self.processes.world_size  # DDP averages over the processes: the sum is what each adds
         loss = accuracy = 0.0
         for part in range(parts):
             rows = slice(part * y.shape[0] // parts, (part + 1) * y.shape[0] // parts)
             part_weight = sample_weight[rows]
-            with self._forward_context():
-                part_loss, part_accuracy = self._forward(tuple(p[rows] for p in x), y[rows], part_weight)
-            share = part_weight.sum() / tokens
-            objective = part_loss * share
-            losses = self.own_losses()
-            if losses:
-                objective = objective + sum(losses) / parts
-            self.model.optimizer.scale_loss(objective).backward()
+            holding = self.module.no_sync() if hasattr(self.module, "no_sync") and part < parts - 1 else \
+                contextlib.nullcontext()
+            with holding:
+                with self._forward_context():
+                    part_loss, part_accuracy = self._forward(tuple(p[rows] for p in x), y[rows], part_weight)
+                share = part_weight.sum() / tokens
+                objective = part_loss * share
+                losses = self.own_losses()
+                if losses:
+                    objective = objective + sum(losses) / parts
+                self.model.optimizer.scale_loss(objective * scale).backward()
             loss = loss + objective.detach()
             accuracy = accuracy + part_accuracy.detach() * share
+        if self.processes is not None:
+            figures = torch.stack([loss, accuracy]).float()
+            dist.all_reduce(figures)
+            loss, accuracy = figures[0], figures[1]
         return loss, accuracy
 
     def _global_token_means(self, loss, accuracy, sample_weight):

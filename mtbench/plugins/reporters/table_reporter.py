@@ -1,4 +1,5 @@
-"""The default reporter: every figure of a run in one rich table."""
+"""The terminal reporters of one run: `summary`, `train`'s default, the figures a person reads first in a few
+lines; `table`, every figure of the run in one rich table (`mtbench report RESULT --report table`)."""
 
 from rich.table import Table
 
@@ -30,6 +31,15 @@ def _mfu(result):
     elif utilization["peak_source"].startswith("measured"):  # cached before measurements kept their time
         text += "; when and under what load not recorded: `mtbench env --calibrate` measures it again"
     return text + ")"
+
+
+def _mfu_short(result):
+    """'54.0 % of 0.16 TFLOP/s', or why there is no MFU: the peak's source is in the table."""
+    utilization = result["utilization"] or {}
+    text = figure_text(result, "mfu")
+    if text == "n/a":
+        return f"n/a ({utilization['mfu_reason']})" if utilization.get("mfu_reason") else text
+    return f"{text} % of {utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s"
 
 
 def _compile(result):
@@ -79,14 +89,22 @@ def result_rows(result):
         ("timing", "compile (first step of each shape)", _compile(result)),
         ("timing", "steady step median / p90", _joined(result, "step_s_median", "step_s_p90", unit=" ms")),
         ("timing", "tokens/s (target, steady)", figure_text(result, "tokens_per_s")),
-        ("timing", "MFU (real tokens): their FLOP/s / peak", figure_text(result, "mfu_real_tokens")),
+        *_real_token_mfu_rows(result),
         ("timing", "MFU (padded): model FLOP/s / peak", _mfu(result)),
         ("timing", "train / total wall time", _joined(result, "train_s", "total_s", unit=" s")),
         ("memory", "peak host / device (run)", _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")),
         ("memory", "peak training, per device", _training_memory(result)),
         ("energy", "steady steps: J / 1k tokens, power", _energy(result.get("energy"))),
         ("cost", "run / to target quality", _cost(result)),
-    ] + _quality_rows(result) + _target_rows(result.get("target"))
+    ] + _quality_rows(result) + _target_rows(result.get("target")) + _best_rows(result.get("target"))
+
+
+def _real_token_mfu_rows(result):
+    """MFU over the real tokens, where padding makes it differ from the padded figure (a language model has none)."""
+    real, padded = figure_text(result, "mfu_real_tokens"), figure_text(result, "mfu")
+    if real == padded:
+        return []
+    return [("timing", "MFU (real tokens): their FLOP/s / peak", real if real == "n/a" else f"{real} %")]
 
 
 # The task's figures, by the metrics its result holds: translation's BLEU, a language model's perplexity.
@@ -176,6 +194,17 @@ def _target_rows(target):
             ("timing", "validation during training", _seconds(target["evaluation_s"]))]
 
 
+def _best_rows(target):
+    """The best validation along the way, and where its model was kept (`--eval-every`)."""
+    best = (target or {}).get("best")
+    if not best:
+        return []
+    metric = target["metric"]
+    kept = f", kept in {best['saved']}" if best.get("saved") else ""
+    name = "BLEU" if metric == "bleu" else metric
+    return [("quality", f"best validation {name}", f"{best[metric]:.4g} at step {best['step']}{kept}")]
+
+
 class TableReporter(Reporter):
     name = "table"
     description = "every figure of the run in a terminal table"
@@ -191,6 +220,55 @@ class TableReporter(Reporter):
         console.print(table)
 
 
+# Rows of the table the summary leaves to it.
+DETAILED_QUALITY_ROWS = ("token accuracy val / test", "tokens evaluated val / test", "test sentences scored",
+                         "BLEU signature", "test decoding")
+
+
+def summary_lines(result):
+    """The few lines `train` ends with: what ran, its speed, the task's quality, memory and warnings."""
+    config, timing = result["config"], result["timing"]
+    status = result["status"] + (f" ({result['status_reason']})" if result.get("status_reason") else "")
+    accumulated = f" x {config['grad_accum']} micro-batches" if config.get("grad_accum", 1) > 1 else ""
+    device = result["env"]["device"]
+    speed = (f"{_joined(result, 'step_s_median', unit=' ms')} median (p90 {_joined(result, 'step_s_p90', unit=' ms')}), "
+             f"{figure_text(result, 'tokens_per_s')} tokens/s, MFU {_mfu_short(result)}")
+    real = _real_token_mfu_rows(result)
+    if real:
+        speed += f", {real[0][2]} on real tokens"
+    target = result.get("target")
+    quality = "; ".join(f"{figure} {value}" for _, figure, value in
+                        _quality_rows(result) + _target_rows(target)[:1] + _best_rows(target)
+                        if figure not in DETAILED_QUALITY_ROWS)
+    if result["metrics"].get("skipped"):
+        quality = result["metrics"]["skipped"]
+    lines = [
+        f"{run_label(result)} {status}: {config['preset']} ({result['model']['parameters']:,} parameters), "
+        f"{run_dtype(result)}, {timing['steps']} steps x {config['batch_size']}{accumulated}, on {device.get('kind')} "
+        f"{device.get('name')} ({result['devices_used']} of {device.get('count')})",
+        f"  ran       {train_step_text(result)} step; attention {attention_text(result)}; float32 matmuls "
+        f"{matmul_precision_text(result)}",
+        f"  speed     {speed}",
+        f"  compile   {_compile(result)}",
+        f"  quality   {quality}",
+        f"  memory    peak host / device {_joined(result, 'peak_host_bytes', 'peak_device_bytes', unit=' MiB')}; "
+        f"training per device {_training_memory(result)}",
+        f"  warnings  {'; '.join(run_warnings(result)) or 'none'}",
+        f"  every figure: mtbench report {config.get('out') or 'RESULT'} --report table",
+    ]
+    return lines
+
+
+class SummaryReporter(Reporter):
+    name = "summary"
+    description = "the figures read first (speed, quality, memory, warnings) in a few lines; train's default"
+
+    def report(self, result, console, complete):
+        for line in summary_lines(result):
+            console.print(line, highlight=False, soft_wrap=True)
+
+
 @hookimpl
 def mtbench_register_reporters(register):
+    register(SummaryReporter())
     register(TableReporter())

@@ -25,6 +25,7 @@ class Checkpointing:
     every: int               # steps between checkpoints; None: only on a signal
     keep: int
     latest: str = None       # the newest checkpoint of this run (a resumed run starts with its own)
+    keep_best: object = None  # model -> path: keeps the weights of the best validation so far (None: not kept)
 
 
 @dataclass
@@ -231,9 +232,22 @@ class TrainingLoop:
             scores = self.validate()
             seconds = time.perf_counter() - started
         reached = self.processes.any(self.target.record(step, scores, training_s, seconds))
+        self.keep_if_best()
         self.trackers.validation(step, scores)
         self.progress.validation(step, scores)
         return scores[self.target.metric] if reached else None
+
+
+    def keep_if_best(self):
+        """Keeps the model of the best validation so far beside the run's checkpoints, as nanoGPT keeps its best
+        (its time kept apart with the checkpoints'); every process agrees, process 0 writes."""
+        keep = self.checkpointing.keep_best
+        if keep is None or not self.processes.any(self.target.latest_is_best()):
+            return
+        if not self.checkpointing.run_dir.writes:
+            return
+        with self.clock.aside("checkpoint"), self.processes.alone():  # the variables hold the validated weights
+            self.target.evaluations[-1]["saved_as_best"] = keep(self.model)
 
 
 def resumed_timer(history, step_flops, warmup_calls=1):

@@ -69,10 +69,12 @@ class _LogLines:
 
 
 def validation_line(step, scores):
-    """'validation at step 500: loss 1.2345, perplexity 3.437, ...': the task's validation figures."""
+    """'validation at step 500: loss 1.2345, perplexity 3.437, ...': the task's validation figures, then its texts
+    (a language model's --sample-prompt continuation) each on lines of its own."""
     figures = ", ".join(f"{name.replace('_', ' ')} {value:.4g}" for name, value in scores.items()
                         if isinstance(value, (int, float)) and not isinstance(value, bool))
-    return f"validation at step {step}: {figures}"
+    texts = "".join(f"\n{name}: {value}" for name, value in scores.items() if isinstance(value, str))
+    return f"validation at step {step}: {figures}{texts}"
 
 
 @contextlib.contextmanager

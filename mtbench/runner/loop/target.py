@@ -25,6 +25,17 @@ class QualityTarget:
         self.evaluations.append({"step": step, **scores, "training_s": training_s, "seconds": seconds})
         return self.reaches(scores[self.metric])
 
+    def best(self):
+        """The evaluation of the best validation figure so far (the first of equals), or None."""
+        if not self.evaluations:
+            return None
+        choose = max if self.higher_is_better else min
+        return choose(self.evaluations, key=lambda e: e[self.metric])
+
+    def latest_is_best(self):
+        """Whether the latest evaluation is better than every earlier one (the first is)."""
+        return bool(self.evaluations) and self.best() is self.evaluations[-1]
+
     def reached(self):
         if self.target is None:
             return None
@@ -43,5 +54,12 @@ class QualityTarget:
             "steps_to_target": reached["step"] if reached else None,
             "time_to_target_s": reached["training_s"] if reached else None,
             "evaluation_s": sum(e["seconds"] for e in self.evaluations),
+            "best": self._best_record(),
             "evaluations": list(self.evaluations),
         }
+
+    def _best_record(self):
+        best = self.best()
+        if best is None:
+            return None
+        return {"step": best["step"], self.metric: best[self.metric], "saved": best.get("saved_as_best")}

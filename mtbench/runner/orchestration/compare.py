@@ -5,6 +5,7 @@ Keras fixes its backend when it is imported, so no process can hold two runs: th
 framework and spawns `python -m mtbench` once for the weights file and once for each run.
 """
 
+import contextlib
 import dataclasses
 import importlib.util
 import itertools
@@ -19,7 +20,8 @@ import time
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
-from mtbench.runner.files import read_json, write_json_atomic, write_text_atomic
+from mtbench.runner.files import read_json, write_json_atomic
+from mtbench.runner.orchestration.child_log import LogFollower
 from mtbench.plugins import manager as plugins
 from mtbench.figures import SIZE_KEYS, run_name, size_label
 from mtbench.runner.config import TrainConfig
@@ -475,22 +477,28 @@ def launcher_command(processes, python=None):
     return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
 
 
-def run_child(arguments, log_file, name, processes=1, python=None):
-    """Runs `python -m mtbench ARGUMENTS` in fresh processes (several under torchrun) and keeps their output in
-    `log_file`. Returns None, or for a failure one line that names the run and quotes its last line on stderr.
-    A Ctrl-C while it runs is passed on to it (`wait_passing_interrupts`); once it has stopped and its log is
-    written, KeyboardInterrupt is raised again."""
+def run_child(arguments, log_file, name, processes=1, python=None, show=None):
+    """Runs `python -m mtbench ARGUMENTS` in fresh processes (several under torchrun) with their stdout written
+    into `log_file` as they run, their stderr after it. Returns None, or for a failure one line that names the run
+    and quotes its last line on stderr. `show(line)`, when given, receives each training line as it is written
+    (`child_log.LogFollower`). A Ctrl-C while it runs is passed on to it (`wait_passing_interrupts`); once it has
+    stopped and its log is complete, KeyboardInterrupt is raised again."""
     command = [*launcher_command(processes, python), "-m", "mtbench", *arguments]
     # Output goes to files, not pipes: nothing is lost when the wait is interrupted.
-    with tempfile.TemporaryFile("w+", encoding="utf-8") as out, tempfile.TemporaryFile("w+", encoding="utf-8") as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, text=True,
+    os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
+    with open(log_file, "w", encoding="utf-8") as log, \
+            tempfile.TemporaryFile("w+", encoding="utf-8") as err:
+        log.write(f"$ {shlex.join(command)}\n--- stdout\n")
+        log.flush()
+        process = subprocess.Popen(command, stdout=log, stderr=err, stdin=subprocess.DEVNULL, text=True,
                                    start_new_session=True)
-        interrupted = wait_passing_interrupts(process)
-        out.seek(0)
+        with LogFollower(log_file, log.tell(), show) if show else contextlib.nullcontext():
+            interrupted = wait_passing_interrupts(process)
         err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    write_text_atomic(log_file, f"$ {shlex.join(command)}\n# exit code {process.returncode}"
-                                f"{' (interrupted)' if interrupted else ''}\n--- stdout\n{stdout}--- stderr\n{stderr}")
+        stderr = err.read()
+        log.seek(0, os.SEEK_END)
+        log.write(f"--- stderr\n{stderr}# exit code {process.returncode}"
+                  f"{' (interrupted)' if interrupted else ''}\n")
     if interrupted:
         raise KeyboardInterrupt
     if process.returncode != 0:
@@ -660,8 +668,9 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
         arguments = ["train", "--backend", spec.backend, *extras, *plan.configuration, *spec.size_arguments(),
                      "--initial-weights", weights["file"], "--out", result_file, "--report", "none",
                      "--run-group", plan.group, *_overwrite(plan)]
-    with console.status(f"[{number}/{total}] {name}: training in its own process"):
-        failure = run_child(arguments, log_file, name, spec.processes, spec.interpreter)
+    with console.status(f"[{number}/{total}] {name}: training in its own process") as status:
+        failure = run_child(arguments, log_file, name, spec.processes, spec.interpreter,
+                            show=training_lines(console, status, f"[{number}/{total}] {spec.label}"))
     progress.run = None
     if failure and failure.exit_code == ReportingFailed.EXIT_CODE:
         report_failures.append(failure)  # the run completed; only one of its trackers failed
@@ -683,6 +692,18 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
                   f"final loss {result['history'][-1]['loss']:.3f}")
     progress.add(spec, repeat, result, result_file, log_file)
     return report_failures
+
+
+def training_lines(console, status, prefix):
+    """How a child's training lines are shown: on a terminal as the status line under the spinner, elsewhere (a
+    log file, a pipe) printed and flushed one by one, each after the run's name, as `train` logs its own."""
+    if console.is_terminal:
+        return lambda line: status.update(f"{prefix}: {line}")
+
+    def printed(line):
+        console.print(f"{prefix}: {line}", highlight=False, soft_wrap=True)
+        console.file.flush()
+    return printed
 
 
 def reads_run_files(plan, spec):

@@ -37,7 +37,7 @@ DERIVED_KEYS = ("model", "parameters")
 # Where a run's files went, and how its start was written down (the weights' hash is compared instead).
 # `log_every` appears only in results written before that unused option was removed.
 BOOKKEEPING_KEYS = ("out", "overwrite", "cache_dir", "initial_weights", "log_every", "report_to", "logging_dir",
-                    "run_group", "price_per_hour", "save_model")
+                    "run_group", "price_per_hour", "save_model", "sample_prompt", "sample_tokens")
 # The extra that compiles torch's step: --compile-mode is its alone, and differs only between runs that both have it.
 TORCH_COMPILED = "torch-compile"
 # A result written before a configuration key existed ran with its default.

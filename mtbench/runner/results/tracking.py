@@ -53,7 +53,8 @@ class Trackers:
     def validation(self, step, scores):
         """The task's validation figures ({figure: value}) as `val_<figure>`: val_bleu and val_chrf for
         translation, val_loss, val_perplexity and val_bits_per_byte for a language model."""
-        self.log({f"val_{name}": value for name, value in scores.items()}, step)
+        self.log({f"val_{name}": value for name, value in scores.items()
+                  if isinstance(value, (int, float)) and not isinstance(value, bool)}, step)
 
     def finish(self, result):
         """Every number of the result's metrics (and its energy and cost), at the last step, before the reporters'

@@ -75,7 +75,7 @@ class LanguageModellingTask(Task):
         return batches_per_epoch(data.splits["train"], config.rows_for(config.max_len), config.max_len)
 
     def evaluator(self, model, data, config, compile_inference):
-        return LanguageModelEvaluator(model, data, config)
+        return LanguageModelEvaluator(model, data, config, compile_inference)
 
     def load_tokenizer(self, directory, description):
         return load_text_tokenizer(directory, description)
@@ -93,6 +93,8 @@ class LanguageModelEvaluator(Evaluator):
     model: object
     data: TaskData
     config: object
+    compile_inference: object = None  # fn -> the backend's compiled fn (`Task.evaluator`'s), for --sample-prompt
+    _forward: object = None
 
     def scores(self, split):
         from mtbench.runner.evaluation.scoring import mean_loss
@@ -107,9 +109,29 @@ class LanguageModelEvaluator(Evaluator):
                 f"{prefix}_tokens_evaluated": int(tokens)}
 
     def validate(self):
+        """The validation figures, and with --sample-prompt the model's continuation of the prompt (`sample`)."""
         scores = self.scores("valid")
-        return {"loss": scores["val_loss"], "perplexity": scores["val_perplexity"],
-                "bits_per_byte": scores["val_bits_per_byte"]}
+        figures = {"loss": scores["val_loss"], "perplexity": scores["val_perplexity"],
+                   "bits_per_byte": scores["val_bits_per_byte"]}
+        if self.config.sample_prompt is not None:
+            figures["sample"] = self.sample(self.config.sample_prompt)
+        return figures
+
+    def sample(self, prompt):
+        """The prompt and its continuation drawn as nanoGPT's sample.py draws (the same draws every validation)."""
+        import numpy as np
+        from keras import ops
+        from mtbench.runner.evaluation.sampling import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, continuation
+        if self._forward is None:
+            compiled = self.compile_inference(lambda x: self.model(x, training=False))
+            self._forward = lambda x: ops.convert_to_numpy(compiled(x))
+        tokenizer = self.data.tokenizer
+        ids = tokenizer.encode_text(prompt)
+        if not len(ids):
+            raise MtbenchError(f"--sample-prompt {prompt!r} has no token of this tokenizer")
+        tokens = continuation(self._forward, ids, self.config.max_len, self.config.sample_tokens,
+                              SAMPLE_TEMPERATURE, SAMPLE_TOP_K, np.random.default_rng(self.config.seed))
+        return prompt + tokenizer.decode_text(tokens)
 
     def evaluate(self, phase):
         metrics = {}

@@ -16,7 +16,8 @@ TRAIN_LOSS_SAMPLE = 500  # training pairs re-evaluated with the final weights, c
 METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy",
            "bleu", "chrf", "bleu_signature", "chrf_signature", "test_sentences_scored", "decoding")
 # Options of the language-modelling task, which translation does not take (their value when not given).
-LANGUAGE_MODEL_OPTIONS = {"block_size": None, "tokenizer": None, "target_loss": None}
+LANGUAGE_MODEL_OPTIONS = {"block_size": None, "tokenizer": None, "target_loss": None, "sample_prompt": None,
+                          "sample_tokens": 100}
 
 
 class TranslationTask(Task):

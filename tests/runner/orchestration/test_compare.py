@@ -20,6 +20,20 @@ def sha256_of(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def test_compare_shows_each_runs_training_lines_as_they_are_written(compared):
+    """Off a terminal, each child's step lines reach the compare's own output beside the run's name (and stay in
+    the run's log, written as it trains), with the losses its result records."""
+    combined = compared["combined"]
+    for number, run in enumerate(combined["runs"], start=1):
+        losses = {h["step"]: h["loss"] for h in run["result"]["history"]}
+        prefix = f"[{number}/2] {run['label']}: step "
+        shown = [line for line in compared["stdout"].splitlines() if line.startswith(prefix)]
+        assert [line.split()[3] for line in shown] == [f"{step}/{COMPARE_STEPS}" for step in (10, 20, 30)]
+        assert [float(line.split()[5]) for line in shown] == pytest.approx([losses[s] for s in (10, 20, 30)], abs=6e-5)
+        with open(run["log_file"]) as log:
+            assert log.read().count("\nstep ") == 3
+
+
 def test_compare_of_jax_and_torch_passes_the_parity_check(compared):
     combined = compared["combined"]
     parity = combined["parity"]

@@ -137,12 +137,13 @@ def bad_input_cases(tmp_path):
         "beam": (["--beam", "4"], "--beam is an option of translation"),
         "target BLEU": (["--target-bleu", "10", "--eval-every", "5"], "--target-bleu is an option of translation"),
         "preset": (["--preset", "base"], "unknown preset 'base' for --model gpt"),
+        "sample without validation": (["--sample-prompt", "And"], "--sample-prompt needs --eval-every"),
     }
 
 
 @pytest.mark.parametrize("name", [
     "empty file", "folder without .txt", "not UTF-8", "shorter than a block", "encoder flag", "beam", "target BLEU",
-    "preset"])
+    "preset", "sample without validation"])
 def test_bad_input_gets_one_line_and_nothing_written(name, tmp_path, cache_dir):
     arguments, expected = bad_input_cases(tmp_path)[name]
     out = tmp_path / "result.json"
@@ -202,3 +203,28 @@ def text_file(tmp_path):
     path = tmp_path / "text.txt"
     path.write_text("\n".join(bible_verses(600)) + "\n", encoding="utf-8")
     return str(path)
+
+
+def test_each_validation_prints_a_sample_and_the_best_model_is_kept_beside_the_last(tmp_path, cache_dir):
+    """nanoGPT's evaluation: the model's continuation of --sample-prompt at each validation, and the weights of the
+    best validation loss kept (RESULT.run/best), a saved model that `generate` reads as it reads the final one."""
+    out = tmp_path / "run.json"
+    proc = run_cli("train", "--backend", "torch", *TINY_GPT, "--steps", "12", "--eval-every", "4", "--sample-prompt",
+                   "And God", "--sample-tokens", "12", "--data", text_file(tmp_path), "--tokenizer", "char",
+                   "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    evaluations = result["target"]["evaluations"]
+    assert [e["step"] for e in evaluations] == [4, 8, 12]
+    for evaluation in evaluations:
+        assert evaluation["sample"].startswith("And God") and len(evaluation["sample"]) > len("And God")
+        assert f"sample: {evaluation['sample']}" in proc.stdout
+    best = min(evaluations, key=lambda e: e["loss"])
+    kept = str(tmp_path / "run.run" / "best")
+    assert result["target"]["best"] == {"step": best["step"], "loss": best["loss"], "saved": kept}
+    with np.load(f"{kept}/weights.npz") as best_weights, \
+            np.load(str(tmp_path / "run.run" / "model" / "weights.npz")) as final_weights:
+        same = all(np.array_equal(best_weights[name], final_weights[name]) for name in final_weights.files)
+    assert same == (best["step"] == 12)  # the final weights are the best only when the last validation was
+    generated = run_cli("generate", kept, "--prompt", "And God", "--max-new-tokens", "8", "--temperature", "0")
+    assert generated.returncode == 0 and generated.stdout.startswith("And God"), generated.stderr

@@ -1,0 +1,35 @@
+"""A language model's continuation of a prompt, one token at a time, as `mtbench generate` and the
+--sample-prompt of training draw it."""
+
+import numpy as np
+
+# nanoGPT's sample.py: what a person sees of a model while it trains.
+SAMPLE_TEMPERATURE = 0.8
+SAMPLE_TOP_K = 200
+
+
+def continuation(forward, ids, block, new_tokens, temperature, top_k, rng):
+    """The `new_tokens` token ids after `ids`: each from the logits `forward` (a compiled call on one row of
+    `block` token ids, returning numpy-convertible logits) gives at the last position of the last `block` tokens,
+    greedily (`temperature` 0) or drawn by `rng` from the softmax of logits / `temperature`, restricted to the
+    `top_k` most likely tokens."""
+    generated = []
+    for _ in range(new_tokens):
+        window = (list(ids) + generated)[-block:]
+        x = np.zeros((1, block), np.int32)  # one shape: compiled once; causality keeps the padding after unseen
+        x[0, :len(window)] = window
+        logits = np.asarray(forward(x))[0, len(window) - 1].astype(np.float64)
+        generated.append(next_token(logits, temperature, top_k, rng))
+    return generated
+
+
+def next_token(logits, temperature, top_k, rng):
+    """The next token of `logits` (the vocabulary's, float64): the largest at temperature 0, else drawn."""
+    if temperature == 0:
+        return int(np.argmax(logits))
+    logits = logits / temperature
+    if top_k:
+        kth = np.sort(logits)[-min(top_k, len(logits))]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probabilities = np.exp(logits - logits.max())
+    return int(rng.choice(len(logits), p=probabilities / probabilities.sum()))
