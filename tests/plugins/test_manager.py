@@ -25,7 +25,7 @@ def test_builtin_plugins_are_listed_with_their_hooks():
     assert plugins["jax_backend"]["provides"] == {"backends": ["jax"]}
     assert plugins["torch_backend"]["hooks"] == ["mtbench_register_backends"]
     assert plugins["bible_dataset"]["provides"]["datasets"] == ["bible-en-de", "bible-en-es", "bible-en-fr"]
-    assert plugins["table_reporter"]["provides"] == {"reporters": ["table"]}
+    assert plugins["table_reporter"]["provides"] == {"reporters": ["summary", "table"]}
     builtin = [p for p in plugins.values() if p["builtin"]]
     assert plugins["transformer"]["provides"] == {"models": ["transformer"]}
     assert plugins["marian"]["provides"] == {"models": ["marian"]}
