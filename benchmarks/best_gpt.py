@@ -44,6 +44,14 @@ def parse_args(argv):
     parser.add_argument("--timing-window", type=int, default=10)
     parser.add_argument("--initial-weights", default=None, help="mtbench's .npz weights file (default: the draw)")
     parser.add_argument("--data", default=None, help="the text (default: the built-in corpus's source side)")
+    parser.add_argument("--tokenizer", default="byte", choices=["byte", "char"], help="as mtbench train's option")
+    # The model's size and the recipe's rate, over the preset's, as mtbench train's options of the same names.
+    for flag in ("--layers", "--heads", "--d-model", "--ff-dim", "--warmup-steps", "--valid-size"):
+        parser.add_argument(flag, type=int, default=None)
+    for flag in ("--dropout", "--learning-rate"):
+        parser.add_argument(flag, type=float, default=None)
+    parser.add_argument("--validate", action="store_true",
+                        help="score the validation split at the end, as mtbench train's final evaluation does")
     parser.add_argument("--out", default=None, help="the result JSON (default: print it only)")
     parser.add_argument("--cache-dir", default=None)
     # What the GPU matrix passes every row, meaningless here.
@@ -59,10 +67,13 @@ def parse_args(argv):
 
 def train_config(args):
     from mtbench.runner.config import TrainConfig, default_cache_dir
-    fields = {name: getattr(args, name) for name in ("batch_size", "block_size") if getattr(args, name)}
+    fields = {name: getattr(args, name) for name in ("batch_size", "block_size", "layers", "heads", "d_model", "ff_dim",
+                                                     "dropout", "learning_rate", "warmup_steps", "valid_size")
+              if getattr(args, name) is not None}
     return TrainConfig(backend=args.backend, model_name="gpt", preset=args.preset, dtype=args.dtype,
-                       data_file=args.data, tokenizer="byte", steps=args.steps, matmul_precision=args.matmul_precision,
-                       cache_dir=args.cache_dir or default_cache_dir(), **fields)
+                       data_file=args.data, tokenizer=args.tokenizer, steps=args.steps,
+                       matmul_precision=args.matmul_precision, cache_dir=args.cache_dir or default_cache_dir(),
+                       **fields)
 
 
 def starting_weights(args, config, shape):
@@ -141,7 +152,14 @@ def measure(args):
     from mtbench.keras_models.gpt import training_flops
     flops = training_flops(shape, rows, length)
     peak_bytes = peak_device_bytes(args.backend)
+    metrics = {}
+    if args.validate:  # the blocks `mtbench train` scores its validation loss on
+        from mtbench.runner.data.text import evaluation_batches
+        blocks = evaluation_batches(workload.text.splits["valid"], config.batch_size, config.max_len,
+                                    config.valid_size)
+        metrics["val_loss"] = step.validation_loss([convert(batch) for batch in blocks])
     return {
+        "metrics": metrics,
         "kind": "best-by-hand reference", "status": "completed", "backend": args.backend,
         "train_step": getattr(step, "name", f"best-by-hand {args.backend}"),
         "description": getattr(step, "description", ""),

@@ -176,6 +176,15 @@ class TrainStep:
             self.params, self.optimizer_state, self.key, tokens, next_tokens, weights)
         return {"loss": loss}
 
+    def validation_loss(self, batches):
+        """The token-weighted mean loss of `batches` (`batch_arrays` each), without dropout."""
+        loss = jax.jit(self.loss)
+        total = tokens = 0.0
+        for tokens_in, next_tokens, weights in batches:
+            total += float(loss(self.params, tokens_in, next_tokens, weights)) * float(jnp.sum(weights))
+            tokens += float(jnp.sum(weights))
+        return total / tokens
+
     def block(self):
         jax.block_until_ready(self.params)
 

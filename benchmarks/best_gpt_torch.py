@@ -140,6 +140,18 @@ class TrainStep:
         self.optimizer.step()
         return {"loss": loss.detach()}
 
+    def validation_loss(self, batches):
+        """The token-weighted mean loss of `batches` (`batch_tensors` each), without dropout or gradients."""
+        total = tokens = 0.0
+        self.model.eval()
+        with torch.no_grad():
+            for batch in batches:
+                weights = batch[2]
+                total += float(self.loss(*batch)) * float(weights.sum())
+                tokens += float(weights.sum())
+        self.model.train()
+        return total / tokens
+
     def block(self):
         """Returns once the device has finished every step queued so far."""
         if self.device.type == "cuda":

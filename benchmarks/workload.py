@@ -62,6 +62,7 @@ class Workload:
     config: TrainConfig
     vocab_size: int
     batches: list  # mtbench `Batch` objects, in the order training would see them
+    text: object = None  # a language model's `TaskData`: its tokenizer and encoded splits (validation's blocks)
 
     @property
     def model_shape(self):
@@ -90,20 +91,19 @@ def prepare_workload(config, steps, length=None):
 
 
 def prepare_text_workload(config, steps):
-    """The first `steps` batches the language-modelling task trains `config`'s model on: byte-level tokens of the
-    text's training split (`config.data_file`, else the built-in corpus's source side), random windows of
-    `config.max_len` tokens."""
+    """The first `steps` batches the language-modelling task trains `config`'s model on: its tokens (bytes by
+    default, `config.tokenizer` else, built on the training split as `mtbench train` builds them) of the text's
+    training split (`config.data_file`, else the built-in corpus's source side), random windows of
+    `config.max_len` tokens; and the task's data, whose validation split a reference is scored on."""
     from itertools import islice
 
     from mtbench.plugins import manager as plugins
-    from mtbench.runner.data.text import ByteTokenizer, read_text, split_ranges, training_batches
-    text = read_text(config, plugins.registry(), progress=lambda done, total: None)
-    start, end = split_ranges(len(text.data))["train"]
-    tokenizer = ByteTokenizer(config.model.byte_vocab_size)  # GPT-2 small's padded vocabulary, as `mtbench train`
-    stream = tokenizer.stream(text.data[start:end])
-    batches = [batch for _, batch in islice(training_batches(stream, config.batch_size, config.max_len,
-                                                             config.seed), steps)]
-    return Workload(config=config, vocab_size=tokenizer.vocab_size, batches=batches)
+    from mtbench.runner.data.text import read_text
+    from mtbench.runner.tasks.language_modelling import LanguageModellingTask
+    task = LanguageModellingTask()
+    data = task.prepare(config, read_text(config, plugins.registry(), progress=lambda done, total: None), None)
+    batches = [batch for _, batch in islice(task.batches(data, config), steps)]
+    return Workload(config=config, vocab_size=data.tokenizer.vocab_size, batches=batches, text=data)
 
 
 def prepare_benchmark(config, steps, length, fused_attention=False):

@@ -55,6 +55,30 @@ def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_
     assert result["utilization"]["step_flops"] > 0 and result["env"]["device"]["kind"] == "cpu"
 
 
+def test_the_torch_reference_scores_nanogpts_cpu_shape_on_characters_as_mtbench_does(tmp_path, cache_dir):
+    """benchmarks/nanogpt_cpu.py's third row: the reference at nanoGPT's CPU shape (4 layers, 4 heads, 128 wide,
+    block 64, batch 12, no dropout) on characters, from mtbench's weights, reaches mtbench's validation loss on
+    the same validation blocks."""
+    from benchmarks.nanogpt_cpu import NANOGPT_CPU, REFERENCE_SIZE
+    data = os.path.join(REPOSITORY, "README.md")
+    shape = [*NANOGPT_CPU, "--data", data, "--steps", "20", "--valid-size", "20", "--cache-dir", cache_dir]
+    weights = str(tmp_path / "weights.npz")
+    assert run_cli("init-weights", "--backend", "torch", *shape, "--out", weights).returncode == 0
+    trained = run_cli("train", "--backend", "torch", *shape, "--initial-weights", weights,
+                      "--out", str(tmp_path / "mtbench.json"))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    mtbench = json.loads((tmp_path / "mtbench.json").read_text())
+    out = tmp_path / "reference.json"
+    proc = subprocess.run([sys.executable, SCRIPT, "--backend", "torch", "--preset", "char", "--dtype", "float32",
+                           *REFERENCE_SIZE, "--data", data, "--steps", "20", "--valid-size", "20", "--validate",
+                           "--initial-weights", weights, "--cache-dir", cache_dir, "--out", str(out)],
+                          capture_output=True, text=True, env=cli_environment(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = json.loads(out.read_text())
+    assert reference["model"]["vocab_size"] == mtbench["model"]["vocab_size"] < 256  # characters, not bytes
+    assert reference["metrics"]["val_loss"] == pytest.approx(mtbench["metrics"]["val_loss"], rel=1e-4)
+
+
 def test_overhead_sets_mtbenchs_best_step_beside_the_references(cache_dir):
     """`benchmarks/overhead.py --baseline best`: mtbench's best way on each backend (torch compiled; fused attention
     where the device has it) in turns with the reference, its ratio in the JSON under the backend's name."""

@@ -120,11 +120,13 @@ def summed_over_shards(loss_of, shards, distribution, trainable, non_trainable, 
     return grads, summed[-2], summed[-1], tokens, non_trainable
 
 
-def accumulated_gradients(micro_batches):
+def accumulated_gradients(micro_batches, inner=None):
     """A `gradients_of` for `JitTrainStep` that sums the gradients of the batch's `micro_batches` equal parts, one
     after the other (`jax.lax.scan`: one compiled body, each part's activations freed before the next), each
     part's loss over the whole batch's tokens, so that the sum is the whole batch's token mean and its gradient:
-    what one batch of all the rows would give, with a part's activations in memory at a time."""
+    what one batch of all the rows would give, with a part's activations in memory at a time. `inner`, another
+    `gradients_of` (fsdp's per-device gathering), differentiates each part in its own way; its part's token mean
+    and gradients are then weighted by the part's share of the batch's tokens."""
 
     def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
         import jax
@@ -137,13 +139,22 @@ def accumulated_gradients(micro_batches):
                 array.reshape((array.shape[0] // micro_batches, micro_batches) + array.shape[1:]), 0, 1),
             (x, y, weight))
 
+        def part_gradients(non_trainable, px, py, pw):
+            if inner is None:
+                (_, (part_loss, logits, non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(
+                    trainable, non_trainable, optimizer_state, px, py, pw, tokens, 1.0 / micro_batches)
+                return grads, part_loss, correct_tokens(py, logits, pw), non_trainable
+            grads, part_loss, correct, part_tokens, non_trainable = inner(
+                loss_of, trainable, non_trainable, optimizer_state, px, py, pw)
+            share = part_tokens / tokens  # a part without tokens adds nothing (its own mean is 0 / 0)
+            grads = jax.tree_util.tree_map(lambda g: jnp.where(part_tokens > 0, g * share.astype(g.dtype), 0), grads)
+            return grads, jnp.where(part_tokens > 0, part_loss * share, 0.0), correct, non_trainable
+
         def add_part(carry, part):
             grads, loss, correct, non_trainable = carry
-            px, py, pw = part
-            (_, (part_loss, logits, non_trainable)), part_grads = jax.value_and_grad(loss_of, has_aux=True)(
-                trainable, non_trainable, optimizer_state, px, py, pw, tokens, 1.0 / micro_batches)
+            part_grads, part_loss, part_correct, non_trainable = part_gradients(non_trainable, *part)
             grads = jax.tree_util.tree_map(jnp.add, grads, part_grads)
-            return (grads, loss + part_loss, correct + correct_tokens(py, logits, pw), non_trainable), None
+            return (grads, loss + part_loss, correct + part_correct, non_trainable), None
 
         start = (jax.tree_util.tree_map(jnp.zeros_like, list(trainable)), jnp.zeros((), jnp.float32),
                  jnp.zeros((), weight.dtype), non_trainable)

@@ -618,10 +618,13 @@ class FullySharded(Extra):
         return self._torch_step(run, model, step)
 
     def _jax_step(self, run, model, step):
-        from mtbench.plugins.backends.jax_jit_step import JitTrainStep
+        from mtbench.plugins.backends.jax_jit_step import JitTrainStep, accumulated_gradients
         if not isinstance(step, JitTrainStep) or step.distribution is None:
             raise MtbenchError(f"shards mtbench's jit step, not the '{step.name}' step")
-        sharded = JitTrainStep(model, step.distribution, gathered_per_device(model, step.distribution))
+        gradients_of = gathered_per_device(model, step.distribution)
+        if step.micro_batches > 1:  # --grad-accum: the micro-batches a loop around the per-device gathering
+            gradients_of = accumulated_gradients(step.micro_batches, inner=gradients_of)
+        sharded = JitTrainStep(model, step.distribution, gradients_of)
         run.extras_state[self.name].update(units=[unit.name for unit in fsdp_units(model)],
                                            gather_dtype=model.dtype_policy.compute_dtype)
         return JaxShardedStep(sharded, run.extras_state[self.name])

@@ -34,35 +34,43 @@ def test_two_micro_batches_of_four_rows_train_as_one_batch_of_eight(backend, tmp
     assert accumulated["config"]["grad_accum"] == 2
 
 
-@pytest.mark.slow  # two training processes, then torchrun's two
-def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(tmp_path, cache_dir):
-    """JAX data-parallel on 2 simulated devices and torch ddp over 2 gloo processes, each step two micro-batches
-    of 4 global rows: the losses of one device trained on batches of 8. DDP averages the gradients once a step (with
-    the last micro-batch), and XLA's program holds the micro-batch loop over both devices."""
+@pytest.fixture(scope="module")
+def one_device_batches_of_eight(tmp_path_factory, cache_dir):
+    """{backend: the result of one device trained on batches of 8 rows}, made once for the distributed cases."""
+    folder = tmp_path_factory.mktemp("whole")
+    return {backend: train(backend, folder, cache_dir, "--batch-size", "8") for backend in ("jax", "torch")}
+
+
+@pytest.mark.slow  # a training process, or torchrun's two
+@pytest.mark.parametrize("backend, extra", [("jax", "data-parallel"), ("torch", "ddp"), ("jax", "fsdp"),
+                                            ("torch", "fsdp")])
+def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(backend, extra, tmp_path, cache_dir,
+                                                                             one_device_batches_of_eight):
+    """JAX on 2 simulated devices, torch over 2 gloo processes, each step two micro-batches of 4 global rows: the
+    losses of one device trained on batches of 8. DDP averages the gradients once a step (with the last
+    micro-batch); JAX's micro-batches are a loop inside its one program over both devices; fsdp gathers and
+    reduce-scatters for each micro-batch."""
     import subprocess
     import sys
 
     from conftest import cli_environment, on_every_core
-    devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    for backend, extra in (("jax", "data-parallel"), ("torch", "ddp")):
-        whole = train(backend, tmp_path, cache_dir, "--batch-size", "8")
-        out = tmp_path / f"{backend}-{extra}.json"
-        arguments = ["train", "--backend", backend, *RUN, "--batch-size", "4", "--grad-accum", "2", "--extra", extra,
-                     "--cache-dir", cache_dir, "--out", str(out)]
-        if backend == "jax":
-            proc = run_cli(*arguments, env=devices)
-        else:
-            preexec_fn, env = on_every_core(None)
-            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                                   "2", "-m", "mtbench", *arguments], capture_output=True, text=True,
-                                  env=cli_environment(env), timeout=600, preexec_fn=preexec_fn)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        accumulated = json.loads(out.read_text())
-        assert accumulated["devices_used"] == 2 or accumulated["processes"]["world_size"] == 2
-        assert [h["tokens"] for h in accumulated["history"]] == [8 * 32] * 6
-        np.testing.assert_allclose([h["loss"] for h in accumulated["history"]],
-                                   [h["loss"] for h in whole["history"]], rtol=1e-5)
-        assert "gradients of 2 micro-batches summed" in accumulated["train_step_detail"]
+    out = tmp_path / f"{backend}-{extra}.json"
+    arguments = ["train", "--backend", backend, *RUN, "--batch-size", "4", "--grad-accum", "2", "--extra", extra,
+                 "--cache-dir", cache_dir, "--out", str(out)]
+    if backend == "jax":
+        proc = run_cli(*arguments, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    else:
+        preexec_fn, env = on_every_core(None)
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               "-m", "mtbench", *arguments], capture_output=True, text=True,
+                              env=cli_environment(env), timeout=600, preexec_fn=preexec_fn)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    accumulated = json.loads(out.read_text())
+    assert 2 in (accumulated["devices_used"], accumulated["processes"]["world_size"])
+    assert [h["tokens"] for h in accumulated["history"]] == [8 * 32] * 6
+    np.testing.assert_allclose([h["loss"] for h in accumulated["history"]],
+                               [h["loss"] for h in one_device_batches_of_eight[backend]["history"]], rtol=1e-5)
+    assert "gradients of 2 micro-batches summed" in accumulated["train_step_detail"]
 
 
 def test_on_jax_the_micro_batches_are_a_loop_in_the_compiled_step():
@@ -90,7 +98,7 @@ def test_on_jax_the_micro_batches_are_a_loop_in_the_compiled_step():
 @pytest.mark.parametrize("arguments, expected", [
     (["--grad-accum", "0"], "--grad-accum must be at least 1"),
     (["--grad-accum", "2", "--backend", "jax", "--extra", "pmap"],
-     "runs with torch-compile, flash-attention, ddp, data-parallel only, not with --extra pmap"),
+     "runs with torch-compile, flash-attention, ddp, data-parallel, fsdp only, not with --extra pmap"),
 ])
 def test_what_cannot_accumulate_is_refused_in_one_line(arguments, expected, tmp_path, cache_dir):
     proc = run_cli("train", *RUN, *arguments, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))

@@ -1,0 +1,25 @@
+"""benchmarks/program_cost.py: mtbench's compiled JAX step for the GPT does the work of the best-by-hand reference
+and no more, counted in the two programs XLA compiles, nothing run."""
+
+import dataclasses
+
+import pytest
+
+from conftest import keras_on_jax
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_mtbench_s_step_does_the_references_arithmetic_and_three_matmuls_a_layer_apart(dtype):
+    keras_on_jax()
+    from benchmarks.program_cost import compiled_programs
+    from mtbench.keras_models.presets import GPT_PRESETS
+    figures = compiled_programs("tiny", rows=2, block=32, dtype=dtype)
+    ours, reference = figures["mtbench"], figures["reference"]
+    assert ours["flops"] == pytest.approx(reference["flops"], rel=0.02)
+    # The same exponentials, logs and square roots, up to a few scalars (the schedule's cosine, Adam's corrections).
+    assert 0 <= ours["transcendentals"] - reference["transcendentals"] < 32
+    assert ours["bytes accessed"] <= reference["bytes accessed"] * 1.05
+    # The one difference in kind: the reference projects queries, keys and values in one matrix multiplication, a
+    # block's forward two fewer and its backward four (two gradients each) than mtbench's three projections.
+    layers = dataclasses.replace(GPT_PRESETS["tiny"]).decoder_layers
+    assert ours["matmuls"] - reference["matmuls"] == 6 * layers
