@@ -44,6 +44,7 @@ BUILTIN_PLUGINS = (
     "mtbench.plugins.extras.jax_parallel",
     "mtbench.plugins.extras.jax_tpu",
     "mtbench.plugins.extras.fsdp",
+    "mtbench.plugins.extras.tensor_parallel",
 )
 REGISTER_HOOKS = {
     "backends": "mtbench_register_backends",

@@ -39,7 +39,7 @@ class FusedAdamW:
         self.variables = list(variables)
         if not optimizer.built:
             optimizer.build(self.variables)  # its moment variables are the state torch updates
-        self.parameters = [v.value for v in self.variables]
+        self.parameters = [self.updated_tensor(v.value) for v in self.variables]
         self.clipnorm, self.global_clipnorm = optimizer.clipnorm, optimizer.global_clipnorm
         self.learning_rate = schedule_in_python(optimizer)
         # Keras's exclusions (`exclude_from_weight_decay`: biases and norms) as a group without decay.
@@ -55,7 +55,14 @@ class FusedAdamW:
             # Keras's moment tensors instead of new ones.
             self.torch_optimizer.state[parameter] = {
                 "step": torch.full((), float(self.iterations), dtype=torch.float32, device=parameter.device),
-                "exp_avg": optimizer._momentums[index].value, "exp_avg_sq": optimizer._velocities[index].value}
+                "exp_avg": self.updated_tensor(optimizer._momentums[index].value),
+                "exp_avg_sq": self.updated_tensor(optimizer._velocities[index].value)}
+
+    @staticmethod
+    def updated_tensor(value):
+        """The tensor the fused kernel updates in place for a variable's (or a moment's) `value`: the value itself;
+        a subclass over values split across processes (tensor-parallel) gives their local parts."""
+        return value
 
     def _clip_each_gradient(self, grads):
         import torch

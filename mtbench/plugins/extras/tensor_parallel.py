@@ -1,0 +1,510 @@
+"""tensor-parallel: Megatron's split of every Transformer block over the devices of a `model` axis, on both backends
+under one name.
+
+The plan, the same on both (`megatron_plan`): in each attention the query, key and value projections are split by
+columns (each device computes its share of the heads) and the output projection by rows (each device's product is
+a part of the sum, all-reduced); in each feed-forward the first Dense by columns (its share of the hidden units)
+and the second by rows. The embeddings, layer norms, the row-split layers' biases and the tied output layer are
+held whole on every device. So a block's forward all-reduces the activations once after attention and once after
+the feed-forward; its backward all-reduces the gradient of each column-split projection's input: once for the
+feed-forward and once per projection for attention (three: the models keep the query, key and value as separate
+Dense layers, where Megatron fuses them into one and sums their gradients before a single all-reduce).
+
+JAX: a `keras.distribution.ModelParallel` over a mesh of every device on a `model` axis (the `data` axis of size
+1), the split weights and their Adam moments laid out on it, inside mtbench's one jitted step; GSPMD inserts the
+all-reduces. Over several processes (torchrun) each hands in its rows of the batch and the program all-gathers them.
+
+torch: DTensor over a `DeviceMesh` of the run's processes (torchrun; NCCL on GPUs, gloo on CPUs). Each split
+weight is a DTensor sharded as `ColwiseParallel` and `RowwiseParallel` shard `nn.Linear`'s (Keras's kernel is
+the transpose: `Shard(1)` by columns, `Shard(0)` by rows), and each split Dense computes as those plans' hooks
+make `nn.Linear` compute: the input made a replicated DTensor (`from_local`, whose backward all-reduces its
+gradient) or a sharded one, and a row-split product's partial sum redistributed to replicated (an all-reduce).
+`parallelize_module` itself takes only `nn.Linear` and `nn.Embedding`, and a Keras layer computes with its
+variables' tensors through its own `call`: so the split Dense layers take a class whose `call` does what the hooks
+do, their variables hold the DTensors, and each attention computes its local heads. torch's fused AdamW updates
+the local shards (`SplitAdamW`). Every process needs the whole batch, which the loop splits among the processes:
+the step gathers the rows in one all-gather (Megatron broadcasts each batch over its tensor-parallel group).
+"""
+
+import collections
+import contextlib
+import re
+
+from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
+from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
+from mtbench.plugins.extras.fsdp import (
+    SIMULATE_HINT,
+    JaxShardedStep,
+    StateRecording,
+    processes_reason,
+    torch_step_state,
+    use_distribution,
+)
+
+MODEL_AXIS = "model"
+DATA_AXIS = "data"
+EMBEDDINGS = "embeddings, layer norms and the tied output layer replicated"
+
+
+class SplitDense(collections.namedtuple("SplitDense", "layer by")):
+    """A Dense layer of the plan, split by 'columns' (its output units) or by 'rows' (its input units)."""
+
+
+def megatron_plan(model):
+    """(split Dense layers, attention layers) of `model`: each attention's query, key and value by columns and its
+    output projection by rows; each feed-forward's first Dense by columns and its second by rows."""
+    from mtbench.keras_models.gpt import MLP
+    from mtbench.keras_models.transformer import Attention, FeedForward
+    split, attentions = [], []
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, Attention):
+            attentions.append(layer)
+            split += [SplitDense(layer.query, "columns"), SplitDense(layer.key, "columns"),
+                      SplitDense(layer.value, "columns"), SplitDense(layer.output_projection, "rows")]
+        elif isinstance(layer, (MLP, FeedForward)):
+            split += [SplitDense(layer.hidden, "columns"), SplitDense(layer.out, "rows")]
+    return split, attentions
+
+
+def split_variables(plan):
+    """[(variable, the axis it is split on)]: a column-split layer's kernel on its output axis and its bias, a
+    row-split layer's kernel on its input axis (its bias is added once, after the all-reduce: whole)."""
+    variables = []
+    for dense in plan:
+        if dense.by == "columns":
+            variables += [(dense.layer.kernel, 1)] + ([(dense.layer.bias, 0)] if dense.layer.bias is not None else [])
+        else:
+            variables.append((dense.layer.kernel, 0))
+    return variables
+
+
+def indivisible_reason(shape, parts):
+    """Why a model of `shape` (a ModelPreset) cannot be split over `parts` devices, or None."""
+    if shape is None:
+        return None
+    for name, flag in (("num_heads", "--heads"), ("ff_dim", "--ff-dim")):
+        value = getattr(shape, name, None)
+        if value is not None and value % parts:
+            what = "attention heads" if name == "num_heads" else "feed-forward units"
+            return f"the model's {value} {what} ({flag}) do not split evenly over {parts} devices"
+    return None
+
+
+def moments_of(optimizer, variable):
+    """The Keras optimizer's two Adam moment variables of `variable`."""
+    index = optimizer._get_variable_index(variable)
+    return optimizer._momentums[index], optimizer._velocities[index]
+
+
+def plan_record(plan, heads, parts):
+    """What the run records of the plan: how many Dense layers it split each way, the heads each device computes."""
+    split = collections.Counter(dense.by for dense in plan)
+    return {"split_layers": {"columns": split["columns"], "rows": split["rows"]}, "heads_per_device": heads // parts,
+            "replicated": EMBEDDINGS}
+
+
+# The model families whose every block `megatron_plan` splits whole (Marian's blocks hold their feed-forward's
+# Dense layers themselves: only its attention would be split).
+SPLIT_FAMILIES = ("transformer", "gpt")
+
+
+def family_reason(config):
+    """Why the run's model family cannot be split, or None."""
+    family = config.model_family[0]
+    if family not in SPLIT_FAMILIES:
+        return f"splits the blocks of mtbench's {' and '.join(SPLIT_FAMILIES)} models, not '{family}'"
+    return None
+
+
+def require_plan(model):
+    """The plan of a model of `SPLIT_FAMILIES`, checked to split something."""
+    plan, attentions = megatron_plan(model)
+    if not plan:
+        raise MtbenchError(f"splits the attention and feed-forward layers of mtbench's GPT and Transformer; the "
+                           f"model '{model.name}' has none")
+    return plan, attentions
+
+
+# ----- JAX -----
+
+def hlo_collectives(hlo):
+    """{kind: [the shape of each array it moves]} of a compiled program's text: the arrays of a tuple collective
+    (XLA combines independent ones) counted one by one."""
+    found = collections.defaultdict(list)
+    for shape, kind in re.findall(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|"
+                                  r"collective-permute)(?:-start)?\(", hlo):
+        found[kind] += re.findall(r"[a-z0-9]+\[[0-9,]*\]", re.sub(r"\{[0-9,]*\}", "", shape))
+    return found
+
+
+def collectives_record(by_kind, activation_pattern):
+    """The record of a step's collectives: {kind: arrays moved} and how many were all-reduces of block
+    activations (`activation_pattern` matches their shapes)."""
+    return {"collectives_per_step": {kind: len(shapes) for kind, shapes in sorted(by_kind.items())},
+            "activation_all_reduces_per_step": sum(bool(re.fullmatch(activation_pattern, shape))
+                                                   for shape in by_kind.get("all-reduce", []))}
+
+
+def lay_out_split(model, plan, distribution):
+    """Lays each split weight and its two Adam moments out over the mesh's `model` axis (the distribution laid
+    every variable out whole), as Keras will lay out what is assigned to them."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+    mesh = distribution.device_mesh.backend_mesh
+    for variable, axis in split_variables(plan):
+        spec = [None] * len(variable.shape)
+        spec[axis] = MODEL_AXIS
+        sharding = NamedSharding(mesh, PartitionSpec(*spec))
+        for held in (variable, *moments_of(model.optimizer, variable)):
+            held._value, held._layout = jax.device_put(held.value, sharding), sharding
+
+
+def whole_batch_step(model, distribution):
+    """mtbench's jit step over the mesh, every device computing the whole batch. One process places each batch
+    whole on its devices; several hand in their own rows of it, split over their devices, and the program
+    all-gathers them as it starts (each array once): its collectives, counted with the rest."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep, correct_tokens
+    mesh = distribution.device_mesh.backend_mesh
+    whole, rows = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec((DATA_AXIS, MODEL_AXIS)))
+
+    def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
+        x, y, weight = jax.lax.with_sharding_constraint((x, y, weight), whole)
+        tokens = jnp.sum(weight)
+        (_, (loss, logits, non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(
+            trainable, non_trainable, optimizer_state, x, y, weight, tokens, 1.0)
+        return grads, loss, correct_tokens(y, logits, weight), tokens, non_trainable
+
+    class WholeBatchStep(JitTrainStep):
+        def _distribute(self, arrays):
+            if jax.process_count() == 1:
+                return super()._distribute(arrays)
+            if isinstance(arrays, tuple):
+                return tuple(self._distribute(array) for array in arrays)
+            return jax.make_array_from_process_local_data(rows, arrays)
+
+    return WholeBatchStep(model, distribution, gradients_of)
+
+
+class JaxSplitStep(JaxShardedStep):
+    """The jit step over the `model` mesh (`whole_batch_step`), recording the state per device and the
+    collectives of its compiled program for the first batch's shapes (counted at the first `finalize`, outside
+    the timed steps). Over several processes the state is replicated for evaluation and checkpoints as fsdp's is
+    (`JaxShardedStep`)."""
+
+    def __init__(self, inner, record, d_model):
+        super().__init__(inner, record)
+        self.d_model = d_model
+        self.first_batch, self.counted = None, False
+
+    def __call__(self, x, y, sample_weight):
+        if not self.counted and self.first_batch is None:
+            self.first_batch = (x, y, sample_weight)
+        return super().__call__(x, y, sample_weight)
+
+    def finalize(self):
+        if not self.counted and self.first_batch is not None and self.inner.state is not None:
+            self.counted = True
+            collectives = hlo_collectives(self.compiled_text(*self.first_batch))
+            rows = self.first_batch[1].shape[0] * self.record["processes"]
+            self.record.update(collectives_record(collectives, rf"[a-z0-9]+\[{rows},\d+,{self.d_model}\]"),
+                               # the split layers gather nothing: every all-gather is of the batch's rows
+                               batch_all_gathers_per_step=len(collectives.get("all-gather", [])))
+            self.first_batch = None
+        super().finalize()
+
+    def compiled_text(self, x, y, sample_weight):
+        """The step's program for these arrays as XLA compiled it (partitioned: its collectives in it)."""
+        inner = self.inner
+        arrays = [inner._distribute(part) for part in (x, y, sample_weight)]
+        return inner._step.lower(inner.state, *arrays).compile().as_text()
+
+    def description(self):
+        return f"{self.inner.description()}, {EMBEDDINGS}"
+
+
+def jax_split_step(run, model, step):
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep
+    if not isinstance(step, JitTrainStep) or step.distribution is None:
+        raise MtbenchError(f"splits mtbench's jit step, not the '{step.name}' step")
+    plan, attentions = require_plan(model)
+    step.finalize()  # the Keras variables hold the state again
+    lay_out_split(model, plan, step.distribution)
+    record = run.extras_state[TensorParallel.name]
+    record.update(plan_record(plan, attentions[0].num_heads, record["devices"]))
+    d_model = attentions[0].num_heads * attentions[0].head_dim
+    return JaxSplitStep(whole_batch_step(model, step.distribution), record, d_model)
+
+
+# ----- torch -----
+
+def split_dense_classes(mesh):
+    """The classes a split Dense layer takes while it trains: Keras's Dense computing as torch's `ColwiseParallel`
+    and `RowwiseParallel` make `nn.Linear` compute, with the DTensors its variables hold."""
+    import keras
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def weight(variable, dtype):
+        value = variable._value
+        return value if value.dtype == dtype else value.to(dtype)  # the layer's compute dtype, as Keras casts
+
+    class ColumnSplitDense(keras.layers.Dense):
+        def call(self, inputs, training=None):
+            # Replicated: its backward all-reduces the gradient of the input over the processes.
+            x = DTensor.from_local(inputs, mesh, [Replicate()], run_check=False)
+            y = x @ weight(self._kernel, inputs.dtype)
+            if self.bias is not None:
+                y = y + weight(self.bias, inputs.dtype)
+            return self.activation(y.to_local())
+
+    class RowSplitDense(keras.layers.Dense):
+        def call(self, inputs, training=None):
+            x = DTensor.from_local(inputs, mesh, [Shard(inputs.ndim - 1)], run_check=False)
+            partial = x @ weight(self._kernel, inputs.dtype)
+            y = partial.redistribute(mesh, [Replicate()]).to_local()  # the all-reduce of the partial sums
+            if self.bias is not None:
+                y = y + weight(self.bias, inputs.dtype)
+            return self.activation(y)
+
+    return {"columns": ColumnSplitDense, "rows": RowSplitDense}
+
+
+class TorchSplitting:
+    """The plan carried out over `mesh`: each split variable and its two moments are split once into DTensors,
+    which they hold while training (`hold_split`), the split layers computing through `split_dense_classes` and
+    each attention over its local heads; `hold_full` gives the variables whole copies, and the layers their own
+    classes, for evaluation and checkpoints."""
+
+    def __init__(self, model, plan, attentions, mesh):
+        import torch
+        from torch.distributed.tensor import Shard, distribute_tensor
+        self.model, self.plan, self.attentions, self.mesh = model, plan, attentions, mesh
+        self.classes = split_dense_classes(mesh)
+        self.keras_classes = [type(dense.layer) for dense in plan]
+        self.heads = [attention.num_heads for attention in attentions]
+        self.shards = []  # (Keras variable, the DTensor it holds while training)
+        for variable, axis in split_variables(plan):
+            # Every process holds the same whole weight: each keeps its own part, nothing is sent.
+            placements = [Shard(axis)]
+            self.shards.append((variable, torch.nn.Parameter(
+                distribute_tensor(variable.value.detach(), mesh, placements, src_data_rank=None))))
+            self.shards += [(slot, distribute_tensor(slot.value.detach(), mesh, placements, src_data_rank=None))
+                            for slot in moments_of(model.optimizer, variable)]
+        self.split = False
+        self.hold_split()  # the whole tensors the variables held are freed
+
+    def hold_split(self):
+        for variable, shard in self.shards:
+            variable._value = shard
+        for dense in self.plan:
+            dense.layer.__class__ = self.classes[dense.by]
+        for attention, heads in zip(self.attentions, self.heads):
+            attention.num_heads = heads // self.mesh.size()
+        self.split = True
+
+    def hold_full(self):
+        import torch
+        for variable, shard in self.shards:
+            whole = shard.full_tensor()
+            variable._value = torch.nn.Parameter(whole) if isinstance(shard, torch.nn.Parameter) else whole
+        for dense, keras_class in zip(self.plan, self.keras_classes):
+            dense.layer.__class__ = keras_class  # Keras names a checkpoint's objects by their class
+        for attention, heads in zip(self.attentions, self.heads):
+            attention.num_heads = heads
+        self.split = False
+
+
+class SplitAdamW(FusedAdamW):
+    """torch's fused AdamW over the local parts of the split weights and moments (plain tensors sharing the
+    DTensors' memory) and the whole replicated ones, clipped as Keras clips (`clipnorm`, `global_clipnorm`) with the
+    split gradients' squared norms summed over the processes in one all-reduce."""
+
+    def __init__(self, optimizer, variables, group):
+        import torch
+        super().__init__(optimizer, variables)
+        self.group = group
+        self.values = [variable.value for variable in self.variables]
+        self.split = [local is not value for local, value in zip(self.parameters, self.values)]
+        # Made once: a tensor made from host data every step would be a host wait on a GPU.
+        self.split_indices = torch.tensor([index for index, split in enumerate(self.split) if split],
+                                          device=self.parameters[0].device)
+
+    @staticmethod
+    def updated_tensor(value):
+        from torch.distributed.tensor import DTensor
+        return value._local_tensor if isinstance(value, DTensor) else value
+
+    def _squared_norms(self, grads):
+        """Each gradient's squared norm, float32, a split one's over every process's part (one all-reduce)."""
+        import torch
+        import torch.distributed as dist
+        squares = torch.stack(torch._foreach_norm(grads)).float().square()
+        summed = squares.index_select(0, self.split_indices)
+        dist.all_reduce(summed, group=self.group)
+        return squares.index_copy(0, self.split_indices, summed)
+
+    def _clip_each_gradient(self, grads):
+        import torch
+        scales = self.clipnorm / self._squared_norms(grads).sqrt().clamp_min(self.clipnorm)
+        torch._foreach_mul_(grads, list(scales.to(grads[0].dtype).unbind()))
+
+    def _clip_together(self, grads):
+        import torch
+        norm = self._squared_norms(grads).sum().sqrt()
+        scale = self.global_clipnorm * torch.clamp(1.0 / norm, max=1.0 / self.global_clipnorm)
+        torch._foreach_mul_(grads, scale + (norm - norm))  # NaN where the norm is not finite, as Keras
+
+    def step(self):
+        for local, value, split in zip(self.parameters, self.values, self.split):
+            if split:
+                local.grad = value.grad._local_tensor
+        super().step()
+        for local, split in zip(self.parameters, self.split):
+            if split:
+                local.grad = None
+
+
+def collective_kind(op):
+    """The kind of collective a c10d operation's name says ('c10d.allreduce_', 'c10d_functional.all_reduce')."""
+    name = op.replace("_", "")
+    return next((kind for kind, word in (("all-gather", "allgather"), ("reduce-scatter", "reducescatter"),
+                                         ("all-reduce", "allreduce")) if word in name), op)
+
+
+def gathered_rows(arrays, group, world):
+    """The whole batch on every process, as tensors on the processes' device, from each process's rows of `arrays`
+    (numpy arrays of the same rows): one all-gather of their bytes side by side. The arrays are copied to the device
+    as the step copies its batch (`to_device`); the rest happens there."""
+    import torch
+    import torch.distributed as dist
+    from keras.src.backend.torch.core import get_device
+
+    from mtbench.plugins.backends.torch_eager_step import to_device
+    parts = [to_device(array, get_device()) for array in arrays]
+    rows = parts[0].shape[0]
+    columns = [part.reshape(rows, -1).contiguous().view(torch.uint8) for part in parts]
+    local = torch.cat(columns, dim=1)
+    gathered = local.new_empty((world * rows, local.shape[1]))
+    dist.all_gather_into_tensor(gathered, local, group=group)
+    whole, start = [], 0
+    for part, column in zip(parts, columns):
+        width = column.shape[1]
+        whole.append(gathered[:, start:start + width].contiguous().view(part.dtype)
+                     .reshape((world * rows,) + part.shape[1:]))
+        start += width
+    return whole
+
+
+class TorchSplitStep(StateRecording):
+    """mtbench's eager torch step over the split weights. Its first call is counted under DTensor's
+    `CommDebugMode` (the collectives by kind, DTensor's and those called directly); `finalize` gathers the
+    weights whole."""
+
+    def __init__(self, inner, splitting, record, group):
+        super().__init__(inner, record, torch_step_state)
+        self.splitting, self.group = splitting, group
+        self.counted = False
+
+    def measure(self):
+        return super().measure() if self.splitting.split else None
+
+    def __call__(self, x, y, sample_weight):
+        from torch.distributed.tensor.debug import CommDebugMode
+        if not self.splitting.split:
+            self.splitting.hold_split()
+        counting = not self.counted
+        self.counted = True
+        with CommDebugMode() if counting else contextlib.nullcontext() as gathering:
+            *x, y, sample_weight = gathered_rows([*x, y, sample_weight], self.group, self.splitting.mesh.size())
+        with CommDebugMode() if counting else contextlib.nullcontext() as stepping:
+            logs = self.inner(tuple(x), y, sample_weight)
+        if counting:
+            # DTensor's all-reduces (functional collectives) are the blocks' activations and their gradients.
+            kinds = collections.Counter()
+            for op, count in [*gathering.get_comm_counts().items(), *stepping.get_comm_counts().items()]:
+                kinds[collective_kind(str(op))] += count
+            self.record.update(
+                collectives_per_step=dict(sorted(kinds.items())),
+                activation_all_reduces_per_step=sum(count for op, count in stepping.get_comm_counts().items()
+                                                    if str(op).startswith("c10d_functional.all_reduce")),
+                batch_all_gathers_per_step=sum(gathering.get_comm_counts().values()))
+        return logs
+
+    def description(self):
+        own = f"tensor-parallel over {self.splitting.mesh.size()} processes, {EMBEDDINGS}"
+        return ", ".join(part for part in (self.inner.description(), own) if part)
+
+    def finalize(self):
+        super().finalize()
+        if self.splitting.split:
+            self.splitting.hold_full()
+
+
+def torch_split_step(run, model, step):
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
+    if not isinstance(step, EagerTorchTrainStep) or step.processes is not None:
+        raise MtbenchError(f"splits mtbench's eager torch step, not the '{step.name}' step")
+    if step.fused_optimizer is None:
+        raise MtbenchError(f"updates the split weights with torch's fused AdamW, which cannot carry out this "
+                           f"optimizer ({step.fused_optimizer_refused})")
+    plan, attentions = require_plan(model)
+    world = run.processes.world_size
+    mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,), mesh_dim_names=(MODEL_AXIS,))
+    splitting = TorchSplitting(model, plan, attentions, mesh)
+    step.fused_optimizer = SplitAdamW(model.optimizer, step.variables, mesh.get_group())
+    record = {"devices": world, "processes": world, "collectives": run.processes.collectives,
+              "mesh_axes": [MODEL_AXIS], "mesh_shape": [world], **plan_record(plan, splitting.heads[0], world)}
+    for dense in plan:
+        if dense.layer._kernel._value.to_local().numel() * world != dense.layer._kernel._value.numel():
+            raise RunFailure(f"the kernel of {dense.layer.path} did not split over {world} processes")
+    return TorchSplitStep(step, splitting, record, mesh.get_group())
+
+
+class TensorParallel(Extra):
+    name = "tensor-parallel"
+    description = ("Megatron's split of each Transformer block over a model axis (attention heads and feed-forward "
+                   "units; one all-reduce after each): JAX a ModelParallel mesh inside the jit step, torch DTensor "
+                   "under torchrun")
+    backends = ("jax", "torch")
+    conflicts = ("fsdp", "ddp", "data-parallel", "pmap", "tpu", "torch-compile")
+    spans_processes = True
+
+    def unavailable_reason(self, run):
+        shape, processes = run.model_shape, run.processes.world_size
+        if run.backend.name == "jax":
+            count = run.device.get("count", 1)
+            if count < 2:
+                return f"needs at least 2 devices; this run has {count} ({SIMULATE_HINT})"
+            return (family_reason(run.config) or uneven_split_reason(run.config, processes, "processes")
+                    or indivisible_reason(shape, count))
+        return (processes_reason(run) or family_reason(run.config)
+                or uneven_split_reason(run.config, processes, "processes") or indivisible_reason(shape, processes))
+
+    def before_model(self, run):
+        if run.backend.name != "jax":
+            return
+        import jax
+        from keras.distribution import DeviceMesh, LayoutMap, ModelParallel
+        devices = jax.devices()
+        mesh = DeviceMesh((1, len(devices)), [DATA_AXIS, MODEL_AXIS], devices)
+        distribution = ModelParallel(layout_map=LayoutMap(mesh), batch_dim_name=DATA_AXIS)
+        run.extras_state[self.name] = {**use_distribution(run, distribution), "mesh_axes": [DATA_AXIS, MODEL_AXIS],
+                                       "per_device_batch": run.config.batch_size}
+
+    def make_train_step(self, run, model, step):
+        if run.backend.name == "jax":
+            return jax_split_step(run, model, step)
+        split = torch_split_step(run, model, step)
+        run.extras_state[self.name] = split.record
+        return split
+
+
+@hookimpl
+def mtbench_register_extras(register):
+    register(TensorParallel())

@@ -1,0 +1,245 @@
+"""`--extra tensor-parallel`: Megatron's split of each block over a `model` axis (JAX: two simulated devices in one
+process; torch: two gloo processes under torchrun). Each must train what one device trains, step for step, with
+the collectives Megatron's analysis gives and each device holding its share of the split layers.
+
+The analysis, written down here and not read from the code under test. A block splits its attention's query, key
+and value projections by columns and its output projection by rows, its feed-forward's first Dense by columns and
+its second by rows. Forward: one all-reduce of the activations after the attention's output projection, one after
+the feed-forward. Backward: the gradient of each column-split layer's input is a partial sum, all-reduced: three
+for attention (the query, key and value are three Dense layers; Megatron's fused projection sums them first, one
+all-reduce) and one for the feed-forward. So 2 + 4 = 6 all-reduces of a (rows, length, d_model) activation per
+block (a decoder block of the translation model: 4 more for its cross-attention, 1 forward and 3 backward, one for
+the query's input and two for the source memory). The weights each device holds: a block's split weights (the
+query, key, value and first feed-forward kernels with their biases, the output projections' kernels) by halves;
+the embeddings, layer norms and the row-split layers' biases whole."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+from tests.plugins.extras.test_fsdp import TWO_DEVICES, losses
+from tests.plugins.extras.test_multi_process import torchrun
+
+FLOAT32 = 4
+GPT_STEPS = 50
+# The tiny GPT preset: 2 blocks, d_model 64, 2 heads, 256 feed-forward units; byte vocabulary, block size 32.
+TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
+            "--test-size", "10", "--steps", str(GPT_STEPS)]
+GPT_BLOCKS, D_MODEL, FF_UNITS = 2, 64, 256
+# The tiny translation preset, one encoder and one decoder block, d_model 64, 128 feed-forward units.
+TINY_TRANSLATION = ["--preset", "tiny", "--max-pairs", "2000", "--valid-size", "20", "--test-size", "20",
+                    "--max-len", "32", "--batch-size", "16", "--steps", "20"]
+TRANSLATION_FF_UNITS = 128
+
+# Per block: 2 forward + 4 backward; per decoder block of the translation model 4 more (cross-attention).
+BLOCK_ALL_REDUCES = 6
+CROSS_ATTENTION_ALL_REDUCES = 4
+# Split variables per block: query, key, value (kernel and bias each), the attention's output kernel, the first
+# feed-forward Dense (kernel and bias), the second's kernel.
+SPLIT_VARIABLES_PER_BLOCK = 10
+SPLIT_VARIABLES_PER_ATTENTION = 7
+
+
+def split_parameters(d_model, ff_units, attentions):
+    """Parameters a block splits: per attention its 4 d x d kernels and 3 biases, and its feed-forward's two
+    kernels and first bias."""
+    return attentions * (4 * d_model * d_model + 3 * d_model) + 2 * d_model * ff_units + ff_units
+
+
+def assert_split_state(record, parameters, split):
+    """Each of 2 devices holds half of the split parameters and the rest whole, the same for their gradients and
+    each of the two Adam moments."""
+    per_device = (parameters - split // 2) * FLOAT32
+    assert record["unsharded_parameter_bytes"] == parameters * FLOAT32
+    assert record["parameter_bytes"] == record["gradient_bytes"] == per_device
+    # The two moments, and the optimizer's step counter and learning rate (a few bytes, on every device).
+    assert 2 * per_device <= record["optimizer_state_bytes"] <= 2 * per_device + 16
+
+
+def train(tmp_path, name, cache_dir, *args, env=None):
+    out = tmp_path / f"{name}.json"
+    proc = run_cli("train", *args, "--cache-dir", cache_dir, "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def train_on_two_processes(tmp_path, name, cache_dir, *args):
+    out = tmp_path / f"{name}.json"
+    proc = torchrun("train", "--extra", "tensor-parallel", *args, "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def assert_trains_like_one_device(split, one, steps):
+    assert len(losses(split)) == steps
+    np.testing.assert_allclose(losses(split), losses(one), rtol=1e-5)
+    assert split["metrics"]["test_loss"] == pytest.approx(one["metrics"]["test_loss"], rel=1e-5)
+
+
+def test_the_plan_splits_attention_and_feed_forward_by_columns_then_rows():
+    import keras
+
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.extras.tensor_parallel import megatron_plan, split_variables
+    keras.config.set_dtype_policy("float32")
+    model = build_gpt(GPT_PRESETS["tiny"])
+    plan, attentions = megatron_plan(model)
+    assert len(attentions) == GPT_BLOCKS
+    by_path = {dense.layer.path: dense.by for dense in plan}
+    assert by_path == {f"gpt/block_{i}/{path}": by for i in range(GPT_BLOCKS) for path, by in [
+        ("self_attention/query", "columns"), ("self_attention/key", "columns"), ("self_attention/value", "columns"),
+        ("self_attention/output", "rows"), ("mlp/hidden", "columns"), ("mlp/out", "rows")]}
+    axes = {variable.path: axis for variable, axis in split_variables(plan)}
+    assert len(axes) == GPT_BLOCKS * SPLIT_VARIABLES_PER_BLOCK
+    assert axes["gpt/block_0/self_attention/query/kernel"] == 1 and axes["gpt/block_0/self_attention/query/bias"] == 0
+    assert axes["gpt/block_0/self_attention/output/kernel"] == 0
+    assert "gpt/block_0/self_attention/output/bias" not in axes and "gpt/block_0/mlp/out/bias" not in axes
+    assert axes["gpt/block_1/mlp/hidden/kernel"] == 1 and axes["gpt/block_1/mlp/out/kernel"] == 0
+
+
+def test_only_the_families_whose_blocks_it_splits_whole_are_taken():
+    from mtbench.plugins.extras.tensor_parallel import family_reason
+    from mtbench.runner.config import TrainConfig
+    assert family_reason(TrainConfig(model_name="gpt")) is None
+    assert family_reason(TrainConfig(model_name="transformer")) is None
+    # Marian's blocks hold their feed-forward's Dense layers themselves: only its attention would be split.
+    assert family_reason(TrainConfig(model_name="marian:/some/checkpoint")) == (
+        "splits the blocks of mtbench's transformer and gpt models, not 'marian'")
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--backend", "jax"], None,
+     "extra 'tensor-parallel' cannot run here: needs at least 2 devices; this run has 1 (on a CPU, simulate devices "
+     "with XLA_FLAGS=--xla_force_host_platform_device_count=N)"),
+    (["--backend", "jax", "--ff-dim", "129"], TWO_DEVICES,
+     "extra 'tensor-parallel' cannot run here: the model's 129 feed-forward units (--ff-dim) do not split evenly "
+     "over 2 devices"),
+    (["--backend", "jax"], {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+     "extra 'tensor-parallel' cannot run here: the model's 2 attention heads (--heads) do not split evenly over 4 "
+     "devices"),
+    (["--backend", "jax", "--extra", "data-parallel"], TWO_DEVICES,
+     "extra 'tensor-parallel' cannot run together with 'data-parallel'"),
+    (["--backend", "torch", "--extra", "fsdp"], None, "extra 'tensor-parallel' cannot run together with 'fsdp'"),
+    (["--backend", "torch", "--extra", "torch-compile"], None,
+     "extra 'tensor-parallel' cannot run together with 'torch-compile'"),
+    (["--backend", "torch"], None,
+     "extra 'tensor-parallel' cannot run here: needs at least 2 processes; this run has 1 (start mtbench with "
+     "torchrun --nproc-per-node N -m mtbench train ...)"),
+])
+def test_tensor_parallel_where_it_cannot_run_says_why(tmp_path, cache_dir, args, env, message):
+    proc = run_cli("train", "--extra", "tensor-parallel", "--preset", "tiny", "--steps", "2", "--cache-dir",
+                   cache_dir, "--out", str(tmp_path / "r.json"), *args, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"Error: {message}"
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_tensor_parallel_refuses_gradient_accumulation(tmp_path, cache_dir):
+    proc = run_cli("train", "--backend", "jax", "--extra", "tensor-parallel", "--grad-accum", "2", "--preset", "tiny",
+                   "--steps", "2", "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"), env=TWO_DEVICES)
+    assert proc.returncode == 2
+    assert "not with --extra tensor-parallel" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def gpt_runs(tmp_path_factory, cache_dir):
+    """The tiny GPT on one JAX device and split over two, and on one torch process and split over two; the split
+    runs across a checkpoint at step 25 (the weights made whole for it, then split again)."""
+    tmp_path = tmp_path_factory.mktemp("tensor-parallel")
+    return {
+        "jax": train(tmp_path, "jax", cache_dir, "--backend", "jax", *TINY_GPT),
+        "jax-split": train(tmp_path, "jax-split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
+                           *TINY_GPT, "--checkpoint-every", "25", env=TWO_DEVICES),
+        "torch": train(tmp_path, "torch", cache_dir, "--backend", "torch", *TINY_GPT),
+        "torch-split": train_on_two_processes(tmp_path, "torch-split", cache_dir, "--backend", "torch", *TINY_GPT,
+                                              "--checkpoint-every", "25"),
+    }
+
+
+def split_gpt_record(split, one, train_step, detail):
+    """The record of a split run of the tiny GPT, checked for what both backends share: one device's losses, each
+    device's half of the split weights, one head each, 6 all-reduces of activations per block."""
+    assert_trains_like_one_device(split, one, GPT_STEPS)
+    assert split["train_step"] == train_step and split["train_step_detail"] == detail
+    assert split["host_syncs_per_step"] == 0  # the batch's rows gathered on the devices, the norms' indices kept
+    record = split["extras_record"]["tensor-parallel"]
+    assert record["split_layers"] == {"columns": 4 * GPT_BLOCKS, "rows": 2 * GPT_BLOCKS}
+    assert record["heads_per_device"] == 1
+    assert record["activation_all_reduces_per_step"] == GPT_BLOCKS * BLOCK_ALL_REDUCES
+    assert_split_state(record, split["model"]["parameters"],
+                       GPT_BLOCKS * split_parameters(D_MODEL, FF_UNITS, attentions=1))
+    return record
+
+
+@pytest.mark.slow
+def test_jax_tensor_parallel_gpt_trains_like_one_device_with_megatrons_all_reduces(gpt_runs):
+    record = split_gpt_record(gpt_runs["jax-split"], gpt_runs["jax"], "jax-jit-stateless",
+                              "ModelParallel over a mesh of 1 data x 2 model, embeddings, layer norms and the tied "
+                              "output layer replicated")
+    assert record["mesh_axes"] == ["data", "model"] and record["mesh_shape"] == [1, 2]
+    # Counted in the compiled program: the blocks' all-reduces of activations, and one scalar per split gradient
+    # (its squared norm, for Keras's global_clipnorm; XLA combines them into one collective), and nothing else.
+    assert record["collectives_per_step"] == {
+        "all-reduce": GPT_BLOCKS * BLOCK_ALL_REDUCES + GPT_BLOCKS * SPLIT_VARIABLES_PER_BLOCK}
+    assert record["batch_all_gathers_per_step"] == 0  # one process: every device is given the whole batch
+
+
+@pytest.mark.slow
+def test_torch_tensor_parallel_gpt_trains_like_one_process_with_megatrons_all_reduces(gpt_runs):
+    record = split_gpt_record(gpt_runs["torch-split"], gpt_runs["torch"], "torch-eager",
+                              "tensor-parallel over 2 processes, embeddings, layer norms and the tied output layer "
+                              "replicated")
+    assert record["collectives"] == "gloo" and record["mesh_axes"] == ["model"] and record["mesh_shape"] == [2]
+    # Counted over gloo in a step: DTensor's all-reduces of activations and one all-reduce of the split gradients'
+    # squared norms (global_clipnorm); before them, one all-gather of the batch's rows (the loop hands each process
+    # its share of the batch; every process needs all of it).
+    assert record["collectives_per_step"] == {"all-reduce": GPT_BLOCKS * BLOCK_ALL_REDUCES + 1, "all-gather": 1}
+    assert record["batch_all_gathers_per_step"] == 1
+
+
+@pytest.mark.slow
+def test_jax_tensor_parallel_over_two_processes_gathers_the_batch_and_trains_like_one_device(gpt_runs, cache_dir,
+                                                                                          tmp_path):
+    # Across a checkpoint at step 25 (the state replicated for process 0 to write, then split again).
+    split = train_on_two_processes(tmp_path, "jax-2", cache_dir, "--backend", "jax", *TINY_GPT,
+                                   "--checkpoint-every", "25")
+    assert_trains_like_one_device(split, gpt_runs["jax"], GPT_STEPS)
+    record = split["extras_record"]["tensor-parallel"]
+    assert record["processes"] == 2 and record["mesh_shape"] == [1, 2] and record["layouts_kept"] is True
+    assert record["activation_all_reduces_per_step"] == GPT_BLOCKS * BLOCK_ALL_REDUCES
+    # In the compiled program: the batch's three arrays (input ids, targets, weights) gathered from the processes,
+    # then what one process runs.
+    assert record["collectives_per_step"] == {
+        "all-gather": 3, "all-reduce": GPT_BLOCKS * BLOCK_ALL_REDUCES + GPT_BLOCKS * SPLIT_VARIABLES_PER_BLOCK}
+    assert record["batch_all_gathers_per_step"] == 3
+    assert sorted(p.name for p in (tmp_path / "jax-2.run").iterdir()) == [
+        "checkpoint-000025", "checkpoint-000050", "model", "run.json"]
+
+
+@pytest.mark.slow
+def test_both_backends_split_the_same_weights_and_run_the_same_block_all_reduces(gpt_runs):
+    jax_record = gpt_runs["jax-split"]["extras_record"]["tensor-parallel"]
+    torch_record = gpt_runs["torch-split"]["extras_record"]["tensor-parallel"]
+    for key in ("parameter_bytes", "unsharded_parameter_bytes", "split_layers", "activation_all_reduces_per_step"):
+        assert jax_record[key] == torch_record[key], key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_tensor_parallel_translation_trains_like_one_device(backend, tmp_path, cache_dir):
+    one = train(tmp_path, "one", cache_dir, "--backend", backend, *TINY_TRANSLATION)
+    if backend == "jax":
+        split = train(tmp_path, "split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
+                      *TINY_TRANSLATION, env=TWO_DEVICES)
+    else:
+        split = train_on_two_processes(tmp_path, "split", cache_dir, "--backend", "torch", *TINY_TRANSLATION)
+    assert_trains_like_one_device(split, one, 20)
+    record = split["extras_record"]["tensor-parallel"]
+    # One encoder block, one decoder block (three attentions in all).
+    assert record["activation_all_reduces_per_step"] == 2 * BLOCK_ALL_REDUCES + CROSS_ATTENTION_ALL_REDUCES
+    assert_split_state(record, split["model"]["parameters"],
+                       split_parameters(64, TRANSLATION_FF_UNITS, attentions=1)
+                       + split_parameters(64, TRANSLATION_FF_UNITS, attentions=2))
