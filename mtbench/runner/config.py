@@ -29,6 +29,7 @@ MATMUL_PRECISIONS = ("highest", "high")
 # plain operations on both backends).
 ATTENTION_CHOICES = ("auto", "fused", "unfused")
 FUSED_ATTENTION_EXTRA = "flash-attention"
+TENSOR_PARALLEL_EXTRA = "tensor-parallel"
 
 
 def default_cache_dir():
@@ -81,6 +82,7 @@ class TrainConfig:
     timing_window: int = DEFAULT_TIMING_WINDOW  # steady steps between device synchronisations (1: every step)
     log_every: int = DEFAULT_LOG_EVERY  # off a terminal, a training line every N steps (on one, the bar)
     compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
+    tensor_parallel_size: int = None  # the tensor-parallel extra's model axis (None: every device)
     seed: int = 0
     initial_weights: str = None    # a weights file (.npz by variable path) instead of the numpy draw from seed
     decode_batch_size: int = 128
@@ -150,11 +152,15 @@ class TrainConfig:
         if self.measure_only and (self.eval_every is not None or self.target is not None):
             raise MtbenchError("--measure-only skips validation; it cannot take --eval-every, --target-bleu or "
                                "--target-loss")
+        if self.tensor_parallel_size is not None and TENSOR_PARALLEL_EXTRA not in self.extras:
+            raise MtbenchError(f"--tensor-parallel-size sizes the model axis of --extra {TENSOR_PARALLEL_EXTRA}; "
+                               f"give the extra too")
         if self.compile_mode not in COMPILE_MODES:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
                      "decode_batch_size", "beam", "max_pairs", "src_col", "tgt_col", "checkpoint_every", "keep_checkpoints",
-                     "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum", "sample_tokens"):
+                     "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum", "sample_tokens",
+                     "tensor_parallel_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise MtbenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")

@@ -160,19 +160,21 @@ def lay_out_split(model, plan, distribution):
 
 
 def whole_batch_step(model, distribution):
-    """mtbench's jit step over the mesh, every device computing the whole batch. One process places each batch
-    whole on its devices; several hand in their own rows of it, split over their devices, and the program
-    all-gathers them as it starts (each array once): its collectives, counted with the rest."""
+    """mtbench's jit step over the mesh, the devices of each model axis computing the same rows: all of the batch,
+    or with a data axis their share of it. One process places each batch over its devices by the data axis;
+    several hand in their own rows of it, split over their devices, and the program all-gathers them over the
+    model axis as it starts (each array once): its collectives, counted with the rest."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
     from mtbench.plugins.backends.jax_jit_step import JitTrainStep, correct_tokens
     mesh = distribution.device_mesh.backend_mesh
-    whole, rows = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec((DATA_AXIS, MODEL_AXIS)))
+    by_data = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+    rows = NamedSharding(mesh, PartitionSpec((DATA_AXIS, MODEL_AXIS)))
 
     def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
-        x, y, weight = jax.lax.with_sharding_constraint((x, y, weight), whole)
+        x, y, weight = jax.lax.with_sharding_constraint((x, y, weight), by_data)
         tokens = jnp.sum(weight)
         (_, (loss, logits, non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(
             trainable, non_trainable, optimizer_state, x, y, weight, tokens, 1.0)
@@ -209,7 +211,8 @@ class JaxSplitStep(JaxShardedStep):
         if not self.counted and self.first_batch is not None and self.inner.state is not None:
             self.counted = True
             collectives = hlo_collectives(self.compiled_text(*self.first_batch))
-            rows = self.first_batch[1].shape[0] * self.record["processes"]
+            # The rows each model axis computes: the global batch over the data axis.
+            rows = self.first_batch[1].shape[0] * self.record["processes"] // self.record["mesh_shape"][0]
             self.record.update(collectives_record(collectives, rf"[a-z0-9]+\[{rows},\d+,{self.d_model}\]"),
                                # the split layers gather nothing: every all-gather is of the batch's rows
                                batch_all_gathers_per_step=len(collectives.get("all-gather", [])))
@@ -234,7 +237,7 @@ def jax_split_step(run, model, step):
     step.finalize()  # the Keras variables hold the state again
     lay_out_split(model, plan, step.distribution)
     record = run.extras_state[TensorParallel.name]
-    record.update(plan_record(plan, attentions[0].num_heads, record["devices"]))
+    record.update(plan_record(plan, attentions[0].num_heads, record["mesh_shape"][1]))
     d_model = attentions[0].num_heads * attentions[0].head_dim
     return JaxSplitStep(whole_batch_step(model, step.distribution), record, d_model)
 
@@ -476,13 +479,22 @@ class TensorParallel(Extra):
     spans_processes = True
 
     def unavailable_reason(self, run):
-        shape, processes = run.model_shape, run.processes.world_size
+        shape, processes, size = run.model_shape, run.processes.world_size, run.config.tensor_parallel_size
         if run.backend.name == "jax":
             count = run.device.get("count", 1)
             if count < 2:
                 return f"needs at least 2 devices; this run has {count} ({SIMULATE_HINT})"
+            model_axis = size or count
+            if count % model_axis or model_axis < 2:
+                return (f"--tensor-parallel-size {model_axis} must be at least 2 and divide the run's {count} "
+                        f"devices (the data axis takes the rest)")
             return (family_reason(run.config) or uneven_split_reason(run.config, processes, "processes")
-                    or indivisible_reason(shape, count))
+                    or uneven_split_reason(run.config, count // model_axis, "devices of the data axis")
+                    or indivisible_reason(shape, model_axis))
+        if size is not None and size != processes and not processes_reason(run):
+            return (f"--tensor-parallel-size {size} with {processes} processes asks for a data x model mesh, which "
+                    f"on torch composes tensor parallelism with FSDP: not built (on torch the model axis is every "
+                    f"process; JAX builds the mesh)")
         return (processes_reason(run) or family_reason(run.config)
                 or uneven_split_reason(run.config, processes, "processes") or indivisible_reason(shape, processes))
 
@@ -492,10 +504,13 @@ class TensorParallel(Extra):
         import jax
         from keras.distribution import DeviceMesh, LayoutMap, ModelParallel
         devices = jax.devices()
-        mesh = DeviceMesh((1, len(devices)), [DATA_AXIS, MODEL_AXIS], devices)
+        model_axis = run.config.tensor_parallel_size or len(devices)
+        data_axis = len(devices) // model_axis
+        # Devices next to each other share a model axis: on a GPU machine the ones joined by the fastest links.
+        mesh = DeviceMesh((data_axis, model_axis), [DATA_AXIS, MODEL_AXIS], devices)
         distribution = ModelParallel(layout_map=LayoutMap(mesh), batch_dim_name=DATA_AXIS)
         run.extras_state[self.name] = {**use_distribution(run, distribution), "mesh_axes": [DATA_AXIS, MODEL_AXIS],
-                                       "per_device_batch": run.config.batch_size}
+                                       "per_device_batch": run.config.batch_size // data_axis}
 
     def make_train_step(self, run, model, step):
         if run.backend.name == "jax":

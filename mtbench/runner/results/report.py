@@ -29,7 +29,7 @@ COMPARE_KIND = "mtbench-compare"
 RESULT_FILES = "a result or compare JSON"
 REPORT_KIND = "mtbench-report"
 # What a sweep may vary beside the model size (configuration keys; with dashes, the --matrix keys and labels').
-SWEEP_KEYS = ("batch_size", "max_len", "max_tokens", "block_size", "dtype", "grad_accum")
+SWEEP_KEYS = ("batch_size", "max_len", "max_tokens", "block_size", "dtype", "grad_accum", "tensor_parallel_size")
 # What a comparison is about: these may differ between the runs compared (a size sweep, a batch or length sweep).
 COMPARED_KEYS = tuple(dict.fromkeys(("backend", "extras", "dtype", *SIZE_KEYS, *SWEEP_KEYS)))
 # Derived from the keys above and the rest of the configuration, so never a difference of their own.

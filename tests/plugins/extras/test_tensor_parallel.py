@@ -24,6 +24,7 @@ from tests.plugins.extras.test_multi_process import torchrun
 
 FLOAT32 = 4
 GPT_STEPS = 50
+FOUR_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 # The tiny GPT preset: 2 blocks, d_model 64, 2 heads, 256 feed-forward units; byte vocabulary, block size 32.
 TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
             "--test-size", "10", "--steps", str(GPT_STEPS)]
@@ -128,6 +129,9 @@ def test_only_the_families_whose_blocks_it_splits_whole_are_taken():
     (["--backend", "torch"], None,
      "extra 'tensor-parallel' cannot run here: needs at least 2 processes; this run has 1 (start mtbench with "
      "torchrun --nproc-per-node N -m mtbench train ...)"),
+    (["--backend", "jax", "--tensor-parallel-size", "3"], FOUR_DEVICES,
+     "extra 'tensor-parallel' cannot run here: --tensor-parallel-size 3 must be at least 2 and divide the run's 4 "
+     "devices (the data axis takes the rest)"),
 ])
 def test_tensor_parallel_where_it_cannot_run_says_why(tmp_path, cache_dir, args, env, message):
     proc = run_cli("train", "--extra", "tensor-parallel", "--preset", "tiny", "--steps", "2", "--cache-dir",
@@ -142,6 +146,13 @@ def test_tensor_parallel_refuses_gradient_accumulation(tmp_path, cache_dir):
                    "--steps", "2", "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"), env=TWO_DEVICES)
     assert proc.returncode == 2
     assert "not with --extra tensor-parallel" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_model_axis_size_without_the_extra_is_refused(tmp_path, cache_dir):
+    proc = run_cli("train", "--backend", "jax", "--tensor-parallel-size", "2", "--preset", "tiny", "--steps", "2",
+                   "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "Error: --tensor-parallel-size sizes the model axis of --extra tensor-parallel; give the extra too")
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +228,28 @@ def test_jax_tensor_parallel_over_two_processes_gathers_the_batch_and_trains_lik
     assert record["batch_all_gathers_per_step"] == 3
     assert sorted(p.name for p in (tmp_path / "jax-2.run").iterdir()) == [
         "checkpoint-000025", "checkpoint-000050", "model", "run.json"]
+
+
+@pytest.mark.slow
+def test_jax_on_a_data_by_model_mesh_trains_like_one_device(gpt_runs, tmp_path, cache_dir):
+    """Four devices as 2 data x 2 model, the form people train with: each model axis computes half of the batch's
+    rows (its activations' all-reduces are of 4 rows, not 8), holds the split weights by halves as on 1 x 2, and
+    every gradient is summed over the data axis besides."""
+    split = train(tmp_path, "jax-2d", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
+                  "--tensor-parallel-size", "2", *TINY_GPT, env=FOUR_DEVICES)
+    assert_trains_like_one_device(split, gpt_runs["jax"], GPT_STEPS)
+    assert "mesh of 2 data x 2 model" in split["train_step_detail"]
+    record = split["extras_record"]["tensor-parallel"]
+    assert record["mesh_shape"] == [2, 2] and record["per_device_batch"] == 4 and record["heads_per_device"] == 1
+    assert record["activation_all_reduces_per_step"] == GPT_BLOCKS * BLOCK_ALL_REDUCES
+    assert_split_state(record, split["model"]["parameters"],
+                       GPT_BLOCKS * split_parameters(D_MODEL, FF_UNITS, attentions=1))
+    # Beyond the 1 x 2 mesh's: each trainable variable's gradient summed over the data axis (the two embeddings,
+    # per block 2 norms of 2, the query, key, value, output and two feed-forward Dense layers of 2, the final
+    # norm's 2), and the step's figures (loss, tokens) summed over it too.
+    one_axis = gpt_runs["jax-split"]["extras_record"]["tensor-parallel"]["collectives_per_step"]["all-reduce"]
+    trainable = 2 + GPT_BLOCKS * 16 + 2
+    assert one_axis + trainable <= record["collectives_per_step"]["all-reduce"] <= one_axis + trainable + 4
 
 
 @pytest.mark.slow
