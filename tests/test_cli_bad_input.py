@@ -107,7 +107,7 @@ def cases(tmp_path, plugin_path):
         "target without evaluations": (["--target-bleu", "20"], "--target-bleu needs --eval-every", None),
         "unknown reporter": (["--report", "fax"], "unknown reporter 'fax'", None),
         "reporter of a broken plugin": (["--report", "twoline"], "unknown reporter 'twoline'; available: explode, "
-                                        "mlflow, oneline, table, tensorboard, wandb; it may come from a plugin that "
+                                        "mlflow, oneline, summary, table, tensorboard, wandb; it may come from a plugin that "
                                         "failed: plugin 'broken' failed to load", plugins),
         "existing result": (["--data", good, "--out", existing], "already exists; pass --overwrite", None),
         "output is a directory": (["--data", good, "--out", str(t)], "is a directory", None),

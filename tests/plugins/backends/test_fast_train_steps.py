@@ -60,7 +60,7 @@ def test_torch_fused_adamw_updates_like_keras_adamw(probe):
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_runs_record_the_step_they_trained_with(tiny_runs, backend):
     assert tiny_runs[backend]["result"]["train_step"] == DEFAULT_STEPS[backend]
-    assert "train step" in tiny_runs[backend]["stdout"]
+    assert f"  ran       {DEFAULT_STEPS[backend]}" in tiny_runs[backend]["stdout"]  # the summary's first figure
 
 
 def test_only_the_loss_compile_model_sets_is_computed_natively():
