@@ -450,7 +450,7 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
                                                       probe_devices, run_compare, with_compile_mode)
     from mtbench.runner.results.parity import require_parity
     from mtbench.runner.results.report import context_lines, rich_table
-    from mtbench.runner.setup import resolve_reporters
+    from mtbench.runner.setup import check_extra_options, resolve_reporters
     repeats, auto = _compare_repeats(repeats, repeats_width, repeats_budget)
     registry = plugins.registry()
     _warn_broken_plugins(registry)
@@ -466,11 +466,12 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     # default): reduce-overhead (CUDA graphs) for those compare adds.
     compile_mode = configuration.pop("compile_mode") or ("reduce-overhead" if compiled_added else None)
     specs = with_compile_mode(specs, compile_mode)
-    shared = _train_config(backend=specs[0].backend, **configuration)
+    shared = _train_config(backend=specs[0].backend, extras=specs[0].extras, **configuration)
     resolve_reporters(shared.report_to, registry)  # trackers follow each run in its process: checked here first
     for spec in specs:  # bad options and impossible sizes fail here, before any process starts
         try:
-            _train_config(backend=spec.backend, **{**configuration, **dict(spec.sizes)})
+            check_extra_options(_train_config(backend=spec.backend, extras=spec.extras,
+                                              **{**configuration, **dict(spec.sizes)}))
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
     out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")

@@ -29,7 +29,9 @@ MATMUL_PRECISIONS = ("highest", "high")
 # plain operations on both backends).
 ATTENTION_CHOICES = ("auto", "fused", "unfused")
 FUSED_ATTENTION_EXTRA = "flash-attention"
-TENSOR_PARALLEL_EXTRA = "tensor-parallel"
+# Options that size what one extra does: refused without it (they would change nothing, and the result would say
+# they were given). `setup.check_extra_options`.
+EXTRA_OPTIONS = {"tensor_parallel_size": "tensor-parallel"}
 
 
 def default_cache_dir():
@@ -152,9 +154,6 @@ class TrainConfig:
         if self.measure_only and (self.eval_every is not None or self.target is not None):
             raise MtbenchError("--measure-only skips validation; it cannot take --eval-every, --target-bleu or "
                                "--target-loss")
-        if self.tensor_parallel_size is not None and TENSOR_PARALLEL_EXTRA not in self.extras:
-            raise MtbenchError(f"--tensor-parallel-size sizes the model axis of --extra {TENSOR_PARALLEL_EXTRA}; "
-                               f"give the extra too")
         if self.compile_mode not in COMPILE_MODES:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api import Extra, KerasTrainStep, RunContext, TrainStep, uneven_split_reason
-from mtbench.runner.config import FUSED_ATTENTION_EXTRA
+from mtbench.runner.config import EXTRA_OPTIONS, FUSED_ATTENTION_EXTRA
 from mtbench.runner.launch import share_cores
 from mtbench.runner.loop.recipe import optimizer_recipe
 from mtbench.runner.measurement.flops import StepFlops
@@ -110,6 +110,13 @@ def resolve_task(family, config, registry):
     return task
 
 
+def check_extra_options(config):
+    """An option of an extra (`config.EXTRA_OPTIONS`) given without the extra is refused in one line."""
+    for key, extra in EXTRA_OPTIONS.items():
+        if getattr(config, key) is not None and extra not in config.extras:
+            raise MtbenchError(f"--{key.replace('_', '-')} is an option of --extra {extra}; give the extra too")
+
+
 def choose_plugins(config, registry, reporter_names=()):
     backend = resolve_backend(config.backend, registry)
     family, path = resolve_model(config, registry)
@@ -147,6 +154,13 @@ def require_extra_spanning_processes(processes, backend, extras, registry):
 # only, data-parallel's micro-batches are a loop inside its one program, fsdp gathers and reduce-scatters for each
 # micro-batch (a loop around JAX's per-device gathering; FSDP2's hooks on torch); pmap has a step of its own.
 ACCUMULATING_EXTRAS = ("torch-compile", "flash-attention", "ddp", "data-parallel", "fsdp")
+
+
+def check_options_against_extras(config, plugins):
+    """What a training run's options ask of its extras, refused in one line before anything is imported: an
+    extra's option without the extra, --grad-accum N where the run could not accumulate."""
+    check_extra_options(config)
+    check_gradient_accumulation(config, plugins)
 
 
 def check_gradient_accumulation(config, plugins):

@@ -27,7 +27,7 @@ from mtbench.runner.results.run_result import (add_evaluation, record_failures, 
                                                write_result)
 from mtbench.runner.results.tracking import Trackers, tracked_run
 from mtbench.runner.saved_model import best_model_keeper, save_trained_model
-from mtbench.runner.setup import (build_model, check_compile_options_apply, check_gradient_accumulation, check_launch,
+from mtbench.runner.setup import (build_model, check_compile_options_apply, check_launch, check_options_against_extras,
                                   choose_attention_kernels,
                                   choose_plugins, choose_train_step, compile_model, extras_compile_options, local_devices,
                                   start_backend, starting_weights, step_flops)
@@ -41,7 +41,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     run_config = config.to_dict()  # what --resume rebuilds the run from; extras may adjust `config` below
     plugins = choose_plugins(config, registry, [*reporter_names, *config.report_to] if launch.is_first else [])
     check_launch(config, plugins, launch)
-    check_gradient_accumulation(config, plugins)
+    check_options_against_extras(config, plugins)
     if not launch.is_first:
         console = Console(quiet=True)
     check_output_path(config.out, config.overwrite, resuming=resume is not None)

@@ -360,11 +360,27 @@ def _settings(result):
             interpreter(result), versions_text(result))
 
 
+# Sweep keys that change how a step is laid out, not what it computes: micro-batches (a step of 2 x 32 rows
+# trains as one of 64) and the tensor-parallel model axis.
+LAYOUT_KEYS = ("grad_accum", "tensor_parallel_size")
+
+
 def parity_class(result, swept=()):
     """Runs held to the same loss curve: the same dtype policy, the same model size and the same batches (the
-    `swept` keys among batch size, max length and max tokens; their values name the class where they vary)."""
-    settings = ",".join(f"{flag}={value}" for flag, value in sweep_settings(result, swept))
-    return ", ".join(part for part in (run_dtype(result), size_label(result["config"]), settings) if part)
+    `swept` keys among batch size, max length and max tokens; their values name the class where they vary). Runs
+    that differ only in how a step is laid out (`LAYOUT_KEYS`) are held to one curve: with micro-batches swept,
+    a batch is named by the rows of a whole step."""
+    config = result["config"]
+    settings = sweep_settings(result, [key for key in swept if key not in LAYOUT_KEYS])
+    if "grad_accum" in swept:
+        micro_batches = config.get("grad_accum") or 1
+        settings = [(flag, value * micro_batches if flag in ("batch-size", "max-tokens") else value)
+                    for flag, value in settings]
+        sized_by = "max_tokens" if config.get("max_tokens") else "batch_size"  # what sizes each micro-batch
+        if sized_by not in swept:
+            settings.insert(0, (sized_by.replace("_", "-"), config[sized_by] * micro_batches))
+    text = ",".join(f"{flag}={value}" for flag, value in settings)
+    return ", ".join(part for part in (run_dtype(result), size_label(result["config"]), text) if part)
 
 
 def _parity_names(groups):

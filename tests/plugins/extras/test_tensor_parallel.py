@@ -152,7 +152,7 @@ def test_a_model_axis_size_without_the_extra_is_refused(tmp_path, cache_dir):
     proc = run_cli("train", "--backend", "jax", "--tensor-parallel-size", "2", "--preset", "tiny", "--steps", "2",
                    "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
-        "Error: --tensor-parallel-size sizes the model axis of --extra tensor-parallel; give the extra too")
+        "Error: --tensor-parallel-size is an option of --extra tensor-parallel; give the extra too")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,24 @@
+"""Which runs `compare` holds to one loss curve: those that compute the same steps, however a step is laid out."""
+
+from mtbench.runner.results.report import parity_class
+
+
+def result(**config):
+    return {"config": {"batch_size": 64, "max_tokens": None, "grad_accum": 1, "tensor_parallel_size": None, **config},
+            "model": {"dtype_policy": "float32"}, "env": {}}
+
+
+def test_micro_batches_and_the_model_axis_do_not_part_runs_that_train_the_same_rows():
+    swept = ("batch_size", "grad_accum", "tensor_parallel_size")
+    whole = parity_class(result(batch_size=64), swept)
+    assert parity_class(result(batch_size=32, grad_accum=2), swept) == whole
+    assert parity_class(result(batch_size=16, grad_accum=4, tensor_parallel_size=2), swept) == whole
+    assert parity_class(result(batch_size=32), swept) != whole
+
+
+def test_micro_batches_of_the_same_size_train_different_rows_a_step():
+    swept = ("grad_accum",)
+    assert parity_class(result(grad_accum=2), swept) != parity_class(result(), swept)
+    by_tokens = ("max_tokens", "grad_accum")
+    assert parity_class(result(max_tokens=2048, grad_accum=2), by_tokens) == \
+        parity_class(result(max_tokens=4096), by_tokens) != parity_class(result(max_tokens=2048), by_tokens)
