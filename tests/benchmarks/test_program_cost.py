@@ -8,6 +8,7 @@ import pytest
 from conftest import keras_on_jax
 
 
+@pytest.mark.slow  # XLA compiles four GPT steps: about 20 s
 @pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
 def test_mtbench_s_step_does_the_references_arithmetic_and_three_matmuls_a_layer_apart(dtype):
     keras_on_jax()
