@@ -466,7 +466,7 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     # default): reduce-overhead (CUDA graphs) for those compare adds.
     compile_mode = configuration.pop("compile_mode") or ("reduce-overhead" if compiled_added else None)
     specs = with_compile_mode(specs, compile_mode)
-    shared = _train_config(backend=specs[0].backend, extras=specs[0].extras, **configuration)
+    shared = _train_config(backend=specs[0].backend, **configuration)
     resolve_reporters(shared.report_to, registry)  # trackers follow each run in its process: checked here first
     for spec in specs:  # bad options and impossible sizes fail here, before any process starts
         try:

@@ -206,6 +206,11 @@ def figure_text(result, key):
     return figure.text(figure.value(result))
 
 
+def is_number(value):
+    """Whether `value` is a figure a tracker or a log line can show as a number (a bool is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 # Bounds past which a run's timings carry a warning. Steady steps of several length buckets differ by their
 # lengths alone (p90 about 1.2x to 1.5x the median on this project's presets); past 1.5x something else stalled
 # some of them. A quiet machine's other processes use about 1 % of its CPUs; a single-threaded neighbour on 2

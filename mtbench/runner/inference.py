@@ -11,7 +11,7 @@ import numpy as np
 from mtbench.errors import MtbenchError
 from mtbench.plugins.api import RunContext
 from mtbench.runner.config import decoding_name
-from mtbench.runner.evaluation.sampling import continuation
+from mtbench.runner.evaluation.sampling import continuation, numpy_logits
 from mtbench.runner.saved_model import find_model, load_weights, model_files
 from mtbench.runner.setup import import_keras, resolve_backend, resolve_model, RunPlugins
 
@@ -123,11 +123,10 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
     if not ids:
         raise MtbenchError("--prompt is empty: give the text to continue")
     block = loaded.source.config.max_len
-    model, ops = loaded.model, loaded.keras.ops
-    compiled = loaded.plugins.backend.compile_inference(lambda x: model(x, training=False), model)
+    model = loaded.model
+    forward = numpy_logits(model, lambda fn: loaded.plugins.backend.compile_inference(fn, model))
     started = time.perf_counter()
-    generated = continuation(lambda x: ops.convert_to_numpy(compiled(x)), ids, block, max_new_tokens, temperature,
-                             top_k, np.random.default_rng(seed))
+    generated = continuation(forward, ids, block, max_new_tokens, temperature, top_k, np.random.default_rng(seed))
     seconds = time.perf_counter() - started
     return loaded.tokenizer.decode_text(generated), {
         "model": loaded.source.label, "backend": loaded.plugins.backend.name, "prompt_tokens": len(ids),

@@ -65,6 +65,13 @@ def processes_reason(run):
     return None
 
 
+def process_mesh(world, axis_names=None):
+    """torch's `DeviceMesh` over the run's `world` processes, on their GPUs (NCCL) or CPUs (gloo)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,), mesh_dim_names=axis_names)
+
+
 def state_record(parameter_bytes, gradient_bytes, optimizer_state_bytes, replicated_bytes):
     """What a run records of its training state per device: the bytes of the parameters, gradients and optimizer
     state the largest device holds, beside those of the parameters unsharded."""
@@ -569,10 +576,8 @@ class TorchShardedStep(StateRecording):
 def torch_sharded_step(model, step, processes):
     """`step`, mtbench's eager torch step, over FSDP2's shards of `model` on `processes` (a ProcessGroup), as a
     `TorchShardedStep` whose record is the run's."""
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
     world = processes.world_size
-    mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,))
+    mesh = process_mesh(world)
     sharding = TorchSharding(model, mesh)
     sharding.shard_moments(model.optimizer)
     # The gradients FSDP reduce-scatters are averages over the processes, as DDP's are: the step weighs each

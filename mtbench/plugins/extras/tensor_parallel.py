@@ -36,6 +36,7 @@ from mtbench.plugins.extras.fsdp import (
     SIMULATE_HINT,
     JaxShardedStep,
     StateRecording,
+    process_mesh,
     processes_reason,
     torch_step_state,
     use_distribution,
@@ -447,9 +448,6 @@ class TorchSplitStep(StateRecording):
 
 
 def torch_split_step(run, model, step):
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-
     from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
     if not isinstance(step, EagerTorchTrainStep) or step.processes is not None:
         raise MtbenchError(f"splits mtbench's eager torch step, not the '{step.name}' step")
@@ -458,7 +456,7 @@ def torch_split_step(run, model, step):
                            f"optimizer ({step.fused_optimizer_refused})")
     plan, attentions = require_plan(model)
     world = run.processes.world_size
-    mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,), mesh_dim_names=(MODEL_AXIS,))
+    mesh = process_mesh(world, axis_names=(MODEL_AXIS,))
     splitting = TorchSplitting(model, plan, attentions, mesh)
     step.fused_optimizer = SplitAdamW(model.optimizer, step.variables, mesh.get_group())
     record = {"devices": world, "processes": world, "collectives": run.processes.collectives,

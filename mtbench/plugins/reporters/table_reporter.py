@@ -99,12 +99,18 @@ def result_rows(result):
     ] + _quality_rows(result) + _target_rows(result.get("target")) + _best_rows(result.get("target"))
 
 
-def _real_token_mfu_rows(result):
-    """MFU over the real tokens, where padding makes it differ from the padded figure (a language model has none)."""
+def _real_token_mfu(result):
+    """MFU over the real tokens ('29.7 %'), where padding makes it differ from the padded figure; else None (a
+    language model has no padding)."""
     real, padded = figure_text(result, "mfu_real_tokens"), figure_text(result, "mfu")
     if real == padded:
-        return []
-    return [("timing", "MFU (real tokens): their FLOP/s / peak", real if real == "n/a" else f"{real} %")]
+        return None
+    return real if real == "n/a" else f"{real} %"
+
+
+def _real_token_mfu_rows(result):
+    real = _real_token_mfu(result)
+    return [] if real is None else [("timing", "MFU (real tokens): their FLOP/s / peak", real)]
 
 
 # The task's figures, by the metrics its result holds: translation's BLEU, a language model's perplexity.
@@ -233,9 +239,9 @@ def summary_lines(result):
     device = result["env"]["device"]
     speed = (f"{_joined(result, 'step_s_median', unit=' ms')} median (p90 {_joined(result, 'step_s_p90', unit=' ms')}), "
              f"{figure_text(result, 'tokens_per_s')} tokens/s, MFU {_mfu_short(result)}")
-    real = _real_token_mfu_rows(result)
-    if real:
-        speed += f", {real[0][2]} on real tokens"
+    real = _real_token_mfu(result)
+    if real is not None:
+        speed += f", {real} on real tokens"
     target = result.get("target")
     quality = "; ".join(f"{figure} {value}" for _, figure, value in
                         _quality_rows(result) + _target_rows(target)[:1] + _best_rows(target)

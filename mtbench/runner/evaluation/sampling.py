@@ -8,9 +8,17 @@ SAMPLE_TEMPERATURE = 0.8
 SAMPLE_TOP_K = 200
 
 
+def numpy_logits(model, compile_inference):
+    """x -> the model's logits as numpy, through the backend's compiled inference (`Backend.compile_inference`,
+    bound to the model as `Task.evaluator` receives it): the `forward` a continuation reads."""
+    from keras import ops
+    compiled = compile_inference(lambda x: model(x, training=False))
+    return lambda x: ops.convert_to_numpy(compiled(x))
+
+
 def continuation(forward, ids, block, new_tokens, temperature, top_k, rng):
     """The `new_tokens` token ids after `ids`: each from the logits `forward` (a compiled call on one row of
-    `block` token ids, returning numpy-convertible logits) gives at the last position of the last `block` tokens,
+    `block` token ids, returning numpy logits: `numpy_logits`) gives at the last position of the last `block` tokens,
     greedily (`temperature` 0) or drawn by `rng` from the softmax of logits / `temperature`, restricted to the
     `top_k` most likely tokens."""
     generated = []

@@ -4,6 +4,8 @@ import contextlib
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from mtbench.figures import is_number
+
 
 @contextlib.contextmanager
 def corpus_progress(console):
@@ -71,8 +73,7 @@ class _LogLines:
 def validation_line(step, scores):
     """'validation at step 500: loss 1.2345, perplexity 3.437, ...': the task's validation figures, then its texts
     (a language model's --sample-prompt continuation) each on lines of its own."""
-    figures = ", ".join(f"{name.replace('_', ' ')} {value:.4g}" for name, value in scores.items()
-                        if isinstance(value, (int, float)) and not isinstance(value, bool))
+    figures = ", ".join(f"{name.replace('_', ' ')} {value:.4g}" for name, value in scores.items() if is_number(value))
     texts = "".join(f"\n{name}: {value}" for name, value in scores.items() if isinstance(value, str))
     return f"validation at step {step}: {figures}{texts}"
 

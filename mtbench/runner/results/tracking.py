@@ -2,7 +2,7 @@
 when one fails (it is named once, left out for the rest of the run, and the run and its result go on)."""
 
 
-from mtbench.figures import run_dtype, run_label, run_name
+from mtbench.figures import is_number, run_dtype, run_label, run_name
 from mtbench.plugins.api import TrackedRun
 
 TRACKING_WINDOW = 10  # steps per `tokens_per_s` figure: steady steps only, so compilation does not dilute it
@@ -53,14 +53,12 @@ class Trackers:
     def validation(self, step, scores):
         """The task's validation figures ({figure: value}) as `val_<figure>`: val_bleu and val_chrf for
         translation, val_loss, val_perplexity and val_bits_per_byte for a language model."""
-        self.log({f"val_{name}": value for name, value in scores.items()
-                  if isinstance(value, (int, float)) and not isinstance(value, bool)}, step)
+        self.log({f"val_{name}": value for name, value in scores.items() if is_number(value)}, step)
 
     def finish(self, result):
         """Every number of the result's metrics (and its energy and cost), at the last step, before the reporters'
         `report` receives the whole result."""
-        final = {FINAL_NAMES.get(name, name): value for name, value in result["metrics"].items()
-                 if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        final = {FINAL_NAMES.get(name, name): value for name, value in result["metrics"].items() if is_number(value)}
         final.update({name: value for name, value in summary_figures(result).items() if value is not None})
         if final:
             self.log(final, len(result["history"]))

@@ -2,6 +2,7 @@
 predicts the next token), and tokens/s counts them all. Scored by the loss of validation and test, their
 perplexity, and bits per byte, which compares models whose tokens differ (bytes, characters, subwords)."""
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -94,7 +95,6 @@ class LanguageModelEvaluator(Evaluator):
     data: TaskData
     config: object
     compile_inference: object = None  # fn -> the backend's compiled fn (`Task.evaluator`'s), for --sample-prompt
-    _forward: object = None
 
     def scores(self, split):
         from mtbench.runner.evaluation.scoring import mean_loss
@@ -117,19 +117,21 @@ class LanguageModelEvaluator(Evaluator):
             figures["sample"] = self.sample(self.config.sample_prompt)
         return figures
 
+    @functools.cached_property
+    def logits(self):
+        """x -> the model's logits as numpy, compiled once on the first --sample-prompt."""
+        from mtbench.runner.evaluation.sampling import numpy_logits
+        return numpy_logits(self.model, self.compile_inference)
+
     def sample(self, prompt):
         """The prompt and its continuation drawn as nanoGPT's sample.py draws (the same draws every validation)."""
         import numpy as np
-        from keras import ops
         from mtbench.runner.evaluation.sampling import SAMPLE_TEMPERATURE, SAMPLE_TOP_K, continuation
-        if self._forward is None:
-            compiled = self.compile_inference(lambda x: self.model(x, training=False))
-            self._forward = lambda x: ops.convert_to_numpy(compiled(x))
         tokenizer = self.data.tokenizer
         ids = tokenizer.encode_text(prompt)
         if not len(ids):
             raise MtbenchError(f"--sample-prompt {prompt!r} has no token of this tokenizer")
-        tokens = continuation(self._forward, ids, self.config.max_len, self.config.sample_tokens,
+        tokens = continuation(self.logits, ids, self.config.max_len, self.config.sample_tokens,
                               SAMPLE_TEMPERATURE, SAMPLE_TOP_K, np.random.default_rng(self.config.seed))
         return prompt + tokenizer.decode_text(tokens)
 
