@@ -50,6 +50,10 @@ def parse_args(argv):
         parser.add_argument(flag, type=int, default=None)
     for flag in ("--dropout", "--learning-rate"):
         parser.add_argument(flag, type=float, default=None)
+    parser.add_argument("--step", default="reference", choices=["reference", "mtbench"],
+                        help="mtbench: time mtbench's own train step (built as `mtbench train` builds it, attention "
+                             "auto) in this script's loop in place of the reference's")
+    parser.add_argument("--extra", action="append", default=[], help="with --step mtbench: as mtbench train's")
     parser.add_argument("--validate", action="store_true",
                         help="score the validation split at the end, as mtbench train's final evaluation does")
     parser.add_argument("--out", default=None, help="the result JSON (default: print it only)")
@@ -60,6 +64,10 @@ def parse_args(argv):
     parser.add_argument("--report", default=None, help=argparse.SUPPRESS)
     args, ignored = parser.parse_known_args(argv)
     args.ignored_options = ignored  # `mtbench train` options a matrix gives every row; recorded, not applied
+    if args.step == "mtbench" and args.validate:
+        parser.error("--validate scores the reference's model; mtbench's step is scored by mtbench train")
+    if args.extra and args.step != "mtbench":
+        parser.error("--extra: only with --step mtbench (the references are written by hand)")
     if min(args.steps, args.timing_window) < 1 or args.warmup < 1 or args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup (at least 1), and --timing-window be at least 1")
     return args
@@ -71,6 +79,7 @@ def train_config(args):
                                                      "dropout", "learning_rate", "warmup_steps", "valid_size")
               if getattr(args, name) is not None}
     return TrainConfig(backend=args.backend, model_name="gpt", preset=args.preset, dtype=args.dtype,
+                       initial_weights=args.initial_weights, extras=tuple(args.extra),
                        data_file=args.data, tokenizer=args.tokenizer, steps=args.steps,
                        matmul_precision=args.matmul_precision, cache_dir=args.cache_dir or default_cache_dir(),
                        **fields)
@@ -127,6 +136,45 @@ def train(step, convert, batches, warmup, window):
     return first, per_step, losses
 
 
+class MtbenchStep:
+    """mtbench's own train step for `config`, built by mtbench's runner as `mtbench train` builds it (the backend's
+    step and the extras', attention auto, the weights file's or the seed's weights), called as `mtbench train`'s
+    loop calls it, on a batch's numpy arrays. Timed by `train` beside the reference, the difference between its
+    figure and `mtbench train`'s is the loop around the step; between its figure and the reference's, the step."""
+
+    def __init__(self, config, steps):
+        from rich.console import Console
+        from mtbench.plugins import manager as plugins_manager
+        from mtbench.plugins.api import Launch
+        from mtbench.runner.loop.timing import Stopwatch
+        from mtbench.runner.setup import choose_plugins, start_backend
+        from mtbench.runner.training import build_for_training, prepare_data, read_data, read_initial_weights
+        plugins = choose_plugins(config, plugins_manager.registry())
+        console, stopwatch = Console(quiet=True), Stopwatch()
+        raw = read_data(config, plugins, console, stopwatch)
+        keras, run = start_backend(config, plugins, Launch())
+        data = prepare_data(run.config, plugins, raw, stopwatch)
+        built = build_for_training(keras, run.config, run, plugins, data, read_initial_weights(config)[0], steps,
+                                   None, console)
+        built.batches.close()  # this script brings the batches (the same ones)
+        self.step, self.model, self.backend = built.train_step, built.model, plugins.backend
+        self.name = f"mtbench's {self.step.name} step in best_gpt.py's loop"
+        kernels = ", ".join(f"{kind}: {name}" for kind, name in (run.attention or {}).items())
+        self.description = "; ".join(part for part in (self.step.description(), kernels) if part)
+
+    def __call__(self, inputs, target_output, weight):
+        return self.step(inputs, target_output, weight)
+
+    def block(self):
+        self.step.block()
+        self.backend.synchronize(self.model)
+
+
+def batch_in_mtbench_s_loop(batch):
+    """A batch as mtbench's loop hands it to its step: numpy arrays, the step moving them to the device."""
+    return batch.inputs, batch.target_output, batch.weight
+
+
 def measure(args):
     # mtbench's modules that read the batches and the device may import keras: on this backend, never a default.
     os.environ["KERAS_BACKEND"] = args.backend
@@ -139,11 +187,14 @@ def measure(args):
     # float32 matmuls as `mtbench train` sets them (true float32 unless --matmul-precision high), on both sides.
     matmul_precision = backend.set_matmul_precision(config.matmul_precision)
     settings = OptimizerSettings.of_config(config, args.steps)
-    reference = importlib.import_module(MODULES[args.backend])
-    step = reference.train_step_from_keras_weights(shape, weights, settings,
-                                                   mixed_bfloat16=args.dtype == "mixed_bfloat16")
-    convert = reference.batch_arrays if args.backend == "jax" else (
-        lambda batch: reference.batch_tensors(batch, step.device))
+    if args.step == "mtbench":
+        step, convert = MtbenchStep(config, args.steps), batch_in_mtbench_s_loop
+    else:
+        reference = importlib.import_module(MODULES[args.backend])
+        step = reference.train_step_from_keras_weights(shape, weights, settings,
+                                                       mixed_bfloat16=args.dtype == "mixed_bfloat16")
+        convert = reference.batch_arrays if args.backend == "jax" else (
+            lambda batch: reference.batch_tensors(batch, step.device))
     started = time.perf_counter()
     first, per_step, losses = train(step, convert, workload.batches, args.warmup, args.timing_window)
     wall_s = time.perf_counter() - started
@@ -160,7 +211,8 @@ def measure(args):
         metrics["val_loss"] = step.validation_loss([convert(batch) for batch in blocks])
     return {
         "metrics": metrics,
-        "kind": "best-by-hand reference", "status": "completed", "backend": args.backend,
+        "kind": "best-by-hand reference" if args.step == "reference" else "mtbench step in the reference's loop",
+        "status": "completed", "backend": args.backend,
         "train_step": getattr(step, "name", f"best-by-hand {args.backend}"),
         "description": getattr(step, "description", ""),
         "config": {**config.to_dict(), "steps": args.steps, "timing_window": args.timing_window,

@@ -147,9 +147,11 @@ class TrainStep:
     """One jitted step: forward, token-weighted mean cross-entropy, backward, optax update. The parameters and
     optimizer state are donated, so XLA updates them in place."""
 
-    def __init__(self, shape, params, settings, mixed_bfloat16=False, seed=0):
-        # cuDNN's fused attention takes 16-bit inputs only; in float32, and off GPUs, XLA's attention.
-        attention = "cudnn" if mixed_bfloat16 and jax.default_backend() == "gpu" else None
+    def __init__(self, shape, params, settings, mixed_bfloat16=False, seed=0, attention="auto"):
+        """`attention`: the `jax.nn.dot_product_attention` implementation; "auto": cuDNN's fused kernel, which
+        takes 16-bit inputs only, on a GPU in 16 bits, elsewhere XLA's (None)."""
+        if attention == "auto":
+            attention = "cudnn" if mixed_bfloat16 and jax.default_backend() == "gpu" else None
         self.forward = functools.partial(forward, shape=shape, dtype=jnp.bfloat16 if mixed_bfloat16 else jnp.float32,
                                          attention=attention)
         self.optimizer = on_keras_variables(native_flax.make_optimizer(settings))
@@ -197,7 +199,8 @@ class TrainStep:
         return weights_by_keras_path(self.params, paths)
 
 
-def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False, seed=0):
+def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False, seed=0, attention="auto"):
     """The step starting from mtbench's initial weights ({Keras path: numpy array}). Call it on a batch's
     `batch_arrays`: tokens, next tokens, weights."""
-    return TrainStep(shape, params_from_keras_weights(weights), settings, mixed_bfloat16=mixed_bfloat16, seed=seed)
+    return TrainStep(shape, params_from_keras_weights(weights), settings, mixed_bfloat16=mixed_bfloat16, seed=seed,
+                     attention=attention)

@@ -14,10 +14,13 @@ code), in this order, the most important comparison first:
      7-9  mixed_bfloat16 with `--extra flash-attention`: `jax`, `torch+torch-compile`, `torch`
     10-11 float32: `torch+torch-compile` with `--matmul-precision highest` and `high`
     12-13 mixed_bfloat16: `best-by-hand-jax`, `best-by-hand-torch` (language models only)
+    14    mixed_bfloat16: `jax-step-in-reference-loop` (language models only): row 7's step, mtbench's own, timed
+          by benchmarks/best_gpt.py's loop (`--step mtbench`); beside rows 7 and 12 it tells the loop's share of a
+          gap from the step's
 
 On a GPU the language-model presets come first and last: `gpt2-small` (GPT-2 small, 124 M parameters with its
 padded 50,304-entry vocabulary, batch 16 x 1024) before `small`, `gpt-char` (nanoGPT's Shakespeare-character
-shape, batch 64 x 256) after it. A language model runs rows 7, 8, 12, 13, 1, 2, 3, 4, 9 in that order: each
+shape, batch 64 x 256) after it. A language model runs rows 7, 8, 12, 13, 14, 1, 2, 3, 4, 9 in that order: each
 backend's best way (fused attention; torch compiled), the best-by-hand references (benchmarks/best_gpt.py: nanoGPT's
 recipe on torch, plain JAX with cuDNN attention, on the same batches from the same weights file), then the fair
 default (unfused attention, the same arithmetic on both). The column "step vs best by hand (same backend)" is a
@@ -100,7 +103,7 @@ MODEL_PRESETS = {"gpt-char": ("gpt", "char"), "gpt2-small": ("gpt", "gpt2-small"
 PRESETS_ON = {"gpu": ("gpt2-small", "small", "gpt-char"), "cpu": ("tiny",)}
 # The rows of PLAN a language model runs, in the order it runs them: each backend's best way (fused attention,
 # compiled), the best-by-hand references, then the fair default (unfused attention) on each way to train.
-LANGUAGE_MODEL_ROWS = (7, 8, 12, 13, 1, 2, 3, 4, 9)
+LANGUAGE_MODEL_ROWS = (7, 8, 12, 13, 14, 1, 2, 3, 4, 9)
 # Rows x block tokens per training batch (--batch-size: a language model's blocks are all one length).
 GPU_BATCH_SIZE = {"gpt-char": 64, "gpt2-small": 16}
 GPU_REPEATS = 3  # each row's figures the median of three runs, interleaved with the other rows'
@@ -137,16 +140,20 @@ WEIGHTS_GUESS_S = {"gpu": 40, "cpu": 20}  # a weights file before one was writte
 @dataclass(frozen=True)
 class Way:
     """One way to train: a backend, its extras and torch.compile's mode; or (`reference`) the backend's
-    best-by-hand language model of benchmarks/best_gpt.py, trained on the same batches from the same weights."""
+    best-by-hand language model of benchmarks/best_gpt.py, trained on the same batches from the same weights; or
+    (`in_reference_loop`) mtbench's own step of the backend and extras, timed by that script's loop."""
     backend: str
     extras: tuple = ()
     compile_mode: str = None
     reference: bool = False
+    in_reference_loop: bool = False
 
     @property
     def label(self):
         if self.reference:
             return f"{REFERENCE}-{self.backend}"
+        if self.in_reference_loop:
+            return f"{self.backend}-step-in-reference-loop"
         name = "+".join((self.backend, *self.extras))
         return f"{name}@{self.compile_mode}" if self.compile_mode else name
 
@@ -154,7 +161,7 @@ class Way:
     def kind(self):
         """What its time is made of, for estimates: 'jax', 'torch eager', 'torch compiled MODE' or 'reference
         BACKEND'."""
-        if self.reference:
+        if self.reference or self.in_reference_loop:
             return f"reference {self.backend}"
         if self.backend != "torch":
             return self.backend
@@ -162,10 +169,17 @@ class Way:
             return "torch eager"
         return f"torch compiled {self.compile_mode or 'default'}"
 
+    @property
+    def language_model_only(self):
+        """Run by benchmarks/best_gpt.py, which trains only the GPT."""
+        return self.reference or self.in_reference_loop
+
     def train_arguments(self):
         arguments = ["--backend", self.backend]
         if self.reference:
             return arguments
+        if self.in_reference_loop:
+            arguments += ["--step", "mtbench"]
         for extra in self.extras:
             arguments += ["--extra", extra]
         if FLASH not in self.extras:  # the fair default's rows: unfused on every device (auto would fuse on a GPU)
@@ -183,6 +197,7 @@ WAYS = (
     Way("torch", (COMPILE, FLASH)),
     Way("jax", reference=True),
     Way("torch", reference=True),
+    Way("jax", (FLASH,), in_reference_loop=True),
 )
 WAYS_BY_LABEL = {way.label: way for way in WAYS}
 
@@ -202,6 +217,7 @@ PLAN = (
     ("float32", "torch+torch-compile", "high"),
     (BF16, f"{REFERENCE}-jax", None),
     (BF16, f"{REFERENCE}-torch", None),
+    (BF16, "jax-step-in-reference-loop", None),
 )
 
 
@@ -299,7 +315,8 @@ def plan_rows(probe, presets=None, dtypes=DTYPES, ways=WAYS, numbers=None):
     rows = []
     for preset in presets or PRESETS_ON[kind]:
         order = LANGUAGE_MODEL_ROWS if preset in MODEL_PRESETS else [
-            number for number, (_, label, _) in enumerate(PLAN, start=1) if not WAYS_BY_LABEL[label].reference]
+            number for number, (_, label, _) in enumerate(PLAN, start=1)
+            if not WAYS_BY_LABEL[label].language_model_only]
         for number in order:
             dtype, label, precision = PLAN[number - 1]
             way = WAYS_BY_LABEL[label]
@@ -526,7 +543,7 @@ def run_row(row, record, args, options, estimates, weights, results, left, clock
     if timeout <= 0:
         give_up("cut", f"not started: the weights file spent the {args.budget:g} s budget")
         return
-    command, program = (([], REFERENCE_SCRIPT) if row.way.reference else (["train"], MTBENCH))
+    command, program = (([], REFERENCE_SCRIPT) if row.way.language_model_only else (["train"], MTBENCH))
     failure = run_mtbench([*command, *row.train_arguments(), *steps, *options, "--cache-dir", args.cache_dir,
                            "--initial-weights", path, "--out", result_file, "--overwrite", "--report", "none",
                            "--measure-only"],

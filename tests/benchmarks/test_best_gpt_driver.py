@@ -55,6 +55,28 @@ def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_
     assert result["utilization"]["step_flops"] > 0 and result["env"]["device"]["kind"] == "cpu"
 
 
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_mtbenchs_own_step_in_the_references_loop_trains_mtbench_trains_losses(
+        backend, weights_and_mtbench_losses, tmp_path, cache_dir):
+    """`--step mtbench` (the matrix's row 14) times mtbench's step, not the reference: its losses are `mtbench
+    train`'s on the same backend to rounding, where the reference's are only within the matmul tolerance."""
+    weights, _ = weights_and_mtbench_losses
+    out = tmp_path / "mtbench-step.json"
+    trained = run_cli("train", "--backend", backend, *RUN, "--initial-weights", weights, "--measure-only",
+                      "--cache-dir", cache_dir, "--out", str(tmp_path / "train.json"))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    proc = subprocess.run([sys.executable, SCRIPT, "--backend", backend, *RUN, "--dtype", "float32", "--step",
+                           "mtbench", "--initial-weights", weights, "--cache-dir", cache_dir, "--out", str(out)],
+                          capture_output=True, text=True, env=cli_environment(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    train = json.loads((tmp_path / "train.json").read_text())
+    np.testing.assert_allclose([entry["loss"] for entry in result["history"]],
+                               [entry["loss"] for entry in train["history"]], rtol=1e-6)
+    assert result["train_step"] == f"mtbench's {train['train_step']} step in best_gpt.py's loop"
+    assert result["kind"] == "mtbench step in the reference's loop" and result["timing"]["steady_steps"] == STEPS - 3
+
+
 def test_the_torch_reference_scores_nanogpts_cpu_shape_on_characters_as_mtbench_does(tmp_path, cache_dir):
     """benchmarks/nanogpt_cpu.py's third row: the reference at nanoGPT's CPU shape (4 layers, 4 heads, 128 wide,
     block 64, batch 12, no dropout) on characters, from mtbench's weights, reaches mtbench's validation loss on

@@ -1,0 +1,159 @@
+"""The kernels of a program XLA has optimised, read from its HLO text: what a device launches for one call of the
+program, what each reads and writes, and how long a device could take at its datasheet peaks.
+
+Each instruction of the entry computation that does work is one kernel: a fusion, a library call (cuBLAS, cuDNN),
+a copy. Parameters, constants, tuples and bitcasts move nothing. A kernel's bytes are its operands' and its
+result's sizes: what it names, an upper bound of the memory it touches (a fusion that reads a slice of an
+operand is charged the operand). A matrix multiplication's FLOPs are counted from the shapes of its `dot`s
+(`benchmarks/profile_step.hlo_operations`); a fused attention's from its query, key and value.
+
+The roofline time of a kernel is the longer of its FLOPs at the device's matmul peak and its bytes at the
+device's memory bandwidth; the program's is their sum, a floor no schedule beats and a way to set two programs
+side by side on a device that is not here."""
+
+import collections
+import re
+from dataclasses import dataclass
+
+from benchmarks.profile_step import MATMUL, hlo_operations
+
+ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+                 "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+ARRAY = re.compile(r"\b(" + "|".join(ELEMENT_BYTES) + r")\[([\d,]*)\]")
+INSTRUCTION = re.compile(r"^(?:ROOT )?%([\w.\-]+) = (.+?) ([a-z][a-z\-]*)\(([^()]*)\)")
+NO_WORK = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "partition-id",
+           "replica-id"}
+ATTENTION_CALL = re.compile(r'custom_call_target="(__cudnn\$fmha[^"]*)"')
+ATTENTION = "fused attention"
+
+
+@dataclass
+class Kernel:
+    name: str
+    kind: str       # MATMUL, ATTENTION, "copies", "library calls", "reductions", "element-wise"
+    bytes: int      # operands' and result's sizes
+    flops: float    # matrix multiplications and fused attention; 0 for the rest
+
+
+def array_bytes(shape_text):
+    """The bytes of every array an HLO shape names (a tuple's elements summed)."""
+    total = 0
+    for element, dims in ARRAY.findall(shape_text):
+        count = 1
+        for dim in filter(None, dims.split(",")):
+            count *= int(dim)
+        total += count * ELEMENT_BYTES[element]
+    return total
+
+
+def entry_lines(hlo_text):
+    lines = hlo_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("ENTRY "))
+    body = []
+    for line in lines[start + 1:]:
+        if line.startswith("}"):
+            break
+        body.append(line.strip())
+    return body
+
+
+def attention_flops(operand_shapes, line):
+    """A cuDNN attention call's FLOPs from its query (batch, queries, heads, size) and key (batch, keys, ...): the
+    forward's two products, 4 x batch x heads x queries x keys x size, two and a half times that backward (five
+    products), halved where the mask is causal."""
+    query, key = operand_shapes[0], operand_shapes[1]
+    batch, queries, heads, size = query
+    flops = 4.0 * batch * heads * queries * key[1] * size
+    if "Backward" in ATTENTION_CALL.search(line).group(1):
+        flops *= 2.5
+    return flops / 2 if re.search(r'"mask_type":\s*"CAUSAL"', line) else flops
+
+
+def library_matmul_flops(result_dims, lhs, line):
+    """A cuBLAS call's FLOPs: 2 x its result's elements (the first array of its result, a workspace beside it) x
+    the contraction its backend config names on the left operand."""
+    contracting = re.search(r'"lhs_contracting_dimensions":\s*\[([^\]]*)\]', line)
+    if lhs is None or contracting is None:
+        return 0.0
+    elements = 1
+    for dim in filter(None, result_dims.split(",")):
+        elements *= int(dim)
+    contraction = 1
+    for dim in re.findall(r"\d+", contracting.group(1)):
+        contraction *= lhs[int(dim)]
+    return 2.0 * elements * contraction
+
+
+def entry_kernels(hlo_text):
+    """The kernels of an optimised HLO module (`compiled.as_text()`), in program order."""
+    operations = hlo_operations(hlo_text)
+    sizes, dims, kernels = {}, {}, []
+    for line in entry_lines(hlo_text):
+        match = INSTRUCTION.match(line)
+        if not match:
+            continue
+        name, shape, opcode, operands = match.groups()
+        sizes[name] = array_bytes(shape)
+        arrays = ARRAY.findall(shape)
+        dims[name] = [int(d) for d in arrays[0][1].split(",") if d] if len(arrays) == 1 else None
+        if opcode in NO_WORK:
+            continue
+        names = re.findall(r"%([\w.\-]+)", operands)
+        moved = sizes[name] + sum(sizes.get(operand, 0) for operand in names)
+        category, flops = operations.get(name, (None, 0))
+        if ATTENTION_CALL.search(line):
+            kind, flops = ATTENTION, attention_flops([dims.get(operand) for operand in names], line)
+        elif category == MATMUL:
+            kind = MATMUL
+        elif "$gemm" in line or "$matmul" in line:
+            kind, flops = MATMUL, library_matmul_flops(arrays[0][1], dims.get(names[0]), line)
+        elif opcode in ("copy", "transpose", "copy-start", "copy-done"):
+            kind = "copies"
+        elif opcode == "custom-call":
+            kind = "library calls"
+        elif "reduce" in line.split(" calls=")[0] or opcode in ("reduce", "reduce-window", "scatter"):
+            kind = "reductions"
+        else:
+            kind = "element-wise"
+        kernels.append(Kernel(name, kind, moved, float(flops)))
+    return kernels
+
+
+def roofline_seconds(kernel, peak_flops, bandwidth):
+    return max(kernel.flops / peak_flops, kernel.bytes / bandwidth)
+
+
+def kernel_figures(hlo_text, peak_flops=None, bandwidth=None):
+    """{'kernels': count, 'kernel GB': bytes named / 1e9, 'matmul TFLOP', and per kind 'kernels: KIND' and
+    'GB: KIND'}; with a device's peaks also 'roofline ms' and 'roofline ms: KIND'."""
+    kernels = entry_kernels(hlo_text)
+    figures = {"kernels": len(kernels), "kernel GB": sum(k.bytes for k in kernels) / 1e9,
+               "matmul TFLOP": sum(k.flops for k in kernels if k.kind == MATMUL) / 1e12}
+    by_kind = collections.defaultdict(list)
+    for kernel in kernels:
+        by_kind[kernel.kind].append(kernel)
+    if peak_flops and bandwidth:
+        figures["roofline ms"] = sum(roofline_seconds(k, peak_flops, bandwidth) for k in kernels) * 1e3
+    for kind in sorted(by_kind):
+        figures[f"kernels: {kind}"] = len(by_kind[kind])
+        figures[f"GB: {kind}"] = sum(k.bytes for k in by_kind[kind]) / 1e9
+        if peak_flops and bandwidth:
+            figures[f"roofline ms: {kind}"] = sum(roofline_seconds(k, peak_flops, bandwidth)
+                                                  for k in by_kind[kind]) * 1e3
+    return figures
+
+
+def matmul_shapes(hlo_text):
+    """Counter of the matrix multiplications' 'result <- operands' shapes, layouts left out."""
+    shapes, counts = {}, collections.Counter()
+    kernels = {kernel.name for kernel in entry_kernels(hlo_text) if kernel.kind == MATMUL}
+    for line in entry_lines(hlo_text):
+        match = INSTRUCTION.match(line)
+        if not match:
+            continue
+        name, shape, _, operands = match.groups()
+        shapes[name] = re.sub(r"\{[^}]*\}", "", shape)
+        if name in kernels:
+            counts[f"{shapes[name]} <- " + ", ".join(shapes.get(o, "?")
+                                                       for o in re.findall(r"%([\w.\-]+)", operands))] += 1
+    return counts

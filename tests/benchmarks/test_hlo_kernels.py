@@ -1,0 +1,62 @@
+"""benchmarks/hlo_kernels.py: the kernels of an optimised XLA program, each charged the bytes it names and the FLOPs
+of its products, counted by hand here: on a program XLA compiles for this CPU, and on lines of the program XLA
+compiled for an H100 without one (`benchmarks/program_cost.py --target h100`), a cuBLAS call and a cuDNN fused
+attention, kept as XLA printed them."""
+
+import pytest
+
+from conftest import keras_on_jax
+
+# From mtbench's and the reference's GPT-2-small steps compiled for an H100 (jax 0.10.2), metadata left out: a
+# weight gradient's batched cuBLAS product (its result beside a workspace) and a causal fused attention's forward.
+H100_LINES = """HloModule jit_step
+
+ENTRY %main.1 (lhs: bf16[2304,2,8192], rhs: bf16[2,8192,768], q: bf16[16,1024,12,64], k: bf16[16,1024,12,64], v: bf16[16,1024,12,64]) -> f32[2,2304,768] {
+  %lhs = bf16[2304,2,8192]{2,1,0} parameter(0)
+  %rhs = bf16[2,8192,768]{2,1,0} parameter(1)
+  %custom-call.3 = (f32[2,2304,768]{1,2,0}, s8[4194304]{0}) custom-call(%lhs, %rhs), custom_call_target="__cublas$lt$matmul", backend_config={"operation_queue_id":"0","gemm_backend_config":{"selected_algorithm":"0","alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["2"],"rhs_contracting_dimensions":["1"],"lhs_batch_dimensions":["1"],"rhs_batch_dimensions":["0"]},"epilogue":"DEFAULT"}}
+  %q = bf16[16,1024,12,64]{3,2,1,0} parameter(2)
+  %k = bf16[16,1024,12,64]{3,2,1,0} parameter(3)
+  %v = bf16[16,1024,12,64]{3,2,1,0} parameter(4)
+  %dot_product_attention_fwd.60 = (bf16[16,12,1024,64]{3,1,2,0}, f32[16,12,1024]{2,1,0}, u8[0]{0}) custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax", api_version=API_VERSION_STATUS_RETURNING, backend_config={"operation_queue_id": "0", "cudnn_fmha_backend_config": {"fmha_scale": 0.125, "is_flash_attention": true, "mask_type": "CAUSAL"}}
+  %get-tuple-element.1 = f32[2,2304,768]{1,2,0} get-tuple-element(%custom-call.3), index=0
+  ROOT %add.1 = f32[2,2304,768]{1,2,0} add(%get-tuple-element.1, %get-tuple-element.1)
+}
+"""
+
+
+def test_a_cpu_programs_matmul_is_charged_its_operands_result_and_products():
+    keras_on_jax()
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks.hlo_kernels import MATMUL, entry_kernels, kernel_figures
+    x, w = jnp.ones((64, 32), jnp.float32), jnp.ones((32, 16), jnp.float32)
+    text = jax.jit(lambda x, w: x @ w).lower(x, w).compile().as_text()
+    kernels = entry_kernels(text)
+    (matmul,) = [kernel for kernel in kernels if kernel.kind == MATMUL]
+    assert matmul.flops == 2 * 64 * 32 * 16
+    assert matmul.bytes == (64 * 32 + 32 * 16 + 64 * 16) * 4
+    figures = kernel_figures(text)
+    assert figures["matmul TFLOP"] == pytest.approx(2 * 64 * 32 * 16 / 1e12)
+    assert "roofline ms" not in figures  # no device peaks given
+
+
+def test_gpu_library_calls_are_counted_from_their_shapes_and_backend_config():
+    from benchmarks.hlo_kernels import ATTENTION, MATMUL, entry_kernels, kernel_figures
+    kernels = {kernel.name: kernel for kernel in entry_kernels(H100_LINES)}
+    assert sorted(kernels) == ["add.1", "custom-call.3", "dot_product_attention_fwd.60"]  # parameters move nothing
+    gemm = kernels["custom-call.3"]
+    # 2 batches of (2304 x 8192) @ (8192 x 768); the workspace beside the result counts among its bytes.
+    assert gemm.kind == MATMUL and gemm.flops == 2 * (2 * 2304 * 768) * 8192
+    assert gemm.bytes == (2304 * 2 * 8192 + 2 * 8192 * 768) * 2 + 2 * 2304 * 768 * 4 + 4194304
+    attention = kernels["dot_product_attention_fwd.60"]
+    # Two products of 16 x 12 heads x 1024 x 1024 x 64, half of them masked away by causality.
+    assert attention.kind == ATTENTION and attention.flops == 4 * 16 * 12 * 1024 * 1024 * 64 / 2
+    assert attention.bytes == 4 * 16 * 1024 * 12 * 64 * 2 + 16 * 12 * 1024 * 4
+    assert kernels["add.1"].kind == "element-wise" and kernels["add.1"].flops == 0
+    peak, bandwidth = 1e15, 3e12
+    figures = kernel_figures(H100_LINES, peak, bandwidth)
+    expected = sum(max(k.flops / peak, k.bytes / bandwidth) for k in kernels.values()) * 1e3
+    assert figures["roofline ms"] == pytest.approx(expected)
+    assert figures["kernels"] == 3 and figures[f"kernels: {ATTENTION}"] == 1
