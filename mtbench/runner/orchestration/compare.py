@@ -11,6 +11,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -459,10 +460,32 @@ def validate_plan(plan, registry):
         check_output_path(plan.run_file(spec, repeat), plan.overwrite)
 
 
+# torchrun's own report of a failed process follows the processes' lines: its elastic agent's log line, its
+# traceback and a banner of '=' lines. Before them, its notice about OMP_NUM_THREADS between lines of '*'.
+LAUNCHER_REPORT = re.compile(r"torch[./]distributed[./]elastic")
+LAUNCHER_NOTICE = re.compile(r"^(\*+|Setting OMP_NUM_THREADS .*)$")
+LAUNCHER_EXIT_CODE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
 def _last_error_line(stderr, returncode):
+    """The line that says why a child failed: its last `Error: ` line (mtbench's one-line errors), else its last
+    line. Of processes under torchrun, their own lines, not torchrun's report after them."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    report = next((i for i, line in enumerate(lines) if LAUNCHER_REPORT.search(line)), None)
+    if report is not None:
+        lines = [line for line in lines[:report] if not LAUNCHER_NOTICE.match(line)]
+        failed = LAUNCHER_EXIT_CODE.search(stderr)
+        if failed and not lines:
+            rank, code = failed.groups()
+            returncode = int(code)
+            if returncode >= 0:
+                return f"the process of rank {rank} exited with code {code}, no error message"
+            return f"the process of rank {rank} was killed by signal {-returncode}, no error message"
+    errors = [line for line in lines if line.startswith("Error: ")]
+    if errors:
+        return errors[-1].removeprefix("Error: ")
     if lines:
-        return lines[-1].removeprefix("Error: ")
+        return lines[-1]
     if returncode < 0:
         return f"killed by signal {-returncode}, no error message"
     return f"exited with code {returncode}, no error message"

@@ -174,6 +174,16 @@ def test_a_failing_run_is_named_with_its_last_error_line(tmp_path, cache_dir, pl
         assert "the brokenflow device is on fire" in f.read()
 
 
+def test_a_run_of_several_processes_is_named_with_their_error_not_torchruns_report(tmp_path):
+    from mtbench.runner.orchestration.compare import run_child
+    log = tmp_path / "run.log"
+    failure = run_child(["train", "--backend", "torch", "--preset", "nope", "--out", str(tmp_path / "r.json")],
+                        str(log), "run 'torch+ddp@2'", processes=2)
+    assert failure.startswith("run 'torch+ddp@2' failed: Invalid value for '--preset': 'nope' is not one of"), failure
+    assert failure.endswith(f"(log: {log})") and failure.exit_code != 0
+    assert "mtbench FAILED" in log.read_text()  # torchrun's report stays in the log
+
+
 def test_repeats_run_round_robin_and_extras_reach_every_run():
     from mtbench.runner.orchestration.compare import ComparePlan, plan_runs
     specs = plan_runs("jax,torch", ("fast",))
