@@ -207,13 +207,9 @@ def _as_arguments(configuration):
             arguments += [flag, str(value)]
     return arguments
 
-long_run_options = _stack([
-    click.option("--checkpoint-every", type=int, metavar="N",
-                 help="Write a checkpoint every N steps (always on Ctrl-C/SIGTERM)."),
-    click.option("--keep-checkpoints", type=int, metavar="K", default=3, show_default=True,
-                 help="Checkpoints kept (the last)."),
-    click.option("--resume", "resume_dir", type=click.Path(), metavar="RUN_DIR",
-                 help="Continue the run in RUN_DIR (RESULT.run) from its last checkpoint, with its configuration."),
+# Validation along the way, and what it may stop or show: options of `train`, and of `compare`, which passes them on
+# to every run.
+VALIDATION_OPTIONS = (
     click.option("--eval-every", type=int, metavar="N",
                  help="Evaluate the validation split every N steps (BLEU; a language model's loss), recorded under "
                       "`target`."),
@@ -226,6 +222,18 @@ long_run_options = _stack([
                       "nanoGPT's sampling: temperature 0.8, top-k 200, seeded by --seed)."),
     click.option("--sample-tokens", type=int, metavar="N", default=100, show_default=True,
                  help="Tokens of each --sample-prompt continuation."),
+)
+VALIDATION_KEYS = ("eval_every", "target_bleu", "target_loss", "sample_prompt", "sample_tokens")
+validation_options = _stack(VALIDATION_OPTIONS)
+
+long_run_options = _stack([
+    click.option("--checkpoint-every", type=int, metavar="N",
+                 help="Write a checkpoint every N steps (always on Ctrl-C/SIGTERM)."),
+    click.option("--keep-checkpoints", type=int, metavar="K", default=3, show_default=True,
+                 help="Checkpoints kept (the last)."),
+    click.option("--resume", "resume_dir", type=click.Path(), metavar="RUN_DIR",
+                 help="Continue the run in RUN_DIR (RESULT.run) from its last checkpoint, with its configuration."),
+    *VALIDATION_OPTIONS,
 ])
 
 # How the frameworks' collectives word a peer that is gone (gloo, NCCL, JAX's coordination service).
@@ -439,6 +447,7 @@ def init_weights(backend, out, overwrite, **configuration):
 @click.option("--overwrite", is_flag=True, help="Replace existing result files.")
 @click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True, help="Steps whose training loss the parity check compares.")
 @click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True, help="Largest relative loss difference allowed between runs of the same dtype.")
+@validation_options
 @report_option
 @handle_errors
 def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa, baseline, out, overwrite, parity_steps,
@@ -466,17 +475,21 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     # default): reduce-overhead (CUDA graphs) for those compare adds.
     compile_mode = configuration.pop("compile_mode") or ("reduce-overhead" if compiled_added else None)
     specs = with_compile_mode(specs, compile_mode)
-    shared = _train_config(backend=specs[0].backend, **configuration)
+    # Validation is the runs' own (`train` takes it, `init-weights` does not): in their run files, apart from the
+    # arguments every child is given.
+    validation = {key: configuration.pop(key) for key in VALIDATION_KEYS}
+    shared = _train_config(backend=specs[0].backend, **configuration, **validation)
     resolve_reporters(shared.report_to, registry)  # trackers follow each run in its process: checked here first
     for spec in specs:  # bad options and impossible sizes fail here, before any process starts
         try:
             check_extra_options(_train_config(backend=spec.backend, extras=spec.extras,
-                                              **{**configuration, **dict(spec.sizes)}))
+                                              **{**configuration, **validation, **dict(spec.sizes)}))
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
     out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
     plan = ComparePlan(specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
-                       parity_tolerance, chosen_reporters, interpreters, aa, auto, options=dict(configuration))
+                       parity_tolerance, chosen_reporters, interpreters, aa, auto,
+                       options={**configuration, **validation}, train_arguments=_as_arguments(validation))
     console = Console()
     if compiled_added:
         console.print(f"torch sees a CUDA GPU: each torch run trains eager and compiled ({TORCH_COMPILED}, "

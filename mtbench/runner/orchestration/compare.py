@@ -348,6 +348,8 @@ class ComparePlan:
     aa: bool = False         # --aa: the baseline runs twice in each repeat, interleaved, to measure the noise floor
     auto: "AutoRepeats" = None  # --repeats auto (then `repeats` is None): repeat until narrow enough or out of time
     options: dict = None     # the shared train options by name: what each child's run file is made of
+    train_arguments: list = ()  # options `train` takes and `init-weights` does not (validation), for a child
+                                # that reads no run file
 
     @property
     def baseline_spec(self):
@@ -690,7 +692,7 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
     else:  # another environment's mtbench from before run files
         arguments = ["train", "--backend", spec.backend, *extras, *plan.configuration, *spec.size_arguments(),
                      "--initial-weights", weights["file"], "--out", result_file, "--report", "none",
-                     "--run-group", plan.group, *_overwrite(plan)]
+                     "--run-group", plan.group, *plan.train_arguments, *_overwrite(plan)]
     with console.status(f"[{number}/{total}] {name}: training in its own process") as status:
         failure = run_child(arguments, log_file, name, spec.processes, spec.interpreter,
                             show=training_lines(console, status, f"[{number}/{total}] {spec.label}"))

@@ -145,6 +145,8 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     (["--baseline", "tensorflow"], "--baseline 'tensorflow' is none of the runs: jax, torch"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
+    # Validation options are the runs' own, checked as `train` checks them.
+    (["--sample-prompt", "In the"], "--sample-prompt needs --eval-every N"),
     # A dtype a backend refuses is refused here, before the weights file or another run is written.
     (["--backends", "jax,torch", "--dtype", "mixed_float16"],
      "run 'jax': --dtype mixed_float16: XLA on the CPU has no float16 matmul"),
@@ -242,6 +244,28 @@ def test_a_comparison_that_fails_parity_ends_with_status_1():
         require_parity(Comparison(groups=[], baseline=None, parity=report), "c.json")
     passing = check_parity([("jax", fake_run(losses)), ("torch", fake_run(losses))], run_dtype)
     require_parity(Comparison(groups=[], baseline=None, parity=passing), "c.json")
+
+
+@pytest.mark.slow  # two language models validated along the way: about 20 s
+def test_compare_validates_every_run_along_the_way_and_stops_each_at_the_target(tmp_path, cache_dir):
+    """--eval-every, --target-loss and --sample-prompt reach every run: each validates on the same steps, samples
+    the same continuation from the same weights, and stops at the first validation at the target; the comparison
+    sets their times to the target side by side."""
+    out = tmp_path / "c.json"
+    proc = run_cli("compare", "--backends", "jax,torch", "--model", "gpt", "--preset", "tiny", "--block-size", "32",
+                   "--batch-size", "4", "--steps", "12", "--valid-size", "20", "--eval-every", "4",
+                   "--target-loss", "100", "--sample-prompt", "In the", "--sample-tokens", "8",
+                   "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    combined = json.loads(out.read_text())
+    runs = [json.loads(open(path).read()) for path in sorted((tmp_path / "c.runs").glob("*-1.json"))]
+    assert len(runs) == 2
+    for run in runs:
+        (evaluation,) = run["target"]["evaluations"]  # the target (loss 100) is met at the first validation
+        assert evaluation["step"] == 4 and evaluation["sample"].startswith("In the")
+        assert run["target"]["steps_to_target"] == 4 and len(run["history"]) == 4
+    assert runs[0]["target"]["evaluations"][0]["sample"] == runs[1]["target"]["evaluations"][0]["sample"]
+    assert all(entry["time_to_target"]["with_compilation_s"] > 0 for entry in combined["summary"])
 
 
 @pytest.mark.slow
