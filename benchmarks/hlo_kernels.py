@@ -142,18 +142,3 @@ def kernel_figures(hlo_text, peak_flops=None, bandwidth=None):
                                                   for k in by_kind[kind]) * 1e3
     return figures
 
-
-def matmul_shapes(hlo_text):
-    """Counter of the matrix multiplications' 'result <- operands' shapes, layouts left out."""
-    shapes, counts = {}, collections.Counter()
-    kernels = {kernel.name for kernel in entry_kernels(hlo_text) if kernel.kind == MATMUL}
-    for line in entry_lines(hlo_text):
-        match = INSTRUCTION.match(line)
-        if not match:
-            continue
-        name, shape, _, operands = match.groups()
-        shapes[name] = re.sub(r"\{[^}]*\}", "", shape)
-        if name in kernels:
-            counts[f"{shapes[name]} <- " + ", ".join(shapes.get(o, "?")
-                                                       for o in re.findall(r"%([\w.\-]+)", operands))] += 1
-    return counts

@@ -479,10 +479,9 @@ def _last_error_line(stderr, returncode):
         failed = LAUNCHER_EXIT_CODE.search(stderr)
         if failed and not lines:
             rank, code = failed.groups()
-            returncode = int(code)
-            if returncode >= 0:
+            if int(code) >= 0:
                 return f"the process of rank {rank} exited with code {code}, no error message"
-            return f"the process of rank {rank} was killed by signal {-returncode}, no error message"
+            return f"the process of rank {rank} was killed by signal {-int(code)}, no error message"
     errors = [line for line in lines if line.startswith("Error: ")]
     if errors:
         return errors[-1].removeprefix("Error: ")
