@@ -169,7 +169,7 @@ RUN_CONFIGURATION_OPTIONS = (
                       "that compare adds on a CUDA GPU, reduce-overhead: CUDA graphs)."),
     click.option("--tensor-parallel-size", type=int, metavar="N",
                  help="Devices on the model axis of the tensor-parallel extra (default: all of them); the others make "
-                      "a data axis, a data x model mesh (JAX)."),
+                      "a data axis, a data x model mesh."),
     click.option("--seed", type=int, default=0, show_default=True, help="Initial weights and batch order."),
     click.option("--beam", type=int, default=1, show_default=True, metavar="N",
                  help="Translate the test set with beam search over N hypotheses (1: greedy)."),

@@ -84,16 +84,24 @@ class EagerTorchTrainStep(TrainStep):
         self.plain_calls_refused = plain_calls_unsupported(model)
         self.module = model     # what the forward pass calls: the model, or DistributedDataParallel around it
         self.processes = None   # the ProcessGroup of a step distributed over several processes
+        # The torch group of the processes that hold different rows of the batch (None: every process), and
+        # their count: the gradients are averaged over them.
+        self.data_group, self.replicas = None, 1
 
-    def distribute(self, processes, module):
-        """Trains over several processes (`processes`, a ProcessGroup) through `module`, the model wrapped in
-        DistributedDataParallel, whose backward averages the gradients over the processes."""
-        self.processes, self.module = processes, module
+    def distribute(self, processes, module, data_group=None):
+        """Trains over several processes (`processes`, a ProcessGroup) through `module`: the model wrapped in
+        DistributedDataParallel, whose backward averages the gradients over the processes; or, with `data_group`
+        (a torch process group: the data axis of a mesh whose other axis splits the model), the model itself,
+        whose gradients something else averages over that group."""
+        import torch.distributed as dist
+        self.processes, self.module, self.data_group = processes, module, data_group
+        self.replicas = processes.world_size if data_group is None else dist.get_world_size(data_group)
 
     def share_distribution(self, step):
         """Trains over the processes `step` was distributed over (one DDP wrapper per model: a second would
         reduce every gradient twice)."""
         self.processes, self.module = step.processes, step.module
+        self.data_group, self.replicas = step.data_group, step.replicas
 
     def description(self):
         """What differs from the default step: the update, when Keras's `optimizer.apply` carries it out."""
@@ -172,8 +180,8 @@ class EagerTorchTrainStep(TrainStep):
         tokens, scale = sample_weight.sum(), 1
         if self.processes is not None:
             tokens = tokens.float()
-            dist.all_reduce(tokens)
-            scale = self.processes.world_size  # DDP averages over the processes: the sum is what each adds
+            dist.all_reduce(tokens, group=self.data_group)
+            scale = self.replicas  # DDP averages over the processes: the sum is what each adds
         loss = accuracy = 0.0
         for part in range(parts):
             rows = slice(part * y.shape[0] // parts, (part + 1) * y.shape[0] // parts)
@@ -193,7 +201,7 @@ class EagerTorchTrainStep(TrainStep):
             accuracy = accuracy + part_accuracy.detach() * share
         if self.processes is not None:
             figures = torch.stack([loss, accuracy]).float()
-            dist.all_reduce(figures)
+            dist.all_reduce(figures, group=self.data_group)
             loss, accuracy = figures[0], figures[1]
         return loss, accuracy
 
@@ -208,7 +216,7 @@ class EagerTorchTrainStep(TrainStep):
         import torch.distributed as dist
         tokens = sample_weight.sum()
         sums = torch.stack([loss.detach() * tokens, accuracy.detach() * tokens, tokens]).float()
-        dist.all_reduce(sums)
+        dist.all_reduce(sums, group=self.data_group)
         global_tokens = sums[2]
-        objective = loss * tokens * self.processes.world_size / global_tokens
+        objective = loss * tokens * self.replicas / global_tokens
         return objective, sums[0] / global_tokens, sums[1] / global_tokens

@@ -65,11 +65,13 @@ def processes_reason(run):
     return None
 
 
-def process_mesh(world, axis_names=None):
-    """torch's `DeviceMesh` over the run's `world` processes, on their GPUs (NCCL) or CPUs (gloo)."""
+def process_mesh(shape, axis_names=None):
+    """torch's `DeviceMesh` over the run's processes, on their GPUs (NCCL) or CPUs (gloo): `shape` is their
+    count, or a tuple of axis sizes whose product it is (processes next to each other share the last axis)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    return init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,), mesh_dim_names=axis_names)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", shape, mesh_dim_names=axis_names)
 
 
 def state_record(parameter_bytes, gradient_bytes, optimizer_state_bytes, replicated_bytes):

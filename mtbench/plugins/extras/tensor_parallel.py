@@ -24,6 +24,10 @@ variables' tensors through its own `call`: so the split Dense layers take a clas
 do, their variables hold the DTensors, and each attention computes its local heads. torch's fused AdamW updates
 the local shards (`SplitAdamW`). Every process needs the whole batch, which the loop splits among the processes:
 the step gathers the rows in one all-gather (Megatron broadcasts each batch over its tensor-parallel group).
+With `--tensor-parallel-size` below the process count the processes make a `data` x `model` mesh, as JAX's: each
+model axis gathers its share of the batch, and the gradients are averaged over the data axis in one all-reduce
+after the backward pass (DDP's bucketing with one bucket, not overlapped with the backward: DDP and FSDP take
+`nn.Module` parameters, and the split weights live in Keras variables).
 """
 
 import collections
@@ -321,15 +325,30 @@ class TorchSplitting:
         self.split = False
 
 
+def average_over(grads, group, replicas):
+    """Each of `grads` (tensors) replaced by its mean over the `replicas` processes of `group`: one all-reduce of
+    them side by side per dtype (DDP's gradient buckets, as one bucket after the backward pass)."""
+    import torch
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    for dtype in sorted({grad.dtype for grad in grads}, key=str):
+        same = [grad for grad in grads if grad.dtype == dtype]
+        flat = _flatten_dense_tensors(same)
+        dist.all_reduce(flat, group=group)
+        flat.div_(replicas)
+        torch._foreach_copy_(same, _unflatten_dense_tensors(flat, same))
+
+
 class SplitAdamW(FusedAdamW):
     """torch's fused AdamW over the local parts of the split weights and moments (plain tensors sharing the
     DTensors' memory) and the whole replicated ones, clipped as Keras clips (`clipnorm`, `global_clipnorm`) with the
-    split gradients' squared norms summed over the processes in one all-reduce."""
+    split gradients' squared norms summed over the model axis in one all-reduce. On a data x model mesh the
+    gradients are first averaged over the data axis (`data_group`, `replicas` processes)."""
 
-    def __init__(self, optimizer, variables, group):
+    def __init__(self, optimizer, variables, group, data_group=None, replicas=1):
         import torch
         super().__init__(optimizer, variables)
-        self.group = group
+        self.group, self.data_group, self.replicas = group, data_group, replicas
         self.values = [variable.value for variable in self.variables]
         self.split = [local is not value for local, value in zip(self.parameters, self.values)]
         # Made once: a tensor made from host data every step would be a host wait on a GPU.
@@ -365,6 +384,8 @@ class SplitAdamW(FusedAdamW):
         for local, value, split in zip(self.parameters, self.values, self.split):
             if split:
                 local.grad = value.grad._local_tensor
+        if self.data_group is not None:
+            average_over([local.grad for local in self.parameters], self.data_group, self.replicas)
         super().step()
         for local, split in zip(self.parameters, self.split):
             if split:
@@ -438,7 +459,11 @@ class TorchSplitStep(StateRecording):
         return logs
 
     def description(self):
-        own = f"tensor-parallel over {self.splitting.mesh.size()} processes, {EMBEDDINGS}"
+        model_axis, replicas = self.splitting.mesh.size(), self.inner.replicas
+        over = (f"a mesh of {replicas} data x {model_axis} model processes (the gradients averaged over the data "
+                f"axis in one all-reduce after the backward pass)" if self.inner.data_group is not None
+                else f"{model_axis} processes")
+        own = f"tensor-parallel over {over}, {EMBEDDINGS}"
         return ", ".join(part for part in (self.inner.description(), own) if part)
 
     def finalize(self):
@@ -456,14 +481,26 @@ def torch_split_step(run, model, step):
                            f"optimizer ({step.fused_optimizer_refused})")
     plan, attentions = require_plan(model)
     world = run.processes.world_size
-    mesh = process_mesh(world, axis_names=(MODEL_AXIS,))
+    model_axis = run.config.tensor_parallel_size or world
+    data_axis = world // model_axis
+    if data_axis == 1:
+        mesh = process_mesh(world, axis_names=(MODEL_AXIS,))
+        data_group = None
+    else:
+        # Processes next to each other (on a GPU machine the GPUs joined by the fastest links) share a model axis.
+        grid = process_mesh((data_axis, model_axis), axis_names=(DATA_AXIS, MODEL_AXIS))
+        mesh, data_group = grid[MODEL_AXIS], grid.get_group(DATA_AXIS)
+        step.distribute(run.processes, model, data_group=data_group)
     splitting = TorchSplitting(model, plan, attentions, mesh)
-    step.fused_optimizer = SplitAdamW(model.optimizer, step.variables, mesh.get_group())
+    step.fused_optimizer = SplitAdamW(model.optimizer, step.variables, mesh.get_group(), data_group, data_axis)
     record = {"devices": world, "processes": world, "collectives": run.processes.collectives,
-              "mesh_axes": [MODEL_AXIS], "mesh_shape": [world], **plan_record(plan, splitting.heads[0], world)}
+              "per_device_batch": run.config.batch_size // data_axis,
+              **({"mesh_axes": [MODEL_AXIS], "mesh_shape": [world]} if data_group is None else
+                 {"mesh_axes": [DATA_AXIS, MODEL_AXIS], "mesh_shape": [data_axis, model_axis]}),
+              **plan_record(plan, splitting.heads[0], model_axis)}
     for dense in plan:
-        if dense.layer._kernel._value.to_local().numel() * world != dense.layer._kernel._value.numel():
-            raise RunFailure(f"the kernel of {dense.layer.path} did not split over {world} processes")
+        if dense.layer._kernel._value.to_local().numel() * model_axis != dense.layer._kernel._value.numel():
+            raise RunFailure(f"the kernel of {dense.layer.path} did not split over {model_axis} processes")
     return TorchSplitStep(step, splitting, record, mesh.get_group())
 
 
@@ -489,12 +526,13 @@ class TensorParallel(Extra):
             return (family_reason(run.config) or uneven_split_reason(run.config, processes, "processes")
                     or uneven_split_reason(run.config, count // model_axis, "devices of the data axis")
                     or indivisible_reason(shape, model_axis))
-        if size is not None and size != processes and not processes_reason(run):
-            return (f"--tensor-parallel-size {size} with {processes} processes asks for a data x model mesh, which "
-                    f"on torch composes tensor parallelism with FSDP: not built (on torch the model axis is every "
-                    f"process; JAX builds the mesh)")
-        return (processes_reason(run) or family_reason(run.config)
-                or uneven_split_reason(run.config, processes, "processes") or indivisible_reason(shape, processes))
+        if processes_reason(run):
+            return processes_reason(run)
+        if size is not None and (size < 2 or processes % size):
+            return (f"--tensor-parallel-size {size} must be at least 2 and divide the run's {processes} processes "
+                    f"(the data axis takes the rest)")
+        return (family_reason(run.config) or uneven_split_reason(run.config, processes, "processes")
+                or indivisible_reason(shape, size or processes))
 
     def before_model(self, run):
         if run.backend.name != "jax":

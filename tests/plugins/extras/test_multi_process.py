@@ -18,10 +18,12 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 RELATIVE_TOLERANCE = 1e-5  # float32 gradients summed in another order by the collectives
 
 
-def torchrun(*args, env=None, timeout=600):
-    """Runs `torchrun --nproc-per-node 2 -m mtbench ARGS` on the machine's cores; returns the CompletedProcess."""
+def torchrun(*args, env=None, timeout=600, processes=2):
+    """Runs `torchrun --nproc-per-node PROCESSES -m mtbench ARGS` on the machine's cores; returns the
+    CompletedProcess."""
     preexec_fn, env = on_every_core(env)
-    return subprocess.run([*TORCHRUN, "-m", "mtbench", *args], capture_output=True, text=True,
+    launcher = [*TORCHRUN[:-1], str(processes)]
+    return subprocess.run([*launcher, "-m", "mtbench", *args], capture_output=True, text=True,
                           env=cli_environment(env), timeout=timeout, preexec_fn=preexec_fn)
 
 

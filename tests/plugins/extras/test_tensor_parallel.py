@@ -66,9 +66,10 @@ def train(tmp_path, name, cache_dir, *args, env=None):
     return json.loads(out.read_text())
 
 
-def train_on_two_processes(tmp_path, name, cache_dir, *args):
+def train_on_two_processes(tmp_path, name, cache_dir, *args, processes=2):
     out = tmp_path / f"{name}.json"
-    proc = torchrun("train", "--extra", "tensor-parallel", *args, "--cache-dir", cache_dir, "--out", str(out))
+    proc = torchrun("train", "--extra", "tensor-parallel", *args, "--cache-dir", cache_dir, "--out", str(out),
+                    processes=processes)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -141,6 +142,31 @@ def test_tensor_parallel_where_it_cannot_run_says_why(tmp_path, cache_dir, args,
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.parametrize("processes, size, reason", [
+    (1, None, "needs at least 2 processes; this run has 1 (start mtbench with torchrun --nproc-per-node N -m mtbench "
+              "train ...)"),
+    (4, 3, "--tensor-parallel-size 3 must be at least 2 and divide the run's 4 processes (the data axis takes the "
+           "rest)"),
+    (4, 1, "--tensor-parallel-size 1 must be at least 2 and divide the run's 4 processes (the data axis takes the "
+           "rest)"),
+    (8, 4, "the model's 2 attention heads (--heads) do not split evenly over 4 devices"),
+    (6, 2, "the batch size 8 does not split evenly over 6 processes"),
+    (4, 2, None),
+    (4, None, "the model's 2 attention heads (--heads) do not split evenly over 4 devices"),
+])
+def test_torch_meshes_it_refuses_and_takes(processes, size, reason):
+    """On torch the model axis is --tensor-parallel-size processes (default: all of them), the data axis the rest."""
+    from types import SimpleNamespace
+
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.extras.tensor_parallel import TensorParallel
+    from mtbench.runner.config import TrainConfig
+    run = SimpleNamespace(backend=SimpleNamespace(name="torch"), processes=SimpleNamespace(world_size=processes),
+                          config=TrainConfig(model_name="gpt", batch_size=8, tensor_parallel_size=size),
+                          model_shape=GPT_PRESETS["tiny"])
+    assert TensorParallel().unavailable_reason(run) == reason
+
+
 def test_tensor_parallel_refuses_gradient_accumulation(tmp_path, cache_dir):
     proc = run_cli("train", "--backend", "jax", "--extra", "tensor-parallel", "--grad-accum", "2", "--preset", "tiny",
                    "--steps", "2", "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"), env=TWO_DEVICES)
@@ -167,6 +193,11 @@ def gpt_runs(tmp_path_factory, cache_dir):
         "torch": train(tmp_path, "torch", cache_dir, "--backend", "torch", *TINY_GPT),
         "torch-split": train_on_two_processes(tmp_path, "torch-split", cache_dir, "--backend", "torch", *TINY_GPT,
                                               "--checkpoint-every", "25"),
+        # 2 data x 2 model: four simulated devices, four gloo processes.
+        "jax-2d": train(tmp_path, "jax-2d", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
+                        "--tensor-parallel-size", "2", *TINY_GPT, env=FOUR_DEVICES),
+        "torch-2d": train_on_two_processes(tmp_path, "torch-2d", cache_dir, "--backend", "torch",
+                                           "--tensor-parallel-size", "2", *TINY_GPT, processes=4),
     }
 
 
@@ -230,20 +261,25 @@ def test_jax_tensor_parallel_over_two_processes_gathers_the_batch_and_trains_lik
         "checkpoint-000025", "checkpoint-000050", "model", "run.json"]
 
 
-@pytest.mark.slow
-def test_jax_on_a_data_by_model_mesh_trains_like_one_device(gpt_runs, tmp_path, cache_dir):
+def assert_data_by_model_mesh(split, one):
     """Four devices as 2 data x 2 model, the form people train with: each model axis computes half of the batch's
-    rows (its activations' all-reduces are of 4 rows, not 8), holds the split weights by halves as on 1 x 2, and
-    every gradient is summed over the data axis besides."""
-    split = train(tmp_path, "jax-2d", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
-                  "--tensor-parallel-size", "2", *TINY_GPT, env=FOUR_DEVICES)
-    assert_trains_like_one_device(split, gpt_runs["jax"], GPT_STEPS)
-    assert "mesh of 2 data x 2 model" in split["train_step_detail"]
+    rows, holds the split weights by halves as on 1 x 2, and every gradient is averaged over the data axis
+    besides, so that it trains what one device trains."""
+    assert_trains_like_one_device(split, one, GPT_STEPS)
     record = split["extras_record"]["tensor-parallel"]
-    assert record["mesh_shape"] == [2, 2] and record["per_device_batch"] == 4 and record["heads_per_device"] == 1
+    assert record["mesh_axes"] == ["data", "model"] and record["mesh_shape"] == [2, 2]
+    assert record["per_device_batch"] == 4 and record["heads_per_device"] == 1
     assert record["activation_all_reduces_per_step"] == GPT_BLOCKS * BLOCK_ALL_REDUCES
     assert_split_state(record, split["model"]["parameters"],
                        GPT_BLOCKS * split_parameters(D_MODEL, FF_UNITS, attentions=1))
+    return record
+
+
+@pytest.mark.slow
+def test_jax_on_a_data_by_model_mesh_trains_like_one_device(gpt_runs):
+    split = gpt_runs["jax-2d"]
+    record = assert_data_by_model_mesh(split, gpt_runs["jax"])
+    assert "mesh of 2 data x 2 model" in split["train_step_detail"]
     # Beyond the 1 x 2 mesh's: each trainable variable's gradient summed over the data axis (the two embeddings,
     # per block 2 norms of 2, the query, key, value, output and two feed-forward Dense layers of 2, the final
     # norm's 2), and the step's figures (loss, tokens) summed over it too.
@@ -253,10 +289,26 @@ def test_jax_on_a_data_by_model_mesh_trains_like_one_device(gpt_runs, tmp_path, 
 
 
 @pytest.mark.slow
-def test_both_backends_split_the_same_weights_and_run_the_same_block_all_reduces(gpt_runs):
-    jax_record = gpt_runs["jax-split"]["extras_record"]["tensor-parallel"]
-    torch_record = gpt_runs["torch-split"]["extras_record"]["tensor-parallel"]
-    for key in ("parameter_bytes", "unsharded_parameter_bytes", "split_layers", "activation_all_reduces_per_step"):
+def test_torch_on_a_data_by_model_mesh_trains_like_one_process(gpt_runs):
+    split = gpt_runs["torch-2d"]
+    record = assert_data_by_model_mesh(split, gpt_runs["torch"])
+    assert split["train_step_detail"] == (
+        "tensor-parallel over a mesh of 2 data x 2 model processes (the gradients averaged over the data axis in "
+        "one all-reduce after the backward pass), embeddings, layer norms and the tied output layer replicated")
+    assert split["host_syncs_per_step"] == 0
+    # Beyond the 1 x 2 mesh's: the step's figures (loss, accuracy, tokens) summed over the data axis in one
+    # all-reduce, and every gradient in another.
+    one_axis = gpt_runs["torch-split"]["extras_record"]["tensor-parallel"]["collectives_per_step"]
+    assert record["collectives_per_step"] == {"all-gather": 1, "all-reduce": one_axis["all-reduce"] + 2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["split", "2d"])
+def test_both_backends_split_the_same_weights_and_run_the_same_block_all_reduces(gpt_runs, mesh):
+    jax_record = gpt_runs[f"jax-{mesh}"]["extras_record"]["tensor-parallel"]
+    torch_record = gpt_runs[f"torch-{mesh}"]["extras_record"]["tensor-parallel"]
+    for key in ("parameter_bytes", "unsharded_parameter_bytes", "split_layers", "activation_all_reduces_per_step",
+                "per_device_batch"):
         assert jax_record[key] == torch_record[key], key
 
 
