@@ -455,8 +455,9 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
     from mtbench.runner.orchestration.compare import (TORCH_COMPILED, ComparePlan, check_dtype, check_interpreters,
-                                                      check_same_hardware, eager_only_lines, plan_runs,
-                                                      probe_devices, run_compare, with_compile_mode)
+                                                      check_runs, check_same_hardware, eager_only_lines, plan_runs,
+                                                      probe_devices, run_compare, with_compile_mode,
+                                                      with_compiled_twins)
     from mtbench.runner.results.parity import require_parity
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import check_extra_options, resolve_reporters
@@ -464,17 +465,12 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
-    devices = probe_devices()
-    specs = plan_runs(backends, extras, matrix, devices, configuration["model_name"], registry)
+    # The plan, its plugins and its options are checked before the devices are asked (a child process that
+    # imports the frameworks: seconds), so that a mistyped command fails at once.
+    specs = plan_runs(backends, extras, matrix, None, configuration["model_name"], registry)
     interpreters = check_interpreters(specs)  # other environments' (python=PATH): checked before any run
-    check_same_hardware(specs, devices, interpreters)
-    check_dtype(specs, configuration["dtype"], devices, registry)
-    compiled_added = matrix is None and TORCH_COMPILED not in extras and \
-        any(TORCH_COMPILED in spec.extras for spec in specs)
-    # --compile-mode is given to the runs that compile torch's step alone (the others' configuration keeps the
-    # default): reduce-overhead (CUDA graphs) for those compare adds.
-    compile_mode = configuration.pop("compile_mode") or ("reduce-overhead" if compiled_added else None)
-    specs = with_compile_mode(specs, compile_mode)
+    check_runs(specs, registry, interpreters)
+    asked_compile_mode = configuration.pop("compile_mode")
     # Validation is the runs' own (`train` takes it, `init-weights` does not): in their run files, apart from the
     # arguments every child is given.
     validation = {key: configuration.pop(key) for key in VALIDATION_KEYS}
@@ -486,6 +482,17 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
                                               **{**configuration, **validation, **dict(spec.sizes)}))
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
+    devices = probe_devices()
+    if matrix is None:
+        specs = with_compiled_twins(specs, devices, registry)
+    check_same_hardware(specs, devices, interpreters)
+    check_dtype(specs, configuration["dtype"], devices, registry)
+    compiled_added = matrix is None and TORCH_COMPILED not in extras and \
+        any(TORCH_COMPILED in spec.extras for spec in specs)
+    # --compile-mode is given to the runs that compile torch's step alone (the others' configuration keeps the
+    # default): reduce-overhead (CUDA graphs) for those compare adds.
+    compile_mode = asked_compile_mode or ("reduce-overhead" if compiled_added else None)
+    specs = with_compile_mode(specs, compile_mode)
     out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
     plan = ComparePlan(specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
                        parity_tolerance, chosen_reporters, interpreters, aa, auto,

@@ -182,6 +182,15 @@ def with_compile_mode(specs, mode):
             if mode and TORCH_COMPILED in spec.extras else spec for spec in specs]
 
 
+def with_compiled_twins(specs, devices, registry=None):
+    """`specs`, each eager torch run followed by its compiled twin (`compiled_twin`) where torch sees a CUDA GPU
+    (`devices`, from `probe_devices`)."""
+    if not torch_on_gpu(devices):
+        return specs
+    registry = registry or plugins.registry()
+    return [added for spec in specs for added in (spec, *compiled_twin(spec, registry))]
+
+
 def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transformer", registry=None):
     """The runs to compare, all of the model family `model` (--model): each backend of `backends` with every extra
     of `extras`, or the runs that `matrix` lists ('torch;torch+torch-compile;jax'). Where torch sees a CUDA GPU
@@ -195,10 +204,7 @@ def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transf
         specs = name_interpreters([parse_run_spec(item) for item in _matrix_entries(matrix)])
     else:
         names = [name.strip() for name in (backends or "jax,torch").split(",") if name.strip()]
-        specs = [RunSpec(name, tuple(extras)) for name in names]
-        if torch_on_gpu(devices):
-            registry = registry or plugins.registry()
-            specs = [added for spec in specs for added in (spec, *compiled_twin(spec, registry))]
+        specs = with_compiled_twins([RunSpec(name, tuple(extras)) for name in names], devices, registry)
     if not specs:
         raise MtbenchError("no runs to compare")
     specs = [dataclasses.replace(spec, model=model) for spec in specs]
