@@ -31,7 +31,7 @@ class Block(layers.Layer):
 
     def call(self, x, training=False):
         h = self.attention_norm(x)
-        x = x + self.dropout(self.attention(h, h), training=training)
+        x = x + self.dropout(self.attention(h), training=training)
         return x + self.mlp(self.mlp_norm(x), training=training)
 
 

@@ -51,7 +51,14 @@ class Attention(layers.Layer):
     operations in the same dtypes on every backend. Keras's own plain attention differs by backend (JAX's keeps
     the scores in float32, torch's SDPA math kernel upcasts a 16-bit query, key and value to float32), and left to
     choose Keras on a GPU tries the fused kernel, and where it refuses the inputs logs a traceback and falls back,
-    at every trace, so no run could say which one ran: Keras is always told."""
+    at every trace, so no run could say which one ran: Keras is always told.
+
+    `fused_projections` (False; the tensor-parallel extra sets it on JAX): the projections of one input (the
+    query, key and value of self-attention; the key and value of cross-attention) are one product with their
+    kernels side by side, as Megatron's and nanoGPT's fused projection, with the same weights. Split by columns
+    over devices, one product has one partial gradient of its input to all-reduce, where three have three."""
+
+    fused_projections = False
 
     def __init__(self, d_model, num_heads, is_causal=False, flash_attention=False, **kwargs):
         super().__init__(**kwargs)
@@ -71,8 +78,19 @@ class Attention(layers.Layer):
     def keys_values(self, memory):
         return self._split_heads(self.key(memory)), self._split_heads(self.value(memory))
 
-    def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=False):
-        q = self._split_heads(self.query(x))
+    def projected_together(self, inputs, projections):
+        """The heads of each Dense layer of `projections` applied to `inputs`, from one product with their kernels
+        stacked on a new axis (each kernel, bias and product the layer's own, in its compute dtype)."""
+        for projection in projections:
+            if not projection.built:
+                projection.build(ops.shape(inputs))
+        kernels = ops.stack([projection.kernel for projection in projections], axis=1)  # (d_in, n, d_out)
+        biases = ops.stack([projection.bias for projection in projections])
+        products = ops.einsum("btd,dnh->btnh", inputs, kernels) + biases
+        return [self._split_heads(products[:, :, index]) for index in range(len(projections))]
+
+    def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=False, queries=None):
+        q = self._split_heads(self.query(x)) if queries is None else queries
         if flash_attention is not False:
             fused = flash_attention is True
             mask = None if key_mask is None else attention_mask(key_mask, ops.shape(q)[1], fused)
@@ -83,9 +101,16 @@ class Attention(layers.Layer):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return self.output_projection(ops.reshape(attended, (batch, length, self.num_heads * self.head_dim)))
 
-    def call(self, x, memory, key_mask=None):
-        keys, values = self.keys_values(memory)
-        return self.attend(x, keys, values, key_mask, self.is_causal, self.flash_attention)
+    def call(self, x, memory=None, key_mask=None):
+        """`memory`: the sequence the keys and values are made of (cross-attention); None: `x` (self-attention)."""
+        queries = None
+        if not self.fused_projections:
+            keys, values = self.keys_values(x if memory is None else memory)
+        elif memory is None:
+            queries, keys, values = self.projected_together(x, (self.query, self.key, self.value))
+        else:
+            keys, values = self.projected_together(memory, (self.key, self.value))
+        return self.attend(x, keys, values, key_mask, self.is_causal, self.flash_attention, queries)
 
 
 # A large negative score for hidden keys: finite, so a query that sees no key gets equal weights and no NaN.
@@ -156,7 +181,7 @@ class EncoderBlock(layers.Layer):
 
     def call(self, x, src_mask, training=False):
         h = self.attention_norm(x)
-        x = x + self.dropout(self.attention(h, h, key_mask=src_mask), training=training)
+        x = x + self.dropout(self.attention(h, key_mask=src_mask), training=training)
         return x + self.dropout(self.ff(self.ff_norm(x), training=training), training=training)
 
 
@@ -178,7 +203,7 @@ class DecoderBlock(layers.Layer):
         # Target padding needs no mask: causality keeps real positions from seeing the padding after them,
         # and the loss ignores the padded positions themselves.
         h = self.self_attention_norm(x)
-        x = x + self.dropout(self.self_attention(h, h), training=training)
+        x = x + self.dropout(self.self_attention(h), training=training)
         h = self.cross_attention_norm(x)
         x = x + self.dropout(self.cross_attention(h, memory, key_mask=src_mask), training=training)
         return x + self.dropout(self.ff(self.ff_norm(x), training=training), training=training)

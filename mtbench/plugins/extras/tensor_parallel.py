@@ -6,9 +6,11 @@ columns (each device computes its share of the heads) and the output projection 
 a part of the sum, all-reduced); in each feed-forward the first Dense by columns (its share of the hidden units)
 and the second by rows. The embeddings, layer norms, the row-split layers' biases and the tied output layer are
 held whole on every device. So a block's forward all-reduces the activations once after attention and once after
-the feed-forward; its backward all-reduces the gradient of each column-split projection's input: once for the
-feed-forward and once per projection for attention (three: the models keep the query, key and value as separate
-Dense layers, where Megatron fuses them into one and sums their gradients before a single all-reduce).
+the feed-forward; its backward all-reduces the gradient of the column-split projections' input once for the
+feed-forward and once for attention: the query, key and value (separate Dense layers in the models) take their
+input as Megatron's fused projection does, so that their three partial gradients are summed before one all-reduce
+(JAX: one product with their kernels side by side, `Attention.fused_projections`; torch: one replicated DTensor
+of the input for the three). So 4 a block, Megatron's count.
 
 JAX: a `keras.distribution.ModelParallel` over a mesh of every device on a `model` axis (the `data` axis of size
 1), the split weights and their Adam moments laid out on it, inside mtbench's one jitted step; GSPMD inserts the
@@ -241,6 +243,8 @@ def jax_split_step(run, model, step):
     plan, attentions = require_plan(model)
     step.finalize()  # the Keras variables hold the state again
     lay_out_split(model, plan, step.distribution)
+    for attention in attentions:  # one partial gradient of each input to all-reduce, as Megatron's
+        attention.fused_projections = True
     record = run.extras_state[TensorParallel.name]
     record.update(plan_record(plan, attentions[0].num_heads, record["mesh_shape"][1]))
     d_model = attentions[0].num_heads * attentions[0].head_dim
@@ -259,10 +263,20 @@ def split_dense_classes(mesh):
         value = variable._value
         return value if value.dtype == dtype else value.to(dtype)  # the layer's compute dtype, as Keras casts
 
+    last = {"input": None, "replicated": None}
+
+    def replicated(inputs):
+        """`inputs` as a replicated DTensor, whose backward all-reduces the gradient of the input over the model
+        axis: one DTensor for the column-split layers that take the same input (an attention's query, key and
+        value), so that autograd sums their partial gradients first and one all-reduce carries the sum, as after
+        Megatron's fused projection."""
+        if last["input"] is not inputs:
+            last.update(input=inputs, replicated=DTensor.from_local(inputs, mesh, [Replicate()], run_check=False))
+        return last["replicated"]
+
     class ColumnSplitDense(keras.layers.Dense):
         def call(self, inputs, training=None):
-            # Replicated: its backward all-reduces the gradient of the input over the processes.
-            x = DTensor.from_local(inputs, mesh, [Replicate()], run_check=False)
+            x = replicated(inputs)
             y = x @ weight(self._kernel, inputs.dtype)
             if self.bias is not None:
                 y = y + weight(self.bias, inputs.dtype)
