@@ -48,6 +48,7 @@ def test_jax_step_waits_for_nothing():
     assert report["syncs_per_step"] == 0
 
 
+@pytest.mark.slow
 def test_jax_counter_sees_the_conditionals_of_kerass_branching_schedule():
     """Keras's CosineDecay branches with `ops.cond`, and its AdamW reads the schedule once per decayed variable:
     XLA conditionals, each a host wait on a GPU (counted there; named on the CPU, where it is none). mtbench's

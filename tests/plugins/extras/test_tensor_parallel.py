@@ -119,9 +119,6 @@ def test_only_the_families_whose_blocks_it_splits_whole_are_taken():
     (["--backend", "jax", "--ff-dim", "129"], TWO_DEVICES,
      "extra 'tensor-parallel' cannot run here: the model's 129 feed-forward units (--ff-dim) do not split evenly "
      "over 2 devices"),
-    (["--backend", "jax"], {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
-     "extra 'tensor-parallel' cannot run here: the model's 2 attention heads (--heads) do not split evenly over 4 "
-     "devices"),
     (["--backend", "jax", "--extra", "data-parallel"], TWO_DEVICES,
      "extra 'tensor-parallel' cannot run together with 'data-parallel'"),
     (["--backend", "torch", "--extra", "fsdp"], None, "extra 'tensor-parallel' cannot run together with 'fsdp'"),
@@ -130,9 +127,6 @@ def test_only_the_families_whose_blocks_it_splits_whole_are_taken():
     (["--backend", "torch"], None,
      "extra 'tensor-parallel' cannot run here: needs at least 2 processes; this run has 1 (start mtbench with "
      "torchrun --nproc-per-node N -m mtbench train ...)"),
-    (["--backend", "jax", "--tensor-parallel-size", "3"], FOUR_DEVICES,
-     "extra 'tensor-parallel' cannot run here: --tensor-parallel-size 3 must be at least 2 and divide the run's 4 "
-     "devices (the data axis takes the rest)"),
 ])
 def test_tensor_parallel_where_it_cannot_run_says_why(tmp_path, cache_dir, args, env, message):
     proc = run_cli("train", "--extra", "tensor-parallel", "--preset", "tiny", "--steps", "2", "--cache-dir",
@@ -156,15 +150,33 @@ def test_tensor_parallel_where_it_cannot_run_says_why(tmp_path, cache_dir, args,
 ])
 def test_torch_meshes_it_refuses_and_takes(processes, size, reason):
     """On torch the model axis is --tensor-parallel-size processes (default: all of them), the data axis the rest."""
+    assert mesh_refusal("torch", processes, size) == reason
+
+
+@pytest.mark.parametrize("devices, size, reason", [
+    (4, 3, "--tensor-parallel-size 3 must be at least 2 and divide the run's 4 devices (the data axis takes the "
+           "rest)"),
+    (4, None, "the model's 2 attention heads (--heads) do not split evenly over 4 devices"),
+    (4, 2, None),
+    (8, 2, None),
+])
+def test_jax_meshes_it_refuses_and_takes(devices, size, reason):
+    """On JAX the model axis is --tensor-parallel-size devices (default: all of them), the data axis the rest."""
+    assert mesh_refusal("jax", 1, size, devices) == reason
+
+
+def mesh_refusal(backend, processes, size, devices=1):
+    """The extra's refusal of the tiny GPT, batch 8, on `backend` with `processes` processes and `devices`
+    devices, the model axis --tensor-parallel-size `size`."""
     from types import SimpleNamespace
 
     from mtbench.keras_models.presets import GPT_PRESETS
     from mtbench.plugins.extras.tensor_parallel import TensorParallel
     from mtbench.runner.config import TrainConfig
-    run = SimpleNamespace(backend=SimpleNamespace(name="torch"), processes=SimpleNamespace(world_size=processes),
-                          config=TrainConfig(model_name="gpt", batch_size=8, tensor_parallel_size=size),
-                          model_shape=GPT_PRESETS["tiny"])
-    assert TensorParallel().unavailable_reason(run) == reason
+    run = SimpleNamespace(backend=SimpleNamespace(name=backend), processes=SimpleNamespace(world_size=processes),
+                          device={"count": devices}, model_shape=GPT_PRESETS["tiny"],
+                          config=TrainConfig(model_name="gpt", batch_size=8, tensor_parallel_size=size))
+    return TensorParallel().unavailable_reason(run)
 
 
 def test_tensor_parallel_refuses_gradient_accumulation(tmp_path, cache_dir):

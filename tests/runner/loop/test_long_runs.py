@@ -196,6 +196,7 @@ def test_a_target_not_reached_is_a_result_too(tmp_path, cache_dir):
     assert "time to validation" in proc.stdout and "not reached" in proc.stdout
 
 
+@pytest.mark.slow
 def test_resume_refuses_training_data_that_changed_since(tmp_path, cache_dir):
     from mtbench.plugins.datasets.bible_dataset import BibleDataset
     from mtbench.runner.data.corpus import load_dataset_pairs

@@ -160,6 +160,7 @@ def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
     assert list(tmp_path.iterdir()) == [], "a refused plan must not start anything"
 
 
+@pytest.mark.slow
 def test_a_failing_run_is_named_with_its_last_error_line(tmp_path, cache_dir, plugin_path):
     out = tmp_path / "c.json"
     proc = run_cli("compare", "--matrix", "brokenflow;jax", "--baseline", "jax", *TINY_COMPARE,

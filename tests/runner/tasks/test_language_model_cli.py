@@ -205,6 +205,7 @@ def text_file(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow
 def test_each_validation_prints_a_sample_and_the_best_model_is_kept_beside_the_last(tmp_path, cache_dir):
     """nanoGPT's evaluation: the model's continuation of --sample-prompt at each validation, and the weights of the
     best validation loss kept (RESULT.run/best), a saved model that `generate` reads as it reads the final one."""
