@@ -93,6 +93,11 @@ def _stack(options):
     return decorate
 
 
+def _parameter_names(options):
+    """The names of the parameters that `options` (click decorators) give a command, in their order."""
+    return tuple(parameter.name for parameter in reversed(_stack(options)(lambda: None).__click_params__))
+
+
 CORPUS_OPTIONS = (
     click.option("--valid", "valid_file", metavar="CORPUS",
                  help="Validation pairs in any --data format, instead of a split of the training data."),
@@ -223,7 +228,7 @@ VALIDATION_OPTIONS = (
     click.option("--sample-tokens", type=int, metavar="N", default=100, show_default=True,
                  help="Tokens of each --sample-prompt continuation."),
 )
-VALIDATION_KEYS = ("eval_every", "target_bleu", "target_loss", "sample_prompt", "sample_tokens")
+VALIDATION_KEYS = _parameter_names(VALIDATION_OPTIONS)
 validation_options = _stack(VALIDATION_OPTIONS)
 
 long_run_options = _stack([
