@@ -51,6 +51,9 @@ from mtbench.plugins.extras.fsdp import (
 MODEL_AXIS = "model"
 DATA_AXIS = "data"
 EMBEDDINGS = "embeddings, layer norms and the tied output layer replicated"
+# How each backend computes an attention's query, key and value (the same weights and one all-reduce of their
+# input's gradient on both): the kind of work differs, so the step's description says which.
+QUERY_KEY_VALUE = {"jax": "query, key and value as one product", "torch": "query, key and value as three products"}
 
 
 class SplitDense(collections.namedtuple("SplitDense", "layer by")):
@@ -233,7 +236,7 @@ class JaxSplitStep(JaxShardedStep):
         return inner._step.lower(inner.state, *arrays).compile().as_text()
 
     def description(self):
-        return f"{self.inner.description()}, {EMBEDDINGS}"
+        return f"{self.inner.description()}, {EMBEDDINGS}, {QUERY_KEY_VALUE['jax']}"
 
 
 def jax_split_step(run, model, step):
@@ -477,7 +480,7 @@ class TorchSplitStep(StateRecording):
         over = (f"a mesh of {replicas} data x {model_axis} model processes (the gradients averaged over the data "
                 f"axis in one all-reduce after the backward pass)" if self.inner.data_group is not None
                 else f"{model_axis} processes")
-        own = f"tensor-parallel over {over}, {EMBEDDINGS}"
+        own = f"tensor-parallel over {over}, {EMBEDDINGS}, {QUERY_KEY_VALUE['torch']}"
         return ", ".join(part for part in (self.inner.description(), own) if part)
 
     def finalize(self):

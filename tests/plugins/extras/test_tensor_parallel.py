@@ -232,7 +232,7 @@ def split_gpt_record(split, one, train_step, detail):
 def test_jax_tensor_parallel_gpt_trains_like_one_device_with_megatrons_all_reduces(gpt_runs):
     record = split_gpt_record(gpt_runs["jax-split"], gpt_runs["jax"], "jax-jit-stateless",
                               "ModelParallel over a mesh of 1 data x 2 model, embeddings, layer norms and the tied "
-                              "output layer replicated")
+                              "output layer replicated, query, key and value as one product")
     assert record["mesh_axes"] == ["data", "model"] and record["mesh_shape"] == [1, 2]
     # Counted in the compiled program: the blocks' all-reduces of activations, and one scalar per split gradient
     # (its squared norm, for Keras's global_clipnorm; XLA combines them into one collective), and nothing else.
@@ -245,7 +245,7 @@ def test_jax_tensor_parallel_gpt_trains_like_one_device_with_megatrons_all_reduc
 def test_torch_tensor_parallel_gpt_trains_like_one_process_with_megatrons_all_reduces(gpt_runs):
     record = split_gpt_record(gpt_runs["torch-split"], gpt_runs["torch"], "torch-eager",
                               "tensor-parallel over 2 processes, embeddings, layer norms and the tied output layer "
-                              "replicated")
+                              "replicated, query, key and value as three products")
     assert record["collectives"] == "gloo" and record["mesh_axes"] == ["model"] and record["mesh_shape"] == [2]
     # Counted over gloo in a step: DTensor's all-reduces of activations and one all-reduce of the split gradients'
     # squared norms (global_clipnorm); before them, one all-gather of the batch's rows (the loop hands each process
@@ -307,7 +307,8 @@ def test_torch_on_a_data_by_model_mesh_trains_like_one_process(gpt_runs):
     record = assert_data_by_model_mesh(split, gpt_runs["torch"])
     assert split["train_step_detail"] == (
         "tensor-parallel over a mesh of 2 data x 2 model processes (the gradients averaged over the data axis in "
-        "one all-reduce after the backward pass), embeddings, layer norms and the tied output layer replicated")
+        "one all-reduce after the backward pass), embeddings, layer norms and the tied output layer replicated, "
+        "query, key and value as three products")
     assert split["host_syncs_per_step"] == 0
     # Beyond the 1 x 2 mesh's: the step's figures (loss, accuracy, tokens) summed over the data axis in one
     # all-reduce, and every gradient in another.
