@@ -256,26 +256,34 @@ def jax_split_step(run, model, step):
 
 # ----- torch -----
 
-def split_dense_classes(mesh):
-    """The classes a split Dense layer takes while it trains: Keras's Dense computing as torch's `ColwiseParallel`
-    and `RowwiseParallel` make `nn.Linear` compute, with the DTensors its variables hold."""
+def split_classes(mesh):
+    """The classes the plan's layers take while they train: Keras's Dense computing as torch's `ColwiseParallel`
+    and `RowwiseParallel` make `nn.Linear` compute, with the DTensors its variables hold ('columns', 'rows'), and
+    the attention handing its query, key and value one input ('attention')."""
     import keras
     from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from mtbench.keras_models.transformer import Attention
 
     def weight(variable, dtype):
         value = variable._value
         return value if value.dtype == dtype else value.to(dtype)  # the layer's compute dtype, as Keras casts
 
-    last = {"input": None, "replicated": None}
-
     def replicated(inputs):
         """`inputs` as a replicated DTensor, whose backward all-reduces the gradient of the input over the model
-        axis: one DTensor for the column-split layers that take the same input (an attention's query, key and
-        value), so that autograd sums their partial gradients first and one all-reduce carries the sum, as after
-        Megatron's fused projection."""
-        if last["input"] is not inputs:
-            last.update(input=inputs, replicated=DTensor.from_local(inputs, mesh, [Replicate()], run_check=False))
-        return last["replicated"]
+        axis (the input of a column-split layer), or `inputs` when it is one already."""
+        if isinstance(inputs, DTensor):
+            return inputs
+        return DTensor.from_local(inputs, mesh, [Replicate()], run_check=False)
+
+    class SplitAttention(Attention):
+        def call(self, x, memory=None, key_mask=None):
+            # The query, key and value of one input take one replicated DTensor of it: autograd sums their partial
+            # gradients, and one all-reduce carries the sum, as after Megatron's fused projection.
+            source = replicated(x)
+            keys, values = self.keys_values(source if memory is None else replicated(memory))
+            queries = self._split_heads(self.query(source))
+            return self.attend(x, keys, values, key_mask, self.is_causal, self.flash_attention, queries)
 
     class ColumnSplitDense(keras.layers.Dense):
         def call(self, inputs, training=None):
@@ -294,7 +302,7 @@ def split_dense_classes(mesh):
                 y = y + weight(self.bias, inputs.dtype)
             return self.activation(y)
 
-    return {"columns": ColumnSplitDense, "rows": RowSplitDense}
+    return {"columns": ColumnSplitDense, "rows": RowSplitDense, "attention": SplitAttention}
 
 
 class TorchSplitting:
@@ -307,8 +315,9 @@ class TorchSplitting:
         import torch
         from torch.distributed.tensor import Shard, distribute_tensor
         self.model, self.plan, self.attentions, self.mesh = model, plan, attentions, mesh
-        self.classes = split_dense_classes(mesh)
+        self.classes = split_classes(mesh)
         self.keras_classes = [type(dense.layer) for dense in plan]
+        self.attention_classes = [type(attention) for attention in attentions]
         self.heads = [attention.num_heads for attention in attentions]
         self.shards = []  # (Keras variable, the DTensor it holds while training)
         for variable, axis in split_variables(plan):
@@ -328,6 +337,7 @@ class TorchSplitting:
             dense.layer.__class__ = self.classes[dense.by]
         for attention, heads in zip(self.attentions, self.heads):
             attention.num_heads = heads // self.mesh.size()
+            attention.__class__ = self.classes["attention"]
         self.split = True
 
     def hold_full(self):
@@ -337,8 +347,9 @@ class TorchSplitting:
             variable._value = torch.nn.Parameter(whole) if isinstance(shard, torch.nn.Parameter) else whole
         for dense, keras_class in zip(self.plan, self.keras_classes):
             dense.layer.__class__ = keras_class  # Keras names a checkpoint's objects by their class
-        for attention, heads in zip(self.attentions, self.heads):
+        for attention, heads, keras_class in zip(self.attentions, self.heads, self.attention_classes):
             attention.num_heads = heads
+            attention.__class__ = keras_class
         self.split = False
 
 
@@ -527,6 +538,8 @@ class TensorParallel(Extra):
                    "units; one all-reduce after each): JAX a ModelParallel mesh inside the jit step, torch DTensor "
                    "under torchrun")
     backends = ("jax", "torch")
+    # torch-compile: dynamo skips a frame run under a dispatch mode, and the split step counts its first step's
+    # collectives under DTensor's CommDebugMode, so the compiled step would run eagerly.
     conflicts = ("fsdp", "ddp", "data-parallel", "pmap", "tpu", "torch-compile")
     spans_processes = True
 
