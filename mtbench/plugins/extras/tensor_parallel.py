@@ -307,7 +307,7 @@ def split_classes(mesh):
 
 class TorchSplitting:
     """The plan carried out over `mesh`: each split variable and its two moments are split once into DTensors,
-    which they hold while training (`hold_split`), the split layers computing through `split_dense_classes` and
+    which they hold while training (`hold_split`), the split layers computing through `split_classes` and
     each attention over its local heads; `hold_full` gives the variables whole copies, and the layers their own
     classes, for evaluation and checkpoints."""
 
