@@ -182,14 +182,17 @@ def measure(args):
     from benchmarks.workload import OptimizerSettings, prepare_workload
     workload = prepare_workload(config, args.steps)
     shape = workload.model_shape
-    weights = starting_weights(args, config, shape)
     backend, device, peak, peak_source = device_and_peak(args.backend, args.dtype, config.cache_dir)
     # float32 matmuls as `mtbench train` sets them (true float32 unless --matmul-precision high), on both sides.
     matmul_precision = backend.set_matmul_precision(config.matmul_precision)
     settings = OptimizerSettings.of_config(config, args.steps)
     if args.step == "mtbench":
+        # Counted on the model mtbench built: a second model for its count would add to the peak device memory.
         step, convert = MtbenchStep(config, args.steps), batch_in_mtbench_s_loop
+        parameters = step.model.count_params()
     else:
+        weights = starting_weights(args, config, shape)
+        parameters = int(sum(value.size for value in weights.values()))
         reference = importlib.import_module(MODULES[args.backend])
         step = reference.train_step_from_keras_weights(shape, weights, settings,
                                                        mixed_bfloat16=args.dtype == "mixed_bfloat16")
@@ -218,7 +221,7 @@ def measure(args):
         "config": {**config.to_dict(), "steps": args.steps, "timing_window": args.timing_window,
                    "ignored_options": args.ignored_options},
         "model": {"dtype_policy": args.dtype, "dropout": shape.dropout, "vocab_size": shape.vocab_size,
-                  "parameters": int(sum(value.size for value in weights.values()))},
+                  "parameters": parameters},
         "timing": {"step_s_median": median, "step_s_p90": sorted(per_step)[int(0.9 * (len(per_step) - 1))],
                    "steady_steps": len(per_step), "tokens_per_s": rows * length / median,
                    "compile_s": sum(max(seconds - median, 0.0) for seconds in first),
