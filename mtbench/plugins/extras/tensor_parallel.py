@@ -29,11 +29,11 @@ the step gathers the rows in one all-gather (Megatron broadcasts each batch over
 With `--tensor-parallel-size` below the process count the processes make a `data` x `model` mesh, as JAX's: each
 model axis gathers its share of the batch, and the gradients are averaged over the data axis in one all-reduce
 after the backward pass (DDP's bucketing with one bucket, not overlapped with the backward: DDP and FSDP take
-`nn.Module` parameters, and the split weights live in Keras variables).
+`nn.Module` parameters, and the split weights live in Keras variables). With `torch-compile` the compiled step
+takes the eager one's place inside the split (DTensor's collectives traced into its graph).
 """
 
 import collections
-import contextlib
 import re
 
 from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
@@ -451,39 +451,76 @@ def gathered_rows(arrays, group, world):
     return whole
 
 
+def profiled_collectives(call):
+    """(what `call()` returns, {operation: how often it ran}) of the collectives `call` ran, read from torch's
+    profiler: c10d's operations (every collective over a process group, called directly or under a functional
+    collective) and the functional collectives (DTensor's, eager or in a compiled graph). An operation dispatched
+    again under itself (through a Python dispatch mode) counts once. The profiler, not DTensor's `CommDebugMode`:
+    dynamo does not compile a frame under a dispatch mode, so a mode would count an eager step in place of a
+    compiled one."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        result = call()
+
+    def within_itself(event):
+        parent = event.cpu_parent
+        while parent is not None:
+            if parent.name == event.name:
+                return True
+            parent = parent.cpu_parent
+        return False
+
+    return result, collections.Counter(
+        event.name for event in profiled.events()
+        if event.name.startswith(("c10d::", "_c10d_functional::")) and not within_itself(event))
+
+
 class TorchSplitStep(StateRecording):
-    """mtbench's eager torch step over the split weights. Its first call is counted under DTensor's
-    `CommDebugMode` (the collectives by kind, DTensor's and those called directly); `finalize` gathers the
-    weights whole."""
+    """mtbench's torch step (eager, or compiled by `torch-compile`) over the split weights. One call is profiled
+    for the collectives it runs (`profiled_collectives`): the eager step's first, a warm-up call; the compiled
+    step's first after its warm-up (while it compiles, the traced collectives would count too), so one of its
+    steady steps carries the profiler. `finalize` gathers the weights whole."""
 
     def __init__(self, inner, splitting, record, group):
+        from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
         super().__init__(inner, record, torch_step_state)
         self.splitting, self.group = splitting, group
-        self.counted = False
+        self.calls = 0
+        self.profiled_call = inner.warmup_calls + 1 if isinstance(inner, CompiledTorchTrainStep) else 1
 
     def measure(self):
         return super().measure() if self.splitting.split else None
 
+    def around(self, step):
+        """This split around `step`, the compiled step `torch-compile` makes from the model when it is given after
+        `tensor-parallel`: distributed and updating the split weights as the step it replaces."""
+        step.share_distribution(self.inner)
+        step.fused_optimizer = self.inner.fused_optimizer
+        return TorchSplitStep(step, self.splitting, self.record, self.group)
+
     def __call__(self, x, y, sample_weight):
-        from torch.distributed.tensor.debug import CommDebugMode
         if not self.splitting.split:
             self.splitting.hold_split()
-        counting = not self.counted
-        self.counted = True
-        with CommDebugMode() if counting else contextlib.nullcontext() as gathering:
-            *x, y, sample_weight = gathered_rows([*x, y, sample_weight], self.group, self.splitting.mesh.size())
-        with CommDebugMode() if counting else contextlib.nullcontext() as stepping:
-            logs = self.inner(tuple(x), y, sample_weight)
-        if counting:
+        self.calls += 1
+
+        def step():
+            arrays = gathered_rows([*x, y, sample_weight], self.group, self.splitting.mesh.size())
+            return self.inner(tuple(arrays[:-2]), *arrays[-2:])
+
+        if self.calls != self.profiled_call:
+            return step()
+        logs, ran = profiled_collectives(step)
+        kinds = collections.Counter()
+        for op, count in ran.items():
+            if op.startswith("c10d::"):
+                kinds[collective_kind(op)] += count
+        self.record.update(
+            collectives_per_step=dict(sorted(kinds.items())),
             # DTensor's all-reduces (functional collectives) are the blocks' activations and their gradients.
-            kinds = collections.Counter()
-            for op, count in [*gathering.get_comm_counts().items(), *stepping.get_comm_counts().items()]:
-                kinds[collective_kind(str(op))] += count
-            self.record.update(
-                collectives_per_step=dict(sorted(kinds.items())),
-                activation_all_reduces_per_step=sum(count for op, count in stepping.get_comm_counts().items()
-                                                    if str(op).startswith("c10d_functional.all_reduce")),
-                batch_all_gathers_per_step=sum(gathering.get_comm_counts().values()))
+            # (`all_reduce_` in place in a compiled graph).
+            activation_all_reduces_per_step=sum(count for op, count in ran.items()
+                                                if op.startswith("_c10d_functional::all_reduce")),
+            batch_all_gathers_per_step=kinds["all-gather"])
         return logs
 
     def description(self):
@@ -538,9 +575,7 @@ class TensorParallel(Extra):
                    "units; one all-reduce after each): JAX a ModelParallel mesh inside the jit step, torch DTensor "
                    "under torchrun")
     backends = ("jax", "torch")
-    # torch-compile: dynamo skips a frame run under a dispatch mode, and the split step counts its first step's
-    # collectives under DTensor's CommDebugMode, so the compiled step would run eagerly.
-    conflicts = ("fsdp", "ddp", "data-parallel", "pmap", "tpu", "torch-compile")
+    conflicts = ("fsdp", "ddp", "data-parallel", "pmap", "tpu")
     spans_processes = True
 
     def unavailable_reason(self, run):

@@ -122,8 +122,6 @@ def test_only_the_families_whose_blocks_it_splits_whole_are_taken():
     (["--backend", "jax", "--extra", "data-parallel"], TWO_DEVICES,
      "extra 'tensor-parallel' cannot run together with 'data-parallel'"),
     (["--backend", "torch", "--extra", "fsdp"], None, "extra 'tensor-parallel' cannot run together with 'fsdp'"),
-    (["--backend", "torch", "--extra", "torch-compile"], None,
-     "extra 'tensor-parallel' cannot run together with 'torch-compile'"),
     (["--backend", "torch"], None,
      "extra 'tensor-parallel' cannot run here: needs at least 2 processes; this run has 1 (start mtbench with "
      "torchrun --nproc-per-node N -m mtbench train ...)"),
@@ -252,6 +250,26 @@ def test_torch_tensor_parallel_gpt_trains_like_one_process_with_megatrons_all_re
     # its share of the batch; every process needs all of it).
     assert record["collectives_per_step"] == {"all-reduce": GPT_BLOCKS * BLOCK_ALL_REDUCES + 1, "all-gather": 1}
     assert record["batch_all_gathers_per_step"] == 1
+
+
+@pytest.mark.slow
+def test_torch_tensor_parallel_compiles_and_runs_the_eager_steps_collectives(gpt_runs, tmp_path, cache_dir):
+    """With torch-compile given after it (the split wraps the compiled step): the forward and loss one graph, no
+    break, no shape run eagerly; the losses of one process; the collectives the eager split step runs, counted in
+    a compiled step."""
+    out = tmp_path / "compiled.json"
+    proc = torchrun("train", "--backend", "torch", "--extra", "tensor-parallel", "--extra", "torch-compile",
+                    *TINY_GPT, "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    split = json.loads(out.read_text())
+    assert_trains_like_one_device(split, gpt_runs["torch"], GPT_STEPS)
+    assert split["train_step"] == "torch-compiled"
+    compiled = split["extras_record"]["torch-compile"]
+    assert compiled["graphs_compiled"] >= 1 and compiled["graph_breaks"] == 0
+    assert compiled["shapes_run_eagerly"] == 0
+    record, eager = (run["extras_record"]["tensor-parallel"] for run in (split, gpt_runs["torch-split"]))
+    for key in ("collectives_per_step", "activation_all_reduces_per_step", "batch_all_gathers_per_step"):
+        assert record[key] == eager[key], key
 
 
 @pytest.mark.slow
