@@ -371,7 +371,7 @@ class SplitAdamW(FusedAdamW):
     """torch's fused AdamW over the local parts of the split weights and moments (plain tensors sharing the
     DTensors' memory) and the whole replicated ones, clipped as Keras clips (`clipnorm`, `global_clipnorm`) with the
     split gradients' squared norms summed over the model axis in one all-reduce. On a data x model mesh the
-    gradients are first averaged over the data axis (`data_group`, `replicas` processes)."""
+    gradients are first averaged over the data axis (`data_group`, `replicas` processes: the step's own)."""
 
     def __init__(self, optimizer, variables, group, data_group=None, replicas=1):
         import torch
@@ -550,17 +550,17 @@ def torch_split_step(run, model, step):
     data_axis = world // model_axis
     if data_axis == 1:
         mesh = process_mesh(world, axis_names=(MODEL_AXIS,))
-        data_group = None
     else:
         # Processes next to each other (on a GPU machine the GPUs joined by the fastest links) share a model axis.
         grid = process_mesh((data_axis, model_axis), axis_names=(DATA_AXIS, MODEL_AXIS))
-        mesh, data_group = grid[MODEL_AXIS], grid.get_group(DATA_AXIS)
-        step.distribute(run.processes, model, data_group=data_group)
+        mesh = grid[MODEL_AXIS]
+        step.distribute(run.processes, model, data_group=grid.get_group(DATA_AXIS))
     splitting = TorchSplitting(model, plan, attentions, mesh)
-    step.fused_optimizer = SplitAdamW(model.optimizer, step.variables, mesh.get_group(), data_group, data_axis)
+    step.fused_optimizer = SplitAdamW(model.optimizer, step.variables, mesh.get_group(), step.data_group,
+                                      step.replicas)
     record = {"devices": world, "processes": world, "collectives": run.processes.collectives,
               "per_device_batch": run.config.batch_size // data_axis,
-              **({"mesh_axes": [MODEL_AXIS], "mesh_shape": [world]} if data_group is None else
+              **({"mesh_axes": [MODEL_AXIS], "mesh_shape": [world]} if data_axis == 1 else
                  {"mesh_axes": [DATA_AXIS, MODEL_AXIS], "mesh_shape": [data_axis, model_axis]}),
               **plan_record(plan, splitting.heads[0], model_axis)}
     for dense in plan:
@@ -591,8 +591,9 @@ class TensorParallel(Extra):
             return (family_reason(run.config) or uneven_split_reason(run.config, processes, "processes")
                     or uneven_split_reason(run.config, count // model_axis, "devices of the data axis")
                     or indivisible_reason(shape, model_axis))
-        if processes_reason(run):
-            return processes_reason(run)
+        reason = processes_reason(run)
+        if reason:
+            return reason
         if size is not None and (size < 2 or processes % size):
             return (f"--tensor-parallel-size {size} must be at least 2 and divide the run's {processes} processes "
                     f"(the data axis takes the rest)")
