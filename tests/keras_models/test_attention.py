@@ -123,11 +123,16 @@ def test_fused_projections_compute_what_three_products_compute():
         # A new function each time: JAX keeps the program it traced for a function it saw before.
         return count(jax.make_jaxpr(lambda values: logits(values))(trainable).jaxpr)
 
+    def loss_and_gradients(trainable):
+        # Compiled (a new function each time, traced with the attentions as they are now): op by op, the backward
+        # pass of a whole model dispatches thousands of small operations.
+        return jax.jit(jax.value_and_grad(lambda values: loss(values)))(trainable)
+
     trainable = [variable.value for variable in model.trainable_variables]
-    separate, separate_products = jax.value_and_grad(loss)(trainable), products(trainable)
+    separate, separate_products = loss_and_gradients(trainable), products(trainable)
     for attention in attentions:
         attention.fused_projections = True
-    together, together_products = jax.value_and_grad(loss)(trainable), products(trainable)
+    together, together_products = loss_and_gradients(trainable), products(trainable)
     np.testing.assert_allclose(together[0], separate[0], rtol=1e-6)
     for fused, alone in zip(together[1], separate[1]):
         np.testing.assert_allclose(fused, alone, rtol=1e-5, atol=1e-7)

@@ -27,8 +27,8 @@ do, their variables hold the DTensors, and each attention computes its local hea
 the local shards (`SplitAdamW`). Every process needs the whole batch, which the loop splits among the processes:
 the step gathers the rows in one all-gather (Megatron broadcasts each batch over its tensor-parallel group).
 With `--tensor-parallel-size` below the process count the processes make a `data` x `model` mesh, as JAX's: each
-model axis gathers its share of the batch, and the gradients are averaged over the data axis in one all-reduce
-after the backward pass (DDP's bucketing with one bucket, not overlapped with the backward: DDP and FSDP take
+model axis gathers its share of the batch, and the gradients are averaged over the data axis in DDP's buckets, each
+all-reduce started from the backward pass once its gradients are ready (`gradient_buckets`: DDP itself takes
 `nn.Module` parameters, and the split weights live in Keras variables). With `torch-compile` the compiled step
 takes the eager one's place inside the split (DTensor's collectives traced into its graph).
 """
@@ -38,6 +38,7 @@ import re
 
 from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
+from mtbench.plugins.extras.gradient_buckets import GradientBuckets
 from mtbench.plugins.extras.fsdp import (
     SIMULATE_HINT,
     JaxShardedStep,
@@ -353,32 +354,20 @@ class TorchSplitting:
         self.split = False
 
 
-def average_over(grads, group, replicas):
-    """Each of `grads` (tensors) replaced by its mean over the `replicas` processes of `group`: one all-reduce of
-    them side by side per dtype (DDP's gradient buckets, as one bucket after the backward pass)."""
-    import torch
-    import torch.distributed as dist
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-    for dtype in sorted({grad.dtype for grad in grads}, key=str):
-        same = [grad for grad in grads if grad.dtype == dtype]
-        flat = _flatten_dense_tensors(same)
-        dist.all_reduce(flat, group=group)
-        flat.div_(replicas)
-        torch._foreach_copy_(same, _unflatten_dense_tensors(flat, same))
-
-
 class SplitAdamW(FusedAdamW):
     """torch's fused AdamW over the local parts of the split weights and moments (plain tensors sharing the
     DTensors' memory) and the whole replicated ones, clipped as Keras clips (`clipnorm`, `global_clipnorm`) with the
     split gradients' squared norms summed over the model axis in one all-reduce. On a data x model mesh the
-    gradients are first averaged over the data axis (`data_group`, `replicas` processes: the step's own)."""
+    gradients are first averaged over the data axis (`data_group`, `replicas` processes: the step's own) in DDP's
+    buckets, each all-reduce started from the backward pass (`GradientBuckets`)."""
 
     def __init__(self, optimizer, variables, group, data_group=None, replicas=1):
         import torch
         super().__init__(optimizer, variables)
-        self.group, self.data_group, self.replicas = group, data_group, replicas
+        self.group = group
         self.values = [variable.value for variable in self.variables]
         self.split = [local is not value for local, value in zip(self.parameters, self.values)]
+        self.data_axis = None if data_group is None else GradientBuckets(self.values, data_group, replicas)
         # Made once: a tensor made from host data every step would be a host wait on a GPU.
         self.split_indices = torch.tensor([index for index, split in enumerate(self.split) if split],
                                           device=self.parameters[0].device)
@@ -409,11 +398,11 @@ class SplitAdamW(FusedAdamW):
         torch._foreach_mul_(grads, scale + (norm - norm))  # NaN where the norm is not finite, as Keras
 
     def step(self):
+        if self.data_axis is not None:
+            self.data_axis.finish()
         for local, value, split in zip(self.parameters, self.values, self.split):
             if split:
                 local.grad = value.grad._local_tensor
-        if self.data_group is not None:
-            average_over([local.grad for local in self.parameters], self.data_group, self.replicas)
         super().step()
         for local, split in zip(self.parameters, self.split):
             if split:
@@ -521,13 +510,18 @@ class TorchSplitStep(StateRecording):
             activation_all_reduces_per_step=sum(count for op, count in ran.items()
                                                 if op.startswith("_c10d_functional::all_reduce")),
             batch_all_gathers_per_step=kinds["all-gather"])
+        data_axis = self.inner.fused_optimizer.data_axis
+        if data_axis is not None:
+            self.record["data_axis_gradients"] = data_axis.record()
         return logs
 
     def description(self):
         model_axis, replicas = self.splitting.mesh.size(), self.inner.replicas
+        data_axis = self.inner.fused_optimizer.data_axis
+        buckets = 0 if data_axis is None else len(data_axis.buckets)
         over = (f"a mesh of {replicas} data x {model_axis} model processes (the gradients averaged over the data "
-                f"axis in one all-reduce after the backward pass)" if self.inner.data_group is not None
-                else f"{model_axis} processes")
+                f"axis in DDP's buckets: {buckets} all-reduce{'s' * (buckets != 1)}, each started in the backward "
+                f"pass when its gradients are ready)" if data_axis is not None else f"{model_axis} processes")
         own = f"tensor-parallel over {over}, {EMBEDDINGS}, {QUERY_KEY_VALUE['torch']}"
         return ", ".join(part for part in (self.inner.description(), own) if part)
 

@@ -325,13 +325,16 @@ def test_torch_on_a_data_by_model_mesh_trains_like_one_process(gpt_runs):
     record = assert_data_by_model_mesh(split, gpt_runs["torch"])
     assert split["train_step_detail"] == (
         "tensor-parallel over a mesh of 2 data x 2 model processes (the gradients averaged over the data axis in "
-        "one all-reduce after the backward pass), embeddings, layer norms and the tied output layer replicated, "
+        "DDP's buckets: 1 all-reduce, each started in the backward pass when its gradients are ready), embeddings, "
+        "layer norms and the tied output layer replicated, "
         "query, key and value as three products")
     assert split["host_syncs_per_step"] == 0
     # Beyond the 1 x 2 mesh's: the step's figures (loss, accuracy, tokens) summed over the data axis in one
-    # all-reduce, and every gradient in another.
+    # all-reduce, and every gradient in another: the tiny GPT's 270 kB of gradients a process fit DDP's first
+    # bucket (1 MiB), whose all-reduce starts when the last gradient arrives (test_gradient_buckets.py: several).
     one_axis = gpt_runs["torch-split"]["extras_record"]["tensor-parallel"]["collectives_per_step"]
     assert record["collectives_per_step"] == {"all-gather": 1, "all-reduce": one_axis["all-reduce"] + 2}
+    assert record["data_axis_gradients"] == {"buckets": 1, "started_before_the_backward_ended": 0}
 
 
 @pytest.mark.slow
