@@ -118,7 +118,8 @@ class GradientBuckets:
         self.started, self.pending = [], self.expected
 
     def record(self):
-        """What the run records: the buckets, and how many of their all-reduces started before the backward
-        pass had computed every gradient (in the last step)."""
+        """What the run records: the buckets, the bytes their buffers hold beside the gradients (as DDP's), and how
+        many of their all-reduces started before the backward pass had computed every gradient (in the last step)."""
         return {"buckets": len(self.buckets),
+                "bucket_bytes": sum(bucket.flat.numel() * bucket.flat.element_size() for bucket in self.buckets),
                 "started_before_the_backward_ended": sum(1 for pending in self.last_started if pending > 0)}

@@ -71,7 +71,8 @@ def test_each_all_reduce_starts_in_the_backward_pass_when_its_bucket_is_ready(gr
     # The weights' gradients arrive last layer first: the 5th's bucket starts with 4 of the 5 still to come, the
     # 4th and 3rd's with 2, the 2nd and 1st's at the end; the unused weight's when the update waits.
     assert reducer.last_started == [4, 2, 0]
-    assert reducer.record() == {"buckets": 4, "started_before_the_backward_ended": 2}
+    assert reducer.record() == {"buckets": 4, "bucket_bytes": (5 * 16 * 16 + 4) * 4,
+                                "started_before_the_backward_ended": 2}
     for weight, grad in zip(weights, expected):
         got = weight.grad.full_tensor() if weight is weights[2] else weight.grad
         torch.testing.assert_close(got, grad, rtol=0, atol=0)
@@ -110,6 +111,7 @@ def average_on_two_processes(rank, store, out):
     reducer.finish()
     torch.save({"own": own, "averaged": [weight.grad for weight in weights], "record": reducer.record()},
                f"{out}.{rank}")
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -117,7 +119,7 @@ def test_two_processes_end_with_the_mean_of_their_gradients_bucket_by_bucket(tmp
     import torch.multiprocessing as mp
     mp.spawn(average_on_two_processes, args=(tmp_path / "store", tmp_path / "grads"), nprocs=2)
     ranks = [torch.load(tmp_path / f"grads.{rank}") for rank in range(2)]
-    assert ranks[0]["record"] == {"buckets": 3, "started_before_the_backward_ended": 2}
+    assert ranks[0]["record"] == {"buckets": 3, "bucket_bytes": 5 * 16 * 16 * 4, "started_before_the_backward_ended": 2}
     assert not torch.equal(ranks[0]["own"][0], ranks[1]["own"][0])
     for index in range(5):
         mean = (ranks[0]["own"][index] + ranks[1]["own"][index]) / 2

@@ -334,7 +334,9 @@ def test_torch_on_a_data_by_model_mesh_trains_like_one_process(gpt_runs):
     # bucket (1 MiB), whose all-reduce starts when the last gradient arrives (test_gradient_buckets.py: several).
     one_axis = gpt_runs["torch-split"]["extras_record"]["tensor-parallel"]["collectives_per_step"]
     assert record["collectives_per_step"] == {"all-gather": 1, "all-reduce": one_axis["all-reduce"] + 2}
-    assert record["data_axis_gradients"] == {"buckets": 1, "started_before_the_backward_ended": 0}
+    # The bucket holds a copy of every gradient this process holds, as DDP's buckets do.
+    assert record["data_axis_gradients"] == {"buckets": 1, "bucket_bytes": record["gradient_bytes"],
+                                             "started_before_the_backward_ended": 0}
 
 
 @pytest.mark.slow
