@@ -36,7 +36,9 @@ def make_temporary_folder(prefix, parent):
     return path
 
 
-def write_bytes_atomic(path, data):
+def write_bytes_atomic(path, data, replace=True):
+    """Writes `data` to `path` whole or not at all. `replace=False`: only if no file is there yet, the first of
+    several processes racing to write it winning; returns whether this one wrote it."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -49,18 +51,33 @@ def write_bytes_atomic(path, data):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if not replace and os.path.exists(path):
+            os.unlink(tmp)
+            return False
+        if not replace:
+            try:
+                os.link(tmp, path)  # fails where a file is there: never replaces one
+                os.unlink(tmp)
+                return True
+            except FileExistsError:
+                os.unlink(tmp)
+                return False
+            except OSError:  # a file system without hard links: the check above is the guard
+                pass
         os.replace(tmp, path)
+        return True
     except OSError as error:
-        os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise RunFailure(f"{path}: cannot write: {error.strerror}") from None
 
 
-def write_text_atomic(path, text):
-    write_bytes_atomic(path, text.encode("utf-8"))
+def write_text_atomic(path, text, replace=True):
+    return write_bytes_atomic(path, text.encode("utf-8"), replace)
 
 
-def write_json_atomic(path, data):
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+def write_json_atomic(path, data, replace=True):
+    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n", replace)
 
 
 def read_json(path, what):

@@ -101,10 +101,10 @@ def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmu
         if os.path.exists(path):
             measured[candidate.name] = read_calibration(path)
         elif candidate is backend:
-            measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir)
+            measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir, replace=False)
         elif _runs_on_cpu(candidate):
             try:
-                measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir)
+                measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir, replace=False)
             except Exception:  # a plugin backend without a matmul measurement (or one that fails) sets no peak
                 pass
     best = dict(max(measured.values(), key=lambda record: (record["flops_per_s"], record["source"])))
@@ -153,15 +153,19 @@ def calibration_size(backend, dtype, largest=2048):
     return max(PROBE_SIZE, min(largest, fitting))
 
 
-def calibrate(backend, dtype, device_name, cache_dir, size=2048):
+def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True):
     """Measures `backend`'s matmul peak in `dtype` on matmuls of `size` (smaller where they would be slow:
     `calibration_size`), caches it with when it was measured and how busy the host was as it began (a busy host
-    gives a low peak), and returns it as a `peak_record`."""
+    gives a low peak), and returns it as a `peak_record`. `replace=False` (a run that found no measurement): where
+    another process cached one meanwhile, that one is kept and returned, so that runs started together divide by
+    one peak."""
     measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     load = load_average()
     size = calibration_size(backend, dtype, size)
     flops_per_s = backend.matmul_flops_per_s(dtype, size)
     record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of repeats",
                          measured_at, load)
-    write_json_atomic(calibration_path(cache_dir, backend.name, dtype, device_name), record)
+    path = calibration_path(cache_dir, backend.name, dtype, device_name)
+    if not write_json_atomic(path, record, replace=replace):
+        return read_calibration(path)
     return record

@@ -117,3 +117,18 @@ def test_the_fastest_backend_sets_the_cpu_peak_with_its_own_record(tmp_path):
                                 "(the fastest of fast, slow on this CPU)")
     with open(calibration_path(str(tmp_path), "fast", "float32", "Test CPU")) as f:
         assert record["measured_at"] == json.load(f)["measured_at"] is not None
+
+
+def test_runs_that_calibrate_together_keep_the_first_measurement_and_env_calibrate_replaces_it(tmp_path):
+    """Two runs that found no cached peak measure at once: the one that finishes second divides by the first's
+    measurement, which the cache keeps, so that both runs' MFU are against one peak."""
+    first = calibrate(FakeBackend(flops_per_s=1e11), "float32", "Test CPU", str(tmp_path), replace=False)
+    second = calibrate(FakeBackend(flops_per_s=2e11), "float32", "Test CPU", str(tmp_path), replace=False)
+    assert second == first and first["flops_per_s"] == 1e11
+    # `mtbench env --calibrate` measures again on purpose.
+    again = calibrate(FakeBackend(flops_per_s=3e11), "float32", "Test CPU", str(tmp_path))
+    assert again["flops_per_s"] == 3e11
+    with open(calibration_path(str(tmp_path), "fake", "float32", "Test CPU")) as f:
+        assert json.load(f) == again
+    assert [name for name in os.listdir(os.path.dirname(calibration_path(str(tmp_path), "fake", "float32", "x")))
+            if name.startswith(".tmp-")] == []
