@@ -62,6 +62,19 @@ def traced_separately(layers):
 SEED_STATE = "seed_generator_state"  # the name of a keras.random.SeedGenerator's variable
 
 
+def gradient_shards(model, distribution, native_loss):
+    """How many batch shards a data-parallel step can differentiate one by one (`shard_gradients`): the devices of a
+    `DataParallel` mesh, or 0 where only XLA's own reduction serves (models whose non-trainable state is more than
+    dropout seeds, a batch norm's statistics wanting the whole batch; losses other than the token mean)."""
+    import keras
+    if not native_loss or not isinstance(distribution, keras.distribution.DataParallel):
+        return 0
+    devices = distribution.device_mesh.backend_mesh.devices.flatten()
+    if len(devices) < 2 or any(variable.name != SEED_STATE for variable in model.non_trainable_variables):
+        return 0
+    return len(devices)
+
+
 def flat_gradient_shards(model, distribution, native_loss):
     """How many batch shards the data-parallel step sums as one flat buffer, or 0 where XLA's own reduction serves.
 
@@ -70,54 +83,84 @@ def flat_gradient_shards(model, distribution, native_loss):
     process has a core of its own (each collective then waits for a scheduler tick, about 4 ms, where one flat
     buffer takes 4 ms in all). So on CPUs the step takes each shard's gradients apart (`summed_over_shards`) and
     sums them in one all-reduce, as DDP sums a bucket. On GPUs and TPUs XLA's collectives take the tuple at once
-    and overlap it with the backward pass: GSPMD's reduction stays. Models whose non-trainable state is more than
-    dropout seeds (a batch norm's statistics, which want the whole batch) and losses other than the token mean
-    keep it too."""
-    import keras
-    if not native_loss or not isinstance(distribution, keras.distribution.DataParallel):
+    and overlap it with the backward pass: GSPMD's reduction stays."""
+    shards = gradient_shards(model, distribution, native_loss)
+    if not shards or distribution.device_mesh.backend_mesh.devices.flatten()[0].platform != "cpu":
         return 0
-    devices = distribution.device_mesh.backend_mesh.devices.flatten()
-    if len(devices) < 2 or devices[0].platform != "cpu":
-        return 0
-    if any(variable.name != SEED_STATE for variable in model.non_trainable_variables):
-        return 0
-    return len(devices)
+    return shards
 
 
-def summed_over_shards(loss_of, shards, distribution, trainable, non_trainable, optimizer_state, x, y, weight):
-    """Each shard's gradients, loss and correct tokens (a `jax.vmap` over the batch split into `shards` rows of
-    the mesh, so each device computes its own), summed over the shards as one flat buffer: one all-reduce.
-    Each shard draws its dropout masks from its own stream (the seeds' first word offset by the shard's index), as
-    DDP's processes draw theirs; without dropout the losses are one device's. Returns (grads, loss, correct,
-    tokens, non_trainable)."""
+def _by_shard(distribution):
     import jax
-    import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
-
     mesh = distribution.device_mesh.backend_mesh
-    by_shard = NamedSharding(mesh, PartitionSpec(distribution.batch_dim_name))
-    whole = NamedSharding(mesh, PartitionSpec())
-    split = lambda array: jax.lax.with_sharding_constraint(
-        array.reshape((shards, array.shape[0] // shards) + array.shape[1:]), by_shard)
-    x, y, weight = jax.tree_util.tree_map(split, (x, y, weight))
-    tokens = jnp.sum(weight)
+    return (NamedSharding(mesh, PartitionSpec(distribution.batch_dim_name)), NamedSharding(mesh, PartitionSpec()),
+            jax.lax.with_sharding_constraint)
+
+
+def shard_seeds(non_trainable, shards, distribution):
+    """Each shard's dropout seeds (a leading shard axis): the seeds' first word offset by the shard's index, so that
+    each shard draws its masks from its own stream, as DDP's processes draw theirs; shard 0's are the seeds' own."""
+    import jax.numpy as jnp
+    by_shard, _, constrain = _by_shard(distribution)
     offsets = jnp.stack([jnp.arange(shards, dtype="uint32"), jnp.zeros(shards, dtype="uint32")], axis=1)
-    seeds = [jax.lax.with_sharding_constraint(state[None] + offsets, by_shard) for state in non_trainable]
+    return [constrain(state[None] + offsets, by_shard) for state in non_trainable]
+
+
+def shard_gradients(loss_of, shards, distribution, trainable, seeds, optimizer_state, x, y, weight, tokens, share):
+    """Each shard's gradients, loss and correct tokens, and its seeds after (`seeds`: `shard_seeds`'), each with a
+    leading shard axis: a `jax.vmap` over the batch split into `shards` rows of the mesh, so each device computes
+    its own and nothing is summed or moved. `tokens` are the whole batch's; `share` is a shard's share of the
+    model's own losses."""
+    import jax
+    by_shard, _, constrain = _by_shard(distribution)
+    split = lambda array: constrain(array.reshape((shards, array.shape[0] // shards) + array.shape[1:]), by_shard)
+    x, y, weight = jax.tree_util.tree_map(split, (x, y, weight))
 
     def one_shard(seeds, x, y, weight):
         (_, (loss, logits, seeds)), grads = jax.value_and_grad(loss_of, has_aux=True)(
-            trainable, seeds, optimizer_state, x, y, weight, tokens, 1.0 / shards)
+            trainable, seeds, optimizer_state, x, y, weight, tokens, share)
         return grads, loss, correct_tokens(y, logits, weight), seeds
 
-    grads, loss, correct, seeds = jax.vmap(one_shard)(seeds, x, y, weight)
+    return jax.vmap(one_shard)(seeds, x, y, weight)
+
+
+def summed_shards(grads, loss, correct, distribution):
+    """(grads, loss, correct) of `shard_gradients`' form summed over their shard axis as one flat buffer: one
+    all-reduce."""
+    import jax.numpy as jnp
+    _, whole, constrain = _by_shard(distribution)
+    shards = loss.shape[0]
     pieces = [g.reshape(shards, -1) for g in grads] + [loss[:, None], correct[:, None]]
     dtype = jnp.result_type(*pieces)
-    summed = jax.lax.with_sharding_constraint(
-        jnp.sum(jnp.concatenate([piece.astype(dtype) for piece in pieces], axis=1), axis=0), whole)
+    summed = constrain(jnp.sum(jnp.concatenate([piece.astype(dtype) for piece in pieces], axis=1), axis=0), whole)
     ends = list(itertools.accumulate((g.size // shards for g in grads), initial=0))
     grads = [summed[start:end].reshape(g.shape[1:]).astype(g.dtype) for g, start, end in zip(grads, ends, ends[1:])]
-    non_trainable = [state[0] for state in seeds]  # shard 0's stream is the seeds' own
-    return grads, summed[-2], summed[-1], tokens, non_trainable
+    return grads, summed[-2], summed[-1]
+
+
+def summed_over_shards(loss_of, shards, distribution, trainable, non_trainable, optimizer_state, x, y, weight):
+    """Each shard's gradients, loss and correct tokens (`shard_gradients`), summed over the shards as one flat
+    buffer: one all-reduce. Without dropout the losses are one device's. Returns (grads, loss, correct, tokens,
+    non_trainable)."""
+    import jax.numpy as jnp
+    tokens = jnp.sum(weight)
+    grads, loss, correct, seeds = shard_gradients(loss_of, shards, distribution, trainable,
+                                                  shard_seeds(non_trainable, shards, distribution), optimizer_state,
+                                                  x, y, weight, tokens, 1.0 / shards)
+    grads, loss, correct = summed_shards(grads, loss, correct, distribution)
+    return grads, loss, correct, tokens, [state[0] for state in seeds]  # shard 0's stream is the seeds' own
+
+
+def micro_batch_parts(arrays, micro_batches):
+    """`arrays` (a tree of batch arrays) as `micro_batches` parts along a new leading axis. Part i is every
+    `micro_batches`-th row from row i: of a batch split over devices by rows (data-parallel), each device holds its
+    share of every part, so each part runs on all of them, no rows moved."""
+    import jax
+    import jax.numpy as jnp
+    return jax.tree_util.tree_map(
+        lambda array: jnp.swapaxes(
+            array.reshape((array.shape[0] // micro_batches, micro_batches) + array.shape[1:]), 0, 1), arrays)
 
 
 def accumulated_gradients(micro_batches, inner=None):
@@ -126,18 +169,14 @@ def accumulated_gradients(micro_batches, inner=None):
     part's loss over the whole batch's tokens, so that the sum is the whole batch's token mean and its gradient:
     what one batch of all the rows would give, with a part's activations in memory at a time. `inner`, another
     `gradients_of` (fsdp's per-device gathering), differentiates each part in its own way; its part's token mean
-    and gradients are then weighted by the part's share of the batch's tokens."""
+    and gradients are then weighted by the part's share of the batch's tokens. Under a data-parallel mesh the step
+    takes `accumulated_over_shards` in its place (see there)."""
 
     def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
         import jax
         import jax.numpy as jnp
         tokens = jnp.sum(weight)
-        # Part i is every `micro_batches`-th row from row i: of a batch split over devices by rows (data-parallel),
-        # each device holds its share of every part, so each part runs on all of them, no rows moved.
-        parts = jax.tree_util.tree_map(
-            lambda array: jnp.swapaxes(
-                array.reshape((array.shape[0] // micro_batches, micro_batches) + array.shape[1:]), 0, 1),
-            (x, y, weight))
+        parts = micro_batch_parts((x, y, weight), micro_batches)
 
         def part_gradients(non_trainable, px, py, pw):
             if inner is None:
@@ -160,6 +199,39 @@ def accumulated_gradients(micro_batches, inner=None):
                  jnp.zeros((), weight.dtype), non_trainable)
         (grads, loss, correct, non_trainable), _ = jax.lax.scan(add_part, start, parts)
         return grads, loss, correct, tokens, non_trainable
+
+    gradients_of.micro_batches = micro_batches
+    gradients_of.inner = inner
+    return gradients_of
+
+
+def accumulated_over_shards(micro_batches, shards, distribution):
+    """`accumulated_gradients` over a data-parallel mesh as DDP accumulates (`no_sync`): each shard sums its own
+    micro-batches' gradients on its device (`shard_gradients`, carried with their shard axis through the loop) and
+    the sums are summed over the shards once, after the last micro-batch (`summed_shards`: one all-reduce a step).
+    Left to GSPMD, the loop's carry is replicated, and every micro-batch all-reduces every gradient."""
+
+    def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
+        import jax
+        import jax.numpy as jnp
+        by_shard, _, constrain = _by_shard(distribution)
+        tokens = jnp.sum(weight)
+
+        def add_part(carry, part):
+            grads, loss, correct, seeds = carry
+            part_grads, part_loss, part_correct, seeds = shard_gradients(
+                loss_of, shards, distribution, trainable, seeds, optimizer_state, *part, tokens,
+                1.0 / (shards * micro_batches))
+            grads = [constrain(total + part, by_shard) for total, part in zip(grads, part_grads)]
+            return (grads, loss + part_loss, correct + part_correct, seeds), None
+
+        start = ([constrain(jnp.zeros((shards,) + value.shape, value.dtype), by_shard) for value in trainable],
+                 jnp.zeros((shards,), jnp.float32), jnp.zeros((shards,), weight.dtype),
+                 shard_seeds(non_trainable, shards, distribution))
+        (grads, loss, correct, seeds), _ = jax.lax.scan(add_part, start, micro_batch_parts((x, y, weight),
+                                                                                         micro_batches))
+        grads, loss, correct = summed_shards(grads, loss, correct, distribution)
+        return grads, loss, correct, tokens, [state[0] for state in seeds]
 
     gradients_of.micro_batches = micro_batches
     return gradients_of
@@ -198,6 +270,11 @@ class JitTrainStep(TrainStep):
         # gradients, never a replicated copy XLA might otherwise choose.
         layouts = None if distribution is None else [v.value.sharding for v in model.trainable_variables]
         self.flat_shards = flat_gradient_shards(model, distribution, native_loss)
+        shards = gradient_shards(model, distribution, native_loss)
+        self.accumulated_per_shard = self.micro_batches > 1 and getattr(gradients_of, "inner", True) is None \
+            and shards > 0
+        if self.accumulated_per_shard:
+            gradients_of = accumulated_over_shards(self.micro_batches, shards, distribution)
 
         def loss_of(trainable, non_trainable, optimizer_state, x, y, weight, tokens, share):
             """The loss of (a shard of) the batch, its share of the model's own losses, scaled as the optimizer
@@ -269,8 +346,10 @@ class JitTrainStep(TrainStep):
         return distribute_data_input(arrays, layout, self.distribution.batch_dim_name)
 
     def description(self):
-        accumulating = f"gradients of {self.micro_batches} micro-batches summed in the step" \
-            if self.micro_batches > 1 else ""
+        accumulating = "" if self.micro_batches == 1 else \
+            f"gradients of {self.micro_batches} micro-batches summed on each device in the step, then over the " \
+            f"devices as one flat buffer" if self.accumulated_per_shard else \
+            f"gradients of {self.micro_batches} micro-batches summed in the step"
         if self.distribution is None:
             return accumulating
         mesh = self.distribution.device_mesh

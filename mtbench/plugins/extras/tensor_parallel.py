@@ -138,13 +138,51 @@ def require_plan(model):
 
 # ----- JAX -----
 
-def hlo_collectives(hlo):
-    """{kind: [the shape of each array it moves]} of a compiled program's text: the arrays of a tuple collective
-    (XLA combines independent ones) counted one by one."""
+def hlo_runs(hlo, trip_count=1):
+    """{computation: how often one run of the program runs it} of a compiled program's text: the entry once, a
+    while loop's body as often as its known trip count says (`trip_count` where XLA does not say), anything else
+    a computation calls as often as its caller."""
+    bodies, calls, order = {}, collections.defaultdict(list), []
+    name = None
+    for line in hlo.splitlines():
+        header = re.match(r"(ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header and not line.startswith((" ", "HloModule")):
+            name = header.group(2)
+            order.append(name)
+            bodies.setdefault(name, header.group(1) is not None)
+            continue
+        if name is None or not line.startswith(" "):
+            continue
+        trips = re.search(r'known_trip_count"?\s*[:=]\s*\{\s*"?n"?\s*[:=]\s*"?(\d+)', line)
+        for key, callee in re.findall(r"\b(body|condition|calls|to_apply|computations?)=\{?%([\w.\-]+)", line):
+            calls[name].append((callee, int(trips.group(1)) if trips else trip_count) if key == "body"
+                               else (callee, 1))
+        for listed in re.findall(r"_computations=\{([^}]*)\}", line):
+            calls[name] += [(callee, 1) for callee in re.findall(r"%([\w.\-]+)", listed)]
+    runs = collections.Counter({computation: 1 for computation, entry in bodies.items() if entry})
+    for caller in reversed(order):  # callees are printed before their callers
+        for callee, times in calls[caller]:
+            runs[callee] += runs[caller] * times
+    return runs
+
+
+def hlo_collectives(hlo, trip_count=1):
+    """{kind: [the shape of each array it moves, once per time it runs in a run of the program]} of a compiled
+    program's text: the arrays of a tuple collective (XLA combines independent ones) counted one by one, a
+    collective in a loop's body (the micro-batches of --grad-accum) as often as the loop runs it."""
     found = collections.defaultdict(list)
-    for shape, kind in re.findall(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|"
-                                  r"collective-permute)(?:-start)?\(", hlo):
-        found[kind] += re.findall(r"[a-z0-9]+\[[0-9,]*\]", re.sub(r"\{[0-9,]*\}", "", shape))
+    runs = hlo_runs(hlo, trip_count)
+    name = None
+    for line in hlo.splitlines():
+        header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header and not line.startswith((" ", "HloModule")):
+            name = header.group(1)
+            continue
+        collective = re.search(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|"
+                               r"collective-permute)(?:-start)?\(", line)
+        if collective and name is not None:
+            shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", re.sub(r"\{[0-9,]*\}", "", collective.group(1)))
+            found[collective.group(2)] += shapes * runs[name]
     return found
 
 
@@ -170,16 +208,17 @@ def lay_out_split(model, plan, distribution):
             held._value, held._layout = jax.device_put(held.value, sharding), sharding
 
 
-def whole_batch_step(model, distribution):
+def whole_batch_step(model, distribution, micro_batches=1):
     """mtbench's jit step over the mesh, the devices of each model axis computing the same rows: all of the batch,
     or with a data axis their share of it. One process places each batch over its devices by the data axis;
     several hand in their own rows of it, split over their devices, and the program all-gathers them over the
-    model axis as it starts (each array once): its collectives, counted with the rest."""
+    model axis as it starts (each array once): its collectives, counted with the rest. With `micro_batches` (--grad-
+    accum) each micro-batch is differentiated so in turn, in the step's loop (`accumulated_gradients`)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from mtbench.plugins.backends.jax_jit_step import JitTrainStep, correct_tokens
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep, accumulated_gradients, correct_tokens
     mesh = distribution.device_mesh.backend_mesh
     by_data = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
     rows = NamedSharding(mesh, PartitionSpec((DATA_AXIS, MODEL_AXIS)))
@@ -199,6 +238,8 @@ def whole_batch_step(model, distribution):
                 return tuple(self._distribute(array) for array in arrays)
             return jax.make_array_from_process_local_data(rows, arrays)
 
+    if micro_batches > 1:
+        gradients_of = accumulated_gradients(micro_batches, inner=gradients_of)
     return WholeBatchStep(model, distribution, gradients_of)
 
 
@@ -221,9 +262,11 @@ class JaxSplitStep(JaxShardedStep):
     def finalize(self):
         if not self.counted and self.first_batch is not None and self.inner.state is not None:
             self.counted = True
-            collectives = hlo_collectives(self.compiled_text(*self.first_batch))
-            # The rows each model axis computes: the global batch over the data axis.
-            rows = self.first_batch[1].shape[0] * self.record["processes"] // self.record["mesh_shape"][0]
+            micro_batches = self.inner.micro_batches
+            collectives = hlo_collectives(self.compiled_text(*self.first_batch), trip_count=micro_batches)
+            # The rows each model axis computes at once: the global batch over the data axis, a micro-batch of it.
+            rows = (self.first_batch[1].shape[0] * self.record["processes"] // self.record["mesh_shape"][0]
+                    // micro_batches)
             self.record.update(collectives_record(collectives, rf"[a-z0-9]+\[{rows},\d+,{self.d_model}\]"),
                                # the split layers gather nothing: every all-gather is of the batch's rows
                                batch_all_gathers_per_step=len(collectives.get("all-gather", [])))
@@ -252,7 +295,7 @@ def jax_split_step(run, model, step):
     record = run.extras_state[TensorParallel.name]
     record.update(plan_record(plan, attentions[0].num_heads, record["mesh_shape"][1]))
     d_model = attentions[0].num_heads * attentions[0].head_dim
-    return JaxSplitStep(whole_batch_step(model, step.distribution), record, d_model)
+    return JaxSplitStep(whole_batch_step(model, step.distribution, step.micro_batches), record, d_model)
 
 
 # ----- torch -----
@@ -361,13 +404,14 @@ class SplitAdamW(FusedAdamW):
     gradients are first averaged over the data axis (`data_group`, `replicas` processes: the step's own) in DDP's
     buckets, each all-reduce started from the backward pass (`GradientBuckets`)."""
 
-    def __init__(self, optimizer, variables, group, data_group=None, replicas=1):
+    def __init__(self, optimizer, variables, group, data_group=None, replicas=1, micro_batches=1):
         import torch
         super().__init__(optimizer, variables)
         self.group = group
         self.values = [variable.value for variable in self.variables]
         self.split = [local is not value for local, value in zip(self.parameters, self.values)]
-        self.data_axis = None if data_group is None else GradientBuckets(self.values, data_group, replicas)
+        self.data_axis = None if data_group is None else GradientBuckets(self.values, data_group, replicas,
+                                                                         arrivals=micro_batches)
         # Made once: a tensor made from host data every step would be a host wait on a GPU.
         self.split_indices = torch.tensor([index for index, split in enumerate(self.split) if split],
                                           device=self.parameters[0].device)
@@ -551,7 +595,7 @@ def torch_split_step(run, model, step):
         step.distribute(run.processes, model, data_group=grid.get_group(DATA_AXIS))
     splitting = TorchSplitting(model, plan, attentions, mesh)
     step.fused_optimizer = SplitAdamW(model.optimizer, step.variables, mesh.get_group(), step.data_group,
-                                      step.replicas)
+                                      step.replicas, step.micro_batches)
     record = {"devices": world, "processes": world, "collectives": run.processes.collectives,
               "per_device_batch": run.config.batch_size // data_axis,
               **({"mesh_axes": [MODEL_AXIS], "mesh_shape": [world]} if data_axis == 1 else
@@ -582,6 +626,12 @@ class TensorParallel(Extra):
             if count % model_axis or model_axis < 2:
                 return (f"--tensor-parallel-size {model_axis} must be at least 2 and divide the run's {count} "
                         f"devices (the data axis takes the rest)")
+            if count > model_axis and run.config.grad_accum > 1:
+                # GSPMD keeps the loop's sum of gradients replicated over the data axis; a per-shard sum, as
+                # data-parallel's, makes it re-lay the split weights out (all-gathers, permutes) instead.
+                return (f"--grad-accum {run.config.grad_accum} on a data x model mesh: JAX's compiled step would "
+                        f"all-reduce every gradient over the data axis at each micro-batch (torch's buckets: once a "
+                        f"step); give --tensor-parallel-size {count}, or --grad-accum 1")
             return (family_reason(run.config) or uneven_split_reason(run.config, processes, "processes")
                     or uneven_split_reason(run.config, count // model_axis, "devices of the data axis")
                     or indivisible_reason(shape, model_axis))

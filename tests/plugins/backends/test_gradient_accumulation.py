@@ -43,13 +43,14 @@ def one_device_batches_of_eight(tmp_path_factory, cache_dir):
 
 @pytest.mark.slow  # a training process, or torchrun's two
 @pytest.mark.parametrize("backend, extra", [("jax", "data-parallel"), ("torch", "ddp"), ("jax", "fsdp"),
-                                            ("torch", "fsdp")])
+                                            ("torch", "fsdp"), ("jax", "tensor-parallel"), ("torch", "tensor-parallel")])
 def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(backend, extra, tmp_path, cache_dir,
                                                                              one_device_batches_of_eight):
     """JAX on 2 simulated devices, torch over 2 gloo processes, each step two micro-batches of 4 global rows: the
     losses of one device trained on batches of 8. DDP averages the gradients once a step (with the last
-    micro-batch); JAX's micro-batches are a loop inside its one program over both devices; fsdp gathers and
-    reduce-scatters for each micro-batch."""
+    micro-batch); JAX's micro-batches are a loop inside its one program over both devices (data-parallel: each
+    device sums its own, then one all-reduce, test_jax_flat_gradients.py); fsdp gathers and reduce-scatters for
+    each micro-batch; tensor-parallel all-reduces each micro-batch's activations, as Megatron does: 4 a block."""
     import subprocess
     import sys
 
@@ -71,6 +72,9 @@ def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(bac
     np.testing.assert_allclose([h["loss"] for h in accumulated["history"]],
                                [h["loss"] for h in one_device_batches_of_eight[backend]["history"]], rtol=1e-5)
     assert "gradients of 2 micro-batches summed" in accumulated["train_step_detail"]
+    if extra == "tensor-parallel":  # counted in the compiled program (its loop's body twice), or over gloo
+        blocks, all_reduces_a_block = 2, 4
+        assert accumulated["extras_record"][extra]["activation_all_reduces_per_step"] == 2 * blocks * all_reduces_a_block
 
 
 def test_on_jax_the_micro_batches_are_a_loop_in_the_compiled_step():
@@ -98,7 +102,8 @@ def test_on_jax_the_micro_batches_are_a_loop_in_the_compiled_step():
 @pytest.mark.parametrize("arguments, expected", [
     (["--grad-accum", "0"], "--grad-accum must be at least 1"),
     (["--grad-accum", "2", "--backend", "jax", "--extra", "pmap"],
-     "runs with torch-compile, flash-attention, ddp, data-parallel, fsdp only, not with --extra pmap"),
+     "runs with torch-compile, flash-attention, ddp, data-parallel, fsdp, tensor-parallel only, not with --extra "
+     "pmap"),
 ])
 def test_what_cannot_accumulate_is_refused_in_one_line(arguments, expected, tmp_path, cache_dir):
     proc = run_cli("train", *RUN, *arguments, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow  # one process compiling three data-parallel steps: about a minute
+pytestmark = pytest.mark.slow  # one process compiling five data-parallel steps: about a minute
 
 SCRIPT = r"""
 import dataclasses, json, re, sys
@@ -18,6 +18,7 @@ import jax, keras
 from mtbench.keras_models.presets import PRESETS
 from mtbench.keras_models.transformer import build_transformer
 from mtbench.plugins.backends import jax_jit_step
+from mtbench.plugins.extras.tensor_parallel import hlo_collectives
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.setup import compile_model
 
@@ -29,24 +30,28 @@ for _ in range(6):
     weight = (rng.random((8, 12)) < 0.8).astype("float32")
     batches.append(((source, target[:, :-1]), target[:, 1:], weight))
 
-def train(model, start, flat):
+def train(model, start, flat, micro_batches=1):
     for group, values in zip((model.trainable_variables, model.non_trainable_variables, model.optimizer.variables),
                              start):
         for variable, value in zip(group, values):
             variable.assign(value)
-    shards = jax_jit_step.flat_gradient_shards
+    shards = jax_jit_step.flat_gradient_shards, jax_jit_step.gradient_shards
     if not flat:
-        jax_jit_step.flat_gradient_shards = lambda *args: 0
+        jax_jit_step.flat_gradient_shards = jax_jit_step.gradient_shards = lambda *args: 0
+    accumulating = jax_jit_step.accumulated_gradients(micro_batches) if micro_batches > 1 else None
     try:
-        step = jax_jit_step.JitTrainStep(model, keras.distribution.distribution())
+        step = jax_jit_step.JitTrainStep(model, keras.distribution.distribution(), gradients_of=accumulating)
     finally:
-        jax_jit_step.flat_gradient_shards = shards
+        jax_jit_step.flat_gradient_shards, jax_jit_step.gradient_shards = shards
     losses = [float(step(*batch)["loss"]) for batch in batches]
     reductions = None
     if not model.non_trainable_variables:  # the compiled step's all-reduces (once: it compiles again)
         hlo = step._step.lower(step.state, *(step._distribute(a) for a in batches[0])).compile().as_text()
-        reductions = [re.sub(r"\{[0-9,]*\}", "", shape)
-                      for shape in re.findall(r"= (\(.*?\)|\S+) all-reduce\(", hlo)]
+        if micro_batches == 1:
+            reductions = [re.sub(r"\{[0-9,]*\}", "", shape)
+                          for shape in re.findall(r"= (\(.*?\)|\S+) all-reduce\(", hlo)]
+        else:  # each array an all-reduce moves, as often as the step runs it (its loop's body: per micro-batch)
+            reductions = hlo_collectives(hlo, trip_count=micro_batches)["all-reduce"]
     step.finalize()
     return {"losses": losses, "detail": step.description(), "all_reduces": reductions,
             "seeds": [v.numpy().tolist() for v in model.non_trainable_variables],
@@ -66,6 +71,8 @@ for dropout in (0.0, 0.1):
                      "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables))}
     if not dropout:
         runs[dropout]["xla"] = train(model, start, False)
+        runs[dropout]["accumulated"] = train(model, start, True, micro_batches=2)
+        runs[dropout]["accumulated_xla"] = train(model, start, False, micro_batches=2)
 print(json.dumps(runs))
 """
 
@@ -113,3 +120,19 @@ def test_with_dropout_the_seeds_advance_as_one_devices(runs):
     draws = [end - start for (_, end), (_, start) in zip(flat["seeds"], got["start_seeds"])]
     assert sorted(set(draws)) == [6, 12, 18]
     assert len(flat["losses"]) == 6 and all(loss == loss for loss in flat["losses"])  # no NaN from the masks
+
+
+def test_micro_batches_sum_on_each_device_then_once_over_the_devices(runs):
+    """--grad-accum 2 over the data-parallel mesh, as DDP's `no_sync`: each device sums its rows' gradients over
+    the two micro-batches and the step all-reduces them once, the same two all-reduces as without accumulation
+    (counted in the compiled step, its loop's body once per micro-batch); left to GSPMD the loop's sum is
+    replicated, and every micro-batch all-reduces every gradient. Both train what one batch of 8 trains."""
+    got = runs["0.0"]
+    accumulated, xla = got["accumulated"], got["accumulated_xla"]
+    assert accumulated["detail"] == ("DataParallel over a mesh of 2 batch, gradients of 2 micro-batches summed on "
+                                     "each device in the step, then over the devices as one flat buffer")
+    assert accumulated["all_reduces"] == ["f32[]", f"f32[{got['parameters'] + 2}]"]
+    assert len(xla["all_reduces"]) > 2 * 30
+    for run in (accumulated, xla):
+        for mine, whole in zip(run["losses"], got["flat"]["losses"]):
+            assert abs(mine - whole) <= 1e-5 * abs(whole)

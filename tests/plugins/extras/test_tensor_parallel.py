@@ -102,6 +102,41 @@ def test_the_plan_splits_attention_and_feed_forward_by_columns_then_rows():
     assert axes["gpt/block_1/mlp/hidden/kernel"] == 1 and axes["gpt/block_1/mlp/out/kernel"] == 0
 
 
+# A compiled program's text as XLA prints it: a loop whose body all-reduces an activation, after it a scalar.
+LOOPED_PROGRAM = """HloModule jit_step, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(f32[] %x, f32[] %y)
+}
+
+%body.7 (carry: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %carry = (s32[], f32[4]{0}) parameter(0)
+  %g = f32[4]{0} get-tuple-element(%carry), index=1
+  %all-reduce.1 = f32[4]{0} all-reduce(f32[4]{0} %g), replica_groups={{0,1}}, to_apply=%add
+  ROOT %t = (s32[], f32[4]{0}) tuple(%i, %all-reduce.1)
+}
+
+%cond.8 (carry: (s32[], f32[4])) -> pred[] {
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main.9 (p: f32[4]) -> f32[4] {
+  %w = (s32[], f32[4]{0}) while(%t0), condition=%cond.8, body=%body.7, backend_config={TRIPS}
+  %all-reduce.2 = f32[] all-reduce(f32[] %s), replica_groups={{0,1}}, to_apply=%add
+  ROOT %r = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+@pytest.mark.parametrize("trips, trip_count, runs", [('{"known_trip_count":{"n":"3"}}', 2, 3), ("{}", 2, 2)])
+def test_a_collective_in_a_loops_body_counts_as_often_as_the_loop_runs(trips, trip_count, runs):
+    from mtbench.plugins.extras.tensor_parallel import hlo_collectives
+    found = hlo_collectives(LOOPED_PROGRAM.replace("{TRIPS}", trips), trip_count=trip_count)
+    assert sorted(found["all-reduce"]) == ["f32[4]"] * runs + ["f32[]"]
+
+
 def test_only_the_families_whose_blocks_it_splits_whole_are_taken():
     from mtbench.plugins.extras.tensor_parallel import family_reason
     from mtbench.runner.config import TrainConfig
@@ -177,11 +212,16 @@ def mesh_refusal(backend, processes, size, devices=1):
     return TensorParallel().unavailable_reason(run)
 
 
-def test_tensor_parallel_refuses_gradient_accumulation(tmp_path, cache_dir):
-    proc = run_cli("train", "--backend", "jax", "--extra", "tensor-parallel", "--grad-accum", "2", "--preset", "tiny",
-                   "--steps", "2", "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"), env=TWO_DEVICES)
+def test_jax_refuses_gradient_accumulation_on_a_data_by_model_mesh(tmp_path, cache_dir):
+    proc = run_cli("train", "--backend", "jax", "--extra", "tensor-parallel", "--tensor-parallel-size", "2",
+                   "--grad-accum", "2", "--preset", "tiny", "--steps", "2", "--cache-dir", cache_dir, "--out",
+                   str(tmp_path / "r.json"), env=FOUR_DEVICES)
     assert proc.returncode == 2
-    assert "not with --extra tensor-parallel" in proc.stderr.strip().splitlines()[-1]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "Error: extra 'tensor-parallel' cannot run here: --grad-accum 2 on a data x model mesh: JAX's compiled step "
+        "would all-reduce every gradient over the data axis at each micro-batch (torch's buckets: once a step); "
+        "give --tensor-parallel-size 4, or --grad-accum 1")
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_a_model_axis_size_without_the_extra_is_refused(tmp_path, cache_dir):
