@@ -152,8 +152,11 @@ def compare_tiny(out_dir, cache_dir):
 
 
 @pytest.fixture(scope="session")
-def shared_runs(tmp_path_factory, cache_dir):
-    return SharedRuns(shared_directory(tmp_path_factory), cache_dir,
+def shared_runs(tmp_path_factory):
+    # One cache for the shared runs, whichever workers make them: the CPU's peak that MFU divides by is measured
+    # once for all of them, as for runs a user starts together (each worker's own cache would measure its own).
+    directory = shared_directory(tmp_path_factory)
+    return SharedRuns(directory, os.path.join(directory, "cache"),
                       {"jax": train_tiny("jax"), "torch": train_tiny("torch"), "compare": compare_tiny})
 
 

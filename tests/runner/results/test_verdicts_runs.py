@@ -51,8 +51,14 @@ def test_the_same_computation_is_no_difference_and_the_slowed_one_is_slower(pace
     combined, stdout = paced["combined"], paced["stdout"]
     found = verdicts_of(combined)
     same = found[("jax+same-step", "tokens_per_s")]
-    assert same["call"] == "no difference", same["text"]
-    assert same["text"].startswith("jax+same-step: no difference from jax in tokens/s beyond the noise (")
+    if same["call"] == "no difference":
+        assert same["text"].startswith("jax+same-step: no difference from jax in tokens/s beyond the noise (")
+    else:
+        # The same work can part only by the machine's noise (a busy machine: the test suite's other worker
+        # compiling): mtbench must then have warned that the machine misled its runs (no timing is asserted).
+        flagged = [warning for entry in combined["summary"] if entry["label"] in ("jax", "jax+same-step")
+                   for warning in entry["warnings"]]
+        assert flagged, f"{same['text']}, and no run warned of a loaded machine or scattered steps"
     slow = found[("jax+slow-step", "tokens_per_s")]
     assert slow["call"] == "slower" and slow["high"] < 1, slow  # the interval excludes 1
     assert slow["paired"] and slow["repeats"] == [2, 2]
