@@ -125,11 +125,14 @@ def shard_gradients(loss_of, shards, distribution, trainable, seeds, optimizer_s
     return jax.vmap(one_shard)(seeds, x, y, weight)
 
 
-def summed_shards(grads, loss, correct, distribution):
+def summed_shards(grads, loss, correct, distribution, flat=True):
     """(grads, loss, correct) of `shard_gradients`' form summed over their shard axis as one flat buffer: one
-    all-reduce."""
+    all-reduce. `flat=False`: each summed on its own, which XLA combines into one all-reduce of a tuple (on GPUs
+    and TPUs, where a collective takes the tuple at once, without a copy of every gradient into one buffer)."""
     import jax.numpy as jnp
     _, whole, constrain = _by_shard(distribution)
+    if not flat:
+        return constrain(([jnp.sum(g, axis=0) for g in grads], jnp.sum(loss), jnp.sum(correct)), whole)
     shards = loss.shape[0]
     pieces = [g.reshape(shards, -1) for g in grads] + [loss[:, None], correct[:, None]]
     dtype = jnp.result_type(*pieces)
@@ -205,11 +208,12 @@ def accumulated_gradients(micro_batches, inner=None):
     return gradients_of
 
 
-def accumulated_over_shards(micro_batches, shards, distribution):
+def accumulated_over_shards(micro_batches, shards, distribution, flat=True):
     """`accumulated_gradients` over a data-parallel mesh as DDP accumulates (`no_sync`): each shard sums its own
     micro-batches' gradients on its device (`shard_gradients`, carried with their shard axis through the loop) and
-    the sums are summed over the shards once, after the last micro-batch (`summed_shards`: one all-reduce a step).
-    Left to GSPMD, the loop's carry is replicated, and every micro-batch all-reduces every gradient."""
+    the sums are summed over the shards once, after the last micro-batch (`summed_shards`, as one flat buffer or,
+    `flat=False`, XLA's combined tuple: one all-reduce a step). Left to GSPMD, the loop's carry is replicated, and
+    every micro-batch all-reduces every gradient."""
 
     def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
         import jax
@@ -230,7 +234,7 @@ def accumulated_over_shards(micro_batches, shards, distribution):
                  shard_seeds(non_trainable, shards, distribution))
         (grads, loss, correct, seeds), _ = jax.lax.scan(add_part, start, micro_batch_parts((x, y, weight),
                                                                                          micro_batches))
-        grads, loss, correct = summed_shards(grads, loss, correct, distribution)
+        grads, loss, correct = summed_shards(grads, loss, correct, distribution, flat)
         return grads, loss, correct, tokens, [state[0] for state in seeds]
 
     gradients_of.micro_batches = micro_batches
@@ -274,7 +278,8 @@ class JitTrainStep(TrainStep):
         self.accumulated_per_shard = self.micro_batches > 1 and getattr(gradients_of, "inner", True) is None \
             and shards > 0
         if self.accumulated_per_shard:
-            gradients_of = accumulated_over_shards(self.micro_batches, shards, distribution)
+            gradients_of = accumulated_over_shards(self.micro_batches, shards, distribution,
+                                                   flat=bool(self.flat_shards))
 
         def loss_of(trainable, non_trainable, optimizer_state, x, y, weight, tokens, share):
             """The loss of (a shard of) the batch, its share of the model's own losses, scaled as the optimizer
@@ -348,7 +353,7 @@ class JitTrainStep(TrainStep):
     def description(self):
         accumulating = "" if self.micro_batches == 1 else \
             f"gradients of {self.micro_batches} micro-batches summed on each device in the step, then over the " \
-            f"devices as one flat buffer" if self.accumulated_per_shard else \
+            f"devices{' as one flat buffer' if self.flat_shards else ''}" if self.accumulated_per_shard else \
             f"gradients of {self.micro_batches} micro-batches summed in the step"
         if self.distribution is None:
             return accumulating

@@ -30,14 +30,18 @@ for _ in range(6):
     weight = (rng.random((8, 12)) < 0.8).astype("float32")
     batches.append(((source, target[:, :-1]), target[:, 1:], weight))
 
-def train(model, start, flat, micro_batches=1):
+def train(model, start, flat, micro_batches=1, per_device=None):
+    # flat: the gradients summed as one flat buffer (else XLA's reduction); per_device (accumulating): each device
+    # sums its own micro-batches' first (default: as flat).
     for group, values in zip((model.trainable_variables, model.non_trainable_variables, model.optimizer.variables),
                              start):
         for variable, value in zip(group, values):
             variable.assign(value)
     shards = jax_jit_step.flat_gradient_shards, jax_jit_step.gradient_shards
     if not flat:
-        jax_jit_step.flat_gradient_shards = jax_jit_step.gradient_shards = lambda *args: 0
+        jax_jit_step.flat_gradient_shards = lambda *args: 0
+    if not (flat if per_device is None else per_device):
+        jax_jit_step.gradient_shards = lambda *args: 0
     accumulating = jax_jit_step.accumulated_gradients(micro_batches) if micro_batches > 1 else None
     try:
         step = jax_jit_step.JitTrainStep(model, keras.distribution.distribution(), gradients_of=accumulating)
@@ -72,6 +76,7 @@ for dropout in (0.0, 0.1):
     if not dropout:
         runs[dropout]["xla"] = train(model, start, False)
         runs[dropout]["accumulated"] = train(model, start, True, micro_batches=2)
+        runs[dropout]["accumulated_tuple"] = train(model, start, False, micro_batches=2, per_device=True)
         runs[dropout]["accumulated_xla"] = train(model, start, False, micro_batches=2)
 print(json.dumps(runs))
 """
@@ -128,11 +133,15 @@ def test_micro_batches_sum_on_each_device_then_once_over_the_devices(runs):
     (counted in the compiled step, its loop's body once per micro-batch); left to GSPMD the loop's sum is
     replicated, and every micro-batch all-reduces every gradient. Both train what one batch of 8 trains."""
     got = runs["0.0"]
-    accumulated, xla = got["accumulated"], got["accumulated_xla"]
+    accumulated, tuple_, xla = got["accumulated"], got["accumulated_tuple"], got["accumulated_xla"]
     assert accumulated["detail"] == ("DataParallel over a mesh of 2 batch, gradients of 2 micro-batches summed on "
                                      "each device in the step, then over the devices as one flat buffer")
     assert accumulated["all_reduces"] == ["f32[]", f"f32[{got['parameters'] + 2}]"]
-    assert len(xla["all_reduces"]) > 2 * 30
-    for run in (accumulated, xla):
+    # As on a GPU (no flat buffer): each gradient once a step, with the token count, the loss and the correct tokens.
+    assert tuple_["detail"].endswith("summed on each device in the step, then over the devices")
+    gradients = len(got["flat"]["names"])
+    assert len(tuple_["all_reduces"]) == gradients + 3
+    assert len(xla["all_reduces"]) > 2 * gradients
+    for run in (accumulated, tuple_, xla):
         for mine, whole in zip(run["losses"], got["flat"]["losses"]):
             assert abs(mine - whole) <= 1e-5 * abs(whole)
