@@ -51,25 +51,31 @@ def write_bytes_atomic(path, data, replace=True):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if not replace and os.path.exists(path):
+        written = _put_in_place(tmp, path, replace)
+        if os.path.exists(tmp):  # linked, or not placed
             os.unlink(tmp)
-            return False
-        if not replace:
-            try:
-                os.link(tmp, path)  # fails where a file is there: never replaces one
-                os.unlink(tmp)
-                return True
-            except FileExistsError:
-                os.unlink(tmp)
-                return False
-            except OSError:  # a file system without hard links: the check above is the guard
-                pass
-        os.replace(tmp, path)
-        return True
+        return written
     except OSError as error:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise RunFailure(f"{path}: cannot write: {error.strerror}") from None
+
+
+def _put_in_place(tmp, path, replace):
+    """Moves the written file `tmp` to `path`; with `replace=False` only where no file is there yet: a hard link
+    (which fails on a name taken) or, on a file system without them, a look first. Returns whether it did."""
+    if replace:
+        os.replace(tmp, path)
+        return True
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links
+        if os.path.exists(path):
+            return False
+        os.replace(tmp, path)
+    return True
 
 
 def write_text_atomic(path, text, replace=True):

@@ -138,31 +138,33 @@ def require_plan(model):
 
 # ----- JAX -----
 
-def hlo_runs(hlo, trip_count=1):
-    """{computation: how often one run of the program runs it} of a compiled program's text: the entry once, a
-    while loop's body as often as its known trip count says (`trip_count` where XLA does not say), anything else
-    a computation calls as often as its caller."""
-    bodies, calls, order = {}, collections.defaultdict(list), []
-    name = None
+def hlo_computations(hlo):
+    """[(name, whether it is the entry, its instructions' lines)] of a compiled program's text, in the order XLA
+    prints them (a computation's callees before it)."""
+    computations = []
     for line in hlo.splitlines():
         header = re.match(r"(ENTRY )?%?([\w.\-]+) .*\{$", line)
         if header and not line.startswith((" ", "HloModule")):
-            name = header.group(2)
-            order.append(name)
-            bodies.setdefault(name, header.group(1) is not None)
-            continue
-        if name is None or not line.startswith(" "):
-            continue
-        trips = re.search(r'known_trip_count"?\s*[:=]\s*\{\s*"?n"?\s*[:=]\s*"?(\d+)', line)
-        for key, callee in re.findall(r"\b(body|condition|calls|to_apply|computations?)=\{?%([\w.\-]+)", line):
-            calls[name].append((callee, int(trips.group(1)) if trips else trip_count) if key == "body"
-                               else (callee, 1))
-        for listed in re.findall(r"_computations=\{([^}]*)\}", line):
-            calls[name] += [(callee, 1) for callee in re.findall(r"%([\w.\-]+)", listed)]
-    runs = collections.Counter({computation: 1 for computation, entry in bodies.items() if entry})
-    for caller in reversed(order):  # callees are printed before their callers
-        for callee, times in calls[caller]:
-            runs[callee] += runs[caller] * times
+            computations.append((header.group(2), header.group(1) is not None, []))
+        elif computations and line.startswith(" "):
+            computations[-1][2].append(line)
+    return computations
+
+
+def hlo_runs(computations, trip_count=1):
+    """{name: how often one run of the program runs it} of `hlo_computations`: the entry once, a while loop's body
+    as often as its known trip count says (`trip_count` where XLA does not say), anything else a computation calls
+    (`calls=`, `to_apply=`, a loop's condition, `*_computations={...}`) as often as its caller."""
+    runs = collections.Counter({name: 1 for name, entry, _ in computations if entry})
+    for caller, _, lines in reversed(computations):  # callers after their callees: each total is whole here
+        for line in lines:
+            trips = re.search(r'known_trip_count"?\s*[:=]\s*\{\s*"?n"?\s*[:=]\s*"?(\d+)', line)
+            for key, callee in re.findall(r"\b(body|condition|calls|to_apply)=%([\w.\-]+)", line):
+                times = (int(trips.group(1)) if trips else trip_count) if key == "body" else 1
+                runs[callee] += runs[caller] * times
+            for listed in re.findall(r"_computations=\{([^}]*)\}", line):
+                for callee in re.findall(r"%([\w.\-]+)", listed):
+                    runs[callee] += runs[caller]
     return runs
 
 
@@ -171,18 +173,15 @@ def hlo_collectives(hlo, trip_count=1):
     program's text: the arrays of a tuple collective (XLA combines independent ones) counted one by one, a
     collective in a loop's body (the micro-batches of --grad-accum) as often as the loop runs it."""
     found = collections.defaultdict(list)
-    runs = hlo_runs(hlo, trip_count)
-    name = None
-    for line in hlo.splitlines():
-        header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
-        if header and not line.startswith((" ", "HloModule")):
-            name = header.group(1)
-            continue
-        collective = re.search(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|"
-                               r"collective-permute)(?:-start)?\(", line)
-        if collective and name is not None:
-            shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", re.sub(r"\{[0-9,]*\}", "", collective.group(1)))
-            found[collective.group(2)] += shapes * runs[name]
+    computations = hlo_computations(hlo)
+    runs = hlo_runs(computations, trip_count)
+    for name, _, lines in computations:
+        for line in lines:
+            collective = re.search(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|"
+                                   r"collective-permute)(?:-start)?\(", line)
+            if collective:
+                shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", re.sub(r"\{[0-9,]*\}", "", collective.group(1)))
+                found[collective.group(2)] += shapes * runs[name]
     return found
 
 
