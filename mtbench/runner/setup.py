@@ -5,6 +5,7 @@ import contextlib
 import copy
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
@@ -125,6 +126,26 @@ def choose_plugins(config, registry, reporter_names=()):
                       resolve_task(family, config, registry))
 
 
+# What keras imports at its own import where installed, for what mtbench never asks of it (scikit-learn wrappers,
+# pandas inputs to fit, plotting): about a second of every process's start once the test or plot extras put them
+# there. keras guards each import, so hiding them gives it its no-such-module path.
+KERAS_OPTIONAL_IMPORTS = ("sklearn", "pandas", "matplotlib")
+
+
+@contextlib.contextmanager
+def modules_hidden(names):
+    """Within the block, `import NAME` fails as if NAME were not installed, for the names not yet imported;
+    afterwards they import as before (the mlflow reporter's plots import matplotlib)."""
+    hidden = [name for name in names if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(hidden))
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
 def import_keras(config, backend, extras_environment=None):
     """Sets the environment keras and the framework read at import (the backend's, then the extras'), then
     imports keras."""
@@ -132,7 +153,8 @@ def import_keras(config, backend, extras_environment=None):
     env.update(backend.prepare_process(config))
     env.update(extras_environment or {})
     os.environ.update(env)
-    import keras
+    with modules_hidden(KERAS_OPTIONAL_IMPORTS):
+        import keras
     if keras.backend.backend() != backend.keras_backend:
         raise RunFailure(f"keras was already imported with the {keras.backend.backend()} backend in this "
                          f"process; run each backend in its own process")

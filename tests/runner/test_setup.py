@@ -1,15 +1,18 @@
 """Setting a run up the same way on both backends: the float32 matmul arithmetic each framework is told and what
 it reports back, a backend that cannot set it, the devices a process computes on (what energy counts), and the
-float16 policy torch refuses."""
+float16 policy torch refuses, and keras imported without the integrations mtbench never uses."""
 
+import importlib.util
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import run_cli
+from conftest import cli_environment, run_cli
 from mtbench import Backend, Launch, MtbenchError, ProcessGroup
 from mtbench.runner.config import TrainConfig
-from mtbench.runner.setup import local_devices, set_matmul_precision
+from mtbench.runner.setup import KERAS_OPTIONAL_IMPORTS, local_devices, modules_hidden, set_matmul_precision
 
 
 @pytest.fixture
@@ -101,3 +104,37 @@ def test_float16_on_torch_is_refused_with_the_host_sync_it_would_measure(tmp_pat
     assert proc.stderr.startswith("Error: --dtype mixed_float16: float16 trains through Keras's loss-scaling "
                                   "optimizer, whose finite-gradient check on torch waits for the device")
     assert not (tmp_path / "f16.json").exists()
+
+
+def test_keras_is_imported_without_the_integrations_mtbench_never_uses(tmp_path):
+    for installed in KERAS_OPTIONAL_IMPORTS:  # the test extras install them: otherwise this would prove nothing
+        assert importlib.util.find_spec(installed) is not None, installed
+    # `mtbench init-weights` in a process that then lists what it imported, and imports one of them itself.
+    program = ("import runpy, sys\n"
+               f"sys.argv = ['mtbench', 'init-weights', '--backend', 'jax', '--preset', 'tiny', '--out', "
+               f"{str(tmp_path / 'w.npz')!r}]\n"
+               "try:\n    runpy.run_module('mtbench', run_name='__main__')\nexcept SystemExit as exit:\n"
+               "    assert not exit.code, exit.code\n"
+               "print(sorted(name.split('.')[0] for name in sys.modules if name.startswith(('keras', 'jax', "
+               f"*{KERAS_OPTIONAL_IMPORTS!r}))))\n"
+               "import matplotlib.pyplot\nprint(matplotlib.pyplot.__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=cli_environment())
+    assert proc.returncode == 0, proc.stderr
+    imported, afterwards = proc.stdout.strip().splitlines()[-2:]
+    assert {"keras", "jax"} <= set(eval(imported)) and not set(eval(imported)) & set(KERAS_OPTIONAL_IMPORTS)
+    assert afterwards == "matplotlib.pyplot"
+
+
+def test_hidden_modules_fail_to_import_inside_the_block_and_import_after_it(tmp_path, monkeypatch):
+    for name in ("mtbench_probe_a", "mtbench_probe_b"):
+        (tmp_path / f"{name}.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import mtbench_probe_b  # already imported: hiding it would break whoever holds it
+    with modules_hidden(["mtbench_probe_a", "mtbench_probe_b"]):
+        with pytest.raises(ImportError):
+            import mtbench_probe_a  # noqa: F401
+        assert sys.modules["mtbench_probe_b"] is mtbench_probe_b
+    import mtbench_probe_a
+    assert mtbench_probe_a.VALUE == 1
+    for name in ("mtbench_probe_a", "mtbench_probe_b"):
+        sys.modules.pop(name)
