@@ -176,6 +176,7 @@ def batch_in_mtbench_s_loop(batch):
 
 
 def measure(args):
+    measure_started = time.perf_counter()
     # mtbench's modules that read the batches and the device may import keras: on this backend, never a default.
     os.environ["KERAS_BACKEND"] = args.backend
     config = train_config(args)
@@ -225,7 +226,10 @@ def measure(args):
         "timing": {"step_s_median": median, "step_s_p90": sorted(per_step)[int(0.9 * (len(per_step) - 1))],
                    "steady_steps": len(per_step), "tokens_per_s": rows * length / median,
                    "compile_s": sum(max(seconds - median, 0.0) for seconds in first),
-                   "first_steps_s": first, "wall_s": wall_s,
+                   "first_steps_s": first, "wall_s": wall_s, "steady_s": sum(per_step),
+                   # `mtbench train`'s phases as far as this script has them: all before the loop is "build".
+                   "phases_s": {"build": started - measure_started, "train": wall_s},
+                   "total_s": time.perf_counter() - measure_started,
                    "clock": "time.perf_counter; device synchronised at each window's edges"},
         "utilization": {"mfu": flops / median / peak if peak else None, "peak_flops_per_s": peak,
                         "peak_source": peak_source, "step_flops": flops},

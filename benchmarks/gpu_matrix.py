@@ -55,7 +55,9 @@ mtbench's own, read from the row's result JSON (see docs/results.md for the cloc
 - `peak device MiB`: the peak device memory the framework reports (n/a on a CPU);
 - `parity`: the largest relative loss difference, over the first 50 steps, from the first row of the same preset,
   dtype and matmul precision (mtbench compare's check, within 1 %); rows with dropout (`base`) are not checked;
-- `row s`: the row's wall time, its process's start, data and compilation included.
+- `row s`: the row's wall time, its process's start, data and compilation included. Below the table, where the
+  rows' wall time went: processes starting and ending, keras and the devices starting, data and model build,
+  compilation, steady steps and the rest (`wall_split_s` of each repeat in the JSON, from its result's timing).
 
 The budget. `--budget SECONDS` bounds the whole command, counted from its start: a row (or a preset's weights
 file) starts only if its estimated time fits in what is left, else it is listed as "cut: not started: it needs
@@ -442,6 +444,39 @@ def figures(result):
             "device": result["env"]["device"], "matmul_precision_set": matmul_precision_set(result)}
 
 
+# Where a row's wall time goes, in the order a row spends it (see wall_split).
+WALL_PARTS = {"process": "the process starting and ending", "backend": "keras and the devices starting",
+              "data_and_build": "data and model build", "compile": "compilation", "steady_steps": "steady steps",
+              "rest": "the rest"}
+
+
+def wall_split(result, wall_s):
+    """The row's `wall_s` in WALL_PARTS, from its result's timing: outside the run (`total_s`), its phases before
+    training, the compile time and the steady steps; "rest" is what is left (the first steps beyond their
+    compilation, writing the result). What one process for several rows could save is the first two."""
+    timing = result["timing"]
+    phases = dict(timing.get("phases_s") or {})
+    split = {"process": wall_s - timing["total_s"] if timing.get("total_s") is not None else 0.0,
+             "backend": phases.pop("backend", 0.0),
+             "data_and_build": sum(seconds for phase, seconds in phases.items() if phase != "train"),
+             "compile": timing.get("compile_s") or 0.0, "steady_steps": timing.get("steady_s") or 0.0}
+    split["rest"] = wall_s - sum(split.values())
+    return split
+
+
+def wall_split_line(records):
+    """One line: where the wall time of every row that ran went, summed over their repeats."""
+    splits = [m["wall_split_s"] for r in records for m in r.get("measured", []) if m.get("wall_split_s")]
+    if not splits:
+        return None
+    total = sum(sum(split.values()) for split in splits)
+    parts = ", ".join(f"{label} {sum(split[part] for split in splits):.0f} s "
+                      f"({100 * sum(split[part] for split in splits) / total:.0f} %)"
+                      for part, label in WALL_PARTS.items())
+    return (f"where the rows' {total:.0f} s went: {parts}; running several rows in one process would save at "
+            f"most the first two")
+
+
 def matmul_precision_set(result):
     """What each framework reported it set for float32 matmuls (`env.matmul_precision`, schema 4), or None."""
     recorded = result["env"].get("matmul_precision")
@@ -562,7 +597,7 @@ def run_row(row, record, args, options, estimates, weights, results, left, clock
         result = json.load(f)
     results.setdefault(row.key, result)  # the parity check reads the first repeat's losses
     estimates.ran(row, wall_s)
-    measured.append({**figures(result), "wall_s": wall_s})
+    measured.append({**figures(result), "wall_s": wall_s, "wall_split_s": wall_split(result, wall_s)})
     record.update(status="ran", reason=None, **median_figures(measured))
     print(f"{tag} {row.key}: {record['wall_s']:.1f} s, {result['train_step']}", file=sys.stderr, flush=True)
 
@@ -723,6 +758,7 @@ def summarize(records, results, probe, args, train_options, kind, elapsed_s, fin
         "rerun": rerun_commands(records, args, train_options),
         "devices": devices, "env": env, "config": shared_config(results),
         "clock": next((r["timing"].get("clock") for r in results.values()), None),
+        "wall_split": wall_split_line(records),
         "out": os.path.abspath(args.out), "rows": records,
     }
 
@@ -749,6 +785,8 @@ def report_lines(summary):
     if summary["cut"]:
         lines.append(f"cut by the budget ({budget:g} s): {', '.join(summary['cut'])}")
         lines += [f"to run them: {command}" for command in summary["rerun"]]
+    if summary.get("wall_split"):
+        lines.append(summary["wall_split"])
     lines.append(f"rows' results and logs: {summary['out']}")
     return lines
 

@@ -51,7 +51,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     # Read before the framework is imported: a bad corpus file fails in a second, not after the import.
     raw = read_data(config, plugins, console, stopwatch)
 
-    keras, run = start_backend(config, plugins, launch)
+    with stopwatch.phase("backend"):
+        keras, run = start_backend(config, plugins, launch)
     config = run.config  # with what the extras change (a TPU's batch size)
     data = prepare_data(config, plugins, raw, stopwatch)
     for line in data.lines:

@@ -51,6 +51,9 @@ def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_
     np.testing.assert_allclose(losses, mtbench_losses, rtol=rtol)
     timing = result["timing"]
     assert timing["steady_steps"] == STEPS - 3 and timing["step_s_median"] > 0 and timing["tokens_per_s"] > 0
+    # the matrix splits its wall time: everything before the loop is "build", the loop is "train"
+    assert timing["total_s"] >= timing["phases_s"]["build"] + timing["phases_s"]["train"] > timing["steady_s"] > 0
+    assert timing["phases_s"]["train"] == timing["wall_s"]
     assert result["train_step"].startswith("best-by-hand") and result["model"]["vocab_size"] == 256
     assert result["utilization"]["step_flops"] > 0 and result["env"]["device"]["kind"] == "cpu"
 
