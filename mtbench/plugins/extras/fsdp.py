@@ -455,7 +455,7 @@ class TorchSharding:
             self.units.append(ShardedUnit(unit, unit.call, held, keras_class, type(unit)))
         self.sharded = [(variable, shard) for unit in self.units for variable, _, _, shard in unit.held]
         self.model, self.mesh, self.moments = model, mesh, []
-        self.gathering = False
+        self.distributed = False  # whether the variables hold their shards with FSDP's hooks on
         self.hold_shards()  # the whole tensors the variables held are freed
 
     def shard_moments(self, optimizer):
@@ -489,7 +489,12 @@ class TorchSharding:
 
             unit.forward = forward
             unit.call = lambda *args, _unit=unit, **kwargs: torch.nn.Module.__call__(_unit, *args, **kwargs)
-        self.gathering = True
+        self.distributed = True
+
+    def hold_distributed(self):
+        """The variables at their shards, FSDP's hooks on: for the next step."""
+        self.hold_shards()
+        self.start_gathering()
 
     def hold_shards(self):
         """Points every variable at its shard and every moment variable at its own, for the next step."""
@@ -506,7 +511,7 @@ class TorchSharding:
             del unit.call, unit.forward  # the class's own again
             # Keras names a checkpoint's objects by their class: a checkpoint must name the model's own classes.
             unit.__class__ = keras_class
-        self.gathering = False
+        self.distributed = False
         for variable, shard in self.sharded:
             variable._value = torch.nn.Parameter(shard.full_tensor(), requires_grad=False)
         for slot, shard in self.moments:
@@ -537,42 +542,53 @@ def torch_step_state(step):
     return torch_state_record([variable.value for variable in step.variables], step.model.optimizer)
 
 
-class TorchShardedStep(StateRecording):
-    """mtbench's torch step (eager, or compiled by `torch-compile`) over FSDP's shards: the variables hold the
-    shards between steps, the whole weights from `finalize` until the next step. Compiled, dynamo breaks the graph
-    at FSDP's hooks (it skips them), so each unit's forward is a graph of its own and the collectives run eagerly
-    between them, as FSDP2 runs under torch.compile without compiled autograd."""
+class TorchDistributedStep(StateRecording):
+    """mtbench's torch step (eager, or compiled by `torch-compile`) over weights that `layout` distributes over the
+    processes: from a step after `finalize` (or the first) the variables hold their local parts
+    (`layout.hold_distributed()`), from `finalize` until the next step the whole weights (`layout.hold_full()`),
+    for evaluation and checkpoints. `layout.distributed` says which."""
 
-    def __init__(self, inner, sharding, record):
+    def __init__(self, inner, layout, record):
         super().__init__(inner, record, torch_step_state)
-        self.sharding = sharding
+        self.layout = layout
 
     def measure(self):
-        return super().measure() if self.sharding.gathering else None
+        return super().measure() if self.layout.distributed else None
+
+    def hold_distributed(self):
+        if not self.layout.distributed:
+            self.layout.hold_distributed()
 
     def __call__(self, x, y, sample_weight):
-        if not self.sharding.gathering:  # the first step, or the first after `finalize`
-            self.sharding.hold_shards()
-            self.sharding.start_gathering()
+        self.hold_distributed()
         return self.inner(x, y, sample_weight)
 
-    def around(self, step):
-        """This sharding around `step`, the compiled step `torch-compile` makes from the model when it is given
-        after `fsdp`: distributed and updating the shards as the step it replaces."""
+    def distributed_like_inner(self, step):
+        """`step`, the compiled step `torch-compile` makes from the model when it is given after this extra,
+        distributed and updating the weights as the step it replaces."""
         step.share_distribution(self.inner)
-        if step.fused_optimizer is not None:
+        if self.inner.fused_optimizer is not None:
             step.fused_optimizer = self.inner.fused_optimizer
-        return TorchShardedStep(step, self.sharding, self.record)
-
-    def description(self):
-        sharded = (f"FSDP2 over {self.sharding.mesh.size()} processes, {len(self.sharding.units)} units gathered "
-                   f"once a step")
-        return ", ".join(part for part in (self.inner.description(), sharded) if part)
+        return step
 
     def finalize(self):
         super().finalize()
-        if self.sharding.gathering:
-            self.sharding.hold_full()
+        if self.layout.distributed:
+            self.layout.hold_full()
+
+
+class TorchShardedStep(TorchDistributedStep):
+    """mtbench's torch step over FSDP's shards. Compiled, dynamo breaks the graph at FSDP's hooks (it skips them),
+    so each unit's forward is a graph of its own and the collectives run eagerly between them, as FSDP2 runs under
+    torch.compile without compiled autograd."""
+
+    def around(self, step):
+        return TorchShardedStep(self.distributed_like_inner(step), self.layout, self.record)
+
+    def description(self):
+        sharded = (f"FSDP2 over {self.layout.mesh.size()} processes, {len(self.layout.units)} units gathered "
+                   f"once a step")
+        return ", ".join(part for part in (self.inner.description(), sharded) if part)
 
 
 def torch_sharded_step(model, step, processes):

@@ -42,10 +42,9 @@ from mtbench.plugins.extras.gradient_buckets import GradientBuckets
 from mtbench.plugins.extras.fsdp import (
     SIMULATE_HINT,
     JaxShardedStep,
-    StateRecording,
+    TorchDistributedStep,
     process_mesh,
     processes_reason,
-    torch_step_state,
     use_distribution,
 )
 
@@ -350,7 +349,7 @@ def split_classes(mesh):
 
 class TorchSplitting:
     """The plan carried out over `mesh`: each split variable and its two moments are split once into DTensors,
-    which they hold while training (`hold_split`), the split layers computing through `split_classes` and
+    which they hold while training (`hold_distributed`), the split layers computing through `split_classes` and
     each attention over its local heads; `hold_full` gives the variables whole copies, and the layers their own
     classes, for evaluation and checkpoints."""
 
@@ -370,10 +369,10 @@ class TorchSplitting:
                 distribute_tensor(variable.value.detach(), mesh, placements, src_data_rank=None))))
             self.shards += [(slot, distribute_tensor(slot.value.detach(), mesh, placements, src_data_rank=None))
                             for slot in moments_of(model.optimizer, variable)]
-        self.split = False
-        self.hold_split()  # the whole tensors the variables held are freed
+        self.distributed = False
+        self.hold_distributed()  # the whole tensors the variables held are freed
 
-    def hold_split(self):
+    def hold_distributed(self):
         for variable, shard in self.shards:
             variable._value = shard
         for dense in self.plan:
@@ -381,7 +380,7 @@ class TorchSplitting:
         for attention, heads in zip(self.attentions, self.heads):
             attention.num_heads = heads // self.mesh.size()
             attention.__class__ = self.classes["attention"]
-        self.split = True
+        self.distributed = True
 
     def hold_full(self):
         import torch
@@ -393,7 +392,7 @@ class TorchSplitting:
         for attention, heads, keras_class in zip(self.attentions, self.heads, self.attention_classes):
             attention.num_heads = heads
             attention.__class__ = keras_class
-        self.split = False
+        self.distributed = False
 
 
 class SplitAdamW(FusedAdamW):
@@ -507,36 +506,28 @@ def profiled_collectives(call):
         if event.name.startswith(("c10d::", "_c10d_functional::")) and not within_itself(event))
 
 
-class TorchSplitStep(StateRecording):
-    """mtbench's torch step (eager, or compiled by `torch-compile`) over the split weights. One call is profiled
-    for the collectives it runs (`profiled_collectives`): the eager step's first, a warm-up call; the compiled
-    step's first after its warm-up (while it compiles, the traced collectives would count too), so one of its
-    steady steps carries the profiler. `finalize` gathers the weights whole."""
+class TorchSplitStep(TorchDistributedStep):
+    """mtbench's torch step over the split weights. One call is profiled for the collectives it runs
+    (`profiled_collectives`): the eager step's first, a warm-up call; the compiled step's first after its warm-up
+    (while it compiles, the traced collectives would count too), so one of its steady steps carries the
+    profiler."""
 
     def __init__(self, inner, splitting, record, group):
         from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
-        super().__init__(inner, record, torch_step_state)
-        self.splitting, self.group = splitting, group
+        super().__init__(inner, splitting, record)
+        self.group = group
         self.calls = 0
         self.profiled_call = inner.warmup_calls + 1 if isinstance(inner, CompiledTorchTrainStep) else 1
 
-    def measure(self):
-        return super().measure() if self.splitting.split else None
-
     def around(self, step):
-        """This split around `step`, the compiled step `torch-compile` makes from the model when it is given after
-        `tensor-parallel`: distributed and updating the split weights as the step it replaces."""
-        step.share_distribution(self.inner)
-        step.fused_optimizer = self.inner.fused_optimizer
-        return TorchSplitStep(step, self.splitting, self.record, self.group)
+        return TorchSplitStep(self.distributed_like_inner(step), self.layout, self.record, self.group)
 
     def __call__(self, x, y, sample_weight):
-        if not self.splitting.split:
-            self.splitting.hold_split()
+        self.hold_distributed()
         self.calls += 1
 
         def step():
-            arrays = gathered_rows([*x, y, sample_weight], self.group, self.splitting.mesh.size())
+            arrays = gathered_rows([*x, y, sample_weight], self.group, self.layout.mesh.size())
             return self.inner(tuple(arrays[:-2]), *arrays[-2:])
 
         if self.calls != self.profiled_call:
@@ -559,7 +550,7 @@ class TorchSplitStep(StateRecording):
         return logs
 
     def description(self):
-        model_axis, replicas = self.splitting.mesh.size(), self.inner.replicas
+        model_axis, replicas = self.layout.mesh.size(), self.inner.replicas
         data_axis = self.inner.fused_optimizer.data_axis
         buckets = 0 if data_axis is None else len(data_axis.buckets)
         over = (f"a mesh of {replicas} data x {model_axis} model processes (the gradients averaged over the data "
@@ -567,11 +558,6 @@ class TorchSplitStep(StateRecording):
                 f"pass when its gradients are ready)" if data_axis is not None else f"{model_axis} processes")
         own = f"tensor-parallel over {over}, {EMBEDDINGS}, {QUERY_KEY_VALUE['torch']}"
         return ", ".join(part for part in (self.inner.description(), own) if part)
-
-    def finalize(self):
-        super().finalize()
-        if self.splitting.split:
-            self.splitting.hold_full()
 
 
 def torch_split_step(run, model, step):
