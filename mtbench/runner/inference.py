@@ -13,7 +13,7 @@ from mtbench.plugins.api import RunContext
 from mtbench.runner.config import decoding_name
 from mtbench.runner.evaluation.sampling import continuation, numpy_logits
 from mtbench.runner.saved_model import find_model, load_weights, model_files
-from mtbench.runner.setup import import_keras, resolve_backend, resolve_model, RunPlugins
+from mtbench.runner.setup import import_keras, resolve_backend, resolve_model, RunPlugins, set_matmul_precision
 
 
 @dataclass
@@ -68,6 +68,8 @@ def open_model(path, registry, backend_name=None, task=None):
                            f"serves {task} models")
     plugins = RunPlugins(backend, [], [], registry, family, family_path, registry.lookup("tasks", family.task))
     keras = import_keras(config, backend)
+    # The float32 matmuls as the run trained them: a GPU's JAX default (TF32) would decode differently.
+    set_matmul_precision(backend, config.matmul_precision)
     keras.config.set_dtype_policy(config.dtype)
     plugins.model_path, tokenizer = model_files(source, plugins)
     run = RunContext(config=config, backend=backend, device=backend.device_info())

@@ -3,6 +3,8 @@ of its checkpoints, on the backend that trained it and on the other one."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -11,7 +13,7 @@ from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.batches import encode_split
 from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.tokenizer import JointTokenizer
-from conftest import run_cli
+from conftest import cli_environment, run_cli
 
 # Long enough for the tiny model to produce varied sentences, so equal translations say something.
 TRAINED = ["--preset", "tiny", "--max-pairs", "4000", "--valid-size", "100", "--test-size", "100", "--max-len", "32",
@@ -99,3 +101,15 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
         proc = run_cli("translate", *args, "/dev/null")
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_saved_model_computes_its_float32_matmuls_as_its_run_trained(trained):
+    """On a GPU JAX's own default is TF32 (and unset, None, on a CPU): a model opened again must decode in the
+    arithmetic its run trained in (true float32 here), or `evaluate` would not score the run's translations."""
+    program = ("from mtbench.plugins.manager import registry\nfrom mtbench.runner.inference import open_model\n"
+               f"open_model({trained['path']!r}, registry())\nimport jax\n"
+               "print(jax.config.jax_default_matmul_precision)\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=cli_environment())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert trained["result"]["config"]["matmul_precision"] == "highest"
+    assert proc.stdout.strip().splitlines()[-1] == "float32"

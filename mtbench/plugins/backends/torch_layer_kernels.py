@@ -63,8 +63,8 @@ def dense(layer, args, kwargs, autocast_dtype):
     if activation is None or x is None:
         return NotImplemented
     kernel = _variable(layer._kernel, autocast_dtype)
-    if kernel.dtype != x.dtype:
-        return NotImplemented  # Keras would find a common dtype first
+    if kernel.dtype != x.dtype or kernel.device != x.device:
+        return NotImplemented  # Keras would find a common dtype (and move a host input to the device) first
     y = torch.matmul(x, kernel)
     if layer.bias is not None:
         bias = _variable(layer.bias, autocast_dtype)
@@ -83,6 +83,8 @@ def layer_normalization(layer, args, kwargs, autocast_dtype):
     x = _floating_input(layer, args[0])
     if x is None or list(layer.axis) not in ([-1], [x.ndim - 1]):
         return NotImplemented
+    if any(weight is not None and weight._value.device != x.device for weight in (layer.gamma, layer.beta)):
+        return NotImplemented
     original = x.dtype
     normalized = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
     gamma = None if layer.gamma is None else _variable(layer.gamma, autocast_dtype).to(normalized.dtype)
@@ -100,6 +102,8 @@ def embedding(layer, args, kwargs, autocast_dtype):
     if type(ids) is not torch.Tensor or ids.dtype not in (torch.int32, torch.int64):
         return NotImplemented
     table = _variable(layer._embeddings, autocast_dtype)
+    if ids.device != table.device:
+        return NotImplemented  # host ids: Keras's `take` moves them to the device
     ids = ids.long()
     ids = torch.where(ids < 0, ids + table.shape[0], ids)
     return F.embedding(ids, table).to(_TORCH_DTYPES[layer.compute_dtype])
@@ -114,6 +118,8 @@ def float32_embedding(layer, args, kwargs, autocast_dtype):
     if type(ids) is not torch.Tensor or ids.dtype not in (torch.int32, torch.int64):
         return NotImplemented
     table = _variable(layer.embeddings, None)
+    if ids.device != table.device:
+        return NotImplemented
     ids = ids.to(torch.int32).long()
     ids = torch.where(ids < 0, ids + table.shape[0], ids)
     return F.embedding(ids, table).to(_TORCH_DTYPES[layer.compute_dtype])

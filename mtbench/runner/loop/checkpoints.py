@@ -112,7 +112,7 @@ class RunDirectory:
                 "data_fingerprint": data_fingerprint})
             tmp = make_temporary_folder(".tmp-checkpoint-", self.path)
             model.save_weights(os.path.join(tmp, WEIGHTS_FILE))
-            np.savez(os.path.join(tmp, RANDOM_STATE_FILE), *[np.asarray(v.value) for v in _random_state(model)])
+            np.savez(os.path.join(tmp, RANDOM_STATE_FILE), *[v.numpy() for v in _random_state(model)])
             with open(os.path.join(tmp, STATE_FILE), "w") as f:
                 json.dump(state.to_dict(), f)
             for name in os.listdir(tmp):

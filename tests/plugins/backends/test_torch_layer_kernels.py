@@ -67,7 +67,7 @@ PROBE = textwrap.dedent("""
         keras.config.set_dtype_policy(policy)
         keras.utils.set_random_seed(0)
         block = Block()
-        ids = torch.tensor(np.random.RandomState(0).randint(0, 50, (4, 8)), dtype=torch.int32)
+        ids = keras.ops.convert_to_tensor(np.random.RandomState(0).randint(0, 50, (4, 8)), dtype="int32")
         block(ids)
         block.lora.enable_lora(2)
         ops = Ops()
@@ -136,3 +136,31 @@ def test_the_eager_step_makes_half_the_python_calls_with_the_kernels():
     """On `tiny`, 4,123 calls a step against 8,699 (2026-11-26)."""
     report = run_on_torch(CALLS_PROBE)
     assert report["with_kernels"] < 0.6 * report["keras_calls"], report
+
+
+DEVICES_PROBE = textwrap.dedent("""
+    import json, os
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras, torch
+    from keras import layers
+    from mtbench.plugins.backends import torch_layer_kernels as kernels
+    from mtbench.keras_models.transformer import Embedding
+
+    dense, norm, table, float32_table = layers.Dense(4), layers.LayerNormalization(), layers.Embedding(9, 4), Embedding(9, 4)
+    for layer, shape in ((dense, (2, 4)), (norm, (2, 4)), (table, (2, 3)), (float32_table, (2, 3))):
+        layer.build(shape)
+    # Inputs on another device than the weights (a GPU's weights, host inputs): "meta" stands for it on a CPU.
+    elsewhere = torch.empty((2, 4), device="meta")
+    ids = torch.zeros((2, 3), dtype=torch.int64, device="meta")
+    print(json.dumps({
+        "dense": kernels.dense(dense, (elsewhere,), {}, None) is NotImplemented,
+        "layer_norm": kernels.layer_normalization(norm, (elsewhere,), {}, None) is NotImplemented,
+        "embedding": kernels.embedding(table, (ids,), {}, None) is NotImplemented,
+        "float32_embedding": kernels.float32_embedding(float32_table, (ids,), {}, None) is NotImplemented}))
+""")
+
+
+def test_inputs_on_another_device_than_the_weights_are_left_to_keras():
+    """Keras moves a host input to the weights' device; the kernels would fail on it, so they leave it to Keras."""
+    assert run_on_torch(DEVICES_PROBE) == {"dense": True, "layer_norm": True, "embedding": True,
+                                           "float32_embedding": True}
