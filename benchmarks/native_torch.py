@@ -314,10 +314,14 @@ def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False
 
 
 def batch_tensors(batch, device=None):
-    """An mtbench `Batch` as the step's tensors on `device` (default: `default_device()`). The copies are
-    `non_blocking`, so that on CUDA the host goes on queueing work while a batch travels: the model's inputs
-    (`batch.inputs`), the labels, the weights."""
-    device = default_device() if device is None else device
+    """An mtbench `Batch` as the step's tensors on `device` (default: `default_device()`): the model's inputs
+    (`batch.inputs`), the labels, the weights. On CUDA each goes through pinned host memory, then a non-blocking
+    copy, as nanoGPT's `get_batch` does: a copy from pageable memory would wait for the device's queue first, so
+    the host could not queue the next step while this one runs."""
+    device = torch.device(default_device() if device is None else device)
     arrays = (*(ids.astype(np.int64) for ids in batch.inputs), batch.target_output.astype(np.int64),
               np.asarray(batch.weight, np.float32))
-    return tuple(torch.from_numpy(array).to(device, non_blocking=True) for array in arrays)
+    tensors = (torch.from_numpy(array) for array in arrays)
+    if device.type != "cuda":
+        return tuple(tensor.to(device) for tensor in tensors)
+    return tuple(tensor.pin_memory().to(device, non_blocking=True) for tensor in tensors)

@@ -3,7 +3,9 @@ subprocess, as real users do (keras fixes its backend at import)."""
 
 import importlib.util
 import json
+import functools
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,16 @@ REPOSITORY = os.path.dirname(TESTS_DIR)
 _SESSION_DIR = tempfile.mkdtemp(prefix="mtbench-tests-")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("KERAS_HOME", os.path.join(_SESSION_DIR, "keras"))
+# A machine with an NVIDIA driver, where the frameworks may compute on a GPU: what a test expects of the device (the
+# kind a run names, a measured MFU peak) is then checked against what each framework sees (`device_kind`).
+GPU_MACHINE = os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
+cpu_machine_only = pytest.mark.skipif(GPU_MACHINE, reason="checks what runs on a machine without a GPU")
+if GPU_MACHINE:
+    # Two workers' processes share the GPU: JAX's default takes 75 % of its memory for the first process.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    # In-process tests compare JAX programs with others in float32: JAX's GPU default is TF32. (mtbench's own
+    # processes set it themselves; `cli_environment` leaves it out.)
+    os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "float32")
 # The machine's CPUs, before a pytest-xdist worker takes its share of them (`pytest_configure`). Read once by the
 # controller and handed down in the environment the workers inherit: test modules import this file a second time
 # (as `tests.conftest`), after their worker is pinned, and would otherwise see the worker's share as the machine.
@@ -72,9 +84,32 @@ def cli_environment(env=None):
     """The environment of an mtbench process a test starts: this one's, with `env` over it."""
     full_env = dict(os.environ)
     full_env.pop("KERAS_BACKEND", None)  # the backend plugin must set it, not the test environment
+    full_env.pop("JAX_DEFAULT_MATMUL_PRECISION", None)  # so must the run (--matmul-precision)
     full_env.setdefault("MTBENCH_LOAD_PLUGINS", "")
     full_env.update(env or {})
     return {k: v for k, v in full_env.items() if v is not None}  # None in `env` unsets a variable
+
+
+@functools.lru_cache(maxsize=None)
+def device_kind(backend):
+    """"cpu" or "gpu": what `backend`'s framework computes on here, asked in a process of its own (not mtbench)."""
+    if not GPU_MACHINE:
+        return "cpu"
+    probe = {"jax": "import jax; print(jax.default_backend())",
+             "torch": "import torch; print('gpu' if torch.cuda.is_available() else 'cpu')"}[backend]
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return proc.stdout.split()[-1]
+
+
+# The environment of a test's process that checks what happens on a CPU (gloo between processes, the CPU forms of
+# kernels): on a GPU machine too. Two processes on one GPU could not each take a device of their own.
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
+
+
+def simulated_devices(count):
+    """The environment of a process whose JAX computes on `count` devices simulated on the CPU: on a GPU machine
+    too, where JAX would otherwise take its one GPU and leave the flag unused."""
+    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={count}", "JAX_PLATFORMS": "cpu"}
 
 
 def run_cli(*args, env=None, cwd=None, timeout=600):
@@ -145,7 +180,8 @@ def train_tiny(backend):
 
 def compare_tiny(out_dir, cache_dir):
     out = os.path.join(out_dir, "tiny-compare.json")
-    proc = run_cli("compare", "--backends", "jax,torch", *TINY_COMPARE, "--cache-dir", cache_dir, "--out", out)
+    # --matrix: exactly these two runs (--backends adds torch compiled beside eager where torch sees a GPU).
+    proc = run_cli("compare", "--matrix", "jax;torch", *TINY_COMPARE, "--cache-dir", cache_dir, "--out", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out) as f:
         return {"combined": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
+from conftest import device_kind
 from mtbench.runner.results.schema import schema_errors
 
 BACKENDS = ("jax", "torch")
@@ -16,7 +17,7 @@ def test_result_matches_schema(tiny_runs, backend):
     assert result["backend"] == backend
     assert result["status"] == "completed"
     assert result["config"]["preset"] == "tiny"
-    assert result["env"]["device"]["kind"] == "cpu"
+    assert result["env"]["device"]["kind"] == device_kind(backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

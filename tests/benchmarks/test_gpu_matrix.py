@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import gpu_matrix
 from benchmarks.gpu_matrix import Row, Way, add_parity, markdown_table, plan_rows, run_matrix
-from conftest import REPOSITORY
+from conftest import CPU_ONLY, REPOSITORY
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "gpu_matrix.py")
 H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}
@@ -364,7 +364,7 @@ def test_bad_choices_are_refused_with_one_line():
 
 def run_script(cache_dir, out, *argv):
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    env["MTBENCH_LOAD_PLUGINS"] = ""
+    env.update(MTBENCH_LOAD_PLUGINS="", **CPU_ONLY)  # the CPU's plan, on a GPU machine too
     proc = subprocess.run([sys.executable, SCRIPT, *argv, "--out", str(out), "--cache-dir", cache_dir, "--",
                            "--max-pairs", "4000", "--valid-size", "20", "--test-size", "20", "--max-len", "32",
                            "--batch-size", "16"], capture_output=True, text=True, env=env, timeout=600)

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import REPOSITORY, assert_refused_in_one_line, keras_on_jax, run_cli
+from conftest import REPOSITORY, assert_refused_in_one_line, keras_on_jax, run_cli, simulated_devices
 
 RUN = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--steps", "6", "--timing-window", "1",
        "--measure-only", "--data", os.path.join(REPOSITORY, "README.md")]
@@ -59,7 +59,7 @@ def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(bac
     arguments = ["train", "--backend", backend, *RUN, "--batch-size", "4", "--grad-accum", "2", "--extra", extra,
                  "--cache-dir", cache_dir, "--out", str(out)]
     if backend == "jax":
-        proc = run_cli(*arguments, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+        proc = run_cli(*arguments, env=simulated_devices(2))
     else:
         preexec_fn, env = on_every_core(None)
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

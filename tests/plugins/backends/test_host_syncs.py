@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import TESTS_DIR
+from conftest import TESTS_DIR, device_kind
 
 PROBE = os.path.join(TESTS_DIR, "host_syncs_probe.py")
 
@@ -57,7 +57,8 @@ def test_jax_counter_sees_the_conditionals_of_kerass_branching_schedule():
     conditionals = report["events"].get("conditional in the compiled step (a host wait on a GPU)", 0)
     # One for each variable weight decay reads the rate for, one for the update's rate, in every counted step.
     assert conditionals == report["counted_steps"] * (report["variables"] + 1)
-    assert report["syncs_per_step"] == 0  # the CPU runs a conditional without waiting
+    # The CPU runs a conditional without waiting; a GPU's host reads each predicate.
+    assert report["syncs_per_step"] == (0 if device_kind("jax") == "cpu" else report["variables"] + 1)
 
 
 def torch_counter():
@@ -138,7 +139,8 @@ def test_cosine_decay_in_numpy_is_keras_schedule():
         steps = list(range(0, 120, 3)) + [9, 10, 11, 99, 100, 101]
         ours = [float(cosine_decay(schedule, step)) for step in steps]
         theirs = [float(keras.ops.convert_to_numpy(schedule(step))) for step in steps]
-        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-12)
+        # atol: near the end of a decay to 0, 1 + cos cancels, and a GPU's cos may differ from numpy's by an ulp
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7 * 3e-3)
 
 
 def test_keras_large_negative_filled_on_the_device_is_keras_own_value():

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from conftest import simulated_devices
+
 pytestmark = pytest.mark.slow  # one process compiling five data-parallel steps: about a minute
 
 SCRIPT = r"""
@@ -85,7 +87,7 @@ print(json.dumps(runs))
 @pytest.fixture(scope="module")
 def runs():
     """{dropout: the flat and XLA reductions' runs} for dropout 0 and 0.1, from one process."""
-    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = {**os.environ, "KERAS_BACKEND": "jax", **simulated_devices(2)}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

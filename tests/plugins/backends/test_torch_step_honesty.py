@@ -10,6 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from conftest import CPU_ONLY
+
 torch = pytest.importorskip("torch")
 
 from mtbench.plugins.backends.torch_eager_step import to_device  # noqa: E402
@@ -100,7 +102,7 @@ PROBE = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_shape_past_dynamos_limit_is_named_not_hidden():
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}
     env.pop("KERAS_BACKEND", None)
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -147,7 +149,7 @@ FLASH_PROBE = textwrap.dedent("""
 def test_the_compiled_step_runs_the_fused_attention_in_one_graph():
     """torch-compile with flash-attention: the compiled program runs the flash kernel (its CPU form here) for every
     attention, forward and backward, and Keras's flash check no longer breaks the graph at each attention."""
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}  # the CPU's flash kernel
     env.pop("KERAS_BACKEND", None)
     proc = subprocess.run([sys.executable, "-c", FLASH_PROBE], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

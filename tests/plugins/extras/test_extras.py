@@ -9,11 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ONE_BUCKET, TESTS_DIR, TINY_TRAIN, run_cli
+from conftest import (CPU_ONLY, ONE_BUCKET, TESTS_DIR, TINY_TRAIN, cpu_machine_only, device_kind, run_cli,
+                      simulated_devices)
 from mtbench.plugins.extras.flash_attention import (JAX_KERNEL_PATTERN, TORCH_KERNEL_PATTERN, FlashAttention,
                                              kernel_evidence)
 
-TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+TWO_DEVICES = simulated_devices(2)
 # Inductor compiles its C++ kernels on two workers, not one: about 30 % less compile time on two cores.
 TWO_COMPILE_THREADS = {"TORCHINDUCTOR_COMPILE_THREADS": "2"}
 SHORT = [*TINY_TRAIN, "--steps", "20"]
@@ -32,17 +33,22 @@ def losses(result):
 
 
 @pytest.mark.parametrize("args, env, message", [
-    (["--backend", "jax", "--extra", "flash-attention"], None,
-     "extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16; this run has cpu/float32"),
-    (["--backend", "torch", "--extra", "flash-attention", "--dtype", "mixed_bfloat16"], None,
-     "extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16; this run has cpu/mixed_bfloat16"),
-    (["--backend", "jax", "--extra", "pmap"], None, "extra 'pmap' cannot run here: needs at least 2 devices; this run has 1"),
-    (["--backend", "jax", "--extra", "data-parallel"], None, "extra 'data-parallel' cannot run here: needs at least 2 devices"),
+    pytest.param(["--backend", "jax", "--extra", "flash-attention"], None,
+                 "extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16; this run "
+                 "has cpu/float32", marks=cpu_machine_only),
+    pytest.param(["--backend", "torch", "--extra", "flash-attention", "--dtype", "mixed_bfloat16"], None,
+                 "extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16; this run "
+                 "has cpu/mixed_bfloat16", marks=cpu_machine_only),
+    (["--backend", "jax", "--extra", "pmap"], CPU_ONLY,
+     "extra 'pmap' cannot run here: needs at least 2 devices; this run has 1"),
+    (["--backend", "jax", "--extra", "data-parallel"], CPU_ONLY,
+     "extra 'data-parallel' cannot run here: needs at least 2 devices"),
     (["--backend", "jax", "--extra", "data-parallel", "--batch-size", "33"], TWO_DEVICES,
      "extra 'data-parallel' cannot run here: the batch size 33 does not split evenly over 2 devices"),
     (["--backend", "jax", "--extra", "pmap", "--dtype", "mixed_float16"], TWO_DEVICES,
      "--dtype mixed_float16: XLA on the CPU has no float16 matmul"),
-    (["--backend", "jax", "--extra", "tpu"], None, "extra 'tpu' cannot run here: needs TPU devices; this run has 1 cpu device(s)"),
+    (["--backend", "jax", "--extra", "tpu"], CPU_ONLY,
+     "extra 'tpu' cannot run here: needs TPU devices; this run has 1 cpu device(s)"),
     (["--backend", "jax", "--extra", "pmap", "--extra", "data-parallel"], TWO_DEVICES,
      "extra 'pmap' cannot run together with 'data-parallel'"),
     (["--backend", "jax", "--extra", "torch-compile"], None, "extra 'torch-compile' serves the torch backend(s), not 'jax'"),
@@ -54,6 +60,7 @@ def test_unavailable_extra_stops_the_run_with_its_reason(tmp_path, cache_dir, ar
     assert not (tmp_path / "r.json").exists()
 
 
+@cpu_machine_only  # torch's flash attention is available on a GPU
 def test_plugins_command_reports_availability_with_reasons():
     proc = run_cli("plugins", "--json", env=TWO_DEVICES)
     rows = {(r["extra"], r["backend"]): r for r in json.loads(proc.stdout)["extras"]}
@@ -162,7 +169,8 @@ def test_bfloat16_policy_is_applied_and_recorded(tmp_path, cache_dir, backend):
                    *ONE_BUCKET)
     assert result["compile_options"]["dtype_policy"] == "mixed_bfloat16"
     assert result["compile_options"]["optimizer"] == "AdamW"
-    assert re.match(r"measured: (\d+)x\1 bfloat16 matmul on ", result["utilization"]["peak_source"])
+    if device_kind(backend) == "cpu":  # a GPU's peak is its datasheet's
+        assert re.match(r"measured: (\d+)x\1 bfloat16 matmul on ", result["utilization"]["peak_source"])
     assert losses(result)[-5:].mean() < losses(result)[:3].mean()
 
 
@@ -188,7 +196,7 @@ def test_float16_trains_with_loss_scaling(dtype):
 
 def test_float16_on_jax_cpu_is_refused_with_the_reason(tmp_path, cache_dir):
     proc = run_cli("train", *TINY_TRAIN, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"),
-                   "--backend", "jax", "--dtype", "mixed_float16")
+                   "--backend", "jax", "--dtype", "mixed_float16", env=CPU_ONLY)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("Error: --dtype mixed_float16: XLA on the CPU has no float16 matmul "
                                    "(mixed_float16); use bfloat16 or mixed_bfloat16 there")
@@ -242,7 +250,7 @@ print(json.dumps({"mesh": list(mesh.shape), "axes": list(mesh.axis_names), "batc
                   "max_len": config.max_len, "dtype": config.dtype, "b": [tpu_batch_size(8, 1), tpu_batch_size(33, 4)],
                   "record": run.extras_state["tpu"]}))
 """
-    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {**os.environ, "KERAS_BACKEND": "jax", **simulated_devices(4)}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])

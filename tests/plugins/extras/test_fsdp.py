@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import ONE_BUCKET, TINY_TRAIN, run_cli
+from tests.conftest import ONE_BUCKET, TINY_TRAIN, run_cli, simulated_devices
 from mtbench.figures import FIGURES_BY_KEY
 from mtbench.plugins.extras.fsdp import sharded_axis
 from tests.plugins.extras.test_multi_process import assert_same_losses, torchrun
 
-TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+TWO_DEVICES = simulated_devices(2)
 PARALLEL = [*TINY_TRAIN, *ONE_BUCKET]  # one length bucket: one train program per run
 FLOAT32 = 4
 

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.conftest import simulated_devices
 from tests.plugins.extras.test_multi_process import TORCHRUN
 
 JAX_SCRIPT = r"""
@@ -72,7 +73,7 @@ print(json.dumps(runs))
 def jax_runs():
     """{dtype: the fsdp step's and GSPMD's run of the same model from the same weights} for float32 and
     mixed_bfloat16, from one process on 2 simulated devices."""
-    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = {**os.environ, "KERAS_BACKEND": "jax", **simulated_devices(2)}
     proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT], capture_output=True, text=True, env=env, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -18,13 +18,13 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, simulated_devices
 from tests.plugins.extras.test_fsdp import TWO_DEVICES, losses
 from tests.plugins.extras.test_multi_process import torchrun
 
 FLOAT32 = 4
 GPT_STEPS = 50
-FOUR_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+FOUR_DEVICES = simulated_devices(4)
 # The tiny GPT preset: 2 blocks, d_model 64, 2 heads, 256 feed-forward units; byte vocabulary, block size 32.
 TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
             "--test-size", "10", "--steps", str(GPT_STEPS)]

@@ -4,6 +4,8 @@ import re
 
 import pytest
 
+from conftest import cpu_machine_only
+
 from mtbench.keras_models.presets import PRESETS
 from mtbench.keras_models.flops import forward_flops, training_flops
 from mtbench.runner.measurement.peaks import datasheet_peak
@@ -50,6 +52,7 @@ def test_jax_compiles_once_per_bucket_and_never_in_steady_steps(tiny_runs):
     assert result["timing"]["compilations_by_shape"] == {"x".join(map(str, s)): 1 for s in seen}
 
 
+@cpu_machine_only  # a GPU's peak is its datasheet's
 def test_mfu_of_both_backends_is_against_the_same_named_cpu_peak(tiny_runs):
     """The CPU's peak is the fastest matmul any installed framework measured on it, not each framework's own."""
     peaks = set()
@@ -70,6 +73,7 @@ def test_torch_eager_reports_no_compilations(tiny_runs):
 
 
 @pytest.mark.slow
+@cpu_machine_only
 def test_env_calibrate_measures_and_caches_each_backends_peak(tmp_path):
     import json
     import os

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import device_kind, run_cli
 from mtbench.figures import FIGURES, shown_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -261,7 +261,7 @@ def test_env_describes_versions_devices_and_plugins_without_keras():
     assert data["host"]["python"] == ".".join(map(str, sys.version_info[:3]))
     for backend in ("jax", "torch"):
         assert data["backends"][backend]["available"] is True
-        assert data["backends"][backend]["device"]["kind"] == "cpu"
+        assert data["backends"][backend]["device"]["kind"] == device_kind(backend)
         assert data["backends"][backend]["versions"][backend] == data["host"][backend]
     assert {p["name"] for p in data["plugins"]} >= {"jax_backend", "torch_backend", "table_reporter"}
     table = run_cli("env")
