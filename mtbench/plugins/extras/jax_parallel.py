@@ -2,7 +2,7 @@
 (`keras.distribution.DataParallel`: one jit-compiled program over sharded arrays, pmap's successor).
 
 Both split the global batch across the devices and must give the loss a single device gives for the same
-global batch. On a CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N.
+global batch. Simulate N devices on the CPU with XLA_FLAGS=--xla_force_host_platform_device_count=N JAX_PLATFORMS=cpu.
 """
 
 import numpy as np

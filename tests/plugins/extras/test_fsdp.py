@@ -72,8 +72,8 @@ def test_the_state_per_device_is_a_figure_of_every_output():
 
 @pytest.mark.parametrize("args, env, message", [
     (["--backend", "jax", "--extra", "fsdp"], None,
-     "extra 'fsdp' cannot run here: needs at least 2 devices; this run has 1 (on a CPU, simulate devices with "
-     "XLA_FLAGS=--xla_force_host_platform_device_count=N)"),
+     "extra 'fsdp' cannot run here: needs at least 2 devices; this run has 1 (simulate N devices on the CPU with "
+     "XLA_FLAGS=--xla_force_host_platform_device_count=N JAX_PLATFORMS=cpu)"),
     (["--backend", "jax", "--extra", "fsdp", "--batch-size", "33"], TWO_DEVICES,
      "extra 'fsdp' cannot run here: the batch size 33 does not split evenly over 2 devices"),
     (["--backend", "jax", "--extra", "fsdp", "--extra", "data-parallel"], TWO_DEVICES,

@@ -149,8 +149,8 @@ def test_only_the_families_whose_blocks_it_splits_whole_are_taken():
 
 @pytest.mark.parametrize("args, env, message", [
     (["--backend", "jax"], None,
-     "extra 'tensor-parallel' cannot run here: needs at least 2 devices; this run has 1 (on a CPU, simulate devices "
-     "with XLA_FLAGS=--xla_force_host_platform_device_count=N)"),
+     "extra 'tensor-parallel' cannot run here: needs at least 2 devices; this run has 1 (simulate N devices on the "
+     "CPU with XLA_FLAGS=--xla_force_host_platform_device_count=N JAX_PLATFORMS=cpu)"),
     (["--backend", "jax", "--ff-dim", "129"], TWO_DEVICES,
      "extra 'tensor-parallel' cannot run here: the model's 129 feed-forward units (--ff-dim) do not split evenly "
      "over 2 devices"),
