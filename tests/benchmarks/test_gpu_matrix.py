@@ -321,8 +321,8 @@ def test_a_rows_wall_time_is_split_into_what_one_process_for_several_rows_could_
                                                   "phases_s": {"build": 5.0, "train": 24.0}}}, 40.0)
     assert reference == {"process": 10.0, "backend": 0.0, "data_and_build": 5.0, "compile": 10.0,
                          "steady_steps": 12.0, "rest": 3.0}
-    records = [{"measured": [{"wall_split_s": split}, {"wall_split_s": split}]}, {"measured": [{"wall_split_s": reference}]},
-               {"status": "cut"}]
+    records = [{"measured": [{"wall_split_s": split}, {"wall_split_s": split}]},
+               {"measured": [{"wall_split_s": reference}]}, {"status": "cut"}]
     assert gpu_matrix.wall_split_line(records) == (
         "where the rows' 160 s went: the process starting and ending 30 s (19 %), keras and the devices starting "
         "8 s (5 %), data and model build 14 s (9 %), compilation 50 s (31 %), steady steps 42 s (26 %), the rest "

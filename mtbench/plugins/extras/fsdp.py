@@ -38,7 +38,8 @@ from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 
 DATA_AXIS = "data"
 # JAX_PLATFORMS: on a machine with one GPU, JAX would take the GPU and leave the flag unused.
-SIMULATE_HINT = "simulate N devices on the CPU with XLA_FLAGS=--xla_force_host_platform_device_count=N JAX_PLATFORMS=cpu"
+SIMULATE_HINT = ("simulate N devices on the CPU with XLA_FLAGS=--xla_force_host_platform_device_count=N "
+                 "JAX_PLATFORMS=cpu")
 LAUNCH_HINT = "start mtbench with torchrun --nproc-per-node N -m mtbench train ..."
 
 

@@ -146,7 +146,8 @@ DEVICES_PROBE = textwrap.dedent("""
     from mtbench.plugins.backends import torch_layer_kernels as kernels
     from mtbench.keras_models.transformer import Embedding
 
-    dense, norm, table, float32_table = layers.Dense(4), layers.LayerNormalization(), layers.Embedding(9, 4), Embedding(9, 4)
+    dense, norm = layers.Dense(4), layers.LayerNormalization()
+    table, float32_table = layers.Embedding(9, 4), Embedding(9, 4)
     for layer, shape in ((dense, (2, 4)), (norm, (2, 4)), (table, (2, 3)), (float32_table, (2, 3))):
         layer.build(shape)
     # Inputs on another device than the weights (a GPU's weights, host inputs): "meta" stands for it on a CPU.
