@@ -203,8 +203,13 @@ def accumulated_gradients(micro_batches, inner=None):
         (grads, loss, correct, non_trainable), _ = jax.lax.scan(add_part, start, parts)
         return grads, loss, correct, tokens, non_trainable
 
+    def per_shard(shards, distribution, flat):
+        """This accumulation as a data-parallel mesh's devices each do it (`accumulated_over_shards`), or None where
+        `inner` differentiates each part its own way."""
+        return None if inner is not None else accumulated_over_shards(micro_batches, shards, distribution, flat)
+
     gradients_of.micro_batches = micro_batches
-    gradients_of.inner = inner
+    gradients_of.per_shard = per_shard
     return gradients_of
 
 
@@ -275,11 +280,13 @@ class JitTrainStep(TrainStep):
         layouts = None if distribution is None else [v.value.sharding for v in model.trainable_variables]
         self.flat_shards = flat_gradient_shards(model, distribution, native_loss)
         shards = gradient_shards(model, distribution, native_loss)
-        self.accumulated_per_shard = self.micro_batches > 1 and getattr(gradients_of, "inner", True) is None \
-            and shards > 0
-        if self.accumulated_per_shard:
-            gradients_of = accumulated_over_shards(self.micro_batches, shards, distribution,
-                                                   flat=bool(self.flat_shards))
+        # An accumulating `gradients_of` that has a per-device form takes it wherever the devices can each sum
+        # their own shard's gradients (one all-reduce a step instead of one per micro-batch).
+        per_shard = getattr(gradients_of, "per_shard", None)
+        per_device = per_shard(shards, distribution, bool(self.flat_shards)) if per_shard and shards else None
+        self.accumulated_per_shard = per_device is not None
+        if per_device is not None:
+            gradients_of = per_device
 
         def loss_of(trainable, non_trainable, optimizer_state, x, y, weight, tokens, share):
             """The loss of (a shard of) the batch, its share of the model's own losses, scaled as the optimizer
