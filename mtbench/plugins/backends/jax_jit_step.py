@@ -75,8 +75,9 @@ def gradient_shards(model, distribution, native_loss):
     return len(devices)
 
 
-def flat_gradient_shards(model, distribution, native_loss):
-    """How many batch shards the data-parallel step sums as one flat buffer, or 0 where XLA's own reduction serves.
+def flat_gradient_shards(shards, distribution):
+    """How many of the batch's `shards` (`gradient_shards`) the data-parallel step sums as one flat buffer, or 0
+    where XLA's own reduction serves.
 
     XLA combines the gradients' all-reduces into one of a tuple, but XLA:CPU runs that as one gloo collective per
     buffer: 41 for the tiny Transformer, together 19 ms a step between two processes, and 166 ms when each
@@ -84,7 +85,6 @@ def flat_gradient_shards(model, distribution, native_loss):
     buffer takes 4 ms in all). So on CPUs the step takes each shard's gradients apart (`summed_over_shards`) and
     sums them in one all-reduce, as DDP sums a bucket. On GPUs and TPUs XLA's collectives take the tuple at once
     and overlap it with the backward pass: GSPMD's reduction stays."""
-    shards = gradient_shards(model, distribution, native_loss)
     if not shards or distribution.device_mesh.backend_mesh.devices.flatten()[0].platform != "cpu":
         return 0
     return shards
@@ -278,8 +278,8 @@ class JitTrainStep(TrainStep):
         # Under a distribution each gradient is held to its weight's layout: sharded weights (fsdp) get sharded
         # gradients, never a replicated copy XLA might otherwise choose.
         layouts = None if distribution is None else [v.value.sharding for v in model.trainable_variables]
-        self.flat_shards = flat_gradient_shards(model, distribution, native_loss)
         shards = gradient_shards(model, distribution, native_loss)
+        self.flat_shards = flat_gradient_shards(shards, distribution)
         # An accumulating `gradients_of` that has a per-device form takes it wherever the devices can each sum
         # their own shard's gradients (one all-reduce a step instead of one per micro-batch).
         per_shard = getattr(gradients_of, "per_shard", None)
