@@ -469,9 +469,9 @@ def wall_split_line(records):
     splits = [m["wall_split_s"] for r in records for m in r.get("measured", []) if m.get("wall_split_s")]
     if not splits:
         return None
-    total = sum(sum(split.values()) for split in splits)
-    parts = ", ".join(f"{label} {sum(split[part] for split in splits):.0f} s "
-                      f"({100 * sum(split[part] for split in splits) / total:.0f} %)"
+    seconds = {part: sum(split[part] for split in splits) for part in WALL_PARTS}
+    total = sum(seconds.values())
+    parts = ", ".join(f"{label} {seconds[part]:.0f} s ({100 * seconds[part] / total:.0f} %)"
                       for part, label in WALL_PARTS.items())
     return (f"where the rows' {total:.0f} s went: {parts}; running several rows in one process would save at "
             f"most the first two")

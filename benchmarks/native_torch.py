@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtbench.plugins.backends.torch_eager_step import correct_tokens  # the same accuracy formulation as mtbench's step
+# The same accuracy formulation and batch copies as mtbench's step.
+from mtbench.plugins.backends.torch_eager_step import correct_tokens, to_device
 
 PAD_ID = 0
 LAYER_NORM_EPSILON = 1e-6
@@ -317,11 +318,8 @@ def batch_tensors(batch, device=None):
     """An mtbench `Batch` as the step's tensors on `device` (default: `default_device()`): the model's inputs
     (`batch.inputs`), the labels, the weights. On CUDA each goes through pinned host memory, then a non-blocking
     copy, as nanoGPT's `get_batch` does: a copy from pageable memory would wait for the device's queue first, so
-    the host could not queue the next step while this one runs."""
-    device = torch.device(default_device() if device is None else device)
+    the host could not queue the next step while this one runs (mtbench's step copies them so too: `to_device`)."""
+    device = default_device() if device is None else device
     arrays = (*(ids.astype(np.int64) for ids in batch.inputs), batch.target_output.astype(np.int64),
               np.asarray(batch.weight, np.float32))
-    tensors = (torch.from_numpy(array) for array in arrays)
-    if device.type != "cuda":
-        return tuple(tensor.to(device) for tensor in tensors)
-    return tuple(tensor.pin_memory().to(device, non_blocking=True) for tensor in tensors)
+    return tuple(to_device(array, device) for array in arrays)

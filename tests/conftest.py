@@ -1,17 +1,18 @@
 """Shared fixtures. In-process tests run keras on JAX; anything that needs another backend runs the CLI in a
 subprocess, as real users do (keras fixes its backend at import)."""
 
+import functools
 import importlib.util
 import json
-import functools
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
 
 import pytest
+
+from mtbench.runner.measurement.environment import nvidia_gpu
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY = os.path.dirname(TESTS_DIR)
@@ -20,7 +21,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("KERAS_HOME", os.path.join(_SESSION_DIR, "keras"))
 # A machine with an NVIDIA driver, where the frameworks may compute on a GPU: what a test expects of the device (the
 # kind a run names, a measured MFU peak) is then checked against what each framework sees (`device_kind`).
-GPU_MACHINE = os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
+GPU_MACHINE = nvidia_gpu()["gpu_present"]
 cpu_machine_only = pytest.mark.skipif(GPU_MACHINE, reason="checks what runs on a machine without a GPU")
 if GPU_MACHINE:
     # Two workers' processes share the GPU: JAX's default takes 75 % of its memory for the first process.
