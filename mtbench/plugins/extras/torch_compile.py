@@ -84,12 +84,13 @@ class TorchCompile(Extra):
         import torch
         from torch._dynamo.utils import counters
 
-        from mtbench.plugins.backends.torch_compiled_step import COMPILED_PART, dynamo_counters
+        from mtbench.plugins.backends.torch_compiled_step import COMPILED_PART, PRECISION_CASTS, dynamo_counters
         state = run.extras_state[self.name]
         step = state["step"]
         # Called once training has ended: the last point at which this process's compilations are all known.
         saved = save_cache_artifacts(state["artifacts"])
-        return {"mode": run.config.compile_mode, "compiled": COMPILED_PART, **dynamo_counters(),
+        return {"mode": run.config.compile_mode, "compiled": COMPILED_PART, "precision_casts": PRECISION_CASTS,
+                **dynamo_counters(),
                 **step.compilations(), "compile_s": round(step.compile_seconds(), 3),
                 "recompile_limit": torch._dynamo.config.recompile_limit,
                 "shapes_trained": len(step.shapes_seen), "shapes_run_eagerly": step.shapes_run_eagerly(),

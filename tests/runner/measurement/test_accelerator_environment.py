@@ -13,6 +13,7 @@ from conftest import cli_environment, cpu_machine_only
 from mtbench import Backend, cudnn_version_text
 from mtbench.plugins.backends.jax_backend import JaxBackend
 from mtbench.plugins.backends.torch_backend import TorchBackend
+from mtbench.runner.measurement import environment
 from mtbench.runner.measurement.environment import (accelerator_record,
                                                     arithmetic_environment_variables, cpu_only_backend_warnings,
                                                     nvidia_gpu, run_environment)
@@ -99,7 +100,8 @@ def test_the_framework_variables_are_recorded_set_or_not():
     assert "HOME" not in recorded and "PATH" not in recorded
 
 
-def test_the_gpu_and_its_driver_are_read_from_the_driver(tmp_path):
+def test_the_gpu_and_its_driver_are_read_from_the_driver(tmp_path, monkeypatch):
+    monkeypatch.setattr(environment, "_nvml_driver_version", lambda: None)  # a GPU machine's NVML answers first
     version_file = tmp_path / "version"
     version_file.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC "
                             "2024\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")

@@ -26,7 +26,7 @@ def copy(result):
 
 def quiet(result):
     """`result` as if it ran on a quiet machine: steps that do not scatter, nobody else on the CPUs, a peak
-    measured at rest."""
+    measured at rest, and a model that translated."""
     quieted = copy(result)
     timing = quieted["timing"]
     timing["step_s_p90"] = timing["step_s_median"] * 1.2
@@ -34,6 +34,7 @@ def quiet(result):
     load["other_processes_percent"], load["steal_percent"] = 1.0, 0.0
     load["before_training"]["load_average"] = load["after_training"]["load_average"] = [0.5, 0.4, 0.3]
     quieted["utilization"]["peak_load_average"] = [0.3, 0.2, 0.1]
+    quieted["metrics"].pop("quality_warning", None)  # a tiny model may translate every sentence to nothing
     return quieted
 
 
@@ -272,3 +273,10 @@ def test_a_complete_and_a_diverged_result_report_together(tiny_runs, tmp_path, o
     elif output_format in ("table", "markdown"):
         assert ("parity torch vs jax (float32): torch's loss is not finite from step 10, the other's is; over the 9 "
                 "steps before, largest relative loss difference") in " ".join(proc.stdout.split())
+
+
+def test_a_model_that_translated_nothing_is_flagged(tiny_runs):
+    result = quiet(tiny_runs["jax"]["result"])
+    result["metrics"]["quality_warning"] = "the model produced no words for any test sentence"
+    assert run_warnings(result) == ["the model produced no words for any test sentence"]
+    assert "no words" in rows(result)["warnings"]
