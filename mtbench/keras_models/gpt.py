@@ -5,7 +5,7 @@ nanoGPT and GPT-2. Every position predicts the next token; there is no padding i
 import keras
 from keras import layers, ops
 
-from mtbench.keras_models.transformer import Attention, Embedding, dropout_layer
+from mtbench.keras_models.transformer import Attention, Embedding, create_variables, dropout_layer
 
 
 class MLP(layers.Layer):
@@ -69,8 +69,7 @@ def build_gpt(shape, flash_attention=False):
     model = GPT(vocab_size=shape.vocab_size, d_model=shape.d_model, num_heads=shape.num_heads,
                 layers_count=shape.decoder_layers, ff_dim=shape.ff_dim, block_size=shape.max_len,
                 dropout=shape.dropout, flash_attention=flash_attention, name="gpt")
-    model(ops.ones((1, 8), dtype="int32"))
-    return model
+    return create_variables(model)
 
 
 def non_embedding_parameters(shape):

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from mtbench.keras_models.transformer import Attention, Embedding, decoding_state, dropout_layer
+from mtbench.keras_models.transformer import Attention, Embedding, create_variables, decoding_state, dropout_layer
 
 # MarianConfig's defaults, for the keys a config.json may leave out.
 MARIAN_DEFAULTS = {
@@ -264,6 +264,4 @@ def build_marian(config, flash_attention=False, flash_attention_masked=False):
     """The MarianMT of a parsed config.json, with its variables created so weights can be set before compiling."""
     model = MarianMT(config, flash_attention=flash_attention, flash_attention_masked=flash_attention_masked,
                      name="marian")
-    dummy = ops.ones((1, 8), dtype="int32")
-    model((dummy, dummy))
-    return model
+    return create_variables(model, inputs=2)
