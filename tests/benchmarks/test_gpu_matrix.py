@@ -343,7 +343,7 @@ def test_table_labels_every_row_with_the_step_that_ran_or_why_not():
                                            FLASH_REFUSED))
     add_parity(records, results)
     # float32 rows are compared within one matmul precision: highest with highest, high with nothing
-    assert records[0]["parity"] == "reference" and records[1]["parity"] == "0.2 % vs jax"
+    assert records[0]["parity"] == "reference" and records[1]["parity"] == "0.2 % at step 1 vs jax"
     assert records[2]["parity"].startswith("not checked: no other float32 high run")
     lines = markdown_table(records).splitlines()
     assert lines[0].split(" | ")[4] == "train step that ran" and len(lines) == 6
