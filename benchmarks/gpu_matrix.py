@@ -53,9 +53,9 @@ mtbench's own, read from the row's result JSON (see docs/results.md for the cloc
 - `MFU`: the steady steps' analytic FLOPs over their time, over the device's datasheet peak for the arithmetic
   (TF32's for `high`; on a CPU, the measured matmul peak);
 - `peak device MiB`: the peak device memory the framework reports (n/a on a CPU);
-- `parity`: the largest relative loss difference and its step, over the first 50 steps, from the first row of the
-  same preset, dtype and matmul precision (mtbench compare's check, within 1 %); rows with dropout (`base`) are not
-  checked;
+- `parity`: the largest relative loss difference and where, over the first 50 steps, from the first row of the
+  same preset, dtype and matmul precision (mtbench compare's check, within 1 %; 16-bit rows by 10-step means); rows
+  with dropout (`base`) are not checked;
 - `row s`: the row's wall time, its process's start, data and compilation included. Below the table, where the
   rows' wall time went: processes starting and ending, keras and the devices starting, data and model build,
   compilation, steady steps and the rest (`wall_split_s` of each repeat in the JSON, from its result's timing).
@@ -631,9 +631,7 @@ def add_parity(records, results):
         ran = [r for r in records if r["preset"] == preset and r["status"] == "ran"]
         report = check_parity([(r["key"], results[r["key"]]) for r in ran], arithmetic)
         reference_run = {r["key"]: r["run"] for r in ran}
-        # The step says which kind of difference it is: bfloat16 curves of one arithmetic part after a dozen
-        # steps (chaos), other arithmetic shows from the first updates.
-        cells = {pair.run: (f"{percent(pair.max_relative_difference)} at step {pair.at_step} vs "
+        cells = {pair.run: (f"{percent(pair.max_relative_difference)} {pair.where()} vs "
                             f"{reference_run[pair.reference]}"
                             + ("" if pair.within_tolerance else f", NOT within {percent(report.tolerance)}"))
                  for pair in report.pairs}

@@ -233,6 +233,28 @@ def test_parity_flags_a_run_whose_losses_differ():
     assert any("torch+perturbed vs jax" in line and "NOT within 1 %" in line for line in report.lines())
 
 
+def test_16_bit_runs_are_held_to_their_curves_not_to_each_steps_rounding():
+    """A 16-bit run of the same arithmetic parts from its reference step by step after a dozen steps (here 2 %
+    either way, alternately) and still follows the curve: held to 10-step means it passes, where a float32 run
+    that did the same fails; a 16-bit run whose first ten steps sit 2 % higher fails."""
+    losses = list(np.linspace(7.5, 5.0, 60))
+    scattered = [loss * (1.02 if step % 2 else 0.98) for step, loss in enumerate(losses)]
+    higher_at_first = [loss * (1.02 if step < 10 else 1.0) for step, loss in enumerate(losses)]
+    bf16 = "mixed_bfloat16"
+    report = check_parity([("jax", fake_run(losses, bf16)), ("torch", fake_run(scattered, bf16)),
+                           ("torch+other", fake_run(higher_at_first, bf16)), ("jax-f32", fake_run(losses)),
+                           ("torch-f32", fake_run(scattered))], run_dtype, steps=50, tolerance=0.01)
+    by_run = {pair.run: pair for pair in report.pairs}
+    assert by_run["torch"].window == 10 and by_run["torch"].within_tolerance
+    assert by_run["torch"].max_relative_difference < 1e-3
+    assert by_run["torch-f32"].window == 1 and not by_run["torch-f32"].within_tolerance
+    assert by_run["torch-f32"].max_relative_difference == pytest.approx(0.02)
+    other = by_run["torch+other"]
+    assert not other.within_tolerance and other.max_relative_difference == pytest.approx(0.02) and other.at_step == 10
+    assert "parity torch+other vs jax (mixed_bfloat16, first 50 steps): largest relative loss difference 2 % in " \
+           "steps 1-10 (10-step means), NOT within 1 %" in report.lines()
+
+
 def test_a_comparison_that_fails_parity_ends_with_status_1():
     from mtbench.errors import RunFailure
     from mtbench.runner.results.parity import require_parity
