@@ -69,21 +69,6 @@ def attention_flops(operand_shapes, line):
     return flops / 2 if re.search(r'"mask_type":\s*"CAUSAL"', line) else flops
 
 
-def library_matmul_flops(result_dims, lhs, line):
-    """A cuBLAS call's FLOPs: 2 x its result's elements (the first array of its result, a workspace beside it) x
-    the contraction its backend config names on the left operand."""
-    contracting = re.search(r'"lhs_contracting_dimensions":\s*\[([^\]]*)\]', line)
-    if lhs is None or contracting is None:
-        return 0.0
-    elements = 1
-    for dim in filter(None, result_dims.split(",")):
-        elements *= int(dim)
-    contraction = 1
-    for dim in re.findall(r"\d+", contracting.group(1)):
-        contraction *= lhs[int(dim)]
-    return 2.0 * elements * contraction
-
-
 def entry_kernels(hlo_text):
     """The kernels of an optimised HLO module (`compiled.as_text()`), in program order."""
     operations = hlo_operations(hlo_text)
@@ -103,10 +88,8 @@ def entry_kernels(hlo_text):
         category, flops = operations.get(name, (None, 0))
         if ATTENTION_CALL.search(line):
             kind, flops = ATTENTION, attention_flops([dims.get(operand) for operand in names], line)
-        elif category == MATMUL:
+        elif category == MATMUL:  # XLA's own GEMM fusions, and cuBLAS calls
             kind = MATMUL
-        elif "$gemm" in line or "$matmul" in line:
-            kind, flops = MATMUL, library_matmul_flops(arrays[0][1], dims.get(names[0]), line)
         elif opcode in ("copy", "transpose", "copy-start", "copy-done"):
             kind = "copies"
         elif opcode == "custom-call":

@@ -36,9 +36,21 @@ TORCH_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 INSTRUCTION = re.compile(r"^(?:ROOT )?%([\w.\-]+) = \(?\w+\[([\d,]*)\]")
 
 
+def library_matmul_flops(result_dims, lhs, line):
+    """A cuBLAS call's FLOPs: 2 x its result's elements (the first array of its result, a workspace beside it) x
+    the contraction its backend config names on the left operand's dimensions `lhs`."""
+    contracting = re.search(r'"lhs_contracting_dimensions":\s*\[([^\]]*)\]', line)
+    if lhs is None or contracting is None:
+        return 0
+    contraction = np.prod([lhs[int(d)] for d in re.findall(r"\d+", contracting.group(1))])
+    return 2 * int(np.prod(result_dims)) * int(contraction)
+
+
 def hlo_operations(hlo_text):
     """{operation name: (category, FLOPs)} for the operations of an optimised HLO module. A fusion counts as a
-    multiplication when the computation it calls holds a `dot`; its FLOPs are 2 x output size x contraction."""
+    multiplication when the computation it calls holds a `dot`; its FLOPs are 2 x output size x contraction. On a
+    GPU most products are cuBLAS calls instead (`custom-call` to `__cublas$gemm`, `__cublas$lt$matmul`), counted
+    alike from the dimension numbers of their backend config."""
     computations, current, shapes = {}, None, {}
     for line in hlo_text.splitlines():
         header = re.match(r"^(?:ENTRY )?%([\w.\-]+) .*\{$", line)
@@ -64,8 +76,11 @@ def hlo_operations(hlo_text):
         called = re.search(r"calls=%([\w.\-]+)", line)
         body = computations.get(called.group(1), []) if called else [line]
         dots = [b for b in body if " dot(" in b]
+        library = re.search(r"custom-call\(%([\w.\-]+).*__cublas\$", line)
         if dots:
             operations[name] = (MATMUL, sum(dot_flops(d) for d in dots))
+        elif library:
+            operations[name] = (MATMUL, library_matmul_flops(shapes[name], shapes.get(library.group(1)), line))
         elif "reduce" in name:
             operations[name] = ("reductions (softmax, layer norm, loss)", 0)
         elif "copy" in name or "transpose" in name:

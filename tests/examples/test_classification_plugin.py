@@ -84,7 +84,7 @@ def test_the_split_is_fixed_and_the_batches_follow_the_seed():
 def compared(cache_dir, tmp_path_factory):
     """One `mtbench compare` of the classifier on jax and torch, two repeats each, from one weights file."""
     out = str(tmp_path_factory.mktemp("classification-compare") / "compare.json")
-    proc = run_cli("compare", "--backends", "jax,torch", "--repeats", "2", *TINY_MLP, "--cache-dir", cache_dir,
+    proc = run_cli("compare", "--matrix", "jax;torch", "--repeats", "2", *TINY_MLP, "--cache-dir", cache_dir,
                    "--out", out, env=LOADED)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out) as f:

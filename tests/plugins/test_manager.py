@@ -196,7 +196,7 @@ def test_reporters_run_on_every_result_of_compare_and_report(plugin_path, cache_
     out, blocker = tmp_path / "c.json", tmp_path / "a-file"
     blocker.write_text("where the tracker wants a folder\n")
     # Each run's tracker fails (its folder cannot be made): the runs complete, the comparison goes on.
-    compare = run_cli("compare", "--backends", "jax,torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "3",
+    compare = run_cli("compare", "--matrix", "jax;torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "3",
                       "--cache-dir", cache_dir, "--out", str(out), "--report", "oneline", "--report-to", "tensorboard",
                       "--logging-dir", str(blocker / "tb"), env=env)
     assert compare.returncode == 3, compare.stderr

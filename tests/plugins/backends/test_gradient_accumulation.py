@@ -9,15 +9,16 @@ import os
 import numpy as np
 import pytest
 
-from conftest import REPOSITORY, assert_refused_in_one_line, keras_on_jax, run_cli, simulated_devices
+from conftest import CPU_ONLY, REPOSITORY, assert_refused_in_one_line, keras_on_jax, run_cli, simulated_devices
 
 RUN = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--steps", "6", "--timing-window", "1",
        "--measure-only", "--data", os.path.join(REPOSITORY, "README.md")]
 
 
-def train(backend, tmp_path, cache_dir, *arguments):
+def train(backend, tmp_path, cache_dir, *arguments, env=None):
     out = tmp_path / f"{backend}-{'-'.join(arguments)}.json"
-    proc = run_cli("train", "--backend", backend, *RUN, *arguments, "--cache-dir", cache_dir, "--out", str(out))
+    proc = run_cli("train", "--backend", backend, *RUN, *arguments, "--cache-dir", cache_dir, "--out", str(out),
+                   env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -38,7 +39,9 @@ def test_two_micro_batches_of_four_rows_train_as_one_batch_of_eight(backend, tmp
 def one_device_batches_of_eight(tmp_path_factory, cache_dir):
     """{backend: the result of one device trained on batches of 8 rows}, made once for the distributed cases."""
     folder = tmp_path_factory.mktemp("whole")
-    return {backend: train(backend, folder, cache_dir, "--batch-size", "8") for backend in ("jax", "torch")}
+    # On the CPU, as the simulated devices and gloo processes it is set beside (on a GPU machine too).
+    return {backend: train(backend, folder, cache_dir, "--batch-size", "8", env=CPU_ONLY)
+            for backend in ("jax", "torch")}
 
 
 @pytest.mark.slow  # a training process, or torchrun's two
@@ -61,7 +64,7 @@ def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(bac
     if backend == "jax":
         proc = run_cli(*arguments, env=simulated_devices(2))
     else:
-        preexec_fn, env = on_every_core(None)
+        preexec_fn, env = on_every_core(CPU_ONLY)  # gloo: two processes cannot each take a GPU of one
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                                "-m", "mtbench", *arguments], capture_output=True, text=True,
                               env=cli_environment(env), timeout=600, preexec_fn=preexec_fn)

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import simulated_devices
+from tests.conftest import CPU_ONLY, simulated_devices
 from tests.plugins.extras.test_multi_process import TORCHRUN
 
 JAX_SCRIPT = r"""
@@ -176,7 +176,7 @@ dist.destroy_process_group()
 def test_torch_fsdp_clips_with_one_all_reduce_and_gathers_in_the_compute_dtype(tmp_path):
     script = tmp_path / "fsdp_step.py"
     script.write_text(TORCH_SCRIPT)
-    env = {**os.environ, "KERAS_BACKEND": "torch", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "KERAS_BACKEND": "torch", "OMP_NUM_THREADS": "1", **CPU_ONLY}  # gloo, on a GPU machine too
     proc = subprocess.run([*TORCHRUN, str(script)], capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -33,7 +33,7 @@ def fine_tune_args(checkpoint):
 @pytest.fixture(scope="module")
 def compared(checkpoint, cache_dir):
     out = checkpoint["directory"] / "compare.json"
-    proc = run_cli("compare", "--backends", "jax,torch", *fine_tune_args(checkpoint), "--cache-dir", cache_dir,
+    proc = run_cli("compare", "--matrix", "jax;torch", *fine_tune_args(checkpoint), "--cache-dir", cache_dir,
                    "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from conftest import (COMPARE_STEPS, ONE_BUCKET, REPOSITORY, TINY_COMPARE, assert_refused_in_one_line, device_kind,
-                      env_with, run_cli)
+from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, REPOSITORY, TINY_COMPARE, assert_refused_in_one_line,
+                      device_kind, env_with, run_cli)
 from mtbench.figures import FIGURES_BY_KEY, run_dtype, shown_figures
 from mtbench.runner.results.parity import check_parity
 
@@ -155,7 +155,8 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
      "run 'torch': --dtype mixed_float16: float16 trains through Keras's loss-scaling optimizer"),
 ])
 def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
-    proc = run_cli("compare", *args, "--out", str(tmp_path / "c.json"))
+    # On the CPU, where the dtype refusals above hold (a GPU's XLA multiplies float16).
+    proc = run_cli("compare", *args, "--out", str(tmp_path / "c.json"), env=CPU_ONLY)
     assert_refused_in_one_line(proc, expected)
     assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == [], "a refused plan must not start anything"
@@ -276,7 +277,7 @@ def test_compare_validates_every_run_along_the_way_and_stops_each_at_the_target(
     the same continuation from the same weights, and stops at the first validation at the target; the comparison
     sets their times to the target side by side."""
     out = tmp_path / "c.json"
-    proc = run_cli("compare", "--backends", "jax,torch", "--model", "gpt", "--preset", "tiny", "--block-size", "32",
+    proc = run_cli("compare", "--matrix", "jax;torch", "--model", "gpt", "--preset", "tiny", "--block-size", "32",
                    "--batch-size", "4", "--steps", "12", "--valid-size", "20", "--eval-every", "4",
                    "--target-loss", "100", "--sample-prompt", "In the", "--sample-tokens", "8",
                    "--cache-dir", cache_dir, "--out", str(out))

@@ -46,7 +46,7 @@ def output_of(pid):
 def test_ctrl_c_keeps_the_partial_run_its_log_and_a_combined_json(tmp_path, cache_dir):
     out = tmp_path / "c.json"
     runs = tmp_path / "c.runs"
-    proc = subprocess.Popen([sys.executable, "-m", "mtbench", "compare", "--backends", "torch", *TINY_TRAIN,
+    proc = subprocess.Popen([sys.executable, "-m", "mtbench", "compare", "--matrix", "torch", *TINY_TRAIN,
                              "--steps", "5000", "--cache-dir", cache_dir, "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_environment())
     try:

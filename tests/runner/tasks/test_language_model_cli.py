@@ -167,7 +167,7 @@ def test_the_guides_decoder_only_family_trains_compares_and_is_scored_by_perplex
     """The decoder-only family of docs/plugins.md, copied as a reader would, in a plugin package of its own."""
     env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-oneblock"}
     out = tmp_path / "compare.json"
-    proc = run_cli("compare", "--backends", "jax,torch", "--model", "one-block-lm", "--preset", "tiny", "--steps", "12",
+    proc = run_cli("compare", "--matrix", "jax;torch", "--model", "one-block-lm", "--preset", "tiny", "--steps", "12",
                    "--block-size", "32", "--batch-size", "8", "--valid-size", "5", "--test-size", "5", "--data",
                    text_folder, "--cache-dir", cache_dir, "--out", str(out), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
