@@ -53,6 +53,7 @@ RECOMPILE_LIMIT = 64
 # The modes in which inductor captures the compiled graphs in CUDA graphs (on a GPU).
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 PRECISION_CASTS = "16-bit intermediates rounded where the eager step rounds them (inductor emulate_precision_casts)"
+INDUCTOR_DEFAULT_CASTS = "16-bit intermediates kept in float32 within fused kernels (inductor's default)"
 
 
 _substitutes_registered = False

@@ -93,20 +93,25 @@ def layer_normalization(layer, args, kwargs, autocast_dtype):
     return outputs.to(_TORCH_DTYPES[layer.compute_dtype])
 
 
-def embedding(layer, args, kwargs, autocast_dtype):
-    """`keras.layers.Embedding.call`: `take(embeddings, ids, axis=0)` (negative ids counted from the end, as
-    Keras's torch `take` does), cast to the layer's dtype."""
-    if len(args) != 1 or kwargs or layer.lora_enabled or layer.quantization_mode:
-        return NotImplemented
-    ids = args[0]
+def _take_rows(layer, ids, variable, autocast_dtype, ids_through_int32=False):
+    """`take(table, ids, axis=0)` as Keras's torch backend computes it (negative ids counted from the end), cast to
+    the layer's dtype; NotImplemented unless `ids` is a tensor of integers on the table's device (host ids: Keras's
+    `take` moves them to the device)."""
     if type(ids) is not torch.Tensor or ids.dtype not in (torch.int32, torch.int64):
         return NotImplemented
-    table = _variable(layer._embeddings, autocast_dtype)
+    table = _variable(variable, autocast_dtype)
     if ids.device != table.device:
-        return NotImplemented  # host ids: Keras's `take` moves them to the device
-    ids = ids.long()
+        return NotImplemented
+    ids = (ids.to(torch.int32) if ids_through_int32 else ids).long()
     ids = torch.where(ids < 0, ids + table.shape[0], ids)
     return F.embedding(ids, table).to(_TORCH_DTYPES[layer.compute_dtype])
+
+
+def embedding(layer, args, kwargs, autocast_dtype):
+    """`keras.layers.Embedding.call`: `take(embeddings, ids, axis=0)`, cast to the layer's dtype."""
+    if len(args) != 1 or kwargs or layer.lora_enabled or layer.quantization_mode:
+        return NotImplemented
+    return _take_rows(layer, args[0], layer._embeddings, autocast_dtype)
 
 
 def float32_embedding(layer, args, kwargs, autocast_dtype):
@@ -114,15 +119,7 @@ def float32_embedding(layer, args, kwargs, autocast_dtype):
     autocast), cast to the layer's dtype."""
     if len(args) != 1 or kwargs:
         return NotImplemented
-    ids = args[0]
-    if type(ids) is not torch.Tensor or ids.dtype not in (torch.int32, torch.int64):
-        return NotImplemented
-    table = _variable(layer.embeddings, None)
-    if ids.device != table.device:
-        return NotImplemented
-    ids = ids.to(torch.int32).long()
-    ids = torch.where(ids < 0, ids + table.shape[0], ids)
-    return F.embedding(ids, table).to(_TORCH_DTYPES[layer.compute_dtype])
+    return _take_rows(layer, args[0], layer.embeddings, None, ids_through_int32=True)
 
 
 def layer_kernels():

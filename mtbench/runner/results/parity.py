@@ -5,10 +5,10 @@ and its timings do not compare.
 Only runs with the same dtype policy are held to it: bfloat16 and float32 curves part by design. Runs of a 16-bit
 policy are held to the means of their losses over windows of `SIXTEEN_BIT_WINDOW` steps rather than to each
 step's: the same arithmetic in 16 bits agrees for a dozen steps and then parts step by step (each step's rounding,
-amplified by training), while the curve stays. Within each
-dtype, every run is checked against the first run of that dtype (the baseline where it has that dtype). Runs
-that train with dropout are held to nothing: each framework draws its own dropout masks, so their curves part
-from the first step (`--dropout 0` makes a run checkable).
+amplified by training), while the curve stays. Within each dtype, every run is checked against the first run of
+that dtype (the baseline where it has that dtype). Runs that train with dropout are held to nothing: each
+framework draws its own dropout masks, so their curves part from the first step (`--dropout 0` makes a run
+checkable).
 """
 
 from dataclasses import asdict, dataclass, field
