@@ -26,6 +26,16 @@ PAD_ID = 0
 LAYER_NORM_EPSILON = 1e-6
 
 
+class Projection(nn.Module):
+    """A Dense layer's kernel and bias under the layer's name, for a product made with other layers' (`Attention`)."""
+    features: int
+
+    @nn.compact
+    def __call__(self, in_features):
+        return (self.param("kernel", nn.initializers.lecun_normal(), (in_features, self.features)),
+                self.param("bias", nn.initializers.zeros, (self.features,)))
+
+
 class Attention(nn.Module):
     d_model: int
     num_heads: int
@@ -36,12 +46,19 @@ class Attention(nn.Module):
     def __call__(self, x, memory, key_mask=None):
         head_dim = self.d_model // self.num_heads
 
-        def heads(name, inputs):
-            projected = nn.Dense(self.d_model, dtype=self.dtype, name=name)(inputs)
-            return projected.reshape(inputs.shape[:2] + (self.num_heads, head_dim))
+        def heads(projected):
+            return projected.reshape(projected.shape[:2] + (self.num_heads, head_dim))
 
+        # The projections of one input in one product, their kernels side by side, as mtbench's model computes them
+        # (`Attention.fused_projections`), each kernel under its own Dense layer's name.
+        names = ("query", "key", "value") if memory is x else ("key", "value")
+        params = [Projection(self.d_model, name=name)(memory.shape[-1]) for name in names]
+        kernels = jnp.stack([kernel for kernel, _ in params], axis=1).astype(self.dtype)
+        biases = jnp.stack([bias for _, bias in params]).astype(self.dtype)
+        products = jnp.einsum("btd,dnh->btnh", memory.astype(self.dtype), kernels) + biases
+        query = products[:, :, 0] if memory is x else nn.Dense(self.d_model, dtype=self.dtype, name="query")(x)
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        attended = jax.nn.dot_product_attention(heads("query", x), heads("key", memory), heads("value", memory),
+        attended = jax.nn.dot_product_attention(heads(query), heads(products[:, :, -2]), heads(products[:, :, -1]),
                                                 mask=mask, is_causal=self.is_causal)
         return nn.Dense(self.d_model, dtype=self.dtype, name="output")(attended.reshape(x.shape[:2] + (-1,)))
 

@@ -54,9 +54,16 @@ class Attention(nn.Module):
         return x.view(batch, length, self.num_heads, -1).transpose(1, 2)
 
     def forward(self, x, memory, key_mask=None):
+        # The projections of one input in one product, their weights side by side, as mtbench's model computes them
+        # (`Attention.fused_projections`); the weights stay in the three Linears, so mtbench's load by path.
+        together = (self.query, self.key, self.value) if memory is x else (self.key, self.value)
+        weights = torch.cat([projection.weight for projection in together])
+        biases = torch.cat([projection.bias for projection in together])
+        projected = F.linear(memory, weights, biases).chunk(len(together), dim=-1)
+        query = projected[0] if memory is x else self.query(x)
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        attended = F.scaled_dot_product_attention(self._heads(self.query(x)), self._heads(self.key(memory)),
-                                                  self._heads(self.value(memory)), attn_mask=mask,
+        attended = F.scaled_dot_product_attention(self._heads(query), self._heads(projected[-2]),
+                                                  self._heads(projected[-1]), attn_mask=mask,
                                                   is_causal=self.is_causal)
         return self.output(attended.transpose(1, 2).flatten(2))
 

@@ -297,6 +297,12 @@ def measurement_parser(description, quick, quick_help):
     return parser
 
 
+def pin_to_cpus(cpus):
+    """Pins this process, and the processes it starts, to `cpus` ('0,1'; None: leaves it where it is)."""
+    if cpus:
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+
+
 def parse_measurement_args(parser, argv, quick):
     """`parser`'s arguments with --quick applied, counts checked and the cache defaulted to mtbench train's."""
     args = parser.parse_args(argv)
@@ -355,8 +361,7 @@ def parse_args(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.cpus:
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})  # inherited by the workers
+    pin_to_cpus(args.cpus)  # inherited by the workers
     if args.worker:
         print(json.dumps(measure(*args.worker, args)))
         return

@@ -28,7 +28,7 @@ if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # run as a script: `benchmarks` and `mtbench` from this checkout
 
 from benchmarks.overhead import (hardware, keras_contestant, measurement_parser,  # noqa: E402
-                                 milliseconds, native_contestant, parse_measurement_args, ratio,
+                                 milliseconds, native_contestant, parse_measurement_args, pin_to_cpus, ratio,
                                  run_interleaved, summarize, versions, workload_config)
 
 QUICK = {"batch_size": 8, "batches": 3, "rounds": 2, "steps_per_round": 2, "warmup": 1}
@@ -126,8 +126,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.cpus:
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    pin_to_cpus(args.cpus)
     started = time.perf_counter()
     result = measure(args)
     settings = {"preset": args.preset, "batch_size": args.batch_size, "length": args.length,

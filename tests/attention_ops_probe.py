@@ -1,8 +1,8 @@
 """Run by tests/keras_models/test_attention_arithmetic.py in a fresh process (keras fixes its backend at import):
 builds the tiny Transformer under a dtype policy on torch, holds SDPA to the kernels a run holds it to
 (`TorchBackend.attention_kernels`), and records the aten operations one forward pass ran that could be the
-attention's: batched matmuls and softmaxes (SDPA's own, had it run), with their input and output dtypes. Prints one
-JSON line: {op name: [[input dtypes, output dtype], ...]}.
+attention's: batched matmuls of many matrices and softmaxes (SDPA's own, had it run), with their input and output
+dtypes. Prints one JSON line: {op name: [[input dtypes, output dtype], ...]}.
 
     python tests/attention_ops_probe.py DTYPE
 """
@@ -40,7 +40,9 @@ def main(dtype):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             op = func.overloadpacket.__name__
-            if op.startswith(WATCHED):
+            # torch.einsum runs a fused query-key-value projection as a batch of one matrix: not attention's.
+            projection = op == "bmm" and args[0].shape[0] == 1
+            if op.startswith(WATCHED) and not projection:
                 first = out[0] if isinstance(out, (tuple, list)) else out
                 ran.setdefault(op, []).append([[name(arg) for arg in args if name(arg)], name(first)])
             return out

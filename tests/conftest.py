@@ -169,10 +169,10 @@ def shared_directory(tmp_path_factory):
     return str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
 
 
-def train_tiny(backend):
+def train_tiny(backend, env=None):
     def make(out_dir, cache_dir):
         out = os.path.join(out_dir, f"{backend}.json")
-        proc = run_cli("train", "--backend", backend, *TINY_TRAIN, "--cache-dir", cache_dir, "--out", out)
+        proc = run_cli("train", "--backend", backend, *TINY_TRAIN, "--cache-dir", cache_dir, "--out", out, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         with open(out) as f:
             return {"result": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
@@ -194,13 +194,23 @@ def shared_runs(tmp_path_factory):
     # once for all of them, as for runs a user starts together (each worker's own cache would measure its own).
     directory = shared_directory(tmp_path_factory)
     return SharedRuns(directory, os.path.join(directory, "cache"),
-                      {"jax": train_tiny("jax"), "torch": train_tiny("torch"), "compare": compare_tiny})
+                      {"jax": train_tiny("jax"), "torch": train_tiny("torch"), "compare": compare_tiny,
+                       "jax-cpu": train_tiny("jax", CPU_ONLY), "torch-cpu": train_tiny("torch", CPU_ONLY)})
 
 
 @pytest.fixture(scope="session")
 def tiny_runs(shared_runs):
     """One tiny training run per built-in backend, shared by the tests that inspect results."""
     return shared_runs.get("jax", "torch")
+
+
+@pytest.fixture(scope="session")
+def cpu_tiny_runs(shared_runs):
+    """The tiny runs trained on the CPU: the one-process references of runs over gloo, which train on the CPU (on
+    a GPU machine the tiny runs train on the GPU, in other arithmetic). Here, where there is no GPU, the tiny runs."""
+    if not GPU_MACHINE:
+        return shared_runs.get("jax", "torch")
+    return {name.removesuffix("-cpu"): run for name, run in shared_runs.get("jax-cpu", "torch-cpu").items()}
 
 
 # The tiny configuration with fewer steps and one length bucket: a compare runs both backends, and the parity

@@ -53,12 +53,16 @@ class Attention(layers.Layer):
     choose Keras on a GPU tries the fused kernel, and where it refuses the inputs logs a traceback and falls back,
     at every trace, so no run could say which one ran: Keras is always told.
 
-    `fused_projections` (False; the tensor-parallel extra sets it on JAX): the projections of one input (the
-    query, key and value of self-attention; the key and value of cross-attention) are one product with their
-    kernels side by side, as Megatron's and nanoGPT's fused projection, with the same weights. Split by columns
-    over devices, one product has one partial gradient of its input to all-reduce, where three have three."""
+    `fused_projections` (True): the projections of one input (the query, key and value of self-attention; the
+    key and value of cross-attention) are one product with their kernels stacked side by side, as nanoGPT's,
+    Megatron's and MaxText's fused projection, with the weights still in the three Dense layers (weights files,
+    checkpoints and imported models load alike). One matmul of three times the width instead of three, forward and
+    backward: the input's gradient is one product summed in the matmul's float32 accumulator, where three
+    products round three 16-bit partial gradients before adding them. XLA merges the forward's three itself,
+    torch.compile does not. Split by columns over devices, one product has one partial gradient of its input to
+    all-reduce, where three have three. False: one Dense call a projection (the weights are the same)."""
 
-    fused_projections = False
+    fused_projections = True
 
     def __init__(self, d_model, num_heads, is_causal=False, flash_attention=False, **kwargs):
         super().__init__(**kwargs)
@@ -138,14 +142,15 @@ def attention_arithmetic(model):
     """What `model`'s attention layers (`Attention`) compute in, as they train: {'matmul_inputs': the compute
     dtype, 'accumulation': 'float32' (what the GPU libraries accumulate 16-bit matmuls in), 'scores': the dtype the
     first matmul writes (`plain_attention`: the compute dtype; the fused kernels keep them in float32), 'softmax':
-    'float32'}; None where it has no such layer, or layers that compute differently."""
-    found = {(layer.compute_dtype, layer.flash_attention is not False)
+    'float32', 'projections': 'fused' (one product for the query, key and value, `fused_projections`) or
+    'separate'}; None where it has no such layer, or layers that compute differently."""
+    found = {(layer.compute_dtype, layer.flash_attention is not False, layer.fused_projections)
              for layer in model._flatten_layers() if isinstance(layer, Attention)}
     if len(found) != 1:
         return None
-    dtype, fused = found.pop()
+    dtype, fused, fused_projections = found.pop()
     return {"matmul_inputs": dtype, "accumulation": "float32", "scores": "float32" if fused else dtype,
-            "softmax": "float32"}
+            "softmax": "float32", "projections": "fused" if fused_projections else "separate"}
 
 
 def attention_mask(key_mask, query_length, fused):

@@ -2,8 +2,14 @@
 fused kernel and logs a traceback wherever that refuses the padding mask), plain attention is the model's own and
 computes what Keras's does, and the mask's form for the fused kernel changes no number."""
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+from conftest import CPU_ONLY, TESTS_DIR, cli_environment
 from keras import ops
 
 from mtbench.keras_models import transformer
@@ -93,8 +99,8 @@ def test_plain_attention_and_decoding_never_call_keras(attention_calls):
 
 def test_fused_projections_compute_what_three_products_compute():
     """Self-attention's query, key and value, and cross-attention's key and value, from one product with the
-    kernels side by side: the translation model's output and every gradient as with one product a projection,
-    in 5 fewer products a forward pass (2 in each self-attention, 1 in the cross-attention)."""
+    kernels side by side (the model's default): the translation model's output and every gradient as with one
+    product a projection, in 5 fewer products a forward pass (2 in each self-attention, 1 in the cross-attention)."""
     import jax
 
     model = build_transformer(PRESETS["tiny"])  # one encoder block, one decoder block
@@ -129,11 +135,29 @@ def test_fused_projections_compute_what_three_products_compute():
         return jax.jit(jax.value_and_grad(lambda values: loss(values)))(trainable)
 
     trainable = [variable.value for variable in model.trainable_variables]
-    separate, separate_products = loss_and_gradients(trainable), products(trainable)
-    for attention in attentions:
-        attention.fused_projections = True
+    assert all(attention.fused_projections for attention in attentions)  # the model's way
     together, together_products = loss_and_gradients(trainable), products(trainable)
+    for attention in attentions:
+        attention.fused_projections = False
+    separate, separate_products = loss_and_gradients(trainable), products(trainable)
     np.testing.assert_allclose(together[0], separate[0], rtol=1e-6)
     for fused, alone in zip(together[1], separate[1]):
         np.testing.assert_allclose(fused, alone, rtol=1e-5, atol=1e-7)
     assert separate_products - together_products == 5
+
+
+@pytest.mark.parametrize("kind", ["eager", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_a_torch_step_multiplies_by_one_query_key_value_matrix_a_block(kind):
+    """What mtbench's torch steps ran in one step of the tiny GPT, counted from torch's profiler: each weight matrix
+    three products (forward, the input's gradient, the weight's gradient), one of them the query, key and value
+    side by side in each block (XLA merges three products in the forward itself; inductor does not), and
+    attention's two batched products three times a block."""
+    proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "matmul_count_probe.py"), kind],
+                          capture_output=True, text=True, timeout=600,
+                          env=cli_environment({"TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counted = json.loads(proc.stdout.strip().splitlines()[-1])
+    blocks = counted["blocks"]
+    # A block's query-key-value, output and two feed-forward matrices; the tied output layer's table.
+    assert counted["weights"] == 3 * (4 * blocks + 1)
+    assert counted["batched"] == 3 * 2 * blocks

@@ -103,7 +103,10 @@ def test_the_record_follows_the_dtype_and_the_kernel(mixed_bfloat16):
     # Built, not called: no fused kernel runs on this CPU.
     fused = GPT(vocab_size=50, d_model=16, num_heads=2, layers_count=1, ff_dim=32, block_size=8, flash_attention=True)
     assert attention_arithmetic(fused) == {"matmul_inputs": "bfloat16", "accumulation": "float32",
-                                           "scores": "float32", "softmax": "float32"}
+                                           "scores": "float32", "softmax": "float32", "projections": "fused"}
     keras.config.set_dtype_policy("float32")
-    assert set(attention_arithmetic(build_transformer(PRESETS["tiny"])).values()) == {"float32"}
+    assert set(attention_arithmetic(build_transformer(PRESETS["tiny"])).values()) == {"float32", "fused"}
+    for block in fused.blocks:
+        block.attention.fused_projections = False
+    assert attention_arithmetic(fused)["projections"] == "separate"
     assert attention_arithmetic(keras.Sequential([keras.layers.Dense(2)])) is None

@@ -8,9 +8,9 @@ and the second by rows. The embeddings, layer norms, the row-split layers' biase
 held whole on every device. So a block's forward all-reduces the activations once after attention and once after
 the feed-forward; its backward all-reduces the gradient of the column-split projections' input once for the
 feed-forward and once for attention: the query, key and value (separate Dense layers in the models) take their
-input as Megatron's fused projection does, so that their three partial gradients are summed before one all-reduce
-(JAX: one product with their kernels side by side, `Attention.fused_projections`; torch: one replicated DTensor
-of the input for the three). So 4 a block, Megatron's count.
+input as Megatron's fused projection does, in one product with their kernels side by side
+(`Attention.fused_projections`), so that one partial gradient is all-reduced (torch: the product of the local
+shards, its input's gradient marked partial). So 4 a block, Megatron's count.
 
 JAX: a `keras.distribution.ModelParallel` over a mesh of every device on a `model` axis (the `data` axis of size
 1), the split weights and their Adam moments laid out on it, inside mtbench's one jitted step; GSPMD inserts the
@@ -51,9 +51,8 @@ from mtbench.plugins.extras.fsdp import (
 MODEL_AXIS = "model"
 DATA_AXIS = "data"
 EMBEDDINGS = "embeddings, layer norms and the tied output layer replicated"
-# How each backend computes an attention's query, key and value (the same weights and one all-reduce of their
-# input's gradient on both): the kind of work differs, so the step's description says which.
-QUERY_KEY_VALUE = {"jax": "query, key and value as one product", "torch": "query, key and value as three products"}
+# How an attention's query, key and value are computed, on both backends (one all-reduce of their input's gradient).
+QUERY_KEY_VALUE = "query, key and value as one product"
 
 
 class SplitDense(collections.namedtuple("SplitDense", "layer by")):
@@ -278,7 +277,7 @@ class JaxSplitStep(JaxShardedStep):
         return inner._step.lower(inner.state, *arrays).compile().as_text()
 
     def description(self):
-        return f"{self.inner.description()}, {EMBEDDINGS}, {QUERY_KEY_VALUE['jax']}"
+        return f"{self.inner.description()}, {EMBEDDINGS}, {QUERY_KEY_VALUE}"
 
 
 def jax_split_step(run, model, step):
@@ -288,8 +287,6 @@ def jax_split_step(run, model, step):
     plan, attentions = require_plan(model)
     step.finalize()  # the Keras variables hold the state again
     lay_out_split(model, plan, step.distribution)
-    for attention in attentions:  # one partial gradient of each input to all-reduce, as Megatron's
-        attention.fused_projections = True
     record = run.extras_state[TensorParallel.name]
     record.update(plan_record(plan, attentions[0].num_heads, record["mesh_shape"][1]))
     d_model = attentions[0].num_heads * attentions[0].head_dim
@@ -301,9 +298,10 @@ def jax_split_step(run, model, step):
 def split_classes(mesh):
     """The classes the plan's layers take while they train: Keras's Dense computing as torch's `ColwiseParallel`
     and `RowwiseParallel` make `nn.Linear` compute, with the DTensors its variables hold ('columns', 'rows'), and
-    the attention handing its query, key and value one input ('attention')."""
+    the attention computing its query, key and value in one product of its local shards ('attention')."""
     import keras
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    import torch
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     from mtbench.keras_models.transformer import Attention
 
@@ -319,13 +317,16 @@ def split_classes(mesh):
         return DTensor.from_local(inputs, mesh, [Replicate()], run_check=False)
 
     class SplitAttention(Attention):
-        def call(self, x, memory=None, key_mask=None):
-            # The query, key and value of one input take one replicated DTensor of it: autograd sums their partial
-            # gradients, and one all-reduce carries the sum, as after Megatron's fused projection.
-            source = replicated(x)
-            keys, values = self.keys_values(source if memory is None else replicated(memory))
-            queries = self._split_heads(self.query(source))
-            return self.attend(x, keys, values, key_mask, self.is_causal, self.flash_attention, queries)
+        def projected_together(self, inputs, projections):
+            # The local heads from one product of the local column shards. A DTensor product would reshape the
+            # stacked kernels with their split axis inside a merged one, which DTensor can only do by gathering
+            # them. The input's gradient comes back partial, and one all-reduce makes it whole, as after
+            # Megatron's fused projection.
+            source = replicated(inputs).to_local(grad_placements=[Partial()])
+            kernels = torch.stack([weight(p._kernel, source.dtype).to_local() for p in projections], dim=1)
+            biases = torch.stack([weight(p.bias, source.dtype).to_local() for p in projections])
+            products = torch.einsum("btd,dnh->btnh", source, kernels) + biases
+            return [self._split_heads(products[:, :, index]) for index in range(len(projections))]
 
     class ColumnSplitDense(keras.layers.Dense):
         def call(self, inputs, training=None):
@@ -556,7 +557,7 @@ class TorchSplitStep(TorchDistributedStep):
         over = (f"a mesh of {replicas} data x {model_axis} model processes (the gradients averaged over the data "
                 f"axis in DDP's buckets: {buckets} all-reduce{'s' * (buckets != 1)}, each started in the backward "
                 f"pass when its gradients are ready)" if data_axis is not None else f"{model_axis} processes")
-        own = f"tensor-parallel over {over}, {EMBEDDINGS}, {QUERY_KEY_VALUE['torch']}"
+        own = f"tensor-parallel over {over}, {EMBEDDINGS}, {QUERY_KEY_VALUE}"
         return ", ".join(part for part in (self.inner.description(), own) if part)
 
 

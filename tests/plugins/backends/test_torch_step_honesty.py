@@ -181,7 +181,8 @@ def test_the_symbolic_check_finds_a_keras_tensor_wherever_keras_would():
 def test_the_compiled_step_rounds_16_bit_values_where_the_eager_step_does(tmp_path):
     """In mixed_bfloat16 the compiled step's losses are the eager step's, step for step from the same weights: the
     arithmetic is Keras's, not inductor's float32 between fused operations (which left the eager losses by 8e-4 at
-    the third step of this run, and a GPT-2 small's by 0.5 % on an H100)."""
+    the third step of this run with three products for the query, key and value, and a GPT-2 small's by 0.5 % on
+    an H100)."""
     losses = {}
     for way in ("eager", "compiled"):
         out = tmp_path / f"{way}.json"
@@ -193,4 +194,8 @@ def test_the_compiled_step_rounds_16_bit_values_where_the_eager_step_does(tmp_pa
         losses[way] = [h["loss"] for h in result["history"]]
     assert result["extras_record"]["torch-compile"]["precision_casts"].startswith("16-bit intermediates rounded")
     assert len(losses["compiled"]) == 4
-    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
+    # The first step's loss is the forward pass of the same weights: rounded where the eager step rounds, it is the
+    # eager loss to float32's last digits (without the casts 1.4e-4 apart in this run). Later steps
+    # add the backward pass, whose matmuls and reductions sum in another order: 1e-4 apart with the casts or without.
+    assert losses["compiled"][0] == pytest.approx(losses["eager"][0], rel=2e-6)
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=3e-4)

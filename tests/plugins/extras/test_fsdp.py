@@ -28,7 +28,7 @@ def losses(result):
     return np.array([h["loss"] for h in result["history"]])
 
 
-def fsdp_over_two_processes(tiny_runs, cache_dir, out, backend, *args):
+def fsdp_over_two_processes(cpu_tiny_runs, cache_dir, out, backend, *args):
     """The result of `torchrun --nproc-per-node 2 -m mtbench train --extra fsdp` on TINY_TRAIN, whose losses
     were checked against the session's one-process run of `backend`."""
     proc = torchrun("train", "--backend", backend, "--extra", "fsdp", *TINY_TRAIN, *args, "--cache-dir", cache_dir,
@@ -36,7 +36,7 @@ def fsdp_over_two_processes(tiny_runs, cache_dir, out, backend, *args):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert len(result["history"]) == 60
-    assert_same_losses(result["history"], tiny_runs[backend]["result"]["history"])
+    assert_same_losses(result["history"], cpu_tiny_runs[backend]["result"]["history"])
     return result
 
 
@@ -124,34 +124,34 @@ def test_jax_fsdp_trains_like_one_device_with_half_the_state_on_each(jax_runs):
 
 
 @pytest.mark.slow
-def test_jax_fsdp_over_two_processes_trains_like_one(tiny_runs, cache_dir, tmp_path):
+def test_jax_fsdp_over_two_processes_trains_like_one(cpu_tiny_runs, cache_dir, tmp_path):
     # Every step, across the checkpoint at step 30 (the weights gathered whole for it, then sharded again), which
     # process 0 writes alone while the other goes on.
-    result = fsdp_over_two_processes(tiny_runs, cache_dir, tmp_path / "jax-fsdp-2.json", "jax",
+    result = fsdp_over_two_processes(cpu_tiny_runs, cache_dir, tmp_path / "jax-fsdp-2.json", "jax",
                                      "--checkpoint-every", "30")
     record = result["extras_record"]["fsdp"]
     assert record["processes"] == 2 and record["mesh_shape"] == [2] and record["layouts_kept"] is True
     assert_half_of_the_state(record, result["model"]["parameters"])
     # Process 0 evaluated and saved the weights the two processes held in halves.
-    one = tiny_runs["jax"]["result"]["metrics"]
+    one = cpu_tiny_runs["jax"]["result"]["metrics"]
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
     assert sorted(p.name for p in (tmp_path / "jax-fsdp-2.run").iterdir()) == [
         "checkpoint-000030", "checkpoint-000060", "model", "run.json"]
 
 
 @pytest.mark.slow
-def test_torch_fsdp_computes_with_its_shards_and_trains_like_one_process(tiny_runs, cache_dir, tmp_path):
+def test_torch_fsdp_computes_with_its_shards_and_trains_like_one_process(cpu_tiny_runs, cache_dir, tmp_path):
     """Had the Keras variables kept their own whole tensors, the step would train those and FSDP's shards would
     stay as they started: the losses would part from one process's at the second step."""
     # Every step, across the checkpoint at step 30 (the weights gathered whole for it, then sharded again).
-    result = fsdp_over_two_processes(tiny_runs, cache_dir, tmp_path / "torch-fsdp.json", "torch",
+    result = fsdp_over_two_processes(cpu_tiny_runs, cache_dir, tmp_path / "torch-fsdp.json", "torch",
                                      "--checkpoint-every", "30")
     assert result["train_step"] == "torch-eager"
     assert result["train_step_detail"] == "FSDP2 over 2 processes, 3 units gathered once a step"
     record = result["extras_record"]["fsdp"]
     assert record["units"] == ["encoder_0", "decoder_0", "transformer"] and record["collectives"] == "gloo"
     assert_half_of_the_state(record, result["model"]["parameters"])
-    one = tiny_runs["torch"]["result"]["metrics"]
+    one = cpu_tiny_runs["torch"]["result"]["metrics"]
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
     # The checkpoint holds the whole weights under the model's own layer names: it resumes (next test).
     assert sorted(p.name for p in (tmp_path / "torch-fsdp.run").iterdir()) == [
@@ -161,7 +161,7 @@ def test_torch_fsdp_computes_with_its_shards_and_trains_like_one_process(tiny_ru
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, kept", [("jax", {"processes": 2, "layouts_kept": True}),
                                            ("torch", {"collectives": "gloo"})])
-def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, tiny_runs, cache_dir, tmp_path):
+def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, cpu_tiny_runs, cache_dir, tmp_path):
     out = tmp_path / f"{backend}-fsdp.json"
     proc = torchrun("train", "--backend", backend, "--extra", "fsdp", *TINY_TRAIN, "--checkpoint-every", "30",
                     "--process-timeout", "60", "--cache-dir", cache_dir, "--out", str(out),
@@ -174,7 +174,7 @@ def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, t
     assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [31]
     # Every process loaded the checkpoint's whole weights into the sharded layouts, which the steps kept (on
     # torch the resumed steps update the shards with Keras's own optimizer: the fused one counts steps from 0).
-    assert_same_losses(result["history"], tiny_runs[backend]["result"]["history"])
+    assert_same_losses(result["history"], cpu_tiny_runs[backend]["result"]["history"])
     record = result["extras_record"]["fsdp"]
     assert kept.items() <= record.items()
     assert_half_of_the_state(record, result["model"]["parameters"])

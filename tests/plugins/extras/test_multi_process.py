@@ -41,7 +41,7 @@ def assert_same_losses(history, reference):
 
 
 @pytest.mark.slow
-def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
+def test_two_jax_processes_train_like_one(cpu_tiny_runs, cache_dir, tmp_path):
     out = tmp_path / "jax-2.json"
     # With a checkpoint midway, which process 0 writes alone while the other goes on to the next step.
     proc = torchrun("train", "--backend", "jax", "--extra", "data-parallel", *TINY_TRAIN, "--checkpoint-every", "30",
@@ -49,7 +49,7 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert len(result["history"]) >= 20
-    assert_same_losses(result["history"], tiny_runs["jax"]["result"]["history"])
+    assert_same_losses(result["history"], cpu_tiny_runs["jax"]["result"]["history"])
     assert result["processes"] == {"world_size": 2, "processes": 2, "devices_per_process": 1,
                                    "launcher": "torchrun", "collectives": "gloo",
                                    "coordinator": result["processes"]["coordinator"], "spanned_by": ["data-parallel"],
@@ -64,7 +64,7 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["jax-2.hyp.txt", "jax-2.json", "jax-2.ref.txt", "jax-2.run"]
     assert sorted(os.listdir(tmp_path / "jax-2.run")) == ["checkpoint-000030", "checkpoint-000060", "model", "run.json"]
     # Every process evaluates the same weights; process 0's figures are those of one process's weights.
-    one = tiny_runs["jax"]["result"]["metrics"]
+    one = cpu_tiny_runs["jax"]["result"]["metrics"]
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
     assert result["metrics"]["bleu"] is not None
 
@@ -77,7 +77,7 @@ def test_two_jax_processes_train_like_one(tiny_runs, cache_dir, tmp_path):
     ("jax", "data-parallel", {"processes": 2}, "jax-jit-stateless"),
 ])
 def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_process(backend, extra, kept, train_step,
-                                                                                   tiny_runs, cache_dir, tmp_path):
+                                                                                   cpu_tiny_runs, cache_dir, tmp_path):
     out = tmp_path / f"{backend}-2.json"
     started = time.monotonic()
     proc = torchrun("train", "--backend", backend, "--extra", extra, *TINY_TRAIN, "--checkpoint-every", "30",
@@ -100,7 +100,7 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [31]
-    assert_same_losses(result["history"], tiny_runs[backend]["result"]["history"])
+    assert_same_losses(result["history"], cpu_tiny_runs[backend]["result"]["history"])
     assert result["processes"]["world_size"] == 2 and kept.items() <= result["extras_record"][extra].items()
     assert result["train_step"] == train_step
     if extra == "ddp":  # each process holds the whole state, and DDP's buckets hold the gradients a second time

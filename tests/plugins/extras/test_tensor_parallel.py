@@ -18,7 +18,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli, simulated_devices
+from tests.conftest import CPU_ONLY, run_cli, simulated_devices
 from tests.plugins.extras.test_fsdp import TWO_DEVICES, losses
 from tests.plugins.extras.test_multi_process import torchrun
 
@@ -237,10 +237,11 @@ def gpt_runs(tmp_path_factory, cache_dir):
     runs across a checkpoint at step 25 (the weights made whole for it, then split again)."""
     tmp_path = tmp_path_factory.mktemp("tensor-parallel")
     return {
-        "jax": train(tmp_path, "jax", cache_dir, "--backend", "jax", *TINY_GPT),
+        # The references on the CPU, as the split runs (simulated devices, gloo processes).
+        "jax": train(tmp_path, "jax", cache_dir, "--backend", "jax", *TINY_GPT, env=CPU_ONLY),
         "jax-split": train(tmp_path, "jax-split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
                            *TINY_GPT, "--checkpoint-every", "25", env=TWO_DEVICES),
-        "torch": train(tmp_path, "torch", cache_dir, "--backend", "torch", *TINY_GPT),
+        "torch": train(tmp_path, "torch", cache_dir, "--backend", "torch", *TINY_GPT, env=CPU_ONLY),
         "torch-split": train_on_two_processes(tmp_path, "torch-split", cache_dir, "--backend", "torch", *TINY_GPT,
                                               "--checkpoint-every", "25"),
         # 2 data x 2 model: four simulated devices, four gloo processes.
@@ -283,7 +284,7 @@ def test_jax_tensor_parallel_gpt_trains_like_one_device_with_megatrons_all_reduc
 def test_torch_tensor_parallel_gpt_trains_like_one_process_with_megatrons_all_reduces(gpt_runs):
     record = split_gpt_record(gpt_runs["torch-split"], gpt_runs["torch"], "torch-eager",
                               "tensor-parallel over 2 processes, embeddings, layer norms and the tied output layer "
-                              "replicated, query, key and value as three products")
+                              "replicated, query, key and value as one product")
     assert record["collectives"] == "gloo" and record["mesh_axes"] == ["model"] and record["mesh_shape"] == [2]
     # Counted over gloo in a step: DTensor's all-reduces of activations and one all-reduce of the split gradients'
     # squared norms (global_clipnorm); before them, one all-gather of the batch's rows (the loop hands each process
@@ -367,7 +368,7 @@ def test_torch_on_a_data_by_model_mesh_trains_like_one_process(gpt_runs):
         "tensor-parallel over a mesh of 2 data x 2 model processes (the gradients averaged over the data axis in "
         "DDP's buckets: 1 all-reduce, each started in the backward pass when its gradients are ready), embeddings, "
         "layer norms and the tied output layer replicated, "
-        "query, key and value as three products")
+        "query, key and value as one product")
     assert split["host_syncs_per_step"] == 0
     # Beyond the 1 x 2 mesh's: the step's figures (loss, accuracy, tokens) summed over the data axis in one
     # all-reduce, and every gradient in another: the tiny GPT's 270 kB of gradients a process fit DDP's first

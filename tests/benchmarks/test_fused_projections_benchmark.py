@@ -1,0 +1,33 @@
+"""benchmarks/fused_projections.py end to end on the tiny GPT (--quick): both contestants train with mtbench's best
+step, one with the query, key and value in one product and one in three, and the last line is the JSON summary."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPOSITORY, cli_environment
+
+SCRIPT = os.path.join(REPOSITORY, "benchmarks", "fused_projections.py")
+
+
+@pytest.mark.parametrize("backend", ["jax", pytest.param("torch", marks=pytest.mark.slow)])
+def test_quick_run_times_one_product_against_three(backend, cache_dir):
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--backend", backend, "--preset", "tiny",
+                           "--cache-dir", cache_dir], capture_output=True, text=True, timeout=600,
+                          env=cli_environment({"TORCHINDUCTOR_COMPILE_THREADS": "2"}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    contestants = summary["run"]["contestants"]
+    assert [c["arithmetic"]["projections"] for c in contestants.values()] == ["fused", "separate"]
+    assert {c["train_step"] for c in contestants.values()} == {"torch-compiled" if backend == "torch" else
+                                                                "jax-jit-stateless"}
+    assert all(c["steps"] == 4 and c["first_step_s"] > 0 for c in contestants.values())
+    assert summary["separate_over_fused"] > 0 and "separate / fused: " in proc.stdout
+
+
+def test_bad_settings_are_refused_with_one_line():
+    proc = subprocess.run([sys.executable, SCRIPT, "--backend", "tensorflow"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "invalid choice: 'tensorflow'" in proc.stderr.strip().splitlines()[-1]

@@ -1,0 +1,50 @@
+"""Run by tests/keras_models/test_attention.py in a fresh process (keras fixes its backend at import): trains the
+tiny GPT one step with mtbench's torch step (eager, or compiled with `compiled`), then counts the matrix products
+the next step ran, by the aten operations that ran them (the eager step's, or those inductor's program called):
+products of many matrices at once (attention's, batched over rows and heads) and the rest (a weight's product,
+forward and backward; torch.einsum runs a fused projection as a batch of one). Prints one JSON line.
+
+    python tests/matmul_count_probe.py eager|compiled
+"""
+
+import json
+import os
+import sys
+
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def main(kind):
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras
+    import numpy as np
+    from torch.profiler import profile
+
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+    from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import compile_model
+
+    shape = GPT_PRESETS["tiny"]
+    model = build_gpt(shape)
+    compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny"), 10, {})
+    step = CompiledTorchTrainStep(model) if kind == "compiled" else EagerTorchTrainStep(model)
+    ids = np.random.default_rng(0).integers(0, 256, (4, 17)).astype("int32")
+    batch = (ids[:, :-1],), ids[:, 1:], np.ones((4, 16), np.float32)
+    step(*batch)
+    with profile(record_shapes=True) as trace:
+        step(*batch)
+    batched = weights = 0
+    for event in trace.events():
+        if event.name in PRODUCTS:
+            shapes = [dims for dims in event.input_shapes if dims]
+            many = event.name.endswith("bmm") and shapes and shapes[0][0] > 1
+            batched += bool(many)
+            weights += not many
+    print(json.dumps({"blocks": shape.decoder_layers, "batched": batched, "weights": weights}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
