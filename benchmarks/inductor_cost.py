@@ -1,0 +1,113 @@
+"""mtbench's compiled torch step for the GPT against the best-by-hand torch reference (benchmarks/best_gpt_torch.py,
+nanoGPT's recipe), as the programs inductor generates for them: both compiled from the same weights for one batch,
+and held side by side by what the programs call. Matrix products (inductor's extern GEMM calls), attention kernels
+(the aten calls it leaves to SDPA's kernels) and the kernels inductor generated (their launches: a kernel of a block
+runs once a block). The torch counterpart of benchmarks/program_cost.py; nothing is timed.
+
+    python benchmarks/inductor_cost.py [--preset tiny] [--rows 4] [--block-size 64] [--dtype mixed_bfloat16]
+
+Both attend with the fused kernel a GPU gives them: FlashAttention where CUDA is; on a CPU the CPU's flash kernel
+(`_scaled_dot_product_flash_attention_for_cpu`), which Keras would not ask torch for there, so it is asked for as
+`--extra flash-attention` asks on a GPU. The last line printed is one JSON object.
+"""
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import re
+import sys
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPOSITORY not in sys.path:
+    sys.path.insert(0, REPOSITORY)  # run as a script: `benchmarks` and `mtbench` from this checkout
+
+GEMMS = ("mm", "addmm", "bmm", "baddbmm")
+# A kernel inductor generated, launched: a C++ kernel's call on a CPU, a Triton kernel's `.run(` on a GPU.
+LAUNCH = re.compile(r"^\s+(cpp_fused_\w+)\(|^\s+(triton_\w+)\.run\(", re.M)
+EXTERN = re.compile(r"extern_kernels\.(\w+)\(")
+# A call of an attention kernel, forward or backward (not the checks of its outputs' strides that name it).
+ATTENTION = re.compile(r"= torch\.ops\.aten\.(_scaled_dot_product_\w+|_flash_attention_\w+|_efficient_attention_\w+)\.\w+\(")
+
+
+def program_figures(codes):
+    """What the generated programs (forward and backward, each module's source) call, counted."""
+    text = "\n".join(codes)
+    extern = collections.Counter(EXTERN.findall(text))
+    return {"gemms": sum(extern[name] for name in GEMMS),
+            "attention kernels": len(ATTENTION.findall(text)),
+            "generated kernel launches": len(LAUNCH.findall(text)),
+            "other extern calls": sum(count for name, count in extern.items() if name not in GEMMS)}
+
+
+def fused_attention_here():
+    """torch held to its fused attention kernels, the math kernel off, as `--extra flash-attention` holds it; on a
+    CPU, the flash kernel's CPU form answered for (Keras asks torch a CUDA-only question)."""
+    import torch
+
+    from mtbench.plugins.backends.torch_backend import TorchBackend
+    TorchBackend().attention_kernels(True, {"kind": "gpu" if torch.cuda.is_available() else "cpu"})
+    if not torch.cuda.is_available():
+        torch.backends.cuda.can_use_flash_attention = lambda params, debug=False: True
+
+
+def generated_programs(preset, rows, block, dtype):
+    """{'mtbench': figures, 'reference': figures} of one step of each on `rows` x `block` tokens."""
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras
+    import numpy as np
+    import torch
+    from torch._inductor.utils import run_and_get_code
+
+    from benchmarks import best_gpt_torch
+    from benchmarks.workload import OptimizerSettings
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.initialization import assign_weights, initial_weights
+    from mtbench.plugins import manager as plugins
+    from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import compile_model
+    steps = 10
+    config = TrainConfig(model_name="gpt", preset=preset, dtype=dtype, block_size=block, steps=steps)
+    shape = dataclasses.replace(config.model, max_len=block)
+    fused_attention_here()
+    keras.config.set_dtype_policy(dtype)
+    model = build_gpt(shape, flash_attention=True)
+    weights = initial_weights(model, config.seed)
+    assign_weights(model, weights)
+    compile_model(keras, model, config, steps, {}, plugins.registry().lookup("models", "gpt"))
+    ids = np.random.default_rng(config.seed).integers(0, 256, (rows, block + 1)).astype(np.int32)
+    tokens, next_tokens, weight = ids[:, :-1], ids[:, 1:], np.ones((rows, block), np.float32)
+    ours = CompiledTorchTrainStep(model)
+    figures = {"mtbench": program_figures(run_and_get_code(ours, (tokens,), next_tokens, weight)[1])}
+    reference = best_gpt_torch.train_step_from_keras_weights(
+        shape, weights, OptimizerSettings.of_config(config, steps), mixed_bfloat16=dtype == "mixed_bfloat16",
+        compile=True, device=model.weights[0].value.device)
+    batch = [torch.as_tensor(array).to(reference.device) for array in (tokens, next_tokens, weight)]
+    batch[0], batch[1] = batch[0].long(), batch[1].long()
+    figures["reference"] = program_figures(run_and_get_code(reference, *batch)[1])
+    return figures
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--dtype", default="mixed_bfloat16", choices=["float32", "mixed_bfloat16"])
+    args = parser.parse_args(argv)
+    figures = generated_programs(args.preset, args.rows, args.block_size, args.dtype)
+    import torch
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    ours, reference = figures["mtbench"], figures["reference"]
+    print(f"GPT {args.preset}, {args.rows} x {args.block_size} tokens, {args.dtype}, inductor for {device}")
+    print(f"{'':28} {'mtbench':>9} {'reference':>10}")
+    for name in ours:
+        print(f"{name:28} {ours[name]:>9} {reference[name]:>10}")
+    print(json.dumps({"preset": args.preset, "rows": args.rows, "block_size": args.block_size, "dtype": args.dtype,
+                      "device": device, "torch": torch.__version__, **figures}))
+
+
+if __name__ == "__main__":
+    main()
