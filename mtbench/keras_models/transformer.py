@@ -54,13 +54,14 @@ class Attention(layers.Layer):
     at every trace, so no run could say which one ran: Keras is always told.
 
     `fused_projections` (True): the projections of one input (the query, key and value of self-attention; the
-    key and value of cross-attention) are one product with their kernels stacked side by side, as nanoGPT's,
-    Megatron's and MaxText's fused projection, with the weights still in the three Dense layers (weights files,
-    checkpoints and imported models load alike). One matmul of three times the width instead of three, forward and
-    backward: the input's gradient is one product summed in the matmul's float32 accumulator, where three
-    products round three 16-bit partial gradients before adding them. XLA merges the forward's three itself,
-    torch.compile does not. Split by columns over devices, one product has one partial gradient of its input to
-    all-reduce, where three have three. False: one Dense call a projection (the weights are the same)."""
+    key and value of cross-attention) are one product with their kernels stacked side by side, as nanoGPT's and
+    Megatron's fused projection, with the weights still in the three Dense layers (weights files, checkpoints and
+    imported models load alike). One matmul of three times the width instead of three, forward and backward: the
+    input's gradient is one product summed in the matmul's float32 accumulator, where three products round three
+    16-bit partial gradients before adding them. XLA's GPU compiler merges the forward's three products itself
+    (not the backward's); XLA's CPU compiler and torch.compile merge none. Split by columns over devices, one
+    product has one partial gradient of its input to all-reduce, where three have three. False: one Dense call a
+    projection (the weights are the same)."""
 
     fused_projections = True
 

@@ -150,7 +150,7 @@ def test_fused_projections_compute_what_three_products_compute():
 def test_a_torch_step_multiplies_by_one_query_key_value_matrix_a_block(kind):
     """What mtbench's torch steps ran in one step of the tiny GPT, counted from torch's profiler: each weight matrix
     three products (forward, the input's gradient, the weight's gradient), one of them the query, key and value
-    side by side in each block (XLA merges three products in the forward itself; inductor does not), and
+    side by side in each block (inductor does not merge three products itself), and
     attention's two batched products three times a block."""
     proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "matmul_count_probe.py"), kind],
                           capture_output=True, text=True, timeout=600,
