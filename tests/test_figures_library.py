@@ -45,3 +45,20 @@ def test_the_old_module_still_serves_the_figures_and_warns():
     with pytest.warns(DeprecationWarning, match="mtbench.figures"):
         old = importlib.import_module("mtbench.plugins.api.figures")
     assert old.FIGURES is mtbench.figures.FIGURES and old.figure_text is mtbench.figures.figure_text
+
+
+def test_the_attention_row_says_when_the_query_key_and_value_were_three_products():
+    def result(**arithmetic):
+        return {"model": {"attention": {"causal": "xla (unfused)", "arithmetic": arithmetic or None}}}
+    bfloat16 = {"matmul_inputs": "bfloat16", "accumulation": "float32", "scores": "bfloat16", "softmax": "float32"}
+    assert figures.attention_text(result(**bfloat16, projections="fused")) == (
+        "causal xla (unfused); bfloat16 matmuls summing in float32, bfloat16 scores, float32 softmax")
+    assert figures.attention_text(result(**bfloat16, projections="separate")).endswith(
+        "float32 softmax; query, key and value in three products")
+    # A result from before the projections were recorded ran three.
+    assert figures.attention_text(result(**bfloat16)).endswith("; query, key and value in three products")
+    float32 = dict.fromkeys(bfloat16, "float32")
+    assert figures.attention_text(result(**float32, projections="fused")) == "causal xla (unfused)"
+    assert figures.attention_text(result(**float32, projections="separate")) == (
+        "causal xla (unfused); query, key and value in three products")
+    assert figures.attention_text(result()) == "causal xla (unfused)"  # nothing recorded: nothing said
