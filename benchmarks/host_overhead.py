@@ -67,8 +67,8 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # run as a script: `benchmarks` and `mtbench` from this checkout
 
-from benchmarks.overhead import (hardware, measurement_parser, parse_measurement_args, ratio,  # noqa: E402
-                                 run_interleaved, summarize, versions, workload_config)
+from benchmarks.overhead import (hardware, measurement_parser, parse_measurement_args, pin_to_cpus,  # noqa: E402
+                                 ratio, run_interleaved, summarize, versions, workload_config)
 from mtbench.runner.measurement.load import other_processes_percent, sample_load  # noqa: E402
 
 QUICK = {"batches": 2, "rounds": 2, "steps_per_round": 2, "warmup": 1}
@@ -320,11 +320,10 @@ def parse_args(argv):
         if missing:
             parser.error(f"needs {', '.join(REQUIRED)} (pip install -e '.[jax,torch,bench]'); missing: "
                          f"{', '.join(missing)}")
-        if args.cpus:
-            try:
-                os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})  # the workers inherit it
-            except (ValueError, OSError) as error:
-                parser.error(f"--cpus {args.cpus}: {error}")
+        try:
+            pin_to_cpus(args.cpus)  # the workers inherit it
+        except (ValueError, OSError) as error:
+            parser.error(f"--cpus {args.cpus}: {error}")
     return args
 
 

@@ -89,10 +89,14 @@ class Attention(layers.Layer):
         for projection in projections:
             if not projection.built:
                 projection.build(ops.shape(inputs))
-        kernels = ops.stack([projection.kernel for projection in projections], axis=1)  # (d_in, n, d_out)
-        biases = ops.stack([projection.bias for projection in projections])
-        products = ops.einsum("btd,dnh->btnh", inputs, kernels) + biases
-        return [self._split_heads(products[:, :, index]) for index in range(len(projections))]
+        return self.heads_of_one_product(inputs, [projection.kernel for projection in projections],
+                                         [projection.bias for projection in projections])
+
+    def heads_of_one_product(self, inputs, kernels, biases):
+        """The heads of each (kernel, bias) applied to `inputs`, from one product with the kernels stacked on a new
+        axis, (d_in, n, d_out): a split of their output columns over devices stays a split of the last axis."""
+        products = ops.einsum("btd,dnh->btnh", inputs, ops.stack(kernels, axis=1)) + ops.stack(biases)
+        return [self._split_heads(products[:, :, index]) for index in range(len(kernels))]
 
     def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=False, queries=None):
         q = self._split_heads(self.query(x)) if queries is None else queries

@@ -300,7 +300,6 @@ def split_classes(mesh):
     and `RowwiseParallel` make `nn.Linear` compute, with the DTensors its variables hold ('columns', 'rows'), and
     the attention computing its query, key and value in one product of its local shards ('attention')."""
     import keras
-    import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     from mtbench.keras_models.transformer import Attention
@@ -323,10 +322,8 @@ def split_classes(mesh):
             # them. The input's gradient comes back partial, and one all-reduce makes it whole, as after
             # Megatron's fused projection.
             source = replicated(inputs).to_local(grad_placements=[Partial()])
-            kernels = torch.stack([weight(p._kernel, source.dtype).to_local() for p in projections], dim=1)
-            biases = torch.stack([weight(p.bias, source.dtype).to_local() for p in projections])
-            products = torch.einsum("btd,dnh->btnh", source, kernels) + biases
-            return [self._split_heads(products[:, :, index]) for index in range(len(projections))]
+            return self.heads_of_one_product(source, [weight(p._kernel, source.dtype).to_local() for p in projections],
+                                             [weight(p.bias, source.dtype).to_local() for p in projections])
 
     class ColumnSplitDense(keras.layers.Dense):
         def call(self, inputs, training=None):
