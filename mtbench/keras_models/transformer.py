@@ -93,10 +93,22 @@ class Attention(layers.Layer):
                                          [projection.bias for projection in projections])
 
     def heads_of_one_product(self, inputs, kernels, biases):
-        """The heads of each (kernel, bias) applied to `inputs`, from one product with the kernels stacked on a new
-        axis, (d_in, n, d_out): a split of their output columns over devices stays a split of the last axis."""
-        products = ops.einsum("btd,dnh->btnh", inputs, ops.stack(kernels, axis=1)) + ops.stack(biases)
-        return [self._split_heads(products[:, :, index]) for index in range(len(kernels))]
+        """The heads of each (kernel, bias) applied to `inputs`, from one product of the kernels side by side.
+
+        Where Keras lays weights out over devices (a `ModelParallel` distribution), the kernels are stacked on a
+        new axis, (d_in, n, d_out), so that a split of their output columns stays a split of one axis: the
+        partitioner keeps the heads apart (side by side, each device's columns would sit in n pieces of the
+        merged axis, and it gathers them). Elsewhere one 2-D product of the rows, (b*t, d_in) by (d_in, n*d_out),
+        plus the biases side by side: nanoGPT's `c_attn`, whose bias torch.compile folds into the GEMM (addmm, on
+        a GPU cuBLAS's epilogue) where after a 3-D product it runs one more kernel over the product a block."""
+        if isinstance(keras.distribution.distribution(), keras.distribution.ModelParallel):
+            products = ops.einsum("btd,dnh->btnh", inputs, ops.stack(kernels, axis=1)) + ops.stack(biases)
+            return [self._split_heads(products[:, :, index]) for index in range(len(kernels))]
+        batch, length, width = ops.shape(inputs)
+        rows = ops.reshape(inputs, (-1, width))
+        products = ops.matmul(rows, ops.concatenate(kernels, axis=1)) + ops.concatenate(biases)
+        return [self._split_heads(part) for part in ops.split(ops.reshape(products, (batch, length, -1)),
+                                                                len(kernels), axis=-1)]
 
     def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=False, queries=None):
         q = self._split_heads(self.query(x)) if queries is None else queries

@@ -27,7 +27,7 @@ def test_mtbench_s_compiled_step_calls_the_references_products_and_kernels():
     assert ours["gemms"] == reference["gemms"] == 3 * (4 * blocks + 1)
     # The fused attention kernel forward and backward in each block, nothing unfused.
     assert ours["attention kernels"] == reference["attention kernels"] == 2 * blocks
-    # Inductor's own kernels: at most one more a block, the query-key-value bias (which the reference's addmm
-    # adds in the matrix product) added in a kernel of its own.
-    assert reference["generated kernel launches"] > 0
-    assert ours["generated kernel launches"] <= reference["generated kernel launches"] + blocks
+    # Inductor's own kernels, as many: the query-key-value product's bias added in the GEMM (addmm) as the
+    # reference's is; after a 3-D product inductor added it in a kernel of its own, one more a block. (Other
+    # biases it may add in the GEMM or in the pointwise kernel after it, for the reference as for mtbench.)
+    assert ours["generated kernel launches"] == reference["generated kernel launches"] > 0
