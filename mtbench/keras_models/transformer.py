@@ -107,8 +107,9 @@ class Attention(layers.Layer):
         batch, length, width = ops.shape(inputs)
         rows = ops.reshape(inputs, (-1, width))
         products = ops.matmul(rows, ops.concatenate(kernels, axis=1)) + ops.concatenate(biases)
-        return [self._split_heads(part) for part in ops.split(ops.reshape(products, (batch, length, -1)),
-                                                                len(kernels), axis=-1)]
+        heads = ops.shape(kernels[0])[-1] // self.head_dim  # the kernels' own: a device's share where they are split
+        products = ops.reshape(products, (batch, length, len(kernels), heads, self.head_dim))
+        return [products[:, :, index] for index in range(len(kernels))]
 
     def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=False, queries=None):
         q = self._split_heads(self.query(x)) if queries is None else queries
