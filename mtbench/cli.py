@@ -451,7 +451,7 @@ def init_weights(backend, out, overwrite, **configuration):
 @click.option("--out", type=click.Path(dir_okay=False), help="Combined JSON (default mtbench-results/<time>-compare.json); the runs' files go into a folder beside it.")
 @click.option("--overwrite", is_flag=True, help="Replace existing result files.")
 @click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True, help="Steps whose training loss the parity check compares.")
-@click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True, help="Largest relative loss difference allowed between runs of the same dtype.")
+@click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True, help="Largest relative loss difference allowed between runs of the same dtype (16-bit runs: 10-step means; their first 5 steps, step by step, a quarter of it).")
 @validation_options
 @report_option
 @handle_errors

@@ -330,6 +330,19 @@ def test_a_rows_wall_time_is_split_into_what_one_process_for_several_rows_could_
     assert gpu_matrix.wall_split_line([{"status": "cut"}]) is None
 
 
+def test_a_16_bit_rows_parity_cell_says_its_means_and_its_first_steps():
+    jax, compiled, flash = Way("jax"), Way("torch", ("torch-compile",)), Way("torch", ("flash-attention",))
+    rows = [Row("gpt2-small", BF16, way, None, number) for number, way in enumerate((jax, compiled, flash), 1)]
+    results = {row.key: fake_result(row.way, BF16, 5.0) for row in rows}
+    results[rows[0].key]["history"] = [{"loss": 5.0}] * 3
+    results[rows[1].key]["history"] = [{"loss": 5.0}, {"loss": 5.0235}, {"loss": 5.0}]  # 0.47 % at step 2
+    results[rows[2].key]["history"] = [{"loss": 5.0}, {"loss": 5.002}, {"loss": 5.0}]
+    records = [{**gpu_matrix.first_record(row, None), "status": "ran"} for row in rows]
+    add_parity(records, results)
+    assert records[1]["parity"] == "0.16 % in steps 1-3 (10-step means) vs jax; steps 1-3: 0.47 %, NOT within 0.25 %"
+    assert records[2]["parity"] == "0.013 % in steps 1-3 (10-step means) vs jax; steps 1-3: 0.04 %"
+
+
 def test_table_labels_every_row_with_the_step_that_ran_or_why_not():
     jax, torch = Way("jax"), Way("torch", ("torch-compile",))
     rows = [Row("small", "float32", jax, "highest", 5), Row("small", "float32", torch, "highest", 10),

@@ -239,7 +239,7 @@ def test_16_bit_runs_are_held_to_their_curves_not_to_each_steps_rounding():
     either way, alternately) and still follows the curve: held to 10-step means it passes, where a float32 run
     that did the same fails; a 16-bit run whose first ten steps sit 2 % higher fails."""
     losses = list(np.linspace(7.5, 5.0, 60))
-    scattered = [loss * (1.02 if step % 2 else 0.98) for step, loss in enumerate(losses)]
+    scattered = [loss * (1 if step < 12 else 1.02 if step % 2 else 0.98) for step, loss in enumerate(losses)]
     higher_at_first = [loss * (1.02 if step < 10 else 1.0) for step, loss in enumerate(losses)]
     bf16 = "mixed_bfloat16"
     report = check_parity([("jax", fake_run(losses, bf16)), ("torch", fake_run(scattered, bf16)),
@@ -253,7 +253,31 @@ def test_16_bit_runs_are_held_to_their_curves_not_to_each_steps_rounding():
     other = by_run["torch+other"]
     assert not other.within_tolerance and other.max_relative_difference == pytest.approx(0.02) and other.at_step == 10
     assert "parity torch+other vs jax (mixed_bfloat16, first 50 steps): largest relative loss difference 2 % in " \
-           "steps 1-10 (10-step means), NOT within 1 %" in report.lines()
+           "steps 1-10 (10-step means), NOT within 1 %; steps 1-5 step by step: 2 % at step 1, NOT within 0.25 %" \
+           in report.lines()
+
+
+def test_16_bit_runs_of_other_arithmetic_fail_in_their_first_steps_though_their_means_agree():
+    """torch.compile keeping float32 between fused kernels parted from the other rows by 0.47 % at step 3 on an
+    H100 and by 0.68 % in 10-step means: the first 5 steps are held step by step to a quarter of the tolerance."""
+    bf16 = "mixed_bfloat16"
+    losses = list(np.linspace(7.5, 5.0, 60))
+    other = [loss * {1: 1.002, 2: 1.0047, 3: 1.003, 4: 1.002}.get(step, 1.0) for step, loss in enumerate(losses)]
+    rounding = [loss * (1.0004 if step % 2 else 0.9996) for step, loss in enumerate(losses)]
+    report = check_parity([("jax", fake_run(losses, bf16)), ("torch+compile", fake_run(other, bf16)),
+                           ("torch", fake_run(rounding, bf16))], run_dtype, steps=50, tolerance=0.01)
+    by_run = {pair.run: pair for pair in report.pairs}
+    compiled = by_run["torch+compile"]
+    assert compiled.max_relative_difference < 0.005  # its 10-step means alone pass
+    assert not compiled.within_tolerance and not compiled.early_within
+    assert (compiled.early_steps, compiled.early_at_step, compiled.early_tolerance) == (5, 3, 0.0025)
+    assert compiled.early_max_relative_difference == pytest.approx(0.0047)
+    assert by_run["torch"].within_tolerance and by_run["torch"].early_max_relative_difference == pytest.approx(4e-4)
+    assert "parity torch+compile vs jax (mixed_bfloat16, first 50 steps): largest relative loss difference 0.12 % " \
+           "in steps 1-10 (10-step means), within 1 %; steps 1-5 step by step: 0.47 % at step 3, NOT within " \
+           "0.25 %" in report.lines()
+    float32 = check_parity([("jax", fake_run(losses)), ("torch", fake_run(other))], run_dtype)
+    assert float32.pairs[0].within_tolerance and float32.pairs[0].early_max_relative_difference is None
 
 
 def test_a_comparison_that_fails_parity_ends_with_status_1():
@@ -269,6 +293,12 @@ def test_a_comparison_that_fails_parity_ends_with_status_1():
         require_parity(Comparison(groups=[], baseline=None, parity=report), "c.json")
     passing = check_parity([("jax", fake_run(losses)), ("torch", fake_run(losses))], run_dtype)
     require_parity(Comparison(groups=[], baseline=None, parity=passing), "c.json")
+    early = check_parity([("jax", fake_run(losses, "mixed_bfloat16")),
+                          ("torch", fake_run([loss * (1.004 if step == 2 else 1) for step, loss in enumerate(losses)],
+                                             "mixed_bfloat16"))], run_dtype)
+    with pytest.raises(RunFailure, match=r"parity check failed: torch differs from jax by 0.4 % at step 3 \(more "
+                                         r"than 0.25 %, step by step over the first 5\); results kept in c.json"):
+        require_parity(Comparison(groups=[], baseline=None, parity=early), "c.json")
 
 
 @pytest.mark.slow  # two language models validated along the way: about 20 s
