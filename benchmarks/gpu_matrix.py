@@ -621,9 +621,8 @@ def parity_cell(pair, reference_run, tolerance):
     """'0.11 % in steps 21-30 (10-step means) vs jax; steps 1-5: 0.04 %', each part saying where it is not
     within its tolerance."""
     from mtbench.runner.results.parity import percent
-    late = pair.max_relative_difference <= tolerance and pair.diverged_at is None
     text = (f"{percent(pair.max_relative_difference)} {pair.where()} vs {reference_run}"
-            + ("" if late else f", NOT within {percent(tolerance)}"))
+            + ("" if pair.curve_within(tolerance) else f", NOT within {percent(tolerance)}"))
     if pair.early_max_relative_difference is not None:
         text += (f"; steps 1-{pair.early_steps}: {percent(pair.early_max_relative_difference)}"
                  + ("" if pair.early_within else f", NOT within {percent(pair.early_tolerance)}"))

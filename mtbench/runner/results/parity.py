@@ -67,6 +67,10 @@ class ParityPair:
             return f"at step {self.at_step}"
         return f"in steps {max(self.at_step - self.window + 1, 1)}-{self.at_step} ({self.window}-step means)"
 
+    def curve_within(self, tolerance):
+        """Whether the curves (steps or windows) stay within `tolerance` and neither diverged alone."""
+        return self.max_relative_difference <= tolerance and self.diverged_at is None
+
     @property
     def early_within(self):
         return self.early_max_relative_difference is None or \
@@ -111,7 +115,7 @@ class ParityReport:
                              f"{pair.diverged_at - 1} steps before, largest relative loss difference "
                              f"{percent(pair.max_relative_difference)}, NOT within {percent(self.tolerance)}")
                 continue
-            verdict = "within" if pair.max_relative_difference <= self.tolerance else "NOT within"
+            verdict = "within" if pair.curve_within(self.tolerance) else "NOT within"
             lines.append(f"parity {pair.run} vs {pair.reference} ({pair.dtype}, first {pair.steps} steps): "
                          f"largest relative loss difference {percent(pair.max_relative_difference)} {pair.where()}, "
                          f"{verdict} {percent(self.tolerance)}{pair.early_text()}")
@@ -192,7 +196,7 @@ def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLE
             pair.early_max_relative_difference, pair.early_at_step = compare_curves(
                 reference_curve[:pair.early_steps], curve[:pair.early_steps])
             pair.early_tolerance = early_tolerance(tolerance)
-        pair.within_tolerance = worst <= tolerance and pair.early_within and diverged_at is None
+        pair.within_tolerance = pair.curve_within(tolerance) and pair.early_within
         report.pairs.append(pair)
     for dtype, (name, _) in reference_by_dtype.items():
         if runs_by_dtype[dtype] == 1:
@@ -204,8 +208,7 @@ def require_parity(comparison, out):
     """A comparison whose runs failed the parity check ends with status 1 (after its figures were shown and
     written): its timings compare different computations."""
     failures = comparison.parity.failures
-    if failures and all(pair.max_relative_difference <= comparison.parity.tolerance and pair.diverged_at is None
-                        for pair in failures):  # each failed in its first steps alone
+    if failures and all(pair.curve_within(comparison.parity.tolerance) for pair in failures):  # first steps alone
         pair = max(failures, key=lambda pair: pair.early_max_relative_difference)
         raise RunFailure(f"parity check failed: {pair.run} differs from {pair.reference} by "
                          f"{percent(pair.early_max_relative_difference)} at step {pair.early_at_step} (more than "
