@@ -3,8 +3,9 @@
 Where benchmarks/native_gpt_flax.py copies mtbench's model module for module, this is what JAX's best users would
 benchmark against: the parameters one pytree of arrays (nested dicts) and the model a function of it, one fused
 QKV projection per block, attention through `jax.nn.dot_product_attention(is_causal=True)` (cuDNN's fused kernel
-on a GPU in bfloat16, XLA's attention elsewhere), and one `jax.jit`ted step that donates the parameters and
-optimizer state so that XLA updates them in place.
+on a GPU in bfloat16, XLA's attention elsewhere), the loss against one-hot targets on a GPU as MaxText writes it
+(`token_losses`), and one `jax.jit`ted step that donates the parameters and optimizer state so that XLA updates
+them in place.
 
 The model is still mtbench's `--model gpt` (pre-LayerNorm blocks, LayerNorm eps 1e-5, exact GELU, learned
 positions, the output layer tied to the token embedding, float32 logits) and the optimizer is mtbench's
@@ -36,6 +37,17 @@ def layer_norm(p, x):
     mean = x32.mean(-1, keepdims=True)
     variance = jnp.square(x32 - mean).mean(-1, keepdims=True)
     return ((x32 - mean) * jax.lax.rsqrt(variance + LAYER_NORM_EPSILON) * p["gamma"] + p["beta"]).astype(x.dtype)
+
+
+def token_losses(logits, labels):
+    """Each token's cross-entropy: on a GPU or TPU against one-hot targets, as MaxText computes it there (its
+    gradient one element-wise pass over the logits, where the integer labels' gather has a scatter for its gradient
+    between two); on a CPU, where the one-hot product is the slower, optax's integer labels."""
+    def one_hot(logits, labels):
+        return optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype))
+
+    return jax.lax.platform_dependent(logits, labels, cpu=optax.softmax_cross_entropy_with_integer_labels,
+                                      default=one_hot)
 
 
 def dense(p, x):
@@ -162,7 +174,7 @@ class TrainStep:
                             "donating jit" + (", bf16 compute" if mixed_bfloat16 else ""))
 
     def loss(self, params, tokens, next_tokens, weights, key=None):
-        losses = optax.softmax_cross_entropy_with_integer_labels(self.forward(params, tokens, key=key), next_tokens)
+        losses = token_losses(self.forward(params, tokens, key=key), next_tokens)
         # A language model's weights are all ones; kept so that the mean is over the tokens that count.
         return jnp.sum(losses * weights) / jnp.sum(weights)
 

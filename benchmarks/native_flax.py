@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mtbench.plugins.backends.jax_jit_step import correct_tokens  # the same accuracy formulation as mtbench's step
+# The same loss and accuracy formulations as mtbench's step (the label's logit read as each platform serves best).
+from mtbench.plugins.backends.jax_jit_step import correct_tokens, token_cross_entropy
 
 PAD_ID = 0
 LAYER_NORM_EPSILON = 1e-6
@@ -259,7 +260,7 @@ class FlaxTrainStep:
 
         def loss_of(params):
             logits = self.model.apply(params, *inputs, training=True, rngs={"dropout": dropout_key})
-            token_loss = optax.softmax_cross_entropy_with_integer_labels(logits, target_output)
+            token_loss = token_cross_entropy(target_output, logits)
             return jnp.sum(token_loss * weight) / tokens, logits
 
         (loss, logits), grads = jax.value_and_grad(loss_of, has_aux=True)(params)

@@ -11,7 +11,8 @@ on the CPU, where an array's memory is the host's: reads (`float`, `bool`, `item
 `_value`) are counted where they happen, on every platform. Logging that hides warnings
 (`TF_CPP_MIN_LOG_LEVEL` above 0) hides the guard's lines too: the counter checks that it can see one before it
 counts, and `per_step()` is None where it cannot. A step that shows its program (`lowered_program`) has the
-conditionals in it counted too: on a GPU each reads its predicate on the host and waits for the device.
+conditionals in it that branch as it runs counted too: on a GPU each reads its predicate on the host and waits
+for the device.
 """
 
 import collections
@@ -20,10 +21,28 @@ import os
 import re
 import tempfile
 
-# A branch in a StableHLO program: XLA's GPU conditional thunk reads the branch index on the host.
-CONDITIONAL = re.compile(r"\bstablehlo\.(?:case|if)\b")
+# Branches in a StableHLO program: XLA's GPU conditional thunk reads the branch index on the host, unless the index
+# is known when XLA compiles (`jax.lax.platform_dependent` picks the platform's branch with a case on a constant).
+IF = re.compile(r"\bstablehlo\.if\b")
+CASE = re.compile(r'(%[\w#]+)(?::\d+)? = "stablehlo\.case"\((%[\w#]+)\)')
+CONSTANT_INDEX = re.compile(r"(%[\w#]+) = stablehlo\.constant dense<-?\d+> : tensor<i32>")
 # The guard's line; a jitted function's arguments are logged without their aval (empty).
 TRANSFER_LINE = re.compile(r"(host-to-device|device-to-host|device-to-device) transfer:(?: aval=ShapedArray\(([^)]*)\))?")
+
+
+def runtime_conditionals(program):
+    """How many conditionals of a StableHLO program pick their branch as it runs: every `if`, and every `case` on
+    an index that is neither a constant nor the result of a case on one (each function read on its own)."""
+    count = 0
+    for function in program.split("func.func ")[1:]:
+        known = set(CONSTANT_INDEX.findall(function))
+        count += len(IF.findall(function))
+        for result, index in CASE.findall(function):
+            if index in known:
+                known.add(result)
+            else:
+                count += 1
+    return count
 
 
 @contextlib.contextmanager
@@ -127,7 +146,7 @@ class JaxHostSyncCounter:
             inner = inner.inner
         if not hasattr(inner, "lowered_program"):
             return
-        found = len(CONDITIONAL.findall(inner.lowered_program(x, y, sample_weight)))
+        found = runtime_conditionals(inner.lowered_program(x, y, sample_weight))
         if found:
             self.events["conditional in the compiled step (a host wait on a GPU)"] += found
             if jax.default_backend() != "cpu":

@@ -25,11 +25,36 @@ from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, 
 def token_cross_entropy(labels, logits):
     """Each token's cross-entropy as log-sum-exp minus the label's logit: its backward is one softmax pass,
     where Keras's one-hot formulation materialises a second vocabulary-sized array (a twentieth of a step on the
-    `small` preset)."""
+    `small` preset). The label's logit is read as each platform's XLA serves best (`label_logits`)."""
     import jax
     import jax.numpy as jnp
-    label_logits = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return jax.nn.logsumexp(logits, axis=-1) - label_logits
+    labels = labels.astype(jnp.int32)
+    return jax.nn.logsumexp(logits, axis=-1) - label_logits(labels, logits)
+
+
+def label_logits(labels, logits):
+    """The logit of each token's label. On a CPU a gather. Elsewhere (GPU, TPU) a sum over the vocabulary masked
+    by `label == iota`: its gradient is then element-wise, and XLA computes the logits' whole gradient in one
+    pass, as inductor does for `F.cross_entropy`. A gather's gradient is a scatter, which XLA's GPU program runs
+    between two vocabulary-sized float32 passes; for GPT-2 small in bfloat16 (16 x 1,024 tokens, 50,304 entries)
+    the masked sum moves about 5 GB less a step, 1.5 ms at the H100's bandwidth (`benchmarks/program_cost.py
+    --target h100`). On a CPU XLA writes the masked logits out, and the masked sum is the slower (by about 8 % of
+    the `small` translation step). The platform is the one the step is compiled for
+    (`jax.lax.platform_dependent`); the values are the same."""
+    import jax
+    return jax.lax.platform_dependent(labels, logits, cpu=gathered_label_logits, default=masked_label_logits)
+
+
+def gathered_label_logits(labels, logits):
+    import jax.numpy as jnp
+    return jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+
+
+def masked_label_logits(labels, logits):
+    import jax
+    import jax.numpy as jnp
+    vocabulary = jax.lax.broadcasted_iota(labels.dtype, logits.shape, logits.ndim - 1)
+    return jnp.sum(jnp.where(labels[..., None] == vocabulary, logits, 0), axis=-1)
 
 
 def correct_tokens(labels, logits, weight):
@@ -37,8 +62,8 @@ def correct_tokens(labels, logits, weight):
     reduction that is not vectorised (a tenth of a step on the `small` preset); a max and a comparison are
     one fast reduction. The count differs from argmax's only on an exact tie with the label's logit."""
     import jax.numpy as jnp
-    label_logits = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return jnp.sum((label_logits >= jnp.max(logits, axis=-1)) * weight)
+    labelled = gathered_label_logits(labels.astype(jnp.int32), logits)
+    return jnp.sum((labelled >= jnp.max(logits, axis=-1)) * weight)
 
 
 @contextlib.contextmanager
@@ -342,12 +367,16 @@ class JitTrainStep(TrainStep):
         self.state, logs = self._step(self.state, x, y, sample_weight)
         return logs  # device scalars: the loop reads them at the edge of its timing window
 
-    def lowered_program(self, x, y, sample_weight):
-        """The step's program as StableHLO text, for the arrays it would train on (traced again, not run)."""
+    def lowered_program(self, x, y, sample_weight, platform=None, optimised=False):
+        """The step's program as StableHLO text, for the arrays it would train on (traced again, not run): for
+        `platform` ('cuda', 'tpu') where given, on a machine without one too, else for the arrays' devices; with
+        `optimised`, the HLO XLA compiles it to for those devices."""
         state = self.state or tuple([v.value for v in variables] for variables in self._keras_state())
         if self.distribution is not None:
             x, y, sample_weight = self._distribute(x), self._distribute(y), self._distribute(sample_weight)
-        return self._step.lower(state, x, y, sample_weight).as_text()
+        traced = self._step.trace(state, x, y, sample_weight)
+        lowered = traced.lower(lowering_platforms=(platform,)) if platform else traced.lower()
+        return lowered.compile().as_text() if optimised else lowered.as_text()
 
     def _distribute(self, arrays):
         """This process's rows of a batch array (or a tuple of them) as global arrays laid out over the mesh."""

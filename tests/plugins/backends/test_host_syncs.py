@@ -61,6 +61,33 @@ def test_jax_counter_sees_the_conditionals_of_kerass_branching_schedule():
     assert report["syncs_per_step"] == (0 if device_kind("jax") == "cpu" else report["variables"] + 1)
 
 
+def test_the_conditionals_counted_are_those_that_branch_as_the_program_runs():
+    """A `jax.lax.cond` on a value picks its branch as the program runs (on a GPU, after a wait for the device);
+    `jax.lax.platform_dependent` picks its branch from the platform the program is lowered for, a case on a
+    constant that XLA folds away."""
+    from conftest import keras_on_jax
+    keras_on_jax()
+    import jax
+    import jax.numpy as jnp
+
+    from mtbench.plugins.backends.jax_host_syncs import runtime_conditionals
+
+    def on_a_value(x):
+        return jax.lax.cond(jnp.sum(x) > 0, jnp.sin, jnp.cos, x)
+
+    def on_the_platform(x):
+        return jax.lax.platform_dependent(x, cpu=jnp.sin, default=jnp.cos)
+
+    def both(x):
+        return on_a_value(on_the_platform(x)) + jax.jit(on_a_value)(x)  # the second in a function of its own
+
+    x = jnp.ones(3)
+    for function, branching in ((on_a_value, 1), (on_the_platform, 0), (both, 2)):
+        for platform in ("cpu", "cuda"):
+            program = jax.jit(function).trace(x).lower(lowering_platforms=(platform,)).as_text()
+            assert runtime_conditionals(program) == branching, (function.__name__, platform)
+
+
 def torch_counter():
     from mtbench.plugins.backends.torch_host_syncs import TorchHostSyncCounter
     return TorchHostSyncCounter("cpu")

@@ -1,6 +1,7 @@
 """What mtbench's JAX train step compiles to, read from its program (StableHLO) on the tiny language model in mixed
-bfloat16: the embeddings' gradients are summed in float32 (their scatter-adds write float32 tables), and the
-step has no conditional (the learning-rate schedule does not branch), whose predicate a GPU reads on the host."""
+bfloat16: the embeddings' gradients are summed in float32 (their scatter-adds write float32 tables), the step has
+no conditional (the learning-rate schedule does not branch), whose predicate a GPU reads on the host, and the
+program lowered for a GPU (no GPU needed) computes the loss's gradient without a scatter."""
 
 import re
 
@@ -9,8 +10,13 @@ import pytest
 from conftest import keras_on_jax
 
 
+LOGITS = "4x32x256xf32"  # the tiny model's float32 logits for the 4 x 32 tokens below, over 256 bytes
+
+
 @pytest.fixture(scope="module")
-def program():
+def lowered():
+    """The step's program lowered for a platform: `lowered(None)` for this machine's CPU, `lowered('cuda')`;
+    `lowered('optimised')`, XLA's program for the CPU."""
     keras = keras_on_jax()
     import dataclasses
 
@@ -26,9 +32,18 @@ def program():
         model = build_gpt(dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32))
         compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype="mixed_bfloat16"), 20, {})
         ids = np.ones((4, 32), np.int32)
-        return JitTrainStep(model).lowered_program((ids,), ids, np.ones((4, 32), np.float32))
+        step = JitTrainStep(model)
+        programs = {platform: step.lowered_program((ids,), ids, np.ones((4, 32), np.float32), platform)
+                    for platform in (None, "cuda")}
+        programs["optimised"] = step.lowered_program((ids,), ids, np.ones((4, 32), np.float32), optimised=True)
+        return programs.get
     finally:
         keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture(scope="module")
+def program(lowered):
+    return lowered(None)
 
 
 def scatter_results(text):
@@ -42,5 +57,34 @@ def test_the_embedding_gradients_are_summed_in_float32(program):
     assert not [result for result in scatter_results(program) if "bf16" in result]
 
 
-def test_the_step_has_no_conditional(program):
-    assert not re.search(r"stablehlo\.(case|if)\b", program)
+def test_the_step_has_no_conditional(lowered):
+    """None in what XLA compiles the step to: the platform's choice of how the label's logit is read
+    (`label_logits`) is a case on a constant, which XLA folds away."""
+    assert not re.search(r"\bconditional\(", lowered("optimised"))
+
+
+def test_on_a_gpu_the_losss_gradient_has_no_scatter_into_the_logits(lowered):
+    """On the CPU the label's logit is gathered, and its gradient scattered into a zero array of the logits' shape
+    (the faster program there); for a GPU it is a masked sum, whose gradient XLA fuses with the softmax's."""
+    assert scatter_results(lowered(None)).count(LOGITS) == 1
+    gpu = lowered("cuda")
+    assert LOGITS not in scatter_results(gpu)
+    assert sorted(scatter_results(gpu)) == ["256x64xf32", "32x64xf32"]  # the embeddings' gradients alone
+
+
+def test_the_masked_label_logits_and_their_gradient_are_the_gathered_ones():
+    keras_on_jax()
+    import jax
+    import numpy as np
+
+    from mtbench.plugins.backends.jax_jit_step import gathered_label_logits, masked_label_logits
+    draw = np.random.default_rng(0)
+    logits = draw.standard_normal((3, 5, 11)).astype(np.float32)
+    labels = draw.integers(0, 11, (3, 5)).astype(np.int32)
+    cotangent = draw.standard_normal((3, 5)).astype(np.float32)
+    for label_logits in (gathered_label_logits, masked_label_logits):
+        value, backward = jax.vjp(lambda x: label_logits(labels, x), logits)
+        np.testing.assert_array_equal(value, np.take_along_axis(logits, labels[..., None], -1)[..., 0])
+        expected = np.zeros_like(logits)
+        np.put_along_axis(expected, labels[..., None], cotangent[..., None], -1)
+        np.testing.assert_array_equal(backward(cotangent)[0], expected)
