@@ -35,10 +35,15 @@ def program_figures(codes):
     """What the generated programs (forward and backward, each module's source) call, counted."""
     text = "\n".join(codes)
     extern = collections.Counter(EXTERN.findall(text))
+    launched = [cpu or gpu for cpu, gpu in LAUNCH.findall(text)]
     return {"gemms": sum(extern[name] for name in GEMMS),
             "gemms adding a bias": extern["addmm"] + extern["baddbmm"],
             "attention kernels": len(ATTENTION.findall(text)),
-            "generated kernel launches": len(LAUNCH.findall(text)),
+            "generated kernel launches": len(launched),
+            # Inductor names a kernel after the operations fused into it: one kernel for the loss's whole gradient
+            # over the logits when the label's (a scatter) is fused with the softmax's.
+            "kernels of the loss's gradient": sum("nll_loss_backward" in name for name in launched),
+            "scatters": sum("scatter" in name for name in launched) + extern["scatter"] + extern["scatter_add"],
             "other extern calls": sum(count for name, count in extern.items() if name not in GEMMS)}
 
 

@@ -1,5 +1,5 @@
-"""benchmarks/inductor_cost.py: mtbench's compiled torch step for the GPT does the reference's matrix products and
-attention kernels, counted in the programs inductor generates for both (nothing timed)."""
+"""benchmarks/inductor_cost.py: mtbench's compiled torch step for the GPT does the reference's matrix products,
+attention kernels and loss kernels, counted in the programs inductor generates for both (nothing timed)."""
 
 import json
 import os
@@ -31,3 +31,7 @@ def test_mtbench_s_compiled_step_calls_the_references_products_and_kernels():
     # reference's is; after a 3-D product inductor added it in a kernel of its own, one more a block. (Other
     # biases it may add in the GEMM or in the pointwise kernel after it, for the reference as for mtbench.)
     assert ours["generated kernel launches"] == reference["generated kernel launches"] > 0
+    # The loss's gradient over the logits in one kernel, the label's part (a scatter in aten's decomposition) fused
+    # with the softmax's, as mtbench's JAX step computes it on a GPU (tests/plugins/backends/test_jax_step_program.py).
+    assert ours["kernels of the loss's gradient"] == reference["kernels of the loss's gradient"] == 1
+    assert ours["scatters"] == reference["scatters"] == 0

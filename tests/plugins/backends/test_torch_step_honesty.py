@@ -123,13 +123,11 @@ FLASH_PROBE = textwrap.dedent("""
     from torch.profiler import profile
     from mtbench.keras_models.presets import PRESETS
     from mtbench.keras_models.transformer import build_transformer
-    from mtbench.plugins.backends.torch_backend import TorchBackend
+    from benchmarks.inductor_cost import fused_attention_here
     from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.setup import compile_model
-    TorchBackend().attention_kernels(True, {"kind": "cpu"})  # as under --extra flash-attention: fused kernels only
-    # Keras asks torch whether flash takes the inputs, a CUDA-only answer: the GPU's yes, on this CPU.
-    torch.backends.cuda.can_use_flash_attention = lambda params, debug=False: True
+    fused_attention_here()  # as under --extra flash-attention: fused kernels only, Keras's CUDA-only check answered
     # As --extra flash-attention builds it on torch: flash for the causal attention, the masked ones left to the
     # fused kernels the backend holds the process to.
     model = build_transformer(PRESETS["tiny"], flash_attention=True, flash_attention_masked=None)
