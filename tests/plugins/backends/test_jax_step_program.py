@@ -15,8 +15,8 @@ LOGITS = "4x32x256xf32"  # the tiny model's float32 logits for the 4 x 32 tokens
 
 @pytest.fixture(scope="module")
 def lowered():
-    """The step's program lowered for a platform: `lowered(None)` for this machine's CPU, `lowered('cuda')`;
-    `lowered('optimised')`, XLA's program for the CPU."""
+    """The step's program lowered for a platform: `lowered(None)` for the device it trains on, `lowered('cpu')`,
+    `lowered('cuda')` (on any machine); `lowered('optimised')`, XLA's program for the device it trains on."""
     keras = keras_on_jax()
     import dataclasses
 
@@ -34,7 +34,7 @@ def lowered():
         ids = np.ones((4, 32), np.int32)
         step = JitTrainStep(model)
         programs = {platform: step.lowered_program((ids,), ids, np.ones((4, 32), np.float32), platform)
-                    for platform in (None, "cuda")}
+                    for platform in (None, "cpu", "cuda")}
         programs["optimised"] = step.lowered_program((ids,), ids, np.ones((4, 32), np.float32), optimised=True)
         return programs.get
     finally:
@@ -66,7 +66,7 @@ def test_the_step_has_no_conditional(lowered):
 def test_on_a_gpu_the_losss_gradient_has_no_scatter_into_the_logits(lowered):
     """On the CPU the label's logit is gathered, and its gradient scattered into a zero array of the logits' shape
     (the faster program there); for a GPU it is a masked sum, whose gradient XLA fuses with the softmax's."""
-    assert scatter_results(lowered(None)).count(LOGITS) == 1
+    assert scatter_results(lowered("cpu")).count(LOGITS) == 1
     gpu = lowered("cuda")
     assert LOGITS not in scatter_results(gpu)
     assert sorted(scatter_results(gpu)) == ["256x64xf32", "32x64xf32"]  # the embeddings' gradients alone
