@@ -374,8 +374,9 @@ class JitTrainStep(TrainStep):
         state = self.state or tuple([v.value for v in variables] for variables in self._keras_state())
         if self.distribution is not None:
             x, y, sample_weight = self._distribute(x), self._distribute(y), self._distribute(sample_weight)
-        traced = self._step.trace(state, x, y, sample_weight)
-        lowered = traced.lower(lowering_platforms=(platform,)) if platform else traced.lower()
+        arguments = (state, x, y, sample_weight)
+        lowered = (self._step.trace(*arguments).lower(lowering_platforms=(platform,)) if platform
+                   else self._step.lower(*arguments))
         return lowered.compile().as_text() if optimised else lowered.as_text()
 
     def _distribute(self, arrays):
