@@ -4,8 +4,11 @@ program, what each reads and writes, and how long a device could take at its dat
 Each instruction of the entry computation that does work is one kernel: a fusion, a library call (cuBLAS, cuDNN),
 a copy. Parameters, constants, tuples and bitcasts move nothing. A kernel's bytes are its operands' and its
 result's sizes: what it names, an upper bound of the memory it touches (a fusion that reads a slice of an
-operand is charged the operand). A matrix multiplication's FLOPs are counted from the shapes of its `dot`s
-(`benchmarks/profile_step.hlo_operations`); a fused attention's from its query, key and value.
+operand is charged the operand). A scatter updates its first operand in place (where it cannot, XLA copies the
+operand first, in a kernel of its own): it is charged its other operands, the indices and what the updates are
+made from, twice (read, and as many elements written), not the array it updates. A matrix multiplication's FLOPs
+are counted from the shapes of its `dot`s (`benchmarks/profile_step.hlo_operations`); a fused attention's from its
+query, key and value.
 
 The roofline time of a kernel is the longer of its FLOPs at the device's matmul peak and its bytes at the
 device's memory bandwidth; the program's is their sum, a floor no schedule beats and a way to set two programs
@@ -84,7 +87,14 @@ def entry_kernels(hlo_text):
         if opcode in NO_WORK:
             continue
         names = re.findall(r"%([\w.\-]+)", operands)
-        moved = sizes[name] + sum(sizes.get(operand, 0) for operand in names)
+        called = re.search(r"calls=%([\w.\-]+)", line)
+        # XLA names a fusion, and the computation it calls, after its kind: `input_reduce_fusion`, `fused_scatter`.
+        named = f"{name} {called.group(1) if called else ''}"
+        scatter = opcode == "scatter" or "scatter" in named
+        if scatter and names and dims.get(names[0]) == dims[name] and sizes[names[0]] == sizes[name]:
+            moved = 2 * sum(sizes.get(operand, 0) for operand in names[1:])  # in place
+        else:
+            moved = sizes[name] + sum(sizes.get(operand, 0) for operand in names)
         category, flops = operations.get(name, (None, 0))
         if ATTENTION_CALL.search(line):
             kind, flops = ATTENTION, attention_flops([dims.get(operand) for operand in names], line)
@@ -94,7 +104,7 @@ def entry_kernels(hlo_text):
             kind = "copies"
         elif opcode == "custom-call":
             kind = "library calls"
-        elif "reduce" in line.split(" calls=")[0] or opcode in ("reduce", "reduce-window", "scatter"):
+        elif scatter or "reduce" in named or opcode in ("reduce", "reduce-window"):
             kind = "reductions"
         else:
             kind = "element-wise"

@@ -60,3 +60,32 @@ def test_gpu_library_calls_are_counted_from_their_shapes_and_backend_config():
     expected = sum(max(k.flops / peak, k.bytes / bandwidth) for k in kernels.values()) * 1e3
     assert figures["roofline ms"] == pytest.approx(expected)
     assert figures["kernels"] == 3 and figures[f"kernels: {ATTENTION}"] == 1
+
+
+# From the same H100 program, before the loss read the label's logit as a masked sum: the softmax's gradient, the
+# label's subtracted in place by a scatter, and a fusion that reads a reduction's result.
+SCATTER_LINES = """HloModule jit_step
+
+ENTRY %main.2 (logits: bf16[16,1024,50304], weight: f32[16,1024], y: s32[16,1024], tokens: f32[]) -> f32[16,1024,50304] {
+  %logits = bf16[16,1024,50304]{2,1,0} parameter(0)
+  %weight = f32[16,1024]{1,0} parameter(1)
+  %y = s32[16,1024]{1,0} parameter(2)
+  %tokens = f32[] parameter(3)
+  %input_reduce_fusion.2 = f32[16,1024]{1,0} fusion(%logits), kind=kInput, calls=%fused_reduce.2
+  %loop_multiply_fusion = f32[16,1024,50304]{2,1,0} fusion(%input_reduce_fusion.2, %logits), kind=kLoop, calls=%fused_multiply
+  ROOT %input_scatter_fusion = f32[16,1024,50304]{2,1,0} fusion(%loop_multiply_fusion, %weight, %y, %tokens), kind=kInput, calls=%fused_scatter
+}
+"""
+
+
+def test_a_scatter_is_charged_what_it_updates_in_place_and_a_fusion_its_own_kind():
+    from benchmarks.hlo_kernels import entry_kernels
+    kernels = {kernel.name: kernel for kernel in entry_kernels(SCATTER_LINES)}
+    logits, rows = 16 * 1024 * 50304, 16 * 1024
+    # The weights, labels and token count read, as many elements written; not the 3.3 GB array it adds into.
+    assert kernels["input_scatter_fusion"].bytes == 2 * (rows * 4 + rows * 4 + 4)
+    assert kernels["input_scatter_fusion"].kind == "reductions"
+    assert kernels["input_reduce_fusion.2"].kind == "reductions"
+    # An element-wise fusion that reads a reduction's result is element-wise still.
+    assert kernels["loop_multiply_fusion"].kind == "element-wise"
+    assert kernels["loop_multiply_fusion"].bytes == rows * 4 + logits * 2 + logits * 4
