@@ -338,9 +338,21 @@ def create_variables(model, inputs=1):
     """`model` with its variables created, by a call on symbolic ids (batch 1, length 8; a tuple of `inputs` of
     them): the call's shapes are traced and no operation runs. Called on real ids, JAX would compile each eager
     operation of the forward pass, on a GPU a program each: about 60 for GPT-2 small, 11 s of a process's start on
-    an H100. The initializers draw the same numbers either way."""
+    an H100. The initializers draw the same numbers either way.
+
+    Traced with the plain attention, which holds no weights of its own: a fused kernel's checks refuse symbolic
+    tensors (torch's flash check wants them on a GPU, with a warning for each), and Keras would then run the whole
+    call again on the device."""
     ids = keras.KerasTensor((1, 8), dtype="int32")
-    model(ids if inputs == 1 else (ids,) * inputs)
+    attentions = [layer for layer in model._flatten_layers() if isinstance(layer, Attention)]
+    asked = [layer.flash_attention for layer in attentions]
+    for layer in attentions:
+        layer.flash_attention = False
+    try:
+        model(ids if inputs == 1 else (ids,) * inputs)
+    finally:
+        for layer, flash_attention in zip(attentions, asked):
+            layer.flash_attention = flash_attention
     return model
 
 

@@ -4,12 +4,16 @@ small's eager call cost about 60 of them, 11 s of each JAX process's start on an
 numbers an eager call's would."""
 
 import dataclasses
+import json
 import logging
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from conftest import keras_on_jax
+from conftest import CPU_ONLY, TESTS_DIR, cli_environment, keras_on_jax
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 
 # Shapes no other test builds (nor each other), so that this process has compiled none of their programs before.
@@ -62,3 +66,16 @@ def test_variables_are_created_without_running_the_forward_pass(kind, caplog):
     assert len(weights) == len(eager_weights) > 0
     for ours, theirs in zip(weights, eager_weights):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_model_asking_for_flash_attention_is_built_without_running_it_on_torch():
+    """torch's flash check refuses the symbolic (meta) tensors a build traces with; Keras then ran the whole call
+    again on the device (on the H100, five warnings a layer and an eager forward pass of each row's model). On the
+    CPU, on a GPU machine too: the probe's flash check answers as CUDA's would."""
+    proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "model_build_probe.py")], capture_output=True,
+                          text=True, env=cli_environment(CPU_ONLY), timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ran = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert ran["forward"]["_scaled_dot_product_flash_attention_for_cpu"] == 2  # the count sees the attention
+    assert ran["forward"]["mm"] > 0 and ran["forward"]["embedding"] > 0
+    assert not {op for op in ran["built"] if op.startswith("_scaled_dot_product") or op in ("mm", "embedding")}
