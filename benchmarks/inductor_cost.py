@@ -1,8 +1,8 @@
 """mtbench's compiled torch step for the GPT against the best-by-hand torch reference (benchmarks/best_gpt_torch.py,
 nanoGPT's recipe), as the programs inductor generates for them: both compiled from the same weights for one batch,
 and held side by side by what the programs call. Matrix products (inductor's extern GEMM calls), attention kernels
-(the aten calls it leaves to SDPA's kernels) and the kernels inductor generated (their launches: a kernel of a block
-runs once a block). The torch counterpart of benchmarks/program_cost.py; nothing is timed.
+(the aten calls it leaves to SDPA's kernels), the kernels inductor generated (their launches: a kernel of a block
+runs once a block) and the buffers the forward program keeps for the backward. The torch counterpart of benchmarks/program_cost.py; nothing is timed.
 
     python benchmarks/inductor_cost.py [--preset tiny] [--rows 4] [--block-size 64] [--dtype mixed_bfloat16]
 
@@ -29,10 +29,29 @@ LAUNCH = re.compile(r"^\s+(cpp_fused_\w+)\(|^\s+(triton_\w+)\.run\(", re.M)
 EXTERN = re.compile(r"extern_kernels\.(\w+)\(")
 # A call of an attention kernel, forward or backward (not the checks of its outputs' strides that name it).
 ATTENTION = re.compile(r"= torch\.ops\.aten\.(_scaled_dot_product_\w+|_flash_attention_\w+|_efficient_attention_\w+)\.\w+\(")
+# A buffer the program allocates: its name, shape and dtype.
+ALLOCATION = re.compile(r"^\s+(buf\d+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)", re.M)
+RETURNED = re.compile(r"^\s+return \((.*)\)\s*$", re.M)
+
+
+def bytes_kept_for_the_backward(forward):
+    """The bytes of the buffers the forward program allocates and returns, each once (a view of a buffer is the
+    buffer): what the step holds from the forward pass to the backward one, beside the loss; the weights and the
+    batch it reads are not the program's."""
+    import torch
+    sizes = {}
+    for name, shape, dtype in ALLOCATION.findall(forward):
+        elements = 1
+        for extent in filter(None, (d.strip() for d in shape.split(","))):
+            elements *= int(extent)
+        sizes[name] = elements * getattr(torch, dtype).itemsize
+    returned = set(re.findall(r"\b(buf\d+)\b", RETURNED.findall(forward)[-1]))
+    return sum(sizes.get(name, 0) for name in returned)
 
 
 def program_figures(codes):
-    """What the generated programs (forward and backward, each module's source) call, counted."""
+    """What the generated programs (forward and backward, each module's source, in that order) call, counted, and
+    the MiB the forward keeps for the backward."""
     text = "\n".join(codes)
     extern = collections.Counter(EXTERN.findall(text))
     launched = [cpu or gpu for cpu, gpu in LAUNCH.findall(text)]
@@ -44,7 +63,8 @@ def program_figures(codes):
             # over the logits when the label's (a scatter) is fused with the softmax's.
             "kernels of the loss's gradient": sum("nll_loss_backward" in name for name in launched),
             "scatters": sum("scatter" in name for name in launched) + extern["scatter"] + extern["scatter_add"],
-            "other extern calls": sum(count for name, count in extern.items() if name not in GEMMS)}
+            "other extern calls": sum(count for name, count in extern.items() if name not in GEMMS),
+            "MiB kept for the backward": round(bytes_kept_for_the_backward(codes[0]) / 2 ** 20, 2)}
 
 
 def fused_attention_here():

@@ -35,3 +35,26 @@ def test_mtbench_s_compiled_step_calls_the_references_products_and_kernels():
     # with the softmax's, as mtbench's JAX step computes it on a GPU (tests/plugins/backends/test_jax_step_program.py).
     assert ours["kernels of the loss's gradient"] == reference["kernels of the loss's gradient"] == 1
     assert ours["scatters"] == reference["scatters"] == 0
+    # The forward keeps no more for the backward than the reference does (on the H100 mtbench's compiled step held
+    # 1.10x the reference's peak memory, docs/benchmarks.md).
+    assert 0 < ours["MiB kept for the backward"] <= reference["MiB kept for the backward"]
+
+
+# The end of a forward program as inductor writes it (shapes of GPT-2 small's logits and its table's copy).
+FORWARD = """
+def call(args):
+    primals_1, primals_2 = args
+    with torch.cuda._DeviceGuard(0):
+        buf0 = empty_strided_cuda((768, 50304), (1, 768), torch.bfloat16)
+        buf1 = empty_strided_cuda((16384, 50304), (50304, 1), torch.bfloat16)
+        buf2 = empty_strided_cuda((16384, ), (1, ), torch.float32)
+        buf3 = empty_strided_cuda((), (), torch.float32)
+    return (buf3, primals_1, buf0, reinterpret_tensor(buf1, (16, 1024, 50304), (51511296, 50304, 1), 0), buf1, )
+"""
+
+
+def test_the_bytes_kept_for_the_backward_are_the_returned_buffers_each_once():
+    from benchmarks.inductor_cost import bytes_kept_for_the_backward
+    # The table's bfloat16 copy, the logits (returned as themselves and as a view) and the loss; not the
+    # statistics the forward did not return, nor the weights it read.
+    assert bytes_kept_for_the_backward(FORWARD) == 768 * 50304 * 2 + 16384 * 50304 * 2 + 4
