@@ -2,7 +2,8 @@
 nanoGPT's recipe), as the programs inductor generates for them: both compiled from the same weights for one batch,
 and held side by side by what the programs call. Matrix products (inductor's extern GEMM calls), attention kernels
 (the aten calls it leaves to SDPA's kernels), the kernels inductor generated (their launches: a kernel of a block
-runs once a block) and the buffers the forward program keeps for the backward. The torch counterpart of benchmarks/program_cost.py; nothing is timed.
+runs once a block), the buffers the forward program keeps for the backward and, on a GPU, the memory a steady step
+allocates at its peak. The torch counterpart of benchmarks/program_cost.py; nothing is timed.
 
     python benchmarks/inductor_cost.py [--preset tiny] [--rows 4] [--block-size 64] [--dtype mixed_bfloat16]
 
@@ -67,6 +68,22 @@ def program_figures(codes):
             "MiB kept for the backward": round(bytes_kept_for_the_backward(codes[0]) / 2 ** 20, 2)}
 
 
+def step_peak_mib(step, *batch):
+    """On a GPU, the MiB one more call of `step` (compiled and run once already) allocates at its peak over what
+    was allocated before it: the activations, gradients and temporaries of a steady step, apart from the weights
+    and optimizer state both steps hold and the first call's compilation and autotuning, which a run's peak since
+    its process started counts. None on a CPU (torch counts no host allocations)."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step(*batch)
+    torch.cuda.synchronize()
+    return round((torch.cuda.max_memory_allocated() - before) / 2 ** 20, 1)
+
+
 def fused_attention_here():
     """torch held to its fused attention kernels, the math kernel off, as `--extra flash-attention` holds it; on a
     CPU, the flash kernel's CPU form answered for (Keras asks torch a CUDA-only question)."""
@@ -78,8 +95,9 @@ def fused_attention_here():
         torch.backends.cuda.can_use_flash_attention = lambda params, debug=False: True
 
 
-def generated_programs(preset, rows, block, dtype):
-    """{'mtbench': figures, 'reference': figures} of one step of each on `rows` x `block` tokens."""
+def generated_programs(preset, rows, block, dtype, precision_casts=True):
+    """{'mtbench': figures, 'reference': figures} of one step of each on `rows` x `block` tokens; without
+    `precision_casts`, mtbench's step in torch.compile's own arithmetic instead of the eager step's rounding."""
     os.environ["KERAS_BACKEND"] = "torch"
     import keras
     import numpy as np
@@ -106,13 +124,17 @@ def generated_programs(preset, rows, block, dtype):
     ids = np.random.default_rng(config.seed).integers(0, 256, (rows, block + 1)).astype(np.int32)
     tokens, next_tokens, weight = ids[:, :-1], ids[:, 1:], np.ones((rows, block), np.float32)
     ours = CompiledTorchTrainStep(model)
+    torch._inductor.config.emulate_precision_casts = precision_casts  # the step turns it on
     figures = {"mtbench": program_figures(run_and_get_code(ours, (tokens,), next_tokens, weight)[1])}
+    figures["mtbench"]["a step's peak MiB"] = step_peak_mib(ours, (tokens,), next_tokens, weight)
+    torch._inductor.config.emulate_precision_casts = False  # inductor's default, as nanoGPT's process runs it
     reference = best_gpt_torch.train_step_from_keras_weights(
         shape, weights, OptimizerSettings.of_config(config, steps), mixed_bfloat16=dtype == "mixed_bfloat16",
         compile=True, device=model.weights[0].value.device)
     batch = [torch.as_tensor(array).to(reference.device) for array in (tokens, next_tokens, weight)]
     batch[0], batch[1] = batch[0].long(), batch[1].long()
     figures["reference"] = program_figures(run_and_get_code(reference, *batch)[1])
+    figures["reference"]["a step's peak MiB"] = step_peak_mib(reference, *batch)
     return figures
 
 
@@ -122,17 +144,20 @@ def main(argv=None):
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--dtype", default="mixed_bfloat16", choices=["float32", "mixed_bfloat16"])
+    parser.add_argument("--no-precision-casts", dest="precision_casts", action="store_false",
+                        help="mtbench's step without the eager step's rounding, to see what the rounding costs")
     args = parser.parse_args(argv)
-    figures = generated_programs(args.preset, args.rows, args.block_size, args.dtype)
+    figures = generated_programs(args.preset, args.rows, args.block_size, args.dtype, args.precision_casts)
     import torch
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     ours, reference = figures["mtbench"], figures["reference"]
-    print(f"GPT {args.preset}, {args.rows} x {args.block_size} tokens, {args.dtype}, inductor for {device}")
-    print(f"{'':28} {'mtbench':>9} {'reference':>10}")
+    casts = "" if args.precision_casts else ", mtbench's step without the eager step's rounding"
+    print(f"GPT {args.preset}, {args.rows} x {args.block_size} tokens, {args.dtype}, inductor for {device}{casts}")
+    print(f"{'':30} {'mtbench':>9} {'reference':>10}")
     for name in ours:
-        print(f"{name:28} {ours[name]:>9} {reference[name]:>10}")
+        print(f"{name:30} {ours[name]!s:>9} {reference[name]!s:>10}")
     print(json.dumps({"preset": args.preset, "rows": args.rows, "block_size": args.block_size, "dtype": args.dtype,
-                      "device": device, "torch": torch.__version__, **figures}))
+                      "precision_casts": args.precision_casts, "device": device, "torch": torch.__version__, **figures}))
 
 
 if __name__ == "__main__":
