@@ -33,9 +33,11 @@ QKV = ("query", "key", "value")  # the Keras layers fused into one `qkv` kernel,
 
 
 def layer_norm(p, x):
-    x32 = x.astype(jnp.float32)  # statistics in float32 whatever the compute dtype
+    """As Flax's LayerNorm computes it by default (`use_fast_variance`): the variance from the mean and the mean of
+    squares, both in float32 whatever the compute dtype, one pass over `x` instead of two."""
+    x32 = x.astype(jnp.float32)
     mean = x32.mean(-1, keepdims=True)
-    variance = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    variance = jnp.maximum(jnp.square(x32).mean(-1, keepdims=True) - jnp.square(mean), 0.0)
     return ((x32 - mean) * jax.lax.rsqrt(variance + LAYER_NORM_EPSILON) * p["gamma"] + p["beta"]).astype(x.dtype)
 
 
