@@ -2,8 +2,8 @@
 nanoGPT's recipe), as the programs inductor generates for them: both compiled from the same weights for one batch,
 and held side by side by what the programs call. Matrix products (inductor's extern GEMM calls), attention kernels
 (the aten calls it leaves to SDPA's kernels), the kernels inductor generated (their launches: a kernel of a block
-runs once a block), the buffers the forward program keeps for the backward and, on a GPU, the memory a steady step
-allocates at its peak. The torch counterpart of benchmarks/program_cost.py; nothing is timed.
+runs once a block), the bytes inductor counts its kernels reading and writing, the buffers the forward program keeps
+for the backward and, on a GPU, the memory a steady step allocates at its peak. The torch counterpart of benchmarks/program_cost.py; nothing is timed.
 
     python benchmarks/inductor_cost.py [--preset tiny] [--rows 4] [--block-size 64] [--dtype mixed_bfloat16]
 
@@ -68,6 +68,30 @@ def program_figures(codes):
             "MiB kept for the backward": round(bytes_kept_for_the_backward(codes[0]) / 2 ** 20, 2)}
 
 
+def count_kernel_bytes():
+    """Has inductor count the bytes each kernel it schedules reads and writes (`torch._inductor.metrics`, kept while
+    its metrics log is on) for every graph: its caches off, so that each graph is compiled here, and the log on but
+    silent."""
+    import torch
+    import torch._functorch.config
+    import torch._inductor.compile_fx
+    import torch._inductor.config
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    torch._logging.set_logs(inductor_metrics=True)
+    torch._inductor.compile_fx.inductor_metrics_log.propagate = False
+
+
+def kernel_bytes_counted():
+    """{'GB the kernels name': ..., 'GB the GEMMs name': ...} of the graphs inductor compiled since the last call
+    (`count_kernel_bytes`), by inductor's own count; the count starts again."""
+    from torch._inductor import metrics
+    gemms = sum(elements * 4 for node, elements in metrics.nodes_num_elem if node.is_extern())  # it kept bytes // 4
+    counted = {"GB the kernels name": metrics.num_bytes_accessed / 1e9, "GB the GEMMs name": gemms / 1e9}
+    metrics.reset()
+    return counted
+
+
 def step_peak_mib(step, *batch):
     """On a GPU, the MiB one more call of `step` (compiled and run once already) allocates at its peak over what
     was allocated before it: the activations, gradients and temporaries of a steady step, apart from the weights
@@ -125,7 +149,10 @@ def generated_programs(preset, rows, block, dtype, precision_casts=True):
     tokens, next_tokens, weight = ids[:, :-1], ids[:, 1:], np.ones((rows, block), np.float32)
     ours = CompiledTorchTrainStep(model)
     torch._inductor.config.emulate_precision_casts = precision_casts  # the step turns it on
+    count_kernel_bytes()
+    kernel_bytes_counted()
     figures = {"mtbench": program_figures(run_and_get_code(ours, (tokens,), next_tokens, weight)[1])}
+    figures["mtbench"].update(kernel_bytes_counted())
     figures["mtbench"]["a step's peak MiB"] = step_peak_mib(ours, (tokens,), next_tokens, weight)
     torch._inductor.config.emulate_precision_casts = False  # inductor's default, as nanoGPT's process runs it
     reference = best_gpt_torch.train_step_from_keras_weights(
@@ -134,8 +161,13 @@ def generated_programs(preset, rows, block, dtype, precision_casts=True):
     batch = [torch.as_tensor(array).to(reference.device) for array in (tokens, next_tokens, weight)]
     batch[0], batch[1] = batch[0].long(), batch[1].long()
     figures["reference"] = program_figures(run_and_get_code(reference, *batch)[1])
+    figures["reference"].update(kernel_bytes_counted())
     figures["reference"]["a step's peak MiB"] = step_peak_mib(reference, *batch)
     return figures
+
+
+def shown(figure):
+    return f"{figure:.4g}" if isinstance(figure, float) else str(figure)
 
 
 def main(argv=None):
@@ -155,7 +187,7 @@ def main(argv=None):
     print(f"GPT {args.preset}, {args.rows} x {args.block_size} tokens, {args.dtype}, inductor for {device}{casts}")
     print(f"{'':30} {'mtbench':>9} {'reference':>10}")
     for name in ours:
-        print(f"{name:30} {ours[name]!s:>9} {reference[name]!s:>10}")
+        print(f"{name:30} {shown(ours[name]):>9} {shown(reference[name]):>10}")
     print(json.dumps({"preset": args.preset, "rows": args.rows, "block_size": args.block_size, "dtype": args.dtype,
                       "precision_casts": args.precision_casts, "device": device, "torch": torch.__version__, **figures}))
 

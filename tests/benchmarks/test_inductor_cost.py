@@ -38,6 +38,10 @@ def test_mtbench_s_compiled_step_calls_the_references_products_and_kernels():
     # The forward keeps no more for the backward than the reference does (on the H100 mtbench's compiled step held
     # 1.10x the reference's peak memory, docs/benchmarks.md).
     assert 0 < ours["MiB kept for the backward"] <= reference["MiB kept for the backward"]
+    # Inductor's own count of the bytes its kernels read and write: the GEMMs' the same (the same products of the
+    # same matrices), the whole no more than the reference's.
+    assert ours["GB the GEMMs name"] == pytest.approx(reference["GB the GEMMs name"], rel=0.02)
+    assert 0 < ours["GB the kernels name"] <= reference["GB the kernels name"]
 
 
 # The end of a forward program as inductor writes it (shapes of GPT-2 small's logits and its table's copy).
@@ -58,3 +62,26 @@ def test_the_bytes_kept_for_the_backward_are_the_returned_buffers_each_once():
     # The table's bfloat16 copy, the logits (returned as themselves and as a view) and the loss; not the
     # statistics the forward did not return, nor the weights it read.
     assert bytes_kept_for_the_backward(FORWARD) == 768 * 50304 * 2 + 16384 * 50304 * 2 + 4
+
+
+def test_inductor_counts_the_bytes_of_each_kernel_it_compiles(monkeypatch):
+    import torch
+    import torch._functorch.config
+    import torch._inductor.config
+
+    from benchmarks.inductor_cost import count_kernel_bytes, kernel_bytes_counted
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", torch._inductor.config.fx_graph_cache)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", torch._functorch.config.enable_autograd_cache)
+    try:
+        count_kernel_bytes()
+        kernel_bytes_counted()
+        doubled = torch.compile(lambda values: values * 2)(torch.ones(1000))
+        a_product = torch.compile(lambda a, b: a @ b)(torch.ones(64, 32), torch.ones(32, 16))
+        counted = kernel_bytes_counted()
+    finally:
+        torch._logging.set_logs()
+    assert doubled.sum() == 2000 and a_product.sum() == 64 * 16 * 32
+    # 1,000 float32 read and 1,000 written; the product reads 64 x 32 and 32 x 16 floats and writes 64 x 16.
+    gemm_bytes = 4 * (64 * 32 + 32 * 16 + 64 * 16)
+    assert counted["GB the GEMMs name"] == pytest.approx(gemm_bytes / 1e9, rel=1e-9)
+    assert counted["GB the kernels name"] == pytest.approx((4 * 2000 + gemm_bytes) / 1e9, rel=1e-9)

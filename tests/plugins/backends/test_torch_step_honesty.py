@@ -193,7 +193,8 @@ def test_the_compiled_step_rounds_16_bit_values_where_the_eager_step_does(tmp_pa
     assert result["extras_record"]["torch-compile"]["precision_casts"].startswith("16-bit intermediates rounded")
     assert len(losses["compiled"]) == 4
     # The first step's loss is the forward pass of the same weights: rounded where the eager step rounds, it is the
-    # eager loss to float32's last digits (without the casts 1.4e-4 apart in this run). Later steps
-    # add the backward pass, whose matmuls and reductions sum in another order: 1e-4 apart with the casts or without.
+    # eager loss to float32's last digits (without the casts 1.4e-4 apart in this run). Later steps add the backward
+    # pass, whose matmuls and reductions sum in another order, which the CPU's vector width decides: on an AVX-512
+    # EPYC 2e-4 apart at the third step and 4e-4 at the fourth with the casts, 1.2e-3 at the third without them.
     assert losses["compiled"][0] == pytest.approx(losses["eager"][0], rel=2e-6)
-    assert losses["compiled"] == pytest.approx(losses["eager"], rel=3e-4)
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=6e-4)
