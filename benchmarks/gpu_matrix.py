@@ -24,7 +24,9 @@ shape, batch 64 x 256) after it. A language model runs rows 7, 8, 12, 13, 14, 1,
 backend's best way (fused attention; torch compiled), the best-by-hand references (benchmarks/best_gpt.py: nanoGPT's
 recipe on torch, plain JAX with cuDNN attention, on the same batches from the same weights file), then the fair
 default (unfused attention, the same arithmetic on both). The column "step vs best by hand (same backend)" is a
-row's median step over its backend's reference row's, with the peak device memory's ratio beside it.
+row's median step over its backend's reference row's, with the peak device memory's ratio beside it. Below the
+table, JAX against torch twice, by mtbench's fastest row of each and by the references, and whether mtbench gives
+the references' verdict.
 
 The float32 rows answer whether both backends, set alike, do the same arithmetic and what TF32 buys (JAX's own
 default on a GPU is TF32, torch's true float32); JAX's pair comes first because it is cheap to compile. Every row
@@ -757,6 +759,52 @@ def add_best_by_hand_ratios(records):
         record["vs_best_by_hand"] = text
 
 
+def ranking(rows):
+    """{'leader', 'ratio' (the slower step over the faster), 'steps_ms': {backend: ms}, 'rows': {backend: run}} of
+    the fastest row of each backend among `rows` (records that ran), or None without both backends."""
+    fastest = {}
+    for record in rows:
+        backend = WAYS_BY_LABEL[record["run"]].backend
+        if record["step_ms_median"] and (backend not in fastest
+                                         or record["step_ms_median"] < fastest[backend]["step_ms_median"]):
+            fastest[backend] = record
+    if set(fastest) != {"jax", "torch"}:
+        return None
+    steps = {backend: record["step_ms_median"] for backend, record in sorted(fastest.items())}
+    leader = min(steps, key=steps.get)
+    return {"leader": leader, "ratio": max(steps.values()) / min(steps.values()), "steps_ms": steps,
+            "rows": {backend: record["run"] for backend, record in sorted(fastest.items())}}
+
+
+def verdicts(records, repeats=1):
+    """For each preset and dtype whose best-by-hand references both ran: JAX against torch as mtbench's fastest
+    rows rank them and as the references do, and whether mtbench gives the references' verdict (the issue's
+    goal: mtbench must not change the answer). Each with its line of text."""
+    groups = {}
+    for record in records:
+        if record["status"] == "ran" and not WAYS_BY_LABEL[record["run"]].in_reference_loop:
+            groups.setdefault((record["preset"], record["dtype"]), []).append(record)
+    found = []
+    for (preset, dtype), rows in groups.items():
+        ours = ranking([r for r in rows if not WAYS_BY_LABEL[r["run"]].reference])
+        references = ranking([r for r in rows if WAYS_BY_LABEL[r["run"]].reference])
+        if ours is None or references is None:
+            continue
+
+        def told(rank):
+            return (f"{rank['leader']} ahead, {rank['ratio']:.2f}x ("
+                    + ", ".join(f"{rank['rows'][b]} {rank['steps_ms'][b]:.1f} ms" for b in ("jax", "torch")) + ")")
+
+        same = ours["leader"] == references["leader"]
+        line = (f"{preset} {dtype}, JAX against torch: mtbench's fastest rows put {told(ours)}; the best-by-hand "
+                f"references put {told(references)}: "
+                + ("the same verdict" if same else "mtbench changes the verdict")
+                + (" (one run a row, no interval)" if repeats == 1 else f" (medians of {repeats} runs)"))
+        found.append({"preset": preset, "dtype": dtype, "mtbench": ours, "references": references,
+                      "same_verdict": same, "line": line})
+    return found
+
+
 def summarize(records, results, probe, args, train_options, kind, elapsed_s, finished):
     add_parity(records, results)
     add_best_by_hand_ratios(records)
@@ -770,7 +818,7 @@ def summarize(records, results, probe, args, train_options, kind, elapsed_s, fin
         "rerun": rerun_commands(records, args, train_options),
         "devices": devices, "env": env, "config": shared_config(results),
         "clock": next((r["timing"].get("clock") for r in results.values()), None),
-        "wall_split": wall_split_line(records),
+        "wall_split": wall_split_line(records), "verdicts": verdicts(records, args.repeats or 1),
         "out": os.path.abspath(args.out), "rows": records,
     }
 
@@ -794,6 +842,7 @@ def report_lines(summary):
     if summary["clock"]:
         lines.append(f"clock: {summary['clock']}")
     lines += ["", markdown_table(summary["rows"]), ""]
+    lines += [verdict["line"] for verdict in summary.get("verdicts", [])]
     if summary["cut"]:
         lines.append(f"cut by the budget ({budget:g} s): {', '.join(summary['cut'])}")
         lines += [f"to run them: {command}" for command in summary["rerun"]]

@@ -450,3 +450,33 @@ def test_a_budget_too_small_for_any_row_cuts_every_row_with_the_reason(cache_dir
     assert not os.path.exists(tmp_path / "tiny")  # no weights file, no row
     with open(tmp_path / "gpu-matrix.md") as f:
         assert "cut by the budget (1 s): tiny float32 (highest) jax, tiny float32 (high) jax" in f.read()
+
+
+def language_model_record(run, step_ms):
+    return {"preset": "gpt2-small", "dtype": BF16, "run": run, "status": "ran", "step_ms_median": step_ms}
+
+
+def test_the_verdict_line_says_whether_mtbench_ranks_the_frameworks_as_the_references_do():
+    # The H100's rows of 2026-11-27: mtbench's JAX step 37.0 ms, its compiled torch step 37.6, the references 38.8
+    # (JAX) and 36.6 (torch); the slower unfused rows and mtbench's step in the reference's loop do not count.
+    records = [language_model_record(run, ms) for run, ms in (
+        ("jax+flash-attention", 37.0), ("torch+torch-compile+flash-attention", 37.6), ("jax", 45.0),
+        ("torch", 90.0), ("best-by-hand-jax", 38.8), ("best-by-hand-torch", 36.6),
+        ("jax-step-in-reference-loop", 30.0))]
+    records.append({**language_model_record("torch+torch-compile", None), "status": "cut"})
+    [verdict] = gpu_matrix.verdicts(records)
+    assert verdict["mtbench"]["rows"] == {"jax": "jax+flash-attention", "torch": "torch+torch-compile+flash-attention"}
+    assert (verdict["mtbench"]["leader"], verdict["references"]["leader"]) == ("jax", "torch")
+    assert verdict["mtbench"]["ratio"] == pytest.approx(37.6 / 37.0)
+    assert verdict["references"]["ratio"] == pytest.approx(38.8 / 36.6)
+    assert not verdict["same_verdict"]
+    assert verdict["line"] == (
+        "gpt2-small mixed_bfloat16, JAX against torch: mtbench's fastest rows put jax ahead, 1.02x "
+        "(jax+flash-attention 37.0 ms, torch+torch-compile+flash-attention 37.6 ms); the best-by-hand references "
+        "put torch ahead, 1.06x (best-by-hand-jax 38.8 ms, best-by-hand-torch 36.6 ms): mtbench changes the verdict "
+        "(one run a row, no interval)")
+    records[1]["step_ms_median"] = 36.9
+    [verdict] = gpu_matrix.verdicts(records, repeats=3)
+    assert verdict["same_verdict"] and verdict["line"].endswith(": the same verdict (medians of 3 runs)")
+    # Without both references there is no verdict to hold mtbench's against.
+    assert gpu_matrix.verdicts([r for r in records if r["run"] != "best-by-hand-torch"]) == []
