@@ -119,9 +119,10 @@ def fused_attention_here():
         torch.backends.cuda.can_use_flash_attention = lambda params, debug=False: True
 
 
-def generated_programs(preset, rows, block, dtype, precision_casts=True):
+def generated_programs(preset, rows, block, dtype, precision_casts=True, save_code=None):
     """{'mtbench': figures, 'reference': figures} of one step of each on `rows` x `block` tokens; without
-    `precision_casts`, mtbench's step in torch.compile's own arithmetic instead of the eager step's rounding."""
+    `precision_casts`, mtbench's step in torch.compile's own arithmetic instead of the eager step's rounding. With
+    `save_code` (a folder), each program's source is written there to be read side by side."""
     os.environ["KERAS_BACKEND"] = "torch"
     import keras
     import numpy as np
@@ -151,7 +152,8 @@ def generated_programs(preset, rows, block, dtype, precision_casts=True):
     torch._inductor.config.emulate_precision_casts = precision_casts  # the step turns it on
     count_kernel_bytes()
     kernel_bytes_counted()
-    figures = {"mtbench": program_figures(run_and_get_code(ours, (tokens,), next_tokens, weight)[1])}
+    codes = {"mtbench": run_and_get_code(ours, (tokens,), next_tokens, weight)[1]}
+    figures = {"mtbench": program_figures(codes["mtbench"])}
     figures["mtbench"].update(kernel_bytes_counted())
     figures["mtbench"]["a step's peak MiB"] = step_peak_mib(ours, (tokens,), next_tokens, weight)
     torch._inductor.config.emulate_precision_casts = False  # inductor's default, as nanoGPT's process runs it
@@ -160,10 +162,22 @@ def generated_programs(preset, rows, block, dtype, precision_casts=True):
         compile=True, device=model.weights[0].value.device)
     batch = [torch.as_tensor(array).to(reference.device) for array in (tokens, next_tokens, weight)]
     batch[0], batch[1] = batch[0].long(), batch[1].long()
-    figures["reference"] = program_figures(run_and_get_code(reference, *batch)[1])
+    codes["reference"] = run_and_get_code(reference, *batch)[1]
+    figures["reference"] = program_figures(codes["reference"])
     figures["reference"].update(kernel_bytes_counted())
     figures["reference"]["a step's peak MiB"] = step_peak_mib(reference, *batch)
+    if save_code:
+        save_programs(codes, save_code)
     return figures
+
+
+def save_programs(codes, folder):
+    """Each program's source as `{mtbench,reference}-{forward,backward}.py` in `folder`."""
+    os.makedirs(folder, exist_ok=True)
+    for name, programs in codes.items():
+        for part, code in zip(("forward", "backward"), programs):
+            with open(os.path.join(folder, f"{name}-{part}.py"), "w") as f:
+                f.write(code)
 
 
 def shown(figure):
@@ -178,8 +192,10 @@ def main(argv=None):
     parser.add_argument("--dtype", default="mixed_bfloat16", choices=["float32", "mixed_bfloat16"])
     parser.add_argument("--no-precision-casts", dest="precision_casts", action="store_false",
                         help="mtbench's step without the eager step's rounding, to see what the rounding costs")
+    parser.add_argument("--save-code", metavar="FOLDER", help="write each program's source there")
     args = parser.parse_args(argv)
-    figures = generated_programs(args.preset, args.rows, args.block_size, args.dtype, args.precision_casts)
+    figures = generated_programs(args.preset, args.rows, args.block_size, args.dtype, args.precision_casts,
+                                 args.save_code)
     import torch
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     ours, reference = figures["mtbench"], figures["reference"]

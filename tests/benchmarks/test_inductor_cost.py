@@ -14,12 +14,17 @@ SCRIPT = os.path.join(REPOSITORY, "benchmarks", "inductor_cost.py")
 
 
 @pytest.mark.slow  # inductor compiles two GPT steps: about 40 s on 2 cores
-def test_mtbench_s_compiled_step_calls_the_references_products_and_kernels():
-    proc = subprocess.run([sys.executable, SCRIPT, "--preset", "tiny", "--rows", "4", "--block-size", "32"],
+def test_mtbench_s_compiled_step_calls_the_references_products_and_kernels(tmp_path):
+    proc = subprocess.run([sys.executable, SCRIPT, "--preset", "tiny", "--rows", "4", "--block-size", "32",
+                           "--save-code", str(tmp_path)],
                           capture_output=True, text=True, timeout=600,
                           env=cli_environment({"TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}))
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    saved = {path.name: path.read_text() for path in tmp_path.iterdir()}
+    assert sorted(saved) == ["mtbench-backward.py", "mtbench-forward.py", "reference-backward.py",
+                             "reference-forward.py"]
+    assert all("def call(" in code for code in saved.values())
     ours, reference = figures["mtbench"], figures["reference"]
     blocks = 2  # the tiny GPT's
     # Each weight matrix three times (forward, the input's gradient, the weight's gradient): a block's query, key
