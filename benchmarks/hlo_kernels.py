@@ -3,8 +3,8 @@ program, what each reads and writes, and how long a device could take at its dat
 
 Each instruction of the entry computation that does work is one kernel: a fusion, a library call (cuBLAS, cuDNN),
 a copy. Parameters, constants, tuples and bitcasts move nothing. A kernel's bytes are its operands' and its
-result's sizes: what it names, an upper bound of the memory it touches (a fusion that reads a slice of an
-operand is charged the operand). A scatter updates its first operand in place (where it cannot, XLA copies the
+result's sizes: what it names, an upper bound of the memory it touches; but an operand a fusion only gathers or
+slices from is charged what it takes (the label's logit gathered from the logits: 16,384 values, not 1.6 GB). A scatter updates its first operand in place (where it cannot, XLA copies the
 operand first, in a kernel of its own): it is charged its other operands, the indices and what the updates are
 made from, twice (read, and as many elements written), not the array it updates. A matrix multiplication's FLOPs
 are counted from the shapes of its `dot`s (`benchmarks/profile_step.hlo_operations`); a fused attention's from its
@@ -60,6 +60,59 @@ def entry_lines(hlo_text):
     return body
 
 
+def computations(hlo_text):
+    """{name: its instruction lines} of every computation of the module but the entry."""
+    found, name = {}, None
+    for line in hlo_text.splitlines():
+        header = re.match(r"^%([\w.\-]+) .*\{$", line)
+        if header:
+            name = header.group(1)
+            found[name] = []
+        elif line.startswith("}"):
+            name = None
+        elif name is not None:
+            found[name].append(line.strip())
+    return found
+
+
+TAKING = ("gather", "slice", "dynamic-slice")  # read part of their first operand
+# Each element of the result made of the same element of the operand: a fusion computes them only where taken.
+PASSING = ("bitcast", "reshape", "convert")
+
+
+def taken_bytes(body):
+    """{parameter index: the bytes read of it} of a fused computation's parameters that are only gathered or sliced
+    from (through bitcasts, reshapes and conversions): as many of its elements as are taken. The others are read
+    whole."""
+    instructions = []
+    for line in body:
+        match = INSTRUCTION.match(line)
+        if match:
+            name, shape, opcode, operands = match.groups()
+            instructions.append((name, shape, opcode, re.findall(r"%([\w.\-]+)", operands), operands))
+    taken = {}
+    for name, parameter_shape, opcode, _, operands in instructions:
+        if opcode != "parameter":
+            continue
+        element_bytes = ELEMENT_BYTES[ARRAY.search(parameter_shape).group(1)]
+        frontier, read = [name], 0
+        while frontier and read is not None:
+            value = frontier.pop()
+            for user, shape, user_opcode, user_operands, _ in instructions:
+                if value not in user_operands:
+                    continue
+                if user_opcode in PASSING:
+                    frontier.append(user)
+                elif user_opcode in TAKING and user_operands[0] == value and user_operands.count(value) == 1:
+                    read += array_bytes(shape) // ELEMENT_BYTES[ARRAY.search(shape).group(1)] * element_bytes
+                else:
+                    read = None
+                    break
+        if read is not None:
+            taken[int(operands)] = read
+    return taken
+
+
 def attention_flops(operand_shapes, line):
     """A cuDNN attention call's FLOPs from its query (batch, queries, heads, size) and key (batch, keys, ...): the
     forward's two products, 4 x batch x heads x queries x keys x size, two and a half times that backward (five
@@ -75,6 +128,7 @@ def attention_flops(operand_shapes, line):
 def entry_kernels(hlo_text):
     """The kernels of an optimised HLO module (`compiled.as_text()`), in program order."""
     operations = hlo_operations(hlo_text)
+    bodies = computations(hlo_text)
     sizes, dims, kernels = {}, {}, []
     for line in entry_lines(hlo_text):
         match = INSTRUCTION.match(line)
@@ -94,7 +148,8 @@ def entry_kernels(hlo_text):
         if scatter and names and dims.get(names[0]) == dims[name] and sizes[names[0]] == sizes[name]:
             moved = 2 * sum(sizes.get(operand, 0) for operand in names[1:])  # in place
         else:
-            moved = sizes[name] + sum(sizes.get(operand, 0) for operand in names)
+            taken = taken_bytes(bodies.get(called.group(1), [])) if called and opcode == "fusion" else {}
+            moved = sizes[name] + sum(taken.get(index, sizes.get(operand, 0)) for index, operand in enumerate(names))
         category, flops = operations.get(name, (None, 0))
         if ATTENTION_CALL.search(line):
             kind, flops = ATTENTION, attention_flops([dims.get(operand) for operand in names], line)

@@ -89,3 +89,43 @@ def test_a_scatter_is_charged_what_it_updates_in_place_and_a_fusion_its_own_kind
     # An element-wise fusion that reads a reduction's result is element-wise still.
     assert kernels["loop_multiply_fusion"].kind == "element-wise"
     assert kernels["loop_multiply_fusion"].bytes == rows * 4 + logits * 2 + logits * 4
+
+
+# Lines of the same H100 program, after the masked sum: the accuracy's fusion converts the bfloat16 logits and
+# gathers each label's logit (`correct_tokens`), and the softmax's fusion reads them all.
+GATHER_LINES = """HloModule jit_step
+
+%fused_gather (param_0: bf16[16384,50304], param_1: s32[16384,3]) -> f32[16,1024] {
+  %param_0 = bf16[16384,50304]{1,0} parameter(0)
+  %convert.1 = f32[16384,50304]{1,0} convert(%param_0)
+  %bitcast.1 = f32[16,1024,50304]{2,1,0} bitcast(%convert.1)
+  %param_1 = s32[16384,3]{1,0} parameter(1)
+  %gather.1 = f32[16384,1,1,1]{3,2,1,0} gather(%bitcast.1, %param_1), offset_dims={1,2,3}, collapsed_slice_dims={}, start_index_map={0,1,2}, index_vector_dim=1, slice_sizes={1,1,1}
+  ROOT %bitcast.2 = f32[16,1024]{1,0} bitcast(%gather.1)
+}
+
+%fused_exp (param_0.1: bf16[16384,50304]) -> f32[16384,50304] {
+  %param_0.1 = bf16[16384,50304]{1,0} parameter(0)
+  %convert.2 = f32[16384,50304]{1,0} convert(%param_0.1)
+  %slice.1 = f32[16384,1]{1,0} slice(%convert.2), slice={[0:16384], [0:1]}
+  ROOT %exponential.1 = f32[16384,50304]{1,0} exponential(%convert.2)
+}
+
+ENTRY %main.3 (logits: bf16[16384,50304], indices: s32[16384,3]) -> f32[16,1024] {
+  %logits = bf16[16384,50304]{1,0} parameter(0)
+  %indices = s32[16384,3]{1,0} parameter(1)
+  %loop_gather_fusion = f32[16,1024]{1,0} fusion(%logits, %indices), kind=kLoop, calls=%fused_gather
+  %loop_exponential_fusion = f32[16384,50304]{1,0} fusion(%logits), kind=kLoop, calls=%fused_exp
+  ROOT %tuple = (f32[16,1024]{1,0}, f32[16384,50304]{1,0}) tuple(%loop_gather_fusion, %loop_exponential_fusion)
+}
+"""
+
+
+def test_an_operand_a_fusion_only_gathers_from_is_charged_what_it_takes():
+    from benchmarks.hlo_kernels import entry_kernels
+    kernels = {kernel.name: kernel for kernel in entry_kernels(GATHER_LINES)}
+    rows, logits = 16 * 1024, 16 * 1024 * 50304
+    # 16,384 bfloat16 logits read (converted, then gathered), the indices, the float32 result.
+    assert kernels["loop_gather_fusion"].bytes == rows * 2 + rows * 3 * 4 + rows * 4
+    # Sliced, but also read whole: the whole operand.
+    assert kernels["loop_exponential_fusion"].bytes == logits * 2 + logits * 4
