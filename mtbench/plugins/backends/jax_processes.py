@@ -6,15 +6,31 @@ import contextlib
 
 from mtbench import MtbenchError, ProcessGroup
 
-# torchrun's agent serves its store on MASTER_PORT, so JAX's coordination service takes the next port.
-PORT_AFTER_TORCHRUN_STORE = 1
-
-
 def coordinator_address(launch):
+    """Where JAX's coordination service runs: the launch's coordinator; under torchrun, whose agent serves its
+    store on MASTER_PORT, a port process 0 finds free and leaves in that store for the others (the port after
+    MASTER_PORT, taken before, was once another program's)."""
     if launch.launcher != "torchrun":
         return launch.coordinator
+    import datetime
+    import os
+
+    from torch.distributed import TCPStore
     host, _, port = launch.coordinator.rpartition(":")
-    return f"{host}:{int(port) + PORT_AFTER_TORCHRUN_STORE}"
+    store = TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=launch.timeout_s))
+    # A restarted group meets under a key of its own.
+    key = f"mtbench/jax-coordinator/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if launch.process_id == 0:
+        store.set(key, str(free_port()))
+    return f"{host}:{store.get(key).decode()}"
+
+
+def free_port():
+    """A port no program listens on now, from the system."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
 
 
 class JaxProcessGroup(ProcessGroup):
@@ -23,16 +39,17 @@ class JaxProcessGroup(ProcessGroup):
         super().__init__(launch)
         # Collectives between CPU processes need a library (none by default); GPUs use NCCL without being told.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        coordinator = coordinator_address(launch)
         try:
             # Several processes on a machine: one GPU each, its local rank, as torchrun's processes have (JAX
             # reads it as the GPUs it may see; a machine without GPUs ignores it).
-            jax.distributed.initialize(coordinator_address(launch), launch.num_processes, launch.process_id,
+            jax.distributed.initialize(coordinator, launch.num_processes, launch.process_id,
                                        local_device_ids=[launch.local_rank] if launch.local_processes > 1 else None,
                                        initialization_timeout=launch.timeout_s,
                                        heartbeat_timeout_seconds=min(launch.timeout_s, 100))
         except (RuntimeError, ValueError) as error:
             raise MtbenchError(f"process {launch.process_id} of {launch.num_processes} could not join the others "
-                               f"at {coordinator_address(launch)}: {str(error).splitlines()[0]}") from None
+                               f"at {coordinator}: {str(error).splitlines()[0]}") from None
         self.collectives = "gloo" if jax.devices()[0].platform == "cpu" else "nccl"
 
     def any(self, flag):
