@@ -39,8 +39,10 @@ class JaxProcessGroup(ProcessGroup):
         super().__init__(launch)
         # Collectives between CPU processes need a library (none by default); GPUs use NCCL without being told.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        coordinator = coordinator_address(launch)
+        coordinator = launch.coordinator
         try:
+            # Under torchrun a question to its store, which may not answer.
+            coordinator = coordinator_address(launch)
             # Several processes on a machine: one GPU each, its local rank, as torchrun's processes have (JAX
             # reads it as the GPUs it may see; a machine without GPUs ignores it).
             jax.distributed.initialize(coordinator, launch.num_processes, launch.process_id,
