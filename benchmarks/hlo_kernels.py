@@ -4,9 +4,10 @@ program, what each reads and writes, and how long a device could take at its dat
 Each instruction of the entry computation that does work is one kernel: a fusion, a library call (cuBLAS, cuDNN),
 a copy. Parameters, constants, tuples and bitcasts move nothing. A kernel's bytes are its operands' and its
 result's sizes: what it names, an upper bound of the memory it touches; but an operand a fusion only gathers or
-slices from is charged what it takes (the label's logit gathered from the logits: 16,384 values, not 1.6 GB). A scatter updates its first operand in place (where it cannot, XLA copies the
-operand first, in a kernel of its own): it is charged its other operands, the indices and what the updates are
-made from, twice (read, and as many elements written), not the array it updates. A matrix multiplication's FLOPs
+slices from is charged what it takes (the label's logit gathered from the logits: 16,384 values, not 1.6 GB).
+A scatter updates its first operand in place (where it cannot, XLA copies the operand first, in a kernel of its
+own): it is charged its other operands, the indices and what the updates are made from, twice (read, and as many
+elements written), not the array it updates. A matrix multiplication's FLOPs
 are counted from the shapes of its `dot`s (`benchmarks/profile_step.hlo_operations`); a fused attention's from its
 query, key and value.
 

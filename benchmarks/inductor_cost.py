@@ -3,7 +3,8 @@ nanoGPT's recipe), as the programs inductor generates for them: both compiled fr
 and held side by side by what the programs call. Matrix products (inductor's extern GEMM calls), attention kernels
 (the aten calls it leaves to SDPA's kernels), the kernels inductor generated (their launches: a kernel of a block
 runs once a block), the bytes inductor counts its kernels reading and writing, the buffers the forward program keeps
-for the backward and, on a GPU, the memory a steady step allocates at its peak. The torch counterpart of benchmarks/program_cost.py; nothing is timed.
+for the backward and, on a GPU, the memory a steady step allocates at its peak. The torch counterpart of
+benchmarks/program_cost.py; nothing is timed.
 
     python benchmarks/inductor_cost.py [--preset tiny] [--rows 4] [--block-size 64] [--dtype mixed_bfloat16]
 
@@ -70,8 +71,8 @@ def program_figures(codes):
 
 def count_kernel_bytes():
     """Has inductor count the bytes each kernel it schedules reads and writes (`torch._inductor.metrics`, kept while
-    its metrics log is on) for every graph: its caches off, so that each graph is compiled here, and the log on but
-    silent."""
+    its metrics log is on) for every graph: its caches off, so that each graph is compiled here, the log on but
+    silent, and the count at zero."""
     import torch
     import torch._functorch.config
     import torch._inductor.compile_fx
@@ -80,6 +81,7 @@ def count_kernel_bytes():
     torch._functorch.config.enable_autograd_cache = False
     torch._logging.set_logs(inductor_metrics=True)
     torch._inductor.compile_fx.inductor_metrics_log.propagate = False
+    torch._inductor.metrics.reset()
 
 
 def kernel_bytes_counted():
@@ -108,6 +110,16 @@ def step_peak_mib(step, *batch):
     return round((torch.cuda.max_memory_allocated() - before) / 2 ** 20, 1)
 
 
+def measured_program(step, *batch):
+    """(the programs inductor generated for `step`, their figures): compiled and run on `batch`, then run again
+    for a steady step's peak. Inductor's byte count is read for the graphs compiled since the last read."""
+    from torch._inductor.utils import run_and_get_code
+    codes = run_and_get_code(step, *batch)[1]
+    figures = {**program_figures(codes), **kernel_bytes_counted()}
+    figures["a step's peak MiB"] = step_peak_mib(step, *batch)
+    return codes, figures
+
+
 def fused_attention_here():
     """torch held to its fused attention kernels, the math kernel off, as `--extra flash-attention` holds it; on a
     CPU, the flash kernel's CPU form answered for (Keras asks torch a CUDA-only question)."""
@@ -127,8 +139,6 @@ def generated_programs(preset, rows, block, dtype, precision_casts=True, save_co
     import keras
     import numpy as np
     import torch
-    from torch._inductor.utils import run_and_get_code
-
     from benchmarks import best_gpt_torch
     from benchmarks.workload import OptimizerSettings
     from mtbench.keras_models.gpt import build_gpt
@@ -151,21 +161,15 @@ def generated_programs(preset, rows, block, dtype, precision_casts=True, save_co
     ours = CompiledTorchTrainStep(model)
     torch._inductor.config.emulate_precision_casts = precision_casts  # the step turns it on
     count_kernel_bytes()
-    kernel_bytes_counted()
-    codes = {"mtbench": run_and_get_code(ours, (tokens,), next_tokens, weight)[1]}
-    figures = {"mtbench": program_figures(codes["mtbench"])}
-    figures["mtbench"].update(kernel_bytes_counted())
-    figures["mtbench"]["a step's peak MiB"] = step_peak_mib(ours, (tokens,), next_tokens, weight)
+    codes, figures = {}, {}
+    codes["mtbench"], figures["mtbench"] = measured_program(ours, (tokens,), next_tokens, weight)
     torch._inductor.config.emulate_precision_casts = False  # inductor's default, as nanoGPT's process runs it
     reference = best_gpt_torch.train_step_from_keras_weights(
         shape, weights, OptimizerSettings.of_config(config, steps), mixed_bfloat16=dtype == "mixed_bfloat16",
         compile=True, device=model.weights[0].value.device)
     batch = [torch.as_tensor(array).to(reference.device) for array in (tokens, next_tokens, weight)]
     batch[0], batch[1] = batch[0].long(), batch[1].long()
-    codes["reference"] = run_and_get_code(reference, *batch)[1]
-    figures["reference"] = program_figures(codes["reference"])
-    figures["reference"].update(kernel_bytes_counted())
-    figures["reference"]["a step's peak MiB"] = step_peak_mib(reference, *batch)
+    codes["reference"], figures["reference"] = measured_program(reference, *batch)
     if save_code:
         save_programs(codes, save_code)
     return figures
