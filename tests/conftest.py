@@ -113,6 +113,12 @@ def simulated_devices(count):
     return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={count}", "JAX_PLATFORMS": "cpu"}
 
 
+def python_path(*first):
+    """A PYTHONPATH that searches `first` before this process's own (which may hold the packages themselves, as
+    on a GPU machine set up by .gpukit/env.sh)."""
+    return os.pathsep.join([*map(str, first), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def run_cli(*args, env=None, cwd=None, timeout=600):
     """Runs `python -m mtbench ARGS` in a fresh process; returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "mtbench", *args], capture_output=True, text=True,
@@ -481,7 +487,7 @@ def require_installed_example(package, module, directory, install):
 
 
 def env_with(plugin_path):
-    return {"PYTHONPATH": plugin_path + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return {"PYTHONPATH": python_path(plugin_path)}
 
 
 def keras_gpt_run(cache_dir, steps):

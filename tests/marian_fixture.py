@@ -94,16 +94,17 @@ def _redraw_weights(model, seed, pad, eos):
         model.final_logits_bias.copy_(bias)
 
 
-def build_checkpoint(directory, separate_vocabs=False, **config_overrides):
+def build_checkpoint(directory, separate_vocabs=False, seed=0, **config_overrides):
     """Writes a tiny random MarianMT model directory with transformers' own `save_pretrained`; returns the torch
-    model (eval mode) and transformers' tokenizer, the references the tests compare against.
+    model (eval mode) and transformers' tokenizer, the references the tests compare against. `seed` draws the
+    weights.
 
     `separate_vocabs` gives the source and the target their own vocabulary files and embeddings (as
     Helsinki-NLP's opus-mt-tc models have)."""
     from transformers import MarianTokenizer
 
     with tempfile.TemporaryDirectory() as work:
-        model = _write_checkpoint(directory, work, separate_vocabs, config_overrides)
+        model = _write_checkpoint(directory, work, separate_vocabs, seed, config_overrides)
     return model, MarianTokenizer.from_pretrained(directory)
 
 
@@ -122,7 +123,7 @@ def copy_with_torch_weights(directory, model, target):
     return target
 
 
-def _write_checkpoint(directory, work, separate_vocabs, config_overrides):
+def _write_checkpoint(directory, work, separate_vocabs, seed, config_overrides):
     """Trains the sentencepiece models and writes the vocabularies into `work`, then the checkpoint into
     `directory`; returns the torch model."""
     import torch
@@ -162,9 +163,9 @@ def _write_checkpoint(directory, work, separate_vocabs, config_overrides):
                     activation_dropout=0.0, pad_token_id=pad, eos_token_id=eos, decoder_start_token_id=pad,
                     forced_eos_token_id=eos, **sizes)
     settings.update(config_overrides)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = MarianMTModel(MarianConfig(**settings))
-    _redraw_weights(model, seed=0, pad=pad, eos=eos)
+    _redraw_weights(model, seed=seed, pad=pad, eos=eos)
     # As Helsinki-NLP's checkpoints do: Marian never generates padding, its decoder's start token.
     model.generation_config.bad_words_ids = [[pad]]
     model.eval()

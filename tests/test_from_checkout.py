@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import REPOSITORY, cli_environment
+from conftest import REPOSITORY, cli_environment, python_path
 
 # Runs `python -m mtbench ARGS` in a process where importlib.metadata knows no distribution named mtbench, as on a
 # machine where the checkout is only on sys.path.
@@ -32,7 +32,7 @@ runpy.run_module("mtbench", run_name="__main__", alter_sys=True)
 
 def run_without_metadata(*args, cwd):
     return subprocess.run([sys.executable, "-c", WITHOUT_METADATA, *args], capture_output=True, text=True,
-                          env=cli_environment({"PYTHONPATH": REPOSITORY}), cwd=cwd, timeout=600)
+                          env=cli_environment({"PYTHONPATH": python_path(REPOSITORY)}), cwd=cwd, timeout=600)
 
 
 def test_the_stand_in_really_hides_mtbenchs_metadata(tmp_path):

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import REPOSITORY, TESTS_DIR
+from conftest import REPOSITORY, TESTS_DIR, python_path
 from marian_fixture import WORD_WITH_MISSING_PIECE, build_checkpoint, copy_with_torch_weights
 from marian_probe import build_loaded_model, mtbench_outputs
 
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 TOLERANCE = 1e-4
 NEW_TOKENS = 12
+WEIGHT_DRAWS = 8  # seeds the checkpoint fixture tries
 # Of different lengths (a padded batch), one with a language code, one with a piece vocab.json lacks.
 SOURCES = ["The cat sees the bread.", ">>fra<< My brother loves a red apple in the morning!", "Hi",
            "A child hides some water today."]
@@ -57,12 +58,26 @@ def comparable(tokens):
     return np.asarray(tokens)[:, :NEW_TOKENS]
 
 
+def some_end_early(generated, eos):
+    """Whether transformers' greedy translation ends some rows before their length limit and runs others on to
+    it: then comparing mtbench's with it checks both where a sentence stops and what it says."""
+    ended_early = [eos in row[1:-1] for row in comparable(generated)]
+    return any(ended_early) and not all(ended_early)
+
+
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
-    """(directory, torch model, transformers tokenizer) of the tiny checkpoint with a shared vocabulary."""
-    directory = str(tmp_path_factory.mktemp("marian") / "opus-mt-tiny-en-fr")
-    model, tokenizer = build_checkpoint(directory)
-    return directory, model, tokenizer
+    """(directory, torch model, transformers tokenizer) of the tiny checkpoint with a shared vocabulary: the first
+    weights drawn whose greedy translation of SOURCES is worth comparing (`some_end_early`). Which draw that is
+    depends on transformers' and sentencepiece's versions (on an H100 machine's, the first translated every
+    sentence to one token repeated)."""
+    for seed in range(WEIGHT_DRAWS):
+        directory = str(tmp_path_factory.mktemp("marian") / "opus-mt-tiny-en-fr")
+        model, tokenizer = build_checkpoint(directory, seed=seed)
+        if some_end_early(transformers_outputs(model, tokenizer, SOURCES, TARGETS)["generated"],
+                          tokenizer.eos_token_id):
+            return directory, model, tokenizer
+    pytest.fail(f"none of {WEIGHT_DRAWS} weight draws translates SOURCES ending some sentences early, not all")
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +104,7 @@ def test_greedy_translation_is_that_of_generate_on_jax(checkpoint, reference, on
     _, _, hf_tokenizer = checkpoint
     expected = comparable(reference["generated"])
     eos, pad = on_jax.tokenizer.special.eos, on_jax.tokenizer.special.pad
-    # The fixture's weights make the comparison worth something: some sentences end early, some run on.
-    ended_early = [eos in row[1:-1] for row in expected]
-    assert any(ended_early) and not all(ended_early), expected
+    assert some_end_early(reference["generated"], eos), expected  # the fixture's weights make it worth something
     np.testing.assert_array_equal(comparable(on_jax.tokens), expected)
     assert on_jax.tokenizer.decode(comparable(on_jax.tokens)[:, 1:]) == \
         hf_tokenizer.batch_decode(expected, skip_special_tokens=True)
@@ -123,7 +136,8 @@ def test_decoding_never_yields_the_padding_the_model_would_choose(checkpoint, re
 def test_the_torch_backend_gives_the_same_logits_and_translation(tmp_path, checkpoint, reference):
     reference_path = str(tmp_path / "reference.npz")
     np.savez(reference_path, **reference)
-    env = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": REPOSITORY}
+    env = {**os.environ, "KERAS_BACKEND": "torch",
+           "PYTHONPATH": python_path(REPOSITORY)}
     proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "marian_probe.py"), checkpoint[0],
                            reference_path], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

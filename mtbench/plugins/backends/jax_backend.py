@@ -63,8 +63,11 @@ class JaxBackend(Backend):
         import jax
         # XLA runs asynchronously: a clock is only honest once the values the step produced exist.
         if model is not None:
-            # A variable whose buffer the train step took over (donated) is waited for by the step's `block`.
-            jax.block_until_ready([v.value for v in model.variables if not v.value.is_deleted()])
+            # A variable whose buffers the train step took over (donated) is waited for by the step's `block`.
+            # Taken buffer by buffer: a donated array laid out whole over several devices may have given up
+            # only some of its copies (jax 0.11 on simulated CPU devices), and a deleted one cannot be waited on.
+            jax.block_until_ready([shard.data for v in model.variables if not v.value.is_deleted()
+                                   for shard in v.value.addressable_shards if not shard.data.is_deleted()])
         jax.effects_barrier()
 
     def peak_device_bytes(self):

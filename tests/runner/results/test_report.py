@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import device_kind, run_cli
+from conftest import device_kind, python_path, run_cli
 from mtbench.figures import FIGURES, shown_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -252,7 +252,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(results, tmp_path):
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('matplotlib is absent in this test')\n")
     proc = run_cli("report", results["jax"][0], "--plot", str(tmp_path / "p.png"),
-                   env={"PYTHONPATH": str(tmp_path)})
+                   env={"PYTHONPATH": python_path(tmp_path)})
     assert proc.returncode == 2
     assert proc.stderr.strip() == "Error: --plot needs matplotlib, which is not installed " \
                                   "(pip install 'mtbench[plot]')"

@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from conftest import TINY_COMPARE, assert_refused_in_one_line, run_cli
+from conftest import TINY_COMPARE, assert_refused_in_one_line, python_path, run_cli
 
 PACE = {"MTBENCH_LOAD_PLUGINS": "mtbench-pace"}
 # 30 steps in windows of 2: 15 steady windows a run, enough to resample within it.
@@ -29,7 +29,7 @@ def pace_env(tmp_path_factory):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mtbench-pace\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[mtbench]\npace = mtbench_pace\n")
-    return {**PACE, "PYTHONPATH": str(site) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return {**PACE, "PYTHONPATH": python_path(site)}
 
 
 @pytest.fixture(scope="module")
