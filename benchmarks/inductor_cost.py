@@ -3,8 +3,8 @@ nanoGPT's recipe), as the programs inductor generates for them: both compiled fr
 and held side by side by what the programs call. Matrix products (inductor's extern GEMM calls), attention kernels
 (the aten calls it leaves to SDPA's kernels), the kernels inductor generated (their launches: a kernel of a block
 runs once a block), the bytes inductor counts its kernels reading and writing, the buffers the forward program keeps
-for the backward and, on a GPU, the memory a steady step allocates at its peak. The torch counterpart of
-benchmarks/program_cost.py; nothing is timed.
+for the backward, how many of them the backward writes its results over and, on a GPU, the memory a steady step
+allocates at its peak. The torch counterpart of benchmarks/program_cost.py; nothing is timed.
 
     python benchmarks/inductor_cost.py [--preset tiny] [--rows 4] [--block-size 64] [--dtype mixed_bfloat16]
 
@@ -34,6 +34,10 @@ ATTENTION = re.compile(r"= torch\.ops\.aten\.(_scaled_dot_product_\w+|_flash_att
 # A buffer the program allocates: its name, shape and dtype.
 ALLOCATION = re.compile(r"^\s+(buf\d+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)", re.M)
 RETURNED = re.compile(r"^\s+return \((.*)\)\s*$", re.M)
+# The program's inputs, unpacked from `args` as its `call` starts.
+INPUTS = re.compile(r"^\s+([\w, ]+?),? = args\s*$", re.M)
+# A buffer taken over for an output (`# reuse`), whole or as a view.
+REUSED = re.compile(r"^\s+buf\d+ = (?:reinterpret_tensor\()?(\w+)\b.*; del \1  # reuse$", re.M)
 
 
 def bytes_kept_for_the_backward(forward):
@@ -51,6 +55,14 @@ def bytes_kept_for_the_backward(forward):
     return sum(sizes.get(name, 0) for name in returned)
 
 
+def saved_buffers_written_over(backward):
+    """How many of the buffers the forward saved the backward program writes its own results into (`# reuse` of
+    an input): autograd donates them (a saved tensor is used once), and a program that takes none over holds each
+    of its results beside them, the logits' gradient beside the logits."""
+    inputs = {name.strip() for name in INPUTS.findall(backward)[-1].split(",")}
+    return sum(name in inputs for name in REUSED.findall(backward))
+
+
 def program_figures(codes):
     """What the generated programs (forward and backward, each module's source, in that order) call, counted, and
     the MiB the forward keeps for the backward."""
@@ -66,7 +78,8 @@ def program_figures(codes):
             "kernels of the loss's gradient": sum("nll_loss_backward" in name for name in launched),
             "scatters": sum("scatter" in name for name in launched) + extern["scatter"] + extern["scatter_add"],
             "other extern calls": sum(count for name, count in extern.items() if name not in GEMMS),
-            "MiB kept for the backward": round(bytes_kept_for_the_backward(codes[0]) / 2 ** 20, 2)}
+            "MiB kept for the backward": round(bytes_kept_for_the_backward(codes[0]) / 2 ** 20, 2),
+            "saved buffers written over": saved_buffers_written_over(codes[1])}
 
 
 def count_kernel_bytes():
