@@ -39,7 +39,8 @@ Inductor keeps the 16-bit intermediates of a fused kernel in float32 unless told
 rounds (`emulate_precision_casts`). That is other arithmetic than the eager step's, and than XLA's: on an H100
 (2026-11-27) the compiled mixed_bfloat16 GPT-2 small's loss left JAX's by 0.47 % at its third step, where
 nanoGPT's recipe and plain JAX stayed within 0.04 %; on this CPU the tiny GPT's compiled step left the eager one
-by 8e-4 at its third step, and by 2e-5 with the casts emulated. The step emulates them (`PRECISION_CASTS`).
+by 8e-4 at its third step, and by 2e-5 with the casts emulated. The step emulates them (`PRECISION_CASTS`);
+inductor's C++ kernels round so from torch 2.13 on, and a run on an older torch's CPU says they do not.
 """
 
 from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
@@ -54,6 +55,25 @@ RECOMPILE_LIMIT = 64
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 PRECISION_CASTS = "16-bit intermediates rounded where the eager step rounds them (inductor emulate_precision_casts)"
 INDUCTOR_DEFAULT_CASTS = "16-bit intermediates kept in float32 within fused kernels (inductor's default)"
+PRECISION_CASTS_NOT_IN_CPP = (PRECISION_CASTS + ", except inside inductor's C++ (CPU) kernels, which torch < 2.13 "
+                              "fuses in float32")
+# The first torch whose C++ kernels round where the program rounds (its Triton kernels did before).
+CPP_CASTS_SINCE = (2, 13)
+
+
+def cpp_kernels_round():
+    """Whether this torch's C++ kernels round 16-bit values where the program does, when told to."""
+    import torch
+    return tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= CPP_CASTS_SINCE
+
+
+def precision_casts(device_type):
+    """How the compiled step's 16-bit intermediates are rounded on a device of `device_type` ('cpu', 'gpu', ...),
+    as inductor's configuration and torch's version have it."""
+    import torch._inductor.config
+    if not torch._inductor.config.emulate_precision_casts:
+        return INDUCTOR_DEFAULT_CASTS
+    return PRECISION_CASTS_NOT_IN_CPP if device_type == "cpu" and not cpp_kernels_round() else PRECISION_CASTS
 
 
 _substitutes_registered = False

@@ -82,17 +82,15 @@ class TorchCompile(Extra):
 
     def record(self, run):
         import torch
-        import torch._inductor.config
         from torch._dynamo.utils import counters
 
-        from mtbench.plugins.backends.torch_compiled_step import (COMPILED_PART, INDUCTOR_DEFAULT_CASTS,
-                                                                  PRECISION_CASTS, dynamo_counters)
+        from mtbench.plugins.backends.torch_compiled_step import COMPILED_PART, dynamo_counters, precision_casts
         state = run.extras_state[self.name]
         step = state["step"]
         # Called once training has ended: the last point at which this process's compilations are all known.
         saved = save_cache_artifacts(state["artifacts"])
         # Read from inductor's configuration (the compiled step sets it before compiling), not assumed.
-        casts = PRECISION_CASTS if torch._inductor.config.emulate_precision_casts else INDUCTOR_DEFAULT_CASTS
+        casts = precision_casts(run.device_kind)
         return {"mode": run.config.compile_mode, "compiled": COMPILED_PART, "precision_casts": casts,
                 **dynamo_counters(),
                 **step.compilations(), "compile_s": round(step.compile_seconds(), 3),

