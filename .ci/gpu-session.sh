@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The next lent GPU's checks in one device call, most wanted first, each within its own time, its results under
+# $OUT (docs/benchmarks.md, "For the next lent GPU"). From the project's root on the GPU machine, the kit carried:
+#   run: bash .ci/gpu-session.sh      carry: [".gpukit"]      timeout_s: 590
+# 1. mtbench's compiled torch step against nanoGPT's as inductor compiles them for GPT-2 small, 16 x 1024 tokens:
+#    does the backward write the logits' gradient over the saved logits now, and a steady step's peak;
+# 2. rows 8 (torch.compile + flash) and 13 (nanoGPT) of the GPU matrix: row 8's memory beside nanoGPT's;
+# 3. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
+set -uo pipefail
+. .gpukit/env.sh || exit 1
+out=${OUT:-/tmp/gpu-session}; mkdir -p "$out"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  KERAS_BACKEND=jax python3 -c "import jax, torch, keras; print('jax', jax.__version__, jax.devices()); print('torch', torch.__version__, torch.version.cuda); print('keras', keras.__version__)"
+  git log -1 --format='commit %h %s' 2>/dev/null
+} > "$out/gpu.txt" 2>&1; cat "$out/gpu.txt"
+
+timeout 150 python3 benchmarks/inductor_cost.py --preset gpt2-small --rows 16 --block-size 1024 \
+  --save-code "$out/inductor" > "$out/inductor.log" 2>&1
+tail -16 "$out/inductor.log" | head -15
+(cd "$out" && tar czf inductor.tgz inductor && rm -rf inductor)
+
+timeout 200 python3 benchmarks/gpu_matrix.py --budget 170 --presets gpt2-small --rows 8,13 --repeats 1 --steps 50 \
+  --out /tmp/gpu-session-matrix > "$out/matrix.log" 2>&1
+tail -25 "$out/matrix.log"
+cp /tmp/gpu-session-matrix/gpu-matrix.md /tmp/gpu-session-matrix/gpu-matrix.json "$out/" 2>/dev/null
+
+. .ci/gpu-test-plugins.sh
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -s INT 180 python3 -m pytest -q -n 12 --dist loadfile -p no:cacheprovider \
+  -m slow -rA --tb=short tests > "$out/slow.log" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$out/slow.log" | tail -30
