@@ -19,7 +19,7 @@ import collections
 import re
 from dataclasses import dataclass
 
-from benchmarks.profile_step import MATMUL, hlo_operations
+from benchmarks.profile_step import MATMUL, hlo_computations, hlo_operations
 
 ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
                  "f32": 4, "s64": 8, "u64": 8, "f64": 8}
@@ -59,21 +59,6 @@ def entry_lines(hlo_text):
             break
         body.append(line.strip())
     return body
-
-
-def computations(hlo_text):
-    """{name: its instruction lines} of every computation of the module but the entry."""
-    found, name = {}, None
-    for line in hlo_text.splitlines():
-        header = re.match(r"^%([\w.\-]+) .*\{$", line)
-        if header:
-            name = header.group(1)
-            found[name] = []
-        elif line.startswith("}"):
-            name = None
-        elif name is not None:
-            found[name].append(line.strip())
-    return found
 
 
 TAKING = ("gather", "slice", "dynamic-slice")  # read part of their first operand
@@ -129,7 +114,7 @@ def attention_flops(operand_shapes, line):
 def entry_kernels(hlo_text):
     """The kernels of an optimised HLO module (`compiled.as_text()`), in program order."""
     operations = hlo_operations(hlo_text)
-    bodies = computations(hlo_text)
+    bodies = hlo_computations(hlo_text)
     sizes, dims, kernels = {}, {}, []
     for line in entry_lines(hlo_text):
         match = INSTRUCTION.match(line)

@@ -46,22 +46,32 @@ def library_matmul_flops(result_dims, lhs, line):
     return 2 * int(np.prod(result_dims)) * int(contraction)
 
 
+def hlo_computations(hlo_text):
+    """{name: its lines, stripped} of every computation of an HLO module, the entry's included."""
+    found, name = {}, None
+    for line in hlo_text.splitlines():
+        header = re.match(r"^(?:ENTRY )?%([\w.\-]+) .*\{$", line)
+        if header:
+            name = header.group(1)
+            found[name] = []
+        elif line.startswith("}"):
+            name = None
+        elif name is not None:
+            found[name].append(line.strip())
+    return found
+
+
 def hlo_operations(hlo_text):
     """{operation name: (category, FLOPs)} for the operations of an optimised HLO module. A fusion counts as a
     multiplication when the computation it calls holds a `dot`; its FLOPs are 2 x output size x contraction. On a
     GPU most products are cuBLAS calls instead (`custom-call` to `__cublas$gemm`, `__cublas$lt$matmul`), counted
     alike from the dimension numbers of their backend config."""
-    computations, current, shapes = {}, None, {}
-    for line in hlo_text.splitlines():
-        header = re.match(r"^(?:ENTRY )?%([\w.\-]+) .*\{$", line)
-        if header:
-            current = computations.setdefault(header.group(1), [])
-            continue
-        line = line.strip()
+    computations = {name: [line for line in body if INSTRUCTION.match(line)]
+                    for name, body in hlo_computations(hlo_text).items()}
+    shapes = {}
+    for line in (line for lines in computations.values() for line in lines):
         instruction = INSTRUCTION.match(line)
-        if current is not None and instruction:
-            current.append(line)
-            shapes[instruction.group(1)] = [int(d) for d in instruction.group(2).split(",") if d]
+        shapes[instruction.group(1)] = [int(d) for d in instruction.group(2).split(",") if d]
 
     def dot_flops(line):
         output = INSTRUCTION.match(line).group(1)
