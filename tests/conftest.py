@@ -52,6 +52,19 @@ def pytest_configure(config):
                            local_processes=int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
+@pytest.fixture(autouse=True)
+def keras_dtype_policy_kept():
+    """Each test leaves keras's global dtype policy as it found it: a test that trains in-process in 16-bit (as
+    `build_for_training` sets the policy for its process) would otherwise build the next tests' models in 16-bit
+    on the same worker; a float32 beam search then met near-tied tokens and failed, depending on the order."""
+    keras = sys.modules.get("keras")
+    before = keras.config.dtype_policy().name if keras else None
+    yield
+    keras = sys.modules.get("keras")
+    if keras and before and keras.config.dtype_policy().name != before:
+        keras.config.set_dtype_policy(before)
+
+
 def on_every_core(env=None):
     """What `subprocess.run` needs to start processes that spread themselves over the machine's cores (torchrun's,
     which share them out among themselves) from a worker that holds only its share: (preexec_fn, env)."""
