@@ -25,8 +25,9 @@ backend's best way (fused attention; torch compiled), the best-by-hand reference
 recipe on torch, plain JAX with cuDNN attention, on the same batches from the same weights file), then the fair
 default (unfused attention, the same arithmetic on both). The column "step vs best by hand (same backend)" is a
 row's median step over its backend's reference row's, with the peak device memory's ratio beside it. Below the
-table, JAX against torch twice, by mtbench's fastest row of each and by the references, and whether mtbench gives
-the references' verdict.
+table, JAX against torch twice, by mtbench's fastest row of each and by the references, each a verdict with its 95 %
+interval as `mtbench compare` gives one (ahead, or neither ahead beyond the noise), and whether mtbench gives the
+references' verdict.
 
 The float32 rows answer whether both backends, set alike, do the same arithmetic and what TF32 buys (JAX's own
 default on a GPU is TF32, torch's true float32); JAX's pair comes first because it is cheap to compile. Every row
@@ -495,7 +496,7 @@ def first_record(row, reason):
 
 def run_matrix(planned, args, train_options, kind, clock=None, started=None, publish=None):
     """Runs the planned rows within the budget (counted from `started`, default now); returns one record per row,
-    in the plan's order, and the results of the rows that ran ({row key: result}). `publish(records, results,
+    in the plan's order, and the results of the rows that ran ({row key: [the result of each repeat]}). `publish(records, results,
     record)` is called before the first row and whenever a row ends (`record`: that row's)."""
     clock = clock or time.monotonic
     started = clock() if started is None else started
@@ -598,7 +599,7 @@ def run_row(row, record, args, options, estimates, weights, results, left, clock
         return
     with open(result_file, encoding="utf-8") as f:
         result = json.load(f)
-    results.setdefault(row.key, result)  # the parity check reads the first repeat's losses
+    results.setdefault(row.key, []).append(result)
     estimates.ran(row, wall_s)
     measured.append({**figures(result), "wall_s": wall_s, "wall_split_s": wall_split(result, wall_s)})
     record.update(status="ran", reason=None, **median_figures(measured))
@@ -643,7 +644,7 @@ def add_parity(records, results):
 
     for preset in dict.fromkeys(record["preset"] for record in records):
         ran = [r for r in records if r["preset"] == preset and r["status"] == "ran"]
-        report = check_parity([(r["key"], results[r["key"]]) for r in ran], arithmetic)
+        report = check_parity([(r["key"], results[r["key"]][0]) for r in ran], arithmetic)  # first repeat's losses
         reference_run = {r["key"]: r["run"] for r in ran}
         cells = {pair.run: parity_cell(pair, reference_run[pair.reference], report.tolerance)
                  for pair in report.pairs}
@@ -698,7 +699,7 @@ def markdown_table(records):
 
 def shared_config(results):
     """The configuration every row that ran shares (what differs by design left out)."""
-    configs = [result["config"] for result in results.values()]
+    configs = [repeats[0]["config"] for repeats in results.values()]
     if not configs:
         return {}
     return {key: value for key, value in configs[0].items()
@@ -714,12 +715,13 @@ def this_host():
 def environment(results, probe):
     """Versions, host and the device each backend ran on: from the results' `env` where rows ran, else from this
     process and the probe."""
-    env = dict(next(iter(results.values()))["env"]) if results else dict(this_host())
+    firsts = [repeats[0] for repeats in results.values()]
+    env = dict(firsts[0]["env"]) if firsts else dict(this_host())
     for key in ("device", "backend_versions", "matmul_precision"):
         env.pop(key, None)
     devices = {}
     for name, info in probe["backends"].items():
-        ran = [r for r in results.values() if r["backend"] == name]
+        ran = [r for r in firsts if r["backend"] == name]
         devices[name] = ran[0]["env"]["device"] if ran else info.get("device", {"missing": info.get("missing")})
     return env, devices
 
@@ -759,9 +761,14 @@ def add_best_by_hand_ratios(records):
         record["vs_best_by_hand"] = text
 
 
-def ranking(rows):
-    """{'leader', 'ratio' (the slower step over the faster), 'steps_ms': {backend: ms}, 'rows': {backend: run}} of
-    the fastest row of each backend among `rows` (records that ran), or None without both backends."""
+def ranking(rows, results=None):
+    """The fastest row of each backend among `rows` (records that ran), JAX against torch, or None without both
+    backends: {'leader' ('jax', 'torch', or None where neither is ahead beyond the noise), 'faster' and 'ratio'
+    (the faster backend and its speed over the other's), 'interval' ([low, high] of that ratio, or None),
+    'steps_ms': {backend: median ms}, 'rows': {backend: run}, 'keys', 'repeats'}. The leader is called as `mtbench compare` calls a verdict: from the 95 % interval
+    of the steady steps' ratio over the rows' repeats and the steady windows within each (`results`: {row key:
+    [the result of each repeat]}); without the rows' results, by their medians alone."""
+    from mtbench.runner.results.verdicts import call_of, ratio_interval
     fastest = {}
     for record in rows:
         backend = WAYS_BY_LABEL[record["run"]].backend
@@ -771,35 +778,59 @@ def ranking(rows):
     if set(fastest) != {"jax", "torch"}:
         return None
     steps = {backend: record["step_ms_median"] for backend, record in sorted(fastest.items())}
-    leader = min(steps, key=steps.get)
-    return {"leader": leader, "ratio": max(steps.values()) / min(steps.values()), "steps_ms": steps,
-            "rows": {backend: record["run"] for backend, record in sorted(fastest.items())}}
+    faster = min(steps, key=steps.get)
+    rank = {"leader": faster, "faster": faster, "ratio": max(steps.values()) / min(steps.values()),
+            "interval": None, "steps_ms": steps,
+            "rows": {backend: record["run"] for backend, record in sorted(fastest.items())},
+            "keys": {backend: record.get("key") for backend, record in sorted(fastest.items())},
+            "repeats": min(record.get("repeats", 1) for record in fastest.values())}
+    sides = [(results or {}).get(fastest[backend].get("key"), []) for backend in ("jax", "torch")]
+    interval = ratio_interval("step_s_median", *sides)
+    if interval is not None:
+        speed, low, high = interval.speed()  # JAX's speed over torch's, from their steady windows
+        rank["leader"] = {"faster": "jax", "slower": "torch"}.get(call_of(interval))
+        rank["faster"] = "jax" if speed >= 1 else "torch"
+        rank["ratio"], rank["interval"] = (speed, [low, high]) if speed >= 1 else (1 / speed, [1 / high, 1 / low])
+    return rank
 
 
-def verdicts(records, repeats=1):
+def ranking_text(rank):
+    """'jax ahead, 1.02x (1.01–1.03) (its row 37.0 ms, the other 37.6 ms)', or 'neither ahead beyond the noise,
+    jax 1.01x (0.99–1.03) (...)' where the interval holds 1."""
+    from mtbench.runner.results.verdicts import range_text
+    span = f" ({range_text(*rank['interval'])})" if rank["interval"] else ""
+    steps = ", ".join(f"{rank['rows'][b]} {rank['steps_ms'][b]:.1f} ms" for b in ("jax", "torch"))
+    if rank["leader"] is None:
+        return f"neither ahead beyond the noise, {rank['faster']} {rank['ratio']:.2f}x{span} ({steps})"
+    return f"{rank['leader']} ahead, {rank['ratio']:.2f}x{span} ({steps})"
+
+
+def verdicts(records, results=None):
     """For each preset and dtype whose best-by-hand references both ran: JAX against torch as mtbench's fastest
-    rows rank them and as the references do, and whether mtbench gives the references' verdict (the issue's
-    goal: mtbench must not change the answer). Each with its line of text."""
+    rows rank them and as the references do (`ranking`), and whether mtbench gives the references' verdict (the
+    issue's goal: mtbench must not change the answer; 'neither ahead' is a verdict of its own). Each with its line
+    of text."""
     groups = {}
     for record in records:
         if record["status"] == "ran" and not WAYS_BY_LABEL[record["run"]].in_reference_loop:
             groups.setdefault((record["preset"], record["dtype"]), []).append(record)
     found = []
     for (preset, dtype), rows in groups.items():
-        ours = ranking([r for r in rows if not WAYS_BY_LABEL[r["run"]].reference])
-        references = ranking([r for r in rows if WAYS_BY_LABEL[r["run"]].reference])
+        ours = ranking([r for r in rows if not WAYS_BY_LABEL[r["run"]].reference], results)
+        references = ranking([r for r in rows if WAYS_BY_LABEL[r["run"]].reference], results)
         if ours is None or references is None:
             continue
-
-        def told(rank):
-            return (f"{rank['leader']} ahead, {rank['ratio']:.2f}x ("
-                    + ", ".join(f"{rank['rows'][b]} {rank['steps_ms'][b]:.1f} ms" for b in ("jax", "torch")) + ")")
-
         same = ours["leader"] == references["leader"]
-        line = (f"{preset} {dtype}, JAX against torch: mtbench's fastest rows put {told(ours)}; the best-by-hand "
-                f"references put {told(references)}: "
-                + ("the same verdict" if same else "mtbench changes the verdict")
-                + (" (one run a row, no interval)" if repeats == 1 else f" (medians of {repeats} runs)"))
+        repeats = min(ours["repeats"], references["repeats"])
+        if not (ours["interval"] and references["interval"]):
+            basis = "medians, no interval" if repeats == 1 else f"medians of {repeats} runs, no interval"
+        elif repeats == 1:
+            basis = "one run a row: 95 % intervals of the noise within each run, not between runs"
+        else:
+            basis = f"{repeats} runs a row, 95 % intervals"
+        line = (f"{preset} {dtype}, JAX against torch: mtbench's fastest rows put {ranking_text(ours)}; the "
+                f"best-by-hand references put {ranking_text(references)}: "
+                + ("the same verdict" if same else "mtbench changes the verdict") + f" ({basis})")
         found.append({"preset": preset, "dtype": dtype, "mtbench": ours, "references": references,
                       "same_verdict": same, "line": line})
     return found
@@ -817,8 +848,8 @@ def summarize(records, results, probe, args, train_options, kind, elapsed_s, fin
         "cut": [r["key"] for r in records if r["status"] in ("cut", "stopped")],
         "rerun": rerun_commands(records, args, train_options),
         "devices": devices, "env": env, "config": shared_config(results),
-        "clock": next((r["timing"].get("clock") for r in results.values()), None),
-        "wall_split": wall_split_line(records), "verdicts": verdicts(records, args.repeats or 1),
+        "clock": next((r[0]["timing"].get("clock") for r in results.values()), None),
+        "wall_split": wall_split_line(records), "verdicts": verdicts(records, results),
         "out": os.path.abspath(args.out), "rows": records,
     }
 

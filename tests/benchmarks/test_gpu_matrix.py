@@ -338,7 +338,7 @@ def test_a_16_bit_rows_parity_cell_says_its_means_and_its_first_steps():
     results[rows[1].key]["history"] = [{"loss": 5.0}, {"loss": 5.0235}, {"loss": 5.0}]  # 0.47 % at step 2
     results[rows[2].key]["history"] = [{"loss": 5.0}, {"loss": 5.002}, {"loss": 5.0}]
     records = [{**gpu_matrix.first_record(row, None), "status": "ran"} for row in rows]
-    add_parity(records, results)
+    add_parity(records, {key: [result] for key, result in results.items()})
     assert records[1]["parity"] == "0.16 % in steps 1-3 (10-step means) vs jax; steps 1-3: 0.47 %, NOT within 0.25 %"
     assert records[2]["parity"] == "0.013 % in steps 1-3 (10-step means) vs jax; steps 1-3: 0.04 %"
 
@@ -354,7 +354,7 @@ def test_table_labels_every_row_with_the_step_that_ran_or_why_not():
     records[1]["what_ran"] = "mode default, 0 graph breaks"
     records.append(gpu_matrix.first_record(Row("small", BF16, Way("jax", ("flash-attention",)), None, 7),
                                            FLASH_REFUSED))
-    add_parity(records, results)
+    add_parity(records, {key: [result] for key, result in results.items()})
     # float32 rows are compared within one matmul precision: highest with highest, high with nothing
     assert records[0]["parity"] == "reference" and records[1]["parity"] == "0.2 % at step 1 vs jax"
     assert records[2]["parity"].startswith("not checked: no other float32 high run")
@@ -452,18 +452,28 @@ def test_a_budget_too_small_for_any_row_cuts_every_row_with_the_reason(cache_dir
         assert "cut by the budget (1 s): tiny float32 (highest) jax, tiny float32 (high) jax" in f.read()
 
 
-def language_model_record(run, step_ms):
-    return {"preset": "gpt2-small", "dtype": BF16, "run": run, "status": "ran", "step_ms_median": step_ms}
+def language_model_record(run, step_ms, repeats=1):
+    return {"preset": "gpt2-small", "dtype": BF16, "run": run, "key": f"gpt2-small {BF16} {run}", "status": "ran",
+            "step_ms_median": step_ms, "repeats": repeats}
+
+
+def steady_steps(step_ms, jitter_ms, steps=48):
+    """A run's history: its first step, then `steps` steady ones spread evenly by up to +-`jitter_ms` around
+    `step_ms` (their median)."""
+    offsets = [jitter_ms * (2 * i / (steps - 1) - 1) for i in range(steps)]
+    return {"history": [{"first_of_shape": True, "seconds": 9.0, "tokens": 16384}]
+            + [{"seconds": (step_ms + offset) / 1e3, "tokens": 16384} for offset in offsets]}
 
 
 def test_the_verdict_line_says_whether_mtbench_ranks_the_frameworks_as_the_references_do():
     # The H100's rows of 2026-11-27: mtbench's JAX step 37.0 ms, its compiled torch step 37.6, the references 38.8
     # (JAX) and 36.6 (torch); the slower unfused rows and mtbench's step in the reference's loop do not count.
-    records = [language_model_record(run, ms) for run, ms in (
-        ("jax+flash-attention", 37.0), ("torch+torch-compile+flash-attention", 37.6), ("jax", 45.0),
-        ("torch", 90.0), ("best-by-hand-jax", 38.8), ("best-by-hand-torch", 36.6),
-        ("jax-step-in-reference-loop", 30.0))]
+    steps = (("jax+flash-attention", 37.0), ("torch+torch-compile+flash-attention", 37.6), ("jax", 45.0),
+             ("torch", 90.0), ("best-by-hand-jax", 38.8), ("best-by-hand-torch", 36.6),
+             ("jax-step-in-reference-loop", 30.0))
+    records = [language_model_record(run, ms) for run, ms in steps]
     records.append({**language_model_record("torch+torch-compile", None), "status": "cut"})
+    # Without the rows' results (their steady steps), by the medians alone.
     [verdict] = gpu_matrix.verdicts(records)
     assert verdict["mtbench"]["rows"] == {"jax": "jax+flash-attention", "torch": "torch+torch-compile+flash-attention"}
     assert (verdict["mtbench"]["leader"], verdict["references"]["leader"]) == ("jax", "torch")
@@ -474,9 +484,30 @@ def test_the_verdict_line_says_whether_mtbench_ranks_the_frameworks_as_the_refer
         "gpt2-small mixed_bfloat16, JAX against torch: mtbench's fastest rows put jax ahead, 1.02x "
         "(jax+flash-attention 37.0 ms, torch+torch-compile+flash-attention 37.6 ms); the best-by-hand references "
         "put torch ahead, 1.06x (best-by-hand-jax 38.8 ms, best-by-hand-torch 36.6 ms): mtbench changes the verdict "
-        "(one run a row, no interval)")
-    records[1]["step_ms_median"] = 36.9
-    [verdict] = gpu_matrix.verdicts(records, repeats=3)
-    assert verdict["same_verdict"] and verdict["line"].endswith(": the same verdict (medians of 3 runs)")
-    # Without both references there is no verdict to hold mtbench's against.
+        "(medians, no interval)")
+    # With them: steps spread +-0.2 ms make each ranking a verdict with a narrow interval around its ratio.
+    results = {record["key"]: [steady_steps(ms, 0.2)] for record, (_, ms) in zip(records, steps)}
+    [verdict] = gpu_matrix.verdicts(records, results)
+    ours, references = verdict["mtbench"], verdict["references"]
+    assert (ours["leader"], references["leader"], verdict["same_verdict"]) == ("jax", "torch", False)
+    assert ours["interval"][0] < 37.6 / 37.0 < ours["interval"][1] < 1.03 and ours["interval"][0] > 1.005
+    assert references["interval"][0] < 38.8 / 36.6 < references["interval"][1] < 1.07
+    assert verdict["line"].endswith(
+        "mtbench changes the verdict (one run a row: 95 % intervals of the noise within each run, not between runs)")
+    assert "mtbench's fastest rows put jax ahead, 1.02x (1.01–1.02) (jax+flash-attention 37.0 ms" in verdict["line"]
+    # mtbench's torch step spread +-3 ms: no ranking beyond that noise, which is not the references' verdict.
+    results[records[1]["key"]] = [steady_steps(37.6, 3.0)]
+    [verdict] = gpu_matrix.verdicts(records, results)
+    assert verdict["mtbench"]["leader"] is None and not verdict["same_verdict"]
+    assert "mtbench's fastest rows put neither ahead beyond the noise, jax 1.02x (0.9" in verdict["line"]
+    # Repeats: the interval spans the runs; mtbench's torch step now ahead as the references' is.
+    records[1].update(step_ms_median=36.4, repeats=3)
+    for record in records:
+        record["repeats"] = 3
+    results = {record["key"]: [steady_steps(ms + 0.05 * k, 0.2) for k in range(3)]
+               for record, (_, ms) in zip(records, steps)}
+    results[records[1]["key"]] = [steady_steps(36.4 + 0.05 * k, 0.2) for k in range(3)]
+    [verdict] = gpu_matrix.verdicts(records, results)
+    assert verdict["mtbench"]["leader"] == "torch" and verdict["same_verdict"]
+    assert verdict["line"].endswith(": the same verdict (3 runs a row, 95 % intervals)")
     assert gpu_matrix.verdicts([r for r in records if r["run"] != "best-by-hand-torch"]) == []
