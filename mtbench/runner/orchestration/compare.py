@@ -498,13 +498,16 @@ def _last_error_line(stderr, returncode):
     return f"exited with code {returncode}, no error message"
 
 
-def launcher_command(processes, python=None):
+def launcher_command(processes, python=None, launcher_dir=None):
     """How a child of `processes` processes is started: `python -m mtbench` (this interpreter, or `python`), or
-    torchrun (its module, so the interpreter's own) with one process per device on this machine."""
+    torchrun (its module, so the interpreter's own) with one process per device on this machine, its agent's
+    files in `launcher_dir` (without one, torchrun leaves a `torchelastic_*` folder in the temporary directory
+    for every run)."""
     python = python or sys.executable
     if processes == 1:
         return [python]
-    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+            *([f"--log-dir={launcher_dir}"] if launcher_dir else [])]
 
 
 def run_child(arguments, log_file, name, processes=1, python=None, show=None):
@@ -513,11 +516,13 @@ def run_child(arguments, log_file, name, processes=1, python=None, show=None):
     and quotes its last line on stderr. `show(line)`, when given, receives each training line as it is written
     (`child_log.LogFollower`). A Ctrl-C while it runs is passed on to it (`wait_passing_interrupts`); once it has
     stopped and its log is complete, KeyboardInterrupt is raised again."""
-    command = [*launcher_command(processes, python), "-m", "mtbench", *arguments]
     # Output goes to files, not pipes: nothing is lost when the wait is interrupted.
     os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
     with open(log_file, "w", encoding="utf-8") as log, \
-            tempfile.TemporaryFile("w+", encoding="utf-8") as err:
+            tempfile.TemporaryFile("w+", encoding="utf-8") as err, \
+            (tempfile.TemporaryDirectory(prefix="mtbench-torchrun-") if processes > 1
+             else contextlib.nullcontext()) as launcher_dir:
+        command = [*launcher_command(processes, python, launcher_dir), "-m", "mtbench", *arguments]
         log.write(f"$ {shlex.join(command)}\n--- stdout\n")
         log.flush()
         process = subprocess.Popen(command, stdout=log, stderr=err, stdin=subprocess.DEVNULL, text=True,

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import re
+import tempfile
 
 import numpy as np
 import pytest
@@ -179,14 +180,19 @@ def test_a_failing_run_is_named_with_its_last_error_line(tmp_path, cache_dir, pl
         assert "the brokenflow device is on fire" in f.read()
 
 
-def test_a_run_of_several_processes_is_named_with_their_error_not_torchruns_report(tmp_path):
+def test_a_run_of_several_processes_is_named_with_their_error_not_torchruns_report(tmp_path, monkeypatch):
     from mtbench.runner.orchestration.compare import run_child
     log = tmp_path / "run.log"
+    temporary = tmp_path / "tmp"  # this process's and the child's temporary directory
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    monkeypatch.setenv("TMPDIR", str(temporary))
     failure = run_child(["train", "--backend", "torch", "--preset", "nope", "--out", str(tmp_path / "r.json")],
                         str(log), "run 'torch+ddp@2'", processes=2)
     assert failure.startswith("run 'torch+ddp@2' failed: Invalid value for '--preset': 'nope' is not one of"), failure
     assert failure.endswith(f"(log: {log})") and failure.exit_code != 0
     assert "mtbench FAILED" in log.read_text()  # torchrun's report stays in the log
+    assert os.listdir(temporary) == []  # torchrun's agent left no folder behind
 
 
 def test_repeats_run_round_robin_and_extras_reach_every_run():
