@@ -48,7 +48,9 @@ def projections_contestant(way, keras, backend, run, workload, total_steps, flas
 def measure(args):
     from benchmarks.workload import prepare_benchmark
     config = workload_config(args, args.backend, dtype=args.dtype)
+    started = time.perf_counter()
     keras, backend, run, workload = prepare_benchmark(config, args.batches, args.length, fused_attention=True)
+    print(f"data and keras ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     flash_attention = run.attention.get("causal", "").endswith("(fused)")  # where the device has the kernels
     total_steps = 1 + args.warmup + args.rounds * args.steps_per_round
     contestants, described = [], {}
@@ -63,6 +65,8 @@ def measure(args):
         contestant.step(workload.batches[0])
         contestant.synchronize()
         first[contestant.name] = time.perf_counter() - start
+        # On stderr as it happens: a call cut by its time limit still says how far it came.
+        print(f"{contestant.name}: first step (compiling) {first[contestant.name]:.1f} s", file=sys.stderr, flush=True)
     seconds = run_interleaved(contestants, workload.batches, args.warmup, args.rounds, args.steps_per_round)
     return {"backend": args.backend, "dtype": args.dtype, "device": run.device, "attention": run.attention,
             "batch_shape": list(workload.batches[0].shape),
