@@ -116,9 +116,9 @@ def peak_device_bytes(backend_name):
 
 
 def train(step, convert, batches, warmup, window):
-    """(first steps' seconds, steady windows' seconds per step, losses): each warm-up step timed alone, then
+    """(first steps' seconds, steady windows as (seconds, steps), losses): each warm-up step timed alone, then
     windows of `window` steps with the device synchronised at their edges only."""
-    first, per_step, losses = [], [], []
+    first, windows, losses = [], [], []
     for batch in batches[:warmup]:
         start = time.perf_counter()
         losses.append(float(step(*convert(batch))["loss"]))
@@ -130,10 +130,18 @@ def train(step, convert, batches, warmup, window):
         start = time.perf_counter()
         pending = [step(*convert(batch))["loss"] for batch in chunk]
         step.block()
-        seconds = time.perf_counter() - start
-        per_step += [seconds / len(chunk)] * len(chunk)
+        windows.append((time.perf_counter() - start, len(chunk)))
         losses += [float(loss) for loss in pending]
-    return first, per_step, losses
+    return first, windows, losses
+
+
+def history(losses, warmup, windows, tokens):
+    """Each step's loss; each steady step with its window's mean seconds, the window's size and its tokens, as
+    `mtbench train` writes them, so that a verdict's interval reads the windows of both alike."""
+    timed = [{"seconds": seconds / steps, "window_steps": steps, "tokens": tokens}
+             for seconds, steps in windows for _ in range(steps)]
+    return [{"step": i + 1, "loss": loss, **(timed[i - warmup] if i >= warmup else {})}
+            for i, loss in enumerate(losses)]
 
 
 class MtbenchStep:
@@ -200,8 +208,9 @@ def measure(args):
         convert = reference.batch_arrays if args.backend == "jax" else (
             lambda batch: reference.batch_tensors(batch, step.device))
     started = time.perf_counter()
-    first, per_step, losses = train(step, convert, workload.batches, args.warmup, args.timing_window)
+    first, windows, losses = train(step, convert, workload.batches, args.warmup, args.timing_window)
     wall_s = time.perf_counter() - started
+    per_step = [seconds / steps for seconds, steps in windows for _ in range(steps)]
     median = statistics.median(per_step)
     rows, length = workload.batches[0].shape
     from mtbench.keras_models.gpt import training_flops
@@ -234,7 +243,7 @@ def measure(args):
         "utilization": {"mfu": flops / median / peak if peak else None, "peak_flops_per_s": peak,
                         "peak_source": peak_source, "step_flops": flops},
         "memory": {"peak_device_bytes": peak_bytes, "peak_since": "process start"},
-        "history": [{"step": i + 1, "loss": loss} for i, loss in enumerate(losses)],
+        "history": history(losses, args.warmup, windows, rows * length),
         "env": {"device": device, "backend_versions": backend.framework_versions(),
                 "matmul_precision": {"requested": config.matmul_precision, "reported": matmul_precision}},
     }

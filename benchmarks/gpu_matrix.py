@@ -783,7 +783,7 @@ def ranking(rows, results=None):
             "interval": None, "steps_ms": steps,
             "rows": {backend: record["run"] for backend, record in sorted(fastest.items())},
             "keys": {backend: record.get("key") for backend, record in sorted(fastest.items())},
-            "repeats": min(record.get("repeats", 1) for record in fastest.values())}
+            "repeats": min(record.get("repeats", 1) for record in fastest.values()), "windows": None}
     sides = [(results or {}).get(fastest[backend].get("key"), []) for backend in ("jax", "torch")]
     interval = ratio_interval("step_s_median", *sides)
     if interval is not None:
@@ -791,6 +791,7 @@ def ranking(rows, results=None):
         rank["leader"] = {"faster": "jax", "slower": "torch"}.get(call_of(interval))
         rank["faster"] = "jax" if speed >= 1 else "torch"
         rank["ratio"], rank["interval"] = (speed, [low, high]) if speed >= 1 else (1 / speed, [1 / high, 1 / low])
+        rank["windows"] = min(interval.windows)
     return rank
 
 
@@ -828,6 +829,11 @@ def verdicts(records, results=None):
             basis = "one run a row: 95 % intervals of the noise within each run, not between runs"
         else:
             basis = f"{repeats} runs a row, 95 % intervals"
+        from mtbench.runner.results.verdicts import MIN_WINDOWS  # fewer, and the bootstrap within a run is weak
+        windows = min(rank["windows"] or MIN_WINDOWS for rank in (ours, references))
+        if windows < MIN_WINDOWS:
+            basis += (f"; {windows} steady timing windows in a run, too few to resample (more --steps, or -- "
+                      f"--timing-window N smaller)")
         line = (f"{preset} {dtype}, JAX against torch: mtbench's fastest rows put {ranking_text(ours)}; the "
                 f"best-by-hand references put {ranking_text(references)}: "
                 + ("the same verdict" if same else "mtbench changes the verdict") + f" ({basis})")

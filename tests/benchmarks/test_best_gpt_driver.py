@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import REPOSITORY, cli_environment, device_kind, run_cli
+from mtbench.runner.results.verdicts import steady_windows
 from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 
 pytestmark = pytest.mark.slow  # three processes, two frameworks: about 40 s on 2 cores
@@ -51,6 +52,9 @@ def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_
     np.testing.assert_allclose(losses, mtbench_losses, rtol=rtol)
     timing = result["timing"]
     assert timing["steady_steps"] == STEPS - 3 and timing["step_s_median"] > 0 and timing["tokens_per_s"] > 0
+    # its steady window, as a verdict's interval reads mtbench's: the 9 steps after the 3 warm-up ones, 4 x 32 tokens
+    [(seconds, steps, tokens)] = steady_windows(result["history"])
+    assert (steps, tokens) == (STEPS - 3, (STEPS - 3) * 4 * 32) and seconds == pytest.approx(timing["steady_s"])
     # the matrix splits its wall time: everything before the loop is "build", the loop is "train"
     assert timing["total_s"] >= timing["phases_s"]["build"] + timing["phases_s"]["train"] > timing["steady_s"] > 0
     assert timing["phases_s"]["train"] == timing["wall_s"]

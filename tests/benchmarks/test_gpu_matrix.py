@@ -457,12 +457,12 @@ def language_model_record(run, step_ms, repeats=1):
             "step_ms_median": step_ms, "repeats": repeats}
 
 
-def steady_steps(step_ms, jitter_ms, steps=48):
+def steady_steps(step_ms, jitter_ms, steps=48, window=1):
     """A run's history: its first step, then `steps` steady ones spread evenly by up to +-`jitter_ms` around
-    `step_ms` (their median)."""
+    `step_ms` (their median), timed in windows of `window` steps."""
     offsets = [jitter_ms * (2 * i / (steps - 1) - 1) for i in range(steps)]
     return {"history": [{"first_of_shape": True, "seconds": 9.0, "tokens": 16384}]
-            + [{"seconds": (step_ms + offset) / 1e3, "tokens": 16384} for offset in offsets]}
+            + [{"seconds": (step_ms + offset) / 1e3, "tokens": 16384, "window_steps": window} for offset in offsets]}
 
 
 def test_the_verdict_line_says_whether_mtbench_ranks_the_frameworks_as_the_references_do():
@@ -510,4 +510,9 @@ def test_the_verdict_line_says_whether_mtbench_ranks_the_frameworks_as_the_refer
     [verdict] = gpu_matrix.verdicts(records, results)
     assert verdict["mtbench"]["leader"] == "torch" and verdict["same_verdict"]
     assert verdict["line"].endswith(": the same verdict (3 runs a row, 95 % intervals)")
+    # 48 steps timed 10 at a time: 5 windows a run, which the line says are too few for an interval to rest on.
+    results = {key: [steady_steps(36.4, 0.2, window=10)] * 3 for key in results}
+    [verdict] = gpu_matrix.verdicts(records, results)
+    assert verdict["line"].endswith("(3 runs a row, 95 % intervals; 5 steady timing windows in a run, too few to "
+                                    "resample (more --steps, or -- --timing-window N smaller))")
     assert gpu_matrix.verdicts([r for r in records if r["run"] != "best-by-hand-torch"]) == []
