@@ -496,8 +496,9 @@ def first_record(row, reason):
 
 def run_matrix(planned, args, train_options, kind, clock=None, started=None, publish=None):
     """Runs the planned rows within the budget (counted from `started`, default now); returns one record per row,
-    in the plan's order, and the results of the rows that ran ({row key: [the result of each repeat]}). `publish(records, results,
-    record)` is called before the first row and whenever a row ends (`record`: that row's)."""
+    in the plan's order, and the results of the rows that ran ({row key: [the result of each repeat]}).
+    `publish(records, results, record)` is called before the first row and whenever a row ends (`record`: that
+    row's)."""
     clock = clock or time.monotonic
     started = clock() if started is None else started
     publish = publish or (lambda records, results, record: None)
@@ -765,9 +766,10 @@ def ranking(rows, results=None):
     """The fastest row of each backend among `rows` (records that ran), JAX against torch, or None without both
     backends: {'leader' ('jax', 'torch', or None where neither is ahead beyond the noise), 'faster' and 'ratio'
     (the faster backend and its speed over the other's), 'interval' ([low, high] of that ratio, or None),
-    'steps_ms': {backend: median ms}, 'rows': {backend: run}, 'keys', 'repeats'}. The leader is called as `mtbench compare` calls a verdict: from the 95 % interval
-    of the steady steps' ratio over the rows' repeats and the steady windows within each (`results`: {row key:
-    [the result of each repeat]}); without the rows' results, by their medians alone."""
+    'steps_ms': {backend: median ms}, 'rows': {backend: run}, 'keys', 'repeats', 'windows'}. The leader is
+    called as `mtbench compare` calls a verdict: from the 95 % interval of the steady steps' ratio over the rows'
+    repeats and the steady windows within each (`results`: {row key: [the result of each repeat]}); without the
+    rows' results, by their medians alone."""
     from mtbench.runner.results.verdicts import call_of, ratio_interval
     fastest = {}
     for record in rows:
