@@ -4,9 +4,9 @@
 #   run: bash .ci/gpu-session.sh      carry: [".gpukit"]      timeout_s: 590
 # 1. mtbench's compiled torch step against nanoGPT's as inductor compiles them for GPT-2 small, 16 x 1024 tokens:
 #    does the backward write the logits' gradient over the saved logits now, and a steady step's peak;
-# 2. rows 7, 8, 12 and 13 of the GPU matrix (each backend's best row and its best-by-hand reference): row 8's
-#    memory beside nanoGPT's, and whether mtbench's rows now rank JAX and torch as the references do (150
-#    steps: 14 timing windows a row for the verdict's interval);
+# 2. rows 7, 8, 12, 13 and 15 of the GPU matrix (each backend's best row, its best-by-hand reference, and row 8
+#    in CUDA graphs): row 8's memory beside nanoGPT's, and whether mtbench's rows now rank JAX and torch as the
+#    references do (150 steps: 14 timing windows a row for the verdict's interval);
 # 3. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
 set -uo pipefail
 . .gpukit/env.sh || exit 1
@@ -21,12 +21,12 @@ timeout 140 python3 benchmarks/inductor_cost.py --preset gpt2-small --rows 16 --
 tail -16 "$out/inductor.log" | head -15
 (cd "$out" && tar czf inductor.tgz inductor && rm -rf inductor)
 
-timeout 225 python3 benchmarks/gpu_matrix.py --budget 200 --presets gpt2-small --rows 7,8,12,13 --repeats 1 --steps 150 \
+timeout 280 python3 benchmarks/gpu_matrix.py --budget 255 --presets gpt2-small --rows 7,8,12,13,15 --repeats 1 --steps 150 \
   --out /tmp/gpu-session-matrix > "$out/matrix.log" 2>&1
 tail -30 "$out/matrix.log"
 cp /tmp/gpu-session-matrix/gpu-matrix.md /tmp/gpu-session-matrix/gpu-matrix.json "$out/" 2>/dev/null
 
 . .ci/gpu-test-plugins.sh
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -s INT 130 python3 -m pytest -q -n 12 --dist loadfile -p no:cacheprovider \
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -s INT 90 python3 -m pytest -q -n 12 --dist loadfile -p no:cacheprovider \
   -m slow -rA --tb=short tests > "$out/slow.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/slow.log" | tail -30

@@ -17,13 +17,15 @@ code), in this order, the most important comparison first:
     14    mixed_bfloat16: `jax-step-in-reference-loop` (language models only): row 7's step, mtbench's own, timed
           by benchmarks/best_gpt.py's loop (`--step mtbench`); beside rows 7 and 12 it tells the loop's share of a
           gap from the step's
+    15    mixed_bfloat16: `torch+torch-compile+flash-attention@reduce-overhead`: row 8 in CUDA graphs (CUDA only),
+          as XLA runs JAX's steps in command buffers by default
 
 On a GPU the language-model presets come first and last: `gpt2-small` (GPT-2 small, 124 M parameters with its
 padded 50,304-entry vocabulary, batch 16 x 1024) before `small`, `gpt-char` (nanoGPT's Shakespeare-character
-shape, batch 64 x 256) after it. A language model runs rows 7, 8, 12, 13, 14, 1, 2, 3, 4, 9 in that order: each
-backend's best way (fused attention; torch compiled), the best-by-hand references (benchmarks/best_gpt.py: nanoGPT's
-recipe on torch, plain JAX with cuDNN attention, on the same batches from the same weights file), then the fair
-default (unfused attention, the same arithmetic on both). The column "step vs best by hand (same backend)" is a
+shape, batch 64 x 256) after it. A language model runs rows 7, 8, 12, 13, 15, 14, 1, 2, 3, 4, 9 in that order:
+each backend's best way (fused attention; torch compiled), the best-by-hand references (benchmarks/best_gpt.py:
+nanoGPT's recipe on torch, plain JAX with cuDNN attention, on the same batches from the same weights file), torch's
+best way in CUDA graphs, then the fair default (unfused attention, the same arithmetic on both). The column "step vs best by hand (same backend)" is a
 row's median step over its backend's reference row's, with the peak device memory's ratio beside it. Below the
 table, JAX against torch twice, by mtbench's fastest row of each and by the references, each a verdict with its 95 %
 interval as `mtbench compare` gives one (ahead, or neither ahead beyond the noise), and whether mtbench gives the
@@ -109,7 +111,7 @@ MODEL_PRESETS = {"gpt-char": ("gpt", "char"), "gpt2-small": ("gpt", "gpt2-small"
 PRESETS_ON = {"gpu": ("gpt2-small", "small", "gpt-char"), "cpu": ("tiny",)}
 # The rows of PLAN a language model runs, in the order it runs them: each backend's best way (fused attention,
 # compiled), the best-by-hand references, then the fair default (unfused attention) on each way to train.
-LANGUAGE_MODEL_ROWS = (7, 8, 12, 13, 14, 1, 2, 3, 4, 9)
+LANGUAGE_MODEL_ROWS = (7, 8, 12, 13, 15, 14, 1, 2, 3, 4, 9)
 # Rows x block tokens per training batch (--batch-size: a language model's blocks are all one length).
 GPU_BATCH_SIZE = {"gpt-char": 64, "gpt2-small": 16}
 GPU_REPEATS = 3  # each row's figures the median of three runs, interleaved with the other rows'
@@ -204,6 +206,7 @@ WAYS = (
     Way("jax", reference=True),
     Way("torch", reference=True),
     Way("jax", (FLASH,), in_reference_loop=True),
+    Way("torch", (COMPILE, FLASH), "reduce-overhead"),
 )
 WAYS_BY_LABEL = {way.label: way for way in WAYS}
 
@@ -224,6 +227,7 @@ PLAN = (
     (BF16, f"{REFERENCE}-jax", None),
     (BF16, f"{REFERENCE}-torch", None),
     (BF16, "jax-step-in-reference-loop", None),
+    (BF16, "torch+torch-compile+flash-attention@reduce-overhead", None),  # CUDA graphs: as XLA's command buffers
 )
 
 

@@ -34,12 +34,14 @@ TRANSLATION_ROWS = [
     (4, BF16, "torch+torch-compile@reduce-overhead"), (5, "float32 (highest)", "jax"), (6, "float32 (high)", "jax"),
     (7, BF16, "jax+flash-attention"), (8, BF16, "torch+torch-compile+flash-attention"),
     (9, BF16, "torch+flash-attention"),
-    (10, "float32 (highest)", "torch+torch-compile"), (11, "float32 (high)", "torch+torch-compile")]
-# A language model's rows, most important first: each backend's best way, the best-by-hand references, row 7's
-# step in the reference's loop, the fair default.
+    (10, "float32 (highest)", "torch+torch-compile"), (11, "float32 (high)", "torch+torch-compile"),
+    (15, BF16, "torch+torch-compile+flash-attention@reduce-overhead")]
+# A language model's rows, most important first: each backend's best way, the best-by-hand references, torch's
+# best way in CUDA graphs, row 7's step in the reference's loop, the fair default.
 LANGUAGE_MODEL_ROWS = [
     (7, BF16, "jax+flash-attention"), (8, BF16, "torch+torch-compile+flash-attention"), (12, BF16, "best-by-hand-jax"),
-    (13, BF16, "best-by-hand-torch"), (14, BF16, "jax-step-in-reference-loop"), (1, BF16, "jax"), (2, BF16, "torch+torch-compile"), (3, BF16, "torch"),
+    (13, BF16, "best-by-hand-torch"), (15, BF16, "torch+torch-compile+flash-attention@reduce-overhead"),
+    (14, BF16, "jax-step-in-reference-loop"), (1, BF16, "jax"), (2, BF16, "torch+torch-compile"), (3, BF16, "torch"),
     (4, BF16, "torch+torch-compile@reduce-overhead"), (9, BF16, "torch+flash-attention")]
 GPU_PLAN = [(number, preset, dtype, run)
             for preset, rows in (("gpt2-small", LANGUAGE_MODEL_ROWS), ("small", TRANSLATION_ROWS),
@@ -369,7 +371,7 @@ def test_table_labels_every_row_with_the_step_that_ran_or_why_not():
 
 def test_bad_choices_are_refused_with_one_line():
     for argv, message in ((["--runs", "jax,mxnet"], "--runs: mxnet is none of jax, torch"),
-                          (["--rows", "0,3"], "--rows: '0,3' is not row numbers from 1 to 14"),
+                          (["--rows", "0,3"], "--rows: '0,3' is not row numbers from 1 to 15"),
                           (["--rows", "two"], "--rows: 'two' is not row numbers")):
         proc = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True)
         assert proc.returncode == 2 and message in proc.stderr.splitlines()[-1], proc.stderr
