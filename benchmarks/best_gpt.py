@@ -54,6 +54,9 @@ def parse_args(argv):
                         help="mtbench: time mtbench's own train step (built as `mtbench train` builds it, attention "
                              "auto) in this script's loop in place of the reference's")
     parser.add_argument("--extra", action="append", default=[], help="with --step mtbench: as mtbench train's")
+    parser.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead"],
+                        help="torch.compile's mode for the torch reference (reduce-overhead: CUDA graphs, on a CUDA "
+                             "device), or with --step mtbench and --extra torch-compile, as mtbench train's")
     parser.add_argument("--validate", action="store_true",
                         help="score the validation split at the end, as mtbench train's final evaluation does")
     parser.add_argument("--out", default=None, help="the result JSON (default: print it only)")
@@ -68,6 +71,8 @@ def parse_args(argv):
         parser.error("--validate scores the reference's model; mtbench's step is scored by mtbench train")
     if args.extra and args.step != "mtbench":
         parser.error("--extra: only with --step mtbench (the references are written by hand)")
+    if args.compile_mode != "default" and args.backend != "torch":
+        parser.error("--compile-mode: torch.compile's mode, for the torch reference only")
     if min(args.steps, args.timing_window) < 1 or args.warmup < 1 or args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup (at least 1), and --timing-window be at least 1")
     return args
@@ -82,7 +87,7 @@ def train_config(args):
                        initial_weights=args.initial_weights, extras=tuple(args.extra),
                        data_file=args.data, tokenizer=args.tokenizer, steps=args.steps,
                        matmul_precision=args.matmul_precision, cache_dir=args.cache_dir or default_cache_dir(),
-                       **fields)
+                       compile_mode=args.compile_mode, **fields)
 
 
 def starting_weights(args, config, shape):
@@ -203,8 +208,9 @@ def measure(args):
         weights = starting_weights(args, config, shape)
         parameters = int(sum(value.size for value in weights.values()))
         reference = importlib.import_module(MODULES[args.backend])
+        modes = {"compile_mode": args.compile_mode} if args.compile_mode != "default" else {}
         step = reference.train_step_from_keras_weights(shape, weights, settings,
-                                                       mixed_bfloat16=args.dtype == "mixed_bfloat16")
+                                                       mixed_bfloat16=args.dtype == "mixed_bfloat16", **modes)
         convert = reference.batch_arrays if args.backend == "jax" else (
             lambda batch: reference.batch_tensors(batch, step.device))
     started = time.perf_counter()

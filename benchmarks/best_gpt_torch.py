@@ -112,18 +112,31 @@ class AdamWLikeKerasFusedQKV(AdamWLikeKeras):
 
 class TrainStep:
     """Forward (under autocast for mixed bfloat16), token-weighted mean cross-entropy, backward, AdamW. With
-    `compile`, the forward and loss are one `torch.compile`d function; the optimizer is the fused kernel's."""
+    `compile`, the forward and loss are one `torch.compile`d function (`compile_mode`: torch.compile's mode;
+    reduce-overhead runs its forward and backward as CUDA graphs); the optimizer is the fused kernel's."""
 
-    def __init__(self, model, settings, mixed_bfloat16=False, compile=False):
+    def __init__(self, model, settings, mixed_bfloat16=False, compile=False, compile_mode=None):
         self.model = model.train()
         self.device = next(model.parameters()).device
         self.optimizer = AdamWLikeKerasFusedQKV(model, settings)
         self.mixed_bfloat16 = mixed_bfloat16
-        self._loss = torch.compile(self.loss) if compile else self.loss
+        self.compile_mode = compile_mode if compile else None
+        self._loss = torch.compile(self.loss, mode=compile_mode) if compile else self.loss
         self.name = "best-by-hand torch"
         adamw = "fused" if self.optimizer.optimizer.defaults.get("fused") else "foreach"
-        self.description = (f"nanoGPT's recipe: fused QKV, SDPA is_causal, {adamw} AdamW"
-                            + (", torch.compile" if compile else "") + (", bf16 autocast" if mixed_bfloat16 else ""))
+        self._recipe = (f"nanoGPT's recipe: fused QKV, SDPA is_causal, {adamw} AdamW"
+                        + (", torch.compile" if compile else "") + (", bf16 autocast" if mixed_bfloat16 else ""))
+
+    @property
+    def description(self):
+        """The recipe, and for CUDA graphs whether every compiled graph ran as one (inductor counts those it
+        skipped)."""
+        if self.compile_mode != "reduce-overhead":
+            return self._recipe
+        from torch._dynamo.utils import counters
+        skipped = int(counters["inductor"]["cudagraph_skips"])
+        return self._recipe + (f", CUDA graphs skipped for {skipped} graph(s)" if skipped else
+                               ", CUDA graphs (mode reduce-overhead)")
 
     def loss(self, tokens, next_tokens, weights):
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.mixed_bfloat16):
@@ -138,7 +151,8 @@ class TrainStep:
         loss = self._loss(tokens, next_tokens, weights)
         loss.backward()
         self.optimizer.step()
-        return {"loss": loss.detach()}
+        # A CUDA graph's next replay writes over its outputs: the loss read at the window's end is a copy.
+        return {"loss": loss.detach().clone() if self.compile_mode == "reduce-overhead" else loss.detach()}
 
     def validation_loss(self, batches):
         """The token-weighted mean loss of `batches` (`batch_tensors` each), without dropout or gradients."""
@@ -167,13 +181,20 @@ class TrainStep:
         return weights
 
 
-def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False, compile=None, device=None):
+def train_step_from_keras_weights(shape, weights, settings, mixed_bfloat16=False, compile=None, device=None,
+                                  compile_mode=None):
     """The step starting from mtbench's initial weights ({Keras path: numpy array}) on `device` (default:
     `default_device()`, where Keras-torch puts its variables); `compile` defaults to True on CUDA (on the CPU
-    Inductor's compile takes longer than a short run saves)."""
+    Inductor's compile takes longer than a short run saves); `compile_mode` 'reduce-overhead' (CUDA graphs) needs
+    a CUDA device."""
     device = default_device() if device is None else torch.device(device)
+    if compile_mode == "reduce-overhead" and device.type != "cuda":
+        from mtbench.errors import MtbenchError
+        raise MtbenchError(f"--compile-mode reduce-overhead: CUDA graphs need a CUDA device; torch runs on the "
+                           f"{device.type} here")
     model = build_model(shape)
     model.load_state_dict(state_dict_from_keras_weights(weights))
     model.to(device)
     compile = device.type == "cuda" if compile is None else compile
-    return TrainStep(model, settings, mixed_bfloat16=mixed_bfloat16, compile=compile)
+    return TrainStep(model, settings, mixed_bfloat16=mixed_bfloat16, compile=compile or bool(compile_mode),
+                     compile_mode=compile_mode)

@@ -19,14 +19,16 @@ code), in this order, the most important comparison first:
           gap from the step's
     15    mixed_bfloat16: `torch+torch-compile+flash-attention@reduce-overhead`: row 8 in CUDA graphs (CUDA only),
           as XLA runs JAX's steps in command buffers by default
+    16    mixed_bfloat16: `best-by-hand-torch@reduce-overhead` (language models only): row 13 in CUDA graphs
 
 On a GPU the language-model presets come first and last: `gpt2-small` (GPT-2 small, 124 M parameters with its
 padded 50,304-entry vocabulary, batch 16 x 1024) before `small`, `gpt-char` (nanoGPT's Shakespeare-character
-shape, batch 64 x 256) after it. A language model runs rows 7, 8, 12, 13, 15, 14, 1, 2, 3, 4, 9 in that order:
-each backend's best way (fused attention; torch compiled), the best-by-hand references (benchmarks/best_gpt.py:
+shape, batch 64 x 256) after it. A language model runs rows 7, 8, 12, 13, 15, 16, 14, 1, 2, 3, 4, 9 in that
+order: each backend's best way (fused attention; torch compiled), the best-by-hand references (benchmarks/best_gpt.py:
 nanoGPT's recipe on torch, plain JAX with cuDNN attention, on the same batches from the same weights file), torch's
-best way in CUDA graphs, then the fair default (unfused attention, the same arithmetic on both). The column "step vs best by hand (same backend)" is a
-row's median step over its backend's reference row's, with the peak device memory's ratio beside it. Below the
+best way and nanoGPT's in CUDA graphs, then the fair default (unfused attention, the same arithmetic on both). The
+column "step vs best by hand (same backend)" is a row's median step over its backend's reference row's (in CUDA
+graphs where the row runs in them and that reference ran), with the peak device memory's ratio beside it. Below the
 table, JAX against torch twice, by mtbench's fastest row of each and by the references, each a verdict with its 95 %
 interval as `mtbench compare` gives one (ahead, or neither ahead beyond the noise), and whether mtbench gives the
 references' verdict.
@@ -111,7 +113,7 @@ MODEL_PRESETS = {"gpt-char": ("gpt", "char"), "gpt2-small": ("gpt", "gpt2-small"
 PRESETS_ON = {"gpu": ("gpt2-small", "small", "gpt-char"), "cpu": ("tiny",)}
 # The rows of PLAN a language model runs, in the order it runs them: each backend's best way (fused attention,
 # compiled), the best-by-hand references, then the fair default (unfused attention) on each way to train.
-LANGUAGE_MODEL_ROWS = (7, 8, 12, 13, 15, 14, 1, 2, 3, 4, 9)
+LANGUAGE_MODEL_ROWS = (7, 8, 12, 13, 15, 16, 14, 1, 2, 3, 4, 9)
 # Rows x block tokens per training batch (--batch-size: a language model's blocks are all one length).
 GPU_BATCH_SIZE = {"gpt-char": 64, "gpt2-small": 16}
 GPU_REPEATS = 3  # each row's figures the median of three runs, interleaved with the other rows'
@@ -159,7 +161,7 @@ class Way:
     @property
     def label(self):
         if self.reference:
-            return f"{REFERENCE}-{self.backend}"
+            return f"{REFERENCE}-{self.backend}" + (f"@{self.compile_mode}" if self.compile_mode else "")
         if self.in_reference_loop:
             return f"{self.backend}-step-in-reference-loop"
         name = "+".join((self.backend, *self.extras))
@@ -185,7 +187,7 @@ class Way:
     def train_arguments(self):
         arguments = ["--backend", self.backend]
         if self.reference:
-            return arguments
+            return arguments + (["--compile-mode", self.compile_mode] if self.compile_mode else [])
         if self.in_reference_loop:
             arguments += ["--step", "mtbench"]
         for extra in self.extras:
@@ -207,6 +209,7 @@ WAYS = (
     Way("torch", reference=True),
     Way("jax", (FLASH,), in_reference_loop=True),
     Way("torch", (COMPILE, FLASH), "reduce-overhead"),
+    Way("torch", compile_mode="reduce-overhead", reference=True),
 )
 WAYS_BY_LABEL = {way.label: way for way in WAYS}
 
@@ -228,6 +231,7 @@ PLAN = (
     (BF16, f"{REFERENCE}-torch", None),
     (BF16, "jax-step-in-reference-loop", None),
     (BF16, "torch+torch-compile+flash-attention@reduce-overhead", None),  # CUDA graphs: as XLA's command buffers
+    (BF16, f"{REFERENCE}-torch@reduce-overhead", None),  # nanoGPT's recipe in CUDA graphs: row 15's reference
 )
 
 
@@ -750,12 +754,14 @@ def rerun_commands(records, args, train_options):
 
 
 def add_best_by_hand_ratios(records):
-    """Each row that ran beside a best-by-hand reference of its preset, dtype and backend gets its steady step
-    over the reference's, and its peak device memory over the reference's."""
+    """Each row that ran beside a best-by-hand reference of its preset, dtype and backend (of its compile mode where
+    that ran) gets its steady step over the reference's, and its peak device memory over the reference's."""
     ran = {(r["preset"], r["dtype"], r["run"]): r for r in records if r["status"] == "ran"}
     for record in ran.values():
         way = WAYS_BY_LABEL[record["run"]]
-        reference = ran.get((record["preset"], record["dtype"], f"{REFERENCE}-{way.backend}"))
+        plain = ran.get((record["preset"], record["dtype"], f"{REFERENCE}-{way.backend}"))
+        reference = ran.get((record["preset"], record["dtype"], f"{REFERENCE}-{way.backend}@{way.compile_mode}"),
+                            plain)  # like for like: a row in CUDA graphs beside the reference in them
         if way.reference or reference is None or not (record["step_ms_median"] and reference["step_ms_median"]):
             continue
         record["step_vs_best_by_hand"] = record["step_ms_median"] / reference["step_ms_median"]
@@ -763,7 +769,7 @@ def add_best_by_hand_ratios(records):
         if record.get("peak_device_mib") and reference.get("peak_device_mib"):
             record["memory_vs_best_by_hand"] = record["peak_device_mib"] / reference["peak_device_mib"]
             text += f" (memory {record['memory_vs_best_by_hand']:.2f}x)"
-        record["vs_best_by_hand"] = text
+        record["vs_best_by_hand"] = text + ("" if reference is plain else f" vs {reference['run']}")
 
 
 def ranking(rows, results=None):

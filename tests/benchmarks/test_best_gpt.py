@@ -121,3 +121,18 @@ def test_jax_reference_projects_qkv_with_one_dot_general_per_block(keras_run):
     assert sum(line.rstrip().endswith(qkv) for line in dots) == shape.decoder_layers, dots
     # Per block: qkv, the attention's output, the MLP's two layers, and XLA attention's two; then the output layer.
     assert len(dots) == 6 * shape.decoder_layers + 1, dots
+
+
+def test_the_reference_in_cuda_graphs_is_refused_in_one_line_where_there_are_none(keras_run, capsys):
+    from benchmarks import best_gpt, best_gpt_torch
+    from mtbench.errors import MtbenchError
+    run = keras_run
+    with pytest.raises(MtbenchError, match=r"^--compile-mode reduce-overhead: CUDA graphs need a CUDA device; torch "
+                                           r"runs on the cpu here$"):
+        best_gpt_torch.train_step_from_keras_weights(run["workload"].model_shape, run["weights"], run["settings"],
+                                                     device="cpu", compile_mode="reduce-overhead")
+    with pytest.raises(SystemExit) as exit_:
+        best_gpt.parse_args(["--backend", "jax", "--compile-mode", "reduce-overhead"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "error: --compile-mode: torch.compile's mode, for the torch reference only")

@@ -37,10 +37,11 @@ TRANSLATION_ROWS = [
     (10, "float32 (highest)", "torch+torch-compile"), (11, "float32 (high)", "torch+torch-compile"),
     (15, BF16, "torch+torch-compile+flash-attention@reduce-overhead")]
 # A language model's rows, most important first: each backend's best way, the best-by-hand references, torch's
-# best way in CUDA graphs, row 7's step in the reference's loop, the fair default.
+# best way and nanoGPT's recipe in CUDA graphs, row 7's step in the reference's loop, the fair default.
 LANGUAGE_MODEL_ROWS = [
     (7, BF16, "jax+flash-attention"), (8, BF16, "torch+torch-compile+flash-attention"), (12, BF16, "best-by-hand-jax"),
     (13, BF16, "best-by-hand-torch"), (15, BF16, "torch+torch-compile+flash-attention@reduce-overhead"),
+    (16, BF16, "best-by-hand-torch@reduce-overhead"),
     (14, BF16, "jax-step-in-reference-loop"), (1, BF16, "jax"), (2, BF16, "torch+torch-compile"), (3, BF16, "torch"),
     (4, BF16, "torch+torch-compile@reduce-overhead"), (9, BF16, "torch+flash-attention")]
 GPU_PLAN = [(number, preset, dtype, run)
@@ -150,7 +151,8 @@ class FakeMtbench:
         way = None
         if program == gpu_matrix.REFERENCE_SCRIPT:
             command = "best-by-hand"
-            way = Way(arguments[arguments.index("--backend") + 1], reference=True)
+            mode = arguments[arguments.index("--compile-mode") + 1] if "--compile-mode" in arguments else None
+            way = Way(arguments[arguments.index("--backend") + 1], compile_mode=mode, reference=True)
         elif command == "train":
             label = arguments[arguments.index("--backend") + 1]
             extras = tuple(arguments[i + 1] for i, a in enumerate(arguments) if a == "--extra")
@@ -225,9 +227,10 @@ def test_repeats_run_round_robin_and_each_row_reports_its_medians(tmp_path, monk
 
 def test_the_references_run_their_script_and_each_row_is_set_beside_its_backends_reference(tmp_path, monkeypatch):
     fake = FakeMtbench({"init-weights": 1, "jax": 1, "torch compiled default": 1, "reference jax": 1,
-                        "reference torch": 1})
+                        "reference torch": 1, "torch compiled reduce-overhead": 1})
     steps_ms = {"jax+flash-attention": 11.0, "torch+torch-compile+flash-attention": 12.0, "best-by-hand-jax": 10.0,
-                "best-by-hand-torch": 15.0}
+                "best-by-hand-torch": 15.0, "torch+torch-compile+flash-attention@reduce-overhead": 11.0,
+                "best-by-hand-torch@reduce-overhead": 10.0}
     programs = []
 
     def run(arguments, log_file, timeout, program=gpu_matrix.MTBENCH):
@@ -243,17 +246,25 @@ def test_the_references_run_their_script_and_each_row_is_set_beside_its_backends
         return failure
 
     monkeypatch.setattr(gpu_matrix, "run_mtbench", run)
-    records, _ = run_matrix(plan_rows(described(), numbers={7, 8, 12, 13}, presets=["gpt2-small"]),
+    records, _ = run_matrix(plan_rows(described(), numbers={7, 8, 12, 13, 15, 16}, presets=["gpt2-small"]),
                             matrix_args(tmp_path, 1000), [], "gpu", clock=fake.clock)
     assert fake.launched == ["init-weights", "jax+flash-attention", "torch+torch-compile+flash-attention",
-                             "best-by-hand-jax", "best-by-hand-torch"]
-    assert programs[-2:] == [gpu_matrix.REFERENCE_SCRIPT] * 2 and gpu_matrix.MTBENCH in programs[:3]
+                             "best-by-hand-jax", "best-by-hand-torch",
+                             "torch+torch-compile+flash-attention@reduce-overhead",
+                             "best-by-hand-torch@reduce-overhead"]
+    assert programs[3:5] == [gpu_matrix.REFERENCE_SCRIPT] * 2 and gpu_matrix.MTBENCH in programs[:3]
+    assert programs[-1] == gpu_matrix.REFERENCE_SCRIPT
     gpu_matrix.add_best_by_hand_ratios(records)
     by_run = {r["run"]: r for r in records}
     assert by_run["jax+flash-attention"]["step_vs_best_by_hand"] == pytest.approx(1.1)
     assert by_run["torch+torch-compile+flash-attention"]["step_vs_best_by_hand"] == pytest.approx(0.8)
     assert by_run["jax+flash-attention"]["vs_best_by_hand"] == "1.10x (memory 1.00x)"
     assert "vs_best_by_hand" not in by_run["best-by-hand-jax"]
+    # In CUDA graphs, like for like: row 15 beside nanoGPT's recipe in CUDA graphs, not beside row 13.
+    assert by_run["torch+torch-compile+flash-attention@reduce-overhead"]["vs_best_by_hand"] == (
+        "1.10x (memory 1.00x) vs best-by-hand-torch@reduce-overhead")
+    reference = next(row for row, _ in plan_rows(described(), numbers={16}, presets=["gpt2-small"]))
+    assert reference.train_arguments()[:4] == ["--backend", "torch", "--compile-mode", "reduce-overhead"]
 
 
 def test_a_row_still_running_when_the_budget_ends_is_stopped(tmp_path, monkeypatch):
@@ -371,7 +382,7 @@ def test_table_labels_every_row_with_the_step_that_ran_or_why_not():
 
 def test_bad_choices_are_refused_with_one_line():
     for argv, message in ((["--runs", "jax,mxnet"], "--runs: mxnet is none of jax, torch"),
-                          (["--rows", "0,3"], "--rows: '0,3' is not row numbers from 1 to 15"),
+                          (["--rows", "0,3"], "--rows: '0,3' is not row numbers from 1 to 16"),
                           (["--rows", "two"], "--rows: 'two' is not row numbers")):
         proc = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True)
         assert proc.returncode == 2 and message in proc.stderr.splitlines()[-1], proc.stderr
