@@ -722,10 +722,12 @@ def this_host():
 
 
 def environment(results, probe):
-    """Versions, host and the device each backend ran on: from the results' `env` where rows ran, else from this
-    process and the probe."""
+    """Versions, host and the device each backend ran on: from the `env` of a row mtbench trained where one ran
+    (a best-by-hand row's names its device alone), else from this process; the devices from the probe where no
+    row of the backend ran."""
     firsts = [repeats[0] for repeats in results.values()]
-    env = dict(firsts[0]["env"]) if firsts else dict(this_host())
+    described = [result["env"] for result in firsts if "python" in result["env"]]
+    env = dict(described[0]) if described else dict(this_host())
     for key in ("device", "backend_versions", "matmul_precision"):
         env.pop(key, None)
     devices = {}

@@ -529,3 +529,14 @@ def test_the_verdict_line_says_whether_mtbench_ranks_the_frameworks_as_the_refer
     assert verdict["line"].endswith("(3 runs a row, 95 % intervals; 5 steady timing windows in a run, too few to "
                                     "resample (more --steps, or -- --timing-window N smaller))")
     assert gpu_matrix.verdicts([r for r in records if r["run"] != "best-by-hand-torch"]) == []
+
+
+def test_the_versions_and_host_come_from_a_row_mtbench_trained_even_when_a_reference_ran_first():
+    # A best-by-hand result's `env` names its device alone; the CPU matrix of gpt-char printed "versions: " empty
+    # and "host: None" when its reference rows ran first.
+    results = {"gpt-char mixed_bfloat16 best-by-hand-torch": [{"backend": "torch", "env": {"device": CPU}}],
+               "gpt-char mixed_bfloat16 jax": [{"backend": "jax", "env": {
+                   "device": CPU, "python": "3.12.3", "keras": "3.15.1", "cpu_model": "a CPU", "cpu_count": 2}}]}
+    env, devices = gpu_matrix.environment(results, described(jax=CPU, torch=CPU))
+    assert (env["python"], env["keras"], env["cpu_model"]) == ("3.12.3", "3.15.1", "a CPU") and "device" not in env
+    assert devices == {"jax": CPU, "torch": CPU}
