@@ -411,10 +411,14 @@ def _train(reporters, resume_dir, run_file, save_model, launch, options):
         config = read_run_file(run_file)
     else:
         config = _train_config(save_model=save_model, **options)
+    from mtbench.runner.orchestration.compare import eager_torch_note
     console = Console()
-    _, failures = run_training(config, registry, console, resume=resume, reporter_names=_reporter_names(reporters),
-                               launch=launch)
+    result, failures = run_training(config, registry, console, resume=resume,
+                                    reporter_names=_reporter_names(reporters), launch=launch)
     if launch.is_first:
+        note = eager_torch_note(result, registry)
+        if note:
+            console.print(note, highlight=False, soft_wrap=True)
         console.print(f"result: {config.out}")
     _require_reporting_succeeded(failures)
 

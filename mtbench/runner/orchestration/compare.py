@@ -176,6 +176,20 @@ def eager_only_lines(specs, devices, registry):
             for spec in specs if spec.backend == "torch" and compile_refusal(spec.extras, registry)]
 
 
+def eager_torch_note(result, registry):
+    """For `mtbench train`: one line where torch trained eager on a CUDA GPU, where its best users compile the
+    step (JAX's always is), saying how, or why this run's extras could not; None for any other run."""
+    device = (result.get("env") or {}).get("device") or {}
+    extras = tuple(result.get("extras") or ())
+    if result.get("backend") != "torch" or device.get("kind") != "gpu" or TORCH_COMPILED in extras:
+        return None
+    refusal = compile_refusal(extras, registry)
+    said = "torch trained its step eager on a CUDA GPU, where its best users compile it (JAX's step is compiled)"
+    if refusal:
+        return f"note: {said}; this run could not: {refusal}"
+    return f"note: {said}: --extra {TORCH_COMPILED} trains it so, and `mtbench compare` trains both"
+
+
 def with_compile_mode(specs, mode):
     """`specs` with --compile-mode `mode` set on the runs it applies to (those that compile torch's step) alone."""
     return [dataclasses.replace(spec, sizes=tuple(sorted({**dict(spec.sizes), "compile_mode": mode}.items())))

@@ -392,6 +392,16 @@ def test_on_cuda_compare_trains_torch_eager_and_compiled():
         ("run 'torch+uncompiled' trains torch eager only (no compiled row beside it): extra 'uncompiled' cannot run "
          "together with 'torch-compile'")]
     assert eager_only_lines(uncompiled, {"torch": CPU}, plugins) == []
+    # `mtbench train` says the same of a torch run it trained eager on a CUDA GPU, and nothing of other runs.
+    from mtbench.runner.orchestration.compare import eager_torch_note
+    trained = lambda backend, extras, device: {"backend": backend, "extras": extras, "env": {"device": device}}
+    assert eager_torch_note(trained("torch", ["flash-attention"], H100), plugins) == (
+        "note: torch trained its step eager on a CUDA GPU, where its best users compile it (JAX's step is compiled): "
+        "--extra torch-compile trains it so, and `mtbench compare` trains both")
+    assert eager_torch_note(trained("torch", ["uncompiled"], H100), plugins).endswith(
+        "; this run could not: extra 'uncompiled' cannot run together with 'torch-compile'")
+    assert [eager_torch_note(trained(*run), plugins) for run in (
+        ("torch", [], CPU), ("torch", ["torch-compile"], H100), ("jax", [], H100))] == [None] * 3
     # A matrix is left as named.
     assert labels(plan_runs(matrix="jax;torch", devices={"torch": H100})) == ["jax", "torch"]
 
