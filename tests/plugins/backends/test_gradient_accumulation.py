@@ -55,7 +55,6 @@ def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(bac
     device sums its own, then one all-reduce, test_jax_flat_gradients.py); fsdp gathers and reduce-scatters for
     each micro-batch; tensor-parallel all-reduces each micro-batch's activations, as Megatron does: 4 a block."""
     import subprocess
-    import sys
 
     from conftest import cli_environment, on_every_core
     out = tmp_path / f"{backend}-{extra}.json"
@@ -65,8 +64,9 @@ def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(bac
         proc = run_cli(*arguments, env=simulated_devices(2))
     else:
         preexec_fn, env = on_every_core(CPU_ONLY)  # gloo: two processes cannot each take a GPU of one
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               "-m", "mtbench", *arguments], capture_output=True, text=True,
+        from mtbench.runner.orchestration.compare import launcher_command
+        proc = subprocess.run([*launcher_command(2, launcher_dir=str(tmp_path / "torchrun")), "-m", "mtbench",
+                               *arguments], capture_output=True, text=True,
                               env=cli_environment(env), timeout=600, preexec_fn=preexec_fn)
     assert proc.returncode == 0, proc.stderr[-3000:]
     accumulated = json.loads(out.read_text())

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from tests.conftest import CPU_ONLY, simulated_devices
-from tests.plugins.extras.test_multi_process import TORCHRUN
 
 JAX_SCRIPT = r"""
 import collections, dataclasses, json, re, sys
@@ -177,7 +176,9 @@ def test_torch_fsdp_clips_with_one_all_reduce_and_gathers_in_the_compute_dtype(t
     script = tmp_path / "fsdp_step.py"
     script.write_text(TORCH_SCRIPT)
     env = {**os.environ, "KERAS_BACKEND": "torch", "OMP_NUM_THREADS": "1", **CPU_ONLY}  # gloo, on a GPU machine too
-    proc = subprocess.run([*TORCHRUN, str(script)], capture_output=True, text=True, env=env, timeout=300, check=False)
+    from mtbench.runner.orchestration.compare import launcher_command
+    proc = subprocess.run([*launcher_command(2, launcher_dir=str(tmp_path / "torchrun")), str(script)],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["units"] == ["encoder_0", "decoder_0", "transformer"] and got["weights"] == 48

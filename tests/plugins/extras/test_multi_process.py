@@ -7,24 +7,26 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
 from tests.conftest import CPU_ONLY, MACHINE_CPUS, TINY_TRAIN, cli_environment, on_every_core, run_cli
 
-# torchrun as a module of the interpreter running the tests: the venv's torchrun, whatever PATH holds.
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 RELATIVE_TOLERANCE = 1e-5  # float32 gradients summed in another order by the collectives
 
 
 def torchrun(*args, env=None, timeout=600, processes=2):
     """Runs `torchrun --nproc-per-node PROCESSES -m mtbench ARGS` on the machine's cores; returns the
     CompletedProcess."""
+    from mtbench.runner.orchestration.compare import launcher_command
     preexec_fn, env = on_every_core({**CPU_ONLY, **(env or {})})
-    launcher = [*TORCHRUN[:-1], str(processes)]
-    return subprocess.run([*launcher, "-m", "mtbench", *args], capture_output=True, text=True,
-                          env=cli_environment(env), timeout=timeout, preexec_fn=preexec_fn)
+    # torchrun as compare starts it: this interpreter's module, its agent's folder removed afterwards.
+    with tempfile.TemporaryDirectory(prefix="mtbench-torchrun-") as launcher_dir:
+        return subprocess.run([*launcher_command(processes, launcher_dir=launcher_dir), "-m", "mtbench", *args],
+                              capture_output=True, text=True, env=cli_environment(env), timeout=timeout,
+                              preexec_fn=preexec_fn)
 
 
 CPUS = MACHINE_CPUS
