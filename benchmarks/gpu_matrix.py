@@ -778,7 +778,7 @@ def ranking(rows, results=None):
     """The fastest row of each backend among `rows` (records that ran), JAX against torch, or None without both
     backends: {'leader' ('jax', 'torch', or None where neither is ahead beyond the noise), 'faster' and 'ratio'
     (the faster backend and its speed over the other's), 'interval' ([low, high] of that ratio, or None),
-    'steps_ms': {backend: median ms}, 'rows': {backend: run}, 'keys', 'repeats', 'windows'}. The leader is
+    'steps_ms': {backend: median ms}, 'rows': {backend: run}, 'repeats', 'windows'}. The leader is
     called as `mtbench compare` calls a verdict: from the 95 % interval of the steady steps' ratio over the rows'
     repeats and the steady windows within each (`results`: {row key: [the result of each repeat]}); without the
     rows' results, by their medians alone."""
@@ -796,7 +796,6 @@ def ranking(rows, results=None):
     rank = {"leader": faster, "faster": faster, "ratio": max(steps.values()) / min(steps.values()),
             "interval": None, "steps_ms": steps,
             "rows": {backend: record["run"] for backend, record in sorted(fastest.items())},
-            "keys": {backend: record.get("key") for backend, record in sorted(fastest.items())},
             "repeats": min(record.get("repeats", 1) for record in fastest.values()), "windows": None}
     sides = [(results or {}).get(fastest[backend].get("key"), []) for backend in ("jax", "torch")]
     interval = ratio_interval("step_s_median", *sides)
@@ -825,6 +824,7 @@ def verdicts(records, results=None):
     rows rank them and as the references do (`ranking`), and whether mtbench gives the references' verdict (the
     issue's goal: mtbench must not change the answer; 'neither ahead' is a verdict of its own). Each with its line
     of text."""
+    from mtbench.runner.results.verdicts import MIN_WINDOWS  # fewer, and the bootstrap within a run is weak
     groups = {}
     for record in records:
         if record["status"] == "ran" and not WAYS_BY_LABEL[record["run"]].in_reference_loop:
@@ -843,7 +843,6 @@ def verdicts(records, results=None):
             basis = "one run a row: 95 % intervals of the noise within each run, not between runs"
         else:
             basis = f"{repeats} runs a row, 95 % intervals"
-        from mtbench.runner.results.verdicts import MIN_WINDOWS  # fewer, and the bootstrap within a run is weak
         windows = min(rank["windows"] or MIN_WINDOWS for rank in (ours, references))
         if windows < MIN_WINDOWS:
             basis += (f"; {windows} steady timing windows in a run, too few to resample (more --steps, or -- "
