@@ -9,8 +9,9 @@ step that donates the parameters and optimizer state so that XLA updates them in
 
 The model is still mtbench's `--model gpt` (pre-LayerNorm blocks, LayerNorm eps 1e-5, exact GELU, learned
 positions, the output layer tied to the token embedding, float32 logits) and the optimizer is mtbench's
-(`native_flax.make_optimizer`: Keras's epsilon placement, its schedule, each Keras variable's gradient clipped on
-its own, the thirds of the fused QKV's too), so that from mtbench's initial weights the losses are mtbench's.
+(`native_flax.make_optimizer`: Keras's epsilon placement, its schedule, its clipping: by the global norm, or each
+Keras variable's gradient on its own, the thirds of the fused QKV's too), so that from mtbench's initial weights
+the losses are mtbench's.
 Mixed bfloat16 keeps float32 parameters and casts them to bfloat16 for the matmuls; layer norms' statistics, the
 softmax and the loss stay in float32. The params' keys are the Keras scopes (the model's name dropped), the fused
 `qkv` aside: it loads from, and splits back into, the Keras `query`, `key` and `value` layers.
@@ -147,11 +148,15 @@ def fuse_qkv(tree):
     return tree
 
 
-def on_keras_variables(optimizer):
-    """`optimizer` run on the params as mtbench's variables, each fused `qkv` as its query, key and value: Keras
-    clips each variable's gradient on its own, and clipping the fused one as one would take a different step.
-    The split and the concatenation are traced into the jitted step, where XLA can fuse them with the update's
-    elementwise work."""
+def on_keras_variables(optimizer, settings):
+    """`optimizer` run on the params as mtbench's variables, each fused `qkv` as its query, key and value, where
+    that changes the step: Keras's per-variable clipping clips each variable's gradient on its own, and clipping
+    the fused one as one would take a different step. The split and the concatenation are traced into the jitted
+    step. Clipped by the global norm (a GPT's default), or not at all, the update is element by element (the
+    fused kernel decays as its three parts do, the fused bias does not, as theirs): the fused arrays are updated
+    whole, as a person writing the fused projection by hand keeps them."""
+    if settings.clip != "per-variable":
+        return optimizer
 
     def update(grads, state, params=None):
         updates, state = optimizer.update(split_qkv(grads), state, split_qkv(params))
@@ -171,7 +176,7 @@ class TrainStep:
             attention = "cudnn" if mixed_bfloat16 and jax.default_backend() == "gpu" else None
         self.forward = functools.partial(forward, shape=shape, dtype=jnp.bfloat16 if mixed_bfloat16 else jnp.float32,
                                          attention=attention)
-        self.optimizer = on_keras_variables(native_flax.make_optimizer(settings))
+        self.optimizer = on_keras_variables(native_flax.make_optimizer(settings), settings)
         self.params, self.optimizer_state, self.key = params, self.optimizer.init(params), jax.random.key(seed)
         self._step = jax.jit(self.train_step, donate_argnums=(0, 1))
         self.name = "best-by-hand jax"

@@ -3,8 +3,9 @@ program, what each reads and writes, and how long a device could take at its dat
 
 Each instruction of the entry computation that does work is one kernel: a fusion, a library call (cuBLAS, cuDNN),
 a copy. Parameters, constants, tuples and bitcasts move nothing. A kernel's bytes are its operands' and its
-result's sizes: what it names, an upper bound of the memory it touches; but an operand a fusion only gathers or
-slices from is charged what it takes (the label's logit gathered from the logits: 16,384 values, not 1.6 GB).
+result's sizes: what it names, an upper bound of the memory it touches; but an operand a fusion reads only part of
+is charged the share its result needs (`taken_bytes`: the label's logit gathered from the logits, 16,384 values,
+not 1.6 GB; a third of a weight gradient, squared and summed, a third of it).
 A scatter updates its first operand in place (where it cannot, XLA copies the operand first, in a kernel of its
 own): it is charged its other operands, the indices and what the updates are made from, twice (read, and as many
 elements written), not the array it updates. A matrix multiplication's FLOPs
@@ -62,40 +63,62 @@ def entry_lines(hlo_text):
 
 
 TAKING = ("gather", "slice", "dynamic-slice")  # read part of their first operand
-# Each element of the result made of the same element of the operand: a fusion computes them only where taken.
-PASSING = ("bitcast", "reshape", "convert")
+# Each element of the result made of the elements of the operands at its place (or of one row of them, a reduce's):
+# a fusion reads of an operand only what the elements it computes need.
+NOT_ELEMENTWISE = {"dot", "convolution", "broadcast", "concatenate", "pad", "scatter", "dynamic-update-slice", "sort",
+                   "custom-call", "fusion", "call", "reduce-window", "select-and-scatter", "tuple", "get-tuple-element",
+                   "parameter", "constant", "iota", "rng"}
+
+
+def element_count(shape):
+    """The elements of a one-array HLO shape; None for a tuple."""
+    arrays = ARRAY.findall(shape)
+    if len(arrays) != 1:
+        return None
+    count = 1
+    for dim in filter(None, arrays[0][1].split(",")):
+        count *= int(dim)
+    return count
 
 
 def taken_bytes(body):
-    """{parameter index: the bytes read of it} of a fused computation's parameters that are only gathered or sliced
-    from (through bitcasts, reshapes and conversions): as many of its elements as are taken. The others are read
-    whole."""
+    """{parameter index: the bytes read of it} of a fused computation's parameters that it reads only part of, as
+    many of their elements as its result needs: what a gather or slice takes, followed back through the
+    element-wise operations and reductions before it (each result element needs the operands' elements at its
+    place, or one row of them). The others are read whole.
+
+    Each value's needed share of its elements, from the root's (all) back to the parameters: a slice or gather
+    needs of its first operand the share of the elements it takes; an element-wise operation or a reduction passes
+    on its own share; any other use needs its operands whole. The shares of a value's uses add up (an upper bound
+    where they overlap), to at most all."""
     instructions = []
     for line in body:
         match = INSTRUCTION.match(line)
         if match:
             name, shape, opcode, operands = match.groups()
             instructions.append((name, shape, opcode, re.findall(r"%([\w.\-]+)", operands), operands))
+    if not instructions:
+        return {}
+    shapes = {name: shape for name, shape, *_ in instructions}
+    root = next((line for line in body if line.startswith("ROOT ")), None)
+    needed = {INSTRUCTION.match(root).group(1) if root else instructions[-1][0]: 1.0}  # written whole
+    for name, shape, opcode, names, _ in reversed(instructions):
+        share = needed.get(name, 0.0)
+        for position, operand in enumerate(dict.fromkeys(names)):
+            own, theirs = element_count(shape), element_count(shapes.get(operand, ""))
+            if opcode in TAKING and position == 0 and own is not None and theirs:
+                passed = share * own / theirs
+            elif opcode == "reduce" and own is not None and theirs:
+                passed = share
+            elif opcode not in NOT_ELEMENTWISE and own is not None and own == theirs:
+                passed = share
+            else:
+                passed = 1.0 if share else 0.0
+            needed[operand] = min(1.0, needed.get(operand, 0.0) + passed)
     taken = {}
     for name, parameter_shape, opcode, _, operands in instructions:
-        if opcode != "parameter":
-            continue
-        element_bytes = ELEMENT_BYTES[ARRAY.search(parameter_shape).group(1)]
-        frontier, read = [name], 0
-        while frontier and read is not None:
-            value = frontier.pop()
-            for user, shape, user_opcode, user_operands, _ in instructions:
-                if value not in user_operands:
-                    continue
-                if user_opcode in PASSING:
-                    frontier.append(user)
-                elif user_opcode in TAKING and user_operands[0] == value and user_operands.count(value) == 1:
-                    read += array_bytes(shape) // ELEMENT_BYTES[ARRAY.search(shape).group(1)] * element_bytes
-                else:
-                    read = None
-                    break
-        if read is not None:
-            taken[int(operands)] = read
+        if opcode == "parameter" and needed.get(name, 0.0) < 1.0:
+            taken[int(operands)] = round(needed.get(name, 0.0) * array_bytes(parameter_shape))
     return taken
 
 

@@ -503,10 +503,11 @@ def env_with(plugin_path):
     return {"PYTHONPATH": python_path(plugin_path)}
 
 
-def keras_gpt_run(cache_dir, steps):
+def keras_gpt_run(cache_dir, steps, clip=None, clip_norm=None):
     """mtbench's Keras step on the tiny GPT (a 32-token block, 8 rows) for `steps` batches of the README's bytes,
     without warm-up so that every step moves the weights: {'workload', 'weights', 'settings', 'losses'}, what the
-    language model's baselines in benchmarks/ are held to."""
+    language model's baselines in benchmarks/ are held to. `clip`, `clip_norm`: `--clip`, `--clip-norm` (None: the
+    GPT's defaults)."""
     import keras
     import numpy as np
 
@@ -515,7 +516,8 @@ def keras_gpt_run(cache_dir, steps):
     from mtbench.keras_models.initialization import initial_weights
     from mtbench.runner.config import TrainConfig
     config = TrainConfig(model_name="gpt", preset="tiny", data_file=os.path.join(REPOSITORY, "README.md"),
-                         block_size=32, batch_size=8, warmup_steps=0, cache_dir=cache_dir)
+                         block_size=32, batch_size=8, warmup_steps=0, cache_dir=cache_dir, clip=clip,
+                         clip_norm=clip_norm)
     workload = prepare_workload(config, steps)
     model = build_keras_model(keras, workload, total_steps=steps)
     weights = initial_weights(model, config.seed)

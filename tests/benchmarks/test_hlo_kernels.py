@@ -129,3 +129,49 @@ def test_an_operand_a_fusion_only_gathers_from_is_charged_what_it_takes():
     assert kernels["loop_gather_fusion"].bytes == rows * 2 + rows * 3 * 4 + rows * 4
     # Sliced, but also read whole: the whole operand.
     assert kernels["loop_exponential_fusion"].bytes == logits * 2 + logits * 4
+
+
+# Lines of mtbench's GPT-2-small step compiled for an H100 (jax 0.10.2), metadata left out: a weight cast to bfloat16
+# for the forward's product, and the sum of squares of the query's third of a fused QKV weight gradient (XLA's
+# product split in two along its rows, then summed) for the global norm the optimizer clips by.
+CONVERT_AND_THIRD_LINES = """HloModule jit_step
+
+%wrapped_convert_computation (param_0: f32[768,768]) -> bf16[768,768] {
+  %param_0 = f32[768,768]{1,0} parameter(0)
+  ROOT %convert.1 = bf16[768,768]{1,0} convert(%param_0)
+}
+
+%region_add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add = f32[] add(%a, %b)
+}
+
+%fused_reduce (param_0.1: f32[2,768,2304]) -> f32[512] {
+  %param_0.1 = f32[2,768,2304]{2,1,0} parameter(0)
+  %zero = f32[] constant(0)
+  %reduce.1 = f32[768,2304]{1,0} reduce(%param_0.1, %zero), dimensions={0}, to_apply=%region_add
+  %square.1 = f32[768,2304]{1,0} multiply(%reduce.1, %reduce.1)
+  %split.1 = f32[768,768]{1,0} slice(%square.1), slice={[0:768], [0:768]}
+  %bitcast.1 = f32[512,1152]{1,0} bitcast(%split.1)
+  ROOT %reduce.2 = f32[512]{0} reduce(%bitcast.1, %zero), dimensions={1}, to_apply=%region_add
+}
+
+ENTRY %main.4 (kernel: f32[768,768], partial_products: f32[2,768,2304]) -> (bf16[768,768], f32[512]) {
+  %kernel = f32[768,768]{1,0} parameter(0)
+  %partial_products = f32[2,768,2304]{2,1,0} parameter(1)
+  %wrapped_convert = bf16[768,768]{1,0} fusion(%kernel), kind=kLoop, calls=%wrapped_convert_computation
+  %input_reduce_fusion = f32[512]{0} fusion(%partial_products), kind=kInput, calls=%fused_reduce
+  ROOT %tuple = (bf16[768,768]{1,0}, f32[512]{0}) tuple(%wrapped_convert, %input_reduce_fusion)
+}
+"""
+
+
+def test_a_fusion_is_charged_the_share_of_an_operand_its_result_needs():
+    from benchmarks.hlo_kernels import entry_kernels
+    kernels = {kernel.name: kernel for kernel in entry_kernels(CONVERT_AND_THIRD_LINES)}
+    # Converted whole: the float32 weight read, the bfloat16 copy written (the operand was once charged nothing,
+    # as if only taken from).
+    assert kernels["wrapped_convert"].bytes == 768 * 768 * (4 + 2)
+    # Summed, squared, then sliced: a third of both partial products read, not the whole 14 MB; 512 sums written.
+    assert kernels["input_reduce_fusion"].bytes == 2 * 768 * 768 * 4 + 512 * 4
