@@ -66,8 +66,9 @@ TAKING = ("gather", "slice", "dynamic-slice")  # read part of their first operan
 # Each element of the result made of the elements of the operands at its place (or of one row of them, a reduce's):
 # a fusion reads of an operand only what the elements it computes need.
 NOT_ELEMENTWISE = {"dot", "convolution", "broadcast", "concatenate", "pad", "scatter", "dynamic-update-slice", "sort",
-                   "custom-call", "fusion", "call", "reduce-window", "select-and-scatter", "tuple", "get-tuple-element",
-                   "parameter", "constant", "iota", "rng"}
+                   "custom-call", "fusion", "call", "while", "conditional", "reduce-window", "select-and-scatter",
+                   "fft", "triangular-solve", "cholesky", "tuple", "get-tuple-element", "parameter", "constant",
+                   "iota", "rng", "rng-bit-generator"}
 
 
 def element_count(shape):
