@@ -54,20 +54,14 @@ def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(bac
     micro-batch); JAX's micro-batches are a loop inside its one program over both devices (data-parallel: each
     device sums its own, then one all-reduce, test_jax_flat_gradients.py); fsdp gathers and reduce-scatters for
     each micro-batch; tensor-parallel all-reduces each micro-batch's activations, as Megatron does: 4 a block."""
-    import subprocess
-
-    from conftest import cli_environment, on_every_core
+    from tests.plugins.extras.test_multi_process import torchrun
     out = tmp_path / f"{backend}-{extra}.json"
     arguments = ["train", "--backend", backend, *RUN, "--batch-size", "4", "--grad-accum", "2", "--extra", extra,
                  "--cache-dir", cache_dir, "--out", str(out)]
     if backend == "jax":
         proc = run_cli(*arguments, env=simulated_devices(2))
     else:
-        preexec_fn, env = on_every_core(CPU_ONLY)  # gloo: two processes cannot each take a GPU of one
-        from mtbench.runner.orchestration.compare import launcher_command
-        proc = subprocess.run([*launcher_command(2, launcher_dir=str(tmp_path / "torchrun")), "-m", "mtbench",
-                               *arguments], capture_output=True, text=True,
-                              env=cli_environment(env), timeout=600, preexec_fn=preexec_fn)
+        proc = torchrun(*arguments)  # over gloo, on the CPU: two processes cannot each take a GPU of one
     assert proc.returncode == 0, proc.stderr[-3000:]
     accumulated = json.loads(out.read_text())
     assert 2 in (accumulated["devices_used"], accumulated["processes"]["world_size"])
