@@ -40,15 +40,17 @@ class Kernel:
     flops: float    # matrix multiplications and fused attention; 0 for the rest
 
 
+def elements(dims):
+    """The elements of an array of `dims` as HLO writes them ('768,2304'; '' for a scalar)."""
+    count = 1
+    for dim in filter(None, dims.split(",")):
+        count *= int(dim)
+    return count
+
+
 def array_bytes(shape_text):
     """The bytes of every array an HLO shape names (a tuple's elements summed)."""
-    total = 0
-    for element, dims in ARRAY.findall(shape_text):
-        count = 1
-        for dim in filter(None, dims.split(",")):
-            count *= int(dim)
-        total += count * ELEMENT_BYTES[element]
-    return total
+    return sum(elements(dims) * ELEMENT_BYTES[element] for element, dims in ARRAY.findall(shape_text))
 
 
 def entry_lines(hlo_text):
@@ -74,12 +76,7 @@ NOT_ELEMENTWISE = {"dot", "convolution", "broadcast", "concatenate", "pad", "sca
 def element_count(shape):
     """The elements of a one-array HLO shape; None for a tuple."""
     arrays = ARRAY.findall(shape)
-    if len(arrays) != 1:
-        return None
-    count = 1
-    for dim in filter(None, arrays[0][1].split(",")):
-        count *= int(dim)
-    return count
+    return elements(arrays[0][1]) if len(arrays) == 1 else None
 
 
 def taken_bytes(body):
