@@ -7,19 +7,15 @@ logs. This step keeps the same mathematics (the model's `stateless_call`, the co
 itself, with donated buffers so XLA updates it in place: the Keras variables' own, so that the state is held
 once. The Keras variables are only written back in `finalize`. The loss `compile_model` sets is computed in JAX's own formulation (`compiled_loss`).
 
-While the step is traced, every LayerNormalization runs inside its own `jax.jit`. Without that boundary, XLA on
-the CPU fuses the layer-norm backward of every later layer into each transposed copy that feeds a kernel
-gradient, recomputing the residual stream's gradient chain dozens of times (about a fifth of the step on the
-`small` preset); with it, the chain is materialised once, as it is for the Flax baseline's layer norm. The
-numbers are the same; only XLA's fusion changes.
+While the step is traced, every LayerNormalization computes its statistics in one pass, inside its own
+`jax.jit` (`jax_layer_norm`).
 """
 
-import contextlib
-import functools
 import itertools
 
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
+from mtbench.plugins.backends.jax_layer_norm import layer_norms, one_pass_layer_norms
 
 
 def token_cross_entropy(labels, logits):
@@ -64,24 +60,6 @@ def correct_tokens(labels, logits, weight):
     import jax.numpy as jnp
     labelled = gathered_label_logits(labels.astype(jnp.int32), logits)
     return jnp.sum((labelled >= jnp.max(logits, axis=-1)) * weight)
-
-
-@contextlib.contextmanager
-def traced_separately(layers):
-    """While inside, each of `layers` is traced as its own `jax.jit` (XLA inlines it again, but fuses it on its
-    own terms)."""
-    import jax
-
-    def separately(call):
-        return lambda *args, **kwargs: jax.jit(functools.partial(call, **kwargs))(*args)
-
-    for layer in layers:
-        layer.call = separately(layer.call)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            del layer.call  # the class's own `call` again
 
 
 SEED_STATE = "seed_generator_state"  # the name of a keras.random.SeedGenerator's variable
@@ -298,8 +276,7 @@ class JitTrainStep(TrainStep):
         loss_object = model.loss
         native_loss = is_token_mean_cross_entropy(loss_object)
         refuse_accumulating_other_losses(self.micro_batches, native_loss, loss_object)
-        layer_norms = [layer for layer in model._flatten_layers()
-                       if isinstance(layer, keras.layers.LayerNormalization)]
+        norms = layer_norms(model)
         # Under a distribution each gradient is held to its weight's layout: sharded weights (fsdp) get sharded
         # gradients, never a replicated copy XLA might otherwise choose.
         layouts = None if distribution is None else [v.value.sharding for v in model.trainable_variables]
@@ -316,7 +293,7 @@ class JitTrainStep(TrainStep):
         def loss_of(trainable, non_trainable, optimizer_state, x, y, weight, tokens, share):
             """The loss of (a shard of) the batch, its share of the model's own losses, scaled as the optimizer
             scales; `tokens` are the whole batch's, so the shards' losses add up to the batch's mean."""
-            with traced_separately(layer_norms):
+            with one_pass_layer_norms(norms):
                 logits, new_non_trainable, losses = model.stateless_call(
                     trainable, non_trainable, x, training=True, return_losses=True)
             loss = jnp.sum(token_cross_entropy(y, logits) * weight) / tokens if native_loss else \

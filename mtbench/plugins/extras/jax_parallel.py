@@ -9,6 +9,7 @@ import numpy as np
 
 from mtbench import Extra, TrainStep, hookimpl
 from mtbench.plugins.backends.jax_jit_step import correct_tokens, token_cross_entropy
+from mtbench.plugins.backends.jax_layer_norm import layer_norms, one_pass_layer_norms
 from mtbench.plugins.extras.fsdp import StateRecording, devices_reason, jax_step_state, use_distribution
 
 
@@ -32,12 +33,14 @@ class PmapTrainStep(TrainStep):
         self.model, self.devices = model, devices
         optimizer = model.optimizer
         optimizer.build(model.trainable_variables)
+        norms = layer_norms(model)
 
         def step(trainable, non_trainable, optimizer_state, x, y, weight):
             tokens = jax.lax.psum(jnp.sum(weight), "batch")
 
             def loss_of(params):
-                logits, new_non_trainable = model.stateless_call(params, non_trainable, x, training=True)
+                with one_pass_layer_norms(norms):
+                    logits, new_non_trainable = model.stateless_call(params, non_trainable, x, training=True)
                 return jnp.sum(token_cross_entropy(y, logits) * weight) / tokens, (logits, new_non_trainable)
 
             (loss, (logits, new_non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
