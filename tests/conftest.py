@@ -58,10 +58,10 @@ def keras_dtype_policy_kept():
     `build_for_training` sets the policy for its process) would otherwise build the next tests' models in 16-bit
     on the same worker; a float32 beam search then met near-tied tokens and failed, depending on the order."""
     keras = sys.modules.get("keras")
-    before = keras.config.dtype_policy().name if keras else None
+    before = keras.config.dtype_policy().name if keras else "float32"  # keras's default, before it is imported
     yield
     keras = sys.modules.get("keras")
-    if keras and before and keras.config.dtype_policy().name != before:
+    if keras and keras.config.dtype_policy().name != before:
         keras.config.set_dtype_policy(before)
 
 
