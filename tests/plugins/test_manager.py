@@ -132,6 +132,7 @@ def test_a_dataset_plugins_failure_is_named_with_the_plugin(plugin_path, cache_d
     assert user.stderr.strip().endswith("Error: dataset 'needs-key': set NEEDS_KEY_PATH to the corpus you licensed")
 
 
+@pytest.mark.slow  # a whole training run with beam search: 21 s on a 2-core machine
 def test_third_party_extra_wraps_the_backends_step_and_reporters_run_isolated(plugin_path, cache_dir, tmp_path):
     out = tmp_path / "r.json"
     proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "3", "--cache-dir", cache_dir,
