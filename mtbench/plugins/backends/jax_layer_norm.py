@@ -5,8 +5,8 @@ mean and the mean of squares of the input (Flax's `LayerNorm`, `use_fast_varianc
 Both read the input in float32 whatever the compute dtype and give the same numbers to float32's rounding; the
 one-pass form reads the input once. Compiled for an H100 (`benchmarks/program_cost.py --rows 16 --block-size 1024
 --target h100`), GPT-2 small's step names 1.2 GB less a step in 48 fewer kernels, the bytes the best-by-hand JAX
-step's kernels name. torch computes the same statistics in one pass
-too (`F.layer_norm` and inductor's generated norm, Welford's).
+step's kernels name. torch computes the same statistics in one pass too (`F.layer_norm` and inductor's generated
+norm, Welford's).
 
 Each layer norm is traced as its own `jax.jit` (XLA inlines it again, but fuses it on its own terms). Without that
 boundary, XLA on the CPU fuses the layer-norm backward of every later layer into each transposed copy that feeds
