@@ -534,3 +534,22 @@ def keras_on_jax():
     assert keras.backend.backend() == "jax", (f"keras runs {keras.backend.backend()} in this process; these tests "
                                               f"read JAX programs (unset KERAS_BACKEND)")
     return keras
+
+
+def tiny_jax_gpt(dtype="float32", total_steps=20):
+    """The tiny GPT over 256 bytes and 32 positions, built and compiled in `dtype` as `mtbench train` compiles it
+    for `total_steps` steps, keras on JAX; keras's global dtype policy is float32 again afterwards."""
+    import dataclasses
+
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import compile_model
+    keras = keras_on_jax()
+    keras.config.set_dtype_policy(dtype)
+    try:
+        model = build_gpt(dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32))
+        compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype=dtype), total_steps, {})
+    finally:
+        keras.config.set_dtype_policy("float32")
+    return model

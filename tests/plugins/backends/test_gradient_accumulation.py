@@ -9,7 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from conftest import CPU_ONLY, REPOSITORY, assert_refused_in_one_line, keras_on_jax, run_cli, simulated_devices
+from conftest import (CPU_ONLY, REPOSITORY, assert_refused_in_one_line, keras_on_jax, run_cli, simulated_devices,
+                      tiny_jax_gpt)
 
 RUN = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--steps", "6", "--timing-window", "1",
        "--measure-only", "--data", os.path.join(REPOSITORY, "README.md")]
@@ -75,17 +76,10 @@ def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(bac
 
 
 def test_on_jax_the_micro_batches_are_a_loop_in_the_compiled_step():
-    keras = keras_on_jax()
-    import dataclasses
     import re
 
-    from mtbench.keras_models.gpt import build_gpt
-    from mtbench.keras_models.presets import GPT_PRESETS
     from mtbench.plugins.backends.jax_jit_step import JitTrainStep, accumulated_gradients
-    from mtbench.runner.config import TrainConfig
-    from mtbench.runner.setup import compile_model
-    model = build_gpt(dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32))
-    compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny"), 10, {})
+    model = tiny_jax_gpt(total_steps=10)
     ids = np.ones((8, 32), np.int32)
     weight = np.ones((8, 32), np.float32)
     plain = JitTrainStep(model).lowered_program((ids,), ids, weight)

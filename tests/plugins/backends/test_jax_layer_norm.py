@@ -1,12 +1,10 @@
 """mtbench's JAX steps compute each layer norm's statistics in one pass over its input (Flax's form), read from the
 step's own program, with the numbers and gradients of Keras's `LayerNormalization` to float32's rounding."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 
-from conftest import keras_on_jax
+from conftest import keras_on_jax, tiny_jax_gpt
 
 
 def sub_jaxprs(eqn):
@@ -45,19 +43,9 @@ def reductions_over_features(jaxpr, centred_inputs=frozenset()):
 @pytest.fixture(scope="module")
 def tiny_gpt_step():
     """(The tiny GPT's JAX train step, its layer norms, one batch), in mixed bfloat16."""
-    keras = keras_on_jax()
-    from mtbench.keras_models.gpt import build_gpt
-    from mtbench.keras_models.presets import GPT_PRESETS
     from mtbench.plugins.backends.jax_jit_step import JitTrainStep
     from mtbench.plugins.backends.jax_layer_norm import layer_norms
-    from mtbench.runner.config import TrainConfig
-    from mtbench.runner.setup import compile_model
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    try:
-        model = build_gpt(dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32))
-        compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype="mixed_bfloat16"), 20, {})
-    finally:
-        keras.config.set_dtype_policy("float32")
+    model = tiny_jax_gpt("mixed_bfloat16")
     ids = np.ones((4, 32), np.int32)
     return JitTrainStep(model), layer_norms(model), ((ids,), ids, np.ones((4, 32), np.float32))
 

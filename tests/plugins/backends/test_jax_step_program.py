@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import keras_on_jax
+from conftest import keras_on_jax, tiny_jax_gpt
 
 
 LOGITS = "4x32x256xf32"  # the tiny model's float32 logits for the 4 x 32 tokens below, over 256 bytes
@@ -17,28 +17,15 @@ LOGITS = "4x32x256xf32"  # the tiny model's float32 logits for the 4 x 32 tokens
 def lowered():
     """The step's program lowered for a platform: `lowered(None)` for the device it trains on, `lowered('cpu')`,
     `lowered('cuda')` (on any machine); `lowered('optimised')`, XLA's program for the device it trains on."""
-    keras = keras_on_jax()
-    import dataclasses
-
     import numpy as np
 
-    from mtbench.keras_models.gpt import build_gpt
-    from mtbench.keras_models.presets import GPT_PRESETS
     from mtbench.plugins.backends.jax_jit_step import JitTrainStep
-    from mtbench.runner.config import TrainConfig
-    from mtbench.runner.setup import compile_model
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    try:
-        model = build_gpt(dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32))
-        compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype="mixed_bfloat16"), 20, {})
-        ids = np.ones((4, 32), np.int32)
-        step = JitTrainStep(model)
-        programs = {platform: step.lowered_program((ids,), ids, np.ones((4, 32), np.float32), platform)
-                    for platform in (None, "cpu", "cuda")}
-        programs["optimised"] = step.lowered_program((ids,), ids, np.ones((4, 32), np.float32), optimised=True)
-        return programs.get
-    finally:
-        keras.config.set_dtype_policy("float32")
+    ids = np.ones((4, 32), np.int32)
+    step = JitTrainStep(tiny_jax_gpt("mixed_bfloat16"))
+    programs = {platform: step.lowered_program((ids,), ids, np.ones((4, 32), np.float32), platform)
+                for platform in (None, "cpu", "cuda")}
+    programs["optimised"] = step.lowered_program((ids,), ids, np.ones((4, 32), np.float32), optimised=True)
+    return programs.get
 
 
 @pytest.fixture(scope="module")
