@@ -194,6 +194,8 @@ class Way:
             arguments += ["--extra", extra]
         if FLASH not in self.extras:  # the fair default's rows: unfused on every device (auto would fuse on a GPU)
             arguments += ["--attention", "unfused"]
+        if self.backend == "torch" and COMPILE not in self.extras:  # the eager rows (auto compiles on a GPU)
+            arguments += ["--step", "eager"]
         return arguments + (["--compile-mode", self.compile_mode] if self.compile_mode else [])
 
 

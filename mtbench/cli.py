@@ -18,7 +18,7 @@ from mtbench.plugins.api import PLUGIN_API_VERSION
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 from mtbench.runner.loop.recipe import CLIP_CHOICES, DECAY_CHOICES
 from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW, DTYPES,
-                                   MATMUL_PRECISIONS, TrainConfig)
+                                   MATMUL_PRECISIONS, STEP_CHOICES, TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
 
@@ -166,6 +166,11 @@ RUN_CONFIGURATION_OPTIONS = (
                  help="Attention kernels: auto (fused where the device has them, as their best users train: the "
                       "flash-attention extra on a GPU in 16 bits, else unfused), fused (the extra; refused where it "
                       "cannot run) or unfused (the same plain operations on both backends). What ran is recorded."),
+    click.option("--step", type=click.Choice(STEP_CHOICES), default="auto", show_default=True,
+                 help="The train step: auto (compiled where its best users compile it: JAX's always; torch's on a "
+                      "CUDA GPU, by the torch-compile extra, where the run's extras allow), compiled (torch: the "
+                      "extra on every device) or eager (torch's step uncompiled; compare: no compiled twins). What "
+                      "ran is recorded."),
     click.option("--measure-only", is_flag=True, default=False,
                  help="Benchmark mode: train and time only; skip validation, the final evaluation, the test "
                       "translation and saving the model (the result's quality figures are n/a)."),
@@ -416,7 +421,7 @@ def _train(reporters, resume_dir, run_file, save_model, launch, options):
     result, failures = run_training(config, registry, console, resume=resume,
                                     reporter_names=_reporter_names(reporters), launch=launch)
     if launch.is_first:
-        note = eager_torch_note(result, registry)
+        note = eager_torch_note(result)
         if note:
             console.print(note, highlight=False, soft_wrap=True)
         console.print(f"result: {config.out}")
@@ -466,7 +471,7 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     from mtbench.runner.orchestration.compare import (TORCH_COMPILED, ComparePlan, check_dtype, check_interpreters,
                                                       check_runs, check_same_hardware, eager_only_lines, plan_runs,
                                                       probe_devices, run_compare, with_compile_mode,
-                                                      with_compiled_twins)
+                                                      with_compiled_twins, with_steps)
     from mtbench.runner.results.parity import require_parity
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import check_extra_options, resolve_reporters
@@ -479,6 +484,9 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     specs = plan_runs(backends, extras, matrix, None, configuration["model_name"], registry)
     interpreters = check_interpreters(specs)  # other environments' (python=PATH): checked before any run
     check_runs(specs, registry, interpreters)
+    step = configuration["step"]
+    if matrix is not None or step != "auto":  # no compiled twins to wait for: each run's step is known now
+        specs = with_steps(specs, step, registry, named=matrix is not None)
     asked_compile_mode = configuration.pop("compile_mode")
     # Validation is the runs' own (`train` takes it, `init-weights` does not): in their run files, apart from the
     # arguments every child is given.
@@ -492,8 +500,8 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
     devices = probe_devices()
-    if matrix is None:
-        specs = with_compiled_twins(specs, devices, registry)
+    if matrix is None and step == "auto":
+        specs = with_steps(with_compiled_twins(specs, devices, registry), step, registry)
     check_same_hardware(specs, devices, interpreters)
     check_dtype(specs, configuration["dtype"], devices, registry)
     compiled_added = matrix is None and TORCH_COMPILED not in extras and \
@@ -507,7 +515,7 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
                        parity_tolerance, chosen_reporters, interpreters, aa, auto,
                        options={**configuration, **validation}, train_arguments=_as_arguments(validation))
     console = Console()
-    if compiled_added:
+    if compiled_added and step == "auto":
         console.print(f"torch sees a CUDA GPU: each torch run trains eager and compiled ({TORCH_COMPILED}, "
                       f"--compile-mode {compile_mode}), two rows; --matrix names the runs exactly", highlight=False)
     for line in eager_only_lines(specs, devices, registry):

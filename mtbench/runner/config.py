@@ -29,6 +29,11 @@ MATMUL_PRECISIONS = ("highest", "high")
 # plain operations on both backends).
 ATTENTION_CHOICES = ("auto", "fused", "unfused")
 FUSED_ATTENTION_EXTRA = "flash-attention"
+# The train step: compiled where the backend's best users compile it (auto: JAX's step always is; torch's joins the
+# torch-compile extra on a CUDA GPU, where its extras allow), compiled everywhere, or eager (a backend whose step
+# compiles only through that extra).
+STEP_CHOICES = ("auto", "compiled", "eager")
+COMPILED_STEP_EXTRA = "torch-compile"
 # Options that size what one extra does: refused without it (they would change nothing, and the result would say
 # they were given). `setup.check_extra_options`.
 EXTRA_OPTIONS = {"tensor_parallel_size": "tensor-parallel"}
@@ -81,6 +86,7 @@ class TrainConfig:
     dtype: str = "float32"
     matmul_precision: str = "highest"  # float32 matmuls: 'highest' (true float32) or 'high' (TF32), both backends
     attention: str = "auto"        # ATTENTION_CHOICES: fused kernels where the device has them, always, or never
+    step: str = "auto"             # STEP_CHOICES: a compiled step where its best users compile it, always, or never
     timing_window: int = DEFAULT_TIMING_WINDOW  # steady steps between device synchronisations (1: every step)
     log_every: int = DEFAULT_LOG_EVERY  # off a terminal, a training line every N steps (on one, the bar)
     compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
@@ -148,6 +154,10 @@ class TrainConfig:
             raise MtbenchError(f"--attention unfused contradicts --extra {FUSED_ATTENTION_EXTRA}; give one of them")
         if self.attention == "fused" and FUSED_ATTENTION_EXTRA not in self.extras:
             self.extras = (*self.extras, FUSED_ATTENTION_EXTRA)
+        if self.step not in STEP_CHOICES:
+            raise MtbenchError(f"unknown --step '{self.step}'; choose one of {', '.join(STEP_CHOICES)}")
+        if self.step == "eager" and COMPILED_STEP_EXTRA in self.extras:
+            raise MtbenchError(f"--step eager contradicts --extra {COMPILED_STEP_EXTRA}; give one of them")
         if self.matmul_precision not in MATMUL_PRECISIONS:
             raise MtbenchError(f"unknown matmul precision '{self.matmul_precision}'; choose one of "
                                f"{', '.join(MATMUL_PRECISIONS)}")
@@ -281,6 +291,9 @@ class TrainConfig:
             data = {**legacy, "min_learning_rate": 0.1 * data.get("learning_rate", 1e-3), **data}
         # Written before --attention existed: those runs attended unfused unless the extra was given.
         data = {"attention": "unfused" if FUSED_ATTENTION_EXTRA not in data.get("extras", ()) else "auto", **data}
+        # Written before --step: torch's step was compiled only where the extra was given.
+        eager = data.get("backend") == "torch" and COMPILED_STEP_EXTRA not in data.get("extras", ())
+        data = {"step": "eager" if eager else "auto", **data}
         unknown = sorted(set(data) - names - {"model", "task"})
         if unknown:
             raise MtbenchError(f"unknown configuration keys {', '.join(unknown)} (written by another mtbench "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api import Extra, KerasTrainStep, RunContext, TrainStep, uneven_split_reason
-from mtbench.runner.config import EXTRA_OPTIONS, FUSED_ATTENTION_EXTRA
+from mtbench.runner.config import COMPILED_STEP_EXTRA, EXTRA_OPTIONS, FUSED_ATTENTION_EXTRA
 from mtbench.runner.launch import share_cores
 from mtbench.runner.loop.recipe import optimizer_recipe
 from mtbench.runner.measurement.flops import StepFlops
@@ -181,8 +181,10 @@ ACCUMULATING_EXTRAS = ("torch-compile", "flash-attention", "ddp", "data-parallel
 
 def check_options_against_extras(config, plugins):
     """What a training run's options ask of its extras, refused in one line before anything is imported: an
-    extra's option without the extra, --grad-accum N where the run could not accumulate."""
+    extra's option without the extra, --step eager where no extra compiles the step, --grad-accum N where the run
+    could not accumulate."""
     check_extra_options(config)
+    step_compiling_extra(config, plugins)
     check_gradient_accumulation(config, plugins)
 
 
@@ -227,7 +229,8 @@ def start_backend(config, plugins, launch):
                      task=plugins.task)
     if plugins.model.attention_kinds:  # a family that names none keeps every kind (plugin API 1.1's behaviour)
         run.attention_kinds = tuple(plugins.model.attention_kinds)
-    run.compile_cache = plugins.backend.open_compile_cache(config)  # before anything compiles
+    choose_compiled_step(run, plugins)  # before the cache opens: torch's opens for a compiled step alone
+    run.compile_cache = plugins.backend.open_compile_cache(run.config)  # before anything compiles
     run.matmul_precision = set_matmul_precision(plugins.backend, config.matmul_precision)
     choose_fused_attention(run, plugins)
     reason = device_refusal(run, plugins.extras, plugins.extra_code)
@@ -255,15 +258,73 @@ def choose_fused_attention(run, plugins):
         reason = "the model has no attention"
     elif any(name in other.conflicts or other.name in extra.conflicts for other in plugins.extras):
         reason = f"'{name}' cannot run with the extras given"
-    else:
+    reason = join_where_it_runs(run, plugins, extra, reason)
+    run.attention_choice = ({"asked": asked, "fused": False, "why_unfused": reason} if reason
+                            else {"asked": asked, "fused": True, "by_extra": name})
+
+
+def join_where_it_runs(run, plugins, extra, reason=None):
+    """`extra` joins the run unless `reason` says why not, or the extra's own `unavailable_reason` here; returns
+    the reason it did not join, None where it joined."""
+    if reason is None:
         with plugins.extra_code(extra):
             reason = extra.unavailable_reason(run)
-    if reason:
-        run.attention_choice = {"asked": asked, "fused": False, "why_unfused": reason}
-        return
+    if reason is None:
+        join_extra(run, plugins, extra)
+    return reason
+
+
+def join_extra(run, plugins, extra):
+    """`extra` joins the run after the extras given: among its plugins, and named in `run.config`."""
     plugins.extras.append(extra)
-    run.config = dataclasses.replace(config, extras=(*config.extras, name))
-    run.attention_choice = {"asked": asked, "fused": True, "by_extra": name}
+    run.config = dataclasses.replace(run.config, extras=(*run.config.extras, extra.name))
+
+
+def step_compiling_extra(config, plugins):
+    """(the extra that compiles the backend's step, `config.COMPILED_STEP_EXTRA`, or None where none serves the
+    backend; the names of the run's extras that cannot run beside it). Refused in one line, before anything is
+    imported: `--step eager` where no extra serves the backend (nothing could make its step eager), `--step
+    compiled` beside an extra that cannot run with it."""
+    name = COMPILED_STEP_EXTRA
+    extra = plugins.registry.extras.get(name)
+    if extra is None or plugins.backend.name not in extra.backends:
+        if config.step == "eager":
+            raise MtbenchError(f"--step eager: no '{name}' extra serves the {plugins.backend.name} backend, which "
+                               f"trains its own step (JAX's is always compiled); leave --step out")
+        return None, []
+    conflicting = [other.name for other in plugins.extras if name in other.conflicts or other.name in extra.conflicts]
+    if config.step == "compiled" and conflicting:
+        raise MtbenchError(f"--step compiled: extra '{conflicting[0]}' cannot run together with '{name}'")
+    return extra, conflicting
+
+
+def choose_compiled_step(run, plugins):
+    """`--step`: the extra that compiles the backend's step (torch-compile, for torch) joins the run where its
+    best users compile (auto: a CUDA GPU; compiled: everywhere), unless the run's extras cannot run with it, so that
+    the obvious command on a GPU trains compiled on both backends; `eager` keeps it out. A backend no such extra
+    serves (JAX) trains its own step, compiled by XLA. Sets `run.step_choice` (what was asked, whether the extra
+    joined, and why not) and, where it joined, `run.config` naming it."""
+    config, name = run.config, COMPILED_STEP_EXTRA
+    asked = config.step
+    extra, conflicting = step_compiling_extra(config, plugins)
+    if extra is None:
+        own = f"the {run.backend.name} backend trains its own step: no '{name}' extra serves it"
+        run.step_choice = {"asked": asked, "by_extra": None, "why_not": own}
+        return
+    if name in config.extras:
+        run.step_choice = {"asked": asked, "by_extra": name}
+        return
+    if asked == "compiled":
+        join_extra(run, plugins, extra)  # where it cannot run, `device_refusal` says so
+        run.step_choice = {"asked": asked, "by_extra": name}
+        return
+    reason = ("asked (--step eager)" if asked == "eager"
+              else f"extra '{conflicting[0]}' cannot run together with '{name}'" if conflicting
+              else f"compiled by default on a CUDA GPU only; this device is {run.device_kind} (--step compiled "
+                   f"compiles it here)" if run.device_kind != "gpu" else None)
+    reason = join_where_it_runs(run, plugins, extra, reason)
+    run.step_choice = ({"asked": asked, "by_extra": None, "why_not": reason} if reason
+                       else {"asked": asked, "by_extra": name})
 
 
 def adjusted_config(run, plugins):

@@ -89,6 +89,9 @@ def test_a_row_trains_measure_only_with_its_precision_and_gpu_sized_batches():
                                      "--compile-mode", "reduce-overhead", "--preset", "small", "--dtype", "float32",
                                      "--matmul-precision", "high"]
     assert row.key == "small float32 (high) torch+torch-compile@reduce-overhead"
+    # An eager torch row says so: `mtbench train`'s --step auto would compile it on the GPU.
+    eager = Row("gpt2-small", BF16, Way("torch", ("flash-attention",)), "highest", 13)
+    assert eager.train_arguments()[:6] == ["--backend", "torch", "--extra", "flash-attention", "--step", "eager"]
     assert gpu_matrix.batching_options("small", [], "gpu") == ["--max-tokens", "16384"]
     assert gpu_matrix.batching_options("small", ["--batch-size", "256"], "gpu") == []
     assert gpu_matrix.batching_options("small", ["--max-tokens=8192"], "gpu") == []

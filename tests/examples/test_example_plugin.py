@@ -158,7 +158,7 @@ def test_a_partial_result_reaches_the_reporter_as_incomplete(cache_dir, corpus_t
 @pytest.mark.slow
 def test_on_torch_without_a_log_the_reporter_prints_and_no_callback_runs(cache_dir, tmp_path):
     out = str(tmp_path / "r.json")
-    proc = run_cli("train", "--backend", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS),
+    proc = run_cli("train", "--backend", "torch", "--step", "eager", *TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS),
                    "--cache-dir", cache_dir, "--out", out, "--extra", "loss-log", "--report", "example-jsonl",
                    env={**LOADED, LOG_ENV: None})
     assert proc.returncode == 0, proc.stderr[-3000:]

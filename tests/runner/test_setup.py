@@ -138,3 +138,68 @@ def test_hidden_modules_fail_to_import_inside_the_block_and_import_after_it(tmp_
     assert mtbench_probe_a.VALUE == 1
     for name in ("mtbench_probe_a", "mtbench_probe_b"):
         sys.modules.pop(name)
+
+
+def chosen_step(backend, kind, step="auto", extras=(), registry=None):
+    """(the run's extras, the extras' plugins, `run.step_choice`) once `--step` has chosen, for a device of `kind`
+    (a GPU described, not present: the choice reads only the device's description)."""
+    from mtbench.plugins import manager
+    from mtbench.plugins.api import RunContext
+    from mtbench.runner.setup import choose_compiled_step, choose_plugins
+    config = TrainConfig(backend=backend, preset="tiny", step=step, extras=extras)
+    plugins = choose_plugins(config, registry or manager.registry())
+    run = RunContext(config=config, backend=plugins.backend, device={"kind": kind})
+    choose_compiled_step(run, plugins)
+    return run.config.extras, [extra.name for extra in plugins.extras], run.step_choice
+
+
+def test_the_obvious_command_compiles_torchs_step_on_a_cuda_gpu_and_nowhere_else_unasked():
+    compiled = {"asked": "auto", "by_extra": "torch-compile"}
+    assert chosen_step("torch", "gpu") == (("torch-compile",), ["torch-compile"], compiled)
+    # After the extras given: fsdp wraps the compiled step, as with `--extra fsdp --extra torch-compile`.
+    assert chosen_step("torch", "gpu", extras=("fsdp",))[:2] == (("fsdp", "torch-compile"), ["fsdp", "torch-compile"])
+    assert chosen_step("torch", "gpu", extras=("torch-compile",))[0] == ("torch-compile",)
+    extras, plugins, cpu = chosen_step("torch", "cpu")
+    assert (extras, plugins, cpu["by_extra"]) == ((), [], None) and "CUDA GPU only" in cpu["why_not"]
+    assert chosen_step("torch", "cpu", "compiled") == (("torch-compile",), ["torch-compile"],
+                                                       {"asked": "compiled", "by_extra": "torch-compile"})
+    assert chosen_step("torch", "gpu", "eager") == ((), [], {"asked": "eager", "by_extra": None,
+                                                             "why_not": "asked (--step eager)"})
+    # JAX's step is XLA's program whatever --step says: nothing joins it.
+    assert chosen_step("jax", "gpu") == ((), [], {
+        "asked": "auto", "by_extra": None,
+        "why_not": "the jax backend trains its own step: no 'torch-compile' extra serves it"})
+    with pytest.raises(MtbenchError, match="^--step eager: no 'torch-compile' extra serves the jax backend"):
+        chosen_step("jax", "gpu", "eager")
+
+
+def test_an_extra_that_cannot_run_compiled_keeps_auto_eager_and_refuses_compiled():
+    import dataclasses
+
+    from mtbench import Extra
+    from mtbench.plugins import manager
+
+    class Uncompiled(Extra):
+        name = "uncompiled"
+        backends = ("torch",)
+        conflicts = ("torch-compile",)
+
+    registry = manager.registry()
+    registry = dataclasses.replace(registry, extras={**registry.extras, "uncompiled": Uncompiled()})
+    extras, _, chosen = chosen_step("torch", "gpu", extras=("uncompiled",), registry=registry)
+    assert extras == ("uncompiled",) and chosen == {
+        "asked": "auto", "by_extra": None, "why_not": "extra 'uncompiled' cannot run together with 'torch-compile'"}
+    with pytest.raises(MtbenchError, match="^--step compiled: extra 'uncompiled' cannot run together with"):
+        chosen_step("torch", "gpu", "compiled", extras=("uncompiled",), registry=registry)
+
+
+def test_step_eager_beside_the_compile_extra_is_refused_and_old_results_read_as_they_ran():
+    with pytest.raises(MtbenchError, match="^--step eager contradicts --extra torch-compile"):
+        TrainConfig(backend="torch", step="eager", extras=("torch-compile",))
+    with pytest.raises(MtbenchError, match="^unknown --step 'jit'"):
+        TrainConfig(step="jit")
+    # Written before --step: torch compiled only with the extra, so such a run reruns as it ran, on a GPU too.
+    old = {key: value for key, value in TrainConfig(backend="torch").to_dict().items() if key != "step"}
+    assert TrainConfig.from_dict(old).step == "eager"
+    assert TrainConfig.from_dict({**old, "extras": ["torch-compile"]}).step == "auto"
+    assert TrainConfig.from_dict({**old, "backend": "jax"}).step == "auto"

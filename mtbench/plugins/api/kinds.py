@@ -32,6 +32,9 @@ class RunContext:
     task: object = None            # the run's `Task` (`ModelFamily.task` names it)
     # --attention and what it chose: {'asked': auto/fused/unfused, 'fused': bool, 'why_unfused' or 'by_extra'}.
     attention_choice: dict = None
+    # --step and what it chose: {'asked': auto/compiled/eager, 'by_extra': the extra compiling the step or None,
+    # 'why_not' where none does}.
+    step_choice: dict = None
 
     @property
     def device_kind(self):

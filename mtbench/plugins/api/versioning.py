@@ -21,9 +21,10 @@ called: peaks count from the process's start on every backend).
 1.4: the figures and their formatting (`FIGURES`, `run_label`...) move to `mtbench.figures`; their names in `mtbench`
 and `mtbench.plugins.api` are deprecated.
 1.5: `ModelFamily.optimizer_recipe(config)`, the family's AdamW recipe over mtbench's; `RunContext.attention_choice`.
+1.6: `RunContext.step_choice`, what `--step` asked and chose.
 """
 
-PLUGIN_API_VERSION = "1.5"
+PLUGIN_API_VERSION = "1.6"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -176,18 +176,16 @@ def eager_only_lines(specs, devices, registry):
             for spec in specs if spec.backend == "torch" and compile_refusal(spec.extras, registry)]
 
 
-def eager_torch_note(result, registry):
-    """For `mtbench train`: one line where torch trained eager on a CUDA GPU, where its best users compile the
-    step (JAX's always is), saying how, or why this run's extras could not; None for any other run."""
+def eager_torch_note(result):
+    """For `mtbench train`: one line where torch trained eager on a CUDA GPU without being asked to (`--step auto`
+    whose extras refused the compiled step), where its best users compile it; None for any other run."""
     device = (result.get("env") or {}).get("device") or {}
-    extras = tuple(result.get("extras") or ())
-    if result.get("backend") != "torch" or device.get("kind") != "gpu" or TORCH_COMPILED in extras:
+    chosen = result.get("train_step_chosen") or {}
+    if result.get("backend") != "torch" or device.get("kind") != "gpu" or chosen.get("asked") != "auto" \
+            or chosen.get("by_extra"):
         return None
-    refusal = compile_refusal(extras, registry)
-    said = "torch trained its step eager on a CUDA GPU, where its best users compile it (JAX's step is compiled)"
-    if refusal:
-        return f"note: {said}; this run could not: {refusal}"
-    return f"note: {said}: --extra {TORCH_COMPILED} trains it so, and `mtbench compare` trains both"
+    return (f"note: torch trained its step eager on a CUDA GPU, where its best users compile it (JAX's step is "
+            f"compiled): {chosen.get('why_not')}")
 
 
 def with_compile_mode(specs, mode):
@@ -203,6 +201,30 @@ def with_compiled_twins(specs, devices, registry=None):
         return specs
     registry = registry or plugins.registry()
     return [added for spec in specs for added in (spec, *compiled_twin(spec, registry))]
+
+
+def with_steps(specs, step, registry, named=False):
+    """`specs`, each with the --step it trains with: a run of a backend whose step compiles through torch-compile
+    compiled where its extras name it, else eager (so that a row named eager is eager on a GPU too); any other
+    backend's run `auto` (its own step). `step` is compare's --step: `compiled` first adds torch-compile to those
+    runs (refused beside an extra that conflicts with it), `eager` adds nothing (the compiled twins are
+    `with_compiled_twins`'s, for `auto`). `named`: the runs --matrix listed, whose extras already say."""
+    if named and step != "auto":
+        raise MtbenchError(f"--matrix names each run's extras ('{TORCH_COMPILED}' for a compiled torch step); "
+                           f"leave --step out")
+    extra = registry.extras.get(TORCH_COMPILED)
+    served = extra.backends if extra else ()
+    if step == "compiled":
+        for spec in specs:
+            refusal = spec.backend in served and compile_refusal(spec.extras, registry)
+            if refusal:
+                raise MtbenchError(f"--step compiled: run '{spec.label}': {refusal}")
+        specs = [dataclasses.replace(spec, extras=(*spec.extras, TORCH_COMPILED))
+                 if spec.backend in served and TORCH_COMPILED not in spec.extras else spec for spec in specs]
+    chosen = lambda spec: ("auto" if spec.backend not in served
+                           else "compiled" if TORCH_COMPILED in spec.extras else "eager")
+    return [dataclasses.replace(spec, sizes=tuple(sorted({**dict(spec.sizes), "step": chosen(spec)}.items())))
+            for spec in specs]
 
 
 def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transformer", registry=None):

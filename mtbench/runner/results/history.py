@@ -21,6 +21,7 @@ from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.regression import change_verdict, markdown_of, table_of
 from mtbench.runner.run_file import is_run_file
 from mtbench.runner.results.report import (
+    ASKED_KEYS,
     BOOKKEEPING_KEYS,
     COMPARE_KIND,
     KEY_DEFAULTS,
@@ -35,9 +36,9 @@ HISTORY_KIND = "mtbench-history"
 # points from the change on differs, in the same direction and beyond the noise, from every one of the (up to)
 # STEP_SPAN points before it. One point off its neighbours (an outlier) is then no step, nor is the return from it.
 STEP_SPAN = 2
-# What a history's results may differ in: where their files went, and the initial weights (another keras may draw
-# the same seed's weights differently).
-IGNORED_KEYS = (*BOOKKEEPING_KEYS, "initial_weights_sha256")
+# What a history's results may differ in: where their files went, the initial weights (another keras may draw
+# the same seed's weights differently), and what a run asked for where its extras say what ran.
+IGNORED_KEYS = (*BOOKKEEPING_KEYS, *ASKED_KEYS, "initial_weights_sha256")
 
 
 @dataclass

@@ -17,7 +17,7 @@ from functools import cached_property
 from rich.table import Table
 
 from mtbench.errors import MtbenchError
-from mtbench.runner.config import TrainConfig, decoding_name
+from mtbench.runner.config import COMPILED_STEP_EXTRA, TrainConfig, decoding_name
 from mtbench.runner.files import read_json
 from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name,
                              run_processes, run_warnings, scored_sentences_text, shown_figures, size_label)
@@ -38,8 +38,10 @@ DERIVED_KEYS = ("model", "parameters")
 # `log_every` appears only in results written before that unused option was removed.
 BOOKKEEPING_KEYS = ("out", "overwrite", "cache_dir", "initial_weights", "log_every", "report_to", "logging_dir",
                     "run_group", "price_per_hour", "save_model", "sample_prompt", "sample_tokens")
+# What a run asked for where its `extras` (compared) say what ran: --step (torch-compile joined or not).
+ASKED_KEYS = ("step",)
 # The extra that compiles torch's step: --compile-mode is its alone, and differs only between runs that both have it.
-TORCH_COMPILED = "torch-compile"
+TORCH_COMPILED = COMPILED_STEP_EXTRA
 # A result written before a configuration key existed ran with its default.
 KEY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
 # Except the float32 arithmetic: before it was set, XLA ran TF32 on GPUs and torch did not, so a result without it
@@ -90,7 +92,7 @@ def differing(reference, other, ignored=(), defaults=None):
 
 def configuration_differences(reference, other):
     """[(key, reference value, other value)] for every configuration key that matters and differs."""
-    ignored = set(COMPARED_KEYS) | set(BOOKKEEPING_KEYS) | set(DERIVED_KEYS)
+    ignored = set(COMPARED_KEYS) | set(BOOKKEEPING_KEYS) | set(DERIVED_KEYS) | set(ASKED_KEYS)
     if not all(TORCH_COMPILED in config.get("extras", ()) for config in (reference, other)):
         ignored.add("compile_mode")
     if model_shape(reference) != model_shape(other):

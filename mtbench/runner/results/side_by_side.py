@@ -5,7 +5,7 @@ from rich.table import Table
 
 from mtbench.figures import RUN_CHOICES, hardware, run_dtype, run_processes, shown_figures
 from mtbench.runner.results.parity import check_parity
-from mtbench.runner.results.report import BOOKKEEPING_KEYS, KEY_DEFAULTS, differing
+from mtbench.runner.results.report import ASKED_KEYS, BOOKKEEPING_KEYS, KEY_DEFAULTS, differing
 
 
 def _flat(value, prefix=""):
@@ -30,7 +30,7 @@ def run_differences(original, rerun):
     """[(what, original, rerun)]: every configuration key that differs (where the files went aside), and what ran
     (backend, extras, processes, dtype, train step, attention, ...)."""
     rows = [(f"config.{key}", before, after) for key, before, after in
-            differing(original["config"], rerun["config"], BOOKKEEPING_KEYS, KEY_DEFAULTS)]
+            differing(original["config"], rerun["config"], (*BOOKKEEPING_KEYS, *ASKED_KEYS), KEY_DEFAULTS)]
     ran = [("backend", lambda r: r["backend"]), ("extras", lambda r: list(r["extras"])),
            ("processes", run_processes), ("dtype", run_dtype), *((title, text) for _, title, text in RUN_CHOICES)]
     rows += [(title, read(original), read(rerun)) for title, read in ran if read(original) != read(rerun)]

@@ -117,11 +117,15 @@ def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eag
     # The session's eager torch run is the reference: the compiled run trains with its flags, so it takes the same
     # batches from the same weights (a second eager run of its own cost about 25 s; the 40 extra compiled steps
     # about 2 s).
-    compiled = train(tmp_path, "compiled", cache_dir, "--backend", "torch", "--extra", "torch-compile",
+    # --step compiled: the extra joins the run (as --step auto joins it on a CUDA GPU), and is what ran.
+    compiled = train(tmp_path, "compiled", cache_dir, "--backend", "torch", "--step", "compiled",
                      env=TWO_COMPILE_THREADS, flags=TINY_TRAIN)
     eager = tiny_runs["torch"]["result"]
     record = compiled["extras_record"]["torch-compile"]
     assert compiled["train_step"] == "torch-compiled" and eager["train_step"] == "torch-eager"
+    assert (compiled["extras"], compiled["config"]["extras"]) == (["torch-compile"], ["torch-compile"])
+    assert compiled["train_step_chosen"] == {"asked": "compiled", "by_extra": "torch-compile"}
+    assert eager["train_step_chosen"] == {"asked": "eager", "by_extra": None, "why_not": "asked (--step eager)"}
     assert record["mode"] == "default" and record["compiled"].startswith("mtbench torch step: forward + loss")
     assert record["graphs_compiled"] >= 1 and record["frames_compiled"] >= 1
     assert record["graph_breaks"] <= 3, record["graph_break_reasons"]

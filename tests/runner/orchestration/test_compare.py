@@ -90,6 +90,9 @@ def test_each_child_trains_the_run_file_of_its_run(compared):
         recorded = run["result"]["config"]
         assert {key: recorded[key] for key in given if key != "model"} == \
             {key: value for key, value in given.items() if key != "model"}
+        # The matrix's torch run is its eager step (as on a GPU, where --step auto would compile it).
+        assert (given["step"], run["result"]["train_step_chosen"]["by_extra"], run["result"]["train_step"]) == \
+            {"jax": ("auto", None, "jax-jit-stateless"), "torch": ("eager", None, "torch-eager")}[run["label"]]
 
 
 def test_another_environments_mtbench_from_before_run_files_gets_flags():
@@ -392,16 +395,18 @@ def test_on_cuda_compare_trains_torch_eager_and_compiled():
         ("run 'torch+uncompiled' trains torch eager only (no compiled row beside it): extra 'uncompiled' cannot run "
          "together with 'torch-compile'")]
     assert eager_only_lines(uncompiled, {"torch": CPU}, plugins) == []
-    # `mtbench train` says the same of a torch run it trained eager on a CUDA GPU, and nothing of other runs.
+    # `mtbench train` says the same of a torch run that --step auto left eager on a CUDA GPU, and nothing of others.
     from mtbench.runner.orchestration.compare import eager_torch_note
-    trained = lambda backend, extras, device: {"backend": backend, "extras": extras, "env": {"device": device}}
-    assert eager_torch_note(trained("torch", ["flash-attention"], H100), plugins) == (
+    trained = lambda backend, device, **chosen: {"backend": backend, "env": {"device": device},
+                                                 "train_step_chosen": {"asked": "auto", "by_extra": None, **chosen}}
+    assert eager_torch_note(trained("torch", H100, why_not="extra 'uncompiled' cannot run together with "
+                                                           "'torch-compile'")) == (
         "note: torch trained its step eager on a CUDA GPU, where its best users compile it (JAX's step is compiled): "
-        "--extra torch-compile trains it so, and `mtbench compare` trains both")
-    assert eager_torch_note(trained("torch", ["uncompiled"], H100), plugins).endswith(
-        "; this run could not: extra 'uncompiled' cannot run together with 'torch-compile'")
-    assert [eager_torch_note(trained(*run), plugins) for run in (
-        ("torch", [], CPU), ("torch", ["torch-compile"], H100), ("jax", [], H100))] == [None] * 3
+        "extra 'uncompiled' cannot run together with 'torch-compile'")
+    assert [eager_torch_note(run) for run in (
+        trained("torch", CPU, why_not="compiled by default on a CUDA GPU only"),
+        trained("torch", H100, by_extra="torch-compile"), trained("torch", H100, asked="eager"),
+        trained("jax", H100, why_not="the jax backend trains its own step"))] == [None] * 4
     # A matrix is left as named.
     assert labels(plan_runs(matrix="jax;torch", devices={"torch": H100})) == ["jax", "torch"]
 
@@ -409,6 +414,35 @@ def test_on_cuda_compare_trains_torch_eager_and_compiled():
 def registry():
     from mtbench.plugins import manager
     return manager.registry()
+
+
+def test_each_compared_run_trains_the_step_its_label_names():
+    """Each run's --step follows its extras: torch compiled where its label has torch-compile, eager elsewhere
+    (`--step auto` would compile an unnamed one on a GPU); JAX's its own. compare's --step plans the runs."""
+    import dataclasses
+
+    from mtbench import Extra, MtbenchError
+    from mtbench.runner.orchestration.compare import plan_runs, with_steps
+    steps = lambda specs: [(spec.label, dict(spec.sizes)["step"]) for spec in specs]
+    plugins = registry()
+    assert steps(with_steps(plan_runs("jax,torch", devices={"torch": H100}), "auto", plugins)) == [
+        ("jax", "auto"), ("torch", "eager"), ("torch+torch-compile", "compiled")]
+    assert steps(with_steps(plan_runs("jax,torch", ["flash-attention"]), "compiled", plugins)) == [
+        ("jax+flash-attention", "auto"), ("torch+flash-attention+torch-compile", "compiled")]
+    assert steps(with_steps(plan_runs("jax,torch"), "eager", plugins)) == [("jax", "auto"), ("torch", "eager")]
+    assert steps(with_steps(plan_runs(matrix="jax;torch;torch+torch-compile"), "auto", plugins, named=True)) == [
+        ("jax", "auto"), ("torch", "eager"), ("torch+torch-compile", "compiled")]
+    with pytest.raises(MtbenchError, match="^--matrix names each run's extras"):
+        with_steps(plan_runs(matrix="jax;torch"), "eager", plugins, named=True)
+
+    class Uncompiled(Extra):
+        name = "uncompiled"
+        backends = ("torch",)
+        conflicts = ("torch-compile",)
+
+    plugins = dataclasses.replace(plugins, extras={**plugins.extras, "uncompiled": Uncompiled()})
+    with pytest.raises(MtbenchError, match="^--step compiled: run 'torch\\+uncompiled': extra 'uncompiled' cannot"):
+        with_steps(plan_runs("torch", ["uncompiled"], registry=plugins), "compiled", plugins)
 
 
 def test_compile_mode_reaches_only_the_runs_that_compile_and_does_not_split_them():
