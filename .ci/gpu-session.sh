@@ -7,9 +7,11 @@
 #    reference, then torch's and nanoGPT's in CUDA graphs. Row 8's memory beside nanoGPT's, and whether mtbench's
 #    rows now rank JAX and torch as the references do (150 steps: 14 timing windows a row for the verdict's
 #    interval);
-# 2. mtbench's compiled torch step against nanoGPT's as inductor compiles them, 16 x 1024 tokens: does the
+# 2. the obvious command on torch (`mtbench train --model gpt --preset gpt2-small` in 16 bits, 10 steps): does
+#    `--step auto` with `--attention auto` train row 8's way there (torch-compile and flash-attention joined);
+# 3. mtbench's compiled torch step against nanoGPT's as inductor compiles them, 16 x 1024 tokens: does the
 #    backward write the logits' gradient over the saved logits now, and a steady step's peak;
-# 3. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
+# 4. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
 set -uo pipefail
 . .gpukit/env.sh || exit 1
 out=${OUT:-/tmp/gpu-session}; mkdir -p "$out"
@@ -26,6 +28,12 @@ timeout "$seconds" python3 benchmarks/gpu_matrix.py --budget $((seconds - 20)) -
   --rows 7,8,12,13,15,16 --repeats 1 --steps 150 --out /tmp/gpu-session-matrix > "$out/matrix.log" 2>&1
 tail -32 "$out/matrix.log"
 cp /tmp/gpu-session-matrix/gpu-matrix.md /tmp/gpu-session-matrix/gpu-matrix.json "$out/" 2>/dev/null
+
+timeout "$(within 70)" python3 -m mtbench train --backend torch --model gpt --preset gpt2-small --dtype mixed_bfloat16 \
+  --batch-size 16 --steps 10 --measure-only --report none --out /tmp/gpu-session-obvious.json > "$out/obvious.log" 2>&1
+python3 -c "import json; r = json.load(open('/tmp/gpu-session-obvious.json')); print('obvious command:', r['extras'],
+r['train_step'], r['train_step_chosen'], r['model']['attention'].get('chosen'), r['timing']['step_s_median'])" \
+  2>&1 | tee "$out/obvious.txt"
 
 timeout "$(within 140)" python3 benchmarks/inductor_cost.py --preset gpt2-small --rows 16 --block-size 1024 \
   --save-code "$out/inductor" > "$out/inductor.log" 2>&1
