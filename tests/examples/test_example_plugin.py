@@ -185,3 +185,18 @@ def test_the_datasets_user_errors_are_one_line_with_exit_code_2(cache_dir, tmp_p
     assert malformed.returncode == 2
     assert malformed.stderr.strip().splitlines() == [
         f"Error: dataset 'example-tsv': {bad}, line 2: no tab between the source and the target"]
+
+
+def test_torch_compile_after_a_wrapping_extra_is_refused_rather_than_dropping_its_wrapper(cache_dir, tmp_path):
+    """torch-compile builds its own step from the model: given after loss-log (as --step compiled, and --step auto
+    on a CUDA GPU, add it after the extras given), it would have replaced loss-log's wrapper and trained without
+    it. The run stops in one line before training, naming the order that works."""
+    out = tmp_path / "r.json"
+    proc = run_cli("train", "--backend", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "2", "--cache-dir", cache_dir,
+                   "--out", str(out), "--extra", "loss-log", "--step", "compiled", env={**LOADED, LOG_ENV: None})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("Warning: ")]
+    assert lines == ["Error: extra 'torch-compile': compiles mtbench's torch step, not the 'torch-eager+loss-log' "
+                     "step of extra 'loss-log' of plugin 'example': give --extra torch-compile before that extra, "
+                     "whose step then wraps the compiled one, or train eager (--step eager)"], proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()

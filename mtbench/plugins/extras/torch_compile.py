@@ -11,7 +11,7 @@ portable form of the same caches: copied into another machine's cache directory,
 
 import os
 
-from mtbench import Extra, hookimpl
+from mtbench import Extra, MtbenchError, hookimpl
 
 CACHE_ARTIFACTS_FILE = "cache-artifacts.bin"
 
@@ -67,6 +67,11 @@ class TorchCompile(Extra):
 
         from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
         from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
+        if not isinstance(step, EagerTorchTrainStep) and not hasattr(step, "around"):
+            # Another extra's step (a wrapper of the eager one): replaced, it would be gone without a word.
+            raise MtbenchError(f"compiles mtbench's torch step, not the '{step.name}' step of "
+                               f"{getattr(step, 'made_by', 'an extra')}: give --extra torch-compile before that "
+                               f"extra, whose step then wraps the compiled one, or train eager (--step eager)")
         artifacts = cache_artifacts_path(run.compile_cache)
         loaded = load_cache_artifacts(artifacts)
         counters.clear()
