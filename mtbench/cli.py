@@ -504,8 +504,8 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
         specs = with_steps(with_compiled_twins(specs, devices, registry), step, registry)
     check_same_hardware(specs, devices, interpreters)
     check_dtype(specs, configuration["dtype"], devices, registry)
-    compiled_added = matrix is None and TORCH_COMPILED not in extras and \
-        any(TORCH_COMPILED in spec.extras for spec in specs)
+    compiled_added = matrix is None and step == "auto" and TORCH_COMPILED not in extras and \
+        any(TORCH_COMPILED in spec.extras for spec in specs)  # the compiled twins
     # --compile-mode is given to the runs that compile torch's step alone (the others' configuration keeps the
     # default): reduce-overhead (CUDA graphs) for those compare adds.
     compile_mode = asked_compile_mode or ("reduce-overhead" if compiled_added else None)
@@ -515,7 +515,7 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
                        parity_tolerance, chosen_reporters, interpreters, aa, auto,
                        options={**configuration, **validation}, train_arguments=_as_arguments(validation))
     console = Console()
-    if compiled_added and step == "auto":
+    if compiled_added:
         console.print(f"torch sees a CUDA GPU: each torch run trains eager and compiled ({TORCH_COMPILED}, "
                       f"--compile-mode {compile_mode}), two rows; --matrix names the runs exactly", highlight=False)
     for line in eager_only_lines(specs, devices, registry):

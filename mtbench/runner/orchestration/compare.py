@@ -207,13 +207,15 @@ def with_steps(specs, step, registry, named=False):
     """`specs`, each with the --step it trains with: a run of a backend whose step compiles through torch-compile
     compiled where its extras name it, else eager (so that a row named eager is eager on a GPU too); any other
     backend's run `auto` (its own step). `step` is compare's --step: `compiled` first adds torch-compile to those
-    runs (refused beside an extra that conflicts with it), `eager` adds nothing (the compiled twins are
-    `with_compiled_twins`'s, for `auto`). `named`: the runs --matrix listed, whose extras already say."""
+    runs (refused beside an extra that conflicts with it), `eager` adds nothing and refuses a run that names it (the
+    compiled twins are `with_compiled_twins`'s, for `auto`). `named`: the runs --matrix listed, whose extras already say."""
     if named and step != "auto":
         raise MtbenchError(f"--matrix names each run's extras ('{TORCH_COMPILED}' for a compiled torch step); "
                            f"leave --step out")
     extra = registry.extras.get(TORCH_COMPILED)
     served = extra.backends if extra else ()
+    if step == "eager" and any(spec.backend in served and TORCH_COMPILED in spec.extras for spec in specs):
+        raise MtbenchError(f"--step eager contradicts --extra {TORCH_COMPILED}; give one of them")
     if step == "compiled":
         for spec in specs:
             refusal = spec.backend in served and compile_refusal(spec.extras, registry)

@@ -152,6 +152,11 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     (["--batch-size", "0"], "--batch-size must be at least 1"),
     # Validation options are the runs' own, checked as `train` checks them.
     (["--sample-prompt", "In the"], "--sample-prompt needs --eval-every N"),
+    # --step plans the runs of --backends; a matrix's runs say their step by their extras.
+    (["--matrix", "jax;torch", "--step", "eager"], "--matrix names each run's extras ('torch-compile' for a "
+                                                   "compiled torch step); leave --step out"),
+    (["--backends", "torch", "--extra", "torch-compile", "--step", "eager"],
+     "--step eager contradicts --extra torch-compile"),
     # A dtype a backend refuses is refused here, before the weights file or another run is written.
     (["--backends", "jax,torch", "--dtype", "mixed_float16"],
      "run 'jax': --dtype mixed_float16: XLA on the CPU has no float16 matmul"),
