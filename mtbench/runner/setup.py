@@ -256,11 +256,16 @@ def choose_fused_attention(run, plugins):
         reason = f"no '{name}' extra serves the {run.backend.name} backend here"
     elif not run.attention_kinds:
         reason = "the model has no attention"
-    elif any(name in other.conflicts or other.name in extra.conflicts for other in plugins.extras):
+    elif conflicting_extras(extra, plugins.extras):
         reason = f"'{name}' cannot run with the extras given"
     reason = join_where_it_runs(run, plugins, extra, reason)
     run.attention_choice = ({"asked": asked, "fused": False, "why_unfused": reason} if reason
                             else {"asked": asked, "fused": True, "by_extra": name})
+
+
+def conflicting_extras(extra, others):
+    """The names of `others` that cannot run beside `extra`, as either of the two declares (`Extra.conflicts`)."""
+    return [other.name for other in others if extra.name in other.conflicts or other.name in extra.conflicts]
 
 
 def join_where_it_runs(run, plugins, extra, reason=None):
@@ -292,7 +297,7 @@ def step_compiling_extra(config, plugins):
             raise MtbenchError(f"--step eager: no '{name}' extra serves the {plugins.backend.name} backend, which "
                                f"trains its own step (JAX's is always compiled); leave --step out")
         return None, []
-    conflicting = [other.name for other in plugins.extras if name in other.conflicts or other.name in extra.conflicts]
+    conflicting = conflicting_extras(extra, plugins.extras)
     if config.step == "compiled" and conflicting:
         raise MtbenchError(f"--step compiled: extra '{conflicting[0]}' cannot run together with '{name}'")
     return extra, conflicting

@@ -34,7 +34,8 @@ from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, LoadedRun,
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
-from mtbench.runner.setup import require_extra_spanning_processes, resolve_backend, resolve_extras
+from mtbench.runner.setup import (conflicting_extras, require_extra_spanning_processes, resolve_backend,
+                                  resolve_extras)
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
@@ -153,11 +154,10 @@ def torch_on_gpu(devices):
 def compile_refusal(extras, registry):
     """Why a torch run with `extras` cannot compile its step, as the extras declare it (an extra that conflicts
     with torch-compile, or one torch-compile conflicts with), or None. An unknown extra is `check_runs`' to name."""
-    known = [registry.extras[name] for name in (TORCH_COMPILED, *extras) if name in registry.extras]
-    for extra in known[1:]:
-        if TORCH_COMPILED in extra.conflicts or extra.name in known[0].conflicts:
-            return f"extra '{extra.name}' cannot run together with '{TORCH_COMPILED}'"
-    return None
+    compiling = registry.extras.get(TORCH_COMPILED)
+    clash = compiling and conflicting_extras(compiling, [registry.extras[name] for name in extras
+                                                         if name in registry.extras])
+    return f"extra '{clash[0]}' cannot run together with '{TORCH_COMPILED}'" if clash else None
 
 
 def compiled_twin(spec, registry):
