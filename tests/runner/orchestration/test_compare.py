@@ -383,17 +383,7 @@ def test_on_cuda_compare_trains_torch_eager_and_compiled():
     assert labels(plan_runs("torch", ["torch-compile"], devices={"torch": H100})) == ["torch+torch-compile"]
     assert labels(plan_runs("torch", ["fsdp"], devices={"torch": H100})) == ["torch+fsdp", "torch+fsdp+torch-compile"]
     # Where an extra refuses torch-compile (its declared conflicts), torch runs eager, and compare says why.
-    import dataclasses
-
-    from mtbench.plugins.api import Extra
-
-    class Uncompiled(Extra):
-        name = "uncompiled"
-        backends = ("torch",)
-        conflicts = ("torch-compile",)
-
-    plugins = registry()
-    plugins = dataclasses.replace(plugins, extras={**plugins.extras, "uncompiled": Uncompiled()})
+    plugins = with_uncompiled(registry())
     uncompiled = plan_runs("torch", ["uncompiled"], devices={"torch": H100}, registry=plugins)
     assert labels(uncompiled) == ["torch+uncompiled"]
     assert eager_only_lines(uncompiled, {"torch": H100}, plugins) == [
@@ -421,12 +411,24 @@ def registry():
     return manager.registry()
 
 
+def with_uncompiled(plugins):
+    """`plugins` with a torch extra that declares it cannot run beside torch-compile."""
+    import dataclasses
+
+    from mtbench.plugins.api import Extra
+
+    class Uncompiled(Extra):
+        name = "uncompiled"
+        backends = ("torch",)
+        conflicts = ("torch-compile",)
+
+    return dataclasses.replace(plugins, extras={**plugins.extras, "uncompiled": Uncompiled()})
+
+
 def test_each_compared_run_trains_the_step_its_label_names():
     """Each run's --step follows its extras: torch compiled where its label has torch-compile, eager elsewhere
     (`--step auto` would compile an unnamed one on a GPU); JAX's its own. compare's --step plans the runs."""
-    import dataclasses
-
-    from mtbench import Extra, MtbenchError
+    from mtbench import MtbenchError
     from mtbench.runner.orchestration.compare import plan_runs, with_steps
     steps = lambda specs: [(spec.label, dict(spec.sizes)["step"]) for spec in specs]
     plugins = registry()
@@ -440,12 +442,7 @@ def test_each_compared_run_trains_the_step_its_label_names():
     with pytest.raises(MtbenchError, match="^--matrix names each run's extras"):
         with_steps(plan_runs(matrix="jax;torch"), "eager", plugins, named=True)
 
-    class Uncompiled(Extra):
-        name = "uncompiled"
-        backends = ("torch",)
-        conflicts = ("torch-compile",)
-
-    plugins = dataclasses.replace(plugins, extras={**plugins.extras, "uncompiled": Uncompiled()})
+    plugins = with_uncompiled(plugins)
     with pytest.raises(MtbenchError, match="^--step compiled: run 'torch\\+uncompiled': extra 'uncompiled' cannot"):
         with_steps(plan_runs("torch", ["uncompiled"], registry=plugins), "compiled", plugins)
 
