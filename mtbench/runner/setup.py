@@ -279,10 +279,20 @@ def join_where_it_runs(run, plugins, extra, reason=None):
     return reason
 
 
+def joined(names, joining, registry):
+    """The extras `names` (in order) with `joining` added where an extra that joins by mtbench's choice belongs:
+    before the first one that wraps whatever step it is given (`Extra.wraps_step`), so that the wrapper wraps the
+    step the joining one makes; else after them all."""
+    wraps = [getattr(registry.extras.get(name), "wraps_step", False) for name in names]
+    at = wraps.index(True) if True in wraps else len(names)
+    return (*names[:at], joining, *names[at:])
+
+
 def join_extra(run, plugins, extra):
-    """`extra` joins the run after the extras given: among its plugins, and named in `run.config`."""
-    plugins.extras.append(extra)
-    run.config = dataclasses.replace(run.config, extras=(*run.config.extras, extra.name))
+    """`extra` joins the run where `joined` places it: among its plugins, and named in `run.config`."""
+    names = joined(run.config.extras, extra.name, plugins.registry)
+    plugins.extras.insert(names.index(extra.name), extra)
+    run.config = dataclasses.replace(run.config, extras=names)
 
 
 def step_compiling_extra(config, plugins):

@@ -187,13 +187,32 @@ def test_the_datasets_user_errors_are_one_line_with_exit_code_2(cache_dir, tmp_p
         f"Error: dataset 'example-tsv': {bad}, line 2: no tab between the source and the target"]
 
 
-def test_torch_compile_after_a_wrapping_extra_is_refused_rather_than_dropping_its_wrapper(cache_dir, tmp_path):
-    """torch-compile builds its own step from the model: given after loss-log (as --step compiled, and --step auto
-    on a CUDA GPU, add it after the extras given), it would have replaced loss-log's wrapper and trained without
-    it. The run stops in one line before training, naming the order that works."""
+@pytest.mark.slow
+def test_a_compiled_step_that_mtbench_adds_goes_inside_the_wrapper_of_an_extra_that_wraps_any_step(cache_dir, tmp_path):
+    """loss-log declares that it wraps whatever step it is given (`Extra.wraps_step`): torch-compile, added by
+    --step compiled (as --step auto adds it on a CUDA GPU), is placed before it, and loss-log wraps the compiled
+    step and sees every step's loss."""
+    out = str(tmp_path / "r.json")
+    proc = run_cli("train", "--backend", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS),
+                   "--cache-dir", cache_dir, "--out", out, "--extra", "loss-log", "--step", "compiled",
+                   env={**LOADED, LOG_ENV: None, "TORCHINDUCTOR_COMPILE_THREADS": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = read_json(out)
+    assert result["extras"] == result["config"]["extras"] == ["torch-compile", "loss-log"]
+    assert result["train_step"] == "torch-compiled+loss-log"
+    record = result["extras_record"]["loss-log"]
+    assert (record["wrapped_step"], record["steps"]) == ("torch-compiled", STEPS)
+    assert record["losses"] == [h["loss"] for h in result["history"]]
+    assert result["extras_record"]["torch-compile"]["graphs_compiled"] >= 1
+
+
+def test_torch_compile_given_after_a_wrapping_extra_is_refused_rather_than_dropping_its_wrapper(cache_dir, tmp_path):
+    """torch-compile builds its own step from the model: given after loss-log, it would have replaced loss-log's
+    wrapper and trained without it. The order the user gave is kept, and the run stops in one line before
+    training, naming the order that works."""
     out = tmp_path / "r.json"
     proc = run_cli("train", "--backend", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "2", "--cache-dir", cache_dir,
-                   "--out", str(out), "--extra", "loss-log", "--step", "compiled", env={**LOADED, LOG_ENV: None})
+                   "--out", str(out), "--extra", "loss-log", "--extra", "torch-compile", env={**LOADED, LOG_ENV: None})
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("Warning: ")]
     assert lines == ["Error: extra 'torch-compile': compiles mtbench's torch step, not the 'torch-eager+loss-log' "

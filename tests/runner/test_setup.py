@@ -173,6 +173,30 @@ def test_the_obvious_command_compiles_torchs_step_on_a_cuda_gpu_and_nowhere_else
         chosen_step("jax", "gpu", "eager")
 
 
+def test_the_compiled_step_joins_inside_an_extra_that_wraps_any_step_and_after_the_others():
+    import dataclasses
+
+    from mtbench import Extra
+    from mtbench.plugins import manager
+
+    class Wrapping(Extra):
+        name = "wrapping"
+        backends = ("torch",)
+        wraps_step = True
+
+    registry = manager.registry()
+    registry = dataclasses.replace(registry, extras={**registry.extras, "wrapping": Wrapping()})
+    placed = ("fsdp", "torch-compile", "wrapping")
+    # The run's extras and the plugins that make its step, in the one order: fsdp's step wraps the compiled one,
+    # and the wrapping extra wraps them both.
+    assert chosen_step("torch", "gpu", extras=("fsdp", "wrapping"), registry=registry)[:2] == (placed, list(placed))
+    assert chosen_step("torch", "cpu", "compiled", extras=("wrapping",), registry=registry)[:2] == (
+        ("torch-compile", "wrapping"), ["torch-compile", "wrapping"])
+    # An order the user gave is theirs: torch-compile then refuses to replace the wrapper (tested end to end).
+    assert chosen_step("torch", "gpu", extras=("wrapping", "torch-compile"), registry=registry)[0] == (
+        "wrapping", "torch-compile")
+
+
 def test_an_extra_that_cannot_run_compiled_keeps_auto_eager_and_refuses_compiled():
     import dataclasses
 

@@ -34,6 +34,7 @@ class LossLog(Extra):
     name = "loss-log"
     description = "wraps the train step and records each step's loss and the step it wrapped"
     backends = ("jax", "torch")
+    wraps_step = True  # whatever step it is given: a compiler mtbench adds (--step) goes before it
 
     def make_train_step(self, run, model, step):
         log = {"wrapped_step": step.name, "losses": [], "finalize_calls": 0}

@@ -200,6 +200,10 @@ class Extra:
     # Whether the extra trains one model over all the run's processes (their gradients combined): a run of
     # several processes needs one, or each process would train a model of its own.
     spans_processes = False
+    # Whether `make_train_step` wraps whatever step it is given (a `WrappingStep` that calls it) rather than
+    # making its own: an extra that joins the run by mtbench's choice (torch-compile under `--step`, fused
+    # attention under `--attention`) is then placed before this one, so that this one wraps the compiled step.
+    wraps_step = False
 
     def environment(self, config):
         """Environment variables to set before the framework is imported."""

@@ -22,9 +22,10 @@ called: peaks count from the process's start on every backend).
 and `mtbench.plugins.api` are deprecated.
 1.5: `ModelFamily.optimizer_recipe(config)`, the family's AdamW recipe over mtbench's; `RunContext.attention_choice`.
 1.6: `RunContext.step_choice`, what `--step` asked and chose.
+1.7: `Extra.wraps_step`: an extra that wraps any step it is given, placed after one that joins by mtbench's choice.
 """
 
-PLUGIN_API_VERSION = "1.6"
+PLUGIN_API_VERSION = "1.7"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -34,7 +34,7 @@ from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, LoadedRun,
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
-from mtbench.runner.setup import (conflicting_extras, require_extra_spanning_processes, resolve_backend,
+from mtbench.runner.setup import (conflicting_extras, joined, require_extra_spanning_processes, resolve_backend,
                                   resolve_extras)
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
@@ -164,7 +164,7 @@ def compiled_twin(spec, registry):
     """[`spec` with torch's step compiled] for an eager torch run whose extras let it compile; else []."""
     if spec.backend != "torch" or TORCH_COMPILED in spec.extras or compile_refusal(spec.extras, registry):
         return []
-    return [dataclasses.replace(spec, extras=(*spec.extras, TORCH_COMPILED))]
+    return [dataclasses.replace(spec, extras=joined(spec.extras, TORCH_COMPILED, registry))]
 
 
 def eager_only_lines(specs, devices, registry):
@@ -221,7 +221,7 @@ def with_steps(specs, step, registry, named=False):
             refusal = spec.backend in served and compile_refusal(spec.extras, registry)
             if refusal:
                 raise MtbenchError(f"--step compiled: run '{spec.label}': {refusal}")
-        specs = [dataclasses.replace(spec, extras=(*spec.extras, TORCH_COMPILED))
+        specs = [dataclasses.replace(spec, extras=joined(spec.extras, TORCH_COMPILED, registry))
                  if spec.backend in served and TORCH_COMPILED not in spec.extras else spec for spec in specs]
     chosen = lambda spec: ("auto" if spec.backend not in served
                            else "compiled" if TORCH_COMPILED in spec.extras else "eager")

@@ -411,18 +411,18 @@ def registry():
     return manager.registry()
 
 
-def with_uncompiled(plugins):
-    """`plugins` with a torch extra that declares it cannot run beside torch-compile."""
+def with_torch_extra(plugins, name, **declared):
+    """`plugins` with a torch extra `name` that declares `declared` (`conflicts`, `wraps_step`) and does nothing."""
     import dataclasses
 
     from mtbench.plugins.api import Extra
+    extra = type(name.title(), (Extra,), {"name": name, "backends": ("torch",), **declared})()
+    return dataclasses.replace(plugins, extras={**plugins.extras, name: extra})
 
-    class Uncompiled(Extra):
-        name = "uncompiled"
-        backends = ("torch",)
-        conflicts = ("torch-compile",)
 
-    return dataclasses.replace(plugins, extras={**plugins.extras, "uncompiled": Uncompiled()})
+def with_uncompiled(plugins):
+    """`plugins` with a torch extra that declares it cannot run beside torch-compile."""
+    return with_torch_extra(plugins, "uncompiled", conflicts=("torch-compile",))
 
 
 def test_each_compared_run_trains_the_step_its_label_names():
@@ -441,6 +441,13 @@ def test_each_compared_run_trains_the_step_its_label_names():
         ("jax", "auto"), ("torch", "eager"), ("torch+torch-compile", "compiled")]
     with pytest.raises(MtbenchError, match="^--matrix names each run's extras"):
         with_steps(plan_runs(matrix="jax;torch"), "eager", plugins, named=True)
+
+    # torch-compile goes before an extra that wraps whatever step it is given, which then wraps the compiled step.
+    wrapping = with_torch_extra(plugins, "wrapping", wraps_step=True)
+    assert steps(with_steps(plan_runs("torch", ["wrapping"], devices={"torch": H100}, registry=wrapping), "auto",
+                            wrapping)) == [("torch+wrapping", "eager"), ("torch+torch-compile+wrapping", "compiled")]
+    assert steps(with_steps(plan_runs("torch", ["fsdp", "wrapping"], registry=wrapping), "compiled", wrapping)) == [
+        ("torch+fsdp+torch-compile+wrapping", "compiled")]
 
     plugins = with_uncompiled(plugins)
     with pytest.raises(MtbenchError, match="^--step compiled: run 'torch\\+uncompiled': extra 'uncompiled' cannot"):
