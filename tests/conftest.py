@@ -556,3 +556,13 @@ def tiny_jax_gpt(dtype="float32", total_steps=20):
     finally:
         keras.config.set_dtype_policy("float32")
     return model
+
+
+def with_torch_extra(registry, name, **declared):
+    """`registry` (the plugins) with a torch extra `name` that declares `declared` (`conflicts`, `wraps_step`) and
+    does nothing else: what the runner's choices read of an extra."""
+    import dataclasses
+
+    from mtbench.plugins.api import Extra
+    extra = type(name.title(), (Extra,), {"name": name, "backends": ("torch",), **declared})()
+    return dataclasses.replace(registry, extras={**registry.extras, name: extra})

@@ -217,5 +217,6 @@ def test_torch_compile_given_after_a_wrapping_extra_is_refused_rather_than_dropp
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("Warning: ")]
     assert lines == ["Error: extra 'torch-compile': compiles mtbench's torch step, not the 'torch-eager+loss-log' "
                      "step of extra 'loss-log' of plugin 'example': give --extra torch-compile before that extra, "
-                     "whose step then wraps the compiled one, or train eager (--step eager)"], proc.stderr
+                     "whose step then wraps the compiled one, or train eager (--step eager, without --extra "
+                     "torch-compile)"], proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()

@@ -165,6 +165,7 @@ def test_third_party_extra_wraps_the_backends_step_and_reporters_run_isolated(pl
     assert "beam 2, length penalty 0.6" in proc.stdout  # the table's decoding row
 
 
+@pytest.mark.slow
 def test_partial_results_reach_the_reporters(plugin_path, cache_dir, tmp_path):
     out = tmp_path / "r.json"
     proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "6", "--cache-dir", cache_dir,

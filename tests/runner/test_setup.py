@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import cli_environment, run_cli
+from conftest import cli_environment, run_cli, with_torch_extra
 from mtbench import Backend, Launch, MtbenchError, ProcessGroup
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.setup import KERAS_OPTIONAL_IMPORTS, local_devices, modules_hidden, set_matmul_precision
@@ -174,18 +174,8 @@ def test_the_obvious_command_compiles_torchs_step_on_a_cuda_gpu_and_nowhere_else
 
 
 def test_the_compiled_step_joins_inside_an_extra_that_wraps_any_step_and_after_the_others():
-    import dataclasses
-
-    from mtbench import Extra
     from mtbench.plugins import manager
-
-    class Wrapping(Extra):
-        name = "wrapping"
-        backends = ("torch",)
-        wraps_step = True
-
-    registry = manager.registry()
-    registry = dataclasses.replace(registry, extras={**registry.extras, "wrapping": Wrapping()})
+    registry = with_torch_extra(manager.registry(), "wrapping", wraps_step=True)
     placed = ("fsdp", "torch-compile", "wrapping")
     # The run's extras and the plugins that make its step, in the one order: fsdp's step wraps the compiled one,
     # and the wrapping extra wraps them both.
@@ -198,18 +188,8 @@ def test_the_compiled_step_joins_inside_an_extra_that_wraps_any_step_and_after_t
 
 
 def test_an_extra_that_cannot_run_compiled_keeps_auto_eager_and_refuses_compiled():
-    import dataclasses
-
-    from mtbench import Extra
     from mtbench.plugins import manager
-
-    class Uncompiled(Extra):
-        name = "uncompiled"
-        backends = ("torch",)
-        conflicts = ("torch-compile",)
-
-    registry = manager.registry()
-    registry = dataclasses.replace(registry, extras={**registry.extras, "uncompiled": Uncompiled()})
+    registry = with_torch_extra(manager.registry(), "uncompiled", conflicts=("torch-compile",))
     extras, _, chosen = chosen_step("torch", "gpu", extras=("uncompiled",), registry=registry)
     assert extras == ("uncompiled",) and chosen == {
         "asked": "auto", "by_extra": None, "why_not": "extra 'uncompiled' cannot run together with 'torch-compile'"}

@@ -71,7 +71,8 @@ class TorchCompile(Extra):
             # Another extra's step (a wrapper of the eager one): replaced, it would be gone without a word.
             raise MtbenchError(f"compiles mtbench's torch step, not the '{step.name}' step of "
                                f"{getattr(step, 'made_by', 'an extra')}: give --extra torch-compile before that "
-                               f"extra, whose step then wraps the compiled one, or train eager (--step eager)")
+                               f"extra, whose step then wraps the compiled one, or train eager (--step eager, without "
+                               f"--extra torch-compile)")
         artifacts = cache_artifacts_path(run.compile_cache)
         loaded = load_cache_artifacts(artifacts)
         counters.clear()

@@ -178,6 +178,7 @@ def test_the_symbolic_check_finds_a_keras_tensor_wherever_keras_would():
         [False, False, False, False, True, True, True, False]
 
 
+@pytest.mark.slow
 def test_the_compiled_step_rounds_16_bit_values_where_the_eager_step_does(tmp_path):
     """In mixed_bfloat16 the compiled step's losses are the eager step's, step for step from the same weights: the
     arithmetic is Keras's, not inductor's float32 between fused operations (which left the eager losses by 8e-4 at

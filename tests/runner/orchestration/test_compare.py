@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, REPOSITORY, TINY_COMPARE, assert_refused_in_one_line,
-                      device_kind, env_with, run_cli)
+                      device_kind, env_with, run_cli, with_torch_extra)
 from mtbench.figures import FIGURES_BY_KEY, run_dtype, shown_figures
 from mtbench.runner.results.parity import check_parity
 
@@ -409,15 +409,6 @@ def test_on_cuda_compare_trains_torch_eager_and_compiled():
 def registry():
     from mtbench.plugins import manager
     return manager.registry()
-
-
-def with_torch_extra(plugins, name, **declared):
-    """`plugins` with a torch extra `name` that declares `declared` (`conflicts`, `wraps_step`) and does nothing."""
-    import dataclasses
-
-    from mtbench.plugins.api import Extra
-    extra = type(name.title(), (Extra,), {"name": name, "backends": ("torch",), **declared})()
-    return dataclasses.replace(plugins, extras={**plugins.extras, name: extra})
 
 
 def with_uncompiled(plugins):

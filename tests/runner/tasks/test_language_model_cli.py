@@ -180,6 +180,7 @@ def test_the_guides_decoder_only_family_trains_compares_and_is_scored_by_perplex
     assert combined["parity"]["passed"] and combined["parity"]["pairs"], combined["parity"]
 
 
+@pytest.mark.slow
 def test_off_a_terminal_training_logs_a_line_every_n_steps_and_each_validation(tmp_path, cache_dir):
     """Read from a pipe, as a log file under nohup or SLURM gets them: the step, loss, learning rate (here in
     warm-up, which min(100, 12 - 1) = 11 steps make: 1e-3 x 3 / 11 at step 4), step time and tokens/s."""
