@@ -7,8 +7,8 @@
 #    reference, then torch's and nanoGPT's in CUDA graphs. Row 8's memory beside nanoGPT's, and whether mtbench's
 #    rows now rank JAX and torch as the references do (150 steps: 14 timing windows a row for the verdict's
 #    interval);
-# 2. the obvious command on torch (`mtbench train --model gpt --preset gpt2-small` in 16 bits, 10 steps): does
-#    `--step auto` with `--attention auto` train row 8's way there (torch-compile and flash-attention joined);
+# 2. the obvious command on torch (`mtbench train --model gpt --preset gpt2-small`, 10 steps): does `--dtype auto`
+#    train mixed bfloat16, and `--step auto` with `--attention auto` row 8's way (torch-compile, flash-attention);
 # 3. mtbench's compiled torch step against nanoGPT's as inductor compiles them, 16 x 1024 tokens: does the
 #    backward write the logits' gradient over the saved logits now, and a steady step's peak;
 # 4. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
@@ -29,10 +29,11 @@ timeout "$seconds" python3 benchmarks/gpu_matrix.py --budget $((seconds - 20)) -
 tail -32 "$out/matrix.log"
 cp /tmp/gpu-session-matrix/gpu-matrix.md /tmp/gpu-session-matrix/gpu-matrix.json "$out/" 2>/dev/null
 
-timeout "$(within 70)" python3 -m mtbench train --backend torch --model gpt --preset gpt2-small --dtype mixed_bfloat16 \
+timeout "$(within 70)" python3 -m mtbench train --backend torch --model gpt --preset gpt2-small \
   --batch-size 16 --steps 10 --measure-only --report none --out /tmp/gpu-session-obvious.json > "$out/obvious.log" 2>&1
 python3 -c "import json; r = json.load(open('/tmp/gpu-session-obvious.json')); print('obvious command:', r['extras'],
-r['train_step'], r['train_step_chosen'], r['model']['attention'].get('chosen'), r['timing']['step_s_median'])" \
+r['dtype_chosen'], r['train_step'], r['train_step_chosen'], r['model']['attention'].get('chosen'),
+r['timing']['step_s_median'])" \
   2>&1 | tee "$out/obvious.txt"
 
 timeout "$(within 140)" python3 benchmarks/inductor_cost.py --preset gpt2-small --rows 16 --block-size 1024 \

@@ -17,7 +17,7 @@ from mtbench.errors import MtbenchError, ReportingFailed
 from mtbench.plugins.api import PLUGIN_API_VERSION
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 from mtbench.runner.loop.recipe import CLIP_CHOICES, DECAY_CHOICES
-from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW, DTYPES,
+from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW, DTYPE_CHOICES,
                                    MATMUL_PRECISIONS, STEP_CHOICES, TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
@@ -158,7 +158,10 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--heads", type=int, metavar="N", help="Attention heads; must divide --d-model (default: the preset's)."),
     click.option("--ff-dim", type=int, metavar="N", help="Feed-forward dimension (default: the preset's)."),
     click.option("--dropout", type=float, metavar="RATE", help="Dropout rate (default: the preset's)."),
-    click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True, help="Keras dtype policy."),
+    click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto", show_default=True,
+                 help="Keras dtype policy: auto (mixed_bfloat16 where the device computes bfloat16 natively, a GPU "
+                      "of compute capability 8.0 or more or a TPU, as their best users train; float32 elsewhere) or "
+                      "one policy. What ran is recorded."),
     click.option("--matmul-precision", type=click.Choice(MATMUL_PRECISIONS), default="highest", show_default=True,
                  help="float32 matmuls on both backends: highest (true float32) or high (TF32 on GPUs that have it; "
                       "XLA's own default there, not torch's). Recorded, and MFU divides by that arithmetic's peak."),

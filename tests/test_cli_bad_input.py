@@ -134,8 +134,9 @@ def cases(tmp_path, plugin_path):
                                "unknown.toml: unknown key 'batch_size'; did you mean batch-size?", None),
         "config value of the wrong kind": (["--config", write(t / "kind.toml", 'steps = "many"\n')],
                                            "kind.toml: steps must be an integer, got a string 'many'", None),
-        "config value the flag refuses": (["--config", write(t / "choice.toml", 'dtype = "float64"\n')],
-                                          "choice.toml: dtype = 'float64': 'float64' is not one of 'float32'", None),
+        "config value the flag refuses": (
+            ["--config", write(t / "choice.toml", 'dtype = "float64"\n')],
+            "choice.toml: dtype = 'float64': 'float64' is not one of 'auto', 'float32'", None),
         "config value the run refuses": (["--config", write(t / "zero.toml", "batch-size = 0\n")],
                                          "--batch-size must be at least 1, got 0", None),
         "run file beside other options": (["--run-file", write(t / "run.json", "{}"), "--steps", "3"],

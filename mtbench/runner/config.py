@@ -20,6 +20,10 @@ SIZE_FIELDS = {"d_model": "d_model", "heads": "num_heads", "encoder_layers": "en
 DEFAULT_TIMING_WINDOW = 10
 DEFAULT_LOG_EVERY = 10
 DTYPES = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16")
+# --dtype auto: 16-bit matmuls where the device computes bfloat16 natively (as nanoGPT and JAX's GPU users train),
+# float32 elsewhere; the run's configuration then holds the dtype chosen (`setup.choose_dtype`).
+DTYPE_CHOICES = ("auto", *DTYPES)
+AUTO_16_BIT = "mixed_bfloat16"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # float32 matmuls: 'highest' is true float32 on both backends, 'high' lets both use TF32 (XLA's default on a GPU,
 # not torch's). Set alike on both so that the arithmetic compared is the same.
@@ -83,7 +87,7 @@ class TrainConfig:
     heads: int = None
     ff_dim: int = None
     dropout: float = None
-    dtype: str = "float32"
+    dtype: str = "float32"  # DTYPE_CHOICES; the command line's default is auto, resolved before plugins see it
     matmul_precision: str = "highest"  # float32 matmuls: 'highest' (true float32) or 'high' (TF32), both backends
     attention: str = "auto"        # ATTENTION_CHOICES: fused kernels where the device has them, always, or never
     step: str = "auto"             # STEP_CHOICES: a compiled step where its best users compile it, always, or never
@@ -146,8 +150,8 @@ class TrainConfig:
             self.steps = DEFAULT_STEPS_BY_FAMILY.get(self.model_family[0], DEFAULT_STEPS)[self.preset]
         if self.steps is not None and self.epochs is not None:
             raise MtbenchError("give --steps or --epochs, not both")
-        if self.dtype not in DTYPES:
-            raise MtbenchError(f"unknown dtype '{self.dtype}'; choose one of {', '.join(DTYPES)}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise MtbenchError(f"unknown dtype '{self.dtype}'; choose one of {', '.join(DTYPE_CHOICES)}")
         if self.attention not in ATTENTION_CHOICES:
             raise MtbenchError(f"unknown --attention '{self.attention}'; choose one of {', '.join(ATTENTION_CHOICES)}")
         if self.attention == "unfused" and FUSED_ATTENTION_EXTRA in self.extras:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api import Extra, KerasTrainStep, RunContext, TrainStep, uneven_split_reason
-from mtbench.runner.config import COMPILED_STEP_EXTRA, EXTRA_OPTIONS, FUSED_ATTENTION_EXTRA
+from mtbench.runner.config import AUTO_16_BIT, COMPILED_STEP_EXTRA, EXTRA_OPTIONS, FUSED_ATTENTION_EXTRA
 from mtbench.runner.launch import share_cores
 from mtbench.runner.loop.recipe import optimizer_recipe
 from mtbench.runner.measurement.flops import StepFlops
@@ -229,6 +229,7 @@ def start_backend(config, plugins, launch):
                      task=plugins.task)
     if plugins.model.attention_kinds:  # a family that names none keeps every kind (plugin API 1.1's behaviour)
         run.attention_kinds = tuple(plugins.model.attention_kinds)
+    choose_dtype(run, plugins)  # before any plugin reads the configuration's dtype
     choose_compiled_step(run, plugins)  # before the cache opens: torch's opens for a compiled step alone
     run.compile_cache = plugins.backend.open_compile_cache(run.config)  # before anything compiles
     run.matmul_precision = set_matmul_precision(plugins.backend, config.matmul_precision)
@@ -238,6 +239,26 @@ def start_backend(config, plugins, launch):
         raise MtbenchError(reason)
     run.config = adjusted_config(run, plugins)
     return keras, run
+
+
+def choose_dtype(run, plugins):
+    """`--dtype auto`: mixed bfloat16 where the device computes bfloat16 natively (`device_info()['bfloat16']`: a
+    GPU of compute capability 8.0 or more, a TPU), as nanoGPT and JAX's GPU users train, unless the backend refuses
+    it there; float32 elsewhere, so that CPU figures keep their arithmetic. Sets `run.dtype_choice` (what was asked,
+    the dtype, why float32) and `run.config` holding the dtype chosen."""
+    asked = run.config.dtype
+    if asked != "auto":
+        run.dtype_choice = {"asked": asked, "dtype": asked}
+        return
+    reason = (None if run.device.get("bfloat16") else
+              f"this {run.device_kind} does not compute bfloat16 natively, as the {run.backend.name} backend reports "
+              f"it; --dtype {AUTO_16_BIT} trains in it anyway")
+    if reason is None:
+        refused = run.backend.unsupported_dtype_reason(AUTO_16_BIT, run.device)
+        reason = refused and f"--dtype {AUTO_16_BIT}: {refused}"
+    dtype = "float32" if reason else AUTO_16_BIT
+    run.config = dataclasses.replace(run.config, dtype=dtype)
+    run.dtype_choice = {"asked": asked, "dtype": dtype, **({"why_float32": reason} if reason else {})}
 
 
 def choose_fused_attention(run, plugins):

@@ -54,6 +54,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     with stopwatch.phase("backend"):
         keras, run = start_backend(config, plugins, launch)
     config = run.config  # with what the extras change (a TPU's batch size)
+    run_config["dtype"] = config.dtype  # --dtype auto's choice: a resumed run or a checkpoint computes in it too
     data = prepare_data(config, plugins, raw, stopwatch)
     for line in data.lines:
         console.print(line, highlight=False, soft_wrap=True)

@@ -84,6 +84,76 @@ def test_every_run_records_the_precision_both_frameworks_reported(tiny_runs):
             assert reported["torch.backends.cuda.matmul.allow_tf32"] is False
 
 
+def test_the_command_lines_dtype_is_chosen_for_the_cpu_it_ran_on_and_recorded(tiny_runs):
+    """Neither tiny run names a dtype: `auto` trains float32 on this CPU, on both backends, and says why."""
+    for backend, run in tiny_runs.items():
+        result = run["result"]
+        assert result["config"]["dtype"] == "float32"
+        chosen = result["dtype_chosen"]
+        assert (chosen["asked"], chosen["dtype"]) == ("auto", "float32")
+        assert chosen["why_float32"].startswith(f"this cpu does not compute bfloat16 natively, as the {backend} ")
+
+
+def chosen_dtype(backend, device, dtype="auto", refuses=None):
+    """(the run's `config.dtype`, `run.dtype_choice`) once `--dtype` has chosen for `device` (described, not
+    present: the choice reads only the description); `refuses`: the backend's reason against mixed bfloat16."""
+    from mtbench.plugins import manager
+    from mtbench.plugins.api import RunContext
+    from mtbench.runner.setup import choose_dtype, choose_plugins
+    config = TrainConfig(backend=backend, preset="tiny", dtype=dtype)
+    plugins = choose_plugins(config, manager.registry())
+    framework = plugins.backend
+    if refuses:
+        framework = type("Refusing", (type(framework),), {
+            "unsupported_dtype_reason": lambda self, dtype, device: refuses if dtype == "mixed_bfloat16" else None})()
+    run = RunContext(config=config, backend=framework, device=device)
+    choose_dtype(run, plugins)
+    return run.config.dtype, run.dtype_choice
+
+
+H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1, "bfloat16": True}
+T4 = {"kind": "gpu", "name": "Tesla T4", "count": 1, "bfloat16": False}
+
+
+def test_auto_trains_mixed_bfloat16_where_the_device_computes_it_natively_and_float32_elsewhere():
+    bf16 = ("mixed_bfloat16", {"asked": "auto", "dtype": "mixed_bfloat16"})
+    assert chosen_dtype("jax", H100) == chosen_dtype("torch", H100) == bf16
+    assert chosen_dtype("jax", {"kind": "tpu", "name": "TPU v4", "count": 4, "bfloat16": True}) == bf16
+    dtype, chosen = chosen_dtype("torch", T4)
+    assert dtype == "float32" and chosen["why_float32"] == (
+        "this gpu does not compute bfloat16 natively, as the torch backend reports it; --dtype mixed_bfloat16 "
+        "trains in it anyway")
+    # A backend that reports nothing of bfloat16 (a plugin's, or a CPU) keeps float32.
+    assert chosen_dtype("jax", {"kind": "gpu", "name": "?", "count": 1})[0] == "float32"
+    # Asked for, a dtype is the run's on any device; the backend's refusal of 16 bits keeps auto in float32.
+    assert chosen_dtype("torch", T4, "mixed_bfloat16") == ("mixed_bfloat16", {"asked": "mixed_bfloat16",
+                                                                               "dtype": "mixed_bfloat16"})
+    assert chosen_dtype("torch", H100, "float32")[0] == "float32"
+    assert chosen_dtype("torch", H100, refuses="no bfloat16 here") == ("float32", {
+        "asked": "auto", "dtype": "float32", "why_float32": "--dtype mixed_bfloat16: no bfloat16 here"})
+
+
+def test_ampere_and_later_gpus_compute_bfloat16_natively_as_each_backend_reports_them(monkeypatch):
+    """What each backend's `device_info` reports of a CUDA GPU, read from the framework's own description of it
+    (torch's capability tuple, JAX's '8.6' text), without a GPU: the frameworks' calls are stood in for."""
+    from mtbench import native_bfloat16
+    assert [native_bfloat16(c) for c in ((7, 0), (7, 5), (8, 0), (8, 6), (9, 0), (10, 0), None)] == [
+        False, False, True, True, True, True, False]
+    import jax
+    import torch
+
+    from mtbench.plugins.backends.jax_backend import JaxBackend
+    from mtbench.plugins.backends.torch_backend import TorchBackend
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (7, 5))
+    assert TorchBackend().device_info() == {"kind": "gpu", "name": "Tesla T4", "count": 1, "bfloat16": False}
+    gpu = SimpleNamespace(platform="gpu", device_kind="NVIDIA A10", compute_capability="8.6")
+    monkeypatch.setattr(jax, "devices", lambda: [gpu, gpu])
+    assert JaxBackend().device_info() == {"kind": "gpu", "name": "NVIDIA A10", "count": 2, "bfloat16": True}
+
+
 def run_with(extras_state, world_size=1, local_rank=0):
     launch = Launch(num_processes=world_size, process_id=local_rank, local_rank=local_rank)
     return SimpleNamespace(extras_state=extras_state, processes=ProcessGroup(launch))

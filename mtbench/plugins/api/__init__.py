@@ -16,7 +16,8 @@ in `mtbench` still work, deprecated since 1.4.
 import warnings
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api.host import cpu_count, cpu_model, cudnn_version_text, median_flops_per_s, peak_host_bytes
+from mtbench.plugins.api.host import (cpu_count, cpu_model, cudnn_version_text, median_flops_per_s, native_bfloat16,
+                                      peak_host_bytes)
 from mtbench.plugins.api.kinds import Backend, Dataset, Extra, Reporter, RunContext, TrackedRun
 from mtbench.plugins.api.processes import Launch, ProcessGroup
 from mtbench.plugins.api.models import ModelFamily, ModelShape, SpecialTokens, Tokenizer
@@ -30,7 +31,7 @@ __all__ = [
     "ModelFamily", "ModelShape", "SpecialTokens", "Tokenizer",
     "Task", "TaskData", "Evaluator",
     "TrainStep", "KerasTrainStep", "WrappingStep", "Batch", "uneven_split_reason", "Launch", "ProcessGroup",
-    "cpu_count", "cpu_model", "cudnn_version_text", "median_flops_per_s", "peak_host_bytes",
+    "cpu_count", "cpu_model", "cudnn_version_text", "median_flops_per_s", "native_bfloat16", "peak_host_bytes",
     "MtbenchError", "RunFailure", "hookimpl", "PLUGIN_API_VERSION",
 ]
 

@@ -35,6 +35,13 @@ def cudnn_version_text(number):
     return f"{number // major_unit}.{number % major_unit // 100}.{number % 100}"
 
 
+def native_bfloat16(capability):
+    """Whether a CUDA GPU of compute `capability` ((major, minor), as torch and JAX report it) multiplies bfloat16
+    in its tensor cores: Ampere (8.0) and later. Older GPUs emulate it, slower than float32; None (not known):
+    False. What a backend's `device_info` reports as 'bfloat16', which `--dtype auto` reads."""
+    return capability is not None and tuple(capability) >= (8, 0)
+
+
 def peak_host_bytes():
     """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

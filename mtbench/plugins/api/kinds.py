@@ -35,6 +35,9 @@ class RunContext:
     # --step and what it chose: {'asked': auto/compiled/eager, 'by_extra': the extra compiling the step or None,
     # 'why_not' where none does}.
     step_choice: dict = None
+    # --dtype and what it chose: {'asked': auto or a dtype, 'dtype': the policy the run trains in, 'why_float32'
+    # where auto kept float32}. `config.dtype` is the dtype chosen.
+    dtype_choice: dict = None
 
     @property
     def device_kind(self):
@@ -86,7 +89,9 @@ class Backend:
         return {}
 
     def device_info(self):
-        """{'kind': 'cpu'|'gpu'|'tpu', 'name': str, 'count': int, ...} of the devices the run uses."""
+        """{'kind': 'cpu'|'gpu'|'tpu', 'name': str, 'count': int, ...} of the devices the run uses; 'bfloat16':
+        True where they compute bfloat16 natively (a CUDA GPU of compute capability 8.0 or more, a TPU), which
+        `--dtype auto` reads (absent or False: auto trains float32)."""
         raise NotImplementedError
 
     def synchronize(self, model=None):

@@ -22,7 +22,8 @@ called: peaks count from the process's start on every backend).
 and `mtbench.plugins.api` are deprecated.
 1.5: `ModelFamily.optimizer_recipe(config)`, the family's AdamW recipe over mtbench's; `RunContext.attention_choice`.
 1.6: `RunContext.step_choice`, what `--step` asked and chose.
-1.7: `Extra.wraps_step`: an extra that wraps any step it is given, placed after one that joins by mtbench's choice.
+1.7: `Extra.wraps_step`: an extra that wraps any step it is given, placed after one that joins by mtbench's choice;
+`RunContext.dtype_choice`, what `--dtype` asked and chose; `device_info()`'s 'bfloat16'; `native_bfloat16`.
 """
 
 PLUGIN_API_VERSION = "1.7"

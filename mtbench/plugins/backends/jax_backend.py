@@ -3,7 +3,7 @@
 import os
 import re
 
-from mtbench import Backend, cpu_model, hookimpl, median_flops_per_s
+from mtbench import Backend, cpu_model, hookimpl, median_flops_per_s, native_bfloat16
 
 
 _compile_events = []  # [count] once the listener is registered
@@ -57,7 +57,12 @@ class JaxBackend(Backend):
         devices = jax.devices()
         first = devices[0]
         name = cpu_model() if first.platform == "cpu" else first.device_kind
-        return {"kind": first.platform, "name": name, "count": len(devices)}
+        info = {"kind": first.platform, "name": name, "count": len(devices)}
+        if first.platform in ("gpu", "tpu"):  # a CUDA GPU names its compute capability, '9.0'
+            capability = getattr(first, "compute_capability", None)
+            info["bfloat16"] = first.platform == "tpu" or native_bfloat16(
+                tuple(int(part) for part in str(capability).split(".")[:2]) if capability else None)
+        return info
 
     def synchronize(self, model=None):
         import jax

@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 
-from mtbench import Backend, cpu_model, hookimpl, median_flops_per_s
+from mtbench import Backend, cpu_model, hookimpl, median_flops_per_s, native_bfloat16
 
 # Extras whose train step torch.compile compiles (inductor): without one, a torch run compiles nothing to cache.
 INDUCTOR_EXTRAS = ("torch-compile",)
@@ -55,7 +55,8 @@ class TorchBackend(Backend):
     def device_info(self):
         import torch
         if torch.cuda.is_available():
-            return {"kind": "gpu", "name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count()}
+            return {"kind": "gpu", "name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
+                    "bfloat16": native_bfloat16(torch.cuda.get_device_capability(0))}
         return {"kind": "cpu", "name": cpu_model(), "count": 1, "threads": torch.get_num_threads()}
 
     def synchronize(self, model=None):

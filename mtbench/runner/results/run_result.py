@@ -78,6 +78,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         "train_step": built.train_step.name,
         "train_step_detail": getattr(built.train_step, "description", lambda: "")(),
         "train_step_chosen": run.step_choice,  # --step, and why auto chose as it did
+        "dtype_chosen": run.dtype_choice,      # --dtype, and why auto chose as it did
         # Host waits inside one steady step (`Backend.host_sync_counter`), counted apart from the timed steps.
         "host_syncs_per_step": (outcome.host_syncs or {}).get("per_step"),
         "host_syncs": outcome.host_syncs,
