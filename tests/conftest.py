@@ -76,9 +76,10 @@ def on_every_core(env=None):
 needs_flax = pytest.mark.skipif(importlib.util.find_spec("flax") is None or importlib.util.find_spec("optax") is None,
                                 reason="the Flax baselines need flax and optax (pip install -e '.[bench]')")
 
-# Small enough for seconds per run, large enough that the tiny model learns something measurable.
+# Small enough for seconds per run, large enough that the tiny model learns something measurable. float32 on every
+# machine (`--dtype auto` trains 16-bit on a GPU): the tests' tolerances are float32's.
 TINY_TRAIN = ["--preset", "tiny", "--max-pairs", "4000", "--valid-size", "100", "--test-size", "100",
-              "--max-len", "48", "--steps", "60", "--batch-size", "32"]
+              "--max-len", "48", "--steps", "60", "--batch-size", "32", "--dtype", "float32"]
 
 # For runs whose tests look at neither length buckets nor the model's figures: with --max-len 32 every training
 # batch has one shape (TINY_TRAIN's 48 gives two), so a run compiles one train step and fewer evaluation and

@@ -3,13 +3,14 @@ it reports back, a backend that cannot set it, the devices a process computes on
 float16 policy torch refuses, and keras imported without the integrations mtbench never uses."""
 
 import importlib.util
+import json
 import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import cli_environment, run_cli, with_torch_extra
+from conftest import cli_environment, device_kind, run_cli, with_torch_extra
 from mtbench import Backend, Launch, MtbenchError, ProcessGroup
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.setup import KERAS_OPTIONAL_IMPORTS, local_devices, modules_hidden, set_matmul_precision
@@ -84,14 +85,22 @@ def test_every_run_records_the_precision_both_frameworks_reported(tiny_runs):
             assert reported["torch.backends.cuda.matmul.allow_tf32"] is False
 
 
-def test_the_command_lines_dtype_is_chosen_for_the_cpu_it_ran_on_and_recorded(tiny_runs):
-    """Neither tiny run names a dtype: `auto` trains float32 on this CPU, on both backends, and says why."""
-    for backend, run in tiny_runs.items():
-        result = run["result"]
-        assert result["config"]["dtype"] == "float32"
-        chosen = result["dtype_chosen"]
-        assert (chosen["asked"], chosen["dtype"]) == ("auto", "float32")
-        assert chosen["why_float32"].startswith(f"this cpu does not compute bfloat16 natively, as the {backend} ")
+def test_the_command_lines_dtype_is_chosen_for_the_device_it_ran_on_and_recorded(tmp_path, cache_dir):
+    """No --dtype: `auto` trains float32 on a CPU and says why; on a GPU, mixed bfloat16 where the backend reports
+    the GPU computing it natively. The result's configuration holds the dtype that ran."""
+    out = tmp_path / "run.json"
+    proc = run_cli("train", "--backend", "jax", "--model", "gpt", "--preset", "tiny", "--block-size", "32",
+                   "--batch-size", "4", "--steps", "2", "--measure-only", "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    chosen, device = result["dtype_chosen"], result["env"]["device"]
+    if device_kind("jax") == "cpu":
+        assert chosen == {"asked": "auto", "dtype": "float32", "why_float32": (
+            "this cpu does not compute bfloat16 natively, as the jax backend reports it; --dtype mixed_bfloat16 "
+            "trains in it anyway")}
+    else:
+        assert (chosen["asked"], chosen["dtype"]) == ("auto", "mixed_bfloat16" if device["bfloat16"] else "float32")
+    assert result["config"]["dtype"] == result["model"]["dtype_policy"] == chosen["dtype"]
 
 
 def chosen_dtype(backend, device, dtype="auto", refuses=None):
