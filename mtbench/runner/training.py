@@ -38,7 +38,6 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     alone prints and writes). Returns (the result, a line for each reporter that failed); a run that stopped
     early raises once its partial result is written and reported."""
     stopwatch = Stopwatch()
-    run_config = config.to_dict()  # what --resume rebuilds the run from; extras may adjust `config` below
     plugins = choose_plugins(config, registry, [*reporter_names, *config.report_to] if launch.is_first else [])
     check_launch(config, plugins, launch)
     check_options_against_extras(config, plugins)
@@ -53,8 +52,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
 
     with stopwatch.phase("backend"):
         keras, run = start_backend(config, plugins, launch)
+    run_config = {**config.to_dict(), "dtype": run.config.dtype}  # what --resume rebuilds, in auto's dtype
     config = run.config  # with what the extras change (a TPU's batch size)
-    run_config["dtype"] = config.dtype  # --dtype auto's choice: a resumed run or a checkpoint computes in it too
     data = prepare_data(config, plugins, raw, stopwatch)
     for line in data.lines:
         console.print(line, highlight=False, soft_wrap=True)
