@@ -13,7 +13,8 @@ from conftest import REPOSITORY, cli_environment
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "fused_projections.py")
 
 
-@pytest.mark.parametrize("backend", ["jax", pytest.param("torch", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the benchmark script's run, for the scripts more than the day's work (README)
+@pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_quick_run_times_one_product_against_three(backend, cache_dir):
     proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--backend", backend, "--preset", "tiny",
                            "--cache-dir", cache_dir], capture_output=True, text=True, timeout=600,
