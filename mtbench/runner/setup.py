@@ -250,15 +250,24 @@ def choose_dtype(run, plugins):
     if asked != "auto":
         run.dtype_choice = {"asked": asked, "dtype": asked}
         return
-    reason = (None if run.device.get("bfloat16") else
-              f"this {run.device_kind} does not compute bfloat16 natively, as the {run.backend.name} backend reports "
-              f"it; --dtype {AUTO_16_BIT} trains in it anyway")
-    if reason is None:
-        refused = run.backend.unsupported_dtype_reason(AUTO_16_BIT, run.device)
-        reason = refused and f"--dtype {AUTO_16_BIT}: {refused}"
-    dtype = "float32" if reason else AUTO_16_BIT
+    dtype, reason = auto_dtype(run.backend, run.device)
     run.config = dataclasses.replace(run.config, dtype=dtype)
     run.dtype_choice = {"asked": asked, "dtype": dtype, **({"why_float32": reason} if reason else {})}
+
+
+def auto_dtype(backend, device):
+    """(the dtype `--dtype auto` trains in with `backend` on `device` (`device_info()`), why float32 or None)."""
+    if not device.get("bfloat16"):
+        return "float32", (f"this {device.get('kind', 'unknown')} does not compute bfloat16 natively, as the "
+                           f"{backend.name} backend reports it; --dtype {AUTO_16_BIT} trains in it anyway")
+    refused = dtype_refusal(backend, AUTO_16_BIT, device)
+    return ("float32", refused) if refused else (AUTO_16_BIT, None)
+
+
+def dtype_refusal(backend, dtype, device):
+    """Why `backend` cannot train in `dtype` on `device` (`device_info()`), in one line, or None."""
+    reason = backend.unsupported_dtype_reason(dtype, device)
+    return f"--dtype {dtype}: {reason}" if reason else None
 
 
 def choose_fused_attention(run, plugins):
@@ -390,9 +399,9 @@ def adjusted_config(run, plugins):
 def device_refusal(run, extras, extra_code=None):
     """Why the run's dtype or one of `extras` cannot run on its device (`run`: the RunContext), in one line, or
     None. `extra_code(extra)`: the block an extra's own code runs in (`RunPlugins.extra_code`)."""
-    reason = run.backend.unsupported_dtype_reason(run.config.dtype, run.device)
+    reason = dtype_refusal(run.backend, run.config.dtype, run.device)
     if reason:
-        return f"--dtype {run.config.dtype}: {reason}"
+        return reason
     for extra in extras:
         with extra_code(extra) if extra_code else contextlib.nullcontext():
             reason = extra.unavailable_reason(run)

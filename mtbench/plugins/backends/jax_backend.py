@@ -58,10 +58,11 @@ class JaxBackend(Backend):
         first = devices[0]
         name = cpu_model() if first.platform == "cpu" else first.device_kind
         info = {"kind": first.platform, "name": name, "count": len(devices)}
-        if first.platform in ("gpu", "tpu"):  # a CUDA GPU names its compute capability, '9.0'
-            capability = getattr(first, "compute_capability", None)
-            info["bfloat16"] = first.platform == "tpu" or native_bfloat16(
-                tuple(int(part) for part in str(capability).split(".")[:2]) if capability else None)
+        if first.platform == "tpu":
+            info["bfloat16"] = True
+        elif first.platform == "gpu":
+            capability = getattr(first, "compute_capability", None)  # a CUDA GPU's, '9.0'; none on ROCm
+            info["bfloat16"] = native_bfloat16(tuple(map(int, capability.split(".")[:2])) if capability else None)
         return info
 
     def synchronize(self, model=None):

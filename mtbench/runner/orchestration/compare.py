@@ -34,8 +34,8 @@ from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, LoadedRun,
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
-from mtbench.runner.setup import (conflicting_extras, joined, require_extra_spanning_processes, resolve_backend,
-                                  resolve_extras)
+from mtbench.runner.setup import (conflicting_extras, dtype_refusal, joined, require_extra_spanning_processes,
+                                  resolve_backend, resolve_extras)
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
@@ -256,14 +256,17 @@ def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transf
 def check_dtype(specs, dtype, devices, registry):
     """A dtype a run's backend refuses on its device (float16 on torch) is refused before any run starts, as the
     run would refuse it; a run under another interpreter, or of a backend not found here, is left to
-    `check_runs`."""
+    `check_runs`. `auto` is each run's to choose on its device, never a dtype its backend refuses
+    (`setup.auto_dtype`)."""
+    if dtype == "auto":
+        return
     for spec in specs:
         backend = registry.backends.get(spec.backend)
         if spec.foreign or backend is None:
             continue
-        reason = backend.unsupported_dtype_reason(dtype, (devices or {}).get(spec.backend) or {})
+        reason = dtype_refusal(backend, dtype, (devices or {}).get(spec.backend) or {})
         if reason:
-            raise MtbenchError(f"run '{spec.label}': --dtype {dtype}: {reason}")
+            raise MtbenchError(f"run '{spec.label}': {reason}")
 
 
 def probe_devices():
