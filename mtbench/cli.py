@@ -419,7 +419,7 @@ def _train(reporters, resume_dir, run_file, save_model, launch, options):
         config = read_run_file(run_file)
     else:
         config = _train_config(save_model=save_model, **options)
-    from mtbench.runner.orchestration.compare import eager_torch_note
+    from mtbench.runner.results.run_result import eager_torch_note
     console = Console()
     result, failures = run_training(config, registry, console, resume=resume,
                                     reporter_names=_reporter_names(reporters), launch=launch)
@@ -471,57 +471,26 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
             parity_tolerance, reporters, **configuration):
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
-    from mtbench.runner.orchestration.compare import (TORCH_COMPILED, ComparePlan, check_dtype, check_interpreters,
-                                                      check_runs, check_same_hardware, eager_only_lines, plan_runs,
-                                                      probe_devices, run_compare, with_compile_mode,
-                                                      with_compiled_twins, with_steps)
+    from mtbench.runner.orchestration.compare import ComparePlan, run_compare
+    from mtbench.runner.orchestration.runs import plan_comparison
     from mtbench.runner.results.parity import require_parity
     from mtbench.runner.results.report import context_lines, rich_table
-    from mtbench.runner.setup import check_extra_options, resolve_reporters
+    from mtbench.runner.setup import resolve_reporters
     repeats, auto = _compare_repeats(repeats, repeats_width, repeats_budget)
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
-    # The plan, its plugins and its options are checked before the devices are asked (a child process that
-    # imports the frameworks: seconds), so that a mistyped command fails at once.
-    specs = plan_runs(backends, extras, matrix, None, configuration["model_name"], registry)
-    interpreters = check_interpreters(specs)  # other environments' (python=PATH): checked before any run
-    check_runs(specs, registry, interpreters)
-    step = configuration["step"]
-    if matrix is not None or step != "auto":  # no compiled twins to wait for: each run's step is known now
-        specs = with_steps(specs, step, registry, named=matrix is not None)
-    asked_compile_mode = configuration.pop("compile_mode")
+    planned = plan_comparison(backends, extras, matrix, configuration, registry)
+    configuration.pop("compile_mode")
     # Validation is the runs' own (`train` takes it, `init-weights` does not): in their run files, apart from the
     # arguments every child is given.
     validation = {key: configuration.pop(key) for key in VALIDATION_KEYS}
-    shared = _train_config(backend=specs[0].backend, **configuration, **validation)
-    resolve_reporters(shared.report_to, registry)  # trackers follow each run in its process: checked here first
-    for spec in specs:  # bad options and impossible sizes fail here, before any process starts
-        try:
-            check_extra_options(_train_config(backend=spec.backend, extras=spec.extras,
-                                              **{**configuration, **validation, **dict(spec.sizes)}))
-        except MtbenchError as error:
-            raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
-    devices = probe_devices()
-    if matrix is None and step == "auto":
-        specs = with_steps(with_compiled_twins(specs, devices, registry), step, registry)
-    check_same_hardware(specs, devices, interpreters)
-    check_dtype(specs, configuration["dtype"], devices, registry)
-    compiled_added = matrix is None and step == "auto" and TORCH_COMPILED not in extras and \
-        any(TORCH_COMPILED in spec.extras for spec in specs)  # the compiled twins
-    # --compile-mode is given to the runs that compile torch's step alone (the others' configuration keeps the
-    # default): reduce-overhead (CUDA graphs) for those compare adds.
-    compile_mode = asked_compile_mode or ("reduce-overhead" if compiled_added else None)
-    specs = with_compile_mode(specs, compile_mode)
     out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
-    plan = ComparePlan(specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
-                       parity_tolerance, chosen_reporters, interpreters, aa, auto,
+    plan = ComparePlan(planned.specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
+                       parity_tolerance, chosen_reporters, planned.interpreters, aa, auto,
                        options={**configuration, **validation}, train_arguments=_as_arguments(validation))
     console = Console()
-    if compiled_added:
-        console.print(f"torch sees a CUDA GPU: each torch run trains eager and compiled ({TORCH_COMPILED}, "
-                      f"--compile-mode {compile_mode}), two rows; --matrix names the runs exactly", highlight=False)
-    for line in eager_only_lines(specs, devices, registry):
+    for line in planned.lines:
         console.print(line, highlight=False)
     comparison, _, failures = run_compare(plan, registry, console)
     console.print(rich_table(comparison, title="mtbench compare"))

@@ -181,7 +181,7 @@ def test_only_the_attention_a_family_names_is_recorded():
 
 
 def test_a_run_of_another_model_family_is_named_with_it():
-    from mtbench.runner.orchestration.compare import plan_runs
+    from mtbench.runner.orchestration.runs import plan_runs
     transformer = {"model_name": "transformer", "d_model": 128}
     assert figures.run_name("jax", [], transformer) == "jax:d-model=128"
     assert figures.run_name("jax", ["pmap"], {}) == "jax+pmap"  # results from before --model

@@ -14,7 +14,9 @@ from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
 from mtbench.figures import run_processes
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import read_json, write_json_atomic
-from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, probe_environment, run_child, runs_dir
+from mtbench.runner.orchestration.children import run_child
+from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, runs_dir
+from mtbench.runner.orchestration.environments import probe_environment
 from mtbench.runner.results.compare_json import combined_json
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.report import LoadedRun, build_comparison, comparison_labels, load_runs

@@ -243,3 +243,15 @@ def stop_error(outcome, out, run_dir, processes=1, failures=()):
     if outcome.status == "diverged":
         return RunFailure(f"training diverged: {outcome.reason}; {saved}")
     return RunInterrupted(f"interrupted: {outcome.reason}; {saved}", outcome.exit_code)
+
+
+def eager_torch_note(result):
+    """For `mtbench train`: one line where torch trained eager on a CUDA GPU without being asked to (`--step auto`
+    whose extras refused the compiled step), where its best users compile it; None for any other run."""
+    device = (result.get("env") or {}).get("device") or {}
+    chosen = result.get("train_step_chosen") or {}
+    if result.get("backend") != "torch" or device.get("kind") != "gpu" or chosen.get("asked") != "auto" \
+            or chosen.get("by_extra"):
+        return None
+    return (f"note: torch trained its step eager on a CUDA GPU, where its best users compile it (JAX's step is "
+            f"compiled): {chosen.get('why_not')}")

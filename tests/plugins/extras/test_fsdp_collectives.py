@@ -176,7 +176,7 @@ def test_torch_fsdp_clips_with_one_all_reduce_and_gathers_in_the_compute_dtype(t
     script = tmp_path / "fsdp_step.py"
     script.write_text(TORCH_SCRIPT)
     env = {**os.environ, "KERAS_BACKEND": "torch", "OMP_NUM_THREADS": "1", **CPU_ONLY}  # gloo, on a GPU machine too
-    from mtbench.runner.orchestration.compare import launcher_command
+    from mtbench.runner.orchestration.children import launcher_command
     proc = subprocess.run([*launcher_command(2, launcher_dir=str(tmp_path / "torchrun")), str(script)],
                           capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

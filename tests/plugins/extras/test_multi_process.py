@@ -20,7 +20,7 @@ RELATIVE_TOLERANCE = 1e-5  # float32 gradients summed in another order by the co
 def torchrun(*args, env=None, timeout=600, processes=2):
     """Runs `torchrun --nproc-per-node PROCESSES -m mtbench ARGS` on the machine's cores; returns the
     CompletedProcess."""
-    from mtbench.runner.orchestration.compare import launcher_command
+    from mtbench.runner.orchestration.children import launcher_command
     preexec_fn, env = on_every_core({**CPU_ONLY, **(env or {})})
     # torchrun as compare starts it: this interpreter's module, its agent's folder removed afterwards.
     with tempfile.TemporaryDirectory(prefix="mtbench-torchrun-") as launcher_dir:

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, REPOSITORY, TINY_COMPARE, assert_refused_in_one_line,
-                      device_kind, env_with, run_cli, with_torch_extra)
+                      device_kind, env_with, run_cli)
 from mtbench.figures import FIGURES_BY_KEY, run_dtype, shown_figures
 from mtbench.runner.results.parity import check_parity
 
@@ -98,7 +98,8 @@ def test_each_child_trains_the_run_file_of_its_run(compared):
 
 def test_another_environments_mtbench_from_before_run_files_gets_flags():
     """Its `mtbench env --json` names no run file format (or another): its children get the options as flags."""
-    from mtbench.runner.orchestration.compare import ComparePlan, RunSpec, reads_run_files
+    from mtbench.runner.orchestration.compare import ComparePlan, reads_run_files
+    from mtbench.runner.orchestration.runs import RunSpec
     from mtbench.runner.run_file import RUN_FILE_FORMAT
     specs = [RunSpec("jax"), RunSpec("jax", python="/old/bin/python"), RunSpec("jax", python="/new/bin/python"),
              RunSpec("jax", python="/later/bin/python")]
@@ -190,7 +191,7 @@ def test_a_failing_run_is_named_with_its_last_error_line(tmp_path, cache_dir, pl
 
 
 def test_a_run_of_several_processes_is_named_with_their_error_not_torchruns_report(tmp_path, monkeypatch):
-    from mtbench.runner.orchestration.compare import run_child
+    from mtbench.runner.orchestration.children import run_child
     log = tmp_path / "run.log"
     temporary = tmp_path / "tmp"  # this process's and the child's temporary directory
     temporary.mkdir()
@@ -205,7 +206,8 @@ def test_a_run_of_several_processes_is_named_with_their_error_not_torchruns_repo
 
 
 def test_repeats_run_round_robin_and_extras_reach_every_run():
-    from mtbench.runner.orchestration.compare import ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import ComparePlan
+    from mtbench.runner.orchestration.runs import plan_runs
     specs = plan_runs("jax,torch", ("fast",))
     assert [spec.label for spec in specs] == ["jax+fast", "torch+fast"]
     plan = ComparePlan(specs, 2, None, [], "out/c.json", False, 50, 0.01)
@@ -367,121 +369,13 @@ def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_p
         assert (logs / "sweep" / stem / "config.json").is_file(), os.listdir(logs / "sweep")
 
 
-CPU = {"kind": "cpu", "name": "Intel(R) Xeon(R) Processor", "count": 1}
-H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}
-
-
-def test_on_cuda_compare_trains_torch_eager_and_compiled():
-    from mtbench.runner.orchestration.compare import eager_only_lines, plan_runs
-    labels = lambda specs: [spec.label for spec in specs]
-    assert labels(plan_runs("jax,torch", devices={"jax": H100, "torch": H100})) == \
-        ["jax", "torch", "torch+torch-compile"]
-    assert labels(plan_runs("jax,torch", devices={"jax": CPU, "torch": CPU})) == ["jax", "torch"]
-    # Under every extra that lets the step compile, the compiled row stands beside the eager one.
-    assert labels(plan_runs("jax,torch", ["flash-attention"], devices={"torch": H100})) == \
-        ["jax+flash-attention", "torch+flash-attention", "torch+flash-attention+torch-compile"]
-    assert labels(plan_runs("torch", ["ddp"], devices={"torch": H100})) == ["torch+ddp", "torch+ddp+torch-compile"]
-    assert labels(plan_runs("torch", ["torch-compile"], devices={"torch": H100})) == ["torch+torch-compile"]
-    assert labels(plan_runs("torch", ["fsdp"], devices={"torch": H100})) == ["torch+fsdp", "torch+fsdp+torch-compile"]
-    # Where an extra refuses torch-compile (its declared conflicts), torch runs eager, and compare says why.
-    plugins = with_uncompiled(registry())
-    uncompiled = plan_runs("torch", ["uncompiled"], devices={"torch": H100}, registry=plugins)
-    assert labels(uncompiled) == ["torch+uncompiled"]
-    assert eager_only_lines(uncompiled, {"torch": H100}, plugins) == [
-        ("run 'torch+uncompiled' trains torch eager only (no compiled row beside it): extra 'uncompiled' cannot run "
-         "together with 'torch-compile'")]
-    assert eager_only_lines(uncompiled, {"torch": CPU}, plugins) == []
-    # `mtbench train` says the same of a torch run that --step auto left eager on a CUDA GPU, and nothing of others.
-    from mtbench.runner.orchestration.compare import eager_torch_note
-    trained = lambda backend, device, **chosen: {"backend": backend, "env": {"device": device},
-                                                 "train_step_chosen": {"asked": "auto", "by_extra": None, **chosen}}
-    assert eager_torch_note(trained("torch", H100, why_not="extra 'uncompiled' cannot run together with "
-                                                           "'torch-compile'")) == (
-        "note: torch trained its step eager on a CUDA GPU, where its best users compile it (JAX's step is compiled): "
-        "extra 'uncompiled' cannot run together with 'torch-compile'")
-    assert [eager_torch_note(run) for run in (
-        trained("torch", CPU, why_not="compiled by default on a CUDA GPU only"),
-        trained("torch", H100, by_extra="torch-compile"), trained("torch", H100, asked="eager"),
-        trained("jax", H100, why_not="the jax backend trains its own step"))] == [None] * 4
-    # A matrix is left as named.
-    assert labels(plan_runs(matrix="jax;torch", devices={"torch": H100})) == ["jax", "torch"]
-
-
-def registry():
-    from mtbench.plugins import manager
-    return manager.registry()
-
-
-def with_uncompiled(plugins):
-    """`plugins` with a torch extra that declares it cannot run beside torch-compile."""
-    return with_torch_extra(plugins, "uncompiled", conflicts=("torch-compile",))
-
-
-def test_each_compared_run_trains_the_step_its_label_names():
-    """Each run's --step follows its extras: torch compiled where its label has torch-compile, eager elsewhere
-    (`--step auto` would compile an unnamed one on a GPU); JAX's its own. compare's --step plans the runs."""
-    from mtbench import MtbenchError
-    from mtbench.runner.orchestration.compare import plan_runs, with_steps
-    steps = lambda specs: [(spec.label, dict(spec.sizes)["step"]) for spec in specs]
-    plugins = registry()
-    assert steps(with_steps(plan_runs("jax,torch", devices={"torch": H100}), "auto", plugins)) == [
-        ("jax", "auto"), ("torch", "eager"), ("torch+torch-compile", "compiled")]
-    assert steps(with_steps(plan_runs("jax,torch", ["flash-attention"]), "compiled", plugins)) == [
-        ("jax+flash-attention", "auto"), ("torch+flash-attention+torch-compile", "compiled")]
-    assert steps(with_steps(plan_runs("jax,torch"), "eager", plugins)) == [("jax", "auto"), ("torch", "eager")]
-    assert steps(with_steps(plan_runs(matrix="jax;torch;torch+torch-compile"), "auto", plugins, named=True)) == [
-        ("jax", "auto"), ("torch", "eager"), ("torch+torch-compile", "compiled")]
-    with pytest.raises(MtbenchError, match="^--matrix names each run's extras"):
-        with_steps(plan_runs(matrix="jax;torch"), "eager", plugins, named=True)
-
-    # torch-compile goes before an extra that wraps whatever step it is given, which then wraps the compiled step.
-    wrapping = with_torch_extra(plugins, "wrapping", wraps_step=True)
-    assert steps(with_steps(plan_runs("torch", ["wrapping"], devices={"torch": H100}, registry=wrapping), "auto",
-                            wrapping)) == [("torch+wrapping", "eager"), ("torch+torch-compile+wrapping", "compiled")]
-    assert steps(with_steps(plan_runs("torch", ["fsdp", "wrapping"], registry=wrapping), "compiled", wrapping)) == [
-        ("torch+fsdp+torch-compile+wrapping", "compiled")]
-
-    plugins = with_uncompiled(plugins)
-    with pytest.raises(MtbenchError, match="^--step compiled: run 'torch\\+uncompiled': extra 'uncompiled' cannot"):
-        with_steps(plan_runs("torch", ["uncompiled"], registry=plugins), "compiled", plugins)
-
-
-def test_compile_mode_reaches_only_the_runs_that_compile_and_does_not_split_them():
-    from mtbench.runner.orchestration.compare import plan_runs, with_compile_mode
-    from mtbench.runner.results.report import configuration_differences
-    specs = with_compile_mode(plan_runs("jax,torch", devices={"torch": H100}), "reduce-overhead")
-    assert [spec.size_arguments() for spec in specs] == [[], [], ["--compile-mode", "reduce-overhead"]]
-    assert specs[2].label == "torch+torch-compile"
-    eager = {"extras": [], "compile_mode": "default", "seed": 0}
-    compiled = {"extras": ["torch-compile"], "compile_mode": "reduce-overhead", "seed": 0}
-    assert configuration_differences(eager, compiled) == []  # the mode applies to the compiled run alone
-    assert configuration_differences({**compiled, "compile_mode": "default"}, compiled) == \
-        [("compile_mode", "default", "reduce-overhead")]
-
-
-def test_runs_that_would_see_different_hardware_are_refused_before_training():
-    from mtbench.errors import MtbenchError
-    from mtbench.runner.orchestration.compare import check_same_hardware, plan_runs
-    specs = plan_runs("jax,torch")
-    check_same_hardware(specs, {"jax": H100, "torch": H100})
-    check_same_hardware(specs, {"jax": CPU, "torch": CPU})
-    with pytest.raises(MtbenchError) as error:
-        check_same_hardware(specs, {"jax": CPU, "torch": H100})
-    assert str(error.value) == (
-        "the runs would train on different hardware: jax sees cpu (Intel(R) Xeon(R) Processor), torch sees gpu "
-        "(NVIDIA H100 80GB HBM3); jax sees only the CPU on a machine with an accelerator: install its accelerator "
-        "build (JAX: pip install 'mtbench[jax-cuda]')")
-    a100 = {"kind": "gpu", "name": "NVIDIA A100-SXM4-80GB", "count": 1}
-    with pytest.raises(MtbenchError, match="jax sees gpu \\(NVIDIA A100-SXM4-80GB\\), torch sees gpu"):
-        check_same_hardware(specs, {"jax": a100, "torch": H100})
-
-
 def test_the_device_probe_asks_a_child_process():
     """The orchestrator imports no framework (one would hold GPU memory while the runs train): the devices come
     from `mtbench env --json` in a child."""
     import subprocess
     import sys as system
-    code = ("import json, sys; from mtbench.runner.orchestration.compare import probe_devices; devices = probe_devices(); "
+    code = ("import json, sys; from mtbench.runner.orchestration.environments import probe_devices; "
+            "devices = probe_devices(); "
             "print(json.dumps({'devices': devices, 'imported': [m for m in ('jax', 'torch', 'keras') "
             "if m in sys.modules]}))")
     proc = subprocess.run([system.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -515,7 +409,8 @@ def other_environment(directory):
 
 def test_matrix_entries_sweep_batch_size_and_length_and_name_other_environments(tmp_path):
     import sys as system
-    from mtbench.runner.orchestration.compare import ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import ComparePlan
+    from mtbench.runner.orchestration.runs import plan_runs
     specs = plan_runs(matrix="jax:batch-size=16;torch:batch-size=16;jax:batch-size=256,max-len=64,max-tokens=4096")
     assert [spec.label for spec in specs] == ["jax:batch-size=16", "torch:batch-size=16",
                                               "jax:batch-size=256,max-len=64,max-tokens=4096"]
@@ -549,7 +444,8 @@ def test_bad_matrix_keys_fail_before_any_run(tmp_path, matrix, expected):
 
 def test_an_interpreter_that_cannot_run_mtbench_is_refused(tmp_path):
     from mtbench.errors import MtbenchError
-    from mtbench.runner.orchestration.compare import check_interpreters, plan_runs
+    from mtbench.runner.orchestration.environments import check_interpreters
+    from mtbench.runner.orchestration.runs import plan_runs
     (tmp_path / "plain.txt").write_text("not a program\n")
     broken = tmp_path / "broken" / "bin" / "python"
     broken.parent.mkdir(parents=True)

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from conftest import TINY_TRAIN, cli_environment
-from mtbench.runner.orchestration.compare import CompareProgress, ComparePlan, interrupted, plan_runs
+from mtbench.runner.orchestration.compare import CompareProgress, ComparePlan, interrupted
+from mtbench.runner.orchestration.runs import plan_runs
 from mtbench.runner.results.schema import schema_errors
 
 

@@ -9,7 +9,8 @@ import pytest
 from conftest import run_cli
 from mtbench import MtbenchError
 from mtbench.plugins import manager
-from mtbench.runner.orchestration.compare import RunSpec, check_runs, parse_run_spec
+from mtbench.runner.orchestration.environments import check_runs
+from mtbench.runner.orchestration.runs import RunSpec, parse_run_spec
 
 
 def two_process_copy(result, extra, tokens_factor):

@@ -268,7 +268,8 @@ def fake_compare(monkeypatch, tmp_path, plan):
 
 
 def test_repeats_auto_stops_once_every_interval_is_narrow(monkeypatch, tmp_path):
-    from mtbench.runner.orchestration.compare import AutoRepeats, ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import AutoRepeats, ComparePlan
+    from mtbench.runner.orchestration.runs import plan_runs
     plan = ComparePlan(plan_runs(matrix="jax;jax+slow-step"), None, None, [], str(tmp_path / "c.json"), False, 50,
                        0.01, aa=True, auto=AutoRepeats(width=0.03, budget_s=600))
     combined, trained = fake_compare(monkeypatch, tmp_path, plan)
@@ -285,7 +286,8 @@ def test_repeats_auto_stops_once_every_interval_is_narrow(monkeypatch, tmp_path)
 
 
 def test_repeats_auto_stops_when_the_budget_runs_out(monkeypatch, tmp_path):
-    from mtbench.runner.orchestration.compare import AutoRepeats, ComparePlan, plan_runs
+    from mtbench.runner.orchestration.compare import AutoRepeats, ComparePlan
+    from mtbench.runner.orchestration.runs import plan_runs
     plan = ComparePlan(plan_runs(matrix="jax;jax+slow-step"), None, None, [], str(tmp_path / "c.json"), False, 50,
                        0.01, auto=AutoRepeats(width=0.03, budget_s=1e-6))
     combined, trained = fake_compare(monkeypatch, tmp_path, plan)
