@@ -21,7 +21,7 @@ DEFAULT_TIMING_WINDOW = 10
 DEFAULT_LOG_EVERY = 10
 DTYPES = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16")
 # --dtype auto: 16-bit matmuls where the device computes bfloat16 natively (as nanoGPT and JAX's GPU users train),
-# float32 elsewhere; the run's configuration then holds the dtype chosen (`setup.choose_dtype`).
+# float32 elsewhere; the run's configuration then holds the dtype chosen (`choices.choose_dtype`).
 DTYPE_CHOICES = ("auto", *DTYPES)
 AUTO_16_BIT = "mixed_bfloat16"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

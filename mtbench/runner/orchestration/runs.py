@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError
 from mtbench.figures import SIZE_KEYS, run_name, size_label
 from mtbench.plugins import manager as plugins
+from mtbench.runner.choices import conflicting_extras, dtype_refusal, joined
 from mtbench.runner.config import TrainConfig
-from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
                                                        probe_devices)
-from mtbench.runner.setup import check_extra_options, conflicting_extras, dtype_refusal, joined, resolve_reporters
+from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names
+from mtbench.runner.setup import check_extra_options, resolve_reporters
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
@@ -228,7 +229,7 @@ def check_dtype(specs, dtype, devices, registry):
     """A dtype a run's backend refuses on its device (float16 on torch) is refused before any run starts, as the
     run would refuse it; a run under another interpreter, or of a backend not found here, is left to
     `check_runs`. `auto` is each run's to choose on its device, never a dtype its backend refuses
-    (`setup.auto_dtype`)."""
+    (`choices.auto_dtype`)."""
     if dtype == "auto":
         return
     for spec in specs:
