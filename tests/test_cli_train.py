@@ -74,6 +74,19 @@ def test_backends_start_from_the_same_weights_and_batches(tiny_runs):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_each_phase_of_the_evaluation_after_training_is_announced_as_it_starts(tiny_runs, backend):
+    """Off a terminal (a pipe here, a log file under SLURM) a line names each phase of the evaluation after the
+    last step's line: on a CPU a large model's evaluation takes minutes that would otherwise pass without one."""
+    lines = tiny_runs[backend]["stdout"].splitlines()
+    announced = [i for i, line in enumerate(lines) if line.startswith("after training: ")]
+    assert [lines[i] for i in announced] == ["after training: evaluate …", "after training: translate …"]
+    last_step = max(i for i, line in enumerate(lines) if line.startswith("step "))
+    summary = next(i for i, line in enumerate(lines) if line.startswith(f"{backend} completed"))
+    assert last_step < announced[0] and announced[-1] < summary
+    assert set(tiny_runs[backend]["result"]["timing"]["phases_s"]) >= {"evaluate", "translate"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_run_ends_with_a_short_summary_of_the_figures_read_first(tiny_runs, backend):
     """The default reporter: what ran, speed, quality, memory and warnings in a few lines, the full table left to
     `mtbench report --report table`."""

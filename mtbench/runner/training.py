@@ -16,7 +16,7 @@ from mtbench.runner.data.prefetch import Prefetched
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore, run_dir_for
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
-from mtbench.runner.loop.progress import corpus_progress
+from mtbench.runner.loop.progress import announced_phases, corpus_progress
 from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.measurement.energy import EnergyMeter, open_counter
@@ -91,7 +91,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     if outcome.status == "completed" and config.measure_only:
         result["metrics"]["skipped"] = "--measure-only: no evaluation, translation or saved model"
     elif outcome.status == "completed":
-        add_evaluation(result, *built.evaluator.evaluate(stopwatch.phase))
+        add_evaluation(result, *built.evaluator.evaluate(announced_phases(stopwatch, console)))
         if config.save_model and run_dir.writes:
             with stopwatch.phase("save_model"), run.processes.alone():  # the others do not wait for it
                 result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer, plugins,

@@ -1,4 +1,4 @@
-"""Live progress on the terminal (rich): preparing the corpus and training."""
+"""Live progress on the terminal (rich): preparing the corpus, training and the evaluation after it."""
 
 import contextlib
 
@@ -94,3 +94,18 @@ def training_progress(console, total_steps, completed=0, log_every=10, learning_
     with Progress(*columns, console=console) as bar:
         task = bar.add_task("train", total=total_steps, completed=completed, loss=float("nan"), tokens_per_s=0.0)
         yield _TrainingBar(bar, task)
+
+
+def announced_phases(stopwatch, console):
+    """`stopwatch.phase`, telling as each phase of the evaluation after training starts what runs now: a spinner on
+    a terminal, one line elsewhere (a log file). A large model's evaluation on a CPU takes minutes after the last
+    step's line."""
+    @contextlib.contextmanager
+    def phase(name):
+        shown = console.status(f"after training: {name} …") if console.is_terminal else contextlib.nullcontext()
+        with stopwatch.phase(name), shown:
+            if not console.is_terminal:
+                console.print(f"after training: {name} …", highlight=False)
+                console.file.flush()
+            yield
+    return phase
