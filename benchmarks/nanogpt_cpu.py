@@ -20,7 +20,7 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # nanoGPT's config/train_shakespeare_char.py with its README's CPU overrides, as mtbench's options.
 NANOGPT_CPU = ["--model", "gpt", "--preset", "char", "--layers", "4", "--heads", "4", "--d-model", "128",
                "--ff-dim", "512", "--block-size", "64", "--batch-size", "12", "--learning-rate", "1e-3",
-               "--dropout", "0", "--tokenizer", "char"]
+               "--dropout", "0", "--tokenizer", "char", "--dtype", "float32"]
 REFERENCE_SIZE = ["--layers", "4", "--heads", "4", "--d-model", "128", "--ff-dim", "512", "--block-size", "64",
                   "--batch-size", "12", "--learning-rate", "1e-3", "--dropout", "0", "--tokenizer", "char"]
 

@@ -268,8 +268,9 @@ PROCESS_OPTIONS = ("coordinator", "num_processes", "process_id", "process_timeou
 # With --resume the run's own configuration is used: only these may be given beside it (and where the
 # processes meet, which is the launch's, not the run's).
 ALLOWED_WITH_RESUME = ("resume_dir", "reporters", "debug", "save_model", *PROCESS_OPTIONS)
-# With --run-file the file is the whole configuration: beside it only how the run is reported and launched.
-ALLOWED_WITH_RUN_FILE = ("run_file", "reporters", "debug", *PROCESS_OPTIONS)
+# With --run-file the file is the whole configuration: beside it only how the run is reported and launched, and
+# leave to replace the result it names.
+ALLOWED_WITH_RUN_FILE = ("run_file", "reporters", "debug", "overwrite", *PROCESS_OPTIONS)
 
 
 def _refuse_options_beside(allowed, why):
@@ -417,6 +418,7 @@ def _train(reporters, resume_dir, run_file, save_model, launch, options):
         from mtbench.runner.run_file import read_run_file
         _refuse_options_beside(ALLOWED_WITH_RUN_FILE, "--run-file holds the run's whole configuration")
         config = read_run_file(run_file)
+        config.overwrite = config.overwrite or options["overwrite"]
     else:
         config = _train_config(save_model=save_model, **options)
     from mtbench.runner.results.run_result import eager_torch_note
@@ -621,7 +623,7 @@ MODEL_ARGUMENT = click.argument("model", metavar="MODEL", type=click.Path())
 inference_options = _stack([
     click.option("--backend", help="Backend to translate on (default: the one that trained the model)."),
     click.option("--beam", type=click.IntRange(min=1), metavar="N", help="Beam search over N hypotheses, 1 greedy (default: the run's)."),
-    click.option("--length-penalty", type=float, metavar="ALPHA", help="Beam search's length penalty (default: the run's)."),
+    click.option("--length-penalty", type=click.FloatRange(min=0), metavar="ALPHA", help="Beam search's length penalty (default: the run's)."),
     click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Sentences decoded together."),
 ])
 
@@ -642,7 +644,7 @@ def _translation_progress(total):
 @click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Divides the logits before sampling; 0 takes the most likely token (greedy).")
 @click.option("--top-k", type=click.IntRange(min=1), help="Sample from the K most likely tokens only.")
-@click.option("--seed", type=int, default=0, show_default=True, help="The sampling's random draws (numpy).")
+@click.option("--seed", type=click.IntRange(0, 2 ** 32 - 1), default=0, show_default=True, help="The sampling's random draws (numpy).")
 @handle_errors
 def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed):
     """Continue --prompt with a trained language model (--model gpt), on either backend: MODEL is a result JSON, a

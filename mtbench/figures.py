@@ -230,12 +230,18 @@ def _loaded(load_average, cores):
 
 
 def run_warnings(result):
-    """Why a run's timings may mislead, one sentence each (empty when none applies): steady steps that scatter,
+    """Why a run's timings may mislead, one sentence each (empty when none applies): a run that stopped early
+    (interrupted, diverged), steady steps that scatter,
     a machine loaded while the run trained (other processes used more than OTHERS_BOUND of its CPUs; where the
     OS does not tell, a load average above the cores as training began) or whose hypervisor took its CPUs, and
     an MFU peak measured while the load average was above the cores. Results written before the machine's load
     was recorded get no load warning."""
     warnings = []
+    if result.get("status", "completed") != "completed":  # a partial result: its figures stop where it stopped
+        done = (result.get("history") or [{}])[-1].get("step", 0)
+        steps = (result.get("config") or {}).get("steps")
+        warnings.append(f"{result['status']} after {done:,} of {f'{steps:,}' if steps else '?'} steps "
+                        f"({result.get('status_reason') or 'no reason recorded'}): figures of a partial run")
     timing = result["timing"]
     median, p90 = timing.get("step_s_median"), timing.get("step_s_p90")
     if median and p90 and p90 / median > SCATTER_BOUND:
@@ -332,6 +338,15 @@ def run_name(backend, extras, sizes, processes=1, settings=()):
 def run_processes(result):
     """How many processes trained the run (results from before several processes existed: one)."""
     return (result.get("processes") or {}).get("world_size", 1)
+
+
+def batch_text(config):
+    """A run's batch as its configuration sizes it: rows ('64'), or tokens ('4,096 tokens', --max-tokens), times
+    its micro-batches ('64 x 2 micro-batches', --grad-accum); 'per run' where a comparison sweeps it."""
+    tokens = config.get("max_tokens")
+    batch = f"{tokens:,} tokens" if tokens else str(config.get("batch_size", "per run"))
+    micro_batches = config.get("grad_accum") or 1
+    return batch + (f" x {micro_batches} micro-batches" if micro_batches > 1 else "")
 
 
 def run_label(result):

@@ -43,6 +43,8 @@ def cases(tmp_path, plugin_path):
     write(t / "empty-run" / "run.json", json.dumps({"mtbench_run": 1, "config": {"preset": "tiny"}}))
     os.makedirs(t / "earlier.run" / "checkpoint-000010")
     write(t / "earlier.run" / "checkpoint-000010" / "state.json", "{}")
+    os.makedirs(t / "kept.run" / "model")
+    write(t / "kept.run" / "model" / "weights.npz", "an earlier run's model")
     (t / "sacrebleu-cache").mkdir()
     plugins = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty,mtbench-broken"}
     empty_cache = {"SACREBLEU": str(t / "sacrebleu-cache")}
@@ -119,6 +121,20 @@ def cases(tmp_path, plugin_path):
                                 "good.tsv: it is a file, not a directory", None),
         "earlier run's checkpoints": (["--data", good, "--out", str(t / "earlier.json")],
                                       "earlier.run: holds checkpoints of an earlier run", None),
+        "compile mode of an eager step": (["--data", good, "--backend", "torch", "--step", "eager", "--compile-mode",
+                                           "max-autotune"], "--compile-mode max-autotune: this run's step is not "
+                                          "compiled (--step eager); leave --compile-mode out", None),
+        "compile mode on jax": (["--data", good, "--backend", "jax", "--compile-mode", "reduce-overhead"],
+                                "this run's step is not compiled (no 'torch-compile' extra serves the jax backend",
+                                None),
+        "block too short": (["--model", "gpt", "--block-size", "4"], "--block-size must be at least 8, got 4", None),
+        "seed out of range": (["--data", good, "--seed", "-1"], "--seed must be from 0 to 4294967295, got -1",
+                              None),
+        "earlier run's saved model": (["--data", good, "--out", str(t / "kept.json")],
+                                      "kept.run: holds an earlier run's files", None),
+        # sysfs refuses new files even to root, whatever its permission bits say.
+        "output where no file can be made": (["--data", good, "--out", "/sys/mtbench-result.json"],
+                                             "cannot write into /sys", None),
         "resume a missing directory": (["--resume", str(t / "nowhere")], "nowhere: no such run directory", None),
         "resume a directory that is not a run": (["--resume", str(t / "not-a-run")],
                                                  "not-a-run: not an mtbench run directory (it has no run.json)", None),
@@ -162,7 +178,8 @@ CASE_NAMES = [
     "no beam", "negative length penalty", "steps and epochs", "no checkpoints kept", "target without evaluations",
     "unknown reporter",
     "reporter of a broken plugin", "existing result", "output is a directory", "output under a file",
-    "earlier run's checkpoints", "resume a missing directory", "resume a directory that is not a run",
+    "compile mode of an eager step", "compile mode on jax", "block too short", "seed out of range", "earlier run's checkpoints", "earlier run's saved model", "output where no file can be made",
+    "resume a missing directory", "resume a directory that is not a run",
     "resume a run without checkpoints", "resume with other options", "config file missing", "config file not toml",
     "config key unknown", "config value of the wrong kind", "config value the flag refuses",
     "config value the run refuses", "run file beside other options", "run file of another format",

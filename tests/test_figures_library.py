@@ -62,3 +62,12 @@ def test_the_attention_row_says_when_the_query_key_and_value_were_three_products
     assert figures.attention_text(result(**float32, projections="separate")) == (
         "causal xla (unfused); query, key and value in three products")
     assert figures.attention_text(result()) == "causal xla (unfused)"  # nothing recorded: nothing said
+
+
+def test_a_runs_batch_reads_as_its_configuration_sizes_it():
+    """Rows, or tokens where --max-tokens sizes the batch (its rows then vary with the length), times the
+    micro-batches of --grad-accum: the summary, the table and compare's configuration line all say it this way."""
+    assert figures.batch_text({"batch_size": 64, "max_tokens": None, "grad_accum": 1}) == "64"
+    assert figures.batch_text({"batch_size": 64, "max_tokens": 4096}) == "4,096 tokens"
+    assert figures.batch_text({"batch_size": 8, "grad_accum": 2}) == "8 x 2 micro-batches"
+    assert figures.batch_text({}) == "per run"

@@ -105,7 +105,11 @@ def step_compiling_extra(config, plugins):
         if config.step == "eager":
             raise MtbenchError(f"--step eager: no '{name}' extra serves the {plugins.backend.name} backend, which "
                                f"trains its own step (JAX's is always compiled); leave --step out")
+        refuse_compile_mode(config, f"no '{name}' extra serves the {plugins.backend.name} backend, which trains its "
+                                    f"own step")
         return None, []
+    if config.step == "eager":
+        refuse_compile_mode(config, "--step eager")
     conflicting = conflicting_extras(extra, plugins.extras)
     if config.step == "compiled" and conflicting:
         raise MtbenchError(f"--step compiled: extra '{conflicting[0]}' cannot run together with '{name}'")
@@ -137,5 +141,15 @@ def choose_compiled_step(run, plugins):
               else f"compiled by default on a CUDA GPU only; this device is {run.device_kind} (--step compiled "
                    f"compiles it here)" if run.device_kind != "gpu" else None)
     reason = join_where_it_runs(run, plugins, extra, reason)
+    if reason:
+        refuse_compile_mode(config, reason)
     run.step_choice = ({"asked": asked, "by_extra": None, "why_not": reason} if reason
                        else {"asked": asked, "by_extra": name})
+
+
+def refuse_compile_mode(config, why_uncompiled):
+    """--compile-mode other than the default where nothing compiles the step: the result would record a mode that
+    never ran. Refused in one line, with why the step is not compiled."""
+    if config.compile_mode != "default":
+        raise MtbenchError(f"--compile-mode {config.compile_mode}: this run's step is not compiled "
+                           f"({why_uncompiled}); leave --compile-mode out")

@@ -141,6 +141,8 @@ class TrainConfig:
         if self.block_size is not None:
             if self.max_len is not None and self.max_len != self.block_size:
                 raise MtbenchError("give --block-size or --max-len, not both")
+            if self.block_size < 8:
+                raise MtbenchError(f"--block-size must be at least 8, got {self.block_size}")
             self.max_len = self.block_size
         if self.vocab_size is None:
             self.vocab_size = model.vocab_size
@@ -177,6 +179,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise MtbenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if not 0 <= self.seed < 2 ** 32:  # numpy's generators take no other
+            raise MtbenchError(f"--seed must be from 0 to {2 ** 32 - 1}, got {self.seed}")
         if self.epochs is not None and self.epochs <= 0:
             raise MtbenchError(f"--epochs must be positive, got {self.epochs}")
         if self.learning_rate <= 0:

@@ -91,14 +91,14 @@ def test_ampere_and_later_gpus_compute_bfloat16_natively_as_each_backend_reports
     assert JaxBackend().device_info() == {"kind": "gpu", "name": "NVIDIA A10", "count": 2, "bfloat16": True}
 
 
-def chosen_step(backend, kind, step="auto", extras=(), registry=None):
+def chosen_step(backend, kind, step="auto", extras=(), registry=None, **options):
     """(the run's extras, the extras' plugins, `run.step_choice`) once `--step` has chosen, for a device of `kind`
     (a GPU described, not present: the choice reads only the device's description)."""
     from mtbench.plugins import manager
     from mtbench.plugins.api import RunContext
     from mtbench.runner.choices import choose_compiled_step
     from mtbench.runner.setup import choose_plugins
-    config = TrainConfig(backend=backend, preset="tiny", step=step, extras=extras)
+    config = TrainConfig(backend=backend, preset="tiny", step=step, extras=extras, **options)
     plugins = choose_plugins(config, registry or manager.registry())
     run = RunContext(config=config, backend=plugins.backend, device={"kind": kind})
     choose_compiled_step(run, plugins)
@@ -159,3 +159,11 @@ def test_step_eager_beside_the_compile_extra_is_refused_and_old_results_read_as_
     assert TrainConfig.from_dict(old).step == "eager"
     assert TrainConfig.from_dict({**old, "extras": ["torch-compile"]}).step == "auto"
     assert TrainConfig.from_dict({**old, "backend": "jax"}).step == "auto"
+
+
+def test_a_compile_mode_where_nothing_compiles_the_step_is_refused_with_the_reason():
+    """The result would record a mode that never ran."""
+    assert chosen_step("torch", "gpu", compile_mode="reduce-overhead")[0] == ("torch-compile",)
+    with pytest.raises(MtbenchError, match=r"^--compile-mode reduce-overhead: this run's step is not compiled "
+                                           r"\(compiled by default on a CUDA GPU only; this device is cpu"):
+        chosen_step("torch", "cpu", compile_mode="reduce-overhead")

@@ -13,12 +13,12 @@ from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.batches import encode_split
 from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.tokenizer import JointTokenizer
-from conftest import cli_environment, run_cli
+from conftest import assert_refused_in_one_line, cli_environment, run_cli
 
 # Long enough for the tiny model to produce varied sentences, so equal translations say something.
 TRAINED = ["--preset", "tiny", "--max-pairs", "4000", "--valid-size", "100", "--test-size", "100", "--max-len", "32",
            "--steps", "150", "--batch-size", "32", "--learning-rate", "3e-3", "--warmup-steps", "20",
-           "--checkpoint-every", "75", "--report", "none"]
+           "--checkpoint-every", "75", "--report", "none", "--dtype", "float32"]  # float32 on a GPU too
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +101,19 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
         proc = run_cli("translate", *args, "/dev/null")
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--src-col", "0"], "--src-col must be at least 1, got 0"),
+    (["--src-col", "2", "--tgt-col", "2"], "--src-col and --tgt-col are both 2; they must differ"),
+    (["--length-penalty", "-5"], "Invalid value for '--length-penalty'"),
+])
+def test_evaluate_refuses_what_train_refuses_before_it_loads_a_model(tmp_path, args, expected):
+    """A column 0 would read the last column (Python counts from the end), as `train` refuses it."""
+    test_file = tmp_path / "test.tsv"
+    test_file.write_text("a b\tc d\te f\n")
+    assert_refused_in_one_line(run_cli("evaluate", str(tmp_path / "no-model.json"), "--test", str(test_file), *args),
+                               expected)
 
 
 def test_a_saved_model_computes_its_float32_matmuls_as_its_run_trained(trained):

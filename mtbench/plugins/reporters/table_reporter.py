@@ -4,7 +4,7 @@ lines; `table`, every figure of the run in one rich table (`mtbench report RESUL
 from rich.table import Table
 
 from mtbench import Reporter, hookimpl
-from mtbench.figures import (attention_text, compile_cache_text, cores_text, figure_text, host_syncs_text,
+from mtbench.figures import (attention_text, batch_text, compile_cache_text, cores_text, figure_text, host_syncs_text,
                              matmul_precision_text, peak_measurement_text, run_dtype, run_label, run_warnings,
                              scored_sentences_text, size_label, train_step_text)
 
@@ -77,8 +77,7 @@ def result_rows(result):
         ("run", "versions", f"keras {env['keras']}, jax {env['jax']}, torch {env['torch']}"),
         ("run", "corpus / preset", f"{result['data']['corpus']} / {cfg['preset']} "
                                    f"({_size(cfg)}{result['model']['parameters']:,} parameters), {run_dtype(result)}"),
-        ("run", "steps x batch", f"{t['steps']} x {cfg['batch_size']}"
-                                 + (f" x {cfg['grad_accum']} micro-batches" if cfg.get("grad_accum", 1) > 1 else "")),
+        ("run", "steps x batch", f"{t['steps']} x {batch_text(cfg)}"),
         ("run", "train step", train_step_text(result)),
         ("run", "host waits per step", host_syncs_text(result)),
         ("run", "attention", attention_text(result)),
@@ -235,7 +234,6 @@ def summary_lines(result):
     """The few lines `train` ends with: what ran, its speed, the task's quality, memory and warnings."""
     config, timing = result["config"], result["timing"]
     status = result["status"] + (f" ({result['status_reason']})" if result.get("status_reason") else "")
-    accumulated = f" x {config['grad_accum']} micro-batches" if config.get("grad_accum", 1) > 1 else ""
     device = result["env"]["device"]
     speed = (f"{_joined(result, 'step_s_median', unit=' ms')} median (p90 {_joined(result, 'step_s_p90', unit=' ms')}), "
              f"{figure_text(result, 'tokens_per_s')} tokens/s, MFU {_mfu_short(result)}")
@@ -250,7 +248,7 @@ def summary_lines(result):
         quality = result["metrics"]["skipped"]
     lines = [
         f"{run_label(result)} {status}: {config['preset']} ({result['model']['parameters']:,} parameters), "
-        f"{run_dtype(result)}, {timing['steps']} steps x {config['batch_size']}{accumulated}, on {device.get('kind')} "
+        f"{run_dtype(result)}, {timing['steps']} steps x {batch_text(config)}, on {device.get('kind')} "
         f"{device.get('name')} ({result['devices_used']} of {device.get('count')})",
         f"  ran       {train_step_text(result)} step; attention {attention_text(result)}; float32 matmuls "
         f"{matmul_precision_text(result)}",

@@ -27,6 +27,13 @@ class ReadOptions:
     src_lang: str = None
     tgt_lang: str = None
 
+    def __post_init__(self):
+        for flag, column in (("--src-col", self.src_col), ("--tgt-col", self.tgt_col)):
+            if column < 1:  # a column 0 would read the last one, as Python counts from the end
+                raise MtbenchError(f"{flag} must be at least 1, got {column}")
+        if self.src_col == self.tgt_col:
+            raise MtbenchError(f"--src-col and --tgt-col are both {self.src_col}; they must differ")
+
     @property
     def languages(self):
         return (self.src_lang, self.tgt_lang) if self.src_lang and self.tgt_lang else None

@@ -12,12 +12,14 @@ The data position is the step: each step takes one batch from a generator seeded
 re-creates the generator and skips that many batches without building them (see `training_batches`).
 """
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,18 +149,30 @@ def _random_state(model):
     return [v for v in model.variables if id(v) not in weights]
 
 
+@contextlib.contextmanager
+def damaged(checkpoint, name, errors=(OSError,)):
+    """A file of `checkpoint` that cannot be read (truncated, emptied, not of its format: h5py's OSError, numpy's
+    errors) ends the command in one line naming it."""
+    try:
+        yield
+    except errors as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise MtbenchError(f"{checkpoint}: its {name} cannot be read ({reason}); the checkpoint is damaged") from None
+
+
 def restore(checkpoint, model):
     """Loads a checkpoint into a compiled `model` and returns its TrainingState."""
     # The optimizer must have its variables before load_weights can fill them.
     model.optimizer.build(model.trainable_variables)
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, damaged(checkpoint, WEIGHTS_FILE):
         warnings.simplefilter("always")
         model.load_weights(os.path.join(checkpoint, WEIGHTS_FILE))
     # Keras only warns when it skips variables that do not fit; resuming without them would not be this run.
     skipped = [str(w.message).strip() for w in caught if "Skipping variable loading" in str(w.message)]
     if skipped:
         raise RunFailure(f"{checkpoint}: does not fit this model: {skipped[0]}")
-    with np.load(os.path.join(checkpoint, RANDOM_STATE_FILE)) as saved:
+    with damaged(checkpoint, RANDOM_STATE_FILE, (OSError, ValueError, EOFError, zipfile.BadZipFile)), \
+            np.load(os.path.join(checkpoint, RANDOM_STATE_FILE)) as saved:
         values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     variables = _random_state(model)
     if len(values) != len(variables):

@@ -276,6 +276,9 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
     check_same_hardware(specs, devices, interpreters)
     check_dtype(specs, options["dtype"], devices, registry)
     compiled_added = twins and any(TORCH_COMPILED in spec.extras for spec in specs)
+    if asked_compile_mode and not any(TORCH_COMPILED in spec.extras for spec in specs):
+        raise MtbenchError(f"--compile-mode {asked_compile_mode}: no run compiles torch's step (on a CPU, name "
+                           f"'{TORCH_COMPILED}' in --matrix or give --step compiled); leave --compile-mode out")
     # --compile-mode is given to the runs that compile torch's step alone (the others' configuration keeps the
     # default): reduce-overhead (CUDA graphs) for those compare adds.
     compile_mode = asked_compile_mode or ("reduce-overhead" if compiled_added else None)

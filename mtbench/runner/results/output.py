@@ -2,6 +2,7 @@
 and never replaces what an earlier run left unless told to."""
 
 import os
+import tempfile
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.loop.checkpoints import RunDirectory, run_dir_for
@@ -25,6 +26,9 @@ def check_output_path(path, overwrite, resuming=False, kind=".json"):
         if not resuming and not overwrite and run_dir.checkpoints():
             raise MtbenchError(f"{run_dir.path}: holds checkpoints of an earlier run writing {path}; continue "
                                f"it with --resume {run_dir.path}, or pass --overwrite to start afresh")
+        if not resuming and not overwrite and os.path.isdir(run_dir.path) and os.listdir(run_dir.path):
+            raise MtbenchError(f"{run_dir.path}: holds an earlier run's files (a saved model, logs), though {path} "
+                               f"does not exist; pass --overwrite to write over them, or give another --out")
     existing = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
@@ -32,3 +36,8 @@ def check_output_path(path, overwrite, resuming=False, kind=".json"):
         raise MtbenchError(f"{path}: cannot write into {existing}: it is a file, not a directory")
     if not os.access(existing, os.W_OK):
         raise MtbenchError(f"{path}: cannot write into {existing}: permission denied or read-only")
+    try:  # what the permission bits do not say: a file system that refuses new files (/sys, /proc), even to root
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise MtbenchError(f"{path}: cannot write into {existing}: {error.strerror or error}") from None

@@ -19,7 +19,7 @@ from rich.table import Table
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import COMPILED_STEP_EXTRA, TrainConfig, decoding_name
 from mtbench.runner.files import read_json
-from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, hardware, run_dtype, run_name,
+from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, hardware, run_dtype, run_name,
                              run_processes, run_warnings, scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import result_task, schema_errors
@@ -532,10 +532,10 @@ def describe_configuration(comparison):
     length = f"{config['steps']} steps" if config.get("epochs") is None else f"{config['epochs']} epochs"
     corpus = config.get("data_file") or (comparison.baseline.first.get("data") or {}).get("corpus") \
         or config.get("dataset")
-    tokens = config.get("max_tokens")
-    batch = f"{tokens} tokens" if tokens is not None else config.get("batch_size", "per run")
-    parts = [corpus, f"preset {config['preset']}", f"{length} x batch {batch}"]
-    if task in ("translation", "language-modelling"):  # a plugin's task may have no lengths
+    parts = [corpus, f"preset {config['preset']}", f"{length} x batch {batch_text(config)}"]
+    if task == "language-modelling":
+        parts.append(f"block {config.get('max_len', 'per run')}")
+    elif task == "translation":  # a plugin's task may have no lengths
         parts.append(f"max-len {config.get('max_len', 'per run')}")
     if task == "translation":
         parts.append(f"max-pairs {config.get('max_pairs') or 'all'}")

@@ -13,7 +13,7 @@ from marian_fixture import build_checkpoint, parallel_sentences
 
 FINE_TUNE = ["--data", None, "--valid-size", "16", "--test-size", "16", "--max-len", "32", "--steps", "12",
              "--batch-size", "16", "--learning-rate", "1e-3", "--warmup-steps", "4", "--dropout", "0",
-             "--report", "none"]
+             "--report", "none", "--dtype", "float32"]  # float32 on a GPU too: equal translations are compared
 
 
 @pytest.fixture(scope="module")

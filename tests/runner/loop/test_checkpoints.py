@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from mtbench.errors import RunFailure
+from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore
 
 
@@ -63,6 +63,20 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_refused(tmp_path):
     checkpoint = save(RunDirectory(str(tmp_path / "r.run"), fresh=True), untrained, step=1)
     with pytest.raises(RunFailure, match=r"checkpoint-000001: does not fit this model: Skipping variable loading "
                                          r"for optimizer"):
+        restore(checkpoint, small_model(seed=1))
+
+
+@pytest.mark.parametrize("damaged, reason", [("model.weights.h5", "file signature not found"),
+                                              ("random_state.npz", "")])
+def test_a_damaged_checkpoint_is_refused_in_one_line_naming_its_file(tmp_path, damaged, reason):
+    """A checkpoint file emptied (a disk that filled, a copy cut short): `--resume` says which, not h5py's error."""
+    model = small_model(seed=1)
+    train(model, 1)
+    checkpoint = save(RunDirectory(str(tmp_path / "r.run"), fresh=True), model, step=1)
+    assert damaged in os.listdir(checkpoint)
+    open(os.path.join(checkpoint, damaged), "w").close()
+    with pytest.raises(MtbenchError, match=rf"checkpoint-000001: its {damaged} cannot be read \(.*{reason}.*\); "
+                                           r"the checkpoint is damaged$"):
         restore(checkpoint, small_model(seed=1))
 
 

@@ -153,6 +153,10 @@ def test_a_comparison_is_planned_and_checked_before_the_devices_are_asked():
             ("torch", ("torch-compile",), None, {"step": "eager"}, "--step eager contradicts --extra torch-compile")]:
         with pytest.raises(MtbenchError, match=expected):
             plan_comparison(backends, extras, matrix, options(**given), plugins, probe=never)
+    # A mode no run would compile with would be recorded for nothing.
+    with pytest.raises(MtbenchError, match="^--compile-mode max-autotune: no run compiles torch's step"):
+        plan_comparison("jax,torch", (), None, options(compile_mode="max-autotune"), plugins,
+                        probe=lambda: {"jax": CPU, "torch": CPU})
     # Against the devices: torch on a GPU beside JAX on the CPU compares machines.
     with pytest.raises(MtbenchError, match="^the runs would train on different hardware"):
         plan_comparison("jax,torch", (), None, options(), plugins, probe=lambda: {"jax": CPU, "torch": H100})

@@ -69,6 +69,20 @@ def test_a_quiet_run_carries_no_warning(tiny_runs):
     assert rows(quiet(tiny_runs["jax"]["result"]))["warnings"] == "none"
 
 
+def test_a_run_that_stopped_early_says_where_in_every_report(tiny_runs, tmp_path):
+    """A partial result (Ctrl-C, a diverged loss) is reported beside complete ones: its warning says so, and the
+    comparison's ranking does not rest on it unflagged."""
+    result = quiet(tiny_runs["jax"]["result"])
+    result.update(status="interrupted", status_reason="Ctrl-C (SIGINT)", history=result["history"][:7])
+    steps = result["config"]["steps"]
+    expected = f"interrupted after 7 of {steps} steps (Ctrl-C (SIGINT)): figures of a partial run"
+    assert run_warnings(result) == [expected]
+    assert rows(result)["warnings"] == expected
+    comparison = build_comparison([LoadedRun(result, write(tmp_path, "partial.json", result)),
+                                   LoadedRun(quiet(tiny_runs["torch"]["result"]), "torch.json")])
+    assert expected in to_markdown(comparison)
+
+
 def test_steps_that_scatter_past_the_bound_are_flagged(tiny_runs):
     result = quiet(tiny_runs["jax"]["result"])
     result["timing"]["step_s_median"], result["timing"]["step_s_p90"] = 0.0536, 0.0536 * SCATTER_BOUND

@@ -1,0 +1,26 @@
+"""`train --run-file`: the file is the run's whole configuration; beside it only how the run is reported and
+launched, and --overwrite, the one way out of a result that already exists."""
+
+import json
+
+from conftest import assert_refused_in_one_line, run_cli
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.run_file import write_run_file
+
+
+def test_a_run_file_whose_result_exists_is_refused_until_overwrite_is_given(tmp_path, cache_dir):
+    out = tmp_path / "run.json"
+    out.write_text('{"earlier": true}')
+    run_file = tmp_path / "run.train.json"
+    write_run_file(str(run_file), TrainConfig(backend="jax", model_name="gpt", preset="tiny", block_size=16,
+                                              batch_size=2, steps=2, dtype="float32", measure_only=True,
+                                              cache_dir=cache_dir, out=str(out)))
+    refused = run_cli("train", "--run-file", str(run_file))
+    assert_refused_in_one_line(refused, "run.json: already exists; pass --overwrite to replace it")
+    assert json.loads(out.read_text()) == {"earlier": True}
+    assert_refused_in_one_line(run_cli("train", "--run-file", str(run_file), "--steps", "3"),
+                               "--run-file holds the run's whole configuration; drop --steps")
+    replaced = run_cli("train", "--run-file", str(run_file), "--overwrite", "--report", "none")
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["status"] == "completed" and len(result["history"]) == 2 and result["config"]["overwrite"]
