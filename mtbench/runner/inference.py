@@ -119,8 +119,6 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
     (`temperature` 0) or sampled from the softmax of logits / `temperature`, restricted to the `top_k` most
     likely tokens, with numpy's generator from `seed` (the same text on every backend, up to the arithmetic)."""
     loaded = open_model(path, registry, backend_name, task="language-modelling")
-    if loaded.source.is_checkpoint:
-        raise MtbenchError(f"{path}: generation needs a completed run's saved model, not a checkpoint")
     ids = list(loaded.tokenizer.encode_text(prompt))
     if not ids:
         raise MtbenchError("--prompt is empty: give the text to continue")

@@ -18,7 +18,8 @@ from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file, write_weights_file
 from mtbench.runner.files import make_temporary_folder, read_json, write_json_atomic
-from mtbench.runner.loop.checkpoints import CHECKPOINT_NAME, RUN_FILE, RunDirectory, open_run
+from mtbench.runner.loop.checkpoints import CHECKPOINT_NAME, RUN_FILE, TOKENIZER_DIR, RunDirectory, open_run
+from mtbench.runner.results.report import COMPARE_KIND
 
 SAVED_DIR = "model"
 BEST_DIR = "best"  # the model of the best validation (--eval-every), in the same format
@@ -112,8 +113,11 @@ def _from_result(path):
     run_dir = result.get("run_dir")
     if run_dir and RunDirectory(run_dir, fresh=False).latest():
         return _from_run(run_dir)
+    if result.get("kind") == COMPARE_KIND:
+        runs = ", ".join(entry.get("result_file", "?") for entry in result.get("runs") or [])
+        raise MtbenchError(f"{path}: a compare JSON of several runs; give one run's result: {runs or 'none'}")
     why = "its saved model is gone" if saved else "the run kept no model (--no-save-model, or it did not complete)"
-    raise MtbenchError(f"{path}: {why}, and it has no checkpoint; nothing to translate with")
+    raise MtbenchError(f"{path}: {why}, and it has no checkpoint; no model to load")
 
 
 def _from_run(run_dir):
@@ -143,18 +147,23 @@ def model_files(source, plugins):
         return path, tokenizer
     with plugins.model_code():
         tokenizer = plugins.model.tokenizer(plugins.model_path, source.config)
-    return plugins.model_path, tokenizer or _cached_joint_tokenizer(source)
+    return plugins.model_path, tokenizer or _checkpoints_tokenizer(source, plugins)
 
 
-def _cached_joint_tokenizer(source):
-    """A checkpoint's run trained mtbench's tokenizer into its cache; run.json names the file."""
+def _checkpoints_tokenizer(source, plugins):
+    """The tokenizer a checkpoint's run kept beside its checkpoints (`RunDirectory.save`); for a run of an older
+    mtbench, which kept none, the joint tokenizer translation trained into its cache (run.json names the file)."""
     from mtbench.runner.data.tokenizer import JointTokenizer
-    run_file = os.path.join(os.path.dirname(source.weights), RUN_FILE)
-    fingerprint = read_json(run_file, "an mtbench run file").get("data_fingerprint") or ""
+    run_dir = os.path.dirname(source.weights)
+    run = read_json(os.path.join(run_dir, RUN_FILE), "an mtbench run file")
+    if os.path.isdir(os.path.join(run_dir, TOKENIZER_DIR)) and run.get("tokenizer"):
+        with plugins.task_code():
+            return plugins.task.load_tokenizer(os.path.join(run_dir, TOKENIZER_DIR), run["tokenizer"])
+    fingerprint = run.get("data_fingerprint") or ""
     path = os.path.join(source.config.cache_dir, "tokenizers", fingerprint)
     if not fingerprint or not os.path.isfile(path):
-        raise MtbenchError(f"{source.label}: its tokenizer {path} is no longer in the cache; translate with a "
-                           f"completed run's saved model instead")
+        raise MtbenchError(f"{source.label}: its run kept no tokenizer beside its checkpoints (an older mtbench), "
+                           f"and {path} is no longer in the cache; use a completed run's saved model instead")
     return JointTokenizer.from_file(path)
 
 

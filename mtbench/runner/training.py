@@ -68,7 +68,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
 
     checkpointing = Checkpointing(run_dir, run_config, data.fingerprint, config.checkpoint_every,
                                   config.keep_checkpoints, latest=resume.checkpoint if resume else None,
-                                  keep_best=best_model_keeper(config, run_dir, data, plugins, built.model_shape))
+                                  keep_best=best_model_keeper(config, run_dir, data, plugins, built.model_shape),
+                                  tokenizer=data.tokenizer)
     target = QualityTarget(plugins.task.validation_metric, config.target and config.target[1],
                            plugins.task.higher_is_better, config.eval_every, built.state.evaluations)
     callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=built.model)

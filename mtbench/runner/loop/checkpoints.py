@@ -33,6 +33,8 @@ RUN_FORMAT = 1
 WEIGHTS_FILE = "model.weights.h5"
 RANDOM_STATE_FILE = "random_state.npz"
 STATE_FILE = "state.json"
+# The run's tokenizer, beside its checkpoints (`Tokenizer.save`): what a checkpoint translates or generates with.
+TOKENIZER_DIR = "tokenizer"
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 PATH_FIELDS = ("data_file", "valid_file", "test_file", "cache_dir", "out")
 
@@ -100,18 +102,19 @@ class RunDirectory:
         checkpoints = self.checkpoints()
         return checkpoints[-1] if checkpoints else None
 
-    def save(self, model, state, run_config, data_fingerprint, keep):
-        """Writes a checkpoint of `model` at `state.step` atomically, then keeps only the last `keep`. A failed
-        write (a full disk) leaves the earlier checkpoints as they were."""
+    def save(self, model, state, run_config, data_fingerprint, keep, tokenizer=None):
+        """Writes a checkpoint of `model` at `state.step` atomically, then keeps only the last `keep`; the run's
+        `tokenizer` once beside them. A failed write (a full disk) leaves the earlier checkpoints as they were."""
         if not self.writes:
             return os.path.join(self.path, f"checkpoint-{state.step:06d}")
         tmp = None
         try:
             if self._fresh:
                 self._clear()
+            kept = self._keep_tokenizer(tokenizer)
             write_json_atomic(os.path.join(self.path, RUN_FILE), {
                 "mtbench_run": RUN_FORMAT, "config": _absolute_paths(run_config),
-                "data_fingerprint": data_fingerprint})
+                "data_fingerprint": data_fingerprint, **({"tokenizer": kept} if kept else {})})
             tmp = make_temporary_folder(".tmp-checkpoint-", self.path)
             model.save_weights(os.path.join(tmp, WEIGHTS_FILE))
             np.savez(os.path.join(tmp, RANDOM_STATE_FILE), *[v.numpy() for v in _random_state(model)])
@@ -134,6 +137,27 @@ class RunDirectory:
         for _, old in self.checkpoints()[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def _keep_tokenizer(self, tokenizer):
+        """Writes `tokenizer` into the run's folder (a fresh run's replacing an earlier one's); returns its
+        `describe()`, or None where there is none or it cannot be saved (a plugin's that implements no `save`)."""
+        folder = os.path.join(self.path, TOKENIZER_DIR)
+        if tokenizer is None:
+            return None
+        description = tokenizer.describe()
+        if os.path.isdir(folder) and not self._fresh:
+            return description
+        os.makedirs(self.path, exist_ok=True)
+        tmp = make_temporary_folder(".tmp-checkpoint-tokenizer-", self.path)
+        try:
+            tokenizer.save(tmp)
+        except NotImplementedError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        if os.path.exists(folder):
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+        return description
 
     def _clear(self):
         for _, old in self.checkpoints():

@@ -26,6 +26,7 @@ class Checkpointing:
     keep: int
     latest: str = None       # the newest checkpoint of this run (a resumed run starts with its own)
     keep_best: object = None  # model -> path: keeps the weights of the best validation so far (None: not kept)
+    tokenizer: object = None  # the run's, kept beside the checkpoints (what a checkpoint translates with)
 
 
 @dataclass
@@ -279,4 +280,4 @@ def save_checkpoint(checkpointing, model, train_step, state, clock, target, proc
         # there may wait for them.
         with processes.alone():
             return checkpointing.run_dir.save(model, state, checkpointing.run_config, checkpointing.data_fingerprint,
-                                              checkpointing.keep)
+                                              checkpointing.keep, checkpointing.tokenizer)

@@ -9,6 +9,7 @@ import pytest
 
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore
+from mtbench.runner.saved_model import find_model, model_files
 
 
 def small_model(seed):
@@ -45,6 +46,30 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_random_state(tmp_p
     train(trained, 2)
     train(fresh, 2)
     np.testing.assert_array_equal(fresh.get_weights()[0], trained.get_weights()[0])
+
+
+def test_the_runs_tokenizer_is_kept_beside_its_checkpoints_and_read_back_with_one(tmp_path):
+    """A character tokenizer is made from the run's text, not kept in a cache: beside the checkpoints, a checkpoint
+    of an interrupted language model generates with it. A fresh run's replaces an earlier run's."""
+    import json
+    from mtbench.plugins.manager import registry
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.data.text import CharTokenizer
+    from mtbench.runner.setup import choose_plugins
+    model, run_dir = small_model(seed=1), RunDirectory(str(tmp_path / "r.run"), fresh=True)
+    config = {"model_name": "gpt", "preset": "tiny", "out": str(tmp_path / "r.json")}
+    checkpoint = run_dir.save(model, TrainingState(step=1, history=[]), config, "chars", 2, CharTokenizer("abc d"))
+    with open(os.path.join(run_dir.path, "run.json")) as f:
+        assert json.load(f)["tokenizer"]["vocab_size"] == 6  # five characters and <unk>
+    plugins = choose_plugins(TrainConfig(model_name="gpt", preset="tiny"), registry())
+    source = find_model(checkpoint)
+    assert source.is_checkpoint
+    _, tokenizer = model_files(source, plugins)
+    assert tokenizer.decode_text(tokenizer.encode_text("a dab")) == "a dab" and tokenizer.vocab_size == 6
+    again = RunDirectory(run_dir.path, fresh=True)
+    again.save(model, TrainingState(step=1, history=[]), config, "chars", 2, CharTokenizer("xyz"))
+    _, tokenizer = model_files(find_model(checkpoint), plugins)
+    assert tokenizer.decode_text(tokenizer.encode_text("zyx")) == "zyx" and tokenizer.vocab_size == 4
 
 
 def test_only_the_last_checkpoints_are_kept_and_a_new_run_replaces_them(tmp_path):

@@ -3,6 +3,7 @@ Bible, as files), both backends, the task's figures in the result and none of tr
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -67,7 +68,8 @@ def char_runs(text_folder, cache_dir, tmp_path_factory):
     """The same character-level model trained on each backend from a folder of .txt files."""
     out = tmp_path_factory.mktemp("char-runs")
     return {backend: train(backend, out / f"{backend}.json", "--data", text_folder, "--tokenizer", "char",
-                           "--steps", "50", cache_dir=cache_dir) for backend in ("jax", "torch")}
+                           "--steps", "50", "--checkpoint-every", "50", cache_dir=cache_dir)
+            for backend in ("jax", "torch")}
 
 
 @pytest.mark.slow
@@ -116,6 +118,20 @@ def test_generate_continues_a_prompt_alike_on_the_other_backend(char_runs):
     sampled = run_cli("generate", char_runs["jax"]["config"]["out"], "--prompt", "And", "--max-new-tokens", "40",
                       "--top-k", "5", "--seed", "1")
     assert sampled.returncode == 0 and len(sampled.stdout.rstrip("\n")) > len("And")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_generates_as_the_saved_model_does(char_runs):
+    """An interrupted run keeps no saved model, only checkpoints: its character tokenizer, made from its text, is
+    kept beside them, and its last checkpoint (here the final step's) generates what the saved model does."""
+    result = char_runs["torch"]
+    checkpoint = os.path.join(result["run_dir"], "checkpoint-000050")
+    texts = []
+    for model in (result["config"]["out"], checkpoint):
+        proc = run_cli("generate", model, "--prompt", "And God", "--max-new-tokens", "16", "--temperature", "0")
+        assert proc.returncode == 0, proc.stderr
+        texts.append(proc.stdout)
+    assert texts[0] == texts[1] and texts[0].startswith("And God")
 
 
 def bad_input_cases(tmp_path):
