@@ -105,6 +105,9 @@ def find_model(path):
 
 def _from_result(path):
     result = read_json(path, "a result JSON")
+    if isinstance(result, dict) and result.get("kind") == COMPARE_KIND:
+        runs = ", ".join(entry.get("result_file", "?") for entry in result.get("runs") or [])
+        raise MtbenchError(f"{path}: a compare JSON of several runs; give one run's result: {runs or 'none'}")
     if not isinstance(result, dict) or "config" not in result:
         raise MtbenchError(f"{path}: not an mtbench result")
     saved = (result.get("model") or {}).get("saved")
@@ -113,9 +116,6 @@ def _from_result(path):
     run_dir = result.get("run_dir")
     if run_dir and RunDirectory(run_dir, fresh=False).latest():
         return _from_run(run_dir)
-    if result.get("kind") == COMPARE_KIND:
-        runs = ", ".join(entry.get("result_file", "?") for entry in result.get("runs") or [])
-        raise MtbenchError(f"{path}: a compare JSON of several runs; give one run's result: {runs or 'none'}")
     why = "its saved model is gone" if saved else "the run kept no model (--no-save-model, or it did not complete)"
     raise MtbenchError(f"{path}: {why}, and it has no checkpoint; no model to load")
 

@@ -116,6 +116,15 @@ def test_evaluate_refuses_what_train_refuses_before_it_loads_a_model(tmp_path, a
                                expected)
 
 
+def test_a_compare_json_given_as_the_model_names_its_runs(tmp_path):
+    compared = tmp_path / "c.json"
+    compared.write_text(json.dumps({"kind": "mtbench-compare", "config": {}, "runs": [
+        {"result_file": "/r/c.runs/jax-1.json"}, {"result_file": "/r/c.runs/torch-1.json"}]}))
+    for command in (("translate", str(compared), "/dev/null"), ("generate", str(compared), "--prompt", "In")):
+        assert_refused_in_one_line(run_cli(*command), "c.json: a compare JSON of several runs; give one run's "
+                                                      "result: /r/c.runs/jax-1.json, /r/c.runs/torch-1.json")
+
+
 def test_a_saved_model_computes_its_float32_matmuls_as_its_run_trained(trained):
     """On a GPU JAX's own default is TF32 (and unset, None, on a CPU): a model opened again must decode in the
     arithmetic its run trained in (true float32 here), or `evaluate` would not score the run's translations."""
