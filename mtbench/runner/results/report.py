@@ -78,7 +78,20 @@ def load_runs(paths):
             runs.append(_checked(data, path))
     if not runs:
         raise MtbenchError("no runs in the given files")
+    _refuse_the_same_run_twice(runs)
     return runs
+
+
+def _refuse_the_same_run_twice(runs):
+    """One run given twice (a file named twice, a copy of it, a compare JSON beside one of its runs) would count as
+    two repeats: a spread of zero, a verdict the runs do not support."""
+    seen = {}
+    for run in runs:
+        key = json.dumps(run.result, sort_keys=True, default=str)
+        if key in seen:
+            raise MtbenchError(f"{seen[key]} and {run.source} hold the same run (created {run.result.get('created')}); "
+                               f"give each run once")
+        seen[key] = run.source
 
 
 def differing(reference, other, ignored=(), defaults=None):

@@ -85,6 +85,18 @@ def test_repeats_of_a_run_show_median_and_range_of_every_timing(results, tmp_pat
             assert "–" not in cell, (figure.key, cell)
 
 
+def test_one_run_given_twice_is_refused_not_counted_as_two_repeats(results, tmp_path):
+    """A file named twice, or a byte-identical copy, would be two repeats whose spread is zero."""
+    jax_path, jax_result = results["jax"]
+    copy = tmp_path / "copy.json"
+    copy.write_text(json.dumps(jax_result))
+    for paths in ([jax_path, jax_path], [jax_path, results["torch"][0], str(copy)]):
+        proc = run_cli("report", *paths)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"Error: {jax_path} and {paths[-1]} hold the same run (created {jax_result['created']}); give each run "
+            f"once"], proc.stderr
+
+
 def test_csv_output_carries_the_results_figures(results):
     rows = list(csv.DictReader(io.StringIO(report(results["jax"][0], results["torch"][0], "--format", "csv"))))
     assert [row["label"] for row in rows] == ["jax", "torch"]
