@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
+from mtbench.keras_models.presets import presets_for
 from mtbench.runner.data.text import (TOKENIZERS, evaluated_bytes, evaluation_batches, load_text_tokenizer,
                                       read_text, split_ranges, text_tokenizer, training_batches, batches_per_epoch)
 
@@ -34,6 +35,10 @@ class LanguageModellingTask(Task):
                                                          f"'{config.model_family[0]}' model family is a language model")
         if config.tokenizer not in (None, *TOKENIZERS):
             raise MtbenchError(f"unknown --tokenizer '{config.tokenizer}'; choose one of {', '.join(TOKENIZERS)}")
+        kind, preset = config.tokenizer or "byte", presets_for(config.model_family[0])[config.preset]
+        if kind != "sentencepiece" and config.vocab_size != preset.vocab_size:
+            raise MtbenchError(f"--vocab-size sizes a sentencepiece vocabulary (--tokenizer sentencepiece); the {kind} "
+                               f"tokenizer's vocabulary is its own")
 
     def read(self, config, registry, progress):
         return read_text(config, registry, progress)

@@ -154,12 +154,14 @@ def bad_input_cases(tmp_path):
         "target BLEU": (["--target-bleu", "10", "--eval-every", "5"], "--target-bleu is an option of translation"),
         "preset": (["--preset", "base"], "unknown preset 'base' for --model gpt"),
         "sample without validation": (["--sample-prompt", "And"], "--sample-prompt needs --eval-every"),
+        "vocabulary of bytes": (["--vocab-size", "50"], "--vocab-size sizes a sentencepiece vocabulary "
+                                "(--tokenizer sentencepiece); the byte tokenizer's vocabulary is its own"),
     }
 
 
 @pytest.mark.parametrize("name", [
     "empty file", "folder without .txt", "not UTF-8", "shorter than a block", "encoder flag", "beam", "target BLEU",
-    "preset", "sample without validation"])
+    "preset", "sample without validation", "vocabulary of bytes"])
 def test_bad_input_gets_one_line_and_nothing_written(name, tmp_path, cache_dir):
     arguments, expected = bad_input_cases(tmp_path)[name]
     out = tmp_path / "result.json"
