@@ -199,7 +199,22 @@ run_configuration_options = _stack(RUN_CONFIGURATION_OPTIONS)
 
 
 def _train_config(**options):
-    return TrainConfig.from_options(**options)
+    return TrainConfig.from_options(**_command_line_wins(options))
+
+
+# Options of which a run takes one: where the command line gives one and --config the other, the command line's wins.
+ONE_OF = (("steps", "epochs"), ("block_size", "max_len"), ("target_bleu", "target_loss"))
+
+
+def _command_line_wins(options):
+    """`options` without what --config set of a pair in ONE_OF whose other half the command line gave."""
+    source = click.get_current_context().get_parameter_source
+    for pair in ONE_OF:
+        given = [name for name in pair if name in options and source(name) == click.core.ParameterSource.COMMANDLINE]
+        for name in pair if len(given) == 1 else ():
+            if name not in given and name in options and source(name) == click.core.ParameterSource.DEFAULT_MAP:
+                options[name] = None
+    return options
 
 
 def _as_arguments(configuration):
@@ -482,7 +497,7 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
-    planned = plan_comparison(backends, extras, matrix, configuration, registry)
+    planned = plan_comparison(backends, extras, matrix, _command_line_wins(configuration), registry)
     configuration.pop("compile_mode")
     # Validation is the runs' own (`train` takes it, `init-weights` does not): in their run files, apart from the
     # arguments every child is given.

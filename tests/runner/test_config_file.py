@@ -35,3 +35,18 @@ def test_compare_reads_its_runs_from_the_file(tmp_path):
                                                            "it again", proc.stderr
     proc = run_cli("train", "--config", str(path))
     assert proc.returncode == 2 and proc.stderr.strip().startswith(f"Error: --config {path}: unknown key 'matrix'")
+
+
+def test_one_half_of_a_pair_on_the_command_line_replaces_the_files_other_half(tmp_path):
+    """`steps` in the file and `--epochs` on the command line: the run takes --epochs, as any flag given wins over
+    the file, where the file's steps would have made the two a contradiction."""
+    from mtbench.cli import _command_line_wins, train
+    path = tmp_path / "run.toml"
+    path.write_text('preset = "tiny"\nsteps = 4\nblock-size = 32\n')
+    halves = lambda options: (options["steps"], options["epochs"], options["block_size"], options["max_len"])
+    with train.make_context("train", ["--config", str(path), "--epochs", "0.5", "--max-len", "64"]) as ctx:
+        assert halves(_command_line_wins(dict(ctx.params))) == (None, 0.5, None, 64)
+    with train.make_context("train", ["--config", str(path)]) as ctx:
+        assert halves(_command_line_wins(dict(ctx.params))) == (4, None, 32, None)
+    with train.make_context("train", ["--config", str(path), "--steps", "3", "--epochs", "0.5"]) as ctx:
+        assert halves(_command_line_wins(dict(ctx.params)))[:2] == (3, 0.5)  # both given: TrainConfig refuses them
