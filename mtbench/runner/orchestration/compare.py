@@ -389,7 +389,8 @@ def interrupted(plan, progress):
         if result is None:
             kept.insert(0, f"no result from {progress.doing}")
         else:
-            kept.insert(0, f"its partial result {result_file}")
+            finished_first = result.get("status") == "completed"  # the Ctrl-C came as it ended
+            kept.insert(0, f"its {'result (it had completed)' if finished_first else 'partial result'} {result_file}")
             progress.add(spec, repeat, result, result_file, progress.log_file)
     reason = f"interrupted during {progress.doing} ({finished} of {total} runs finished)"
     if progress.entries:

@@ -129,3 +129,19 @@ def test_an_interruption_before_any_run_says_nothing_was_trained(tmp_path):
     assert str(interrupted(plan, progress)) == (f"interrupted during writing the initial weights (0 of 2 runs "
                                                 f"finished); log {log}; nothing was trained")
     assert not (tmp_path / "c.json").exists()
+
+
+def test_a_run_that_completed_as_the_ctrl_c_came_is_not_called_partial(tiny_runs, tmp_path):
+    specs = plan_runs("torch")
+    plan = ComparePlan(specs, 1, None, [], str(tmp_path / "c.json"), False, 50, 0.01)
+    os.makedirs(plan.runs_dir)
+    progress = CompareProgress()
+    progress.weights[specs[0].shape] = {"file": "w.npz", "drawn_on": "torch",
+                                        "sha256": tiny_runs["torch"]["result"]["config"]["initial_weights_sha256"]}
+    result_file = plan.run_file(specs[0], 1)
+    with open(result_file, "w") as f:
+        json.dump(tiny_runs["torch"]["result"], f)
+    progress.doing, progress.log_file = "run 'torch'", plan.run_file(specs[0], 1, ".log")
+    progress.run = (specs[0], 1, result_file, None)
+    assert str(interrupted(plan, progress)).startswith(
+        f"interrupted during run 'torch' (0 of 1 runs finished); its result (it had completed) {result_file}; ")
