@@ -26,6 +26,7 @@ import tempfile
 IF = re.compile(r"\bstablehlo\.if\b")
 CASE = re.compile(r'(%[\w#]+)(?::\d+)? = "stablehlo\.case"\((%[\w#]+)\)')
 CONSTANT_INDEX = re.compile(r"(%[\w#]+) = stablehlo\.constant dense<-?\d+> : tensor<i32>")
+WEAK_TYPE = re.compile(r",\s*weak_type=\w+")
 # The guard's line; a jitted function's arguments are logged without their aval (empty).
 TRANSFER_LINE = re.compile(r"(host-to-device|device-to-host|device-to-device) transfer:(?: aval=ShapedArray\(([^)]*)\))?")
 
@@ -69,11 +70,19 @@ def _standard_error_captured():
                 os.write(2, "".join(lines).encode())
 
 
-def _aval(array):
-    """How the guard names an array's aval: 'int32[4,16]'."""
+def guarded_transfers(text):
+    """[(kind, aval)] of the transfer guard's lines in `text`, each aval as `_aval` names an array ('int32[64,32]',
+    without ', weak_type=True'; '' where the guard names none)."""
+    return [(kind, WEAK_TYPE.sub("", aval)) for kind, aval in TRANSFER_LINE.findall(text)]
+
+
+def _aval(array, processes=1):
+    """How the guard names an array's aval: 'int32[4,16]'; `processes`: the global array of that many processes'
+    rows."""
     import numpy as np
     array = np.asarray(array)
-    return f"{array.dtype}[{','.join(map(str, array.shape))}]"
+    shape = (array.shape[0] * processes, *array.shape[1:]) if array.ndim else ()
+    return f"{array.dtype}[{','.join(map(str, shape))}]"
 
 
 class JaxHostSyncCounter:
@@ -116,19 +125,17 @@ class JaxHostSyncCounter:
     def count_step(self, step, x, y, sample_weight):
         """Runs `step(x, y, sample_weight)` counting its host waits; returns what the step returns."""
         import jax
-        batch = collections.Counter(_aval(a) for a in (*x, y, sample_weight))
-        unnamed = sum(batch.values())  # transfers the guard does not name that the batch may account for
+        # Each batch array by the names the guard may give it: this process's rows, or under jax.distributed
+        # the global array the processes' rows make.
+        batch = [{_aval(a), _aval(a, jax.process_count())} for a in (*x, y, sample_weight)]
         with _standard_error_captured() as text, jax.transfer_guard("log"), self._reads_counted():
             logs = step(x, y, sample_weight)
-        for kind, aval in TRANSFER_LINE.findall(text[0]):
+        for kind, aval in guarded_transfers(text[0]):
             if kind == "device-to-host":
                 continue  # counted as a read where it happened
-            aval = aval.split(",", 1)[0]  # without ', weak_type=True'
-            if kind == "host-to-device" and (batch[aval] > 0 if aval else unnamed > 0):
-                # The batch's own arrays, handed to the step once.
-                if aval:
-                    batch[aval] -= 1
-                unnamed -= 1
+            named = next((names for names in batch if not aval or aval in names), None)
+            if kind == "host-to-device" and named is not None:
+                batch.remove(named)  # the batch's own arrays, handed to the step once
                 continue
             self.syncs += 1
             self.events[f"{kind} {aval or 'of an argument'}"] += 1

@@ -5,8 +5,8 @@ from rich.table import Table
 
 from mtbench import Reporter, hookimpl
 from mtbench.figures import (attention_text, batch_text, compile_cache_text, cores_text, figure_text, host_syncs_text,
-                             matmul_precision_text, peak_measurement_text, run_dtype, run_label, run_warnings,
-                             scored_sentences_text, size_label, train_step_text)
+                             matmul_precision_text, peak_measurement_text, run_dtype, run_label, run_processes,
+                             run_warnings, scored_sentences_text, size_label, train_step_text)
 
 
 def _joined(result, *keys, unit=""):
@@ -230,6 +230,15 @@ DETAILED_QUALITY_ROWS = ("token accuracy val / test", "tokens evaluated val / te
                          "BLEU signature", "test decoding")
 
 
+def _devices_text(result):
+    """'1 of 8' (devices used of those the process sees); over several processes, which each see their own share
+    of the machine, '2 devices over 2 processes'."""
+    processes, used = run_processes(result), result["devices_used"]
+    if processes > 1:
+        return f"{used} devices over {processes} processes"
+    return f"{used} of {result['env']['device'].get('count')}"
+
+
 def summary_lines(result):
     """The few lines `train` ends with: what ran, its speed, the task's quality, memory and warnings."""
     config, timing = result["config"], result["timing"]
@@ -249,7 +258,7 @@ def summary_lines(result):
     lines = [
         f"{run_label(result)} {status}: {config['preset']} ({result['model']['parameters']:,} parameters), "
         f"{run_dtype(result)}, {timing['steps']} steps x {batch_text(config)}, on {device.get('kind')} "
-        f"{device.get('name')} ({result['devices_used']} of {device.get('count')})",
+        f"{device.get('name')} ({_devices_text(result)})",
         f"  ran       {train_step_text(result)} step; attention {attention_text(result)}; float32 matmuls "
         f"{matmul_precision_text(result)}",
         f"  speed     {speed}",

@@ -68,7 +68,7 @@ class Regression:
         lines += [f"only in {self.baseline}: {label}" for label in self.only_baseline]
         if self.threshold is not None:
             slower = self.slower_beyond_threshold()
-            lines.append(f"--fail-if-slower {self.threshold:.0%}: " + (
+            lines.append(f"--fail-if-slower {self.threshold * 100:g}%: " + (
                 "; ".join(change.verdict.text for change in slower) if slower else
                 "no run is slower beyond it"))
         return lines
@@ -184,5 +184,5 @@ def require_not_slower(regression):
     """Ends with exit code 1 where --fail-if-slower found a run slower beyond its threshold."""
     slower = regression.slower_beyond_threshold()
     if slower:
-        raise MtbenchError(f"slower than the baseline by more than {regression.threshold:.0%}: "
+        raise MtbenchError(f"slower than the baseline by more than {regression.threshold * 100:g}%: "
                            f"{'; '.join(change.verdict.text for change in slower)}", SLOWER_EXIT_CODE)

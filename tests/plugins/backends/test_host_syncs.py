@@ -156,6 +156,18 @@ def test_jax_counter_counts_implicit_transfers_and_reads_but_not_the_batch():
     assert counter.per_step() == counter.syncs / 2
 
 
+def test_the_guards_lines_name_an_arrays_aval_as_the_batch_does():
+    """Under jax.distributed the guard names each transfer's aval: a 2-D batch array's comma must not cut it (it
+    read 'int32[64', matched no batch array, and counted every batch copy as a host wait)."""
+    from mtbench.plugins.backends.jax_host_syncs import _aval, guarded_transfers
+    text = ("2026 host-to-device transfer: aval=ShapedArray(int32[64,32]), dst_sharding=...\n"
+            "host-to-device transfer: aval=ShapedArray(float32[], weak_type=True), dst_sharding=...\n"
+            "device-to-host transfer: aval=ShapedArray(float32[64,32,256])\nhost-to-device transfer: \n")
+    assert guarded_transfers(text) == [("host-to-device", "int32[64,32]"), ("host-to-device", "float32[]"),
+                                       ("device-to-host", "float32[64,32,256]"), ("host-to-device", "")]
+    assert _aval(np.zeros((64, 32), np.int32)) == "int32[64,32]"
+
+
 def test_cosine_decay_in_numpy_is_keras_schedule():
     import keras
 

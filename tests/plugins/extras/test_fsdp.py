@@ -136,7 +136,7 @@ def test_jax_fsdp_over_two_processes_trains_like_one(cpu_tiny_runs, cache_dir, t
     one = cpu_tiny_runs["jax"]["result"]["metrics"]
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
     assert sorted(p.name for p in (tmp_path / "jax-fsdp-2.run").iterdir()) == [
-        "checkpoint-000030", "checkpoint-000060", "model", "run.json"]
+        "checkpoint-000030", "checkpoint-000060", "model", "run.json", "tokenizer"]
 
 
 @pytest.mark.slow
@@ -155,7 +155,7 @@ def test_torch_fsdp_computes_with_its_shards_and_trains_like_one_process(cpu_tin
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
     # The checkpoint holds the whole weights under the model's own layer names: it resumes (next test).
     assert sorted(p.name for p in (tmp_path / "torch-fsdp.run").iterdir()) == [
-        "checkpoint-000030", "checkpoint-000060", "model", "run.json"]
+        "checkpoint-000030", "checkpoint-000060", "model", "run.json", "tokenizer"]
 
 
 @pytest.mark.slow
@@ -167,7 +167,8 @@ def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, c
                     "--process-timeout", "60", "--cache-dir", cache_dir, "--out", str(out),
                     env={"MTBENCH_TEST_KILL_AT": "1:45"}, timeout=300)
     assert proc.returncode != 0 and not out.exists()
-    assert sorted(p.name for p in (tmp_path / f"{backend}-fsdp.run").iterdir()) == ["checkpoint-000030", "run.json"]
+    assert sorted(p.name for p in (tmp_path / f"{backend}-fsdp.run").iterdir()) == ["checkpoint-000030", "run.json",
+                                                                                     "tokenizer"]
     proc = torchrun("train", "--resume", str(tmp_path / f"{backend}-fsdp.run"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -61,10 +61,14 @@ def test_two_jax_processes_train_like_one(cpu_tiny_runs, cache_dir, tmp_path):
     assert result["train_step"] == "jax-jit-stateless"
     assert result["extras_record"]["data-parallel"]["processes"] == 2
     assert result["extras_record"]["data-parallel"]["mesh_shape"] == [2]
+    # The batch's arrays, named by the guard under jax.distributed by their global shape, are no host wait.
+    assert result["host_syncs_per_step"] == 0, result["host_syncs"]
     # Process 0 alone prints the table and writes: one result, one run directory.
     assert proc.stdout.count("result: ") == 1 and proc.stdout.count("tokens/s") == 1
+    assert "(2 devices over 2 processes)" in proc.stdout  # each process sees its own share of the machine
     assert sorted(os.listdir(tmp_path)) == ["jax-2.hyp.txt", "jax-2.json", "jax-2.ref.txt", "jax-2.run"]
-    assert sorted(os.listdir(tmp_path / "jax-2.run")) == ["checkpoint-000030", "checkpoint-000060", "model", "run.json"]
+    assert sorted(os.listdir(tmp_path / "jax-2.run")) == ["checkpoint-000030", "checkpoint-000060", "model", "run.json",
+                                                            "tokenizer"]
     # Every process evaluates the same weights; process 0's figures are those of one process's weights.
     one = cpu_tiny_runs["jax"]["result"]["metrics"]
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
@@ -95,7 +99,7 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
     # killed process and the survivor, which now exits as soon as its collective fails.
     report = output[output.index("mtbench FAILED"):]
     assert re.search(r"rank +: 1 \(local_rank: 1\)\n +exitcode +: -9 .*\(SIGKILL\)", report), output[-3000:]
-    assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000030", "run.json"]
+    assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000030", "run.json", "tokenizer"]
     assert not out.exists()  # torchrun ended the survivor (SIGTERM, then SIGKILL) before a partial result
 
     proc = torchrun("train", "--resume", str(tmp_path / f"{backend}-2.run"), timeout=300)
@@ -112,7 +116,7 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
         assert record["state_bytes"] == sum(record[key] for key in ("parameter_bytes", "gradient_bytes",
                                                                      "optimizer_state_bytes"))
     assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000030", "checkpoint-000060", "model",
-                                                                 "run.json"]
+                                                                 "run.json", "tokenizer"]
 
 
 SECOND_OF_TWO = """

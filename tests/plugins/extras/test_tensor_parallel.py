@@ -329,7 +329,7 @@ def test_jax_tensor_parallel_over_two_processes_gathers_the_batch_and_trains_lik
         "all-gather": 3, "all-reduce": GPT_BLOCKS * BLOCK_ALL_REDUCES + GPT_BLOCKS * SPLIT_VARIABLES_PER_BLOCK}
     assert record["batch_all_gathers_per_step"] == 3
     assert sorted(p.name for p in (tmp_path / "jax-2.run").iterdir()) == [
-        "checkpoint-000025", "checkpoint-000050", "model", "run.json"]
+        "checkpoint-000025", "checkpoint-000050", "model", "run.json", "tokenizer"]
 
 
 def assert_data_by_model_mesh(split, one):
