@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from mtbench.errors import MtbenchError
 from mtbench.keras_models.presets import presets_for
 from mtbench.figures import SIZE_KEYS
+from mtbench.runner.data.formats import ReadOptions
 
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
 # A language model's steps by preset: "char" trains as long as nanoGPT's Shakespeare-character run.
@@ -173,7 +174,7 @@ class TrainConfig:
         if self.compile_mode not in COMPILE_MODES:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
-                     "decode_batch_size", "beam", "max_pairs", "src_col", "tgt_col", "checkpoint_every", "keep_checkpoints",
+                     "decode_batch_size", "beam", "max_pairs", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum", "sample_tokens",
                      "tensor_parallel_size"):
             value = getattr(self, name)
@@ -205,8 +206,7 @@ class TrainConfig:
             self.out = os.path.join("mtbench-results", f"{stamp}-{self.backend}.json")
 
     def _check_corpus_and_long_run_options(self):
-        if self.src_col == self.tgt_col:
-            raise MtbenchError(f"--src-col and --tgt-col are both {self.src_col}; they must differ")
+        ReadOptions(self.src_col, self.tgt_col)  # the columns, checked where `evaluate` checks them too
         if bool(self.src_lang) != bool(self.tgt_lang):
             raise MtbenchError("give both --src-lang and --tgt-lang, or neither")
         if self.src_lang and self.src_lang == self.tgt_lang:
