@@ -376,7 +376,8 @@ report_option = click.option(
 @run_configuration_options
 @click.option("--initial-weights", type=click.Path(dir_okay=False), help="Start from this weights file (.npz by variable path, see `mtbench init-weights`) instead of the draw from --seed.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Result JSON (default mtbench-results/<time>-<backend>.json).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing result file.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing result file and its RESULT.run/ folder "
+              "(emptied as training starts).")
 @click.option("--report", "reporters", multiple=True, default=("summary",), show_default=True, metavar="NAME",
               help="Reporter to hand the result to, complete or partial (repeatable; 'table' for every figure, "
                    "'none' for none).")

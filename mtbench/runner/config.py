@@ -195,10 +195,10 @@ class TrainConfig:
         if self.vocab_size < 16:
             raise MtbenchError(f"--vocab-size must be at least 16, got {self.vocab_size}")
         if self.max_len < 8:
-            raise MtbenchError(f"--max-len must be at least 8, got {self.max_len}")
+            raise MtbenchError(f"{self.length_option} must be at least 8, got {self.max_len}")
         if self.max_tokens is not None and self.max_tokens < self.max_len:
-            raise MtbenchError(f"--max-tokens {self.max_tokens} cannot hold one row of --max-len {self.max_len} "
-                               f"tokens; give at least {self.max_len}")
+            raise MtbenchError(f"--max-tokens {self.max_tokens} cannot hold one row of {self.length_option} "
+                               f"{self.max_len} tokens; give at least {self.max_len}")
         self._check_corpus_and_long_run_options()
         self._check_model_size()
         if self.out is None:
@@ -253,8 +253,7 @@ class TrainConfig:
         """{ModelPreset field: value} that the size flags set over the preset."""
         overrides = {SIZE_FIELDS[name]: getattr(self, name) for name in SIZE_FIELDS if getattr(self, name) is not None}
         if self.layers is not None:
-            decoder_only = presets_for(self.model_family[0])[self.preset].encoder_layers == 0
-            overrides.update(decoder_layers=self.layers, **({} if decoder_only else {"encoder_layers": self.layers}))
+            overrides.update(decoder_layers=self.layers, **({} if self.decoder_only else {"encoder_layers": self.layers}))
         return overrides
 
     @property
@@ -271,6 +270,15 @@ class TrainConfig:
         """The model shape: the preset with this run's size flags, vocabulary and length."""
         return dataclasses.replace(presets_for(self.model_family[0])[self.preset], vocab_size=self.vocab_size,
                                    max_len=self.max_len, **self.size_overrides())
+
+    @property
+    def decoder_only(self):
+        return presets_for(self.model_family[0])[self.preset].encoder_layers == 0
+
+    @property
+    def length_option(self):
+        """The option a user sets the length by: a decoder-only model's --block-size, else --max-len."""
+        return "--block-size" if self.decoder_only else "--max-len"
 
     @property
     def model_family(self):

@@ -255,7 +255,12 @@ def adjusted_config(run, plugins):
             unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(config)})
             if unknown:
                 raise RunFailure(f"extra '{extra.name}' changes unknown configuration keys: {', '.join(unknown)}")
-            config = dataclasses.replace(config, **changes)
+            try:
+                config = dataclasses.replace(config, **changes)
+            except MtbenchError as error:  # the check's words name an option the user did not give
+                settings = ", ".join(f"{key}={value!r}" for key, value in sorted(changes.items()))
+                raise RunFailure(f"extra '{extra.name}' sets {settings}, which the configuration refuses: "
+                                 f"{error}") from None
             run = dataclasses.replace(run, config=config)
     in_place = [extra for extra in plugins.extras if type(extra).adjust_config is not Extra.adjust_config]
     if in_place:

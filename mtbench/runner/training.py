@@ -66,6 +66,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
         with stopwatch.phase("evaluate_pretrained"):
             built.before_training = built.evaluator.before_training()
 
+    run_dir.begin()  # after every check that could refuse the run: --overwrite's earlier files go only now
     checkpointing = Checkpointing(run_dir, run_config, data.fingerprint, config.checkpoint_every,
                                   config.keep_checkpoints, latest=resume.checkpoint if resume else None,
                                   keep_best=best_model_keeper(config, run_dir, data, plugins, built.model_shape),

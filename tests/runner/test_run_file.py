@@ -11,6 +11,11 @@ from mtbench.runner.run_file import write_run_file
 def test_a_run_file_whose_result_exists_is_refused_until_overwrite_is_given(tmp_path, cache_dir):
     out = tmp_path / "run.json"
     out.write_text('{"earlier": true}')
+    earlier = {"best/model.npz": "its best weights", "checkpoint-000007/state.json": "{}", "run.json": "{}",
+               "tokenizer/vocab.json": "{}", "tensorboard/events": "its logs"}
+    for name, text in earlier.items():
+        (tmp_path / "run.run" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "run.run" / name).write_text(text)
     run_file = tmp_path / "run.train.json"
     write_run_file(str(run_file), TrainConfig(backend="jax", model_name="gpt", preset="tiny", block_size=16,
                                               batch_size=2, steps=2, dtype="float32", measure_only=True,
@@ -18,9 +23,12 @@ def test_a_run_file_whose_result_exists_is_refused_until_overwrite_is_given(tmp_
     refused = run_cli("train", "--run-file", str(run_file))
     assert_refused_in_one_line(refused, "run.json: already exists; pass --overwrite to replace it")
     assert json.loads(out.read_text()) == {"earlier": True}
+    assert all((tmp_path / "run.run" / name).read_text() == text for name, text in earlier.items())
     assert_refused_in_one_line(run_cli("train", "--run-file", str(run_file), "--steps", "3"),
                                "--run-file holds the run's whole configuration; drop --steps")
     replaced = run_cli("train", "--run-file", str(run_file), "--overwrite", "--report", "none")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["status"] == "completed" and len(result["history"]) == 2 and result["config"]["overwrite"]
+    # Nothing the earlier run kept passes for this one's (a measure-only run keeps nothing of its own).
+    assert list((tmp_path / "run.run").iterdir()) == []

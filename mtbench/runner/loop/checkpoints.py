@@ -109,8 +109,7 @@ class RunDirectory:
             return os.path.join(self.path, f"checkpoint-{state.step:06d}")
         tmp = None
         try:
-            if self._fresh:
-                self._clear()
+            self.begin()
             kept = self._keep_tokenizer(tokenizer)
             write_json_atomic(os.path.join(self.path, RUN_FILE), {
                 "mtbench_run": RUN_FORMAT, "config": _absolute_paths(run_config),
@@ -133,7 +132,6 @@ class RunDirectory:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise RunFailure(f"{self.path}: cannot write the checkpoint of step {state.step}: "
                              f"{error.strerror or error}; earlier checkpoints are intact") from None
-        self._fresh = False
         for _, old in self.checkpoints()[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
@@ -145,7 +143,7 @@ class RunDirectory:
         if tokenizer is None:
             return None
         description = tokenizer.describe()
-        if os.path.isdir(folder) and not self._fresh:
+        if os.path.isdir(folder):  # written by the run's first checkpoint, or by the run this one resumes
             return description
         os.makedirs(self.path, exist_ok=True)
         tmp = make_temporary_folder(".tmp-checkpoint-tokenizer-", self.path)
@@ -159,12 +157,18 @@ class RunDirectory:
         os.replace(tmp, folder)
         return description
 
-    def _clear(self):
-        for _, old in self.checkpoints():
-            shutil.rmtree(old)
-        for name in os.listdir(self.path) if os.path.isdir(self.path) else []:
-            if name.startswith(".tmp-checkpoint-"):  # left by a process killed while writing
-                shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
+    def begin(self):
+        """Where a fresh run starts writing, empties the folder of everything an earlier run left (only
+        --overwrite lets a fresh run start on one), so that no checkpoint, kept model or log of that run passes for
+        this one's. A resumed run's folder is its own: nothing goes."""
+        if self._fresh and self.writes and os.path.isdir(self.path):
+            for name in os.listdir(self.path):
+                path = os.path.join(self.path, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
+        self._fresh = False
 
 
 def _random_state(model):

@@ -14,7 +14,7 @@ from mtbench.runner.choices import conflicting_extras, dtype_refusal, joined
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
                                                        probe_devices)
-from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names
+from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names, sweep_settings, swept_keys
 from mtbench.runner.setup import check_extra_options, resolve_reporters
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
@@ -38,11 +38,15 @@ class RunSpec:
     python_name: str = None  # the interpreter's name in the label (`environment_names`)
     model: str = "transformer"  # --model of the comparison (every run's), as its label names it
     twin: bool = False  # the baseline's A/A twin (--aa): the same run again, measuring the noise floor
+    named: tuple = None  # ((flag, value), ...): the sweep settings its label names (`named_as_results`); None: those
+    # it sets
 
     @property
     def label(self):
-        """The run's name: as `comparison_labels` names its result where the comparison sweeps the keys it sets."""
-        settings = [(key.replace("_", "-"), value) for key, value in self.sizes if key in SWEEP_KEYS]
+        """The run's name, as `comparison_labels` names its result once the plan has named the settings the runs
+        differ in (`named_as_results`)."""
+        settings = list(self.named) if self.named is not None else [
+            (key.replace("_", "-"), value) for key, value in self.sizes if key in SWEEP_KEYS]
         if self.python:
             settings.append((PYTHON_KEY, self.python_name or environment_names([self.python])[self.python]))
         return run_name(self.backend, self.extras, {**dict(self.sizes), "model_name": self.model}, self.processes,
@@ -218,10 +222,27 @@ def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transf
     if not specs:
         raise MtbenchError("no runs to compare")
     specs = [dataclasses.replace(spec, model=model) for spec in specs]
+    refuse_the_same_run_twice(specs)
+    return specs
+
+
+def refuse_the_same_run_twice(specs):
     labels = [spec.label for spec in specs]
     twice = next((label for i, label in enumerate(labels) if label in labels[:i]), None)
     if twice:
         raise MtbenchError(f"run '{twice}' is listed twice; use --repeats to run it again")
+
+
+def named_as_results(specs, configs):
+    """`specs`, each named by the sweep settings whose value differs between the runs' `configs` (each run's
+    configuration as a dict: the shared options, the defaults and what the run sets), as `comparison_labels`
+    will name their results: a setting every run shares names none, and a run that leaves a swept setting at the
+    shared value is named by it too, so the progress lines, the files, --baseline and the table say the same."""
+    results = [{"config": config} for config in configs]
+    swept = swept_keys(results)
+    specs = [dataclasses.replace(spec, named=tuple(sweep_settings(result, swept)))
+             for spec, result in zip(specs, results)]
+    refuse_the_same_run_twice(specs)
     return specs
 
 
@@ -263,12 +284,15 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
     check_runs(specs, registry, interpreters)
     shared = TrainConfig.from_options(**{**options, "backend": specs[0].backend})
     resolve_reporters(shared.report_to, registry)  # trackers follow each run in its process: checked here first
+    configs = []
     for spec in specs:  # bad options and impossible sizes fail here, before any process starts
         try:
-            check_extra_options(TrainConfig.from_options(**{**options, "backend": spec.backend,
-                                                            "extras": spec.extras, **dict(spec.sizes)}))
+            configs.append(TrainConfig.from_options(**{**options, "backend": spec.backend, "extras": spec.extras,
+                                                       **dict(spec.sizes)}))
+            check_extra_options(configs[-1])
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
+    specs = named_as_results(specs, [config.to_dict() for config in configs])
     devices = probe()
     twins = matrix is None and step == "auto" and TORCH_COMPILED not in extras
     if twins:

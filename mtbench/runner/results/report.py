@@ -132,9 +132,13 @@ def model_shape(config):
 
 
 def swept_keys(results):
-    """The SWEEP_KEYS whose value differs between the results: what their labels name."""
-    return tuple(key for key in SWEEP_KEYS
+    """The SWEEP_KEYS whose value differs between the results: what their labels name. Where every run sets
+    --block-size, its --max-len (which the block sets) is not named again."""
+    keys = tuple(key for key in SWEEP_KEYS
                  if len({result["config"].get(key, KEY_DEFAULTS.get(key)) for result in results}) > 1)
+    if "block_size" in keys and all(result["config"].get("block_size") is not None for result in results):
+        keys = tuple(key for key in keys if key != "max_len")
+    return keys
 
 
 def sweep_settings(result, keys):

@@ -2,7 +2,6 @@
 trained equals the result's history, and a tracker that fails does not stop the run or lose its result."""
 
 import json
-import os
 
 import numpy as np
 import pytest

@@ -3,7 +3,6 @@ on this CPU-only machine; and the warning `mtbench env` gives when a GPU is pres
 shown with a stand-in for the driver's answer."""
 
 import json
-import os
 import subprocess
 import sys
 

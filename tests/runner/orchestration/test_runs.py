@@ -160,3 +160,24 @@ def test_a_comparison_is_planned_and_checked_before_the_devices_are_asked():
     # Against the devices: torch on a GPU beside JAX on the CPU compares machines.
     with pytest.raises(MtbenchError, match="^the runs would train on different hardware"):
         plan_comparison("jax,torch", (), None, options(), plugins, probe=lambda: {"jax": CPU, "torch": H100})
+
+
+def test_runs_are_named_by_the_settings_they_differ_in_as_the_table_names_their_results():
+    """What every run shares names none of them; a run that keeps the shared value of a swept setting is named by
+    it too: the progress lines, the run files and --baseline use the names the table and verdicts show."""
+    from mtbench import MtbenchError
+    from mtbench.runner.orchestration.runs import plan_comparison
+    plugins, on_cpu = registry(), lambda: {"jax": CPU, "torch": CPU}
+
+    def labels(matrix, **given):
+        return [spec.label for spec in plan_comparison(None, (), matrix, options(**given), plugins,
+                                                       probe=on_cpu).specs]
+    assert labels("jax:batch-size=16;torch:batch-size=16") == ["jax", "torch"]
+    assert labels("jax;torch:batch-size=16", batch_size=48) == ["jax:batch-size=48", "torch:batch-size=16"]
+    assert labels("jax:max-tokens=4096;jax:batch-size=8") == ["jax:batch-size=64,max-tokens=4096",
+                                                             "jax:batch-size=8"]
+    # A block sets the language model's length: named once.
+    assert labels("jax:block-size=32;jax:block-size=64", model_name="gpt") == \
+        ["jax:model=gpt,block-size=32", "jax:model=gpt,block-size=64"]
+    with pytest.raises(MtbenchError, match="^run 'jax' is listed twice"):
+        labels("jax:batch-size=48;jax", batch_size=48)
