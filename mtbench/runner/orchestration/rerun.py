@@ -16,7 +16,9 @@ from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.orchestration.children import run_child
 from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, runs_dir
-from mtbench.runner.orchestration.environments import probe_environment
+from mtbench.plugins import manager as plugins
+from mtbench.runner.orchestration.environments import check_runs, probe_environment
+from mtbench.runner.orchestration.runs import RunSpec
 from mtbench.runner.results.compare_json import combined_json
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.report import LoadedRun, build_comparison, comparison_labels, load_runs
@@ -97,12 +99,14 @@ def plan_reruns(path, out, overwrite):
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = out or os.path.join("mtbench-results", f"{stamp}-rerun{'-' + runs[0].result['backend'] if single else ''}.json")
     labels = comparison_labels([run.result for run in runs])
+    environments = {}  # {interpreter: its `mtbench env --json`} of the runs under other interpreters
     if single:
         reruns = [Rerun(runs[0], labels[0], out)]
     else:
         repeats = {}
         reruns = []
-        for run, label, python in zip(runs, labels, compared_interpreters(path)):
+        pythons, environments = compared_interpreters(path)
+        for run, label, python in zip(runs, labels, pythons):
             repeats[label] = repeats.get(label, 0) + 1
             reruns.append(Rerun(run, label, os.path.join(runs_dir(out), f"{label}-{repeats[label]}.json"),
                                 repeats[label], python=python))
@@ -115,15 +119,24 @@ def plan_reruns(path, out, overwrite):
                                                     initial_weights=rerun.weights, out=rerun.out, overwrite=overwrite)
         except MtbenchError as error:
             raise MtbenchError(f"{rerun.original.source}: {error}") from None
+    # A backend or extra (a plugin's) missing here fails now, not in a child after other runs have trained.
+    specs = [RunSpec(rerun.config.backend, rerun.config.extras, processes=run_processes(rerun.original.result),
+                     python=rerun.python) for rerun in reruns]
+    try:
+        check_runs(specs, plugins.registry(), environments)
+    except MtbenchError as error:
+        raise MtbenchError(f"{path}: {error}; install what it ran with to train it again") from None
     return reruns, out, single
 
 
 def compared_interpreters(path):
-    """The interpreter of each run of the compare JSON `path`, in order, where its runs ran under several (an
-    upgrade comparison, `python=PATH`), each checked to exist; else Nones (every run under this interpreter)."""
+    """([the interpreter of each run of the compare JSON `path`, in order], {interpreter: its `mtbench env
+    --json`}) where its runs ran under several (an upgrade comparison, `python=PATH`), each checked to exist and to
+    read run files; else ([None, ...], {}): every run under this interpreter."""
     pythons = [entry.get("python") for entry in read_json(path, "a compare JSON").get("runs", [])]
     if len(set(pythons)) < 2:
-        return [None] * len(pythons)
+        return [None] * len(pythons), {}
+    environments = {}
     for python in dict.fromkeys(pythons):
         if not (python and os.path.isfile(python) and os.access(python, os.X_OK)):
             raise MtbenchError(f"{path}: its runs ran under several interpreters, and {python} is not an "
@@ -135,7 +148,8 @@ def compared_interpreters(path):
             raise MtbenchError(f"{path}: the mtbench of {python} reads no run files of format {RUN_FILE_FORMAT} "
                                f"(`mtbench train --run-file`), which rerun gives every run: upgrade it there, or "
                                f"run the comparison again with `mtbench compare`")
-    return pythons
+        environments[python] = described
+    return pythons, environments
 
 
 def run_again(rerun, console):

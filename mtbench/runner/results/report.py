@@ -485,7 +485,8 @@ def table_cells(comparison):
     # The quality figures of the runs' task (no BLEU rows for a language model or a classifier, no perplexity rows
     # for translation); the JSON and CSV summaries keep every figure.
     rows += [[figure.title, *(_cell(group, figure) for group in groups)] for figure in comparison.figures]
-    rows.append([f"speed-up vs {comparison.baseline.label} (tokens/s)",
+    # The ratio of the median tokens/s; the verdict rows below give the windows' geometric means with an interval.
+    rows.append([f"tokens/s vs {comparison.baseline.label} (ratio of medians)",
                  *(_speedup_cell(comparison, group) for group in groups)])
     if any(comparison.scaling(group) for group in groups):
         rows.append(["scaling efficiency (N processes vs N x 1)", *(_scaling_cell(comparison, group) for group in groups)])

@@ -577,7 +577,12 @@ def test_rerun_of_an_upgrade_comparison_runs_each_run_under_its_interpreter(comp
     upgrade = json.loads(json.dumps(compared["combined"]))
     upgrade["runs"][1]["python"] = str(wrapper)
     (tmp_path / "upgrade.json").write_text(json.dumps(upgrade))
-    answer_env_with({"backends": {}, "run_file_format": RUN_FILE_FORMAT})
+    backend = upgrade["runs"][1]["result"]["backend"]
+    answer_env_with({"backends": {}, "run_file_format": RUN_FILE_FORMAT})  # its backend is not installed there
+    with pytest.raises(MtbenchError, match=f"run '{backend}:python=venv-old': unknown backend '{backend}' in "
+                                           f"{wrapper}"):
+        plan_reruns(str(tmp_path / "upgrade.json"), str(tmp_path / "again.json"), False)
+    answer_env_with({"backends": {backend: {"available": True}}, "run_file_format": RUN_FILE_FORMAT})
     reruns, _, _ = plan_reruns(str(tmp_path / "upgrade.json"), str(tmp_path / "again.json"), False)
     with pytest.raises(RunFailure, match="exited with code 5"):
         run_again(reruns[1], Console(file=io.StringIO()))
@@ -594,15 +599,21 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
     changed = json.loads(json.dumps(compared["combined"]["runs"][0]["result"]))
     changed["config"]["warp_factor"] = 9  # a later version's key
     (tmp_path / "changed.json").write_text(json.dumps(changed))
+    plugged = json.loads(json.dumps(compared["combined"]["runs"][0]["result"]))
+    plugged["extras"] = plugged["config"]["extras"] = ["warp-drive"]  # a plugin's extra, not installed here
+    (tmp_path / "plugged.json").write_text(json.dumps(plugged))
     for args, expected in (([str(tmp_path / "absent.json")], "absent.json: no such file"),
                            ([str(existing)], "existing.json: not an mtbench result"),
                            ([source, "--out", str(existing)], "existing.json: already exists; pass --overwrite"),
                            ([str(tmp_path / "changed.json"), "--out", str(tmp_path / "again.json")],
-                            "changed.json: its configuration cannot be read: unknown configuration keys warp_factor")):
+                            "changed.json: its configuration cannot be read: unknown configuration keys warp_factor"),
+                           ([str(tmp_path / "plugged.json"), "--out", str(tmp_path / "again.json")],
+                            f"plugged.json: run '{plugged['backend']}+warp-drive': unknown extra 'warp-drive'; "
+                            f"available: ")):
         proc = run_cli("rerun", *args)
         assert_refused_in_one_line(proc, expected)
     assert existing.read_text() == '{"keep": "me"}\n'
-    assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json"]
+    assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json", "plugged.json"]
 
 
 @pytest.mark.slow
