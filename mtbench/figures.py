@@ -19,6 +19,7 @@ class Figure:
     display_scale: float = 1.0  # shown value = raw value x display_scale
     decimals: int = 3
     is_timing: bool = False   # varies between repeats of the same run: shown as median and min-max
+    task: str = None          # the task whose runs alone have it (translation's test decoding); None: every run's
 
     def value(self, result):
         return self.read(result)
@@ -59,7 +60,8 @@ FIGURES = (
     Figure("train_s", "train time (s)", "timing", _timing("train_s"), decimals=1, is_timing=True),
     Figure("total_s", "total time (s)", "timing", _timing("total_s"), decimals=1, is_timing=True),
     Figure("translate_s", "test translation (s)", "timing",
-           lambda result: result["timing"].get("phases_s", {}).get("translate"), decimals=1, is_timing=True),
+           lambda result: result["timing"].get("phases_s", {}).get("translate"), decimals=1, is_timing=True,
+           task="translation"),
     Figure("mfu", "MFU (padded, %)", "timing", lambda result: (result.get("utilization") or {}).get("mfu"), 100, 1,
            True),
     Figure("mfu_real_tokens", "MFU (real tokens, %)", "timing",
@@ -93,10 +95,11 @@ FIGURES_BY_KEY = {figure.key: figure for figure in FIGURES}
 
 
 def shown_figures(results):
-    """The FIGURES that `results` have: every figure but the quality figures no result's task measures (a
-    language model's run has no BLEU, a translation's no perplexity), which would only show 'n/a'."""
-    return [figure for figure in FIGURES if figure.section != "quality"
-            or any(figure.key in (result.get("metrics") or {}) for result in results)]
+    """The FIGURES that `results` have: every figure but those of a task no result trained (a language model's
+    run has no BLEU and no test translation, a translation's no perplexity), which would only show 'n/a'."""
+    tasks = {(result.get("config") or {}).get("task") or "translation" for result in results}  # schema 5 on
+    return [figure for figure in FIGURES if (figure.task is None or figure.task in tasks)
+            and (figure.section != "quality" or any(figure.key in (result.get("metrics") or {}) for result in results))]
 
 
 def state_bytes_per_device(result):

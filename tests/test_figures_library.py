@@ -71,3 +71,17 @@ def test_a_runs_batch_reads_as_its_configuration_sizes_it():
     assert figures.batch_text({"batch_size": 64, "max_tokens": 4096}) == "4,096 tokens"
     assert figures.batch_text({"batch_size": 8, "grad_accum": 2}) == "8 x 2 micro-batches"
     assert figures.batch_text({}) == "per run"
+
+
+def test_a_tables_figures_are_those_of_the_tasks_its_runs_trained():
+    """A language model's table has no BLEU and no test translation time; a translation's no perplexity."""
+    language_model = {"config": {"task": "language-modelling"}, "metrics": {"val_perplexity": 3.0}}
+    translation = {"config": {}, "metrics": {"bleu": 20.0}}  # a result from before tasks: translation's
+    assert {"val_perplexity"} <= shown_keys([language_model])
+    assert not {"bleu", "translate_s"} & shown_keys([language_model])
+    assert {"bleu", "translate_s"} <= shown_keys([translation]) and "val_perplexity" not in shown_keys([translation])
+    assert {"bleu", "translate_s", "val_perplexity"} <= shown_keys([language_model, translation])
+
+
+def shown_keys(results):
+    return {figure.key for figure in figures.shown_figures(results)}
