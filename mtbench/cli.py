@@ -55,13 +55,13 @@ def _warn_broken_plugins(registry):
 
 
 def _extras_help():
-    try:
+    try:  # help must render even when a plugin is broken
         extras = plugins.registry().extras
-    except Exception:  # help must render even when a plugin is broken
+        if not extras:
+            return " None installed."
+        return " Installed: " + "; ".join(f"{e.name} ({', '.join(e.backends)})" for e in extras.values()) + "."
+    except Exception:
         return ""
-    if not extras:
-        return " None installed."
-    return " Installed: " + "; ".join(f"{e.name} ({', '.join(e.backends)})" for e in extras.values()) + "."
 
 
 class OneLineErrors(click.Group):

@@ -487,6 +487,75 @@ def plugin_path(tmp_path_factory):
     return str(site)
 
 
+CARELESS = """
+from mtbench import Dataset, Extra, Reporter, hookimpl
+
+
+class Typo(Extra):
+    name = "careless-typo"
+    backends = ("jax", "torch")
+
+
+class NoBackends(Extra):
+    name = "careless-nobackends"
+    backends = None
+
+
+class Colon(Extra):
+    name = "careless:fast"
+    backends = ("jax",)
+
+
+class Clash(Extra):
+    name = "torch-compile"
+    backends = ("torch",)
+
+
+class Fine(Extra):
+    name = "careless-fine"
+    backends = ("jax",)
+
+
+class Quiet(Reporter):
+    name = "none"
+
+
+class Pairs(Dataset):
+    name = "careless-pairs"
+
+
+@hookimpl
+def mtbench_register_extra(register):  # mtbench's hook is mtbench_register_extras
+    register(Typo())
+
+
+@hookimpl
+def mtbench_register_extras(register):
+    for extra in (Pairs(), NoBackends(), Colon(), Clash(), Fine()):
+        register(extra)
+
+
+@hookimpl
+def mtbench_register_reporters(register):
+    register(Quiet())
+"""
+
+
+@pytest.fixture(scope="session")
+def careless_plugin_path(tmp_path_factory):
+    """A plugin package that makes an author's mistakes (a misspelled hook, the wrong kind registered, an extra
+    without backends, names the command line cannot take, a built-in's name), and a second package whose entry
+    point loads the same module."""
+    site = tmp_path_factory.mktemp("careless-site")
+    (site / "mtbench_careless.py").write_text(CARELESS)
+    for package, entry_point in (("mtbench_careless", "careless"), ("mtbench_careless_again", "again")):
+        info = site / f"{package}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[mtbench]\n{entry_point} = mtbench_careless\n")
+    return str(site)
+
+
 def require_installed_example(package, module, directory, install):
     """The distribution of an example plugin package, installed from this checkout's `directory` (CI installs
     it): a test module's fixture fails, never skips, when it is not."""

@@ -56,6 +56,9 @@ REGISTER_HOOKS = {
 }
 KINDS = tuple(REGISTER_HOOKS)
 ANY_KIND = "any"  # what a plugin that failed to load might have provided: we cannot know
+# A registered name, as --extra, --matrix ('backend+extra@2:flag=value'), --dataset and --report take it.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+RESERVED_NAMES = {"reporters": {"none"}}  # --report none: no reporter
 
 
 def singular(kind):
@@ -72,6 +75,7 @@ class PluginProblem:
     plugin: str
     kind: str      # the kind of thing the failing hook registers, or ANY_KIND
     message: str
+    suspect: bool = True  # whether an unknown name may be the plugin's (not for a name it lost to another)
 
 
 @dataclass
@@ -102,9 +106,9 @@ class Registry:
     hook: object = None
     deprecated: set = field(default_factory=set)   # (kind, name, method) of older forms already warned about
 
-    def warn(self, message, plugin=None, kind=ANY_KIND):
+    def warn(self, message, plugin=None, kind=ANY_KIND, suspect=True):
         if plugin is not None:
-            self.problems.append(PluginProblem(plugin, kind, message))
+            self.problems.append(PluginProblem(plugin, kind, message, suspect))
         self.warnings.append(message)
         if self.echo_warnings:
             print(f"Warning: {message}", file=sys.stderr)
@@ -120,7 +124,7 @@ class Registry:
         if name in items:
             return items[name]
         message = f"unknown {singular(kind)} '{name}'; available: {', '.join(sorted(items)) or 'none installed'}"
-        suspects = [problem.message for problem in self.problems if problem.kind in (kind, ANY_KIND)]
+        suspects = [problem.message for problem in self.problems if problem.kind in (kind, ANY_KIND) and problem.suspect]
         if suspects:
             message += "; it may come from a plugin that failed: " + "; ".join(suspects)
         left_out = sorted({entry.package for entry in self.entries.values() if entry.status == "not loaded"})
@@ -159,14 +163,20 @@ class Registry:
         return bound(*fitting)
 
     def keras_callbacks(self, config):
-        """The Keras callbacks plugins add to a run. A plugin whose hook fails is warned about and left out."""
+        """(plugin name, callback) of the Keras callbacks plugins add to a run (keras imported). A plugin whose
+        hook fails, or returns anything but a list of `keras.callbacks.Callback`, is warned about and left out."""
+        import keras
         callbacks = []
         for impl in self.hook.mtbench_keras_callbacks.get_hookimpls():
             try:
-                callbacks.extend(impl.function(config=config) or [])
+                added = impl.function(config=config) or []
+                if not (isinstance(added, (list, tuple))
+                        and all(isinstance(callback, keras.callbacks.Callback) for callback in added)):
+                    raise TypeError(f"it returned {added!r:.80}, not a list of keras.callbacks.Callback")
+                callbacks.extend((impl.plugin_name, callback) for callback in added)
             except Exception as error:
                 self.warn(f"plugin '{impl.plugin_name}' failed in mtbench_keras_callbacks and was left out: "
-                          f"{error!r}", impl.plugin_name, "callbacks")
+                          f"{_short(error)}", impl.plugin_name, "callbacks")
         return callbacks
 
 
@@ -265,10 +275,18 @@ def _build():
             entry.status, entry.reason = "not loaded", f"{LOAD_PLUGINS_ENV} does not name {entry.package}"
             continue
         try:
-            pm.register(entry_point.load(), name=name)
+            module = entry_point.load()
+            if pm.is_registered(module):  # pluggy's own refusal lists every registered module: kilobytes
+                entry.status = "failed to load"
+                entry.reason = f"its module {module.__name__} is already loaded as plugin '{pm.get_name(module)}'"
+                registry.warn(f"plugin '{name}' was skipped: {entry.reason}", name)
+                continue
+            pm.register(module, name=name)
         except Exception as error:  # a broken third-party plugin must not take mtbench down with it
-            entry.status, entry.reason = "failed to load", repr(error)
-            registry.warn(f"plugin '{name}' failed to load and was skipped: {error!r}", name)
+            entry.status, entry.reason = "failed to load", _short(error)
+            registry.warn(f"plugin '{name}' failed to load and was skipped: {entry.reason}", name)
+            continue
+        _warn_of_unknown_hooks(pm, registry, name)
 
     for kind, hook_name in REGISTER_HOOKS.items():
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
@@ -276,13 +294,56 @@ def _build():
     return pm, registry
 
 
+def _short(error):
+    """An exception in one line of at most 300 characters: `repr` of some (pluggy's) runs to kilobytes."""
+    text = repr(error).splitlines()[0] if repr(error) else type(error).__name__
+    return text if len(text) <= 300 else text[:299] + "…"
+
+
+def _warn_of_unknown_hooks(pm, registry, name):
+    """A hook implementation whose name is no mtbench hook (`mtbench_register_extra`) is never called: said, and
+    the plugin marked broken, rather than its extras going missing without a word."""
+    import difflib
+    for caller in pm.get_hookcallers(pm.get_plugin(name)) or ():
+        if caller.spec is None:
+            close = difflib.get_close_matches(caller.name, [n for n in dir(hookspecs) if n.startswith("mtbench_")], 1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            registry.warn(f"plugin '{name}' implements {caller.name}, which is no mtbench hook{hint}: never called",
+                          name)
+
+
+def registration_refusal(kind, item):
+    """Why `item` cannot be registered as a thing of `kind`, in words, or None."""
+    from mtbench.plugins import api
+    base = {"backends": api.Backend, "extras": api.Extra, "datasets": api.Dataset, "reporters": api.Reporter,
+            "models": api.ModelFamily, "tasks": api.Task}[kind]
+    if not isinstance(item, base):
+        return f"a {type(item).__name__}, which is no {base.__name__} (mtbench.plugins.api.{base.__name__})"
+    name = getattr(item, "name", None)
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        return (f"the name {name!r} (a name is letters, digits, '.', '_' and '-', from a letter or digit on, as the "
+                f"command line takes it)")
+    if name in RESERVED_NAMES.get(kind, ()):
+        return f"the name '{name}', which the command line takes for no {singular(kind)}"
+    backends = getattr(item, "backends", None) if kind == "extras" else ()
+    if not (isinstance(backends, (list, tuple)) and all(isinstance(backend, str) for backend in backends)):
+        return f"extra '{name}' with backends {backends!r} (a list of backend names)"
+    return None
+
+
 def _collect(registry, kind, impl):
     items = getattr(registry, kind)
 
     def register(item):
+        refusal = registration_refusal(kind, item)
+        if refusal:
+            registry.warn(f"plugin '{impl.plugin_name}' registers {refusal} as {singular(kind)}; ignored",
+                          impl.plugin_name, kind)
+            return
         if item.name in items:
             registry.warn(f"plugin '{impl.plugin_name}' registers {singular(kind)} '{item.name}', already "
-                          f"provided by '{registry.provider[(kind, item.name)]}'; ignored")
+                          f"provided by '{registry.provider[(kind, item.name)]}'; ignored", impl.plugin_name, kind,
+                          suspect=False)
             return
         items[item.name] = item
         registry.provider[(kind, item.name)] = impl.plugin_name
@@ -290,7 +351,7 @@ def _collect(registry, kind, impl):
     try:
         impl.function(register)
     except Exception as error:
-        registry.warn(f"plugin '{impl.plugin_name}' failed in {impl.function.__name__}: {error!r}",
+        registry.warn(f"plugin '{impl.plugin_name}' failed in {impl.function.__name__}: {_short(error)}",
                       impl.plugin_name, kind)
 
 

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api import Extra, KerasTrainStep, RunContext, TrainStep, uneven_split_reason
+from mtbench.plugins.api import Extra, KerasTrainStep, ModelShape, RunContext, TrainStep, uneven_split_reason
 from mtbench.runner.choices import (choose_compiled_step, choose_dtype, choose_fused_attention, dtype_refusal,
                                     step_compiling_extra)
 from mtbench.runner.config import EXTRA_OPTIONS
@@ -219,7 +219,12 @@ def start_backend(config, plugins, launch):
     extra can run on its device; the extras may then adjust the configuration. Returns (keras, the RunContext
     the plugins see)."""
     extras_environment = {}
-    for _, variables in plugins.ask_extras("environment", config):
+    for extra, variables in plugins.ask_extras("environment", config):
+        variables = {} if variables is None else variables
+        if not (isinstance(variables, dict) and all(isinstance(key, str) and isinstance(value, str)
+                                                    for key, value in variables.items())):
+            raise RunFailure(f"extra '{extra.name}' gives an environment of {variables!r:.80}, not a dict of "
+                             f"strings")
         extras_environment.update(variables)
     cpu_share = share_cores(launch)  # before the framework (and its thread pools) starts
     keras = import_keras(config, plugins.backend, extras_environment)
@@ -251,13 +256,16 @@ def adjusted_config(run, plugins):
     for extra in plugins.extras:  # each sees the configuration the extras before it made
         with plugins.extra_code(extra):
             changes = plugins.registry.call("extras", extra, "config_changes", run)
+        if changes and not isinstance(changes, dict):
+            raise RunFailure(f"extra '{extra.name}' gives configuration changes of {type(changes).__name__}, not a "
+                             f"dict")
         if changes:
-            unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(config)})
+            unknown = sorted(set(map(str, changes)) - {f.name for f in dataclasses.fields(config)})
             if unknown:
                 raise RunFailure(f"extra '{extra.name}' changes unknown configuration keys: {', '.join(unknown)}")
             try:
                 config = dataclasses.replace(config, **changes)
-            except MtbenchError as error:  # the check's words name an option the user did not give
+            except (MtbenchError, TypeError, ValueError) as error:  # its words name an option the user did not give
                 settings = ", ".join(f"{key}={value!r}" for key, value in sorted(changes.items()))
                 raise RunFailure(f"extra '{extra.name}' sets {settings}, which the configuration refuses: "
                                  f"{error}") from None
@@ -322,7 +330,10 @@ def build_model(run, plugins, tokenizer):
     """(model, ModelShape) of the run's model family, its vocabulary that of the tokenizer (a small corpus may
     support fewer pieces than asked for); `run.model_options` are those extras set (flash attention)."""
     with plugins.model_code():
-        return plugins.model.build(run, plugins.model_path, tokenizer, run.config.max_len)
+        built = plugins.model.build(run, plugins.model_path, tokenizer, run.config.max_len)
+    if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[1], ModelShape)):
+        raise RunFailure(f"model family '{plugins.model.name}' built {type(built).__name__}, not (model, ModelShape)")
+    return built
 
 
 def step_flops(plugins, model_shape):

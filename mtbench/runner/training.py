@@ -14,6 +14,7 @@ from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api import Launch
 from mtbench.runner.data.prefetch import Prefetched
 from mtbench.runner.data.weights_file import read_weights_file
+from mtbench.runner.loop.callbacks import PluginCallbacks
 from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore, run_dir_for
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 from mtbench.runner.loop.progress import announced_phases, corpus_progress
@@ -66,14 +67,14 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
         with stopwatch.phase("evaluate_pretrained"):
             built.before_training = built.evaluator.before_training()
 
-    run_dir.begin()  # after every check that could refuse the run: --overwrite's earlier files go only now
+    run_dir.begin(config.out)  # after every check that could refuse the run: --overwrite's earlier files go now
     checkpointing = Checkpointing(run_dir, run_config, data.fingerprint, config.checkpoint_every,
                                   config.keep_checkpoints, latest=resume.checkpoint if resume else None,
                                   keep_best=best_model_keeper(config, run_dir, data, plugins, built.model_shape),
                                   tokenizer=data.tokenizer)
     target = QualityTarget(plugins.task.validation_metric, config.target and config.target[1],
                            plugins.task.higher_is_better, config.eval_every, built.state.evaluations)
-    callbacks = keras.callbacks.CallbackList(registry.keras_callbacks(config), model=built.model)
+    callbacks = PluginCallbacks(registry.keras_callbacks(config), built.model)
     trackers = Trackers(plugins.reporters, registry)
     trackers.start(tracked_run(config, plugins, run, config.out, run_dir.path))
     load_before = sample_load()

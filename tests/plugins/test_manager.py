@@ -223,3 +223,41 @@ def test_an_extras_crash_is_named_with_the_extra_and_its_plugin(plugin_path, cac
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().endswith(
         "Error: extra 'crash-before-model' of plugin 'thirdparty' failed: KeyError: 'mesh'")
+
+
+def test_an_authors_mistakes_mark_the_plugin_broken_and_every_command_still_runs(careless_plugin_path):
+    """A misspelled hook, the wrong kind registered, an extra without backends, names the command line cannot take,
+    a built-in's name and a module loaded twice: each said in a line, the plugin listed as broken, and mtbench's
+    own commands unharmed (their --extra help lists the extras, which once failed at import)."""
+    env = {**env_with(careless_plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-careless,mtbench-careless-again"}
+    version = run_cli("--version", env=env)
+    assert version.returncode == 0 and "Traceback" not in version.stderr
+    listing = plugins_json(env)
+    careless, again = by_name(listing)["careless"], by_name(listing)["again"]
+    assert careless["status"] == "broken" and careless["provides"] == {"extras": ["careless-fine"]}
+    problems = "\n".join(careless["problems"])
+    for said in ("implements mtbench_register_extra, which is no mtbench hook (did you mean "
+                 "mtbench_register_extras?): never called",
+                 "registers a Pairs, which is no Extra (mtbench.plugins.api.Extra) as extra; ignored",
+                 "registers extra 'careless-nobackends' with backends None (a list of backend names)",
+                 "registers the name 'careless:fast' (a name is letters, digits",
+                 "registers extra 'torch-compile', already provided by 'torch_compile'; ignored",
+                 "registers the name 'none', which the command line takes for no reporter as reporter; ignored"):
+        assert said in problems, said
+    assert again["status"] == "failed to load"
+    assert again["problems"] == ["plugin 'again' was skipped: its module mtbench_careless is already loaded as "
+                                 "plugin 'careless'"]
+    environment = run_cli("env", env={**env, "COLUMNS": "400"})  # a row a line
+    assert environment.returncode == 0
+    rows = {line.split("│")[2].strip(): line.split("│")[3].strip() for line in environment.stdout.splitlines()
+            if line.count("│") == 4 and line.split("│")[1].strip() == "plugin"}
+    assert rows["again"] == ("version 1.0; failed to load: plugin 'again' was skipped: its module mtbench_careless "
+                             "is already loaded as plugin 'careless'")
+    assert rows["careless"].startswith("version 1.0; broken: plugin 'careless' implements mtbench_register_extra")
+    train_help = run_cli("train", "--help", env=env)
+    assert train_help.returncode == 0 and "careless-fine (jax)" in train_help.stdout
+    # An unknown name does not blame the plugin for the built-in name it lost.
+    unknown = run_cli("train", "--extra", "warp", "--preset", "tiny", env=env)
+    error = [line for line in unknown.stderr.splitlines() if line.startswith("Error: ")]
+    assert unknown.returncode == 2 and len(error) == 1 and "already provided by" not in error[0]
+    assert len(unknown.stderr) < 3000  # pluggy's refusal of the module loaded twice ran to kilobytes, twice

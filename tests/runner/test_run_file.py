@@ -26,6 +26,13 @@ def test_a_run_file_whose_result_exists_is_refused_until_overwrite_is_given(tmp_
     assert all((tmp_path / "run.run" / name).read_text() == text for name, text in earlier.items())
     assert_refused_in_one_line(run_cli("train", "--run-file", str(run_file), "--steps", "3"),
                                "--run-file holds the run's whole configuration; drop --steps")
+    diverged = run_cli("train", "--run-file", str(run_file), "--overwrite", "--report", "none",
+                       env={"MTBENCH_TEST_NAN_AT_STEP": "1"})
+    assert diverged.returncode == 1
+    # A run that fails after it started has replaced the earlier one's result and folder, not mixed with them.
+    assert json.loads(out.read_text())["status"] == "diverged"
+    assert not any((tmp_path / "run.run" / name).exists() and (tmp_path / "run.run" / name).read_text() == text
+                   for name, text in earlier.items())
     replaced = run_cli("train", "--run-file", str(run_file), "--overwrite", "--report", "none")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     result = json.loads(out.read_text())

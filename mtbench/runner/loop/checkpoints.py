@@ -157,10 +157,13 @@ class RunDirectory:
         os.replace(tmp, folder)
         return description
 
-    def begin(self):
+    def begin(self, result_path=None):
         """Where a fresh run starts writing, empties the folder of everything an earlier run left (only
         --overwrite lets a fresh run start on one), so that no checkpoint, kept model or log of that run passes for
-        this one's. A resumed run's folder is its own: nothing goes."""
+        this one's; the earlier run's result (`result_path`) goes with it, so that no result names a folder that
+        is gone. A resumed run's folder is its own: nothing goes."""
+        if self._fresh and self.writes and result_path and os.path.isfile(result_path):
+            os.remove(result_path)
         if self._fresh and self.writes and os.path.isdir(self.path):
             for name in os.listdir(self.path):
                 path = os.path.join(self.path, name)

@@ -31,8 +31,8 @@ class Checkpointing:
 
 @dataclass
 class Observers:
-    """What watches the steps without changing them: plugins' Keras callbacks, the experiment trackers
-    (`results.tracking.Trackers`) and the energy meter (`measurement.energy.EnergyMeter`)."""
+    """What watches the steps without changing them: plugins' Keras callbacks (`callbacks.PluginCallbacks`), the
+    experiment trackers (`results.tracking.Trackers`) and the energy meter (`measurement.energy.EnergyMeter`)."""
     callbacks: object
     trackers: object
     energy: object

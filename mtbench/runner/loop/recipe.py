@@ -37,9 +37,16 @@ def family_recipe(config, family=None):
         from mtbench.plugins import manager
         family = manager.registry().models.get(config.model_family[0])
     recipe = family.optimizer_recipe(config) if family is not None else {}
-    unknown = sorted(set(recipe) - set(BASE_RECIPE))
+    if not isinstance(recipe, dict):
+        raise MtbenchError(f"model family '{family.name}' gives an optimizer recipe of {type(recipe).__name__}, "
+                           f"not a dict")
+    unknown = sorted(set(map(str, recipe)) - set(BASE_RECIPE))
     if unknown:
         raise MtbenchError(f"model family '{family.name}' sets unknown optimizer settings: {', '.join(unknown)}")
+    try:  # the family's own values, before the user's options go over them: its mistake is not the user's
+        check_recipe({**BASE_RECIPE, **recipe})
+    except (MtbenchError, TypeError) as error:
+        raise MtbenchError(f"model family '{family.name}' sets {recipe}, which mtbench refuses: {error}") from None
     return recipe
 
 

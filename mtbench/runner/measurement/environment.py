@@ -254,6 +254,9 @@ def environment_rows(description):
     for plugin in description["plugins"]:
         provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in plugin["provides"].items())
         origin = "built-in" if plugin["builtin"] else f"version {plugin['version'] or '?'}"
+        if plugin.get("status", "loaded") != "loaded":  # not loaded, failed to load, or broken: say why
+            why = "; ".join(plugin.get("problems") or ())
+            provides = f"{plugin['status']}{': ' + why if why else ''}" + (f"; {provides}" if provides else "")
         rows.append(("plugin", plugin["name"], f"{origin}; {provides or 'hooks only'}"))
     rows += [("warning", "plugin", text) for text in description["warnings"]]
     rows += [("warning", "device", text) for text in description["device_warnings"]]

@@ -76,7 +76,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
                    "parameters": int(built.model.count_params()), "task": plugins.task.name},
         "compile_options": built.compile_record,
         "train_step": built.train_step.name,
-        "train_step_detail": getattr(built.train_step, "description", lambda: "")(),
+        "train_step_detail": step_description(built.train_step),
         "train_step_chosen": run.step_choice,  # --step, and why auto chose as it did
         "dtype_chosen": run.dtype_choice,      # --dtype, and why auto chose as it did
         # Host waits inside one steady step (`Backend.host_sync_counter`), counted apart from the timed steps.
@@ -120,6 +120,19 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         "checkpoint": outcome.checkpoint,
         **dict.fromkeys(plugins.task.result_files),
     }
+
+
+def step_description(step):
+    """How the train step ran, in its own words (`TrainStep.description`). One that raises, a plugin's, takes no
+    trained run down: the detail says which code failed, and every report of the run shows it."""
+    try:
+        text = getattr(step, "description", lambda: "")()
+        if not isinstance(text, str):
+            raise TypeError(f"it returned {type(text).__name__}, not a str")
+        return text
+    except Exception as error:  # a plugin's own code, after training: the run's figures are safe
+        where = f"{type(step).__module__}.{type(step).__qualname__}.description()"
+        return f"not described: {where} failed: {type(error).__name__}: {error}"
 
 
 # The key of an extra's `extras_record` entry when its `record` failed: the failure, in place of a record.

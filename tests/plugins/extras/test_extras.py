@@ -236,24 +236,29 @@ def test_kernel_evidence_recognises_only_fused_kernels():
                            TORCH_KERNEL_PATTERN) == []
 
 
-def test_an_extra_that_sets_a_refused_value_is_named_not_the_user():
+@pytest.mark.parametrize("changes, expected", [
+    ({"steps": 0}, "extra 'careless' sets steps=0, which the configuration refuses: --steps must be at least 1, "
+                   "got 0"),
+    ({"batch_size": "eight"}, "extra 'careless' sets batch_size='eight', which the configuration refuses: "),
+    (["batch_size", 8], "extra 'careless' gives configuration changes of list, not a dict"),
+])
+def test_an_extra_whose_configuration_changes_are_refused_is_named_not_the_user(changes, expected):
     from mtbench.errors import RunFailure
     from mtbench.plugins.api import Extra, RunContext
     from mtbench.plugins.manager import registry
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.setup import RunPlugins, adjusted_config
 
-    class NoSteps(Extra):
-        name = "no-steps"
+    class Careless(Extra):
+        name = "careless"
 
         def config_changes(self, run):
-            return {"steps": 0}
+            return changes
 
     run = RunContext(config=TrainConfig(steps=5), backend=None, device={"count": 1})
     with pytest.raises(RunFailure) as refused:
-        adjusted_config(run, RunPlugins(None, [NoSteps()], [], registry()))
-    assert str(refused.value) == ("extra 'no-steps' sets steps=0, which the configuration refuses: --steps must be "
-                                  "at least 1, got 0")
+        adjusted_config(run, RunPlugins(None, [Careless()], [], registry()))
+    assert str(refused.value).startswith(expected)
 
 
 def test_tpu_mesh_and_sizes_on_simulated_devices():

@@ -109,3 +109,25 @@ def test_steady_steps_are_timed_in_windows_and_first_steps_alone(tiny_runs):
             assert {h["seconds"] for h in history[position:position + size]} == {history[position]["seconds"]}
             position += size
         assert position == len(history)
+
+
+def test_a_step_description_that_fails_says_which_code_failed_and_keeps_the_run():
+    from mtbench.runner.results.run_result import step_description
+
+    class Counted:
+        def description(self):
+            return "counted, 3 steps"
+
+    class Careless:
+        def description(self):
+            raise RuntimeError("desc boom")
+
+    class Wordless:
+        def description(self):
+            return 42
+
+    assert step_description(Counted()) == "counted, 3 steps" and step_description(object()) == ""
+    assert step_description(Careless()) == (
+        f"not described: {__name__}.test_a_step_description_that_fails_says_which_code_failed_and_keeps_the_run."
+        f"<locals>.Careless.description() failed: RuntimeError: desc boom")
+    assert step_description(Wordless()).endswith("Wordless.description() failed: TypeError: it returned int, not a str")
