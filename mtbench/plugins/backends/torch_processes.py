@@ -49,4 +49,7 @@ class TorchProcessGroup(ProcessGroup):
 
     def close(self):
         import torch.distributed as dist
+        # Every process leaves together: one that tears its group down and exits while another still holds its
+        # connections is how a gloo run can abort at exit after a completed result.
+        dist.barrier(group=self._host_group)
         dist.destroy_process_group()
