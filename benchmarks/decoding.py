@@ -18,7 +18,7 @@ import numpy as np
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--backend", choices=["jax", "torch"], default="jax")
     parser.add_argument("--preset", default="small")
     parser.add_argument("--sentences", type=int, default=128)

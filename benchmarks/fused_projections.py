@@ -75,8 +75,7 @@ def measure(args):
 
 
 def main(argv=None):
-    parser = measurement_parser(__doc__.split("\n\n")[0], QUICK, "a smoke run, for tests")
-    parser.set_defaults(model="gpt")
+    parser = measurement_parser(__doc__.split("\n\n")[0], QUICK, "a smoke run, for tests", model="gpt")
     parser.add_argument("--backend", choices=("torch", "jax"), default="torch")
     parser.add_argument("--dtype", choices=("float32", "mixed_bfloat16"), default="mixed_bfloat16")
     args = parse_measurement_args(parser, sys.argv[1:] if argv is None else argv, QUICK)

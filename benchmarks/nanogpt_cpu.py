@@ -58,6 +58,7 @@ def main(argv=None):
     parser.add_argument("--log-every", type=int, default=250, help="a line of each run every N steps")
     parser.add_argument("--out", default="mtbench-results/nanogpt-cpu")
     args = parser.parse_args(argv)
+    args.data, args.out = os.path.abspath(args.data), os.path.abspath(args.out)  # the runs start in the checkout
     os.makedirs(args.out, exist_ok=True)
     combined = run_compare(args)
     reference = run_reference(args, combined["initial_weights"]["file"])

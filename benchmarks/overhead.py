@@ -274,13 +274,13 @@ def summary_json(results, settings):
     return out
 
 
-def measurement_parser(description, quick, quick_help):
+def measurement_parser(description, quick, quick_help, model="transformer"):
     """An argument parser with the flags every interleaved step benchmark takes: the model and batches, the
     timing rounds, CPU pinning and the cache; `quick` are the settings --quick replaces."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help=f"{quick_help} ({quick})")
-    parser.add_argument("--model", choices=MODELS, default="transformer",
-                        help="the translation Transformer (default) or the GPT language model")
+    parser.add_argument("--model", choices=MODELS, default=model,
+                        help=f"the translation Transformer or the GPT language model (default: {model})")
     parser.add_argument("--text", default=None, metavar="FILE",
                         help="--model gpt: the text to train on, as bytes (default: the built-in corpus's source side)")
     parser.add_argument("--preset", default="small")

@@ -54,13 +54,17 @@ def render(group=None):
                for name, command in commands.items()}
     # The options that make up a run's configuration, word for word the same in every command that starts a
     # run, are listed once.
+    # Said from the commands themselves: a hand-kept list named one that takes no --config.
+    configured = [name for name, command in commands.items()
+                  if any("--config" in getattr(param, "opts", ()) for param in command.params)]
     runs = [name for name in RUN_COMMANDS if name in options]
     shared = [record for record in options[runs[0]] if all(record in options[name] for name in runs)] if runs else []
     lines = [HEADER, "```", "mtbench [--version] [--help] COMMAND", "```", "",
              " ".join(inspect.cleandoc(group.help or "").split()), "",
              "Every command takes `--help`, and `--debug` to show the traceback of a failure. "
-             "`train`, `init-weights` and `compare` take `--config FILE.toml`: the flags' own names as keys "
-             "(`batch-size = 64`, `extra = [\"torch-compile\"]`); flags on the command line win over it.", ""]
+             f"{' and '.join(f'`{name}`' for name in configured)} take `--config FILE.toml`: the flags' own names "
+             "as keys (`batch-size = 64`, `extra = [\"torch-compile\"]`); flags on the command line win over it.",
+             ""]
     for name, command in commands.items():
         ctx = contexts[name]
         lines += [f"## `mtbench {name}`", "", "```", f"mtbench {name} " + " ".join(command.collect_usage_pieces(ctx)),

@@ -21,7 +21,7 @@ from mtbench.runner.orchestration.runs import shape_label
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.compare_json import combined_json
 from mtbench.runner.results.output import check_output_path
-from mtbench.runner.results.report import LoadedRun, build_comparison
+from mtbench.runner.results.report import LoadedRun, baseline_label, build_comparison
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.schema import result_stem
 from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
@@ -148,9 +148,8 @@ def validate_plan(plan, registry):
         raise MtbenchError(f"--parity-steps must be at least 1, got {plan.parity_steps}")
     if not plan.parity_tolerance > 0:
         raise MtbenchError(f"--parity-tolerance must be positive, got {plan.parity_tolerance}")
-    labels = [spec.label for spec in plan.specs]
-    if plan.baseline is not None and plan.baseline not in labels:
-        raise MtbenchError(f"--baseline '{plan.baseline}' is none of the runs: {', '.join(labels)}")
+    if plan.baseline is not None:  # as the table names it, or without the model family's name
+        plan.baseline = baseline_label(plan.baseline, [spec.label for spec in plan.specs])
     check_runs(plan.specs, registry, plan.interpreters)
     check_output_path(plan.out, plan.overwrite)
     for spec in plan.sizes():

@@ -169,6 +169,21 @@ def environment_names(paths):
     return {path: "-".join(part for part in path.split(os.sep) if part) for path in paths}
 
 
+def baseline_label(given, labels):
+    """The run --baseline names among `labels`: exactly, or without the `model=NAME` a model family's runs carry
+    (`jax` for `jax:model=gpt`), where that names one run; else a one-line error."""
+    if given in labels:
+        return given
+    without_model = {}
+    for label in labels:
+        run, _, keys = label.partition(":")
+        kept = ",".join(key for key in keys.split(",") if key and not key.startswith("model="))
+        without_model.setdefault(run + (f":{kept}" if kept else ""), []).append(label)
+    if len(without_model.get(given, ())) == 1:
+        return without_model[given][0]
+    raise MtbenchError(f"--baseline '{given}' is none of the runs: {', '.join(labels)}")
+
+
 def comparison_labels(results):
     """Each result's label in a comparison: `run_label`, then the swept keys whose value differs between the
     runs (`jax:batch-size=16`), then, where the runs ran under different interpreters, `python=NAME` of each
@@ -419,10 +434,8 @@ def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS
         chosen = groups[0]
     elif isinstance(baseline, LoadedRun):
         chosen = next(group for group in groups if any(run is baseline for run in group.runs))
-    elif baseline in labels:
-        chosen = groups[labels.index(baseline)]
     else:
-        raise MtbenchError(f"--baseline '{baseline}' is none of the runs: {', '.join(labels)}")
+        chosen = groups[labels.index(baseline_label(baseline, labels))]
     ordered = [chosen] + [group for group in groups if group is not chosen]
     swept = swept_keys([run.result for run in runs])
     parity = check_parity(_parity_names(ordered), lambda result: parity_class(result, swept), steps=parity_steps,

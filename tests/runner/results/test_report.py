@@ -347,3 +347,16 @@ def test_runs_of_other_versions_or_interpreters_are_never_repeats(results, tmp_p
     assert labels == [f"jax:python={this}", "jax:python=venv-old"]
     header, rows = parse_markdown_table(report(jax_path, older, "--format", "markdown"))
     assert rows["versions"][1].startswith("jax 0.4.30, jaxlib 0.4.30, keras ")
+
+
+def test_baseline_is_named_as_the_table_names_it_or_without_the_model_family():
+    from mtbench import MtbenchError
+    from mtbench.runner.results.report import baseline_label
+    labels = ["torch:model=gpt", "torch+torch-compile:model=gpt", "jax:model=gpt,batch-size=8"]
+    assert baseline_label("torch+torch-compile:model=gpt", labels) == "torch+torch-compile:model=gpt"
+    assert baseline_label("torch", labels) == "torch:model=gpt"
+    assert baseline_label("jax:batch-size=8", labels) == "jax:model=gpt,batch-size=8"
+    with pytest.raises(MtbenchError, match="^--baseline 'jax' is none of the runs: torch:model=gpt, "):
+        baseline_label("jax", labels)
+    with pytest.raises(MtbenchError, match="is none of the runs"):  # two families' runs: the name must say which
+        baseline_label("jax", ["jax:model=gpt", "jax:model=marian"])
