@@ -84,6 +84,7 @@ def test_a_hook_that_raises_marks_its_plugin_broken(plugin_path):
     assert plugins["trouble"]["provides"] == {"datasets": ["crashing", "needs-key"]}
 
 
+@pytest.mark.slow
 def test_environment_variable_limits_packages_and_says_what_it_left_out(plugin_path):
     unset = by_name(plugins_json({**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": None}))
     assert unset["thirdparty"]["status"] == "loaded" and unset["broken"]["status"] == "failed to load"

@@ -3,11 +3,14 @@ launched, and --overwrite, the one way out of a result that already exists."""
 
 import json
 
+import pytest
+
 from conftest import assert_refused_in_one_line, run_cli
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.run_file import write_run_file
 
 
+@pytest.mark.slow
 def test_a_run_file_whose_result_exists_is_refused_until_overwrite_is_given(tmp_path, cache_dir):
     out = tmp_path / "run.json"
     out.write_text('{"earlier": true}')

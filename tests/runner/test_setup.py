@@ -138,3 +138,21 @@ def test_hidden_modules_fail_to_import_inside_the_block_and_import_after_it(tmp_
     assert mtbench_probe_a.VALUE == 1
     for name in ("mtbench_probe_a", "mtbench_probe_b"):
         sys.modules.pop(name)
+
+
+def test_a_family_whose_build_returns_no_model_and_shape_is_named():
+    import contextlib
+    from mtbench import RunFailure
+    from mtbench.keras_models.presets import presets_for
+    from mtbench.runner.setup import build_model
+    shape = presets_for("gpt")["tiny"]
+    for built, fine in (("a model", False), (("a model", {"d_model": 8}), False), (("a model", shape), True)):
+        family = SimpleNamespace(name="careless-lm", build=lambda *args, built=built: built)
+        plugins = SimpleNamespace(model=family, model_path=None, model_code=contextlib.nullcontext)
+        run = SimpleNamespace(config=TrainConfig())
+        if fine:
+            assert build_model(run, plugins, None) == ("a model", shape)
+        else:
+            with pytest.raises(RunFailure, match=r"^model family 'careless-lm' built (str|tuple), not \(model, "
+                                                 r"shape\): a model and its ModelShape$"):
+                build_model(run, plugins, None)

@@ -558,6 +558,7 @@ def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
     assert [(rerun.config.backend, rerun.config.out) for rerun in reruns] == [(rerun.label, rerun.out) for rerun in reruns]
 
 
+@pytest.mark.slow
 def test_rerun_of_an_upgrade_comparison_runs_each_run_under_its_interpreter(compared, tmp_path):
     """A comparison of environments (python=PATH) is trained again under each run's own interpreter: here a
     wrapper that answers `mtbench env --json` with a run file format, records any other arguments and stops. One
