@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import pluggy
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins import hookspecs
+from mtbench.plugins import api, hookspecs
 from mtbench.plugins.api.versioning import next_major
 from mtbench.plugins.compat import deprecated_in, fitting_arguments, form, older_form, older_forms
 
@@ -55,6 +55,9 @@ REGISTER_HOOKS = {
     "tasks": "mtbench_register_tasks",
 }
 KINDS = tuple(REGISTER_HOOKS)
+KIND_BASES = {"backends": api.Backend, "extras": api.Extra, "datasets": api.Dataset, "reporters": api.Reporter,
+              "models": api.ModelFamily, "tasks": api.Task}  # what `register` of each kind takes
+HOOK_NAMES = [name for name in dir(hookspecs) if name.startswith("mtbench_")]
 ANY_KIND = "any"  # what a plugin that failed to load might have provided: we cannot know
 # A registered name, as --extra, --matrix ('backend+extra@2:flag=value'), --dataset and --report take it.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -286,7 +289,7 @@ def _build():
             entry.status, entry.reason = "failed to load", _short(error)
             registry.warn(f"plugin '{name}' failed to load and was skipped: {entry.reason}", name)
             continue
-        _warn_of_unknown_hooks(pm, registry, name)
+        _warn_of_unknown_hooks(pm, registry, name, module)
 
     for kind, hook_name in REGISTER_HOOKS.items():
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
@@ -296,17 +299,17 @@ def _build():
 
 def _short(error):
     """An exception in one line of at most 300 characters: `repr` of some (pluggy's) runs to kilobytes."""
-    text = repr(error).splitlines()[0] if repr(error) else type(error).__name__
+    text = (repr(error).splitlines() or [type(error).__name__])[0]
     return text if len(text) <= 300 else text[:299] + "…"
 
 
-def _warn_of_unknown_hooks(pm, registry, name):
+def _warn_of_unknown_hooks(pm, registry, name, module):
     """A hook implementation whose name is no mtbench hook (`mtbench_register_extra`) is never called: said, and
     the plugin marked broken, rather than its extras going missing without a word."""
     import difflib
-    for caller in pm.get_hookcallers(pm.get_plugin(name)) or ():
+    for caller in pm.get_hookcallers(module) or ():
         if caller.spec is None:
-            close = difflib.get_close_matches(caller.name, [n for n in dir(hookspecs) if n.startswith("mtbench_")], 1)
+            close = difflib.get_close_matches(caller.name, HOOK_NAMES, 1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             registry.warn(f"plugin '{name}' implements {caller.name}, which is no mtbench hook{hint}: never called",
                           name)
@@ -314,9 +317,7 @@ def _warn_of_unknown_hooks(pm, registry, name):
 
 def registration_refusal(kind, item):
     """Why `item` cannot be registered as a thing of `kind`, in words, or None."""
-    from mtbench.plugins import api
-    base = {"backends": api.Backend, "extras": api.Extra, "datasets": api.Dataset, "reporters": api.Reporter,
-            "models": api.ModelFamily, "tasks": api.Task}[kind]
+    base = KIND_BASES[kind]
     if not isinstance(item, base):
         return f"a {type(item).__name__}, which is no {base.__name__} (mtbench.plugins.api.{base.__name__})"
     name = getattr(item, "name", None)

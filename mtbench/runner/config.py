@@ -142,8 +142,6 @@ class TrainConfig:
         if self.block_size is not None:
             if self.max_len is not None and self.max_len != self.block_size:
                 raise MtbenchError("give --block-size or --max-len, not both")
-            if self.block_size < 8:
-                raise MtbenchError(f"--block-size must be at least 8, got {self.block_size}")
             self.max_len = self.block_size
         if self.vocab_size is None:
             self.vocab_size = model.vocab_size
@@ -277,8 +275,9 @@ class TrainConfig:
 
     @property
     def length_option(self):
-        """The option a user sets the length by: a decoder-only model's --block-size, else --max-len."""
-        return "--block-size" if self.decoder_only else "--max-len"
+        """The option the length was set by, or is set by for this model: --block-size where it was given or the
+        model is decoder-only, else --max-len."""
+        return "--block-size" if self.block_size is not None or self.decoder_only else "--max-len"
 
     @property
     def model_family(self):
