@@ -14,6 +14,7 @@ from mtbench.runner.data.batches import encode_split
 from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.tokenizer import JointTokenizer
 from conftest import assert_refused_in_one_line, cli_environment, run_cli
+from result_keys import undocumented_keys
 
 # Long enough for the tiny model to produce varied sentences, so equal translations say something.
 TRAINED = ["--preset", "tiny", "--max-pairs", "4000", "--valid-size", "100", "--test-size", "100", "--max-len", "32",
@@ -77,6 +78,7 @@ def test_evaluate_scores_the_runs_test_set_as_the_run_did(trained, tmp_path):
     assert scores["bleu"] == pytest.approx(metrics["bleu"], abs=1e-9)
     assert scores["chrf"] == pytest.approx(metrics["chrf"], abs=1e-9)
     assert scores["bleu_signature"] == metrics["bleu_signature"]
+    assert undocumented_keys(scores) == [] and undocumented_keys(trained["result"]) == []
     assert open(scores["hypotheses_file"], encoding="utf-8").read().splitlines() == trained["hypotheses"]
     # Each signature says whose it is.
     assert f"BLEU signature: {metrics['bleu_signature']}\nchrF signature: {metrics['chrf_signature']}\n" in proc.stdout

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import env_with, run_cli
+from result_keys import undocumented_keys
 from mtbench.runner.results.schema import schema_errors
 
 TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
@@ -43,7 +44,7 @@ def train(backend, out, *arguments, cache_dir):
 def test_a_byte_level_model_reports_perplexity_and_bits_per_byte_and_no_bleu(text_folder, cache_dir, tmp_path):
     result = train("jax", tmp_path / "bytes.json", "--data", text_folder, "--steps", "20", "--eval-every", "10",
                    "--target-loss", "10", cache_dir=cache_dir)
-    assert schema_errors(result) == []
+    assert schema_errors(result) == [] and undocumented_keys(result) == []
     assert result["config"]["task"] == "language-modelling" and result["data"]["tokenizer"]["type"] == "byte"
     metrics = result["metrics"]
     assert not any(key.startswith(("bleu", "chrf")) for key in metrics) and "hypotheses_file" not in result
