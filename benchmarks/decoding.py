@@ -22,16 +22,24 @@ def main():
     parser.add_argument("--backend", choices=["jax", "torch"], default="jax")
     parser.add_argument("--preset", default="small")
     parser.add_argument("--sentences", type=int, default=128)
-    parser.add_argument("--length", type=int, default=48)
+    parser.add_argument("--length", type=int, help="tokens a sentence decodes into, the first one given "
+                        "(default and most: the preset's --max-len, past which positions have no embedding)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--beam", type=int, default=4, help="beam size to time beside greedy (1: skip)")
     args = parser.parse_args()
     os.environ["KERAS_BACKEND"] = args.backend
+    from mtbench.keras_models.presets import PRESETS
+    if args.preset not in PRESETS:
+        parser.error(f"--preset {args.preset}: a translation preset ({', '.join(PRESETS)})")
+    max_len = PRESETS[args.preset].max_len
+    args.length = args.length or max_len
+    if not 2 <= args.length <= max_len:
+        # A position past the embedding's rows has none of its own (JAX reads another silently): the two ways differ.
+        parser.error(f"--length {args.length}: between 2 and {args.preset}'s --max-len {max_len}")
 
     from keras import ops
 
     from mtbench.keras_models.initialization import assign_weights, initial_weights
-    from mtbench.keras_models.presets import PRESETS
     from mtbench.keras_models.transformer import build_transformer
     from mtbench.plugins.manager import registry
     from mtbench.runner.evaluation.decoding import beam_decoder, greedy_decoder
