@@ -12,19 +12,27 @@ from mtbench.errors import MtbenchError
 from mtbench.runner.orchestration.children import last_error_line
 from mtbench.runner.setup import require_extra_spanning_processes, resolve_backend, resolve_extras
 
-def probe_devices():
+def probe_devices(runs=()):
     """{backend: its devices (`Backend.device_info()`), or None where it is unavailable}, asked of a child
-    `mtbench env --json`: importing the frameworks here would hold device memory while the runs train."""
-    return backend_devices(probe_environment(sys.executable, "cannot tell which devices the backends see"))
+    (`preflight.py`): importing the frameworks here would hold device memory while the runs train. The child also
+    asks each of `runs` ([{label, config}]: a run of one process under this interpreter) whether its device
+    refuses it, as the run would at its start: the first refusal is raised here, before anything trains."""
+    answer = probe_environment(sys.executable, "cannot tell which devices the backends see",
+                               ["-m", "mtbench.runner.orchestration.preflight"], json.dumps(list(runs)))
+    for label, reason in answer["refusals"].items():
+        raise MtbenchError(f"run '{label}': {reason}")
+    return backend_devices(answer["environment"])
 
 
-def probe_environment(python, failing):
-    """`mtbench env --json` of the interpreter `python`, in a child; `failing` begins the line of its failure."""
+def probe_environment(python, failing, command=("-m", "mtbench", "env", "--json"), given=None):
+    """The JSON that `command` (`mtbench env --json`) prints under the interpreter `python`, in a child, `given`
+    on its input; `failing` begins the line of its failure."""
     environment = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    process = subprocess.run([python, "-m", "mtbench", "env", "--json"], capture_output=True, text=True,
-                             stdin=subprocess.DEVNULL, env=environment)
+    process = subprocess.run([python, *command], capture_output=True, text=True, env=environment,
+                             **({"input": given} if given is not None else {"stdin": subprocess.DEVNULL}))
     if process.returncode != 0:
-        raise MtbenchError(f"{failing}: `mtbench env` failed ({last_error_line(process.stderr, process.returncode)})")
+        what = "`mtbench env`" if given is None else "its check"
+        raise MtbenchError(f"{failing}: {what} failed ({last_error_line(process.stderr, process.returncode)})")
     return json.loads(process.stdout)
 
 

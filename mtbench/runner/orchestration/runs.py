@@ -293,7 +293,8 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
     specs = named_as_results(specs, [config.to_dict() for config in configs])
-    devices = probe()
+    devices = probe([{"label": spec.label, "config": config.to_dict()} for spec, config in zip(specs, configs)
+                     if not spec.foreign and spec.processes == 1])
     twins = matrix is None and step == "auto" and TORCH_COMPILED not in extras
     if twins:
         specs = with_compiled_twins(specs, devices, registry)

@@ -164,6 +164,12 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
      "run 'jax': --dtype mixed_float16: XLA on the CPU has no float16 matmul"),
     (["--backends", "torch", "--dtype", "mixed_float16"],
      "run 'torch': --dtype mixed_float16: float16 trains through Keras's loss-scaling optimizer"),
+    # An extra the device refuses is refused here too (asked of a child), not after the runs before it trained.
+    (["--matrix", "jax;jax+pmap;torch+flash-attention"],
+     "run 'jax+pmap': extra 'pmap' cannot run here: needs at least 2 devices; this run has 1"),
+    (["--matrix", "torch;torch+flash-attention", "--dtype", "bfloat16"],
+     "run 'torch+flash-attention': extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and "
+     "float16/bfloat16; this run has cpu/bfloat16"),
 ])
 def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
     # On the CPU, where the dtype refusals above hold (a GPU's XLA multiplies float16).
@@ -371,7 +377,7 @@ def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_p
 
 def test_the_device_probe_asks_a_child_process():
     """The orchestrator imports no framework (one would hold GPU memory while the runs train): the devices come
-    from `mtbench env --json` in a child."""
+    from a child, which also tells the refusals of the runs it is handed (`preflight.py`)."""
     import subprocess
     import sys as system
     code = ("import json, sys; from mtbench.runner.orchestration.environments import probe_devices; "
@@ -603,6 +609,10 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
     plugged = json.loads(json.dumps(compared["combined"]["runs"][0]["result"]))
     plugged["extras"] = plugged["config"]["extras"] = ["warp-drive"]  # a plugin's extra, not installed here
     (tmp_path / "plugged.json").write_text(json.dumps(plugged))
+    refused = json.loads(json.dumps(compared["combined"]))  # a comparison whose second run this device refuses
+    refused_run = refused["runs"][1]["result"]
+    refused_run["extras"] = refused_run["config"]["extras"] = [*refused_run["extras"], "flash-attention"]
+    (tmp_path / "refused.json").write_text(json.dumps(refused))
     for args, expected in (([str(tmp_path / "absent.json")], "absent.json: no such file"),
                            ([str(existing)], "existing.json: not an mtbench result"),
                            ([source, "--out", str(existing)], "existing.json: already exists; pass --overwrite"),
@@ -610,11 +620,14 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
                             "changed.json: its configuration cannot be read: unknown configuration keys warp_factor"),
                            ([str(tmp_path / "plugged.json"), "--out", str(tmp_path / "again.json")],
                             f"plugged.json: run '{plugged['backend']}+warp-drive': unknown extra 'warp-drive'; "
-                            f"available: ")):
+                            f"available: "),
+                           ([str(tmp_path / "refused.json"), "--out", str(tmp_path / "again.json")],
+                            f"refused.json: run '{refused_run['backend']}+flash-attention': extra 'flash-attention' "
+                            f"cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16")):
         proc = run_cli("rerun", *args)
         assert_refused_in_one_line(proc, expected)
     assert existing.read_text() == '{"keep": "me"}\n'
-    assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json", "plugged.json"]
+    assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json", "plugged.json", "refused.json"]
 
 
 @pytest.mark.slow

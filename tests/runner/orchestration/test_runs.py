@@ -129,7 +129,7 @@ def test_a_comparison_is_planned_and_checked_before_the_devices_are_asked():
     from mtbench import MtbenchError
     from mtbench.runner.orchestration.runs import plan_comparison
     plugins = registry()
-    planned = plan_comparison("jax,torch", (), None, options(), plugins, probe=lambda: {"jax": H100, "torch": H100})
+    planned = plan_comparison("jax,torch", (), None, options(), plugins, probe=lambda runs: {"jax": H100, "torch": H100})
     assert [(spec.label, dict(spec.sizes)) for spec in planned.specs] == [
         ("jax", {"step": "auto"}), ("torch", {"step": "eager"}),
         ("torch+torch-compile", {"step": "compiled", "compile_mode": "reduce-overhead"})]
@@ -138,13 +138,19 @@ def test_a_comparison_is_planned_and_checked_before_the_devices_are_asked():
                              "--compile-mode reduce-overhead), two rows; --matrix names the runs exactly"]
     # On a CPU: no twin, nothing to say; a mode the user asked for reaches the compiling runs alone.
     on_cpu = plan_comparison(None, (), "jax;torch;torch+torch-compile", options(compile_mode="max-autotune"),
-                             plugins, probe=lambda: {"jax": CPU, "torch": CPU})
+                             plugins, probe=lambda runs: {"jax": CPU, "torch": CPU})
     assert [(spec.label, dict(spec.sizes)) for spec in on_cpu.specs] == [
         ("jax", {"step": "auto"}), ("torch", {"step": "eager"}),
         ("torch+torch-compile", {"step": "compiled", "compile_mode": "max-autotune"})]
     assert on_cpu.lines == []
+    # The probe is handed each run of one process, to tell its device's refusal (those of several join theirs).
+    asked = []
+    plan_comparison(None, (), "jax:batch-size=8;torch+ddp@2", options(), plugins,
+                    probe=lambda runs: asked.extend(runs) or {"jax": CPU, "torch": CPU})
+    assert [(run["label"], run["config"]["backend"], run["config"]["batch_size"]) for run in asked] == [
+        ("jax:batch-size=8", "jax", 8)]
 
-    def never():
+    def never(runs):
         raise AssertionError("the devices were asked before the plan was checked")
     for backends, extras, matrix, given, expected in [
             ("jax,tensorflow", (), None, {}, "unknown backend 'tensorflow'"),
@@ -156,10 +162,10 @@ def test_a_comparison_is_planned_and_checked_before_the_devices_are_asked():
     # A mode no run would compile with would be recorded for nothing.
     with pytest.raises(MtbenchError, match="^--compile-mode max-autotune: no run compiles torch's step"):
         plan_comparison("jax,torch", (), None, options(compile_mode="max-autotune"), plugins,
-                        probe=lambda: {"jax": CPU, "torch": CPU})
+                        probe=lambda runs: {"jax": CPU, "torch": CPU})
     # Against the devices: torch on a GPU beside JAX on the CPU compares machines.
     with pytest.raises(MtbenchError, match="^the runs would train on different hardware"):
-        plan_comparison("jax,torch", (), None, options(), plugins, probe=lambda: {"jax": CPU, "torch": H100})
+        plan_comparison("jax,torch", (), None, options(), plugins, probe=lambda runs: {"jax": CPU, "torch": H100})
 
 
 def test_runs_are_named_by_the_settings_they_differ_in_as_the_table_names_their_results():
@@ -167,7 +173,7 @@ def test_runs_are_named_by_the_settings_they_differ_in_as_the_table_names_their_
     it too: the progress lines, the run files and --baseline use the names the table and verdicts show."""
     from mtbench import MtbenchError
     from mtbench.runner.orchestration.runs import plan_comparison
-    plugins, on_cpu = registry(), lambda: {"jax": CPU, "torch": CPU}
+    plugins, on_cpu = registry(), lambda runs: {"jax": CPU, "torch": CPU}
 
     def labels(matrix, **given):
         return [spec.label for spec in plan_comparison(None, (), matrix, options(**given), plugins,
