@@ -13,6 +13,7 @@ import struct
 
 import pytest
 from conftest import run_cli
+from result_keys import undocumented_keys
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.results.history import build_history, to_csv, to_markdown
@@ -132,6 +133,7 @@ def test_the_cli_writes_every_point_and_the_plot(real, tmp_path):
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["kind"] == "mtbench-history" and [p["point"] for p in data["points"]] == [1, 2, 3, 4]
+    assert undocumented_keys(data) == []
     assert [p["mark"] for p in data["points"]] == [None, None, "step", None]
     assert data["steps"][0].startswith("#3 is 1.43x slower than #2 in tokens/s")
     png = plot.read_bytes()

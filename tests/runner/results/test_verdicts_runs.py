@@ -13,6 +13,7 @@ import statistics
 import pytest
 
 from conftest import TINY_COMPARE, assert_refused_in_one_line, python_path, run_cli
+from result_keys import undocumented_keys
 
 PACE = {"MTBENCH_LOAD_PLUGINS": "mtbench-pace"}
 # 30 steps in windows of 2: 15 steady windows a run, enough to resample within it.
@@ -136,6 +137,7 @@ def test_the_regression_gate_passes_the_aa_pair_and_fails_the_slowed_one(paced, 
     assert same.returncode == 0, same.stderr
     data = json.loads(same.stdout)
     assert data["slower_beyond_threshold"] == [] and data["fail_if_slower"] == 0.05
+    assert undocumented_keys(data) == []
     tokens = next(c for c in data["changes"] if c["figure"] == "tokens_per_s")
     assert tokens["label"] == "jax" and tokens["verdict"]["call"] == "no difference"
 
