@@ -165,14 +165,14 @@ def ratio_interval(key, candidate, reference, paired=False, resamples=RESAMPLES,
 
     `candidate`, `reference`: the results of each run's repeats. For the WINDOW_FIGURES the statistic is the
     difference of the two runs' geometric means over their repeats of the figure of each repeat's windows, both
-    levels resampled; for any other timing figure it is the same difference of the repeats' own values, resampled
-    over repeats (None unless both runs have at least two). `paired`: the repeats were interleaved (repeat k of
+    levels resampled (None where each run is one repeat of one window); for any other timing figure it is the same
+    difference of the repeats' own values, resampled over repeats (None unless both runs have at least two). `paired`: the repeats were interleaved (repeat k of
     one beside repeat k of the other) and are as many: they are resampled jointly."""
     rng = np.random.default_rng(seed)
     if key in WINDOW_FIGURES:
         sides = [_window_sides(results) for results in (candidate, reference)]
-        if not all(sides):
-            return None
+        if not all(sides) or all(len(side) == 1 and len(side[0]) == 1 for side in sides):
+            return None  # one repeat of one window on each side: nothing to resample, an interval of zero width
         points = [np.log([window_figure(key, w) for w in side]) for side in sides]
         resampled = [_resampled_repeats(key, side, rng, resamples) for side in sides]
         windows = tuple(min(len(w) for w in side) for side in sides)

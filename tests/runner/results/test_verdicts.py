@@ -146,6 +146,20 @@ def test_one_repeat_and_few_windows_are_warned_of():
     assert stats.ratio_interval("compile_s", repeats(2), repeats(2)).method == "bootstrap of the log ratio over repeats"
 
 
+def test_one_window_against_one_window_gets_no_verdict_rather_than_an_interval_of_zero_width():
+    slowed = [result(windows=1, step_s=0.02)]
+    for key in stats.WINDOW_FIGURES:
+        assert stats.ratio_interval(key, slowed, [result(windows=1, seed=3)]) is None
+        interval = stats.ratio_interval(key, slowed, [result(windows=2, seed=3)])  # one side's windows resample
+        assert interval.low < interval.high and interval.windows == (1, 2)
+    comparison = build_comparison([LoadedRun(result(windows=1), "a.json"),
+                                   LoadedRun(result(extras=("slow",), windows=1, step_s=0.02), "b.json")])
+    assert comparison.verdicts == {}
+    _, rows = table_cells(comparison)
+    titles = [row[0] for row in rows]
+    assert "tokens/s vs jax (ratio of medians)" in titles and not any("95 % interval" in t for t in titles)
+
+
 def test_break_even_against_a_hand_count():
     # b compiles 2 s slower but steps 10 ms faster: it catches up after 200 steps, 1 + 200 x 0.03 = 7 s
     even = stats.break_even("b", "a", {"a": 1.0, "b": 3.0}, {"a": 0.03, "b": 0.02})
