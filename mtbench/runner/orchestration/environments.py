@@ -17,21 +17,33 @@ def probe_devices(runs=()):
     (`preflight.py`): importing the frameworks here would hold device memory while the runs train. The child also
     asks each of `runs` ([{label, config}]: a run of one process under this interpreter) whether its device
     refuses it, as the run would at its start: the first refusal is raised here, before anything trains."""
-    answer = probe_environment(sys.executable, "cannot tell which devices the backends see",
-                               ["-m", "mtbench.runner.orchestration.preflight"], json.dumps(list(runs)))
-    for label, reason in answer["refusals"].items():
+    answer = probe_environment(sys.executable, "cannot tell which devices the backends see", PREFLIGHT_COMMAND,
+                               json.dumps(list(runs)))
+    if answer["refusals"]:
+        label, reason = next(iter(answer["refusals"].items()))
         raise MtbenchError(f"run '{label}': {reason}")
     return backend_devices(answer["environment"])
 
 
-def probe_environment(python, failing, command=("-m", "mtbench", "env", "--json"), given=None):
+def runs_to_preflight(specs, configs):
+    """The runs whose device refusals `probe_devices` can tell ([{label, config}]): those of one process under this
+    interpreter (the devices of several are theirs to join; another interpreter's, its own). `configs`: each run's
+    configuration as a dict (`TrainConfig.to_dict`)."""
+    return [{"label": spec.label, "config": config} for spec, config in zip(specs, configs)
+            if not spec.foreign and spec.processes == 1]
+
+
+ENV_COMMAND = ("-m", "mtbench", "env", "--json")
+PREFLIGHT_COMMAND = ("-m", "mtbench.runner.orchestration.preflight")
+
+
+def probe_environment(python, failing, command=ENV_COMMAND, given=""):
     """The JSON that `command` (`mtbench env --json`) prints under the interpreter `python`, in a child, `given`
     on its input; `failing` begins the line of its failure."""
     environment = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    process = subprocess.run([python, *command], capture_output=True, text=True, env=environment,
-                             **({"input": given} if given is not None else {"stdin": subprocess.DEVNULL}))
+    process = subprocess.run([python, *command], capture_output=True, text=True, env=environment, input=given)
     if process.returncode != 0:
-        what = "`mtbench env`" if given is None else "its check"
+        what = "`mtbench env`" if command == ENV_COMMAND else "its check"
         raise MtbenchError(f"{failing}: {what} failed ({last_error_line(process.stderr, process.returncode)})")
     return json.loads(process.stdout)
 

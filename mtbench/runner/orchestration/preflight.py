@@ -14,27 +14,27 @@ from mtbench.plugins.manager import registry as plugin_registry
 from mtbench.runner.choices import choose_dtype
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.measurement.environment import describe_environment
+from mtbench.runner.orchestration.environments import backend_devices
 from mtbench.runner.setup import choose_plugins, device_refusal
 
 
-def device_refusals(runs, registry):
-    """{label: why the run cannot train on the device its backend sees here}, for the runs (of one process each:
-    the devices of several are theirs to join) whose refusal this process can tell as the run's own would: those
-    whose extras leave the framework's environment alone (an extra's `XLA_FLAGS` may show its run other devices).
-    Whatever fails here (a plugin's own code) is left to the run's process, which says it in its context."""
-    devices, refusals = {}, {}
+def device_refusals(runs, registry, devices):
+    """{label: why the run cannot train on the device its backend sees here (`devices`: {backend: its devices},
+    None where it is unavailable)}, for the runs (of one process each: the devices of several are theirs to join)
+    whose refusal this process can tell as the run's own would: those whose extras leave the framework's
+    environment alone (an extra's `XLA_FLAGS` may show its run other devices). Whatever fails here (a plugin's own
+    code, a backend that does not start) is left to the run's process, which says it in its context."""
+    refusals = {}
     for entry in runs:
         try:
             config = TrainConfig.from_dict(entry["config"])
             plugins = choose_plugins(config, registry)
-            if any(answer for _, answer in plugins.ask_extras("environment", config)):
+            device = devices.get(plugins.backend.name)
+            if device is None or any(answer for _, answer in plugins.ask_extras("environment", config)):
                 continue
-            backend = plugins.backend
-            if backend.name not in devices:
-                devices[backend.name] = backend.device_info()
             with plugins.model_code():
                 shape = plugins.model.shape(plugins.model_path, config)
-            run = RunContext(config=config, backend=backend, device=devices[backend.name], model_shape=shape,
+            run = RunContext(config=config, backend=plugins.backend, device=device, model_shape=shape,
                              task=plugins.task)
             choose_dtype(run, plugins)
             reason = device_refusal(run, plugins.extras, plugins.extra_code)
@@ -48,8 +48,9 @@ def device_refusals(runs, registry):
 def main():
     registry = plugin_registry()
     runs = json.load(sys.stdin)
-    json.dump({"environment": describe_environment(registry), "refusals": device_refusals(runs, registry)},
-              sys.stdout)
+    environment = describe_environment(registry)  # each backend's devices, asked once
+    refusals = device_refusals(runs, registry, backend_devices(environment))
+    json.dump({"environment": environment, "refusals": refusals}, sys.stdout)
     return 0
 
 

@@ -17,7 +17,7 @@ from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.orchestration.children import run_child
 from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, runs_dir
 from mtbench.plugins import manager as plugins
-from mtbench.runner.orchestration.environments import check_runs, probe_devices, probe_environment
+from mtbench.runner.orchestration.environments import check_runs, probe_devices, probe_environment, runs_to_preflight
 from mtbench.runner.orchestration.runs import RunSpec
 from mtbench.runner.results.compare_json import combined_json
 from mtbench.runner.results.output import check_output_path
@@ -126,10 +126,10 @@ def plan_reruns(path, out, overwrite):
         check_runs(specs, plugins.registry(), environments)
     except MtbenchError as error:
         raise MtbenchError(f"{path}: {error}; install what it ran with to train it again") from None
-    if not single:  # a device here that refuses a run (fewer devices than it had) fails now, not after the others
+    preflight = [] if single else runs_to_preflight(specs, [rerun.config.to_dict() for rerun in reruns])
+    if preflight:  # a device here that refuses a run (fewer devices than it had) fails now, not after the others
         try:
-            probe_devices([{"label": rerun.label, "config": rerun.config.to_dict()}
-                           for rerun, spec in zip(reruns, specs) if not spec.foreign and spec.processes == 1])
+            probe_devices(preflight)
         except MtbenchError as error:
             raise MtbenchError(f"{path}: {error}") from None
     return reruns, out, single

@@ -13,7 +13,7 @@ from mtbench.plugins import manager as plugins
 from mtbench.runner.choices import conflicting_extras, dtype_refusal, joined
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
-                                                       probe_devices)
+                                                       probe_devices, runs_to_preflight)
 from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names, sweep_settings, swept_keys
 from mtbench.runner.setup import check_extra_options, resolve_reporters
 
@@ -292,9 +292,9 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
             check_extra_options(configs[-1])
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
-    specs = named_as_results(specs, [config.to_dict() for config in configs])
-    devices = probe([{"label": spec.label, "config": config.to_dict()} for spec, config in zip(specs, configs)
-                     if not spec.foreign and spec.processes == 1])
+    configs = [config.to_dict() for config in configs]
+    specs = named_as_results(specs, configs)
+    devices = probe(runs_to_preflight(specs, configs))
     twins = matrix is None and step == "auto" and TORCH_COMPILED not in extras
     if twins:
         specs = with_compiled_twins(specs, devices, registry)

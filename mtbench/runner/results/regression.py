@@ -19,9 +19,9 @@ from mtbench.runner.results.report import check_comparable, group_runs, load_run
 REGRESSION_KIND = "mtbench-regression"
 # The figures held against the baseline: how fast each run trains, compiles and finishes.
 GATE_FIGURES = ("tokens_per_s", "step_s_median", "step_s_p90", "compile_s", "train_s", "total_s")
-# Why a change has no verdict: {figure counted over timing windows: why}.
-NO_INTERVAL = {False: "one repeat on a side: no interval over repeats",
-               True: "one repeat of one timing window on each side: nothing to resample"}
+# Why a change has no verdict: a figure of whole runs, or one counted over timing windows.
+ONE_REPEAT = "one repeat on a side: no interval over repeats"
+ONE_WINDOW_EACH = "one repeat of one timing window on each side: nothing to resample"
 SLOWER_EXIT_CODE = 1
 
 
@@ -105,7 +105,7 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
                 continue
             verdict = change_verdict(key, new.results, old.results, f"{label} (new)", f"{label} (baseline)",
                                      (floors.get(key) or {}).get("floor"))
-            reason = None if verdict else NO_INTERVAL[key in stats.WINDOW_FIGURES]
+            reason = None if verdict else ONE_WINDOW_EACH if key in stats.WINDOW_FIGURES else ONE_REPEAT
             changes.append(Change(label, key, *medians, verdict, reason))
     return Regression(list(new_paths), baseline_path, changes, [label for label in new_groups if label not in both],
                       [label for label in old_groups if label not in both], floor, threshold)
