@@ -23,9 +23,10 @@ def documented_names():
     return names, options
 
 
-def undocumented_keys(document, names=None):
-    """The dotted paths (`runs[].result.env.NAME`) of the keys that docs/results.md does not name."""
-    names, options = names or documented_names()
+def undocumented_keys(document, documented=None):
+    """The dotted paths (`runs[].result.env.NAME`) of the keys that docs/results.md does not name (`documented`:
+    `documented_names()`, read anew where not given)."""
+    names, options = documented or documented_names()
     missing = []
 
     def walk(value, path):
