@@ -13,12 +13,14 @@ are per step, after warm-up steps; the analytic FLOPs are those of `mtbench trai
 """
 
 import argparse
+import atexit
 import collections
 import glob
 import gzip
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -100,9 +102,15 @@ def hlo_operations(hlo_text):
     return operations
 
 
+def scratch_dir(prefix):
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def profile_jax(run_steps, steps, dump_dir):
     import jax
-    trace_dir = tempfile.mkdtemp(prefix="mtbench-trace-")
+    trace_dir = scratch_dir("mtbench-trace-")
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         run_steps(steps)
     trace = json.load(gzip.open(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"),
@@ -168,7 +176,8 @@ def main(argv=None):
     parser.add_argument("--top", type=int, default=12, help="list this many of the slowest operations")
     parser.add_argument("--cache-dir", default=None)
     args = parser.parse_args(argv)
-    dump_dir = tempfile.mkdtemp(prefix="mtbench-hlo-")
+    # XLA's dumps and the profiler's trace are this process's scratch (tens of MB a run): removed at exit.
+    dump_dir = scratch_dir("mtbench-hlo-")
     if args.backend == "jax":
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir}").strip()
 

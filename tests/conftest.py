@@ -5,6 +5,7 @@ import functools
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,12 @@ def pytest_configure(config):
     if worker and MACHINE_CPUS:
         share_cores(Launch(local_rank=int(worker.removeprefix("gw")),
                            local_processes=int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
+def pytest_unconfigure(config):
+    """Each process of the session (pytest's, each xdist worker) removes its own directory: the corpus, tokenizer
+    and compiled programs of a run of the suite are tens of MB that no later run reads."""
+    shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
