@@ -1,0 +1,58 @@
+"""docs/results.md's table of figures is what `mtbench.FIGURES` says, and names every column of a real CSV report."""
+
+import csv
+import importlib.util
+import io
+import os
+
+import pytest
+
+from conftest import REPOSITORY, run_cli
+
+
+def load_generator():
+    path = os.path.join(REPOSITORY, "docs", "generate_figures_table.py")
+    spec = importlib.util.spec_from_file_location("generate_figures_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_figures_table_is_generated_from_figures():
+    generator = load_generator()
+    with open(generator.PATH, encoding="utf-8") as f:
+        written = f.read()
+    assert generator.main(["--check"]) == 0, (
+        "docs/results.md's figures table differs from mtbench.FIGURES: run python docs/generate_figures_table.py")
+    assert generator.rewrite(written) == written
+
+
+def test_the_check_fails_on_a_table_edited_by_hand(tmp_path, monkeypatch):
+    generator = load_generator()
+    with open(generator.PATH, encoding="utf-8") as f:
+        text = f.read()
+    edited = tmp_path / "results.md"
+    edited.write_text(text.replace("| `compile_s`, ", "| `compile_seconds`, ", 1), encoding="utf-8")
+    monkeypatch.setattr(generator, "PATH", str(edited))
+    assert generator.main(["--check"]) == 1
+    assert generator.main([]) == 0 and edited.read_text(encoding="utf-8") == text
+
+
+def test_every_figure_column_of_a_csv_report_is_in_the_table(compared):
+    """The columns `mtbench report --format csv` writes for figures, read from a real comparison's CSV."""
+    proc = run_cli("report", compared["path"], "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    header = next(csv.reader(io.StringIO(proc.stdout)))
+    table = load_generator().render()
+    # The figures' columns are those between the run's identity (which ends with its warnings) and the speed-up.
+    figures = header[header.index("warnings") + 1:header.index("speedup")]
+    assert figures and "tokens_per_s_min" in figures
+    missing = [column for column in figures if f"`{column}`" not in table]
+    assert not missing, f"CSV columns the table does not name: {missing}"
+
+
+def test_a_scale_without_a_known_unit_is_refused():
+    generator = load_generator()
+    from mtbench.figures import Figure
+    with pytest.raises(ValueError, match="no unit is known for the scale 0.001"):
+        generator.raw_unit(Figure("x_ks", "x (ks)", "timing", lambda result: None, display_scale=0.001))
