@@ -140,6 +140,15 @@ def python_path(*first):
     return os.pathsep.join([*map(str, first), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
+def load_docs_script(filename):
+    """A script of docs/ (the generators of its references), imported as a module."""
+    path = os.path.join(REPOSITORY, "docs", filename)
+    spec = importlib.util.spec_from_file_location(os.path.splitext(filename)[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_cli(*args, env=None, cwd=None, timeout=600):
     """Runs `python -m mtbench ARGS` in a fresh process; returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "mtbench", *args], capture_output=True, text=True,

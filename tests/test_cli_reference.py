@@ -1,17 +1,10 @@
 """docs/cli.md, the option reference, is what the click commands say: generated from them, so it cannot drift."""
 
-import importlib.util
-import os
-
-from conftest import REPOSITORY
+from conftest import load_docs_script
 
 
 def load_generator():
-    path = os.path.join(REPOSITORY, "docs", "generate_cli_reference.py")
-    spec = importlib.util.spec_from_file_location("generate_cli_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_docs_script("generate_cli_reference.py")
 
 
 def test_the_option_reference_is_generated_from_the_commands():

@@ -1,21 +1,15 @@
 """docs/results.md's table of figures is what `mtbench.FIGURES` says, and names every column of a real CSV report."""
 
 import csv
-import importlib.util
 import io
-import os
 
 import pytest
 
-from conftest import REPOSITORY, run_cli
+from conftest import load_docs_script, run_cli
 
 
 def load_generator():
-    path = os.path.join(REPOSITORY, "docs", "generate_figures_table.py")
-    spec = importlib.util.spec_from_file_location("generate_figures_table", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_docs_script("generate_figures_table.py")
 
 
 def test_the_figures_table_is_generated_from_figures():
