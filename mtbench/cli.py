@@ -98,6 +98,19 @@ def _parameter_names(options):
     return tuple(parameter.name for parameter in reversed(_stack(options)(lambda: None).__click_params__))
 
 
+# Off a terminal (a CI log, a pipe) rich assumes 80 columns and cuts a table's cells with "…": the intervals,
+# dates and commits a log is kept for. There, unless COLUMNS says otherwise, tables are as wide as they need.
+UNCUT_WIDTH = 1000
+
+
+def output_console(**options):
+    """rich's Console, as wide as its tables need where it writes to no terminal."""
+    console = Console(**options)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = UNCUT_WIDTH
+    return console
+
+
 CORPUS_OPTIONS = (
     click.option("--valid", "valid_file", metavar="CORPUS",
                  help="Validation pairs in any --data format, instead of a split of the training data."),
@@ -438,7 +451,7 @@ def _train(reporters, resume_dir, run_file, save_model, launch, options):
     else:
         config = _train_config(save_model=save_model, **options)
     from mtbench.runner.results.run_result import eager_torch_note
-    console = Console()
+    console = output_console()
     result, failures = run_training(config, registry, console, resume=resume,
                                     reporter_names=_reporter_names(reporters), launch=launch)
     if launch.is_first:
@@ -462,7 +475,7 @@ def init_weights(backend, out, overwrite, **configuration):
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     config = _train_config(backend=backend, **configuration)
-    console = Console(stderr=True)
+    console = output_console(stderr=True)
     sha256 = write_initial_weights(config, registry, console, out, overwrite)
     click.echo(f"initial weights: {out} (sha256 {sha256})")
 
@@ -507,7 +520,7 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     plan = ComparePlan(planned.specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
                        parity_tolerance, chosen_reporters, planned.interpreters, aa, auto,
                        options={**configuration, **validation}, train_arguments=_as_arguments(validation))
-    console = Console()
+    console = output_console()
     for line in planned.lines:
         console.print(line, highlight=False)
     comparison, _, failures = run_compare(plan, registry, console)
@@ -581,8 +594,8 @@ def report(results, history, output_format, baseline, fail_if_slower, plot, forc
     failures = []
     for run in runs if chosen_reporters else ():
         # Beside machine-readable output, reporters write to stderr so that stdout stays parseable.
-        failures += run_reporters(chosen_reporters, registry, run.result, Console(stderr=output_format != "table"),
-                                  run.source)
+        failures += run_reporters(chosen_reporters, registry, run.result,
+                                  output_console(stderr=output_format != "table"), run.source)
     _require_reporting_succeeded(failures)
 
 
@@ -590,7 +603,7 @@ def _print_report(output_format, rendering, value, lines):
     """`value` as `rendering` (the module of its kind of report) renders it: the table and the `lines` below it on
     the terminal, else markdown, CSV or JSON on stdout."""
     if output_format == "table":
-        console = Console()
+        console = output_console()
         console.print(rendering.rich_table(value))
         for line in lines:
             console.print(line, highlight=False)
@@ -631,7 +644,7 @@ def rerun(result, out, overwrite):
     the same weights file where it is still there unchanged; then show both side by side, naming every
     difference in versions, hardware, configuration and figures."""
     from mtbench.runner.orchestration.rerun import rerun_results
-    written = rerun_results(result, out, overwrite, Console())
+    written = rerun_results(result, out, overwrite, output_console())
     click.echo(f"result: {written}")
 
 
@@ -647,7 +660,7 @@ inference_options = _stack([
 def _translation_progress(total):
     """A progress bar on stderr, so stdout holds only the translations."""
     from rich.progress import Progress
-    progress = Progress(console=Console(stderr=True), transient=True)
+    progress = Progress(console=output_console(stderr=True), transient=True)
     task = progress.add_task("translating", total=total)
     return progress, lambda done: progress.update(task, completed=done)
 
@@ -730,7 +743,7 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, be
         table.add_column(column)
     table.add_row(test_file, str(scores["sentences"]), f"{scores['bleu']:.2f}", f"{scores['chrf']:.2f}",
                   scores["decoding"], scores["backend"])
-    console = Console()
+    console = output_console()
     console.print(table)
     console.print(f"BLEU signature: {scores['bleu_signature']}\nchrF signature: {scores['chrf_signature']}",
                   highlight=False, soft_wrap=True)
@@ -766,7 +779,7 @@ def env(as_json, calibrate, cache_dir):
         table.add_column(column)
     for row in environment_rows(description):
         table.add_row(*map(escape, row))  # plain text: "mtbench[jax-cuda]" is no markup
-    Console().print(table)
+    output_console().print(table)
 
 
 @main.command("plugins")
@@ -793,7 +806,7 @@ def list_plugins(as_json):
         name = row["name"] + (" (built-in)" if row["builtin"] else "")
         status = "\n".join([row["status"], *row["problems"], *row["deprecated"]])
         table.add_row(name, f"{row['package']} {row['version'] or '?'}", status, "\n".join(row["hooks"]), provides)
-    console = Console()
+    console = output_console()
     console.print(table)
     extras_table = Table(title="extras on this machine (default run)")
     for column in ("extra", "backend", "available", "why not"):

@@ -107,6 +107,9 @@ def cli_environment(env=None):
     full_env = dict(os.environ)
     full_env.pop("KERAS_BACKEND", None)  # the backend plugin must set it, not the test environment
     full_env.pop("JAX_DEFAULT_MATMUL_PRECISION", None)  # so must the run (--matmul-precision)
+    # pytest-xdist's workers inherit a COLUMNS that a test run without them lacks: the width of mtbench's tables off
+    # a terminal is the same either way unless the test sets it.
+    full_env.pop("COLUMNS", None)
     full_env.setdefault("MTBENCH_LOAD_PLUGINS", "")
     full_env.update(env or {})
     return {k: v for k, v in full_env.items() if v is not None}  # None in `env` unsets a variable

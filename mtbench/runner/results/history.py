@@ -126,7 +126,11 @@ def read_directory(directory):
         raise MtbenchError(f"--history {directory}: no result JSON files (*.json) in it")
     runs, left_out, compares = [], [], []
     for path in paths:
-        data = read_json(path, "a result JSON")
+        try:
+            data = read_json(path, "a result JSON")
+        except MtbenchError as error:  # unreadable, or not JSON: named, and the history goes on without it
+            left_out.append((path, _without_path(error, path)))
+            continue
         kind = data.get("kind") if isinstance(data, dict) else None
         if is_run_file(data):
             left_out.append((path, "a run file: the configuration a run was given, not its result"))
@@ -137,10 +141,28 @@ def read_directory(directory):
         elif kind is not None:
             left_out.append((path, f"not a train result (kind {kind!r})"))
         else:
-            runs.append((_checked(data, path).result, path))
+            try:
+                result = _checked(data, path).result
+            except MtbenchError as error:  # a stray JSON beside the results
+                left_out.append((path, _without_path(error, path)))
+                continue
+            if result.get("status", "completed") != "completed":
+                left_out.append((path, f"a partial run, {result['status']} ({result.get('status_reason')}): its "
+                                       f"figures stop where it stopped"))
+                continue
+            runs.append((result, path))
     if not runs:
-        raise MtbenchError(f"--history {directory}: no train results among its {len(paths)} JSON files")
+        first = f" ({left_out[0][0]}: {left_out[0][1]})" if len(left_out) == 1 else ""
+        raise MtbenchError(f"--history {directory}: no train results among its {len(paths)} JSON files{first}")
     return runs, left_out, compares
+
+
+def _without_path(error, path):
+    """The one-line error about the file `path`, without the path that begins it ('PATH:LINE: ...' keeps the line)."""
+    text = str(error)
+    if text.startswith(f"{path}: "):
+        return text[len(path) + 2:]
+    return f"line {text[len(path) + 1:]}" if text.startswith(f"{path}:") else text
 
 
 def check_one_configuration(runs):
@@ -149,7 +171,7 @@ def check_one_configuration(runs):
     for result, source in runs[1:]:
         differences = differing(identity(reference), identity(result), defaults=KEY_DEFAULTS)
         if differences:
-            listed = ", ".join(f"{key} ({a!r} vs {b!r})" for key, a, b in differences)
+            listed = ", ".join(f"{key} ({b!r} vs {a!r})" for key, a, b in differences)  # the file's value first
             raise MtbenchError(f"--history: {source} is another configuration than {first}: {listed}; a history "
                                f"holds the train results of one configuration (move the others out of the directory)")
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from mtbench.errors import MtbenchError
-from mtbench.figures import FIGURES_BY_KEY
+from mtbench.figures import FIGURES_BY_KEY, hardware, run_processes
 from mtbench.runner.results import verdicts as stats
-from mtbench.runner.results.report import check_comparable, group_runs, load_runs, recorded_noise_floor
+from mtbench.runner.results.report import (COMPARED_KEYS, KEY_DEFAULTS, check_comparable, differing, group_runs,
+                                           load_runs, recorded_noise_floor, versions_text)
 
 REGRESSION_KIND = "mtbench-regression"
 # The figures held against the baseline: how fast each run trains, compiles and finishes.
@@ -48,6 +49,8 @@ class Regression:
     only_baseline: list
     noise_floor: dict
     threshold: float = None  # --fail-if-slower, a fraction
+    held_anyway: list = ()   # with --force: why a pair would have been refused (a partial run, another run)
+    ran_on: dict = None      # {"baseline", "new": the software and hardware of the side's first run}
 
     def beyond_noise(self):
         return [change for change in self.changes if change.verdict and change.verdict.call != "no difference"]
@@ -61,7 +64,9 @@ class Regression:
                 and change.verdict.call == "slower" and stats.significantly_slower(change.verdict, self.threshold)]
 
     def lines(self):
-        lines = [stats.noise_floor_line(self.noise_floor)]
+        lines = [f"{side}: {text}" for side, text in (self.ran_on or {}).items()]
+        lines += [f"held anyway (--force): {why}" for why in self.held_anyway]
+        lines.append(stats.noise_floor_line(self.noise_floor))
         changed = self.beyond_noise()
         lines += [f"changed beyond the noise: {change.verdict.text}" for change in changed] or \
             ["no figure changed beyond the noise"]
@@ -85,6 +90,30 @@ def change_verdict(key, new_results, old_results, new_name, old_name, noise_floo
     return interval and stats.verdict(new_name, old_name, interval, noise_floor)
 
 
+def partial_runs(runs):
+    """[why] of each run that stopped before its last step (interrupted, diverged): its figures stop there."""
+    return [f"{run.source} is a partial run, {run.result['status']} ({run.result.get('status_reason')})"
+            for run in runs if run.result.get("status", "completed") != "completed"]
+
+
+def run_identity(result):
+    """What makes two results the same run beside their shared configuration, which a label leaves out where each
+    side holds one run: the settings a comparison may vary (dtype, sizes, batch), the hardware, the processes."""
+    config = result["config"]
+    return {**{key: config.get(key, KEY_DEFAULTS.get(key)) for key in COMPARED_KEYS},
+            "hardware": hardware(result), "processes": run_processes(result)}
+
+
+def other_runs(label, new, old, baseline_path):
+    """[why] where NEW's run `label` is not the baseline's run of that label (another batch size, dtype or
+    machine): a ratio between them would be a difference of settings, not of code or versions."""
+    differences = differing(run_identity(new.first), run_identity(old.first))
+    if not differences:
+        return []
+    listed = ", ".join(f"{key} ({a!r} vs {b!r})" for key, a, b in differences)  # NEW's value first
+    return [f"run '{label}' of {new.runs[0].source} differs from {baseline_path}'s in {listed}"]
+
+
 def build_regression(new_paths, baseline_path, force=False, threshold=None):
     new_runs, old_runs = load_runs(new_paths), load_runs([baseline_path])
     if not force:
@@ -94,6 +123,13 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
     if not both:
         raise MtbenchError(f"no run of {', '.join(new_paths)} is in {baseline_path} (they have "
                            f"{', '.join(new_groups)}; it has {', '.join(old_groups)})")
+    # A gate must not pass a run that stopped early, nor hold a run against another one: refused, or with --force
+    # held and said beside the figures.
+    held_anyway = partial_runs(new_runs + old_runs) + [
+        why for label in both for why in other_runs(label, new_groups[label], old_groups[label], baseline_path)]
+    if held_anyway and not force:
+        raise MtbenchError(f"{held_anyway[0]}; the gate holds completed runs against the same runs "
+                           f"(--force holds them anyway)")
     floor = recorded_noise_floor([*new_paths, baseline_path])
     floors = (floor or {}).get("figures") or {}
     changes = []
@@ -108,7 +144,13 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
             reason = None if verdict else ONE_WINDOW_EACH if key in stats.WINDOW_FIGURES else ONE_REPEAT
             changes.append(Change(label, key, *medians, verdict, reason))
     return Regression(list(new_paths), baseline_path, changes, [label for label in new_groups if label not in both],
-                      [label for label in old_groups if label not in both], floor, threshold)
+                      [label for label in old_groups if label not in both], floor, threshold, held_anyway,
+                      {"baseline": ran_on(old_runs[0].result), "new": ran_on(new_runs[0].result)})
+
+
+def ran_on(result):
+    """'jax 0.10.2, jaxlib 0.10.2, keras 3.15.1, python 3.11.7 on HARDWARE': what a side's figures came from."""
+    return f"{versions_text(result)} on {hardware(result)}"
 
 
 HEADER = ("run", "figure", "baseline", "new", "new / baseline (95 % interval)", "verdict")
@@ -159,7 +201,8 @@ def to_json_dict(regression):
             "noise_floor": regression.noise_floor, "changes": [change.to_dict() for change in regression.changes],
             "beyond_noise": [change.verdict.text for change in regression.beyond_noise()],
             "only_in_new": regression.only_new, "only_in_baseline": regression.only_baseline,
-            "fail_if_slower": regression.threshold,
+            "fail_if_slower": regression.threshold, "held_anyway": list(regression.held_anyway),
+            "ran_on": regression.ran_on,
             "slower_beyond_threshold": [change.label for change in regression.slower_beyond_threshold()]}
 
 

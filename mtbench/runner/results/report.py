@@ -119,7 +119,7 @@ def check_comparable(runs):
     for run in runs[1:]:
         differences = configuration_differences(reference.result["config"], run.result["config"])
         if differences:
-            listed = ", ".join(f"{key} ({a!r} vs {b!r})" for key, a, b in differences)
+            listed = ", ".join(f"{key} ({b!r} vs {a!r})" for key, a, b in differences)  # the run's value first
             raise MtbenchError(f"not comparable: {run.source} differs from {reference.source} in {listed}; "
                                f"only backend, extras, dtype, the model size flags, batch size, max length and "
                                f"max tokens may differ (--force reports them anyway)")
@@ -241,6 +241,17 @@ class RunGroup:
     def stat(self, key):
         figure = FIGURES_BY_KEY[key]
         return Stat.of([figure.value(result) for result in self.results])
+
+    def choice_text(self, text):
+        """What `text` (a RUN_CHOICES function) says of the repeats: one text where they agree, else each with the
+        repeats it holds for ('cold (0 hits, 18 misses) in #1; warm (18 hits, 0 misses) in #2'), not the first's
+        alone beside figures over all of them."""
+        held = {}
+        for number, result in enumerate(self.results, start=1):
+            held.setdefault(text(result), []).append(f"#{number}")
+        if len(held) == 1:
+            return next(iter(held))
+        return "; ".join(f"{said} in {', '.join(numbers)}" for said, numbers in held.items())
 
     def warnings(self):
         """Every repeat's warnings (`run_warnings`), each named by its repeat where there are several."""
@@ -491,7 +502,7 @@ def table_cells(comparison):
         ["dtype", *(group.dtype for group in groups)],
         ["hardware", *(group.hardware for group in groups)],
         ["versions", *(group.versions() for group in groups)],
-        *([title, *(text(group.first) for group in groups)] for _, title, text in RUN_CHOICES),
+        *([title, *(group.choice_text(text) for group in groups)] for _, title, text in RUN_CHOICES),
         ["runs (repeats)", *(str(len(group.runs)) for group in groups)],
         ["warnings", *("\n".join(group.warnings()) or "none" for group in groups)],
     ]
@@ -638,7 +649,7 @@ def summary(comparison):
             "extras": list(group.first["extras"]),
             "dtype": group.dtype,
             "hardware": group.hardware,
-            **{key: text(group.first) for key, _, text in RUN_CHOICES},
+            **{key: group.choice_text(text) for key, _, text in RUN_CHOICES},
             "repeats": len(group.runs),
             "warnings": group.warnings(),
             "sources": [run.source for run in group.runs],

@@ -239,13 +239,13 @@ class Verdict:
         return speed_of(self)
 
     def cell(self):
-        """'1.23x faster (1.19–1.27)', 'no difference (0.98–1.04)': a table's cell, as speed."""
+        """'1.23x faster (1.19–1.27)' (as speed), 'no difference (0.98–1.04)' (the figure's ratio): a table's cell."""
         speed, low, high = self.speed()
         if self.call == "slower":
             return f"{factor_text(1 / speed)}x slower ({range_text(1 / high, 1 / low)})"
         if self.call == "faster":
             return f"{factor_text(speed)}x faster ({range_text(low, high)})"
-        return f"no difference ({range_text(low, high)})"
+        return f"no difference ({range_text(self.low, self.high)})"  # the figure's own ratio, as in `verdict`
 
 
 FIGURE_WORDS = {"tokens_per_s": "tokens/s", "step_s_median": "steady step time", "step_s_p90": "steady step p90",
@@ -295,7 +295,10 @@ def verdict(run, against, interval, noise_floor=None):
     else:
         excluded = low > 1 or high < 1  # a difference, but not beyond the noise floor
         inside = f", within the noise floor of ±{noise_floor:.1%}" if excluded and noise_floor else ""
-        text = f"{run}: no difference from {against} in {what} beyond the noise ({range_text(low, high)}{inside})"
+        # Without "faster" or "slower" to say which way it reads, the interval is the figure's own ratio, as
+        # `low` and `high` are (a time's, not its inverse).
+        text = (f"{run}: no difference from {against} in {what} beyond the noise "
+                f"({range_text(interval.low, interval.high)}{inside})")
     return Verdict(run, against, interval.figure, interval.ratio, interval.low, interval.high, call, text,
                    noise_floor, interval.repeats, interval.paired, tuple(repeat_warnings(interval)))
 

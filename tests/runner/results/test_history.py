@@ -144,7 +144,7 @@ def test_the_cli_writes_every_point_and_the_plot(real, tmp_path):
     ("missing", "--history {d}: no such directory"),
     ("empty", "--history {d}: no result JSON files (*.json) in it"),
     ("compare only", "--history {d}: no train results among its 1 JSON files"),
-    ("two configurations", "--history: {d}/001.json is another configuration than {d}/002.json: batch_size (32 vs 16)"),
+    ("two configurations", "--history: {d}/001.json is another configuration than {d}/002.json: batch_size (16 vs 32)"),
 ])
 def test_bad_history_directories_are_refused_in_one_line(real, tmp_path, setup, expected):
     directory = tmp_path / "history"

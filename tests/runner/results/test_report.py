@@ -161,7 +161,7 @@ def test_runs_of_different_configurations_are_refused(results, compared):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: not comparable: "), proc.stderr
-    assert " in steps (60 vs 30); only " in lines[0]
+    assert " in steps (30 vs 60); only " in lines[0]
     assert "--force" in lines[0]
 
 
@@ -170,7 +170,7 @@ def test_runs_of_one_shape_from_other_weights_are_refused(results, tmp_path):
     other = variant(jax, tmp_path / "other-weights.json", {"initial_weights_sha256": "another"})
     proc = run_cli("report", jax_path, other)
     assert proc.returncode == 2, proc.stderr
-    assert f" in initial_weights_sha256 ({jax['config']['initial_weights_sha256']!r} vs 'another'); only " in \
+    assert f" in initial_weights_sha256 ('another' vs {jax['config']['initial_weights_sha256']!r}); only " in \
         proc.stderr.strip().splitlines()[-1]
 
 
@@ -185,7 +185,7 @@ def test_a_deliberately_changed_configuration_is_refused_unless_forced(results, 
     proc = run_cli("report", results["jax"][0], str(path))
     assert proc.returncode == 2
     message = proc.stderr.strip()
-    assert "not comparable" in message and "learning_rate (0.001 vs 0.002)" in message and "seed (0 vs 7)" in message
+    assert "not comparable" in message and "learning_rate (0.002 vs 0.001)" in message and "seed (7 vs 0)" in message
     assert "dtype (" not in message and "batch_size" not in message
     assert "Traceback" not in proc.stderr
     forced = report(results["jax"][0], str(path), "--force", "--format", "csv")

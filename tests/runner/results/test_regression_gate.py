@@ -1,0 +1,112 @@
+"""`mtbench report NEW --baseline OLD`, the regression gate, on real tiny results: it holds a run only against the
+same run (another batch size, dtype or machine is refused, as a label leaves them out where each file holds one
+run), never passes a run that stopped early, and says what each side ran on; a history leaves out what is no
+point and says why; tables off a terminal keep their cells whole."""
+
+import json
+
+from conftest import assert_refused_in_one_line, run_cli
+from mtbench.figures import compile_cache_text
+from mtbench.runner.results.report import LoadedRun, RunGroup
+from mtbench.runner.results.verdicts import Interval, verdict
+from result_keys import undocumented_keys
+
+
+def edited(result, path, **sections):
+    """A copy of `result` with entries of its sections (`config`, `env`, ...) or top-level keys replaced."""
+    changed = json.loads(json.dumps(result))
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            changed[key].update(value)
+        else:
+            changed[key] = value
+    path.write_text(json.dumps(changed))
+    return str(path)
+
+
+def test_a_run_of_another_batch_size_or_machine_is_refused_then_held_with_force(tiny_runs, tmp_path):
+    old = tiny_runs["jax"]
+    batch = edited(old["result"], tmp_path / "batch.json", config={"batch_size": 8})
+    proc = run_cli("report", batch, "--baseline", old["path"], "--fail-if-slower", "5%")
+    assert_refused_in_one_line(proc, f"run 'jax' of {batch} differs from {old['path']}'s in batch_size (8 vs 32)")
+    machine = edited(old["result"], tmp_path / "machine.json",
+                     env={"device": {**old["result"]["env"]["device"], "name": "AMD EPYC 7B13", "kind": "cpu"}})
+    assert_refused_in_one_line(run_cli("report", machine, "--baseline", old["path"]), "in hardware (")
+
+    forced = run_cli("report", batch, "--baseline", old["path"], "--force", "--format", "json")
+    assert forced.returncode == 0, forced.stderr
+    held = json.loads(forced.stdout)
+    assert undocumented_keys(held) == []
+    assert held["held_anyway"] == [f"run 'jax' of {batch} differs from {old['path']}'s in batch_size (8 vs 32)"]
+    versions = ", ".join(f"{name} {version}" for name, version in old["result"]["env"]["backend_versions"].items())
+    assert held["ran_on"]["baseline"].startswith(versions) and held["ran_on"]["new"] == held["ran_on"]["baseline"]
+    table = run_cli("report", batch, "--baseline", old["path"], "--force")
+    assert f"held anyway (--force): run 'jax' of {batch} differs" in table.stdout
+    assert f"baseline: {versions}" in table.stdout
+
+
+def test_a_run_that_stopped_early_never_passes_the_gate(tiny_runs, tmp_path):
+    old = tiny_runs["jax"]
+    diverged = edited(old["result"], tmp_path / "diverged.json", status="diverged",
+                      status_reason="the loss is nan at step 4")
+    for new, baseline in ((diverged, old["path"]), (old["path"], diverged)):
+        proc = run_cli("report", new, "--baseline", baseline, "--fail-if-slower", "5%")
+        assert_refused_in_one_line(proc, f"{diverged} is a partial run, diverged (the loss is nan at step 4)")
+    forced = run_cli("report", diverged, "--baseline", old["path"], "--force")
+    assert forced.returncode == 0 and f"held anyway (--force): {diverged} is a partial run" in forced.stdout
+
+
+def test_the_gate_names_values_as_the_sentence_does(tiny_runs, tmp_path):
+    """'NEW differs from OLD in steps (NEW's vs OLD's)': the value of the file named first comes first."""
+    old = tiny_runs["jax"]
+    longer = edited(old["result"], tmp_path / "longer.json", config={"steps": 90})
+    proc = run_cli("report", longer, "--baseline", old["path"])
+    assert_refused_in_one_line(proc, f"not comparable: {longer} differs from {old['path']} in steps (90 vs 60)")
+
+
+def test_a_history_leaves_out_partial_runs_and_stray_files_and_says_why(tiny_runs, tmp_path):
+    result = tiny_runs["jax"]["result"]
+    for number in range(3):
+        edited(result, tmp_path / f"{number}.json", created=f"2026-11-2{number}T10:00:00+00:00")
+    edited(result, tmp_path / "3.json", created="2026-11-23T10:00:00+00:00", status="interrupted",
+           status_reason="SIGINT received; stopped after step 12")
+    (tmp_path / "notes.json").write_text(json.dumps({"owner": "ci"}))
+    (tmp_path / "torn.json").write_text('{"kind":')
+    proc = run_cli("report", "--history", str(tmp_path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [point["repeats"] for point in data["points"]] == [3]  # one commit: three repeats of one point
+    why = {entry["file"].rsplit("/", 1)[-1]: entry["why"] for entry in data["left_out"]}
+    assert why["3.json"].startswith("a partial run, interrupted (SIGINT received; stopped after step 12)")
+    assert why["notes.json"].startswith("not an mtbench result (")
+    assert why["torn.json"].startswith("line 1: not valid JSON")
+
+
+def test_tables_off_a_terminal_keep_every_cell_whole(tiny_runs):
+    """Rich cuts cells at 80 columns where it writes to no terminal (a CI log); mtbench's tables are as wide as
+    they need there, unless COLUMNS says otherwise."""
+    paths = [tiny_runs["jax"]["path"], tiny_runs["torch"]["path"]]
+    proc = run_cli("report", *paths, env={"COLUMNS": None})
+    assert proc.returncode == 0, proc.stderr
+    assert "…" not in proc.stdout and max(map(len, proc.stdout.splitlines())) > 80
+    narrow = run_cli("report", *paths, env={"COLUMNS": "80"})
+    assert max(map(len, narrow.stdout.splitlines())) <= 80
+
+
+def test_repeats_that_ran_differently_say_so_instead_of_the_first_ones_word(tiny_runs):
+    result = tiny_runs["jax"]["result"]
+    warm = json.loads(json.dumps(result))
+    warm["timing"]["compile_cache"] = {"state": "warm", "programs": "warm", "hits": 18, "misses": 0}
+    group = RunGroup("jax", [LoadedRun(result, "a.json"), LoadedRun(warm, "b.json")])
+    first, second = compile_cache_text(result), compile_cache_text(warm)
+    assert first != second
+    assert group.choice_text(compile_cache_text) == f"{first} in #1; {second} in #2"
+    assert RunGroup("jax", group.runs[:1]).choice_text(compile_cache_text) == first
+
+
+def test_no_difference_in_a_time_states_the_ratio_the_json_holds():
+    """A time's 'faster' and 'slower' read as speed; 'no difference' says no direction, so its interval is the
+    figure's own ratio, the `low` and `high` beside it (it was the inverse)."""
+    held = verdict("new", "old", Interval("step_s_median", 1.5, 0.94, 2.39, (3, 3), False, (10, 10), "bootstrap"))
+    assert held.call == "no difference" and (held.low, held.high) == (0.94, 2.39)
+    assert held.text.endswith("beyond the noise (0.94–2.39)") and held.cell() == "no difference (0.94–2.39)"
