@@ -91,7 +91,9 @@ class History:
 
     def lines(self):
         results = sum(len(point.results) for point in self.points)
-        lines = [f"history of {self.label} on {self.hardware}: {results} results, {len(self.points)} points",
+        points = len(self.points)
+        lines = [f"history of {self.label} on {self.hardware}: {results} result{'s' if results != 1 else ''}, "
+                 f"{points} point{'s' if points != 1 else ''}",
                  stats.noise_floor_line(self.noise_floor)]
         lines += [f"{'step' if point.mark == 'step' else 'unconfirmed step (the last point)'}: {point.change.text}"
                   for point in self.steps()] or ["no step beyond the noise"]
@@ -120,7 +122,9 @@ def read_directory(directory):
     """([(result, file)] of the train results in `directory`, [(file, why)] of the JSON files left out, the
     files of compare JSONs (which may hold an A/A noise floor)); one-line errors for a missing or empty one."""
     if not os.path.isdir(directory):
-        raise MtbenchError(f"--history {directory}: no such directory")
+        what = "not a directory (give the directory of the results)" if os.path.exists(directory) else \
+            "no such directory"
+        raise MtbenchError(f"--history {directory}: {what}")
     paths = sorted(glob.glob(os.path.join(directory, "*.json")))
     if not paths:
         raise MtbenchError(f"--history {directory}: no result JSON files (*.json) in it")

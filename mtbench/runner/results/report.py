@@ -181,7 +181,9 @@ def baseline_label(given, labels):
         without_model.setdefault(run + (f":{kept}" if kept else ""), []).append(label)
     if len(without_model.get(given, ())) == 1:
         return without_model[given][0]
-    raise MtbenchError(f"--baseline '{given}' is none of the runs: {', '.join(labels)}")
+    # A directory is no label and no OLD.json: say which --baseline takes, rather than list the labels alone.
+    folder = "; it is a directory, and a baseline file is a result or compare JSON" if os.path.isdir(given) else ""
+    raise MtbenchError(f"--baseline '{given}' is none of the runs: {', '.join(labels)}{folder}")
 
 
 def comparison_labels(results):

@@ -278,7 +278,8 @@ def repeat_warnings(interval):
         warnings.append(f"{fewest} repeat{'s' if fewest > 1 else ''}: {what} (--repeats {MIN_REPEATS} or more, or "
                         f"--repeats auto)")
     if interval.windows and min(interval.windows) < MIN_WINDOWS:
-        warnings.append(f"{min(interval.windows)} steady timing windows in a run: too few to resample "
+        windows = min(interval.windows)
+        warnings.append(f"{windows} steady timing window{'s' if windows != 1 else ''} in a run: too few to resample "
                         f"(at least {MIN_WINDOWS}: more --steps, or a smaller --timing-window)")
     return warnings
 

@@ -110,3 +110,17 @@ def test_no_difference_in_a_time_states_the_ratio_the_json_holds():
     held = verdict("new", "old", Interval("step_s_median", 1.5, 0.94, 2.39, (3, 3), False, (10, 10), "bootstrap"))
     assert held.call == "no difference" and (held.low, held.high) == (0.94, 2.39)
     assert held.text.endswith("beyond the noise (0.94–2.39)") and held.cell() == "no difference (0.94–2.39)"
+
+
+def test_a_file_or_folder_in_the_wrong_place_is_named_for_what_it_is(tiny_runs, tmp_path):
+    path = tiny_runs["jax"]["path"]
+    assert_refused_in_one_line(run_cli("report", "--history", path),
+                               f"--history {path}: not a directory (give the directory of the results)")
+    assert_refused_in_one_line(run_cli("report", path, "--baseline", str(tmp_path)),
+                               f"--baseline '{tmp_path}' is none of the runs: jax; it is a directory, and a "
+                               f"baseline file is a result or compare JSON")
+
+
+def test_counts_of_one_are_singular():
+    held = verdict("new", "old", Interval("tokens_per_s", 0.5, 0.45, 0.55, (1, 1), False, (1, 1), "bootstrap"))
+    assert any(text.startswith("1 steady timing window in a run: too few to resample") for text in held.warnings)
