@@ -141,8 +141,8 @@ class EnergyMeter:
 
     def section(self, history, processes=ONE_PROCESS):
         """(the result's `energy` section, `history` with each step's joules summed over the processes): the
-        steady steps (those timed apart from compilation) and the run so far, from the backend's start (the
-        corpus is read before it), over every process of the run (`processes`; every process calls this at the
+        steady steps (those timed apart from compilation and the host-sync probe) and the run so far, from the
+        meter's start (once the model is built), over every process of the run (`processes`; every process calls this at the
         same point: the sum is a collective)."""
         run_end, run_seconds = self.read(), self.clock() - self.run_start_s
         own = [self.between(self.run_start, run_end), *(h.get("joules") for h in history)]
@@ -155,7 +155,10 @@ class EnergyMeter:
         run_joules = counted[1]
         history = [{**h, "joules": None if h.get("joules") is None else joules}
                    for h, joules in zip(history, counted[2:])]
-        steady = [h for h in history if not h["first_of_shape"] and h.get("joules") is not None]
+        # As the timing's steady steps: neither the first of a shape nor the host-sync probe's (slowed by its
+        # counting, and differently on each backend).
+        steady = [h for h in history if not h["first_of_shape"] and not h.get("host_sync_probe")
+                  and h.get("joules") is not None]
         steady_joules = sum(h["joules"] for h in steady)
         steady_seconds = sum(h["seconds"] for h in steady)
         steady_tokens = sum(h["tokens"] for h in steady)

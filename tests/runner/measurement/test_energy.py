@@ -70,6 +70,23 @@ def test_meter_sums_steady_steps_and_the_whole_run():
                               "avg_watts": 170 / 12}
 
 
+def test_the_host_sync_probes_step_is_no_steady_step():
+    """The probe's step is slowed by its counting, and differently on each backend: its joules and seconds stay out
+    of the steady figures, as they stay out of the timing's (they were counted in)."""
+    clock = iter([100.0, 110.0])
+    # start of run, (before, after) around 3 steps on one device, the end of the run
+    meter = EnergyMeter(RecordedCounter([[0], [10], [40], [50], [150], [160], [190], [200]]),
+                        clock=lambda: next(clock))
+    history = []
+    for step, (first, probe, seconds) in enumerate([(True, False, 2.0), (False, True, 3.0), (False, False, 1.0)], 1):
+        joules = meter.between(meter.read(), meter.read())
+        history.append({"step": step, "first_of_shape": first, "tokens": 300, "seconds": seconds, "joules": joules,
+                        **({"host_sync_probe": True} if probe else {})})
+    assert [h["joules"] for h in history] == [30.0, 100.0, 30.0]
+    section, _ = meter.section(history)
+    assert section["steady"] == {"steps": 1, "joules": 30.0, "joules_per_1k_tokens": 100.0, "avg_watts": 30.0}
+
+
 def test_nvml_counter_reads_millijoules_of_every_device_used(monkeypatch):
     # Millijoules as NVML counts them; open_counter reads once to check that the counter works.
     recorded = {0: iter([4_000, 5_000, 9_000]), 1: iter([6_000, 7_000, 7_500]), 2: iter([0, 10**9])}

@@ -54,6 +54,15 @@ def repeats(count, seed=0, **options):
     return [result(seed=seed + number, **options) for number in range(count)]
 
 
+def test_the_step_times_point_is_the_lower_median_its_resamples_draw():
+    """Each resample's step time is the lower median of its windows' per-step times; the point is the same
+    estimator (np.median's mean of the middle two, 0.25 here, is a value no resample takes)."""
+    windows = np.array([[0.4, 1, 10], [0.1, 1, 10], [0.3, 1, 10], [0.2, 1, 10]])
+    assert stats.window_figure("step_s_median", windows) == 0.2
+    resampled = stats._resampled_window_figure("step_s_median", windows, np.random.default_rng(0), 2000)
+    assert set(np.unique(resampled)) <= {0.1, 0.2, 0.3, 0.4} and np.median(resampled) == 0.2
+
+
 def test_windows_group_a_windows_steps_and_leave_out_compilation():
     steps = history(0.01, windows=3, window=4)
     steps[-1]["window_steps"] = steps[-2]["window_steps"] = 2  # a last, shorter window
