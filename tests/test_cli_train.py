@@ -56,6 +56,8 @@ def test_timing_separates_compilation_from_steady_steps(tiny_runs, backend):
     # The host-sync probe's step, counted under the backend's counter, is timed alone and is no steady step.
     probed = [h for h in history if h.get("host_sync_probe")]
     assert len(probed) == 1 and not probed[0]["first_of_shape"] and probed[0]["window_steps"] == 1
+    # ... and kept out of the training time: its window is inside the time set aside for it.
+    assert 0 < probed[0]["seconds"] <= timing["host_sync_probe_s"]
     assert timing["steady_steps"] == len(history) - len(distinct_shapes) - 1
     assert tiny_runs[backend]["result"]["host_syncs_per_step"] == 0
     assert timing["step_s_median"] <= timing["step_s_p90"]

@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def is_steady(entry):
+    """Whether an entry of a run's `history` (as the loop writes it) is a steady step: not a warm-up step of its
+    shape, nor the host-sync probe's step (timed alone and slowed by the counting), and timed."""
+    return not entry.get("first_of_shape") and not entry.get("host_sync_probe") and entry.get("seconds") is not None
+
+
 @dataclass
 class StepRecord:
     step: int

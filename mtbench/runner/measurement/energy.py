@@ -12,6 +12,7 @@ import os
 import time
 
 from mtbench.plugins.api import Launch, ProcessGroup
+from mtbench.runner.loop.timing import is_steady
 
 RAPL_ROOT = "/sys/class/powercap"
 ONE_PROCESS = ProcessGroup(Launch())
@@ -155,10 +156,8 @@ class EnergyMeter:
         run_joules = counted[1]
         history = [{**h, "joules": None if h.get("joules") is None else joules}
                    for h, joules in zip(history, counted[2:])]
-        # As the timing's steady steps: neither the first of a shape nor the host-sync probe's (slowed by its
-        # counting, and differently on each backend).
-        steady = [h for h in history if not h["first_of_shape"] and not h.get("host_sync_probe")
-                  and h.get("joules") is not None]
+        # As the timing's steady steps: the host-sync probe's is slowed by its counting, differently on each backend.
+        steady = [h for h in history if is_steady(h) and h.get("joules") is not None]
         steady_joules = sum(h["joules"] for h in steady)
         steady_seconds = sum(h["seconds"] for h in steady)
         steady_tokens = sum(h["tokens"] for h in steady)

@@ -23,6 +23,7 @@ GATE_FIGURES = ("tokens_per_s", "step_s_median", "step_s_p90", "compile_s", "tra
 # Why a change has no verdict: a figure of whole runs, or one counted over timing windows.
 ONE_REPEAT = "one repeat on a side: no interval over repeats"
 ONE_WINDOW_EACH = "one repeat of one timing window on each side: nothing to resample"
+A_ZERO = "a repeat measured 0 (a step that compiles nothing): no ratio to it"
 SLOWER_EXIT_CODE = 1
 
 
@@ -141,11 +142,18 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
                 continue
             verdict = change_verdict(key, new.results, old.results, f"{label} (new)", f"{label} (baseline)",
                                      (floors.get(key) or {}).get("floor"))
-            reason = None if verdict else ONE_WINDOW_EACH if key in stats.WINDOW_FIGURES else ONE_REPEAT
+            reason = None if verdict else no_verdict_reason(key, new.results + old.results)
             changes.append(Change(label, key, *medians, verdict, reason))
     return Regression(list(new_paths), baseline_path, changes, [label for label in new_groups if label not in both],
                       [label for label in old_groups if label not in both], floor, threshold, held_anyway,
                       {"baseline": ran_on(old_runs[0].result), "new": ran_on(new_runs[0].result)})
+
+
+def no_verdict_reason(key, results):
+    """Why figure `key` of these runs (both sides' repeats) has no interval."""
+    if key in stats.WINDOW_FIGURES:
+        return ONE_WINDOW_EACH
+    return A_ZERO if any(FIGURES_BY_KEY[key].value(r) == 0 for r in results) else ONE_REPEAT
 
 
 def ran_on(result):

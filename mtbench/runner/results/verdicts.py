@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from mtbench.figures import FIGURES_BY_KEY
+from mtbench.runner.loop.timing import is_steady
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -37,12 +38,6 @@ WINDOW_FIGURES = {"tokens_per_s": ("tokens over seconds", True), "step_s_median"
 # Timing figures where a higher value is faster; every other timing figure is a time (lower is faster).
 HIGHER_IS_FASTER = {"tokens_per_s", "mfu", "mfu_real_tokens"}
 SPEED_FIGURE = "tokens_per_s"  # what "faster" and "slower" of a run mean: a regression gate judges it
-
-
-def is_steady(entry):
-    """Whether a history entry is a steady step: not the first of its shape, nor the host-sync probe's step
-    (timed alone and slowed by the counting), and timed."""
-    return not entry.get("first_of_shape") and not entry.get("host_sync_probe") and entry.get("seconds") is not None
 
 
 def steady_windows(history):
@@ -159,7 +154,11 @@ def half_width(low, high):
 
 
 def _log_values(values):
-    values = [v for v in values if v is not None and v > 0]
+    """The logs of the repeats' values (those that have the figure); None where one is zero: a ratio to it has no
+    bound (torch's eager step compiles nothing), and leaving it out would rest the verdict on the other repeats."""
+    values = [v for v in values if v is not None]
+    if any(v <= 0 for v in values):
+        return None
     return np.log(np.array(values, dtype=float))
 
 
@@ -183,7 +182,7 @@ def ratio_interval(key, candidate, reference, paired=False, resamples=RESAMPLES,
     else:
         figure = FIGURES_BY_KEY[key]
         points = [_log_values([figure.value(r) for r in results]) for results in (candidate, reference)]
-        if min(len(p) for p in points) < 2:
+        if any(p is None or len(p) < 2 for p in points):
             return None
         resampled = [np.repeat(p[:, None], resamples, axis=1) for p in points]
         windows = None

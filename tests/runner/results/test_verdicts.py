@@ -315,3 +315,18 @@ def test_repeats_auto_stops_when_the_budget_runs_out(monkeypatch, tmp_path):
                        0.01, auto=AutoRepeats(width=0.03, budget_s=1e-6))
     combined, trained = fake_compare(monkeypatch, tmp_path, plan)
     assert combined["repeats_auto"]["ended_by"] == "budget" and len(trained) == 2
+
+
+def test_a_repeat_measured_zero_gives_no_interval_rather_than_one_over_the_other_repeats():
+    """torch's eager step compiles nothing: a compile_s of 0.0 has no ratio; leaving it out would rest the verdict
+    on the other repeats and call it theirs."""
+    from mtbench.runner.results import regression
+    eager, compiled = repeats(3), repeats(3, seed=10, compile_s=2.0)
+    for run, compile_s in zip(eager, (0.0, 0.04, 0.05)):
+        run["timing"]["compile_s"] = compile_s
+    assert stats.ratio_interval("compile_s", compiled, eager) is None
+    assert stats.ratio_interval("compile_s", compiled, eager[1:]).low > 20  # the other two alone: a verdict
+    assert regression.no_verdict_reason("compile_s", compiled + eager) == (
+        "a repeat measured 0 (a step that compiles nothing): no ratio to it")
+    assert regression.no_verdict_reason("compile_s", compiled[:1] + eager[1:]) == (
+        "one repeat on a side: no interval over repeats")
