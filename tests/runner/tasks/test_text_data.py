@@ -64,3 +64,20 @@ def test_evaluation_predicts_every_token_once_and_counts_its_bytes():
     np.testing.assert_array_equal(predicted, stream.ids[1:])
     assert evaluated_bytes(stream, 50, 10 ** 6) == len(TEXT) - stream.token_bytes[0]
     assert sum(b.target_tokens for b in evaluation_batches(stream, 3, 50, max_blocks=4)) == 200
+
+
+def test_every_tokenizer_is_scored_on_the_same_bytes_the_default_byte_one_included():
+    """The splits are cut between characters for the byte tokenizer too, named or by default: a byte model and a
+    character model are scored on the same text (a cut inside 'é' gave the byte model one byte more)."""
+    from types import SimpleNamespace
+    from mtbench.runner.tasks.language_modelling import LanguageModellingTask
+    data = "a".encode() * 89 + "é".encode() * 6  # the validation/test cut lands inside an 'é'
+    text = SimpleNamespace(data=data, name="accents", origin="test")
+    ranges = {}
+    for tokenizer in (None, "byte", "char"):
+        config = SimpleNamespace(tokenizer=tokenizer, vocab_size=None, cache_dir=None, max_len=1,
+                                 model=SimpleNamespace(byte_vocab_size=256))
+        prepared = LanguageModellingTask().prepare(config, text, None)
+        ranges[tokenizer] = prepared.record["byte_ranges"]
+    assert ranges[None] == ranges["byte"] == ranges["char"]
+    assert ranges["byte"]["valid"] == [91, 97]  # 101 bytes, 5 held out each: cuts at 91 and 96 (inside an 'é': 97)
