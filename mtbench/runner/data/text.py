@@ -74,13 +74,12 @@ def character_boundary(data, position):
     return position
 
 
-def split_ranges(size, data=None):
-    """{split: (start, end)} byte ranges: training first, then validation, then test, each held-out part
-    `HELD_OUT_FRACTION` of the text; cut between characters when `data` is given."""
+def split_ranges(data):
+    """{split: (start, end)} byte ranges of `data`: training first, then validation, then test, each held-out part
+    `HELD_OUT_FRACTION` of the text, cut between characters."""
+    size = len(data)
     held_out = int(size * HELD_OUT_FRACTION)
-    cuts = [size - 2 * held_out, size - held_out]
-    if data is not None:
-        cuts = [character_boundary(data, cut) for cut in cuts]
+    cuts = [character_boundary(data, cut) for cut in (size - 2 * held_out, size - held_out)]
     return {"train": (0, cuts[0]), "valid": (cuts[0], cuts[1]), "test": (cuts[1], size)}
 
 

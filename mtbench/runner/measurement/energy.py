@@ -143,8 +143,8 @@ class EnergyMeter:
     def section(self, history, processes=ONE_PROCESS):
         """(the result's `energy` section, `history` with each step's joules summed over the processes): the
         steady steps (those timed apart from compilation and the host-sync probe) and the run so far, from the
-        meter's start (once the model is built), over every process of the run (`processes`; every process calls this at the
-        same point: the sum is a collective)."""
+        meter's start (once the model is built), over every process of the run (`processes`; every process calls
+        this at the same point: the sum is a collective)."""
         run_end, run_seconds = self.read(), self.clock() - self.run_start_s
         own = [self.between(self.run_start, run_end), *(h.get("joules") for h in history)]
         counted = processes.sum([self.counter is not None, *(value or 0.0 for value in own)])

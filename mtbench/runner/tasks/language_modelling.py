@@ -48,7 +48,7 @@ class LanguageModellingTask(Task):
         (unless the family brings one) and tokenizes every split."""
         # Cut between characters whatever the tokenizer (the default byte one too): models of every tokenizer are
         # then scored on the same bytes, and the default is the same run as --tokenizer byte.
-        ranges = split_ranges(len(text.data), text.data)
+        ranges = split_ranges(text.data)
         parts = {split: text.data[start:end] for split, (start, end) in ranges.items()}
         tokenizer = tokenizer or text_tokenizer(config.tokenizer or "byte", parts["train"], config.vocab_size,
                                                 config.cache_dir, config.model.byte_vocab_size)

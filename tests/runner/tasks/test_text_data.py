@@ -12,7 +12,7 @@ TEXT = ("Au commencement était la Parole. " * 40 + "Ünïcödé — ✓\n" * 20
 
 
 def test_the_splits_are_contiguous_in_order_and_never_cut_a_character():
-    ranges = split_ranges(len(TEXT), TEXT)
+    ranges = split_ranges(TEXT)
     assert ranges["train"][0] == 0 and ranges["train"][1] == ranges["valid"][0]
     assert ranges["valid"][1] == ranges["test"][0] and ranges["test"][1] == len(TEXT)
     for start, end in ranges.values():
