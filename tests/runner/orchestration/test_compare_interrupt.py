@@ -42,6 +42,12 @@ def output_of(pid):
         return ""
 
 
+def takes_ctrl_c():
+    """A process started from a shell's background job inherits SIGINT ignored, and Python then leaves it ignored:
+    the Ctrl-C below would be lost and the run would train on to its last step."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the training process through /proc")
 def test_ctrl_c_keeps_the_partial_run_its_log_and_a_combined_json(tmp_path, cache_dir):
@@ -49,7 +55,8 @@ def test_ctrl_c_keeps_the_partial_run_its_log_and_a_combined_json(tmp_path, cach
     runs = tmp_path / "c.runs"
     proc = subprocess.Popen([sys.executable, "-m", "mtbench", "compare", "--matrix", "torch", *TINY_TRAIN,
                              "--steps", "5000", "--cache-dir", cache_dir, "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_environment())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_environment(),
+                            preexec_fn=takes_ctrl_c)
     try:
         deadline = time.monotonic() + 300
         trainer = None
