@@ -115,7 +115,7 @@ def _real_token_mfu_rows(result):
 # The task's figures, by the metrics its result holds: translation's BLEU, a language model's perplexity.
 TRANSLATION_ROWS = ("bleu", "chrf", "bleu_signature", "chrf_signature", "test_sentences_scored", "decoding")
 LANGUAGE_MODEL_ROWS = tuple(f"{split}_{name}" for split in ("train", "val", "test")
-                            for name in ("perplexity", "bits_per_byte", "tokens_evaluated"))
+                            for name in ("perplexity", "bits_per_byte", "tokens_evaluated", "bytes_evaluated"))
 SHOWN_ELSEWHERE = ("train_loss", "val_loss", "test_loss", "val_accuracy", "test_accuracy", "train_accuracy",
                    "train_loss_last_steps", "skipped", "quality_warning")
 
@@ -128,7 +128,7 @@ def _quality_rows(result):
     if "val_perplexity" in metrics:
         rows += [("quality", "perplexity val / test", _joined(result, "val_perplexity", "test_perplexity")),
                  ("quality", "bits per byte val / test", _joined(result, "val_bits_per_byte", "test_bits_per_byte")),
-                 ("quality", "tokens evaluated val / test", _evaluated(metrics))]
+                 ("quality", "tokens (bytes) evaluated val / test", _evaluated(metrics))]
     if "bleu" in metrics:
         rows += [("quality", "BLEU / chrF (test)", _joined(result, "bleu", "chrf")),
                  ("quality", "test sentences scored", scored_sentences_text(result) or "n/a"),
@@ -143,8 +143,10 @@ def _quality_rows(result):
 
 
 def _evaluated(metrics):
-    counts = [metrics.get(f"{split}_tokens_evaluated") for split in ("val", "test")]
-    return " / ".join("n/a" if count is None else f"{count:,}" for count in counts)
+    counts = [(metrics.get(f"{split}_tokens_evaluated"), metrics.get(f"{split}_bytes_evaluated"))
+              for split in ("val", "test")]
+    return " / ".join("n/a" if tokens is None else f"{tokens:,}" + ("" if text_bytes is None else f" ({text_bytes:,})")
+                      for tokens, text_bytes in counts)
 
 
 def _training_memory(result):
@@ -226,7 +228,7 @@ class TableReporter(Reporter):
 
 
 # Rows of the table the summary leaves to it.
-DETAILED_QUALITY_ROWS = ("token accuracy val / test", "tokens evaluated val / test", "test sentences scored",
+DETAILED_QUALITY_ROWS = ("token accuracy val / test", "tokens (bytes) evaluated val / test", "test sentences scored",
                          "BLEU signature", "test decoding")
 
 

@@ -157,9 +157,9 @@ class CharTokenizer(ByteTokenizer):
 
 
 class SentencePieceText(Tokenizer):
-    """mtbench's sentencepiece model trained on the training split's lines; a line break is its EOS id. Each
-    token stands for an equal share of its split's bytes (a piece's bytes are not the text's own: sentencepiece
-    normalises whitespace)."""
+    """mtbench's sentencepiece model trained on the training split's lines; a line break is its EOS id. A token
+    stands for the text's bytes from where it begins to where the next one begins (whitespace sentencepiece drops
+    belongs to the token before it), so the first blocks of a split count the bytes they predict."""
     kind = "sentencepiece"
 
     def __init__(self, joint):
@@ -173,8 +173,18 @@ class SentencePieceText(Tokenizer):
         return ids[:-1]
 
     def stream(self, data):
-        ids = np.array(self.encode_text(utf8_text(data)), np.int32)
-        return TokenStream(ids, np.full(len(ids), len(data) / max(len(ids), 1)))
+        ids, starts, line_start = [], [], 0
+        lines = utf8_text(data).split("\n")
+        for line, (line_ids, line_starts) in zip(lines, self.joint.encode_with_starts(lines)):
+            line_end = line_start + len(line.encode("utf-8"))
+            ids += line_ids + [LINE_BREAK_ID]
+            starts += [line_start + begin for begin in line_starts] + [line_end]
+            line_start = line_end + 1
+        ids, starts = ids[:-1], starts[:-1]  # no line break after the last line
+        if not ids:
+            return TokenStream(np.zeros(0, np.int32), np.zeros(0))
+        edges = np.maximum.accumulate(np.array([0, *starts[1:], len(data)], np.float64))
+        return TokenStream(np.array(ids, np.int32), np.diff(edges))
 
     def decode_text(self, ids):
         lines, line = [], []

@@ -39,6 +39,12 @@ class JointTokenizer(Tokenizer):
 
     encode_source = encode_target = encode
 
+    def encode_with_starts(self, sentences):
+        """For each sentence, (ids, the UTF-8 byte offset in it where each piece's text begins). A piece's own bytes
+        are not the text's (sentencepiece folds runs of whitespace into one '▁'); its offsets into the text are."""
+        return [([piece.id for piece in encoded.pieces], [piece.begin for piece in encoded.pieces])
+                for encoded in self.processor.encode(list(sentences), return_type="proto")]
+
     def decode(self, ids_batch):
         return self.processor.decode([list(ids) for ids in ids_batch])
 

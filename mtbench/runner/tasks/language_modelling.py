@@ -14,7 +14,7 @@ from mtbench.runner.data.text import (TOKENIZERS, evaluated_bytes, evaluation_ba
 SPLITS = ("train", "valid", "test")
 METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}
 METRICS = tuple(f"{name}_{figure}" for name in METRIC_SPLITS.values()
-                for figure in ("loss", "accuracy", "perplexity", "bits_per_byte", "tokens_evaluated"))
+                for figure in ("loss", "accuracy", "perplexity", "bits_per_byte", "tokens_evaluated", "bytes_evaluated"))
 # Translation's options, which a language model does not take (their value when not given).
 TRANSLATION_OPTIONS = {"max_tokens": None, "beam": 1, "valid_file": None, "test_file": None, "src_lang": None,
                        "tgt_lang": None, "target_bleu": None, "max_pairs": None}
@@ -109,11 +109,11 @@ class LanguageModelEvaluator(Evaluator):
         limit = self.config.test_size if split == "test" else self.config.valid_size
         loss, accuracy, tokens = mean_loss(self.model, evaluation_batches(stream, self.config.batch_size, block,
                                                                           limit))
-        nats = loss * tokens
+        nats, text_bytes = loss * tokens, evaluated_bytes(stream, block, limit)
         prefix = METRIC_SPLITS[split]
         return {f"{prefix}_loss": loss, f"{prefix}_accuracy": accuracy, f"{prefix}_perplexity": math.exp(loss),
-                f"{prefix}_bits_per_byte": nats / math.log(2) / evaluated_bytes(stream, block, limit),
-                f"{prefix}_tokens_evaluated": int(tokens)}
+                f"{prefix}_bits_per_byte": nats / math.log(2) / text_bytes,
+                f"{prefix}_tokens_evaluated": int(tokens), f"{prefix}_bytes_evaluated": round(text_bytes)}
 
     def validate(self):
         """The validation figures, and with --sample-prompt the model's continuation of the prompt (`sample`)."""

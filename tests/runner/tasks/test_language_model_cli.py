@@ -52,7 +52,7 @@ def test_a_byte_level_model_reports_perplexity_and_bits_per_byte_and_no_bleu(tex
         # One token is one byte: bits per byte is the loss in bits, and perplexity its exponential.
         assert metrics[f"{split}_bits_per_byte"] == pytest.approx(metrics[f"{split}_loss"] / math.log(2), rel=1e-6)
         assert metrics[f"{split}_perplexity"] == pytest.approx(math.exp(metrics[f"{split}_loss"]), rel=1e-6)
-        assert metrics[f"{split}_tokens_evaluated"] == 10 * 32
+        assert metrics[f"{split}_tokens_evaluated"] == metrics[f"{split}_bytes_evaluated"] == 10 * 32
     assert metrics["val_loss"] < math.log(256)  # it learned something beyond a uniform guess over bytes
     ranges = result["data"]["byte_ranges"]
     assert ranges["train"][1] == ranges["valid"][0] and ranges["valid"][1] == ranges["test"][0]

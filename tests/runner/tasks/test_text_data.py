@@ -40,8 +40,22 @@ def test_the_character_level_refuses_bytes_that_are_not_utf8_and_says_where():
 def test_sentencepiece_text_round_trips_lines(tmp_path):
     tokenizer = text_tokenizer("sentencepiece", TEXT * 3, 60, str(tmp_path))
     stream = tokenizer.stream(TEXT)
-    assert abs(stream.token_bytes.sum() - len(TEXT)) < 1e-6
+    assert stream.token_bytes.sum() == len(TEXT)
     assert tokenizer.decode_text(tokenizer.encode_text("la Parole\nla Parole")) == "la Parole\nla Parole"
+
+
+def test_sentencepiece_tokens_stand_for_the_bytes_of_their_own_text(tmp_path):
+    """The first lines' tokens (and the line break after them) stand for those lines' bytes, not for a share of
+    the whole text's: here the first lines are plain ASCII and the rest mostly 3-byte characters, so a share would
+    count the first blocks' bytes far off. Whitespace sentencepiece drops (runs, a blank line) is counted too."""
+    head = "  Au commencement  était la Parole.\n   \n" * 30
+    text = (head + "— ✓ — ✓ ☃\n" * 60).encode("utf-8")
+    tokenizer = text_tokenizer("sentencepiece", text * 3, 60, str(tmp_path))
+    stream = tokenizer.stream(text)
+    assert stream.token_bytes.sum() == len(text)
+    tokens_of_head = len(tokenizer.encode_text(head[:-1])) + 1  # and the line break that ends it
+    assert stream.token_bytes[:tokens_of_head].sum() == len(head.encode("utf-8"))
+    np.testing.assert_array_equal(stream.ids, tokenizer.encode_text(text.decode("utf-8")))
 
 
 def test_training_blocks_are_the_seeds_and_a_resumed_run_gets_the_same_ones():
