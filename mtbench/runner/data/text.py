@@ -197,7 +197,8 @@ class SentencePieceText(Tokenizer):
         return "\n".join(lines)
 
     def describe(self):
-        return {**self.joint.describe(), "type": "sentencepiece-unigram", "line_break_id": LINE_BREAK_ID}
+        return {**self.joint.describe(), "type": "sentencepiece-unigram", "fingerprint": self.fingerprint,
+                "line_break_id": LINE_BREAK_ID}
 
     def save(self, directory):
         self.joint.save(directory)

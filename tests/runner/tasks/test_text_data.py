@@ -1,6 +1,8 @@
 """Text for language models, without a framework: contiguous splits cut between characters, the three tokenizers,
 the bytes each token stands for (what bits per byte divides by), and blocks drawn alike for every backend."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -41,6 +43,8 @@ def test_sentencepiece_text_round_trips_lines(tmp_path):
     tokenizer = text_tokenizer("sentencepiece", TEXT * 3, 60, str(tmp_path))
     stream = tokenizer.stream(TEXT)
     assert stream.token_bytes.sum() == len(TEXT)
+    # The record names the model file a resumed run must find, as the byte and character tokenizers name theirs.
+    assert tokenizer.describe()["fingerprint"] == os.path.basename(tokenizer.describe()["file"])
     assert tokenizer.decode_text(tokenizer.encode_text("la Parole\nla Parole")) == "la Parole\nla Parole"
 
 
