@@ -226,7 +226,7 @@ def measure(args):
     if args.validate:  # the blocks `mtbench train` scores its validation loss on
         from mtbench.runner.data.text import evaluation_batches
         blocks = evaluation_batches(workload.text.splits["valid"], config.batch_size, config.max_len,
-                                    config.valid_size)
+                                    config.valid_size * config.max_len)
         metrics["val_loss"] = step.validation_loss([convert(batch) for batch in blocks])
     return {
         "metrics": metrics,

@@ -271,15 +271,23 @@ def batches_per_epoch(stream, rows, block):
     return max(1, (len(stream) - 1) // (rows * block))
 
 
-def evaluation_batches(stream, rows, block, max_blocks):
-    """Consecutive blocks from the split's start (every token predicted once), at most `max_blocks`, `rows` to a
-    batch; the last block may be partial (its missing positions weigh nothing)."""
-    starts = list(range(0, len(stream) - 1, block))[:max_blocks]
+def evaluated_tokens(stream, text_bytes):
+    """How many tokens evaluation predicts (tokens 1 to N: token 0 is only read): as many as stand for at most
+    `text_bytes` bytes of text, at least one. A byte budget, not a count of tokens, so that models whose tokens
+    differ are scored on the same text."""
+    reached = np.searchsorted(np.cumsum(stream.token_bytes[1:]), text_bytes, side="right")
+    return max(1, min(int(reached), len(stream) - 1))
+
+
+def evaluation_batches(stream, rows, block, text_bytes):
+    """Consecutive blocks from the split's start predicting its first `text_bytes` bytes (`evaluated_tokens`),
+    every token once, `rows` to a batch; the last block may be partial (its missing positions weigh nothing)."""
+    end = evaluated_tokens(stream, text_bytes)
+    starts = list(range(0, end, block))
     for first in range(0, len(starts), rows):
-        yield window_batch(stream.ids, starts[first:first + rows], block, rows)
+        yield window_batch(stream.ids[:end + 1], starts[first:first + rows], block, rows)
 
 
-def evaluated_bytes(stream, block, max_blocks):
-    """The bytes of text that `evaluation_batches` predicts: tokens 1 to the last one its blocks reach."""
-    end = min(len(stream) - 1, max_blocks * block)
-    return float(stream.token_bytes[1:end + 1].sum())
+def evaluated_bytes(stream, text_bytes):
+    """The bytes of text that `evaluation_batches` predicts: those of tokens 1 to `evaluated_tokens`."""
+    return float(stream.token_bytes[1:evaluated_tokens(stream, text_bytes) + 1].sum())

@@ -96,8 +96,9 @@ def hash_bytes(data):
 
 @dataclass
 class LanguageModelEvaluator(Evaluator):
-    """Scores consecutive blocks from the start of a split: at most --valid-size blocks of validation (and of the
-    training split, for a training loss comparable to them), --test-size of test."""
+    """Scores consecutive blocks from the start of a split: the text of --valid-size blocks of --block-size bytes
+    of validation (and of the training split, for a training loss comparable to them), --test-size of test. A
+    budget of bytes, so that a byte model and a sentencepiece one are scored on the same text."""
     model: object
     data: TaskData
     config: object
@@ -106,10 +107,10 @@ class LanguageModelEvaluator(Evaluator):
     def scores(self, split):
         from mtbench.runner.evaluation.scoring import mean_loss
         stream, block = self.data.splits[split], self.config.max_len
-        limit = self.config.test_size if split == "test" else self.config.valid_size
+        budget = (self.config.test_size if split == "test" else self.config.valid_size) * block
         loss, accuracy, tokens = mean_loss(self.model, evaluation_batches(stream, self.config.batch_size, block,
-                                                                          limit))
-        nats, text_bytes = loss * tokens, evaluated_bytes(stream, block, limit)
+                                                                          budget))
+        nats, text_bytes = loss * tokens, evaluated_bytes(stream, budget)
         prefix = METRIC_SPLITS[split]
         return {f"{prefix}_loss": loss, f"{prefix}_accuracy": accuracy, f"{prefix}_perplexity": math.exp(loss),
                 f"{prefix}_bits_per_byte": nats / math.log(2) / text_bytes,

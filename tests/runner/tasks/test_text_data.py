@@ -76,12 +76,28 @@ def test_training_blocks_are_the_seeds_and_a_resumed_run_gets_the_same_ones():
 
 def test_evaluation_predicts_every_token_once_and_counts_its_bytes():
     stream = CharTokenizer(TEXT.decode("utf-8")).stream(TEXT)
-    batches = list(evaluation_batches(stream, rows=3, block=50, max_blocks=10 ** 6))
+    batches = list(evaluation_batches(stream, rows=3, block=50, text_bytes=10 ** 6))
     assert sum(batch.target_tokens for batch in batches) == len(stream) - 1
     predicted = np.concatenate([batch.target_output[batch.weight > 0] for batch in batches])
     np.testing.assert_array_equal(predicted, stream.ids[1:])
-    assert evaluated_bytes(stream, 50, 10 ** 6) == len(TEXT) - stream.token_bytes[0]
-    assert sum(b.target_tokens for b in evaluation_batches(stream, 3, 50, max_blocks=4)) == 200
+    assert evaluated_bytes(stream, 10 ** 6) == len(TEXT) - stream.token_bytes[0]
+    # TEXT begins "Au commencement", a byte a character: 12 bytes are the 12 characters after the first.
+    assert sum(b.target_tokens for b in evaluation_batches(stream, 3, 5, text_bytes=12)) == 12
+
+
+def test_evaluation_scores_the_same_text_whatever_the_tokens(tmp_path):
+    """A budget of bytes: the byte, character and sentencepiece models predict the same bytes of a text whose
+    characters are 3 bytes each (a sentencepiece token stands for several), up to the last token's end."""
+    text = (("— ✓ ☃ " * 10)[:-1] + "\n").encode("utf-8") * 30
+    streams = {"byte": ByteTokenizer().stream(text), "char": CharTokenizer(text.decode("utf-8")).stream(text),
+               "sentencepiece": text_tokenizer("sentencepiece", text * 3, 40, str(tmp_path)).stream(text)}
+    scored = {}
+    for kind, stream in streams.items():
+        tokens = sum(batch.target_tokens for batch in evaluation_batches(stream, 4, 16, text_bytes=640))
+        scored[kind] = (tokens, evaluated_bytes(stream, 640))
+    # Each character is 3 bytes, a space or line break 1: a token never ends more than 3 bytes short of the budget.
+    assert all(637 <= text_bytes <= 640 for _, text_bytes in scored.values()), scored
+    assert scored["byte"][0] == 640 > scored["char"][0] > scored["sentencepiece"][0]
 
 
 def test_every_tokenizer_is_scored_on_the_same_bytes_the_default_byte_one_included():
