@@ -67,7 +67,7 @@ def open_model(path, registry, backend_name=None, task=None):
         raise MtbenchError(f"{source.label}: a model of the {family.task} task ('{family.name}'); this command "
                            f"serves {task} models")
     plugins = RunPlugins(backend, [], [], registry, family, family_path, registry.lookup("tasks", family.task))
-    keras = import_keras(config, backend)
+    keras = import_keras(config, backend, registry=registry)
     # The float32 matmuls as the run trained them: a GPU's JAX default (TF32) would decode differently.
     set_matmul_precision(backend, config.matmul_precision)
     keras.config.set_dtype_policy(config.dtype)

@@ -23,7 +23,7 @@ def write_initial_weights(config, registry, console, path, overwrite=False):
     check_output_path(path, overwrite, kind=".npz")
     stopwatch = Stopwatch()
     raw = read_data(config, plugins, console, stopwatch)
-    import_keras(config, plugins.backend)
+    import_keras(config, plugins.backend, registry=plugins.registry)
     data = prepare_data(config, plugins, raw, stopwatch)
     model, _ = build_model(RunContext(config=config, backend=plugins.backend, task=plugins.task), plugins,
                            data.tokenizer)

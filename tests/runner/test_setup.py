@@ -125,6 +125,24 @@ def test_keras_is_imported_without_the_integrations_mtbench_never_uses(tmp_path)
     assert afterwards == "matplotlib.pyplot"
 
 
+def test_a_torch_process_imports_no_jax_and_can_afterwards(tmp_path):
+    """keras imports JAX at its own import where it is installed (its Orbax callback), whatever the backend: a torch
+    run hides the other backends' frameworks while keras is imported, and a plugin can still import them later."""
+    assert importlib.util.find_spec("jax") is not None  # installed: otherwise this would prove nothing
+    program = ("import runpy, sys\n"
+               f"sys.argv = ['mtbench', 'init-weights', '--backend', 'torch', '--preset', 'tiny', '--out', "
+               f"{str(tmp_path / 'w.npz')!r}]\n"
+               "try:\n    runpy.run_module('mtbench', run_name='__main__')\nexcept SystemExit as exit:\n"
+               "    assert not exit.code, exit.code\n"
+               "print(sorted({name.split('.')[0] for name in sys.modules if name.startswith(('keras', 'jax', "
+               "'torch'))}))\n"
+               "import jax\nprint(jax.numpy.ones(2).sum())\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=cli_environment())
+    assert proc.returncode == 0, proc.stderr
+    imported, afterwards = proc.stdout.strip().splitlines()[-2:]
+    assert {"keras", "torch"} <= set(eval(imported)) and "jax" not in eval(imported) and afterwards == "2.0"
+
+
 def test_hidden_modules_fail_to_import_inside_the_block_and_import_after_it(tmp_path, monkeypatch):
     for name in ("mtbench_probe_a", "mtbench_probe_b"):
         (tmp_path / f"{name}.py").write_text("VALUE = 1\n")
