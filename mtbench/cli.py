@@ -505,18 +505,20 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     from mtbench.runner.orchestration.compare import ComparePlan, run_compare
     from mtbench.runner.orchestration.runs import plan_comparison
     from mtbench.runner.results.parity import require_parity
+    from mtbench.runner.results.output import check_output_path
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import resolve_reporters
     repeats, auto = _compare_repeats(repeats, repeats_width, repeats_budget)
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
+    out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
+    check_output_path(out, overwrite)  # before the devices are asked (a child that imports the frameworks: seconds)
     planned = plan_comparison(backends, extras, matrix, _command_line_wins(configuration), registry)
     configuration.pop("compile_mode")
     # Validation is the runs' own (`train` takes it, `init-weights` does not): in their run files, apart from the
     # arguments every child is given.
     validation = {key: configuration.pop(key) for key in VALIDATION_KEYS}
-    out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
     plan = ComparePlan(planned.specs, repeats, baseline, _as_arguments(configuration), out, overwrite, parity_steps,
                        parity_tolerance, chosen_reporters, planned.interpreters, aa, auto,
                        options={**configuration, **validation}, train_arguments=_as_arguments(validation))

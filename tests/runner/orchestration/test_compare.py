@@ -179,6 +179,16 @@ def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
     assert list(tmp_path.iterdir()) == [], "a refused plan must not start anything"
 
 
+def test_an_existing_out_is_refused_before_the_devices_are_asked(tmp_path):
+    """The combined JSON's path is checked before the child that asks the devices (it imports the frameworks:
+    seconds): the refusal names the file although that child would have refused the run too."""
+    out = tmp_path / "c.json"
+    out.write_text("{}")
+    proc = run_cli("compare", "--matrix", "jax;jax+pmap", "--out", str(out), env=CPU_ONLY)
+    assert_refused_in_one_line(proc, f"{out}: already exists; pass --overwrite to replace it")
+    assert out.read_text() == "{}" and list(tmp_path.iterdir()) == [out]
+
+
 @pytest.mark.slow
 def test_a_failing_run_is_named_with_its_last_error_line(tmp_path, cache_dir, plugin_path):
     out = tmp_path / "c.json"
