@@ -5,6 +5,7 @@ sentencepiece level, and cut into blocks: random windows for training, consecuti
 Every token carries the number of bytes of text it stands for, so that bits per byte compare models whose
 tokens differ (a byte, a character of one to four bytes, a sentencepiece piece)."""
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -92,6 +93,11 @@ class TokenStream:
 
     def __len__(self):
         return len(self.ids)
+
+    @functools.cached_property
+    def predicted_bytes(self):
+        """The bytes tokens 1 to n stand for, for each n: what evaluation reads at every validation, summed once."""
+        return np.cumsum(self.token_bytes[1:])
 
 
 class ByteTokenizer(Tokenizer):
@@ -275,7 +281,7 @@ def evaluated_tokens(stream, text_bytes):
     """How many tokens evaluation predicts (tokens 1 to N: token 0 is only read): as many as stand for at most
     `text_bytes` bytes of text, at least one. A byte budget, not a count of tokens, so that models whose tokens
     differ are scored on the same text."""
-    reached = np.searchsorted(np.cumsum(stream.token_bytes[1:]), text_bytes, side="right")
+    reached = np.searchsorted(stream.predicted_bytes, text_bytes, side="right")
     return max(1, min(int(reached), len(stream) - 1))
 
 
@@ -290,4 +296,4 @@ def evaluation_batches(stream, rows, block, text_bytes):
 
 def evaluated_bytes(stream, text_bytes):
     """The bytes of text that `evaluation_batches` predicts: those of tokens 1 to `evaluated_tokens`."""
-    return float(stream.token_bytes[1:evaluated_tokens(stream, text_bytes) + 1].sum())
+    return float(stream.predicted_bytes[evaluated_tokens(stream, text_bytes) - 1])
