@@ -7,7 +7,9 @@ tokens differ (a byte, a character of one to four bytes, a sentencepiece piece).
 
 import functools
 import hashlib
+import io
 import os
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,13 +17,16 @@ import numpy as np
 from mtbench.errors import MtbenchError
 from mtbench.plugins.api import Batch, Tokenizer
 from mtbench.runner.data.corpus import load_dataset_pairs
-from mtbench.runner.files import read_json, write_json_atomic
+from mtbench.runner.files import read_json, write_bytes_atomic, write_json_atomic
 
 # enwik8's split, 90/5/5 of its 100 M bytes: the last two twentieths are validation and test.
 HELD_OUT_FRACTION = 0.05
 TOKENIZERS = ("byte", "char", "sentencepiece")
+STREAM_CACHE_VERSION = "stream-v1"  # keys the token streams kept under --cache-dir/tokens
 SAVED_NAME = "tokenizer.json"  # a byte or character tokenizer in a saved model's directory
 LINE_BREAK_ID = 3              # sentencepiece's EOS id stands for a line break between encoded lines
+LINES_ENCODED_AT_ONCE = 20_000  # a text's lines go to sentencepiece in batches: its Python lists of a whole corpus
+                               # took several times the memory of the text
 
 
 @dataclass
@@ -148,9 +153,14 @@ class CharTokenizer(ByteTokenizer):
         self.fingerprint = "chars-" + hashlib.sha256(self.characters.encode("utf-8")).hexdigest()[:16]
 
     def stream(self, data):
-        text = utf8_text(data)
-        ids = np.array([self.index.get(c, 0) for c in text], np.int32)
-        return TokenStream(ids, np.array([len(c.encode("utf-8")) for c in text], np.float64), int((ids == 0).sum()))
+        codes = np.frombuffer(utf8_text(data).encode("utf-32-le"), np.uint32)
+        known = np.frombuffer(self.characters.encode("utf-32-le"), np.uint32)  # sorted by code point
+        place = np.minimum(np.searchsorted(known, codes), max(len(known) - 1, 0))
+        found = known[place] == codes if len(known) else np.zeros(len(codes), bool)
+        ids = np.where(found, place + 1, 0).astype(np.int32)
+        # UTF-8 takes 1 byte below U+0080, 2 below U+0800, 3 below U+10000, else 4.
+        widths = 1.0 + (codes >= 0x80) + (codes >= 0x800) + (codes >= 0x10000)
+        return TokenStream(ids, widths, int(len(ids) - found.sum()))
 
     def encode_text(self, text):
         return [self.index.get(c, 0) for c in text]
@@ -170,6 +180,8 @@ class SentencePieceText(Tokenizer):
 
     def __init__(self, joint):
         self.joint = joint
+        # Tokenizing takes a few tenths of a second a MB: `token_stream` keeps streams, keyed by the model itself.
+        self.stream_key = hashlib.sha256(joint.processor.serialized_model_proto()).hexdigest()
         self.vocab_size, self.fingerprint = joint.vocab_size, joint.fingerprint
 
     def encode_text(self, text):
@@ -179,18 +191,21 @@ class SentencePieceText(Tokenizer):
         return ids[:-1]
 
     def stream(self, data):
-        ids, starts, line_start = [], [], 0
         lines = utf8_text(data).split("\n")
-        for line, (line_ids, line_starts) in zip(lines, self.joint.encode_with_starts(lines)):
-            line_end = line_start + len(line.encode("utf-8"))
-            ids += line_ids + [LINE_BREAK_ID]
-            starts += [line_start + begin for begin in line_starts] + [line_end]
-            line_start = line_end + 1
-        ids, starts = ids[:-1], starts[:-1]  # no line break after the last line
-        if not ids:
+        ids, starts, counts = (np.concatenate(parts) for parts in zip(*(
+            self.joint.encode_with_starts(lines[first:first + LINES_ENCODED_AT_ONCE])
+            for first in range(0, len(lines), LINES_ENCODED_AT_ONCE))))
+        line_bytes = np.fromiter((len(line.encode("utf-8")) for line in lines), np.int64, len(lines))
+        line_starts = np.cumsum(line_bytes + 1) - (line_bytes + 1)
+        starts = starts + np.repeat(line_starts, counts)
+        # A line break after every line but the last, beginning where its line ends.
+        after_each_line = np.cumsum(counts)[:-1]
+        ids = np.insert(ids, after_each_line, LINE_BREAK_ID).astype(np.int32)
+        starts = np.insert(starts, after_each_line, (line_starts + line_bytes)[:-1])
+        if not len(ids):
             return TokenStream(np.zeros(0, np.int32), np.zeros(0))
-        edges = np.maximum.accumulate(np.array([0, *starts[1:], len(data)], np.float64))
-        return TokenStream(np.array(ids, np.int32), np.diff(edges))
+        edges = np.maximum.accumulate(np.concatenate([[0], starts[1:], [len(data)]]).astype(np.float64))
+        return TokenStream(ids, np.diff(edges))
 
     def decode_text(self, ids):
         lines, line = [], []
@@ -208,6 +223,34 @@ class SentencePieceText(Tokenizer):
 
     def save(self, directory):
         self.joint.save(directory)
+
+
+def token_stream(tokenizer, data, cache_dir):
+    """`tokenizer.stream(data)`, kept under `cache_dir` for a tokenizer that takes a while (one with a
+    `stream_key`), as nanoGPT's prepare step keeps its train.bin: the next run of the same text and tokenizer reads
+    it. Returns the stream and whether it was read."""
+    stream_key = getattr(tokenizer, "stream_key", None)
+    if not stream_key or not cache_dir:
+        return tokenizer.stream(data), False
+    key = hashlib.sha256(f"{STREAM_CACHE_VERSION}:{stream_key}\n".encode() + data).hexdigest()[:32]
+    path = os.path.join(cache_dir, "tokens", f"{key}.npz")
+    try:
+        with np.load(path) as kept:
+            return TokenStream(kept["ids"].astype(np.int32), kept["token_bytes"].astype(np.float64),
+                               int(kept["unknown"])), True
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):  # none yet, or cut short: again
+        pass
+    stream = tokenizer.stream(data)
+    kept = io.BytesIO()
+    # The smallest integers that hold them: a sentencepiece stream of 2-byte ids is a quarter of the int32s.
+    np.savez(kept, ids=stream.ids.astype(smallest_unsigned(stream.ids)),
+             token_bytes=stream.token_bytes.astype(smallest_unsigned(stream.token_bytes)), unknown=stream.unknown)
+    write_bytes_atomic(path, kept.getvalue())
+    return stream, False
+
+
+def smallest_unsigned(values):
+    return np.min_scalar_type(int(values.max()) if len(values) else 0)
 
 
 def utf8_text(data):

@@ -4,12 +4,14 @@ perplexity, and bits per byte, which compares models whose tokens differ (bytes,
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
 from mtbench.keras_models.presets import presets_for
 from mtbench.runner.data.text import (TOKENIZERS, evaluated_bytes, evaluation_batches, load_text_tokenizer,
-                                      read_text, split_ranges, text_tokenizer, training_batches, batches_per_epoch)
+                                      read_text, split_ranges, text_tokenizer, token_stream, training_batches,
+                                      batches_per_epoch)
 
 SPLITS = ("train", "valid", "test")
 METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}
@@ -52,7 +54,10 @@ class LanguageModellingTask(Task):
         parts = {split: text.data[start:end] for split, (start, end) in ranges.items()}
         tokenizer = tokenizer or text_tokenizer(config.tokenizer or "byte", parts["train"], config.vocab_size,
                                                 config.cache_dir, config.model.byte_vocab_size)
-        streams = {split: tokenizer.stream(part) for split, part in parts.items()}
+        streams, read = {}, []
+        for split, part in parts.items():
+            streams[split], was_read = token_stream(tokenizer, part, config.cache_dir)
+            read += [split] if was_read else []
         block = config.max_len
         for split, stream in streams.items():
             if len(stream) < block + 1:
@@ -68,7 +73,8 @@ class LanguageModellingTask(Task):
         lines = [f"text {text.name}: {len(text.data):,} bytes; train {record['bytes']['train']:,}, valid "
                  f"{record['bytes']['valid']:,}, test {record['bytes']['test']:,} (contiguous, in that order)",
                  f"  {tokenizer.describe()['type']} tokens: vocabulary {tokenizer.vocab_size:,}; train "
-                 f"{len(streams['train']):,}, valid {len(streams['valid']):,}, test {len(streams['test']):,}"]
+                 f"{len(streams['train']):,}, valid {len(streams['valid']):,}, test {len(streams['test']):,}"
+                 + (f" (read from {os.path.join(config.cache_dir, 'tokens')})" if read else "")]
         unknown = sum(stream.unknown for stream in streams.values())
         if unknown:
             lines.append(f"  {unknown} characters of validation or test are not in the training split (<unk>)")

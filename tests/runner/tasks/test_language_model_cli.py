@@ -64,6 +64,25 @@ def test_a_byte_level_model_reports_perplexity_and_bits_per_byte_and_no_bleu(tex
         " reached the target 10.0 at step 10"
 
 
+@pytest.mark.slow  # two training processes
+def test_a_sentencepiece_model_tokenizes_its_text_once_and_later_runs_read_the_tokens(text_folder, tmp_path):
+    cache_dir = str(tmp_path / "cache")  # its own: the first run must find no tokens kept
+    runs, outputs = [], []
+    for n in range(2):
+        proc = run_cli("train", "--backend", "jax", *TINY_GPT, "--data", text_folder, "--tokenizer", "sentencepiece",
+                       "--vocab-size", "300", "--steps", "4", "--cache-dir", cache_dir,
+                       "--out", str(tmp_path / f"{n}.json"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads((tmp_path / f"{n}.json").read_text()))
+        outputs.append(proc.stdout + proc.stderr)
+    kept = os.path.join(cache_dir, "tokens")
+    assert f"(read from {kept})" not in outputs[0] and f"(read from {kept})" in outputs[1]
+    assert len(os.listdir(kept)) == 3  # train, validation, test
+    assert runs[0]["data"] == runs[1]["data"] and runs[0]["data"]["tokenizer"]["type"] == "sentencepiece-unigram"
+    assert [h["loss"] for h in runs[0]["history"]] == [h["loss"] for h in runs[1]["history"]]
+    assert runs[0]["metrics"]["test_bits_per_byte"] == runs[1]["metrics"]["test_bits_per_byte"]
+
+
 @pytest.fixture(scope="module")
 def char_runs(text_folder, cache_dir, tmp_path_factory):
     """The same character-level model trained on each backend from a folder of .txt files."""

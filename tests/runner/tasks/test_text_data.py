@@ -115,3 +115,70 @@ def test_every_tokenizer_is_scored_on_the_same_bytes_the_default_byte_one_includ
         ranges[tokenizer] = prepared.record["byte_ranges"]
     assert ranges[None] == ranges["byte"] == ranges["char"]
     assert ranges["byte"]["valid"] == [91, 97]  # 101 bytes, 5 held out each: cuts at 91 and 96 (inside an 'é': 97)
+
+
+class CountingProcessor:
+    """A sentencepiece processor that counts the sentences whose protos (piece offsets) it was asked for."""
+
+    def __init__(self, processor):
+        self.processor, self.proto_sentences = processor, []
+
+    def encode(self, sentences, **kwargs):
+        if kwargs.get("return_type") == "proto":
+            self.proto_sentences += sentences
+        return self.processor.encode(sentences, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.processor, name)
+
+
+def test_sentencepiece_token_bytes_are_sentencepieces_offsets_read_only_where_pieces_differ_from_the_text(tmp_path):
+    """Each token stands for the bytes from its piece's offset in the text to the next one's, as sentencepiece's own
+    offsets say. Lines that decode back to themselves take their pieces' bytes instead (ten times faster): only the
+    others (runs of spaces, characters NFKC changes, a character with no piece) ask sentencepiece for offsets."""
+    plain = ["Au commencement était la Parole.", "", "la Parole était avec Dieu ✓"]
+    unlike = ["  deux  espaces ", "pleine\u3000largeur \uff21", "tab\tici", " ", "\u2603 inconnu", "fin  "]
+    lines = [*plain * 20, *unlike, *plain]
+    text = "\n".join(lines).encode("utf-8")
+    tokenizer = text_tokenizer("sentencepiece", "\n".join(plain * 30).encode("utf-8"), 40, str(tmp_path))
+    counting = tokenizer.joint.processor = CountingProcessor(tokenizer.joint.processor)
+    stream = tokenizer.stream(text)
+    assert sorted(counting.proto_sentences) == sorted(unlike)  # and no plain line
+    # What sentencepiece says, line by line: each piece from its offset, the line break from its line's end.
+    starts, line_start = [], 0
+    for proto, line in zip(counting.processor.encode(lines, return_type="proto"), lines):
+        starts += [line_start + piece.begin for piece in proto.pieces] + [line_start + len(line.encode("utf-8"))]
+        line_start += len(line.encode("utf-8")) + 1
+    edges = np.maximum.accumulate([0, *starts[1:-1], len(text)])
+    np.testing.assert_array_equal(stream.token_bytes, np.diff(edges))
+    np.testing.assert_array_equal(stream.ids, tokenizer.encode_text(text.decode("utf-8")))
+
+
+def test_a_sentencepiece_stream_is_kept_and_read_back_for_the_same_text_and_model_only(tmp_path):
+    from mtbench.runner.data.text import token_stream
+    text = TEXT * 2
+    tokenizer = text_tokenizer("sentencepiece", text * 3, 60, str(tmp_path))
+    made, read = token_stream(tokenizer, text, str(tmp_path))
+    assert not read
+    kept, read = token_stream(tokenizer, text, str(tmp_path))
+    assert read and kept.ids.dtype == np.int32 and kept.token_bytes.dtype == np.float64
+    np.testing.assert_array_equal(kept.ids, made.ids)
+    np.testing.assert_array_equal(kept.token_bytes, made.token_bytes)
+    assert not token_stream(tokenizer, text[:-1], str(tmp_path))[1]  # another text
+    other = text_tokenizer("sentencepiece", "Et la Parole était Dieu.\n".encode() * 90, 40, str(tmp_path))
+    assert not token_stream(other, text, str(tmp_path))[1]  # another model
+    for path in (tmp_path / "tokens").iterdir():
+        path.write_bytes(path.read_bytes()[:100])  # cut short: tokenized again, and kept again
+    assert not token_stream(tokenizer, text, str(tmp_path))[1] and token_stream(tokenizer, text, str(tmp_path))[1]
+    assert not token_stream(CharTokenizer("ab"), text, str(tmp_path))[1]  # a tokenizer as fast as reading
+    assert len(list((tmp_path / "tokens").iterdir())) == 3  # the two texts by the first model, one by the other
+
+
+def test_the_character_stream_gives_each_character_its_id_and_its_utf8_bytes():
+    text = "héllo ✓ 😀 \U0010ffff wörld\n"
+    stream = CharTokenizer("hélo ").stream(text.encode("utf-8"))
+    tokenizer = CharTokenizer("hélo ")
+    np.testing.assert_array_equal(stream.ids, [tokenizer.index.get(c, 0) for c in text])
+    np.testing.assert_array_equal(stream.token_bytes, [1, 2, 1, 1, 1, 1, 3, 1, 4, 1, 4, 1, 1, 2, 1, 1, 1, 1])
+    assert stream.unknown == 8  # ✓, 😀, U+10FFFF, w, ö, r, d and the line break
+    assert CharTokenizer("").stream(b"ab").unknown == 2
