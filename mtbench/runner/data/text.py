@@ -5,7 +5,6 @@ sentencepiece level, and cut into blocks: random windows for training, consecuti
 Every token carries the number of bytes of text it stands for, so that bits per byte compare models whose
 tokens differ (a byte, a character of one to four bytes, a sentencepiece piece)."""
 
-import functools
 import hashlib
 import io
 import os
@@ -91,18 +90,15 @@ def split_ranges(data):
 
 @dataclass
 class TokenStream:
-    """A split as tokens, and the bytes of text each token stands for."""
-    ids: np.ndarray          # int32
-    token_bytes: np.ndarray  # float64, one per token; they sum to the split's bytes
+    """A split as tokens, and the bytes of text each token stands for. Both in the narrowest unsigned integers that
+    hold them (the bytes of a byte stream a view of the text, its sizes one broadcast 1): a byte model of enwik9
+    held 12 bytes a byte of text in int32 ids and float64 sizes."""
+    ids: np.ndarray          # unsigned integers (or int32)
+    token_bytes: np.ndarray  # one per token; they sum to the split's bytes
     unknown: int = 0         # characters the tokenizer had no id for (a character tokenizer's <unk>)
 
     def __len__(self):
         return len(self.ids)
-
-    @functools.cached_property
-    def predicted_bytes(self):
-        """The bytes tokens 1 to n stand for, for each n: what evaluation reads at every validation, summed once."""
-        return np.cumsum(self.token_bytes[1:])
 
 
 class ByteTokenizer(Tokenizer):
@@ -121,7 +117,7 @@ class ByteTokenizer(Tokenizer):
             self.fingerprint = f"bytes-{vocab_size}"
 
     def stream(self, data):
-        return TokenStream(np.frombuffer(data, np.uint8).astype(np.int32), np.ones(len(data)))
+        return TokenStream(np.frombuffer(data, np.uint8), np.broadcast_to(np.ones(1, np.uint8), (len(data),)))
 
     def decode_text(self, ids):
         # A padded row (no byte) decodes as the replacement character, as an invalid byte does.
@@ -157,9 +153,9 @@ class CharTokenizer(ByteTokenizer):
         known = np.frombuffer(self.characters.encode("utf-32-le"), np.uint32)  # sorted by code point
         place = np.minimum(np.searchsorted(known, codes), max(len(known) - 1, 0))
         found = known[place] == codes if len(known) else np.zeros(len(codes), bool)
-        ids = np.where(found, place + 1, 0).astype(np.int32)
+        ids = np.where(found, place + 1, 0).astype(np.min_scalar_type(len(known)))
         # UTF-8 takes 1 byte below U+0080, 2 below U+0800, 3 below U+10000, else 4.
-        widths = 1.0 + (codes >= 0x80) + (codes >= 0x800) + (codes >= 0x10000)
+        widths = 1 + (codes >= 0x80).view(np.uint8) + (codes >= 0x800) + (codes >= 0x10000)
         return TokenStream(ids, widths, int(len(ids) - found.sum()))
 
     def encode_text(self, text):
@@ -200,12 +196,12 @@ class SentencePieceText(Tokenizer):
         starts = starts + np.repeat(line_starts, counts)
         # A line break after every line but the last, beginning where its line ends.
         after_each_line = np.cumsum(counts)[:-1]
-        ids = np.insert(ids, after_each_line, LINE_BREAK_ID).astype(np.int32)
+        ids = np.insert(ids, after_each_line, LINE_BREAK_ID).astype(np.min_scalar_type(self.vocab_size - 1))
         starts = np.insert(starts, after_each_line, (line_starts + line_bytes)[:-1])
         if not len(ids):
-            return TokenStream(np.zeros(0, np.int32), np.zeros(0))
-        edges = np.maximum.accumulate(np.concatenate([[0], starts[1:], [len(data)]]).astype(np.float64))
-        return TokenStream(ids, np.diff(edges))
+            return TokenStream(ids, np.zeros(0, np.uint8))
+        token_bytes = np.diff(np.maximum.accumulate(np.concatenate([[0], starts[1:], [len(data)]])))
+        return TokenStream(ids, token_bytes.astype(smallest_unsigned(token_bytes)))
 
     def decode_text(self, ids):
         lines, line = [], []
@@ -236,15 +232,12 @@ def token_stream(tokenizer, data, cache_dir):
     path = os.path.join(cache_dir, "tokens", f"{key}.npz")
     try:
         with np.load(path) as kept:
-            return TokenStream(kept["ids"].astype(np.int32), kept["token_bytes"].astype(np.float64),
-                               int(kept["unknown"])), True
+            return TokenStream(kept["ids"], kept["token_bytes"], int(kept["unknown"])), True
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):  # none yet, or cut short: again
         pass
     stream = tokenizer.stream(data)
     kept = io.BytesIO()
-    # The smallest integers that hold them: a sentencepiece stream of 2-byte ids is a quarter of the int32s.
-    np.savez(kept, ids=stream.ids.astype(smallest_unsigned(stream.ids)),
-             token_bytes=stream.token_bytes.astype(smallest_unsigned(stream.token_bytes)), unknown=stream.unknown)
+    np.savez(kept, ids=stream.ids, token_bytes=stream.token_bytes, unknown=stream.unknown)
     write_bytes_atomic(path, kept.getvalue())
     return stream, False
 
@@ -324,8 +317,19 @@ def evaluated_tokens(stream, text_bytes):
     """How many tokens evaluation predicts (tokens 1 to N: token 0 is only read): as many as stand for at most
     `text_bytes` bytes of text, at least one. A byte budget, not a count of tokens, so that models whose tokens
     differ are scored on the same text."""
-    reached = np.searchsorted(stream.predicted_bytes, text_bytes, side="right")
+    reached = np.searchsorted(predicted_bytes(stream, text_bytes), text_bytes, side="right")
     return max(1, min(int(reached), len(stream) - 1))
+
+
+def predicted_bytes(stream, text_bytes):
+    """The bytes tokens 1 to n stand for, for each n up to the first past `text_bytes` (or the split's end): a
+    prefix about the budget's size, not a sum over the whole split (8 bytes a token) at every validation."""
+    count = int(text_bytes) + 2  # tokens of a byte or more each: the budget's bytes and one more are enough
+    while True:
+        summed = np.cumsum(stream.token_bytes[1:count], dtype=np.int64)
+        if count >= len(stream) or (len(summed) and summed[-1] > text_bytes):
+            return summed
+        count *= 2
 
 
 def evaluation_batches(stream, rows, block, text_bytes):
@@ -339,4 +343,4 @@ def evaluation_batches(stream, rows, block, text_bytes):
 
 def evaluated_bytes(stream, text_bytes):
     """The bytes of text that `evaluation_batches` predicts: those of tokens 1 to `evaluated_tokens`."""
-    return float(stream.predicted_bytes[evaluated_tokens(stream, text_bytes) - 1])
+    return float(predicted_bytes(stream, text_bytes)[evaluated_tokens(stream, text_bytes) - 1])

@@ -80,7 +80,7 @@ def test_evaluation_predicts_every_token_once_and_counts_its_bytes():
     assert sum(batch.target_tokens for batch in batches) == len(stream) - 1
     predicted = np.concatenate([batch.target_output[batch.weight > 0] for batch in batches])
     np.testing.assert_array_equal(predicted, stream.ids[1:])
-    assert evaluated_bytes(stream, 10 ** 6) == len(TEXT) - stream.token_bytes[0]
+    assert evaluated_bytes(stream, 10 ** 6) == len(TEXT) - int(stream.token_bytes[0])
     # TEXT begins "Au commencement", a byte a character: 12 bytes are the 12 characters after the first.
     assert sum(b.target_tokens for b in evaluation_batches(stream, 3, 5, text_bytes=12)) == 12
 
@@ -161,7 +161,8 @@ def test_a_sentencepiece_stream_is_kept_and_read_back_for_the_same_text_and_mode
     made, read = token_stream(tokenizer, text, str(tmp_path))
     assert not read
     kept, read = token_stream(tokenizer, text, str(tmp_path))
-    assert read and kept.ids.dtype == np.int32 and kept.token_bytes.dtype == np.float64
+    assert read and kept.ids.dtype == made.ids.dtype == np.uint8  # a vocabulary of 60: one byte an id
+    assert kept.token_bytes.dtype == made.token_bytes.dtype == np.uint8
     np.testing.assert_array_equal(kept.ids, made.ids)
     np.testing.assert_array_equal(kept.token_bytes, made.token_bytes)
     assert not token_stream(tokenizer, text[:-1], str(tmp_path))[1]  # another text
@@ -182,3 +183,22 @@ def test_the_character_stream_gives_each_character_its_id_and_its_utf8_bytes():
     np.testing.assert_array_equal(stream.token_bytes, [1, 2, 1, 1, 1, 1, 3, 1, 4, 1, 4, 1, 1, 2, 1, 1, 1, 1])
     assert stream.unknown == 8  # ✓, 😀, U+10FFFF, w, ö, r, d and the line break
     assert CharTokenizer("").stream(b"ab").unknown == 2
+
+
+def test_a_byte_stream_and_its_evaluation_hold_next_to_nothing_beyond_the_text():
+    """enwik9 at the byte level is a billion tokens: a byte stream is a view of the text, and evaluation sums the
+    bytes of a prefix about its budget, not of the split (int32 ids, float64 sizes and their sum took 20 bytes a
+    byte of text)."""
+    import tracemalloc
+    text = TEXT * 4000  # 7 MB
+    tracemalloc.start()
+    try:
+        stream = ByteTokenizer().stream(text)
+        batches = list(evaluation_batches(stream, rows=4, block=64, text_bytes=1000))
+        text_bytes = evaluated_bytes(stream, 1000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 100_000, peak
+    assert len(stream) == len(text) and sum(b.target_tokens for b in batches) == 1000 and text_bytes == 1000
+    assert stream.token_bytes.sum() == len(text)
