@@ -24,6 +24,7 @@ TOKENIZERS = ("byte", "char", "sentencepiece")
 STREAM_CACHE_VERSION = "stream-v1"  # keys the token streams kept under --cache-dir/tokens
 SAVED_NAME = "tokenizer.json"  # a byte or character tokenizer in a saved model's directory
 LINE_BREAK_ID = 3              # sentencepiece's EOS id stands for a line break between encoded lines
+BYTES_AT_ONCE = 1 << 24        # a character stream is made 16 MB of text at a time
 LINES_ENCODED_AT_ONCE = 20_000  # a text's lines go to sentencepiece in batches: its Python lists of a whole corpus
                                # took several times the memory of the text
 
@@ -149,7 +150,15 @@ class CharTokenizer(ByteTokenizer):
         self.fingerprint = "chars-" + hashlib.sha256(self.characters.encode("utf-8")).hexdigest()[:16]
 
     def stream(self, data):
-        codes = np.frombuffer(utf8_text(data).encode("utf-32-le"), np.uint32)
+        # A few MB at a time: the code points and their places take 16 bytes a character.
+        cuts = (character_boundary(data, cut) for cut in range(BYTES_AT_ONCE, len(data), BYTES_AT_ONCE))
+        edges = [0, *cuts, len(data)]
+        parts = [self._stream_part(data[start:end], start) for start, end in zip(edges, edges[1:])]
+        return TokenStream(np.concatenate([part.ids for part in parts]),
+                           np.concatenate([part.token_bytes for part in parts]), sum(part.unknown for part in parts))
+
+    def _stream_part(self, data, offset):
+        codes = np.frombuffer(utf8_text(data, offset).encode("utf-32-le"), np.uint32)
         known = np.frombuffer(self.characters.encode("utf-32-le"), np.uint32)  # sorted by code point
         place = np.minimum(np.searchsorted(known, codes), max(len(known) - 1, 0))
         found = known[place] == codes if len(known) else np.zeros(len(codes), bool)
@@ -246,12 +255,13 @@ def smallest_unsigned(values):
     return np.min_scalar_type(int(values.max()) if len(values) else 0)
 
 
-def utf8_text(data):
+def utf8_text(data, offset=0):
+    """`data` (which begins at byte `offset` of its split) as text, or the first byte that is not UTF-8."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise MtbenchError(f"the text is not UTF-8 at byte {error.start} ({error.reason}); train it at the byte "
-                           f"level: --tokenizer byte") from None
+        raise MtbenchError(f"the text is not UTF-8 at byte {offset + error.start} ({error.reason}); train it at the "
+                           f"byte level: --tokenizer byte") from None
 
 
 def text_tokenizer(kind, train_data, vocab_size, cache_dir, byte_vocab_size=256):

@@ -175,14 +175,19 @@ def test_a_sentencepiece_stream_is_kept_and_read_back_for_the_same_text_and_mode
     assert len(list((tmp_path / "tokens").iterdir())) == 3  # the two texts by the first model, one by the other
 
 
-def test_the_character_stream_gives_each_character_its_id_and_its_utf8_bytes():
+@pytest.mark.parametrize("bytes_at_once", [1 << 24, 3])  # 28 bytes of text in one part, or cut every 3 bytes
+def test_the_character_stream_gives_each_character_its_id_and_its_utf8_bytes(monkeypatch, bytes_at_once):
+    import mtbench.runner.data.text as text_module
+    monkeypatch.setattr(text_module, "BYTES_AT_ONCE", bytes_at_once)
     text = "héllo ✓ 😀 \U0010ffff wörld\n"
     stream = CharTokenizer("hélo ").stream(text.encode("utf-8"))
     tokenizer = CharTokenizer("hélo ")
     np.testing.assert_array_equal(stream.ids, [tokenizer.index.get(c, 0) for c in text])
     np.testing.assert_array_equal(stream.token_bytes, [1, 2, 1, 1, 1, 1, 3, 1, 4, 1, 4, 1, 1, 2, 1, 1, 1, 1])
     assert stream.unknown == 8  # ✓, 😀, U+10FFFF, w, ö, r, d and the line break
-    assert CharTokenizer("").stream(b"ab").unknown == 2
+    assert CharTokenizer("").stream(b"ab").unknown == 2 and len(CharTokenizer("a").stream(b"")) == 0
+    with pytest.raises(MtbenchError, match="not UTF-8 at byte 26"):  # where in the split, whichever part it is in
+        tokenizer.stream(text.encode("utf-8")[:-2] + b"\xff\n")
 
 
 def test_a_byte_stream_and_its_evaluation_hold_next_to_nothing_beyond_the_text():
