@@ -201,7 +201,7 @@ RUN_CONFIGURATION_OPTIONS = (
                  help="Translate the test set with beam search over N hypotheses (1: greedy)."),
     click.option("--length-penalty", type=float, default=0.6, show_default=True, metavar="ALPHA",
                  help="Beam search's length normalisation ((5 + length) / 6) ** ALPHA."),
-    click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora and tokenizers (default ~/.cache/mtbench)."),
+    click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora, tokenizers and tokenized text (default ~/.cache/mtbench)."),
     click.option("--report-to", metavar="NAMES", help="Experiment trackers that follow the run as it trains, comma-separated: tensorboard, mlflow, wandb or a plugin's (default: none)."),
     click.option("--logging-dir", type=click.Path(file_okay=False), help="The trackers' local files (default: in the run directory, RESULT.run)."),
     click.option("--price-per-hour", type=float, metavar="USD", envvar="MTBENCH_PRICE_PER_HOUR", help="What the machine costs per hour, for the result's cost section (also MTBENCH_PRICE_PER_HOUR)."),
