@@ -200,13 +200,12 @@ class SentencePieceText(Tokenizer):
         ids, starts, counts = (np.concatenate(parts) for parts in zip(*(
             self.joint.encode_with_starts(lines[first:first + LINES_ENCODED_AT_ONCE])
             for first in range(0, len(lines), LINES_ENCODED_AT_ONCE))))
-        line_bytes = np.fromiter((len(line.encode("utf-8")) for line in lines), np.int64, len(lines))
-        line_starts = np.cumsum(line_bytes + 1) - (line_bytes + 1)
-        starts = starts + np.repeat(line_starts, counts)
+        line_breaks = np.flatnonzero(np.frombuffer(data, np.uint8) == ord("\n"))  # no other UTF-8 byte is 10
+        starts = starts + np.repeat(np.concatenate([[0], line_breaks + 1]), counts)
         # A line break after every line but the last, beginning where its line ends.
         after_each_line = np.cumsum(counts)[:-1]
         ids = np.insert(ids, after_each_line, LINE_BREAK_ID).astype(np.min_scalar_type(self.vocab_size - 1))
-        starts = np.insert(starts, after_each_line, (line_starts + line_bytes)[:-1])
+        starts = np.insert(starts, after_each_line, line_breaks)
         if not len(ids):
             return TokenStream(ids, np.zeros(0, np.uint8))
         token_bytes = np.diff(np.maximum.accumulate(np.concatenate([[0], starts[1:], [len(data)]])))
@@ -327,8 +326,12 @@ def evaluated_tokens(stream, text_bytes):
     """How many tokens evaluation predicts (tokens 1 to N: token 0 is only read): as many as stand for at most
     `text_bytes` bytes of text, at least one. A byte budget, not a count of tokens, so that models whose tokens
     differ are scored on the same text."""
-    reached = np.searchsorted(predicted_bytes(stream, text_bytes), text_bytes, side="right")
-    return max(1, min(int(reached), len(stream) - 1))
+    return reached_tokens(stream, predicted_bytes(stream, text_bytes), text_bytes)
+
+
+def reached_tokens(stream, predicted, text_bytes):
+    """`evaluated_tokens` from the stream's `predicted_bytes`."""
+    return max(1, min(int(np.searchsorted(predicted, text_bytes, side="right")), len(stream) - 1))
 
 
 def predicted_bytes(stream, text_bytes):
@@ -353,4 +356,5 @@ def evaluation_batches(stream, rows, block, text_bytes):
 
 def evaluated_bytes(stream, text_bytes):
     """The bytes of text that `evaluation_batches` predicts: those of tokens 1 to `evaluated_tokens`."""
-    return float(predicted_bytes(stream, text_bytes)[evaluated_tokens(stream, text_bytes) - 1])
+    predicted = predicted_bytes(stream, text_bytes)
+    return float(predicted[reached_tokens(stream, predicted, text_bytes) - 1])

@@ -54,8 +54,8 @@ class JointTokenizer(Tokenizer):
         ids = np.fromiter(itertools.chain.from_iterable(encoded), np.int32, int(counts.sum()))
         piece_bytes, after_space = self._piece_bytes
         widths = piece_bytes[ids]
-        nonempty = counts > 0
-        firsts = (np.cumsum(counts) - counts)[nonempty]
+        nonempty, offsets = counts > 0, np.cumsum(counts) - counts  # each sentence's first piece, if it has one
+        firsts = offsets[nonempty]
         widths[firsts] -= after_space[ids[firsts]]  # the '▁' sentencepiece puts before each sentence is no byte of it
         before = np.cumsum(widths) - widths
         starts = before - np.repeat(before[firsts], counts[nonempty])
@@ -66,7 +66,6 @@ class JointTokenizer(Tokenizer):
         unlike = [i for i, (sentence, text) in enumerate(zip(sentences, decoded))
                   if text != sentence or summed[i] != sentence_bytes[i]]
         if unlike:
-            offsets = np.cumsum(counts) - counts
             protos = self.processor.encode([sentences[i] for i in unlike], return_type="proto")
             for i, proto in zip(unlike, protos):
                 starts[offsets[i]:offsets[i] + counts[i]] = [piece.begin for piece in proto.pieces]
