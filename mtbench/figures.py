@@ -167,6 +167,9 @@ def compile_cache_text(result):
     programs = cache.get("programs")
     if programs is None:
         return f"{cache['state']} (held {cache['entries_before']} programs as the run started)"
+    every = cache.get("every_process")
+    if every:
+        return f"{programs} ({every['hits']} hits, {every['misses']} misses over {every['processes']} processes)"
     return f"{programs} ({cache['hits']} hits, {cache['misses']} misses)"
 
 

@@ -208,13 +208,13 @@ def shared_directory(tmp_path_factory):
     return str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
 
 
-def train_tiny(backend, env=None):
+def train_tiny(backend, env=None, flags=None):
     def make(out_dir, cache_dir):
         out = os.path.join(out_dir, f"{backend}.json")
         # torch's tiny run is its eager step on every machine (`--step auto` compiles it on a CUDA GPU).
         eager = ["--step", "eager"] if backend == "torch" else []
-        proc = run_cli("train", "--backend", backend, *TINY_TRAIN, *eager, "--cache-dir", cache_dir, "--out", out,
-                       env=env)
+        proc = run_cli("train", "--backend", backend, *(flags or TINY_TRAIN), *eager, "--cache-dir", cache_dir,
+                       "--out", out, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         with open(out) as f:
             return {"result": json.load(f), "stdout": proc.stdout, "stderr": proc.stderr, "path": out}
@@ -237,7 +237,8 @@ def shared_runs(tmp_path_factory):
     directory = shared_directory(tmp_path_factory)
     return SharedRuns(directory, os.path.join(directory, "cache"),
                       {"jax": train_tiny("jax"), "torch": train_tiny("torch"), "compare": compare_tiny,
-                       "jax-cpu": train_tiny("jax", CPU_ONLY), "torch-cpu": train_tiny("torch", CPU_ONLY)})
+                       "jax-cpu": train_tiny("jax", CPU_ONLY, TINY_COMPARE),
+                       "torch-cpu": train_tiny("torch", CPU_ONLY, TINY_COMPARE)})
 
 
 @pytest.fixture(scope="session")
@@ -247,12 +248,14 @@ def tiny_runs(shared_runs):
 
 
 @pytest.fixture(scope="session")
-def cpu_tiny_runs(shared_runs):
-    """The tiny runs trained on the CPU: the one-process references of runs over gloo, which train on the CPU (on
-    a GPU machine the tiny runs train on the GPU, in other arithmetic). Here, where there is no GPU, the tiny runs."""
-    if not GPU_MACHINE:
-        return shared_runs.get("jax", "torch")
-    return {name.removesuffix("-cpu"): run for name, run in shared_runs.get("jax-cpu", "torch-cpu").items()}
+def cpu_compared_runs(shared_runs):
+    """TINY_COMPARE's run of each built-in backend in one process on the CPU (torch's eager step): the references
+    of runs over gloo, which train on the CPU. Here, where there is no GPU, the shared compare's runs; on a GPU
+    machine, whose compare trains on the GPU in other arithmetic, runs of their own."""
+    if GPU_MACHINE:
+        return {name.removesuffix("-cpu"): run for name, run in shared_runs.get("jax-cpu", "torch-cpu").items()}
+    return {run["result"]["backend"]: {"result": run["result"]}
+            for run in shared_runs.get("compare")["compare"]["combined"]["runs"]}
 
 
 # The tiny configuration with fewer steps and one length bucket: a compare runs both backends, and the parity

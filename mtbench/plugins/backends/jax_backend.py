@@ -7,9 +7,12 @@ from mtbench import Backend, cpu_model, hookimpl, median_flops_per_s, native_bfl
 
 
 _compile_events = []  # [count] once the listener is registered
-# Lookups of the persistent compilation cache in this process, once the listener is registered.
+# Lookups of the persistent compilation cache in this process, once the listener is registered. JAX's own
+# "cache_misses" event counts the programs it writes, which only process 0 of several does: a miss is a lookup
+# that did not hit.
 _cache_lookups = {}
-CACHE_LOOKUP_EVENTS = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
+CACHE_LOOKUP_EVENTS = {"/jax/compilation_cache/compile_requests_use_cache": "lookups",
+                       "/jax/compilation_cache/cache_hits": "hits"}
 CACHE_ENTRY_SUFFIX = "-cache"  # each program is one file: <key>-cache (beside it, <key>-atime for the LRU)
 
 
@@ -130,7 +133,7 @@ class JaxBackend(Backend):
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
         if not _cache_lookups:
-            _cache_lookups.update(hits=0, misses=0)
+            _cache_lookups.update(lookups=0, hits=0)
             jax.monitoring.register_event_listener(_count_cache_lookup)
         return self.compile_cache_state(directory)
 
@@ -140,7 +143,9 @@ class JaxBackend(Backend):
         return sum(1 for name in os.listdir(directory) if name.endswith(CACHE_ENTRY_SUFFIX))
 
     def compile_cache_hits(self):
-        return dict(_cache_lookups) if _cache_lookups else None
+        if not _cache_lookups:
+            return None
+        return {"hits": _cache_lookups["hits"], "misses": _cache_lookups["lookups"] - _cache_lookups["hits"]}
 
     def set_matmul_precision(self, precision):
         import jax

@@ -187,9 +187,12 @@ def attention_implementations(run, family, model):
 
 def compile_cache_section(run):
     """The persistent compilation cache: its state as the run started (`state`: whether it held any program),
-    what it holds now, and this process's own hits and misses, from which `programs` says whether this run's
-    programs came from the cache: 'warm' (every lookup hit), 'cold' (none did), 'partly warm', or None where the
-    backend does not count lookups. None where the backend has no such cache."""
+    what it holds now, and this process's own hits and misses. A run of several processes adds every process's
+    (`every_process`): JAX writes its cache from process 0 alone and keys a CPU program by the devices of the
+    process that compiles it, so the others may compile every program while process 0 loads each. `programs`
+    says whether the run's programs came from the cache, by every process's lookups: 'warm' (every lookup hit),
+    'cold' (none did), 'partly warm', or None where the backend does not count lookups. None where the backend
+    has no such cache. Every process of the run calls it at the same point."""
     opened = run.compile_cache
     if opened is None:
         return None
@@ -198,11 +201,24 @@ def compile_cache_section(run):
     if opened["dir"] is not None:
         lookups.update(run.backend.compile_cache_hits() or {})
         entries_after = run.backend.compile_cache_entries(opened["dir"])
-    return {**opened, "entries_after": entries_after, **lookups, "programs": programs_state(**lookups)}
+    section = {**opened, "entries_after": entries_after, **lookups}
+    if run.processes.world_size > 1:
+        section["every_process"] = lookups = every_process_lookups(run.processes, **lookups)
+    section["programs"] = programs_state(lookups["hits"], lookups["misses"]) if lookups else None
+    return section
+
+
+def every_process_lookups(processes, hits, misses):
+    """The cache lookups of every process of the run summed, or None where any process counts none."""
+    counted = hits is not None and misses is not None
+    every = processes.sum([counted, hits if counted else 0, misses if counted else 0])
+    if every[0] < processes.world_size:
+        return None
+    return {"processes": processes.world_size, "hits": int(every[1]), "misses": int(every[2])}
 
 
 def programs_state(hits, misses):
-    """Whether a run's compiled programs came from the persistent cache, by its own lookups."""
+    """Whether a run's compiled programs came from the persistent cache, by its lookups."""
     if hits is None or misses is None or hits + misses == 0:
         return None
     return "warm" if not misses else "cold" if not hits else "partly warm"

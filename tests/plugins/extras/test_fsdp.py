@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import ONE_BUCKET, TINY_TRAIN, run_cli, simulated_devices
+from tests.conftest import COMPARE_STEPS, ONE_BUCKET, TINY_COMPARE, TINY_TRAIN, run_cli, simulated_devices
 from mtbench.figures import FIGURES_BY_KEY
 from mtbench.plugins.extras.fsdp import sharded_axis
 from tests.plugins.extras.test_multi_process import assert_same_losses, torchrun
@@ -28,15 +28,15 @@ def losses(result):
     return np.array([h["loss"] for h in result["history"]])
 
 
-def fsdp_over_two_processes(cpu_tiny_runs, cache_dir, out, backend, *args):
-    """The result of `torchrun --nproc-per-node 2 -m mtbench train --extra fsdp` on TINY_TRAIN, whose losses
+def fsdp_over_two_processes(cpu_compared_runs, cache_dir, out, backend, *args):
+    """The result of `torchrun --nproc-per-node 2 -m mtbench train --extra fsdp` on TINY_COMPARE, whose losses
     were checked against the session's one-process run of `backend`."""
-    proc = torchrun("train", "--backend", backend, "--extra", "fsdp", *TINY_TRAIN, *args, "--cache-dir", cache_dir,
-                    "--out", str(out))
+    proc = torchrun("train", "--backend", backend, "--extra", "fsdp", *TINY_COMPARE, *args, "--cache-dir",
+                    cache_dir, "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert len(result["history"]) == 60
-    assert_same_losses(result["history"], cpu_tiny_runs[backend]["result"]["history"])
+    assert len(result["history"]) == COMPARE_STEPS
+    assert_same_losses(result["history"], cpu_compared_runs[backend]["result"]["history"])
     return result
 
 
@@ -124,58 +124,58 @@ def test_jax_fsdp_trains_like_one_device_with_half_the_state_on_each(jax_runs):
 
 
 @pytest.mark.slow
-def test_jax_fsdp_over_two_processes_trains_like_one(cpu_tiny_runs, cache_dir, tmp_path):
-    # Every step, across the checkpoint at step 30 (the weights gathered whole for it, then sharded again), which
+def test_jax_fsdp_over_two_processes_trains_like_one(cpu_compared_runs, cache_dir, tmp_path):
+    # Every step, across the checkpoint at step 15 (the weights gathered whole for it, then sharded again), which
     # process 0 writes alone while the other goes on.
-    result = fsdp_over_two_processes(cpu_tiny_runs, cache_dir, tmp_path / "jax-fsdp-2.json", "jax",
-                                     "--checkpoint-every", "30")
+    result = fsdp_over_two_processes(cpu_compared_runs, cache_dir, tmp_path / "jax-fsdp-2.json", "jax",
+                                     "--checkpoint-every", "15")
     record = result["extras_record"]["fsdp"]
     assert record["processes"] == 2 and record["mesh_shape"] == [2] and record["layouts_kept"] is True
     assert_half_of_the_state(record, result["model"]["parameters"])
     # Process 0 evaluated and saved the weights the two processes held in halves.
-    one = cpu_tiny_runs["jax"]["result"]["metrics"]
+    one = cpu_compared_runs["jax"]["result"]["metrics"]
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
     assert sorted(p.name for p in (tmp_path / "jax-fsdp-2.run").iterdir()) == [
-        "checkpoint-000030", "checkpoint-000060", "model", "run.json", "tokenizer"]
+        "checkpoint-000015", "checkpoint-000030", "model", "run.json", "tokenizer"]
 
 
 @pytest.mark.slow
-def test_torch_fsdp_computes_with_its_shards_and_trains_like_one_process(cpu_tiny_runs, cache_dir, tmp_path):
+def test_torch_fsdp_computes_with_its_shards_and_trains_like_one_process(cpu_compared_runs, cache_dir, tmp_path):
     """Had the Keras variables kept their own whole tensors, the step would train those and FSDP's shards would
     stay as they started: the losses would part from one process's at the second step."""
-    # Every step, across the checkpoint at step 30 (the weights gathered whole for it, then sharded again).
-    result = fsdp_over_two_processes(cpu_tiny_runs, cache_dir, tmp_path / "torch-fsdp.json", "torch",
-                                     "--checkpoint-every", "30")
+    # Every step, across the checkpoint at step 15 (the weights gathered whole for it, then sharded again).
+    result = fsdp_over_two_processes(cpu_compared_runs, cache_dir, tmp_path / "torch-fsdp.json", "torch",
+                                     "--checkpoint-every", "15")
     assert result["train_step"] == "torch-eager"
     assert result["train_step_detail"] == "FSDP2 over 2 processes, 3 units gathered once a step"
     record = result["extras_record"]["fsdp"]
     assert record["units"] == ["encoder_0", "decoder_0", "transformer"] and record["collectives"] == "gloo"
     assert_half_of_the_state(record, result["model"]["parameters"])
-    one = cpu_tiny_runs["torch"]["result"]["metrics"]
+    one = cpu_compared_runs["torch"]["result"]["metrics"]
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
     # The checkpoint holds the whole weights under the model's own layer names: it resumes (next test).
     assert sorted(p.name for p in (tmp_path / "torch-fsdp.run").iterdir()) == [
-        "checkpoint-000030", "checkpoint-000060", "model", "run.json", "tokenizer"]
+        "checkpoint-000015", "checkpoint-000030", "model", "run.json", "tokenizer"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, kept", [("jax", {"processes": 2, "layouts_kept": True}),
                                            ("torch", {"collectives": "gloo"})])
-def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, cpu_tiny_runs, cache_dir, tmp_path):
+def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, cpu_compared_runs, cache_dir, tmp_path):
     out = tmp_path / f"{backend}-fsdp.json"
-    proc = torchrun("train", "--backend", backend, "--extra", "fsdp", *TINY_TRAIN, "--checkpoint-every", "30",
+    proc = torchrun("train", "--backend", backend, "--extra", "fsdp", *TINY_COMPARE, "--checkpoint-every", "15",
                     "--process-timeout", "60", "--cache-dir", cache_dir, "--out", str(out),
-                    env={"MTBENCH_TEST_KILL_AT": "1:45"}, timeout=300)
+                    env={"MTBENCH_TEST_KILL_AT": "1:22"}, timeout=300)
     assert proc.returncode != 0 and not out.exists()
-    assert sorted(p.name for p in (tmp_path / f"{backend}-fsdp.run").iterdir()) == ["checkpoint-000030", "run.json",
+    assert sorted(p.name for p in (tmp_path / f"{backend}-fsdp.run").iterdir()) == ["checkpoint-000015", "run.json",
                                                                                      "tokenizer"]
     proc = torchrun("train", "--resume", str(tmp_path / f"{backend}-fsdp.run"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [31]
+    assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [16]
     # Every process loaded the checkpoint's whole weights into the sharded layouts, which the steps kept (on
     # torch the resumed steps update the shards with Keras's own optimizer: the fused one counts steps from 0).
-    assert_same_losses(result["history"], cpu_tiny_runs[backend]["result"]["history"])
+    assert_same_losses(result["history"], cpu_compared_runs[backend]["result"]["history"])
     record = result["extras_record"]["fsdp"]
     assert kept.items() <= record.items()
     assert_half_of_the_state(record, result["model"]["parameters"])

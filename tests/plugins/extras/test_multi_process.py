@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import CPU_ONLY, MACHINE_CPUS, TINY_TRAIN, cli_environment, on_every_core, run_cli
+from tests.conftest import CPU_ONLY, MACHINE_CPUS, TINY_COMPARE, cli_environment, on_every_core, run_cli
 
 RELATIVE_TOLERANCE = 1e-5  # float32 gradients summed in another order by the collectives
 
@@ -43,15 +43,15 @@ def assert_same_losses(history, reference):
 
 
 @pytest.mark.slow
-def test_two_jax_processes_train_like_one(cpu_tiny_runs, cache_dir, tmp_path):
+def test_two_jax_processes_train_like_one(cpu_compared_runs, cache_dir, tmp_path):
     out = tmp_path / "jax-2.json"
     # With a checkpoint midway, which process 0 writes alone while the other goes on to the next step.
-    proc = torchrun("train", "--backend", "jax", "--extra", "data-parallel", *TINY_TRAIN, "--checkpoint-every", "30",
+    proc = torchrun("train", "--backend", "jax", "--extra", "data-parallel", *TINY_COMPARE, "--checkpoint-every", "15",
                     "--cache-dir", cache_dir, "--out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert len(result["history"]) >= 20
-    assert_same_losses(result["history"], cpu_tiny_runs["jax"]["result"]["history"])
+    assert_same_losses(result["history"], cpu_compared_runs["jax"]["result"]["history"])
     assert result["processes"] == {"world_size": 2, "processes": 2, "devices_per_process": 1,
                                    "launcher": "torchrun", "collectives": "gloo",
                                    "coordinator": result["processes"]["coordinator"], "spanned_by": ["data-parallel"],
@@ -67,10 +67,10 @@ def test_two_jax_processes_train_like_one(cpu_tiny_runs, cache_dir, tmp_path):
     assert proc.stdout.count("result: ") == 1 and proc.stdout.count("tokens/s") == 1
     assert "(2 devices over 2 processes)" in proc.stdout  # each process sees its own share of the machine
     assert sorted(os.listdir(tmp_path)) == ["jax-2.hyp.txt", "jax-2.json", "jax-2.ref.txt", "jax-2.run"]
-    assert sorted(os.listdir(tmp_path / "jax-2.run")) == ["checkpoint-000030", "checkpoint-000060", "model", "run.json",
+    assert sorted(os.listdir(tmp_path / "jax-2.run")) == ["checkpoint-000015", "checkpoint-000030", "model", "run.json",
                                                             "tokenizer"]
     # Every process evaluates the same weights; process 0's figures are those of one process's weights.
-    one = cpu_tiny_runs["jax"]["result"]["metrics"]
+    one = cpu_compared_runs["jax"]["result"]["metrics"]
     assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
     assert result["metrics"]["bleu"] is not None
 
@@ -83,12 +83,12 @@ def test_two_jax_processes_train_like_one(cpu_tiny_runs, cache_dir, tmp_path):
     ("jax", "data-parallel", {"processes": 2}, "jax-jit-stateless"),
 ])
 def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_process(backend, extra, kept, train_step,
-                                                                                   cpu_tiny_runs, cache_dir, tmp_path):
+                                                                                   cpu_compared_runs, cache_dir, tmp_path):
     out = tmp_path / f"{backend}-2.json"
     started = time.monotonic()
-    proc = torchrun("train", "--backend", backend, "--extra", extra, *TINY_TRAIN, "--checkpoint-every", "30",
+    proc = torchrun("train", "--backend", backend, "--extra", extra, *TINY_COMPARE, "--checkpoint-every", "15",
                     "--process-timeout", "60", "--cache-dir", cache_dir, "--out", str(out),
-                    env={"MTBENCH_TEST_KILL_AT": "1:45"}, timeout=300)
+                    env={"MTBENCH_TEST_KILL_AT": "1:22"}, timeout=300)
     assert proc.returncode != 0
     assert time.monotonic() - started < 200  # the survivor stopped; nothing waited for the process timeout
     output = proc.stdout + proc.stderr
@@ -99,23 +99,33 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
     # killed process and the survivor, which now exits as soon as its collective fails.
     report = output[output.index("mtbench FAILED"):]
     assert re.search(r"rank +: 1 \(local_rank: 1\)\n +exitcode +: -9 .*\(SIGKILL\)", report), output[-3000:]
-    assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000030", "run.json", "tokenizer"]
+    assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000015", "run.json", "tokenizer"]
     assert not out.exists()  # torchrun ended the survivor (SIGTERM, then SIGKILL) before a partial result
 
     proc = torchrun("train", "--resume", str(tmp_path / f"{backend}-2.run"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [31]
-    assert_same_losses(result["history"], cpu_tiny_runs[backend]["result"]["history"])
+    assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [16]
+    assert_same_losses(result["history"], cpu_compared_runs[backend]["result"]["history"])
     assert result["processes"]["world_size"] == 2 and kept.items() <= result["extras_record"][extra].items()
     assert result["train_step"] == train_step
+    cache = result["timing"]["compile_cache"]
+    if backend == "jax":
+        # Process 0 loads every program the killed run kept. JAX kept none of process 1's (it writes from process
+        # 0 alone, keyed by the compiling process's devices), so process 1 compiled them all again: the run's
+        # programs are partly warm, though process 0's own lookups all hit.
+        assert cache["hits"] > 0 and cache["misses"] == 0, cache
+        assert cache["every_process"]["processes"] == 2 and cache["every_process"]["misses"] > 0, cache
+        assert cache["programs"] == "partly warm"
+    else:  # torch's eager step compiles nothing
+        assert cache["state"] == "off" and cache["every_process"] is None and cache["programs"] is None, cache
     if extra == "ddp":  # each process holds the whole state, and DDP's buckets hold the gradients a second time
         record, parameters = result["extras_record"]["ddp"], result["model"]["parameters"]
         assert record["parameter_bytes"] == record["gradient_bytes"] == record["gradient_bucket_bytes"] == \
             parameters * 4
         assert record["state_bytes"] == sum(record[key] for key in ("parameter_bytes", "gradient_bytes",
                                                                      "optimizer_state_bytes"))
-    assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000030", "checkpoint-000060", "model",
+    assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000015", "checkpoint-000030", "model",
                                                                  "run.json", "tokenizer"]
 
 

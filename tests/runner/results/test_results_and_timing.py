@@ -2,13 +2,17 @@
 
 import os
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from mtbench.errors import MtbenchError, RunFailure
+from mtbench.figures import compile_cache_text
+from mtbench.plugins.api import Launch, ProcessGroup
 from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.results.schema import schema_errors, sidecar_paths
 from mtbench.runner.loop.timing import StepTimer, TrainingClock
+from mtbench.runner.results.run_result import compile_cache_section
 
 
 def test_schema_errors_name_missing_and_mistyped_fields(tiny_runs):
@@ -131,3 +135,41 @@ def test_a_step_description_that_fails_says_which_code_failed_and_keeps_the_run(
         f"not described: {__name__}.test_a_step_description_that_fails_says_which_code_failed_and_keeps_the_run."
         f"<locals>.Careless.description() failed: RuntimeError: desc boom")
     assert step_description(Wordless()).endswith("Wordless.description() failed: TypeError: it returned int, not a str")
+
+
+class SecondProcessLookups(ProcessGroup):
+    """Two processes, the other of which looked the cache up `others` times (hits, misses), or counted nothing."""
+
+    def __init__(self, others):
+        super().__init__(Launch(process_id=0, num_processes=2))
+        self.others = others
+
+    def sum(self, values):
+        counted, hits, misses = values
+        other = self.others or (0, 0)
+        return [counted + (self.others is not None), hits + other[0], misses + other[1]]
+
+
+def cache_of_run(processes, hits, misses):
+    backend = SimpleNamespace(compile_cache_hits=lambda: {"hits": hits, "misses": misses},
+                              compile_cache_entries=lambda directory: 28)
+    run = SimpleNamespace(compile_cache={"dir": "/cache", "state": "warm", "reason": None, "entries_before": 28},
+                          backend=backend, processes=processes)
+    return compile_cache_section(run)
+
+
+def test_a_run_of_several_processes_is_warm_only_where_every_process_loaded_its_programs():
+    alone = cache_of_run(ProcessGroup(Launch()), hits=28, misses=0)
+    assert alone["programs"] == "warm" and "every_process" not in alone
+    assert compile_cache_text({"timing": {"compile_cache": alone}}) == "warm (28 hits, 0 misses)"
+    # Process 0 loaded every program; the other process compiled all of its own.
+    cache = cache_of_run(SecondProcessLookups((0, 28)), hits=28, misses=0)
+    assert (cache["hits"], cache["misses"]) == (28, 0)  # process 0's own, as before
+    assert cache["every_process"] == {"processes": 2, "hits": 28, "misses": 28}
+    assert cache["programs"] == "partly warm"
+    assert compile_cache_text({"timing": {"compile_cache": cache}}) == \
+        "partly warm (28 hits, 28 misses over 2 processes)"
+    assert cache_of_run(SecondProcessLookups((28, 0)), hits=28, misses=0)["programs"] == "warm"
+    # A process that counts no lookups leaves the run's state unknown, not process 0's.
+    unknown = cache_of_run(SecondProcessLookups(None), hits=28, misses=0)
+    assert unknown["every_process"] is None and unknown["programs"] is None
