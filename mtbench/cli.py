@@ -136,8 +136,8 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--dataset", default="bible-en-fr", show_default=True, help="Registered dataset (see `mtbench plugins`)."),
     click.option("--data", "data_file", type=click.Path(dir_okay=True), metavar="CORPUS",
                  help="Your corpus instead of --dataset: FILE.tsv, FILE.jsonl (each may be .gz) or a Moses PREFIX "
-                      "(PREFIX.SRC and PREFIX.TGT, with --src-lang/--tgt-lang); for a language model a text FILE or a "
-                      "folder of .txt files."),
+                      "(PREFIX.SRC and PREFIX.TGT, with --src-lang/--tgt-lang); for a language model a text FILE, a "
+                      "folder of .txt files, or a folder of nanoGPT's token files (train.bin, val.bin)."),
     click.option("--preset", type=click.Choice(list(dict.fromkeys([*PRESETS, *GPT_PRESETS]))), default="small",
                  show_default=True, help=f"Model size: {', '.join(PRESETS)} (transformer); {', '.join(GPT_PRESETS)} (gpt)."),
     click.option("--steps", type=int, help="Training steps (default: per preset; transformer tiny 40, small 450, base 2000; gpt tiny 40, small 300, char 5000, gpt2-small 2000)."),

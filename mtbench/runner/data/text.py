@@ -95,7 +95,7 @@ class TokenStream:
     hold them (the bytes of a byte stream a view of the text, its sizes one broadcast 1): a byte model of enwik9
     held 12 bytes a byte of text in int32 ids and float64 sizes."""
     ids: np.ndarray          # unsigned integers (or int32)
-    token_bytes: np.ndarray  # one per token; they sum to the split's bytes
+    token_bytes: np.ndarray  # one per token; they sum to the split's bytes. None: not known (token files)
     unknown: int = 0         # characters the tokenizer had no id for (a character tokenizer's <unk>)
 
     def __len__(self):
@@ -279,11 +279,14 @@ def text_tokenizer(kind, train_data, vocab_size, cache_dir, byte_vocab_size=256)
 def load_text_tokenizer(directory, description):
     """The tokenizer `save` wrote into a saved model's directory."""
     from mtbench.runner.data.tokenizer import SAVED_NAME as SENTENCEPIECE_NAME, JointTokenizer
+    from mtbench.runner.data.token_files import TokenIds
     if description.get("type") == "sentencepiece-unigram":
         return SentencePieceText(JointTokenizer.from_file(os.path.join(directory, SENTENCEPIECE_NAME)))
     saved = read_json(os.path.join(directory, SAVED_NAME), "a saved model's tokenizer")
     if saved["type"] == "char":
         return CharTokenizer(saved["characters"])
+    if saved["type"] == TokenIds.kind:
+        return TokenIds(saved["vocab_size"], description.get("fingerprint", ""))
     return ByteTokenizer(saved.get("vocab_size", 256))
 
 
@@ -325,7 +328,10 @@ def batches_per_epoch(stream, rows, block):
 def evaluated_tokens(stream, text_bytes):
     """How many tokens evaluation predicts (tokens 1 to N: token 0 is only read): as many as stand for at most
     `text_bytes` bytes of text, at least one. A byte budget, not a count of tokens, so that models whose tokens
-    differ are scored on the same text."""
+    differ are scored on the same text. A stream that does not know its bytes (token files) counts the budget in
+    tokens."""
+    if stream.token_bytes is None:
+        return max(1, min(int(text_bytes), len(stream) - 1))
     return reached_tokens(stream, predicted_bytes(stream, text_bytes), text_bytes)
 
 
@@ -355,6 +361,9 @@ def evaluation_batches(stream, rows, block, text_bytes):
 
 
 def evaluated_bytes(stream, text_bytes):
-    """The bytes of text that `evaluation_batches` predicts: those of tokens 1 to `evaluated_tokens`."""
+    """The bytes of text that `evaluation_batches` predicts: those of tokens 1 to `evaluated_tokens` (None for a
+    stream that does not know them)."""
+    if stream.token_bytes is None:
+        return None
     predicted = predicted_bytes(stream, text_bytes)
     return float(predicted[reached_tokens(stream, predicted, text_bytes) - 1])

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
 from mtbench.keras_models.presets import presets_for
-from mtbench.runner.data.text import (TOKENIZERS, evaluated_bytes, evaluation_batches, load_text_tokenizer,
-                                      read_text, split_ranges, text_tokenizer, token_stream, training_batches,
-                                      batches_per_epoch)
+from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, evaluation_batches,
+                                      load_text_tokenizer, read_text, split_ranges, text_tokenizer, token_stream,
+                                      training_batches, batches_per_epoch)
+from mtbench.runner.data.token_files import (TokenFiles, TokenIds, file_fingerprint, is_token_folder, largest_id,
+                                             read_token_files, vocabulary_size)
 
 SPLITS = ("train", "valid", "test")
 METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}
@@ -24,8 +26,8 @@ TRANSLATION_OPTIONS = {"max_tokens": None, "beam": 1, "valid_file": None, "test_
 
 class LanguageModellingTask(Task):
     name = "language-modelling"
-    description = ("a text as one token stream (bytes, characters or sentencepiece), split 90/5/5 in order; scored "
-                   "by loss, perplexity and bits per byte")
+    description = ("a text as one token stream (bytes, characters or sentencepiece), split 90/5/5 in order, or "
+                   "nanoGPT's token files; scored by loss, perplexity and bits per byte")
     metrics = METRICS
     quality_figures = ("train_loss", "val_loss", "test_loss", "val_perplexity", "test_perplexity",
                        "val_bits_per_byte", "test_bits_per_byte")
@@ -38,16 +40,26 @@ class LanguageModellingTask(Task):
         if config.tokenizer not in (None, *TOKENIZERS):
             raise MtbenchError(f"unknown --tokenizer '{config.tokenizer}'; choose one of {', '.join(TOKENIZERS)}")
         kind, preset = config.tokenizer or "byte", presets_for(config.model_family[0])[config.preset]
+        if is_token_folder(config.data_file):
+            refused = {"--tokenizer": config.tokenizer is not None, "--sample-prompt": config.sample_prompt is not None}
+            for option in (option for option, given in refused.items() if given):
+                raise MtbenchError(f"{config.data_file} holds token files (train.bin, val.bin), which carry no "
+                                   f"tokenizer: {option} does not apply")
+            return
         if kind != "sentencepiece" and config.vocab_size != preset.vocab_size:
             raise MtbenchError(f"--vocab-size sizes a sentencepiece vocabulary (--tokenizer sentencepiece); the {kind} "
                                f"tokenizer's vocabulary is its own")
 
     def read(self, config, registry, progress):
+        if is_token_folder(config.data_file):
+            return read_token_files(config.data_file)
         return read_text(config, registry, progress)
 
     def prepare(self, config, text, tokenizer):
         """Splits the text in order (training, validation, test), builds the tokenizer on the training split
-        (unless the family brings one) and tokenizes every split."""
+        (unless the family brings one) and tokenizes every split; token files are split as they are."""
+        if isinstance(text, TokenFiles):
+            return prepare_token_files(text, config)
         # Cut between characters whatever the tokenizer (the default byte one too): models of every tokenizer are
         # then scored on the same bytes, and the default is the same run as --tokenizer byte.
         ranges = split_ranges(text.data)
@@ -59,11 +71,7 @@ class LanguageModellingTask(Task):
             streams[split], was_read = token_stream(tokenizer, part, config.cache_dir)
             read += [split] if was_read else []
         block = config.max_len
-        for split, stream in streams.items():
-            if len(stream) < block + 1:
-                raise MtbenchError(f"{text.name}: the {split} split has {len(stream)} tokens, fewer than one block "
-                                   f"of --block-size {block} and its next token ({block + 1}); give a longer text "
-                                   f"or a smaller --block-size")
+        check_blocks(streams, block, text.name, "a longer text")
         record = {"corpus": text.name, "origin": text.origin, "split": "contiguous: train, validation, test",
                   "bytes": {split: end - start for split, (start, end) in ranges.items()},
                   "byte_ranges": {split: list(span) for split, span in ranges.items()},
@@ -95,6 +103,39 @@ class LanguageModellingTask(Task):
         return load_text_tokenizer(directory, description)
 
 
+def check_blocks(streams, block, name, longer):
+    """Refuses splits shorter than one block and its next token, naming the data and what would do."""
+    for split, stream in streams.items():
+        if len(stream) < block + 1:
+            raise MtbenchError(f"{name}: the {split} split has {len(stream)} tokens, fewer than one block of "
+                               f"--block-size {block} and its next token ({block + 1}); give {longer} or a smaller "
+                               f"--block-size")
+
+
+def prepare_token_files(files, config):
+    """nanoGPT's splits: train.bin trains; val.bin's first half validates and its second half tests. The model's
+    vocabulary holds every id of both (`vocabulary_size`)."""
+    half = len(files.val) // 2
+    streams = {"train": TokenStream(files.train, None), "valid": TokenStream(files.val[:half], None),
+               "test": TokenStream(files.val[half:], None)}
+    largest = max(largest_id(files.train), largest_id(files.val))
+    preset = presets_for(config.model_family[0])[config.preset]
+    tokenizer = TokenIds(vocabulary_size(largest, None if config.vocab_size == preset.vocab_size else
+                                         config.vocab_size))
+    block = config.max_len
+    check_blocks(streams, block, files.folder, "longer token files")
+    record = {"corpus": files.name, "origin": files.origin,
+              "split": "token files: train.bin trains, val.bin's first half validates, its second half tests",
+              "bytes": None, "tokens": {split: len(stream) for split, stream in streams.items()},
+              "token_ranges": {"train": [0, len(files.train)], "valid": [0, half], "test": [half, len(files.val)]},
+              "largest_id": largest, "block_size": block, "tokenizer": tokenizer.describe()}
+    lines = [f"token files {files.name}: train.bin {len(files.train):,} tokens; val.bin {len(files.val):,} (first half "
+             f"validates, second half tests); ids up to {largest:,}, vocabulary {tokenizer.vocab_size:,}; no bytes per "
+             f"token, so no bits per byte"]
+    fingerprint = f"{tokenizer.fingerprint}-{file_fingerprint(files.train)}"
+    return TaskData(tokenizer, streams, fingerprint, record, lines)
+
+
 def hash_bytes(data):
     import hashlib
     return hashlib.sha256(data).hexdigest()[:16]
@@ -119,8 +160,9 @@ class LanguageModelEvaluator(Evaluator):
         nats, text_bytes = loss * tokens, evaluated_bytes(stream, budget)
         prefix = METRIC_SPLITS[split]
         return {f"{prefix}_loss": loss, f"{prefix}_accuracy": accuracy, f"{prefix}_perplexity": math.exp(loss),
-                f"{prefix}_bits_per_byte": nats / math.log(2) / text_bytes,
-                f"{prefix}_tokens_evaluated": int(tokens), f"{prefix}_bytes_evaluated": round(text_bytes)}
+                f"{prefix}_bits_per_byte": None if text_bytes is None else nats / math.log(2) / text_bytes,
+                f"{prefix}_tokens_evaluated": int(tokens),
+                f"{prefix}_bytes_evaluated": None if text_bytes is None else round(text_bytes)}
 
     def validate(self):
         """The validation figures, and with --sample-prompt the model's continuation of the prompt (`sample`)."""

@@ -1,0 +1,108 @@
+"""Text tokenized already, as nanoGPT's `prepare.py` leaves it: a folder holding `train.bin` and `val.bin`, each
+the ids of a token stream as uint16 (GPT-2's BPE for OpenWebText and Shakespeare, characters for
+shakespeare_char). mtbench trains on these ids as they are, read from disk as batches need them (OpenWebText's
+train.bin is 17 GB), so that a model is scored on the very tokens nanoGPT trains and validates on.
+
+The files carry ids alone: no tokenizer to turn text into them or back, and not the bytes each token stands for.
+Such a run reports loss and perplexity per token (nanoGPT's own figures), no bits per byte, and takes no
+--sample-prompt."""
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from mtbench.errors import MtbenchError
+from mtbench.plugins.api import Tokenizer
+from mtbench.runner.files import write_json_atomic
+
+TOKEN_FILES = {"train": "train.bin", "val": "val.bin"}
+TOKEN_DTYPE = np.dtype(np.uint16)  # what nanoGPT's prepare.py writes
+VOCABULARY_MULTIPLE = 64          # nanoGPT pads GPT-2's 50,257 ids to 50,304 rows, a multiple of 64
+SAVED_NAME = "tokenizer.json"     # as the other text tokenizers name theirs
+FINGERPRINT_SAMPLES = 64          # places of a token file read for its fingerprint, not all of its GBs
+FINGERPRINT_SAMPLE_BYTES = 1 << 16
+
+
+@dataclass
+class TokenFiles:
+    """A folder of token files, each mapped from disk."""
+    name: str
+    origin: str
+    folder: str
+    train: np.ndarray
+    val: np.ndarray
+
+
+def is_token_folder(path):
+    """Whether `path` is a folder of nanoGPT's token files (then they are read, whatever else it holds)."""
+    return bool(path) and os.path.isdir(path) and all(os.path.isfile(os.path.join(path, name))
+                                                        for name in TOKEN_FILES.values())
+
+
+def read_token_files(path):
+    """The folder's train.bin and val.bin, mapped (nothing is read until a batch needs it)."""
+    ids = {}
+    for split, name in TOKEN_FILES.items():
+        file = os.path.join(path, name)
+        size = os.path.getsize(file)
+        if size % TOKEN_DTYPE.itemsize:
+            raise MtbenchError(f"{file}: {size:,} bytes, not a whole number of {TOKEN_DTYPE.name} token ids (nanoGPT's "
+                               f"prepare.py writes {TOKEN_DTYPE.name})")
+        if size == 0:
+            raise MtbenchError(f"{file}: the file holds no token")
+        ids[split] = np.memmap(file, dtype=TOKEN_DTYPE, mode="r")
+    others = sorted(name for name in os.listdir(path) if name not in TOKEN_FILES.values())
+    origin = f"token ids ({TOKEN_DTYPE.name}) of {', '.join(TOKEN_FILES.values())} in {path}, as nanoGPT's prepare.py " \
+             f"writes them" + (f" ({', '.join(others)} not read)" if others else "")
+    return TokenFiles(os.path.basename(os.path.normpath(path)), origin, path, ids["train"], ids["val"])
+
+
+def largest_id(ids, chunk=1 << 26):
+    """The largest id of a mapped file, a chunk at a time (so the whole file is never in memory at once)."""
+    return max(int(ids[start:start + chunk].max()) for start in range(0, len(ids), chunk))
+
+
+def vocabulary_size(largest, asked):
+    """The model's vocabulary: `asked` (--vocab-size) where given, which must hold every id; else the largest id
+    and one, rounded up to a multiple of 64 as nanoGPT rounds GPT-2's."""
+    if asked is None:
+        return math.ceil((largest + 1) / VOCABULARY_MULTIPLE) * VOCABULARY_MULTIPLE
+    if asked <= largest:
+        raise MtbenchError(f"--vocab-size {asked} is too small for the token files: they hold id {largest}")
+    return asked
+
+
+def file_fingerprint(ids):
+    """A digest of a token file's size and of 64 places spread over it: what guards --resume against other data,
+    read in a moment from a file of many GBs."""
+    digest = hashlib.sha256(f"{ids.dtype.name}:{len(ids)}".encode())
+    raw = ids.view(np.uint8)
+    step = max(len(raw) // FINGERPRINT_SAMPLES, 1)
+    for start in range(0, len(raw), step):
+        digest.update(raw[start:start + FINGERPRINT_SAMPLE_BYTES].tobytes())
+    return digest.hexdigest()[:16]
+
+
+class TokenIds(Tokenizer):
+    """The ids of token files: a vocabulary size, and no way to text. Saved beside a trained model so that it
+    loads, and refuses what needs text (a prompt to sample from)."""
+    kind = "token-ids"
+
+    def __init__(self, vocab_size, fingerprint=""):
+        self.vocab_size = vocab_size
+        self.fingerprint = fingerprint or f"token-ids-{vocab_size}"
+
+    def encode_text(self, text):
+        raise MtbenchError("the model was trained on token files, which carry no tokenizer: it takes no text prompt")
+
+    def decode_text(self, ids):
+        raise MtbenchError("the model was trained on token files, which carry no tokenizer: its ids have no text")
+
+    def describe(self):
+        return {"type": self.kind, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint}
+
+    def save(self, directory):
+        write_json_atomic(os.path.join(directory, SAVED_NAME), {"type": self.kind, "vocab_size": self.vocab_size})

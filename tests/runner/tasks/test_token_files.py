@@ -1,0 +1,106 @@
+"""nanoGPT's token files (`train.bin`, `val.bin`: uint16 ids, as its prepare.py writes them) as a language model's
+data: read from disk as batches need them, split as nanoGPT splits them, scored per token."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import assert_refused_in_one_line, run_cli
+from result_keys import undocumented_keys
+from mtbench.errors import MtbenchError
+from mtbench.runner.data.text import TokenStream, evaluated_bytes, evaluated_tokens
+from mtbench.runner.data.token_files import is_token_folder, read_token_files, vocabulary_size
+from mtbench.runner.results.schema import schema_errors
+from tests.runner.tasks.test_language_model_cli import TINY_GPT, bible_verses
+
+
+def token_folder(folder, train_ids, val_ids, others=()):
+    folder.mkdir(exist_ok=True)
+    np.asarray(train_ids, np.uint16).tofile(folder / "train.bin")
+    np.asarray(val_ids, np.uint16).tofile(folder / "val.bin")
+    for name in others:
+        (folder / name).write_text("not read\n")
+    return folder
+
+
+def test_the_files_are_mapped_from_disk_and_their_ids_size_the_vocabulary(tmp_path):
+    folder = token_folder(tmp_path / "owt", [5, 50256, 7] * 100, [1, 2, 3, 4], others=["input.txt", "meta.pkl"])
+    assert is_token_folder(str(folder)) and not is_token_folder(str(tmp_path))
+    files = read_token_files(str(folder))
+    assert isinstance(files.train, np.memmap) and files.train.dtype == np.uint16
+    assert list(files.val) == [1, 2, 3, 4] and len(files.train) == 300
+    assert "input.txt, meta.pkl not read" in files.origin
+    # GPT-2's ids (up to 50,256) make nanoGPT's padded 50,304 rows; a char model's 65 make 128.
+    assert vocabulary_size(50256, None) == 50304 and vocabulary_size(64, None) == 128
+    assert vocabulary_size(64, 65) == 65  # --vocab-size, as nanoGPT's meta.pkl gives shakespeare_char's
+    with pytest.raises(MtbenchError, match="--vocab-size 64 is too small for the token files: they hold id 64"):
+        vocabulary_size(64, 64)
+
+
+def test_evaluation_of_ids_without_bytes_counts_its_budget_in_tokens():
+    stream = TokenStream(np.arange(1000, dtype=np.uint16), None)
+    assert evaluated_tokens(stream, 320) == 320 and evaluated_bytes(stream, 320) is None
+    assert evaluated_tokens(stream, 5000) == 999  # token 0 is only read
+
+
+@pytest.mark.parametrize("train_bytes, args, message", [
+    (b"\x01\x00\x02", [], "train.bin: 3 bytes, not a whole number of uint16 token ids (nanoGPT's prepare.py writes "
+                          "uint16)"),
+    (b"", [], "train.bin: the file holds no token"),
+    (np.arange(100, dtype=np.uint16).tobytes(), ["--tokenizer", "byte"],
+     "holds token files (train.bin, val.bin), which carry no tokenizer: --tokenizer does not apply"),
+    (np.arange(100, dtype=np.uint16).tobytes(), ["--sample-prompt", "And", "--eval-every", "1"],
+     "which carry no tokenizer: --sample-prompt does not apply"),
+    (np.arange(100, dtype=np.uint16).tobytes(), ["--block-size", "64"],
+     "the valid split has 50 tokens, fewer than one block of --block-size 64 and its next token (65)"),
+])
+def test_token_files_it_cannot_train_on_are_refused_in_one_line(tmp_path, cache_dir, train_bytes, args, message):
+    folder = token_folder(tmp_path / "data", [], np.arange(100))
+    (folder / "train.bin").write_bytes(train_bytes)
+    proc = run_cli("train", "--model", "gpt", "--preset", "tiny", "--data", str(folder), "--steps", "2", *args,
+                   "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
+    assert_refused_in_one_line(proc, message)
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow  # two training processes, 15-35 s each
+def test_a_texts_bytes_as_token_files_train_and_score_as_the_byte_model_of_that_text(tmp_path, cache_dir):
+    text = ("\n".join(bible_verses(3000)) + "\n").encode("utf-8")
+    (tmp_path / "bible.txt").write_bytes(text)
+    common = [*TINY_GPT, "--steps", "12", "--eval-every", "6", "--cache-dir", cache_dir]
+    proc = run_cli("train", "--backend", "jax", *common, "--data", str(tmp_path / "bible.txt"),
+                   "--out", str(tmp_path / "bytes.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    by_bytes = json.loads((tmp_path / "bytes.json").read_text())
+    # The same bytes as nanoGPT's files: the byte run's training split, then its validation and test splits, of
+    # equal length, which val.bin's two halves are.
+    (train_start, train_end), (valid_start, valid_end), (test_start, test_end) = (
+        by_bytes["data"]["byte_ranges"][split] for split in ("train", "valid", "test"))
+    assert valid_end - valid_start == test_end - test_start and valid_end == test_start
+    folder = token_folder(tmp_path / "bible", np.frombuffer(text[train_start:train_end], np.uint8),
+                          np.frombuffer(text[valid_start:test_end], np.uint8))
+    proc = run_cli("train", "--backend", "jax", *common, "--data", str(folder), "--vocab-size", "256",
+                   "--out", str(tmp_path / "ids.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    by_ids = json.loads((tmp_path / "ids.json").read_text())
+    assert schema_errors(by_ids) == [] and undocumented_keys(by_ids) == []
+    assert "token files bible: train.bin" in proc.stdout and "no bits per byte" in proc.stdout
+    assert by_ids["data"]["tokenizer"]["type"] == "token-ids" and by_ids["data"]["largest_id"] < 128
+    assert by_ids["data"]["tokens"] == by_bytes["data"]["tokens"]
+    # The same batches of the same ids through the same weights.
+    assert [h["loss"] for h in by_ids["history"]] == pytest.approx([h["loss"] for h in by_bytes["history"]],
+                                                                   rel=1e-6)
+    for split in ("val", "test"):
+        ids, text_bytes = by_ids["metrics"], by_bytes["metrics"]
+        assert ids[f"{split}_loss"] == pytest.approx(text_bytes[f"{split}_loss"], rel=1e-6)
+        assert ids[f"{split}_tokens_evaluated"] == text_bytes[f"{split}_tokens_evaluated"] == 10 * 32
+        assert ids[f"{split}_perplexity"] == pytest.approx(math.exp(ids[f"{split}_loss"]), rel=1e-6)
+        # The files do not say which bytes a token stands for.
+        assert ids[f"{split}_bits_per_byte"] is None and ids[f"{split}_bytes_evaluated"] is None
+    # Its saved model has no text to continue from.
+    proc = run_cli("generate", str(tmp_path / "ids.json"), "--prompt", "In the beginning")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == ["Error: the model was trained on token files, which carry no "
+                                                "tokenizer: it takes no text prompt"]
