@@ -26,14 +26,41 @@ FINGERPRINT_SAMPLES = 64          # places of a token file read for its fingerpr
 FINGERPRINT_SAMPLE_BYTES = 1 << 16
 
 
+class TokenFile:
+    """The ids of a token file from `start` to `end`, read from disk when a batch takes them: slicing gives another
+    range, unread; numpy reads it (`__array__`). Not a memory map, whose pages stay in the process's resident
+    memory once touched: a run's peak host memory would grow towards the file's size (17 GB for OpenWebText)."""
+
+    def __init__(self, path, start=0, end=None, descriptor=None):
+        self.path = path
+        self.descriptor = os.open(path, os.O_RDONLY) if descriptor is None else descriptor
+        self.start = start
+        self.end = os.path.getsize(path) // TOKEN_DTYPE.itemsize if end is None else end
+        self.dtype = TOKEN_DTYPE
+
+    def __len__(self):
+        return self.end - self.start
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("a token file is read by contiguous ranges")
+        first, last, _ = index.indices(len(self))
+        return TokenFile(self.path, self.start + first, self.start + max(first, last), self.descriptor)
+
+    def __array__(self, dtype=None, copy=None):
+        count = len(self) * TOKEN_DTYPE.itemsize
+        ids = np.frombuffer(os.pread(self.descriptor, count, self.start * TOKEN_DTYPE.itemsize), TOKEN_DTYPE)
+        return ids if dtype is None else ids.astype(dtype)
+
+
 @dataclass
 class TokenFiles:
-    """A folder of token files, each mapped from disk."""
+    """A folder of token files, read as batches need them."""
     name: str
     origin: str
     folder: str
-    train: np.ndarray
-    val: np.ndarray
+    train: TokenFile
+    val: TokenFile
 
 
 def is_token_folder(path):
@@ -43,7 +70,7 @@ def is_token_folder(path):
 
 
 def read_token_files(path):
-    """The folder's train.bin and val.bin, mapped (nothing is read until a batch needs it)."""
+    """The folder's train.bin and val.bin (nothing is read until a batch needs it)."""
     ids = {}
     for split, name in TOKEN_FILES.items():
         file = os.path.join(path, name)
@@ -53,16 +80,16 @@ def read_token_files(path):
                                f"prepare.py writes {TOKEN_DTYPE.name})")
         if size == 0:
             raise MtbenchError(f"{file}: the file holds no token")
-        ids[split] = np.memmap(file, dtype=TOKEN_DTYPE, mode="r")
+        ids[split] = TokenFile(file)
     others = sorted(name for name in os.listdir(path) if name not in TOKEN_FILES.values())
     origin = f"token ids ({TOKEN_DTYPE.name}) of {', '.join(TOKEN_FILES.values())} in {path}, as nanoGPT's prepare.py " \
              f"writes them" + (f" ({', '.join(others)} not read)" if others else "")
     return TokenFiles(os.path.basename(os.path.normpath(path)), origin, path, ids["train"], ids["val"])
 
 
-def largest_id(ids, chunk=1 << 26):
-    """The largest id of a mapped file, a chunk at a time (so the whole file is never in memory at once)."""
-    return max(int(ids[start:start + chunk].max()) for start in range(0, len(ids), chunk))
+def largest_id(ids, chunk=1 << 24):
+    """The largest id of a token file, read a chunk at a time (so the whole file is never in memory at once)."""
+    return max(int(np.asarray(ids[start:start + chunk]).max()) for start in range(0, len(ids), chunk))
 
 
 def vocabulary_size(largest, asked):
@@ -79,10 +106,9 @@ def file_fingerprint(ids):
     """A digest of a token file's size and of 64 places spread over it: what guards --resume against other data,
     read in a moment from a file of many GBs."""
     digest = hashlib.sha256(f"{ids.dtype.name}:{len(ids)}".encode())
-    raw = ids.view(np.uint8)
-    step = max(len(raw) // FINGERPRINT_SAMPLES, 1)
-    for start in range(0, len(raw), step):
-        digest.update(raw[start:start + FINGERPRINT_SAMPLE_BYTES].tobytes())
+    sample = FINGERPRINT_SAMPLE_BYTES // ids.dtype.itemsize
+    for start in range(0, len(ids), max(len(ids) // FINGERPRINT_SAMPLES, 1)):
+        digest.update(np.asarray(ids[start:start + sample]).tobytes())
     return digest.hexdigest()[:16]
 
 

@@ -11,7 +11,7 @@ from conftest import assert_refused_in_one_line, run_cli
 from result_keys import undocumented_keys
 from mtbench.errors import MtbenchError
 from mtbench.runner.data.text import TokenStream, evaluated_bytes, evaluated_tokens
-from mtbench.runner.data.token_files import is_token_folder, read_token_files, vocabulary_size
+from mtbench.runner.data.token_files import is_token_folder, largest_id, read_token_files, vocabulary_size
 from mtbench.runner.results.schema import schema_errors
 from tests.runner.tasks.test_language_model_cli import TINY_GPT, bible_verses
 
@@ -25,13 +25,21 @@ def token_folder(folder, train_ids, val_ids, others=()):
     return folder
 
 
-def test_the_files_are_mapped_from_disk_and_their_ids_size_the_vocabulary(tmp_path):
-    folder = token_folder(tmp_path / "owt", [5, 50256, 7] * 100, [1, 2, 3, 4], others=["input.txt", "meta.pkl"])
+def test_the_files_are_read_by_the_ranges_batches_take_and_their_ids_size_the_vocabulary(tmp_path):
+    written = np.random.default_rng(0).integers(0, 50257, 3000)
+    folder = token_folder(tmp_path / "owt", written, [1, 2, 3, 4], others=["input.txt", "meta.pkl"])
     assert is_token_folder(str(folder)) and not is_token_folder(str(tmp_path))
     files = read_token_files(str(folder))
-    assert isinstance(files.train, np.memmap) and files.train.dtype == np.uint16
-    assert list(files.val) == [1, 2, 3, 4] and len(files.train) == 300
     assert "input.txt, meta.pkl not read" in files.origin
+    assert list(np.asarray(files.val)) == [1, 2, 3, 4] and len(files.train) == 3000
+    # A range of a range is read from its place in the file, into a batch's rows as nanoGPT's get_batch takes them.
+    part = files.train[1000:2000]
+    assert len(part) == 1000 and len(part[990:5000]) == 10
+    rows = np.zeros((2, 8), np.int32)
+    for row, start in enumerate((3, 990)):
+        rows[row, :min(8, len(part) - start)] = part[start:start + 8]
+    assert rows.tolist() == [written[1003:1011].tolist(), [*written[1990:2000].tolist()[:8]]]
+    assert largest_id(files.train, chunk=7) == written.max()
     # GPT-2's ids (up to 50,256) make nanoGPT's padded 50,304 rows; a char model's 65 make 128.
     assert vocabulary_size(50256, None) == 50304 and vocabulary_size(64, None) == 128
     assert vocabulary_size(64, 65) == 65  # --vocab-size, as nanoGPT's meta.pkl gives shakespeare_char's
