@@ -286,7 +286,7 @@ def load_text_tokenizer(directory, description):
     if saved["type"] == "char":
         return CharTokenizer(saved["characters"])
     if saved["type"] == TokenIds.kind:
-        return TokenIds(saved["vocab_size"], description.get("fingerprint", ""))
+        return TokenIds(saved["vocab_size"], saved.get("characters"))
     return ByteTokenizer(saved.get("vocab_size", 256))
 
 

@@ -5,11 +5,14 @@ train.bin is 17 GB), so that a model is scored on the very tokens nanoGPT trains
 
 The files carry ids alone: no tokenizer to turn text into them or back, and not the bytes each token stands for.
 Such a run reports loss and perplexity per token (nanoGPT's own figures), no bits per byte, and takes no
---sample-prompt."""
+--sample-prompt. A character-level folder's `meta.pkl` (shakespeare_char's) gives each id its character: text then
+goes both ways, and each token's bytes are known. It is read as numbers, strings, lists and dicts alone, so that
+unpickling it runs no code."""
 
 import hashlib
 import math
 import os
+import pickle
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +22,7 @@ from mtbench.plugins.api import Tokenizer
 from mtbench.runner.files import write_json_atomic
 
 TOKEN_FILES = {"train": "train.bin", "val": "val.bin"}
+META_FILE = "meta.pkl"  # a character-level folder's: {'vocab_size', 'itos': {id: character}, 'stoi'}
 TOKEN_DTYPE = np.dtype(np.uint16)  # what nanoGPT's prepare.py writes
 VOCABULARY_MULTIPLE = 64          # nanoGPT pads GPT-2's 50,257 ids to 50,304 rows, a multiple of 64
 SAVED_NAME = "tokenizer.json"     # as the other text tokenizers name theirs
@@ -61,6 +65,46 @@ class TokenFiles:
     folder: str
     train: TokenFile
     val: TokenFile
+    characters: list = None  # meta.pkl's character of each id, where the folder has one
+
+
+class TokenWidths:
+    """The bytes of text each token of a token file stands for, by the UTF-8 width of its character, found for the
+    ranges evaluation takes (never for a whole file at once)."""
+
+    def __init__(self, ids, widths):
+        self.ids, self.widths = ids, widths
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, index):
+        return self.widths[np.asarray(self.ids[index])]
+
+
+class BuiltinsOnly(pickle.Unpickler):
+    """Unpickles numbers, strings, lists and dicts alone: any other object of a pickle runs code as it loads."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"it names {module}.{name}")
+
+
+def read_characters(folder):
+    """meta.pkl's character of each id (its `itos`), or None where the folder has no meta.pkl."""
+    path = os.path.join(folder, META_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            meta = BuiltinsOnly(f).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, OSError) as error:
+        raise MtbenchError(f"{path}: not read, as it is not a pickle of numbers, strings, lists and dicts alone "
+                           f"({error})") from None
+    itos = meta.get("itos") if isinstance(meta, dict) else None
+    if not isinstance(itos, dict) or sorted(itos) != list(range(len(itos))) or not itos or \
+            not all(isinstance(text, str) for text in itos.values()):
+        raise MtbenchError(f"{path}: not nanoGPT's meta.pkl, whose 'itos' gives every id from 0 its character")
+    return [itos[i] for i in range(len(itos))]
 
 
 def is_token_folder(path):
@@ -81,20 +125,35 @@ def read_token_files(path):
         if size == 0:
             raise MtbenchError(f"{file}: the file holds no token")
         ids[split] = TokenFile(file)
-    others = sorted(name for name in os.listdir(path) if name not in TOKEN_FILES.values())
-    origin = f"token ids ({TOKEN_DTYPE.name}) of {', '.join(TOKEN_FILES.values())} in {path}, as nanoGPT's prepare.py " \
-             f"writes them" + (f" ({', '.join(others)} not read)" if others else "")
-    return TokenFiles(os.path.basename(os.path.normpath(path)), origin, path, ids["train"], ids["val"])
+    characters = read_characters(path)
+    read = [*TOKEN_FILES.values(), *([META_FILE] if characters is not None else [])]
+    others = sorted(name for name in os.listdir(path) if name not in read)
+    origin = f"token ids ({TOKEN_DTYPE.name}) of {', '.join(read)} in {path}, as nanoGPT's prepare.py writes them" + \
+             (f" ({', '.join(others)} not read)" if others else "")
+    return TokenFiles(os.path.basename(os.path.normpath(path)), origin, path, ids["train"], ids["val"], characters)
 
 
-def largest_id(ids, chunk=1 << 24):
-    """The largest id of a token file, read a chunk at a time (so the whole file is never in memory at once)."""
-    return max(int(np.asarray(ids[start:start + chunk]).max()) for start in range(0, len(ids), chunk))
+def id_counts(ids, chunk=1 << 24):
+    """How often each id occurs in a token file (up to its largest), read a chunk at a time (so the whole file is
+    never in memory at once)."""
+    counts = np.zeros(0, np.int64)
+    for start in range(0, len(ids), chunk):
+        found = np.bincount(np.asarray(ids[start:start + chunk]))
+        counts = np.pad(counts, (0, max(len(found) - len(counts), 0)))
+        counts[:len(found)] += found
+    return counts
 
 
-def vocabulary_size(largest, asked):
-    """The model's vocabulary: `asked` (--vocab-size) where given, which must hold every id; else the largest id
-    and one, rounded up to a multiple of 64 as nanoGPT rounds GPT-2's."""
+def utf8_widths(characters):
+    return np.array([len(text.encode("utf-8")) for text in characters], np.uint8)
+
+
+def vocabulary_size(largest, asked, default=None):
+    """The model's vocabulary: `asked` (--vocab-size) where given, which must hold every id; else `default`
+    (meta.pkl's, as nanoGPT takes it), else the largest id and one, rounded up to a multiple of 64 as nanoGPT
+    rounds GPT-2's."""
+    if asked is None and default is not None:
+        return default
     if asked is None:
         return math.ceil((largest + 1) / VOCABULARY_MULTIPLE) * VOCABULARY_MULTIPLE
     if asked <= largest:
@@ -113,22 +172,37 @@ def file_fingerprint(ids):
 
 
 class TokenIds(Tokenizer):
-    """The ids of token files: a vocabulary size, and no way to text. Saved beside a trained model so that it
-    loads, and refuses what needs text (a prompt to sample from)."""
+    """The ids of token files: a vocabulary size, and text only where meta.pkl gave each id its `characters`.
+    Saved beside a trained model so that it loads; without characters it refuses what needs text (a prompt)."""
     kind = "token-ids"
 
-    def __init__(self, vocab_size, fingerprint=""):
+    def __init__(self, vocab_size, characters=None):
         self.vocab_size = vocab_size
-        self.fingerprint = fingerprint or f"token-ids-{vocab_size}"
+        self.characters = characters
+        self.index = {text: i for i, text in enumerate(characters or ())}
+        self.fingerprint = f"token-ids-{vocab_size}" + ("" if characters is None else "-" + hashlib.sha256(
+            "\n".join(characters).encode("utf-8")).hexdigest()[:16])
 
     def encode_text(self, text):
-        raise MtbenchError("the model was trained on token files, which carry no tokenizer: it takes no text prompt")
+        if self.characters is None:
+            raise MtbenchError("the model was trained on token files, which carry no tokenizer: it takes no text "
+                               "prompt")
+        unknown = sorted(set(text) - set(self.index))
+        if unknown:
+            raise MtbenchError(f"{''.join(unknown)!r}: not among the characters of the token files' meta.pkl")
+        return [self.index[character] for character in text]
 
     def decode_text(self, ids):
-        raise MtbenchError("the model was trained on token files, which carry no tokenizer: its ids have no text")
+        if self.characters is None:
+            raise MtbenchError("the model was trained on token files, which carry no tokenizer: its ids have no text")
+        return "".join(self.characters[i] if i < len(self.characters) else "\ufffd" for i in map(int, ids))
 
     def describe(self):
-        return {"type": self.kind, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint}
+        described = {"type": self.kind, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint}
+        if self.characters is not None:
+            described["characters"] = f"{len(self.characters)}, from {META_FILE}"
+        return described
 
     def save(self, directory):
-        write_json_atomic(os.path.join(directory, SAVED_NAME), {"type": self.kind, "vocab_size": self.vocab_size})
+        write_json_atomic(os.path.join(directory, SAVED_NAME), {"type": self.kind, "vocab_size": self.vocab_size,
+                                                                "characters": self.characters})

@@ -12,8 +12,8 @@ from mtbench.keras_models.presets import presets_for
 from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, evaluation_batches,
                                       load_text_tokenizer, read_text, split_ranges, text_tokenizer, token_stream,
                                       training_batches, batches_per_epoch)
-from mtbench.runner.data.token_files import (TokenFiles, TokenIds, file_fingerprint, is_token_folder, largest_id,
-                                             read_token_files, vocabulary_size)
+from mtbench.runner.data.token_files import (META_FILE, TokenFiles, TokenIds, TokenWidths, file_fingerprint, id_counts,
+                                             is_token_folder, read_token_files, utf8_widths, vocabulary_size)
 
 SPLITS = ("train", "valid", "test")
 METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}
@@ -41,7 +41,9 @@ class LanguageModellingTask(Task):
             raise MtbenchError(f"unknown --tokenizer '{config.tokenizer}'; choose one of {', '.join(TOKENIZERS)}")
         kind, preset = config.tokenizer or "byte", presets_for(config.model_family[0])[config.preset]
         if is_token_folder(config.data_file):
-            refused = {"--tokenizer": config.tokenizer is not None, "--sample-prompt": config.sample_prompt is not None}
+            characters = os.path.isfile(os.path.join(config.data_file, META_FILE))
+            refused = {"--tokenizer": config.tokenizer is not None,
+                       "--sample-prompt": config.sample_prompt is not None and not characters}
             for option in (option for option, given in refused.items() if given):
                 raise MtbenchError(f"{config.data_file} holds token files (train.bin, val.bin), which carry no "
                                    f"tokenizer: {option} does not apply")
@@ -114,24 +116,34 @@ def check_blocks(streams, block, name, longer):
 
 def prepare_token_files(files, config):
     """nanoGPT's splits: train.bin trains; val.bin's first half validates and its second half tests. The model's
-    vocabulary holds every id of both (`vocabulary_size`)."""
+    vocabulary holds every id of both (`vocabulary_size`); with meta.pkl's characters each token's bytes are known
+    (bits per byte), else they are not."""
     half = len(files.val) // 2
-    streams = {"train": TokenStream(files.train, None), "valid": TokenStream(files.val[:half], None),
-               "test": TokenStream(files.val[half:], None)}
-    largest = max(largest_id(files.train), largest_id(files.val))
+    ids = {"train": files.train, "valid": files.val[:half], "test": files.val[half:]}
+    counts = {split: id_counts(split_ids) for split, split_ids in ids.items()}
+    largest = max(len(split_counts) for split_counts in counts.values()) - 1
+    characters = files.characters
+    if characters is not None and largest >= len(characters):
+        raise MtbenchError(f"{files.folder}: the token files hold id {largest}, which {META_FILE} gives no character "
+                           f"(it has {len(characters)})")
     preset = presets_for(config.model_family[0])[config.preset]
-    tokenizer = TokenIds(vocabulary_size(largest, None if config.vocab_size == preset.vocab_size else
-                                         config.vocab_size))
+    asked = None if config.vocab_size == preset.vocab_size else config.vocab_size
+    tokenizer = TokenIds(vocabulary_size(largest, asked, characters and len(characters)), characters)
+    widths = None if characters is None else utf8_widths(characters)
+    streams = {split: TokenStream(split_ids, None if widths is None else TokenWidths(split_ids, widths))
+               for split, split_ids in ids.items()}
     block = config.max_len
     check_blocks(streams, block, files.folder, "longer token files")
     record = {"corpus": files.name, "origin": files.origin,
               "split": "token files: train.bin trains, val.bin's first half validates, its second half tests",
-              "bytes": None, "tokens": {split: len(stream) for split, stream in streams.items()},
+              "bytes": None if widths is None else {split: int(split_counts @ widths[:len(split_counts)])
+                                                    for split, split_counts in counts.items()},
+              "tokens": {split: len(stream) for split, stream in streams.items()},
               "token_ranges": {"train": [0, len(files.train)], "valid": [0, half], "test": [half, len(files.val)]},
               "largest_id": largest, "block_size": block, "tokenizer": tokenizer.describe()}
+    known = "no bytes per token, so no bits per byte" if widths is None else f"characters from {META_FILE}"
     lines = [f"token files {files.name}: train.bin {len(files.train):,} tokens; val.bin {len(files.val):,} (first half "
-             f"validates, second half tests); ids up to {largest:,}, vocabulary {tokenizer.vocab_size:,}; no bytes per "
-             f"token, so no bits per byte"]
+             f"validates, second half tests); ids up to {largest:,}, vocabulary {tokenizer.vocab_size:,}; {known}"]
     fingerprint = f"{tokenizer.fingerprint}-{file_fingerprint(files.train)}"
     return TaskData(tokenizer, streams, fingerprint, record, lines)
 

@@ -1,8 +1,10 @@
 """nanoGPT's token files (`train.bin`, `val.bin`: uint16 ids, as its prepare.py writes them) as a language model's
 data: read from disk as batches need them, split as nanoGPT splits them, scored per token."""
 
+import collections
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -11,26 +13,41 @@ from conftest import assert_refused_in_one_line, run_cli
 from result_keys import undocumented_keys
 from mtbench.errors import MtbenchError
 from mtbench.runner.data.text import TokenStream, evaluated_bytes, evaluated_tokens
-from mtbench.runner.data.token_files import is_token_folder, largest_id, read_token_files, vocabulary_size
+from mtbench.runner.data.token_files import (id_counts, is_token_folder, read_characters, read_token_files,
+                                            vocabulary_size)
 from mtbench.runner.results.schema import schema_errors
 from tests.runner.tasks.test_language_model_cli import TINY_GPT, bible_verses
 
 
-def token_folder(folder, train_ids, val_ids, others=()):
+def token_folder(folder, train_ids, val_ids, others=(), meta=None):
     folder.mkdir(exist_ok=True)
     np.asarray(train_ids, np.uint16).tofile(folder / "train.bin")
     np.asarray(val_ids, np.uint16).tofile(folder / "val.bin")
     for name in others:
         (folder / name).write_text("not read\n")
+    if meta is not None:
+        with open(folder / "meta.pkl", "wb") as f:
+            pickle.dump(meta, f)
     return folder
+
+
+def shakespeare_char_prepare(text, folder):
+    """What nanoGPT's data/shakespeare_char/prepare.py writes for `text`, but with id 0 a character the text lacks
+    (as mtbench's character tokenizer keeps id 0 for <unk>): the first 90 % of the characters train."""
+    characters = ["\0", *sorted(set(text))]
+    stoi = {c: i for i, c in enumerate(characters)}
+    ids = [stoi[c] for c in text]
+    cut = int(len(ids) * 0.9)
+    meta = {"vocab_size": len(characters), "itos": dict(enumerate(characters)), "stoi": stoi}
+    return token_folder(folder, ids[:cut], ids[cut:], meta=meta), characters
 
 
 def test_the_files_are_read_by_the_ranges_batches_take_and_their_ids_size_the_vocabulary(tmp_path):
     written = np.random.default_rng(0).integers(0, 50257, 3000)
-    folder = token_folder(tmp_path / "owt", written, [1, 2, 3, 4], others=["input.txt", "meta.pkl"])
+    folder = token_folder(tmp_path / "owt", written, [1, 2, 3, 4], others=["input.txt", "prepare.py"])
     assert is_token_folder(str(folder)) and not is_token_folder(str(tmp_path))
     files = read_token_files(str(folder))
-    assert "input.txt, meta.pkl not read" in files.origin
+    assert "input.txt, prepare.py not read" in files.origin and files.characters is None
     assert list(np.asarray(files.val)) == [1, 2, 3, 4] and len(files.train) == 3000
     # A range of a range is read from its place in the file, into a batch's rows as nanoGPT's get_batch takes them.
     part = files.train[1000:2000]
@@ -39,7 +56,8 @@ def test_the_files_are_read_by_the_ranges_batches_take_and_their_ids_size_the_vo
     for row, start in enumerate((3, 990)):
         rows[row, :min(8, len(part) - start)] = part[start:start + 8]
     assert rows.tolist() == [written[1003:1011].tolist(), [*written[1990:2000].tolist()[:8]]]
-    assert largest_id(files.train, chunk=7) == written.max()
+    counts = id_counts(files.train, chunk=7)
+    assert len(counts) == written.max() + 1 and (counts == np.bincount(written)).all()
     # GPT-2's ids (up to 50,256) make nanoGPT's padded 50,304 rows; a char model's 65 make 128.
     assert vocabulary_size(50256, None) == 50304 and vocabulary_size(64, None) == 128
     assert vocabulary_size(64, 65) == 65  # --vocab-size, as nanoGPT's meta.pkl gives shakespeare_char's
@@ -112,3 +130,71 @@ def test_a_texts_bytes_as_token_files_train_and_score_as_the_byte_model_of_that_
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == ["Error: the model was trained on token files, which carry no "
                                                 "tokenizer: it takes no text prompt"]
+
+
+def test_meta_pkl_gives_each_id_its_character_and_runs_no_code(tmp_path):
+    folder, characters = shakespeare_char_prepare("To be, or not to be: été\n", tmp_path / "chars")
+    assert read_characters(str(folder)) == characters == read_token_files(str(folder)).characters
+    # A pickle naming a class (which unpickling would call) is not read.
+    with open(folder / "meta.pkl", "wb") as f:
+        pickle.dump({"itos": collections.OrderedDict(enumerate(characters))}, f)
+    with pytest.raises(MtbenchError, match="meta.pkl: not read, as it is not a pickle of numbers, strings, lists and "
+                                           "dicts alone \\(it names collections.OrderedDict\\)"):
+        read_characters(str(folder))
+    with open(folder / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 3, "itos": {1: "a"}}, f)
+    with pytest.raises(MtbenchError, match="not nanoGPT's meta.pkl, whose 'itos' gives every id from 0 its character"):
+        read_characters(str(folder))
+
+
+@pytest.mark.slow  # two training processes, 15-35 s each
+def test_shakespeare_char_files_with_their_meta_train_as_the_character_model_of_that_text(tmp_path, cache_dir):
+    """French verses (é, à: two bytes each) as nanoGPT's prepare.py for shakespeare_char leaves them: the same
+    run, loss for loss and in bits per byte, as `--tokenizer char` on the text, and it samples text."""
+    from mtbench.plugins.datasets.bible_dataset import BibleDataset
+    verses = [target for _, (_, target) in zip(range(3000), BibleDataset("en", "fr").read_pairs(lambda *_: None))]
+    # nanoGPT's split is 90/10 of the characters, mtbench's 90/5/5 of the bytes: a text whose held-out twentieths
+    # are one passage twice splits alike both ways (its training part padded with line breaks to 18 of them).
+    held_out = "".join(verse + "\n" for verse in verses[-150:])
+    twentieth = len(held_out.encode("utf-8"))
+    train_text = ""
+    for verse in verses[:-150]:
+        if len((train_text + verse + "\n").encode("utf-8")) > 18 * twentieth:
+            break
+        train_text += verse + "\n"
+    train_text += "\n" * (18 * twentieth - len(train_text.encode("utf-8")))
+    text = train_text + held_out + held_out
+    (tmp_path / "verses.txt").write_text(text, encoding="utf-8")
+    common = [*TINY_GPT, "--steps", "12", "--eval-every", "6", "--cache-dir", cache_dir]
+    proc = run_cli("train", "--backend", "jax", *common, "--data", str(tmp_path / "verses.txt"), "--tokenizer",
+                   "char", "--out", str(tmp_path / "chars.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    by_text = json.loads((tmp_path / "chars.json").read_text())
+    assert by_text["data"]["byte_ranges"] == {"train": [0, 18 * twentieth], "valid": [18 * twentieth, 19 * twentieth],
+                                              "test": [19 * twentieth, 20 * twentieth]}
+    assert by_text["data"]["unknown_characters"] == {"train": 0, "valid": 0, "test": 0}
+    folder, characters = shakespeare_char_prepare(text, tmp_path / "shakespeare_char")
+    stoi = {c: i for i, c in enumerate(characters)}
+    token_folder(folder, [stoi[c] for c in train_text], [stoi[c] for c in held_out + held_out])
+    proc = run_cli("train", "--backend", "jax", *common, "--data", str(folder), "--sample-prompt", "Et Dieu",
+                   "--out", str(tmp_path / "ids.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    by_ids = json.loads((tmp_path / "ids.json").read_text())
+    assert schema_errors(by_ids) == [] and undocumented_keys(by_ids) == []
+    assert by_ids["data"]["tokenizer"]["vocab_size"] == len(characters) == by_text["data"]["tokenizer"]["vocab_size"]
+    assert by_ids["data"]["bytes"] == by_text["data"]["bytes"]
+    assert [h["loss"] for h in by_ids["history"]] == pytest.approx([h["loss"] for h in by_text["history"]],
+                                                                   rel=1e-6)
+    for figure in ("loss", "bits_per_byte", "tokens_evaluated", "bytes_evaluated"):
+        for split in ("val", "test"):
+            assert by_ids["metrics"][f"{split}_{figure}"] == pytest.approx(by_text["metrics"][f"{split}_{figure}"],
+                                                                           rel=1e-6), (split, figure)
+    assert by_ids["metrics"]["val_bytes_evaluated"] > by_ids["metrics"]["val_tokens_evaluated"]  # é is two bytes
+    samples = [evaluation["sample"] for evaluation in by_ids["target"]["evaluations"]]
+    assert len(samples) == 2 and all(sample.startswith("Et Dieu") and len(sample) > len("Et Dieu")
+                                     for sample in samples)
+    # The saved model keeps the characters: it continues a prompt on the other backend.
+    proc = run_cli("generate", str(tmp_path / "ids.json"), "--prompt", "Et Dieu", "--max-new-tokens", "20",
+                   "--backend", "torch")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("Et Dieu") and len(proc.stdout.rstrip("\n")) > len("Et Dieu")
