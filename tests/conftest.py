@@ -95,9 +95,11 @@ ONE_BUCKET = ["--max-len", "32"]
 
 
 @pytest.fixture(scope="session")
-def cache_dir():
-    """One cache for the whole session: the corpus and tokenizer are prepared once."""
-    path = os.path.join(_SESSION_DIR, "cache")
+def cache_dir(tmp_path_factory):
+    """One cache for the whole session, every pytest-xdist worker's tests and the shared runs alike: the corpus and
+    tokenizer are prepared once, and a program one worker's run compiled (XLA's, inductor's C++ kernels) is loaded
+    by the other's. mtbench's caches take several processes at once, as a compare's runs do."""
+    path = os.path.join(shared_directory(tmp_path_factory), "cache")
     os.makedirs(path, exist_ok=True)
     return path
 
