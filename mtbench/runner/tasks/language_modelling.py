@@ -13,7 +13,8 @@ from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, 
                                       load_text_tokenizer, read_text, split_ranges, text_tokenizer, token_stream,
                                       training_batches, batches_per_epoch)
 from mtbench.runner.data.token_files import (META_FILE, TokenFiles, TokenIds, TokenWidths, file_fingerprint, id_counts,
-                                             is_token_folder, read_token_files, utf8_widths, vocabulary_size)
+                                             is_token_folder, largest_id, read_token_files, utf8_widths,
+                                             vocabulary_size)
 
 SPLITS = ("train", "valid", "test")
 METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}
@@ -120,9 +121,11 @@ def prepare_token_files(files, config):
     (bits per byte), else they are not."""
     half = len(files.val) // 2
     ids = {"train": files.train, "valid": files.val[:half], "test": files.val[half:]}
-    counts = {split: id_counts(split_ids) for split, split_ids in ids.items()}
-    largest = max(len(split_counts) for split_counts in counts.values()) - 1
     characters = files.characters
+    # Counted where meta's characters give each id its bytes; else the largest id is all there is to find.
+    counts = None if characters is None else {split: id_counts(split_ids) for split, split_ids in ids.items()}
+    largest = max(len(split_counts) for split_counts in counts.values()) - 1 if counts else \
+        max(largest_id(split_ids) for split_ids in ids.values())
     if characters is not None and largest >= len(characters):
         raise MtbenchError(f"{files.folder}: the token files hold id {largest}, which {META_FILE} gives no character "
                            f"(it has {len(characters)})")

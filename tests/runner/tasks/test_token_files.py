@@ -13,8 +13,8 @@ from conftest import assert_refused_in_one_line, run_cli
 from result_keys import undocumented_keys
 from mtbench.errors import MtbenchError
 from mtbench.runner.data.text import TokenStream, evaluated_bytes, evaluated_tokens
-from mtbench.runner.data.token_files import (id_counts, is_token_folder, read_characters, read_token_files,
-                                            vocabulary_size)
+from mtbench.runner.data.token_files import (id_counts, is_token_folder, largest_id, read_characters,
+                                            read_token_files, vocabulary_size)
 from mtbench.runner.results.schema import schema_errors
 from tests.runner.tasks.test_language_model_cli import TINY_GPT, bible_verses
 
@@ -58,6 +58,7 @@ def test_the_files_are_read_by_the_ranges_batches_take_and_their_ids_size_the_vo
     assert rows.tolist() == [written[1003:1011].tolist(), [*written[1990:2000].tolist()[:8]]]
     counts = id_counts(files.train, chunk=7)
     assert len(counts) == written.max() + 1 and (counts == np.bincount(written)).all()
+    assert largest_id(files.train, chunk=7) == written.max() and largest_id(part) == written[1000:2000].max()
     # GPT-2's ids (up to 50,256) make nanoGPT's padded 50,304 rows; a char model's 65 make 128.
     assert vocabulary_size(50256, None) == 50304 and vocabulary_size(64, None) == 128
     assert vocabulary_size(64, 65) == 65  # --vocab-size, as nanoGPT's meta.pkl gives shakespeare_char's
