@@ -52,8 +52,14 @@ class TokenFile:
         return TokenFile(self.path, self.start + first, self.start + max(first, last), self.descriptor)
 
     def __array__(self, dtype=None, copy=None):
-        count = len(self) * TOKEN_DTYPE.itemsize
-        ids = np.frombuffer(os.pread(self.descriptor, count, self.start * TOKEN_DTYPE.itemsize), TOKEN_DTYPE)
+        parts, offset, left = [], self.start * TOKEN_DTYPE.itemsize, len(self) * TOKEN_DTYPE.itemsize
+        while left:  # a read returns at most about 2 GB on Linux
+            part = os.pread(self.descriptor, left, offset)
+            if not part:
+                raise MtbenchError(f"{self.path}: ended at byte {offset:,}, before the ids it held as the run started")
+            parts.append(part)
+            offset, left = offset + len(part), left - len(part)
+        ids = np.frombuffer(b"".join(parts), TOKEN_DTYPE)
         return ids if dtype is None else ids.astype(dtype)
 
 

@@ -66,6 +66,15 @@ def test_the_files_are_read_by_the_ranges_batches_take_and_their_ids_size_the_vo
         vocabulary_size(64, 64)
 
 
+def test_a_file_cut_short_after_the_run_started_is_named_not_read_as_zeros(tmp_path):
+    files = read_token_files(str(token_folder(tmp_path / "data", np.arange(1000), np.arange(10))))
+    with open(tmp_path / "data" / "train.bin", "r+b") as f:
+        f.truncate(1200)
+    assert list(np.asarray(files.train[590:600])) == list(range(590, 600))
+    with pytest.raises(MtbenchError, match="train.bin: ended at byte 1,200, before the ids it held as the run started"):
+        np.asarray(files.train[595:605])
+
+
 def test_evaluation_of_ids_without_bytes_counts_its_budget_in_tokens():
     stream = TokenStream(np.arange(1000, dtype=np.uint16), None)
     assert evaluated_tokens(stream, 320) == 320 and evaluated_bytes(stream, 320) is None
