@@ -114,8 +114,9 @@ def read_characters(folder):
 
 
 def is_token_folder(path):
-    """Whether `path` is a folder of nanoGPT's token files (then they are read, whatever else it holds)."""
-    return bool(path) and os.path.isdir(path) and all(os.path.isfile(os.path.join(path, name))
+    """Whether `path` is a folder of nanoGPT's token files, or of one of them (then they are read, whatever else
+    it holds, and one alone is refused)."""
+    return bool(path) and os.path.isdir(path) and any(os.path.isfile(os.path.join(path, name))
                                                         for name in TOKEN_FILES.values())
 
 
@@ -124,6 +125,9 @@ def read_token_files(path):
     ids = {}
     for split, name in TOKEN_FILES.items():
         file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            raise MtbenchError(f"{file}: no such file; nanoGPT's token files are {' and '.join(TOKEN_FILES.values())} "
+                               f"together")
         size = os.path.getsize(file)
         if size % TOKEN_DTYPE.itemsize:
             raise MtbenchError(f"{file}: {size:,} bytes, not a whole number of {TOKEN_DTYPE.name} token ids (nanoGPT's "

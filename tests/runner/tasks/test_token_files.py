@@ -46,6 +46,12 @@ def test_the_files_are_read_by_the_ranges_batches_take_and_their_ids_size_the_vo
     written = np.random.default_rng(0).integers(0, 50257, 3000)
     folder = token_folder(tmp_path / "owt", written, [1, 2, 3, 4], others=["input.txt", "prepare.py"])
     assert is_token_folder(str(folder)) and not is_token_folder(str(tmp_path))
+    (folder / "val.bin").rename(tmp_path / "val.bin")
+    assert is_token_folder(str(folder))  # one file alone is read as one of them, and refused
+    with pytest.raises(MtbenchError, match="val.bin: no such file; nanoGPT's token files are train.bin and val.bin "
+                                           "together"):
+        read_token_files(str(folder))
+    (tmp_path / "val.bin").rename(folder / "val.bin")
     files = read_token_files(str(folder))
     assert "input.txt, prepare.py not read" in files.origin and files.characters is None
     assert list(np.asarray(files.val)) == [1, 2, 3, 4] and len(files.train) == 3000
