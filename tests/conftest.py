@@ -54,8 +54,8 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    """Each process of the session (pytest's, each xdist worker) removes its own directory: the corpus, tokenizer
-    and compiled programs of a run of the suite are tens of MB that no later run reads."""
+    """Each process of the session (pytest's, each xdist worker) removes its own directory, its KERAS_HOME, which
+    no later run reads. (The session's cache, `cache_dir`, is in pytest's base directory, which pytest prunes.)"""
     shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 
@@ -233,11 +233,10 @@ def compare_tiny(out_dir, cache_dir):
 
 
 @pytest.fixture(scope="session")
-def shared_runs(tmp_path_factory):
-    # One cache for the shared runs, whichever workers make them: the CPU's peak that MFU divides by is measured
+def shared_runs(tmp_path_factory, cache_dir):
+    # The session's one cache, whichever workers make the runs: the CPU's peak that MFU divides by is measured
     # once for all of them, as for runs a user starts together (each worker's own cache would measure its own).
-    directory = shared_directory(tmp_path_factory)
-    return SharedRuns(directory, os.path.join(directory, "cache"),
+    return SharedRuns(shared_directory(tmp_path_factory), cache_dir,
                       {"jax": train_tiny("jax"), "torch": train_tiny("torch"), "compare": compare_tiny,
                        "jax-cpu": train_tiny("jax", CPU_ONLY, TINY_COMPARE),
                        "torch-cpu": train_tiny("torch", CPU_ONLY, TINY_COMPARE)})
