@@ -28,18 +28,6 @@ def losses(result):
     return np.array([h["loss"] for h in result["history"]])
 
 
-def fsdp_over_two_processes(cpu_compared_runs, cache_dir, out, backend, *args):
-    """The result of `torchrun --nproc-per-node 2 -m mtbench train --extra fsdp` on TINY_COMPARE, whose losses
-    were checked against the session's one-process run of `backend`."""
-    proc = torchrun("train", "--backend", backend, "--extra", "fsdp", *TINY_COMPARE, *args, "--cache-dir",
-                    cache_dir, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert len(result["history"]) == COMPARE_STEPS
-    assert_same_losses(result["history"], cpu_compared_runs[backend]["result"]["history"])
-    return result
-
-
 def assert_half_of_the_state(record, parameters):
     """Each of 2 devices holds half of every weight, of its gradient and of its two Adam moments."""
     whole = parameters * FLOAT32
@@ -91,18 +79,20 @@ def test_fsdp_where_it_cannot_run_says_why(tmp_path, cache_dir, args, env, messa
 
 
 @pytest.fixture(scope="module")
-def jax_runs(tmp_path_factory, cache_dir):
-    """One JAX device, two devices replicating the state (data-parallel) and two sharding it (fsdp)."""
+def jax_runs(tmp_path_factory, cache_dir, cpu_compared_runs):
+    """One JAX device (the session's), two devices replicating the state (data-parallel) and two sharding it
+    (fsdp)."""
     tmp_path = tmp_path_factory.mktemp("jax-fsdp")
-    return {extra: train(tmp_path, extra, cache_dir, "--backend", "jax", *(["--extra", extra] if extra else []),
-                         env=TWO_DEVICES)
-            for extra in (None, "data-parallel", "fsdp")}
+    return {None: cpu_compared_runs["jax"]["result"],
+            **{extra: train(tmp_path, extra, cache_dir, "--backend", "jax", "--extra", extra, env=TWO_DEVICES,
+                            flags=TINY_COMPARE)
+               for extra in ("data-parallel", "fsdp")}}
 
 
 @pytest.mark.slow
 def test_jax_fsdp_trains_like_one_device_with_half_the_state_on_each(jax_runs):
     one, replicated, sharded = jax_runs[None], jax_runs["data-parallel"], jax_runs["fsdp"]
-    assert len(losses(sharded)) == 60
+    assert len(losses(sharded)) == COMPARE_STEPS
     np.testing.assert_allclose(losses(sharded), losses(one), rtol=1e-5)
     assert sharded["metrics"]["val_loss"] == pytest.approx(one["metrics"]["val_loss"], rel=1e-5)
     record = sharded["extras_record"]["fsdp"]
@@ -124,44 +114,16 @@ def test_jax_fsdp_trains_like_one_device_with_half_the_state_on_each(jax_runs):
 
 
 @pytest.mark.slow
-def test_jax_fsdp_over_two_processes_trains_like_one(cpu_compared_runs, cache_dir, tmp_path):
-    # Every step, across the checkpoint at step 15 (the weights gathered whole for it, then sharded again), which
-    # process 0 writes alone while the other goes on.
-    result = fsdp_over_two_processes(cpu_compared_runs, cache_dir, tmp_path / "jax-fsdp-2.json", "jax",
-                                     "--checkpoint-every", "15")
-    record = result["extras_record"]["fsdp"]
-    assert record["processes"] == 2 and record["mesh_shape"] == [2] and record["layouts_kept"] is True
-    assert_half_of_the_state(record, result["model"]["parameters"])
-    # Process 0 evaluated and saved the weights the two processes held in halves.
-    one = cpu_compared_runs["jax"]["result"]["metrics"]
-    assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
-    assert sorted(p.name for p in (tmp_path / "jax-fsdp-2.run").iterdir()) == [
-        "checkpoint-000015", "checkpoint-000030", "model", "run.json", "tokenizer"]
-
-
-@pytest.mark.slow
-def test_torch_fsdp_computes_with_its_shards_and_trains_like_one_process(cpu_compared_runs, cache_dir, tmp_path):
-    """Had the Keras variables kept their own whole tensors, the step would train those and FSDP's shards would
-    stay as they started: the losses would part from one process's at the second step."""
-    # Every step, across the checkpoint at step 15 (the weights gathered whole for it, then sharded again).
-    result = fsdp_over_two_processes(cpu_compared_runs, cache_dir, tmp_path / "torch-fsdp.json", "torch",
-                                     "--checkpoint-every", "15")
-    assert result["train_step"] == "torch-eager"
-    assert result["train_step_detail"] == "FSDP2 over 2 processes, 3 units gathered once a step"
-    record = result["extras_record"]["fsdp"]
-    assert record["units"] == ["encoder_0", "decoder_0", "transformer"] and record["collectives"] == "gloo"
-    assert_half_of_the_state(record, result["model"]["parameters"])
-    one = cpu_compared_runs["torch"]["result"]["metrics"]
-    assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
-    # The checkpoint holds the whole weights under the model's own layer names: it resumes (next test).
-    assert sorted(p.name for p in (tmp_path / "torch-fsdp.run").iterdir()) == [
-        "checkpoint-000015", "checkpoint-000030", "model", "run.json", "tokenizer"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("backend, kept", [("jax", {"processes": 2, "layouts_kept": True}),
-                                           ("torch", {"collectives": "gloo"})])
-def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, cpu_compared_runs, cache_dir, tmp_path):
+@pytest.mark.parametrize("backend, kept, train_step", [
+    ("jax", {"processes": 2, "mesh_shape": [2], "layouts_kept": True},
+     ("jax-jit-stateless", "ShardedWeights over a mesh of 2 data, 3 units gathered once a step, gradients reduce-scattered")),
+    # Had the Keras variables kept their own whole tensors, torch's step would train those and FSDP's shards would
+    # stay as they started: the losses would part from one process's at the second step.
+    ("torch", {"collectives": "gloo", "units": ["encoder_0", "decoder_0", "transformer"]},
+     ("torch-eager", "FSDP2 over 2 processes, 3 units gathered once a step")),
+], ids=["jax", "torch"])
+def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, train_step, cpu_compared_runs,
+                                                                cache_dir, tmp_path):
     out = tmp_path / f"{backend}-fsdp.json"
     proc = torchrun("train", "--backend", backend, "--extra", "fsdp", *TINY_COMPARE, "--checkpoint-every", "15",
                     "--process-timeout", "60", "--cache-dir", cache_dir, "--out", str(out),
@@ -175,10 +137,20 @@ def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, c
     assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [16]
     # Every process loaded the checkpoint's whole weights into the sharded layouts, which the steps kept (on
     # torch the resumed steps update the shards with Keras's own optimizer: the fused one counts steps from 0).
+    # Every step, the killed run's and the resumed one's, across the checkpoints (the weights gathered whole for
+    # them, then sharded again) that process 0 writes alone while the other goes on.
     assert_same_losses(result["history"], cpu_compared_runs[backend]["result"]["history"])
+    assert len(result["history"]) == COMPARE_STEPS
+    assert (result["train_step"], result["train_step_detail"]) == train_step
     record = result["extras_record"]["fsdp"]
     assert kept.items() <= record.items()
     assert_half_of_the_state(record, result["model"]["parameters"])
+    # Process 0 evaluated and saved the weights the two processes held in halves; the checkpoints hold the whole
+    # weights under the model's own layer names.
+    one = cpu_compared_runs[backend]["result"]["metrics"]
+    assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
+    assert sorted(p.name for p in (tmp_path / f"{backend}-fsdp.run").iterdir()) == [
+        "checkpoint-000015", "checkpoint-000030", "model", "run.json", "tokenizer"]
 
 
 @pytest.mark.slow

@@ -43,45 +43,12 @@ def assert_same_losses(history, reference):
 
 
 @pytest.mark.slow
-def test_two_jax_processes_train_like_one(cpu_compared_runs, cache_dir, tmp_path):
-    out = tmp_path / "jax-2.json"
-    # With a checkpoint midway, which process 0 writes alone while the other goes on to the next step.
-    proc = torchrun("train", "--backend", "jax", "--extra", "data-parallel", *TINY_COMPARE, "--checkpoint-every", "15",
-                    "--cache-dir", cache_dir, "--out", str(out), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert len(result["history"]) >= 20
-    assert_same_losses(result["history"], cpu_compared_runs["jax"]["result"]["history"])
-    assert result["processes"] == {"world_size": 2, "processes": 2, "devices_per_process": 1,
-                                   "launcher": "torchrun", "collectives": "gloo",
-                                   "coordinator": result["processes"]["coordinator"], "spanned_by": ["data-parallel"],
-                                   # Process 0's half of the cores: XLA's thread pool follows it.
-                                   "cpu_share": FIRST_HALF}
-    # mtbench's jit step over the two processes' mesh, as one process trains with (not Keras's train_on_batch).
-    assert result["train_step"] == "jax-jit-stateless"
-    assert result["extras_record"]["data-parallel"]["processes"] == 2
-    assert result["extras_record"]["data-parallel"]["mesh_shape"] == [2]
-    # The batch's arrays, named by the guard under jax.distributed by their global shape, are no host wait.
-    assert result["host_syncs_per_step"] == 0, result["host_syncs"]
-    # Process 0 alone prints the table and writes: one result, one run directory.
-    assert proc.stdout.count("result: ") == 1 and proc.stdout.count("tokens/s") == 1
-    assert "(2 devices over 2 processes)" in proc.stdout  # each process sees its own share of the machine
-    assert sorted(os.listdir(tmp_path)) == ["jax-2.hyp.txt", "jax-2.json", "jax-2.ref.txt", "jax-2.run"]
-    assert sorted(os.listdir(tmp_path / "jax-2.run")) == ["checkpoint-000015", "checkpoint-000030", "model", "run.json",
-                                                            "tokenizer"]
-    # Every process evaluates the same weights; process 0's figures are those of one process's weights.
-    one = cpu_compared_runs["jax"]["result"]["metrics"]
-    assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
-    assert result["metrics"]["bleu"] is not None
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("backend, extra, kept, train_step", [
     ("torch", "ddp", {"per_process_batch": 16}, "torch-eager"),
     # Process 0 writes the checkpoint of step 30 alone, under a distribution over both processes' devices (Keras's
     # save_weights creates variables, which JAX would place with a collective the other process never joins).
-    ("jax", "data-parallel", {"processes": 2}, "jax-jit-stateless"),
-])
+    ("jax", "data-parallel", {"processes": 2, "mesh_shape": [2]}, "jax-jit-stateless"),
+], ids=["torch-ddp", "jax-data-parallel"])
 def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_process(backend, extra, kept, train_step,
                                                                                    cpu_compared_runs, cache_dir, tmp_path):
     out = tmp_path / f"{backend}-2.json"
@@ -106,9 +73,27 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["status"] == "completed" and result["timing"]["resumed_at_steps"] == [16]
+    # Every step, the killed run's and the resumed one's, across the checkpoint at step 15 that process 0 wrote alone
+    # while the other went on: the losses of one process on the same global batches.
     assert_same_losses(result["history"], cpu_compared_runs[backend]["result"]["history"])
-    assert result["processes"]["world_size"] == 2 and kept.items() <= result["extras_record"][extra].items()
+    assert result["processes"] == {"world_size": 2, "processes": 2, "devices_per_process": 1,
+                                   "launcher": "torchrun", "collectives": "gloo",
+                                   "coordinator": result["processes"]["coordinator"], "spanned_by": [extra],
+                                   # Process 0's half of the cores: its framework's thread pool follows it.
+                                   "cpu_share": FIRST_HALF}
+    assert kept.items() <= result["extras_record"][extra].items()
+    # On JAX mtbench's jit step over the two processes' mesh, as one process trains with (not train_on_batch).
     assert result["train_step"] == train_step
+    # The batch's arrays (on JAX named by the guard under jax.distributed by their global shape) are no host wait.
+    assert result["host_syncs_per_step"] == 0, result["host_syncs"]
+    # Process 0 alone prints the table and writes: one result, one run directory.
+    assert proc.stdout.count("result: ") == 1 and proc.stdout.count("tokens/s") == 1
+    assert "(2 devices over 2 processes)" in proc.stdout  # each process sees its own share of the machine
+    assert sorted(os.listdir(tmp_path)) == [f"{backend}-2.{end}" for end in ("hyp.txt", "json", "ref.txt", "run")]
+    # Every process evaluates the same weights; process 0's figures are those of one process's weights.
+    one = cpu_compared_runs[backend]["result"]["metrics"]
+    assert result["metrics"]["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
+    assert result["metrics"]["bleu"] is not None
     cache = result["timing"]["compile_cache"]
     if backend == "jax":
         # Process 0 loads every program the killed run kept. JAX kept none of process 1's (it writes from process
