@@ -106,13 +106,13 @@ def test_float16_on_torch_is_refused_with_the_host_sync_it_would_measure(tmp_pat
     assert not (tmp_path / "f16.json").exists()
 
 
-def test_keras_is_imported_without_the_integrations_mtbench_never_uses(tmp_path):
+def test_keras_is_imported_without_the_integrations_mtbench_never_uses(tmp_path, cache_dir):
     for installed in KERAS_OPTIONAL_IMPORTS:  # the test extras install them: otherwise this would prove nothing
         assert importlib.util.find_spec(installed) is not None, installed
     # `mtbench init-weights` in a process that then lists what it imported, and imports one of them itself.
     program = ("import runpy, sys\n"
-               f"sys.argv = ['mtbench', 'init-weights', '--backend', 'jax', '--preset', 'tiny', '--out', "
-               f"{str(tmp_path / 'w.npz')!r}]\n"
+               f"sys.argv = ['mtbench', 'init-weights', '--backend', 'jax', '--preset', 'tiny', "
+               f"'--max-pairs', '4000', '--cache-dir', {cache_dir!r}, '--out', {str(tmp_path / 'w.npz')!r}]\n"
                "try:\n    runpy.run_module('mtbench', run_name='__main__')\nexcept SystemExit as exit:\n"
                "    assert not exit.code, exit.code\n"
                "print(sorted(name.split('.')[0] for name in sys.modules if name.startswith(('keras', 'jax', "
@@ -125,13 +125,13 @@ def test_keras_is_imported_without_the_integrations_mtbench_never_uses(tmp_path)
     assert afterwards == "matplotlib.pyplot"
 
 
-def test_a_torch_process_imports_no_jax_and_can_afterwards(tmp_path):
+def test_a_torch_process_imports_no_jax_and_can_afterwards(tmp_path, cache_dir):
     """keras imports JAX at its own import where it is installed (its Orbax callback), whatever the backend: a torch
     run hides the other backends' frameworks while keras is imported, and a plugin can still import them later."""
     assert importlib.util.find_spec("jax") is not None  # installed: otherwise this would prove nothing
     program = ("import runpy, sys\n"
-               f"sys.argv = ['mtbench', 'init-weights', '--backend', 'torch', '--preset', 'tiny', '--out', "
-               f"{str(tmp_path / 'w.npz')!r}]\n"
+               f"sys.argv = ['mtbench', 'init-weights', '--backend', 'torch', '--preset', 'tiny', "
+               f"'--max-pairs', '4000', '--cache-dir', {cache_dir!r}, '--out', {str(tmp_path / 'w.npz')!r}]\n"
                "try:\n    runpy.run_module('mtbench', run_name='__main__')\nexcept SystemExit as exit:\n"
                "    assert not exit.code, exit.code\n"
                "print(sorted({name.split('.')[0] for name in sys.modules if name.startswith(('keras', 'jax', "

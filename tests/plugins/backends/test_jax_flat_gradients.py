@@ -26,6 +26,10 @@ from mtbench.plugins.extras.tensor_parallel import hlo_collectives
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.setup import compile_model
 
+# Each step's program is compiled a second time for its text: from JAX's cache, not by XLA again.
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
 rng = np.random.default_rng(0)
 batches = []
@@ -87,10 +91,11 @@ print(json.dumps(runs))
 
 
 @pytest.fixture(scope="module")
-def runs():
+def runs(tmp_path_factory):
     """{dropout: the flat and XLA reductions' runs} for dropout 0 and 0.1, from one process."""
     env = {**os.environ, "KERAS_BACKEND": "jax", **simulated_devices(2)}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path_factory.mktemp("compile-cache"))],
+                          capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -23,6 +23,10 @@ from mtbench.plugins.extras.fsdp import gathered_per_device, sharded_model_paral
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.setup import compile_model
 
+# Each step's program is compiled a second time for its text: from JAX's cache, not by XLA again.
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 keras.distribution.set_distribution(sharded_model_parallel(jax.devices()))
 rng = np.random.default_rng(0)
 batches = []
@@ -69,11 +73,12 @@ print(json.dumps(runs))
 
 
 @pytest.fixture(scope="module")
-def jax_runs():
+def jax_runs(tmp_path_factory):
     """{dtype: the fsdp step's and GSPMD's run of the same model from the same weights} for float32 and
     mixed_bfloat16, from one process on 2 simulated devices."""
     env = {**os.environ, "KERAS_BACKEND": "jax", **simulated_devices(2)}
-    proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT], capture_output=True, text=True, env=env, timeout=300,
+    proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT, str(tmp_path_factory.mktemp("compile-cache"))],
+                          capture_output=True, text=True, env=env, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
