@@ -18,7 +18,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import CPU_ONLY, run_cli, simulated_devices
+from tests.conftest import COMPARE_STEPS, CPU_ONLY, TINY_COMPARE, run_cli, simulated_devices
 from tests.plugins.extras.test_fsdp import TWO_DEVICES, losses
 from tests.plugins.extras.test_multi_process import torchrun
 
@@ -29,9 +29,7 @@ FOUR_DEVICES = simulated_devices(4)
 TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
             "--test-size", "10", "--steps", str(GPT_STEPS)]
 GPT_BLOCKS, D_MODEL, FF_UNITS = 2, 64, 256
-# The tiny translation preset, one encoder and one decoder block, d_model 64, 128 feed-forward units.
-TINY_TRANSLATION = ["--preset", "tiny", "--max-pairs", "2000", "--valid-size", "20", "--test-size", "20",
-                    "--max-len", "32", "--batch-size", "16", "--steps", "20"]
+# The tiny translation preset (TINY_COMPARE's): one encoder and one decoder block, d_model 64, 128 feed-forward units.
 TRANSLATION_FF_UNITS = 128
 
 # Per block: 2 forward + 2 backward; per decoder block of the translation model 3 more (cross-attention).
@@ -392,14 +390,14 @@ def test_both_backends_split_the_same_weights_and_run_the_same_block_all_reduces
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_tensor_parallel_translation_trains_like_one_device(backend, tmp_path, cache_dir):
-    one = train(tmp_path, "one", cache_dir, "--backend", backend, *TINY_TRANSLATION)
+def test_tensor_parallel_translation_trains_like_one_device(backend, tmp_path, cache_dir, cpu_compared_runs):
+    one = cpu_compared_runs[backend]["result"]  # the session's run of TINY_COMPARE in one process on the CPU
     if backend == "jax":
-        split = train(tmp_path, "split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
-                      *TINY_TRANSLATION, env=TWO_DEVICES)
+        split = train(tmp_path, "split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel", *TINY_COMPARE,
+                      env=TWO_DEVICES)
     else:
-        split = train_on_two_processes(tmp_path, "split", cache_dir, "--backend", "torch", *TINY_TRANSLATION)
-    assert_trains_like_one_device(split, one, 20)
+        split = train_on_two_processes(tmp_path, "split", cache_dir, "--backend", "torch", *TINY_COMPARE)
+    assert_trains_like_one_device(split, one, COMPARE_STEPS)
     record = split["extras_record"]["tensor-parallel"]
     # One encoder block, one decoder block (three attentions in all).
     assert record["activation_all_reduces_per_step"] == 2 * BLOCK_ALL_REDUCES + CROSS_ATTENTION_ALL_REDUCES
