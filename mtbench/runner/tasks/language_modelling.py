@@ -12,9 +12,9 @@ from mtbench.keras_models.presets import presets_for
 from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, evaluation_batches,
                                       load_text_tokenizer, read_text, split_ranges, text_tokenizer, token_stream,
                                       training_batches, batches_per_epoch)
-from mtbench.runner.data.token_files import (META_FILE, TokenFiles, TokenIds, TokenWidths, file_fingerprint, id_counts,
-                                             is_token_folder, largest_id, read_token_files, utf8_widths,
-                                             vocabulary_size)
+from mtbench.runner.data.token_files import (KEPT_FOLDER, META_FILE, TokenFiles, TokenIds, TokenWidths,
+                                             file_fingerprint, id_counts, is_token_folder, kept_largest_of_folder,
+                                             read_token_files, utf8_widths, vocabulary_size)
 
 SPLITS = ("train", "valid", "test")
 METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}
@@ -122,10 +122,11 @@ def prepare_token_files(files, config):
     half = len(files.val) // 2
     ids = {"train": files.train, "valid": files.val[:half], "test": files.val[half:]}
     characters = files.characters
-    # Counted where meta's characters give each id its bytes; else the largest id is all there is to find.
+    # Counted where meta's characters give each id its bytes (a character-level text's files are small); else the
+    # largest id is all there is to find, kept for the next run of the same files.
     counts = None if characters is None else {split: id_counts(split_ids) for split, split_ids in ids.items()}
-    largest = max(len(split_counts) for split_counts in counts.values()) - 1 if counts else \
-        max(largest_id(split_ids) for split_ids in ids.values())
+    largest, kept = (max(len(split_counts) for split_counts in counts.values()) - 1, []) if counts else \
+        kept_largest_of_folder(files, config.cache_dir)
     if characters is not None and largest >= len(characters):
         raise MtbenchError(f"{files.folder}: the token files hold id {largest}, which {META_FILE} gives no character "
                            f"(it has {len(characters)})")
@@ -147,6 +148,8 @@ def prepare_token_files(files, config):
     known = "no bytes per token, so no bits per byte" if widths is None else f"characters from {META_FILE}"
     lines = [f"token files {files.name}: train.bin {len(files.train):,} tokens; val.bin {len(files.val):,} (first half "
              f"validates, second half tests); ids up to {largest:,}, vocabulary {tokenizer.vocab_size:,}; {known}"]
+    if kept:
+        lines.append(f"  largest id of {' and '.join(kept)} read from {os.path.join(config.cache_dir, KEPT_FOLDER)}")
     fingerprint = f"{tokenizer.fingerprint}-{file_fingerprint(files.train)}"
     return TaskData(tokenizer, streams, fingerprint, record, lines)
 

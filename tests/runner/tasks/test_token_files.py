@@ -4,6 +4,7 @@ data: read from disk as batches need them, split as nanoGPT splits them, scored 
 import collections
 import json
 import math
+import os
 import pickle
 
 import numpy as np
@@ -13,9 +14,12 @@ from conftest import assert_refused_in_one_line, run_cli
 from result_keys import undocumented_keys
 from mtbench.errors import MtbenchError
 from mtbench.runner.data.text import TokenStream, evaluated_bytes, evaluated_tokens
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.data import token_files
 from mtbench.runner.data.token_files import (id_counts, is_token_folder, largest_id, read_characters,
                                             read_token_files, vocabulary_size)
 from mtbench.runner.results.schema import schema_errors
+from mtbench.runner.tasks.language_modelling import prepare_token_files
 from tests.runner.tasks.test_language_model_cli import TINY_GPT, bible_verses
 
 
@@ -70,6 +74,28 @@ def test_the_files_are_read_by_the_ranges_batches_take_and_their_ids_size_the_vo
     assert vocabulary_size(64, 65) == 65  # --vocab-size, as nanoGPT's meta.pkl gives shakespeare_char's
     with pytest.raises(MtbenchError, match="--vocab-size 64 is too small for the token files: they hold id 64"):
         vocabulary_size(64, 64)
+
+
+def test_the_largest_id_of_each_file_is_kept_for_the_next_run_until_the_file_changes(tmp_path, monkeypatch):
+    val = [7, 50256, *range(3, 21)]  # two halves of 10 ids: a block of 8 and its next token each
+    folder = token_folder(tmp_path / "owt", np.random.default_rng(0).integers(0, 50000, 5000), val)
+    config = TrainConfig(model_name="gpt", preset="tiny", block_size=8, cache_dir=str(tmp_path / "cache"))
+    first = prepare_token_files(read_token_files(str(folder)), config)
+    assert first.record["largest_id"] == 50256 and first.tokenizer.vocab_size == 50304
+    assert not any("read from" in line for line in first.lines)
+    # The next run reads each file's largest id back, not the file.
+    monkeypatch.setattr(token_files, "largest_id", lambda ids, chunk=0: pytest.fail(f"{ids.path} was read again"))
+    again = prepare_token_files(read_token_files(str(folder)), config)
+    assert again.record == first.record and again.fingerprint == first.fingerprint
+    assert f"  largest id of train.bin and val.bin read from {tmp_path / 'cache' / 'token-files'}" in again.lines
+    monkeypatch.undo()
+    # val.bin written again, the same size with another largest id, an hour later: read again, train.bin not.
+    before = os.stat(folder / "val.bin")
+    np.asarray([7, 60000, *val[2:]], np.uint16).tofile(folder / "val.bin")
+    os.utime(folder / "val.bin", ns=(before.st_atime_ns, before.st_mtime_ns + 3600 * 10 ** 9))
+    changed = prepare_token_files(read_token_files(str(folder)), config)
+    assert changed.record["largest_id"] == 60000 and changed.tokenizer.vocab_size == 60032
+    assert f"  largest id of train.bin read from {tmp_path / 'cache' / 'token-files'}" in changed.lines
 
 
 def test_a_file_cut_short_after_the_run_started_is_named_not_read_as_zeros(tmp_path):
