@@ -11,6 +11,7 @@ While the step is traced, every LayerNormalization computes its statistics in on
 `jax.jit` (`jax_layer_norm`).
 """
 
+import contextlib
 import itertools
 
 from mtbench import TrainStep
@@ -249,6 +250,36 @@ def accumulated_over_shards(micro_batches, shards, distribution, flat=True):
     return gradients_of
 
 
+# The numbers of a Keras `CosineDecay` (mtbench's schedule, `WarmupCosineDecay`, is one), which the step takes as
+# arguments instead of writing them into its program: a run of another length, learning rate or warm-up then reuses
+# the program JAX's compilation cache kept for this one, whose key holds every constant.
+SCHEDULE_NUMBERS = ("initial_learning_rate", "decay_steps", "alpha", "warmup_target", "warmup_steps")
+
+
+def schedule_numbers(optimizer):
+    """{name: value} of the numbers of `optimizer`'s learning-rate schedule that the step takes as arguments; none
+    for a schedule of another kind, whose numbers stay constants of the program."""
+    import keras
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if not isinstance(schedule, keras.optimizers.schedules.CosineDecay):
+        return {}
+    return {name: float(getattr(schedule, name)) for name in SCHEDULE_NUMBERS if getattr(schedule, name) is not None}
+
+
+@contextlib.contextmanager
+def schedule_reading(optimizer, values):
+    """While the step is traced, `optimizer`'s schedule reads its numbers from `values` (the step's arguments)."""
+    schedule = optimizer._learning_rate
+    kept = {name: getattr(schedule, name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(schedule, name, value)
+        yield
+    finally:
+        for name, value in kept.items():
+            setattr(schedule, name, value)
+
+
 class JitTrainStep(TrainStep):
     """Under a `keras.distribution` (data-parallel over a mesh of one process's devices or of several
     processes', the TPU strategy) the same step runs as one program over the mesh: the state is what the
@@ -306,7 +337,7 @@ class JitTrainStep(TrainStep):
                 scaled = optimizer.scale_loss(loss)  # the identity unless the optimizer scales losses
             return scaled, (loss, logits, new_non_trainable)
 
-        def step(state, x, y, weight):
+        def step(state, x, y, weight, schedule):
             trainable, non_trainable, optimizer_state = state
             if gradients_of is not None:
                 grads, loss, correct, tokens, non_trainable = gradients_of(
@@ -321,12 +352,15 @@ class JitTrainStep(TrainStep):
                 correct = correct_tokens(y, logits, weight)
             if layouts is not None:
                 grads = jax.lax.with_sharding_constraint(grads, layouts)
-            trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
+            with schedule_reading(optimizer, schedule):
+                trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
             logs = {"loss": loss, "accuracy": correct / tokens}
             return (trainable, non_trainable, optimizer_state), logs
 
         self._step = jax.jit(step, donate_argnums=0)
         self.state = None
+        self.schedule_numbers = schedule_numbers(optimizer)
+        self._schedule_arguments = None
 
     def _keras_state(self):
         model = self.model
@@ -341,8 +375,23 @@ class JitTrainStep(TrainStep):
             self.state = tuple([v.value for v in variables] for variables in self._keras_state())
         if self.distribution is not None:
             x, y, sample_weight = self._distribute(x), self._distribute(y), self._distribute(sample_weight)
-        self.state, logs = self._step(self.state, x, y, sample_weight)
+        self.state, logs = self._step(self.state, x, y, sample_weight, self.schedule_arguments())
         return logs  # device scalars: the loop reads them at the edge of its timing window
+
+    def schedule_arguments(self):
+        """The schedule's numbers as the step's arguments: float32 scalars placed once, on the default device or
+        replicated over the mesh of every process's devices (not copied from the host at each step)."""
+        if self._schedule_arguments is None:
+            import jax
+            import numpy as np
+            if self.distribution is None:
+                place = jax.device_put
+            else:
+                from jax.sharding import NamedSharding, PartitionSpec
+                replicated = NamedSharding(self.distribution.device_mesh.backend_mesh, PartitionSpec())
+                place = lambda value: jax.make_array_from_callback((), replicated, lambda index: value)  # noqa: E731
+            self._schedule_arguments = {name: place(np.float32(value)) for name, value in self.schedule_numbers.items()}
+        return self._schedule_arguments
 
     def lowered_program(self, x, y, sample_weight, platform=None, optimised=False):
         """The step's program as StableHLO text, for the arrays it would train on (traced again, not run): for
@@ -351,7 +400,7 @@ class JitTrainStep(TrainStep):
         state = self.state or tuple([v.value for v in variables] for variables in self._keras_state())
         if self.distribution is not None:
             x, y, sample_weight = self._distribute(x), self._distribute(y), self._distribute(sample_weight)
-        arguments = (state, x, y, sample_weight)
+        arguments = (state, x, y, sample_weight, self.schedule_arguments())
         lowered = (self._step.trace(*arguments).lower(lowering_platforms=(platform,)) if platform
                    else self._step.lower(*arguments))
         return lowered.compile().as_text() if optimised else lowered.as_text()

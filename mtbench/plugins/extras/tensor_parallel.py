@@ -274,7 +274,7 @@ class JaxSplitStep(JaxShardedStep):
         """The step's program for these arrays as XLA compiled it (partitioned: its collectives in it)."""
         inner = self.inner
         arrays = [inner._distribute(part) for part in (x, y, sample_weight)]
-        return inner._step.lower(inner.state, *arrays).compile().as_text()
+        return inner._step.lower(inner.state, *arrays, inner.schedule_arguments()).compile().as_text()
 
     def description(self):
         return f"{self.inner.description()}, {EMBEDDINGS}, {QUERY_KEY_VALUE}"

@@ -1,6 +1,6 @@
 """Persistent compilation caches under --cache-dir: a run records whether it started cold or warm, a second run
-with the same cache starts warm and is served from it, --no-compile-cache keeps nothing; and the attention each
-run used is in its result. Timings are never asserted: they are measured by hand (docs/commands.md)."""
+with the same cache (of another length and learning rate on JAX) starts warm and is served from it,
+--no-compile-cache keeps nothing; and the attention each run used is in its result. Timings are never asserted: they are measured by hand (docs/commands.md)."""
 
 import json
 import os
@@ -41,11 +41,12 @@ def jax_cache(cache_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def jax_runs(jax_cache, tmp_path_factory):
-    """Two bfloat16 runs, one after the other, on one cache: (result, stderr) of each. Unfused on every device
-    (a GPU's default would fuse)."""
+    """Two bfloat16 runs, one after the other, on one cache, the second longer, with another learning rate and
+    warm-up: (result, stderr) of each. Unfused on every device (a GPU's default would fuse)."""
     out = tmp_path_factory.mktemp("jax-runs")
     return [train(jax_cache, out / f"{i}.json", "--backend", "jax", "--dtype", "mixed_bfloat16", "--attention",
-                  "unfused") for i in (1, 2)]
+                  "unfused", *schedule) for i, schedule in ((1, []), (2, ["--steps", "6", "--learning-rate", "2e-3",
+                                                                           "--warmup-steps", "2"]))]
 
 
 @pytest.mark.slow
@@ -57,7 +58,10 @@ def test_a_jax_run_starts_cold_and_the_next_one_warm(jax_runs, jax_cache):
     assert cold["entries_after"] > 0 and cold["misses"] > 0
     # Evaluation and translation add programs after training, when `entries_after` was counted.
     assert warm["state"] == "warm" and warm["entries_before"] >= cold["entries_after"]
-    assert warm["hits"] > 0
+    # The schedule's numbers are the train step's arguments: a run of another length and learning rate compiles
+    # nothing the first did not.
+    assert warm["hits"] > 0 and warm["misses"] == 0, warm
+    assert (second["config"]["steps"], second["config"]["learning_rate"]) == (6, 2e-3)
 
 
 @pytest.mark.slow

@@ -57,8 +57,8 @@ def train(model, start, flat, micro_batches=1, per_device=None):
         jax_jit_step.flat_gradient_shards, jax_jit_step.gradient_shards = shards
     losses = [float(step(*batch)["loss"]) for batch in batches]
     reductions = None
-    if not model.non_trainable_variables:  # the compiled step's all-reduces (once: it compiles again)
-        hlo = step._step.lower(step.state, *(step._distribute(a) for a in batches[0])).compile().as_text()
+    if not model.non_trainable_variables:  # the compiled step's all-reduces (its program again, from the cache)
+        hlo = step.lowered_program(*batches[0], optimised=True)
         if micro_batches == 1:
             reductions = [re.sub(r"\{[0-9,]*\}", "", shape)
                           for shape in re.findall(r"= (\(.*?\)|\S+) all-reduce\(", hlo)]

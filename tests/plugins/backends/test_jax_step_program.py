@@ -75,3 +75,17 @@ def test_the_masked_label_logits_and_their_gradient_are_the_gathered_ones():
         expected = np.zeros_like(logits)
         np.put_along_axis(expected, labels[..., None], cotangent[..., None], -1)
         np.testing.assert_array_equal(backward(cotangent)[0], expected)
+
+
+def test_a_run_of_another_length_compiles_the_same_program():
+    """The learning-rate schedule's numbers (steps, warm-up, learning rate) are the step's arguments, not constants
+    of its program: JAX's compilation cache, whose key is the program, serves a run of any length the program a run
+    of another length compiled. (Both steps' losses are Keras's own: test_fast_train_steps.py.)"""
+    import numpy as np
+
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep
+    ids = np.ones((4, 32), np.int32)
+    steps = [JitTrainStep(tiny_jax_gpt("float32", total_steps)) for total_steps in (20, 5000)]
+    assert steps[0].schedule_numbers != steps[1].schedule_numbers
+    programs = [step.lowered_program((ids,), ids, np.ones((4, 32), np.float32)) for step in steps]
+    assert programs[0] == programs[1]

@@ -50,7 +50,8 @@ def train(model, start, per_device):
     distribution = keras.distribution.distribution()
     step = JitTrainStep(model, distribution, gathered_per_device(model, distribution) if per_device else None)
     losses = [float(step(*batch)["loss"]) for batch in batches]
-    compiled = step._step.lower(step.state, *(step._distribute(a) for a in batches[0])).compile()
+    compiled = step._step.lower(step.state, *(step._distribute(a) for a in batches[0]),
+                                step.schedule_arguments()).compile()
     step.finalize()
     return {"losses": losses, "collectives": collectives(compiled.as_text()),
             "donated_bytes": compiled.memory_analysis().alias_size_in_bytes}
