@@ -163,7 +163,8 @@ def compiled_programs(preset, rows, block, dtype, target="here"):
     with fused_attention_for_a_gpu(model, compiler, dtype) as fused:
         ours = JitTrainStep(model)
         state = tuple([v.value for v in variables] for variables in ours._keras_state())
-        figures = {"mtbench": program_figures(*compiler.compile(ours._step, state, (ids,), ids, weight), peaks)}
+        arguments = (state, (ids,), ids, weight, ours.schedule_arguments())
+        figures = {"mtbench": program_figures(*compiler.compile(ours._step, *arguments), peaks)}
     reference = best_gpt_jax.train_step_from_keras_weights(
         shape, initial_weights(model, config.seed), OptimizerSettings.of_config(config, steps),
         mixed_bfloat16=dtype == "mixed_bfloat16", attention="cudnn" if fused else "auto")

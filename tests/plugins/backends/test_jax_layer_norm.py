@@ -57,7 +57,7 @@ def test_each_layer_norm_of_the_step_reads_its_input_in_one_pass(tiny_gpt_step):
     import jax
     step, norms, batch = tiny_gpt_step
     state = tuple([variable.value for variable in variables] for variables in step._keras_state())
-    program = jax.make_jaxpr(step._step)(state, *batch).jaxpr
+    program = jax.make_jaxpr(step._step)(state, *batch, step.schedule_arguments()).jaxpr
     (body,) = sub_jaxprs(program.eqns[0])  # the jitted step
     calls = [eqn for eqn in body.eqns if eqn.params.get("name") == "call"]
     assert len(norms) == 5 and len(calls) == 2 * len(norms)  # each norm's forward, then its backward
