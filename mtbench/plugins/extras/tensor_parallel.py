@@ -272,9 +272,7 @@ class JaxSplitStep(JaxShardedStep):
 
     def compiled_text(self, x, y, sample_weight):
         """The step's program for these arrays as XLA compiled it (partitioned: its collectives in it)."""
-        inner = self.inner
-        arrays = [inner._distribute(part) for part in (x, y, sample_weight)]
-        return inner._step.lower(inner.state, *arrays, inner.schedule_arguments()).compile().as_text()
+        return self.inner.lowered_program(x, y, sample_weight, optimised=True)
 
     def description(self):
         return f"{self.inner.description()}, {EMBEDDINGS}, {QUERY_KEY_VALUE}"
