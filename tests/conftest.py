@@ -2,6 +2,8 @@
 subprocess, as real users do (keras fixes its backend at import)."""
 
 import functools
+import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -40,6 +42,49 @@ else:
     MACHINE_CPUS = None
 
 
+# Which vector instructions inductor's C++ kernels may use: torch finds out in every process that compiles, by
+# building a library for each instruction set the CPU lists and loading it in a fresh Python (15 to 20 s a
+# process on this project's 2-GHz machines, where a cold compile of the tiny GPT's step took 60 s).
+_VEC_ISA_PROBE = """
+import torch._inductor.config as config
+from torch._inductor import cpu_vec_isa
+built = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+cpu_vec_isa.valid_vec_isa_list.cache_clear()
+config.cpp.vec_isa_ok = True
+print("same" if [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()] == built else "differs")
+"""
+
+
+def inductor_vec_isa_settled():
+    """Tells inductor, through the environment every test's process inherits, to trust the CPU's list of vector
+    instruction sets (TORCHINDUCTOR_VEC_ISA_OK=1), once one probe here found that torch's own check keeps every
+    one of them: the kernels are then compiled for the same instruction sets, without the probe in each process.
+    Where the check drops one (a compiler too old for the CPU), nothing is set. The answer is kept per torch
+    version, CPU and compiler."""
+    if "TORCHINDUCTOR_VEC_ISA_OK" in os.environ or importlib.util.find_spec("torch") is None:
+        return
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+        compiler = os.environ.get("CXX", "g++")
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    except (OSError, StopIteration):
+        return
+    key = hashlib.sha256("\n".join([importlib.metadata.version("torch"), flags, compiler, version]).encode())
+    kept = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mtbench-tests",
+                        f"vec-isa-{key.hexdigest()[:16]}")
+    if not os.path.exists(kept):
+        with tempfile.TemporaryDirectory(prefix="mtbench-vec-isa-") as scratch:
+            proc = subprocess.run([sys.executable, "-c", _VEC_ISA_PROBE], capture_output=True, text=True,
+                                  env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": scratch}, timeout=600)
+        os.makedirs(os.path.dirname(kept), exist_ok=True)
+        with open(kept, "w") as out:
+            out.write(proc.stdout.strip().rpartition("\n")[2] if proc.returncode == 0 else "failed")
+    with open(kept) as answer:
+        if answer.read() == "same":
+            os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
+
+
 def pytest_configure(config):
     """Each pytest-xdist worker, and every process its tests start, runs on its own share of the cores, as each of
     mtbench's local processes does (`share_cores`). Unpinned, two workers' runs on two cores each start threads
@@ -48,6 +93,8 @@ def pytest_configure(config):
     from mtbench.plugins.api import Launch
     from mtbench.runner.launch import share_cores
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    if not worker:  # pytest's own process, before it starts the workers, which inherit its environment
+        inductor_vec_isa_settled()
     if worker and MACHINE_CPUS:
         share_cores(Launch(local_rank=int(worker.removeprefix("gw")),
                            local_processes=int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
