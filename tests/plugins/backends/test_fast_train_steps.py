@@ -22,7 +22,8 @@ DEFAULT_STEPS = {"jax": "jax-jit-stateless", "torch": "torch-eager"}
 WEIGHTS_DISTANCE_FRACTION = {FLOAT32: 0.01, TF32: 0.03}
 
 
-@pytest.fixture(scope="module", params=["jax", "torch"])
+# JAX's probe compiles Keras's train and test functions and mtbench's step: 35 s on one core of the 2-GHz Xeon.
+@pytest.fixture(scope="module", params=[pytest.param("jax", marks=pytest.mark.slow), "torch"])
 def probe(request, cache_dir):
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env["MTBENCH_LOAD_PLUGINS"] = ""
@@ -76,6 +77,7 @@ def test_only_the_loss_compile_model_sets_is_computed_natively():
     assert not is_token_mean_cross_entropy(keras.losses.MeanSquaredError())
 
 
+@pytest.mark.slow  # 26 s on one core of the 2-GHz Xeon
 def test_jax_step_computes_any_other_compiled_loss_through_keras():
     """In-process (keras on JAX): with a loss the step does not recognise, it still matches train_on_batch."""
     import keras
