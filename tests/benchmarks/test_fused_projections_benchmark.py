@@ -18,7 +18,7 @@ SCRIPT = os.path.join(REPOSITORY, "benchmarks", "fused_projections.py")
 def test_quick_run_times_one_product_against_three(backend, cache_dir):
     proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--backend", backend, "--preset", "tiny",
                            "--cache-dir", cache_dir], capture_output=True, text=True, timeout=600,
-                          env=cli_environment({"TORCHINDUCTOR_COMPILE_THREADS": "2"}))
+                          env=cli_environment())
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     contestants = summary["run"]["contestants"]

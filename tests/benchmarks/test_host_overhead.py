@@ -22,7 +22,7 @@ CONTESTANTS = ["mtbench eager", "mtbench compiled", "native eager", "native comp
 def test_quick_run_times_every_contestant_and_ends_with_the_three_ratios(cache_dir):
     pytest.importorskip("flax")
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    env.update(MTBENCH_LOAD_PLUGINS="", TORCHINDUCTOR_COMPILE_THREADS="2")
+    env.update(MTBENCH_LOAD_PLUGINS="")
     proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--cache-dir", cache_dir], capture_output=True,
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,8 +15,6 @@ from mtbench.plugins.extras.flash_attention import (JAX_KERNEL_PATTERN, TORCH_KE
                                              kernel_evidence)
 
 TWO_DEVICES = simulated_devices(2)
-# Inductor compiles its C++ kernels on two workers, not one: about 30 % less compile time on two cores.
-TWO_COMPILE_THREADS = {"TORCHINDUCTOR_COMPILE_THREADS": "2"}
 SHORT = [*TINY_TRAIN, "--steps", "20"]
 
 
@@ -119,7 +117,7 @@ def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eag
     # about 2 s).
     # --step compiled: the extra joins the run (as --step auto joins it on a CUDA GPU), and is what ran.
     compiled = train(tmp_path, "compiled", cache_dir, "--backend", "torch", "--step", "compiled",
-                     env=TWO_COMPILE_THREADS, flags=TINY_TRAIN)
+                     flags=TINY_TRAIN)
     eager = tiny_runs["torch"]["result"]
     record = compiled["extras_record"]["torch-compile"]
     assert compiled["train_step"] == "torch-compiled" and eager["train_step"] == "torch-eager"
