@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 
+from mtbench.runner.config import default_cache_dir
 from mtbench.runner.measurement.environment import nvidia_gpu
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -69,8 +70,7 @@ def inductor_vec_isa_settled():
         compiler = os.environ.get("CXX", "g++")
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
         key = hashlib.sha256("\n".join([importlib.metadata.version("torch"), flags, compiler, version]).encode())
-        kept = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mtbench-tests",
-                            f"vec-isa-{key.hexdigest()[:16]}")
+        kept = os.path.join(default_cache_dir(), "tests", f"vec-isa-{key.hexdigest()[:16]}")
         if not os.path.exists(kept):
             with tempfile.TemporaryDirectory(prefix="mtbench-vec-isa-") as scratch:
                 proc = subprocess.run([sys.executable, "-c", _VEC_ISA_PROBE], capture_output=True, text=True,
