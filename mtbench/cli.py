@@ -172,8 +172,9 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--ff-dim", type=int, metavar="N", help="Feed-forward dimension (default: the preset's)."),
     click.option("--dropout", type=float, metavar="RATE", help="Dropout rate (default: the preset's)."),
     click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto", show_default=True,
-                 help="Keras dtype policy: auto (mixed_bfloat16 where the device computes bfloat16 natively, a GPU "
-                      "of compute capability 8.0 or more or a TPU, as their best users train; float32 elsewhere) or "
+                 help="Keras dtype policy: auto (mixed_bfloat16 where the device computes bfloat16 natively, a CUDA "
+                      "GPU of compute capability 8.0 or more, an AMD MI100 or later, or a TPU, as their best users "
+                      "train; float32 elsewhere) or "
                       "one policy. What ran is recorded."),
     click.option("--matmul-precision", type=click.Choice(MATMUL_PRECISIONS), default="highest", show_default=True,
                  help="float32 matmuls on both backends: highest (true float32) or high (TF32 on GPUs that have it; "

@@ -12,9 +12,9 @@ from mtbench.runner.config import AUTO_16_BIT, COMPILED_STEP_EXTRA, FUSED_ATTENT
 
 def choose_dtype(run, plugins):
     """`--dtype auto`: mixed bfloat16 where the device computes bfloat16 natively (`device_info()['bfloat16']`: a
-    GPU of compute capability 8.0 or more, a TPU), as nanoGPT and JAX's GPU users train, unless the backend refuses
-    it there; float32 elsewhere, so that CPU figures keep their arithmetic. Sets `run.dtype_choice` (what was asked,
-    the dtype, why float32) and `run.config` holding the dtype chosen."""
+    CUDA GPU of compute capability 8.0 or more, an AMD MI100 or later, a TPU), as nanoGPT and JAX's GPU users
+    train, unless the backend refuses it there; float32 elsewhere, so that CPU figures keep their arithmetic. Sets
+    `run.dtype_choice` (what was asked, the dtype, why float32) and `run.config` holding the dtype chosen."""
     asked = run.config.dtype
     if asked != "auto":
         run.dtype_choice = {"asked": asked, "dtype": asked}

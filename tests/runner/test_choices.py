@@ -91,6 +91,39 @@ def test_ampere_and_later_gpus_compute_bfloat16_natively_as_each_backend_reports
     assert JaxBackend().device_info() == {"kind": "gpu", "name": "NVIDIA A10", "count": 2, "bfloat16": True}
 
 
+def test_amd_gpus_compute_bfloat16_natively_from_the_mi100_and_rdna_3_as_each_backend_reports_them(monkeypatch):
+    """AMD's matrix units multiply bfloat16 from CDNA's first (MI100, gfx908) and RDNA 3 (gfx11) on; the MI50 and
+    MI60 (gfx906) before them emulate it. On ROCm torch's capability tuple is (9, 0) for gfx906 and gfx90a alike,
+    so the architecture's name decides; JAX names it as its compute capability, or gives the model only."""
+    from mtbench import native_bfloat16
+    architectures = ["gfx900", "gfx906", "gfx908", "gfx90a:sramecc+:xnack-", "gfx942", "gfx950", "gfx1030",
+                     "gfx1100", "gfx1201", "8.6", "7.5", "gfx", "gfx9zz", "sm_90"]
+    assert [native_bfloat16(a) for a in architectures] == [
+        False, False, True, True, True, True, False, True, True, True, False, False, False, False]
+    import jax
+    import torch
+
+    from mtbench.plugins.backends.jax_backend import JaxBackend
+    from mtbench.plugins.backends.torch_backend import TorchBackend
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    for name, architecture, bfloat16 in (("AMD Instinct MI60", "gfx906:sramecc+:xnack-", False),
+                                         ("AMD Instinct MI250X", "gfx90a:sramecc+:xnack-", True)):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0, name=name: name)
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda index=0, architecture=architecture: SimpleNamespace(gcnArchName=architecture))
+        assert TorchBackend().device_info() == {"kind": "gpu", "name": name, "count": 1, "bfloat16": bfloat16}
+    for device, bfloat16 in ((SimpleNamespace(platform="gpu", device_kind="AMD Instinct MI300X",
+                                              compute_capability="gfx942"), True),
+                             (SimpleNamespace(platform="gpu", device_kind="AMD Instinct MI300X"), True),
+                             (SimpleNamespace(platform="gpu", device_kind="AMD Instinct MI50"), False),
+                             (SimpleNamespace(platform="gpu", device_kind="Radeon RX 7900 XTX"), False)):
+        monkeypatch.setattr(jax, "devices", lambda device=device: [device])
+        assert JaxBackend().device_info()["bfloat16"] is bfloat16, device
+
+
 def chosen_step(backend, kind, step="auto", extras=(), registry=None, **options):
     """(the run's extras, the extras' plugins, `run.step_choice`) once `--step` has chosen, for a device of `kind`
     (a GPU described, not present: the choice reads only the device's description)."""

@@ -36,10 +36,33 @@ def cudnn_version_text(number):
 
 
 def native_bfloat16(capability):
-    """Whether a CUDA GPU of compute `capability` ((major, minor), as torch and JAX report it) multiplies bfloat16
-    in its tensor cores: Ampere (8.0) and later. Older GPUs emulate it, slower than float32; None (not known):
-    False. What a backend's `device_info` reports as 'bfloat16', which `--dtype auto` reads."""
+    """Whether a GPU of compute `capability` multiplies bfloat16 in its matrix units: for CUDA ((major, minor), as
+    torch reports it, or JAX's '8.6') Ampere (8.0) and later; for AMD (its architecture, 'gfx90a' or ROCm's
+    'gfx90a:sramecc+:xnack-') CDNA from MI100 (gfx908, gfx90a, gfx94x, gfx950) and RDNA 3 and later (gfx11, gfx12).
+    Older GPUs emulate it, slower than float32; None or a form not known: False. What a backend's `device_info`
+    reports as 'bfloat16', which `--dtype auto` reads."""
+    if isinstance(capability, str):
+        capability = capability.strip().lower()
+        if capability.startswith("gfx"):
+            return _amd_matrix_bfloat16(capability.split(":")[0].removeprefix("gfx"))
+        try:
+            capability = tuple(int(part) for part in capability.split(".")[:2])
+        except ValueError:
+            return False
     return capability is not None and tuple(capability) >= (8, 0)
+
+
+def _amd_matrix_bfloat16(version):
+    """'908' (major 9, then two hexadecimal digits), '1100': whether that AMD architecture has bfloat16 matrix
+    instructions (MFMA from gfx908, WMMA from gfx11)."""
+    if len(version) < 3 or not version[:-2].isdigit():
+        return False
+    major = int(version[:-2])
+    try:
+        step = int(version[-2:], 16)
+    except ValueError:
+        return False
+    return major >= 11 or (major == 9 and step >= 0x08)
 
 
 def peak_host_bytes():

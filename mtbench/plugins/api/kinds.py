@@ -90,8 +90,8 @@ class Backend:
 
     def device_info(self):
         """{'kind': 'cpu'|'gpu'|'tpu', 'name': str, 'count': int, ...} of the devices the run uses; 'bfloat16':
-        True where they compute bfloat16 natively (a CUDA GPU of compute capability 8.0 or more, a TPU), which
-        `--dtype auto` reads (absent or False: auto trains float32)."""
+        True where they compute bfloat16 natively (a CUDA GPU of compute capability 8.0 or more, an AMD MI100 or
+        later, a TPU), which `--dtype auto` reads (absent or False: auto trains float32)."""
         raise NotImplementedError
 
     def synchronize(self, model=None):

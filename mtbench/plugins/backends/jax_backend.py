@@ -33,6 +33,17 @@ def compile_cache_dir(cache_dir, jax_version, device_kind):
     return os.path.join(cache_dir, "compile", f"jax-{jax_version}-{kind}")
 
 
+def gpu_bfloat16(device):
+    """Whether JAX's GPU `device` multiplies bfloat16 natively, from its compute capability (a CUDA GPU's '9.0', a
+    ROCm GPU's 'gfx942'), or where a ROCm build names none, from the Instinct model: MI100 and later have bfloat16
+    matrix units, the MI50 and MI60 before them do not."""
+    capability = getattr(device, "compute_capability", None)
+    if capability:
+        return native_bfloat16(capability)
+    instinct = re.search(r"\bMI(\d+)", getattr(device, "device_kind", ""))
+    return bool(instinct) and "AMD" in device.device_kind.upper() and int(instinct.group(1)) >= 100
+
+
 class JaxBackend(Backend):
     name = "jax"
     keras_backend = "jax"
@@ -64,8 +75,7 @@ class JaxBackend(Backend):
         if first.platform == "tpu":
             info["bfloat16"] = True
         elif first.platform == "gpu":
-            capability = getattr(first, "compute_capability", None)  # a CUDA GPU's, '9.0'; none on ROCm
-            info["bfloat16"] = native_bfloat16(tuple(map(int, capability.split(".")[:2])) if capability else None)
+            info["bfloat16"] = gpu_bfloat16(first)
         return info
 
     def synchronize(self, model=None):

@@ -55,8 +55,12 @@ class TorchBackend(Backend):
     def device_info(self):
         import torch
         if torch.cuda.is_available():
+            # On ROCm torch's capability tuple is the architecture's (gfx906's (9, 0), no bfloat16 matrix units):
+            # the architecture's name tells.
+            capability = (torch.cuda.get_device_properties(0).gcnArchName if torch.version.hip
+                          else torch.cuda.get_device_capability(0))
             return {"kind": "gpu", "name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
-                    "bfloat16": native_bfloat16(torch.cuda.get_device_capability(0))}
+                    "bfloat16": native_bfloat16(capability)}
         return {"kind": "cpu", "name": cpu_model(), "count": 1, "threads": torch.get_num_threads()}
 
     def synchronize(self, model=None):
