@@ -3,6 +3,7 @@ load; and the environment written beside every figure of a result. Never imports
 backend); each framework is imported through its backend plugin, and a framework that is missing or broken is
 described, not fatal."""
 
+import collections
 import importlib.metadata
 import os
 import platform
@@ -95,6 +96,31 @@ def nvidia_gpu(version_file=NVIDIA_VERSION_FILE, nvidia_smi="nvidia-smi"):
     return {"gpu_present": present, "nvidia_driver_version": driver}
 
 
+KFD_TOPOLOGY = "/sys/class/kfd/kfd/topology/nodes"
+
+
+def amd_gpus(topology=KFD_TOPOLOGY):
+    """The architectures of the machine's AMD compute GPUs (['gfx942', ...], empty for none), asked of the ROCm
+    kernel driver (amdkfd) as rocminfo asks it, never of a framework: each node of its topology that has SIMD units
+    is a GPU (the CPUs' nodes have none), its `gfx_target_version` the architecture (90402: gfx942, 90010:
+    gfx90a)."""
+    try:
+        nodes = sorted(os.listdir(topology), key=lambda node: int(node) if node.isdigit() else -1)
+    except OSError:
+        return []
+    found = []
+    for node in nodes:
+        try:
+            with open(os.path.join(topology, node, "properties")) as f:
+                properties = dict(line.split(None, 1) for line in f if len(line.split()) == 2)
+            if int(properties.get("simd_count", 0)) > 0:
+                version = int(properties["gfx_target_version"])
+                found.append(f"gfx{version // 10000}{version // 100 % 100:x}{version % 100:x}")
+        except (OSError, KeyError, ValueError):  # a node being torn down, or a driver that says less
+            continue
+    return found
+
+
 def _nvidia_smi_lists_a_gpu(nvidia_smi):
     if shutil.which(nvidia_smi) is None:
         return False
@@ -133,9 +159,16 @@ def host_environment():
         "platform": platform.platform(),
         "mtbench": __version__,
         "mtbench_git_commit": _git_commit(),
-        **nvidia_gpu(),
+        **gpus_present(),
         "framework_env": arithmetic_environment_variables(),
     }
+
+
+def gpus_present():
+    """{'gpu_present', 'nvidia_driver_version', 'amd_gpus'}: whether the machine has an NVIDIA or AMD GPU, each
+    asked of its driver."""
+    nvidia, amd = nvidia_gpu(), amd_gpus()
+    return {**nvidia, "gpu_present": nvidia["gpu_present"] or bool(amd), "amd_gpus": amd}
 
 
 def accelerator_record(backend):
@@ -157,16 +190,22 @@ CUDA_BUILDS = {
     "torch": "pip install --force-reinstall torch (PyPI's Linux wheel is the CUDA build; the 'torch' extra pins "
              "the CPU build of a machine without a GPU)",
 }
+# And with ROCm, for the machine's ROCm version.
+ROCM_BUILDS = {
+    "jax": "JAX's ROCm plugins (https://docs.jax.dev/en/latest/installation.html#amd-gpu-linux)",
+    "torch": "pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/rocmX.Y",
+}
 
 
-def cpu_only_backend_warnings(backends, gpu_present):
+def cpu_only_backend_warnings(backends, gpu_present, amd=False):
     """A warning for each available backend (`describe_environment`'s `backends`) that computes on the CPU of a
-    machine that has an NVIDIA GPU: its framework is a CPU-only build (or told to use the CPU), and a run would
-    time the CPU. Each names the fix."""
+    machine that has an NVIDIA GPU (an AMD one where `amd`): its framework is a CPU-only build (or told to use the
+    CPU), and a run would time the CPU. Each names the fix."""
     if not gpu_present:
         return []
-    return [f"this machine has an NVIDIA GPU but backend '{name}' sees only the CPU; install a CUDA build of its "
-            f"framework: {CUDA_BUILDS.get(name, 'see its plugin documentation')}"
+    vendor, build, builds = ("AMD", "ROCm", ROCM_BUILDS) if amd else ("NVIDIA", "CUDA", CUDA_BUILDS)
+    return [f"this machine has an {vendor} GPU but backend '{name}' sees only the CPU; install a {build} build of "
+            f"its framework: {builds.get(name, 'see its plugin documentation')}"
             for name, backend in backends.items()
             if backend["available"] and backend["device"].get("kind") == "cpu"]
 
@@ -211,9 +250,25 @@ def describe_environment(registry):
                    for name, extra in sorted(registry.extras.items())},
         "plugins": plugins.plugin_descriptions(),
         "warnings": list(registry.warnings),
-        "device_warnings": cpu_only_backend_warnings(backends, host["gpu_present"]),
+        "device_warnings": cpu_only_backend_warnings(backends, host["gpu_present"], amd=only_amd_gpus(host)),
         "run_file_format": RUN_FILE_FORMAT,  # what `train --run-file` reads here (absent: no --run-file)
     }
+
+
+def only_amd_gpus(host):
+    """Whether the GPUs `host_environment` found are AMD's alone (its NVIDIA driver, if any, gave no version)."""
+    return bool(host.get("amd_gpus")) and not host.get("nvidia_driver_version")
+
+
+def gpu_row(host):
+    """What `mtbench env` shows of the machine's GPUs, as their drivers describe them."""
+    shown = []
+    if host["gpu_present"] and not only_amd_gpus(host):
+        shown.append(f"NVIDIA, driver {host['nvidia_driver_version'] or 'version unknown'}")
+    counts = collections.Counter(host.get("amd_gpus") or [])
+    if counts:
+        shown.append("AMD " + ", ".join(f"{arch} x{count}" for arch, count in counts.items()))
+    return "; ".join(shown) or "no NVIDIA or AMD GPU"
 
 
 def environment_rows(description):
@@ -225,8 +280,7 @@ def environment_rows(description):
         ("host", "python", host["python"]),
         ("host", "platform", host["platform"]),
         ("host", "cpu", f"{host['cpu_model']}, {host['cpu_count']} cores"),
-        ("host", "gpu", f"NVIDIA, driver {host['nvidia_driver_version'] or 'version unknown'}"
-                        if host["gpu_present"] else "no NVIDIA GPU"),
+        ("host", "gpu", gpu_row(host)),
         ("host", "framework env", ", ".join(f"{name}={value}" for name, value in host["framework_env"].items()
                                             if value is not None) or "none set"),
     ]

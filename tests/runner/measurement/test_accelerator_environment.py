@@ -13,9 +13,9 @@ from mtbench import Backend, cudnn_version_text
 from mtbench.plugins.backends.jax_backend import JaxBackend
 from mtbench.plugins.backends.torch_backend import TorchBackend
 from mtbench.runner.measurement import environment
-from mtbench.runner.measurement.environment import (accelerator_record,
+from mtbench.runner.measurement.environment import (accelerator_record, amd_gpus,
                                                     arithmetic_environment_variables, cpu_only_backend_warnings,
-                                                    nvidia_gpu, run_environment)
+                                                    gpu_row, nvidia_gpu, run_environment)
 
 
 
@@ -28,6 +28,7 @@ def test_the_run_environment_has_the_accelerator_fields_empty_on_a_cpu(backend, 
     assert env["device"]["kind"] == "cpu"
     assert env["gpu_present"] is False
     assert env["nvidia_driver_version"] is None
+    assert env["amd_gpus"] == []
     assert env["cuda_version"] is None and env["cudnn_version"] is None
     assert env["framework_env"]["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
     assert env["framework_env"]["NVIDIA_TF32_OVERRIDE"] is None
@@ -114,6 +115,29 @@ def test_the_gpu_and_its_driver_are_read_from_the_driver(tmp_path, monkeypatch):
     assert nvidia_gpu(str(tmp_path / "missing"), nvidia_smi=str(smi))["gpu_present"] is True
 
 
+def kfd_node(topology, node, **properties):
+    (topology / node).mkdir(parents=True)
+    (topology / node / "properties").write_text("".join(f"{key} {value}\n" for key, value in properties.items()))
+
+
+def test_amd_gpus_and_their_architectures_are_read_from_the_rocm_driver(tmp_path):
+    """As amdkfd describes an MI300X and an MI250X beside the CPU: each node with SIMD units is a GPU, its target
+    version the architecture; a node that names none is left out, and a machine without the driver has none."""
+    topology = tmp_path / "nodes"
+    kfd_node(topology, "0", cpu_cores_count=96, simd_count=0, gfx_target_version=0)
+    kfd_node(topology, "1", cpu_cores_count=0, simd_count=1216, gfx_target_version=90402)
+    kfd_node(topology, "2", simd_count=440, gfx_target_version=90010)
+    kfd_node(topology, "10", simd_count=192, gfx_target_version=110000)
+    kfd_node(topology, "3", simd_count=440)
+    assert amd_gpus(str(topology)) == ["gfx942", "gfx90a", "gfx1100"]
+    assert amd_gpus(str(tmp_path / "missing")) == []
+    host = {"gpu_present": True, "nvidia_driver_version": None, "amd_gpus": ["gfx942"] * 8}
+    assert gpu_row(host) == "AMD gfx942 x8"
+    assert gpu_row({**host, "amd_gpus": []}) == "NVIDIA, driver version unknown"
+    assert gpu_row({**host, "nvidia_driver_version": "550.54.15"}) == "NVIDIA, driver 550.54.15; AMD gfx942 x8"
+    assert gpu_row({"gpu_present": False, "nvidia_driver_version": None, "amd_gpus": []}) == "no NVIDIA or AMD GPU"
+
+
 CPU_BACKENDS = {"jax": {"available": True, "device": {"kind": "cpu", "name": "EPYC", "count": 1}},
                 "torch": {"available": True, "device": {"kind": "gpu", "name": "NVIDIA H100 PCIe", "count": 1}},
                 "other": {"available": False, "reason": "not installed"}}
@@ -124,6 +148,9 @@ def test_a_backend_on_the_cpu_of_a_gpu_machine_is_warned_of():
     assert cpu_only_backend_warnings(CPU_BACKENDS, gpu_present=True) == [
         "this machine has an NVIDIA GPU but backend 'jax' sees only the CPU; install a CUDA build of its "
         "framework: pip install 'mtbench[jax-cuda]'"]
+    assert cpu_only_backend_warnings(CPU_BACKENDS, gpu_present=True, amd=True) == [
+        "this machine has an AMD GPU but backend 'jax' sees only the CPU; install a ROCm build of its framework: "
+        "JAX's ROCm plugins (https://docs.jax.dev/en/latest/installation.html#amd-gpu-linux)"]
 
 
 def mtbench_env(*args, gpu_present):
