@@ -38,6 +38,14 @@ DATASHEET_PEAKS = {
     "NVIDIA GH200": {"match": r"gh200", **_gpu(*HOPPER_SXM, "NVIDIA GH200 Grace Hopper datasheet")},
     # 40 GB and 80 GB, SXM4 and PCIe: the same peaks.
     "NVIDIA A100": {"match": r"a100", **_gpu(19.5e12, 156e12, 312e12, "NVIDIA A100 datasheet")},
+    "NVIDIA A10": {"match": r"a10", **_gpu(31.2e12, 62.5e12, 125e12, "NVIDIA A10 datasheet")},
+    "NVIDIA L4": {"match": r"l4", **_gpu(30.3e12, 60e12, 121e12, "NVIDIA L4 datasheet")},
+    "NVIDIA L40": {"match": r"l40", **_gpu(90.5e12, 90.5e12, 181.05e12, "NVIDIA L40 datasheet")},
+    "NVIDIA L40S": {"match": r"l40s", **_gpu(91.6e12, 183e12, 362.05e12, "NVIDIA L40S datasheet")},
+    # A GeForce card's 16-bit tensor rate with float32 accumulation, Keras's and cuBLAS's, is half its rate with
+    # 16-bit accumulation, the one its marketing quotes.
+    "NVIDIA GeForce RTX 4090": {"match": r"rtx 4090(?! d(?![a-z0-9]))",  # the 4090 D has fewer cores
+                                **_gpu(82.6e12, 82.6e12, 165.2e12, "NVIDIA Ada Lovelace architecture whitepaper")},
     "TPU v4": {"match": r"tpu v4", **_tpu(275e12, "Google Cloud TPU v4 documentation")},
     # JAX calls a v5e "TPU v5 lite" and a v5p "TPU v5" (or "TPU v5p").
     "TPU v5e": {"match": r"tpu v5(?: lite|e|litepod)", **_tpu(197e12, "Google Cloud TPU v5e documentation")},

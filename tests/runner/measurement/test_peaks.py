@@ -21,6 +21,11 @@ from mtbench.runner.measurement.peaks import (calibrate, calibration_path, datas
     ("NVIDIA GH200 480GB", "NVIDIA GH200 Grace Hopper datasheet", 989.4e12),  # not taken for an H200
     ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 datasheet", 312e12),
     ("NVIDIA A100 80GB PCIe", "NVIDIA A100 datasheet", 312e12),
+    ("NVIDIA A10", "NVIDIA A10 datasheet", 125e12),
+    ("NVIDIA L4", "NVIDIA L4 datasheet", 121e12),
+    ("NVIDIA L40", "NVIDIA L40 datasheet", 181.05e12),
+    ("NVIDIA L40S", "NVIDIA L40S datasheet", 362.05e12),   # not the L40's, nor the L4's
+    ("NVIDIA GeForce RTX 4090", "NVIDIA Ada Lovelace architecture whitepaper", 165.2e12),
     ("TPU v4", "Google Cloud TPU v4 documentation", 275e12),
     ("TPU v5 lite", "Google Cloud TPU v5e documentation", 197e12),   # JAX's device_kind of a v5e
     ("TPU v5e", "Google Cloud TPU v5e documentation", 197e12),
@@ -34,7 +39,9 @@ def test_the_most_specific_device_name_selects_the_datasheet(device_name, source
     assert named.startswith(source + ", ")
 
 
-@pytest.mark.parametrize("device_name", ["NVIDIA A10", "Tesla V100-SXM2-16GB", "TPU v3", "", None])
+# The A10G (AWS's) and the RTX 4090 D have datasheets of their own; none is known here.
+@pytest.mark.parametrize("device_name", ["NVIDIA A10G", "NVIDIA GeForce RTX 4090 D", "Tesla V100-SXM2-16GB", "TPU v3",
+                                         "", None])
 def test_an_unknown_device_has_no_datasheet_peak(device_name):
     assert datasheet_peak(device_name, "float32") == (None, None)
 
@@ -58,8 +65,8 @@ def test_matmul_precision_defaults_to_highest_and_reaches_device_peak(tmp_path):
     record = device_peak_record(FakeBackend(), gpu, "float32", str(tmp_path))
     assert record == {"flops_per_s": 19.5e12, "source": "NVIDIA A100 datasheet, FP32 dense", "measured_at": None,
                       "load_average": None}
-    unknown = device_peak(FakeBackend(), {"kind": "gpu", "name": "NVIDIA A10"}, "float32", str(tmp_path))
-    assert unknown == (None, "no datasheet peak known for NVIDIA A10")
+    unknown = device_peak(FakeBackend(), {"kind": "gpu", "name": "NVIDIA A10G"}, "float32", str(tmp_path))
+    assert unknown == (None, "no datasheet peak known for NVIDIA A10G")
 
 
 def test_a_tpu_has_no_tf32_peak():
