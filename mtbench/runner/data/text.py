@@ -236,7 +236,7 @@ def token_stream(tokenizer, data, cache_dir):
     stream_key = getattr(tokenizer, "stream_key", None)
     if not stream_key or not cache_dir:
         return tokenizer.stream(data), False
-    key = hashlib.sha256(f"{STREAM_CACHE_VERSION}:{stream_key}\n".encode() + data).hexdigest()[:32]
+    key = prefixed_sha256(f"{STREAM_CACHE_VERSION}:{stream_key}\n", data)[:32]
     path = os.path.join(cache_dir, "tokens", f"{key}.npz")
     try:
         with np.load(path) as kept:
@@ -248,6 +248,13 @@ def token_stream(tokenizer, data, cache_dir):
     np.savez(kept, ids=stream.ids, token_bytes=stream.token_bytes, unknown=stream.unknown)
     write_bytes_atomic(path, kept.getvalue())
     return stream, False
+
+
+def prefixed_sha256(prefix, data):
+    """sha256 of `prefix` (text) followed by `data`, without a copy of `data` (a corpus may be gigabytes)."""
+    digest = hashlib.sha256(prefix.encode())
+    digest.update(data)
+    return digest.hexdigest()
 
 
 def smallest_unsigned(values):
@@ -271,7 +278,7 @@ def text_tokenizer(kind, train_data, vocab_size, cache_dir, byte_vocab_size=256)
     if kind == "char":
         return CharTokenizer(utf8_text(train_data))
     from mtbench.runner.data.tokenizer import TOKENIZER_VERSION, load_or_train_sentencepiece
-    digest = hashlib.sha256(f"text-{TOKENIZER_VERSION}:{vocab_size}\n".encode() + train_data).hexdigest()
+    digest = prefixed_sha256(f"text-{TOKENIZER_VERSION}:{vocab_size}\n", train_data)
     lines = lambda: [line for line in utf8_text(train_data).split("\n") if line.strip()]
     return SentencePieceText(load_or_train_sentencepiece(lines, digest, vocab_size, cache_dir))
 
