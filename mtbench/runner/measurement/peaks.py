@@ -16,6 +16,12 @@ def _gpu(float32, tf32, bfloat16, source):
     return {"float32": float32, "tf32": tf32, "bfloat16": bfloat16, "float16": bfloat16, "source": source}
 
 
+def _amd(float32, bfloat16, source):
+    """An AMD Instinct GPU's matrix peaks. Whether float32 matmuls at precision 'high' run as XF32 on ROCm depends
+    on its libraries' versions and settings: no figure is given for them rather than a wrong one."""
+    return {"float32": float32, "tf32": None, "bfloat16": bfloat16, "float16": bfloat16, "source": source}
+
+
 def _tpu(bfloat16, source):
     """A TPU's MXU multiplies in bfloat16: every dtype counts against that peak, and its source says so."""
     return {"float32": bfloat16, "bfloat16": bfloat16, "float16": bfloat16, "arithmetic": "BF16 MXU",
@@ -46,6 +52,10 @@ DATASHEET_PEAKS = {
     # 16-bit accumulation, the one its marketing quotes.
     "NVIDIA GeForce RTX 4090": {"match": r"rtx 4090(?! d(?![a-z0-9]))",  # the 4090 D has fewer cores
                                 **_gpu(82.6e12, 82.6e12, 165.2e12, "NVIDIA Ada Lovelace architecture whitepaper")},
+    # One device per GPU (its SPX partition mode, the default): a partitioned MI300X is several devices, each with
+    # a share of the compute units, which these figures do not describe.
+    "AMD Instinct MI300X": {"match": r"mi300x", **_amd(163.4e12, 1307.4e12, "AMD Instinct MI300X datasheet (SPX)")},
+    "AMD Instinct MI325X": {"match": r"mi325x", **_amd(163.4e12, 1307.4e12, "AMD Instinct MI325X datasheet (SPX)")},
     "TPU v4": {"match": r"tpu v4", **_tpu(275e12, "Google Cloud TPU v4 documentation")},
     # JAX calls a v5e "TPU v5 lite" and a v5p "TPU v5" (or "TPU v5p").
     "TPU v5e": {"match": r"tpu v5(?: lite|e|litepod)", **_tpu(197e12, "Google Cloud TPU v5e documentation")},
@@ -81,7 +91,9 @@ def datasheet_peak(device_name, dtype, matmul_precision="highest"):
         return None, None
     arithmetic = peak_arithmetic(peaks, dtype, matmul_precision)
     name = peaks.get("arithmetic") or ARITHMETIC_NAMES.get(arithmetic, arithmetic)
-    return peaks.get(arithmetic), f"{peaks['source']}, {name} dense"
+    if peaks.get(arithmetic) is None:
+        return None, f"{peaks['source']}: no {name} figure known for these matmuls"
+    return peaks[arithmetic], f"{peaks['source']}, {name} dense"
 
 
 def peak_record(flops_per_s, source, measured_at=None, load_average=None):

@@ -26,6 +26,8 @@ from mtbench.runner.measurement.peaks import (calibrate, calibration_path, datas
     ("NVIDIA L40", "NVIDIA L40 datasheet", 181.05e12),
     ("NVIDIA L40S", "NVIDIA L40S datasheet", 362.05e12),   # not the L40's, nor the L4's
     ("NVIDIA GeForce RTX 4090", "NVIDIA Ada Lovelace architecture whitepaper", 165.2e12),
+    ("AMD Instinct MI300X", "AMD Instinct MI300X datasheet (SPX)", 1307.4e12),
+    ("AMD Instinct MI325X", "AMD Instinct MI325X datasheet (SPX)", 1307.4e12),
     ("TPU v4", "Google Cloud TPU v4 documentation", 275e12),
     ("TPU v5 lite", "Google Cloud TPU v5e documentation", 197e12),   # JAX's device_kind of a v5e
     ("TPU v5e", "Google Cloud TPU v5e documentation", 197e12),
@@ -67,6 +69,13 @@ def test_matmul_precision_defaults_to_highest_and_reaches_device_peak(tmp_path):
                       "load_average": None}
     unknown = device_peak(FakeBackend(), {"kind": "gpu", "name": "NVIDIA A10G"}, "float32", str(tmp_path))
     assert unknown == (None, "no datasheet peak known for NVIDIA A10G")
+
+
+def test_an_amd_gpu_gives_no_peak_for_float32_at_high_precision_which_may_run_as_xf32():
+    assert datasheet_peak("AMD Instinct MI300X", "float32") == (163.4e12,
+                                                                "AMD Instinct MI300X datasheet (SPX), FP32 dense")
+    assert datasheet_peak("AMD Instinct MI300X", "float32", matmul_precision="high") == \
+        (None, "AMD Instinct MI300X datasheet (SPX): no TF32 figure known for these matmuls")
 
 
 def test_a_tpu_has_no_tf32_peak():
