@@ -25,8 +25,8 @@ STREAM_CACHE_VERSION = "stream-v1"  # keys the token streams kept under --cache-
 SAVED_NAME = "tokenizer.json"  # a byte or character tokenizer in a saved model's directory
 LINE_BREAK_ID = 3              # sentencepiece's EOS id stands for a line break between encoded lines
 BYTES_AT_ONCE = 1 << 24        # a character stream is made 16 MB of text at a time
-LINES_ENCODED_AT_ONCE = 20_000  # a text's lines go to sentencepiece in batches: its Python lists of a whole corpus
-                               # took several times the memory of the text
+LINES_AT_ONCE = 1 << 18        # a text's lines go to sentencepiece about 256 KB at a time: its Python lists and the
+                               # tokens' int64 places of a whole text took 24 bytes a byte of it (7 MB: 168 MB)
 
 
 @dataclass
@@ -196,20 +196,34 @@ class SentencePieceText(Tokenizer):
         return ids[:-1]
 
     def stream(self, data):
-        lines = utf8_text(data).split("\n")
-        ids, starts, counts = (np.concatenate(parts) for parts in zip(*(
-            self.joint.encode_with_starts(lines[first:first + LINES_ENCODED_AT_ONCE])
-            for first in range(0, len(lines), LINES_ENCODED_AT_ONCE))))
-        line_breaks = np.flatnonzero(np.frombuffer(data, np.uint8) == ord("\n"))  # no other UTF-8 byte is 10
-        starts = starts + np.repeat(np.concatenate([[0], line_breaks + 1]), counts)
-        # A line break after every line but the last, beginning where its line ends.
-        after_each_line = np.cumsum(counts)[:-1]
-        ids = np.insert(ids, after_each_line, LINE_BREAK_ID).astype(np.min_scalar_type(self.vocab_size - 1))
-        starts = np.insert(starts, after_each_line, line_breaks)
-        if not len(ids):
-            return TokenStream(ids, np.zeros(0, np.uint8))
-        token_bytes = np.diff(np.maximum.accumulate(np.concatenate([[0], starts[1:], [len(data)]])))
-        return TokenStream(ids, token_bytes.astype(smallest_unsigned(token_bytes)))
+        """A batch of lines at a time (`line_batches`), each batch's tokens made whole, ids and bytes in their narrow
+        types, before the next."""
+        dtype = np.min_scalar_type(self.vocab_size - 1)
+        ids_parts, bytes_parts = [], []
+        pending = None  # where the bytes of the last token so far begin (the running maximum of its edges)
+        for line_starts, breaks, lines in line_batches(data):
+            ids, starts, counts = self.joint.encode_with_starts(lines)
+            starts = starts + np.repeat(line_starts, counts)
+            # A line break after every line but the text's last, beginning where its line ends.
+            after_each_line = np.cumsum(counts)[:len(breaks)]
+            ids = np.insert(ids, after_each_line, LINE_BREAK_ID).astype(dtype)
+            starts = np.insert(starts, after_each_line, breaks)
+            if not len(ids):
+                continue
+            # A token stands for the bytes from its start to the next token's (never back: the running maximum);
+            # the first token of the text from its first byte.
+            edges = np.maximum.accumulate(np.concatenate([[0 if pending is None else pending],
+                                                          starts[1:] if pending is None else starts]))
+            token_bytes = np.diff(edges)
+            ids_parts.append(ids)
+            bytes_parts.append(token_bytes.astype(smallest_unsigned(token_bytes)))
+            pending = int(edges[-1])
+        if pending is None:
+            return TokenStream(np.zeros(0, dtype), np.zeros(0, np.uint8))
+        last = np.array([len(data) - pending])
+        ids, ids_parts = np.concatenate(ids_parts), None
+        token_bytes, bytes_parts = np.concatenate([*bytes_parts, last.astype(smallest_unsigned(last))]), None
+        return TokenStream(ids, token_bytes.astype(smallest_unsigned(token_bytes), copy=False))
 
     def decode_text(self, ids):
         lines, line = [], []
@@ -227,6 +241,19 @@ class SentencePieceText(Tokenizer):
 
     def save(self, directory):
         self.joint.save(directory)
+
+
+def line_batches(data):
+    """`data`'s lines about LINES_AT_ONCE bytes at a time (a longer line alone), as (where each line begins, where
+    the line break after each is, their text): the text is decoded a batch at a time, never whole."""
+    breaks = np.flatnonzero(np.frombuffer(data, np.uint8) == ord("\n"))  # no other UTF-8 byte is 10
+    starts = np.concatenate([[0], breaks + 1])
+    cuts = np.unique(np.searchsorted(starts, np.arange(LINES_AT_ONCE, len(data), LINES_AT_ONCE)))
+    for first, last in zip([0, *cuts], [*cuts, len(starts)]):
+        if first == last:
+            continue
+        begin, end = int(starts[first]), int(breaks[last - 1]) if last <= len(breaks) else len(data)
+        yield starts[first:last], breaks[first:last], utf8_text(data[begin:end], begin).split("\n")
 
 
 def token_stream(tokenizer, data, cache_dir):
@@ -279,7 +306,7 @@ def text_tokenizer(kind, train_data, vocab_size, cache_dir, byte_vocab_size=256)
         return CharTokenizer(utf8_text(train_data))
     from mtbench.runner.data.tokenizer import TOKENIZER_VERSION, load_or_train_sentencepiece
     digest = prefixed_sha256(f"text-{TOKENIZER_VERSION}:{vocab_size}\n", train_data)
-    lines = lambda: [line for line in utf8_text(train_data).split("\n") if line.strip()]
+    lines = lambda: (line for *_, batch in line_batches(train_data) for line in batch if line.strip())
     return SentencePieceText(load_or_train_sentencepiece(lines, digest, vocab_size, cache_dir))
 
 

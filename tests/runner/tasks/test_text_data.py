@@ -132,10 +132,14 @@ class CountingProcessor:
         return getattr(self.processor, name)
 
 
-def test_sentencepiece_token_bytes_are_sentencepieces_offsets_read_only_where_pieces_differ_from_the_text(tmp_path):
+@pytest.mark.parametrize("lines_at_once", [1 << 18, 7])  # the text in one batch of lines, or nearly a line a batch
+def test_sentencepiece_token_bytes_are_sentencepieces_offsets_read_only_where_pieces_differ_from_the_text(
+        tmp_path, monkeypatch, lines_at_once):
     """Each token stands for the bytes from its piece's offset in the text to the next one's, as sentencepiece's own
     offsets say. Lines that decode back to themselves take their pieces' bytes instead (ten times faster): only the
     others (runs of spaces, characters NFKC changes, a character with no piece) ask sentencepiece for offsets."""
+    import mtbench.runner.data.text as text_module
+    monkeypatch.setattr(text_module, "LINES_AT_ONCE", lines_at_once)
     plain = ["Au commencement était la Parole.", "", "la Parole était avec Dieu ✓"]
     unlike = ["  deux  espaces ", "pleine\u3000largeur \uff21", "tab\tici", " ", "\u2603 inconnu", "fin  "]
     lines = [*plain * 20, *unlike, *plain]
@@ -188,6 +192,37 @@ def test_the_character_stream_gives_each_character_its_id_and_its_utf8_bytes(mon
     assert CharTokenizer("").stream(b"ab").unknown == 2 and len(CharTokenizer("a").stream(b"")) == 0
     with pytest.raises(MtbenchError, match="not UTF-8 at byte 26"):  # where in the split, whichever part it is in
         tokenizer.stream(text.encode("utf-8")[:-2] + b"\xff\n")
+
+
+def test_a_sentencepiece_stream_is_made_a_batch_of_lines_at_a_time(tmp_path, monkeypatch):
+    """A sentencepiece stream holds its tokens (ids and bytes in their narrow types) and one batch's work beyond
+    them, whatever the length of the text: the whole text decoded, its lines listed and every token's int64 place
+    took 24 bytes a byte of a 7 MB text. A line that is not UTF-8 is named by its byte in the split, whichever batch
+    it is in."""
+    import tracemalloc
+
+    import mtbench.runner.data.text as text_module
+    tokenizer = text_tokenizer("sentencepiece", TEXT * 3, 60, str(tmp_path))
+
+    def beyond_the_tokens(text):
+        tracemalloc.start()
+        try:
+            stream = tokenizer.stream(text)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        held = stream.ids.nbytes + stream.token_bytes.nbytes
+        assert stream.token_bytes.sum() == len(text) and held <= 2 * len(stream)
+        return held, peak - held
+
+    (shorter, beyond_shorter), (longer, beyond_longer) = (beyond_the_tokens(TEXT * n) for n in (2000, 4000))
+    # Twice the text (3.5 MB, then 7): what the stream needs beyond its tokens grows by less than they do (the
+    # batches' pieces as they are joined), not by 20 bytes a byte of text.
+    assert beyond_longer - beyond_shorter < longer - shorter, (beyond_shorter, beyond_longer, shorter, longer)
+    monkeypatch.setattr(text_module, "LINES_AT_ONCE", 100)
+    broken = TEXT + b"fin\n\xff\n"
+    with pytest.raises(MtbenchError, match=f"not UTF-8 at byte {len(TEXT) + 4}"):
+        tokenizer.stream(broken)
 
 
 def test_a_byte_stream_and_its_evaluation_hold_next_to_nothing_beyond_the_text():
