@@ -25,7 +25,8 @@ and `mtbench.plugins.api` are deprecated.
 1.7: `Extra.wraps_step`: an extra that wraps any step it is given, placed after one that joins by mtbench's choice;
 `RunContext.dtype_choice`, what `--dtype` asked and chose; `device_info()`'s 'bfloat16'; `native_bfloat16`.
 1.8: `Figure.task`, the task whose runs alone have a figure (`shown_figures` leaves it out of other tasks' tables).
-1.9: `native_bfloat16` reads a compute capability as text too (JAX's '8.6', an AMD GPU's 'gfx942').
+1.9: `native_bfloat16` reads a compute capability as text too (JAX's '8.6', an AMD GPU's 'gfx942');
+`accelerator_environment()`'s 'rocm_version'.
 """
 
 PLUGIN_API_VERSION = "1.9"

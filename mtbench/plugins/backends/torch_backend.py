@@ -199,8 +199,10 @@ class TorchBackend(Backend):
         sixteen_bit_sums = {f"torch.backends.cuda.matmul.allow_{dtype}_reduced_precision_reduction":
                             getattr(torch.backends.cuda.matmul, f"allow_{dtype}_reduced_precision_reduction")
                             for dtype in ("bf16", "fp16")}
-        return {"cuda_version": torch.version.cuda,
-                "cudnn_version": cudnn_version_text(reported(torch.backends.cudnn.version)),
+        # On ROCm torch's cuDNN is MIOpen, whose version numbers read as cuDNN's would be wrong.
+        rocm = torch.version.hip
+        return {"cuda_version": torch.version.cuda, "rocm_version": rocm,
+                "cudnn_version": None if rocm else cudnn_version_text(reported(torch.backends.cudnn.version)),
                 "float32_matmul": {name: reported(read) for name, read in float32_matmul.items()},
                 "sixteen_bit_matmul": sixteen_bit_sums}
 

@@ -175,7 +175,7 @@ def accelerator_record(backend):
     """`Backend.accelerator_environment()` with each of its keys present (None where the backend reports none)."""
     reported = backend.accelerator_environment() or {}
     return {key: reported.get(key)
-            for key in ("cuda_version", "cudnn_version", "float32_matmul", "sixteen_bit_matmul")}
+            for key in ("cuda_version", "rocm_version", "cudnn_version", "float32_matmul", "sixteen_bit_matmul")}
 
 
 def run_environment(backend):
@@ -326,6 +326,8 @@ def _accelerator_text(accelerator):
         return f"unknown: {accelerator['error']}"
     settings = _switches_text(accelerator["float32_matmul"])
     sixteen_bit = _switches_text(accelerator.get("sixteen_bit_matmul"))
-    return (f"CUDA {accelerator['cuda_version'] or 'none'}, cuDNN {accelerator['cudnn_version'] or 'none'}; "
-            f"float32 matmul: {settings or 'not reported'}"
+    rocm = accelerator.get("rocm_version")
+    software = (f"ROCm {rocm}" if rocm else
+                f"CUDA {accelerator['cuda_version'] or 'none'}, cuDNN {accelerator['cudnn_version'] or 'none'}")
+    return (f"{software}; float32 matmul: {settings or 'not reported'}"
             + (f"; 16-bit matmul: {sixteen_bit}" if sixteen_bit else ""))

@@ -78,8 +78,19 @@ def test_a_backend_that_reports_nothing_records_none():
     class Quiet(Backend):
         name = "quiet"
 
-    assert accelerator_record(Quiet()) == {"cuda_version": None, "cudnn_version": None, "float32_matmul": None,
-                                        "sixteen_bit_matmul": None}
+    assert accelerator_record(Quiet()) == {"cuda_version": None, "rocm_version": None, "cudnn_version": None,
+                                        "float32_matmul": None, "sixteen_bit_matmul": None}
+
+
+def test_torch_on_rocm_records_its_rocm_and_no_cudnn(monkeypatch):
+    """torch's cuDNN on ROCm is MIOpen: its version (3003000 for MIOpen 3.3) read as cuDNN's would be 300.3.0."""
+    import torch
+    monkeypatch.setattr(torch.version, "hip", "6.4.43482")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 3003000)
+    record = accelerator_record(TorchBackend())
+    assert (record["rocm_version"], record["cuda_version"], record["cudnn_version"]) == ("6.4.43482", None, None)
+    assert environment._accelerator_text(record).startswith("ROCm 6.4.43482; float32 matmul: ")
 
 
 def test_cudnn_versions_read_in_both_numberings():
@@ -176,5 +187,5 @@ def test_mtbench_env_warns_of_each_cpu_only_backend_on_a_gpu_machine():
     assert described.returncode == 0, described.stderr
     data = json.loads(described.stdout)
     assert data["device_warnings"] == [] and data["host"]["gpu_present"] is False
-    assert set(data["backends"]["jax"]["accelerator"]) == {"cuda_version", "cudnn_version", "float32_matmul",
-                                                             "sixteen_bit_matmul"}
+    assert set(data["backends"]["jax"]["accelerator"]) == {"cuda_version", "rocm_version", "cudnn_version",
+                                                             "float32_matmul", "sixteen_bit_matmul"}
