@@ -83,8 +83,9 @@ class Backend:
     def accelerator_environment(self):
         """What the framework reports of the accelerator software it runs on and of its float32 arithmetic:
         {'cuda_version': str or None (the CUDA runtime it uses, '12.8'), 'rocm_version': str or None (ROCm's,
-        '6.4.43482'), 'cudnn_version': str or None ('9.8.0'), 'float32_matmul': {setting: value} as the framework reports it now (TF32 switches, matmul
-        precision)}. None for what the framework's build lacks (a CPU-only build has no CUDA); never raises.
+        '6.4.43482'), 'cudnn_version': str or None ('9.8.0'), 'float32_matmul': {setting: value} as the framework
+        reports it now (TF32 switches, matmul precision)}. None for what the framework's build lacks (a CPU-only
+        build has no CUDA); never raises.
         Called with the framework imported, keras perhaps not. The default reports nothing."""
         return {}
 
