@@ -211,9 +211,9 @@ class SentencePieceText(Tokenizer):
             if not len(ids):
                 continue
             # A token stands for the bytes from its start to the next token's (never back: the running maximum);
-            # the first token of the text from its first byte.
-            edges = np.maximum.accumulate(np.concatenate([[0 if pending is None else pending],
-                                                          starts[1:] if pending is None else starts]))
+            # the first token of the text from its first byte, the last one before this batch up to its first.
+            first, later = (0, starts[1:]) if pending is None else (pending, starts)
+            edges = np.maximum.accumulate(np.concatenate([[first], later]))
             token_bytes = np.diff(edges)
             ids_parts.append(ids)
             bytes_parts.append(token_bytes.astype(smallest_unsigned(token_bytes)))
@@ -221,9 +221,9 @@ class SentencePieceText(Tokenizer):
         if pending is None:
             return TokenStream(np.zeros(0, dtype), np.zeros(0, np.uint8))
         last = np.array([len(data) - pending])
-        ids, ids_parts = np.concatenate(ids_parts), None
-        token_bytes, bytes_parts = np.concatenate([*bytes_parts, last.astype(smallest_unsigned(last))]), None
-        return TokenStream(ids, token_bytes.astype(smallest_unsigned(token_bytes), copy=False))
+        ids, ids_parts = np.concatenate(ids_parts), None  # each list let go once joined: the peak is one copy
+        # Each part in its own narrowest type: joined, they take the widest, the narrowest for the whole.
+        return TokenStream(ids, np.concatenate([*bytes_parts, last.astype(smallest_unsigned(last))]))
 
     def decode_text(self, ids):
         lines, line = [], []
