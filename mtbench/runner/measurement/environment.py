@@ -165,10 +165,11 @@ def host_environment():
 
 
 def gpus_present():
-    """{'gpu_present', 'nvidia_driver_version', 'amd_gpus'}: whether the machine has an NVIDIA or AMD GPU, each
-    asked of its driver."""
+    """{'gpu_present', 'nvidia_gpu_present', 'nvidia_driver_version', 'amd_gpus'}: whether the machine has a GPU,
+    an NVIDIA one, and which AMD ones, each vendor's asked of its own driver."""
     nvidia, amd = nvidia_gpu(), amd_gpus()
-    return {**nvidia, "gpu_present": nvidia["gpu_present"] or bool(amd), "amd_gpus": amd}
+    return {"gpu_present": nvidia["gpu_present"] or bool(amd), "nvidia_gpu_present": nvidia["gpu_present"],
+            "nvidia_driver_version": nvidia["nvidia_driver_version"], "amd_gpus": amd}
 
 
 def accelerator_record(backend):
@@ -256,14 +257,14 @@ def describe_environment(registry):
 
 
 def only_amd_gpus(host):
-    """Whether the GPUs `host_environment` found are AMD's alone (its NVIDIA driver, if any, gave no version)."""
-    return bool(host.get("amd_gpus")) and not host.get("nvidia_driver_version")
+    """Whether the GPUs `host_environment` found are AMD's alone."""
+    return bool(host.get("amd_gpus")) and not host["nvidia_gpu_present"]
 
 
 def gpu_row(host):
     """What `mtbench env` shows of the machine's GPUs, as their drivers describe them."""
     shown = []
-    if host["gpu_present"] and not only_amd_gpus(host):
+    if host["nvidia_gpu_present"]:
         shown.append(f"NVIDIA, driver {host['nvidia_driver_version'] or 'version unknown'}")
     counts = collections.Counter(host.get("amd_gpus") or [])
     if counts:

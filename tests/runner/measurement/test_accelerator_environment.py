@@ -15,7 +15,7 @@ from mtbench.plugins.backends.torch_backend import TorchBackend
 from mtbench.runner.measurement import environment
 from mtbench.runner.measurement.environment import (accelerator_record, amd_gpus,
                                                     arithmetic_environment_variables, cpu_only_backend_warnings,
-                                                    gpu_row, nvidia_gpu, run_environment)
+                                                    gpu_row, nvidia_gpu, only_amd_gpus, run_environment)
 
 
 
@@ -26,7 +26,7 @@ def test_the_run_environment_has_the_accelerator_fields_empty_on_a_cpu(backend, 
     monkeypatch.delenv("NVIDIA_TF32_OVERRIDE", raising=False)
     env = run_environment(backend)
     assert env["device"]["kind"] == "cpu"
-    assert env["gpu_present"] is False
+    assert env["gpu_present"] is False and env["nvidia_gpu_present"] is False
     assert env["nvidia_driver_version"] is None
     assert env["amd_gpus"] == []
     assert env["cuda_version"] is None and env["cudnn_version"] is None
@@ -142,11 +142,26 @@ def test_amd_gpus_and_their_architectures_are_read_from_the_rocm_driver(tmp_path
     kfd_node(topology, "3", simd_count=440)
     assert amd_gpus(str(topology)) == ["gfx942", "gfx90a", "gfx1100"]
     assert amd_gpus(str(tmp_path / "missing")) == []
-    host = {"gpu_present": True, "nvidia_driver_version": None, "amd_gpus": ["gfx942"] * 8}
-    assert gpu_row(host) == "AMD gfx942 x8"
-    assert gpu_row({**host, "amd_gpus": []}) == "NVIDIA, driver version unknown"
-    assert gpu_row({**host, "nvidia_driver_version": "550.54.15"}) == "NVIDIA, driver 550.54.15; AMD gfx942 x8"
-    assert gpu_row({"gpu_present": False, "nvidia_driver_version": None, "amd_gpus": []}) == "no NVIDIA or AMD GPU"
+
+
+def test_each_vendors_gpus_are_told_apart_by_its_own_driver(monkeypatch):
+    """A machine with both kinds whose NVIDIA driver gives no version still has NVIDIA GPUs: the vendor is the
+    driver's answer, not inferred from a missing version."""
+    def machine(nvidia, driver, amd):
+        monkeypatch.setattr(environment, "nvidia_gpu", lambda: {"gpu_present": nvidia, "nvidia_driver_version": driver})
+        monkeypatch.setattr(environment, "amd_gpus", lambda: amd)
+        return environment.gpus_present()
+
+    amd_only = machine(False, None, ["gfx942"] * 8)
+    assert amd_only["gpu_present"] and only_amd_gpus(amd_only) and gpu_row(amd_only) == "AMD gfx942 x8"
+    both_unversioned = machine(True, None, ["gfx942"] * 8)
+    assert not only_amd_gpus(both_unversioned)
+    assert gpu_row(both_unversioned) == "NVIDIA, driver version unknown; AMD gfx942 x8"
+    assert gpu_row(machine(True, "550.54.15", ["gfx942"] * 8)) == "NVIDIA, driver 550.54.15; AMD gfx942 x8"
+    nvidia_only = machine(True, None, [])
+    assert not only_amd_gpus(nvidia_only) and gpu_row(nvidia_only) == "NVIDIA, driver version unknown"
+    neither = machine(False, None, [])
+    assert not neither["gpu_present"] and gpu_row(neither) == "no NVIDIA or AMD GPU"
 
 
 CPU_BACKENDS = {"jax": {"available": True, "device": {"kind": "cpu", "name": "EPYC", "count": 1}},
