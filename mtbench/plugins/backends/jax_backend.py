@@ -44,6 +44,16 @@ def gpu_bfloat16(device):
     return bool(instinct) and "AMD" in device.device_kind.upper() and int(instinct.group(1)) >= 100
 
 
+def rocm_version(platform_version):
+    """ROCm's version ('6.4.0') from what JAX's client says it runs on ('rocm 60400', as XLA writes ROCm's
+    major * 10000 + minor * 100 + patch), or None on anything else ('cuda 12080', 'cpu')."""
+    found = re.fullmatch(r"rocm (\d+)", platform_version.strip().lower())
+    if not found:
+        return None
+    number = int(found.group(1))
+    return f"{number // 10000}.{number // 100 % 100}.{number % 100}"
+
+
 class JaxBackend(Backend):
     name = "jax"
     keras_backend = "jax"
@@ -215,6 +225,7 @@ class JaxBackend(Backend):
         # None: XLA's own default, which runs float32 dots as TF32 on GPUs that have it.
         precision = jax.config.jax_default_matmul_precision
         return {"cuda_version": f"{runtime // 1000}.{runtime % 1000 // 10}" if runtime else None,
+                "rocm_version": rocm_version(jax.devices()[0].client.platform_version),
                 "cudnn_version": cudnn_version_text(reported("cudnn_get_version")),
                 "float32_matmul": {"jax.config.jax_default_matmul_precision": precision}}
 

@@ -48,12 +48,6 @@ def cudnn_kinds_missing(kernels, applied_to):
     return [kind for kind in applied_to if not (with_bias if kind in MASKED_KINDS else without_bias)]
 
 
-def jax_gpu_runtime():
-    """What JAX's GPU runs on, as its client names it: 'cuda 12080', 'rocm 60400'."""
-    import jax
-    return jax.devices()[0].client.platform_version.lower()
-
-
 class FlashAttention(Extra):
     name = "flash-attention"
     description = "fused attention kernel (cuDNN on JAX, FlashAttention on torch), verified before training"
@@ -72,7 +66,7 @@ class FlashAttention(Extra):
             major, minor = torch.cuda.get_device_capability()
             if major < 8:
                 return f"needs compute capability 8.0 or newer on torch; this GPU has {major}.{minor}"
-        elif kind == "gpu" and "rocm" in jax_gpu_runtime():
+        elif kind == "gpu" and run.backend.accelerator_environment().get("rocm_version"):
             return "needs cuDNN's fused attention, which JAX has on CUDA only; this GPU runs ROCm"
         elif run.config.max_len % 2:
             # Every length bucket but the last is a multiple of 16; cuDNN trains with a mask (bias) only on

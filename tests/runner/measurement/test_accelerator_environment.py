@@ -5,6 +5,7 @@ shown with a stand-in for the driver's answer."""
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -91,6 +92,17 @@ def test_torch_on_rocm_records_its_rocm_and_no_cudnn(monkeypatch):
     record = accelerator_record(TorchBackend())
     assert (record["rocm_version"], record["cuda_version"], record["cudnn_version"]) == ("6.4.43482", None, None)
     assert environment._accelerator_text(record).startswith("ROCm 6.4.43482; float32 matmul: ")
+
+
+def test_jax_on_rocm_records_its_rocm_as_its_client_names_it(monkeypatch):
+    """XLA names a ROCm client's runtime 'rocm 60400' (major * 10000 + minor * 100 + patch), a CUDA one's
+    'cuda 12080'; JAX's own code tells them apart by that name."""
+    import jax
+    for platform_version, recorded in (("rocm 60400", "6.4.0"), ("rocm 70102", "7.1.2"), ("cuda 12080", None),
+                                       ("cpu", None)):
+        device = SimpleNamespace(client=SimpleNamespace(platform_version=platform_version))
+        monkeypatch.setattr(jax, "devices", lambda device=device: [device])
+        assert accelerator_record(JaxBackend())["rocm_version"] == recorded, platform_version
 
 
 def test_cudnn_versions_read_in_both_numberings():
