@@ -256,14 +256,14 @@ def line_batches(data):
         yield starts[first:last], breaks[first:last], utf8_text(data[begin:end], begin).split("\n")
 
 
-def token_stream(tokenizer, data, cache_dir):
+def token_stream(tokenizer, data, cache_dir, digest=None):
     """`tokenizer.stream(data)`, kept under `cache_dir` for a tokenizer that takes a while (one with a
     `stream_key`), as nanoGPT's prepare step keeps its train.bin: the next run of the same text and tokenizer reads
-    it. Returns the stream and whether it was read."""
+    it. `digest`: `sha256_hex(data)`, where the caller has it. Returns the stream and whether it was read."""
     stream_key = getattr(tokenizer, "stream_key", None)
     if not stream_key or not cache_dir:
         return tokenizer.stream(data), False
-    key = prefixed_sha256(f"{STREAM_CACHE_VERSION}:{stream_key}\n", data)[:32]
+    key = sha256_hex(f"{STREAM_CACHE_VERSION}:{stream_key}:{digest or sha256_hex(data)}".encode())[:32]
     path = os.path.join(cache_dir, "tokens", f"{key}.npz")
     try:
         with np.load(path) as kept:
@@ -277,11 +277,10 @@ def token_stream(tokenizer, data, cache_dir):
     return stream, False
 
 
-def prefixed_sha256(prefix, data):
-    """sha256 of `prefix` (text) followed by `data`, without a copy of `data` (a corpus may be gigabytes)."""
-    digest = hashlib.sha256(prefix.encode())
-    digest.update(data)
-    return digest.hexdigest()
+def sha256_hex(data):
+    """The hex sha256 of `data`: a split is hashed once (a corpus may be gigabytes), and its digest keys the
+    tokenizer, the streams and the run's data fingerprint."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def smallest_unsigned(values):
@@ -297,15 +296,15 @@ def utf8_text(data, offset=0):
                            f"byte level: --tokenizer byte") from None
 
 
-def text_tokenizer(kind, train_data, vocab_size, cache_dir, byte_vocab_size=256):
+def text_tokenizer(kind, train_data, vocab_size, cache_dir, byte_vocab_size=256, train_digest=None):
     """`vocab_size`: what a sentencepiece model is trained to; `byte_vocab_size`: a byte tokenizer's embedding
-    rows (the preset's, 256 unless padded)."""
+    rows (the preset's, 256 unless padded); `train_digest`: `sha256_hex(train_data)`, where the caller has it."""
     if kind == "byte":
         return ByteTokenizer(byte_vocab_size)
     if kind == "char":
         return CharTokenizer(utf8_text(train_data))
     from mtbench.runner.data.tokenizer import TOKENIZER_VERSION, load_or_train_sentencepiece
-    digest = prefixed_sha256(f"text-{TOKENIZER_VERSION}:{vocab_size}\n", train_data)
+    digest = sha256_hex(f"text-{TOKENIZER_VERSION}:{vocab_size}:{train_digest or sha256_hex(train_data)}".encode())
     lines = lambda: (line for *_, batch in line_batches(train_data) for line in batch if line.strip())
     return SentencePieceText(load_or_train_sentencepiece(lines, digest, vocab_size, cache_dir))
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
 from mtbench.keras_models.presets import presets_for
 from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, evaluation_batches,
-                                      load_text_tokenizer, read_text, split_ranges, text_tokenizer, token_stream,
-                                      training_batches, batches_per_epoch)
+                                      load_text_tokenizer, read_text, sha256_hex, split_ranges, text_tokenizer,
+                                      token_stream, training_batches, batches_per_epoch)
 from mtbench.runner.data.token_files import (KEPT_FOLDER, META_FILE, TokenFiles, TokenIds, TokenWidths,
                                              file_fingerprint, id_counts, is_token_folder, kept_largest_of_folder,
                                              read_token_files, utf8_widths, vocabulary_size)
@@ -67,11 +67,14 @@ class LanguageModellingTask(Task):
         # then scored on the same bytes, and the default is the same run as --tokenizer byte.
         ranges = split_ranges(text.data)
         parts = {split: text.data[start:end] for split, (start, end) in ranges.items()}
+        # The training split hashed once, for its tokenizer, its kept stream and the run's data fingerprint.
+        train_digest = sha256_hex(parts["train"])
         tokenizer = tokenizer or text_tokenizer(config.tokenizer or "byte", parts["train"], config.vocab_size,
-                                                config.cache_dir, config.model.byte_vocab_size)
+                                                config.cache_dir, config.model.byte_vocab_size, train_digest)
         streams, read = {}, []
         for split, part in parts.items():
-            streams[split], was_read = token_stream(tokenizer, part, config.cache_dir)
+            digest = train_digest if split == "train" else None
+            streams[split], was_read = token_stream(tokenizer, part, config.cache_dir, digest)
             read += [split] if was_read else []
         block = config.max_len
         check_blocks(streams, block, text.name, "a longer text")
@@ -89,7 +92,7 @@ class LanguageModellingTask(Task):
         unknown = sum(stream.unknown for stream in streams.values())
         if unknown:
             lines.append(f"  {unknown} characters of validation or test are not in the training split (<unk>)")
-        fingerprint = f"{tokenizer.fingerprint}-{len(parts['train'])}-{hash_bytes(parts['train'])}"
+        fingerprint = f"{tokenizer.fingerprint}-{len(parts['train'])}-{train_digest[:16]}"
         return TaskData(tokenizer, streams, fingerprint, record, lines)
 
     def batches(self, data, config, skip=0):
@@ -152,11 +155,6 @@ def prepare_token_files(files, config):
         lines.append(f"  largest id of {' and '.join(kept)} read from {os.path.join(config.cache_dir, KEPT_FOLDER)}")
     fingerprint = f"{tokenizer.fingerprint}-{file_fingerprint(files.train)}"
     return TaskData(tokenizer, streams, fingerprint, record, lines)
-
-
-def hash_bytes(data):
-    import hashlib
-    return hashlib.sha256(data).hexdigest()[:16]
 
 
 @dataclass

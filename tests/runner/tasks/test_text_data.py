@@ -117,6 +117,43 @@ def test_every_tokenizer_is_scored_on_the_same_bytes_the_default_byte_one_includ
     assert ranges["byte"]["valid"] == [91, 97]  # 101 bytes, 5 held out each: cuts at 91 and 96 (inside an 'é': 97)
 
 
+def test_a_sentencepiece_preparation_hashes_each_split_once(tmp_path, monkeypatch):
+    """The training split's one sha256 keys its tokenizer, its kept stream and the run's data fingerprint (each
+    hashed it again before), on the run that trains the tokenizer and on the one that reads it back alike."""
+    import hashlib
+    from types import SimpleNamespace
+
+    import mtbench.runner.data.text as text_module
+    from mtbench.runner.tasks.language_modelling import LanguageModellingTask
+    hashed = []
+
+    class Counted:
+        def __init__(self, data=b""):
+            self.digest = hashlib.sha256()
+            self.update(data)
+
+        def update(self, data):
+            hashed.append(bytes(data))
+            self.digest.update(data)
+
+        def hexdigest(self):
+            return self.digest.hexdigest()
+
+    monkeypatch.setattr(text_module, "hashlib", SimpleNamespace(sha256=Counted))
+    text = SimpleNamespace(data=TEXT * 20, name="parole", origin="test")
+    config = SimpleNamespace(tokenizer="sentencepiece", vocab_size=60, cache_dir=str(tmp_path), max_len=8,
+                             model=SimpleNamespace(byte_vocab_size=256))
+    fingerprints = []
+    for trained_or_read in ("trained", "read"):
+        hashed.clear()
+        prepared = LanguageModellingTask().prepare(config, text, None)
+        fingerprints.append(prepared.fingerprint)
+        # Beside the text's splits: the keys' own short texts, and the sentencepiece model (the streams' key).
+        of_the_text = sum(len(data) for data in hashed if len(data) > 100 and data in text.data)
+        assert of_the_text == len(text.data), trained_or_read
+    assert "read from" in prepared.lines[1] and fingerprints[0] == fingerprints[1]
+
+
 class CountingProcessor:
     """A sentencepiece processor that counts the sentences whose protos (piece offsets) it was asked for."""
 
