@@ -42,6 +42,9 @@ DATASHEET_PEAKS = {
     "NVIDIA H200": {"match": r"h200", **_gpu(*HOPPER_SXM, "NVIDIA H200 SXM datasheet")},
     "NVIDIA H200 NVL": {"match": r"h200 nvl", **_gpu(*HOPPER_NVL, "NVIDIA H200 NVL datasheet")},
     "NVIDIA GH200": {"match": r"gh200", **_gpu(*HOPPER_SXM, "NVIDIA GH200 Grace Hopper datasheet")},
+    # HGX B200's eight GPUs' figures over eight (1,000 W each). A GB200's GPUs run faster at more power; the
+    # frameworks name them "NVIDIA GB200", which this pattern does not match.
+    "NVIDIA B200": {"match": r"b200", **_gpu(75e12, 1125e12, 2250e12, "NVIDIA HGX B200 datasheet (per GPU)")},
     # 40 GB and 80 GB, SXM4 and PCIe: the same peaks.
     "NVIDIA A100": {"match": r"a100", **_gpu(19.5e12, 156e12, 312e12, "NVIDIA A100 datasheet")},
     "NVIDIA A10": {"match": r"a10", **_gpu(31.2e12, 62.5e12, 125e12, "NVIDIA A10 datasheet")},

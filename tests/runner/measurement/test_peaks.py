@@ -19,6 +19,7 @@ from mtbench.runner.measurement.peaks import (calibrate, calibration_path, datas
     ("NVIDIA H200", "NVIDIA H200 SXM datasheet", 989.4e12),
     ("NVIDIA H200 NVL", "NVIDIA H200 NVL datasheet", 835.5e12),
     ("NVIDIA GH200 480GB", "NVIDIA GH200 Grace Hopper datasheet", 989.4e12),  # not taken for an H200
+    ("NVIDIA B200", "NVIDIA HGX B200 datasheet (per GPU)", 2250e12),
     ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 datasheet", 312e12),
     ("NVIDIA A100 80GB PCIe", "NVIDIA A100 datasheet", 312e12),
     ("NVIDIA A10", "NVIDIA A10 datasheet", 125e12),
@@ -41,9 +42,10 @@ def test_the_most_specific_device_name_selects_the_datasheet(device_name, source
     assert named.startswith(source + ", ")
 
 
-# The A10G (AWS's) and the RTX 4090 D have datasheets of their own; none is known here.
-@pytest.mark.parametrize("device_name", ["NVIDIA A10G", "NVIDIA GeForce RTX 4090 D", "Tesla V100-SXM2-16GB", "TPU v3",
-                                         "", None])
+# The A10G (AWS's), the RTX 4090 D and the GB200's GPUs (B200s at more power) have datasheets of their own; none is
+# known here.
+@pytest.mark.parametrize("device_name", ["NVIDIA A10G", "NVIDIA GeForce RTX 4090 D", "NVIDIA GB200",
+                                         "Tesla V100-SXM2-16GB", "TPU v3", "", None])
 def test_an_unknown_device_has_no_datasheet_peak(device_name):
     assert datasheet_peak(device_name, "float32") == (None, None)
 
