@@ -1,6 +1,7 @@
 """The energy a run draws, from the hardware's own counters: NVML's total-energy counter on NVIDIA GPUs (the
-`nvidia-ml-py` package), the powercap/RAPL package counters on CPUs where the system exposes them. Elsewhere the
-result says why there is no figure; it never estimates one.
+`nvidia-ml-py` package), AMD SMI's energy accumulator on AMD GPUs (ROCm's `amdsmi` package), the powercap/RAPL
+package counters on CPUs where the system exposes them. Elsewhere the result says why there is no figure; it never
+estimates one.
 
 Counters are read at the edges of the timed steps (after the device is synchronised) and at the start and end of
 the run. Each process of a run reads the counters of its own devices; the figures are summed over the processes,
@@ -9,6 +10,7 @@ longer than one wrap still adds up as long as it is read at least once per wrap 
 """
 
 import os
+import re
 import time
 
 from mtbench.plugins.api import Launch, ProcessGroup
@@ -62,6 +64,22 @@ class NvmlCounter(Counter):
         return [self.pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1e3 for handle in self.handles]
 
 
+class AmdSmiCounter(Counter):
+    source = "amdsmi"
+
+    def __init__(self, amdsmi, handles):
+        self.amdsmi, self.handles = amdsmi, handles
+
+    def read(self):
+        readings = []
+        for handle in self.handles:
+            count = self.amdsmi.amdsmi_get_energy_count(handle)
+            # Ticks of `counter_resolution` microjoules each; ROCm before 6.2 named the ticks 'power'.
+            ticks = count["energy_accumulator"] if "energy_accumulator" in count else count["power"]
+            readings.append(ticks * count["counter_resolution"] / 1e6)
+        return readings
+
+
 def rapl_domains(root=RAPL_ROOT):
     """The package-level RAPL domains ('intel-rapl:N' or 'amd-rapl:N', not their subdomains) whose counters this
     process can read: [(energy_uj path, wrap range in µJ)]."""
@@ -83,10 +101,10 @@ def rapl_domains(root=RAPL_ROOT):
     return domains
 
 
-def _visible_gpu_indices(ordinals):
-    """NVML numbers every GPU of the machine; CUDA_VISIBLE_DEVICES (as indices) says which ones the process sees,
-    and `ordinals` are devices as the process numbers the ones it sees."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+def _visible_gpu_indices(ordinals, variable="CUDA_VISIBLE_DEVICES"):
+    """NVML numbers every GPU of the machine; `variable` (as indices) says which ones the process sees, and
+    `ordinals` are devices as the process numbers the ones it sees."""
+    visible = os.environ.get(variable)
     if visible:
         try:
             numbers = [int(index) for index in visible.split(",")]
@@ -96,11 +114,21 @@ def _visible_gpu_indices(ordinals):
     return list(ordinals)
 
 
+def _visible_amd_gpu_indices(ordinals):
+    """As `_visible_gpu_indices`, for AMD SMI's numbering: HIP picks among the GPUs ROCr lets it see
+    (HIP_VISIBLE_DEVICES, else CUDA_VISIBLE_DEVICES, as HIP reads them), ROCr among the machine's
+    (ROCR_VISIBLE_DEVICES)."""
+    hip = "HIP_VISIBLE_DEVICES" if os.environ.get("HIP_VISIBLE_DEVICES") else "CUDA_VISIBLE_DEVICES"
+    return _visible_gpu_indices(_visible_gpu_indices(ordinals, hip), "ROCR_VISIBLE_DEVICES")
+
+
 def open_counter(device, ordinals=(0,)):
     """(Counter or None, reason when None) for the run's device (`Backend.device_info()`): on GPUs, the counters
     of the devices this process computes on (`ordinals`, as it numbers its visible devices), not every GPU of
     the machine."""
     kind, name = device.get("kind"), device.get("name") or ""
+    if kind == "gpu" and is_amd_gpu(name):
+        return _amdsmi_counter(name, ordinals)
     if kind == "gpu":
         try:
             import pynvml
@@ -122,6 +150,27 @@ def open_counter(device, ordinals=(0,)):
         return None, (f"no readable powercap/RAPL counter under {RAPL_ROOT} (a virtual machine or container "
                       f"often hides them; on Linux hosts they may need read permission on energy_uj)")
     return None, f"no energy counter known for {kind} devices"
+
+
+def is_amd_gpu(name):
+    """Whether a GPU so named (torch's and JAX's names on ROCm: 'AMD Instinct MI300X', 'AMD Radeon RX 7900 XTX')
+    is AMD's."""
+    return re.search(r"\b(AMD|Instinct|Radeon)\b", name, re.IGNORECASE) is not None
+
+
+def _amdsmi_counter(name, ordinals):
+    try:
+        import amdsmi
+    except ImportError:
+        return None, "amdsmi is not installed (ROCm's AMD SMI: pip install amdsmi, of the machine's ROCm version)"
+    try:
+        amdsmi.amdsmi_init()
+        every_gpu = amdsmi.amdsmi_get_processor_handles()
+        counter = AmdSmiCounter(amdsmi, [every_gpu[i] for i in _visible_amd_gpu_indices(ordinals)])
+        counter.read()
+    except Exception as error:  # no driver, a GPU without the counter, an index past the machine's GPUs
+        return None, f"AMD SMI's energy counter cannot be read on {name}: {type(error).__name__}: {error}"
+    return counter, None
 
 
 class EnergyMeter:

@@ -117,6 +117,37 @@ def test_nvml_counts_only_the_devices_this_process_computes_on(monkeypatch):
     assert open_counter(gpu, ordinals=[1])[0].handles == [5]
 
 
+def stand_in_amdsmi(counts):
+    """AMD SMI as ROCm's `amdsmi` answers: a handle per GPU of the machine, each one's energy accumulator in ticks of
+    `counter_resolution` microjoules (named 'power' before ROCm 6.2)."""
+    return types.SimpleNamespace(amdsmi_init=lambda: None,
+                                 amdsmi_get_processor_handles=lambda: [f"gpu{i}" for i in range(8)],
+                                 amdsmi_get_energy_count=lambda handle: next(counts[handle]))
+
+
+def test_amd_gpus_are_counted_by_amd_smi_on_the_gpus_this_process_computes_on(monkeypatch):
+    ticks = lambda *values, key="energy_accumulator": iter({key: v, "counter_resolution": 15.3} for v in values)
+    counts = {"gpu5": ticks(0, 10**6, 3 * 10**6), "gpu2": ticks(0, 2 * 10**6, 2 * 10**6, key="power"),
+              "gpu3": ticks(0)}
+    monkeypatch.setitem(sys.modules, "amdsmi", stand_in_amdsmi(counts))
+    for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ROCR_VISIBLE_DEVICES", "1,2,3,5")
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "3,1")  # HIP's devices 0 and 1 are ROCr's 3 and 1: GPUs 5 and 2
+    mi300x = {"kind": "gpu", "name": "AMD Instinct MI300X", "count": 2}
+    counter, reason = open_counter(mi300x, ordinals=[0, 1])
+    assert reason is None and counter.source == "amdsmi" and counter.handles == ["gpu5", "gpu2"]
+    before, after = counter.read(), counter.read()
+    assert counter.difference(before, after) == pytest.approx((2 * 10**6 + 0) * 15.3 / 1e6)
+    monkeypatch.delenv("HIP_VISIBLE_DEVICES")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")  # HIP reads it where HIP_VISIBLE_DEVICES is not set: ROCr's 2
+    assert open_counter(mi300x)[0].handles == ["gpu3"]
+    monkeypatch.setitem(sys.modules, "amdsmi", None)  # not installed
+    assert open_counter({"kind": "gpu", "name": "AMD Radeon RX 7900 XTX"})[1].startswith("amdsmi is not installed")
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert open_counter({"kind": "gpu", "name": "NVIDIA H100 80GB HBM3"})[1].startswith("nvidia-ml-py")
+
+
 def test_without_a_counter_the_result_says_why_and_gives_no_figure(monkeypatch, tmp_path):
     monkeypatch.setattr(energy, "RAPL_ROOT", str(tmp_path / "none"))
     monkeypatch.setattr(energy, "rapl_domains", lambda root=None: [])
