@@ -225,7 +225,7 @@ class JaxBackend(Backend):
         # None: XLA's own default, which runs float32 dots as TF32 on GPUs that have it.
         precision = jax.config.jax_default_matmul_precision
         return {"cuda_version": f"{runtime // 1000}.{runtime % 1000 // 10}" if runtime else None,
-                "rocm_version": rocm_version(jax.devices()[0].client.platform_version),
+                "rocm_version": rocm_version(getattr(jax.devices()[0].client, "platform_version", "")),
                 "cudnn_version": cudnn_version_text(reported("cudnn_get_version")),
                 "float32_matmul": {"jax.config.jax_default_matmul_precision": precision}}
 

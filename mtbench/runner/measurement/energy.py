@@ -153,9 +153,9 @@ def open_counter(device, ordinals=(0,)):
 
 
 def is_amd_gpu(name):
-    """Whether a GPU so named (torch's and JAX's names on ROCm: 'AMD Instinct MI300X', 'AMD Radeon RX 7900 XTX')
-    is AMD's."""
-    return re.search(r"\b(AMD|Instinct|Radeon)\b", name, re.IGNORECASE) is not None
+    """Whether a GPU so named (torch's and JAX's names on ROCm: 'AMD Instinct MI300X', 'AMD Radeon RX 7900 XTX',
+    or its architecture, 'gfx942') is AMD's."""
+    return re.search(r"\b(AMD|Instinct|Radeon|gfx\d+[a-f]?)\b", name, re.IGNORECASE) is not None
 
 
 def _amdsmi_counter(name, ordinals):

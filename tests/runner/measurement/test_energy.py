@@ -143,7 +143,8 @@ def test_amd_gpus_are_counted_by_amd_smi_on_the_gpus_this_process_computes_on(mo
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")  # HIP reads it where HIP_VISIBLE_DEVICES is not set: ROCr's 2
     assert open_counter(mi300x)[0].handles == ["gpu3"]
     monkeypatch.setitem(sys.modules, "amdsmi", None)  # not installed
-    assert open_counter({"kind": "gpu", "name": "AMD Radeon RX 7900 XTX"})[1].startswith("amdsmi is not installed")
+    for name in ("AMD Radeon RX 7900 XTX", "gfx90a"):
+        assert open_counter({"kind": "gpu", "name": name})[1].startswith("amdsmi is not installed")
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert open_counter({"kind": "gpu", "name": "NVIDIA H100 80GB HBM3"})[1].startswith("nvidia-ml-py")
 
