@@ -163,6 +163,8 @@ def _amdsmi_counter(name, ordinals):
         import amdsmi
     except ImportError:
         return None, "amdsmi is not installed (ROCm's AMD SMI: pip install amdsmi, of the machine's ROCm version)"
+    except Exception as error:  # its wrapper loads ROCm's libamd_smi.so as it is imported
+        return None, f"amdsmi cannot be imported: {type(error).__name__}: {error}"
     try:
         amdsmi.amdsmi_init()
         every_gpu = amdsmi.amdsmi_get_processor_handles()

@@ -149,6 +149,14 @@ def test_amd_gpus_are_counted_by_amd_smi_on_the_gpus_this_process_computes_on(mo
     assert open_counter({"kind": "gpu", "name": "NVIDIA H100 80GB HBM3"})[1].startswith("nvidia-ml-py")
 
 
+def test_an_amd_smi_that_cannot_load_rocms_library_is_a_reason_not_a_traceback(monkeypatch, tmp_path):
+    (tmp_path / "amdsmi.py").write_text("raise OSError('libamd_smi.so: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
+    assert open_counter({"kind": "gpu", "name": "AMD Instinct MI300X"}) == (
+        None, "amdsmi cannot be imported: OSError: libamd_smi.so: cannot open shared object file")
+
+
 def test_without_a_counter_the_result_says_why_and_gives_no_figure(monkeypatch, tmp_path):
     monkeypatch.setattr(energy, "RAPL_ROOT", str(tmp_path / "none"))
     monkeypatch.setattr(energy, "rapl_domains", lambda root=None: [])
