@@ -56,7 +56,7 @@ class FlashAttention(Extra):
     def unavailable_reason(self, run):
         kind, dtype = run.device_kind, run.config.dtype
         if kind not in ("gpu", "tpu") or dtype not in HALF_DTYPES:
-            return f"needs a CUDA GPU (or TPU) and float16/bfloat16; this run has {kind}/{dtype}"
+            return f"needs a GPU (or TPU) and float16/bfloat16; this run has {kind}/{dtype}"
         shape = run.model_shape  # None where the model family knows it only once built: `verify` checks then
         head_dim = shape and shape.d_model // shape.num_heads
         if head_dim and (head_dim % 8 or head_dim > 256):

@@ -32,10 +32,10 @@ def losses(result):
 
 @pytest.mark.parametrize("args, env, message", [
     pytest.param(["--backend", "jax", "--extra", "flash-attention"], None,
-                 "extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16; this run "
+                 "extra 'flash-attention' cannot run here: needs a GPU (or TPU) and float16/bfloat16; this run "
                  "has cpu/float32", marks=cpu_machine_only),
     pytest.param(["--backend", "torch", "--extra", "flash-attention", "--dtype", "mixed_bfloat16"], None,
-                 "extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16; this run "
+                 "extra 'flash-attention' cannot run here: needs a GPU (or TPU) and float16/bfloat16; this run "
                  "has cpu/mixed_bfloat16", marks=cpu_machine_only),
     (["--backend", "jax", "--extra", "pmap"], CPU_ONLY,
      "extra 'pmap' cannot run here: needs at least 2 devices; this run has 1"),

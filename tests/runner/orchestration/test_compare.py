@@ -168,7 +168,7 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     (["--matrix", "jax;jax+pmap;torch+flash-attention"],
      "run 'jax+pmap': extra 'pmap' cannot run here: needs at least 2 devices; this run has 1"),
     (["--matrix", "torch;torch+flash-attention", "--dtype", "bfloat16"],
-     "run 'torch+flash-attention': extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and "
+     "run 'torch+flash-attention': extra 'flash-attention' cannot run here: needs a GPU (or TPU) and "
      "float16/bfloat16; this run has cpu/bfloat16"),
 ])
 def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
@@ -633,7 +633,7 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
                             f"available: "),
                            ([str(tmp_path / "refused.json"), "--out", str(tmp_path / "again.json")],
                             f"refused.json: run '{refused_run['backend']}+flash-attention': extra 'flash-attention' "
-                            f"cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16")):
+                            f"cannot run here: needs a GPU (or TPU) and float16/bfloat16")):
         proc = run_cli("rerun", *args)
         assert_refused_in_one_line(proc, expected)
     assert existing.read_text() == '{"keep": "me"}\n'

@@ -11,7 +11,7 @@ from mtbench.runner.config import TrainConfig
 from mtbench.runner.orchestration.environments import probe_devices
 from mtbench.runner.orchestration.preflight import device_refusals
 
-FLASH_IN_FLOAT32 = "extra 'flash-attention' cannot run here: needs a CUDA GPU (or TPU) and float16/bfloat16; " \
+FLASH_IN_FLOAT32 = "extra 'flash-attention' cannot run here: needs a GPU (or TPU) and float16/bfloat16; " \
                    "this run has"
 
 
