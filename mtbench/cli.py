@@ -80,7 +80,8 @@ class OneLineErrors(click.Group):
 @click.group(cls=OneLineErrors)
 @click.version_option(package_name="mtbench")
 def main():
-    """Train one Keras 3 Transformer for translation on JAX or PyTorch and report honest figures."""
+    """Train one Keras 3 Transformer (translation or a language model) on JAX or PyTorch and report honest
+    figures."""
 
 
 def _stack(options):
@@ -803,7 +804,8 @@ def list_plugins(as_json):
     _warn_broken_plugins(registry)
     table = Table(title=f"mtbench plugins (plugin API {PLUGIN_API_VERSION})")
     for column in ("plugin", "package", "status", "hooks", "provides"):
-        table.add_column(column, overflow="fold")  # a hook's name or an install hint is one long word: never cut
+        # A hook's name is one word a user copies into a plugin: whole on one line, the prose beside it folds.
+        table.add_column(column, overflow="fold", no_wrap=column == "hooks")
     for row in rows:
         provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in row["provides"].items())
         name = row["name"] + (" (built-in)" if row["builtin"] else "")

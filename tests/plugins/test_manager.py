@@ -38,12 +38,14 @@ def test_builtin_plugins_are_listed_with_their_hooks():
     assert len(builtin) == 19 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
 
 
-def test_an_80_column_terminal_folds_hooks_and_hints_instead_of_cutting_them():
+def test_an_80_column_terminal_keeps_hook_names_whole_and_folds_hints_instead_of_cutting_them():
     proc = run_cli("plugins", env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr
     assert max(len(line) for line in proc.stdout.splitlines()) <= 80
     assert "…" not in proc.stdout
     listing = plugins_json({})
+    hooks_column = {line.split("│")[4].strip() for line in proc.stdout.splitlines() if line.count("│") == 6}
+    assert {hook for row in listing["plugins"] for hook in row["hooks"]} <= hooks_column  # one a line, unbroken
     hint = max((row["reason"] or "" for row in listing["extras"]), key=len)  # the longest why-not
     folded = "".join(line.split("│")[4].strip() for line in proc.stdout.splitlines() if line.count("│") == 5)
     assert hint.replace(" ", "") in folded.replace(" ", "")
