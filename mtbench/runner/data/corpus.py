@@ -99,8 +99,18 @@ def read_options(config, dataset=None):
     return ReadOptions(src_col=config.src_col, tgt_col=config.tgt_col, src_lang=src_lang, tgt_lang=tgt_lang)
 
 
+def registered_dataset(registry, name):
+    """The dataset plugin `name`; a path given to --dataset is an unknown name that says how a file is read."""
+    try:
+        return registry.lookup("datasets", name)
+    except MtbenchError as error:
+        if os.sep in name or os.path.exists(name):
+            raise MtbenchError(f"{error}; a file is read with --data {name}", error.exit_code) from None
+        raise
+
+
 def load_corpus(config, registry, progress):
-    dataset = None if config.data_file else registry.lookup("datasets", config.dataset)
+    dataset = None if config.data_file else registered_dataset(registry, config.dataset)
     options = read_options(config, dataset)
     if dataset is None:
         pairs, origin = read_pairs(config.data_file, options), describe(config.data_file, options)

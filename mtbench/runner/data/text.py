@@ -15,7 +15,7 @@ import numpy as np
 
 from mtbench.errors import MtbenchError
 from mtbench.plugins.api import Batch, Tokenizer
-from mtbench.runner.data.corpus import load_dataset_pairs
+from mtbench.runner.data.corpus import load_dataset_pairs, registered_dataset
 from mtbench.runner.files import read_json, write_bytes_atomic, write_json_atomic
 
 # enwik8's split, 90/5/5 of its 100 M bytes: the last two twentieths are validation and test.
@@ -42,7 +42,7 @@ def read_text(config, registry, progress):
     --dataset, a verse per line."""
     if config.data_file:
         return Text(os.path.basename(os.path.normpath(config.data_file)), *_read_files(config.data_file))
-    dataset = registry.lookup("datasets", config.dataset)
+    dataset = registered_dataset(registry, config.dataset)
     pairs = load_dataset_pairs(dataset, config.cache_dir, progress,
                                lambda: registry.plugin_code("datasets", dataset.name))
     text = "".join(source + "\n" for source, _ in pairs).encode("utf-8")
