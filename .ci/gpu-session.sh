@@ -9,6 +9,7 @@
 #    interval);
 # 2. the obvious command on torch (`mtbench train --model gpt --preset gpt2-small`, 10 steps): does `--dtype auto`
 #    train mixed bfloat16, and `--step auto` with `--attention auto` row 8's way (torch-compile, flash-attention);
+#    with two steady steps in torch.profiler's trace (`--profile 2`: the kernels that ran, for ui.perfetto.dev);
 # 3. mtbench's compiled torch step against nanoGPT's as inductor compiles them, 16 x 1024 tokens: does the
 #    backward write the logits' gradient over the saved logits now, and a steady step's peak;
 # 4. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
@@ -30,7 +31,8 @@ tail -32 "$out/matrix.log"
 cp /tmp/gpu-session-matrix/gpu-matrix.md /tmp/gpu-session-matrix/gpu-matrix.json "$out/" 2>/dev/null
 
 timeout "$(within 70)" python3 -m mtbench train --backend torch --model gpt --preset gpt2-small \
-  --batch-size 16 --steps 10 --measure-only --report none --out /tmp/gpu-session-obvious.json > "$out/obvious.log" 2>&1
+  --batch-size 16 --steps 10 --profile 2 --measure-only --report none --out /tmp/gpu-session-obvious.json > "$out/obvious.log" 2>&1
+(cd /tmp/gpu-session-obvious.run && tar czf "$out/obvious-profile.tgz" profile) 2>/dev/null
 python3 -c "import json; r = json.load(open('/tmp/gpu-session-obvious.json')); print('obvious command:', r['extras'],
 r['dtype_chosen'], r['train_step'], r['train_step_chosen'], r['model']['attention'].get('chosen'),
 r['timing']['step_s_median'])" \

@@ -192,6 +192,10 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--measure-only", is_flag=True, default=False,
                  help="Benchmark mode: train and time only; skip validation, the final evaluation, the test "
                       "translation and saving the model (the result's quality figures are n/a)."),
+    click.option("--profile", "profile_steps", type=int, default=0, metavar="N",
+                 help="Trace N steady steps with the backend's own profiler (jax.profiler, torch.profiler) into "
+                      "RESULT.run/profile, in a window of their own, timed apart from the steady figures; Perfetto "
+                      "(ui.perfetto.dev) opens both backends' traces. 0: none."),
     click.option("--compile-mode", type=click.Choice(COMPILE_MODES),
                  help="torch.compile mode for the torch-compile extra (default: default; for the compiled torch run "
                       "that compare adds on a CUDA GPU, reduce-overhead: CUDA graphs)."),

@@ -107,6 +107,7 @@ class TrainConfig:
     overwrite: bool = False
     save_model: bool = True        # keep the final weights (and what rebuilds the model) in the run directory
     measure_only: bool = False     # benchmark mode: train and time only; no validation, evaluation, translation, saving
+    profile_steps: int = 0         # steady steps traced by the backend's profiler (runner/loop/profiling.py); 0: none
     # Reading the user's corpus (mtbench/runner/formats.py)
     valid_file: str = None         # validation pairs in any format, instead of a split of the training data
     test_file: str = None          # test pairs in any format, or sacrebleu:NAME
@@ -188,6 +189,8 @@ class TrainConfig:
             raise MtbenchError(f"--length-penalty must not be negative, got {self.length_penalty}")
         if self.price_per_hour is not None and self.price_per_hour < 0:
             raise MtbenchError(f"--price-per-hour must not be negative, got {self.price_per_hour}")
+        if self.profile_steps < 0:
+            raise MtbenchError(f"--profile must not be negative, got {self.profile_steps}")
         if self.warmup_steps < 0:
             raise MtbenchError(f"--warmup-steps must not be negative, got {self.warmup_steps}")
         if self.vocab_size < 16:

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api import Extra, KerasTrainStep, RunContext, TrainStep, uneven_split_reason
+from mtbench.plugins.api import Backend, Extra, KerasTrainStep, RunContext, TrainStep, uneven_split_reason
 from mtbench.runner.choices import (choose_compiled_step, choose_dtype, choose_fused_attention, dtype_refusal,
                                     step_compiling_extra)
 from mtbench.runner.config import EXTRA_OPTIONS
@@ -194,10 +194,18 @@ ACCUMULATING_EXTRAS = ("torch-compile", "flash-attention", "ddp", "data-parallel
 def check_options_against_extras(config, plugins):
     """What a training run's options ask of its extras, refused in one line before anything is imported: an
     extra's option without the extra, --step eager where no extra compiles the step, --grad-accum N where the run
-    could not accumulate."""
+    could not accumulate, --profile where the backend cannot."""
     check_extra_options(config)
     step_compiling_extra(config, plugins)
     check_gradient_accumulation(config, plugins)
+    check_profiling(config, plugins)
+
+
+def check_profiling(config, plugins):
+    """--profile N: refused in one line, before anything is imported, where the backend has no step profiler."""
+    if config.profile_steps and type(plugins.backend).step_profiler is Backend.step_profiler:
+        raise MtbenchError(f"--profile {config.profile_steps}: backend '{plugins.backend.name}' has no step profiler "
+                           f"(Backend.step_profiler)")
 
 
 def check_gradient_accumulation(config, plugins):

@@ -12,7 +12,8 @@ import pytest
 from conftest import cli_environment, run_cli
 from mtbench import Backend, Launch, MtbenchError, ProcessGroup
 from mtbench.runner.config import TrainConfig
-from mtbench.runner.setup import KERAS_OPTIONAL_IMPORTS, local_devices, modules_hidden, set_matmul_precision
+from mtbench.runner.setup import (KERAS_OPTIONAL_IMPORTS, check_profiling, local_devices, modules_hidden,
+                                  set_matmul_precision)
 
 
 @pytest.fixture
@@ -174,3 +175,14 @@ def test_a_family_whose_build_returns_no_model_and_shape_is_named():
             with pytest.raises(RunFailure, match=r"^model family 'careless-lm' built (str|tuple), not \(model, "
                                                  r"shape\): a model and its ModelShape$"):
                 build_model(run, plugins, None)
+
+
+def test_profile_is_refused_before_any_import_where_the_backend_has_no_profiler():
+    class Unprofiled(Backend):  # a third-party backend written before Backend.step_profiler
+        name = "unprofiled"
+
+    plugins = SimpleNamespace(backend=Unprofiled())
+    with pytest.raises(MtbenchError, match=r"^--profile 2: backend 'unprofiled' has no step profiler "
+                                           r"\(Backend.step_profiler\)$"):
+        check_profiling(TrainConfig(preset="tiny", profile_steps=2), plugins)
+    check_profiling(TrainConfig(preset="tiny"), plugins)  # not asked for: nothing to refuse

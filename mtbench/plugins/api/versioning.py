@@ -27,9 +27,10 @@ and `mtbench.plugins.api` are deprecated.
 1.8: `Figure.task`, the task whose runs alone have a figure (`shown_figures` leaves it out of other tasks' tables).
 1.9: `native_bfloat16` reads a compute capability as text too (JAX's '8.6', an AMD GPU's 'gfx942');
 `accelerator_environment()`'s 'rocm_version'.
+1.10: `Backend.step_profiler(directory)`, the backend's profiler of train steps (`--profile`).
 """
 
-PLUGIN_API_VERSION = "1.9"
+PLUGIN_API_VERSION = "1.10"
 
 
 def next_major(version=PLUGIN_API_VERSION):

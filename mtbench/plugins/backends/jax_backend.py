@@ -198,6 +198,10 @@ class JaxBackend(Backend):
         from mtbench.plugins.backends.jax_host_syncs import JaxHostSyncCounter
         return JaxHostSyncCounter()
 
+    def step_profiler(self, directory):
+        from mtbench.plugins.backends.jax_profiler import JaxStepProfiler
+        return JaxStepProfiler(directory)
+
     def make_train_step(self, run, model):
         import keras
         from mtbench.plugins.backends.jax_jit_step import JitTrainStep, accumulated_gradients

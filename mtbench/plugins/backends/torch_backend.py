@@ -174,6 +174,10 @@ class TorchBackend(Backend):
         from mtbench.plugins.backends.torch_host_syncs import TorchHostSyncCounter
         return TorchHostSyncCounter()
 
+    def step_profiler(self, directory):
+        from mtbench.plugins.backends.torch_profiler import TorchStepProfiler
+        return TorchStepProfiler(directory)
+
     def make_train_step(self, run, model):
         from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
         return EagerTorchTrainStep(model, micro_batches=run.config.grad_accum)

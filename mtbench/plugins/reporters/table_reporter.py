@@ -269,9 +269,21 @@ def summary_lines(result):
         f"  memory    peak host / device {_joined(result, 'peak_host_bytes', 'peak_device_bytes', unit=' MiB')}; "
         f"training per device {_training_memory(result)}",
         f"  warnings  {'; '.join(run_warnings(result)) or 'none'}",
+        *_profile_lines(result.get("profile")),
         f"  every figure: mtbench report {config.get('out') or 'RESULT'} --report table",
     ]
     return lines
+
+
+def _profile_lines(profile):
+    """--profile's line: the steps traced and where (results written before --profile have no `profile`)."""
+    if not profile:
+        return []
+    if not profile["steps"]:
+        return [f"  profile   none: {profile['why_not']}"]
+    first, last = profile["steps"][0], profile["steps"][-1]
+    return [f"  profile   steps {first}-{last} ({len(profile['steps'])} of {profile['asked']} asked), timed apart, in "
+            f"{profile['directory']} (ui.perfetto.dev opens it)"]
 
 
 class SummaryReporter(Reporter):

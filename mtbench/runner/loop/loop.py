@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.loop import faults
 from mtbench.runner.loop.checkpoints import TrainingState
+from mtbench.runner.loop.profiling import StepProfiling
 from mtbench.runner.loop.progress import training_progress
 from mtbench.runner.loop.recipe import optimizer_recipe
 from mtbench.runner.loop.signals import stop_requests
 from mtbench.runner.loop.target import QualityTarget  # noqa: F401 (TrainingOutcome.target)
-from mtbench.runner.loop.timing import StepTimer, TimingWindow, TrainingClock
+from mtbench.runner.loop.timing import StepTimer, TimingWindow, TrainingClock, set_aside
 
 
 @dataclass
@@ -50,6 +51,7 @@ class TrainingOutcome:
     checkpoint: str          # the newest checkpoint, or None
     exit_code: int = None    # the signal's exit code when interrupted
     host_syncs: dict = None  # the host waits of the probed steady step (`Backend.host_sync_counter`), or None
+    profile: dict = None     # --profile's steps and trace (`profiling.StepProfiling.record`), or None
 
 
 def train_loop(config, backend, model, step_flops, train_step, state, batches, total_steps, checkpointing,
@@ -89,6 +91,7 @@ class TrainingLoop:
         self.sync_counter = backend.host_sync_counter()
         self.probe_pending = self.sync_counter is not None
         self.probed_step = None
+        self.profiling = StepProfiling(backend, config.profile_steps, checkpointing.run_dir, processes)
         self.stop = None  # (status, reason) when training ends before its last step
         self.progress = self.signals = None
         self._schedule = None
@@ -102,13 +105,18 @@ class TrainingLoop:
                 epoch, batch, input_seconds = self.next_batch()
                 alone = self.timed_alone(step, batch)
                 probe = self.probe_pending and not alone  # a shape already compiled: a steady step
-                if (alone or probe) and self.window.open and self.end_window():
+                profiled = not (alone or probe) and self.profiling.due()
+                starts_alone = alone or probe or (profiled and not self.profiling.running)
+                if starts_alone and self.window.open and self.end_window_before(step):
                     break
-                # The probe's step, timed alone, is slowed by its counting (differently on each backend): the
-                # training time leaves it out, as the steady figures do.
-                with self.clock.aside("host_sync_probe") if probe else contextlib.nullcontext():
-                    self.train(step, epoch, batch, input_seconds, probe)
-                    window_ended = self.window_ends_after(step, alone or probe)
+                # The probe's step, timed alone, is slowed by its counting (differently on each backend), as the
+                # profiled steps are by the profiler: the training time leaves them out, as the steady figures do.
+                aside = "host_sync_probe" if probe else "profiled" if profiled else None
+                with self.clock.aside(aside) if aside else contextlib.nullcontext():
+                    if profiled and not self.profiling.running:
+                        self.profiling.start(step)
+                    self.train(step, epoch, batch, input_seconds, aside)
+                    window_ended = self.window_ends_after(step, alone or probe or self.profiling.has_all_steps())
                     diverged = window_ended and self.end_window()
                 if diverged or (window_ended and self.at_window_edge(step)):
                     break
@@ -117,7 +125,7 @@ class TrainingLoop:
         status, reason = self.stop or ("completed", None)
         return TrainingOutcome(status, reason, self.state, self.timer, self.clock, self.target,
                                self.checkpointing.latest, self.signals.exit_code if status == "interrupted" else None,
-                               self.host_syncs())
+                               self.host_syncs(), self.profiling.record())
 
     def learning_rate(self, step):
         """The rate the optimizer applied at `step` (its schedule at the update count before it), from the
@@ -147,9 +155,9 @@ class TrainingLoop:
         window)."""
         return self.timer.warming_up(batch.shape) or step == self.poison_at
 
-    def train(self, step, epoch, batch, input_seconds, probe=False):
-        """One step on this process's shard of `batch`, queued in the open window (or a new one); the `probe` step
-        runs under the host-sync counter."""
+    def train(self, step, epoch, batch, input_seconds, aside=None):
+        """One step on this process's shard of `batch`, queued in the open window (or a new one); a step `aside`
+        'host_sync_probe' runs under the host-sync counter, one 'profiled' under the backend's profiler."""
         if step == self.die_at:
             faults.die()
         if not self.window.open:
@@ -158,9 +166,12 @@ class TrainingLoop:
         if step == self.poison_at:
             part = faults.poisoned(part)
         try:
-            if probe:
+            if aside == "host_sync_probe":
                 self.probe_pending, self.probed_step = False, step
                 logs = self.sync_counter.count_step(self.train_step, part.inputs, part.target_output, part.weight)
+            elif aside == "profiled":
+                with self.profiling.step(step):
+                    logs = self.train_step(part.inputs, part.target_output, part.weight)
             else:
                 logs = self.train_step(part.inputs, part.target_output, part.weight)
         except MtbenchError:
@@ -169,14 +180,22 @@ class TrainingLoop:
             made_by = getattr(self.train_step, "made_by", "the run's")
             raise RunFailure(f"train step '{self.train_step.name}' of {made_by} failed at step {step}: "
                              f"{type(error).__name__}: {error}") from error
-        self.window.steps.append((step, epoch, batch, logs, input_seconds, probe))
+        self.window.steps.append((step, epoch, batch, logs, input_seconds, aside))
+
+    def end_window_before(self, step):
+        """`end_window` before a step that starts a window of its own; a profiled window's end is set aside with
+        its steps."""
+        with self.clock.aside("profiled") if self.profiling.running else contextlib.nullcontext():
+            return self.end_window()
 
     def window_ends_after(self, step, alone):
-        """Whether the open window ends after `step`: a step timed alone, a full window, the last step, a
-        validation or checkpoint step, or this process's signal (several processes take a signal up at their
-        next common edge)."""
+        """Whether the open window ends after `step`: a step timed alone (the last of a profile too), a full
+        window, the last step, a validation or checkpoint step, or this process's signal (several processes take a
+        signal up at their next common edge)."""
         signalled = self.signals.requested and self.processes.world_size == 1
-        return (alone or len(self.window.steps) >= self.config.timing_window or step == self.total_steps
+        # A profiled window holds --profile's steps, however short the timing windows are.
+        full = len(self.window.steps) >= self.config.timing_window and not self.profiling.running
+        return (alone or full or step == self.total_steps
                 or self.target.due(step) or signalled or self.checkpoint_due(step))
 
     def checkpoint_due(self, step):
@@ -184,26 +203,29 @@ class TrainingLoop:
         return bool(every and step % every == 0)
 
     def end_window(self):
-        """Measures the open window and records its steps; True (with `self.stop`) when a loss was not finite."""
+        """Measures the open window and records its steps; True (with `self.stop`) when a loss was not finite. A
+        profiled window ends its trace."""
         steps, seconds, joules, compiled = self.window.close()
-        for position, (step, epoch, batch, logs, input_seconds, probe) in enumerate(steps):
+        if self.profiling.running:
+            self.profiling.stop()
+        for position, (step, epoch, batch, logs, input_seconds, aside) in enumerate(steps):
             share = seconds / len(steps)
             loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
             compilations = compiled if position == 0 else (None if compiled is None else 0)
             real_token_flops = self.step_flops.real_tokens(batch.weight)
             first = self.timer.add(step, batch.shape, share, batch.target_tokens,
                                    flops=self.step_flops.padded(batch.shape), real_token_flops=real_token_flops,
-                                   input_seconds=input_seconds, compilations=compilations, aside=probe)
+                                   input_seconds=input_seconds, compilations=compilations, aside=aside is not None)
             self.state.history.append({
                 "step": step, "epoch": epoch, "loss": finite_or_none(loss), "accuracy": finite_or_none(accuracy),
                 "seconds": share, "window_steps": len(steps), "shape": list(batch.shape),
                 "tokens": batch.target_tokens, "first_of_shape": first, "input_seconds": input_seconds,
                 "compilations": compilations, "joules": None if joules is None else joules / len(steps),
                 "real_token_flops": real_token_flops,
-                **({"host_sync_probe": True} if probe else {})})
+                **({aside: True} if aside else {})})
             self.callbacks.on_train_batch_begin(step)
             self.callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
-            self.trackers.step(step, finite_or_none(loss), batch.target_tokens, share, first or probe)
+            self.trackers.step(step, finite_or_none(loss), batch.target_tokens, share, first or aside is not None)
             if not math.isfinite(loss):
                 self.stop = ("diverged", f"the loss is {loss} at step {step}")
                 return True
@@ -263,7 +285,7 @@ def resumed_timer(history, step_flops, warmup_calls=1):
         timer.add(h["step"], tuple(h["shape"]), h["seconds"], h["tokens"], first_of_shape=h["first_of_shape"],
                   flops=step_flops.padded(h["shape"]), real_token_flops=h.get("real_token_flops"),
                   input_seconds=h["input_seconds"], compilations=h["compilations"],
-                  aside=h.get("host_sync_probe", False))
+                  aside=set_aside(h))
     timer.restart()
     return timer
 

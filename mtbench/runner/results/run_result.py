@@ -82,6 +82,8 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         # Host waits inside one steady step (`Backend.host_sync_counter`), counted apart from the timed steps.
         "host_syncs_per_step": (outcome.host_syncs or {}).get("per_step"),
         "host_syncs": outcome.host_syncs,
+        # --profile: the steps traced by the backend's profiler, apart from the timed steps, and the trace's files.
+        "profile": outcome.profile,
         "env": {**run_environment(plugins.backend), "matmul_precision": run.matmul_precision},
         "data": data.record,
         "model": {"family": plugins.model.name,
@@ -100,12 +102,13 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
             "validation_s": clock.aside_s.get("validation", 0.0),
             "checkpoint_s": clock.aside_s.get("checkpoint", 0.0),
             "host_sync_probe_s": clock.aside_s.get("host_sync_probe", 0.0),
+            "profiled_s": clock.aside_s.get("profiled", 0.0),
             "resumed_at_steps": state.resumed_at_steps,
             "timing_window": config.timing_window,
             "clock": f"time.perf_counter around windows of up to {config.timing_window} steady steps, the device "
                      "synchronised (and the losses read) at each window's edges, the first step of each shape "
                      "alone; a step's seconds are its window's mean; train_s is the training wall time of every "
-                     "process of the run, validation, checkpoints and the host-sync probe's step apart",
+                     "process of the run, validation, checkpoints, the host-sync probe's step and --profile's steps apart",
             # Every XLA compilation during the steps (None where the backend compiles nothing ahead of time);
             # the first step of a run also compiles a few one-time helper programs.
             "compilations_by_shape": outcome.timer.compilations_by_shape(),

@@ -4,6 +4,7 @@ when one fails (it is named once, left out for the rest of the run, and the run 
 
 from mtbench.figures import is_number, run_dtype, run_label, run_name
 from mtbench.plugins.api import TrackedRun
+from mtbench.runner.loop.timing import set_aside
 
 TRACKING_WINDOW = 10  # steps per `tokens_per_s` figure: steady steps only, so compilation does not dilute it
 # The result's metrics logged under another name at the end, because the name is a series streamed every step:
@@ -73,7 +74,7 @@ def replay(reporters, result, result_path, registry):
     for evaluation in (result.get("target") or {}).get("evaluations", []):
         evaluations[evaluation["step"]] = evaluation
     for h in result["history"]:
-        trackers.step(h["step"], h["loss"], h["tokens"], h["seconds"], h["first_of_shape"] or h.get("host_sync_probe"))
+        trackers.step(h["step"], h["loss"], h["tokens"], h["seconds"], h["first_of_shape"] or set_aside(h))
         if h["step"] in evaluations:
             trackers.validation(h["step"], {name: value for name, value in evaluations[h["step"]].items()
                                             if name not in ("step", "training_s", "seconds")})

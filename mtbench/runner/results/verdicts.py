@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from mtbench.figures import FIGURES_BY_KEY
-from mtbench.runner.loop.timing import is_steady
+from mtbench.runner.loop.timing import is_steady, set_aside
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -381,7 +381,7 @@ def compile_excess(history, up_to_step=None):
     everything = float(np.median([h["seconds"] for h in steady])) if steady else 0.0
     total = 0.0
     for entry in history:
-        if not entry.get("first_of_shape") or entry.get("host_sync_probe") or (up_to_step is not None and entry["step"] > up_to_step):
+        if not entry.get("first_of_shape") or set_aside(entry) or (up_to_step is not None and entry["step"] > up_to_step):
             continue
         same = [h["seconds"] for h in steady if h.get("shape") == entry.get("shape")]
         total += max(entry["seconds"] - (float(np.median(same)) if same else everything), 0.0)

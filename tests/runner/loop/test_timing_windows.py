@@ -66,7 +66,7 @@ def batches(shapes, real_lengths=None):
 
 def run(shapes, window, nan_at=None, checkpoint_every=None, saved=None, step=None, flops=None, real_lengths=None):
     backend, step = CountingBackend(), step or FakeStep(nan_at)
-    config = SimpleNamespace(timing_window=window, target_bleu=None, eval_every=None, log_every=10)
+    config = SimpleNamespace(timing_window=window, target_bleu=None, eval_every=None, log_every=10, profile_steps=0)
     run_dir = SimpleNamespace(save=lambda model, state, *rest: saved.append(state.step) or f"ckpt-{state.step}")
     checkpointing = Checkpointing(run_dir, {}, "fingerprint", checkpoint_every, keep=1)
     energy = SimpleNamespace(read=lambda: None, between=lambda before, after: None)

@@ -1,0 +1,56 @@
+"""`--profile N`: N steady steps under the backend's own profiler (`Backend.step_profiler`), in a timing window of
+their own after the host-wait probe's step. Their time is set aside, as the probe's is: a profiler slows the steps
+it records, differently on each backend, so they count in neither the steady figures nor the training time. One
+trace a run (of each process), under RESULT.run/profile."""
+
+import os
+
+
+class StepProfiling:
+    def __init__(self, backend, wanted_steps, run_dir, processes):
+        self.backend, self.wanted_steps, self.run_dir, self.processes = backend, wanted_steps, run_dir, processes
+        self.profiler = None
+        self.directory = None
+        self.steps = []   # the steps profiled
+        self.files = []   # the trace's files, relative to `directory`
+        self.done = False
+
+    @property
+    def running(self):
+        return self.profiler is not None
+
+    def due(self):
+        """Whether the next steady step is profiled: until the trace has its steps, or its window ended."""
+        return bool(self.wanted_steps) and not self.done
+
+    def start(self, step):
+        folder = os.path.join(os.path.abspath(self.run_dir.path), "profile", f"from-step-{step}")
+        if self.processes.world_size > 1:
+            folder = os.path.join(folder, f"process-{self.processes.rank}")
+        os.makedirs(folder, exist_ok=True)
+        self.directory = folder
+        self.profiler = self.backend.step_profiler(folder)
+        self.profiler.start()
+
+    def step(self, number):
+        """The context one profiled step runs in, named in the trace."""
+        self.steps.append(number)
+        return self.profiler.step(number)
+
+    def has_all_steps(self):
+        return self.running and len(self.steps) >= self.wanted_steps
+
+    def stop(self):
+        """Ends the trace once its window is closed (the device synchronised: its work is in the trace)."""
+        self.files = sorted(os.path.relpath(path, self.directory) for path in self.profiler.stop())
+        self.profiler, self.done = None, True
+
+    def record(self):
+        """The result's `profile`: the steps profiled and the trace's files; None without --profile."""
+        if not self.wanted_steps:
+            return None
+        if not self.steps:
+            return {"asked": self.wanted_steps, "steps": [], "directory": None, "files": [],
+                    "why_not": "no steady step was left to profile (each step warmed a shape up or was the "
+                               "host-wait probe's)"}
+        return {"asked": self.wanted_steps, "steps": self.steps, "directory": self.directory, "files": self.files}
