@@ -60,6 +60,9 @@ def parse_args(argv):
     parser.add_argument("--validate", action="store_true",
                         help="score the validation split at the end, as mtbench train's final evaluation does")
     parser.add_argument("--out", default=None, help="the result JSON (default: print it only)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="trace N steps after the warm-up ones with the backend's profiler, as mtbench train "
+                             "--profile does, timed apart (the trace under OUT.run/profile; needs --out)")
     parser.add_argument("--cache-dir", default=None)
     # What the GPU matrix passes every row, meaningless here.
     for flag in ("--overwrite", "--measure-only"):
@@ -73,8 +76,10 @@ def parse_args(argv):
         parser.error("--extra: only with --step mtbench (the references are written by hand)")
     if args.compile_mode != "default" and args.backend != "torch":
         parser.error("--compile-mode: torch.compile's mode, for the torch reference only")
-    if min(args.steps, args.timing_window) < 1 or args.warmup < 1 or args.steps <= args.warmup:
-        parser.error("--steps must exceed --warmup (at least 1), and --timing-window be at least 1")
+    if min(args.steps, args.timing_window) < 1 or args.warmup < 1 or args.steps <= args.warmup + args.profile:
+        parser.error("--steps must exceed --warmup (at least 1) and --profile, and --timing-window be at least 1")
+    if args.profile < 0 or (args.profile and not args.out):
+        parser.error("--profile N: 0 or more steps, with --out (the trace goes beside it)")
     return args
 
 
@@ -120,15 +125,19 @@ def peak_device_bytes(backend_name):
     return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
-def train(step, convert, batches, warmup, window):
+def train(step, convert, batches, warmup, window, profiling=None):
     """(first steps' seconds, steady windows as (seconds, steps), losses): each warm-up step timed alone, then
-    windows of `window` steps with the device synchronised at their edges only."""
+    windows of `window` steps with the device synchronised at their edges only. `profiling` (a `Profiling`)
+    traces the steps after the warm-up ones in a window of their own, untimed, as `mtbench train --profile`."""
     first, windows, losses = [], [], []
     for batch in batches[:warmup]:
         start = time.perf_counter()
         losses.append(float(step(*convert(batch))["loss"]))
         first.append(time.perf_counter() - start)
     steady = batches[warmup:]
+    if profiling:
+        losses += profiling.trace(step, convert, steady[:profiling.steps], first_step=warmup + 1)
+        steady = steady[profiling.steps:]
     for begin in range(0, len(steady), window):
         chunk = steady[begin:begin + window]
         step.block()
@@ -140,12 +149,44 @@ def train(step, convert, batches, warmup, window):
     return first, windows, losses
 
 
-def history(losses, warmup, windows, tokens):
+class Profiling:
+    """The backend plugin's step profiler (`Backend.step_profiler`, what `mtbench train --profile` traces with)
+    over `steps` steps: the reference's trace and mtbench's are made alike, each step named in it."""
+
+    def __init__(self, backend, steps, out):
+        self.backend, self.steps = backend, steps
+        self.directory = os.path.join(os.path.abspath(out[:-len(".json")] if out.endswith(".json") else out)
+                                      + ".run", "profile")
+        self.traced, self.files = [], []
+
+    def trace(self, step, convert, batches, first_step):
+        """The batches' losses, their steps traced between two device synchronisations."""
+        self.directory = os.path.join(self.directory, f"from-step-{first_step}")
+        os.makedirs(self.directory, exist_ok=True)
+        profiler = self.backend.step_profiler(self.directory)
+        step.block()
+        profiler.start()
+        pending = []
+        for number, batch in enumerate(batches, start=first_step):
+            with profiler.step(number):
+                pending.append(step(*convert(batch))["loss"])
+            self.traced.append(number)
+        step.block()
+        self.files = sorted(os.path.relpath(path, self.directory) for path in profiler.stop())
+        return [float(loss) for loss in pending]
+
+    def record(self):
+        return {"asked": self.steps, "steps": self.traced, "directory": self.directory, "files": self.files}
+
+
+def history(losses, warmup, windows, tokens, profiled=()):
     """Each step's loss; each steady step with its window's mean seconds, the window's size and its tokens, as
-    `mtbench train` writes them, so that a verdict's interval reads the windows of both alike."""
-    timed = [{"seconds": seconds / steps, "window_steps": steps, "tokens": tokens}
-             for seconds, steps in windows for _ in range(steps)]
-    return [{"step": i + 1, "loss": loss, **(timed[i - warmup] if i >= warmup else {})}
+    `mtbench train` writes them, so that a verdict's interval reads the windows of both alike; the `profiled`
+    steps marked, untimed."""
+    timed = iter([{"seconds": seconds / steps, "window_steps": steps, "tokens": tokens}
+                  for seconds, steps in windows for _ in range(steps)])
+    return [{"step": i + 1, "loss": loss,
+             **({"profiled": True} if i + 1 in profiled else next(timed) if i >= warmup else {})}
             for i, loss in enumerate(losses)]
 
 
@@ -213,8 +254,9 @@ def measure(args):
                                                        mixed_bfloat16=args.dtype == "mixed_bfloat16", **modes)
         convert = reference.batch_arrays if args.backend == "jax" else (
             lambda batch: reference.batch_tensors(batch, step.device))
+    profiling = Profiling(backend, args.profile, args.out) if args.profile else None
     started = time.perf_counter()
-    first, windows, losses = train(step, convert, workload.batches, args.warmup, args.timing_window)
+    first, windows, losses = train(step, convert, workload.batches, args.warmup, args.timing_window, profiling)
     wall_s = time.perf_counter() - started
     per_step = [seconds / steps for seconds, steps in windows for _ in range(steps)]
     median = statistics.median(per_step)
@@ -249,7 +291,8 @@ def measure(args):
         "utilization": {"mfu": flops / median / peak if peak else None, "peak_flops_per_s": peak,
                         "peak_source": peak_source, "step_flops": flops},
         "memory": {"peak_device_bytes": peak_bytes, "peak_since": "process start"},
-        "history": history(losses, args.warmup, windows, rows * length),
+        "history": history(losses, args.warmup, windows, rows * length, profiling.traced if profiling else ()),
+        "profile": profiling.record() if profiling else None,
         "env": {"device": device, "backend_versions": backend.framework_versions(),
                 "matmul_precision": {"requested": config.matmul_precision, "reported": matmul_precision}},
     }

@@ -588,13 +588,14 @@ def run_row(row, record, args, options, estimates, weights, results, left, clock
     row_started = clock()
     stem = row.file_stem + (f"-repeat{repeat}" if repeat > 1 else "")
     result_file = os.path.join(preset_dir, f"{stem}.json")
-    steps = ["--steps", str(args.steps)] if args.steps else []
+    row_options = ["--steps", str(args.steps)] if args.steps else []
+    row_options += ["--profile", str(args.profile)] if args.profile else []  # mtbench train and the references
     timeout = min(args.row_timeout, left())
     if timeout <= 0:
         give_up("cut", f"not started: the weights file spent the {args.budget:g} s budget")
         return
     command, program = (([], REFERENCE_SCRIPT) if row.way.language_model_only else (["train"], MTBENCH))
-    failure = run_mtbench([*command, *row.train_arguments(), *steps, *options, "--cache-dir", args.cache_dir,
+    failure = run_mtbench([*command, *row.train_arguments(), *row_options, *options, "--cache-dir", args.cache_dir,
                            "--initial-weights", path, "--out", result_file, "--overwrite", "--report", "none",
                            "--measure-only"],
                           os.path.join(preset_dir, f"{stem}.log"), timeout, program)
@@ -946,6 +947,9 @@ def parse_args(argv):
                         help="folder for the table, the rows' results and logs (default "
                              "mtbench-results/gpu-matrix-<time>)")
     parser.add_argument("--cache-dir", default=None, help="mtbench's cache (default: mtbench train's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="trace N steady steps of every row with its backend's profiler (mtbench train "
+                             "--profile; the references alike), beside each row's result; timed apart")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = [label for label in args.runs.split(",") if label not in WAYS_BY_LABEL]
@@ -966,6 +970,8 @@ def parse_args(argv):
         parser.error(f"--presets: {', '.join(wrong)} is none of {', '.join((*PRESETS, *MODEL_PRESETS))}")
     if args.budget < 0 or args.row_timeout <= 0 or any(n is not None and n < 1 for n in (args.steps, args.repeats)):
         parser.error("--budget must be 0 or more, --row-timeout, --steps and --repeats more than 0")
+    if args.profile < 0:
+        parser.error("--profile must be 0 or more")
     if args.cache_dir is None:
         from mtbench.runner.config import default_cache_dir
         args.cache_dir = default_cache_dir()

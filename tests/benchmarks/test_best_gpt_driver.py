@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow  # three processes, two frameworks: about 40 s on 
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "best_gpt.py")
 STEPS = 12
+PROFILED = 2
 # float32 for mtbench and the references alike, on a GPU too (where `--dtype auto` trains 16-bit).
 RUN = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "4", "--steps", str(STEPS),
        "--data", os.path.join(REPOSITORY, "README.md"), "--dtype", "float32"]
@@ -42,20 +43,25 @@ def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_
         backend, weights_and_mtbench_losses, tmp_path, cache_dir):
     weights, mtbench_losses = weights_and_mtbench_losses
     out = tmp_path / "reference.json"
-    proc = subprocess.run([sys.executable, SCRIPT, "--backend", backend, *RUN,
+    proc = subprocess.run([sys.executable, SCRIPT, "--backend", backend, *RUN, "--profile", str(PROFILED),
                            "--initial-weights", weights, "--cache-dir", cache_dir, "--out", str(out)],
                           capture_output=True, text=True, env=cli_environment(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     losses = np.array([entry["loss"] for entry in result["history"]])
-    assert len(losses) == STEPS
+    assert len(losses) == STEPS  # the profiled steps train too
     rtol = matmul_tolerance(1e-4, float32_matmul_arithmetic("jax"), float32_matmul_arithmetic(backend))
     np.testing.assert_allclose(losses, mtbench_losses, rtol=rtol)
+    # --profile: the steps after the 3 warm-up ones, traced as mtbench train traces its own, and left untimed
+    profile = result["profile"]
+    assert profile["steps"] == [4, 5] == [entry["step"] for entry in result["history"] if entry.get("profiled")]
+    assert all(os.path.isfile(os.path.join(profile["directory"], name)) for name in profile["files"])
+    timed = STEPS - 3 - PROFILED
     timing = result["timing"]
-    assert timing["steady_steps"] == STEPS - 3 and timing["step_s_median"] > 0 and timing["tokens_per_s"] > 0
-    # its steady window, as a verdict's interval reads mtbench's: the 9 steps after the 3 warm-up ones, 4 x 32 tokens
+    assert timing["steady_steps"] == timed and timing["step_s_median"] > 0 and timing["tokens_per_s"] > 0
+    # its steady window, as a verdict's interval reads mtbench's: the 7 steps after those, 4 x 32 tokens each
     [(seconds, steps, tokens)] = steady_windows(result["history"])
-    assert (steps, tokens) == (STEPS - 3, (STEPS - 3) * 4 * 32) and seconds == pytest.approx(timing["steady_s"])
+    assert (steps, tokens) == (timed, timed * 4 * 32) and seconds == pytest.approx(timing["steady_s"])
     # the matrix splits its wall time: everything before the loop is "build", the loop is "train"
     assert timing["total_s"] >= timing["phases_s"]["build"] + timing["phases_s"]["train"] > timing["steady_s"] > 0
     assert timing["phases_s"]["train"] == timing["wall_s"]

@@ -409,7 +409,8 @@ def cpu_matrix(cache_dir, tmp_path_factory):
     """The CPU's plan cut down to three bfloat16 rows: torch eager trains a few steps, and the CPU rules out CUDA
     graphs and flash attention (one training process: a second would double the test's time)."""
     out = tmp_path_factory.mktemp("gpu-matrix")
-    proc = run_script(cache_dir, out, "--runs", ",".join(RUNS), "--dtypes", BF16, "--steps", "6", "--budget", "400")
+    proc = run_script(cache_dir, out, "--runs", ",".join(RUNS), "--dtypes", BF16, "--steps", "6", "--budget", "400",
+                      "--profile", "2")
     return proc.stdout, proc.stderr, json.loads(proc.stdout.strip().splitlines()[-1]), out
 
 
@@ -431,6 +432,9 @@ def test_cpu_matrix_trains_and_skips_rows_and_says_why(cpu_matrix):
     with open(torch["result_file"]) as f:
         result = json.load(f)
     assert result["config"]["measure_only"] and result["config"]["dtype"] == BF16
+    # --profile reached the row: its steps after the warm-up and the host-wait probe's, traced beside its result
+    assert result["profile"]["steps"] == [3, 4] and result["profile"]["files"] == ["trace.json"]
+    assert os.path.isfile(os.path.join(result["profile"]["directory"], "trace.json"))
     assert torch["parity"].startswith("not checked")  # the only bfloat16 row that ran
     assert summary["cut"] == [] and summary["rerun"] == []
     assert rows["torch+torch-compile@reduce-overhead"]["reason"].startswith("CUDA graphs need a CUDA device")
