@@ -6,13 +6,16 @@
 # 1. rows 7, 8, 12, 13, 15 and 16 of the GPU matrix, GPT-2 small: each backend's best row and its best-by-hand
 #    reference, then torch's and nanoGPT's in CUDA graphs. Row 8's memory beside nanoGPT's, and whether mtbench's
 #    rows now rank JAX and torch as the references do (150 steps: 14 timing windows a row for the verdict's
-#    interval);
+#    interval); two steps of every row traced by its backend's profiler, untimed (where a row and its reference
+#    differ, which kernels);
 # 2. the obvious command on torch (`mtbench train --model gpt --preset gpt2-small`, 10 steps): does `--dtype auto`
 #    train mixed bfloat16, and `--step auto` with `--attention auto` row 8's way (torch-compile, flash-attention);
 #    with two steady steps in torch.profiler's trace (`--profile 2`: the kernels that ran, for ui.perfetto.dev);
 # 3. mtbench's compiled torch step against nanoGPT's as inductor compiles them, 16 x 1024 tokens: does the
 #    backward write the logits' gradient over the saved logits now, and a steady step's peak;
 # 4. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
+# What comes back is 8 files at most: summary.txt, matrix.log, gpu-matrix.md, gpu-matrix.json, obvious.log,
+# profiles.tgz, inductor.tgz, slow.log.
 set -uo pipefail
 . .gpukit/env.sh || exit 1
 out=${OUT:-/tmp/gpu-session}; mkdir -p "$out"
@@ -22,25 +25,28 @@ within() { local left=$((deadline - SECONDS)); echo $(($1 < left ? $1 : (left > 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   KERAS_BACKEND=jax python3 -c "import jax, torch, keras; print('jax', jax.__version__, jax.devices()); print('torch', torch.__version__, torch.version.cuda); print('keras', keras.__version__)"
   git log -1 --format='commit %h %s' 2>/dev/null
-} > "$out/gpu.txt" 2>&1; cat "$out/gpu.txt"
+} > "$out/summary.txt" 2>&1; cat "$out/summary.txt"
 
 seconds=$(within 330)
 timeout "$seconds" python3 benchmarks/gpu_matrix.py --budget $((seconds - 20)) --presets gpt2-small \
-  --rows 7,8,12,13,15,16 --repeats 1 --steps 150 --out /tmp/gpu-session-matrix > "$out/matrix.log" 2>&1
+  --rows 7,8,12,13,15,16 --repeats 1 --steps 150 --profile 2 --out /tmp/gpu-session-matrix > "$out/matrix.log" 2>&1
 tail -32 "$out/matrix.log"
 cp /tmp/gpu-session-matrix/gpu-matrix.md /tmp/gpu-session-matrix/gpu-matrix.json "$out/" 2>/dev/null
 
 timeout "$(within 70)" python3 -m mtbench train --backend torch --model gpt --preset gpt2-small \
   --batch-size 16 --steps 10 --profile 2 --measure-only --report none --out /tmp/gpu-session-obvious.json > "$out/obvious.log" 2>&1
-(cd /tmp/gpu-session-obvious.run && tar czf "$out/obvious-profile.tgz" profile) 2>/dev/null
+# Every trace in one file (JAX's host.trace.json.gz repeats its perfetto_trace.json.gz), the rows' by their result.
+(cd /tmp && find gpu-session-matrix gpu-session-obvious.run -path '*/profile/*' -type f ! -name '*.trace.json.gz' \
+  | tar czf "$out/profiles.tgz" -T -) 2>/dev/null
 python3 -c "import json; r = json.load(open('/tmp/gpu-session-obvious.json')); print('obvious command:', r['extras'],
 r['dtype_chosen'], r['train_step'], r['train_step_chosen'], r['model']['attention'].get('chosen'),
 r['timing']['step_s_median'])" \
-  2>&1 | tee "$out/obvious.txt"
+  2>&1 | tee -a "$out/summary.txt"
 
+mkdir -p "$out/inductor"
 timeout "$(within 140)" python3 benchmarks/inductor_cost.py --preset gpt2-small --rows 16 --block-size 1024 \
-  --save-code "$out/inductor" > "$out/inductor.log" 2>&1
-tail -16 "$out/inductor.log" | head -15
+  --save-code "$out/inductor" > "$out/inductor/inductor.log" 2>&1
+tail -16 "$out/inductor/inductor.log" | head -15
 (cd "$out" && tar czf inductor.tgz inductor && rm -rf inductor) 2>/dev/null
 
 . .ci/gpu-test-plugins.sh
