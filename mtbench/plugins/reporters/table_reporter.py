@@ -91,6 +91,7 @@ def result_rows(result):
         *_real_token_mfu_rows(result),
         ("timing", "MFU (padded): model FLOP/s / peak", _mfu(result)),
         ("timing", "train / total wall time", _joined(result, "train_s", "total_s", unit=" s")),
+        *[("timing", "profile (--profile)", text) for text in [_profile_text(result.get("profile"))] if text],
         ("memory", "peak host / device (run)", _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")),
         ("memory", "peak training, per device", _training_memory(result)),
         ("energy", "steady steps: J / 1k tokens, power", _energy(result.get("energy"))),
@@ -269,21 +270,21 @@ def summary_lines(result):
         f"  memory    peak host / device {_joined(result, 'peak_host_bytes', 'peak_device_bytes', unit=' MiB')}; "
         f"training per device {_training_memory(result)}",
         f"  warnings  {'; '.join(run_warnings(result)) or 'none'}",
-        *_profile_lines(result.get("profile")),
+        *[f"  profile   {text}" for text in [_profile_text(result.get("profile"))] if text],
         f"  every figure: mtbench report {config.get('out') or 'RESULT'} --report table",
     ]
     return lines
 
 
-def _profile_lines(profile):
-    """--profile's line: the steps traced and where (results written before --profile have no `profile`)."""
+def _profile_text(profile):
+    """--profile's steps and where their trace is; None without it (and in results written before it)."""
     if not profile:
-        return []
+        return None
     if not profile["steps"]:
-        return [f"  profile   none: {profile['why_not']}"]
+        return f"none: {profile['why_not']}"
     first, last = profile["steps"][0], profile["steps"][-1]
-    return [f"  profile   steps {first}-{last} ({len(profile['steps'])} of {profile['asked']} asked), timed apart, in "
-            f"{profile['directory']} (ui.perfetto.dev opens it)"]
+    return (f"steps {first}-{last} ({len(profile['steps'])} of {profile['asked']} asked), timed apart, in "
+            f"{profile['directory']} (ui.perfetto.dev opens it)")
 
 
 class SummaryReporter(Reporter):

@@ -63,6 +63,10 @@ def test_profiled_steps_are_traced_one_by_one_timed_apart_and_train_as_unprofile
         proc.stdout
 
     assert undocumented_keys(result) == []
+    table = run_cli("report", out, "--report", "table", env={"COLUMNS": "200"})
+    assert table.returncode == 0, table.stderr
+    assert any("profile (--profile)" in line and f"steps {profile['steps'][0]}-" in line
+               for line in table.stdout.splitlines()), table.stdout
 
     # Trained as unprofiled steps: the losses of the same run without --profile.
     unprofiled = cpu_compared_runs[backend]["result"]["history"]
