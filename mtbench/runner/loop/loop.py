@@ -107,7 +107,7 @@ class TrainingLoop:
                 probe = self.probe_pending and not alone  # a shape already compiled: a steady step
                 profiled = not (alone or probe) and self.profiling.due()
                 starts_alone = alone or probe or (profiled and not self.profiling.running)
-                if starts_alone and self.window.open and self.end_window_before(step):
+                if starts_alone and self.window.open and self.end_window_before():
                     break
                 # The probe's step, timed alone, is slowed by its counting (differently on each backend), as the
                 # profiled steps are by the profiler: the training time leaves them out, as the steady figures do.
@@ -182,7 +182,7 @@ class TrainingLoop:
                              f"{type(error).__name__}: {error}") from error
         self.window.steps.append((step, epoch, batch, logs, input_seconds, aside))
 
-    def end_window_before(self, step):
+    def end_window_before(self):
         """`end_window` before a step that starts a window of its own; a profiled window's end is set aside with
         its steps."""
         with self.clock.aside("profiled") if self.profiling.running else contextlib.nullcontext():
