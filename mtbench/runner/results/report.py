@@ -595,7 +595,19 @@ def context_lines(comparison):
     return [f"configuration: {describe_configuration(comparison)}",
             *([f"test sentences scored: {scored}"] if scored else []),
             *([f"ranking not reliable: {ranking['reason']}"] if ranking["reason"] else []),
-            *comparison.parity.lines(), *energy_and_cost_lines(comparison), *verdict_lines(comparison)]
+            *comparison.parity.lines(), *energy_and_cost_lines(comparison), *verdict_lines(comparison),
+            *profile_lines(comparison)]
+
+
+def profile_lines(comparison):
+    """Where each run's --profile trace is (its first repeat's; each repeat's is beside its own result)."""
+    lines = []
+    for group in comparison.groups:
+        profile = group.first.get("profile") or {}
+        if profile.get("steps"):
+            lines.append(f"profile of {group.label}: steps {profile['steps'][0]}-{profile['steps'][-1]} in "
+                         f"{profile['directory']}")
+    return lines
 
 
 def energy_and_cost_lines(comparison):

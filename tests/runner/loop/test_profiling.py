@@ -67,6 +67,8 @@ def test_profiled_steps_are_traced_one_by_one_timed_apart_and_train_as_unprofile
     assert table.returncode == 0, table.stderr
     assert any("profile (--profile)" in line and f"steps {profile['steps'][0]}-" in line
                for line in table.stdout.splitlines()), table.stdout
+    assert f"profile of {backend}: steps {profile['steps'][0]}-{profile['steps'][-1]} in {profile['directory']}" in \
+        table.stdout.replace("\n", "")
 
     # Trained as unprofiled steps: the losses of the same run without --profile.
     unprofiled = cpu_compared_runs[backend]["result"]["history"]
