@@ -127,7 +127,7 @@ def peak_device_bytes(backend_name):
 
 def train(step, convert, batches, warmup, window, profiling=None):
     """(first steps' seconds, steady windows as (seconds, steps), losses): each warm-up step timed alone, then
-    windows of `window` steps with the device synchronised at their edges only. `profiling` (a `Profiling`)
+    windows of `window` steps with the device synchronised at their edges only. `profiling` (a `StepProfiling`)
     traces the steps after the warm-up ones in a window of their own, untimed, as `mtbench train --profile`."""
     first, windows, losses = [], [], []
     for batch in batches[:warmup]:
@@ -136,8 +136,8 @@ def train(step, convert, batches, warmup, window, profiling=None):
         first.append(time.perf_counter() - start)
     steady = batches[warmup:]
     if profiling:
-        losses += profiling.trace(step, convert, steady[:profiling.steps], first_step=warmup + 1)
-        steady = steady[profiling.steps:]
+        losses += traced(profiling, step, convert, steady[:profiling.wanted_steps], first_step=warmup + 1)
+        steady = steady[profiling.wanted_steps:]
     for begin in range(0, len(steady), window):
         chunk = steady[begin:begin + window]
         step.block()
@@ -149,34 +149,18 @@ def train(step, convert, batches, warmup, window, profiling=None):
     return first, windows, losses
 
 
-class Profiling:
-    """The backend plugin's step profiler (`Backend.step_profiler`, what `mtbench train --profile` traces with)
-    over `steps` steps: the reference's trace and mtbench's are made alike, each step named in it."""
-
-    def __init__(self, backend, steps, out):
-        self.backend, self.steps = backend, steps
-        self.directory = os.path.join(os.path.abspath(out[:-len(".json")] if out.endswith(".json") else out)
-                                      + ".run", "profile")
-        self.traced, self.files = [], []
-
-    def trace(self, step, convert, batches, first_step):
-        """The batches' losses, their steps traced between two device synchronisations."""
-        self.directory = os.path.join(self.directory, f"from-step-{first_step}")
-        os.makedirs(self.directory, exist_ok=True)
-        profiler = self.backend.step_profiler(self.directory)
-        step.block()
-        profiler.start()
-        pending = []
-        for number, batch in enumerate(batches, start=first_step):
-            with profiler.step(number):
-                pending.append(step(*convert(batch))["loss"])
-            self.traced.append(number)
-        step.block()
-        self.files = sorted(os.path.relpath(path, self.directory) for path in profiler.stop())
-        return [float(loss) for loss in pending]
-
-    def record(self):
-        return {"asked": self.steps, "steps": self.traced, "directory": self.directory, "files": self.files}
+def traced(profiling, step, convert, batches, first_step):
+    """The batches' losses, their steps traced between two device synchronisations by `profiling` (the
+    `StepProfiling` of `mtbench train --profile`, so that the reference's trace and mtbench's are made alike)."""
+    step.block()
+    profiling.start(first_step)
+    pending = []
+    for number, batch in enumerate(batches, start=first_step):
+        with profiling.step(number):
+            pending.append(step(*convert(batch))["loss"])
+    step.block()
+    profiling.stop()
+    return [float(loss) for loss in pending]
 
 
 def history(losses, warmup, windows, tokens, profiled=()):
@@ -254,7 +238,13 @@ def measure(args):
                                                        mixed_bfloat16=args.dtype == "mixed_bfloat16", **modes)
         convert = reference.batch_arrays if args.backend == "jax" else (
             lambda batch: reference.batch_tensors(batch, step.device))
-    profiling = Profiling(backend, args.profile, args.out) if args.profile else None
+    profiling = None
+    if args.profile:
+        from mtbench.plugins.api import Launch, ProcessGroup
+        from mtbench.runner.loop.checkpoints import RunDirectory, run_dir_for
+        from mtbench.runner.loop.profiling import StepProfiling
+        profiling = StepProfiling(backend, args.profile, RunDirectory(run_dir_for(args.out), fresh=False),
+                                  ProcessGroup(Launch()))
     started = time.perf_counter()
     first, windows, losses = train(step, convert, workload.batches, args.warmup, args.timing_window, profiling)
     wall_s = time.perf_counter() - started
@@ -291,7 +281,7 @@ def measure(args):
         "utilization": {"mfu": flops / median / peak if peak else None, "peak_flops_per_s": peak,
                         "peak_source": peak_source, "step_flops": flops},
         "memory": {"peak_device_bytes": peak_bytes, "peak_since": "process start"},
-        "history": history(losses, args.warmup, windows, rows * length, profiling.traced if profiling else ()),
+        "history": history(losses, args.warmup, windows, rows * length, profiling.steps if profiling else ()),
         "profile": profiling.record() if profiling else None,
         "env": {"device": device, "backend_versions": backend.framework_versions(),
                 "matmul_precision": {"requested": config.matmul_precision, "reported": matmul_precision}},
