@@ -183,7 +183,7 @@ class Backend:
     def step_profiler(self, directory):
         """A profiler of train steps that writes its trace under `directory`, or None where this backend has none
         (`--profile` is then refused before the framework is imported). It has `start()`, `step(number)` (a
-        context manager around one step, which the trace names "mtbench train step") and `stop()` (ends the trace,
+        context manager around one step, which the trace names "mtbench train step N") and `stop()` (ends the trace,
         writes it and returns the files written). Called once keras is imported; the loop profiles steady steps
         in a timing window of their own, timed apart from the steady figures."""
         return None

@@ -1,5 +1,5 @@
-"""`--profile` on JAX: jax.profiler's trace of the profiled steps, each step named in it ("mtbench train step N"), as XProf (TensorBoard's
-profile plugin) and Perfetto read it."""
+"""`--profile` on JAX: jax.profiler's trace of the profiled steps, each step named in it ("mtbench train step N"),
+as XProf (TensorBoard's profile plugin) and Perfetto read it."""
 
 import os
 

@@ -1,5 +1,5 @@
-"""`--profile` on torch: torch.profiler's trace of the profiled steps, each step named in it ("mtbench train step N"), as a Chrome trace
-(Perfetto and chrome://tracing read it)."""
+"""`--profile` on torch: torch.profiler's trace of the profiled steps, each step named in it ("mtbench train step
+N"), as a Chrome trace (Perfetto and chrome://tracing read it)."""
 
 import os
 

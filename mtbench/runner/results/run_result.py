@@ -108,7 +108,8 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
             "clock": f"time.perf_counter around windows of up to {config.timing_window} steady steps, the device "
                      "synchronised (and the losses read) at each window's edges, the first step of each shape "
                      "alone; a step's seconds are its window's mean; train_s is the training wall time of every "
-                     "process of the run, validation, checkpoints, the host-sync probe's step and --profile's steps apart",
+                     "process of the run, validation, checkpoints, the host-sync probe's step and --profile's steps "
+                     "apart",
             # Every XLA compilation during the steps (None where the backend compiles nothing ahead of time);
             # the first step of a run also compiles a few one-time helper programs.
             "compilations_by_shape": outcome.timer.compilations_by_shape(),
