@@ -10,7 +10,8 @@
 #    differ, which kernels);
 # 2. the obvious command on torch (`mtbench train --model gpt --preset gpt2-small`, 10 steps): does `--dtype auto`
 #    train mixed bfloat16, and `--step auto` with `--attention auto` row 8's way (torch-compile, flash-attention);
-#    with two steady steps in torch.profiler's trace (`--profile 2`: the kernels that ran, for ui.perfetto.dev);
+#    with two steady steps in torch.profiler's trace (`--profile 2`: the kernels that ran, for ui.perfetto.dev, and
+#    mtbench's reading of it: how busy the device was, its longest kernels);
 # 3. mtbench's compiled torch step against nanoGPT's as inductor compiles them, 16 x 1024 tokens: does the
 #    backward write the logits' gradient over the saved logits now, and a steady step's peak;
 # 4. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
@@ -38,9 +39,10 @@ timeout "$(within 70)" python3 -m mtbench train --backend torch --model gpt --pr
 # Every trace in one file (JAX's host.trace.json.gz repeats its perfetto_trace.json.gz), the rows' by their result.
 (cd /tmp && find gpu-session-matrix gpu-session-obvious.run -path '*/profile/*' -type f ! -name '*.trace.json.gz' \
   | tar czf "$out/profiles.tgz" -T -) 2>/dev/null
-python3 -c "import json; r = json.load(open('/tmp/gpu-session-obvious.json')); print('obvious command:', r['extras'],
-r['dtype_chosen'], r['train_step'], r['train_step_chosen'], r['model']['attention'].get('chosen'),
-r['timing']['step_s_median'])" \
+python3 -c "import json; from mtbench.figures import profile_operations_text as ops
+r = json.load(open('/tmp/gpu-session-obvious.json')); print('obvious command:', r['extras'], r['dtype_chosen'],
+r['train_step'], r['train_step_chosen'], r['model']['attention'].get('chosen'), r['timing']['step_s_median'])
+print('obvious command, profiled steps:', ops(r))" \
   2>&1 | tee -a "$out/summary.txt"
 
 mkdir -p "$out/inductor"

@@ -153,13 +153,14 @@ def traced(profiling, step, convert, batches, first_step):
     """The batches' losses, their steps traced between two device synchronisations by `profiling` (the
     `StepProfiling` of `mtbench train --profile`, so that the reference's trace and mtbench's are made alike)."""
     step.block()
+    start = time.perf_counter()
     profiling.start(first_step)
     pending = []
     for number, batch in enumerate(batches, start=first_step):
         with profiling.step(number):
             pending.append(step(*convert(batch))["loss"])
     step.block()
-    profiling.stop()
+    profiling.stop(time.perf_counter() - start)
     return [float(loss) for loss in pending]
 
 

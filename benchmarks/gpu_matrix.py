@@ -872,8 +872,20 @@ def summarize(records, results, probe, args, train_options, kind, elapsed_s, fin
         "devices": devices, "env": env, "config": shared_config(results),
         "clock": next((r[0]["timing"].get("clock") for r in results.values()), None),
         "wall_split": wall_split_line(records), "verdicts": verdicts(records, results),
+        "profiles": profile_lines(records, results),
         "out": os.path.abspath(args.out), "rows": records,
     }
+
+
+def profile_lines(records, results):
+    """Where each profiled row's traced steps went (its first repeat's): how busy the device was, and its longest
+    kernels, beside its reference's."""
+    from mtbench.figures import profile_operations_text
+    lines = []
+    for record in records:
+        if record["status"] == "ran" and (text := profile_operations_text(results[record["key"]][0])):
+            lines.append(f"profile of row {record.get('row', '')} ({record['run']}): {text}")
+    return lines
 
 
 def report_lines(summary):
@@ -896,6 +908,7 @@ def report_lines(summary):
         lines.append(f"clock: {summary['clock']}")
     lines += ["", markdown_table(summary["rows"]), ""]
     lines += [verdict["line"] for verdict in summary.get("verdicts", [])]
+    lines += summary.get("profiles", [])
     if summary["cut"]:
         lines.append(f"cut by the budget ({budget:g} s): {', '.join(summary['cut'])}")
         lines += [f"to run them: {command}" for command in summary["rerun"]]

@@ -201,6 +201,37 @@ def host_syncs_text(result):
     return f"{record['per_step']:g} (step {record['step']}): " + "; ".join(f"{count} x {what}" for what, count in events)
 
 
+
+def profile_text(result):
+    """--profile's steps and where their trace is; None without it (and in results written before it)."""
+    profile = result.get("profile")
+    if not profile:
+        return None
+    if not profile["steps"]:
+        return f"none: {profile['why_not']}"
+    first, last = profile["steps"][0], profile["steps"][-1]
+    return (f"steps {first}-{last} ({len(profile['steps'])} of {profile['asked']} asked), timed apart, in "
+            f"{profile['directory']} (ui.perfetto.dev opens it)")
+
+
+def profile_operations_text(result, count=3):
+    """Where the profiled steps' time went: how long the device (or, without one, the host) was busy, and the
+    `count` operations that took longest; None without a profile read (and in results written before it)."""
+    profile = result.get("profile") or {}
+    operations = profile.get("operations")
+    if not operations:
+        return f"not read: {profile['operations_why_not']}" if profile.get("operations_why_not") else None
+    busy = "n/a" if operations["busy_share"] is None else f"{operations['busy_share'] * 100:.0f} %"
+    longest = ", ".join(f"{operation_name(top['name'])} {top['share'] * 100:.0f} % ({top['calls']} calls)"
+                        for top in operations["top"][:count])
+    return f"{operations['on']} busy {busy} of {operations['window_s'] * 1e3:.1f} ms; longest: {longest}"
+
+
+def operation_name(name, width=40):
+    """A kernel's or operator's name short enough for a line: a C++ kernel's without its arguments."""
+    name = name.removeprefix("void ").split("(")[0].split("<")[0].strip() or name
+    return name if len(name) <= width else name[:width - 1] + "…"
+
 RUN_CHOICES = (
     ("train_step", "train step", train_step_text),
     ("host_syncs", "host waits per step", host_syncs_text),

@@ -435,6 +435,12 @@ def test_cpu_matrix_trains_and_skips_rows_and_says_why(cpu_matrix):
     # --profile reached the row: its steps after the warm-up and the host-wait probe's, traced beside its result
     assert result["profile"]["steps"] == [3, 4] and result["profile"]["files"] == ["trace.json"]
     assert os.path.isfile(os.path.join(result["profile"]["directory"], "trace.json"))
+    operations = result["profile"]["operations"]
+    assert operations["on"] == "host" and operations["top"][0]["calls"] > 0
+    assert summary["profiles"] == [f"profile of row 3 (torch): host busy {operations['busy_share'] * 100:.0f} % of "
+                                   f"{operations['window_s'] * 1e3:.1f} ms; longest: " +
+                                   ", ".join(f"{t['name']} {t['share'] * 100:.0f} % ({t['calls']} calls)"
+                                             for t in operations["top"][:3])]
     assert torch["parity"].startswith("not checked")  # the only bfloat16 row that ran
     assert summary["cut"] == [] and summary["rerun"] == []
     assert rows["torch+torch-compile@reduce-overhead"]["reason"].startswith("CUDA graphs need a CUDA device")
@@ -454,6 +460,7 @@ def test_cpu_matrix_prints_device_versions_config_and_each_row(cpu_matrix):
     assert rows[0].split(" | ")[4].startswith("torch-eager (attention")
     assert "skipped: CUDA graphs need a CUDA device" in rows[1]
     assert rows[0] in stderr  # printed as the row ended
+    assert "profile of row 3 (torch): host busy " in stdout
     with open(os.path.join(out, "gpu-matrix.md")) as f:
         assert rows[0] in f.read()
 

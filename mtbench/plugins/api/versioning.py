@@ -28,9 +28,10 @@ and `mtbench.plugins.api` are deprecated.
 1.9: `native_bfloat16` reads a compute capability as text too (JAX's '8.6', an AMD GPU's 'gfx942');
 `accelerator_environment()`'s 'rocm_version'.
 1.10: `Backend.step_profiler(directory)`, the backend's profiler of train steps (`--profile`).
+1.11: the step profiler's optional `operations()`, where the trace's time went (the result's `profile.operations`).
 """
 
-PLUGIN_API_VERSION = "1.10"
+PLUGIN_API_VERSION = "1.11"
 
 
 def next_major(version=PLUGIN_API_VERSION):

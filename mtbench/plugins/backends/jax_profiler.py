@@ -1,9 +1,14 @@
 """`--profile` on JAX: jax.profiler's trace of the profiled steps, each step named in it ("mtbench train step N"),
 as XProf (TensorBoard's profile plugin) and Perfetto read it."""
 
+import gzip
+import json
 import os
 
+from mtbench.plugins.backends.trace_operations import Work, complete_events, names_of, operations_record
+
 STEP_NAME = "mtbench train step"
+PERFETTO_FILE = "perfetto_trace.json.gz"
 
 
 class JaxStepProfiler:
@@ -12,6 +17,7 @@ class JaxStepProfiler:
 
     def __init__(self, directory):
         self.directory = directory
+        self.files = []
 
     def start(self):
         import jax
@@ -26,4 +32,21 @@ class JaxStepProfiler:
     def stop(self):
         import jax
         jax.profiler.stop_trace()
-        return sorted(os.path.join(root, name) for root, _, names in os.walk(self.directory) for name in names)
+        self.files = sorted(os.path.join(root, name) for root, _, names in os.walk(self.directory) for name in names)
+        return self.files
+
+    def operations(self):
+        """A device's kernels where the trace has a device ("/device:GPU:0"'s streams; a TPU's XLA ops), else the XLA
+        operations the host ran, each by its own time."""
+        path = next(path for path in self.files if os.path.basename(path) == PERFETTO_FILE)
+        with gzip.open(path, "rt") as file:
+            trace = json.load(file)
+        events, processes, threads = complete_events(trace), names_of(trace, "process_name"), \
+            names_of(trace, "thread_name")
+        on_device = [event for event in events if processes.get(event["pid"], "").startswith("/device:")]
+        streams = [event for event in on_device
+                   if threads.get((event["pid"], event.get("tid")), "").startswith("Stream")]
+        xla_ops = [event for event in (on_device or events) if "hlo_op" in event.get("args", {})]
+        on, chosen = ("device", streams or xla_ops) if on_device else ("host", xla_ops)
+        return operations_record(on, [Work((event["pid"], event.get("tid")), event["name"], event["ts"],
+                                           event["dur"]) for event in chosen])

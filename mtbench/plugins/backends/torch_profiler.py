@@ -1,10 +1,14 @@
 """`--profile` on torch: torch.profiler's trace of the profiled steps, each step named in it ("mtbench train step
 N"), as a Chrome trace (Perfetto and chrome://tracing read it)."""
 
+import json
 import os
+
+from mtbench.plugins.backends.trace_operations import Work, complete_events, operations_record
 
 STEP_NAME = "mtbench train step"
 TRACE_FILE = "trace.json"
+DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}   # what a CUDA or ROCm device ran, by Kineto's names
 
 
 class TorchStepProfiler:
@@ -14,6 +18,7 @@ class TorchStepProfiler:
     def __init__(self, directory):
         self.directory = directory
         self.profile = None
+        self.path = os.path.join(directory, TRACE_FILE)
 
     def start(self):
         import torch
@@ -30,6 +35,16 @@ class TorchStepProfiler:
     def stop(self):
         self.profile.__exit__(None, None, None)
         os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, TRACE_FILE)
-        self.profile.export_chrome_trace(path)
-        return [path]
+        self.profile.export_chrome_trace(self.path)
+        return [self.path]
+
+    def operations(self):
+        """The device's kernels, copies and fills where the trace has them, else the operators the host ran
+        (`aten::mm`...), each by its own time."""
+        with open(self.path) as file:
+            events = complete_events(json.load(file))
+        device = [event for event in events if event.get("cat") in DEVICE_CATEGORIES]
+        on, chosen = ("device", device) if device else \
+            ("host", [event for event in events if event.get("cat") == "cpu_op"])
+        return operations_record(on, [Work((event["pid"], event["tid"]), event["name"], event["ts"], event["dur"])
+                                      for event in chosen])

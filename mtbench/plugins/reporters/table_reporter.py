@@ -5,8 +5,9 @@ from rich.table import Table
 
 from mtbench import Reporter, hookimpl
 from mtbench.figures import (attention_text, batch_text, compile_cache_text, cores_text, figure_text, host_syncs_text,
-                             matmul_precision_text, peak_measurement_text, run_dtype, run_label, run_processes,
-                             run_warnings, scored_sentences_text, size_label, train_step_text)
+                             matmul_precision_text, peak_measurement_text, profile_operations_text, profile_text,
+                             run_dtype, run_label, run_processes, run_warnings, scored_sentences_text, size_label,
+                             train_step_text)
 
 
 def _joined(result, *keys, unit=""):
@@ -91,7 +92,8 @@ def result_rows(result):
         *_real_token_mfu_rows(result),
         ("timing", "MFU (padded): model FLOP/s / peak", _mfu(result)),
         ("timing", "train / total wall time", _joined(result, "train_s", "total_s", unit=" s")),
-        *[("timing", "profile (--profile)", text) for text in [_profile_text(result.get("profile"))] if text],
+        *[("timing", "profile (--profile)", text) for text in [profile_text(result)] if text],
+        *[("timing", "profiled steps' time", text) for text in [profile_operations_text(result)] if text],
         ("memory", "peak host / device (run)", _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")),
         ("memory", "peak training, per device", _training_memory(result)),
         ("energy", "steady steps: J / 1k tokens, power", _energy(result.get("energy"))),
@@ -270,21 +272,10 @@ def summary_lines(result):
         f"  memory    peak host / device {_joined(result, 'peak_host_bytes', 'peak_device_bytes', unit=' MiB')}; "
         f"training per device {_training_memory(result)}",
         f"  warnings  {'; '.join(run_warnings(result)) or 'none'}",
-        *[f"  profile   {text}" for text in [_profile_text(result.get("profile"))] if text],
+        *[f"  profile   {text}" for text in [profile_text(result), profile_operations_text(result)] if text],
         f"  every figure: mtbench report {config.get('out') or 'RESULT'} --report table",
     ]
     return lines
-
-
-def _profile_text(profile):
-    """--profile's steps and where their trace is; None without it (and in results written before it)."""
-    if not profile:
-        return None
-    if not profile["steps"]:
-        return f"none: {profile['why_not']}"
-    first, last = profile["steps"][0], profile["steps"][-1]
-    return (f"steps {first}-{last} ({len(profile['steps'])} of {profile['asked']} asked), timed apart, in "
-            f"{profile['directory']} (ui.perfetto.dev opens it)")
 
 
 class SummaryReporter(Reporter):

@@ -207,7 +207,7 @@ class TrainingLoop:
         profiled window ends its trace."""
         steps, seconds, joules, compiled = self.window.close()
         if self.profiling.running:
-            self.profiling.stop()
+            self.profiling.stop(seconds)
         for position, (step, epoch, batch, logs, input_seconds, aside) in enumerate(steps):
             share = seconds / len(steps)
             loss, accuracy = float(logs["loss"]), float(logs["accuracy"])

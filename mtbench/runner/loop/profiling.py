@@ -13,6 +13,8 @@ class StepProfiling:
         self.directory = None
         self.steps = []   # the steps profiled
         self.files = []   # the trace's files, relative to `directory`
+        self.operations = None   # where the steps' time went, from the trace (`step_profiler`'s `operations()`)
+        self.operations_why_not = None
         self.done = False
 
     @property
@@ -40,9 +42,11 @@ class StepProfiling:
     def has_all_steps(self):
         return self.running and len(self.steps) >= self.wanted_steps
 
-    def stop(self):
-        """Ends the trace once its window is closed (the device synchronised: its work is in the trace)."""
+    def stop(self, window_s):
+        """Ends the trace once its window is closed (the device synchronised: its work is in the trace), and reads
+        from it where the window's `window_s` seconds went."""
         self.files = sorted(os.path.relpath(path, self.directory) for path in self.profiler.stop())
+        self.operations, self.operations_why_not = operations_of(self.profiler, window_s)
         self.profiler, self.done = None, True
 
     def record(self):
@@ -53,4 +57,24 @@ class StepProfiling:
             return {"asked": self.wanted_steps, "steps": [], "directory": None, "files": [],
                     "why_not": "no steady step was left to profile (each step warmed a shape up or was the "
                                "host-wait probe's)"}
-        return {"asked": self.wanted_steps, "steps": self.steps, "directory": self.directory, "files": self.files}
+        record = {"asked": self.wanted_steps, "steps": self.steps, "directory": self.directory, "files": self.files}
+        if self.operations:
+            record["operations"] = self.operations
+        else:
+            record["operations_why_not"] = self.operations_why_not
+        return record
+
+
+def operations_of(profiler, window_s):
+    """(the record of where the profiled window's time went, None) or (None, why not). A trace the profiler cannot
+    read is said, not raised: the steps trained and their trace is on disk."""
+    if not hasattr(profiler, "operations"):
+        return None, "this backend's profiler does not read its trace (open it in ui.perfetto.dev)"
+    try:
+        operations = profiler.operations()
+    except Exception as error:  # noqa: BLE001 - a third-party profiler's failure, kept as a reason
+        return None, f"its trace could not be read: {type(error).__name__}: {error}"
+    if operations is None:
+        return None, "the trace holds no operation"
+    return {**operations, "window_s": window_s, "busy_share": operations["busy_s"] / window_s if window_s else None},\
+        None

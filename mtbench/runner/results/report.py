@@ -19,8 +19,9 @@ from rich.table import Table
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import COMPILED_STEP_EXTRA, TrainConfig, decoding_name
 from mtbench.runner.files import read_json
-from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, hardware, run_dtype, run_name,
-                             run_processes, run_warnings, scored_sentences_text, shown_figures, size_label)
+from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, hardware,
+                             profile_operations_text, run_dtype, run_name, run_processes, run_warnings,
+                             scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import result_task, schema_errors
 from mtbench.runner.results import verdicts as stats
@@ -600,13 +601,17 @@ def context_lines(comparison):
 
 
 def profile_lines(comparison):
-    """Where each run's --profile trace is (its first repeat's; each repeat's is beside its own result)."""
+    """Where each run's --profile trace is and where its profiled steps' time went (its first repeat's; each
+    repeat's is beside its own result)."""
     lines = []
     for group in comparison.groups:
         profile = group.first.get("profile") or {}
         if profile.get("steps"):
             lines.append(f"profile of {group.label}: steps {profile['steps'][0]}-{profile['steps'][-1]} in "
                          f"{profile['directory']}")
+            operations = profile_operations_text(group.first)
+            if operations:
+                lines.append(f"  {operations}")
     return lines
 
 

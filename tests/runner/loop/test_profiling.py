@@ -55,12 +55,33 @@ def test_profiled_steps_are_traced_one_by_one_timed_apart_and_train_as_unprofile
     else:  # the jitted step, dispatched once a step
         assert sum(count for name, count in names.items() if name.startswith("PjitFunction")) >= PROFILED
 
+    # Where the profiled window's time went, read from the trace: on a CPU the host's operators (torch's aten ops,
+    # JAX's XLA ops), each called as often as the trace holds it, once a step or more, for no longer than it ran.
+    operations = profile["operations"]
+    assert operations["on"] == "host"
+    assert operations["window_s"] == pytest.approx(sum(h["seconds"] for h in profiled), rel=1e-6)
+    assert 0 < operations["busy_s"] <= operations["window_s"] and operations["busy_share"] <= 1
+    top = operations["top"]
+    assert [t["seconds"] for t in top] == sorted((t["seconds"] for t in top), reverse=True)
+    assert sum(t["share"] for t in top) <= 1 + 1e-9
+    durations = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and (e.get("cat") == "cpu_op" if backend == "torch" else "hlo_op" in e.get("args", {})):
+            durations[e["name"]].append(e["dur"] / 1e6)
+    for t in top:
+        assert t["calls"] == len(durations[t["name"]]) and t["calls"] % PROFILED == 0, t
+        assert 0 < t["seconds"] <= sum(durations[t["name"]]) + 1e-9, t
+    if backend == "torch":
+        assert "aten::mm" in [t["name"] for t in top[:3]]
+
     # Timed apart: in no steady figure, nor in the training time.
     warmups = [h for h in history if h["first_of_shape"]]
     assert result["timing"]["steady_steps"] == len(history) - len(warmups) - len(probe) - PROFILED
     assert result["timing"]["profiled_s"] > 0
     assert f"profile   steps {profile['steps'][0]}-{profile['steps'][-1]} ({PROFILED} of {PROFILED} asked)" in \
         proc.stdout
+    assert f"profile   host busy {operations['busy_share'] * 100:.0f} % of {operations['window_s'] * 1e3:.1f} ms; " \
+           f"longest: {top[0]['name']} " in proc.stdout
 
     assert undocumented_keys(result) == []
     table = run_cli("report", out, "--report", "table", env={"COLUMNS": "200"})
@@ -69,6 +90,7 @@ def test_profiled_steps_are_traced_one_by_one_timed_apart_and_train_as_unprofile
                for line in table.stdout.splitlines()), table.stdout
     assert f"profile of {backend}: steps {profile['steps'][0]}-{profile['steps'][-1]} in {profile['directory']}" in \
         table.stdout.replace("\n", "")
+    assert any("profiled steps' time" in line and "host busy" in line for line in table.stdout.splitlines())
 
     # Trained as unprofiled steps: the losses of the same run without --profile.
     unprofiled = cpu_compared_runs[backend]["result"]["history"]

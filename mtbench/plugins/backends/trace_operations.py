@@ -1,0 +1,82 @@
+"""Where the profiled steps' time went, read from their trace: each operation's own time (the operations it called
+left out) summed by name, and the time anything ran at all. Both profilers write Chrome's trace-event format (torch's
+`trace.json`, JAX's `perfetto_trace.json.gz`); each chooses the events that are work, on the device's lanes where the
+trace has them (a GPU's kernels), else on the host's (the operators a CPU ran)."""
+
+import collections
+from dataclasses import dataclass
+
+TOP = 10   # the operations a result keeps, longest first
+
+
+@dataclass(frozen=True)
+class Work:
+    lane: tuple      # where it ran (a thread or a stream): events on one lane nest, lanes run at once
+    name: str
+    start_us: float
+    duration_us: float
+
+
+def operations_record(on, works, top=TOP):
+    """`on` ("device" or "host") and the events chosen as work -> the profile's `operations`: `busy_s` (the time some
+    lane ran something), `total_s` (the operations' own times summed; above `busy_s` where lanes overlap) and the
+    longest `top` operations with their calls and share of `total_s`. None when no event was work."""
+    if not works:
+        return None
+    own_us, calls = collections.Counter(), collections.Counter()
+    by_lane = collections.defaultdict(list)
+    for work in works:
+        by_lane[work.lane].append(work)
+    for lane_works in by_lane.values():
+        for work, own in own_times(lane_works):
+            own_us[work.name] += own
+            calls[work.name] += 1
+    total_us = sum(own_us.values())
+    return {"on": on, "busy_s": busy_us(works) / 1e6, "total_s": total_us / 1e6,
+            "top": [{"name": name, "seconds": seconds / 1e6, "calls": calls[name],
+                     "share": seconds / total_us if total_us else 0.0}
+                    for name, seconds in own_us.most_common(top)]}
+
+
+def own_times(lane_works):
+    """Each event of one lane with its own time: its duration less that of the events it encloses."""
+    ordered = sorted(lane_works, key=lambda work: (work.start_us, -work.duration_us))
+    own = {id(work): work.duration_us for work in ordered}
+    open_works = []
+    for work in ordered:
+        while open_works and open_works[-1].start_us + open_works[-1].duration_us <= work.start_us:
+            open_works.pop()
+        if open_works:
+            own[id(open_works[-1])] -= work.duration_us
+        open_works.append(work)
+    return [(work, max(own[id(work)], 0.0)) for work in ordered]
+
+
+def busy_us(works):
+    """The length of the union of the events' intervals: the time anything ran, however many lanes at once."""
+    total, reach = 0.0, None
+    for start, end in sorted((work.start_us, work.start_us + work.duration_us) for work in works):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def complete_events(trace):
+    """The duration events ("ph": "X") of a parsed trace, the file's list or its `traceEvents`."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return [event for event in events if event.get("ph") == "X" and "dur" in event]
+
+
+def names_of(trace, kind):
+    """{pid or (pid, tid): name} from the trace's "process_name" or "thread_name" metadata events."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {}
+    for event in events:
+        if event.get("ph") == "M" and event.get("name") == kind:
+            key = event["pid"] if kind == "process_name" else (event["pid"], event.get("tid"))
+            names[key] = event.get("args", {}).get("name", "")
+    return names

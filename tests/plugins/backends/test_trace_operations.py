@@ -1,0 +1,109 @@
+"""Reading a profiled window's trace back: own times of nested events, the union of overlapping lanes, and the device's
+events chosen over the host's in the two formats a GPU writes (torch's Kineto categories, JAX's device processes and
+their streams). The traces here are written by hand in those formats; a CPU run's real traces are read in
+tests/runner/loop/test_profiling.py."""
+
+import gzip
+import json
+import os
+
+import pytest
+
+from mtbench.figures import operation_name, profile_operations_text
+from mtbench.plugins.backends.jax_profiler import JaxStepProfiler
+from mtbench.plugins.backends.torch_profiler import TorchStepProfiler
+from mtbench.plugins.backends.trace_operations import Work, operations_record
+from mtbench.runner.loop.profiling import operations_of
+
+
+def test_own_times_leave_callees_out_and_busy_time_counts_overlapping_lanes_once():
+    # Lane a: an outer call from 0 to 10 us holding two calls (2-5, 6-8); lane b: one call from 9 to 14 us.
+    works = [Work("a", "outer", 0, 10), Work("a", "mm", 2, 3), Work("a", "mm", 6, 2), Work("b", "add", 9, 5)]
+    record = operations_record("host", works)
+    assert record["on"] == "host"
+    assert record["busy_s"] == pytest.approx(14e-6)     # [0, 10] and [9, 14]
+    assert record["total_s"] == pytest.approx(15e-6)    # 5 + 5 + 5: the overlap counted on each lane
+    assert [(t["name"], t["calls"]) for t in record["top"]] == [("outer", 1), ("mm", 2), ("add", 1)]
+    assert [t["seconds"] for t in record["top"]] == pytest.approx([5e-6, 5e-6, 5e-6])
+    assert [t["share"] for t in record["top"]] == pytest.approx([1 / 3] * 3)
+    assert operations_record("host", []) is None
+
+
+def test_the_record_keeps_the_ten_longest():
+    works = [Work("a", f"op{i}", i * 100, i + 1) for i in range(12)]
+    top = operations_record("host", works)["top"]
+    assert [t["name"] for t in top] == [f"op{i}" for i in range(11, 1, -1)]
+
+
+def complete(name, ts, dur, pid=1, tid=1, **fields):
+    return {"ph": "X", "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, **fields}
+
+
+def test_torch_reads_a_gpus_kernels_and_copies_not_the_operators_that_launched_them(tmp_path):
+    profiler = TorchStepProfiler(str(tmp_path))
+    events = [complete("aten::mm", 0, 50, cat="cpu_op"),
+              complete("cudaLaunchKernel", 10, 5, cat="cuda_runtime"),
+              complete("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64>>(Params)", 20, 300, pid=0, tid=7,
+                       cat="kernel"),
+              complete("sm90_xmma_gemm_bf16bf16_bf16f32", 320, 100, pid=0, tid=7, cat="kernel"),
+              complete("Memcpy HtoD (Pageable -> Device)", 500, 20, pid=0, tid=8, cat="gpu_memcpy")]
+    with open(profiler.path, "w") as f:
+        json.dump({"traceEvents": events}, f)
+    record = profiler.operations()
+    assert record["on"] == "device"
+    assert [t["name"] for t in record["top"]] == [events[2]["name"], events[3]["name"], events[4]["name"]]
+    assert record["busy_s"] == pytest.approx(420e-6) and record["total_s"] == pytest.approx(420e-6)
+
+
+def write_jax_trace(directory, events, processes, threads):
+    folder = os.path.join(directory, "plugins", "profile", "2026_11_29")
+    os.makedirs(folder)
+    metadata = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}} for pid, name in processes]
+    metadata += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
+                 for pid, tid, name in threads]
+    path = os.path.join(folder, "perfetto_trace.json.gz")
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": metadata + events}, f)
+    return path
+
+
+def test_jax_reads_a_gpus_streams_once_not_the_xla_op_lines_beside_them(tmp_path):
+    profiler = JaxStepProfiler(str(tmp_path))
+    op = {"args": {"hlo_op": "fusion.3", "hlo_module": "jit_step"}}
+    events = [complete("PjitFunction(step)", 0, 40, pid=701, tid=1),
+              complete("fusion.3", 5, 2, pid=701, tid=2, **op),                          # the host's launch
+              complete("cutlass_80_tensorop_bf16_s16816gemm", 50, 200, pid=1, tid=13, **op),
+              complete("fusion.3", 50, 200, pid=1, tid=100, **op),                         # the same, as an XLA op
+              complete("cudnn_generated_fort_native_sdpa", 260, 80, pid=1, tid=13)]
+    profiler.files = [write_jax_trace(str(tmp_path), events, [(701, "/host:CPU"), (1, "/device:GPU:0")],
+                                      [(1, 13, "Stream #13(Compute)"), (1, 100, "XLA Ops"), (701, 1, "python")])]
+    record = profiler.operations()
+    assert record["on"] == "device"
+    assert [(t["name"], t["calls"]) for t in record["top"]] == [("cutlass_80_tensorop_bf16_s16816gemm", 1),
+                                                                ("cudnn_generated_fort_native_sdpa", 1)]
+    assert record["busy_s"] == pytest.approx(280e-6)
+
+
+def test_a_profiler_without_operations_or_with_an_unreadable_trace_is_said_not_raised(tmp_path):
+    class Writes:
+        def operations(self):
+            raise ValueError("not a trace")
+
+    assert operations_of(object(), 0.5) == (None, "this backend's profiler does not read its trace (open it in "
+                                                  "ui.perfetto.dev)")
+    assert operations_of(Writes(), 0.5) == (None, "its trace could not be read: ValueError: not a trace")
+    record, why_not = operations_of(TorchStepProfiler(str(tmp_path)), 0.5)
+    assert record is None and why_not.startswith("its trace could not be read: FileNotFoundError")
+    result = {"profile": {"steps": [3], "operations_why_not": why_not}}
+    assert profile_operations_text(result) == f"not read: {why_not}"
+
+
+def test_the_line_names_the_busy_share_and_kernels_without_their_template_arguments():
+    operations = {"on": "device", "window_s": 0.2, "busy_s": 0.15, "busy_share": 0.75, "total_s": 0.15,
+                  "top": [{"name": "void flash_fwd_kernel<Traits<128>>(Params)", "seconds": 0.06, "calls": 24,
+                           "share": 0.4},
+                          {"name": "aten::mm", "seconds": 0.03, "calls": 48, "share": 0.2}]}
+    assert profile_operations_text({"profile": {"steps": [3], "operations": operations}}) == \
+        "device busy 75 % of 200.0 ms; longest: flash_fwd_kernel 40 % (24 calls), aten::mm 20 % (48 calls)"
+    assert operation_name("x" * 60) == "x" * 39 + "…"
+    assert profile_operations_text({}) is None and profile_operations_text({"profile": {"steps": []}}) is None
