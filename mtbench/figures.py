@@ -224,7 +224,10 @@ def profile_operations_text(result, count=3):
     busy = "n/a" if operations["busy_share"] is None else f"{operations['busy_share'] * 100:.0f} %"
     longest = ", ".join(f"{operation_name(top['name'])} {top['share'] * 100:.0f} % ({top['calls']} calls)"
                         for top in operations["top"][:count])
-    return f"{operations['on']} busy {busy} of {operations['window_s'] * 1e3:.1f} ms; longest: {longest}"
+    units = operations.get("units", 1)
+    who = operations["on"] if units == 1 else f"{units} devices, each"
+    return f"{who} busy {busy}{' on average' if units > 1 else ''} of {operations['window_s'] * 1e3:.1f} ms; " \
+           f"longest: {longest}"
 
 
 def operation_name(name, width=40):

@@ -48,5 +48,6 @@ class JaxStepProfiler:
                    if threads.get((event["pid"], event.get("tid")), "").startswith("Stream")]
         xla_ops = [event for event in (on_device or events) if "hlo_op" in event.get("args", {})]
         on, chosen = ("device", streams or xla_ops) if on_device else ("host", xla_ops)
-        return operations_record(on, [Work((event["pid"], event.get("tid")), event["name"], event["ts"],
-                                           event["dur"]) for event in chosen])
+        # Each device is a process of the trace; the host's threads are one unit.
+        return operations_record(on, [Work(event["pid"] if on_device else "host", (event["pid"], event.get("tid")),
+                                           event["name"], event["ts"], event["dur"]) for event in chosen])

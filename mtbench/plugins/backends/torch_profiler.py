@@ -46,5 +46,6 @@ class TorchStepProfiler:
         device = [event for event in events if event.get("cat") in DEVICE_CATEGORIES]
         on, chosen = ("device", device) if device else \
             ("host", [event for event in events if event.get("cat") == "cpu_op"])
-        return operations_record(on, [Work((event["pid"], event["tid"]), event["name"], event["ts"], event["dur"])
-                                      for event in chosen])
+        # A device's events carry its index as their process; the host's operators are one unit.
+        return operations_record(on, [Work(event["pid"] if device else "host", (event["pid"], event["tid"]),
+                                           event["name"], event["ts"], event["dur"]) for event in chosen])

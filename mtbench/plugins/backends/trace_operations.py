@@ -11,28 +11,33 @@ TOP = 10   # the operations a result keeps, longest first
 
 @dataclass(frozen=True)
 class Work:
-    lane: tuple      # where it ran (a thread or a stream): events on one lane nest, lanes run at once
+    unit: object     # what ran it: a device (its busy time is its own), or the host
+    lane: object     # where on it (a thread, a stream): events on one lane nest, lanes run at once
     name: str
     start_us: float
     duration_us: float
 
 
 def operations_record(on, works, top=TOP):
-    """`on` ("device" or "host") and the events chosen as work -> the profile's `operations`: `busy_s` (the time some
-    lane ran something), `total_s` (the operations' own times summed; above `busy_s` where lanes overlap) and the
-    longest `top` operations with their calls and share of `total_s`. None when no event was work."""
+    """`on` ("device" or "host") and the events chosen as work -> the profile's `operations`: `busy_s` (the time a
+    unit ran anything, the mean over the `units`: the devices, or the host), `total_s` (the operations' own times
+    summed; above `busy_s` where lanes overlap or units are several) and the longest `top` operations with their
+    calls and share of `total_s`. None when no event was work."""
     if not works:
         return None
     own_us, calls = collections.Counter(), collections.Counter()
-    by_lane = collections.defaultdict(list)
+    by_lane, by_unit = collections.defaultdict(list), collections.defaultdict(list)
     for work in works:
-        by_lane[work.lane].append(work)
+        by_lane[work.unit, work.lane].append(work)
+        by_unit[work.unit].append(work)
     for lane_works in by_lane.values():
         for work, own in own_times(lane_works):
             own_us[work.name] += own
             calls[work.name] += 1
     total_us = sum(own_us.values())
-    return {"on": on, "busy_s": busy_us(works) / 1e6, "total_s": total_us / 1e6,
+    return {"on": on, "units": len(by_unit),
+            "busy_s": sum(busy_us(unit_works) for unit_works in by_unit.values()) / len(by_unit) / 1e6,
+            "total_s": total_us / 1e6,
             "top": [{"name": name, "seconds": seconds / 1e6, "calls": calls[name],
                      "share": seconds / total_us if total_us else 0.0}
                     for name, seconds in own_us.most_common(top)]}

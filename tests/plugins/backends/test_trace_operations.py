@@ -18,9 +18,10 @@ from mtbench.runner.loop.profiling import operations_of
 
 def test_own_times_leave_callees_out_and_busy_time_counts_overlapping_lanes_once():
     # Lane a: an outer call from 0 to 10 us holding two calls (2-5, 6-8); lane b: one call from 9 to 14 us.
-    works = [Work("a", "outer", 0, 10), Work("a", "mm", 2, 3), Work("a", "mm", 6, 2), Work("b", "add", 9, 5)]
+    works = [Work("host", "a", "outer", 0, 10), Work("host", "a", "mm", 2, 3), Work("host", "a", "mm", 6, 2),
+             Work("host", "b", "add", 9, 5)]
     record = operations_record("host", works)
-    assert record["on"] == "host"
+    assert record["on"] == "host" and record["units"] == 1
     assert record["busy_s"] == pytest.approx(14e-6)     # [0, 10] and [9, 14]
     assert record["total_s"] == pytest.approx(15e-6)    # 5 + 5 + 5: the overlap counted on each lane
     assert [(t["name"], t["calls"]) for t in record["top"]] == [("outer", 1), ("mm", 2), ("add", 1)]
@@ -30,9 +31,19 @@ def test_own_times_leave_callees_out_and_busy_time_counts_overlapping_lanes_once
 
 
 def test_the_record_keeps_the_ten_longest():
-    works = [Work("a", f"op{i}", i * 100, i + 1) for i in range(12)]
+    works = [Work("host", "a", f"op{i}", i * 100, i + 1) for i in range(12)]
     top = operations_record("host", works)["top"]
     assert [t["name"] for t in top] == [f"op{i}" for i in range(11, 1, -1)]
+
+
+def test_each_device_is_busy_on_its_own_and_the_record_keeps_their_mean():
+    # Device 0 runs from 0 to 10 us on two streams at once, device 1 from 0 to 4 us: 10 and 4 us busy.
+    works = [Work(0, 7, "gemm", 0, 10), Work(0, 8, "copy", 2, 5), Work(1, 7, "gemm", 0, 4)]
+    record = operations_record("device", works)
+    assert record["units"] == 2 and record["busy_s"] == pytest.approx(7e-6) and record["total_s"] == pytest.approx(19e-6)
+    line = profile_operations_text({"profile": {"steps": [3], "operations": {**record, "window_s": 20e-6,
+                                                                             "busy_share": 7 / 20}}})
+    assert line.startswith("2 devices, each busy 35 % on average of 0.0 ms; longest: gemm 74 % (2 calls)")
 
 
 def complete(name, ts, dur, pid=1, tid=1, **fields):
