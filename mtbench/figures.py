@@ -215,19 +215,24 @@ def profile_text(result):
 
 
 def profile_operations_text(result, count=3):
-    """Where the profiled steps' time went: how long the device (or, without one, the host) was busy, and the
-    `count` operations that took longest; None without a profile read (and in results written before it)."""
+    """Where the profiled steps' time went: how long the device (or, without one, the host) ran anything in a step,
+    against an unprofiled steady step (a profiler slows the host, not the kernels) and against the profiled window,
+    and the `count` operations that took longest; None without a profile read (and in results written before it)."""
     profile = result.get("profile") or {}
     operations = profile.get("operations")
     if not operations:
         return f"not read: {profile['operations_why_not']}" if profile.get("operations_why_not") else None
-    busy = "n/a" if operations["busy_share"] is None else f"{operations['busy_share'] * 100:.0f} %"
+    units = operations.get("units", 1)
+    per_step = operations["busy_s"] / len(profile["steps"])
+    steady = (result.get("timing") or {}).get("step_s_median")
+    shares = [f"{per_step / steady * 100:.0f} % of a steady step"] if steady else []
+    if operations["busy_share"] is not None:
+        shares.append(f"{operations['busy_share'] * 100:.0f} % of the profiled window")
     longest = ", ".join(f"{operation_name(top['name'])} {top['share'] * 100:.0f} % ({top['calls']} calls)"
                         for top in operations["top"][:count])
-    units = operations.get("units", 1)
     who = operations["on"] if units == 1 else f"{units} devices, each"
-    return f"{who} busy {busy}{' on average' if units > 1 else ''} of {operations['window_s'] * 1e3:.1f} ms; " \
-           f"longest: {longest}"
+    return (f"{who} busy {per_step * 1e3:.1f} ms a step{' on average' if units > 1 else ''} ({'; '.join(shares)}); "
+            f"longest: {longest}")
 
 
 def operation_name(name, width=40):

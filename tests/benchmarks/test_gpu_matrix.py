@@ -437,8 +437,10 @@ def test_cpu_matrix_trains_and_skips_rows_and_says_why(cpu_matrix):
     assert os.path.isfile(os.path.join(result["profile"]["directory"], "trace.json"))
     operations = result["profile"]["operations"]
     assert operations["on"] == "host" and operations["top"][0]["calls"] > 0
-    assert summary["profiles"] == [f"profile of row 3 (torch): host busy {operations['busy_share'] * 100:.0f} % of "
-                                   f"{operations['window_s'] * 1e3:.1f} ms; longest: " +
+    per_step = operations["busy_s"] / 2
+    assert summary["profiles"] == [f"profile of row 3 (torch): host busy {per_step * 1e3:.1f} ms a step "
+                                   f"({per_step / result['timing']['step_s_median'] * 100:.0f} % of a steady step; "
+                                   f"{operations['busy_share'] * 100:.0f} % of the profiled window); longest: " +
                                    ", ".join(f"{t['name']} {t['share'] * 100:.0f} % ({t['calls']} calls)"
                                              for t in operations["top"][:3])]
     assert torch["parity"].startswith("not checked")  # the only bfloat16 row that ran

@@ -43,7 +43,8 @@ def test_each_device_is_busy_on_its_own_and_the_record_keeps_their_mean():
     assert record["units"] == 2 and record["busy_s"] == pytest.approx(7e-6) and record["total_s"] == pytest.approx(19e-6)
     line = profile_operations_text({"profile": {"steps": [3], "operations": {**record, "window_s": 20e-6,
                                                                              "busy_share": 7 / 20}}})
-    assert line.startswith("2 devices, each busy 35 % on average of 0.0 ms; longest: gemm 74 % (2 calls)")
+    assert line.startswith("2 devices, each busy 0.0 ms a step on average (35 % of the profiled window); longest: "
+                           "gemm 74 % (2 calls)")
 
 
 def complete(name, ts, dur, pid=1, tid=1, **fields):
@@ -114,7 +115,10 @@ def test_the_line_names_the_busy_share_and_kernels_without_their_template_argume
                   "top": [{"name": "void flash_fwd_kernel<Traits<128>>(Params)", "seconds": 0.06, "calls": 24,
                            "share": 0.4},
                           {"name": "aten::mm", "seconds": 0.03, "calls": 48, "share": 0.2}]}
-    assert profile_operations_text({"profile": {"steps": [3], "operations": operations}}) == \
-        "device busy 75 % of 200.0 ms; longest: flash_fwd_kernel 40 % (24 calls), aten::mm 20 % (48 calls)"
+    # Two steps profiled in 200 ms, the device busy 150 ms of it; an unprofiled step takes 80 ms.
+    result = {"profile": {"steps": [3, 4], "operations": operations}, "timing": {"step_s_median": 0.08}}
+    assert profile_operations_text(result) == \
+        "device busy 75.0 ms a step (94 % of a steady step; 75 % of the profiled window); longest: flash_fwd_kernel " \
+        "40 % (24 calls), aten::mm 20 % (48 calls)"
     assert operation_name("x" * 60) == "x" * 39 + "…"
     assert profile_operations_text({}) is None and profile_operations_text({"profile": {"steps": []}}) is None

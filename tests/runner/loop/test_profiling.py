@@ -80,8 +80,10 @@ def test_profiled_steps_are_traced_one_by_one_timed_apart_and_train_as_unprofile
     assert result["timing"]["profiled_s"] > 0
     assert f"profile   steps {profile['steps'][0]}-{profile['steps'][-1]} ({PROFILED} of {PROFILED} asked)" in \
         proc.stdout
-    assert f"profile   host busy {operations['busy_share'] * 100:.0f} % of {operations['window_s'] * 1e3:.1f} ms; " \
-           f"longest: {top[0]['name']} " in proc.stdout
+    per_step = operations["busy_s"] / PROFILED
+    assert f"profile   host busy {per_step * 1e3:.1f} ms a step " \
+           f"({per_step / result['timing']['step_s_median'] * 100:.0f} % of a steady step; " \
+           f"{operations['busy_share'] * 100:.0f} % of the profiled window); longest: {top[0]['name']} " in proc.stdout
 
     assert undocumented_keys(result) == []
     table = run_cli("report", out, "--report", "table", env={"COLUMNS": "200"})
