@@ -38,7 +38,9 @@ class JaxStepProfiler:
     def operations(self):
         """A device's kernels where the trace has a device ("/device:GPU:0"'s streams; a TPU's XLA ops), else the XLA
         operations the host ran, each by its own time."""
-        path = next(path for path in self.files if os.path.basename(path) == PERFETTO_FILE)
+        path = next((path for path in self.files if os.path.basename(path) == PERFETTO_FILE), None)
+        if path is None:
+            raise FileNotFoundError(f"jax.profiler wrote no {PERFETTO_FILE}")
         with gzip.open(path, "rt") as file:
             trace = json.load(file)
         events, processes, threads = complete_events(trace), names_of(trace, "process_name"), \

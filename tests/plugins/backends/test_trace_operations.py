@@ -106,6 +106,8 @@ def test_a_profiler_without_operations_or_with_an_unreadable_trace_is_said_not_r
     assert operations_of(Writes(), 0.5) == (None, "its trace could not be read: ValueError: not a trace")
     record, why_not = operations_of(TorchStepProfiler(str(tmp_path)), 0.5)
     assert record is None and why_not.startswith("its trace could not be read: FileNotFoundError")
+    assert operations_of(JaxStepProfiler(str(tmp_path)), 0.5) == \
+        (None, "its trace could not be read: FileNotFoundError: jax.profiler wrote no perfetto_trace.json.gz")
     result = {"profile": {"steps": [3], "operations_why_not": why_not}}
     assert profile_operations_text(result) == f"not read: {why_not}"
 
