@@ -194,8 +194,9 @@ RUN_CONFIGURATION_OPTIONS = (
                       "translation and saving the model (the result's quality figures are n/a)."),
     click.option("--profile", "profile_steps", type=int, default=0, metavar="N",
                  help="Trace N steady steps with the backend's own profiler (jax.profiler, torch.profiler) into "
-                      "RESULT.run/profile, in a window of their own, timed apart from the steady figures; Perfetto "
-                      "(ui.perfetto.dev) opens both backends' traces. 0: none."),
+                      "RESULT.run/profile, in a window of their own, timed apart from the steady figures, and say "
+                      "how busy the device was and which operations took longest; Perfetto (ui.perfetto.dev) opens "
+                      "both backends' traces. 0: none."),
     click.option("--compile-mode", type=click.Choice(COMPILE_MODES),
                  help="torch.compile mode for the torch-compile extra (default: default; for the compiled torch run "
                       "that compare adds on a CUDA GPU, reduce-overhead: CUDA graphs)."),
