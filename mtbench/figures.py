@@ -201,7 +201,6 @@ def host_syncs_text(result):
     return f"{record['per_step']:g} (step {record['step']}): " + "; ".join(f"{count} x {what}" for what, count in events)
 
 
-
 def profile_text(result):
     """--profile's steps and where their trace is; None without it (and in results written before it)."""
     profile = result.get("profile")
@@ -239,6 +238,7 @@ def operation_name(name, width=40):
     """A kernel's or operator's name short enough for a line: a C++ kernel's without its arguments."""
     name = name.removeprefix("void ").split("(")[0].split("<")[0].strip() or name
     return name if len(name) <= width else name[:width - 1] + "…"
+
 
 RUN_CHOICES = (
     ("train_step", "train step", train_step_text),

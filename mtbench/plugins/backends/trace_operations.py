@@ -70,17 +70,20 @@ def busy_us(works):
     return total
 
 
+def trace_events(trace):
+    """A parsed trace's events: the file's list, or its `traceEvents`."""
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
 def complete_events(trace):
-    """The duration events ("ph": "X") of a parsed trace, the file's list or its `traceEvents`."""
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    return [event for event in events if event.get("ph") == "X" and "dur" in event]
+    """The duration events ("ph": "X") of a parsed trace."""
+    return [event for event in trace_events(trace) if event.get("ph") == "X" and "dur" in event]
 
 
 def names_of(trace, kind):
     """{pid or (pid, tid): name} from the trace's "process_name" or "thread_name" metadata events."""
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
     names = {}
-    for event in events:
+    for event in trace_events(trace):
         if event.get("ph") == "M" and event.get("name") == kind:
             key = event["pid"] if kind == "process_name" else (event["pid"], event.get("tid"))
             names[key] = event.get("args", {}).get("name", "")
