@@ -153,8 +153,8 @@ def traced(profiling, step, convert, batches, first_step):
     """The batches' losses, their steps traced between two device synchronisations by `profiling` (the
     `StepProfiling` of `mtbench train --profile`, so that the reference's trace and mtbench's are made alike)."""
     step.block()
-    start = time.perf_counter()
     profiling.start(first_step)
+    start = time.perf_counter()  # after the profiler's start, as mtbench train's profiled window opens
     pending = []
     for number, batch in enumerate(batches, start=first_step):
         with profiling.step(number):
