@@ -216,7 +216,8 @@ def profile_text(result):
 def profile_operations_text(result, count=3):
     """Where the profiled steps' time went: how long the device (or, without one, the host) ran anything in a step,
     against an unprofiled steady step (a profiler slows the host, not the kernels) and against the profiled window,
-    and the `count` operations that took longest; None without a profile read (and in results written before it)."""
+    the `count` operations that took longest, and a device's kernels by kind; None without a profile read (and in
+    results written before it)."""
     profile = result.get("profile") or {}
     operations = profile.get("operations")
     if not operations:
@@ -230,8 +231,9 @@ def profile_operations_text(result, count=3):
     longest = ", ".join(f"{operation_name(top['name'])} {top['share'] * 100:.0f} % ({top['calls']} calls)"
                         for top in operations["top"][:count])
     who = operations["on"] if units == 1 else f"{units} devices, each"
+    kinds = ", ".join(f"{kind['kind']} {kind['share'] * 100:.0f} %" for kind in operations.get("kinds") or [])
     return (f"{who} busy {per_step * 1e3:.1f} ms a step{' on average' if units > 1 else ''} ({'; '.join(shares)}); "
-            f"longest: {longest}")
+            f"longest: {longest}{f'; kernels by kind: {kinds}' if kinds else ''}")
 
 
 def operation_name(name, width=40):

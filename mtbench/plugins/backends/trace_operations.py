@@ -4,9 +4,25 @@ left out) summed by name, and the time anything ran at all. Both profilers write
 trace has them (a GPU's kernels), else on the host's (the operators a CPU ran)."""
 
 import collections
+import re
 from dataclasses import dataclass
 
 TOP = 10   # the operations a result keeps, longest first
+
+# A device's kernels by what they compute, told by name: the libraries' names are the same under either framework
+# (cuBLAS's `nvjet_*` and `sm90_xmma_gemm_*`, CUTLASS's, FlashAttention's `flash_fwd_*`, cuDNN's `*_sdpa_*`, NCCL's
+# `ncclDevKernel_*`), and each compiler names the matmuls it generates (XLA `gemm_fusion_<dot>`, inductor
+# `triton_tem_fused_mm_N`; a TPU's XLA ops `dot.N` and `convolution.N`). The first kind whose pattern a name
+# matches; a kernel no pattern knows (elementwise and reduction fusions, norms, the optimizer) is "other".
+KERNEL_KINDS = (
+    ("collective", re.compile(r"nccl|rccl|all-?reduce|all-?gather|reduce-?scatter|collective-permute|all-to-all",
+                              re.IGNORECASE)),
+    ("memory", re.compile(r"memcpy|memset", re.IGNORECASE)),
+    ("attention", re.compile(r"flash|fmha|sdpa|attention", re.IGNORECASE)),
+    ("matmul", re.compile(r"gemm|gemv|xmma|nvjet|cutlass|cublas|matmul|^dot([._]|$)|^convolution"
+                          r"|(^|_)(add|b|badd)?mm(_|\d|$)", re.IGNORECASE)),
+)
+OTHER_KIND = "other"
 
 
 @dataclass(frozen=True)
@@ -22,7 +38,9 @@ def operations_record(on, works, top=TOP):
     """`on` ("device" or "host") and the events chosen as work -> the profile's `operations`: `busy_s` (the time a
     unit ran anything, the mean over the `units`: the devices, or the host), `total_s` (the operations' own times
     summed; above `busy_s` where lanes overlap or units are several) and the longest `top` operations with their
-    calls and share of `total_s`. None when no event was work."""
+    calls and share of `total_s`. On a device, each top operation's `kind` and the `kinds` of all of them, each with
+    its seconds and share of `total_s` (`kernel_kind`; a host's operators are not sorted: JAX's CPU fusions hold
+    matmuls under names that do not say so). None when no event was work."""
     if not works:
         return None
     own_us, calls = collections.Counter(), collections.Counter()
@@ -35,12 +53,27 @@ def operations_record(on, works, top=TOP):
             own_us[work.name] += own
             calls[work.name] += 1
     total_us = sum(own_us.values())
-    return {"on": on, "units": len(by_unit),
-            "busy_s": sum(busy_us(unit_works) for unit_works in by_unit.values()) / len(by_unit) / 1e6,
-            "total_s": total_us / 1e6,
-            "top": [{"name": name, "seconds": seconds / 1e6, "calls": calls[name],
-                     "share": seconds / total_us if total_us else 0.0}
-                    for name, seconds in own_us.most_common(top)]}
+    share = (lambda us: us / total_us) if total_us else (lambda us: 0.0)
+    record = {"on": on, "units": len(by_unit),
+              "busy_s": sum(busy_us(unit_works) for unit_works in by_unit.values()) / len(by_unit) / 1e6,
+              "total_s": total_us / 1e6,
+              "top": [{"name": name, "seconds": seconds / 1e6, "calls": calls[name], "share": share(seconds)}
+                      for name, seconds in own_us.most_common(top)]}
+    if on == "device":
+        kind_us = collections.Counter()
+        for name, seconds in own_us.items():
+            kind_us[kernel_kind(name)] += seconds
+        for entry in record["top"]:
+            entry["kind"] = kernel_kind(entry["name"])
+        record["kinds"] = [{"kind": kind, "seconds": seconds / 1e6, "share": share(seconds)}
+                           for kind, seconds in kind_us.most_common()]
+    return record
+
+
+def kernel_kind(name):
+    """What a device's kernel computes, by its name (`KERNEL_KINDS`): matmul, attention, collective, memory or
+    other."""
+    return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), OTHER_KIND)
 
 
 def own_times(lane_works):

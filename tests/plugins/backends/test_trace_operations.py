@@ -12,7 +12,7 @@ import pytest
 from mtbench.figures import operation_name, profile_operations_text
 from mtbench.plugins.backends.jax_profiler import JaxStepProfiler
 from mtbench.plugins.backends.torch_profiler import TorchStepProfiler
-from mtbench.plugins.backends.trace_operations import Work, operations_record
+from mtbench.plugins.backends.trace_operations import Work, kernel_kind, operations_record
 from mtbench.runner.loop.profiling import operations_of
 
 
@@ -65,6 +65,11 @@ def test_torch_reads_a_gpus_kernels_and_copies_not_the_operators_that_launched_t
     assert record["on"] == "device"
     assert [t["name"] for t in record["top"]] == [events[2]["name"], events[3]["name"], events[4]["name"]]
     assert record["busy_s"] == pytest.approx(420e-6) and record["total_s"] == pytest.approx(420e-6)
+    assert [t["kind"] for t in record["top"]] == ["attention", "matmul", "memory"]
+    assert [(k["kind"], k["seconds"], k["share"]) for k in record["kinds"]] == [
+        ("attention", pytest.approx(300e-6), pytest.approx(300 / 420)),
+        ("matmul", pytest.approx(100e-6), pytest.approx(100 / 420)),
+        ("memory", pytest.approx(20e-6), pytest.approx(20 / 420))]
 
 
 def write_jax_trace(directory, events, processes, threads):
@@ -94,6 +99,8 @@ def test_jax_reads_a_gpus_streams_once_not_the_xla_op_lines_beside_them(tmp_path
     assert [(t["name"], t["calls"]) for t in record["top"]] == [("cutlass_80_tensorop_bf16_s16816gemm", 1),
                                                                 ("cudnn_generated_fort_native_sdpa", 1)]
     assert record["busy_s"] == pytest.approx(280e-6)
+    assert [(k["kind"], k["share"]) for k in record["kinds"]] == [("matmul", pytest.approx(200 / 280)),
+                                                                  ("attention", pytest.approx(80 / 280))]
 
 
 def test_a_profiler_without_operations_or_with_an_unreadable_trace_is_said_not_raised(tmp_path):
@@ -124,3 +131,44 @@ def test_the_line_names_the_busy_share_and_kernels_without_their_template_argume
         "40 % (24 calls), aten::mm 20 % (48 calls)"
     assert operation_name("x" * 60) == "x" * 39 + "…"
     assert profile_operations_text({}) is None and profile_operations_text({"profile": {"steps": []}}) is None
+
+
+# Kernel names in the forms each library and compiler gives them (NVIDIA GPUs; a TPU's XLA ops).
+NAMED_KERNELS = {
+    "matmul": ["nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT",
+               "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+               "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn",
+               "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(Params)",
+               "cublasLt::splitKreduce_kernel", "gemm_fusion_dot_123", "triton_gemm_dot_7", "triton_tem_fused_mm_4",
+               "triton_tem_fused_addmm_gelu_0", "triton_tem_fused_bmm_12", "dot.38", "convolution.5",
+               "gemv2T_kernel_val"],
+    "attention": ["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>(Params)",
+                  "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80",
+                  "cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_kernel0_0",
+                  "_efficient_attention_backward"],
+    "collective": ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_AllGather_RING_LL_Sum_int8_t",
+                   "all-reduce.3", "all-gather-start.1", "reduce-scatter.2", "collective-permute.4"],
+    "memory": ["Memcpy HtoD (Pageable -> Device)", "Memset (Device)", "MemcpyD2D"],
+    "other": ["triton_poi_fused_add_mul_0", "triton_red_fused_native_layer_norm_3", "loop_multiply_fusion",
+              "input_reduce_fusion_2", "void at::native::vectorized_elementwise_kernel<4, GeluFunctor>(int)",
+              "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>(Args)",
+              "cunn_SoftMaxForward", "fusion.12", "copy_fusion.3",
+              "triton_per_fused__log_softmax_backward_data_nll_loss_backward_5"],
+}
+
+
+@pytest.mark.parametrize("kind", NAMED_KERNELS)
+def test_a_devices_kernels_are_sorted_by_the_names_their_libraries_and_compilers_give_them(kind):
+    assert {name: kernel_kind(name) for name in NAMED_KERNELS[kind]} == dict.fromkeys(NAMED_KERNELS[kind], kind)
+
+
+def test_a_hosts_operators_are_not_sorted_into_kinds_and_the_line_names_a_devices():
+    works = [Work("host", 1, "aten::mm", 0, 5), Work("host", 1, "aten::add", 5, 5)]
+    host = operations_record("host", works)
+    assert "kinds" not in host and all("kind" not in top for top in host["top"])
+    device = operations_record("device", [Work(0, 7, "nvjet_tst_64x8", 0, 60),
+                                          Work(0, 7, "flash_fwd_kernel", 60, 30),
+                                          Work(0, 7, "triton_poi_fused_add_0", 90, 10)])
+    result = {"profile": {"steps": [3], "operations": {**device, "window_s": 200e-6, "busy_share": 0.5}}}
+    assert profile_operations_text(result).endswith(
+        "; kernels by kind: matmul 60 %, attention 30 %, other 10 %")
