@@ -231,9 +231,19 @@ def profile_operations_text(result, count=3):
     longest = ", ".join(f"{operation_name(top['name'])} {top['share'] * 100:.0f} % ({top['calls']} calls)"
                         for top in operations["top"][:count])
     who = operations["on"] if units == 1 else f"{units} devices, each"
-    kinds = ", ".join(f"{kind['kind']} {kind['share'] * 100:.0f} %" for kind in operations.get("kinds") or [])
+    kinds = ", ".join(f"{kind} {seconds * 1e3:.1f} ms ({share * 100:.0f} %)"
+                      for kind, (seconds, share) in kinds_per_step(result).items())
     return (f"{who} busy {per_step * 1e3:.1f} ms a step{' on average' if units > 1 else ''} ({'; '.join(shares)}); "
-            f"longest: {longest}{f'; kernels by kind: {kinds}' if kinds else ''}")
+            f"longest: {longest}{f'; kernels a step by kind: {kinds}' if kinds else ''}")
+
+
+def kinds_per_step(result):
+    """{kind: (seconds of a profiled step, on each device; share of the kernels' time)} of a profile read on a
+    device, largest first; empty without one."""
+    profile = result.get("profile") or {}
+    operations = profile.get("operations") or {}
+    per_step = len(profile.get("steps") or ()) * operations.get("units", 1)
+    return {kind["kind"]: (kind["seconds"] / per_step, kind["share"]) for kind in operations.get("kinds") or []}
 
 
 def operation_name(name, width=40):

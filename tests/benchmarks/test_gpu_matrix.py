@@ -270,6 +270,35 @@ def test_the_references_run_their_script_and_each_row_is_set_beside_its_backends
     assert reference.train_arguments()[:4] == ["--backend", "torch", "--compile-mode", "reduce-overhead"]
 
 
+def test_a_profiled_row_is_set_beside_its_references_kernels_kind_by_kind():
+    def profiled(steps_ms, **kinds_ms):
+        # Two profiled steps on one device: each kind's seconds over both steps.
+        total = sum(kinds_ms.values())
+        kinds = [{"kind": kind, "seconds": 2 * ms / 1e3, "share": ms / total}
+                 for kind, ms in sorted(kinds_ms.items(), key=lambda item: -item[1])]   # largest first
+        return [{"timing": {"step_s_median": steps_ms / 1e3},
+                 "profile": {"steps": [5, 6], "operations": {
+                     "on": "device", "units": 1, "busy_s": 2 * total / 1e3, "busy_share": 0.9, "window_s": 1.0,
+                     "total_s": 2 * total / 1e3, "kinds": kinds,
+                     "top": [{"name": "nvjet_tst", "seconds": 0.01, "calls": 4, "share": 0.5}]}}}]
+
+    records = [{"key": "gpt2-small/mixed_bfloat16/jax+flash-attention", "row": 7, "run": "jax+flash-attention",
+                "status": "ran", "best_by_hand": "gpt2-small/mixed_bfloat16/best-by-hand-jax"},
+               {"key": "gpt2-small/mixed_bfloat16/best-by-hand-jax", "row": 12, "run": "best-by-hand-jax",
+                "status": "ran"}]
+    results = {records[0]["key"]: profiled(40, matmul=20.4, other=9.0, attention=4.0),
+               records[1]["key"]: profiled(38, matmul=20.0, attention=4.0, other=7.5, memory=0.5)}
+    lines = gpu_matrix.profile_lines(records, results)
+    assert lines[1] == ("row 7 against best-by-hand-jax, kernels a step by kind: matmul 20.4 vs 20.0 ms (1.02x), "
+                        "other 9.0 vs 7.5 ms (1.20x), attention 4.0 vs 4.0 ms (1.00x), memory 0.0 vs 0.5 ms (0.00x)")
+    assert [line.split(":")[0] for line in lines] == ["profile of row 7 (jax+flash-attention)", "row 7 against "
+                                                      "best-by-hand-jax, kernels a step by kind",
+                                                      "profile of row 12 (best-by-hand-jax)"]
+    # Read on a host, or without a reference: no line of kinds.
+    results[records[1]["key"]][0]["profile"]["operations"].pop("kinds")
+    assert len(gpu_matrix.profile_lines(records, results)) == 2
+
+
 def test_a_row_still_running_when_the_budget_ends_is_stopped(tmp_path, monkeypatch):
     fake = FakeMtbench({"init-weights": 10, "jax": 200})  # guessed: 40 s for the weights, 40 + 40 s for the row
     monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)

@@ -162,13 +162,15 @@ def test_a_devices_kernels_are_sorted_by_the_names_their_libraries_and_compilers
     assert {name: kernel_kind(name) for name in NAMED_KERNELS[kind]} == dict.fromkeys(NAMED_KERNELS[kind], kind)
 
 
-def test_a_hosts_operators_are_not_sorted_into_kinds_and_the_line_names_a_devices():
+def test_a_hosts_operators_are_not_sorted_into_kinds_and_the_line_gives_a_devices_per_step_and_device():
     works = [Work("host", 1, "aten::mm", 0, 5), Work("host", 1, "aten::add", 5, 5)]
     host = operations_record("host", works)
     assert "kinds" not in host and all("kind" not in top for top in host["top"])
-    device = operations_record("device", [Work(0, 7, "nvjet_tst_64x8", 0, 60),
-                                          Work(0, 7, "flash_fwd_kernel", 60, 30),
-                                          Work(0, 7, "triton_poi_fused_add_0", 90, 10)])
-    result = {"profile": {"steps": [3], "operations": {**device, "window_s": 200e-6, "busy_share": 0.5}}}
+    # Two devices over two profiled steps: 120 ms of matmuls, 30 of attention and 10 of other kernels in all.
+    device = operations_record("device", [Work(0, 7, "nvjet_tst_64x8", 0, 60e3),
+                                          Work(0, 7, "flash_fwd_kernel", 6e4, 3e4),
+                                          Work(1, 7, "nvjet_tst_64x8", 0, 60e3),
+                                          Work(1, 7, "triton_poi_fused_add_0", 6e4, 1e4)])
+    result = {"profile": {"steps": [3, 4], "operations": {**device, "window_s": 0.2, "busy_share": 0.4}}}
     assert profile_operations_text(result).endswith(
-        "; kernels by kind: matmul 60 %, attention 30 %, other 10 %")
+        "; kernels a step by kind: matmul 30.0 ms (75 %), attention 7.5 ms (19 %), other 2.5 ms (6 %)")
