@@ -881,7 +881,7 @@ def summarize(records, results, probe, args, train_options, kind, elapsed_s, fin
 def profile_lines(records, results):
     """Where each profiled row's traced steps went (its first repeat's): how busy the device was, and its longest
     kernels, beside its reference's; and a row's kernels by kind against its reference's."""
-    from mtbench.figures import profile_operations_text
+    from mtbench.figures import kinds_against_text, profile_operations_text
     lines = []
     for record in records:
         if record["status"] == "ran" and (text := profile_operations_text(results[record["key"]][0])):
@@ -892,21 +892,6 @@ def profile_lines(records, results):
                 lines.append(f"row {record.get('row', '')} against {reference['run']}, kernels a step by kind: "
                              f"{against}")
     return lines
-
-
-def kinds_against_text(result, reference):
-    """A run's device time a profiled step in each kind of kernel against its reference's ('matmul 20.1 vs 19.8 ms
-    (1.02x), ...'), the reference's largest kinds first; None unless both were read on a device."""
-    from mtbench.figures import kinds_per_step
-    ours, theirs = kinds_per_step(result), kinds_per_step(reference)
-    if not (ours and theirs):
-        return None
-    parts = []
-    for kind in [*theirs, *(kind for kind in ours if kind not in theirs)]:
-        mine, best = ours.get(kind, (0.0, 0.0))[0], theirs.get(kind, (0.0, 0.0))[0]
-        ratio = f" ({mine / best:.2f}x)" if best else ""
-        parts.append(f"{kind} {mine * 1e3:.1f} vs {best * 1e3:.1f} ms{ratio}")
-    return ", ".join(parts)
 
 
 def report_lines(summary):

@@ -246,6 +246,20 @@ def kinds_per_step(result):
     return {kind["kind"]: (kind["seconds"] / per_step, kind["share"]) for kind in operations.get("kinds") or []}
 
 
+def kinds_against_text(result, reference):
+    """A run's device time a profiled step in each kind of kernel against its reference's ('matmul 20.1 vs 19.8 ms
+    (1.02x), ...'), the reference's largest kinds first; None unless both were read on a device."""
+    ours, theirs = kinds_per_step(result), kinds_per_step(reference)
+    if not (ours and theirs):
+        return None
+    parts = []
+    for kind in [*theirs, *(kind for kind in ours if kind not in theirs)]:
+        mine, best = ours.get(kind, (0.0, 0.0))[0], theirs.get(kind, (0.0, 0.0))[0]
+        ratio = f" ({mine / best:.2f}x)" if best else ""
+        parts.append(f"{kind} {mine * 1e3:.1f} vs {best * 1e3:.1f} ms{ratio}")
+    return ", ".join(parts)
+
+
 def operation_name(name, width=40):
     """A kernel's or operator's name short enough for a line: a C++ kernel's without its arguments."""
     name = name.removeprefix("void ").split("(")[0].split("<")[0].strip() or name

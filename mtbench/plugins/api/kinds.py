@@ -185,8 +185,9 @@ class Backend:
         (`--profile` is then refused before the framework is imported). It has `start()`, `step(number)` (a
         context manager around one step, which the trace names "mtbench train step N") and `stop()` (ends the trace,
         writes it and returns the files written); optionally (since 1.11) `operations()`, where the trace's time went
-        (`on`, `units`, `busy_s`, `total_s`, `top`: the result's `profile.operations`). Called once keras is imported; the
-        loop profiles steady steps in a timing window of their own, timed apart from the steady figures."""
+        (`on`, `units`, `busy_s`, `total_s`, `top` and, since 1.12, optionally `kinds`: the result's
+        `profile.operations`). Called once keras is imported; the loop profiles steady steps in a timing window of
+        their own, timed apart from the steady figures."""
         return None
 
     def compile_inference(self, fn, model):

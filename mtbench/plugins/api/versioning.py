@@ -29,9 +29,11 @@ and `mtbench.plugins.api` are deprecated.
 `accelerator_environment()`'s 'rocm_version'.
 1.10: `Backend.step_profiler(directory)`, the backend's profiler of train steps (`--profile`).
 1.11: the step profiler's optional `operations()`, where the trace's time went (the result's `profile.operations`).
+1.12: `operations()`'s optional `kinds`, a device's kernels by kind; `kinds_per_step` and `kinds_against_text` in
+`mtbench.figures`.
 """
 
-PLUGIN_API_VERSION = "1.11"
+PLUGIN_API_VERSION = "1.12"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -20,8 +20,8 @@ from mtbench.errors import MtbenchError
 from mtbench.runner.config import COMPILED_STEP_EXTRA, TrainConfig, decoding_name
 from mtbench.runner.files import read_json
 from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, hardware,
-                             profile_operations_text, run_dtype, run_name, run_processes, run_warnings,
-                             scored_sentences_text, shown_figures, size_label)
+                             kinds_against_text, profile_operations_text, run_dtype, run_name, run_processes,
+                             run_warnings, scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import result_task, schema_errors
 from mtbench.runner.results import verdicts as stats
@@ -612,6 +612,10 @@ def profile_lines(comparison):
             operations = profile_operations_text(group.first)
             if operations:
                 lines.append(f"  {operations}")
+            against = None if group is comparison.baseline else \
+                kinds_against_text(group.first, comparison.baseline.first)
+            if against:
+                lines.append(f"  against {comparison.baseline.label}, kernels a step by kind: {against}")
     return lines
 
 

@@ -204,6 +204,29 @@ def test_perturbed_losses_are_flagged_in_the_report(results, tmp_path):
     assert "NOT within 1 %" in report(results["jax"][0], str(path), "--format", "markdown")
 
 
+def test_runs_profiled_on_a_device_are_set_beside_the_baseline_kind_by_kind(results, tmp_path):
+    # Each run's trace as a GPU's would read: 2 steps profiled, the kernels' seconds over both by kind.
+    paths = []
+    for backend, kinds_ms in (("jax", {"matmul": 20.0, "other": 8.0, "attention": 4.0}),
+                              ("torch", {"matmul": 21.0, "attention": 3.0, "other": 6.0, "memory": 1.0})):
+        result = json.loads(json.dumps(results[backend][1]))
+        total = sum(kinds_ms.values())
+        result["profile"] = {"asked": 2, "steps": [40, 41], "directory": f"/runs/{backend}/profile", "files": [],
+                             "operations": {"on": "device", "units": 1, "window_s": 0.1, "busy_s": 2 * total / 1e3,
+                                            "busy_share": 0.6, "total_s": 2 * total / 1e3,
+                                            "top": [{"name": "nvjet_tst_128x64", "seconds": 0.02, "calls": 8,
+                                                     "share": 0.5, "kind": "matmul"}],
+                                            "kinds": [{"kind": kind, "seconds": 2 * ms / 1e3, "share": ms / total}
+                                                      for kind, ms in kinds_ms.items()]}}
+        paths.append(tmp_path / f"{backend}.json")
+        paths[-1].write_text(json.dumps(result))
+    lines = report(*map(str, paths)).splitlines()
+    assert "  device busy 32.0 ms a step" in "\n".join(lines)
+    against = [line.strip() for line in lines if "against jax, kernels a step by kind" in line]
+    assert against == ["against jax, kernels a step by kind: matmul 21.0 vs 20.0 ms (1.05x), other 6.0 vs 8.0 ms "
+                       "(0.75x), attention 3.0 vs 4.0 ms (0.75x), memory 1.0 vs 0.0 ms"]
+
+
 @pytest.mark.parametrize("content, expected", [
     ("{not json", "not valid JSON"),
     ('{"backend": "jax"}', "not an mtbench result (schema_version: missing"),
