@@ -7,11 +7,11 @@
 #    reference, then torch's and nanoGPT's in CUDA graphs. Row 8's memory beside nanoGPT's, and whether mtbench's
 #    rows now rank JAX and torch as the references do (150 steps: 14 timing windows a row for the verdict's
 #    interval); two steps of every row traced by its backend's profiler, untimed (where a row and its reference
-#    differ, which kernels);
+#    differ, which kernels, and kind by kind: matmul, attention, collective, memory, other);
 # 2. the obvious command on torch (`mtbench train --model gpt --preset gpt2-small`, 10 steps): does `--dtype auto`
 #    train mixed bfloat16, and `--step auto` with `--attention auto` row 8's way (torch-compile, flash-attention);
 #    with two steady steps in torch.profiler's trace (`--profile 2`: the kernels that ran, for ui.perfetto.dev, and
-#    mtbench's reading of it: how busy the device was, its longest kernels);
+#    mtbench's reading of it: how busy the device was, its longest kernels, its kernels by kind);
 # 3. mtbench's compiled torch step against nanoGPT's as inductor compiles them, 16 x 1024 tokens: does the
 #    backward write the logits' gradient over the saved logits now, and a steady step's peak;
 # 4. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
@@ -31,7 +31,7 @@ within() { local left=$((deadline - SECONDS)); echo $(($1 < left ? $1 : (left > 
 seconds=$(within 330)
 timeout "$seconds" python3 benchmarks/gpu_matrix.py --budget $((seconds - 20)) --presets gpt2-small \
   --rows 7,8,12,13,15,16 --repeats 1 --steps 150 --profile 2 --out /tmp/gpu-session-matrix > "$out/matrix.log" 2>&1
-tail -32 "$out/matrix.log"
+tail -40 "$out/matrix.log"
 cp /tmp/gpu-session-matrix/gpu-matrix.md /tmp/gpu-session-matrix/gpu-matrix.json "$out/" 2>/dev/null
 
 timeout "$(within 70)" python3 -m mtbench train --backend torch --model gpt --preset gpt2-small \
