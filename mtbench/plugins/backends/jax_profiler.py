@@ -5,9 +5,8 @@ import gzip
 import json
 import os
 
-from mtbench.plugins.backends.trace_operations import Work, complete_events, names_of, operations_record
+from mtbench.plugins.backends.trace_operations import STEP_NAME, Work, complete_events, names_of, operations_record
 
-STEP_NAME = "mtbench train step"
 PERFETTO_FILE = "perfetto_trace.json.gz"
 
 

@@ -4,9 +4,8 @@ N"), as a Chrome trace (Perfetto and chrome://tracing read it)."""
 import json
 import os
 
-from mtbench.plugins.backends.trace_operations import Work, complete_events, operations_record
+from mtbench.plugins.backends.trace_operations import STEP_NAME, Work, complete_events, operations_record
 
-STEP_NAME = "mtbench train step"
 TRACE_FILE = "trace.json"
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}   # what a CUDA or ROCm device ran, by Kineto's names
 

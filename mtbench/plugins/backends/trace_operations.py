@@ -8,13 +8,17 @@ import re
 from dataclasses import dataclass
 
 TOP = 10   # the operations a result keeps, longest first
+STEP_NAME = "mtbench train step"   # each profiled step's name in the trace, followed by its number, on both backends
 
 # A device's kernels by what they compute, told by name: the libraries' names are the same under either framework
 # (cuBLAS's `nvjet_*` and `sm90_xmma_gemm_*`, CUTLASS's, FlashAttention's `flash_fwd_*`, cuDNN's `*_sdpa_*`, NCCL's
 # `ncclDevKernel_*`), and each compiler names the matmuls it generates (XLA `gemm_fusion_<dot>`, inductor
 # `triton_tem_fused_mm_N`; a TPU's XLA ops `dot.N` and `convolution.N`). The first kind whose pattern a name
-# matches; a kernel no pattern knows (elementwise and reduction fusions, norms, the optimizer) is "other".
+# matches; a kernel no pattern knows (elementwise and reduction fusions, norms, the optimizer) is "other". Inductor
+# names its pointwise and reduction kernels after the operators they came from, so one that prepares attention's
+# inputs or adds a matmul's bias (`triton_poi_fused__scaled_dot_product_flash_attention_0`) is still "other".
 KERNEL_KINDS = (
+    ("other", re.compile(r"^triton_(poi|red|per)_")),
     ("collective", re.compile(r"nccl|rccl|all-?reduce|all-?gather|reduce-?scatter|collective-permute|all-to-all",
                               re.IGNORECASE)),
     ("memory", re.compile(r"memcpy|memset", re.IGNORECASE)),

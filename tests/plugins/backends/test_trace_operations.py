@@ -153,7 +153,9 @@ NAMED_KERNELS = {
               "input_reduce_fusion_2", "void at::native::vectorized_elementwise_kernel<4, GeluFunctor>(int)",
               "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>(Args)",
               "cunn_SoftMaxForward", "fusion.12", "copy_fusion.3",
-              "triton_per_fused__log_softmax_backward_data_nll_loss_backward_5"],
+              "triton_per_fused__log_softmax_backward_data_nll_loss_backward_5",
+              # inductor's pointwise kernels named after the attention and the matmul whose inputs or bias they add
+              "triton_poi_fused__scaled_dot_product_flash_attention_0", "triton_poi_fused_addmm_gelu_1"],
 }
 
 
