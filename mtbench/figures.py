@@ -216,8 +216,8 @@ def profile_text(result):
 def profile_operations_text(result, count=3):
     """Where the profiled steps' time went: how long the device (or, without one, the host) ran anything in a step,
     against an unprofiled steady step (a profiler slows the host, not the kernels) and against the profiled window,
-    the `count` operations that took longest, and a device's kernels by kind; None without a profile read (and in
-    results written before it)."""
+    the `count` operations that took longest, a device's kernels by kind, and, in a run of several processes, the
+    least and most busy of them; None without a profile read (and in results written before it)."""
     profile = result.get("profile") or {}
     operations = profile.get("operations")
     if not operations:
@@ -231,6 +231,13 @@ def profile_operations_text(result, count=3):
     longest = ", ".join(f"{operation_name(top['name'])} {top['share'] * 100:.0f} % ({top['calls']} calls)"
                         for top in operations["top"][:count])
     who = operations["on"] if units == 1 else f"{units} devices, each"
+    every = [(busy / len(profile["steps"]), rank)
+             for rank, busy in enumerate(operations.get("processes_busy_s") or []) if busy is not None]
+    if len(every) > 1:
+        who = f"process 0's {who}"
+        (least, least_rank), (most, most_rank) = min(every), max(every)
+        shares.append(f"the {len(every)} processes' {least * 1e3:.1f} (process {least_rank}) to {most * 1e3:.1f} ms "
+                      f"(process {most_rank})")
     kinds = ", ".join(f"{kind} {seconds * 1e3:.1f} ms ({share * 100:.0f} %)"
                       for kind, (seconds, share) in kinds_per_step(result).items())
     return (f"{who} busy {per_step * 1e3:.1f} ms a step{' on average' if units > 1 else ''} ({'; '.join(shares)}); "

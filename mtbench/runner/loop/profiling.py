@@ -58,11 +58,27 @@ class StepProfiling:
                     "why_not": "no steady step was left to profile (each step warmed a shape up or was the "
                                "host-wait probe's)"}
         record = {"asked": self.wanted_steps, "steps": self.steps, "directory": self.directory, "files": self.files}
+        # Every process reads its own trace; each process's busy time joins process 0's reading, as one process's
+        # devices each count in a reading of several (JAX's one process for all of a machine's GPUs).
+        every_busy_s = busy_of_every_process(self.operations, self.processes) if self.processes.world_size > 1 \
+            else None
         if self.operations:
-            record["operations"] = self.operations
+            record["operations"] = {**self.operations, **({"processes_busy_s": every_busy_s} if every_busy_s else {})}
         else:
             record["operations_why_not"] = self.operations_why_not
         return record
+
+
+def busy_of_every_process(operations, processes):
+    """Each process's busy time in its profiled window (the mean over its devices), by rank, None where its trace was
+    not read: a sum over the processes of lists in which each fills its own place. Every process calls it at the
+    same point (the end of training)."""
+    world = processes.world_size
+    own = [0.0] * (2 * world)
+    if operations:
+        own[processes.rank], own[world + processes.rank] = operations["busy_s"], 1.0
+    every = processes.sum(own)
+    return [every[rank] if every[world + rank] else None for rank in range(world)]
 
 
 def operations_of(profiler, window_s):

@@ -176,3 +176,15 @@ def test_a_hosts_operators_are_not_sorted_into_kinds_and_the_line_gives_a_device
     result = {"profile": {"steps": [3, 4], "operations": {**device, "window_s": 0.2, "busy_share": 0.4}}}
     assert profile_operations_text(result).endswith(
         "; kernels a step by kind: matmul 30.0 ms (75 %), attention 7.5 ms (19 %), other 2.5 ms (6 %)")
+
+
+def test_a_run_of_several_processes_names_the_least_and_the_most_busy():
+    operations = {"on": "device", "units": 1, "window_s": 0.1, "busy_s": 0.07, "busy_share": 0.7, "total_s": 0.07,
+                  "top": [{"name": "nvjet_tst", "seconds": 0.05, "calls": 4, "share": 0.7}],
+                  "processes_busy_s": [0.07, 0.062, None, 0.074]}   # process 2's trace was not read
+    line = profile_operations_text({"profile": {"steps": [5, 6], "operations": operations}})
+    assert line.startswith("process 0's device busy 35.0 ms a step (70 % of the profiled window; the 3 processes' "
+                           "31.0 (process 1) to 37.0 ms (process 3)); longest: nvjet_tst")
+    operations["processes_busy_s"] = [0.07, None]
+    assert profile_operations_text({"profile": {"steps": [5, 6], "operations": operations}}).startswith(
+        "device busy 35.0 ms a step (70 % of the profiled window); longest")

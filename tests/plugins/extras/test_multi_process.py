@@ -159,3 +159,29 @@ def test_ddp_in_one_process_says_how_to_launch_several(cache_dir, tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         "Error: extra 'ddp' cannot run here: needs at least 2 processes; this run has 1 (start mtbench with "
         "torchrun --nproc-per-node N -m mtbench train ...)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, extra", [("torch", "ddp"), ("jax", "data-parallel")])
+def test_every_process_reads_its_own_trace_and_process_0s_result_holds_each_ones_busy_time(backend, extra, cache_dir,
+                                                                                           tmp_path):
+    from mtbench.plugins.backends.jax_profiler import JaxStepProfiler
+    from mtbench.plugins.backends.torch_profiler import TorchStepProfiler
+    out = tmp_path / f"{backend}-profiled.json"
+    proc = torchrun("train", "--backend", backend, "--extra", extra, "--model", "gpt", "--preset", "tiny",
+                    "--block-size", "16", "--batch-size", "8", "--steps", "8", "--profile", "2", "--measure-only",
+                    "--cache-dir", cache_dir, "--out", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    profile = json.loads(out.read_text())["profile"]
+    operations = profile["operations"]
+    assert profile["directory"].endswith("process-0")
+    busy = operations["processes_busy_s"]
+    assert len(busy) == 2 and busy[0] == pytest.approx(operations["busy_s"], rel=1e-6)
+    # Process 1's figure is its own trace's, read here from its folder beside process 0's.
+    second = os.path.join(os.path.dirname(profile["directory"]), "process-1")
+    reader = TorchStepProfiler(second) if backend == "torch" else JaxStepProfiler(second)
+    reader.files = [os.path.join(root, name) for root, _, names in os.walk(second) for name in names]
+    assert busy[1] == pytest.approx(reader.operations()["busy_s"], rel=1e-6) and busy[1] != busy[0]
+    per_step = [seconds / len(profile["steps"]) * 1e3 for seconds in busy]
+    assert f"the 2 processes' {min(per_step):.1f} (process {per_step.index(min(per_step))}) to {max(per_step):.1f} ms" \
+        in proc.stdout
