@@ -17,8 +17,9 @@ STEP_NAME = "mtbench train step"   # each profiled step's name in the trace, fol
 # matches; a kernel no pattern knows (elementwise and reduction fusions, norms, the optimizer) is "other". Inductor
 # names its pointwise and reduction kernels after the operators they came from, so one that prepares attention's
 # inputs or adds a matmul's bias (`triton_poi_fused__scaled_dot_product_flash_attention_0`) is still "other".
+OTHER_KIND = "other"
 KERNEL_KINDS = (
-    ("other", re.compile(r"^triton_(poi|red|per)_")),
+    (OTHER_KIND, re.compile(r"^triton_(poi|red|per)_")),
     ("collective", re.compile(r"nccl|rccl|all-?reduce|all-?gather|reduce-?scatter|collective-permute|all-to-all",
                               re.IGNORECASE)),
     ("memory", re.compile(r"memcpy|memset", re.IGNORECASE)),
@@ -26,7 +27,6 @@ KERNEL_KINDS = (
     ("matmul", re.compile(r"gemm|gemv|xmma|nvjet|cutlass|cublas|matmul|^dot([._]|$)|^convolution"
                           r"|(^|_)(add|b|badd)?mm(_|\d|$)", re.IGNORECASE)),
 )
-OTHER_KIND = "other"
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,12 @@ def operations_record(on, works, top=TOP):
               "top": [{"name": name, "seconds": seconds / 1e6, "calls": calls[name], "share": share(seconds)}
                       for name, seconds in own_us.most_common(top)]}
     if on == "device":
+        kind_of = {name: kernel_kind(name) for name in own_us}
         kind_us = collections.Counter()
         for name, seconds in own_us.items():
-            kind_us[kernel_kind(name)] += seconds
+            kind_us[kind_of[name]] += seconds
         for entry in record["top"]:
-            entry["kind"] = kernel_kind(entry["name"])
+            entry["kind"] = kind_of[entry["name"]]
         record["kinds"] = [{"kind": kind, "seconds": seconds / 1e6, "share": share(seconds)}
                            for kind, seconds in kind_us.most_common()]
     return record
