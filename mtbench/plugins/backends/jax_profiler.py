@@ -5,7 +5,7 @@ import gzip
 import json
 import os
 
-from mtbench.plugins.backends.trace_operations import STEP_NAME, Work, complete_events, names_of, operations_record
+from mtbench.plugins.backends.trace_operations import STEP_NAME, complete_events, names_of, operations_record, works_of
 
 PERFETTO_FILE = "perfetto_trace.json.gz"
 
@@ -49,6 +49,5 @@ class JaxStepProfiler:
                    if threads.get((event["pid"], event.get("tid")), "").startswith("Stream")]
         xla_ops = [event for event in (on_device or events) if "hlo_op" in event.get("args", {})]
         on, chosen = ("device", streams or xla_ops) if on_device else ("host", xla_ops)
-        # Each device is a process of the trace; the host's threads are one unit.
-        return operations_record(on, [Work(event["pid"] if on_device else "host", (event["pid"], event.get("tid")),
-                                           event["name"], event["ts"], event["dur"]) for event in chosen])
+        # Each device is a process of the trace.
+        return operations_record(on, works_of(chosen, on_device=bool(on_device)))

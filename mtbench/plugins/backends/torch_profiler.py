@@ -4,7 +4,7 @@ N"), as a Chrome trace (Perfetto and chrome://tracing read it)."""
 import json
 import os
 
-from mtbench.plugins.backends.trace_operations import STEP_NAME, Work, complete_events, operations_record
+from mtbench.plugins.backends.trace_operations import STEP_NAME, complete_events, operations_record, works_of
 
 TRACE_FILE = "trace.json"
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}   # what a CUDA or ROCm device ran, by Kineto's names
@@ -45,6 +45,5 @@ class TorchStepProfiler:
         device = [event for event in events if event.get("cat") in DEVICE_CATEGORIES]
         on, chosen = ("device", device) if device else \
             ("host", [event for event in events if event.get("cat") == "cpu_op"])
-        # A device's events carry its index as their process; the host's operators are one unit.
-        return operations_record(on, [Work(event["pid"] if device else "host", (event["pid"], event["tid"]),
-                                           event["name"], event["ts"], event["dur"]) for event in chosen])
+        # A device's events carry its index as their process.
+        return operations_record(on, works_of(chosen, on_device=bool(device)))

@@ -75,6 +75,13 @@ def operations_record(on, works, top=TOP):
     return record
 
 
+def works_of(events, on_device):
+    """Trace events as `Work`: on a device, each event's process is its unit (a device); the host's threads are one
+    unit. Each (process, thread) is a lane."""
+    return [Work(event["pid"] if on_device else "host", (event["pid"], event.get("tid")), event["name"], event["ts"],
+                 event["dur"]) for event in events]
+
+
 def kernel_kind(name):
     """What a device's kernel computes, by its name (`KERNEL_KINDS`): matmul, attention, collective, memory or
     other."""
