@@ -101,9 +101,9 @@ def starting_weights(args, config, shape):
         from mtbench.runner.data.weights_file import read_weights_file
         return read_weights_file(args.initial_weights)[0]
     import keras  # noqa: F401 (builds the model whose draw mtbench makes)
+    from benchmarks.workload import drawn_weights
     from mtbench.keras_models.gpt import build_gpt
-    from mtbench.keras_models.initialization import initial_weights
-    return initial_weights(build_gpt(shape), config.seed)
+    return drawn_weights(build_gpt(shape), config)
 
 
 def device_and_peak(backend_name, dtype, cache_dir):

@@ -132,18 +132,28 @@ def prepare_benchmark(config, steps, length, fused_attention=False):
     return keras, backend, run, workload
 
 
+def drawn_weights(model, config):
+    """mtbench's numpy draw of `model`'s weights for `config`, by the scheme a run of it draws with (--init, else
+    its model family's)."""
+    from mtbench.keras_models.initialization import initial_weights
+    from mtbench.plugins import manager
+    from mtbench.runner.setup import init_scheme
+    family = manager.registry().lookup("models", config.model_family[0])
+    return initial_weights(model, config.seed, init_scheme(config, family))
+
+
 def build_keras_model(keras, workload, total_steps, flash_attention=False):
     """mtbench's model with its numpy-drawn initial weights, compiled by mtbench's own `compile_model`, under
     the workload's dtype policy (keras must already be imported with the wanted backend); `flash_attention`
     asks Keras for the fused kernel in the causal attention."""
     from mtbench.keras_models.gpt import build_gpt
-    from mtbench.keras_models.initialization import assign_weights, initial_weights
+    from mtbench.keras_models.initialization import assign_weights
     from mtbench.keras_models.transformer import build_transformer
     from mtbench.runner.setup import compile_model
     keras.utils.set_random_seed(workload.config.seed)
     keras.config.set_dtype_policy(workload.config.dtype)
     build = build_gpt if workload.config.model_family[0] == "gpt" else build_transformer
     model = build(workload.model_shape, flash_attention=flash_attention)
-    assign_weights(model, initial_weights(model, workload.config.seed))
+    assign_weights(model, drawn_weights(model, workload.config))
     compile_model(keras, model, workload.config, total_steps, {})
     return model

@@ -18,7 +18,7 @@ from mtbench.plugins.api import PLUGIN_API_VERSION
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 from mtbench.runner.loop.recipe import CLIP_CHOICES, DECAY_CHOICES
 from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW,
-                                   DTYPE_CHOICES, MATMUL_PRECISIONS, STEP_CHOICES, TrainConfig)
+                                   DTYPE_CHOICES, INIT_SCHEMES, MATMUL_PRECISIONS, STEP_CHOICES, TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
 
@@ -204,6 +204,11 @@ RUN_CONFIGURATION_OPTIONS = (
                  help="Devices on the model axis of the tensor-parallel extra (default: all of them); the others make "
                       "a data axis, a data x model mesh."),
     click.option("--seed", type=int, default=0, show_default=True, help="Initial weights and batch order."),
+    click.option("--init", type=click.Choice(list(INIT_SCHEMES)),
+                 help="How the initial weights are drawn (with numpy, the same on every backend): glorot (Glorot-"
+                      "uniform kernels), gpt2 (GPT-2's and nanoGPT's normal(0, 0.02), residual projections scaled "
+                      "down), torch (torch.nn's layer defaults) or flax (Flax's) (default: the model family's: "
+                      "transformer glorot, gpt gpt2)."),
     click.option("--beam", type=int, default=1, show_default=True, metavar="N",
                  help="Translate the test set with beam search over N hypotheses (1: greedy)."),
     click.option("--length-penalty", type=float, default=0.6, show_default=True, metavar="ALPHA",

@@ -654,16 +654,15 @@ def keras_gpt_run(cache_dir, steps, clip=None, clip_norm=None):
     import keras
     import numpy as np
 
-    from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_workload
+    from benchmarks.workload import OptimizerSettings, build_keras_model, drawn_weights, prepare_workload
     from mtbench import KerasTrainStep
-    from mtbench.keras_models.initialization import initial_weights
     from mtbench.runner.config import TrainConfig
     config = TrainConfig(model_name="gpt", preset="tiny", data_file=os.path.join(REPOSITORY, "README.md"),
                          block_size=32, batch_size=8, warmup_steps=0, cache_dir=cache_dir, clip=clip,
                          clip_norm=clip_norm)
     workload = prepare_workload(config, steps)
     model = build_keras_model(keras, workload, total_steps=steps)
-    weights = initial_weights(model, config.seed)
+    weights = drawn_weights(model, config)  # what build_keras_model started the model from
     settings = OptimizerSettings.of_keras_optimizer(model.optimizer)
     step = KerasTrainStep(model)
     losses = [float(step(b.inputs, b.target_output, b.weight)["loss"]) for b in workload.batches]

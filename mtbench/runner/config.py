@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from mtbench.errors import MtbenchError
+from mtbench.keras_models.initialization import INIT_SCHEMES  # noqa: F401 (re-exported: --init's choices)
 from mtbench.keras_models.presets import presets_for
 from mtbench.figures import SIZE_KEYS
 from mtbench.runner.data.formats import ReadOptions
@@ -97,6 +98,7 @@ class TrainConfig:
     compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
     tensor_parallel_size: int = None  # the tensor-parallel extra's model axis (None: every device)
     seed: int = 0
+    init: str = None               # the scheme the weights are drawn with (None: the model family's; INIT_SCHEMES)
     initial_weights: str = None    # a weights file (.npz by variable path) instead of the numpy draw from seed
     decode_batch_size: int = 128
     beam: int = 1                  # hypotheses per sentence when translating; 1 is greedy decoding
@@ -307,6 +309,8 @@ class TrainConfig:
                   "clip": "per-variable", "clip_norm": 1.0}
         if "clip" not in data:
             data = {**legacy, "min_learning_rate": 0.1 * data.get("learning_rate", 1e-3), **data}
+        # Written before --init: every run drew mtbench's first scheme.
+        data = {"init": "glorot", **data}
         # Written before --attention existed: those runs attended unfused unless the extra was given.
         data = {"attention": "unfused" if FUSED_ATTENTION_EXTRA not in data.get("extras", ()) else "auto", **data}
         # Written before --step: torch's step was compiled only where the extra was given.

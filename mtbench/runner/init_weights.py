@@ -27,4 +27,5 @@ def write_initial_weights(config, registry, console, path, overwrite=False):
     data = prepare_data(config, plugins, raw, stopwatch)
     model, _ = build_model(RunContext(config=config, backend=plugins.backend, task=plugins.task), plugins,
                            data.tokenizer)
-    return write_weights_file(path, initial_values(config, plugins, model))
+    weights, init = initial_values(config, plugins, model)
+    return write_weights_file(path, weights, init)

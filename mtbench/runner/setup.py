@@ -99,6 +99,8 @@ def resolve_model(config, registry):
         raise MtbenchError(f"--model {name} takes no path (got '{config.model_name}')")
     with registry.plugin_code("models", name):
         family.check(path, config)
+    if config.init and family.pretrained:
+        raise MtbenchError(f"--init {config.init}: --model {name} starts from its checkpoint's weights")
     return family, path
 
 
@@ -366,24 +368,38 @@ def step_flops(plugins, model_shape):
     return StepFlops(count)
 
 
+def init_scheme(config, family):
+    """The scheme a fresh model of `config` is drawn with: --init, else the model family's."""
+    return config.init or family.initialization(config)
+
+
 def initial_values(config, plugins, model):
-    """The weights a run starts from without --initial-weights: the family's pretrained ones, or mtbench's numpy
-    draw from the seed."""
-    from mtbench.keras_models.initialization import initial_weights
+    """(the weights a run starts from without --initial-weights, how they were drawn): the family's pretrained
+    ones ('pretrained'), or mtbench's numpy draw from the seed under `init_scheme`."""
+    from mtbench.keras_models.initialization import INIT_SCHEMES, initial_weights
     with plugins.model_code():
         pretrained = plugins.model.pretrained_weights(plugins.model_path, model)
-    return pretrained if pretrained is not None else initial_weights(model, config.seed)
+        scheme = init_scheme(config, plugins.model) if pretrained is None else "pretrained"
+    if pretrained is not None:
+        return pretrained, scheme
+    if scheme not in INIT_SCHEMES:
+        raise RunFailure(f"model family '{plugins.model.name}' chose the initialisation '{scheme}', not one of "
+                         f"{', '.join(INIT_SCHEMES)}")
+    return initial_weights(model, config.seed, scheme), scheme
 
 
 def starting_weights(config, plugins, model, weights_file):
-    """Sets the model's initial weights: those of the weights file when one was given, else `initial_values`."""
+    """Sets the model's initial weights: those of the weights file when one was given, else `initial_values`;
+    returns how they were drawn (a scheme, 'pretrained', or None: a file that does not say)."""
     from mtbench.keras_models.initialization import assign_weights
-    weights = weights_file if weights_file is not None else initial_values(config, plugins, model)
+    weights, init = (weights_file, weights_file.init) if weights_file is not None else \
+        initial_values(config, plugins, model)
     try:
         assign_weights(model, weights)
     except ValueError as error:
         source = config.initial_weights or f"--model {config.model_name}"
         raise MtbenchError(f"{source}: {error}") from None
+    return init
 
 
 def compile_model(keras, model, config, total_steps, compile_options, family=None):

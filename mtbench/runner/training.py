@@ -121,7 +121,14 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
 def read_initial_weights(config):
     """(weights, sha256) of --initial-weights, read before any framework is imported so a bad file fails at
     once; (None, None) for the numpy draw from --seed."""
-    return read_weights_file(config.initial_weights) if config.initial_weights else (None, None)
+    if not config.initial_weights:
+        return None, None
+    weights, sha256 = read_weights_file(config.initial_weights)
+    if config.init and weights.init != config.init:
+        drawn = f"were drawn with {weights.init}" if weights.init else "name no --init (a trained model's?)"
+        raise MtbenchError(f"--init {config.init}: the weights of {config.initial_weights} {drawn}; a run starts "
+                           f"from a weights file as it is")
+    return weights, sha256
 
 
 def read_data(config, plugins, console, stopwatch):
@@ -159,6 +166,7 @@ class BuiltRun:
     """What training needs once keras runs: the model, how it is stepped, the batches, and the decoder."""
     model: object
     model_shape: object
+    init: str              # how the starting weights were drawn: a scheme of --init, 'pretrained', or None (a file)
     compile_record: dict   # what model.compile was given, and whether training ran through it
     train_step: object
     state: TrainingState   # where training starts: step 0, or the resumed checkpoint's
@@ -176,7 +184,7 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     plugins.ask_extras("before_model", run)
     run.attention = choose_attention_kernels(run, plugins)
     model, model_shape = build_model(run, plugins, data.tokenizer)
-    starting_weights(config, plugins, model, weights_file)
+    init = starting_weights(config, plugins, model, weights_file)
     asked, asked_by = extras_compile_options(run, plugins)
     compile_record = compile_model(keras, model, config, total_steps, asked, plugins.model)
     state = TrainingState()
@@ -200,7 +208,7 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     with plugins.task_code():
         evaluator = plugins.task.evaluator(model, data, config,
                                            lambda fn: plugins.backend.compile_inference(fn, model))
-    return BuiltRun(model, model_shape, compile_record, train_step, state, batches, evaluator,
+    return BuiltRun(model, model_shape, init, compile_record, train_step, state, batches, evaluator,
                     starts_pretrained=plugins.model.pretrained and resume is None)
 
 

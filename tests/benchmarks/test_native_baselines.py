@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from benchmarks.workload import OptimizerSettings, build_keras_model, prepare_workload
+from benchmarks.workload import OptimizerSettings, build_keras_model, drawn_weights, prepare_workload
 from conftest import needs_flax
 from mtbench import KerasTrainStep
 from mtbench.runner.config import TrainConfig
@@ -32,12 +32,11 @@ def keras_run(cache_dir):
     the weights."""
     import keras
 
-    from mtbench.keras_models.initialization import initial_weights
     config = TrainConfig(preset="tiny", max_pairs=4000, valid_size=100, test_size=100, max_len=48, batch_size=32,
                          warmup_steps=0, cache_dir=cache_dir)
     workload = prepare_workload(config, STEPS)
     model = build_keras_model(keras, workload, total_steps=STEPS)
-    weights = initial_weights(model, config.seed)
+    weights = drawn_weights(model, config)  # what build_keras_model started the model from
     settings = OptimizerSettings.of_keras_optimizer(model.optimizer)
     step = KerasTrainStep(model)
     losses = [float(step((b.source, b.target_input), b.target_output, b.weight)["loss"]) for b in workload.batches]

@@ -88,6 +88,12 @@ class ModelFamily:
         depends on `config` (its preset). The user's options win over it. {} (the default): mtbench's."""
         return {}
 
+    def initialization(self, config):
+        """The scheme its fresh models are drawn with where --init is not given: one of
+        `mtbench.keras_models.initialization.INIT_SCHEMES` ('glorot', the default; 'gpt2', 'torch', 'flax'), as it
+        depends on `config`. Not asked of a family whose `pretrained_weights` gives the weights. Plugin API 1.13."""
+        return "glorot"
+
     def tokenizer(self, path, config):
         """The family's own `Tokenizer`, or None to train mtbench's joint sentencepiece model on the corpus."""
         return None

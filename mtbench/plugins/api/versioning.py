@@ -31,9 +31,10 @@ and `mtbench.plugins.api` are deprecated.
 1.11: the step profiler's optional `operations()`, where the trace's time went (the result's `profile.operations`).
 1.12: `operations()`'s optional `kinds`, a device's kernels by kind; `kinds_per_step` and `kinds_against_text` in
 `mtbench.figures`.
+1.13: `ModelFamily.initialization(config)`, the scheme a family's fresh models are drawn with (`--init`).
 """
 
-PLUGIN_API_VERSION = "1.12"
+PLUGIN_API_VERSION = "1.13"
 
 
 def next_major(version=PLUGIN_API_VERSION):

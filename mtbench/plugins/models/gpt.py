@@ -1,6 +1,6 @@
 """mtbench's decoder-only language model (`--model gpt`): GPT-2's shape (pre-LayerNorm, learned positions, tied
 embeddings), sized by --preset (tiny, small, char, gpt2-small) and the size flags, started from the seeded numpy
-draw, trained on the language-modelling task."""
+draw of GPT-2's initialisation, trained on the language-modelling task."""
 
 import dataclasses
 
@@ -31,6 +31,11 @@ class GPTFamily(ModelFamily):
         if config.preset == "char":
             recipe["beta_2"] = 0.99
         return recipe
+
+    def initialization(self, config):
+        """GPT-2's and nanoGPT's draw: normal(0, 0.02), the residual branches' last projections scaled down by the
+        square root of their count."""
+        return "gpt2"
 
     def shape(self, path, config):
         return config.model

@@ -1,4 +1,5 @@
-"""The backend-neutral initial-weights file: an uncompressed `.npz` with one float array per Keras variable path.
+"""The backend-neutral initial-weights file: an uncompressed `.npz` with one float array per Keras variable path
+(and, in one drawn by mtbench, the name of how: `INIT_ENTRY`).
 
 `mtbench compare` writes one such file and every run loads it, so runs on different frameworks verifiably start
 from the same numbers: each result records the sha256 of the bytes it loaded. Only numpy touches the file.
@@ -15,10 +16,21 @@ from mtbench.runner.data.formats import check_readable
 from mtbench.runner.files import write_bytes_atomic
 
 
-def write_weights_file(path, weights):
-    """Writes {variable path: array} atomically; returns the sha256 of the bytes written."""
+# The entry that names how the weights were drawn (`--init`'s scheme, or 'pretrained'): no variable's path.
+INIT_ENTRY = "mtbench.init"
+
+
+class Weights(dict):
+    """{variable path: array} of a weights file, and how they were drawn (`init`: a scheme of --init,
+    'pretrained', or None where the file does not say: a trained model's)."""
+    init = None
+
+
+def write_weights_file(path, weights, init=None):
+    """Writes {variable path: array} atomically, with `init` (how they were drawn) where given; returns the sha256
+    of the bytes written."""
     buffer = io.BytesIO()
-    np.savez(buffer, **weights)
+    np.savez(buffer, **weights, **({INIT_ENTRY: np.array(init)} if init else {}))
     data = buffer.getvalue()
     write_bytes_atomic(path, data)
     return hashlib.sha256(data).hexdigest()
@@ -35,9 +47,11 @@ def read_weights_file(path):
         raise MtbenchError(f"{path}: cannot read: {error.strerror}") from None
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            weights = {name: archive[name] for name in archive.files}
+            weights = Weights({name: archive[name] for name in archive.files})
     except (ValueError, OSError, zipfile.BadZipFile):
         raise MtbenchError(f"{path}: not an .npz file of arrays") from None
+    if INIT_ENTRY in weights:
+        weights.init = str(weights.pop(INIT_ENTRY))
     if not weights:
         raise MtbenchError(f"{path}: holds no arrays")
     return weights, hashlib.sha256(data).hexdigest()

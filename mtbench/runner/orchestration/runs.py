@@ -11,7 +11,7 @@ from mtbench.errors import MtbenchError
 from mtbench.figures import SIZE_KEYS, run_name, size_label
 from mtbench.plugins import manager as plugins
 from mtbench.runner.choices import conflicting_extras, dtype_refusal, joined
-from mtbench.runner.config import TrainConfig
+from mtbench.runner.config import INIT_SCHEMES, TrainConfig
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
                                                        probe_devices, runs_to_preflight)
 from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names, sweep_settings, swept_keys
@@ -21,8 +21,8 @@ from mtbench.runner.setup import check_extra_options, resolve_reporters
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
 FIELD_TYPES = {field.name: field.type for field in dataclasses.fields(TrainConfig)}
 SETTING_TYPES = {name: FIELD_TYPES[name] for name in (*SIZE_KEYS, *SWEEP_KEYS)}
-# What the initial weights' shapes follow: the model's size, and --max-len or --block-size (the positions).
-SHAPE_KEYS = (*SIZE_KEYS, "max_len", "block_size")
+# What the initial weights follow: the model's size, --max-len or --block-size (the positions), and --init.
+SHAPE_KEYS = (*SIZE_KEYS, "max_len", "block_size", "init")
 # The --matrix key that runs an entry with another environment's interpreter.
 PYTHON_KEY = "python"
 
@@ -75,7 +75,8 @@ def shape_label(shape):
     """'d-model=128,heads=4,max-len=64' of a RunSpec.shape; '' for the shared shape."""
     settings = dict(shape)
     length = f"max-len={settings['max_len']}" if "max_len" in settings else ""
-    return ",".join(part for part in (size_label(settings), length) if part)
+    init = f"init={settings['init']}" if "init" in settings else ""
+    return ",".join(part for part in (size_label(settings), length, init) if part)
 
 
 def parse_run_spec(text):
@@ -98,6 +99,9 @@ def parse_run_spec(text):
         if key not in SETTING_TYPES or not value.strip():
             raise MtbenchError(f"--matrix: '{item}' in '{text.strip()}' is not flag=value with a size or sweep flag "
                                f"({', '.join(k.replace('_', '-') for k in SETTING_TYPES)}) or python=PATH")
+        if key == "init" and value.strip() not in INIT_SCHEMES:
+            raise MtbenchError(f"--matrix: init={value.strip()} in '{text.strip()}' is not one of "
+                               f"{', '.join(INIT_SCHEMES)}")
         try:
             sizes[key] = SETTING_TYPES[key](value.strip())
         except ValueError:

@@ -30,7 +30,8 @@ COMPARE_KIND = "mtbench-compare"
 RESULT_FILES = "a result or compare JSON"
 REPORT_KIND = "mtbench-report"
 # What a sweep may vary beside the model size (configuration keys; with dashes, the --matrix keys and labels').
-SWEEP_KEYS = ("batch_size", "max_len", "max_tokens", "block_size", "dtype", "grad_accum", "tensor_parallel_size")
+SWEEP_KEYS = ("batch_size", "max_len", "max_tokens", "block_size", "dtype", "grad_accum", "tensor_parallel_size",
+              "init")
 # What a comparison is about: these may differ between the runs compared (a size sweep, a batch or length sweep).
 COMPARED_KEYS = tuple(dict.fromkeys(("backend", "extras", "dtype", *SIZE_KEYS, *SWEEP_KEYS)))
 # Derived from the keys above and the rest of the configuration, so never a difference of their own.
@@ -110,7 +111,8 @@ def configuration_differences(reference, other):
     if not all(TORCH_COMPILED in config.get("extras", ()) for config in (reference, other)):
         ignored.add("compile_mode")
     if model_shape(reference) != model_shape(other):
-        ignored.add("initial_weights_sha256")  # models of different shapes start from weights of their own shapes
+        # models of different shapes, or drawn by different schemes, start from weights of their own
+        ignored.add("initial_weights_sha256")
     return differing(reference, other, ignored, KEY_DEFAULTS)
 
 
@@ -122,14 +124,14 @@ def check_comparable(runs):
         if differences:
             listed = ", ".join(f"{key} ({b!r} vs {a!r})" for key, a, b in differences)  # the run's value first
             raise MtbenchError(f"not comparable: {run.source} differs from {reference.source} in {listed}; "
-                               f"only backend, extras, dtype, the model size flags, batch size, max length and "
-                               f"max tokens may differ (--force reports them anyway)")
+                               f"only backend, extras, dtype, the model size flags, batch size, max length, "
+                               f"max tokens and the initialisation may differ (--force reports them anyway)")
 
 
 def model_shape(config):
-    """What the initial weights' shapes follow beside the configuration a comparison shares: the size flags, and
-    --max-len (the position embeddings)."""
-    return size_label(config), config.get("max_len")
+    """What the initial weights follow beside the configuration a comparison shares: the size flags, --max-len (the
+    position embeddings) and --init (the scheme they are drawn by)."""
+    return size_label(config), config.get("max_len"), config.get("init", KEY_DEFAULTS.get("init"))
 
 
 def swept_keys(results):

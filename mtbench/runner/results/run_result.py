@@ -90,6 +90,8 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
                   "path": plugins.model_path and os.path.abspath(plugins.model_path),
                   "parameters": int(built.model.count_params()), **built.model_shape.to_dict(),
                   "dtype_policy": built.model.dtype_policy.name,
+                  # how the starting weights were drawn (--init's scheme), 'pretrained', None: a file that says not
+                  "init": built.init,
                   "attention": attention_implementations(run, plugins.model, built.model),
                   # the task's test figures of the starting weights (pretrained models only)
                   "before_training": built.before_training,
