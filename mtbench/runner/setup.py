@@ -97,10 +97,10 @@ def resolve_model(config, registry):
         raise MtbenchError(f"--model {name} needs the model's directory: --model {name}:DIR")
     if path and not family.takes_path:
         raise MtbenchError(f"--model {name} takes no path (got '{config.model_name}')")
-    with registry.plugin_code("models", name):
-        family.check(path, config)
     if config.init and family.pretrained:
         raise MtbenchError(f"--init {config.init}: --model {name} starts from its checkpoint's weights")
+    with registry.plugin_code("models", name):
+        family.check(path, config)
     return family, path
 
 
