@@ -137,9 +137,9 @@ def drawn_weights(model, config):
     its model family's)."""
     from mtbench.keras_models.initialization import initial_weights
     from mtbench.plugins import manager
-    from mtbench.runner.setup import init_scheme
+    from mtbench.runner.setup import drawn_init
     family = manager.registry().lookup("models", config.model_family[0])
-    return initial_weights(model, config.seed, init_scheme(config, family))
+    return initial_weights(model, config.seed, drawn_init(config, family).init)
 
 
 def build_keras_model(keras, workload, total_steps, flash_attention=False):

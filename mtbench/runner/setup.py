@@ -368,23 +368,31 @@ def step_flops(plugins, model_shape):
     return StepFlops(count)
 
 
-def init_scheme(config, family):
-    """The scheme a fresh model of `config` is drawn with: --init, else the model family's."""
-    return config.init or family.initialization(config)
+def drawn_init(config, family, weights_file=None):
+    """`config` with `init` the scheme its starting weights are drawn by, as its result records it: --init; else
+    the weights file's own (None where it names none: a trained model's); else None for a pretrained family's
+    checkpoint; else the family's (`ModelFamily.initialization`). Call it in the family's plugin code."""
+    from mtbench.keras_models.initialization import INIT_SCHEMES
+    if config.init:
+        return config
+    if weights_file is not None or family.pretrained:
+        return dataclasses.replace(config, init=weights_file.init if weights_file is not None else None)
+    scheme = family.initialization(config)
+    if scheme not in INIT_SCHEMES:
+        raise RunFailure(f"model family '{family.name}' chose the initialisation {scheme!r}, not one of "
+                         f"{', '.join(INIT_SCHEMES)}")
+    return dataclasses.replace(config, init=scheme)
 
 
 def initial_values(config, plugins, model):
     """(the weights a run starts from without --initial-weights, how they were drawn): the family's pretrained
-    ones ('pretrained'), or mtbench's numpy draw from the seed under `init_scheme`."""
-    from mtbench.keras_models.initialization import INIT_SCHEMES, initial_weights
+    ones ('pretrained'), or mtbench's numpy draw from the seed by `drawn_init`'s scheme."""
+    from mtbench.keras_models.initialization import initial_weights
     with plugins.model_code():
         pretrained = plugins.model.pretrained_weights(plugins.model_path, model)
-        scheme = init_scheme(config, plugins.model) if pretrained is None else "pretrained"
-    if pretrained is not None:
-        return pretrained, scheme
-    if scheme not in INIT_SCHEMES:
-        raise RunFailure(f"model family '{plugins.model.name}' chose the initialisation '{scheme}', not one of "
-                         f"{', '.join(INIT_SCHEMES)}")
+        if pretrained is not None:
+            return pretrained, "pretrained"
+        scheme = drawn_init(config, plugins.model).init
     return initial_weights(model, config.seed, scheme), scheme
 
 

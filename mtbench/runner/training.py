@@ -30,7 +30,8 @@ from mtbench.runner.results.tracking import Trackers, tracked_run
 from mtbench.runner.saved_model import best_model_keeper, save_trained_model
 from mtbench.runner.setup import (build_model, check_compile_options_apply, check_launch, check_options_against_extras,
                                   choose_attention_kernels,
-                                  choose_plugins, choose_train_step, compile_model, extras_compile_options, local_devices,
+                                  choose_plugins, choose_train_step, compile_model, drawn_init, extras_compile_options,
+                                  local_devices,
                                   start_backend, starting_weights, step_flops)
 
 def run_training(config, registry, console, resume=None, reporter_names=(), launch=Launch()):
@@ -46,6 +47,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
         console = Console(quiet=True)
     check_output_path(config.out, config.overwrite, resuming=resume is not None)
     weights_file, weights_sha256 = read_initial_weights(config)
+    with plugins.model_code():
+        config = drawn_init(config, plugins.model, weights_file)
     run_dir = resume.directory if resume else RunDirectory(run_dir_for(config.out), fresh=True)
     run_dir.writes = launch.is_first
     # Read before the framework is imported: a bad corpus file fails in a second, not after the import.
@@ -124,10 +127,10 @@ def read_initial_weights(config):
     if not config.initial_weights:
         return None, None
     weights, sha256 = read_weights_file(config.initial_weights)
-    if config.init and weights.init != config.init:
-        drawn = f"were drawn with {weights.init}" if weights.init else "name no --init (a trained model's?)"
-        raise MtbenchError(f"--init {config.init}: the weights of {config.initial_weights} {drawn}; a run starts "
-                           f"from a weights file as it is")
+    # A file that names no scheme (a trained model's, or one written before --init) is taken at its word.
+    if config.init and weights.init and weights.init != config.init:
+        raise MtbenchError(f"--init {config.init}: the weights of {config.initial_weights} were drawn with "
+                           f"{weights.init}; a run starts from a weights file as it is")
     return weights, sha256
 
 

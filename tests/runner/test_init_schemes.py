@@ -33,7 +33,7 @@ def test_a_weights_file_names_its_scheme_and_a_run_from_it_records_it(tmp_path, 
                    "--cache-dir", cache_dir, "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert result["model"]["init"] == "torch"
+    assert result["model"]["init"] == result["config"]["init"] == "torch"  # the file's, where --init is not given
     # Unit-variance embeddings tied to the output layer: logits of norm ~sqrt(d_model), far from a uniform guess.
     assert result["history"][0]["loss"] > math.log(256) + 5
 
@@ -74,15 +74,23 @@ def test_a_matrix_of_schemes_draws_a_file_each_and_holds_each_to_its_own_curve(t
     assert read_weights_file(files["init=torch"]["file"])[0].init == "torch"
     assert read_weights_file(files[""]["file"])[0].init == "gpt2"
     runs = {run["label"]: run["result"] for run in combined["runs"]}
-    assert sorted(runs) == ["jax:model=gpt", "jax:model=gpt,init=torch", "torch:model=gpt",
-                            "torch:model=gpt,init=torch"]
-    assert {label: result["model"]["init"] for label, result in runs.items()} == {
-        "jax:model=gpt": "gpt2", "jax:model=gpt,init=torch": "torch", "torch:model=gpt": "gpt2",
-        "torch:model=gpt,init=torch": "torch"}
+    # The run without init=... is named by the scheme it drew, its family's (the result's config says it too).
+    drawn = {"jax:model=gpt,init=torch": "torch", "torch:model=gpt,init=torch": "torch",
+             "jax:model=gpt,init=gpt2": "gpt2", "torch:model=gpt,init=gpt2": "gpt2"}
+    assert {label: (result["model"]["init"], result["config"]["init"]) for label, result in runs.items()} == {
+        label: (scheme, scheme) for label, scheme in drawn.items()}
     curve = {label: np.array([h["loss"] for h in result["history"]]) for label, result in runs.items()}
     np.testing.assert_allclose(curve["torch:model=gpt,init=torch"], curve["jax:model=gpt,init=torch"], rtol=1e-4)
-    np.testing.assert_allclose(curve["torch:model=gpt"], curve["jax:model=gpt"], rtol=1e-4)
-    assert curve["jax:model=gpt,init=torch"][0] > curve["jax:model=gpt"][0] + 5
+    np.testing.assert_allclose(curve["torch:model=gpt,init=gpt2"], curve["jax:model=gpt,init=gpt2"], rtol=1e-4)
+    assert curve["jax:model=gpt,init=torch"][0] > curve["jax:model=gpt,init=gpt2"][0] + 5
     pairs = [(pair["reference"], pair["run"]) for pair in combined["parity"]["pairs"]]
-    assert pairs == [("jax:model=gpt,init=torch", "torch:model=gpt,init=torch"), ("jax:model=gpt", "torch:model=gpt")]
+    assert pairs == [("jax:model=gpt,init=torch", "torch:model=gpt,init=torch"),
+                     ("jax:model=gpt,init=gpt2", "torch:model=gpt,init=gpt2")]
     assert combined["parity"]["passed"] is True
+
+
+def test_results_written_before_init_read_as_the_glorot_draw_they_made():
+    from mtbench.runner.results.report import sweep_settings, swept_keys
+    before, gpt, transformer = {"config": {}}, {"config": {"init": "gpt2"}}, {"config": {"init": "glorot"}}
+    assert swept_keys([before, gpt]) == ("init",) and sweep_settings(before, ["init"]) == [("init", "glorot")]
+    assert swept_keys([before, transformer]) == ()

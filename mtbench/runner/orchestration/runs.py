@@ -15,7 +15,7 @@ from mtbench.runner.config import INIT_SCHEMES, TrainConfig
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
                                                        probe_devices, runs_to_preflight)
 from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names, sweep_settings, swept_keys
-from mtbench.runner.setup import check_extra_options, resolve_reporters
+from mtbench.runner.setup import check_extra_options, drawn_init, resolve_reporters
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
@@ -291,9 +291,12 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
     configs = []
     for spec in specs:  # bad options and impossible sizes fail here, before any process starts
         try:
-            configs.append(TrainConfig.from_options(**{**options, "backend": spec.backend, "extras": spec.extras,
-                                                       **dict(spec.sizes)}))
-            check_extra_options(configs[-1])
+            config = TrainConfig.from_options(**{**options, "backend": spec.backend, "extras": spec.extras,
+                                                 **dict(spec.sizes)})
+            check_extra_options(config)
+            family_name = config.model_family[0]
+            with registry.plugin_code("models", family_name):  # named by the scheme each result will record
+                configs.append(drawn_init(config, registry.lookup("models", family_name)))
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
     configs = [config.to_dict() for config in configs]

@@ -49,6 +49,8 @@ KEY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.
 # Except the float32 arithmetic: before it was set, XLA ran TF32 on GPUs and torch did not, so a result without it
 # matches no precision.
 del KEY_DEFAULTS["matmul_precision"]
+# Results written before --init drew mtbench's first scheme, whatever the model.
+KEY_DEFAULTS["init"] = "glorot"
 
 
 @dataclass

@@ -55,7 +55,7 @@ def test_a_byte_level_model_reports_perplexity_and_bits_per_byte_and_no_bleu(tex
         assert metrics[f"{split}_tokens_evaluated"] == metrics[f"{split}_bytes_evaluated"] == 10 * 32
     assert metrics["val_loss"] < math.log(256)  # it learned something beyond a uniform guess over bytes
     # GPT-2's draw by default: logits of normal(0, 0.02) weights are near 0, the first loss a uniform guess's.
-    assert result["model"]["init"] == "gpt2" and result["config"]["init"] is None
+    assert result["model"]["init"] == result["config"]["init"] == "gpt2"
     assert result["history"][0]["loss"] == pytest.approx(math.log(256), abs=0.1)  # glorot: 0.27 above
     ranges = result["data"]["byte_ranges"]
     assert ranges["train"][1] == ranges["valid"][0] and ranges["valid"][1] == ranges["test"][0]
