@@ -370,13 +370,14 @@ def step_flops(plugins, model_shape):
 
 def drawn_init(config, family, weights_file=None):
     """`config` with `init` the scheme its starting weights are drawn by, as its result records it: --init; else
-    the weights file's own (None where it names none: a trained model's); else None for a pretrained family's
-    checkpoint; else the family's (`ModelFamily.initialization`). Call it in the family's plugin code."""
+    the weights file's own (None where it names none, a trained model's, or holds a checkpoint's); else None for a
+    pretrained family's checkpoint; else the family's (`ModelFamily.initialization`). Call it in the family's plugin code."""
     from mtbench.keras_models.initialization import INIT_SCHEMES
     if config.init:
         return config
     if weights_file is not None or family.pretrained:
-        return dataclasses.replace(config, init=weights_file.init if weights_file is not None else None)
+        named = weights_file.init if weights_file is not None else None
+        return dataclasses.replace(config, init=named if named in INIT_SCHEMES else None)
     scheme = family.initialization(config)
     if scheme not in INIT_SCHEMES:
         raise RunFailure(f"model family '{family.name}' chose the initialisation {scheme!r}, not one of "

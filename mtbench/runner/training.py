@@ -46,9 +46,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     if not launch.is_first:
         console = Console(quiet=True)
     check_output_path(config.out, config.overwrite, resuming=resume is not None)
-    weights_file, weights_sha256 = read_initial_weights(config)
-    with plugins.model_code():
-        config = drawn_init(config, plugins.model, weights_file)
+    config, weights_file, weights_sha256 = starting_point(config, plugins)
     run_dir = resume.directory if resume else RunDirectory(run_dir_for(config.out), fresh=True)
     run_dir.writes = launch.is_first
     # Read before the framework is imported: a bad corpus file fails in a second, not after the import.
@@ -132,6 +130,13 @@ def read_initial_weights(config):
         raise MtbenchError(f"--init {config.init}: the weights of {config.initial_weights} were drawn with "
                            f"{weights.init}; a run starts from a weights file as it is")
     return weights, sha256
+
+
+def starting_point(config, plugins):
+    """(`config` with the scheme its weights are drawn by, `read_initial_weights`'s weights and sha256)."""
+    weights_file, weights_sha256 = read_initial_weights(config)
+    with plugins.model_code():
+        return drawn_init(config, plugins.model, weights_file), weights_file, weights_sha256
 
 
 def read_data(config, plugins, console, stopwatch):

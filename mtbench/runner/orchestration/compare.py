@@ -173,7 +173,7 @@ def _read_result(path, name):
 @dataclass
 class CompareProgress:
     """What a comparison has done so far: what an interrupted one writes and names."""
-    weights: dict = dataclasses.field(default_factory=dict)  # model size -> {"file", "sha256", "drawn_on"}
+    weights: dict = dataclasses.field(default_factory=dict)  # model size -> {"file", "sha256", "drawn_on", "init"}
     runs: list = dataclasses.field(default_factory=list)      # LoadedRun of every run that finished
     entries: list = dataclasses.field(default_factory=list)   # their entries in the combined JSON
     doing: str = "starting"                                   # what runs now, for an interruption's message
@@ -251,8 +251,9 @@ def write_weights_files(plan, console, progress):
                                         *sized.size_arguments(), "--out", path, *_overwrite(plan)],
                                        progress.log_file, "writing the initial weights",
                                        python=plan.baseline_spec.interpreter))
-        _, sha256 = read_weights_file(path)
-        progress.weights[sized.shape] = {"file": os.path.abspath(path), "sha256": sha256, "drawn_on": baseline_backend}
+        drawn, sha256 = read_weights_file(path)
+        progress.weights[sized.shape] = {"file": os.path.abspath(path), "sha256": sha256, "drawn_on": baseline_backend,
+                                         "init": drawn.init}
         size = shape_label(sized.shape)
         console.print(f"initial weights: {path} (sha256 {sha256[:16]}…, drawn on {baseline_backend}), loaded by "
                       f"every run" + (f" of {size}" if size else ""))
@@ -285,7 +286,8 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
         train_file = plan.run_file(spec, repeat, RUN_FILE_SUFFIX)
         write_run_file(train_file, TrainConfig.from_options(**{
             **plan.options, **dict(spec.sizes), "backend": spec.backend, "extras": spec.extras,
-            "initial_weights": weights["file"], "out": result_file, "run_group": plan.group,
+            "initial_weights": weights["file"], "init": weights["init"] if weights["init"] != "pretrained" else None,
+            "out": result_file, "run_group": plan.group,
             "overwrite": plan.overwrite}))
         arguments = ["train", "--run-file", train_file, "--report", "none"]
     else:  # another environment's mtbench from before run files

@@ -45,6 +45,7 @@ def test_both_backends_fine_tune_the_checkpoint_alike(compared):
     assert compared["parity"]["passed"] and compared["parity"]["pairs"], compared["parity"]
     for result in results:
         assert result["model"]["family"] == "marian" and result["model"]["d_model"] == 32
+        assert (result["model"]["init"], result["config"]["init"]) == ("pretrained", None)  # the checkpoint's
         assert result["data"]["tokenizer"]["special"] == {"pad": 87, "eos": 0, "start": 87}
         assert result["history"][-1]["loss"] < result["history"][0]["loss"]
     # The pretrained weights translate the same on both backends before any training.
