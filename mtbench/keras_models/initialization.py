@@ -109,7 +109,7 @@ def layer_fan_ins(model):
 
 def initial_weights(model, seed, scheme=DEFAULT_SCHEME):
     """The initial values of every model variable under `scheme`, keyed by variable path."""
-    residual = residual_projections(model)
+    residual = set(residual_projections(model))
     fan_ins = layer_fan_ins(model)
     return {v.path: initial_value(v.path, tuple(v.shape), seed, scheme, fan_in=fan_ins.get(v.path),
                                   residual_branches=len(residual) if v.path in residual else None)

@@ -13,6 +13,7 @@ from mtbench.plugins.api import Backend, Extra, KerasTrainStep, RunContext, Trai
 from mtbench.runner.choices import (choose_compiled_step, choose_dtype, choose_fused_attention, dtype_refusal,
                                     step_compiling_extra)
 from mtbench.runner.config import EXTRA_OPTIONS
+from mtbench.runner.data.weights_file import PRETRAINED, drawn_scheme
 from mtbench.runner.launch import share_cores
 from mtbench.runner.loop.recipe import optimizer_recipe
 from mtbench.runner.measurement.flops import StepFlops
@@ -376,8 +377,7 @@ def drawn_init(config, family, weights_file=None):
     if config.init:
         return config
     if weights_file is not None or family.pretrained:
-        named = weights_file.init if weights_file is not None else None
-        return dataclasses.replace(config, init=named if named in INIT_SCHEMES else None)
+        return dataclasses.replace(config, init=drawn_scheme(weights_file.init) if weights_file is not None else None)
     scheme = family.initialization(config)
     if scheme not in INIT_SCHEMES:
         raise RunFailure(f"model family '{family.name}' chose the initialisation {scheme!r}, not one of "
@@ -387,12 +387,12 @@ def drawn_init(config, family, weights_file=None):
 
 def initial_values(config, plugins, model):
     """(the weights a run starts from without --initial-weights, how they were drawn): the family's pretrained
-    ones ('pretrained'), or mtbench's numpy draw from the seed by `drawn_init`'s scheme."""
+    ones (PRETRAINED), or mtbench's numpy draw from the seed by `drawn_init`'s scheme."""
     from mtbench.keras_models.initialization import initial_weights
     with plugins.model_code():
         pretrained = plugins.model.pretrained_weights(plugins.model_path, model)
         if pretrained is not None:
-            return pretrained, "pretrained"
+            return pretrained, PRETRAINED
         scheme = drawn_init(config, plugins.model).init
     return initial_weights(model, config.seed, scheme), scheme
 

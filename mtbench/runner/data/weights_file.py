@@ -12,18 +12,26 @@ import zipfile
 import numpy as np
 
 from mtbench.errors import MtbenchError
+from mtbench.keras_models.initialization import INIT_SCHEMES
 from mtbench.runner.data.formats import check_readable
 from mtbench.runner.files import write_bytes_atomic
 
 
-# The entry that names how the weights were drawn (`--init`'s scheme, or 'pretrained'): no variable's path.
+# The entry that names how the weights were drawn (`--init`'s scheme, or PRETRAINED): no variable's path.
 INIT_ENTRY = "mtbench.init"
+PRETRAINED = "pretrained"   # what a file of a pretrained family's checkpoint names
 
 
 class Weights(dict):
     """{variable path: array} of a weights file, and how they were drawn (`init`: a scheme of --init,
-    'pretrained', or None where the file does not say: a trained model's)."""
+    PRETRAINED, or None where the file does not say: a trained model's)."""
     init = None
+
+
+def drawn_scheme(init):
+    """The `--init` scheme a file's `init` names, as a run's configuration records it: None for a checkpoint's
+    (PRETRAINED), a file that names none, or a scheme this version does not draw."""
+    return init if init in INIT_SCHEMES else None
 
 
 def write_weights_file(path, weights, init=None):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
 from mtbench.runner.config import TrainConfig
-from mtbench.runner.data.weights_file import read_weights_file
+from mtbench.runner.data.weights_file import drawn_scheme, read_weights_file
 from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.orchestration.children import run_child
 from mtbench.runner.orchestration.environments import check_runs
@@ -286,9 +286,8 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
         train_file = plan.run_file(spec, repeat, RUN_FILE_SUFFIX)
         write_run_file(train_file, TrainConfig.from_options(**{
             **plan.options, **dict(spec.sizes), "backend": spec.backend, "extras": spec.extras,
-            "initial_weights": weights["file"], "init": weights["init"] if weights["init"] != "pretrained" else None,
-            "out": result_file, "run_group": plan.group,
-            "overwrite": plan.overwrite}))
+            "initial_weights": weights["file"], "init": drawn_scheme(weights["init"]), "out": result_file,
+            "run_group": plan.group, "overwrite": plan.overwrite}))
         arguments = ["train", "--run-file", train_file, "--report", "none"]
     else:  # another environment's mtbench from before run files
         arguments = ["train", "--backend", spec.backend, *extras, *plan.configuration, *spec.size_arguments(),
