@@ -514,13 +514,14 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
             parity_tolerance, reporters, **configuration):
     """Train the same configuration on several backends (and extras), each in its own process from one weights
     file; check that their losses agree, and compare their figures."""
-    from mtbench.runner.orchestration.compare import ComparePlan, run_compare
+    from mtbench.runner.orchestration.compare import ComparePlan, check_repeats_and_parity, run_compare
     from mtbench.runner.orchestration.runs import plan_comparison
     from mtbench.runner.results.parity import require_parity
     from mtbench.runner.results.output import check_output_path
     from mtbench.runner.results.report import context_lines, rich_table
     from mtbench.runner.setup import resolve_reporters
     repeats, auto = _compare_repeats(repeats, repeats_width, repeats_budget)
+    check_repeats_and_parity(repeats, auto, parity_steps, parity_tolerance)
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
@@ -667,7 +668,7 @@ inference_options = _stack([
     click.option("--backend", help="Backend to translate on (default: the one that trained the model)."),
     click.option("--beam", type=click.IntRange(min=1), metavar="N", help="Beam search over N hypotheses, 1 greedy (default: the run's)."),
     click.option("--length-penalty", type=click.FloatRange(min=0), metavar="ALPHA", help="Beam search's length penalty (default: the run's)."),
-    click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Sentences decoded together."),
+    click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Sentences decoded together (a language model's evaluate: blocks scored together)."),
 ])
 
 
@@ -726,7 +727,8 @@ def translate(model, file, backend, beam, length_penalty, batch_size):
 @main.command()
 @MODEL_ARGUMENT
 @click.option("--test", "test_file", required=True, metavar="CORPUS",
-              help="Test pairs in any --data format of `train`, or sacrebleu:NAME.")
+              help="Test pairs in any --data format of `train`, or sacrebleu:NAME; for a language model, a text file "
+                   "or a folder of .txt files.")
 @_stack(CORPUS_OPTIONS[2:])
 @inference_options
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the scores (JSON) and the hypotheses beside them.")
@@ -734,17 +736,21 @@ def translate(model, file, backend, beam, length_penalty, batch_size):
 @handle_errors
 def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, beam, length_penalty, batch_size, out,
              overwrite):
-    """Score a trained model (see `translate` for MODEL) on another test set: BLEU and chrF with sacrebleu."""
+    """Score a trained model (see `translate` for MODEL) on another test set: BLEU and chrF with sacrebleu; a
+    language model (`--model gpt`) by loss, perplexity and bits per byte on every token of a text."""
     from mtbench.runner.data.formats import ReadOptions, read_pairs
     from mtbench.runner.files import write_json_atomic, write_text_atomic
-    from mtbench.runner.inference import evaluate_translator, open_translator
+    from mtbench.runner.inference import evaluate_translator, model_task, open_translator
     from mtbench.runner.results.output import check_output_path
     from mtbench.runner.results.schema import sidecar_paths
     if out:
         check_output_path(out, overwrite, kind="scores .json")
+    read_options = ReadOptions(src_col, tgt_col, src_lang, tgt_lang)  # refused before a model is looked for
     registry = plugins.registry()
     _warn_broken_plugins(registry)
-    pairs = read_pairs(test_file, ReadOptions(src_col, tgt_col, src_lang, tgt_lang))
+    if model_task(model, registry) == "language-modelling":
+        return _evaluate_language_model(model, test_file, backend, batch_size, out, registry)
+    pairs = read_pairs(test_file, read_options)
     if not pairs:
         raise MtbenchError(f"{test_file}: holds no sentence pairs")
     translator = open_translator(model, registry, backend, beam, length_penalty)
@@ -768,6 +774,31 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, be
         hypotheses_file, _ = sidecar_paths(out)
         write_text_atomic(hypotheses_file, "".join(h + "\n" for h in hypotheses))
         write_json_atomic(out, {**scores, "hypotheses_file": hypotheses_file})
+        console.print(f"scores: {out}")
+
+
+def _evaluate_language_model(model, text_file, backend, batch_size, out, registry):
+    from mtbench.runner.files import write_json_atomic
+    from mtbench.runner.inference import score_text
+    source = click.get_current_context().get_parameter_source
+    for name in ("src_col", "tgt_col", "src_lang", "tgt_lang", "beam", "length_penalty"):
+        if source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise MtbenchError(f"--{name.replace('_', '-')} is an option of translation; {model} is a language model")
+    scores = score_text(model, registry, text_file, backend, batch_size)
+    table = Table(title="mtbench evaluate")
+    for column in ("text", "tokens", "bytes", "loss", "perplexity", "bits per byte", "backend"):
+        table.add_column(column)
+    bits = scores["bits_per_byte"]
+    table.add_row(text_file, f"{scores['tokens_evaluated']:,}", f"{scores['bytes_evaluated'] or 0:,}",
+                  f"{scores['loss']:.4f}", f"{scores['perplexity']:.2f}", "n/a" if bits is None else f"{bits:.4f}",
+                  scores["backend"])
+    console = output_console()
+    console.print(table)
+    if scores["unknown_characters"]:
+        console.print(f"{scores['unknown_characters']} characters of the text are not in the model's vocabulary "
+                      f"(<unk>)", highlight=False)
+    if out:
+        write_json_atomic(out, scores)
         console.print(f"scores: {out}")
 
 

@@ -180,7 +180,8 @@ class TrainConfig:
                      "tensor_parallel_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise MtbenchError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+                option = self.length_option if name == "max_len" else f"--{name.replace('_', '-')}"
+                raise MtbenchError(f"{option} must be at least 1, got {value}")
         if not 0 <= self.seed < 2 ** 32:  # numpy's generators take no other
             raise MtbenchError(f"--seed must be from 0 to {2 ** 32 - 1}, got {self.seed}")
         if self.epochs is not None and self.epochs <= 0:

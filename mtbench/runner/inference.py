@@ -56,13 +56,19 @@ class LoadedModel:
     keras: object
 
 
+def model_task(path, registry):
+    """The task of the model at `path` (its family's), known without building it."""
+    source = find_model(path)
+    return _family(source, registry)[0].task
+
+
 def open_model(path, registry, backend_name=None, task=None):
     """The model at `path` (see `saved_model.find_model`) rebuilt on `backend_name` (default: the backend that
     trained it) with its trained weights; `task`: the task the command serves, refused for another's model."""
     source = find_model(path)
     config = source.config
     backend = resolve_backend(backend_name or config.backend, registry)
-    family, family_path = resolve_model(config, registry) if source.is_checkpoint else _saved_family(source, registry)
+    family, family_path = _family(source, registry)
     if task is not None and family.task != task:
         raise MtbenchError(f"{source.label}: a model of the {family.task} task ('{family.name}'); this command "
                            f"serves {task} models")
@@ -92,9 +98,11 @@ def open_translator(path, registry, backend_name=None, beam=None, length_penalty
     return Translator(tokenizer, decode, config, backend.name, source.label, decoding_name(beam, length_penalty))
 
 
-def _saved_family(source, registry):
-    family = registry.lookup("models", source.description["family"])
-    return family, None
+def _family(source, registry):
+    """(the model family of `source`, its --model path)."""
+    if source.is_checkpoint:
+        return resolve_model(source.config, registry)
+    return registry.lookup("models", source.description["family"]), None
 
 
 def evaluate_translator(translator, pairs, batch_size, progress=None):
@@ -133,3 +141,28 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
         "new_tokens": len(generated), "seconds": seconds,
         "sampling": "greedy" if temperature == 0 else f"temperature {temperature:g}"
                     + (f", top-k {top_k}" if top_k else "") + f", seed {seed}"}
+
+
+def score_text(path, registry, text_path, backend_name=None, rows=64):
+    """The language model at `path` scored on `text_path` (a file, or a folder's .txt files, as `train --data`
+    reads them) on `backend_name`: every token of the text predicted once, in consecutive blocks of the model's
+    --block-size from its start, `rows` to a batch, with the loss and accuracy its run was scored by."""
+    from mtbench.runner.data.text import read_text_path, token_stream
+    from mtbench.runner.setup import compile_model
+    from mtbench.runner.tasks.language_modelling import stream_scores
+    loaded = open_model(path, registry, backend_name, task="language-modelling")
+    if not hasattr(loaded.tokenizer, "stream"):
+        raise MtbenchError(f"{loaded.source.label}: trained on token files, whose ids no tokenizer here makes from "
+                           f"text; it has no text to score")
+    text = read_text_path(text_path)
+    stream, _ = token_stream(loaded.tokenizer, text.data, None)
+    if len(stream) < 2:
+        raise MtbenchError(f"{text_path}: {len(stream)} token of this model's tokenizer; scoring needs two (the "
+                           f"first predicts the second)")
+    config = loaded.source.config
+    compile_model(loaded.keras, loaded.model, config, 1, {}, loaded.plugins.model)
+    started = time.perf_counter()
+    scores = stream_scores(loaded.model, stream, rows, config.max_len, len(text.data))
+    return {"model": loaded.source.label, "backend": loaded.plugins.backend.name, "text": text_path,
+            "origin": text.origin, "bytes": len(text.data), "tokens": len(stream), "unknown_characters": stream.unknown,
+            "block_size": config.max_len, **scores, "seconds": time.perf_counter() - started}

@@ -41,12 +41,17 @@ def read_text(config, registry, progress):
     """--data FILE or a folder of .txt files (sorted by name and concatenated), else the source side of
     --dataset, a verse per line."""
     if config.data_file:
-        return Text(os.path.basename(os.path.normpath(config.data_file)), *_read_files(config.data_file))
+        return read_text_path(config.data_file)
     dataset = registered_dataset(registry, config.dataset)
     pairs = load_dataset_pairs(dataset, config.cache_dir, progress,
                                lambda: registry.plugin_code("datasets", dataset.name))
     text = "".join(source + "\n" for source, _ in pairs).encode("utf-8")
     return Text(config.dataset, f"{dataset.description}: the source side, a sentence per line", text)
+
+
+def read_text_path(path):
+    """The Text of a file, or of a folder's .txt files sorted by name and concatenated."""
+    return Text(os.path.basename(os.path.normpath(path)), *_read_files(path))
 
 
 def _read_files(path):

@@ -136,18 +136,23 @@ def runs_dir(out):
     return result_stem(out) + ".runs"
 
 
+def check_repeats_and_parity(repeats, auto, parity_steps, parity_tolerance):
+    """The options that need no run planned, checked before the devices are asked (a child process: seconds)."""
+    if auto is None and repeats < 1:
+        raise MtbenchError(f"--repeats must be at least 1, got {repeats}")
+    if auto is not None and not auto.budget_s > 0:
+        raise MtbenchError(f"--repeats-budget must be positive, got {auto.budget_s:g}")
+    if parity_steps < 1:
+        raise MtbenchError(f"--parity-steps must be at least 1, got {parity_steps}")
+    if not parity_tolerance > 0:
+        raise MtbenchError(f"--parity-tolerance must be positive, got {parity_tolerance}")
+
+
 def validate_plan(plan, registry):
-    if plan.auto is None and plan.repeats < 1:
-        raise MtbenchError(f"--repeats must be at least 1, got {plan.repeats}")
+    check_repeats_and_parity(plan.repeats, plan.auto, plan.parity_steps, plan.parity_tolerance)
     if plan.auto is not None and len(plan.specs) < 2 and not plan.aa:
         raise MtbenchError("--repeats auto repeats until the intervals between runs are narrow: give two runs or "
                            "more, or --aa")
-    if plan.auto is not None and not plan.auto.budget_s > 0:
-        raise MtbenchError(f"--repeats-budget must be positive, got {plan.auto.budget_s:g}")
-    if plan.parity_steps < 1:
-        raise MtbenchError(f"--parity-steps must be at least 1, got {plan.parity_steps}")
-    if not plan.parity_tolerance > 0:
-        raise MtbenchError(f"--parity-tolerance must be positive, got {plan.parity_tolerance}")
     if plan.baseline is not None:  # as the table names it, or without the model family's name
         plan.baseline = baseline_label(plan.baseline, [spec.label for spec in plan.specs])
     check_runs(plan.specs, registry, plan.interpreters)

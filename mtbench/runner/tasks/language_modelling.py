@@ -157,6 +157,18 @@ def prepare_token_files(files, config):
     return TaskData(tokenizer, streams, fingerprint, record, lines)
 
 
+def stream_scores(model, stream, rows, block, text_bytes):
+    """Loss, accuracy, perplexity and bits per byte of `model` (compiled with the run's loss) predicting the first
+    `text_bytes` bytes of `stream`, in consecutive blocks of `block` tokens from its start, `rows` to a batch."""
+    from mtbench.runner.evaluation.scoring import mean_loss
+    loss, accuracy, tokens = mean_loss(model, evaluation_batches(stream, rows, block, text_bytes))
+    predicted_bytes = evaluated_bytes(stream, text_bytes)
+    return {"loss": loss, "accuracy": accuracy, "perplexity": math.exp(loss),
+            "bits_per_byte": None if predicted_bytes is None else loss * tokens / math.log(2) / predicted_bytes,
+            "tokens_evaluated": int(tokens),
+            "bytes_evaluated": None if predicted_bytes is None else round(predicted_bytes)}
+
+
 @dataclass
 class LanguageModelEvaluator(Evaluator):
     """Scores consecutive blocks from the start of a split: the text of --valid-size blocks of --block-size bytes
@@ -168,17 +180,11 @@ class LanguageModelEvaluator(Evaluator):
     compile_inference: object = None  # fn -> the backend's compiled fn (`Task.evaluator`'s), for --sample-prompt
 
     def scores(self, split):
-        from mtbench.runner.evaluation.scoring import mean_loss
         stream, block = self.data.splits[split], self.config.max_len
         budget = (self.config.test_size if split == "test" else self.config.valid_size) * block
-        loss, accuracy, tokens = mean_loss(self.model, evaluation_batches(stream, self.config.batch_size, block,
-                                                                          budget))
-        nats, text_bytes = loss * tokens, evaluated_bytes(stream, budget)
         prefix = METRIC_SPLITS[split]
-        return {f"{prefix}_loss": loss, f"{prefix}_accuracy": accuracy, f"{prefix}_perplexity": math.exp(loss),
-                f"{prefix}_bits_per_byte": None if text_bytes is None else nats / math.log(2) / text_bytes,
-                f"{prefix}_tokens_evaluated": int(tokens),
-                f"{prefix}_bytes_evaluated": None if text_bytes is None else round(text_bytes)}
+        return {f"{prefix}_{figure}": value for figure, value in
+                stream_scores(self.model, stream, self.config.batch_size, block, budget).items()}
 
     def validate(self):
         """The validation figures, and with --sample-prompt the model's continuation of the prompt (`sample`)."""

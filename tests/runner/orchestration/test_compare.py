@@ -150,7 +150,11 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     (["--matrix", "jax;torch++x"], "'torch++x' is not of the form backend+extra+extra"),
     (["--matrix", "jax", "--backends", "torch"], "not both"),
     (["--baseline", "tensorflow"], "--baseline 'tensorflow' is none of the runs: jax, torch"),
-    (["--repeats", "0"], "--repeats must be at least 1"),
+    # Options that need no run are checked before the devices are asked (a child that would refuse pmap here).
+    (["--matrix", "jax;jax+pmap", "--repeats", "0"], "--repeats must be at least 1"),
+    (["--matrix", "jax;jax+pmap", "--parity-tolerance", "0"], "--parity-tolerance must be positive, got 0"),
+    (["--matrix", "jax;jax+pmap", "--repeats", "auto", "--repeats-budget", "-1"],
+     "--repeats-budget must be positive, got -1"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
     # Validation options are the runs' own, checked as `train` checks them.
     (["--sample-prompt", "In the"], "--sample-prompt needs --eval-every N"),

@@ -157,6 +157,39 @@ def test_a_checkpoint_generates_as_the_saved_model_does(char_runs):
     assert texts[0] == texts[1] and texts[0].startswith("And God")
 
 
+def run_text(text_folder):
+    """The bytes a run reads from `text_folder`: its .txt files in name order."""
+    names = sorted(name for name in os.listdir(text_folder) if name.endswith(".txt"))
+    return b"".join(open(os.path.join(text_folder, name), "rb").read() for name in names)
+
+
+@pytest.mark.slow
+def test_evaluate_scores_a_text_as_the_run_scored_its_test_split(char_runs, text_folder, tmp_path):
+    """The bytes the run scored its test figures on, in a file of their own, get the test loss and bits per byte its
+    result records: from its saved model, on the backend that trained it and on the other."""
+    result = char_runs["jax"]
+    start, _ = result["data"]["byte_ranges"]["test"]
+    scored = run_text(text_folder)[start:start + result["metrics"]["test_bytes_evaluated"] + 1]
+    text = tmp_path / "test-split.txt"
+    text.write_bytes(scored)
+    for backend in ("jax", "torch"):
+        out = tmp_path / f"{backend}.json"
+        proc = run_cli("evaluate", result["config"]["out"], "--test", str(text), "--backend", backend,
+                       "--batch-size", str(result["config"]["batch_size"]), "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        with open(out) as f:
+            scores = json.load(f)
+        assert scores["backend"] == backend and scores["block_size"] == 32 and undocumented_keys(scores) == []
+        assert (scores["tokens_evaluated"], scores["bytes_evaluated"]) == (
+            result["metrics"]["test_tokens_evaluated"], result["metrics"]["test_bytes_evaluated"])
+        assert scores["loss"] == pytest.approx(result["metrics"]["test_loss"], rel=1e-5)
+        assert scores["bits_per_byte"] == pytest.approx(result["metrics"]["test_bits_per_byte"], rel=1e-5)
+        assert f"{scores['perplexity']:.2f}" in proc.stdout
+    refused = run_cli("evaluate", result["config"]["out"], "--test", str(text), "--beam", "4")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "--beam is an option of translation" in refused.stderr
+
+
 def bad_input_cases(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
