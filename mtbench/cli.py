@@ -21,6 +21,9 @@ from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG
                                    DTYPE_CHOICES, INIT_SCHEMES, MATMUL_PRECISIONS, STEP_CHOICES, TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
+EVAL_STRIDE_HELP = ("A language model's evaluation windows of --block-size tokens, each N tokens after the one before "
+                    "and scoring only its last N, so that every token after the first block is predicted from a whole "
+                    "block")
 
 def _fail(message, code):
     click.echo(f"Error: {message}", err=True)
@@ -165,6 +168,7 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--max-len", type=int, help="Tokens per side, longer pairs are dropped (default: the preset's)."),
     click.option("--block-size", type=int, metavar="N", help="A language model's block: tokens per row, its positions (default: the preset's)."),
     click.option("--tokenizer", type=click.Choice(["byte", "char", "sentencepiece"]), help="A language model's tokens: byte (vocabulary 256, default), char (the training split's characters) or sentencepiece (--vocab-size)."),
+    click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the block: consecutive blocks, as nanoGPT's estimate_loss)."),
     click.option("--layers", type=int, metavar="N", help="Encoder and decoder layers each; a language model's blocks (default: the preset's)."),
     click.option("--encoder-layers", type=int, metavar="N", help="Encoder layers (default: the preset's)."),
     click.option("--decoder-layers", type=int, metavar="N", help="Decoder layers (default: the preset's)."),
@@ -731,11 +735,12 @@ def translate(model, file, backend, beam, length_penalty, batch_size):
                    "or a folder of .txt files.")
 @_stack(CORPUS_OPTIONS[2:])
 @inference_options
+@click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the run's).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the scores (JSON) and the hypotheses beside them.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
 @handle_errors
-def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, beam, length_penalty, batch_size, out,
-             overwrite):
+def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, beam, length_penalty, batch_size,
+             eval_stride, out, overwrite):
     """Score a trained model (see `translate` for MODEL) on another test set: BLEU and chrF with sacrebleu; a
     language model (`--model gpt`) by loss, perplexity and bits per byte on every token of a text."""
     from mtbench.runner.data.formats import ReadOptions, read_pairs
@@ -749,7 +754,10 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, be
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     if model_task(model, registry) == "language-modelling":
-        return _evaluate_language_model(model, test_file, backend, batch_size, out, registry)
+        return _evaluate_language_model(model, test_file, backend, batch_size, eval_stride, out, registry)
+    if eval_stride is not None:
+        raise MtbenchError(f"--eval-stride is an option of language models; {model} is a {model_task(model, registry)} "
+                           f"model")
     pairs = read_pairs(test_file, read_options)
     if not pairs:
         raise MtbenchError(f"{test_file}: holds no sentence pairs")
@@ -777,21 +785,21 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, be
         console.print(f"scores: {out}")
 
 
-def _evaluate_language_model(model, text_file, backend, batch_size, out, registry):
+def _evaluate_language_model(model, text_file, backend, batch_size, stride, out, registry):
     from mtbench.runner.files import write_json_atomic
     from mtbench.runner.inference import score_text
     source = click.get_current_context().get_parameter_source
     for name in ("src_col", "tgt_col", "src_lang", "tgt_lang", "beam", "length_penalty"):
         if source(name) == click.core.ParameterSource.COMMANDLINE:
             raise MtbenchError(f"--{name.replace('_', '-')} is an option of translation; {model} is a language model")
-    scores = score_text(model, registry, text_file, backend, batch_size)
+    scores = score_text(model, registry, text_file, backend, batch_size, stride)
     table = Table(title="mtbench evaluate")
-    for column in ("text", "tokens", "bytes", "loss", "perplexity", "bits per byte", "backend"):
+    for column in ("text", "tokens", "bytes", "windows", "loss", "perplexity", "bits per byte", "backend"):
         table.add_column(column)
     bits = scores["bits_per_byte"]
     table.add_row(text_file, f"{scores['tokens_evaluated']:,}", f"{scores['bytes_evaluated'] or 0:,}",
-                  f"{scores['loss']:.4f}", f"{scores['perplexity']:.2f}", "n/a" if bits is None else f"{bits:.4f}",
-                  scores["backend"])
+                  f"{scores['block_size']} tokens, {scores['stride']} apart", f"{scores['loss']:.4f}",
+                  f"{scores['perplexity']:.2f}", "n/a" if bits is None else f"{bits:.4f}", scores["backend"])
     console = output_console()
     console.print(table)
     if scores["unknown_characters"]:

@@ -81,6 +81,7 @@ class TrainConfig:
     max_len: int = None            # tokens per side, special tokens included; default: the preset's
     block_size: int = None         # a language model's block (its positions): sets max_len
     tokenizer: str = None          # a language model's tokens: byte (default), char or sentencepiece
+    eval_stride: int = None        # a language model's evaluation windows move this many tokens (None: a block)
     # The model's size over the preset's (None: the preset's): --layers sets both stacks.
     layers: int = None
     encoder_layers: int = None
@@ -177,7 +178,7 @@ class TrainConfig:
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
                      "decode_batch_size", "beam", "max_pairs", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum", "sample_tokens",
-                     "tensor_parallel_size"):
+                     "tensor_parallel_size", "eval_stride"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 option = self.length_option if name == "max_len" else f"--{name.replace('_', '-')}"
@@ -200,6 +201,9 @@ class TrainConfig:
             raise MtbenchError(f"--vocab-size must be at least 16, got {self.vocab_size}")
         if self.max_len < 8:
             raise MtbenchError(f"{self.length_option} must be at least 8, got {self.max_len}")
+        if self.eval_stride is not None and self.eval_stride > self.max_len:
+            raise MtbenchError(f"--eval-stride {self.eval_stride} exceeds {self.length_option} {self.max_len}: the "
+                               f"tokens between windows would never be scored")
         if self.max_tokens is not None and self.max_tokens < self.max_len:
             raise MtbenchError(f"--max-tokens {self.max_tokens} cannot hold one row of {self.length_option} "
                                f"{self.max_len} tokens; give at least {self.max_len}")

@@ -143,10 +143,11 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
                     + (f", top-k {top_k}" if top_k else "") + f", seed {seed}"}
 
 
-def score_text(path, registry, text_path, backend_name=None, rows=64):
+def score_text(path, registry, text_path, backend_name=None, rows=64, stride=None):
     """The language model at `path` scored on `text_path` (a file, or a folder's .txt files, as `train --data`
-    reads them) on `backend_name`: every token of the text predicted once, in consecutive blocks of the model's
-    --block-size from its start, `rows` to a batch, with the loss and accuracy its run was scored by."""
+    reads them) on `backend_name`: every token of the text predicted once, in windows of the model's --block-size
+    from its start `stride` tokens apart (default: the run's --eval-stride), `rows` to a batch, with the loss and
+    accuracy its run was scored by."""
     from mtbench.runner.data.text import read_text_path, token_stream
     from mtbench.runner.setup import compile_model
     from mtbench.runner.tasks.language_modelling import stream_scores
@@ -160,9 +161,12 @@ def score_text(path, registry, text_path, backend_name=None, rows=64):
         raise MtbenchError(f"{text_path}: {len(stream)} token of this model's tokenizer; scoring needs two (the "
                            f"first predicts the second)")
     config = loaded.source.config
+    stride = stride if stride is not None else config.eval_stride or config.max_len
+    if not 1 <= stride <= config.max_len:
+        raise MtbenchError(f"--eval-stride must be from 1 to the model's --block-size {config.max_len}, got {stride}")
     compile_model(loaded.keras, loaded.model, config, 1, {}, loaded.plugins.model)
     started = time.perf_counter()
-    scores = stream_scores(loaded.model, stream, rows, config.max_len, len(text.data))
+    scores = stream_scores(loaded.model, stream, rows, config.max_len, len(text.data), stride)
     return {"model": loaded.source.label, "backend": loaded.plugins.backend.name, "text": text_path,
             "origin": text.origin, "bytes": len(text.data), "tokens": len(stream), "unknown_characters": stream.unknown,
-            "block_size": config.max_len, **scores, "seconds": time.perf_counter() - started}
+            "block_size": config.max_len, "stride": stride, **scores, "seconds": time.perf_counter() - started}

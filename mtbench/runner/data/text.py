@@ -328,9 +328,9 @@ def load_text_tokenizer(directory, description):
     return ByteTokenizer(saved.get("vocab_size", 256))
 
 
-def window_batch(ids, starts, block, rows=None):
+def window_batch(ids, starts, block, rows=None, scored_from=None):
     """Rows of `block` tokens from each start, and the next token of each as its label; filler rows (up to `rows`)
-    and positions past the stream's end weigh nothing."""
+    and positions past the stream's end weigh nothing, nor do each row's positions before its `scored_from`."""
     rows = rows or len(starts)
     inputs = np.zeros((rows, block), np.int32)
     labels = np.zeros((rows, block), np.int32)
@@ -340,7 +340,7 @@ def window_batch(ids, starts, block, rows=None):
         taken = min(block, len(ids) - 1 - start)
         inputs[row, :taken] = ids[start:start + taken]
         labels[row, :taken] = ids[start + 1:start + 1 + taken]
-        weight[row, :taken] = 1.0
+        weight[row, 0 if scored_from is None else scored_from[row]:taken] = 1.0
         index[row] = start
     return Batch(None, inputs, labels, weight, index)
 
@@ -389,13 +389,20 @@ def predicted_bytes(stream, text_bytes):
         count *= 2
 
 
-def evaluation_batches(stream, rows, block, text_bytes):
-    """Consecutive blocks from the split's start predicting its first `text_bytes` bytes (`evaluated_tokens`),
-    every token once, `rows` to a batch; the last block may be partial (its missing positions weigh nothing)."""
+def evaluation_batches(stream, rows, block, text_bytes, stride=None):
+    """Windows of `block` tokens from the split's start predicting its first `text_bytes` bytes
+    (`evaluated_tokens`), every token once, `rows` to a batch; the last window may be partial (its missing positions
+    weigh nothing). Consecutive blocks by default; with a `stride` below the block, each window starts `stride`
+    tokens after the one before and scores only its last `stride` positions, so that every token after the first
+    block is predicted from `block` tokens of context (the first window scores all of its positions)."""
     end = evaluated_tokens(stream, text_bytes)
-    starts = list(range(0, end, block))
+    stride = min(stride or block, block)
+    # Window j > 0 scores tokens up to j * stride + block: the last one is the first to reach `end`.
+    starts = [0, *range(stride, end - block + stride, stride)]
+    scored_from = [0] + [block - stride] * (len(starts) - 1)
     for first in range(0, len(starts), rows):
-        yield window_batch(stream.ids[:end + 1], starts[first:first + rows], block, rows)
+        yield window_batch(stream.ids[:end + 1], starts[first:first + rows], block, rows,
+                           scored_from[first:first + rows])
 
 
 def evaluated_bytes(stream, text_bytes):

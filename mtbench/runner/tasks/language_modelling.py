@@ -157,11 +157,12 @@ def prepare_token_files(files, config):
     return TaskData(tokenizer, streams, fingerprint, record, lines)
 
 
-def stream_scores(model, stream, rows, block, text_bytes):
+def stream_scores(model, stream, rows, block, text_bytes, stride=None):
     """Loss, accuracy, perplexity and bits per byte of `model` (compiled with the run's loss) predicting the first
-    `text_bytes` bytes of `stream`, in consecutive blocks of `block` tokens from its start, `rows` to a batch."""
+    `text_bytes` bytes of `stream`, in windows of `block` tokens from its start `stride` apart (default: consecutive
+    blocks), `rows` to a batch."""
     from mtbench.runner.evaluation.scoring import mean_loss
-    loss, accuracy, tokens = mean_loss(model, evaluation_batches(stream, rows, block, text_bytes))
+    loss, accuracy, tokens = mean_loss(model, evaluation_batches(stream, rows, block, text_bytes, stride))
     predicted_bytes = evaluated_bytes(stream, text_bytes)
     return {"loss": loss, "accuracy": accuracy, "perplexity": math.exp(loss),
             "bits_per_byte": None if predicted_bytes is None else loss * tokens / math.log(2) / predicted_bytes,
@@ -184,7 +185,7 @@ class LanguageModelEvaluator(Evaluator):
         budget = (self.config.test_size if split == "test" else self.config.valid_size) * block
         prefix = METRIC_SPLITS[split]
         return {f"{prefix}_{figure}": value for figure, value in
-                stream_scores(self.model, stream, self.config.batch_size, block, budget).items()}
+                stream_scores(self.model, stream, self.config.batch_size, block, budget, self.config.eval_stride).items()}
 
     def validate(self):
         """The validation figures, and with --sample-prompt the model's continuation of the prompt (`sample`)."""

@@ -17,7 +17,7 @@ METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_los
            "bleu", "chrf", "bleu_signature", "chrf_signature", "test_sentences_scored", "decoding")
 # Options of the language-modelling task, which translation does not take (their value when not given).
 LANGUAGE_MODEL_OPTIONS = {"block_size": None, "tokenizer": None, "target_loss": None, "sample_prompt": None,
-                          "sample_tokens": 100}
+                          "sample_tokens": 100, "eval_stride": None}
 
 
 class TranslationTask(Task):

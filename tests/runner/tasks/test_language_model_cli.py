@@ -185,6 +185,13 @@ def test_evaluate_scores_a_text_as_the_run_scored_its_test_split(char_runs, text
         assert scores["loss"] == pytest.approx(result["metrics"]["test_loss"], rel=1e-5)
         assert scores["bits_per_byte"] == pytest.approx(result["metrics"]["test_bits_per_byte"], rel=1e-5)
         assert f"{scores['perplexity']:.2f}" in proc.stdout
+    strided = run_cli("evaluate", result["config"]["out"], "--test", str(text), "--eval-stride", "8", "--out",
+                      str(tmp_path / "strided.json"))
+    assert strided.returncode == 0, strided.stderr
+    with open(tmp_path / "strided.json") as f:
+        scores = json.load(f)
+    assert scores["stride"] == 8 and "32 tokens, 8 apart" in strided.stdout
+    assert scores["tokens_evaluated"] == result["metrics"]["test_tokens_evaluated"]
     refused = run_cli("evaluate", result["config"]["out"], "--test", str(text), "--beam", "4")
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert "--beam is an option of translation" in refused.stderr
@@ -227,12 +234,12 @@ def test_bad_input_gets_one_line_and_nothing_written(name, tmp_path, cache_dir):
     assert not out.exists()
 
 
-def test_translation_refuses_a_language_models_options(tmp_path, cache_dir):
-    proc = run_cli("train", "--preset", "tiny", "--block-size", "32", "--cache-dir", cache_dir,
-                   "--out", str(tmp_path / "r.json"))
+@pytest.mark.parametrize("option", [["--block-size", "32"], ["--eval-stride", "4"]])
+def test_translation_refuses_a_language_models_options(option, tmp_path, cache_dir):
+    proc = run_cli("train", "--preset", "tiny", *option, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("Error: task 'translation': --block-size is an option of language models; the "
-                                   "'transformer' model family is trained on translation")
+    assert proc.stderr.strip() == (f"Error: task 'translation': {option[0]} is an option of language models; the "
+                                   f"'transformer' model family is trained on translation")
 
 
 @pytest.mark.slow

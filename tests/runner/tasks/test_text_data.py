@@ -85,6 +85,28 @@ def test_evaluation_predicts_every_token_once_and_counts_its_bytes():
     assert sum(b.target_tokens for b in evaluation_batches(stream, 3, 5, text_bytes=12)) == 12
 
 
+@pytest.mark.parametrize("stride", [1, 5, 15, 16])
+def test_windows_a_stride_apart_predict_every_token_once_from_up_to_a_block_before_it(stride):
+    """--eval-stride: the first window scores its every position; each later one starts `stride` tokens on and
+    scores only its last `stride`, so a token after the first block reads at least block - stride + 1 tokens (with a
+    stride of 1, the whole block before it)."""
+    stream, block = ByteTokenizer().stream(TEXT[:300]), 16
+    predicted, read = [], []
+    for batch in evaluation_batches(stream, 4, block, 10 ** 6, stride):
+        rows, positions = np.nonzero(batch.weight)
+        for row, position in zip(rows, positions):
+            start = batch.index[row]
+            np.testing.assert_array_equal(batch.target_input[row, :position + 1], stream.ids[start:start + position + 1])
+            predicted.append(start + position + 1)  # the token the position predicts
+            read.append(position + 1)
+        np.testing.assert_array_equal(batch.target_output[rows, positions], stream.ids[[s + p + 1 for s, p in
+                                                                                          zip(batch.index[rows],
+                                                                                              positions)]])
+    assert predicted == list(range(1, len(stream)))
+    assert read[:block] == list(range(1, block + 1))
+    assert min(read[block:]) == block - stride + 1 and max(read[block:]) == block
+
+
 def test_evaluation_scores_the_same_text_whatever_the_tokens(tmp_path):
     """A budget of bytes: the byte, character and sentencepiece models predict the same bytes of a text whose
     characters are 3 bytes each (a sentencepiece token stands for several), up to the last token's end."""
