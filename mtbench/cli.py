@@ -753,11 +753,11 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, be
     read_options = ReadOptions(src_col, tgt_col, src_lang, tgt_lang)  # refused before a model is looked for
     registry = plugins.registry()
     _warn_broken_plugins(registry)
-    if model_task(model, registry) == "language-modelling":
+    task = model_task(model, registry)
+    if task == "language-modelling":
         return _evaluate_language_model(model, test_file, backend, batch_size, eval_stride, out, registry)
     if eval_stride is not None:
-        raise MtbenchError(f"--eval-stride is an option of language models; {model} is a {model_task(model, registry)} "
-                           f"model")
+        raise MtbenchError(f"--eval-stride is an option of language models; {model} is a {task} model")
     pairs = read_pairs(test_file, read_options)
     if not pairs:
         raise MtbenchError(f"{test_file}: holds no sentence pairs")
