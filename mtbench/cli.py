@@ -135,8 +135,9 @@ CORPUS_OPTIONS = (
 RUN_CONFIGURATION_OPTIONS = (
     click.option("--model", "model_name", default="transformer", show_default=True, metavar="NAME[:DIR]",
                  help="Model family: transformer (mtbench's, sized by --preset and the size flags), gpt (a decoder-only "
-                      "language model, scored by perplexity and bits per byte) or marian:DIR "
-                      "(a MarianMT checkpoint directory as transformers saves it, fine-tuned)."),
+                      "language model, scored by perplexity and bits per byte), marian:DIR (a MarianMT checkpoint "
+                      "directory as transformers saves it, fine-tuned) or gpt2:DIR (a GPT-2 checkpoint directory, "
+                      "fine-tuned as a language model with its own tokenizer; sized by it, --preset sets the rest)."),
     click.option("--dataset", default="bible-en-fr", show_default=True, help="Registered dataset (see `mtbench plugins`)."),
     click.option("--data", "data_file", type=click.Path(dir_okay=True), metavar="CORPUS",
                  help="Your corpus instead of --dataset: FILE.tsv, FILE.jsonl (each may be .gz) or a Moses PREFIX "

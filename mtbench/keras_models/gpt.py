@@ -8,10 +8,16 @@ from keras import layers, ops
 from mtbench.keras_models.transformer import Attention, Embedding, create_variables, dropout_layer
 
 
+def tanh_gelu(x):
+    """GELU by its tanh approximation: GPT-2's own (transformers' `gelu_new`), which its trained weights expect."""
+    return keras.activations.gelu(x, approximate=True)
+
+
 class MLP(layers.Layer):
-    def __init__(self, d_model, ff_dim, dropout, **kwargs):
+    def __init__(self, d_model, ff_dim, dropout, tanh_gelu_activation=False, **kwargs):
         super().__init__(**kwargs)
-        self.hidden = layers.Dense(ff_dim, activation="gelu", name="hidden")
+        # nanoGPT's exact GELU for models trained here; the approximation for GPT-2's checkpoints.
+        self.hidden = layers.Dense(ff_dim, activation=tanh_gelu if tanh_gelu_activation else "gelu", name="hidden")
         self.out = layers.Dense(d_model, name="out")
         self.dropout = dropout_layer(dropout)
 
@@ -20,13 +26,14 @@ class MLP(layers.Layer):
 
 
 class Block(layers.Layer):
-    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, **kwargs):
+    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, tanh_gelu_activation=False,
+                 **kwargs):
         super().__init__(**kwargs)
         self.attention_norm = layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
         self.attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
                                    name="self_attention")
         self.mlp_norm = layers.LayerNormalization(epsilon=1e-5, name="mlp_norm")
-        self.mlp = MLP(d_model, ff_dim, dropout, name="mlp")
+        self.mlp = MLP(d_model, ff_dim, dropout, tanh_gelu_activation, name="mlp")
         self.dropout = dropout_layer(dropout)
 
     def call(self, x, training=False):
@@ -40,13 +47,14 @@ class GPT(keras.Model):
     batch's inputs); output: float32 logits (batch, length, vocab) for the token after each position."""
 
     def __init__(self, vocab_size, d_model, num_heads, layers_count, ff_dim, block_size, dropout=0.0,
-                 flash_attention=False, **kwargs):
+                 flash_attention=False, tanh_gelu_activation=False, **kwargs):
         super().__init__(**kwargs)
         self.block_size = block_size
         self.token_embedding = Embedding(vocab_size, d_model, name="token_embedding")
         self.position_embedding = Embedding(block_size, d_model, name="position_embedding")
         self.embedding_dropout = dropout_layer(dropout)
-        self.blocks = [Block(d_model, num_heads, ff_dim, dropout, flash_attention, name=f"block_{i}")
+        self.blocks = [Block(d_model, num_heads, ff_dim, dropout, flash_attention, tanh_gelu_activation,
+                             name=f"block_{i}")
                        for i in range(layers_count)]
         self.final_norm = layers.LayerNormalization(epsilon=1e-5, name="final_norm")
 
@@ -63,12 +71,13 @@ class GPT(keras.Model):
         return ops.cast(ops.matmul(x, ops.transpose(table)), "float32")
 
 
-def build_gpt(shape, flash_attention=False):
+def build_gpt(shape, flash_attention=False, tanh_gelu_activation=False):
     """The model of `shape` (a ModelPreset: `decoder_layers` blocks, `max_len` positions) with its variables
-    created, so weights can be set before compiling."""
+    created, so weights can be set before compiling. `tanh_gelu_activation`: GPT-2's approximate GELU."""
     model = GPT(vocab_size=shape.vocab_size, d_model=shape.d_model, num_heads=shape.num_heads,
                 layers_count=shape.decoder_layers, ff_dim=shape.ff_dim, block_size=shape.max_len,
-                dropout=shape.dropout, flash_attention=flash_attention, name="gpt")
+                dropout=shape.dropout, flash_attention=flash_attention, tanh_gelu_activation=tanh_gelu_activation,
+                name="gpt")
     return create_variables(model)
 
 

@@ -34,6 +34,7 @@ BUILTIN_PLUGINS = (
     "mtbench.plugins.models.transformer",
     "mtbench.plugins.models.marian",
     "mtbench.plugins.models.gpt",
+    "mtbench.plugins.models.gpt2",
     "mtbench.plugins.reporters.table_reporter",
     "mtbench.plugins.reporters.tensorboard_tracker",
     "mtbench.plugins.reporters.mlflow_tracker",

@@ -15,6 +15,7 @@ from mtbench.runner.data.formats import ReadOptions
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
 # A language model's steps by preset: "char" trains as long as nanoGPT's Shakespeare-character run.
 DEFAULT_STEPS_BY_FAMILY = {"gpt": {"tiny": 40, "small": 300, "char": 5000, "gpt2-small": 2000}}
+DEFAULT_STEPS_BY_FAMILY["gpt2"] = DEFAULT_STEPS_BY_FAMILY["gpt"]
 # The model's shape from flags, over the preset's: config field -> ModelPreset field (`layers` sets both stacks).
 SIZE_FIELDS = {"d_model": "d_model", "heads": "num_heads", "encoder_layers": "encoder_layers",
                "decoder_layers": "decoder_layers", "ff_dim": "ff_dim", "dropout": "dropout"}

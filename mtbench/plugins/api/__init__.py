@@ -20,7 +20,7 @@ from mtbench.plugins.api.host import (cpu_count, cpu_model, cudnn_version_text, 
                                       peak_host_bytes)
 from mtbench.plugins.api.kinds import Backend, Dataset, Extra, Reporter, RunContext, TrackedRun
 from mtbench.plugins.api.processes import Launch, ProcessGroup
-from mtbench.plugins.api.models import ModelFamily, ModelShape, SpecialTokens, Tokenizer
+from mtbench.plugins.api.models import ModelFamily, ModelShape, SpecialTokens, Tokenizer, TokenStream
 from mtbench.plugins.api.tasks import Evaluator, Task, TaskData
 from mtbench.plugins.api.steps import Batch, KerasTrainStep, TrainStep, WrappingStep, uneven_split_reason
 from mtbench.plugins.api.versioning import PLUGIN_API_VERSION
@@ -28,7 +28,7 @@ from mtbench.plugins.hookspecs import hookimpl
 
 __all__ = [
     "Backend", "Extra", "Dataset", "Reporter", "RunContext", "TrackedRun",
-    "ModelFamily", "ModelShape", "SpecialTokens", "Tokenizer",
+    "ModelFamily", "ModelShape", "SpecialTokens", "Tokenizer", "TokenStream",
     "Task", "TaskData", "Evaluator",
     "TrainStep", "KerasTrainStep", "WrappingStep", "Batch", "uneven_split_reason", "Launch", "ProcessGroup",
     "cpu_count", "cpu_model", "cudnn_version_text", "median_flops_per_s", "native_bfloat16", "peak_host_bytes",

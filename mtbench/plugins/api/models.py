@@ -9,6 +9,8 @@ The Keras model a family builds answers what training and decoding call:
   position, caches, cross, source_mask)` -> (logits (batch, vocab), caches): incremental decoding with a
   key/value cache;
 - `model.pad_id`: the id its source mask treats as padding.
+A language model (a family of the 'language-modelling' task) is called on `(input_ids,)` and returns the logits of
+the next token at every position; the tokenizer it brings turns text into a `TokenStream`.
 """
 
 from dataclasses import dataclass
@@ -30,9 +32,27 @@ class SpecialTokens:
         return {"pad": self.pad, "eos": self.eos, "start": self.start}
 
 
+@dataclass
+class TokenStream:
+    """A split as tokens, and the bytes of text each token stands for. Both in the narrowest unsigned integers that
+    hold them (the bytes of a byte stream a view of the text, its sizes one broadcast 1): a byte model of enwik9
+    held 12 bytes a byte of text in int32 ids and float64 sizes."""
+    ids: object              # numpy unsigned integers (or int32)
+    token_bytes: object      # numpy, one per token; they sum to the split's bytes. None: not known (token files)
+    unknown: int = 0         # characters the tokenizer had no id for (a character tokenizer's <unk>)
+
+    def __len__(self):
+        return len(self.ids)
+
+
 class Tokenizer:
     """Text to ids and back. Sources and targets may use different sentencepiece models (MarianMT does); ids
-    come without special tokens: mtbench appends EOS and prepends the start id."""
+    come without special tokens: mtbench appends EOS and prepends the start id.
+
+    A language model's tokenizer (plugin API 1.14) answers instead `stream(data)`: the `TokenStream` of `data`
+    (bytes of UTF-8 text); `encode_text(text)`: [id, ...]; `decode_text(ids)`: the text, a replacement character
+    for what no text stands behind; and may have `stream_key`, a text that changes whenever the ids of some text
+    would, under which a split's stream is kept in the cache (for a tokenizer that takes a while)."""
     special: SpecialTokens = None
     vocab_size = 0
     fingerprint = ""  # changes whenever the ids of some text would change (keys caches, guards --resume)

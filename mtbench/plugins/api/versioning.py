@@ -32,9 +32,10 @@ and `mtbench.plugins.api` are deprecated.
 1.12: `operations()`'s optional `kinds`, a device's kernels by kind; `kinds_per_step` and `kinds_against_text` in
 `mtbench.figures`.
 1.13: `ModelFamily.initialization(config)`, the scheme a family's fresh models are drawn with (`--init`).
+1.14: `TokenStream`, and the tokenizer a language model's family brings (`stream`, `encode_text`, `decode_text`).
 """
 
-PLUGIN_API_VERSION = "1.13"
+PLUGIN_API_VERSION = "1.14"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -3,7 +3,6 @@ writes one (Helsinki-NLP's opus-mt models, for example), read from disk and neve
 evaluated as mtbench's Keras MarianMT with the checkpoint's own tokenizer."""
 
 import os
-import shutil
 
 from mtbench import ModelFamily, ModelShape, MtbenchError, hookimpl
 from mtbench.plugins.models import marian_checkpoint as checkpoint
@@ -88,10 +87,7 @@ class MarianFamily(ModelFamily):
     def save(self, path, model_shape, directory):
         """The checkpoint's config.json (and generation_config.json, where `bad_words_ids` may be), which
         `build` reads; the tokenizer saves its own files."""
-        for name in (checkpoint.CONFIG, checkpoint.GENERATION_CONFIG):
-            source, target = os.path.join(path, name), os.path.join(directory, name)
-            if os.path.isfile(source) and not (os.path.exists(target) and os.path.samefile(source, target)):
-                shutil.copyfile(source, target)
+        checkpoint.files.copy_present((checkpoint.CONFIG, checkpoint.GENERATION_CONFIG), path, directory)
         return {"checkpoint": os.path.abspath(path)}
 
     def load_saved(self, directory, description):

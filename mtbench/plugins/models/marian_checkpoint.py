@@ -4,21 +4,18 @@ Keras MarianMT (`mtbench.keras_models.marian`), and the names of its tokenizer f
 
 Nothing here imports keras, so a run can check a directory before its backend is chosen."""
 
-import importlib.util
-import json
-import os
 import re
 
 import numpy as np
 
 from mtbench import MtbenchError
+from mtbench.plugins.models import checkpoint_files as files
 
-CONFIG = "config.json"
+KIND = "MarianMT"
+CONFIG = files.CONFIG
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
-SAFETENSORS = "model.safetensors"
-TORCH_WEIGHTS = "pytorch_model.bin"
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
 VOCAB, TARGET_VOCAB = "vocab.json", "target_vocab.json"
 
@@ -36,48 +33,24 @@ def setting(config, key):
 
 
 def require_directory(directory):
-    if not os.path.isdir(directory):
-        raise MtbenchError(f"MarianMT model directory {directory} does not exist (a directory that transformers' "
-                           f"save_pretrained wrote, on local disk: nothing is downloaded)")
+    files.require_directory(directory, KIND)
 
 
 def require_file(directory, name, why=""):
     """The path of `name` in the model directory, or an error that names both."""
-    path = os.path.join(directory, name)
-    if not os.path.isfile(path):
-        raise MtbenchError(f"{name} is missing from the MarianMT model directory {directory}{why}")
-    return path
-
-
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as error:
-        raise MtbenchError(f"cannot read {path}: {error}") from None
-
-
-def _read_optional_json(directory, name):
-    path = os.path.join(directory, name)
-    return _read_json(path) if os.path.isfile(path) else {}
+    return files.require_file(directory, name, KIND, why)
 
 
 def read_config(directory):
     """The parsed config.json of a MarianMT directory."""
-    require_directory(directory)
-    config = _read_json(require_file(directory, CONFIG))
-    model_type = config.get("model_type", "marian")
-    if model_type != "marian":
-        raise MtbenchError(f"{os.path.join(directory, CONFIG)} describes a '{model_type}' model, not a MarianMT "
-                           f"(model_type 'marian')")
-    return config
+    return files.read_config(directory, KIND, "marian")
 
 
 def read_model_config(directory):
     """config.json with what decoding takes from generation_config.json, where newer transformers versions
     keep `bad_words_ids` (it wins where both files name them)."""
     config = read_config(directory)
-    generation = _read_optional_json(directory, GENERATION_CONFIG)
+    generation = files.read_optional_json(directory, GENERATION_CONFIG)
     if generation.get("bad_words_ids") is not None:
         config = {**config, "bad_words_ids": generation["bad_words_ids"]}
     return config
@@ -86,7 +59,8 @@ def read_model_config(directory):
 def read_tokenizer_config(directory):
     """tokenizer_config.json with special_tokens_map.json over it (older directories keep the special tokens
     there), or {} when neither exists: transformers then uses its defaults."""
-    return {**_read_optional_json(directory, TOKENIZER_CONFIG), **_read_optional_json(directory, SPECIAL_TOKENS_MAP)}
+    return {**files.read_optional_json(directory, TOKENIZER_CONFIG),
+            **files.read_optional_json(directory, SPECIAL_TOKENS_MAP)}
 
 
 def tokenizer_files(directory, separate_vocabs):
@@ -97,38 +71,15 @@ def tokenizer_files(directory, separate_vocabs):
 
 
 def weights_file(directory):
-    """model.safetensors, else pytorch_model.bin; an error naming both when neither is there."""
-    for name in (SAFETENSORS, TORCH_WEIGHTS):
-        path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            return path
-    raise MtbenchError(f"{SAFETENSORS} (or {TORCH_WEIGHTS}) is missing from the MarianMT model directory "
-                       f"{directory}")
+    return files.weights_file(directory, KIND)
 
 
 def check_weights_readable(directory):
-    """The weights file exists and the package that reads it is installed."""
-    path = weights_file(directory)
-    package = "safetensors" if path.endswith(SAFETENSORS) else "torch"
-    if importlib.util.find_spec(package) is None:
-        raise MtbenchError(f"reading {path} needs the package {package}, which is not installed "
-                           f"(pip install {package})")
-    return path
+    return files.check_weights_readable(directory, KIND)
 
 
 def read_state_dict(directory):
-    """{tensor name: numpy array} of the directory's weights."""
-    path = check_weights_readable(directory)
-    try:
-        if path.endswith(SAFETENSORS):
-            from safetensors.numpy import load_file
-            return load_file(path)
-        import torch
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        return {name: (tensor.float() if tensor.is_floating_point() else tensor).numpy()
-                for name, tensor in state.items()}
-    except (OSError, ValueError, RuntimeError, TypeError) as error:
-        raise MtbenchError(f"cannot read the weights {path}: {error}") from None
+    return files.read_state_dict(directory, KIND)
 
 
 _LAYER = re.compile(r"(encoder|decoder)_layer_(\d+)$")
@@ -207,14 +158,9 @@ def keras_weights(state_dict, config, model, source="the checkpoint"):
             continue
         weights[variable.path] = value
     unexpected = sorted(set(state_dict) - used - _replaced_by_ties(config))
-    problems = []
-    for label, names in (("missing", missing), ("unexpected", unexpected), ("of the wrong shape", wrong_shape)):
-        if names:
-            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-            problems.append(f"{label}: {shown}")
+    problems = files.problems_text({"missing": missing, "unexpected": unexpected, "of the wrong shape": wrong_shape})
     if problems:
-        raise MtbenchError(f"the weights of {source} do not fit its config.json as a MarianMTModel: "
-                           + "; ".join(problems))
+        raise MtbenchError(f"the weights of {source} do not fit its config.json as a MarianMTModel: {problems}")
     return weights
 
 

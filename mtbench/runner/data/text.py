@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mtbench.errors import MtbenchError
-from mtbench.plugins.api import Batch, Tokenizer
+from mtbench.plugins.api import Batch, Tokenizer, TokenStream
 from mtbench.runner.data.corpus import load_dataset_pairs, registered_dataset
 from mtbench.runner.files import read_json, write_bytes_atomic, write_json_atomic
 
@@ -92,19 +92,6 @@ def split_ranges(data):
     held_out = int(size * HELD_OUT_FRACTION)
     cuts = [character_boundary(data, cut) for cut in (size - 2 * held_out, size - held_out)]
     return {"train": (0, cuts[0]), "valid": (cuts[0], cuts[1]), "test": (cuts[1], size)}
-
-
-@dataclass
-class TokenStream:
-    """A split as tokens, and the bytes of text each token stands for. Both in the narrowest unsigned integers that
-    hold them (the bytes of a byte stream a view of the text, its sizes one broadcast 1): a byte model of enwik9
-    held 12 bytes a byte of text in int32 ids and float64 sizes."""
-    ids: np.ndarray          # unsigned integers (or int32)
-    token_bytes: np.ndarray  # one per token; they sum to the split's bytes. None: not known (token files)
-    unknown: int = 0         # characters the tokenizer had no id for (a character tokenizer's <unk>)
-
-    def __len__(self):
-        return len(self.ids)
 
 
 class ByteTokenizer(Tokenizer):

@@ -62,7 +62,7 @@ class LanguageModellingTask(Task):
         """Splits the text in order (training, validation, test), builds the tokenizer on the training split
         (unless the family brings one) and tokenizes every split; token files are split as they are."""
         if isinstance(text, TokenFiles):
-            return prepare_token_files(text, config)
+            return prepare_token_files(text, config, tokenizer)
         # Cut between characters whatever the tokenizer (the default byte one too): models of every tokenizer are
         # then scored on the same bytes, and the default is the same run as --tokenizer byte.
         ranges = split_ranges(text.data)
@@ -118,9 +118,10 @@ def check_blocks(streams, block, name, longer):
                                f"--block-size")
 
 
-def prepare_token_files(files, config):
+def prepare_token_files(files, config, family_tokenizer=None):
     """nanoGPT's splits: train.bin trains; val.bin's first half validates and its second half tests. The model's
-    vocabulary holds every id of both (`vocabulary_size`); with meta.pkl's characters each token's bytes are known
+    vocabulary holds every id of both (`vocabulary_size`), or is the tokenizer's that the model family brings (a
+    pretrained GPT-2 reading ids its own tokenizer made); with meta.pkl's characters each token's bytes are known
     (bits per byte), else they are not."""
     half = len(files.val) // 2
     ids = {"train": files.train, "valid": files.val[:half], "test": files.val[half:]}
@@ -133,9 +134,14 @@ def prepare_token_files(files, config):
     if characters is not None and largest >= len(characters):
         raise MtbenchError(f"{files.folder}: the token files hold id {largest}, which {META_FILE} gives no character "
                            f"(it has {len(characters)})")
+    family_vocabulary = None if family_tokenizer is None else family_tokenizer.vocab_size
+    if family_vocabulary is not None and largest >= family_vocabulary:
+        raise MtbenchError(f"{files.folder}: the token files hold id {largest}, past the {family_vocabulary:,} ids of "
+                           f"the model's own tokenizer")
     preset = presets_for(config.model_family[0])[config.preset]
     asked = None if config.vocab_size == preset.vocab_size else config.vocab_size
-    tokenizer = TokenIds(vocabulary_size(largest, asked, characters and len(characters)), characters)
+    tokenizer = TokenIds(vocabulary_size(largest, asked, characters and len(characters) or family_vocabulary),
+                         characters)
     widths = None if characters is None else utf8_widths(characters)
     streams = {split: TokenStream(split_ids, None if widths is None else TokenWidths(split_ids, widths))
                for split, split_ids in ids.items()}
@@ -213,6 +219,13 @@ class LanguageModelEvaluator(Evaluator):
         tokens = continuation(self.logits, ids, self.config.max_len, self.config.sample_tokens,
                               SAMPLE_TEMPERATURE, SAMPLE_TOP_K, np.random.default_rng(self.config.seed))
         return prompt + tokenizer.decode_text(tokens)
+
+    def before_training(self):
+        """The test figures of the starting weights (a pretrained model's, before it is fine-tuned): what the run's
+        test figures are held against."""
+        scores = self.scores("test")
+        return {figure: scores[f"test_{figure}"] for figure in
+                ("loss", "perplexity", "bits_per_byte", "tokens_evaluated", "bytes_evaluated")} | {"split": "test"}
 
     def evaluate(self, phase):
         metrics = {}

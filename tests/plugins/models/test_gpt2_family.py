@@ -1,0 +1,218 @@
+"""Fine-tuning a pretrained GPT-2 checkpoint (`--model gpt2:DIR`) against transformers' own GPT-2 on a tiny random
+checkpoint that transformers wrote: the same token ids as its GPT2Tokenizer, the same logits from the loaded
+weights, the same test loss before training on both backends (held to its loss over the same text); a comparison
+of both backends fine-tuning it, held to the parity check; the fine-tuned model kept and scoring the run's test
+text on the other backend; bad checkpoints and options end in one line."""
+
+import json
+import os
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import assert_refused_in_one_line, run_cli
+from gpt2_fixture import build_checkpoint, transformers_windows_loss
+
+BLOCK = 32
+FINE_TUNE = ["--data", None, "--block-size", str(BLOCK), "--batch-size", "8", "--steps", "12", "--valid-size", "4",
+             "--test-size", "100000", "--learning-rate", "1e-3", "--warmup-steps", "2", "--report", "none",
+             "--dtype", "float32"]  # float32 on a GPU too: the losses are held to transformers' in float32
+# Contractions, digits, runs of spaces and tabs, non-ASCII letters and symbols: each rule of GPT-2's word pattern.
+TRICKY = ("It's 12,345 o'clock; we'll  see.\n\n\tThey'd  said:  «Où est-il?»   日本語  \n  end  ")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, cache_dir):
+    from mtbench.plugins.datasets.bible_dataset import BibleDataset
+    from mtbench.runner.data.corpus import load_dataset_pairs
+    directory = tmp_path_factory.mktemp("gpt2")
+    lines = [source for source, _ in load_dataset_pairs(BibleDataset("en", "fr"), cache_dir,
+                                                        progress=lambda done, total: None)[:600]]
+    text = directory / "verses.txt"
+    text.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return {"model": build_checkpoint(str(directory / "gpt2-tiny"), lines), "text": str(text),
+            "directory": directory}
+
+
+def fine_tune_args(checkpoint):
+    return ["--model", f"gpt2:{checkpoint['model']}", *[checkpoint["text"] if a is None else a for a in FINE_TUNE]]
+
+
+def test_the_tokenizer_makes_transformers_ids_and_each_tokens_bytes(checkpoint):
+    from transformers import GPT2Tokenizer as TransformersTokenizer
+
+    from mtbench.plugins.models.gpt2_tokenizer import GPT2Tokenizer
+    directory = checkpoint["model"]
+    theirs = TransformersTokenizer(os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt"))
+    ours = GPT2Tokenizer(directory)
+    with open(checkpoint["text"], encoding="utf-8") as f:
+        text = f.read()[:20000] + TRICKY
+    stream = ours.stream(text.encode("utf-8"))
+    expected = theirs(text)["input_ids"]
+    assert len(expected) > 3000 and stream.ids.tolist() == expected
+    assert ours.encode_text(TRICKY) == theirs(TRICKY)["input_ids"]
+    # Each token stands for whole bytes: their counts sum to the text's, and decoding gives the text back.
+    assert int(stream.token_bytes.sum()) == len(text.encode("utf-8"))
+    assert [len(theirs.convert_tokens_to_string([t]).encode("utf-8")) for t in
+            theirs.convert_ids_to_tokens(expected[:500])] == stream.token_bytes[:500].tolist()
+    assert ours.decode_text(stream.ids) == text
+
+
+def test_the_loaded_weights_compute_transformers_logits_and_need_its_gelu(checkpoint):
+    """On JAX here (the test process's backend); torch's are held to transformers' by the comparison below."""
+    import keras
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.models.gpt2 import GPT2Family
+    family, directory = GPT2Family(), checkpoint["model"]
+    ids = np.random.default_rng(0).integers(0, 400, (2, BLOCK)).astype(np.int32)
+    with torch.no_grad():
+        expected = GPT2LMHeadModel.from_pretrained(directory).eval()(torch.tensor(ids, dtype=torch.long)).logits
+    config = SimpleNamespace(max_len=BLOCK, model=GPT_PRESETS["tiny"], data_file=checkpoint["text"])
+    run = SimpleNamespace(config=config, model_options={})
+    model, shape = family.build(run, directory, family.tokenizer(directory, config), BLOCK)
+    assert (shape.d_model, shape.decoder_layers, shape.num_heads, shape.ff_dim, shape.vocab_size, shape.max_len) == \
+        (32, 2, 2, 128, 400, BLOCK)
+    weights = family.pretrained_weights(directory, model)
+    for variable in model.weights:
+        variable.assign(weights[variable.path])
+    logits = keras.ops.convert_to_numpy(model(ids))
+    assert np.abs(expected.numpy()).max() > 3  # far from uniform: a wrong weight shows
+    np.testing.assert_allclose(logits, expected.numpy(), atol=1e-4, rtol=1e-4)
+    for block in model.blocks:  # the exact GELU instead of GPT-2's approximation: measurably other logits
+        block.mlp.hidden.activation = keras.activations.gelu
+    assert np.abs(keras.ops.convert_to_numpy(model(ids)) - expected.numpy()).max() > 1e-3
+
+
+@pytest.fixture(scope="module")
+def compared(checkpoint, cache_dir):
+    out = checkpoint["directory"] / "compare.json"
+    proc = run_cli("compare", "--matrix", "jax;torch", *fine_tune_args(checkpoint), "--cache-dir", cache_dir,
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_both_backends_start_from_transformers_loss_and_fine_tune_alike(compared, checkpoint):
+    results = [run["result"] for run in compared["runs"]]
+    assert compared["parity"]["passed"] and compared["parity"]["pairs"], compared["parity"]
+    start, end = results[0]["data"]["byte_ranges"]["test"]
+    with open(checkpoint["text"], "rb") as f:
+        test_text = f.read()[start:end].decode("utf-8")
+    expected_loss, predicted, first_bytes = transformers_windows_loss(checkpoint["model"], test_text, BLOCK)
+    for result in results:
+        assert result["model"]["family"] == "gpt2" and result["model"]["init"] == "pretrained"
+        assert result["data"]["tokenizer"]["type"] == "gpt2-bpe"
+        before = result["model"]["before_training"]
+        assert before["tokens_evaluated"] == predicted and before["bytes_evaluated"] == end - start - first_bytes
+        assert before["loss"] == pytest.approx(expected_loss, rel=1e-5)
+        assert result["metrics"]["test_loss"] < before["loss"]  # fine-tuning learnt the text
+
+
+@pytest.mark.slow
+def test_the_fine_tuned_model_scores_the_runs_test_text_on_the_other_backend(compared, tmp_path):
+    torch_run = next(run for run in compared["runs"] if run["result"]["backend"] == "torch")
+    result = torch_run["result"]
+    assert {"config.json", "vocab.json", "merges.txt", "weights.npz"} <= set(os.listdir(result["model"]["saved"]))
+    start, end = result["data"]["byte_ranges"]["test"]
+    with open(result["config"]["data_file"], "rb") as f:
+        (tmp_path / "test.txt").write_bytes(f.read()[start:end])
+    proc = run_cli("evaluate", torch_run["result_file"], "--test", str(tmp_path / "test.txt"), "--backend", "jax",
+                   "--out", str(tmp_path / "scores.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    assert scores["loss"] == pytest.approx(result["metrics"]["test_loss"], rel=1e-5)
+    proc = run_cli("generate", torch_run["result_file"], "--prompt", "In the beginning", "--max-new-tokens", "5",
+                   "--temperature", "0", "--backend", "jax")
+    assert proc.returncode == 0 and proc.stdout.startswith("In the beginning"), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("breakage, args, message", [
+    ("no-directory", [], "GPT-2 model directory"),
+    ("merges.txt", [], "merges.txt is missing from the GPT-2 model directory"),
+    ("model.safetensors", [], "model.safetensors (or pytorch_model.bin) is missing"),
+    ("gelu-exact-is-fine-but-relu-is-not", [], "activation_function 'relu' is not implemented by mtbench's GPT"),
+    ("marian-config", [], "describes a 'marian' model, not a GPT-2"),
+    (None, ["--d-model", "64"], "--d-model: a pretrained model's size comes from its config.json"),
+    (None, ["--tokenizer", "char"], "--tokenizer char: a GPT-2 checkpoint reads text with its own BPE"),
+    (None, ["--block-size", "65"], "--block-size 65 is longer than the 64 positions of the pretrained model"),
+    (None, ["--init", "gpt2"], "--init gpt2: --model gpt2 starts from its checkpoint's weights"),
+    ("characters", [], "holds meta.pkl: its token files are a character-level text's ids, not GPT-2's tokens"),
+])
+def test_a_bad_checkpoint_or_option_is_one_line(checkpoint, tmp_path, breakage, args, message):
+    model = checkpoint["model"]
+    if breakage == "characters":
+        folder = write_token_files(tmp_path / "chars", [1, 2, 3] * 100)
+        (tmp_path / "chars" / "meta.pkl").write_bytes(b"")
+        args = ["--data", folder]
+    elif breakage == "no-directory":
+        model = str(tmp_path / "missing")
+    elif breakage is not None:
+        model = str(tmp_path / "broken")
+        shutil.copytree(checkpoint["model"], model)
+        config_file = os.path.join(model, "config.json")
+        config = json.loads(open(config_file).read())
+        if breakage.endswith("relu-is-not"):
+            config["activation_function"] = "relu"
+        elif breakage == "marian-config":
+            config["model_type"] = "marian"
+        else:
+            os.remove(os.path.join(model, breakage))
+        open(config_file, "w").write(json.dumps(config))
+    proc = run_cli("train", *fine_tune_args(checkpoint)[2:], "--model", f"gpt2:{model}", *args,
+                   "--out", str(tmp_path / "r.json"))
+    assert_refused_in_one_line(proc, message)
+    assert not (tmp_path / "r.json").exists()
+
+
+def write_token_files(folder, ids):
+    """nanoGPT's token files of `ids`: nine tenths train.bin, the rest val.bin (its `prepare.py`'s split)."""
+    os.makedirs(folder)
+    cut = len(ids) * 9 // 10
+    np.asarray(ids[:cut], np.uint16).tofile(os.path.join(folder, "train.bin"))
+    np.asarray(ids[cut:], np.uint16).tofile(os.path.join(folder, "val.bin"))
+    return str(folder)
+
+
+def test_token_files_of_its_tokenizers_ids_train_with_its_vocabulary_and_others_are_refused(checkpoint, tmp_path,
+                                                                                                 cache_dir):
+    """nanoGPT's `finetune_shakespeare.py` reads GPT-2's ids from token files: their vocabulary is the checkpoint's
+    tokenizer's (token files alone would round their largest id up to a multiple of 64); an id past it is refused."""
+    from mtbench.plugins.models.gpt2_tokenizer import GPT2Tokenizer
+    with open(checkpoint["text"], "rb") as f:
+        ids = GPT2Tokenizer(checkpoint["model"]).stream(f.read()).ids.tolist()
+    folder = write_token_files(tmp_path / "tokens", ids)
+    args = [*fine_tune_args(checkpoint)[2:], "--model", f"gpt2:{checkpoint['model']}", "--data", folder,
+            "--steps", "2", "--cache-dir", cache_dir]
+    proc = run_cli("train", *args, "--backend", "torch", "--step", "eager", "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["data"]["tokenizer"]["vocab_size"] == result["model"]["vocab_size"] == 400
+    assert result["data"]["largest_id"] == max(ids)  # alone, the files would make a vocabulary of 448
+    assert result["model"]["before_training"]["tokens_evaluated"] > 0
+    past = write_token_files(tmp_path / "past", ids[:-1] + [400])
+    proc = run_cli("train", *args, "--data", past, "--out", str(tmp_path / "p.json"))
+    assert_refused_in_one_line(proc, "the token files hold id 400, past the 400 ids of the model's own tokenizer")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_weights_that_do_not_fit_are_named(checkpoint):
+    from safetensors.numpy import load_file
+
+    from mtbench import MtbenchError
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import ModelPreset
+    from mtbench.plugins.models.gpt2_checkpoint import keras_weights
+    state = load_file(os.path.join(checkpoint["model"], "model.safetensors"))
+    model = build_gpt(ModelPreset(d_model=32, num_heads=2, encoder_layers=0, decoder_layers=2, ff_dim=128,
+                                  vocab_size=400, max_len=BLOCK))
+    assert len(keras_weights(state, model)) == len(model.weights)
+    del state["transformer.h.1.mlp.c_fc.bias"]
+    state["transformer.h.2.ln_1.weight"] = np.ones(32, np.float32)
+    with pytest.raises(MtbenchError, match=r"missing: h\.1\.mlp\.c_fc\.bias; unexpected: h\.2\.ln_1\.weight"):
+        keras_weights(state, model)
