@@ -1,6 +1,8 @@
 """The terminal reporters of one run: `summary`, `train`'s default, the figures a person reads first in a few
 lines; `table`, every figure of the run in one rich table (`mtbench report RESULT --report table`)."""
 
+import os
+
 from rich.table import Table
 
 from mtbench import Reporter, hookimpl
@@ -76,8 +78,7 @@ def result_rows(result):
         ("run", "device", f"{device.get('kind')}: {device.get('name')}, {result['devices_used']} of "
                           f"{device.get('count')} used"),
         ("run", "versions", f"keras {env['keras']}, jax {env['jax']}, torch {env['torch']}"),
-        ("run", "corpus / preset", f"{result['data']['corpus']} / {cfg['preset']} "
-                                   f"({_size(cfg)}{result['model']['parameters']:,} parameters), {run_dtype(result)}"),
+        ("run", "corpus / preset", f"{result['data']['corpus']} / {_model_text(result)}, {run_dtype(result)}"),
         ("run", "steps x batch", f"{t['steps']} x {batch_text(cfg)}"),
         ("run", "train step", train_step_text(result)),
         ("run", "host waits per step", host_syncs_text(result)),
@@ -160,9 +161,15 @@ def _training_memory(result):
     return f"{peaks} MiB (since {training['peak_since']})"
 
 
-def _size(config):
+def _model_text(result):
+    """'small (d-model=128; 1,234 parameters)', or for a pretrained model, whose size is its checkpoint's and not
+    the preset's, 'small (checkpoint gpt2-medium: 354,823,168 parameters)'."""
+    config, model = result["config"], result["model"]
+    parameters = f"{model['parameters']:,} parameters"
+    if model.get("path"):
+        return f"{config['preset']} (checkpoint {os.path.basename(os.path.normpath(model['path']))}: {parameters})"
     size = size_label(config)
-    return f"{size}; " if size else ""
+    return f"{config['preset']} ({size + '; ' if size else ''}{parameters})"
 
 
 def _energy(energy):
@@ -261,7 +268,7 @@ def summary_lines(result):
     if result["metrics"].get("skipped"):
         quality = result["metrics"]["skipped"]
     lines = [
-        f"{run_label(result)} {status}: {config['preset']} ({result['model']['parameters']:,} parameters), "
+        f"{run_label(result)} {status}: {_model_text(result)}, "
         f"{run_dtype(result)}, {timing['steps']} steps x {batch_text(config)}, on {device.get('kind')} "
         f"{device.get('name')} ({_devices_text(result)})",
         f"  ran       {train_step_text(result)} step; attention {attention_text(result)}; float32 matmuls "

@@ -189,10 +189,13 @@ def test_token_files_of_its_tokenizers_ids_train_with_its_vocabulary_and_others_
     folder = write_token_files(tmp_path / "tokens", ids)
     args = [*fine_tune_args(checkpoint)[2:], "--model", f"gpt2:{checkpoint['model']}", "--data", folder,
             "--steps", "2", "--cache-dir", cache_dir]
-    proc = run_cli("train", *args, "--backend", "torch", "--step", "eager", "--out", str(tmp_path / "r.json"))
+    summary = [{"none": "summary"}.get(arg, arg) for arg in args]  # the reporter that prints the run's size
+    proc = run_cli("train", *summary, "--backend", "torch", "--step", "eager", "--out", str(tmp_path / "r.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["data"]["tokenizer"]["vocab_size"] == result["model"]["vocab_size"] == 400
+    # Its size is the checkpoint's, not --preset's, and the summary says so.
+    assert f"(checkpoint gpt2-tiny: {result['model']['parameters']:,} parameters)" in proc.stdout
     assert result["data"]["largest_id"] == max(ids)  # alone, the files would make a vocabulary of 448
     assert result["model"]["before_training"]["tokens_evaluated"] > 0
     past = write_token_files(tmp_path / "past", ids[:-1] + [400])
