@@ -6,6 +6,7 @@ as mtbench's Keras GPT, which is GPT-2's architecture, with the checkpoint's own
 import os
 
 from mtbench import ModelFamily, ModelShape, MtbenchError, hookimpl
+from mtbench.keras_models.presets import GPT_PRESETS
 from mtbench.plugins.models import gpt2_checkpoint as checkpoint
 from mtbench.plugins.models.gpt import GPTFamily
 from mtbench.plugins.models.gpt2_tokenizer import MERGES, VOCAB, GPT2Tokenizer, read_vocabulary
@@ -45,6 +46,9 @@ class GPT2Family(ModelFamily):
         if flags:
             raise MtbenchError(f"{', '.join(flags)}: a pretrained model's size comes from its config.json "
                                f"({os.path.join(path, checkpoint.CONFIG)}); leave out the size flags")
+        if config.vocab_size != GPT_PRESETS[config.preset].vocab_size:  # given: the preset's is the default
+            raise MtbenchError(f"--vocab-size {config.vocab_size}: a GPT-2 checkpoint's vocabulary is its own "
+                               f"({checkpoint.setting(model_config, 'vocab_size'):,} tokens); leave --vocab-size out")
         if config.tokenizer is not None:
             raise MtbenchError(f"--tokenizer {config.tokenizer}: a GPT-2 checkpoint reads text with its own BPE "
                                f"tokenizer ({VOCAB}, {MERGES}); leave --tokenizer out")
