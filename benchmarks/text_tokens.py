@@ -1,8 +1,10 @@
 """Tokenizing a language model's text: mtbench's character and sentencepiece streams against the per-token Python
 each would be written as first (a dictionary lookup per character; sentencepiece's offsets read from its protos for
-every line), and reading a stream that an earlier run kept under --cache-dir.
+every line), and reading a stream that an earlier run kept under --cache-dir. With --gpt2 DIR, a GPT-2 checkpoint's
+BPE (`--model gpt2:DIR`) against transformers' own GPT2Tokenizer of the same files (each token's bytes from its
+text).
 
-    python benchmarks/text_tokens.py [--data FILE.txt] [--copies 8 --vocab-size 2000 --repeats 3]
+    python benchmarks/text_tokens.py [--data FILE.txt] [--copies 8 --vocab-size 2000 --repeats 3] [--gpt2 DIR]
 
 Without --data, the source side of the built-in corpus (the English Bible, 4 MB), --copies times over. Both ways
 give the same tokens and bytes per token (checked here, and in the tests); the figures are seconds per MB of text.
@@ -43,6 +45,19 @@ def per_piece(tokenizer, data):
     return TokenStream(np.array(ids[:-1], np.int32), np.diff(edges))
 
 
+def per_word_in_transformers(tokenizer, data):
+    """transformers' GPT2Tokenizer (its Python BPE, a word at a time) of the checkpoint's files."""
+    from transformers import GPT2Tokenizer
+
+    from mtbench.runner.data.text import TokenStream
+    theirs = GPT2Tokenizer(os.path.join(tokenizer.directory, "vocab.json"),
+                           os.path.join(tokenizer.directory, "merges.txt"))
+    ids = theirs(data.decode("utf-8"))["input_ids"]
+    widths = [len(theirs.convert_tokens_to_string([token]).encode("utf-8"))
+              for token in theirs.convert_ids_to_tokens(ids)]
+    return TokenStream(np.array(ids, np.int32), np.array(widths, np.float64))
+
+
 def timed(fn, repeats):
     seconds = []
     for _ in range(repeats):
@@ -58,6 +73,7 @@ def main():
     parser.add_argument("--copies", type=int, default=8, help="copies of the built-in text, one after another")
     parser.add_argument("--vocab-size", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gpt2", metavar="DIR", help="a GPT-2 checkpoint directory (vocab.json, merges.txt)")
     args = parser.parse_args()
     if args.data:
         with open(args.data, "rb") as f:
@@ -72,8 +88,13 @@ def main():
     print(f"{'tokenizer':<14} {'tokens':>12} {'per token':>10} {'mtbench':>9} {'kept':>7} {'ratio':>7}  same tokens")
     summary = {"text_mb": megabytes, "repeats": args.repeats}
     with tempfile.TemporaryDirectory(prefix="mtbench-text-tokens-") as cache_dir:
-        for kind, first_way in (("char", per_character), ("sentencepiece", per_piece)):
-            tokenizer = text_tokenizer(kind, data, args.vocab_size, cache_dir)
+        kinds = [("char", per_character), ("sentencepiece", per_piece)]
+        for kind, first_way in kinds + ([("gpt2-bpe", per_word_in_transformers)] if args.gpt2 else []):
+            if kind == "gpt2-bpe":
+                from mtbench.plugins.models.gpt2_tokenizer import GPT2Tokenizer
+                tokenizer = GPT2Tokenizer(args.gpt2)
+            else:
+                tokenizer = text_tokenizer(kind, data, args.vocab_size, cache_dir)
             slow, expected = timed(lambda: first_way(tokenizer, data), args.repeats)
             fast, stream = timed(lambda: tokenizer.stream(data), args.repeats)
             same = (np.array_equal(stream.ids, expected.ids) and stream.unknown == expected.unknown

@@ -51,7 +51,7 @@ GPT_PRESETS = {
                               vocab_size=50304, max_len=1024, byte_vocab_size=50304),
 }
 # The built-in families' presets; any other family's run takes the translation presets' names. A pretrained GPT-2
-# (`--model gpt2:DIR`) takes the GPT presets' block, batch and steps; its size is its checkpoint's.
+# (`--model gpt2:DIR`) takes the GPT presets' block, steps and dropout; its size is its checkpoint's.
 PRESETS_BY_FAMILY = {"gpt": GPT_PRESETS, "gpt2": GPT_PRESETS}
 
 
