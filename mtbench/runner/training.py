@@ -66,6 +66,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     energy = EnergyMeter(*open_counter(run.device, local_devices(run)))  # once the extras know their devices
     if built.starts_pretrained and not config.measure_only:
         with stopwatch.phase("evaluate_pretrained"):
+            # As before a validation: a step that holds the weights split or itself gives the model whole ones.
+            built.train_step.finalize()
             built.before_training = built.evaluator.before_training()
 
     run_dir.begin(config.out)  # after every check that could refuse the run: --overwrite's earlier files go now

@@ -458,7 +458,7 @@ class TorchSharding:
         self.sharded = [(variable, shard) for unit in self.units for variable, _, _, shard in unit.held]
         self.model, self.mesh, self.moments = model, mesh, []
         self.distributed = False  # whether the variables hold their shards with FSDP's hooks on
-        self.hold_shards()  # the whole tensors the variables held are freed
+        self.hold_distributed()  # the whole tensors the variables held are freed; `hold_full` undoes it
 
     def shard_moments(self, optimizer):
         """Lays the Keras optimizer's moment variables out as their parameters are (a resumed run's moments

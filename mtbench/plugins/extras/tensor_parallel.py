@@ -114,14 +114,15 @@ def plan_record(plan, heads, parts):
 
 # The model families whose every block `megatron_plan` splits whole (Marian's blocks hold their feed-forward's
 # Dense layers themselves: only its attention would be split).
-SPLIT_FAMILIES = ("transformer", "gpt")
+SPLIT_FAMILIES = ("transformer", "gpt", "gpt2")
 
 
 def family_reason(config):
     """Why the run's model family cannot be split, or None."""
     family = config.model_family[0]
     if family not in SPLIT_FAMILIES:
-        return f"splits the blocks of mtbench's {' and '.join(SPLIT_FAMILIES)} models, not '{family}'"
+        return f"splits the blocks of mtbench's {', '.join(SPLIT_FAMILIES[:-1])} and {SPLIT_FAMILIES[-1]} models, not " \
+               f"'{family}'"
     return None
 
 

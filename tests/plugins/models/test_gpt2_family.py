@@ -132,6 +132,22 @@ def test_the_fine_tuned_model_scores_the_runs_test_text_on_the_other_backend(com
     assert proc.returncode == 0 and proc.stdout.startswith("In the beginning"), proc.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_torch_splits_and_shards_the_checkpoint_after_scoring_it_whole(checkpoint, cache_dir, tmp_path):
+    """A fresh run of a pretrained model scores the checkpoint before its first step: under tensor parallelism and
+    FSDP on torch, with the weights whole (they were split or sharded when the step was built), then trains them
+    split or sharded as one device does."""
+    out = tmp_path / "split.json"
+    proc = run_cli("compare", "--matrix", "jax;torch+tensor-parallel@2;torch+fsdp@2", *fine_tune_args(checkpoint),
+                   "--test-size", "4", "--steps", "6", "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    compared = json.loads(out.read_text())
+    assert compared["parity"]["passed"] and len(compared["parity"]["pairs"]) == 2, compared["parity"]
+    before = [run["result"]["model"]["before_training"]["loss"] for run in compared["runs"]]
+    assert before[1:] == pytest.approx([before[0]] * 2, rel=1e-5)
+    assert {"tensor-parallel", "fsdp"} <= {extra for run in compared["runs"] for extra in run["result"]["extras"]}
+
+
 @pytest.mark.parametrize("breakage, args, message", [
     ("no-directory", [], "GPT-2 model directory"),
     ("merges.txt", [], "merges.txt is missing from the GPT-2 model directory"),
