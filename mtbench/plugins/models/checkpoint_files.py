@@ -14,6 +14,9 @@ from mtbench import MtbenchError
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
 TORCH_WEIGHTS = "pytorch_model.bin"
+# The size flags a pretrained model cannot take (its size is its config.json's): config field -> flag.
+SIZE_FLAGS = {"layers": "--layers", "encoder_layers": "--encoder-layers", "decoder_layers": "--decoder-layers",
+              "d_model": "--d-model", "heads": "--heads", "ff_dim": "--ff-dim"}
 
 
 def require_directory(directory, kind):
@@ -52,6 +55,14 @@ def read_config(directory, kind, model_type):
         raise MtbenchError(f"{os.path.join(directory, CONFIG)} describes a '{found}' model, not a {kind} "
                            f"(model_type '{model_type}')")
     return config
+
+
+def refuse_size_flags(directory, config):
+    """A pretrained model's size is its checkpoint's: the size flags given are refused in one line."""
+    flags = [flag for field, flag in SIZE_FLAGS.items() if getattr(config, field, None) is not None]
+    if flags:
+        raise MtbenchError(f"{', '.join(flags)}: a pretrained model's size comes from its config.json "
+                           f"({os.path.join(directory, CONFIG)}); leave out the size flags")
 
 
 def weights_file(directory, kind):

@@ -11,9 +11,6 @@ from mtbench.plugins.models import gpt2_checkpoint as checkpoint
 from mtbench.plugins.models.gpt import GPTFamily
 from mtbench.plugins.models.gpt2_tokenizer import MERGES, VOCAB, GPT2Tokenizer, read_vocabulary
 
-# The size flags a pretrained model cannot take (its size is its config.json's): config field -> flag.
-SIZE_FLAGS = {"layers": "--layers", "encoder_layers": "--encoder-layers", "decoder_layers": "--decoder-layers",
-              "d_model": "--d-model", "heads": "--heads", "ff_dim": "--ff-dim"}
 TOKEN_FILES = ("train.bin", "val.bin")
 CHARACTERS_FILE = "meta.pkl"  # a character-level folder's: its ids are characters, not GPT-2's tokens
 
@@ -42,10 +39,7 @@ class GPT2Family(ModelFamily):
         model_config = checkpoint.read_config(path)
         checkpoint.files.check_weights_readable(path, checkpoint.KIND)
         read_vocabulary(path)
-        flags = [flag for field, flag in SIZE_FLAGS.items() if getattr(config, field, None) is not None]
-        if flags:
-            raise MtbenchError(f"{', '.join(flags)}: a pretrained model's size comes from its config.json "
-                               f"({os.path.join(path, checkpoint.CONFIG)}); leave out the size flags")
+        checkpoint.files.refuse_size_flags(path, config)
         if config.vocab_size != GPT_PRESETS[config.preset].vocab_size:  # given: the preset's is the default
             raise MtbenchError(f"--vocab-size {config.vocab_size}: a GPT-2 checkpoint's vocabulary is its own "
                                f"({checkpoint.setting(model_config, 'vocab_size'):,} tokens); leave --vocab-size out")

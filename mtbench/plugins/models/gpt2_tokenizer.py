@@ -9,12 +9,12 @@ of `merges.txt` until none of its pairs is listed. Each token stands for whole b
 import array
 import hashlib
 import json
-import os
 
 import numpy as np
 
 from mtbench import MtbenchError, Tokenizer, TokenStream
-from mtbench.plugins.models.checkpoint_files import copy_present
+from mtbench.plugins.models.checkpoint_files import copy_present, require_file
+from mtbench.plugins.models.gpt2_checkpoint import KIND
 
 VOCAB, MERGES = "vocab.json", "merges.txt"
 # GPT-2's pre-tokenizer (`encoder.py`): contractions, letters, digits, other symbols, each with one space before
@@ -32,26 +32,28 @@ def byte_symbols():
 
 
 def read_vocabulary(directory):
-    """(the token -> id map, the merges' ranks {(left, right): rank}) of a checkpoint directory."""
-    paths = {name: os.path.join(directory, name) for name in (VOCAB, MERGES)}
-    for name, path in paths.items():
-        if not os.path.isfile(path):
-            raise MtbenchError(f"{name} is missing from the GPT-2 model directory {directory} (its BPE tokenizer: "
-                               f"{VOCAB} and {MERGES})")
+    """(the token -> id map, the merges' ranks {(left, right): rank}, a digest of both files) of a checkpoint
+    directory."""
+    why = f" (its BPE tokenizer: {VOCAB} and {MERGES})"
+    paths = {name: require_file(directory, name, KIND, why) for name in (VOCAB, MERGES)}
+    digest, texts = hashlib.sha256(), {}
     try:
-        with open(paths[VOCAB], encoding="utf-8") as f:
-            vocabulary = json.load(f)
-        with open(paths[MERGES], encoding="utf-8") as f:
-            lines = [line.rstrip("\n") for line in f]
+        for name, path in paths.items():
+            with open(path, "rb") as f:
+                data = f.read()
+            digest.update(data)
+            texts[name] = data.decode("utf-8")
+        vocabulary = json.loads(texts[VOCAB])
     except (OSError, ValueError) as error:
         raise MtbenchError(f"cannot read the GPT-2 tokenizer in {directory}: {error}") from None
     if not isinstance(vocabulary, dict) or not all(isinstance(i, int) for i in vocabulary.values()):
         raise MtbenchError(f"{paths[VOCAB]}: not a map of tokens to ids")
-    pairs = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+    # splitlines: the vocabulary's symbols (U+0021 to U+0143) hold no line break of its own.
+    pairs = [tuple(line.split(" ")) for line in texts[MERGES].splitlines() if line and not line.startswith("#version")]
     malformed = next((pair for pair in pairs if len(pair) != 2), None)
     if malformed is not None:
         raise MtbenchError(f"{paths[MERGES]}: '{' '.join(malformed)}' is not a pair of symbols")
-    return vocabulary, {pair: rank for rank, pair in enumerate(pairs)}
+    return vocabulary, {pair: rank for rank, pair in enumerate(pairs)}, digest.hexdigest()
 
 
 class GPT2Tokenizer(Tokenizer):
@@ -60,28 +62,24 @@ class GPT2Tokenizer(Tokenizer):
     def __init__(self, directory):
         import regex
         self.directory = directory
-        self.vocabulary, self.ranks = read_vocabulary(directory)
+        self.vocabulary, self.ranks, digest = read_vocabulary(directory)
         self.vocab_size = max(self.vocabulary.values()) + 1
         self.tokens = {i: token for token, i in self.vocabulary.items()}
         self.symbols = byte_symbols()
         self.bytes_of_symbol = {symbol: byte for byte, symbol in self.symbols.items()}
         self.word_pattern = regex.compile(WORD_PATTERN)
         self.word_ids = {}  # each distinct word's ids, as `encoder.py` caches them
-        digest = hashlib.sha256()
-        for name in (VOCAB, MERGES):
-            with open(os.path.join(directory, name), "rb") as f:
-                digest.update(f.read())
-        self.fingerprint = f"gpt2-bpe-{digest.hexdigest()[:16]}"
+        self.fingerprint = f"gpt2-bpe-{digest[:16]}"
         self.stream_key = self.fingerprint
 
     def _merge(self, word):
         """The symbols of `word` (a tuple of one-character strings) merged pair by pair, the lowest rank first."""
         while len(word) > 1:
-            ranked = [(self.ranks.get(pair, None), index) for index, pair in enumerate(zip(word, word[1:]))]
-            ranked = [(rank, index) for rank, index in ranked if rank is not None]
+            ranked = [(self.ranks[pair], index) for index, pair in enumerate(zip(word, word[1:])) if pair in self.ranks]
             if not ranked:
                 break
-            pair = word[min(ranked)[1]], word[min(ranked)[1] + 1]
+            first = min(ranked)[1]
+            pair = word[first], word[first + 1]
             merged, index = [], 0
             while index < len(word):
                 if index < len(word) - 1 and (word[index], word[index + 1]) == pair:

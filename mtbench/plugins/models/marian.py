@@ -9,9 +9,6 @@ from mtbench.plugins.models import marian_checkpoint as checkpoint
 from mtbench.plugins.models.marian_tokenizer import MarianTokenizer
 from mtbench.plugins.models.transformer import ENCODER_DECODER_ATTENTION, TransformerFamily
 
-# The size flags a pretrained model cannot take (its size is its config.json's): config field -> flag.
-SIZE_FLAGS = {"layers": "--layers", "encoder_layers": "--encoder-layers", "decoder_layers": "--decoder-layers",
-              "d_model": "--d-model", "heads": "--heads", "ff_dim": "--ff-dim"}
 
 
 class MarianFamily(ModelFamily):
@@ -29,10 +26,7 @@ class MarianFamily(ModelFamily):
         checkpoint.check_weights_readable(path)
         separate_vocabs = bool(checkpoint.read_tokenizer_config(path).get("separate_vocabs", False))
         checkpoint.tokenizer_files(path, separate_vocabs)
-        flags = [flag for field, flag in SIZE_FLAGS.items() if getattr(config, field, None) is not None]
-        if flags:
-            raise MtbenchError(f"{', '.join(flags)}: a pretrained model's size comes from its config.json "
-                               f"({os.path.join(path, checkpoint.CONFIG)}); leave out the size flags")
+        checkpoint.files.refuse_size_flags(path, config)
         positions = checkpoint.setting(model_config, "max_position_embeddings")
         if config.max_len > positions:
             raise MtbenchError(f"--max-len {config.max_len} is longer than the {positions} positions of the "
