@@ -52,7 +52,9 @@ class Tokenizer:
     A language model's tokenizer (plugin API 1.14) answers instead `stream(data)`: the `TokenStream` of `data`
     (bytes of UTF-8 text); `encode_text(text)`: [id, ...]; `decode_text(ids)`: the text, a replacement character
     for what no text stands behind; and may have `stream_key`, a text that changes whenever the ids of some text
-    would, under which a split's stream is kept in the cache (for a tokenizer that takes a while)."""
+    would, under which a split's stream is kept in the cache (for a tokenizer that takes a while); and (1.15)
+    `bytes_per_id()`: numpy integers, one per id, the bytes of text each stands for, which gives a run on token
+    files (ids alone) bits per byte."""
     special: SpecialTokens = None
     vocab_size = 0
     fingerprint = ""  # changes whenever the ids of some text would change (keys caches, guards --resume)

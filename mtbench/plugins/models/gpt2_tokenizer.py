@@ -122,6 +122,14 @@ class GPT2Tokenizer(Tokenizer):
                            if ids else np.zeros(0, np.uint16),
                            widths.astype(np.min_scalar_type(int(widths.max()) if len(widths) else 0)))
 
+    def bytes_per_id(self):
+        """The bytes of text each id stands for (a token's symbols: one a byte; none for an id with no token), for
+        bits per byte on token files, which hold ids alone."""
+        widths = np.zeros(self.vocab_size, np.uint16)
+        for i, token in self.tokens.items():
+            widths[i] = len(token)
+        return widths
+
     def decode_text(self, ids):
         # An id past the tokenizer's (a row a padded embedding adds) stands for no bytes: the replacement character.
         pieces = [bytes(self.bytes_of_symbol[symbol] for symbol in self.tokens[i]) if i in self.tokens

@@ -7,6 +7,8 @@ import math
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
 from mtbench.keras_models.presets import presets_for
 from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, evaluation_batches,
@@ -42,12 +44,9 @@ class LanguageModellingTask(Task):
             raise MtbenchError(f"unknown --tokenizer '{config.tokenizer}'; choose one of {', '.join(TOKENIZERS)}")
         kind, preset = config.tokenizer or "byte", presets_for(config.model_family[0])[config.preset]
         if is_token_folder(config.data_file):
-            characters = os.path.isfile(os.path.join(config.data_file, META_FILE))
-            refused = {"--tokenizer": config.tokenizer is not None,
-                       "--sample-prompt": config.sample_prompt is not None and not characters}
-            for option in (option for option, given in refused.items() if given):
+            if config.tokenizer is not None:  # --sample-prompt waits for `prepare`: a model family may bring one
                 raise MtbenchError(f"{config.data_file} holds token files (train.bin, val.bin), which carry no "
-                                   f"tokenizer: {option} does not apply")
+                                   f"tokenizer: --tokenizer does not apply")
             return
         if kind != "sentencepiece" and config.vocab_size != preset.vocab_size:
             raise MtbenchError(f"--vocab-size sizes a sentencepiece vocabulary (--tokenizer sentencepiece); the {kind} "
@@ -120,9 +119,10 @@ def check_blocks(streams, block, name, longer):
 
 def prepare_token_files(files, config, family_tokenizer=None):
     """nanoGPT's splits: train.bin trains; val.bin's first half validates and its second half tests. The model's
-    vocabulary holds every id of both (`vocabulary_size`), or is the tokenizer's that the model family brings (a
-    pretrained GPT-2 reading ids its own tokenizer made); with meta.pkl's characters each token's bytes are known
-    (bits per byte), else they are not."""
+    vocabulary holds every id of both (`vocabulary_size`), or is that of the tokenizer the model family brings (a
+    pretrained GPT-2 reading ids its own tokenizer made), which then reads and writes the run's text. Each token's
+    bytes are known (bits per byte) from meta.pkl's characters or from the family's tokenizer (`bytes_per_id`),
+    else they are not."""
     half = len(files.val) // 2
     ids = {"train": files.train, "valid": files.val[:half], "test": files.val[half:]}
     characters = files.characters
@@ -134,33 +134,54 @@ def prepare_token_files(files, config, family_tokenizer=None):
     if characters is not None and largest >= len(characters):
         raise MtbenchError(f"{files.folder}: the token files hold id {largest}, which {META_FILE} gives no character "
                            f"(it has {len(characters)})")
-    family_vocabulary = None if family_tokenizer is None else family_tokenizer.vocab_size
-    if family_vocabulary is not None and largest >= family_vocabulary:
-        raise MtbenchError(f"{files.folder}: the token files hold id {largest}, past the {family_vocabulary:,} ids of "
-                           f"the model's own tokenizer")
-    preset = presets_for(config.model_family[0])[config.preset]
-    asked = None if config.vocab_size == preset.vocab_size else config.vocab_size
-    tokenizer = TokenIds(vocabulary_size(largest, asked, characters and len(characters) or family_vocabulary),
-                         characters)
-    widths = None if characters is None else utf8_widths(characters)
+    if family_tokenizer is not None and largest >= family_tokenizer.vocab_size:
+        raise MtbenchError(f"{files.folder}: the token files hold id {largest}, past the "
+                           f"{family_tokenizer.vocab_size:,} ids of the model's own tokenizer")
+    if config.sample_prompt is not None and characters is None and family_tokenizer is None:
+        raise MtbenchError(f"{config.data_file} holds token files (train.bin, val.bin), which carry no tokenizer: "
+                           f"--sample-prompt does not apply")
+    if family_tokenizer is not None:
+        tokenizer, widths = family_tokenizer, family_bytes_per_id(family_tokenizer)
+        # A family's token files may be GPT-2's 17 GB of OpenWebText: only the held-out half of val.bin is counted.
+        counts = None if widths is None else {"train": None} | {split: id_counts(ids[split]) for split in
+                                                                 ("valid", "test")}
+    else:
+        preset = presets_for(config.model_family[0])[config.preset]
+        asked = None if config.vocab_size == preset.vocab_size else config.vocab_size
+        tokenizer = TokenIds(vocabulary_size(largest, asked, characters and len(characters)), characters)
+        widths = None if characters is None else utf8_widths(characters)
     streams = {split: TokenStream(split_ids, None if widths is None else TokenWidths(split_ids, widths))
                for split, split_ids in ids.items()}
     block = config.max_len
     check_blocks(streams, block, files.folder, "longer token files")
     record = {"corpus": files.name, "origin": files.origin,
               "split": "token files: train.bin trains, val.bin's first half validates, its second half tests",
-              "bytes": None if widths is None else {split: int(split_counts @ widths[:len(split_counts)])
-                                                    for split, split_counts in counts.items()},
+              "bytes": None if widths is None else {
+                  split: None if split_counts is None else int(split_counts @ widths[:len(split_counts)])
+                  for split, split_counts in counts.items()},
               "tokens": {split: len(stream) for split, stream in streams.items()},
               "token_ranges": {"train": [0, len(files.train)], "valid": [0, half], "test": [half, len(files.val)]},
               "largest_id": largest, "block_size": block, "tokenizer": tokenizer.describe()}
-    known = "no bytes per token, so no bits per byte" if widths is None else f"characters from {META_FILE}"
+    known = "no bytes per token, so no bits per byte" if widths is None else f"characters from {META_FILE}" \
+        if characters is not None else f"each token's bytes from the model's {tokenizer.describe()['type']} tokenizer"
     lines = [f"token files {files.name}: train.bin {len(files.train):,} tokens; val.bin {len(files.val):,} (first half "
              f"validates, second half tests); ids up to {largest:,}, vocabulary {tokenizer.vocab_size:,}; {known}"]
     if kept:
         lines.append(f"  largest id of {' and '.join(kept)} read from {os.path.join(config.cache_dir, KEPT_FOLDER)}")
     fingerprint = f"{tokenizer.fingerprint}-{file_fingerprint(files.train)}"
     return TaskData(tokenizer, streams, fingerprint, record, lines)
+
+
+def family_bytes_per_id(tokenizer):
+    """The bytes of text each id of a family's tokenizer stands for (its optional `bytes_per_id()`), or None."""
+    if not callable(getattr(tokenizer, "bytes_per_id", None)):
+        return None
+    widths = np.asarray(tokenizer.bytes_per_id())
+    if widths.ndim != 1 or len(widths) < tokenizer.vocab_size or not np.issubdtype(widths.dtype, np.integer):
+        raise MtbenchError(f"the model's {tokenizer.describe()['type']} tokenizer gives bytes_per_id() of shape "
+                           f"{widths.shape} and dtype {widths.dtype}: not whole bytes for each of its "
+                           f"{tokenizer.vocab_size:,} ids")
+    return widths
 
 
 def stream_scores(model, stream, rows, block, text_bytes, stride=None):

@@ -5,8 +5,10 @@ of both backends fine-tuning it, held to the parity check; the fine-tuned model 
 text on the other backend; bad checkpoints and options end in one line."""
 
 import json
+import math
 import os
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,6 +16,9 @@ import pytest
 
 from conftest import assert_refused_in_one_line, run_cli
 from gpt2_fixture import build_checkpoint, transformers_windows_loss
+from result_keys import undocumented_keys
+from mtbench.runner.results.schema import schema_errors
+from tests.runner.tasks.test_token_files import split_alike
 
 BLOCK = 32
 FINE_TUNE = ["--data", None, "--block-size", str(BLOCK), "--batch-size", "8", "--steps", "12", "--valid-size", "4",
@@ -196,10 +201,12 @@ def write_token_files(folder, ids):
     return str(folder)
 
 
-def test_token_files_of_its_tokenizers_ids_train_with_its_vocabulary_and_others_are_refused(checkpoint, tmp_path,
-                                                                                                 cache_dir):
+def test_token_files_of_its_tokenizers_ids_train_with_its_vocabulary_and_bytes_and_others_are_refused(
+        checkpoint, tmp_path, cache_dir):
     """nanoGPT's `finetune_shakespeare.py` reads GPT-2's ids from token files: their vocabulary is the checkpoint's
-    tokenizer's (token files alone would round their largest id up to a multiple of 64); an id past it is refused."""
+    tokenizer's (token files alone would round their largest id up to a multiple of 64), which also tells the bytes
+    each id stands for (bits per byte) and continues a prompt; an id past it is refused."""
+    from transformers import GPT2Tokenizer as TransformersTokenizer
     from mtbench.plugins.models.gpt2_tokenizer import GPT2Tokenizer
     with open(checkpoint["text"], "rb") as f:
         ids = GPT2Tokenizer(checkpoint["model"]).stream(f.read()).ids.tolist()
@@ -207,18 +214,65 @@ def test_token_files_of_its_tokenizers_ids_train_with_its_vocabulary_and_others_
     args = [*fine_tune_args(checkpoint)[2:], "--model", f"gpt2:{checkpoint['model']}", "--data", folder,
             "--steps", "2", "--cache-dir", cache_dir]
     summary = [{"none": "summary"}.get(arg, arg) for arg in args]  # the reporter that prints the run's size
-    proc = run_cli("train", *summary, "--backend", "torch", "--step", "eager", "--out", str(tmp_path / "r.json"))
+    proc = run_cli("train", *summary, "--backend", "torch", "--step", "eager", "--eval-every", "2",
+                   "--sample-prompt", "And God", "--out", str(tmp_path / "r.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "r.json").read_text())
+    assert schema_errors(result) == [] and undocumented_keys(result) == []
+    assert result["data"]["tokenizer"]["type"] == "gpt2-bpe"
     assert result["data"]["tokenizer"]["vocab_size"] == result["model"]["vocab_size"] == 400
     # Its size is the checkpoint's, not --preset's, and the summary says so.
     assert f"(checkpoint gpt2-tiny: {result['model']['parameters']:,} parameters)" in proc.stdout
     assert result["data"]["largest_id"] == max(ids)  # alone, the files would make a vocabulary of 448
-    assert result["model"]["before_training"]["tokens_evaluated"] > 0
+    # The bytes are transformers' text of the very ids: val.bin's halves, and the test tokens scored (1 to n).
+    theirs = TransformersTokenizer(os.path.join(checkpoint["model"], "vocab.json"),
+                                   os.path.join(checkpoint["model"], "merges.txt"))
+    val = ids[len(ids) * 9 // 10:]
+    halves = {"valid": val[:len(val) // 2], "test": val[len(val) // 2:]}
+
+    def text_bytes(some_ids):
+        return len(theirs.decode(some_ids, clean_up_tokenization_spaces=False).encode("utf-8"))
+    assert result["data"]["bytes"] == {"train": None} | {split: text_bytes(part) for split, part in halves.items()}
+    metrics, scored = result["metrics"], result["metrics"]["test_tokens_evaluated"]
+    assert metrics["test_bytes_evaluated"] == text_bytes(halves["test"][1:scored + 1])
+    assert metrics["test_bits_per_byte"] == pytest.approx(
+        metrics["test_loss"] * scored / math.log(2) / metrics["test_bytes_evaluated"], rel=1e-6)
+    assert result["model"]["before_training"]["bits_per_byte"] is not None
+    assert result["target"]["evaluations"][0]["sample"].startswith("And God")
     past = write_token_files(tmp_path / "past", ids[:-1] + [400])
     proc = run_cli("train", *args, "--data", past, "--out", str(tmp_path / "p.json"))
     assert_refused_in_one_line(proc, "the token files hold id 400, past the 400 ids of the model's own tokenizer")
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.slow  # two fine-tuning processes, about 10 s each
+def test_token_files_of_a_text_fine_tune_as_the_text_does(checkpoint, tmp_path, cache_dir):
+    """GPT-2's ids of a text written as nanoGPT's token files: the same run as on the text, loss for loss, and the
+    same bits per byte."""
+    from mtbench.plugins.models.gpt2_tokenizer import GPT2Tokenizer
+    tokenizer = GPT2Tokenizer(checkpoint["model"])
+    lines = Path(checkpoint["text"]).read_text(encoding="utf-8").splitlines()
+    train_text, held_out = split_alike(lines, 60)
+    (tmp_path / "text.txt").write_text(train_text + held_out + held_out, encoding="utf-8")
+    folder = tmp_path / "tokens"
+    folder.mkdir()
+    tokenizer.stream(train_text.encode()).ids.astype(np.uint16).tofile(folder / "train.bin")
+    np.tile(tokenizer.stream(held_out.encode()).ids.astype(np.uint16), 2).tofile(folder / "val.bin")
+    results = {}
+    for name, data in (("text", tmp_path / "text.txt"), ("tokens", folder)):
+        proc = run_cli("train", *fine_tune_args(checkpoint), "--data", str(data), "--backend", "jax",
+                       "--cache-dir", cache_dir, "--out", str(tmp_path / f"{name}.json"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    by_text, by_ids = results["text"], results["tokens"]
+    assert by_ids["data"]["tokens"] == by_text["data"]["tokens"]
+    assert [h["loss"] for h in by_ids["history"]] == pytest.approx([h["loss"] for h in by_text["history"]], rel=1e-6)
+    for figure in ("loss", "bits_per_byte", "tokens_evaluated", "bytes_evaluated"):
+        for split in ("val", "test"):
+            assert by_ids["metrics"][f"{split}_{figure}"] == pytest.approx(
+                by_text["metrics"][f"{split}_{figure}"], rel=1e-6), (split, figure)
+        assert by_ids["model"]["before_training"][figure] == pytest.approx(
+            by_text["model"]["before_training"][figure], rel=1e-6), figure
 
 
 def test_weights_that_do_not_fit_are_named(checkpoint):

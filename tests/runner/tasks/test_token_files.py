@@ -189,22 +189,28 @@ def test_meta_pkl_gives_each_id_its_character_and_runs_no_code(tmp_path):
         read_characters(str(folder))
 
 
+def split_alike(lines, held_out_lines):
+    """(training text, held-out text) of `lines`: nanoGPT's split is 90/10 of its tokens, mtbench's of a text 90/5/5
+    of the bytes, so a text whose held-out twentieths are one passage (the last `held_out_lines` lines) twice splits
+    alike both ways; its training part is padded with line breaks to 18 of them."""
+    held_out = "".join(line + "\n" for line in lines[-held_out_lines:])
+    twentieth = len(held_out.encode("utf-8"))
+    train_text = ""
+    for line in lines[:-held_out_lines]:
+        if len((train_text + line + "\n").encode("utf-8")) > 18 * twentieth:
+            break
+        train_text += line + "\n"
+    return train_text + "\n" * (18 * twentieth - len(train_text.encode("utf-8"))), held_out
+
+
 @pytest.mark.slow  # two training processes, 15-35 s each
 def test_shakespeare_char_files_with_their_meta_train_as_the_character_model_of_that_text(tmp_path, cache_dir):
     """French verses (é, à: two bytes each) as nanoGPT's prepare.py for shakespeare_char leaves them: the same
     run, loss for loss and in bits per byte, as `--tokenizer char` on the text, and it samples text."""
     from mtbench.plugins.datasets.bible_dataset import BibleDataset
     verses = [target for _, (_, target) in zip(range(3000), BibleDataset("en", "fr").read_pairs(lambda *_: None))]
-    # nanoGPT's split is 90/10 of the characters, mtbench's 90/5/5 of the bytes: a text whose held-out twentieths
-    # are one passage twice splits alike both ways (its training part padded with line breaks to 18 of them).
-    held_out = "".join(verse + "\n" for verse in verses[-150:])
+    train_text, held_out = split_alike(verses, 150)
     twentieth = len(held_out.encode("utf-8"))
-    train_text = ""
-    for verse in verses[:-150]:
-        if len((train_text + verse + "\n").encode("utf-8")) > 18 * twentieth:
-            break
-        train_text += verse + "\n"
-    train_text += "\n" * (18 * twentieth - len(train_text.encode("utf-8")))
     text = train_text + held_out + held_out
     (tmp_path / "verses.txt").write_text(text, encoding="utf-8")
     common = [*TINY_GPT, "--steps", "12", "--eval-every", "6", "--cache-dir", cache_dir]
