@@ -20,8 +20,14 @@ def by_name(listing):
     return {p["name"]: p for p in listing["plugins"]}
 
 
-def test_builtin_plugins_are_listed_with_their_hooks():
-    plugins = by_name(plugins_json({}))
+@pytest.fixture(scope="module")
+def default_listing():
+    """`mtbench plugins --json` in the test environment (each listing imports both frameworks: seconds)."""
+    return plugins_json({})
+
+
+def test_builtin_plugins_are_listed_with_their_hooks(default_listing):
+    plugins = by_name(default_listing)
     assert plugins["jax_backend"]["provides"] == {"backends": ["jax"]}
     assert plugins["torch_backend"]["hooks"] == ["mtbench_register_backends"]
     assert plugins["bible_dataset"]["provides"]["datasets"] == ["bible-en-de", "bible-en-es", "bible-en-fr"]
@@ -39,12 +45,12 @@ def test_builtin_plugins_are_listed_with_their_hooks():
     assert len(builtin) == 20 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
 
 
-def test_an_80_column_terminal_keeps_hook_names_whole_and_folds_hints_instead_of_cutting_them():
+def test_an_80_column_terminal_keeps_hook_names_whole_and_folds_hints_instead_of_cutting_them(default_listing):
     proc = run_cli("plugins", env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr
     assert max(len(line) for line in proc.stdout.splitlines()) <= 80
     assert "…" not in proc.stdout
-    listing = plugins_json({})
+    listing = default_listing
     hooks_column = {line.split("│")[4].strip() for line in proc.stdout.splitlines() if line.count("│") == 6}
     assert {hook for row in listing["plugins"] for hook in row["hooks"]} <= hooks_column  # one a line, unbroken
     hint = max((row["reason"] or "" for row in listing["extras"]), key=len)  # the longest why-not

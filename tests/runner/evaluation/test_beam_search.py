@@ -78,6 +78,7 @@ def python_beam_search(forward, source, length, beam, alpha):
     return tokens[:tokens.index(EOS_ID)] if EOS_ID in tokens else [t for t in tokens if t != PAD_ID]
 
 
+@pytest.mark.slow  # its model trains for the slow tests beside it: 12 s for the quick tier alone
 def test_trained_model_translates_into_varied_sentences(trained):
     model, sources = trained
     greedy = translate(JaxBackend().compile_inference(greedy_decoder(model, JOINT_SPECIAL), model), sources, 4, MAX_LEN, JOINT_SPECIAL)
