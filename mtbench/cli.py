@@ -732,8 +732,8 @@ def translate(model, file, backend, beam, length_penalty, batch_size):
 @main.command()
 @MODEL_ARGUMENT
 @click.option("--test", "test_file", required=True, metavar="CORPUS",
-              help="Test pairs in any --data format of `train`, or sacrebleu:NAME; for a language model, a text file "
-                   "or a folder of .txt files.")
+              help="Test pairs in any --data format of `train`, or sacrebleu:NAME; for a language model, a text file, "
+                   "a folder of .txt files, or one of nanoGPT's token files (its val.bin).")
 @_stack(CORPUS_OPTIONS[2:])
 @inference_options
 @click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the run's).")

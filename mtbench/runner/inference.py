@@ -145,18 +145,14 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
 
 def score_text(path, registry, text_path, backend_name=None, rows=64, stride=None):
     """The language model at `path` scored on `text_path` (a file, or a folder's .txt files, as `train --data`
-    reads them) on `backend_name`: every token of the text predicted once, in windows of the model's --block-size
-    from its start `stride` tokens apart (default: the run's --eval-stride), `rows` to a batch, with the loss and
-    accuracy its run was scored by."""
-    from mtbench.runner.data.text import read_text_path, token_stream
+    reads them, or the val.bin of a folder of nanoGPT's token files) on `backend_name`: every token of the text
+    predicted once, in windows of the model's --block-size from its start `stride` tokens apart (default: the run's
+    --eval-stride), `rows` to a batch, with the loss and accuracy its run was scored by."""
+    from mtbench.runner.data.token_files import is_token_folder
     from mtbench.runner.setup import compile_model
     from mtbench.runner.tasks.language_modelling import stream_scores
     loaded = open_model(path, registry, backend_name, task="language-modelling")
-    if not hasattr(loaded.tokenizer, "stream"):
-        raise MtbenchError(f"{loaded.source.label}: trained on token files, whose ids no tokenizer here makes from "
-                           f"text; it has no text to score")
-    text = read_text_path(text_path)
-    stream, _ = token_stream(loaded.tokenizer, text.data, None)
+    stream, text = (token_folder_stream if is_token_folder(text_path) else text_stream)(loaded, text_path)
     if len(stream) < 2:
         raise MtbenchError(f"{text_path}: {len(stream)} token of this model's tokenizer; scoring needs two (the "
                            f"first predicts the second)")
@@ -166,7 +162,34 @@ def score_text(path, registry, text_path, backend_name=None, rows=64, stride=Non
         raise MtbenchError(f"--eval-stride must be from 1 to the model's --block-size {config.max_len}, got {stride}")
     compile_model(loaded.keras, loaded.model, config, 1, {}, loaded.plugins.model)
     started = time.perf_counter()
-    scores = stream_scores(loaded.model, stream, rows, config.max_len, len(text.data), stride)
-    return {"model": loaded.source.label, "backend": loaded.plugins.backend.name, "text": text_path,
-            "origin": text.origin, "bytes": len(text.data), "tokens": len(stream), "unknown_characters": stream.unknown,
-            "block_size": config.max_len, "stride": stride, **scores, "seconds": time.perf_counter() - started}
+    # A budget of every byte the text has (of every token, where its bytes are not known): all of it is scored.
+    scores = stream_scores(loaded.model, stream, rows, config.max_len, text["bytes"] or len(stream), stride)
+    return {"model": loaded.source.label, "backend": loaded.plugins.backend.name, "text": text_path, **text,
+            "tokens": len(stream), "unknown_characters": stream.unknown, "block_size": config.max_len,
+            "stride": stride, **scores, "seconds": time.perf_counter() - started}
+
+
+def text_stream(loaded, text_path):
+    """(the model's `TokenStream` of a text, {origin, bytes})."""
+    from mtbench.runner.data.text import read_text_path, token_stream
+    if not hasattr(loaded.tokenizer, "stream"):
+        raise MtbenchError(f"{loaded.source.label}: trained on token files, whose ids no tokenizer here makes from "
+                           f"text; it has no text to score (a folder of token files it has)")
+    text = read_text_path(text_path)
+    stream, _ = token_stream(loaded.tokenizer, text.data, None)
+    return stream, {"origin": text.origin, "bytes": len(text.data)}
+
+
+def token_folder_stream(loaded, folder):
+    """(the `TokenStream` of a token folder's val.bin, {origin, bytes}: None where the model's tokenizer does not
+    know each id's bytes) for a model that reads token files: one trained on them, or one whose family brings the
+    tokenizer that made them (GPT-2's)."""
+    from mtbench.plugins.api import ModelFamily
+    from mtbench.runner.data.token_files import TokenIds, held_out_ids
+    family = loaded.plugins.model
+    reads_ids = isinstance(loaded.tokenizer, TokenIds) or type(family).tokenizer is not ModelFamily.tokenizer
+    if not reads_ids:
+        raise MtbenchError(f"{loaded.source.label}: trained on text with its {loaded.tokenizer.describe()['type']} "
+                           f"tokenizer; {folder} holds token files, ids another tokenizer made")
+    stream, total_bytes = held_out_ids(folder, loaded.tokenizer, loaded.source.label)
+    return stream, {"origin": f"val.bin of the token files in {folder}", "bytes": total_bytes}

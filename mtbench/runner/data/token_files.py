@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mtbench.errors import MtbenchError
-from mtbench.plugins.api import Tokenizer
+from mtbench.plugins.api import Tokenizer, TokenStream
 from mtbench.runner.files import write_json_atomic
 
 TOKEN_FILES = {"train": "train.bin", "val": "val.bin"}
@@ -191,6 +191,44 @@ def utf8_widths(characters):
     return np.array([len(text.encode("utf-8")) for text in characters], np.uint8)
 
 
+def bytes_per_id(tokenizer):
+    """The bytes of text each id of `tokenizer` stands for (its optional `bytes_per_id()`), or None where it does
+    not know them."""
+    if not callable(getattr(tokenizer, "bytes_per_id", None)):
+        return None
+    widths = tokenizer.bytes_per_id()
+    if widths is None:
+        return None
+    widths = np.asarray(widths)
+    if widths.ndim != 1 or len(widths) < tokenizer.vocab_size or not np.issubdtype(widths.dtype, np.integer):
+        raise MtbenchError(f"the model's {tokenizer.describe()['type']} tokenizer gives bytes_per_id() of shape "
+                           f"{widths.shape} and dtype {widths.dtype}: not whole bytes for each of its "
+                           f"{tokenizer.vocab_size:,} ids")
+    return widths
+
+
+def held_out_ids(folder, tokenizer, label):
+    """The `TokenStream` of a token folder's val.bin (each token's bytes where `tokenizer` knows them), for a model
+    whose `tokenizer` reads token files (`label` names the model in refusals): what `mtbench evaluate` scores."""
+    path = os.path.join(folder, TOKEN_FILES["val"])
+    if not os.path.isfile(path):
+        raise MtbenchError(f"{path}: no such file; a model is scored on the val.bin of nanoGPT's token files")
+    if os.path.getsize(path) % TOKEN_DTYPE.itemsize or os.path.getsize(path) < 2 * TOKEN_DTYPE.itemsize:
+        raise MtbenchError(f"{path}: {os.path.getsize(path):,} bytes, not two or more {TOKEN_DTYPE.name} token ids")
+    characters = read_characters(folder)
+    if characters is not None and characters != getattr(tokenizer, "characters", None):
+        raise MtbenchError(f"{folder}: its {META_FILE} gives each id a character, which the model ({label}) reads "
+                           f"otherwise")
+    ids = TokenFile(path)
+    largest = largest_id(ids)
+    if largest >= tokenizer.vocab_size:
+        raise MtbenchError(f"{folder}: val.bin holds id {largest:,}, past the {tokenizer.vocab_size:,} ids of the "
+                           f"model ({label})")
+    widths = bytes_per_id(tokenizer)
+    return TokenStream(ids, None if widths is None else TokenWidths(ids, widths)), \
+        None if widths is None else int(id_counts(ids) @ widths[:largest + 1])
+
+
 def vocabulary_size(largest, asked, default=None):
     """The model's vocabulary: `asked` (--vocab-size) where given, which must hold every id; else `default`
     (meta.pkl's, as nanoGPT takes it), else the largest id and one, rounded up to a multiple of 64 as nanoGPT
@@ -234,6 +272,9 @@ class TokenIds(Tokenizer):
         if unknown:
             raise MtbenchError(f"{''.join(unknown)!r}: not among the characters of the token files' meta.pkl")
         return [self.index[character] for character in text]
+
+    def bytes_per_id(self):
+        return None if self.characters is None else utf8_widths(self.characters)
 
     def decode_text(self, ids):
         if self.characters is None:

@@ -7,16 +7,14 @@ import math
 import os
 from dataclasses import dataclass
 
-import numpy as np
-
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
 from mtbench.keras_models.presets import presets_for
 from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, evaluation_batches,
                                       load_text_tokenizer, read_text, sha256_hex, split_ranges, text_tokenizer,
                                       token_stream, training_batches, batches_per_epoch)
 from mtbench.runner.data.token_files import (KEPT_FOLDER, META_FILE, TokenFiles, TokenIds, TokenWidths,
-                                             file_fingerprint, id_counts, is_token_folder, kept_largest_of_folder,
-                                             read_token_files, utf8_widths, vocabulary_size)
+                                             bytes_per_id, file_fingerprint, id_counts, is_token_folder, kept_largest_of_folder,
+                                             read_token_files, vocabulary_size)
 
 SPLITS = ("train", "valid", "test")
 METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}
@@ -141,15 +139,15 @@ def prepare_token_files(files, config, family_tokenizer=None):
         raise MtbenchError(f"{config.data_file} holds token files (train.bin, val.bin), which carry no tokenizer: "
                            f"--sample-prompt does not apply")
     if family_tokenizer is not None:
-        tokenizer, widths = family_tokenizer, family_bytes_per_id(family_tokenizer)
-        # A family's token files may be GPT-2's 17 GB of OpenWebText: only the held-out half of val.bin is counted.
-        counts = None if widths is None else {"train": None} | {split: id_counts(ids[split]) for split in
-                                                                 ("valid", "test")}
+        tokenizer = family_tokenizer
     else:
         preset = presets_for(config.model_family[0])[config.preset]
         asked = None if config.vocab_size == preset.vocab_size else config.vocab_size
         tokenizer = TokenIds(vocabulary_size(largest, asked, characters and len(characters)), characters)
-        widths = None if characters is None else utf8_widths(characters)
+    widths = bytes_per_id(tokenizer)
+    if widths is not None and counts is None:
+        # A family's token files may be GPT-2's 17 GB of OpenWebText: only val.bin's halves are counted.
+        counts = {"train": None} | {split: id_counts(ids[split]) for split in ("valid", "test")}
     streams = {split: TokenStream(split_ids, None if widths is None else TokenWidths(split_ids, widths))
                for split, split_ids in ids.items()}
     block = config.max_len
@@ -170,18 +168,6 @@ def prepare_token_files(files, config, family_tokenizer=None):
         lines.append(f"  largest id of {' and '.join(kept)} read from {os.path.join(config.cache_dir, KEPT_FOLDER)}")
     fingerprint = f"{tokenizer.fingerprint}-{file_fingerprint(files.train)}"
     return TaskData(tokenizer, streams, fingerprint, record, lines)
-
-
-def family_bytes_per_id(tokenizer):
-    """The bytes of text each id of a family's tokenizer stands for (its optional `bytes_per_id()`), or None."""
-    if not callable(getattr(tokenizer, "bytes_per_id", None)):
-        return None
-    widths = np.asarray(tokenizer.bytes_per_id())
-    if widths.ndim != 1 or len(widths) < tokenizer.vocab_size or not np.issubdtype(widths.dtype, np.integer):
-        raise MtbenchError(f"the model's {tokenizer.describe()['type']} tokenizer gives bytes_per_id() of shape "
-                           f"{widths.shape} and dtype {widths.dtype}: not whole bytes for each of its "
-                           f"{tokenizer.vocab_size:,} ids")
-    return widths
 
 
 def stream_scores(model, stream, rows, block, text_bytes, stride=None):

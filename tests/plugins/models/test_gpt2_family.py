@@ -7,6 +7,7 @@ text on the other backend; bad checkpoints and options end in one line."""
 import json
 import math
 import os
+import pickle
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -273,6 +274,24 @@ def test_token_files_of_a_text_fine_tune_as_the_text_does(checkpoint, tmp_path, 
                 by_text["metrics"][f"{split}_{figure}"], rel=1e-6), (split, figure)
         assert by_ids["model"]["before_training"][figure] == pytest.approx(
             by_text["model"]["before_training"][figure], rel=1e-6), figure
+    # `evaluate` of a folder whose val.bin is the test split's ids gives the run's test figures, on the other backend.
+    test_split = tmp_path / "test-split"
+    test_split.mkdir()
+    tokenizer.stream(held_out.encode()).ids.astype(np.uint16).tofile(test_split / "val.bin")
+    proc = run_cli("evaluate", str(tmp_path / "tokens.json"), "--test", str(test_split), "--backend", "torch",
+                   "--out", str(tmp_path / "scores.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    assert undocumented_keys(scores) == [] and scores["bytes"] == len(held_out.encode())
+    for figure in ("loss", "bits_per_byte", "tokens_evaluated", "bytes_evaluated"):
+        assert scores[figure] == pytest.approx(by_ids["metrics"][f"test_{figure}"], rel=1e-5), figure
+    (test_split / "val.bin").write_bytes(np.array([1, 2, 400], np.uint16).tobytes())
+    refused = run_cli("evaluate", str(tmp_path / "tokens.json"), "--test", str(test_split))
+    assert_refused_in_one_line(refused, "val.bin holds id 400, past the 400 ids of the model")
+    with open(test_split / "meta.pkl", "wb") as f:  # a character-level text's ids
+        pickle.dump({"vocab_size": 3, "itos": {0: "a", 1: "b", 2: "c"}}, f)
+    refused = run_cli("evaluate", str(tmp_path / "tokens.json"), "--test", str(test_split))
+    assert_refused_in_one_line(refused, "its meta.pkl gives each id a character, which the model")
 
 
 def test_weights_that_do_not_fit_are_named(checkpoint):

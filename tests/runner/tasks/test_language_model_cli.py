@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import env_with, run_cli
+from conftest import assert_refused_in_one_line, env_with, run_cli
 from result_keys import undocumented_keys
 from mtbench.runner.results.schema import schema_errors
 
@@ -195,6 +195,12 @@ def test_evaluate_scores_a_text_as_the_run_scored_its_test_split(char_runs, text
     refused = run_cli("evaluate", result["config"]["out"], "--test", str(text), "--beam", "4")
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert "--beam is an option of translation" in refused.stderr
+    ids = tmp_path / "ids"
+    ids.mkdir()
+    np.arange(100, dtype=np.uint16).tofile(ids / "val.bin")
+    refused = run_cli("evaluate", result["config"]["out"], "--test", str(ids))
+    assert_refused_in_one_line(refused, "trained on text with its char tokenizer; "
+                                        f"{ids} holds token files, ids another tokenizer made")
 
 
 def bad_input_cases(tmp_path):
