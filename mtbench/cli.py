@@ -694,14 +694,18 @@ def _translation_progress(total):
               help="Divides the logits before sampling; 0 takes the most likely token (greedy).")
 @click.option("--top-k", type=click.IntRange(min=1), help="Sample from the K most likely tokens only.")
 @click.option("--seed", type=click.IntRange(0, 2 ** 32 - 1), default=0, show_default=True, help="The sampling's random draws (numpy).")
+@click.option("--block-size", type=click.IntRange(min=1), metavar="N",
+              help="A pretrained checkpoint's window of tokens (MODEL NAME:DIR; default: the preset's, 128).")
 @handle_errors
-def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed):
+def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, block_size):
     """Continue --prompt with a trained language model (--model gpt), on either backend: MODEL is a result JSON, a
-    run directory (RESULT.run) or its saved model. Prints the prompt and its continuation."""
+    run directory (RESULT.run), its saved model, or a pretrained checkpoint as NAME:DIR (gpt2:DIR). Prints the
+    prompt and its continuation."""
     from mtbench.runner.inference import generate_text
     registry = plugins.registry()
     _warn_broken_plugins(registry)
-    text, record = generate_text(model, registry, prompt, backend, max_new_tokens, temperature, top_k, seed)
+    text, record = generate_text(model, registry, prompt, backend, max_new_tokens, temperature, top_k, seed,
+                                 block_size)
     click.echo(prompt + text)
     click.echo(f"{record['new_tokens']} tokens by {record['model']} on {record['backend']} ({record['sampling']}) "
                f"in {record['seconds']:.2f} s", err=True)
@@ -714,7 +718,8 @@ def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed):
 @handle_errors
 def translate(model, file, backend, beam, length_penalty, batch_size):
     """Translate FILE (or stdin), one sentence a line, to stdout, with a trained model: MODEL is a result JSON, a
-    run directory (RESULT.run), its saved model (RESULT.run/model) or one of its checkpoints."""
+    run directory (RESULT.run), its saved model (RESULT.run/model), one of its checkpoints, or a pretrained
+    checkpoint as it was published, NAME:DIR (marian:DIR, gpt2:DIR)."""
     from mtbench.runner.inference import open_translator
     registry = plugins.registry()
     _warn_broken_plugins(registry)
@@ -737,11 +742,13 @@ def translate(model, file, backend, beam, length_penalty, batch_size):
 @_stack(CORPUS_OPTIONS[2:])
 @inference_options
 @click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the run's).")
+@click.option("--block-size", type=click.IntRange(min=1), metavar="N",
+              help="A pretrained checkpoint's window of tokens (MODEL NAME:DIR; default: the preset's, 128).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the scores (JSON) and the hypotheses beside them.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
 @handle_errors
 def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, beam, length_penalty, batch_size,
-             eval_stride, out, overwrite):
+             eval_stride, block_size, out, overwrite):
     """Score a trained model (see `translate` for MODEL) on another test set: BLEU and chrF with sacrebleu; a
     language model (`--model gpt`) by loss, perplexity and bits per byte on every token of a text."""
     from mtbench.runner.data.formats import ReadOptions, read_pairs
@@ -756,9 +763,10 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, be
     _warn_broken_plugins(registry)
     task = model_task(model, registry)
     if task == "language-modelling":
-        return _evaluate_language_model(model, test_file, backend, batch_size, eval_stride, out, registry)
-    if eval_stride is not None:
-        raise MtbenchError(f"--eval-stride is an option of language models; {model} is a {task} model")
+        return _evaluate_language_model(model, test_file, backend, batch_size, eval_stride, block_size, out, registry)
+    for option, given in (("--eval-stride", eval_stride), ("--block-size", block_size)):
+        if given is not None:
+            raise MtbenchError(f"{option} is an option of language models; {model} is a {task} model")
     pairs = read_pairs(test_file, read_options)
     if not pairs:
         raise MtbenchError(f"{test_file}: holds no sentence pairs")
@@ -786,14 +794,14 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, be
         console.print(f"scores: {out}")
 
 
-def _evaluate_language_model(model, text_file, backend, batch_size, stride, out, registry):
+def _evaluate_language_model(model, text_file, backend, batch_size, stride, block_size, out, registry):
     from mtbench.runner.files import write_json_atomic
     from mtbench.runner.inference import score_text
     source = click.get_current_context().get_parameter_source
     for name in ("src_col", "tgt_col", "src_lang", "tgt_lang", "beam", "length_penalty"):
         if source(name) == click.core.ParameterSource.COMMANDLINE:
             raise MtbenchError(f"--{name.replace('_', '-')} is an option of translation; {model} is a language model")
-    scores = score_text(model, registry, text_file, backend, batch_size, stride)
+    scores = score_text(model, registry, text_file, backend, batch_size, stride, block_size)
     table = Table(title="mtbench evaluate")
     for column in ("text", "tokens", "bytes", "windows", "loss", "perplexity", "bits per byte", "backend"):
         table.add_column(column)

@@ -3,17 +3,19 @@ chrF on another test set) and `mtbench generate` (a language model's text from a
 backend trained it: the saved weights are numpy arrays by Keras variable path, so they load wherever the model
 builds."""
 
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from mtbench.errors import MtbenchError
-from mtbench.plugins.api import RunContext
-from mtbench.runner.config import decoding_name
+from mtbench.plugins.api import ModelFamily, RunContext
+from mtbench.runner.config import TrainConfig, decoding_name
 from mtbench.runner.evaluation.sampling import continuation, numpy_logits
-from mtbench.runner.saved_model import find_model, load_weights, model_files
-from mtbench.runner.setup import import_keras, resolve_backend, resolve_model, RunPlugins, set_matmul_precision
+from mtbench.runner.saved_model import ModelSource, find_model, load_weights, model_files
+from mtbench.runner.setup import (import_keras, resolve_backend, resolve_model, RunPlugins, set_matmul_precision,
+                                  starting_weights)
 
 
 @dataclass
@@ -58,14 +60,36 @@ class LoadedModel:
 
 def model_task(path, registry):
     """The task of the model at `path` (its family's), known without building it."""
-    source = find_model(path)
-    return _family(source, registry)[0].task
+    pretrained = pretrained_source(path, registry)
+    if pretrained is not None:  # its options, as --block-size, are checked as it opens
+        return registry.models[path.partition(":")[0]].task
+    return _family(find_model(path), registry)[0].task
 
 
-def open_model(path, registry, backend_name=None, task=None):
-    """The model at `path` (see `saved_model.find_model`) rebuilt on `backend_name` (default: the backend that
-    trained it) with its trained weights; `task`: the task the command serves, refused for another's model."""
-    source = find_model(path)
+def pretrained_source(path, registry, block_size=None):
+    """The `ModelSource` of `NAME:DIR`, the checkpoint of a pretrained model family as it was published (no
+    weights file: the family reads them), built with its window of `block_size` tokens (default: the preset's);
+    None where `path` names something on disk or no model family."""
+    name, colon, directory = path.partition(":")
+    if not colon or not directory or os.path.exists(path) or name not in registry.models:
+        return None
+    family = registry.models[name]
+    if not family.pretrained or type(family).tokenizer is ModelFamily.tokenizer:
+        raise MtbenchError(f"{path}: --model {name} is no pretrained model family with its own tokenizer; give a "
+                           f"trained model (a result, run directory, saved model or checkpoint) or a pretrained "
+                           f"checkpoint as NAME:DIR")
+    config = TrainConfig(model_name=path, block_size=block_size)
+    return ModelSource(config, None, label=f"checkpoint {path} (pretrained)")
+
+
+def open_model(path, registry, backend_name=None, task=None, block_size=None):
+    """The model at `path` (see `saved_model.find_model`, or a pretrained checkpoint `NAME:DIR` with its window of
+    `block_size` tokens) rebuilt on `backend_name` (default: the backend that trained it, JAX for a checkpoint)
+    with its weights; `task`: the task the command serves, refused for another's model."""
+    source = pretrained_source(path, registry, block_size) or find_model(path)
+    if block_size is not None and source.weights is not None:
+        raise MtbenchError(f"--block-size sizes a pretrained checkpoint's window (NAME:DIR); {source.label} keeps "
+                           f"its run's, {source.config.max_len} tokens")
     config = source.config
     backend = resolve_backend(backend_name or config.backend, registry)
     family, family_path = _family(source, registry)
@@ -81,7 +105,10 @@ def open_model(path, registry, backend_name=None, task=None):
     run = RunContext(config=config, backend=backend, device=backend.device_info())
     with plugins.model_code():
         model, _ = family.build(run, plugins.model_path, tokenizer, config.max_len)
-    load_weights(source, keras, model, config)
+    if source.weights is None:
+        starting_weights(config, plugins, model, None)
+    else:
+        load_weights(source, keras, model, config)
     return LoadedModel(source, plugins, model, tokenizer, keras)
 
 
@@ -121,12 +148,12 @@ def evaluate_translator(translator, pairs, batch_size, progress=None):
 
 
 def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200, temperature=1.0, top_k=None,
-                  seed=0):
+                  seed=0, block_size=None):
     """(the prompt's continuation, what generated it) by the language model at `path` on `backend_name`: one
     token at a time from the model's logits at the last position of the last --block-size tokens, greedily
     (`temperature` 0) or sampled from the softmax of logits / `temperature`, restricted to the `top_k` most
     likely tokens, with numpy's generator from `seed` (the same text on every backend, up to the arithmetic)."""
-    loaded = open_model(path, registry, backend_name, task="language-modelling")
+    loaded = open_model(path, registry, backend_name, task="language-modelling", block_size=block_size)
     ids = list(loaded.tokenizer.encode_text(prompt))
     if not ids:
         raise MtbenchError("--prompt is empty: give the text to continue")
@@ -143,7 +170,7 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
                     + (f", top-k {top_k}" if top_k else "") + f", seed {seed}"}
 
 
-def score_text(path, registry, text_path, backend_name=None, rows=64, stride=None):
+def score_text(path, registry, text_path, backend_name=None, rows=64, stride=None, block_size=None):
     """The language model at `path` scored on `text_path` (a file, or a folder's .txt files, as `train --data`
     reads them, or the val.bin of a folder of nanoGPT's token files) on `backend_name`: every token of the text
     predicted once, in windows of the model's --block-size from its start `stride` tokens apart (default: the run's
@@ -151,7 +178,7 @@ def score_text(path, registry, text_path, backend_name=None, rows=64, stride=Non
     from mtbench.runner.data.token_files import is_token_folder
     from mtbench.runner.setup import compile_model
     from mtbench.runner.tasks.language_modelling import stream_scores
-    loaded = open_model(path, registry, backend_name, task="language-modelling")
+    loaded = open_model(path, registry, backend_name, task="language-modelling", block_size=block_size)
     stream, text = (token_folder_stream if is_token_folder(text_path) else text_stream)(loaded, text_path)
     if len(stream) < 2:
         raise MtbenchError(f"{text_path}: {len(stream)} token of this model's tokenizer; scoring needs two (the "

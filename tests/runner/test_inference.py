@@ -103,6 +103,10 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
         proc = run_cli("translate", *args, "/dev/null")
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+    test_file = tmp_path / "test.tsv"
+    test_file.write_text("a b\tc d\n")
+    assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(test_file),
+                                       "--block-size", "16"), "--block-size is an option of language models")
 
 
 @pytest.mark.parametrize("args, expected", [

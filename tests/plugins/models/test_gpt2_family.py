@@ -292,6 +292,47 @@ def test_token_files_of_a_text_fine_tune_as_the_text_does(checkpoint, tmp_path, 
         pickle.dump({"vocab_size": 3, "itos": {0: "a", 1: "b", 2: "c"}}, f)
     refused = run_cli("evaluate", str(tmp_path / "tokens.json"), "--test", str(test_split))
     assert_refused_in_one_line(refused, "its meta.pkl gives each id a character, which the model")
+    refused = run_cli("evaluate", str(tmp_path / "tokens.json"), "--test", str(test_split), "--block-size", "16")
+    assert_refused_in_one_line(refused, "--block-size sizes a pretrained checkpoint's window (NAME:DIR)")
+
+
+@pytest.mark.slow  # two processes reading the checkpoint, about 8 s each
+def test_evaluate_and_generate_read_the_checkpoint_as_published(checkpoint, tmp_path):
+    """nanoGPT's `eval_gpt2.py` and `sample.py --init_from=gpt2`: `gpt2:DIR` as MODEL scores a text with
+    transformers' loss in the same windows, and continues a prompt greedily as transformers' `generate` does."""
+    import torch
+    from transformers import GPT2LMHeadModel, GPT2Tokenizer as TransformersTokenizer
+    text = Path(checkpoint["text"]).read_text(encoding="utf-8")
+    proc = run_cli("evaluate", f"gpt2:{checkpoint['model']}", "--test", checkpoint["text"], "--block-size",
+                   str(BLOCK), "--backend", "torch", "--out", str(tmp_path / "scores.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    loss, count, first_bytes = transformers_windows_loss(checkpoint["model"], text, BLOCK)
+    assert scores["loss"] == pytest.approx(loss, rel=1e-5) and scores["tokens_evaluated"] == count
+    assert scores["bytes_evaluated"] == len(text.encode("utf-8")) - first_bytes
+    assert scores["model"] == f"checkpoint gpt2:{checkpoint['model']} (pretrained)" and undocumented_keys(scores) == []
+    tokenizer = TransformersTokenizer(os.path.join(checkpoint["model"], "vocab.json"),
+                                      os.path.join(checkpoint["model"], "merges.txt"))
+    prompt = "And God said"
+    with torch.no_grad():
+        theirs = GPT2LMHeadModel.from_pretrained(checkpoint["model"]).eval().generate(
+            torch.tensor([tokenizer(prompt)["input_ids"]]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    proc = run_cli("generate", f"gpt2:{checkpoint['model']}", "--prompt", prompt, "--temperature", "0",
+                   "--max-new-tokens", "12", "--block-size", str(BLOCK), "--backend", "jax")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.rstrip("\n") == tokenizer.decode(theirs[0], clean_up_tokenization_spaces=False)
+
+
+@pytest.mark.parametrize("model, args, message", [
+    ("gpt2:{model}", ["--block-size", "65"], "--block-size 65 is longer than the 64 positions of the pretrained "
+                                             "model"),
+    ("gpt2:{missing}", [], "missing does not exist (a directory that transformers' save_pretrained wrote"),
+    ("transformer:{model}", [], "--model transformer is no pretrained model family with its own tokenizer"),
+])
+def test_a_checkpoint_that_cannot_be_read_as_model_is_one_line(checkpoint, tmp_path, model, args, message):
+    path = model.format(model=checkpoint["model"], missing=tmp_path / "missing")
+    proc = run_cli("evaluate", path, "--test", checkpoint["text"], *args)
+    assert_refused_in_one_line(proc, message)
 
 
 def test_weights_that_do_not_fit_are_named(checkpoint):

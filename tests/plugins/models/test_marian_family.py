@@ -96,3 +96,28 @@ def test_a_bad_checkpoint_or_option_is_one_line(checkpoint, tmp_path, breakage, 
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow  # a process and transformers' generation, about 10 s
+def test_the_checkpoint_as_published_translates_as_transformers_generates(checkpoint, tmp_path):
+    """`marian:DIR` as MODEL: its pretrained weights translate greedily as transformers' `generate` does, for every
+    sentence that ends before the length both stop at."""
+    import torch
+    from transformers import MarianMTModel, MarianTokenizer
+    sources = [source for source, _ in parallel_sentences()[:12]]
+    text = tmp_path / "sources.txt"
+    text.write_text("".join(source + "\n" for source in sources), encoding="utf-8")
+    proc = run_cli("translate", f"marian:{checkpoint['model']}", str(text), "--backend", "torch")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tokenizer = MarianTokenizer.from_pretrained(checkpoint["model"])
+    model = MarianMTModel.from_pretrained(checkpoint["model"]).eval()
+    with torch.no_grad():
+        batch = tokenizer(sources, padding=True, return_tensors="pt")
+        generated = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=40)  # below its 48
+    # At the length limit transformers forces </s> into the last position (`forced_eos_token_id`): not an end.
+    ended = [row for row, tokens in enumerate(generated[:, 1:-1].tolist()) if model.config.eos_token_id in tokens]
+    assert ended, "the checkpoint's weights end no sentence early: nothing to compare"
+    translations = proc.stdout.splitlines()
+    theirs = tokenizer.batch_decode(generated, skip_special_tokens=True)
+    assert [translations[row] for row in ended] == [theirs[row] for row in ended]
+
