@@ -143,8 +143,9 @@ RUN_CONFIGURATION_OPTIONS = (
                  help="Your corpus instead of --dataset: FILE.tsv, FILE.jsonl (each may be .gz) or a Moses PREFIX "
                       "(PREFIX.SRC and PREFIX.TGT, with --src-lang/--tgt-lang); for a language model a text FILE, a "
                       "folder of .txt files, or a folder of nanoGPT's token files (train.bin, val.bin)."),
-    click.option("--preset", type=click.Choice(list(dict.fromkeys([*PRESETS, *GPT_PRESETS]))), default="small",
-                 show_default=True, help=f"Model size: {', '.join(PRESETS)} (transformer); {', '.join(GPT_PRESETS)} (gpt)."),
+    click.option("--preset", default="small", show_default=True,
+                 help=f"Model size: {', '.join(PRESETS)} (transformer); {', '.join(GPT_PRESETS)} (gpt); a plugin's "
+                      f"model family may bring its own."),
     click.option("--steps", type=int, help="Training steps (default: per preset; transformer tiny 40, small 450, base 2000; gpt tiny 40, small 300, char 5000, gpt2-small 2000)."),
     click.option("--epochs", type=float, help="Train for this many passes over the training split instead of --steps."),
     click.option("--batch-size", type=int, default=64, show_default=True, help="Sentence pairs per step (evaluation batches too)."),

@@ -50,10 +50,11 @@ GPT_PRESETS = {
     "gpt2-small": ModelPreset(d_model=768, num_heads=12, encoder_layers=0, decoder_layers=12, ff_dim=3072,
                               vocab_size=50304, max_len=1024, byte_vocab_size=50304),
 }
-# The built-in families' presets; any other family's run takes the translation presets' names. A pretrained GPT-2
-# (`--model gpt2:DIR`) takes the GPT presets' block, steps and dropout; its size is its checkpoint's.
-PRESETS_BY_FAMILY = {"gpt": GPT_PRESETS, "gpt2": GPT_PRESETS}
+# The built-in families' presets (a plugin's family brings its own, or takes its task's: `runner.config`). A
+# pretrained GPT-2 (`--model gpt2:DIR`) takes the GPT presets' block, steps and dropout; its size is its checkpoint's.
+PRESETS_BY_FAMILY = {"transformer": PRESETS, "marian": PRESETS, "gpt": GPT_PRESETS, "gpt2": GPT_PRESETS}
 
 
 def presets_for(family):
+    """A built-in family's presets (the translation presets for any other name)."""
     return PRESETS_BY_FAMILY.get(family, PRESETS)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from mtbench.errors import MtbenchError
 from mtbench.keras_models.initialization import INIT_SCHEMES  # noqa: F401 (re-exported: --init's choices)
-from mtbench.keras_models.presets import presets_for
+from mtbench.keras_models.presets import GPT_PRESETS, PRESETS, PRESETS_BY_FAMILY, presets_for
 from mtbench.figures import SIZE_KEYS
 from mtbench.runner.data.formats import ReadOptions
 
@@ -16,6 +16,37 @@ DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
 # A language model's steps by preset: "char" trains as long as nanoGPT's Shakespeare-character run.
 DEFAULT_STEPS_BY_FAMILY = {"gpt": {"tiny": 40, "small": 300, "char": 5000, "gpt2-small": 2000}}
 DEFAULT_STEPS_BY_FAMILY["gpt2"] = DEFAULT_STEPS_BY_FAMILY["gpt"]
+LANGUAGE_MODELLING = "language-modelling"
+# A plugin family's preset that says no steps (`ModelFamily.default_steps`) trains as long as its task's "small".
+FALLBACK_PRESET = "small"
+
+
+def plugin_family(name):
+    """The registered model family `name` that is not built in, or None (then the run's family check names it)."""
+    if name in PRESETS_BY_FAMILY:
+        return None
+    from mtbench.plugins.manager import registry
+    return registry().models.get(name)
+
+
+def family_presets(name):
+    """{preset name: ModelPreset} that --preset chooses from for the model family `name`: a built-in family's own;
+    a plugin's family's `presets` (plugin API 1.15), else its task's (a language model's are gpt's)."""
+    family = plugin_family(name)
+    if family is None:
+        return presets_for(name)
+    return getattr(family, "presets", None) or (GPT_PRESETS if family.task == LANGUAGE_MODELLING else PRESETS)
+
+
+def family_default_steps(name, preset):
+    """The steps of a run of `preset` that gives neither --steps nor --epochs."""
+    family = plugin_family(name)
+    own = (getattr(family, "default_steps", None) or {}) if family is not None else {}
+    if preset in own:
+        return own[preset]
+    language_model = name in DEFAULT_STEPS_BY_FAMILY or (family is not None and family.task == LANGUAGE_MODELLING)
+    defaults = DEFAULT_STEPS_BY_FAMILY["gpt"] if language_model else DEFAULT_STEPS
+    return defaults.get(preset, defaults[FALLBACK_PRESET])
 # The model's shape from flags, over the preset's: config field -> ModelPreset field (`layers` sets both stacks).
 SIZE_FIELDS = {"d_model": "d_model", "heads": "num_heads", "encoder_layers": "encoder_layers",
                "decoder_layers": "decoder_layers", "ff_dim": "ff_dim", "dropout": "dropout"}
@@ -139,7 +170,7 @@ class TrainConfig:
         if isinstance(self.report_to, str):
             self.report_to = [name.strip() for name in self.report_to.split(",")]
         self.report_to = tuple(name for name in dict.fromkeys(self.report_to) if name and name != "none")
-        presets = presets_for(self.model_family[0])
+        presets = family_presets(self.model_family[0])
         if self.preset not in presets:
             raise MtbenchError(f"unknown preset '{self.preset}' for --model {self.model_family[0]}; choose one of "
                                f"{', '.join(presets)}")
@@ -153,7 +184,7 @@ class TrainConfig:
         if self.max_len is None:
             self.max_len = model.max_len
         if self.steps is None and self.epochs is None:
-            self.steps = DEFAULT_STEPS_BY_FAMILY.get(self.model_family[0], DEFAULT_STEPS)[self.preset]
+            self.steps = family_default_steps(self.model_family[0], self.preset)
         if self.steps is not None and self.epochs is not None:
             raise MtbenchError("give --steps or --epochs, not both")
         if self.dtype not in DTYPE_CHOICES:
@@ -275,14 +306,19 @@ class TrainConfig:
         return None
 
     @property
+    def preset_model(self):
+        """The preset --preset names for the run's model family, as it is (`model` with the run's flags over it)."""
+        return family_presets(self.model_family[0])[self.preset]
+
+    @property
     def model(self):
         """The model shape: the preset with this run's size flags, vocabulary and length."""
-        return dataclasses.replace(presets_for(self.model_family[0])[self.preset], vocab_size=self.vocab_size,
-                                   max_len=self.max_len, **self.size_overrides())
+        return dataclasses.replace(self.preset_model, vocab_size=self.vocab_size, max_len=self.max_len,
+                                   **self.size_overrides())
 
     @property
     def decoder_only(self):
-        return presets_for(self.model_family[0])[self.preset].encoder_layers == 0
+        return self.preset_model.encoder_layers == 0
 
     @property
     def length_option(self):

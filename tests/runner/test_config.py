@@ -6,6 +6,7 @@ import pytest
 from conftest import run_cli
 from mtbench.errors import MtbenchError
 from mtbench.keras_models.presets import PRESETS
+from mtbench.runner import config as config_module
 from mtbench.runner.config import TrainConfig
 
 
@@ -55,3 +56,37 @@ def test_trackers_are_a_comma_separated_list_and_none_means_none():
     assert TrainConfig(report_to="tensorboard, mlflow,tensorboard").report_to == ("tensorboard", "mlflow")
     assert TrainConfig(report_to="none").report_to == ()
     assert TrainConfig().to_dict()["report_to"] == []
+
+
+@pytest.fixture
+def guides_family(monkeypatch):
+    """The decoder-only family of docs/plugins.md, as a plugin registers it, and a family of each task that brings
+    no presets."""
+    from conftest import guide_example
+    from mtbench import ModelFamily
+    namespace = {}
+    exec(guide_example("**A decoder-only family**"), namespace)
+
+    class PlainLanguageModel(ModelFamily):
+        task = "language-modelling"
+
+    families = {"one-block-lm": namespace["OneBlockLM"](), "plain-lm": PlainLanguageModel(),
+                "plain-translation": ModelFamily()}
+    monkeypatch.setattr(config_module, "plugin_family", families.get)
+
+
+def test_a_plugins_family_sizes_its_runs_by_its_own_presets_and_steps(guides_family):
+    config = TrainConfig(model_name="one-block-lm", preset="mini", d_model=48)
+    assert (config.max_len, config.steps, config.decoder_only) == (32, 40, True)
+    assert (config.model.d_model, config.model.ff_dim, config.model.num_heads) == (48, 128, 2)
+    assert config.length_option == "--block-size"
+    with pytest.raises(MtbenchError, match="unknown preset 'tiny' for --model one-block-lm; choose one of mini, small"):
+        TrainConfig(model_name="one-block-lm", preset="tiny")
+
+
+def test_a_plugins_family_without_presets_takes_its_tasks(guides_family):
+    language_model = TrainConfig(model_name="plain-lm", preset="char")
+    assert (language_model.max_len, language_model.steps, language_model.model.dropout) == (256, 5000, 0.2)
+    assert language_model.decoder_only and TrainConfig(model_name="plain-lm", layers=3).model.encoder_layers == 0
+    translation = TrainConfig(model_name="plain-translation")
+    assert (translation.max_len, translation.steps, translation.decoder_only) == (48, 450, False)

@@ -98,6 +98,13 @@ class ModelFamily:
     # encoder-decoder, the model protocol above) or 'language-modelling' (a decoder-only model called on
     # `(input_ids,)`, returning logits for the next token at every position).
     task = "translation"
+    # {name: `ModelShape`}: the sizes --preset chooses from for this family (plugin API 1.15; the run's config
+    # gives the chosen one, with the size flags, vocabulary and block over it, as `config.model`). None (the default): its task's, the
+    # translation Transformer's (tiny, small, base) or the language model's (tiny, small, char, gpt2-small).
+    presets = None
+    # {preset name: steps} of a run that gives neither --steps nor --epochs (1.15). None, or a preset it leaves
+    # out: the task's for that name, else the task's "small".
+    default_steps = None
 
     def check(self, path, config):
         """Raises `MtbenchError` with one line when `path` (None for a family without one) or `config` cannot

@@ -33,7 +33,8 @@ and `mtbench.plugins.api` are deprecated.
 `mtbench.figures`.
 1.13: `ModelFamily.initialization(config)`, the scheme a family's fresh models are drawn with (`--init`).
 1.14: `TokenStream`, and the tokenizer a language model's family brings (`stream`, `encode_text`, `decode_text`).
-1.15: that tokenizer's optional `bytes_per_id()`, the bytes of text each id stands for (bits per byte on token files).
+1.15: that tokenizer's optional `bytes_per_id()`, the bytes of text each id stands for (bits per byte on token files);
+`ModelFamily.presets` and `default_steps`, the sizes --preset names for a family and their steps.
 """
 
 PLUGIN_API_VERSION = "1.15"

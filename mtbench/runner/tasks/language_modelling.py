@@ -8,7 +8,6 @@ import os
 from dataclasses import dataclass
 
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
-from mtbench.keras_models.presets import presets_for
 from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, evaluation_batches,
                                       load_text_tokenizer, read_text, sha256_hex, split_ranges, text_tokenizer,
                                       token_stream, training_batches, batches_per_epoch)
@@ -40,7 +39,7 @@ class LanguageModellingTask(Task):
                                                          f"'{config.model_family[0]}' model family is a language model")
         if config.tokenizer not in (None, *TOKENIZERS):
             raise MtbenchError(f"unknown --tokenizer '{config.tokenizer}'; choose one of {', '.join(TOKENIZERS)}")
-        kind, preset = config.tokenizer or "byte", presets_for(config.model_family[0])[config.preset]
+        kind, preset = config.tokenizer or "byte", config.preset_model
         if is_token_folder(config.data_file):
             if config.tokenizer is not None:  # --sample-prompt waits for `prepare`: a model family may bring one
                 raise MtbenchError(f"{config.data_file} holds token files (train.bin, val.bin), which carry no "
@@ -141,8 +140,7 @@ def prepare_token_files(files, config, family_tokenizer=None):
     if family_tokenizer is not None:
         tokenizer = family_tokenizer
     else:
-        preset = presets_for(config.model_family[0])[config.preset]
-        asked = None if config.vocab_size == preset.vocab_size else config.vocab_size
+        asked = None if config.vocab_size == config.preset_model.vocab_size else config.vocab_size
         tokenizer = TokenIds(vocabulary_size(largest, asked, characters and len(characters)), characters)
     widths = bytes_per_id(tokenizer)
     if widths is not None and counts is None:

@@ -219,7 +219,8 @@ def test_a_run_of_several_processes_is_named_with_their_error_not_torchruns_repo
     monkeypatch.setenv("TMPDIR", str(temporary))
     failure = run_child(["train", "--backend", "torch", "--preset", "nope", "--out", str(tmp_path / "r.json")],
                         str(log), "run 'torch+ddp@2'", processes=2)
-    assert failure.startswith("run 'torch+ddp@2' failed: Invalid value for '--preset': 'nope' is not one of"), failure
+    assert failure.startswith("run 'torch+ddp@2' failed: process ") and \
+        "unknown preset 'nope' for --model transformer; choose one of tiny, small, base" in failure, failure
     assert failure.endswith(f"(log: {log})") and failure.exit_code != 0
     assert "mtbench FAILED" in log.read_text()  # torchrun's report stays in the log
     assert os.listdir(temporary) == []  # torchrun's agent left no folder behind

@@ -254,15 +254,17 @@ def test_the_guides_decoder_only_family_trains_compares_and_is_scored_by_perplex
     """The decoder-only family of docs/plugins.md, copied as a reader would, in a plugin package of its own."""
     env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-oneblock"}
     out = tmp_path / "compare.json"
-    proc = run_cli("compare", "--matrix", "jax;torch", "--model", "one-block-lm", "--preset", "tiny", "--steps", "12",
-                   "--block-size", "32", "--batch-size", "8", "--valid-size", "5", "--test-size", "5", "--data",
-                   text_folder, "--cache-dir", cache_dir, "--out", str(out), env=env)
+    proc = run_cli("compare", "--matrix", "jax;torch", "--model", "one-block-lm", "--preset", "mini", "--steps", "12",
+                   "--batch-size", "8", "--valid-size", "5", "--test-size", "5", "--data", text_folder, "--cache-dir",
+                   cache_dir, "--out", str(out), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "validation perplexity" in proc.stdout and "BLEU" not in proc.stdout and "test translation" not in proc.stdout
     combined = json.loads(out.read_text())
     for run in combined["runs"]:
         result = run["result"]
         assert result["config"]["task"] == "language-modelling" and result["model"]["family"] == "one-block-lm"
+        # Sized by the family's own preset: its width, and its block of 32 tokens.
+        assert (result["model"]["d_model"], result["config"]["max_len"]) == (32, 32)
         assert result["metrics"]["val_perplexity"] > 1 and "bleu" not in result["metrics"]
     assert combined["parity"]["passed"] and combined["parity"]["pairs"], combined["parity"]
 
