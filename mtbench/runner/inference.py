@@ -201,7 +201,7 @@ def text_stream(loaded, text_path):
     from mtbench.runner.data.text import read_text_path, token_stream
     if not hasattr(loaded.tokenizer, "stream"):
         raise MtbenchError(f"{loaded.source.label}: trained on token files, whose ids no tokenizer here makes from "
-                           f"text; it has no text to score (a folder of token files it has)")
+                           f"text; it scores the val.bin of a folder of token files, not a text")
     text = read_text_path(text_path)
     stream, _ = token_stream(loaded.tokenizer, text.data, None)
     return stream, {"origin": text.origin, "bytes": len(text.data)}
@@ -211,7 +211,6 @@ def token_folder_stream(loaded, folder):
     """(the `TokenStream` of a token folder's val.bin, {origin, bytes}: None where the model's tokenizer does not
     know each id's bytes) for a model that reads token files: one trained on them, or one whose family brings the
     tokenizer that made them (GPT-2's)."""
-    from mtbench.plugins.api import ModelFamily
     from mtbench.runner.data.token_files import TokenIds, held_out_ids
     family = loaded.plugins.model
     reads_ids = isinstance(loaded.tokenizer, TokenIds) or type(family).tokenizer is not ModelFamily.tokenizer

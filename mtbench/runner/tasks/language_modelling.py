@@ -12,8 +12,8 @@ from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, 
                                       load_text_tokenizer, read_text, sha256_hex, split_ranges, text_tokenizer,
                                       token_stream, training_batches, batches_per_epoch)
 from mtbench.runner.data.token_files import (KEPT_FOLDER, META_FILE, TokenFiles, TokenIds, TokenWidths,
-                                             bytes_per_id, file_fingerprint, id_counts, is_token_folder, kept_largest_of_folder,
-                                             read_token_files, vocabulary_size)
+                                             bytes_per_id, file_fingerprint, id_counts, is_token_folder,
+                                             kept_largest_of_folder, read_token_files, vocabulary_size)
 
 SPLITS = ("train", "valid", "test")
 METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}

@@ -246,3 +246,13 @@ def test_shakespeare_char_files_with_their_meta_train_as_the_character_model_of_
                    "--backend", "torch")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("Et Dieu") and len(proc.stdout.rstrip("\n")) > len("Et Dieu")
+    # ... and scores the folder's val.bin (the held-out passage twice) by its characters' bytes; a text it cannot.
+    proc = run_cli("evaluate", str(tmp_path / "ids.json"), "--test", str(folder), "--out", str(tmp_path / "e.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores = json.loads((tmp_path / "e.json").read_text())
+    assert scores["bytes"] == 2 * twentieth and scores["tokens_evaluated"] == 2 * len(held_out) - 1
+    assert scores["bits_per_byte"] == pytest.approx(
+        scores["loss"] * scores["tokens_evaluated"] / math.log(2) / scores["bytes_evaluated"], rel=1e-6)
+    refused = run_cli("evaluate", str(tmp_path / "ids.json"), "--test", str(tmp_path / "verses.txt"))
+    assert_refused_in_one_line(refused, "trained on token files, whose ids no tokenizer here makes from text; it "
+                                        "scores the val.bin of a folder of token files, not a text")
