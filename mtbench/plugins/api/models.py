@@ -99,8 +99,9 @@ class ModelFamily:
     # `(input_ids,)`, returning logits for the next token at every position).
     task = "translation"
     # {name: `ModelShape`}: the sizes --preset chooses from for this family (plugin API 1.15; the run's config
-    # gives the chosen one, with the size flags, vocabulary and block over it, as `config.model`). None (the default): its task's, the
-    # translation Transformer's (tiny, small, base) or the language model's (tiny, small, char, gpt2-small).
+    # gives the chosen one, with the size flags, vocabulary and block over it, as `config.model`). None (the
+    # default): its task's, the translation Transformer's (tiny, small, base) or the language model's (tiny,
+    # small, char, gpt2-small).
     presets = None
     # {preset name: steps} of a run that gives neither --steps nor --epochs (1.15). None, or a preset it leaves
     # out: the task's for that name, else the task's "small".

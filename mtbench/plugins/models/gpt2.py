@@ -86,9 +86,9 @@ class GPT2Family(ModelFamily):
         return checkpoint.pretrained_weights(path, model)
 
     def save(self, path, model_shape, directory):
-        """The checkpoint's config.json, which `build` reads, and its tokenizer's files (a run on token files
-        saves their ids' description, not the BPE that `generate` and `evaluate` read text with)."""
-        checkpoint.files.copy_present((checkpoint.CONFIG, VOCAB, MERGES), path, directory)
+        """The checkpoint's config.json, which `build` reads; the tokenizer saves its own files (every run of the
+        family, on text or on token files, keeps the checkpoint's BPE)."""
+        checkpoint.files.copy_present((checkpoint.CONFIG,), path, directory)
         return {"checkpoint": os.path.abspath(path)}
 
     def load_saved(self, directory, description):

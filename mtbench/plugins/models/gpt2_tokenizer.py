@@ -69,6 +69,7 @@ class GPT2Tokenizer(Tokenizer):
         self.bytes_of_symbol = {symbol: byte for byte, symbol in self.symbols.items()}
         self.word_pattern = regex.compile(WORD_PATTERN)
         self.word_ids = {}  # each distinct word's ids, as `encoder.py` caches them
+        self.widths = None  # `bytes_per_id`, made on first use
         self.fingerprint = f"gpt2-bpe-{digest[:16]}"
         self.stream_key = self.fingerprint
 
@@ -112,23 +113,22 @@ class GPT2Tokenizer(Tokenizer):
         except UnicodeDecodeError as error:
             raise MtbenchError(f"the text is not UTF-8 at byte {error.start} ({error.reason}): GPT-2's tokenizer "
                                f"reads UTF-8 text") from None
-        ids, widths = array.array("I"), array.array("I")
+        ids = array.array("I")
         for word in self.word_pattern.finditer(text):
-            word_ids = self._ids_of_word(word.group())
-            ids.extend(word_ids)
-            widths.extend(len(self.tokens[i]) for i in word_ids)  # a token's symbols: one a byte
-        widths = np.frombuffer(widths, np.uint32) if widths else np.zeros(0, np.uint32)
-        return TokenStream(np.frombuffer(ids, np.uint32).astype(np.min_scalar_type(self.vocab_size - 1))
-                           if ids else np.zeros(0, np.uint16),
+            ids.extend(self._ids_of_word(word.group()))
+        ids = np.frombuffer(ids, np.uint32) if ids else np.zeros(0, np.uint32)
+        widths = self.bytes_per_id()[ids]
+        return TokenStream(ids.astype(np.min_scalar_type(self.vocab_size - 1)),
                            widths.astype(np.min_scalar_type(int(widths.max()) if len(widths) else 0)))
 
     def bytes_per_id(self):
-        """The bytes of text each id stands for (a token's symbols: one a byte; none for an id with no token), for
-        bits per byte on token files, which hold ids alone."""
-        widths = np.zeros(self.vocab_size, np.uint16)
-        for i, token in self.tokens.items():
-            widths[i] = len(token)
-        return widths
+        """The bytes of text each id stands for (a token's symbols: one a byte; none for an id with no token): each
+        token's bytes in a stream, and bits per byte on token files, which hold ids alone."""
+        if self.widths is None:
+            self.widths = np.zeros(self.vocab_size, np.uint16)
+            for i, token in self.tokens.items():
+                self.widths[i] = len(token)
+        return self.widths
 
     def decode_text(self, ids):
         # An id past the tokenizer's (a row a padded embedding adds) stands for no bytes: the replacement character.

@@ -219,14 +219,16 @@ def held_out_ids(folder, tokenizer, label):
     if characters is not None and characters != getattr(tokenizer, "characters", None):
         raise MtbenchError(f"{folder}: its {META_FILE} gives each id a character, which the model ({label}) reads "
                            f"otherwise")
-    ids = TokenFile(path)
-    largest = largest_id(ids)
+    ids, widths = TokenFile(path), bytes_per_id(tokenizer)
+    # One pass over the ids: their counts where each id's bytes are known (the largest id with them), else the
+    # largest id alone.
+    counts = None if widths is None else id_counts(ids)
+    largest = largest_id(ids) if counts is None else len(counts) - 1
     if largest >= tokenizer.vocab_size:
         raise MtbenchError(f"{folder}: val.bin holds id {largest:,}, past the {tokenizer.vocab_size:,} ids of the "
                            f"model ({label})")
-    widths = bytes_per_id(tokenizer)
     return TokenStream(ids, None if widths is None else TokenWidths(ids, widths)), \
-        None if widths is None else int(id_counts(ids) @ widths[:largest + 1])
+        None if widths is None else int(counts @ widths[:len(counts)])
 
 
 def vocabulary_size(largest, asked, default=None):
