@@ -63,12 +63,23 @@ def dropout(x, rate, key):
     return jnp.where(jax.random.bernoulli(key, 1 - rate, x.shape), x / (1 - rate), 0).astype(x.dtype)
 
 
+def causal_attention(q, k, v, rate, key, implementation):
+    """`jax.nn.dot_product_attention`, which drops no probabilities; with dropout (`rate`), nanoGPT's unfused
+    attention written out: scores and softmax in float32, the probabilities dropped in the compute dtype."""
+    if not rate:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+    scores = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32) * q.shape[-1] ** -0.5
+    seen = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+    probabilities = jax.nn.softmax(jnp.where(seen, scores, -jnp.inf), axis=-1).astype(v.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", dropout(probabilities, rate, key), v)
+
+
 def forward(params, tokens, shape, dtype=jnp.float32, key=None, attention=None):
     """Float32 logits (batch, length, vocab) of `tokens` (batch, length). `shape`: the mtbench `ModelPreset`;
     `key`: dropout's random key (None: no dropout, as in evaluation); `attention`: the
     `jax.nn.dot_product_attention` implementation (None: XLA's, or "cudnn")."""
     rate = shape.dropout if key is not None else 0.0
-    keys = iter(jax.random.split(key, 1 + 2 * shape.decoder_layers)) if rate else itertools.repeat(None)
+    keys = iter(jax.random.split(key, 1 + 3 * shape.decoder_layers)) if rate else itertools.repeat(None)
     length = tokens.shape[1]
     x = params["token_embedding"]["embeddings"][tokens] + params["position_embedding"]["embeddings"][:length]
     x = dropout(x.astype(dtype), rate, next(keys))
@@ -79,7 +90,7 @@ def forward(params, tokens, shape, dtype=jnp.float32, key=None, attention=None):
         # gradients together in the bias's reduction; three slices of the last axis cost two more passes (2.8 GB).
         qkv = qkv.reshape(*qkv.shape[:2], len(QKV), shape.num_heads, -1)
         q, k, v = (qkv[:, :, index] for index in range(len(QKV)))
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=attention)
+        y = causal_attention(q, k, v, rate, next(keys), attention)
         x = x + dropout(dense(p["self_attention"]["output"], y.reshape(x.shape)), rate, next(keys))
         h = jax.nn.gelu(dense(p["mlp"]["hidden"], layer_norm(p["mlp_norm"], x)), approximate=False)
         x = x + dropout(dense(p["mlp"]["out"], h), rate, next(keys))
@@ -172,16 +183,19 @@ class TrainStep:
     def __init__(self, shape, params, settings, mixed_bfloat16=False, seed=0, attention="auto"):
         """`attention`: the `jax.nn.dot_product_attention` implementation; "auto": cuDNN's fused kernel, which
         takes 16-bit inputs only, on a GPU in 16 bits, elsewhere XLA's (None)."""
-        if attention == "auto":
-            attention = "cudnn" if mixed_bfloat16 and jax.default_backend() == "gpu" else None
+        if attention == "auto":  # unfused where dropout drops attention probabilities (`causal_attention`)
+            fused = mixed_bfloat16 and jax.default_backend() == "gpu" and not shape.dropout
+            attention = "cudnn" if fused else None
         self.forward = functools.partial(forward, shape=shape, dtype=jnp.bfloat16 if mixed_bfloat16 else jnp.float32,
                                          attention=attention)
         self.optimizer = on_keras_variables(native_flax.make_optimizer(settings), settings)
         self.params, self.optimizer_state, self.key = params, self.optimizer.init(params), jax.random.key(seed)
         self._step = jax.jit(self.train_step, donate_argnums=(0, 1))
         self.name = "best-by-hand jax"
-        self.description = (f"plain jax + optax: fused QKV, dot_product_attention({attention or 'xla'}), one "
-                            "donating jit" + (", bf16 compute" if mixed_bfloat16 else ""))
+        attends = ("attention written out to drop its probabilities" if shape.dropout
+                   else f"dot_product_attention({attention or 'xla'})")
+        self.description = (f"plain jax + optax: fused QKV, {attends}, one donating jit"
+                            + (", bf16 compute" if mixed_bfloat16 else ""))
 
     def loss(self, params, tokens, next_tokens, weights, key=None):
         losses = token_losses(self.forward(params, tokens, key=key), next_tokens)

@@ -28,9 +28,9 @@ QKV = ("query", "key", "value")  # the Keras layers fused into one `qkv` Linear,
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model, num_heads):
+    def __init__(self, d_model, num_heads, dropout):
         super().__init__()
-        self.num_heads = num_heads
+        self.num_heads, self.dropout = num_heads, dropout
         self.qkv = nn.Linear(d_model, 3 * d_model)  # one matmul instead of three
         self.output = nn.Linear(d_model, d_model)
 
@@ -39,7 +39,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(batch, length, self.num_heads, -1).transpose(1, 2)
                    for t in self.qkv(x).split(d_model, dim=2))
         # is_causal and no attn_mask: the form the flash kernel accepts.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         return self.output(y.transpose(1, 2).reshape(batch, length, d_model))
 
 
@@ -47,7 +47,7 @@ class Block(nn.Module):
     def __init__(self, d_model, num_heads, ff_dim, dropout):
         super().__init__()
         self.attention_norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPSILON)
-        self.self_attention = CausalSelfAttention(d_model, num_heads)
+        self.self_attention = CausalSelfAttention(d_model, num_heads, dropout)
         self.mlp_norm = nn.LayerNorm(d_model, eps=LAYER_NORM_EPSILON)
         self.mlp = MLP(d_model, ff_dim, dropout)
         self.dropout = nn.Dropout(dropout)

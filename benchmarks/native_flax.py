@@ -42,9 +42,10 @@ class Attention(nn.Module):
     num_heads: int
     is_causal: bool = False
     dtype: jnp.dtype = jnp.float32
+    dropout: float = 0.0  # of the attention probabilities, while training (mtbench's GPT's)
 
     @nn.compact
-    def __call__(self, x, memory, key_mask=None):
+    def __call__(self, x, memory, key_mask=None, training=False):
         head_dim = self.d_model // self.num_heads
 
         def heads(projected):
@@ -59,8 +60,15 @@ class Attention(nn.Module):
         products = jnp.einsum("btd,dnh->btnh", memory.astype(self.dtype), kernels) + biases
         query = products[:, :, 0] if memory is x else nn.Dense(self.d_model, dtype=self.dtype, name="query")(x)
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        attended = jax.nn.dot_product_attention(heads(query), heads(products[:, :, -2]), heads(products[:, :, -1]),
-                                                mask=mask, is_causal=self.is_causal)
+        q, k, v = heads(query), heads(products[:, :, -2]), heads(products[:, :, -1])
+        if training and self.dropout:
+            # jax.nn's attention takes no dropout: Flax's own attention does, as its users drop probabilities.
+            causal = nn.make_causal_mask(jnp.ones(x.shape[:2])) if self.is_causal else None
+            attended = nn.dot_product_attention(q, k, v, mask=nn.combine_masks(mask, causal),
+                                                 dropout_rng=self.make_rng("dropout"), dropout_rate=self.dropout,
+                                                 deterministic=False, dtype=self.dtype)
+        else:
+            attended = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=self.is_causal)
         return nn.Dense(self.d_model, dtype=self.dtype, name="output")(attended.reshape(x.shape[:2] + (-1,)))
 
 

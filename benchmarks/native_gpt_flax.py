@@ -37,7 +37,9 @@ class Block(native_flax.Block):
     def __call__(self, x, training):
         drop = nn.Dropout(self.dropout, deterministic=not training)
         h = layer_norm("attention_norm", self.dtype)(x)
-        x = x + drop(self.attention("self_attention", is_causal=True)(h, h))
+        attention = native_flax.Attention(self.d_model, self.num_heads, is_causal=True, dtype=self.dtype,
+                                          dropout=self.dropout, name="self_attention")
+        x = x + drop(attention(h, h, training=training))
         mlp = MLP(self.d_model, self.ff_dim, self.dropout, self.dtype, name="mlp")
         return x + mlp(layer_norm("mlp_norm", self.dtype)(x), training)
 

@@ -34,7 +34,7 @@ class Block(nn.Module):
     def __init__(self, d_model, num_heads, ff_dim, dropout):
         super().__init__()
         self.attention_norm = layer_norm(d_model)
-        self.self_attention = Attention(d_model, num_heads, is_causal=True)
+        self.self_attention = Attention(d_model, num_heads, is_causal=True, dropout=dropout)
         self.mlp_norm = layer_norm(d_model)
         self.mlp = MLP(d_model, ff_dim, dropout)
         self.dropout = nn.Dropout(dropout)

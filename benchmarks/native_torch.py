@@ -41,9 +41,9 @@ def default_device():
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model, num_heads, is_causal=False):
+    def __init__(self, d_model, num_heads, is_causal=False, dropout=0.0):
         super().__init__()
-        self.num_heads, self.is_causal = num_heads, is_causal
+        self.num_heads, self.is_causal, self.dropout = num_heads, is_causal, dropout
         self.query = nn.Linear(d_model, d_model)
         self.key = nn.Linear(d_model, d_model)
         self.value = nn.Linear(d_model, d_model)
@@ -64,6 +64,7 @@ class Attention(nn.Module):
         mask = None if key_mask is None else key_mask[:, None, None, :]
         attended = F.scaled_dot_product_attention(self._heads(query), self._heads(projected[-2]),
                                                   self._heads(projected[-1]), attn_mask=mask,
+                                                  dropout_p=self.dropout if self.training else 0.0,
                                                   is_causal=self.is_causal)
         return self.output(attended.transpose(1, 2).flatten(2))
 

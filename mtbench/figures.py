@@ -125,7 +125,7 @@ def train_step_text(result):
 def attention_text(result):
     """The attention implementation each kind of attention ran (one name when both kinds ran the same), in a
     16-bit dtype the arithmetic of the training attention (`model.attention.arithmetic`) where recorded, and
-    whether the query, key and value were three products."""
+    whether the query, key and value were three products, and the share of its probabilities dropped."""
     attention = result["model"].get("attention")
     if attention == {}:
         return "none named (the model family runs no attention mtbench holds to a kernel)"
@@ -139,11 +139,13 @@ def attention_text(result):
     arithmetic = attention.get("arithmetic")
     # One product is the models' way; a run of three (or from before it was recorded, which ran three) says so.
     three = arithmetic and arithmetic.get("projections", "separate") == "separate"
-    projections = "; query, key and value in three products" if three else ""
+    notes = "; query, key and value in three products" if three else ""
+    dropped = arithmetic and arithmetic.get("probability_dropout")
+    notes += f"; {dropped:g} of its probabilities dropped while training" if dropped else ""
     if not arithmetic or arithmetic["matmul_inputs"] == "float32":
-        return kernels + projections
+        return kernels + notes
     return (f"{kernels}; {arithmetic['matmul_inputs']} matmuls summing in {arithmetic['accumulation']}, "
-            f"{arithmetic['scores']} scores, {arithmetic['softmax']} softmax{projections}")
+            f"{arithmetic['scores']} scores, {arithmetic['softmax']} softmax{notes}")
 
 
 MATMUL_PRECISION_NAMES = {"highest": "highest (IEEE float32)", "high": "high (TF32 where the device has it)"}

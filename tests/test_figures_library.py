@@ -47,7 +47,7 @@ def test_the_old_module_still_serves_the_figures_and_warns():
     assert old.FIGURES is mtbench.figures.FIGURES and old.figure_text is mtbench.figures.figure_text
 
 
-def test_the_attention_row_says_when_the_query_key_and_value_were_three_products():
+def test_the_attention_row_says_when_the_query_key_and_value_were_three_products_and_what_dropout_dropped():
     def result(**arithmetic):
         return {"model": {"attention": {"causal": "xla (unfused)", "arithmetic": arithmetic or None}}}
     bfloat16 = {"matmul_inputs": "bfloat16", "accumulation": "float32", "scores": "bfloat16", "softmax": "float32"}
@@ -62,6 +62,10 @@ def test_the_attention_row_says_when_the_query_key_and_value_were_three_products
     assert figures.attention_text(result(**float32, projections="separate")) == (
         "causal xla (unfused); query, key and value in three products")
     assert figures.attention_text(result()) == "causal xla (unfused)"  # nothing recorded: nothing said
+    assert figures.attention_text(result(**float32, projections="fused", probability_dropout=0.2)) == (
+        "causal xla (unfused); 0.2 of its probabilities dropped while training")
+    assert figures.attention_text(result(**bfloat16, projections="fused", probability_dropout=0.0)) == (
+        "causal xla (unfused); bfloat16 matmuls summing in float32, bfloat16 scores, float32 softmax")
 
 
 def test_a_runs_batch_reads_as_its_configuration_sizes_it():

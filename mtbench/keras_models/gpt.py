@@ -30,15 +30,16 @@ class Block(layers.Layer):
                  **kwargs):
         super().__init__(**kwargs)
         self.attention_norm = layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
+        # nanoGPT's and GPT-2's attention drops its probabilities at the blocks' rate.
         self.attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
-                                   name="self_attention")
+                                   dropout=dropout, name="self_attention")
         self.mlp_norm = layers.LayerNormalization(epsilon=1e-5, name="mlp_norm")
         self.mlp = MLP(d_model, ff_dim, dropout, tanh_gelu_activation, name="mlp")
         self.dropout = dropout_layer(dropout)
 
     def call(self, x, training=False):
         h = self.attention_norm(x)
-        x = x + self.dropout(self.attention(h), training=training)
+        x = x + self.dropout(self.attention(h, training=training), training=training)
         return x + self.mlp(self.mlp_norm(x), training=training)
 
 

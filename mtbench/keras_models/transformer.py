@@ -61,16 +61,24 @@ class Attention(layers.Layer):
     16-bit partial gradients before adding them. XLA's GPU compiler merges the forward's three products itself
     (not the backward's); XLA's CPU compiler and torch.compile merge none. Split by columns over devices, one
     product has one partial gradient of its input to all-reduce, where three have three. False: one Dense call a
-    projection (the weights are the same)."""
+    projection (the weights are the same).
+
+    `dropout`: the share of attention probabilities dropped while training (nanoGPT's and GPT-2's `attn_dropout`),
+    in the plain attention only: the fused kernels Keras calls drop none, so asking for both is refused."""
 
     fused_projections = True
 
-    def __init__(self, d_model, num_heads, is_causal=False, flash_attention=False, **kwargs):
+    def __init__(self, d_model, num_heads, is_causal=False, flash_attention=False, dropout=0.0, **kwargs):
         super().__init__(**kwargs)
+        if dropout and flash_attention is not False:
+            raise ValueError(f"attention dropout ({dropout:g}) needs the plain attention: the fused kernels of "
+                             f"keras.ops.dot_product_attention drop no attention probabilities")
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
         self.is_causal = is_causal
         self.flash_attention = flash_attention
+        self.dropout_rate = dropout
+        self.probability_dropout = dropout_layer(dropout)
         self.query = layers.Dense(d_model, name="query")
         self.key = layers.Dense(d_model, name="key")
         self.value = layers.Dense(d_model, name="value")
@@ -111,7 +119,8 @@ class Attention(layers.Layer):
         products = ops.reshape(products, (batch, length, len(kernels), heads, self.head_dim))
         return [products[:, :, index] for index in range(len(kernels))]
 
-    def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=False, queries=None):
+    def attend(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=False, queries=None,
+               training=False):
         q = self._split_heads(self.query(x)) if queries is None else queries
         if flash_attention is not False:
             fused = flash_attention is True
@@ -119,11 +128,14 @@ class Attention(layers.Layer):
             attended = ops.dot_product_attention(q, keys, values, mask=mask, is_causal=is_causal,
                                                  flash_attention=fused)
         else:
-            attended = plain_attention(q, keys, values, key_mask, is_causal)
+            dropout = None
+            if training and self.dropout_rate:
+                dropout = lambda probabilities: self.probability_dropout(probabilities, training=True)
+            attended = plain_attention(q, keys, values, key_mask, is_causal, dropout)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return self.output_projection(ops.reshape(attended, (batch, length, self.num_heads * self.head_dim)))
 
-    def call(self, x, memory=None, key_mask=None):
+    def call(self, x, memory=None, key_mask=None, training=False):
         """`memory`: the sequence the keys and values are made of (cross-attention); None: `x` (self-attention)."""
         queries = None
         if not self.fused_projections:
@@ -132,17 +144,18 @@ class Attention(layers.Layer):
             queries, keys, values = self.projected_together(x, (self.query, self.key, self.value))
         else:
             keys, values = self.projected_together(memory, (self.key, self.value))
-        return self.attend(x, keys, values, key_mask, self.is_causal, self.flash_attention, queries)
+        return self.attend(x, keys, values, key_mask, self.is_causal, self.flash_attention, queries, training)
 
 
 # A large negative score for hidden keys: finite, so a query that sees no key gets equal weights and no NaN.
 HIDDEN_SCORE = -1e9
 
 
-def plain_attention(query, keys, values, key_mask=None, is_causal=False):
+def plain_attention(query, keys, values, key_mask=None, is_causal=False, dropout=None):
     """Scaled dot-product attention of (batch, length, heads, head_dim) tensors, written with keras.ops so that
     every backend runs the same operations: both matmuls in the compute dtype, the scores scaled, masked and
-    normalised in float32, the probabilities cast back to the compute dtype (as the fused kernels do)."""
+    normalised in float32, the probabilities cast back to the compute dtype (as the fused kernels do), then
+    passed through `dropout` (a function of them) where given."""
     scores = ops.cast(ops.einsum("btnh,bsnh->bnts", query, keys), "float32") * (ops.shape(query)[-1] ** -0.5)
     visible = None if key_mask is None else key_mask[:, None, None, :]
     if is_causal:
@@ -153,6 +166,8 @@ def plain_attention(query, keys, values, key_mask=None, is_causal=False):
         # Added as a bias the size of the mask, with Python numbers as kernel arguments.
         scores = scores + (1.0 - ops.cast(visible, "float32")) * HIDDEN_SCORE
     probabilities = ops.cast(ops.softmax(scores, axis=-1), values.dtype)
+    if dropout is not None:
+        probabilities = dropout(probabilities)
     return ops.einsum("bnts,bsnh->btnh", probabilities, values)
 
 
@@ -161,14 +176,16 @@ def attention_arithmetic(model):
     dtype, 'accumulation': 'float32' (what the GPU libraries accumulate 16-bit matmuls in), 'scores': the dtype the
     first matmul writes (`plain_attention`: the compute dtype; the fused kernels keep them in float32), 'softmax':
     'float32', 'projections': 'fused' (one product for the query, key and value, `fused_projections`) or
-    'separate'}; None where it has no such layer, or layers that compute differently."""
-    found = {(layer.compute_dtype, layer.flash_attention is not False, layer.fused_projections)
+    'separate', 'probability_dropout': the share of probabilities dropped while training (0: none)}; None where
+    it has no such layer, or layers that compute differently."""
+    found = {(layer.compute_dtype, layer.flash_attention is not False, layer.fused_projections, layer.dropout_rate)
              for layer in model._flatten_layers() if isinstance(layer, Attention)}
     if len(found) != 1:
         return None
-    dtype, fused, fused_projections = found.pop()
+    dtype, fused, fused_projections, dropout = found.pop()
     return {"matmul_inputs": dtype, "accumulation": "float32", "scores": "float32" if fused else dtype,
-            "softmax": "float32", "projections": "fused" if fused_projections else "separate"}
+            "softmax": "float32", "projections": "fused" if fused_projections else "separate",
+            "probability_dropout": dropout}
 
 
 def attention_mask(key_mask, query_length, fused):

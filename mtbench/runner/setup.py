@@ -255,8 +255,7 @@ def start_backend(config, plugins, launch):
     run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info(),
                      model_shape=model_shape, processes=processes, cpu_share=cpu_share,
                      task=plugins.task)
-    if plugins.model.attention_kinds:  # a family that names none keeps every kind (plugin API 1.1's behaviour)
-        run.attention_kinds = tuple(plugins.model.attention_kinds)
+    read_model_attention(run, plugins.model)
     choose_dtype(run, plugins)  # before any plugin reads the configuration's dtype
     choose_compiled_step(run, plugins)  # before the cache opens: torch's opens for a compiled step alone
     run.compile_cache = plugins.backend.open_compile_cache(run.config)  # before anything compiles
@@ -299,6 +298,15 @@ def adjusted_config(run, plugins):
             with plugins.extra_code(extra):
                 extra.adjust_config(run)
     return config
+
+
+def read_model_attention(run, family):
+    """What the model family tells the run of its attention before the model is built: the kinds it runs and the
+    share of attention probabilities it drops while training."""
+    if family.attention_kinds:  # a family that names none keeps every kind (plugin API 1.1's behaviour)
+        run.attention_kinds = tuple(family.attention_kinds)
+    if family.attention_dropout:
+        run.attention_dropout = run.config.model.dropout or 0.0
 
 
 def device_refusal(run, extras, extra_code=None):

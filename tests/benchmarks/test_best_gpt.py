@@ -165,3 +165,44 @@ def test_the_reference_in_cuda_graphs_is_refused_in_one_line_where_there_are_non
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(
         "error: --compile-mode: torch.compile's mode, for the torch reference only")
+
+
+def first_position_kept_or_dropped(attended, values):
+    """Of a causal attention's output at its first position (one key, probability 1) through dropout at 0.5: each
+    head's is that value doubled or zero (the probability kept or dropped whole), about half of each. Arrays
+    (rows, heads, head size)."""
+    kept = np.isclose(attended, 2 * values, rtol=1e-5).all(axis=-1)
+    dropped = (attended == 0).all(axis=-1)
+    assert (kept ^ dropped).all()
+    assert 0.35 < dropped.mean() < 0.65, dropped.mean()
+
+
+@pytest.mark.parametrize("backend", [pytest.param("jax", marks=needs_flax), "torch"])
+def test_each_reference_drops_attention_probabilities_as_nanogpt_does(backend):
+    """nanoGPT's attention dropout, which mtbench's GPT has: torch's reference through SDPA's `dropout_p`, JAX's by
+    writing the attention out (jax.nn's takes no dropout); outside training, none."""
+    rows, length, heads, size = 200, 3, 2, 4
+    values = np.random.default_rng(3).uniform(1, 2, size=(rows, length, heads, size)).astype("float32")
+    if backend == "jax":
+        import jax
+
+        from benchmarks import best_gpt_jax
+        queries = np.zeros_like(values)
+        attend = lambda rate: np.asarray(best_gpt_jax.causal_attention(queries, values, values, rate,
+                                                                       jax.random.key(0), None))
+        trained, plain = attend(0.5), attend(0.0)
+    else:
+        import torch
+
+        from benchmarks import best_gpt_torch
+        layer = best_gpt_torch.CausalSelfAttention(heads * size, heads, 0.5)
+        with torch.no_grad():  # the query, key and value are the input; the output projection passes them on
+            layer.qkv.weight.copy_(torch.eye(heads * size).repeat(3, 1))
+            layer.qkv.bias.zero_()
+            layer.output.weight.copy_(torch.eye(heads * size))
+            layer.output.bias.zero_()
+            x = torch.from_numpy(values.reshape(rows, length, heads * size))
+            trained = layer.train()(x).numpy().reshape(values.shape)
+            plain = layer.eval()(x).numpy().reshape(values.shape)
+    np.testing.assert_allclose(plain[:, 0], values[:, 0], rtol=1e-6)
+    first_position_kept_or_dropped(trained[:, 0], values[:, 0])

@@ -27,7 +27,7 @@ def padded_ids(rows, length, vocab, seed):
 
 
 def attend_through_keras(self, x, keys, values, key_mask=None, is_causal=False, flash_attention=False,
-                         queries=None):
+                         queries=None, training=False):
     """`Attention.attend` as it was: Keras's plain attention (XLA's on JAX) with the broadcastable mask."""
     q = self._split_heads(self.query(x)) if queries is None else queries
     mask = None if key_mask is None else key_mask[:, None, None, :]
@@ -95,6 +95,29 @@ def test_plain_attention_and_decoding_never_call_keras(attention_calls):
     model.decode_step(ops.ones((2, 1), "int32"), ops.convert_to_tensor(0), caches, cross, src_mask)
     assert attention_calls == []
 
+
+
+def test_attention_dropout_drops_whole_probabilities_while_training_only():
+    """nanoGPT's `attn_dropout`: a query's probability of each key is kept, scaled by 1 / (1 - rate), or dropped,
+    every dimension of that head's value with it. The first position of a causal attention sees one key with
+    probability 1, so through identity value and output projections it gives its head's part of the input, doubled
+    (rate 0.5) or zero, about half of each; outside training, the input itself."""
+    rows, length, width, heads = 200, 3, 8, 2
+    layer = Attention(width, heads, is_causal=True, dropout=0.5)
+    x = np.random.default_rng(7).uniform(1, 2, size=(rows, length, width)).astype("float32")
+    layer(x)
+    for projection in (layer.value, layer.output_projection):
+        projection.kernel.assign(np.eye(width, dtype="float32"))
+        projection.bias.assign(np.zeros(width, "float32"))
+    first = x[:, 0].reshape(rows, heads, width // heads)
+    np.testing.assert_allclose(ops.convert_to_numpy(layer(x))[:, 0], x[:, 0], rtol=1e-6)
+    trained = ops.convert_to_numpy(layer(x, training=True))[:, 0].reshape(rows, heads, width // heads)
+    kept = np.isclose(trained, 2 * first, rtol=1e-5).all(axis=-1)
+    dropped = (trained == 0).all(axis=-1)
+    assert (kept ^ dropped).all()  # each head's probability whole: kept (scaled) or dropped
+    assert 0.35 < dropped.mean() < 0.65, dropped.mean()
+    with pytest.raises(ValueError, match="attention dropout"):
+        Attention(width, heads, is_causal=True, dropout=0.5, flash_attention=True)
 
 
 def test_fused_projections_compute_what_three_products_compute():

@@ -103,9 +103,12 @@ def test_the_record_follows_the_dtype_and_the_kernel(mixed_bfloat16):
     # Built, not called: no fused kernel runs on this CPU.
     fused = GPT(vocab_size=50, d_model=16, num_heads=2, layers_count=1, ff_dim=32, block_size=8, flash_attention=True)
     assert attention_arithmetic(fused) == {"matmul_inputs": "bfloat16", "accumulation": "float32",
-                                           "scores": "float32", "softmax": "float32", "projections": "fused"}
+                                           "scores": "float32", "softmax": "float32", "projections": "fused",
+                                           "probability_dropout": 0.0}
     keras.config.set_dtype_policy("float32")
-    assert set(attention_arithmetic(build_transformer(PRESETS["tiny"])).values()) == {"float32", "fused"}
+    assert set(attention_arithmetic(build_transformer(PRESETS["tiny"])).values()) == {"float32", "fused", 0.0}
+    dropping = GPT(vocab_size=50, d_model=16, num_heads=2, layers_count=2, ff_dim=32, block_size=8, dropout=0.2)
+    assert attention_arithmetic(dropping)["probability_dropout"] == 0.2
     for block in fused.blocks:
         block.attention.fused_projections = False
     assert attention_arithmetic(fused)["projections"] == "separate"

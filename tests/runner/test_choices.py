@@ -147,6 +147,45 @@ def test_on_a_rocm_gpu_jax_attends_unfused_under_auto_and_says_why(monkeypatch):
         "cuda 12080": {"asked": "auto", "fused": True, "by_extra": "flash-attention"}}
 
 
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_auto_attends_unfused_where_the_model_drops_attention_probabilities(monkeypatch, backend):
+    """nanoGPT's Shakespeare model drops a fifth of its attention probabilities, which no fused kernel Keras calls
+    can: on a GPU `--attention auto` keeps it unfused on both backends and says why, fuses it at --dropout 0, and
+    fuses the translation Transformer's `base`, whose dropout (0.1) leaves the probabilities alone."""
+    import jax
+    import torch
+
+    from mtbench.plugins import manager
+    from mtbench.plugins.api import RunContext
+    from mtbench.runner.choices import choose_fused_attention
+    from mtbench.runner.setup import choose_plugins, device_refusal, read_model_attention
+    monkeypatch.setattr(jax, "devices", lambda: [SimpleNamespace(client=SimpleNamespace(platform_version="cuda"))])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
+    chosen = {}
+    for label, options in (("char", {"model_name": "gpt", "preset": "char"}),
+                           ("char at --dropout 0", {"model_name": "gpt", "preset": "char", "dropout": 0.0}),
+                           ("base", {"preset": "base"})):
+        config = TrainConfig(backend=backend, dtype="mixed_bfloat16", **options)
+        plugins = choose_plugins(config, manager.registry())
+        run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"})
+        read_model_attention(run, plugins.model)
+        choose_fused_attention(run, plugins)
+        chosen[label] = run.attention_choice
+    assert chosen == {
+        "char": {"asked": "auto", "fused": False, "why_unfused": "drops no attention probabilities, and this model "
+                 "drops 0.2 of them while training (--dropout 0 lets it run)"},
+        "char at --dropout 0": {"asked": "auto", "fused": True, "by_extra": "flash-attention"},
+        "base": {"asked": "auto", "fused": True, "by_extra": "flash-attention"}}
+    config = TrainConfig(backend=backend, dtype="mixed_bfloat16", model_name="gpt", preset="char",
+                         attention="fused")
+    plugins = choose_plugins(config, manager.registry())
+    run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"})
+    read_model_attention(run, plugins.model)
+    assert device_refusal(run, plugins.extras) == ("extra 'flash-attention' cannot run here: drops no attention "
+                                                   "probabilities, and this model drops 0.2 of them while training "
+                                                   "(--dropout 0 lets it run)")
+
+
 def chosen_step(backend, kind, step="auto", extras=(), registry=None, **options):
     """(the run's extras, the extras' plugins, `run.step_choice`) once `--step` has chosen, for a device of `kind`
     (a GPU described, not present: the choice reads only the device's description)."""

@@ -29,6 +29,9 @@ class RunContext:
     cpu_share: dict = None         # this process's CPUs and threads beside the machine's other processes, or None
     # The kinds of attention the model family's model runs (`ModelFamily.attention_kinds`).
     attention_kinds: tuple = ("causal", "masked", "decoding")
+    # The share of attention probabilities the model will drop while it trains (`ModelFamily.attention_dropout`):
+    # 0.0 where it drops none. Above 0, the fused kernels cannot run it.
+    attention_dropout: float = 0.0
     task: object = None            # the run's `Task` (`ModelFamily.task` names it)
     # --attention and what it chose: {'asked': auto/fused/unfused, 'fused': bool, 'why_unfused' or 'by_extra'}.
     attention_choice: dict = None

@@ -94,6 +94,10 @@ class ModelFamily:
     # 'masked' (attention over padded keys) and 'decoding' (incremental decoding). The result's `model.attention`
     # names what each ran; () (the default): the model has none that mtbench holds to a kernel, and none is named.
     attention_kinds = ()
+    # Whether the model drops attention probabilities at the run's dropout (`config.model.dropout`) while it
+    # trains, as nanoGPT's and GPT-2's do (plugin API 1.16). The fused kernels Keras calls drop none, so such a
+    # run with dropout above 0 attends unfused (`RunContext.attention_dropout`).
+    attention_dropout = False
     # The task the model is trained on and scored by (`mtbench.Task`, registered by name): 'translation' (an
     # encoder-decoder, the model protocol above) or 'language-modelling' (a decoder-only model called on
     # `(input_ids,)`, returning logits for the next token at every position).

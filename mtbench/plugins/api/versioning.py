@@ -35,9 +35,11 @@ and `mtbench.plugins.api` are deprecated.
 1.14: `TokenStream`, and the tokenizer a language model's family brings (`stream`, `encode_text`, `decode_text`).
 1.15: that tokenizer's optional `bytes_per_id()`, the bytes of text each id stands for (bits per byte on token files);
 `ModelFamily.presets` and `default_steps`, the sizes --preset names for a family and their steps.
+1.16: `ModelFamily.attention_dropout`, a model that drops attention probabilities at the run's dropout;
+`RunContext.attention_dropout`, the share it drops.
 """
 
-PLUGIN_API_VERSION = "1.15"
+PLUGIN_API_VERSION = "1.16"
 
 
 def next_major(version=PLUGIN_API_VERSION):

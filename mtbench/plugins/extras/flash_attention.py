@@ -54,6 +54,10 @@ class FlashAttention(Extra):
     backends = ("jax", "torch")
 
     def unavailable_reason(self, run):
+        if run.attention_dropout:
+            # Keras's fused attention takes no dropout; torch's SDPA would, JAX's cuDNN call would not.
+            return (f"drops no attention probabilities, and this model drops {run.attention_dropout:g} of them "
+                    f"while training (--dropout 0 lets it run)")
         kind, dtype = run.device_kind, run.config.dtype
         if kind not in ("gpu", "tpu") or dtype not in HALF_DTYPES:
             return f"needs a GPU (or TPU) and float16/bfloat16; this run has {kind}/{dtype}"

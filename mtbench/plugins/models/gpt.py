@@ -15,6 +15,7 @@ class GPTFamily(ModelFamily):
     description = ("mtbench's GPT-style decoder-only language model (nanoGPT's and GPT-2's shape), trained from "
                    "scratch (size: --preset tiny/small/char/gpt2-small and the size flags)")
     attention_kinds = ("causal",)
+    attention_dropout = True  # at the run's dropout, as nanoGPT's (and GPT-2's attn_pdrop)
     task = "language-modelling"
 
     def check(self, path, config):

@@ -29,6 +29,7 @@ class GPT2Family(ModelFamily):
     takes_path = True
     pretrained = True
     attention_kinds = ("causal",)
+    attention_dropout = True  # at the run's dropout, as nanoGPT's (and GPT-2's attn_pdrop)
     task = "language-modelling"
     optimizer_recipe = GPTFamily.optimizer_recipe  # GPT-2's and nanoGPT's AdamW
     training_flops = GPTFamily.training_flops  # the same model

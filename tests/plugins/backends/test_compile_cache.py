@@ -14,7 +14,7 @@ from mtbench.runner.config import TrainConfig
 FEW_STEPS = [*TINY_TRAIN, *ONE_BUCKET, "--steps", "4"]
 ARITHMETIC_KEYS = ("matmul_inputs", "accumulation", "scores", "softmax")
 BFLOAT16_ARITHMETIC = {"matmul_inputs": "bfloat16", "accumulation": "float32", "scores": "bfloat16",
-                       "softmax": "float32", "projections": "fused"}
+                       "softmax": "float32", "projections": "fused", "probability_dropout": 0.0}
 
 
 def own_compile_cache(session_cache, path):
@@ -95,7 +95,8 @@ def test_torch_eager_compiles_nothing_to_cache(tiny_runs):
     assert chosen["asked"] == "auto" and not chosen["fused"] and "float16/bfloat16" in chosen["why_unfused"]
     assert attention == {"causal": "aten (unfused)", "masked": "aten (unfused)",
                          "decoding": "aten (unfused)", "sdpa_kernels_enabled": ["math"],
-                         "arithmetic": {**dict.fromkeys(ARITHMETIC_KEYS, "float32"), "projections": "fused"}}
+                         "arithmetic": {**dict.fromkeys(ARITHMETIC_KEYS, "float32"), "projections": "fused",
+                                        "probability_dropout": 0.0}}
 
 
 def test_jax_cache_directory_names_version_and_device():
