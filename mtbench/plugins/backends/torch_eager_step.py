@@ -36,6 +36,17 @@ def to_device(array, device):
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
+def separate_dropout_streams(replica):
+    """Keras's dropout layers draw their masks on torch from torch's generator, which every process seeded alike
+    (`keras.utils.set_random_seed`): data replica `replica` (its index along the data axis) moves it that many
+    seeds on, so that each replica drops its own rows with masks of its own, as each shard of JAX's data-parallel
+    step does (`jax_jit_step.shard_seeds`). The processes of a model axis keep one stream: they drop the
+    activations they each hold whole alike."""
+    import torch
+    if replica:
+        torch.manual_seed(torch.initial_seed() + replica)
+
+
 def correct_tokens(labels, logits, weight):
     """Weighted count of tokens whose label has the largest logit: a max and a gather, about a quarter of
     `argmax`'s time over the (batch, length, vocabulary) logits on the CPU. It differs from argmax's count
@@ -96,6 +107,7 @@ class EagerTorchTrainStep(TrainStep):
         import torch.distributed as dist
         self.processes, self.module, self.data_group = processes, module, data_group
         self.replicas = processes.world_size if data_group is None else dist.get_world_size(data_group)
+        separate_dropout_streams(processes.rank if data_group is None else dist.get_rank(data_group))
 
     def share_distribution(self, step):
         """Trains over the processes `step` was distributed over (one DDP wrapper per model: a second would

@@ -8,7 +8,7 @@ global batch. Simulate N devices on the CPU with XLA_FLAGS=--xla_force_host_plat
 import numpy as np
 
 from mtbench import Extra, TrainStep, hookimpl
-from mtbench.plugins.backends.jax_jit_step import correct_tokens, token_cross_entropy
+from mtbench.plugins.backends.jax_jit_step import SEED_STATE, correct_tokens, token_cross_entropy
 from mtbench.plugins.backends.jax_layer_norm import layer_norms, one_pass_layer_norms
 from mtbench.plugins.extras.fsdp import StateRecording, devices_reason, jax_step_state, use_distribution
 
@@ -59,12 +59,17 @@ class PmapTrainStep(TrainStep):
         return model.trainable_variables, model.non_trainable_variables, model.optimizer.variables
 
     def _replicate(self, variables):
-        """Each variable's value on every device, row i on device i, in place of the Keras variable's buffer."""
+        """Each variable's value on every device, row i on device i, in place of the Keras variable's buffer; a
+        dropout seed's row i offset by i (its first word), so that each device drops its rows with masks of its
+        own, as each shard of the jit step's data parallelism does (`shard_seeds`; row 0 the seed's own)."""
         import jax
+        import jax.numpy as jnp
         replicated = []
         for variable in variables:
             value = variable.value
-            rows = [jax.device_put(value[None], device) for device in self.devices]
+            seed = variable.name == SEED_STATE
+            rows = [jax.device_put((value + jnp.asarray([index, 0], value.dtype) if seed else value)[None], device)
+                    for index, device in enumerate(self.devices)]
             replicated.append(jax.make_array_from_single_device_arrays((len(self.devices), *value.shape),
                                                                        self.sharding, rows))
             value.delete()  # nothing reads the Keras variables while training: `finalize` comes first

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.conftest import CPU_ONLY, MACHINE_CPUS, TINY_COMPARE, cli_environment, on_every_core, run_cli
+from tests.conftest import (CPU_ONLY, MACHINE_CPUS, TINY_COMPARE, cli_environment, on_every_core, python_path,
+                            run_cli)
 
 RELATIVE_TOLERANCE = 1e-5  # float32 gradients summed in another order by the collectives
 
@@ -185,3 +186,54 @@ def test_every_process_reads_its_own_trace_and_process_0s_result_holds_each_ones
     per_step = [seconds / len(profile["steps"]) * 1e3 for seconds in busy]
     assert f"the 2 processes' {min(per_step):.1f} (process {per_step.index(min(per_step))}) to {max(per_step):.1f} ms" \
         in proc.stdout
+
+
+DROPOUT_PROBE = '''
+import json, os
+from mtbench import Extra, hookimpl
+
+
+class DropoutStreams(Extra):
+    name = "dropout-streams"
+    description = "writes the mask a dropout layer draws next in each process, once the step is made (a probe)"
+    backends = ("torch",)
+
+    def verify(self, run, model, batch):
+        import keras
+        import numpy as np
+        kept = keras.layers.Dropout(0.5)(np.ones(512, "float32"), training=True)
+        with open(os.path.join(os.environ["DROPOUT_STREAMS"], f"{run.processes.rank}.json"), "w") as f:
+            json.dump((keras.ops.convert_to_numpy(kept) > 0).tolist(), f)
+
+
+@hookimpl
+def mtbench_register_extras(register):
+    register(DropoutStreams())
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra, alike", [("ddp", False), ("tensor-parallel", True)])
+def test_torch_replicas_drop_their_rows_with_masks_of_their_own_and_a_model_axis_alike(tmp_path, cache_dir, extra,
+                                                                                       alike):
+    """Keras's dropout on torch draws from torch's generator, which every process seeds alike. Each data replica
+    (ddp's processes) moves it on by its index, as each shard of JAX's data-parallel step draws its own masks;
+    the processes of a model axis (tensor-parallel's) keep one stream, as they must drop the activations each holds
+    whole alike. What a dropout layer draws next in each process, once the step is made: two masks of 512."""
+    site, streams = tmp_path / "site", tmp_path / "streams"
+    info = site / "mtbench_dropout_streams-1.0.dist-info"
+    info.mkdir(parents=True)
+    streams.mkdir()
+    (site / "mtbench_dropout_streams.py").write_text(DROPOUT_PROBE)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mtbench_dropout_streams\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[mtbench]\ndropout_streams = mtbench_dropout_streams\n")
+    proc = torchrun("train", "--backend", "torch", "--extra", extra, "--extra", "dropout-streams", "--model", "gpt",
+                    "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
+                    "--test-size", "10", "--steps", "2", "--dropout", "0.1", "--cache-dir", cache_dir,
+                    "--out", str(tmp_path / "r.json"),
+                    env={"PYTHONPATH": python_path(site), "MTBENCH_LOAD_PLUGINS": "mtbench_dropout_streams",
+                         "DROPOUT_STREAMS": str(streams)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = (json.loads((streams / f"{rank}.json").read_text()) for rank in (0, 1))
+    assert 150 < sum(first) < 350 and 150 < sum(second) < 350  # a mask at 0.5 each
+    assert (first == second) is alike
