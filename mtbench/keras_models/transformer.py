@@ -128,12 +128,14 @@ class Attention(layers.Layer):
             attended = ops.dot_product_attention(q, keys, values, mask=mask, is_causal=is_causal,
                                                  flash_attention=fused)
         else:
-            dropout = None
-            if training and self.dropout_rate:
-                dropout = lambda probabilities: self.probability_dropout(probabilities, training=True)
+            dropout = self.drop_probabilities if training and self.dropout_rate else None
             attended = plain_attention(q, keys, values, key_mask, is_causal, dropout)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return self.output_projection(ops.reshape(attended, (batch, length, self.num_heads * self.head_dim)))
+
+    def drop_probabilities(self, probabilities):
+        """`probabilities` (batch, heads, queries, keys) through the attention's dropout, while training."""
+        return self.probability_dropout(probabilities, training=True)
 
     def call(self, x, memory=None, key_mask=None, training=False):
         """`memory`: the sequence the keys and values are made of (cross-attention); None: `x` (self-attention)."""

@@ -297,11 +297,26 @@ def jax_split_step(run, model, step):
 def split_classes(mesh):
     """The classes the plan's layers take while they train: Keras's Dense computing as torch's `ColwiseParallel`
     and `RowwiseParallel` make `nn.Linear` compute, with the DTensors its variables hold ('columns', 'rows'), and
-    the attention computing its query, key and value in one product of its local shards ('attention')."""
+    the attention computing its query, key and value in one product of its local shards ('attention'); the
+    attention and the feed-forward ('feed_forward') dropping their local heads and units by their part of the
+    mask one device draws for every head and unit."""
     import keras
+    import torch
+    import torch.nn.functional as F
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    from mtbench.keras_models.transformer import Attention
+    from mtbench.keras_models.transformer import Attention, FeedForward
+    index, parts = mesh.get_local_rank(), mesh.size()
+
+    def share_of_whole_mask(local, axis, rate):
+        """This device's part (along `axis`) of the dropout mask of `local`'s whole (every device's parts side by
+        side), drawn as one device draws it, from the stream every device of the model axis shares (their other
+        dropouts drop whole activations, alike): each head and unit drops on its own, as JAX's partitioned draw
+        and one device do, and the stream stays in step on every device."""
+        shape = list(local.shape)
+        shape[axis] *= parts
+        whole = F.dropout(torch.ones(shape, dtype=local.dtype, device=local.device), rate)
+        return whole.narrow(axis, index * local.shape[axis], local.shape[axis])
 
     def weight(variable, dtype):
         value = variable._value
@@ -324,6 +339,16 @@ def split_classes(mesh):
             return self.heads_of_one_product(source, [weight(p._kernel, source.dtype).to_local() for p in projections],
                                              [weight(p.bias, source.dtype).to_local() for p in projections])
 
+        def drop_probabilities(self, probabilities):
+            return probabilities * share_of_whole_mask(probabilities, 1, self.dropout_rate)
+
+    class SplitFeedForward(FeedForward):
+        def call(self, x, training=False):
+            hidden = self.hidden(x)
+            if training and isinstance(self.dropout, keras.layers.Dropout):
+                hidden = hidden * share_of_whole_mask(hidden, hidden.ndim - 1, self.dropout.rate)
+            return self.out(hidden)
+
     class ColumnSplitDense(keras.layers.Dense):
         def call(self, inputs, training=None):
             x = replicated(inputs)
@@ -341,7 +366,8 @@ def split_classes(mesh):
                 y = y + weight(self.bias, inputs.dtype)
             return self.activation(y)
 
-    return {"columns": ColumnSplitDense, "rows": RowSplitDense, "attention": SplitAttention}
+    return {"columns": ColumnSplitDense, "rows": RowSplitDense, "attention": SplitAttention,
+            "feed_forward": SplitFeedForward}
 
 
 class TorchSplitting:
@@ -358,6 +384,11 @@ class TorchSplitting:
         self.keras_classes = [type(dense.layer) for dense in plan]
         self.attention_classes = [type(attention) for attention in attentions]
         self.heads = [attention.num_heads for attention in attentions]
+        from mtbench.keras_models.transformer import FeedForward
+        # The translation model's (whose dropout drops its hidden units; the GPT's MLP drops its output, whole).
+        self.feed_forwards = [layer for layer in model._flatten_layers(include_self=False)
+                              if type(layer) is FeedForward]
+        self.feed_forward_class = FeedForward
         self.shards = []  # (Keras variable, the DTensor it holds while training)
         for variable, axis in split_variables(plan):
             # Every process holds the same whole weight: each keeps its own part, nothing is sent.
@@ -377,6 +408,8 @@ class TorchSplitting:
         for attention, heads in zip(self.attentions, self.heads):
             attention.num_heads = heads // self.mesh.size()
             attention.__class__ = self.classes["attention"]
+        for feed_forward in self.feed_forwards:
+            feed_forward.__class__ = self.classes["feed_forward"]
         self.distributed = True
 
     def hold_full(self):
@@ -389,6 +422,8 @@ class TorchSplitting:
         for attention, heads, keras_class in zip(self.attentions, self.heads, self.attention_classes):
             attention.num_heads = heads
             attention.__class__ = keras_class
+        for feed_forward in self.feed_forwards:
+            feed_forward.__class__ = self.feed_forward_class
         self.distributed = False
 
 
