@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPOSITORY, cli_environment, python_path
 
 # Runs `python -m mtbench ARGS` in a process where importlib.metadata knows no distribution named mtbench, as on a
@@ -43,6 +45,7 @@ def test_the_stand_in_really_hides_mtbenchs_metadata(tmp_path):
     assert checked.stdout.strip() == "hidden", checked.stderr
 
 
+@pytest.mark.slow
 def test_a_checkout_lists_its_plugins_and_trains_without_package_metadata(tmp_path, cache_dir):
     plugins = run_without_metadata("plugins", cwd=tmp_path)
     assert plugins.returncode == 0, plugins.stderr

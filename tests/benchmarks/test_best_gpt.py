@@ -14,7 +14,7 @@ from conftest import keras_gpt_run, needs_flax
 from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 
 # Keras's step and both references trained for 50 steps on the tiny GPT, twice (two clippings): about 25 s in all on
-# 2 cores, each test under the slow tier's 20 s.
+# 2 cores, in the slow tier with the other benchmarks' references (the quick tier stays under its 5 minutes).
 STEPS = 50
 # A tenth of the default: clipping hard enough that clipping the query, key and value as one shows in the losses.
 CLIP_NORM = 0.1
@@ -38,6 +38,7 @@ def assert_weights_go_back_by_path(step, keras_run):
         path: value.shape for path, value in keras_run["weights"].items()}
 
 
+@pytest.mark.slow
 def test_torch_reference_losses_equal_the_keras_steps(keras_run):
     from benchmarks import best_gpt_torch
     step = torch_step(keras_run)
@@ -51,6 +52,7 @@ def test_torch_reference_losses_equal_the_keras_steps(keras_run):
     assert_weights_go_back_by_path(step, keras_run)
 
 
+@pytest.mark.slow
 @needs_flax
 def test_jax_reference_losses_equal_the_keras_steps(keras_run):
     from benchmarks import best_gpt_jax
@@ -68,6 +70,7 @@ def keras_run_clipped_per_variable(cache_dir):
     return keras_gpt_run(cache_dir, STEPS, clip="per-variable", clip_norm=CLIP_NORM)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", [pytest.param("jax", marks=needs_flax), "torch"])
 def test_each_reference_clips_the_thirds_of_its_fused_qkv_as_keras_clips_its_three_variables(
         backend, keras_run_clipped_per_variable):
@@ -90,6 +93,7 @@ def test_each_reference_clips_the_thirds_of_its_fused_qkv_as_keras_clips_its_thr
     np.testing.assert_allclose(losses, run["losses"], rtol=rtol)
 
 
+@pytest.mark.slow
 def test_torch_reference_attends_with_one_fused_op_and_projects_qkv_with_one_matmul_per_block(keras_run):
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -123,6 +127,7 @@ def test_torch_reference_attends_with_one_fused_op_and_projects_qkv_with_one_mat
     assert sum(out[-1] == 3 * shape.d_model for out in matmuls) == shape.decoder_layers
 
 
+@pytest.mark.slow
 def test_torch_reference_loss_compiles_to_one_graph(keras_run):
     """What `compile=True` (the default on CUDA) hands torch.compile traces without a graph break: Dynamo's trace
     alone (the eager backend), since Inductor's compile on 2 cores takes about 30 s."""
@@ -135,6 +140,7 @@ def test_torch_reference_loss_compiles_to_one_graph(keras_run):
     torch.testing.assert_close(traced(*batch), step.loss(*batch))
 
 
+@pytest.mark.slow
 @needs_flax
 def test_jax_reference_projects_qkv_with_one_dot_general_per_block(keras_run):
     import jax
@@ -152,6 +158,7 @@ def test_jax_reference_projects_qkv_with_one_dot_general_per_block(keras_run):
     assert len(dots) == 6 * shape.decoder_layers + 1, dots
 
 
+@pytest.mark.slow
 def test_the_reference_in_cuda_graphs_is_refused_in_one_line_where_there_are_none(keras_run, capsys):
     from benchmarks import best_gpt, best_gpt_torch
     from mtbench.errors import MtbenchError

@@ -169,7 +169,8 @@ def test_fused_projections_compute_what_three_products_compute():
     assert separate_products - together_products == 5
 
 
-@pytest.mark.parametrize("kind", ["eager", pytest.param("compiled", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eager", "compiled"])
 def test_a_torch_step_multiplies_by_one_query_key_value_matrix_a_block(kind):
     """What mtbench's torch steps ran in one step of the tiny GPT, counted from torch's profiler: each weight matrix
     three products (forward, the input's gradient, the weight's gradient), one of them the query, key and value

@@ -26,7 +26,7 @@ def probe(backend, step="default", dtype="float32", *more):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("mixed_bfloat16", marks=pytest.mark.slow)])
 def test_torch_eager_step_waits_for_nothing(dtype):
     report = probe("torch", dtype=dtype)
     assert report["events"] == {}

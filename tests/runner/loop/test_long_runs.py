@@ -183,6 +183,7 @@ def test_training_stops_when_validation_bleu_reaches_the_target(tmp_path, cache_
     assert "time to validation" in proc.stdout and f"reached at step {timing['steps']}" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_target_not_reached_is_a_result_too(tmp_path, cache_dir):
     out = str(tmp_path / "missed.json")
     proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "20", "--eval-every", "10",

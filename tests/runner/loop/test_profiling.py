@@ -26,7 +26,7 @@ def trace_events(profile):
     return trace["traceEvents"] if isinstance(trace, dict) else trace
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
+@pytest.mark.parametrize("backend", [pytest.param("jax", marks=pytest.mark.slow), "torch"])
 def test_profiled_steps_are_traced_one_by_one_timed_apart_and_train_as_unprofiled_ones(backend, cpu_compared_runs,
                                                                                         cache_dir, tmp_path):
     out = str(tmp_path / "profiled.json")
@@ -99,6 +99,7 @@ def test_profiled_steps_are_traced_one_by_one_timed_apart_and_train_as_unprofile
     assert [h["loss"] for h in history] == pytest.approx([h["loss"] for h in unprofiled], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_run_without_a_steady_step_left_says_so(cache_dir, tmp_path):
     out = str(tmp_path / "short.json")
     proc = run_cli("train", "--backend", "jax", "--model", "gpt", "--preset", "tiny", "--block-size", "16",
