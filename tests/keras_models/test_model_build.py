@@ -68,6 +68,7 @@ def test_variables_are_created_without_running_the_forward_pass(kind, caplog):
         np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.mark.slow
 def test_a_model_asking_for_flash_attention_is_built_without_running_it_on_torch():
     """torch's flash check refuses the symbolic (meta) tensors a build traces with; Keras then ran the whole call
     again on the device (on the H100, five warnings a layer and an eager forward pass of each row's model). On the

@@ -14,6 +14,7 @@ TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch
             "--measure-only"]
 
 
+@pytest.mark.slow
 def test_a_weights_file_names_its_scheme_and_a_run_from_it_records_it(tmp_path, cache_dir):
     weights = tmp_path / "torch-init.npz"
     proc = run_cli("init-weights", *TINY_GPT, "--init", "torch", "--cache-dir", cache_dir, "--out", str(weights))

@@ -161,6 +161,7 @@ DEVICES_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_inputs_on_another_device_than_the_weights_are_left_to_keras():
     """Keras moves a host input to the weights' device; the kernels would fail on it, so they leave it to Keras."""
     assert run_on_torch(DEVICES_PROBE) == {"dense": True, "layer_norm": True, "embedding": True,

@@ -202,6 +202,7 @@ def write_token_files(folder, ids):
     return str(folder)
 
 
+@pytest.mark.slow
 def test_token_files_of_its_tokenizers_ids_train_with_its_vocabulary_and_bytes_and_others_are_refused(
         checkpoint, tmp_path, cache_dir):
     """nanoGPT's `finetune_shakespeare.py` reads GPT-2's ids from token files: their vocabulary is the checkpoint's
