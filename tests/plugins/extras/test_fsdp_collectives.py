@@ -163,7 +163,8 @@ keras.utils.set_random_seed(0)
 model = build_transformer(dataclasses.replace(PRESETS["tiny"], vocab_size=64, dropout=0.0))
 model(batches[0][0])
 compile_model(keras, model, TrainConfig(learning_rate=3e-3, warmup_steps=2), 6, {})
-step = torch_sharded_step(model, EagerTorchTrainStep(model), types.SimpleNamespace(world_size=2, collectives="gloo"))
+step = torch_sharded_step(model, EagerTorchTrainStep(model), types.SimpleNamespace(world_size=2, rank=rank,
+                                                                                 collectives="gloo"))
 losses = [float(step(*batches[0])["loss"])]
 with profile(activities=[ProfilerActivity.CPU]) as profiled:
     losses.append(float(step(*batches[1])["loss"]))
