@@ -186,6 +186,26 @@ def simulated_devices(count):
     return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={count}", "JAX_PLATFORMS": "cpu"}
 
 
+def install_plugin_distribution(site, package, entry_point, module, version="1.0", name=None):
+    """A plugin distribution in directory `site` as an installer leaves one: its metadata (`name`, default
+    `package`) and an `mtbench` entry point `entry_point` that loads `module` (whose source the caller writes)."""
+    info = site / f"{package}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name or package}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[mtbench]\n{entry_point} = {module}\n")
+
+
+def first_position_kept_or_dropped(attended, values):
+    """Asserts of a causal attention's output at its first position (one key, probability 1) through dropout at
+    0.5: each head's is that value doubled or zero (the probability kept or dropped whole), about half of each.
+    Arrays (rows, heads, head size)."""
+    import numpy as np
+    kept = np.isclose(attended, 2 * values, rtol=1e-5).all(axis=-1)
+    dropped = (attended == 0).all(axis=-1)
+    assert (kept ^ dropped).all()
+    assert 0.35 < dropped.mean() < 0.65, dropped.mean()
+
+
 def python_path(*first):
     """A PYTHONPATH that searches `first` before this process's own (which may hold the packages themselves, as
     on a GPU machine set up by .gpukit/env.sh)."""
@@ -550,10 +570,7 @@ def plugin_path(tmp_path_factory):
     site = tmp_path_factory.mktemp("site")
     for package, (version, entry_point, source) in THIRD_PARTY_PACKAGES.items():
         (site / f"{package}.py").write_text(source)
-        info = site / f"{package}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
-        (info / "entry_points.txt").write_text(f"[mtbench]\n{entry_point} = {package}\n")
+        install_plugin_distribution(site, package, entry_point, package, version)
     return str(site)
 
 
@@ -619,10 +636,7 @@ def careless_plugin_path(tmp_path_factory):
     site = tmp_path_factory.mktemp("careless-site")
     (site / "mtbench_careless.py").write_text(CARELESS)
     for package, entry_point in (("mtbench_careless", "careless"), ("mtbench_careless_again", "again")):
-        info = site / f"{package}-1.0.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text(f"[mtbench]\n{entry_point} = mtbench_careless\n")
+        install_plugin_distribution(site, package, entry_point, "mtbench_careless")
     return str(site)
 
 

@@ -10,7 +10,7 @@ In-process (keras on JAX), as tests/benchmarks/test_native_gpt.py; the torch ref
 import numpy as np
 import pytest
 
-from conftest import keras_gpt_run, needs_flax
+from conftest import first_position_kept_or_dropped, keras_gpt_run, needs_flax
 from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 
 # Keras's step and both references trained for 50 steps on the tiny GPT, twice (two clippings): about 25 s in all on
@@ -172,16 +172,6 @@ def test_the_reference_in_cuda_graphs_is_refused_in_one_line_where_there_are_non
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(
         "error: --compile-mode: torch.compile's mode, for the torch reference only")
-
-
-def first_position_kept_or_dropped(attended, values):
-    """Of a causal attention's output at its first position (one key, probability 1) through dropout at 0.5: each
-    head's is that value doubled or zero (the probability kept or dropped whole), about half of each. Arrays
-    (rows, heads, head size)."""
-    kept = np.isclose(attended, 2 * values, rtol=1e-5).all(axis=-1)
-    dropped = (attended == 0).all(axis=-1)
-    assert (kept ^ dropped).all()
-    assert 0.35 < dropped.mean() < 0.65, dropped.mean()
 
 
 @pytest.mark.parametrize("backend", [pytest.param("jax", marks=needs_flax), "torch"])

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import CPU_ONLY, TESTS_DIR, cli_environment
+from conftest import CPU_ONLY, TESTS_DIR, cli_environment, first_position_kept_or_dropped
 from keras import ops
 
 from mtbench.keras_models import transformer
@@ -115,10 +115,7 @@ def test_attention_dropout_drops_whole_probabilities_while_training_only():
     first = x[:, 0].reshape(rows, heads, width // heads)
     np.testing.assert_allclose(ops.convert_to_numpy(layer(x))[:, 0], x[:, 0], rtol=1e-6)
     trained = ops.convert_to_numpy(layer(x, training=True))[:, 0].reshape(rows, heads, width // heads)
-    kept = np.isclose(trained, 2 * first, rtol=1e-5).all(axis=-1)
-    dropped = (trained == 0).all(axis=-1)
-    assert (kept ^ dropped).all()  # each head's probability whole: kept (scaled) or dropped
-    assert 0.35 < dropped.mean() < 0.65, dropped.mean()
+    first_position_kept_or_dropped(trained, first)
     with pytest.raises(ValueError, match="attention dropout"):
         Attention(width, heads, is_causal=True, dropout=0.5, flash_attention=True)
 

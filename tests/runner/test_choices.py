@@ -161,14 +161,19 @@ def test_auto_attends_unfused_where_the_model_drops_attention_probabilities(monk
     from mtbench.runner.setup import choose_plugins, device_refusal, read_model_attention
     monkeypatch.setattr(jax, "devices", lambda: [SimpleNamespace(client=SimpleNamespace(platform_version="cuda"))])
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
-    chosen = {}
-    for label, options in (("char", {"model_name": "gpt", "preset": "char"}),
-                           ("char at --dropout 0", {"model_name": "gpt", "preset": "char", "dropout": 0.0}),
-                           ("base", {"preset": "base"})):
+
+    def on_a_gpu(**options):
         config = TrainConfig(backend=backend, dtype="mixed_bfloat16", **options)
         plugins = choose_plugins(config, manager.registry())
         run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"})
         read_model_attention(run, plugins.model)
+        return run, plugins
+
+    chosen = {}
+    for label, options in (("char", {"model_name": "gpt", "preset": "char"}),
+                           ("char at --dropout 0", {"model_name": "gpt", "preset": "char", "dropout": 0.0}),
+                           ("base", {"preset": "base"})):
+        run, plugins = on_a_gpu(**options)
         choose_fused_attention(run, plugins)
         chosen[label] = run.attention_choice
     assert chosen == {
@@ -176,11 +181,7 @@ def test_auto_attends_unfused_where_the_model_drops_attention_probabilities(monk
                  "drops 0.2 of them while training (--dropout 0 lets it run)"},
         "char at --dropout 0": {"asked": "auto", "fused": True, "by_extra": "flash-attention"},
         "base": {"asked": "auto", "fused": True, "by_extra": "flash-attention"}}
-    config = TrainConfig(backend=backend, dtype="mixed_bfloat16", model_name="gpt", preset="char",
-                         attention="fused")
-    plugins = choose_plugins(config, manager.registry())
-    run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"})
-    read_model_attention(run, plugins.model)
+    run, plugins = on_a_gpu(model_name="gpt", preset="char", attention="fused")
     assert device_refusal(run, plugins.extras) == ("extra 'flash-attention' cannot run here: drops no attention "
                                                    "probabilities, and this model drops 0.2 of them while training "
                                                    "(--dropout 0 lets it run)")

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.conftest import (CPU_ONLY, MACHINE_CPUS, TINY_COMPARE, cli_environment, on_every_core, python_path,
-                            run_cli)
+from tests.conftest import (CPU_ONLY, MACHINE_CPUS, TINY_COMPARE, cli_environment, install_plugin_distribution,
+                            on_every_core, python_path, run_cli)
 
 RELATIVE_TOLERANCE = 1e-5  # float32 gradients summed in another order by the collectives
 
@@ -221,12 +221,9 @@ def test_torch_replicas_drop_their_rows_with_masks_of_their_own_and_a_model_axis
     the processes of a model axis (tensor-parallel's) keep one stream, as they must drop the activations each holds
     whole alike. What a dropout layer draws next in each process, once the step is made: two masks of 512."""
     site, streams = tmp_path / "site", tmp_path / "streams"
-    info = site / "mtbench_dropout_streams-1.0.dist-info"
-    info.mkdir(parents=True)
+    install_plugin_distribution(site, "mtbench_dropout_streams", "dropout_streams", "mtbench_dropout_streams")
     streams.mkdir()
     (site / "mtbench_dropout_streams.py").write_text(DROPOUT_PROBE)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mtbench_dropout_streams\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[mtbench]\ndropout_streams = mtbench_dropout_streams\n")
     proc = torchrun("train", "--backend", "torch", "--extra", extra, "--extra", "dropout-streams", "--model", "gpt",
                     "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
                     "--test-size", "10", "--steps", "2", "--dropout", "0.1", "--cache-dir", cache_dir,

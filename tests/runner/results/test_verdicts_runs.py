@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from conftest import TINY_COMPARE, assert_refused_in_one_line, python_path, run_cli
+from conftest import TINY_COMPARE, assert_refused_in_one_line, install_plugin_distribution, python_path, run_cli
 from result_keys import undocumented_keys
 
 PACE = {"MTBENCH_LOAD_PLUGINS": "mtbench-pace"}
@@ -26,10 +26,7 @@ def pace_env(tmp_path_factory):
     own with an entry point, as a user's plugin package would be."""
     site = tmp_path_factory.mktemp("pace-site")
     shutil.copy(os.path.join(os.path.dirname(__file__), "pace_plugin.py"), site / "mtbench_pace.py")
-    info = site / "mtbench_pace-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mtbench-pace\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[mtbench]\npace = mtbench_pace\n")
+    install_plugin_distribution(site, "mtbench_pace", "pace", "mtbench_pace", name="mtbench-pace")
     return {**PACE, "PYTHONPATH": python_path(site)}
 
 
