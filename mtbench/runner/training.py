@@ -15,7 +15,13 @@ from mtbench.plugins.api import Launch
 from mtbench.runner.data.prefetch import Prefetched
 from mtbench.runner.data.weights_file import read_weights_file
 from mtbench.runner.loop.callbacks import PluginCallbacks
-from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore, run_dir_for
+from mtbench.runner.loop.checkpoints import (
+    RunDirectory,
+    TrainingState,
+    restore,
+    restore_generator_state,
+    run_dir_for,
+)
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 from mtbench.runner.loop.progress import announced_phases, corpus_progress
 from mtbench.runner.loop.target import QualityTarget
@@ -218,6 +224,11 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     with plugins.task_code():
         evaluator = plugins.task.evaluator(model, data, config,
                                            lambda fn: plugins.backend.compile_inference(fn, model))
+    if resume:
+        not_restored = restore_generator_state(resume.checkpoint, plugins.backend, run.processes)
+        if not_restored:
+            console.print(f"note: the random generators start afresh, so dropout draws other masks than the "
+                          f"uninterrupted run would: {not_restored}", highlight=False, soft_wrap=True)
     return BuiltRun(model, model_shape, init, compile_record, train_step, state, batches, evaluator,
                     starts_pretrained=plugins.model.pretrained and resume is None)
 

@@ -103,6 +103,16 @@ class Backend:
         clock read after it is honest."""
         raise NotImplementedError
 
+    def random_generator_state(self):
+        """The state of the framework's own random generators that the model's random layers draw from, as a 1-D
+        numpy uint8 array of the same length in every process of the run, or None where every draw comes from the
+        model's variables (the default: Keras's seed-generator states, which a checkpoint keeps with the weights).
+        A checkpoint keeps it for each process, so that a resumed run draws the masks an uninterrupted one would."""
+        return None
+
+    def restore_random_generator_state(self, state):
+        """Puts back what `random_generator_state` returned, in this process, before a resumed run's first step."""
+
     def peak_device_bytes(self):
         """Peak memory in bytes of the largest device this process computes on, since the process started, as the
         framework reports it, or None where it reports none."""

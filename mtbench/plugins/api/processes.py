@@ -29,7 +29,8 @@ class Launch:
 
 class ProcessGroup:
     """The run's processes as one backend joined them. One process alone is a group of one, whose agreements
-    are its own answers; a backend that joins several overrides `any`, `sum` and `barrier` with its collectives."""
+    are its own answers; a backend that joins several overrides `any`, `sum` and `barrier` with its collectives
+(`gather_bytes` is built on `sum`)."""
     collectives = None  # the library the processes talk through: 'gloo', 'nccl', ...
 
     def __init__(self, launch):
@@ -53,6 +54,20 @@ class ProcessGroup:
         process: figures each process measures of its own devices (the joules of its GPU). Every process must
         call it at the same point."""
         return [float(value) for value in values]
+
+    def gather_bytes(self, data):
+        """Every process's `data` (a 1-D numpy uint8 array, as long on each), in process order, on every process:
+        what each process alone holds that process 0 writes for all (a checkpoint's random generator states).
+        Every process must call it at the same point. Built on `sum`: each process adds its bytes in its own slot
+        of zeros, which any float sum keeps exact (whole numbers below 256)."""
+        import numpy as np
+        data = np.asarray(data, dtype=np.uint8).ravel()
+        if self.world_size == 1:
+            return [data]
+        slots = np.zeros((self.world_size, data.size))
+        slots[self.rank] = data
+        summed = np.asarray(self.sum(slots.ravel().tolist())).reshape(self.world_size, data.size)
+        return [row.astype(np.uint8) for row in summed]
 
     def barrier(self):
         """Returns once every process has called it."""

@@ -37,9 +37,11 @@ and `mtbench.plugins.api` are deprecated.
 `ModelFamily.presets` and `default_steps`, the sizes --preset names for a family and their steps.
 1.16: `ModelFamily.attention_dropout`, a model that drops attention probabilities at the run's dropout;
 `RunContext.attention_dropout`, the share it drops.
+1.17: `Backend.random_generator_state()` and `restore_random_generator_state(state)`, the framework's own generators
+that a checkpoint keeps; `ProcessGroup.gather_bytes(data)`.
 """
 
-PLUGIN_API_VERSION = "1.16"
+PLUGIN_API_VERSION = "1.17"
 
 
 def next_major(version=PLUGIN_API_VERSION):

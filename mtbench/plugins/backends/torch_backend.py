@@ -68,6 +68,22 @@ class TorchBackend(Backend):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    def random_generator_state(self):
+        # Keras's dropout on torch draws from torch's generators (the CPU's, and on a GPU the process's device's),
+        # not from the layers' seed states.
+        import numpy as np
+        import torch
+        states = [torch.get_rng_state()] + ([torch.cuda.get_rng_state()] if torch.cuda.is_available() else [])
+        return np.concatenate([state.numpy() for state in states])
+
+    def restore_random_generator_state(self, state):
+        import torch
+        state = torch.tensor(state, dtype=torch.uint8)
+        cpu = torch.get_rng_state().numel()
+        torch.set_rng_state(state[:cpu])
+        if torch.cuda.is_available():
+            torch.cuda.set_rng_state(state[cpu:])
+
     def peak_device_bytes(self):
         import torch
         if torch.cuda.is_available():

@@ -6,6 +6,8 @@ stopped by a full disk continues where it stopped (`mtbench train --resume RUN_D
         model.weights.h5            Keras's save_weights: the weights and the optimizer's variables, its
                                     iteration count included (the learning-rate schedule follows it)
         random_state.npz            the model's other variables: the dropout layers' seed generator states
+        generator_state.npz         where the backend's dropout draws from its framework's own generators (torch):
+                                    their states, one array per process (`process_N`)
         state.json                  step, epoch, history, clocks and validation record so far
 
 The data position is the step: each step takes one batch from a generator seeded by --seed, so a resumed run
@@ -32,6 +34,7 @@ RUN_FILE = "run.json"
 RUN_FORMAT = 1
 WEIGHTS_FILE = "model.weights.h5"
 RANDOM_STATE_FILE = "random_state.npz"
+GENERATOR_STATE_FILE = "generator_state.npz"
 STATE_FILE = "state.json"
 # The run's tokenizer, beside its checkpoints (`Tokenizer.save`): what a checkpoint translates or generates with.
 TOKENIZER_DIR = "tokenizer"
@@ -102,9 +105,10 @@ class RunDirectory:
         checkpoints = self.checkpoints()
         return checkpoints[-1] if checkpoints else None
 
-    def save(self, model, state, run_config, data_fingerprint, keep, tokenizer=None):
+    def save(self, model, state, run_config, data_fingerprint, keep, tokenizer=None, generator_states=None):
         """Writes a checkpoint of `model` at `state.step` atomically, then keeps only the last `keep`; the run's
-        `tokenizer` once beside them. A failed write (a full disk) leaves the earlier checkpoints as they were."""
+        `tokenizer` once beside them; `generator_states`, each process's random generator state, where the backend
+        has one. A failed write (a full disk) leaves the earlier checkpoints as they were."""
         if not self.writes:
             return os.path.join(self.path, f"checkpoint-{state.step:06d}")
         tmp = None
@@ -117,6 +121,9 @@ class RunDirectory:
             tmp = make_temporary_folder(".tmp-checkpoint-", self.path)
             model.save_weights(os.path.join(tmp, WEIGHTS_FILE))
             np.savez(os.path.join(tmp, RANDOM_STATE_FILE), *[v.numpy() for v in _random_state(model)])
+            if generator_states is not None:
+                np.savez(os.path.join(tmp, GENERATOR_STATE_FILE),
+                         **{f"process_{rank}": state for rank, state in enumerate(generator_states)})
             with open(os.path.join(tmp, STATE_FILE), "w") as f:
                 json.dump(state.to_dict(), f)
             for name in os.listdir(tmp):
@@ -211,6 +218,28 @@ def restore(checkpoint, model):
     for variable, value in zip(variables, values):
         variable.assign(value)
     return TrainingState(**read_json(os.path.join(checkpoint, STATE_FILE), "a checkpoint's training state"))
+
+
+def restore_generator_state(checkpoint, backend, processes):
+    """Puts this process's random generator state back from `checkpoint`, where the backend has one; returns None,
+    or why it could not, so that the run says it draws other dropout masks than an uninterrupted run would. Called
+    after everything that draws before the first step (the train step's making, the extras' checks)."""
+    current = backend.random_generator_state()
+    if current is None:
+        return None
+    path = os.path.join(checkpoint, GENERATOR_STATE_FILE)
+    if not os.path.isfile(path):
+        return "the checkpoint holds none (written by an earlier mtbench)"
+    with damaged(checkpoint, GENERATOR_STATE_FILE, (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile)), \
+            np.load(path) as saved:
+        states = [saved[f"process_{rank}"] for rank in range(len(saved.files))]
+    if len(states) != processes.world_size:
+        return f"the checkpoint holds {len(states)} processes' states, this run has {processes.world_size} processes"
+    if states[processes.rank].shape != current.shape:
+        return (f"the checkpoint's state is {states[processes.rank].size} bytes, this process's generators' "
+                f"{current.size} (written on another kind of device)")
+    backend.restore_random_generator_state(states[processes.rank])
+    return None
 
 
 @dataclass

@@ -78,7 +78,8 @@ class TrainingLoop:
 
     def __init__(self, config, backend, model, step_flops, train_step, state, batches, total_steps, checkpointing,
                  validate, target, observers, processes):
-        self.config, self.model, self.step_flops, self.train_step = config, model, step_flops, train_step
+        self.config, self.backend, self.model = config, backend, model
+        self.step_flops, self.train_step = step_flops, train_step
         self.state, self.batches, self.total_steps, self.checkpointing = state, batches, total_steps, checkpointing
         self.validate, self.processes = validate, processes
         self.callbacks, self.trackers = observers.callbacks, observers.trackers
@@ -240,8 +241,9 @@ class TrainingLoop:
             self.signals.agree(self.processes)
         reached = self.target.due(step) and self.validation_reaches_target(step)
         if self.signals.requested or self.checkpoint_due(step):
-            self.checkpointing.latest = save_checkpoint(self.checkpointing, self.model, self.train_step, self.state,
-                                                        self.clock, self.target, self.processes)
+            self.checkpointing.latest = save_checkpoint(self.checkpointing, self.backend, self.model,
+                                                        self.train_step, self.state, self.clock, self.target,
+                                                        self.processes)
         if self.signals.requested:
             self.stop = ("interrupted", f"{self.signals.name} received; stopped after step {step}")
         elif reached:
@@ -295,15 +297,18 @@ def finite_or_none(value):
     return value if math.isfinite(value) else None
 
 
-def save_checkpoint(checkpointing, model, train_step, state, clock, target, processes):
+def save_checkpoint(checkpointing, backend, model, train_step, state, clock, target, processes):
     # The figures so far are read before the checkpoint's own time starts counting apart.
     state.training_s, state.aside_s, state.evaluations = clock.training_s(), dict(clock.aside_s), target.evaluations
     with clock.aside("checkpoint"):
         # Every process: a train step that keeps state outside the Keras variables writes it back, and one whose
-        # state spans the processes gathers it whole (a collective), so that process 0 can read it by itself.
+        # state spans the processes gathers it whole (a collective), so that process 0 can read it by itself;
+        # each process's random generators, which differ (each data replica drops with masks of its own).
         train_step.finalize()
+        generator = backend.random_generator_state()
+        generator_states = None if generator is None else processes.gather_bytes(generator)
         # Process 0 alone writes (the others return at once and go on to the next step), so nothing it does
         # there may wait for them.
         with processes.alone():
             return checkpointing.run_dir.save(model, state, checkpointing.run_config, checkpointing.data_fingerprint,
-                                              checkpointing.keep, checkpointing.tokenizer)
+                                              checkpointing.keep, checkpointing.tokenizer, generator_states)

@@ -234,3 +234,29 @@ def test_torch_replicas_drop_their_rows_with_masks_of_their_own_and_a_model_axis
     first, second = (json.loads((streams / f"{rank}.json").read_text()) for rank in (0, 1))
     assert 150 < sum(first) < 350 and 150 < sum(second) < 350  # a mask at 0.5 each
     assert (first == second) is alike
+
+
+@pytest.mark.slow
+def test_a_resumed_ddp_run_with_dropout_draws_each_replicas_masks_on_from_the_checkpoint(tmp_path, cache_dir):
+    """Each replica's generator differs, so the checkpoint keeps both, and each process of the resumed run draws
+    on from its own. A NaN at step 6 stops the run with steps 1 to 5 trained and a checkpoint after step 3: the
+    resumed run trains steps 4 and 5 again with the masks they had (a fresh generator's would differ)."""
+    import numpy as np
+    out = tmp_path / "r.json"
+    proc = torchrun("train", "--backend", "torch", "--extra", "ddp", "--model", "gpt", "--preset", "tiny",
+                    "--block-size", "32", "--batch-size", "8", "--valid-size", "10", "--test-size", "10",
+                    "--dtype", "float32", "--steps", "8", "--dropout", "0.1", "--checkpoint-every", "3",
+                    "--cache-dir", cache_dir, "--out", str(out), env={"MTBENCH_TEST_NAN_AT_STEP": "6"})
+    assert proc.returncode != 0 and "the loss is nan at step 6" in proc.stderr, proc.stderr[-3000:]
+    stopped = json.loads(out.read_text())
+    with np.load(tmp_path / "r.run" / "checkpoint-000003" / "generator_state.npz") as saved:
+        assert sorted(saved.files) == ["process_0", "process_1"]
+        assert not np.array_equal(saved["process_0"], saved["process_1"])
+
+    proc = torchrun("train", "--resume", str(tmp_path / "r.run"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the random generators start afresh" not in proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["timing"]["resumed_at_steps"] == [4]
+    for got, want in zip(result["history"][3:5], stopped["history"][3:5]):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), got["step"]

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore
+from mtbench import Launch, ProcessGroup
+from mtbench.plugins.backends.jax_backend import JaxBackend
+from mtbench.plugins.backends.torch_backend import TorchBackend
+from mtbench.runner.loop.checkpoints import RunDirectory, TrainingState, restore, restore_generator_state
 from mtbench.runner.saved_model import find_model, model_files
 
 
@@ -81,6 +84,40 @@ def test_only_the_last_checkpoints_are_kept_and_a_new_run_replaces_them(tmp_path
     again = RunDirectory(run_dir.path, fresh=True)
     save(again, model, 1)
     assert [step for step, _ in again.checkpoints()] == [1]
+
+
+def test_each_process_draws_on_from_its_own_generator_state_kept_in_the_checkpoint(tmp_path):
+    """torch's dropout draws from torch's generator, not from the model's variables: a checkpoint keeps each
+    process's state, and a resumed process draws what it would have drawn next."""
+    import torch
+    backend, model = TorchBackend(), small_model(seed=1)
+    train(model, 1)
+    torch.manual_seed(4)
+    first = backend.random_generator_state()
+    torch.manual_seed(5)
+    torch.rand(7)
+    second = backend.random_generator_state()
+    next_draws = torch.rand(16)
+    checkpoint = RunDirectory(str(tmp_path / "r.run"), fresh=True).save(
+        model, TrainingState(step=1), {"preset": "tiny"}, "spm.model", 2, generator_states=[first, second])
+    torch.manual_seed(99)
+    second_process = ProcessGroup(Launch(process_id=1, num_processes=2))
+    assert restore_generator_state(checkpoint, backend, second_process) is None
+    assert torch.equal(torch.rand(16), next_draws)
+    # JAX's dropout draws from the seed states the checkpoint keeps with the weights: nothing else to restore.
+    assert restore_generator_state(checkpoint, JaxBackend(), second_process) is None
+
+    three = ProcessGroup(Launch(process_id=1, num_processes=3))
+    assert restore_generator_state(checkpoint, backend, three) == ("the checkpoint holds 2 processes' states, this "
+                                                                   "run has 3 processes")
+    elsewhere = RunDirectory(str(tmp_path / "gpu.run"), fresh=True).save(
+        model, TrainingState(step=1), {"preset": "tiny"}, "spm.model", 2, generator_states=[np.zeros(16, np.uint8)])
+    assert restore_generator_state(elsewhere, backend, ProcessGroup(Launch())) == (
+        f"the checkpoint's state is 16 bytes, this process's generators' {first.size} (written on another kind of "
+        f"device)")
+    earlier = save(RunDirectory(str(tmp_path / "earlier.run"), fresh=True), model, step=1)
+    assert restore_generator_state(earlier, backend, ProcessGroup(Launch())) == ("the checkpoint holds none "
+                                                                                 "(written by an earlier mtbench)")
 
 
 def test_a_checkpoint_that_does_not_fit_the_model_is_refused(tmp_path):

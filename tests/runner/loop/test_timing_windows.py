@@ -10,7 +10,7 @@ import numpy as np
 from rich.console import Console
 
 from mtbench.figures import FIGURES_BY_KEY, figure_text
-from mtbench.plugins.api import Batch, Launch, ProcessGroup, TrainStep
+from mtbench.plugins.api import Backend, Batch, Launch, ProcessGroup, TrainStep
 from mtbench.runner.results import run_result
 from mtbench.runner.loop.checkpoints import TrainingState
 from mtbench.runner.measurement.flops import StepFlops
@@ -18,7 +18,7 @@ from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 
 
-class CountingBackend:
+class CountingBackend(Backend):
     def __init__(self):
         self.synchronisations = 0
 
