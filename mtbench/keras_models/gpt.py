@@ -5,7 +5,14 @@ nanoGPT and GPT-2. Every position predicts the next token; there is no padding i
 import keras
 from keras import layers, ops
 
-from mtbench.keras_models.transformer import Attention, Embedding, create_variables, dropout_layer
+from mtbench.keras_models.transformer import (
+    Attention,
+    Embedding,
+    create_variables,
+    dropout_layer,
+    recomputed_in_backward,
+    rematerialized,
+)
 
 
 def tanh_gelu(x):
@@ -27,8 +34,9 @@ class MLP(layers.Layer):
 
 class Block(layers.Layer):
     def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, tanh_gelu_activation=False,
-                 **kwargs):
+                 remat=False, **kwargs):
         super().__init__(**kwargs)
+        self.remat = rematerialized(remat, dropout)
         self.attention_norm = layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
         # nanoGPT's and GPT-2's attention drops its probabilities at the blocks' rate.
         self.attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
@@ -38,6 +46,9 @@ class Block(layers.Layer):
         self.dropout = dropout_layer(dropout)
 
     def call(self, x, training=False):
+        return recomputed_in_backward(self, self.residual_branches, training, x)
+
+    def residual_branches(self, x, training=False):
         h = self.attention_norm(x)
         x = x + self.dropout(self.attention(h, training=training), training=training)
         return x + self.mlp(self.mlp_norm(x), training=training)
@@ -48,13 +59,13 @@ class GPT(keras.Model):
     batch's inputs); output: float32 logits (batch, length, vocab) for the token after each position."""
 
     def __init__(self, vocab_size, d_model, num_heads, layers_count, ff_dim, block_size, dropout=0.0,
-                 flash_attention=False, tanh_gelu_activation=False, **kwargs):
+                 flash_attention=False, tanh_gelu_activation=False, remat=False, **kwargs):
         super().__init__(**kwargs)
         self.block_size = block_size
         self.token_embedding = Embedding(vocab_size, d_model, name="token_embedding")
         self.position_embedding = Embedding(block_size, d_model, name="position_embedding")
         self.embedding_dropout = dropout_layer(dropout)
-        self.blocks = [Block(d_model, num_heads, ff_dim, dropout, flash_attention, tanh_gelu_activation,
+        self.blocks = [Block(d_model, num_heads, ff_dim, dropout, flash_attention, tanh_gelu_activation, remat,
                              name=f"block_{i}")
                        for i in range(layers_count)]
         self.final_norm = layers.LayerNormalization(epsilon=1e-5, name="final_norm")
@@ -72,13 +83,14 @@ class GPT(keras.Model):
         return ops.cast(ops.matmul(x, ops.transpose(table)), "float32")
 
 
-def build_gpt(shape, flash_attention=False, tanh_gelu_activation=False):
+def build_gpt(shape, flash_attention=False, tanh_gelu_activation=False, remat=False):
     """The model of `shape` (a ModelPreset: `decoder_layers` blocks, `max_len` positions) with its variables
-    created, so weights can be set before compiling. `tanh_gelu_activation`: GPT-2's approximate GELU."""
+    created, so weights can be set before compiling. `tanh_gelu_activation`: GPT-2's approximate GELU; `remat`:
+    each block's activations recomputed in the backward pass."""
     model = GPT(vocab_size=shape.vocab_size, d_model=shape.d_model, num_heads=shape.num_heads,
                 layers_count=shape.decoder_layers, ff_dim=shape.ff_dim, block_size=shape.max_len,
                 dropout=shape.dropout, flash_attention=flash_attention, tanh_gelu_activation=tanh_gelu_activation,
-                name="gpt")
+                remat=remat, name="gpt")
     return create_variables(model)
 
 

@@ -40,6 +40,24 @@ def dropout_layer(rate):
     return lambda x, training=False: x
 
 
+def rematerialized(remat, dropout):
+    """Whether a block recomputes its activations in the backward pass (activation checkpointing, `keras.remat`:
+    `jax.checkpoint`, `torch.utils.checkpoint`) instead of keeping them. Not with dropout: on JAX the recomputed
+    function would draw from the dropout layers' seed states, whose new values would escape it."""
+    if remat and dropout > 0:
+        raise ValueError(f"a block that drops {dropout:g} of its activations cannot be recomputed in the backward "
+                         f"pass (Keras's dropout seeds would change inside it on JAX)")
+    return bool(remat)
+
+
+def recomputed_in_backward(block, branches, training, *inputs):
+    """`branches(*inputs, training)` of `block`: in training under `block.remat`, its activations are dropped
+    after the forward pass and recomputed from `inputs` in the backward pass."""
+    if block.remat and training:
+        return keras.remat(lambda *values: branches(*values, training=training))(*inputs)
+    return branches(*inputs, training=training)
+
+
 class Attention(layers.Layer):
     """Multi-head attention. Padding is expressed as a key mask and causality as `is_causal`, the two forms fused
     kernels accept.
@@ -213,8 +231,9 @@ class FeedForward(layers.Layer):
 
 
 class EncoderBlock(layers.Layer):
-    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, **kwargs):
+    def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, remat=False, **kwargs):
         super().__init__(**kwargs)
+        self.remat = rematerialized(remat, dropout)
         self.attention_norm = layers.LayerNormalization(epsilon=1e-6, name="attention_norm")
         self.attention = Attention(d_model, num_heads, flash_attention=flash_attention, name="self_attention")
         self.ff_norm = layers.LayerNormalization(epsilon=1e-6, name="ff_norm")
@@ -222,6 +241,9 @@ class EncoderBlock(layers.Layer):
         self.dropout = dropout_layer(dropout)
 
     def call(self, x, src_mask, training=False):
+        return recomputed_in_backward(self, self.residual_branches, training, x, src_mask)
+
+    def residual_branches(self, x, src_mask, training=False):
         h = self.attention_norm(x)
         x = x + self.dropout(self.attention(h, key_mask=src_mask), training=training)
         return x + self.dropout(self.ff(self.ff_norm(x), training=training), training=training)
@@ -229,8 +251,9 @@ class EncoderBlock(layers.Layer):
 
 class DecoderBlock(layers.Layer):
     def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, flash_attention_masked=False,
-                 **kwargs):
+                 remat=False, **kwargs):
         super().__init__(**kwargs)
+        self.remat = rematerialized(remat, dropout)
         self.self_attention_norm = layers.LayerNormalization(epsilon=1e-6, name="self_attention_norm")
         self.self_attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
                                         name="self_attention")
@@ -242,6 +265,9 @@ class DecoderBlock(layers.Layer):
         self.dropout = dropout_layer(dropout)
 
     def call(self, x, memory, src_mask, training=False):
+        return recomputed_in_backward(self, self.residual_branches, training, x, memory, src_mask)
+
+    def residual_branches(self, x, memory, src_mask, training=False):
         # Target padding needs no mask: causality keeps real positions from seeing the padding after them,
         # and the loss ignores the padded positions themselves.
         h = self.self_attention_norm(x)
@@ -287,10 +313,11 @@ class Transformer(keras.Model):
     pad_id = PAD_ID
 
     def __init__(self, vocab_size, d_model, num_heads, encoder_layers, decoder_layers, ff_dim, max_len,
-                 dropout=0.0, flash_attention=False, flash_attention_masked=False, **kwargs):
+                 dropout=0.0, flash_attention=False, flash_attention_masked=False, remat=False, **kwargs):
         """`flash_attention` applies to the decoder's causal self-attention; `flash_attention_masked` to the
         attentions that take a padding mask (encoder self-attention, cross-attention), since some fused
-        kernels (torch's flash) accept no mask."""
+        kernels (torch's flash) accept no mask. `remat`: each block's activations recomputed in the backward
+        pass."""
         super().__init__(**kwargs)
         self.d_model = d_model
         self.max_len = max_len
@@ -301,10 +328,10 @@ class Transformer(keras.Model):
         self.token_embedding = Embedding(vocab_size, d_model, name="token_embedding")
         self.position_embedding = Embedding(max_len, d_model, name="position_embedding")
         self.embedding_dropout = dropout_layer(dropout)
-        self.encoder_blocks = [EncoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention_masked,
+        self.encoder_blocks = [EncoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention_masked, remat,
                                             name=f"encoder_{i}") for i in range(encoder_layers)]
         self.decoder_blocks = [DecoderBlock(d_model, num_heads, ff_dim, dropout, flash_attention,
-                                            flash_attention_masked, name=f"decoder_{i}")
+                                            flash_attention_masked, remat, name=f"decoder_{i}")
                                for i in range(decoder_layers)]
         self.encoder_norm = layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")
         self.decoder_norm = layers.LayerNormalization(epsilon=1e-6, name="decoder_norm")
@@ -375,11 +402,11 @@ def create_variables(model, inputs=1):
     return model
 
 
-def build_transformer(preset, flash_attention=False, flash_attention_masked=False):
+def build_transformer(preset, flash_attention=False, flash_attention_masked=False, remat=False):
     """Builds the model with its variables created, so weights can be set before compiling."""
     model = Transformer(vocab_size=preset.vocab_size, d_model=preset.d_model, num_heads=preset.num_heads,
                         encoder_layers=preset.encoder_layers, decoder_layers=preset.decoder_layers,
                         ff_dim=preset.ff_dim, max_len=preset.max_len, dropout=preset.dropout,
                         flash_attention=flash_attention, flash_attention_masked=flash_attention_masked,
-                        name="transformer")
+                        remat=remat, name="transformer")
     return create_variables(model, inputs=2)

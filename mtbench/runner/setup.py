@@ -301,12 +301,14 @@ def adjusted_config(run, plugins):
 
 
 def read_model_attention(run, family):
-    """What the model family tells the run of its attention before the model is built: the kinds it runs and the
-    share of attention probabilities it drops while training."""
+    """What the model family tells the run of its model before it is built: the kinds of attention it runs, the
+    share of attention probabilities it drops while training, whether its blocks can recompute their
+    activations."""
     if family.attention_kinds:  # a family that names none keeps every kind (plugin API 1.1's behaviour)
         run.attention_kinds = tuple(family.attention_kinds)
     if family.attention_dropout:
         run.attention_dropout = run.config.model.dropout or 0.0
+    run.model_recomputes_blocks = bool(getattr(family, "recomputes_blocks", False))
 
 
 def device_refusal(run, extras, extra_code=None):

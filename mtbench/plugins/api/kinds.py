@@ -32,6 +32,9 @@ class RunContext:
     # The share of attention probabilities the model will drop while it trains (`ModelFamily.attention_dropout`):
     # 0.0 where it drops none. Above 0, the fused kernels cannot run it.
     attention_dropout: float = 0.0
+    # Whether the model family builds blocks that recompute their activations when asked
+    # (`ModelFamily.recomputes_blocks`, `model_options["remat"]`).
+    model_recomputes_blocks: bool = False
     task: object = None            # the run's `Task` (`ModelFamily.task` names it)
     # --attention and what it chose: {'asked': auto/fused/unfused, 'fused': bool, 'why_unfused' or 'by_extra'}.
     attention_choice: dict = None

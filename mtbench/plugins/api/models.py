@@ -98,6 +98,10 @@ class ModelFamily:
     # trains, as nanoGPT's and GPT-2's do (plugin API 1.16). The fused kernels Keras calls drop none, so such a
     # run with dropout above 0 attends unfused (`RunContext.attention_dropout`).
     attention_dropout = False
+    # Whether `build` takes `run.model_options["remat"]` (True: each Transformer block recomputes its activations in
+    # the backward pass, `keras.remat`, and has a `remat` attribute that says so), which `--extra remat` sets
+    # (plugin API 1.17).
+    recomputes_blocks = False
     # The task the model is trained on and scored by (`mtbench.Task`, registered by name): 'translation' (an
     # encoder-decoder, the model protocol above) or 'language-modelling' (a decoder-only model called on
     # `(input_ids,)`, returning logits for the next token at every position).

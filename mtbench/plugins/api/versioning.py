@@ -38,7 +38,8 @@ and `mtbench.plugins.api` are deprecated.
 1.16: `ModelFamily.attention_dropout`, a model that drops attention probabilities at the run's dropout;
 `RunContext.attention_dropout`, the share it drops.
 1.17: `Backend.random_generator_state()` and `restore_random_generator_state(state)`, the framework's own generators
-that a checkpoint keeps; `ProcessGroup.gather_bytes(data)`.
+that a checkpoint keeps; `ProcessGroup.gather_bytes(data)`; `ModelFamily.recomputes_blocks`, a family whose blocks
+recompute their activations when `model_options["remat"]` asks, and `RunContext.model_recomputes_blocks`.
 """
 
 PLUGIN_API_VERSION = "1.17"

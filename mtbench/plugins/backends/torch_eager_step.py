@@ -162,15 +162,17 @@ class EagerTorchTrainStep(TrainStep):
         if self.micro_batches > 1:
             loss, accuracy = self._accumulate(x, y, sample_weight)
         else:
+            # The backward pass in the forward's context too: a block that recomputes its activations there
+            # (`--extra remat`) calls its layers as the forward pass did, through the same kernels.
             with self._forward_context():
                 loss, accuracy = self._forward(x, y, sample_weight)
-            losses = self.own_losses()
-            if losses:
-                loss = loss + sum(losses)
-            objective = loss
-            if self.processes is not None:
-                objective, loss, accuracy = self._global_token_means(loss, accuracy, sample_weight)
-            optimizer.scale_loss(objective).backward()  # the identity unless the optimizer scales losses
+                losses = self.own_losses()
+                if losses:
+                    loss = loss + sum(losses)
+                objective = loss
+                if self.processes is not None:
+                    objective, loss, accuracy = self._global_token_means(loss, accuracy, sample_weight)
+                optimizer.scale_loss(objective).backward()  # the identity unless the optimizer scales losses
         with torch.no_grad():
             if self.fused_optimizer:
                 self.fused_optimizer.step()
@@ -203,9 +205,8 @@ class EagerTorchTrainStep(TrainStep):
             part_weight = sample_weight[rows]
             holding = self.module.no_sync() if hasattr(self.module, "no_sync") and part < parts - 1 else \
                 contextlib.nullcontext()
-            with holding:
-                with self._forward_context():
-                    part_loss, part_accuracy = self._forward(tuple(p[rows] for p in x), y[rows], part_weight)
+            with holding, self._forward_context():
+                part_loss, part_accuracy = self._forward(tuple(p[rows] for p in x), y[rows], part_weight)
                 share = part_weight.sum() / tokens
                 objective = part_loss * share
                 losses = self.own_losses()

@@ -16,6 +16,7 @@ class GPTFamily(ModelFamily):
                    "scratch (size: --preset tiny/small/char/gpt2-small and the size flags)")
     attention_kinds = ("causal",)
     attention_dropout = True  # at the run's dropout, as nanoGPT's (and GPT-2's attn_pdrop)
+    recomputes_blocks = True
     task = "language-modelling"
 
     def check(self, path, config):
@@ -44,7 +45,8 @@ class GPTFamily(ModelFamily):
     def build(self, run, path, tokenizer, max_len):
         from mtbench.keras_models.gpt import build_gpt
         shape = dataclasses.replace(run.config.model, vocab_size=tokenizer.vocab_size, max_len=max_len)
-        return build_gpt(shape, flash_attention=run.model_options.get("flash_attention", False)), shape
+        return build_gpt(shape, flash_attention=run.model_options.get("flash_attention", False),
+                         remat=run.model_options.get("remat", False)), shape
 
     def training_flops(self, model_shape, rows, source_length, target_length):
         from mtbench.keras_models.gpt import training_flops

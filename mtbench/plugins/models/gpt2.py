@@ -30,6 +30,7 @@ class GPT2Family(ModelFamily):
     pretrained = True
     attention_kinds = ("causal",)
     attention_dropout = True  # at the run's dropout, as nanoGPT's (and GPT-2's attn_pdrop)
+    recomputes_blocks = True
     task = "language-modelling"
     optimizer_recipe = GPTFamily.optimizer_recipe  # GPT-2's and nanoGPT's AdamW
     training_flops = GPTFamily.training_flops  # the same model
@@ -70,7 +71,7 @@ class GPT2Family(ModelFamily):
                                f"token embeddings of the pretrained model ({path})")
         tanh = checkpoint.TANH_GELU[checkpoint.setting(model_config, "activation_function")]
         return build_gpt(shape, flash_attention=run.model_options.get("flash_attention", False),
-                         tanh_gelu_activation=tanh), shape
+                         tanh_gelu_activation=tanh, remat=run.model_options.get("remat", False)), shape
 
     @staticmethod
     def _shape(model_config, config):

@@ -15,6 +15,7 @@ class TransformerFamily(ModelFamily):
     name = "transformer"
     description = "mtbench's pre-layer-norm Transformer, trained from scratch (size: --preset and size flags)"
     attention_kinds = ENCODER_DECODER_ATTENTION
+    recomputes_blocks = True
 
     def shape(self, path, config):
         return config.model

@@ -1,0 +1,139 @@
+"""remat: activation checkpointing of every Transformer block, on both backends under one name. While training,
+each block keeps only its inputs for the backward pass and computes its activations again from them there
+(`keras.remat`: `jax.checkpoint` on JAX, `torch.utils.checkpoint` without re-entry on torch): one more forward
+pass of the blocks for activations that no longer grow with each block's intermediate tensors, as torchtitan's
+"full" activation checkpointing and MaxText's `remat_policy: full`. MFU counts the model's FLOPs, not the
+recomputation (nanoGPT's and PaLM's count), so a run that recomputes shows lower MFU for the same model.
+
+Asking a framework to recompute proves nothing: XLA may compile the recomputation away or keep what it was meant
+to free (XLA:CPU recomputes the blocks and holds more temporaries than without), and a layer called outside the
+checkpointed function would keep its activations. So before training the run measures it: on JAX it compiles the
+model's gradient on the batch twice, recomputing and keeping, and goes on only if the recomputing program runs
+more matrix products and holds fewer temporary bytes (XLA's own count: `memory_analysis`), both recorded; on torch
+it counts the forward layer norms that run inside the backward pass of one row through the whole model, one for
+each layer norm of each block (the torch.compile step is traced from the same checkpointed blocks). Dropout inside
+a recomputed block is refused on both: on JAX the recomputed function would draw from the dropout layers' seed
+states, whose new values would escape it.
+"""
+
+import re
+
+from mtbench import Extra, hookimpl
+
+# A matrix product in a compiled XLA program: a `dot` instruction (inside a fusion or not), or a call of a GPU
+# library's GEMM.
+PRODUCT = re.compile(r"\bdot\(|custom_call_target=\"__cublas\$\w*")
+
+
+def compiled_products(text):
+    """The matrix products in a compiled XLA program's text."""
+    return len(PRODUCT.findall(text))
+
+
+def recomputing_blocks(model):
+    """The model's layers that recompute their activations in the backward pass."""
+    return [layer for layer in model._flatten_layers(include_self=False) if getattr(layer, "remat", False) is True]
+
+
+def block_layer_norms(blocks):
+    import keras
+    return sum(isinstance(layer, keras.layers.LayerNormalization)
+               for block in blocks for layer in block._flatten_layers(include_self=False))
+
+
+class Remat(Extra):
+    name = "remat"
+    description = ("activation checkpointing: each Transformer block's activations recomputed in the backward pass "
+                   "(keras.remat: jax.checkpoint, torch.utils.checkpoint), verified before training")
+    backends = ("jax", "torch")
+    # Not built: torch's split and sharded blocks call their layers outside the checkpointed function (and DTensor's
+    # and FSDP's hooks would run again in the recomputation); JAX's are held to the same refusal.
+    conflicts = ("tensor-parallel", "fsdp")
+
+    def unavailable_reason(self, run):
+        if not run.model_recomputes_blocks:
+            return "the model family does not build blocks that recompute their activations"
+        dropout = run.config.model.dropout or 0.0
+        if dropout > 0:
+            return (f"recomputes blocks without dropout only (on JAX the recomputed block would draw from the dropout "
+                    f"layers' seed states); this model drops {dropout:g} (--dropout 0 lets it run)")
+        return None
+
+    def before_model(self, run):
+        run.model_options["remat"] = True
+
+    def verify(self, run, model, batch):
+        blocks = recomputing_blocks(model)
+        if not blocks:
+            return "the model has no block that recomputes its activations; the run would mislabel itself"
+        state = run.extras_state.setdefault(self.name, {})
+        state.update(blocks=len(blocks), flops_counted="the model's, not the recomputation")
+        if run.backend.name == "jax":
+            return self._verify_jax(state, model, blocks, batch, run.device_kind)
+        return self._verify_torch(state, model, blocks, batch)
+
+    @staticmethod
+    def _verify_jax(state, model, blocks, batch, device_kind):
+        import jax
+        import keras
+        values = [variable.value for variable in model.trainable_variables]
+
+        def loss(values, inputs):
+            with keras.StatelessScope(state_mapping=list(zip(model.trainable_variables, values))):
+                return keras.ops.sum(keras.ops.cast(model(inputs, training=True), "float32"))
+
+        held, products = {}, {}
+        try:
+            for recompute in (False, True):
+                for block in blocks:
+                    block.remat = recompute
+                compiled = jax.jit(jax.grad(loss)).lower(values, tuple(batch.inputs)).compile()
+                memory = compiled.memory_analysis()
+                held[recompute] = None if memory is None else int(memory.temp_size_in_bytes)
+                products[recompute] = compiled_products(compiled.as_text())
+        finally:
+            for block in blocks:
+                block.remat = True
+        state.update(verified_by="the model's compiled gradient on this batch, recomputing against keeping",
+                     temporary_bytes={"keeping": held[False], "recomputing": held[True]},
+                     matrix_products={"keeping": products[False], "recomputing": products[True]})
+        if products[True] <= products[False]:
+            return (f"XLA compiled the recomputation away: the model's gradient runs {products[True]} matrix products "
+                    f"recomputing and {products[False]} keeping its activations; the run would keep them all")
+        if held[True] is not None and held[True] >= held[False]:
+            why = " (XLA:CPU schedules the recomputation without freeing what it replaces)" * (device_kind == "cpu")
+            return (f"XLA holds {held[True] / 2 ** 20:.1f} MiB of temporaries recomputing the blocks and "
+                    f"{held[False] / 2 ** 20:.1f} MiB keeping their activations{why}; recomputing would cost time "
+                    f"and save nothing")
+        return None
+
+    @staticmethod
+    def _verify_torch(state, model, blocks, batch):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class ForwardNorms(TorchDispatchMode):
+            count = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten.native_layer_norm.default:
+                    ForwardNorms.count += 1
+                return func(*args, **(kwargs or {}))
+
+        rows = tuple(torch.as_tensor(part[:1]) for part in batch.inputs)
+        parameters = [variable.value for variable in model.trainable_variables]
+        loss = model(rows, training=True).float().mean()
+        with ForwardNorms():
+            torch.autograd.grad(loss, parameters, allow_unused=True)
+        expected = block_layer_norms(blocks)
+        state.update(verified_by="forward layer norms run in the backward pass of one row",
+                     recomputed_layer_norms=ForwardNorms.count)
+        if ForwardNorms.count < expected:
+            return (f"the backward pass recomputed {ForwardNorms.count} of the blocks' {expected} layer norms; the "
+                    f"run would keep every activation")
+        return None
+
+
+@hookimpl
+def mtbench_register_extras(register):
+    register(Remat())

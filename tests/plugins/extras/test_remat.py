@@ -1,0 +1,172 @@
+"""remat (activation checkpointing), by what it changes: the bytes a forward pass keeps for the backward pass and
+the layers the backward pass runs again (torch), the recomputation in JAX's programs before and after XLA, the
+losses (none changed), and the runs it refuses."""
+
+import collections
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import keras_on_jax, run_cli
+from mtbench.plugins.api import RunContext
+from mtbench.plugins.extras.remat import Remat
+from mtbench.runner.config import TrainConfig
+
+TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
+            "--test-size", "10", "--steps", "6", "--dtype", "float32"]
+
+TORCH_PROBE = textwrap.dedent("""
+    import dataclasses, json, os
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras, torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS
+
+    class Ran(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    shape = dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=128, decoder_layers=4)
+    ids = torch.randint(0, 256, (8, 128), generator=torch.Generator().manual_seed(0))
+    figures = {}
+    for remat in (False, True):
+        keras.utils.set_random_seed(0)
+        model = build_gpt(shape, remat=remat)
+        kept = []
+        def keep(tensor):
+            kept.append(tensor.numel() * tensor.element_size())
+            return tensor
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+            loss = model(ids, training=True).float().logsumexp(-1).mean()
+        parameters = [variable.value for variable in model.trainable_variables]
+        with Ran() as backward:
+            grads = torch.autograd.grad(loss, parameters)
+        figures[remat] = {"kept_bytes": sum(kept), "loss": loss.item(),
+                          "backward_norms": backward.ops.count("aten.native_layer_norm.default"),
+                          "grads": [grad.flatten()[:64].tolist() for grad in grads]}
+    print(json.dumps(figures))
+""")
+
+
+def test_torch_blocks_keep_only_their_inputs_and_run_again_in_the_backward_pass():
+    env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
+    proc = subprocess.run([sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keeping, recomputing = json.loads(proc.stdout.strip().splitlines()[-1]).values()
+    # Each of the 4 blocks keeps its input alone, (8, 128, 64) float32: 256 KiB, 1 MiB for the blocks, beside what
+    # the embeddings, the final norm and the output layer keep (the same in both).
+    block_input = 8 * 128 * 64 * 4
+    assert keeping["kept_bytes"] - recomputing["kept_bytes"] > 10 * 4 * block_input
+    assert recomputing["kept_bytes"] < keeping["kept_bytes"] / 5
+    # The backward pass runs each block's two layer norms forward again, and only with remat.
+    assert keeping["backward_norms"] == 0 and recomputing["backward_norms"] == 4 * 2
+    assert recomputing["loss"] == keeping["loss"]
+    np.testing.assert_allclose(np.array(recomputing["grads"]), np.array(keeping["grads"]), rtol=1e-6, atol=1e-9)
+
+
+def primitives(jaxpr, counts):
+    for equation in jaxpr.eqns:
+        counts[equation.primitive.name] += 1
+        for value in equation.params.values():
+            inner = getattr(value, "jaxpr", None)
+            if inner is not None:
+                primitives(getattr(inner, "jaxpr", inner), counts)
+    return counts
+
+
+def test_jax_traces_a_checkpoint_per_block_and_the_extra_refuses_a_compiler_that_merges_it_away():
+    """jax.checkpoint is in the traced gradient once per block, and its recomputation in the program handed to
+    XLA (each block's forward matmuls twice); what XLA compiles decides whether the run recomputes: the extra
+    accepts exactly when the model's compiled gradient runs more matrix products recomputing than keeping and
+    holds fewer temporary bytes."""
+    keras = keras_on_jax()
+    import jax
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS
+    shape = dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32, decoder_layers=3)
+    ids = np.zeros((2, 32), dtype="int32")
+    traced, lowered, compiled = {}, {}, {}
+    for remat in (False, True):
+        keras.utils.set_random_seed(0)
+        model = build_gpt(shape, remat=remat)
+
+        def loss(values, ids):
+            with keras.StatelessScope(state_mapping=list(zip(model.trainable_variables, values))):
+                return keras.ops.sum(model(ids, training=True))
+
+        values = [variable.value for variable in model.trainable_variables]
+        gradient = jax.jit(jax.grad(loss))
+        traced[remat] = primitives(jax.make_jaxpr(jax.grad(loss))(values, ids).jaxpr, collections.Counter())
+        lowered[remat] = gradient.lower(values, ids).as_text().count("stablehlo.dot_general")
+        compiled[remat] = gradient.lower(values, ids).compile().as_text().count(" dot(")
+    checkpoints = traced[True]["remat2"] + traced[True]["checkpoint"]
+    assert checkpoints == 3 and traced[False]["remat2"] + traced[False]["checkpoint"] == 0
+    # Each block's forward matmuls whose products its backward pass reads, once more: as many in each block.
+    recomputed = lowered[True] - lowered[False]
+    assert recomputed >= 3 * 4 and recomputed % 3 == 0, lowered
+
+    from types import SimpleNamespace
+    batch = SimpleNamespace(inputs=(ids,))
+    run = SimpleNamespace(backend=SimpleNamespace(name="jax"), device_kind="cpu", extras_state={})
+    refusal = Remat().verify(run, model, batch)
+    measured = run.extras_state["remat"]
+    assert measured["matrix_products"] == {"keeping": compiled[False], "recomputing": compiled[True]}
+    held = measured["temporary_bytes"]
+    if compiled[True] > compiled[False] and held["recomputing"] < held["keeping"]:
+        assert refusal is None
+    else:  # XLA:CPU today: the recomputation compiled in, and more temporaries than keeping
+        assert refusal == (f"XLA holds {held['recomputing'] / 2 ** 20:.1f} MiB of temporaries recomputing the blocks "
+                           f"and {held['keeping'] / 2 ** 20:.1f} MiB keeping their activations (XLA:CPU schedules the "
+                           f"recomputation without freeing what it replaces); recomputing would cost time and save "
+                           f"nothing")
+    assert all(block.remat is True for block in model.blocks)  # the verification put them back
+
+
+def run_context(family_recomputes=True, dropout=0.0):
+    config = TrainConfig(model_name="gpt", preset="tiny", dropout=dropout)
+    return RunContext(config=config, backend=None, model_recomputes_blocks=family_recomputes)
+
+
+def test_a_model_with_dropout_or_of_a_family_that_cannot_recompute_is_refused():
+    assert Remat().unavailable_reason(run_context()) is None
+    assert Remat().unavailable_reason(run_context(dropout=0.2)) == (
+        "recomputes blocks without dropout only (on JAX the recomputed block would draw from the dropout layers' seed "
+        "states); this model drops 0.2 (--dropout 0 lets it run)")
+    assert Remat().unavailable_reason(run_context(family_recomputes=False)) == (
+        "the model family does not build blocks that recompute their activations")
+
+
+@pytest.mark.slow
+def test_torch_trains_the_same_losses_recomputing_and_records_what_it_counted(tmp_path, cache_dir):
+    results = {}
+    for name, extra in (("keeping", []), ("recomputing", ["--extra", "remat"])):
+        out = tmp_path / f"{name}.json"
+        proc = run_cli("train", "--backend", "torch", *TINY_GPT, *extra, "--cache-dir", cache_dir, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = json.loads(out.read_text())
+    assert [h["loss"] for h in results["recomputing"]["history"]] == [h["loss"] for h in results["keeping"]["history"]]
+    assert results["recomputing"]["extras_record"]["remat"] == {
+        "blocks": 2, "flops_counted": "the model's, not the recomputation",
+        "verified_by": "forward layer norms run in the backward pass of one row", "recomputed_layer_norms": 4}
+    assert results["recomputing"]["extras"] == ["remat"]
+
+
+def test_a_model_with_dropout_is_refused_before_training(tmp_path, cache_dir):
+    proc = run_cli("train", "--backend", "torch", "--model", "gpt", "--preset", "char", "--steps", "2", "--extra",
+                   "remat", "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip() == (
+        "Error: extra 'remat' cannot run here: recomputes blocks without dropout only (on JAX the recomputed block "
+        "would draw from the dropout layers' seed states); this model drops 0.2 (--dropout 0 lets it run)")
+    assert not (tmp_path / "r.json").exists()
