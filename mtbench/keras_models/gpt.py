@@ -11,7 +11,6 @@ from mtbench.keras_models.transformer import (
     create_variables,
     dropout_layer,
     recomputed_in_backward,
-    rematerialized,
 )
 
 
@@ -36,7 +35,7 @@ class Block(layers.Layer):
     def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, tanh_gelu_activation=False,
                  remat=False, **kwargs):
         super().__init__(**kwargs)
-        self.remat = rematerialized(remat, dropout)
+        self.remat = remat
         self.attention_norm = layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
         # nanoGPT's and GPT-2's attention drops its probabilities at the blocks' rate.
         self.attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,

@@ -40,22 +40,30 @@ def dropout_layer(rate):
     return lambda x, training=False: x
 
 
-def rematerialized(remat, dropout):
-    """Whether a block recomputes its activations in the backward pass (activation checkpointing, `keras.remat`:
-    `jax.checkpoint`, `torch.utils.checkpoint`) instead of keeping them. Not with dropout: on JAX the recomputed
-    function would draw from the dropout layers' seed states, whose new values would escape it."""
-    if remat and dropout > 0:
-        raise ValueError(f"a block that drops {dropout:g} of its activations cannot be recomputed in the backward "
-                         f"pass (Keras's dropout seeds would change inside it on JAX)")
-    return bool(remat)
-
-
 def recomputed_in_backward(block, branches, training, *inputs):
-    """`branches(*inputs, training)` of `block`: in training under `block.remat`, its activations are dropped
-    after the forward pass and recomputed from `inputs` in the backward pass."""
-    if block.remat and training:
+    """`branches(*inputs, training)` of `block`: in training under `block.remat`, its activations are dropped after
+    the forward pass and recomputed from `inputs` in the backward pass (activation checkpointing, `keras.remat`:
+    `jax.checkpoint`, `torch.utils.checkpoint`). A block whose dropout layers hold seed states computes as a
+    function of its variables' values: the recomputation then draws the masks the forward pass drew, and the new
+    seed states leave it as outputs (on JAX, assigned inside it, they would escape the recomputed function)."""
+    if not (block.remat and training):
+        return branches(*inputs, training=training)
+    seeds = block.non_trainable_variables
+    if not seeds:
         return keras.remat(lambda *values: branches(*values, training=training))(*inputs)
-    return branches(*inputs, training=training)
+    variables = block.trainable_variables + seeds
+
+    def run(values, *inputs):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            outputs = branches(*inputs, training=training)
+        given = values[len(variables) - len(seeds):]
+        return outputs, [value if drawn is None else drawn
+                         for value, drawn in zip(given, (scope.get_current_value(seed) for seed in seeds))]
+
+    outputs, drawn = keras.remat(run)([variable.value for variable in variables], *inputs)
+    for seed, value in zip(seeds, drawn):
+        seed.assign(value)
+    return outputs
 
 
 class Attention(layers.Layer):
@@ -233,7 +241,7 @@ class FeedForward(layers.Layer):
 class EncoderBlock(layers.Layer):
     def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, remat=False, **kwargs):
         super().__init__(**kwargs)
-        self.remat = rematerialized(remat, dropout)
+        self.remat = remat
         self.attention_norm = layers.LayerNormalization(epsilon=1e-6, name="attention_norm")
         self.attention = Attention(d_model, num_heads, flash_attention=flash_attention, name="self_attention")
         self.ff_norm = layers.LayerNormalization(epsilon=1e-6, name="ff_norm")
@@ -253,7 +261,7 @@ class DecoderBlock(layers.Layer):
     def __init__(self, d_model, num_heads, ff_dim, dropout, flash_attention=False, flash_attention_masked=False,
                  remat=False, **kwargs):
         super().__init__(**kwargs)
-        self.remat = rematerialized(remat, dropout)
+        self.remat = remat
         self.self_attention_norm = layers.LayerNormalization(epsilon=1e-6, name="self_attention_norm")
         self.self_attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
                                         name="self_attention")

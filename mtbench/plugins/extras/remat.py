@@ -11,9 +11,9 @@ checkpointed function would keep its activations. So before training the run mea
 model's gradient on the batch twice, recomputing and keeping, and goes on only if the recomputing program runs
 more matrix products and holds fewer temporary bytes (XLA's own count: `memory_analysis`), both recorded; on torch
 it counts the forward layer norms that run inside the backward pass of one row through the whole model, one for
-each layer norm of each block (the torch.compile step is traced from the same checkpointed blocks). Dropout inside
-a recomputed block is refused on both: on JAX the recomputed function would draw from the dropout layers' seed
-states, whose new values would escape it.
+each layer norm of each block (the torch.compile step is traced from the same checkpointed blocks). A block with
+dropout recomputes the masks its forward pass drew (JAX: from the seed states it takes as inputs; torch: from the
+generator's state `torch.utils.checkpoint` restores), so the losses are those of the run without remat.
 """
 
 import re
@@ -53,10 +53,6 @@ class Remat(Extra):
     def unavailable_reason(self, run):
         if not run.model_recomputes_blocks:
             return "the model family does not build blocks that recompute their activations"
-        dropout = run.config.model.dropout or 0.0
-        if dropout > 0:
-            return (f"recomputes blocks without dropout only (on JAX the recomputed block would draw from the dropout "
-                    f"layers' seed states); this model drops {dropout:g} (--dropout 0 lets it run)")
         return None
 
     def before_model(self, run):
@@ -122,9 +118,12 @@ class Remat(Extra):
 
         rows = tuple(torch.as_tensor(part[:1]) for part in batch.inputs)
         parameters = [variable.value for variable in model.trainable_variables]
-        loss = model(rows, training=True).float().mean()
-        with ForwardNorms():
-            torch.autograd.grad(loss, parameters, allow_unused=True)
+        # The dropout layers draw from torch's generators: put back, the run's first step draws what it would have.
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            loss = model(rows, training=True).float().mean()
+            with ForwardNorms():
+                torch.autograd.grad(loss, parameters, allow_unused=True)
         expected = block_layer_norms(blocks)
         state.update(verified_by="forward layer norms run in the backward pass of one row",
                      recomputed_layer_norms=ForwardNorms.count)
