@@ -14,7 +14,8 @@
 #    mtbench's reading of it: how busy the device was, its longest kernels, its kernels by kind);
 # 3. mtbench's compiled torch step against nanoGPT's as inductor compiles them, 16 x 1024 tokens: does the
 #    backward write the logits' gradient over the saved logits now, and a steady step's peak;
-# 4. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
+# 4. whether JAX's remat frees memory on the GPU (60 s at most);
+# 5. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
 # What comes back is 8 files at most: summary.txt, matrix.log, gpu-matrix.md, gpu-matrix.json, obvious.log,
 # profiles.tgz, inductor.tgz, slow.log.
 set -uo pipefail
@@ -44,6 +45,14 @@ r = json.load(open('/tmp/gpu-session-obvious.json')); print('obvious command:', 
 r['train_step'], r['train_step_chosen'], r['model']['attention'].get('chosen'), r['timing']['step_s_median'])
 print('obvious command, profiled steps:', ops(r))" \
   2>&1 | tee -a "$out/summary.txt"
+
+# Whether JAX's remat frees memory on the GPU (XLA:CPU's does not): the run's check compiles the model's gradient
+# recomputing and keeping, and records what XLA holds each way (`extras_record.remat`), or says why it stops.
+timeout "$(within 60)" python3 -m mtbench train --backend jax --model gpt --preset gpt2-small --batch-size 16 \
+  --steps 10 --extra remat --measure-only --report none --out /tmp/gpu-session-remat.json > /tmp/gpu-session-remat.log 2>&1
+{ tail -2 /tmp/gpu-session-remat.log; python3 -c "import json; r = json.load(open('/tmp/gpu-session-remat.json'))
+print('jax remat:', r['extras_record'].get('remat'), r['timing']['step_s_median'], r['memory'])"; } 2>&1 \
+  | tee -a "$out/summary.txt"
 
 mkdir -p "$out/inductor"
 timeout "$(within 140)" python3 benchmarks/inductor_cost.py --preset gpt2-small --rows 16 --block-size 1024 \
