@@ -45,8 +45,10 @@ def recomputed_in_backward(block, branches, training, *inputs):
     the forward pass and recomputed from `inputs` in the backward pass (activation checkpointing, `keras.remat`:
     `jax.checkpoint`, `torch.utils.checkpoint`). A block whose dropout layers hold seed states computes as a
     function of its variables' values: the recomputation then draws the masks the forward pass drew, and the new
-    seed states leave it as outputs (on JAX, assigned inside it, they would escape the recomputed function)."""
-    if not (block.remat and training):
+    seed states leave it as outputs (on JAX, assigned inside it, they would escape the recomputed function). A block
+    whose caller recomputes its whole call (`checkpointed_outside`: a wrapper that must hold the block's variables as
+    they were) computes plainly."""
+    if not (block.remat and training) or getattr(block, "checkpointed_outside", False):
         return branches(*inputs, training=training)
     seeds = block.non_trainable_variables
     if not seeds:

@@ -190,8 +190,10 @@ def require_extra_spanning_processes(processes, backend, extras, registry):
 # The extras a step that accumulates gradients runs with: ddp averages the gradients with the last micro-batch
 # only, data-parallel's micro-batches are a loop inside its one program, fsdp gathers and reduce-scatters for each
 # micro-batch (a loop around JAX's per-device gathering; FSDP2's hooks on torch), tensor-parallel all-reduces each
-# micro-batch's activations (as Megatron does); pmap has a step of its own.
-ACCUMULATING_EXTRAS = ("torch-compile", "flash-attention", "ddp", "data-parallel", "fsdp", "tensor-parallel")
+# micro-batch's activations (as Megatron does); remat recomputes each micro-batch's blocks, no collective; pmap has a
+# step of its own.
+ACCUMULATING_EXTRAS = ("torch-compile", "flash-attention", "ddp", "data-parallel", "fsdp", "tensor-parallel",
+                       "remat")
 
 
 def check_options_against_extras(config, plugins):

@@ -489,6 +489,12 @@ class TorchSharding:
                     for variable, _, _, shard in _held:
                         variable._value = shard  # the backward reads what the forward saved, not the variable
 
+            if getattr(unit, "remat", False) is True:
+                # A block that recomputes its activations (`--extra remat`) recomputes them here, pointing its
+                # variables at the parameters FSDP holds gathered until its backward: its own recomputation would
+                # read the shards the variables hold by then.
+                unit.checkpointed_outside = True
+                forward = functools.partial(torch.utils.checkpoint.checkpoint, forward, use_reentrant=False)
             unit.forward = forward
             unit.call = lambda *args, _unit=unit, **kwargs: torch.nn.Module.__call__(_unit, *args, **kwargs)
         self.distributed = True
@@ -511,6 +517,7 @@ class TorchSharding:
         import torch
         for unit, _, _, keras_class, _ in self.units:
             del unit.call, unit.forward  # the class's own again
+            unit.__dict__.pop("checkpointed_outside", None)
             # Keras names a checkpoint's objects by their class: a checkpoint must name the model's own classes.
             unit.__class__ = keras_class
         self.distributed = False
