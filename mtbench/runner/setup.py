@@ -310,7 +310,7 @@ def read_model_attention(run, family):
         run.attention_kinds = tuple(family.attention_kinds)
     if family.attention_dropout:
         run.attention_dropout = run.config.model.dropout or 0.0
-    run.model_recomputes_blocks = bool(getattr(family, "recomputes_blocks", False))
+    run.model_recomputes_blocks = bool(family.recomputes_blocks)
 
 
 def device_refusal(run, extras, extra_code=None):

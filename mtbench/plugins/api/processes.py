@@ -30,7 +30,7 @@ class Launch:
 class ProcessGroup:
     """The run's processes as one backend joined them. One process alone is a group of one, whose agreements
     are its own answers; a backend that joins several overrides `any`, `sum` and `barrier` with its collectives
-(`gather_bytes` is built on `sum`)."""
+    (`gather_bytes` is built on `sum`)."""
     collectives = None  # the library the processes talk through: 'gloo', 'nccl', ...
 
     def __init__(self, launch):

@@ -108,7 +108,7 @@ class Remat(Extra):
         if unchecked:
             return (f"cannot count what {unchecked[0]} recomputes (it has no `residual_branches`, the computation "
                     f"it recomputes); the run would be labelled unchecked")
-        # A flag rather than a dispatch mode: under fsdp the backward pass runs outside this thread's modes.
+        # Each block's computation counted where it runs: called again while the backward pass runs, it recomputed.
         backward, recomputed = [False], {block.name: 0 for block in blocks}
         for block in blocks:
             def counted(*args, _branches=block.residual_branches, _name=block.name, **kwargs):
