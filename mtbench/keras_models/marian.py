@@ -13,7 +13,14 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from mtbench.keras_models.transformer import Attention, Embedding, create_variables, decoding_state, dropout_layer
+from mtbench.keras_models.transformer import (
+    Attention,
+    Embedding,
+    create_variables,
+    decoding_state,
+    dropout_layer,
+    recomputed_in_backward,
+)
 
 # MarianConfig's defaults, for the keys a config.json may leave out.
 MARIAN_DEFAULTS = {
@@ -102,12 +109,16 @@ class _PostNormBlock(layers.Layer):
 
 class MarianEncoderLayer(_PostNormBlock):
     def __init__(self, d_model, num_heads, ffn_dim, activation, dropout, activation_dropout, flash_attention=False,
-                 **kwargs):
+                 remat=False, **kwargs):
         super().__init__(d_model, ffn_dim, activation, dropout, activation_dropout, **kwargs)
+        self.remat = remat
         self.self_attention = Attention(d_model, num_heads, flash_attention=flash_attention, name="self_attention")
         self.self_attention_norm = layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="self_attention_norm")
 
     def call(self, x, src_mask, training=False):
+        return recomputed_in_backward(self, self.residual_branches, training, x, src_mask)
+
+    def residual_branches(self, x, src_mask, training=False):
         attended = self.self_attention(x, x, key_mask=src_mask)
         x = self.self_attention_norm(x + self.dropout(attended, training=training))
         return self.feed_forward(x, training)
@@ -115,8 +126,9 @@ class MarianEncoderLayer(_PostNormBlock):
 
 class MarianDecoderLayer(_PostNormBlock):
     def __init__(self, d_model, num_heads, ffn_dim, activation, dropout, activation_dropout, flash_attention=False,
-                 flash_attention_masked=False, **kwargs):
+                 flash_attention_masked=False, remat=False, **kwargs):
         super().__init__(d_model, ffn_dim, activation, dropout, activation_dropout, **kwargs)
+        self.remat = remat
         self.self_attention = Attention(d_model, num_heads, is_causal=True, flash_attention=flash_attention,
                                         name="self_attention")
         self.self_attention_norm = layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="self_attention_norm")
@@ -126,6 +138,9 @@ class MarianDecoderLayer(_PostNormBlock):
                                                               name="cross_attention_norm")
 
     def call(self, x, memory, src_mask, training=False):
+        return recomputed_in_backward(self, self.residual_branches, training, x, memory, src_mask)
+
+    def residual_branches(self, x, memory, src_mask, training=False):
         # Causality alone, as in transformers: a padded target position is never seen by a real one before it.
         x = self.self_attention_norm(x + self.dropout(self.self_attention(x, x), training=training))
         attended = self.cross_attention(x, memory, key_mask=src_mask)
@@ -163,9 +178,10 @@ class MarianMT(keras.Model):
     """Inputs: `(source_ids, target_input_ids)`, both (batch, length) int32, targets starting with the decoder's
     start id (Marian's padding id); output: float32 logits (batch, length, target vocabulary)."""
 
-    def __init__(self, config, flash_attention=False, flash_attention_masked=False, **kwargs):
+    def __init__(self, config, flash_attention=False, flash_attention_masked=False, remat=False, **kwargs):
         """`config`: the parsed config.json of a transformers MarianMT checkpoint. `flash_attention` applies to
-        the decoder's causal self-attention, `flash_attention_masked` to the attentions with a padding mask."""
+        the decoder's causal self-attention, `flash_attention_masked` to the attentions with a padding mask;
+        `remat`: each layer's activations recomputed in the backward pass."""
         super().__init__(**kwargs)
         settings = marian_settings(config)
         activation = settings["activation_function"]
@@ -193,7 +209,7 @@ class MarianMT(keras.Model):
         self.forbidden = ops.convert_to_tensor(forbidden)
         self.embedding_dropout = dropout_layer(settings["dropout"])
         block = dict(activation=activation, dropout=settings["dropout"],
-                     activation_dropout=settings["activation_dropout"])
+                     activation_dropout=settings["activation_dropout"], remat=remat)
         self.encoder_layers = [
             MarianEncoderLayer(d_model, settings["encoder_attention_heads"], settings["encoder_ffn_dim"],
                                flash_attention=flash_attention_masked, name=f"encoder_layer_{i}", **block)
@@ -260,8 +276,8 @@ class MarianMT(keras.Model):
         return self.decode(target_input_ids, memory, src_mask, training=training)
 
 
-def build_marian(config, flash_attention=False, flash_attention_masked=False):
+def build_marian(config, flash_attention=False, flash_attention_masked=False, remat=False):
     """The MarianMT of a parsed config.json, with its variables created so weights can be set before compiling."""
     model = MarianMT(config, flash_attention=flash_attention, flash_attention_masked=flash_attention_masked,
-                     name="marian")
+                     remat=remat, name="marian")
     return create_variables(model, inputs=2)

@@ -17,6 +17,7 @@ class MarianFamily(ModelFamily):
     takes_path = True
     pretrained = True
     attention_kinds = ENCODER_DECODER_ATTENTION
+    recomputes_blocks = True
     training_flops = TransformerFamily.training_flops  # the same stacks of matmuls as mtbench's Transformer
 
     def check(self, path, config):

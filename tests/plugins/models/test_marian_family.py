@@ -121,3 +121,19 @@ def test_the_checkpoint_as_published_translates_as_transformers_generates(checkp
     theirs = tokenizer.batch_decode(generated, skip_special_tokens=True)
     assert [translations[row] for row in ended] == [theirs[row] for row in ended]
 
+
+
+@pytest.mark.slow
+def test_a_checkpoint_fine_tunes_recomputing_its_layers_to_the_same_losses(checkpoint, cache_dir, tmp_path):
+    """`--extra remat` on Marian's post-norm layers (encoder and decoder): every layer recomputed in the backward
+    pass of one row, the losses those of the run that keeps its activations, with dropout."""
+    results = {}
+    for name, extra in (("keeping", []), ("recomputing", ["--extra", "remat"])):
+        out = tmp_path / f"{name}.json"
+        proc = run_cli("train", "--backend", "torch", *fine_tune_args(checkpoint), "--dropout", "0.1", *extra,
+                       "--cache-dir", cache_dir, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = json.loads(out.read_text())
+    layers = results["recomputing"]["extras_record"]["remat"]
+    assert layers["blocks"] == layers["recomputed_in_backward"] >= 2
+    assert [h["loss"] for h in results["recomputing"]["history"]] == [h["loss"] for h in results["keeping"]["history"]]
