@@ -11,12 +11,14 @@ checkpointed function would keep its activations. So before training the run mea
 model's gradient on the batch twice, recomputing and keeping, and goes on only if the recomputing program runs
 more matrix products and holds fewer temporary bytes (XLA's own count: `memory_analysis`), both recorded; on torch
 every block's computation (its `residual_branches`) must run again inside the backward pass of one row through the
-whole model (the torch.compile step is traced from the same checkpointed blocks; under fsdp the checkpoint is taken
-around FSDP's unit). A block with dropout recomputes the masks its forward pass drew (JAX: from the seed states it
+whole model, called as mtbench's torch step calls it (the torch.compile step is traced from the same checkpointed
+blocks; under fsdp the checkpoint is taken around FSDP's unit; under tensor-parallel the split layers all-reduce
+their activations again as they recompute, Megatron's full recomputation). A block with dropout recomputes the masks its forward pass drew (JAX: from the seed states it
 takes as inputs; torch: from the generator's state `torch.utils.checkpoint` restores), so the losses are those of
 the run without remat.
 """
 
+import contextlib
 import re
 
 from mtbench import Extra, hookimpl
@@ -41,9 +43,6 @@ class Remat(Extra):
     description = ("activation checkpointing: each Transformer block's activations recomputed in the backward pass "
                    "(keras.remat: jax.checkpoint, torch.utils.checkpoint), verified before training")
     backends = ("jax", "torch")
-    # Not built: torch's split blocks compute with DTensors the recomputation would have to hold as the forward
-    # pass held them; JAX's are held to the same refusal.
-    conflicts = ("tensor-parallel",)
 
     def unavailable_reason(self, run):
         if not run.model_recomputes_blocks:
@@ -104,6 +103,8 @@ class Remat(Extra):
     @staticmethod
     def _verify_torch(state, model, blocks, batch):
         import torch
+
+        from mtbench.plugins.backends.torch_plain_calls import plain_calls_unsupported, plain_layer_calls
         unchecked = [block.name for block in blocks if not callable(getattr(block, "residual_branches", None))]
         if unchecked:
             return (f"cannot count what {unchecked[0]} recomputes (it has no `residual_branches`, the computation "
@@ -118,8 +119,10 @@ class Remat(Extra):
         rows = tuple(torch.as_tensor(part[:1]) for part in batch.inputs)
         # The dropout layers draw from torch's generators: put back, the run's first step draws what it would have.
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        # Called as mtbench's torch step calls it: tensor-parallel's split layers compute outside Keras's input checks.
+        calls = plain_layer_calls(training=True) if plain_calls_unsupported(model) is None else contextlib.nullcontext()
         try:
-            with torch.random.fork_rng(devices=devices):
+            with torch.random.fork_rng(devices=devices), calls:
                 loss = model(rows, training=True).float().mean()
                 backward[0] = True
                 # `backward`, not `torch.autograd.grad` of the variables: under fsdp they hold shards, which the

@@ -201,11 +201,13 @@ def test_jax_on_a_cpu_stops_before_training_saying_what_xla_holds(tmp_path, cach
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", ["fsdp", "ddp"])
+@pytest.mark.parametrize("extra", ["fsdp", "ddp", "tensor-parallel"])
 def test_over_two_processes_the_blocks_recompute_with_what_each_process_holds(tmp_path, cache_dir, extra):
     """fsdp: each block recomputes with the parameters FSDP holds gathered until its backward (the checkpoint taken
-    around the unit's call); ddp with --grad-accum 2: every micro-batch's blocks. The losses, with dropout, are
-    those of the run without remat."""
+    around the unit's call); ddp with --grad-accum 2: every micro-batch's blocks; tensor-parallel: each block's
+    split layers, all-reducing their activations again as Megatron's full recomputation does (2 all-reduces more
+    a GPT block: after its attention and after its MLP). The losses, with dropout, are those of the run without
+    remat."""
     from tests.plugins.extras.test_multi_process import torchrun
     accumulate = ["--grad-accum", "2"] * (extra == "ddp")
     results = {}
@@ -217,3 +219,7 @@ def test_over_two_processes_the_blocks_recompute_with_what_each_process_holds(tm
         results[name] = json.loads(out.read_text())
     assert [h["loss"] for h in results["recomputing"]["history"]] == [h["loss"] for h in results["keeping"]["history"]]
     assert results["recomputing"]["extras_record"]["remat"]["recomputed_in_backward"] == 2
+    if extra == "tensor-parallel":
+        counted = [results[name]["extras_record"][extra]["activation_all_reduces_per_step"]
+                   for name in ("keeping", "recomputing")]
+        assert counted == [4 * 2, 6 * 2]
