@@ -49,7 +49,7 @@ print('obvious command, profiled steps:', ops(r))" \
 # Whether JAX's remat frees memory on the GPU (XLA:CPU's does not): the run's check compiles the model's gradient
 # recomputing and keeping, and records what XLA holds each way (`extras_record.remat`), or says why it stops.
 timeout "$(within 60)" python3 -m mtbench train --backend jax --model gpt --preset gpt2-small --batch-size 16 \
-  --steps 10 --extra remat --measure-only --report none --out /tmp/gpu-session-remat.json > /tmp/gpu-session-remat.log 2>&1
+  --steps 2 --extra remat --measure-only --report none --out /tmp/gpu-session-remat.json > /tmp/gpu-session-remat.log 2>&1
 { tail -2 /tmp/gpu-session-remat.log; python3 -c "import json; r = json.load(open('/tmp/gpu-session-remat.json'))
 print('jax remat:', r['extras_record'].get('remat'), r['timing']['step_s_median'], r['memory'])"; } 2>&1 \
   | tee -a "$out/summary.txt"
