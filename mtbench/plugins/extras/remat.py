@@ -20,6 +20,7 @@ the run without remat.
 
 import contextlib
 import re
+import time
 
 from mtbench import Extra, hookimpl
 
@@ -61,9 +62,14 @@ class Remat(Extra):
             return "the model has no block that recomputes its activations; the run would mislabel itself"
         state = run.extras_state.setdefault(self.name, {})
         state.update(blocks=len(blocks), flops_counted="the model's, not the recomputation")
-        if run.backend.name == "jax":
-            return self._verify_jax(state, model, blocks, batch, run.device_kind)
-        return self._verify_torch(state, model, blocks, batch)
+        started = time.perf_counter()
+        try:
+            if run.backend.name == "jax":
+                return self._verify_jax(state, model, blocks, batch, run.device_kind)
+            return self._verify_torch(state, model, blocks, batch)
+        finally:
+            # Before training, outside every figure of the run (JAX compiles the model's gradient twice for it).
+            state["check_s"] = round(time.perf_counter() - started, 3)
 
     @staticmethod
     def _verify_jax(state, model, blocks, batch, device_kind):
