@@ -53,16 +53,16 @@ def recomputed_in_backward(block, branches, training, *inputs):
     seeds = block.non_trainable_variables
     if not seeds:
         return keras.remat(lambda *values: branches(*values, training=training))(*inputs)
-    variables = block.trainable_variables + seeds
+    weights = block.trainable_variables
 
-    def run(values, *inputs):
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+    def run(weight_values, seed_values, *inputs):
+        mapping = list(zip(weights + seeds, weight_values + seed_values))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
             outputs = branches(*inputs, training=training)
-        given = values[len(variables) - len(seeds):]
-        return outputs, [value if drawn is None else drawn
-                         for value, drawn in zip(given, (scope.get_current_value(seed) for seed in seeds))]
+        return outputs, [given if drawn is None else drawn
+                         for given, drawn in zip(seed_values, (scope.get_current_value(seed) for seed in seeds))]
 
-    outputs, drawn = keras.remat(run)([variable.value for variable in variables], *inputs)
+    outputs, drawn = keras.remat(run)([weight.value for weight in weights], [seed.value for seed in seeds], *inputs)
     for seed, value in zip(seeds, drawn):
         seed.assign(value)
     return outputs

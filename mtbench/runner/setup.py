@@ -257,7 +257,7 @@ def start_backend(config, plugins, launch):
     run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info(),
                      model_shape=model_shape, processes=processes, cpu_share=cpu_share,
                      task=plugins.task)
-    read_model_attention(run, plugins.model)
+    read_model_family(run, plugins.model)
     choose_dtype(run, plugins)  # before any plugin reads the configuration's dtype
     choose_compiled_step(run, plugins)  # before the cache opens: torch's opens for a compiled step alone
     run.compile_cache = plugins.backend.open_compile_cache(run.config)  # before anything compiles
@@ -302,7 +302,7 @@ def adjusted_config(run, plugins):
     return config
 
 
-def read_model_attention(run, family):
+def read_model_family(run, family):
     """What the model family tells the run of its model before it is built: the kinds of attention it runs, the
     share of attention probabilities it drops while training, whether its blocks can recompute their
     activations."""

@@ -158,7 +158,7 @@ def test_auto_attends_unfused_where_the_model_drops_attention_probabilities(monk
     from mtbench.plugins import manager
     from mtbench.plugins.api import RunContext
     from mtbench.runner.choices import choose_fused_attention
-    from mtbench.runner.setup import choose_plugins, device_refusal, read_model_attention
+    from mtbench.runner.setup import choose_plugins, device_refusal, read_model_family
     monkeypatch.setattr(jax, "devices", lambda: [SimpleNamespace(client=SimpleNamespace(platform_version="cuda"))])
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
 
@@ -166,7 +166,7 @@ def test_auto_attends_unfused_where_the_model_drops_attention_probabilities(monk
         config = TrainConfig(backend=backend, dtype="mixed_bfloat16", **options)
         plugins = choose_plugins(config, manager.registry())
         run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"})
-        read_model_attention(run, plugins.model)
+        read_model_family(run, plugins.model)
         return run, plugins
 
     chosen = {}

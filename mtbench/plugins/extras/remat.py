@@ -13,9 +13,9 @@ more matrix products and holds fewer temporary bytes (XLA's own count: `memory_a
 every block's computation (its `residual_branches`) must run again inside the backward pass of one row through the
 whole model, called as mtbench's torch step calls it (the torch.compile step is traced from the same checkpointed
 blocks; under fsdp the checkpoint is taken around FSDP's unit; under tensor-parallel the split layers all-reduce
-their activations again as they recompute, Megatron's full recomputation). A block with dropout recomputes the masks its forward pass drew (JAX: from the seed states it
-takes as inputs; torch: from the generator's state `torch.utils.checkpoint` restores), so the losses are those of
-the run without remat.
+their activations again as they recompute, Megatron's full recomputation). A block with dropout recomputes the
+masks its forward pass drew (JAX: from the seed states it takes as inputs; torch: from the generator's state
+`torch.utils.checkpoint` restores), so the losses are those of the run without remat.
 """
 
 import contextlib

@@ -15,7 +15,7 @@ from mtbench.runner.choices import choose_dtype
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.measurement.environment import describe_environment
 from mtbench.runner.orchestration.environments import backend_devices
-from mtbench.runner.setup import choose_plugins, device_refusal, read_model_attention
+from mtbench.runner.setup import choose_plugins, device_refusal, read_model_family
 
 
 def device_refusals(runs, registry, devices):
@@ -36,7 +36,7 @@ def device_refusals(runs, registry, devices):
                 shape = plugins.model.shape(plugins.model_path, config)
             run = RunContext(config=config, backend=plugins.backend, device=device, model_shape=shape,
                              task=plugins.task)
-            read_model_attention(run, plugins.model)
+            read_model_family(run, plugins.model)
             choose_dtype(run, plugins)
             reason = device_refusal(run, plugins.extras, plugins.extra_code)
         except Exception:  # noqa: BLE001 (the run's own process reports it, in full)
