@@ -14,7 +14,7 @@
 #    mtbench's reading of it: how busy the device was, its longest kernels, its kernels by kind);
 # 3. mtbench's compiled torch step against nanoGPT's as inductor compiles them, 16 x 1024 tokens: does the
 #    backward write the logits' gradient over the saved logits now, and a steady step's peak;
-# 4. whether JAX's remat frees memory on the GPU (60 s at most);
+# 4. whether JAX's remat frees memory on the GPU (60 s at most); float16 on both, parity and host waits (60 s);
 # 5. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
 # What comes back is 8 files at most: summary.txt, matrix.log, gpu-matrix.md, gpu-matrix.json, obvious.log,
 # profiles.tgz, inductor.tgz, slow.log.
@@ -53,6 +53,13 @@ timeout "$(within 60)" python3 -m mtbench train --backend jax --model gpt --pres
 { tail -2 /tmp/gpu-session-remat.log; python3 -c "import json; r = json.load(open('/tmp/gpu-session-remat.json'))
 print('jax remat:', r['extras_record'].get('remat'), r['timing']['step_s_median'], r['memory'])"; } 2>&1 \
   | tee -a "$out/summary.txt"
+
+# float16 with loss scaling (GPUs without bfloat16): JAX beside torch from the same weights, parity and host waits.
+timeout "$(within 60)" python3 -m mtbench compare --backends jax,torch --step eager --dtype mixed_float16 --model gpt \
+  --preset tiny --steps 40 --measure-only --report none --out /tmp/gpu-session-f16.json > /tmp/gpu-session-f16.log 2>&1
+{ tail -3 /tmp/gpu-session-f16.log; python3 -c "import json; c = json.load(open('/tmp/gpu-session-f16.json'))
+print('float16:', c.get('parity'), [(r['result']['loss_scaling'], r['result']['host_syncs_per_step'],
+r['result']['timing']['step_s_median']) for r in c['runs']])"; } 2>&1 | tee -a "$out/summary.txt"
 
 mkdir -p "$out/inductor"
 timeout "$(within 140)" python3 benchmarks/inductor_cost.py --preset gpt2-small --rows 16 --block-size 1024 \

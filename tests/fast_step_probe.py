@@ -68,6 +68,7 @@ def main(backend_name, cache_dir):
     }
     if backend_name == "torch":
         report["fused_adamw"] = fused_adamw_exercise()
+        report["loss_scaled_fused_adamw"] = loss_scaled_fused_adamw_exercise()
     print(json.dumps(report))
 
 
@@ -96,6 +97,61 @@ def fused_adamw_exercise():
         got = variable.value.detach().cpu().numpy() - initial[name]
         differences[name] = float(np.abs(got - moved).max() / np.abs(moved).max())
     return {"relative_difference": differences, "iterations": int(optimizer.iterations)}
+
+
+def loss_scaled_fused_adamw_exercise():
+    """float16's loss scaling (Keras's `LossScaleOptimizer` around mtbench's AdamW) carried out by the torch step's
+    fused AdamW against Keras's own `apply`, both handed the exercise's gradients times Keras's scale of the step,
+    with the scale doubling after 2 finite steps: three finite steps (the scale grows after the second), a fourth
+    whose gradients overflow, and a fifth. After the fourth and the fifth: each tensor's largest update difference
+    relative to its update, the scale, growth count and iterations of both."""
+    import numpy as np
+    import torch
+    from keras import ops
+
+    from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
+    from optimizer_exercise import keras_variables, mtbench_optimizer, optimizer_exercise
+    initial, grads = optimizer_exercise()
+    overflowing = {name: grad.copy() for name, grad in grads[0].items()}
+    overflowing["ordinary"][0, 1] = np.inf
+    steps = [*grads, overflowing, grads[1]]
+    keras_optimizer, fused_optimizer = mtbench_optimizer("mixed_float16"), mtbench_optimizer("mixed_float16")
+    assert fused_adamw_unsupported(fused_optimizer) is None
+    for optimizer in (keras_optimizer, fused_optimizer):
+        optimizer.dynamic_growth_steps = 2
+    keras_variables_, fused_variables = keras_variables(initial), keras_variables(initial)
+    fused = FusedAdamW(fused_optimizer, fused_variables.values())
+    keras_optimizer.build(list(keras_variables_.values()))
+
+    def state(optimizer):
+        return {"scale": float(ops.convert_to_numpy(optimizer.dynamic_scale.value)),
+                "growth_count": int(ops.convert_to_numpy(optimizer.step_counter.value)),
+                "iterations": int(ops.convert_to_numpy(optimizer.iterations.value))}
+
+    def differences(names):
+        found = {}
+        for name in names:
+            expected = ops.convert_to_numpy(keras_variables_[name].value) - initial[name]
+            got = ops.convert_to_numpy(fused_variables[name].value) - initial[name]
+            found[name] = float(np.abs(got - expected).max() / np.abs(expected).max())
+        return found
+
+    report = {"scales_given": []}
+    for index, step_grads in enumerate(steps):
+        scale = state(keras_optimizer)["scale"]
+        report["scales_given"].append(scale)
+        keras_optimizer.apply([ops.convert_to_tensor(step_grads[name] * scale) for name in keras_variables_],
+                              list(keras_variables_.values()))
+        for name, variable in fused_variables.items():
+            variable.value.grad = torch.from_numpy(step_grads[name] * np.float32(scale)).to(variable.value.device)
+        with torch.no_grad():
+            fused.step()
+        if index == 3:
+            report["after_overflow"] = {"relative_difference": differences(initial),
+                                        "keras": state(keras_optimizer), "fused": state(fused_optimizer)}
+    report["after_overflow_and_a_step"] = {"relative_difference": differences(initial),
+                                           "keras": state(keras_optimizer), "fused": state(fused_optimizer)}
+    return report
 
 
 if __name__ == "__main__":

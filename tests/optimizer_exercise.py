@@ -56,13 +56,13 @@ def optimizer_exercise():
     return initial, grads
 
 
-def mtbench_optimizer():
-    """A fresh optimizer exactly as mtbench's `compile_model` builds it (keras must be imported)."""
+def mtbench_optimizer(dtype="float32"):
+    """A fresh optimizer exactly as mtbench's `compile_model` builds it for `dtype` (keras must be imported)."""
     import keras
 
     from mtbench.runner.setup import compile_model
     probe = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    compile_model(keras, probe, TrainConfig(warmup_steps=1, learning_rate=1e-2), TOTAL_STEPS, {})
+    compile_model(keras, probe, TrainConfig(warmup_steps=1, learning_rate=1e-2, dtype=dtype), TOTAL_STEPS, {})
     return probe.optimizer
 
 

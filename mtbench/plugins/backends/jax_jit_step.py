@@ -3,7 +3,7 @@
 Keras's `train_on_batch` runs a jitted step too, but around it, on every call, it re-checks the build, resets
 and re-syncs metric variables, assigns every model and optimizer variable back through Keras, and converts the
 logs. This step keeps the same mathematics (the model's `stateless_call`, the compiled loss, the optimizer's
-`stateless_apply`, with loss scaling when the optimizer scales) and carries the state from one step to the next
+`stateless_apply`, with loss scaling when the optimizer scales: `jax_loss_scaling`) and carries the state from one step to the next
 itself, with donated buffers so XLA updates it in place: the Keras variables' own, so that the state is held
 once. The Keras variables are only written back in `finalize`. The loss `compile_model` sets is computed in JAX's own formulation (`compiled_loss`).
 
@@ -17,6 +17,7 @@ import itertools
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
 from mtbench.plugins.backends.jax_layer_norm import layer_norms, one_pass_layer_norms
+from mtbench.plugins.backends.jax_loss_scaling import apply_if_finite, inner_optimizer, scales_losses
 
 
 def token_cross_entropy(labels, logits):
@@ -352,14 +353,17 @@ class JitTrainStep(TrainStep):
                 correct = correct_tokens(y, logits, weight)
             if layouts is not None:
                 grads = jax.lax.with_sharding_constraint(grads, layouts)
-            with schedule_reading(optimizer, schedule):
-                trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
+            with schedule_reading(inner_optimizer(optimizer), schedule):
+                if scales_losses(optimizer):
+                    trainable, optimizer_state = apply_if_finite(optimizer, optimizer_state, grads, trainable)
+                else:
+                    trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
             logs = {"loss": loss, "accuracy": correct / tokens}
             return (trainable, non_trainable, optimizer_state), logs
 
         self._step = jax.jit(step, donate_argnums=0)
         self.state = None
-        self.schedule_numbers = schedule_numbers(optimizer)
+        self.schedule_numbers = schedule_numbers(inner_optimizer(optimizer))
         self._schedule_arguments = None
 
     def _keras_state(self):

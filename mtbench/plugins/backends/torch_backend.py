@@ -129,16 +129,6 @@ class TorchBackend(Backend):
         return {"hits": int(counters["aot_autograd"]["autograd_cache_hit"]),
                 "misses": int(counters["aot_autograd"]["autograd_cache_miss"])}
 
-    def unsupported_dtype_reason(self, dtype, device):
-        if dtype in ("float16", "mixed_float16"):
-            # Keras's LossScaleOptimizer decides whether to apply the step with `ops.cond`, which on torch is a
-            # Python `if` on a device tensor: host syncs every step that JAX, tracing it into the program, does
-            # not pay. The comparison would measure that, not the frameworks.
-            return ("float16 trains through Keras's loss-scaling optimizer, whose finite-gradient check on torch "
-                    "waits for the device every step (JAX keeps it in the compiled step); use bfloat16 or "
-                    "mixed_bfloat16")
-        return None
-
     def set_matmul_precision(self, precision):
         import torch
         # 'high' allows TF32 in CUDA (and oneDNN) float32 matmuls; 'highest' keeps them IEEE float32. cuDNN's own

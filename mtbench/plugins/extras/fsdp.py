@@ -373,6 +373,7 @@ def torch_local_bytes(tensors):
 def torch_state_record(parameters, optimizer):
     """The state record of a torch step: its parameters and their gradients as this process holds them, and the
     moments of the Keras optimizer (torch's fused AdamW updates those very tensors)."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # float16's loss scaling wraps the AdamW
     moments = [slot.value for slot in [*optimizer._momentums, *optimizer._velocities]]
     unsharded = sum(parameter.numel() * parameter.element_size() for parameter in parameters)
     return state_record(torch_local_bytes(parameters), torch_local_bytes([p.grad for p in parameters]),
@@ -629,6 +630,9 @@ class FullySharded(Extra):
     def unavailable_reason(self, run):
         if run.backend.name == "jax":
             return devices_reason(run)
+        if "float16" in run.config.dtype and "bfloat16" not in run.config.dtype:
+            # Each process would check only its own shards for an overflow; the verdicts are not yet combined.
+            return "scales float16's losses on torch over whole gradients only; use bfloat16 or mixed_bfloat16"
         try:
             from torch.distributed.fsdp import fully_shard  # noqa: F401 (FSDP2: torch 2.6 and later)
         except ImportError:

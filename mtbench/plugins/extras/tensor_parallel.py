@@ -101,6 +101,7 @@ def indivisible_reason(shape, parts):
 
 def moments_of(optimizer, variable):
     """The Keras optimizer's two Adam moment variables of `variable`."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # float16's loss scaling wraps the AdamW
     index = optimizer._get_variable_index(variable)
     return optimizer._momentums[index], optimizer._velocities[index]
 
@@ -459,6 +460,10 @@ class SplitAdamW(FusedAdamW):
         summed = squares.index_select(0, self.split_indices)
         dist.all_reduce(summed, group=self.group)
         return squares.index_copy(0, self.split_indices, summed)
+
+    def agree_on_overflow(self, found_inf):
+        import torch.distributed as dist
+        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
 
     def _clip_each_gradient(self, grads):
         import torch

@@ -75,6 +75,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         "config": {**config.to_dict(), "model": built.model_shape.to_dict(), "initial_weights_sha256": weights_sha256,
                    "parameters": int(built.model.count_params()), "task": plugins.task.name},
         "compile_options": built.compile_record,
+        "loss_scaling": loss_scaling_record(built.model.optimizer, len(state.history)),
         "train_step": built.train_step.name,
         "train_step_detail": step_description(built.train_step),
         "train_step_chosen": run.step_choice,  # --step, and why auto chose as it did
@@ -127,6 +128,17 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         "checkpoint": outcome.checkpoint,
         **dict.fromkeys(plugins.task.result_files),
     }
+
+
+def loss_scaling_record(optimizer, steps):
+    """What float16's dynamic loss scaling (Keras's `LossScaleOptimizer`, carried out by either backend's step) did
+    over the run's `steps`, read once after training; None for a run without it."""
+    if not hasattr(optimizer, "dynamic_scale"):
+        return None
+    return {"initial_scale": float(optimizer.initial_scale), "growth_steps": int(optimizer.dynamic_growth_steps),
+            "final_scale": float(optimizer.dynamic_scale.numpy()),
+            # The optimizer counts the updates applied; a step whose gradients overflowed applied none.
+            "steps_skipped": steps - int(optimizer.iterations.numpy())}
 
 
 def step_description(step):

@@ -58,6 +58,24 @@ def test_torch_fused_adamw_updates_like_keras_adamw(probe):
     assert max(report["fused_adamw"]["relative_difference"].values()) < 1e-4
 
 
+@pytest.mark.parametrize("probe", ["torch"], indirect=True)
+def test_torch_fused_adamw_scales_losses_like_keras(probe):
+    """float16's loss scaling: the scale doubles after two finite steps and halves at the overflow, which leaves
+    every weight as Keras leaves it and does not count; the step after it reads the schedule at Keras's count."""
+    _, report = probe
+    scaled = report["loss_scaled_fused_adamw"]
+    assert scaled["scales_given"] == [32768.0, 32768.0, 65536.0, 65536.0, 32768.0]
+    after_overflow = scaled["after_overflow"]
+    assert after_overflow["fused"] == after_overflow["keras"] == {"scale": 32768.0, "growth_count": 0,
+                                                                  "iterations": 3}
+    assert max(after_overflow["relative_difference"].values()) < 1e-4
+    after = scaled["after_overflow_and_a_step"]
+    assert after["fused"] == after["keras"] == {"scale": 32768.0, "growth_count": 1, "iterations": 4}
+    # Epsilon's bias correction counts the steps attempted (the host cannot know of the skip without waiting): the
+    # tensor whose gradients are of epsilon's order is left out, the others (the schedule's rate) must agree.
+    assert after["relative_difference"]["clipped"] < 1e-4 and after["relative_difference"]["ordinary"] < 1e-4
+
+
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_runs_record_the_step_they_trained_with(tiny_runs, backend):
     assert tiny_runs[backend]["result"]["train_step"] == DEFAULT_STEPS[backend]

@@ -1,7 +1,7 @@
 """No host waits inside a steady step (issue 29): the counters of tensors made from host data and of device values
 read on the host (`torch_host_syncs`, `jax_host_syncs`) see what they should and nothing else, and the steps
-mtbench trains with wait for nothing, on both backends, eager and compiled, float32 and mixed bfloat16
-(tests/host_syncs_probe.py, a process per backend). On a GPU the torch steps run under
+mtbench trains with wait for nothing, on both backends, eager and compiled, float32 and mixed bfloat16, and torch's
+float16 with its loss scaling (tests/host_syncs_probe.py, a process per backend). On a GPU the torch steps run under
 `torch.cuda.set_sync_debug_mode('error')` too, where any synchronising call is an error."""
 
 import json
@@ -26,7 +26,8 @@ def probe(backend, step="default", dtype="float32", *more):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("mixed_bfloat16", marks=pytest.mark.slow)])
+# mixed_float16: loss scaling, which Keras's own apply decides with a read of the device (116 waits a step here).
+@pytest.mark.parametrize("dtype", ["float32", "mixed_float16", pytest.param("mixed_bfloat16", marks=pytest.mark.slow)])
 def test_torch_eager_step_waits_for_nothing(dtype):
     report = probe("torch", dtype=dtype)
     assert report["events"] == {}

@@ -45,6 +45,8 @@ def losses(result):
      "extra 'data-parallel' cannot run here: the batch size 33 does not split evenly over 2 devices"),
     (["--backend", "jax", "--extra", "pmap", "--dtype", "mixed_float16"], TWO_DEVICES,
      "--dtype mixed_float16: XLA on the CPU has no float16 matmul"),
+    (["--backend", "torch", "--extra", "fsdp", "--dtype", "mixed_float16"], None,
+     "extra 'fsdp' cannot run here: scales float16's losses on torch over whole gradients only"),
     (["--backend", "jax", "--extra", "tpu"], CPU_ONLY,
      "extra 'tpu' cannot run here: needs TPU devices; this run has 1 cpu device(s)"),
     (["--backend", "jax", "--extra", "pmap", "--extra", "data-parallel"], TWO_DEVICES,
@@ -191,8 +193,8 @@ def test_bfloat16_policy_is_applied_and_recorded(tmp_path, cache_dir, backend):
 
 @pytest.mark.parametrize("dtype", ["float16", "mixed_float16"])
 def test_float16_trains_with_loss_scaling(dtype):
-    """Checked in-process at compile time: a float16 run on this CPU would take minutes (torch) or cannot
-    run at all (XLA has no float16 matmul on the CPU, which the next test covers)."""
+    """Checked in-process at compile time: XLA has no float16 matmul on the CPU (the next test); torch's float16
+    runs: tests/runner/test_setup.py, tests/plugins/backends/test_fast_train_steps.py."""
     import keras
 
     from mtbench.keras_models.transformer import build_transformer

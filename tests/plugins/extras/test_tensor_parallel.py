@@ -292,6 +292,19 @@ def test_torch_tensor_parallel_gpt_trains_like_one_process_with_megatrons_all_re
     assert record["batch_all_gathers_per_step"] == 1
 
 
+@pytest.mark.slow  # 2 processes and 1 in float16 on the CPU: about 40 s
+def test_torch_tensor_parallel_scales_float16_losses_as_one_process(tmp_path, cache_dir):
+    """Each process checks its own parts of the split gradients for an overflow and the model axis agrees on the
+    verdict (one all-reduce), so the split run scales, skips and updates as one process does."""
+    args = ["--backend", "torch", "--dtype", "mixed_float16", "--model", "gpt", "--preset", "tiny", "--block-size",
+            "32", "--batch-size", "8", "--steps", "6", "--measure-only"]
+    split = train_on_two_processes(tmp_path, "split", cache_dir, *args)
+    one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)
+    np.testing.assert_allclose(losses(split), losses(one), rtol=1e-4)
+    assert split["loss_scaling"] == one["loss_scaling"] and split["loss_scaling"]["initial_scale"] == 32768.0
+    assert split["host_syncs_per_step"] == 0
+
+
 @pytest.mark.slow
 def test_torch_tensor_parallel_compiles_and_runs_the_eager_steps_collectives(gpt_runs, tmp_path, cache_dir):
     """With torch-compile given after it (the split wraps the compiled step): the forward and loss one graph, no

@@ -166,8 +166,6 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     # A dtype a backend refuses is refused here, before the weights file or another run is written.
     (["--backends", "jax,torch", "--dtype", "mixed_float16"],
      "run 'jax': --dtype mixed_float16: XLA on the CPU has no float16 matmul"),
-    (["--backends", "torch", "--dtype", "mixed_float16"],
-     "run 'torch': --dtype mixed_float16: float16 trains through Keras's loss-scaling optimizer"),
     # An extra the device refuses is refused here too (asked of a child), not after the runs before it trained.
     (["--matrix", "jax;jax+pmap;torch+flash-attention"],
      "run 'jax+pmap': extra 'pmap' cannot run here: needs at least 2 devices; this run has 1"),
