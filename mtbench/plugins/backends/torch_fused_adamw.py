@@ -135,6 +135,10 @@ class FusedAdamW:
         scale = self.global_clipnorm * torch.clamp(1.0 / norm, max=1.0 / self.global_clipnorm)
         torch._foreach_mul_(grads, scale + (norm - norm))  # NaN where the norm is not finite, as Keras
 
+    def local_parts(self, grads):
+        """The tensors of `grads` this process holds (a subclass over DTensors gives their local shards)."""
+        return grads
+
     def agree_on_overflow(self, found_inf):
         """Makes every process's `found_inf` (1: a gradient it holds is not finite) the same, where the processes
         hold different gradients: a subclass over split or sharded ones all-reduces it."""
@@ -144,7 +148,7 @@ class FusedAdamW:
         optimizer = self.keras_optimizer
         grads = [p.grad for p in self.parameters]
         if self.loss_scale is not None:
-            self.loss_scale.unscale(grads)
+            self.loss_scale.unscale(self.local_parts(grads))
             self.agree_on_overflow(self.loss_scale.found_inf)
             # Read by torch's AdamW as `GradScaler.step` hands it over: the fused kernel leaves every weight and
             # moment as it was where it is 1, and takes back the step count it added.

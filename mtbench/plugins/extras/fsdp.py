@@ -465,6 +465,7 @@ class TorchSharding:
         """Lays the Keras optimizer's moment variables out as their parameters are (a resumed run's moments
         carried over), so that the optimizer updates shards."""
         from torch.distributed.tensor import distribute_tensor
+        optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # float16's loss scaling wraps the AdamW
         for variable, parameter in self.sharded:
             index = optimizer._get_variable_index(variable)
             for slot in (optimizer._momentums[index], optimizer._velocities[index]):
@@ -536,6 +537,13 @@ class CombinedNormAdamW(FusedAdamW):
     def __init__(self, optimizer, variables, group):
         super().__init__(optimizer, variables)
         self.group = group
+
+    def local_parts(self, grads):
+        return [grad.to_local() for grad in grads]
+
+    def agree_on_overflow(self, found_inf):
+        import torch.distributed as dist
+        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
 
     def _clip_each_gradient(self, grads):
         import torch
@@ -630,9 +638,6 @@ class FullySharded(Extra):
     def unavailable_reason(self, run):
         if run.backend.name == "jax":
             return devices_reason(run)
-        if "float16" in run.config.dtype and "bfloat16" not in run.config.dtype:
-            # Each process would check only its own shards for an overflow; the verdicts are not yet combined.
-            return "scales float16's losses on torch over whole gradients only; use bfloat16 or mixed_bfloat16"
         try:
             from torch.distributed.fsdp import fully_shard  # noqa: F401 (FSDP2: torch 2.6 and later)
         except ImportError:

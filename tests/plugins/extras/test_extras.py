@@ -45,8 +45,6 @@ def losses(result):
      "extra 'data-parallel' cannot run here: the batch size 33 does not split evenly over 2 devices"),
     (["--backend", "jax", "--extra", "pmap", "--dtype", "mixed_float16"], TWO_DEVICES,
      "--dtype mixed_float16: XLA on the CPU has no float16 matmul"),
-    (["--backend", "torch", "--extra", "fsdp", "--dtype", "mixed_float16"], None,
-     "extra 'fsdp' cannot run here: scales float16's losses on torch over whole gradients only"),
     (["--backend", "jax", "--extra", "tpu"], CPU_ONLY,
      "extra 'tpu' cannot run here: needs TPU devices; this run has 1 cpu device(s)"),
     (["--backend", "jax", "--extra", "pmap", "--extra", "data-parallel"], TWO_DEVICES,

@@ -3,6 +3,7 @@ in one process, or two processes; torch: two gloo processes under torchrun). Eac
 trains, step for step, while every device holds half the state a replicated run holds."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -171,3 +172,60 @@ def test_torch_fsdp_runs_the_compiled_step_given_either_side_of_torch_compile(ca
         assert compiled["graphs_compiled"] >= 3 and compiled["shapes_run_eagerly"] == 0
         assert_half_of_the_state(result["extras_record"]["fsdp"], result["model"]["parameters"])
     np.testing.assert_allclose(losses(results[0]), losses(results[1]), rtol=1e-5)
+
+
+# The tiny GPT in float16, a few steps, measured only: float16 matmuls on a CPU are slow.
+FLOAT16_GPT = ["--backend", "torch", "--dtype", "mixed_float16", "--model", "gpt", "--preset", "tiny", "--block-size",
+               "32", "--batch-size", "8", "--steps", "6", "--measure-only"]
+
+
+@pytest.mark.slow  # 2 processes and 1 in float16 on the CPU: about 40 s
+def test_torch_fsdp_scales_float16_losses_as_one_process(tmp_path, cache_dir):
+    """Each process unscales and checks its own shards and the processes agree on the verdict (one all-reduce)."""
+    out = tmp_path / "sharded.json"
+    proc = torchrun("train", "--extra", "fsdp", *FLOAT16_GPT, "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sharded = json.loads(out.read_text())
+    one_out = tmp_path / "one.json"
+    proc = run_cli("train", *FLOAT16_GPT, "--cache-dir", cache_dir, "--out", str(one_out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = json.loads(one_out.read_text())
+    np.testing.assert_allclose(losses(sharded), losses(one), rtol=1e-4)
+    assert sharded["loss_scaling"] == one["loss_scaling"] and sharded["loss_scaling"]["initial_scale"] == 32768.0
+    assert sharded["host_syncs_per_step"] == 0
+
+
+DTENSOR_OVERFLOW_PROBE = """
+import os, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("PORT", "29533"))
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Shard
+mesh = init_device_mesh("cpu", (1,))
+weight = torch.nn.Parameter(distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)]))
+weight.grad = distribute_tensor(torch.full((4, 3), 0.5), mesh, [Shard(0)])
+optimizer = torch.optim.AdamW([weight], lr=torch.tensor(0.1), fused=True)
+for found_inf in (1.0, 0.0):
+    optimizer.found_inf = torch.tensor(found_inf)
+    optimizer.step()
+    print(float(weight.to_local().sum()), float(optimizer.state[weight]["step"]))
+dist.destroy_process_group()
+"""
+
+
+def test_the_fused_kernel_skips_fsdps_shards_on_an_overflow():
+    """What torch's fsdp step relies on in float16: the fused AdamW over DTensor shards takes a plain verdict tensor
+    (`found_inf`), leaves the shards and the step count as they were where it is 1, and updates where it is 0."""
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    proc = subprocess.run([sys.executable, "-c", DTENSOR_OVERFLOW_PROBE], capture_output=True, text=True,
+                          env={**os.environ, "PORT": port, "CUDA_VISIBLE_DEVICES": ""}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (skipped, skipped_steps), (updated, updated_steps) = [map(float, line.split()) for line in
+                                                          proc.stdout.split("\n")[:2]]
+    assert (skipped, skipped_steps) == (12.0, 0.0)
+    assert updated < 12.0 and updated_steps == 1.0
