@@ -236,6 +236,10 @@ class Extra:
     # making its own: an extra that joins the run by mtbench's choice (torch-compile under `--step`, fused
     # attention under `--attention`) is then placed before this one, so that this one wraps the compiled step.
     wraps_step = False
+    # Whether a run with this extra draws every random number (dropout masks) that the run without it draws, in the
+    # same order (remat: the recomputation draws the forward pass's masks again). Runs that differ only by such
+    # extras follow one loss curve with dropout too, and compare's parity check holds them to it. Plugin API 1.18.
+    keeps_random_draws = False
 
     def environment(self, config):
         """Environment variables to set before the framework is imported."""

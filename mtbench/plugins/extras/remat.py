@@ -44,6 +44,8 @@ class Remat(Extra):
     description = ("activation checkpointing: each Transformer block's activations recomputed in the backward pass "
                    "(keras.remat: jax.checkpoint, torch.utils.checkpoint), verified before training")
     backends = ("jax", "torch")
+    # torch's checkpoint restores the generator before it recomputes; JAX's recomputation takes the seeds as inputs.
+    keeps_random_draws = True
 
     def unavailable_reason(self, run):
         if not run.model_recomputes_blocks:

@@ -8,9 +8,10 @@ step's: the same arithmetic in 16 bits agrees for a dozen steps and then parts s
 amplified by training), while the curve stays. Means forgive other arithmetic too, so their first
 `EARLY_STEPS` steps, before rounding has grown, are held step by step to a quarter of the tolerance. Within each
 dtype, every run is checked against the first run of
-that dtype (the baseline where it has that dtype). Runs that train with dropout are held to nothing: each
-framework draws its own dropout masks, so their curves part from the first step (`--dropout 0` makes a run
-checkable).
+that dtype (the baseline where it has that dtype). Runs that train with dropout are held only to runs that draw
+the same masks (`same_draws`): the same backend, train step, processes and dropout, and extras that differ only by
+those that keep every draw (`Extra.keeps_random_draws`: remat). Each framework, and each step kind, draws its own
+masks, so other curves part from the first step (`--dropout 0` makes a run checkable against them).
 """
 
 from dataclasses import asdict, dataclass, field
@@ -164,23 +165,33 @@ def first_lone_null(reference, run, reference_name, name):
     return None, None
 
 
+def same_draws(result):
+    """What decides the dropout masks a run draws, as a key two runs that draw the same masks share: None for a run
+    without dropout; else its dropout, backend, train step, process count and the extras that change draws."""
+    dropout = (result.get("model") or {}).get("dropout") or 0.0
+    if dropout <= 0:
+        return None
+    keeping = set(result.get("extras_keeping_draws") or ())
+    return (dropout, result.get("backend"), result.get("train_step"),
+            (result.get("processes") or {}).get("world_size", 1),
+            tuple(sorted(extra for extra in result.get("extras") or () if extra not in keeping)))
+
+
 def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLERANCE):
     """`named_runs`: [(name, result)], the baseline first. `dtype_of(result)` names the run's dtype policy."""
     report = ParityReport(steps=steps, tolerance=tolerance)
     reference_by_dtype = {}
     runs_by_dtype = {}
     for name, result in named_runs:
-        dropout = (result.get("model") or {}).get("dropout") or 0.0
-        if dropout > 0:
-            report.unchecked.append([name, f"it trains with dropout {dropout:g}, whose masks each framework draws "
-                                           f"its own way (--dropout 0 makes it checkable)"])
-            continue
+        draws = same_draws(result)
         dtype = dtype_of(result)
-        runs_by_dtype[dtype] = runs_by_dtype.get(dtype, 0) + 1
-        if dtype not in reference_by_dtype:
-            reference_by_dtype[dtype] = (name, result)
+        # Runs with dropout are compared among those that draw their masks alike, apart from the others.
+        group = dtype if draws is None else (dtype, draws)
+        runs_by_dtype[group] = runs_by_dtype.get(group, 0) + 1
+        if group not in reference_by_dtype:
+            reference_by_dtype[group] = (name, result)
             continue
-        reference_name, reference = reference_by_dtype[dtype]
+        reference_name, reference = reference_by_dtype[group]
         common = min(steps, len(reference["history"]), len(result["history"]))
         if common == 0:
             report.unchecked.append([name, "no training steps to compare"])
@@ -198,9 +209,15 @@ def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLE
             pair.early_tolerance = early_tolerance(tolerance)
         pair.within_tolerance = pair.curve_within(tolerance) and pair.early_within
         report.pairs.append(pair)
-    for dtype, (name, _) in reference_by_dtype.items():
-        if runs_by_dtype[dtype] == 1:
-            report.unchecked.append([name, f"no other {dtype} run to compare with"])
+    for group, (name, _) in reference_by_dtype.items():
+        if runs_by_dtype[group] > 1:
+            continue
+        if isinstance(group, tuple):
+            report.unchecked.append([name, f"it trains with dropout {group[1][0]:g}, whose masks only runs of its "
+                                           f"backend, step and processes draw alike, and no other here does "
+                                           f"(--dropout 0 makes it checkable)"])
+        else:
+            report.unchecked.append([name, f"no other {group} run to compare with"])
     return report
 
 

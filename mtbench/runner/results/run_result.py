@@ -64,6 +64,8 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "backend": plugins.backend.name,
         "extras": [extra.name for extra in plugins.extras],
+        # The extras that change no random draw: a run with dropout draws the masks of the run without them.
+        "extras_keeping_draws": [extra.name for extra in plugins.extras if extra.keeps_random_draws],
         "extras_record": extras_record,
         "devices_used": devices_used,
         # The run's processes: each trained on its shard of every global batch; tokens/s counts the global batch.

@@ -172,21 +172,23 @@ def test_a_model_of_a_family_whose_blocks_cannot_recompute_is_refused():
 @pytest.mark.slow
 def test_torch_trains_the_same_losses_recomputing_and_records_what_it_counted(tmp_path, cache_dir):
     """With dropout: the recomputed blocks drop what the forward pass dropped, and the check before training draws
-    nothing the run's steps would have drawn."""
-    results = {}
-    for name, extra in (("keeping", []), ("recomputing", ["--extra", "remat"])):
-        out = tmp_path / f"{name}.json"
-        proc = run_cli("train", "--backend", "torch", *TINY_GPT, "--dropout", "0.1", *extra, "--cache-dir", cache_dir,
-                       "--out", str(out))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[name] = json.loads(out.read_text())
-    assert [h["loss"] for h in results["recomputing"]["history"]] == [h["loss"] for h in results["keeping"]["history"]]
-    record = results["recomputing"]["extras_record"]["remat"]
+    nothing the run's steps would have drawn; compare's parity check holds the two runs to one curve (remat keeps
+    every draw), where runs with dropout are otherwise held to nothing."""
+    out = tmp_path / "compare.json"
+    proc = run_cli("compare", "--matrix", "torch;torch+remat", *TINY_GPT, "--dropout", "0.1", "--cache-dir",
+                   cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    comparison = json.loads(out.read_text())
+    keeping, recomputing = (run["result"] for run in comparison["runs"])
+    assert [h["loss"] for h in recomputing["history"]] == [h["loss"] for h in keeping["history"]]
+    (pair,) = comparison["parity"]["pairs"]
+    assert "remat" in pair["run"] and "remat" not in pair["reference"] and pair["max_relative_difference"] == 0.0
+    record = recomputing["extras_record"]["remat"]
     assert record.pop("check_s") > 0
     assert record == {"blocks": 2, "flops_counted": "the model's, not the recomputation",
                       "verified_by": "each block's computation run again in the backward pass of one row",
                       "recomputed_in_backward": 2}
-    assert results["recomputing"]["extras"] == ["remat"]
+    assert (recomputing["extras"], recomputing["extras_keeping_draws"]) == (["remat"], ["remat"])
 
 
 @pytest.mark.slow

@@ -270,6 +270,38 @@ def test_parity_flags_a_run_whose_losses_differ():
     assert any("torch+perturbed vs jax" in line and "NOT within 1 %" in line for line in report.lines())
 
 
+def dropout_run(losses, backend, step, extras=(), keeping=(), processes=1):
+    run = fake_run(losses)
+    run["model"]["dropout"] = 0.1
+    run.update(backend=backend, train_step=step, extras=list(extras), extras_keeping_draws=list(keeping),
+               processes={"world_size": processes})
+    return run
+
+
+def test_runs_with_dropout_are_held_to_the_runs_that_draw_their_masks():
+    """torch with and without remat draw the same masks (remat keeps every draw) and are held to one curve; JAX,
+    a compiled torch step and a run over two processes draw masks of their own and are held to nothing, a run of
+    an earlier mtbench (no `extras_keeping_draws`) not to the remat run's curve."""
+    losses = list(np.linspace(7.5, 5.0, 60))
+    other = [loss * 1.05 for loss in losses]
+    drifting = [loss * (1.03 if step > 20 else 1.0) for step, loss in enumerate(other)]
+    runs = [("jax", dropout_run(losses, "jax", "jax-jit-stateless")),
+            ("torch", dropout_run(other, "torch", "torch-eager")),
+            ("torch+remat", dropout_run(drifting, "torch", "torch-eager", ["remat"], ["remat"])),
+            ("torch+compile", dropout_run(other, "torch", "torch-compiled", ["torch-compile"])),
+            ("torch+ddp", dropout_run(other, "torch", "torch-eager", ["ddp"], processes=2))]
+    earlier = dropout_run(other, "torch", "torch-eager", ["remat"])
+    del earlier["extras_keeping_draws"]
+    report = check_parity([*runs, ("earlier", earlier)], run_dtype, steps=50, tolerance=0.01)
+    assert [(pair.reference, pair.run) for pair in report.pairs] == [("torch", "torch+remat")]
+    assert not report.pairs[0].within_tolerance
+    assert report.pairs[0].max_relative_difference == pytest.approx(0.03) and report.pairs[0].at_step > 21
+    assert sorted(name for name, _ in report.unchecked) == ["earlier", "jax", "torch+compile", "torch+ddp"]
+    assert dict(report.unchecked)["jax"] == ("it trains with dropout 0.1, whose masks only runs of its backend, step "
+                                             "and processes draw alike, and no other here does (--dropout 0 makes "
+                                             "it checkable)")
+
+
 def test_16_bit_runs_are_held_to_their_curves_not_to_each_steps_rounding():
     """A 16-bit run of the same arithmetic parts from its reference step by step after a dozen steps (here 2 %
     either way, alternately) and still follows the curve: held to 10-step means it passes, where a float32 run
