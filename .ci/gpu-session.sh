@@ -14,7 +14,8 @@
 #    mtbench's reading of it: how busy the device was, its longest kernels, its kernels by kind);
 # 3. mtbench's compiled torch step against nanoGPT's as inductor compiles them, 16 x 1024 tokens: does the
 #    backward write the logits' gradient over the saved logits now, and a steady step's peak;
-# 4. whether JAX's remat frees memory on the GPU (60 s at most); float16 on both, parity and host waits (60 s);
+# 4. whether JAX's remat frees memory on the GPU, full and keeping the products (50 s each at most); float16 on
+#    both, parity and host waits (60 s);
 # 5. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
 # What comes back is 8 files at most: summary.txt, matrix.log, gpu-matrix.md, gpu-matrix.json, obvious.log,
 # profiles.tgz, inductor.tgz, slow.log.
@@ -48,11 +49,15 @@ print('obvious command, profiled steps:', ops(r))" \
 
 # Whether JAX's remat frees memory on the GPU (XLA:CPU's does not): the run's check compiles the model's gradient
 # recomputing and keeping, and records what XLA holds each way (`extras_record.remat`), or says why it stops.
-timeout "$(within 60)" python3 -m mtbench train --backend jax --model gpt --preset gpt2-small --batch-size 16 \
-  --steps 2 --extra remat --measure-only --report none --out /tmp/gpu-session-remat.json > /tmp/gpu-session-remat.log 2>&1
-{ tail -2 /tmp/gpu-session-remat.log; python3 -c "import json; r = json.load(open('/tmp/gpu-session-remat.json'))
-print('jax remat:', r['extras_record'].get('remat'), r['timing']['step_s_median'], r['memory'])"; } 2>&1 \
-  | tee -a "$out/summary.txt"
+for policy in full matmuls; do
+  timeout "$(within 50)" python3 -m mtbench train --backend jax --model gpt --preset gpt2-small --batch-size 16 \
+    --steps 2 --extra remat --remat-policy $policy --measure-only --report none --out /tmp/gpu-session-remat.json \
+    > /tmp/gpu-session-remat.log 2>&1
+  { tail -2 /tmp/gpu-session-remat.log; python3 -c "import json; r = json.load(open('/tmp/gpu-session-remat.json'))
+print('jax remat $policy:', r['extras_record'].get('remat'), r['timing']['step_s_median'], r['memory'])"; } 2>&1 \
+    | tee -a "$out/summary.txt"
+  rm -f /tmp/gpu-session-remat.json
+done
 
 # float16 with loss scaling (GPUs without bfloat16): JAX beside torch from the same weights, parity and host waits.
 timeout "$(within 60)" python3 -m mtbench compare --backends jax,torch --step eager --dtype mixed_float16 --model gpt \

@@ -18,7 +18,8 @@ from mtbench.plugins.api import PLUGIN_API_VERSION
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 from mtbench.runner.loop.recipe import CLIP_CHOICES, DECAY_CHOICES
 from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW,
-                                   DTYPE_CHOICES, INIT_SCHEMES, MATMUL_PRECISIONS, STEP_CHOICES, TrainConfig)
+                                   DTYPE_CHOICES, INIT_SCHEMES, MATMUL_PRECISIONS, REMAT_POLICIES, STEP_CHOICES,
+                                   TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
 EVAL_STRIDE_HELP = ("A language model's evaluation windows of --block-size tokens, each N tokens after the one before "
@@ -209,6 +210,10 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--tensor-parallel-size", type=int, metavar="N",
                  help="Devices on the model axis of the tensor-parallel extra (default: all of them); the others make "
                       "a data axis, a data x model mesh."),
+    click.option("--remat-policy", type=click.Choice(REMAT_POLICIES),
+                 help="What the remat extra recomputes in the backward pass: full (every block's activations, the "
+                      "default) or matmuls (all but the matrix products' outputs, which it keeps: torchtitan's "
+                      "selective, JAX's dots_saveable)."),
     click.option("--seed", type=int, default=0, show_default=True, help="Initial weights and batch order."),
     click.option("--init", type=click.Choice(list(INIT_SCHEMES)),
                  help="How the initial weights are drawn (with numpy, the same on every backend): glorot (Glorot-"

@@ -4,6 +4,7 @@ Every output (the single-run table, the comparison table, markdown, CSV, JSON an
 from here, so they cannot disagree about what a figure is.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -120,6 +121,16 @@ def train_step_text(result):
     """The train step that ran, with how it ran ('torch-compiled (mode reduce-overhead, CUDA graphs: ...)')."""
     detail = result.get("train_step_detail")
     return f"{result['train_step']} ({detail})" if detail else result["train_step"]
+
+
+def loss_scaling_text(result):
+    """float16's loss scaling as the run left it ('loss scaled from 2^15, 2 steps skipped, now 2^13'), or ''."""
+    scaling = result.get("loss_scaling")
+    if not scaling:
+        return ""
+    skipped = scaling["steps_skipped"]
+    return (f"loss scaled from 2^{math.log2(scaling['initial_scale']):g}, {skipped} step{'s' * (skipped != 1)} "
+            f"skipped (gradients not finite), now 2^{math.log2(scaling['final_scale']):g}")
 
 
 def attention_text(result):

@@ -89,3 +89,12 @@ def test_a_tables_figures_are_those_of_the_tasks_its_runs_trained():
 
 def shown_keys(results):
     return {figure.key for figure in figures.shown_figures(results)}
+
+
+def test_loss_scaling_says_what_the_scale_did():
+    scaling = {"initial_scale": 32768.0, "growth_steps": 2000, "final_scale": 8192.0, "steps_skipped": 2}
+    assert figures.loss_scaling_text({"loss_scaling": scaling}) == (
+        "loss scaled from 2^15, 2 steps skipped (gradients not finite), now 2^13")
+    assert figures.loss_scaling_text({"loss_scaling": {**scaling, "final_scale": 65536.0, "steps_skipped": 1}}) == (
+        "loss scaled from 2^15, 1 step skipped (gradients not finite), now 2^16")
+    assert figures.loss_scaling_text({"loss_scaling": None}) == figures.loss_scaling_text({}) == ""

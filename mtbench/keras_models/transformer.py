@@ -43,16 +43,18 @@ def dropout_layer(rate):
 def recomputed_in_backward(block, branches, training, *inputs):
     """`branches(*inputs, training)` of `block`: in training under `block.remat`, its activations are dropped after
     the forward pass and recomputed from `inputs` in the backward pass (activation checkpointing, `keras.remat`:
-    `jax.checkpoint`, `torch.utils.checkpoint`). A block whose dropout layers hold seed states computes as a
+    `jax.checkpoint`, `torch.utils.checkpoint`; or `block.remat` itself where it is a function that makes one that
+    recomputes, as a policy that keeps some outputs does). A block whose dropout layers hold seed states computes as a
     function of its variables' values: the recomputation then draws the masks the forward pass drew, and the new
     seed states leave it as outputs (on JAX, assigned inside it, they would escape the recomputed function). A block
     whose caller recomputes its whole call (`checkpointed_outside`: a wrapper that must hold the block's variables as
     they were) computes plainly."""
     if not (block.remat and training) or getattr(block, "checkpointed_outside", False):
         return branches(*inputs, training=training)
+    checkpoint = block.remat if callable(block.remat) else keras.remat
     seeds = block.non_trainable_variables
     if not seeds:
-        return keras.remat(lambda *values: branches(*values, training=training))(*inputs)
+        return checkpoint(lambda *values: branches(*values, training=training))(*inputs)
     weights = block.trainable_variables
 
     def run(weight_values, seed_values, *inputs):
@@ -62,7 +64,7 @@ def recomputed_in_backward(block, branches, training, *inputs):
         return outputs, [given if drawn is None else drawn
                          for given, drawn in zip(seed_values, (scope.get_current_value(seed) for seed in seeds))]
 
-    outputs, drawn = keras.remat(run)([weight.value for weight in weights], [seed.value for seed in seeds], *inputs)
+    outputs, drawn = checkpoint(run)([weight.value for weight in weights], [seed.value for seed in seeds], *inputs)
     for seed, value in zip(seeds, drawn):
         seed.assign(value)
     return outputs

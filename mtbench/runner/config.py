@@ -74,7 +74,9 @@ STEP_CHOICES = ("auto", "compiled", "eager")
 COMPILED_STEP_EXTRA = "torch-compile"
 # Options that size what one extra does: refused without it (they would change nothing, and the result would say
 # they were given). `setup.check_extra_options`.
-EXTRA_OPTIONS = {"tensor_parallel_size": "tensor-parallel"}
+EXTRA_OPTIONS = {"tensor_parallel_size": "tensor-parallel", "remat_policy": "remat"}
+# What the remat extra recomputes: every block's activations, or all but its matrix products' outputs (kept).
+REMAT_POLICIES = ("full", "matmuls")
 
 
 def default_cache_dir():
@@ -130,6 +132,7 @@ class TrainConfig:
     log_every: int = DEFAULT_LOG_EVERY  # off a terminal, a training line every N steps (on one, the bar)
     compile_mode: str = "default"  # torch.compile's mode, for the torch-compile extra
     tensor_parallel_size: int = None  # the tensor-parallel extra's model axis (None: every device)
+    remat_policy: str = None       # REMAT_POLICIES, for the remat extra (None: full)
     seed: int = 0
     init: str = None               # the scheme the weights are drawn with (None: the model family's; INIT_SCHEMES)
     initial_weights: str = None    # a weights file (.npz by variable path) instead of the numpy draw from seed
@@ -207,6 +210,8 @@ class TrainConfig:
                                "--target-loss")
         if self.compile_mode not in COMPILE_MODES:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
+        if self.remat_policy not in (None, *REMAT_POLICIES):
+            raise MtbenchError(f"unknown remat policy '{self.remat_policy}'; choose one of {', '.join(REMAT_POLICIES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
                      "decode_batch_size", "beam", "max_pairs", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum", "sample_tokens",

@@ -116,6 +116,7 @@ def test_float16_trains_on_torch_with_loss_scaling_and_no_host_wait(tmp_path, ca
     assert scaling["final_scale"] == 32768.0 / 2 ** scaling["steps_skipped"]
     assert result["host_syncs_per_step"] == 0
     assert all(math.isfinite(entry["loss"]) for entry in result["history"])
+    assert f"; loss scaled from 2^15, {scaling['steps_skipped']} step" in proc.stdout
 
 
 def test_keras_is_imported_without_the_integrations_mtbench_never_uses(tmp_path, cache_dir):

@@ -100,7 +100,8 @@ class ModelFamily:
     attention_dropout = False
     # Whether `build` takes `run.model_options["remat"]` (True: each Transformer block recomputes its activations in
     # the backward pass, `keras.remat`, and has a `remat` attribute that says so), which `--extra remat` sets
-    # (plugin API 1.17).
+    # (plugin API 1.17). Since 1.18 it may instead be a function that makes a function recompute (`--remat-policy
+    # matmuls`: all but its matrix products), which the blocks call in place of `keras.remat` and hold as `remat`.
     recomputes_blocks = False
     # The task the model is trained on and scored by (`mtbench.Task`, registered by name): 'translation' (an
     # encoder-decoder, the model protocol above) or 'language-modelling' (a decoder-only model called on

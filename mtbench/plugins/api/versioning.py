@@ -40,7 +40,8 @@ and `mtbench.plugins.api` are deprecated.
 1.17: `Backend.random_generator_state()` and `restore_random_generator_state(state)`, the framework's own generators
 that a checkpoint keeps; `ProcessGroup.gather_bytes(data)`; `ModelFamily.recomputes_blocks`, a family whose blocks
 recompute their activations when `model_options["remat"]` asks, and `RunContext.model_recomputes_blocks`.
-1.18: `Extra.keeps_random_draws`, an extra whose run draws the random numbers the run without it draws.
+1.18: `Extra.keeps_random_draws`, an extra whose run draws the random numbers the run without it draws;
+`model_options["remat"]` may be a function that makes a function recompute (a policy's), in place of True.
 """
 
 PLUGIN_API_VERSION = "1.18"

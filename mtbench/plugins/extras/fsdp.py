@@ -35,6 +35,7 @@ from mtbench import (
     uneven_split_reason,
 )
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
+from mtbench.plugins.extras.remat import recomputes
 
 DATA_AXIS = "data"
 # JAX_PLATFORMS: on a machine with one GPU, JAX would take the GPU and leave the flag unused.
@@ -491,12 +492,13 @@ class TorchSharding:
                     for variable, _, _, shard in _held:
                         variable._value = shard  # the backward reads what the forward saved, not the variable
 
-            if getattr(unit, "remat", False) is True:
+            if recomputes(unit):
                 # A block that recomputes its activations (`--extra remat`) recomputes them here, pointing its
                 # variables at the parameters FSDP holds gathered until its backward: its own recomputation would
-                # read the shards the variables hold by then.
+                # read the shards the variables hold by then. Its own checkpoint function (a policy's) if it has one.
                 unit.checkpointed_outside = True
-                forward = functools.partial(torch.utils.checkpoint.checkpoint, forward, use_reentrant=False)
+                forward = unit.remat(forward) if callable(unit.remat) else functools.partial(
+                    torch.utils.checkpoint.checkpoint, forward, use_reentrant=False)
             unit.forward = forward
             unit.call = lambda *args, _unit=unit, **kwargs: torch.nn.Module.__call__(_unit, *args, **kwargs)
         self.distributed = True

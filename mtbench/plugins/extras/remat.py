@@ -34,9 +34,52 @@ def compiled_products(text):
     return len(PRODUCT.findall(text))
 
 
+# Matrix products as torch dispatches them (a Dense layer's matmul, an attention's batched ones).
+TORCH_MATMULS = ("mm", "bmm", "addmm", "baddbmm")
+TORCH_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
+
+
+def recomputes(layer):
+    """Whether `layer` recomputes its activations in the backward pass: its `remat` is True (the family's contract:
+    `keras.remat`) or the function that makes its computation recompute (`selective_checkpoint`)."""
+    remat = getattr(layer, "remat", False)
+    return remat is True or callable(remat)
+
+
 def recomputing_blocks(model):
     """The model's layers that recompute their activations in the backward pass."""
-    return [layer for layer in model._flatten_layers(include_self=False) if getattr(layer, "remat", False) is True]
+    return [layer for layer in model._flatten_layers(include_self=False) if recomputes(layer)]
+
+
+def selective_checkpoint(backend_name):
+    """A function that makes a function recompute in the backward pass all but its matrix products, whose outputs it
+    keeps (the `matmuls` policy): JAX's `jax.checkpoint` with the `dots_saveable` policy; torch's non-reentrant
+    checkpoint with a selective context that must save the outputs of `TORCH_MATMULS` and of the collectives
+    (torchtitan's selective checkpointing by operation). A fused attention kernel is not a matrix product to
+    either: both recompute it."""
+    if backend_name == "jax":
+        import jax
+        return lambda function: jax.checkpoint(function, policy=jax.checkpoint_policies.dots_saveable)
+    import functools
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    # The collectives whose outputs DTensor's layers wait for (tensor-parallel's all-reduces of a row-split layer's
+    # partial products) are kept too: what JAX keeps is the product itself, which GSPMD all-reduces once.
+    collectives = [getattr(torch.ops._c10d_functional, name, None) for name in TORCH_COLLECTIVES]
+    kept = {getattr(torch.ops.aten, name).default for name in TORCH_MATMULS} | {
+        collective.default for collective in collectives if collective is not None}
+
+    def policy(context, operation, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if operation in kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+    contexts = functools.partial(create_selective_checkpoint_contexts, policy)
+
+    def recomputing(function):
+        return lambda *args, **kwargs: checkpoint(function, *args, use_reentrant=False, context_fn=contexts,
+                                                  **kwargs)
+
+    return recomputing
 
 
 class Remat(Extra):
@@ -56,7 +99,9 @@ class Remat(Extra):
         return None
 
     def before_model(self, run):
-        run.model_options["remat"] = True
+        policy = run.config.remat_policy or "full"
+        run.model_options["remat"] = True if policy == "full" else selective_checkpoint(run.backend.name)
+        run.extras_state.setdefault(self.name, {})["policy"] = policy
 
     def verify(self, run, model, batch):
         blocks = recomputing_blocks(model)
@@ -84,21 +129,25 @@ class Remat(Extra):
                 return keras.ops.sum(keras.ops.cast(model(inputs, training=True), "float32"))
 
         held, products = {}, {}
+        checkpoint = blocks[0].remat  # True (full) or the selective policy's function, the same for every block
         try:
             for recompute in (False, True):
                 for block in blocks:
-                    block.remat = recompute
+                    block.remat = checkpoint if recompute else False
                 compiled = jax.jit(jax.grad(loss)).lower(values, tuple(batch.inputs)).compile()
                 memory = compiled.memory_analysis()
                 held[recompute] = None if memory is None else int(memory.temp_size_in_bytes)
                 products[recompute] = compiled_products(compiled.as_text())
         finally:
             for block in blocks:
-                block.remat = True
+                block.remat = checkpoint
         state.update(verified_by="the model's compiled gradient on this batch, recomputing against keeping",
                      temporary_bytes={"keeping": held[False], "recomputing": held[True]},
                      matrix_products={"keeping": products[False], "recomputing": products[True]})
-        if products[True] <= products[False]:
+        if checkpoint is not True and products[True] != products[False]:
+            return (f"XLA's program recomputing all but the matrix products runs {products[True]} of them, "
+                    f"{products[False]} keeping everything: the policy's kept products are computed again")
+        if checkpoint is True and products[True] <= products[False]:
             return (f"XLA compiled the recomputation away: the model's gradient runs {products[True]} matrix products "
                     f"recomputing and {products[False]} keeping its activations; the run would keep them all")
         if held[True] is not None and held[True] >= held[False]:
@@ -117,20 +166,27 @@ class Remat(Extra):
         if unchecked:
             return (f"cannot count what {unchecked[0]} recomputes (it has no `residual_branches`, the computation "
                     f"it recomputes); the run would be labelled unchecked")
-        # Each block's computation counted where it runs: called again while the backward pass runs, it recomputed.
-        backward, recomputed = [False], {block.name: 0 for block in blocks}
+        # Each block's computation counted where it runs: called again while the backward pass runs, it recomputed;
+        # the matrix products dispatched while it runs again are those recomputed (a selective policy's kept ones are
+        # served from its cache, above this counter).
+        backward, recomputed, recomputing = [False], {block.name: 0 for block in blocks}, [False]
         for block in blocks:
             def counted(*args, _branches=block.residual_branches, _name=block.name, **kwargs):
                 recomputed[_name] += backward[0]
-                return _branches(*args, **kwargs)
+                recomputing[0] = backward[0]
+                try:
+                    return _branches(*args, **kwargs)
+                finally:
+                    recomputing[0] = False
             block.residual_branches = counted
         rows = tuple(torch.as_tensor(part[:1]) for part in batch.inputs)
         # The dropout layers draw from torch's generators: put back, the run's first step draws what it would have.
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         # Called as mtbench's torch step calls it: tensor-parallel's split layers compute outside Keras's input checks.
         calls = plain_layer_calls(training=True) if plain_calls_unsupported(model) is None else contextlib.nullcontext()
+        matmuls = matmuls_counted_while(recomputing)
         try:
-            with torch.random.fork_rng(devices=devices), calls:
+            with torch.random.fork_rng(devices=devices), calls, matmuls:
                 loss = model(rows, training=True).float().mean()
                 backward[0] = True
                 # `backward`, not `torch.autograd.grad` of the variables: under fsdp they hold shards, which the
@@ -143,12 +199,34 @@ class Remat(Extra):
             for variable in model.trainable_variables:
                 variable.value.grad = None
         state.update(verified_by="each block's computation run again in the backward pass of one row",
-                     recomputed_in_backward=sum(count > 0 for count in recomputed.values()))
+                     recomputed_in_backward=sum(count > 0 for count in recomputed.values()),
+                     matmuls_recomputed=matmuls.count)
         missed = [name for name, count in recomputed.items() if not count]
         if missed:
             return (f"the backward pass did not recompute {len(missed)} of the {len(blocks)} blocks ({missed[0]} "
                     f"first); the run would keep their activations")
+        if state.get("policy") == "matmuls" and matmuls.count:
+            return (f"the backward pass recomputed {matmuls.count} matrix products the policy keeps; the run would "
+                    f"be labelled with a policy it does not follow")
         return None
+
+
+def matmuls_counted_while(flag):
+    """A torch dispatch mode that counts the matrix products (`TORCH_MATMULS`) dispatched while `flag[0]` is true,
+    in its `count`."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names = {f"aten.{name}.default" for name in TORCH_MATMULS}
+
+    class MatmulCounter(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if flag[0] and str(func) in names:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    return MatmulCounter()
 
 
 @hookimpl

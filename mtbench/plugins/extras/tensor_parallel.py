@@ -523,7 +523,8 @@ def profiled_collectives(call):
     """(what `call()` returns, {operation: how often it ran}) of the collectives `call` ran, read from torch's
     profiler: c10d's operations (every collective over a process group, called directly or under a functional
     collective) and the functional collectives (DTensor's, eager or in a compiled graph). An operation dispatched
-    again under itself (through a Python dispatch mode) counts once. The profiler, not DTensor's `CommDebugMode`:
+    again under itself (through a Python dispatch mode) counts once, and a functional one counts where it reached a
+    process group. The profiler, not DTensor's `CommDebugMode`:
     dynamo does not compile a frame under a dispatch mode, so a mode would count an eager step in place of a
     compiled one."""
     from torch.profiler import ProfilerActivity, profile
@@ -538,9 +539,15 @@ def profiled_collectives(call):
             parent = parent.cpu_parent
         return False
 
+    def communicates(event):
+        """Whether a functional collective reached a process group: one a selective checkpoint serves from what it
+        kept (`--remat-policy matmuls`) is dispatched, and recorded, without communicating."""
+        return any(child.name.startswith("c10d::") or communicates(child) for child in event.cpu_children)
+
     return result, collections.Counter(
         event.name for event in profiled.events()
-        if event.name.startswith(("c10d::", "_c10d_functional::")) and not within_itself(event))
+        if (event.name.startswith("c10d::") or event.name.startswith("_c10d_functional::") and communicates(event))
+        and not within_itself(event))
 
 
 class TorchSplitStep(TorchDistributedStep):

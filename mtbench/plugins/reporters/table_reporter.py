@@ -7,9 +7,9 @@ from rich.table import Table
 
 from mtbench import Reporter, hookimpl
 from mtbench.figures import (attention_text, batch_text, compile_cache_text, cores_text, figure_text, host_syncs_text,
-                             matmul_precision_text, peak_measurement_text, profile_operations_text, profile_text,
-                             run_dtype, run_label, run_processes, run_warnings, scored_sentences_text, size_label,
-                             train_step_text)
+                             loss_scaling_text, matmul_precision_text, peak_measurement_text, profile_operations_text,
+                             profile_text, run_dtype, run_label, run_processes, run_warnings, scored_sentences_text,
+                             size_label, train_step_text)
 
 
 def _joined(result, *keys, unit=""):
@@ -272,7 +272,7 @@ def summary_lines(result):
         f"{run_dtype(result)}, {timing['steps']} steps x {batch_text(config)}, on {device.get('kind')} "
         f"{device.get('name')} ({_devices_text(result)})",
         f"  ran       {train_step_text(result)} step; attention {attention_text(result)}; float32 matmuls "
-        f"{matmul_precision_text(result)}",
+        f"{matmul_precision_text(result)}" + "".join(f"; {text}" for text in [loss_scaling_text(result)] if text),
         f"  speed     {speed}",
         f"  compile   {_compile(result)}",
         f"  quality   {quality}",

@@ -23,12 +23,13 @@ TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch
             "--test-size", "10", "--steps", "6", "--dtype", "float32"]
 
 TORCH_PROBE = textwrap.dedent("""
-    import dataclasses, json, os
+    import dataclasses, gc, json, os, weakref
     os.environ["KERAS_BACKEND"] = "torch"
     import keras, torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from mtbench.keras_models.gpt import build_gpt
     from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.extras.remat import selective_checkpoint
 
     class Ran(TorchDispatchMode):
         def __init__(self):
@@ -38,25 +39,44 @@ TORCH_PROBE = textwrap.dedent("""
             self.ops.append(str(func))
             return func(*args, **(kwargs or {}))
 
+    class Made(TorchDispatchMode):
+        # Every tensor the forward pass makes, by its storage, weakly: those alive after it are what it holds.
+        def __init__(self):
+            super().__init__()
+            self.storages = {}
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in (out if isinstance(out, (tuple, list)) else [out]):
+                if isinstance(tensor, torch.Tensor):
+                    storage = tensor.untyped_storage()
+                    self.storages.setdefault(storage.data_ptr(), (weakref.ref(storage), storage.nbytes()))
+            return out
+        def held(self):
+            gc.collect()
+            return sum(size for ref, size in self.storages.values() if ref() is not None)
+
     ids = torch.randint(0, 256, (8, 128), generator=torch.Generator().manual_seed(0))
     figures = {}
-    for dropout, remat in ((0.0, False), (0.0, True), (0.2, False), (0.2, True)):
+    for dropout, remat in ((0.0, False), (0.0, True), (0.2, False), (0.2, True), (0.0, "matmuls")):
         shape = dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=128, decoder_layers=4,
                                     dropout=dropout)
         keras.utils.set_random_seed(0)
-        model = build_gpt(shape, remat=remat)
+        model = build_gpt(shape, remat=selective_checkpoint("torch") if remat == "matmuls" else remat)
         torch.manual_seed(1)
         kept = []
         def keep(tensor):
             kept.append(tensor.numel() * tensor.element_size())
             return tensor
-        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor), Made() as made:
             loss = model(ids, training=True).float().logsumexp(-1).mean()
+        held = made.held()
         parameters = [variable.value for variable in model.trainable_variables]
         with Ran() as backward:
             grads = torch.autograd.grad(loss, parameters)
-        figures[f"{dropout} {remat}"] = {"kept_bytes": sum(kept), "loss": loss.item(),
+        figures[f"{dropout} {remat}"] = {"kept_bytes": sum(kept), "held_bytes": held, "loss": loss.item(),
                           "backward_norms": backward.ops.count("aten.native_layer_norm.default"),
+                          "backward_matmuls": sum(backward.ops.count(f"aten.{name}.default")
+                                                  for name in ("mm", "bmm", "addmm", "baddbmm")),
                           "grads": [grad.flatten()[:64].tolist() for grad in grads]}
     print(json.dumps(figures))
 """)
@@ -66,7 +86,8 @@ def test_torch_blocks_keep_only_their_inputs_and_run_again_in_the_backward_pass(
     env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
     proc = subprocess.run([sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    keeping, recomputing, dropping, dropping_recomputing = json.loads(proc.stdout.strip().splitlines()[-1]).values()
+    keeping, recomputing, dropping, dropping_recomputing, selective = json.loads(
+        proc.stdout.strip().splitlines()[-1]).values()
     # Each of the 4 blocks keeps its input alone, (8, 128, 64) float32: 256 KiB, 1 MiB for the blocks, beside what
     # the embeddings, the final norm and the output layer keep (the same in both).
     block_input = 8 * 128 * 64 * 4
@@ -76,6 +97,13 @@ def test_torch_blocks_keep_only_their_inputs_and_run_again_in_the_backward_pass(
     assert keeping["backward_norms"] == 0 and recomputing["backward_norms"] == 4 * 2
     assert recomputing["loss"] == keeping["loss"]
     np.testing.assert_allclose(np.array(recomputing["grads"]), np.array(keeping["grads"]), rtol=1e-6, atol=1e-9)
+    # The `matmuls` policy: the matrix products' outputs kept (more bytes than recomputing all, fewer than keeping
+    # all), no product computed again in the backward pass, each block's layer norms computed again; the same
+    # gradients.
+    assert recomputing["held_bytes"] < selective["held_bytes"] < keeping["held_bytes"]
+    assert selective["backward_matmuls"] == keeping["backward_matmuls"] < recomputing["backward_matmuls"]
+    assert selective["backward_norms"] == 4 * 2 and selective["loss"] == keeping["loss"]
+    np.testing.assert_allclose(np.array(selective["grads"]), np.array(keeping["grads"]), rtol=1e-6, atol=1e-9)
     # With dropout the recomputed blocks drop what the forward pass dropped (torch's generator state restored).
     assert dropping_recomputing["loss"] == dropping["loss"] != keeping["loss"]
     np.testing.assert_allclose(np.array(dropping_recomputing["grads"]), np.array(dropping["grads"]), rtol=1e-6,
@@ -93,8 +121,8 @@ def primitives(jaxpr, counts):
 
 
 def jax_gradients_of_a_tiny_gpt(remat):
-    """(the traced gradient's primitives, the lowered program's matmuls, the compiled one's, the gradient) of a
-    2-block GPT with dropout 0.2, keras on JAX."""
+    """(the model, the ids, the traced gradient's checkpoints, the lowered program's matmuls, the compiled one's, the
+    gradient, the lowered program's layer norms) of a 2-block GPT with dropout 0.2, keras on JAX."""
     keras = keras_on_jax()
     import jax
     from mtbench.keras_models.gpt import build_gpt
@@ -112,15 +140,17 @@ def jax_gradients_of_a_tiny_gpt(remat):
     traced = primitives(jax.make_jaxpr(jax.grad(loss))(values, ids).jaxpr, collections.Counter())
     program = jax.jit(jax.grad(loss)).lower(values, ids)
     executable = program.compile()
-    return (model, ids, traced["remat2"] + traced["checkpoint"], program.as_text().count("stablehlo.dot_general"),
-            executable.as_text().count(" dot("), [np.asarray(value) for value in executable(values, ids)])
+    text = program.as_text()
+    return (model, ids, traced["remat2"] + traced["checkpoint"], text.count("stablehlo.dot_general"),
+            executable.as_text().count(" dot("), [np.asarray(value) for value in executable(values, ids)],
+            text.count("stablehlo.rsqrt"))
 
 
 def test_jax_traces_a_checkpoint_per_block_which_recomputes_the_masks_the_forward_pass_drew():
     """jax.checkpoint is in the traced gradient once per block, and its recomputation in the program handed to XLA
     (each block's forward matmuls twice); with dropout the gradient is the one without remat."""
-    _, _, no_checkpoints, keeping, _, kept = jax_gradients_of_a_tiny_gpt(remat=False)
-    _, _, checkpoints, recomputing, _, recomputed = jax_gradients_of_a_tiny_gpt(remat=True)
+    _, _, no_checkpoints, keeping, _, kept, _ = jax_gradients_of_a_tiny_gpt(remat=False)
+    _, _, checkpoints, recomputing, _, recomputed, _ = jax_gradients_of_a_tiny_gpt(remat=True)
     assert checkpoints == 2 and no_checkpoints == 0
     # Each block's forward matmuls whose products its backward pass reads, once more: as many in each block.
     assert recomputing - keeping >= 2 * 4 and (recomputing - keeping) % 2 == 0, (recomputing, keeping)
@@ -130,28 +160,59 @@ def test_jax_traces_a_checkpoint_per_block_which_recomputes_the_masks_the_forwar
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-4)
 
 
+def test_jax_recomputing_all_but_the_matmuls_runs_no_matmul_twice():
+    """The `matmuls` policy (`dots_saveable`) in the program handed to XLA: a checkpoint per block, each block's
+    matmuls once, as keeping everything; the elementwise rest recomputed (more operations than keeping); the same
+    gradient with dropout."""
+    from mtbench.plugins.extras.remat import selective_checkpoint
+    keras_on_jax()
+    _, _, _, keeping, _, kept, norms_keeping = jax_gradients_of_a_tiny_gpt(remat=False)
+    _, _, checkpoints, selective, _, recomputed, norms = jax_gradients_of_a_tiny_gpt(remat=selective_checkpoint("jax"))
+    assert checkpoints == 2 and selective == keeping
+    assert norms - norms_keeping == 2 * 2  # each block's two layer norms computed again
+    for got, want in zip(recomputed, kept):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-4)
+
+
 @pytest.mark.slow
-def test_the_jax_run_goes_on_exactly_when_the_compiled_gradient_recomputes_and_holds_less():
+@pytest.mark.parametrize("policy", ["full", "matmuls"])
+def test_the_jax_run_goes_on_exactly_when_the_compiled_gradient_recomputes_and_holds_less(policy):
     """What XLA compiles decides whether the run recomputes: the extra accepts exactly when the model's compiled
-    gradient runs more matrix products recomputing than keeping and holds fewer temporary bytes."""
+    gradient runs more matrix products recomputing than keeping (the `matmuls` policy: as many) and holds fewer
+    temporary bytes."""
     from types import SimpleNamespace
-    *_, keeping, _ = jax_gradients_of_a_tiny_gpt(remat=False)
-    model, ids, _, _, recomputing, _ = jax_gradients_of_a_tiny_gpt(remat=True)
+
+    from mtbench.plugins.extras.remat import selective_checkpoint
+    _, _, _, _, keeping, _, _ = jax_gradients_of_a_tiny_gpt(remat=False)
+    checkpoint = True if policy == "full" else selective_checkpoint("jax")
+    model, ids, _, _, recomputing, _, _ = jax_gradients_of_a_tiny_gpt(remat=checkpoint)
     import jax
     device_kind = jax.default_backend()  # 'cpu', or 'gpu' where the slow tier runs on one
-    run = SimpleNamespace(backend=SimpleNamespace(name="jax"), device_kind=device_kind, extras_state={})
+    run = SimpleNamespace(backend=SimpleNamespace(name="jax"), device_kind=device_kind,
+                          extras_state={"remat": {"policy": policy}})
     refusal = Remat().verify(run, model, SimpleNamespace(inputs=(ids,)))
     measured = run.extras_state["remat"]
     assert measured["matrix_products"] == {"keeping": keeping, "recomputing": recomputing}
     held = measured["temporary_bytes"]
-    if recomputing > keeping and held["recomputing"] < held["keeping"]:
+    products_as_asked = recomputing > keeping if policy == "full" else recomputing == keeping
+    if products_as_asked and held["recomputing"] < held["keeping"]:
         assert refusal is None
-    else:  # XLA:CPU today: the recomputation compiled in, and more temporaries than keeping
+    elif products_as_asked:  # XLA:CPU today: the recomputation compiled in, and more temporaries than keeping
         why = " (XLA:CPU schedules the recomputation without freeing what it replaces)" * (device_kind == "cpu")
         assert refusal == (f"XLA holds {held['recomputing'] / 2 ** 20:.1f} MiB of temporaries recomputing the blocks "
                            f"and {held['keeping'] / 2 ** 20:.1f} MiB keeping their activations{why}; recomputing "
                            f"would cost time and save nothing")
-    assert all(block.remat is True for block in model.blocks)  # the verification put them back
+    else:
+        assert refusal is not None and "matrix products" in refusal
+    assert all(block.remat is checkpoint for block in model.blocks)  # the verification put them back
+
+
+def test_a_remat_policy_without_the_extra_is_refused(tmp_path, cache_dir):
+    proc = run_cli("train", "--backend", "torch", *TINY_GPT, "--remat-policy", "matmuls", "--cache-dir", cache_dir,
+                   "--out", str(tmp_path / "r.json"))
+    assert proc.returncode != 0 and proc.stderr.count("\n") == 1
+    assert proc.stderr == "Error: --remat-policy is an option of --extra remat; give the extra too\n"
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_a_model_of_a_family_whose_blocks_cannot_recompute_is_refused():
@@ -185,10 +246,20 @@ def test_torch_trains_the_same_losses_recomputing_and_records_what_it_counted(tm
     assert "remat" in pair["run"] and "remat" not in pair["reference"] and pair["max_relative_difference"] == 0.0
     record = recomputing["extras_record"]["remat"]
     assert record.pop("check_s") > 0
-    assert record == {"blocks": 2, "flops_counted": "the model's, not the recomputation",
+    # 6 matrix products a block: query, key and value in one, the attention's two, its output, the feed-forward's two.
+    assert record == {"policy": "full", "blocks": 2, "flops_counted": "the model's, not the recomputation",
                       "verified_by": "each block's computation run again in the backward pass of one row",
-                      "recomputed_in_backward": 2}
+                      "recomputed_in_backward": 2, "matmuls_recomputed": 2 * 6}
     assert (recomputing["extras"], recomputing["extras_keeping_draws"]) == (["remat"], ["remat"])
+    # Recomputing all but the matrix products: the same losses, no product computed twice.
+    out = tmp_path / "matmuls.json"
+    proc = run_cli("train", "--backend", "torch", *TINY_GPT, "--dropout", "0.1", "--extra", "remat",
+                   "--remat-policy", "matmuls", "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    selective = json.loads(out.read_text())
+    assert [h["loss"] for h in selective["history"]] == [h["loss"] for h in keeping["history"]]
+    record = selective["extras_record"]["remat"]
+    assert (record["policy"], record["recomputed_in_backward"], record["matmuls_recomputed"]) == ("matmuls", 2, 0)
 
 
 @pytest.mark.slow
@@ -209,12 +280,15 @@ def test_over_two_processes_the_blocks_recompute_with_what_each_process_holds(tm
     """fsdp: each block recomputes with the parameters FSDP holds gathered until its backward (the checkpoint taken
     around the unit's call); ddp with --grad-accum 2: every micro-batch's blocks; tensor-parallel: each block's
     split layers, all-reducing their activations again as Megatron's full recomputation does (2 all-reduces more
-    a GPT block: after its attention and after its MLP). The losses, with dropout, are those of the run without
-    remat."""
+    a GPT block: after its attention and after its MLP), and none again recomputing all but the products (their
+    all-reduced outputs kept). The losses, with dropout, are those of the run without remat."""
     from tests.plugins.extras.test_multi_process import torchrun
     accumulate = ["--grad-accum", "2"] * (extra == "ddp")
     results = {}
-    for name, more in (("keeping", []), ("recomputing", ["--extra", "remat"])):
+    runs = [("keeping", []), ("recomputing", ["--extra", "remat"])]
+    if extra == "tensor-parallel":  # all but the products: their all-reduced outputs kept too, none run again
+        runs.append(("selective", ["--extra", "remat", "--remat-policy", "matmuls"]))
+    for name, more in runs:
         out = tmp_path / f"{name}.json"
         proc = torchrun("train", "--backend", "torch", "--extra", extra, *TINY_GPT, "--dropout", "0.1", *accumulate,
                         *more, "--cache-dir", cache_dir, "--out", str(out), timeout=300)
@@ -224,5 +298,7 @@ def test_over_two_processes_the_blocks_recompute_with_what_each_process_holds(tm
     assert results["recomputing"]["extras_record"]["remat"]["recomputed_in_backward"] == 2
     if extra == "tensor-parallel":
         counted = [results[name]["extras_record"][extra]["activation_all_reduces_per_step"]
-                   for name in ("keeping", "recomputing")]
-        assert counted == [4 * 2, 6 * 2]
+                   for name in ("keeping", "recomputing", "selective")]
+        assert counted == [4 * 2, 6 * 2, 4 * 2]
+        assert [h["loss"] for h in results["selective"]["history"]] == [h["loss"] for h in results["keeping"]["history"]]
+        assert results["selective"]["extras_record"]["remat"]["matmuls_recomputed"] == 0
