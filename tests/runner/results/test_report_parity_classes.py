@@ -8,11 +8,12 @@ def result(**config):
             "model": {"dtype_policy": "float32"}, "env": {}}
 
 
-def test_micro_batches_and_the_model_axis_do_not_part_runs_that_train_the_same_rows():
-    swept = ("batch_size", "grad_accum", "tensor_parallel_size")
+def test_micro_batches_the_model_axis_and_what_remat_keeps_do_not_part_runs_that_train_the_same_rows():
+    swept = ("batch_size", "grad_accum", "tensor_parallel_size", "remat_policy")
     whole = parity_class(result(batch_size=64), swept)
     assert parity_class(result(batch_size=32, grad_accum=2), swept) == whole
     assert parity_class(result(batch_size=16, grad_accum=4, tensor_parallel_size=2), swept) == whole
+    assert parity_class(result(batch_size=64, remat_policy="matmuls"), swept) == whole
     assert parity_class(result(batch_size=32), swept) != whole
 
 
