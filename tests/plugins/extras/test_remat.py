@@ -244,7 +244,8 @@ def test_torch_trains_the_same_losses_recomputing_and_records_what_it_counted(tm
     for run in (recomputing, selective):
         assert [h["loss"] for h in run["history"]] == [h["loss"] for h in keeping["history"]]
     pairs = comparison["parity"]["pairs"]
-    assert len(pairs) == 2 and {pair["reference"] for pair in pairs} == {comparison["runs"][0]["label"]}
+    assert len(pairs) == 2 and len({pair["reference"] for pair in pairs}) == 1
+    assert "remat" not in pairs[0]["reference"] and "remat-policy=matmuls" in pairs[1]["run"]
     assert all(pair["max_relative_difference"] == 0.0 for pair in pairs)
     record = recomputing["extras_record"]["remat"]
     assert record.pop("check_s") > 0
@@ -257,61 +258,6 @@ def test_torch_trains_the_same_losses_recomputing_and_records_what_it_counted(tm
     record = selective["extras_record"]["remat"]
     assert (record["policy"], record["recomputed_in_backward"], record["matmuls_recomputed"]) == ("matmuls", 2, 0)
     assert selective["config"]["remat_policy"] == "matmuls"
-
-
-def test_a_remat_policy_without_the_extra_is_refused(tmp_path, cache_dir):
-    proc = run_cli("train", "--backend", "torch", *TINY_GPT, "--remat-policy", "matmuls", "--cache-dir", cache_dir,
-                   "--out", str(tmp_path / "r.json"))
-    assert proc.returncode != 0 and proc.stderr.count("\n") == 1
-    assert proc.stderr == "Error: --remat-policy is an option of --extra remat; give the extra too\n"
-    assert not (tmp_path / "r.json").exists()
-
-
-def test_a_model_of_a_family_whose_blocks_cannot_recompute_is_refused():
-    from mtbench.plugins.backends.jax_backend import JaxBackend
-    from mtbench.plugins.backends.torch_backend import TorchBackend
-    for backend in (JaxBackend(), TorchBackend()):
-        context = RunContext(config=TrainConfig(model_name="gpt", preset="char"), backend=backend)
-        assert Remat().unavailable_reason(dataclasses.replace(context, model_recomputes_blocks=True)) is None
-        assert Remat().unavailable_reason(context) == (
-            "the model family does not build blocks that recompute their activations")
-    beside_fsdp = RunContext(config=TrainConfig(model_name="gpt", preset="tiny", extras=("fsdp", "remat")),
-                             model_recomputes_blocks=True, backend=JaxBackend())
-    assert Remat().unavailable_reason(beside_fsdp) == ("beside fsdp on JAX, what XLA holds recomputing is not measured "
-                                                       "yet (torch's fsdp takes it)")
-    assert Remat().unavailable_reason(dataclasses.replace(beside_fsdp, backend=TorchBackend())) is None
-
-
-@pytest.mark.slow
-def test_torch_trains_the_same_losses_recomputing_and_records_what_it_counted(tmp_path, cache_dir):
-    """With dropout: the recomputed blocks drop what the forward pass dropped, and the check before training draws
-    nothing the run's steps would have drawn; compare's parity check holds the two runs to one curve (remat keeps
-    every draw), where runs with dropout are otherwise held to nothing."""
-    out = tmp_path / "compare.json"
-    proc = run_cli("compare", "--matrix", "torch;torch+remat", *TINY_GPT, "--dropout", "0.1", "--cache-dir",
-                   cache_dir, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    comparison = json.loads(out.read_text())
-    keeping, recomputing = (run["result"] for run in comparison["runs"])
-    assert [h["loss"] for h in recomputing["history"]] == [h["loss"] for h in keeping["history"]]
-    (pair,) = comparison["parity"]["pairs"]
-    assert "remat" in pair["run"] and "remat" not in pair["reference"] and pair["max_relative_difference"] == 0.0
-    record = recomputing["extras_record"]["remat"]
-    assert record.pop("check_s") > 0
-    # 6 matrix products a block: query, key and value in one, the attention's two, its output, the feed-forward's two.
-    assert record == {"policy": "full", "blocks": 2, "flops_counted": "the model's, not the recomputation",
-                      "verified_by": "each block's computation run again in the backward pass of one row",
-                      "recomputed_in_backward": 2, "matmuls_recomputed": 2 * 6}
-    assert (recomputing["extras"], recomputing["extras_keeping_draws"]) == (["remat"], ["remat"])
-    # Recomputing all but the matrix products: the same losses, no product computed twice.
-    out = tmp_path / "matmuls.json"
-    proc = run_cli("train", "--backend", "torch", *TINY_GPT, "--dropout", "0.1", "--extra", "remat",
-                   "--remat-policy", "matmuls", "--cache-dir", cache_dir, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    selective = json.loads(out.read_text())
-    assert [h["loss"] for h in selective["history"]] == [h["loss"] for h in keeping["history"]]
-    record = selective["extras_record"]["remat"]
-    assert (record["policy"], record["recomputed_in_backward"], record["matmuls_recomputed"]) == ("matmuls", 2, 0)
 
 
 @pytest.mark.slow
