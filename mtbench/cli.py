@@ -18,7 +18,7 @@ from mtbench.plugins.api import PLUGIN_API_VERSION
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 from mtbench.runner.loop.recipe import CLIP_CHOICES, DECAY_CHOICES
 from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW,
-                                   DTYPE_CHOICES, INIT_SCHEMES, MATMUL_PRECISIONS, REMAT_POLICIES, STEP_CHOICES,
+                                   DTYPE_CHOICES, DTYPES, INIT_SCHEMES, MATMUL_PRECISIONS, REMAT_POLICIES, STEP_CHOICES,
                                    TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
@@ -675,8 +675,12 @@ def rerun(result, out, overwrite):
 
 
 MODEL_ARGUMENT = click.argument("model", metavar="MODEL", type=click.Path())
+INFERENCE_DTYPE = click.option(
+    "--dtype", type=click.Choice(DTYPES),
+    help="The Keras dtype policy to run the model in (default: the one it trained in; a pretrained checkpoint: float32).")
 inference_options = _stack([
     click.option("--backend", help="Backend to translate on (default: the one that trained the model)."),
+    INFERENCE_DTYPE,
     click.option("--beam", type=click.IntRange(min=1), metavar="N", help="Beam search over N hypotheses, 1 greedy (default: the run's)."),
     click.option("--length-penalty", type=click.FloatRange(min=0), metavar="ALPHA", help="Beam search's length penalty (default: the run's)."),
     click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Sentences decoded together (a language model's evaluate: blocks scored together)."),
@@ -702,8 +706,9 @@ def _translation_progress(total):
 @click.option("--seed", type=click.IntRange(0, 2 ** 32 - 1), default=0, show_default=True, help="The sampling's random draws (numpy).")
 @click.option("--block-size", type=click.IntRange(min=1), metavar="N",
               help="A pretrained checkpoint's window of tokens (MODEL NAME:DIR; default: the preset's, 128).")
+@INFERENCE_DTYPE
 @handle_errors
-def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, block_size):
+def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, block_size, dtype):
     """Continue --prompt with a trained language model (--model gpt), on either backend: MODEL is a result JSON, a
     run directory (RESULT.run), its saved model, or a pretrained checkpoint as NAME:DIR (gpt2:DIR). Prints the
     prompt and its continuation."""
@@ -711,10 +716,10 @@ def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, b
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     text, record = generate_text(model, registry, prompt, backend, max_new_tokens, temperature, top_k, seed,
-                                 block_size)
+                                 block_size, dtype)
     click.echo(prompt + text)
-    click.echo(f"{record['new_tokens']} tokens by {record['model']} on {record['backend']} ({record['sampling']}) "
-               f"in {record['seconds']:.2f} s", err=True)
+    click.echo(f"{record['new_tokens']} tokens by {record['model']} on {record['backend']} in {record['dtype']} "
+               f"({record['sampling']}) in {record['seconds']:.2f} s", err=True)
 
 
 @main.command()
@@ -722,14 +727,14 @@ def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, b
 @click.argument("file", required=False, type=click.File("r", encoding="utf-8"))
 @inference_options
 @handle_errors
-def translate(model, file, backend, beam, length_penalty, batch_size):
+def translate(model, file, backend, dtype, beam, length_penalty, batch_size):
     """Translate FILE (or stdin), one sentence a line, to stdout, with a trained model: MODEL is a result JSON, a
     run directory (RESULT.run), its saved model (RESULT.run/model), one of its checkpoints, or a pretrained
     checkpoint as it was published, NAME:DIR (marian:DIR, gpt2:DIR)."""
     from mtbench.runner.inference import open_translator
     registry = plugins.registry()
     _warn_broken_plugins(registry)
-    translator = open_translator(model, registry, backend, beam, length_penalty)
+    translator = open_translator(model, registry, backend, beam, length_penalty, dtype)
     lines = [line.rstrip("\r\n") for line in (file or click.get_text_stream("stdin"))]
     progress, advance = _translation_progress(len(lines))
     with progress:
@@ -753,8 +758,8 @@ def translate(model, file, backend, beam, length_penalty, batch_size):
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the scores (JSON) and the hypotheses beside them.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
 @handle_errors
-def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, beam, length_penalty, batch_size,
-             eval_stride, block_size, out, overwrite):
+def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dtype, beam, length_penalty,
+             batch_size, eval_stride, block_size, out, overwrite):
     """Score a trained model (see `translate` for MODEL) on another test set: BLEU and chrF with sacrebleu; a
     language model (`--model gpt`) by loss, perplexity and bits per byte on every token of a text."""
     from mtbench.runner.data.formats import ReadOptions, read_pairs
@@ -769,23 +774,24 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, be
     _warn_broken_plugins(registry)
     task = model_task(model, registry)
     if task == "language-modelling":
-        return _evaluate_language_model(model, test_file, backend, batch_size, eval_stride, block_size, out, registry)
+        return _evaluate_language_model(model, test_file, backend, batch_size, eval_stride, block_size, out, registry,
+                                        dtype)
     for option, given in (("--eval-stride", eval_stride), ("--block-size", block_size)):
         if given is not None:
             raise MtbenchError(f"{option} is an option of language models; {model} is a {task} model")
     pairs = read_pairs(test_file, read_options)
     if not pairs:
         raise MtbenchError(f"{test_file}: holds no sentence pairs")
-    translator = open_translator(model, registry, backend, beam, length_penalty)
+    translator = open_translator(model, registry, backend, beam, length_penalty, dtype)
     progress, advance = _translation_progress(len(pairs))
     with progress:
         scores, hypotheses = evaluate_translator(translator, pairs, batch_size, advance)
     scores["test"] = test_file
     table = Table(title="mtbench evaluate")
-    for column in ("test set", "sentences", "BLEU", "chrF", "decoding", "backend"):
+    for column in ("test set", "sentences", "BLEU", "chrF", "decoding", "backend", "dtype"):
         table.add_column(column)
     table.add_row(test_file, str(scores["sentences"]), f"{scores['bleu']:.2f}", f"{scores['chrf']:.2f}",
-                  scores["decoding"], scores["backend"])
+                  scores["decoding"], scores["backend"], scores["dtype"])
     console = output_console()
     console.print(table)
     console.print(f"BLEU signature: {scores['bleu_signature']}\nchrF signature: {scores['chrf_signature']}",
@@ -800,21 +806,22 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, be
         console.print(f"scores: {out}")
 
 
-def _evaluate_language_model(model, text_file, backend, batch_size, stride, block_size, out, registry):
+def _evaluate_language_model(model, text_file, backend, batch_size, stride, block_size, out, registry, dtype):
     from mtbench.runner.files import write_json_atomic
     from mtbench.runner.inference import score_text
     source = click.get_current_context().get_parameter_source
     for name in ("src_col", "tgt_col", "src_lang", "tgt_lang", "beam", "length_penalty"):
         if source(name) == click.core.ParameterSource.COMMANDLINE:
             raise MtbenchError(f"--{name.replace('_', '-')} is an option of translation; {model} is a language model")
-    scores = score_text(model, registry, text_file, backend, batch_size, stride, block_size)
+    scores = score_text(model, registry, text_file, backend, batch_size, stride, block_size, dtype)
     table = Table(title="mtbench evaluate")
-    for column in ("text", "tokens", "bytes", "windows", "loss", "perplexity", "bits per byte", "backend"):
+    for column in ("text", "tokens", "bytes", "windows", "loss", "perplexity", "bits per byte", "backend", "dtype"):
         table.add_column(column)
     bits = scores["bits_per_byte"]
     table.add_row(text_file, f"{scores['tokens_evaluated']:,}", f"{scores['bytes_evaluated'] or 0:,}",
                   f"{scores['block_size']} tokens, {scores['stride']} apart", f"{scores['loss']:.4f}",
-                  f"{scores['perplexity']:.2f}", "n/a" if bits is None else f"{bits:.4f}", scores["backend"])
+                  f"{scores['perplexity']:.2f}", "n/a" if bits is None else f"{bits:.4f}", scores["backend"],
+                  scores["dtype"])
     console = output_console()
     console.print(table)
     if scores["unknown_characters"]:

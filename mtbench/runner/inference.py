@@ -3,6 +3,7 @@ chrF on another test set) and `mtbench generate` (a language model's text from a
 backend trained it: the saved weights are numpy arrays by Keras variable path, so they load wherever the model
 builds."""
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ import numpy as np
 
 from mtbench.errors import MtbenchError
 from mtbench.plugins.api import ModelFamily, RunContext
+from mtbench.runner.choices import dtype_refusal
 from mtbench.runner.config import TrainConfig, decoding_name
 from mtbench.runner.evaluation.sampling import continuation, numpy_logits
 from mtbench.runner.saved_model import ModelSource, find_model, load_weights, model_files
@@ -82,14 +84,17 @@ def pretrained_source(path, registry, block_size=None):
     return ModelSource(config, None, label=f"checkpoint {path} (pretrained)")
 
 
-def open_model(path, registry, backend_name=None, task=None, block_size=None):
+def open_model(path, registry, backend_name=None, task=None, block_size=None, dtype=None):
     """The model at `path` (see `saved_model.find_model`, or a pretrained checkpoint `NAME:DIR` with its window of
     `block_size` tokens) rebuilt on `backend_name` (default: the backend that trained it, JAX for a checkpoint)
-    with its weights; `task`: the task the command serves, refused for another's model."""
+    with its weights, in the dtype policy `dtype` (default: the run's, float32 for a checkpoint); `task`: the task
+    the command serves, refused for another's model."""
     source = pretrained_source(path, registry, block_size) or find_model(path)
     if block_size is not None and source.weights is not None:
         raise MtbenchError(f"--block-size sizes a pretrained checkpoint's window (NAME:DIR); {source.label} keeps "
                            f"its run's, {source.config.max_len} tokens")
+    if dtype is not None:
+        source = dataclasses.replace(source, config=dataclasses.replace(source.config, dtype=dtype))
     config = source.config
     backend = resolve_backend(backend_name or config.backend, registry)
     family, family_path = _family(source, registry)
@@ -98,6 +103,9 @@ def open_model(path, registry, backend_name=None, task=None, block_size=None):
                            f"serves {task} models")
     plugins = RunPlugins(backend, [], [], registry, family, family_path, registry.lookup("tasks", family.task))
     keras = import_keras(config, backend, registry=registry)
+    refused = dtype_refusal(backend, config.dtype, backend.device_info()) if dtype is not None else None
+    if refused:
+        raise MtbenchError(refused)
     # The float32 matmuls as the run trained them: a GPU's JAX default (TF32) would decode differently.
     set_matmul_precision(backend, config.matmul_precision)
     keras.config.set_dtype_policy(config.dtype)
@@ -112,10 +120,10 @@ def open_model(path, registry, backend_name=None, task=None, block_size=None):
     return LoadedModel(source, plugins, model, tokenizer, keras)
 
 
-def open_translator(path, registry, backend_name=None, beam=None, length_penalty=None):
+def open_translator(path, registry, backend_name=None, beam=None, length_penalty=None, dtype=None):
     """The Translator of the model at `path` on `backend_name` (default: the backend that trained it), decoding
-    as the run did unless `beam`/`length_penalty` say otherwise."""
-    loaded = open_model(path, registry, backend_name, task="translation")
+    as the run did unless `beam`/`length_penalty` (or `dtype`, the dtype policy) say otherwise."""
+    loaded = open_model(path, registry, backend_name, task="translation", dtype=dtype)
     source, config, backend, model, tokenizer = (loaded.source, loaded.source.config, loaded.plugins.backend,
                                                  loaded.model, loaded.tokenizer)
     beam = config.beam if beam is None else beam
@@ -140,20 +148,20 @@ def evaluate_translator(translator, pairs, batch_size, progress=None):
     translate_s = time.perf_counter() - started
     bleu, chrf, bleu_signature, chrf_signature = score(hypotheses, [target for _, target in pairs])
     return {
-        "model": translator.source_label, "backend": translator.backend, "decoding": translator.decoding,
-        "sentences": len(pairs), "sources_truncated": translator.truncated, "max_len": translator.config.max_len,
+        "model": translator.source_label, "backend": translator.backend, "dtype": translator.config.dtype,
+        "decoding": translator.decoding, "sentences": len(pairs), "sources_truncated": translator.truncated, "max_len": translator.config.max_len,
         "bleu": bleu, "chrf": chrf, "bleu_signature": bleu_signature, "chrf_signature": chrf_signature,
         "translate_s": translate_s,
     }, hypotheses
 
 
 def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200, temperature=1.0, top_k=None,
-                  seed=0, block_size=None):
+                  seed=0, block_size=None, dtype=None):
     """(the prompt's continuation, what generated it) by the language model at `path` on `backend_name`: one
     token at a time from the model's logits at the last position of the last --block-size tokens, greedily
     (`temperature` 0) or sampled from the softmax of logits / `temperature`, restricted to the `top_k` most
     likely tokens, with numpy's generator from `seed` (the same text on every backend, up to the arithmetic)."""
-    loaded = open_model(path, registry, backend_name, task="language-modelling", block_size=block_size)
+    loaded = open_model(path, registry, backend_name, task="language-modelling", block_size=block_size, dtype=dtype)
     ids = list(loaded.tokenizer.encode_text(prompt))
     if not ids:
         raise MtbenchError("--prompt is empty: give the text to continue")
@@ -164,13 +172,14 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
     generated = continuation(forward, ids, block, max_new_tokens, temperature, top_k, np.random.default_rng(seed))
     seconds = time.perf_counter() - started
     return loaded.tokenizer.decode_text(generated), {
-        "model": loaded.source.label, "backend": loaded.plugins.backend.name, "prompt_tokens": len(ids),
+        "model": loaded.source.label, "backend": loaded.plugins.backend.name,
+        "dtype": loaded.source.config.dtype, "prompt_tokens": len(ids),
         "new_tokens": len(generated), "seconds": seconds,
         "sampling": "greedy" if temperature == 0 else f"temperature {temperature:g}"
                     + (f", top-k {top_k}" if top_k else "") + f", seed {seed}"}
 
 
-def score_text(path, registry, text_path, backend_name=None, rows=64, stride=None, block_size=None):
+def score_text(path, registry, text_path, backend_name=None, rows=64, stride=None, block_size=None, dtype=None):
     """The language model at `path` scored on `text_path` (a file, or a folder's .txt files, as `train --data`
     reads them, or the val.bin of a folder of nanoGPT's token files) on `backend_name`: every token of the text
     predicted once, in windows of the model's --block-size from its start `stride` tokens apart (default: the run's
@@ -178,7 +187,7 @@ def score_text(path, registry, text_path, backend_name=None, rows=64, stride=Non
     from mtbench.runner.data.token_files import is_token_folder
     from mtbench.runner.setup import compile_model
     from mtbench.runner.tasks.language_modelling import stream_scores
-    loaded = open_model(path, registry, backend_name, task="language-modelling", block_size=block_size)
+    loaded = open_model(path, registry, backend_name, task="language-modelling", block_size=block_size, dtype=dtype)
     stream, text = (token_folder_stream if is_token_folder(text_path) else text_stream)(loaded, text_path)
     if len(stream) < 2:
         raise MtbenchError(f"{text_path}: {len(stream)} token of this model's tokenizer; scoring needs two (the "
@@ -191,7 +200,8 @@ def score_text(path, registry, text_path, backend_name=None, rows=64, stride=Non
     started = time.perf_counter()
     # A budget of every byte the text has (of every token, where its bytes are not known): all of it is scored.
     scores = stream_scores(loaded.model, stream, rows, config.max_len, text["bytes"] or len(stream), stride)
-    return {"model": loaded.source.label, "backend": loaded.plugins.backend.name, "text": text_path, **text,
+    return {"model": loaded.source.label, "backend": loaded.plugins.backend.name, "dtype": config.dtype,
+            "text": text_path, **text,
             "tokens": len(stream), "unknown_characters": stream.unknown, "block_size": config.max_len,
             "stride": stride, **scores, "seconds": time.perf_counter() - started}
 

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import assert_refused_in_one_line, env_with, run_cli
+from conftest import CPU_ONLY, assert_refused_in_one_line, env_with, run_cli
 from result_keys import undocumented_keys
 from mtbench.runner.results.schema import schema_errors
 
@@ -201,6 +201,35 @@ def test_evaluate_scores_a_text_as_the_run_scored_its_test_split(char_runs, text
     refused = run_cli("evaluate", result["config"]["out"], "--test", str(ids))
     assert_refused_in_one_line(refused, "trained on text with its char tokenizer; "
                                         f"{ids} holds token files, ids another tokenizer made")
+
+
+@pytest.mark.slow
+def test_evaluate_and_generate_run_the_model_in_the_dtype_asked(char_runs, text_folder, tmp_path):
+    """--dtype runs a trained model in another policy: mixed bfloat16 scores the run's test bytes near its float32
+    figures (bfloat16 matmuls keep 3 significant digits) and says so; a dtype the backend refuses here is refused
+    in one line."""
+    result = char_runs["torch"]
+    start, _ = result["data"]["byte_ranges"]["test"]
+    text = tmp_path / "test-split.txt"
+    text.write_bytes(run_text(text_folder)[start:start + result["metrics"]["test_bytes_evaluated"] + 1])
+    scores = {}
+    for dtype in (None, "mixed_bfloat16"):
+        out = tmp_path / f"{dtype}.json"
+        proc = run_cli("evaluate", result["config"]["out"], "--test", str(text), "--out", str(out),
+                       *(["--dtype", dtype] if dtype else []))
+        assert proc.returncode == 0, proc.stderr
+        scores[dtype] = json.loads(out.read_text())
+    assert scores[None]["dtype"] == "float32" and scores[None]["loss"] == pytest.approx(
+        result["metrics"]["test_loss"], rel=1e-5)
+    assert scores["mixed_bfloat16"]["dtype"] == "mixed_bfloat16"
+    assert scores["mixed_bfloat16"]["loss"] != scores[None]["loss"]
+    assert scores["mixed_bfloat16"]["loss"] == pytest.approx(scores[None]["loss"], rel=2e-2)
+    generated = run_cli("generate", result["config"]["out"], "--prompt", "And God", "--max-new-tokens", "4",
+                        "--dtype", "mixed_bfloat16")
+    assert generated.returncode == 0 and " on torch in mixed_bfloat16 (" in generated.stderr, generated.stderr
+    refused = run_cli("evaluate", char_runs["jax"]["config"]["out"], "--test", str(text), "--dtype", "float16",
+                      env=CPU_ONLY)
+    assert_refused_in_one_line(refused, "--dtype float16: XLA on the CPU has no float16 matmul")
 
 
 def bad_input_cases(tmp_path):
