@@ -3,9 +3,9 @@
 Keras's `train_on_batch` runs a jitted step too, but around it, on every call, it re-checks the build, resets
 and re-syncs metric variables, assigns every model and optimizer variable back through Keras, and converts the
 logs. This step keeps the same mathematics (the model's `stateless_call`, the compiled loss, the optimizer's
-`stateless_apply`, with loss scaling when the optimizer scales: `jax_loss_scaling`) and carries the state from one step to the next
-itself, with donated buffers so XLA updates it in place: the Keras variables' own, so that the state is held
-once. The Keras variables are only written back in `finalize`. The loss `compile_model` sets is computed in JAX's own formulation (`compiled_loss`).
+`stateless_apply`, with loss scaling when the optimizer scales: `jax_loss_scaling`) and carries the state from one
+step to the next itself, with donated buffers so XLA updates it in place: the Keras variables' own, so that the
+state is held once. The Keras variables are only written back in `finalize`. The loss `compile_model` sets is computed in JAX's own formulation (`compiled_loss`).
 
 While the step is traced, every LayerNormalization computes its statistics in one pass, inside its own
 `jax.jit` (`jax_layer_norm`).

@@ -16,6 +16,11 @@ blocks; under fsdp the checkpoint is taken around FSDP's unit; under tensor-para
 their activations again as they recompute, Megatron's full recomputation). A block with dropout recomputes the
 masks its forward pass drew (JAX: from the seed states it takes as inputs; torch: from the generator's state
 `torch.utils.checkpoint` restores), so the losses are those of the run without remat.
+
+`--remat-policy matmuls` keeps the matrix products' outputs and recomputes the rest (`selective_checkpoint`): the
+layer norms, activations, softmax and dropout, not the products, so less memory saved for less time spent. torch's
+check then also counts the products dispatched while a block recomputes, which must be none; JAX's wants as many
+products in the compiled gradient recomputing as keeping, and fewer temporaries.
 """
 
 import contextlib
