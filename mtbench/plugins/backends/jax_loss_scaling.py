@@ -12,16 +12,6 @@ restarts at either, Keras's rule to the step. The torch step carries out the sam
 """
 
 
-def inner_optimizer(optimizer):
-    """The optimizer that updates the weights: a loss-scaling optimizer's inner one, else `optimizer` itself."""
-    return getattr(optimizer, "inner_optimizer", optimizer)
-
-
-def scales_losses(optimizer):
-    import keras
-    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-
-
 def apply_if_finite(optimizer, optimizer_state, grads, trainable):
     """`optimizer.stateless_apply(optimizer_state, grads, trainable)` of a `LossScaleOptimizer`, branch-free:
     (new trainable values, new optimizer state), the state in `optimizer.variables`' order."""

@@ -27,12 +27,13 @@ of epsilon's order (1e-8); the run records how many steps were skipped.
 import collections
 import math
 
+from mtbench.plugins.backends.keras_optimizer import inner_optimizer, moments_of, scales_losses
+
 
 def fused_adamw_unsupported(optimizer):
     """Why `optimizer` cannot be carried out by `FusedAdamW` (None when it can)."""
     import keras
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer = optimizer.inner_optimizer
+    optimizer = inner_optimizer(optimizer)
     if not isinstance(optimizer, keras.optimizers.AdamW):
         return f"{type(optimizer).__name__} is not AdamW"
     if optimizer.amsgrad or optimizer.use_ema or optimizer.gradient_accumulation_steps:
@@ -77,15 +78,14 @@ class DynamicLossScale:
 
 class FusedAdamW:
     def __init__(self, optimizer, variables):
-        import keras
         import torch
         self.variables = list(variables)
         self.loss_scale = None
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        if scales_losses(optimizer):
             if not optimizer.built:
                 optimizer.build(self.variables)
             self.loss_scale = DynamicLossScale(optimizer)
-            optimizer = optimizer.inner_optimizer
+            optimizer = inner_optimizer(optimizer)
         self.keras_optimizer = optimizer
         # Counted on the host from Keras's count (read once here: a restored checkpoint's, or 0): reading Keras's
         # counter or its schedule from a GPU would wait for the device every step.
@@ -106,13 +106,12 @@ class FusedAdamW:
             [group for group in groups if group["params"]], lr=0.0, betas=(optimizer.beta_1, optimizer.beta_2),
             eps=optimizer.epsilon, weight_decay=optimizer.weight_decay or 0.0, fused=True)
         for variable, parameter in zip(self.variables, self.parameters):
-            index = optimizer._get_variable_index(variable)
+            momentum, velocity = moments_of(optimizer, variable)
             # The state torch would have after `iterations` steps (the fused kernel keeps `step` on the device), with
             # Keras's moment tensors instead of new ones.
             self.torch_optimizer.state[parameter] = {
                 "step": torch.full((), float(self.iterations), dtype=torch.float32, device=parameter.device),
-                "exp_avg": self.updated_tensor(optimizer._momentums[index].value),
-                "exp_avg_sq": self.updated_tensor(optimizer._velocities[index].value)}
+                "exp_avg": self.updated_tensor(momentum.value), "exp_avg_sq": self.updated_tensor(velocity.value)}
 
     @staticmethod
     def updated_tensor(value):

@@ -34,6 +34,7 @@ from mtbench import (
     hookimpl,
     uneven_split_reason,
 )
+from mtbench.plugins.backends.keras_optimizer import all_moments, moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 from mtbench.plugins.extras.remat import recomputes
 
@@ -374,8 +375,7 @@ def torch_local_bytes(tensors):
 def torch_state_record(parameters, optimizer):
     """The state record of a torch step: its parameters and their gradients as this process holds them, and the
     moments of the Keras optimizer (torch's fused AdamW updates those very tensors)."""
-    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # float16's loss scaling wraps the AdamW
-    moments = [slot.value for slot in [*optimizer._momentums, *optimizer._velocities]]
+    moments = [slot.value for slot in all_moments(optimizer)]
     unsharded = sum(parameter.numel() * parameter.element_size() for parameter in parameters)
     return state_record(torch_local_bytes(parameters), torch_local_bytes([p.grad for p in parameters]),
                         torch_local_bytes(moments), unsharded)
@@ -466,10 +466,8 @@ class TorchSharding:
         """Lays the Keras optimizer's moment variables out as their parameters are (a resumed run's moments
         carried over), so that the optimizer updates shards."""
         from torch.distributed.tensor import distribute_tensor
-        optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # float16's loss scaling wraps the AdamW
         for variable, parameter in self.sharded:
-            index = optimizer._get_variable_index(variable)
-            for slot in (optimizer._momentums[index], optimizer._velocities[index]):
+            for slot in moments_of(optimizer, variable):
                 shard = distribute_tensor(slot.value.detach(), parameter.device_mesh, parameter.placements)
                 if shard.to_local().shape != parameter.to_local().shape:
                     raise RunFailure(f"the moments of {variable.path} shard unlike the weight")

@@ -37,6 +37,7 @@ import collections
 import re
 
 from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
+from mtbench.plugins.backends.keras_optimizer import moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 from mtbench.plugins.extras.gradient_buckets import GradientBuckets
 from mtbench.plugins.extras.fsdp import (
@@ -97,13 +98,6 @@ def indivisible_reason(shape, parts):
             what = "attention heads" if name == "num_heads" else "feed-forward units"
             return f"the model's {value} {what} ({flag}) do not split evenly over {parts} devices"
     return None
-
-
-def moments_of(optimizer, variable):
-    """The Keras optimizer's two Adam moment variables of `variable`."""
-    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # float16's loss scaling wraps the AdamW
-    index = optimizer._get_variable_index(variable)
-    return optimizer._momentums[index], optimizer._velocities[index]
 
 
 def plan_record(plan, heads, parts):
