@@ -210,6 +210,8 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--tensor-parallel-size", type=int, metavar="N",
                  help="Devices on the model axis of the tensor-parallel extra (default: all of them); the others make "
                       "a data axis, a data x model mesh."),
+    click.option("--pipeline-micro-batches", type=int, metavar="N",
+                 help="Parts of each batch the pipeline-parallel extra sends through its stages (default: 4 a stage)."),
     click.option("--remat-policy", type=click.Choice(REMAT_POLICIES),
                  help="What the remat extra recomputes in the backward pass: full (every block's activations, the "
                       "default) or matmuls (all but the matrix products' outputs, which it keeps: torchtitan's "

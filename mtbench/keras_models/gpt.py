@@ -70,12 +70,19 @@ class GPT(keras.Model):
         self.final_norm = layers.LayerNormalization(epsilon=1e-5, name="final_norm")
 
     def call(self, inputs, training=False):
+        x = self.embed(inputs, training=training)
+        for block in self.blocks:
+            x = block(x, training=training)
+        return self.logits(x)
+
+    # The model's three pieces, which a pipeline runs on different devices: the embeddings, the blocks, the output.
+    def embed(self, inputs, training=False):
         ids = inputs[0] if isinstance(inputs, (tuple, list)) else inputs
         positions = ops.arange(ops.shape(ids)[1])
         x = self.token_embedding(ids) + self.position_embedding(positions)[None]
-        x = self.embedding_dropout(x, training=training)
-        for block in self.blocks:
-            x = block(x, training=training)
+        return self.embedding_dropout(x, training=training)
+
+    def logits(self, x):
         x = self.final_norm(x)
         # Tied output layer, as the translation model's: logits in float32 for a stable softmax.
         table = ops.cast(self.token_embedding.embeddings, x.dtype)

@@ -46,6 +46,7 @@ BUILTIN_PLUGINS = (
     "mtbench.plugins.extras.jax_tpu",
     "mtbench.plugins.extras.fsdp",
     "mtbench.plugins.extras.tensor_parallel",
+    "mtbench.plugins.extras.pipeline_parallel",
     "mtbench.plugins.extras.remat",
 )
 REGISTER_HOOKS = {

@@ -360,6 +360,15 @@ class JaxShardedStep(StateRecording):
 
 # ----- torch -----
 
+def forget_tracked_tensors(model):
+    """Drops the tensors Keras's torch layers keep of their variables (`_torch_params`, every layer holding its own
+    and its sublayers'), which keep a tensor alive after its variable lets it go; a layer tracks its variables'
+    current tensors again when torch asks for its parameters."""
+    for layer in model._flatten_layers(include_self=True):
+        if "_torch_params" in layer._modules:
+            del layer._torch_params
+
+
 def torch_local_bytes(tensors):
     """Bytes of this process's part of `tensors` (the local shard of a DTensor, a plain tensor whole)."""
     from torch.distributed.tensor import DTensor

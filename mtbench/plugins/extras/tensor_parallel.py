@@ -44,6 +44,7 @@ from mtbench.plugins.extras.fsdp import (
     SIMULATE_HINT,
     JaxShardedStep,
     TorchDistributedStep,
+    forget_tracked_tensors,
     process_mesh,
     processes_reason,
     use_distribution,
@@ -398,6 +399,7 @@ class TorchSplitting:
     def hold_distributed(self):
         for variable, shard in self.shards:
             variable._value = shard
+        forget_tracked_tensors(self.model)
         for dense in self.plan:
             dense.layer.__class__ = self.classes[dense.by]
         for attention, heads in zip(self.attentions, self.heads):
@@ -419,6 +421,7 @@ class TorchSplitting:
             attention.__class__ = keras_class
         for feed_forward in self.feed_forwards:
             feed_forward.__class__ = self.feed_forward_class
+        forget_tracked_tensors(self.model)
         self.distributed = False
 
 
@@ -598,13 +601,19 @@ class TorchSplitStep(TorchDistributedStep):
         return ", ".join(part for part in (self.inner.description(), own) if part)
 
 
-def torch_split_step(run, model, step):
+def require_fused_eager_step(step, weights):
+    """Refuses a step other than mtbench's eager torch step on one process with torch's fused AdamW, which updates
+    `weights` (what the extra lays out: 'the split weights')."""
     from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
     if not isinstance(step, EagerTorchTrainStep) or step.processes is not None:
         raise MtbenchError(f"splits mtbench's eager torch step, not the '{step.name}' step")
     if step.fused_optimizer is None:
-        raise MtbenchError(f"updates the split weights with torch's fused AdamW, which cannot carry out this "
-                           f"optimizer ({step.fused_optimizer_refused})")
+        raise MtbenchError(f"updates {weights} with torch's fused AdamW, which cannot carry out this optimizer "
+                           f"({step.fused_optimizer_refused})")
+
+
+def torch_split_step(run, model, step):
+    require_fused_eager_step(step, "the split weights")
     plan, attentions = require_plan(model)
     world = run.processes.world_size
     model_axis = run.config.tensor_parallel_size or world

@@ -438,3 +438,23 @@ def test_split_runs_drop_what_one_device_drops(tmp_path, cache_dir, backend, mod
     arithmetic = split["model"]["attention"]["arithmetic"]
     assert arithmetic["probability_dropout"] == (0.1 if model == "gpt" else 0.0)
     assert_trains_like_one_device(split, one, 10)
+
+
+@pytest.mark.slow
+def test_torch_split_lets_the_whole_weights_and_moments_go(tmp_path):
+    """Each of 2 processes keeps its half of every split weight and of its two Adam moments, and frees the rest:
+    Keras's layers keep their variables' tensors too (`_torch_params`), which must go with them. The tiny GPT of 4
+    blocks; a few bytes of the mesh's own are allowed for."""
+    import os
+    import pathlib
+    import subprocess
+
+    from mtbench.runner.orchestration.children import launcher_command
+    probe = pathlib.Path(__file__).parents[2] / "held_bytes_probe.py"
+    env = {**{key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}, **CPU_ONLY}
+    proc = subprocess.run([*launcher_command(2, launcher_dir=str(tmp_path)), str(probe), "tensor-parallel"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    freed = [json.loads(line)["freed"] for line in proc.stdout.splitlines() if line.startswith("{")]
+    expected = 3 * 4 * split_parameters(D_MODEL, FF_UNITS, 1) // 2 * FLOAT32
+    assert len(freed) == 2 and all(abs(bytes_freed - expected) <= 64 for bytes_freed in freed), (freed, expected)

@@ -1,0 +1,414 @@
+"""pipeline-parallel: a language model's blocks in consecutive stages, one stage a process, each batch sent through
+them in micro-batches on the 1F1B schedule, as torchtitan runs pipeline parallelism (`torch.distributed.pipelining`).
+
+The split (`stage_bounds`): the blocks as evenly as they go into as many stages as the run has processes (the
+earlier stages take one more where they do not divide); the first stage also embeds the tokens, the last computes
+the final norm and the logits. The output layer's table is the token embedding's, so the first and the last stage
+each hold it and, after the backward pass, all-reduce its gradient between the two of them (Megatron's shared
+embedding): both then update it alike.
+
+A step (`TorchPipelineStep`): the rows every process loaded are gathered (the first stage needs the tokens, the
+last the labels), the batch goes through torch's `Schedule1F1B` in `--pipeline-micro-batches` parts (default 4 a
+stage, GPipe's rule for a bubble of a few percent), activations sent forward and their gradients back between
+neighbouring stages, point to point. Each part's loss is its token sum over the whole batch's tokens, so that the
+parts' gradients add up to the batch mean's. torch's fused AdamW then updates each stage's weights with Keras's
+schedule (`StageAdamW`): global-norm clipping sums every stage's squared norms (the shared table once) in one
+all-reduce, and float16's overflow verdict is agreed by all, so that every stage skips a step or none does. The loss
+and accuracy are the last stage's, sent to the others.
+
+Every process builds the whole model (the same draw on each); from its first step it holds only its stage's weights
+and their Adam moments, the others' tensors freed (`StageHolding`), and `finalize` broadcasts each stage's to every
+process, for evaluation and checkpoints.
+
+JAX writes its pipelines inside one program over a `stage` mesh axis (MaxText's); mtbench has not built that yet,
+and the extra serves torch alone.
+"""
+
+import collections
+
+from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
+from mtbench.plugins.backends.keras_optimizer import moments_of
+from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
+from mtbench.plugins.extras.fsdp import (
+    StateRecording,
+    forget_tracked_tensors,
+    processes_reason,
+    state_record,
+    torch_local_bytes,
+)
+from mtbench.plugins.extras.tensor_parallel import (
+    collective_kind,
+    gathered_rows,
+    profiled_collectives,
+    require_fused_eager_step,
+)
+
+# GPipe (Huang et al., 2019): with at least 4 micro-batches a stage the bubble is a small share of the step.
+MICRO_BATCHES_PER_STAGE = 4
+SCHEDULE = "1F1B"
+PIPELINED_FAMILIES = ("gpt", "gpt2")
+FIRST_STAGE = "token and position embeddings"
+LAST_STAGE = "final norm and the output layer (the token embedding's table, its gradient all-reduced with stage 0)"
+
+
+def stage_bounds(blocks, stages):
+    """[(first block, end)] of each of `stages` stages over `blocks` blocks: as evenly as they go, the earlier
+    stages one more where they do not divide."""
+    share, extra = divmod(blocks, stages)
+    bounds, start = [], 0
+    for stage in range(stages):
+        end = start + share + (stage < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def micro_batches_of(config, stages):
+    return config.pipeline_micro_batches or MICRO_BATCHES_PER_STAGE * stages
+
+
+def bubble_fraction(stages, micro_batches):
+    """The share of a step a stage idles while the schedule fills and drains: (S - 1) / (M + S - 1)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def pipeline_reason(config, shape, stages):
+    """Why the run cannot be split into `stages` stages, or None."""
+    family = config.model_family[0]
+    if family not in PIPELINED_FAMILIES:
+        return f"splits the blocks of mtbench's language models ({' and '.join(PIPELINED_FAMILIES)}), not '{family}'"
+    blocks = getattr(shape, "decoder_layers", None)
+    if blocks is not None and blocks < stages:
+        return f"the model's {blocks} blocks (--layers) cannot fill {stages} stages, one a process"
+    if config.grad_accum > 1:
+        return ("the pipeline's micro-batches are its gradient accumulation; give --pipeline-micro-batches in place "
+                f"of --grad-accum {config.grad_accum}")
+    micro_batches = micro_batches_of(config, stages)
+    if micro_batches < stages:
+        return (f"--pipeline-micro-batches {micro_batches} must be at least the {stages} stages (the {SCHEDULE} "
+                f"schedule keeps one in flight a stage)")
+    reason = uneven_split_reason(config, stages, "processes")
+    if reason is None and config.batch_size % micro_batches:
+        reason = (f"the batch size {config.batch_size} does not split into {micro_batches} micro-batches "
+                  f"(--pipeline-micro-batches)")
+    return reason
+
+
+def stage_layers(model, bounds, first, last):
+    """The layers one stage computes: its blocks, the embeddings on the first, the final norm and the tied table on
+    the last."""
+    layers = list(model.blocks[bounds[0]:bounds[1]])
+    if first:
+        layers += [model.token_embedding, model.position_embedding]
+    if last:
+        layers.append(model.final_norm)
+        if not first:
+            layers.append(model.token_embedding)
+    return layers
+
+
+def stage_variables(model, bounds, stage):
+    """The trainable variables stage `stage` of `len(bounds)` holds, in the model's order."""
+    layers = stage_layers(model, bounds[stage], stage == 0, stage == len(bounds) - 1)
+    held = {id(variable) for layer in layers for variable in layer.trainable_variables}
+    return [variable for variable in model.trainable_variables if id(variable) in held]
+
+
+def owning_stages(model, bounds):
+    """[(trainable variable, the first stage that holds it: the one that sends it to the others)]."""
+    held = [{id(variable) for variable in stage_variables(model, bounds, stage)} for stage in range(len(bounds))]
+    return [(variable, next(stage for stage, ids in enumerate(held) if id(variable) in ids))
+            for variable in model.trainable_variables]
+
+
+def stage_module(model, bounds, first, last):
+    """The `torch.nn.Module` torch's pipelining calls for one stage: the model's pieces (`embed`, its blocks,
+    `logits`) the stage computes. The Keras model is not registered with it: its weights are the variables'."""
+    import torch
+
+    blocks = model.blocks[bounds[0]:bounds[1]]
+
+    class Stage(torch.nn.Module):
+        def forward(self, x):
+            if first:
+                x = model.embed(x, training=True)
+            for block in blocks:
+                x = block(x, training=True)
+            return model.logits(x) if last else x
+
+    return Stage()
+
+
+class StageHolding:
+    """The weights and moments a process holds: while training (`hold_distributed`) its stage's, the other stages'
+    tensors freed; for evaluation and checkpoints (`hold_full`) every one, each stage's broadcast from its process
+    as one flat buffer per dtype. `owners`: [(trainable variable, the stage that sends it)]; `held`: the
+    variables of this process's stage."""
+
+    def __init__(self, model, owners, held, stage, group):
+        self.model, self.stage, self.group = model, stage, group
+        optimizer = model.optimizer
+        self.entries = [(kept, owner) for variable, owner in owners
+                        for kept in (variable, *moments_of(optimizer, variable))]
+        self.held = {id(kept) for variable in held for kept in (variable, *moments_of(optimizer, variable))}
+        self.distributed = False
+
+    def hold_distributed(self):
+        import torch
+        for variable, _ in self.entries:
+            if id(variable) not in self.held:
+                value = variable._value
+                empty = torch.empty(0, dtype=value.dtype, device=value.device)
+                variable._value = torch.nn.Parameter(empty, requires_grad=value.requires_grad) \
+                    if isinstance(value, torch.nn.Parameter) else empty
+        forget_tracked_tensors(self.model)
+        self.distributed = True
+
+    def hold_full(self):
+        import torch
+        import torch.distributed as dist
+        sent = collections.defaultdict(list)
+        for variable, owner in self.entries:
+            sent[owner, variable._value.dtype].append(variable)
+        for (owner, dtype), variables in sent.items():
+            sizes = [int(torch.Size(variable.shape).numel()) for variable in variables]
+            if owner == self.stage:
+                flat = torch.cat([variable._value.detach().reshape(-1) for variable in variables])
+            else:
+                flat = torch.empty(sum(sizes), dtype=dtype, device=variables[0]._value.device)
+            dist.broadcast(flat, group_src=owner, group=self.group)
+            for variable, part in zip(variables, flat.split(sizes)):
+                if id(variable) not in self.held:
+                    value = part.reshape(variable.shape).clone()
+                    variable._value = torch.nn.Parameter(value, requires_grad=variable._value.requires_grad) \
+                        if isinstance(variable._value, torch.nn.Parameter) else value
+        forget_tracked_tensors(self.model)
+        self.distributed = False
+
+
+class StageAdamW(FusedAdamW):
+    """torch's fused AdamW over one stage's weights. Clipped together (`global_clipnorm`), the norm is every stage's:
+    the squared norms summed here (the shared table's counted by the first stage alone) and over the stages in one
+    all-reduce. A float16 overflow anywhere skips the step everywhere."""
+
+    def __init__(self, optimizer, variables, group, uncounted=()):
+        import torch
+        super().__init__(optimizer, variables)
+        self.group = group
+        self.counted = torch.tensor([0.0 if any(v is u for u in uncounted) else 1.0 for v in self.variables],
+                                    device=self.parameters[0].device)
+
+    def agree_on_overflow(self, found_inf):
+        import torch.distributed as dist
+        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
+
+    def _clip_together(self, grads):
+        import torch
+        import torch.distributed as dist
+        squared = (torch.stack(torch._foreach_norm(grads)).float().square() * self.counted).sum()
+        dist.all_reduce(squared, group=self.group)
+        norm = squared.sqrt()
+        scale = self.global_clipnorm * torch.clamp(1.0 / norm, max=1.0 / self.global_clipnorm)
+        torch._foreach_mul_(grads, (scale + (norm - norm)).to(grads[0].dtype))  # NaN where not finite, as Keras
+
+
+def token_loss_and_correct(logits, target, tokens):
+    """A micro-batch's loss (its tokens' cross-entropy summed over the whole batch's `tokens`) and its correct
+    tokens. `target` holds each token's label and weight side by side (float32, exact for labels below 2^24): the
+    schedule splits one tensor of targets into the micro-batches."""
+    import torch.nn.functional as F
+
+    from mtbench.plugins.backends.torch_eager_step import correct_tokens
+    labels, weight = target[..., 0].long(), target[..., 1]
+    token_loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), reduction="none")
+    return (token_loss * weight.flatten()).sum() / tokens, correct_tokens(labels, logits.detach(), weight)
+
+
+class TorchPipelineStep(StateRecording):
+    """mtbench's eager torch step, its model's stages one a process (see the module). The first call is a warm-up
+    of its own (torch's schedule sets its stages up: each stage votes, and their buffers are made); the second, the
+    last warm-up call, is profiled for what a step sends and the collectives it runs."""
+
+    def __init__(self, inner, model, plan, holding, record):
+        super().__init__(inner, record, None)
+        self.model, self.plan, self.layout = model, plan, holding
+        self.schedules = {}  # batch shape -> torch's schedule for it (a stage infers its messages' shapes once)
+        self.calls = 0
+
+    @property
+    def warmup_calls(self):
+        return self.inner.warmup_calls + 1
+
+    def measure(self):
+        if not self.layout.distributed:
+            return None
+        import torch
+        import torch.distributed as dist
+        plan = self.plan
+        moments = [slot.value for variable in plan.variables for slot in moments_of(self.model.optimizer, variable)]
+        parameters = [variable.value for variable in plan.variables]
+        mine = torch.tensor([torch_local_bytes(parameters), torch_local_bytes([p.grad for p in parameters]),
+                             torch_local_bytes(moments)], dtype=torch.float64)
+        every = [torch.zeros_like(mine) for _ in range(plan.stages)]
+        dist.all_gather(every, mine, group=plan.group)
+        largest = max(every, key=lambda held: float(held.sum()))
+        unsharded = sum(int(torch.Size(v.shape).numel()) * parameters[0].element_size()
+                        for v in self.model.trainable_variables)
+        return {**state_record(*(float(b) for b in largest), unsharded),
+                "parameter_bytes_by_stage": [int(held[0]) for held in every]}
+
+    def _schedule(self, shape):
+        if shape not in self.schedules:
+            from keras.src.backend.torch.core import get_device
+            from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+            import torch
+            plan, model = self.plan, self.model
+            rows, length = shape[0] // plan.micro_batches, shape[1]
+            vocabulary, width = model.token_embedding.embeddings.shape
+            activations = torch.empty((rows, length, width), dtype=getattr(torch, model.dtype_policy.compute_dtype),
+                                      device="meta", requires_grad=True)  # whose gradients are sent back
+            # The messages' shapes given, the stage computes nothing to infer them (which would run the loss on
+            # an empty micro-batch).
+            stage = PipelineStage(
+                stage_module(model, plan.bounds[plan.stage], plan.first, plan.last), plan.stage, plan.stages,
+                get_device(), group=plan.group,
+                input_args=torch.empty((rows, length), dtype=torch.int32, device="meta") if plan.first else activations,
+                output_args=torch.empty((rows, length, vocabulary), device="meta", requires_grad=True) if plan.last
+                else activations)
+            self.schedules[shape] = Schedule1F1B(stage, plan.micro_batches, loss_fn=self._micro_batch_loss,
+                                                 scale_grads=False)
+        return self.schedules[shape]
+
+    def _micro_batch_loss(self, logits, target):
+        loss, correct = token_loss_and_correct(logits, target, self._tokens)
+        self._loss, self._correct = self._loss + loss.detach(), self._correct + correct
+        return self.model.optimizer.scale_loss(loss)  # the identity unless the optimizer scales losses
+
+    def __call__(self, x, y, sample_weight):
+        if not self.layout.distributed:
+            self.layout.hold_distributed()
+            kept = [variable.path for variable, _ in self.layout.entries
+                    if id(variable) not in self.layout.held and variable.value.numel()]
+            if kept:
+                raise RunFailure(f"stage {self.plan.stage} still holds weights of other stages: {', '.join(kept[:3])}")
+        self.calls += 1
+        if self.calls != self.warmup_calls:
+            return self._step(x, y, sample_weight)
+        logs, ran = profiled_collectives(lambda: self._step(x, y, sample_weight))
+        kinds = collections.Counter()
+        for op, count in ran.items():
+            kinds[point_to_point_kind(op) or collective_kind(op)] += count
+        self.record["messages_per_step"] = dict(sorted(kinds.items()))
+        return logs
+
+    def _step(self, x, y, sample_weight):
+        import torch
+        import torch.distributed as dist
+        plan, inner = self.plan, self.inner
+        ids, y, sample_weight = gathered_rows([x[0], y, sample_weight], plan.group, plan.stages)
+        for parameter in inner.fused_optimizer.parameters:
+            parameter.grad = None
+        self._tokens = sample_weight.sum()
+        self._loss = self._correct = torch.zeros((), device=ids.device)
+        schedule = self._schedule(tuple(ids.shape))
+        with inner._forward_context():
+            if plan.first:
+                schedule.step(ids, return_outputs=False)
+            elif plan.last:
+                schedule.step(target=torch.stack([y.float(), sample_weight.float()], -1), return_outputs=False)
+            else:
+                schedule.step(return_outputs=False)
+        if plan.shared is not None:  # the first and last stages' copies of the token embedding's table
+            table = plan.shared.value
+            if table.grad is None:
+                table.grad = torch.zeros_like(table)
+            dist.all_reduce(table.grad, group=plan.shared_group)
+        with torch.no_grad():
+            inner.fused_optimizer.step()
+        figures = torch.stack([self._loss, self._correct / self._tokens]).float()
+        dist.broadcast(figures, group_src=plan.stages - 1, group=plan.group)
+        return {"loss": figures[0], "accuracy": figures[1]}
+
+    def description(self):
+        plan = self.plan
+        stages = " | ".join(f"blocks {start}-{end - 1}" if end - start > 1 else f"block {start}"
+                            for start, end in plan.bounds)
+        return f"pipeline-parallel over {plan.stages} processes ({stages}), {plan.micro_batches} micro-batches, {SCHEDULE}"
+
+    def finalize(self):
+        super().finalize()
+        if self.layout.distributed:
+            self.layout.hold_full()
+
+
+def point_to_point_kind(op):
+    """'send', 'receive' or 'broadcast' for a c10d operation's name, else None."""
+    name = op.split("::")[-1].rstrip("_")
+    return {"send": "send", "recv": "receive", "recv_any_source": "receive", "broadcast": "broadcast"}.get(name)
+
+
+class StagePlan(collections.namedtuple(
+        "StagePlan", "stages stage bounds first last micro_batches variables shared group shared_group")):
+    """This process's part of the pipeline: `variables` its stage's trainable variables, `shared` the token
+    embedding's variable where this stage shares it (the first or the last of several), else None."""
+
+
+def torch_pipeline_step(run, model, step):
+    import torch.distributed as dist
+    require_fused_eager_step(step, "each stage's weights")
+    if not step.native_loss:
+        raise MtbenchError("computes the token-mean cross-entropy on the last stage; the model compiles another loss")
+    stages, stage = run.processes.world_size, run.processes.rank
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not hasattr(model, "embed") or len(blocks) < stages:
+        raise MtbenchError(f"needs a model of {stages} blocks or more with `embed`, `blocks` and `logits` "
+                           f"(mtbench's GPT); '{model.name}' is not one")
+    bounds = stage_bounds(len(blocks), stages)
+    first, last = stage == 0, stage == stages - 1
+    variables = stage_variables(model, bounds, stage)
+    table = model.token_embedding.embeddings
+    group = dist.group.WORLD
+    # Every process joins the making of a group; the first and last stages talk in it.
+    shared_group = dist.new_group([0, stages - 1])
+    shared = table if first or last else None
+    plan = StagePlan(stages, stage, bounds, first, last, micro_batches_of(run.config, stages), variables, shared,
+                     group, shared_group)
+    step.fused_optimizer = StageAdamW(model.optimizer, variables, group, uncounted=() if first else (table,))
+    # The whole model until the first step (an extra's `verify` runs it), the stage's weights from then on.
+    holding = StageHolding(model, owning_stages(model, bounds), variables, stage, group)
+    record = {"devices": stages, "processes": stages, "collectives": run.processes.collectives, "stages": stages,
+              "stage_blocks": [[start, end] for start, end in bounds], "first_stage": FIRST_STAGE,
+              "last_stage": LAST_STAGE, "schedule": SCHEDULE, "micro_batches": plan.micro_batches,
+              "micro_batch_rows": run.config.batch_size // plan.micro_batches,
+              "bubble_fraction": round(bubble_fraction(stages, plan.micro_batches), 4)}
+    return TorchPipelineStep(step, model, plan, holding, record)
+
+
+class PipelineParallel(Extra):
+    name = "pipeline-parallel"
+    description = ("a language model's blocks in stages, one a process, each batch through them in micro-batches on "
+                   "the 1F1B schedule: torch.distributed.pipelining under torchrun")
+    backends = ("torch",)
+    conflicts = ("fsdp", "ddp", "tensor-parallel", "torch-compile")
+    spans_processes = True
+
+    def unavailable_reason(self, run):
+        reason = processes_reason(run)
+        if reason:
+            return reason
+        try:
+            import torch.distributed.pipelining  # noqa: F401 (torch 2.4 and later)
+        except ImportError:
+            import torch
+            return f"needs torch.distributed.pipelining, which torch {torch.__version__} lacks"
+        return pipeline_reason(run.config, run.model_shape, run.processes.world_size)
+
+    def make_train_step(self, run, model, step):
+        pipelined = torch_pipeline_step(run, model, step)
+        run.extras_state[self.name] = pipelined.record
+        return pipelined
+
+
+@hookimpl
+def mtbench_register_extras(register):
+    register(PipelineParallel())

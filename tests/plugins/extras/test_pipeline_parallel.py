@@ -1,0 +1,151 @@
+"""`--extra pipeline-parallel`: a language model's blocks in stages, one a process (two gloo processes under
+torchrun), each batch through them in micro-batches on torch's 1F1B schedule. It must train what one process
+trains, step for step, with the messages the schedule implies and each process holding its stage's weights only.
+
+The analysis, written down here and not read from the code under test. With S stages and M micro-batches, stage 0
+sends each micro-batch's activations to stage 1 and receives their gradients back: M sends and M receives a step.
+Besides: one all-gather of the batch's rows, one all-reduce of the token embedding's gradient between the first and
+the last stage (the table is also the output layer), one all-reduce of the squared gradient norms (global-norm
+clipping, the GPT recipe's), and one broadcast of the loss and accuracy from the last stage. The tiny GPT (d_model
+64, 256 feed-forward units, bytes, block 32): a block has 4 x (64 x 64 + 64) + (64 x 256 + 256) + (256 x 64 + 64)
++ 4 x 64 = 49,984 parameters; the token embedding 256 x 64 = 16,384, the position embedding 32 x 64 = 2,048, the
+final norm 128."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from tests.plugins.extras.test_fsdp import losses
+from tests.plugins.extras.test_multi_process import torchrun
+
+FLOAT32 = 4
+PROBE = pathlib.Path(__file__).parents[2] / "held_bytes_probe.py"
+BLOCK, TOKEN_TABLE, POSITIONS, FINAL_NORM = 49_984, 256 * 64, 32 * 64, 2 * 64
+STEPS = 12
+TINY_GPT = ["--backend", "torch", "--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8",
+            "--valid-size", "10", "--test-size", "10", "--steps", str(STEPS)]
+
+
+@pytest.mark.parametrize("blocks, stages, bounds", [
+    (4, 2, [(0, 2), (2, 4)]),
+    (3, 2, [(0, 2), (2, 3)]),
+    (5, 3, [(0, 2), (2, 4), (4, 5)]),
+    (12, 4, [(0, 3), (3, 6), (6, 9), (9, 12)]),
+])
+def test_blocks_go_into_stages_as_evenly_as_they_can(blocks, stages, bounds):
+    from mtbench.plugins.extras.pipeline_parallel import stage_bounds
+    assert stage_bounds(blocks, stages) == bounds
+
+
+@pytest.mark.parametrize("changes, processes, reason", [
+    ({}, 1, "needs at least 2 processes; this run has 1 (start mtbench with torchrun --nproc-per-node N -m mtbench "
+            "train ...)"),
+    ({"model_name": "transformer"}, 2, "splits the blocks of mtbench's language models (gpt and gpt2), not "
+                                       "'transformer'"),
+    ({"decoder_layers": 2}, 4, "the model's 2 blocks (--layers) cannot fill 4 stages, one a process"),
+    ({"grad_accum": 2}, 2, "the pipeline's micro-batches are its gradient accumulation; give "
+                           "--pipeline-micro-batches in place of --grad-accum 2"),
+    ({"pipeline_micro_batches": 1}, 2, "--pipeline-micro-batches 1 must be at least the 2 stages (the 1F1B "
+                                       "schedule keeps one in flight a stage)"),
+    ({"pipeline_micro_batches": 3}, 2, "the batch size 8 does not split into 3 micro-batches "
+                                       "(--pipeline-micro-batches)"),
+    ({}, 4, "the batch size 8 does not split into 16 micro-batches (--pipeline-micro-batches)"),
+    ({"pipeline_micro_batches": 4}, 4, None),
+    ({}, 2, None),
+])
+def test_where_a_pipeline_cannot_run_it_says_why(changes, processes, reason):
+    import dataclasses
+
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.extras.pipeline_parallel import PipelineParallel
+    from mtbench.runner.config import TrainConfig
+    changes = {"model_name": "gpt", **changes}
+    shape = dataclasses.replace(GPT_PRESETS["tiny"], decoder_layers=changes.pop("decoder_layers", 4))
+    run = SimpleNamespace(backend=SimpleNamespace(name="torch"), processes=SimpleNamespace(world_size=processes),
+                          model_shape=shape, config=TrainConfig(batch_size=8, **changes))
+    assert PipelineParallel().unavailable_reason(run) == reason
+
+
+def test_micro_batches_without_the_extra_are_refused(tmp_path, cache_dir):
+    proc = run_cli("train", *TINY_GPT, "--pipeline-micro-batches", "4", "--cache-dir", cache_dir, "--out",
+                   str(tmp_path / "r.json"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "Error: --pipeline-micro-batches is an option of --extra pipeline-parallel; give the extra too")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_stage_frees_the_weights_and_moments_of_the_others():
+    """Stage 0 of 2 over 4 blocks lets go of blocks 2 and 3 and the final norm (the last stage's), each weight
+    with its two Adam moments: Keras's layers keep their variables' tensors too, which must go as well. It keeps
+    the shared token table and computes its own part."""
+    env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
+    proc = subprocess.run([sys.executable, str(PROBE), "pipeline"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["freed"] == 3 * (2 * BLOCK + FINAL_NORM) * FLOAT32
+    assert figures["stage_output"] == [2, 32, 64]
+
+
+def train(tmp_path, name, cache_dir, *args, processes=1):
+    out = tmp_path / f"{name}.json"
+    if processes == 1:
+        proc = run_cli("train", *args, "--cache-dir", cache_dir, "--out", str(out))
+    else:
+        proc = torchrun("train", "--extra", "pipeline-parallel", *args, "--cache-dir", cache_dir, "--out", str(out),
+                        processes=processes)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def assert_trains_like_one_process(pipelined, one):
+    assert len(losses(pipelined)) == STEPS
+    np.testing.assert_allclose(losses(pipelined), losses(one), rtol=1e-5)
+    assert pipelined["metrics"]["test_loss"] == pytest.approx(one["metrics"]["test_loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_two_stages_train_what_one_process_trains_sending_each_micro_batch_once(tmp_path, cache_dir):
+    args = [*TINY_GPT, "--layers", "4"]
+    one = train(tmp_path, "one", cache_dir, *args)
+    pipelined = train(tmp_path, "pipelined", cache_dir, *args, processes=2)
+    assert_trains_like_one_process(pipelined, one)
+    record = pipelined["extras_record"]["pipeline-parallel"]
+    assert record["stage_blocks"] == [[0, 2], [2, 4]]
+    assert record["micro_batches"] == 8 and record["micro_batch_rows"] == 1  # 4 a stage by default
+    assert record["bubble_fraction"] == pytest.approx(1 / 9, abs=1e-4)
+    assert record["messages_per_step"] == {"send": 8, "receive": 8, "all-gather": 1, "all-reduce": 2,
+                                           "broadcast": 1}
+    # Stage 0: two blocks and both embeddings; stage 1: two blocks, the final norm and the shared table.
+    assert record["parameter_bytes_by_stage"] == [(2 * BLOCK + TOKEN_TABLE + POSITIONS) * FLOAT32,
+                                                  (2 * BLOCK + FINAL_NORM + TOKEN_TABLE) * FLOAT32]
+    whole = 4 * BLOCK + TOKEN_TABLE + POSITIONS + FINAL_NORM
+    assert record["unsharded_parameter_bytes"] == whole * FLOAT32
+    assert record["parameter_bytes"] == record["gradient_bytes"] == (2 * BLOCK + TOKEN_TABLE + POSITIONS) * FLOAT32
+    assert pipelined["host_syncs_per_step"] == 0
+    assert "pipeline-parallel over 2 processes (blocks 0-1 | blocks 2-3), 8 micro-batches, 1F1B" in \
+        pipelined["train_step_detail"]
+
+
+@pytest.mark.slow
+def test_uneven_stages_in_float16_with_remat_train_what_one_process_trains(tmp_path, cache_dir):
+    """3 blocks over 2 stages, 2 micro-batches, float16's loss scaling agreed by both stages, each block
+    recomputed in the backward pass."""
+    args = [*TINY_GPT, "--layers", "3", "--dtype", "mixed_float16", "--extra", "remat"]
+    one = train(tmp_path, "one", cache_dir, *args)
+    pipelined = train(tmp_path, "pipelined", cache_dir, *args, "--pipeline-micro-batches", "2", processes=2)
+    assert_trains_like_one_process(pipelined, one)
+    assert pipelined["loss_scaling"] == one["loss_scaling"]
+    record = pipelined["extras_record"]["pipeline-parallel"]
+    assert record["stage_blocks"] == [[0, 2], [2, 3]]
+    assert record["messages_per_step"]["send"] == record["messages_per_step"]["receive"] == 2
+    # The overflow verdict is agreed as well: one all-reduce more than in float32.
+    assert record["messages_per_step"]["all-reduce"] == 3
+    assert pipelined["extras_record"]["remat"]["blocks"] == 3
