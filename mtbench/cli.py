@@ -18,8 +18,8 @@ from mtbench.plugins.api import PLUGIN_API_VERSION
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 from mtbench.runner.loop.recipe import CLIP_CHOICES, DECAY_CHOICES
 from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW,
-                                   DTYPE_CHOICES, DTYPES, INIT_SCHEMES, MATMUL_PRECISIONS, REMAT_POLICIES, STEP_CHOICES,
-                                   TrainConfig)
+                                   DTYPE_CHOICES, DTYPES, INIT_SCHEMES, MATMUL_PRECISIONS, PIPELINE_SCHEDULES,
+                                   REMAT_POLICIES, STEP_CHOICES, TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
 EVAL_STRIDE_HELP = ("A language model's evaluation windows of --block-size tokens, each N tokens after the one before "
@@ -212,6 +212,10 @@ RUN_CONFIGURATION_OPTIONS = (
                       "a data axis, a data x model mesh."),
     click.option("--pipeline-micro-batches", type=int, metavar="N",
                  help="Parts of each batch the pipeline-parallel extra sends through its stages (default: 4 a stage)."),
+    click.option("--pipeline-schedule", type=click.Choice(PIPELINE_SCHEDULES),
+                 help="The pipeline-parallel extra's schedule: 1f1b (a forward and a backward in turn once the "
+                      "pipeline is full, at most a micro-batch a stage held: the default) or gpipe (every forward, "
+                      "then every backward)."),
     click.option("--remat-policy", type=click.Choice(REMAT_POLICIES),
                  help="What the remat extra recomputes in the backward pass: full (every block's activations, the "
                       "default) or matmuls (all but the matrix products' outputs, which it keeps: torchtitan's "

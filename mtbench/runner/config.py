@@ -75,9 +75,12 @@ COMPILED_STEP_EXTRA = "torch-compile"
 # Options that size what one extra does: refused without it (they would change nothing, and the result would say
 # they were given). `setup.check_extra_options`.
 EXTRA_OPTIONS = {"tensor_parallel_size": "tensor-parallel", "remat_policy": "remat",
-                 "pipeline_micro_batches": "pipeline-parallel"}
+                 "pipeline_micro_batches": "pipeline-parallel", "pipeline_schedule": "pipeline-parallel"}
 # What the remat extra recomputes: every block's activations, or all but its matrix products' outputs (kept).
 REMAT_POLICIES = ("full", "matmuls")
+# The pipeline-parallel extra's schedules: one forward and one backward in turn once the pipeline is full (at most a
+# stage's count of micro-batches held), or every forward, then every backward (all of them held: GPipe).
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")
 
 
 def default_cache_dir():
@@ -135,6 +138,7 @@ class TrainConfig:
     tensor_parallel_size: int = None  # the tensor-parallel extra's model axis (None: every device)
     remat_policy: str = None       # REMAT_POLICIES, for the remat extra (None: full)
     pipeline_micro_batches: int = None  # the pipeline-parallel extra's parts of a batch (None: 4 a stage)
+    pipeline_schedule: str = None  # PIPELINE_SCHEDULES, for the pipeline-parallel extra (None: 1f1b)
     seed: int = 0
     init: str = None               # the scheme the weights are drawn with (None: the model family's; INIT_SCHEMES)
     initial_weights: str = None    # a weights file (.npz by variable path) instead of the numpy draw from seed
@@ -214,6 +218,9 @@ class TrainConfig:
             raise MtbenchError(f"unknown compile mode '{self.compile_mode}'; choose one of {', '.join(COMPILE_MODES)}")
         if self.remat_policy not in (None, *REMAT_POLICIES):
             raise MtbenchError(f"unknown remat policy '{self.remat_policy}'; choose one of {', '.join(REMAT_POLICIES)}")
+        if self.pipeline_schedule not in (None, *PIPELINE_SCHEDULES):
+            raise MtbenchError(f"unknown pipeline schedule '{self.pipeline_schedule}'; choose one of "
+                               f"{', '.join(PIPELINE_SCHEDULES)}")
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
                      "decode_batch_size", "beam", "max_pairs", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum", "sample_tokens",

@@ -8,7 +8,8 @@ each hold it and, after the backward pass, all-reduce its gradient between the t
 embedding): both then update it alike.
 
 A step (`TorchPipelineStep`): the rows every process loaded are gathered (the first stage needs the tokens, the
-last the labels), the batch goes through torch's `Schedule1F1B` in `--pipeline-micro-batches` parts (default 4 a
+last the labels), the batch goes through torch's `Schedule1F1B` (or `ScheduleGPipe`, `--pipeline-schedule`) in
+`--pipeline-micro-batches` parts (default 4 a
 stage, GPipe's rule for a bubble of a few percent), activations sent forward and their gradients back between
 neighbouring stages, point to point. Each part's loss is its token sum over the whole batch's tokens, so that the
 parts' gradients add up to the batch mean's. torch's fused AdamW then updates each stage's weights with Keras's
@@ -45,7 +46,8 @@ from mtbench.plugins.extras.tensor_parallel import (
 
 # GPipe (Huang et al., 2019): with at least 4 micro-batches a stage the bubble is a small share of the step.
 MICRO_BATCHES_PER_STAGE = 4
-SCHEDULE = "1F1B"
+# The schedules by --pipeline-schedule: torch's class and its name in the record.
+SCHEDULES = {"1f1b": ("Schedule1F1B", "1F1B"), "gpipe": ("ScheduleGPipe", "GPipe")}
 PIPELINED_FAMILIES = ("gpt", "gpt2")
 FIRST_STAGE = "token and position embeddings"
 LAST_STAGE = "final norm and the output layer (the token embedding's table, its gradient all-reduced with stage 0)"
@@ -84,9 +86,9 @@ def pipeline_reason(config, shape, stages):
         return ("the pipeline's micro-batches are its gradient accumulation; give --pipeline-micro-batches in place "
                 f"of --grad-accum {config.grad_accum}")
     micro_batches = micro_batches_of(config, stages)
-    if micro_batches < stages:
-        return (f"--pipeline-micro-batches {micro_batches} must be at least the {stages} stages (the {SCHEDULE} "
-                f"schedule keeps one in flight a stage)")
+    if micro_batches < stages and (config.pipeline_schedule or "1f1b") == "1f1b":
+        return (f"--pipeline-micro-batches {micro_batches} must be at least the {stages} stages (the 1F1B schedule "
+                f"keeps one in flight a stage; --pipeline-schedule gpipe takes fewer)")
     reason = uneven_split_reason(config, stages, "processes")
     if reason is None and config.batch_size % micro_batches:
         reason = (f"the batch size {config.batch_size} does not split into {micro_batches} micro-batches "
@@ -260,7 +262,7 @@ class TorchPipelineStep(StateRecording):
     def _schedule(self, shape):
         if shape not in self.schedules:
             from keras.src.backend.torch.core import get_device
-            from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+            import torch.distributed.pipelining as pipelining
             import torch
             plan, model = self.plan, self.model
             rows, length = shape[0] // plan.micro_batches, shape[1]
@@ -269,14 +271,15 @@ class TorchPipelineStep(StateRecording):
                                       device="meta", requires_grad=True)  # whose gradients are sent back
             # The messages' shapes given, the stage computes nothing to infer them (which would run the loss on
             # an empty micro-batch).
-            stage = PipelineStage(
+            stage = pipelining.PipelineStage(
                 stage_module(model, plan.bounds[plan.stage], plan.first, plan.last), plan.stage, plan.stages,
                 get_device(), group=plan.group,
                 input_args=torch.empty((rows, length), dtype=torch.int32, device="meta") if plan.first else activations,
                 output_args=torch.empty((rows, length, vocabulary), device="meta", requires_grad=True) if plan.last
                 else activations)
-            self.schedules[shape] = Schedule1F1B(stage, plan.micro_batches, loss_fn=self._micro_batch_loss,
-                                                 scale_grads=False)
+            schedule = getattr(pipelining, SCHEDULES[plan.schedule][0])
+            self.schedules[shape] = schedule(stage, plan.micro_batches, loss_fn=self._micro_batch_loss,
+                                             scale_grads=False)
         return self.schedules[shape]
 
     def _micro_batch_loss(self, logits, target):
@@ -333,7 +336,8 @@ class TorchPipelineStep(StateRecording):
         plan = self.plan
         stages = " | ".join(f"blocks {start}-{end - 1}" if end - start > 1 else f"block {start}"
                             for start, end in plan.bounds)
-        return f"pipeline-parallel over {plan.stages} processes ({stages}), {plan.micro_batches} micro-batches, {SCHEDULE}"
+        return (f"pipeline-parallel over {plan.stages} processes ({stages}), {plan.micro_batches} micro-batches, "
+                f"{SCHEDULES[plan.schedule][1]}")
 
     def finalize(self):
         super().finalize()
@@ -348,7 +352,7 @@ def point_to_point_kind(op):
 
 
 class StagePlan(collections.namedtuple(
-        "StagePlan", "stages stage bounds first last micro_batches variables shared group shared_group")):
+        "StagePlan", "stages stage bounds first last micro_batches schedule variables shared group shared_group")):
     """This process's part of the pipeline: `variables` its stage's trainable variables, `shared` the token
     embedding's variable where this stage shares it (the first or the last of several), else None."""
 
@@ -371,14 +375,14 @@ def torch_pipeline_step(run, model, step):
     # Every process joins the making of a group; the first and last stages talk in it.
     shared_group = dist.new_group([0, stages - 1])
     shared = table if first or last else None
-    plan = StagePlan(stages, stage, bounds, first, last, micro_batches_of(run.config, stages), variables, shared,
-                     group, shared_group)
+    plan = StagePlan(stages, stage, bounds, first, last, micro_batches_of(run.config, stages),
+                     run.config.pipeline_schedule or "1f1b", variables, shared, group, shared_group)
     step.fused_optimizer = StageAdamW(model.optimizer, variables, group, uncounted=() if first else (table,))
     # The whole model until the first step (an extra's `verify` runs it), the stage's weights from then on.
     holding = StageHolding(model, owning_stages(model, bounds), variables, stage, group)
     record = {"devices": stages, "processes": stages, "collectives": run.processes.collectives, "stages": stages,
               "stage_blocks": [[start, end] for start, end in bounds], "first_stage": FIRST_STAGE,
-              "last_stage": LAST_STAGE, "schedule": SCHEDULE, "micro_batches": plan.micro_batches,
+              "last_stage": LAST_STAGE, "schedule": SCHEDULES[plan.schedule][1], "micro_batches": plan.micro_batches,
               "micro_batch_rows": run.config.batch_size // plan.micro_batches,
               "bubble_fraction": round(bubble_fraction(stages, plan.micro_batches), 4)}
     return TorchPipelineStep(step, model, plan, holding, record)

@@ -53,7 +53,9 @@ def test_blocks_go_into_stages_as_evenly_as_they_can(blocks, stages, bounds):
     ({"grad_accum": 2}, 2, "the pipeline's micro-batches are its gradient accumulation; give "
                            "--pipeline-micro-batches in place of --grad-accum 2"),
     ({"pipeline_micro_batches": 1}, 2, "--pipeline-micro-batches 1 must be at least the 2 stages (the 1F1B "
-                                       "schedule keeps one in flight a stage)"),
+                                       "schedule keeps one in flight a stage; --pipeline-schedule gpipe takes "
+                                       "fewer)"),
+    ({"pipeline_micro_batches": 1, "pipeline_schedule": "gpipe"}, 2, None),
     ({"pipeline_micro_batches": 3}, 2, "the batch size 8 does not split into 3 micro-batches "
                                        "(--pipeline-micro-batches)"),
     ({}, 4, "the batch size 8 does not split into 16 micro-batches (--pipeline-micro-batches)"),
@@ -135,16 +137,17 @@ def test_two_stages_train_what_one_process_trains_sending_each_micro_batch_once(
 
 
 @pytest.mark.slow
-def test_uneven_stages_in_float16_with_remat_train_what_one_process_trains(tmp_path, cache_dir):
-    """3 blocks over 2 stages, 2 micro-batches, float16's loss scaling agreed by both stages, each block
-    recomputed in the backward pass."""
+def test_uneven_stages_on_gpipe_in_float16_with_remat_train_what_one_process_trains(tmp_path, cache_dir):
+    """3 blocks over 2 stages, 2 micro-batches on GPipe's schedule, float16's loss scaling agreed by both stages,
+    each block recomputed in the backward pass."""
     args = [*TINY_GPT, "--layers", "3", "--dtype", "mixed_float16", "--extra", "remat"]
     one = train(tmp_path, "one", cache_dir, *args)
-    pipelined = train(tmp_path, "pipelined", cache_dir, *args, "--pipeline-micro-batches", "2", processes=2)
+    pipelined = train(tmp_path, "pipelined", cache_dir, *args, "--pipeline-micro-batches", "2",
+                      "--pipeline-schedule", "gpipe", processes=2)
     assert_trains_like_one_process(pipelined, one)
     assert pipelined["loss_scaling"] == one["loss_scaling"]
     record = pipelined["extras_record"]["pipeline-parallel"]
-    assert record["stage_blocks"] == [[0, 2], [2, 3]]
+    assert record["stage_blocks"] == [[0, 2], [2, 3]] and record["schedule"] == "GPipe"
     assert record["messages_per_step"]["send"] == record["messages_per_step"]["receive"] == 2
     # The overflow verdict is agreed as well: one all-reduce more than in float32.
     assert record["messages_per_step"]["all-reduce"] == 3
