@@ -210,6 +210,9 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--tensor-parallel-size", type=int, metavar="N",
                  help="Devices on the model axis of the tensor-parallel extra (default: all of them); the others make "
                       "a data axis, a data x model mesh."),
+    click.option("--pipeline-parallel-size", type=int, metavar="N",
+                 help="Processes on the stage axis of the pipeline-parallel extra (default: all of them); the others "
+                      "make a data axis, a data x stage mesh."),
     click.option("--pipeline-micro-batches", type=int, metavar="N",
                  help="Parts of each batch the pipeline-parallel extra sends through its stages (default: 4 a stage)."),
     click.option("--pipeline-schedule", type=click.Choice(PIPELINE_SCHEDULES),

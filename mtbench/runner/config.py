@@ -75,7 +75,8 @@ COMPILED_STEP_EXTRA = "torch-compile"
 # Options that size what one extra does: refused without it (they would change nothing, and the result would say
 # they were given). `setup.check_extra_options`.
 EXTRA_OPTIONS = {"tensor_parallel_size": "tensor-parallel", "remat_policy": "remat",
-                 "pipeline_micro_batches": "pipeline-parallel", "pipeline_schedule": "pipeline-parallel"}
+                 "pipeline_micro_batches": "pipeline-parallel", "pipeline_schedule": "pipeline-parallel",
+                 "pipeline_parallel_size": "pipeline-parallel"}
 # What the remat extra recomputes: every block's activations, or all but its matrix products' outputs (kept).
 REMAT_POLICIES = ("full", "matmuls")
 # The pipeline-parallel extra's schedules: one forward and one backward in turn once the pipeline is full (at most a
@@ -138,6 +139,7 @@ class TrainConfig:
     tensor_parallel_size: int = None  # the tensor-parallel extra's model axis (None: every device)
     remat_policy: str = None       # REMAT_POLICIES, for the remat extra (None: full)
     pipeline_micro_batches: int = None  # the pipeline-parallel extra's parts of a batch (None: 4 a stage)
+    pipeline_parallel_size: int = None  # the pipeline-parallel extra's stages (None: every process)
     pipeline_schedule: str = None  # PIPELINE_SCHEDULES, for the pipeline-parallel extra (None: 1f1b)
     seed: int = 0
     init: str = None               # the scheme the weights are drawn with (None: the model family's; INIT_SCHEMES)
@@ -224,7 +226,8 @@ class TrainConfig:
         for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
                      "decode_batch_size", "beam", "max_pairs", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum", "sample_tokens",
-                     "tensor_parallel_size", "eval_stride", "pipeline_micro_batches"):
+                     "tensor_parallel_size", "eval_stride", "pipeline_micro_batches",
+                     "pipeline_parallel_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 option = self.length_option if name == "max_len" else f"--{name.replace('_', '-')}"

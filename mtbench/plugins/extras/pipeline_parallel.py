@@ -17,6 +17,10 @@ schedule (`StageAdamW`): global-norm clipping sums every stage's squared norms (
 all-reduce, and float16's overflow verdict is agreed by all, so that every stage skips a step or none does. The loss
 and accuracy are the last stage's, sent to the others.
 
+With `--pipeline-parallel-size` below the process count the processes make a `data` x `stage` mesh, as torchtitan
+composes pipelines with data parallelism: each pipeline trains its share of the rows, and each stage's gradients are
+averaged over the data axis in DDP's buckets, each all-reduce started from the backward pass (`GradientBuckets`).
+
 Every process builds the whole model (the same draw on each); from its first step it holds only its stage's weights
 and their Adam moments, the others' tensors freed (`StageHolding`), and `finalize` broadcasts each stage's to every
 process, for evaluation and checkpoints.
@@ -33,6 +37,7 @@ from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 from mtbench.plugins.extras.fsdp import (
     StateRecording,
     forget_tracked_tensors,
+    process_mesh,
     processes_reason,
     state_record,
     torch_local_bytes,
@@ -50,6 +55,7 @@ MICRO_BATCHES_PER_STAGE = 4
 SCHEDULES = {"1f1b": ("Schedule1F1B", "1F1B"), "gpipe": ("ScheduleGPipe", "GPipe")}
 PIPELINED_FAMILIES = ("gpt", "gpt2")
 FIRST_STAGE = "token and position embeddings"
+STAGE_AXIS, DATA_AXIS = "stage", "data"
 LAST_STAGE = "final norm and the output layer (the token embedding's table, its gradient all-reduced with stage 0)"
 
 
@@ -69,13 +75,23 @@ def micro_batches_of(config, stages):
     return config.pipeline_micro_batches or MICRO_BATCHES_PER_STAGE * stages
 
 
+def stages_of(config, processes):
+    """The stage axis's size: --pipeline-parallel-size, else every process."""
+    return config.pipeline_parallel_size or processes
+
+
 def bubble_fraction(stages, micro_batches):
     """The share of a step a stage idles while the schedule fills and drains: (S - 1) / (M + S - 1)."""
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def pipeline_reason(config, shape, stages):
-    """Why the run cannot be split into `stages` stages, or None."""
+def pipeline_reason(config, shape, processes):
+    """Why the run's `processes` cannot make a pipeline, or None."""
+    stages = stages_of(config, processes)
+    if stages < 2 or processes % stages:
+        return (f"--pipeline-parallel-size {stages} must be at least 2 and divide the run's {processes} processes "
+                f"(the data axis takes the rest)")
+    replicas = processes // stages
     family = config.model_family[0]
     if family not in PIPELINED_FAMILIES:
         return f"splits the blocks of mtbench's language models ({' and '.join(PIPELINED_FAMILIES)}), not '{family}'"
@@ -89,10 +105,11 @@ def pipeline_reason(config, shape, stages):
     if micro_batches < stages and (config.pipeline_schedule or "1f1b") == "1f1b":
         return (f"--pipeline-micro-batches {micro_batches} must be at least the {stages} stages (the 1F1B schedule "
                 f"keeps one in flight a stage; --pipeline-schedule gpipe takes fewer)")
-    reason = uneven_split_reason(config, stages, "processes")
-    if reason is None and config.batch_size % micro_batches:
-        reason = (f"the batch size {config.batch_size} does not split into {micro_batches} micro-batches "
-                  f"(--pipeline-micro-batches)")
+    reason = uneven_split_reason(config, processes, "processes")
+    rows = config.batch_size // replicas
+    if reason is None and rows % micro_batches:
+        whose = f"the batch size {rows} does" if replicas == 1 else f"a data replica's {rows} rows do"
+        reason = f"{whose} not split into {micro_batches} micro-batches (--pipeline-micro-batches)"
     return reason
 
 
@@ -285,7 +302,8 @@ class TorchPipelineStep(StateRecording):
     def _micro_batch_loss(self, logits, target):
         loss, correct = token_loss_and_correct(logits, target, self._tokens)
         self._loss, self._correct = self._loss + loss.detach(), self._correct + correct
-        return self.model.optimizer.scale_loss(loss)  # the identity unless the optimizer scales losses
+        # The data axis's buckets average the replicas' gradients, each the gradient of its part of the sum.
+        return self.model.optimizer.scale_loss(loss * self.plan.replicas)  # scaled only by a loss-scaling optimizer
 
     def __call__(self, x, y, sample_weight):
         if not self.layout.distributed:
@@ -302,6 +320,8 @@ class TorchPipelineStep(StateRecording):
         for op, count in ran.items():
             kinds[point_to_point_kind(op) or collective_kind(op)] += count
         self.record["messages_per_step"] = dict(sorted(kinds.items()))
+        if self.plan.data_axis is not None:
+            self.record["data_axis_gradients"] = self.plan.data_axis.record()
         return logs
 
     def _step(self, x, y, sample_weight):
@@ -312,6 +332,9 @@ class TorchPipelineStep(StateRecording):
         for parameter in inner.fused_optimizer.parameters:
             parameter.grad = None
         self._tokens = sample_weight.sum()
+        if plan.data_group is not None and plan.last:  # the tokens of every replica's rows
+            self._tokens = self._tokens.float()
+            dist.all_reduce(self._tokens, group=plan.data_group)
         self._loss = self._correct = torch.zeros((), device=ids.device)
         schedule = self._schedule(tuple(ids.shape))
         with inner._forward_context():
@@ -321,6 +344,8 @@ class TorchPipelineStep(StateRecording):
                 schedule.step(target=torch.stack([y.float(), sample_weight.float()], -1), return_outputs=False)
             else:
                 schedule.step(return_outputs=False)
+        if plan.data_axis is not None:
+            plan.data_axis.finish()  # each gradient the mean of the replicas' (the table's: each copy's own part)
         if plan.shared is not None:  # the first and last stages' copies of the token embedding's table
             table = plan.shared.value
             if table.grad is None:
@@ -328,7 +353,10 @@ class TorchPipelineStep(StateRecording):
             dist.all_reduce(table.grad, group=plan.shared_group)
         with torch.no_grad():
             inner.fused_optimizer.step()
-        figures = torch.stack([self._loss, self._correct / self._tokens]).float()
+        figures = torch.stack([self._loss, self._correct]).float()
+        if plan.data_group is not None and plan.last:
+            dist.all_reduce(figures, group=plan.data_group)
+        figures = torch.stack([figures[0], figures[1] / self._tokens])
         dist.broadcast(figures, group_src=plan.stages - 1, group=plan.group)
         return {"loss": figures[0], "accuracy": figures[1]}
 
@@ -336,8 +364,11 @@ class TorchPipelineStep(StateRecording):
         plan = self.plan
         stages = " | ".join(f"blocks {start}-{end - 1}" if end - start > 1 else f"block {start}"
                             for start, end in plan.bounds)
-        return (f"pipeline-parallel over {plan.stages} processes ({stages}), {plan.micro_batches} micro-batches, "
-                f"{SCHEDULES[plan.schedule][1]}")
+        over = f"{plan.stages} processes" if plan.data_axis is None else \
+            f"a mesh of {plan.replicas} data x {plan.stages} stage processes"
+        averaged = "" if plan.data_axis is None else ", the gradients averaged over the data axis in DDP's buckets"
+        return (f"pipeline-parallel over {over} ({stages}), {plan.micro_batches} micro-batches, "
+                f"{SCHEDULES[plan.schedule][1]}{averaged}")
 
     def finalize(self):
         super().finalize()
@@ -352,39 +383,61 @@ def point_to_point_kind(op):
 
 
 class StagePlan(collections.namedtuple(
-        "StagePlan", "stages stage bounds first last micro_batches schedule variables shared group shared_group")):
+        "StagePlan", "stages stage bounds first last micro_batches schedule variables shared group shared_group "
+                     "replicas data_group data_axis")):
     """This process's part of the pipeline: `variables` its stage's trainable variables, `shared` the token
-    embedding's variable where this stage shares it (the first or the last of several), else None."""
+    embedding's variable where this stage shares it (the first or the last of several), else None; `group` its
+    pipeline's processes, `shared_group` its pipeline's first and last; over a data axis of `replicas` pipelines,
+    `data_group` the processes of this stage in every pipeline, `data_axis` the gradient buckets averaged over
+    them (else None)."""
 
 
 def torch_pipeline_step(run, model, step):
     import torch.distributed as dist
+
+    from mtbench.plugins.backends.torch_eager_step import separate_dropout_streams
+    from mtbench.plugins.extras.gradient_buckets import GradientBuckets
     require_fused_eager_step(step, "each stage's weights")
     if not step.native_loss:
         raise MtbenchError("computes the token-mean cross-entropy on the last stage; the model compiles another loss")
-    stages, stage = run.processes.world_size, run.processes.rank
+    world = run.processes.world_size
+    stages = stages_of(run.config, world)
+    replicas = world // stages
     blocks = getattr(model, "blocks", None)
     if blocks is None or not hasattr(model, "embed") or len(blocks) < stages:
         raise MtbenchError(f"needs a model of {stages} blocks or more with `embed`, `blocks` and `logits` "
                            f"(mtbench's GPT); '{model.name}' is not one")
+    # Processes next to each other (on a GPU machine the GPUs joined by the fastest links) make a pipeline.
+    if replicas == 1:
+        mesh = process_mesh(world, axis_names=(STAGE_AXIS,))
+        data_group = None
+    else:
+        grid = process_mesh((replicas, stages), axis_names=(DATA_AXIS, STAGE_AXIS))
+        mesh, data_group = grid[STAGE_AXIS], grid.get_group(DATA_AXIS)
+    stage, replica = mesh.get_local_rank(), run.processes.rank // stages
+    separate_dropout_streams(replica)  # each data replica drops its own rows with masks of its own
+    # Every process joins the making of every replica's group of its first and last stage, which share the table.
+    shared_groups = [dist.new_group([index * stages, index * stages + stages - 1]) for index in range(replicas)]
     bounds = stage_bounds(len(blocks), stages)
     first, last = stage == 0, stage == stages - 1
     variables = stage_variables(model, bounds, stage)
     table = model.token_embedding.embeddings
-    group = dist.group.WORLD
-    # Every process joins the making of a group; the first and last stages talk in it.
-    shared_group = dist.new_group([0, stages - 1])
-    shared = table if first or last else None
-    plan = StagePlan(stages, stage, bounds, first, last, micro_batches_of(run.config, stages),
-                     run.config.pipeline_schedule or "1f1b", variables, shared, group, shared_group)
-    step.fused_optimizer = StageAdamW(model.optimizer, variables, group, uncounted=() if first else (table,))
+    micro_batches = micro_batches_of(run.config, stages)
+    data_axis = None if data_group is None else GradientBuckets([v.value for v in variables], data_group, replicas,
+                                                                arrivals=micro_batches)
+    plan = StagePlan(stages, stage, bounds, first, last, micro_batches, run.config.pipeline_schedule or "1f1b",
+                     variables, table if first or last else None, mesh.get_group(), shared_groups[replica],
+                     replicas, data_group, data_axis)
+    step.fused_optimizer = StageAdamW(model.optimizer, variables, plan.group, uncounted=() if first else (table,))
     # The whole model until the first step (an extra's `verify` runs it), the stage's weights from then on.
-    holding = StageHolding(model, owning_stages(model, bounds), variables, stage, group)
-    record = {"devices": stages, "processes": stages, "collectives": run.processes.collectives, "stages": stages,
+    holding = StageHolding(model, owning_stages(model, bounds), variables, stage, plan.group)
+    record = {"devices": world, "processes": world, "collectives": run.processes.collectives, "stages": stages,
+              **({"mesh_axes": [STAGE_AXIS], "mesh_shape": [stages]} if replicas == 1 else
+                 {"mesh_axes": [DATA_AXIS, STAGE_AXIS], "mesh_shape": [replicas, stages]}),
               "stage_blocks": [[start, end] for start, end in bounds], "first_stage": FIRST_STAGE,
-              "last_stage": LAST_STAGE, "schedule": SCHEDULES[plan.schedule][1], "micro_batches": plan.micro_batches,
-              "micro_batch_rows": run.config.batch_size // plan.micro_batches,
-              "bubble_fraction": round(bubble_fraction(stages, plan.micro_batches), 4)}
+              "last_stage": LAST_STAGE, "schedule": SCHEDULES[plan.schedule][1], "micro_batches": micro_batches,
+              "micro_batch_rows": run.config.batch_size // replicas // micro_batches,
+              "bubble_fraction": round(bubble_fraction(stages, micro_batches), 4)}
     return TorchPipelineStep(step, model, plan, holding, record)
 
 

@@ -31,7 +31,7 @@ RESULT_FILES = "a result or compare JSON"
 REPORT_KIND = "mtbench-report"
 # What a sweep may vary beside the model size (configuration keys; with dashes, the --matrix keys and labels').
 SWEEP_KEYS = ("batch_size", "max_len", "max_tokens", "block_size", "dtype", "grad_accum", "tensor_parallel_size",
-              "init", "remat_policy", "pipeline_micro_batches", "pipeline_schedule")
+              "init", "remat_policy", "pipeline_parallel_size", "pipeline_micro_batches", "pipeline_schedule")
 # What a comparison is about: these may differ between the runs compared (a size sweep, a batch or length sweep).
 COMPARED_KEYS = tuple(dict.fromkeys(("backend", "extras", "dtype", *SIZE_KEYS, *SWEEP_KEYS)))
 # Derived from the keys above and the rest of the configuration, so never a difference of their own.
@@ -413,8 +413,10 @@ def _settings(result):
 
 
 # Sweep keys that change how a step is laid out, not what it computes: micro-batches (a step of 2 x 32 rows
-# trains as one of 64), the tensor-parallel model axis and what remat keeps.
-LAYOUT_KEYS = ("grad_accum", "tensor_parallel_size", "remat_policy", "pipeline_micro_batches", "pipeline_schedule")
+# trains as one of 64), the tensor-parallel model axis, what remat keeps, and the pipeline's stages, micro-batches and
+# schedule.
+LAYOUT_KEYS = ("grad_accum", "tensor_parallel_size", "remat_policy", "pipeline_parallel_size", "pipeline_micro_batches",
+               "pipeline_schedule")
 
 
 def parity_class(result, swept=()):

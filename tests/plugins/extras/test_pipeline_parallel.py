@@ -60,6 +60,13 @@ def test_blocks_go_into_stages_as_evenly_as_they_can(blocks, stages, bounds):
                                        "(--pipeline-micro-batches)"),
     ({}, 4, "the batch size 8 does not split into 16 micro-batches (--pipeline-micro-batches)"),
     ({"pipeline_micro_batches": 4}, 4, None),
+    ({"pipeline_parallel_size": 3}, 4, "--pipeline-parallel-size 3 must be at least 2 and divide the run's 4 "
+                                       "processes (the data axis takes the rest)"),
+    ({"pipeline_parallel_size": 1}, 2, "--pipeline-parallel-size 1 must be at least 2 and divide the run's 2 "
+                                       "processes (the data axis takes the rest)"),
+    ({"pipeline_parallel_size": 2}, 4, "a data replica's 4 rows do not split into 8 micro-batches "
+                                       "(--pipeline-micro-batches)"),
+    ({"pipeline_parallel_size": 2, "pipeline_micro_batches": 4}, 4, None),
     ({}, 2, None),
 ])
 def test_where_a_pipeline_cannot_run_it_says_why(changes, processes, reason):
@@ -152,3 +159,23 @@ def test_uneven_stages_on_gpipe_in_float16_with_remat_train_what_one_process_tra
     # The overflow verdict is agreed as well: one all-reduce more than in float32.
     assert record["messages_per_step"]["all-reduce"] == 3
     assert pipelined["extras_record"]["remat"]["blocks"] == 3
+
+
+@pytest.mark.slow
+def test_two_pipelines_on_a_data_axis_train_what_one_process_trains(tmp_path, cache_dir):
+    """4 processes as 2 data x 2 stages: each pipeline trains its half of the batch's rows, the stages' gradients
+    averaged over the data axis (one bucket of this small model, from the backward pass), the losses one process's."""
+    args = [*TINY_GPT, "--layers", "4"]
+    one = train(tmp_path, "one", cache_dir, *args)
+    pipelined = train(tmp_path, "pipelined", cache_dir, *args, "--pipeline-parallel-size", "2",
+                      "--pipeline-micro-batches", "4", processes=4)
+    assert_trains_like_one_process(pipelined, one)
+    record = pipelined["extras_record"]["pipeline-parallel"]
+    assert (record["mesh_axes"], record["mesh_shape"]) == (["data", "stage"], [2, 2])
+    assert record["micro_batch_rows"] == 1  # 8 rows, 4 a pipeline, 4 micro-batches
+    # Beside the float32 run of one pipeline: the data axis's all-reduce of stage 0's gradients.
+    assert record["messages_per_step"] == {"send": 4, "receive": 4, "all-gather": 1, "all-reduce": 3,
+                                           "broadcast": 1}
+    assert record["data_axis_gradients"]["buckets"] == 1
+    assert record["parameter_bytes_by_stage"] == [(2 * BLOCK + TOKEN_TABLE + POSITIONS) * FLOAT32,
+                                                  (2 * BLOCK + FINAL_NORM + TOKEN_TABLE) * FLOAT32]
