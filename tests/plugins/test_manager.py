@@ -39,11 +39,12 @@ def test_builtin_plugins_are_listed_with_their_hooks(default_listing):
     assert plugins["fsdp"]["provides"] == {"extras": ["fsdp"]}  # one name, both backends
     assert plugins["tensor_parallel"]["provides"] == {"extras": ["tensor-parallel"]}
     assert plugins["remat"]["provides"] == {"extras": ["remat"]}
+    assert plugins["pipeline_parallel"]["provides"] == {"extras": ["pipeline-parallel"]}
     assert plugins["gpt"]["provides"] == {"models": ["gpt"]}
     assert plugins["gpt2"]["provides"] == {"models": ["gpt2"]}
     assert plugins["translation"]["provides"] == {"tasks": ["translation"]}
     assert plugins["language_modelling"]["provides"] == {"tasks": ["language-modelling"]}
-    assert len(builtin) == 21 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
+    assert len(builtin) == 22 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
 
 
 def test_an_80_column_terminal_keeps_hook_names_whole_and_folds_hints_instead_of_cutting_them(default_listing):

@@ -266,8 +266,9 @@ class TorchPipelineStep(StateRecording):
         plan = self.plan
         moments = [slot.value for variable in plan.variables for slot in moments_of(self.model.optimizer, variable)]
         parameters = [variable.value for variable in plan.variables]
+        # On the processes' device: NCCL gathers only what is on the GPU.
         mine = torch.tensor([torch_local_bytes(parameters), torch_local_bytes([p.grad for p in parameters]),
-                             torch_local_bytes(moments)], dtype=torch.float64)
+                             torch_local_bytes(moments)], dtype=torch.float64, device=parameters[0].device)
         every = [torch.zeros_like(mine) for _ in range(plan.stages)]
         dist.all_gather(every, mine, group=plan.group)
         largest = max(every, key=lambda held: float(held.sum()))

@@ -139,8 +139,8 @@ def test_the_second_of_two_local_processes_runs_on_the_second_half_of_the_cores_
 
 @pytest.mark.parametrize("args, message", [
     (["--backend", "torch"], "2 processes were launched, but no extra of this run trains one model over them "
-                             "(--extra ddp or --extra fsdp or --extra tensor-parallel); without one each process would "
-                             "train its own"),
+                             "(--extra ddp or --extra fsdp or --extra tensor-parallel or --extra pipeline-parallel); "
+                             "without one each process would train its own"),
     (["--backend", "jax", "--extra", "data-parallel", "--batch-size", "33"],
      "the batch size 33 does not split evenly over 2 processes"),
 ])

@@ -53,7 +53,8 @@ def test_a_compare_run_of_several_processes_needs_an_extra_over_them():
     registry = manager.registry()
     check_runs([RunSpec("torch", ("ddp",), (), 2), RunSpec("jax", ("data-parallel",), (), 2)], registry)
     with pytest.raises(MtbenchError, match="run 'torch@2': 2 processes were launched, but no extra of this run "
-                                           r"trains one model over them \(--extra ddp or --extra fsdp or --extra tensor-parallel\)"):
+                                           r"trains one model over them \(--extra ddp or --extra fsdp or --extra tensor-parallel "
+                                           r"or --extra pipeline-parallel\)"):
         check_runs([RunSpec("torch", (), (), 2)], registry)
 
 
