@@ -1,17 +1,16 @@
 """pipeline-parallel: a language model's blocks in consecutive stages, one stage a process, each batch sent through
 them in micro-batches on the 1F1B schedule, as torchtitan runs pipeline parallelism (`torch.distributed.pipelining`).
 
-The split (`stage_bounds`): the blocks as evenly as they go into as many stages as the run has processes (the
+The split (`stage_bounds`): the blocks as evenly as they go into as many stages as a pipeline has processes (the
 earlier stages take one more where they do not divide); the first stage also embeds the tokens, the last computes
 the final norm and the logits. The output layer's table is the token embedding's, so the first and the last stage
 each hold it and, after the backward pass, all-reduce its gradient between the two of them (Megatron's shared
 embedding): both then update it alike.
 
-A step (`TorchPipelineStep`): the rows every process loaded are gathered (the first stage needs the tokens, the
-last the labels), the batch goes through torch's `Schedule1F1B` (or `ScheduleGPipe`, `--pipeline-schedule`) in
-`--pipeline-micro-batches` parts (default 4 a
-stage, GPipe's rule for a bubble of a few percent), activations sent forward and their gradients back between
-neighbouring stages, point to point. Each part's loss is its token sum over the whole batch's tokens, so that the
+A step (`TorchPipelineStep`): the rows the pipeline's processes loaded are gathered (the first stage needs the
+tokens, the last the labels), and the batch goes through torch's `Schedule1F1B` (or `ScheduleGPipe`,
+`--pipeline-schedule`) in `--pipeline-micro-batches` parts (default 4 a stage, GPipe's rule for a bubble of a few
+percent), activations sent forward and their gradients back between neighbouring stages, point to point. Each part's loss is its token sum over the whole batch's tokens, so that the
 parts' gradients add up to the batch mean's. torch's fused AdamW then updates each stage's weights with Keras's
 schedule (`StageAdamW`): global-norm clipping sums every stage's squared norms (the shared table once) in one
 all-reduce, and float16's overflow verdict is agreed by all, so that every stage skips a step or none does. The loss
@@ -251,7 +250,7 @@ class TorchPipelineStep(StateRecording):
     def __init__(self, inner, model, plan, holding, record):
         super().__init__(inner, record, None)
         self.model, self.plan, self.layout = model, plan, holding
-        self.schedules = {}  # batch shape -> torch's schedule for it (a stage infers its messages' shapes once)
+        self.schedules = {}  # batch shape -> torch's schedule for it (a stage's messages have one shape)
         self.calls = 0
 
     @property
@@ -279,9 +278,9 @@ class TorchPipelineStep(StateRecording):
 
     def _schedule(self, shape):
         if shape not in self.schedules:
-            from keras.src.backend.torch.core import get_device
-            import torch.distributed.pipelining as pipelining
             import torch
+            import torch.distributed.pipelining as pipelining
+            from keras.src.backend.torch.core import get_device
             plan, model = self.plan, self.model
             rows, length = shape[0] // plan.micro_batches, shape[1]
             vocabulary, width = model.token_embedding.embeddings.shape
