@@ -77,9 +77,12 @@ class DynamicLossScale:
 
 
 class FusedAdamW:
-    def __init__(self, optimizer, variables):
+    def __init__(self, optimizer, variables, group=None):
+        """`group`: the processes that each hold different gradients of one model (parts of split weights, shards,
+        stages), whose norms and overflow verdicts a subclass combines; None where every process holds them all."""
         import torch
         self.variables = list(variables)
+        self.group = group
         self.loss_scale = None
         if scales_losses(optimizer):
             if not optimizer.built:
@@ -126,11 +129,16 @@ class FusedAdamW:
         torch._foreach_mul_(scales, self.clipnorm)
         torch._foreach_mul_(grads, scales)
 
+    def _global_squared_norm(self, grads):
+        """The squared norm of `grads` all together (a subclass over gradients held by several processes sums theirs)."""
+        import torch
+        return torch.stack(torch._foreach_norm(grads)).square().sum()
+
     def _clip_together(self, grads):
         """Keras's `clip_by_global_norm`: every gradient times clip x min(1 / norm, 1 / clip), the norm of them all,
         computed on the device (no read)."""
         import torch
-        norm = torch.stack(torch._foreach_norm(grads)).square().sum().sqrt()
+        norm = self._global_squared_norm(grads).sqrt()
         scale = self.global_clipnorm * torch.clamp(1.0 / norm, max=1.0 / self.global_clipnorm)
         torch._foreach_mul_(grads, scale + (norm - norm))  # NaN where the norm is not finite, as Keras
 
@@ -140,7 +148,10 @@ class FusedAdamW:
 
     def agree_on_overflow(self, found_inf):
         """Makes every process's `found_inf` (1: a gradient it holds is not finite) the same, where the processes
-        hold different gradients: a subclass over split or sharded ones all-reduces it."""
+        hold different gradients (`group`): the largest, in one all-reduce."""
+        if self.group is not None:
+            import torch.distributed as dist
+            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
 
     def step(self):
         """Updates the variables from their `.grad`."""

@@ -543,16 +543,8 @@ class CombinedNormAdamW(FusedAdamW):
     `FusedAdamW` clips, the squared norms of every gradient's shards summed over the processes in one all-reduce:
     a DTensor's norm is an all-reduce of its own, one per gradient (about 130 a step on the `small` preset)."""
 
-    def __init__(self, optimizer, variables, group):
-        super().__init__(optimizer, variables)
-        self.group = group
-
     def local_parts(self, grads):
         return [grad.to_local() for grad in grads]
-
-    def agree_on_overflow(self, found_inf):
-        import torch.distributed as dist
-        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
 
     def _clip_each_gradient(self, grads):
         import torch

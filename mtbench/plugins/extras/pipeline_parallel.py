@@ -39,7 +39,7 @@ from mtbench.plugins.extras.fsdp import (
     process_mesh,
     processes_reason,
     state_record,
-    torch_local_bytes,
+    torch_state_record,
 )
 from mtbench.plugins.extras.tensor_parallel import (
     collective_kind,
@@ -211,23 +211,16 @@ class StageAdamW(FusedAdamW):
 
     def __init__(self, optimizer, variables, group, uncounted=()):
         import torch
-        super().__init__(optimizer, variables)
-        self.group = group
+        super().__init__(optimizer, variables, group)
         self.counted = torch.tensor([0.0 if any(v is u for u in uncounted) else 1.0 for v in self.variables],
                                     device=self.parameters[0].device)
 
-    def agree_on_overflow(self, found_inf):
-        import torch.distributed as dist
-        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
-
-    def _clip_together(self, grads):
+    def _global_squared_norm(self, grads):
         import torch
         import torch.distributed as dist
         squared = (torch.stack(torch._foreach_norm(grads)).float().square() * self.counted).sum()
         dist.all_reduce(squared, group=self.group)
-        norm = squared.sqrt()
-        scale = self.global_clipnorm * torch.clamp(1.0 / norm, max=1.0 / self.global_clipnorm)
-        torch._foreach_mul_(grads, (scale + (norm - norm)).to(grads[0].dtype))  # NaN where not finite, as Keras
+        return squared
 
 
 def token_loss_and_correct(logits, target, tokens):
@@ -263,11 +256,12 @@ class TorchPipelineStep(StateRecording):
         import torch
         import torch.distributed as dist
         plan = self.plan
-        moments = [slot.value for variable in plan.variables for slot in moments_of(self.model.optimizer, variable)]
         parameters = [variable.value for variable in plan.variables]
+        # The other stages' moments hold nothing while the stages are held apart.
+        held = torch_state_record(parameters, self.model.optimizer)
         # On the processes' device: NCCL gathers only what is on the GPU.
-        mine = torch.tensor([torch_local_bytes(parameters), torch_local_bytes([p.grad for p in parameters]),
-                             torch_local_bytes(moments)], dtype=torch.float64, device=parameters[0].device)
+        mine = torch.tensor([held["parameter_bytes"], held["gradient_bytes"], held["optimizer_state_bytes"]],
+                            dtype=torch.float64, device=parameters[0].device)
         every = [torch.zeros_like(mine) for _ in range(plan.stages)]
         dist.all_gather(every, mine, group=plan.group)
         largest = max(every, key=lambda held: float(held.sum()))
@@ -318,7 +312,7 @@ class TorchPipelineStep(StateRecording):
         logs, ran = profiled_collectives(lambda: self._step(x, y, sample_weight))
         kinds = collections.Counter()
         for op, count in ran.items():
-            kinds[point_to_point_kind(op) or collective_kind(op)] += count
+            kinds[collective_kind(op)] += count
         self.record["messages_per_step"] = dict(sorted(kinds.items()))
         if self.plan.data_axis is not None:
             self.record["data_axis_gradients"] = self.plan.data_axis.record()
@@ -374,12 +368,6 @@ class TorchPipelineStep(StateRecording):
         super().finalize()
         if self.layout.distributed:
             self.layout.hold_full()
-
-
-def point_to_point_kind(op):
-    """'send', 'receive' or 'broadcast' for a c10d operation's name, else None."""
-    name = op.split("::")[-1].rstrip("_")
-    return {"send": "send", "recv": "receive", "recv_any_source": "receive", "broadcast": "broadcast"}.get(name)
 
 
 class StagePlan(collections.namedtuple(

@@ -434,8 +434,7 @@ class SplitAdamW(FusedAdamW):
 
     def __init__(self, optimizer, variables, group, data_group=None, replicas=1, micro_batches=1):
         import torch
-        super().__init__(optimizer, variables)
-        self.group = group
+        super().__init__(optimizer, variables, group)
         self.values = [variable.value for variable in self.variables]
         self.split = [local is not value for local, value in zip(self.parameters, self.values)]
         self.data_axis = None if data_group is None else GradientBuckets(self.values, data_group, replicas,
@@ -458,20 +457,13 @@ class SplitAdamW(FusedAdamW):
         dist.all_reduce(summed, group=self.group)
         return squares.index_copy(0, self.split_indices, summed)
 
-    def agree_on_overflow(self, found_inf):
-        import torch.distributed as dist
-        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
+    def _global_squared_norm(self, grads):
+        return self._squared_norms(grads).sum()
 
     def _clip_each_gradient(self, grads):
         import torch
         scales = self.clipnorm / self._squared_norms(grads).sqrt().clamp_min(self.clipnorm)
         torch._foreach_mul_(grads, list(scales.to(grads[0].dtype).unbind()))
-
-    def _clip_together(self, grads):
-        import torch
-        norm = self._squared_norms(grads).sum().sqrt()
-        scale = self.global_clipnorm * torch.clamp(1.0 / norm, max=1.0 / self.global_clipnorm)
-        torch._foreach_mul_(grads, scale + (norm - norm))  # NaN where the norm is not finite, as Keras
 
     def step(self):
         if self.data_axis is not None:
@@ -486,10 +478,12 @@ class SplitAdamW(FusedAdamW):
 
 
 def collective_kind(op):
-    """The kind of collective a c10d operation's name says ('c10d.allreduce_', 'c10d_functional.all_reduce')."""
+    """The kind of collective, or of point-to-point message, a c10d operation's name says ('c10d.allreduce_',
+    'c10d_functional.all_reduce', 'c10d::send'); the name itself for another."""
     name = op.replace("_", "")
     return next((kind for kind, word in (("all-gather", "allgather"), ("reduce-scatter", "reducescatter"),
-                                         ("all-reduce", "allreduce")) if word in name), op)
+                                         ("all-reduce", "allreduce"), ("broadcast", "broadcast"), ("send", "send"),
+                                         ("receive", "recv")) if word in name), op)
 
 
 def gathered_rows(arrays, group, world):

@@ -24,6 +24,7 @@ import pytest
 from conftest import run_cli
 from tests.plugins.extras.test_fsdp import losses
 from tests.plugins.extras.test_multi_process import torchrun
+from tests.plugins.extras.test_tensor_parallel import train
 
 FLOAT32 = 4
 PROBE = pathlib.Path(__file__).parents[2] / "held_bytes_probe.py"
@@ -103,13 +104,10 @@ def test_a_stage_frees_the_weights_and_moments_of_the_others():
     assert figures["stage_output"] == [2, 32, 64]
 
 
-def train(tmp_path, name, cache_dir, *args, processes=1):
+def train_pipelined(tmp_path, name, cache_dir, *args, processes=2):
     out = tmp_path / f"{name}.json"
-    if processes == 1:
-        proc = run_cli("train", *args, "--cache-dir", cache_dir, "--out", str(out))
-    else:
-        proc = torchrun("train", "--extra", "pipeline-parallel", *args, "--cache-dir", cache_dir, "--out", str(out),
-                        processes=processes)
+    proc = torchrun("train", "--extra", "pipeline-parallel", *args, "--cache-dir", cache_dir, "--out", str(out),
+                    processes=processes)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -124,7 +122,7 @@ def assert_trains_like_one_process(pipelined, one, steps=STEPS):
 def test_two_stages_train_what_one_process_trains_sending_each_micro_batch_once(tmp_path, cache_dir):
     args = [*TINY_GPT, "--layers", "4"]
     one = train(tmp_path, "one", cache_dir, *args)
-    pipelined = train(tmp_path, "pipelined", cache_dir, *args, processes=2)
+    pipelined = train_pipelined(tmp_path, "pipelined", cache_dir, *args)
     assert_trains_like_one_process(pipelined, one)
     record = pipelined["extras_record"]["pipeline-parallel"]
     assert record["stage_blocks"] == [[0, 2], [2, 4]]
@@ -150,8 +148,8 @@ def test_uneven_stages_on_gpipe_in_float16_with_remat_train_what_one_process_tra
     # 6 steps: float16 matmuls are slow on a CPU.
     args = [*TINY_GPT, "--steps", "6", "--layers", "3", "--dtype", "mixed_float16", "--extra", "remat"]
     one = train(tmp_path, "one", cache_dir, *args)
-    pipelined = train(tmp_path, "pipelined", cache_dir, *args, "--pipeline-micro-batches", "2",
-                      "--pipeline-schedule", "gpipe", processes=2)
+    pipelined = train_pipelined(tmp_path, "pipelined", cache_dir, *args, "--pipeline-micro-batches", "2",
+                                "--pipeline-schedule", "gpipe")
     assert_trains_like_one_process(pipelined, one, steps=6)
     assert pipelined["loss_scaling"] == one["loss_scaling"]
     record = pipelined["extras_record"]["pipeline-parallel"]
@@ -168,8 +166,8 @@ def test_two_pipelines_on_a_data_axis_train_what_one_process_trains(tmp_path, ca
     averaged over the data axis (one bucket of this small model, from the backward pass), the losses one process's."""
     args = [*TINY_GPT, "--layers", "4"]
     one = train(tmp_path, "one", cache_dir, *args)
-    pipelined = train(tmp_path, "pipelined", cache_dir, *args, "--pipeline-parallel-size", "2",
-                      "--pipeline-micro-batches", "4", processes=4)
+    pipelined = train_pipelined(tmp_path, "pipelined", cache_dir, *args, "--pipeline-parallel-size", "2",
+                                "--pipeline-micro-batches", "4", processes=4)
     assert_trains_like_one_process(pipelined, one)
     record = pipelined["extras_record"]["pipeline-parallel"]
     assert (record["mesh_axes"], record["mesh_shape"]) == (["data", "stage"], [2, 2])
