@@ -211,14 +211,14 @@ RUN_CONFIGURATION_OPTIONS = (
                  help="Devices on the model axis of the tensor-parallel extra (default: all of them); the others make "
                       "a data axis, a data x model mesh."),
     click.option("--pipeline-parallel-size", type=int, metavar="N",
-                 help="Processes on the stage axis of the pipeline-parallel extra (default: all of them); the others "
-                      "make a data axis, a data x stage mesh."),
+                 help="Processes (JAX: devices) on the stage axis of the pipeline-parallel extra (default: all of "
+                      "them); the others make a data axis, a data x stage mesh."),
     click.option("--pipeline-micro-batches", type=int, metavar="N",
                  help="Parts of each batch the pipeline-parallel extra sends through its stages (default: 4 a stage)."),
     click.option("--pipeline-schedule", type=click.Choice(PIPELINE_SCHEDULES),
                  help="The pipeline-parallel extra's schedule: 1f1b (a forward and a backward in turn once the "
-                      "pipeline is full, at most a micro-batch a stage held: the default) or gpipe (every forward, "
-                      "then every backward)."),
+                      "pipeline is full, at most a micro-batch a stage held: torch's default) or gpipe (every "
+                      "forward, then every backward: JAX's, its only one)."),
     click.option("--remat-policy", type=click.Choice(REMAT_POLICIES),
                  help="What the remat extra recomputes in the backward pass: full (every block's activations, the "
                       "default) or matmuls (all but the matrix products' outputs, which it keeps: torchtitan's "

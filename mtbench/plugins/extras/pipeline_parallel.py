@@ -24,26 +24,33 @@ Every process builds the whole model (the same draw on each); from its first ste
 and their Adam moments, the others' tensors freed (`StageHolding`), and `finalize` broadcasts each stage's to every
 process, for evaluation and checkpoints.
 
-JAX writes its pipelines inside one program over a `stage` mesh axis (MaxText's); mtbench has not built that yet,
-and the extra serves torch alone.
+JAX runs its pipeline inside one program over a `data` x `stage` mesh of one process's devices, as MaxText does
+(`StagedModel`): each stage's blocks stacked and sharded over `stage`, every stage computed at once under
+`jax.vmap`, and a `jax.lax.scan` over M + S - 1 ticks rolling the activations one stage on at each; JAX
+differentiates it as a whole, so its schedule is GPipe's.
 """
 
 import collections
+import functools
 
 from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
-from mtbench.plugins.backends.keras_optimizer import moments_of
+from mtbench.plugins.backends.keras_optimizer import all_moments, inner_optimizer, moments_of, scales_losses
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 from mtbench.plugins.extras.fsdp import (
+    SIMULATE_HINT,
     StateRecording,
     forget_tracked_tensors,
+    jax_step_state,
     process_mesh,
     processes_reason,
     state_record,
     torch_state_record,
+    use_distribution,
 )
 from mtbench.plugins.extras.tensor_parallel import (
     collective_kind,
     gathered_rows,
+    hlo_collectives,
     profiled_collectives,
     require_fused_eager_step,
 )
@@ -70,6 +77,11 @@ def stage_bounds(blocks, stages):
     return bounds
 
 
+def stage_names(bounds):
+    """'blocks 0-1 | blocks 2-3' of `stage_bounds`."""
+    return " | ".join(f"blocks {start}-{end - 1}" if end - start > 1 else f"block {start}" for start, end in bounds)
+
+
 def micro_batches_of(config, stages):
     return config.pipeline_micro_batches or MICRO_BATCHES_PER_STAGE * stages
 
@@ -84,11 +96,17 @@ def bubble_fraction(stages, micro_batches):
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def pipeline_reason(config, shape, processes):
-    """Why the run's `processes` cannot make a pipeline, or None."""
+def schedule_of(config, backend):
+    """--pipeline-schedule, else the backend's own: 1F1B on torch; on JAX, which differentiates the pipeline as one
+    program (every forward, then every backward), GPipe."""
+    return config.pipeline_schedule or ("gpipe" if backend == "jax" else "1f1b")
+
+
+def pipeline_reason(config, shape, processes, units="processes", backend="torch"):
+    """Why the run's `processes` (JAX: its devices, `units`) cannot make a pipeline, or None."""
     stages = stages_of(config, processes)
     if stages < 2 or processes % stages:
-        return (f"--pipeline-parallel-size {stages} must be at least 2 and divide the run's {processes} processes "
+        return (f"--pipeline-parallel-size {stages} must be at least 2 and divide the run's {processes} {units} "
                 f"(the data axis takes the rest)")
     replicas = processes // stages
     family = config.model_family[0]
@@ -97,14 +115,23 @@ def pipeline_reason(config, shape, processes):
     blocks = getattr(shape, "decoder_layers", None)
     if blocks is not None and blocks < stages:
         return f"the model's {blocks} blocks (--layers) cannot fill {stages} stages, one a process"
+    if backend == "jax":
+        if blocks is not None and blocks % stages:
+            return (f"JAX stacks the stages' blocks into one array a weight, sharded over the stage axis: the model's "
+                    f"{blocks} blocks (--layers) must divide evenly into its {stages} stages")
+        if schedule_of(config, backend) != "gpipe":
+            return ("JAX differentiates its pipeline as one program, every forward then every backward: GPipe's "
+                    "schedule; give --pipeline-schedule gpipe")
     if config.grad_accum > 1:
         return ("the pipeline's micro-batches are its gradient accumulation; give --pipeline-micro-batches in place "
                 f"of --grad-accum {config.grad_accum}")
     micro_batches = micro_batches_of(config, stages)
-    if micro_batches < stages and (config.pipeline_schedule or "1f1b") == "1f1b":
+    if micro_batches < stages and schedule_of(config, backend) == "1f1b":
         return (f"--pipeline-micro-batches {micro_batches} must be at least the {stages} stages (the 1F1B schedule "
                 f"keeps one in flight a stage; --pipeline-schedule gpipe takes fewer)")
-    reason = uneven_split_reason(config, processes, "processes")
+    # torch's processes each load their rows of the batch; JAX's one process places it over the data axis.
+    reason = uneven_split_reason(config, processes, "processes") if backend == "torch" else \
+        uneven_split_reason(config, replicas, "devices of the data axis")
     rows = config.batch_size // replicas
     if reason is None and rows % micro_batches:
         whose = f"the batch size {rows} does" if replicas == 1 else f"a data replica's {rows} rows do"
@@ -356,8 +383,7 @@ class TorchPipelineStep(StateRecording):
 
     def description(self):
         plan = self.plan
-        stages = " | ".join(f"blocks {start}-{end - 1}" if end - start > 1 else f"block {start}"
-                            for start, end in plan.bounds)
+        stages = stage_names(plan.bounds)
         over = f"{plan.stages} processes" if plan.data_axis is None else \
             f"a mesh of {plan.replicas} data x {plan.stages} stage processes"
         averaged = "" if plan.data_axis is None else ", the gradients averaged over the data axis in DDP's buckets"
@@ -413,7 +439,7 @@ def torch_pipeline_step(run, model, step):
     micro_batches = micro_batches_of(run.config, stages)
     data_axis = None if data_group is None else GradientBuckets([v.value for v in variables], data_group, replicas,
                                                                 arrivals=micro_batches)
-    plan = StagePlan(stages, stage, bounds, first, last, micro_batches, run.config.pipeline_schedule or "1f1b",
+    plan = StagePlan(stages, stage, bounds, first, last, micro_batches, schedule_of(run.config, "torch"),
                      variables, table if first or last else None, mesh.get_group(), shared_groups[replica],
                      replicas, data_group, data_axis)
     step.fused_optimizer = StageAdamW(model.optimizer, variables, plan.group, uncounted=() if first else (table,))
@@ -429,15 +455,321 @@ def torch_pipeline_step(run, model, step):
     return TorchPipelineStep(step, model, plan, holding, record)
 
 
+# ----- JAX -----
+
+STACKED = "pipeline_stacked"  # the name every stacked variable starts with, and its optimizer moments contain
+JAX_FIRST_AND_LAST = ("embeddings, final norm and the tied output layer replicated over the stages, each device "
+                      "computing them for its share of the batch's rows")
+
+
+def staged_distribution(devices, stages):
+    """A `keras.distribution.ModelParallel` over a `data` x `stage` mesh of `devices`, the batch split over `data`:
+    it lays a stacked variable (`StagedModel`) and its Adam moments out over `stage` by their leading axis, and
+    every other variable out whole."""
+    from keras.distribution import DeviceMesh, LayoutMap, ModelParallel, TensorLayout
+
+    class StagedLayouts(ModelParallel):
+        def get_variable_layout(self, variable):
+            if STACKED in variable.path:
+                return TensorLayout([STAGE_AXIS] + [None] * (len(variable.shape) - 1), self.device_mesh)
+            return super().get_variable_layout(variable)
+
+    # Devices next to each other (on a GPU machine the ones joined by the fastest links) make a pipeline.
+    mesh = DeviceMesh((len(devices) // stages, stages), [DATA_AXIS, STAGE_AXIS], devices)
+    return StagedLayouts(layout_map=LayoutMap(mesh), batch_dim_name=DATA_AXIS)
+
+
+def stacked_variable(group):
+    """A variable holding each stage's copy of one weight (`group`: the stages' own, in order) along a leading
+    stage axis, laid out over it: each device holds its stage's."""
+    import keras
+    first = group[0]
+    return keras.Variable(initializer="zeros", shape=(len(group), *first.shape), dtype=first.dtype,
+                          trainable=first.trainable, name=f"{STACKED}_{first.path.replace('/', '_')}")
+
+
+def mirrored_optimizer(optimizer, variables, deciding):
+    """An optimizer made as `compile_model` made `optimizer` (Keras's AdamW with its schedule, clipping and weight
+    decay, inside its loss scaling if any), for `variables`; `deciding[i]` is the model's variable whose weight
+    decay `variables[i]` takes."""
+    import keras
+    inner = inner_optimizer(optimizer)
+    if type(inner) is not keras.optimizers.AdamW:
+        raise MtbenchError(f"stacks the moments of Keras's AdamW, not of {type(inner).__name__}")
+    learning_rate = inner._learning_rate
+    if not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        learning_rate = float(inner.learning_rate)
+    mirrored = keras.optimizers.AdamW(learning_rate=learning_rate, weight_decay=inner.weight_decay,
+                                      beta_1=inner.beta_1, beta_2=inner.beta_2, epsilon=inner.epsilon,
+                                      amsgrad=inner.amsgrad, clipnorm=inner.clipnorm,
+                                      global_clipnorm=inner.global_clipnorm)
+    mirrored.exclude_from_weight_decay(var_list=[variable for variable, model_variable in zip(variables, deciding)
+                                                 if not inner._use_weight_decay(model_variable)])
+    if scales_losses(optimizer):
+        mirrored = keras.optimizers.LossScaleOptimizer(mirrored, initial_scale=optimizer.initial_scale,
+                                                       dynamic_growth_steps=optimizer.dynamic_growth_steps)
+    return mirrored  # built by the jit step, over the variables the step trains
+
+
+@functools.lru_cache(maxsize=64)
+def _stacking_program(sharding):
+    import jax
+    import jax.numpy as jnp
+    return jax.jit(jnp.stack, out_shardings=sharding)
+
+
+@functools.lru_cache(maxsize=64)
+def _unstacking_program(shardings):
+    import jax
+    return jax.jit(list, out_shardings=list(shardings))
+
+
+class StagedModel:
+    """What mtbench's jit step trains in place of a GPT, as MaxText pipelines: the j-th block of every stage held
+    as one stacked variable a weight, sharded over the mesh's `stage` axis, so that each device holds its stage's
+    blocks and their Adam moments; one `jax.vmap` runs every stage's blocks at once, each device its own, and a
+    `jax.lax.scan` over M + S - 1 ticks moves each micro-batch's activations one stage on a tick (a collective
+    permute), the first stage taking the next micro-batch in. JAX differentiates the whole as one program: every
+    forward, then every backward (GPipe's schedule). The embeddings and the output layer stay whole on every device,
+    which computes them for its share of the rows.
+
+    It serves the jit step as a Keras model does (`trainable_variables`, `non_trainable_variables`, `optimizer`,
+    `loss`, `stateless_call`); `hold_stages` moves the model's block weights and their moments into the stacked
+    variables (the model's freed), `hold_whole` back, for evaluation and checkpoints."""
+
+    def __init__(self, model, stages, micro_batches, mesh):
+        blocks = model.blocks
+        per_stage = len(blocks) // stages
+        self.model, self.stages, self.per_stage, self.micro_batches, self.mesh = (
+            model, stages, per_stage, micro_batches, mesh)
+        in_blocks = {id(variable) for block in blocks for variable in block.variables}
+
+        def groups(variables_of):  # [position in a stage][weight] -> that weight of every stage's block there
+            return [[[variables_of(blocks[stage * per_stage + position])[index] for stage in range(stages)]
+                     for index in range(len(variables_of(blocks[position])))] for position in range(per_stage)]
+
+        self.trainable_groups = groups(lambda block: block.trainable_variables)
+        self.non_trainable_groups = groups(lambda block: block.non_trainable_variables)
+        self.rest = [v for v in model.trainable_variables if id(v) not in in_blocks]
+        self.rest_non_trainable = [v for v in model.non_trainable_variables if id(v) not in in_blocks]
+        self.stacked = [[stacked_variable(group) for group in position] for position in self.trainable_groups]
+        self.stacked_non_trainable = [[stacked_variable(group) for group in position]
+                                      for position in self.non_trainable_groups]
+        self.trainable_variables = [*self.rest, *(v for position in self.stacked for v in position)]
+        self.non_trainable_variables = [*self.rest_non_trainable,
+                                        *(v for position in self.stacked_non_trainable for v in position)]
+        deciding = [*self.rest, *(group[0] for position in self.trainable_groups for group in position)]
+        self.optimizer = mirrored_optimizer(model.optimizer, self.trainable_variables, deciding)
+        self.loss = model.loss
+        self.name = model.name
+        self.holding_stages = False
+
+    def _flatten_layers(self, *args, **kwargs):
+        return self.model._flatten_layers(*args, **kwargs)
+
+    # ----- the state -----
+
+    def _pairs(self):
+        """(stacked variables, [the model's variables stacked in each, by stage]) and (variables of the step's
+        optimizer, the model optimizer's variable it stands for)."""
+        stacked, single = [], []
+        for mine, theirs in zip(self.stacked + self.stacked_non_trainable,
+                                self.trainable_groups + self.non_trainable_groups):
+            stacked += zip(mine, theirs)
+        for variable, group in zip(self.trainable_variables[len(self.rest):],
+                                   (group for position in self.trainable_groups for group in position)):
+            for kind in range(2):  # the first and the second moment
+                stacked.append((moments_of(self.optimizer, variable)[kind],
+                                [moments_of(self.model.optimizer, model_variable)[kind] for model_variable in group]))
+        for variable in self.rest:
+            single += zip(moments_of(self.optimizer, variable), moments_of(self.model.optimizer, variable))
+        moments = {id(v) for v in [*all_moments(self.optimizer), *all_moments(self.model.optimizer)]}
+        counters = [v for v in self.optimizer.variables if id(v) not in moments]
+        model_counters = [v for v in self.model.optimizer.variables if id(v) not in moments]
+        if [v.name for v in counters] != [v.name for v in model_counters]:
+            raise RunFailure(f"the pipeline's optimizer keeps {[v.name for v in counters]}, the model's "
+                             f"{[v.name for v in model_counters]}")
+        return stacked, single + list(zip(counters, model_counters))
+
+    def hold_stages(self):
+        """The model's blocks and their moments stacked into this model's variables (the model's buffers freed);
+        the embeddings' moments and the optimizer's counters taken over as they are."""
+        import jax
+        stacked, single = self._pairs()
+        self.whole_layouts = [[variable.value.sharding for variable in theirs] for _, theirs in stacked]
+        for mine, theirs in stacked:
+            mine._value = _stacking_program(mine.value.sharding)([variable.value for variable in theirs])
+            jax.block_until_ready(mine._value)  # a buffer deleted while a program reads it stalls its collectives
+            for variable in theirs:
+                variable.value.delete()
+        for mine, theirs in single:
+            mine._value = theirs.value
+        self.holding_stages = True
+
+    def hold_whole(self):
+        """Each stage's weights and moments written back to the model's variables, replicated, as they were."""
+        import jax
+        stacked, single = self._pairs()
+        for (mine, theirs), layouts in zip(stacked, self.whole_layouts):
+            for variable, value in zip(theirs, _unstacking_program(tuple(layouts))(mine.value)):
+                variable._value = value
+            jax.block_until_ready([variable.value for variable in theirs])
+            mine.value.delete()
+        for mine, theirs in single:
+            theirs._value = mine.value
+        self.holding_stages = False
+
+    # ----- the computation -----
+
+    def stateless_call(self, trainable, non_trainable, x, training=False, return_losses=False):
+        import jax
+        import jax.numpy as jnp
+        import keras
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        def spread(values, layout):  # [[value] a weight] a position, as `layout` ([[variable]]) holds them
+            flat = iter(values)
+            return [[next(flat) for _ in position] for position in layout]
+
+        rest_count, rest_non_trainable_count = len(self.rest), len(self.rest_non_trainable)
+        stacked = spread(trainable[rest_count:], self.stacked)
+        stacked_non_trainable = spread(non_trainable[rest_non_trainable_count:], self.stacked_non_trainable)
+        stages, micro_batches, model = self.stages, self.micro_batches, self.model
+        replicas = self.mesh.shape[DATA_AXIS]
+        constrain = jax.lax.with_sharding_constraint
+
+        def laid(*spec):
+            return NamedSharding(self.mesh, PartitionSpec(*spec))
+
+        def run_stage(weights, states, h):  # one stage's blocks, on the device of its stage
+            updated = []
+            for position in range(self.per_stage):
+                h, state = model.blocks[position].stateless_call(weights[position], states[position], h,
+                                                                 training=training)
+                updated.append(state)
+            return h, updated
+
+        def pipeline(weights, states, rows):
+            """One data replica's rows through the stages: (their outputs, the stages' dropout seeds after)."""
+            count, length, width = rows.shape
+            # Micro-batch m is rows m, m + M, ...
+            parts = rows.reshape(count // micro_batches, micro_batches, length, width).swapaxes(0, 1)
+            # Micro-batches whole on every stage: else GSPMD may split their positions over the stages and exchange
+            # them (all-to-alls) at every tick.
+            entering = constrain(jnp.concatenate([parts, jnp.zeros((stages - 1, *parts.shape[1:]), parts.dtype)]),
+                                 laid())
+            first = (jnp.arange(stages) == 0).reshape(stages, 1, 1, 1)
+
+            def tick(carry, entering):
+                h, states = carry
+                # Each stage's output moves on to the next (a collective permute); the first takes a micro-batch.
+                h = constrain(jnp.where(first, entering[None], jnp.roll(h, 1, axis=0)), laid(STAGE_AXIS))
+                h, states = jax.vmap(run_stage)(weights, states, h)
+                return (h, states), constrain(h[-1], laid())
+
+            start = constrain(jnp.zeros((stages, *parts.shape[1:]), parts.dtype), laid(STAGE_AXIS))
+            (_, states), leaving = jax.lax.scan(tick, (start, states), entering)
+            return leaving[stages - 1:].swapaxes(0, 1).reshape(count, length, width), states
+
+        # Every data replica its own copy of the stages' weights (sharded over the data axis too): each sums its
+        # gradients over the ticks where it is, and the copies' gradients are summed once, after the loop. On
+        # weights shared by the replicas GSPMD would all-reduce them over the data axis at every tick.
+        copies = jax.tree.map(lambda weight: constrain(jnp.broadcast_to(weight, (replicas, *weight.shape)),
+                                                       laid(DATA_AXIS, STAGE_AXIS)), stacked)
+        # Each replica draws its dropout masks from its own stream, as DDP's processes do; replica 0's the seeds'.
+        offsets = jnp.stack([jnp.arange(replicas, dtype="uint32"), jnp.zeros(replicas, dtype="uint32")], axis=1)
+        seeds = jax.tree.map(lambda state: state[None] + offsets[:, None], stacked_non_trainable)
+        mapping = [*zip(self.rest, trainable[:rest_count]),
+                   *zip(self.rest_non_trainable, non_trainable[:rest_non_trainable_count])]
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            # The embeddings and the output layer: each device computes them for its share of the rows.
+            h = constrain(model.embed(x, training=training), laid((DATA_AXIS, STAGE_AXIS)))
+            rows, length, width = h.shape
+            by_replica = constrain(h.reshape(replicas, rows // replicas, length, width), laid(DATA_AXIS))
+            h, seeds = jax.vmap(pipeline, spmd_axis_name=DATA_AXIS)(copies, seeds, by_replica)
+            h = constrain(h.reshape(rows, length, width), laid((DATA_AXIS, STAGE_AXIS)))
+            logits = model.logits(h)
+            rest_non_trainable = [scope.get_current_value(v) for v in self.rest_non_trainable]
+        rest_non_trainable = [new if new is not None else old for new, old in
+                              zip(rest_non_trainable, non_trainable[:rest_non_trainable_count])]
+        stacked_non_trainable = jax.tree.map(lambda state: state[0], seeds)
+        updated = [*rest_non_trainable, *(value for position in stacked_non_trainable for value in position)]
+        return (logits, updated, []) if return_losses else (logits, updated)
+
+
+class JaxPipelineStep(StateRecording):
+    """mtbench's jit step training a `StagedModel`: the stages held stacked while it trains, the model whole at
+    every `finalize`; the collectives of its compiled program counted for the first batch's shapes at the first
+    `finalize` (outside the timed steps)."""
+
+    def __init__(self, inner, staged, record):
+        super().__init__(inner, record, jax_step_state)
+        self.staged, self.first_batch = staged, None
+
+    def __call__(self, x, y, sample_weight):
+        if not self.staged.holding_stages:
+            self.staged.hold_stages()
+            if "collectives_per_step" not in self.record:
+                self.first_batch = (x, y, sample_weight)
+        return self.inner(x, y, sample_weight)
+
+    def finalize(self):
+        if self.first_batch is not None and self.inner.state is not None:
+            collectives = hlo_collectives(self.inner.lowered_program(*self.first_batch, optimised=True))
+            self.record["collectives_per_step"] = {kind: len(shapes) for kind, shapes in sorted(collectives.items())}
+            # {kind: {shape: times a step}}: the activations' shapes, moved at every tick, are told by their width.
+            self.record["collectives_moved"] = {kind: dict(collections.Counter(shapes)) for kind, shapes in
+                                                sorted(collectives.items())}
+            self.first_batch = None
+        super().finalize()
+        if self.staged.holding_stages:
+            self.staged.hold_whole()
+
+    def description(self):
+        staged = self.staged
+        bounds = [(stage * staged.per_stage, (stage + 1) * staged.per_stage) for stage in range(staged.stages)]
+        return (f"{self.inner.description()}, pipeline-parallel ({stage_names(bounds)}), {staged.micro_batches} "
+                f"micro-batches, GPipe, each stage's blocks stacked over the stage axis")
+
+
+def jax_pipeline_step(run, model, step):
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep
+    if not isinstance(step, JitTrainStep) or step.distribution is None or step.micro_batches > 1:
+        raise MtbenchError(f"pipelines mtbench's jit step, not the '{step.name}' step")
+    if not hasattr(model, "blocks") or not hasattr(model, "embed"):
+        raise MtbenchError(f"needs a model with `embed`, `blocks` and `logits` (mtbench's GPT); '{model.name}' "
+                           f"is not one")
+    step.finalize()  # the Keras variables hold the state again
+    record = run.extras_state[PipelineParallel.name]
+    stages = record["mesh_shape"][1]
+    micro_batches = micro_batches_of(run.config, stages)
+    staged = StagedModel(model, stages, micro_batches, step.distribution.device_mesh.backend_mesh)
+    bounds = stage_bounds(len(model.blocks), stages)
+    record.update({"stages": stages, "stage_blocks": [[start, end] for start, end in bounds],
+                   "first_stage": JAX_FIRST_AND_LAST, "last_stage": JAX_FIRST_AND_LAST, "schedule": "GPipe",
+                   "micro_batches": micro_batches,
+                   "micro_batch_rows": run.config.batch_size // record["mesh_shape"][0] // micro_batches,
+                   "bubble_fraction": round(bubble_fraction(stages, micro_batches), 4)})
+    return JaxPipelineStep(JitTrainStep(staged, step.distribution), staged, record)
+
+
 class PipelineParallel(Extra):
     name = "pipeline-parallel"
-    description = ("a language model's blocks in stages, one a process, each batch through them in micro-batches on "
-                   "the 1F1B schedule: torch.distributed.pipelining under torchrun")
-    backends = ("torch",)
-    conflicts = ("fsdp", "ddp", "tensor-parallel", "torch-compile")
+    description = ("a language model's blocks in stages, each batch through them in micro-batches: torch "
+                   "torch.distributed.pipelining under torchrun (1F1B, one stage a process), JAX one program over a "
+                   "stage mesh axis (GPipe, the stages' blocks stacked)")
+    backends = ("jax", "torch")
+    conflicts = ("fsdp", "ddp", "tensor-parallel", "torch-compile", "data-parallel", "pmap", "tpu")
     spans_processes = True
 
     def unavailable_reason(self, run):
+        if run.backend.name == "jax":
+            count = run.device.get("count", 1)
+            if count < 2:
+                return f"needs at least 2 devices; this run has {count} ({SIMULATE_HINT})"
+            if run.processes.world_size > 1:
+                return "JAX's pipeline runs over one process's devices; start one process"
+            return pipeline_reason(run.config, run.model_shape, count, "devices", "jax")
         reason = processes_reason(run)
         if reason:
             return reason
@@ -448,7 +780,19 @@ class PipelineParallel(Extra):
             return f"needs torch.distributed.pipelining, which torch {torch.__version__} lacks"
         return pipeline_reason(run.config, run.model_shape, run.processes.world_size)
 
+    def before_model(self, run):
+        if run.backend.name != "jax":
+            return
+        import jax
+        devices = jax.devices()
+        stages = stages_of(run.config, len(devices))
+        distribution = staged_distribution(devices, stages)
+        run.extras_state[self.name] = {**use_distribution(run, distribution), "mesh_axes": [DATA_AXIS, STAGE_AXIS],
+                                       "per_device_batch": run.config.batch_size // (len(devices) // stages)}
+
     def make_train_step(self, run, model, step):
+        if run.backend.name == "jax":
+            return jax_pipeline_step(run, model, step)
         pipelined = torch_pipeline_step(run, model, step)
         run.extras_state[self.name] = pipelined.record
         return pipelined

@@ -9,7 +9,13 @@ the last stage (the table is also the output layer), one all-reduce of the squar
 clipping, the GPT recipe's), and one broadcast of the loss and accuracy from the last stage. The tiny GPT (d_model
 64, 256 feed-forward units, bytes, block 32): a block has 4 x (64 x 64 + 64) + (64 x 256 + 256) + (256 x 64 + 64)
 + 4 x 64 = 49,984 parameters; the token embedding 256 x 64 = 16,384, the position embedding 32 x 64 = 2,048, the
-final norm 128."""
+final norm 128.
+
+JAX (simulated devices in one process) runs the pipeline as one program over a `stage` mesh axis: the j-th block of
+every stage stacked into one array a weight, sharded over the axis, and M + S - 1 ticks, at each of which every stage
+computes and hands its activations to the next (a collective permute of one micro-batch's activations, forward and
+once more in the backward pass). The blocks' weights never move; the embeddings and the final norm stay whole on
+every device."""
 
 import json
 import os
@@ -21,7 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import CPU_ONLY, run_cli, simulated_devices
 from tests.plugins.extras.test_fsdp import losses
 from tests.plugins.extras.test_multi_process import torchrun
 from tests.plugins.extras.test_tensor_parallel import train
@@ -178,3 +184,119 @@ def test_two_pipelines_on_a_data_axis_train_what_one_process_trains(tmp_path, ca
     assert record["data_axis_gradients"]["buckets"] == 1
     assert record["parameter_bytes_by_stage"] == [(2 * BLOCK + TOKEN_TABLE + POSITIONS) * FLOAT32,
                                                   (2 * BLOCK + FINAL_NORM + TOKEN_TABLE) * FLOAT32]
+
+
+# ----- JAX -----
+
+JAX_GPT = ["--backend", "jax", *TINY_GPT[2:], "--steps", "20"]
+
+
+@pytest.mark.parametrize("changes, devices, reason", [
+    ({}, 1, "needs at least 2 devices; this run has 1 (simulate N devices on the CPU with "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N JAX_PLATFORMS=cpu)"),
+    ({"decoder_layers": 3}, 2, "JAX stacks the stages' blocks into one array a weight, sharded over the stage "
+                               "axis: the model's 3 blocks (--layers) must divide evenly into its 2 stages"),
+    ({"pipeline_schedule": "1f1b"}, 2, "JAX differentiates its pipeline as one program, every forward then every "
+                                       "backward: GPipe's schedule; give --pipeline-schedule gpipe"),
+    ({"pipeline_micro_batches": 1}, 2, None),  # GPipe's schedule, JAX's own, takes fewer micro-batches than stages
+    ({"pipeline_parallel_size": 3}, 4, "--pipeline-parallel-size 3 must be at least 2 and divide the run's 4 "
+                                       "devices (the data axis takes the rest)"),
+    ({"pipeline_parallel_size": 2, "batch_size": 6, "pipeline_micro_batches": 3}, 4, None),
+    ({"pipeline_parallel_size": 2, "batch_size": 5, "pipeline_micro_batches": 1}, 4,
+     "the batch size 5 does not split evenly over 2 devices of the data axis"),
+    ({}, 2, None),
+])
+def test_where_a_jax_pipeline_cannot_run_it_says_why(changes, devices, reason):
+    import dataclasses
+
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.extras.pipeline_parallel import PipelineParallel
+    from mtbench.runner.config import TrainConfig
+    changes = {"model_name": "gpt", "batch_size": 8, **changes}
+    shape = dataclasses.replace(GPT_PRESETS["tiny"], decoder_layers=changes.pop("decoder_layers", 4))
+    run = SimpleNamespace(backend=SimpleNamespace(name="jax"), processes=SimpleNamespace(world_size=1),
+                          device={"count": devices}, model_shape=shape, config=TrainConfig(**changes))
+    assert PipelineParallel().unavailable_reason(run) == reason
+
+
+def activation_shape(rows):
+    """The shape XLA gives a stage's part of the stages' activations: (data replica, stage, rows, positions, width)."""
+    return f"f32[1,1,{rows},32,64]"
+
+
+@pytest.mark.slow
+def test_jax_stages_train_what_one_device_trains_moving_only_activations(tmp_path, cache_dir):
+    """Two stages of two blocks each on two simulated devices, 8 micro-batches of one row, across a checkpoint at
+    step 10 (the stages made whole for it, then stacked again)."""
+    args = [*JAX_GPT, "--layers", "4"]
+    one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)
+    pipelined = train(tmp_path, "pipelined", cache_dir, *args, "--extra", "pipeline-parallel", "--checkpoint-every",
+                      "10", env=simulated_devices(2))
+    assert_trains_like_one_process(pipelined, one, steps=20)
+    record = pipelined["extras_record"]["pipeline-parallel"]
+    assert (record["mesh_axes"], record["mesh_shape"]) == (["data", "stage"], [1, 2])
+    assert record["stage_blocks"] == [[0, 2], [2, 4]] and record["schedule"] == "GPipe"
+    assert record["micro_batches"] == 8 and record["micro_batch_rows"] == 1
+    # Each device: its stage's two blocks, and the embeddings and the final norm whole.
+    held = (2 * BLOCK + TOKEN_TABLE + POSITIONS + FINAL_NORM) * FLOAT32
+    assert record["parameter_bytes"] == record["gradient_bytes"] == held
+    assert record["unsharded_parameter_bytes"] == (4 * BLOCK + TOKEN_TABLE + POSITIONS + FINAL_NORM) * FLOAT32
+    assert 2 * held <= record["optimizer_state_bytes"] <= 2 * held + 16  # the two moments and the step counter
+    moved = record["collectives_moved"]
+    ticks = 8 + 2 - 1
+    # A micro-batch's activations move to the next stage at every tick, and their gradients back.
+    assert moved["collective-permute"][activation_shape(1)] >= 2 * ticks
+    # What is gathered is activations (the micro-batches on their way in and out), never a weight.
+    assert moved["all-gather"] and all(shape.endswith(",32,64]") for shape in moved["all-gather"])
+    assert pipelined["host_syncs_per_step"] == 0
+    assert "pipeline-parallel (blocks 0-1 | blocks 2-3), 8 micro-batches, GPipe" in pipelined["train_step_detail"]
+
+
+@pytest.mark.slow
+def test_jax_stages_on_a_data_axis_in_bfloat16_with_remat_train_what_one_device_trains(tmp_path, cache_dir):
+    """2 data x 2 stages on four simulated devices, 4 micro-batches of one row (8 rows, 4 a data replica), bfloat16
+    matmuls, each block recomputed in the backward pass: one device's losses, to bfloat16's rounding of micro-batches
+    summed in another order."""
+    args = [*JAX_GPT, "--layers", "4", "--dtype", "mixed_bfloat16", "--extra", "remat"]
+    one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)
+    pipelined = train(tmp_path, "pipelined", cache_dir, *args, "--extra", "pipeline-parallel",
+                      "--pipeline-parallel-size", "2", "--pipeline-micro-batches", "4", env=simulated_devices(4))
+    assert len(losses(pipelined)) == 20
+    np.testing.assert_allclose(losses(pipelined), losses(one), rtol=2e-4)
+    record = pipelined["extras_record"]["pipeline-parallel"]
+    assert (record["mesh_axes"], record["mesh_shape"]) == (["data", "stage"], [2, 2])
+    assert record["micro_batches"] == 4 and record["micro_batch_rows"] == 1 and record["per_device_batch"] == 4
+    # The residual stream between blocks stays float32 under mixed_bfloat16 (the sum of float32 embeddings and
+    # bfloat16 branches): so are the activations the stages hand on.
+    assert record["collectives_moved"]["collective-permute"][activation_shape(1)] >= 2 * (4 + 2 - 1)
+    assert pipelined["extras_record"]["remat"]["blocks"] == 4
+
+
+def test_the_stacked_weights_optimizer_is_made_as_the_models_with_its_loss_scaling():
+    """JAX trains float16 only on a GPU: what can be checked here is that the stacked variables' optimizer takes the
+    model's recipe, loss scaling and weight-decay exclusions (a stacked bias: none), and keeps the same counters."""
+    import subprocess as run
+    code = """
+import keras
+from mtbench.plugins.extras.pipeline_parallel import mirrored_optimizer
+weights = [keras.Variable(keras.ops.zeros((3, 3)), name="kernel"), keras.Variable(keras.ops.zeros((3,)), name="bias")]
+optimizer = keras.optimizers.AdamW(learning_rate=keras.optimizers.schedules.CosineDecay(1e-3, 100), weight_decay=0.1,
+                                   beta_2=0.95, global_clipnorm=1.0)
+optimizer.exclude_from_weight_decay(var_list=[weights[1]])
+optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=1024.0)
+optimizer.build(weights)
+stacked = [keras.Variable(keras.ops.zeros((2, 3, 3)), name="stacked_kernel"),
+           keras.Variable(keras.ops.zeros((2, 3)), name="stacked_bias")]
+mirrored = mirrored_optimizer(optimizer, stacked, weights)
+mirrored.build(stacked)
+inner = mirrored.inner_optimizer
+print(type(mirrored).__name__, mirrored.initial_scale, inner.beta_2, inner.global_clipnorm, inner.weight_decay,
+      inner._learning_rate is optimizer.inner_optimizer._learning_rate,
+      [inner._use_weight_decay(v) for v in stacked],
+      [v.name for v in mirrored.variables if v.shape == ()] == [v.name for v in optimizer.variables if v.shape == ()])
+"""
+    proc = run.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                   env={**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["LossScaleOptimizer", "1024.0", "0.95", "1.0", "0.1", "True", "[True,", "False]",
+                                   "True"]
