@@ -269,6 +269,10 @@ def test_jax_stages_on_a_data_axis_in_bfloat16_with_remat_train_what_one_device_
     # The residual stream between blocks stays float32 under mixed_bfloat16 (the sum of float32 embeddings and
     # bfloat16 branches): so are the activations the stages hand on.
     assert record["collectives_moved"]["collective-permute"][activation_shape(1)] >= 2 * (4 + 2 - 1)
+    # Each stage's feed-forward kernels (its part of a stacked 64 x 256 and 256 x 64, for each of its 2 blocks): their
+    # gradients cross the data axis once a step, not once a tick.
+    reduced = record["collectives_moved"]["all-reduce"]
+    assert reduced["f32[1,64,256]"] == reduced["f32[1,256,64]"] == 2
     assert pipelined["extras_record"]["remat"]["blocks"] == 4
 
 
