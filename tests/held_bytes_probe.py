@@ -73,4 +73,8 @@ def tensor_parallel_split():
 
 
 if __name__ == "__main__":
-    print(json.dumps({"pipeline": pipeline_stage, "tensor-parallel": tensor_parallel_split}[sys.argv[1]]()))
+    figures = {"pipeline": pipeline_stage, "tensor-parallel": tensor_parallel_split}[sys.argv[1]]()
+    # One write of the whole line: the processes share the launcher's stdout, and `print` writes the text and its
+    # newline apart, so two processes' lines could run together.
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (json.dumps(figures) + "\n").encode())
