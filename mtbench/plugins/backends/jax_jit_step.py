@@ -106,11 +106,13 @@ def _by_shard(distribution):
 
 def shard_seeds(non_trainable, shards, distribution):
     """Each shard's dropout seeds (a leading shard axis): the seeds' first word offset by the shard's index, so that
-    each shard draws its masks from its own stream, as DDP's processes draw theirs; shard 0's are the seeds' own."""
+    each shard draws its masks from its own stream, as DDP's processes draw theirs; shard 0's are the seeds' own.
+    A seed array may hold several generators' seeds (a pipeline's stacked stages: leading axes before the 2 words)."""
     import jax.numpy as jnp
     by_shard, _, constrain = _by_shard(distribution)
     offsets = jnp.stack([jnp.arange(shards, dtype="uint32"), jnp.zeros(shards, dtype="uint32")], axis=1)
-    return [constrain(state[None] + offsets, by_shard) for state in non_trainable]
+    return [constrain(state[None] + offsets.reshape(shards, *[1] * (state.ndim - 1), 2), by_shard)
+            for state in non_trainable]
 
 
 def shard_gradients(loss_of, shards, distribution, trainable, seeds, optimizer_state, x, y, weight, tokens, share):

@@ -537,11 +537,11 @@ class StagedModel:
     `loss`, `stateless_call`); `hold_stages` moves the model's block weights and their moments into the stacked
     variables (the model's freed), `hold_whole` back, for evaluation and checkpoints."""
 
-    def __init__(self, model, stages, micro_batches, mesh):
+    def __init__(self, model, stages, micro_batches, distribution):
         blocks = model.blocks
         per_stage = len(blocks) // stages
-        self.model, self.stages, self.per_stage, self.micro_batches, self.mesh = (
-            model, stages, per_stage, micro_batches, mesh)
+        self.model, self.stages, self.per_stage, self.micro_batches = model, stages, per_stage, micro_batches
+        self.distribution, self.mesh = distribution, distribution.device_mesh.backend_mesh
         in_blocks = {id(variable) for block in blocks for variable in block.variables}
 
         def groups(variables_of):  # [position in a stage][weight] -> that weight of every stage's block there
@@ -627,6 +627,8 @@ class StagedModel:
         import keras
         from jax.sharding import NamedSharding, PartitionSpec
 
+        from mtbench.plugins.backends.jax_jit_step import shard_seeds
+
         def spread(values, layout):  # [[value] a weight] a position, as `layout` ([[variable]]) holds them
             flat = iter(values)
             return [[next(flat) for _ in position] for position in layout]
@@ -677,8 +679,7 @@ class StagedModel:
         copies = jax.tree.map(lambda weight: constrain(jnp.broadcast_to(weight, (replicas, *weight.shape)),
                                                        laid(DATA_AXIS, STAGE_AXIS)), stacked)
         # Each replica draws its dropout masks from its own stream, as DDP's processes do; replica 0's the seeds'.
-        offsets = jnp.stack([jnp.arange(replicas, dtype="uint32"), jnp.zeros(replicas, dtype="uint32")], axis=1)
-        seeds = jax.tree.map(lambda state: state[None] + offsets[:, None], stacked_non_trainable)
+        seeds = [shard_seeds(position, replicas, self.distribution) for position in stacked_non_trainable]
         mapping = [*zip(self.rest, trainable[:rest_count]),
                    *zip(self.rest_non_trainable, non_trainable[:rest_non_trainable_count])]
         with keras.StatelessScope(state_mapping=mapping) as scope:
@@ -726,10 +727,8 @@ class JaxPipelineStep(StateRecording):
             self.staged.hold_whole()
 
     def description(self):
-        staged = self.staged
-        bounds = [(stage * staged.per_stage, (stage + 1) * staged.per_stage) for stage in range(staged.stages)]
-        return (f"{self.inner.description()}, pipeline-parallel ({stage_names(bounds)}), {staged.micro_batches} "
-                f"micro-batches, GPipe, each stage's blocks stacked over the stage axis")
+        return (f"{self.inner.description()}, pipeline-parallel ({stage_names(self.record['stage_blocks'])}), "
+                f"{self.staged.micro_batches} micro-batches, GPipe, each stage's blocks stacked over the stage axis")
 
 
 def jax_pipeline_step(run, model, step):
@@ -743,7 +742,7 @@ def jax_pipeline_step(run, model, step):
     record = run.extras_state[PipelineParallel.name]
     stages = record["mesh_shape"][1]
     micro_batches = micro_batches_of(run.config, stages)
-    staged = StagedModel(model, stages, micro_batches, step.distribution.device_mesh.backend_mesh)
+    staged = StagedModel(model, stages, micro_batches, step.distribution)
     bounds = stage_bounds(len(model.blocks), stages)
     record.update({"stages": stages, "stage_blocks": [[start, end] for start, end in bounds],
                    "first_stage": JAX_FIRST_AND_LAST, "last_stage": JAX_FIRST_AND_LAST, "schedule": "GPipe",

@@ -29,8 +29,7 @@ import pytest
 
 from conftest import CPU_ONLY, run_cli, simulated_devices
 from tests.plugins.extras.test_fsdp import losses
-from tests.plugins.extras.test_multi_process import torchrun
-from tests.plugins.extras.test_tensor_parallel import train
+from tests.plugins.extras.test_tensor_parallel import train, train_on_two_processes
 
 FLOAT32 = 4
 PROBE = pathlib.Path(__file__).parents[2] / "held_bytes_probe.py"
@@ -111,11 +110,7 @@ def test_a_stage_frees_the_weights_and_moments_of_the_others():
 
 
 def train_pipelined(tmp_path, name, cache_dir, *args, processes=2):
-    out = tmp_path / f"{name}.json"
-    proc = torchrun("train", "--extra", "pipeline-parallel", *args, "--cache-dir", cache_dir, "--out", str(out),
-                    processes=processes)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    return train_on_two_processes(tmp_path, name, cache_dir, *args, processes=processes, extra="pipeline-parallel")
 
 
 def assert_trains_like_one_process(pipelined, one, steps=STEPS):

@@ -64,9 +64,9 @@ def train(tmp_path, name, cache_dir, *args, env=None):
     return json.loads(out.read_text())
 
 
-def train_on_two_processes(tmp_path, name, cache_dir, *args, processes=2):
+def train_on_two_processes(tmp_path, name, cache_dir, *args, processes=2, extra="tensor-parallel"):
     out = tmp_path / f"{name}.json"
-    proc = torchrun("train", "--extra", "tensor-parallel", *args, "--cache-dir", cache_dir, "--out", str(out),
+    proc = torchrun("train", "--extra", extra, *args, "--cache-dir", cache_dir, "--out", str(out),
                     processes=processes)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
