@@ -143,7 +143,22 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
         torch._inductor.config.emulate_precision_casts = True  # the eager step's arithmetic (module docstring)
         # One graph per length bucket: the buckets are few, and static shapes give inductor fixed tile sizes.
         self._forward = torch.compile(self._loss_and_accuracy, mode=mode, dynamic=False)
+        # What is compiled, and the code whose graphs the step's figures count (`compile_in_place`).
+        self.compiled_part, self.compiled_code = COMPILED_PART, EagerTorchTrainStep._loss_and_accuracy.__code__
         self._compile_seconds_before = calculate_time_spent().get("total_wall_time", 0.0)
+
+    def compile_in_place(self, function, part):
+        """`function` compiled as this step compiles its forward (its mode, static shapes), for a step that runs
+        `function` in place of this one's forward (a pipeline stage's blocks): the figures of the step then count
+        `function`'s graphs, and `part` says what is compiled."""
+        import torch
+        self.compiled_part, self.compiled_code = part, function.__code__
+        return torch.compile(function, mode=self.mode, dynamic=False)
+
+    def _graphs_cached(self):
+        """The graphs dynamo holds for the compiled code: one per shape it compiled."""
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        return len(_debug_get_cache_entry_list(self.compiled_code))
 
     @property
     def warmup_calls(self):
@@ -158,9 +173,7 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
 
     def shapes_run_eagerly(self):
         """Shapes this step trained that have no compiled graph: dynamo ran them eagerly (its recompile limit)."""
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-        compiled = len(_debug_get_cache_entry_list(EagerTorchTrainStep._loss_and_accuracy.__code__))
-        return max(len(self.shapes_seen) - compiled, 0)
+        return max(len(self.shapes_seen) - self._graphs_cached(), 0)
 
     def cuda_graphs(self):
         """Whether the compiled graphs ran as CUDA graphs: 'not used' (mode), 'not on this device', 'every
@@ -184,11 +197,10 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
     def compilations(self):
         """How often the compiled function itself was compiled: once per input shape (length bucket), since
         shapes are static; `recompile_limit_reached` says dynamo gave up compiling new shapes and ran them
-        eagerly. Counted on the method's code, which all instances share: right for one compiled step per
+        eagerly. Counted on the compiled code, which all instances share: right for one compiled step per
         process, as mtbench trains."""
         import torch
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-        compiled = len(_debug_get_cache_entry_list(EagerTorchTrainStep._loss_and_accuracy.__code__))
+        compiled = self._graphs_cached()
         return {"recompilations": max(compiled - 1, 0),
                 "recompile_limit_reached": compiled >= torch._dynamo.config.recompile_limit}
 

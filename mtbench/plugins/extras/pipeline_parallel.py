@@ -14,7 +14,8 @@ percent), activations sent forward and their gradients back between neighbouring
 parts' gradients add up to the batch mean's. torch's fused AdamW then updates each stage's weights with Keras's
 schedule (`StageAdamW`): global-norm clipping sums every stage's squared norms (the shared table once) in one
 all-reduce, and float16's overflow verdict is agreed by all, so that every stage skips a step or none does. The loss
-and accuracy are the last stage's, sent to the others.
+and accuracy are the last stage's, sent to the others. With `torch-compile` (either side of this extra) each
+stage's forward is compiled in its mode, as torchtitan compiles its stages; the messages stay eager.
 
 With `--pipeline-parallel-size` below the process count the processes make a `data` x `stage` mesh, as torchtitan
 composes pipelines with data parallelism: each pipeline trains its share of the rows, and each stage's gradients are
@@ -62,6 +63,8 @@ SCHEDULES = {"1f1b": ("Schedule1F1B", "1F1B"), "gpipe": ("ScheduleGPipe", "GPipe
 PIPELINED_FAMILIES = ("gpt", "gpt2")
 FIRST_STAGE = "token and position embeddings"
 STAGE_AXIS, DATA_AXIS = "stage", "data"
+COMPILED_STAGE = ("each pipeline stage's forward (its embeddings, blocks or output layer; backward via AOTAutograd); "
+                  "the last stage's loss and the fused AdamW update eager")
 LAST_STAGE = "final norm and the output layer (the token embedding's table, its gradient all-reduced with stage 0)"
 
 
@@ -166,20 +169,27 @@ def owning_stages(model, bounds):
             for variable in model.trainable_variables]
 
 
-def stage_module(model, bounds, first, last):
+def stage_module(model, bounds, first, last, compiled=None):
     """The `torch.nn.Module` torch's pipelining calls for one stage: the model's pieces (`embed`, its blocks,
-    `logits`) the stage computes. The Keras model is not registered with it: its weights are the variables'."""
+    `logits`) the stage computes, compiled by `compiled` (the compiled step of `torch-compile`) where given. The
+    Keras model is not registered with it: its weights are the variables'."""
     import torch
 
     blocks = model.blocks[bounds[0]:bounds[1]]
 
+    def stage_forward(x):
+        if first:
+            x = model.embed(x, training=True)
+        for block in blocks:
+            x = block(x, training=True)
+        return model.logits(x) if last else x
+
+    if compiled is not None:
+        stage_forward = compiled.compile_in_place(stage_forward, COMPILED_STAGE)
+
     class Stage(torch.nn.Module):
         def forward(self, x):
-            if first:
-                x = model.embed(x, training=True)
-            for block in blocks:
-                x = block(x, training=True)
-            return model.logits(x) if last else x
+            return stage_forward(x)
 
     return Stage()
 
@@ -277,6 +287,17 @@ class TorchPipelineStep(StateRecording):
     def warmup_calls(self):
         return self.inner.warmup_calls + 1
 
+    def _compiled(self):
+        """The compiled step of `torch-compile` whose mode the stages compile in, or None (eager)."""
+        from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+        return self.inner if isinstance(self.inner, CompiledTorchTrainStep) else None
+
+    def around(self, step):
+        """This pipeline over `step`, the compiled step `torch-compile` makes when it is given after this extra:
+        its stages compiled, each stage's weights updated as before."""
+        step.fused_optimizer = self.inner.fused_optimizer
+        return TorchPipelineStep(step, self.model, self.plan, self.layout, self.record)
+
     def measure(self):
         if not self.layout.distributed:
             return None
@@ -310,7 +331,8 @@ class TorchPipelineStep(StateRecording):
             # The messages' shapes given, the stage computes nothing to infer them (which would run the loss on
             # an empty micro-batch).
             stage = pipelining.PipelineStage(
-                stage_module(model, plan.bounds[plan.stage], plan.first, plan.last), plan.stage, plan.stages,
+                stage_module(model, plan.bounds[plan.stage], plan.first, plan.last, self._compiled()), plan.stage,
+                plan.stages,
                 get_device(), group=plan.group,
                 input_args=torch.empty((rows, length), dtype=torch.int32, device="meta") if plan.first else activations,
                 output_args=torch.empty((rows, length, vocabulary), device="meta", requires_grad=True) if plan.last
@@ -334,6 +356,9 @@ class TorchPipelineStep(StateRecording):
             if kept:
                 raise RunFailure(f"stage {self.plan.stage} still holds weights of other stages: {', '.join(kept[:3])}")
         self.calls += 1
+        compiled = self._compiled()
+        if compiled is not None:
+            compiled.shapes_seen.add(tuple(y.shape))
         if self.calls != self.warmup_calls:
             return self._step(x, y, sample_weight)
         logs, ran = profiled_collectives(lambda: self._step(x, y, sample_weight))
@@ -387,8 +412,9 @@ class TorchPipelineStep(StateRecording):
         over = f"{plan.stages} processes" if plan.data_axis is None else \
             f"a mesh of {plan.replicas} data x {plan.stages} stage processes"
         averaged = "" if plan.data_axis is None else ", the gradients averaged over the data axis in DDP's buckets"
-        return (f"pipeline-parallel over {over} ({stages}), {plan.micro_batches} micro-batches, "
-                f"{SCHEDULES[plan.schedule][1]}{averaged}")
+        own = (f"pipeline-parallel over {over} ({stages}), {plan.micro_batches} micro-batches, "
+               f"{SCHEDULES[plan.schedule][1]}{averaged}")
+        return ", ".join(part for part in (self.inner.description(), own) if part)
 
     def finalize(self):
         super().finalize()
@@ -752,13 +778,25 @@ def jax_pipeline_step(run, model, step):
     return JaxPipelineStep(JitTrainStep(staged, step.distribution), staged, record)
 
 
+def cuda_graphs_reason(config):
+    """Why torch's stages cannot compile in --compile-mode, or None: CUDA graphs reuse a graph's output memory at its
+    next replay, and a stage hands on (and keeps for its backward) each micro-batch's output while it computes
+    the next."""
+    from mtbench.plugins.backends.torch_compiled_step import CUDA_GRAPH_MODES
+    if config.compile_mode in CUDA_GRAPH_MODES:
+        return (f"--compile-mode {config.compile_mode} replays CUDA graphs, which reuse a stage's output memory for "
+                f"the next micro-batch while the schedule still holds the last one's; give --compile-mode default "
+                f"or max-autotune-no-cudagraphs")
+    return None
+
+
 class PipelineParallel(Extra):
     name = "pipeline-parallel"
     description = ("a language model's blocks in stages, each batch through them in micro-batches: torch "
                    "torch.distributed.pipelining under torchrun (1F1B, one stage a process), JAX one program over a "
                    "stage mesh axis (GPipe, the stages' blocks stacked)")
     backends = ("jax", "torch")
-    conflicts = ("fsdp", "ddp", "tensor-parallel", "torch-compile", "data-parallel", "pmap", "tpu")
+    conflicts = ("fsdp", "ddp", "tensor-parallel", "data-parallel", "pmap", "tpu")
     spans_processes = True
 
     def unavailable_reason(self, run):
@@ -769,7 +807,7 @@ class PipelineParallel(Extra):
             if run.processes.world_size > 1:
                 return "JAX's pipeline runs over one process's devices; start one process"
             return pipeline_reason(run.config, run.model_shape, count, "devices", "jax")
-        reason = processes_reason(run)
+        reason = processes_reason(run) or cuda_graphs_reason(run.config)
         if reason:
             return reason
         try:

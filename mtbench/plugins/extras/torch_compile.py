@@ -90,14 +90,14 @@ class TorchCompile(Extra):
         import torch
         from torch._dynamo.utils import counters
 
-        from mtbench.plugins.backends.torch_compiled_step import COMPILED_PART, dynamo_counters, precision_casts
+        from mtbench.plugins.backends.torch_compiled_step import dynamo_counters, precision_casts
         state = run.extras_state[self.name]
         step = state["step"]
         # Called once training has ended: the last point at which this process's compilations are all known.
         saved = save_cache_artifacts(state["artifacts"])
         # Read from inductor's configuration (the compiled step sets it before compiling), not assumed.
         casts = precision_casts(run.device_kind)
-        return {"mode": run.config.compile_mode, "compiled": COMPILED_PART, "precision_casts": casts,
+        return {"mode": run.config.compile_mode, "compiled": step.compiled_part, "precision_casts": casts,
                 **dynamo_counters(),
                 **step.compilations(), "compile_s": round(step.compile_seconds(), 3),
                 "recompile_limit": torch._dynamo.config.recompile_limit,

@@ -73,6 +73,11 @@ def test_blocks_go_into_stages_as_evenly_as_they_can(blocks, stages, bounds):
     ({"pipeline_parallel_size": 2}, 4, "a data replica's 4 rows do not split into 8 micro-batches "
                                        "(--pipeline-micro-batches)"),
     ({"pipeline_parallel_size": 2, "pipeline_micro_batches": 4}, 4, None),
+    ({"compile_mode": "reduce-overhead"}, 2, "--compile-mode reduce-overhead replays CUDA graphs, which reuse a "
+                                             "stage's output memory for the next micro-batch while the schedule still "
+                                             "holds the last one's; give --compile-mode default or "
+                                             "max-autotune-no-cudagraphs"),
+    ({"compile_mode": "max-autotune-no-cudagraphs"}, 2, None),
     ({}, 2, None),
 ])
 def test_where_a_pipeline_cannot_run_it_says_why(changes, processes, reason):
@@ -119,12 +124,23 @@ def assert_trains_like_one_process(pipelined, one, steps=STEPS):
     assert pipelined["metrics"]["test_loss"] == pytest.approx(one["metrics"]["test_loss"], rel=1e-5)
 
 
+def assert_stages_compiled(pipelined):
+    """Each stage's forward ran as one graph dynamo compiled, for the one batch shape trained, without a break."""
+    assert pipelined["train_step"] == "torch-compiled"
+    record = pipelined["extras_record"]["torch-compile"]
+    assert record["compiled"].startswith("each pipeline stage's forward")
+    assert record["frames_compiled"] == record["graphs_compiled"] == 1 and record["graph_breaks"] == 0
+    assert record["shapes_trained"] == 1 and record["recompilations"] == record["shapes_run_eagerly"] == 0
+
+
 @pytest.mark.slow
-def test_two_stages_train_what_one_process_trains_sending_each_micro_batch_once(tmp_path, cache_dir):
+def test_two_compiled_stages_train_what_one_process_trains_sending_each_micro_batch_once(tmp_path, cache_dir):
+    """torch-compile given after the pipeline, where `--step auto` puts it on a GPU: it compiles each stage."""
     args = [*TINY_GPT, "--layers", "4"]
     one = train(tmp_path, "one", cache_dir, *args)
-    pipelined = train_pipelined(tmp_path, "pipelined", cache_dir, *args)
+    pipelined = train_pipelined(tmp_path, "pipelined", cache_dir, *args, "--extra", "torch-compile")
     assert_trains_like_one_process(pipelined, one)
+    assert_stages_compiled(pipelined)
     record = pipelined["extras_record"]["pipeline-parallel"]
     assert record["stage_blocks"] == [[0, 2], [2, 4]]
     assert record["micro_batches"] == 8 and record["micro_batch_rows"] == 1  # 4 a stage by default
@@ -138,8 +154,8 @@ def test_two_stages_train_what_one_process_trains_sending_each_micro_batch_once(
     assert record["unsharded_parameter_bytes"] == whole * FLOAT32
     assert record["parameter_bytes"] == record["gradient_bytes"] == (2 * BLOCK + TOKEN_TABLE + POSITIONS) * FLOAT32
     assert pipelined["host_syncs_per_step"] == 0
-    assert "pipeline-parallel over 2 processes (blocks 0-1 | blocks 2-3), 8 micro-batches, 1F1B" in \
-        pipelined["train_step_detail"]
+    assert pipelined["train_step_detail"] == ("mode default, CUDA graphs: not used (mode default), pipeline-parallel "
+                                              "over 2 processes (blocks 0-1 | blocks 2-3), 8 micro-batches, 1F1B")
 
 
 @pytest.mark.slow
@@ -162,14 +178,18 @@ def test_uneven_stages_on_gpipe_in_float16_with_remat_train_what_one_process_tra
 
 
 @pytest.mark.slow
-def test_two_pipelines_on_a_data_axis_train_what_one_process_trains(tmp_path, cache_dir):
+def test_two_compiled_pipelines_on_a_data_axis_train_what_one_process_trains(tmp_path, cache_dir):
     """4 processes as 2 data x 2 stages: each pipeline trains its half of the batch's rows, the stages' gradients
-    averaged over the data axis (one bucket of this small model, from the backward pass), the losses one process's."""
+    averaged over the data axis (one bucket of this small model, from the backward pass, of compiled stages here:
+    torch-compile given before the pipeline), the losses one process's."""
     args = [*TINY_GPT, "--layers", "4"]
     one = train(tmp_path, "one", cache_dir, *args)
-    pipelined = train_pipelined(tmp_path, "pipelined", cache_dir, *args, "--pipeline-parallel-size", "2",
-                                "--pipeline-micro-batches", "4", processes=4)
+    # The compiled step first: the pipeline then compiles its stages with it.
+    pipelined = train_on_two_processes(tmp_path, "pipelined", cache_dir, *args, "--extra", "pipeline-parallel",
+                                       "--pipeline-parallel-size", "2", "--pipeline-micro-batches", "4", processes=4,
+                                       extra="torch-compile")
     assert_trains_like_one_process(pipelined, one)
+    assert_stages_compiled(pipelined)
     record = pipelined["extras_record"]["pipeline-parallel"]
     assert (record["mesh_axes"], record["mesh_shape"]) == (["data", "stage"], [2, 2])
     assert record["micro_batch_rows"] == 1  # 8 rows, 4 a pipeline, 4 micro-batches
