@@ -278,19 +278,17 @@ class TorchPipelineStep(StateRecording):
     last warm-up call, is profiled for what a step sends and the collectives it runs."""
 
     def __init__(self, inner, model, plan, holding, record):
+        from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
         super().__init__(inner, record, None)
         self.model, self.plan, self.layout = model, plan, holding
+        # The compiled step of `torch-compile` whose mode the stages compile in, or None (eager stages).
+        self.compiled = inner if isinstance(inner, CompiledTorchTrainStep) else None
         self.schedules = {}  # batch shape -> torch's schedule for it (a stage's messages have one shape)
         self.calls = 0
 
     @property
     def warmup_calls(self):
         return self.inner.warmup_calls + 1
-
-    def _compiled(self):
-        """The compiled step of `torch-compile` whose mode the stages compile in, or None (eager)."""
-        from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
-        return self.inner if isinstance(self.inner, CompiledTorchTrainStep) else None
 
     def around(self, step):
         """This pipeline over `step`, the compiled step `torch-compile` makes when it is given after this extra:
@@ -331,9 +329,8 @@ class TorchPipelineStep(StateRecording):
             # The messages' shapes given, the stage computes nothing to infer them (which would run the loss on
             # an empty micro-batch).
             stage = pipelining.PipelineStage(
-                stage_module(model, plan.bounds[plan.stage], plan.first, plan.last, self._compiled()), plan.stage,
-                plan.stages,
-                get_device(), group=plan.group,
+                stage_module(model, plan.bounds[plan.stage], plan.first, plan.last, self.compiled), plan.stage,
+                plan.stages, get_device(), group=plan.group,
                 input_args=torch.empty((rows, length), dtype=torch.int32, device="meta") if plan.first else activations,
                 output_args=torch.empty((rows, length, vocabulary), device="meta", requires_grad=True) if plan.last
                 else activations)
@@ -356,9 +353,8 @@ class TorchPipelineStep(StateRecording):
             if kept:
                 raise RunFailure(f"stage {self.plan.stage} still holds weights of other stages: {', '.join(kept[:3])}")
         self.calls += 1
-        compiled = self._compiled()
-        if compiled is not None:
-            compiled.shapes_seen.add(tuple(y.shape))
+        if self.compiled is not None:
+            self.compiled.shapes_seen.add(tuple(y.shape))
         if self.calls != self.warmup_calls:
             return self._step(x, y, sample_weight)
         logs, ran = profiled_collectives(lambda: self._step(x, y, sample_weight))
