@@ -320,9 +320,17 @@ def _loaded(load_average, cores):
     return load_average[0] if load_average and cores and load_average[0] > cores else None
 
 
+def compiled_after_warm_up(history):
+    """{step: programs} of the timing windows past their shapes' warm-up steps in which the backend compiled (a
+    window's compilations are counted at its first step), where the backend counts them: work that `compile_s`
+    leaves out, and that slows the window's steps."""
+    return {entry["step"]: entry["compilations"] for entry in history or ()
+            if entry.get("compilations") and not entry.get("first_of_shape")}
+
+
 def run_warnings(result):
     """Why a run's timings may mislead, one sentence each (empty when none applies): a run that stopped early
-    (interrupted, diverged), steady steps that scatter,
+    (interrupted, diverged), steady steps that scatter, programs compiled after the warm-up steps,
     a machine loaded while the run trained (other processes used more than OTHERS_BOUND of its CPUs; where the
     OS does not tell, a load average above the cores as training began) or whose hypervisor took its CPUs, and
     an MFU peak measured while the load average was above the cores. Results written before the machine's load
@@ -351,6 +359,13 @@ def run_warnings(result):
     if steal is not None and steal > STEAL_BOUND:
         warnings.append(f"the hypervisor took {steal:g} % of the CPUs' time while the run trained (steal; bound "
                         f"{STEAL_BOUND:g} %)")
+    late = compiled_after_warm_up(result.get("history"))
+    if late:
+        count, windows = sum(late.values()), ", ".join(f"{step:,}" for step in late)
+        them = "them" if count != 1 else "it"
+        warnings.append(f"{count} program{'s' * (count != 1)} compiled after the warm-up steps (in the timing "
+                        f"window{'s' * (len(late) != 1)} from step {windows}): the compile time leaves {them} out, "
+                        f"and the steps timed with {them} are slower")
     if (result.get("metrics") or {}).get("quality_warning"):  # the task's own (empty translations)
         warnings.append(result["metrics"]["quality_warning"])
     utilization = result.get("utilization") or {}

@@ -284,6 +284,16 @@ def schedule_reading(optimizer, values):
             setattr(schedule, name, value)
 
 
+def laid_out_rows(distribution, arrays):
+    """This process's rows of a batch array (or a tuple of them) as global arrays laid out over the
+    distribution's mesh."""
+    from keras.src.backend.jax.distribution_lib import distribute_data_input
+    if isinstance(arrays, tuple):
+        return tuple(laid_out_rows(distribution, array) for array in arrays)
+    layout = distribution.get_data_layout(arrays.shape)
+    return distribute_data_input(arrays, layout, distribution.batch_dim_name)
+
+
 class JitTrainStep(TrainStep):
     """Under a `keras.distribution` (data-parallel over a mesh of one process's devices or of several
     processes', the TPU strategy) the same step runs as one program over the mesh: the state is what the
@@ -413,12 +423,7 @@ class JitTrainStep(TrainStep):
         return lowered.compile().as_text() if optimised else lowered.as_text()
 
     def _distribute(self, arrays):
-        """This process's rows of a batch array (or a tuple of them) as global arrays laid out over the mesh."""
-        from keras.src.backend.jax.distribution_lib import distribute_data_input
-        if isinstance(arrays, tuple):
-            return tuple(self._distribute(array) for array in arrays)
-        layout = self.distribution.get_data_layout(arrays.shape)
-        return distribute_data_input(arrays, layout, self.distribution.batch_dim_name)
+        return laid_out_rows(self.distribution, arrays)
 
     def description(self):
         accumulating = "" if self.micro_batches == 1 else \

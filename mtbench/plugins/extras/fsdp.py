@@ -110,8 +110,10 @@ def jax_state_record(trainable, optimizer_state):
 
 def sharded_model_parallel(devices):
     """A `keras.distribution.ModelParallel` over a mesh of `devices` on one `data` axis, the batch split over
-    it too, laying every variable out on its `sharded_axis`."""
+    it too, laying every variable but dropout's seed states out on its `sharded_axis`."""
     from keras.distribution import DeviceMesh, LayoutMap, ModelParallel, TensorLayout
+
+    from mtbench.plugins.backends.jax_jit_step import SEED_STATE
 
     class ShardedWeights(ModelParallel):
         def get_variable_layout(self, variable):
@@ -119,6 +121,11 @@ def sharded_model_parallel(devices):
             if any(axis is not None for axis in layout.axes):
                 return layout
             axes = [None] * len(variable.shape)
+            # Dropout's seed states rest whole, as the step takes and returns them: split over 2 devices (their 2
+            # words), the first step would gather them in a program of its own, and every later step compile
+            # another for the whole seeds.
+            if variable.name == SEED_STATE:
+                return TensorLayout(axes, self.device_mesh)
             axis = sharded_axis(tuple(variable.shape), self.device_mesh.shape[0])
             if axis is not None:
                 axes[axis] = DATA_AXIS
@@ -253,6 +260,24 @@ def bucket_gathering(axis, devices, bucket):
     return gather
 
 
+def unit_gathering(model, distribution):
+    """(the trainable weights' partition specs, `gathered`): `gathered(shards)`, called on one device's shards of
+    the trainable weights inside a `jax.shard_map` over the distribution's mesh, returns the weights whole in the
+    compute dtype, one all-gather a bucket (`bucket_gathering`), its backward one reduce-scatter."""
+    mesh, axis = distribution.device_mesh.backend_mesh, distribution.batch_dim_name
+    specs = [variable.value.sharding.spec for variable in model.trainable_variables]
+    buckets = [(bucket, bucket_gathering(axis, mesh.shape[axis], bucket)) for bucket in jax_buckets(model, specs)]
+
+    def gathered(shards):
+        weights = [None] * len(shards)
+        for bucket, gather in buckets:
+            for index, weight in zip(bucket.indices, gather([shards[index] for index in bucket.indices])):
+                weights[index] = weight
+        return weights
+
+    return specs, gathered
+
+
 def gathered_per_device(model, distribution):
     """The fsdp step's differentiation (`JitTrainStep`'s `gradients_of`): each device, in a `jax.shard_map` over
     the mesh, gathers each unit's weights whole in the compute dtype (`bucket_gathering`: one all-gather) for the
@@ -272,18 +297,10 @@ def gathered_per_device(model, distribution):
     mesh, axis = distribution.device_mesh.backend_mesh, distribution.batch_dim_name
     devices = mesh.shape[axis]
     whole, rows = PartitionSpec(), PartitionSpec(axis)
-    specs = [variable.value.sharding.spec for variable in model.trainable_variables]
-    buckets = [(bucket, bucket_gathering(axis, devices, bucket)) for bucket in jax_buckets(model, specs)]
+    specs, gathered = unit_gathering(model, distribution)
     # The optimizer state the loss reads (a loss scale): the variables held whole; the moments stay outside.
     optimizer_whole = [all(name is None for name in variable.value.sharding.spec)
                        for variable in model.optimizer.variables]
-
-    def gathered(shards):
-        weights = [None] * len(shards)
-        for bucket, gather in buckets:
-            for index, weight in zip(bucket.indices, gather([shards[index] for index in bucket.indices])):
-                weights[index] = weight
-        return weights
 
     def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
         def per_device(trainable, seeds, optimizer_whole_state, x, y, weight):
@@ -308,6 +325,23 @@ def gathered_per_device(model, distribution):
             trainable, non_trainable, held, x, y, weight)
 
     return gradients_of
+
+
+def per_device_gradient(model, distribution, loss):
+    """The gradient of `loss(weights, non_trainable, inputs)` with respect to the trainable weights' shards, taken
+    as the fsdp step takes its own (`gathered_per_device`): each device gathers the units' weights, differentiates
+    its rows' loss and reduce-scatters the gradients. A function of (shards, non-trainable values, the batch's
+    inputs laid out over the mesh), for checks that must compile what the step compiles (remat's)."""
+    import jax
+    from jax.sharding import PartitionSpec
+    specs, gathered = unit_gathering(model, distribution)
+
+    def per_device(shards, non_trainable, inputs):
+        return jax.grad(lambda own: loss(gathered(own), non_trainable, inputs))(shards)
+
+    return jax.shard_map(per_device, mesh=distribution.device_mesh.backend_mesh, check_vma=False,
+                         in_specs=(specs, PartitionSpec(), PartitionSpec(distribution.batch_dim_name)),
+                         out_specs=specs)
 
 
 class JaxShardedStep(StateRecording):

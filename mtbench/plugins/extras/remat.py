@@ -8,8 +8,9 @@ recomputation (nanoGPT's and PaLM's count), so a run that recomputes shows lower
 Asking a framework to recompute proves nothing: XLA may compile the recomputation away or keep what it was meant
 to free (XLA:CPU recomputes the blocks and holds more temporaries than without), and a layer called outside the
 checkpointed function would keep its activations. So before training the run measures it: on JAX it compiles the
-model's gradient on the batch twice, recomputing and keeping, and goes on only if the recomputing program runs
-more matrix products and holds fewer temporary bytes (XLA's own count: `memory_analysis`), both recorded; on torch
+model's gradient on the batch twice, recomputing and keeping (under fsdp as fsdp's step takes it, each device
+gathering the units' weights), and goes on only if the recomputing program runs more matrix products and holds
+fewer temporary bytes a device (XLA's own count: `memory_analysis`), both recorded; on torch
 every block's computation (its `residual_branches`) must run again inside the backward pass of one row through the
 whole model, called as mtbench's torch step calls it (the torch.compile step is traced from the same checkpointed
 blocks; under fsdp the checkpoint is taken around FSDP's unit; under tensor-parallel the split layers all-reduce
@@ -87,6 +88,29 @@ def selective_checkpoint(backend_name):
     return recomputing
 
 
+def jax_model_gradient(model, inputs, fsdp):
+    """(gradient, its arguments): the gradient of the sum of the model's outputs on `inputs` (a batch's) with
+    respect to its trainable weights, a new function, so that JAX traces it again and reads each block's `remat`
+    afresh; under fsdp taken as fsdp's step takes its gradient, each device gathering the units' weights
+    (`per_device_gradient`), over the distribution's mesh."""
+    import keras
+
+    def loss(weights, non_trainable, inputs):
+        outputs, _ = model.stateless_call(weights, non_trainable, inputs, training=True)
+        return keras.ops.sum(keras.ops.cast(outputs, "float32"))
+
+    trainable = [variable.value for variable in model.trainable_variables]
+    non_trainable = [variable.value for variable in model.non_trainable_variables]
+    if not fsdp:
+        import jax
+        return jax.grad(loss), (trainable, non_trainable, inputs)
+    from mtbench.plugins.backends.jax_jit_step import laid_out_rows
+    from mtbench.plugins.extras.fsdp import per_device_gradient
+    distribution = keras.distribution.distribution()
+    return per_device_gradient(model, distribution, loss), (trainable, non_trainable,
+                                                             laid_out_rows(distribution, inputs))
+
+
 class Remat(Extra):
     name = "remat"
     description = ("activation checkpointing: each Transformer block's activations recomputed in the backward pass "
@@ -98,9 +122,6 @@ class Remat(Extra):
     def unavailable_reason(self, run):
         if not run.model_recomputes_blocks:
             return "the model family does not build blocks that recompute their activations"
-        if run.backend.name == "jax" and "fsdp" in run.config.extras:
-            # The check compiles the model's gradient as the jit step would without fsdp's per-device gathering.
-            return "beside fsdp on JAX, what XLA holds recomputing is not measured yet (torch's fsdp takes it)"
         return None
 
     def before_model(self, run):
@@ -117,38 +138,39 @@ class Remat(Extra):
         started = time.perf_counter()
         try:
             if run.backend.name == "jax":
-                return self._verify_jax(state, model, blocks, batch, run.device_kind)
+                return self._verify_jax(state, model, blocks, batch, run.device_kind, "fsdp" in run.config.extras)
             return self._verify_torch(state, model, blocks, batch)
         finally:
             # Before training, outside every figure of the run (JAX compiles the model's gradient twice for it).
             state["check_s"] = round(time.perf_counter() - started, 3)
 
     @staticmethod
-    def _verify_jax(state, model, blocks, batch, device_kind):
+    def _verify_jax(state, model, blocks, batch, device_kind, fsdp):
         import jax
-        import keras
-        values = [variable.value for variable in model.trainable_variables]
 
-        def loss(values, inputs):
-            with keras.StatelessScope(state_mapping=list(zip(model.trainable_variables, values))):
-                return keras.ops.sum(keras.ops.cast(model(inputs, training=True), "float32"))
-
-        held, products = {}, {}
+        from mtbench.plugins.extras.tensor_parallel import hlo_collectives
+        held, products, collectives = {}, {}, {}
         checkpoint = blocks[0].remat  # True (full) or the selective policy's function, the same for every block
         try:
             for recompute in (False, True):
                 for block in blocks:
                     block.remat = checkpoint if recompute else False
-                compiled = jax.jit(jax.grad(loss)).lower(values, tuple(batch.inputs)).compile()
+                gradient, arguments = jax_model_gradient(model, tuple(batch.inputs), fsdp)
+                compiled = jax.jit(gradient).lower(*arguments).compile()
                 memory = compiled.memory_analysis()
                 held[recompute] = None if memory is None else int(memory.temp_size_in_bytes)
-                products[recompute] = compiled_products(compiled.as_text())
+                text = compiled.as_text()
+                products[recompute] = compiled_products(text)
+                collectives[recompute] = {kind: len(moved) for kind, moved in sorted(hlo_collectives(text).items())}
         finally:
             for block in blocks:
                 block.remat = checkpoint
-        state.update(verified_by="the model's compiled gradient on this batch, recomputing against keeping",
+        program = ("fsdp's per-device gradient (units gathered, gradients reduce-scattered)" if fsdp
+                   else "the model's compiled gradient")
+        state.update(verified_by=f"{program} on this batch, recomputing against keeping",
                      temporary_bytes={"keeping": held[False], "recomputing": held[True]},
-                     matrix_products={"keeping": products[False], "recomputing": products[True]})
+                     matrix_products={"keeping": products[False], "recomputing": products[True]},
+                     collectives={"keeping": collectives[False], "recomputing": collectives[True]})
         if checkpoint is not True and products[True] != products[False]:
             return (f"XLA's program recomputing all but the matrix products runs {products[True]} of them, "
                     f"{products[False]} keeping everything: the policy's kept products are computed again")

@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import CPU_ONLY, keras_on_jax, run_cli
+from conftest import CPU_ONLY, keras_on_jax, run_cli, simulated_devices
 from mtbench.plugins.api import RunContext
 from mtbench.plugins.extras.remat import Remat
 from mtbench.runner.config import TrainConfig
@@ -189,7 +189,7 @@ def test_the_jax_run_goes_on_exactly_when_the_compiled_gradient_recomputes_and_h
     import jax
     device_kind = jax.default_backend()  # 'cpu', or 'gpu' where the slow tier runs on one
     run = SimpleNamespace(backend=SimpleNamespace(name="jax"), device_kind=device_kind,
-                          extras_state={"remat": {"policy": policy}})
+                          extras_state={"remat": {"policy": policy}}, config=SimpleNamespace(extras=("remat",)))
     refusal = Remat().verify(run, model, SimpleNamespace(inputs=(ids,)))
     measured = run.extras_state["remat"]
     assert measured["matrix_products"] == {"keeping": keeping, "recomputing": recomputing}
@@ -223,11 +223,6 @@ def test_a_model_of_a_family_whose_blocks_cannot_recompute_is_refused():
         assert Remat().unavailable_reason(dataclasses.replace(context, model_recomputes_blocks=True)) is None
         assert Remat().unavailable_reason(context) == (
             "the model family does not build blocks that recompute their activations")
-    beside_fsdp = RunContext(config=TrainConfig(model_name="gpt", preset="tiny", extras=("fsdp", "remat")),
-                             model_recomputes_blocks=True, backend=JaxBackend())
-    assert Remat().unavailable_reason(beside_fsdp) == ("beside fsdp on JAX, what XLA holds recomputing is not measured "
-                                                       "yet (torch's fsdp takes it)")
-    assert Remat().unavailable_reason(dataclasses.replace(beside_fsdp, backend=TorchBackend())) is None
 
 
 @pytest.mark.slow
@@ -261,9 +256,11 @@ def test_torch_trains_the_same_losses_recomputing_and_records_what_it_counted(tm
 
 
 @pytest.mark.slow
-def test_jax_on_a_cpu_stops_before_training_saying_what_xla_holds(tmp_path, cache_dir):
-    proc = run_cli("train", "--backend", "jax", *TINY_GPT, "--extra", "remat", "--cache-dir", cache_dir,
-                   "--out", str(tmp_path / "r.json"), env=CPU_ONLY)
+@pytest.mark.parametrize("sharded", [False, True], ids=["one-device", "fsdp"])
+def test_jax_on_a_cpu_stops_before_training_saying_what_xla_holds(tmp_path, cache_dir, sharded):
+    more, env = (["--extra", "fsdp"], simulated_devices(2)) if sharded else ([], CPU_ONLY)
+    proc = run_cli("train", "--backend", "jax", *TINY_GPT, *more, "--extra", "remat", "--cache-dir", cache_dir,
+                   "--out", str(tmp_path / "r.json"), env=env)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert re.fullmatch(r"Error: extra 'remat' did not take effect: XLA holds [0-9.]+ MiB of temporaries recomputing "
                         r"the blocks and [0-9.]+ MiB keeping their activations \(XLA:CPU schedules the recomputation "
@@ -300,3 +297,92 @@ def test_over_two_processes_the_blocks_recompute_with_what_each_process_holds(tm
         assert counted == [4 * 2, 6 * 2, 4 * 2]
         assert [h["loss"] for h in results["selective"]["history"]] == [h["loss"] for h in results["keeping"]["history"]]
         assert results["selective"]["extras_record"]["remat"]["matmuls_recomputed"] == 0
+
+
+FSDP_PROBE = textwrap.dedent(r"""
+    import dataclasses, json, re, sys
+    from types import SimpleNamespace
+    import numpy as np, jax, keras
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep
+    from mtbench.plugins.extras.fsdp import gathered_per_device, sharded_model_parallel
+    from mtbench.plugins.extras.remat import Remat
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import compile_model
+
+    def moved(hlo, kind):
+        # The arrays each collective of `kind` moves (XLA combines independent ones into a tuple).
+        return sum(len(re.findall(r"[a-z0-9]+\[[0-9,]*\]", shapes))
+                   for shapes in re.findall(rf"= (\(.*?\)|\S+) {kind}(?:-start)?\(", hlo))
+
+    compiled = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kwargs: compiled.append(event) if event.endswith("backend_compile_duration") else None)
+    keras.distribution.set_distribution(sharded_model_parallel(jax.devices()))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 256, (8, 33)).astype("int32")
+    batch = ((ids[:, :-1],), ids[:, 1:], np.ones((8, 32), "float32"))
+    figures = {}
+    for remat in (False, True):
+        keras.utils.set_random_seed(0)
+        shape = dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32, decoder_layers=2, dropout=0.1)
+        model = build_gpt(shape, remat=remat)
+        model(batch[0])
+        compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", learning_rate=3e-3,
+                                                warmup_steps=2), 6, {})
+        model.optimizer.build(model.trainable_variables)
+        run = SimpleNamespace(backend=SimpleNamespace(name="jax"), device_kind=jax.default_backend(),
+                              extras_state={"remat": {"policy": "full"}},
+                              config=SimpleNamespace(extras=("fsdp", "remat")))
+        refusal = Remat().verify(run, model, SimpleNamespace(inputs=batch[0])) if remat else None
+        distribution = keras.distribution.distribution()
+        step = JitTrainStep(model, distribution, gathered_per_device(model, distribution))
+        losses = [float(step(*batch)["loss"])]
+        before = len(compiled)
+        losses += [float(step(*batch)["loss"]) for _ in range(2)]
+        compiled_later = len(compiled) - before
+        hlo = step._step.lower(step.state, *(step._distribute(a) for a in batch),
+                               step.schedule_arguments()).compile().as_text()
+        step.finalize()
+        figures[str(remat)] = {"losses": losses, "refusal": refusal, "record": run.extras_state["remat"],
+                               "compiled_after_the_first_step": compiled_later,
+                               "step": {kind: moved(hlo, kind) for kind in ("all-gather", "reduce-scatter")}}
+    print(json.dumps(figures))
+""")
+
+
+@pytest.mark.slow
+def test_beside_jax_fsdp_the_check_compiles_the_per_device_gradient_the_step_runs():
+    """Under fsdp the check measures fsdp's program, not the one-device gradient: its gradient gathers the units'
+    weights and reduce-scatters their gradients exactly as often as the fsdp step's compiled program does, keeping
+    or recomputing (remat gathers no unit twice), and runs more matrix products recomputing; it stops the run by
+    what that program holds per device (XLA:CPU: more recomputing). The fsdp step with recomputing blocks, dropout
+    and all, trains the losses of the one keeping them, and either step compiles its program once: dropout's seed
+    states rest whole, as the step returns them."""
+    env = {**os.environ, "KERAS_BACKEND": "jax", **simulated_devices(2)}
+    proc = subprocess.run([sys.executable, "-c", FSDP_PROBE], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    keeping, recomputing = figures["False"], figures["True"]
+    record = recomputing["record"]
+    assert record["verified_by"] == ("fsdp's per-device gradient (units gathered, gradients reduce-scattered) on "
+                                     "this batch, recomputing against keeping")
+    assert keeping["step"]["all-gather"] > 0 and keeping["step"]["reduce-scatter"] > 0
+    for name, run in (("keeping", keeping), ("recomputing", recomputing)):
+        counted = record["collectives"][name]
+        assert (counted.get("all-gather"), counted.get("reduce-scatter")) == (
+            run["step"]["all-gather"], run["step"]["reduce-scatter"]), (name, counted, run["step"])
+    assert record["collectives"]["keeping"] == record["collectives"]["recomputing"]
+    products, held = record["matrix_products"], record["temporary_bytes"]
+    assert products["recomputing"] > products["keeping"]
+    if held["recomputing"] < held["keeping"]:
+        assert recomputing["refusal"] is None
+    else:  # XLA:CPU today
+        assert recomputing["refusal"].startswith(f"XLA holds {held['recomputing'] / 2 ** 20:.1f} MiB of temporaries "
+                                                 f"recomputing the blocks and {held['keeping'] / 2 ** 20:.1f} MiB")
+    np.testing.assert_allclose(recomputing["losses"], keeping["losses"], rtol=1e-5)
+    assert len(set(keeping["losses"])) == 3
+    # The first step's program serves the next steps: the seed states rest as the step returns them (whole), not
+    # split over the 2 devices, which made the second step compile the program again.
+    assert keeping["compiled_after_the_first_step"] == recomputing["compiled_after_the_first_step"] == 0

@@ -91,6 +91,24 @@ def test_steps_that_scatter_past_the_bound_are_flagged(tiny_runs):
     assert run_warnings(result) == ["steady steps scatter: p90 345.5 ms is 6.45x the median 53.6 ms (bound 1.5x)"]
 
 
+def test_programs_compiled_after_the_warm_up_steps_are_flagged(tiny_runs):
+    """A step that compiles past its shape's warm-up (JAX's fsdp step did, for its seed states' layout): its time
+    is in no compile figure, and in the steady figures where its window was timed."""
+    result = quiet(tiny_runs["jax"]["result"])
+    history = result["history"]
+    assert history[0]["first_of_shape"] and history[0]["compilations"] >= 1  # the warm-up step's own: no warning
+    later = [entry for entry in history if not entry["first_of_shape"]]
+    assert all(entry["compilations"] == 0 for entry in later)
+    later[0]["compilations"] = 1
+    assert run_warnings(result) == [f"1 program compiled after the warm-up steps (in the timing window from step "
+                                    f"{later[0]['step']}): the compile time leaves it out, and the steps timed with "
+                                    f"it are slower"]
+    later[-1]["compilations"] = 2
+    assert run_warnings(result)[0].startswith(f"3 programs compiled after the warm-up steps (in the timing windows "
+                                              f"from step {later[0]['step']}, {later[-1]['step']}): the compile time "
+                                              f"leaves them out")
+
+
 def test_a_machine_loaded_by_other_processes_is_flagged(tiny_runs):
     result = quiet(tiny_runs["jax"]["result"])
     cores = result["machine_load"]["cores"]
