@@ -40,6 +40,13 @@ def dropout_layer(rate):
     return lambda x, training=False: x
 
 
+def recomputes(layer):
+    """Whether `layer` recomputes its activations in the backward pass: its `remat` is True (the family's contract:
+    `keras.remat`) or the function that makes its computation recompute (the remat extra's `selective_checkpoint`)."""
+    remat = getattr(layer, "remat", False)
+    return remat is True or callable(remat)
+
+
 def recomputed_in_backward(block, branches, training, *inputs):
     """`branches(*inputs, training)` of `block`: in training under `block.remat`, its activations are dropped after
     the forward pass and recomputed from `inputs` in the backward pass (activation checkpointing, `keras.remat`:

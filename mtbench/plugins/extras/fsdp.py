@@ -36,7 +36,6 @@ from mtbench import (
 )
 from mtbench.plugins.backends.keras_optimizer import all_moments, moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
-from mtbench.plugins.extras.remat import recomputes
 
 DATA_AXIS = "data"
 # JAX_PLATFORMS: on a machine with one GPU, JAX would take the GPU and leave the flag unused.
@@ -521,6 +520,8 @@ class TorchSharding:
         """Each unit's call goes through `torch.nn.Module.__call__`, where FSDP's hooks gather the unit's
         parameters before it (and again for its backward) and reduce-scatter their gradients after."""
         import torch
+
+        from mtbench.keras_models.transformer import recomputes
         for unit, call, held, _, fsdp_class in self.units:
             unit.__class__ = fsdp_class
 

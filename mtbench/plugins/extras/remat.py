@@ -45,15 +45,9 @@ TORCH_MATMULS = ("mm", "bmm", "addmm", "baddbmm")
 TORCH_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
 
 
-def recomputes(layer):
-    """Whether `layer` recomputes its activations in the backward pass: its `remat` is True (the family's contract:
-    `keras.remat`) or the function that makes its computation recompute (`selective_checkpoint`)."""
-    remat = getattr(layer, "remat", False)
-    return remat is True or callable(remat)
-
-
 def recomputing_blocks(model):
     """The model's layers that recompute their activations in the backward pass."""
+    from mtbench.keras_models.transformer import recomputes
     return [layer for layer in model._flatten_layers(include_self=False) if recomputes(layer)]
 
 
