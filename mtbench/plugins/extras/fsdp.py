@@ -157,6 +157,11 @@ def jax_relaid(arrays, shardings):
     return _relayout_program(tuple(shardings))(arrays)
 
 
+def compile_relayout(arrays, shardings):
+    """Compiles now the program `jax_relaid(arrays, shardings)` will run, which then compiles nothing."""
+    _relayout_program(tuple(shardings)).lower(arrays).compile()
+
+
 class StateRecording(WrappingStep):
     """Wraps a train step and records its training state per device at every `finalize`, before the step hands
     its state to Keras: `measure()` returns the record (`state_of(inner)`: `state_record`'s), or None when nothing
@@ -354,7 +359,7 @@ class JaxShardedStep(StateRecording):
         self.variables = [*model.trainable_variables, *model.non_trainable_variables, *model.optimizer.variables]
         self.layouts = [variable.value.sharding for variable in self.variables]
         self.keras_layouts = [variable._layout for variable in self.variables]  # what Keras lays assignments as
-        self.replicated = False
+        self.replicated = self.way_back_compiled = False
 
     def measure(self):
         measured = super().measure()
@@ -389,6 +394,10 @@ class JaxShardedStep(StateRecording):
             # until training goes on.
             self._lay_out(whole, whole)
             self.replicated = True
+            if not self.way_back_compiled:
+                # Here, between timing windows: the next step would compile it inside one, unseen by compile_s.
+                compile_relayout([variable.value for variable in self.variables], self.layouts)
+                self.way_back_compiled = True
 
 
 # ----- torch -----

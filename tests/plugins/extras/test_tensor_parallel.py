@@ -332,6 +332,8 @@ def test_jax_tensor_parallel_over_two_processes_gathers_the_batch_and_trains_lik
     split = train_on_two_processes(tmp_path, "jax-2", cache_dir, "--backend", "jax", *TINY_GPT,
                                    "--checkpoint-every", "25")
     assert_trains_like_one_device(split, gpt_runs["jax"], GPT_STEPS)
+    # The program that splits the state again was compiled at the checkpoint, not in the timing window after it.
+    assert {h["step"]: h["compilations"] for h in split["history"] if h["compilations"]} == {1: 1}
     record = split["extras_record"]["tensor-parallel"]
     assert record["processes"] == 2 and record["mesh_shape"] == [1, 2] and record["layouts_kept"] is True
     assert record["activation_all_reduces_per_step"] == GPT_BLOCKS * BLOCK_ALL_REDUCES
