@@ -49,6 +49,7 @@ from mtbench.plugins.extras.fsdp import (
     use_distribution,
 )
 from mtbench.plugins.extras.tensor_parallel import (
+    collective_counts,
     collective_kind,
     gathered_rows,
     hlo_collectives,
@@ -739,7 +740,7 @@ class JaxPipelineStep(StateRecording):
     def finalize(self):
         if self.first_batch is not None and self.inner.state is not None:
             collectives = hlo_collectives(self.inner.lowered_program(*self.first_batch, optimised=True))
-            self.record["collectives_per_step"] = {kind: len(shapes) for kind, shapes in sorted(collectives.items())}
+            self.record["collectives_per_step"] = collective_counts(collectives)
             # {kind: {shape: times a step}}: the activations' shapes, moved at every tick, are told by their width.
             self.record["collectives_moved"] = {kind: dict(collections.Counter(shapes)) for kind, shapes in
                                                 sorted(collectives.items())}

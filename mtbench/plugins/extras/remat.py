@@ -142,7 +142,7 @@ class Remat(Extra):
     def _verify_jax(state, model, blocks, batch, device_kind, fsdp):
         import jax
 
-        from mtbench.plugins.extras.tensor_parallel import hlo_collectives
+        from mtbench.plugins.extras.tensor_parallel import collective_counts, hlo_collectives
         held, products, collectives = {}, {}, {}
         checkpoint = blocks[0].remat  # True (full) or the selective policy's function, the same for every block
         try:
@@ -155,7 +155,7 @@ class Remat(Extra):
                 held[recompute] = None if memory is None else int(memory.temp_size_in_bytes)
                 text = compiled.as_text()
                 products[recompute] = compiled_products(text)
-                collectives[recompute] = {kind: len(moved) for kind, moved in sorted(hlo_collectives(text).items())}
+                collectives[recompute] = collective_counts(hlo_collectives(text))
         finally:
             for block in blocks:
                 block.remat = checkpoint

@@ -180,10 +180,15 @@ def hlo_collectives(hlo, trip_count=1):
     return found
 
 
+def collective_counts(by_kind):
+    """{kind: arrays moved} of `hlo_collectives`'s {kind: [shapes]}, the kinds in order."""
+    return {kind: len(shapes) for kind, shapes in sorted(by_kind.items())}
+
+
 def collectives_record(by_kind, activation_pattern):
     """The record of a step's collectives: {kind: arrays moved} and how many were all-reduces of block
     activations (`activation_pattern` matches their shapes)."""
-    return {"collectives_per_step": {kind: len(shapes) for kind, shapes in sorted(by_kind.items())},
+    return {"collectives_per_step": collective_counts(by_kind),
             "activation_all_reduces_per_step": sum(bool(re.fullmatch(activation_pattern, shape))
                                                    for shape in by_kind.get("all-reduce", []))}
 
