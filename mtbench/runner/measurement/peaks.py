@@ -164,13 +164,15 @@ def read_calibration(path):
 
 
 PROBE_SIZE = 256          # a first, small matmul: how fast this dtype runs here at all
-MATMUL_SECONDS = 2.0      # what one measured matmul may take: 13 of them are run
+MATMUL_SECONDS = 0.25     # what one measured matmul may take: 13 of them are run, so a calibration takes seconds
 
 
 def calibration_size(backend, dtype, largest=2048):
     """The matmul size to measure `dtype`'s peak with: `largest`, or smaller where one matmul of it would take
-    more than MATMUL_SECONDS (a CPU without bfloat16 instructions emulates them: a 2048 bfloat16 matmul took 64 s
-    on a 2-core AMD EPYC, so a calibration of 13 took 14 minutes)."""
+    more than MATMUL_SECONDS. A CPU without instructions for a 16-bit dtype emulates it at a rate that does not
+    grow with the size (torch's float16 on this project's 2-core EPYC: 2.7 GFLOP/s at 512 and at 1280, where a
+    1280 matmul takes 1.5 s and a calibration at 2 s a matmul took 20 s; a 2048 bfloat16 matmul took 64 s on a CPU
+    without bfloat16). A CPU's fast dtypes still measure at `largest`."""
     probed = backend.matmul_flops_per_s(dtype, PROBE_SIZE)
     fitting = int((MATMUL_SECONDS * probed / 2) ** (1 / 3)) // PROBE_SIZE * PROBE_SIZE
     return max(PROBE_SIZE, min(largest, fitting))

@@ -150,3 +150,22 @@ def test_runs_that_calibrate_together_keep_the_first_measurement_and_env_calibra
         assert json.load(f) == again
     assert [name for name in os.listdir(os.path.dirname(calibration_path(str(tmp_path), "fake", "float32", "x")))
             if name.startswith(".tmp-")] == []
+
+
+class SizedBackend(FakeBackend):
+    """A FakeBackend that keeps the size of every matmul it is asked to measure."""
+
+    def matmul_flops_per_s(self, dtype, size):
+        self.sizes = [*getattr(self, "sizes", []), size]
+        return super().matmul_flops_per_s(dtype, size)
+
+
+@pytest.mark.parametrize("flops_per_s, size", [
+    (3e9, 512),     # an emulated 16-bit dtype: a 512 matmul takes 0.09 s, a 768 one would take 0.30 s
+    (1e11, 2048),   # a CPU's float32: a 2048 matmul takes 0.17 s
+])
+def test_a_slow_dtype_is_measured_on_matmuls_that_keep_the_calibration_to_seconds(tmp_path, flops_per_s, size):
+    backend = SizedBackend(flops_per_s=flops_per_s)
+    record = calibrate(backend, "float16", "Test CPU", str(tmp_path))
+    assert backend.sizes == [256, size]  # the probe, then the measurement
+    assert record["source"] == f"measured: {size}x{size} float16 matmul on fake, median of repeats"
