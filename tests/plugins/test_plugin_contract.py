@@ -15,8 +15,8 @@ import pytest
 import mtbench
 from mtbench import figures
 from conftest import REPOSITORY
-from mtbench import (Backend, Batch, Dataset, Extra, KerasTrainStep, ModelFamily, ProcessGroup, Reporter, Tokenizer,
-                     TrainStep)
+from mtbench import (Backend, Batch, Dataset, Extra, KerasTrainStep, Launch, ModelFamily, ProcessGroup, Reporter,
+                     Tokenizer, TrainStep)
 from mtbench.plugins.api.versioning import next_major
 from mtbench.plugins.compat import GROWN, older_forms
 from mtbench.plugins.manager import Registry
@@ -149,7 +149,8 @@ def test_utilization_without_the_familys_flops_is_na_with_the_reason(monkeypatch
     from mtbench.runner.results import run_result
     monkeypatch.setattr(run_result, "device_peak_record", lambda *args, **kwargs: {
         "flops_per_s": 1e12, "source": "datasheet", "measured_at": None, "load_average": None})
-    run = SimpleNamespace(device_kind="gpu", device={"kind": "gpu", "name": "some gpu"})
+    run = SimpleNamespace(device_kind="gpu", device={"kind": "gpu", "name": "some gpu"},
+                          processes=ProcessGroup(Launch()))
     config = SimpleNamespace(dtype="float32", cache_dir=None, matmul_precision="highest")
     family = SimpleNamespace(name="bow")
     counted = run_result.utilization({"flops_per_s": 5e11, "real_token_flops_per_s": 4e11, "steady_steps": 3}, None,

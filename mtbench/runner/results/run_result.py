@@ -21,8 +21,10 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
     peak_record = device_peak_record(backend, run.device, config.dtype, config.cache_dir, all_backends,
                                      matmul_precision=config.matmul_precision, cpus=shared_cpus())
     peak, peak_source = peak_record["flops_per_s"], peak_record["source"]
-    # Simulated devices share one CPU, whose measured peak already spans all its cores.
-    peak_devices = 1 if run.device_kind == "cpu" else devices_used
+    # A CPU's measured peak spans all its cores, which a machine's processes and simulated devices share: one peak
+    # a machine the run's processes span.
+    launch = run.processes.launch
+    peak_devices = max(launch.num_processes // launch.local_processes, 1) if run.device_kind == "cpu" else devices_used
     def share_of_peak(flops_per_s):
         return None if peak is None or flops_per_s is None else flops_per_s / (peak * peak_devices)
 

@@ -157,10 +157,16 @@ def test_mfu_of_real_tokens_counts_each_row_at_its_real_length(monkeypatch):
     # Against a peak of 1000 FLOP/s, both MFUs, labelled, in the result and every output's figures.
     monkeypatch.setattr(run_result, "device_peak_record", lambda *args, **kwargs: {
         "flops_per_s": 1000.0, "source": "test", "measured_at": None, "load_average": None})
-    run_context = SimpleNamespace(device=None, device_kind="cpu", config=None)
+    run_context = SimpleNamespace(device=None, device_kind="cpu", config=None, processes=ProcessGroup(Launch()))
     config = SimpleNamespace(dtype="float32", cache_dir=None, matmul_precision="highest")
     utilization = run_result.utilization(summary, None, run_context, 1, config, (), SimpleNamespace(name="fake"))
     assert utilization["mfu"] == 0.256 and utilization["mfu_real_tokens"] == 0.114
     result = {"utilization": utilization}
     assert [(FIGURES_BY_KEY[key].title, figure_text(result, key)) for key in ("mfu", "mfu_real_tokens")] == [
         ("MFU (padded, %)", "25.6"), ("MFU (real tokens, %)", "11.4")]
+    # 4 processes, 2 on each of 2 machines, on their CPUs (4 devices used): each machine's CPU has its peak, which
+    # its 2 processes share, so the run's peak is 2 of them.
+    across_machines = SimpleNamespace(device=None, device_kind="cpu", config=None, processes=ProcessGroup(
+        Launch(process_id=0, num_processes=4, local_rank=0, local_processes=2, coordinator="host:1")))
+    assert run_result.utilization(summary, None, across_machines, 4, config, (), SimpleNamespace(name="fake"))[
+        "mfu"] == 0.128
