@@ -21,9 +21,10 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
                                      matmul_precision=config.matmul_precision)
     peak, peak_source = peak_record["flops_per_s"], peak_record["source"]
     # A CPU's measured peak spans all its cores, which a machine's processes and simulated devices share: one peak
-    # a machine the run's processes span.
-    launch = run.processes.launch
-    peak_devices = max(launch.num_processes // launch.local_processes, 1) if run.device_kind == "cpu" else devices_used
+    # a machine the run's processes span. (A plugin's process group that kept no `launch` is taken as one machine.)
+    launch = getattr(run.processes, "launch", None)
+    machines = max(launch.num_processes // launch.local_processes, 1) if launch else 1
+    peak_devices = machines if run.device_kind == "cpu" else devices_used
     def share_of_peak(flops_per_s):
         return None if peak is None or flops_per_s is None else flops_per_s / (peak * peak_devices)
 
