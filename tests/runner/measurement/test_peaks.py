@@ -86,17 +86,17 @@ def test_a_tpu_has_no_tf32_peak():
 
 
 class FakeBackend(Backend):
-    """A backend whose matmul 'measures' a fixed figure, on the CPU."""
+    """A backend whose matmul 'measures' a fixed figure, on the CPU, and keeps the size of each one it measured."""
     name = "fake"
 
     def __init__(self, name="fake", flops_per_s=1e11):
-        self.name, self.flops_per_s, self.measured = name, flops_per_s, 0
+        self.name, self.flops_per_s, self.sizes = name, flops_per_s, []
 
     def device_info(self):
         return {"kind": "cpu", "name": "Test CPU", "count": 1}
 
     def matmul_flops_per_s(self, dtype, size):
-        self.measured += 1
+        self.sizes.append(size)
         return self.flops_per_s
 
 
@@ -113,7 +113,7 @@ def test_a_cpu_measurement_records_when_it_was_taken_and_the_load(tmp_path):
     backend = FakeBackend()
     cached = device_peak_record(backend, backend.device_info(), "float32", str(tmp_path),
                                 matmul_precision="high")
-    assert cached == record and backend.measured == 0
+    assert cached == record and backend.sizes == []
 
 
 def test_a_cache_file_written_before_the_time_was_recorded_still_reads(tmp_path):
@@ -152,20 +152,12 @@ def test_runs_that_calibrate_together_keep_the_first_measurement_and_env_calibra
             if name.startswith(".tmp-")] == []
 
 
-class SizedBackend(FakeBackend):
-    """A FakeBackend that keeps the size of every matmul it is asked to measure."""
-
-    def matmul_flops_per_s(self, dtype, size):
-        self.sizes = [*getattr(self, "sizes", []), size]
-        return super().matmul_flops_per_s(dtype, size)
-
-
 @pytest.mark.parametrize("flops_per_s, size", [
     (3e9, 512),     # an emulated 16-bit dtype: a 512 matmul takes 0.09 s, a 768 one would take 0.30 s
     (1e11, 2048),   # a CPU's float32: a 2048 matmul takes 0.17 s
 ])
 def test_a_slow_dtype_is_measured_on_matmuls_that_keep_the_calibration_to_seconds(tmp_path, flops_per_s, size):
-    backend = SizedBackend(flops_per_s=flops_per_s)
+    backend = FakeBackend(flops_per_s=flops_per_s)
     record = calibrate(backend, "float16", "Test CPU", str(tmp_path))
     assert backend.sizes == [256, size]  # the probe, then the measurement
     assert record["source"] == f"measured: {size}x{size} float16 matmul on fake, median of repeats"
