@@ -1,8 +1,16 @@
 """A torch run of several processes: one `torch.distributed` process group (NCCL between GPUs, gloo between
 CPUs), one GPU per process (its local rank), and a gloo group beside it for what the hosts agree on, so that
-agreeing on a stop never waits for the GPU's queue."""
+agreeing on a stop never waits for the GPU's queue.
+
+A gloo collective's worker thread lets go of the collective after the caller has moved on, taking the GIL when it
+frees tensors that Python made; in a process whose interpreter has begun to shut down by then, that aborts
+("terminate called without an active exception", exit -6) after a completed run. Where DDP was built on the
+process group, its gloo threads outlive `destroy_process_group` and last until the process exits. So each
+agreement's collective stays referenced here, to be freed by this thread, and the processes leave together
+through the store, leaving no collective in a worker's hands as they exit."""
 
 import datetime
+import os
 
 from mtbench import MtbenchError, ProcessGroup
 
@@ -22,34 +30,52 @@ class TorchProcessGroup(ProcessGroup):
         init_method = "env://" if launch.launcher == "torchrun" else f"tcp://{launch.coordinator}"
         timeout = datetime.timedelta(seconds=launch.timeout_s)
         try:
-            dist.init_process_group(self.collectives, init_method=init_method, rank=launch.process_id,
+            self._store, _, _ = next(dist.rendezvous(init_method, rank=launch.process_id,
+                                                     world_size=launch.num_processes, timeout=timeout))
+            dist.init_process_group(self.collectives, store=self._store, rank=launch.process_id,
                                     world_size=launch.num_processes, timeout=timeout)
         except (RuntimeError, ValueError) as error:
             raise MtbenchError(f"process {launch.process_id} of {launch.num_processes} could not join the others "
                                f"at {launch.coordinator}: {str(error).splitlines()[0]}") from None
         self._host_group = dist.new_group(backend="gloo", timeout=timeout) if self.collectives != "gloo" else None
+        self._last_agreement = None
+
+    def _all_reduce(self, tensor, op):
+        import torch.distributed as dist
+        work = dist.all_reduce(tensor, op=op, group=self._host_group, async_op=True)
+        work.wait()
+        self._last_agreement = work  # freed by this thread, never by gloo's (see the module's docstring)
+        return tensor
 
     def any(self, flag):
         import torch
         import torch.distributed as dist
-        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._host_group)
+        value = self._all_reduce(torch.tensor([1 if flag else 0], dtype=torch.int32), dist.ReduceOp.MAX)
         return bool(value.item())
 
     def sum(self, values):
         import torch
         import torch.distributed as dist
-        total = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self._host_group)
-        return total.tolist()
+        return self._all_reduce(torch.tensor(values, dtype=torch.float64), dist.ReduceOp.SUM).tolist()
 
     def barrier(self):
         import torch.distributed as dist
-        dist.barrier(group=self._host_group)
+        work = dist.barrier(group=self._host_group, async_op=True)
+        work.wait()
+        self._last_agreement = work
 
     def close(self):
         import torch.distributed as dist
         # Every process leaves together: one that tears its group down and exits while another still holds its
         # connections is how a gloo run can abort at exit after a completed result.
-        dist.barrier(group=self._host_group)
+        leave_together(self._store, self.world_size, datetime.timedelta(seconds=self.launch.timeout_s))
         dist.destroy_process_group()
+
+
+def leave_together(store, world_size, timeout):
+    """Returns once every one of the `world_size` processes sharing `store` has called it (once each): under
+    torchrun, once per start of the processes (its agent's store outlives a restart)."""
+    keys = f"mtbench/leaving/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if store.add(f"{keys}/arrived", 1) == world_size:
+        store.set(f"{keys}/all", "1")
+    store.wait([f"{keys}/all"], timeout)
