@@ -54,6 +54,17 @@ def _master(environ, launcher):
     return f"{host}:{port}"
 
 
+# The CPUs that this machine's processes of the run share out, where this process is one of several.
+_shared_cpus = None
+
+
+def shared_cpus():
+    """The CPUs that this machine's processes of the run share out (the affinity this process had before
+    `share_cores` gave it its slice), where it is one of several; None for a process alone on its machine. A
+    measurement of the machine (its matmul peak) runs on all of them, in a process of its own."""
+    return _shared_cpus
+
+
 def share_cores(launch, environ=os.environ):
     """Gives this process its share of the CPUs when it runs beside others on one machine: the local rank's
     equal slice of the CPUs the process may run on, and as many intra-op threads. XLA's CPU runtime sizes its
@@ -63,7 +74,9 @@ def share_cores(launch, environ=os.environ):
     or None for a process alone on its machine (or with fewer CPUs than processes, where no share is whole)."""
     if launch.local_processes == 1 or not hasattr(os, "sched_getaffinity"):
         return None
-    share = core_share(sorted(os.sched_getaffinity(0)), launch.local_rank, launch.local_processes)
+    global _shared_cpus
+    _shared_cpus = sorted(os.sched_getaffinity(0))
+    share = core_share(_shared_cpus, launch.local_rank, launch.local_processes)
     if share is None:
         return None
     os.sched_setaffinity(0, share["cpus"])

@@ -42,9 +42,10 @@ that a checkpoint keeps; `ProcessGroup.gather_bytes(data)`; `ModelFamily.recompu
 recompute their activations when `model_options["remat"]` asks, and `RunContext.model_recomputes_blocks`.
 1.18: `Extra.keeps_random_draws`, an extra whose run draws the random numbers the run without it draws;
 `model_options["remat"]` may be a function that makes a function recompute (a policy's), in place of True.
+1.19: `peak_measurement_text`'s optional `cpus`, how many CPUs a measured peak was measured on.
 """
 
-PLUGIN_API_VERSION = "1.18"
+PLUGIN_API_VERSION = "1.19"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -28,7 +28,8 @@ def _mfu(result):
         reason = (utilization or {}).get("mfu_reason")  # absent from results before it was recorded
         return f"n/a ({reason})" if reason else text
     text = f"{text} % of {utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s ({utilization['peak_source']}"
-    measured = peak_measurement_text(utilization.get("peak_measured_at"), utilization.get("peak_load_average"))
+    measured = peak_measurement_text(utilization.get("peak_measured_at"), utilization.get("peak_load_average"),
+                                     utilization.get("peak_cpus"))
     if measured:
         text += f"; {measured}"
     elif utilization["peak_source"].startswith("measured"):  # cached before measurements kept their time

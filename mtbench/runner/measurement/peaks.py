@@ -1,10 +1,14 @@
 """The peak FLOP/s that MFU divides by: a datasheet figure on accelerators, the fastest measured matmul on CPUs."""
 
+import contextlib
 import datetime
 import json
 import os
 import re
+import subprocess
+import sys
 
+from mtbench.errors import RunFailure
 from mtbench.runner.files import write_json_atomic
 from mtbench.runner.measurement.devices import describe_backend
 from mtbench.runner.measurement.flops import compute_dtype
@@ -99,20 +103,24 @@ def datasheet_peak(device_name, dtype, matmul_precision="highest"):
     return peaks[arithmetic], f"{peaks['source']}, {name} dense"
 
 
-def peak_record(flops_per_s, source, measured_at=None, load_average=None):
-    """A peak and where it comes from; `measured_at` (ISO 8601) and `load_average` (the 1, 5 and 15 minute load
-    averages as the measurement began) for a measured one, None for a datasheet figure."""
-    return {"flops_per_s": flops_per_s, "source": source, "measured_at": measured_at, "load_average": load_average}
+def peak_record(flops_per_s, source, measured_at=None, load_average=None, cpus=None):
+    """A peak and where it comes from; `measured_at` (ISO 8601), `load_average` (the 1, 5 and 15 minute load
+    averages as the measurement began) and `cpus` (how many CPUs the measuring process could run on) for a
+    measured one, None for a datasheet figure."""
+    return {"flops_per_s": flops_per_s, "source": source, "measured_at": measured_at, "load_average": load_average,
+            "cpus": cpus}
 
 
-def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmul_precision="highest"):
+def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmul_precision="highest", cpus=None):
     """The peak MFU divides by, as a `peak_record`. Accelerators: the datasheet figure of the arithmetic the
     matmuls ran in (`matmul_precision`: float32 with 'high' is TF32 on GPUs that have it). CPUs: the fastest
     square matmul measured on this CPU model in this dtype by any backend of `all_backends` whose framework is
     installed and runs on the CPU. One framework's matmul may reach half of another's on the same cores (on this
     project's 2-core EPYC, torch's float32 matmul reaches 235 GFLOP/s where XLA's reaches 525): the hardware's
     peak is the best of them, so that every backend's MFU is measured against the same figure. Measurements are
-    cached per CPU model (`mtbench env --calibrate` redoes them)."""
+    cached per CPU model (`mtbench env --calibrate` redoes them), one process measuring at a time. `cpus`: the
+    CPUs a process of several on this machine shares with them (`shared_cpus`): its measurements run there in a
+    process of their own, as one process holding its slice of them would measure that slice."""
     if device.get("kind") != "cpu":
         peak, source = datasheet_peak(device.get("name"), dtype, matmul_precision)
         return peak_record(peak, source or f"no datasheet peak known for {device.get('name')}")
@@ -121,15 +129,18 @@ def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmu
     measured = {}
     for candidate in candidates:
         path = calibration_path(cache_dir, candidate.name, dtype, device_name)
-        if os.path.exists(path):
-            measured[candidate.name] = read_calibration(path)
-        elif candidate is backend:
-            measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir, replace=False)
-        elif _runs_on_cpu(candidate):
-            try:
-                measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir, replace=False)
-            except Exception:  # a plugin backend without a matmul measurement (or one that fails) sets no peak
-                pass
+        with one_measurement_at_a_time(path):  # the run's other processes wait, off the CPUs, and read it
+            if os.path.exists(path):
+                measured[candidate.name] = read_calibration(path)
+            elif candidate is backend:
+                measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir, replace=False,
+                                                     cpus=cpus)
+            elif _runs_on_cpu(candidate):
+                try:
+                    measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir, replace=False,
+                                                         cpus=cpus)
+                except Exception:  # a plugin backend without a matmul measurement (or one that fails) sets no peak
+                    pass
     best = dict(max(measured.values(), key=lambda record: (record["flops_per_s"], record["source"])))
     if len(measured) > 1:
         best["source"] += f" (the fastest of {', '.join(sorted(measured))} on this CPU)"
@@ -160,7 +171,26 @@ def read_calibration(path):
     with open(path) as f:
         cached = json.load(f)
     return peak_record(cached["flops_per_s"], cached["source"], cached.get("measured_at"),
-                       cached.get("load_average"))
+                       cached.get("load_average"), cached.get("cpus"))
+
+
+@contextlib.contextmanager
+def one_measurement_at_a_time(path):
+    """Holds the lock of the calibration at `path` (where the OS has file locks): processes that find no cached
+    peak together measure it once, one after the other, rather than all at once on shared cores, each measuring
+    a share of them."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 PROBE_SIZE = 256          # a first, small matmul: how fast this dtype runs here at all
@@ -178,19 +208,52 @@ def calibration_size(backend, dtype, largest=2048):
     return max(PROBE_SIZE, min(largest, fitting))
 
 
-def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True):
+def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, cpus=None):
     """Measures `backend`'s matmul peak in `dtype` on matmuls of `size` (smaller where they would be slow:
     `calibration_size`), caches it with when it was measured and how busy the host was as it began (a busy host
     gives a low peak), and returns it as a `peak_record`. `replace=False` (a run that found no measurement): where
     another process cached one meanwhile, that one is kept and returned, so that runs started together divide by
-    one peak."""
+    one peak. `cpus`: measured in a process of its own that runs on these CPUs (`measure_on`), else here."""
     measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     load = load_average()
-    size = calibration_size(backend, dtype, size)
-    flops_per_s = backend.matmul_flops_per_s(dtype, size)
+    size, flops_per_s, measured_cpus = (measure_here(backend, dtype, size) if cpus is None
+                                        else measure_on(cpus, backend.name, dtype, size))
     record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of repeats",
-                         measured_at, load)
+                         measured_at, load, measured_cpus)
     path = calibration_path(cache_dir, backend.name, dtype, device_name)
     if not write_json_atomic(path, record, replace=replace):
         return read_calibration(path)
     return record
+
+
+def measure_here(backend, dtype, largest):
+    """(matmul size, FLOP/s, CPUs this process may run on) of `backend`'s `dtype` matmul, measured in this
+    process."""
+    size = calibration_size(backend, dtype, largest)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return size, backend.matmul_flops_per_s(dtype, size), cpus
+
+
+def measure_on(cpus, backend_name, dtype, largest):
+    """`measure_here`'s answer from a process of its own on `cpus`, its frameworks' threads as many as they take
+    there (torchrun's OMP_NUM_THREADS, or a share's, left out)."""
+    environ = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+    # The mtbench this process runs (a checkout's, perhaps not installed) and its plugins.
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, environ.get("PYTHONPATH")]))
+    program = ("import sys; from mtbench.runner.measurement.peaks import print_measurement; "
+               "print_measurement(*sys.argv[1:])")
+    proc = subprocess.run([sys.executable, "-c", program, backend_name, dtype, str(largest)], capture_output=True,
+                          text=True, env=environ, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RunFailure(f"measuring {backend_name}'s {dtype} matmul peak on CPUs {cpus} failed: {last[:300]}")
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    return answer["size"], answer["flops_per_s"], answer["cpus"]
+
+
+def print_measurement(backend_name, dtype, largest):
+    """`measure_on`'s process: prints `measure_here`'s answer as JSON."""
+    from mtbench.plugins.manager import registry
+    size, flops_per_s, cpus = measure_here(registry().backends[backend_name], dtype, int(largest))
+    print(json.dumps({"size": size, "flops_per_s": flops_per_s, "cpus": cpus}))

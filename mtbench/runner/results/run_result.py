@@ -10,6 +10,7 @@ import numpy as np
 from mtbench.errors import RunFailure, RunInterrupted
 from mtbench.plugins.api import peak_host_bytes
 from mtbench.runner.files import write_json_atomic
+from mtbench.runner.launch import shared_cpus
 from mtbench.runner.measurement.environment import run_environment
 from mtbench.runner.measurement.peaks import device_peak_record
 from mtbench.runner.results.schema import SCHEMA_VERSION
@@ -18,7 +19,7 @@ from mtbench.runner.results.schema import SCHEMA_VERSION
 def utilization(steady, backend, run, devices_used, config, all_backends, family):
     """Model FLOP/s (as the model family `family` counts them) against the peak of the devices used (MFU)."""
     peak_record = device_peak_record(backend, run.device, config.dtype, config.cache_dir, all_backends,
-                                     matmul_precision=config.matmul_precision)
+                                     matmul_precision=config.matmul_precision, cpus=shared_cpus())
     peak, peak_source = peak_record["flops_per_s"], peak_record["source"]
     # A CPU's measured peak spans all its cores, which a machine's processes and simulated devices share: one peak
     # a machine the run's processes span. (A plugin's process group that kept no `launch` is taken as one machine.)
@@ -48,6 +49,7 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
         "mfu_reason": reason,  # why MFU is null, else null
         # A measured (CPU) peak: when, and under what load; null for a datasheet's.
         "peak_measured_at": peak_record["measured_at"], "peak_load_average": peak_record["load_average"],
+        "peak_cpus": peak_record.get("cpus"),
     }
 
 

@@ -7,9 +7,10 @@ import os
 
 import pytest
 
+from conftest import MACHINE_CPUS
 from mtbench import Backend
 from mtbench.runner.measurement.peaks import (calibrate, calibration_path, datasheet_peak, device_peak,
-                                              device_peak_record)
+                                              device_peak_record, one_measurement_at_a_time)
 
 
 @pytest.mark.parametrize("device_name, source, bfloat16", [
@@ -68,7 +69,7 @@ def test_matmul_precision_defaults_to_highest_and_reaches_device_peak(tmp_path):
         (156e12, "NVIDIA A100 datasheet, TF32 dense")
     record = device_peak_record(FakeBackend(), gpu, "float32", str(tmp_path))
     assert record == {"flops_per_s": 19.5e12, "source": "NVIDIA A100 datasheet, FP32 dense", "measured_at": None,
-                      "load_average": None}
+                      "load_average": None, "cpus": None}
     unknown = device_peak(FakeBackend(), {"kind": "gpu", "name": "NVIDIA A10G"}, "float32", str(tmp_path))
     assert unknown == (None, "no datasheet peak known for NVIDIA A10G")
 
@@ -123,7 +124,7 @@ def test_a_cache_file_written_before_the_time_was_recorded_still_reads(tmp_path)
         json.dump({"flops_per_s": 2e11, "source": "measured: old"}, f)
     backend = FakeBackend()
     assert device_peak_record(backend, backend.device_info(), "float32", str(tmp_path)) == \
-        {"flops_per_s": 2e11, "source": "measured: old", "measured_at": None, "load_average": None}
+        {"flops_per_s": 2e11, "source": "measured: old", "measured_at": None, "load_average": None, "cpus": None}
     assert device_peak(backend, backend.device_info(), "float32", str(tmp_path)) == (2e11, "measured: old")
 
 
@@ -161,3 +162,61 @@ def test_a_slow_dtype_is_measured_on_matmuls_that_keep_the_calibration_to_second
     record = calibrate(backend, "float16", "Test CPU", str(tmp_path))
     assert backend.sizes == [256, size]  # the probe, then the measurement
     assert record["source"] == f"measured: {size}x{size} float16 matmul on fake, median of repeats"
+
+
+def test_processes_that_find_no_peak_together_measure_it_one_at_a_time(tmp_path):
+    """The lock `one_measurement_at_a_time` holds: a second process (here a thread, with a lock file of its own
+    opening) waits until the first has measured and cached the peak, then reads it."""
+    import threading
+    path = calibration_path(str(tmp_path), "fake", "float32", "Test CPU")
+    order, second_started = [], threading.Event()
+
+    def second():
+        second_started.set()
+        with one_measurement_at_a_time(path):
+            order.append("second")
+
+    with one_measurement_at_a_time(path):
+        order.append("first")
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        second_started.wait()
+        waiting.join(timeout=0.5)
+        assert waiting.is_alive() and order == ["first"]  # it waits for the lock
+        order.append("first done")
+    waiting.join()
+    assert order == ["first", "first done", "second"]
+
+
+@pytest.mark.skipif(not MACHINE_CPUS or len(MACHINE_CPUS) < 2, reason="needs a machine with 2 CPUs or more")
+def test_a_measurement_on_given_cpus_runs_in_a_process_that_holds_them(tmp_path):
+    """`measure_on` measures in a process of its own, on the CPUs given, whatever this process holds (a pytest
+    worker holds one share of the machine's CPUs), and with as many threads as they give (torchrun's
+    OMP_NUM_THREADS=1 left out)."""
+    from mtbench.runner.measurement.peaks import measure_on
+    for cpus in (MACHINE_CPUS[:1], MACHINE_CPUS):
+        size, flops_per_s, measured_on = measure_on(cpus, "torch", "float32", 256)
+        assert (size, measured_on) == (256, len(cpus)) and flops_per_s > 0
+
+
+@pytest.mark.slow  # two torch processes and the measuring processes of torch's and JAX's peaks: about 25 s
+@pytest.mark.skipif(not MACHINE_CPUS or len(MACHINE_CPUS) < 2, reason="needs a machine with 2 CPUs or more")
+def test_processes_sharing_the_cpus_measure_the_peak_on_all_of_them(tmp_path):
+    """Each of 2 processes holds half of the CPUs: the peak they divide by was measured on all of them, not on
+    the half a process holds (which cached half the machine's peak for every later run of this CPU)."""
+    from tests.plugins.extras.test_multi_process import torchrun
+    out, cache = tmp_path / "ddp.json", tmp_path / "cache"
+    proc = torchrun("train", "--backend", "torch", "--extra", "ddp", "--model", "gpt", "--preset", "tiny",
+                    "--block-size", "32", "--batch-size", "8", "--steps", "4", "--dtype", "float32", "--measure-only",
+                    "--cache-dir", str(cache), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["processes"]["cpu_share"]["threads"] == len(MACHINE_CPUS) // 2
+    utilization = result["utilization"]
+    assert utilization["peak_cpus"] == len(MACHINE_CPUS) and utilization["mfu"] > 0
+    # torch's peak and JAX's (the CPU's is the faster), each measured once, on every CPU.
+    calibrations = [name for name in os.listdir(cache / "calibration") if name.endswith(".json")]
+    assert sorted(name.split("-float32-")[0] for name in calibrations) == ["jax", "torch"]
+    for name in calibrations:
+        with open(cache / "calibration" / name) as f:
+            assert json.load(f)["cpus"] == len(MACHINE_CPUS), name

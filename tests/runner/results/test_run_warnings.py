@@ -178,8 +178,11 @@ def test_the_single_run_table_shows_load_warnings_compile_cache_peak_and_test_se
     assert " over 1 shape, compile cache " in rows(one_shape)["compile (first step of each shape)"]
     utilization = result["utilization"]
     load_text = " / ".join(f"{value:g}" for value in utilization["peak_load_average"])
+    # The CPUs its measuring process could run on: this test worker's share (one of 2 on this project's machines).
+    cpus = utilization["peak_cpus"]
+    assert isinstance(cpus, int) and cpus >= 1
     assert shown["MFU (padded): model FLOP/s / peak"].endswith(
-        f"; measured {utilization['peak_measured_at']} at load average {load_text})")
+        f"; measured {utilization['peak_measured_at']} at load average {load_text} on {cpus} CPU{'s' * (cpus > 1)})")
     # --max-len 48 drops test pairs on the tiny preset's tokenizer: the table says how many were scored of how many.
     scored, dropped = result["metrics"]["test_sentences_scored"], result["data"]["dropped"]["too_long"]["test"]
     assert dropped > 0 and scored + dropped == result["data"]["pairs"]["test"]
