@@ -118,7 +118,8 @@ def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmu
     installed and runs on the CPU. One framework's matmul may reach half of another's on the same cores (on this
     project's 2-core EPYC, torch's float32 matmul reaches 235 GFLOP/s where XLA's reaches 525): the hardware's
     peak is the best of them, so that every backend's MFU is measured against the same figure. Measurements are
-    cached per CPU model (`mtbench env --calibrate` redoes them), one process measuring at a time. `cpus`: the
+    cached per CPU model and count of CPUs measured on (`mtbench env --calibrate` redoes them), one process
+    measuring at a time: a run pinned to some of the CPUs divides by their peak, not the machine's. `cpus`: the
     CPUs a process of several on this machine shares with them (`shared_cpus`): its measurements run there in a
     process of their own, as one process holding its slice of them would measure that slice."""
     if device.get("kind") != "cpu":
@@ -126,9 +127,9 @@ def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmu
         return peak_record(peak, source or f"no datasheet peak known for {device.get('name')}")
     dtype, device_name = compute_dtype(dtype), device.get("name")
     candidates = [backend] + [other for other in all_backends if other.name != backend.name]
-    measured = {}
+    measured, counted = {}, usable_cpus() if cpus is None else len(cpus)
     for candidate in candidates:
-        path = calibration_path(cache_dir, candidate.name, dtype, device_name)
+        path = calibration_path(cache_dir, candidate.name, dtype, device_name, counted)
         with one_measurement_at_a_time(path):  # the run's other processes wait, off the CPUs, and read it
             if os.path.exists(path):
                 measured[candidate.name] = read_calibration(path)
@@ -160,9 +161,16 @@ def _runs_on_cpu(backend):
     return description["available"] and description["device"].get("kind") == "cpu"
 
 
-def calibration_path(cache_dir, backend_name, dtype, device_name):
+def calibration_path(cache_dir, backend_name, dtype, device_name, cpus):
+    """Where the peak measured on `cpus` CPUs of this model is cached. (Files cached before the CPUs were counted
+    are named without them, and are measured again: a process of several measured its share of the CPUs.)"""
     safe = "".join(c if c.isalnum() else "-" for c in (device_name or "cpu"))
-    return os.path.join(cache_dir, "calibration", f"{backend_name}-{dtype}-{safe}.json")
+    return os.path.join(cache_dir, "calibration", f"{backend_name}-{dtype}-{safe}-{cpus}cpus.json")
+
+
+def usable_cpus():
+    """How many CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def read_calibration(path):
@@ -220,7 +228,7 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
                                         else measure_on(cpus, backend.name, dtype, size))
     record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of repeats",
                          measured_at, load, measured_cpus)
-    path = calibration_path(cache_dir, backend.name, dtype, device_name)
+    path = calibration_path(cache_dir, backend.name, dtype, device_name, measured_cpus)
     if not write_json_atomic(path, record, replace=replace):
         return read_calibration(path)
     return record
@@ -230,8 +238,7 @@ def measure_here(backend, dtype, largest):
     """(matmul size, FLOP/s, CPUs this process may run on) of `backend`'s `dtype` matmul, measured in this
     process."""
     size = calibration_size(backend, dtype, largest)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return size, backend.matmul_flops_per_s(dtype, size), cpus
+    return size, backend.matmul_flops_per_s(dtype, size), usable_cpus()
 
 
 def measure_on(cpus, backend_name, dtype, largest):

@@ -86,6 +86,10 @@ def test_a_tpu_has_no_tf32_peak():
         (197e12, "Google Cloud TPU v5e documentation, BF16 MXU dense")
 
 
+# How many CPUs this test's process may run on: what its in-process measurements are keyed by.
+HERE = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 class FakeBackend(Backend):
     """A backend whose matmul 'measures' a fixed figure, on the CPU, and keeps the size of each one it measured."""
     name = "fake"
@@ -108,7 +112,7 @@ def test_a_cpu_measurement_records_when_it_was_taken_and_the_load(tmp_path):
     assert before <= measured_at <= datetime.datetime.now().astimezone()
     assert measured_at.utcoffset() is not None
     assert len(record["load_average"]) == 3 and all(load >= 0 for load in record["load_average"])
-    with open(calibration_path(str(tmp_path), "fake", "float32", "Test CPU")) as f:
+    with open(calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE)) as f:
         assert json.load(f) == record
     # A later run reads the cached measurement, its time and load included, and measures nothing.
     backend = FakeBackend()
@@ -118,7 +122,7 @@ def test_a_cpu_measurement_records_when_it_was_taken_and_the_load(tmp_path):
 
 
 def test_a_cache_file_written_before_the_time_was_recorded_still_reads(tmp_path):
-    path = calibration_path(str(tmp_path), "fake", "float32", "Test CPU")
+    path = calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE)
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
         json.dump({"flops_per_s": 2e11, "source": "measured: old"}, f)
@@ -128,13 +132,41 @@ def test_a_cache_file_written_before_the_time_was_recorded_still_reads(tmp_path)
     assert device_peak(backend, backend.device_info(), "float32", str(tmp_path)) == (2e11, "measured: old")
 
 
+def test_a_peak_cached_before_the_cpus_were_counted_is_measured_again(tmp_path):
+    """Earlier versions named the file by the CPU model alone, and a process of several wrote its share's peak
+    there: a run measures the peak again, on the CPUs it has, and keeps the old file as it was."""
+    old = os.path.join(tmp_path, "calibration", "fake-float32-Test-CPU.json")
+    os.makedirs(os.path.dirname(old))
+    with open(old, "w") as f:
+        json.dump({"flops_per_s": 5e10, "source": "measured: half", "measured_at": "2026-11-30T10:00:00+00:00",
+                   "load_average": [0.1, 0.1, 0.1]}, f)
+    backend = FakeBackend(flops_per_s=1e11)
+    record = device_peak_record(backend, backend.device_info(), "float32", str(tmp_path))
+    assert backend.measured == 2 and record["flops_per_s"] == 1e11 and record["cpus"] == HERE  # probe, measure
+    assert sorted(name for name in os.listdir(os.path.dirname(old)) if name.endswith(".json")) == sorted([
+        "fake-float32-Test-CPU.json", f"fake-float32-Test-CPU-{HERE}cpus.json"])
+    with open(old) as f:
+        assert json.load(f)["flops_per_s"] == 5e10
+
+
+def test_a_peak_measured_on_another_count_of_cpus_is_not_this_runs(tmp_path):
+    """A run pinned to some of the CPUs (taskset, a scheduler's share) divides by their peak, and a run on all of
+    them by theirs: each is cached under its count."""
+    calibrate(FakeBackend(flops_per_s=1e11), "float32", "Test CPU", str(tmp_path))
+    other = calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE + 1)
+    os.rename(calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE), other)
+    backend = FakeBackend(flops_per_s=3e11)
+    assert device_peak(backend, backend.device_info(), "float32", str(tmp_path))[0] == 3e11
+    assert backend.measured == 2
+
+
 def test_the_fastest_backend_sets_the_cpu_peak_with_its_own_record(tmp_path):
     slow, fast = FakeBackend("slow", 1e11), FakeBackend("fast", 3e11)
     record = device_peak_record(slow, slow.device_info(), "float32", str(tmp_path), all_backends=(slow, fast))
     assert record["flops_per_s"] == 3e11
     assert record["source"] == ("measured: 2048x2048 float32 matmul on fast, median of repeats "
                                 "(the fastest of fast, slow on this CPU)")
-    with open(calibration_path(str(tmp_path), "fast", "float32", "Test CPU")) as f:
+    with open(calibration_path(str(tmp_path), "fast", "float32", "Test CPU", HERE)) as f:
         assert record["measured_at"] == json.load(f)["measured_at"] is not None
 
 
@@ -147,9 +179,9 @@ def test_runs_that_calibrate_together_keep_the_first_measurement_and_env_calibra
     # `mtbench env --calibrate` measures again on purpose.
     again = calibrate(FakeBackend(flops_per_s=3e11), "float32", "Test CPU", str(tmp_path))
     assert again["flops_per_s"] == 3e11
-    with open(calibration_path(str(tmp_path), "fake", "float32", "Test CPU")) as f:
+    with open(calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE)) as f:
         assert json.load(f) == again
-    assert [name for name in os.listdir(os.path.dirname(calibration_path(str(tmp_path), "fake", "float32", "x")))
+    assert [name for name in os.listdir(os.path.dirname(calibration_path(str(tmp_path), "fake", "float32", "x", HERE)))
             if name.startswith(".tmp-")] == []
 
 
@@ -168,7 +200,7 @@ def test_processes_that_find_no_peak_together_measure_it_one_at_a_time(tmp_path)
     """The lock `one_measurement_at_a_time` holds: a second process (here a thread, with a lock file of its own
     opening) waits until the first has measured and cached the peak, then reads it."""
     import threading
-    path = calibration_path(str(tmp_path), "fake", "float32", "Test CPU")
+    path = calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE)
     order, second_started = [], threading.Event()
 
     def second():
