@@ -221,11 +221,15 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
     `calibration_size`), caches it with when it was measured and how busy the host was as it began (a busy host
     gives a low peak), and returns it as a `peak_record`. `replace=False` (a run that found no measurement): where
     another process cached one meanwhile, that one is kept and returned, so that runs started together divide by
-    one peak. `cpus`: measured in a process of its own that runs on these CPUs (`measure_on`), else here."""
+    one peak. `cpus`: measured in a process of its own that runs on these CPUs (`measure_on`), else (or where
+    that process fails) here; the record and its file name say how many CPUs it ran on."""
     measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     load = load_average()
-    size, flops_per_s, measured_cpus = (measure_here(backend, dtype, size) if cpus is None
-                                        else measure_on(cpus, backend.name, dtype, size))
+    try:
+        size, flops_per_s, measured_cpus = (measure_here(backend, dtype, size) if cpus is None
+                                            else measure_on(cpus, backend.name, dtype, size))
+    except RunFailure:  # a backend its own process cannot find (one registered by code, not installed)
+        size, flops_per_s, measured_cpus = measure_here(backend, dtype, size)  # cached under its own count of CPUs
     record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of repeats",
                          measured_at, load, measured_cpus)
     path = calibration_path(cache_dir, backend.name, dtype, device_name, measured_cpus)
@@ -250,8 +254,10 @@ def measure_on(cpus, backend_name, dtype, largest):
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, environ.get("PYTHONPATH")]))
     program = ("import sys; from mtbench.runner.measurement.peaks import print_measurement; "
                "print_measurement(*sys.argv[1:])")
-    proc = subprocess.run([sys.executable, "-c", program, backend_name, dtype, str(largest)], capture_output=True,
-                          text=True, env=environ, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    # The process takes its CPUs itself: this one may run threads (gloo's, XLA's), and code run between fork and
+    # exec in a process with threads may deadlock.
+    proc = subprocess.run([sys.executable, "-c", program, ",".join(map(str, cpus)), backend_name, dtype,
+                           str(largest)], capture_output=True, text=True, env=environ)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RunFailure(f"measuring {backend_name}'s {dtype} matmul peak on CPUs {cpus} failed: {last[:300]}")
@@ -259,8 +265,10 @@ def measure_on(cpus, backend_name, dtype, largest):
     return answer["size"], answer["flops_per_s"], answer["cpus"]
 
 
-def print_measurement(backend_name, dtype, largest):
-    """`measure_on`'s process: prints `measure_here`'s answer as JSON."""
+def print_measurement(cpus, backend_name, dtype, largest):
+    """`measure_on`'s process: takes the CPUs `cpus` (comma-separated) before any framework starts its threads,
+    and prints `measure_here`'s answer as JSON."""
+    os.sched_setaffinity(0, [int(cpu) for cpu in cpus.split(",")])
     from mtbench.plugins.manager import registry
     size, flops_per_s, cpus = measure_here(registry().backends[backend_name], dtype, int(largest))
     print(json.dumps({"size": size, "flops_per_s": flops_per_s, "cpus": cpus}))

@@ -142,7 +142,7 @@ def test_a_peak_cached_before_the_cpus_were_counted_is_measured_again(tmp_path):
                    "load_average": [0.1, 0.1, 0.1]}, f)
     backend = FakeBackend(flops_per_s=1e11)
     record = device_peak_record(backend, backend.device_info(), "float32", str(tmp_path))
-    assert backend.measured == 2 and record["flops_per_s"] == 1e11 and record["cpus"] == HERE  # probe, measure
+    assert backend.sizes == [256, 2048] and record["flops_per_s"] == 1e11 and record["cpus"] == HERE  # probe, measure
     assert sorted(name for name in os.listdir(os.path.dirname(old)) if name.endswith(".json")) == sorted([
         "fake-float32-Test-CPU.json", f"fake-float32-Test-CPU-{HERE}cpus.json"])
     with open(old) as f:
@@ -157,7 +157,7 @@ def test_a_peak_measured_on_another_count_of_cpus_is_not_this_runs(tmp_path):
     os.rename(calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE), other)
     backend = FakeBackend(flops_per_s=3e11)
     assert device_peak(backend, backend.device_info(), "float32", str(tmp_path))[0] == 3e11
-    assert backend.measured == 2
+    assert backend.sizes == [256, 2048]  # the probe, then the measurement
 
 
 def test_the_fastest_backend_sets_the_cpu_peak_with_its_own_record(tmp_path):
@@ -252,3 +252,14 @@ def test_processes_sharing_the_cpus_measure_the_peak_on_all_of_them(tmp_path):
     for name in calibrations:
         with open(cache / "calibration" / name) as f:
             assert json.load(f)["cpus"] == len(MACHINE_CPUS), name
+
+
+@pytest.mark.skipif(not MACHINE_CPUS or len(MACHINE_CPUS) < 2, reason="needs a machine with 2 CPUs or more")
+def test_a_backend_that_a_process_of_its_own_cannot_find_is_measured_here_under_its_own_count(tmp_path):
+    """A backend registered by code, not installed, has no process of its own to measure in: this process
+    measures it on the CPUs it holds, and the record and its file say how many (a run on all of them measures
+    again)."""
+    backend = FakeBackend()
+    record = calibrate(backend, "float32", "Test CPU", str(tmp_path), cpus=MACHINE_CPUS)
+    assert backend.sizes and record["flops_per_s"] == 1e11 and record["cpus"] == HERE
+    assert os.path.exists(calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE))
