@@ -116,7 +116,7 @@ def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmu
     matmuls ran in (`matmul_precision`: float32 with 'high' is TF32 on GPUs that have it). CPUs: the fastest
     square matmul measured on this CPU model in this dtype by any backend of `all_backends` whose framework is
     installed and runs on the CPU. One framework's matmul may reach half of another's on the same cores (on this
-    project's 2-core EPYC, torch's float32 matmul reaches 235 GFLOP/s where XLA's reaches 525): the hardware's
+    project's 2-core EPYC, XLA's bfloat16 matmul reaches 166 GFLOP/s where torch's reaches 418): the hardware's
     peak is the best of them, so that every backend's MFU is measured against the same figure. Measurements are
     cached per CPU model and count of CPUs measured on (`mtbench env --calibrate` redoes them), one process
     measuring at a time: a run pinned to some of the CPUs divides by their peak, not the machine's. `cpus`: the
