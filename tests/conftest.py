@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -162,6 +163,22 @@ def cli_environment(env=None):
     full_env.setdefault("MTBENCH_LOAD_PLUGINS", "")
     full_env.update(env or {})
     return {k: v for k, v in full_env.items() if v is not None}  # None in `env` unsets a variable
+
+
+def run_joined_probes(probe, processes=2, timeout=120):
+    """Runs tests/PROBE as `processes` processes that meet at a free port of this machine (`PROBE RANK
+    COORDINATOR`, COORDINATOR host:port of process 0); asserts that each exits with 0 and returns each one's last
+    line of output, read as JSON, in process order."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        coordinator = f"127.0.0.1:{free.getsockname()[1]}"
+    started = [subprocess.Popen([sys.executable, os.path.join(TESTS_DIR, probe), str(rank), coordinator],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_environment())
+               for rank in range(processes)]
+    outputs = [process.communicate(timeout=timeout) for process in started]
+    assert [process.returncode for process in started] == [0] * processes, \
+        "".join(stderr[-2000:] for _, stderr in outputs)
+    return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
 
 
 @functools.lru_cache(maxsize=None)

@@ -42,10 +42,12 @@ class TorchProcessGroup(ProcessGroup):
 
     def _all_reduce(self, tensor, op):
         import torch.distributed as dist
-        work = dist.all_reduce(tensor, op=op, group=self._host_group, async_op=True)
+        self._wait_keeping(dist.all_reduce(tensor, op=op, group=self._host_group, async_op=True))
+        return tensor
+
+    def _wait_keeping(self, work):
         work.wait()
         self._last_agreement = work  # freed by this thread, never by gloo's (see the module's docstring)
-        return tensor
 
     def any(self, flag):
         import torch
@@ -60,9 +62,7 @@ class TorchProcessGroup(ProcessGroup):
 
     def barrier(self):
         import torch.distributed as dist
-        work = dist.barrier(group=self._host_group, async_op=True)
-        work.wait()
-        self._last_agreement = work
+        self._wait_keeping(dist.barrier(group=self._host_group, async_op=True))
 
     def close(self):
         import torch.distributed as dist

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from mtbench.errors import RunFailure
+from mtbench.plugins.api.host import cpu_count
 from mtbench.runner.files import write_json_atomic
 from mtbench.runner.measurement.devices import describe_backend
 from mtbench.runner.measurement.flops import compute_dtype
@@ -127,7 +128,7 @@ def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmu
         return peak_record(peak, source or f"no datasheet peak known for {device.get('name')}")
     dtype, device_name = compute_dtype(dtype), device.get("name")
     candidates = [backend] + [other for other in all_backends if other.name != backend.name]
-    measured, counted = {}, usable_cpus() if cpus is None else len(cpus)
+    measured, counted = {}, cpu_count() if cpus is None else len(cpus)
     for candidate in candidates:
         path = calibration_path(cache_dir, candidate.name, dtype, device_name, counted)
         with one_measurement_at_a_time(path):  # the run's other processes wait, off the CPUs, and read it
@@ -166,11 +167,6 @@ def calibration_path(cache_dir, backend_name, dtype, device_name, cpus):
     are named without them, and are measured again: a process of several measured its share of the CPUs.)"""
     safe = "".join(c if c.isalnum() else "-" for c in (device_name or "cpu"))
     return os.path.join(cache_dir, "calibration", f"{backend_name}-{dtype}-{safe}-{cpus}cpus.json")
-
-
-def usable_cpus():
-    """How many CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def read_calibration(path):
@@ -242,7 +238,7 @@ def measure_here(backend, dtype, largest):
     """(matmul size, FLOP/s, CPUs this process may run on) of `backend`'s `dtype` matmul, measured in this
     process."""
     size = calibration_size(backend, dtype, largest)
-    return size, backend.matmul_flops_per_s(dtype, size), usable_cpus()
+    return size, backend.matmul_flops_per_s(dtype, size), cpu_count()
 
 
 def measure_on(cpus, backend_name, dtype, largest):
@@ -250,7 +246,8 @@ def measure_on(cpus, backend_name, dtype, largest):
     there (torchrun's OMP_NUM_THREADS, or a share's, left out)."""
     environ = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
     # The mtbench this process runs (a checkout's, perhaps not installed) and its plugins.
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    import mtbench
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mtbench.__file__)))
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, environ.get("PYTHONPATH")]))
     program = ("import sys; from mtbench.runner.measurement.peaks import print_measurement; "
                "print_measurement(*sys.argv[1:])")

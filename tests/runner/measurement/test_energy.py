@@ -1,10 +1,6 @@
 """Energy from the hardware's counters: the arithmetic on recorded counter sequences (RAPL with its wrap-around,
 NVML through a stand-in for pynvml), and the reason a run without a counter gives."""
 
-import json
-import os
-import socket
-import subprocess
 import sys
 import types
 
@@ -12,7 +8,7 @@ import pytest
 
 from mtbench.runner.measurement import energy
 from mtbench.runner.measurement.energy import EnergyMeter, NvmlCounter, RaplCounter, open_counter, rapl_domains
-from tests.conftest import TESTS_DIR, cli_environment
+from tests.conftest import run_joined_probes
 
 
 def write_domain(root, name, energy_uj, wrap_uj=262143328850):
@@ -173,15 +169,7 @@ def test_without_a_counter_the_result_says_why_and_gives_no_figure(monkeypatch, 
 def test_the_energy_of_a_run_of_two_processes_is_both_devices_joules():
     """Each process reads only its own GPU (`test_nvml_counts_only_the_devices_this_process_computes_on`), while
     tokens/s counts the global batch: process 0's device draws 10 J between readings, process 1's 20 J."""
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        coordinator = f"127.0.0.1:{free.getsockname()[1]}"
-    probe = os.path.join(TESTS_DIR, "energy_processes_probe.py")
-    started = [subprocess.Popen([sys.executable, probe, str(rank), coordinator], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=cli_environment()) for rank in (0, 1)]
-    outputs = [process.communicate(timeout=120) for process in started]
-    assert [process.returncode for process in started] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
-    first, second = (json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs)
+    first, second = run_joined_probes("energy_processes_probe.py")
     assert first == second  # every process sums the same figures
     # Steps take 10 + 20 J each; the run, from the meter's start to its end (7 readings on), 70 + 140 J.
     assert first["joules"] == [30.0, 30.0, 30.0]
