@@ -238,6 +238,19 @@ def load_docs_script(filename):
     return module
 
 
+def assert_the_check_fails_on_an_edit_by_hand(generator, old, new, tmp_path, monkeypatch):
+    """A docs generator's `--check` fails on its file with `old` edited to `new` in the generated block, and a
+    rewrite restores the file."""
+    with open(generator.PATH, encoding="utf-8") as f:
+        text = f.read()
+    assert old in text
+    edited = tmp_path / os.path.basename(generator.PATH)
+    edited.write_text(text.replace(old, new, 1), encoding="utf-8")
+    monkeypatch.setattr(generator, "PATH", str(edited))
+    assert generator.main(["--check"]) == 1
+    assert generator.main([]) == 0 and edited.read_text(encoding="utf-8") == text
+
+
 def run_cli(*args, env=None, cwd=None, timeout=600):
     """Runs `python -m mtbench ARGS` in a fresh process; returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "mtbench", *args], capture_output=True, text=True,

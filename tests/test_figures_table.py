@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from conftest import load_docs_script, run_cli
+from conftest import assert_the_check_fails_on_an_edit_by_hand, load_docs_script, run_cli
 
 
 def load_generator():
@@ -22,14 +22,7 @@ def test_the_figures_table_is_generated_from_figures():
 
 
 def test_the_check_fails_on_a_table_edited_by_hand(tmp_path, monkeypatch):
-    generator = load_generator()
-    with open(generator.PATH, encoding="utf-8") as f:
-        text = f.read()
-    edited = tmp_path / "results.md"
-    edited.write_text(text.replace("| `compile_s`, ", "| `compile_seconds`, ", 1), encoding="utf-8")
-    monkeypatch.setattr(generator, "PATH", str(edited))
-    assert generator.main(["--check"]) == 1
-    assert generator.main([]) == 0 and edited.read_text(encoding="utf-8") == text
+    assert_the_check_fails_on_an_edit_by_hand(load_generator(), "| `compile_s`, ", "| `compile_seconds`, ", tmp_path, monkeypatch)
 
 
 def test_every_figure_column_of_a_csv_report_is_in_the_table(compared):
