@@ -17,6 +17,8 @@
 # 4. whether JAX's remat frees memory on the GPU, full and keeping the products (50 s each at most); float16 on
 #    both, parity and host waits (60 s);
 # 5. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
+# tests/test_gpu_session.py checks, on a CPU, that its commands take their options and that what it reads back
+# from their results is what mtbench writes.
 # What comes back is 8 files at most: summary.txt, matrix.log, gpu-matrix.md, gpu-matrix.json, obvious.log,
 # profiles.tgz, inductor.tgz, slow.log.
 set -uo pipefail

@@ -201,7 +201,7 @@ def shown(figure):
     return f"{figure:.4g}" if isinstance(figure, float) else str(figure)
 
 
-def main(argv=None):
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--rows", type=int, default=4)
@@ -211,6 +211,14 @@ def main(argv=None):
                         help="mtbench's step without the eager step's rounding, to see what the rounding costs")
     parser.add_argument("--save-code", metavar="FOLDER", help="write each program's source there")
     args = parser.parse_args(argv)
+    from mtbench.keras_models.presets import GPT_PRESETS
+    if args.preset not in GPT_PRESETS:
+        parser.error(f"--preset: '{args.preset}' is none of the GPT presets {', '.join(GPT_PRESETS)}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     figures = generated_programs(args.preset, args.rows, args.block_size, args.dtype, args.precision_casts,
                                  args.save_code)
     import torch
