@@ -104,6 +104,14 @@ def _by_shard(distribution):
             jax.lax.with_sharding_constraint)
 
 
+def shard_axis_layouts(distribution, layouts):
+    """Each of `layouts` (NamedShardings over the distribution's mesh) with a leading axis over the batch's mesh
+    axis: the layout of a weight's gradients carried one per batch shard."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    mesh = distribution.device_mesh.backend_mesh
+    return [NamedSharding(mesh, PartitionSpec(distribution.batch_dim_name, *layout.spec)) for layout in layouts]
+
+
 def shard_seeds(non_trainable, shards, distribution):
     """Each shard's dropout seeds (a leading shard axis): the seeds' first word offset by the shard's index, so that
     each shard draws its masks from its own stream, as DDP's processes draw theirs; shard 0's are the seeds' own.
@@ -133,12 +141,16 @@ def shard_gradients(loss_of, shards, distribution, trainable, seeds, optimizer_s
     return jax.vmap(one_shard)(seeds, x, y, weight)
 
 
-def summed_shards(grads, loss, correct, distribution, flat=True):
+def summed_shards(grads, loss, correct, distribution, flat=True, layouts=None):
     """(grads, loss, correct) of `shard_gradients`' form summed over their shard axis as one flat buffer: one
     all-reduce. `flat=False`: each summed on its own, which XLA combines into one all-reduce of a tuple (on GPUs
-    and TPUs, where a collective takes the tuple at once, without a copy of every gradient into one buffer)."""
+    and TPUs, where a collective takes the tuple at once, without a copy of every gradient into one buffer); with
+    `layouts`, each sum in its weight's layout (one buffer of every gradient would gather the split ones whole)."""
     import jax.numpy as jnp
     _, whole, constrain = _by_shard(distribution)
+    if layouts is not None:
+        return ([constrain(jnp.sum(g, axis=0), layout) for g, layout in zip(grads, layouts)],
+                *constrain((jnp.sum(loss), jnp.sum(correct)), whole))
     if not flat:
         return constrain(([jnp.sum(g, axis=0) for g in grads], jnp.sum(loss), jnp.sum(correct)), whole)
     shards = loss.shape[0]
@@ -221,17 +233,20 @@ def accumulated_gradients(micro_batches, inner=None):
     return gradients_of
 
 
-def accumulated_over_shards(micro_batches, shards, distribution, flat=True):
+def accumulated_over_shards(micro_batches, shards, distribution, flat=True, layouts=None):
     """`accumulated_gradients` over a data-parallel mesh as DDP accumulates (`no_sync`): each shard sums its own
     micro-batches' gradients on its device (`shard_gradients`, carried with their shard axis through the loop) and
     the sums are summed over the shards once, after the last micro-batch (`summed_shards`, as one flat buffer or,
     `flat=False`, XLA's combined tuple: one all-reduce a step). Left to GSPMD, the loop's carry is replicated, and
-    every micro-batch all-reduces every gradient."""
+    every micro-batch all-reduces every gradient. `layouts` (NamedShardings, one a weight): weights laid out over
+    other mesh axes too (tensor-parallel's `model` axis), whose gradients are carried, and summed, in their
+    weights' layouts beside the shard axis (held to the shard axis alone, each would be gathered whole)."""
 
     def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
         import jax
         import jax.numpy as jnp
         by_shard, _, constrain = _by_shard(distribution)
+        carried = [by_shard] * len(trainable) if layouts is None else shard_axis_layouts(distribution, layouts)
         tokens = jnp.sum(weight)
 
         def add_part(carry, part):
@@ -239,18 +254,20 @@ def accumulated_over_shards(micro_batches, shards, distribution, flat=True):
             part_grads, part_loss, part_correct, seeds = shard_gradients(
                 loss_of, shards, distribution, trainable, seeds, optimizer_state, *part, tokens,
                 1.0 / (shards * micro_batches))
-            grads = [constrain(total + part, by_shard) for total, part in zip(grads, part_grads)]
+            grads = [constrain(total + part, layout) for total, part, layout in zip(grads, part_grads, carried)]
             return (grads, loss + part_loss, correct + part_correct, seeds), None
 
-        start = ([constrain(jnp.zeros((shards,) + value.shape, value.dtype), by_shard) for value in trainable],
+        start = ([constrain(jnp.zeros((shards,) + value.shape, value.dtype), layout)
+                  for value, layout in zip(trainable, carried)],
                  jnp.zeros((shards,), jnp.float32), jnp.zeros((shards,), weight.dtype),
                  shard_seeds(non_trainable, shards, distribution))
         (grads, loss, correct, seeds), _ = jax.lax.scan(add_part, start, micro_batch_parts((x, y, weight),
                                                                                          micro_batches))
-        grads, loss, correct = summed_shards(grads, loss, correct, distribution, flat)
+        grads, loss, correct = summed_shards(grads, loss, correct, distribution, flat, layouts)
         return grads, loss, correct, tokens, [state[0] for state in seeds]
 
     gradients_of.micro_batches = micro_batches
+    gradients_of.sums_per_shard = True
     return gradients_of
 
 
@@ -331,9 +348,9 @@ class JitTrainStep(TrainStep):
         # their own shard's gradients (one all-reduce a step instead of one per micro-batch).
         per_shard = getattr(gradients_of, "per_shard", None)
         per_device = per_shard(shards, distribution, bool(self.flat_shards)) if per_shard and shards else None
-        self.accumulated_per_shard = per_device is not None
         if per_device is not None:
             gradients_of = per_device
+        self.accumulated_per_shard = getattr(gradients_of, "sums_per_shard", False)
 
         def loss_of(trainable, non_trainable, optimizer_state, x, y, weight, tokens, share):
             """The loss of (a shard of) the batch, its share of the model's own losses, scaled as the optimizer
@@ -425,10 +442,17 @@ class JitTrainStep(TrainStep):
     def _distribute(self, arrays):
         return laid_out_rows(self.distribution, arrays)
 
+    def _summed_over(self):
+        """What a per-shard accumulation's sums are summed over: the devices, or on a mesh of several axes the
+        batch's."""
+        mesh = self.distribution.device_mesh
+        return "devices" if len(mesh.axis_names) == 1 else f"{self.distribution.batch_dim_name} axis"
+
     def description(self):
         accumulating = "" if self.micro_batches == 1 else \
             f"gradients of {self.micro_batches} micro-batches summed on each device in the step, then over the " \
-            f"devices{' as one flat buffer' if self.flat_shards else ''}" if self.accumulated_per_shard else \
+            f"{self._summed_over()}{' as one flat buffer' if self.flat_shards else ''}" if self.accumulated_per_shard \
+            else \
             f"gradients of {self.micro_batches} micro-batches summed in the step"
         if self.distribution is None:
             return accumulating

@@ -15,6 +15,8 @@ shards, its input's gradient marked partial). So 4 a block, Megatron's count.
 JAX: a `keras.distribution.ModelParallel` over a mesh of every device on a `model` axis (the `data` axis of size
 1), the split weights and their Adam moments laid out on it, inside mtbench's one jitted step; GSPMD inserts the
 all-reduces. Over several processes (torchrun) each hands in its rows of the batch and the program all-gathers them.
+On a data x model mesh with --grad-accum each data shard sums its micro-batches' gradients in the split layouts and
+the data axis sums them once, after the step's loop (`accumulated_over_shards`), as torch's buckets do.
 
 torch: DTensor over a `DeviceMesh` of the run's processes (torchrun; NCCL on GPUs, gloo on CPUs). Each split
 weight is a DTensor sharded as `ColwiseParallel` and `RowwiseParallel` shard `nn.Linear`'s (Keras's kernel is
@@ -217,12 +219,17 @@ def whole_batch_step(model, distribution, micro_batches=1):
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from mtbench.plugins.backends.jax_jit_step import JitTrainStep, accumulated_gradients, correct_tokens
+    from mtbench.plugins.backends.jax_jit_step import (
+        JitTrainStep,
+        accumulated_gradients,
+        accumulated_over_shards,
+        correct_tokens,
+    )
     mesh = distribution.device_mesh.backend_mesh
     by_data = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
     rows = NamedSharding(mesh, PartitionSpec((DATA_AXIS, MODEL_AXIS)))
 
-    def gradients_of(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
+    def whole_batch_gradients(loss_of, trainable, non_trainable, optimizer_state, x, y, weight):
         x, y, weight = jax.lax.with_sharding_constraint((x, y, weight), by_data)
         tokens = jnp.sum(weight)
         (_, (loss, logits, non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(
@@ -237,8 +244,16 @@ def whole_batch_step(model, distribution, micro_batches=1):
                 return tuple(self._distribute(array) for array in arrays)
             return jax.make_array_from_process_local_data(rows, arrays)
 
-    if micro_batches > 1:
-        gradients_of = accumulated_gradients(micro_batches, inner=gradients_of)
+    data_axis = mesh.shape[DATA_AXIS]
+    gradients_of = whole_batch_gradients
+    if micro_batches > 1 and data_axis > 1:
+        # Each data shard sums its micro-batches' gradients in the split layouts and the data axis sums them once,
+        # after the loop, as torch's buckets do: left to GSPMD, the loop's carry is replicated over the data axis,
+        # and every micro-batch would all-reduce every gradient.
+        layouts = [variable.value.sharding for variable in model.trainable_variables]
+        gradients_of = accumulated_over_shards(micro_batches, data_axis, distribution, flat=False, layouts=layouts)
+    elif micro_batches > 1:
+        gradients_of = accumulated_gradients(micro_batches, inner=whole_batch_gradients)
     return WholeBatchStep(model, distribution, gradients_of)
 
 
@@ -266,7 +281,8 @@ class JaxSplitStep(JaxShardedStep):
             # The rows each model axis computes at once: the global batch over the data axis, a micro-batch of it.
             rows = (self.first_batch[1].shape[0] * self.record["processes"] // self.record["mesh_shape"][0]
                     // micro_batches)
-            self.record.update(collectives_record(collectives, rf"[a-z0-9]+\[{rows},\d+,{self.d_model}\]"),
+            # (A micro-batch summed per data shard computes its rows under a leading shard axis: [1, rows, ...].)
+            self.record.update(collectives_record(collectives, rf"[a-z0-9]+\[(?:1,)?{rows},\d+,{self.d_model}\]"),
                                # the split layers gather nothing: every all-gather is of the batch's rows
                                batch_all_gathers_per_step=len(collectives.get("all-gather", [])))
             self.first_batch = None
@@ -657,12 +673,6 @@ class TensorParallel(Extra):
             if count % model_axis or model_axis < 2:
                 return (f"--tensor-parallel-size {model_axis} must be at least 2 and divide the run's {count} "
                         f"devices (the data axis takes the rest)")
-            if count > model_axis and run.config.grad_accum > 1:
-                # GSPMD keeps the loop's sum of gradients replicated over the data axis; a per-shard sum, as
-                # data-parallel's, makes it re-lay the split weights out (all-gathers, permutes) instead.
-                return (f"--grad-accum {run.config.grad_accum} on a data x model mesh: JAX's compiled step would "
-                        f"all-reduce every gradient over the data axis at each micro-batch (torch's buckets: once a "
-                        f"step); give --tensor-parallel-size {count}, or --grad-accum 1")
             return (family_reason(run.config) or uneven_split_reason(run.config, processes, "processes")
                     or uneven_split_reason(run.config, count // model_axis, "devices of the data axis")
                     or indivisible_reason(shape, model_axis))

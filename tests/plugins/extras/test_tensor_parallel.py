@@ -211,18 +211,6 @@ def mesh_refusal(backend, processes, size, devices=1):
     return TensorParallel().unavailable_reason(run)
 
 
-def test_jax_refuses_gradient_accumulation_on_a_data_by_model_mesh(tmp_path, cache_dir):
-    proc = run_cli("train", "--backend", "jax", "--extra", "tensor-parallel", "--tensor-parallel-size", "2",
-                   "--grad-accum", "2", "--preset", "tiny", "--steps", "2", "--cache-dir", cache_dir, "--out",
-                   str(tmp_path / "r.json"), env=FOUR_DEVICES)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "Error: extra 'tensor-parallel' cannot run here: --grad-accum 2 on a data x model mesh: JAX's compiled step "
-        "would all-reduce every gradient over the data axis at each micro-batch (torch's buckets: once a step); "
-        "give --tensor-parallel-size 4, or --grad-accum 1")
-    assert not (tmp_path / "r.json").exists()
-
-
 def test_a_model_axis_size_without_the_extra_is_refused(tmp_path, cache_dir):
     proc = run_cli("train", "--backend", "jax", "--tensor-parallel-size", "2", "--preset", "tiny", "--steps", "2",
                    "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
@@ -372,6 +360,33 @@ def test_jax_on_a_data_by_model_mesh_trains_like_one_device(gpt_runs):
     one_axis = gpt_runs["jax-split"]["extras_record"]["tensor-parallel"]["collectives_per_step"]["all-reduce"]
     trainable = 2 + GPT_BLOCKS * (4 + 2 + 6) + 2
     assert one_axis + trainable <= record["collectives_per_step"]["all-reduce"] <= one_axis + trainable + 4
+
+
+@pytest.mark.slow
+def test_jax_on_a_data_by_model_mesh_sums_each_shards_micro_batches_and_all_reduces_the_gradients_once(
+        gpt_runs, tmp_path, cache_dir):
+    """--grad-accum 2 on 2 data x 2 model: each data shard sums its micro-batches' gradients, the split ones in
+    their halves, and the data axis sums them after the step's loop, as torch's buckets do: one device's losses over
+    the same micro-batches, each block's all-reduces once a micro-batch, and the gradients all-reduced once a step.
+    Left to GSPMD, the loop's sum was replicated over the data axis: every gradient all-reduced at each micro-batch
+    (28 arrays more), or, summed per shard in the data axis's layout alone, the split weights gathered whole."""
+    args = [*TINY_GPT, "--steps", "10", "--grad-accum", "2"]
+    one = train(tmp_path, "one", cache_dir, "--backend", "jax", *args, env=CPU_ONLY)
+    split = train(tmp_path, "split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
+                  "--tensor-parallel-size", "2", *args, env=FOUR_DEVICES)
+    np.testing.assert_allclose(losses(split), losses(one), rtol=1e-5)
+    assert "gradients of 2 micro-batches summed on each device in the step, then over the data axis" in \
+        split["train_step_detail"]
+    record = split["extras_record"]["tensor-parallel"]
+    without = gpt_runs["jax-2d"]["extras_record"]["tensor-parallel"]
+    assert record["activation_all_reduces_per_step"] == 2 * without["activation_all_reduces_per_step"] == \
+        2 * GPT_BLOCKS * BLOCK_ALL_REDUCES
+    assert set(record["collectives_per_step"]) == {"all-reduce"} and record["batch_all_gathers_per_step"] == 0
+    # Beyond the second micro-batch's block all-reduces: each block's query, key and value kernels and biases summed
+    # one by one (2 arrays more each a block; without accumulation XLA sums them stacked); 28 would be every
+    # gradient again.
+    more = record["collectives_per_step"]["all-reduce"] - without["collectives_per_step"]["all-reduce"]
+    assert GPT_BLOCKS * BLOCK_ALL_REDUCES <= more <= GPT_BLOCKS * BLOCK_ALL_REDUCES + GPT_BLOCKS * 4
 
 
 @pytest.mark.slow
