@@ -40,7 +40,7 @@ def section_anchors(text):
     anchors = {}
     for heading in re.findall(r"^#{2,6} (.+)$", text, re.M):
         for name in re.findall(r"--extra ([\w-]+)", heading):
-            anchors.setdefault(name, re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+            anchors.setdefault(name, marked_block.github_anchor(heading))
     return anchors
 
 

@@ -1,7 +1,13 @@
-"""The part the docs generators share: a block of a hand-written document, between two marker lines, rewritten
-from what the code knows, and a `--check` that fails where the block and the code differ."""
+"""What the docs scripts share: a block of a hand-written document, between two marker lines, rewritten from what
+the code knows, a `--check` that fails where the block and the code differ, and GitHub's anchors of headings."""
 
+import re
 import sys
+
+
+def github_anchor(heading):
+    """GitHub's anchor of a heading: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def rewrite(text, begin, end, rendered, path):

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import REPOSITORY
+from conftest import REPOSITORY, load_docs_script
 
 DOCUMENTS = ["README.md", *(os.path.join("docs", name) for name in sorted(os.listdir(os.path.join(REPOSITORY, "docs")))
                             if name.endswith(".md"))]
@@ -13,9 +13,7 @@ LINK = re.compile(r"\]\(([^)\s#]*)#([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
 
-def github_anchor(heading):
-    """GitHub's anchor of a heading: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+github_anchor = load_docs_script("marked_block.py").github_anchor  # the docs scripts' own, which link by it
 
 
 def anchors(path):
