@@ -442,18 +442,21 @@ class JitTrainStep(TrainStep):
     def _distribute(self, arrays):
         return laid_out_rows(self.distribution, arrays)
 
-    def _summed_over(self):
-        """What a per-shard accumulation's sums are summed over: the devices, or on a mesh of several axes the
-        batch's."""
+    def _accumulating(self):
+        """How the step sums its micro-batches' gradients ('' for one micro-batch): in the step, or on each device
+        and then over the devices (on a mesh of several axes, over the batch's)."""
+        summed = f"gradients of {self.micro_batches} micro-batches summed"
+        if self.micro_batches == 1:
+            return ""
+        if not self.accumulated_per_shard:
+            return f"{summed} in the step"
         mesh = self.distribution.device_mesh
-        return "devices" if len(mesh.axis_names) == 1 else f"{self.distribution.batch_dim_name} axis"
+        over = "devices" if len(mesh.axis_names) == 1 else f"{self.distribution.batch_dim_name} axis"
+        return f"{summed} on each device in the step, then over the {over}" + \
+            (" as one flat buffer" if self.flat_shards else "")
 
     def description(self):
-        accumulating = "" if self.micro_batches == 1 else \
-            f"gradients of {self.micro_batches} micro-batches summed on each device in the step, then over the " \
-            f"{self._summed_over()}{' as one flat buffer' if self.flat_shards else ''}" if self.accumulated_per_shard \
-            else \
-            f"gradients of {self.micro_batches} micro-batches summed in the step"
+        accumulating = self._accumulating()
         if self.distribution is None:
             return accumulating
         mesh = self.distribution.device_mesh
