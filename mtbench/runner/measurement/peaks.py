@@ -218,20 +218,30 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
     gives a low peak), and returns it as a `peak_record`. `replace=False` (a run that found no measurement): where
     another process cached one meanwhile, that one is kept and returned, so that runs started together divide by
     one peak. `cpus`: measured in a process of its own that runs on these CPUs (`measure_on`), else (or where
-    that process fails) here; the record and its file name say how many CPUs it ran on."""
+    that process does not find the backend) here; the record and its file name say how many CPUs it ran on. A
+    measuring process that fails otherwise raises RunFailure with its last line."""
     measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     load = load_average()
     try:
         size, flops_per_s, measured_cpus = (measure_here(backend, dtype, size) if cpus is None
                                             else measure_on(cpus, backend.name, dtype, size))
-    except RunFailure:  # a backend its own process cannot find (one registered by code, not installed)
-        size, flops_per_s, measured_cpus = measure_here(backend, dtype, size)  # cached under its own count of CPUs
+    except BackendNotInProcess:  # one registered by code, not installed: measured here, under this count of CPUs
+        size, flops_per_s, measured_cpus = measure_here(backend, dtype, size)
     record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of repeats",
                          measured_at, load, measured_cpus)
     path = calibration_path(cache_dir, backend.name, dtype, device_name, measured_cpus)
     if not write_json_atomic(path, record, replace=replace):
         return read_calibration(path)
     return record
+
+
+# The exit status of `print_measurement` for a backend its process does not find; any other failure is the
+# measurement's own, reported rather than measured again here.
+UNKNOWN_BACKEND_EXIT = 3
+
+
+class BackendNotInProcess(RunFailure):
+    """The measuring process does not find the backend (registered by code in this process, not installed)."""
 
 
 def measure_here(backend, dtype, largest):
@@ -257,7 +267,8 @@ def measure_on(cpus, backend_name, dtype, largest):
                            str(largest)], capture_output=True, text=True, env=environ)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RunFailure(f"measuring {backend_name}'s {dtype} matmul peak on CPUs {cpus} failed: {last[:300]}")
+        failure = BackendNotInProcess if proc.returncode == UNKNOWN_BACKEND_EXIT else RunFailure
+        raise failure(f"measuring {backend_name}'s {dtype} matmul peak on CPUs {cpus} failed: {last[:300]}")
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     return answer["size"], answer["flops_per_s"], answer["cpus"]
 
@@ -267,5 +278,9 @@ def print_measurement(cpus, backend_name, dtype, largest):
     and prints `measure_here`'s answer as JSON."""
     os.sched_setaffinity(0, [int(cpu) for cpu in cpus.split(",")])
     from mtbench.plugins.manager import registry
-    size, flops_per_s, cpus = measure_here(registry().backends[backend_name], dtype, int(largest))
+    backend = registry().backends.get(backend_name)
+    if backend is None:
+        print(f"no backend '{backend_name}' is installed", file=sys.stderr)
+        sys.exit(UNKNOWN_BACKEND_EXIT)
+    size, flops_per_s, cpus = measure_here(backend, dtype, int(largest))
     print(json.dumps({"size": size, "flops_per_s": flops_per_s, "cpus": cpus}))

@@ -263,3 +263,15 @@ def test_a_backend_that_a_process_of_its_own_cannot_find_is_measured_here_under_
     record = calibrate(backend, "float32", "Test CPU", str(tmp_path), cpus=MACHINE_CPUS)
     assert backend.sizes and record["flops_per_s"] == 1e11 and record["cpus"] == HERE
     assert os.path.exists(calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE))
+
+
+def test_a_measuring_process_that_fails_is_reported_not_measured_again_here(tmp_path):
+    """A measuring process that finds its backend and then fails (here: CPUs this machine does not have) stops the
+    calibration with its own last line; nothing is measured in this process in its place, nor cached."""
+    from mtbench.errors import RunFailure
+    from mtbench.plugins.manager import registry
+    backend = registry().backends["torch"]
+    missing_cpu = os.cpu_count() + 4096
+    with pytest.raises(RunFailure, match=rf"on CPUs \[{missing_cpu}\] failed: .*Invalid argument"):
+        calibrate(backend, "float32", "Test CPU", str(tmp_path), size=64, cpus=[missing_cpu])
+    assert not os.path.exists(tmp_path / "calibration") or not os.listdir(tmp_path / "calibration")
