@@ -182,6 +182,9 @@ class Remat(Extra):
     def _verify_torch(state, model, blocks, batch):
         import torch
 
+        from keras.src.backend.torch.core import get_device
+
+        from mtbench.plugins.backends.torch_eager_step import to_device
         from mtbench.plugins.backends.torch_plain_calls import plain_calls_unsupported, plain_layer_calls
         unchecked = [block.name for block in blocks if not callable(getattr(block, "residual_branches", None))]
         if unchecked:
@@ -200,7 +203,8 @@ class Remat(Extra):
                 finally:
                     recomputing[0] = False
             block.residual_branches = counted
-        rows = tuple(torch.as_tensor(part[:1]) for part in batch.inputs)
+        # On the run's device, as mtbench's step copies its batch: a split layer's DTensor takes its input as it is.
+        rows = tuple(to_device(part[:1], get_device()) for part in batch.inputs)
         # The dropout layers draw from torch's generators: put back, the run's first step draws what it would have.
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         # Called as mtbench's torch step calls it: tensor-parallel's split layers compute outside Keras's input checks.
