@@ -43,7 +43,8 @@ def run_compare(compare_args, out):
         return json.load(f)
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """This script's options, and after `--` the compare's own (`compare_args`)."""
     argv = sys.argv[1:] if argv is None else argv
     ours, compare_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -51,6 +52,13 @@ def main(argv=None):
     parser.add_argument("--out-dir", help="where the compare JSONs go (default: a temporary directory)")
     parser.add_argument("--json", help="also write every comparison's verdict and the count here")
     args = parser.parse_args(ours)
+    args.compare_args = compare_args
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    compare_args = args.compare_args
     out_dir = args.out_dir or tempfile.mkdtemp(prefix="mtbench-aa-")
     os.makedirs(out_dir, exist_ok=True)
     found = []

@@ -74,11 +74,15 @@ def measure(args):
                             for way in WAYS}}
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = measurement_parser(__doc__.split("\n\n")[0], QUICK, "a smoke run, for tests", model="gpt")
     parser.add_argument("--backend", choices=("torch", "jax"), default="torch")
     parser.add_argument("--dtype", choices=("float32", "mixed_bfloat16"), default="mixed_bfloat16")
-    args = parse_measurement_args(parser, sys.argv[1:] if argv is None else argv, QUICK)
+    return parse_measurement_args(parser, sys.argv[1:] if argv is None else argv, QUICK)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     pin_to_cpus(args.cpus)
     started = time.perf_counter()
     result = measure(args)

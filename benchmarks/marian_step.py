@@ -89,7 +89,7 @@ def compare(args, out, model_args):
         return {run["result"]["backend"]: run["result"] for run in json.load(f)["runs"]}
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=SIZES, default="tiny")
     parser.add_argument("--steps", type=int, default=40)
@@ -99,7 +99,11 @@ def main():
     parser.add_argument("--backends", default="jax,torch")
     parser.add_argument("--work", default=None, help="Where the checkpoint, corpus and results go (default: a temp dir).")
     parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "mtbench-bench-cache"))
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     work = args.work or tempfile.mkdtemp(prefix="marian-step-")
     os.makedirs(work, exist_ok=True)
     pairs = corpus_pairs(args.pairs, args.cache_dir)

@@ -51,13 +51,17 @@ def run_reference(args, weights_file):
         return json.load(f)
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="the text (nanoGPT's: Shakespeare, input.txt)")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--log-every", type=int, default=250, help="a line of each run every N steps")
     parser.add_argument("--out", default="mtbench-results/nanogpt-cpu")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     args.data, args.out = os.path.abspath(args.data), os.path.abspath(args.out)  # the runs start in the checkout
     os.makedirs(args.out, exist_ok=True)
     combined = run_compare(args)

@@ -165,7 +165,7 @@ def profile_torch(run_steps, steps):
     return {name: value / steps for name, value in categories.items()}, flops / steps, slowest
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("jax", "torch"), required=True)
     parser.add_argument("--preset", default="small")
@@ -175,7 +175,11 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=4, help="profiled steps (after as many warm-up steps)")
     parser.add_argument("--top", type=int, default=12, help="list this many of the slowest operations")
     parser.add_argument("--cache-dir", default=None)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     # XLA's dumps and the profiler's trace are this process's scratch (tens of MB a run): removed at exit.
     dump_dir = scratch_dir("mtbench-hlo-")
     if args.backend == "jax":

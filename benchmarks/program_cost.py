@@ -174,7 +174,7 @@ def compiled_programs(preset, rows, block, dtype, target="here"):
     return figures
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="gpt2-small")
     parser.add_argument("--rows", type=int, default=2)
@@ -182,7 +182,11 @@ def main(argv=None):
     parser.add_argument("--dtype", default="mixed_bfloat16", choices=["float32", "mixed_bfloat16"])
     parser.add_argument("--target", default="here", choices=["here", "h100"],
                         help="compile for this machine's device, or for an H100 without one")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.target != "here":
         prepare_deviceless_gpu()
     figures = compiled_programs(args.preset, args.rows, args.block_size, args.dtype, args.target)

@@ -67,14 +67,18 @@ def timed(fn, repeats):
     return statistics.median(seconds), result
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--data", help="a UTF-8 text file (default: the built-in corpus's source side)")
     parser.add_argument("--copies", type=int, default=8, help="copies of the built-in text, one after another")
     parser.add_argument("--vocab-size", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gpt2", metavar="DIR", help="a GPT-2 checkpoint directory (vocab.json, merges.txt)")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.data:
         with open(args.data, "rb") as f:
             data = f.read()

@@ -10,6 +10,7 @@ import shlex
 
 import pytest
 
+from command_lines import refusal
 from conftest import REPOSITORY
 
 SCRIPT = os.path.join(REPOSITORY, ".ci", "gpu-session.sh")
@@ -51,17 +52,10 @@ def test_the_script_runs_the_commands_it_means_to():
 
 @pytest.mark.parametrize("program, argv", invocations(), ids=lambda value: value if isinstance(value, str) else None)
 def test_each_command_takes_the_options_it_is_given(program, argv):
-    if program == "mtbench":
-        from mtbench.cli import main
-        name, *options = argv
-        with main.commands[name].make_context(name, options):  # a bad option or value raises click's error
-            pass
-    else:
-        module = importlib.import_module(f"benchmarks.{program}")
-        try:
-            module.parse_args(argv)
-        except SystemExit as refused:  # argparse's way of refusing
-            pytest.fail(f"benchmarks/{program}.py refuses {argv}: exit {refused.code}")
+    if program == "mtbench":  # click's own parsing of the command: a bad option or value is refused
+        program, argv = f"mtbench {argv[0]}", argv[1:]
+    why = refusal(program, argv)  # a benchmark script: its `parse_args`, argparse's exit a refusal
+    assert why is None, f"`{program} {shlex.join(argv)}`: {why}"
 
 
 def keys_of(value):
