@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--backend", choices=["jax", "torch"], default="jax")
     parser.add_argument("--preset", default="small")
@@ -26,7 +26,7 @@ def main():
                         "(default and most: the preset's --max-len, past which positions have no embedding)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--beam", type=int, default=4, help="beam size to time beside greedy (1: skip)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ["KERAS_BACKEND"] = args.backend
     from mtbench.keras_models.presets import PRESETS
     if args.preset not in PRESETS:
@@ -36,10 +36,16 @@ def main():
     if not 2 <= args.length <= max_len:
         # A position past the embedding's rows has none of its own (JAX reads another silently): the two ways differ.
         parser.error(f"--length {args.length}: between 2 and {args.preset}'s --max-len {max_len}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
 
     from keras import ops
 
     from mtbench.keras_models.initialization import assign_weights, initial_weights
+    from mtbench.keras_models.presets import PRESETS
     from mtbench.keras_models.transformer import build_transformer
     from mtbench.plugins.manager import registry
     from mtbench.runner.evaluation.decoding import beam_decoder, greedy_decoder

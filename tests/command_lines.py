@@ -2,8 +2,10 @@
 shared by the checks of the documentation's commands and of the next GPU session's script."""
 
 import importlib
+import os
 import re
 import shlex
+import unittest.mock
 
 import click
 
@@ -46,7 +48,8 @@ def refusal(program, argv):
     if not hasattr(script, "parse_args"):
         return f"benchmarks/{program}.py parses its options in no `parse_args`"
     try:
-        script.parse_args(argv)
+        with unittest.mock.patch.dict(os.environ):  # a script may set its framework's variables as it parses
+            script.parse_args(argv)
     except SystemExit as refused:  # argparse's way of refusing, its line on stderr
         return f"benchmarks/{program}.py exits with {refused.code}"
     return None

@@ -4,6 +4,7 @@
 hands of a reader who copied the line. (docs/cli.md is generated from the commands themselves.)"""
 
 import glob
+import importlib
 import os
 import re
 import shlex
@@ -115,3 +116,67 @@ def test_a_page_whose_command_drifted_fails_the_check():
     assert [refusal(program, argv) is not None for program, argv in found] == [True, False, True, True, True, False]
     assert refusal("mtbench train", ["--backend", "jax", "--preset", "tiny"]) is None
     assert refusal("overhead", ["--model", "gpt", "--baseline", "best"]) is None
+
+
+def synopses(docstring, script):
+    """Each usage line a script's docstring shows for itself, its continuation lines (indented further) joined."""
+    lines, found = docstring.splitlines(), []
+    for index, line in enumerate(lines):
+        if f"benchmarks/{script}.py" in line and line.lstrip().startswith("python"):
+            indent, whole = len(line) - len(line.lstrip()), [line]
+            for following in lines[index + 1:]:
+                if not following.strip() or len(following) - len(following.lstrip()) <= indent:
+                    break
+                whole.append(following)
+            found.append(" ".join(part.strip().rstrip("\\") for part in whole))
+    return found
+
+
+def options_taken(script):
+    """The options a benchmark script's `parse_args` takes, as its --help lists them."""
+    import contextlib
+    import io
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):
+        importlib.import_module(f"benchmarks.{script}").parse_args(["--help"])
+    return set(re.findall(r"(?<![\w-])--[a-z][\w-]*", shown.getvalue()))
+
+
+SCRIPTS = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(REPOSITORY, "benchmarks", "*.py"))
+                 if "python benchmarks/" in open(path, encoding="utf-8").read(2000))
+
+
+def test_the_scripts_show_their_usage():
+    assert len(SCRIPTS) >= 12 and {"overhead", "gpu_matrix", "aa_count", "host_overhead"} <= set(SCRIPTS)
+
+
+def unknown_options(script, usage):
+    """The options a usage line of `script` names that it does not take; after a lone `--`, those the `mtbench
+    compare` it runs does not take."""
+    from mtbench.cli import main
+    own, _, passed_on = usage.partition(" -- ")
+    compare = {opt for param in main.commands["compare"].params for opt in getattr(param, "opts", ())}
+    named = re.compile(r"(?<![\w-])--[a-z][\w-]*")
+    return (set(named.findall(own)) - options_taken(script)) | (set(named.findall(passed_on)) - compare)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_scripts_usage_names_only_options_it_takes(script):
+    """The usage lines at the top of a benchmark script (what a reader of the file sees first) name options its
+    `parse_args` takes."""
+    usages = synopses(importlib.import_module(f"benchmarks.{script}").__doc__, script)
+    assert usages, f"benchmarks/{script}.py shows no usage line"
+    for usage in usages:
+        assert not unknown_options(script, usage), f"benchmarks/{script}.py: {usage}"
+
+
+def test_a_usage_line_that_drifted_fails_the_check():
+    docstring = """Overhead.
+
+        python benchmarks/overhead.py [--quick] [--model gpt]
+                                      [--backend jax]
+        python benchmarks/aa_count.py --count 2 -- --backends jax --presets tiny
+    """
+    assert synopses(docstring, "overhead") == ["python benchmarks/overhead.py [--quick] [--model gpt] [--backend jax]"]
+    assert unknown_options("overhead", synopses(docstring, "overhead")[0]) == {"--backend"}  # it takes --backends
+    assert unknown_options("aa_count", synopses(docstring, "aa_count")[0]) == {"--presets"}
