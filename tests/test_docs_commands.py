@@ -1,7 +1,8 @@
 """Every command the README, the guides in docs/ and the examples' READMEs show takes the options it is given: each
 `mtbench ...` (also as `python -m mtbench` or under torchrun) through click's own parsing of that command, each
 `python benchmarks/NAME.py ...` through the script's `parse_args`. A renamed option or choice fails here, not in the
-hands of a reader who copied the line. (docs/cli.md is generated from the commands themselves.)"""
+hands of a reader who copied the line. (docs/cli.md is generated from the commands themselves.) And the usage lines
+at the top of each benchmark script name only options the script takes."""
 
 import glob
 import importlib
