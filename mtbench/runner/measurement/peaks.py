@@ -218,17 +218,20 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
     gives a low peak), and returns it as a `peak_record`. `replace=False` (a run that found no measurement): where
     another process cached one meanwhile, that one is kept and returned, so that runs started together divide by
     one peak. `cpus`: measured in a process of its own that runs on these CPUs (`measure_on`), else (or where
-    that process does not find the backend) here; the record and its file name say how many CPUs it ran on. A
-    measuring process that fails otherwise raises RunFailure with its last line."""
+    that process fails) here; the record and its file name say how many CPUs it ran on, and its source why a
+    measuring process that found the backend failed (a run measures its peak after training: it goes on)."""
     measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     load = load_average()
+    failure = ""
     try:
         size, flops_per_s, measured_cpus = (measure_here(backend, dtype, size) if cpus is None
                                             else measure_on(cpus, backend.name, dtype, size))
-    except BackendNotInProcess:  # one registered by code, not installed: measured here, under this count of CPUs
+    except RunFailure as failed:  # measured here, under this process's count of CPUs
         size, flops_per_s, measured_cpus = measure_here(backend, dtype, size)
-    record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of repeats",
-                         measured_at, load, measured_cpus)
+        if not isinstance(failed, BackendNotInProcess):  # (one registered by code, not installed, is measured here)
+            failure = f", in this process: {failed}"
+    record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of "
+                                      f"repeats{failure}", measured_at, load, measured_cpus)
     path = calibration_path(cache_dir, backend.name, dtype, device_name, measured_cpus)
     if not write_json_atomic(path, record, replace=replace):
         return read_calibration(path)
@@ -236,7 +239,7 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
 
 
 # The exit status of `print_measurement` for a backend its process does not find; any other failure is the
-# measurement's own, reported rather than measured again here.
+# measurement's own, which the record reports.
 UNKNOWN_BACKEND_EXIT = 3
 
 
