@@ -44,11 +44,8 @@ def section_anchors(text):
     return anchors
 
 
-def render(text=None):
+def render(text):
     """The table's lines, markers included; `text`: commands.md, for its sections' anchors."""
-    if text is None:
-        with open(PATH, encoding="utf-8") as f:
-            text = f.read()
     extras, anchors = builtin_extras(), section_anchors(text)
     lines = [BEGIN, "| extra | backends | cannot run beside | what it does |", "|---|---|---|---|"]
     for name, extra in extras.items():
@@ -57,11 +54,6 @@ def render(text=None):
         lines.append(f"| `{name}` | {', '.join(extra.backends)} | {beside} | {extra.description}{more} |")
     lines.append(END)
     return "\n".join(lines)
-
-
-def rewrite(text):
-    """`text` (commands.md) with the lines between the markers replaced by `render()`."""
-    return marked_block.rewrite(text, BEGIN, END, render(text), PATH)
 
 
 def main(argv):

@@ -49,7 +49,7 @@ def rewrite(text):
 
 
 def main(argv):
-    return marked_block.main(argv, PATH, BEGIN, END, render, "python docs/generate_figures_table.py")
+    return marked_block.main(argv, PATH, BEGIN, END, lambda text: render(), "python docs/generate_figures_table.py")
 
 
 if __name__ == "__main__":

@@ -19,11 +19,11 @@ def rewrite(text, begin, end, rendered, path):
 
 
 def main(argv, path, begin, end, render, command):
-    """Rewrites the block of `path` from `render()`; with --check, returns 1 (and says to run `command`) where the
-    file holds another block, without writing."""
+    """Rewrites the block of `path` from `render(the file's text)`; with --check, returns 1 (and says to run
+    `command`) where the file holds another block, without writing."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    wanted = rewrite(text, begin, end, render(), path)
+    wanted = rewrite(text, begin, end, render(text), path)
     if "--check" in argv:
         if text != wanted:
             print(f"{path}'s generated block is out of date: run {command}", file=sys.stderr)
