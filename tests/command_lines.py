@@ -13,11 +13,19 @@ import click
 AN_EXAMPLES_FILE = re.compile(r"no such file|does not exist", re.IGNORECASE)
 
 
+OPERATORS = set("();<>|&")
+
+
 def shell_words(line):
     """The words and operators of a shell line, quotes removed (ValueError: a quotation that does not close)."""
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     return list(lexer)
+
+
+def up_to_operator(words):
+    """`words` up to the shell's first operator or redirection: one command's arguments."""
+    return next((words[:at] for at, word in enumerate(words) if set(word) <= OPERATORS), words)
 
 
 def without_a_named_option(command, argv):

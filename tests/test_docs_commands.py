@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from command_lines import refusal, shell_words
+from command_lines import refusal, shell_words, up_to_operator
 from conftest import REPOSITORY
 
 PAGES = ["README.md", *(os.path.relpath(page, REPOSITORY) for page in
@@ -21,7 +21,6 @@ PAGES = ["README.md", *(os.path.relpath(page, REPOSITORY) for page in
                         + sorted(glob.glob(os.path.join(REPOSITORY, "examples", "*", "README.md"))))]
 PAGES.remove(os.path.join("docs", "cli.md"))
 
-OPERATORS = set("();<>|&")
 SCRIPT = re.compile(r"benchmarks/(\w+)\.py")
 
 
@@ -62,8 +61,7 @@ def commands_of(text):
                 program, start = f"mtbench {tokens[index + 1]}", index + 2
             else:
                 continue
-            end = next((at for at in range(start, len(tokens)) if set(tokens[at]) <= OPERATORS), len(tokens))
-            found.append((program, tokens[start:end]))
+            found.append((program, up_to_operator(tokens[start:])))
     return found
 
 

@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from command_lines import refusal
+from command_lines import refusal, shell_words, up_to_operator
 from conftest import REPOSITORY
 
 SCRIPT = os.path.join(REPOSITORY, ".ci", "gpu-session.sh")
@@ -33,14 +33,8 @@ def invocations():
         for program, rest in re.findall(r"python3 (-m mtbench|benchmarks/\w+\.py) ([^\n]*)", line):
             rest = re.sub(r"\$\(\([^)]*\)\)", "100", rest)
             rest = re.sub(r"\$\{?(\w+)\}?", lambda value: VALUES[value.group(1)], rest)
-            lexer = shlex.shlex(rest, posix=True, punctuation_chars=True)
-            lexer.whitespace_split = True
-            argv = []
-            for token in lexer:
-                if set(token) <= set("();<>|&"):
-                    break
-                argv.append(token)
-            found.append(("mtbench" if program == "-m mtbench" else os.path.basename(program)[:-3], argv))
+            found.append(("mtbench" if program == "-m mtbench" else os.path.basename(program)[:-3],
+                          up_to_operator(shell_words(rest))))
     return found
 
 
