@@ -106,13 +106,15 @@ def starting_weights(args, config, shape):
     return drawn_weights(build_gpt(shape), config)
 
 
-def device_and_peak(backend_name, dtype, cache_dir):
+def device_and_peak(backend_name, dtype, cache_dir, matmul_precision="highest"):
+    """(backend, device, peak FLOP/s, its source): the peak `mtbench train` divides by for these matmuls (a GPU's
+    float32 at 'high' is TF32's)."""
     from mtbench.plugins import manager as plugins
     from mtbench.runner.measurement.peaks import device_peak
     registry = plugins.registry()
     backend = registry.backends[backend_name]
     device = backend.device_info()
-    peak, source = device_peak(backend, device, dtype, cache_dir, registry.backends.values())
+    peak, source = device_peak(backend, device, dtype, cache_dir, registry.backends.values(), matmul_precision)
     return backend, device, peak, source
 
 
@@ -130,6 +132,7 @@ def train(step, convert, batches, warmup, window, profiling=None):
     windows of `window` steps with the device synchronised at their edges only. `profiling` (a `StepProfiling`)
     traces the steps after the warm-up ones in a window of their own, untimed, as `mtbench train --profile`."""
     first, windows, losses = [], [], []
+    step.block()  # the weights' and optimizer state's copies to the device are not the first step's
     for batch in batches[:warmup]:
         start = time.perf_counter()
         losses.append(float(step(*convert(batch))["loss"]))
@@ -222,7 +225,8 @@ def measure(args):
     from benchmarks.workload import OptimizerSettings, prepare_workload
     workload = prepare_workload(config, args.steps)
     shape = workload.model_shape
-    backend, device, peak, peak_source = device_and_peak(args.backend, args.dtype, config.cache_dir)
+    backend, device, peak, peak_source = device_and_peak(args.backend, args.dtype, config.cache_dir,
+                                                         config.matmul_precision)
     # float32 matmuls as `mtbench train` sets them (true float32 unless --matmul-precision high), on both sides.
     matmul_precision = backend.set_matmul_precision(config.matmul_precision)
     settings = OptimizerSettings.of_config(config, args.steps)

@@ -176,15 +176,24 @@ def on_keras_variables(optimizer, settings):
     return optax.GradientTransformation(lambda params: optimizer.init(split_qkv(params)), update)
 
 
+def cudnn_attention_runs_here():
+    """Whether cuDNN's fused attention runs on this process's first device: a CUDA GPU (not ROCm) of compute
+    capability 8.0 or newer, where `jax.nn.dot_product_attention(implementation="cudnn")` would otherwise raise."""
+    device = jax.devices()[0]
+    if device.platform != "gpu" or "rocm" in device.client.platform_version.lower():
+        return False
+    return tuple(int(part) for part in device.compute_capability.split(".")[:2]) >= (8, 0)
+
+
 class TrainStep:
     """One jitted step: forward, token-weighted mean cross-entropy, backward, optax update. The parameters and
     optimizer state are donated, so XLA updates them in place."""
 
     def __init__(self, shape, params, settings, mixed_bfloat16=False, seed=0, attention="auto"):
         """`attention`: the `jax.nn.dot_product_attention` implementation; "auto": cuDNN's fused kernel, which
-        takes 16-bit inputs only, on a GPU in 16 bits, elsewhere XLA's (None)."""
+        takes 16-bit inputs only, in 16 bits where it runs (`cudnn_attention_runs_here`), elsewhere XLA's (None)."""
         if attention == "auto":  # unfused where dropout drops attention probabilities (`causal_attention`)
-            fused = mixed_bfloat16 and jax.default_backend() == "gpu" and not shape.dropout
+            fused = mixed_bfloat16 and cudnn_attention_runs_here() and not shape.dropout
             attention = "cudnn" if fused else None
         self.forward = functools.partial(forward, shape=shape, dtype=jnp.bfloat16 if mixed_bfloat16 else jnp.float32,
                                          attention=attention)

@@ -203,3 +203,41 @@ def test_each_reference_drops_attention_probabilities_as_nanogpt_does(backend):
             plain = layer.eval()(x).numpy().reshape(values.shape)
     np.testing.assert_allclose(plain[:, 0], values[:, 0], rtol=1e-6)
     first_position_kept_or_dropped(trained[:, 0], values[:, 0])
+
+
+def test_the_references_mfu_divides_by_the_peak_of_the_arithmetic_its_matmuls_ran_in(monkeypatch, cache_dir):
+    """On a GPU, float32 matmuls at `--matmul-precision high` run as TF32: best_gpt.py's MFU divides by TF32's
+    datasheet peak then, as `mtbench train`'s does, not by FP32's (7.4 times lower on an H100). A GPU is stood in
+    for by the backend's `device_info`."""
+    from benchmarks.best_gpt import device_and_peak
+    from mtbench.plugins import manager
+    backend = manager.registry().backends["torch"]
+    h100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1, "bfloat16": True}
+    monkeypatch.setattr(type(backend), "device_info", lambda self: h100)
+    peaks = {precision: device_and_peak("torch", "float32", cache_dir, precision)[2:]
+             for precision in ("highest", "high")}
+    assert peaks == {"highest": (67e12, "NVIDIA H100 SXM datasheet, FP32 dense"),
+                     "high": (494.7e12, "NVIDIA H100 SXM datasheet, TF32 dense")}
+
+
+@needs_flax
+def test_the_jax_reference_fuses_attention_where_cudnns_kernel_runs(monkeypatch):
+    """`attention="auto"` asks for cuDNN's kernel on a CUDA GPU from compute capability 8.0 only, where
+    `jax.nn.dot_product_attention` has it: a T4, a ROCm GPU or a CPU would raise (JAX's devices stood in for)."""
+    from types import SimpleNamespace
+
+    import jax
+
+    from benchmarks.best_gpt_jax import cudnn_attention_runs_here
+
+    def device(platform, runtime, capability=None):
+        return SimpleNamespace(platform=platform, client=SimpleNamespace(platform_version=runtime),
+                               **({"compute_capability": capability} if capability else {}))
+
+    runs = {}
+    for label, first in (("H100", device("gpu", "cuda 12080", "9.0")), ("B200", device("gpu", "cuda 12080", "10.0")),
+                         ("T4", device("gpu", "cuda 12080", "7.5")), ("MI300X", device("gpu", "rocm 60400")),
+                         ("CPU", device("cpu", "<unknown>"))):
+        monkeypatch.setattr(jax, "devices", lambda first=first: [first])
+        runs[label] = cudnn_attention_runs_here()
+    assert runs == {"H100": True, "B200": True, "T4": False, "MI300X": False, "CPU": False}

@@ -124,9 +124,10 @@ def test_amd_gpus_compute_bfloat16_natively_from_the_mi100_and_rdna_3_as_each_ba
         assert JaxBackend().device_info()["bfloat16"] is bfloat16, device
 
 
-def test_on_a_rocm_gpu_jax_attends_unfused_under_auto_and_says_why(monkeypatch):
-    """Keras's fused attention on JAX is cuDNN's, which a ROCm build has none of: `--attention auto` leaves it out
-    there (where the dtype AMD's GPUs now train in would otherwise bring it in), and says why; on CUDA it joins."""
+def test_on_a_rocm_gpu_or_one_before_ampere_jax_attends_unfused_under_auto_and_says_why(monkeypatch):
+    """Keras's fused attention on JAX is cuDNN's, which a ROCm build has none of, and which Keras refuses (raising)
+    below compute capability 8.0: `--attention auto` leaves it out there (where the dtype AMD's GPUs now train in,
+    or an explicit 16-bit dtype on a T4, would otherwise bring it in), and says why; on an H100 it joins."""
     import jax
 
     from mtbench.plugins import manager
@@ -134,17 +135,20 @@ def test_on_a_rocm_gpu_jax_attends_unfused_under_auto_and_says_why(monkeypatch):
     from mtbench.runner.choices import choose_fused_attention
     from mtbench.runner.setup import choose_plugins
     chosen = {}
-    for runtime in ("rocm 60400", "cuda 12080"):
-        device = SimpleNamespace(client=SimpleNamespace(platform_version=runtime))
+    for runtime, capability in (("rocm 60400", None), ("cuda 12080", "7.5"), ("cuda 12080", "9.0")):
+        device = SimpleNamespace(client=SimpleNamespace(platform_version=runtime),
+                                 **({"compute_capability": capability} if capability else {}))
         monkeypatch.setattr(jax, "devices", lambda device=device: [device])
         config = TrainConfig(backend="jax", preset="tiny", dtype="mixed_bfloat16")
         run = RunContext(config=config, backend=manager.registry().backends["jax"], device={"kind": "gpu"})
         choose_fused_attention(run, choose_plugins(config, manager.registry()))
-        chosen[runtime] = run.attention_choice
+        chosen[runtime, capability] = run.attention_choice
     assert chosen == {
-        "rocm 60400": {"asked": "auto", "fused": False, "why_unfused": "needs cuDNN's fused attention, which JAX "
-                       "has on CUDA only; this GPU runs ROCm"},
-        "cuda 12080": {"asked": "auto", "fused": True, "by_extra": "flash-attention"}}
+        ("rocm 60400", None): {"asked": "auto", "fused": False, "why_unfused": "needs cuDNN's fused attention, "
+                               "which JAX has on CUDA only; this GPU runs ROCm"},
+        ("cuda 12080", "7.5"): {"asked": "auto", "fused": False, "why_unfused": "needs compute capability 8.0 or "
+                                "newer on JAX (cuDNN's fused attention); this GPU has 7.5"},
+        ("cuda 12080", "9.0"): {"asked": "auto", "fused": True, "by_extra": "flash-attention"}}
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])

@@ -48,6 +48,17 @@ def cudnn_kinds_missing(kernels, applied_to):
     return [kind for kind in applied_to if not (with_bias if kind in MASKED_KINDS else without_bias)]
 
 
+def jax_compute_capability():
+    """The compute capability JAX reports of its first device ('8.6'), or None where it reports none."""
+    import jax
+    return getattr(jax.devices()[0], "compute_capability", None)
+
+
+def before_ampere(capability):
+    """Whether a CUDA compute capability as JAX writes it ('7.5') is older than Ampere's 8.0 (None: unknown)."""
+    return capability is not None and tuple(int(part) for part in capability.split(".")[:2]) < (8, 0)
+
+
 class FlashAttention(Extra):
     name = "flash-attention"
     description = "fused attention kernel (cuDNN on JAX, FlashAttention on torch), verified before training"
@@ -72,6 +83,9 @@ class FlashAttention(Extra):
                 return f"needs compute capability 8.0 or newer on torch; this GPU has {major}.{minor}"
         elif kind == "gpu" and run.backend.accelerator_environment().get("rocm_version"):
             return "needs cuDNN's fused attention, which JAX has on CUDA only; this GPU runs ROCm"
+        elif kind == "gpu" and before_ampere(capability := jax_compute_capability()):
+            # Keras raises there ("Require at least Ampere arch to run") rather than fall back.
+            return f"needs compute capability 8.0 or newer on JAX (cuDNN's fused attention); this GPU has {capability}"
         elif run.config.max_len % 2:
             # Every length bucket but the last is a multiple of 16; cuDNN trains with a mask (bias) only on
             # even lengths.

@@ -101,17 +101,25 @@ def rapl_domains(root=RAPL_ROOT):
     return domains
 
 
+class NamedDevices(ValueError):
+    """A visible-devices variable that names the process's GPUs by UUID (GPU-..., MIG-...), not by index."""
+
+    def __init__(self, variable, names):
+        super().__init__(f"{variable} names its GPUs ({','.join(names)}), not their indices")
+        self.names = names
+
+
 def _visible_gpu_indices(ordinals, variable="CUDA_VISIBLE_DEVICES"):
     """NVML numbers every GPU of the machine; `variable` (as indices) says which ones the process sees, and
-    `ordinals` are devices as the process numbers the ones it sees."""
+    `ordinals` are devices as the process numbers the ones it sees. Raises `NamedDevices` where it names them."""
     visible = os.environ.get(variable)
-    if visible:
-        try:
-            numbers = [int(index) for index in visible.split(",")]
-            return [numbers[i] for i in ordinals if i < len(numbers)]
-        except ValueError:
-            pass  # GPU UUIDs: fall back to the ordinals themselves
-    return list(ordinals)
+    if not visible:
+        return list(ordinals)
+    entries = [entry.strip() for entry in visible.split(",")]
+    seen = [entries[i] for i in ordinals if i < len(entries)]
+    if all(entry.isdigit() for entry in seen):
+        return [int(entry) for entry in seen]
+    raise NamedDevices(variable, seen)
 
 
 def _visible_amd_gpu_indices(ordinals):
@@ -136,7 +144,7 @@ def open_counter(device, ordinals=(0,)):
             return None, "nvidia-ml-py is not installed (pip install 'mtbench[energy]')"
         try:
             pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_gpu_indices(ordinals)]
+            handles = _nvml_handles(pynvml, ordinals)
             counter = NvmlCounter(pynvml, handles)
             counter.read()
         except Exception as error:  # pynvml.NVMLError_NotSupported on GPUs older than Volta, no driver, ...
@@ -150,6 +158,33 @@ def open_counter(device, ordinals=(0,)):
         return None, (f"no readable powercap/RAPL counter under {RAPL_ROOT} (a virtual machine or container "
                       f"often hides them; on Linux hosts they may need read permission on energy_uj)")
     return None, f"no energy counter known for {kind} devices"
+
+
+def _nvml_handles(pynvml, ordinals):
+    """NVML's handles of the GPUs this process computes on, named by index or by (a prefix of) their UUID, as CUDA
+    takes them. A MIG instance has no energy counter of its own: NVML's counts the whole GPU, which the run would
+    claim."""
+    try:
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_gpu_indices(ordinals)]
+    except NamedDevices as named:
+        if any(name.startswith("MIG-") for name in named.names):
+            raise LookupError(f"the process computes on a MIG instance ({','.join(named.names)}), and NVML "
+                              f"counts the energy of the whole GPU") from None
+        every_gpu = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        uuids = [_text(pynvml.nvmlDeviceGetUUID(handle)) for handle in every_gpu]
+        handles = []
+        for name in named.names:
+            found = [handle for handle, uuid in zip(every_gpu, uuids) if uuid.startswith(name)]
+            if len(found) != 1:
+                raise LookupError(f"CUDA_VISIBLE_DEVICES names {name}, which {len(found)} of the machine's GPUs' "
+                                  f"UUIDs start with") from None
+            handles += found
+        return handles
+
+
+def _text(value):
+    """NVML's strings, bytes in older nvidia-ml-py."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def is_amd_gpu(name):

@@ -113,6 +113,29 @@ def test_nvml_counts_only_the_devices_this_process_computes_on(monkeypatch):
     assert open_counter(gpu, ordinals=[1])[0].handles == [5]
 
 
+def test_nvml_finds_the_gpus_cuda_visible_devices_names_by_uuid_and_counts_no_mig_instance(monkeypatch):
+    """Schedulers and containers often name the GPUs by UUID (or a unique prefix of it, as CUDA takes them): NVML's
+    handles are found by it, not taken as the process's own ordinals. A MIG instance has no counter of its own:
+    the whole GPU's would be claimed, so no energy is counted, and the reason says why."""
+    uuids = [b"GPU-0aa1-0000", "GPU-1bb2-0000", "GPU-2cc3-0000", "GPU-3dd4-0000"]  # older nvidia-ml-py: bytes
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: len(uuids),
+                                 nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetUUID=lambda i: uuids[i],
+                                 nvmlDeviceGetTotalEnergyConsumption=lambda handle: 1_000)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    gpu = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 2}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-3dd4-0000,GPU-1bb")
+    assert open_counter(gpu, ordinals=[0, 1])[0].handles == [3, 1]
+    assert open_counter(gpu, ordinals=[1])[0].handles == [1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-")  # a prefix of every GPU's
+    assert open_counter(gpu) == (None, "NVML's energy counter cannot be read on NVIDIA H100 80GB HBM3: LookupError: "
+                                       "CUDA_VISIBLE_DEVICES names GPU-, which 4 of the machine's GPUs' UUIDs start "
+                                       "with")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5ee5-0000")
+    assert open_counter(gpu) == (None, "NVML's energy counter cannot be read on NVIDIA H100 80GB HBM3: LookupError: "
+                                       "the process computes on a MIG instance (MIG-5ee5-0000), and NVML counts the "
+                                       "energy of the whole GPU")
+
+
 def stand_in_amdsmi(counts):
     """AMD SMI as ROCm's `amdsmi` answers: a handle per GPU of the machine, each one's energy accumulator in ticks of
     `counter_resolution` microjoules (named 'power' before ROCm 6.2)."""
