@@ -26,6 +26,7 @@ from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 from mtbench.runner.loop.progress import announced_phases, corpus_progress
 from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.timing import Stopwatch
+from mtbench.runner.measurement.device_memory import largest_peak, training_memory
 from mtbench.runner.measurement.energy import EnergyMeter, open_counter
 from mtbench.runner.measurement.load import machine_load, sample_load
 from mtbench.runner.results.output import check_output_path
@@ -94,10 +95,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
                              Observers(callbacks, trackers, energy), console, run.processes)
     load_during = machine_load(load_before, sample_load(), launch.local_processes)
     built.batches.close()
-    # Peaks from the process's start on every backend: JAX's allocators keep no other.
-    training_memory = {"per_device": plugins.backend.device_memory(), "peak_since": "process start"}
     result = training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
-                             training_memory)
+                             training_memory(plugins.backend, run.processes))
     result["machine_load"] = load_during
 
     if outcome.status == "completed" and config.measure_only:
@@ -110,12 +109,13 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
                                                               built.model_shape, config)
     # Every process: each adds the joules of its own devices.
     result["energy"], result["history"] = energy.section(result["history"], run.processes)
+    result["memory"]["peak_device_bytes"] = largest_peak(plugins.backend, run.processes)
     if not run_dir.writes:  # process 0 of several writes and reports
         if outcome.status != "completed":
             raise stop_error(outcome, config.out, run_dir, run.processes.world_size)
         run.processes.close()
         return result, []
-    write_result(config.out, result, stopwatch, plugins.backend, config.price_per_hour)
+    write_result(config.out, result, stopwatch, config.price_per_hour)
     trackers.finish(result)
     still_reporting = [reporter for reporter in plugins.reporters if reporter not in trackers.failed]
     failures = record_failures(result, config.out) + trackers.failures + run_reporters(

@@ -56,8 +56,8 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
 def training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
                     training_memory=None):
     """Every section of the result that training decides; the task's metrics are null until `add_evaluation`
-    fills them (`data`: the task's `TaskData`). `training_memory`: {'per_device': `Backend.device_memory()` read as training
-    ended, 'peak_since': 'process start'}."""
+    fills them (`data`: the task's `TaskData`). `training_memory`: `device_memory.training_memory`, read as training
+    ended."""
     extras_record = extras_records(run, plugins)
     devices_used = max([record.get("devices", 1) for record in extras_record.values()] + [1])
     steady = outcome.timer.summary()
@@ -265,12 +265,11 @@ def add_evaluation(result, metrics, sidecar):
     result.update(sidecar)
 
 
-def write_result(path, result, stopwatch, backend, price_per_hour):
-    """Adds the figures of the whole run (time, memory, cost) and writes the result file."""
+def write_result(path, result, stopwatch, price_per_hour):
+    """Adds the figures of the whole run (time, this process's host memory, cost) and writes the result file."""
     result["timing"]["phases_s"] = dict(stopwatch.phases)
     result["timing"]["total_s"] = stopwatch.total()
-    result["memory"] = {**result.get("memory", {}), "peak_host_bytes": peak_host_bytes(),
-                        "peak_device_bytes": backend.peak_device_bytes()}
+    result["memory"]["peak_host_bytes"] = peak_host_bytes()
     result["cost"] = cost(price_per_hour, result["timing"]["total_s"], result["target"])
     write_json_atomic(path, result)
 

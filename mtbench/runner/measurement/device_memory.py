@@ -1,0 +1,38 @@
+"""Device memory over every process of a run. Each process reads only the devices it computes on
+(`Backend.device_memory`, `Backend.peak_device_bytes`: torch one GPU a process, JAX its local devices), while process
+0 writes the result: its figures are gathered from every process, so that "the largest device" is the largest of
+the run's, the last pipeline stage's (which holds the logits) as well as the first's."""
+
+import json
+
+
+def every_process(processes, value):
+    """Each process's `value` (anything JSON writes), in process order, on every process. Every process must call
+    it at the same point."""
+    import numpy as np
+    data = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
+    if processes.world_size == 1:
+        return [value]
+    lengths = [int(length) for length in processes.sum(
+        [data.size if rank == processes.rank else 0 for rank in range(processes.world_size)])]
+    padded = np.zeros(max(lengths), dtype=np.uint8)
+    padded[:data.size] = data
+    return [json.loads(bytes(row[:length])) for row, length in zip(processes.gather_bytes(padded), lengths)]
+
+
+def training_memory(backend, processes):
+    """The result's `memory.training`, read as training ends: every process's devices (each named with its process
+    in a run of several); `per_device` None where a process's framework reports none (a CPU)."""
+    per_process = every_process(processes, backend.device_memory())
+    several = processes.world_size > 1
+    per_device = None if None in per_process else [
+        {**device, **({"process": rank} if several else {})}
+        for rank, devices in enumerate(per_process) for device in devices]
+    # Peaks from the process's start on every backend: JAX's allocators keep no other.
+    return {"per_device": per_device, "peak_since": "process start"}
+
+
+def largest_peak(backend, processes):
+    """The largest device's peak bytes over every process (None where no framework reports one)."""
+    peaks = [peak for peak in every_process(processes, backend.peak_device_bytes()) if peak is not None]
+    return max(peaks) if peaks else None

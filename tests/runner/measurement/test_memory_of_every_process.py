@@ -1,0 +1,42 @@
+"""A run of several processes writes the device memory of every process's devices: each process reads only its
+own (torch one GPU a process), and process 0 writes the result."""
+
+from conftest import run_joined_probes
+from mtbench.plugins.api import Launch, ProcessGroup
+from mtbench.runner.measurement.device_memory import largest_peak, training_memory
+
+MIB = 2 ** 20
+
+
+def test_the_largest_device_of_two_processes_is_the_second_ones_and_every_device_is_listed():
+    first, second = run_joined_probes("device_memory_probe.py")
+    assert first == second  # every process gathers the same figures; process 0 writes them
+    assert first["peak"] == 900 * MIB  # process 1's, not process 0's 400 MiB
+    assert first["training"] == {"peak_since": "process start", "per_device": [
+        {"device": "NVIDIA H100 80GB HBM3", "index": 0, "peak_bytes": 300 * MIB, "in_use_bytes": 100 * MIB,
+         "process": 0},
+        {"device": "NVIDIA H100 80GB HBM3", "index": 1, "peak_bytes": 800 * MIB, "in_use_bytes": 100 * MIB,
+         "process": 1}]}
+
+
+class Reported:
+    """A backend's report of its devices: two GPUs of one process (JAX), or none (a CPU)."""
+
+    def __init__(self, devices):
+        self.devices = devices
+
+    def device_memory(self):
+        return self.devices
+
+    def peak_device_bytes(self):
+        return max(device["peak_bytes"] for device in self.devices) if self.devices else None
+
+
+def test_one_process_writes_its_devices_as_the_backend_reports_them():
+    alone = ProcessGroup(Launch())
+    two_gpus = [{"device": "NVIDIA A100-SXM4-80GB", "index": index, "peak_bytes": (index + 1) * MIB,
+                 "in_use_bytes": MIB} for index in (0, 1)]
+    assert training_memory(Reported(two_gpus), alone) == {"per_device": two_gpus, "peak_since": "process start"}
+    assert largest_peak(Reported(two_gpus), alone) == 2 * MIB
+    assert training_memory(Reported(None), alone) == {"per_device": None, "peak_since": "process start"}
+    assert largest_peak(Reported(None), alone) is None
