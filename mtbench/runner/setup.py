@@ -352,10 +352,10 @@ def choose_attention_kernels(run, plugins):
 def local_devices(run):
     """Ordinals of the devices this process computes on, as it numbers the devices it sees: the extras say over
     how many devices the run spans (`extras_state[name]['devices']`, all processes together); a process of
-    several with one device each computes on its local rank's."""
+    several with one device each computes on its own (`Launch.device_ordinal`)."""
     spanned = max([state.get("devices", 1) for state in run.extras_state.values() if isinstance(state, dict)] + [1])
     per_process = max(spanned // run.processes.world_size, 1)
-    first = run.processes.launch.local_rank if per_process == 1 else 0
+    first = run.processes.launch.device_ordinal() if per_process == 1 else 0
     return list(range(first, first + per_process))
 
 

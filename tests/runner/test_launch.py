@@ -29,6 +29,31 @@ def test_slurm_environment_places_the_process():
     assert launch.coordinator == "n1:1234"
 
 
+SLURM_TASK_1 = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4",
+                "MASTER_ADDR": "n1", "MASTER_PORT": "1234"}
+
+
+@pytest.mark.parametrize("environ, visible, ordinal", [
+    # SLURM's --gpus-per-task 1: each task sees its own GPU alone, as device 0
+    ({**SLURM_TASK_1, "CUDA_VISIBLE_DEVICES": "5"}, 1, 0),
+    ({**SLURM_TASK_1, "CUDA_VISIBLE_DEVICES": "5"}, None, 0),  # JAX, before it counts its devices
+    ({**SLURM_TASK_1, "HIP_VISIBLE_DEVICES": "2"}, 1, 0),
+    # every task sees the node's GPUs: its local rank's
+    (SLURM_TASK_1, 8, 1),
+    ({**SLURM_TASK_1, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 4, 1),
+    # torchrun's processes share one GPU named for all: NCCL would refuse it, so it is refused first
+    ({**TORCHRUN, "CUDA_VISIBLE_DEVICES": "5"}, 1, None),
+    (TORCHRUN, 8, 1),
+    ({**TORCHRUN, "CUDA_VISIBLE_DEVICES": ""}, None, 1),  # a CPU run of several processes
+])
+def test_each_process_computes_on_its_own_gpu_where_the_launcher_placed_it(monkeypatch, environ, visible, ordinal):
+    for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert read_launch(environ=environ).device_ordinal(visible) == ordinal
+
+
 def test_explicit_flags_win_over_the_environment():
     launch = read_launch("10.0.0.1:5000", 2, 1, environ=TORCHRUN)
     assert (launch.process_id, launch.num_processes, launch.coordinator, launch.launcher) == \

@@ -6,6 +6,7 @@ of it: agreeing on a stop, and waiting for each other.
 """
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 
@@ -25,6 +26,25 @@ class Launch:
     def is_first(self):
         """Process 0 writes the result, checkpoints and the model, and prints; the others only train."""
         return self.process_id == 0
+
+    def device_ordinal(self, visible_devices=None):
+        """The device this process computes on when it has one of its own, as it numbers the devices it sees
+        (`visible_devices` of them, where the framework has counted them): its local rank among its machine's, or,
+        where SLURM bound each task to a GPU of its own (`--gpus-per-task 1`: one in its CUDA_VISIBLE_DEVICES), that
+        one, its local rank notwithstanding. None: it sees too few for its local rank. (torchrun's processes share
+        their variables: one GPU named there is one for all of them, which NCCL refuses to share.)"""
+        if self.launcher == "slurm" and self.local_rank and visible_devices in (1, None) and _one_gpu_bound():
+            return 0
+        if visible_devices is not None and self.local_rank >= visible_devices:
+            return None
+        return self.local_rank
+
+
+def _one_gpu_bound():
+    """Whether the process is held to one GPU by the variables CUDA, HIP and ROCr read (one entry in any)."""
+    values = [os.environ.get(name, "").strip()
+              for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")]
+    return any(value and "," not in value for value in values)
 
 
 class ProcessGroup:

@@ -43,9 +43,10 @@ recompute their activations when `model_options["remat"]` asks, and `RunContext.
 1.18: `Extra.keeps_random_draws`, an extra whose run draws the random numbers the run without it draws;
 `model_options["remat"]` may be a function that makes a function recompute (a policy's), in place of True.
 1.19: `peak_measurement_text`'s optional `cpus`, how many CPUs a measured peak was measured on.
+1.20: `Launch.device_ordinal(visible_devices)`, the device a process of several computes on (SLURM's one GPU a task).
 """
 
-PLUGIN_API_VERSION = "1.19"
+PLUGIN_API_VERSION = "1.20"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -43,10 +43,11 @@ class JaxProcessGroup(ProcessGroup):
         try:
             # Under torchrun a question to its store, which may not answer.
             coordinator = coordinator_address(launch)
-            # Several processes on a machine: one GPU each, its local rank, as torchrun's processes have (JAX
-            # reads it as the GPUs it may see; a machine without GPUs ignores it).
+            # Several processes on a machine: one GPU each, its local rank's, as torchrun's processes have, or the
+            # one a scheduler left it (JAX reads it as the GPUs it may see; a machine without GPUs ignores it).
             jax.distributed.initialize(coordinator, launch.num_processes, launch.process_id,
-                                       local_device_ids=[launch.local_rank] if launch.local_processes > 1 else None,
+                                       local_device_ids=[launch.device_ordinal()] if launch.local_processes > 1
+                                       else None,
                                        initialization_timeout=launch.timeout_s,
                                        heartbeat_timeout_seconds=min(launch.timeout_s, 100))
         except (RuntimeError, ValueError) as error:

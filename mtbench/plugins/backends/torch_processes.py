@@ -22,10 +22,11 @@ class TorchProcessGroup(ProcessGroup):
         super().__init__(launch)
         self.collectives = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
-            if launch.local_rank >= torch.cuda.device_count():
+            ordinal = launch.device_ordinal(torch.cuda.device_count())
+            if ordinal is None:
                 raise MtbenchError(f"process {launch.process_id} has local rank {launch.local_rank}, but this "
                                    f"machine has {torch.cuda.device_count()} GPU(s)")
-            torch.cuda.set_device(launch.local_rank)
+            torch.cuda.set_device(ordinal)
         # Under torchrun the processes meet at the store torchrun's agent already serves on MASTER_PORT.
         init_method = "env://" if launch.launcher == "torchrun" else f"tcp://{launch.coordinator}"
         timeout = datetime.timedelta(seconds=launch.timeout_s)
