@@ -222,11 +222,16 @@ def measure(args):
     # mtbench's modules that read the batches and the device may import keras: on this backend, never a default.
     os.environ["KERAS_BACKEND"] = args.backend
     config = train_config(args)
+    from mtbench.plugins import manager as plugins
+    # mtbench's compile caches under --cache-dir, on both sides (inductor's here, before torch reads the variables;
+    # XLA's once JAX starts): a repeat finds its programs there as a repeat of mtbench's row does.
+    os.environ.update(plugins.registry().backends[args.backend].prepare_process(config))
     from benchmarks.workload import OptimizerSettings, prepare_workload
     workload = prepare_workload(config, args.steps)
     shape = workload.model_shape
     backend, device, peak, peak_source = device_and_peak(args.backend, args.dtype, config.cache_dir,
                                                          config.matmul_precision)
+    backend.open_compile_cache(config)
     # float32 matmuls as `mtbench train` sets them (true float32 unless --matmul-precision high), on both sides.
     matmul_precision = backend.set_matmul_precision(config.matmul_precision)
     settings = OptimizerSettings.of_config(config, args.steps)
@@ -276,14 +281,17 @@ def measure(args):
         "model": {"dtype_policy": args.dtype, "dropout": shape.dropout, "vocab_size": shape.vocab_size,
                   "parameters": parameters},
         "timing": {"step_s_median": median, "step_s_p90": sorted(per_step)[int(0.9 * (len(per_step) - 1))],
-                   "steady_steps": len(per_step), "tokens_per_s": rows * length / median,
+                   "steady_steps": len(per_step), "tokens_per_s": rows * length * len(per_step) / sum(per_step),
                    "compile_s": sum(max(seconds - median, 0.0) for seconds in first),
                    "first_steps_s": first, "wall_s": wall_s, "steady_s": sum(per_step),
+                   "compile_cache": backend.compile_cache_hits(),  # this process's lookups, as mtbench's
                    # `mtbench train`'s phases as far as this script has them: all before the loop is "build".
                    "phases_s": {"build": started - measure_started, "train": wall_s},
                    "total_s": time.perf_counter() - measure_started,
                    "clock": "time.perf_counter; device synchronised at each window's edges"},
-        "utilization": {"mfu": flops / median / peak if peak else None, "peak_flops_per_s": peak,
+        # Over the steady steps' time, as `mtbench train` counts them: a slow window lowers both alike.
+        "utilization": {"mfu": flops * len(per_step) / sum(per_step) / peak if peak else None,
+                        "peak_flops_per_s": peak,
                         "peak_source": peak_source, "step_flops": flops},
         "memory": {"peak_device_bytes": peak_bytes, "peak_since": "process start"},
         "history": history(losses, args.warmup, windows, rows * length, profiling.steps if profiling else ()),

@@ -7,9 +7,10 @@ measured matmul peak. It says what bounds the model FLOPs utilisation (MFU) that
 
 JAX: `jax.profiler` writes a Perfetto trace of the jitted step; each XLA operation is looked up in the
 optimised HLO (dumped with XLA_FLAGS) to tell the multiplications (`dot`, alone or fused) from the rest and to
-count their FLOPs from their shapes. torch: `torch.profiler` with FLOP counting; a multiplication is an
-`aten::mm`/`addmm`/`bmm`, and the step's wall time minus the operators' own time is Python and dispatch. Times
-are per step, after warm-up steps; the analytic FLOPs are those of `mtbench train`'s MFU.
+count their FLOPs from their shapes. torch, on the CPU only (on a GPU an operator's host time is its launch):
+`torch.profiler` with FLOP counting; a multiplication is an `aten::mm`/`addmm`/`bmm`, and the step's wall time
+minus the operators' own time is Python and dispatch. Times are per step, after warm-up steps; the analytic FLOPs
+are those of `mtbench train`'s MFU.
 """
 
 import argparse
@@ -194,6 +195,10 @@ def main(argv=None):
     config = TrainConfig(backend=args.backend, preset=args.preset, batch_size=args.batch_size, dtype=args.dtype,
                          **({"cache_dir": args.cache_dir} if args.cache_dir else {}))
     keras, backend, run, workload = prepare_benchmark(config, args.steps, args.length)
+    if args.backend == "torch" and run.device.get("kind") != "cpu":
+        # An operator's own CPU time is its launch there, not its kernels': a device's needs its trace.
+        raise SystemExit(f"profile_step.py times torch's operators on the host, which on a {run.device.get('kind')} "
+                         f"only launch its kernels; `mtbench train --profile N` reads the device's own trace")
     model = build_keras_model(keras, workload, 2 * args.steps + 10)
     step = backend.make_train_step(run, model) or KerasTrainStep(model)
 
@@ -219,7 +224,7 @@ def main(argv=None):
     rows, length = workload.batches[0].shape
     analytic = training_flops(workload.model_shape, rows, length, length)
     peak, peak_source = device_peak(backend, run.device, args.dtype, config.cache_dir,
-                                       plugins.registry().backends.values())
+                                    plugins.registry().backends.values(), config.matmul_precision)
     profiled = sum(categories.values())
     print(f"{args.backend} {args.preset} {args.dtype}, step {step.name}, batch {rows} x {length}; "
           f"{run.device.get('name')}; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})")

@@ -62,6 +62,16 @@ def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_
     # its steady window, as a verdict's interval reads mtbench's: the 7 steps after those, 4 x 32 tokens each
     [(seconds, steps, tokens)] = steady_windows(result["history"])
     assert (steps, tokens) == (timed, timed * 4 * 32) and seconds == pytest.approx(timing["steady_s"])
+    # tokens/s and MFU over the steady steps' time, as mtbench's (a slow window counts), not from the median step
+    utilization = result["utilization"]
+    assert timing["tokens_per_s"] == pytest.approx(timed * 4 * 32 / seconds)
+    assert utilization["mfu"] == pytest.approx(
+        utilization["step_flops"] * timed / seconds / utilization["peak_flops_per_s"])
+    # its programs looked up in mtbench's compile cache, as mtbench's rows' are (a repeat's compile time alike);
+    # the torch reference compiles on CUDA only
+    lookups = timing["compile_cache"]
+    compiles = backend == "jax" or device_kind("torch") == "gpu"
+    assert (lookups["hits"] + lookups["misses"] > 0) == compiles
     # the matrix splits its wall time: everything before the loop is "build", the loop is "train"
     assert timing["total_s"] >= timing["phases_s"]["build"] + timing["phases_s"]["train"] > timing["steady_s"] > 0
     assert timing["phases_s"]["train"] == timing["wall_s"]
