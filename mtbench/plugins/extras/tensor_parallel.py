@@ -562,6 +562,26 @@ def profiled_collectives(call):
         and not within_itself(event))
 
 
+def collectives_record(ran, replayed=False):
+    """What a split step records of the collectives one step ran (`profiled_collectives`'s counts). `replayed`: the
+    step replayed CUDA graphs, whose captured collectives the host dispatches no more: a count without the blocks'
+    all-reduces is then not the step's, and the record says so rather than write it."""
+    kinds = collections.Counter()
+    for op, count in ran.items():
+        if op.startswith("c10d::"):
+            kinds[collective_kind(op)] += count
+    # DTensor's all-reduces (functional collectives) are the blocks' activations and their gradients
+    # (`all_reduce_` in place in a compiled graph).
+    activations = sum(count for op, count in ran.items() if op.startswith("_c10d_functional::all_reduce"))
+    if replayed and not activations:
+        return {"collectives_per_step": None, "activation_all_reduces_per_step": None,
+                "batch_all_gathers_per_step": kinds["all-gather"],
+                "collectives_why_not": "the counted step replayed CUDA graphs, whose collectives the host does not "
+                                       "dispatch"}
+    return {"collectives_per_step": dict(sorted(kinds.items())), "activation_all_reduces_per_step": activations,
+            "batch_all_gathers_per_step": kinds["all-gather"]}
+
+
 class TorchSplitStep(TorchDistributedStep):
     """mtbench's torch step over the split weights. One call is profiled for the collectives it runs
     (`profiled_collectives`): the eager step's first, a warm-up call; the compiled step's first after its warm-up
@@ -589,17 +609,7 @@ class TorchSplitStep(TorchDistributedStep):
         if self.calls != self.profiled_call:
             return step()
         logs, ran = profiled_collectives(step)
-        kinds = collections.Counter()
-        for op, count in ran.items():
-            if op.startswith("c10d::"):
-                kinds[collective_kind(op)] += count
-        self.record.update(
-            collectives_per_step=dict(sorted(kinds.items())),
-            # DTensor's all-reduces (functional collectives) are the blocks' activations and their gradients.
-            # (`all_reduce_` in place in a compiled graph).
-            activation_all_reduces_per_step=sum(count for op, count in ran.items()
-                                                if op.startswith("_c10d_functional::all_reduce")),
-            batch_all_gathers_per_step=kinds["all-gather"])
+        self.record.update(collectives_record(ran, replayed=self.inner.warmup_calls > 1))
         data_axis = self.inner.fused_optimizer.data_axis
         if data_axis is not None:
             self.record["data_axis_gradients"] = data_axis.record()

@@ -475,3 +475,25 @@ def test_torch_split_lets_the_whole_weights_and_moments_go(tmp_path):
     freed = [json.loads(line)["freed"] for line in proc.stdout.splitlines() if line.startswith("{")]
     expected = 3 * 4 * split_parameters(D_MODEL, FF_UNITS, 1) // 2 * FLOAT32
     assert len(freed) == 2 and all(abs(bytes_freed - expected) <= 64 for bytes_freed in freed), (freed, expected)
+
+
+def test_a_step_replayed_from_cuda_graphs_records_no_count_of_collectives_it_could_not_see():
+    """Under CUDA graphs (torch-compile's reduce-overhead on a GPU) the counted step replays the graphs: the host
+    dispatches only the batch's all-gather, outside them, and none of the blocks' all-reduces captured inside. That
+    count is not the step's: the record says why instead of writing 0 all-reduces. (No CUDA graphs here: the
+    counts are the profiler's names, as a replay and a counted step have them.)"""
+    from collections import Counter
+
+    from mtbench.plugins.extras.tensor_parallel import collectives_record
+    replay = Counter({"c10d::allgather_into_tensor_coalesced_": 1})
+    counted = Counter({"c10d::allgather_into_tensor_coalesced_": 1, "c10d::allreduce_": 8,
+                       "_c10d_functional::all_reduce_": 8})
+    assert collectives_record(replay, replayed=True) == {
+        "collectives_per_step": None, "activation_all_reduces_per_step": None, "batch_all_gathers_per_step": 1,
+        "collectives_why_not": "the counted step replayed CUDA graphs, whose collectives the host does not dispatch"}
+    for replayed in (False, True):  # a graph whose collectives were not captured dispatches them on every call
+        assert collectives_record(counted, replayed) == {
+            "collectives_per_step": {"all-gather": 1, "all-reduce": 8}, "activation_all_reduces_per_step": 8,
+            "batch_all_gathers_per_step": 1}
+    assert collectives_record(replay) == {"collectives_per_step": {"all-gather": 1},
+                                          "activation_all_reduces_per_step": 0, "batch_all_gathers_per_step": 1}
