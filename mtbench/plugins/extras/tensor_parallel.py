@@ -562,7 +562,7 @@ def profiled_collectives(call):
         and not within_itself(event))
 
 
-def collectives_record(ran, replayed=False):
+def torch_collectives_record(ran, replayed=False):
     """What a split step records of the collectives one step ran (`profiled_collectives`'s counts). `replayed`: the
     step replayed CUDA graphs, whose captured collectives the host dispatches no more: a count without the blocks'
     all-reduces is then not the step's, and the record says so rather than write it."""
@@ -609,7 +609,7 @@ class TorchSplitStep(TorchDistributedStep):
         if self.calls != self.profiled_call:
             return step()
         logs, ran = profiled_collectives(step)
-        self.record.update(collectives_record(ran, replayed=self.inner.warmup_calls > 1))
+        self.record.update(torch_collectives_record(ran, replayed=self.inner.warmup_calls > 1))
         data_axis = self.inner.fused_optimizer.data_axis
         if data_axis is not None:
             self.record["data_axis_gradients"] = data_axis.record()

@@ -484,16 +484,16 @@ def test_a_step_replayed_from_cuda_graphs_records_no_count_of_collectives_it_cou
     counts are the profiler's names, as a replay and a counted step have them.)"""
     from collections import Counter
 
-    from mtbench.plugins.extras.tensor_parallel import collectives_record
+    from mtbench.plugins.extras.tensor_parallel import torch_collectives_record
     replay = Counter({"c10d::allgather_into_tensor_coalesced_": 1})
     counted = Counter({"c10d::allgather_into_tensor_coalesced_": 1, "c10d::allreduce_": 8,
                        "_c10d_functional::all_reduce_": 8})
-    assert collectives_record(replay, replayed=True) == {
+    assert torch_collectives_record(replay, replayed=True) == {
         "collectives_per_step": None, "activation_all_reduces_per_step": None, "batch_all_gathers_per_step": 1,
         "collectives_why_not": "the counted step replayed CUDA graphs, whose collectives the host does not dispatch"}
     for replayed in (False, True):  # a graph whose collectives were not captured dispatches them on every call
-        assert collectives_record(counted, replayed) == {
+        assert torch_collectives_record(counted, replayed) == {
             "collectives_per_step": {"all-gather": 1, "all-reduce": 8}, "activation_all_reduces_per_step": 8,
             "batch_all_gathers_per_step": 1}
-    assert collectives_record(replay) == {"collectives_per_step": {"all-gather": 1},
-                                          "activation_all_reduces_per_step": 0, "batch_all_gathers_per_step": 1}
+    assert torch_collectives_record(replay) == {"collectives_per_step": {"all-gather": 1},
+                                                "activation_all_reduces_per_step": 0, "batch_all_gathers_per_step": 1}
