@@ -17,6 +17,7 @@ masks, so other curves part from the first step (`--dropout 0` makes a run check
 from dataclasses import asdict, dataclass, field
 
 from mtbench.errors import RunFailure
+from mtbench.figures import run_dtype
 
 PARITY_STEPS = 50
 PARITY_TOLERANCE = 0.01  # float32 runs on different frameworks agree far better than this over 50 steps
@@ -178,7 +179,9 @@ def same_draws(result):
 
 
 def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLERANCE):
-    """`named_runs`: [(name, result)], the baseline first. `dtype_of(result)` names the run's dtype policy."""
+    """`named_runs`: [(name, result)], the baseline first. `dtype_of(result)` names the runs held to one curve: the
+    run's dtype policy, and what else they must share ('float32, batch-size=16'); the policy itself, not that
+    name, says whether a 16-bit run is held over windows."""
     report = ParityReport(steps=steps, tolerance=tolerance)
     reference_by_dtype = {}
     runs_by_dtype = {}
@@ -197,7 +200,7 @@ def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLE
             report.unchecked.append([name, "no training steps to compare"])
             continue
         reference_curve, curve = loss_curve(reference, common), loss_curve(result, common)
-        window = parity_window(dtype)
+        window = parity_window(run_dtype(result))
         worst, at_step = compare_curves(reference_curve, curve, window)
         diverged_at, diverged_run = first_lone_null(reference_curve, curve, reference_name, name)
         pair = ParityPair(reference_name, name, dtype, common, worst, at_step, within_tolerance=False,

@@ -348,6 +348,27 @@ def test_16_bit_runs_of_other_arithmetic_fail_in_their_first_steps_though_their_
     assert float32.pairs[0].within_tolerance and float32.pairs[0].early_max_relative_difference is None
 
 
+def test_float32_runs_whose_class_names_a_16_are_held_step_by_step():
+    """compare holds runs to one curve by a class that names what they share besides the dtype ('float32,
+    batch-size=16' in a sweep, 'heads=16' of a size): a 16 there is no 16-bit arithmetic, and the float32 runs stay
+    held step by step, where 10-step means would pass a run 2 % off every other step."""
+    from mtbench.runner.results.report import parity_class
+    losses = list(np.linspace(7.5, 5.0, 60))
+    scattered = [loss * (1 if step < 12 else 1.02 if step % 2 else 0.98) for step, loss in enumerate(losses)]
+    runs = []
+    for name, curve in (("jax", losses), ("torch", scattered)):
+        run = fake_run(curve)
+        run["config"].update(batch_size=16, heads=16)
+        runs.append((name, run))
+    classes = {parity_class(run, swept=("batch_size",)) for _, run in runs}
+    assert len(classes) == 1 and "16" in classes.pop()
+    report = check_parity(runs, lambda result: parity_class(result, swept=("batch_size",)), steps=50,
+                          tolerance=0.01)
+    [pair] = report.pairs
+    assert pair.window == 1 and not pair.within_tolerance
+    assert pair.max_relative_difference == pytest.approx(0.02)
+
+
 def test_a_comparison_that_fails_parity_ends_with_status_1():
     from mtbench.errors import RunFailure
     from mtbench.runner.results.parity import require_parity
@@ -377,8 +398,8 @@ def test_compare_validates_every_run_along_the_way_and_stops_each_at_the_target(
     out = tmp_path / "c.json"
     proc = run_cli("compare", "--matrix", "jax;torch", "--model", "gpt", "--preset", "tiny", "--block-size", "32",
                    "--batch-size", "4", "--steps", "12", "--valid-size", "20", "--eval-every", "4",
-                   "--target-loss", "100", "--sample-prompt", "In the", "--sample-tokens", "8",
-                   "--cache-dir", cache_dir, "--out", str(out))
+                   "--target-loss", "100", "--sample-prompt", "In the", "--sample-tokens", "8", "--dtype", "float32",
+                   "--cache-dir", cache_dir, "--out", str(out))  # float32 on a GPU too: the same sample on both
     assert proc.returncode == 0, proc.stderr[-3000:]
     combined = json.loads(out.read_text())
     runs = [json.loads(open(path).read()) for path in sorted((tmp_path / "c.runs").glob("*-1.json"))]
