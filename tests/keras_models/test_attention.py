@@ -99,6 +99,19 @@ def test_plain_attention_and_decoding_never_call_keras(attention_calls):
     assert attention_calls == []
 
 
+def test_a_fused_models_decoding_attends_unfused(attention_calls):
+    """A model that trains with the fused kernels (the flash-attention extra's options) still decodes with its cache
+    through its own unfused attention, on both backends: what `model.attention.decoding` records."""
+    model = build_transformer(PRESETS["tiny"], flash_attention=True, flash_attention_masked=True)
+    source = padded_ids(2, 8, 50, seed=5)
+    memory, src_mask = model.encode(source)
+    encoded = len(attention_calls)
+    assert encoded == PRESETS["tiny"].encoder_layers and all(call["flash_attention"] for call in attention_calls)
+    cross, caches = model.start_decoding(memory, 8)
+    model.decode_step(ops.ones((2, 1), "int32"), ops.convert_to_tensor(0), caches, cross, src_mask)
+    assert len(attention_calls) == encoded
+
+
 
 def test_attention_dropout_drops_whole_probabilities_while_training_only():
     """nanoGPT's `attn_dropout`: a query's probability of each key is kept, scaled by 1 / (1 - rate), or dropped,

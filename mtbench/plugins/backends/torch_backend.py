@@ -161,8 +161,10 @@ class TorchBackend(Backend):
         if not fused:
             return {"causal": "aten (unfused)", "masked": "aten (unfused)", "decoding": "aten (unfused)",
                     "sdpa_kernels_enabled": enabled}
+        # Decoding with a cache attends through the model's own unfused attention (`Attention.attend`'s default),
+        # as JAX's does: aten's matmuls, whatever SDPA kernels are enabled.
         return {"causal": "flash (fused)", "masked": "memory-efficient (fused)",
-                "decoding": "memory-efficient (fused)", "sdpa_kernels_enabled": enabled}
+                "decoding": "aten (unfused)", "sdpa_kernels_enabled": enabled}
 
     def attention_implementation(self, fused, device):
         return "flash (fused)" if fused else "aten (unfused)"
