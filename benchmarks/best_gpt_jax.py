@@ -176,13 +176,15 @@ def on_keras_variables(optimizer, settings):
     return optax.GradientTransformation(lambda params: optimizer.init(split_qkv(params)), update)
 
 
-def cudnn_attention_runs_here():
-    """Whether cuDNN's fused attention runs on this process's first device: a CUDA GPU (not ROCm) of compute
-    capability 8.0 or newer, where `jax.nn.dot_product_attention(implementation="cudnn")` would otherwise raise."""
+def cudnn_attention_runs_here(head_size):
+    """Whether cuDNN's fused attention runs on this process's first device for heads of `head_size`, where
+    `jax.nn.dot_product_attention(implementation="cudnn")` would otherwise raise: a CUDA GPU (not ROCm) of compute
+    capability 8.0 or newer, and 9.0 for heads over 128 wide."""
     device = jax.devices()[0]
     if device.platform != "gpu" or "rocm" in device.client.platform_version.lower():
         return False
-    return tuple(int(part) for part in device.compute_capability.split(".")[:2]) >= (8, 0)
+    capability = tuple(int(part) for part in device.compute_capability.split(".")[:2])
+    return capability >= ((9, 0) if head_size > 128 else (8, 0))
 
 
 class TrainStep:
@@ -193,7 +195,8 @@ class TrainStep:
         """`attention`: the `jax.nn.dot_product_attention` implementation; "auto": cuDNN's fused kernel, which
         takes 16-bit inputs only, in 16 bits where it runs (`cudnn_attention_runs_here`), elsewhere XLA's (None)."""
         if attention == "auto":  # unfused where dropout drops attention probabilities (`causal_attention`)
-            fused = mixed_bfloat16 and cudnn_attention_runs_here() and not shape.dropout
+            fused = (mixed_bfloat16 and cudnn_attention_runs_here(shape.d_model // shape.num_heads)
+                     and not shape.dropout)
             attention = "cudnn" if fused else None
         self.forward = functools.partial(forward, shape=shape, dtype=jnp.bfloat16 if mixed_bfloat16 else jnp.float32,
                                          attention=attention)

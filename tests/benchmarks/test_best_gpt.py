@@ -222,8 +222,9 @@ def test_the_references_mfu_divides_by_the_peak_of_the_arithmetic_its_matmuls_ra
 
 @needs_flax
 def test_the_jax_reference_fuses_attention_where_cudnns_kernel_runs(monkeypatch):
-    """`attention="auto"` asks for cuDNN's kernel on a CUDA GPU from compute capability 8.0 only, where
-    `jax.nn.dot_product_attention` has it: a T4, a ROCm GPU or a CPU would raise (JAX's devices stood in for)."""
+    """`attention="auto"` asks for cuDNN's kernel on a CUDA GPU from compute capability 8.0 only (9.0 for heads over
+    128 wide), where `jax.nn.dot_product_attention` has it: a T4, a ROCm GPU or a CPU would raise (JAX's devices
+    stood in for)."""
     from types import SimpleNamespace
 
     import jax
@@ -236,8 +237,9 @@ def test_the_jax_reference_fuses_attention_where_cudnns_kernel_runs(monkeypatch)
 
     runs = {}
     for label, first in (("H100", device("gpu", "cuda 12080", "9.0")), ("B200", device("gpu", "cuda 12080", "10.0")),
-                         ("T4", device("gpu", "cuda 12080", "7.5")), ("MI300X", device("gpu", "rocm 60400")),
-                         ("CPU", device("cpu", "<unknown>"))):
+                         ("A100", device("gpu", "cuda 12080", "8.0")), ("T4", device("gpu", "cuda 12080", "7.5")),
+                         ("MI300X", device("gpu", "rocm 60400")), ("CPU", device("cpu", "<unknown>"))):
         monkeypatch.setattr(jax, "devices", lambda first=first: [first])
-        runs[label] = cudnn_attention_runs_here()
-    assert runs == {"H100": True, "B200": True, "T4": False, "MI300X": False, "CPU": False}
+        runs[label] = (cudnn_attention_runs_here(64), cudnn_attention_runs_here(192))
+    assert runs == {"H100": (True, True), "B200": (True, True), "A100": (True, False), "T4": (False, False),
+                    "MI300X": (False, False), "CPU": (False, False)}

@@ -126,8 +126,9 @@ def test_amd_gpus_compute_bfloat16_natively_from_the_mi100_and_rdna_3_as_each_ba
 
 def test_on_a_rocm_gpu_or_one_before_ampere_jax_attends_unfused_under_auto_and_says_why(monkeypatch):
     """Keras's fused attention on JAX is cuDNN's, which a ROCm build has none of, and which Keras refuses (raising)
-    below compute capability 8.0: `--attention auto` leaves it out there (where the dtype AMD's GPUs now train in,
-    or an explicit 16-bit dtype on a T4, would otherwise bring it in), and says why; on an H100 it joins."""
+    below compute capability 8.0, and for heads over 128 wide below 9.0: `--attention auto` leaves it out there
+    (where the dtype AMD's GPUs now train in, or an explicit 16-bit dtype on a T4, would otherwise bring it in), and
+    says why; on an H100 it joins, heads of 192 too."""
     import jax
 
     from mtbench.plugins import manager
@@ -135,20 +136,28 @@ def test_on_a_rocm_gpu_or_one_before_ampere_jax_attends_unfused_under_auto_and_s
     from mtbench.runner.choices import choose_fused_attention
     from mtbench.runner.setup import choose_plugins
     chosen = {}
-    for runtime, capability in (("rocm 60400", None), ("cuda 12080", "7.5"), ("cuda 12080", "9.0")):
+    wide = {"d_model": 768, "heads": 4}  # heads of 192
+    for runtime, capability, size in (("rocm 60400", None, {}), ("cuda 12080", "7.5", {}), ("cuda 12080", "9.0", {}),
+                                      ("cuda 12080", "8.0", wide), ("cuda 12080", "9.0", wide)):
         device = SimpleNamespace(client=SimpleNamespace(platform_version=runtime),
                                  **({"compute_capability": capability} if capability else {}))
         monkeypatch.setattr(jax, "devices", lambda device=device: [device])
-        config = TrainConfig(backend="jax", preset="tiny", dtype="mixed_bfloat16")
-        run = RunContext(config=config, backend=manager.registry().backends["jax"], device={"kind": "gpu"})
-        choose_fused_attention(run, choose_plugins(config, manager.registry()))
-        chosen[runtime, capability] = run.attention_choice
+        config = TrainConfig(backend="jax", preset="tiny", dtype="mixed_bfloat16", **size)
+        plugins = choose_plugins(config, manager.registry())
+        run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"},
+                         model_shape=plugins.model.shape(plugins.model_path, config))
+        choose_fused_attention(run, plugins)
+        chosen[runtime, capability, "wide" if size else "tiny"] = run.attention_choice
     assert chosen == {
-        ("rocm 60400", None): {"asked": "auto", "fused": False, "why_unfused": "needs cuDNN's fused attention, "
-                               "which JAX has on CUDA only; this GPU runs ROCm"},
-        ("cuda 12080", "7.5"): {"asked": "auto", "fused": False, "why_unfused": "needs compute capability 8.0 or "
-                                "newer on JAX (cuDNN's fused attention); this GPU has 7.5"},
-        ("cuda 12080", "9.0"): {"asked": "auto", "fused": True, "by_extra": "flash-attention"}}
+        ("rocm 60400", None, "tiny"): {"asked": "auto", "fused": False, "why_unfused": "needs cuDNN's fused "
+                                       "attention, which JAX has on CUDA only; this GPU runs ROCm"},
+        ("cuda 12080", "7.5", "tiny"): {"asked": "auto", "fused": False, "why_unfused": "needs compute capability "
+                                        "8.0 or newer on JAX (cuDNN's fused attention); this GPU has 7.5"},
+        ("cuda 12080", "9.0", "tiny"): {"asked": "auto", "fused": True, "by_extra": "flash-attention"},
+        ("cuda 12080", "8.0", "wide"): {"asked": "auto", "fused": False, "why_unfused": "needs a head size of at "
+                                        "most 128 on JAX before compute capability 9.0 (cuDNN's fused attention); "
+                                        "this model has 192 on a GPU of 8.0"},
+        ("cuda 12080", "9.0", "wide"): {"asked": "auto", "fused": True, "by_extra": "flash-attention"}}
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])

@@ -134,3 +134,10 @@ def plain_layer_calls(training):
         keras.layers.Layer.__call__ = keras_call
         for module in holders:
             module.any_symbolic_tensors = keras_check
+
+
+def called_as_the_step_calls(model, training):
+    """A context in which `model` is called as mtbench's torch step calls it: outside Keras's input checks
+    (`plain_layer_calls`) where it can be, as tensor-parallel's split layers need (each takes a share of the width
+    Keras would check); a check that runs the model before training (a kernel's, a recomputation's) calls it so."""
+    return plain_layer_calls(training) if plain_calls_unsupported(model) is None else contextlib.nullcontext()

@@ -54,9 +54,10 @@ def jax_compute_capability():
     return getattr(jax.devices()[0], "compute_capability", None)
 
 
-def before_ampere(capability):
-    """Whether a CUDA compute capability as JAX writes it ('7.5') is older than Ampere's 8.0 (None: unknown)."""
-    return capability is not None and tuple(int(part) for part in capability.split(".")[:2]) < (8, 0)
+def older_than(capability, version):
+    """Whether a CUDA compute capability as JAX writes it ('7.5') is older than `version` ((8, 0): Ampere's);
+    False where it is unknown (None)."""
+    return capability is not None and tuple(int(part) for part in capability.split(".")[:2]) < version
 
 
 class FlashAttention(Extra):
@@ -83,9 +84,12 @@ class FlashAttention(Extra):
                 return f"needs compute capability 8.0 or newer on torch; this GPU has {major}.{minor}"
         elif kind == "gpu" and run.backend.accelerator_environment().get("rocm_version"):
             return "needs cuDNN's fused attention, which JAX has on CUDA only; this GPU runs ROCm"
-        elif kind == "gpu" and before_ampere(capability := jax_compute_capability()):
+        elif kind == "gpu" and older_than(capability := jax_compute_capability(), (8, 0)):
             # Keras raises there ("Require at least Ampere arch to run") rather than fall back.
             return f"needs compute capability 8.0 or newer on JAX (cuDNN's fused attention); this GPU has {capability}"
+        elif kind == "gpu" and head_dim and head_dim > 128 and older_than(capability, (9, 0)):
+            return (f"needs a head size of at most 128 on JAX before compute capability 9.0 (cuDNN's fused "
+                    f"attention); this model has {head_dim} on a GPU of {capability}")
         elif run.config.max_len % 2:
             # Every length bucket but the last is a multiple of 16; cuDNN trains with a mask (bias) only on
             # even lengths.
@@ -133,9 +137,17 @@ class FlashAttention(Extra):
     @staticmethod
     def _torch_evidence(model, x):
         import torch
+        from keras.src.backend.torch.core import get_device
         from torch.profiler import ProfilerActivity, profile
-        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
-            model(x)
+
+        from mtbench.plugins.backends.torch_eager_step import to_device
+        from mtbench.plugins.backends.torch_plain_calls import called_as_the_step_calls
+        # On the run's device and as the step calls the model: split by tensor-parallel, its layers each take a
+        # share of the width Keras's input checks expect, and their DTensors take their inputs as they are.
+        rows = tuple(to_device(part, get_device()) for part in x)
+        with torch.no_grad(), called_as_the_step_calls(model, training=False), \
+                profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
+            model(rows)
             torch.cuda.synchronize()
         return kernel_evidence([event.name for event in trace.events()], TORCH_KERNEL_PATTERN)
 

@@ -24,7 +24,6 @@ check then also counts the products dispatched while a block recomputes, which m
 products in the compiled gradient recomputing as keeping, and fewer temporaries.
 """
 
-import contextlib
 import re
 import time
 
@@ -185,7 +184,7 @@ class Remat(Extra):
         from keras.src.backend.torch.core import get_device
 
         from mtbench.plugins.backends.torch_eager_step import to_device
-        from mtbench.plugins.backends.torch_plain_calls import plain_calls_unsupported, plain_layer_calls
+        from mtbench.plugins.backends.torch_plain_calls import called_as_the_step_calls
         unchecked = [block.name for block in blocks if not callable(getattr(block, "residual_branches", None))]
         if unchecked:
             return (f"cannot count what {unchecked[0]} recomputes (it has no `residual_branches`, the computation "
@@ -207,8 +206,7 @@ class Remat(Extra):
         rows = tuple(to_device(part[:1], get_device()) for part in batch.inputs)
         # The dropout layers draw from torch's generators: put back, the run's first step draws what it would have.
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        # Called as mtbench's torch step calls it: tensor-parallel's split layers compute outside Keras's input checks.
-        calls = plain_layer_calls(training=True) if plain_calls_unsupported(model) is None else contextlib.nullcontext()
+        calls = called_as_the_step_calls(model, training=True)
         matmuls = matmuls_counted_while(recomputing)
         try:
             with torch.random.fork_rng(devices=devices), calls, matmuls:
