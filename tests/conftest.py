@@ -167,13 +167,14 @@ def cli_environment(env=None):
 
 def run_joined_probes(probe, processes=2, timeout=120):
     """Runs tests/PROBE as `processes` processes that meet at a free port of this machine (`PROBE RANK
-    COORDINATOR`, COORDINATOR host:port of process 0); asserts that each exits with 0 and returns each one's last
-    line of output, read as JSON, in process order."""
+    COORDINATOR`, COORDINATOR host:port of process 0), on the CPU (they join over gloo, also on a GPU machine);
+    asserts that each exits with 0 and returns each one's last line of output, read as JSON, in process order."""
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         coordinator = f"127.0.0.1:{free.getsockname()[1]}"
     started = [subprocess.Popen([sys.executable, os.path.join(TESTS_DIR, probe), str(rank), coordinator],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_environment())
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=cli_environment(CPU_ONLY))
                for rank in range(processes)]
     outputs = [process.communicate(timeout=timeout) for process in started]
     assert [process.returncode for process in started] == [0] * processes, \

@@ -31,7 +31,9 @@ def test_a_cpu_programs_matmul_is_charged_its_operands_result_and_products():
     import jax.numpy as jnp
 
     from benchmarks.hlo_kernels import MATMUL, entry_kernels, kernel_figures
-    x, w = jnp.ones((64, 32), jnp.float32), jnp.ones((32, 16), jnp.float32)
+    # A CPU's program, also where JAX would compile for a GPU (a cuBLAS call: the next test's)
+    cpu = jax.devices("cpu")[0]
+    x, w = (jax.device_put(jnp.ones(shape, jnp.float32), cpu) for shape in ((64, 32), (32, 16)))
     text = jax.jit(lambda x, w: x @ w).lower(x, w).compile().as_text()
     kernels = entry_kernels(text)
     (matmul,) = [kernel for kernel in kernels if kernel.kind == MATMUL]

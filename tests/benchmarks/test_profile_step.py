@@ -10,14 +10,15 @@ import sys
 
 import pytest
 
-from conftest import REPOSITORY
+from conftest import CPU_ONLY, REPOSITORY
 
 # Each test profiles a training run in a fresh process (7-12 s): the full suite's, not the day-to-day tier's.
 pytestmark = pytest.mark.slow
 
 
 def profile(backend, cache_dir):
-    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
+    # On the CPU, also on a GPU machine: the script reads a CPU's programs and (torch) its operators' host time.
+    env = {**{k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}, **CPU_ONLY}
     proc = subprocess.run([sys.executable, "benchmarks/profile_step.py", "--backend", backend, "--preset", "tiny",
                            "--batch-size", "32", "--length", "16", "--steps", "2", "--cache-dir", cache_dir],
                           capture_output=True, text=True, env=env, cwd=REPOSITORY, timeout=600)

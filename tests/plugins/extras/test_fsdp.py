@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import COMPARE_STEPS, ONE_BUCKET, TINY_COMPARE, TINY_TRAIN, run_cli, simulated_devices
+from tests.conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, TINY_COMPARE, TINY_TRAIN, run_cli,
+                            simulated_devices)
 from mtbench.figures import FIGURES_BY_KEY
 from mtbench.plugins.extras.fsdp import sharded_axis
 from tests.plugins.extras.test_multi_process import assert_same_losses, torchrun
@@ -187,7 +188,8 @@ def test_torch_fsdp_scales_float16_losses_as_one_process(tmp_path, cache_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     sharded = json.loads(out.read_text())
     one_out = tmp_path / "one.json"
-    proc = run_cli("train", *FLOAT16_GPT, "--cache-dir", cache_dir, "--out", str(one_out))
+    # On the CPU as the sharded processes (gloo), also on a GPU machine.
+    proc = run_cli("train", *FLOAT16_GPT, "--cache-dir", cache_dir, "--out", str(one_out), env=CPU_ONLY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = json.loads(one_out.read_text())
     np.testing.assert_allclose(losses(sharded), losses(one), rtol=1e-4)

@@ -137,7 +137,7 @@ def assert_stages_compiled(pipelined):
 def test_two_compiled_stages_train_what_one_process_trains_sending_each_micro_batch_once(tmp_path, cache_dir):
     """torch-compile given after the pipeline, where `--step auto` puts it on a GPU: it compiles each stage."""
     args = [*TINY_GPT, "--layers", "4"]
-    one = train(tmp_path, "one", cache_dir, *args)
+    one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)  # the pipelines train over gloo, on the CPU
     pipelined = train_pipelined(tmp_path, "pipelined", cache_dir, *args, "--extra", "torch-compile")
     assert_trains_like_one_process(pipelined, one)
     assert_stages_compiled(pipelined)
@@ -164,7 +164,7 @@ def test_uneven_stages_on_gpipe_in_float16_with_remat_train_what_one_process_tra
     each block recomputed in the backward pass."""
     # 6 steps: float16 matmuls are slow on a CPU.
     args = [*TINY_GPT, "--steps", "6", "--layers", "3", "--dtype", "mixed_float16", "--extra", "remat"]
-    one = train(tmp_path, "one", cache_dir, *args)
+    one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)  # the pipelines train over gloo, on the CPU
     pipelined = train_pipelined(tmp_path, "pipelined", cache_dir, *args, "--pipeline-micro-batches", "2",
                                 "--pipeline-schedule", "gpipe")
     assert_trains_like_one_process(pipelined, one, steps=6)
@@ -183,7 +183,7 @@ def test_two_compiled_pipelines_on_a_data_axis_train_what_one_process_trains(tmp
     averaged over the data axis (one bucket of this small model, from the backward pass, of compiled stages here:
     torch-compile given before the pipeline), the losses one process's."""
     args = [*TINY_GPT, "--layers", "4"]
-    one = train(tmp_path, "one", cache_dir, *args)
+    one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)  # the pipelines train over gloo, on the CPU
     # The compiled step first: the pipeline then compiles its stages with it.
     pipelined = train_on_two_processes(tmp_path, "pipelined", cache_dir, *args, "--extra", "pipeline-parallel",
                                        "--pipeline-parallel-size", "2", "--pipeline-micro-batches", "4", processes=4,

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import assert_refused_in_one_line, run_cli
+from conftest import CPU_ONLY, assert_refused_in_one_line, run_cli
 from gpt2_fixture import build_checkpoint, transformers_windows_loss
 from result_keys import undocumented_keys
 from mtbench.runner.results.schema import schema_errors
@@ -144,8 +144,9 @@ def test_torch_splits_and_shards_the_checkpoint_after_scoring_it_whole(checkpoin
     FSDP on torch, with the weights whole (they were split or sharded when the step was built), then trains them
     split or sharded as one device does."""
     out = tmp_path / "split.json"
+    # On the CPU, also on a GPU machine: two processes each need a device of their own.
     proc = run_cli("compare", "--matrix", "jax;torch+tensor-parallel@2;torch+fsdp@2", *fine_tune_args(checkpoint),
-                   "--test-size", "4", "--steps", "6", "--cache-dir", cache_dir, "--out", str(out))
+                   "--test-size", "4", "--steps", "6", "--cache-dir", cache_dir, "--out", str(out), env=CPU_ONLY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     compared = json.loads(out.read_text())
     assert compared["parity"]["passed"] and len(compared["parity"]["pairs"]) == 2, compared["parity"]

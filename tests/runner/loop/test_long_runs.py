@@ -109,7 +109,8 @@ def test_signals_are_recorded_once_and_a_second_ctrl_c_stops_at_once():
 def test_sigterm_then_resume_replaces_the_partial_result_with_the_uninterrupted_figures(tmp_path, cache_dir,
                                                                                          tiny_runs):
     out, run_dir = str(tmp_path / "sigterm.json"), str(tmp_path / "sigterm.run")
-    proc = start("--backend", "torch", *CHECKPOINTED, "--cache-dir", cache_dir, "--out", out)
+    # eager, as the tiny run it is held to (on a GPU `--step auto` would compile)
+    proc = start("--backend", "torch", "--step", "eager", *CHECKPOINTED, "--cache-dir", cache_dir, "--out", out)
     _, stderr = signal_after_first_checkpoint(proc, run_dir, signal.SIGTERM)
     partial = assert_interrupted(proc, stderr, out, run_dir, "SIGTERM", 143)
 
@@ -145,8 +146,9 @@ def test_a_resumed_torch_run_updates_with_the_fused_adamw_of_a_fresh_one(tmp_pat
     """The NaN at step 6 stops the run with steps 1-5 trained and a checkpoint after step 3; the resumed run's
     steps 4 and 5 are then those updates again, from the restored optimizer."""
     out, run_dir = str(tmp_path / "resumed.json"), str(tmp_path / "resumed.run")
-    stopped = run_cli("train", "--backend", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "8", "--checkpoint-every",
-                      "3", "--cache-dir", cache_dir, "--out", out, env={"MTBENCH_TEST_NAN_AT_STEP": "6"})
+    stopped = run_cli("train", "--backend", "torch", "--step", "eager", *TINY_TRAIN, *ONE_BUCKET, "--steps", "8",
+                      "--checkpoint-every", "3", "--cache-dir", cache_dir, "--out", out,
+                      env={"MTBENCH_TEST_NAN_AT_STEP": "6"})
     assert stopped.returncode == 1, stopped.stderr[-3000:]
     fresh = read(out)
     resumed = run_cli("train", "--resume", run_dir)
