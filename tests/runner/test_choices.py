@@ -160,6 +160,32 @@ def test_on_a_rocm_gpu_or_one_before_ampere_jax_attends_unfused_under_auto_and_s
         ("cuda 12080", "9.0", "wide"): {"asked": "auto", "fused": True, "by_extra": "flash-attention"}}
 
 
+def test_torch_attends_unfused_where_flash_attention_cannot_train_its_heads(monkeypatch):
+    """FlashAttention-2 trains heads over 192 wide on an A100's or H100's shared memory only: on an RTX 4090 (8.9)
+    `--attention auto` leaves heads of 200 unfused and says why; heads of 64 there, and of 200 on an A100, fuse."""
+    import torch
+
+    from mtbench.plugins import manager
+    from mtbench.plugins.api import RunContext
+    from mtbench.runner.choices import choose_fused_attention
+    from mtbench.runner.setup import choose_plugins
+    chosen = {}
+    for capability, size in (((8, 9), {"d_model": 800, "heads": 4}), ((8, 9), {}),
+                             ((8, 0), {"d_model": 800, "heads": 4})):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0, capability=capability: capability)
+        config = TrainConfig(backend="torch", preset="tiny", dtype="mixed_bfloat16", **size)
+        plugins = choose_plugins(config, manager.registry())
+        run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"},
+                         model_shape=plugins.model.shape(plugins.model_path, config))
+        choose_fused_attention(run, plugins)
+        chosen[capability, "wide" if size else "tiny"] = run.attention_choice
+    assert chosen == {
+        ((8, 9), "wide"): {"asked": "auto", "fused": False, "why_unfused": "needs a head size of at most 192 to "
+                           "train on torch's FlashAttention on compute capability 8.9; this model has 200"},
+        ((8, 9), "tiny"): {"asked": "auto", "fused": True, "by_extra": "flash-attention"},
+        ((8, 0), "wide"): {"asked": "auto", "fused": True, "by_extra": "flash-attention"}}
+
+
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_auto_attends_unfused_where_the_model_drops_attention_probabilities(monkeypatch, backend):
     """nanoGPT's Shakespeare model drops a fifth of its attention probabilities, which no fused kernel Keras calls

@@ -82,6 +82,10 @@ class FlashAttention(Extra):
             major, minor = torch.cuda.get_device_capability()
             if major < 8:
                 return f"needs compute capability 8.0 or newer on torch; this GPU has {major}.{minor}"
+            if head_dim and head_dim > 192 and (8, 6) <= (major, minor) <= (8, 9):
+                # FlashAttention-2's backward pass over 192 needs an A100's or H100's shared memory.
+                return (f"needs a head size of at most 192 to train on torch's FlashAttention on compute capability "
+                        f"{major}.{minor}; this model has {head_dim}")
         elif kind == "gpu" and run.backend.accelerator_environment().get("rocm_version"):
             return "needs cuDNN's fused attention, which JAX has on CUDA only; this GPU runs ROCm"
         elif kind == "gpu" and older_than(capability := jax_compute_capability(), (8, 0)):
