@@ -168,14 +168,16 @@ def hlo_runs(computations, trip_count=1):
 def hlo_collectives(hlo, trip_count=1):
     """{kind: [the shape of each array it moves, once per time it runs in a run of the program]} of a compiled
     program's text: the arrays of a tuple collective (XLA combines independent ones) counted one by one, a
-    collective in a loop's body (the micro-batches of --grad-accum) as often as the loop runs it."""
+    collective in a loop's body (the micro-batches of --grad-accum) as often as the loop runs it. An asynchronous
+    collective (XLA:GPU's `all-gather-start` and `-done`) is read from its `-done`, whose result is what it moved:
+    the `-start`'s tuple also holds its operands (and a permute's context scalars)."""
     found = collections.defaultdict(list)
     computations = hlo_computations(hlo)
     runs = hlo_runs(computations, trip_count)
     for name, _, lines in computations:
         for line in lines:
             collective = re.search(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|"
-                                   r"collective-permute)(?:-start)?\(", line)
+                                   r"collective-permute)(?:-done)?\(", line)
             if collective:
                 shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", re.sub(r"\{[0-9,]*\}", "", collective.group(1)))
                 found[collective.group(2)] += shapes * runs[name]

@@ -135,6 +135,30 @@ def test_a_collective_in_a_loops_body_counts_as_often_as_the_loop_runs(trips, tr
     assert sorted(found["all-reduce"]) == ["f32[4]"] * runs + ["f32[]"]
 
 
+def test_an_asynchronous_collective_counts_once_with_what_it_moved():
+    """XLA:GPU runs collectives asynchronously, as a `-start` whose tuple holds the operands beside the result (a
+    permute's two context scalars too) and a `-done` whose result is what moved: each counts once, as XLA:CPU's
+    synchronous form of it does (lines as XLA prints them)."""
+    from mtbench.plugins.extras.tensor_parallel import hlo_collectives
+    gpu = """ENTRY %main.3 (p: u16[1024]) -> f32[8] {
+  %all-gather-start = (u16[1024]{0}, u16[2048]{0}) all-gather-start(u16[1024]{0} %p), dimensions={0}
+  %all-gather-done = u16[2048]{0} all-gather-done((u16[1024]{0}, u16[2048]{0}) %all-gather-start)
+  %all-reduce-start = f32[512]{0} all-reduce-start(f32[512]{0} %g), to_apply=%add
+  %all-reduce-done = f32[512]{0} all-reduce-done(f32[512]{0} %all-reduce-start)
+  %collective-permute-start = (f32[8]{0}, f32[8]{0}, u32[], u32[]) collective-permute-start(f32[8]{0} %x)
+  ROOT %collective-permute-done = f32[8]{0} collective-permute-done((f32[8]{0}, f32[8]{0}, u32[], u32[]) %c)
+}
+"""
+    cpu = """ENTRY %main.3 (p: u16[1024]) -> f32[8] {
+  %all-gather = u16[2048]{0} all-gather(u16[1024]{0} %p), dimensions={0}
+  %all-reduce = f32[512]{0} all-reduce(f32[512]{0} %g), to_apply=%add
+  ROOT %collective-permute = f32[8]{0} collective-permute(f32[8]{0} %x), source_target_pairs={{0,1},{1,0}}
+}
+"""
+    expected = {"all-gather": ["u16[2048]"], "all-reduce": ["f32[512]"], "collective-permute": ["f32[8]"]}
+    assert hlo_collectives(gpu) == hlo_collectives(cpu) == expected
+
+
 def test_only_the_families_whose_blocks_it_splits_whole_are_taken():
     from mtbench.plugins.extras.tensor_parallel import family_reason
     from mtbench.runner.config import TrainConfig
