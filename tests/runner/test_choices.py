@@ -124,17 +124,34 @@ def test_amd_gpus_compute_bfloat16_natively_from_the_mi100_and_rdna_3_as_each_ba
         assert JaxBackend().device_info()["bfloat16"] is bfloat16, device
 
 
+def on_a_gpu(backend, **options):
+    """(the run, its plugins) of a run of `options` in mixed bfloat16 on a GPU (the framework's description of it
+    stood in for by the caller), told what the model family says before the model is built, as `train` is."""
+    from mtbench.plugins import manager
+    from mtbench.plugins.api import RunContext
+    from mtbench.runner.setup import choose_plugins, read_model_family
+    config = TrainConfig(backend=backend, dtype="mixed_bfloat16", **options)
+    plugins = choose_plugins(config, manager.registry())
+    run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"},
+                     model_shape=plugins.model.shape(plugins.model_path, config))
+    read_model_family(run, plugins.model)
+    return run, plugins
+
+
+def auto_attention_on_a_gpu(backend, **options):
+    """What `--attention auto` chose for `on_a_gpu`'s run."""
+    from mtbench.runner.choices import choose_fused_attention
+    run, plugins = on_a_gpu(backend, **options)
+    choose_fused_attention(run, plugins)
+    return run.attention_choice
+
+
 def test_on_a_rocm_gpu_or_one_before_ampere_jax_attends_unfused_under_auto_and_says_why(monkeypatch):
     """Keras's fused attention on JAX is cuDNN's, which a ROCm build has none of, and which Keras refuses (raising)
     below compute capability 8.0, and for heads over 128 wide below 9.0: `--attention auto` leaves it out there
     (where the dtype AMD's GPUs now train in, or an explicit 16-bit dtype on a T4, would otherwise bring it in), and
     says why; on an H100 it joins, heads of 192 too."""
     import jax
-
-    from mtbench.plugins import manager
-    from mtbench.plugins.api import RunContext
-    from mtbench.runner.choices import choose_fused_attention
-    from mtbench.runner.setup import choose_plugins
     chosen = {}
     wide = {"d_model": 768, "heads": 4}  # heads of 192
     for runtime, capability, size in (("rocm 60400", None, {}), ("cuda 12080", "7.5", {}), ("cuda 12080", "9.0", {}),
@@ -142,12 +159,7 @@ def test_on_a_rocm_gpu_or_one_before_ampere_jax_attends_unfused_under_auto_and_s
         device = SimpleNamespace(client=SimpleNamespace(platform_version=runtime),
                                  **({"compute_capability": capability} if capability else {}))
         monkeypatch.setattr(jax, "devices", lambda device=device: [device])
-        config = TrainConfig(backend="jax", preset="tiny", dtype="mixed_bfloat16", **size)
-        plugins = choose_plugins(config, manager.registry())
-        run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"},
-                         model_shape=plugins.model.shape(plugins.model_path, config))
-        choose_fused_attention(run, plugins)
-        chosen[runtime, capability, "wide" if size else "tiny"] = run.attention_choice
+        chosen[runtime, capability, "wide" if size else "tiny"] = auto_attention_on_a_gpu("jax", preset="tiny", **size)
     assert chosen == {
         ("rocm 60400", None, "tiny"): {"asked": "auto", "fused": False, "why_unfused": "needs cuDNN's fused "
                                        "attention, which JAX has on CUDA only; this GPU runs ROCm"},
@@ -164,21 +176,11 @@ def test_torch_attends_unfused_where_flash_attention_cannot_train_its_heads(monk
     """FlashAttention-2 trains heads over 192 wide on an A100's or H100's shared memory only: on an RTX 4090 (8.9)
     `--attention auto` leaves heads of 200 unfused and says why; heads of 64 there, and of 200 on an A100, fuse."""
     import torch
-
-    from mtbench.plugins import manager
-    from mtbench.plugins.api import RunContext
-    from mtbench.runner.choices import choose_fused_attention
-    from mtbench.runner.setup import choose_plugins
     chosen = {}
     for capability, size in (((8, 9), {"d_model": 800, "heads": 4}), ((8, 9), {}),
                              ((8, 0), {"d_model": 800, "heads": 4})):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0, capability=capability: capability)
-        config = TrainConfig(backend="torch", preset="tiny", dtype="mixed_bfloat16", **size)
-        plugins = choose_plugins(config, manager.registry())
-        run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"},
-                         model_shape=plugins.model.shape(plugins.model_path, config))
-        choose_fused_attention(run, plugins)
-        chosen[capability, "wide" if size else "tiny"] = run.attention_choice
+        chosen[capability, "wide" if size else "tiny"] = auto_attention_on_a_gpu("torch", preset="tiny", **size)
     assert chosen == {
         ((8, 9), "wide"): {"asked": "auto", "fused": False, "why_unfused": "needs a head size of at most 192 to "
                            "train on torch's FlashAttention on compute capability 8.9; this model has 200"},
@@ -194,33 +196,20 @@ def test_auto_attends_unfused_where_the_model_drops_attention_probabilities(monk
     import jax
     import torch
 
-    from mtbench.plugins import manager
-    from mtbench.plugins.api import RunContext
-    from mtbench.runner.choices import choose_fused_attention
-    from mtbench.runner.setup import choose_plugins, device_refusal, read_model_family
+    from mtbench.runner.setup import device_refusal
     monkeypatch.setattr(jax, "devices", lambda: [SimpleNamespace(client=SimpleNamespace(platform_version="cuda"))])
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
-
-    def on_a_gpu(**options):
-        config = TrainConfig(backend=backend, dtype="mixed_bfloat16", **options)
-        plugins = choose_plugins(config, manager.registry())
-        run = RunContext(config=config, backend=plugins.backend, device={"kind": "gpu"})
-        read_model_family(run, plugins.model)
-        return run, plugins
-
     chosen = {}
     for label, options in (("char", {"model_name": "gpt", "preset": "char"}),
                            ("char at --dropout 0", {"model_name": "gpt", "preset": "char", "dropout": 0.0}),
                            ("base", {"preset": "base"})):
-        run, plugins = on_a_gpu(**options)
-        choose_fused_attention(run, plugins)
-        chosen[label] = run.attention_choice
+        chosen[label] = auto_attention_on_a_gpu(backend, **options)
     assert chosen == {
         "char": {"asked": "auto", "fused": False, "why_unfused": "drops no attention probabilities, and this model "
                  "drops 0.2 of them while training (--dropout 0 lets it run)"},
         "char at --dropout 0": {"asked": "auto", "fused": True, "by_extra": "flash-attention"},
         "base": {"asked": "auto", "fused": True, "by_extra": "flash-attention"}}
-    run, plugins = on_a_gpu(model_name="gpt", preset="char", attention="fused")
+    run, plugins = on_a_gpu(backend, model_name="gpt", preset="char", attention="fused")
     assert device_refusal(run, plugins.extras) == ("extra 'flash-attention' cannot run here: drops no attention "
                                                    "probabilities, and this model drops 0.2 of them while training "
                                                    "(--dropout 0 lets it run)")
