@@ -60,6 +60,18 @@ def older_than(capability, version):
     return capability is not None and tuple(int(part) for part in capability.split(".")[:2]) < version
 
 
+def cudnn_refusal(capability, head_dim):
+    """Why cuDNN's fused attention, which Keras calls on JAX, cannot train heads `head_dim` wide on a CUDA GPU of
+    `capability` ('8.6'), or None (also where either is unknown): Keras raises below Ampere ("Require at least
+    Ampere arch to run") rather than fall back, and cuDNN over 128 before Hopper."""
+    if older_than(capability, (8, 0)):
+        return f"needs compute capability 8.0 or newer on JAX (cuDNN's fused attention); this GPU has {capability}"
+    if head_dim and head_dim > 128 and older_than(capability, (9, 0)):
+        return (f"needs a head size of at most 128 on JAX before compute capability 9.0 (cuDNN's fused attention); "
+                f"this model has {head_dim} on a GPU of {capability}")
+    return None
+
+
 class FlashAttention(Extra):
     name = "flash-attention"
     description = "fused attention kernel (cuDNN on JAX, FlashAttention on torch), verified before training"
@@ -88,12 +100,8 @@ class FlashAttention(Extra):
                         f"{major}.{minor}; this model has {head_dim}")
         elif kind == "gpu" and run.backend.accelerator_environment().get("rocm_version"):
             return "needs cuDNN's fused attention, which JAX has on CUDA only; this GPU runs ROCm"
-        elif kind == "gpu" and older_than(capability := jax_compute_capability(), (8, 0)):
-            # Keras raises there ("Require at least Ampere arch to run") rather than fall back.
-            return f"needs compute capability 8.0 or newer on JAX (cuDNN's fused attention); this GPU has {capability}"
-        elif kind == "gpu" and head_dim and head_dim > 128 and older_than(capability, (9, 0)):
-            return (f"needs a head size of at most 128 on JAX before compute capability 9.0 (cuDNN's fused "
-                    f"attention); this model has {head_dim} on a GPU of {capability}")
+        elif kind == "gpu" and (refusal := cudnn_refusal(jax_compute_capability(), head_dim)):
+            return refusal
         elif run.config.max_len % 2:
             # Every length bucket but the last is a multiple of 16; cuDNN trains with a mask (bias) only on
             # even lengths.
