@@ -109,19 +109,21 @@ class JaxBackend(Backend):
     def device_memory(self):
         import jax
         import keras
-        # The devices this process computes on: its distribution's mesh where one is set, else the first.
+        # The devices this process computes on: its distribution's mesh where one is set; else (one device, or
+        # pmap's step over every local device, which sets no distribution) each device that has held bytes, the
+        # first at least: an unused GPU of the machine allocates nothing.
         distribution = keras.distribution.distribution()
-        local = jax.local_devices()
-        used = [d for d in local if d in set(distribution.device_mesh.devices.flatten())] if distribution else local[:1]
+        local = [(device, device.memory_stats()) for device in jax.local_devices()]
+        if any(not stats or "peak_bytes_in_use" not in stats for _, stats in local):
+            return None
+        if distribution:
+            mesh = set(distribution.device_mesh.devices.flatten())
+            used = [(device, stats) for device, stats in local if device in mesh]
+        else:
+            used = local[:1] + [(device, stats) for device, stats in local[1:] if stats["peak_bytes_in_use"] > 0]
         # XLA's allocators keep a peak from the process's start and offer no reset.
-        memory = []
-        for device in used:
-            stats = device.memory_stats()
-            if not stats or "peak_bytes_in_use" not in stats:
-                return None
-            memory.append({"device": device.device_kind, "index": device.id,
-                           "peak_bytes": int(stats["peak_bytes_in_use"]), "in_use_bytes": int(stats["bytes_in_use"])})
-        return memory
+        return [{"device": device.device_kind, "index": device.id, "peak_bytes": int(stats["peak_bytes_in_use"]),
+                 "in_use_bytes": int(stats["bytes_in_use"])} for device, stats in used]
 
     def matmul_flops_per_s(self, dtype, size):
         import jax
