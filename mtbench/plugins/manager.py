@@ -229,21 +229,22 @@ def _builtin_name(module_name):
 
 
 def _installed_entry_points():
-    """(distribution, entry point) of every `mtbench` entry point, one per (package, name) pair."""
+    """(its distribution's metadata, entry point) of every `mtbench` entry point, one per (package, name) pair."""
     found, seen = [], set()
     for dist in importlib.metadata.distributions():
         # A distribution's entry points are one small file; its metadata is parsed as an e-mail message (a
-        # millisecond or two each, a third of a second over an environment's packages): read only where it counts.
-        ours = [entry_point for entry_point in dist.entry_points if entry_point.group == ENTRY_POINT_GROUP]
+        # millisecond or two each, a third of a second over an environment's packages), again at each read of
+        # `dist.metadata`: read once, and only where it counts.
+        ours = dist.entry_points.select(group=ENTRY_POINT_GROUP)
         if not ours:
             continue
-        package = dist.metadata["Name"] or "?"
+        metadata = dist.metadata
         for entry_point in ours:
-            key = (package_key(package), entry_point.name)
+            key = (package_key(metadata["Name"] or "?"), entry_point.name)
             if key not in seen:
                 seen.add(key)  # a package on sys.path twice (an editable install and a copy) counts once
-                found.append((dist, entry_point))
-    return sorted(found, key=lambda pair: (package_key(pair[0].metadata["Name"] or ""), pair[1].name))
+                found.append((metadata, entry_point))
+    return sorted(found, key=lambda pair: (package_key(pair[0]["Name"] or ""), pair[1].name))
 
 
 def _wanted_packages(registry, installed_packages):
@@ -265,8 +266,8 @@ def _plugin_names(entry_points):
     counts = {}
     for _, entry_point in entry_points:
         counts[entry_point.name] = counts.get(entry_point.name, 0) + 1
-    return [entry_point.name if counts[entry_point.name] == 1 else f"{dist.metadata['Name']}:{entry_point.name}"
-            for dist, entry_point in entry_points]
+    return [entry_point.name if counts[entry_point.name] == 1 else f"{metadata['Name']}:{entry_point.name}"
+            for metadata, entry_point in entry_points]
 
 
 def _build():
@@ -277,10 +278,10 @@ def _build():
         _register_builtin(pm, registry, module_name)
 
     entry_points = _installed_entry_points()
-    installed = {package_key(dist.metadata["Name"] or "?"): dist.metadata["Name"] for dist, _ in entry_points}
+    installed = {package_key(metadata["Name"] or "?"): metadata["Name"] for metadata, _ in entry_points}
     wanted = _wanted_packages(registry, installed)
-    for (dist, entry_point), name in zip(entry_points, _plugin_names(entry_points)):
-        entry = PluginEntry(name, builtin=False, package=dist.metadata["Name"], version=dist.version)
+    for (metadata, entry_point), name in zip(entry_points, _plugin_names(entry_points)):
+        entry = PluginEntry(name, builtin=False, package=metadata["Name"], version=metadata["Version"])
         registry.entries[name] = entry
         if wanted is not None and package_key(entry.package) not in wanted:
             entry.status, entry.reason = "not loaded", f"{LOAD_PLUGINS_ENV} does not name {entry.package}"
