@@ -211,7 +211,7 @@ def measure(backend_name, dtype, args):
 
 def versions():
     found = {"python": platform.python_version()}
-    for package in ("keras", "jax", "jaxlib", "flax", "optax", "torch", "numpy"):
+    for package in ("keras", "jax", "jaxlib", "flax", "optax", "torch", "numpy", "ml_dtypes"):
         try:
             found[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:

@@ -20,6 +20,8 @@ from collections import Counter
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPOSITORY)
 
+from benchmarks.overhead import hardware, versions  # noqa: E402
+
 # A train process's imports up to its data: the CLI, then keras through mtbench's setup (the other backends'
 # frameworks and keras's unused integrations hidden, as a run hides them).
 CHILD = """
@@ -48,7 +50,7 @@ def package_seconds(importtime_lines):
 def one_start(backend):
     """{package: seconds} of one fresh process importing what a `backend` run imports."""
     proc = subprocess.run([sys.executable, "-X", "importtime", "-c", CHILD, backend], capture_output=True, text=True,
-                          cwd=REPOSITORY, env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")})
+                          cwd=REPOSITORY)
     if proc.returncode != 0:
         raise SystemExit(f"the {backend} process failed: {proc.stderr.strip().splitlines()[-1]}")
     return package_seconds(proc.stderr.splitlines())
@@ -82,10 +84,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from importlib.metadata import version
-    summary = {"repeats": args.repeats, "python": sys.version.split()[0],
-               "versions": {name: version(name) for name in ("keras", "numpy", "ml_dtypes")},
-               "backends": {}}
+    summary = {"repeats": args.repeats, "versions": versions(), "hardware": hardware(), "backends": {}}
     for backend in args.backends:
         summary["backends"][backend] = figures = measure(backend, args.repeats, args.top)
         print(f"{backend}: {figures['imports_s']:.2f} s of imports (median of {args.repeats}); the largest:")
