@@ -86,6 +86,23 @@ def inductor_vec_isa_settled():
         pass
 
 
+def bytecode_written():
+    """Compiles the modules the session's processes import from this checkout (mtbench's, and the tests',
+    benchmarks' and example plugins' beside them) to bytecode once, where Python is told not to write it
+    (PYTHONDONTWRITEBYTECODE, as on this project's machines): each of the session's processes would otherwise
+    compile from source the hundred or so modules of mtbench it imports, 0.2 to 0.4 s of every run's start.
+    Python reads the bytecode whatever the variable says; it checks each file's source times as ever."""
+    if not sys.dont_write_bytecode:  # each module's first import writes its own
+        return
+    import compileall
+
+    import mtbench
+    for directory in (os.path.dirname(mtbench.__file__), TESTS_DIR, *(os.path.join(REPOSITORY, folder)
+                                                                      for folder in ("benchmarks", "examples"))):
+        if os.path.isdir(directory):
+            compileall.compile_dir(directory, quiet=2)
+
+
 def pytest_configure(config):
     """Each pytest-xdist worker, and every process its tests start, runs on its own share of the cores, as each of
     mtbench's local processes does (`share_cores`). Unpinned, two workers' runs on two cores each start threads
@@ -96,6 +113,7 @@ def pytest_configure(config):
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
     if not worker:  # pytest's own process, before it starts the workers, which inherit its environment
         inductor_vec_isa_settled()
+        bytecode_written()
     if worker and MACHINE_CPUS:
         share_cores(Launch(local_rank=int(worker.removeprefix("gw")),
                            local_processes=int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
@@ -337,7 +355,9 @@ def shared_runs(tmp_path_factory, cache_dir):
     return SharedRuns(shared_directory(tmp_path_factory), cache_dir,
                       {"jax": train_tiny("jax"), "torch": train_tiny("torch"), "compare": compare_tiny,
                        "jax-cpu": train_tiny("jax", CPU_ONLY, TINY_COMPARE),
-                       "torch-cpu": train_tiny("torch", CPU_ONLY, TINY_COMPARE)})
+                       "torch-cpu": train_tiny("torch", CPU_ONLY, TINY_COMPARE),
+                       "jax-data-parallel": train_tiny("jax", simulated_devices(2),
+                                                       [*TINY_COMPARE, "--extra", "data-parallel"])})
 
 
 @pytest.fixture(scope="session")
@@ -355,6 +375,13 @@ def cpu_compared_runs(shared_runs):
         return {name.removesuffix("-cpu"): run for name, run in shared_runs.get("jax-cpu", "torch-cpu").items()}
     return {run["result"]["backend"]: {"result": run["result"]}
             for run in shared_runs.get("compare")["compare"]["combined"]["runs"]}
+
+
+@pytest.fixture(scope="session")
+def jax_data_parallel_run(shared_runs):
+    """TINY_COMPARE's JAX run with --extra data-parallel on two simulated devices: the replicated run beside which
+    pmap's and fsdp's are checked."""
+    return shared_runs.get("jax-data-parallel")["jax-data-parallel"]
 
 
 # The tiny configuration with fewer steps and one length bucket: a compare runs both backends, and the parity

@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from conftest import (CPU_ONLY, REPOSITORY, assert_refused_in_one_line, keras_on_jax, run_cli, simulated_devices,
-                      tiny_jax_gpt)
+from conftest import (CPU_ONLY, REPOSITORY, assert_refused_in_one_line, device_kind, keras_on_jax, run_cli,
+                      simulated_devices, tiny_jax_gpt)
 
 # float32 on every machine (`--dtype auto` trains 16-bit on a GPU): the losses are compared at float32's tolerance.
 RUN = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--steps", "6", "--timing-window", "1",
@@ -25,18 +25,6 @@ def train(backend, tmp_path, cache_dir, *arguments, env=None):
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow  # four training processes
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_two_micro_batches_of_four_rows_train_as_one_batch_of_eight(backend, tmp_path, cache_dir):
-    whole = train(backend, tmp_path, cache_dir, "--batch-size", "8")
-    accumulated = train(backend, tmp_path, cache_dir, "--batch-size", "4", "--grad-accum", "2")
-    np.testing.assert_allclose([h["loss"] for h in accumulated["history"]], [h["loss"] for h in whole["history"]],
-                               rtol=1e-5)
-    assert [h["tokens"] for h in accumulated["history"]] == [8 * 32] * 6  # the step's tokens, all of them
-    assert "gradients of 2 micro-batches summed" in accumulated["train_step_detail"]
-    assert accumulated["config"]["grad_accum"] == 2
-
-
 @pytest.fixture(scope="module")
 def one_device_batches_of_eight(tmp_path_factory, cache_dir):
     """{backend: the result of one device trained on batches of 8 rows}, made once for the distributed cases."""
@@ -44,6 +32,21 @@ def one_device_batches_of_eight(tmp_path_factory, cache_dir):
     # On the CPU, as the simulated devices and gloo processes it is set beside (on a GPU machine too).
     return {backend: train(backend, folder, cache_dir, "--batch-size", "8", env=CPU_ONLY)
             for backend in ("jax", "torch")}
+
+
+@pytest.mark.slow  # two training processes, and the module's two on the CPU
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_two_micro_batches_of_four_rows_train_as_one_batch_of_eight(backend, tmp_path, cache_dir,
+                                                                    one_device_batches_of_eight):
+    # Where the device is the CPU, the module's run on batches of 8 is this run's; a GPU trains its own.
+    whole = (train(backend, tmp_path, cache_dir, "--batch-size", "8") if device_kind(backend) == "gpu"
+             else one_device_batches_of_eight[backend])
+    accumulated = train(backend, tmp_path, cache_dir, "--batch-size", "4", "--grad-accum", "2")
+    np.testing.assert_allclose([h["loss"] for h in accumulated["history"]], [h["loss"] for h in whole["history"]],
+                               rtol=1e-5)
+    assert [h["tokens"] for h in accumulated["history"]] == [8 * 32] * 6  # the step's tokens, all of them
+    assert "gradients of 2 micro-batches summed" in accumulated["train_step_detail"]
+    assert accumulated["config"]["grad_accum"] == 2
 
 
 @pytest.mark.slow  # a training process, or torchrun's two

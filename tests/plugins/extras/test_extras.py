@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (CPU_ONLY, ONE_BUCKET, TESTS_DIR, TINY_TRAIN, cpu_machine_only, device_kind, run_cli,
-                      simulated_devices)
+from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, TESTS_DIR, TINY_COMPARE, TINY_TRAIN, cpu_machine_only,
+                      device_kind, run_cli, simulated_devices)
 from mtbench.plugins.extras.flash_attention import (JAX_KERNEL_PATTERN, TORCH_KERNEL_PATTERN, FlashAttention,
                                              kernel_evidence)
 
@@ -68,20 +68,18 @@ def test_plugins_command_reports_availability_with_reasons():
     assert "cpu/float32" in rows[("flash-attention", "torch")]["reason"]
 
 
-# Each step's loss is compared, not the shapes: one length bucket, one train program per run; 60 steps.
-PARALLEL = [*TINY_TRAIN, *ONE_BUCKET]
-
-
-@pytest.fixture(scope="module")
-def single_device(tmp_path_factory, cache_dir):
-    return train(tmp_path_factory.mktemp("single"), "single", cache_dir, "--backend", "jax", env=TWO_DEVICES,
-                 flags=PARALLEL)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", ["pmap", "data-parallel"])
-def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, single_device, extra):
-    result = train(tmp_path, extra, cache_dir, "--backend", "jax", "--extra", extra, env=TWO_DEVICES, flags=PARALLEL)
+def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, cpu_compared_runs, jax_data_parallel_run,
+                                                      extra):
+    """The session's one-device JAX run of TINY_COMPARE (one length bucket: one train program a run) beside the
+    same on two simulated devices, pmap's and the data-parallel run that test_fsdp.py also reads."""
+    single_device = cpu_compared_runs["jax"]["result"]
+    if extra == "data-parallel":
+        result = jax_data_parallel_run["result"]
+    else:
+        result = train(tmp_path, extra, cache_dir, "--backend", "jax", "--extra", extra, env=TWO_DEVICES,
+                       flags=TINY_COMPARE)
     assert result["extras"] == [extra]
     assert result["extras_record"][extra]["devices"] == 2
     assert result["extras_record"][extra]["per_device_batch"] == 16
@@ -90,7 +88,7 @@ def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, singl
     assert result["train_step"] == {"pmap": "jax-pmap", "data-parallel": "jax-jit-stateless"}[extra]
     if extra == "data-parallel":
         assert result["train_step_detail"] == "DataParallel over a mesh of 2 batch, gradients summed as one flat buffer"
-    assert len(losses(result)) == 60
+    assert len(losses(result)) == COMPARE_STEPS
     np.testing.assert_allclose(losses(result), losses(single_device), rtol=1e-5)
     assert result["metrics"]["val_loss"] == pytest.approx(single_device["metrics"]["val_loss"], rel=1e-5)
 

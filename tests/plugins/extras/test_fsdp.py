@@ -81,14 +81,13 @@ def test_fsdp_where_it_cannot_run_says_why(tmp_path, cache_dir, args, env, messa
 
 
 @pytest.fixture(scope="module")
-def jax_runs(tmp_path_factory, cache_dir, cpu_compared_runs):
-    """One JAX device (the session's), two devices replicating the state (data-parallel) and two sharding it
+def jax_runs(tmp_path_factory, cache_dir, cpu_compared_runs, jax_data_parallel_run):
+    """One JAX device and two devices replicating the state (data-parallel), the session's, and two sharding it
     (fsdp)."""
     tmp_path = tmp_path_factory.mktemp("jax-fsdp")
-    return {None: cpu_compared_runs["jax"]["result"],
-            **{extra: train(tmp_path, extra, cache_dir, "--backend", "jax", "--extra", extra, env=TWO_DEVICES,
-                            flags=TINY_COMPARE)
-               for extra in ("data-parallel", "fsdp")}}
+    return {None: cpu_compared_runs["jax"]["result"], "data-parallel": jax_data_parallel_run["result"],
+            "fsdp": train(tmp_path, "fsdp", cache_dir, "--backend", "jax", "--extra", "fsdp", env=TWO_DEVICES,
+                          flags=TINY_COMPARE)}
 
 
 @pytest.mark.slow
