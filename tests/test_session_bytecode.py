@@ -13,10 +13,11 @@ from conftest import REPOSITORY, cli_environment
 
 def test_every_module_a_run_imports_from_the_checkout_has_its_bytecode_beside_it():
     # What a process of the session imports before its framework: the CLI, the run and the built-in plugins.
-    probe = ("import json, sys, mtbench.cli, mtbench.runner.training; "
+    probe = ("import json, os, sys, mtbench.cli, mtbench.runner.training; "
+             "package = os.path.dirname(mtbench.__file__) + os.sep; "
              "print(json.dumps(sorted(m.__file__ for m in list(sys.modules.values()) "
-             "if (getattr(m, '__file__', None) or '').startswith(sys.argv[1]))))")
-    proc = subprocess.run([sys.executable, "-c", probe, REPOSITORY], capture_output=True, text=True,
+             "if (getattr(m, '__file__', None) or '').startswith(package) and m.__file__.endswith('.py'))))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env=cli_environment({"PYTHONDONTWRITEBYTECODE": "1"}), cwd=REPOSITORY, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     sources = json.loads(proc.stdout.strip().splitlines()[-1])
