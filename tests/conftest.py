@@ -97,8 +97,9 @@ def bytecode_written():
     import compileall
 
     import mtbench
-    for directory in (os.path.dirname(mtbench.__file__), TESTS_DIR, *(os.path.join(REPOSITORY, folder)
-                                                                      for folder in ("benchmarks", "examples"))):
+    directories = [os.path.dirname(mtbench.__file__), TESTS_DIR,
+                   os.path.join(REPOSITORY, "benchmarks"), os.path.join(REPOSITORY, "examples")]
+    for directory in directories:
         if os.path.isdir(directory):
             compileall.compile_dir(directory, quiet=2)
 

@@ -22,6 +22,10 @@ def test_every_module_a_run_imports_from_the_checkout_has_its_bytecode_beside_it
     assert proc.returncode == 0, proc.stderr[-2000:]
     sources = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(sources) > 50
-    stale = [source for source in sources if not os.path.exists(importlib.util.cache_from_source(source)) or
-             os.path.getmtime(importlib.util.cache_from_source(source)) < os.path.getmtime(source)]
+    stale = [source for source in sources if not bytecode_is_current(source)]
     assert not stale, stale[:5]
+
+
+def bytecode_is_current(source):
+    compiled = importlib.util.cache_from_source(source)
+    return os.path.exists(compiled) and os.path.getmtime(compiled) >= os.path.getmtime(source)

@@ -27,7 +27,8 @@ def train(backend, tmp_path, cache_dir, *arguments, env=None):
 
 @pytest.fixture(scope="module")
 def one_device_batches_of_eight(tmp_path_factory, cache_dir):
-    """{backend: the result of one device trained on batches of 8 rows}, made once for the distributed cases."""
+    """{backend: the result of one device trained on batches of 8 rows}, made once for the accumulating runs on one
+    CPU device and on several."""
     folder = tmp_path_factory.mktemp("whole")
     # On the CPU, as the simulated devices and gloo processes it is set beside (on a GPU machine too).
     return {backend: train(backend, folder, cache_dir, "--batch-size", "8", env=CPU_ONLY)
