@@ -21,7 +21,9 @@ from mtbench.runner.measurement.environment import nvidia_gpu
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY = os.path.dirname(TESTS_DIR)
-_SESSION_DIR = tempfile.mkdtemp(prefix="mtbench-tests-")
+# Test modules import this file a second time (as `tests.conftest`, below): that import takes the first one's
+# directory, which the first one's `pytest_unconfigure` removes, instead of making one nobody removes.
+_SESSION_DIR = getattr(sys.modules.get("conftest"), "_SESSION_DIR", None) or tempfile.mkdtemp(prefix="mtbench-tests-")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("KERAS_HOME", os.path.join(_SESSION_DIR, "keras"))
 # A machine with an NVIDIA driver, where the frameworks may compute on a GPU: what a test expects of the device (the
@@ -102,6 +104,20 @@ def bytecode_written():
     for directory in directories:
         if os.path.isdir(directory):
             compileall.compile_dir(directory, quiet=2)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Lets pytest keep the test modules it rewrites for its assertions (`__pycache__/*-pytest-*.pyc`) where Python
+    is told not to write bytecode (`bytecode_written`): pytest then rewrites and compiles each of them again in every
+    worker, 4 to 6 s of each worker's collection here. Only the collection writes; what runs after is told as
+    before."""
+    told = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = told
 
 
 def pytest_configure(config):

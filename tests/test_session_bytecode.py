@@ -1,7 +1,8 @@
 """The test session's processes read the checkout's modules as bytecode (conftest.bytecode_written): where
 PYTHONDONTWRITEBYTECODE is set, each of them would otherwise compile from source every module of mtbench it
-imports."""
+imports, and each pytest-xdist worker would rewrite every test module again (conftest.pytest_collection)."""
 
+import glob
 import importlib.util
 import json
 import os
@@ -29,3 +30,17 @@ def test_every_module_a_run_imports_from_the_checkout_has_its_bytecode_beside_it
 def bytecode_is_current(source):
     compiled = importlib.util.cache_from_source(source)
     return os.path.exists(compiled) and os.path.getmtime(compiled) >= os.path.getmtime(source)
+
+
+def test_pytest_keeps_this_module_as_it_rewrote_it_for_the_next_worker():
+    # pytest's rewritten modules are hash-checked pycs (PEP 552): the source's hash follows the magic and flags.
+    kept = glob.glob(os.path.join(os.path.dirname(__file__), "__pycache__",
+                                  f"{os.path.basename(__file__)[:-3]}.{sys.implementation.cache_tag}-pytest-*.pyc"))
+    with open(__file__, "rb") as source:
+        source_hash = importlib.util.source_hash(source.read())
+    headers = []
+    for path in kept:
+        with open(path, "rb") as compiled:
+            headers.append(compiled.read(16))
+    assert any(header[:4] == importlib.util.MAGIC_NUMBER and header[8:16] == source_hash[:8] for header in headers), \
+        kept
