@@ -54,6 +54,12 @@ def _master(environ, launcher):
     return f"{host}:{port}"
 
 
+def devices_spanned(states):
+    """How many devices the run spans, all processes together, as its extras' states or records say (their
+    `devices`; 1 where none does): what MFU divides the peak by on accelerators."""
+    return max([state.get("devices", 1) for state in states if isinstance(state, dict)] + [1])
+
+
 # The CPUs that this machine's processes of the run share out, where this process is one of several.
 _shared_cpus = None
 

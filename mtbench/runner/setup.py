@@ -14,7 +14,7 @@ from mtbench.runner.choices import (choose_compiled_step, choose_dtype, choose_f
                                     step_compiling_extra)
 from mtbench.runner.config import EXTRA_OPTIONS
 from mtbench.runner.data.weights_file import PRETRAINED, drawn_scheme
-from mtbench.runner.launch import share_cores
+from mtbench.runner.launch import devices_spanned, share_cores
 from mtbench.runner.loop.recipe import optimizer_recipe
 from mtbench.runner.measurement.flops import StepFlops
 
@@ -353,8 +353,7 @@ def local_devices(run):
     """Ordinals of the devices this process computes on, as it numbers the devices it sees: the extras say over
     how many devices the run spans (`extras_state[name]['devices']`, all processes together); a process of
     several with one device each computes on its own (`Launch.device_ordinal`)."""
-    spanned = max([state.get("devices", 1) for state in run.extras_state.values() if isinstance(state, dict)] + [1])
-    per_process = max(spanned // run.processes.world_size, 1)
+    per_process = max(devices_spanned(run.extras_state.values()) // run.processes.world_size, 1)
     first = run.processes.launch.device_ordinal() if per_process == 1 else 0
     return list(range(first, first + per_process))
 

@@ -70,7 +70,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     total_steps = count_steps(config, plugins, data)
     with stopwatch.phase("build"):
         built = build_for_training(keras, config, run, plugins, data, weights_file, total_steps, resume, console)
-    energy = EnergyMeter(*open_counter(run.device, local_devices(run)))  # once the extras know their devices
+    energy = EnergyMeter(*open_counter(run.device, local_devices(run), launch.local_processes))  # devices known
     if built.starts_pretrained and not config.measure_only:
         with stopwatch.phase("evaluate_pretrained"):
             # As before a validation: a step that holds the weights split or itself gives the model whole ones.

@@ -46,7 +46,8 @@ class TpuStrategy(Extra):
         used = {"batch_size": tpu_batch_size(config.batch_size, cores),
                 "max_len": round_up(config.max_len, LENGTH_MULTIPLE),
                 "dtype": "mixed_bfloat16" if config.dtype == "float32" else config.dtype}
-        run.extras_state[self.name] = {"cores": cores, "requested": before, "used": used}
+        # `devices`: what the run spans, which MFU divides the peak by (`devices_used`); `cores`, as first recorded.
+        run.extras_state[self.name] = {"devices": cores, "cores": cores, "requested": before, "used": used}
         return {key: value for key, value in used.items() if value != before[key]}
 
     def before_model(self, run):

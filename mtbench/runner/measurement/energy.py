@@ -34,10 +34,14 @@ class Counter:
 
 
 class RaplCounter(Counter):
+    """The machine's CPU packages. `sharing`: the run's processes on this machine, each of which reads the same
+    packages: each counts its share, so that the run's sum over its processes (`EnergyMeter.section`) counts the
+    machine once."""
     source = "rapl"
 
-    def __init__(self, domains):
+    def __init__(self, domains, sharing=1):
         self.domains = domains  # [(energy_uj path, max_energy_range_uj)]
+        self.sharing = sharing
 
     def read(self):
         readings = []
@@ -50,7 +54,7 @@ class RaplCounter(Counter):
         total = 0.0
         for (a, b), (_, wrap_uj) in zip(zip(before, after), self.domains):
             total += (b - a) % (wrap_uj / 1e6)
-        return total
+        return total / self.sharing
 
 
 class NvmlCounter(Counter):
@@ -130,10 +134,11 @@ def _visible_amd_gpu_indices(ordinals):
     return _visible_gpu_indices(_visible_gpu_indices(ordinals, hip), "ROCR_VISIBLE_DEVICES")
 
 
-def open_counter(device, ordinals=(0,)):
+def open_counter(device, ordinals=(0,), processes_on_machine=1):
     """(Counter or None, reason when None) for the run's device (`Backend.device_info()`): on GPUs, the counters
     of the devices this process computes on (`ordinals`, as it numbers its visible devices), not every GPU of
-    the machine."""
+    the machine; on CPUs, this process's share of the machine's packages, which its `processes_on_machine` (the
+    run's processes on this machine) all read."""
     kind, name = device.get("kind"), device.get("name") or ""
     if kind == "gpu" and is_amd_gpu(name):
         return _amdsmi_counter(name, ordinals)
@@ -154,7 +159,7 @@ def open_counter(device, ordinals=(0,)):
     if kind == "cpu":
         domains = rapl_domains()
         if domains:
-            return RaplCounter(domains), None
+            return RaplCounter(domains, processes_on_machine), None
         return None, (f"no readable powercap/RAPL counter under {RAPL_ROOT} (a virtual machine or container "
                       f"often hides them; on Linux hosts they may need read permission on energy_uj)")
     return None, f"no energy counter known for {kind} devices"
@@ -252,7 +257,7 @@ class EnergyMeter:
             "source": self.counter.source,
             "reason": None,
             "processes": processes.world_size,
-            "clock": "counter read after the device is synchronised, around each step and at the run's edges",
+            "clock": "counter read after the device is synchronised, at each timing window's edges and the run's",
             "steady": {"steps": len(steady), "joules": steady_joules,
                        "joules_per_1k_tokens": _per_1k(steady_joules, steady_tokens),
                        "avg_watts": steady_joules / steady_seconds if steady_seconds else None},

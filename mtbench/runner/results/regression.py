@@ -21,7 +21,7 @@ REGRESSION_KIND = "mtbench-regression"
 # The figures held against the baseline: how fast each run trains, compiles and finishes.
 GATE_FIGURES = ("tokens_per_s", "step_s_median", "step_s_p90", "compile_s", "train_s", "total_s")
 # Why a change has no verdict: a figure of whole runs, or one counted over timing windows.
-ONE_REPEAT = "one repeat on a side: no interval over repeats"
+ONE_REPEAT = "one repeat on each side: no spread between repeats"
 ONE_WINDOW_EACH = "one repeat of one timing window on each side: nothing to resample"
 A_ZERO = "a repeat measured 0 (a step that compiles nothing): no ratio to it"
 SLOWER_EXIT_CODE = 1

@@ -10,7 +10,7 @@ import numpy as np
 from mtbench.errors import RunFailure, RunInterrupted
 from mtbench.plugins.api import peak_host_bytes
 from mtbench.runner.files import write_json_atomic
-from mtbench.runner.launch import shared_cpus
+from mtbench.runner.launch import devices_spanned, shared_cpus
 from mtbench.runner.measurement.environment import run_environment
 from mtbench.runner.measurement.peaks import device_peak_record
 from mtbench.runner.results.schema import SCHEMA_VERSION
@@ -59,7 +59,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
     fills them (`data`: the task's `TaskData`). `training_memory`: `device_memory.training_memory`, read as training
     ended."""
     extras_record = extras_records(run, plugins)
-    devices_used = max([record.get("devices", 1) for record in extras_record.values()] + [1])
+    devices_used = devices_spanned(extras_record.values())
     steady = outcome.timer.summary()
     state, clock = outcome.state, outcome.clock
     return {

@@ -1,16 +1,17 @@
 """Verdicts with their uncertainty: pure functions on numbers, no framework and no I/O.
 
-- `ratio_interval`: the ratio of a speed figure of two runs (tokens/s, steady step time) with a 95 % interval, from
-  a two-level bootstrap of the log ratio: the repeats of each run are resampled (jointly where the runs were
-  interleaved, so repeat k of one stays paired with repeat k of the other), and within each repeat its steady
-  timing windows. Other timing figures (one number per repeat) are resampled over repeats alone.
+- `ratio_interval`: the ratio of a timing figure of two runs (tokens/s, steady step time, compile time, ...) with a
+  95 % interval of the log ratio, from the spread between the runs' repeats: Student's t over the differences of
+  paired repeats where the runs were interleaved (repeat k of one beside repeat k of the other), else Welch's over
+  the two runs' repeats. Where each run is one repeat, only the spread within it is known: a bootstrap of its
+  steady timing windows, which a warning says leaves out the noise between runs.
 - `verdict`: the interval in words ('torch is 1.23x faster than jax in tokens/s (1.19–1.27)'), where a difference
   that is not beyond the interval or not beyond the noise floor is 'no difference beyond the noise'.
 - `noise_floor_of`: how far from 1 an A/A ratio (the same configuration twice) strays: the machine's noise floor.
 - `break_even`: after how many steps a run that steps faster overtakes one that compiles faster.
 - `target_times`: time to the target quality with and without compilation.
 
-The method and its assumptions are described in docs/results.md ("Verdicts and their intervals"). Every bootstrap
+The method and its assumptions are described in docs/results.md ("Verdicts and their intervals"). The bootstrap
 draws from a generator of fixed seed, so the same results always give the same intervals.
 """
 
@@ -26,8 +27,8 @@ from mtbench.runner.loop.timing import is_steady, set_aside
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 SEED = 30  # fixed: the same results give the same intervals, run after run
-# Fewer repeats than this, and the bootstrap over repeats has too few distinct resamples (3 for 2 repeats, 10 for
-# 3, 126 for 5) to place the 2.5th and 97.5th percentiles: the interval then understates the run-to-run noise.
+# Fewer repeats than this, and the interval rests on a spread estimated from a handful of runs (wide, as Student's t
+# makes it, and only as good as the assumption that the runs' logs scatter normally).
 MIN_REPEATS = 5
 # Fewer steady timing windows in a run than this, and the bootstrap within it has too few to resample.
 MIN_WINDOWS = 10
@@ -97,27 +98,95 @@ def _window_sides(results):
     return [w for w in (steady_windows(r["history"]) for r in results) if len(w)]
 
 
-def _resampled_repeats(key, side, rng, resamples):
-    """The log of each repeat's figure over `resamples` resamples of its windows: an array (repeats, resamples)."""
-    return np.log(np.array([_resampled_window_figure(key, w, rng, resamples) for w in side]))
-
-
 def figure_interval(key, results, resamples=RESAMPLES, seed=SEED, confidence=CONFIDENCE):
     """(value, low, high) of a window figure (`WINDOW_FIGURES`) of one run's repeats: the geometric mean over
-    the repeats of each one's figure, with the 95 % interval of the same two-level bootstrap as `ratio_interval`
-    (repeats, then the windows within each); None where no repeat has a steady window."""
+    the repeats of each one's figure, with its 95 % interval as `ratio_interval` draws one (Student's t over the
+    repeats; one repeat: a bootstrap of its windows); None where no repeat has a steady window."""
     side = _window_sides(results)
     if not side:
         return None
-    rng = np.random.default_rng(seed)
     points = np.log([window_figure(key, w) for w in side])
-    resampled = _resampled_repeats(key, side, rng, resamples)
-    pick = rng.integers(len(side), size=(resamples, len(side)))
-    means = resampled[pick, np.arange(resamples)[:, None]].mean(axis=1)
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(means, [tail, 100 - tail])
     point = points.mean()
+    if len(points) > 1:
+        half = t_quantile(1 - (1 - confidence) / 2, len(points) - 1) * points.std(ddof=1) / math.sqrt(len(points))
+        low, high = point - half, point + half
+    else:
+        resampled = _resampled_window_figure(key, side[0], np.random.default_rng(seed), resamples)
+        tail = (1 - confidence) / 2 * 100
+        low, high = np.percentile(np.log(resampled), [tail, 100 - tail])
     return float(math.exp(point)), float(math.exp(min(low, point))), float(math.exp(max(high, point)))
+
+
+def t_quantile(probability, df):
+    """Student's t distribution's quantile for `df` degrees of freedom (any positive number: Welch's are
+    fractional), `probability` above 0.5: the t that the distribution's function reaches there, by bisection."""
+    low, high = 0.0, 1.0
+    while t_distribution(high, df) < probability:
+        low, high = high, high * 2
+    for _ in range(200):
+        middle = (low + high) / 2
+        low, high = (middle, high) if t_distribution(middle, df) < probability else (low, middle)
+    return (low + high) / 2
+
+
+def t_distribution(t, df):
+    """P(T <= t) for Student's t with `df` degrees of freedom, t >= 0: 1 - I_x(df/2, 1/2) / 2, x = df / (df + t^2),
+    the regularized incomplete beta function."""
+    return 1 - _regularized_beta(df / (df + t * t), df / 2, 0.5) / 2
+
+
+def _regularized_beta(x, a, b):
+    """I_x(a, b), from its continued fraction (modified Lentz), on the side of x where it converges fast."""
+    if x <= 0 or x >= 1:
+        return float(x >= 1)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):
+        return 1 - _regularized_beta(1 - x, b, a)
+    tiny = 1e-300
+    c, d = 1.0, 1 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1) < 1e-15:
+            break
+    return front * fraction / a
+
+
+def repeats_interval(points, paired, confidence=CONFIDENCE):
+    """(low, high) of the difference of the mean logs of two runs' repeats (`points`: the candidate's, the
+    reference's), from the spread between repeats, or None where no repeat has another to show it. Paired (as many,
+    interleaved): Student's t over the differences, n - 1 degrees of freedom. Else Welch's, each run's own spread,
+    Welch-Satterthwaite's degrees of freedom; where one run is a single repeat, the other's spread stands for both
+    (they ran on one machine), its degrees of freedom alone."""
+    candidate, reference = points
+    if paired:
+        differences = candidate - reference
+        count = len(differences)
+        if count < 2:
+            return None
+        centre, error, df = differences.mean(), differences.std(ddof=1) / math.sqrt(count), count - 1
+    else:
+        centre = candidate.mean() - reference.mean()
+        shares = [p.var(ddof=1) / len(p) if len(p) > 1 else None for p in points]
+        if shares[0] is None and shares[1] is None:
+            return None
+        if None in shares:
+            spread = next(p for p in points if len(p) > 1)
+            error = spread.std(ddof=1) * math.sqrt(1 / len(candidate) + 1 / len(reference))
+            df = len(spread) - 1
+        else:
+            error = math.sqrt(sum(shares))
+            df = (sum(shares) ** 2 / sum(share ** 2 / (len(p) - 1) for share, p in zip(shares, points))
+                  if error > 0 else len(candidate) + len(reference) - 2)
+    half = t_quantile(1 - (1 - confidence) / 2, df) * error
+    return centre - half, centre + half
 
 
 @dataclass(frozen=True)
@@ -163,41 +232,45 @@ def _log_values(values):
 
 
 def ratio_interval(key, candidate, reference, paired=False, resamples=RESAMPLES, seed=SEED, confidence=CONFIDENCE):
-    """The candidate's `key` over the reference's, with its bootstrap interval, or None where either lacks it.
+    """The candidate's `key` over the reference's, with its interval, or None where either lacks it.
 
-    `candidate`, `reference`: the results of each run's repeats. For the WINDOW_FIGURES the statistic is the
-    difference of the two runs' geometric means over their repeats of the figure of each repeat's windows, both
-    levels resampled (None where each run is one repeat of one window); for any other timing figure it is the same
-    difference of the repeats' own values, resampled over repeats (None unless both runs have at least two). `paired`: the repeats were interleaved (repeat k of
-    one beside repeat k of the other) and are as many: they are resampled jointly."""
-    rng = np.random.default_rng(seed)
+    `candidate`, `reference`: the results of each run's repeats. The ratio is that of the two runs' geometric
+    means over their repeats of each repeat's figure (for the WINDOW_FIGURES, each repeat's figure of its steady
+    windows), its interval `repeats_interval`'s: from the spread between repeats, which holds the noise within each
+    run too. `paired`: the repeats were interleaved (repeat k of one beside repeat k of the other) and are as many.
+    Where each run is one repeat, a window figure's interval is a bootstrap of the two runs' windows, the noise
+    within each run alone (None where each is one window: an interval of zero width); any other figure has none."""
     if key in WINDOW_FIGURES:
         sides = [_window_sides(results) for results in (candidate, reference)]
-        if not all(sides) or all(len(side) == 1 and len(side[0]) == 1 for side in sides):
-            return None  # one repeat of one window on each side: nothing to resample, an interval of zero width
+        if not all(sides):
+            return None
         points = [np.log([window_figure(key, w) for w in side]) for side in sides]
-        resampled = [_resampled_repeats(key, side, rng, resamples) for side in sides]
         windows = tuple(min(len(w) for w in side) for side in sides)
-        method = "bootstrap of the log ratio over repeats and the steady windows within each"
     else:
         figure = FIGURES_BY_KEY[key]
         points = [_log_values([figure.value(r) for r in results]) for results in (candidate, reference)]
-        if any(p is None or len(p) < 2 for p in points):
+        if any(p is None or len(p) == 0 for p in points):
             return None
-        resampled = [np.repeat(p[:, None], resamples, axis=1) for p in points]
-        windows = None
-        method = "bootstrap of the log ratio over repeats"
+        sides, windows = None, None
     counts = tuple(len(p) for p in points)
-    paired = paired and counts[0] == counts[1] and counts[0] > 1
-    picks = [rng.integers(count, size=(resamples, count)) for count in counts]
-    if paired:
-        picks[1] = picks[0]
-    columns = np.arange(resamples)[:, None]
-    means = [values[pick, columns].mean(axis=1) for values, pick in zip(resampled, picks)]
-    statistic = means[0] - means[1]
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(statistic, [tail, 100 - tail])
+    paired = paired and counts[0] == counts[1] > 1
     point = points[0].mean() - points[1].mean()
+    bounds = repeats_interval(points, paired, confidence)
+    if bounds is not None:
+        method = ("Student's t over the paired repeats' log ratios" if paired else
+                  "Welch's t over the repeats' logs" if min(counts) > 1 else
+                  "Student's t over the repeats' logs, the single repeat's spread taken as the other's")
+        windows = None  # the windows within each run are in its repeat's figure
+    elif sides is not None and not all(len(side[0]) == 1 for side in sides):
+        rng = np.random.default_rng(seed)
+        statistic = (np.log(_resampled_window_figure(key, sides[0][0], rng, resamples))
+                     - np.log(_resampled_window_figure(key, sides[1][0], rng, resamples)))
+        tail = (1 - confidence) / 2 * 100
+        bounds = np.percentile(statistic, [tail, 100 - tail])
+        method = "bootstrap of the log ratio over the steady windows of each run's one repeat"
+    else:
+        return None  # one repeat of one window (or of a whole-run figure) each: nothing shows the noise
+    low, high = bounds
     return Interval(key, float(math.exp(point)), float(math.exp(min(low, point))), float(math.exp(max(high, point))),
                     counts, paired, windows, method)
 
@@ -270,13 +343,13 @@ def call_of(interval, noise_floor=None):
 
 
 def repeat_warnings(interval):
-    """Why an interval may be too narrow: too few repeats for the bootstrap over them, or too few windows within
-    a run."""
+    """What an interval rests on that may fail it: one repeat a run (the noise within runs alone), few repeats
+    (a spread from a handful of runs), or too few windows within a run to resample."""
     warnings = []
     fewest = min(interval.repeats)
     if fewest < MIN_REPEATS:
-        what = ("the intervals count only the noise within each run, not between runs" if fewest == 1 else
-                "the interval understates the noise between runs")
+        what = ("the intervals count only the noise within each run, not between runs" if max(interval.repeats) == 1
+                else "the interval rests on the spread of a few runs, taken to scatter normally")
         warnings.append(f"{fewest} repeat{'s' if fewest > 1 else ''}: {what} (--repeats {MIN_REPEATS} or more, or "
                         f"--repeats auto)")
     if interval.windows and min(interval.windows) < MIN_WINDOWS:

@@ -279,6 +279,7 @@ from mtbench.runner.config import TrainConfig
 mesh, distribution = tpu_mesh(jax.devices())
 from mtbench.plugins.api import RunContext
 from mtbench.plugins.manager import registry
+from mtbench.runner.launch import devices_spanned
 from mtbench.runner.setup import RunPlugins, adjusted_config
 given = TrainConfig(batch_size=60, max_len=45)
 run = RunContext(config=given, backend=None, device={"count": 4})
@@ -286,12 +287,14 @@ config = adjusted_config(run, RunPlugins(None, [TpuStrategy()], [], registry()))
 assert (given.batch_size, given.max_len, given.dtype) == (60, 45, "float32")  # a new configuration, not a rewrite
 print(json.dumps({"mesh": list(mesh.shape), "axes": list(mesh.axis_names), "batch": config.batch_size,
                   "max_len": config.max_len, "dtype": config.dtype, "b": [tpu_batch_size(8, 1), tpu_batch_size(33, 4)],
-                  "record": run.extras_state["tpu"]}))
+                  "record": run.extras_state["tpu"], "spanned": devices_spanned(run.extras_state.values())}))
 """
     env = {**os.environ, "KERAS_BACKEND": "jax", **simulated_devices(4)}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"mesh": [4], "axes": ["batch"], "batch": 64, "max_len": 48, "dtype": "mixed_bfloat16",
-                   "b": [8, 64], "record": {"cores": 4, "requested": {"batch_size": 60, "max_len": 45, "dtype": "float32"},
-                                            "used": {"batch_size": 64, "max_len": 48, "dtype": "mixed_bfloat16"}}}
+                   "b": [8, 64], "record": {"devices": 4, "cores": 4,
+                                            "requested": {"batch_size": 60, "max_len": 45, "dtype": "float32"},
+                                            "used": {"batch_size": 64, "max_len": 48, "dtype": "mixed_bfloat16"}},
+                   "spanned": 4}  # MFU divides the peak by the mesh's 4 devices

@@ -34,6 +34,19 @@ def test_rapl_reads_package_domains_only_and_survives_a_wrap(tmp_path):
     assert counter.difference(before, counter.read()) == pytest.approx(3.0 + 8.5)
 
 
+def test_processes_on_one_machine_each_count_their_share_of_its_packages(tmp_path, monkeypatch):
+    """Every process of a CPU run reads the machine's packages, and the run sums its processes' joules
+    (`test_the_energy_of_a_run_of_two_processes_is_both_devices_joules`): each counts its share, so the machine's
+    6 J between two readings are counted once, not once a process."""
+    write_domain(tmp_path, "intel-rapl:0", 1_000_000)
+    domains = rapl_domains(str(tmp_path))
+    monkeypatch.setattr(energy, "rapl_domains", lambda root=None: domains)
+    counters = [open_counter({"kind": "cpu"}, processes_on_machine=2)[0] for _ in range(2)]
+    before = [counter.read() for counter in counters]
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("7000000\n")  # +6 J
+    assert [counter.difference(b, counter.read()) for counter, b in zip(counters, before)] == [3.0, 3.0]
+
+
 class RecordedCounter:
     """A counter that plays back a recorded sequence of readings (joules per device)."""
     source = "recorded"
