@@ -617,8 +617,8 @@ def report(results, history, output_format, baseline, fail_if_slower, plot, forc
         _warn_broken_plugins(registry)
         chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
     runs = reporting.load_runs(results)
-    comparison = reporting.build_comparison(runs, baseline=baseline, force=force,
-                                            parity_steps=parity_steps, parity_tolerance=parity_tolerance,
+    comparison = reporting.build_comparison(runs, baseline=baseline or reporting.recorded_baseline(results),
+                                            force=force, parity_steps=parity_steps, parity_tolerance=parity_tolerance,
                                             noise_floor=reporting.recorded_noise_floor(results))
     if plot:
         from mtbench.runner.results.plots import comparison_figure, save_figure

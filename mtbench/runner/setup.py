@@ -371,13 +371,14 @@ def build_model(run, plugins, tokenizer):
     return built
 
 
-def step_flops(plugins, model_shape):
+def step_flops(plugins, model_shape, data):
     """The `StepFlops` of training steps, as the model family counts them (`ModelFamily.training_flops`; None: it
-    counts none)."""
-    def count(rows, length):
+    counts none); `data`: the task's `TaskData`, whose tokenizer's padding tells a source's real tokens."""
+    special = getattr(data.tokenizer, "special", None)
+    def count(rows, source_length, target_length):
         with plugins.model_code():
-            return plugins.model.training_flops(model_shape, rows, length, length)
-    return StepFlops(count)
+            return plugins.model.training_flops(model_shape, rows, source_length, target_length)
+    return StepFlops(count, special and special.pad)
 
 
 def drawn_init(config, family, weights_file=None):

@@ -89,7 +89,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     trackers.start(tracked_run(config, plugins, run, config.out, run_dir.path))
     load_before = sample_load()
     with stopwatch.phase("train"):
-        outcome = train_loop(config, plugins.backend, built.model, step_flops(plugins, built.model_shape),
+        outcome = train_loop(config, plugins.backend, built.model, step_flops(plugins, built.model_shape, data),
                              built.train_step, built.state,
                              built.batches, total_steps, checkpointing, built.evaluator.validate, target,
                              Observers(callbacks, trackers, energy), console, run.processes)

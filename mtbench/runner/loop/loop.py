@@ -213,7 +213,7 @@ class TrainingLoop:
             share = seconds / len(steps)
             loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
             compilations = compiled if position == 0 else (None if compiled is None else 0)
-            real_token_flops = self.step_flops.real_tokens(batch.weight)
+            real_token_flops = self.step_flops.real_tokens(batch)
             first = self.timer.add(step, batch.shape, share, batch.target_tokens,
                                    flops=self.step_flops.padded(batch.shape), real_token_flops=real_token_flops,
                                    input_seconds=input_seconds, compilations=compilations, aside=aside is not None)

@@ -50,7 +50,8 @@ class Point:
     date: datetime
     interval: tuple = None  # (tokens/s, low, high), None without steady windows
     change: object = None   # verdicts.Verdict against the point before, None for the first or without an interval
-    mark: str = None        # 'step', 'unconfirmed' (the change is at the last point: nothing after it confirms it)
+    mark: str = None        # 'step', 'unconfirmed' (the change is at the last point, or the second: nothing after
+    # it, or before it, tells a new level from an outlier)
 
     @property
     def name(self):
@@ -95,7 +96,8 @@ class History:
         lines = [f"history of {self.label} on {self.hardware}: {results} result{'s' if results != 1 else ''}, "
                  f"{points} point{'s' if points != 1 else ''}",
                  stats.noise_floor_line(self.noise_floor)]
-        lines += [f"{'step' if point.mark == 'step' else 'unconfirmed step (the last point)'}: {point.change.text}"
+        where = lambda point: "the last point" if point is self.points[-1] else "one point before it"
+        lines += [f"{'step' if point.mark == 'step' else f'unconfirmed step ({where(point)})'}: {point.change.text}"
                   for point in self.steps()] or ["no step beyond the noise"]
         warnings = dict.fromkeys(w for point in self.points if point.change for w in point.change.warnings)
         lines += [f"interval warning: {text}" for text in warnings]
@@ -194,7 +196,8 @@ def group_points(runs):
 def find_steps(points, held):
     """The mark of each point (`Point.mark`): 'step' where its change from the point before is beyond the noise
     and every pair across it (`STEP_SPAN` points on each side) is called the same by `held(after, before)`;
-    'unconfirmed' where that holds but no point follows to tell a new level from an outlier."""
+    'unconfirmed' where that holds but no point follows, or only one precedes, to tell a new level from an outlier
+    (the first point off the level the others hold would make the second a step)."""
     marks = []
     for index, point in enumerate(points):
         call = point.change and point.change.call
@@ -204,7 +207,7 @@ def find_steps(points, held):
         before = points[max(0, index - STEP_SPAN):index]
         after = points[index:index + STEP_SPAN]
         agree = all(held(later, earlier) == call for later in after for earlier in before)
-        marks.append(None if not agree else "step" if len(after) > 1 else "unconfirmed")
+        marks.append(None if not agree else "step" if len(after) > 1 and len(before) > 1 else "unconfirmed")
     return marks
 
 

@@ -64,6 +64,18 @@ class Regression:
         return [change for change in self.changes if change.figure == stats.SPEED_FIGURE and change.verdict
                 and change.verdict.call == "slower" and stats.significantly_slower(change.verdict, self.threshold)]
 
+    def unjudged(self):
+        """Why --fail-if-slower cannot vouch for every run of the baseline: a run NEW lacks, or one whose tokens/s
+        has no interval. A gate that passed them would pass what it never held."""
+        if self.threshold is None:
+            return []
+        judged = {change.label for change in self.changes if change.figure == stats.SPEED_FIGURE and change.verdict}
+        why = {change.label: change.reason for change in self.changes if change.figure == stats.SPEED_FIGURE}
+        shared = dict.fromkeys(change.label for change in self.changes)
+        return ([f"run '{label}' of {self.baseline} is not in {', '.join(self.new)}" for label in self.only_baseline]
+                + [f"run '{label}' has no tokens/s interval ({why.get(label) or 'no steady steps'})"
+                   for label in shared if label not in judged])
+
     def lines(self):
         lines = [f"{side}: {text}" for side, text in (self.ran_on or {}).items()]
         lines += [f"held anyway (--force): {why}" for why in self.held_anyway]
@@ -76,10 +88,10 @@ class Regression:
         lines += [f"only in {', '.join(self.new)}: {label}" for label in self.only_new]
         lines += [f"only in {self.baseline}: {label}" for label in self.only_baseline]
         if self.threshold is not None:
-            slower = self.slower_beyond_threshold()
+            slower, unjudged = self.slower_beyond_threshold(), self.unjudged()
             lines.append(f"--fail-if-slower {self.threshold * 100:g}%: " + (
                 "; ".join(change.verdict.text for change in slower) if slower else
-                "no run is slower beyond it"))
+                f"cannot judge: {'; '.join(unjudged)}" if unjudged else "no run is slower beyond it"))
         return lines
 
 
@@ -235,8 +247,14 @@ def to_csv(regression):
 
 
 def require_not_slower(regression):
-    """Ends with exit code 1 where --fail-if-slower found a run slower beyond its threshold."""
+    """Ends with exit code 1 where --fail-if-slower found a run slower beyond its threshold, or could not judge one
+    of the baseline's runs (`Regression.unjudged`)."""
     slower = regression.slower_beyond_threshold()
     if slower:
         raise MtbenchError(f"slower than the baseline by more than {regression.threshold * 100:g}%: "
                            f"{'; '.join(change.verdict.text for change in slower)}", SLOWER_EXIT_CODE)
+    unjudged = regression.unjudged()
+    if unjudged:
+        raise MtbenchError(f"--fail-if-slower {regression.threshold * 100:g}% cannot judge every run of the "
+                           f"baseline: {'; '.join(unjudged)} (more --steps or --repeats, or a baseline of these "
+                           f"runs)", SLOWER_EXIT_CODE)

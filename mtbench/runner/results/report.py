@@ -384,16 +384,20 @@ class Comparison:
 
     def ranking(self):
         """The runs by median tokens/s, fastest first, and whether that order can be trusted: `reason` says why not
-        (the fastest and the next overlap over their repeats, or either carries a warning), else None."""
+        (the fastest is not faster than the next beyond the noise, as the verdicts hold a run to the baseline, or
+        either carries a warning), else None."""
         timed = [group for group in self.groups if group.stat("tokens_per_s").median is not None]
         order = sorted(timed, key=lambda group: group.stat("tokens_per_s").median, reverse=True)
         reasons = []
         if len(order) > 1:
             first, second = order[0], order[1]
-            fast, next_ = first.stat("tokens_per_s"), second.stat("tokens_per_s")
-            if max(len(first.runs), len(second.runs)) > 1 and fast.low <= next_.high:
-                reasons.append(f"the tokens/s of {first.label} ({_range(fast)}) and {second.label} ({_range(next_)}) "
-                               f"overlap over their repeats")
+            interval = stats.ratio_interval(stats.SPEED_FIGURE, first.results, second.results,
+                                            stats.same_session(first.results, second.results))
+            held = interval and stats.verdict(first.label, second.label, interval, self.floor(stats.SPEED_FIGURE))
+            if not held:
+                reasons.append(f"no interval between the tokens/s of {first.label} and {second.label}")
+            elif held.call != "faster":
+                reasons.append(held.text)
             warned = [group.label for group in (first, second) if group.warnings()]
             if warned:
                 reasons.append(f"{' and '.join(warned)} carr{'ies' if len(warned) == 1 else 'y'} warnings (see "
@@ -463,6 +467,15 @@ def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS
     return Comparison(groups, chosen, parity, swept, noise_floor)
 
 
+def recorded_baseline(paths):
+    """The baseline a compare JSON among `paths` recorded (its label), where they are one compare's JSON and nothing
+    else: `mtbench report C.json` then holds its runs to the baseline the compare did. None otherwise."""
+    if len(paths) != 1:
+        return None
+    data = read_json(paths[0], RESULT_FILES)
+    return data.get("baseline") if isinstance(data, dict) and data.get("kind") == COMPARE_KIND else None
+
+
 def recorded_noise_floor(paths):
     """The noise floor recorded in the compare JSONs among `paths` (`noise_floor`, where `compare --aa` measured
     one): the widest where several did, None where none did."""
@@ -483,11 +496,6 @@ def _cell(group, figure):
     if figure.is_timing and len(group.runs) > 1 and stat.median is not None:
         text += f" ({figure.text(stat.low)}–{figure.text(stat.high)})"
     return text
-
-
-def _range(stat):
-    figure = FIGURES_BY_KEY["tokens_per_s"]
-    return figure.text(stat.low) if stat.low == stat.high else f"{figure.text(stat.low)}–{figure.text(stat.high)}"
 
 
 def _speedup_cell(comparison, group):

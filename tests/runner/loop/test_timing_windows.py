@@ -70,7 +70,7 @@ def run(shapes, window, nan_at=None, checkpoint_every=None, saved=None, step=Non
     run_dir = SimpleNamespace(save=lambda model, state, *rest: saved.append(state.step) or f"ckpt-{state.step}")
     checkpointing = Checkpointing(run_dir, {}, "fingerprint", checkpoint_every, keep=1)
     energy = SimpleNamespace(read=lambda: None, between=lambda before, after: None)
-    flops = flops or StepFlops(lambda rows, length: 1e6)
+    flops = flops or StepFlops(lambda rows, source_length, target_length: 1e6)
     outcome = train_loop(config, backend, None, flops, step, TrainingState(), batches(shapes, real_lengths), len(shapes), checkpointing, None, QualityTarget(), Observers(Quiet(), Quiet(), energy),
                          Console(quiet=True), ProcessGroup(Launch()))
     return outcome, backend
@@ -141,12 +141,26 @@ def test_a_step_that_records_its_graph_on_the_second_call_of_a_shape_counts_it_i
     assert max(h["seconds"] for h in outcome.state.history if not h["first_of_shape"]) > 1.0
 
 
+def test_real_tokens_count_each_rows_source_at_its_own_length():
+    """An encoder-decoder's row of 6 source tokens and 3 target tokens is counted as such, not as 3 and 3: a
+    family whose step costs rows x (source^2 + target^2), padding id 0, rows of 6 + 3, 2 + 5 and a filler row."""
+    source = np.array([[7, 7, 7, 7, 7, 7, 0, 0], [7, 7, 0, 0, 0, 0, 0, 0], [0] * 8], np.int32)
+    weight = (np.arange(8) < np.array([3, 5, 0])[:, None]).astype(np.float32)
+    batch = Batch(source, source, source, weight, np.array([0, 1, -1]))
+    flops = StepFlops(lambda rows, source_length, target_length: rows * (source_length ** 2 + target_length ** 2),
+                      pad=0)
+    assert flops.real_tokens(batch) == (36 + 9) + (4 + 25)
+    assert flops.padded(batch.shape) == 3 * (64 + 64)
+    # A model without a source (a language model): its target's length for both.
+    assert flops.real_tokens(Batch(None, source, source, weight, np.array([0, 1, -1]))) == (9 + 9) + (25 + 25)
+
+
 def test_mfu_of_real_tokens_counts_each_row_at_its_real_length(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     # A family whose step costs rows x length^2 (attention-like), on batches of 4 rows of 8 tokens holding 8, 5, 5
     # and 0 real tokens: 4 x 64 = 256 FLOPs padded, 64 + 2 x 25 = 114 over the real tokens.
-    flops = StepFlops(lambda rows, length: rows * length ** 2)
+    flops = StepFlops(lambda rows, source_length, length: rows * length ** 2)
     outcome, _ = run([(4, 8)] * 5, window=3, step=GraphRecordingStep(clock, warmup_calls=2), flops=flops,
                      real_lengths=[8, 5, 5, 0])
     summary = outcome.timer.summary()

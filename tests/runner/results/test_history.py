@@ -93,6 +93,14 @@ def test_a_change_at_the_last_point_is_unconfirmed(real, tmp_path):
     assert any(line.startswith("unconfirmed step (the last point): #4 is 1.43x slower") for line in history.lines())
 
 
+def test_the_return_from_an_outlier_at_the_first_point_is_no_step(real, tmp_path):
+    """Only one point before the second: an outlier there, and the level the others hold, look like a step."""
+    history = build_history(write_history(tmp_path, real, [0.7, 1, 1, 1, 1]))
+    assert marks(history) == [(2, "unconfirmed", "faster")]
+    assert any(line.startswith("unconfirmed step (one point before it): #2 is 1.43x faster")
+               for line in history.lines())
+
+
 def test_results_of_one_commit_in_a_row_are_repeats_of_one_point(real, tmp_path):
     commits = ["a" * 40, "a" * 40, "b" * 40, "b" * 40, "a" * 40]
     history = build_history(write_history(tmp_path, real, [1, 1, 0.5, 0.5, 1], commits))

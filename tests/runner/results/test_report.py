@@ -154,6 +154,14 @@ def test_a_compare_json_reports_the_same_figures_as_its_run_files(compared):
     assert from_compare["parity"] == compared["combined"]["parity"]
 
 
+def test_a_compare_json_is_reported_against_the_baseline_it_recorded(compared, tmp_path):
+    against_torch = tmp_path / "against-torch.json"
+    against_torch.write_text(json.dumps({**compared["combined"], "baseline": "torch"}))
+    data = json.loads(report(str(against_torch), "--format", "json"))
+    assert data["baseline"] == "torch" and data["speedups"]["torch"] == 1.0 and data["speedups"]["jax"] != 1.0
+    assert json.loads(report(str(against_torch), "--format", "json", "--baseline", "jax"))["baseline"] == "jax"
+
+
 def test_runs_of_different_configurations_are_refused(results, compared):
     """The compare ran 30 steps with one length bucket; the single runs 60 steps with two. The length may differ
     (a sweep), and with it the weights file (the position embeddings follow it); the steps may not."""

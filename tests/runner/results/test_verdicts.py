@@ -258,6 +258,27 @@ def test_the_gate_fails_only_where_the_whole_interval_is_past_the_threshold():
     assert not stats.significantly_slower(same, 0.05)
 
 
+def test_the_gate_fails_where_it_cannot_judge_a_run_of_the_baseline():
+    """A gate that passed a run NEW lacks, or one without a tokens/s interval, would pass what it never held."""
+    from mtbench.runner.results import regression
+    judged = stats.verdict("jax (new)", "jax (baseline)",
+                           stats.ratio_interval("tokens_per_s", repeats(5, seed=7), repeats(5, noise=0.002)))
+    changes = [regression.Change("jax", "tokens_per_s", 1.0, 1.0, judged),
+               regression.Change("torch", "tokens_per_s", 1.0, 1.0, None, regression.ONE_WINDOW_EACH),
+               regression.Change("torch", "compile_s", 1.0, 1.0, None, regression.ONE_REPEAT)]
+    held = regression.Regression(["new.json"], "old.json", changes, [], ["pmap"], None, threshold=0.05)
+    assert judged.call == "no difference" and held.slower_beyond_threshold() == []
+    with pytest.raises(MtbenchError) as failed:
+        regression.require_not_slower(held)
+    assert failed.value.exit_code == 1 and str(failed.value) == (
+        "--fail-if-slower 5% cannot judge every run of the baseline: run 'pmap' of old.json is not in new.json; "
+        "run 'torch' has no tokens/s interval (one repeat of one timing window on each side: nothing to resample) "
+        "(more --steps or --repeats, or a baseline of these runs)")
+    assert held.lines()[-1].startswith("--fail-if-slower 5%: cannot judge: run 'pmap' of old.json is not in")
+    regression.require_not_slower(regression.Regression(["new.json"], "old.json", changes[:1], [], [], None, 0.05))
+    regression.require_not_slower(regression.Regression(["new.json"], "old.json", changes, [], ["pmap"], None))
+
+
 def comparison(slow_factor=1.3, count=2):
     runs = [LoadedRun(r, f"{label}-{i}.json") for label, rs in
             (("jax", repeats(count, compile_s=3.0)), ("jax+slow-step", repeats(count, seed=50, extras=("slow-step",),
