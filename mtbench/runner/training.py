@@ -107,8 +107,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
             with stopwatch.phase("save_model"), run.processes.alone():  # the others do not wait for it
                 result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer, plugins,
                                                               built.model_shape, config)
-    # Every process: each adds the joules of its own devices.
-    result["energy"], result["history"] = energy.section(result["history"], run.processes)
+    # Every process: each adds the joules of its own devices (this process's: from where it resumed the run).
+    result["energy"], result["history"] = energy.section(result["history"], run.processes, built.state.resumed_at_steps)
     result["memory"]["peak_device_bytes"] = largest_peak(plugins.backend, run.processes)
     if not run_dir.writes:  # process 0 of several writes and reports
         if outcome.status != "completed":

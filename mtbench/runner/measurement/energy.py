@@ -231,11 +231,12 @@ class EnergyMeter:
             return None
         return self.counter.difference(before, after)
 
-    def section(self, history, processes=ONE_PROCESS):
+    def section(self, history, processes=ONE_PROCESS, resumed_at_steps=()):
         """(the result's `energy` section, `history` with each step's joules summed over the processes): the
         steady steps (those timed apart from compilation and the host-sync probe) and the run so far, from the
         meter's start (once the model is built), over every process of the run (`processes`; every process calls
-        this at the same point: the sum is a collective)."""
+        this at the same point: the sum is a collective). `resumed_at_steps`: where each --resume continued the
+        run; the run's joules are this process's, so its tokens are those of the steps from the last of them."""
         run_end, run_seconds = self.read(), self.clock() - self.run_start_s
         own = [self.between(self.run_start, run_end), *(h.get("joules") for h in history)]
         counted = processes.sum([self.counter is not None, *(value or 0.0 for value in own)])
@@ -252,7 +253,8 @@ class EnergyMeter:
         steady_joules = sum(h["joules"] for h in steady)
         steady_seconds = sum(h["seconds"] for h in steady)
         steady_tokens = sum(h["tokens"] for h in steady)
-        run_tokens = sum(h["tokens"] for h in history)
+        first = max(resumed_at_steps, default=0)
+        run_tokens = sum(h["tokens"] for h in history if h["step"] >= first)
         return {
             "source": self.counter.source,
             "reason": None,

@@ -22,10 +22,8 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
                                      matmul_precision=config.matmul_precision, cpus=shared_cpus())
     peak, peak_source = peak_record["flops_per_s"], peak_record["source"]
     # A CPU's measured peak spans all its cores, which a machine's processes and simulated devices share: one peak
-    # a machine the run's processes span. (A plugin's process group that kept no `launch` is taken as one machine.)
-    launch = getattr(run.processes, "launch", None)
-    machines = max(launch.num_processes // launch.local_processes, 1) if launch else 1
-    peak_devices = machines if run.device_kind == "cpu" else devices_used
+    # a machine the run's processes span.
+    peak_devices = machines_of(run.processes) if run.device_kind == "cpu" else devices_used
     def share_of_peak(flops_per_s):
         return None if peak is None or flops_per_s is None else flops_per_s / (peak * peak_devices)
 
@@ -53,6 +51,12 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
     }
 
 
+def machines_of(processes):
+    """How many machines the run's processes span (a plugin's process group that kept no `launch`: one)."""
+    launch = getattr(processes, "launch", None)
+    return max(launch.num_processes // launch.local_processes, 1) if launch else 1
+
+
 def training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
                     training_memory=None):
     """Every section of the result that training decides; the task's metrics are null until `add_evaluation`
@@ -76,7 +80,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         # The run's processes: each trained on its shard of every global batch; tokens/s counts the global batch.
         "processes": {**run.processes.record(max(devices_used // run.processes.world_size, 1)),
                       "spanned_by": [extra.name for extra in plugins.extras if extra.spans_processes],
-                "cpu_share": run.cpu_share},
+                      "cpu_share": run.cpu_share, "machines": machines_of(run.processes)},
         # The values used (the preset with the size flags over it, under "model") and what they add up to.
         # `model` is the shape built: a pretrained family's own, the vocabulary the tokenizer supports.
         "config": {**config.to_dict(), "model": built.model_shape.to_dict(), "initial_weights_sha256": weights_sha256,
@@ -270,19 +274,20 @@ def write_result(path, result, stopwatch, price_per_hour):
     result["timing"]["phases_s"] = dict(stopwatch.phases)
     result["timing"]["total_s"] = stopwatch.total()
     result["memory"]["peak_host_bytes"] = peak_host_bytes()
-    result["cost"] = cost(price_per_hour, result["timing"]["total_s"], result["target"])
+    result["cost"] = cost(price_per_hour, result["timing"]["total_s"], result["target"],
+                          result["processes"].get("machines", 1))
     write_json_atomic(path, result)
 
 
-def cost(price_per_hour, total_s, target):
-    """What the run cost at `price_per_hour` (USD, per machine): the whole run, and the training time to the
-    target quality when one was reached."""
+def cost(price_per_hour, total_s, target, machines=1):
+    """What the run cost at `price_per_hour` (USD, per machine) on its `machines`: this process's run, and the
+    training time to the target quality when one was reached."""
     if price_per_hour is None:
         return {"price_per_hour": None, "reason": "no --price-per-hour (or MTBENCH_PRICE_PER_HOUR) was given"}
     reached = target["time_to_target_s"] if target else None
-    return {"price_per_hour": price_per_hour, "currency": "USD", "reason": None,
-            "usd": price_per_hour * total_s / 3600,
-            "usd_to_target": None if reached is None else price_per_hour * reached / 3600}
+    return {"price_per_hour": price_per_hour, "currency": "USD", "reason": None, "machines": machines,
+            "usd": price_per_hour * machines * total_s / 3600,
+            "usd_to_target": None if reached is None else price_per_hour * machines * reached / 3600}
 
 
 def stop_error(outcome, out, run_dir, processes=1, failures=()):

@@ -79,6 +79,20 @@ def test_meter_sums_steady_steps_and_the_whole_run():
                               "avg_watts": 170 / 12}
 
 
+def test_a_resumed_runs_joules_per_token_are_its_own_processes():
+    """The meter reads from this process's start: the steps an earlier process trained (restored with the
+    checkpoint, their joules kept) are no tokens of its run's joules."""
+    clock = iter([0.0, 10.0])
+    meter = EnergyMeter(RecordedCounter([[0], [90]]), clock=lambda: next(clock))
+    earlier = [{"step": step, "first_of_shape": step == 1, "tokens": 1000, "seconds": 1.0, "joules": 40.0}
+               for step in (1, 2, 3)]
+    own = [{"step": step, "first_of_shape": step == 4, "tokens": 1000, "seconds": 1.0, "joules": 30.0}
+           for step in (4, 5, 6)]
+    section, _ = meter.section(earlier + own, resumed_at_steps=[4])
+    assert section["run"]["joules"] == 90.0 and section["run"]["joules_per_1k_tokens"] == 30.0  # 90 J, 3,000 tokens
+    assert section["steady"]["steps"] == 4  # every process's steady steps, each with its own joules
+
+
 def test_the_host_sync_probes_step_is_no_steady_step():
     """The probe's step is slowed by its counting, and differently on each backend: its joules and seconds stay out
     of the steady figures, as they stay out of the timing's (they were counted in)."""

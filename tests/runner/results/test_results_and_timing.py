@@ -12,7 +12,7 @@ from mtbench.plugins.api import Launch, ProcessGroup
 from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.results.schema import schema_errors, sidecar_paths
 from mtbench.runner.loop.timing import StepTimer, TrainingClock
-from mtbench.runner.results.run_result import compile_cache_section
+from mtbench.runner.results.run_result import compile_cache_section, cost, machines_of
 
 
 def test_schema_errors_name_missing_and_mistyped_fields(tiny_runs):
@@ -61,6 +61,15 @@ def test_training_clock_keeps_validation_and_checkpoints_apart(monkeypatch):
     now[0] += 2.0
     assert clock.training_s() == pytest.approx(5.0 + 3.0 + 2.0)
     assert clock.aside_s == {"validation": 6.0, "checkpoint": 1.0}
+
+
+def test_a_run_across_machines_costs_each_machines_time():
+    """--price-per-hour is a machine's: 4 processes, 2 on each of 2 machines, for 1,800 s at 3.60 an hour."""
+    across = ProcessGroup(Launch(process_id=0, num_processes=4, local_rank=0, local_processes=2, coordinator="h:1"))
+    assert machines_of(across) == 2 and machines_of(ProcessGroup(Launch())) == 1
+    assert machines_of(SimpleNamespace()) == 1  # a plugin's process group that kept no launch
+    priced = cost(3.6, 1800.0, {"time_to_target_s": 900.0}, machines_of(across))
+    assert (priced["machines"], priced["usd"], priced["usd_to_target"]) == (2, pytest.approx(3.6), pytest.approx(1.8))
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
