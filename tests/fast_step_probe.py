@@ -67,6 +67,11 @@ def main(backend_name, cache_dir):
         "optimizer_distance": relative_distance(fast_run["optimizer"], keras_run["optimizer"]),
     }
     if backend_name == "torch":
+        # Weights in bfloat16: the step's update is Keras's AdamW in their dtype, as JAX's step computes it.
+        keras.config.set_dtype_policy("bfloat16")
+        report["bfloat16_update"] = backend.make_train_step(run, build_keras_model(keras, workload,
+                                                                                   total_steps=STEPS)).description()
+        keras.config.set_dtype_policy("float32")
         report["fused_adamw"] = fused_adamw_exercise()
         report["loss_scaled_fused_adamw"] = loss_scaled_fused_adamw_exercise()
     print(json.dumps(report))

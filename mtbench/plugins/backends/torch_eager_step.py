@@ -88,7 +88,7 @@ class EagerTorchTrainStep(TrainStep):
         refuse_accumulating_other_losses(micro_batches, self.native_loss, model.loss)
         model.optimizer.build(self.variables)
         # Why Keras's `optimizer.apply` updates the variables instead of torch's fused AdamW (None: it does not).
-        self.fused_optimizer_refused = fused_adamw_unsupported(model.optimizer)
+        self.fused_optimizer_refused = fused_adamw_unsupported(model.optimizer, self.variables)
         self.fused_optimizer = None if self.fused_optimizer_refused else FusedAdamW(model.optimizer, self.variables)
         self._forward = self._loss_and_accuracy
         # Why the layers must be called through `Layer.__call__` (None: they are called plainly).

@@ -30,9 +30,14 @@ import math
 from mtbench.plugins.backends.keras_optimizer import inner_optimizer, moments_of, scales_losses
 
 
-def fused_adamw_unsupported(optimizer):
-    """Why `optimizer` cannot be carried out by `FusedAdamW` (None when it can)."""
+def fused_adamw_unsupported(optimizer, variables=()):
+    """Why `optimizer` cannot be carried out by `FusedAdamW` over `variables` (None when it can). 16-bit weights
+    (`--dtype bfloat16` or `float16`) are left to Keras: its AdamW updates them in their own dtype, as JAX's step
+    does (Keras's optimizer there), where torch's fused kernel would compute in float32, other arithmetic."""
     import keras
+    sixteen_bit = sorted({str(variable.dtype) for variable in variables} & {"bfloat16", "float16"})
+    if sixteen_bit:
+        return f"{sixteen_bit[0]} weights, which Keras's AdamW updates in {sixteen_bit[0]} as JAX's step does"
     optimizer = inner_optimizer(optimizer)
     if not isinstance(optimizer, keras.optimizers.AdamW):
         return f"{type(optimizer).__name__} is not AdamW"

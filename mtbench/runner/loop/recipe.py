@@ -3,6 +3,10 @@ model family sets (`ModelFamily.optimizer_recipe`: the GPT family trains as GPT 
 gave. The Keras optimizer is built from it, torch's fused AdamW carries it out, the training log reads its learning
 rate from it on the host, the hand-written references in benchmarks/ follow it, and the result records it."""
 
+import struct
+
+import numpy as np
+
 from mtbench.errors import MtbenchError
 
 # AdamW as the translation Transformer has always trained: Vaswani et al.'s betas and epsilon, a light decay on
@@ -27,6 +31,7 @@ def optimizer_recipe(config, total_steps, family=None):
     if config.min_learning_rate is not None:
         recipe["min_lr_ratio"] = config.min_learning_rate / config.learning_rate
     check_recipe(recipe)
+    check_betas_in_weights_dtype(recipe, config.dtype)
     warmup = min(config.warmup_steps, max(total_steps - 1, 0))
     return {**recipe, "learning_rate": config.learning_rate, "warmup_steps": warmup,
             "decay_steps": max(total_steps - warmup, 1), "alpha": recipe["min_lr_ratio"]}
@@ -48,6 +53,34 @@ def family_recipe(config, family=None):
     except (MtbenchError, TypeError) as error:
         raise MtbenchError(f"model family '{family.name}' sets {recipe}, which mtbench refuses: {error}") from None
     return recipe
+
+
+def in_sixteen_bits(value, dtype):
+    """`value` as a float of `dtype` ('bfloat16': float32's bits rounded to the nearest of its top 16, ties to
+    even; 'float16': numpy's)."""
+    if dtype == "float16":
+        return float(np.float16(value))
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", rounded))[0]
+
+
+def check_betas_in_weights_dtype(recipe, dtype):
+    """Refuses Adam's betas that round to 1 in 16-bit weights' dtype (`--dtype bfloat16` or `float16`, which
+    Keras's AdamW computes in on both backends): 1 - beta2^t is then 0, and no weight ever moves."""
+    if dtype not in ("bfloat16", "float16"):
+        return
+    for name in ("beta_1", "beta_2"):
+        if in_sixteen_bits(recipe[name], dtype) >= 1:
+            raise MtbenchError(f"Adam's {name.replace('_', '')} {recipe[name]:g} is 1.0 in {dtype}, the dtype of "
+                               f"the weights and of Keras's AdamW over them: no weight would move (give "
+                               f"--dtype mixed_{dtype}, or --adam-{name.replace('_', '')} of at most "
+                               f"{in_sixteen_bits_below_one(dtype):g})")
+
+
+def in_sixteen_bits_below_one(dtype):
+    """The largest value below 1 that `dtype` holds."""
+    return 1 - 2.0 ** (-8 if dtype == "bfloat16" else -11)
 
 
 def check_recipe(recipe):

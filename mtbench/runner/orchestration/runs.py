@@ -72,9 +72,10 @@ class RunSpec:
 
 
 def shape_label(shape):
-    """'d-model=128,heads=4,max-len=64' of a RunSpec.shape; '' for the shared shape."""
+    """'d-model=128,heads=4,max-len=64' of a RunSpec.shape (a block, `block-size=64`); '' for the shared shape."""
     settings = dict(shape)
-    length = f"max-len={settings['max_len']}" if "max_len" in settings else ""
+    length = ",".join(f"{key.replace('_', '-')}={settings[key]}" for key in ("max_len", "block_size")
+                      if key in settings)
     init = f"init={settings['init']}" if "init" in settings else ""
     return ",".join(part for part in (size_label(settings), length, init) if part)
 

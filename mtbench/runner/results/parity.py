@@ -166,16 +166,24 @@ def first_lone_null(reference, run, reference_name, name):
     return None, None
 
 
+# How a step is laid out where that changes the masks it draws: each micro-batch draws its own (--grad-accum, the
+# pipeline's), and a data axis's replicas theirs (its size follows the model axis and the stages).
+DRAW_LAYOUT_KEYS = ("grad_accum", "pipeline_micro_batches", "tensor_parallel_size", "pipeline_parallel_size")
+
+
 def same_draws(result):
     """What decides the dropout masks a run draws, as a key two runs that draw the same masks share: None for a run
-    without dropout; else its dropout, backend, train step, process count and the extras that change draws."""
+    without dropout; else its dropout, backend, train step, process count, the extras that change draws and the
+    layout of its steps that does (`DRAW_LAYOUT_KEYS`)."""
     dropout = (result.get("model") or {}).get("dropout") or 0.0
     if dropout <= 0:
         return None
     keeping = set(result.get("extras_keeping_draws") or ())
+    config = result.get("config") or {}
     return (dropout, result.get("backend"), result.get("train_step"),
             (result.get("processes") or {}).get("world_size", 1),
-            tuple(sorted(extra for extra in result.get("extras") or () if extra not in keeping)))
+            tuple(sorted(extra for extra in result.get("extras") or () if extra not in keeping)),
+            tuple((config.get(key) or 1) for key in DRAW_LAYOUT_KEYS))
 
 
 def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLERANCE):
@@ -217,8 +225,8 @@ def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLE
             continue
         if isinstance(group, tuple):
             report.unchecked.append([name, f"it trains with dropout {group[1][0]:g}, whose masks only runs of its "
-                                           f"backend, step and processes draw alike, and no other here does "
-                                           f"(--dropout 0 makes it checkable)"])
+                                           f"backend, step, processes and micro-batches draw alike, and no other "
+                                           f"here does (--dropout 0 makes it checkable)"])
         else:
             report.unchecked.append([name, f"no other {group} run to compare with"])
     return report

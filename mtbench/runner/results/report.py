@@ -427,16 +427,21 @@ def parity_class(result, swept=()):
     """Runs held to the same loss curve: the same dtype policy, the same model size and the same batches (the
     `swept` keys among batch size, max length and max tokens; their values name the class where they vary). Runs
     that differ only in how a step is laid out (`LAYOUT_KEYS`) are held to one curve: with micro-batches swept,
-    a batch is named by the rows of a whole step."""
+    a batch of --batch-size rows is named by the rows of a whole step."""
     config = result["config"]
     settings = sweep_settings(result, [key for key in swept if key not in LAYOUT_KEYS])
     if "grad_accum" in swept:
         micro_batches = config.get("grad_accum") or 1
-        settings = [(flag, value * micro_batches if flag in ("batch-size", "max-tokens") else value)
-                    for flag, value in settings]
-        sized_by = "max_tokens" if config.get("max_tokens") else "batch_size"  # what sizes each micro-batch
-        if sized_by not in swept:
-            settings.insert(0, (sized_by.replace("_", "-"), config[sized_by] * micro_batches))
+        if config.get("max_tokens"):
+            # --max-tokens rounds each micro-batch's rows down to a multiple of 8 before the micro-batches multiply
+            # them (`TrainConfig.rows_for`): N micro-batches of T tokens are not the rows of one batch of N x T.
+            if "max_tokens" not in swept:
+                settings.insert(0, ("max-tokens", config["max_tokens"]))
+            settings.append(("grad-accum", micro_batches))
+        else:
+            settings = [(flag, value * micro_batches if flag == "batch-size" else value) for flag, value in settings]
+            if "batch_size" not in swept:
+                settings.insert(0, ("batch-size", config["batch_size"] * micro_batches))
     text = ",".join(f"{flag}={value}" for flag, value in settings)
     return ", ".join(part for part in (run_dtype(result), size_label(result["config"]), text) if part)
 

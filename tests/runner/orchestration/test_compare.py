@@ -270,9 +270,10 @@ def test_parity_flags_a_run_whose_losses_differ():
     assert any("torch+perturbed vs jax" in line and "NOT within 1 %" in line for line in report.lines())
 
 
-def dropout_run(losses, backend, step, extras=(), keeping=(), processes=1):
+def dropout_run(losses, backend, step, extras=(), keeping=(), processes=1, grad_accum=1):
     run = fake_run(losses)
     run["model"]["dropout"] = 0.1
+    run["config"]["grad_accum"] = grad_accum
     run.update(backend=backend, train_step=step, extras=list(extras), extras_keeping_draws=list(keeping),
                processes={"world_size": processes})
     return run
@@ -289,17 +290,20 @@ def test_runs_with_dropout_are_held_to_the_runs_that_draw_their_masks():
             ("torch", dropout_run(other, "torch", "torch-eager")),
             ("torch+remat", dropout_run(drifting, "torch", "torch-eager", ["remat"], ["remat"])),
             ("torch+compile", dropout_run(other, "torch", "torch-compiled", ["torch-compile"])),
-            ("torch+ddp", dropout_run(other, "torch", "torch-eager", ["ddp"], processes=2))]
+            ("torch+ddp", dropout_run(other, "torch", "torch-eager", ["ddp"], processes=2)),
+            # Each micro-batch draws masks of its own: not the masks of one batch of all the rows.
+            ("torch:grad-accum=2", dropout_run(other, "torch", "torch-eager", grad_accum=2))]
     earlier = dropout_run(other, "torch", "torch-eager", ["remat"])
     del earlier["extras_keeping_draws"]
     report = check_parity([*runs, ("earlier", earlier)], run_dtype, steps=50, tolerance=0.01)
     assert [(pair.reference, pair.run) for pair in report.pairs] == [("torch", "torch+remat")]
     assert not report.pairs[0].within_tolerance
     assert report.pairs[0].max_relative_difference == pytest.approx(0.03) and report.pairs[0].at_step > 21
-    assert sorted(name for name, _ in report.unchecked) == ["earlier", "jax", "torch+compile", "torch+ddp"]
-    assert dict(report.unchecked)["jax"] == ("it trains with dropout 0.1, whose masks only runs of its backend, step "
-                                             "and processes draw alike, and no other here does (--dropout 0 makes "
-                                             "it checkable)")
+    assert sorted(name for name, _ in report.unchecked) == ["earlier", "jax", "torch+compile", "torch+ddp",
+                                                           "torch:grad-accum=2"]
+    assert dict(report.unchecked)["jax"] == ("it trains with dropout 0.1, whose masks only runs of its backend, step, "
+                                             "processes and micro-batches draw alike, and no other here does "
+                                             "(--dropout 0 makes it checkable)")
 
 
 def test_16_bit_runs_are_held_to_their_curves_not_to_each_steps_rounding():

@@ -187,3 +187,15 @@ def test_runs_are_named_by_the_settings_they_differ_in_as_the_table_names_their_
         ["jax:model=gpt,block-size=32", "jax:model=gpt,block-size=64"]
     with pytest.raises(MtbenchError, match="^run 'jax' is listed twice"):
         labels("jax:batch-size=48;jax", batch_size=48)
+
+
+def test_each_block_size_of_a_sweep_starts_from_a_weights_file_of_its_own():
+    """A block sizes the position embeddings: each block size is a shape, with a file of its own."""
+    from mtbench.runner.orchestration.compare import ComparePlan
+    from mtbench.runner.orchestration.runs import plan_comparison
+    specs = plan_comparison(None, (), "jax:block-size=32;torch:block-size=32;jax:block-size=64",
+                            options(model_name="gpt"), registry(), probe=lambda runs: {"jax": CPU, "torch": CPU}).specs
+    plan = ComparePlan(specs, 1, None, [], "/r/c.json", False, 5, 0.01)
+    assert [plan.weights_file(spec) for spec in specs] == [
+        "/r/c.runs/initial-weights-block-size=32.npz", "/r/c.runs/initial-weights-block-size=32.npz",
+        "/r/c.runs/initial-weights-block-size=64.npz"]
