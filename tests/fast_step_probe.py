@@ -68,8 +68,9 @@ def main(backend_name, cache_dir):
     }
     if backend_name == "torch":
         # Weights in bfloat16: the step's update is Keras's AdamW in their dtype, as JAX's step computes it.
-        keras.config.set_dtype_policy("bfloat16")
-        report["bfloat16_update"] = backend.make_train_step(run, build_keras_model(keras, workload,
+        import dataclasses
+        in_bfloat16 = dataclasses.replace(workload, config=dataclasses.replace(config, dtype="bfloat16"))
+        report["bfloat16_update"] = backend.make_train_step(run, build_keras_model(keras, in_bfloat16,
                                                                                    total_steps=STEPS)).description()
         keras.config.set_dtype_policy("float32")
         report["fused_adamw"] = fused_adamw_exercise()
