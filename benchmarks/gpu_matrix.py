@@ -808,7 +808,8 @@ def ranking(rows, results=None):
         rank["leader"] = {"faster": "jax", "slower": "torch"}.get(call_of(interval))
         rank["faster"] = "jax" if speed >= 1 else "torch"
         rank["ratio"], rank["interval"] = (speed, [low, high]) if speed >= 1 else (1 / speed, [1 / high, 1 / low])
-        rank["windows"] = min(interval.windows)
+        # Windows are resampled where each row is one run; over repeats, each repeat's figure holds its windows.
+        rank["windows"] = min(interval.windows) if interval.windows else None
     return rank
 
 

@@ -573,11 +573,15 @@ def test_the_verdict_line_says_whether_mtbench_ranks_the_frameworks_as_the_refer
     [verdict] = gpu_matrix.verdicts(records, results)
     assert verdict["mtbench"]["leader"] == "torch" and verdict["same_verdict"]
     assert verdict["line"].endswith(": the same verdict (3 runs a row, 95 % intervals)")
-    # 48 steps timed 10 at a time: 5 windows a run, which the line says are too few for an interval to rest on.
-    results = {key: [steady_steps(36.4, 0.2, window=10)] * 3 for key in results}
+    # 48 steps timed 10 at a time: 5 windows a run, which the line says are too few for an interval to rest on
+    # where each row is one run (over 3 runs each run's figure holds its windows: nothing is resampled).
+    results = {key: [steady_steps(36.4, 0.2, window=10)] for key in results}
+    for record in records:
+        record["repeats"] = 1
     [verdict] = gpu_matrix.verdicts(records, results)
-    assert verdict["line"].endswith("(3 runs a row, 95 % intervals; 5 steady timing windows in a run, too few to "
-                                    "resample (more --steps, or -- --timing-window N smaller))")
+    assert verdict["line"].endswith("(one run a row: 95 % intervals of the noise within each run, not between runs; "
+                                    "5 steady timing windows in a run, too few to resample (more --steps, or -- "
+                                    "--timing-window N smaller))")
     assert gpu_matrix.verdicts([r for r in records if r["run"] != "best-by-hand-torch"]) == []
 
 

@@ -387,10 +387,19 @@ def noise_floor_line(record):
     return f"noise floor: {floors} ({record['measured_by']})"
 
 
-def noise_floor_of(interval):
-    """The noise floor an A/A interval (the same configuration twice) shows: how far from 1 its farther bound
-    lies, as a fraction (0.021: differences up to ±2.1 % arise from the machine alone)."""
-    return math.exp(max(abs(math.log(interval.low)), abs(math.log(interval.high)))) - 1
+def noise_floor_of(key, twins, baseline):
+    """The noise floor an A/A (the same configuration twice, repeat k of `twins` beside repeat k of `baseline`)
+    shows: how far from 1 the farthest of its repeats' ratios of `key` (each run's figure of its steady windows)
+    strays, as a fraction (0.021: two runs of one configuration differ by up to ±2.1 % on this machine). The
+    repeats' own ratios, not an interval of their mean: with few repeats Student's t would make that bound a
+    factor, and a verdict's interval already holds the noise of its mean. None where a run has no steady window."""
+    strays = []
+    for twin, base in zip(twins, baseline):
+        sides = [steady_windows(result["history"]) for result in (twin, base)]
+        if not all(len(side) for side in sides):
+            return None
+        strays.append(abs(math.log(window_figure(key, sides[0]) / window_figure(key, sides[1]))))
+    return math.exp(max(strays)) - 1 if strays else None
 
 
 def parse_percent(text, option):
@@ -472,14 +481,15 @@ def target_times(result):
 
 def noise_floor_record(label, baseline, twins):
     """The noise floor an A/A measured (the `baseline` run's results and its `twins`', repeat by repeat): for each
-    window figure its ratio, interval and floor (`verdicts.noise_floor_of`); None without twins."""
+    window figure its ratio, interval and floor (`noise_floor_of`); None without twins."""
     count = min(len(baseline), len(twins))
     figures = {}
     for key in WINDOW_FIGURES:
         interval = ratio_interval(key, twins[:count], baseline[:count], paired=True) if count else None
-        if interval is not None:
-            figures[key] = {"floor": noise_floor_of(interval), "ratio": interval.ratio, "low": interval.low,
-                            "high": interval.high, "repeats": count}
+        floor = noise_floor_of(key, twins[:count], baseline[:count])
+        if interval is not None and floor is not None:
+            figures[key] = {"floor": floor, "ratio": interval.ratio, "low": interval.low, "high": interval.high,
+                            "repeats": count}
     if not figures:
         return None
     return {"measured_by": f"A/A: run '{label}' twice in each of {count} repeat(s), interleaved",

@@ -81,7 +81,7 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
                                    "launcher": "torchrun", "collectives": "gloo",
                                    "coordinator": result["processes"]["coordinator"], "spanned_by": [extra],
                                    # Process 0's half of the cores: its framework's thread pool follows it.
-                                   "cpu_share": FIRST_HALF}
+                                   "cpu_share": FIRST_HALF, "machines": 1}
     assert kept.items() <= result["extras_record"][extra].items()
     # On JAX mtbench's jit step over the two processes' mesh, as one process trains with (not train_on_batch).
     assert result["train_step"] == train_step

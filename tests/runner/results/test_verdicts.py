@@ -170,10 +170,11 @@ def test_a_difference_inside_the_noise_floor_is_not_called_one():
     held = stats.verdict("b", "a", interval, noise_floor=0.05)
     assert held.call == "no difference" and held.noise_floor == 0.05
     assert held.text.endswith(", within the noise floor of ±5.0%)")
-    # the floor an A/A shows is how far its farther bound strays from 1
-    aa = stats.ratio_interval("tokens_per_s", repeats(5, seed=1), repeats(5, seed=2), paired=True)
-    floor = stats.noise_floor_of(aa)
-    assert floor == pytest.approx(max(aa.high, 1 / aa.low) - 1)
+    # the floor an A/A shows is how far the farthest of its repeats' ratios strays from 1
+    twins, baseline = repeats(5, seed=1), repeats(5, seed=2)
+    strays = [abs(math.log(twin["timing"]["tokens_per_s"] / base["timing"]["tokens_per_s"]))
+              for twin, base in zip(twins, baseline)]
+    assert stats.noise_floor_of("tokens_per_s", twins, baseline) == pytest.approx(math.exp(max(strays)) - 1)
 
 
 def test_one_repeat_and_few_windows_are_warned_of():
@@ -315,7 +316,9 @@ def test_a_recorded_noise_floor_is_shown_and_held_to():
     record = noise_floor_record("jax", baseline, twins)
     assert record["measured_by"] == "A/A: run 'jax' twice in each of 3 repeat(s), interleaved"
     interval = stats.ratio_interval("tokens_per_s", twins, baseline, paired=True)
-    assert record["figures"]["tokens_per_s"]["floor"] == stats.noise_floor_of(interval)
+    assert record["figures"]["tokens_per_s"]["floor"] == stats.noise_floor_of("tokens_per_s", twins, baseline)
+    assert (record["figures"]["tokens_per_s"]["low"], record["figures"]["tokens_per_s"]["high"]) == (interval.low,
+                                                                                                  interval.high)
     runs = [LoadedRun(r, "x.json") for r in baseline + repeats(3, seed=60, extras=("same-step",), step_s=0.0152)]
     compared = build_comparison(runs, noise_floor={**record, "figures": {
         key: {**entry, "floor": 0.05} for key, entry in record["figures"].items()}})

@@ -62,7 +62,7 @@ def test_the_same_computation_is_no_difference_and_the_slowed_one_is_slower(pace
     assert slow["paired"] and slow["repeats"] == [2, 2]
     assert found[("jax+slow-step", "step_s_median")]["call"] == "slower"
     assert slow["text"] in stdout and same["text"] in stdout
-    assert "interval warning: 2 repeats: the interval understates the noise between runs" in stdout
+    assert "interval warning: 2 repeats: the interval rests on the spread of a few runs" in stdout
     # the A/A twin: recorded, shown, and no run of the comparison
     floor = combined["noise_floor"]
     assert floor["measured_by"] == "A/A: run 'jax' twice in each of 2 repeat(s), interleaved"
