@@ -108,8 +108,7 @@ def figure_interval(key, results, resamples=RESAMPLES, seed=SEED, confidence=CON
     points = np.log([window_figure(key, w) for w in side])
     point = points.mean()
     if len(points) > 1:
-        half = t_quantile(1 - (1 - confidence) / 2, len(points) - 1) * points.std(ddof=1) / math.sqrt(len(points))
-        low, high = point - half, point + half
+        low, high = mean_interval(points, confidence)
     else:
         resampled = _resampled_window_figure(key, side[0], np.random.default_rng(seed), resamples)
         tail = (1 - confidence) / 2 * 100
@@ -167,24 +166,28 @@ def repeats_interval(points, paired, confidence=CONFIDENCE):
     (they ran on one machine), its degrees of freedom alone."""
     candidate, reference = points
     if paired:
-        differences = candidate - reference
-        count = len(differences)
-        if count < 2:
-            return None
-        centre, error, df = differences.mean(), differences.std(ddof=1) / math.sqrt(count), count - 1
+        return mean_interval(candidate - reference, confidence) if len(candidate) > 1 else None
+    shares = [p.var(ddof=1) / len(p) if len(p) > 1 else None for p in points]
+    if shares[0] is None and shares[1] is None:
+        return None
+    if None in shares:
+        spread = next(p for p in points if len(p) > 1)
+        error = spread.std(ddof=1) * math.sqrt(1 / len(candidate) + 1 / len(reference))
+        df = len(spread) - 1
     else:
-        centre = candidate.mean() - reference.mean()
-        shares = [p.var(ddof=1) / len(p) if len(p) > 1 else None for p in points]
-        if shares[0] is None and shares[1] is None:
-            return None
-        if None in shares:
-            spread = next(p for p in points if len(p) > 1)
-            error = spread.std(ddof=1) * math.sqrt(1 / len(candidate) + 1 / len(reference))
-            df = len(spread) - 1
-        else:
-            error = math.sqrt(sum(shares))
-            df = (sum(shares) ** 2 / sum(share ** 2 / (len(p) - 1) for share, p in zip(shares, points))
-                  if error > 0 else len(candidate) + len(reference) - 2)
+        error = math.sqrt(sum(shares))
+        df = (sum(shares) ** 2 / sum(share ** 2 / (len(p) - 1) for share, p in zip(shares, points))
+              if error > 0 else len(candidate) + len(reference) - 2)
+    return t_bounds(candidate.mean() - reference.mean(), error, df, confidence)
+
+
+def mean_interval(values, confidence=CONFIDENCE):
+    """(low, high) of the mean of `values` (two or more) by Student's t, n - 1 degrees of freedom."""
+    return t_bounds(values.mean(), values.std(ddof=1) / math.sqrt(len(values)), len(values) - 1, confidence)
+
+
+def t_bounds(centre, error, df, confidence=CONFIDENCE):
+    """`centre` plus and minus Student's t for `df` degrees of freedom times the standard error `error`."""
     half = t_quantile(1 - (1 - confidence) / 2, df) * error
     return centre - half, centre + half
 
