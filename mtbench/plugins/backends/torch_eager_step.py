@@ -167,11 +167,11 @@ class EagerTorchTrainStep(TrainStep):
             with self._forward_context():
                 loss, accuracy = self._forward(x, y, sample_weight)
                 losses = self.own_losses()
-                if losses:
-                    loss = loss + sum(losses)
-                objective = loss
+                own = sum(losses) if losses else None
                 if self.processes is not None:
-                    objective, loss, accuracy = self._global_token_means(loss, accuracy, sample_weight)
+                    objective, loss, accuracy = self._global_token_means(loss, accuracy, sample_weight, own)
+                else:
+                    objective = loss = loss if own is None else loss + own
                 optimizer.scale_loss(objective).backward()  # the identity unless the optimizer scales losses
         with torch.no_grad():
             if self.fused_optimizer:
@@ -211,7 +211,9 @@ class EagerTorchTrainStep(TrainStep):
                 objective = part_loss * share
                 losses = self.own_losses()
                 if losses:
-                    objective = objective + sum(losses) / parts
+                    # Each process's own losses weigh 1 / replicas of a part's, as each device's do in JAX's
+                    # step: DDP's average of the gradients and the figures' sum then count them once.
+                    objective = objective + sum(losses) / (parts * scale)
                 self.model.optimizer.scale_loss(objective * scale).backward()
             loss = loss + objective.detach()
             accuracy = accuracy + part_accuracy.detach() * share
@@ -221,18 +223,23 @@ class EagerTorchTrainStep(TrainStep):
             loss, accuracy = figures[0], figures[1]
         return loss, accuracy
 
-    def _global_token_means(self, loss, accuracy, sample_weight):
+    def _global_token_means(self, loss, accuracy, sample_weight, own=None):
         """(what to differentiate, the loss, the accuracy) over the global batch of several processes. Each
         process's loss is a mean over its own target tokens; DDP averages the gradients over the processes, so
         each process differentiates its token sum times the process count over the global token count, and
         the average is the gradient of the global token mean (a plain mean of the processes' means would weigh
-        a process with fewer real tokens as much as one with more). One all-reduce of three numbers gives the
-        token count and the figures the step reports."""
+        a process with fewer real tokens as much as one with more). The model's own losses (`own`, or None)
+        are averaged over the processes, as JAX's step averages them over its devices. One all-reduce of four
+        numbers gives the token count and the figures the step reports."""
         import torch
         import torch.distributed as dist
         tokens = sample_weight.sum()
-        sums = torch.stack([loss.detach() * tokens, accuracy.detach() * tokens, tokens]).float()
+        own_figure = torch.zeros_like(tokens) if own is None else own.detach()
+        sums = torch.stack([figure.float() for figure in (loss.detach() * tokens, accuracy.detach() * tokens, tokens,
+                                                          own_figure)])
         dist.all_reduce(sums, group=self.data_group)
         global_tokens = sums[2]
         objective = loss * tokens * self.replicas / global_tokens
-        return objective, sums[0] / global_tokens, sums[1] / global_tokens
+        if own is not None:
+            objective = objective + own
+        return objective, sums[0] / global_tokens + sums[3] / self.replicas, sums[1] / global_tokens

@@ -7,7 +7,8 @@ global batch. Simulate N devices on the CPU with XLA_FLAGS=--xla_force_host_plat
 
 import numpy as np
 
-from mtbench import Extra, TrainStep, hookimpl
+from mtbench import Extra, MtbenchError, TrainStep, hookimpl
+from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
 from mtbench.plugins.backends.jax_jit_step import SEED_STATE, correct_tokens, token_cross_entropy
 from mtbench.plugins.backends.jax_layer_norm import layer_norms, one_pass_layer_norms
 from mtbench.plugins.extras.fsdp import StateRecording, devices_reason, jax_step_state, use_distribution
@@ -40,8 +41,12 @@ class PmapTrainStep(TrainStep):
 
             def loss_of(params):
                 with one_pass_layer_norms(norms):
-                    logits, new_non_trainable = model.stateless_call(params, non_trainable, x, training=True)
-                return jnp.sum(token_cross_entropy(y, logits) * weight) / tokens, (logits, new_non_trainable)
+                    logits, new_non_trainable, losses = model.stateless_call(
+                        params, non_trainable, x, training=True, return_losses=True)
+                loss = jnp.sum(token_cross_entropy(y, logits) * weight) / tokens
+                if losses:  # the model's own: each device's share, so that the psum counts them once
+                    loss = loss + sum(losses) / len(devices)
+                return loss, (logits, new_non_trainable)
 
             (loss, (logits, new_non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
             grads = jax.lax.psum(grads, "batch")
@@ -114,6 +119,9 @@ class Pmap(Extra):
 
     def make_train_step(self, run, model, step):
         import jax
+        if not is_token_mean_cross_entropy(model.loss):
+            raise MtbenchError(f"--extra pmap: the model's loss ({type(model.loss).__name__}) is not the token-mean "
+                               f"cross-entropy its step computes; use --extra data-parallel")
         devices = jax.local_devices()
         run.extras_state[self.name] = {"devices": len(devices), "per_device_batch": run.config.batch_size // len(devices)}
         return PmapTrainStep(model, devices)

@@ -126,3 +126,18 @@ def test_a_loss_other_than_the_token_mean_is_refused_not_summed_wrongly():
     with pytest.raises(MtbenchError, match="is not the token-mean cross-entropy"):
         JitTrainStep(model, gradients_of=accumulated_gradients(2))
     JitTrainStep(model)  # one batch a step: any loss
+
+
+def test_pmap_refuses_a_loss_other_than_the_token_mean_its_step_computes():
+    import dataclasses
+    import types
+
+    from mtbench import MtbenchError
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.extras.jax_parallel import Pmap
+    keras = keras_on_jax()
+    model = build_gpt(dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32))
+    model.compile(optimizer="adamw", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # a batch mean
+    with pytest.raises(MtbenchError, match=r"^--extra pmap: the model's loss \(SparseCategoricalCrossentropy\) is not"):
+        Pmap().make_train_step(types.SimpleNamespace(), model, None)
