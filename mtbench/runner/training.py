@@ -26,7 +26,7 @@ from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 from mtbench.runner.loop.progress import announced_phases, corpus_progress
 from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.timing import Stopwatch
-from mtbench.runner.measurement.device_memory import largest_peak, training_memory
+from mtbench.runner.measurement.device_memory import host_peaks, largest_peak, training_memory
 from mtbench.runner.measurement.energy import EnergyMeter, open_counter
 from mtbench.runner.measurement.load import machine_load, sample_load
 from mtbench.runner.results.output import check_output_path
@@ -110,6 +110,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     # Every process: each adds the joules of its own devices (this process's: from where it resumed the run).
     result["energy"], result["history"] = energy.section(result["history"], run.processes, built.state.resumed_at_steps)
     result["memory"]["peak_device_bytes"] = largest_peak(plugins.backend, run.processes)
+    result["memory"].update(host_peaks(run.processes))
     if not run_dir.writes:  # process 0 of several writes and reports
         if outcome.status != "completed":
             raise stop_error(outcome, config.out, run_dir, run.processes.world_size)

@@ -1,9 +1,11 @@
-"""Device memory over every process of a run. Each process reads only the devices it computes on
+"""Memory over every process of a run: the devices', and the host's each process holds. Each process reads only the devices it computes on
 (`Backend.device_memory`, `Backend.peak_device_bytes`: torch one GPU a process, JAX its local devices), while process
 0 writes the result: its figures are gathered from every process, so that "the largest device" is the largest of
 the run's, the last pipeline stage's (which holds the logits) as well as the first's."""
 
 import json
+
+from mtbench.plugins.api import peak_host_bytes
 
 
 def every_process(processes, value):
@@ -36,3 +38,11 @@ def largest_peak(backend, processes):
     """The largest device's peak bytes over every process (None where no framework reports one)."""
     peaks = [peak for peak in every_process(processes, backend.peak_device_bytes()) if peak is not None]
     return max(peaks) if peaks else None
+
+
+def host_peaks(processes):
+    """The result's host memory: the sum of every process's peak resident memory (one process of several on a
+    CPU holds a share of the run, whose whole a one-process run holds), and in a run of several each process's,
+    by rank. Every process must call it at the same point."""
+    peaks = every_process(processes, peak_host_bytes())
+    return {"peak_host_bytes": sum(peaks), **({"peak_host_bytes_per_process": peaks} if len(peaks) > 1 else {})}

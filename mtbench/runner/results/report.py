@@ -363,9 +363,9 @@ class Comparison:
 
     def scaling(self, group):
         """A run of N processes against the run of one process it scales (the same backend, train step, extras
-        less those that span the processes, dtype and hardware): {'processes', 'against', 'efficiency'}, the efficiency
-        being N-process tokens/s over N x one-process tokens/s (medians over repeats); None for a run of one
-        process, or of N without its one-process run in the comparison."""
+        less those that span the processes, dtype and hardware): {'processes', 'against', 'ideal_speedup',
+        'efficiency'}, the efficiency being N-process tokens/s over `ideal_speedup` x one-process tokens/s (medians
+        over repeats); None for a run of one process, or of N without its one-process run in the comparison."""
         count = run_processes(group.first)
         if count == 1:
             return None
@@ -378,8 +378,10 @@ class Comparison:
                     and other.dtype == group.dtype
                     and other.hardware == group.hardware and _settings(result) == _settings(group.first)):
                 mine, theirs = group.stat("tokens_per_s").median, other.stat("tokens_per_s").median
-                efficiency = mine / (count * theirs) if mine is not None and theirs else None
-                return {"processes": count, "against": other.label, "efficiency": efficiency}
+                ideal = ideal_speedup(group.first, result)
+                efficiency = mine / (ideal * theirs) if mine is not None and theirs else None
+                return {"processes": count, "against": other.label, "ideal_speedup": ideal,
+                        "efficiency": efficiency}
         return None
 
     def ranking(self):
@@ -580,12 +582,25 @@ def verdict_lines(comparison):
     return lines
 
 
+def ideal_speedup(result, single):
+    """How many times the one-process run `single` the run `result` would train at perfect scaling: the ratio of
+    the devices they use, where a CPU counts one a machine (its processes share the machine's cores, as MFU counts
+    one peak a machine). Results before `devices_used` and `processes.machines` were recorded: the process count."""
+    def devices(run):
+        if ((run.get("env") or {}).get("device") or {}).get("kind") == "cpu":
+            return (run.get("processes") or {}).get("machines")
+        return run.get("devices_used")
+    mine, theirs = devices(result), devices(single)
+    return mine / theirs if mine and theirs else run_processes(result)
+
+
 def _scaling_cell(comparison, group):
     scaling = comparison.scaling(group)
     if scaling is None:
         return ""
     efficiency = scaling["efficiency"]
-    return ("n/a" if efficiency is None else f"{efficiency:.0%}") + f" of {scaling['processes']}x {scaling['against']}"
+    ideal = scaling.get("ideal_speedup", scaling["processes"])
+    return ("n/a" if efficiency is None else f"{efficiency:.0%}") + f" of {ideal:g}x {scaling['against']}"
 
 
 def describe_configuration(comparison):

@@ -8,7 +8,6 @@ import time
 import numpy as np
 
 from mtbench.errors import RunFailure, RunInterrupted
-from mtbench.plugins.api import peak_host_bytes
 from mtbench.runner.files import write_json_atomic
 from mtbench.runner.launch import devices_spanned, shared_cpus
 from mtbench.runner.measurement.environment import run_environment
@@ -270,10 +269,9 @@ def add_evaluation(result, metrics, sidecar):
 
 
 def write_result(path, result, stopwatch, price_per_hour):
-    """Adds the figures of the whole run (time, this process's host memory, cost) and writes the result file."""
+    """Adds the figures of the whole run (time, cost) and writes the result file."""
     result["timing"]["phases_s"] = dict(stopwatch.phases)
     result["timing"]["total_s"] = stopwatch.total()
-    result["memory"]["peak_host_bytes"] = peak_host_bytes()
     result["cost"] = cost(price_per_hour, result["timing"]["total_s"], result["target"],
                           result["processes"].get("machines", 1))
     write_json_atomic(path, result)

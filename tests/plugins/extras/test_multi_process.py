@@ -195,12 +195,15 @@ from mtbench import Extra, hookimpl
 
 class DropoutStreams(Extra):
     name = "dropout-streams"
-    description = "writes the mask a dropout layer draws next in each process, once the step is made (a probe)"
+    description = ("writes the mask a dropout layer draws next in each process, once the step is made; process 1 "
+                   "also touches 512 MiB of host memory (a probe)")
     backends = ("torch",)
 
     def verify(self, run, model, batch):
         import keras
         import numpy as np
+        if run.processes.rank == 1:
+            np.ones(512 << 20, np.uint8)  # freed at once, but in the process's peak resident memory
         kept = keras.layers.Dropout(0.5)(np.ones(512, "float32"), training=True)
         with open(os.path.join(os.environ["DROPOUT_STREAMS"], f"{run.processes.rank}.json"), "w") as f:
             json.dump((keras.ops.convert_to_numpy(kept) > 0).tolist(), f)
@@ -219,7 +222,8 @@ def test_torch_replicas_drop_their_rows_with_masks_of_their_own_and_a_model_axis
     """Keras's dropout on torch draws from torch's generator, which every process seeds alike. Each data replica
     (ddp's processes) moves it on by its index, as each shard of JAX's data-parallel step draws its own masks;
     the processes of a model axis (tensor-parallel's) keep one stream, as they must drop the activations each holds
-    whole alike. What a dropout layer draws next in each process, once the step is made: two masks of 512."""
+    whole alike. What a dropout layer draws next in each process, once the step is made: two masks of 512. The
+    result's host memory is each process's, process 1's 512 MiB larger."""
     site, streams = tmp_path / "site", tmp_path / "streams"
     install_plugin_distribution(site, "mtbench_dropout_streams", "dropout_streams", "mtbench_dropout_streams")
     streams.mkdir()
@@ -234,6 +238,12 @@ def test_torch_replicas_drop_their_rows_with_masks_of_their_own_and_a_model_axis
     first, second = (json.loads((streams / f"{rank}.json").read_text()) for rank in (0, 1))
     assert 150 < sum(first) < 350 and 150 < sum(second) < 350  # a mask at 0.5 each
     assert (first == second) is alike
+    # The run's host memory is both processes': process 1's peak holds the 512 MiB it touched.
+    memory = json.loads((tmp_path / "r.json").read_text())["memory"]
+    process_0, process_1 = memory["peak_host_bytes_per_process"]
+    # (process 1 touched them early, at about 400 MB; process 0 grows later, evaluating and writing)
+    assert process_1 > (512 + 200) << 20 and process_1 - process_0 > 200 << 20 and process_0 > 100 << 20
+    assert memory["peak_host_bytes"] == process_0 + process_1
 
 
 @pytest.mark.slow

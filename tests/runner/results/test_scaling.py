@@ -13,32 +13,42 @@ from mtbench.runner.orchestration.environments import check_runs
 from mtbench.runner.orchestration.runs import RunSpec, parse_run_spec
 
 
-def two_process_copy(result, extra, tokens_factor):
-    """`result` as if `extra` had trained it over 2 processes, `tokens_factor` times as fast."""
+def two_process_copy(result, extra, tokens_factor, device_kind, machines):
+    """`result` as if `extra` had trained it over 2 processes (one device each) on `machines`, `tokens_factor` times as
+    fast; both on a `device_kind` (`result` changed in place to one device of that kind)."""
+    result["env"]["device"]["kind"], result["devices_used"] = device_kind, 1
     scaled = copy.deepcopy(result)
     scaled["extras"] = [*scaled["extras"], extra]
     scaled["processes"] = {"world_size": 2, "processes": 2, "devices_per_process": 1, "launcher": "torchrun",
-                           "collectives": "gloo", "coordinator": "localhost:29500", "spanned_by": [extra]}
+                           "collectives": "gloo", "coordinator": "localhost:29500", "spanned_by": [extra],
+                           "machines": machines}
+    scaled["devices_used"] = 2
     scaled["timing"]["tokens_per_s"] *= tokens_factor
     return scaled
 
 
-def test_report_sets_a_two_process_run_against_twice_its_one_process_run(tiny_runs, tmp_path):
-    one = tiny_runs["torch"]["result"]
+# 1.5x the tokens/s of one process, on 2 processes: 75 % of linear scaling over 2 GPUs or 2 machines' CPUs; on the
+# CPUs of one machine, which the 2 processes share, 150 % of the one process's.
+@pytest.mark.parametrize("device_kind, machines, ideal, efficiency", [("gpu", 1, 2, 0.75), ("cpu", 2, 2, 0.75),
+                                                                       ("cpu", 1, 1, 1.5)])
+def test_report_sets_a_two_process_run_against_its_one_process_run_on_the_devices_they_use(
+        tiny_runs, tmp_path, device_kind, machines, ideal, efficiency):
+    one = copy.deepcopy(tiny_runs["torch"]["result"])
+    two = two_process_copy(one, "ddp", 1.5, device_kind, machines)
     paths = []
-    for name, result in (("one", one), ("two", two_process_copy(one, "ddp", 1.5)), ("jax", tiny_runs["jax"]["result"])):
+    for name, result in (("one", one), ("two", two), ("jax", tiny_runs["jax"]["result"])):
         paths.append(str(tmp_path / f"{name}.json"))
         with open(paths[-1], "w") as f:
             json.dump(result, f)
     proc = run_cli("report", *paths, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    # 1.5x the tokens/s of one process, on 2 processes: 75 % of linear scaling.
-    assert report["scaling"] == {"torch+ddp@2": {"processes": 2, "against": "torch", "efficiency": pytest.approx(0.75)}}
+    assert report["scaling"] == {"torch+ddp@2": {"processes": 2, "against": "torch", "ideal_speedup": ideal,
+                                                 "efficiency": pytest.approx(efficiency)}}
     assert [entry["processes"] for entry in report["summary"]] == [1, 2, 1]
     proc = run_cli("report", *paths, "--format", "markdown")
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| scaling efficiency"))
-    assert [cell.strip() for cell in row.strip("|").split("|")][1:] == ["", "75% of 2x torch", ""]
+    assert [cell.strip() for cell in row.strip("|").split("|")][1:] == ["", f"{efficiency:.0%} of {ideal}x torch", ""]
 
 
 def test_matrix_entries_name_their_process_count():
