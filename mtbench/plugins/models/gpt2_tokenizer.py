@@ -9,6 +9,7 @@ of `merges.txt` until none of its pairs is listed. Each token stands for whole b
 import array
 import hashlib
 import json
+import re
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from mtbench.plugins.models.gpt2_checkpoint import KIND
 VOCAB, MERGES = "vocab.json", "merges.txt"
 # GPT-2's pre-tokenizer (`encoder.py`): contractions, letters, digits, other symbols, each with one space before
 # it, and runs of white space (the last space of a run left to the word after it).
+# GPT-2's special tokens (`<|endoftext|>`, which nanoGPT's OpenWebText files put between documents): marks in the
+# id stream that stand for no text, so none of their letters counts in bits per byte.
+SPECIAL_TOKEN = re.compile(r"<\|[^|<>]+\|>")
 WORD_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
@@ -122,12 +126,12 @@ class GPT2Tokenizer(Tokenizer):
                            widths.astype(np.min_scalar_type(int(widths.max()) if len(widths) else 0)))
 
     def bytes_per_id(self):
-        """The bytes of text each id stands for (a token's symbols: one a byte; none for an id with no token): each
-        token's bytes in a stream, and bits per byte on token files, which hold ids alone."""
+        """The bytes of text each id stands for (a token's symbols: one a byte; none for an id with no token or a
+        special token's): each token's bytes in a stream, and bits per byte on token files, which hold ids alone."""
         if self.widths is None:
             self.widths = np.zeros(self.vocab_size, np.uint16)
             for i, token in self.tokens.items():
-                self.widths[i] = len(token)
+                self.widths[i] = 0 if SPECIAL_TOKEN.fullmatch(token) else len(token)
         return self.widths
 
     def decode_text(self, ids):

@@ -16,7 +16,12 @@ from mtbench.runner.files import write_bytes_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 JOINT_SPECIAL = SpecialTokens(pad=PAD_ID, eos=EOS_ID, start=BOS_ID)
-TOKENIZER_VERSION = "unigram-v1"
+# v2: trained on TRAINING_THREADS threads, not the machine's cores (v1's models differed between machines).
+TOKENIZER_VERSION = "unigram-v2"
+# sentencepiece splits its corpus among its threads, and the model it learns depends on their number (38 % of the
+# default corpus's sentences encoded differently on 1 thread and on 2): a fixed number gives every machine one
+# tokenizer, so the same seed makes the same batches on a machine of any size.
+TRAINING_THREADS = 8
 SAVED_NAME = "tokenizer.model"  # the file name in a saved model's directory
 
 
@@ -114,7 +119,7 @@ def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir):
         sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size, model_type="unigram",
         pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, character_coverage=1.0,
         # A small corpus may not support the requested vocabulary: take what it supports instead of failing.
-        hard_vocab_limit=False, num_threads=os.cpu_count() or 1, minloglevel=2,
+        hard_vocab_limit=False, num_threads=TRAINING_THREADS, minloglevel=2,
         input_sentence_size=2_000_000, shuffle_input_sentence=True)
     write_bytes_atomic(path, model.getvalue())
     return JointTokenizer(model.getvalue(), path)

@@ -64,6 +64,10 @@ def test_the_tokenizer_makes_transformers_ids_and_each_tokens_bytes(checkpoint):
     assert [len(theirs.convert_tokens_to_string([t]).encode("utf-8")) for t in
             theirs.convert_ids_to_tokens(expected[:500])] == stream.token_bytes[:500].tolist()
     assert ours.decode_text(stream.ids) == text
+    # The end-of-text mark between documents (token files) stands for no bytes of text, as transformers decodes it.
+    end = theirs.convert_tokens_to_ids("<|endoftext|>")
+    assert ours.bytes_per_id()[end] == len(theirs.decode([end], skip_special_tokens=True).encode("utf-8")) == 0
+    assert ours.bytes_per_id()[expected[0]] == len(theirs.decode(expected[:1]).encode("utf-8")) > 0
 
 
 def test_the_loaded_weights_compute_transformers_logits_and_need_its_gelu(checkpoint):

@@ -77,6 +77,19 @@ def test_tokenizer_round_trips_and_is_cached(bible_pairs, cache_dir, encoded):
     assert tokenizer.vocab_size == 500
 
 
+def test_the_tokenizer_is_the_same_on_a_machine_of_any_size(bible_pairs, tmp_path, monkeypatch):
+    """sentencepiece's model depends on the threads it trains on: trained on as many as the machine's cores, two
+    machines made two tokenizers of one corpus (and other batches from one seed)."""
+    import mtbench.runner.data.tokenizer as tokenizer_module
+    models = []
+    for cores in (1, 4):
+        monkeypatch.setattr(tokenizer_module.os, "cpu_count", lambda: cores)
+        tokenizer = load_or_train_tokenizer(bible_pairs[:2000], 500, str(tmp_path / f"cores-{cores}"))
+        with open(tokenizer.path, "rb") as f:
+            models.append(f.read())
+    assert models[0] == models[1]
+
+
 def test_length_filter_and_special_tokens(encoded):
     _, split = encoded
     assert split.dropped_too_long > 0
