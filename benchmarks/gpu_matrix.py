@@ -119,7 +119,8 @@ GPU_BATCH_SIZE = {"gpt-char": 64, "gpt2-small": 16}
 GPU_REPEATS = 3  # each row's figures the median of three runs, interleaved with the other rows'
 GPU_STEPS = 200  # enough steady steps for a stable median after compilation, few enough for one device call
 # Tokens per training batch on a GPU (--max-tokens), per preset: batches that give the device real work (the
-# measured `small` step at batch 64 is host-bound on an H100) and hold every length bucket but `small`'s shortest.
+# measured `small` step at batch 64 is host-bound on an H100). A bucket short of a batch's rows passes its pairs
+# to the next longer one: `tiny`'s, `small`'s and `base`'s 16-token pairs train padded to 32 at these sizes.
 GPU_MAX_TOKENS = {"tiny": 4096, "small": 16384, "base": 32768}
 
 
@@ -648,7 +649,7 @@ def add_parity(records, results):
     """Each row that ran gets mtbench compare's parity against the first row of its preset, dtype and matmul
     precision."""
     from mtbench.figures import run_dtype
-    from mtbench.runner.results.parity import check_parity, percent
+    from mtbench.runner.results.parity import check_parity
 
     def arithmetic(result):  # --matmul-precision sets float32 matmuls only
         dtype = run_dtype(result)

@@ -101,9 +101,9 @@ def test_bad_settings_are_refused_with_one_line():
 def test_a_worker_that_cannot_start_ends_the_run_with_its_reason_in_one_line(cache_dir, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env.update(MTBENCH_LOAD_PLUGINS="", TMPDIR=str(tmp_path))  # the failed worker's log is kept there
-    proc = subprocess.run([sys.executable, SCRIPT, "--batch-size", "4096", "--cache-dir", cache_dir],
+    proc = subprocess.run([sys.executable, SCRIPT, "--batch-size", "100000", "--cache-dir", cache_dir],
                           capture_output=True, text=True, env=env, timeout=600)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert last.startswith("host_overhead: the torch worker ended early: ValueError: no length bucket holds a full "
-                           "batch (4096 rows;") and f"(log: {tmp_path}" in last
+                           "batch (100000 rows;") and f"(log: {tmp_path}" in last

@@ -78,15 +78,38 @@ def _rows_of(rows):
     return rows if callable(rows) else (lambda length: rows)
 
 
+def bucket_members(split, rows, max_len):
+    """{bucket length: the indices of the examples its batches draw from}, every bucket in order. An example goes to
+    the shortest bucket that holds it; a bucket with fewer examples than a batch's rows passes them on to the next
+    longer one (padded a little longer), where they train instead of never filling a batch. Only the longest
+    bucket can be left short of a batch (`untrained_examples`)."""
+    buckets = bucket_lengths(max_len)
+    rows_of = _rows_of(rows)
+    by_bucket = {b: [] for b in buckets}
+    for i in range(len(split)):
+        by_bucket[_example_bucket(split, i, buckets)].append(i)
+    carried = []
+    for bucket in buckets[:-1]:
+        members = carried + by_bucket[bucket]
+        carried, by_bucket[bucket] = (members, []) if len(members) < rows_of(bucket) else ([], members)
+    by_bucket[buckets[-1]] = carried + by_bucket[buckets[-1]]
+    return by_bucket
+
+
+def untrained_examples(split, rows, max_len):
+    """How many examples no training batch holds: those of a longest bucket short of a batch's rows."""
+    rows_of = _rows_of(rows)
+    return sum(len(members) for bucket, members in bucket_members(split, rows, max_len).items()
+               if len(members) < rows_of(bucket))
+
+
 def training_batches(split, rows, max_len, seed, skip=0):
     """Endless full batches, reshuffled every epoch. Each yield is (epoch, batch). Per bucket, the examples
     that do not fill a last batch wait for the next epoch's shuffle. `skip` passes over the first batches
     without building them (a resumed run): the random draws are the same, so the batches that follow are too."""
     buckets = bucket_lengths(max_len)
     rows_of = _rows_of(rows)
-    by_bucket = {b: [] for b in buckets}
-    for i in range(len(split)):
-        by_bucket[_example_bucket(split, i, buckets)].append(i)
+    by_bucket = bucket_members(split, rows, max_len)
     if all(len(members) < rows_of(bucket) for bucket, members in by_bucket.items()):
         wanted = rows if not callable(rows) else ", ".join(f"{rows_of(b)} of {b} tokens" for b in buckets)
         raise ValueError(f"no length bucket holds a full batch ({wanted} rows; {len(split)} training pairs); "
@@ -110,13 +133,8 @@ def training_batches(split, rows, max_len, seed, skip=0):
 
 
 def batches_per_epoch(split, rows, max_len):
-    buckets = bucket_lengths(max_len)
     rows_of = _rows_of(rows)
-    counts = {}
-    for i in range(len(split)):
-        b = _example_bucket(split, i, buckets)
-        counts[b] = counts.get(b, 0) + 1
-    return sum(c // rows_of(b) for b, c in counts.items())
+    return sum(len(members) // rows_of(bucket) for bucket, members in bucket_members(split, rows, max_len).items())
 
 
 def evaluation_batches(split, batch_size, max_len):

@@ -13,9 +13,10 @@ def _length_statistics(lengths):
             "p95": float(np.percentile(lengths, 95)), "max": int(np.max(lengths))}
 
 
-def corpus_report(corpus, encoded, max_len):
-    """`encoded`: {split: EncodedSplit}. Lengths are sentencepiece tokens of the training pairs before the
-    --max-len filter (special tokens not counted), so they show what that filter cuts."""
+def corpus_report(corpus, encoded, max_len, untrained=0):
+    """`encoded`: {split: EncodedSplit}; `untrained`: how many kept training pairs no batch holds
+    (`batches.untrained_examples`). Lengths are sentencepiece tokens of the training pairs before the --max-len
+    filter (special tokens not counted), so they show what that filter cuts."""
     train_sources = {source for source, _ in corpus.train}
     dropped = {reason: {split: counts.get(split, 0) for split in SPLITS} for reason, counts in corpus.dropped.items()}
     dropped["too_long"] = {split: encoded[split].dropped_too_long for split in SPLITS}
@@ -24,6 +25,7 @@ def corpus_report(corpus, encoded, max_len):
         "sources": dict(corpus.sources),
         "read": {split: corpus.read.get(split) for split in SPLITS},
         "kept": {split: len(encoded[split]) for split in SPLITS},
+        "untrained": untrained,
         "dropped": dropped,
         "max_len": max_len,
         "token_lengths": {"source": _length_statistics(lengths[:, 0]), "target": _length_statistics(lengths[:, 1])},
@@ -43,6 +45,9 @@ def report_lines(name, report):
         if any(counts.values()):
             lines.append(f"  dropped {sum(counts.values())} {label} "
                          f"({', '.join(f'{split} {n}' for split, n in counts.items() if n)})")
+    if report.get("untrained"):
+        lines.append(f"  {report['untrained']} training pairs in no batch: the longest length bucket holds fewer than "
+                     f"a batch's rows")
     for side in ("source", "target"):
         if lengths[side]:
             s = lengths[side]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
 from mtbench.runner.config import decoding_name
-from mtbench.runner.data.batches import batches_per_epoch, encode_split, training_batches
+from mtbench.runner.data.batches import batches_per_epoch, encode_split, training_batches, untrained_examples
 from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.corpus_report import corpus_report, report_lines
 from mtbench.runner.files import write_text_atomic
@@ -47,7 +47,8 @@ class TranslationTask(Task):
         if len(valid) == 0 or len(test) == 0:
             raise MtbenchError(f"every validation or test pair is longer than --max-len {config.max_len} tokens")
         splits = {"train": train, "valid": valid, "test": test}
-        report = corpus_report(corpus, splits, config.max_len)
+        report = corpus_report(corpus, splits, config.max_len,
+                               untrained_examples(train, config.rows_for, config.max_len))
         record = {"corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),
                   "dropped_too_long": report["dropped"]["too_long"], **report, "tokenizer": tokenizer.describe()}
         return TaskData(tokenizer, {**splits, "train_eval": train_eval, "corpus": corpus},

@@ -9,7 +9,7 @@ from mtbench.errors import MtbenchError
 from mtbench.plugins.datasets.bible_dataset import BibleDataset, clean_verse
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.batches import (batches_per_epoch, bucket_lengths, encode_split, evaluation_batches,
-                                         training_batches)
+                                         training_batches, untrained_examples)
 from mtbench.runner.data.corpus import load_dataset_pairs, split_corpus
 from mtbench.runner.data.formats import read_tsv
 from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_or_train_tokenizer
@@ -130,6 +130,27 @@ def test_token_batching_fills_each_bucket_up_to_max_tokens(encoded, tmp_path):
     assert TrainConfig(max_len=48, out=str(tmp_path / "r.json")).rows_for(16) == 64  # --batch-size otherwise
     with pytest.raises(MtbenchError, match="cannot hold one row"):
         TrainConfig(max_tokens=40, max_len=48, out=str(tmp_path / "r.json"))
+
+
+def split_of_lengths(lengths):
+    """Pairs whose source and target are `lengths` tokens each (the target's EOS one more)."""
+    from mtbench.runner.data.batches import EncodedSplit
+    from mtbench.runner.data.tokenizer import JOINT_SPECIAL
+    return EncodedSplit(sources=[[5] * n for n in lengths], targets=[[6] * n for n in lengths],
+                        pair_index=list(range(len(lengths))), dropped_too_long=0, special=JOINT_SPECIAL)
+
+
+def test_a_bucket_short_of_a_batch_passes_its_pairs_to_the_next_longer_one_where_they_train():
+    # Batches of 4 rows: the 16-token bucket holds 3 pairs, the 32-token one 6 (with them 9: two batches), the
+    # 48-token one 2, which nothing longer takes: they never train, and are counted.
+    split = split_of_lengths([10] * 3 + [25] * 6 + [40] * 2)
+    assert batches_per_epoch(split, 4, 48) == 2
+    assert untrained_examples(split, 4, 48) == 2
+    ten_epochs = [batch for _, batch in itertools.islice(training_batches(split, 4, 48, seed=3), 20)]
+    assert {batch.shape for batch in ten_epochs} == {(4, 32)}
+    # Every short pair trains, padded to 32 (each epoch one of the 9 waits for the next); the longest never.
+    assert {int(i) for batch in ten_epochs for i in batch.index} == set(range(9))
+    assert untrained_examples(split, 2, 48) == 0 and batches_per_epoch(split, 2, 48) == 5  # each bucket full
 
 
 def test_same_seed_same_batches(encoded):

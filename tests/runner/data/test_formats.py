@@ -72,8 +72,8 @@ def test_corpus_report_counts_drops_lengths_and_test_sources_seen_in_training():
     corpus = split_corpus(train, 0, 0, "c", "o", held_out={"valid": [("v", "w")], "test": test})
     splits = {"train": encoded(2, [[3, 4], [5, 6], [60, 2]], dropped_too_long=1),
               "valid": encoded(1, [[1, 1]]), "test": encoded(2, [[2, 2], [3, 3]])}
-    report = corpus_report(corpus, splits, max_len=48)
-    assert report["kept"] == {"train": 2, "valid": 1, "test": 2}
+    report = corpus_report(corpus, splits, max_len=48, untrained=1)
+    assert report["kept"] == {"train": 2, "valid": 1, "test": 2} and report["untrained"] == 1
     assert report["dropped"]["too_long"] == {"train": 1, "valid": 0, "test": 0}
     assert report["token_lengths"]["source"] == {"mean": pytest.approx(68 / 3), "median": 5.0,
                                                  "p95": pytest.approx(54.5), "max": 60}
@@ -81,6 +81,8 @@ def test_corpus_report_counts_drops_lengths_and_test_sources_seen_in_training():
     lines = report_lines("c", report)
     assert lines[0] == "corpus c: read train 3, valid 1, test 2; kept train 2, valid 1, test 2"
     assert "  dropped 1 over --max-len 48 tokens (train 1)" in lines
+    assert "  1 training pairs in no batch: the longest length bucket holds fewer than a batch's rows" in lines
+    assert not any("in no batch" in line for line in report_lines("c", corpus_report(corpus, splits, max_len=48)))
     assert lines[-1] == "  test sources also in the training data: 1 of 2"
 
 
