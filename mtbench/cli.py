@@ -596,6 +596,11 @@ def report(results, history, output_format, baseline, fail_if_slower, plot, forc
     """Show saved results (single-run or compare JSONs) side by side; --report hands each run to a reporter.
     With --baseline OLD.json, hold each run against the same run of OLD (a regression gate with --fail-if-slower).
     With --history DIR, follow one configuration's tokens/s over time."""
+    from mtbench.runner.orchestration.compare import check_repeats_and_parity
+    check_repeats_and_parity(1, None, parity_steps, parity_tolerance)
+    if plot:
+        from mtbench.runner.results.plots import check_plot_path
+        check_plot_path(plot)
     if history is not None:
         given = [name for name, value in (("RESULTS", results), ("--baseline", baseline),
                                           ("--fail-if-slower", fail_if_slower), ("--report", reporters)) if value]
@@ -788,6 +793,9 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     for option, given in (("--eval-stride", eval_stride), ("--block-size", block_size)):
         if given is not None:
             raise MtbenchError(f"{option} is an option of language models; {model} is a {task} model")
+    if out and os.path.exists(sidecar_paths(out)[0]) and not overwrite:
+        raise MtbenchError(f"{sidecar_paths(out)[0]}: already exists (--out {out} writes its hypotheses there); pass "
+                           f"--overwrite to replace it")
     pairs = read_pairs(test_file, read_options)
     if not pairs:
         raise MtbenchError(f"{test_file}: holds no sentence pairs")

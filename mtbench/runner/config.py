@@ -2,6 +2,7 @@
 written beside the figures."""
 
 import dataclasses
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -234,14 +235,15 @@ class TrainConfig:
                 raise MtbenchError(f"{option} must be at least 1, got {value}")
         if not 0 <= self.seed < 2 ** 32:  # numpy's generators take no other
             raise MtbenchError(f"--seed must be from 0 to {2 ** 32 - 1}, got {self.seed}")
-        if self.epochs is not None and self.epochs <= 0:
-            raise MtbenchError(f"--epochs must be positive, got {self.epochs}")
-        if self.learning_rate <= 0:
-            raise MtbenchError(f"--learning-rate must be positive, got {self.learning_rate}")
-        if self.length_penalty < 0:
-            raise MtbenchError(f"--length-penalty must not be negative, got {self.length_penalty}")
-        if self.price_per_hour is not None and self.price_per_hour < 0:
-            raise MtbenchError(f"--price-per-hour must not be negative, got {self.price_per_hour}")
+        # Written `not 0 < x < inf` so that NaN, which every comparison answers False, is refused too.
+        if self.epochs is not None and not 0 < self.epochs < math.inf:
+            raise MtbenchError(f"--epochs must be a positive finite number, got {self.epochs}")
+        if not 0 < self.learning_rate < math.inf:
+            raise MtbenchError(f"--learning-rate must be a positive finite number, got {self.learning_rate}")
+        if not 0 <= self.length_penalty < math.inf:
+            raise MtbenchError(f"--length-penalty must be a finite number, not negative, got {self.length_penalty}")
+        if self.price_per_hour is not None and not 0 <= self.price_per_hour < math.inf:
+            raise MtbenchError(f"--price-per-hour must be a finite number, not negative, got {self.price_per_hour}")
         if self.profile_steps < 0:
             raise MtbenchError(f"--profile must not be negative, got {self.profile_steps}")
         if self.warmup_steps < 0:
@@ -263,15 +265,12 @@ class TrainConfig:
             self.out = os.path.join("mtbench-results", f"{stamp}-{self.backend}.json")
 
     def _check_corpus_and_long_run_options(self):
-        ReadOptions(self.src_col, self.tgt_col)  # the columns, checked where `evaluate` checks them too
-        if bool(self.src_lang) != bool(self.tgt_lang):
-            raise MtbenchError("give both --src-lang and --tgt-lang, or neither")
-        if self.src_lang and self.src_lang == self.tgt_lang:
-            raise MtbenchError(f"--src-lang and --tgt-lang are both '{self.src_lang}'; they must differ")
+        # The columns and languages, checked where `evaluate` checks them too.
+        ReadOptions(self.src_col, self.tgt_col, self.src_lang, self.tgt_lang)
         if self.target_bleu is not None and not 0 < self.target_bleu <= 100:
             raise MtbenchError(f"--target-bleu must be in (0, 100], got {self.target_bleu}")
-        if self.target_loss is not None and self.target_loss <= 0:
-            raise MtbenchError(f"--target-loss must be positive, got {self.target_loss}")
+        if self.target_loss is not None and not 0 < self.target_loss < math.inf:
+            raise MtbenchError(f"--target-loss must be a positive finite number, got {self.target_loss}")
         if self.target_bleu is not None and self.target_loss is not None:
             raise MtbenchError("give --target-bleu or --target-loss, not both")
         if self.sample_prompt is not None and self.eval_every is None:
@@ -281,6 +280,13 @@ class TrainConfig:
         if self.target is not None and self.eval_every is None:
             flag = "--target-bleu" if self.target_bleu is not None else "--target-loss"
             raise MtbenchError(f"{flag} needs --eval-every N: how often to evaluate the validation split")
+        if None not in (self.eval_every, self.steps) and self.epochs is None and self.eval_every > self.steps:
+            raise MtbenchError(f"--eval-every {self.eval_every} exceeds --steps {self.steps}: no validation would run "
+                               f"while training")
+        if self.sample_tokens != 100 and self.sample_prompt is None:
+            raise MtbenchError("--sample-tokens is the length of --sample-prompt's continuation; give --sample-prompt")
+        if self.logging_dir is not None and not self.report_to:
+            raise MtbenchError("--logging-dir is where --report-to's trackers write; give --report-to")
 
     def _check_model_size(self):
         """Impossible shapes end here, before anything is built."""

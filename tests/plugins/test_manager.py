@@ -45,6 +45,9 @@ def test_builtin_plugins_are_listed_with_their_hooks(default_listing):
     assert plugins["translation"]["provides"] == {"tasks": ["translation"]}
     assert plugins["language_modelling"]["provides"] == {"tasks": ["language-modelling"]}
     assert len(builtin) == 22 and all(p["status"] == "loaded" and p["package"] == "mtbench" for p in builtin)
+    # An extra that asks the model family (remat: whether its blocks recompute) is judged on the default model's.
+    extras = {(row["extra"], row["backend"]): row for row in default_listing["extras"]}
+    assert extras[("remat", "jax")]["available"] and extras[("remat", "torch")]["available"]
 
 
 def test_an_80_column_terminal_keeps_hook_names_whole_and_folds_hints_instead_of_cutting_them(default_listing):

@@ -109,10 +109,25 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
                                        "--block-size", "16"), "--block-size is an option of language models")
 
 
+def test_evaluate_keeps_a_hypotheses_file_its_out_would_write_over(trained, tmp_path):
+    from mtbench.runner.results.schema import sidecar_paths
+    test_file = tmp_path / "test.tsv"
+    test_file.write_text("a b\tc d\n")
+    out = tmp_path / "scores"  # no .json: its hypotheses file is scores.hyp.txt, which a run may have written
+    hypotheses = sidecar_paths(str(out))[0]
+    with open(hypotheses, "w") as f:
+        f.write("an earlier run's translations\n")
+    assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(test_file), "--out", str(out)),
+                               f"{hypotheses}: already exists (--out {out} writes its hypotheses there); pass "
+                               f"--overwrite to replace it")
+    assert open(hypotheses).read() == "an earlier run's translations\n" and not out.exists()
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--src-col", "0"], "--src-col must be at least 1, got 0"),
     (["--src-col", "2", "--tgt-col", "2"], "--src-col and --tgt-col are both 2; they must differ"),
     (["--length-penalty", "-5"], "Invalid value for '--length-penalty'"),
+    (["--src-lang", "en"], "give both --src-lang and --tgt-lang, or neither"),
 ])
 def test_evaluate_refuses_what_train_refuses_before_it_loads_a_model(tmp_path, args, expected):
     """A column 0 would read the last column (Python counts from the end), as `train` refuses it."""

@@ -33,6 +33,10 @@ class ReadOptions:
                 raise MtbenchError(f"{flag} must be at least 1, got {column}")
         if self.src_col == self.tgt_col:
             raise MtbenchError(f"--src-col and --tgt-col are both {self.src_col}; they must differ")
+        if bool(self.src_lang) != bool(self.tgt_lang):
+            raise MtbenchError("give both --src-lang and --tgt-lang, or neither")
+        if self.src_lang and self.src_lang == self.tgt_lang:
+            raise MtbenchError(f"--src-lang and --tgt-lang are both '{self.src_lang}'; they must differ")
 
     @property
     def languages(self):

@@ -2,6 +2,7 @@
 
 from mtbench.plugins.api import Backend, Extra, RunContext
 from mtbench.runner.config import TrainConfig
+from mtbench.runner.setup import read_model_family
 
 
 def ignored_compile_options_reason(extra, backend):
@@ -36,6 +37,9 @@ def extras_availability(registry):
                     config = TrainConfig(backend=backend_name)
                     run = RunContext(config=config, backend=backend, device=devices[backend_name],
                                      model_shape=config.model)
+                    family = registry.models.get(config.model_family[0])
+                    if family is not None:  # what the default model tells its extras (remat: its blocks)
+                        read_model_family(run, family)
                     try:
                         reason = extra.unavailable_reason(run)
                     except Exception as error:  # one broken extra must not hide the others

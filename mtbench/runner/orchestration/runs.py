@@ -222,7 +222,8 @@ def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transf
             raise MtbenchError("give --matrix, or --backends with --extra, not both")
         specs = name_interpreters([parse_run_spec(item) for item in _matrix_entries(matrix)])
     else:
-        names = [name.strip() for name in (backends or "jax,torch").split(",") if name.strip()]
+        names = [name.strip() for name in (backends if backends is not None else "jax,torch").split(",")
+                 if name.strip()]
         specs = with_compiled_twins([RunSpec(name, tuple(extras)) for name in names], devices, registry)
     if not specs:
         raise MtbenchError("no runs to compare")

@@ -178,6 +178,23 @@ def history_figure(history):
     return figure
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def check_plot_path(path):
+    """Refuses a --plot path that holds a file other than a PNG (a result JSON, say): drawing the plot again over
+    an earlier plot is the usual case; anything else would be lost."""
+    try:
+        with open(path, "rb") as f:
+            start = f.read(len(PNG_SIGNATURE))
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise MtbenchError(f"--plot {path}: cannot be read ({error.strerror})") from None
+    if start != PNG_SIGNATURE:
+        raise MtbenchError(f"--plot {path}: already holds a file that is not a PNG; give another path (it is kept)")
+
+
 def save_figure(figure, path):
     """Writes the figure as a PNG, atomically."""
     buffer = io.BytesIO()

@@ -20,8 +20,9 @@ METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}
 METRICS = tuple(f"{name}_{figure}" for name in METRIC_SPLITS.values()
                 for figure in ("loss", "accuracy", "perplexity", "bits_per_byte", "tokens_evaluated", "bytes_evaluated"))
 # Translation's options, which a language model does not take (their value when not given).
-TRANSLATION_OPTIONS = {"max_tokens": None, "beam": 1, "valid_file": None, "test_file": None, "src_lang": None,
-                       "tgt_lang": None, "target_bleu": None, "max_pairs": None}
+TRANSLATION_OPTIONS = {"max_tokens": None, "beam": 1, "length_penalty": 0.6, "valid_file": None, "test_file": None,
+                       "src_lang": None, "tgt_lang": None, "src_col": 1, "tgt_col": 2, "target_bleu": None,
+                       "max_pairs": None}
 
 
 class LanguageModellingTask(Task):

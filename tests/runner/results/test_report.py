@@ -290,6 +290,20 @@ def test_report_plot_option_writes_a_png(results, tmp_path):
     assert width > 600 and height > 300
 
 
+def test_report_plot_draws_again_over_a_png_but_never_over_another_file(results, tmp_path):
+    path = tmp_path / "again.png"
+    report(results["jax"][0], "--plot", str(path))
+    report(results["jax"][0], results["torch"][0], "--plot", str(path))  # an earlier plot is drawn anew
+    kept = tmp_path / "kept.json"
+    kept.write_text(open(results["jax"][0]).read())
+    for target in (str(kept), results["torch"][0]):  # a result; the very result the report reads
+        before = open(target, "rb").read()
+        proc = run_cli("report", results["jax"][0], results["torch"][0], "--plot", target)
+        assert proc.returncode == 2 and proc.stderr.strip() == (
+            f"Error: --plot {target}: already holds a file that is not a PNG; give another path (it is kept)")
+        assert open(target, "rb").read() == before
+
+
 def test_plot_without_matplotlib_says_how_to_install_it(results, tmp_path):
     blocker = tmp_path / "matplotlib"
     blocker.mkdir()
