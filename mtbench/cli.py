@@ -727,6 +727,11 @@ def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, b
     run directory (RESULT.run), its saved model, or a pretrained checkpoint as NAME:DIR (gpt2:DIR). Prints the
     prompt and its continuation."""
     from mtbench.runner.inference import generate_text
+    if not temperature < float("inf"):  # NaN passes click's range: every comparison with it is False
+        raise MtbenchError(f"--temperature must be a finite number, got {temperature}")
+    if temperature == 0 and top_k is not None:
+        raise MtbenchError("--top-k samples among the K most likely tokens; --temperature 0 takes the most likely "
+                           "one: drop --top-k")
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     text, record = generate_text(model, registry, prompt, backend, max_new_tokens, temperature, top_k, seed,

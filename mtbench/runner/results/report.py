@@ -73,8 +73,11 @@ def load_runs(paths):
     for path in paths:
         data = read_json(path, RESULT_FILES)
         if isinstance(data, dict) and data.get("kind") == COMPARE_KIND:
+            entries = data.get("runs", [])
+            if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+                raise MtbenchError(f"{path}: not an mtbench compare JSON (runs: not a list of objects)")
             runs.extend(_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})")
-                        for entry in data.get("runs", []))
+                        for entry in entries)
         elif isinstance(data, dict) and data.get("kind") == REPORT_KIND:
             raise MtbenchError(f"{path}: a report's JSON output holds summaries, not runs; "
                                f"give the result or compare JSON files it was made from")

@@ -37,7 +37,9 @@ SCHEMA = {
     "extras": list,
     "extras_record": dict,
     "devices_used": int,
-    "config": dict,
+    # The settings a report reads of every run (the whole configuration is the run's TrainConfig).
+    "config": {"steps": (int, type(None)), "seed": int, "preset": MAYBE_STR, "batch_size": (int, type(None)),
+               "dtype": str},
     "compile_options": dict,
     "train_step": str,
     "env": {"python": str, "keras": str, "jax": (str, type(None)), "torch": (str, type(None)),
@@ -80,13 +82,23 @@ FIGURES_OF_KNOWN_BYTES = ("metrics.val_bits_per_byte", "metrics.test_bits_per_by
 
 def result_task(result):
     """The task a result's run trained on: `config.task`, or translation for results before schema 5."""
-    return (result.get("config") or {}).get("task") or "translation"
+    config = result.get("config")
+    task = config.get("task") if isinstance(config, dict) else None
+    return task if isinstance(task, str) and task else "translation"
+
+
+# Lists whose items a report reads as objects or names.
+LIST_ITEMS = {"history": dict, "extras": str}
 
 
 def schema_errors(result):
     """Every way `result` departs from the schema, as 'key: problem' strings (empty when it conforms)."""
     task = result_task(result)
     errors = _type_errors(result, SCHEMA, "") + _type_errors(result, TASK_SCHEMAS.get(task, {}), "")
+    for key, item_type in LIST_ITEMS.items():
+        items = result.get(key)
+        if isinstance(items, list) and not all(isinstance(item, item_type) for item in items):
+            errors.append(f"{key}: an item is not {'an object' if item_type is dict else 'a string'}")
     version = result.get("schema_version")
     if isinstance(version, int) and version not in READABLE_VERSIONS:
         errors.insert(0, f"schema_version: {version} is not one this mtbench reads "
@@ -94,8 +106,9 @@ def schema_errors(result):
     status = result.get("status")
     if status not in STATUSES:
         errors.append(f"status: {status!r} is not one of {', '.join(STATUSES)}")
-    elif status == "completed" and not (result.get("config") or {}).get("measure_only"):
-        bytes_unknown = (result.get("data") or {}).get("bytes", {}) is None
+    elif status == "completed" and isinstance(result.get("config"), dict) and not result["config"].get("measure_only"):
+        data = result.get("data")
+        bytes_unknown = isinstance(data, dict) and data.get("bytes", {}) is None
         for path in FIGURES_OF_COMPLETED_RUNS.get(task, COMPLETED_FIGURES):
             if bytes_unknown and path in FIGURES_OF_KNOWN_BYTES:
                 continue

@@ -41,6 +41,7 @@ class TranslationTask(Task):
         """The family's tokenizer, or mtbench's joint sentencepiece model trained (or loaded) on the training
         pairs; every split encoded, pairs over --max-len dropped and counted."""
         from mtbench.runner.data.tokenizer import load_or_train_tokenizer
+        own = tokenizer is None
         tokenizer = tokenizer or load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
         train, valid, test, train_eval = [encode_split(pairs, tokenizer, config.max_len) for pairs in
                                           (corpus.train, corpus.valid, corpus.test, corpus.train[:TRAIN_LOSS_SAMPLE])]
@@ -51,8 +52,12 @@ class TranslationTask(Task):
                                untrained_examples(train, config.rows_for, config.max_len))
         record = {"corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),
                   "dropped_too_long": report["dropped"]["too_long"], **report, "tokenizer": tokenizer.describe()}
+        lines = report_lines(corpus.name, report)
+        if own and tokenizer.vocab_size < config.vocab_size:  # sentencepiece takes what the corpus supports
+            lines.append(f"  vocabulary {tokenizer.vocab_size:,} pieces: the training pairs support no more of "
+                         f"--vocab-size {config.vocab_size:,}")
         return TaskData(tokenizer, {**splits, "train_eval": train_eval, "corpus": corpus},
-                        training_fingerprint(tokenizer, corpus), record, report_lines(corpus.name, report))
+                        training_fingerprint(tokenizer, corpus), record, lines)
 
     def batches(self, data, config, skip=0):
         try:

@@ -109,7 +109,7 @@ def test_every_format_together_end_to_end(tmp_path, cache_dir):
 
     out = str(tmp_path / "formats.json")
     proc = run_cli("train", "--preset", "tiny", "--steps", "3", "--batch-size", "32", "--max-len", "48",
-                   "--data", str(tmp_path / "train"), "--valid", str(tmp_path / "valid.jsonl"),
+                   "--vocab-size", "20000", "--data", str(tmp_path / "train"), "--valid", str(tmp_path / "valid.jsonl"),
                    "--test", "sacrebleu:wmt14", "--src-lang", "en", "--tgt-lang", "fr",
                    "--cache-dir", cache_dir, "--out", out, env={"SACREBLEU": str(tmp_path / "sacrebleu")})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -125,3 +125,7 @@ def test_every_format_together_end_to_end(tmp_path, cache_dir):
         references = f.read().splitlines()
     assert len(references) == data["kept"]["test"] and set(references) <= set(fields["ref"])
     assert "test sources also in the training data: 3 of 33" in proc.stdout
+    # 1,500 pairs support fewer pieces than asked: the run says so, and records what it trained.
+    real = data["tokenizer"]["vocab_size"]
+    assert real < 20000 and (f"vocabulary {real:,} pieces: the training pairs support no more of --vocab-size "
+                             f"20,000") in proc.stdout

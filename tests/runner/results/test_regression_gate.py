@@ -71,6 +71,7 @@ def test_a_history_leaves_out_partial_runs_and_stray_files_and_says_why(tiny_run
     edited(result, tmp_path / "3.json", created="2026-11-23T10:00:00+00:00", status="interrupted",
            status_reason="SIGINT received; stopped after step 12")
     (tmp_path / "notes.json").write_text(json.dumps({"owner": "ci"}))
+    (tmp_path / "settings.json").write_text(json.dumps({"name": "x", "config": "prod"}))
     (tmp_path / "torn.json").write_text('{"kind":')
     proc = run_cli("report", "--history", str(tmp_path), "--format", "json")
     assert proc.returncode == 0, proc.stderr
@@ -79,6 +80,7 @@ def test_a_history_leaves_out_partial_runs_and_stray_files_and_says_why(tiny_run
     why = {entry["file"].rsplit("/", 1)[-1]: entry["why"] for entry in data["left_out"]}
     assert why["3.json"].startswith("a partial run, interrupted (SIGINT received; stopped after step 12)")
     assert why["notes.json"].startswith("not an mtbench result (")
+    assert why["settings.json"].startswith("not an mtbench result (")
     assert why["torn.json"].startswith("line 1: not valid JSON")
 
 

@@ -248,6 +248,28 @@ def test_unreadable_inputs_fail_with_one_line(tmp_path, content, expected):
     assert len(lines) == 1 and expected in lines[0], proc.stderr
 
 
+@pytest.mark.parametrize("change, expected", [
+    ({"config": 5}, "config: expected an object"),
+    ({"config": {}}, "config.steps: missing"),
+    ({"data": 5}, "data: expected an object"),
+    ({"history": [1, 2]}, "history: an item is not an object"),
+    ({"extras": [5]}, "extras: an item is not a string"),
+])
+def test_a_result_of_the_wrong_shape_is_named_in_one_line(results, tmp_path, change, expected):
+    """JSON that parses but is not shaped as a result: named in one line, never an exception from deep inside."""
+    result = {**json.load(open(results["jax"][0])), **change}
+    path = tmp_path / "shaped.json"
+    path.write_text(json.dumps(result))
+    compare = tmp_path / "compare.json"
+    compare.write_text(json.dumps({"kind": "mtbench-compare", "runs": 5}))
+    for given, message in ((path, f"shaped.json: not an mtbench result ({expected}"),
+                           (compare, "compare.json: not an mtbench compare JSON (runs: not a list of objects)")):
+        proc = run_cli("report", str(given))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
 def png_size(data):
     assert data[:8] == PNG_SIGNATURE
     assert data[12:16] == b"IHDR"

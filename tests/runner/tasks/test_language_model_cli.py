@@ -348,3 +348,13 @@ def test_each_validation_prints_a_sample_and_the_best_model_is_kept_beside_the_l
     assert same == (best["step"] == 12)  # the final weights are the best only when the last validation was
     generated = run_cli("generate", kept, "--prompt", "And God", "--max-new-tokens", "8", "--temperature", "0")
     assert generated.returncode == 0 and generated.stdout.startswith("And God"), generated.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--temperature", "nan"], "--temperature must be a finite number, got nan"),
+    (["--temperature", "0", "--top-k", "5"], "--top-k samples among the K most likely tokens; --temperature 0 takes "
+                                             "the most likely one: drop --top-k"),
+])
+def test_generate_refuses_sampling_it_cannot_do_before_it_looks_for_the_model(tmp_path, args, expected):
+    assert_refused_in_one_line(run_cli("generate", str(tmp_path / "no-model.json"), "--prompt", "And", *args),
+                               expected)
