@@ -230,7 +230,7 @@ RUN_CONFIGURATION_OPTIONS = (
                       "down), torch (torch.nn's layer defaults) or flax (Flax's) (default: the model family's: "
                       "transformer glorot, gpt gpt2)."),
     click.option("--beam", type=int, default=1, show_default=True, metavar="N",
-                 help="Translate the test set with beam search over N hypotheses (1: greedy)."),
+                 help="Translate the validation and test sets with beam search over N hypotheses (1: greedy)."),
     click.option("--length-penalty", type=float, default=0.6, show_default=True, metavar="ALPHA",
                  help="Beam search's length normalisation ((5 + length) / 6) ** ALPHA."),
     click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora, tokenizers and tokenized text (default ~/.cache/mtbench)."),
@@ -573,6 +573,11 @@ def _compare_repeats(repeats, width, budget):
     from mtbench.runner.results.verdicts import parse_percent
     if repeats.strip().lower() == "auto":
         return None, AutoRepeats(parse_percent(width, "--repeats-width"), budget)
+    source = click.get_current_context().get_parameter_source
+    for name in ("repeats_width", "repeats_budget"):
+        if source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise MtbenchError(f"--{name.replace('_', '-')} is an option of --repeats auto; this compare runs "
+                               f"--repeats {repeats}")
     try:
         return int(repeats), None
     except ValueError:

@@ -130,6 +130,14 @@ def cases(tmp_path, plugin_path):
                                                       "family is a language model", None),
         "a column for a language model": (["--model", "gpt", "--src-col", "3"],
                                           "--src-col is an option of translation", None),
+        "an extra twice": (["--extra", "remat", "--extra", "remat"], "extra 'remat' is given twice; give each extra "
+                                                                     "once", None),
+        "beam search in a run that decodes nothing": (["--measure-only", "--beam", "4"],
+                                                      "--beam 4 decodes the test set, which --measure-only skips",
+                                                      None),
+        "length penalty of greedy decoding": (["--length-penalty", "1.5"], "--length-penalty 1.5 weighs beam "
+                                              "search's hypotheses by length; greedy decoding (--beam 1) has none to "
+                                              "weigh: give --beam N", None),
         "no checkpoints kept": (["--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1", None),
         "target without evaluations": (["--target-bleu", "20"], "--target-bleu needs --eval-every", None),
         "unknown reporter": (["--report", "fax"], "unknown reporter 'fax'", None),
@@ -206,7 +214,8 @@ CASE_NAMES = [
     "eager step beside the compile extra", "batch size zero", "negative steps",
     "no beam", "negative length penalty", "steps and epochs", "endless epochs", "learning rate not a number",
     "validation past the last step", "sample length without a prompt", "trackers' folder without trackers",
-    "beam search's option for a language model", "a column for a language model", "no checkpoints kept", "target without evaluations",
+    "beam search's option for a language model", "a column for a language model", "an extra twice",
+    "beam search in a run that decodes nothing", "length penalty of greedy decoding", "no checkpoints kept", "target without evaluations",
     "unknown reporter",
     "reporter of a broken plugin", "existing result", "output is a directory", "output under a file",
     "compile mode of an eager step", "compile mode on jax", "block too short", "empty block", "stride past the block",

@@ -178,6 +178,9 @@ class TrainConfig:
 
     def __post_init__(self):
         self.extras = tuple(self.extras)
+        twice = sorted({extra for extra in self.extras if self.extras.count(extra) > 1})
+        if twice:
+            raise MtbenchError(f"extra '{twice[0]}' is given twice; give each extra once")
         self.report_to = self.report_to or ()
         if isinstance(self.report_to, str):
             self.report_to = [name.strip() for name in self.report_to.split(",")]

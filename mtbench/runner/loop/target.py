@@ -1,7 +1,7 @@
-"""Time to target quality, as MLPerf measures it: the task's validation figure (BLEU of greedy translations; a
-language model's loss) every --eval-every steps, and the training wall time (the evaluations' own time kept apart)
-at which it first reaches the target (--target-bleu, --target-loss). A target that is not reached is a result
-too."""
+"""Time to target quality, as MLPerf measures it: the task's validation figure (BLEU of its translations, greedy or
+--beam's; a language model's loss) every --eval-every steps, and the training wall time (the evaluations' own time
+kept apart) at which it first reaches the target (--target-bleu, --target-loss). A target that is not reached is a
+result too."""
 
 from dataclasses import dataclass, field
 

@@ -33,6 +33,11 @@ class TranslationTask(Task):
         self.refuse_options(config, LANGUAGE_MODEL_OPTIONS, f"is an option of language models; the "
                                                             f"'{config.model_family[0]}' model family is trained on "
                                                             f"translation")
+        if config.measure_only and config.beam != 1:
+            raise MtbenchError(f"--beam {config.beam} decodes the test set, which --measure-only skips")
+        if config.beam == 1 and config.length_penalty != 0.6:
+            raise MtbenchError(f"--length-penalty {config.length_penalty:g} weighs beam search's hypotheses by length; "
+                               f"greedy decoding (--beam 1) has none to weigh: give --beam N")
 
     def read(self, config, registry, progress):
         return load_corpus(config, registry, progress)

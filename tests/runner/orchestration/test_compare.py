@@ -146,6 +146,8 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
 @pytest.mark.parametrize("args, expected", [
     (["--backends", "jax,jax"], "run 'jax' is listed twice; use --repeats"),
     (["--backends", ""], "no runs to compare"),  # not the default jax,torch
+    (["--repeats", "2", "--repeats-width", "5%"], "--repeats-width is an option of --repeats auto; this compare runs "
+                                                  "--repeats 2"),
     (["--backends", "jax,nonesuch"], "run 'nonesuch': unknown backend 'nonesuch'"),
     (["--extra", "warp-drive"], "run 'jax+warp-drive': unknown extra 'warp-drive'"),
     (["--matrix", "jax;torch++x"], "'torch++x' is not of the form backend+extra+extra"),
