@@ -436,6 +436,26 @@ THIRD_PARTY = textwrap.dedent('''
             run.extras_state[self.name] = {"steps_seen": 0, "wrapped": step.name}
             return CountingStep(step, run.extras_state[self.name])
 
+    class ReadingStep(WrappingStep):
+        """Wraps the step chosen before it and reads its loss on the host after every call, as a careless step
+        would: a host wait a step, which the run's host-sync count must find."""
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.name = f"reading {inner.name}"
+
+        def __call__(self, x, y, sample_weight):
+            logs = self.inner(x, y, sample_weight)
+            float(logs["loss"])
+            return logs
+
+    class ReadLoss(Extra):
+        name = "read-loss"
+        description = "reads the loss on the host after every step"
+        backends = ("jax", "torch")
+
+        def make_train_step(self, run, model, step):
+            return ReadingStep(step)
+
     class NoJit(Extra):
         name = "no-jit"
         description = "asks model.compile for jit_compile=False"
@@ -494,6 +514,7 @@ THIRD_PARTY = textwrap.dedent('''
     @hookimpl
     def mtbench_register_extras(register):
         register(CountSteps())
+        register(ReadLoss())
         register(NoJit())
         register(CrashBeforeModel())
         register(BadRecord())

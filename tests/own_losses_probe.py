@@ -1,8 +1,8 @@
 """Run by tests/plugins/backends/test_own_losses_over_replicas.py in a fresh process per backend (keras fixes its
 backend at import): a model with losses of its own (an L2 penalty on a kernel, so `model.losses` is not empty)
-takes one step over 8 rows on one device, and the same step split over two replicas: torch's step in two gloo
-processes under DistributedDataParallel (whole batches and two micro-batches), JAX's pmap over two simulated CPU
-devices. Prints one JSON line: each way's loss, the penalty, and how far each way's gradients (torch) or updated
+takes one step over 8 rows on one device, the whole batch at once, and the same step split over two replicas:
+torch's step in two gloo processes under DistributedDataParallel (whole batches and two micro-batches), JAX's pmap
+over two simulated CPU devices. Prints one JSON line: each way's loss, the penalty, and how far each way's gradients (torch) or updated
 weights (JAX) are from one device's.
 
     python tests/own_losses_probe.py torch|jax SCRATCH_DIR
@@ -63,9 +63,10 @@ def torch_replica(rank, world, scratch, queue):
     x, y, weight = batch()
     rows = slice(rank * ROWS // world, (rank + 1) * ROWS // world)
     figures = {}
+    # The reference of both: one process's step of the whole batch (accumulating on one process would share the
+    # arithmetic under test).
+    expected, expected_loss = torch_gradients(EagerTorchTrainStep(build(keras)), x, y, weight)
     for micro_batches in (1, 2):
-        whole = EagerTorchTrainStep(build(keras), micro_batches=micro_batches)
-        expected, expected_loss = torch_gradients(whole, x, y, weight)
         model = build(keras)
         step = EagerTorchTrainStep(model, micro_batches=micro_batches)
 

@@ -5,6 +5,7 @@ import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
 from conftest import device_kind
+from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 from mtbench.runner.results.schema import schema_errors
 
 BACKENDS = ("jax", "torch")
@@ -72,7 +73,9 @@ def test_backends_start_from_the_same_weights_and_batches(tiny_runs):
     assert [h["shape"] for h in tiny_runs["jax"]["result"]["history"]] == \
         [h["shape"] for h in tiny_runs["torch"]["result"]["history"]]
     assert jax_losses[0] == pytest.approx(torch_losses[0], rel=1e-5)
-    assert np.max(np.abs(jax_losses - torch_losses) / jax_losses) < 0.01
+    # Over 60 steps on a CPU they part by 3e-6: an update that differs (decay, schedule, epsilon) shows at 1e-4.
+    rtol = matmul_tolerance(1e-4, float32_matmul_arithmetic("jax"), float32_matmul_arithmetic("torch"))
+    np.testing.assert_allclose(torch_losses, jax_losses, rtol=rtol)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -98,3 +98,22 @@ def test_loss_scaling_says_what_the_scale_did():
     assert figures.loss_scaling_text({"loss_scaling": {**scaling, "final_scale": 65536.0, "steps_skipped": 1}}) == (
         "loss scaled from 2^15, 1 step skipped (gradients not finite), now 2^16")
     assert figures.loss_scaling_text({"loss_scaling": None}) == figures.loss_scaling_text({}) == ""
+
+
+def test_the_memory_rows_read_the_largest_device_and_the_timing_rows_their_own_fields():
+    """Each row's value from a result written by hand: a row that read another field, or summed the devices where
+    it names the largest, shows here (a CPU run reports no per-device memory, so no run in the suite does)."""
+    mib = 1 << 20
+    result = {
+        "timing": {"step_s_median": 0.0125, "step_s_p90": 0.02, "tokens_per_s": 5000.0, "compile_s": 3.5},
+        "memory": {"peak_host_bytes": 900 * mib, "peak_device_bytes": 1000 * mib,
+                   "training": {"per_device": [{"device": "gpu", "index": 0, "peak_bytes": 300 * mib},
+                                               {"device": "gpu", "index": 1, "peak_bytes": 800 * mib}]}},
+        "extras_record": {"ddp": {"state_bytes": 40 * mib}, "fsdp": {"state_bytes": 10 * mib}, "remat": "on"},
+    }
+    rows = {figure.key: figure.text(figure.value(result)) for figure in figures.FIGURES
+            if figure.section in ("memory", "timing") and figure.key not in ("translate_s", "mfu", "mfu_real_tokens",
+                                                                              "train_s", "total_s")}
+    assert rows == {"compile_s": "3.50", "step_s_median": "12.5", "step_s_p90": "20.0", "tokens_per_s": "5,000",
+                    "peak_host_bytes": "900", "peak_training_device_bytes": "800", "state_bytes_per_device": "40.0",
+                    "peak_device_bytes": "1,000"}

@@ -42,3 +42,19 @@ def test_it_draws_nanogpts_dropout_masks_attention_probabilities_among_them(drop
     expected = {(3, 16, 64): 1 + 2 * 2, (3, 2, 16, 16): 2} if dropout else {}
     assert masks_drawn(model, ids, training=True) == expected
     assert masks_drawn(model, ids, training=False) == {}
+
+
+def test_mfus_flop_count_takes_the_parameters_the_model_holds_and_nanogpts_figures():
+    """The FLOPs behind every GPT run's MFU: nanoGPT's 6N + 12·L·d·T a token, N its `get_num_params()` (every
+    weight but the position embedding). N is read off the built model here, and GPT-2 small's is the 123.69M
+    nanoGPT prints for its 50,304-row vocabulary."""
+    from mtbench.keras_models.gpt import non_embedding_parameters, training_flops
+    shape = dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32)
+    model = build_gpt(shape)
+    positions = sum(int(np.prod(w.shape)) for w in model.weights if "position_embedding" in w.path)
+    assert positions == 32 * shape.d_model
+    assert non_embedding_parameters(shape) == model.count_params() - positions
+    small = GPT_PRESETS["gpt2-small"]
+    assert non_embedding_parameters(small) == 123_689_472
+    # 6 x 123,689,472 + 12 x 12 layers x 768 x 1024 tokens of context, a token; 16 rows of 1024.
+    assert training_flops(small, 16, 1024) == 855_383_040 * 16 * 1024

@@ -70,7 +70,8 @@ def test_third_party_plugins_load_by_package_and_every_plugin_is_listed_with_its
     assert (third["version"], third["package"], third["status"], third["builtin"]) == \
         ("0.3.0", "mtbench_thirdparty", "loaded", False)
     assert third["provides"] == {"backends": ["fakeflow"],
-                                 "extras": ["bad-record", "count-steps", "crash-before-model", "no-jit"],
+                                 "extras": ["bad-record", "count-steps", "crash-before-model", "no-jit",
+                                            "read-loss"],
                                  "reporters": ["explode", "oneline"]}
     assert third["deprecated"] == []  # written in the current forms of the API
     assert third["hooks"] == ["mtbench_register_backends", "mtbench_register_extras", "mtbench_register_reporters"]
@@ -178,6 +179,22 @@ def test_third_party_extra_wraps_the_backends_step_and_reporters_run_isolated(pl
                                                       "jax-jit-stateless' step)"
     assert result["config"]["beam"] == 2 and result["metrics"]["decoding"] == "beam 2, length penalty 0.6"
     assert "beam 2, length penalty 0.6" in proc.stdout  # the table's decoding row
+
+
+@pytest.mark.slow  # a training run a backend
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_a_step_that_reads_its_loss_on_the_host_is_counted_a_host_wait_a_step(plugin_path, cache_dir, tmp_path,
+                                                                             backend):
+    """The positive control of every `host_syncs_per_step == 0` in the suite: a third party's step that reads each
+    step's loss on the host waits for the device once a step, and the result says so."""
+    out = tmp_path / "r.json"
+    proc = run_cli("train", "--backend", backend, *TINY_TRAIN, *ONE_BUCKET, "--steps", "8", "--measure-only",
+                   "--extra", "read-loss", "--cache-dir", cache_dir, "--out", str(out),
+                   env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": LOADED})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["train_step"].startswith("reading ")
+    assert result["host_syncs_per_step"] >= 1, result["host_syncs"]
 
 
 @pytest.mark.slow

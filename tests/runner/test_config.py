@@ -31,7 +31,7 @@ def test_size_flags_override_the_preset_and_layers_sets_both_stacks():
     ({"d_model": 0}, "--d-model must be at least 1, got 0"),
     ({"dropout": 1.0}, "--dropout must be in [0, 1), got 1.0"),
     ({"layers": 2, "encoder_layers": 1}, "give --layers (both stacks), or --encoder-layers/--decoder-layers"),
-    ({"price_per_hour": -1.0}, "--price-per-hour must not be negative"),
+    ({"price_per_hour": -1.0}, "--price-per-hour must be a finite number, not negative, got -1.0"),
 ])
 def test_impossible_configurations_are_refused(flags, message):
     with pytest.raises(MtbenchError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):

@@ -334,7 +334,8 @@ class JitTrainStep(TrainStep):
         self.micro_batches = getattr(gradients_of, "micro_batches", 1)
         self.own_gradients = gradients_of is not None
         optimizer = model.optimizer
-        optimizer.build(model.trainable_variables)
+        if not optimizer.built:  # a restored checkpoint built it: building again would reset a loss scale
+            optimizer.build(model.trainable_variables)
         loss_object = model.loss
         native_loss = is_token_mean_cross_entropy(loss_object)
         refuse_accumulating_other_losses(self.micro_batches, native_loss, loss_object)

@@ -86,7 +86,8 @@ class EagerTorchTrainStep(TrainStep):
         self.own_losses = OwnLosses(model)
         self.native_loss = is_token_mean_cross_entropy(model.loss)
         refuse_accumulating_other_losses(micro_batches, self.native_loss, model.loss)
-        model.optimizer.build(self.variables)
+        if not model.optimizer.built:  # a restored checkpoint built it: building again would reset a loss scale
+            model.optimizer.build(self.variables)
         # Why Keras's `optimizer.apply` updates the variables instead of torch's fused AdamW (None: it does not).
         self.fused_optimizer_refused = fused_adamw_unsupported(model.optimizer, self.variables)
         self.fused_optimizer = None if self.fused_optimizer_refused else FusedAdamW(model.optimizer, self.variables)

@@ -33,7 +33,8 @@ class PmapTrainStep(TrainStep):
 
         self.model, self.devices = model, devices
         optimizer = model.optimizer
-        optimizer.build(model.trainable_variables)
+        if not optimizer.built:  # a restored checkpoint built it: building again would reset a loss scale
+            optimizer.build(model.trainable_variables)
         norms = layer_norms(model)
 
         def step(trainable, non_trainable, optimizer_state, x, y, weight):

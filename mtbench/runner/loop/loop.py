@@ -3,6 +3,7 @@ validation every --eval-every steps, checkpoints every --checkpoint-every steps 
 non-finite loss, a signal, or the target quality."""
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from mtbench.runner.loop.recipe import optimizer_recipe
 from mtbench.runner.loop.signals import stop_requests
 from mtbench.runner.loop.target import QualityTarget  # noqa: F401 (TrainingOutcome.target)
 from mtbench.runner.loop.timing import StepTimer, TimingWindow, TrainingClock, set_aside
+from mtbench.runner.measurement.energy import joules_of_every_process
 
 
 @dataclass
@@ -83,7 +85,7 @@ class TrainingLoop:
         self.state, self.batches, self.total_steps, self.checkpointing = state, batches, total_steps, checkpointing
         self.validate, self.processes = validate, processes
         self.callbacks, self.trackers = observers.callbacks, observers.trackers
-        self.timer = resumed_timer(state.history, step_flops, train_step.warmup_calls)
+        self.timer = resumed_timer(state.history, step_flops, train_step.warmup_calls, state.resumed_at_steps)
         self.target = target
         self.clock = TrainingClock(state.training_s, state.aside_s)
         self.window = TimingWindow(backend, model, train_step, observers.energy)
@@ -279,10 +281,10 @@ class TrainingLoop:
             self.target.evaluations[-1]["saved_as_best"] = keep(self.model)
 
 
-def resumed_timer(history, step_flops, warmup_calls=1):
+def resumed_timer(history, step_flops, warmup_calls=1, resumed_at_steps=()):
     """A step timer holding a resumed run's earlier steps (they count in its figures), whose step warms each
-    shape up over `warmup_calls` steps."""
-    timer = StepTimer(warmup_calls=warmup_calls)
+    shape up over `warmup_calls` steps; `resumed_at_steps`, the first step of each process after the first."""
+    timer = StepTimer(warmup_calls=warmup_calls, started_at_steps=set(resumed_at_steps))
     for h in history:
         timer.add(h["step"], tuple(h["shape"]), h["seconds"], h["tokens"], first_of_shape=h["first_of_shape"],
                   flops=step_flops.padded(h["shape"]), real_token_flops=h.get("real_token_flops"),
@@ -307,8 +309,12 @@ def save_checkpoint(checkpointing, backend, model, train_step, state, clock, tar
         train_step.finalize()
         generator = backend.random_generator_state()
         generator_states = None if generator is None else processes.gather_bytes(generator)
+        # Each step's joules as the result gives them, every process's summed: a resumed run restores process 0's
+        # checkpoint alone, so the others' readings must be in it.
+        history = joules_of_every_process(state.history, processes, max(state.resumed_at_steps, default=0))
+        saved = dataclasses.replace(state, history=history)
         # Process 0 alone writes (the others return at once and go on to the next step), so nothing it does
         # there may wait for them.
         with processes.alone():
-            return checkpointing.run_dir.save(model, state, checkpointing.run_config, checkpointing.data_fingerprint,
+            return checkpointing.run_dir.save(model, saved, checkpointing.run_config, checkpointing.data_fingerprint,
                                               checkpointing.keep, checkpointing.tokenizer, generator_states)

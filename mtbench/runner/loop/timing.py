@@ -53,6 +53,7 @@ class StepTimer:
     records: list = field(default_factory=list)
     warmup_calls: int = 1  # steps of each shape that are warm-up (`TrainStep.warmup_calls`)
     _calls: collections.Counter = field(default_factory=collections.Counter)  # steps of each shape so far
+    started_at_steps: set = field(default_factory=set)  # where a resumed run's later processes began
 
     def add(self, step, shape, seconds, target_tokens, first_of_shape=None, flops=0.0, input_seconds=0.0,
             compilations=None, aside=False, real_token_flops=None):
@@ -87,6 +88,8 @@ class StepTimer:
         shapes up again)."""
         warming, count = set(), 0
         for r in self.records:
+            if r.step in self.started_at_steps:  # a new process: every shape compiles anew
+                warming.clear()
             if r.aside:
                 continue
             if not r.first_of_shape:

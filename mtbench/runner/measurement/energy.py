@@ -238,22 +238,21 @@ class EnergyMeter:
         this at the same point: the sum is a collective). `resumed_at_steps`: where each --resume continued the
         run; the run's joules are this process's, so its tokens are those of the steps from the last of them."""
         run_end, run_seconds = self.read(), self.clock() - self.run_start_s
-        own = [self.between(self.run_start, run_end), *(h.get("joules") for h in history)]
-        counted = processes.sum([self.counter is not None, *(value or 0.0 for value in own)])
+        first = max(resumed_at_steps, default=0)
+        run_joules = self.between(self.run_start, run_end)
+        counted = processes.sum([self.counter is not None, run_joules or 0.0])
         if self.counter is None:
             return {"source": None, "reason": self.reason}, history
         if counted[0] < processes.world_size:
             return {"source": None, "reason": f"{processes.world_size - int(counted[0])} of the run's "
                                               f"{processes.world_size} processes have no energy counter"}, history
         run_joules = counted[1]
-        history = [{**h, "joules": None if h.get("joules") is None else joules}
-                   for h, joules in zip(history, counted[2:])]
+        history = joules_of_every_process(history, processes, first)
         # As the timing's steady steps: the host-sync probe's is slowed by its counting, differently on each backend.
         steady = [h for h in history if is_steady(h) and h.get("joules") is not None]
         steady_joules = sum(h["joules"] for h in steady)
         steady_seconds = sum(h["seconds"] for h in steady)
         steady_tokens = sum(h["tokens"] for h in steady)
-        first = max(resumed_at_steps, default=0)
         run_tokens = sum(h["tokens"] for h in history if h["step"] >= first)
         return {
             "source": self.counter.source,
@@ -267,6 +266,19 @@ class EnergyMeter:
                     "joules_per_1k_tokens": _per_1k(run_joules, run_tokens),
                     "avg_watts": run_joules / run_seconds if run_seconds else None},
         }, history
+
+
+def joules_of_every_process(history, processes, first_own_step=0):
+    """`history` with the joules of each step from `first_own_step` on (the steps this process trained: it resumed
+    there) summed over the processes; the steps before it came from a checkpoint, whose joules were summed when
+    it was written (`save_checkpoint`). Every process calls it at the same point (the sum is a collective)."""
+    own = [index for index, h in enumerate(history) if h["step"] >= first_own_step]
+    sums = processes.sum([history[index].get("joules") or 0.0 for index in own]) if own else []
+    summed = list(history)
+    for index, joules in zip(own, sums):
+        if history[index].get("joules") is not None:
+            summed[index] = {**history[index], "joules": float(joules)}
+    return summed
 
 
 def _per_1k(joules, tokens):

@@ -93,6 +93,31 @@ def test_a_resumed_runs_joules_per_token_are_its_own_processes():
     assert section["steady"]["steps"] == 4  # every process's steady steps, each with its own joules
 
 
+class TwoAlikeProcesses:
+    """A group of two processes whose other process read what this one did: each sum is twice this one's."""
+    world_size = 2
+
+    def sum(self, values):
+        return [2 * value for value in values]
+
+
+def test_a_resumed_run_of_two_processes_sums_only_the_joules_its_processes_read():
+    """Process 0's checkpoint alone is restored, so each step's joules are summed over the processes when it is
+    written; the steps restored from it are summed once, not again with the resumed processes' own."""
+    from mtbench.runner.measurement.energy import joules_of_every_process
+    clock = iter([0.0, 10.0])
+    meter = EnergyMeter(RecordedCounter([[0], [90]]), clock=lambda: next(clock))
+    trained = [{"step": step, "first_of_shape": step == 1, "tokens": 1000, "seconds": 1.0, "joules": 40.0}
+               for step in (1, 2, 3)]
+    checkpointed = joules_of_every_process(trained, TwoAlikeProcesses())  # what save_checkpoint writes
+    assert [h["joules"] for h in checkpointed] == [80.0] * 3 and [h["joules"] for h in trained] == [40.0] * 3
+    own = [{"step": step, "first_of_shape": step == 4, "tokens": 1000, "seconds": 1.0, "joules": 30.0}
+           for step in (4, 5, 6)]
+    section, history = meter.section(checkpointed + own, TwoAlikeProcesses(), resumed_at_steps=[4])
+    assert [h["joules"] for h in history] == [80.0] * 3 + [60.0] * 3
+    assert section["run"]["joules"] == 180.0 and section["run"]["joules_per_1k_tokens"] == 60.0
+
+
 def test_the_host_sync_probes_step_is_no_steady_step():
     """The probe's step is slowed by its counting, and differently on each backend: its joules and seconds stay out
     of the steady figures, as they stay out of the timing's (they were counted in)."""

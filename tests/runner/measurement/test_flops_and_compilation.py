@@ -25,6 +25,19 @@ def test_flops_of_the_tiny_preset_match_a_hand_count():
     assert training_flops(PRESETS["tiny"], 2, 16, 16) == 3 * 9_732_096
 
 
+def test_flops_of_unequal_lengths_count_each_side_at_its_own():
+    # tiny again, batch 1: source 24 tokens, target 8. The encoder works on 24 tokens, the decoder on 8; the cross
+    # attention projects 8 queries and 24 keys and values, and scores 8 x 24.
+    d, f, s, t = 64, 128, 24, 8
+    encoder = (4 * 2 * s * d * d + 2 * 2 * s * s * d) + 2 * 2 * s * d * f
+    decoder_self = 4 * 2 * t * d * d + 2 * 2 * t * t * d
+    cross = 2 * 2 * t * d * d + 2 * 2 * s * d * d + 2 * 2 * t * s * d  # Q and output on 8; K and V on 24
+    decoder = decoder_self + cross + 2 * 2 * t * d * f
+    output_layer = 2 * t * d * 1000
+    assert forward_flops(PRESETS["tiny"], 1, s, t) == encoder + decoder + output_layer
+    assert forward_flops(PRESETS["tiny"], 1, t, s) != forward_flops(PRESETS["tiny"], 1, s, t)
+
+
 def test_flops_grow_quadratically_only_in_attention():
     model = PRESETS["small"]
     short, long = forward_flops(model, 8, 16, 16), forward_flops(model, 8, 32, 32)

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, REPOSITORY, TINY_COMPARE, assert_refused_in_one_line,
                       device_kind, env_with, run_cli)
+from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 from mtbench.figures import FIGURES_BY_KEY, run_dtype, shown_figures
 from mtbench.runner.results.parity import check_parity
 
@@ -42,7 +43,9 @@ def test_compare_of_jax_and_torch_passes_the_parity_check(compared):
     assert parity["passed"] is True
     assert [(p["reference"], p["run"], p["dtype"], p["steps"]) for p in parity["pairs"]] == \
         [("jax", "torch", "float32", COMPARE_STEPS)]
-    assert 0 <= parity["max_relative_difference"] < 0.01
+    # The gate is 1 %; float32 runs of one model part by float rounding alone (under 1e-6 here).
+    rtol = matmul_tolerance(1e-4, float32_matmul_arithmetic("jax"), float32_matmul_arithmetic("torch"))
+    assert 0 <= parity["max_relative_difference"] < rtol
     assert "parity torch vs jax (float32, first 30 steps)" in compared["stdout"]
     assert "within 1 %" in compared["stdout"]
     assert [run["label"] for run in combined["runs"]] == ["jax", "torch"]

@@ -49,6 +49,17 @@ def test_a_resumed_timer_counts_the_first_step_of_each_shape_again():
     assert summary["compile_s"] == pytest.approx(4.0 + 3.0)
 
 
+def test_a_process_that_resumed_after_warm_up_steps_alone_counts_its_shapes_again():
+    """The earlier process's steps of the shape were all warm-up (its checkpoint came before a steady one): the
+    resumed process's warm-up is a compilation of its own all the same."""
+    timer = StepTimer(started_at_steps={2})
+    timer.add(1, (8, 16), 5.0, 100, first_of_shape=True)  # restored from the earlier process's history
+    timer.restart()
+    assert timer.add(2, (8, 16), 4.0, 100) is True
+    assert timer.add(3, (8, 16), 1.0, 100) is False
+    assert timer.summary()["shapes_compiled"] == 2
+
+
 def test_training_clock_keeps_validation_and_checkpoints_apart(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
