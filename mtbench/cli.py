@@ -601,8 +601,8 @@ def report(results, history, output_format, baseline, fail_if_slower, plot, forc
     """Show saved results (single-run or compare JSONs) side by side; --report hands each run to a reporter.
     With --baseline OLD.json, hold each run against the same run of OLD (a regression gate with --fail-if-slower).
     With --history DIR, follow one configuration's tokens/s over time."""
-    from mtbench.runner.orchestration.compare import check_repeats_and_parity
-    check_repeats_and_parity(1, None, parity_steps, parity_tolerance)
+    from mtbench.runner.results.parity import check_parity_options
+    check_parity_options(parity_steps, parity_tolerance)
     if plot:
         from mtbench.runner.results.plots import check_plot_path
         check_plot_path(plot)
@@ -803,8 +803,9 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     for option, given in (("--eval-stride", eval_stride), ("--block-size", block_size)):
         if given is not None:
             raise MtbenchError(f"{option} is an option of language models; {model} is a {task} model")
-    if out and os.path.exists(sidecar_paths(out)[0]) and not overwrite:
-        raise MtbenchError(f"{sidecar_paths(out)[0]}: already exists (--out {out} writes its hypotheses there); pass "
+    hypotheses_file = sidecar_paths(out)[0] if out else None
+    if hypotheses_file and os.path.exists(hypotheses_file) and not overwrite:
+        raise MtbenchError(f"{hypotheses_file}: already exists (--out {out} writes its hypotheses there); pass "
                            f"--overwrite to replace it")
     pairs = read_pairs(test_file, read_options)
     if not pairs:
@@ -827,7 +828,6 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
         console.print(f"{scores['sources_truncated']} sources were longer than the model's {scores['max_len']} tokens "
                       f"and were cut", highlight=False)
     if out:
-        hypotheses_file, _ = sidecar_paths(out)
         write_text_atomic(hypotheses_file, "".join(h + "\n" for h in hypotheses))
         write_json_atomic(out, {**scores, "hypotheses_file": hypotheses_file})
         console.print(f"scores: {out}")

@@ -1,7 +1,7 @@
-"""Memory over every process of a run: the devices', and the host's each process holds. Each process reads only the devices it computes on
-(`Backend.device_memory`, `Backend.peak_device_bytes`: torch one GPU a process, JAX its local devices), while process
-0 writes the result: its figures are gathered from every process, so that "the largest device" is the largest of
-the run's, the last pipeline stage's (which holds the logits) as well as the first's."""
+"""Memory over every process of a run: the devices', and the host's each process holds. Each process reads only the
+devices it computes on (`Backend.device_memory`, `Backend.peak_device_bytes`: torch one GPU a process, JAX its local
+devices), while process 0 writes the result: its figures are gathered from every process, so that "the largest
+device" is the largest of the run's, the last pipeline stage's (which holds the logits) as well as the first's."""
 
 import json
 

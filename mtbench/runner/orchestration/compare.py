@@ -20,6 +20,7 @@ from mtbench.runner.orchestration.environments import check_runs
 from mtbench.runner.orchestration.runs import shape_label
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.compare_json import combined_json
+from mtbench.runner.results.parity import check_parity_options
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.report import LoadedRun, baseline_label, build_comparison
 from mtbench.runner.results.reporting import run_reporters
@@ -142,10 +143,7 @@ def check_repeats_and_parity(repeats, auto, parity_steps, parity_tolerance):
         raise MtbenchError(f"--repeats must be at least 1, got {repeats}")
     if auto is not None and not auto.budget_s > 0:
         raise MtbenchError(f"--repeats-budget must be positive, got {auto.budget_s:g}")
-    if parity_steps < 1:
-        raise MtbenchError(f"--parity-steps must be at least 1, got {parity_steps}")
-    if not parity_tolerance > 0:
-        raise MtbenchError(f"--parity-tolerance must be positive, got {parity_tolerance}")
+    check_parity_options(parity_steps, parity_tolerance)
 
 
 def validate_plan(plan, registry):

@@ -16,11 +16,19 @@ masks, so other curves part from the first step (`--dropout 0` makes a run check
 
 from dataclasses import asdict, dataclass, field
 
-from mtbench.errors import RunFailure
+from mtbench.errors import MtbenchError, RunFailure
 from mtbench.figures import run_dtype
 
 PARITY_STEPS = 50
 PARITY_TOLERANCE = 0.01  # float32 runs on different frameworks agree far better than this over 50 steps
+
+
+def check_parity_options(steps, tolerance):
+    """Refuses --parity-steps and --parity-tolerance that no check could use (`compare` and `report` take both)."""
+    if steps < 1:
+        raise MtbenchError(f"--parity-steps must be at least 1, got {steps}")
+    if not tolerance > 0:
+        raise MtbenchError(f"--parity-tolerance must be positive, got {tolerance}")
 # On an H100 (2026-11-27, GPT-2 small, mixed bfloat16, 50 steps) two runs of one JAX step parted by 0.66 % at step
 # 30, and hand-written JAX from it by 1.4 % at step 35; their 10-step means by 0.11 % and 0.30 %, where torch.compile
 # keeping float32 between fused operations (other arithmetic) parted by 0.68 %.

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import device_kind, python_path, run_cli
+from conftest import assert_refused_in_one_line, device_kind, python_path, run_cli
 from mtbench.figures import FIGURES, shown_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -268,6 +268,15 @@ def test_a_result_of_the_wrong_shape_is_named_in_one_line(results, tmp_path, cha
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--parity-tolerance", "-1"], "--parity-tolerance must be positive, got -1.0"),
+    (["--parity-tolerance", "nan"], "--parity-tolerance must be positive, got nan"),
+    (["--parity-steps", "0"], "--parity-steps must be at least 1, got 0"),
+])
+def test_report_refuses_parity_settings_that_compare_refuses(results, args, expected):
+    assert_refused_in_one_line(run_cli("report", results["jax"][0], results["torch"][0], *args), expected)
 
 
 def png_size(data):
