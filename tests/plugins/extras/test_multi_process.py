@@ -99,9 +99,10 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
     if backend == "jax":
         # Process 0 loads every program the killed run kept: each of its misses is a program that run never
         # reached (the evaluation after training; in a whole suite, another test's run may have cached it), which
-        # it writes anew. JAX kept none of process 1's (it writes from process 0 alone, keyed by the compiling
-        # process's devices), so process 1 compiled them all again: the run's programs are partly warm.
-        assert cache["hits"] > 0 and cache["misses"] == cache["entries_after"] - cache["entries_before"], cache
+        # it writes anew; the cache, which the suite's other runs share, grows by at least as many. JAX kept none
+        # of process 1's (it writes from process 0 alone, keyed by the compiling process's devices), so process 1
+        # compiled them all again: the run's programs are partly warm.
+        assert cache["hits"] > 0 and cache["misses"] <= cache["entries_after"] - cache["entries_before"], cache
         assert cache["every_process"]["processes"] == 2 and cache["every_process"]["misses"] > 0, cache
         assert cache["programs"] == "partly warm"
     else:  # torch's eager step compiles nothing
