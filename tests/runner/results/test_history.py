@@ -48,7 +48,7 @@ def damped(result):
     strays = np.log(rates / np.median(rates))
     power = min(1.0, np.log(NOISE_BOUND) / np.abs(strays).max())
     new_seconds = tokens / (np.median(rates) * np.exp(strays * power))
-    new_seconds *= (tokens.sum() / seconds.sum()) / (tokens.sum() / new_seconds.sum())  # the run's tokens/s kept
+    new_seconds *= seconds.sum() / new_seconds.sum()  # the run's tokens/s kept
     for window, before, after in zip(windows, seconds, new_seconds):
         for entry in window:
             entry["seconds"] *= after / before
