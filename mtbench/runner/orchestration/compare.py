@@ -185,6 +185,7 @@ class CompareProgress:
     auto: dict = None                                         # what ended --repeats auto
     log_file: str = None                                      # its log
     run: tuple = None  # (spec, repeat, result file, its mtime before the run) while a run trains
+    failed_run: tuple = None  # the same of the run that failed
 
     def add(self, spec, repeat, result, result_file, log_file):
         runs, entries = (self.twins, self.twin_entries) if spec.twin else (self.runs, self.entries)
@@ -229,6 +230,8 @@ def run_compare(plan, registry, console):
                 break
     except KeyboardInterrupt:
         raise interrupted(plan, progress) from None
+    except RunFailure as failure:
+        raise failed(plan, progress, failure) from None
     comparison, combined = write_combined(plan, progress)
     return comparison, combined, report_failures
 
@@ -306,6 +309,8 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
     if failure and plan.reporters and _written(result_file, before):  # a partial result is reported too
         report_failures += run_reporters(plan.reporters, registry, _read_result(result_file, name), console,
                                          result_file)
+    if failure:
+        progress.failed_run = (spec, repeat, result_file, before)
     _require_success(failure)
     result = _read_result(result_file, name)
     report_failures += run_reporters(plan.reporters, registry, result, console, result_file)
@@ -383,30 +388,51 @@ def write_combined(plan, progress, status="completed", status_reason=None):
 def interrupted(plan, progress):
     """After a Ctrl-C: keeps the interrupted run's partial result, writes the combined JSON of every run that has
     a result (status 'interrupted'), and returns the one-line error naming what was written (exit code 130)."""
+    reason, run_kept, combined = _combine_what_ran(plan, progress, progress.run, "interrupted",
+                                                   f"interrupted during {progress.doing}")
+    log = [f"log {progress.log_file}"] if progress.log_file and os.path.exists(progress.log_file) else []
+    return RunInterrupted("; ".join([reason, *run_kept, *log, combined]), 130)
+
+
+def failed(plan, progress, failure):
+    """After a run failed (its log named by `failure`): writes the combined JSON of the runs that finished and of
+    the failed run's partial result if it left one (a diverged run's), status 'failed', so that the comparison
+    file holds what its runs folder does; returns `failure` with what was written."""
+    _, run_kept, combined = _combine_what_ran(plan, progress, progress.failed_run, "failed", str(failure))
+    run_kept = [kept for kept in run_kept if kept.startswith("no result")]  # a partial one the failure names
+    if not os.path.exists(plan.out) or combined.endswith("(status failed)"):
+        return RunFailure("; ".join([str(failure), *run_kept, combined]))
+    # --overwrite, before a run finished: the earlier comparison's file is left, its runs' files partly replaced
+    return RunFailure("; ".join([str(failure), *run_kept, f"{combined}: {plan.out} is still the comparison "
+                                 f"before, whose files in {plan.runs_dir} this one began to replace"]))
+
+
+def _combine_what_ran(plan, progress, stopped_run, status, why):
+    """Where a comparison stopped early (`why`): (the status's reason, [what the stopped run kept], what was
+    combined). The stopped run's result is added where it wrote one, and every run with a result is combined in
+    plan.out with `status`."""
     total = "?" if plan.auto else len(plan.schedule())
     finished = len(progress.entries) + len(progress.twin_entries)
-    kept = [f"log {progress.log_file}"] if progress.log_file and os.path.exists(progress.log_file) else []
-    if progress.run:
-        spec, repeat, result_file, before = progress.run
+    run_kept = []
+    if stopped_run:
+        spec, repeat, result_file, before = stopped_run
         result = _partial_result(result_file, before)
         if result is None:
-            kept.insert(0, f"no result from {progress.doing}")
+            run_kept.append(f"no result from {progress.doing}")
         else:
-            finished_first = result.get("status") == "completed"  # the Ctrl-C came as it ended
-            kept.insert(0, f"its {'result (it had completed)' if finished_first else 'partial result'} {result_file}")
+            # a Ctrl-C as it ended, or a failure after it wrote its result
+            finished_first = result.get("status") == "completed"
+            run_kept.append(f"its {'result (it had completed)' if finished_first else 'partial result'} "
+                            f"{result_file}")
             progress.add(spec, repeat, result, result_file, progress.log_file)
-    reason = f"interrupted during {progress.doing} ({finished} of {total} runs finished)"
+    reason = f"{why} ({finished} of {total} runs finished)"
     if progress.entries:
         try:
-            write_combined(plan, progress, "interrupted", reason)
-            kept.append(f"the {len(progress.entries)} result(s) combined in {plan.out} (status interrupted)")
+            write_combined(plan, progress, status, reason)
+            return reason, run_kept, f"the {len(progress.entries)} result(s) combined in {plan.out} (status {status})"
         except MtbenchError as error:
-            kept.append(f"no combined JSON ({error})")
-    elif progress.weights:
-        kept.append("no run finished: no combined JSON")
-    else:
-        kept.append("nothing was trained")
-    return RunInterrupted(f"{reason}; {'; '.join(kept)}", 130)
+            return reason, run_kept, f"no combined JSON ({error})"
+    return reason, run_kept, "no run finished: no combined JSON" if progress.weights else "nothing was trained"
 
 
 def _partial_result(path, mtime_before):
