@@ -488,14 +488,22 @@ def recorded_baseline(paths):
 
 def recorded_noise_floor(paths):
     """The noise floor recorded in the compare JSONs among `paths` (`noise_floor`, where `compare --aa` measured
-    one): the widest where several did, None where none did."""
+    one): where several did, each figure's widest (one A/A may scatter more in tokens/s, another in step time),
+    measured by all of them; None where none did."""
     found = []
     for path in paths:
         data = read_json(path, RESULT_FILES)
         if isinstance(data, dict) and data.get("kind") == COMPARE_KIND and data.get("noise_floor"):
             found.append(data["noise_floor"])
-    return max(found, key=lambda record: max((f.get("floor") or 0 for f in record["figures"].values()), default=0),
-               default=None)
+    if len(found) < 2:
+        return found[0] if found else None
+    figures = {}
+    for record in found:
+        for key, entry in record["figures"].items():
+            if (entry.get("floor") or 0) >= (figures.get(key, {}).get("floor") or 0):
+                figures[key] = entry
+    measured_by = list(dict.fromkeys(record["measured_by"] for record in found))
+    return {"figures": figures, "measured_by": "; ".join(measured_by) + " (each figure's widest)"}
 
 
 # ---- rendering -------------------------------------------------------------------------------------------------
@@ -587,9 +595,13 @@ def verdict_lines(comparison):
 
 def ideal_speedup(result, single):
     """How many times the one-process run `single` the run `result` would train at perfect scaling: the ratio of
-    the devices they use, where a CPU counts one a machine (its processes share the machine's cores, as MFU counts
-    one peak a machine). Results before `devices_used` and `processes.machines` were recorded: the process count."""
+    the devices whose peak MFU divides by (`utilization.peak_devices`: a CPU counts one a machine, as its processes
+    share the machine's cores). Results before that was recorded: `devices_used` and `processes.machines` by the
+    same rule; before those, the process count."""
     def devices(run):
+        recorded = (run.get("utilization") or {}).get("peak_devices")
+        if recorded:
+            return recorded
         if ((run.get("env") or {}).get("device") or {}).get("kind") == "cpu":
             return (run.get("processes") or {}).get("machines")
         return run.get("devices_used")

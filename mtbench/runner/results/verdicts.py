@@ -234,6 +234,16 @@ def _log_values(values):
     return np.log(np.array(values, dtype=float))
 
 
+def _kept_pairs(sides, paired, present):
+    """Each side's per-repeat figures; where the repeats are paired (repeat k of one run beside repeat k of the
+    other), only the pairs whose two repeats both have it: one left out alone would pair repeats that never ran
+    beside each other."""
+    if not paired or len(sides[0]) != len(sides[1]):
+        return sides
+    kept = [k for k, pair in enumerate(zip(*sides)) if all(present(figure) for figure in pair)]
+    return [[side[k] for k in kept] for side in sides]
+
+
 def ratio_interval(key, candidate, reference, paired=False, resamples=RESAMPLES, seed=SEED, confidence=CONFIDENCE):
     """The candidate's `key` over the reference's, with its interval, or None where either lacks it.
 
@@ -244,14 +254,18 @@ def ratio_interval(key, candidate, reference, paired=False, resamples=RESAMPLES,
     Where each run is one repeat, a window figure's interval is a bootstrap of the two runs' windows, the noise
     within each run alone (None where each is one window: an interval of zero width); any other figure has none."""
     if key in WINDOW_FIGURES:
-        sides = [_window_sides(results) for results in (candidate, reference)]
+        every = _kept_pairs([[steady_windows(r["history"]) for r in results] for results in (candidate, reference)],
+                            paired, lambda windows: len(windows) > 0)
+        sides = [[w for w in side if len(w)] for side in every]
         if not all(sides):
             return None
         points = [np.log([window_figure(key, w) for w in side]) for side in sides]
         windows = tuple(min(len(w) for w in side) for side in sides)
     else:
         figure = FIGURES_BY_KEY[key]
-        points = [_log_values([figure.value(r) for r in results]) for results in (candidate, reference)]
+        values = _kept_pairs([[figure.value(r) for r in results] for results in (candidate, reference)], paired,
+                             lambda value: value is not None)
+        points = [_log_values(side) for side in values]
         if any(p is None or len(p) == 0 for p in points):
             return None
         sides, windows = None, None
@@ -262,7 +276,7 @@ def ratio_interval(key, candidate, reference, paired=False, resamples=RESAMPLES,
     if bounds is not None:
         method = ("Student's t over the paired repeats' log ratios" if paired else
                   "Welch's t over the repeats' logs" if min(counts) > 1 else
-                  "Student's t over the repeats' logs, the single repeat's spread taken as the other's")
+                  "Student's t over the repeats' logs, the other run's spread standing for the single repeat's")
         windows = None  # the windows within each run are in its repeat's figure
     elif sides is not None and not all(len(side[0]) == 1 for side in sides):
         rng = np.random.default_rng(seed)

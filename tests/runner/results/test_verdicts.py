@@ -162,6 +162,29 @@ def test_pairing_interleaved_repeats_removes_the_drift_they_share():
     assert stats.same_session(slow, fast) and not stats.same_session(slow, fast[:4])
 
 
+def test_paired_repeats_are_left_out_with_their_partners():
+    """The candidate's repeat 2 and the reference's repeat 4 stopped before a steady window (compile_s: before it
+    was measured): what pairs is repeats 1 and 3 of each, not the candidate's 1, 3, 4 beside the reference's 1, 2,
+    3, which never ran side by side."""
+    drifts = [0.9, 1.0, 1.1, 0.95]
+    candidate = [result(seed=i, drift=d * 1.04, noise=0.005) for i, d in enumerate(drifts)]
+    reference = [result(seed=10 + i, drift=d, noise=0.005) for i, d in enumerate(drifts)]
+    for lost in (candidate[1], reference[3]):
+        lost["history"] = lost["history"][:1]  # its first step alone: compilation
+        lost["timing"]["compile_s"] = None
+
+    def speed(run):
+        steady = run["history"][1:]
+        return sum(h["tokens"] for h in steady) / sum(h["seconds"] for h in steady)
+    for key, figure in (("tokens_per_s", speed), ("compile_s", lambda run: run["timing"]["compile_s"])):
+        interval = stats.ratio_interval(key, candidate, reference, paired=True)
+        logs = np.array([math.log(figure(candidate[k]) / figure(reference[k])) for k in (0, 2)])
+        half = 12.7062047 * logs.std(ddof=1) / math.sqrt(2)  # Student's t at 97.5 %, 1 degree of freedom
+        assert interval.paired and interval.repeats == (2, 2), key
+        assert (interval.ratio, interval.low, interval.high) == pytest.approx(
+            (math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)), rel=1e-6), key
+
+
 def test_a_difference_inside_the_noise_floor_is_not_called_one():
     slow, fast = repeats(5, step_s=0.015 * 1.03, noise=0.002), repeats(5, seed=9, noise=0.002)
     interval = stats.ratio_interval("tokens_per_s", slow, fast)
@@ -325,6 +348,25 @@ def test_a_recorded_noise_floor_is_shown_and_held_to():
     assert compared.verdicts["jax+same-step"]["tokens_per_s"].call == "no difference"
     assert "noise floor: tokens/s ±5.0%, steady step time ±5.0% (A/A: run 'jax' twice in each of 3 repeat(s), " \
            "interleaved)" in to_markdown(compared)
+
+
+def test_each_figure_is_held_to_the_widest_floor_any_compare_measured(tmp_path):
+    """One A/A scattered 3 % in tokens/s and 1 % in step time, another 2 % and 4 %: the report holds tokens/s to 3 %
+    and step time to 4 % (it held both to the second file's, whose widest figure was widest: tokens/s to 2 %)."""
+    import json
+    from mtbench.runner.results.report import recorded_noise_floor
+    paths = []
+    for name, tokens, step in (("a", 0.03, 0.01), ("b", 0.02, 0.04)):
+        record = {"measured_by": f"A/A of {name}", "figures": {"tokens_per_s": {"floor": tokens},
+                                                                "step_s_median": {"floor": step}}}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"kind": "mtbench-compare", "runs": [],
+                                                            "noise_floor": record}))
+        paths.append(str(tmp_path / f"{name}.json"))
+    floor = recorded_noise_floor(paths)
+    assert {key: entry["floor"] for key, entry in floor["figures"].items()} == {"tokens_per_s": 0.03,
+                                                                               "step_s_median": 0.04}
+    assert floor["measured_by"] == "A/A of a; A/A of b (each figure's widest)"
+    assert recorded_noise_floor(paths[1:])["measured_by"] == "A/A of b"
 
 
 def fake_compare(monkeypatch, tmp_path, plan):
