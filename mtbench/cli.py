@@ -23,8 +23,8 @@ from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 
 EVAL_STRIDE_HELP = ("A language model's evaluation windows of --block-size tokens, each N tokens after the one before "
-                    "and scoring only its last N, so that every token after the first block is predicted from a whole "
-                    "block")
+                    "and scoring only its last N, so that every token after the first block is predicted from at "
+                    "least block - N + 1 tokens of context (a whole block at N = 1)")
 
 def _fail(message, code):
     click.echo(f"Error: {message}", err=True)

@@ -381,7 +381,8 @@ def evaluation_batches(stream, rows, block, text_bytes, stride=None):
     (`evaluated_tokens`), every token once, `rows` to a batch; the last window may be partial (its missing positions
     weigh nothing). Consecutive blocks by default; with a `stride` below the block, each window starts `stride`
     tokens after the one before and scores only its last `stride` positions, so that every token after the first
-    block is predicted from `block` tokens of context (the first window scores all of its positions)."""
+    block is predicted from at least `block - stride + 1` tokens of context, a whole block at stride 1 (the first
+    window scores all of its positions)."""
     end = evaluated_tokens(stream, text_bytes)
     stride = min(stride or block, block)
     # Window j > 0 scores tokens up to j * stride + block: the last one is the first to reach `end`.

@@ -276,7 +276,12 @@ class TokenIds(Tokenizer):
         return [self.index[character] for character in text]
 
     def bytes_per_id(self):
-        return None if self.characters is None else utf8_widths(self.characters)
+        if self.characters is None:
+            return None
+        # The ids past the characters (--vocab-size padded, as nanoGPT pads to a multiple of 64) stand for no text.
+        widths = np.zeros(max(self.vocab_size, len(self.characters)), np.uint8)
+        widths[:len(self.characters)] = utf8_widths(self.characters)
+        return widths
 
     def decode_text(self, ids):
         if self.characters is None:

@@ -1,6 +1,8 @@
 """The result JSON: what it holds, how it is checked, and where its sidecar files live."""
 
 import json
+import math
+import sys
 
 # 1: the first schema. 2: `compile_options` says which extras asked for each option and what they applied to
 # (`requested_by_extras`, `applies_to`); `env.mtbench_git_commit` is null unless mtbench runs from its own checkout.
@@ -78,6 +80,9 @@ FIGURES_OF_COMPLETED_RUNS = {
 }
 # Bits per byte needs the bytes each token stands for, which token files do not tell (their `data.bytes` null).
 FIGURES_OF_KNOWN_BYTES = ("metrics.val_bits_per_byte", "metrics.test_bits_per_byte")
+# e to a loss past a float's range (a run blown up to a finite loss) is no number: its perplexity is null.
+PERPLEXITY_LOSSES = {"metrics.val_perplexity": "metrics.val_loss", "metrics.test_perplexity": "metrics.test_loss"}
+LARGEST_EXPONENT = math.log(sys.float_info.max)
 
 
 def result_task(result):
@@ -89,6 +94,16 @@ def result_task(result):
 
 # Lists whose items a report reads as objects or names.
 LIST_ITEMS = {"history": dict, "extras": str}
+
+
+def _value_at(result, path):
+    """The value at a dotted `path` of `result`, None where any part of it is missing (or `path` is None)."""
+    if path is None:
+        return None
+    value = result
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def schema_errors(result):
@@ -112,10 +127,8 @@ def schema_errors(result):
         for path in FIGURES_OF_COMPLETED_RUNS.get(task, COMPLETED_FIGURES):
             if bytes_unknown and path in FIGURES_OF_KNOWN_BYTES:
                 continue
-            value = result
-            for key in path.split("."):
-                value = value.get(key) if isinstance(value, dict) else None
-            if value is None:
+            loss = _value_at(result, PERPLEXITY_LOSSES.get(path))
+            if _value_at(result, path) is None and not (isinstance(loss, (int, float)) and loss > LARGEST_EXPONENT):
                 errors.append(f"{path}: null in a completed result")
     return errors
 

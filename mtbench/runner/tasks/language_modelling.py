@@ -169,6 +169,16 @@ def prepare_token_files(files, config, family_tokenizer=None):
     return TaskData(tokenizer, streams, fingerprint, record, lines)
 
 
+def perplexity_of(loss):
+    """e to the mean loss, or None (JSON has no infinity) where that is no finite float: a loss blown up past 709
+    nats, still finite (so the run trained on), would raise OverflowError in the evaluation after training."""
+    try:
+        perplexity = math.exp(loss)
+    except OverflowError:
+        return None
+    return perplexity if math.isfinite(perplexity) else None
+
+
 def stream_scores(model, stream, rows, block, text_bytes, stride=None):
     """Loss, accuracy, perplexity and bits per byte of `model` (compiled with the run's loss) predicting the first
     `text_bytes` bytes of `stream`, in windows of `block` tokens from its start `stride` apart (default: consecutive
@@ -176,7 +186,7 @@ def stream_scores(model, stream, rows, block, text_bytes, stride=None):
     from mtbench.runner.evaluation.scoring import mean_loss
     loss, accuracy, tokens = mean_loss(model, evaluation_batches(stream, rows, block, text_bytes, stride))
     predicted_bytes = evaluated_bytes(stream, text_bytes)
-    return {"loss": loss, "accuracy": accuracy, "perplexity": math.exp(loss),
+    return {"loss": loss, "accuracy": accuracy, "perplexity": perplexity_of(loss),
             "bits_per_byte": None if predicted_bytes is None else loss * tokens / math.log(2) / predicted_bytes,
             "tokens_evaluated": int(tokens),
             "bytes_evaluated": None if predicted_bytes is None else round(predicted_bytes)}

@@ -54,6 +54,11 @@ def test_a_byte_level_model_reports_perplexity_and_bits_per_byte_and_no_bleu(tex
         assert metrics[f"{split}_perplexity"] == pytest.approx(math.exp(metrics[f"{split}_loss"]), rel=1e-6)
         assert metrics[f"{split}_tokens_evaluated"] == metrics[f"{split}_bytes_evaluated"] == 10 * 32
     assert metrics["val_loss"] < math.log(256)  # it learned something beyond a uniform guess over bytes
+    blown_up = json.loads(json.dumps(result))  # a finite loss past 709 nats has no perplexity, and is readable
+    blown_up["metrics"].update(val_loss=720.0, val_perplexity=None)
+    assert schema_errors(blown_up) == []
+    blown_up["metrics"].update(val_loss=7.0)
+    assert schema_errors(blown_up) == ["metrics.val_perplexity: null in a completed result"]
     # GPT-2's draw by default: logits of normal(0, 0.02) weights are near 0, the first loss a uniform guess's.
     assert result["model"]["init"] == result["config"]["init"] == "gpt2"
     assert result["history"][0]["loss"] == pytest.approx(math.log(256), abs=0.1)  # glorot: 0.27 above

@@ -57,3 +57,18 @@ def test_a_stride_of_one_scores_each_token_from_the_block_before_it_and_a_block_
         assert scores["tokens_evaluated"] == len(TEXT) - 1 and scores["bytes_evaluated"] == len(TEXT) - 1
         assert scores["loss"] == pytest.approx(expected.mean(), rel=1e-5), stride
         assert scores["bits_per_byte"] == pytest.approx(expected.sum() / math.log(2) / (len(TEXT) - 1), rel=1e-5)
+
+
+def test_a_finite_loss_past_a_floats_range_scores_with_no_perplexity(model):
+    """A model blown up to logits in the tens of thousands (its final norm's scale here) has a finite loss above 709
+    nats, whose e overflows: the scores say so with a null perplexity (it raised OverflowError after training, and
+    the run's result was lost)."""
+    scale = model.final_norm.gamma
+    kept = np.asarray(scale.value)
+    scale.assign(kept * 1e4)
+    try:
+        scores = stream_scores(model, ByteTokenizer().stream(TEXT), 4, BLOCK, len(TEXT))
+    finally:
+        scale.assign(kept)
+    assert math.isfinite(scores["loss"]) and scores["loss"] > 709.79 and scores["perplexity"] is None
+    assert scores["bits_per_byte"] == pytest.approx(scores["loss"] / math.log(2), rel=1e-6)

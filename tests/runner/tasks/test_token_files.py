@@ -76,6 +76,24 @@ def test_the_files_are_read_by_the_ranges_batches_take_and_their_ids_size_the_vo
         vocabulary_size(64, 64)
 
 
+def test_character_files_padded_to_a_vocabulary_of_128_keep_their_bytes(tmp_path):
+    """nanoGPT pads a character model's vocabulary to a multiple of 64 (--vocab-size 128 for shakespeare_char's
+    65): the ids past meta.pkl's characters stand for no text, and each split's bytes are still its text's (it was
+    refused: the tokenizer's bytes_per_id() covered 65 of its 128 ids)."""
+    text = "Et Dieu dit : Que la lumière soit ! Et la lumière fut. " * 40
+    folder, characters = shakespeare_char_prepare(text, tmp_path / "chars")
+    config = TrainConfig(model_name="gpt", preset="tiny", vocab_size=128, max_len=16, data_file=str(folder),
+                         cache_dir=str(tmp_path / "cache"))
+    data = prepare_token_files(read_token_files(str(folder)), config)
+    assert data.tokenizer.vocab_size == 128 and len(characters) < 64
+    cut = int(len(text) * 0.9)
+    held_out = text[cut:]
+    half = len(held_out) // 2
+    assert data.record["bytes"] == {"train": len(text[:cut].encode()), "valid": len(held_out[:half].encode()),
+                                    "test": len(held_out[half:].encode())}
+    assert data.record["bytes"]["valid"] > half  # è is two bytes
+
+
 def test_the_largest_id_of_each_file_is_kept_for_the_next_run_until_the_file_changes(tmp_path, monkeypatch):
     val = [7, 50256, *range(3, 21)]  # two halves of 10 ids: a block of 8 and its next token each
     folder = token_folder(tmp_path / "owt", np.random.default_rng(0).integers(0, 50000, 5000), val)
