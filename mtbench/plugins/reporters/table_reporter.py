@@ -27,7 +27,7 @@ def _mfu(result):
     if text == "n/a":
         reason = (utilization or {}).get("mfu_reason")  # absent from results before it was recorded
         return f"n/a ({reason})" if reason else text
-    text = f"{text} % of {utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s ({utilization['peak_source']}"
+    text = f"{text} % of {_peak_text(utilization)} ({utilization['peak_source']}"
     measured = peak_measurement_text(utilization.get("peak_measured_at"), utilization.get("peak_load_average"),
                                      utilization.get("peak_cpus"))
     if measured:
@@ -43,7 +43,14 @@ def _mfu_short(result):
     text = figure_text(result, "mfu")
     if text == "n/a":
         return f"n/a ({utilization['mfu_reason']})" if utilization.get("mfu_reason") else text
-    return f"{text} % of {utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s"
+    return f"{text} % of {_peak_text(utilization)}"
+
+
+def _peak_text(utilization):
+    """'989.40 TFLOP/s', or '8 x 989.40 TFLOP/s' where MFU divides by the peak of several devices (machines, on
+    CPUs); results before `peak_devices` was recorded say one."""
+    devices = utilization.get("peak_devices") or 1
+    return f"{f'{devices} x ' if devices > 1 else ''}{utilization['peak_flops_per_s'] / 1e12:,.2f} TFLOP/s"
 
 
 def _compile(result):

@@ -41,7 +41,7 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
         "model_flops_per_s": steady["flops_per_s"],
         # The useful work: the FLOPs of the steady steps' real tokens alone, as tokens/s counts them.
         "real_token_flops_per_s": steady["real_token_flops_per_s"],
-        "peak_flops_per_s": peak, "peak_source": peak_source, "mfu": mfu,
+        "peak_flops_per_s": peak, "peak_source": peak_source, "peak_devices": peak_devices, "mfu": mfu,
         "mfu_real_tokens": share_of_peak(steady["real_token_flops_per_s"]),
         "mfu_reason": reason,  # why MFU is null, else null
         # A measured (CPU) peak: when, and under what load; null for a datasheet's.

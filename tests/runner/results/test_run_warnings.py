@@ -152,6 +152,20 @@ def test_an_mfu_above_the_peak_is_flagged(tiny_runs):
     assert run_warnings(result) == []
 
 
+def test_the_table_names_how_many_devices_peaks_mfu_divides_by(tiny_runs, jax_data_parallel_run):
+    """Two simulated devices share one CPU, whose measured peak spans its cores: one peak. Eight GPUs' MFU divides
+    by eight peaks, which the table says (it printed one device's beside a share of eight's)."""
+    parallel = jax_data_parallel_run["result"]
+    utilization = parallel["utilization"]
+    assert parallel["devices_used"] == 2 and utilization["peak_devices"] == 1
+    assert utilization["mfu"] == pytest.approx(utilization["model_flops_per_s"] / utilization["peak_flops_per_s"])
+    eight = copy(tiny_runs["jax"]["result"])
+    eight["utilization"].update(peak_flops_per_s=989.4e12, peak_devices=8, mfu=0.505, peak_source="datasheet")
+    assert rows(eight)["MFU (padded): model FLOP/s / peak"].startswith("50.5 % of 8 x 989.40 TFLOP/s (datasheet")
+    del eight["utilization"]["peak_devices"]  # a result from before it was recorded
+    assert rows(eight)["MFU (padded): model FLOP/s / peak"].startswith("50.5 % of 989.40 TFLOP/s (datasheet")
+
+
 def test_a_result_written_before_the_load_was_recorded_gets_no_load_warning(tiny_runs):
     older = quiet(tiny_runs["torch"]["result"])
     del older["machine_load"]

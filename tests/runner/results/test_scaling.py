@@ -11,18 +11,21 @@ from mtbench import MtbenchError
 from mtbench.plugins import manager
 from mtbench.runner.orchestration.environments import check_runs
 from mtbench.runner.orchestration.runs import RunSpec, parse_run_spec
+from mtbench.runner.results.report import ideal_speedup
 
 
 def two_process_copy(result, extra, tokens_factor, device_kind, machines):
     """`result` as if `extra` had trained it over 2 processes (one device each) on `machines`, `tokens_factor` times as
     fast; both on a `device_kind` (`result` changed in place to one device of that kind)."""
     result["env"]["device"]["kind"], result["devices_used"] = device_kind, 1
+    result["utilization"]["peak_devices"] = 1
     scaled = copy.deepcopy(result)
     scaled["extras"] = [*scaled["extras"], extra]
     scaled["processes"] = {"world_size": 2, "processes": 2, "devices_per_process": 1, "launcher": "torchrun",
                            "collectives": "gloo", "coordinator": "localhost:29500", "spanned_by": [extra],
                            "machines": machines}
     scaled["devices_used"] = 2
+    scaled["utilization"]["peak_devices"] = machines if device_kind == "cpu" else 2  # as the run records it
     scaled["timing"]["tokens_per_s"] *= tokens_factor
     return scaled
 
@@ -49,6 +52,9 @@ def test_report_sets_a_two_process_run_against_its_one_process_run_on_the_device
     proc = run_cli("report", *paths, "--format", "markdown")
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| scaling efficiency"))
     assert [cell.strip() for cell in row.strip("|").split("|")][1:] == ["", f"{efficiency:.0%} of {ideal}x torch", ""]
+    for result in (one, two):  # results from before the peak's devices were recorded: the same rule on the devices
+        del result["utilization"]["peak_devices"]
+    assert ideal_speedup(two, one) == ideal
 
 
 def test_matrix_entries_name_their_process_count():
