@@ -207,9 +207,10 @@ def test_a_failing_run_is_named_with_its_last_error_line(tmp_path, cache_dir, pl
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("Error: run 'brokenflow' failed: the brokenflow device is on fire (log: ")
+    assert lines[0].endswith("); no result from run 'brokenflow'; no run finished: no combined JSON")
     assert "Traceback" not in proc.stderr
     assert not out.exists()
-    log = lines[0].rsplit("(log: ", 1)[1].rstrip(")")
+    log = lines[0].split("(log: ", 1)[1].split("); ", 1)[0]
     with open(log) as f:
         assert "the brokenflow device is on fire" in f.read()
 
