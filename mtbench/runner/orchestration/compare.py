@@ -388,32 +388,40 @@ def write_combined(plan, progress, status="completed", status_reason=None):
 def interrupted(plan, progress):
     """After a Ctrl-C: keeps the interrupted run's partial result, writes the combined JSON of every run that has
     a result (status 'interrupted'), and returns the one-line error naming what was written (exit code 130)."""
-    reason, run_kept, combined = _combine_what_ran(plan, progress, progress.run, "interrupted",
-                                                   f"interrupted during {progress.doing}")
+    stopped = _combine_what_ran(plan, progress, progress.run, "interrupted", f"interrupted during {progress.doing}")
     log = [f"log {progress.log_file}"] if progress.log_file and os.path.exists(progress.log_file) else []
-    return RunInterrupted("; ".join([reason, *run_kept, *log, combined]), 130)
+    return RunInterrupted("; ".join([stopped.reason, *stopped.run_kept, *log, stopped.combined]), 130)
 
 
 def failed(plan, progress, failure):
     """After a run failed (its log named by `failure`): writes the combined JSON of the runs that finished and of
     the failed run's partial result if it left one (a diverged run's), status 'failed', so that the comparison
     file holds what its runs folder does; returns `failure` with what was written."""
-    _, run_kept, combined = _combine_what_ran(plan, progress, progress.failed_run, "failed", str(failure))
-    run_kept = [kept for kept in run_kept if kept.startswith("no result")]  # a partial one the failure names
-    if not os.path.exists(plan.out) or combined.endswith("(status failed)"):
-        return RunFailure("; ".join([str(failure), *run_kept, combined]))
+    stopped = _combine_what_ran(plan, progress, progress.failed_run, "failed", str(failure))
+    run_kept = [] if stopped.run_result_added else stopped.run_kept  # the failure names a partial result
+    if stopped.combined_written or not os.path.exists(plan.out):
+        return RunFailure("; ".join([str(failure), *run_kept, stopped.combined]))
     # --overwrite, before a run finished: the earlier comparison's file is left, its runs' files partly replaced
-    return RunFailure("; ".join([str(failure), *run_kept, f"{combined}: {plan.out} is still the comparison "
+    return RunFailure("; ".join([str(failure), *run_kept, f"{stopped.combined}: {plan.out} is still the comparison "
                                  f"before, whose files in {plan.runs_dir} this one began to replace"]))
 
 
+@dataclass
+class StoppedEarly:
+    """What `_combine_what_ran` did where a comparison stopped early."""
+    reason: str               # the combined JSON's status_reason
+    run_kept: list            # what the stopped run left: its (partial) result, or none
+    run_result_added: bool    # whether that result is among the combined runs
+    combined: str             # what was combined, in words
+    combined_written: bool
+
+
 def _combine_what_ran(plan, progress, stopped_run, status, why):
-    """Where a comparison stopped early (`why`): (the status's reason, [what the stopped run kept], what was
-    combined). The stopped run's result is added where it wrote one, and every run with a result is combined in
-    plan.out with `status`."""
+    """Where a comparison stopped early (`why`): adds the stopped run's result where it wrote one, and combines
+    every run with a result in plan.out with `status`; returns the StoppedEarly saying what it kept."""
     total = "?" if plan.auto else len(plan.schedule())
     finished = len(progress.entries) + len(progress.twin_entries)
-    run_kept = []
+    run_kept, added = [], False
     if stopped_run:
         spec, repeat, result_file, before = stopped_run
         result = _partial_result(result_file, before)
@@ -425,14 +433,17 @@ def _combine_what_ran(plan, progress, stopped_run, status, why):
             run_kept.append(f"its {'result (it had completed)' if finished_first else 'partial result'} "
                             f"{result_file}")
             progress.add(spec, repeat, result, result_file, progress.log_file)
+            added = True
     reason = f"{why} ({finished} of {total} runs finished)"
     if progress.entries:
         try:
             write_combined(plan, progress, status, reason)
-            return reason, run_kept, f"the {len(progress.entries)} result(s) combined in {plan.out} (status {status})"
+            return StoppedEarly(reason, run_kept, added, f"the {len(progress.entries)} result(s) combined in "
+                                f"{plan.out} (status {status})", True)
         except MtbenchError as error:
-            return reason, run_kept, f"no combined JSON ({error})"
-    return reason, run_kept, "no run finished: no combined JSON" if progress.weights else "nothing was trained"
+            return StoppedEarly(reason, run_kept, added, f"no combined JSON ({error})", False)
+    return StoppedEarly(reason, run_kept, added,
+                        "no run finished: no combined JSON" if progress.weights else "nothing was trained", False)
 
 
 def _partial_result(path, mtime_before):

@@ -18,6 +18,7 @@ from result_keys import undocumented_keys
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.loop.timing import is_steady
+from mtbench.runner.results.verdicts import steady_windows
 from mtbench.runner.results.history import build_history, to_csv, to_markdown
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -25,13 +26,10 @@ NOISE_BOUND = 1.1  # each steady step's tokens/s within a factor of this of the 
 
 
 def steady_windows_of(history):
-    """The entries of each steady timing window: consecutive steady steps, `window_steps` of them at a time."""
-    windows, steps = [], [entry for entry in history if is_steady(entry)]
-    while steps:
-        size = max(int(steps[0].get("window_steps") or 1), 1)
-        windows.append(steps[:size])
-        steps = steps[size:]
-    return windows
+    """The entries of each steady timing window, as the verdicts group them (`steady_windows`' step counts)."""
+    steps = [entry for entry in history if is_steady(entry)]
+    ends = np.cumsum(steady_windows(history)[:, 1]).astype(int)
+    return [steps[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 
 
 def damped(result):
