@@ -28,6 +28,7 @@ from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.measurement.device_memory import host_peaks, largest_peak, training_memory
 from mtbench.runner.measurement.energy import EnergyMeter, open_counter
+from mtbench.runner.measurement.environment import machine_identity
 from mtbench.runner.measurement.load import machine_load, sample_load
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.reporting import run_reporters
@@ -66,7 +67,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     data = prepare_data(config, plugins, raw, stopwatch)
     for line in data.lines:
         console.print(line, highlight=False, soft_wrap=True)
-    check_resumable(data, resume)
+    ran_on = machine_identity(plugins.backend)  # what the checkpoints record, and a resume must match
+    check_resumable(data, resume, ran_on)
     total_steps = count_steps(config, plugins, data)
     with stopwatch.phase("build"):
         built = build_for_training(keras, config, run, plugins, data, weights_file, total_steps, resume, console)
@@ -81,7 +83,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     checkpointing = Checkpointing(run_dir, run_config, data.fingerprint, config.checkpoint_every,
                                   config.keep_checkpoints, latest=resume.checkpoint if resume else None,
                                   keep_best=best_model_keeper(config, run_dir, data, plugins, built.model_shape),
-                                  tokenizer=data.tokenizer)
+                                  tokenizer=data.tokenizer, ran_on=ran_on)
     target = QualityTarget(plugins.task.validation_metric, config.target and config.target[1],
                            plugins.task.higher_is_better, config.eval_every, built.state.evaluations)
     callbacks = PluginCallbacks(registry.keras_callbacks(config), built.model)
@@ -163,11 +165,27 @@ def prepare_data(config, plugins, raw, stopwatch):
             return plugins.task.prepare(config, raw, tokenizer)
 
 
-def check_resumable(data, resume):
-    """A resumed run must train on the same data, tokenized alike, as the run it continues."""
+def check_resumable(data, resume, ran_on):
+    """A resumed run must train on the same data, tokenized alike, as the run it continues, and on the same devices
+    and versions (`ran_on`): its earlier steps' times count in its figures, which name one machine."""
     if resume and resume.data_fingerprint != data.fingerprint:
         raise MtbenchError(f"{resume.directory.path}: the training data differs from the run's (tokenizer "
                            f"{data.fingerprint}, the run had {resume.data_fingerprint}); it cannot be resumed")
+    differences = identity_differences(resume.ran_on, ran_on) if resume and resume.ran_on else []
+    if differences:
+        raise MtbenchError(f"{resume.directory.path}: the run trained on other devices or versions "
+                           f"({'; '.join(differences)}); its earlier steps' times would count beside this "
+                           f"process's in one result: resume it where it ran")
+
+
+def identity_differences(before, now):
+    """'device name: AMD EPYC 7B13 before, Intel Xeon now' for each entry of two `machine_identity`s that differ."""
+    differences = []
+    for section, prefix in (("device", "device "), ("versions", "")):
+        earlier, current = before.get(section) or {}, now[section]
+        differences += [f"{prefix}{key}: {earlier.get(key)} before, {current.get(key)} now"
+                        for key in sorted(set(earlier) | set(current)) if earlier.get(key) != current.get(key)]
+    return differences
 
 
 def count_steps(config, plugins, data):

@@ -105,10 +105,12 @@ class RunDirectory:
         checkpoints = self.checkpoints()
         return checkpoints[-1] if checkpoints else None
 
-    def save(self, model, state, run_config, data_fingerprint, keep, tokenizer=None, generator_states=None):
+    def save(self, model, state, run_config, data_fingerprint, keep, tokenizer=None, generator_states=None,
+             ran_on=None):
         """Writes a checkpoint of `model` at `state.step` atomically, then keeps only the last `keep`; the run's
         `tokenizer` once beside them; `generator_states`, each process's random generator state, where the backend
-        has one. A failed write (a full disk) leaves the earlier checkpoints as they were."""
+        has one; `ran_on`, the run's `machine_identity`, in the run file. A failed write (a full disk) leaves the
+        earlier checkpoints as they were."""
         if not self.writes:
             return os.path.join(self.path, f"checkpoint-{state.step:06d}")
         tmp = None
@@ -117,7 +119,8 @@ class RunDirectory:
             kept = self._keep_tokenizer(tokenizer)
             write_json_atomic(os.path.join(self.path, RUN_FILE), {
                 "mtbench_run": RUN_FORMAT, "config": _absolute_paths(run_config),
-                "data_fingerprint": data_fingerprint, **({"tokenizer": kept} if kept else {})})
+                "data_fingerprint": data_fingerprint, **({"tokenizer": kept} if kept else {}),
+                **({"ran_on": ran_on} if ran_on else {})})
             tmp = make_temporary_folder(".tmp-checkpoint-", self.path)
             model.save_weights(os.path.join(tmp, WEIGHTS_FILE))
             np.savez(os.path.join(tmp, RANDOM_STATE_FILE), *[v.numpy() for v in _random_state(model)])
@@ -250,6 +253,7 @@ class Resumption:
     data_fingerprint: str
     step: int
     checkpoint: str
+    ran_on: dict = None  # the devices and versions it ran on (`machine_identity`); None in older run files
 
 
 def open_run(path):
@@ -273,4 +277,4 @@ def open_run(path):
         config = TrainConfig.from_dict(run["config"])
     except (MtbenchError, TypeError) as error:
         raise MtbenchError(f"{run_file}: {error}") from None
-    return Resumption(directory, config, run.get("data_fingerprint"), *latest)
+    return Resumption(directory, config, run.get("data_fingerprint"), *latest, run.get("ran_on"))

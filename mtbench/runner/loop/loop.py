@@ -31,6 +31,7 @@ class Checkpointing:
     latest: str = None       # the newest checkpoint of this run (a resumed run starts with its own)
     keep_best: object = None  # model -> path: keeps the weights of the best validation so far (None: not kept)
     tokenizer: object = None  # the run's, kept beside the checkpoints (what a checkpoint translates with)
+    ran_on: dict = None       # the devices and versions the run trains on, which a resume must match
 
 
 @dataclass
@@ -317,4 +318,5 @@ def save_checkpoint(checkpointing, backend, model, train_step, state, clock, tar
         # there may wait for them.
         with processes.alone():
             return checkpointing.run_dir.save(model, saved, checkpointing.run_config, checkpointing.data_fingerprint,
-                                              checkpointing.keep, checkpointing.tokenizer, generator_states)
+                                              checkpointing.keep, checkpointing.tokenizer, generator_states,
+                                              checkpointing.ran_on)

@@ -217,3 +217,33 @@ def test_resume_refuses_training_data_that_changed_since(tmp_path, cache_dir):
     assert resumed.returncode == 2
     assert f"Error: {run_dir}: the training data differs from the run's" in resumed.stderr
     assert read(out)["status"] == "diverged"
+
+
+@pytest.mark.slow
+def test_resume_refuses_other_devices_or_versions_and_keeps_the_run(tmp_path, cache_dir):
+    """The run file records the devices and versions the result names; a resume where either differs is refused
+    in one line (its earlier steps' times would count beside these in one result), the run left as it was."""
+    out, run_dir = str(tmp_path / "moved.json"), str(tmp_path / "moved.run")
+    first = run_cli("train", "--backend", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "20", "--checkpoint-every",
+                    "3", "--cache-dir", cache_dir, "--out", out, env={"MTBENCH_TEST_NAN_AT_STEP": "4"})
+    assert first.returncode == 1 and checkpoint_steps(run_dir) == [3], first.stderr[-2000:]
+    run_file = os.path.join(run_dir, "run.json")
+    recorded, env = read(run_file), read(out)["env"]
+    assert recorded["ran_on"]["device"] == {key: env["device"][key] for key in ("kind", "name", "count")}
+    assert recorded["ran_on"]["versions"] == {**env["backend_versions"], "keras": env["keras"],
+                                              "mtbench": env["mtbench"]}
+
+    moved = json.loads(json.dumps(recorded))
+    moved["ran_on"]["device"]["name"] = "NVIDIA H100 80GB HBM3"
+    moved["ran_on"]["versions"]["torch"] = "2.5.1"
+    with open(run_file, "w") as f:
+        json.dump(moved, f)
+    partial = read(out)
+    resumed = run_cli("train", "--resume", run_dir)
+    assert resumed.returncode == 2
+    lines = resumed.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {run_dir}: the run trained on other devices or versions ("), \
+        resumed.stderr
+    assert f"device name: NVIDIA H100 80GB HBM3 before, {env['device']['name']} now" in lines[0]
+    assert f"torch: 2.5.1 before, {env['backend_versions']['torch']} now" in lines[0]
+    assert read(out) == partial and checkpoint_steps(run_dir) == [3] and read(run_file) == moved

@@ -5,6 +5,8 @@ point and says why; tables off a terminal keep their cells whole."""
 
 import json
 
+import pytest
+
 from conftest import assert_refused_in_one_line, run_cli
 from mtbench.figures import compile_cache_text
 from mtbench.runner.results.report import LoadedRun, RunGroup
@@ -126,3 +128,24 @@ def test_a_file_or_folder_in_the_wrong_place_is_named_for_what_it_is(tiny_runs, 
 def test_counts_of_one_are_singular():
     held = verdict("new", "old", Interval("tokens_per_s", 0.5, 0.45, 0.55, (1, 1), False, (1, 1), "bootstrap"))
     assert any(text.startswith("1 steady timing window in a run: too few to resample") for text in held.warnings)
+
+
+def test_the_columns_of_a_window_figure_are_the_figures_whose_ratio_is_judged(tiny_runs, tmp_path):
+    """A run whose every timed step took 1.25x as long, its recorded medians left as they were (as where windows
+    cut short by validation part the median over steps from the median window): the steady step's and tokens/s's
+    columns read the windows the ratio is drawn from, so new / baseline is the verdict's ratio."""
+    old = tiny_runs["jax"]
+    slowed = json.loads(json.dumps(old["result"]))
+    for entry in slowed["history"]:
+        entry["seconds"] *= 1.25
+    new = tmp_path / "slowed.json"
+    new.write_text(json.dumps(slowed))
+    proc = run_cli("report", str(new), "--baseline", old["path"], "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    changes = {c["figure"]: c for c in json.loads(proc.stdout)["changes"]}
+    for figure, ratio in (("step_s_median", 1.25), ("tokens_per_s", 1 / 1.25)):
+        change = changes[figure]
+        assert change["new"] / change["baseline"] == pytest.approx(ratio), figure
+        assert change["verdict"]["ratio"] == pytest.approx(ratio), figure
+    # The recorded figures, read from the file: what the columns showed before, a ratio of 1 beside a verdict of 1.25.
+    assert slowed["timing"]["step_s_median"] == old["result"]["timing"]["step_s_median"]
