@@ -2,8 +2,9 @@
 
 Where benchmarks/native_gpt_torch.py copies mtbench's model layer for layer, this is what its best users would
 benchmark against: one fused QKV projection per block, `F.scaled_dot_product_attention(is_causal=True)` with no
-mask (so that CUDA may take its flash kernel), `torch.autocast(bfloat16)` for mixed precision, the forward and loss
-one `torch.compile`d function (by default on CUDA), the fused AdamW kernel, gradients freed with
+mask (so that CUDA may take its flash kernel), `torch.autocast(bfloat16)` for mixed precision (the residual stream
+cast to bfloat16 after the embeddings, as Keras's mixed policy computes it and the JAX reference casts it), the
+forward and loss one `torch.compile`d function (by default on CUDA), the fused AdamW kernel, gradients freed with
 `set_to_none`, and no host synchronisation inside a step (the loss comes back as a device tensor).
 
 The model is still mtbench's `--model gpt` (pre-LayerNorm blocks, LayerNorm eps 1e-5, exact GELU, learned
@@ -125,7 +126,8 @@ class TrainStep:
         self.name = "best-by-hand torch"
         adamw = "fused" if self.optimizer.optimizer.defaults.get("fused") else "foreach"
         self._recipe = (f"nanoGPT's recipe: fused QKV, SDPA is_causal, {adamw} AdamW"
-                        + (", torch.compile" if compile else "") + (", bf16 autocast" if mixed_bfloat16 else ""))
+                        + (", torch.compile" if compile else "")
+                        + (", bf16 autocast, bf16 residual stream" if mixed_bfloat16 else ""))
 
     @property
     def description(self):

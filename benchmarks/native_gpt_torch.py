@@ -59,7 +59,8 @@ class GPT(nn.Module):
 
     def forward(self, ids):
         positions = torch.arange(ids.shape[1], device=ids.device)
-        x = self.embedding_dropout(self.token_embedding(ids) + self.position_embedding(positions)[None])
+        x = self.token_embedding(ids) + self.position_embedding(positions)[None]
+        x = self.embedding_dropout(native_torch.in_compute_dtype(x))
         for block in self.blocks:
             x = block(x)
         # Tied output layer, logits in float32 for a stable softmax.

@@ -80,6 +80,15 @@ class FeedForward(nn.Module):
         return self.out(self.dropout(F.relu(self.hidden(x))))
 
 
+def in_compute_dtype(x):
+    """`x` in autocast's dtype where autocast is on. Keras's mixed policy computes every layer in bfloat16, the sum
+    of the embeddings and so the residual stream between blocks too; autocast alone would keep the stream (its adds
+    and LayerNorms' outputs) in float32, moving twice the bytes of mtbench's model and the JAX references'."""
+    if torch.is_autocast_enabled(x.device.type):
+        return x.to(torch.get_autocast_dtype(x.device.type))
+    return x
+
+
 def layer_norm(d_model):
     return nn.LayerNorm(d_model, eps=LAYER_NORM_EPSILON)
 
@@ -136,7 +145,7 @@ class Transformer(nn.Module):
     def _embed(self, ids):
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = self.token_embedding(ids) * self.embedding_scale + self.position_embedding(positions)[None]
-        return self.embedding_dropout(x)
+        return self.embedding_dropout(in_compute_dtype(x))
 
     def forward(self, source_ids, target_input_ids):
         src_mask = source_ids != PAD_ID

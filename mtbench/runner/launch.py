@@ -71,6 +71,15 @@ def shared_cpus():
     return _shared_cpus
 
 
+def measuring_cpus():
+    """The CPUs a measurement of this machine (its matmul peak) runs on, in a process of its own: those this
+    machine's processes of the run share (`shared_cpus`), or this process's; None where the OS pins no process
+    (it is measured in this one)."""
+    if _shared_cpus is not None:
+        return _shared_cpus
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def share_cores(launch, environ=os.environ):
     """Gives this process its share of the CPUs when it runs beside others on one machine: the local rank's
     equal slice of the CPUs the process may run on, and as many intra-op threads. XLA's CPU runtime sizes its

@@ -32,8 +32,8 @@ from mtbench.runner.measurement.environment import machine_identity
 from mtbench.runner.measurement.load import machine_load, sample_load
 from mtbench.runner.results.output import check_output_path
 from mtbench.runner.results.reporting import run_reporters
-from mtbench.runner.results.run_result import (add_evaluation, record_failures, stop_error, training_result,
-                                               write_result)
+from mtbench.runner.results.run_result import (add_evaluation, record_failures, run_peak, stop_error,
+                                               training_result, write_result)
 from mtbench.runner.results.tracking import Trackers, tracked_run
 from mtbench.runner.saved_model import best_model_keeper, save_trained_model
 from mtbench.runner.setup import (build_model, check_compile_options_apply, check_launch, check_options_against_extras,
@@ -72,6 +72,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     total_steps = count_steps(config, plugins, data)
     with stopwatch.phase("build"):
         built = build_for_training(keras, config, run, plugins, data, weights_file, total_steps, resume, console)
+    with stopwatch.phase("peak"):  # before the energy meter starts: a CPU's is measured, the first time
+        peak = run_peak(config, run, plugins.backend, registry.backends.values())
     energy = EnergyMeter(*open_counter(run.device, local_devices(run), launch.local_processes))  # devices known
     if built.starts_pretrained and not config.measure_only:
         with stopwatch.phase("evaluate_pretrained"):
@@ -98,7 +100,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     load_during = machine_load(load_before, sample_load(), launch.local_processes)
     built.batches.close()
     result = training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
-                             training_memory(plugins.backend, run.processes))
+                             training_memory(plugins.backend, run.processes), peak)
     result["machine_load"] = load_during
 
     if outcome.status == "completed" and config.measure_only:

@@ -243,3 +243,52 @@ def test_the_jax_reference_fuses_attention_where_cudnns_kernel_runs(monkeypatch)
         runs[label] = (cudnn_attention_runs_here(64), cudnn_attention_runs_here(192))
     assert runs == {"H100": (True, True), "B200": (True, True), "A100": (True, False), "T4": (False, False),
                     "MI300X": (False, False), "CPU": (False, False)}
+
+
+def test_in_mixed_bfloat16_the_torch_references_carry_the_residual_stream_in_keras_dtype():
+    """Keras's mixed policy computes every layer in bfloat16, the residual stream between blocks too; autocast alone
+    would keep the torch references' stream in float32 (twice the bytes of mtbench's model). Each block's output
+    dtype, read from one real step of each torch reference (best by hand, native GPT, native translation), is the
+    dtype of the tiny Keras GPT's block outputs in mixed_bfloat16, and the logits are float32 on both sides."""
+    import dataclasses
+
+    import torch
+
+    from benchmarks import best_gpt_torch, native_gpt_torch, native_torch
+    from benchmarks.workload import OptimizerSettings
+    from conftest import tiny_jax_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
+
+    keras_model = tiny_jax_gpt("mixed_bfloat16")
+    ids = np.zeros((2, 32), "int32")
+    x = keras_model.embed(ids)
+    keras_dtypes = []
+    for block in keras_model.blocks:
+        x = block(x)
+        keras_dtypes.append(str(x.dtype))
+    assert str(keras_model(ids).dtype) == "float32"
+
+    settings = OptimizerSettings(learning_rate=1e-3, warmup_steps=0, decay_steps=10, alpha=0.1, weight_decay=0.0,
+                                 beta_1=0.9, beta_2=0.99, epsilon=1e-7, clipnorm=1.0)
+    gpt_shape = dataclasses.replace(GPT_PRESETS["tiny"], vocab_size=256, max_len=32)
+    tokens = torch.randint(0, 256, (2, 32))
+    gpt_batch = (tokens, torch.roll(tokens, -1, 1), torch.ones(2, 32))
+    translation_shape = dataclasses.replace(PRESETS["tiny"], vocab_size=256, max_len=32)
+    translation_batch = (tokens, tokens, torch.roll(tokens, -1, 1), torch.ones(2, 32))
+    steps = {"best by hand": (best_gpt_torch.TrainStep(best_gpt_torch.build_model(gpt_shape), settings,
+                                                       mixed_bfloat16=True), gpt_batch),
+             "native gpt": (native_torch.TorchTrainStep(native_gpt_torch.build_model(gpt_shape), settings,
+                                                        mixed_bfloat16=True), gpt_batch),
+             "native translation": (native_torch.TorchTrainStep(native_torch.build_model(translation_shape), settings,
+                                                                mixed_bfloat16=True), translation_batch)}
+    for name, (step, batch) in steps.items():
+        model = step.model
+        blocks = list(getattr(model, "blocks", [])) + list(getattr(model, "encoder_blocks", [])) + list(
+            getattr(model, "decoder_blocks", []))
+        seen, logits = [], []
+        for block in blocks:
+            block.register_forward_hook(lambda module, args, out: seen.append(str(out.dtype).removeprefix("torch.")))
+        model.register_forward_hook(lambda module, args, out: logits.append(out.dtype))
+        assert torch.isfinite(step(*batch)["loss"])
+        assert seen == [keras_dtypes[0]] * len(blocks) and keras_dtypes[0] == "bfloat16", (name, seen)
+        assert logits == [torch.float32], name

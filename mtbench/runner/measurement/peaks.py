@@ -121,8 +121,9 @@ def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmu
     peak is the best of them, so that every backend's MFU is measured against the same figure. Measurements are
     cached per CPU model and count of CPUs measured on (`mtbench env --calibrate` redoes them), one process
     measuring at a time: a run pinned to some of the CPUs divides by their peak, not the machine's. `cpus`: the
-    CPUs a process of several on this machine shares with them (`shared_cpus`): its measurements run there in a
-    process of their own, as one process holding its slice of them would measure that slice."""
+    CPUs the measurements run on, in a process of their own (`launch.measuring_cpus`: this process's, or those a
+    process of several on this machine shares with them, as one process holding its slice would measure that
+    slice); None: in this process."""
     if device.get("kind") != "cpu":
         peak, source = datasheet_peak(device.get("name"), dtype, matmul_precision)
         return peak_record(peak, source or f"no datasheet peak known for {device.get('name')}")
@@ -137,10 +138,12 @@ def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmu
             elif candidate is backend:
                 measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir, replace=False,
                                                      cpus=cpus)
-            elif _runs_on_cpu(candidate):
+            elif cpus is not None or _runs_on_cpu(candidate):
+                # Another framework is measured in a process of its own where there is one, which measures only
+                # on the CPU: imported here, it would count in this process's memory.
                 try:
                     measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir, replace=False,
-                                                         cpus=cpus)
+                                                         cpus=cpus, here_if_that_fails=cpus is None)
                 except Exception:  # a plugin backend without a matmul measurement (or one that fails) sets no peak
                     pass
     best = dict(max(measured.values(), key=lambda record: (record["flops_per_s"], record["source"])))
@@ -212,14 +215,15 @@ def calibration_size(backend, dtype, largest=2048):
     return max(PROBE_SIZE, min(largest, fitting))
 
 
-def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, cpus=None):
+def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, cpus=None, here_if_that_fails=True):
     """Measures `backend`'s matmul peak in `dtype` on matmuls of `size` (smaller where they would be slow:
     `calibration_size`), caches it with when it was measured and how busy the host was as it began (a busy host
     gives a low peak), and returns it as a `peak_record`. `replace=False` (a run that found no measurement): where
     another process cached one meanwhile, that one is kept and returned, so that runs started together divide by
     one peak. `cpus`: measured in a process of its own that runs on these CPUs (`measure_on`), else (or where
-    that process fails) here; the record and its file name say how many CPUs it ran on, and its source why a
-    measuring process that found the backend failed (a run measures its peak after training: it goes on)."""
+    that process fails, unless not `here_if_that_fails`: it raises) here; the record and its file name say how
+    many CPUs it ran on, and its source why a measuring process that found the backend failed (the run goes
+    on)."""
     measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     load = load_average()
     failure = ""
@@ -227,6 +231,8 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
         size, flops_per_s, measured_cpus = (measure_here(backend, dtype, size) if cpus is None
                                             else measure_on(cpus, backend.name, dtype, size))
     except RunFailure as failed:  # measured here, under this process's count of CPUs
+        if not here_if_that_fails:
+            raise
         size, flops_per_s, measured_cpus = measure_here(backend, dtype, size)
         if not isinstance(failed, BackendNotInProcess):  # (one registered by code, not installed, is measured here)
             failure = f", in this process: {failed}"
@@ -238,9 +244,10 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
     return record
 
 
-# The exit status of `print_measurement` for a backend its process does not find; any other failure is the
-# measurement's own, which the record reports.
+# The exit statuses of `print_measurement` for a backend its process does not find, and for one that computes on
+# another device than the CPU there; any other failure is the measurement's own, which the record reports.
 UNKNOWN_BACKEND_EXIT = 3
+NOT_ON_THE_CPU_EXIT = 4
 
 
 class BackendNotInProcess(RunFailure):
@@ -285,5 +292,8 @@ def print_measurement(cpus, backend_name, dtype, largest):
     if backend is None:
         print(f"no backend '{backend_name}' is installed", file=sys.stderr)
         sys.exit(UNKNOWN_BACKEND_EXIT)
+    if backend.device_info().get("kind") != "cpu":  # a framework that would measure a GPU sets no CPU's peak
+        print(f"{backend_name} computes on {backend.device_info().get('name')} here, not on the CPU", file=sys.stderr)
+        sys.exit(NOT_ON_THE_CPU_EXIT)
     size, flops_per_s, cpus = measure_here(backend, dtype, int(largest))
     print(json.dumps({"size": size, "flops_per_s": flops_per_s, "cpus": cpus}))

@@ -9,16 +9,24 @@ import numpy as np
 
 from mtbench.errors import RunFailure, RunInterrupted
 from mtbench.runner.files import write_json_atomic
-from mtbench.runner.launch import devices_spanned, shared_cpus
+from mtbench.runner.launch import devices_spanned, measuring_cpus
 from mtbench.runner.measurement.environment import run_environment
 from mtbench.runner.measurement.peaks import device_peak_record
 from mtbench.runner.results.schema import SCHEMA_VERSION
 
 
-def utilization(steady, backend, run, devices_used, config, all_backends, family):
-    """Model FLOP/s (as the model family `family` counts them) against the peak of the devices used (MFU)."""
-    peak_record = device_peak_record(backend, run.device, config.dtype, config.cache_dir, all_backends,
-                                     matmul_precision=config.matmul_precision, cpus=shared_cpus())
+def run_peak(config, run, backend, all_backends):
+    """The peak MFU divides by (`device_peak_record`). A CPU's is measured once per CPU model, each backend's in a
+    process of its own on this process's CPUs, so that no other framework is imported here: called before
+    training, its time is a phase of its own and the run's energy and memory hold none of its matmuls."""
+    return device_peak_record(backend, run.device, config.dtype, config.cache_dir, all_backends,
+                              matmul_precision=config.matmul_precision, cpus=measuring_cpus())
+
+
+def utilization(steady, backend, run, devices_used, config, all_backends, family, peak_record=None):
+    """Model FLOP/s (as the model family `family` counts them) against the peak of the devices used (MFU);
+    `peak_record`: `run_peak`'s (None: found now)."""
+    peak_record = peak_record or run_peak(config, run, backend, all_backends)
     peak, peak_source = peak_record["flops_per_s"], peak_record["source"]
     # A CPU's measured peak spans all its cores, which a machine's processes and simulated devices share: one peak
     # a machine the run's processes span.
@@ -57,10 +65,10 @@ def machines_of(processes):
 
 
 def training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
-                    training_memory=None):
+                    training_memory=None, peak_record=None):
     """Every section of the result that training decides; the task's metrics are null until `add_evaluation`
     fills them (`data`: the task's `TaskData`). `training_memory`: `device_memory.training_memory`, read as training
-    ended."""
+    ended; `peak_record`: `run_peak`'s, found before training (None: found now)."""
     extras_record = extras_records(run, plugins)
     devices_used = devices_spanned(extras_record.values())
     steady = outcome.timer.summary()
@@ -129,7 +137,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
             "compile_cache": compile_cache_section(run),
         },
         "utilization": utilization(steady, plugins.backend, run, devices_used, config,
-                                   registry.backends.values(), plugins.model),
+                                   registry.backends.values(), plugins.model, peak_record),
         "memory": {"training": training_memory},
         "target": outcome.target.to_dict(),
         "metrics": _metrics_so_far(plugins.task.metrics, state.history),

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import MACHINE_CPUS
+from conftest import MACHINE_CPUS, cpu_machine_only
 from mtbench import Backend
 from mtbench.runner.measurement.peaks import (calibrate, calibration_path, datasheet_peak, device_peak,
                                               device_peak_record, one_measurement_at_a_time)
@@ -280,3 +280,34 @@ def test_a_measuring_process_that_fails_is_reported_in_the_record_measured_here(
                         rf"torch's float32 matmul peak on CPUs \[{missing_cpu}\] failed: .*Invalid argument",
                         record["source"]), record["source"]
     assert record["cpus"] == HERE and record["flops_per_s"] > 0
+
+
+@pytest.mark.slow
+@cpu_machine_only
+def test_a_first_run_measures_each_backends_peak_in_a_process_of_its_own_before_training(tmp_path):
+    """On a cache without peaks a jax run measures jax's and torch's matmul peaks (MFU divides by the faster one),
+    each in a process of its own: torch is never imported into the run's process, whose host memory (and on a
+    machine with RAPL, energy) would count it. The measuring is a phase of its own, before training."""
+    import subprocess
+    import sys
+
+    from conftest import REPOSITORY, cli_environment
+    out, cache = tmp_path / "run.json", tmp_path / "cache"
+    program = ("import runpy, sys\n"
+               f"sys.argv = ['mtbench', 'train', '--backend', 'jax', '--model', 'gpt', '--preset', 'tiny', "
+               f"'--data', {os.path.join(REPOSITORY, 'README.md')!r}, '--block-size', '32', '--batch-size', '8', "
+               f"'--steps', '6', '--measure-only', '--dtype', 'float32', '--cache-dir', {str(cache)!r}, "
+               f"'--out', {str(out)!r}]\n"
+               "try:\n    runpy.run_module('mtbench', run_name='__main__')\nexcept SystemExit as exit:\n"
+               "    assert not exit.code, exit.code\n"
+               "print(sorted({name.split('.')[0] for name in sys.modules if name.startswith(('jax', 'torch'))}))\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=cli_environment())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch" not in eval(proc.stdout.strip().splitlines()[-1])
+    with open(out) as f:
+        result = json.load(f)
+    assert result["utilization"]["peak_source"].endswith("(the fastest of jax, torch on this CPU)")
+    assert sorted(name.split("-")[0] for name in os.listdir(cache / "calibration") if name.endswith(".json")) == [
+        "jax", "torch"]
+    phases = list(result["timing"]["phases_s"])
+    assert phases.index("peak") < phases.index("train") and result["timing"]["phases_s"]["peak"] > 0
