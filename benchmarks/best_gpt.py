@@ -30,7 +30,8 @@ DTYPES = ("float32", "mixed_bfloat16")
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # No abbreviations: `--init glorot` must not pass for `--initial-weights glorot`.
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--backend", choices=sorted(MODULES), required=True)
     parser.add_argument("--model", default="gpt", choices=["gpt"], help="only the language model has references")
     parser.add_argument("--preset", default="gpt2-small")
@@ -69,7 +70,9 @@ def parse_args(argv):
         parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--report", default=None, help=argparse.SUPPRESS)
     args, ignored = parser.parse_known_args(argv)
-    args.ignored_options = ignored  # `mtbench train` options a matrix gives every row; recorded, not applied
+    if ignored:  # a matrix's train options go to every row: one the reference cannot apply would part it from them
+        parser.error(f"{' '.join(ignored)}: not an option of the reference, which would train otherwise than "
+                     f"mtbench's rows given it")
     if args.step == "mtbench" and args.validate:
         parser.error("--validate scores the reference's model; mtbench's step is scored by mtbench train")
     if args.extra and args.step != "mtbench":
@@ -276,8 +279,7 @@ def measure(args):
         "status": "completed", "backend": args.backend,
         "train_step": getattr(step, "name", f"best-by-hand {args.backend}"),
         "description": getattr(step, "description", ""),
-        "config": {**config.to_dict(), "steps": args.steps, "timing_window": args.timing_window,
-                   "ignored_options": args.ignored_options},
+        "config": {**config.to_dict(), "steps": args.steps, "timing_window": args.timing_window},
         "model": {"dtype_policy": args.dtype, "dropout": shape.dropout, "vocab_size": shape.vocab_size,
                   "parameters": parameters},
         "timing": {"step_s_median": median, "step_s_p90": sorted(per_step)[int(0.9 * (len(per_step) - 1))],

@@ -951,7 +951,8 @@ def parse_args(argv):
         train_options = []
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default=None,
-                        help="comma-separated (default: small on a GPU, tiny on a CPU)")
+                        help=f"comma-separated (default: {','.join(PRESETS_ON['gpu'])} on a GPU, "
+                             f"{','.join(PRESETS_ON['cpu'])} on a CPU)")
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--runs", default=",".join(WAYS_BY_LABEL),
                         help="comma-separated ways to train, of: " + ", ".join(WAYS_BY_LABEL))

@@ -1,6 +1,8 @@
-"""The language-model baseline a PyTorch user would write instead of mtbench: nanoGPT's shape as a plain
-`nn.Module`, trained by benchmarks/native_torch.py's step (`torch.optim.AdamW` with a `LambdaLR` schedule, eager or
-`torch.compile`d, optionally under `torch.autocast(bfloat16)`). Nothing from Keras.
+"""mtbench's language model written in plain PyTorch, layer for layer: nanoGPT's shape as an `nn.Module`, trained by
+benchmarks/native_torch.py's step (`torch.optim.AdamW` with a `LambdaLR` schedule, eager or `torch.compile`d,
+optionally under `torch.autocast(bfloat16)`). Nothing from Keras: what it costs against mtbench's step is what Keras
+adds. It keeps mtbench's layout (three projection Linears joined at every step); the best a PyTorch user writes is
+benchmarks/best_gpt_torch.py.
 
 Same architecture as `mtbench.keras_models.gpt`: pre-LayerNorm blocks (LayerNorm eps 1e-5), causal attention
 through `F.scaled_dot_product_attention` (whose kernel mtbench's torch backend holds the process to: the math one

@@ -1,6 +1,8 @@
-"""The baseline a PyTorch user would write instead of mtbench: the same Transformer as a plain `nn.Module`,
-`torch.optim.AdamW` with a `LambdaLR` schedule, and an eager train step; optionally under
-`torch.autocast(bfloat16)` and optionally compiled with `torch.compile`. Nothing from Keras.
+"""mtbench's Transformer written in plain PyTorch, layer for layer: an `nn.Module`, `torch.optim.AdamW` with a
+`LambdaLR` schedule, and an eager train step; optionally under `torch.autocast(bfloat16)` and optionally compiled
+with `torch.compile`. Nothing from Keras: what it costs against mtbench's step is what Keras adds. It keeps mtbench's
+layout, so it is not the best a PyTorch user writes (benchmarks/best_gpt_torch.py is): the query, key and value
+weights stay three Linears, joined for one product at every step as mtbench's model joins them.
 
 It trains on the device Keras-torch would put mtbench's variables on (`default_device`), or on the one it is
 given: model, optimizer state and batches live there, autocast is that device's, and `block()` waits for CUDA.

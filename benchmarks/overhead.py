@@ -5,11 +5,15 @@
     python benchmarks/overhead.py [--quick] [--model transformer|gpt] [--text FILE] [--backends jax,torch]
                                   [--dtypes float32,mixed_bfloat16] [--batch-size 64] [--length 32] [--rounds 6]
                                   [--steps-per-round 5] [--warmup 3] [--no-keras] [--cpus 0,1] [--cache-dir DIR]
+                                  [--baseline native|best]
 
 The model is the translation Transformer (benchmarks/native_torch.py, native_flax.py), or with --model gpt the
 decoder-only language model (native_gpt_torch.py, native_gpt_flax.py: nanoGPT's shape) on the language-modelling
 task's byte-level batches of --text FILE or the built-in corpus's source side, its block --length tokens (default:
-the preset's, 128 for `small`).
+the preset's, 128 for `small`). With --baseline best (--model gpt), mtbench's best step on each backend (torch
+compiled, JAX jitted, fused attention where the device has it) against the best-by-hand references
+(best_gpt_torch.py compiled on every device, best_gpt_jax.py); each reference's recipe is recorded in
+`train_steps`.
 
 How the figures are taken. Each (backend, precision) runs in its own process (keras reads its backend once at
 import). In it, the contestants train their own copies of one model from the same initial weights on the same
@@ -54,10 +58,12 @@ BEST_MODULES = {("gpt", "jax"): "benchmarks.best_gpt_jax", ("gpt", "torch"): "be
 
 @dataclass
 class Contestant:
-    """`step(batch)` trains on one batch; `synchronize()` returns once the device has finished all of it."""
+    """`step(batch)` trains on one batch; `synchronize()` returns once the device has finished all of it;
+    `ran`: what its step is (a hand-written one's recipe)."""
     name: str
     step: object
     synchronize: object
+    ran: str = None
 
 
 def interleaved_order(names, rounds):
@@ -135,7 +141,7 @@ def native_contestant(backend_name, workload, weights, settings, name="native", 
     def train(batch):
         float(step(*convert(batch))["loss"])  # a training loop reads its loss, as mtbench's does
 
-    return Contestant(name, train, step.block)
+    return Contestant(name, train, step.block, getattr(step, "description", None) or getattr(step, "name", None))
 
 
 def keras_contestant(name, backend, model, train_step):
@@ -180,8 +186,12 @@ def measure(backend_name, dtype, args):
     contestants.append(keras_contestant("mtbench", backend, model, mtbench_step))
     # The baseline trains where mtbench's variables are (Keras-torch puts them on CUDA when it can).
     native_options = {"device": model.weights[0].value.device} if backend_name == "torch" else {}
-    contestants.append(native_contestant(backend_name, workload, weights, settings,
-                                         name="best" if best else "native", **native_options))
+    if best and backend_name == "torch":
+        native_options["compile"] = True  # as mtbench's best step, on every device (the reference's default: CUDA)
+    baseline = native_contestant(backend_name, workload, weights, settings, name="best" if best else "native",
+                                 **native_options)
+    contestants.append(baseline)
+    step_names[baseline.name] = baseline.ran
     if args.keras:
         keras_model = build_keras_model(keras, workload, total_steps)
         contestants.append(keras_contestant("keras", backend, keras_model, KerasTrainStep(keras_model)))

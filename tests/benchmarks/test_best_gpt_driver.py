@@ -137,4 +137,18 @@ def test_overhead_sets_mtbenchs_best_step_beside_the_references(cache_dir):
     assert summary["jax_ratio_best_float32"] > 0 and summary["torch_ratio_best_float32"] > 0
     steps = {run["backend"]: run["train_steps"]["mtbench"] for run in summary["runs"]}
     assert steps == {"jax": "jax-jit-stateless", "torch": "torch-compiled"}
+    # The references compile too, on every device (the torch reference alone compiles only on CUDA by default).
+    references = {run["backend"]: run["train_steps"]["best"] for run in summary["runs"]}
+    assert ", torch.compile" in references["torch"] and "one donating jit" in references["jax"]
     assert all(run["baseline"] == "best" and "best" in run["contestants"] for run in summary["runs"])
+
+
+@pytest.mark.parametrize("options", [["--seed", "3"], ["--clip", "none"], ["--init", "glorot"]])
+def test_an_option_the_reference_cannot_apply_is_refused_rather_than_dropped(options, capsys):
+    """A GPU matrix gives its train options to every row: the reference rows refuse one they cannot apply (another
+    seed's batches, another clipping), and take no abbreviation (`--init` is not `--initial-weights`)."""
+    from benchmarks import best_gpt
+    with pytest.raises(SystemExit) as exit:
+        best_gpt.parse_args(["--backend", "torch", *options])
+    assert exit.value.code == 2
+    assert f"error: {' '.join(options)}: not an option of the reference" in capsys.readouterr().err

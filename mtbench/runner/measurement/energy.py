@@ -86,13 +86,14 @@ class AmdSmiCounter(Counter):
 
 def rapl_domains(root=RAPL_ROOT):
     """The package-level RAPL domains ('intel-rapl:N' or 'amd-rapl:N', not their subdomains) whose counters this
-    process can read: [(energy_uj path, wrap range in µJ)]."""
+    process can read: [(energy_uj path, wrap range in µJ)]. A client machine's 'psys' zone, also top-level, holds the
+    packages' energy and the platform's beside it: counted with them, it would count the packages twice."""
     if not os.path.isdir(root):
         return []
     domains = []
     for name in sorted(os.listdir(root)):
         prefix, _, rest = name.partition(":")
-        if not prefix.endswith("rapl") or not rest or ":" in rest:
+        if not prefix.endswith("rapl") or not rest or ":" in rest or _zone_name(root, name) == "psys":
             continue
         energy, wrap = os.path.join(root, name, "energy_uj"), os.path.join(root, name, "max_energy_range_uj")
         try:
@@ -103,6 +104,14 @@ def rapl_domains(root=RAPL_ROOT):
         except (OSError, ValueError):
             continue
     return domains
+
+
+def _zone_name(root, zone):
+    try:
+        with open(os.path.join(root, zone, "name")) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 class NamedDevices(ValueError):

@@ -56,7 +56,7 @@ def test_the_state_per_device_is_a_figure_of_every_output():
     figure = FIGURES_BY_KEY["state_bytes_per_device"]
     result = {"extras_record": {"flash-attention": {"kernels": []}, "fsdp": {"state_bytes": 3 * 2 ** 20}}}
     assert figure.value(result) == 3 * 2 ** 20 and figure.text(figure.value(result)) == "3.0"
-    assert figure.title == "training state, per device (MiB)"
+    assert figure.title == "training state, largest device (MiB)"
     assert figure.value({"extras_record": {}}) is None and figure.text(None) == "n/a"
 
 

@@ -20,10 +20,12 @@ def write_domain(root, name, energy_uj, wrap_uj=262143328850):
 
 
 def test_rapl_reads_package_domains_only_and_survives_a_wrap(tmp_path):
-    write_domain(tmp_path, "intel-rapl:0", 1_000_000, wrap_uj=10_000_000)
+    (write_domain(tmp_path, "intel-rapl:0", 1_000_000, wrap_uj=10_000_000) / "name").write_text("package-0\n")
     write_domain(tmp_path, "intel-rapl:0:0", 5)    # a subdomain (core): already inside the package's count
-    write_domain(tmp_path, "intel-rapl:1", 2_000_000, wrap_uj=10_000_000)
+    write_domain(tmp_path, "intel-rapl:1", 2_000_000, wrap_uj=10_000_000)  # a second socket (no name file here)
     (tmp_path / "intel-rapl:2").mkdir()              # no counter file: skipped, not fatal
+    # A laptop's platform zone, top-level too: the packages' energy and more, so left out.
+    (write_domain(tmp_path, "intel-rapl:3", 9_000_000) / "name").write_text("psys\n")
     domains = rapl_domains(str(tmp_path))
     assert [path.split("/")[-2] for path, _ in domains] == ["intel-rapl:0", "intel-rapl:1"]
     counter = RaplCounter(domains)
