@@ -7,10 +7,15 @@ import re
 import sys
 import time
 import traceback
+import warnings
 
 import click
 from rich.console import Console
 from rich.table import Table
+
+# mtbench's own deprecations are a plugin's author's to see, and a plugin's module is never __main__, where
+# Python's filters alone show a DeprecationWarning.
+warnings.filterwarnings("default", r"mtbench\.", DeprecationWarning)
 
 from mtbench.plugins import manager as plugins
 from mtbench.errors import MtbenchError, ReportingFailed

@@ -671,7 +671,7 @@ def plugin_path(tmp_path_factory):
 
 
 CARELESS = """
-from mtbench import Dataset, Extra, Reporter, hookimpl
+from mtbench import Backend, Dataset, Extra, Reporter, hookimpl
 
 
 class Typo(Extra):
@@ -699,6 +699,28 @@ class Fine(Extra):
     backends = ("jax",)
 
 
+class NoConflicts(Extra):
+    name = "careless-noconflicts"
+    backends = ("jax",)
+    conflicts = None
+
+
+class NoModules(Backend):
+    name = "careless-nomodules"
+    keras_backend = "torch"
+    framework_modules = None
+
+
+class Deviceless(Backend):  # device_info, which every backend must give, left out
+    name = "careless-backend"
+    keras_backend = "torch"
+
+
+class OnIt(Extra):
+    name = "careless-on-it"
+    backends = ("careless-backend",)
+
+
 class Quiet(Reporter):
     name = "none"
 
@@ -714,8 +736,14 @@ def mtbench_register_extra(register):  # mtbench's hook is mtbench_register_extr
 
 @hookimpl
 def mtbench_register_extras(register):
-    for extra in (Pairs(), NoBackends(), Colon(), Clash(), Fine()):
+    for extra in (Pairs(), NoBackends(), Colon(), Clash(), Fine(), NoConflicts(), OnIt()):
         register(extra)
+
+
+@hookimpl
+def mtbench_register_backends(register):
+    register(NoModules())
+    register(Deviceless())
 
 
 @hookimpl

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from conftest import device_kind
+from conftest import cpu_machine_only, device_kind, run_cli
 from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 from mtbench.runner.results.schema import schema_errors
 
@@ -102,3 +102,13 @@ def test_the_run_ends_with_a_short_summary_of_the_figures_read_first(tiny_runs, 
                   "--report table"):
         assert label in "\n".join(summary)
     assert "steady step median" not in stdout  # the table's, not printed by default
+
+
+@cpu_machine_only
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cpu_runs_device_memory_is_null_and_says_why(tiny_runs, backend):
+    result = tiny_runs[backend]["result"]
+    assert result["memory"]["peak_device_bytes"] is None and result["memory"]["training"]["per_device"] is None
+    assert result["memory"]["training"]["reason"] == "the CPU's memory is the host's: peak_host_bytes"
+    table = run_cli("report", tiny_runs[backend]["path"], "--report", "table")
+    assert "n/a (the CPU's memory is the host's: peak_host_bytes)" in table.stdout

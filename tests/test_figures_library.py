@@ -117,3 +117,18 @@ def test_the_memory_rows_read_the_largest_device_and_the_timing_rows_their_own_f
     assert rows == {"compile_s": "3.50", "step_s_median": "12.5", "step_s_p90": "20.0", "tokens_per_s": "5,000",
                     "peak_host_bytes": "900", "peak_training_device_bytes": "800", "state_bytes_per_device": "40.0",
                     "peak_device_bytes": "1,000"}
+
+
+def test_under_the_command_line_a_plugins_old_name_is_warned_about_on_stderr(tmp_path):
+    """Python shows a DeprecationWarning only where `__main__` triggers it, and a plugin's module never is: the
+    command line shows mtbench's own, once a line of the plugin, for its author to see."""
+    import subprocess
+    import sys
+
+    (tmp_path / "old_plugin.py").write_text("from mtbench import FIGURES\nfrom mtbench import FIGURES as AGAIN\n")
+    program = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import mtbench.cli; import old_plugin; print('ok')"
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "DeprecationWarning: mtbench.FIGURES moved" in line]
+    assert len(warned) == 2
+    assert all("old_plugin.py" in line for line in warned)

@@ -15,12 +15,25 @@ BASE_CLASSES = {"backends": Backend, "extras": Extra, "datasets": Dataset, "repo
 # deprecated their older form: mtbench calls them through `Registry.call`, which passes an older form the
 # arguments it takes. A method that gains an argument joins them, with the version that grew it.
 GROWN = {"reporters": {"report": "1.0"}, "extras": {"make_train_step": "1.0"}}
+# The methods another one replaced, by kind: (the plugin API version that deprecated them, the form mtbench calls
+# instead). mtbench still calls one a plugin implements, and names it as an older form.
+REPLACED = {"extras": {"adjust_config": ("1.2", "config_changes(run)")}}
 
 
 def deprecated_in(kind, method):
     """The plugin API version that deprecated `method`'s older forms (the current one for a method not listed)."""
     from mtbench.plugins.api.versioning import PLUGIN_API_VERSION
+    if method in REPLACED.get(kind, {}):
+        return REPLACED[kind][method][0]
     return GROWN.get(kind, {}).get(method, PLUGIN_API_VERSION)
+
+
+def replaced_form(item, kind, method):
+    """(the form `item` implements, the form mtbench calls instead) where `item` implements `method`, which another
+    replaced (`REPLACED`); None otherwise."""
+    if getattr(type(item), method, None) is getattr(BASE_CLASSES[kind], method, None):
+        return None
+    return form(method, positional_parameters(getattr(item, method)) or ["..."]), REPLACED[kind][method][1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,7 +81,8 @@ def older_form(item, kind, method):
 
 def older_forms(item, kind):
     """Every (method, implemented form, current form) of `item` that is an older form of the API."""
-    return [(method, *found) for method in GROWN.get(kind, ()) if (found := older_form(item, kind, method))]
+    return ([(method, *found) for method in GROWN.get(kind, ()) if (found := older_form(item, kind, method))]
+            + [(method, *found) for method in REPLACED.get(kind, ()) if (found := replaced_form(item, kind, method))])
 
 
 def fitting_arguments(method, args):

@@ -23,7 +23,8 @@ import pluggy
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins import api, hookspecs
 from mtbench.plugins.api.versioning import next_major
-from mtbench.plugins.compat import deprecated_in, fitting_arguments, form, older_form, older_forms
+from mtbench.plugins.compat import (deprecated_in, fitting_arguments, form, older_form, older_forms,
+                                    replaced_form)
 
 ENTRY_POINT_GROUP = "mtbench"
 LOAD_PLUGINS_ENV = "MTBENCH_LOAD_PLUGINS"
@@ -167,6 +168,16 @@ class Registry:
             self.warn(deprecation_text(self.provider.get((kind, item.name), "?"), kind, item.name, implemented,
                                        current, deprecated_in(kind, method)))
         return bound(*fitting)
+
+    def call_replaced(self, kind, item, method, *args):
+        """`item.method(*args)`, a method another replaced (`compat.REPLACED`) that `item` still implements: named
+        once in a deprecation warning with the form mtbench calls instead."""
+        if (kind, item.name, method) not in self.deprecated:
+            self.deprecated.add((kind, item.name, method))
+            implemented, current = replaced_form(item, kind, method)
+            self.warn(deprecation_text(self.provider.get((kind, item.name), "?"), kind, item.name, implemented,
+                                       current, deprecated_in(kind, method)))
+        return getattr(item, method)(*args)
 
     def keras_callbacks(self, config):
         """(plugin name, callback) of the Keras callbacks plugins add to a run (keras imported). A plugin whose
@@ -335,9 +346,12 @@ def registration_refusal(kind, item):
                 f"command line takes it)")
     if name in RESERVED_NAMES.get(kind, ()):
         return f"the name '{name}', which the command line takes for no {singular(kind)}"
-    backends = getattr(item, "backends", None) if kind == "extras" else ()
-    if not (isinstance(backends, (list, tuple)) and all(isinstance(backend, str) for backend in backends)):
-        return f"extra '{name}' with backends {backends!r} (a list of backend names)"
+    # Names every run reads, whichever plugins it chose: one that is no list of names would break them all.
+    for attribute, kind_of, meaning in (("backends", "extras", "backend names"), ("conflicts", "extras", "extra names"),
+                                        ("framework_modules", "backends", "module names")):
+        value = getattr(item, attribute, None) if kind == kind_of else ()
+        if not (isinstance(value, (list, tuple)) and all(isinstance(entry, str) for entry in value)):
+            return f"{singular(kind)} '{name}' with {attribute} {value!r} (a list of {meaning})"
     return None
 
 

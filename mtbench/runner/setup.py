@@ -298,7 +298,7 @@ def adjusted_config(run, plugins):
         run = dataclasses.replace(run, config=config)
         for extra in in_place:
             with plugins.extra_code(extra):
-                extra.adjust_config(run)
+                plugins.registry.call_replaced("extras", extra, "adjust_config", run)
     return config
 
 

@@ -100,7 +100,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     load_during = machine_load(load_before, sample_load(), launch.local_processes)
     built.batches.close()
     result = training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
-                             training_memory(plugins.backend, run.processes), peak)
+                             training_memory(plugins.backend, run.processes, run.device), peak)
     result["machine_load"] = load_during
 
     if outcome.status == "completed" and config.measure_only:

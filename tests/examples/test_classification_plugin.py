@@ -95,7 +95,8 @@ def compared(cache_dir, tmp_path_factory):
 @pytest.mark.slow  # about 45 s: a weights file and four training processes
 def test_both_backends_train_one_float32_loss_curve_and_pass_the_parity_check(compared):
     combined = compared["combined"]
-    assert [run["label"] for run in combined["runs"]] == ["jax:model=mlp-classifier", "torch:model=mlp-classifier"] * 2
+    jax, torch = "jax:model=mlp-classifier", "torch:model=mlp-classifier"
+    assert [run["label"] for run in combined["runs"]] == [jax, torch, torch, jax]  # the second repeat in reverse
     assert [entry["repeats"] for entry in combined["summary"]] == [2, 2]
     assert combined["parity"]["passed"] is True
     curves = [[h["loss"] for h in run["result"]["history"]] for run in combined["runs"]]

@@ -266,12 +266,19 @@ def test_an_authors_mistakes_mark_the_plugin_broken_and_every_command_still_runs
     assert version.returncode == 0 and "Traceback" not in version.stderr
     listing = plugins_json(env)
     careless, again = by_name(listing)["careless"], by_name(listing)["again"]
-    assert careless["status"] == "broken" and careless["provides"] == {"extras": ["careless-fine"]}
+    assert careless["status"] == "broken"
+    assert careless["provides"] == {"backends": ["careless-backend"], "extras": ["careless-fine", "careless-on-it"]}
+    # A backend that cannot describe its devices is said in its extras' rows; the listing goes on.
+    on_it = next(row for row in listing["extras"] if row["extra"] == "careless-on-it")
+    assert on_it["available"] is False and on_it["reason"] == (
+        "backend 'careless-backend' cannot describe its devices: NotImplementedError: ")
     problems = "\n".join(careless["problems"])
     for said in ("implements mtbench_register_extra, which is no mtbench hook (did you mean "
                  "mtbench_register_extras?): never called",
                  "registers a Pairs, which is no Extra (mtbench.plugins.api.Extra) as extra; ignored",
                  "registers extra 'careless-nobackends' with backends None (a list of backend names)",
+                 "registers extra 'careless-noconflicts' with conflicts None (a list of extra names)",
+                 "registers backend 'careless-nomodules' with framework_modules None (a list of module names)",
                  "registers the name 'careless:fast' (a name is letters, digits",
                  "registers extra 'torch-compile', already provided by 'torch_compile'; ignored",
                  "registers the name 'none', which the command line takes for no reporter as reporter; ignored"):

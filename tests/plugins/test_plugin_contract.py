@@ -18,7 +18,7 @@ from conftest import REPOSITORY
 from mtbench import (Backend, Batch, Dataset, Extra, KerasTrainStep, Launch, ModelFamily, ProcessGroup, Reporter,
                      Tokenizer, TrainStep)
 from mtbench.plugins.api.versioning import next_major
-from mtbench.plugins.compat import GROWN, older_forms
+from mtbench.plugins.compat import GROWN, REPLACED, older_forms
 from mtbench.plugins.manager import Registry
 
 with open(os.path.join(REPOSITORY, "docs", "plugins.md"), encoding="utf-8") as _guide:
@@ -119,6 +119,34 @@ def test_the_methods_that_grew_are_listed_as_older_forms():
     for kind, methods in GROWN.items():
         for method in methods:
             assert f"`{method}(" in GUIDE
+
+
+def test_an_extra_that_still_changes_the_configuration_in_place_is_called_and_named_deprecated_once():
+    """`Extra.adjust_config(run)` (deprecated in 1.2 for `config_changes`) still changes the run's configuration, on
+    a copy, and is named once in a deprecation warning and among `mtbench plugins`' older forms."""
+    from mtbench.plugins.api import RunContext
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import RunPlugins, adjusted_config
+
+    class InPlace(Extra):
+        name = "in-place"
+
+        def adjust_config(self, run):
+            run.config.batch_size = 8
+
+    registry = Registry()
+    registry.provider[("extras", "in-place")] = "someone"
+    given = TrainConfig(steps=5)
+    run = RunContext(config=given, backend=None, device={"count": 1})
+    plugins = RunPlugins(None, [InPlace()], [], registry)
+    assert [adjusted_config(run, plugins).batch_size for _ in range(2)] == [8, 8] and given.batch_size != 8
+    [warning] = registry.warnings
+    assert warning.startswith("plugin 'someone': extra 'in-place' implements adjust_config(run), deprecated in "
+                              "plugin API 1.2: mtbench calls config_changes(run)")
+    assert older_forms(InPlace(), "extras") == [("adjust_config", "adjust_config(run)", "config_changes(run)")]
+    for kind, methods in REPLACED.items():
+        for method in methods:
+            assert f"`Extra.{method}(" in GUIDE
 
 
 def test_a_model_family_without_the_later_methods_has_defaults_that_say_so():

@@ -128,9 +128,10 @@ class Backend:
         return False
 
     def device_memory(self):
-        """[{'device': name, 'peak_bytes': int, 'in_use_bytes': int}] for each device this process computes on,
-        as the framework's allocator counts them (bytes held by live arrays or tensors, not what the allocator
-        reserved from the driver); None where the framework reports none (CPUs)."""
+        """[{'device': name, 'index': int, 'peak_bytes': int, 'in_use_bytes': int}] for each device this process
+        computes on (index: the framework's number for it), as the framework's allocator counts them (bytes held by
+        live arrays or tensors, not what the allocator reserved from the driver); None where the framework reports
+        none (CPUs)."""
         return None
 
     def matmul_flops_per_s(self, dtype, size):

@@ -164,7 +164,7 @@ def _evaluated(metrics):
 def _training_memory(result):
     training = (result.get("memory") or {}).get("training") or {}
     if not training.get("per_device"):
-        return "n/a"
+        return f"n/a ({training['reason']})" if training.get("reason") else "n/a"
     peaks = " / ".join(f"{device['peak_bytes'] / 2 ** 20:,.0f}" for device in training["per_device"])
     return f"{peaks} MiB (since {training['peak_since']})"
 

@@ -19,6 +19,16 @@ def ignored_compile_options_reason(extra, backend):
     return None
 
 
+def backend_devices(backend):
+    """(`device_info()`, None), or (None, why not): the framework missing, or failing to start. A backend plugin that
+    fails here is said in its extras' rows, and the listing goes on."""
+    try:
+        missing = backend.missing_framework()
+        return (None, missing) if missing else (backend.device_info(), None)
+    except Exception as error:  # noqa: BLE001 (one broken backend must not hide the other plugins)
+        return None, f"backend '{backend.name}' cannot describe its devices: {type(error).__name__}: {error}"
+
+
 def extras_availability(registry):
     """One row per (extra, backend it serves): available or the reason, for a default run on this machine.
     Describing a backend's devices imports its framework (not keras)."""
@@ -30,12 +40,12 @@ def extras_availability(registry):
             if backend is None:
                 reason = f"backend '{backend_name}' is not installed as a plugin"
             else:
-                reason = backend.missing_framework()
+                if backend_name not in devices:
+                    devices[backend_name] = backend_devices(backend)
+                reason = devices[backend_name][1]
                 if reason is None:
-                    if backend_name not in devices:
-                        devices[backend_name] = backend.device_info()
                     config = TrainConfig(backend=backend_name)
-                    run = RunContext(config=config, backend=backend, device=devices[backend_name],
+                    run = RunContext(config=config, backend=backend, device=devices[backend_name][0],
                                      model_shape=config.model)
                     family = registry.models.get(config.model_family[0])
                     if family is not None:  # what the default model tells its extras (remat: its blocks)

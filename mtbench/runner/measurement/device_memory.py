@@ -22,16 +22,26 @@ def every_process(processes, value):
     return [json.loads(bytes(row[:length])) for row, length in zip(processes.gather_bytes(padded), lengths)]
 
 
-def training_memory(backend, processes):
+def training_memory(backend, processes, device=None):
     """The result's `memory.training`, read as training ends: every process's devices (each named with its process
-    in a run of several); `per_device` None where a process's framework reports none (a CPU)."""
+    in a run of several); `per_device` None where a process's framework reports none, with the `reason`. `device`:
+    the run's `Backend.device_info()`."""
     per_process = every_process(processes, backend.device_memory())
     several = processes.world_size > 1
     per_device = None if None in per_process else [
         {**device, **({"process": rank} if several else {})}
         for rank, devices in enumerate(per_process) for device in devices]
     # Peaks from the process's start on every backend: JAX's allocators keep no other.
-    return {"per_device": per_device, "peak_since": "process start"}
+    return {"per_device": per_device, "peak_since": "process start",
+            **({} if per_device is not None else {"reason": no_device_memory_reason(backend, device or {})})}
+
+
+def no_device_memory_reason(backend, device):
+    """Why a run has no device memory figures: a CPU's memory is the host's; an accelerator's framework that reports
+    none (JAX's allocator keeps no statistics under XLA_PYTHON_CLIENT_ALLOCATOR=platform) says so."""
+    if device.get("kind") == "cpu":
+        return "the CPU's memory is the host's: peak_host_bytes"
+    return f"{backend.name} reports no memory statistics of {device.get('name') or 'its devices'}"
 
 
 def largest_peak(backend, processes):

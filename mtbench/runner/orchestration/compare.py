@@ -76,18 +76,21 @@ class ComparePlan:
         return os.path.join(self.runs_dir, f"{spec.label}{'-aa' if spec.twin else ''}-{repeat}{suffix}")
 
     def round(self, repeat):
-        """(spec, repeat) of one repeat, in the order they run. With --aa the baseline's twin runs beside the
-        baseline, after it in odd repeats and before it in even ones, so neither always runs first."""
-        runs = [(spec, repeat) for spec in self.specs]
+        """(spec, repeat) of one repeat, in the order they run: the runs' own order in odd repeats, reversed in even
+        ones (A B, B A, A B, ...), so that a steady drift of the machine (heat, a neighbour's load) does not always
+        fall on the run that comes later, which the paired repeats' interval would take for a difference. With
+        --aa the baseline's twin runs beside the baseline, after it in odd repeats and before it in even ones."""
+        specs = self.specs if repeat % 2 else self.specs[::-1]
+        runs = [(spec, repeat) for spec in specs]
         if self.aa:
-            at = self.specs.index(self.baseline_spec) + repeat % 2
+            at = specs.index(self.baseline_spec) + repeat % 2
             runs.insert(at, (dataclasses.replace(self.baseline_spec, twin=True), repeat))
         return runs
 
     def schedule(self):
-        """(spec, repeat) in the order they run: round-robin over repeats, so a slow drift of the machine (heat,
-        a neighbour's load) touches every run alike instead of the last ones. Under --repeats auto, the first
-        repeat (how many follow depends on their figures)."""
+        """(spec, repeat) in the order they run: round-robin over repeats, each round in turn forwards and backwards
+        (`round`), so a slow drift of the machine touches every run alike instead of the last ones. Under --repeats
+        auto, the first repeat (how many follow depends on their figures)."""
         return [run for repeat in range(1, (self.repeats or 1) + 1) for run in self.round(repeat)]
 
     @property
@@ -376,8 +379,8 @@ def write_combined(plan, progress, status="completed", status_reason=None):
     combined = combined_json(comparison, progress.entries, {"status": status, "status_reason": status_reason}, {
         "initial_weights": weights[plan.baseline_spec.shape],
         "initial_weights_by_size": {shape_label(shape): record for shape, record in weights.items()},
-        "run_order": "round-robin: every run once, then every run again for each further repeat (each run's "
-                     "`position` is its place in that order)",
+        "run_order": "round-robin: every run once, then every run again for each further repeat, in reverse "
+                     "order in even repeats (each run's `position` is its place in that order)",
         "repeats_auto": progress.auto,
         "aa_runs": progress.twin_entries,
     })

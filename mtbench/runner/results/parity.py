@@ -111,7 +111,8 @@ class ParityReport:
         return max(self.pairs, key=lambda pair: pair.max_relative_difference, default=None)
 
     def to_dict(self):
-        return {"steps": self.steps, "tolerance": self.tolerance, "passed": not self.failures,
+        # Null where no pair was held to anything: a check that compared nothing passed nothing.
+        return {"steps": self.steps, "tolerance": self.tolerance, "passed": not self.failures if self.pairs else None,
                 "max_relative_difference": self.largest.max_relative_difference if self.pairs else None,
                 "pairs": [asdict(pair) for pair in self.pairs], "unchecked": self.unchecked}
 

@@ -167,9 +167,9 @@ def side_figure(key, results):
     verdict's ratio even where windows were cut short; for the others, and for runs without steady windows, the
     median over the repeats of the recorded figure."""
     if key in stats.WINDOW_FIGURES:
-        interval = stats.figure_interval(key, results)
-        if interval is not None:
-            return interval[0]
+        point = stats.figure_point(key, results)
+        if point is not None:
+            return point
     return Stat.of([FIGURES_BY_KEY[key].value(result) for result in results]).median
 
 

@@ -252,6 +252,13 @@ class RunGroup:
         figure = FIGURES_BY_KEY[key]
         return Stat.of([figure.value(result) for result in self.results])
 
+    def speed(self):
+        """Steady tokens/s over the repeats as the verdicts take it (`verdicts.figure_point`: the geometric mean of
+        each repeat's tokens over the seconds of its steady windows), so that a speed-up and its verdict are one
+        ratio; the median of the recorded tokens/s where no repeat kept its windows."""
+        point = stats.figure_point(stats.SPEED_FIGURE, self.results)
+        return point if point is not None else self.stat("tokens_per_s").median
+
     def choice_text(self, text):
         """What `text` (a RUN_CHOICES function) says of the repeats: one text where they agree, else each with the
         repeats it holds for ('cold (0 hits, 18 misses) in #1; warm (18 hits, 0 misses) in #2'), not the first's
@@ -360,15 +367,15 @@ class Comparison:
         return {k: v for k, v in self.baseline.first["config"].items() if k not in per_run}
 
     def speedup(self, group):
-        """Steady tokens/s against the baseline's (medians over repeats): above 1 is faster."""
-        mine, theirs = group.stat("tokens_per_s").median, self.baseline.stat("tokens_per_s").median
+        """Steady tokens/s against the baseline's (`RunGroup.speed`, the verdicts' ratio): above 1 is faster."""
+        mine, theirs = group.speed(), self.baseline.speed()
         return mine / theirs if mine is not None and theirs else None
 
     def scaling(self, group):
         """A run of N processes against the run of one process it scales (the same backend, train step, extras
         less those that span the processes, dtype and hardware): {'processes', 'against', 'ideal_speedup',
-        'efficiency'}, the efficiency being N-process tokens/s over `ideal_speedup` x one-process tokens/s (medians
-        over repeats); None for a run of one process, or of N without its one-process run in the comparison."""
+        'efficiency'}, the efficiency being N-process tokens/s over `ideal_speedup` x one-process tokens/s
+        (`RunGroup.speed`); None for a run of one process, or of N without its one-process run in the comparison."""
         count = run_processes(group.first)
         if count == 1:
             return None
@@ -380,7 +387,7 @@ class Comparison:
                     and list(result["extras"]) == single and result.get("train_step") == group.first.get("train_step")
                     and other.dtype == group.dtype
                     and other.hardware == group.hardware and _settings(result) == _settings(group.first)):
-                mine, theirs = group.stat("tokens_per_s").median, other.stat("tokens_per_s").median
+                mine, theirs = group.speed(), other.speed()
                 ideal = ideal_speedup(group.first, result)
                 efficiency = mine / (ideal * theirs) if mine is not None and theirs else None
                 return {"processes": count, "against": other.label, "ideal_speedup": ideal,
@@ -388,11 +395,11 @@ class Comparison:
         return None
 
     def ranking(self):
-        """The runs by median tokens/s, fastest first, and whether that order can be trusted: `reason` says why not
-        (the fastest is not faster than the next beyond the noise, as the verdicts hold a run to the baseline, or
-        either carries a warning), else None."""
-        timed = [group for group in self.groups if group.stat("tokens_per_s").median is not None]
-        order = sorted(timed, key=lambda group: group.stat("tokens_per_s").median, reverse=True)
+        """The runs by tokens/s (`RunGroup.speed`), fastest first, and whether that order can be trusted: `reason`
+        says why not (the fastest is not faster than the next beyond the noise, as the verdicts hold a run to the
+        baseline, or either carries a warning), else None."""
+        timed = [group for group in self.groups if group.speed() is not None]
+        order = sorted(timed, key=lambda group: group.speed(), reverse=True)
         reasons = []
         if len(order) > 1:
             first, second = order[0], order[1]
@@ -544,8 +551,8 @@ def table_cells(comparison):
     # The quality figures of the runs' task (no BLEU rows for a language model or a classifier, no perplexity rows
     # for translation); the JSON and CSV summaries keep every figure.
     rows += [[figure.title, *(_cell(group, figure) for group in groups)] for figure in comparison.figures]
-    # The ratio of the median tokens/s; the verdict rows below give the windows' geometric means with an interval.
-    rows.append([f"tokens/s vs {comparison.baseline.label} (ratio of medians)",
+    # The verdicts' ratio (the windows' geometric means over the repeats); the verdict rows below give its interval.
+    rows.append([f"tokens/s vs {comparison.baseline.label} (geometric means over repeats)",
                  *(_speedup_cell(comparison, group) for group in groups)])
     if any(comparison.scaling(group) for group in groups):
         rows.append(["scaling efficiency (N processes vs N x 1)", *(_scaling_cell(comparison, group) for group in groups)])

@@ -98,6 +98,13 @@ def _window_sides(results):
     return [w for w in (steady_windows(r["history"]) for r in results) if len(w)]
 
 
+def figure_point(key, results):
+    """A window figure (`WINDOW_FIGURES`) of one run's repeats as `ratio_interval` takes it: the geometric mean over
+    the repeats of each one's figure of its steady windows; None where no repeat has a steady window."""
+    side = _window_sides(results)
+    return float(math.exp(np.log([window_figure(key, w) for w in side]).mean())) if side else None
+
+
 def figure_interval(key, results, resamples=RESAMPLES, seed=SEED, confidence=CONFIDENCE):
     """(value, low, high) of a window figure (`WINDOW_FIGURES`) of one run's repeats: the geometric mean over
     the repeats of each one's figure, with its 95 % interval as `ratio_interval` draws one (Student's t over the

@@ -21,6 +21,7 @@ def test_the_largest_device_of_two_processes_is_the_second_ones_and_every_device
 
 class Reported:
     """A backend's report of its devices: two GPUs of one process (JAX), or none (a CPU)."""
+    name = "jax"
 
     def __init__(self, devices):
         self.devices = devices
@@ -38,5 +39,9 @@ def test_one_process_writes_its_devices_as_the_backend_reports_them():
                  "in_use_bytes": MIB} for index in (0, 1)]
     assert training_memory(Reported(two_gpus), alone) == {"per_device": two_gpus, "peak_since": "process start"}
     assert largest_peak(Reported(two_gpus), alone) == 2 * MIB
-    assert training_memory(Reported(None), alone) == {"per_device": None, "peak_since": "process start"}
+    cpu, gpu = {"kind": "cpu", "name": "AMD EPYC 7B13", "count": 1}, {"kind": "gpu", "name": "NVIDIA H100", "count": 1}
+    assert training_memory(Reported(None), alone, cpu) == {"per_device": None, "peak_since": "process start",
+                                                           "reason": "the CPU's memory is the host's: peak_host_bytes"}
+    # An accelerator whose framework keeps no statistics (JAX under XLA_PYTHON_CLIENT_ALLOCATOR=platform).
+    assert training_memory(Reported(None), alone, gpu)["reason"] == "jax reports no memory statistics of NVIDIA H100"
     assert largest_peak(Reported(None), alone) is None

@@ -225,7 +225,7 @@ def test_one_window_against_one_window_gets_no_verdict_rather_than_an_interval_o
     assert comparison.verdicts == {}
     _, rows = table_cells(comparison)
     titles = [row[0] for row in rows]
-    assert "tokens/s vs jax (ratio of medians)" in titles and not any("95 % interval" in t for t in titles)
+    assert "tokens/s vs jax (geometric means over repeats)" in titles and not any("95 % interval" in t for t in titles)
 
 
 def test_break_even_against_a_hand_count():
@@ -401,9 +401,9 @@ def test_repeats_auto_stops_once_every_interval_is_narrow(monkeypatch, tmp_path)
     assert auto["ended_by"] == "width" and auto["repeats"] == stats.MIN_REPEATS and auto["widest"] <= 0.03
     assert auto["text"].startswith(f"--repeats auto ended by width after {stats.MIN_REPEATS} repeat(s): every "
                                    f"tokens/s interval is within ±")
-    # the A/A twin beside the baseline, after it in odd repeats and before it in even ones
-    assert trained[:6] == [("jax", 1), ("jax~aa", 1), ("jax+slow-step", 1), ("jax~aa", 2), ("jax", 2),
-                           ("jax+slow-step", 2)]
+    # Even repeats in reverse order; the A/A twin beside the baseline, after it in odd repeats and before it in even
+    assert trained[:6] == [("jax", 1), ("jax~aa", 1), ("jax+slow-step", 1), ("jax+slow-step", 2), ("jax~aa", 2),
+                           ("jax", 2)]
     assert len(combined["aa_runs"]) == stats.MIN_REPEATS and combined["noise_floor"]["figures"]["tokens_per_s"]["floor"] > 0
     assert [entry["label"] for entry in combined["summary"]] == ["jax", "jax+slow-step"]  # the twin is no run of its own
     assert combined["verdicts"][0]["call"] == "slower"
@@ -431,3 +431,17 @@ def test_a_repeat_measured_zero_gives_no_interval_rather_than_one_over_the_other
         "a repeat measured 0 (a step that compiles nothing): no ratio to it")
     assert regression.no_verdict_reason("compile_s", compiled[:1] + eager[1:2]) == (
         "one repeat on each side: no spread between repeats")
+
+
+def test_the_speed_up_and_the_ranking_are_the_verdicts_ratio_not_a_ratio_of_medians():
+    """Repeats of 100, 100 and 160 tokens/s against 105, 106 and 107: the ratio of medians (1.06) and the verdict's
+    ratio of geometric means (0.906) point opposite ways. The speed-up, the ranking and the verdict read one ratio."""
+    base = [result(step_s=800 / speed, noise=0, seed=k) for k, speed in enumerate((100, 100, 160))]
+    other = [result(extras=("other",), step_s=800 / speed, noise=0, seed=k) for k, speed in enumerate((105, 106, 107))]
+    comparison = build_comparison([LoadedRun(r, f"a{k}.json") for k, r in enumerate(base)]
+                                  + [LoadedRun(r, f"b{k}.json") for k, r in enumerate(other)])
+    candidate = next(group for group in comparison.groups if group is not comparison.baseline)
+    expected = (105 * 106 * 107) ** (1 / 3) / (100 * 100 * 160) ** (1 / 3)  # 0.906
+    assert comparison.speedup(candidate) == pytest.approx(expected)
+    assert comparison.verdicts[candidate.label]["tokens_per_s"].ratio == pytest.approx(expected)
+    assert comparison.ranking()["order"] == [comparison.baseline.label, candidate.label]
