@@ -162,22 +162,26 @@ class Registry:
         once in a deprecation warning with the form mtbench calls now."""
         bound = getattr(item, method)
         fitting = fitting_arguments(bound, args)
-        if len(fitting) < len(args) and (kind, item.name, method) not in self.deprecated:
-            self.deprecated.add((kind, item.name, method))
-            implemented, current = older_form(item, kind, method) or (form(method, ["..."]), method)
-            self.warn(deprecation_text(self.provider.get((kind, item.name), "?"), kind, item.name, implemented,
-                                       current, deprecated_in(kind, method)))
+        if len(fitting) < len(args):
+            self._warn_deprecated_once(kind, item, method,
+                                       lambda: older_form(item, kind, method) or (form(method, ["..."]), method))
         return bound(*fitting)
 
     def call_replaced(self, kind, item, method, *args):
         """`item.method(*args)`, a method another replaced (`compat.REPLACED`) that `item` still implements: named
         once in a deprecation warning with the form mtbench calls instead."""
-        if (kind, item.name, method) not in self.deprecated:
-            self.deprecated.add((kind, item.name, method))
-            implemented, current = replaced_form(item, kind, method)
-            self.warn(deprecation_text(self.provider.get((kind, item.name), "?"), kind, item.name, implemented,
-                                       current, deprecated_in(kind, method)))
+        self._warn_deprecated_once(kind, item, method, lambda: replaced_form(item, kind, method))
         return getattr(item, method)(*args)
+
+    def _warn_deprecated_once(self, kind, item, method, forms):
+        """Names `item.method` once a process in a deprecation warning; `forms()`: (the form it implements, the
+        form mtbench calls)."""
+        if (kind, item.name, method) in self.deprecated:
+            return
+        self.deprecated.add((kind, item.name, method))
+        implemented, current = forms()
+        self.warn(deprecation_text(self.provider.get((kind, item.name), "?"), kind, item.name, implemented, current,
+                                   deprecated_in(kind, method)))
 
     def keras_callbacks(self, config):
         """(plugin name, callback) of the Keras callbacks plugins add to a run (keras imported). A plugin whose

@@ -64,17 +64,10 @@ def devices_spanned(states):
 _shared_cpus = None
 
 
-def shared_cpus():
-    """The CPUs that this machine's processes of the run share out (the affinity this process had before
-    `share_cores` gave it its slice), where it is one of several; None for a process alone on its machine. A
-    measurement of the machine (its matmul peak) runs on all of them, in a process of its own."""
-    return _shared_cpus
-
-
 def measuring_cpus():
     """The CPUs a measurement of this machine (its matmul peak) runs on, in a process of its own: those this
-    machine's processes of the run share (`shared_cpus`), or this process's; None where the OS pins no process
-    (it is measured in this one)."""
+    machine's processes of the run share out (the affinity this process had before `share_cores` gave it its
+    slice), or this process's; None where the OS pins no process (it is measured in this one)."""
     if _shared_cpus is not None:
         return _shared_cpus
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None

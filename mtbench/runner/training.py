@@ -67,7 +67,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     data = prepare_data(config, plugins, raw, stopwatch)
     for line in data.lines:
         console.print(line, highlight=False, soft_wrap=True)
-    ran_on = machine_identity(plugins.backend)  # what the checkpoints record, and a resume must match
+    ran_on = machine_identity(plugins.backend, run.device)  # what the checkpoints record, and a resume must match
     check_resumable(data, resume, ran_on)
     total_steps = count_steps(config, plugins, data)
     with stopwatch.phase("build"):

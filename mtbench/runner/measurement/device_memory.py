@@ -22,10 +22,10 @@ def every_process(processes, value):
     return [json.loads(bytes(row[:length])) for row, length in zip(processes.gather_bytes(padded), lengths)]
 
 
-def training_memory(backend, processes, device=None):
+def training_memory(backend, processes, run_device=None):
     """The result's `memory.training`, read as training ends: every process's devices (each named with its process
-    in a run of several); `per_device` None where a process's framework reports none, with the `reason`. `device`:
-    the run's `Backend.device_info()`."""
+    in a run of several); `per_device` None where a process's framework reports none, with the `reason`.
+    `run_device`: the run's `Backend.device_info()`."""
     per_process = every_process(processes, backend.device_memory())
     several = processes.world_size > 1
     per_device = None if None in per_process else [
@@ -33,7 +33,7 @@ def training_memory(backend, processes, device=None):
         for rank, devices in enumerate(per_process) for device in devices]
     # Peaks from the process's start on every backend: JAX's allocators keep no other.
     return {"per_device": per_device, "peak_since": "process start",
-            **({} if per_device is not None else {"reason": no_device_memory_reason(backend, device or {})})}
+            **({} if per_device is not None else {"reason": no_device_memory_reason(backend, run_device or {})})}
 
 
 def no_device_memory_reason(backend, device):

@@ -185,12 +185,11 @@ def run_environment(backend):
             "device": backend.device_info(), **accelerator_record(backend)}
 
 
-def machine_identity(backend):
-    """What a run's times depend on beyond its configuration: its devices (kind, name, count) and the versions of
-    its framework, keras and mtbench. A resumed run's earlier steps count in its figures, so it continues only
-    where this is the same."""
+def machine_identity(backend, device):
+    """What a run's times depend on beyond its configuration: its devices (`device`, the run's
+    `Backend.device_info()`: kind, name, count) and the versions of its framework, keras and mtbench. A resumed
+    run's earlier steps count in its figures, so it continues only where this is the same."""
     from mtbench import __version__
-    device = backend.device_info()
     return {"device": {key: device.get(key) for key in ("kind", "name", "count")},
             "versions": {**backend.framework_versions(), "keras": _version("keras"), "mtbench": __version__}}
 

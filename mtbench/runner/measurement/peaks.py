@@ -292,8 +292,9 @@ def print_measurement(cpus, backend_name, dtype, largest):
     if backend is None:
         print(f"no backend '{backend_name}' is installed", file=sys.stderr)
         sys.exit(UNKNOWN_BACKEND_EXIT)
-    if backend.device_info().get("kind") != "cpu":  # a framework that would measure a GPU sets no CPU's peak
-        print(f"{backend_name} computes on {backend.device_info().get('name')} here, not on the CPU", file=sys.stderr)
+    device = backend.device_info()
+    if device.get("kind") != "cpu":  # a framework that would measure a GPU sets no CPU's peak
+        print(f"{backend_name} computes on {device.get('name')} here, not on the CPU", file=sys.stderr)
         sys.exit(NOT_ON_THE_CPU_EXIT)
     size, flops_per_s, cpus = measure_here(backend, dtype, int(largest))
     print(json.dumps({"size": size, "flops_per_s": flops_per_s, "cpus": cpus}))

@@ -14,8 +14,8 @@ from rich.table import Table
 from mtbench.errors import MtbenchError
 from mtbench.figures import FIGURES_BY_KEY, hardware, run_processes
 from mtbench.runner.results import verdicts as stats
-from mtbench.runner.results.report import (COMPARED_KEYS, KEY_DEFAULTS, Stat, check_comparable, differing,
-                                           group_runs, load_runs, recorded_noise_floor, versions_text)
+from mtbench.runner.results.report import (COMPARED_KEYS, KEY_DEFAULTS, check_comparable, differing, group_runs,
+                                           load_runs, recorded_noise_floor, versions_text)
 
 REGRESSION_KIND = "mtbench-regression"
 # The figures held against the baseline: how fast each run trains, compiles and finishes.
@@ -31,7 +31,7 @@ SLOWER_EXIT_CODE = 1
 class Change:
     label: str
     figure: str
-    baseline: float   # the baseline's figure over its repeats (`side_figure`)
+    baseline: float   # the baseline's figure over its repeats (`RunGroup.over_repeats`)
     new: float        # NEW's
     verdict: object   # verdicts.Verdict, or None where no interval could be drawn
     reason: str = None  # why not
@@ -149,7 +149,7 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
     for label in both:
         new, old = new_groups[label], old_groups[label]
         for key in GATE_FIGURES:
-            values = side_figure(key, old.results), side_figure(key, new.results)
+            values = old.over_repeats(key), new.over_repeats(key)
             if None in values:
                 continue
             verdict = change_verdict(key, new.results, old.results, f"{label} (new)", f"{label} (baseline)",
@@ -159,18 +159,6 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
     return Regression(list(new_paths), baseline_path, changes, [label for label in new_groups if label not in both],
                       [label for label in old_groups if label not in both], floor, threshold, held_anyway,
                       {"baseline": ran_on(old_runs[0].result), "new": ran_on(new_runs[0].result)})
-
-
-def side_figure(key, results):
-    """Figure `key` of one side's repeats as its ratio is drawn: for the window figures (tokens/s, the steady step)
-    the geometric mean over the repeats of each one's figure of its steady windows, so that new / baseline is the
-    verdict's ratio even where windows were cut short; for the others, and for runs without steady windows, the
-    median over the repeats of the recorded figure."""
-    if key in stats.WINDOW_FIGURES:
-        point = stats.figure_point(key, results)
-        if point is not None:
-            return point
-    return Stat.of([FIGURES_BY_KEY[key].value(result) for result in results]).median
 
 
 def no_verdict_reason(key, results):

@@ -252,12 +252,17 @@ class RunGroup:
         figure = FIGURES_BY_KEY[key]
         return Stat.of([figure.value(result) for result in self.results])
 
+    def over_repeats(self, key):
+        """Figure `key` over the repeats as a verdict's ratio takes it: for the window figures (tokens/s, the steady
+        step) the geometric mean of each repeat's figure of its steady windows (`verdicts.figure_point`), so that a
+        ratio of two runs' is the verdict's even where windows were cut short; for the others, and for runs without
+        steady windows, the median of the recorded figure."""
+        point = stats.figure_point(key, self.results) if key in stats.WINDOW_FIGURES else None
+        return point if point is not None else self.stat(key).median
+
     def speed(self):
-        """Steady tokens/s over the repeats as the verdicts take it (`verdicts.figure_point`: the geometric mean of
-        each repeat's tokens over the seconds of its steady windows), so that a speed-up and its verdict are one
-        ratio; the median of the recorded tokens/s where no repeat kept its windows."""
-        point = stats.figure_point(stats.SPEED_FIGURE, self.results)
-        return point if point is not None else self.stat("tokens_per_s").median
+        """Steady tokens/s over the repeats (`over_repeats`): a speed-up and its verdict are one ratio."""
+        return self.over_repeats(stats.SPEED_FIGURE)
 
     def choice_text(self, text):
         """What `text` (a RUN_CHOICES function) says of the repeats: one text where they agree, else each with the
