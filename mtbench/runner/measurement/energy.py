@@ -21,8 +21,10 @@ ONE_PROCESS = ProcessGroup(Launch())
 
 
 class Counter:
-    """A monotonic energy counter over every device the run uses."""
+    """A monotonic energy counter over every device the run uses. `counts`: what its joules hold, and so what they
+    leave out (a GPU's counter holds none of the host's work, which a backend may do more of than another)."""
     source = ""
+    counts = ""
 
     def read(self):
         """The counter in joules, per device (a list)."""
@@ -38,6 +40,7 @@ class RaplCounter(Counter):
     packages: each counts its share, so that the run's sum over its processes (`EnergyMeter.section`) counts the
     machine once."""
     source = "rapl"
+    counts = "CPU packages only (not DRAM, GPUs or the rest of the machine)"
 
     def __init__(self, domains, sharing=1):
         self.domains = domains  # [(energy_uj path, max_energy_range_uj)]
@@ -59,6 +62,7 @@ class RaplCounter(Counter):
 
 class NvmlCounter(Counter):
     source = "nvml"
+    counts = "GPUs only (not the host's CPUs, memory or the rest of the machine)"
 
     def __init__(self, pynvml, handles):
         self.pynvml, self.handles = pynvml, handles
@@ -70,6 +74,7 @@ class NvmlCounter(Counter):
 
 class AmdSmiCounter(Counter):
     source = "amdsmi"
+    counts = "GPUs only (not the host's CPUs, memory or the rest of the machine)"
 
     def __init__(self, amdsmi, handles):
         self.amdsmi, self.handles = amdsmi, handles
@@ -266,6 +271,7 @@ class EnergyMeter:
         return {
             "source": self.counter.source,
             "reason": None,
+            "counts": self.counter.counts,
             "processes": processes.world_size,
             "clock": "counter read after the device is synchronised, at each timing window's edges and the run's",
             "steady": {"steps": len(steady), "joules": steady_joules,

@@ -688,6 +688,7 @@ def energy_and_cost_lines(comparison):
         lines = [f"energy: not measured, {next(iter(missing.values()))}"]
     else:
         lines = [f"energy of {label}: not measured, {reason}" for label, reason in missing.items()]
+    lines += energy_scope_lines(comparison)
     priced = [group for group in comparison.groups if group.stat("usd_to_target").median is not None]
     if priced:
         cheapest = min(priced, key=lambda group: group.stat("usd_to_target").median)
@@ -698,6 +699,17 @@ def energy_and_cost_lines(comparison):
             and any(_target_value(group.first.get("target")) for group in comparison.groups):
         lines.append("cheapest to the target quality: no run reached it")
     return lines
+
+
+def energy_scope_lines(comparison):
+    """What each measured run's joules hold (a GPU's counter leaves the host out): once where every run's counter
+    counts the same, else a line per run whose counter differs from the first's. Results before 2026-12-02 did not
+    say."""
+    scopes = {group.label: f"({energy['source']}) counts {energy['counts']}" for group in comparison.groups
+              for energy in [group.first.get("energy") or {}] if energy.get("source") and energy.get("counts")}
+    if len(set(scopes.values())) == 1:
+        return [f"energy {next(iter(scopes.values()))}"]
+    return [f"energy of {label} {scope}" for label, scope in scopes.items()]
 
 
 def rich_table(comparison, title="mtbench comparison"):

@@ -52,6 +52,7 @@ def test_processes_on_one_machine_each_count_their_share_of_its_packages(tmp_pat
 class RecordedCounter:
     """A counter that plays back a recorded sequence of readings (joules per device)."""
     source = "recorded"
+    counts = "the recorded devices only"
 
     def __init__(self, readings):
         self.readings = iter(readings)
@@ -75,7 +76,7 @@ def test_meter_sums_steady_steps_and_the_whole_run():
                         "joules": joules})
     assert [h["joules"] for h in history] == [50.0, 20.0, 30.0]
     section, history = meter.section(history)
-    assert section["source"] == "recorded"
+    assert section["source"] == "recorded" and section["counts"] == "the recorded devices only"
     assert section["steady"] == {"steps": 2, "joules": 50.0, "joules_per_1k_tokens": 100.0, "avg_watts": 50 / 1.5}
     assert section["run"] == {"joules": 170.0, "seconds": 12.0, "joules_per_1k_tokens": 170 / 600 * 1000,
                               "avg_watts": 170 / 12}
@@ -148,6 +149,7 @@ def test_nvml_counter_reads_millijoules_of_every_device_used(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     counter, reason = open_counter({"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 2}, ordinals=[0, 1])
     assert reason is None and isinstance(counter, NvmlCounter) and counter.handles == [1, 0]
+    assert counter.counts.startswith("GPUs only (not the host's CPUs")  # what the figure leaves out, said
     before, after = counter.read(), counter.read()
     assert before == [7.0, 5.0] and counter.difference(before, after) == pytest.approx(0.5 + 4.0)
 

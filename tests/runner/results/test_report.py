@@ -212,6 +212,29 @@ def test_perturbed_losses_are_flagged_in_the_report(results, tmp_path):
     assert "NOT within 1 %" in report(results["jax"][0], str(path), "--format", "markdown")
 
 
+def test_the_report_says_what_each_runs_energy_counts(results, tmp_path):
+    """A GPU's counter holds none of the host's work: the report says so beside the figures, once where every run
+    counted the same, run by run where they differ (the counts are the counters' own: energy.py's classes)."""
+    from mtbench.runner.measurement.energy import NvmlCounter, RaplCounter
+    measured = {"reason": None, "processes": 1, "clock": "", "steady": {"steps": 2, "joules": 10.0,
+                "joules_per_1k_tokens": 5.0, "avg_watts": 100.0}, "run": {"joules": 20.0, "seconds": 1.0,
+                "joules_per_1k_tokens": 5.0, "avg_watts": 20.0}}
+    paths = {}
+    for backend, counter in (("jax", NvmlCounter), ("torch", NvmlCounter), ("torch-rapl", RaplCounter)):
+        result = json.loads(json.dumps(results[backend.split("-")[0]][1]))
+        result["energy"] = {**measured, "source": counter.source, "counts": counter.counts}
+        paths[backend] = tmp_path / f"{backend}.json"
+        paths[backend].write_text(json.dumps(result))
+    same = report(str(paths["jax"]), str(paths["torch"]), "--format", "markdown")
+    assert "energy (nvml) counts GPUs only (not the host's CPUs, memory or the rest of the machine)" in same
+    from mtbench.plugins.reporters.table_reporter import result_rows
+    [energy_row] = [row for row in result_rows(json.loads(paths["jax"].read_text())) if row[0] == "energy"]
+    assert energy_row[2] == "5.0 J, 100 W (nvml, GPUs only)"  # the table `train` prints
+    mixed = report(str(paths["jax"]), str(paths["torch-rapl"]), "--format", "markdown")
+    assert "energy of jax (nvml) counts GPUs only" in mixed
+    assert "energy of torch (rapl) counts CPU packages only (not DRAM, GPUs or the rest of the machine)" in mixed
+
+
 def test_runs_profiled_on_a_device_are_set_beside_the_baseline_kind_by_kind(results, tmp_path):
     # Each run's trace as a GPU's would read: 2 steps profiled, the kernels' seconds over both by kind.
     paths = []
