@@ -857,8 +857,8 @@ def _evaluate_language_model(model, text_file, backend, batch_size, stride, bloc
     console = output_console()
     console.print(table)
     if scores["unknown_characters"]:
-        console.print(f"{scores['unknown_characters']} characters of the text are not in the model's vocabulary "
-                      f"(<unk>)", highlight=False)
+        console.print(f"{scores['unknown_characters']} <unk> tokens in the text (characters not in the model's "
+                      f"vocabulary)", highlight=False)
     if out:
         write_json_atomic(out, scores)
         console.print(f"scores: {out}")

@@ -21,9 +21,11 @@ from mtbench.runner.files import read_json, write_bytes_atomic, write_json_atomi
 # enwik8's split, 90/5/5 of its 100 M bytes: the last two twentieths are validation and test.
 HELD_OUT_FRACTION = 0.05
 TOKENIZERS = ("byte", "char", "sentencepiece")
-STREAM_CACHE_VERSION = "stream-v1"  # keys the token streams kept under --cache-dir/tokens
+# v2: a sentencepiece stream counts its <unk> pieces (v1's said none).
+STREAM_CACHE_VERSION = "stream-v2"  # keys the token streams kept under --cache-dir/tokens
 SAVED_NAME = "tokenizer.json"  # a byte or character tokenizer in a saved model's directory
 LINE_BREAK_ID = 3              # sentencepiece's EOS id stands for a line break between encoded lines
+SENTENCEPIECE_UNKNOWN_ID = 1   # tokenizer.UNK_ID: each of its pieces stands for one or more characters
 BYTES_AT_ONCE = 1 << 24        # a character stream is made 16 MB of text at a time
 LINES_AT_ONCE = 1 << 18        # a text's lines go to sentencepiece about 256 KB at a time: its Python lists and the
                                # tokens' int64 places of a whole text took 24 bytes a byte of it (7 MB: 168 MB)
@@ -174,6 +176,10 @@ class SentencePieceText(Tokenizer):
     stands for the text's bytes from where it begins to where the next one begins (whitespace sentencepiece drops
     belongs to the token before it), so the first blocks of a split count the bytes they predict."""
     kind = "sentencepiece"
+    # The text as it is, as the byte and character tokenizers predict it: bits per byte divides by the text's own
+    # bytes, so its pieces must stand for them (sentencepiece's default NFKC folds 'ﬁ' into 'fi' and runs of
+    # spaces into one, which the model then never predicts).
+    TRAINING_OPTIONS = {"normalization_rule_name": "identity", "remove_extra_whitespaces": False}
 
     def __init__(self, joint):
         self.joint = joint
@@ -215,7 +221,8 @@ class SentencePieceText(Tokenizer):
         last = np.array([len(data) - pending])
         ids, ids_parts = np.concatenate(ids_parts), None  # each list let go once joined: the peak is one copy
         # Each part in its own narrowest type: joined, they take the widest, the narrowest for the whole.
-        return TokenStream(ids, np.concatenate([*bytes_parts, last.astype(smallest_unsigned(last))]))
+        return TokenStream(ids, np.concatenate([*bytes_parts, last.astype(smallest_unsigned(last))]),
+                           int(np.count_nonzero(ids == SENTENCEPIECE_UNKNOWN_ID)))
 
     def decode_text(self, ids):
         lines, line = [], []
@@ -298,7 +305,8 @@ def text_tokenizer(kind, train_data, vocab_size, cache_dir, byte_vocab_size=256,
     from mtbench.runner.data.tokenizer import TOKENIZER_VERSION, load_or_train_sentencepiece
     digest = sha256_hex(f"text-{TOKENIZER_VERSION}:{vocab_size}:{train_digest or sha256_hex(train_data)}".encode())
     lines = lambda: (line for *_, batch in line_batches(train_data) for line in batch if line.strip())
-    return SentencePieceText(load_or_train_sentencepiece(lines, digest, vocab_size, cache_dir))
+    return SentencePieceText(load_or_train_sentencepiece(lines, digest, vocab_size, cache_dir,
+                                                         **SentencePieceText.TRAINING_OPTIONS))
 
 
 def load_text_tokenizer(directory, description):

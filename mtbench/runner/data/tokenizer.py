@@ -6,23 +6,32 @@ import hashlib
 import io
 import itertools
 import os
+import re
 import shutil
 
 import numpy as np
 import sentencepiece as spm
 
+from mtbench.errors import MtbenchError
 from mtbench.plugins.api import SpecialTokens, Tokenizer
 from mtbench.runner.files import write_bytes_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 JOINT_SPECIAL = SpecialTokens(pad=PAD_ID, eos=EOS_ID, start=BOS_ID)
 # v2: trained on TRAINING_THREADS threads, not the machine's cores (v1's models differed between machines).
-TOKENIZER_VERSION = "unigram-v2"
+# v3: long lines cut to pieces sentencepiece keeps, and a large corpus sampled with a fixed seed (v2's dropped
+# lines over 4,192 bytes unseen, and sampled over 2 M lines with a seed of its own: two processes differed).
+TOKENIZER_VERSION = "unigram-v3"
 # sentencepiece splits its corpus among its threads, and the model it learns depends on their number (38 % of the
 # default corpus's sentences encoded differently on 1 thread and on 2): a fixed number gives every machine one
 # tokenizer, so the same seed makes the same batches on a machine of any size.
 TRAINING_THREADS = 8
 SAVED_NAME = "tokenizer.model"  # the file name in a saved model's directory
+# sentencepiece leaves out, silently, every sentence longer than its max_sentence_length (4,192 bytes): a text of a
+# paragraph a line, or of one line (text8), would train a tokenizer on its short lines alone, or on nothing.
+LONGEST_TRAINING_SENTENCE = 4000  # bytes
+# The most sentences a tokenizer is trained on (sentencepiece's own default), drawn with a fixed seed.
+TRAINING_SENTENCES = 2_000_000
 
 
 class JointTokenizer(Tokenizer):
@@ -107,19 +116,81 @@ def load_or_train_tokenizer(train_pairs, vocab_size, cache_dir):
                                        cache_dir)
 
 
-def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir):
-    """The sentencepiece model cached under `digest` (a hash of everything that shapes it), or one trained on
-    `sentences()` and cached."""
+def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir, **options):
+    """The sentencepiece model cached under `digest` (a hash of everything that shapes it, `options` among it), or
+    one trained on `sentences()` with sentencepiece's further `options` and cached."""
     path = os.path.join(cache_dir, "tokenizers", f"spm-{vocab_size}-{digest[:16]}.model")
     if os.path.exists(path):
         return JointTokenizer.from_file(path)
     model = io.BytesIO()
-    sentences = sentences()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size, model_type="unigram",
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, character_coverage=1.0,
-        # A small corpus may not support the requested vocabulary: take what it supports instead of failing.
-        hard_vocab_limit=False, num_threads=TRAINING_THREADS, minloglevel=2,
-        input_sentence_size=2_000_000, shuffle_input_sentence=True)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(training_sentences(sentences)), model_writer=model, vocab_size=vocab_size,
+            model_type="unigram", pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, character_coverage=1.0,
+            # A small corpus may not support the requested vocabulary: take what it supports instead of failing.
+            hard_vocab_limit=False, num_threads=TRAINING_THREADS, minloglevel=2,
+            max_sentence_length=LONGEST_TRAINING_SENTENCE * 2,  # what training_sentences gives, with room
+            input_sentence_size=0, shuffle_input_sentence=False,  # training_sentences has sampled, reproducibly
+            **options)
+    except RuntimeError as error:
+        raise MtbenchError(training_failure(str(error), vocab_size)) from None
     write_bytes_atomic(path, model.getvalue())
     return JointTokenizer(model.getvalue(), path)
+
+
+def training_sentences(sentences):
+    """What a tokenizer is trained on: `sentences()`'s lines, each cut into pieces of at most
+    LONGEST_TRAINING_SENTENCE bytes, and of more than TRAINING_SENTENCES pieces a sample drawn with a fixed seed
+    (in their order), so that every process and machine trains the same model. `sentences` is called a second
+    time to take the sample."""
+    pieces, count = [], 0
+    for piece in _cut_lines(sentences):
+        count += 1
+        if count <= TRAINING_SENTENCES:
+            pieces.append(piece)
+    if count <= TRAINING_SENTENCES:
+        return pieces
+    kept = iter(np.sort(np.random.default_rng(0).choice(count, TRAINING_SENTENCES, replace=False)).tolist())
+    wanted, pieces = next(kept), []
+    for index, piece in enumerate(_cut_lines(sentences)):
+        if index == wanted:
+            pieces.append(piece)
+            wanted = next(kept, None)
+            if wanted is None:
+                break
+    return pieces
+
+
+def _cut_lines(sentences):
+    return itertools.chain.from_iterable(map(short_pieces, sentences()))
+
+
+def short_pieces(sentence, longest=LONGEST_TRAINING_SENTENCE):
+    """`sentence` cut into pieces of at most `longest` UTF-8 bytes, each at the last whitespace before the limit
+    (within a word longer than that, at a character's edge)."""
+    data = sentence.encode("utf-8")
+    start = 0
+    while len(data) - start > longest:
+        window = data[start:start + longest + 1]
+        cut = max(window.rfind(b" "), window.rfind(b"\t"))
+        if cut <= 0:
+            cut = longest
+            while data[start + cut] & 0xC0 == 0x80:  # not inside a character
+                cut -= 1
+        yield data[start:start + cut].decode("utf-8")
+        start += cut
+        while start < len(data) and data[start] in b" \t":
+            start += 1
+    if start < len(data):
+        yield data[start:].decode("utf-8")
+
+
+def training_failure(message, vocab_size):
+    """sentencepiece's refusal to train, in a line that says what to change."""
+    needed = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", message)
+    if needed:
+        return (f"--vocab-size {vocab_size} is too small for this text: its characters and the special pieces "
+                f"need {needed.group(1)} ids; give --vocab-size {needed.group(1)} or more")
+    if "sentences_.empty()" in message or "all_chars_count" in message:
+        return "there is no text to train a tokenizer on (the training split has no line that is not blank)"
+    return f"sentencepiece could not train a tokenizer of --vocab-size {vocab_size}: {message.strip().splitlines()[-1]}"

@@ -369,7 +369,8 @@ def _comparison(plan, progress):
                             parity_tolerance=plan.parity_tolerance,
                             noise_floor=stats.noise_floor_record(plan.baseline_spec.label,
                                                                  [run.result for run in _baseline_runs(plan, progress)],
-                                                                 [run.result for run in progress.twins]))
+                                                                 [run.result for run in progress.twins],
+                                                                 plan.parity_steps))
 
 
 def write_combined(plan, progress, status="completed", status_reason=None):

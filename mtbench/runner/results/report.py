@@ -515,7 +515,9 @@ def recorded_noise_floor(paths):
             if (entry.get("floor") or 0) >= (figures.get(key, {}).get("floor") or 0):
                 figures[key] = entry
     measured_by = list(dict.fromkeys(record["measured_by"] for record in found))
-    return {"figures": figures, "measured_by": "; ".join(measured_by) + " (each figure's widest)"}
+    losses = [record["twin_losses"] for record in found if record.get("twin_losses")]
+    return {"figures": figures, "measured_by": "; ".join(measured_by) + " (each figure's widest)",
+            "twin_losses": max(losses, key=lambda entry: entry["max_relative_difference"], default=None)}
 
 
 # ---- rendering -------------------------------------------------------------------------------------------------

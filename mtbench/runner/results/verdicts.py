@@ -23,6 +23,7 @@ import numpy as np
 
 from mtbench.figures import FIGURES_BY_KEY
 from mtbench.runner.loop.timing import is_steady, set_aside
+from mtbench.runner.results.parity import PARITY_STEPS, check_parity, percent
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -408,7 +409,10 @@ def noise_floor_line(record):
     if not record:
         return "noise floor: not measured (compare --aa measures one): differences are held to their intervals alone"
     floors = ", ".join(f"{FIGURE_WORDS.get(key, key)} ±{entry['floor']:.1%}" for key, entry in record["figures"].items())
-    return f"noise floor: {floors} ({record['measured_by']})"
+    losses = record.get("twin_losses")  # compare JSONs before 2026-12-02 did not record it
+    said = "" if losses is None else (f"; its losses {percent(losses['max_relative_difference'])} from the "
+                                      f"baseline's at most, first {losses['steps']} steps")
+    return f"noise floor: {floors} ({record['measured_by']}{said})"
 
 
 def noise_floor_of(key, twins, baseline):
@@ -503,9 +507,11 @@ def target_times(result):
     return seconds, max(seconds - compile_excess(result["history"], step), 0.0)
 
 
-def noise_floor_record(label, baseline, twins):
+def noise_floor_record(label, baseline, twins, parity_steps=PARITY_STEPS):
     """The noise floor an A/A measured (the `baseline` run's results and its `twins`', repeat by repeat): for each
-    window figure its ratio, interval and floor (`noise_floor_of`); None without twins."""
+    window figure its ratio, interval and floor (`noise_floor_of`), and how far the twins' losses strayed from
+    their baseline repeats' (`twin_losses`: the same arithmetic twice, so any difference is the backend's own
+    nondeterminism, not the timing's noise); None without twins."""
     count = min(len(baseline), len(twins))
     figures = {}
     for key in WINDOW_FIGURES:
@@ -517,4 +523,18 @@ def noise_floor_record(label, baseline, twins):
     if not figures:
         return None
     return {"measured_by": f"A/A: run '{label}' twice in each of {count} repeat(s), interleaved",
-            "figures": figures}
+            "figures": figures, "twin_losses": twin_losses(baseline[:count], twins[:count], parity_steps)}
+
+
+def twin_losses(baseline, twins, steps):
+    """{max_relative_difference, at_step, repeat, steps} of the twins' loss curves against their baseline repeats'
+    (the parity check's measure, windows of 16-bit runs included; the largest over the repeats), or None where
+    no pair has a loss to compare."""
+    worst = None
+    for repeat, (base, twin) in enumerate(zip(baseline, twins), start=1):
+        for pair in check_parity([("baseline", base), ("twin", twin)], lambda result: "one configuration",
+                                 steps=steps).pairs:
+            if worst is None or not pair.max_relative_difference <= worst["max_relative_difference"]:
+                worst = {"max_relative_difference": pair.max_relative_difference, "at_step": pair.at_step,
+                         "repeat": repeat, "steps": pair.steps}
+    return worst

@@ -88,7 +88,9 @@ class LanguageModellingTask(Task):
                  + (f" (read from {os.path.join(config.cache_dir, 'tokens')})" if read else "")]
         unknown = sum(stream.unknown for stream in streams.values())
         if unknown:
-            lines.append(f"  {unknown} characters of validation or test are not in the training split (<unk>)")
+            what = ("<unk> pieces (one or more characters each)"
+                    if getattr(tokenizer, "kind", None) == "sentencepiece" else "characters")
+            lines.append(f"  {unknown} {what} of the text are not in the training split's vocabulary (<unk>)")
         fingerprint = f"{tokenizer.fingerprint}-{len(parts['train'])}-{train_digest[:16]}"
         return TaskData(tokenizer, streams, fingerprint, record, lines)
 

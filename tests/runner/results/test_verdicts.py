@@ -347,7 +347,23 @@ def test_a_recorded_noise_floor_is_shown_and_held_to():
         key: {**entry, "floor": 0.05} for key, entry in record["figures"].items()}})
     assert compared.verdicts["jax+same-step"]["tokens_per_s"].call == "no difference"
     assert "noise floor: tokens/s ±5.0%, steady step time ±5.0% (A/A: run 'jax' twice in each of 3 repeat(s), " \
-           "interleaved)" in to_markdown(compared)
+           "interleaved; its losses 0 % from the baseline's at most, first 50 steps)" in to_markdown(compared)
+
+
+def test_the_noise_floor_records_how_far_the_twins_losses_strayed():
+    """The A/A twin runs the baseline's arithmetic again: its losses, repeat by repeat, are held to the baseline's
+    as parity holds a run's, and the largest difference is recorded and said beside the floor."""
+    from mtbench.runner.results.verdicts import noise_floor_line, noise_floor_record
+    baseline, twins = repeats(3), repeats(3, seed=30)
+    assert noise_floor_record("jax", baseline, twins)["twin_losses"]["max_relative_difference"] == 0.0
+    twins[1]["history"][4]["loss"] *= 1.002  # repeat 2's twin, step 5
+    twins[2]["history"][7]["loss"] *= 1.001
+    record = noise_floor_record("jax", baseline, twins, parity_steps=20)
+    assert record["twin_losses"]["repeat"] == 2 and record["twin_losses"]["at_step"] == 5
+    assert record["twin_losses"]["max_relative_difference"] == pytest.approx(0.002)
+    assert record["twin_losses"]["steps"] == 20
+    assert noise_floor_line(record).endswith("interleaved; its losses 0.2 % from the baseline's at most, "
+                                             "first 20 steps)")
 
 
 def test_each_figure_is_held_to_the_widest_floor_any_compare_measured(tmp_path):

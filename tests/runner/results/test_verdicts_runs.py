@@ -71,6 +71,9 @@ def test_the_same_computation_is_no_difference_and_the_slowed_one_is_slower(pace
     assert floor["measured_by"] == "A/A: run 'jax' twice in each of 3 repeat(s), interleaved"
     assert set(floor["figures"]) == {"tokens_per_s", "step_s_median"}
     assert f"noise floor: tokens/s ±{floor['figures']['tokens_per_s']['floor']:.1%}" in stdout
+    # the same arithmetic twice: the twins' losses are the baseline's, repeat by repeat
+    assert floor["twin_losses"]["max_relative_difference"] <= 1e-6 and floor["twin_losses"]["steps"] == 30
+    assert "from the baseline's at most, first 30 steps)" in stdout
     assert [(run["label"], run["repeat"]) for run in combined["aa_runs"]] == [("jax (A/A twin)", k) for k in (1, 2, 3)]
     assert [entry["label"] for entry in combined["summary"]] == ["jax", "jax+same-step", "jax+slow-step"]
 

@@ -196,11 +196,12 @@ def test_sentencepiece_token_bytes_are_sentencepieces_offsets_read_only_where_pi
         tmp_path, monkeypatch, lines_at_once):
     """Each token stands for the bytes from its piece's offset in the text to the next one's, as sentencepiece's own
     offsets say. Lines that decode back to themselves take their pieces' bytes instead (ten times faster): only the
-    others (runs of spaces, characters NFKC changes, a character with no piece) ask sentencepiece for offsets."""
+    others (here, each with a character the model has no piece for) ask sentencepiece for offsets. The model keeps
+    the text as it is (no NFKC, runs of spaces kept), so a line of spaces alone decodes back to itself."""
     import mtbench.runner.data.text as text_module
     monkeypatch.setattr(text_module, "LINES_AT_ONCE", lines_at_once)
-    plain = ["Au commencement était la Parole.", "", "la Parole était avec Dieu ✓"]
-    unlike = ["  deux  espaces ", "pleine\u3000largeur \uff21", "tab\tici", " ", "\u2603 inconnu", "fin  "]
+    plain = ["Au commencement était la Parole.", "", "la Parole était avec Dieu ✓", " ", "la  Parole   était "]
+    unlike = ["  deux  espaces ", "pleine\u3000largeur \uff21", "tab\tici", "\u2603 inconnu", "fin  "]
     lines = [*plain * 20, *unlike, *plain]
     text = "\n".join(lines).encode("utf-8")
     tokenizer = text_tokenizer("sentencepiece", "\n".join(plain * 30).encode("utf-8"), 40, str(tmp_path))
@@ -301,3 +302,15 @@ def test_a_byte_stream_and_its_evaluation_hold_next_to_nothing_beyond_the_text()
     assert peak < 100_000, peak
     assert len(stream) == len(text) and sum(b.target_tokens for b in batches) == 1000 and text_bytes == 1000
     assert stream.token_bytes.sum() == len(text)
+
+
+def test_a_sentencepiece_model_keeps_the_text_as_it_is_and_counts_what_it_has_no_piece_for(tmp_path):
+    """Bits per byte divides by the text's own bytes: the pieces must stand for the text itself, not for NFKC's
+    folding of it ('ﬁ' into 'fi', runs of spaces into one), and a character the model has no piece for is <unk>,
+    counted as the character tokenizer counts its own."""
+    text = "la ﬁn  du   jour\nun ﬁl d'or\n".encode("utf-8")
+    tokenizer = text_tokenizer("sentencepiece", text * 20, 40, str(tmp_path))
+    stream = tokenizer.stream(text)
+    assert stream.unknown == 0 and tokenizer.decode_text(stream.ids) == text.decode("utf-8")
+    unseen = tokenizer.stream("la ☃ ﬁn ☃\n".encode("utf-8"))
+    assert unseen.unknown == 2 and unseen.token_bytes.sum() == len("la ☃ ﬁn ☃\n".encode("utf-8"))
