@@ -852,7 +852,8 @@ def _evaluate_language_model(model, text_file, backend, batch_size, stride, bloc
     bits = scores["bits_per_byte"]
     table.add_row(text_file, f"{scores['tokens_evaluated']:,}", f"{scores['bytes_evaluated'] or 0:,}",
                   f"{scores['block_size']} tokens, {scores['stride']} apart", f"{scores['loss']:.4f}",
-                  f"{scores['perplexity']:.2f}", "n/a" if bits is None else f"{bits:.4f}", scores["backend"],
+                  "n/a (past a float's range)" if scores["perplexity"] is None else f"{scores['perplexity']:.2f}",
+                  "n/a" if bits is None else f"{bits:.4f}", scores["backend"],
                   scores["dtype"])
     console = output_console()
     console.print(table)

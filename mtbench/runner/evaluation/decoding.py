@@ -2,6 +2,7 @@
 soon as every row has produced EOS: greedy, or beam search over `beam` hypotheses per sentence. The decoder keeps
 a key/value cache, so each new token costs one position of work, not a pass over everything decoded so far."""
 
+import itertools
 import math
 
 import keras
@@ -159,14 +160,19 @@ def output_length(source_length, max_len):
 
 def translate(decode, sources, batch_size, max_len, special, progress=None):
     """Translations (token ids without start/EOS) of `sources` (lists of ids ending in EOS), in order.
-    Sources are sorted by length so each batch decodes into a buffer that fits it. `progress(done)` is called
-    with the sentences translated so far."""
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    results = [None] * len(sources)
+    Each batch holds sources of one length bucket alone, so each sentence decodes into the buffer its own length
+    gives it, whatever its neighbours (a short source beside a long one was let run twice as long: the scores
+    changed with the batch size). `progress(done)` is called with the sentences translated so far."""
     buckets = bucket_lengths(max_len)
-    for start in range(0, len(order), batch_size):
-        members = order[start:start + batch_size]
-        source_length = bucket_for(max(len(sources[i]) for i in members), buckets)
+    bucket_of = {i: bucket_for(len(source), buckets) for i, source in enumerate(sources)}
+    order = sorted(range(len(sources)), key=lambda i: (bucket_of[i], len(sources[i])))
+    results = [None] * len(sources)
+    batches = [group[start:start + batch_size]
+               for _, members in itertools.groupby(order, key=bucket_of.get) for group in [list(members)]
+               for start in range(0, len(group), batch_size)]
+    done = 0
+    for members in batches:
+        source_length = bucket_of[members[0]]
         source = np.full((batch_size, source_length), special.pad, np.int32)
         for row, i in enumerate(members):
             source[row, :len(sources[i])] = sources[i]
@@ -176,6 +182,7 @@ def translate(decode, sources, batch_size, max_len, special, progress=None):
         for row, i in enumerate(members):
             ids = [int(t) for t in tokens[row, 1:]]
             results[i] = ids[:ids.index(special.eos)] if special.eos in ids else [t for t in ids if t != special.pad]
+        done += len(members)
         if progress:
-            progress(min(start + batch_size, len(order)))
+            progress(done)
     return results

@@ -363,3 +363,22 @@ def test_each_validation_prints_a_sample_and_the_best_model_is_kept_beside_the_l
 def test_generate_refuses_sampling_it_cannot_do_before_it_looks_for_the_model(tmp_path, args, expected):
     assert_refused_in_one_line(run_cli("generate", str(tmp_path / "no-model.json"), "--prompt", "And", *args),
                                expected)
+
+
+def test_evaluate_shows_a_loss_past_a_floats_range_with_no_perplexity(monkeypatch, tmp_path):
+    """A blown-up model's loss above 709 nats has no perplexity (`perplexity_of`, tested on a real model in
+    test_language_model_scores.py): `evaluate` prints its scores and writes them, where it raised TypeError."""
+    from click.testing import CliRunner
+    import mtbench.runner.inference as inference
+    from mtbench.cli import main
+    scores = {"model": "m", "backend": "jax", "dtype": "float32", "text": "t.txt", "tokens_evaluated": 99,
+              "bytes_evaluated": 99, "block_size": 32, "stride": 32, "loss": 812.5, "perplexity": None,
+              "bits_per_byte": 812.5 / math.log(2), "unknown_characters": 0}
+    monkeypatch.setattr(inference, "model_task", lambda model, registry: "language-modelling")
+    monkeypatch.setattr(inference, "score_text", lambda *args: scores)
+    out = tmp_path / "scores.json"
+    ran = CliRunner().invoke(main, ["evaluate", str(tmp_path), "--test", "t.txt", "--out", str(out)],
+                             env={"COLUMNS": "200"})
+    assert ran.exit_code == 0, ran.output
+    assert "812.5000" in ran.output and "n/a (past a float's range)" in ran.output
+    assert json.loads(out.read_text())["perplexity"] is None
