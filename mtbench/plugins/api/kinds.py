@@ -301,7 +301,8 @@ class Dataset:
         return None
 
     def read_pairs(self, progress):
-        """Yields (source, target) pairs, cleaned. `progress(done, total)` may be called to report progress."""
+        """Yields (source, target) pairs, cleaned, each sentence one line without tabs. `progress(done, total)` may
+        be called to report progress."""
         raise NotImplementedError
 
     def fingerprint(self):

@@ -47,8 +47,21 @@ def load_dataset_pairs(dataset, cache_dir, progress, plugin_code=contextlib.null
     if not os.path.exists(cached):
         with plugin_code():
             pairs = [(s.strip(), t.strip()) for s, t in dataset.read_pairs(progress)]
+            _refuse_line_breaks(pairs)
         _write_tsv(cached, pairs)
     return read_tsv(cached)
+
+
+def _refuse_line_breaks(pairs):
+    """A sentence is one line of the cache's tab-separated file (and of every format mtbench reads): a tab or a line
+    break inside one would shift or split the pairs read back."""
+    for number, pair in enumerate(pairs, start=1):
+        for side, sentence in zip(("source", "target"), pair):
+            found = next((name for character, name in (("\t", "a tab"), ("\n", "a line break"),
+                                                       ("\r", "a carriage return")) if character in sentence), None)
+            if found:
+                raise MtbenchError(f"pair {number}'s {side} sentence holds {found} ({sentence[:40]!r}...): give each "
+                                   f"sentence on one line, without tabs")
 
 
 def _drop_empty(pairs):

@@ -166,3 +166,26 @@ def test_evaluation_batches_hold_every_example_once(encoded):
     indices = np.concatenate([b.index for b in evaluation_batches(split, 64, 48)])
     real = indices[indices >= 0]
     assert sorted(real.tolist()) == list(range(len(split)))
+
+
+class DatasetWithATab:
+    """A dataset plugin whose second pair holds a tab inside its source sentence."""
+    name = "tabbed"
+
+    def missing_reason(self):
+        return None
+
+    def fingerprint(self):
+        return "tabbed-1"
+
+    def read_pairs(self, progress):
+        return [("In the beginning", "Au commencement"), ("God\tcreated", "Dieu créa"), ("light", "lumière")]
+
+
+def test_a_dataset_sentence_holding_a_tab_is_refused_before_anything_is_cached(tmp_path):
+    """The cache is a tab-separated file: written with the tab, it read back as a broken file of mtbench's own (its
+    path in the error), and stayed, failing every later run."""
+    with pytest.raises(MtbenchError, match=r"^pair 2's source sentence holds a tab \('God\\tcreated'\.\.\.\): give "
+                                           r"each sentence on one line, without tabs$"):
+        load_dataset_pairs(DatasetWithATab(), str(tmp_path), progress=None)
+    assert not (tmp_path / "datasets").exists() or not list((tmp_path / "datasets").iterdir())
