@@ -286,13 +286,21 @@ def smallest_unsigned(values):
     return np.min_scalar_type(int(values.max()) if len(values) else 0)
 
 
+class NotUtf8(MtbenchError):
+    """Text that is not UTF-8, from `position` (a byte offset in the data given) on."""
+
+    def __init__(self, position, reason):
+        super().__init__(f"the text is not UTF-8 at byte {position} ({reason}); train it at the byte level: "
+                         f"--tokenizer byte")
+        self.position, self.reason = position, reason
+
+
 def utf8_text(data, offset=0):
     """`data` (which begins at byte `offset` of its split) as text, or the first byte that is not UTF-8."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise MtbenchError(f"the text is not UTF-8 at byte {offset + error.start} ({error.reason}); train it at the "
-                           f"byte level: --tokenizer byte") from None
+        raise NotUtf8(offset + error.start, error.reason) from None
 
 
 def text_tokenizer(kind, train_data, vocab_size, cache_dir, byte_vocab_size=256, train_digest=None):

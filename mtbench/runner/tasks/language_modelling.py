@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
 from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, evaluation_batches,
                                       load_text_tokenizer, read_text, sha256_hex, split_ranges, text_tokenizer,
-                                      token_stream, training_batches, batches_per_epoch)
+                                      token_stream, training_batches, batches_per_epoch, NotUtf8)
 from mtbench.runner.data.token_files import (KEPT_FOLDER, META_FILE, TokenFiles, TokenIds, TokenWidths,
                                              bytes_per_id, file_fingerprint, id_counts, is_token_folder,
                                              kept_largest_of_folder, read_token_files, vocabulary_size)
@@ -71,7 +71,10 @@ class LanguageModellingTask(Task):
         streams, read = {}, []
         for split, part in parts.items():
             digest = train_digest if split == "train" else None
-            streams[split], was_read = token_stream(tokenizer, part, config.cache_dir, digest)
+            try:
+                streams[split], was_read = token_stream(tokenizer, part, config.cache_dir, digest)
+            except NotUtf8 as error:  # a split's stream counts from the split's start: say where in the text
+                raise NotUtf8(ranges[split][0] + error.position, error.reason) from None
             read += [split] if was_read else []
         block = config.max_len
         check_blocks(streams, block, text.name, "a longer text")

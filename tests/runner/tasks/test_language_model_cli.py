@@ -245,12 +245,16 @@ def bad_input_cases(tmp_path):
     (no_text / "readme.md").write_text("hello\n")
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes(("word " * 2000).encode() + "café".encode("latin-1") + b" more" * 3000)
+    late = tmp_path / "latin1-late.txt"  # 20,000 bytes of words, then a byte that is not UTF-8 in the test split
+    late.write_bytes(("word " * 4000).encode() + "café".encode("latin-1") + b" more" * 100)
     short = tmp_path / "short.txt"
     short.write_text("a short text\n" * 30)
     return {
         "empty file": (["--data", str(empty)], "the text is empty"),
         "folder without .txt": (["--data", str(no_text)], "holds no .txt file"),
         "not UTF-8": (["--data", str(latin1), "--tokenizer", "char"], "not UTF-8 at byte 10003"),
+        # counted from the text's start, not the test split's
+        "not UTF-8 in the test split": (["--data", str(late), "--tokenizer", "char"], "not UTF-8 at byte 20003 "),
         "shorter than a block": (["--data", str(short), "--block-size", "64"], "fewer than one block"),
         "encoder flag": (["--encoder-layers", "2"], "a decoder-only model has one stack"),
         "beam": (["--beam", "4"], "--beam is an option of translation"),
@@ -263,7 +267,8 @@ def bad_input_cases(tmp_path):
 
 
 @pytest.mark.parametrize("name", [
-    "empty file", "folder without .txt", "not UTF-8", "shorter than a block", "encoder flag", "beam", "target BLEU",
+    "empty file", "folder without .txt", "not UTF-8", "not UTF-8 in the test split", "shorter than a block",
+    "encoder flag", "beam", "target BLEU",
     "preset", "sample without validation", "vocabulary of bytes"])
 def test_bad_input_gets_one_line_and_nothing_written(name, tmp_path, cache_dir):
     arguments, expected = bad_input_cases(tmp_path)[name]
