@@ -46,6 +46,7 @@ def cases(tmp_path, plugin_path):
     os.makedirs(t / "kept.run" / "model")
     write(t / "kept.run" / "model" / "weights.npz", "an earlier run's model")
     (t / "sacrebleu-cache").mkdir()
+    write(t / "translated.hyp.txt", "an earlier run's translations\n")  # its result since removed
     plugins = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty,mtbench-broken"}
     empty_cache = {"SACREBLEU": str(t / "sacrebleu-cache")}
     return {
@@ -146,6 +147,12 @@ def cases(tmp_path, plugin_path):
                                         "failed: plugin 'broken' failed to load", plugins),
         "existing result": (["--data", good, "--out", existing], "already exists; pass --overwrite", None),
         "output is a directory": (["--data", good, "--out", str(t)], "is a directory", None),
+        # a directory's name: it failed only once the run was trained, and the figures were lost
+        "output names a new directory": (["--data", good, "--out", str(t / "new-folder") + "/"],
+                                         "new-folder/': names a directory, not a file", None),
+        "output empty": (["--data", good, "--out", ""], "'': names a directory, not a file", None),
+        "earlier hypotheses beside the output": (["--data", good, "--out", str(t / "translated.json")],
+                                                 "translated.hyp.txt: already exists beside", None),
         "output under a file": (["--data", good, "--out", str(t / "good.tsv" / "r.json")],
                                 "good.tsv: it is a file, not a directory", None),
         "earlier run's checkpoints": (["--data", good, "--out", str(t / "earlier.json")],
@@ -217,7 +224,8 @@ CASE_NAMES = [
     "beam search's option for a language model", "a column for a language model", "an extra twice",
     "beam search in a run that decodes nothing", "length penalty of greedy decoding", "no checkpoints kept", "target without evaluations",
     "unknown reporter",
-    "reporter of a broken plugin", "existing result", "output is a directory", "output under a file",
+    "reporter of a broken plugin", "existing result", "output is a directory", "output names a new directory",
+    "output empty", "earlier hypotheses beside the output", "output under a file",
     "compile mode of an eager step", "compile mode on jax", "block too short", "empty block", "stride past the block",
     "token batch under a block",
     "negative profile",

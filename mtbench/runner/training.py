@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from mtbench.errors import MtbenchError, RunFailure
+from mtbench.errors import MtbenchError, RunFailure, RunInterrupted
 from mtbench.plugins.api import Launch
 from mtbench.runner.data.prefetch import Prefetched
 from mtbench.runner.data.weights_file import read_weights_file
@@ -24,13 +24,14 @@ from mtbench.runner.loop.checkpoints import (
 )
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 from mtbench.runner.loop.progress import announced_phases, corpus_progress
+from mtbench.runner.loop.signals import Stopped, stop_at_once
 from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.measurement.device_memory import host_peaks, largest_peak, training_memory
 from mtbench.runner.measurement.energy import EnergyMeter, open_counter
 from mtbench.runner.measurement.environment import machine_identity
 from mtbench.runner.measurement.load import machine_load, sample_load
-from mtbench.runner.results.output import check_output_path
+from mtbench.runner.results.output import check_result_path
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.run_result import (add_evaluation, record_failures, run_peak, stop_error,
                                                training_result, write_result)
@@ -53,7 +54,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     check_options_against_extras(config, plugins)
     if not launch.is_first:
         console = Console(quiet=True)
-    check_output_path(config.out, config.overwrite, resuming=resume is not None)
+    check_result_path(config.out, config.overwrite, resuming=resume is not None)
     config, weights_file, weights_sha256 = starting_point(config, plugins)
     run_dir = resume.directory if resume else RunDirectory(run_dir_for(config.out), fresh=True)
     run_dir.writes = launch.is_first
@@ -103,14 +104,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
                              training_memory(plugins.backend, run.processes, run.device), peak)
     result["machine_load"] = load_during
 
-    if outcome.status == "completed" and config.measure_only:
-        result["metrics"]["skipped"] = "--measure-only: no evaluation, translation or saved model"
-    elif outcome.status == "completed":
-        add_evaluation(result, *built.evaluator.evaluate(announced_phases(stopwatch, console)))
-        if config.save_model and run_dir.writes:
-            with stopwatch.phase("save_model"), run.processes.alone():  # the others do not wait for it
-                result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer, plugins,
-                                                              built.model_shape, config)
+    stopped = outcome.status == "completed" and evaluate_and_save(result, config, run, plugins, data, built, run_dir,
+                                                                    stopwatch, console)
     # Every process: each adds the joules of its own devices (this process's: from where it resumed the run).
     result["energy"], result["history"] = energy.section(result["history"], run.processes, built.state.resumed_at_steps)
     result["memory"]["peak_device_bytes"] = largest_peak(plugins.backend, run.processes)
@@ -127,9 +122,35 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
         still_reporting, registry, result, console, config.out, followed=True)
     if outcome.status != "completed":
         raise stop_error(outcome, config.out, run_dir, run.processes.world_size, failures)
+    if stopped:
+        raise RunInterrupted(f"interrupted: {result['metrics']['skipped']}; the training's figures are in "
+                             f"{config.out}", stopped.exit_code)
     # The group is left only by a run that ended well: leaving waits for every process, and one may be gone.
     run.processes.close()
     return result, failures
+
+
+def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwatch, console):
+    """The evaluation after training and the saved model of a completed run, added to `result` (--measure-only:
+    neither). A signal stops them at once: the result keeps the training's figures and says what it lacks; the
+    Stopped is returned (None when done)."""
+    if config.measure_only:
+        result["metrics"]["skipped"] = "--measure-only: no evaluation, translation or saved model"
+        return None
+    evaluated = False
+    try:
+        with stop_at_once():
+            add_evaluation(result, *built.evaluator.evaluate(announced_phases(stopwatch, console)))
+            evaluated = True
+            if config.save_model and run_dir.writes:
+                with stopwatch.phase("save_model"), run.processes.alone():  # the others do not wait for it
+                    result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer,
+                                                                  plugins, built.model_shape, config)
+    except Stopped as stopped:
+        missing = "no saved model" if evaluated else "no evaluation, translation or saved model"
+        result["metrics"]["skipped"] = f"{stopped.name} received after training: {missing}"
+        return stopped
+    return None
 
 
 def read_initial_weights(config):
@@ -169,15 +190,17 @@ def prepare_data(config, plugins, raw, stopwatch):
 
 def check_resumable(data, resume, ran_on):
     """A resumed run must train on the same data, tokenized alike, as the run it continues, and on the same devices
-    and versions (`ran_on`): its earlier steps' times count in its figures, which name one machine."""
-    if resume and resume.data_fingerprint != data.fingerprint:
-        raise MtbenchError(f"{resume.directory.path}: the training data differs from the run's (tokenizer "
-                           f"{data.fingerprint}, the run had {resume.data_fingerprint}); it cannot be resumed")
+    and versions (`ran_on`): its earlier steps' times count in its figures, which name one machine. The versions
+    are compared first: another mtbench may tokenize the same data otherwise."""
     differences = identity_differences(resume.ran_on, ran_on) if resume and resume.ran_on else []
     if differences:
         raise MtbenchError(f"{resume.directory.path}: the run trained on other devices or versions "
                            f"({'; '.join(differences)}); its earlier steps' times would count beside this "
                            f"process's in one result: resume it where it ran")
+    if resume and resume.data_fingerprint != data.fingerprint:
+        raise MtbenchError(f"{resume.directory.path}: the training data, or the tokens made of it, differ from the "
+                           f"run's (now {data.fingerprint}, the run had {resume.data_fingerprint}); it cannot be "
+                           f"resumed")
 
 
 def identity_differences(before, now):

@@ -1,5 +1,6 @@
 """Ctrl-C and SIGTERM during training: the step under way finishes, then the run stops cleanly (a checkpoint and
-a partial result). A second Ctrl-C stops at once, for when even that takes too long."""
+a partial result). A second Ctrl-C stops at once, for when even that takes too long. After training (evaluation,
+the saved model) either stops what runs at once, and the run keeps its training's figures (`Stopped`)."""
 
 import contextlib
 import signal
@@ -50,6 +51,34 @@ def stop_requests():
     previous = {signum: signal.signal(signum, requests._handle) for signum in EXIT_CODES}
     try:
         yield requests
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM received where the work under way is cut short (`stop_at_once`). Not an Exception, as
+    KeyboardInterrupt is not: a plugin's failure is caught as one, and this is none."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.name, self.exit_code = signal.Signals(signum).name, EXIT_CODES[signum]
+
+
+@contextlib.contextmanager
+def stop_at_once():
+    """In the block, SIGINT and SIGTERM raise Stopped (SIGTERM would end the process with nothing written, Ctrl-C
+    anywhere with a KeyboardInterrupt); the previous handlers come back afterwards. Outside the main thread nothing
+    is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+    previous = {signum: signal.signal(signum, stop) for signum in EXIT_CODES}
+    try:
+        yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

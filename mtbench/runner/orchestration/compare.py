@@ -21,7 +21,7 @@ from mtbench.runner.orchestration.runs import shape_label
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.compare_json import combined_json
 from mtbench.runner.results.parity import check_parity_options
-from mtbench.runner.results.output import check_output_path
+from mtbench.runner.results.output import check_output_path, check_result_path
 from mtbench.runner.results.report import LoadedRun, baseline_label, build_comparison
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.schema import result_stem
@@ -161,7 +161,7 @@ def validate_plan(plan, registry):
     for spec in plan.sizes():
         check_output_path(plan.weights_file(spec), plan.overwrite, kind=".npz")
     for spec, repeat in plan.schedule():
-        check_output_path(plan.run_file(spec, repeat), plan.overwrite)
+        check_result_path(plan.run_file(spec, repeat), plan.overwrite)
 
 
 def _require_success(failure):
@@ -216,7 +216,7 @@ def run_compare(plan, registry, console):
             round_started = time.perf_counter()
             if repeat > 1 and plan.auto is not None:  # the first repeat's files were checked with the plan
                 for spec, _ in plan.round(repeat):
-                    check_output_path(plan.run_file(spec, repeat), plan.overwrite)
+                    check_result_path(plan.run_file(spec, repeat), plan.overwrite)
             for spec, _ in plan.round(repeat):
                 number += 1
                 report_failures += train_one(plan, registry, console, progress, number, spec, repeat)

@@ -20,7 +20,7 @@ from mtbench.plugins import manager as plugins
 from mtbench.runner.orchestration.environments import check_runs, probe_devices, probe_environment, runs_to_preflight
 from mtbench.runner.orchestration.runs import RunSpec
 from mtbench.runner.results.compare_json import combined_json
-from mtbench.runner.results.output import check_output_path
+from mtbench.runner.results.output import check_output_path, check_result_path
 from mtbench.runner.results.report import LoadedRun, build_comparison, comparison_labels, load_runs
 from mtbench.runner.results.schema import result_stem
 from mtbench.runner.results.side_by_side import side_by_side, side_by_side_table
@@ -112,7 +112,7 @@ def plan_reruns(path, out, overwrite):
                                 repeats[label], python=python))
         check_output_path(out, overwrite)
     for rerun in reruns:
-        check_output_path(rerun.out, overwrite)
+        check_result_path(rerun.out, overwrite, beside=(rerun.log_file, rerun.train_file))
         rerun.weights, rerun.weights_note = starting_weights(rerun.original.result["config"])
         try:
             rerun.config = TrainConfig.from_options(**repeated_options(rerun.original.result),

@@ -6,14 +6,26 @@ import tempfile
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.loop.checkpoints import RunDirectory, run_dir_for
-from mtbench.runner.results.schema import PARTIAL_STATUSES, read_status
+from mtbench.runner.results.schema import PARTIAL_STATUSES, read_status, sidecar_paths
 
 
-def check_output_path(path, overwrite, resuming=False, kind=".json"):
-    """Refuses to replace a result or to mix with an earlier run's checkpoints, unless told to (--overwrite), or
-    unless resuming the run whose partial result it is. Missing directories are created when writing."""
+def check_result_path(path, overwrite, resuming=False, beside=()):
+    """`check_output_path` of a run's result, with the hypotheses and references a translation writes beside it."""
+    check_output_path(path, overwrite, resuming, beside=(*sidecar_paths(path), *beside))
+
+
+def check_output_path(path, overwrite, resuming=False, kind=".json", beside=()):
+    """Refuses to replace a result (or the files written `beside` it: a translation's hypotheses, a rerun's log)
+    or to mix with an earlier run's checkpoints, unless told to (--overwrite), or unless resuming the run whose
+    partial result it is. Missing directories are created when writing."""
     if os.path.isdir(path):
         raise MtbenchError(f"{path}: is a directory; --out takes a {kind} file path")
+    if not os.path.basename(path):  # 'results/' or '': checked here, it would fail only when the figures are written
+        raise MtbenchError(f"{path!r}: names a directory, not a file; --out takes a {kind} file path")
+    for other in () if resuming or overwrite else beside:
+        if os.path.exists(other):
+            raise MtbenchError(f"{other}: already exists beside {path} (an earlier run's); pass --overwrite to "
+                               f"replace it, or give another --out")
     if os.path.exists(path) and resuming:
         status = read_status(path)
         if status not in PARTIAL_STATUSES:

@@ -121,7 +121,8 @@ def schema_errors(result):
     status = result.get("status")
     if status not in STATUSES:
         errors.append(f"status: {status!r} is not one of {', '.join(STATUSES)}")
-    elif status == "completed" and isinstance(result.get("config"), dict) and not result["config"].get("measure_only"):
+    elif status == "completed" and isinstance(result.get("config"), dict) and not result["config"].get("measure_only") \
+            and not (isinstance(result.get("metrics"), dict) and result["metrics"].get("skipped")):  # stopped late
         data = result.get("data")
         bytes_unknown = isinstance(data, dict) and data.get("bytes", {}) is None
         for path in FIGURES_OF_COMPLETED_RUNS.get(task, COMPLETED_FIGURES):

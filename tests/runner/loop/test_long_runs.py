@@ -215,7 +215,7 @@ def test_resume_refuses_training_data_that_changed_since(tmp_path, cache_dir):
         f.write("A sentence added later.\tUne phrase ajoutée plus tard.\n")
     resumed = run_cli("train", "--resume", run_dir)
     assert resumed.returncode == 2
-    assert f"Error: {run_dir}: the training data differs from the run's" in resumed.stderr
+    assert f"Error: {run_dir}: the training data, or the tokens made of it, differ from the run's" in resumed.stderr
     assert read(out)["status"] == "diverged"
 
 
@@ -236,6 +236,8 @@ def test_resume_refuses_other_devices_or_versions_and_keeps_the_run(tmp_path, ca
     moved = json.loads(json.dumps(recorded))
     moved["ran_on"]["device"]["name"] = "NVIDIA H100 80GB HBM3"
     moved["ran_on"]["versions"]["torch"] = "2.5.1"
+    # another version may tokenize the same data otherwise: the versions are named, not the data
+    moved["data_fingerprint"] = "spm-500-another-version"
     with open(run_file, "w") as f:
         json.dump(moved, f)
     partial = read(out)
@@ -247,3 +249,37 @@ def test_resume_refuses_other_devices_or_versions_and_keeps_the_run(tmp_path, ca
     assert f"device name: NVIDIA H100 80GB HBM3 before, {env['device']['name']} now" in lines[0]
     assert f"torch: 2.5.1 before, {env['backend_versions']['torch']} now" in lines[0]
     assert read(out) == partial and checkpoint_steps(run_dir) == [3] and read(run_file) == moved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_after_training_keeps_the_trainings_figures_and_an_earlier_result_is_not_lost(
+        tmp_path, cache_dir, signum, exit_code):
+    """Stopped in the evaluation after training, a run wrote nothing: Ctrl-C ended in a bare 'interrupted', SIGTERM
+    in no word at all, and under --overwrite the earlier result was already removed."""
+    out = tmp_path / "late.json"
+    out.write_text('{"an": "earlier result"}\n')
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    proc = subprocess.Popen([sys.executable, "-m", "mtbench", "train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET,
+                             "--steps", "6", "--test-size", "600", "--cache-dir", cache_dir, "--out", str(out),
+                             "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, "MTBENCH_LOAD_PLUGINS": "", "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in proc.stdout:  # off a terminal, each phase after training is a line as it starts
+            if line.startswith("after training: evaluate"):
+                proc.send_signal(signum)
+                break
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == exit_code, stderr[-3000:]
+    name = signal.Signals(signum).name
+    assert stderr.strip().splitlines() == [
+        f"Error: interrupted: {name} received after training: no evaluation, translation or saved model; the "
+        f"training's figures are in {out}"]
+    result = read(out)
+    assert schema_errors(result) == [] and result["status"] == "completed"
+    assert [h["step"] for h in result["history"]] == list(range(1, 7)) and result["timing"]["tokens_per_s"] > 0
+    assert result["metrics"]["bleu"] is None and result["model"].get("saved") is None
+    assert result["metrics"]["skipped"] == f"{name} received after training: no evaluation, translation or saved model"

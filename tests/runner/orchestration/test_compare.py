@@ -694,7 +694,10 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
     refused_run = refused["runs"][1]["result"]
     refused_run["extras"] = refused_run["config"]["extras"] = [*refused_run["extras"], "flash-attention"]
     (tmp_path / "refused.json").write_text(json.dumps(refused))
+    (tmp_path / "logged.log").write_text("an earlier run's log\n")  # a rerun writes its log there, unasked
     for args, expected in (([str(tmp_path / "absent.json")], "absent.json: no such file"),
+                           ([source, "--out", str(tmp_path / "logged.json")],
+                            "logged.log: already exists beside"),
                            ([str(existing)], "existing.json: not an mtbench result"),
                            ([source, "--out", str(existing)], "existing.json: already exists; pass --overwrite"),
                            ([str(tmp_path / "changed.json"), "--out", str(tmp_path / "again.json")],
@@ -708,7 +711,9 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
         proc = run_cli("rerun", *args)
         assert_refused_in_one_line(proc, expected)
     assert existing.read_text() == '{"keep": "me"}\n'
-    assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json", "plugged.json", "refused.json"]
+    assert (tmp_path / "logged.log").read_text() == "an earlier run's log\n"
+    assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json", "logged.log", "plugged.json",
+                                            "refused.json"]
 
 
 @pytest.mark.slow
