@@ -63,7 +63,8 @@ def render(group=None):
              " ".join(inspect.cleandoc(group.help or "").split()), "",
              "Every command takes `--help`, and `--debug` to show the traceback of a failure. "
              f"{' and '.join(f'`{name}`' for name in configured)} take `--config FILE.toml`: the flags' own names "
-             "as keys (`batch-size = 64`, `extra = [\"torch-compile\"]`); flags on the command line win over it.",
+             "as keys (`batch-size = 64`, `extra = [\"torch-compile\"]`); flags on the command line win over it (a "
+             "repeatable flag such as `--extra` replaces the file's list, with a warning).",
              ""]
     for name, command in commands.items():
         ctx = contexts[name]

@@ -257,8 +257,16 @@ ONE_OF = (("steps", "epochs"), ("block_size", "max_len"), ("target_bleu", "targe
 
 
 def _command_line_wins(options):
-    """`options` without what --config set of a pair in ONE_OF whose other half the command line gave."""
-    source = click.get_current_context().get_parameter_source
+    """`options` without what --config set of a pair in ONE_OF whose other half the command line gave; a list
+    --config set that the command line's flags replace (`--extra`) is said, not merged."""
+    context = click.get_current_context()
+    source = context.get_parameter_source
+    for param in context.command.params:
+        configured = (context.default_map or {}).get(param.name)
+        if getattr(param, "multiple", False) and configured \
+                and source(param.name) == click.core.ParameterSource.COMMANDLINE:
+            click.echo(f"Warning: {param.opts[0]} on the command line replaces --config's "
+                       f"{param.opts[0].lstrip('-')} = {list(configured)!r}", err=True)
     for pair in ONE_OF:
         given = [name for name in pair if name in options and source(name) == click.core.ParameterSource.COMMANDLINE]
         for name in pair if len(given) == 1 else ():
@@ -411,7 +419,8 @@ config_option = click.option(
     "--config", "config_file", type=click.Path(dir_okay=False), metavar="FILE.toml", is_eager=True,
     expose_value=False, callback=_apply_config_file,
     help="Options from a TOML file whose keys are the flags' own names (batch-size = 64, extra = [\"torch-compile\"], "
-         "measure-only = true); flags given on the command line win over it.")
+         "measure-only = true); flags given on the command line win over it (a repeatable flag such as --extra "
+         "replaces the file's list, with a warning).")
 
 
 report_option = click.option(

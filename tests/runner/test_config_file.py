@@ -50,3 +50,17 @@ def test_one_half_of_a_pair_on_the_command_line_replaces_the_files_other_half(tm
         assert halves(_command_line_wins(dict(ctx.params))) == (4, None, 32, None)
     with train.make_context("train", ["--config", str(path), "--steps", "3", "--epochs", "0.5"]) as ctx:
         assert halves(_command_line_wins(dict(ctx.params)))[:2] == (3, 0.5)  # both given: TrainConfig refuses them
+
+
+def test_a_list_the_command_line_replaces_is_said(tmp_path, capsys):
+    """`extra = ["remat"]` in the file and `--extra loss-log` given: the run takes the command line's list alone,
+    as any flag wins, and says that the file's remat does not run (it was dropped without a word)."""
+    from mtbench.cli import _command_line_wins, train
+    path = tmp_path / "run.toml"
+    path.write_text('preset = "tiny"\nextra = ["remat"]\n')
+    with train.make_context("train", ["--config", str(path), "--extra", "loss-log"]) as ctx:
+        assert _command_line_wins(dict(ctx.params))["extras"] == ("loss-log",)
+    assert capsys.readouterr().err == "Warning: --extra on the command line replaces --config's extra = ['remat']\n"
+    with train.make_context("train", ["--config", str(path)]) as ctx:
+        assert _command_line_wins(dict(ctx.params))["extras"] == ("remat",)
+    assert capsys.readouterr().err == ""
