@@ -145,6 +145,11 @@ def cases(tmp_path, plugin_path):
         "reporter of a broken plugin": (["--report", "twoline"], "unknown reporter 'twoline'; available: explode, "
                                         "mlflow, oneline, summary, table, tensorboard, wandb; it may come from a plugin that "
                                         "failed: plugin 'broken' failed to load", plugins),
+        # recorded beside the dataset's en -> fr pairs, they would have said the run translated fr -> en
+        "languages of a dataset's pairs": (["--src-lang", "fr", "--tgt-lang", "en"], "--src-lang fr --tgt-lang en: "
+                                           "these say how --data, --valid and --test files are read; the dataset "
+                                           "'bible-en-fr' reads none (its pairs are en -> fr)", None),
+        "a column of a dataset's pairs": (["--tgt-col", "3"], "--tgt-col 3: these say how --data", None),
         "existing result": (["--data", good, "--out", existing], "already exists; pass --overwrite", None),
         "output is a directory": (["--data", good, "--out", str(t)], "is a directory", None),
         # a directory's name: it failed only once the run was trained, and the figures were lost
@@ -224,7 +229,8 @@ CASE_NAMES = [
     "beam search's option for a language model", "a column for a language model", "an extra twice",
     "beam search in a run that decodes nothing", "length penalty of greedy decoding", "no checkpoints kept", "target without evaluations",
     "unknown reporter",
-    "reporter of a broken plugin", "existing result", "output is a directory", "output names a new directory",
+    "reporter of a broken plugin", "languages of a dataset's pairs", "a column of a dataset's pairs",
+    "existing result", "output is a directory", "output names a new directory",
     "output empty", "earlier hypotheses beside the output", "output under a file",
     "compile mode of an eager step", "compile mode on jax", "block too short", "empty block", "stride past the block",
     "token batch under a block",

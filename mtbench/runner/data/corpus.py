@@ -122,8 +122,27 @@ def registered_dataset(registry, name):
         raise
 
 
+def check_file_options(config, dataset):
+    """Refuses the options that say how a file is read where no file is read: a registered dataset's pairs come
+    as they are, and a run that recorded --src-lang fr --tgt-lang en beside en -> fr pairs would say it did."""
+    if config.valid_file or config.test_file:
+        return
+    columns = (("--src-col", config.src_col, 1), ("--tgt-col", config.tgt_col, 2))
+    given = [(flag, value) for flag, value, default in columns if value != default]
+    languages = (config.src_lang, config.tgt_lang)
+    if any(languages) and languages != (dataset.source_lang or None, dataset.target_lang or None):
+        given += [(flag, value) for flag, value in (("--src-lang", config.src_lang), ("--tgt-lang", config.tgt_lang))
+                  if value]
+    if given:
+        pairs = f" (its pairs are {dataset.source_lang} -> {dataset.target_lang})" if dataset.source_lang else ""
+        raise MtbenchError(f"{' '.join(f'{flag} {value}' for flag, value in given)}: these say how --data, --valid "
+                           f"and --test files are read; the dataset '{dataset.name}' reads none{pairs}")
+
+
 def load_corpus(config, registry, progress):
     dataset = None if config.data_file else registered_dataset(registry, config.dataset)
+    if dataset is not None:
+        check_file_options(config, dataset)
     options = read_options(config, dataset)
     if dataset is None:
         pairs, origin = read_pairs(config.data_file, options), describe(config.data_file, options)
