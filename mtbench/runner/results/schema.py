@@ -94,6 +94,11 @@ def result_task(result):
 
 # Lists whose items a report reads as objects or names.
 LIST_ITEMS = {"history": dict, "extras": str}
+# What a report reads of every step of `history`.
+HISTORY_ITEM = {"step": int, "loss": MAYBE_NUMBER}
+# Sections a result of an earlier version may lack, or hold null: where present, objects.
+OPTIONAL_OBJECTS = ("machine_load", "processes", "cost", "energy", "host_syncs", "target", "loss_scaling",
+                    "model.attention", "memory.training", "train_step_chosen")
 
 
 def _value_at(result, path):
@@ -114,6 +119,15 @@ def schema_errors(result):
         items = result.get(key)
         if isinstance(items, list) and not all(isinstance(item, item_type) for item in items):
             errors.append(f"{key}: an item is not {'an object' if item_type is dict else 'a string'}")
+    for number, item in enumerate(result.get("history") if isinstance(result.get("history"), list) else ()):
+        problems = _type_errors(item, HISTORY_ITEM, f"history[{number}].") if isinstance(item, dict) else []
+        errors += problems[:1]
+        if problems:
+            break
+    for path in OPTIONAL_OBJECTS:
+        value = _value_at(result, path)
+        if value is not None and not isinstance(value, dict):
+            errors.append(f"{path}: {type(value).__name__} is not an object")
     version = result.get("schema_version")
     if isinstance(version, int) and version not in READABLE_VERSIONS:
         errors.insert(0, f"schema_version: {version} is not one this mtbench reads "

@@ -277,6 +277,13 @@ def test_unreadable_inputs_fail_with_one_line(tmp_path, content, expected):
     ({"data": 5}, "data: expected an object"),
     ({"history": [1, 2]}, "history: an item is not an object"),
     ({"extras": [5]}, "extras: an item is not a string"),
+    # each of these ended in an AttributeError, KeyError or TypeError that named neither the file nor the key
+    ({"history": [{}]}, "history[0].step: missing"),
+    ({"history": [{"step": 1, "loss": "low"}]}, "history[0].loss: str is not"),
+    ({"machine_load": "busy"}, "machine_load: str is not an object"),
+    ({"processes": "two"}, "processes: str is not an object"),
+    ({"cost": "cheap"}, "cost: str is not an object"),
+    ({"host_syncs": "few"}, "host_syncs: str is not an object"),
 ])
 def test_a_result_of_the_wrong_shape_is_named_in_one_line(results, tmp_path, change, expected):
     """JSON that parses but is not shaped as a result: named in one line, never an exception from deep inside."""
