@@ -211,6 +211,13 @@ def cases(tmp_path, plugin_path):
         "run file with an unknown key": (["--run-file", write(t / "unknown.json", json.dumps(
             {"mtbench_run_file": 1, "config": {"preset": "tiny", "warp_factor": 9}}))],
             "unknown.json: unknown configuration keys warp_factor (written by another mtbench version?)", None),
+        # a TypeError deep in the run, blamed on the translation task's plugin
+        "run file with a value of the wrong kind": (["--run-file", write(t / "kind.json", json.dumps(
+            {"mtbench_run_file": 1, "config": {"preset": "tiny", "batch_size": 8.5}}))],
+            "kind.json: batch_size: 8.5 is not an integer", None),
+        "run file with extras as a name": (["--run-file", write(t / "extras.json", json.dumps(
+            {"mtbench_run_file": 1, "config": {"preset": "tiny", "extras": "remat"}}))],
+            'extras.json: extras: "remat" is not a list of names', None),
     }
 
 
@@ -240,7 +247,7 @@ CASE_NAMES = [
     "resume a run without checkpoints", "resume with other options", "config file missing", "config file not toml",
     "config key unknown", "config value of the wrong kind", "config value the flag refuses",
     "config value the run refuses", "run file beside other options", "run file of another format",
-    "run file with an unknown key"]
+    "run file with an unknown key", "run file with a value of the wrong kind", "run file with extras as a name"]
 
 
 def snapshot(directory):

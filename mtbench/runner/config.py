@@ -2,6 +2,7 @@
 written beside the figures."""
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -388,7 +389,26 @@ class TrainConfig:
         if unknown:
             raise MtbenchError(f"unknown configuration keys {', '.join(unknown)} (written by another mtbench "
                                "version?)")
+        cls._check_recorded_types(data)
         return cls(**{key: value for key, value in data.items() if key in names})
+
+    @classmethod
+    def _check_recorded_types(cls, data):
+        """A recorded configuration (a run file, a result, a resumed run's) whose values are not of their fields'
+        kinds is refused by key, where it failed deep inside the run ('float' object cannot be interpreted as an
+        integer, blamed on a plugin). null stands for the default where the default is null."""
+        kinds = {int: (int,), float: (int, float), str: (str,), bool: (bool,), tuple: (list, tuple)}
+        for field_ in dataclasses.fields(cls):
+            value, wanted = data.get(field_.name), kinds.get(field_.type)
+            if field_.name not in data or wanted is None or (value is None and field_.default in (None,
+                                                                                                   dataclasses.MISSING)):
+                continue
+            wrong = not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted) or (
+                field_.type is tuple and not all(isinstance(item, str) for item in value))
+            if wrong:
+                kind = {tuple: "a list of names", bool: "true or false", int: "an integer", float: "a number",
+                        str: "a string"}[field_.type]
+                raise MtbenchError(f"{field_.name}: {json.dumps(value)} is not {kind}")
 
     def to_dict(self):
         data = dataclasses.asdict(self)
