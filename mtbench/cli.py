@@ -248,22 +248,23 @@ run_configuration_options = _stack(RUN_CONFIGURATION_OPTIONS)
 
 
 
-def _train_config(**options):
-    return TrainConfig.from_options(**_command_line_wins(options))
+def _train_config(warn=True, **options):
+    return TrainConfig.from_options(**_command_line_wins(options, warn))
 
 
 # Options of which a run takes one: where the command line gives one and --config the other, the command line's wins.
 ONE_OF = (("steps", "epochs"), ("block_size", "max_len"), ("target_bleu", "target_loss"))
 
 
-def _command_line_wins(options):
+def _command_line_wins(options, warn=True):
     """`options` without what --config set of a pair in ONE_OF whose other half the command line gave; a list
-    --config set that the command line's flags replace (`--extra`) is said, not merged."""
+    --config set that the command line's flags replace (`--extra`) is said (where `warn`: by one process of a
+    run's several), not merged."""
     context = click.get_current_context()
     source = context.get_parameter_source
     for param in context.command.params:
         configured = (context.default_map or {}).get(param.name)
-        if getattr(param, "multiple", False) and configured \
+        if warn and getattr(param, "multiple", False) and configured \
                 and source(param.name) == click.core.ParameterSource.COMMANDLINE:
             click.echo(f"Warning: {param.opts[0]} on the command line replaces --config's "
                        f"{param.opts[0].lstrip('-')} = {list(configured)!r}", err=True)
@@ -495,7 +496,7 @@ def _train(reporters, resume_dir, run_file, save_model, launch, options):
         config = read_run_file(run_file)
         config.overwrite = config.overwrite or options["overwrite"]
     else:
-        config = _train_config(save_model=save_model, **options)
+        config = _train_config(warn=launch.is_first, save_model=save_model, **options)
     from mtbench.runner.results.run_result import eager_torch_note
     console = output_console()
     result, failures = run_training(config, registry, console, resume=resume,

@@ -14,6 +14,7 @@ import sys
 class RecordedCounter:
     """A counter whose device draws `watts` joules between readings (its start, a step's edges, the run's end)."""
     source = "recorded"
+    counts = "this process's recorded device only"
 
     def __init__(self, joules_per_reading):
         self.readings = itertools.count(0.0, joules_per_reading)

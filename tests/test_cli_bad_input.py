@@ -218,6 +218,10 @@ def cases(tmp_path, plugin_path):
         "run file with extras as a name": (["--run-file", write(t / "extras.json", json.dumps(
             {"mtbench_run_file": 1, "config": {"preset": "tiny", "extras": "remat"}}))],
             'extras.json: extras: "remat" is not a list of names', None),
+        # null stands only for a default that is null: the cache folder's is not, and null failed in the run
+        "run file with a null cache folder": (["--run-file", write(t / "null.json", json.dumps(
+            {"mtbench_run_file": 1, "config": {"preset": "tiny", "cache_dir": None}}))],
+            "null.json: cache_dir: null is not a string", None),
     }
 
 
@@ -247,7 +251,8 @@ CASE_NAMES = [
     "resume a run without checkpoints", "resume with other options", "config file missing", "config file not toml",
     "config key unknown", "config value of the wrong kind", "config value the flag refuses",
     "config value the run refuses", "run file beside other options", "run file of another format",
-    "run file with an unknown key", "run file with a value of the wrong kind", "run file with extras as a name"]
+    "run file with an unknown key", "run file with a value of the wrong kind", "run file with extras as a name",
+    "run file with a null cache folder"]
 
 
 def snapshot(directory):

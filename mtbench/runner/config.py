@@ -400,7 +400,7 @@ class TrainConfig:
         kinds = {int: (int,), float: (int, float), str: (str,), bool: (bool,), tuple: (list, tuple)}
         for field_ in dataclasses.fields(cls):
             value, wanted = data.get(field_.name), kinds.get(field_.type)
-            defaults_to_null = field_.default in (None, dataclasses.MISSING)
+            defaults_to_null = field_.default is None
             if field_.name not in data or wanted is None or (value is None and defaults_to_null):
                 continue
             wrong = not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted) or (

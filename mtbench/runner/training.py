@@ -5,6 +5,7 @@ it to the reporters.
 
 Each stage is a function with explicit inputs and outputs; `run_training` is the whole run on one screen."""
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -133,13 +134,14 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
 def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwatch, console):
     """The evaluation after training and the saved model of a completed run, added to `result` (--measure-only:
     neither). A signal stops them at once: the result keeps the training's figures and says what it lacks; the
-    Stopped is returned (None when done)."""
+    Stopped is returned (None when done). Only a run of one process stops so: the evaluation of several holds
+    collectives, and a process that left them would keep the others waiting for it."""
     if config.measure_only:
         result["metrics"]["skipped"] = "--measure-only: no evaluation, translation or saved model"
         return None
     evaluated = False
     try:
-        with stop_at_once():
+        with stop_at_once() if run.processes.world_size == 1 else contextlib.nullcontext():
             add_evaluation(result, *built.evaluator.evaluate(announced_phases(stopwatch, console)))
             evaluated = True
             if config.save_model and run_dir.writes:

@@ -64,3 +64,7 @@ def test_a_list_the_command_line_replaces_is_said(tmp_path, capsys):
     with train.make_context("train", ["--config", str(path)]) as ctx:
         assert _command_line_wins(dict(ctx.params))["extras"] == ("remat",)
     assert capsys.readouterr().err == ""
+    # The later processes of a run of several take the same list without saying it again.
+    with train.make_context("train", ["--config", str(path), "--extra", "loss-log"]) as ctx:
+        assert _command_line_wins(dict(ctx.params), warn=False)["extras"] == ("loss-log",)
+    assert capsys.readouterr().err == ""

@@ -27,6 +27,11 @@ def test_a_run_file_whose_result_exists_is_refused_until_overwrite_is_given(tmp_
     assert_refused_in_one_line(refused, "run.json: already exists; pass --overwrite to replace it")
     assert json.loads(out.read_text()) == {"earlier": True}
     assert all((tmp_path / "run.run" / name).read_text() == text for name, text in earlier.items())
+    sidecars = [tmp_path / "run.hyp.txt", tmp_path / "run.ref.txt"]  # an earlier translation's sentences
+    for sidecar in sidecars:
+        sidecar.write_text("its sentences\n")
+    assert_refused_in_one_line(run_cli("train", "--run-file", str(run_file)), "run.hyp.txt: already exists beside")
+    assert all(sidecar.read_text() == "its sentences\n" for sidecar in sidecars)
     assert_refused_in_one_line(run_cli("train", "--run-file", str(run_file), "--steps", "3"),
                                "--run-file holds the run's whole configuration; drop --steps")
     diverged = run_cli("train", "--run-file", str(run_file), "--overwrite", "--report", "none",
@@ -36,6 +41,7 @@ def test_a_run_file_whose_result_exists_is_refused_until_overwrite_is_given(tmp_
     assert json.loads(out.read_text())["status"] == "diverged"
     assert not any((tmp_path / "run.run" / name).exists() and (tmp_path / "run.run" / name).read_text() == text
                    for name, text in earlier.items())
+    assert not any(sidecar.exists() for sidecar in sidecars)  # no earlier sentences pass for this run's
     replaced = run_cli("train", "--run-file", str(run_file), "--overwrite", "--report", "none")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -125,7 +125,7 @@ def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir, **opti
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(training_sentences(sentences)), model_writer=model, vocab_size=vocab_size,
+            sentence_iterator=training_sentences(sentences), model_writer=model, vocab_size=vocab_size,
             model_type="unigram", pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, character_coverage=1.0,
             # A small corpus may not support the requested vocabulary: take what it supports instead of failing.
             hard_vocab_limit=False, num_threads=TRAINING_THREADS, minloglevel=2,
@@ -139,26 +139,27 @@ def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir, **opti
 
 
 def training_sentences(sentences):
-    """What a tokenizer is trained on: `sentences()`'s lines, each cut into pieces of at most
-    LONGEST_TRAINING_SENTENCE bytes, and of more than TRAINING_SENTENCES pieces a sample drawn with a fixed seed
-    (in their order), so that every process and machine trains the same model. `sentences` is called a second
-    time to take the sample."""
-    pieces, count = [], 0
-    for piece in _cut_lines(sentences):
-        count += 1
-        if count <= TRAINING_SENTENCES:
-            pieces.append(piece)
+    """What a tokenizer is trained on, an iterator (a large corpus is never held): `sentences()`'s lines, each
+    cut into pieces of at most LONGEST_TRAINING_SENTENCE bytes, and of more than TRAINING_SENTENCES pieces a sample
+    drawn with a fixed seed (in their order), so that every process and machine trains the same model.
+    `sentences` is called twice: the pieces are counted here, so that a text that cannot be read fails here and
+    not inside the trainer, then given."""
+    count = sum(1 for _ in _cut_lines(sentences))
     if count <= TRAINING_SENTENCES:
-        return pieces
-    kept = iter(np.sort(np.random.default_rng(0).choice(count, TRAINING_SENTENCES, replace=False)).tolist())
-    wanted, pieces = next(kept), []
-    for index, piece in enumerate(_cut_lines(sentences)):
+        return _cut_lines(sentences)
+    kept = np.sort(np.random.default_rng(0).choice(count, TRAINING_SENTENCES, replace=False))
+    return _pieces_at(_cut_lines(sentences), iter(kept.tolist()))
+
+
+def _pieces_at(pieces, indices):
+    """The pieces at `indices` (increasing)."""
+    wanted = next(indices)
+    for index, piece in enumerate(pieces):
         if index == wanted:
-            pieces.append(piece)
-            wanted = next(kept, None)
+            yield piece
+            wanted = next(indices, None)
             if wanted is None:
-                break
-    return pieces
+                return
 
 
 def _cut_lines(sentences):

@@ -29,6 +29,7 @@ import numpy as np
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import make_temporary_folder, read_json, write_json_atomic
+from mtbench.runner.results.schema import sidecar_paths
 
 RUN_FILE = "run.json"
 RUN_FORMAT = 1
@@ -171,9 +172,12 @@ class RunDirectory:
         """Where a fresh run starts writing, empties the folder of everything an earlier run left (only
         --overwrite lets a fresh run start on one), so that no checkpoint, kept model or log of that run passes for
         this one's; the earlier run's result (`result_path`) goes with it, so that no result names a folder that
-        is gone. A resumed run's folder is its own: nothing goes."""
-        if self._fresh and self.writes and result_path and os.path.isfile(result_path):
-            os.remove(result_path)
+        is gone, and so do the hypotheses and references beside it, which this run may not write (--measure-only,
+        a stop before evaluating). A resumed run's folder is its own: nothing goes."""
+        if self._fresh and self.writes and result_path:
+            for path in (result_path, *sidecar_paths(result_path)):
+                if os.path.isfile(path):
+                    os.remove(path)
         if self._fresh and self.writes and os.path.isdir(self.path):
             for name in os.listdir(self.path):
                 path = os.path.join(self.path, name)

@@ -42,8 +42,8 @@ def test_a_large_corpus_is_sampled_with_a_fixed_seed_in_its_order_and_the_traine
     tokenizers of one corpus. mtbench draws the sample and hands the trainer that alone."""
     monkeypatch.setattr(tokenizer_module, "TRAINING_SENTENCES", 50)
     sentences = [f"{WORDS[i % len(WORDS)]} {i}" for i in range(400)]
-    sample = training_sentences(lambda: sentences)
-    assert len(sample) == 50 and sample == training_sentences(lambda: iter(sentences))
+    sample = list(training_sentences(lambda: sentences))
+    assert len(sample) == 50 and sample == list(training_sentences(lambda: iter(sentences)))
     assert [sentences.index(s) for s in sample] == sorted(sentences.index(s) for s in sample)  # in their order
     assert len(set(sample)) == 50 and sample != sentences[:50]
     asked = {}

@@ -253,5 +253,6 @@ def test_the_energy_of_a_run_of_two_processes_is_both_devices_joules():
     # Steps take 10 + 20 J each; the run, from the meter's start to its end (7 readings on), 70 + 140 J.
     assert first["joules"] == [30.0, 30.0, 30.0]
     assert first["section"]["processes"] == 2
+    assert first["section"]["counts"] == "this process's recorded device only"
     assert first["section"]["steady"] == {"steps": 2, "joules": 60.0, "joules_per_1k_tokens": 60.0, "avg_watts": 30.0}
     assert first["section"]["run"]["joules"] == 210.0
