@@ -369,6 +369,15 @@ class TrainConfig:
         return cls(**{name: value for name, value in options.items() if value is not None})
 
     @classmethod
+    def recorded_in(cls, path, data):
+        """`from_dict` of the configuration recorded in the file `path` (a run file, a saved model's description);
+        one that cannot be read is named with its file."""
+        try:
+            return cls.from_dict(data)
+        except (MtbenchError, TypeError) as error:
+            raise MtbenchError(f"{path}: {error}") from None
+
+    @classmethod
     def from_dict(cls, data):
         """The configuration `to_dict` wrote; its derived `model` entry is rebuilt from the preset, and `task`
         (which a result records) follows from the model family."""

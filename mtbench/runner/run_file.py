@@ -30,7 +30,4 @@ def read_run_file(path):
     if data["mtbench_run_file"] != RUN_FILE_FORMAT:
         raise MtbenchError(f"{path}: a run file of format {data['mtbench_run_file']!r}; this mtbench reads format "
                            f"{RUN_FILE_FORMAT}")
-    try:
-        return TrainConfig.from_dict(data["config"])
-    except (MtbenchError, TypeError) as error:
-        raise MtbenchError(f"{path}: {error}") from None
+    return TrainConfig.recorded_in(path, data["config"])

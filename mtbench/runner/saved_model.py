@@ -64,8 +64,9 @@ def save_trained_model(run_dir, model, tokenizer, plugins, model_shape, config, 
             shutil.rmtree(final)
         os.replace(tmp, final)
     except OSError as error:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise MtbenchError(f"{final}: cannot save the trained model: {error.strerror or error}") from None
+    finally:  # a failure, or a signal (`Stopped`), leaves no half-written folder in the run's
+        shutil.rmtree(tmp, ignore_errors=True)
     return os.path.abspath(final)
 
 
@@ -130,7 +131,7 @@ def _from_saved(directory):
     description = read_json(description_file, "a saved model's description")
     if not isinstance(description, dict) or description.get("mtbench_model") != SAVED_FORMAT:
         raise MtbenchError(f"{description_file}: not a saved mtbench model of format {SAVED_FORMAT}")
-    config = TrainConfig.from_dict(description["config"])
+    config = TrainConfig.recorded_in(description_file, description["config"])
     return ModelSource(config, os.path.join(directory, WEIGHTS_NPZ), saved_dir=directory,
                        description=description, label=f"model {directory}")
 

@@ -5,7 +5,6 @@ it to the reporters.
 
 Each stage is a function with explicit inputs and outputs; `run_training` is the whole run on one screen."""
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from mtbench.runner.loop.checkpoints import (
 )
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 from mtbench.runner.loop.progress import announced_phases, corpus_progress
-from mtbench.runner.loop.signals import Stopped, stop_at_once
+from mtbench.runner.loop.signals import Stopped, stop_at_once, stop_requests
 from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.measurement.device_memory import host_peaks, largest_peak, training_memory
@@ -124,7 +123,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     if outcome.status != "completed":
         raise stop_error(outcome, config.out, run_dir, run.processes.world_size, failures)
     if stopped:
-        raise RunInterrupted(f"interrupted: {result['metrics']['skipped']}; the training's figures are in "
+        raise RunInterrupted(f"interrupted: {stopped_after_training(result, stopped)}; the training's figures are in "
                              f"{config.out}", stopped.exit_code)
     # The group is left only by a run that ended well: leaving waits for every process, and one may be gone.
     run.processes.close()
@@ -133,15 +132,16 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
 
 def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwatch, console):
     """The evaluation after training and the saved model of a completed run, added to `result` (--measure-only:
-    neither). A signal stops them at once: the result keeps the training's figures and says what it lacks; the
-    Stopped is returned (None when done). Only a run of one process stops so: the evaluation of several holds
-    collectives, and a process that left them would keep the others waiting for it."""
+    neither). A signal in a run of one process stops them at once: the result keeps the training's figures and
+    says what it lacks. A run of several finishes them first, since a process that left the evaluation's
+    collectives would keep the others waiting for it. The Stopped is returned (None when no signal came)."""
     if config.measure_only:
         result["metrics"]["skipped"] = "--measure-only: no evaluation, translation or saved model"
         return None
+    several = run.processes.world_size > 1
     evaluated = False
     try:
-        with stop_at_once() if run.processes.world_size == 1 else contextlib.nullcontext():
+        with stop_requests() if several else stop_at_once() as requests:
             add_evaluation(result, *built.evaluator.evaluate(announced_phases(stopwatch, console)))
             evaluated = True
             if config.save_model and run_dir.writes:
@@ -152,7 +152,15 @@ def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwa
         missing = "no saved model" if evaluated else "no evaluation, translation or saved model"
         result["metrics"]["skipped"] = f"{stopped.name} received after training: {missing}"
         return stopped
+    if several and requests.agree(run.processes):
+        return Stopped(requests.received)
     return None
+
+
+def stopped_after_training(result, stopped):
+    """What a signal after training cut short, in words."""
+    return result["metrics"].get("skipped") or f"{stopped.name} received after training, once every process " \
+                                                "had finished the evaluation"
 
 
 def read_initial_weights(config):

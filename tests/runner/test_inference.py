@@ -109,6 +109,17 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
                                        "--block-size", "16"), "--block-size is an option of language models")
 
 
+def test_a_saved_model_whose_configuration_is_not_of_its_kinds_is_named_with_its_file(trained, tmp_path):
+    """As a run file's and a resumed run's: it said 'batch_size: 8.5 is not an integer' without a file."""
+    with open(os.path.join(trained["result"]["model"]["saved"], "model.json")) as f:
+        description = json.load(f)
+    description["config"]["batch_size"] = 8.5
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.json").write_text(json.dumps(description))
+    assert_refused_in_one_line(run_cli("translate", str(tmp_path / "model"), "/dev/null"),
+                               f"{tmp_path / 'model' / 'model.json'}: batch_size: 8.5 is not an integer")
+
+
 def test_evaluate_keeps_a_hypotheses_file_its_out_would_write_over(trained, tmp_path):
     from mtbench.runner.results.schema import sidecar_paths
     test_file = tmp_path / "test.tsv"

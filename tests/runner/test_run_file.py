@@ -30,7 +30,7 @@ def test_a_run_file_whose_result_exists_is_refused_until_overwrite_is_given(tmp_
     sidecars = [tmp_path / "run.hyp.txt", tmp_path / "run.ref.txt"]  # an earlier translation's sentences
     for sidecar in sidecars:
         sidecar.write_text("its sentences\n")
-    assert_refused_in_one_line(run_cli("train", "--run-file", str(run_file)), "run.hyp.txt: already exists beside")
+    assert_refused_in_one_line(run_cli("train", "--run-file", str(run_file)), "run.json: already exists; pass")
     assert all(sidecar.read_text() == "its sentences\n" for sidecar in sidecars)
     assert_refused_in_one_line(run_cli("train", "--run-file", str(run_file), "--steps", "3"),
                                "--run-file holds the run's whole configuration; drop --steps")

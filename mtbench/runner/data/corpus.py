@@ -129,10 +129,8 @@ def check_file_options(config, dataset):
         return
     columns = (("--src-col", config.src_col, 1), ("--tgt-col", config.tgt_col, 2))
     given = [(flag, value) for flag, value, default in columns if value != default]
-    languages = (config.src_lang, config.tgt_lang)
-    if any(languages) and languages != (dataset.source_lang or None, dataset.target_lang or None):
-        given += [(flag, value) for flag, value in (("--src-lang", config.src_lang), ("--tgt-lang", config.tgt_lang))
-                  if value]
+    sides = (("--src-lang", config.src_lang, dataset.source_lang), ("--tgt-lang", config.tgt_lang, dataset.target_lang))
+    given += [(flag, value) for flag, value, its_own in sides if value and value != (its_own or None)]
     if given:
         pairs = f" (its pairs are {dataset.source_lang} -> {dataset.target_lang})" if dataset.source_lang else ""
         raise MtbenchError(f"{' '.join(f'{flag} {value}' for flag, value in given)}: these say how --data, --valid "

@@ -117,8 +117,10 @@ def load_or_train_tokenizer(train_pairs, vocab_size, cache_dir):
 
 
 def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir, **options):
-    """The sentencepiece model cached under `digest` (a hash of everything that shapes it, `options` among it), or
+    """The sentencepiece model cached under `digest` (a hash of everything else that shapes it) and `options`, or
     one trained on `sentences()` with sentencepiece's further `options` and cached."""
+    if options:  # two callers' options for one text make two models
+        digest = hashlib.sha256(f"{digest}:{sorted(options.items())!r}".encode()).hexdigest()
     path = os.path.join(cache_dir, "tokenizers", f"spm-{vocab_size}-{digest[:16]}.model")
     if os.path.exists(path):
         return JointTokenizer.from_file(path)

@@ -277,8 +277,5 @@ def open_run(path):
     latest = directory.latest()
     if latest is None:
         raise MtbenchError(f"{path}: holds no complete checkpoint to resume from")
-    try:
-        config = TrainConfig.from_dict(run["config"])
-    except (MtbenchError, TypeError) as error:
-        raise MtbenchError(f"{run_file}: {error}") from None
+    config = TrainConfig.recorded_in(run_file, run["config"])
     return Resumption(directory, config, run.get("data_fingerprint"), *latest, run.get("ran_on"))

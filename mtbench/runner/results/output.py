@@ -22,10 +22,6 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=()):
         raise MtbenchError(f"{path}: is a directory; --out takes a {kind} file path")
     if not os.path.basename(path):  # 'results/' or '': checked here, it would fail only when the figures are written
         raise MtbenchError(f"{path!r}: names a directory, not a file; --out takes a {kind} file path")
-    for other in () if resuming or overwrite else beside:
-        if os.path.exists(other):
-            raise MtbenchError(f"{other}: already exists beside {path} (an earlier run's); pass --overwrite to "
-                               f"replace it, or give another --out")
     if os.path.exists(path) and resuming:
         status = read_status(path)
         if status not in PARTIAL_STATUSES:
@@ -33,6 +29,10 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=()):
                                "there is nothing to resume")
     elif os.path.exists(path) and not overwrite:
         raise MtbenchError(f"{path}: already exists; pass --overwrite to replace it")
+    for other in () if resuming or overwrite else beside:
+        if os.path.exists(other):
+            raise MtbenchError(f"{other}: already exists beside {path} (an earlier run's); pass --overwrite to "
+                               f"replace it, or give another --out")
     if kind == ".json":
         run_dir = RunDirectory(run_dir_for(path), fresh=False)
         if not resuming and not overwrite and run_dir.checkpoints():

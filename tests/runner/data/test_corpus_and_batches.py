@@ -10,7 +10,7 @@ from mtbench.plugins.datasets.bible_dataset import BibleDataset, clean_verse
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.batches import (batches_per_epoch, bucket_lengths, encode_split, evaluation_batches,
                                          training_batches, untrained_examples)
-from mtbench.runner.data.corpus import load_dataset_pairs, split_corpus
+from mtbench.runner.data.corpus import check_file_options, load_dataset_pairs, split_corpus
 from mtbench.runner.data.formats import read_tsv
 from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_or_train_tokenizer
 
@@ -189,3 +189,18 @@ def test_a_dataset_sentence_holding_a_tab_is_refused_before_anything_is_cached(t
                                            r"each sentence on one line, without tabs$"):
         load_dataset_pairs(DatasetWithATab(), str(tmp_path), progress=None)
     assert not (tmp_path / "datasets").exists() or not list((tmp_path / "datasets").iterdir())
+
+
+@pytest.mark.parametrize("languages, refused", [
+    ({"src_lang": "en", "tgt_lang": "fr"}, None),
+    ({"src_lang": "en", "tgt_lang": "de"}, "--tgt-lang de: "),  # the side that differs alone: both were named
+    ({"src_lang": "fr", "tgt_lang": "en"}, "--src-lang fr --tgt-lang en: "),
+])
+def test_a_language_beside_a_dataset_is_refused_by_the_side_it_is_not(languages, refused):
+    config = TrainConfig(**languages)
+    if refused is None:
+        check_file_options(config, BibleDataset("en", "fr"))
+        return
+    with pytest.raises(MtbenchError) as error:
+        check_file_options(config, BibleDataset("en", "fr"))
+    assert str(error.value).startswith(refused) and str(error.value).endswith("(its pairs are en -> fr)")

@@ -79,3 +79,15 @@ def test_the_smallest_vocabulary_the_error_names_trains(tmp_path):
     smallest = int(str(refused.value).rsplit("--vocab-size ", 1)[1].split()[0])
     assert smallest == len(set("".join(sentences))) + 4  # the characters, and pad, unk, bos and eos
     assert load_or_train_sentencepiece(lambda: sentences, "smallest", smallest, str(tmp_path)).vocab_size == smallest
+
+
+def test_a_model_trained_with_other_options_is_cached_apart(tmp_path):
+    """Under one digest, a model trained with NFKC must not be read back for a caller that asked for the text as
+    it is: the options are part of the cache's key."""
+    sentences = [f"{WORDS[i % len(WORDS)]}  ﬁ {i}" for i in range(300)]  # runs of spaces, a ligature NFKC splits
+    folded = load_or_train_sentencepiece(lambda: sentences, "one-text", 60, str(tmp_path))
+    kept = load_or_train_sentencepiece(lambda: sentences, "one-text", 60, str(tmp_path),
+                                       normalization_rule_name="identity", remove_extra_whitespaces=False)
+    assert folded.path != kept.path and len(list((tmp_path / "tokenizers").iterdir())) == 2
+    assert "ﬁ" in kept.processor.decode(kept.processor.encode("ﬁ")) and "ﬁ" not in folded.processor.decode(
+        folded.processor.encode("ﬁ"))

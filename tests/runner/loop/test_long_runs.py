@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ONE_BUCKET, TINY_TRAIN, run_cli
+from conftest import ONE_BUCKET, TINY_TRAIN, run_cli, run_joined_probes
 from mtbench.runner.results.schema import schema_errors
 from mtbench.runner.loop.signals import stop_requests
 
@@ -283,3 +283,14 @@ def test_a_signal_after_training_keeps_the_trainings_figures_and_an_earlier_resu
     assert [h["step"] for h in result["history"]] == list(range(1, 7)) and result["timing"]["tokens_per_s"] > 0
     assert result["metrics"]["bleu"] is None and result["model"].get("saved") is None
     assert result["metrics"]["skipped"] == f"{name} received after training: no evaluation, translation or saved model"
+
+
+def test_a_signal_to_one_process_of_several_after_training_lets_every_process_finish_the_evaluation():
+    """One process of several that left the evaluation at once would keep the others waiting in its collectives
+    (the run hung until its timeout, then lost its result): each finishes it, then all stop alike, the process
+    that received no signal as if it had received SIGTERM."""
+    first, second = run_joined_probes("evaluation_signal_probe.py")
+    for process, (name, code) in ((first, ("SIGTERM", 143)), (second, ("SIGINT", 130))):
+        assert process["halves"] == [2.0, 4.0] and process["metrics"] == {"test_loss": 1.5}
+        assert (process["stopped"], process["exit_code"]) == (name, code)
+        assert process["said"] == f"{name} received after training, once every process had finished the evaluation"
