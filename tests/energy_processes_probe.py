@@ -11,25 +11,23 @@ import os
 import sys
 
 
-class RecordedCounter:
-    """A counter whose device draws `watts` joules between readings (its start, a step's edges, the run's end)."""
-    source = "recorded"
-    counts = "this process's recorded device only"
-
-    def __init__(self, joules_per_reading):
-        self.readings = itertools.count(0.0, joules_per_reading)
-
-    def read(self):
-        return [next(self.readings)]
-
-    def difference(self, before, after):
-        return after[0] - before[0]
-
-
 def main(rank, coordinator):
     from mtbench.plugins.api import Launch
     from mtbench.plugins.backends.torch_processes import TorchProcessGroup
-    from mtbench.runner.measurement.energy import EnergyMeter
+    from mtbench.runner.measurement.energy import Counter, EnergyMeter
+
+    class RecordedCounter(Counter):
+        """A counter whose device draws `joules_per_reading` between readings (its start, a step's edges, the
+        run's end)."""
+        source = "recorded"
+        counts = "this process's recorded device only"
+
+        def __init__(self, joules_per_reading):
+            self.readings = itertools.count(0.0, joules_per_reading)
+
+        def read(self):
+            return [next(self.readings)]
+
     processes = TorchProcessGroup(Launch(process_id=rank, num_processes=2, coordinator=coordinator,
                                          launcher="flags", timeout_s=60))
     clock = iter([0.0, 10.0])

@@ -49,7 +49,7 @@ def test_processes_on_one_machine_each_count_their_share_of_its_packages(tmp_pat
     assert [counter.difference(b, counter.read()) for counter, b in zip(counters, before)] == [3.0, 3.0]
 
 
-class RecordedCounter:
+class RecordedCounter(energy.Counter):
     """A counter that plays back a recorded sequence of readings (joules per device)."""
     source = "recorded"
     counts = "the recorded devices only"
@@ -59,9 +59,6 @@ class RecordedCounter:
 
     def read(self):
         return next(self.readings)
-
-    def difference(self, before, after):
-        return float(sum(b - a for a, b in zip(before, after)))
 
 
 def test_meter_sums_steady_steps_and_the_whole_run():
