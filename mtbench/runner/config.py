@@ -13,6 +13,7 @@ from mtbench.keras_models.initialization import INIT_SCHEMES  # noqa: F401 (re-e
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS, PRESETS_BY_FAMILY, presets_for
 from mtbench.figures import SIZE_KEYS
 from mtbench.runner.data.formats import ReadOptions
+from mtbench.runner.loop.recipe import check_recipe_options
 
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
 # A language model's steps by preset: "char" trains as long as nanoGPT's Shakespeare-character run.
@@ -248,6 +249,7 @@ class TrainConfig:
             raise MtbenchError(f"--length-penalty must be a finite number, not negative, got {self.length_penalty}")
         if self.price_per_hour is not None and not 0 <= self.price_per_hour < math.inf:
             raise MtbenchError(f"--price-per-hour must be a finite number, not negative, got {self.price_per_hour}")
+        check_recipe_options(self)
         if self.profile_steps < 0:
             raise MtbenchError(f"--profile must not be negative, got {self.profile_steps}")
         if self.warmup_steps < 0:

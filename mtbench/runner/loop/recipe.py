@@ -3,6 +3,7 @@ model family sets (`ModelFamily.optimizer_recipe`: the GPT family trains as GPT 
 gave. The Keras optimizer is built from it, torch's fused AdamW carries it out, the training log reads its learning
 rate from it on the host, the hand-written references in benchmarks/ follow it, and the result records it."""
 
+import math
 import struct
 
 import numpy as np
@@ -20,6 +21,16 @@ OPTIONS = {"adam_beta1": "beta_1", "adam_beta2": "beta_2", "adam_epsilon": "epsi
            "weight_decay_on": "decay", "clip": "clip", "clip_norm": "clip_norm"}
 
 
+def check_recipe_options(config):
+    """Refuses, by option and value, a recipe option of `config` that AdamW cannot train with: before any data is
+    read, where the run's recipe is only put together once the model family is known."""
+    given = {key: getattr(config, option) for option, key in OPTIONS.items() if getattr(config, option) is not None}
+    check_recipe(given, {key: f"--{option.replace('_', '-')}" for option, key in OPTIONS.items()})
+    if config.min_learning_rate is not None and not 0 <= config.min_learning_rate <= config.learning_rate:
+        raise MtbenchError(f"--min-learning-rate must lie between 0 and --learning-rate {config.learning_rate:g}, "
+                           f"got {config.min_learning_rate}")
+
+
 def optimizer_recipe(config, total_steps, family=None):
     """AdamW's settings for `config` over `total_steps`: linear warm-up from 0 to the learning rate, cosine decay
     to `min_lr_ratio` of it (`alpha`), decoupled weight decay on the variables `decay` names, clipping by `clip`.
@@ -30,7 +41,6 @@ def optimizer_recipe(config, total_steps, family=None):
                    if getattr(config, option) is not None})
     if config.min_learning_rate is not None:
         recipe["min_lr_ratio"] = config.min_learning_rate / config.learning_rate
-    check_recipe(recipe)
     check_betas_in_weights_dtype(recipe, config.dtype)
     warmup = min(config.warmup_steps, max(total_steps - 1, 0))
     return {**recipe, "learning_rate": config.learning_rate, "warmup_steps": warmup,
@@ -49,7 +59,7 @@ def family_recipe(config, family=None):
     if unknown:
         raise MtbenchError(f"model family '{family.name}' sets unknown optimizer settings: {', '.join(unknown)}")
     try:  # the family's own values, before the user's options go over them: its mistake is not the user's
-        check_recipe({**BASE_RECIPE, **recipe})
+        check_recipe(recipe)
     except (MtbenchError, TypeError) as error:
         raise MtbenchError(f"model family '{family.name}' sets {recipe}, which mtbench refuses: {error}") from None
     return recipe
@@ -83,15 +93,24 @@ def in_sixteen_bits_below_one(dtype):
     return 1 - 2.0 ** (-8 if dtype == "bfloat16" else -11)
 
 
-def check_recipe(recipe):
-    for name in ("beta_1", "beta_2"):
-        if not 0 <= recipe[name] < 1:
-            raise MtbenchError(f"Adam's {name.replace('_', '')} must be in [0, 1), got {recipe[name]}")
-    if recipe["epsilon"] <= 0 or recipe["weight_decay"] < 0 or recipe["clip_norm"] <= 0:
-        raise MtbenchError("--adam-epsilon and --clip-norm must be positive, --weight-decay not negative")
-    if not 0 <= recipe["min_lr_ratio"] <= 1:
-        raise MtbenchError(f"--min-learning-rate must lie between 0 and --learning-rate (a ratio of "
-                           f"{recipe['min_lr_ratio']:g})")
-    if recipe["decay"] not in DECAY_CHOICES or recipe["clip"] not in CLIP_CHOICES:
-        raise MtbenchError(f"weight decay on {recipe['decay']!r}, clipping {recipe['clip']!r}: choose among "
-                           f"{', '.join(DECAY_CHOICES)} and {', '.join(CLIP_CHOICES)}")
+def check_recipe(recipe, names=None):
+    """Refuses the first value of `recipe` (any of BASE_RECIPE's keys) that AdamW cannot train with, NaN and infinity
+    included; `names`: {key: what to call it} (the user's option names; default the keys)."""
+    def name(key):
+        return (names or {}).get(key, key)
+    for key in ("beta_1", "beta_2"):
+        if key in recipe and not 0 <= recipe[key] < 1:
+            raise MtbenchError(f"{name(key)} must be in [0, 1), got {recipe[key]}")
+    # Written `not 0 < x < inf` so that NaN, which every comparison answers False, is refused too.
+    for key in ("epsilon", "clip_norm"):
+        if key in recipe and not 0 < recipe[key] < math.inf:
+            raise MtbenchError(f"{name(key)} must be a positive finite number, got {recipe[key]}")
+    if "weight_decay" in recipe and not 0 <= recipe["weight_decay"] < math.inf:
+        raise MtbenchError(f"{name('weight_decay')} must be a finite number, not negative, got "
+                           f"{recipe['weight_decay']}")
+    if "min_lr_ratio" in recipe and not 0 <= recipe["min_lr_ratio"] <= 1:
+        raise MtbenchError(f"{name('min_lr_ratio')} must be from 0 to 1 (a share of the learning rate), got "
+                           f"{recipe['min_lr_ratio']}")
+    for key, choices in (("decay", DECAY_CHOICES), ("clip", CLIP_CHOICES)):
+        if key in recipe and recipe[key] not in choices:
+            raise MtbenchError(f"{name(key)} {recipe[key]!r} is not one of {', '.join(choices)}")

@@ -19,8 +19,12 @@ def family_with(recipe):
 
 
 @pytest.mark.parametrize("recipe, expected", [
-    ({"clip": "sometimes"}, "model family 'careless-lm' sets {'clip': 'sometimes'}, which mtbench refuses: weight "
-                            "decay on 'all', clipping 'sometimes': choose among "),
+    ({"clip": "sometimes"}, "model family 'careless-lm' sets {'clip': 'sometimes'}, which mtbench refuses: clip "
+                            "'sometimes' is not one of per-variable, global, none"),
+    ({"weight_decay": float("nan")}, "model family 'careless-lm' sets {'weight_decay': nan}, which mtbench refuses: "
+                                     "weight_decay must be a finite number, not negative, got nan"),
+    ({"min_lr_ratio": 2}, "model family 'careless-lm' sets {'min_lr_ratio': 2}, which mtbench refuses: min_lr_ratio "
+                          "must be from 0 to 1 (a share of the learning rate), got 2"),
     ({"warp": 9}, "model family 'careless-lm' sets unknown optimizer settings: warp"),
     ([("clip", "global")], "model family 'careless-lm' gives an optimizer recipe of list, not a dict"),
 ])
@@ -28,6 +32,27 @@ def test_a_familys_refused_recipe_names_the_family(recipe, expected):
     with pytest.raises(MtbenchError) as refused:
         optimizer_recipe(TrainConfig(), 10, family_with(recipe))
     assert str(refused.value).startswith(expected)
+
+
+@pytest.mark.parametrize("option, value, expected", [
+    ("weight_decay", -0.1, "--weight-decay must be a finite number, not negative, got -0.1"),
+    ("weight_decay", float("nan"), "--weight-decay must be a finite number, not negative, got nan"),
+    ("clip_norm", 0.0, "--clip-norm must be a positive finite number, got 0.0"),
+    ("clip_norm", float("inf"), "--clip-norm must be a positive finite number, got inf"),
+    ("adam_epsilon", float("nan"), "--adam-epsilon must be a positive finite number, got nan"),
+    ("adam_beta1", 1.0, "--adam-beta1 must be in [0, 1), got 1.0"),
+    ("adam_beta2", float("nan"), "--adam-beta2 must be in [0, 1), got nan"),
+    ("weight_decay_on", "biases", "--weight-decay-on 'biases' is not one of all, matrices"),
+    ("min_learning_rate", 0.01, "--min-learning-rate must lie between 0 and --learning-rate 0.001, got 0.01"),
+    ("min_learning_rate", float("nan"), "--min-learning-rate must lie between 0 and --learning-rate 0.001, got nan"),
+])
+def test_an_optimizer_option_adamw_cannot_train_with_is_refused_by_name_when_the_run_is_configured(
+        option, value, expected):
+    """NaN passed the old check (which only asked `< 0`), and the rest were refused only after the data was read,
+    in a message naming three options at once."""
+    with pytest.raises(MtbenchError) as refused:
+        TrainConfig(**{option: value})
+    assert str(refused.value) == expected
 
 
 def test_the_users_options_go_over_a_familys_good_recipe():
