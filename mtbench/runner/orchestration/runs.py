@@ -94,6 +94,9 @@ def parse_run_spec(text):
     for item in filter(None, (item.strip() for item in size_text.split(","))):
         flag, _, value = item.partition("=")
         key = flag.strip().lstrip("-").replace("-", "_")
+        if key in sizes or (key == PYTHON_KEY and python is not None):
+            raise MtbenchError(f"--matrix: {key.replace('_', '-')} is given twice in '{text.strip()}'; give each "
+                               f"flag of a run once")
         if key == PYTHON_KEY and value.strip():
             python = os.path.abspath(os.path.expanduser(value.strip()))
             continue

@@ -520,6 +520,8 @@ def test_matrix_entries_sweep_batch_size_and_length_and_name_other_environments(
 @pytest.mark.parametrize("matrix, expected", [
     ("jax:batch-size=many", "--matrix: batch-size=many in 'jax:batch-size=many' is not a number of the flag's kind"),
     ("jax:width=3", "'width=3' in 'jax:width=3' is not flag=value with a size or sweep flag (layers, "),
+    ("jax:batch_size=8,batch-size=16", "--matrix: batch-size is given twice in 'jax:batch_size=8,batch-size=16'; "
+                                       "give each flag of a run once"),
     ("jax;jax:python=/nonexistent/venv/bin/python",
      "run 'jax:python=venv': python=/nonexistent/venv/bin/python: no such file"),
 ])
