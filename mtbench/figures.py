@@ -313,6 +313,7 @@ def is_number(value):
 SCATTER_BOUND = 1.5      # steady step p90 / median
 OTHERS_BOUND = 10.0      # percent of the CPUs' time other processes used while the run trained
 STEAL_BOUND = 5.0        # percent of the CPUs' time the hypervisor gave to other guests while the run trained
+MIN_STEADY_WINDOWS = 3   # timing windows (clock readings) of steady steps below which the median and p90 show no spread
 
 
 def _loaded(load_average, cores):
@@ -328,13 +329,50 @@ def compiled_after_warm_up(history):
             if entry.get("compilations") and not entry.get("first_of_shape")}
 
 
+ASIDE_FLAGS = ("host_sync_probe", "profiled")  # a `history` entry's marks of a step timed apart from the figures
+
+
+def set_aside(entry):
+    """Whether an entry of a run's `history` is a step timed apart: the host-sync probe's (slowed by the counting)
+    or one of --profile's (slowed by the profiler)."""
+    return any(entry.get(flag) for flag in ASIDE_FLAGS)
+
+
+def is_steady(entry):
+    """Whether an entry of a run's `history` (as the loop writes it) is a steady step: not a warm-up step of its
+    shape, nor set aside (`set_aside`), and timed."""
+    return not entry.get("first_of_shape") and not set_aside(entry) and entry.get("seconds") is not None
+
+
+def steady_window_rows(history):
+    """The steady timing windows of a run's `history`, one (seconds, steps, tokens) each: consecutive entries that
+    are steady (`is_steady`), `window_steps` of them at a time (each entry holds its window's mean, so a window's
+    seconds are its entries' sum). Results written before `window_steps` count each step as a window of its own."""
+    windows, i = [], 0
+    while i < len(history):
+        entry = history[i]
+        if not is_steady(entry):
+            i += 1
+            continue
+        size = max(int(entry.get("window_steps") or 1), 1)
+        members = [entry]
+        while len(members) < size and i + len(members) < len(history):
+            following = history[i + len(members)]
+            if not is_steady(following):
+                break
+            members.append(following)
+        windows.append((sum(m["seconds"] for m in members), len(members), sum(m.get("tokens") or 0 for m in members)))
+        i += len(members)
+    return windows
+
+
 def run_warnings(result):
     """Why a run's timings may mislead, one sentence each (empty when none applies): a run that stopped early
-    (interrupted, diverged), steady steps that scatter, programs compiled after the warm-up steps,
-    a machine loaded while the run trained (other processes used more than OTHERS_BOUND of its CPUs; where the
-    OS does not tell, a load average above the cores as training began) or whose hypervisor took its CPUs, and
-    an MFU peak measured while the load average was above the cores. Results written before the machine's load
-    was recorded get no load warning."""
+    (interrupted, diverged), steady steps that scatter or were timed in too few windows, programs compiled after
+    the warm-up steps, a machine loaded while the run trained (other processes used more than OTHERS_BOUND of its
+    CPUs; where the OS does not tell, a load average above the cores as training began) or whose hypervisor took
+    its CPUs, and an MFU peak measured while the load average was above the cores. Results written before the
+    machine's load was recorded get no load warning."""
     warnings = []
     if result.get("status", "completed") != "completed":  # a partial result: its figures stop where it stopped
         done = (result.get("history") or [{}])[-1].get("step", 0)
@@ -346,6 +384,12 @@ def run_warnings(result):
     if median and p90 and p90 / median > SCATTER_BOUND:
         warnings.append(f"steady steps scatter: p90 {p90 * 1000:,.1f} ms is {p90 / median:.2f}x the median "
                         f"{median * 1000:,.1f} ms (bound {SCATTER_BOUND:g}x)")
+    windows = steady_window_rows(result.get("history") or [])
+    if 0 < len(windows) < MIN_STEADY_WINDOWS:
+        steps = sum(count for _, count, _ in windows)
+        warnings.append(f"few steady steps: {steps:,} step{'s' * (steps != 1)} in {len(windows)} timing window"
+                        f"{'s' * (len(windows) != 1)} (bound {MIN_STEADY_WINDOWS}), too few for the median and p90 to "
+                        f"show a spread; give more --steps or a smaller --timing-window")
     load = result.get("machine_load") or {}
     cores = load.get("cores") or result["env"].get("cpu_count")
     averages = {moment: (load.get(f"{moment}_training") or {}).get("load_average") for moment in ("before", "after")}

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
+from mtbench.figures import set_aside
 from mtbench.runner.loop import faults
 from mtbench.runner.loop.checkpoints import TrainingState
 from mtbench.runner.loop.profiling import StepProfiling
@@ -16,7 +17,7 @@ from mtbench.runner.loop.progress import training_progress
 from mtbench.runner.loop.recipe import optimizer_recipe
 from mtbench.runner.loop.signals import stop_requests
 from mtbench.runner.loop.target import QualityTarget  # noqa: F401 (TrainingOutcome.target)
-from mtbench.runner.loop.timing import StepTimer, TimingWindow, TrainingClock, set_aside
+from mtbench.runner.loop.timing import StepTimer, TimingWindow, TrainingClock
 from mtbench.runner.measurement.energy import joules_of_every_process
 
 

@@ -19,21 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-ASIDE_FLAGS = ("host_sync_probe", "profiled")  # a `history` entry's marks of a step timed apart from the figures
-
-
-def set_aside(entry):
-    """Whether an entry of a run's `history` is a step timed apart: the host-sync probe's (slowed by the counting)
-    or one of --profile's (slowed by the profiler)."""
-    return any(entry.get(flag) for flag in ASIDE_FLAGS)
-
-
-def is_steady(entry):
-    """Whether an entry of a run's `history` (as the loop writes it) is a steady step: not a warm-up step of its
-    shape, nor set aside (`set_aside`), and timed."""
-    return not entry.get("first_of_shape") and not set_aside(entry) and entry.get("seconds") is not None
-
-
 @dataclass
 class StepRecord:
     step: int

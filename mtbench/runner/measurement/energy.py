@@ -13,8 +13,8 @@ import os
 import re
 import time
 
+from mtbench.figures import is_steady
 from mtbench.plugins.api import Launch, ProcessGroup
-from mtbench.runner.loop.timing import is_steady
 
 RAPL_ROOT = "/sys/class/powercap"
 ONE_PROCESS = ProcessGroup(Launch())

@@ -4,7 +4,7 @@ when one fails (it is named once, left out for the rest of the run, and the run 
 
 from mtbench.figures import is_number, run_dtype, run_label, run_name
 from mtbench.plugins.api import TrackedRun
-from mtbench.runner.loop.timing import set_aside
+from mtbench.figures import set_aside
 
 TRACKING_WINDOW = 10  # steps per `tokens_per_s` figure: steady steps only, so compilation does not dilute it
 # The result's metrics logged under another name at the end, because the name is a series streamed every step:

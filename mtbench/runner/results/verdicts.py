@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from mtbench.figures import FIGURES_BY_KEY
-from mtbench.runner.loop.timing import is_steady, set_aside
+from mtbench.figures import FIGURES_BY_KEY, is_steady, set_aside, steady_window_rows
 from mtbench.runner.results.parity import PARITY_STEPS, check_parity, percent
 
 CONFIDENCE = 0.95
@@ -43,26 +42,9 @@ SPEED_FIGURE = "tokens_per_s"  # what "faster" and "slower" of a run mean: a reg
 
 
 def steady_windows(history):
-    """The steady timing windows of a run's `history`, as an array of rows (seconds, steps, tokens): consecutive
-    entries that are not first of their shape, `window_steps` of them at a time (each entry holds its window's
-    mean, so a window's seconds are its entries' sum). Results written before `window_steps` count each step as a
-    window of its own."""
-    windows, i = [], 0
-    while i < len(history):
-        entry = history[i]
-        if not is_steady(entry):
-            i += 1
-            continue
-        size = max(int(entry.get("window_steps") or 1), 1)
-        members = [entry]
-        while len(members) < size and i + len(members) < len(history):
-            following = history[i + len(members)]
-            if not is_steady(following):
-                break
-            members.append(following)
-        windows.append((sum(m["seconds"] for m in members), len(members), sum(m.get("tokens") or 0 for m in members)))
-        i += len(members)
-    return np.array(windows, dtype=float).reshape(-1, 3)
+    """The steady timing windows of a run's `history` (`steady_window_rows`), as an array of rows (seconds, steps,
+    tokens)."""
+    return np.array(steady_window_rows(history), dtype=float).reshape(-1, 3)
 
 
 def window_figure(key, windows):

@@ -17,7 +17,7 @@ from conftest import run_cli
 from result_keys import undocumented_keys
 
 from mtbench.errors import MtbenchError
-from mtbench.runner.loop.timing import is_steady
+from mtbench.figures import is_steady
 from mtbench.runner.results.verdicts import steady_windows
 from mtbench.runner.results.history import build_history, to_csv, to_markdown
 

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from conftest import cpu_machine_only, device_kind, run_cli
-from mtbench.figures import OTHERS_BOUND, SCATTER_BOUND, run_warnings, scored_sentences_text
+from mtbench.figures import OTHERS_BOUND, SCATTER_BOUND, is_steady, run_warnings, scored_sentences_text
 from mtbench.plugins.reporters.table_reporter import TableReporter, result_rows
 from mtbench.runner.results.report import (LoadedRun, build_comparison, context_lines, table_cells, to_csv,
                                            to_json_dict, to_markdown)
@@ -73,9 +73,9 @@ def test_a_run_that_stopped_early_says_where_in_every_report(tiny_runs, tmp_path
     """A partial result (Ctrl-C, a diverged loss) is reported beside complete ones: its warning says so, and the
     comparison's ranking does not rest on it unflagged."""
     result = quiet(tiny_runs["jax"]["result"])
-    result.update(status="interrupted", status_reason="Ctrl-C (SIGINT)", history=result["history"][:7])
+    result.update(status="interrupted", status_reason="Ctrl-C (SIGINT)", history=result["history"][:37])
     steps = result["config"]["steps"]
-    expected = f"interrupted after 7 of {steps} steps (Ctrl-C (SIGINT)): figures of a partial run"
+    expected = f"interrupted after 37 of {steps} steps (Ctrl-C (SIGINT)): figures of a partial run"
     assert run_warnings(result) == [expected]
     assert rows(result)["warnings"] == expected
     comparison = build_comparison([LoadedRun(result, write(tmp_path, "partial.json", result)),
@@ -89,6 +89,31 @@ def test_steps_that_scatter_past_the_bound_are_flagged(tiny_runs):
     assert run_warnings(result) == []  # at the bound, not past it
     result["timing"]["step_s_median"], result["timing"]["step_s_p90"] = 0.0536, 0.3455
     assert run_warnings(result) == ["steady steps scatter: p90 345.5 ms is 6.45x the median 53.6 ms (bound 1.5x)"]
+
+
+def test_steady_steps_timed_in_too_few_windows_are_flagged(tiny_runs):
+    """A run of a few steps is timed in one or two windows: its median and p90 are one or two clock readings, and
+    say nothing of the spread. The history is cut where a run of fewer steps would have ended."""
+    result = quiet(tiny_runs["jax"]["result"])
+    history = result["history"]
+    starts, i = [], 0  # where each steady window begins: a steady entry, then its `window_steps` - 1 fellows
+    while i < len(history):
+        if is_steady(history[i]):
+            starts.append(i)
+            i += history[i]["window_steps"]
+        else:
+            i += 1
+    assert len(starts) > 3 and max(history[start]["window_steps"] for start in starts) > 1
+    assert run_warnings(result) == []
+    result["history"] = history[:starts[3]]  # three windows: no warning
+    assert run_warnings(result) == []
+    result["history"] = history[:starts[2]]
+    steps = sum(1 for entry in result["history"] if is_steady(entry))
+    assert run_warnings(result) == [f"few steady steps: {steps} steps in 2 timing windows (bound 3), too few for the "
+                                    f"median and p90 to show a spread; give more --steps or a smaller --timing-window"]
+    result["history"] = history[:starts[0] + 1]
+    assert run_warnings(result) == ["few steady steps: 1 step in 1 timing window (bound 3), too few for the median "
+                                    "and p90 to show a spread; give more --steps or a smaller --timing-window"]
 
 
 def test_programs_compiled_after_the_warm_up_steps_are_flagged(tiny_runs):
