@@ -1,6 +1,7 @@
 """Which extras can run on this machine, and why not: what `mtbench plugins` shows."""
 
 from mtbench.plugins.api import Backend, Extra, RunContext
+from mtbench.runner.choices import auto_dtype
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.setup import read_model_family
 
@@ -44,8 +45,11 @@ def extras_availability(registry):
                     devices[backend_name] = backend_devices(backend)
                 reason = devices[backend_name][1]
                 if reason is None:
-                    config = TrainConfig(backend=backend_name)
-                    run = RunContext(config=config, backend=backend, device=devices[backend_name][0],
+                    # The dtype `--dtype auto` trains in here (mixed bfloat16 on a GPU that computes it), as the
+                    # extras of a default run are asked: TrainConfig's own default is float32.
+                    device = devices[backend_name][0]
+                    config = TrainConfig(backend=backend_name, dtype=auto_dtype(backend, device)[0])
+                    run = RunContext(config=config, backend=backend, device=device,
                                      model_shape=config.model)
                     family = registry.models.get(config.model_family[0])
                     if family is not None:  # what the default model tells its extras (remat: its blocks)
