@@ -57,9 +57,12 @@ class TorchBackend(Backend):
         if torch.cuda.is_available():
             # On ROCm torch's capability tuple is the architecture's (gfx906's (9, 0), no bfloat16 matrix units):
             # the architecture's name tells.
-            capability = (torch.cuda.get_device_properties(0).gcnArchName if torch.version.hip
-                          else torch.cuda.get_device_capability(0))
-            return {"kind": "gpu", "name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
+            # The process's own device (a launcher's local rank, once `start_processes` has set it), not the
+            # node's first: on a node of mixed GPUs its name, bfloat16 and peak are this process's.
+            index = torch.cuda.current_device()
+            capability = (torch.cuda.get_device_properties(index).gcnArchName if torch.version.hip
+                          else torch.cuda.get_device_capability(index))
+            return {"kind": "gpu", "name": torch.cuda.get_device_name(index), "count": torch.cuda.device_count(),
                     "bfloat16": native_bfloat16(capability)}
         return {"kind": "cpu", "name": cpu_model(), "count": 1, "threads": torch.get_num_threads()}
 
