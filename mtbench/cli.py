@@ -603,10 +603,10 @@ def _compare_repeats(repeats, width, budget):
 @click.argument("results", nargs=-1, type=click.Path())
 @click.option("--history", metavar="DIR", help="Instead of RESULTS: the train results of one configuration in DIR over time (versions, commits, dates), tokens/s with its interval, the change from the point before, and the steps beyond the noise (--plot draws them).")
 @click.option("--format", "output_format", type=click.Choice(["table", "markdown", "csv", "json"]), default="table", show_default=True)
-@click.option("--baseline", help="The run speed-ups are measured against (default: the first); or OLD.json, a result or compare JSON: each run of RESULTS against the same run there, every timing figure with its interval.")
-@click.option("--fail-if-slower", metavar="PERCENT", help="With --baseline OLD.json: exit with code 1 when a run's tokens/s is slower than OLD's by more than PERCENT (5%), its whole interval past it.")
+@click.option("--baseline", help="The run speed-ups are measured against (default: the first); or OLD.json, a result or compare JSON: each run of RESULTS against the same run there, tokens/s, step, compile, train and total times each with its interval.")
+@click.option("--fail-if-slower", metavar="PERCENT", help="With --baseline OLD.json: exit with code 1 when a run's tokens/s is slower than OLD's by more than PERCENT (5%), its whole interval past it, or a run cannot be judged.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also draw loss curves and tokens/s into this PNG.")
-@click.option("--force", is_flag=True, help="Report runs whose configurations differ beyond backend, extras and dtype.")
+@click.option("--force", is_flag=True, help="Report runs whose configurations differ beyond backend, extras, dtype, the size flags and the sweep keys.")
 @click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True)
 @click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True)
 @report_option

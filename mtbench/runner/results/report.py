@@ -129,8 +129,9 @@ def check_comparable(runs):
         if differences:
             listed = ", ".join(f"{key} ({b!r} vs {a!r})" for key, a, b in differences)  # the run's value first
             raise MtbenchError(f"not comparable: {run.source} differs from {reference.source} in {listed}; "
-                               f"only backend, extras, dtype, the model size flags, batch size, max length, "
-                               f"max tokens and the initialisation may differ (--force reports them anyway)")
+                               f"only backend, extras, the model size flags and "
+                               f"{', '.join(key.replace('_', '-') for key in SWEEP_KEYS)} may differ (--force "
+                               f"reports them anyway)")
 
 
 def model_shape(config):

@@ -195,6 +195,10 @@ def test_a_deliberately_changed_configuration_is_refused_unless_forced(results, 
     message = proc.stderr.strip()
     assert "not comparable" in message and "learning_rate (0.002 vs 0.001)" in message and "seed (7 vs 0)" in message
     assert "dtype (" not in message and "batch_size" not in message
+    assert message.endswith("only backend, extras, the model size flags and batch-size, max-len, max-tokens, "
+                            "block-size, dtype, grad-accum, tensor-parallel-size, init, remat-policy, "
+                            "pipeline-parallel-size, pipeline-micro-batches, pipeline-schedule may differ (--force "
+                            "reports them anyway)")
     assert "Traceback" not in proc.stderr
     forced = report(results["jax"][0], str(path), "--force", "--format", "csv")
     assert len(list(csv.DictReader(io.StringIO(forced)))) == 2
