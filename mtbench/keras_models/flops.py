@@ -18,12 +18,14 @@ def forward_flops(model, batch, source_length, target_length):
         scores_and_mix = 2 * (2 * batch * query_length * key_length * d)
         return projections + scores_and_mix
 
-    feed_forward = lambda tokens: 2 * 2 * tokens * d * f
+    feed_forward = lambda tokens, width: 2 * 2 * tokens * d * width
+    # A shape may give its decoder a feed-forward width of its own (a MarianMT checkpoint's decoder_ffn_dim).
+    decoder_f = getattr(model, "decoder_ff_dim", None) or f
     encoder = model.encoder_layers * (attention(source_tokens, source_length, source_tokens, source_length)
-                                      + feed_forward(source_tokens))
+                                      + feed_forward(source_tokens, f))
     decoder = model.decoder_layers * (attention(target_tokens, target_length, target_tokens, target_length)
                                       + attention(target_tokens, target_length, source_tokens, source_length)
-                                      + feed_forward(target_tokens))
+                                      + feed_forward(target_tokens, decoder_f))
     output_layer = 2 * target_tokens * d * vocab
     return encoder + decoder + output_layer
 

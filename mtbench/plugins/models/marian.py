@@ -3,12 +3,19 @@ writes one (Helsinki-NLP's opus-mt models, for example), read from disk and neve
 evaluated as mtbench's Keras MarianMT with the checkpoint's own tokenizer."""
 
 import os
+from dataclasses import dataclass
 
 from mtbench import ModelFamily, ModelShape, MtbenchError, hookimpl
 from mtbench.plugins.models import marian_checkpoint as checkpoint
 from mtbench.plugins.models.marian_tokenizer import MarianTokenizer
 from mtbench.plugins.models.transformer import ENCODER_DECODER_ATTENTION, TransformerFamily
 
+
+@dataclass(frozen=True)
+class MarianShape(ModelShape):
+    """A MarianMT checkpoint's shape: `ff_dim` is its encoder's feed-forward width, and its decoder's may differ
+    (config.json's decoder_ffn_dim), which the FLOPs count at its own."""
+    decoder_ff_dim: int = None
 
 
 class MarianFamily(ModelFamily):
@@ -62,11 +69,12 @@ class MarianFamily(ModelFamily):
     def _shape(model_config, max_len):
         from mtbench.keras_models.marian import marian_settings, target_vocab_size
         settings = marian_settings(model_config)
-        return ModelShape(d_model=settings["d_model"], num_heads=settings["encoder_attention_heads"],
-                          encoder_layers=settings["encoder_layers"], decoder_layers=settings["decoder_layers"],
-                          ff_dim=settings["encoder_ffn_dim"], vocab_size=target_vocab_size(settings),
-                          # whether training draws dropout masks at all (the parity check asks)
-                          max_len=max_len, dropout=max(settings["dropout"], settings["activation_dropout"]))
+        return MarianShape(d_model=settings["d_model"], num_heads=settings["encoder_attention_heads"],
+                           encoder_layers=settings["encoder_layers"], decoder_layers=settings["decoder_layers"],
+                           ff_dim=settings["encoder_ffn_dim"], vocab_size=target_vocab_size(settings),
+                           # whether training draws dropout masks at all (the parity check asks)
+                           max_len=max_len, dropout=max(settings["dropout"], settings["activation_dropout"]),
+                           decoder_ff_dim=settings["decoder_ffn_dim"])
 
     @staticmethod
     def _model_config(path, config):
