@@ -163,7 +163,7 @@ def open_counter(device, ordinals=(0,), processes_on_machine=1):
             return None, "nvidia-ml-py is not installed (pip install 'mtbench[energy]')"
         try:
             pynvml.nvmlInit()
-            handles = _nvml_handles(pynvml, ordinals)
+            handles = _refuse_mig(pynvml, _nvml_handles(pynvml, ordinals))
             counter = NvmlCounter(pynvml, handles)
             counter.read()
         except Exception as error:  # pynvml.NVMLError_NotSupported on GPUs older than Volta, no driver, ...
@@ -199,6 +199,21 @@ def _nvml_handles(pynvml, ordinals):
                                   f"UUIDs start with") from None
             handles += found
         return handles
+
+
+def _refuse_mig(pynvml, handles):
+    """`handles`, unless one is a GPU split into MIG instances: a container given an instance (by
+    NVIDIA_VISIBLE_DEVICES, with no CUDA_VISIBLE_DEVICES to say so) sees it as device 0, and NVML's index 0 is then
+    the whole GPU, whose counter holds the other instances' work too."""
+    for handle in handles:
+        try:
+            current_mode = pynvml.nvmlDeviceGetMigMode(handle)[0]
+        except Exception:  # noqa: BLE001 (pynvml.NVMLError_NotSupported: a GPU without MIG)
+            continue
+        if current_mode == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1):
+            raise LookupError("the GPU is split into MIG instances, one of which the process computes on, and NVML "
+                              "counts the energy of the whole GPU")
+    return handles
 
 
 def _text(value):

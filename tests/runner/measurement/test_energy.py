@@ -189,6 +189,22 @@ def test_nvml_finds_the_gpus_cuda_visible_devices_names_by_uuid_and_counts_no_mi
                                        "energy of the whole GPU")
 
 
+def test_a_gpu_split_into_mig_instances_counts_no_energy_when_no_variable_names_the_instance(monkeypatch):
+    """A container given a MIG instance by NVIDIA_VISIBLE_DEVICES sees it as device 0, with no CUDA_VISIBLE_DEVICES:
+    NVML's GPU 0 is then the whole GPU, other tenants' work in its counter."""
+    modes = {0: [1, 1], 1: [0, 0]}  # (current, pending): MIG on GPU 0, off on GPU 1
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
+                                 nvmlDeviceGetMigMode=lambda handle: modes[handle], NVML_DEVICE_MIG_ENABLE=1,
+                                 nvmlDeviceGetTotalEnergyConsumption=lambda handle: 1_000)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpu = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}
+    assert open_counter(gpu) == (None, "NVML's energy counter cannot be read on NVIDIA H100 80GB HBM3: LookupError: "
+                                       "the GPU is split into MIG instances, one of which the process computes on, "
+                                       "and NVML counts the energy of the whole GPU")
+    assert open_counter(gpu, ordinals=[1])[0].handles == [1]
+
+
 def stand_in_amdsmi(counts):
     """AMD SMI as ROCm's `amdsmi` answers: a handle per GPU of the machine, each one's energy accumulator in ticks of
     `counter_resolution` microjoules (named 'power' before ROCm 6.2)."""
