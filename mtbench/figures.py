@@ -164,9 +164,14 @@ MATMUL_PRECISION_NAMES = {"highest": "highest (IEEE float32)", "high": "high (TF
 
 def matmul_precision_text(result):
     """The arithmetic of float32 matmuls the run asked both frameworks for (results before it was set: not
-    recorded, and XLA then ran TF32 on GPUs that have it where torch did not)."""
+    recorded, and XLA then ran TF32 on GPUs that have it where torch did not), and whether the backend said it set
+    it: a plugin backend that reports nothing (`Backend.set_matmul_precision` returning None) ran its own."""
     precision = result["config"].get("matmul_precision")
-    return MATMUL_PRECISION_NAMES.get(precision, "not recorded")
+    text = MATMUL_PRECISION_NAMES.get(precision, "not recorded")
+    recorded = (result.get("env") or {}).get("matmul_precision")
+    if precision in MATMUL_PRECISION_NAMES and isinstance(recorded, dict) and recorded.get("reported") is None:
+        text += ", asked; the backend reported no setting"
+    return text
 
 
 def compile_cache_text(result):
@@ -368,11 +373,11 @@ def steady_window_rows(history):
 
 def run_warnings(result):
     """Why a run's timings may mislead, one sentence each (empty when none applies): a run that stopped early
-    (interrupted, diverged), steady steps that scatter or were timed in too few windows, programs compiled after
-    the warm-up steps, a machine loaded while the run trained (other processes used more than OTHERS_BOUND of its
-    CPUs; where the OS does not tell, a load average above the cores as training began) or whose hypervisor took
-    its CPUs, and an MFU peak measured while the load average was above the cores. Results written before the
-    machine's load was recorded get no load warning."""
+    (interrupted, diverged), a run resumed (some figures its last process's), steady steps that scatter or were
+    timed in too few windows, programs compiled after the warm-up steps, a machine loaded while the run trained
+    (other processes used more than OTHERS_BOUND of its CPUs; where the OS does not tell, a load average above the
+    cores as training began) or whose hypervisor took its CPUs, and an MFU peak measured while the load average
+    was above the cores. Results written before the machine's load was recorded get no load warning."""
     warnings = []
     if result.get("status", "completed") != "completed":  # a partial result: its figures stop where it stopped
         done = (result.get("history") or [{}])[-1].get("step", 0)
@@ -384,6 +389,11 @@ def run_warnings(result):
     if median and p90 and p90 / median > SCATTER_BOUND:
         warnings.append(f"steady steps scatter: p90 {p90 * 1000:,.1f} ms is {p90 / median:.2f}x the median "
                         f"{median * 1000:,.1f} ms (bound {SCATTER_BOUND:g}x)")
+    resumed = timing.get("resumed_at_steps") or []
+    if resumed:
+        warnings.append(f"resumed at step{'s' * (len(resumed) != 1)} {', '.join(f'{step:,}' for step in resumed)}: "
+                        f"total time, cost, memory peaks and the compile cache are the last process's (train time "
+                        f"and the steps are the whole run's)")
     windows = steady_window_rows(result.get("history") or [])
     if 0 < len(windows) < MIN_STEADY_WINDOWS:
         steps = sum(count for _, count, _ in windows)

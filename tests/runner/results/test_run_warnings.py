@@ -116,6 +116,26 @@ def test_steady_steps_timed_in_too_few_windows_are_flagged(tiny_runs):
                                     "and p90 to show a spread; give more --steps or a smaller --timing-window"]
 
 
+def test_a_resumed_run_says_which_figures_are_its_last_processs(tiny_runs):
+    """A run resumed from a checkpoint times its steps across processes, but its total time (and so its cost), its
+    memory peaks and its compile cache are the process that finished it."""
+    result = quiet(tiny_runs["jax"]["result"])
+    result["timing"]["resumed_at_steps"] = [31]
+    assert run_warnings(result) == ["resumed at step 31: total time, cost, memory peaks and the compile cache are the "
+                                    "last process's (train time and the steps are the whole run's)"]
+    result["timing"]["resumed_at_steps"] = [21, 41]
+    assert run_warnings(result)[0].startswith("resumed at steps 21, 41: ")
+
+
+def test_float32_matmuls_a_backend_did_not_report_setting_are_labelled_as_asked_only(tiny_runs):
+    """A plugin backend whose `set_matmul_precision` reports nothing ran its framework's own float32 arithmetic,
+    whatever was asked: its label must not read as if the asked precision had been set."""
+    result = copy(tiny_runs["jax"]["result"])
+    assert rows(result)["float32 matmuls"] == "highest (IEEE float32)"
+    result["env"]["matmul_precision"]["reported"] = None
+    assert rows(result)["float32 matmuls"] == "highest (IEEE float32), asked; the backend reported no setting"
+
+
 def test_programs_compiled_after_the_warm_up_steps_are_flagged(tiny_runs):
     """A step that compiles past its shape's warm-up (JAX's fsdp step did, for its seed states' layout): its time
     is in no compile figure, and in the steady figures where its window was timed."""
