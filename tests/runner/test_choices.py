@@ -81,11 +81,14 @@ def test_ampere_and_later_gpus_compute_bfloat16_natively_as_each_backend_reports
 
     from mtbench.plugins.backends.jax_backend import JaxBackend
     from mtbench.plugins.backends.torch_backend import TorchBackend
+    # A node of mixed GPUs, the process on the second (a launcher's local rank 1): its own GPU is described.
+    gpus = {0: ("NVIDIA A100-SXM4-80GB", (8, 0)), 1: ("Tesla T4", (7, 5))}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Tesla T4")
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (7, 5))
-    assert TorchBackend().device_info() == {"kind": "gpu", "name": "Tesla T4", "count": 1, "bfloat16": False}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: gpus[index][0])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: gpus[index][1])
+    assert TorchBackend().device_info() == {"kind": "gpu", "name": "Tesla T4", "count": 2, "bfloat16": False}
     gpu = SimpleNamespace(platform="gpu", device_kind="NVIDIA A10", compute_capability="8.6")
     monkeypatch.setattr(jax, "devices", lambda: [gpu, gpu])
     assert JaxBackend().device_info() == {"kind": "gpu", "name": "NVIDIA A10", "count": 2, "bfloat16": True}
@@ -106,6 +109,7 @@ def test_amd_gpus_compute_bfloat16_natively_from_the_mi100_and_rdna_3_as_each_ba
     from mtbench.plugins.backends.jax_backend import JaxBackend
     from mtbench.plugins.backends.torch_backend import TorchBackend
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
     monkeypatch.setattr(torch.version, "hip", "6.4.0")
