@@ -368,8 +368,14 @@ class Comparison:
     @property
     def config(self):
         """The configuration the runs share (what may differ between them left out; a sweep key the runs share is
-        shared configuration)."""
-        per_run = (set(COMPARED_KEYS) - set(SWEEP_KEYS)) | set(self.swept) | set(DERIVED_KEYS) | {"out", "overwrite"}
+        shared configuration). The step each run was asked for, and its compile mode, are left out where the runs
+        differ in them (compare trains its torch rows eager or compiled; a compiled twin may capture CUDA graphs):
+        the baseline's would be said of every run."""
+        configs = [result["config"] for group in self.groups for result in group.results]
+        differing = {key for key in (*ASKED_KEYS, "compile_mode")
+                     if len({json.dumps(config.get(key)) for config in configs}) > 1}
+        per_run = ((set(COMPARED_KEYS) - set(SWEEP_KEYS)) | set(self.swept) | set(DERIVED_KEYS) | differing
+                   | {"out", "overwrite"})
         return {k: v for k, v in self.baseline.first["config"].items() if k not in per_run}
 
     def speedup(self, group):

@@ -50,6 +50,9 @@ def test_compare_of_jax_and_torch_passes_the_parity_check(compared):
     assert "within 1 %" in compared["stdout"]
     assert [run["label"] for run in combined["runs"]] == ["jax", "torch"]
     assert combined["baseline"] == "jax"
+    # compare trained the torch row eager, JAX its own step: the shared configuration names neither run's step.
+    assert [run["result"]["config"]["step"] for run in combined["runs"]] == ["auto", "eager"]
+    assert "step" not in combined["config"] and combined["config"]["seed"] == 0
     assert combined["speedups"]["jax"] == 1.0
     torch_result = combined["runs"][1]["result"]
     jax_result = combined["runs"][0]["result"]
