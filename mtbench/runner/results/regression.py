@@ -1,5 +1,6 @@
 """`mtbench report NEW.json --baseline OLD.json`: every run of NEW against the same run of OLD, each figure of
-GATE_FIGURES with its interval, the figures that changed beyond the noise named, and `--fail-if-slower` as a gate for CI.
+GATE_FIGURES with its interval, the figures that changed beyond the noise named, and `--fail-if-slower` as a gate
+for CI.
 
 The statistics are `verdicts`'; this module matches the runs, renders the rows and decides the gate.
 """
