@@ -133,6 +133,21 @@ def loss_scaling_text(result):
             f"skipped (gradients not finite), now 2^{math.log2(scaling['final_scale']):g}")
 
 
+def loss_scaling_choice_text(result):
+    """float16's loss scaling as the run left it (`loss_scaling_text`), or 'none' for a dtype policy that needs
+    none: beside the losses of a float16 run, the updates it skipped."""
+    return loss_scaling_text(result) or "none"
+
+
+def energy_counter_text(result):
+    """The energy counter a run's joules come from and what it counts ('nvml: GPUs only (...)'), or why the run
+    has none ('none: nvidia-ml-py is not installed ...'); 'not recorded' for results before energy was read."""
+    energy = result.get("energy") or {}
+    if energy.get("source"):
+        return f"{energy['source']}: {energy.get('counts') or 'what it counts not recorded'}"
+    return f"none: {energy['reason']}" if energy.get("reason") else "not recorded"
+
+
 def attention_text(result):
     """The attention implementation each kind of attention ran (one name when both kinds ran the same), in a
     16-bit dtype the arithmetic of the training attention (`model.attention.arithmetic`) where recorded, and
@@ -297,6 +312,7 @@ RUN_CHOICES = (
     ("attention", "attention", attention_text),
     ("matmul_precision", "float32 matmuls", matmul_precision_text),
     ("compile_cache", "compile cache", compile_cache_text),
+    ("loss_scaling", "float16 loss scaling", loss_scaling_choice_text),
     ("cores", "cores and threads", cores_text),
 )
 

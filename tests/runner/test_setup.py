@@ -2,7 +2,9 @@
 it reports back, a backend that cannot set it, the devices a process computes on (what energy counts), the
 float16 trained on torch with loss scaling and no host wait, and keras imported without the integrations mtbench never uses."""
 
+import csv
 import importlib.util
+import io
 import json
 import math
 import subprocess
@@ -117,6 +119,12 @@ def test_float16_trains_on_torch_with_loss_scaling_and_no_host_wait(tmp_path, ca
     assert result["host_syncs_per_step"] == 0
     assert all(math.isfinite(entry["loss"]) for entry in result["history"])
     assert f"; loss scaled from 2^15, {scaling['steps_skipped']} step" in proc.stdout
+    # Beside the figures of a comparison too: the updates a float16 run skipped.
+    report = run_cli("report", str(out), "--format", "csv")
+    assert report.returncode == 0, report.stderr
+    (row,) = csv.DictReader(io.StringIO(report.stdout))
+    assert row["loss_scaling"].startswith(f"loss scaled from 2^15, {scaling['steps_skipped']} step")
+    assert row["loss_scaling"].endswith(f"now 2^{15 - scaling['steps_skipped']}")
 
 
 def test_keras_is_imported_without_the_integrations_mtbench_never_uses(tmp_path, cache_dir):

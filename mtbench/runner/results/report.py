@@ -19,8 +19,8 @@ from rich.table import Table
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import COMPILED_STEP_EXTRA, TrainConfig, decoding_name
 from mtbench.runner.files import read_json
-from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, hardware,
-                             kinds_against_text, profile_operations_text, run_dtype, run_name, run_processes,
+from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, energy_counter_text,
+                             hardware, kinds_against_text, profile_operations_text, run_dtype, run_name, run_processes,
                              run_warnings, scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import result_task, schema_errors
@@ -754,6 +754,8 @@ def summary(comparison):
             "extras": list(group.first["extras"]),
             "dtype": group.dtype,
             "hardware": group.hardware,
+            "versions": group.versions(),
+            "energy_counter": group.choice_text(energy_counter_text),
             **{key: group.choice_text(text) for key, _, text in RUN_CHOICES},
             "repeats": len(group.runs),
             "warnings": group.warnings(),
@@ -798,8 +800,8 @@ def to_json(comparison):
     return json.dumps(to_json_dict(comparison), indent=2) + "\n"
 
 
-CSV_IDENTITY = ("label", "backend", "extras", "dtype", "hardware", *(key for key, _, _ in RUN_CHOICES), "repeats",
-                "warnings")
+CSV_IDENTITY = ("label", "backend", "extras", "dtype", "hardware", "versions", "energy_counter",
+                *(key for key, _, _ in RUN_CHOICES), "repeats", "warnings")
 
 
 def to_csv(comparison):

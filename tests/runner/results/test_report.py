@@ -104,6 +104,13 @@ def test_csv_output_carries_the_results_figures(results):
         result = results[row["label"]][1]
         assert row["backend"] == result["backend"] and row["repeats"] == "1"
         assert row["train_step"] == result["train_step"] and row["matmul_precision"].startswith("highest")
+        framework = result["backend"]
+        assert row["versions"].startswith(f"{framework} {result['env']['backend_versions'][framework]}")
+        assert f"keras {result['env']['keras']}" in row["versions"]
+        energy = result["energy"]  # this machine's counter, or why it has none
+        assert row["energy_counter"] == (f"{energy['source']}: {energy['counts']}" if energy["source"]
+                                         else f"none: {energy['reason']}")
+        assert row["loss_scaling"] == "none"  # float32
         for figure in FIGURES:
             value = figure.value(result)
             keys = [figure.key] + ([f"{figure.key}_min", f"{figure.key}_max"] if figure.is_timing else [])
