@@ -287,6 +287,25 @@ class RunGroup:
         return versions_text(self.first)
 
 
+def compile_cache_state(result):
+    """Where a run's compiled programs came from: 'warm', 'partly warm' or 'cold' by its cache lookups (else by
+    whether the cache held programs as it started), 'off', or 'none' (nothing compiled ahead)."""
+    cache = (result.get("timing") or {}).get("compile_cache")
+    if not cache:
+        return "none"
+    return cache.get("programs") or cache["state"]
+
+
+def with_compile_caches(even, caches):
+    """`even` (a BreakEven) with the compile cache states its compile times rest on ({label: state}), said in its
+    text where a run's programs came (partly) from a warm cache: compiled afresh, it would break even later."""
+    said = ", ".join(f"{label} {state}" for label, state in caches.items())
+    warm = any("warm" in state for state in caches.values())
+    return dataclasses.replace(even, compile_caches=caches,
+                               text=even.text + (f" (compile caches: {said}; a cold start compiles longer)" if warm
+                                                 else ""))
+
+
 def versions_text(result):
     """'jax 0.10.2, jaxlib 0.10.2, keras 3.15.1, python 3.11.7': the software a run trained with."""
     env = result["env"]
@@ -354,9 +373,10 @@ class Comparison:
         if group is self.baseline:
             return None
         pair = (group, self.baseline)
-        return stats.break_even(group.label, self.baseline.label,
+        even = stats.break_even(group.label, self.baseline.label,
                                 {g.label: g.stat("compile_s").median for g in pair},
                                 {g.label: g.stat("step_s_median").median for g in pair})
+        return even and with_compile_caches(even, {g.label: g.choice_text(compile_cache_state) for g in pair})
 
     def target_time(self, group):
         """(median time to the target quality with compilation, without it) over the repeats that reached it."""

@@ -439,6 +439,7 @@ class BreakEven:
     seconds: float = None      # the training time (compilation included) at that point
     faster_compiling: str = None
     faster_stepping: str = None
+    compile_caches: dict = None  # {run: the state of its compile cache} the compile times rest on
 
     def to_dict(self):
         return asdict(self)

@@ -333,6 +333,25 @@ def test_compare_table_markdown_csv_and_json_carry_the_intervals():
     assert data["summary"][1]["verdicts"]["step_s_median"]["call"] == "slower"
 
 
+def test_a_break_even_says_where_a_compile_time_came_from_a_warm_cache():
+    """A run whose programs the persistent cache held compiled in less time than a fresh machine will: the
+    break-even that rests on it says so, and every break-even records the states it rests on."""
+    cold = comparison()
+    assert to_json_dict(cold)["break_even"][0]["compile_caches"] == {"jax+slow-step": "none", "jax": "none"}
+    warm_runs = comparison().groups[0].results + comparison().groups[1].results
+    for run in warm_runs[:2]:  # the baseline's two repeats: its programs came from the cache
+        run["timing"]["compile_cache"] = {"state": "warm", "programs": "warm", "hits": 3, "misses": 0}
+    for run in warm_runs[2:]:
+        run["timing"]["compile_cache"] = {"state": "cold", "programs": "cold", "hits": 0, "misses": 3}
+    warm = build_comparison([LoadedRun(run, f"{number}.json") for number, run in enumerate(warm_runs)])
+    (even,) = to_json_dict(warm)["break_even"]
+    assert even["compile_caches"] == {"jax+slow-step": "cold", "jax": "warm"}
+    assert even["text"] == (f"{to_json_dict(cold)['break_even'][0]['text']} (compile caches: jax+slow-step cold, "
+                            f"jax warm; a cold start compiles longer)")
+    by_title = {row[0]: row[1:] for row in table_cells(warm)[1]}
+    assert by_title["break-even vs jax (compile + steps)"][1] == even["text"]
+
+
 def test_a_recorded_noise_floor_is_shown_and_held_to():
     from mtbench.runner.results.verdicts import noise_floor_record
     baseline, twins = repeats(3), repeats(3, seed=30)
