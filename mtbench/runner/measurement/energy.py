@@ -184,7 +184,9 @@ def _nvml_handles(pynvml, ordinals):
     takes them. A MIG instance has no energy counter of its own: NVML's counts the whole GPU, which the run would
     claim."""
     try:
-        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_gpu_indices(ordinals)]
+        indices = _visible_gpu_indices(ordinals)
+        _refuse_fastest_first(pynvml)
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
     except NamedDevices as named:
         if any(name.startswith("MIG-") for name in named.names):
             raise LookupError(f"the process computes on a MIG instance ({','.join(named.names)}), and NVML "
@@ -199,6 +201,20 @@ def _nvml_handles(pynvml, ordinals):
                                   f"UUIDs start with") from None
             handles += found
         return handles
+
+
+def _refuse_fastest_first(pynvml):
+    """CUDA numbers a machine's GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML by PCI bus: the two
+    agree where the GPUs are alike, and on a machine of different GPUs an index could name another GPU than the
+    one the process computes on, whose counter the run would claim."""
+    if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+        return
+    names = sorted({_text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                    for i in range(pynvml.nvmlDeviceGetCount())})
+    if len(names) > 1:
+        raise LookupError(f"the machine's GPUs differ ({', '.join(names)}), which CUDA numbers fastest first and "
+                          f"NVML by PCI bus (set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name the GPUs by UUID in "
+                          f"CUDA_VISIBLE_DEVICES)")
 
 
 def _refuse_mig(pynvml, handles):

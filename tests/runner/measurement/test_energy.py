@@ -139,7 +139,7 @@ def test_nvml_counter_reads_millijoules_of_every_device_used(monkeypatch):
     # Millijoules as NVML counts them; open_counter reads once to check that the counter works.
     recorded = {0: iter([4_000, 5_000, 9_000]), 1: iter([6_000, 7_000, 7_500]), 2: iter([0, 10**9])}
     fake = types.SimpleNamespace(
-        nvmlInit=lambda: None,
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 3, nvmlDeviceGetName=lambda handle: "NVIDIA H100 80GB HBM3",
         nvmlDeviceGetHandleByIndex=lambda index: index,
         nvmlDeviceGetTotalEnergyConsumption=lambda handle: next(recorded[handle]))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
@@ -154,8 +154,8 @@ def test_nvml_counter_reads_millijoules_of_every_device_used(monkeypatch):
 def test_nvml_counts_only_the_devices_this_process_computes_on(monkeypatch):
     """One process of an 8-GPU machine (torchrun's local rank 3, or a single-device run on GPU 0) counts its own
     GPU, not the idle others."""
-    opened = []
-    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: opened.append(i) or i,
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
+                                 nvmlDeviceGetCount=lambda: 8, nvmlDeviceGetName=lambda handle: "NVIDIA H100 80GB HBM3",
                                  nvmlDeviceGetTotalEnergyConsumption=lambda handle: 1_000)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -194,6 +194,7 @@ def test_a_gpu_split_into_mig_instances_counts_no_energy_when_no_variable_names_
     NVML's GPU 0 is then the whole GPU, other tenants' work in its counter."""
     modes = {0: [1, 1], 1: [0, 0]}  # (current, pending): MIG on GPU 0, off on GPU 1
     fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
+                                 nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetName=lambda handle: "NVIDIA H100 80GB HBM3",
                                  nvmlDeviceGetMigMode=lambda handle: modes[handle], NVML_DEVICE_MIG_ENABLE=1,
                                  nvmlDeviceGetTotalEnergyConsumption=lambda handle: 1_000)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
@@ -203,6 +204,29 @@ def test_a_gpu_split_into_mig_instances_counts_no_energy_when_no_variable_names_
                                        "the GPU is split into MIG instances, one of which the process computes on, "
                                        "and NVML counts the energy of the whole GPU")
     assert open_counter(gpu, ordinals=[1])[0].handles == [1]
+
+
+def test_a_machine_of_different_gpus_is_read_by_nvml_only_in_the_order_cuda_numbers_them(monkeypatch):
+    """CUDA's device 0 is the fastest GPU unless CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML's the first on the PCI bus: on
+    this machine (a T4 on bus 0, an A100 on bus 1) the process computing on CUDA's device 0, the A100, would have
+    claimed the T4's counter."""
+    names = [b"Tesla T4", "NVIDIA A100-SXM4-80GB"]  # PCI bus order, NVML's
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2,
+                                 nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetName=lambda i: names[i],
+                                 nvmlDeviceGetTotalEnergyConsumption=lambda handle: 1_000)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    a100 = {"kind": "gpu", "name": "NVIDIA A100-SXM4-80GB", "count": 1}
+    assert open_counter(a100) == (None, "NVML's energy counter cannot be read on NVIDIA A100-SXM4-80GB: "
+                                        "LookupError: the machine's GPUs differ (NVIDIA A100-SXM4-80GB, Tesla T4), "
+                                        "which CUDA numbers fastest first and NVML by PCI bus (set "
+                                        "CUDA_DEVICE_ORDER=PCI_BUS_ID, or name the GPUs by UUID in "
+                                        "CUDA_VISIBLE_DEVICES)")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA's numbers are NVML's
+    assert open_counter(a100, ordinals=[1])[0].handles == [1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert open_counter(a100)[0].handles == [1]
 
 
 def stand_in_amdsmi(counts):
