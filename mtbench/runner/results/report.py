@@ -298,11 +298,14 @@ def compile_cache_state(result):
 
 def with_compile_caches(even, caches):
     """`even` (a BreakEven) with the compile cache states its compile times rest on ({label: state}), said in its
-    text where a run's programs came (partly) from a warm cache: compiled afresh, it would break even later."""
+    text where a run's programs came (partly) from a warm cache and its compiling afresh could move the answer:
+    not where it is the slower-compiling of a run that is faster at both, which a cold start only slows more."""
     said = ", ".join(f"{label} {state}" for label, state in caches.items())
-    warm = any("warm" in state for state in caches.values())
+    warm = {label for label, state in caches.items() if "warm" in state}
+    faster_at_both = even.faster_compiling if even.faster_compiling == even.faster_stepping else None
+    moves = warm and (faster_at_both is None or faster_at_both in warm)
     return dataclasses.replace(even, compile_caches=caches,
-                               text=even.text + (f" (compile caches: {said}; a cold start compiles longer)" if warm
+                               text=even.text + (f" (compile caches: {said}; a cold start compiles longer)" if moves
                                                  else ""))
 
 

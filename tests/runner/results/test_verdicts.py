@@ -11,7 +11,8 @@ import pytest
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.results import verdicts as stats
-from mtbench.runner.results.report import LoadedRun, build_comparison, table_cells, to_csv, to_json_dict, to_markdown
+from mtbench.runner.results.report import (LoadedRun, build_comparison, table_cells, to_csv, to_json_dict, to_markdown,
+                                           with_compile_caches)
 
 COMPILE_S = 1.5
 
@@ -350,6 +351,13 @@ def test_a_break_even_says_where_a_compile_time_came_from_a_warm_cache():
                             f"jax warm; a cold start compiles longer)")
     by_title = {row[0]: row[1:] for row in table_cells(warm)[1]}
     assert by_title["break-even vs jax (compile + steps)"][1] == even["text"]
+    # A run faster at both beside a warm one: compiling afresh only slows the warm one more, the answer stands.
+    faster = stats.BreakEven("jax+slow-step", "jax", "never: jax+slow-step compiles faster and steps faster",
+                             faster_compiling="jax+slow-step", faster_stepping="jax+slow-step")
+    held = with_compile_caches(faster, {"jax+slow-step": "cold", "jax": "warm"})
+    assert held.text == faster.text and held.compile_caches == {"jax+slow-step": "cold", "jax": "warm"}
+    moved = with_compile_caches(faster, {"jax+slow-step": "partly warm", "jax": "cold"})
+    assert moved.text.endswith("(compile caches: jax+slow-step partly warm, jax cold; a cold start compiles longer)")
 
 
 def test_a_recorded_noise_floor_is_shown_and_held_to():
