@@ -25,21 +25,33 @@ class DistributedDataParallel(Extra):
             raise MtbenchError(f"distributes mtbench's torch step (eager or compiled), not the '{step.name}' step")
         device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
         # Gradients are averaged as they are produced, bucket by bucket, overlapping the backward pass.
-        step.distribute(run.processes, DDP(model, device_ids=device_ids))
+        distributed = DDP(model, device_ids=device_ids)
+        step.distribute(run.processes, distributed)
         run.extras_state[self.name] = {"devices": run.processes.world_size, "collectives": run.processes.collectives,
                                        "per_process_batch": run.config.batch_size // run.processes.world_size,
-                                       "step": step}
+                                       "step": step, "ddp": distributed}
         return step
 
     def record(self, run):
         record = dict(run.extras_state[self.name])
         # Every process holds the whole state: the parameters, their gradients, the moments (`--extra fsdp`
         # shards them). Apart from it, as the state figure leaves out what a framework adds around the state:
-        # DDP's gradient buckets, a second copy of the gradients that DDP all-reduces, held for the whole run
-        # (`gradient_as_bucket_view` is off, as DDP leaves it).
+        # DDP's gradient buckets, which it all-reduces, held for the whole run.
+        record["gradient_bucket_bytes"] = gradient_bucket_bytes(record.pop("ddp"))
         record.update(torch_step_state(record.pop("step")))
-        record["gradient_bucket_bytes"] = record["gradient_bytes"]
         return record
+
+
+def gradient_bucket_bytes(distributed):
+    """The bytes of DDP's gradient buckets as its reducer allocated them (its own logging data): a second copy of
+    the gradients, unless `gradient_as_bucket_view` makes the gradients views into them (0 bytes more). None where
+    this torch does not say."""
+    try:
+        logged = distributed._get_ddp_logging_data()  # DDP's own account of its buckets (a prototype interface)
+        sizes = [int(size) for size in str(logged["bucket_sizes"]).split(",") if size.strip()]
+    except (AttributeError, KeyError, ValueError):
+        return None
+    return 0 if logged.get("gradient_as_bucket_view") else sum(sizes)
 
 
 @hookimpl

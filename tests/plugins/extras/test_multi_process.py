@@ -272,3 +272,23 @@ def test_a_resumed_ddp_run_with_dropout_draws_each_replicas_masks_on_from_the_ch
     assert result["timing"]["resumed_at_steps"] == [4]
     for got, want in zip(result["history"][3:5], stopped["history"][3:5]):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), got["step"]
+
+
+@pytest.mark.parametrize("as_view", [False, True])
+def test_ddps_gradient_buckets_are_counted_as_its_reducer_allocated_them(tmp_path, as_view):
+    """A second copy of the gradients, over several buckets (`bucket_cap_mb`), unless the gradients are views into
+    them."""
+    import torch
+    import torch.distributed as dist
+
+    from mtbench.plugins.extras.torch_ddp import gradient_bucket_bytes
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(300, 500), torch.nn.Linear(500, 300))
+        distributed = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.5,
+                                                                gradient_as_bucket_view=as_view)
+        distributed(torch.randn(4, 300)).sum().backward()
+        counted = gradient_bucket_bytes(distributed)
+    finally:
+        dist.destroy_process_group()
+    assert counted == (0 if as_view else (300 * 500 + 500 + 500 * 300 + 300) * 4)
