@@ -461,18 +461,20 @@ def figures(result):
 
 # Where a row's wall time goes, in the order a row spends it (see wall_split).
 WALL_PARTS = {"process": "the process starting and ending", "backend": "keras and the devices starting",
-              "data_and_build": "data and model build", "compile": "compilation", "steady_steps": "steady steps",
+              "peak": "the peak measured", "data_and_build": "data and model build", "compile": "compilation", "steady_steps": "steady steps",
               "rest": "the rest"}
 
 
 def wall_split(result, wall_s):
-    """The row's `wall_s` in WALL_PARTS, from its result's timing: outside the run (`total_s`), its phases before
-    training, the compile time and the steady steps; "rest" is what is left (the first steps beyond their
-    compilation, writing the result). What one process for several rows could save is the first two."""
+    """The row's `wall_s` in WALL_PARTS, from its result's timing: outside the run (`total_s`, which leaves out the
+    peak's measurement: a CPU's, once a machine), its phases before training, the compile time and the steady
+    steps; "rest" is what is left (the first steps beyond their compilation, writing the result). What one process
+    for several rows could save is the first two."""
     timing = result["timing"]
     phases = dict(timing.get("phases_s") or {})
-    split = {"process": wall_s - timing["total_s"] if timing.get("total_s") is not None else 0.0,
-             "backend": phases.pop("backend", 0.0),
+    peak = phases.pop("peak", 0.0)
+    split = {"process": wall_s - timing["total_s"] - peak if timing.get("total_s") is not None else 0.0,
+             "backend": phases.pop("backend", 0.0), "peak": peak,
              "data_and_build": sum(seconds for phase, seconds in phases.items() if phase != "train"),
              "compile": timing.get("compile_s") or 0.0, "steady_steps": timing.get("steady_s") or 0.0}
     split["rest"] = wall_s - sum(split.values())
