@@ -228,7 +228,11 @@ def test_the_single_run_table_shows_load_warnings_compile_cache_peak_and_test_se
     assert shown["machine load (training start -> end)"].startswith(
         f"load average {load['before_training']['load_average'][0]:g} -> "
         f"{load['after_training']['load_average'][0]:g} on {load['cores']} cores, other processes ")
-    assert shown["warnings"] == ("\n".join(run_warnings(result)) or "none")
+    assert rows(quiet(result))["warnings"] == "none"
+    stolen = quiet(result)
+    stolen["machine_load"]["steal_percent"] = 9.0
+    assert rows(stolen)["warnings"] == ("the hypervisor took 9 % of the CPUs' time while the run trained (steal; "
+                                        "bound 5 %)")
     cache = result["timing"]["compile_cache"]
     assert shown["compile (first step of each shape)"].endswith(
         f" over 2 shapes, compile cache {cache['programs']} ({cache['hits']} hits, {cache['misses']} misses)")
@@ -335,17 +339,25 @@ def test_repeats_name_their_own_warnings(tiny_runs):
                                 "5 %)"]
 
 
-def test_the_compare_json_records_the_order_and_warnings_of_its_runs(compared):
+def test_the_compare_json_records_the_order_and_warnings_of_its_runs(compared, tmp_path):
     combined = compared["combined"]
     assert combined["status"] == "completed" and combined["status_reason"] is None
     assert [(run["label"], run["repeat"], run["position"]) for run in combined["runs"]] == \
         [("jax", 1, 1), ("torch", 1, 2)]
     assert all(run["status"] == "completed" and "machine_load" in run["result"] for run in combined["runs"])
-    for entry in combined["summary"]:
-        result = next(run["result"] for run in combined["runs"] if run["label"] == entry["label"])
-        assert entry["warnings"] == run_warnings(result)
     assert sorted(combined["ranking"]["order"]) == ["jax", "torch"]
-    assert "| warnings |" in run_cli("report", compared["path"], "--format", "markdown").stdout
+    # One run's machine was shared with another guest: its own entry says so, in the JSON and the markdown.
+    shared = copy(combined)
+    for run in shared["runs"]:
+        run["result"] = quiet(run["result"])
+    shared["runs"][1]["result"]["machine_load"]["steal_percent"] = 9.0
+    path = tmp_path / "shared.json"
+    path.write_text(json.dumps(shared))
+    stolen = "the hypervisor took 9 % of the CPUs' time while the run trained (steal; bound 5 %)"
+    summary = {entry["label"]: entry for entry in json.loads(run_cli("report", str(path), "--format", "json").stdout)[
+        "summary"]}
+    assert (summary["jax"]["warnings"], summary["torch"]["warnings"]) == ([], [stolen])
+    assert f"| warnings | none | {stolen} |" in run_cli("report", str(path), "--format", "markdown").stdout
 
 
 @pytest.mark.parametrize("output_format", ["table", "json", "markdown", "csv"])
