@@ -111,6 +111,13 @@ def test_csv_output_carries_the_results_figures(results):
         assert row["energy_counter"] == (f"{energy['source']}: {energy['counts']}" if energy["source"]
                                          else f"none: {energy['reason']}")
         assert row["loss_scaling"] == "none"  # float32
+        # Read from the result's own fields, not through the figures' accessors that the report uses.
+        raw = {"compile_s": result["timing"]["compile_s"], "tokens_per_s": result["timing"]["tokens_per_s"],
+               "train_s": result["timing"]["train_s"], "total_s": result["timing"]["total_s"],
+               "mfu": result["utilization"]["mfu"], "peak_host_bytes": result["memory"]["peak_host_bytes"],
+               "test_loss": result["metrics"]["test_loss"], "bleu": result["metrics"]["bleu"],
+               "chrf": result["metrics"]["chrf"]}
+        assert {key: float(row[key]) for key in raw} == raw
         for figure in FIGURES:
             value = figure.value(result)
             keys = [figure.key] + ([f"{figure.key}_min", f"{figure.key}_max"] if figure.is_timing else [])
