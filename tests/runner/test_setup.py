@@ -16,8 +16,8 @@ import pytest
 from conftest import cli_environment, run_cli
 from mtbench import Backend, Launch, MtbenchError, ProcessGroup
 from mtbench.runner.config import TrainConfig
-from mtbench.runner.setup import (KERAS_OPTIONAL_IMPORTS, check_profiling, local_devices, modules_hidden,
-                                  set_matmul_precision)
+from mtbench.runner.setup import (KERAS_OPTIONAL_IMPORTS, check_profiling, compile_model, local_devices,
+                                  modules_hidden, set_matmul_precision)
 
 
 @pytest.fixture
@@ -206,3 +206,27 @@ def test_profile_is_refused_before_any_import_where_the_backend_has_no_profiler(
                                            r"\(Backend.step_profiler\)$"):
         check_profiling(TrainConfig(preset="tiny", profile_steps=2), plugins)
     check_profiling(TrainConfig(preset="tiny"), plugins)  # not asked for: nothing to refuse
+
+
+@pytest.mark.parametrize("decay_on", ["all", "matrices"])
+def test_the_compiled_optimizer_decays_and_clips_as_the_users_options_say(decay_on):
+    """The optimizer the model trains with, not the recipe handed to it: a step of zero gradients moves a weight
+    by its decay alone (AdamW's update of a zero gradient is zero), so it shows which weights decay."""
+    import keras
+    import numpy as np
+
+    from mtbench.keras_models.transformer import build_transformer
+    config = TrainConfig(preset="tiny", weight_decay=0.5, weight_decay_on=decay_on, warmup_steps=0,
+                         learning_rate=0.1, clip="global", clip_norm=2.0, adam_beta2=0.99)
+    model = build_transformer(config.model)
+    compile_model(keras, model, config, total_steps=10, compile_options={})
+    optimizer = model.optimizer
+    assert (optimizer.beta_2, optimizer.global_clipnorm, optimizer.clipnorm) == (0.99, 2.0, None)
+    weights = [v for v in model.trainable_variables if np.any(keras.ops.convert_to_numpy(v))]
+    before = [keras.ops.convert_to_numpy(v) for v in weights]
+    optimizer.apply_gradients([(keras.ops.zeros(v.shape), v) for v in model.trainable_variables])
+    decayed = [np.allclose(keras.ops.convert_to_numpy(v), old * (1 - 0.1 * 0.5)) for v, old in zip(weights, before)]
+    matrices = [done for done, v in zip(decayed, weights) if len(v.shape) >= 2]
+    vectors = [done for done, v in zip(decayed, weights) if len(v.shape) < 2]  # layer norms' scales, at 1
+    assert matrices and vectors and all(matrices)
+    assert vectors == [decay_on == "all"] * len(vectors)
