@@ -5,6 +5,7 @@ its interval; the A/A noise floor is recorded; the break-even matches a hand cou
 says what ended it."""
 
 import json
+import re
 import math
 import os
 import shutil
@@ -59,7 +60,7 @@ def test_the_same_computation_is_no_difference_and_the_slowed_one_is_slower(pace
         # compiling): mtbench must then have warned that the machine misled its runs (no timing is asserted).
         machine = ("steady steps scatter", "machine loaded", "the hypervisor took")  # not, e.g., few steps
         flagged = [warning for entry in combined["summary"] if entry["label"] in ("jax", "jax+same-step")
-                   for warning in entry["warnings"] if warning.startswith(machine)]
+                   for warning in entry["warnings"] if re.sub(r"^#\d+: ", "", warning).startswith(machine)]
         assert flagged, f"{same['text']}, and no run warned of a loaded machine or scattered steps"
     slow = found[("jax+slow-step", "tokens_per_s")]
     assert slow["call"] == "slower" and slow["high"] < 1, slow  # the interval excludes 1
