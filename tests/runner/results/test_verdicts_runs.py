@@ -5,9 +5,9 @@ its interval; the A/A noise floor is recorded; the break-even matches a hand cou
 says what ended it."""
 
 import json
-import re
 import math
 import os
+import re
 import shutil
 import statistics
 
