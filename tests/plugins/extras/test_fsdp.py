@@ -52,7 +52,7 @@ def test_each_weight_is_split_on_its_largest_axis_that_the_devices_divide():
     assert sharded_axis((1, 3), 4) is None
 
 
-def test_the_state_per_device_is_a_figure_of_every_output():
+def test_the_state_per_device_figure_reads_the_extras_record():
     figure = FIGURES_BY_KEY["state_bytes_per_device"]
     result = {"extras_record": {"flash-attention": {"kernels": []}, "fsdp": {"state_bytes": 3 * 2 ** 20}}}
     assert figure.value(result) == 3 * 2 ** 20 and figure.text(figure.value(result)) == "3.0"
