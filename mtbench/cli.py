@@ -494,7 +494,8 @@ def _train(reporters, resume_dir, run_file, save_model, launch, options):
         from mtbench.runner.run_file import read_run_file
         _refuse_options_beside(ALLOWED_WITH_RUN_FILE, "--run-file holds the run's whole configuration")
         config = read_run_file(run_file)
-        config.overwrite = config.overwrite or options["overwrite"]
+        # Whether to replace an existing result is this command's to say: a run file records the command that wrote it.
+        config.overwrite = options["overwrite"]
     else:
         config = _train_config(warn=launch.is_first, save_model=save_model, **options)
     from mtbench.runner.results.run_result import eager_torch_note

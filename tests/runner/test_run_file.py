@@ -34,6 +34,12 @@ def test_a_run_file_whose_result_exists_is_refused_until_overwrite_is_given(tmp_
     assert all(sidecar.read_text() == "its sentences\n" for sidecar in sidecars)
     assert_refused_in_one_line(run_cli("train", "--run-file", str(run_file), "--steps", "3"),
                                "--run-file holds the run's whole configuration; drop --steps")
+    # A run file written by a command given --overwrite (rerun's, compare's) records it: not this command's say.
+    given = tmp_path / "given.train.json"
+    given.write_text(json.dumps({**json.loads(run_file.read_text()),
+                                 "config": {**json.loads(run_file.read_text())["config"], "overwrite": True}}))
+    assert_refused_in_one_line(run_cli("train", "--run-file", str(given)), "run.json: already exists; pass")
+    assert json.loads(out.read_text()) == {"earlier": True}
     diverged = run_cli("train", "--run-file", str(run_file), "--overwrite", "--report", "none",
                        env={"MTBENCH_TEST_NAN_AT_STEP": "1"})
     assert diverged.returncode == 1

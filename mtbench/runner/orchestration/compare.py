@@ -297,7 +297,7 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
             **plan.options, **dict(spec.sizes), "backend": spec.backend, "extras": spec.extras,
             "initial_weights": weights["file"], "init": drawn_scheme(weights["init"]), "out": result_file,
             "run_group": plan.group, "overwrite": plan.overwrite}))
-        arguments = ["train", "--run-file", train_file, "--report", "none"]
+        arguments = ["train", "--run-file", train_file, "--report", "none", *_overwrite(plan)]
     else:  # another environment's mtbench from before run files
         arguments = ["train", "--backend", spec.backend, *extras, *plan.configuration, *spec.size_arguments(),
                      "--initial-weights", weights["file"], "--out", result_file, "--report", "none",

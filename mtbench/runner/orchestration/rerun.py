@@ -169,8 +169,9 @@ def run_again(rerun, console):
                       highlight=False)
     write_run_file(rerun.train_file, rerun.config)
     with console.status(f"{rerun.label}: training again in its own process"):
-        failure = run_child(["train", "--run-file", rerun.train_file, "--report", "none"], rerun.log_file, name,
-                            run_processes(result), rerun.python)
+        overwrite = ["--overwrite"] if rerun.config.overwrite else []
+        failure = run_child(["train", "--run-file", rerun.train_file, "--report", "none", *overwrite], rerun.log_file,
+                            name, run_processes(result), rerun.python)
     if failure and failure.exit_code != ReportingFailed.EXIT_CODE:
         raise RunFailure(failure)
     loaded = load_runs([rerun.out])[0]
