@@ -2,6 +2,7 @@
 
 import functools
 import json
+import math
 import os
 import re
 import sys
@@ -327,13 +328,21 @@ long_run_options = _stack([
 LOST_PROCESS = re.compile(r"gloo|nccl|connection (reset|closed|refused)|heartbeat|coordination service|"
                           r"timed? ?out", re.IGNORECASE)
 
+def _finite(context, parameter, value):
+    """A float option's value, refused where it is NaN or infinite (NaN passes click's ranges: every comparison
+    with it is False)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"must be a finite number, got {value}")
+    return value
+
+
 process_options = _stack([
     click.option("--coordinator", metavar="HOST:PORT",
                  help="Several processes without torchrun or SLURM: where process 0 serves the others (with "
                       "--num-processes and --process-id)."),
     click.option("--num-processes", type=int, metavar="N", help="How many processes the run has (see --coordinator)."),
     click.option("--process-id", type=int, metavar="I", help="This process's number, 0 to N-1 (see --coordinator)."),
-    click.option("--process-timeout", type=int, default=300, show_default=True, metavar="SECONDS",
+    click.option("--process-timeout", type=click.IntRange(min=1), default=300, show_default=True, metavar="SECONDS",
                  help="How long a process waits for the others (to start, or in a collective) before it stops "
                       "with an error."),
 ])
@@ -717,7 +726,8 @@ inference_options = _stack([
     click.option("--backend", help="Backend to translate on (default: the one that trained the model)."),
     INFERENCE_DTYPE,
     click.option("--beam", type=click.IntRange(min=1), metavar="N", help="Beam search over N hypotheses, 1 greedy (default: the run's)."),
-    click.option("--length-penalty", type=click.FloatRange(min=0), metavar="ALPHA", help="Beam search's length penalty (default: the run's)."),
+    click.option("--length-penalty", type=click.FloatRange(min=0), metavar="ALPHA", callback=_finite,
+                 help="Beam search's length penalty (default: the run's)."),
     click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Sentences decoded together (a language model's evaluate: blocks scored together)."),
 ])
 
@@ -808,7 +818,7 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     from mtbench.runner.results.output import check_output_path
     from mtbench.runner.results.schema import sidecar_paths
     if out:
-        check_output_path(out, overwrite, kind="scores .json")
+        check_output_path(out, overwrite, kind="scores .json", reads=(model, test_file))
     read_options = ReadOptions(src_col, tgt_col, src_lang, tgt_lang)  # refused before a model is looked for
     registry = plugins.registry()
     _warn_broken_plugins(registry)

@@ -127,6 +127,9 @@ def open_translator(path, registry, backend_name=None, beam=None, length_penalty
     source, config, backend, model, tokenizer = (loaded.source, loaded.source.config, loaded.plugins.backend,
                                                  loaded.model, loaded.tokenizer)
     beam = config.beam if beam is None else beam
+    if beam > config.vocab_size:  # its hypotheses would be tokens the model has not (and XLA's memory, exhausted)
+        raise MtbenchError(f"--beam {beam} is more hypotheses than the model's {config.vocab_size:,} tokens; give at "
+                           f"most {config.vocab_size:,}")
     length_penalty = config.length_penalty if length_penalty is None else length_penalty
     from mtbench.runner.evaluation.decoding import make_decoder
     decode = backend.compile_inference(make_decoder(model, tokenizer.special, beam, length_penalty), model)

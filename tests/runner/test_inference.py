@@ -107,6 +107,14 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
     test_file.write_text("a b\tc d\n")
     assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(test_file),
                                        "--block-size", "16"), "--block-size is an option of language models")
+    vocabulary = trained["result"]["config"]["vocab_size"]  # more hypotheses than tokens: XLA ran out of memory
+    assert_refused_in_one_line(run_cli("translate", trained["path"], "/dev/null", "--beam", str(vocabulary + 1)),
+                               f"--beam {vocabulary + 1} is more hypotheses than the model's {vocabulary:,} tokens")
+    # Its own input, even told to replace what exists: the scores would have replaced the run's result.
+    assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(test_file), "--out",
+                                       trained["path"], "--overwrite"),
+                               f"{trained['path']}: is the file this command reads ({trained['path']}); give another "
+                               f"--out")
 
 
 def test_a_saved_model_whose_configuration_is_not_of_its_kinds_is_named_with_its_file(trained, tmp_path):
@@ -138,6 +146,7 @@ def test_evaluate_keeps_a_hypotheses_file_its_out_would_write_over(trained, tmp_
     (["--src-col", "0"], "--src-col must be at least 1, got 0"),
     (["--src-col", "2", "--tgt-col", "2"], "--src-col and --tgt-col are both 2; they must differ"),
     (["--length-penalty", "-5"], "Invalid value for '--length-penalty'"),
+    (["--length-penalty", "nan"], "Invalid value for '--length-penalty': must be a finite number, got nan"),
     (["--src-lang", "en"], "give both --src-lang and --tgt-lang, or neither"),
 ])
 def test_evaluate_refuses_what_train_refuses_before_it_loads_a_model(tmp_path, args, expected):

@@ -163,6 +163,7 @@ def translate(decode, sources, batch_size, max_len, special, progress=None):
     Each batch holds sources of one length bucket alone, so each sentence decodes into the buffer its own length
     gives it, whatever its neighbours (a short source beside a long one was let run twice as long: the scores
     changed with the batch size). `progress(done)` is called with the sentences translated so far."""
+    batch_size = max(1, min(batch_size, len(sources)))  # no rows of padding beyond the sentences there are
     buckets = bucket_lengths(max_len)
     bucket_of = {i: bucket_for(len(source), buckets) for i, source in enumerate(sources)}
     order = sorted(range(len(sources)), key=lambda i: (bucket_of[i], len(sources[i])))

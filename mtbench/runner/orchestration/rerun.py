@@ -20,7 +20,7 @@ from mtbench.plugins import manager as plugins
 from mtbench.runner.orchestration.environments import check_runs, probe_devices, probe_environment, runs_to_preflight
 from mtbench.runner.orchestration.runs import RunSpec
 from mtbench.runner.results.compare_json import combined_json
-from mtbench.runner.results.output import check_output_path, check_result_path
+from mtbench.runner.results.output import check_not_read, check_output_path, check_result_path
 from mtbench.runner.results.report import LoadedRun, build_comparison, comparison_labels, load_runs
 from mtbench.runner.results.schema import result_stem
 from mtbench.runner.results.side_by_side import side_by_side, side_by_side_table
@@ -100,6 +100,7 @@ def plan_reruns(path, out, overwrite):
     out = out or os.path.join("mtbench-results", f"{stamp}-rerun{'-' + runs[0].result['backend'] if single else ''}.json")
     labels = comparison_labels([run.result for run in runs])
     environments = {}  # {interpreter: its `mtbench env --json`} of the runs under other interpreters
+    check_not_read(out, (path,))  # a rerun is compared with its original: never written over it
     if single:
         reruns = [Rerun(runs[0], labels[0], out)]
     else:

@@ -14,10 +14,12 @@ def check_result_path(path, overwrite, resuming=False, beside=()):
     check_output_path(path, overwrite, resuming, beside=(*sidecar_paths(path), *beside))
 
 
-def check_output_path(path, overwrite, resuming=False, kind=".json", beside=()):
+def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), reads=()):
     """Refuses to replace a result (or the files written `beside` it: a translation's hypotheses, a rerun's log)
     or to mix with an earlier run's checkpoints, unless told to (--overwrite), or unless resuming the run whose
-    partial result it is. Missing directories are created when writing."""
+    partial result it is; and, even told to, to replace a file the command `reads` (its input). Missing
+    directories are created when writing."""
+    check_not_read(path, reads)
     if os.path.isdir(path):
         raise MtbenchError(f"{path}: is a directory; --out takes a {kind} file path")
     if not os.path.basename(path):  # 'results/' or '': checked here, it would fail only when the figures are written
@@ -53,3 +55,17 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=()):
             pass
     except OSError as error:
         raise MtbenchError(f"{path}: cannot write into {existing}: {error.strerror or error}") from None
+
+
+def check_not_read(path, reads):
+    """Refuses an output `path` that is one of the files the command `reads`, --overwrite or not: it would replace
+    its own input."""
+    for source in reads:
+        if source and _same_file(path, source):
+            raise MtbenchError(f"{path}: is the file this command reads ({source}); give another --out")
+
+
+def _same_file(path, other):
+    if os.path.exists(path) and os.path.exists(other):
+        return os.path.samefile(path, other)
+    return os.path.realpath(path) == os.path.realpath(other)

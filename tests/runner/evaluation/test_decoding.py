@@ -96,6 +96,18 @@ def test_a_sentence_decodes_alike_whatever_its_neighbours_in_the_batch(model):
     assert done == [2, 3]  # the two short ones, then the long one: one bucket a batch
 
 
+def test_a_batch_holds_no_more_rows_than_there_are_sentences(model):
+    """`translate --batch-size 100000` of one sentence decoded 100,000 rows of padding (5 GiB; more, killed by the
+    kernel without a word)."""
+    decoder = JaxBackend().compile_inference(greedy_decoder(model, JOINT_SPECIAL), model)
+    rows = []
+    counting = lambda source, buffer: rows.append(len(source)) or decoder(source, buffer)
+    sentence = [5, 6, 7, EOS_ID]
+    assert translate(counting, [sentence, sentence], batch_size=100_000, max_len=64, special=JOINT_SPECIAL) == \
+        translate(decoder, [sentence, sentence], batch_size=2, max_len=64, special=JOINT_SPECIAL)
+    assert rows == [2]
+
+
 @pytest.mark.slow
 def test_cached_decoding_matches_full_decoding_on_torch():
     import json

@@ -705,6 +705,9 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
                             "logged.log: already exists beside"),
                            ([str(existing)], "existing.json: not an mtbench result"),
                            ([source, "--out", str(existing)], "existing.json: already exists; pass --overwrite"),
+                           # the original a rerun is compared with, never written over, even told to
+                           ([str(tmp_path / "plugged.json"), "--out", str(tmp_path / "plugged.json"), "--overwrite"],
+                            "plugged.json: is the file this command reads"),
                            ([str(tmp_path / "changed.json"), "--out", str(tmp_path / "again.json")],
                             "changed.json: its configuration cannot be read: unknown configuration keys warp_factor"),
                            ([str(tmp_path / "plugged.json"), "--out", str(tmp_path / "again.json")],
