@@ -94,6 +94,22 @@ def main():
     figures."""
 
 
+class _FloatNamingItsVariable(click.ParamType):
+    """A float that, read from the option's environment variable, names the variable where it is no number: the
+    user gave no flag."""
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            return value
+        try:
+            return float(value)
+        except ValueError:
+            from_environment = ctx and ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT
+            self.fail(f"{param.envvar}={value!r} is not a number" if from_environment
+                      else f"{value!r} is not a valid float", param, ctx)
+
+
 def _stack(options):
     """One decorator applying `options` as if stacked above the command in the order listed."""
 
@@ -242,7 +258,7 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora, tokenizers and tokenized text (default ~/.cache/mtbench)."),
     click.option("--report-to", metavar="NAMES", help="Experiment trackers that follow the run as it trains, comma-separated: tensorboard, mlflow, wandb or a plugin's (default: none)."),
     click.option("--logging-dir", type=click.Path(file_okay=False), help="The trackers' local files (default: in the run directory, RESULT.run)."),
-    click.option("--price-per-hour", type=float, metavar="USD", envvar="MTBENCH_PRICE_PER_HOUR", help="What the machine costs per hour, for the result's cost section (also MTBENCH_PRICE_PER_HOUR)."),
+    click.option("--price-per-hour", type=_FloatNamingItsVariable(), metavar="USD", envvar="MTBENCH_PRICE_PER_HOUR", help="What the machine costs per hour, for the result's cost section (also MTBENCH_PRICE_PER_HOUR)."),
 ) + CORPUS_OPTIONS
 run_configuration_options = _stack(RUN_CONFIGURATION_OPTIONS)
 
@@ -819,8 +835,13 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     from mtbench.runner.results.schema import sidecar_paths
     if out:
         check_output_path(out, overwrite, kind="scores .json", reads=(model, test_file))
-    read_options = ReadOptions(src_col, tgt_col, src_lang, tgt_lang)  # refused before a model is looked for
     registry = plugins.registry()
+    try:
+        read_options = ReadOptions(src_col, tgt_col, src_lang, tgt_lang)  # refused before a model is looked for
+    except MtbenchError:
+        if _task_or_none(model, registry) != "language-modelling":
+            raise
+        read_options = None  # a language model's evaluate refuses them as translation's options
     _warn_broken_plugins(registry)
     task = model_task(model, registry)
     if task == "language-modelling":
@@ -857,6 +878,14 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
         write_text_atomic(hypotheses_file, "".join(h + "\n" for h in hypotheses))
         write_json_atomic(out, {**scores, "hypotheses_file": hypotheses_file})
         console.print(f"scores: {out}")
+
+
+def _task_or_none(model, registry):
+    from mtbench.runner.inference import model_task
+    try:
+        return model_task(model, registry)
+    except MtbenchError:
+        return None
 
 
 def _evaluate_language_model(model, text_file, backend, batch_size, stride, block_size, out, registry, dtype):

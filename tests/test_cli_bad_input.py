@@ -111,6 +111,9 @@ def cases(tmp_path, plugin_path):
         "batch size zero": (["--batch-size", "0"], "--batch-size must be at least 1", None),
         "negative steps": (["--steps", "-3"], "--steps must be at least 1", None),
         "no beam": (["--beam", "0"], "--beam must be at least 1", None),
+        # named by the variable the user set, not by a flag never given
+        "a price in the environment that is no number": (["--data", good], "MTBENCH_PRICE_PER_HOUR='abc' is not a "
+                                                         "number", {"MTBENCH_PRICE_PER_HOUR": "abc"}),
         "no time to wait for the other processes": (["--process-timeout", "0"],
                                                     "Invalid value for '--process-timeout': 0 is not in the range x>=1",
                                                     None),
@@ -240,7 +243,7 @@ CASE_NAMES = [
     "a file as the dataset", "a file as a language model's dataset",
     "unknown extra", "extra unavailable here", "conflicting extras", "eager jax step",
     "eager step beside the compile extra", "batch size zero", "negative steps",
-    "no beam", "no time to wait for the other processes",
+    "no beam", "no time to wait for the other processes", "a price in the environment that is no number",
     "negative length penalty", "steps and epochs", "endless epochs", "learning rate not a number",
     "weight decay not a number",
     "validation past the last step", "sample length without a prompt", "trackers' folder without trackers",

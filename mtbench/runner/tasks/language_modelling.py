@@ -37,7 +37,8 @@ class LanguageModellingTask(Task):
 
     def check(self, config):
         self.refuse_options(config, TRANSLATION_OPTIONS, f"is an option of translation; the "
-                                                         f"'{config.model_family[0]}' model family is a language model")
+                                                         f"'{config.model_family[0]}' model family is a language model",
+                            flags={"valid_file": "valid", "test_file": "test"})
         if config.tokenizer not in (None, *TOKENIZERS):
             raise MtbenchError(f"unknown --tokenizer '{config.tokenizer}'; choose one of {', '.join(TOKENIZERS)}")
         kind, preset = config.tokenizer or "byte", config.preset_model

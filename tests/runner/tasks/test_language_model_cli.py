@@ -200,6 +200,9 @@ def test_evaluate_scores_a_text_as_the_run_scored_its_test_split(char_runs, text
     refused = run_cli("evaluate", result["config"]["out"], "--test", str(text), "--beam", "4")
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert "--beam is an option of translation" in refused.stderr
+    # Columns translation's reader would refuse on their own: named as translation's, not as equal columns.
+    assert_refused_in_one_line(run_cli("evaluate", result["config"]["out"], "--test", str(text), "--src-col", "2"),
+                               "--src-col is an option of translation")
     ids = tmp_path / "ids"
     ids.mkdir()
     np.arange(100, dtype=np.uint16).tofile(ids / "val.bin")
@@ -259,6 +262,7 @@ def bad_input_cases(tmp_path):
         "encoder flag": (["--encoder-layers", "2"], "a decoder-only model has one stack"),
         "beam": (["--beam", "4"], "--beam is an option of translation"),
         "target BLEU": (["--target-bleu", "10", "--eval-every", "5"], "--target-bleu is an option of translation"),
+        "validation pairs": (["--valid", str(short)], "--valid is an option of translation"),
         "preset": (["--preset", "base"], "unknown preset 'base' for --model gpt"),
         "sample without validation": (["--sample-prompt", "And"], "--sample-prompt needs --eval-every"),
         "vocabulary of bytes": (["--vocab-size", "50"], "--vocab-size sizes a sentencepiece vocabulary "
@@ -268,7 +272,7 @@ def bad_input_cases(tmp_path):
 
 @pytest.mark.parametrize("name", [
     "empty file", "folder without .txt", "not UTF-8", "not UTF-8 in the test split", "shorter than a block",
-    "encoder flag", "beam", "target BLEU",
+    "encoder flag", "beam", "target BLEU", "validation pairs",
     "preset", "sample without validation", "vocabulary of bytes"])
 def test_bad_input_gets_one_line_and_nothing_written(name, tmp_path, cache_dir):
     arguments, expected = bad_input_cases(tmp_path)[name]
