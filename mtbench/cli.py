@@ -644,7 +644,7 @@ def report(results, history, output_format, baseline, fail_if_slower, plot, forc
     With --history DIR, follow one configuration's tokens/s over time."""
     from mtbench.runner.results.parity import check_parity_options
     check_parity_options(parity_steps, parity_tolerance)
-    if plot:
+    if plot is not None:
         from mtbench.runner.results.plots import check_plot_path
         check_plot_path(plot)
     if history is not None:

@@ -183,7 +183,12 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def check_plot_path(path):
     """Refuses a --plot path that holds a file other than a PNG (a result JSON, say): drawing the plot again over
-    an earlier plot is the usual case; anything else would be lost."""
+    an earlier plot is the usual case; anything else would be lost. A path that does not end in .png would
+    hold a PNG its name says is something else."""
+    if not path.strip():
+        raise MtbenchError("--plot '': give the path of the PNG to draw")
+    if not path.lower().endswith(".png"):
+        raise MtbenchError(f"--plot {path}: draws a PNG; give a path ending in .png")
     try:
         with open(path, "rb") as f:
             start = f.read(len(PNG_SIGNATURE))

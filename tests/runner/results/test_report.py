@@ -373,14 +373,22 @@ def test_report_plot_draws_again_over_a_png_but_never_over_another_file(results,
     path = tmp_path / "again.png"
     report(results["jax"][0], "--plot", str(path))
     report(results["jax"][0], results["torch"][0], "--plot", str(path))  # an earlier plot is drawn anew
-    kept = tmp_path / "kept.json"
+    kept = tmp_path / "kept.png"  # a result under a PNG's name
     kept.write_text(open(results["jax"][0]).read())
-    for target in (str(kept), results["torch"][0]):  # a result; the very result the report reads
-        before = open(target, "rb").read()
-        proc = run_cli("report", results["jax"][0], results["torch"][0], "--plot", target)
-        assert proc.returncode == 2 and proc.stderr.strip() == (
-            f"Error: --plot {target}: already holds a file that is not a PNG; give another path (it is kept)")
-        assert open(target, "rb").read() == before
+    before = kept.read_bytes()
+    proc = run_cli("report", results["jax"][0], results["torch"][0], "--plot", str(kept))
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"Error: --plot {kept}: already holds a file that is not a PNG; give another path (it is kept)")
+    assert kept.read_bytes() == before
+    # the very result the report reads; a PDF's name for a PNG; no path at all (nothing was drawn, exit 0)
+    for target, said in ((results["torch"][0], f"--plot {results['torch'][0]}: draws a PNG; give a path ending in "
+                                               f".png"),
+                         (str(tmp_path / "plot.pdf"), f"--plot {tmp_path / 'plot.pdf'}: draws a PNG; give a path "
+                                                      f"ending in .png"),
+                         ("", "--plot '': give the path of the PNG to draw")):
+        before = open(target, "rb").read() if os.path.exists(target) else None
+        assert_refused_in_one_line(run_cli("report", results["jax"][0], "--plot", target), said)
+        assert (open(target, "rb").read() if os.path.exists(target) else None) == before
 
 
 def test_plot_without_matplotlib_says_how_to_install_it(results, tmp_path):
