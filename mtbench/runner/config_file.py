@@ -54,6 +54,8 @@ def _kind_of(value):
 
 def _one_value(path, key, option, value):
     kind = option.kind
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)  # `repeats = 2`: as the command line gives it, text the option reads
     fits = (isinstance(value, bool) if kind is bool else
             isinstance(value, int) and not isinstance(value, bool) if kind is int else
             isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
@@ -83,7 +85,9 @@ def read_config_file(path, options):
             raise MtbenchError(f"--config {path}: unknown key '{key}'{hint}")
         if isinstance(value, list) and option.multiple:
             defaults[option.name] = tuple(_one_value(path, key, option, item) for item in value)
-        elif isinstance(value, list) and option.joined_by and all(isinstance(item, str) for item in value):
+        elif isinstance(value, list) and option.joined_by:
+            if not all(isinstance(item, str) for item in value):
+                raise MtbenchError(f"--config {path}: {key} must be a string or a list of strings, got {value!r}")
             defaults[option.name] = _one_value(path, key, option, option.joined_by.join(value))
         elif option.multiple:
             defaults[option.name] = (_one_value(path, key, option, value),)

@@ -26,6 +26,18 @@ def test_the_file_sets_defaults_and_the_command_line_wins(tmp_path):
         train.make_context("train", ["--config", str(path)])
 
 
+def test_a_number_for_an_option_that_reads_text_is_read_as_the_command_line_gives_it(tmp_path):
+    """`repeats = 2` (--repeats takes a count or `auto`) was refused as not a string."""
+    from mtbench.cli import compare
+    path = tmp_path / "numbers.toml"
+    path.write_text('repeats = 2\nrepeats-width = 5\n')  # 5 %, as --repeats-width 5
+    given = compare.make_context("compare", ["--config", str(path)]).params
+    assert (given["repeats"], given["repeats_width"]) == ("2", "5")
+    path.write_text("matrix = [1, 2]\n")
+    with pytest.raises(click.UsageError, match=r"matrix must be a string or a list of strings, got \[1, 2\]$"):
+        compare.make_context("compare", ["--config", str(path)])
+
+
 def test_compare_reads_its_runs_from_the_file(tmp_path):
     """The file's matrix reaches compare: an entry listed twice is refused before anything starts."""
     path = tmp_path / "twice.toml"
