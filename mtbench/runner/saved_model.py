@@ -18,7 +18,8 @@ from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file, write_weights_file
 from mtbench.runner.files import make_temporary_folder, read_json, write_json_atomic
-from mtbench.runner.loop.checkpoints import CHECKPOINT_NAME, RUN_FILE, TOKENIZER_DIR, RunDirectory, open_run
+from mtbench.runner.loop.checkpoints import (CHECKPOINT_NAME, RUN_FILE, TOKENIZER_DIR, RunDirectory, open_run,
+                                             run_dir_for)
 from mtbench.runner.results.report import COMPARE_KIND
 
 SAVED_DIR = "model"
@@ -112,12 +113,15 @@ def _from_result(path):
     if not isinstance(result, dict) or "config" not in result:
         raise MtbenchError(f"{path}: not an mtbench result")
     saved = (result.get("model") or {}).get("saved")
-    if saved and os.path.isfile(os.path.join(saved, DESCRIPTION_FILE)):
-        return _from_saved(saved)
-    run_dir = result.get("run_dir")
-    if run_dir and RunDirectory(run_dir, fresh=False).latest():
-        return _from_run(run_dir)
-    why = "its saved model is gone" if saved else "the run kept no model (--no-save-model, or it did not complete)"
+    beside = run_dir_for(path)  # where the run wrote its folder, had the result not moved with it since
+    for directory in (saved, saved and os.path.join(beside, os.path.basename(saved))):
+        if directory and os.path.isfile(os.path.join(directory, DESCRIPTION_FILE)):
+            return _from_saved(directory)
+    for run_dir in (result.get("run_dir"), beside):
+        if run_dir and RunDirectory(run_dir, fresh=False).latest():
+            return _from_run(run_dir)
+    why = (f"its saved model is gone (not in {saved}, nor in {beside})" if saved
+           else "the run kept no model (--no-save-model, or it did not complete)")
     raise MtbenchError(f"{path}: {why}, and it has no checkpoint; no model to load")
 
 

@@ -3,6 +3,7 @@ of its checkpoints, on the backend that trained it and on the other one."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -51,6 +52,24 @@ def test_a_completed_run_keeps_its_model(trained):
     description = json.loads(open(os.path.join(saved, "model.json")).read())
     assert description["family"] == "transformer" and description["special"] == {"pad": 0, "eos": 3, "start": 2}
     assert len(set(trained["hypotheses"])) > 10, "the model should translate into varied sentences"
+
+
+def test_a_result_moved_with_its_run_folder_finds_its_model_beside_it(trained, tmp_path):
+    """The result records where its model was saved; moved with its RESULT.run folder, it was 'gone'."""
+    result = json.loads(json.dumps(trained["result"]))
+    result["model"]["saved"] = str(tmp_path / "gone" / "r.run" / "model")
+    result.pop("run_dir", None)
+    moved = tmp_path / "moved"
+    shutil.copytree(trained["result"]["model"]["saved"], moved / "r.run" / "model")
+    (moved / "r.json").write_text(json.dumps(result))
+    sources = tmp_path / "sources.txt"
+    sources.write_text("".join(line + "\n" for line in trained["sources"][:3]), encoding="utf-8")
+    proc = run_cli("translate", str(moved / "r.json"), str(sources))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == trained["hypotheses"][:3]
+    shutil.rmtree(moved / "r.run")
+    assert_refused_in_one_line(run_cli("translate", str(moved / "r.json"), str(sources)),
+                               f"its saved model is gone (not in {result['model']['saved']}, nor in {moved / 'r.run'})")
 
 
 def test_a_model_trained_on_jax_translates_identically_on_torch(trained, tmp_path):

@@ -63,14 +63,20 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
-def starting_weights(config):
+def starting_weights(config, near=()):
     """(weights file, note): the original's weights file where it still holds the bytes the run loaded, else
-    (None, why not: the rerun then draws its weights from the seed)."""
+    (None, why not: the rerun then draws its weights from the seed). A file of its name in a folder of `near` (the
+    original moved with its weights) stands for it where it holds the bytes the run recorded."""
     path, recorded = config.get("initial_weights"), config.get("initial_weights_sha256")
     if not path:
         return None, None
     seed = f"the rerun draws its weights from --seed {config.get('seed')} instead"
     if not os.path.isfile(path):
+        moved = [os.path.join(folder, os.path.basename(path)) for folder in near]
+        found = next((candidate for candidate in moved
+                      if recorded and os.path.isfile(candidate) and sha256_of(candidate) == recorded), None)
+        if found:
+            return found, None
         return None, f"the weights file {path} is gone: {seed}"
     found = sha256_of(path)
     if recorded and found != recorded:
@@ -114,7 +120,8 @@ def plan_reruns(path, out, overwrite):
         check_output_path(out, overwrite)
     for rerun in reruns:
         check_result_path(rerun.out, overwrite, beside=(rerun.log_file, rerun.train_file))
-        rerun.weights, rerun.weights_note = starting_weights(rerun.original.result["config"])
+        near = (runs_dir(path), os.path.dirname(os.path.abspath(path)))  # the original moved with its weights
+        rerun.weights, rerun.weights_note = starting_weights(rerun.original.result["config"], near)
         try:
             rerun.config = TrainConfig.from_options(**repeated_options(rerun.original.result),
                                                     initial_weights=rerun.weights, out=rerun.out, overwrite=overwrite)

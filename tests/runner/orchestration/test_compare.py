@@ -638,6 +638,13 @@ def test_rerun_starts_from_the_weights_file_only_while_it_is_unchanged(compared,
     assert starting_weights(config) == (None, f"the weights file {copy} is gone: the rerun draws its weights "
                                               f"from --seed 0 instead")
     assert starting_weights({"seed": 0}) == (None, None)  # drawn from the seed, as the original
+    # The original moved with its weights (a compare JSON with its .runs folder): the same bytes, found beside it.
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    (moved / "w.npz").write_bytes(open(weights["file"], "rb").read())
+    assert starting_weights(config, near=(str(tmp_path / "elsewhere"), str(moved))) == (str(moved / "w.npz"), None)
+    (moved / "w.npz").write_bytes(b"other bytes")
+    assert starting_weights(config, near=(str(moved),))[0] is None
 
 
 def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
