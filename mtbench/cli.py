@@ -830,7 +830,7 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     language model (`--model gpt`) by loss, perplexity and bits per byte on every token of a text."""
     from mtbench.runner.data.formats import ReadOptions, read_pairs
     from mtbench.runner.files import write_json_atomic, write_text_atomic
-    from mtbench.runner.inference import evaluate_translator, model_task, open_translator
+    from mtbench.runner.inference import evaluate_translator, model_task, open_translator, with_trained_languages
     from mtbench.runner.results.output import check_output_path
     from mtbench.runner.results.schema import sidecar_paths
     if out:
@@ -854,7 +854,7 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     if hypotheses_file and os.path.exists(hypotheses_file) and not overwrite:
         raise MtbenchError(f"{hypotheses_file}: already exists (--out {out} writes its hypotheses there); pass "
                            f"--overwrite to replace it")
-    pairs = read_pairs(test_file, read_options)
+    pairs = read_pairs(test_file, with_trained_languages(model, registry, read_options))
     if not pairs:
         raise MtbenchError(f"{test_file}: holds no sentence pairs")
     translator = open_translator(model, registry, backend, beam, length_penalty, dtype)

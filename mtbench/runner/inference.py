@@ -68,6 +68,28 @@ def model_task(path, registry):
     return _family(find_model(path), registry)[0].task
 
 
+def with_trained_languages(path, registry, options):
+    """`options` (a ReadOptions) with the languages the translation model at `path` translates between, where
+    its run knew them (its --src-lang/--tgt-lang, or its dataset's): a test set that names its languages (JSONL
+    keys, sacrebleu's pair) is read in the model's direction. Languages given against it are refused: scored the
+    other way round, the BLEU would be of a direction the model never learned."""
+    trained = None
+    if pretrained_source(path, registry) is None:
+        config = find_model(path).config
+        trained = (config.src_lang, config.tgt_lang) if config.src_lang and config.tgt_lang else None
+        if trained is None and not config.data_file:
+            dataset = registry.datasets.get(config.dataset)
+            trained = (dataset.source_lang, dataset.target_lang) if dataset and dataset.source_lang else None
+    if trained is None:
+        return options
+    if options.languages is None:
+        return dataclasses.replace(options, src_lang=trained[0], tgt_lang=trained[1])
+    if tuple(options.languages) != trained:
+        raise MtbenchError(f"--src-lang {options.src_lang} --tgt-lang {options.tgt_lang}: the model translates "
+                           f"{trained[0]} -> {trained[1]}")
+    return options
+
+
 def pretrained_source(path, registry, block_size=None):
     """The `ModelSource` of `NAME:DIR`, the checkpoint of a pretrained model family as it was published (no
     weights file: the family reads them), built with its window of `block_size` tokens (default: the preset's);

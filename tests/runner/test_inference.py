@@ -101,6 +101,16 @@ def test_evaluate_scores_the_runs_test_set_as_the_run_did(trained, tmp_path):
     assert open(scores["hypotheses_file"], encoding="utf-8").read().splitlines() == trained["hypotheses"]
     # Each signature says whose it is.
     assert f"BLEU signature: {metrics['bleu_signature']}\nchrF signature: {metrics['chrf_signature']}\n" in proc.stdout
+    # A test set that names its languages is read in the model's direction (en -> fr, its dataset's), and scored
+    # the other way round never: 'fr' read as the source would have translated French the model never saw.
+    jsonl = tmp_path / "test.jsonl"
+    jsonl.write_text("".join(json.dumps({"translation": {"fr": r, "en": s}}) + "\n"
+                             for s, r in zip(trained["sources"], trained["references"])), encoding="utf-8")
+    proc = run_cli("evaluate", trained["path"], "--test", str(jsonl), "--out", str(tmp_path / "jsonl.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "jsonl.json").read_text())["bleu"] == pytest.approx(metrics["bleu"], abs=1e-9)
+    assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(jsonl), "--src-lang", "fr",
+                                       "--tgt-lang", "en"), "--src-lang fr --tgt-lang en: the model translates en -> fr")
 
 
 def test_a_checkpoint_translates_with_its_own_weights(trained, tmp_path):
