@@ -110,7 +110,8 @@ def test_evaluate_scores_the_runs_test_set_as_the_run_did(trained, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "jsonl.json").read_text())["bleu"] == pytest.approx(metrics["bleu"], abs=1e-9)
     assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(jsonl), "--src-lang", "fr",
-                                       "--tgt-lang", "en"), "--src-lang fr --tgt-lang en: the model translates en -> fr")
+                                       "--tgt-lang", "en"),
+                               "--src-lang fr --tgt-lang en: the model translates en -> fr")
 
 
 def test_a_checkpoint_translates_with_its_own_weights(trained, tmp_path):
