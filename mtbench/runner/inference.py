@@ -237,8 +237,14 @@ def text_stream(loaded, text_path):
     if not hasattr(loaded.tokenizer, "stream"):
         raise MtbenchError(f"{loaded.source.label}: trained on token files, whose ids no tokenizer here makes from "
                            f"text; it scores the val.bin of a folder of token files, not a text")
+    from mtbench.runner.data.text import NotUtf8
     text = read_text_path(text_path)
-    stream, _ = token_stream(loaded.tokenizer, text.data, None)
+    try:
+        stream, _ = token_stream(loaded.tokenizer, text.data, None)
+    except NotUtf8 as error:  # its advice is train's (--tokenizer byte): this model's tokenizer is chosen
+        raise MtbenchError(f"{text_path}: not UTF-8 at byte {error.position} ({error.reason}), which "
+                           f"{loaded.source.label}'s tokenizer reads; a model trained at the byte level scores any "
+                           f"bytes") from None
     return stream, {"origin": text.origin, "bytes": len(text.data)}
 
 

@@ -203,6 +203,10 @@ def test_evaluate_scores_a_text_as_the_run_scored_its_test_split(char_runs, text
     # Columns translation's reader would refuse on their own: named as translation's, not as equal columns.
     assert_refused_in_one_line(run_cli("evaluate", result["config"]["out"], "--test", str(text), "--src-col", "2"),
                                "--src-col is an option of translation")
+    latin1 = tmp_path / "latin1.txt"  # the model's character tokenizer reads UTF-8 alone; evaluate has no --tokenizer
+    latin1.write_bytes("Et Dieu dit : que la lumière soit.\n".encode("latin-1"))
+    assert_refused_in_one_line(run_cli("evaluate", result["config"]["out"], "--test", str(latin1)),
+                               f"{latin1}: not UTF-8 at byte 25 (invalid continuation byte), which ")
     ids = tmp_path / "ids"
     ids.mkdir()
     np.arange(100, dtype=np.uint16).tofile(ids / "val.bin")
