@@ -382,8 +382,11 @@ def _refuse_options_beside(allowed, why):
 
 
 def _reporter_names(reporters):
-    """--report NAME ...: 'none' reports nothing (as Hugging Face's --report_to none)."""
-    return [name for name in reporters if name != "none"]
+    """--report NAME ...: 'none' reports nothing (as Hugging Face's --report_to none), so it stands alone."""
+    others = [name for name in reporters if name != "none"]
+    if others and len(others) < len(reporters):
+        raise MtbenchError(f"--report none reports nothing; it cannot stand beside --report {others[0]}")
+    return others
 
 
 def _require_reporting_succeeded(failures):

@@ -24,6 +24,8 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), 
         raise MtbenchError(f"{path}: is a directory; --out takes a {kind} file path")
     if not os.path.basename(path):  # 'results/' or '': checked here, it would fail only when the figures are written
         raise MtbenchError(f"{path!r}: names a directory, not a file; --out takes a {kind} file path")
+    if not os.path.basename(path).strip():  # ' ': files named by blanks, that no listing shows
+        raise MtbenchError(f"{path!r}: a name of blanks; --out takes a {kind} file path")
     if os.path.exists(path) and resuming:
         status = read_status(path)
         if status not in PARTIAL_STATUSES:
