@@ -787,6 +787,10 @@ def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, b
     text, record = generate_text(model, registry, prompt, backend, max_new_tokens, temperature, top_k, seed,
                                  block_size, dtype)
     click.echo(prompt + text)
+    if record["prompt_unknown_tokens"]:
+        click.echo(f"Warning: {record['prompt_unknown_tokens']} of the prompt's {record['prompt_tokens']} tokens are "
+                   f"unknown to the model's tokenizer (read as <unk>): it continued a text it could not read",
+                   err=True)
     click.echo(f"{record['new_tokens']} tokens by {record['model']} on {record['backend']} in {record['dtype']} "
                f"({record['sampling']}) in {record['seconds']:.2f} s", err=True)
 

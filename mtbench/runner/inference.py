@@ -190,6 +190,8 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
     ids = list(loaded.tokenizer.encode_text(prompt))
     if not ids:
         raise MtbenchError("--prompt is empty: give the text to continue")
+    # What of the prompt the model cannot read (a character tokenizer's <unk>): it continues something else.
+    unknown = loaded.tokenizer.stream(prompt.encode("utf-8")).unknown if hasattr(loaded.tokenizer, "stream") else 0
     block = loaded.source.config.max_len
     model = loaded.model
     forward = numpy_logits(model, lambda fn: loaded.plugins.backend.compile_inference(fn, model))
@@ -198,7 +200,7 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
     seconds = time.perf_counter() - started
     return loaded.tokenizer.decode_text(generated), {
         "model": loaded.source.label, "backend": loaded.plugins.backend.name,
-        "dtype": loaded.source.config.dtype, "prompt_tokens": len(ids),
+        "dtype": loaded.source.config.dtype, "prompt_tokens": len(ids), "prompt_unknown_tokens": int(unknown),
         "new_tokens": len(generated), "seconds": seconds,
         "sampling": "greedy" if temperature == 0 else f"temperature {temperature:g}"
                     + (f", top-k {top_k}" if top_k else "") + f", seed {seed}"}

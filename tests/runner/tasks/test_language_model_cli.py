@@ -146,6 +146,10 @@ def test_generate_continues_a_prompt_alike_on_the_other_backend(char_runs):
     sampled = run_cli("generate", char_runs["jax"]["config"]["out"], "--prompt", "And", "--max-new-tokens", "40",
                       "--top-k", "5", "--seed", "1")
     assert sampled.returncode == 0 and len(sampled.stdout.rstrip("\n")) > len("And")
+    assert "Warning" not in texts["jax"] + sampled.stderr
+    unread = run_cli("generate", char_runs["jax"]["config"]["out"], "--prompt", "And €€", "--max-new-tokens", "2")
+    assert unread.returncode == 0 and ("Warning: 2 of the prompt's 6 tokens are unknown to the model's tokenizer "
+                                       "(read as <unk>)") in unread.stderr, unread.stderr
 
 
 @pytest.mark.slow
