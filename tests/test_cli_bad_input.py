@@ -164,6 +164,8 @@ def cases(tmp_path, plugin_path):
         "output names a new directory": (["--data", good, "--out", str(t / "new-folder") + "/"],
                                          "new-folder/': names a directory, not a file", None),
         "output empty": (["--data", good, "--out", ""], "'': names a directory, not a file", None),
+        "a model family with an empty path": (["--model", "gpt:"], "--model gpt:: give the checkpoint's directory "
+                                              "after the colon, or the family's name alone", None),
         "output of blanks": (["--data", good, "--out", "  "], "'  ': a name of blanks; --out takes a .json file path",
                              None),
         "no report beside a report": (["--data", good, "--report", "none", "--report", "table"],
@@ -256,7 +258,7 @@ CASE_NAMES = [
     "unknown reporter",
     "reporter of a broken plugin", "languages of a dataset's pairs", "a column of a dataset's pairs",
     "existing result", "output is a directory", "output names a new directory",
-    "output empty", "output of blanks", "no report beside a report", "earlier hypotheses beside the output",
+    "output empty", "a model family with an empty path", "output of blanks", "no report beside a report", "earlier hypotheses beside the output",
     "output under a file",
     "compile mode of an eager step", "compile mode on jax", "block too short", "empty block", "stride past the block",
     "token batch under a block",

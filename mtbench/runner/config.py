@@ -187,6 +187,9 @@ class TrainConfig:
         if isinstance(self.report_to, str):
             self.report_to = [name.strip() for name in self.report_to.split(",")]
         self.report_to = tuple(name for name in dict.fromkeys(self.report_to) if name and name != "none")
+        if self.model_name.endswith(":"):  # 'gpt:' trained the family's fresh model, as if no path were meant
+            raise MtbenchError(f"--model {self.model_name}: give the checkpoint's directory after the colon, or "
+                               f"the family's name alone")
         presets = family_presets(self.model_family[0])
         if self.preset not in presets:
             raise MtbenchError(f"unknown preset '{self.preset}' for --model {self.model_family[0]}; choose one of "
