@@ -461,8 +461,8 @@ def figures(result):
 
 # Where a row's wall time goes, in the order a row spends it (see wall_split).
 WALL_PARTS = {"process": "the process starting and ending", "backend": "keras and the devices starting",
-              "peak": "the peak measured", "data_and_build": "data and model build", "compile": "compilation", "steady_steps": "steady steps",
-              "rest": "the rest"}
+              "peak": "the peak measured", "data_and_build": "data and model build", "compile": "compilation",
+              "steady_steps": "steady steps", "rest": "the rest"}
 
 
 def wall_split(result, wall_s):
