@@ -764,7 +764,7 @@ def _translation_progress(total):
 @click.option("--prompt", required=True, help="The text to continue.")
 @click.option("--backend", help="Generate on this backend (default: the one that trained the model).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=200, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True,
+@click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True, callback=_finite,
               help="Divides the logits before sampling; 0 takes the most likely token (greedy).")
 @click.option("--top-k", type=click.IntRange(min=1), help="Sample from the K most likely tokens only.")
 @click.option("--seed", type=click.IntRange(0, 2 ** 32 - 1), default=0, show_default=True, help="The sampling's random draws (numpy).")
@@ -777,8 +777,6 @@ def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, b
     run directory (RESULT.run), its saved model, or a pretrained checkpoint as NAME:DIR (gpt2:DIR). Prints the
     prompt and its continuation."""
     from mtbench.runner.inference import generate_text
-    if not temperature < float("inf"):  # NaN passes click's range: every comparison with it is False
-        raise MtbenchError(f"--temperature must be a finite number, got {temperature}")
     if temperature == 0 and top_k is not None:
         raise MtbenchError("--top-k samples among the K most likely tokens; --temperature 0 takes the most likely "
                            "one: drop --top-k")

@@ -373,7 +373,8 @@ def test_each_validation_prints_a_sample_and_the_best_model_is_kept_beside_the_l
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--temperature", "nan"], "--temperature must be a finite number, got nan"),
+    (["--temperature", "nan"], "Invalid value for '--temperature': must be a finite number, got nan"),
+    (["--temperature", "inf"], "Invalid value for '--temperature': must be a finite number, got inf"),
     (["--temperature", "0", "--top-k", "5"], "--top-k samples among the K most likely tokens; --temperature 0 takes "
                                              "the most likely one: drop --top-k"),
 ])
