@@ -47,7 +47,7 @@ def handle_errors(command):
         except MtbenchError as error:
             if debug:
                 traceback.print_exc()
-            _fail(str(error), error.exit_code)
+            _fail(_naming_the_config_file(str(error)), error.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except Exception as error:  # an mtbench bug or a framework failure: still one line unless --debug
@@ -56,6 +56,21 @@ def handle_errors(command):
             _fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)
 
     return click.option("--debug", is_flag=True, help="Show the traceback of a failure.")(wrapper)
+
+
+def _naming_the_config_file(message):
+    """`message` about a value that --config's file gave, not the command line (it names the flag first: '--steps
+    must be at least 1, got -1'), said of the file, as the file's other errors are: the user typed no --steps."""
+    context = click.get_current_context(silent=True)
+    path = context and context.meta.get("mtbench.config_file")
+    flag = re.match(r"--([a-z0-9-]+)\b", message)
+    if not path or not flag:
+        return message
+    param = next((param for param in context.command.params if isinstance(param, click.Option)
+                  and f"--{flag.group(1)}" in param.opts), None)
+    if param is None or context.get_parameter_source(param.name) != click.core.ParameterSource.DEFAULT_MAP:
+        return message
+    return f"--config {path}: {message[2:]}"
 
 
 def _warn_broken_plugins(registry):
@@ -442,6 +457,7 @@ def _apply_config_file(ctx, param, path):
     except MtbenchError as error:
         raise click.UsageError(str(error)) from None
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    ctx.meta["mtbench.config_file"] = path
 
 
 config_option = click.option(

@@ -216,7 +216,10 @@ def cases(tmp_path, plugin_path):
             ["--config", write(t / "choice.toml", 'dtype = "float64"\n')],
             "choice.toml: dtype = 'float64': 'float64' is not one of 'auto', 'float32'", None),
         "config value the run refuses": (["--config", write(t / "zero.toml", "batch-size = 0\n")],
-                                         "--batch-size must be at least 1, got 0", None),
+                                         "zero.toml: batch-size must be at least 1, got 0", None),
+        "config value the command line replaces": (["--config", write(t / "good.toml", "batch-size = 8\n"),
+                                                    "--batch-size", "0"], "Error: --batch-size must be at least "
+                                                                           "1, got 0", None),
         "run file beside other options": (["--run-file", write(t / "run.json", "{}"), "--steps", "3"],
                                           "--run-file holds the run's whole configuration; drop --steps", None),
         "run file of another format": (["--run-file", write(t / "later.json", json.dumps(
@@ -268,7 +271,8 @@ CASE_NAMES = [
     "resume a missing directory", "resume a directory that is not a run",
     "resume a run without checkpoints", "resume with other options", "config file missing", "config file not toml",
     "config key unknown", "config value of the wrong kind", "config value the flag refuses",
-    "config value the run refuses", "run file beside other options", "run file of another format",
+    "config value the run refuses", "config value the command line replaces", "run file beside other options",
+    "run file of another format",
     "run file with an unknown key", "run file with a value of the wrong kind", "run file with extras as a name",
     "run file with a null cache folder"]
 
