@@ -137,7 +137,7 @@ def cases(tmp_path, plugin_path):
         "beam search's option for a language model": (["--model", "gpt", "--length-penalty", "1.0"],
                                                       "--length-penalty is an option of translation; the 'gpt' model "
                                                       "family is a language model", None),
-        "a column for a language model": (["--model", "gpt", "--src-col", "3"],
+        "a column for a language model": (["--model", "gpt", "--src-col", "2"],  # not "both columns are 2"
                                           "--src-col is an option of translation", None),
         "an extra twice": (["--extra", "remat", "--extra", "remat"], "extra 'remat' is given twice; give each extra "
                                                                      "once", None),

@@ -12,7 +12,6 @@ from mtbench.errors import MtbenchError
 from mtbench.keras_models.initialization import INIT_SCHEMES  # noqa: F401 (re-exported: --init's choices)
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS, PRESETS_BY_FAMILY, presets_for
 from mtbench.figures import SIZE_KEYS
-from mtbench.runner.data.formats import ReadOptions
 from mtbench.runner.loop.recipe import check_recipe_options
 
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
@@ -274,8 +273,6 @@ class TrainConfig:
             self.out = os.path.join("mtbench-results", f"{stamp}-{self.backend}.json")
 
     def _check_corpus_and_long_run_options(self):
-        # The columns and languages, checked where `evaluate` checks them too.
-        ReadOptions(self.src_col, self.tgt_col, self.src_lang, self.tgt_lang)
         if self.target_bleu is not None and not 0 < self.target_bleu <= 100:
             raise MtbenchError(f"--target-bleu must be in (0, 100], got {self.target_bleu}")
         if self.target_loss is not None and not 0 < self.target_loss < math.inf:

@@ -15,7 +15,7 @@ from mtbench.runner.config import INIT_SCHEMES, TrainConfig
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
                                                        probe_devices, runs_to_preflight)
 from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names, sweep_settings, swept_keys
-from mtbench.runner.setup import check_extra_options, drawn_init, resolve_reporters
+from mtbench.runner.setup import check_extra_options, drawn_init, resolve_model, resolve_reporters, resolve_task
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
@@ -293,15 +293,17 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
     check_runs(specs, registry, interpreters)
     shared = TrainConfig.from_options(**{**options, "backend": specs[0].backend})
     resolve_reporters(shared.report_to, registry)  # trackers follow each run in its process: checked here first
+    resolve_task(resolve_model(shared, registry)[0], shared, registry)  # the options every run shares, named so
     configs = []
     for spec in specs:  # bad options and impossible sizes fail here, before any process starts
         try:
             config = TrainConfig.from_options(**{**options, "backend": spec.backend, "extras": spec.extras,
                                                  **dict(spec.sizes)})
             check_extra_options(config)
-            family_name = config.model_family[0]
-            with registry.plugin_code("models", family_name):  # named by the scheme each result will record
-                configs.append(drawn_init(config, registry.lookup("models", family_name)))
+            family, _ = resolve_model(config, registry)
+            resolve_task(family, config, registry)  # its options (a language model takes no --beam) too
+            with registry.plugin_code("models", config.model_family[0]):  # named by the scheme each result records
+                configs.append(drawn_init(config, family))
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
     configs = [config.to_dict() for config in configs]

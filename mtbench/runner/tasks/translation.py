@@ -9,6 +9,7 @@ from mtbench.runner.config import decoding_name
 from mtbench.runner.data.batches import batches_per_epoch, encode_split, training_batches, untrained_examples
 from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.corpus_report import corpus_report, report_lines
+from mtbench.runner.data.formats import ReadOptions
 from mtbench.runner.files import write_text_atomic
 from mtbench.runner.results.schema import sidecar_paths
 
@@ -33,6 +34,8 @@ class TranslationTask(Task):
         self.refuse_options(config, LANGUAGE_MODEL_OPTIONS, f"is an option of language models; the "
                                                             f"'{config.model_family[0]}' model family is trained on "
                                                             f"translation")
+        # The columns and languages, checked where `evaluate` checks them too (a language model refuses them whole).
+        ReadOptions(config.src_col, config.tgt_col, config.src_lang, config.tgt_lang)
         if config.measure_only and config.beam != 1:
             raise MtbenchError(f"--beam {config.beam} decodes the test set, which --measure-only skips")
         if config.beam == 1 and config.length_penalty != 0.6:

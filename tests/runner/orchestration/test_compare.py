@@ -165,7 +165,9 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     (["--matrix", "jax;jax+pmap", "--repeats", "auto", "--repeats-budget", "-1"],
      "--repeats-budget must be positive, got -1"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
-    # Validation options are the runs' own, checked as `train` checks them.
+    # Validation options are the runs' own, checked as `train` checks them; so are their task's.
+    (["--model", "gpt", "--beam", "3"], "task 'language-modelling': --beam is an option of translation"),
+    (["--src-col", "2"], "task 'translation': --src-col and --tgt-col are both 2; they must differ"),
     (["--sample-prompt", "In the"], "--sample-prompt needs --eval-every N"),
     # --step plans the runs of --backends; a matrix's runs say their step by their extras.
     (["--matrix", "jax;torch", "--step", "eager"], "--matrix names each run's extras ('torch-compile' for a "
