@@ -53,7 +53,9 @@ def test_report_sets_a_two_process_run_against_its_one_process_run_on_the_device
     assert [entry["processes"] for entry in report["summary"]] == [1, 2, 1]
     proc = run_cli("report", *paths, "--format", "markdown")
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| scaling efficiency"))
-    assert [cell.strip() for cell in row.strip("|").split("|")][1:] == ["", f"{efficiency:.0%} of {ideal}x torch", ""]
+    assert [cell.strip() for cell in row.strip("|").split("|")] == [
+        "scaling efficiency (of the one-process run's tokens/s x the ratio of devices)", "",
+        f"{efficiency:.0%} of {ideal}x torch", ""]
     for result in (one, two):  # results from before the peak's devices were recorded: the same rule on the devices
         del result["utilization"]["peak_devices"]
     assert ideal_speedup(two, one) == ideal
