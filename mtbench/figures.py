@@ -411,6 +411,10 @@ def run_warnings(result):
                         f"total time, cost, memory peaks and the compile cache are the last process's (train time "
                         f"and the steps are the whole run's)")
     windows = steady_window_rows(result.get("history") or [])
+    if not windows and result["timing"].get("steady_steps") == 0:
+        warnings.append("no steady step: every step trained was the first of its shape (or set aside), so neither "
+                        "the step time, tokens/s nor the compilation apart from the steps is measured; give more "
+                        "--steps")
     if 0 < len(windows) < MIN_STEADY_WINDOWS:
         steps = sum(count for _, count, _ in windows)
         warnings.append(f"few steady steps: {steps:,} step{'s' * (steps != 1)} in {len(windows)} timing window"

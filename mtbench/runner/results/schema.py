@@ -49,7 +49,7 @@ SCHEMA = {
             "mtbench": str, "mtbench_git_commit": (str, type(None))},
     "data": {"corpus": str, "origin": str, "tokenizer": dict},
     "model": {"parameters": int},
-    "timing": {"compile_s": NUMBER, "first_steps_s": NUMBER, "shapes_compiled": int,
+    "timing": {"compile_s": MAYBE_NUMBER, "first_steps_s": NUMBER, "shapes_compiled": int,
                "step_s_median": MAYBE_NUMBER, "step_s_p90": MAYBE_NUMBER, "tokens_per_s": MAYBE_NUMBER,
                "train_s": NUMBER, "total_s": NUMBER, "phases_s": dict, "steps": int},
     "utilization": {"model_flops_per_s": MAYBE_NUMBER, "peak_flops_per_s": MAYBE_NUMBER, "mfu": MAYBE_NUMBER},

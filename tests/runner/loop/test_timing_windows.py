@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 from rich.console import Console
 
-from mtbench.figures import FIGURES_BY_KEY, figure_text
+from mtbench.figures import FIGURES_BY_KEY, figure_text, run_warnings
 from mtbench.plugins.api import Backend, Batch, Launch, ProcessGroup, TrainStep
+from mtbench.plugins.reporters import table_reporter
 from mtbench.runner.results import run_result
 from mtbench.runner.loop.checkpoints import TrainingState
 from mtbench.runner.measurement.flops import StepFlops
@@ -139,6 +140,24 @@ def test_a_step_that_records_its_graph_on_the_second_call_of_a_shape_counts_it_i
     clock[0] = 0.0
     outcome, _ = run(shapes, window=3, step=GraphRecordingStep(clock, warmup_calls=1))
     assert max(h["seconds"] for h in outcome.state.history if not h["first_of_shape"]) > 1.0
+
+
+def test_a_run_of_warm_up_steps_alone_has_no_compile_time_and_says_so(monkeypatch):
+    """Two steps of one shape whose first two warm up: nothing steady to take from the first steps' 2 s, so their
+    compilation is unknown (it was the whole 2 s, counted as compiling a step that compiles nothing)."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    outcome, _ = run([(8, 16)] * 2, window=3, step=GraphRecordingStep(clock, warmup_calls=2))
+    summary = outcome.timer.summary()
+    assert (summary["steady_steps"], summary["compile_s"], summary["step_s_median"]) == (0, None, None)
+    assert summary["first_steps_s"] == 1.0 + 10.0
+    result = {"timing": {**summary, "compile_cache": None}, "history": outcome.state.history, "env": {}}
+    assert figure_text(result, "compile_s") == "n/a"
+    assert run_warnings(result)[0] == (
+        "no steady step: every step trained was the first of its shape (or set aside), so neither the step time, "
+        "tokens/s nor the compilation apart from the steps is measured; give more --steps")
+    assert table_reporter._compile(result) == ("n/a (no steady step to take from the first 11.00 s) over 1 shape, "
+                                               "compile cache none (nothing compiled ahead)")
 
 
 def test_real_tokens_count_each_rows_source_at_its_own_length():
