@@ -91,8 +91,9 @@ class ParityPair:
         if self.early_max_relative_difference is None:
             return ""
         verdict = "within" if self.early_within else "NOT within"
-        return (f"; steps 1-{self.early_steps} step by step: {percent(self.early_max_relative_difference)} at step "
-                f"{self.early_at_step}, {verdict} {percent(self.early_tolerance)}")
+        difference = percent_beside(self.early_max_relative_difference, self.early_tolerance)
+        return (f"; steps 1-{self.early_steps} step by step: {difference} at step {self.early_at_step}, {verdict} "
+                f"{percent(self.early_tolerance)}")
 
 
 @dataclass
@@ -120,15 +121,16 @@ class ParityReport:
         """One sentence per checked pair and per run held to nothing, for terminals and READMEs."""
         lines = []
         for pair in self.pairs:
+            difference = percent_beside(pair.max_relative_difference, self.tolerance)
             if pair.diverged_at is not None:
                 lines.append(f"parity {pair.run} vs {pair.reference} ({pair.dtype}): {pair.diverged_run}'s loss is "
                              f"not finite from step {pair.diverged_at}, the other's is; over the "
                              f"{pair.diverged_at - 1} steps before, largest relative loss difference "
-                             f"{percent(pair.max_relative_difference)}, NOT within {percent(self.tolerance)}")
+                             f"{difference}, NOT within {percent(self.tolerance)}")
                 continue
             verdict = "within" if pair.curve_within(self.tolerance) else "NOT within"
             lines.append(f"parity {pair.run} vs {pair.reference} ({pair.dtype}, first {pair.steps} steps): "
-                         f"largest relative loss difference {percent(pair.max_relative_difference)} {pair.where()}, "
+                         f"largest relative loss difference {difference} {pair.where()}, "
                          f"{verdict} {percent(self.tolerance)}{pair.early_text()}")
         lines.extend(f"parity {name}: not checked, {why}" for name, why in self.unchecked)
         return lines
@@ -137,6 +139,17 @@ class ParityReport:
 def percent(fraction):
     """Two significant digits, however small: parity differences are often millionths."""
     return f"{fraction * 100:.2g} %"
+
+
+def percent_beside(fraction, bound):
+    """`fraction` as `percent` writes it, with more digits where two would write it as `bound` is written although
+    it differs: '1.004 %, NOT within 1 %', not '1 %, NOT within 1 %'."""
+    text = percent(fraction)
+    for digits in range(3, 8):
+        if text != percent(bound) or fraction == bound:
+            break
+        text = f"{fraction * 100:.{digits}g} %"
+    return text
 
 
 def loss_curve(result, steps):
@@ -248,12 +261,12 @@ def require_parity(comparison, out):
     if failures and all(pair.curve_within(comparison.parity.tolerance) for pair in failures):  # first steps alone
         pair = max(failures, key=lambda pair: pair.early_max_relative_difference)
         raise RunFailure(f"parity check failed: {pair.run} differs from {pair.reference} by "
-                         f"{percent(pair.early_max_relative_difference)} at step {pair.early_at_step} (more than "
-                         f"{percent(pair.early_tolerance)}, step by step over the first {pair.early_steps}); "
-                         f"results kept in {out}")
+                         f"{percent_beside(pair.early_max_relative_difference, pair.early_tolerance)} at step "
+                         f"{pair.early_at_step} (more than {percent(pair.early_tolerance)}, step by step over the "
+                         f"first {pair.early_steps}); results kept in {out}")
     if failures:
         worst = max(failures, key=lambda pair: pair.max_relative_difference)
         raise RunFailure(f"parity check failed: {worst.run} differs from {worst.reference} by up to "
-                         f"{percent(worst.max_relative_difference)} (more than "
+                         f"{percent_beside(worst.max_relative_difference, comparison.parity.tolerance)} (more than "
                          f"{percent(comparison.parity.tolerance)}) over the first {worst.steps} steps; "
                          f"results kept in {out}")

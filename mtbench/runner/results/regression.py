@@ -182,7 +182,7 @@ def rows(regression):
     for change in regression.changes:
         figure = FIGURES_BY_KEY[change.figure]
         verdict = change.verdict
-        ratio = (f"{verdict.ratio:.3f}x ({stats.range_text(verdict.low, verdict.high)})" if verdict else
+        ratio = (f"{verdict.ratio:.3f}x ({stats.range_text(verdict.low, verdict.high, 3)})" if verdict else
                  f"{change.new / change.baseline:.3f}x" if change.baseline else "n/a")
         out.append([change.label, figure.title, figure.text(change.baseline), figure.text(change.new), ratio,
                     verdict.cell() if verdict else change.reason])

@@ -291,12 +291,24 @@ def same_session(candidate, reference):
 
 # ---- words -------------------------------------------------------------------------------------------------------
 
-def factor_text(value):
-    return f"{value:.2f}"
+def factor_text(value, decimals=2):
+    return f"{value:.{decimals}f}"
 
 
-def range_text(low, high):
-    return f"{factor_text(low)}–{factor_text(high)}"
+def range_text(low, high, decimals=2):
+    return f"{factor_text(low, decimals)}–{factor_text(high, decimals)}"
+
+
+def called_figures(factor, low, high):
+    """(factor, interval) of a called difference (`factor` and its interval as speeds, each above 1) in the decimals
+    it takes that none of them reads 1.00: ('1.004', '1.002–1.006'), not a '1.00x faster'."""
+    decimals = next((d for d in (2, 3, 4) if factor_text(min(factor, low), d) != factor_text(1, d)), 4)
+    return factor_text(factor, decimals), range_text(low, high, decimals)
+
+
+def speeds_of_call(call, speed, low, high):
+    """(factor, low, high) of a 'faster' or 'slower' call, each above 1: the speed-up, or the slow-down."""
+    return (speed, low, high) if call == "faster" else (1 / speed, 1 / high, 1 / low)
 
 
 @dataclass(frozen=True)
@@ -323,10 +335,9 @@ class Verdict:
     def cell(self):
         """'1.23x faster (1.19–1.27)' (as speed), 'no difference (0.98–1.04)' (the figure's ratio): a table's cell."""
         speed, low, high = self.speed()
-        if self.call == "slower":
-            return f"{factor_text(1 / speed)}x slower ({range_text(1 / high, 1 / low)})"
-        if self.call == "faster":
-            return f"{factor_text(speed)}x faster ({range_text(low, high)})"
+        if self.call in ("faster", "slower"):
+            factor, interval = called_figures(*speeds_of_call(self.call, speed, low, high))
+            return f"{factor}x {self.call} ({interval})"
         return f"no difference ({range_text(self.low, self.high)})"  # the figure's own ratio, as in `verdict`
 
 
@@ -371,10 +382,9 @@ def verdict(run, against, interval, noise_floor=None):
     call = call_of(interval, noise_floor)
     what = FIGURE_WORDS.get(interval.figure, interval.figure)
     speed, low, high = interval.speed()
-    if call == "faster":
-        text = f"{run} is {factor_text(speed)}x faster than {against} in {what} ({range_text(low, high)})"
-    elif call == "slower":
-        text = f"{run} is {factor_text(1 / speed)}x slower than {against} in {what} ({range_text(1 / high, 1 / low)})"
+    if call in ("faster", "slower"):
+        factor, interval_text = called_figures(*speeds_of_call(call, speed, low, high))
+        text = f"{run} is {factor}x {call} than {against} in {what} ({interval_text})"
     else:
         excluded = low > 1 or high < 1  # a difference, but not beyond the noise floor
         inside = f", within the noise floor of ±{noise_floor:.1%}" if excluded and noise_floor else ""

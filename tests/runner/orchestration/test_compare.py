@@ -283,6 +283,21 @@ def test_parity_flags_a_run_whose_losses_differ():
     assert any("torch+perturbed vs jax" in line and "NOT within 1 %" in line for line in report.lines())
 
 
+def test_a_difference_just_past_the_tolerance_is_written_apart_from_it(tmp_path):
+    """1.004 % against 1 %: two significant digits wrote '1 %, NOT within 1 %', both in the line and in the failure."""
+    from mtbench.errors import RunFailure
+    from mtbench.runner.results.parity import require_parity
+    from mtbench.runner.results.report import Comparison
+    losses = list(np.linspace(7.5, 5.0, 60))
+    parted = fake_run(losses)
+    parted["history"][9]["loss"] *= 1.01004
+    report = check_parity([("jax", fake_run(losses)), ("torch", parted)], run_dtype, steps=50, tolerance=0.01)
+    assert report.lines()[0].startswith("parity torch vs jax (float32, first 50 steps): largest relative loss "
+                                        "difference 1.004 % at step 10, NOT within 1 %")
+    with pytest.raises(RunFailure, match=r"differs from jax by up to 1\.004 % \(more than 1 %\)"):
+        require_parity(Comparison(groups=[], baseline=None, parity=report), str(tmp_path / "c.json"))
+
+
 def dropout_run(losses, backend, step, extras=(), keeping=(), processes=1, grad_accum=1):
     run = fake_run(losses)
     run["model"]["dropout"] = 0.1

@@ -118,6 +118,22 @@ def test_a_slowed_run_is_slower_with_an_interval_that_excludes_1():
     assert faster.call == "faster" and faster.text.startswith("jax is 1.3")
 
 
+@pytest.mark.parametrize("figure, ratio, low, high, cell, words", [
+    # tokens/s 1.004x (1.002 to 1.006): two decimals called it "1.00x faster (1.00–1.01)"
+    ("tokens_per_s", 1.004, 1.002, 1.006, "1.004x faster (1.002–1.006)", "faster than jax in tokens/s"),
+    ("tokens_per_s", 1.23, 1.19, 1.27, "1.23x faster (1.19–1.27)", "faster than jax in tokens/s"),
+    ("tokens_per_s", 1.0104, 1.0049, 1.016, "1.010x faster (1.005–1.016)", "faster than jax in tokens/s"),
+    # a step time 1.003x the baseline's: 1 / 1.003 the speed
+    ("step_s_median", 1.003, 1.0016, 1.0044, "1.003x slower (1.002–1.004)", "slower than jax in steady step time"),
+    ("tokens_per_s", 0.9996, 0.9994, 0.9998, "1.0004x slower (1.0002–1.0006)", "slower than jax in tokens/s"),
+])
+def test_a_called_difference_is_written_in_the_decimals_that_tell_it_from_none(figure, ratio, low, high, cell,
+                                                                                words):
+    verdict = stats.verdict("torch", "jax", stats.Interval(figure, ratio, low, high, (5, 5), False, (10, 10), "t"))
+    factor, interval = cell.split(" ", 1)[0], cell.split(" ", 2)[2]
+    assert verdict.cell() == cell and verdict.text == f"torch is {factor} {words} {interval}"
+
+
 def test_student_t_quantiles_are_a_tables():
     # Two-sided 95 % (and one 99 %) critical values as printed in statistics tables; 1e6 degrees: the normal's.
     table = {(0.975, 1): 12.706, (0.975, 2): 4.303, (0.975, 4): 2.776, (0.975, 9): 2.262, (0.975, 30): 2.042,
