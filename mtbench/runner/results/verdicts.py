@@ -18,6 +18,7 @@ draws from a generator of fixed seed, so the same results always give the same i
 import math
 import re
 from dataclasses import asdict, dataclass
+from datetime import datetime
 
 import numpy as np
 
@@ -284,9 +285,23 @@ def ratio_interval(key, candidate, reference, paired=False, resamples=RESAMPLES,
 
 def same_session(candidate, reference):
     """Whether two runs' repeats were interleaved in one comparison (every result names the same `run_group`,
-    which `mtbench compare` sets) and are as many: their repeats are paired."""
+    which `mtbench compare` sets, and repeat k of each trained in its round k) and are as many: their repeats are
+    paired."""
     groups = {(r.get("config") or {}).get("run_group") for r in (*candidate, *reference)}
-    return len(groups) == 1 and None not in groups and len(candidate) == len(reference) > 1
+    return (len(groups) == 1 and None not in groups and len(candidate) == len(reference) > 1
+            and rounds_in_order(candidate, reference))
+
+
+def rounds_in_order(candidate, reference):
+    """Whether each pair of repeats (candidate's k, reference's k) was written before the next pair, by the
+    results' `created` times, as a comparison trains every run once a round: two comparisons written under one
+    name (the group) are no session, the one's rounds all before the other's. True where a result has no time."""
+    try:
+        rounds = [sorted(datetime.fromisoformat(result["created"]) for result in pair)
+                  for pair in zip(candidate, reference)]
+    except (KeyError, TypeError, ValueError):
+        return True
+    return all(earlier[-1] <= later[0] for earlier, later in zip(rounds, rounds[1:]))
 
 
 # ---- words -------------------------------------------------------------------------------------------------------

@@ -179,6 +179,19 @@ def test_pairing_interleaved_repeats_removes_the_drift_they_share():
     assert stats.same_session(slow, fast) and not stats.same_session(slow, fast[:4])
 
 
+def test_two_comparisons_of_one_name_are_no_session_to_pair():
+    """Repeats pair where a comparison trained them round by round; two comparisons written under the same file
+    name (so one group) a day apart are not interleaved, whatever their group says."""
+    def written(runs, times):
+        return [{**run, "created": time} for run, time in zip(runs, times)]
+    fast, slow = repeats(3), repeats(3, seed=10, step_s=0.016)
+    rounds = ["2026-12-01T10:00:0%d+0000" % second for second in range(6)]
+    assert stats.same_session(written(slow, rounds[1::2]), written(fast, rounds[0::2]))
+    monday, tuesday = (["2026-12-0%dT10:00:0%d+0000" % (day, second) for second in range(3)] for day in (1, 2))
+    assert not stats.same_session(written(slow, tuesday), written(fast, monday))
+    assert stats.same_session(slow, fast)  # results that do not say when they were written: by their group
+
+
 def test_paired_repeats_are_left_out_with_their_partners():
     """The candidate's repeat 2 and the reference's repeat 4 stopped before a steady window (compile_s: before it
     was measured): what pairs is repeats 1 and 3 of each, not the candidate's 1, 3, 4 beside the reference's 1, 2,
