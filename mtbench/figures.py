@@ -68,7 +68,7 @@ FIGURES = (
     Figure("mfu_real_tokens", "MFU (real tokens, %)", "timing",
            lambda result: (result.get("utilization") or {}).get("mfu_real_tokens"), 100, 1, True),
     Figure("joules_per_1k_tokens", "energy, steady (J / 1k tokens)", "energy",
-           lambda result: _section(result, "energy", "steady", "joules_per_1k_tokens"), decimals=1, is_timing=True),
+           lambda result: _section(result, "energy", "steady", "joules_per_1k_tokens"), decimals=2, is_timing=True),
     Figure("usd", "cost of the run (USD)", "cost", lambda result: _section(result, "cost", "usd"), decimals=4,
            is_timing=True),
     Figure("usd_to_target", "cost to target quality (USD)", "cost",

@@ -192,7 +192,7 @@ def _energy(energy):
     if steady["joules_per_1k_tokens"] is None:
         return f"n/a: no steady step ({energy['source']})"
     scope = (energy.get("counts") or "").split(" (")[0]  # results before 2026-12-02 did not say
-    return (f"{steady['joules_per_1k_tokens']:,.1f} J, {steady['avg_watts']:,.0f} W "
+    return (f"{steady['joules_per_1k_tokens']:,.2f} J, {steady['avg_watts']:,.0f} W "
             f"({energy['source']}{', ' + scope if scope else ''})")
 
 

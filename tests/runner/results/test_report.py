@@ -247,7 +247,7 @@ def test_the_report_says_what_each_runs_energy_counts(results, tmp_path):
     assert "energy (nvml) counts GPUs only (not the host's CPUs, memory or the rest of the machine)" in same
     from mtbench.plugins.reporters.table_reporter import result_rows
     [energy_row] = [row for row in result_rows(json.loads(paths["jax"].read_text())) if row[0] == "energy"]
-    assert energy_row[2] == "5.0 J, 100 W (nvml, GPUs only)"  # the table `train` prints
+    assert energy_row[2] == "5.00 J, 100 W (nvml, GPUs only)"  # the table `train` prints
     mixed = report(str(paths["jax"]), str(paths["torch-rapl"]), "--format", "markdown")
     assert "energy of jax (nvml) counts GPUs only" in mixed
     assert "energy of torch (rapl) counts CPU packages only (not DRAM, GPUs or the rest of the machine)" in mixed
