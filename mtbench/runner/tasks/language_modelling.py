@@ -193,7 +193,8 @@ def stream_scores(model, stream, rows, block, text_bytes, stride=None):
     loss, accuracy, tokens = mean_loss(model, evaluation_batches(stream, rows, block, text_bytes, stride))
     predicted_bytes = evaluated_bytes(stream, text_bytes)
     return {"loss": loss, "accuracy": accuracy, "perplexity": perplexity_of(loss),
-            "bits_per_byte": None if predicted_bytes is None else loss * tokens / math.log(2) / predicted_bytes,
+            # None too where the tokens scored stand for no byte (a token file's id that decodes to nothing).
+            "bits_per_byte": loss * tokens / math.log(2) / predicted_bytes if predicted_bytes else None,
             "tokens_evaluated": int(tokens),
             "bytes_evaluated": None if predicted_bytes is None else round(predicted_bytes)}
 

@@ -131,6 +131,20 @@ def test_evaluation_of_ids_without_bytes_counts_its_budget_in_tokens():
     assert evaluated_tokens(stream, 5000) == 999  # token 0 is only read
 
 
+def test_a_split_of_ids_that_stand_for_no_byte_has_no_bits_per_byte(tmp_path, cache_dir):
+    """meta.pkl may give an id the empty string: a split of it alone holds no byte to divide by (it ended the run
+    with a ZeroDivisionError after training)."""
+    folder = token_folder(tmp_path / "data", np.arange(5000) % 3, np.zeros(400),
+                          meta={"vocab_size": 3, "itos": {0: "", 1: "a", 2: "b"}, "stoi": {"": 0, "a": 1, "b": 2}})
+    proc = run_cli("train", "--backend", "jax", *TINY_GPT, "--data", str(folder), "--steps", "4", "--valid-size", "2",
+                   "--test-size", "2", "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "r.json").read_text())["metrics"]
+    for split in ("val", "test"):
+        assert metrics[f"{split}_bytes_evaluated"] == 0 and metrics[f"{split}_tokens_evaluated"] > 0
+        assert metrics[f"{split}_bits_per_byte"] is None and math.isfinite(metrics[f"{split}_loss"])
+
+
 @pytest.mark.parametrize("train_bytes, args, message", [
     (b"\x01\x00\x02", [], "train.bin: 3 bytes, not a whole number of uint16 token ids (nanoGPT's prepare.py writes "
                           "uint16)"),
