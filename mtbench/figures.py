@@ -548,6 +548,4 @@ def hardware(result):
         # The machine's cores: a process beside others on it counts only its share (`processes.cpu_share`).
         share = (result.get("processes") or {}).get("cpu_share")
         return f"{device.get('name')}, {share['of_cpus'] if share else env.get('cpu_count')} cores"
-    # The devices the run trained on, not those its framework sees: JAX sees every process's devices, torch a
-    # node's, and one process on a node of 8 sees 8 on both.
-    return f"{result.get('devices_used') or device.get('count')}x {device.get('name')}"
+    return f"{device.get('count')}x {device.get('name')}"

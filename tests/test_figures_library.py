@@ -132,14 +132,3 @@ def test_under_the_command_line_a_plugins_old_name_is_warned_about_on_stderr(tmp
     warned = [line for line in proc.stderr.splitlines() if "DeprecationWarning: mtbench.FIGURES moved" in line]
     assert len(warned) == 2
     assert all("old_plugin.py" in line for line in warned)
-
-
-def test_an_accelerators_hardware_is_the_devices_the_run_trained_on():
-    """One process of one device on a node of 8 GPUs: JAX and torch each see 8 (JAX all processes' devices, torch
-    the node's), the run trained on 1; a run of 4 processes over 2 such nodes, on 4."""
-    def run(seen, used):
-        return {"env": {"device": {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": seen}},
-                "devices_used": used}
-    assert figures.hardware(run(8, 1)) == "1x NVIDIA H100 80GB HBM3"
-    assert figures.hardware(run(16, 4)) == figures.hardware(run(8, 4)) == "4x NVIDIA H100 80GB HBM3"
-    assert figures.hardware({"env": {"device": {"kind": "gpu", "name": "Tesla T4", "count": 2}}}) == "2x Tesla T4"
