@@ -875,13 +875,14 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     if hypotheses_file and os.path.exists(hypotheses_file) and not overwrite:
         raise MtbenchError(f"{hypotheses_file}: already exists (--out {out} writes its hypotheses there); pass "
                            f"--overwrite to replace it")
-    pairs = read_pairs(test_file, with_trained_languages(model, registry, read_options))
+    read_options = with_trained_languages(model, registry, read_options)
+    pairs = read_pairs(test_file, read_options)
     if not pairs:
         raise MtbenchError(f"{test_file}: holds no sentence pairs")
     translator = open_translator(model, registry, backend, beam, length_penalty, dtype)
     progress, advance = _translation_progress(len(pairs))
     with progress:
-        scores, hypotheses = evaluate_translator(translator, pairs, batch_size, advance)
+        scores, hypotheses = evaluate_translator(translator, pairs, batch_size, advance, read_options.tgt_lang)
     scores["test"] = test_file
     table = Table(title="mtbench evaluate")
     for column in ("test set", "sentences", "BLEU", "chrF", "decoding", "backend", "dtype"):

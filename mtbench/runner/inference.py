@@ -165,13 +165,14 @@ def _family(source, registry):
     return registry.lookup("models", source.description["family"]), None
 
 
-def evaluate_translator(translator, pairs, batch_size, progress=None):
-    """BLEU and chrF (sacrebleu, with signatures) of the translations of `pairs`' sources against their targets."""
+def evaluate_translator(translator, pairs, batch_size, progress=None, target_lang=None):
+    """BLEU and chrF (sacrebleu, with signatures) of the translations of `pairs`' sources against their targets,
+    in `target_lang` where it is known."""
     from mtbench.runner.evaluation.scoring import score
     started = time.perf_counter()
     hypotheses = translator.translate([source for source, _ in pairs], batch_size, progress)
     translate_s = time.perf_counter() - started
-    bleu, chrf, bleu_signature, chrf_signature = score(hypotheses, [target for _, target in pairs])
+    bleu, chrf, bleu_signature, chrf_signature = score(hypotheses, [target for _, target in pairs], target_lang)
     return {
         "model": translator.source_label, "backend": translator.backend, "dtype": translator.config.dtype,
         "decoding": translator.decoding, "sentences": len(pairs), "sources_truncated": translator.truncated, "max_len": translator.config.max_len,

@@ -2,6 +2,7 @@
 trained on (counting why), and split it deterministically unless validation and test files are given."""
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ class Corpus:
     sources: dict = field(default_factory=dict)  # split -> where its pairs come from
     read: dict = field(default_factory=dict)     # split -> pairs read for it (a split of the training data: none)
     dropped: dict = field(default_factory=dict)  # reason -> {split: pairs dropped}
+    target_lang: str = None  # the targets' language where known (its BLEU tokenizes as sacrebleu does it)
 
     def sizes(self):
         return {"train": len(self.train), "valid": len(self.valid), "test": len(self.test)}
@@ -152,4 +154,5 @@ def load_corpus(config, registry, progress):
     files = {split: path for split, path in (("valid", config.valid_file), ("test", config.test_file)) if path}
     held_out = {split: read_pairs(path, options) for split, path in files.items()}
     sources = {split: describe(path, options) for split, path in files.items()}
-    return split_corpus(pairs, config.valid_size, config.test_size, config.corpus_name, origin, held_out, sources)
+    corpus = split_corpus(pairs, config.valid_size, config.test_size, config.corpus_name, origin, held_out, sources)
+    return dataclasses.replace(corpus, target_lang=options.tgt_lang)

@@ -47,17 +47,27 @@ class TranslationScores:
     references: list
 
 
-def score(hypotheses, references):
-    bleu, chrf = BLEU(), CHRF()
+def bleu_metric(target_lang=None):
+    """sacrebleu's BLEU, tokenizing as sacrebleu does for the targets' language: Chinese's own tokenizer (13a would
+    see a sentence as one word), Japanese's and Korean's where sacrebleu's extras for them are installed, else 13a;
+    the signature says which."""
+    try:
+        return BLEU(trg_lang=target_lang or "")
+    except RuntimeError:  # ja-mecab or ko-mecab without sacrebleu[ja] or [ko]
+        return BLEU()
+
+
+def score(hypotheses, references, target_lang=None):
+    bleu, chrf = bleu_metric(target_lang), CHRF()
     bleu_score = bleu.corpus_score(hypotheses, [references])
     chrf_score = chrf.corpus_score(hypotheses, [references])
     return bleu_score.score, chrf_score.score, str(bleu.get_signature()), str(chrf.get_signature())
 
 
-def translate_and_score(decode, tokenizer, split, pairs, batch_size, max_len):
+def translate_and_score(decode, tokenizer, split, pairs, batch_size, max_len, target_lang=None):
     """Translates the encoded split and scores it against the original target sentences (not a
     detokenised copy of them): the score is what a user of the translations would get."""
     hypotheses = tokenizer.decode(translate(decode, split.sources, batch_size, max_len, split.special))
     references = [pairs[i][1] for i in split.pair_index]
-    bleu, chrf, bleu_signature, chrf_signature = score(hypotheses, references)
+    bleu, chrf, bleu_signature, chrf_signature = score(hypotheses, references, target_lang)
     return TranslationScores(bleu, chrf, bleu_signature, chrf_signature, hypotheses, references)

@@ -107,7 +107,7 @@ class TranslationEvaluator(Evaluator):
         corpus = self.data.splits["corpus"]
         pairs = corpus.valid if split == "valid" else corpus.test
         return translate_and_score(self.decode, self.data.tokenizer, self.data.splits[split], pairs,
-                                   self.config.decode_batch_size, self.config.max_len)
+                                   self.config.decode_batch_size, self.config.max_len, corpus.target_lang)
 
     def validate(self):
         scores = self.translate("valid")
