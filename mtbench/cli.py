@@ -849,6 +849,7 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
              batch_size, eval_stride, block_size, out, overwrite):
     """Score a trained model (see `translate` for MODEL) on another test set: BLEU and chrF with sacrebleu; a
     language model (`--model gpt`) by loss, perplexity and bits per byte on every token of a text."""
+    from mtbench.runner.data.corpus import drop_empty_pairs
     from mtbench.runner.data.formats import ReadOptions, read_pairs
     from mtbench.runner.files import write_json_atomic, write_text_atomic
     from mtbench.runner.inference import evaluate_translator, model_task, open_translator, with_trained_languages
@@ -876,14 +877,15 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
         raise MtbenchError(f"{hypotheses_file}: already exists (--out {out} writes its hypotheses there); pass "
                            f"--overwrite to replace it")
     read_options = with_trained_languages(model, registry, read_options)
-    pairs = read_pairs(test_file, read_options)
+    pairs, empty = drop_empty_pairs(read_pairs(test_file, read_options))  # as a run leaves them out of its test set
     if not pairs:
-        raise MtbenchError(f"{test_file}: holds no sentence pairs")
+        raise MtbenchError(f"{test_file}: holds no sentence pairs" + (f" with both sides ({empty} have an empty "
+                                                                      f"side)" if empty else ""))
     translator = open_translator(model, registry, backend, beam, length_penalty, dtype)
     progress, advance = _translation_progress(len(pairs))
     with progress:
         scores, hypotheses = evaluate_translator(translator, pairs, batch_size, advance, read_options.tgt_lang)
-    scores["test"] = test_file
+    scores["test"], scores["empty_pairs_left_out"] = test_file, empty
     table = Table(title="mtbench evaluate")
     for column in ("test set", "sentences", "BLEU", "chrF", "decoding", "backend", "dtype"):
         table.add_column(column)
@@ -893,6 +895,9 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     console.print(table)
     console.print(f"BLEU signature: {scores['bleu_signature']}\nchrF signature: {scores['chrf_signature']}",
                   highlight=False, soft_wrap=True)
+    if empty:
+        console.print(f"{empty} pair{'s' * (empty != 1)} with an empty side left out, as a run leaves them out of its "
+                      f"test set", highlight=False)
     if scores["sources_truncated"]:
         console.print(f"{scores['sources_truncated']} sources were longer than the model's {scores['max_len']} tokens "
                       f"and were cut", highlight=False)

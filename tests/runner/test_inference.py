@@ -103,12 +103,17 @@ def test_evaluate_scores_the_runs_test_set_as_the_run_did(trained, tmp_path):
     assert f"BLEU signature: {metrics['bleu_signature']}\nchrF signature: {metrics['chrf_signature']}\n" in proc.stdout
     # A test set that names its languages is read in the model's direction (en -> fr, its dataset's), and scored
     # the other way round never: 'fr' read as the source would have translated French the model never saw.
+    # Pairs with an empty side are left out, as the run left them out of its test set (scored, they lowered it).
     jsonl = tmp_path / "test.jsonl"
     jsonl.write_text("".join(json.dumps({"translation": {"fr": r, "en": s}}) + "\n"
-                             for s, r in zip(trained["sources"], trained["references"])), encoding="utf-8")
+                             for s, r in [*zip(trained["sources"], trained["references"]), ("", "Au commencement"),
+                                          ("In the beginning", "")]), encoding="utf-8")
     proc = run_cli("evaluate", trained["path"], "--test", str(jsonl), "--out", str(tmp_path / "jsonl.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((tmp_path / "jsonl.json").read_text())["bleu"] == pytest.approx(metrics["bleu"], abs=1e-9)
+    scores = json.loads((tmp_path / "jsonl.json").read_text())
+    assert scores["bleu"] == pytest.approx(metrics["bleu"], abs=1e-9)
+    assert (scores["sentences"], scores["empty_pairs_left_out"]) == (len(trained["sources"]), 2)
+    assert "2 pairs with an empty side left out, as a run leaves them out of its test set" in proc.stdout
     assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(jsonl), "--src-lang", "fr",
                                        "--tgt-lang", "en"),
                                "--src-lang fr --tgt-lang en: the model translates en -> fr")

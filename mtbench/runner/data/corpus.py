@@ -66,7 +66,8 @@ def _refuse_line_breaks(pairs):
                                    f"sentence on one line, without tabs")
 
 
-def _drop_empty(pairs):
+def drop_empty_pairs(pairs):
+    """(the pairs with both a source and a target sentence, how many were left out)."""
     kept = [(s, t) for s, t in pairs if s and t]
     return kept, len(pairs) - len(kept)
 
@@ -79,7 +80,7 @@ def split_corpus(pairs, valid_size, test_size, name, origin, held_out=None, sour
     held_out = held_out or {}
     read = {"train": len(pairs)}
     dropped = {"empty_side": {}, "duplicate": {}}
-    kept, dropped["empty_side"]["train"] = _drop_empty(pairs)
+    kept, dropped["empty_side"]["train"] = drop_empty_pairs(pairs)
     unique = list(dict.fromkeys(kept))
     dropped["duplicate"]["train"] = len(kept) - len(unique)
     if pairs and not unique:
@@ -95,7 +96,7 @@ def split_corpus(pairs, valid_size, test_size, name, origin, held_out=None, sour
     train = [unique[i] for i in order[test_size + valid_size:]]
     for split, split_pairs in held_out.items():
         read[split] = len(split_pairs)
-        splits[split], dropped["empty_side"][split] = _drop_empty(split_pairs)
+        splits[split], dropped["empty_side"][split] = drop_empty_pairs(split_pairs)
         dropped["duplicate"][split] = 0
         if not splits[split]:
             raise MtbenchError(f"{(sources or {}).get(split, split)}: no pair has both a source and a target "
