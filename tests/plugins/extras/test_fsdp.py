@@ -104,6 +104,9 @@ def test_jax_fsdp_trains_like_one_device_with_half_the_state_on_each(jax_runs):
     assert sharded["train_step_detail"] == ("ShardedWeights over a mesh of 2 data, 3 units gathered once a step, "
                                             "gradients reduce-scattered")
     assert record["layouts_kept"] is True
+    # The compiled step gathered each unit's weights and reduce-scattered its gradients once: GSPMD's own
+    # partitioning of the same layouts (the step without fsdp's gradient) trains the same losses with none.
+    assert (record["collectives_per_step"]["all-gather"], record["collectives_per_step"]["reduce-scatter"]) == (3, 3)
     parameters = sharded["model"]["parameters"]
     assert_half_of_the_state(record, parameters)
     # data-parallel holds every weight, gradient and moment whole on each device.
@@ -145,6 +148,8 @@ def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, t
     assert (result["train_step"], result["train_step_detail"]) == train_step
     record = result["extras_record"]["fsdp"]
     assert kept.items() <= record.items()
+    if backend == "jax":  # over processes too, the compiled step gathers and reduce-scatters each unit once
+        assert [record["collectives_per_step"][kind] for kind in ("all-gather", "reduce-scatter")] == [3, 3]
     assert_half_of_the_state(record, result["model"]["parameters"])
     # Process 0 evaluated and saved the weights the two processes held in halves; the checkpoints hold the whole
     # weights under the model's own layer names.
