@@ -26,12 +26,14 @@ class PmapTrainStep(TrainStep):
     variables."""
     name = "jax-pmap"
 
-    def __init__(self, model, devices):
+    def __init__(self, model, devices, record=None):
         import jax
         import jax.numpy as jnp
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-        self.model, self.devices = model, devices
+        # `record`: where the first step writes what it ran on (the devices that returned a loss, the rows each
+        # was given), over what it was asked
+        self.model, self.devices, self.record, self.recorded = model, devices, record, False
         optimizer = model.optimizer
         if not optimizer.built:  # a restored checkpoint built it: building again would reset a loss scale
             optimizer.build(model.trainable_variables)
@@ -87,9 +89,13 @@ class PmapTrainStep(TrainStep):
     def __call__(self, x, y, sample_weight):
         if self.state is None:
             self.state = tuple(self._replicate(variables) for variables in self._keras_state())
+        rows = self._shard(y)
         trainable, non_trainable, optimizer_state, logs = self._step(
-            *self.state, tuple(self._shard(part) for part in x), self._shard(y), self._shard(sample_weight))
+            *self.state, tuple(self._shard(part) for part in x), rows, self._shard(sample_weight))
         self.state = (trainable, non_trainable, optimizer_state)
+        if self.record is not None and not self.recorded:
+            self.record.update(devices=len(logs["loss"].addressable_shards), per_device_batch=rows.shape[1])
+            self.recorded = True
         return {name: value[0] for name, value in logs.items()}  # read by the loop at its window's edge
 
     def block(self):
@@ -124,8 +130,9 @@ class Pmap(Extra):
             raise MtbenchError(f"--extra pmap: the model's loss ({type(model.loss).__name__}) is not the token-mean "
                                f"cross-entropy its step computes; use --extra data-parallel")
         devices = jax.local_devices()
+        # What the run asks for (the devices whose energy it counts), until its first step says what it ran on.
         run.extras_state[self.name] = {"devices": len(devices), "per_device_batch": run.config.batch_size // len(devices)}
-        return PmapTrainStep(model, devices)
+        return PmapTrainStep(model, devices, run.extras_state[self.name])
 
 
 class DataParallel(Extra):
