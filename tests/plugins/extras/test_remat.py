@@ -195,6 +195,8 @@ def test_the_jax_run_goes_on_exactly_when_the_compiled_gradient_recomputes_and_h
     assert measured["matrix_products"] == {"keeping": keeping, "recomputing": recomputing}
     held = measured["temporary_bytes"]
     products_as_asked = recomputing > keeping if policy == "full" else recomputing == keeping
+    if device_kind == "cpu":  # XLA:CPU today, as the refusal says: the recomputation compiled in, holding more
+        assert products_as_asked and held["recomputing"] >= held["keeping"] > 0, (recomputing, keeping, held)
     if products_as_asked and held["recomputing"] < held["keeping"]:
         assert refusal is None
     elif products_as_asked:  # XLA:CPU today: the recomputation compiled in, and more temporaries than keeping
