@@ -153,6 +153,9 @@ def test_two_compiled_stages_train_what_one_process_trains_sending_each_micro_ba
     whole = 4 * BLOCK + TOKEN_TABLE + POSITIONS + FINAL_NORM
     assert record["unsharded_parameter_bytes"] == whole * FLOAT32
     assert record["parameter_bytes"] == record["gradient_bytes"] == (2 * BLOCK + TOKEN_TABLE + POSITIONS) * FLOAT32
+    # Measured over every moment the optimizer holds: AdamW's two of each of this stage's weights, the other
+    # stage's freed (held too, they would be the whole model's).
+    assert record["optimizer_state_bytes"] == 2 * record["parameter_bytes"]
     assert pipelined["host_syncs_per_step"] == 0
     assert pipelined["train_step_detail"] == ("mode default, CUDA graphs: not used (mode default), pipeline-parallel "
                                               "over 2 processes (blocks 0-1 | blocks 2-3), 8 micro-batches, 1F1B")
