@@ -20,6 +20,7 @@ every device."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -266,6 +267,11 @@ def test_jax_stages_train_what_one_device_trains_moving_only_activations(tmp_pat
     assert moved["collective-permute"][activation_shape(1)] >= 2 * ticks
     # What is gathered is activations (the micro-batches on their way in and out), never a weight.
     assert moved["all-gather"] and all(shape.endswith(",32,64]") for shape in moved["all-gather"])
+    # Nor does any collective move a block's kernel or its gradient: a stage's stacked 64 x 192 (query, key and
+    # value), 64 x 64, 64 x 256 and 256 x 64, behind their stage and block axes (as the 2 x 2 run's data axis
+    # all-reduces them: f32[1,64,256]). The token table, [256,64], is every stage's and all-reduced.
+    kernels = re.compile(r"[a-z0-9]+\[(\d+,)+(64,(64|192|256)|256,64)\]")
+    assert not [shape for shapes in moved.values() for shape in shapes if kernels.fullmatch(shape)], moved
     assert pipelined["host_syncs_per_step"] == 0
     assert "pipeline-parallel (blocks 0-1 | blocks 2-3), 8 micro-batches, GPipe" in pipelined["train_step_detail"]
 
