@@ -739,8 +739,12 @@ class JaxPipelineStep(StateRecording):
 
     def finalize(self):
         if self.first_batch is not None and self.inner.state is not None:
-            collectives = hlo_collectives(self.inner.lowered_program(*self.first_batch, optimised=True))
+            from mtbench.plugins.extras.remat import compiled_products
+            program = self.inner.lowered_program(*self.first_batch, optimised=True)
+            collectives = hlo_collectives(program)
             self.record["collectives_per_step"] = collective_counts(collectives)
+            # Where remat recomputes the stages' blocks, their forward products appear again in the backward.
+            self.record["matrix_products_compiled"] = compiled_products(program)
             # {kind: {shape: times a step}}: the activations' shapes, moved at every tick, are told by their width.
             self.record["collectives_moved"] = {kind: dict(collections.Counter(shapes)) for kind, shapes in
                                                 sorted(collectives.items())}

@@ -281,7 +281,8 @@ def test_jax_stages_on_a_data_axis_in_bfloat16_with_remat_train_what_one_device_
     """2 data x 2 stages on four simulated devices, 4 micro-batches of one row (8 rows, 4 a data replica), bfloat16
     matmuls, each block recomputed in the backward pass: one device's losses, to bfloat16's rounding of micro-batches
     summed in another order."""
-    args = [*JAX_GPT, "--layers", "4", "--dtype", "mixed_bfloat16", "--extra", "remat"]
+    common = [*JAX_GPT, "--layers", "4", "--dtype", "mixed_bfloat16"]
+    args = [*common, "--extra", "remat"]
     one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)
     pipelined = train(tmp_path, "pipelined", cache_dir, *args, "--extra", "pipeline-parallel",
                       "--pipeline-parallel-size", "2", "--pipeline-micro-batches", "4", env=simulated_devices(4))
@@ -298,6 +299,11 @@ def test_jax_stages_on_a_data_axis_in_bfloat16_with_remat_train_what_one_device_
     reduced = record["collectives_moved"]["all-reduce"]
     assert reduced["f32[1,64,256]"] == reduced["f32[1,256,64]"] == 2
     assert pipelined["extras_record"]["remat"]["blocks"] == 4
+    # The stages recompute: their compiled program has products beyond the same pipeline's without remat.
+    keeping = train(tmp_path, "keeping", cache_dir, *common, "--extra", "pipeline-parallel", "--pipeline-parallel-size", "2", "--pipeline-micro-batches", "4",
+                    "--steps", "2", "--measure-only", env=simulated_devices(4))
+    assert (record["matrix_products_compiled"]
+            > keeping["extras_record"]["pipeline-parallel"]["matrix_products_compiled"] > 0)
 
 
 def test_the_stacked_weights_optimizer_is_made_as_the_models_with_its_loss_scaling():
