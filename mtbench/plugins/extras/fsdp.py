@@ -393,7 +393,7 @@ class JaxShardedStep(StateRecording):
         if self.first_batch is not None and self.inner.state is not None:
             # What the step ran, not what it was asked: one all-gather of each unit's weights and one reduce-scatter
             # of its gradients (GSPMD's own partitioning of the same layouts all-reduces whole gradients instead).
-            from mtbench.plugins.extras.tensor_parallel import collective_counts, hlo_collectives
+            from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
             program = self.inner.lowered_program(*self.first_batch, optimised=True)
             self.record["collectives_per_step"] = collective_counts(
                 hlo_collectives(program, trip_count=self.inner.micro_batches))

@@ -37,6 +37,7 @@ import functools
 from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
 from mtbench.plugins.backends.keras_optimizer import all_moments, inner_optimizer, moments_of, scales_losses
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
+from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
 from mtbench.plugins.extras.fsdp import (
     SIMULATE_HINT,
     StateRecording,
@@ -49,10 +50,8 @@ from mtbench.plugins.extras.fsdp import (
     use_distribution,
 )
 from mtbench.plugins.extras.tensor_parallel import (
-    collective_counts,
     collective_kind,
     gathered_rows,
-    hlo_collectives,
     profiled_collectives,
     require_fused_eager_step,
 )

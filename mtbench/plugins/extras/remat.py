@@ -141,7 +141,7 @@ class Remat(Extra):
     def _verify_jax(state, model, blocks, batch, device_kind, fsdp):
         import jax
 
-        from mtbench.plugins.extras.tensor_parallel import collective_counts, hlo_collectives
+        from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
         held, products, collectives = {}, {}, {}
         checkpoint = blocks[0].remat  # True (full) or the selective policy's function, the same for every block
         try:

@@ -41,6 +41,7 @@ import re
 from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
 from mtbench.plugins.backends.keras_optimizer import moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
+from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
 from mtbench.plugins.extras.gradient_buckets import GradientBuckets
 from mtbench.plugins.extras.fsdp import (
     SIMULATE_HINT,
@@ -134,60 +135,6 @@ def require_plan(model):
 
 
 # ----- JAX -----
-
-def hlo_computations(hlo):
-    """[(name, whether it is the entry, its instructions' lines)] of a compiled program's text, in the order XLA
-    prints them (a computation's callees before it)."""
-    computations = []
-    for line in hlo.splitlines():
-        header = re.match(r"(ENTRY )?%?([\w.\-]+) .*\{$", line)
-        if header and not line.startswith((" ", "HloModule")):
-            computations.append((header.group(2), header.group(1) is not None, []))
-        elif computations and line.startswith(" "):
-            computations[-1][2].append(line)
-    return computations
-
-
-def hlo_runs(computations, trip_count=1):
-    """{name: how often one run of the program runs it} of `hlo_computations`: the entry once, a while loop's body
-    as often as its known trip count says (`trip_count` where XLA does not say), anything else a computation calls
-    (`calls=`, `to_apply=`, a loop's condition, `*_computations={...}`) as often as its caller."""
-    runs = collections.Counter({name: 1 for name, entry, _ in computations if entry})
-    for caller, _, lines in reversed(computations):  # callers after their callees: each total is whole here
-        for line in lines:
-            trips = re.search(r'known_trip_count"?\s*[:=]\s*\{\s*"?n"?\s*[:=]\s*"?(\d+)', line)
-            for key, callee in re.findall(r"\b(body|condition|calls|to_apply)=%([\w.\-]+)", line):
-                times = (int(trips.group(1)) if trips else trip_count) if key == "body" else 1
-                runs[callee] += runs[caller] * times
-            for listed in re.findall(r"_computations=\{([^}]*)\}", line):
-                for callee in re.findall(r"%([\w.\-]+)", listed):
-                    runs[callee] += runs[caller]
-    return runs
-
-
-def hlo_collectives(hlo, trip_count=1):
-    """{kind: [the shape of each array it moves, once per time it runs in a run of the program]} of a compiled
-    program's text: the arrays of a tuple collective (XLA combines independent ones) counted one by one, a
-    collective in a loop's body (the micro-batches of --grad-accum) as often as the loop runs it. An asynchronous
-    collective (XLA:GPU's `all-gather-start` and `-done`) is read from its `-done`, whose result is what it moved:
-    the `-start`'s tuple also holds its operands (and a permute's context scalars)."""
-    found = collections.defaultdict(list)
-    computations = hlo_computations(hlo)
-    runs = hlo_runs(computations, trip_count)
-    for name, _, lines in computations:
-        for line in lines:
-            collective = re.search(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|"
-                                   r"collective-permute)(?:-done)?\(", line)
-            if collective:
-                shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", re.sub(r"\{[0-9,]*\}", "", collective.group(1)))
-                found[collective.group(2)] += shapes * runs[name]
-    return found
-
-
-def collective_counts(by_kind):
-    """{kind: arrays moved} of `hlo_collectives`'s {kind: [shapes]}, the kinds in order."""
-    return {kind: len(shapes) for kind, shapes in sorted(by_kind.items())}
-
 
 def collectives_record(by_kind, activation_pattern):
     """The record of a step's collectives: {kind: arrays moved} and how many were all-reduces of block

@@ -22,7 +22,7 @@ import jax, keras
 from mtbench.keras_models.presets import PRESETS
 from mtbench.keras_models.transformer import build_transformer
 from mtbench.plugins.backends import jax_jit_step
-from mtbench.plugins.extras.tensor_parallel import hlo_collectives
+from mtbench.plugins.extras.compiled_collectives import hlo_collectives
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.setup import compile_model
 

@@ -130,7 +130,7 @@ ENTRY %main.9 (p: f32[4]) -> f32[4] {
 
 @pytest.mark.parametrize("trips, trip_count, runs", [('{"known_trip_count":{"n":"3"}}', 2, 3), ("{}", 2, 2)])
 def test_a_collective_in_a_loops_body_counts_as_often_as_the_loop_runs(trips, trip_count, runs):
-    from mtbench.plugins.extras.tensor_parallel import hlo_collectives
+    from mtbench.plugins.extras.compiled_collectives import hlo_collectives
     found = hlo_collectives(LOOPED_PROGRAM.replace("{TRIPS}", trips), trip_count=trip_count)
     assert sorted(found["all-reduce"]) == ["f32[4]"] * runs + ["f32[]"]
 
@@ -139,7 +139,7 @@ def test_an_asynchronous_collective_counts_once_with_what_it_moved():
     """XLA:GPU runs collectives asynchronously, as a `-start` whose tuple holds the operands beside the result (a
     permute's two context scalars too) and a `-done` whose result is what moved: each counts once, as XLA:CPU's
     synchronous form of it does (lines as XLA prints them)."""
-    from mtbench.plugins.extras.tensor_parallel import hlo_collectives
+    from mtbench.plugins.extras.compiled_collectives import hlo_collectives
     gpu = """ENTRY %main.3 (p: u16[1024]) -> f32[8] {
   %all-gather-start = (u16[1024]{0}, u16[2048]{0}) all-gather-start(u16[1024]{0} %p), dimensions={0}
   %all-gather-done = u16[2048]{0} all-gather-done((u16[1024]{0}, u16[2048]{0}) %all-gather-start)
