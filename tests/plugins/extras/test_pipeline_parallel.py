@@ -300,7 +300,8 @@ def test_jax_stages_on_a_data_axis_in_bfloat16_with_remat_train_what_one_device_
     assert reduced["f32[1,64,256]"] == reduced["f32[1,256,64]"] == 2
     assert pipelined["extras_record"]["remat"]["blocks"] == 4
     # The stages recompute: their compiled program has products beyond the same pipeline's without remat.
-    keeping = train(tmp_path, "keeping", cache_dir, *common, "--extra", "pipeline-parallel", "--pipeline-parallel-size", "2", "--pipeline-micro-batches", "4",
+    keeping = train(tmp_path, "keeping", cache_dir, *common, "--extra", "pipeline-parallel",
+                    "--pipeline-parallel-size", "2", "--pipeline-micro-batches", "4",
                     "--steps", "2", "--measure-only", env=simulated_devices(4))
     assert (record["matrix_products_compiled"]
             > keeping["extras_record"]["pipeline-parallel"]["matrix_products_compiled"] > 0)
