@@ -36,6 +36,7 @@ from mtbench import (
 )
 from mtbench.plugins.backends.keras_optimizer import all_moments, moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
+from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
 
 DATA_AXIS = "data"
 # JAX_PLATFORMS: on a machine with one GPU, JAX would take the GPU and leave the flag unused.
@@ -393,7 +394,6 @@ class JaxShardedStep(StateRecording):
         if self.first_batch is not None and self.inner.state is not None:
             # What the step ran, not what it was asked: one all-gather of each unit's weights and one reduce-scatter
             # of its gradients (GSPMD's own partitioning of the same layouts all-reduces whole gradients instead).
-            from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
             program = self.inner.lowered_program(*self.first_batch, optimised=True)
             self.record["collectives_per_step"] = collective_counts(
                 hlo_collectives(program, trip_count=self.inner.micro_batches))

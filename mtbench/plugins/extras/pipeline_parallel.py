@@ -49,6 +49,7 @@ from mtbench.plugins.extras.fsdp import (
     torch_state_record,
     use_distribution,
 )
+from mtbench.plugins.extras.remat import compiled_products
 from mtbench.plugins.extras.tensor_parallel import (
     collective_kind,
     gathered_rows,
@@ -738,7 +739,6 @@ class JaxPipelineStep(StateRecording):
 
     def finalize(self):
         if self.first_batch is not None and self.inner.state is not None:
-            from mtbench.plugins.extras.remat import compiled_products
             program = self.inner.lowered_program(*self.first_batch, optimised=True)
             collectives = hlo_collectives(program)
             self.record["collectives_per_step"] = collective_counts(collectives)

@@ -28,6 +28,7 @@ import re
 import time
 
 from mtbench import Extra, hookimpl
+from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
 
 # A matrix product in a compiled XLA program: a `dot` instruction (inside a fusion or not), or a call of a GPU
 # library's GEMM.
@@ -141,7 +142,6 @@ class Remat(Extra):
     def _verify_jax(state, model, blocks, batch, device_kind, fsdp):
         import jax
 
-        from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
         held, products, collectives = {}, {}, {}
         checkpoint = blocks[0].remat  # True (full) or the selective policy's function, the same for every block
         try:

@@ -54,12 +54,11 @@ def _peak_text(utilization):
 
 
 def _compile(result):
-    count = result["timing"]["shapes_compiled"]
-    if result["timing"]["compile_s"] is None:
-        return (f"n/a (no steady step to take from the first {result['timing']['first_steps_s']:.2f} s) over {count} "
-                f"shape{'' if count == 1 else 's'}, compile cache {compile_cache_text(result)}")
-    return (f"{figure_text(result, 'compile_s')} s over {count} shape{'' if count == 1 else 's'}, compile cache "
-            f"{compile_cache_text(result)}")
+    timing = result["timing"]
+    count = timing["shapes_compiled"]
+    seconds = (f"{figure_text(result, 'compile_s')} s" if timing["compile_s"] is not None else
+               f"n/a (no steady step to take from the first {timing['first_steps_s']:.2f} s)")
+    return f"{seconds} over {count} shape{'' if count == 1 else 's'}, compile cache {compile_cache_text(result)}"
 
 
 def _machine_load(result):

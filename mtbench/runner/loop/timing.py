@@ -89,11 +89,13 @@ class StepTimer:
         first = [r for r in self.records if r.first_of_shape and not r.aside]
         steady_times = np.array([r.seconds for r in steady]) if steady else None
         # Without a steady step there is no step time to take from the first ones: their compilation is unknown.
-        compile_s = 0.0 if steady else None
-        for r in first if steady else ():
-            same_shape = [s.seconds for s in steady if s.shape == r.shape]
-            baseline = float(np.median(same_shape)) if same_shape else float(np.median(steady_times))
-            compile_s += max(r.seconds - baseline, 0.0)
+        compile_s = None
+        if steady:
+            compile_s = 0.0
+            for r in first:
+                same_shape = [s.seconds for s in steady if s.shape == r.shape]
+                baseline = float(np.median(same_shape)) if same_shape else float(np.median(steady_times))
+                compile_s += max(r.seconds - baseline, 0.0)
         return {
             "compile_s": compile_s,
             "first_steps_s": float(sum(r.seconds for r in first)),
