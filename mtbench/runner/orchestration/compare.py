@@ -272,6 +272,12 @@ def _overwrite(plan):
     return ["--overwrite"] if plan.overwrite else []
 
 
+def run_file_arguments(train_file, overwrite):
+    """The child's command line that trains `train_file` (a run file), reporting nothing itself; replacing an
+    earlier result where the parent command was told to (a run file does not say: `--overwrite` is a command's)."""
+    return ["train", "--run-file", train_file, "--report", "none", *(["--overwrite"] if overwrite else [])]
+
+
 def _run_name(plan, spec, repeat):
     name = f"run '{spec.label}'" + (" (A/A twin)" if spec.twin else "")
     if plan.auto is not None:
@@ -297,7 +303,7 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
             **plan.options, **dict(spec.sizes), "backend": spec.backend, "extras": spec.extras,
             "initial_weights": weights["file"], "init": drawn_scheme(weights["init"]), "out": result_file,
             "run_group": plan.group, "overwrite": plan.overwrite}))
-        arguments = ["train", "--run-file", train_file, "--report", "none", *_overwrite(plan)]
+        arguments = run_file_arguments(train_file, plan.overwrite)
     else:  # another environment's mtbench from before run files
         arguments = ["train", "--backend", spec.backend, *extras, *plan.configuration, *spec.size_arguments(),
                      "--initial-weights", weights["file"], "--out", result_file, "--report", "none",

@@ -15,7 +15,7 @@ from mtbench.figures import run_processes
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.orchestration.children import run_child
-from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, runs_dir
+from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, run_file_arguments, runs_dir
 from mtbench.plugins import manager as plugins
 from mtbench.runner.orchestration.environments import check_runs, probe_devices, probe_environment, runs_to_preflight
 from mtbench.runner.orchestration.runs import RunSpec
@@ -177,9 +177,8 @@ def run_again(rerun, console):
                       highlight=False)
     write_run_file(rerun.train_file, rerun.config)
     with console.status(f"{rerun.label}: training again in its own process"):
-        overwrite = ["--overwrite"] if rerun.config.overwrite else []
-        failure = run_child(["train", "--run-file", rerun.train_file, "--report", "none", *overwrite], rerun.log_file,
-                            name, run_processes(result), rerun.python)
+        failure = run_child(run_file_arguments(rerun.train_file, rerun.config.overwrite), rerun.log_file, name,
+                            run_processes(result), rerun.python)
     if failure and failure.exit_code != ReportingFailed.EXIT_CODE:
         raise RunFailure(failure)
     loaded = load_runs([rerun.out])[0]
