@@ -162,8 +162,9 @@ def history_figure(history):
     xs = list(range(len(points)))
     nan = float("nan")
     ys = [point.interval[0] if point.interval else nan for point in points]
-    errors = [[y - point.interval[1] if point.interval else 0.0 for y, point in zip(ys, points)],
-              [point.interval[2] - y if point.interval else 0.0 for y, point in zip(ys, points)]]
+    bounded = [point.interval if point.interval and point.interval[1] is not None else None for point in points]
+    errors = [[y - bound[1] if bound else 0.0 for y, bound in zip(ys, bounded)],
+              [bound[2] - y if bound else 0.0 for y, bound in zip(ys, bounded)]]
     axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=4)
     for x, point in zip(xs, points):
         if point.mark:

@@ -254,11 +254,11 @@ class RunGroup:
         return Stat.of([figure.value(result) for result in self.results])
 
     def over_repeats(self, key):
-        """Figure `key` over the repeats as a verdict's ratio takes it: for the window figures (tokens/s, the steady
-        step) the geometric mean of each repeat's figure of its steady windows (`verdicts.figure_point`), so that a
-        ratio of two runs' is the verdict's even where windows were cut short; for the others, and for runs without
-        steady windows, the median of the recorded figure."""
-        point = stats.figure_point(key, self.results) if key in stats.WINDOW_FIGURES else None
+        """Figure `key` over the repeats as a verdict's ratio takes it (`verdicts.figure_point`): the geometric mean
+        of each repeat's figure (for tokens/s and the steady step, of its steady windows), so that a ratio of two
+        runs' is the verdict's; where that has none (no steady window, a repeat that measured 0), the median of the
+        recorded figure."""
+        point = stats.figure_point(key, self.results)
         return point if point is not None else self.stat(key).median
 
     def speed(self):

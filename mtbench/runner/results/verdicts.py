@@ -83,16 +83,22 @@ def _window_sides(results):
 
 
 def figure_point(key, results):
-    """A window figure (`WINDOW_FIGURES`) of one run's repeats as `ratio_interval` takes it: the geometric mean over
-    the repeats of each one's figure of its steady windows; None where no repeat has a steady window."""
-    side = _window_sides(results)
-    return float(math.exp(np.log([window_figure(key, w) for w in side]).mean())) if side else None
+    """Figure `key` of one run's repeats as `ratio_interval` takes it: the geometric mean over the repeats of each
+    one's figure (a window figure's of its steady windows, `WINDOW_FIGURES`); None where no repeat has it, or where
+    one measured 0 (a ratio to it has no bound)."""
+    if key in WINDOW_FIGURES:
+        side = _window_sides(results)
+        logs = np.log([window_figure(key, w) for w in side]) if side else None
+    else:
+        logs = _log_values([FIGURES_BY_KEY[key].value(result) for result in results])
+    return float(math.exp(logs.mean())) if logs is not None and len(logs) else None
 
 
 def figure_interval(key, results, resamples=RESAMPLES, seed=SEED, confidence=CONFIDENCE):
     """(value, low, high) of a window figure (`WINDOW_FIGURES`) of one run's repeats: the geometric mean over
     the repeats of each one's figure, with its 95 % interval as `ratio_interval` draws one (Student's t over the
-    repeats; one repeat: a bootstrap of its windows); None where no repeat has a steady window."""
+    repeats; one repeat: a bootstrap of its windows); low and high None where that is one repeat of one window
+    (nothing to resample: an interval of zero width would claim no noise); None where no repeat has a steady window."""
     side = _window_sides(results)
     if not side:
         return None
@@ -100,6 +106,8 @@ def figure_interval(key, results, resamples=RESAMPLES, seed=SEED, confidence=CON
     point = points.mean()
     if len(points) > 1:
         low, high = mean_interval(points, confidence)
+    elif len(side[0]) == 1:
+        return float(math.exp(point)), None, None
     else:
         resampled = _resampled_window_figure(key, side[0], np.random.default_rng(seed), resamples)
         tail = (1 - confidence) / 2 * 100
@@ -424,17 +432,19 @@ def noise_floor_line(record):
 
 def noise_floor_of(key, twins, baseline):
     """The noise floor an A/A (the same configuration twice, repeat k of `twins` beside repeat k of `baseline`)
-    shows: how far from 1 the farthest of its repeats' ratios of `key` (each run's figure of its steady windows)
-    strays, as a fraction (0.021: two runs of one configuration differ by up to ±2.1 % on this machine). The
-    repeats' own ratios, not an interval of their mean: with few repeats Student's t would make that bound a
-    factor, and a verdict's interval already holds the noise of its mean. None where a run has no steady window."""
+    shows: how far from 1 its repeats' ratios of `key` (each run's figure of its steady windows) stray, as the root
+    mean square of their logs, a fraction (0.021: two runs of one configuration differ by ±2.1 % on this machine).
+    The repeats' own ratios, not an interval of their mean: with few repeats Student's t would make that bound a
+    factor, and a verdict's interval already holds the noise of its mean. Their typical stray, not the farthest:
+    the farthest of n grows with n, so that more repeats would call fewer real differences. None where a run has
+    no steady window."""
     strays = []
     for twin, base in zip(twins, baseline):
         sides = [steady_windows(result["history"]) for result in (twin, base)]
         if not all(len(side) for side in sides):
             return None
         strays.append(abs(math.log(window_figure(key, sides[0]) / window_figure(key, sides[1]))))
-    return math.exp(max(strays)) - 1 if strays else None
+    return math.exp(math.sqrt(np.mean(np.square(strays)))) - 1 if strays else None
 
 
 def parse_percent(text, option):

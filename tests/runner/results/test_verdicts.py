@@ -99,6 +99,10 @@ def test_one_runs_interval_spans_its_repeats_and_their_windows():
     assert low < value < high and value == pytest.approx(noisy["timing"]["tokens_per_s"])
     compiled_only = {**noisy, "history": noisy["history"][:1]}  # no steady step
     assert stats.figure_interval("tokens_per_s", [compiled_only]) is None
+    # one repeat of one window: its figure, and no bounds (an interval of zero width would claim no noise)
+    single = result(windows=1, noise=0.05)
+    value, low, high = stats.figure_interval("tokens_per_s", [single])
+    assert value == pytest.approx(single["timing"]["tokens_per_s"]) and (low, high) == (None, None)
 
 
 def test_a_slowed_run_is_slower_with_an_interval_that_excludes_1():
@@ -223,11 +227,36 @@ def test_a_difference_inside_the_noise_floor_is_not_called_one():
     held = stats.verdict("b", "a", interval, noise_floor=0.05)
     assert held.call == "no difference" and held.noise_floor == 0.05
     assert held.text.endswith(", within the noise floor of ±5.0%)")
-    # the floor an A/A shows is how far the farthest of its repeats' ratios strays from 1
+    # the floor an A/A shows is how far its repeats' ratios stray from 1: the root mean square of their logs
     twins, baseline = repeats(5, seed=1), repeats(5, seed=2)
-    strays = [abs(math.log(twin["timing"]["tokens_per_s"] / base["timing"]["tokens_per_s"]))
+    strays = [math.log(twin["timing"]["tokens_per_s"] / base["timing"]["tokens_per_s"])
               for twin, base in zip(twins, baseline)]
-    assert stats.noise_floor_of("tokens_per_s", twins, baseline) == pytest.approx(math.exp(max(strays)) - 1)
+    rms = math.sqrt(sum(stray * stray for stray in strays) / len(strays))
+    assert stats.noise_floor_of("tokens_per_s", twins, baseline) == pytest.approx(math.exp(rms) - 1)
+
+
+def test_more_repeats_under_an_aa_floor_call_a_real_difference_more_often_not_less():
+    """Runs that scatter by 2 % between processes: a 7 % faster run held to the A/A floor is called faster more
+    often with 20 repeats than with 5, nearly always, and the same configuration is not called faster. A floor that
+    grows with the repeats (the farthest A/A ratio's) called it in a third of 20-repeat compares."""
+    rng = np.random.default_rng(7)
+
+    def runs(count, speedup):
+        return [result(step_s=0.015 / speedup * math.exp(rng.normal(0, 0.02)), noise=0.002,
+                       seed=int(rng.integers(1 << 30))) for _ in range(count)]
+
+    def calls(count, speedup, trials=30):
+        called = 0
+        for _ in range(trials):
+            baseline, twins, candidate = runs(count, 1.0), runs(count, 1.0), runs(count, speedup)
+            floor = stats.noise_floor_of("tokens_per_s", twins, baseline)
+            interval = stats.ratio_interval("tokens_per_s", candidate, baseline, paired=True)
+            called += stats.call_of(interval, floor) == "faster"
+        return called
+
+    few, many = calls(5, 1.07), calls(20, 1.07)
+    assert many >= 27 and many >= few, (few, many)
+    assert calls(20, 1.0) <= 1
 
 
 def test_one_repeat_and_few_windows_are_warned_of():
@@ -310,6 +339,27 @@ def test_the_gate_fails_only_where_the_whole_interval_is_past_the_threshold():
     assert stats.significantly_slower(much, 0.05)
     assert not stats.significantly_slower(little, 0.05) and stats.call_of(little) == "slower"
     assert not stats.significantly_slower(same, 0.05)
+
+
+def test_the_gates_columns_divide_to_its_ratio_for_figures_of_whole_runs():
+    """compile_s of three repeats each, 1, 1 and 10 s against 1, 1 and 1.01 s: the verdict's ratio is that of the
+    geometric means, (10 / 1.01) ** (1 / 3) = 2.147; the baseline and new columns the gate prints beside it divide
+    to it (their medians, 1.0 and 1.0, read no change beside 2.147x). Where a repeat measured 0, no ratio: the
+    median."""
+    from mtbench.runner.results import regression
+    from mtbench.runner.results.report import RunGroup
+
+    def run(compile_times, seed):
+        made = repeats(len(compile_times), seed=seed)
+        for one, seconds in zip(made, compile_times):
+            one["timing"]["compile_s"] = seconds
+        return RunGroup("jax", [LoadedRun(one, f"{number}.json") for number, one in enumerate(made)])
+
+    new, old = run([1.0, 1.0, 10.0], 0), run([1.0, 1.0, 1.01], 5)
+    judged = regression.change_verdict("compile_s", new.results, old.results, "new", "old")
+    assert judged.ratio == pytest.approx((10 / 1.01) ** (1 / 3))
+    assert new.over_repeats("compile_s") / old.over_repeats("compile_s") == pytest.approx(judged.ratio)
+    assert run([0.0, 2.0, 3.0], 0).over_repeats("compile_s") == 2.0
 
 
 def test_the_gate_fails_where_it_cannot_judge_a_run_of_the_baseline():
