@@ -83,6 +83,8 @@ def compare(args, out, model_args):
     command = [sys.executable, "-m", "mtbench", "compare", "--backends", args.backends, *model_args,
                "--data", args.corpus, "--valid-size", "100", "--test-size", "100", "--max-len", str(args.max_len),
                "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--dropout", "0",
+               # float32 as the table says: --dtype's default (auto) takes mixed bfloat16 on a GPU that has it.
+               "--dtype", "float32",
                "--cache-dir", args.cache_dir, "--out", out, "--overwrite", "--report", "none"]
     subprocess.run(command, check=True, cwd=REPOSITORY, stdout=subprocess.DEVNULL)
     with open(out) as f:

@@ -189,6 +189,13 @@ def matmul_precision_text(result):
     return text
 
 
+def inference_text(result):
+    """How the backend ran the model for inference, its test translations and samples (`model.inference`):
+    compiled into one program, or eager, a decoding loop driven from Python; 'not recorded' before 2026-12-03
+    or where a backend does not say."""
+    return (result.get("model") or {}).get("inference") or "not recorded"
+
+
 def compile_cache_text(result):
     """Whether the run's compilation came from the persistent cache ('cold', 'warm (12 hits)', 'off'), by the
     run's own lookups where the backend counts them, else by whether the cache held programs as it started."""
@@ -208,14 +215,19 @@ def compile_cache_text(result):
 
 def cores_text(result):
     """The CPU cores each of the run's processes computed on: its share where several shared a machine
-    (`processes.cpu_share`: pinned to its cores, as many threads), else every core it was allowed."""
+    (`processes.cpu_share`: pinned to its cores, as many threads), else every core it was allowed, and the threads
+    of the framework's CPU kernels where it recorded them (torch's intra-op threads on a CPU: its default is the
+    physical cores, half the CPUs a machine with two threads a core lists, where XLA's pool takes them all)."""
     share = (result.get("processes") or {}).get("cpu_share")
     if share:
         threads = f"{share['threads']} thread" + ("s" if share["threads"] != 1 else "")
         return (f"pinned to {len(share['cpus'])} of {share['of_cpus']} cores, {threads} "
                 f"({share['local_processes']} processes on the machine)")
     cores = result["env"].get("cpu_count")
-    return f"every core it may use ({cores})" if cores else "not recorded"
+    if not cores:
+        return "not recorded"
+    threads = (result["env"].get("device") or {}).get("threads")
+    return f"every core it may use ({cores})" + (f", {threads} intra-op threads" if threads else "")
 
 
 # What ran, beside the figures of every run: what changes the arithmetic or the kind of work.
@@ -311,6 +323,7 @@ RUN_CHOICES = (
     ("host_syncs", "host waits per step", host_syncs_text),
     ("attention", "attention", attention_text),
     ("matmul_precision", "float32 matmuls", matmul_precision_text),
+    ("inference", "inference (decoding, samples)", inference_text),
     ("compile_cache", "compile cache", compile_cache_text),
     ("loss_scaling", "float16 loss scaling", loss_scaling_choice_text),
     ("cores", "cores and threads", cores_text),

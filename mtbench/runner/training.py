@@ -149,8 +149,9 @@ def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwa
                     result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer,
                                                                   plugins, built.model_shape, config)
     except Stopped as stopped:
-        missing = "no saved model" if evaluated else "no evaluation, translation or saved model"
-        result["metrics"]["skipped"] = f"{stopped.name} received after training: {missing}"
+        if not stopped.deferred:  # a deferred one came once the block had done its work
+            missing = "no saved model" if evaluated else "no evaluation, translation or saved model"
+            result["metrics"]["skipped"] = f"{stopped.name} received after training: {missing}"
         return stopped
     if several and requests.agree(run.processes):
         return Stopped(requests.received)
@@ -159,6 +160,9 @@ def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwa
 
 def stopped_after_training(result, stopped):
     """What a signal after training cut short, in words."""
+    if stopped.deferred:
+        return (f"{stopped.name} received after training, taken once the evaluation and any saved model were done "
+                f"(Python had dropped its stop inside a callback)")
     return result["metrics"].get("skipped") or f"{stopped.name} received after training, once every process " \
                                                 "had finished the evaluation"
 

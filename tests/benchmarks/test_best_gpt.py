@@ -112,11 +112,23 @@ def test_torch_reference_attends_with_one_fused_op_and_projects_qkv_with_one_mat
             self.seen.append((func.overloadpacket.__name__, tuple(getattr(first, "shape", ()))))
             return out
 
+    import torch
+
+    from mtbench.plugins.backends.torch_backend import TorchBackend
     step = torch_step(keras_run)
     shape = keras_run["workload"].model_shape
     tokens = best_gpt_torch.batch_tensors(keras_run["workload"].batches[0], step.device)[0]
-    with Ops() as ops:
-        step.model(tokens)
+    # The process holds SDPA to its math kernel, as mtbench's torch backend does for a run of unfused attention
+    # (benchmarks/overhead.py times the reference beside such a run): the reference still takes SDPA's own choice.
+    before = {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")()
+              for name in ("math", "flash", "mem_efficient", "cudnn")}
+    TorchBackend().attention_kernels(False, {"kind": "cpu"})
+    try:
+        with Ops() as ops:
+            step.model(tokens)
+    finally:
+        for name, on in before.items():
+            getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
     names = [name for name, _ in ops.seen]
     attention = [name for name in names if name.startswith("_scaled_dot_product_")]
     assert len(attention) == shape.decoder_layers, names

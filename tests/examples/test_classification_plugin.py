@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import require_installed_example, REPOSITORY, run_cli
+from mtbench.errors import MtbenchError
 from mtbench.runner.results.schema import schema_errors
 
 PACKAGE = "mtbench-classification"
@@ -51,10 +52,10 @@ def test_plugins_lists_the_task_and_the_model_family(installed):
 
 def test_the_split_is_fixed_and_the_batches_follow_the_seed():
     """In-process, without a framework: the task's data as the runner asks for it."""
-    from types import SimpleNamespace
+    from mtbench.runner.config import TrainConfig
     from mtbench_classification.task import ClassificationTask
     task = ClassificationTask()
-    config = SimpleNamespace(batch_size=ROWS, seed=3)
+    config = TrainConfig(batch_size=ROWS, seed=3)
     raw = task.read(config, registry=None, progress=None)
     data = task.prepare(config, raw, None)
     splits = data.splits
@@ -62,7 +63,7 @@ def test_the_split_is_fixed_and_the_batches_follow_the_seed():
     assert data.record["corpus"] == "digits-8x8" and "not MNIST" in data.record["origin"]
     assert data.record["tokenizer"]["classes"] == 10 and splits["train"].pixels.shape[1] == 64
     assert 0.0 <= splits["train"].pixels.min() and splits["train"].pixels.max() <= 1.0
-    again = task.prepare(SimpleNamespace(batch_size=ROWS, seed=4), raw, None)  # another seed: the same split
+    again = task.prepare(TrainConfig(batch_size=ROWS, seed=4), raw, None)  # another seed: the same split
     assert np.array_equal(again.splits["test"].labels, splits["test"].labels)
     assert data.fingerprint == again.fingerprint
 
@@ -79,6 +80,12 @@ def test_the_split_is_fixed_and_the_batches_follow_the_seed():
     assert next(batches)[0] == 1
     resumed = task.batches(data, config, skip=5)
     assert np.array_equal(next(resumed)[1].index, first_epoch[5][1].index)  # a resumed run gets the same batches
+    # --grad-accum 2: a step's batch is both micro-batches (the train step splits it), not two halves of one
+    accumulating = TrainConfig(batch_size=ROWS, seed=3, grad_accum=2)
+    assert task.batches_per_epoch(data, accumulating) == 1437 // (2 * ROWS)
+    assert next(task.batches(data, accumulating))[1].shape == (2 * ROWS, 64)
+    with pytest.raises(MtbenchError, match=r"^--batch-size 1000 x --grad-accum 2 is more than the 1,437 training "):
+        task.prepare(TrainConfig(batch_size=1000, grad_accum=2), raw, None)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,12 @@ OTHER_TASKS_OPTIONS = {"data_file": None, "max_pairs": None, "max_tokens": None,
 FLAGS = {"data_file": "data"}  # the option's flag, where it is not its name
 
 
+def step_rows(config):
+    """The examples of a training step: --grad-accum micro-batches of --batch-size (the train step splits them), as
+    `config.rows_for` gives a step of one-token rows."""
+    return config.rows_for(1)
+
+
 def dataset_default(config):
     """mtbench's --dataset when none is given (a translation corpus): the classification task reads its own."""
     return next((f.default for f in dataclasses.fields(config) if f.name == "dataset"), None)
@@ -52,9 +58,10 @@ class ClassificationTask(Task):
         splits = {split: encoding.encode(raw.images[index], raw.labels[index])
                   for split, index in digits.split_indices(len(raw.labels)).items()}
         train = splits["train"]
-        if config.batch_size > len(train):
-            raise MtbenchError(f"--batch-size {config.batch_size} is more than the {len(train):,} training "
-                               f"examples of {raw.name}")
+        if step_rows(config) > len(train):
+            accumulated = f" x --grad-accum {config.grad_accum}" if config.grad_accum > 1 else ""
+            raise MtbenchError(f"--batch-size {config.batch_size}{accumulated} is more than the {len(train):,} "
+                               f"training examples of {raw.name}")
         sizes = {split: len(examples) for split, examples in splits.items()}
         record = {"corpus": raw.name, "origin": raw.origin,
                   "split": (f"a fixed shuffle (numpy seed {digits.SPLIT_SEED}), the same for every --seed: "
@@ -70,10 +77,10 @@ class ClassificationTask(Task):
         return TaskData(encoding, splits, digits.fingerprint(encoding, train), record, lines)
 
     def batches(self, data, config, skip=0):
-        return digits.training_batches(data.splits["train"], config.batch_size, config.seed, skip)
+        return digits.training_batches(data.splits["train"], step_rows(config), config.seed, skip)
 
     def batches_per_epoch(self, data, config):
-        return digits.batches_per_epoch(data.splits["train"], config.batch_size)
+        return digits.batches_per_epoch(data.splits["train"], step_rows(config))
 
     def evaluator(self, model, data, config, compile_inference):
         return ClassificationEvaluator(model, data, config)

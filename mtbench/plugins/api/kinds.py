@@ -56,6 +56,10 @@ class Backend:
     keras_backend = ""
     framework_modules = ()  # importable modules the backend needs; checked before anything is imported
     description = ""
+    # (since 1.22) How `compile_inference` runs the model, in words (the result's `model.inference`, the `inference`
+    # row beside the figures): decoding's loop compiled into one program or run step by step from Python is other
+    # work. None: a backend that compiles inference its own way and does not say how.
+    inference = None
 
     def missing_framework(self):
         """A reason the framework cannot be imported here, or None."""

@@ -80,7 +80,8 @@ class Task:
     def batches(self, data, config, skip=0):
         """Endless (epoch, `Batch`) of the training split, the same on every backend for one seed; `skip`
         passes over the first batches (a resumed run). A batch's `weight` marks the tokens the loss counts, and
-        tokens/s counts them."""
+        tokens/s counts them. A batch is one step's: `config.rows_for(length)` rows, --grad-accum's micro-batches
+        together, which the train step splits."""
         raise NotImplementedError
 
     def batches_per_epoch(self, data, config):

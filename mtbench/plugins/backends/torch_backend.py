@@ -33,6 +33,8 @@ class TorchBackend(Backend):
     keras_backend = "torch"
     framework_modules = ("torch",)
     description = "Keras 3 on PyTorch: eager by default"
+    # torch-compile compiles the train step only.
+    inference = "eager: torch.no_grad, a decoding loop step by step from Python"
 
     def prepare_process(self, config):
         if not getattr(config, "compile_cache", True):

@@ -46,7 +46,7 @@ inductor's C++ kernels round so from torch 2.13 on, and a run on an older torch'
 from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
 from mtbench.plugins.backends.torch_plain_calls import any_keras_tensor, plain_calls_unsupported
 
-COMPILED_PART = "mtbench torch step: forward + loss (backward via AOTAutograd); fused AdamW update eager"
+COMPILED_PART = "mtbench torch step: forward + loss (backward via AOTAutograd)"
 # Graphs dynamo keeps per compiled function before it gives up and runs further shapes eagerly (torch's default
 # is 8, exactly the `base` preset's length buckets). Raised so that every bucket, of any preset, is compiled;
 # a shape that still runs eagerly is counted and shown beside the step's name.
@@ -144,7 +144,11 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
         # One graph per length bucket: the buckets are few, and static shapes give inductor fixed tile sizes.
         self._forward = torch.compile(self._loss_and_accuracy, mode=mode, dynamic=False)
         # What is compiled, and the code whose graphs the step's figures count (`compile_in_place`).
-        self.compiled_part, self.compiled_code = COMPILED_PART, EagerTorchTrainStep._loss_and_accuracy.__code__
+        # The update runs eagerly after it: torch's fused AdamW, or Keras's optimizer.apply where that is refused.
+        update = ("fused AdamW update eager" if self.fused_optimizer_refused is None else
+                  f"update eager by Keras's optimizer.apply ({self.fused_optimizer_refused})")
+        self.compiled_part = f"{COMPILED_PART}; {update}"
+        self.compiled_code = EagerTorchTrainStep._loss_and_accuracy.__code__
         self._compile_seconds_before = calculate_time_spent().get("total_wall_time", 0.0)
 
     def compile_in_place(self, function, part):

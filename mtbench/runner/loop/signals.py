@@ -60,21 +60,27 @@ class Stopped(BaseException):
     """SIGINT or SIGTERM received where the work under way is cut short (`stop_at_once`). Not an Exception, as
     KeyboardInterrupt is not: a plugin's failure is caught as one, and this is none."""
 
-    def __init__(self, signum):
+    def __init__(self, signum, deferred=False):
         super().__init__(signal.Signals(signum).name)
         self.name, self.exit_code = signal.Signals(signum).name, EXIT_CODES[signum]
+        # Raised at the end of `stop_at_once`'s block: where the signal came, Python swallowed the Stopped.
+        self.deferred = deferred
 
 
 @contextlib.contextmanager
 def stop_at_once():
     """In the block, SIGINT and SIGTERM raise Stopped (SIGTERM would end the process with nothing written, Ctrl-C
     anywhere with a KeyboardInterrupt); the previous handlers come back afterwards. Outside the main thread nothing
-    is installed."""
+    is installed. A Stopped raised where Python swallows exceptions (a signal taken inside a garbage collector's
+    callback, such as JAX's, or a `__del__`: "Exception ignored in ...", and the work goes on) still stops: at the
+    block's end, `deferred`."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    received = []
 
     def stop(signum, frame):
+        received.append(signum)
         raise Stopped(signum)
     previous = {signum: signal.signal(signum, stop) for signum in EXIT_CODES}
     try:
@@ -82,3 +88,5 @@ def stop_at_once():
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if received:  # the block ended without the Stopped its signal raised
+        raise Stopped(received[0], deferred=True)

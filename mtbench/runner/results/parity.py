@@ -156,16 +156,23 @@ def loss_curve(result, steps):
     return [entry["loss"] for entry in result["history"][:steps]]
 
 
+def finite_steps(reference, run):
+    """How many steps, from the first, both curves have a loss for (a diverged run writes its non-finite loss as
+    null): the steps a pair's figures compare."""
+    count = 0
+    for expected, actual in zip(reference, run):
+        if expected is None or actual is None:
+            break
+        count += 1
+    return count
+
+
 def compare_curves(reference, run, window=1):
     """(largest |run - reference| / |reference|, the 1-based step where it occurs) over their common steps, up to
     the first step where a loss is null (a diverged run writes its non-finite loss as null). With `window` > 1 the
     curves' means over consecutive windows of that many steps are compared (a last, shorter window too), and the
     step is the last of the worst window."""
-    common = []
-    for expected, actual in zip(reference, run):
-        if expected is None or actual is None:
-            break
-        common.append((expected, actual))
+    common = list(zip(reference, run))[:finite_steps(reference, run)]
     worst, at_step = 0.0, 1
     for start in range(0, len(common), window):
         pairs = common[start:start + window]
@@ -233,6 +240,12 @@ def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLE
         window = parity_window(run_dtype(result))
         worst, at_step = compare_curves(reference_curve, curve, window)
         diverged_at, diverged_run = first_lone_null(reference_curve, curve, reference_name, name)
+        if diverged_at is None:  # both diverged at one step, or neither: the steps before it are compared
+            common = finite_steps(reference_curve, curve)
+            if common == 0:
+                report.unchecked.append([name, f"no finite loss to compare: it and {reference_name} both diverged "
+                                               f"at step 1"])
+                continue
         pair = ParityPair(reference_name, name, dtype, common, worst, at_step, within_tolerance=False,
                           diverged_at=diverged_at, diverged_run=diverged_run, window=window)
         if window > 1:

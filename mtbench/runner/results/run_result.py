@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from mtbench.errors import RunFailure, RunInterrupted
+from mtbench.plugins.api import Backend
 from mtbench.runner.files import write_json_atomic
 from mtbench.runner.launch import devices_spanned, measuring_cpus
 from mtbench.runner.measurement.environment import run_environment
@@ -112,6 +113,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
                   # how the starting weights were drawn (--init's scheme), 'pretrained', None: a file that says not
                   "init": built.init,
                   "attention": attention_implementations(run, plugins.model, built.model),
+                  "inference": inference_of(plugins.backend),
                   # the task's test figures of the starting weights (pretrained models only)
                   "before_training": built.before_training,
                   "saved": None},
@@ -219,6 +221,15 @@ def attention_implementations(run, family, model):
         if chosen:
             kinds["chosen"] = chosen
     return kinds
+
+
+def inference_of(backend):
+    """How the backend runs the model for inference (test translations, samples): its own words
+    (`Backend.inference`); 'eager' where it keeps the API's default `compile_inference`; None where it compiles
+    its own way and says nothing."""
+    if backend.inference:
+        return backend.inference
+    return "eager" if type(backend).compile_inference is Backend.compile_inference else None
 
 
 def compile_cache_section(run):

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ONE_BUCKET, TINY_TRAIN, run_cli, run_joined_probes
 from mtbench.runner.results.schema import schema_errors
-from mtbench.runner.loop.signals import stop_requests
+from mtbench.runner.loop.signals import Stopped, stop_at_once, stop_requests
 
 CHECKPOINTED = [*TINY_TRAIN, "--checkpoint-every", "10"]
 
@@ -103,6 +103,30 @@ def test_signals_are_recorded_once_and_a_second_ctrl_c_stops_at_once():
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is previous
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_stop_python_swallows_still_stops_at_the_end_of_the_block():
+    """A signal taken inside a `__del__` (or a garbage collector's callback, as JAX's, where a SIGTERM after
+    training was lost and the run ended 0): the Stopped raised there is printed and dropped, and the work goes on;
+    the block's end still stops, saying it came late."""
+    class DropsWhatItRaises:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)  # the handler runs at the next instruction, inside __del__
+            self.taken = True
+
+    previous, went_on = signal.getsignal(signal.SIGTERM), []
+    with pytest.raises(Stopped) as stopped:
+        with stop_at_once():
+            DropsWhatItRaises()
+            went_on.append(True)
+    assert went_on == [True] and stopped.value.deferred and stopped.value.exit_code == 143
+    assert signal.getsignal(signal.SIGTERM) is previous
+    with pytest.raises(Stopped) as at_once:  # where nothing swallows it, at once
+        with stop_at_once():
+            signal.raise_signal(signal.SIGTERM)
+            went_on.append(False)
+    assert went_on == [True] and not at_once.value.deferred
 
 
 @pytest.mark.slow

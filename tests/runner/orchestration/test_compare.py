@@ -283,6 +283,23 @@ def test_parity_flags_a_run_whose_losses_differ():
     assert any("torch+perturbed vs jax" in line and "NOT within 1 %" in line for line in report.lines())
 
 
+def test_runs_that_diverged_together_are_held_only_over_the_steps_both_took():
+    """Two runs whose losses are null (not finite) from one step on: the steps before it are compared, and said;
+    from the first step on, nothing is, and the check passes nothing (it passed, 0 % over '1 step')."""
+    losses = list(np.linspace(7.5, 5.0, 60))
+    late = [fake_run(losses[:7] + [None]) for _ in range(2)]
+    report = check_parity([("jax", late[0]), ("torch", late[1])], run_dtype, steps=50, tolerance=0.01)
+    assert [(pair.steps, pair.within_tolerance, pair.diverged_at) for pair in report.pairs] == [(7, True, None)]
+    assert report.lines()[0].startswith("parity torch vs jax (float32, first 7 steps)")
+    at_once = [fake_run([None, None]) for _ in range(2)]
+    report = check_parity([("jax", at_once[0]), ("torch", at_once[1])], run_dtype, steps=50, tolerance=0.01)
+    assert report.pairs == [] and report.to_dict()["passed"] is None
+    assert report.unchecked == [["torch", "no finite loss to compare: it and jax both diverged at step 1"]]
+    # one run alone without a finite loss still fails the check
+    alone = check_parity([("jax", fake_run(losses)), ("torch", at_once[1])], run_dtype, steps=50, tolerance=0.01)
+    assert alone.to_dict()["passed"] is False and alone.pairs[0].diverged_at == 1
+
+
 def test_a_difference_just_past_the_tolerance_is_written_apart_from_it(tmp_path):
     """1.004 % against 1 %: two significant digits wrote '1 %, NOT within 1 %', both in the line and in the failure."""
     from mtbench.errors import RunFailure

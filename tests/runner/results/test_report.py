@@ -154,8 +154,15 @@ def test_markdown_output_carries_the_results_figures(results):
     assert rows["attention"] == ["xla (unfused)", "aten (unfused)"]
     assert rows["float32 matmuls"] == ["highest (IEEE float32)"] * 2
     assert rows["compile cache"][1] == "off"
-    assert rows["cores and threads"] == [f"every core it may use ({results[backend][1]['env']['cpu_count']})"
-                                         for backend in ("jax", "torch")]
+    # torch's intra-op threads as it counted them in the run's process (its default, the physical cores)
+    cores = [results[backend][1]["env"]["cpu_count"] for backend in ("jax", "torch")]
+    threads = results["torch"][1]["env"]["device"]["threads"]
+    assert rows["cores and threads"] == [f"every core it may use ({cores[0]})",
+                                         f"every core it may use ({cores[1]}), {threads} intra-op threads"]
+    # JAX's decoding is one XLA program; torch's a loop from Python, its test translation time other work
+    assert rows["inference (decoding, samples)"] == [
+        "compiled: jax.jit, a decoding loop inside one XLA program",
+        "eager: torch.no_grad, a decoding loop step by step from Python"]
     assert "parity torch vs jax" in text
 
 
