@@ -172,12 +172,12 @@ UPDATE_PROBE = textwrap.dedent("""
     from mtbench.runner.setup import compile_model
     keras.config.set_dtype_policy("bfloat16")  # --dtype bfloat16: 16-bit weights
     model = build_gpt(GPT_PRESETS["tiny"])
-    compile_model(keras, model, TrainConfig(model="gpt", preset="tiny", dtype="bfloat16"), 10, {})
+    compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype="bfloat16"), 10, {})
     step = CompiledTorchTrainStep(model)
     ids = np.ones((2, 16), np.int32)
-    step(ids, ids, np.ones((2, 16), np.float32))
+    step((ids,), ids, np.ones((2, 16), np.float32))
     with profile() as trace:
-        step(ids, ids, np.ones((2, 16), np.float32))
+        step((ids,), ids, np.ones((2, 16), np.float32))
     fused = sorted({event.name for event in trace.events() if "fused_adam" in event.name})
     print(json.dumps({"compiled": step.compiled_part, "fused_kernels": fused}))
 """)
