@@ -822,7 +822,11 @@ def translate(model, file, backend, dtype, beam, length_penalty, batch_size):
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     translator = open_translator(model, registry, backend, beam, length_penalty, dtype)
-    lines = [line.rstrip("\r\n") for line in (file or click.get_text_stream("stdin"))]
+    try:
+        lines = [line.rstrip("\r\n") for line in (file or click.get_text_stream("stdin"))]
+    except UnicodeDecodeError:
+        raise MtbenchError(f"{'stdin' if file is None else file.name}: not valid UTF-8; expected one sentence a "
+                           f"line") from None
     progress, advance = _translation_progress(len(lines))
     with progress:
         translations = translator.translate(lines, batch_size, advance)
@@ -853,7 +857,7 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     from mtbench.runner.data.formats import ReadOptions, read_pairs
     from mtbench.runner.files import write_json_atomic, write_text_atomic
     from mtbench.runner.inference import evaluate_translator, model_task, open_translator, with_trained_languages
-    from mtbench.runner.results.output import check_output_path
+    from mtbench.runner.results.output import check_not_read, check_output_path
     from mtbench.runner.results.schema import sidecar_paths
     if out:
         check_output_path(out, overwrite, kind="scores .json", reads=(model, test_file))
@@ -873,6 +877,8 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
         if given is not None:
             raise MtbenchError(f"{option} is an option of language models; {model} is a {task} model")
     hypotheses_file = sidecar_paths(out)[0] if out else None
+    if hypotheses_file:
+        check_not_read(hypotheses_file, (model, test_file), beside=out)
     if hypotheses_file and os.path.exists(hypotheses_file) and not overwrite:
         raise MtbenchError(f"{hypotheses_file}: already exists (--out {out} writes its hypotheses there); pass "
                            f"--overwrite to replace it")

@@ -239,6 +239,9 @@ def cases(tmp_path, plugin_path):
         "run file with a null cache folder": (["--run-file", write(t / "null.json", json.dumps(
             {"mtbench_run_file": 1, "config": {"preset": "tiny", "cache_dir": None}}))],
             "null.json: cache_dir: null is not a string", None),
+        # numpy's EOFError of an empty archive ended in 'Error: EOFError: No data left in file'
+        "empty initial weights": (["--initial-weights", write(t / "empty.npz", "")],
+                                  "empty.npz: not an .npz file of arrays", None),
     }
 
 
@@ -274,7 +277,7 @@ CASE_NAMES = [
     "config value the run refuses", "config value the command line replaces", "run file beside other options",
     "run file of another format",
     "run file with an unknown key", "run file with a value of the wrong kind", "run file with extras as a name",
-    "run file with a null cache folder"]
+    "run file with a null cache folder", "empty initial weights"]
 
 
 def snapshot(directory):

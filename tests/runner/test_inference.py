@@ -150,6 +150,18 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
                                        trained["path"], "--overwrite"),
                                f"{trained['path']}: is the file this command reads ({trained['path']}); give another "
                                f"--out")
+    # nor the test set by the hypotheses written beside --out (scores.hyp.txt read as the test set was replaced)
+    read_as_test = tmp_path / "scores.hyp.txt"
+    read_as_test.write_text("a b\tc d\n")
+    assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(read_as_test), "--out",
+                                       str(tmp_path / "scores.json"), "--overwrite"),
+                               f"{read_as_test}: is the file this command reads ({read_as_test}); --out "
+                               f"{tmp_path / 'scores.json'} writes it beside; give another --out")
+    assert read_as_test.read_text() == "a b\tc d\n"
+    latin = tmp_path / "latin-1.txt"  # a UnicodeDecodeError ended in 'Error: UnicodeDecodeError: ...', no file named
+    latin.write_bytes("déjà vu\n".encode("latin-1"))
+    assert_refused_in_one_line(run_cli("translate", trained["path"], str(latin)),
+                               f"{latin}: not valid UTF-8; expected one sentence a line")
 
 
 def test_a_saved_model_whose_configuration_is_not_of_its_kinds_is_named_with_its_file(trained, tmp_path):

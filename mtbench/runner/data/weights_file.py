@@ -56,7 +56,7 @@ def read_weights_file(path):
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
             weights = Weights({name: archive[name] for name in archive.files})
-    except (ValueError, OSError, zipfile.BadZipFile):
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile):  # an empty file: EOFError
         raise MtbenchError(f"{path}: not an .npz file of arrays") from None
     if INIT_ENTRY in weights:
         weights.init = str(weights.pop(INIT_ENTRY))

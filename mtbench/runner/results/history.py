@@ -28,6 +28,7 @@ from mtbench.runner.results.report import (
     _checked,
     differing,
     recorded_noise_floor,
+    run_key,
     versions_text,
 )
 
@@ -131,6 +132,7 @@ def read_directory(directory):
     if not paths:
         raise MtbenchError(f"--history {directory}: no result JSON files (*.json) in it")
     runs, left_out, compares = [], [], []
+    first_of_run = {}  # {run_key: the file that holds it first}
     for path in paths:
         try:
             data = read_json(path, "a result JSON")
@@ -155,6 +157,10 @@ def read_directory(directory):
             if result.get("status", "completed") != "completed":
                 left_out.append((path, f"a partial run, {result['status']} ({result.get('status_reason')}): its "
                                        f"figures stop where it stopped"))
+                continue
+            copied = first_of_run.setdefault(run_key(result), path)
+            if copied != path:  # counted twice, a copy would be a repeat with no spread
+                left_out.append((path, f"the same run as {os.path.basename(copied)} (a copy of it)"))
                 continue
             runs.append((result, path))
     if not runs:

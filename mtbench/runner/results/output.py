@@ -59,12 +59,13 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), 
         raise MtbenchError(f"{path}: cannot write into {existing}: {error.strerror or error}") from None
 
 
-def check_not_read(path, reads):
+def check_not_read(path, reads, beside=None):
     """Refuses an output `path` that is one of the files the command `reads`, --overwrite or not: it would replace
-    its own input."""
+    its own input. `beside`: the --out that `path` is written beside (a hypotheses file, a run file)."""
     for source in reads:
         if source and _same_file(path, source):
-            raise MtbenchError(f"{path}: is the file this command reads ({source}); give another --out")
+            written = f"; --out {beside} writes it beside" if beside else ""
+            raise MtbenchError(f"{path}: is the file this command reads ({source}){written}; give another --out")
 
 
 def _same_file(path, other):

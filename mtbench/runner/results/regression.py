@@ -16,7 +16,8 @@ from mtbench.errors import MtbenchError
 from mtbench.figures import FIGURES_BY_KEY, hardware, run_processes
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.report import (COMPARED_KEYS, KEY_DEFAULTS, check_comparable, differing, group_runs,
-                                           load_runs, recorded_noise_floor, versions_text)
+                                           load_runs, recorded_noise_floor, refuse_the_same_run_twice,
+                                           versions_text)
 
 REGRESSION_KIND = "mtbench-regression"
 # The figures held against the baseline: how fast each run trains, compiles and finishes.
@@ -130,6 +131,7 @@ def other_runs(label, new, old, baseline_path):
 
 def build_regression(new_paths, baseline_path, force=False, threshold=None):
     new_runs, old_runs = load_runs(new_paths), load_runs([baseline_path])
+    refuse_the_same_run_twice(old_runs + new_runs)  # a run on both sides would be held against itself
     if not force:
         check_comparable(old_runs + new_runs)
     new_groups, old_groups = ({group.label: group for group in group_runs(runs)} for runs in (new_runs, old_runs))

@@ -85,16 +85,21 @@ def load_runs(paths):
             runs.append(_checked(data, path))
     if not runs:
         raise MtbenchError("no runs in the given files")
-    _refuse_the_same_run_twice(runs)
+    refuse_the_same_run_twice(runs)
     return runs
 
 
-def _refuse_the_same_run_twice(runs):
+def run_key(result):
+    """What makes two results one run: the same result, field for field (a copy of a file is its run again)."""
+    return json.dumps(result, sort_keys=True, default=str)
+
+
+def refuse_the_same_run_twice(runs):
     """One run given twice (a file named twice, a copy of it, a compare JSON beside one of its runs) would count as
     two repeats: a spread of zero, a verdict the runs do not support."""
     seen = {}
     for run in runs:
-        key = json.dumps(run.result, sort_keys=True, default=str)
+        key = run_key(run.result)
         if key in seen:
             raise MtbenchError(f"{seen[key]} and {run.source} hold the same run (created {run.result.get('created')}); "
                                f"give each run once")

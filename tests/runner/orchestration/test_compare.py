@@ -736,6 +736,7 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
     plugged = json.loads(json.dumps(compared["combined"]["runs"][0]["result"]))
     plugged["extras"] = plugged["config"]["extras"] = ["warp-drive"]  # a plugin's extra, not installed here
     (tmp_path / "plugged.json").write_text(json.dumps(plugged))
+    (tmp_path / "plugged.train.json").write_text(json.dumps(plugged))
     refused = json.loads(json.dumps(compared["combined"]))  # a comparison whose second run this device refuses
     refused_run = refused["runs"][1]["result"]
     refused_run["extras"] = refused_run["config"]["extras"] = [*refused_run["extras"], "flash-attention"]
@@ -749,6 +750,9 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
                            # the original a rerun is compared with, never written over, even told to
                            ([str(tmp_path / "plugged.json"), "--out", str(tmp_path / "plugged.json"), "--overwrite"],
                             "plugged.json: is the file this command reads"),
+                           # nor by the run file written beside --out (it replaced a result named NAME.train.json)
+                           ([str(tmp_path / "plugged.train.json"), "--out", str(tmp_path / "plugged.json"),
+                             "--overwrite"], "plugged.train.json: is the file this command reads"),
                            ([str(tmp_path / "changed.json"), "--out", str(tmp_path / "again.json")],
                             "changed.json: its configuration cannot be read: unknown configuration keys warp_factor"),
                            ([str(tmp_path / "plugged.json"), "--out", str(tmp_path / "again.json")],
@@ -762,7 +766,8 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
     assert existing.read_text() == '{"keep": "me"}\n'
     assert (tmp_path / "logged.log").read_text() == "an earlier run's log\n"
     assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json", "logged.log", "plugged.json",
-                                            "refused.json"]
+                                            "plugged.train.json", "refused.json"]
+    assert json.loads((tmp_path / "plugged.train.json").read_text()) == plugged
 
 
 @pytest.mark.slow

@@ -86,6 +86,26 @@ def test_a_history_leaves_out_partial_runs_and_stray_files_and_says_why(tiny_run
     assert why["torn.json"].startswith("line 1: not valid JSON")
 
 
+def test_one_run_is_never_held_against_itself_nor_two_repeats_of_a_history(tiny_runs, tmp_path):
+    """OLD named among NEW (or a copy of it) was counted on both sides, and the gate passed it ('no difference',
+    0.001-1758); two copies of one run in a history were two repeats of an interval of zero width."""
+    old = tiny_runs["jax"]
+    copy = edited(old["result"], tmp_path / "copy.json")
+    for new in (old["path"], copy):
+        proc = run_cli("report", new, "--baseline", old["path"], "--fail-if-slower", "5%")
+        assert_refused_in_one_line(proc, f"{old['path']} and {new} hold the same run (created ")
+    history = tmp_path / "history"
+    history.mkdir()
+    for name in ("a.json", "b.json"):
+        edited(old["result"], history / name)
+    proc = run_cli("report", "--history", str(history), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [point["repeats"] for point in data["points"]] == [1]
+    assert [(entry["file"].rsplit("/", 1)[-1], entry["why"]) for entry in data["left_out"]] == [
+        ("b.json", "the same run as a.json (a copy of it)")]
+
+
 def test_tables_off_a_terminal_keep_every_cell_whole(tiny_runs):
     """Rich cuts cells at 80 columns where it writes to no terminal (a CI log); mtbench's tables are as wide as
     they need there, unless COLUMNS says otherwise."""
