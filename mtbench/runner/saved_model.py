@@ -20,7 +20,7 @@ from mtbench.runner.data.weights_file import read_weights_file, write_weights_fi
 from mtbench.runner.files import make_temporary_folder, read_json, write_json_atomic
 from mtbench.runner.loop.checkpoints import (CHECKPOINT_NAME, RUN_FILE, TOKENIZER_DIR, RunDirectory, open_run,
                                              run_dir_for)
-from mtbench.runner.results.report import COMPARE_KIND
+from mtbench.runner.results.report import COMPARE_KIND, check_result
 
 SAVED_DIR = "model"
 BEST_DIR = "best"  # the model of the best validation (--eval-every), in the same format
@@ -110,9 +110,11 @@ def _from_result(path):
     if isinstance(result, dict) and result.get("kind") == COMPARE_KIND:
         runs = ", ".join(entry.get("result_file", "?") for entry in result.get("runs") or [])
         raise MtbenchError(f"{path}: a compare JSON of several runs; give one run's result: {runs or 'none'}")
-    if not isinstance(result, dict) or "config" not in result:
-        raise MtbenchError(f"{path}: not an mtbench result")
-    saved = (result.get("model") or {}).get("saved")
+    check_result(result, path)  # a layout of its own (model: "x") ended in AttributeError
+    saved = result["model"].get("saved")
+    for key, value in (("model.saved", saved), ("run_dir", result.get("run_dir"))):
+        if value is not None and not isinstance(value, str):
+            raise MtbenchError(f"{path}: {key}: {value!r} is not a path")
     beside = run_dir_for(path)  # where the run wrote its folder, had the result not moved with it since
     for directory in (saved, saved and os.path.join(beside, os.path.basename(saved))):
         if directory and os.path.isfile(os.path.join(directory, DESCRIPTION_FILE)):

@@ -158,6 +158,13 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
                                f"{read_as_test}: is the file this command reads ({read_as_test}); --out "
                                f"{tmp_path / 'scores.json'} writes it beside; give another --out")
     assert read_as_test.read_text() == "a b\tc d\n"
+    # a result of another layout ended in 'AttributeError: 'str' object has no attribute 'get''
+    for name, change, message in (("layout.json", {"model": "x"}, "not an mtbench result (model: expected an object)"),
+                                  ("saved.json", {"model": {**trained["result"]["model"], "saved": 5}},
+                                   "model.saved: 5 is not a path")):
+        (tmp_path / name).write_text(json.dumps(dict(trained["result"], **change)))
+        assert_refused_in_one_line(run_cli("translate", str(tmp_path / name), "/dev/null"),
+                                   f"{tmp_path / name}: {message}")
     latin = tmp_path / "latin-1.txt"  # a UnicodeDecodeError ended in 'Error: UnicodeDecodeError: ...', no file named
     latin.write_bytes("déjà vu\n".encode("latin-1"))
     assert_refused_in_one_line(run_cli("translate", trained["path"], str(latin)),

@@ -59,11 +59,16 @@ class LoadedRun:
     source: str  # the file, and which of its runs for a compare JSON
 
 
-def _checked(result, source):
+def check_result(result, source):
+    """Refuses, in one line naming `source`, what is not an mtbench result as the schema has it."""
     errors = schema_errors(result) if isinstance(result, dict) else ["not a JSON object"]
     if errors:
         more = f" and {len(errors) - 1} more problems" if len(errors) > 1 else ""
         raise MtbenchError(f"{source}: not an mtbench result ({errors[0]}{more})")
+
+
+def _checked(result, source):
+    check_result(result, source)
     return LoadedRun(result, source)
 
 
