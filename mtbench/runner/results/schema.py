@@ -111,6 +111,25 @@ def _value_at(result, path):
     return value
 
 
+def _timing_errors(item, number):
+    """What the figures divide by and take logarithms of, held to what a run writes: a step's seconds finite and
+    above 0 (or null), its tokens not below 0, its window's steps at least 1 (a window of 0 steps made an interval
+    of no data, and the gate passed it)."""
+    seconds, tokens, window = item.get("seconds"), item.get("tokens"), item.get("window_steps")
+    errors = []
+    if seconds is not None and not (_is_number(seconds) and 0 < seconds < math.inf):
+        errors.append(f"history[{number}].seconds: {seconds!r} is not a time above 0")
+    if tokens is not None and not (_is_number(tokens) and tokens >= 0):
+        errors.append(f"history[{number}].tokens: {tokens!r} is not a count")
+    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 1):
+        errors.append(f"history[{number}].window_steps: {window!r} is not a count of steps (at least 1)")
+    return errors
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def schema_errors(result):
     """Every way `result` departs from the schema, as 'key: problem' strings (empty when it conforms)."""
     task = result_task(result)
@@ -120,7 +139,8 @@ def schema_errors(result):
         if isinstance(items, list) and not all(isinstance(item, item_type) for item in items):
             errors.append(f"{key}: an item is not {'an object' if item_type is dict else 'a string'}")
     for number, item in enumerate(result.get("history") if isinstance(result.get("history"), list) else ()):
-        problems = _type_errors(item, HISTORY_ITEM, f"history[{number}].") if isinstance(item, dict) else []
+        problems = ((_type_errors(item, HISTORY_ITEM, f"history[{number}].") or _timing_errors(item, number))
+                    if isinstance(item, dict) else [])
         errors += problems[:1]
         if problems:
             break

@@ -25,6 +25,20 @@ def test_schema_errors_name_missing_and_mistyped_fields(tiny_runs):
     assert any(e.startswith("timing.step_s_median: str") for e in errors)
 
 
+@pytest.mark.parametrize("key, value, problem", [
+    ("seconds", 0, "0 is not a time above 0"), ("seconds", -0.5, "-0.5 is not a time above 0"),
+    ("seconds", float("inf"), "inf is not a time above 0"), ("tokens", -1, "-1 is not a count"),
+    ("window_steps", 0, "0 is not a count of steps (at least 1)"),
+    ("window_steps", 1.5, "1.5 is not a count of steps (at least 1)")])
+def test_a_step_whose_timing_no_run_writes_is_refused(tiny_runs, key, value, problem):
+    """Divided by and taken the logarithm of: a window of 0 steps made an interval of no data that the gate
+    passed; seconds of 0 printed numpy's warnings beside the table."""
+    result = tiny_runs["jax"]["result"]
+    history = [dict(entry) for entry in result["history"]]
+    history[2][key] = value
+    assert schema_errors({**result, "history": history}) == [f"history[2].{key}: {problem}"]
+
+
 def test_compile_time_is_first_step_minus_the_steady_step_of_its_shape():
     timer = StepTimer()
     for step, (shape, seconds) in enumerate([((8, 16), 5.0), ((8, 16), 1.0), ((8, 32), 9.0), ((8, 16), 1.2),
