@@ -859,7 +859,7 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     from mtbench.runner.inference import evaluate_translator, model_task, open_translator, with_trained_languages
     from mtbench.runner.results.output import check_not_read, check_output_path
     from mtbench.runner.results.schema import sidecar_paths
-    if out:
+    if out is not None:  # --out '' too: refused, where it wrote nothing and ended 0
         check_output_path(out, overwrite, kind="scores .json", reads=(model, test_file))
     registry = plugins.registry()
     try:

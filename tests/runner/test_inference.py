@@ -158,6 +158,8 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
                                f"{read_as_test}: is the file this command reads ({read_as_test}); --out "
                                f"{tmp_path / 'scores.json'} writes it beside; give another --out")
     assert read_as_test.read_text() == "a b\tc d\n"
+    assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(test_file), "--out", ""),
+                               "'': names a directory, not a file")  # it wrote nothing and ended 0
     # a result of another layout ended in 'AttributeError: 'str' object has no attribute 'get''
     for name, change, message in (("layout.json", {"model": "x"}, "not an mtbench result (model: expected an object)"),
                                   ("saved.json", {"model": {**trained["result"]["model"], "saved": 5}},

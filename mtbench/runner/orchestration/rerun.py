@@ -103,7 +103,8 @@ def plan_reruns(path, out, overwrite):
     runs = load_runs([path])
     single = len(runs) == 1 and runs[0].source == path
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = out or os.path.join("mtbench-results", f"{stamp}-rerun{'-' + runs[0].result['backend'] if single else ''}.json")
+    if out is None:  # --out '' is refused as train refuses it, not taken for the default
+        out = os.path.join("mtbench-results", f"{stamp}-rerun{'-' + runs[0].result['backend'] if single else ''}.json")
     labels = comparison_labels([run.result for run in runs])
     environments = {}  # {interpreter: its `mtbench env --json`} of the runs under other interpreters
     check_not_read(out, (path,))  # a rerun is compared with its original: never written over it

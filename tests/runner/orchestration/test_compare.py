@@ -753,6 +753,8 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
                            # nor by the run file written beside --out (it replaced a result named NAME.train.json)
                            ([str(tmp_path / "plugged.train.json"), "--out", str(tmp_path / "plugged.json"),
                              "--overwrite"], "plugged.train.json: is the file this command reads"),
+                           # as train refuses it (it trained into the default path)
+                           ([source, "--out", ""], "'': names a directory, not a file"),
                            ([str(tmp_path / "changed.json"), "--out", str(tmp_path / "again.json")],
                             "changed.json: its configuration cannot be read: unknown configuration keys warp_factor"),
                            ([str(tmp_path / "plugged.json"), "--out", str(tmp_path / "again.json")],
