@@ -106,11 +106,20 @@ def pretrained_source(path, registry, block_size=None):
     return ModelSource(config, None, label=f"checkpoint {path} (pretrained)")
 
 
+def _refuse_another_task(label, family, task):
+    if task is not None and family.task != task:
+        raise MtbenchError(f"{label}: a model of the {family.task} task ('{family.name}'); this command serves "
+                           f"{task} models")
+
+
 def open_model(path, registry, backend_name=None, task=None, block_size=None, dtype=None):
     """The model at `path` (see `saved_model.find_model`, or a pretrained checkpoint `NAME:DIR` with its window of
     `block_size` tokens) rebuilt on `backend_name` (default: the backend that trained it, JAX for a checkpoint)
     with its weights, in the dtype policy `dtype` (default: the run's, float32 for a checkpoint); `task`: the task
     the command serves, refused for another's model."""
+    name, colon, _ = path.partition(":")
+    if colon and not os.path.exists(path) and name in registry.models:  # before the checkpoint's own options
+        _refuse_another_task(path, registry.models[name], task)
     source = pretrained_source(path, registry, block_size) or find_model(path)
     if block_size is not None and source.weights is not None:
         raise MtbenchError(f"--block-size sizes a pretrained checkpoint's window (NAME:DIR); {source.label} keeps "
@@ -120,9 +129,7 @@ def open_model(path, registry, backend_name=None, task=None, block_size=None, dt
     config = source.config
     backend = resolve_backend(backend_name or config.backend, registry)
     family, family_path = _family(source, registry)
-    if task is not None and family.task != task:
-        raise MtbenchError(f"{source.label}: a model of the {family.task} task ('{family.name}'); this command "
-                           f"serves {task} models")
+    _refuse_another_task(source.label, family, task)
     plugins = RunPlugins(backend, [], [], registry, family, family_path, registry.lookup("tasks", family.task))
     keras = import_keras(config, backend, registry=registry)
     refused = dtype_refusal(backend, config.dtype, backend.device_info()) if dtype is not None else None

@@ -198,6 +198,15 @@ def test_a_bad_checkpoint_or_option_is_one_line(checkpoint, tmp_path, breakage, 
     assert not (tmp_path / "r.json").exists()
 
 
+def test_translating_with_a_language_model_is_refused_as_one(checkpoint):
+    """The checkpoint's task is told before its options are: it said '--block-size 128 is longer than the 64
+    positions of the pretrained model', an option translate does not have."""
+    model = f"gpt2:{checkpoint['model']}"
+    assert_refused_in_one_line(run_cli("translate", model, "/dev/null"),
+                               f"{model}: a model of the language-modelling task ('gpt2'); this command serves "
+                               f"translation models")
+
+
 def write_token_files(folder, ids):
     """nanoGPT's token files of `ids`: nine tenths train.bin, the rest val.bin (its `prepare.py`'s split)."""
     os.makedirs(folder)
