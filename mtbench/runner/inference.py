@@ -117,9 +117,10 @@ def open_model(path, registry, backend_name=None, task=None, block_size=None, dt
     `block_size` tokens) rebuilt on `backend_name` (default: the backend that trained it, JAX for a checkpoint)
     with its weights, in the dtype policy `dtype` (default: the run's, float32 for a checkpoint); `task`: the task
     the command serves, refused for another's model."""
-    name, colon, _ = path.partition(":")
-    if colon and not os.path.exists(path) and name in registry.models:  # before the checkpoint's own options
-        _refuse_another_task(path, registry.models[name], task)
+    name, colon, directory = path.partition(":")
+    family = registry.models.get(name) if colon and directory and not os.path.exists(path) else None
+    if family is not None and family.pretrained:  # a checkpoint NAME:DIR, by its task before its own options
+        _refuse_another_task(path, family, task)
     source = pretrained_source(path, registry, block_size) or find_model(path)
     if block_size is not None and source.weights is not None:
         raise MtbenchError(f"--block-size sizes a pretrained checkpoint's window (NAME:DIR); {source.label} keeps "

@@ -205,6 +205,9 @@ def test_translating_with_a_language_model_is_refused_as_one(checkpoint):
     assert_refused_in_one_line(run_cli("translate", model, "/dev/null"),
                                f"{model}: a model of the language-modelling task ('gpt2'); this command serves "
                                f"translation models")
+    # a family that publishes no checkpoint is no model of another task, but no checkpoint at all
+    assert_refused_in_one_line(run_cli("generate", "transformer:foo", "--prompt", "a"),
+                               "transformer:foo: --model transformer is no pretrained model family")
 
 
 def write_token_files(folder, ids):
