@@ -150,8 +150,9 @@ def schema_errors(result):
             errors.append(f"{path}: {type(value).__name__} is not an object")
     version = result.get("schema_version")
     if isinstance(version, int) and version not in READABLE_VERSIONS:
+        who = "a newer mtbench wrote it" if version > max(READABLE_VERSIONS) else "no mtbench writes it"
         errors.insert(0, f"schema_version: {version} is not one this mtbench reads "
-                         f"({', '.join(map(str, READABLE_VERSIONS))}); a newer mtbench wrote it")
+                         f"({', '.join(map(str, READABLE_VERSIONS))}); {who}")
     status = result.get("status")
     if status not in STATUSES:
         errors.append(f"status: {status!r} is not one of {', '.join(STATUSES)}")

@@ -23,6 +23,9 @@ def test_schema_errors_name_missing_and_mistyped_fields(tiny_runs):
     errors = schema_errors(broken)
     assert "metrics: missing" in errors
     assert any(e.startswith("timing.step_s_median: str") for e in errors)
+    # a version above this mtbench's came from a newer one; one below the first from none
+    assert schema_errors({**result, "schema_version": 99})[0].endswith("; a newer mtbench wrote it")
+    assert schema_errors({**result, "schema_version": -1})[0].endswith("; no mtbench writes it")
 
 
 @pytest.mark.parametrize("key, value, problem", [
