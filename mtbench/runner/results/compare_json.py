@@ -7,8 +7,7 @@ import time
 
 from mtbench.runner.measurement.environment import host_environment
 from mtbench.runner.results.report import COMPARE_KIND, to_json_dict
-
-COMPARE_SCHEMA_VERSION = 1
+from mtbench.runner.results.schema import COMPARE_SCHEMA_VERSION
 
 
 def combined_json(comparison, runs, status, about):

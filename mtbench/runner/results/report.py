@@ -23,7 +23,7 @@ from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, ba
                              hardware, kinds_against_text, profile_operations_text, run_dtype, run_name, run_processes,
                              run_warnings, scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
-from mtbench.runner.results.schema import result_task, schema_errors
+from mtbench.runner.results.schema import COMPARE_SCHEMA_VERSION, result_task, schema_errors
 from mtbench.runner.results import verdicts as stats
 
 COMPARE_KIND = "mtbench-compare"
@@ -78,7 +78,10 @@ def load_runs(paths):
     for path in paths:
         data = read_json(path, RESULT_FILES)
         if isinstance(data, dict) and data.get("kind") == COMPARE_KIND:
-            entries = data.get("runs", [])
+            entries, version = data.get("runs", []), data.get("schema_version")
+            if isinstance(version, int) and version > COMPARE_SCHEMA_VERSION:
+                raise MtbenchError(f"{path}: schema_version: {version} is a compare layout this mtbench does not "
+                                   f"read (it reads {COMPARE_SCHEMA_VERSION}); a newer mtbench wrote it")
             if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
                 raise MtbenchError(f"{path}: not an mtbench compare JSON (runs: not a list of objects)")
             runs.extend(_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})")

@@ -20,6 +20,8 @@ import sys
 # A result of an earlier version still reads; docs/results.md describes every field.
 SCHEMA_VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# The compare JSON's layout (`compare_json.combined_json`); a report refuses a later one, whose runs it may misread.
+COMPARE_SCHEMA_VERSION = 1
 # completed: every figure exists. interrupted (a signal) and diverged (a NaN or infinite loss) are partial
 # results: the figures of the evaluation after training are null, and `status_reason` says why.
 STATUSES = ("completed", "interrupted", "diverged")

@@ -317,8 +317,12 @@ def test_a_result_of_the_wrong_shape_is_named_in_one_line(results, tmp_path, cha
     path.write_text(json.dumps(result))
     compare = tmp_path / "compare.json"
     compare.write_text(json.dumps({"kind": "mtbench-compare", "runs": 5}))
+    later = tmp_path / "later.json"  # a later layout's runs were read as this one's
+    later.write_text(json.dumps({"kind": "mtbench-compare", "schema_version": 99, "runs": []}))
     for given, message in ((path, f"shaped.json: not an mtbench result ({expected}"),
-                           (compare, "compare.json: not an mtbench compare JSON (runs: not a list of objects)")):
+                           (compare, "compare.json: not an mtbench compare JSON (runs: not a list of objects)"),
+                           (later, "later.json: schema_version: 99 is a compare layout this mtbench does not read "
+                                   "(it reads 1); a newer mtbench wrote it")):
         proc = run_cli("report", str(given))
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         lines = proc.stderr.strip().splitlines()
