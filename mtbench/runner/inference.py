@@ -90,10 +90,9 @@ def with_trained_languages(path, registry, options):
     return options
 
 
-def pretrained_source(path, registry, block_size=None):
-    """The `ModelSource` of `NAME:DIR`, the checkpoint of a pretrained model family as it was published (no
-    weights file: the family reads them), built with its window of `block_size` tokens (default: the preset's);
-    None where `path` names something on disk or no model family."""
+def pretrained_family(path, registry):
+    """The model family of `NAME:DIR`, the checkpoint of a pretrained model family as it was published (refused
+    for a family that publishes none); None where `path` names something on disk or no model family."""
     name, colon, directory = path.partition(":")
     if not colon or not directory or os.path.exists(path) or name not in registry.models:
         return None
@@ -102,6 +101,14 @@ def pretrained_source(path, registry, block_size=None):
         raise MtbenchError(f"{path}: --model {name} is no pretrained model family with its own tokenizer; give a "
                            f"trained model (a result, run directory, saved model or checkpoint) or a pretrained "
                            f"checkpoint as NAME:DIR")
+    return family
+
+
+def pretrained_source(path, registry, block_size=None):
+    """The `ModelSource` of `NAME:DIR` (`pretrained_family`; no weights file: the family reads them), built with its
+    window of `block_size` tokens (default: the preset's); None where `path` names no such checkpoint."""
+    if pretrained_family(path, registry) is None:
+        return None
     config = TrainConfig(model_name=path, block_size=block_size)
     return ModelSource(config, None, label=f"checkpoint {path} (pretrained)")
 
@@ -117,10 +124,9 @@ def open_model(path, registry, backend_name=None, task=None, block_size=None, dt
     `block_size` tokens) rebuilt on `backend_name` (default: the backend that trained it, JAX for a checkpoint)
     with its weights, in the dtype policy `dtype` (default: the run's, float32 for a checkpoint); `task`: the task
     the command serves, refused for another's model."""
-    name, colon, directory = path.partition(":")
-    family = registry.models.get(name) if colon and directory and not os.path.exists(path) else None
-    if family is not None and family.pretrained:  # a checkpoint NAME:DIR, by its task before its own options
-        _refuse_another_task(path, family, task)
+    pretrained = pretrained_family(path, registry)
+    if pretrained is not None:  # a checkpoint NAME:DIR, by its task before its own options
+        _refuse_another_task(path, pretrained, task)
     source = pretrained_source(path, registry, block_size) or find_model(path)
     if block_size is not None and source.weights is not None:
         raise MtbenchError(f"--block-size sizes a pretrained checkpoint's window (NAME:DIR); {source.label} keeps "

@@ -119,10 +119,8 @@ def plan_reruns(path, out, overwrite):
             reruns.append(Rerun(run, label, os.path.join(runs_dir(out), f"{label}-{repeats[label]}.json"),
                                 repeats[label], python=python))
         check_output_path(out, overwrite)
-    for rerun in reruns:
-        for written in (rerun.out, rerun.log_file, rerun.train_file):  # the original's file is never written over
-            check_not_read(written, (path,), beside=None if written == rerun.out else rerun.out)
-        check_result_path(rerun.out, overwrite, beside=(rerun.log_file, rerun.train_file))
+    for rerun in reruns:  # the original's file is never written over
+        check_result_path(rerun.out, overwrite, beside=(rerun.log_file, rerun.train_file), reads=(path,))
         near = (runs_dir(path), os.path.dirname(os.path.abspath(path)))  # the original moved with its weights
         rerun.weights, rerun.weights_note = starting_weights(rerun.original.result["config"], near)
         try:

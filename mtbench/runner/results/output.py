@@ -9,17 +9,19 @@ from mtbench.runner.loop.checkpoints import RunDirectory, run_dir_for
 from mtbench.runner.results.schema import PARTIAL_STATUSES, read_status, sidecar_paths
 
 
-def check_result_path(path, overwrite, resuming=False, beside=()):
+def check_result_path(path, overwrite, resuming=False, beside=(), reads=()):
     """`check_output_path` of a run's result, with the hypotheses and references a translation writes beside it."""
-    check_output_path(path, overwrite, resuming, beside=(*sidecar_paths(path), *beside))
+    check_output_path(path, overwrite, resuming, beside=(*sidecar_paths(path), *beside), reads=reads)
 
 
 def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), reads=()):
     """Refuses to replace a result (or the files written `beside` it: a translation's hypotheses, a rerun's log)
     or to mix with an earlier run's checkpoints, unless told to (--overwrite), or unless resuming the run whose
-    partial result it is; and, even told to, to replace a file the command `reads` (its input). Missing
-    directories are created when writing."""
+    partial result it is; and, even told to, to replace a file the command `reads` (its input) by it or by what is
+    written beside it. Missing directories are created when writing."""
     check_not_read(path, reads)
+    for other in beside:
+        check_not_read(other, reads, beside=path)
     if os.path.isdir(path):
         raise MtbenchError(f"{path}: is a directory; --out takes a {kind} file path")
     if not os.path.basename(path):  # 'results/' or '': checked here, it would fail only when the figures are written

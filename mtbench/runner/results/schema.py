@@ -4,6 +4,8 @@ import json
 import math
 import sys
 
+from mtbench.figures import is_number
+
 # 1: the first schema. 2: `compile_options` says which extras asked for each option and what they applied to
 # (`requested_by_extras`, `applies_to`); `env.mtbench_git_commit` is null unless mtbench runs from its own checkout.
 # 3: `processes` (the run's processes: world size, launcher, collectives; a result without it is a run of one).
@@ -119,17 +121,13 @@ def _timing_errors(item, number):
     of no data, and the gate passed it)."""
     seconds, tokens, window = item.get("seconds"), item.get("tokens"), item.get("window_steps")
     errors = []
-    if seconds is not None and not (_is_number(seconds) and 0 < seconds < math.inf):
+    if seconds is not None and not (is_number(seconds) and 0 < seconds < math.inf):
         errors.append(f"history[{number}].seconds: {seconds!r} is not a time above 0")
-    if tokens is not None and not (_is_number(tokens) and tokens >= 0):
+    if tokens is not None and not (is_number(tokens) and tokens >= 0):
         errors.append(f"history[{number}].tokens: {tokens!r} is not a count")
     if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 1):
         errors.append(f"history[{number}].window_steps: {window!r} is not a count of steps (at least 1)")
     return errors
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def schema_errors(result):
