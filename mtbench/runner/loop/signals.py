@@ -2,9 +2,13 @@
 a partial result). A second Ctrl-C stops at once, for when even that takes too long. After training (evaluation,
 the saved model) either stops what runs at once, and the run keeps its training's figures (`Stopped`)."""
 
+import _thread
 import contextlib
+import gc
 import signal
+import sys
 import threading
+import time
 
 # The shell's convention: 128 + the signal number.
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -67,26 +71,61 @@ class Stopped(BaseException):
         self.deferred = deferred
 
 
+def _inside_a_swallower(frame):
+    """Whether the frame runs inside a garbage collector's callback (JAX frees device buffers in one) or a
+    `__del__`: Python prints an exception raised there and drops it, and the callback's own work is cut short."""
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextlib.contextmanager
 def stop_at_once():
     """In the block, SIGINT and SIGTERM raise Stopped (SIGTERM would end the process with nothing written, Ctrl-C
     anywhere with a KeyboardInterrupt); the previous handlers come back afterwards. Outside the main thread nothing
-    is installed. A Stopped raised where Python swallows exceptions (a signal taken inside a garbage collector's
-    callback, such as JAX's, or a `__del__`: "Exception ignored in ...", and the work goes on) still stops: at the
-    block's end, `deferred`."""
+    is installed. A signal taken inside a garbage collector's callback or a `__del__` is sent again from a thread
+    until it comes outside them. A Stopped Python swallows all the same (where neither could be told) is not
+    printed, and still stops at the block's end: `deferred`."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received = []
+    received, ending, lock = [], [], threading.Lock()
+
+    def send_again(signum):
+        time.sleep(0.001)  # the callback's own work goes on meanwhile
+        with lock:
+            if not ending:
+                _thread.interrupt_main(signum)  # as if the signal came again, to the main thread
 
     def stop(signum, frame):
         received.append(signum)
+        if ending:  # sent again as the block ended: the end raises it
+            return
+        if _inside_a_swallower(frame):
+            threading.Thread(target=send_again, args=(signum,), daemon=True).start()
+            return
         raise Stopped(signum)
+
+    previous_hook = sys.unraisablehook
+
+    def unraisable(hook_args):
+        if not isinstance(hook_args.exc_value, Stopped):  # a dropped Stopped is raised at the block's end
+            previous_hook(hook_args)
     previous = {signum: signal.signal(signum, stop) for signum in EXIT_CODES}
+    sys.unraisablehook = unraisable
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        try:
+            ending.append(True)
+            with lock:  # a thread sending a signal again has sent it, or will not
+                pass
+        finally:
+            sys.unraisablehook = previous_hook
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
     if received:  # the block ended without the Stopped its signal raised
         raise Stopped(received[0], deferred=True)
