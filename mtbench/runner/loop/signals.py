@@ -52,12 +52,31 @@ def stop_requests():
     if threading.current_thread() is not threading.main_thread():
         yield requests
         return
-    previous = {signum: signal.signal(signum, requests._handle) for signum in EXIT_CODES}
-    try:
+    with _handlers(requests._handle):
         yield requests
+
+
+@contextlib.contextmanager
+def _handlers(handler):
+    """`handler` for SIGINT and SIGTERM in the block, the previous ones back afterwards, each of them whatever a
+    signal raises meanwhile: `signal.signal` runs the handlers of signals already come before it changes one, so
+    a Ctrl-C may raise out of installing or putting back the other's."""
+    previous = {}
+    try:
+        for signum in EXIT_CODES:
+            previous[signum] = signal.signal(signum, handler)
+        yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        raised = None
+        while previous:
+            signum = next(iter(previous))
+            try:
+                signal.signal(signum, previous[signum])
+                del previous[signum]
+            except BaseException as error:  # not put back: tried again, and raised once all are
+                raised = raised or error
+        if raised is not None:
+            raise raised
 
 
 class Stopped(BaseException):
@@ -87,7 +106,8 @@ def stop_at_once():
     """In the block, SIGINT and SIGTERM raise Stopped (SIGTERM would end the process with nothing written, Ctrl-C
     anywhere with a KeyboardInterrupt); the previous handlers come back afterwards. Outside the main thread nothing
     is installed. A signal taken inside a garbage collector's callback or a `__del__` is sent again from a thread
-    until it comes outside them. A Stopped Python swallows all the same (where neither could be told) is not
+    until it comes outside them (as Python's flag, not the system's signal: a wait in the main thread is not cut
+    short, and ends before the stop). A Stopped Python swallows all the same (where neither could be told) is not
     printed, and still stops at the block's end: `deferred`."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -114,18 +134,16 @@ def stop_at_once():
     def unraisable(hook_args):
         if not isinstance(hook_args.exc_value, Stopped):  # a dropped Stopped is raised at the block's end
             previous_hook(hook_args)
-    previous = {signum: signal.signal(signum, stop) for signum in EXIT_CODES}
     sys.unraisablehook = unraisable
     try:
-        yield
+        with _handlers(stop):
+            try:
+                yield
+            finally:
+                ending.append(True)
+                with lock:  # a thread sending a signal again has sent it, or will not
+                    pass
     finally:
-        try:
-            ending.append(True)
-            with lock:  # a thread sending a signal again has sent it, or will not
-                pass
-        finally:
-            sys.unraisablehook = previous_hook
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        sys.unraisablehook = previous_hook
     if received:  # the block ended without the Stopped its signal raised
         raise Stopped(received[0], deferred=True)

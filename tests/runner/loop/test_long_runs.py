@@ -107,6 +107,34 @@ def test_signals_are_recorded_once_and_a_second_ctrl_c_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is previous
 
 
+@pytest.mark.parametrize("handlers", [stop_requests, stop_at_once])
+def test_a_ctrl_c_while_the_handlers_change_leaves_none_of_them_behind(handlers):
+    """`signal.signal` runs the handlers of signals already come before it changes one: a Ctrl-C landing as one
+    handler was put back raised out of putting back the other, which stayed installed for the rest of the process
+    (every later SIGTERM recorded and dropped). Here the Ctrl-C lands at each change in turn."""
+    import _signal
+    import _thread
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for landing in range(1, 5):  # the two handlers installed, then the two put back
+        changes = []
+
+        def ctrl_c_at_a_change(frame, event, arg):
+            if event == "c_call" and arg is _signal.signal:
+                changes.append(arg)
+                if len(changes) == landing:
+                    _thread.interrupt_main(signal.SIGINT)  # a Ctrl-C, taken at the next instruction that checks
+
+        sys.setprofile(ctrl_c_at_a_change)
+        try:
+            with handlers():
+                pass
+        except (KeyboardInterrupt, Stopped):
+            pass  # where it lands, the one the handler then in place raises
+        finally:
+            sys.setprofile(None)
+        assert {signum: signal.getsignal(signum) for signum in previous} == previous, landing
+
+
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_a_signal_inside_a_callback_stops_once_the_callback_has_returned():
     """A SIGTERM taken inside a garbage collector's callback (JAX frees device buffers in one) or a `__del__`: a
