@@ -227,6 +227,18 @@ def attention_arithmetic(model):
             "probability_dropout": dropout}
 
 
+def fused_attention_layers(model):
+    """How many of `model`'s attention layers (`Attention`) of each kind were asked for a fused kernel: the
+    causal 'decoder self-attention', the padded 'encoder self-attention' and 'cross-attention'."""
+    counts = {"decoder self-attention": 0, "encoder self-attention": 0, "cross-attention": 0}
+    for layer in model._flatten_layers():
+        if isinstance(layer, Attention) and layer.flash_attention is not False:
+            kind = ("decoder self-attention" if layer.is_causal else
+                    "cross-attention" if layer.name == "cross_attention" else "encoder self-attention")
+            counts[kind] += 1
+    return counts
+
+
 def attention_mask(key_mask, query_length, fused):
     """The attention mask of `key_mask` (batch, keys; True where a key is real). Plain attention broadcasts a
     (batch, 1, 1, keys) mask itself; cuDNN's fused kernel takes the mask as a bias that must already span every

@@ -25,27 +25,46 @@ TORCH_KERNEL_PATTERN = re.compile(r"\S*(?:flash|efficient)\S*", re.IGNORECASE)
 MASKED_KINDS = ["encoder self-attention", "cross-attention"]
 
 
+def kernel_calls(text_or_names, pattern):
+    """Every fused kernel named in a compiled program's text or a list of profiler event names, once a call."""
+    text = text_or_names if isinstance(text_or_names, str) else "\n".join(text_or_names)
+    return pattern.findall(text)
+
+
 def kernel_evidence(text_or_names, pattern):
     """The distinct kernel names in a compiled program's text or a list of profiler event names."""
-    text = text_or_names if isinstance(text_or_names, str) else "\n".join(text_or_names)
-    return sorted(set(pattern.findall(text)))
+    return sorted(set(kernel_calls(text_or_names, pattern)))
 
 
-def torch_kinds_missing(kernels, applied_to):
-    """The kinds of attention in `applied_to` that no torch kernel in `kernels` served: flash serves the causal
-    self-attention, the memory-efficient kernel the masked ones."""
-    flash = any("flash" in kernel.lower() for kernel in kernels)
-    efficient = any("efficient" in kernel.lower() for kernel in kernels)
-    return [kind for kind in applied_to if not (efficient if kind in MASKED_KINDS else flash)]
+# The operator each of torch's fused kernels runs under, one event a call (its CUDA kernels are events too).
+TORCH_FUSED_OPERATORS = {"flash": "aten::_scaled_dot_product_flash_attention",
+                         "efficient": "aten::_scaled_dot_product_efficient_attention"}
 
 
-def cudnn_kinds_missing(kernels, applied_to):
-    """The kinds of attention in `applied_to` that no cuDNN kernel in `kernels` served. cuDNN takes a padding
-    mask as a bias: the masked attentions run its bias variant (`__cudnn$fmhaScaleBiasSoftmax`), the causal
-    self-attention, which has no mask, a variant without one."""
-    with_bias = any("Bias" in kernel for kernel in kernels)
-    without_bias = any("Bias" not in kernel for kernel in kernels)
-    return [kind for kind in applied_to if not (with_bias if kind in MASKED_KINDS else without_bias)]
+def _kinds_short(applied_to, layers, served):
+    """The kinds of `applied_to` whose kernel (`served`: masked or not -> calls seen) served fewer calls than the
+    layers of the kinds it serves (`layers`: kind -> count; a kind with none counted needs one call)."""
+    needed = {masked: sum(max(layers.get(kind, 0), 1) for kind in applied_to if (kind in MASKED_KINDS) == masked)
+              for masked in (True, False)}
+    return [kind for kind in applied_to if served[kind in MASKED_KINDS] < needed[kind in MASKED_KINDS]]
+
+
+def torch_kinds_missing(kernels, applied_to, layers):
+    """The kinds of attention in `applied_to` that torch's fused kernels did not serve in every layer: flash the
+    causal self-attention, the memory-efficient kernel the masked ones. `kernels`: the profiler's event names of
+    one forward pass, every call's; `layers`: kind -> the model's layers of it."""
+    calls = {name: sum(kernel.startswith(operator) for kernel in kernels)
+             for name, operator in TORCH_FUSED_OPERATORS.items()}
+    return _kinds_short(applied_to, layers, {True: calls["efficient"], False: calls["flash"]})
+
+
+def cudnn_kinds_missing(kernels, applied_to, layers):
+    """The kinds of attention in `applied_to` that cuDNN did not serve in every layer. cuDNN takes a padding mask
+    as a bias: the masked attentions run its bias variant (`__cudnn$fmhaScaleBiasSoftmax`), the causal
+    self-attention, which has no mask, a variant without one. `kernels`: the kernels the compiled forward pass
+    calls, once a call; `layers`: kind -> the model's layers of it."""
+    with_bias = sum("Bias" in kernel for kernel in kernels)
+    return _kinds_short(applied_to, layers, {True: with_bias, False: len(kernels) - with_bias})
 
 
 def jax_compute_capability():
@@ -118,20 +137,26 @@ class FlashAttention(Extra):
         run.extras_state[self.name] = {"applied_to": ["decoder self-attention", *masked_kinds]}
 
     def verify(self, run, model, batch):
+        from mtbench.keras_models.transformer import fused_attention_layers
         x = batch.inputs
         if run.backend.name == "jax":
-            evidence, method = self._jax_evidence(model, x), "names in the compiled HLO of the forward pass"
+            calls, method = self._jax_evidence(model, x), "names in the compiled HLO of the forward pass"
         else:
-            evidence, method = self._torch_evidence(model, x), "torch.profiler events of one forward pass"
+            calls, method = self._torch_evidence(model, x), "torch.profiler events of one forward pass"
+        evidence = sorted(set(calls))
         state = run.extras_state[self.name]
         state.update(verified_by=method, kernels=evidence)
         if not evidence:
             return f"the fused attention kernel did not run ({method} name none); the run would mislabel itself"
+        # Keras on JAX falls back to plain attention call by call: a kernel named once may serve one layer of many.
+        layers = fused_attention_layers(model)
         kinds_missing = cudnn_kinds_missing if run.backend.name == "jax" else torch_kinds_missing
-        missing = kinds_missing(evidence, state.get("applied_to", []))
+        missing = kinds_missing(calls, state.get("applied_to", []), layers)
         if missing:
-            return (f"the fused attention kernel did not run for the {' and '.join(missing)} ({method}: "
-                    f"{', '.join(evidence)}); the run would mislabel itself")
+            counted = ", ".join(f"{layers[kind]} {kind} layers" for kind in missing)
+            return (f"the fused attention kernel did not run for every {' and '.join(missing)} ({counted}; {method}: "
+                    f"{', '.join(f'{kernel} x{calls.count(kernel)}' for kernel in evidence)}); the run would "
+                    f"mislabel itself")
         return None
 
     @staticmethod
@@ -144,7 +169,7 @@ class FlashAttention(Extra):
                 return model(inputs)
 
         compiled = jax.jit(forward).lower([v.value for v in model.variables], x).compile()
-        return kernel_evidence(compiled.as_text(), JAX_KERNEL_PATTERN)
+        return kernel_calls(compiled.as_text(), JAX_KERNEL_PATTERN)
 
     @staticmethod
     def _torch_evidence(model, x):
@@ -161,7 +186,7 @@ class FlashAttention(Extra):
                 profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
             model(rows)
             torch.cuda.synchronize()
-        return kernel_evidence([event.name for event in trace.events()], TORCH_KERNEL_PATTERN)
+        return kernel_calls([event.name for event in trace.events()], TORCH_KERNEL_PATTERN)
 
 
 @hookimpl

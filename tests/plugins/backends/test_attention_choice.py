@@ -25,6 +25,21 @@ def sdpa_flags():
         getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
 
 
+def sdpa_operators():
+    """The SDPA operators that one causal and one masked attention call ran on this CPU, as torch's profiler saw
+    them: the kernel the switches left it, not the switches."""
+    from torch.profiler import ProfilerActivity, profile
+    q = torch.randn(2, 4, 8, 16)
+    mask = torch.ones(2, 1, 8, 8, dtype=torch.bool)
+    ran = {}
+    for kind, options in (("causal", {"is_causal": True}), ("masked", {"attn_mask": mask})):
+        with profile(activities=[ProfilerActivity.CPU]) as trace:
+            assert torch.nn.functional.scaled_dot_product_attention(q, q, q, **options).shape == (2, 4, 8, 16)
+        ran[kind] = sorted({event.name for event in trace.events()
+                            if event.name.startswith("aten::_scaled_dot_product_") or event.name == "aten::bmm"})
+    return ran
+
+
 def run_on(backend, kind, **model_options):
     return SimpleNamespace(backend=backend, device={"kind": kind}, model_options=model_options)
 
@@ -51,10 +66,9 @@ def test_torch_without_the_flash_extra_is_held_to_the_math_kernel(sdpa_flags):
                        "sdpa_kernels_enabled": ["math"]}
     assert torch.backends.cuda.math_sdp_enabled()
     assert not any(getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in ("flash", "mem_efficient", "cudnn"))
-    # Attention still computes (on the math kernel) with the others switched off.
-    q = torch.randn(2, 4, 8, 16)
-    mask = torch.ones(2, 1, 8, 8, dtype=torch.bool)
-    assert torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask).shape == (2, 4, 8, 16)
+    # What runs, with the others switched off: the math kernel, for the causal and the masked call alike.
+    math = ["aten::_scaled_dot_product_attention_math", "aten::bmm"]  # its two products are bmm's
+    assert sdpa_operators() == {"causal": math, "masked": math}
 
 
 def test_torch_with_the_flash_extra_is_held_to_fused_kernels(sdpa_flags):
@@ -62,21 +76,48 @@ def test_torch_with_the_flash_extra_is_held_to_fused_kernels(sdpa_flags):
     assert kernels == {"causal": "flash (fused)", "masked": "memory-efficient (fused)",
                        "decoding": "aten (unfused)", "sdpa_kernels_enabled": ["flash", "mem_efficient"]}
     assert not torch.backends.cuda.math_sdp_enabled()  # no quiet fallback to the unfused kernel
+    # the switches govern this CPU's dispatch too: its fused kernel (flash) runs, the math kernel and bmm do not
+    assert sdpa_operators() == {"causal": ["aten::_scaled_dot_product_flash_attention_for_cpu"],
+                                "masked": ["aten::_scaled_dot_product_flash_attention_for_cpu"]}
 
 
 def test_cudnn_must_serve_the_masked_attentions_with_its_bias_variant():
     everything = ["decoder self-attention", *MASKED_KINDS]
+    one_each = dict.fromkeys(everything, 1)
     causal_only = ["__cudnn$fmhaSoftmax"]
-    assert cudnn_kinds_missing(causal_only, everything) == MASKED_KINDS
-    assert cudnn_kinds_missing(causal_only, ["decoder self-attention"]) == []
-    assert cudnn_kinds_missing(["__cudnn$fmhaScaleBiasSoftmax"], everything) == ["decoder self-attention"]
-    assert cudnn_kinds_missing(["__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaSoftmax"], everything) == []
+    assert cudnn_kinds_missing(causal_only, everything, one_each) == MASKED_KINDS
+    assert cudnn_kinds_missing(causal_only, ["decoder self-attention"], one_each) == []
+    assert cudnn_kinds_missing(["__cudnn$fmhaScaleBiasSoftmax"] * 2, everything, one_each) == ["decoder self-attention"]
+    assert cudnn_kinds_missing(["__cudnn$fmhaScaleBiasSoftmax"] * 2 + ["__cudnn$fmhaSoftmax"], everything,
+                               one_each) == []
+
+
+def test_a_fused_kernel_must_serve_every_layer_of_its_kind_not_one():
+    """Keras on JAX falls back to plain attention call by call: a kernel named once in the program served one
+    layer, and a model of six had five run unfused under a 'fused' label. The calls are counted against the
+    layers: 2 encoder and 2 decoder blocks need 4 bias calls (2 encoder self-attentions, 2 cross-attentions) and
+    2 without."""
+    everything = ["decoder self-attention", *MASKED_KINDS]
+    layers = dict.fromkeys(everything, 2)
+    bias, plain = "__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaSoftmax"
+    assert cudnn_kinds_missing([bias, plain], everything, layers) == everything
+    assert cudnn_kinds_missing([bias] * 3 + [plain] * 2, everything, layers) == MASKED_KINDS
+    assert cudnn_kinds_missing([bias] * 4 + [plain], everything, layers) == ["decoder self-attention"]
+    assert cudnn_kinds_missing([bias] * 4 + [plain] * 2, everything, layers) == []
+    flash = "aten::_scaled_dot_product_flash_attention"
+    efficient = "aten::_scaled_dot_product_efficient_attention"
+    kernel = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>()"  # the CUDA kernel under flash: no call
+    assert torch_kinds_missing([flash, kernel, kernel] + [efficient] * 4, everything, layers) == \
+        ["decoder self-attention"]
+    assert torch_kinds_missing([flash] * 2 + [efficient] * 4, everything, layers) == []
 
 
 def test_torch_needs_flash_for_the_causal_attention_and_memory_efficient_for_the_masked_ones():
     everything = ["decoder self-attention", *MASKED_KINDS]
+    one_each = dict.fromkeys(everything, 1)
     flash = "aten::_scaled_dot_product_flash_attention"
     efficient = "aten::_scaled_dot_product_efficient_attention"
-    assert torch_kinds_missing([flash], everything) == MASKED_KINDS
-    assert torch_kinds_missing([efficient], everything) == ["decoder self-attention"]
-    assert torch_kinds_missing([flash, efficient], everything) == []
+    assert torch_kinds_missing([flash], everything, one_each) == MASKED_KINDS
+    assert torch_kinds_missing([efficient] * 2, everything, one_each) == ["decoder self-attention"]
+    assert torch_kinds_missing([flash, efficient, efficient], everything, one_each) == []
+    assert torch_kinds_missing([flash + "_for_cpu"], ["decoder self-attention"], one_each) == []

@@ -12,7 +12,7 @@ import pytest
 from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, TESTS_DIR, TINY_COMPARE, TINY_TRAIN, cpu_machine_only,
                       device_kind, run_cli, simulated_devices)
 from mtbench.plugins.extras.flash_attention import (JAX_KERNEL_PATTERN, TORCH_KERNEL_PATTERN, FlashAttention,
-                                             kernel_evidence)
+                                                    kernel_calls, kernel_evidence)
 
 TWO_DEVICES = simulated_devices(2)
 SHORT = [*TINY_TRAIN, "--steps", "20"]
@@ -232,6 +232,56 @@ def test_flash_check_fails_when_the_fused_kernel_did_not_run(cache_dir):
     reason = FlashAttention().verify(run, model, make_batch(split, [0, 1], 2, 16))
     assert reason.startswith("the fused attention kernel did not run")
     assert run.extras_state["flash-attention"]["kernels"] == []
+
+
+@pytest.mark.parametrize("program, refused", [
+    # one encoder and one decoder block: the encoder's self-attention and the cross-attention take the bias variant
+    (["__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaSoftmax"],
+     "the fused attention kernel did not run for every encoder self-attention and cross-attention (1 encoder "
+     "self-attention layers, 1 cross-attention layers; names in the compiled HLO of the forward pass: "
+     "__cudnn$fmhaScaleBiasSoftmax x1, __cudnn$fmhaSoftmax x1); the run would mislabel itself"),
+    (["__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaSoftmax"], None),
+])
+def test_a_kernel_named_in_the_program_must_serve_each_attention_layer(monkeypatch, program, refused):
+    """Where Keras on JAX falls back to plain attention for one call, the compiled program still names the kernel
+    for the others: the check counts the calls against the model's layers. The program's text stands in for a
+    GPU's here."""
+    from types import SimpleNamespace
+
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer, fused_attention_layers
+    from mtbench.plugins.backends.jax_backend import JaxBackend
+    from mtbench.plugins.extras.flash_attention import MASKED_KINDS
+    from mtbench.runner.data.batches import make_batch
+    from mtbench.runner.data.tokenizer import JOINT_SPECIAL
+    model = build_transformer(PRESETS["tiny"], flash_attention=True, flash_attention_masked=True)
+    assert fused_attention_layers(model) == {"decoder self-attention": 1, "encoder self-attention": 1,
+                                             "cross-attention": 1}
+    hlo = "\n".join(f'%call.{i} = custom-call(%q, %k, %v), custom_call_target="{name}"'
+                     for i, name in enumerate(program))
+    monkeypatch.setattr(FlashAttention, "_jax_evidence",
+                        staticmethod(lambda model, x: kernel_calls(hlo, JAX_KERNEL_PATTERN)))
+    split = SimpleNamespace(sources=[[5, 6, 7, 3]] * 2, targets=[[8, 9]] * 2, special=JOINT_SPECIAL)
+    run = SimpleNamespace(backend=JaxBackend(), extras_state={"flash-attention": {
+        "applied_to": ["decoder self-attention", *MASKED_KINDS]}})
+    assert FlashAttention().verify(run, model, make_batch(split, [0, 1], 2, 16)) == refused
+    assert run.extras_state["flash-attention"]["kernels"] == sorted(set(program))
+
+
+def test_the_fused_attention_layers_of_each_model_are_counted_by_kind():
+    from mtbench.keras_models.gpt import build_gpt
+    from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
+    from mtbench.keras_models.transformer import build_transformer, fused_attention_layers
+    import dataclasses
+    two_blocks = dataclasses.replace(PRESETS["tiny"], encoder_layers=2, decoder_layers=3)
+    assert fused_attention_layers(build_transformer(two_blocks, flash_attention=True, flash_attention_masked=None)) \
+        == {"decoder self-attention": 3, "encoder self-attention": 2, "cross-attention": 3}
+    assert fused_attention_layers(build_transformer(two_blocks, flash_attention=True)) == \
+        {"decoder self-attention": 3, "encoder self-attention": 0, "cross-attention": 0}
+    assert set(fused_attention_layers(build_transformer(two_blocks)).values()) == {0}
+    gpt = build_gpt(GPT_PRESETS["tiny"], flash_attention=True)
+    assert fused_attention_layers(gpt) == {"decoder self-attention": GPT_PRESETS["tiny"].decoder_layers,
+                                           "encoder self-attention": 0, "cross-attention": 0}
 
 
 def test_kernel_evidence_recognises_only_fused_kernels():
