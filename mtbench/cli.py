@@ -627,17 +627,20 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     _require_reporting_succeeded(failures)
 
 
+def _given_on_command_line(*names):
+    """The options among `names` (parameter names) given on the command line, as flags."""
+    source = click.get_current_context().get_parameter_source
+    return [f"--{name.replace('_', '-')}" for name in names if source(name) == click.core.ParameterSource.COMMANDLINE]
+
+
 def _compare_repeats(repeats, width, budget):
     """(repeats, AutoRepeats or None) of compare's --repeats N or auto."""
     from mtbench.runner.orchestration.compare import AutoRepeats
     from mtbench.runner.results.verdicts import parse_percent
     if repeats.strip().lower() == "auto":
         return None, AutoRepeats(parse_percent(width, "--repeats-width"), budget)
-    source = click.get_current_context().get_parameter_source
-    for name in ("repeats_width", "repeats_budget"):
-        if source(name) == click.core.ParameterSource.COMMANDLINE:
-            raise MtbenchError(f"--{name.replace('_', '-')} is an option of --repeats auto; this compare runs "
-                               f"--repeats {repeats}")
+    for flag in _given_on_command_line("repeats_width", "repeats_budget"):
+        raise MtbenchError(f"{flag} is an option of --repeats auto; this compare runs --repeats {repeats}")
     try:
         return int(repeats), None
     except ValueError:
@@ -661,23 +664,29 @@ def report(results, history, output_format, baseline, fail_if_slower, plot, forc
     """Show saved results (single-run or compare JSONs) side by side; --report hands each run to a reporter.
     With --baseline OLD.json, hold each run against the same run of OLD (a regression gate with --fail-if-slower).
     With --history DIR, follow one configuration's tokens/s over time."""
-    from mtbench.runner.results.parity import check_parity_options
-    check_parity_options(parity_steps, parity_tolerance)
     if plot is not None:
         from mtbench.runner.results.plots import check_plot_path
         check_plot_path(plot)
+    # Options a history or a regression gate has no use for: taken without a word, they would seem to apply.
+    parity_options = _given_on_command_line("parity_steps", "parity_tolerance")
     if history is not None:
         given = [name for name, value in (("RESULTS", results), ("--baseline", baseline),
-                                          ("--fail-if-slower", fail_if_slower), ("--report", reporters)) if value]
+                                          ("--fail-if-slower", fail_if_slower), ("--report", reporters),
+                                          ("--force", force)) if value] + parity_options
         if given:
             raise MtbenchError(f"--history DIR reads the results in DIR alone: drop {', '.join(given)}")
         return _report_history(history, output_format, plot)
     if not results:
         raise MtbenchError("give RESULTS (result or compare JSON files) or --history DIR")
     if baseline and (baseline.endswith(".json") or os.path.isfile(baseline)):
+        if parity_options:
+            raise MtbenchError(f"{', '.join(parity_options)}: --baseline OLD.json holds each run against OLD's "
+                               f"figures, with no parity check")
         return _report_against_file(results, baseline, output_format, fail_if_slower, plot, force)
     if fail_if_slower is not None:
         raise MtbenchError("--fail-if-slower needs --baseline OLD.json, the results to hold the runs against")
+    from mtbench.runner.results.parity import check_parity_options
+    check_parity_options(parity_steps, parity_tolerance)
     from mtbench.runner.results import report as reporting
     from mtbench.runner.results.reporting import run_reporters
     from mtbench.runner.setup import resolve_reporters
@@ -901,6 +910,8 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     console.print(table)
     console.print(f"BLEU signature: {scores['bleu_signature']}\nchrF signature: {scores['chrf_signature']}",
                   highlight=False, soft_wrap=True)
+    if scores["bleu_note"]:
+        console.print(f"warning: {scores['bleu_note']}", highlight=False, soft_wrap=True)
     if empty:
         console.print(f"{empty} pair{'s' * (empty != 1)} with an empty side left out, as a run leaves them out of its "
                       f"test set", highlight=False)

@@ -134,7 +134,7 @@ def open_model(path, registry, backend_name=None, task=None, block_size=None, dt
     if dtype is not None:
         source = dataclasses.replace(source, config=dataclasses.replace(source.config, dtype=dtype))
     config = source.config
-    backend = resolve_backend(backend_name or config.backend, registry)
+    backend = resolve_backend(config.backend if backend_name is None else backend_name, registry)
     family, family_path = _family(source, registry)
     _refuse_another_task(source.label, family, task)
     plugins = RunPlugins(backend, [], [], registry, family, family_path, registry.lookup("tasks", family.task))
@@ -182,7 +182,7 @@ def _family(source, registry):
 def evaluate_translator(translator, pairs, batch_size, progress=None, target_lang=None):
     """BLEU and chrF (sacrebleu, with signatures) of the translations of `pairs`' sources against their targets,
     in `target_lang` where it is known."""
-    from mtbench.runner.evaluation.scoring import score
+    from mtbench.runner.evaluation.scoring import bleu_tokenizer_note, score
     started = time.perf_counter()
     hypotheses = translator.translate([source for source, _ in pairs], batch_size, progress)
     translate_s = time.perf_counter() - started
@@ -191,7 +191,7 @@ def evaluate_translator(translator, pairs, batch_size, progress=None, target_lan
         "model": translator.source_label, "backend": translator.backend, "dtype": translator.config.dtype,
         "decoding": translator.decoding, "sentences": len(pairs), "sources_truncated": translator.truncated, "max_len": translator.config.max_len,
         "bleu": bleu, "chrf": chrf, "bleu_signature": bleu_signature, "chrf_signature": chrf_signature,
-        "translate_s": translate_s,
+        "bleu_note": bleu_tokenizer_note(target_lang), "translate_s": translate_s,
     }, hypotheses
 
 

@@ -5,7 +5,7 @@ from mtbench.runner.data.weights_file import write_weights_file
 from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.results.output import check_output_path
 from mtbench.plugins.api import RunContext
-from mtbench.runner.setup import build_model, choose_plugins, import_keras, initial_values
+from mtbench.runner.setup import build_model, choose_plugins, import_keras, initial_values, resolve_reporters
 from mtbench.runner.training import prepare_data, read_data
 
 
@@ -19,6 +19,8 @@ def write_initial_weights(config, registry, console, path, overwrite=False):
     the model exactly as a run does, on `config.backend`, and writes only numpy arrays: the file is
     backend-neutral although keras named its variables. Like a run, it needs a process of its own, because
     keras fixes its backend at import."""
+    # compare passes its runs' trackers on: named as train names them, they follow nothing here
+    resolve_reporters(config.report_to, registry)
     plugins = choose_plugins(config, registry)
     check_output_path(path, overwrite, kind=".npz")
     stopwatch = Stopwatch()

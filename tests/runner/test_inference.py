@@ -213,6 +213,12 @@ def test_evaluate_refuses_what_train_refuses_before_it_loads_a_model(tmp_path, a
                                expected)
 
 
+def test_an_empty_backend_is_refused_rather_than_taken_for_the_default(trained, tmp_path):
+    """`--backend ''` opened the model on the backend that trained it, as if no --backend were given."""
+    for command in (("translate", trained["path"], "/dev/null"), ("generate", trained["path"], "--prompt", "In")):
+        assert_refused_in_one_line(run_cli(*command, "--backend", ""), "unknown backend ''; available: ")
+
+
 def test_a_compare_json_given_as_the_model_names_its_runs(tmp_path):
     compared = tmp_path / "c.json"
     compared.write_text(json.dumps({"kind": "mtbench-compare", "config": {}, "runs": [

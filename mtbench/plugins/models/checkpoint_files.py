@@ -21,7 +21,8 @@ SIZE_FLAGS = {"layers": "--layers", "encoder_layers": "--encoder-layers", "decod
 
 def require_directory(directory, kind):
     if not os.path.isdir(directory):
-        raise MtbenchError(f"{kind} model directory {directory} does not exist (a directory that transformers' "
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise MtbenchError(f"{kind} model directory {directory} {what} (a directory that transformers' "
                            f"save_pretrained wrote, on local disk: nothing is downloaded)")
 
 

@@ -38,7 +38,14 @@ class JointTokenizer(Tokenizer):
     special = JOINT_SPECIAL
 
     def __init__(self, model_bytes, path):
-        self.processor = spm.SentencePieceProcessor(model_proto=model_bytes)
+        # sentencepiece takes no bytes at all for a model without pieces (and says so on stderr when asked its
+        # size), whose every id then fails far from here; other bytes that are no model it refuses
+        try:
+            self.processor = spm.SentencePieceProcessor(model_proto=model_bytes) if model_bytes else None
+        except RuntimeError:
+            self.processor = None
+        if self.processor is None or not self.processor.get_piece_size():
+            raise MtbenchError(f"{path}: not a sentencepiece model ({len(model_bytes):,} bytes)")
         self.path = path
         self.fingerprint = os.path.basename(path)
 
@@ -123,7 +130,10 @@ def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir, **opti
         digest = hashlib.sha256(f"{digest}:{sorted(options.items())!r}".encode()).hexdigest()
     path = os.path.join(cache_dir, "tokenizers", f"spm-{vocab_size}-{digest[:16]}.model")
     if os.path.exists(path):
-        return JointTokenizer.from_file(path)
+        try:
+            return JointTokenizer.from_file(path)
+        except MtbenchError:  # no model (a copy cut short): made again, as where there was none
+            pass
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(

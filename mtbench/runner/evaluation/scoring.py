@@ -57,6 +57,18 @@ def bleu_metric(target_lang=None):
         return BLEU()
 
 
+def bleu_tokenizer_note(target_lang=None):
+    """Where sacrebleu's tokenizer for the targets' language is not installed (Japanese's, Korean's), what BLEU
+    took instead, in words; else None."""
+    try:
+        BLEU(trg_lang=target_lang or "")
+    except RuntimeError:
+        return (f"BLEU tokenized the {target_lang} targets with 13a, which takes a sentence written without spaces "
+                f"for one word: sacrebleu's own tokenizer for {target_lang} needs pip install "
+                f"'sacrebleu[{target_lang}]'")
+    return None
+
+
 def score(hypotheses, references, target_lang=None):
     bleu, chrf = bleu_metric(target_lang), CHRF()
     bleu_score = bleu.corpus_score(hypotheses, [references])

@@ -47,18 +47,26 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), 
         if not resuming and not overwrite and os.path.isdir(run_dir.path) and os.listdir(run_dir.path):
             raise MtbenchError(f"{run_dir.path}: holds an earlier run's files (a saved model, logs), though {path} "
                                f"does not exist; pass --overwrite to write over them, or give another --out")
+    check_directory_writable(path)
+
+
+def check_directory_writable(path, label=None):
+    """Refuses a path whose directory (or the nearest one of it that exists) cannot take a new file, before any
+    work; `label` names the path in the error (default: the path)."""
+    label = label or path
     existing = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise MtbenchError(f"{path}: cannot write into {existing}: it is a file, not a directory")
+        raise MtbenchError(f"{label}: cannot write into {existing}: it is a file, not a directory")
     if not os.access(existing, os.W_OK):
-        raise MtbenchError(f"{path}: cannot write into {existing}: permission denied or read-only")
+        raise MtbenchError(f"{label}: cannot write into {existing}: permission denied or read-only")
     try:  # what the permission bits do not say: a file system that refuses new files (/sys, /proc), even to root
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
-        raise MtbenchError(f"{path}: cannot write into {existing}: {error.strerror or error}") from None
+        raise MtbenchError(f"{label}: cannot write into {existing}: it takes no new file ({error.strerror or error})") \
+            from None
 
 
 def check_not_read(path, reads, beside=None):

@@ -13,6 +13,7 @@ from mtbench.errors import MtbenchError
 from mtbench.figures import SIZE_KEYS, run_name, run_processes
 from mtbench.runner.config import SIZE_FIELDS
 from mtbench.runner.files import write_bytes_atomic
+from mtbench.runner.results.output import check_directory_writable
 from mtbench.runner.results.report import (KEY_DEFAULTS, SWEEP_KEYS, describe_configuration, environment_names,
                                            interpreter, versions_text)
 
@@ -190,6 +191,7 @@ def check_plot_path(path):
         raise MtbenchError("--plot '': give the path of the PNG to draw")
     if not path.lower().endswith(".png"):
         raise MtbenchError(f"--plot {path}: draws a PNG; give a path ending in .png")
+    check_directory_writable(path, label=f"--plot {path}")
     try:
         with open(path, "rb") as f:
             start = f.read(len(PNG_SIGNATURE))

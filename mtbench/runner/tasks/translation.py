@@ -121,7 +121,7 @@ class TranslationEvaluator(Evaluator):
     def evaluate(self, phase):
         """Loss and token accuracy of the final weights on a sample of the training pairs, validation and test;
         the test translations' BLEU and chrF; the hypotheses and references written beside the result."""
-        from mtbench.runner.evaluation.scoring import split_losses
+        from mtbench.runner.evaluation.scoring import bleu_tokenizer_note, split_losses
         splits = self.data.splits
         with phase("evaluate"):
             metrics = split_losses(self.model, {"train": splits["train_eval"], "val": splits["valid"],
@@ -134,9 +134,11 @@ class TranslationEvaluator(Evaluator):
         metrics.update({"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
                         "chrf_signature": scores.chrf_signature, "test_sentences_scored": len(scores.hypotheses),
                         "decoding": decoding_name(self.config.beam, self.config.length_penalty)})
+        warnings = [bleu_tokenizer_note(splits["corpus"].target_lang)]
         if scores.hypotheses and not any(h.strip() for h in scores.hypotheses):
-            metrics["quality_warning"] = ("the model produced no words for any test sentence: BLEU and chrF score empty "
-                                  "output")
+            warnings.insert(0, "the model produced no words for any test sentence: BLEU and chrF score empty output")
+        if any(warnings):
+            metrics["quality_warning"] = "; ".join(filter(None, warnings))
         return metrics, {"hypotheses_file": os.path.abspath(hypotheses_file),
                          "references_file": os.path.abspath(references_file)}
 

@@ -345,10 +345,12 @@ def test_evaluate_and_generate_read_the_checkpoint_as_published(checkpoint, tmp_
     ("gpt2:{model}", ["--block-size", "65"], "--block-size 65 is longer than the 64 positions of the pretrained "
                                              "model"),
     ("gpt2:{missing}", [], "missing does not exist (a directory that transformers' save_pretrained wrote"),
+    ("gpt2:{weights}", [], "model.safetensors is not a directory (a directory that transformers' save_pretrained"),
     ("transformer:{model}", [], "--model transformer is no pretrained model family with its own tokenizer"),
 ])
 def test_a_checkpoint_that_cannot_be_read_as_model_is_one_line(checkpoint, tmp_path, model, args, message):
-    path = model.format(model=checkpoint["model"], missing=tmp_path / "missing")
+    path = model.format(model=checkpoint["model"], missing=tmp_path / "missing",
+                        weights=os.path.join(checkpoint["model"], "model.safetensors"))
     proc = run_cli("evaluate", path, "--test", checkpoint["text"], *args)
     assert_refused_in_one_line(proc, message)
 

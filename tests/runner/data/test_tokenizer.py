@@ -91,3 +91,26 @@ def test_a_model_trained_with_other_options_is_cached_apart(tmp_path):
     assert folded.path != kept.path and len(list((tmp_path / "tokenizers").iterdir())) == 2
     assert "ﬁ" in kept.processor.decode(kept.processor.encode("ﬁ")) and "ﬁ" not in folded.processor.decode(
         folded.processor.encode("ﬁ"))
+
+
+@pytest.mark.parametrize("content", [b"", b"not a model", b"\x08\x01"])
+def test_a_file_that_is_no_sentencepiece_model_is_refused_where_it_is_read(tmp_path, capfd, content):
+    """An empty tokenizer.model in a saved model was taken as a model of no pieces: Keras warnings, then an
+    IndexError far from the file."""
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(content)
+    with pytest.raises(MtbenchError, match=f"^{path}: not a sentencepiece model \\({len(content)} bytes\\)$"):
+        tokenizer_module.JointTokenizer.from_file(str(path))
+    assert capfd.readouterr().err == ""
+
+
+def test_a_cached_tokenizer_that_is_no_model_is_trained_again(tmp_path):
+    """The cache is made from the corpus: a file there that is no model (a copy cut short) is made again, where
+    a saved model's own tokenizer.model is refused."""
+    sentences = ["the quick brown fox jumps over the lazy dog", "a sentence of other words"] * 20
+    trained = load_or_train_sentencepiece(lambda: sentences, "cut", 40, str(tmp_path))
+    model_bytes = open(trained.path, "rb").read()
+    open(trained.path, "wb").close()
+    again = load_or_train_sentencepiece(lambda: sentences, "cut", 40, str(tmp_path))
+    assert again.path == trained.path and open(again.path, "rb").read() == model_bytes
+    assert again.encode(sentences[:1]) == trained.encode(sentences[:1])

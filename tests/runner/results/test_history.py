@@ -210,3 +210,9 @@ def test_the_cli_refuses_in_one_line(real, tmp_path):
     mixed = run_cli("report", "x.json", "--history", str(tmp_path), "--baseline", "old.json")
     assert mixed.returncode != 0 and mixed.stderr.strip().splitlines() == \
         ["Error: --history DIR reads the results in DIR alone: drop RESULTS, --baseline"]
+    # options of a comparison, that a history would take without a word; a default given is given all the same
+    unused = run_cli("report", "--history", str(tmp_path), "--force", "--parity-steps", "50")
+    assert unused.returncode == 2 and unused.stderr.strip().splitlines() == \
+        ["Error: --history DIR reads the results in DIR alone: drop --force, --parity-steps"]
+    assert run_cli("report", "--history", str(tmp_path), "--parity-steps", "0").stderr.strip() == \
+        "Error: --history DIR reads the results in DIR alone: drop --parity-steps"

@@ -106,6 +106,14 @@ def test_one_run_is_never_held_against_itself_nor_two_repeats_of_a_history(tiny_
         ("b.json", "the same run as a.json (a copy of it)")]
 
 
+def test_parity_options_the_gate_does_not_use_are_refused(tiny_runs):
+    """The gate holds figures against OLD's and checks no parity: --parity-steps was taken without a word."""
+    proc = run_cli("report", tiny_runs["torch"]["path"], "--baseline", tiny_runs["jax"]["path"],
+                   "--parity-tolerance", "0.1")
+    assert_refused_in_one_line(proc, "--parity-tolerance: --baseline OLD.json holds each run against OLD's figures, "
+                                     "with no parity check")
+
+
 def test_tables_off_a_terminal_keep_every_cell_whole(tiny_runs):
     """Rich cuts cells at 80 columns where it writes to no terminal (a CI log); mtbench's tables are as wide as
     they need there, unless COLUMNS says otherwise."""

@@ -396,7 +396,12 @@ def test_report_plot_draws_again_over_a_png_but_never_over_another_file(results,
                                                f".png"),
                          (str(tmp_path / "plot.pdf"), f"--plot {tmp_path / 'plot.pdf'}: draws a PNG; give a path "
                                                       f"ending in .png"),
-                         ("", "--plot '': give the path of the PNG to draw")):
+                         ("", "--plot '': give the path of the PNG to draw"),
+                         # under a file; where no file can be made (a report ran, then failed to write it)
+                         (f"{results['torch'][0]}/plot.png", f"--plot {results['torch'][0]}/plot.png: cannot write "
+                                                             f"into {results['torch'][0]}: it is a file, not a "
+                                                             f"directory"),
+                         ("/proc/plot.png", "--plot /proc/plot.png: cannot write into /proc: ")):
         before = open(target, "rb").read() if os.path.exists(target) else None
         assert_refused_in_one_line(run_cli("report", results["jax"][0], "--plot", target), said)
         assert (open(target, "rb").read() if os.path.exists(target) else None) == before
