@@ -816,6 +816,34 @@ def keras_on_jax():
     return keras
 
 
+def traced_matmul_flops(model, inputs):
+    """The FLOPs of every matmul in the traced JAX program of `model`'s forward pass over `inputs` (2 x output
+    elements x contracted size, inside nested programs too): what the model runs, counted without mtbench's
+    formula."""
+    import jax
+    import numpy as np
+
+    def matmul_flops(jaxpr):
+        total = 0
+        for equation in jaxpr.eqns:
+            if equation.primitive.name == "dot_general":
+                (contracted, _), _ = equation.params["dimension_numbers"]
+                left, out = equation.invars[0].aval.shape, equation.outvars[0].aval.shape
+                total += 2 * int(np.prod(out)) * int(np.prod([left[i] for i in contracted]))
+            for param in equation.params.values():
+                for inner in param if isinstance(param, (list, tuple)) else [param]:
+                    inner = getattr(inner, "jaxpr", inner)
+                    if hasattr(inner, "eqns"):
+                        total += matmul_flops(inner)
+        return total
+
+    keras_on_jax()
+    trainable = [v.value for v in model.trainable_variables]
+    others = [v.value for v in model.non_trainable_variables]
+    forward = lambda weights: model.stateless_call(weights, others, inputs)[0]
+    return matmul_flops(jax.make_jaxpr(forward)(trainable).jaxpr)
+
+
 def tiny_jax_gpt(dtype="float32", total_steps=20):
     """The tiny GPT over 256 bytes and 32 positions, built and compiled in `dtype` as `mtbench train` compiles it
     for `total_steps` steps, keras on JAX; keras's global dtype policy is float32 again afterwards."""

@@ -2,9 +2,10 @@
 tiny GPT one step with mtbench's torch step (eager, or compiled with `compiled`), then counts the matrix products
 the next step ran, by the aten operations that ran them (the eager step's, or those inductor's program called):
 products of many matrices at once (attention's, batched over rows and heads) and the rest (a weight's product,
-forward and backward; torch.einsum runs a fused projection as a batch of one). Prints one JSON line.
+forward and backward; torch.einsum runs a fused projection as a batch of one), and the dtypes of their inputs.
+Prints one JSON line.
 
-    python tests/matmul_count_probe.py eager|compiled
+    python tests/matmul_count_probe.py eager|compiled [DTYPE POLICY]
 """
 
 import json
@@ -14,7 +15,7 @@ import sys
 PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
-def main(kind):
+def main(kind, dtype="float32"):
     os.environ["KERAS_BACKEND"] = "torch"
     import keras
     import numpy as np
@@ -28,8 +29,9 @@ def main(kind):
     from mtbench.runner.setup import compile_model
 
     shape = GPT_PRESETS["tiny"]
+    keras.config.set_dtype_policy(dtype)
     model = build_gpt(shape)
-    compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny"), 10, {})
+    compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype=dtype), 10, {})
     step = CompiledTorchTrainStep(model) if kind == "compiled" else EagerTorchTrainStep(model)
     ids = np.random.default_rng(0).integers(0, 256, (4, 17)).astype("int32")
     batch = (ids[:, :-1],), ids[:, 1:], np.ones((4, 16), np.float32)
@@ -37,13 +39,18 @@ def main(kind):
     with profile(record_shapes=True) as trace:
         step(*batch)
     batched = weights = 0
+    input_dtypes = {}
     for event in trace.events():
         if event.name in PRODUCTS:
+            for name, dims in zip(event.input_dtypes, event.input_shapes):
+                if dims:  # a tensor's (inductor's addmm takes its scalars as inputs too)
+                    input_dtypes[name] = input_dtypes.get(name, 0) + 1
             shapes = [dims for dims in event.input_shapes if dims]
             many = event.name.endswith("bmm") and shapes and shapes[0][0] > 1
             batched += bool(many)
             weights += not many
-    print(json.dumps({"blocks": shape.decoder_layers, "batched": batched, "weights": weights}))
+    print(json.dumps({"blocks": shape.decoder_layers, "batched": batched, "weights": weights,
+                      "input_dtypes": input_dtypes}))
 
 
 if __name__ == "__main__":

@@ -183,13 +183,14 @@ def test_fused_projections_compute_what_three_products_compute():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["eager", "compiled"])
-def test_a_torch_step_multiplies_by_one_query_key_value_matrix_a_block(kind):
+@pytest.mark.parametrize("kind, dtype", [("eager", "float32"), ("compiled", "float32"), ("eager", "mixed_bfloat16")])
+def test_a_torch_step_multiplies_by_one_query_key_value_matrix_a_block(kind, dtype):
     """What mtbench's torch steps ran in one step of the tiny GPT, counted from torch's profiler: each weight matrix
     three products (forward, the input's gradient, the weight's gradient), one of them the query, key and value
     side by side in each block (inductor does not merge three products itself), and
-    attention's two batched products three times a block."""
-    proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "matmul_count_probe.py"), kind],
+    attention's two batched products three times a block; in mixed bfloat16, every one of them on bfloat16
+    inputs (the JAX step's: tests/plugins/backends/test_jax_step_program.py)."""
+    proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "matmul_count_probe.py"), kind, dtype],
                           capture_output=True, text=True, timeout=600,
                           env=cli_environment({"TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -198,3 +199,4 @@ def test_a_torch_step_multiplies_by_one_query_key_value_matrix_a_block(kind):
     # A block's query-key-value, output and two feed-forward matrices; the tied output layer's table.
     assert counted["weights"] == 3 * (4 * blocks + 1)
     assert counted["batched"] == 3 * 2 * blocks
+    assert list(counted["input_dtypes"]) == [{"float32": "float", "mixed_bfloat16": "c10::BFloat16"}[dtype]]

@@ -89,3 +89,15 @@ def test_a_run_of_another_length_compiles_the_same_program():
     assert steps[0].schedule_numbers != steps[1].schedule_numbers
     programs = [step.lowered_program((ids,), ids, np.ones((4, 32), np.float32)) for step in steps]
     assert programs[0] == programs[1]
+
+
+def test_every_matrix_product_of_the_mixed_bfloat16_step_multiplies_bfloat16(lowered):
+    """The policy's arithmetic, counted in the program: each weight matrix's three products (forward, the input's
+    gradient, the weight's) and attention's two batched products three times a block, every one on bfloat16
+    inputs, as many as the torch step runs (tests/keras_models/test_attention.py)."""
+    from mtbench.keras_models.presets import GPT_PRESETS
+    blocks = GPT_PRESETS["tiny"].decoder_layers
+    products = [re.search(r": \(tensor<[^>]*x(\w+)>, tensor<[^>]*x(\w+)>\)", line).groups()
+                for line in lowered("cuda").splitlines() if "stablehlo.dot_general" in line]
+    assert len(products) == 3 * (4 * blocks + 1) + 3 * 2 * blocks
+    assert set(products) == {("bf16", "bf16")}

@@ -31,7 +31,12 @@ optimizer.build(model.trainable_variables)
 optimizer.dynamic_scale.assign(4.0)
 optimizer.step_counter.assign(7)
 count = len(optimizer.variables)
-Step(model)
+step = Step(model)
+if sys.argv[1] == "torch":  # one finite step (XLA has no float16 matmul on the CPU): the counter goes on from 7
+    import numpy as np
+    ids = np.ones((2, 32), np.int32)
+    step((ids,), ids, np.ones((2, 32), np.float32))
+    step.finalize()
 print(json.dumps({"scale": float(optimizer.dynamic_scale), "counter": int(optimizer.step_counter),
                   "variables": len(optimizer.variables), "restored_variables": count}))
 """
@@ -46,5 +51,6 @@ def test_the_step_trains_on_from_the_restored_loss_scale(backend):
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (got["scale"], got["counter"]) == (4.0, 7)
+    # torch trained a step from the restored scale: one more finite step, the scale kept (growth waits for 2,000)
+    assert (got["scale"], got["counter"]) == ((4.0, 8) if backend == "torch" else (4.0, 7))
     assert got["variables"] == got["restored_variables"]

@@ -161,7 +161,7 @@ def test_the_compiled_step_runs_the_fused_attention_in_one_graph():
 
 
 UPDATE_PROBE = textwrap.dedent("""
-    import json, os
+    import json, os, sys
     os.environ["KERAS_BACKEND"] = "torch"
     import keras, numpy as np
     from torch.profiler import profile
@@ -170,33 +170,41 @@ UPDATE_PROBE = textwrap.dedent("""
     from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.setup import compile_model
-    keras.config.set_dtype_policy("bfloat16")  # --dtype bfloat16: 16-bit weights
+    dtype = sys.argv[1]  # bfloat16: 16-bit weights
+    keras.config.set_dtype_policy(dtype)
     model = build_gpt(GPT_PRESETS["tiny"])
-    compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype="bfloat16"), 10, {})
+    compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype=dtype), 10, {})
     step = CompiledTorchTrainStep(model)
     ids = np.ones((2, 16), np.int32)
     step((ids,), ids, np.ones((2, 16), np.float32))
     with profile() as trace:
         step((ids,), ids, np.ones((2, 16), np.float32))
-    fused = sorted({event.name for event in trace.events() if "fused_adam" in event.name})
-    print(json.dumps({"compiled": step.compiled_part, "fused_kernels": fused}))
+    fused = [event.name for event in trace.events() if "fused_adam" in event.name]
+    print(json.dumps({"compiled": step.compiled_part, "fused_kernels": {name: fused.count(name) for name in fused}}))
 """)
 
 
 @pytest.mark.slow
-def test_the_compiled_steps_record_names_the_update_that_ran():
+@pytest.mark.parametrize("dtype, fused_kernels, compiled", [
+    ("bfloat16", {}, "mtbench torch step: forward + loss (backward via AOTAutograd); update eager by Keras's "
+                     "optimizer.apply (bfloat16 weights, which Keras's AdamW updates in bfloat16 as JAX's step does)"),
+    ("float32", {"aten::_fused_adamw_": 2}, None),  # a call a group: weights that decay, biases and norms that do not
+])
+def test_the_compiled_steps_record_names_the_update_that_ran(dtype, fused_kernels, compiled):
     """With 16-bit weights torch's fused AdamW is refused and Keras's optimizer.apply updates them: no fused
     kernel runs, and what the torch-compile record says is compiled and what runs eagerly says so (it said
-    'fused AdamW update eager' whatever ran)."""
+    'fused AdamW update eager' whatever ran). With float32 weights the fused update runs."""
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}
     env.pop("KERAS_BACKEND", None)
-    proc = subprocess.run([sys.executable, "-c", UPDATE_PROBE], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", UPDATE_PROBE, dtype], capture_output=True, text=True, env=env,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["fused_kernels"] == []
-    assert report["compiled"] == ("mtbench torch step: forward + loss (backward via AOTAutograd); update eager by "
-                                  "Keras's optimizer.apply (bfloat16 weights, which Keras's AdamW updates in "
-                                  "bfloat16 as JAX's step does)")
+    assert report["fused_kernels"] == fused_kernels
+    if compiled is None:
+        assert "fused AdamW update eager" in report["compiled"], report["compiled"]
+    else:
+        assert report["compiled"] == compiled
 
 
 def test_the_symbolic_check_finds_a_keras_tensor_wherever_keras_would():

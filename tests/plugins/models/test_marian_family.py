@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, traced_matmul_flops
 from marian_fixture import build_checkpoint, parallel_sentences
 
 FINE_TUNE = ["--data", None, "--valid-size", "16", "--test-size", "16", "--max-len", "32", "--steps", "12",
@@ -143,36 +143,16 @@ def test_a_decoder_wider_than_its_encoder_is_counted_at_its_own_width():
     """MFU's FLOPs are the matmuls the model runs: here counted in the traced forward pass of a MarianMT whose
     decoder's feed-forward width (256) is not its encoder's (64). The family counted the encoder's for both, a third
     of this model's work short."""
-    import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from mtbench.keras_models.marian import build_marian
     from mtbench.plugins.models.marian import MarianFamily
 
-    def matmul_flops(jaxpr):  # 2 x output elements x contracted size, inside nested programs too
-        total = 0
-        for equation in jaxpr.eqns:
-            if equation.primitive.name == "dot_general":
-                (contracted, _), _ = equation.params["dimension_numbers"]
-                left, out = equation.invars[0].aval.shape, equation.outvars[0].aval.shape
-                total += 2 * int(np.prod(out)) * int(np.prod([left[i] for i in contracted]))
-            for param in equation.params.values():
-                for inner in param if isinstance(param, (list, tuple)) else [param]:
-                    inner = getattr(inner, "jaxpr", inner)
-                    if hasattr(inner, "eqns"):
-                        total += matmul_flops(inner)
-        return total
-
     settings = {"vocab_size": 101, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 64,
                 "decoder_ffn_dim": 256, "encoder_attention_heads": 2, "decoder_attention_heads": 2,
                 "pad_token_id": 100, "decoder_start_token_id": 100, "max_position_embeddings": 64, "dropout": 0.0}
-    model = build_marian(settings)
-    trainable = [v.value for v in model.trainable_variables]
-    others = [v.value for v in model.non_trainable_variables]
-    tokens = jnp.ones((2, 16), jnp.int32)
-    forward = lambda weights: model.stateless_call(weights, others, (tokens, tokens))[0]
-    ran = matmul_flops(jax.make_jaxpr(forward)(trainable).jaxpr)
+    tokens = np.ones((2, 16), np.int32)
+    ran = traced_matmul_flops(build_marian(settings), (tokens, tokens))
     shape = MarianFamily._shape(settings, 16)
     assert shape.decoder_ff_dim == 256
     assert MarianFamily().training_flops(shape, 2, 16, 16) == 3 * ran

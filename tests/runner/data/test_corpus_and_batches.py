@@ -1,6 +1,10 @@
 """Corpus reading, cleaning, splitting and batching, on the real built-in corpus where it matters."""
 
 import itertools
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -77,15 +81,23 @@ def test_tokenizer_round_trips_and_is_cached(bible_pairs, cache_dir, encoded):
     assert tokenizer.vocab_size == 500
 
 
-def test_the_tokenizer_is_the_same_on_a_machine_of_any_size(bible_pairs, tmp_path, monkeypatch):
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a process that may run on 2 CPUs or more")
+def test_the_tokenizer_is_the_same_on_a_machine_of_any_size(bible_pairs, tmp_path):
     """sentencepiece's model depends on the threads it trains on: trained on as many as the machine's cores, two
-    machines made two tokenizers of one corpus (and other batches from one seed)."""
-    import mtbench.runner.data.tokenizer as tokenizer_module
-    models = []
-    for cores in (1, 4):
-        monkeypatch.setattr(tokenizer_module.os, "cpu_count", lambda: cores)
-        tokenizer = load_or_train_tokenizer(bible_pairs[:2000], 500, str(tmp_path / f"cores-{cores}"))
-        with open(tokenizer.path, "rb") as f:
+    machines made two tokenizers of one corpus (and other batches from one seed). Here in processes that may run
+    on one CPU and on all of them."""
+    pairs = tmp_path / "pairs.json"
+    pairs.write_text(json.dumps(bible_pairs[:2000]))
+    program = ("import json, os, sys\nfrom mtbench.runner.data.tokenizer import load_or_train_tokenizer\n"
+               "os.sched_setaffinity(0, json.loads(sys.argv[1]))\n"
+               "pairs = [tuple(pair) for pair in json.load(open(sys.argv[2]))]\n"
+               "print(load_or_train_tokenizer(pairs, 500, sys.argv[3]).path)\n")
+    models, cpus = [], sorted(os.sched_getaffinity(0))
+    for taken in (cpus[:1], cpus):
+        proc = subprocess.run([sys.executable, "-c", program, json.dumps(taken), str(pairs),
+                               str(tmp_path / f"cpus-{len(taken)}")], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        with open(proc.stdout.strip().splitlines()[-1], "rb") as f:
             models.append(f.read())
     assert models[0] == models[1]
 

@@ -81,9 +81,13 @@ def test_only_the_last_checkpoints_are_kept_and_a_new_run_replaces_them(tmp_path
     for step in (1, 2, 3, 4):
         save(run_dir, model, step)
     assert [step for step, _ in run_dir.checkpoints()] == [3, 4]
+    # on disk, not only in the listing (which passes over a checkpoint without its state file)
+    on_disk = lambda: sorted(name for name in os.listdir(run_dir.path) if name.startswith("checkpoint"))
+    assert [int(name.rsplit("-", 1)[1]) for name in on_disk()] == [3, 4]
     again = RunDirectory(run_dir.path, fresh=True)
     save(again, model, 1)
     assert [step for step, _ in again.checkpoints()] == [1]
+    assert [int(name.rsplit("-", 1)[1]) for name in on_disk()] == [1]
 
 
 def test_each_process_draws_on_from_its_own_generator_state_kept_in_the_checkpoint(tmp_path):

@@ -75,6 +75,29 @@ def test_the_report_records_the_float32_matmul_precision_a_run_set(framework_pre
         **TORCH_PRECISIONS["highest"], "torch.backends.cudnn.allow_tf32": True}
 
 
+@pytest.mark.parametrize("precision, stablehlo", [("highest", "HIGHEST"), ("high", "HIGH")])
+def test_the_jax_train_step_lowered_for_a_gpu_runs_every_matmul_at_the_precision_recorded(
+        framework_precisions, precision, stablehlo):
+    """What the record says, counted in the program that runs: every matmul of the train step, lowered for CUDA
+    after the backend set --matmul-precision, at XLA's HIGHEST (IEEE float32) or HIGH (TF32 on a GPU), none left
+    at the default."""
+    import re
+
+    import numpy as np
+
+    from conftest import tiny_jax_gpt
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep
+    backend = JaxBackend()
+    backend.set_matmul_precision(precision)
+    ids = np.ones((4, 32), np.int32)
+    program = JitTrainStep(tiny_jax_gpt()).lowered_program((ids,), ids, np.ones((4, 32), np.float32), "cuda")
+    matmuls = [line for line in program.splitlines() if "stablehlo.dot_general" in line]
+    assert len(matmuls) > 20  # forward and backward of every projection, attention and the output layer
+    assert {re.search(r"precision = \[(\w+), (\w+)\]", line).groups() for line in matmuls} == {(stablehlo,) * 2}
+    assert backend.accelerator_environment()["float32_matmul"] == \
+        {"jax.config.jax_default_matmul_precision": JAX_PRECISIONS[precision]}
+
+
 def test_a_backend_that_reports_nothing_records_none():
     class Quiet(Backend):
         name = "quiet"

@@ -2,10 +2,12 @@
 
 import re
 
+import numpy as np
 import pytest
 
-from conftest import cpu_machine_only
+from conftest import cpu_machine_only, traced_matmul_flops
 
+from mtbench.figures import set_aside
 from mtbench.keras_models.presets import PRESETS
 from mtbench.keras_models.flops import forward_flops, training_flops
 from mtbench.runner.measurement.peaks import datasheet_peak
@@ -36,6 +38,17 @@ def test_flops_of_unequal_lengths_count_each_side_at_its_own():
     output_layer = 2 * t * d * 1000
     assert forward_flops(PRESETS["tiny"], 1, s, t) == encoder + decoder + output_layer
     assert forward_flops(PRESETS["tiny"], 1, t, s) != forward_flops(PRESETS["tiny"], 1, s, t)
+
+
+@pytest.mark.parametrize("batch, source_length, target_length", [(2, 16, 16), (1, 24, 8)])
+def test_the_flops_are_those_of_the_matmuls_the_built_model_runs(batch, source_length, target_length):
+    """The hand counts above check the formula against itself; this counts the matmuls of the traced forward pass
+    of the model `mtbench train` builds (a gated feed-forward, an untied output layer, keys and values at another
+    width would change them and not the formula)."""
+    from mtbench.keras_models.transformer import build_transformer
+    tokens = (np.ones((batch, source_length), np.int32), np.ones((batch, target_length), np.int32))
+    ran = traced_matmul_flops(build_transformer(PRESETS["tiny"]), tokens)
+    assert forward_flops(PRESETS["tiny"], batch, source_length, target_length) == ran
 
 
 def test_flops_grow_quadratically_only_in_attention():
@@ -79,10 +92,31 @@ def test_mfu_of_both_backends_is_against_the_same_named_cpu_peak(tiny_runs):
     assert len(peaks) == 1
 
 
+def test_mfus_numerator_is_the_training_flops_of_the_steady_steps_over_their_time(tiny_runs):
+    """The MFU's numerator, from the steps the result lists: 3x the forward FLOPs of each steady step's padded
+    batch (warm-up steps and steps timed apart left out), over those steps' seconds."""
+    import dataclasses
+
+    from mtbench.keras_models.presets import ModelPreset
+    for backend in ("jax", "torch"):
+        result = tiny_runs[backend]["result"]
+        shape = ModelPreset(**{field.name: result["model"][field.name] for field in dataclasses.fields(ModelPreset)})
+        steady = [h for h in result["history"] if not h["first_of_shape"] and not set_aside(h)]
+        assert len(steady) > 30 and len({tuple(h["shape"]) for h in steady}) >= 2
+        flops = sum(training_flops(shape, rows, length, length) for rows, length in (h["shape"] for h in steady))
+        assert result["utilization"]["model_flops_per_s"] == \
+            pytest.approx(flops / sum(h["seconds"] for h in steady), rel=1e-9)
+
+
 def test_torch_eager_reports_no_compilations(tiny_runs):
     assert tiny_runs["torch"]["result"]["timing"]["compilations_by_shape"] is None
-    timing = tiny_runs["torch"]["result"]["timing"]
-    assert timing["input_s_median"] >= 0 and timing["input_fraction"] is not None
+    history, timing = tiny_runs["torch"]["result"]["history"], tiny_runs["torch"]["result"]["timing"]
+    # each step's wait for its batch was measured (a clock never read would give 0), and the figures are theirs
+    inputs = [h["input_seconds"] for h in history]
+    assert min(inputs) > 0 and timing["input_s_median"] == pytest.approx(float(np.median(inputs)))
+    steady = [h for h in history if not h["first_of_shape"] and not set_aside(h)]
+    assert timing["input_fraction"] == pytest.approx(
+        float(np.median([h["input_seconds"] for h in steady])) / float(np.median([h["seconds"] for h in steady])))
 
 
 @pytest.mark.slow

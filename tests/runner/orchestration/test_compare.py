@@ -46,6 +46,10 @@ def test_compare_of_jax_and_torch_passes_the_parity_check(compared):
     # The gate is 1 %; float32 runs of one model part by float rounding alone (under 1e-6 here).
     rtol = matmul_tolerance(1e-4, float32_matmul_arithmetic("jax"), float32_matmul_arithmetic("torch"))
     assert 0 <= parity["max_relative_difference"] < rtol
+    # the difference is the runs' own, read off their histories
+    jax_losses, torch_losses = ([h["loss"] for h in run["result"]["history"]] for run in combined["runs"])
+    assert parity["max_relative_difference"] == pytest.approx(
+        max(abs(a - b) / abs(a) for a, b in zip(jax_losses, torch_losses)), rel=1e-6)
     assert "parity torch vs jax (float32, first 30 steps)" in compared["stdout"]
     assert "within 1 %" in compared["stdout"]
     assert [run["label"] for run in combined["runs"]] == ["jax", "torch"]
@@ -73,6 +77,48 @@ def test_every_run_loaded_the_same_weights_file(compared):
             assert json.load(f)["config"]["initial_weights_sha256"] == weights["sha256"]
     first_losses = [run["result"]["history"][0]["loss"] for run in combined["runs"]]
     assert first_losses[0] == pytest.approx(first_losses[1], rel=1e-5)
+    # the steps of both trained the same batches: their tokens and shapes, step by step
+    jax_steps, torch_steps = ([(h["tokens"], h["shape"]) for h in run["result"]["history"]] for run in combined["runs"])
+    assert len(jax_steps) == COMPARE_STEPS and jax_steps == torch_steps
+
+
+@pytest.mark.slow  # two runs of two steps: 25 s
+def test_a_run_starts_from_the_numbers_of_its_weights_file(compared, tmp_path):
+    """The file's sha256 is recorded as it is read, and a child that drew its own weights from the seed instead
+    would start from the very numbers of the compare's file (init-weights draws them from the same seed): this
+    file holds other numbers, and both backends start from them, far from the compare's first loss."""
+    from mtbench.runner.data.weights_file import read_weights_file, write_weights_file
+    weights, _ = read_weights_file(compared["combined"]["initial_weights"]["file"])
+    scaled = {name: value * 3 if name.endswith(("kernel", "embeddings")) else value for name, value in weights.items()}
+    assert sum(not np.array_equal(scaled[name], weights[name]) for name in weights) > 10
+    path = str(tmp_path / "scaled.npz")
+    write_weights_file(path, scaled, weights.init)
+    cache_dir = compared["combined"]["runs"][0]["result"]["config"]["cache_dir"]
+    first_losses = {}
+    for backend in ("jax", "torch"):
+        out = tmp_path / f"{backend}.json"
+        proc = run_cli("train", "--backend", backend, *TINY_COMPARE, "--steps", "2", "--measure-only",
+                       "--initial-weights", path, "--cache-dir", cache_dir, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        first_losses[backend] = json.loads(out.read_text())["history"][0]["loss"]
+    seeds = compared["combined"]["runs"][0]["result"]["history"][0]["loss"]
+    assert abs(first_losses["jax"] - seeds) > 0.01 * seeds
+    assert first_losses["torch"] == pytest.approx(first_losses["jax"], rel=1e-4)
+
+
+@pytest.mark.slow  # a compare of two runs of six steps: 30 s
+def test_a_compare_whose_runs_part_beyond_the_tolerance_fails_and_keeps_its_results(cache_dir, tmp_path):
+    """The parity check on a real compare: float32 runs of jax and torch part by float rounding, more than a
+    tolerance of 1e-9 over the --parity-steps compared; the compare says so, exits 1, and keeps what it wrote."""
+    out = tmp_path / "parted.json"
+    proc = run_cli("compare", "--matrix", "jax;torch", *TINY_COMPARE, "--steps", "6", "--measure-only",
+                   "--parity-steps", "5", "--parity-tolerance", "1e-9", "--cache-dir", cache_dir, "--out", str(out))
+    combined = json.loads(out.read_text())
+    jax_losses, torch_losses = ([h["loss"] for h in run["result"]["history"][:5]] for run in combined["runs"])
+    assert max(abs(a - b) / abs(a) for a, b in zip(jax_losses, torch_losses)) > 1e-9  # what the check must find
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("Error: parity check failed: torch differs from jax by ")
+    assert combined["parity"]["passed"] is False and [p["steps"] for p in combined["parity"]["pairs"]] == [5]
 
 
 def test_each_child_trains_the_run_file_of_its_run(compared):

@@ -66,8 +66,16 @@ def test_training_blocks_are_the_seeds_and_a_resumed_run_gets_the_same_ones():
     stream = ByteTokenizer().stream(TEXT)
     first = [batch for _, batch in zip(range(5), training_batches(stream, 4, 16, seed=3))]
     resumed = [batch for _, batch in zip(range(2), training_batches(stream, 4, 16, seed=3, skip=3))]
+    assert len(resumed) == 2
     for (_, a), (_, b) in zip(first[3:], resumed):
-        np.testing.assert_array_equal(a.target_input, b.target_input)
+        for name in ("target_input", "target_output", "weight", "index"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    for _, batch in first:  # each row is the text's block at its start, and the block after it by one
+        for row, start in enumerate(batch.index):
+            np.testing.assert_array_equal(batch.target_input[row], stream.ids[start:start + 16])
+            np.testing.assert_array_equal(batch.target_output[row], stream.ids[start + 1:start + 17])
+    other_seed = [batch for _, batch in zip(range(5), training_batches(stream, 4, 16, seed=4))]
+    assert [list(b.index) for _, b in other_seed] != [list(b.index) for _, b in first]
     _, batch = first[0]
     assert batch.source is None and batch.inputs == (batch.target_input,)
     assert batch.target_tokens == 4 * 16  # every position counts in the loss and in tokens/s
