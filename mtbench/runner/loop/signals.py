@@ -68,13 +68,13 @@ def _handlers(handler):
         yield
     finally:
         raised = None
-        while previous:
-            signum = next(iter(previous))
-            try:
-                signal.signal(signum, previous[signum])
-                del previous[signum]
-            except BaseException as error:  # not put back: tried again, and raised once all are
-                raised = raised or error
+        for signum, handler in previous.items():
+            for attempt in range(2):  # a signal's handler raising comes once: a second failure is no signal's
+                try:
+                    signal.signal(signum, handler)
+                    break
+                except BaseException as error:  # not put back: tried again, and raised once all are
+                    raised = raised or error
         if raised is not None:
             raise raised
 
