@@ -47,26 +47,30 @@ class TranslationScores:
     references: list
 
 
+def _language_bleu(target_lang):
+    """sacrebleu's BLEU tokenizing as sacrebleu does for the targets' language, or None where its tokenizer for
+    the language is not installed (ja-mecab or ko-mecab without sacrebleu[ja] or [ko])."""
+    try:
+        return BLEU(trg_lang=target_lang or "")
+    except RuntimeError:
+        return None
+
+
 def bleu_metric(target_lang=None):
     """sacrebleu's BLEU, tokenizing as sacrebleu does for the targets' language: Chinese's own tokenizer (13a would
     see a sentence as one word), Japanese's and Korean's where sacrebleu's extras for them are installed, else 13a;
     the signature says which."""
-    try:
-        return BLEU(trg_lang=target_lang or "")
-    except RuntimeError:  # ja-mecab or ko-mecab without sacrebleu[ja] or [ko]
-        return BLEU()
+    bleu = _language_bleu(target_lang)
+    return BLEU() if bleu is None else bleu
 
 
 def bleu_tokenizer_note(target_lang=None):
     """Where sacrebleu's tokenizer for the targets' language is not installed (Japanese's, Korean's), what BLEU
     took instead, in words; else None."""
-    try:
-        BLEU(trg_lang=target_lang or "")
-    except RuntimeError:
-        return (f"BLEU tokenized the {target_lang} targets with 13a, which takes a sentence written without spaces "
-                f"for one word: sacrebleu's own tokenizer for {target_lang} needs pip install "
-                f"'sacrebleu[{target_lang}]'")
-    return None
+    if _language_bleu(target_lang) is not None:
+        return None
+    return (f"BLEU tokenized the {target_lang} targets with 13a, which takes a sentence written without spaces "
+            f"for one word: sacrebleu's own tokenizer for {target_lang} needs pip install 'sacrebleu[{target_lang}]'")
 
 
 def score(hypotheses, references, target_lang=None):
