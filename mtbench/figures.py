@@ -174,6 +174,20 @@ def attention_text(result):
             f"{arithmetic['scores']} scores, {arithmetic['softmax']} softmax{notes}")
 
 
+def layer_norm_text(result):
+    """How the train step computed each layer norm's mean and variance (`train_step_numerics`): in one pass as the
+    mean of squares (mtbench's JAX steps) or by Welford's (torch's kernel); 'not recorded' for a step that does not
+    say, and in earlier results."""
+    return (result.get("train_step_numerics") or {}).get("layer_norm") or "not recorded"
+
+
+def optimizer_update_text(result):
+    """What carried out the optimizer's update (`train_step_numerics`): Keras's optimizer compiled into JAX's step,
+    torch's fused AdamW kernel, or Keras's `apply`; 'not recorded' for a step that does not say, and in earlier
+    results."""
+    return (result.get("train_step_numerics") or {}).get("optimizer_update") or "not recorded"
+
+
 MATMUL_PRECISION_NAMES = {"highest": "highest (IEEE float32)", "high": "high (TF32 where the device has it)"}
 
 
@@ -322,6 +336,8 @@ RUN_CHOICES = (
     ("train_step", "train step", train_step_text),
     ("host_syncs", "host waits per step", host_syncs_text),
     ("attention", "attention", attention_text),
+    ("layer_norm", "layer norm statistics", layer_norm_text),
+    ("optimizer_update", "optimizer update", optimizer_update_text),
     ("matmul_precision", "float32 matmuls", matmul_precision_text),
     ("inference", "inference (decoding, samples)", inference_text),
     ("compile_cache", "compile cache", compile_cache_text),

@@ -92,6 +92,12 @@ class TrainStep:
         CUDA graphs ran, shapes that fell back to eager); '' when the name says it all. Called after training."""
         return ""
 
+    def numerics(self):
+        """How the step computes what the two backends' steps may compute differently, each in a few words and shown
+        beside the figures of every table: {'layer_norm': each layer norm's statistics, 'optimizer_update': what
+        carries out the update}. A key left out is shown 'not recorded'. Called after training."""
+        return {}
+
     def finalize(self):
         pass
 
@@ -134,6 +140,9 @@ class WrappingStep(TrainStep):
 
     def description(self):
         return self.inner.description()
+
+    def numerics(self):
+        return self.inner.numerics()
 
     def finalize(self):
         self.inner.finalize()

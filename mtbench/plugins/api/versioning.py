@@ -46,9 +46,11 @@ recompute their activations when `model_options["remat"]` asks, and `RunContext.
 1.20: `Launch.device_ordinal(visible_devices)`, the device a process of several computes on (SLURM's one GPU a task).
 1.21: `loss_scaling_choice_text` (float16's loss scaling, or 'none') among `RUN_CHOICES`; `energy_counter_text`.
 1.22: `Backend.inference`, how `compile_inference` runs the model; `inference_text` among `RUN_CHOICES`.
+1.23: `TrainStep.numerics()`, how a step computes its layer norms' statistics and its update (passed on by
+`WrappingStep`); `layer_norm_text` and `optimizer_update_text` among `RUN_CHOICES`.
 """
 
-PLUGIN_API_VERSION = "1.22"
+PLUGIN_API_VERSION = "1.23"
 
 
 def next_major(version=PLUGIN_API_VERSION):

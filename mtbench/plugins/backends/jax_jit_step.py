@@ -16,7 +16,7 @@ import itertools
 
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
-from mtbench.plugins.backends.jax_layer_norm import layer_norms, one_pass_layer_norms
+from mtbench.plugins.backends.jax_layer_norm import TracedForms, layer_norms, one_pass_layer_norms
 from mtbench.plugins.backends.jax_loss_scaling import apply_if_finite
 from mtbench.plugins.backends.keras_optimizer import inner_optimizer, scales_losses
 
@@ -277,6 +277,15 @@ def accumulated_over_shards(micro_batches, shards, distribution, flat=True, layo
 SCHEDULE_NUMBERS = ("initial_learning_rate", "decay_steps", "alpha", "warmup_target", "warmup_steps")
 
 
+def jax_step_numerics(traced_norms, optimizer):
+    """`TrainStep.numerics` of a step that traces the model's layer norms in one pass (`traced_norms`) and
+    applies the Keras `optimizer` statelessly inside its compiled program."""
+    update = f"Keras's {type(inner_optimizer(optimizer)).__name__} (`stateless_apply`), compiled into the step"
+    if scales_losses(optimizer):
+        update += ", the loss scale updated on the device"
+    return {"layer_norm": traced_norms.text(), "optimizer_update": update}
+
+
 def schedule_numbers(optimizer):
     """{name: value} of the numbers of `optimizer`'s learning-rate schedule that the step takes as arguments; none
     for a schedule of another kind, whose numbers stay constants of the program."""
@@ -340,6 +349,7 @@ class JitTrainStep(TrainStep):
         native_loss = is_token_mean_cross_entropy(loss_object)
         refuse_accumulating_other_losses(self.micro_batches, native_loss, loss_object)
         norms = layer_norms(model)
+        self.traced_norms = TracedForms(norms)
         # Under a distribution each gradient is held to its weight's layout: sharded weights (fsdp) get sharded
         # gradients, never a replicated copy XLA might otherwise choose.
         layouts = None if distribution is None else [v.value.sharding for v in model.trainable_variables]
@@ -356,7 +366,7 @@ class JitTrainStep(TrainStep):
         def loss_of(trainable, non_trainable, optimizer_state, x, y, weight, tokens, share):
             """The loss of (a shard of) the batch, its share of the model's own losses, scaled as the optimizer
             scales; `tokens` are the whole batch's, so the shards' losses add up to the batch's mean."""
-            with one_pass_layer_norms(norms):
+            with one_pass_layer_norms(norms, self.traced_norms):
                 logits, new_non_trainable, losses = model.stateless_call(
                     trainable, non_trainable, x, training=True, return_losses=True)
             loss = jnp.sum(token_cross_entropy(y, logits) * weight) / tokens if native_loss else \
@@ -466,6 +476,9 @@ class JitTrainStep(TrainStep):
         reduction = ", gradients summed as one flat buffer" if self.flat_shards and not self.own_gradients else ""
         return ", ".join(part for part in (f"{type(self.distribution).__name__} over a mesh of {shape}{reduction}",
                                            accumulating) if part)
+
+    def numerics(self):
+        return jax_step_numerics(self.traced_norms, self.model.optimizer)
 
     def block(self):
         # The Keras variables are stale until `finalize`, so the backend's synchronize cannot see this step's

@@ -29,22 +29,62 @@ def layer_norms(model):
     return [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.LayerNormalization)]
 
 
-def one_pass_call(layer):
+class TracedForms:
+    """Which layer norms a step's program computes in one pass and which by their own `call`, as it was traced:
+    what the step ran, not what it was set up to run (a norm the model never calls is in neither)."""
+
+    def __init__(self, layers):
+        self.layers = len(layers)
+        self.ids = [id(layer) for layer in layers]
+        self.one_pass, self.own_call = set(), set()
+        # {id of a norm: id of the norm whose call computes it}: a pipeline's later stages, stacked under the first's
+        self.stand_ins = {}
+
+    def stand_in(self, layer, by):
+        """`layer` is computed by `by`'s call (with its own weights), and takes the form `by` was traced in."""
+        self.stand_ins[id(layer)] = id(by)
+
+    def text(self):
+        """The step's layer-norm statistics in a few words, for `TrainStep.numerics`."""
+        if not self.layers:
+            return "none in the model"
+        if not (self.one_pass or self.own_call):
+            return f"none traced ({self.layers} layer norms in the model)"
+        computed_by = [self.stand_ins.get(layer, layer) for layer in self.ids]
+        one_pass = sum(layer in self.one_pass for layer in computed_by)
+        own_call = sum(layer in self.own_call for layer in computed_by)
+        parts = [f"one pass: the variance as the mean of squares less the squared mean, in float32 or wider "
+                 f"({one_pass} of {self.layers} layer norms)"] if one_pass else []
+        if own_call:
+            parts.append(f"{own_call} of {self.layers} by their own `call` (Keras's: two passes)")
+        if self.layers - one_pass - own_call:
+            parts.append(f"{self.layers - one_pass - own_call} of {self.layers} not called by the traced program")
+        return "; ".join(parts)
+
+
+def one_pass_call(layer, traced=None):
     """`layer.call` with the variance from the mean of squares (the last axis, in at least float32), cast back
     to the input's and then the layer's dtype, as Keras's; the layer's own `call` for any other axis, RMS scaling
-    or a subclass."""
+    or a subclass. `traced` (a `TracedForms`) learns which of the two each trace took."""
     import jax
     import jax.numpy as jnp
     import keras
 
     keras_call = layer.call
+    traced = traced or TracedForms([layer])
+
+    def own_call(*args, **kwargs):
+        traced.own_call.add(id(layer))
+        return keras_call(*args, **kwargs)
+
     if type(layer) is not keras.layers.LayerNormalization:
-        return keras_call
+        return own_call
 
     def call(inputs):
         axes = [axis % inputs.ndim for axis in (layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis])]
         if layer.rms_scaling or axes != [inputs.ndim - 1]:
-            return keras_call(inputs)
+            return own_call(inputs)
+        traced.one_pass.add(id(layer))
         x = inputs.astype(jnp.promote_types(inputs.dtype, jnp.float32))
         mean = jnp.mean(x, axis=-1, keepdims=True)
         variance = jnp.maximum(jnp.mean(jnp.square(x), axis=-1, keepdims=True) - jnp.square(mean), 0.0)
@@ -60,16 +100,16 @@ def one_pass_call(layer):
 
 
 @contextlib.contextmanager
-def one_pass_layer_norms(layers):
+def one_pass_layer_norms(layers, traced=None):
     """While inside, each of `layers` computes its statistics in one pass (`one_pass_call`), traced as its own
-    `jax.jit`."""
+    `jax.jit`; `traced` (a `TracedForms` of `layers`) learns which form each trace took."""
     import jax
 
     def separately(call):
         return lambda *args, **kwargs: jax.jit(functools.partial(call, **kwargs))(*args)
 
     for layer in layers:
-        layer.call = separately(one_pass_call(layer))
+        layer.call = separately(one_pass_call(layer, traced))
     try:
         yield
     finally:

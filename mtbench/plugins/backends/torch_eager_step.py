@@ -17,6 +17,7 @@ import contextlib
 
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
+from mtbench.plugins.backends.keras_optimizer import inner_optimizer
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
 from mtbench.plugins.backends.torch_host_syncs import keras_constants_on_device
 from mtbench.plugins.backends.torch_plain_calls import plain_calls_unsupported, plain_layer_calls
@@ -53,6 +54,29 @@ def correct_tokens(labels, logits, weight):
     only on an exact tie with the label's logit."""
     label_logits = logits.gather(-1, labels[..., None].long())[..., 0]
     return ((label_logits >= logits.amax(-1)) * weight).sum()
+
+
+def layer_norm_text(model):
+    """How the torch steps compute the statistics of `model`'s layer norms: torch's `layer_norm` kernel (Welford's
+    one pass, in float32) for every norm whose `call` reaches it (Keras's own class over contiguous axes without RMS
+    scaling, through mtbench's kernel or Keras's torch backend; inductor's generated norm is Welford's too), the
+    others by their own `call`."""
+    import keras
+    norms = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.LayerNormalization)]
+    if not norms:
+        return "none in the model"
+
+    def reaches_kernel(norm):
+        axes = sorted(norm.axis if isinstance(norm.axis, (list, tuple)) else [norm.axis])
+        contiguous = all(later - earlier == 1 for earlier, later in zip(axes, axes[1:]))
+        return type(norm).call is keras.layers.LayerNormalization.call and not norm.rms_scaling and contiguous
+
+    kernel = sum(map(reaches_kernel, norms))
+    parts = [f"Welford's one pass, in float32 (torch's layer_norm; {kernel} of {len(norms)} layer norms)"] if kernel \
+        else []
+    if kernel < len(norms):
+        parts.append(f"{len(norms) - kernel} of {len(norms)} by their own `call` (Keras's: two passes)")
+    return "; ".join(parts)
 
 
 class OwnLosses:
@@ -99,6 +123,9 @@ class EagerTorchTrainStep(TrainStep):
         # The torch group of the processes that hold different rows of the batch (None: every process), and
         # their count: the gradients are averaged over them.
         self.data_group, self.replicas = None, 1
+        # What each micro-batch's forward and backward run under, given whether it is the step's last (None: DDP's
+        # `no_sync` before the last, where the module has it); an extra's own (fsdp keeps its units gathered).
+        self.micro_batch_context = None
 
     def distribute(self, processes, module, data_group=None):
         """Trains over several processes (`processes`, a ProcessGroup) through `module`: the model wrapped in
@@ -115,6 +142,7 @@ class EagerTorchTrainStep(TrainStep):
         reduce every gradient twice)."""
         self.processes, self.module = step.processes, step.module
         self.data_group, self.replicas = step.data_group, step.replicas
+        self.micro_batch_context = step.micro_batch_context
 
     def description(self):
         """What differs from the default step: the update, when Keras's `optimizer.apply` carries it out."""
@@ -122,6 +150,14 @@ class EagerTorchTrainStep(TrainStep):
         if self.fused_optimizer_refused is not None:
             parts.append(f"update by Keras's optimizer.apply ({self.fused_optimizer_refused})")
         return "; ".join(parts)
+
+    def numerics(self):
+        if self.fused_optimizer is not None:
+            update = self.fused_optimizer.description()
+        else:
+            name = type(inner_optimizer(self.model.optimizer)).__name__
+            update = f"Keras's {name} (`optimizer.apply`), eager: {self.fused_optimizer_refused}"
+        return {"layer_norm": layer_norm_text(self.model), "optimizer_update": update}
 
     def _loss(self, y, logits, sample_weight):
         import torch.nn.functional as F
@@ -204,9 +240,7 @@ class EagerTorchTrainStep(TrainStep):
         for part in range(parts):
             rows = slice(part * y.shape[0] // parts, (part + 1) * y.shape[0] // parts)
             part_weight = sample_weight[rows]
-            holding = self.module.no_sync() if hasattr(self.module, "no_sync") and part < parts - 1 else \
-                contextlib.nullcontext()
-            with holding, self._forward_context():
+            with self._micro_batch(last=part == parts - 1), self._forward_context():
                 part_loss, part_accuracy = self._forward(tuple(p[rows] for p in x), y[rows], part_weight)
                 share = part_weight.sum() / tokens
                 objective = part_loss * share
@@ -223,6 +257,13 @@ class EagerTorchTrainStep(TrainStep):
             dist.all_reduce(figures, group=self.data_group)
             loss, accuracy = figures[0], figures[1]
         return loss, accuracy
+
+    def _micro_batch(self, last):
+        """The context of one micro-batch's forward and backward: DDP's `no_sync` before the last (the gradients
+        averaged once a step), or what an extra set (`micro_batch_context`)."""
+        if self.micro_batch_context is not None:
+            return self.micro_batch_context(last)
+        return self.module.no_sync() if hasattr(self.module, "no_sync") and not last else contextlib.nullcontext()
 
     def _global_token_means(self, loss, accuracy, sample_weight, own=None):
         """(what to differentiate, the loss, the accuracy) over the global batch of several processes. Each

@@ -82,6 +82,9 @@ class DynamicLossScale:
 
 
 class FusedAdamW:
+    # What each process's kernel updates, where processes hold different parts of the model (a subclass's own).
+    updates = ""
+
     def __init__(self, optimizer, variables, group=None):
         """`group`: the processes that each hold different gradients of one model (parts of split weights, shards,
         stages), whose norms and overflow verdicts a subclass combines; None where every process holds them all."""
@@ -120,6 +123,15 @@ class FusedAdamW:
             self.torch_optimizer.state[parameter] = {
                 "step": torch.full((), float(self.iterations), dtype=torch.float32, device=parameter.device),
                 "exp_avg": self.updated_tensor(momentum.value), "exp_avg_sq": self.updated_tensor(velocity.value)}
+
+    def description(self):
+        """What carries out the update, for `TrainStep.numerics`."""
+        calls = len(self.torch_optimizer.param_groups)
+        text = (f"Keras's AdamW by torch's fused AdamW kernel, {calls} call{'s' * (calls != 1)} a step (one a "
+                f"parameter group)")
+        if self.updates:
+            text += f", {self.updates}"
+        return text + (", the loss scale updated on the device" if self.loss_scale is not None else "")
 
     @staticmethod
     def updated_tensor(value):

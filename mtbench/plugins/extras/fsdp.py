@@ -21,6 +21,7 @@ parameters (DTensors). torch's fused AdamW then updates the shards with Keras's 
 its state the Keras optimizer's moment variables, sharded as their parameters are.
 """
 
+import contextlib
 import functools
 import itertools
 import math
@@ -565,6 +566,15 @@ class TorchSharding:
             unit.call = lambda *args, _unit=unit, **kwargs: torch.nn.Module.__call__(_unit, *args, **kwargs)
         self.distributed = True
 
+    @contextlib.contextmanager
+    def micro_batch_context(self, last):
+        """Under --grad-accum, each unit stays gathered from one micro-batch's backward to the next one's forward and
+        is resharded after the last one's backward: one all-gather a unit a step, as JAX's program hoists its
+        gathering out of the micro-batch loop (FSDP2 would gather every micro-batch). Each micro-batch's gradients
+        are reduce-scattered after its backward, on both."""
+        self.model.set_reshard_after_backward(last)
+        yield
+
     def hold_distributed(self):
         """The variables at their shards, FSDP's hooks on: for the next step."""
         self.hold_shards()
@@ -597,6 +607,7 @@ class CombinedNormAdamW(FusedAdamW):
     """torch's fused AdamW over FSDP's shards, each gradient clipped by its own norm (Keras's `clipnorm`) as
     `FusedAdamW` clips, the squared norms of every gradient's shards summed over the processes in one all-reduce:
     a DTensor's norm is an all-reduce of its own, one per gradient (about 130 a step on the `small` preset)."""
+    updates = "each process updating its FSDP shards"
 
     def local_parts(self, grads):
         return [grad.to_local() for grad in grads]
@@ -675,6 +686,7 @@ def torch_sharded_step(model, step, processes):
     # The gradients FSDP reduce-scatters are averages over the processes, as DDP's are: the step weighs each
     # process's loss by its share of the global batch's tokens.
     step.distribute(processes, model)
+    step.micro_batch_context = sharding.micro_batch_context
     if step.fused_optimizer is not None:  # else Keras's `optimizer.apply`, which takes the shards as they are
         step.fused_optimizer = CombinedNormAdamW(model.optimizer, step.variables, mesh.get_group())
     record = {"devices": world, "processes": world, "collectives": processes.collectives,

@@ -9,8 +9,8 @@ import numpy as np
 
 from mtbench import Extra, MtbenchError, TrainStep, hookimpl
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
-from mtbench.plugins.backends.jax_jit_step import SEED_STATE, correct_tokens, token_cross_entropy
-from mtbench.plugins.backends.jax_layer_norm import layer_norms, one_pass_layer_norms
+from mtbench.plugins.backends.jax_jit_step import SEED_STATE, correct_tokens, jax_step_numerics, token_cross_entropy
+from mtbench.plugins.backends.jax_layer_norm import TracedForms, layer_norms, one_pass_layer_norms
 from mtbench.plugins.extras.fsdp import StateRecording, devices_reason, jax_step_state, use_distribution
 
 
@@ -38,12 +38,13 @@ class PmapTrainStep(TrainStep):
         if not optimizer.built:  # a restored checkpoint built it: building again would reset a loss scale
             optimizer.build(model.trainable_variables)
         norms = layer_norms(model)
+        self.traced_norms = TracedForms(norms)
 
         def step(trainable, non_trainable, optimizer_state, x, y, weight):
             tokens = jax.lax.psum(jnp.sum(weight), "batch")
 
             def loss_of(params):
-                with one_pass_layer_norms(norms):
+                with one_pass_layer_norms(norms, self.traced_norms):
                     logits, new_non_trainable, losses = model.stateless_call(
                         params, non_trainable, x, training=True, return_losses=True)
                 loss = jnp.sum(token_cross_entropy(y, logits) * weight) / tokens
@@ -97,6 +98,9 @@ class PmapTrainStep(TrainStep):
             self.record.update(devices=len(logs["loss"].addressable_shards), per_device_batch=rows.shape[1])
             self.recorded = True
         return {name: value[0] for name, value in logs.items()}  # read by the loop at its window's edge
+
+    def numerics(self):
+        return jax_step_numerics(self.traced_norms, self.model.optimizer)
 
     def block(self):
         import jax

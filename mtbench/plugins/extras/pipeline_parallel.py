@@ -246,6 +246,7 @@ class StageAdamW(FusedAdamW):
     """torch's fused AdamW over one stage's weights. Clipped together (`global_clipnorm`), the norm is every stage's:
     the squared norms summed here (the shared table's counted by the first stage alone) and over the stages in one
     all-reduce. A float16 overflow anywhere skips the step everywhere."""
+    updates = "each process updating its stage's weights"
 
     def __init__(self, optimizer, variables, group, uncounted=()):
         import torch
@@ -759,6 +760,7 @@ class JaxPipelineStep(StateRecording):
 
 def jax_pipeline_step(run, model, step):
     from mtbench.plugins.backends.jax_jit_step import JitTrainStep
+    from mtbench.plugins.backends.jax_layer_norm import layer_norms
     if not isinstance(step, JitTrainStep) or step.distribution is None or step.micro_batches > 1:
         raise MtbenchError(f"pipelines mtbench's jit step, not the '{step.name}' step")
     if not hasattr(model, "blocks") or not hasattr(model, "embed"):
@@ -775,7 +777,12 @@ def jax_pipeline_step(run, model, step):
                    "micro_batches": micro_batches,
                    "micro_batch_rows": run.config.batch_size // record["mesh_shape"][0] // micro_batches,
                    "bubble_fraction": round(bubble_fraction(stages, micro_batches), 4)})
-    return JaxPipelineStep(JitTrainStep(staged, step.distribution), staged, record)
+    pipelined = JitTrainStep(staged, step.distribution)
+    # A later stage's block is computed by the first stage's block at its position, with its own weights stacked.
+    for index, block in enumerate(model.blocks[staged.per_stage:], staged.per_stage):
+        for norm, by in zip(layer_norms(block), layer_norms(model.blocks[index % staged.per_stage])):
+            pipelined.traced_norms.stand_in(norm, by)
+    return JaxPipelineStep(pipelined, staged, record)
 
 
 def cuda_graphs_reason(config):

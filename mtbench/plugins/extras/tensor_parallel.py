@@ -401,6 +401,7 @@ class SplitAdamW(FusedAdamW):
     split gradients' squared norms summed over the model axis in one all-reduce. On a data x model mesh the
     gradients are first averaged over the data axis (`data_group`, `replicas` processes: the step's own) in DDP's
     buckets, each all-reduce started from the backward pass (`GradientBuckets`)."""
+    updates = "each process updating its parts of the split weights"
 
     def __init__(self, optimizer, variables, group, data_group=None, replicas=1, micro_batches=1):
         import torch

@@ -97,6 +97,8 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         "loss_scaling": loss_scaling_record(built.model.optimizer, len(state.history)),
         "train_step": built.train_step.name,
         "train_step_detail": step_description(built.train_step),
+        # What the step computes its own way where the backends' steps may differ (layer norms, the update).
+        "train_step_numerics": step_numerics(built.train_step),
         "train_step_chosen": run.step_choice,  # --step, and why auto chose as it did
         "dtype_chosen": run.dtype_choice,      # --dtype, and why auto chose as it did
         # Host waits inside one steady step (`Backend.host_sync_counter`), counted apart from the timed steps.
@@ -164,13 +166,43 @@ def loss_scaling_record(optimizer, steps):
 def step_description(step):
     """How the train step ran, in its own words (`TrainStep.description`). One that raises, a plugin's, takes no
     trained run down: the detail says which code failed, and every report of the run shows it."""
-    try:
-        text = getattr(step, "description", lambda: "")()
+    return _step_said(step, "description", "",
+                      lambda text: None if isinstance(text, str) else f"it returned {type(text).__name__}, not a str")
+
+
+NUMERICS_KEYS = ("layer_norm", "optimizer_update")
+
+
+def step_numerics(step):
+    """{key: text} of what the step computes its own way (`TrainStep.numerics`; a step from before it: {}). One
+    that fails, or says something else, has each key say so: the run's figures are kept."""
+    said = _step_said(step, "numerics", {}, _numerics_error)
+    return dict.fromkeys(NUMERICS_KEYS, said) if isinstance(said, str) else said
+
+
+def _numerics_error(said):
+    if not isinstance(said, dict):
+        return f"it returned {type(said).__name__}, not a dict"
+    for key, text in said.items():
+        if key not in NUMERICS_KEYS:
+            return f"it returned the key {key!r}, not one of {', '.join(NUMERICS_KEYS)}"
         if not isinstance(text, str):
-            raise TypeError(f"it returned {type(text).__name__}, not a str")
-        return text
-    except Exception as error:  # a plugin's own code, after training: the run's figures are safe
-        where = f"{type(step).__module__}.{type(step).__qualname__}.description()"
+            return f"its {key!r} is {type(text).__name__}, not a str"
+    return None
+
+
+def _step_said(step, method, default, error_of):
+    """What the step's `method` returned, called after training; where it raised, or returned what `error_of`
+    finds wrong, 'not described: ...' with the code that failed (a plugin's own, after training: the figures are
+    safe)."""
+    try:
+        said = getattr(step, method, lambda: default)()
+        error = error_of(said)
+        if error:
+            raise TypeError(error)
+        return said
+    except Exception as error:
+        where = f"{type(step).__module__}.{type(step).__qualname__}.{method}()"
         return f"not described: {where} failed: {type(error).__name__}: {error}"
 
 

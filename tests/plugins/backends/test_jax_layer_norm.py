@@ -118,16 +118,43 @@ def test_a_subclass_of_layer_normalization_keeps_its_own_call():
     keras = keras_on_jax()
     import jax.numpy as jnp
 
-    from mtbench.plugins.backends.jax_layer_norm import layer_norms, one_pass_layer_norms
+    from mtbench.plugins.backends.jax_layer_norm import TracedForms, layer_norms, one_pass_layer_norms
 
     class Doubled(keras.layers.LayerNormalization):
         def call(self, inputs):
             return 2 * super().call(inputs)
 
-    model = keras.Sequential([keras.Input((4, 8)), Doubled(), keras.layers.LayerNormalization()])
+    model = keras.Sequential([keras.Input((4, 8)), Doubled(), keras.layers.LayerNormalization(),
+                              keras.layers.LayerNormalization(axis=1)])
     norms = layer_norms(model)
-    assert [type(norm) for norm in norms] == [Doubled, keras.layers.LayerNormalization]
+    assert [type(norm) for norm in norms] == [Doubled, *[keras.layers.LayerNormalization] * 2]
     x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 4, 8)), jnp.float32)
     expected = norms[0](x)  # twice a norm: the one-pass form would give it once
-    with one_pass_layer_norms(norms):
+    traced = TracedForms(norms)
+    assert traced.text() == "none traced (3 layer norms in the model)"
+    with one_pass_layer_norms(norms, traced):
         np.testing.assert_allclose(norms[0](x), expected, rtol=1e-6, atol=1e-6)  # jitted, as Keras's in a step
+        assert traced.text() == ("1 of 3 by their own `call` (Keras's: two passes); 2 of 3 not called by the traced "
+                                 "program")
+        model(x)
+    # The subclass and the norm over another axis than the last kept their own call; only one took the one pass.
+    assert traced.text() == ("one pass: the variance as the mean of squares less the squared mean, in float32 or "
+                             "wider (1 of 3 layer norms); 2 of 3 by their own `call` (Keras's: two passes)")
+    assert TracedForms([]).text() == "none in the model"
+
+
+def test_the_steps_layer_norm_row_counts_the_norms_its_program_computes_in_one_pass(tiny_gpt_step):
+    """The layer-norm statistics a JAX step reports are those of its traced program: as many norms in one pass as
+    the program has forwards that sum nothing centred. Its update is Keras's AdamW inside the step."""
+    import jax
+    step, norms, batch = tiny_gpt_step
+    state = tuple([variable.value for variable in variables] for variables in step._keras_state())
+    program = jax.make_jaxpr(step._step)(state, *batch, step.schedule_arguments()).jaxpr
+    (body,) = sub_jaxprs(program.eqns[0])
+    forwards = [eqn for eqn in body.eqns if eqn.params.get("name") == "call"][:len(norms)]
+    one_pass = sum(reductions_over_features(sub_jaxprs(forward)[0]) == [False, False] for forward in forwards)
+    assert one_pass == len(norms) == 5
+    assert step.numerics() == {
+        "layer_norm": "one pass: the variance as the mean of squares less the squared mean, in float32 or wider "
+                      f"({one_pass} of {len(norms)} layer norms)",
+        "optimizer_update": "Keras's AdamW (`stateless_apply`), compiled into the step"}

@@ -168,20 +168,34 @@ UPDATE_PROBE = textwrap.dedent("""
     from mtbench.keras_models.gpt import build_gpt
     from mtbench.keras_models.presets import GPT_PRESETS
     from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+    from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.setup import compile_model
-    dtype = sys.argv[1]  # bfloat16: 16-bit weights
+    dtype, kind = sys.argv[1:]  # bfloat16: 16-bit weights; the compiled or the eager step
     keras.config.set_dtype_policy(dtype)
     model = build_gpt(GPT_PRESETS["tiny"])
     compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype=dtype), 10, {})
-    step = CompiledTorchTrainStep(model)
+    step = (CompiledTorchTrainStep if kind == "compiled" else EagerTorchTrainStep)(model)
     ids = np.ones((2, 16), np.int32)
     step((ids,), ids, np.ones((2, 16), np.float32))
     with profile() as trace:
         step((ids,), ids, np.ones((2, 16), np.float32))
-    fused = [event.name for event in trace.events() if "fused_adam" in event.name]
-    print(json.dumps({"compiled": step.compiled_part, "fused_kernels": {name: fused.count(name) for name in fused}}))
+    names = [event.name for event in trace.events()]
+    fused = [name for name in names if "fused_adam" in name]
+    print(json.dumps({"compiled": getattr(step, "compiled_part", None), "numerics": step.numerics(),
+                      "fused_kernels": {name: fused.count(name) for name in fused},
+                      "layer_norms": names.count("aten::native_layer_norm")}))
 """)
+
+
+def updated_by(dtype, kind):
+    """What the update probe reports of one profiled step of the tiny GPT's `kind` torch step in `dtype`."""
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}
+    env.pop("KERAS_BACKEND", None)
+    proc = subprocess.run([sys.executable, "-c", UPDATE_PROBE, dtype, kind], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
@@ -194,17 +208,31 @@ def test_the_compiled_steps_record_names_the_update_that_ran(dtype, fused_kernel
     """With 16-bit weights torch's fused AdamW is refused and Keras's optimizer.apply updates them: no fused
     kernel runs, and what the torch-compile record says is compiled and what runs eagerly says so (it said
     'fused AdamW update eager' whatever ran). With float32 weights the fused update runs."""
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}
-    env.pop("KERAS_BACKEND", None)
-    proc = subprocess.run([sys.executable, "-c", UPDATE_PROBE, dtype], capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = updated_by(dtype, "compiled")
     assert report["fused_kernels"] == fused_kernels
     if compiled is None:
         assert "fused AdamW update eager" in report["compiled"], report["compiled"]
     else:
         assert report["compiled"] == compiled
+
+
+def test_the_eager_steps_numerics_name_the_kernels_its_step_ran():
+    """The layer-norm and update rows of a torch run count what its step ran (torch's profiler, one step): a
+    `layer_norm` kernel call for each norm it names, and one fused AdamW call a parameter group; with 16-bit
+    weights no fused call, and the row says Keras's `apply` updated them, and why."""
+    report = {dtype: updated_by(dtype, "eager") for dtype in ("float32", "bfloat16")}
+    for dtype, ran in report.items():
+        norms = ran["layer_norms"]
+        assert norms >= 3, ran  # a block's two and the final one, at least
+        assert ran["numerics"]["layer_norm"] == \
+            f"Welford's one pass, in float32 (torch's layer_norm; {norms} of {norms} layer norms)"
+    assert report["float32"]["fused_kernels"] == {"aten::_fused_adamw_": 2}
+    assert report["float32"]["numerics"]["optimizer_update"] == \
+        "Keras's AdamW by torch's fused AdamW kernel, 2 calls a step (one a parameter group)"
+    assert report["bfloat16"]["fused_kernels"] == {}
+    assert report["bfloat16"]["numerics"]["optimizer_update"] == (
+        "Keras's AdamW (`optimizer.apply`), eager: bfloat16 weights, which Keras's AdamW updates in bfloat16 as "
+        "JAX's step does")
 
 
 def test_the_symbolic_check_finds_a_keras_tensor_wherever_keras_would():

@@ -89,6 +89,8 @@ def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, cpu_c
     if extra == "data-parallel":
         assert result["train_step_detail"] == "DataParallel over a mesh of 2 batch, gradients summed as one flat buffer"
     assert len(losses(result)) == COMPARE_STEPS
+    # Each device's norms in the one pass and Keras's update inside the program, as on one device.
+    assert result["train_step_numerics"] == single_device["train_step_numerics"]
     np.testing.assert_allclose(losses(result), losses(single_device), rtol=1e-5)
     assert result["metrics"]["val_loss"] == pytest.approx(single_device["metrics"]["val_loss"], rel=1e-5)
 

@@ -160,6 +160,7 @@ def test_two_compiled_stages_train_what_one_process_trains_sending_each_micro_ba
     assert pipelined["host_syncs_per_step"] == 0
     assert pipelined["train_step_detail"] == ("mode default, CUDA graphs: not used (mode default), pipeline-parallel "
                                               "over 2 processes (blocks 0-1 | blocks 2-3), 8 micro-batches, 1F1B")
+    assert pipelined["train_step_numerics"]["optimizer_update"].endswith(", each process updating its stage's weights")
 
 
 @pytest.mark.slow
@@ -274,6 +275,9 @@ def test_jax_stages_train_what_one_device_trains_moving_only_activations(tmp_pat
     assert not [shape for shapes in moved.values() for shape in shapes if kernels.fullmatch(shape)], moved
     assert pipelined["host_syncs_per_step"] == 0
     assert "pipeline-parallel (blocks 0-1 | blocks 2-3), 8 micro-batches, GPipe" in pipelined["train_step_detail"]
+    # The second stage's blocks are computed by the first stage's layers, stacked: their norms in the same one pass.
+    assert pipelined["train_step_numerics"] == one["train_step_numerics"]
+    assert one["train_step_numerics"]["layer_norm"].endswith(f"({2 * 4 + 1} of {2 * 4 + 1} layer norms)")
 
 
 @pytest.mark.slow

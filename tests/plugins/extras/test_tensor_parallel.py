@@ -268,6 +268,8 @@ def split_gpt_record(split, one, train_step, detail):
     device's half of the split weights, one head each, 4 all-reduces of activations per block."""
     assert_trains_like_one_device(split, one, GPT_STEPS)
     assert split["train_step"] == train_step and split["train_step_detail"] == detail
+    # The replicated norms compute their statistics as one device's do.
+    assert split["train_step_numerics"]["layer_norm"] == one["train_step_numerics"]["layer_norm"]
     assert split["host_syncs_per_step"] == 0  # the batch's rows gathered on the devices, the norms' indices kept
     record = split["extras_record"]["tensor-parallel"]
     assert record["split_layers"] == {"columns": 4 * GPT_BLOCKS, "rows": 2 * GPT_BLOCKS}
@@ -297,6 +299,8 @@ def test_torch_tensor_parallel_gpt_trains_like_one_process_with_megatrons_all_re
                               "tensor-parallel over 2 processes, embeddings, layer norms and the tied output layer "
                               "replicated, query, key and value as one product")
     assert record["collectives"] == "gloo" and record["mesh_axes"] == ["model"] and record["mesh_shape"] == [2]
+    assert gpt_runs["torch-split"]["train_step_numerics"]["optimizer_update"].endswith(
+        ", each process updating its parts of the split weights")
     # Counted over gloo in a step: DTensor's all-reduces of activations and one all-reduce of the split gradients'
     # squared norms (global_clipnorm); before them, one all-gather of the batch's rows (the loop hands each process
     # its share of the batch; every process needs all of it).

@@ -5,13 +5,14 @@ import csv
 import io
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
 
 import pytest
 
-from conftest import assert_refused_in_one_line, device_kind, python_path, run_cli
+from conftest import assert_refused_in_one_line, device_kind, keras_on_jax, python_path, run_cli
 from mtbench.figures import FIGURES, shown_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -133,6 +134,15 @@ def parse_markdown_table(text):
     return header, {row[0]: row[1:] for row in body}
 
 
+def tiny_layer_norms():
+    """The layer norms of the `tiny` translation model, as Keras lists its layers."""
+    keras = keras_on_jax()
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    model = build_transformer(PRESETS["tiny"])
+    return [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.LayerNormalization)]
+
+
 def test_markdown_output_carries_the_results_figures(results):
     text = report(results["jax"][0], results["torch"][0], "--format", "markdown")
     header, rows = parse_markdown_table(text)
@@ -153,6 +163,17 @@ def test_markdown_output_carries_the_results_figures(results):
     assert rows["train step"] == ["jax-jit-stateless", "torch-eager"]
     assert rows["attention"] == ["xla (unfused)", "aten (unfused)"]
     assert rows["float32 matmuls"] == ["highest (IEEE float32)"] * 2
+    # Each layer norm's statistics (JAX's steps in one pass as the mean of squares, torch's kernel Welford's) and
+    # what carried out the update: the arithmetic that differs by the backend, a row each.
+    norms = len(tiny_layer_norms())
+    assert rows["layer norm statistics"] == [
+        "one pass: the variance as the mean of squares less the squared mean, in float32 or wider "
+        f"({norms} of {norms} layer norms)",
+        f"Welford's one pass, in float32 (torch's layer_norm; {norms} of {norms} layer norms)"]
+    # (the fused kernel's calls counted against torch's profiler: tests/plugins/backends/test_torch_step_honesty.py)
+    assert rows["optimizer update"][0] == "Keras's AdamW (`stateless_apply`), compiled into the step"
+    assert re.fullmatch(r"Keras's AdamW by torch's fused AdamW kernel, (1 call|2 calls) a step \(one a parameter "
+                        r"group\)", rows["optimizer update"][1])
     assert rows["compile cache"][1] == "off"
     # torch's intra-op threads as it counted them in the run's process (its default, the physical cores)
     cores = [results[backend][1]["env"]["cpu_count"] for backend in ("jax", "torch")]

@@ -174,6 +174,32 @@ def test_a_step_description_that_fails_says_which_code_failed_and_keeps_the_run(
     assert step_description(Wordless()).endswith("Wordless.description() failed: TypeError: it returned int, not a str")
 
 
+def test_a_steps_numerics_that_fail_say_which_code_failed_under_each_key():
+    from mtbench.plugins.api import TrainStep
+    from mtbench.runner.results.run_result import step_numerics
+
+    class Said(TrainStep):
+        def numerics(self):
+            return {"layer_norm": "two passes"}
+
+    class Careless(TrainStep):
+        def numerics(self):
+            raise RuntimeError("numerics boom")
+
+    class Misnamed(TrainStep):
+        def numerics(self):
+            return {"layernorm": "two passes"}
+
+    assert step_numerics(Said()) == {"layer_norm": "two passes"}
+    assert step_numerics(TrainStep()) == {} and step_numerics(object()) == {}
+    failed = step_numerics(Careless())
+    assert set(failed) == {"layer_norm", "optimizer_update"} and len(set(failed.values())) == 1
+    assert failed["layer_norm"].endswith("Careless.numerics() failed: RuntimeError: numerics boom")
+    assert step_numerics(Misnamed())["optimizer_update"].endswith(
+        "Misnamed.numerics() failed: TypeError: it returned the key 'layernorm', not one of layer_norm, "
+        "optimizer_update")
+
+
 class SecondProcessLookups(ProcessGroup):
     """Two processes, the other of which looked the cache up `others` times (hits, misses), or counted nothing."""
 
