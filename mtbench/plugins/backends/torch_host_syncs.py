@@ -18,7 +18,10 @@ What is counted, for a step on `device`:
   `equal`).
 
 On the CPU the step's device is the host: the count is then what the same step would wait for on a GPU (a
-tensor made from host data there would be a blocking copy; a read would wait for the device). Filling a tensor
+tensor made from host data there would be a blocking copy; a read would wait for the device). A tensor's own reads
+to the host (`cpu`, `tolist`) dispatch nothing on the CPU, where the tensor is on the host already; on a GPU they
+copy it to the host, and wait. On the CPU they are counted where they are called instead (`host_reads`), once a
+tensor (`x.cpu().tolist()` is one copy on a GPU). `numpy()` is no read: on a GPU it takes a host tensor only. Filling a tensor
 on the device with a Python number (`torch.full`, `arange`, `x * 2.0`) launches a kernel with the number as an
 argument: no copy, not counted.
 
@@ -144,9 +147,11 @@ class TorchHostSyncCounter:
         """Host arrays the step may turn into tensors without counting (the batch's own, copied once a step)."""
         self._exempt = {_data_pointer(a) for a in arrays} - {None}
 
+    @contextlib.contextmanager
     def counting(self):
         """The context in which torch operations are counted (enter it around steady steps only)."""
-        return _host_sync_mode()(self)
+        with host_reads(self) if self.on_host else contextlib.nullcontext(), _host_sync_mode()(self):
+            yield
 
     def count_step(self, step, x, y, sample_weight):
         """Runs `step(x, y, sample_weight)` counting its host waits; returns what the step returns."""
@@ -162,6 +167,39 @@ class TorchHostSyncCounter:
     def per_step(self):
         """Host waits per counted step (None before any)."""
         return self.syncs / self.steps if self.steps else None
+
+
+HOST_READS = ("cpu", "tolist")
+
+
+@contextlib.contextmanager
+def host_reads(counter):
+    """While inside, a tensor's first `cpu` or `tolist` is a read for `counter` (on a GPU a copy to the host, which
+    the dispatch mode sees; on the CPU nothing is dispatched), unless torch.compile is tracing (a compiled graph is
+    counted as it runs)."""
+    import torch
+    read = {}  # id: tensor, of each tensor read (on the CPU `cpu()` returns the tensor), held to the counting's end
+
+    def reading(name, method):
+        def reading_call(tensor, *args, **kwargs):
+            if not torch.compiler.is_compiling() and id(tensor) not in read:
+                counter.record("read", f"Tensor.{name}")
+                read[id(tensor)] = tensor
+            return method(tensor, *args, **kwargs)
+        return reading_call
+
+    methods = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+    own = {name: torch.Tensor.__dict__.get(name) for name in HOST_READS}  # None: inherited from torch's C class
+    try:
+        for name, method in methods.items():
+            setattr(torch.Tensor, name, reading(name, method))
+        yield
+    finally:
+        for name, defined in own.items():
+            if defined is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, defined)
 
 
 def _large_negative_on_device(dtype):

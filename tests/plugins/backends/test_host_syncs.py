@@ -104,10 +104,20 @@ def test_torch_counter_counts_tensors_from_host_data_and_reads():
         float(x.sum())                          # a read
         bool(x[0] > 0)                          # a read
         torch.nonzero(x)                        # a size that depends on the values
+        # A tensor's own reads to the host: a copy on a GPU, nothing dispatched on the CPU (counted where called).
+        x.tolist()
+        y = x * 2
+        y.cpu().numpy()                         # one read: the copy (numpy takes the host's copy)
+        y.cpu().tolist()                        # y was copied already
     kinds = sorted(event.split()[0] for event in counter.events.elements())
-    assert kinds == ["from", "from", "read", "read", "read"]
-    assert counter.syncs == 5
+    assert kinds == ["from", "from", *["read"] * 5]
+    assert counter.syncs == 7
+    assert sorted(event.split(" at ")[0] for event in counter.events if "Tensor." in event) == [
+        "read Tensor.cpu", "read Tensor.tolist"]
     assert any("test_host_syncs.py" in event for event in counter.events)  # where it came from
+    # Outside the counting the tensor's methods are torch's own again.
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and counter.syncs == 7
+    assert all(name not in torch.Tensor.__dict__ for name in ("cpu", "tolist"))
 
 
 def test_torch_counter_lets_kernels_with_number_arguments_and_the_batch_pass():
