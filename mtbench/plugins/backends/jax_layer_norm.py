@@ -29,12 +29,25 @@ def layer_norms(model):
     return [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.LayerNormalization)]
 
 
+def forms_text(form, taking, own_call, total, untraced=0, kernel=""):
+    """The words of a step's layer-norm row: of the model's `total` norms, how many `form` computes (`taking`, by
+    `kernel` where one is named), how many their own `call` (Keras's: two passes) and how many no traced call
+    reached."""
+    if not total:
+        return "none in the model"
+    parts = [f"{form} ({f'{kernel}; ' if kernel else ''}{taking} of {total} layer norms)"] if taking else []
+    if own_call:
+        parts.append(f"{own_call} of {total} by their own `call` (Keras's: two passes)")
+    if untraced:
+        parts.append(f"{untraced} of {total} not called by the traced program")
+    return "; ".join(parts)
+
+
 class TracedForms:
     """Which layer norms a step's program computes in one pass and which by their own `call`, as it was traced:
     what the step ran, not what it was set up to run (a norm the model never calls is in neither)."""
 
     def __init__(self, layers):
-        self.layers = len(layers)
         self.ids = [id(layer) for layer in layers]
         self.one_pass, self.own_call = set(), set()
         # {id of a norm: id of the norm whose call computes it}: a pipeline's later stages, stacked under the first's
@@ -46,20 +59,14 @@ class TracedForms:
 
     def text(self):
         """The step's layer-norm statistics in a few words, for `TrainStep.numerics`."""
-        if not self.layers:
-            return "none in the model"
-        if not (self.one_pass or self.own_call):
-            return f"none traced ({self.layers} layer norms in the model)"
+        total = len(self.ids)
+        if total and not (self.one_pass or self.own_call):
+            return f"none traced ({total} layer norms in the model)"
         computed_by = [self.stand_ins.get(layer, layer) for layer in self.ids]
         one_pass = sum(layer in self.one_pass for layer in computed_by)
         own_call = sum(layer in self.own_call for layer in computed_by)
-        parts = [f"one pass: the variance as the mean of squares less the squared mean, in float32 or wider "
-                 f"({one_pass} of {self.layers} layer norms)"] if one_pass else []
-        if own_call:
-            parts.append(f"{own_call} of {self.layers} by their own `call` (Keras's: two passes)")
-        if self.layers - one_pass - own_call:
-            parts.append(f"{self.layers - one_pass - own_call} of {self.layers} not called by the traced program")
-        return "; ".join(parts)
+        return forms_text("one pass: the variance as the mean of squares less the squared mean, in float32 or wider",
+                          one_pass, own_call, total, total - one_pass - own_call)
 
 
 def one_pass_call(layer, traced=None):

@@ -17,6 +17,7 @@ import contextlib
 
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
+from mtbench.plugins.backends.jax_layer_norm import forms_text, layer_norms
 from mtbench.plugins.backends.keras_optimizer import inner_optimizer
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
 from mtbench.plugins.backends.torch_host_syncs import keras_constants_on_device
@@ -62,21 +63,16 @@ def layer_norm_text(model):
     scaling, through mtbench's kernel or Keras's torch backend; inductor's generated norm is Welford's too), the
     others by their own `call`."""
     import keras
-    norms = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.LayerNormalization)]
-    if not norms:
-        return "none in the model"
+    norms = layer_norms(model)
 
     def reaches_kernel(norm):
         axes = sorted(norm.axis if isinstance(norm.axis, (list, tuple)) else [norm.axis])
         contiguous = all(later - earlier == 1 for earlier, later in zip(axes, axes[1:]))
         return type(norm).call is keras.layers.LayerNormalization.call and not norm.rms_scaling and contiguous
 
-    kernel = sum(map(reaches_kernel, norms))
-    parts = [f"Welford's one pass, in float32 (torch's layer_norm; {kernel} of {len(norms)} layer norms)"] if kernel \
-        else []
-    if kernel < len(norms):
-        parts.append(f"{len(norms) - kernel} of {len(norms)} by their own `call` (Keras's: two passes)")
-    return "; ".join(parts)
+    reaching = sum(map(reaches_kernel, norms))
+    return forms_text("Welford's one pass, in float32", reaching, len(norms) - reaching, len(norms),
+                      kernel="torch's layer_norm")
 
 
 class OwnLosses:

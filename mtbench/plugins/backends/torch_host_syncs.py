@@ -21,9 +21,9 @@ On the CPU the step's device is the host: the count is then what the same step w
 tensor made from host data there would be a blocking copy; a read would wait for the device). A tensor's own reads
 to the host (`cpu`, `tolist`) dispatch nothing on the CPU, where the tensor is on the host already; on a GPU they
 copy it to the host, and wait. On the CPU they are counted where they are called instead (`host_reads`), once a
-tensor (`x.cpu().tolist()` is one copy on a GPU). `numpy()` is no read: on a GPU it takes a host tensor only. Filling a tensor
-on the device with a Python number (`torch.full`, `arange`, `x * 2.0`) launches a kernel with the number as an
-argument: no copy, not counted.
+tensor (`x.cpu().tolist()` is one copy on a GPU). `numpy()` is no read: on a GPU it takes a host tensor only.
+Filling a tensor on the device with a Python number (`torch.full`, `arange`, `x * 2.0`) launches a kernel with the
+number as an argument: no copy, not counted.
 
 The mode ignores torch.compile's internals (`ignore_compile_internals`): compiling runs without it, and a
 compiled graph is counted as it runs (its kernels and what it calls through the dispatcher), not as its eager
