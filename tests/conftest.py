@@ -456,6 +456,34 @@ THIRD_PARTY = textwrap.dedent('''
         def make_train_step(self, run, model, step):
             return ReadingStep(step)
 
+    class CompilingStep(WrappingStep):
+        """Wraps the step chosen before it and, at its sixth call, compiles a JAX program of its own, one no cache
+        holds (its constant is the clock's): a compilation inside a steady timing window, which the run must
+        find."""
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.name = f"compiling {inner.name}"
+            self.calls = 0
+
+        def __call__(self, x, y, sample_weight):
+            import time
+
+            import jax
+            import numpy as np
+            self.calls += 1
+            if self.calls == 6:  # one program: its argument comes from the host (jnp.zeros would compile another)
+                offset = float(time.time_ns() % 1_000_003)
+                jax.jit(lambda v: v + offset)(np.zeros(3, np.float32))
+            return self.inner(x, y, sample_weight)
+
+    class CompileLate(Extra):
+        name = "compile-late"
+        description = "compiles a program of its own at the sixth step"
+        backends = ("jax",)
+
+        def make_train_step(self, run, model, step):
+            return CompilingStep(step)
+
     class NoJit(Extra):
         name = "no-jit"
         description = "asks model.compile for jit_compile=False"
@@ -515,6 +543,7 @@ THIRD_PARTY = textwrap.dedent('''
     def mtbench_register_extras(register):
         register(CountSteps())
         register(ReadLoss())
+        register(CompileLate())
         register(NoJit())
         register(CrashBeforeModel())
         register(BadRecord())

@@ -1,13 +1,14 @@
 """Analytic FLOPs against a hand count, MFU's peak, and how often a backend compiles."""
 
+import json
 import re
 
 import numpy as np
 import pytest
 
-from conftest import cpu_machine_only, traced_matmul_flops
+from conftest import ONE_BUCKET, TINY_TRAIN, cpu_machine_only, env_with, run_cli, traced_matmul_flops
 
-from mtbench.figures import set_aside
+from mtbench.figures import run_warnings, set_aside
 from mtbench.keras_models.presets import PRESETS
 from mtbench.keras_models.flops import forward_flops, training_flops
 from mtbench.runner.measurement.peaks import datasheet_peak
@@ -63,19 +64,56 @@ def test_datasheet_peaks_name_their_source():
     assert datasheet_peak("Some Unknown Accelerator", "float32") == (None, None)
 
 
+def window_starts(history):
+    """The entries of a run's `history` that begin a timing window: the loop reads the compile count once a
+    window and writes it at the window's first step (the others hold 0 whatever ran)."""
+    starts, i = [], 0
+    while i < len(history):
+        starts.append(history[i])
+        i += history[i]["window_steps"]
+    return starts
+
+
 def test_jax_compiles_once_per_bucket_and_never_in_steady_steps(tiny_runs):
     result = tiny_runs["jax"]["result"]
     history = result["history"]
+    starts = window_starts(history)
+    assert sum(entry["window_steps"] for entry in starts) == len(history) and len(starts) < len(history)
     seen = set()
-    for entry in history:
+    for entry in starts:
         shape = tuple(entry["shape"])
-        if shape in seen:
-            assert entry["compilations"] == 0, f"step {entry['step']} recompiled"
-        else:
+        if entry["first_of_shape"]:  # timed alone
+            assert entry["window_steps"] == 1 and shape not in seen
             assert entry["compilations"] == 1, f"bucket {shape} compiled {entry['compilations']} programs"
+        else:
+            assert entry["compilations"] == 0, f"the window from step {entry['step']} compiled"
         seen.add(shape)
     assert len(seen) >= 2, "the test slice should exercise more than one bucket"
     assert result["timing"]["compilations_by_shape"] == {"x".join(map(str, s)): 1 for s in seen}
+
+
+def test_a_program_compiled_inside_a_steady_window_is_counted_at_its_start_and_flagged(plugin_path, cache_dir,
+                                                                                     tmp_path):
+    """The positive control of the test above: a third party's step that compiles a program of its own at its
+    sixth call, in the middle of a four-step window."""
+    out = tmp_path / "r.json"
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "12", "--timing-window", "4",
+                   "--extra", "compile-late", "--cache-dir", cache_dir, "--out", str(out),
+                   env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["train_step"].startswith("compiling ")
+    starts = window_starts(result["history"])
+    window = next(entry for entry in starts if entry["step"] <= 6 < entry["step"] + entry["window_steps"])
+    assert window["step"] < 6 and window["window_steps"] == 4
+    late = {entry["step"]: entry["compilations"] for entry in starts
+            if entry["compilations"] and not entry["first_of_shape"]}
+    assert late == {window["step"]: 1}
+    # One shape: its figure holds what compiled during its steps, the warm-up step's program and the late one.
+    assert result["timing"]["compilations_by_shape"] == {"x".join(map(str, result["history"][0]["shape"])): 2}
+    assert run_warnings(result)[0] == (f"1 program compiled after the warm-up steps (in the timing window from "
+                                       f"step {window['step']}): the compile time leaves it out, and the steps "
+                                       f"timed with it are slower")
 
 
 @cpu_machine_only  # a GPU's peak is its datasheet's
