@@ -218,3 +218,65 @@ def test_a_language_beside_a_dataset_is_refused_by_the_side_it_is_not(languages,
     with pytest.raises(MtbenchError) as error:
         check_file_options(config, BibleDataset("en", "fr"))
     assert str(error.value).startswith(refused) and str(error.value).endswith("(its pairs are en -> fr)")
+
+
+# What a run trains and is scored on, made in a process of its own: the data's fingerprint, the first training
+# batches and every evaluation split, as one sha256.
+DATA_DIGEST = """
+import dataclasses, hashlib, itertools, json, sys
+import numpy as np
+from rich.console import Console
+from mtbench.plugins.manager import registry
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.loop.timing import Stopwatch
+from mtbench.runner.setup import choose_plugins
+from mtbench.runner.training import prepare_data, read_data
+
+config = TrainConfig(**json.loads(sys.argv[1]))
+plugins, stopwatch = choose_plugins(config, registry()), Stopwatch()
+data = prepare_data(config, plugins, read_data(config, plugins, Console(quiet=True), stopwatch), stopwatch)
+digest = hashlib.sha256()
+
+def feed(value):
+    if isinstance(value, np.ndarray):
+        digest.update(str(value.dtype).encode() + np.ascontiguousarray(value).tobytes())
+    elif dataclasses.is_dataclass(value):
+        for field in dataclasses.fields(value):
+            feed(field.name)
+            feed(getattr(value, field.name))
+    elif isinstance(value, dict):
+        for key in sorted(value):
+            feed(key)
+            feed(value[key])
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            feed(item)
+    else:
+        assert isinstance(value, (str, bytes, int, float, type(None))), type(value)
+        digest.update(repr(value).encode())
+
+feed(data.fingerprint)
+feed(data.splits)
+for _, batch in itertools.islice(plugins.task.batches(data, config), 40):
+    feed(batch)
+print(digest.hexdigest())
+"""
+
+
+@pytest.mark.parametrize("model, options", [
+    ("transformer", {"preset": "tiny", "max_pairs": 4000, "valid_size": 100, "test_size": 100, "max_len": 48,
+                     "batch_size": 32}),
+    ("gpt", {"preset": "tiny", "batch_size": 8})])
+def test_processes_of_other_hash_seeds_make_the_same_data_and_batches(model, options, tmp_path):
+    """Python draws a string hash seed for each process (so for each run of a compare): set or dict order that
+    followed it would give two backends other batches, or another tokenizer, from one seed. Each process trains
+    its tokenizer in a cache of its own."""
+    digests = []
+    for seed in ("0", "12345"):
+        config = {"model_name": model, **options, "cache_dir": str(tmp_path / f"cache-{seed}"),
+                  "out": str(tmp_path / "unused.json")}
+        proc = subprocess.run([sys.executable, "-c", DATA_DIGEST, json.dumps(config)], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        digests.append(proc.stdout.strip().splitlines()[-1])
+    assert digests[0] == digests[1]
