@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import NamedTuple
 
 from mtbench.errors import RunFailure
 from mtbench.plugins.api.host import cpu_count
@@ -228,12 +229,12 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
     load = load_average()
     failure = ""
     try:
-        size, flops_per_s, measured_cpus = (measure_here(backend, dtype, size) if cpus is None
-                                            else measure_on(cpus, backend.name, dtype, size))
+        size, flops_per_s, measured_cpus, _ = (measure_here(backend, dtype, size) if cpus is None
+                                               else measure_on(cpus, backend.name, dtype, size))
     except RunFailure as failed:  # measured here, under this process's count of CPUs
         if not here_if_that_fails:
             raise
-        size, flops_per_s, measured_cpus = measure_here(backend, dtype, size)
+        size, flops_per_s, measured_cpus, _ = measure_here(backend, dtype, size)
         if not isinstance(failed, BackendNotInProcess):  # (one registered by code, not installed, is measured here)
             failure = f", in this process: {failed}"
     record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of "
@@ -254,16 +255,25 @@ class BackendNotInProcess(RunFailure):
     """The measuring process does not find the backend (registered by code in this process, not installed)."""
 
 
+class Measurement(NamedTuple):
+    """A matmul peak as measured: the matmul's size, its FLOP/s, the CPUs the measuring process could run on and
+    its framework's compute threads (None where the backend's `device_info` does not say)."""
+    size: int
+    flops_per_s: float
+    cpus: int
+    threads: int = None
+
+
 def measure_here(backend, dtype, largest):
-    """(matmul size, FLOP/s, CPUs this process may run on) of `backend`'s `dtype` matmul, measured in this
-    process."""
+    """`backend`'s `dtype` matmul peak, measured in this process: a `Measurement`."""
     size = calibration_size(backend, dtype, largest)
-    return size, backend.matmul_flops_per_s(dtype, size), cpu_count()
+    return Measurement(size, backend.matmul_flops_per_s(dtype, size), cpu_count(),
+                       backend.device_info().get("threads"))
 
 
 def measure_on(cpus, backend_name, dtype, largest):
-    """`measure_here`'s answer from a process of its own on `cpus`, its frameworks' threads as many as they take
-    there (torchrun's OMP_NUM_THREADS, or a share's, left out)."""
+    """`measure_here`'s `Measurement` from a process of its own on `cpus`, its frameworks' threads as many as they
+    take there (torchrun's OMP_NUM_THREADS, or a share's, left out)."""
     environ = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
     # The mtbench this process runs (a checkout's, perhaps not installed) and its plugins.
     import mtbench
@@ -279,8 +289,7 @@ def measure_on(cpus, backend_name, dtype, largest):
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         failure = BackendNotInProcess if proc.returncode == UNKNOWN_BACKEND_EXIT else RunFailure
         raise failure(f"measuring {backend_name}'s {dtype} matmul peak on CPUs {cpus} failed: {last[:300]}")
-    answer = json.loads(proc.stdout.strip().splitlines()[-1])
-    return answer["size"], answer["flops_per_s"], answer["cpus"]
+    return Measurement(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def print_measurement(cpus, backend_name, dtype, largest):
@@ -296,5 +305,4 @@ def print_measurement(cpus, backend_name, dtype, largest):
     if device.get("kind") != "cpu":  # a framework that would measure a GPU sets no CPU's peak
         print(f"{backend_name} computes on {device.get('name')} here, not on the CPU", file=sys.stderr)
         sys.exit(NOT_ON_THE_CPU_EXIT)
-    size, flops_per_s, cpus = measure_here(backend, dtype, int(largest))
-    print(json.dumps({"size": size, "flops_per_s": flops_per_s, "cpus": cpus}))
+    print(json.dumps(measure_here(backend, dtype, int(largest))._asdict()))

@@ -5,6 +5,8 @@ import datetime
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -222,14 +224,24 @@ def test_processes_that_find_no_peak_together_measure_it_one_at_a_time(tmp_path)
 
 
 @pytest.mark.skipif(not MACHINE_CPUS or len(MACHINE_CPUS) < 2, reason="needs a machine with 2 CPUs or more")
-def test_a_measurement_on_given_cpus_runs_in_a_process_that_holds_them(tmp_path):
+def test_a_measurement_on_given_cpus_runs_in_a_process_that_holds_them(tmp_path, monkeypatch):
     """`measure_on` measures in a process of its own, on the CPUs given, whatever this process holds (a pytest
-    worker holds one share of the machine's CPUs), and with as many threads as they give (torchrun's
-    OMP_NUM_THREADS=1 left out)."""
+    worker holds one share of the machine's CPUs), and with as many threads as they give: torchrun's
+    OMP_NUM_THREADS=1, in the environment of the process that asks, is left out."""
     from mtbench.runner.measurement.peaks import measure_on
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = {}
     for cpus in (MACHINE_CPUS[:1], MACHINE_CPUS):
-        size, flops_per_s, measured_on = measure_on(cpus, "torch", "float32", 256)
-        assert (size, measured_on) == (256, len(cpus)) and flops_per_s > 0
+        measured = measure_on(cpus, "torch", "float32", 256)
+        assert (measured.size, measured.cpus) == (256, len(cpus)) and measured.flops_per_s > 0
+        threads[len(cpus)] = measured.threads
+    # torch's own count on every CPU where nothing sets it (a thread for each physical core), not torchrun's one.
+    unset = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+    program = (f"import os; os.sched_setaffinity(0, {MACHINE_CPUS}); import torch; "
+               f"print(torch.get_num_threads())")
+    own = subprocess.run([sys.executable, "-c", program], env=unset, capture_output=True, text=True,
+                         check=True).stdout.split()[-1]
+    assert threads == {1: 1, len(MACHINE_CPUS): int(own)}, threads
 
 
 @pytest.mark.slow  # two torch processes and the measuring processes of torch's and JAX's peaks: about 25 s
