@@ -8,6 +8,8 @@ import pytest
 
 from conftest import run_joined_probes
 
+pytestmark = pytest.mark.slow  # two processes that each train the tiny GPT under ddp and fsdp: about 17 s
+
 
 @pytest.fixture(scope="module")
 def reports():

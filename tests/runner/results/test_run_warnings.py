@@ -197,6 +197,7 @@ def test_an_mfu_above_the_peak_is_flagged(tiny_runs):
     assert run_warnings(result) == []
 
 
+@pytest.mark.slow  # the shared data-parallel run, which no quick test needs otherwise: about 20 s
 def test_the_table_names_how_many_devices_peaks_mfu_divides_by(tiny_runs, jax_data_parallel_run):
     """Two simulated devices share one CPU, whose measured peak spans its cores: one peak. Eight GPUs' MFU divides
     by eight peaks, which the table says (it printed one device's beside a share of eight's)."""
