@@ -16,9 +16,10 @@ import itertools
 
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
-from mtbench.plugins.backends.jax_layer_norm import TracedForms, layer_norms, one_pass_layer_norms
+from mtbench.plugins.backends.jax_layer_norm import TracedForms, one_pass_layer_norms
 from mtbench.plugins.backends.jax_loss_scaling import apply_if_finite
 from mtbench.plugins.backends.keras_optimizer import inner_optimizer, scales_losses
+from mtbench.plugins.backends.layer_norm_rows import layer_norms
 
 
 def token_cross_entropy(labels, logits):

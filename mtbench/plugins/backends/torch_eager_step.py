@@ -17,7 +17,7 @@ import contextlib
 
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
-from mtbench.plugins.backends.jax_layer_norm import forms_text, layer_norms
+from mtbench.plugins.backends.layer_norm_rows import forms_text, layer_norms
 from mtbench.plugins.backends.keras_optimizer import inner_optimizer
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
 from mtbench.plugins.backends.torch_host_syncs import keras_constants_on_device

@@ -10,7 +10,8 @@ import numpy as np
 from mtbench import Extra, MtbenchError, TrainStep, hookimpl
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
 from mtbench.plugins.backends.jax_jit_step import SEED_STATE, correct_tokens, jax_step_numerics, token_cross_entropy
-from mtbench.plugins.backends.jax_layer_norm import TracedForms, layer_norms, one_pass_layer_norms
+from mtbench.plugins.backends.jax_layer_norm import TracedForms, one_pass_layer_norms
+from mtbench.plugins.backends.layer_norm_rows import layer_norms
 from mtbench.plugins.extras.fsdp import StateRecording, devices_reason, jax_step_state, use_distribution
 
 

@@ -760,7 +760,7 @@ class JaxPipelineStep(StateRecording):
 
 def jax_pipeline_step(run, model, step):
     from mtbench.plugins.backends.jax_jit_step import JitTrainStep
-    from mtbench.plugins.backends.jax_layer_norm import layer_norms
+    from mtbench.plugins.backends.layer_norm_rows import layer_norms
     if not isinstance(step, JitTrainStep) or step.distribution is None or step.micro_batches > 1:
         raise MtbenchError(f"pipelines mtbench's jit step, not the '{step.name}' step")
     if not hasattr(model, "blocks") or not hasattr(model, "embed"):

@@ -44,7 +44,7 @@ def reductions_over_features(jaxpr, centred_inputs=frozenset()):
 def tiny_gpt_step():
     """(The tiny GPT's JAX train step, its layer norms, one batch), in mixed bfloat16."""
     from mtbench.plugins.backends.jax_jit_step import JitTrainStep
-    from mtbench.plugins.backends.jax_layer_norm import layer_norms
+    from mtbench.plugins.backends.layer_norm_rows import layer_norms
     model = tiny_jax_gpt("mixed_bfloat16")
     ids = np.ones((4, 32), np.int32)
     return JitTrainStep(model), layer_norms(model), ((ids,), ids, np.ones((4, 32), np.float32))
@@ -118,7 +118,8 @@ def test_a_subclass_of_layer_normalization_keeps_its_own_call():
     keras = keras_on_jax()
     import jax.numpy as jnp
 
-    from mtbench.plugins.backends.jax_layer_norm import TracedForms, layer_norms, one_pass_layer_norms
+    from mtbench.plugins.backends.jax_layer_norm import TracedForms, one_pass_layer_norms
+    from mtbench.plugins.backends.layer_norm_rows import layer_norms
 
     class Doubled(keras.layers.LayerNormalization):
         def call(self, inputs):
