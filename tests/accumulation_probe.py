@@ -2,7 +2,8 @@
 tiny GPT's eager torch step under DistributedDataParallel, as `--extra ddp` wraps it, summing the gradients of 1 and
 of 2 micro-batches a step, and the same under fsdp (FSDP2). Each process prints as one JSON line, for each, the
 losses of three steps on one batch, the c10d collectives torch's profiler saw dispatched in the third (DDP rebuilds
-its buckets after the first), and DDP's buckets as its reducer logged them, or fsdp's units.
+its buckets after the first, here of at most 64 KiB), and DDP's rebuilt buckets as its reducer logged them, or fsdp's
+units.
 
     python tests/accumulation_probe.py RANK COORDINATOR     (COORDINATOR: host:port of process 0)
 """
@@ -40,7 +41,8 @@ def main(rank, coordinator):
         compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny"), 10, {})
         step = EagerTorchTrainStep(model, micro_batches)
         if extra == "ddp":
-            distributed = DistributedDataParallel(model)
+            # Buckets of at most 64 KiB (the tiny GPT's gradients are about 0.5 MB): several, each reduced once.
+            distributed = DistributedDataParallel(model, bucket_cap_mb=1 / 16)
             step.distribute(processes, distributed)
         else:
             step = torch_sharded_step(model, step, processes)
@@ -50,7 +52,8 @@ def main(rank, coordinator):
         ran = collections.Counter(event.name for event in trace.events() if event.name.startswith("c10d::"))
         report[extra][micro_batches] = {"collectives": dict(ran), "losses": losses}
         if extra == "ddp":
-            buckets = str(distributed._get_ddp_logging_data()["bucket_sizes"]).split(",")
+            # The buckets DDP rebuilt after the first backward pass (its first assignment puts every gradient in one).
+            buckets = str(distributed._get_ddp_logging_data()["rebuilt_bucket_sizes"]).split(",")
             report[extra][micro_batches]["buckets"] = len([size for size in buckets if size.strip()])
         else:
             report[extra][micro_batches]["units"] = len(step.layout.units)

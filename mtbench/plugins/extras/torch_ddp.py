@@ -37,21 +37,34 @@ class DistributedDataParallel(Extra):
         # Every process holds the whole state: the parameters, their gradients, the moments (`--extra fsdp`
         # shards them). Apart from it, as the state figure leaves out what a framework adds around the state:
         # DDP's gradient buckets, which it all-reduces, held for the whole run.
-        record["gradient_bucket_bytes"] = gradient_bucket_bytes(record.pop("ddp"))
+        distributed = record.pop("ddp")
+        record["gradient_bucket_bytes"] = gradient_bucket_bytes(distributed)
+        record["gradient_buckets"] = len(gradient_buckets(distributed) or ()) or None
         record.update(torch_step_state(record.pop("step")))
         return record
 
 
-def gradient_bucket_bytes(distributed):
-    """The bytes of DDP's gradient buckets as its reducer allocated them (its own logging data): a second copy of
-    the gradients, unless `gradient_as_bucket_view` makes the gradients views into them (0 bytes more). None where
-    this torch does not say."""
+def gradient_buckets(distributed):
+    """The byte sizes of DDP's gradient buckets, which it all-reduces one by one, from its reducer's own logging data
+    (a prototype interface): as the reducer rebuilt them in the second step (in the order the gradients became
+    ready, at most `bucket_cap_mb` each) and logged them from the third; before that, as it first assigned them (one
+    bucket where it looks for no unused parameters). None where this torch does not say."""
     try:
-        logged = distributed._get_ddp_logging_data()  # DDP's own account of its buckets (a prototype interface)
-        sizes = [int(size) for size in str(logged["bucket_sizes"]).split(",") if size.strip()]
+        logged = distributed._get_ddp_logging_data()
+        listed = logged.get("rebuilt_bucket_sizes") or logged["bucket_sizes"]
+        return [int(size) for size in str(listed).split(",") if size.strip()]
     except (AttributeError, KeyError, ValueError):
         return None
-    return 0 if logged.get("gradient_as_bucket_view") else sum(sizes)
+
+
+def gradient_bucket_bytes(distributed):
+    """The bytes of DDP's gradient buckets as its reducer allocated them: a second copy of the gradients, unless
+    `gradient_as_bucket_view` makes the gradients views into them (0 bytes more). None where this torch does not
+    say."""
+    sizes = gradient_buckets(distributed)
+    if sizes is None:
+        return None
+    return 0 if distributed._get_ddp_logging_data().get("gradient_as_bucket_view") else sum(sizes)
 
 
 @hookimpl

@@ -111,6 +111,8 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
         record, parameters = result["extras_record"]["ddp"], result["model"]["parameters"]
         assert record["parameter_bytes"] == record["gradient_bytes"] == record["gradient_bucket_bytes"] == \
             parameters * 4
+        # The tiny model's 0.6 MB of gradients fit DDP's first bucket (1 MB): one all-reduced bucket a step.
+        assert record["gradient_buckets"] == 1
         assert record["state_bytes"] == sum(record[key] for key in ("parameter_bytes", "gradient_bytes",
                                                                      "optimizer_state_bytes"))
     assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000015", "checkpoint-000030", "model",
@@ -277,18 +279,27 @@ def test_a_resumed_ddp_run_with_dropout_draws_each_replicas_masks_on_from_the_ch
 @pytest.mark.parametrize("as_view", [False, True])
 def test_ddps_gradient_buckets_are_counted_as_its_reducer_allocated_them(tmp_path, as_view):
     """A second copy of the gradients, over several buckets (`bucket_cap_mb`), unless the gradients are views into
-    them."""
+    them; the buckets counted are those the reducer rebuilt after the first backward pass, each all-reduced once in
+    the third (torch's profiler), not the one bucket it first put every gradient in."""
+    import collections
+
     import torch
     import torch.distributed as dist
+    from torch.profiler import profile
 
-    from mtbench.plugins.extras.torch_ddp import gradient_bucket_bytes
+    from mtbench.plugins.extras.torch_ddp import gradient_bucket_bytes, gradient_buckets
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         model = torch.nn.Sequential(torch.nn.Linear(300, 500), torch.nn.Linear(500, 300))
         distributed = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.5,
                                                                 gradient_as_bucket_view=as_view)
-        distributed(torch.randn(4, 300)).sum().backward()
-        counted = gradient_bucket_bytes(distributed)
+        for _ in range(2):  # the reducer rebuilds its buckets in the second step and logs them in the third
+            distributed(torch.randn(4, 300)).sum().backward()
+        with profile() as trace:
+            distributed(torch.randn(4, 300)).sum().backward()
+        counted, buckets = gradient_bucket_bytes(distributed), gradient_buckets(distributed)
     finally:
         dist.destroy_process_group()
     assert counted == (0 if as_view else (300 * 500 + 500 + 500 * 300 + 300) * 4)
+    all_reduces = collections.Counter(event.name for event in trace.events())["c10d::allreduce_"]
+    assert len(buckets) == all_reduces == 2 and sum(buckets) == (300 * 500 + 500 + 500 * 300 + 300) * 4
