@@ -17,8 +17,8 @@ import contextlib
 
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
-from mtbench.plugins.backends.layer_norm_rows import forms_text, layer_norms
 from mtbench.plugins.backends.keras_optimizer import inner_optimizer
+from mtbench.plugins.backends.layer_norm_rows import forms_text, layer_norms
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
 from mtbench.plugins.backends.torch_host_syncs import keras_constants_on_device
 from mtbench.plugins.backends.torch_plain_calls import plain_calls_unsupported, plain_layer_calls
