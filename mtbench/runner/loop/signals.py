@@ -90,6 +90,9 @@ class Stopped(BaseException):
         self.deferred = deferred
 
 
+RESEND_DELAY_S = 0.001  # before a signal taken where Python swallows what it raises is sent again
+
+
 def _inside_a_swallower(frame):
     """Whether the frame runs inside a garbage collector's callback (JAX frees device buffers in one) or a
     `__del__`: Python prints an exception raised there and drops it, and the callback's own work is cut short."""
@@ -107,15 +110,16 @@ def stop_at_once():
     anywhere with a KeyboardInterrupt); the previous handlers come back afterwards. Outside the main thread nothing
     is installed. A signal taken inside a garbage collector's callback or a `__del__` is sent again from a thread
     until it comes outside them (as Python's flag, not the system's signal: a wait in the main thread is not cut
-    short, and ends before the stop). A Stopped Python swallows all the same (where neither could be told) is not
-    printed, and still stops at the block's end: `deferred`."""
+    short, and ends before the stop). A Stopped Python swallows all the same (a weak reference's callback, where
+    nothing on the stack says so; JAX frees arrays in them) is not printed and is sent again likewise, the work it
+    cut short lost; where the block ends first, its end stops: `deferred`."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received, ending, lock = [], [], threading.Lock()
 
     def send_again(signum):
-        time.sleep(0.001)  # the callback's own work goes on meanwhile
+        time.sleep(RESEND_DELAY_S)  # the callback's own work goes on meanwhile
         with lock:
             if not ending:
                 _thread.interrupt_main(signum)  # as if the signal came again, to the main thread
@@ -132,7 +136,10 @@ def stop_at_once():
     previous_hook = sys.unraisablehook
 
     def unraisable(hook_args):
-        if not isinstance(hook_args.exc_value, Stopped):  # a dropped Stopped is raised at the block's end
+        if isinstance(hook_args.exc_value, Stopped):  # dropped where `_inside_a_swallower` could not tell
+            signum = signal.Signals[hook_args.exc_value.name]
+            threading.Thread(target=send_again, args=(signum,), daemon=True).start()
+        else:
             previous_hook(hook_args)
     sys.unraisablehook = unraisable
     try:
