@@ -28,6 +28,7 @@ def main(rank, coordinator):
     from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
     from mtbench.plugins.backends.torch_processes import TorchProcessGroup
     from mtbench.plugins.extras.fsdp import torch_sharded_step
+    from mtbench.plugins.extras.torch_ddp import gradient_buckets
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.setup import compile_model
     processes = TorchProcessGroup(Launch(process_id=rank, num_processes=2, coordinator=coordinator,
@@ -53,8 +54,7 @@ def main(rank, coordinator):
         report[extra][micro_batches] = {"collectives": dict(ran), "losses": losses}
         if extra == "ddp":
             # The buckets DDP rebuilt after the first backward pass (its first assignment puts every gradient in one).
-            buckets = str(distributed._get_ddp_logging_data()["rebuilt_bucket_sizes"]).split(",")
-            report[extra][micro_batches]["buckets"] = len([size for size in buckets if size.strip()])
+            report[extra][micro_batches]["buckets"] = len(gradient_buckets(distributed))
         else:
             report[extra][micro_batches]["units"] = len(step.layout.units)
     processes.close()
