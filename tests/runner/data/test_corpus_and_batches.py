@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import MACHINE_CPUS
 from mtbench.errors import MtbenchError
 from mtbench.plugins.datasets.bible_dataset import BibleDataset, clean_verse
 from mtbench.runner.config import TrainConfig
@@ -81,11 +82,11 @@ def test_tokenizer_round_trips_and_is_cached(bible_pairs, cache_dir, encoded):
     assert tokenizer.vocab_size == 500
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a process that may run on 2 CPUs or more")
+@pytest.mark.skipif(not MACHINE_CPUS or len(MACHINE_CPUS) < 2, reason="needs a machine with 2 CPUs or more")
 def test_the_tokenizer_is_the_same_on_a_machine_of_any_size(bible_pairs, tmp_path):
     """sentencepiece's model depends on the threads it trains on: trained on as many as the machine's cores, two
     machines made two tokenizers of one corpus (and other batches from one seed). Here in processes that may run
-    on one CPU and on all of them."""
+    on one CPU and on all of the machine's (not only this worker's share of them)."""
     pairs = tmp_path / "pairs.json"
     pairs.write_text(json.dumps(bible_pairs[:2000]))
     program = ("import json, os, sys\nfrom mtbench.runner.data.tokenizer import load_or_train_tokenizer\n"
@@ -94,8 +95,8 @@ def test_the_tokenizer_is_the_same_on_a_machine_of_any_size(bible_pairs, tmp_pat
                "os.cpu_count = lambda: len(os.sched_getaffinity(0))\n"
                "pairs = [tuple(pair) for pair in json.load(open(sys.argv[2]))]\n"
                "print(load_or_train_tokenizer(pairs, 500, sys.argv[3]).path)\n")
-    models, cpus = [], sorted(os.sched_getaffinity(0))
-    for taken in (cpus[:1], cpus):
+    models = []
+    for taken in (MACHINE_CPUS[:1], MACHINE_CPUS):
         proc = subprocess.run([sys.executable, "-c", program, json.dumps(taken), str(pairs),
                                str(tmp_path / f"cpus-{len(taken)}")], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -84,13 +84,15 @@ def test_a_process_with_a_share_of_the_cores_runs_on_the_same_machine(tiny_runs)
     import copy
 
     from mtbench.figures import hardware
-    one = tiny_runs["jax"]["result"]
+    # Counts of their own, not the test process's: a pinned worker's run would record 1 CPU, as its share does.
+    one = copy.deepcopy(tiny_runs["jax"]["result"])
+    one["env"]["cpu_count"] = 4
+    one["env"]["device"].pop("threads", None)
     two = copy.deepcopy(one)
-    two["env"]["cpu_count"] = 1
+    two["env"]["cpu_count"] = 2
     two["processes"] = {**(two.get("processes") or {}), "world_size": 2,
-                        "cpu_share": {"cpus": [0], "threads": 1, "of_cpus": one["env"]["cpu_count"],
-                                      "local_processes": 2}}
-    assert hardware(two) == hardware(one)
+                        "cpu_share": {"cpus": [0, 1], "threads": 2, "of_cpus": 4, "local_processes": 2}}
+    assert hardware(two) == hardware(one) and hardware(one).endswith(", 4 cores")
     from mtbench.figures import cores_text
-    assert cores_text(two) == f"pinned to 1 of {one['env']['cpu_count']} cores, 1 thread (2 processes on the machine)"
-    assert cores_text(one) == f"every core it may use ({one['env']['cpu_count']})"
+    assert cores_text(two) == "pinned to 2 of 4 cores, 2 threads (2 processes on the machine)"
+    assert cores_text(one) == "every core it may use (4)"
