@@ -181,10 +181,14 @@ def test_compiled_torch_step_refuses_models_that_need_layer_call_bookkeeping():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_bfloat16_policy_is_applied_and_recorded(tmp_path, cache_dir, backend):
+def test_bfloat16_runs_its_attention_in_bfloat16_and_trains(tmp_path, cache_dir, backend):
     result = train(tmp_path, backend, cache_dir, "--backend", backend, "--dtype", "mixed_bfloat16", "--steps", "12",
                    *ONE_BUCKET)
     assert result["compile_options"]["dtype_policy"] == "mixed_bfloat16"
+    # read from what ran: torch's aten ops, JAX's compiled program
+    arithmetic = result["model"]["attention"]["arithmetic"]
+    assert {key: arithmetic[key] for key in ("matmul_inputs", "accumulation", "scores", "softmax")} == {
+        "matmul_inputs": "bfloat16", "accumulation": "float32", "scores": "bfloat16", "softmax": "float32"}
     assert result["compile_options"]["optimizer"] == "AdamW"
     if device_kind(backend) == "cpu":  # a GPU's peak is its datasheet's
         assert re.match(r"measured: (\d+)x\1 bfloat16 matmul on ", result["utilization"]["peak_source"])
@@ -192,7 +196,7 @@ def test_bfloat16_policy_is_applied_and_recorded(tmp_path, cache_dir, backend):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "mixed_float16"])
-def test_float16_trains_with_loss_scaling(dtype):
+def test_float16_compiles_with_kerass_loss_scale_optimizer(dtype):
     """Checked in-process at compile time: XLA has no float16 matmul on the CPU (the next test); torch's float16
     runs: tests/runner/test_setup.py, tests/plugins/backends/test_fast_train_steps.py."""
     import keras

@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
@@ -53,12 +52,10 @@ def assert_same_losses(history, reference):
 def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_process(backend, extra, kept, train_step,
                                                                                    cpu_compared_runs, cache_dir, tmp_path):
     out = tmp_path / f"{backend}-2.json"
-    started = time.monotonic()
     proc = torchrun("train", "--backend", backend, "--extra", extra, *TINY_COMPARE, "--checkpoint-every", "15",
                     "--process-timeout", "60", "--cache-dir", cache_dir, "--out", str(out),
                     env={"MTBENCH_TEST_KILL_AT": "1:22"}, timeout=300)
     assert proc.returncode != 0
-    assert time.monotonic() - started < 200  # the survivor stopped; nothing waited for the process timeout
     output = proc.stdout + proc.stderr
     # The survivor says why it stopped; torchrun names the process that died first.
     assert "process 0 of 2: stopped, as the run's other processes cannot be reached" in output \

@@ -162,13 +162,13 @@ def test_a_signal_inside_a_callback_stops_once_the_callback_has_returned():
         with pytest.raises(Stopped) as stopped:
             with stop_at_once():
                 gc.callbacks.append(frees_buffers)  # inside: a collection before the handler would end pytest
-                started = time.monotonic()
                 gc.collect()
                 work_until_stopped(went_on)
     finally:
         if frees_buffers in gc.callbacks:
             gc.callbacks.remove(frees_buffers)
-    assert len(callback_work) == 100_000 and time.monotonic() - started < LATER_WORK_S
+    # Not deferred: the stop came inside the work after the callback, not at the block's end a minute later.
+    assert len(callback_work) == 100_000
     assert not stopped.value.deferred and stopped.value.exit_code == 143
 
     class DropsWhatItRaises:
@@ -179,11 +179,9 @@ def test_a_signal_inside_a_callback_stops_once_the_callback_has_returned():
     previous, went_on = signal.getsignal(signal.SIGTERM), []
     with pytest.raises(Stopped) as stopped:
         with stop_at_once():
-            started = time.monotonic()
             DropsWhatItRaises()
             work_until_stopped(went_on)
-    assert time.monotonic() - started < LATER_WORK_S and not stopped.value.deferred
-    assert signal.getsignal(signal.SIGTERM) is previous
+    assert not stopped.value.deferred and signal.getsignal(signal.SIGTERM) is previous
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
@@ -203,12 +201,10 @@ def test_a_stop_python_swallows_where_it_cannot_be_told_is_sent_again_and_stops_
     reference = weakref.ref(referent, callback)
     with pytest.raises(Stopped) as stopped:
         with stop_at_once():
-            started = time.monotonic()
             del referent
             work_until_stopped(went_on)
     assert "callback" not in went_on and reference() is None
-    assert time.monotonic() - started < LATER_WORK_S and not stopped.value.deferred
-    assert stopped.value.exit_code == 143 and signal.getsignal(signal.SIGTERM) is previous
+    assert not stopped.value.deferred and stopped.value.exit_code == 143 and signal.getsignal(signal.SIGTERM) is previous
     assert "Exception ignored" not in capfd.readouterr().err
 
     monkeypatch.setattr("mtbench.runner.loop.signals.RESEND_DELAY_S", LATER_WORK_S)  # the block ends first

@@ -303,7 +303,6 @@ def test_a_first_run_measures_each_backends_peak_in_a_process_of_its_own_before_
     the run's total time."""
     import subprocess
     import sys
-    import time
 
     from conftest import REPOSITORY, cli_environment
     out, cache = tmp_path / "run.json", tmp_path / "cache"
@@ -315,9 +314,7 @@ def test_a_first_run_measures_each_backends_peak_in_a_process_of_its_own_before_
                "try:\n    runpy.run_module('mtbench', run_name='__main__')\nexcept SystemExit as exit:\n"
                "    assert not exit.code, exit.code\n"
                "print(sorted({name.split('.')[0] for name in sys.modules if name.startswith(('jax', 'torch'))}))\n")
-    started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=cli_environment())
-    wall_s = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torch" not in eval(proc.stdout.strip().splitlines()[-1])
     with open(out) as f:
@@ -327,5 +324,8 @@ def test_a_first_run_measures_each_backends_peak_in_a_process_of_its_own_before_
         "jax", "torch"]
     phases = list(result["timing"]["phases_s"])
     assert phases.index("peak") < phases.index("train") and result["timing"]["phases_s"]["peak"] > 0
-    # The machine's measurement is not the run's time: the total leaves it out.
-    assert result["timing"]["total_s"] <= wall_s - result["timing"]["phases_s"]["peak"]
+    # The machine's measurement is not the run's time: the total holds every other phase, and not the peak's
+    # (seconds of two processes' matmuls, against the few milliseconds between phases).
+    phases_s = result["timing"]["phases_s"]
+    assert sum(seconds for name, seconds in phases_s.items() if name != "peak") <= result["timing"]["total_s"] \
+        < sum(phases_s.values())
