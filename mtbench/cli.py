@@ -27,6 +27,7 @@ from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG
                                    DTYPE_CHOICES, DTYPES, INIT_SCHEMES, MATMUL_PRECISIONS, PIPELINE_SCHEDULES,
                                    REMAT_POLICIES, STEP_CHOICES, TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
+from mtbench.runner.results.report import SWEEP_KEYS
 
 EVAL_STRIDE_HELP = ("A language model's evaluation windows of --block-size tokens, each N tokens after the one before "
                     "and scoring only its last N, so that every token after the first block is predicted from at "
@@ -572,11 +573,20 @@ def init_weights(backend, out, overwrite, **configuration):
     click.echo(f"initial weights: {out} (sha256 {sha256})")
 
 
+MATRIX_HELP = (
+    "The runs as backend+extra+extra[@N][:flag=value,...], separated by ';': 'torch;torch+torch-compile;jax', "
+    "'jax:d-model=128;jax:d-model=256' (the size flags), "
+    "'jax:batch-size=16;torch:batch-size=16;jax:batch-size=64;torch:batch-size=64' (a sweep, of any of "
+    + ", ".join(key.replace("_", "-") for key in SWEEP_KEYS) + "), 'torch;torch:python=/path/venv/bin/python' "
+    "(another environment's interpreter: other versions), or 'torch;torch+ddp@2' (2 processes under torchrun; the "
+    "table adds their scaling efficiency). Instead of --backends and --extra.")
+
+
 @main.command()
 @config_option
 @click.option("--backends", help="Comma-separated backends, one run each (default: jax,torch).")
 @click.option("--extra", "extras", multiple=True, help="Extra for every run (repeatable)." + _extras_help())
-@click.option("--matrix", help="The runs as backend+extra+extra[@N][:flag=value,...], separated by ';': 'torch;torch+torch-compile;jax', 'jax:d-model=128;jax:d-model=256' (the size flags), 'jax:batch-size=16;torch:batch-size=16;jax:batch-size=64;torch:batch-size=64' (batch-size, max-len, max-tokens: a sweep), 'torch;torch:python=/path/venv/bin/python' (another environment's interpreter: other versions), or 'torch;torch+ddp@2' (2 processes under torchrun; the table adds their scaling efficiency). Instead of --backends and --extra.")
+@click.option("--matrix", help=MATRIX_HELP)
 @click.option("--repeats", default="1", show_default=True, help="Run everything N times; timings show median and min-max. 'auto': repeat until every tokens/s interval is within --repeats-width, or --repeats-budget runs out.")
 @click.option("--repeats-width", default="3%", show_default=True, help="--repeats auto: the half width every tokens/s interval must come within.")
 @click.option("--repeats-budget", type=float, default=1800, show_default=True, metavar="SECONDS", help="--repeats auto: no repeat starts that would end past this many seconds.")

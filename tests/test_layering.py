@@ -147,3 +147,18 @@ def test_backend_specific_code_lives_only_in_plugins():
     assert framework_imports == []
     model_code = [m for m in MODULES if m.startswith("mtbench.keras_models")]
     assert violations(model_code, lambda t: t.startswith("mtbench.keras_models")) == []
+
+
+def test_the_layout_page_names_every_module_and_benchmark_script():
+    """docs/layout.md maps the code: a module or a `benchmarks/` script it does not name is one a reader cannot
+    find there."""
+    import re
+    with open(os.path.join(REPOSITORY, "docs", "layout.md"), encoding="utf-8") as f:
+        layout = f.read()
+    scripts = [os.path.join(REPOSITORY, "benchmarks", name) for name in os.listdir(os.path.join(REPOSITORY,
+                                                                                                 "benchmarks"))]
+    files = [path for path in [*MODULES.values(), *scripts]
+             if path.endswith(".py") and os.path.basename(path) not in ("__init__.py", "__main__.py")]
+    unnamed = [os.path.relpath(path, REPOSITORY) for path in files
+               if not re.search(rf"[`/ ]{re.escape(os.path.basename(path))}`", layout)]
+    assert files and unnamed == [], f"docs/layout.md does not name: {', '.join(sorted(unnamed))}"

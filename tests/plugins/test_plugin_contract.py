@@ -44,6 +44,19 @@ def test_the_guide_documents_every_method_and_attribute(cls):
     assert missing == [], f"docs/plugins.md does not document {cls.__name__}: {', '.join(missing)}"
 
 
+def test_the_guide_documents_every_field_of_the_run_context():
+    """RunContext is a dataclass: its fields with factories or without defaults are no class attributes, so the
+    check above would miss them; each must be named in its own section."""
+    import dataclasses
+
+    from mtbench import RunContext
+    section = GUIDE[GUIDE.index("### `RunContext`"):]
+    section = section[:section.index("\n### ", 1)]
+    names = [item.name for item in dataclasses.fields(RunContext)]
+    names += [name for name, value in vars(RunContext).items() if isinstance(value, property)]
+    assert [name for name in names if f"`{name}`" not in section] == []
+
+
 def test_the_guide_lists_every_export():
     missing = [name for name in mtbench.__all__ if f"`{name}`" not in GUIDE and f"`{name}(" not in GUIDE]
     assert missing == [], f"docs/plugins.md does not list these exports of mtbench: {', '.join(missing)}"

@@ -346,7 +346,7 @@ class Reporter:
 
     def log(self, metrics, step):
         """Figures of the run so far, {name: number} at the global `step`: `train_loss` every step,
-        `tokens_per_s` every timing window, `val_bleu` and `val_chrf` at each validation."""
+        `tokens_per_s` every 10 steps (the steps since the last), `val_bleu` and `val_chrf` at each validation."""
 
     def report(self, result, console, complete):
         """`result` is the dict written to the result JSON (see docs/results.md); `console` a
