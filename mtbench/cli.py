@@ -24,8 +24,8 @@ from mtbench.plugins.api import PLUGIN_API_VERSION
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 from mtbench.runner.loop.recipe import CLIP_CHOICES, DECAY_CHOICES
 from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW,
-                                   DTYPE_CHOICES, DTYPES, INIT_SCHEMES, MATMUL_PRECISIONS, PIPELINE_SCHEDULES,
-                                   REMAT_POLICIES, STEP_CHOICES, TrainConfig)
+                                   DTYPE_CHOICES, DTYPES, INIT_SCHEMES, INPUT_FILE_KEYS, MATMUL_PRECISIONS,
+                                   PIPELINE_SCHEDULES, REMAT_POLICIES, STEP_CHOICES, TrainConfig)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
 from mtbench.runner.results.report import SWEEP_KEYS
 
@@ -57,6 +57,15 @@ def handle_errors(command):
             _fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)
 
     return click.option("--debug", is_flag=True, help="Show the traceback of a failure.")(wrapper)
+
+
+def _check_not_read_here(out, *reads):
+    """Refuses an --out that is a file this command reads besides the run's own (`TrainConfig.input_files`):
+    --config's, a run file, even with --overwrite."""
+    from mtbench.runner.results.output import check_not_read
+    context = click.get_current_context(silent=True)
+    config_file = context and context.meta.get("mtbench.config_file")
+    check_not_read(out, [path for path in (config_file, *reads) if path])
 
 
 def _naming_the_config_file(message):
@@ -543,6 +552,7 @@ def _train(reporters, resume_dir, run_file, save_model, launch, options):
         config.overwrite = options["overwrite"]
     else:
         config = _train_config(warn=launch.is_first, save_model=save_model, **options)
+    _check_not_read_here(config.out, run_file)
     from mtbench.runner.results.run_result import eager_torch_note
     console = output_console()
     result, failures = run_training(config, registry, console, resume=resume,
@@ -616,7 +626,9 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
     out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
-    check_output_path(out, overwrite)  # before the devices are asked (a child that imports the frameworks: seconds)
+    # before the devices are asked (a child that imports the frameworks: seconds)
+    _check_not_read_here(out)
+    check_output_path(out, overwrite, reads=[configuration.get(key) for key in INPUT_FILE_KEYS])
     planned = plan_comparison(backends, extras, matrix, _command_line_wins(configuration), registry)
     configuration.pop("compile_mode")
     # Validation is the runs' own (`train` takes it, `init-weights` does not): in their run files, apart from the

@@ -160,6 +160,19 @@ def cases(tmp_path, plugin_path):
         "a column of a dataset's pairs": (["--tgt-col", "3"], "--tgt-col 3: these say how --data", None),
         "existing result": (["--data", good, "--out", existing], "already exists; pass --overwrite", None),
         "output is a directory": (["--data", good, "--out", str(t)], "is a directory", None),
+        # --overwrite wrote the result over the corpus, and the run's answer was a result where the data had been
+        "overwrite of a file mtbench did not write": (["--data", good, "--out", write(t / "notes.json", "my notes\n"),
+                                                       "--overwrite"], "notes.json: is no .json file, as mtbench "
+                                                      "writes; --overwrite replaces only those", None),
+        "output is the corpus": (["--data", good, "--out", good, "--overwrite"],
+                                 f"{good}: is the file this command reads ({good}); give another --out", None),
+        "output is the validation file": (["--data", good, "--valid", good, "--out", good, "--overwrite"],
+                                          "is the file this command reads", None),
+        "output is the initial weights": (["--data", good, "--initial-weights", existing, "--out", existing,
+                                           "--overwrite"], f"{existing}: is the file this command reads", None),
+        "output is the config file": (["--config", write(t / "run.toml", "steps = 3\n"), "--data", good, "--out",
+                                       str(t / "run.toml"), "--overwrite"],
+                                      f"{t / 'run.toml'}: is the file this command reads", None),
         # a directory's name: it failed only once the run was trained, and the figures were lost
         "output names a new directory": (["--data", good, "--out", str(t / "new-folder") + "/"],
                                          "new-folder/': names a directory, not a file", None),
@@ -263,7 +276,8 @@ CASE_NAMES = [
     "beam search in a run that decodes nothing", "length penalty of greedy decoding", "no checkpoints kept", "target without evaluations",
     "unknown reporter",
     "reporter of a broken plugin", "languages of a dataset's pairs", "a column of a dataset's pairs",
-    "existing result", "output is a directory", "output names a new directory",
+    "existing result", "overwrite of a file mtbench did not write", "output is a directory", "output is the corpus", "output is the validation file",
+    "output is the initial weights", "output is the config file", "output names a new directory",
     "output empty", "a model family with an empty path", "output of blanks", "no report beside a report",
     "earlier hypotheses beside the output",
     "output under a file",
@@ -310,6 +324,26 @@ def test_bad_input_fails_with_one_clear_line(tmp_path, cache_dir, plugin_path, c
 
 def test_the_table_covers_every_case(tmp_path, plugin_path):
     assert sorted(cases(tmp_path, plugin_path)) == sorted(CASE_NAMES)
+
+
+def test_compare_and_init_weights_refuse_to_write_over_what_they_read(tmp_path, cache_dir):
+    """As train refuses, --overwrite or not: the corpus, and compare's --config file; nor does --overwrite
+    replace a file of another kind than the command writes."""
+    from conftest import assert_refused_in_one_line
+    corpus = write(tmp_path / "pairs.tsv", GOOD_TSV)
+    config = write(tmp_path / "run.toml", "steps = 3\n")
+    before = snapshot(tmp_path)
+    for command, options, out in [("compare", ["--config", config], corpus), ("compare", ["--config", config], config),
+                                  ("init-weights", [], corpus)]:
+        proc = run_cli(command, *options, "--preset", "tiny", "--data", corpus, "--cache-dir", cache_dir,
+                       "--out", out, "--overwrite")
+        assert_refused_in_one_line(proc, f"{out}: is the file this command reads")
+    # nor weights over a result
+    result = write(tmp_path / "result.json", '{"status": "completed"}\n')
+    proc = run_cli("init-weights", "--preset", "tiny", "--data", corpus, "--cache-dir", cache_dir, "--out", result,
+                   "--overwrite")
+    assert_refused_in_one_line(proc, "result.json: is no .npz file, as mtbench writes")
+    assert snapshot(tmp_path) == {**before, result: b'{"status": "completed"}\n'}
 
 
 def test_debug_shows_the_traceback(tmp_path, cache_dir):

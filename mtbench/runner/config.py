@@ -91,6 +91,10 @@ def default_cache_dir():
     return os.path.join(base, "mtbench")
 
 
+# The options that name a file a run reads (`TrainConfig.input_files`).
+INPUT_FILE_KEYS = ("data_file", "valid_file", "test_file", "initial_weights")
+
+
 @dataclass
 class TrainConfig:
     backend: str = "jax"
@@ -271,6 +275,11 @@ class TrainConfig:
         if self.out is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             self.out = os.path.join("mtbench-results", f"{stamp}-{self.backend}.json")
+
+    def input_files(self):
+        """The files the run reads (its corpus, validation and test files, initial weights): a result written over
+        one would lose it, --overwrite or not."""
+        return tuple(getattr(self, key) for key in INPUT_FILE_KEYS if getattr(self, key))
 
     def _check_corpus_and_long_run_options(self):
         if self.target_bleu is not None and not 0 < self.target_bleu <= 100:

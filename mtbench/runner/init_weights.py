@@ -22,7 +22,7 @@ def write_initial_weights(config, registry, console, path, overwrite=False):
     # compare passes its runs' trackers on: named as train names them, they follow nothing here
     resolve_reporters(config.report_to, registry)
     plugins = choose_plugins(config, registry)
-    check_output_path(path, overwrite, kind=".npz")
+    check_output_path(path, overwrite, kind=".npz", reads=config.input_files())
     stopwatch = Stopwatch()
     raw = read_data(config, plugins, console, stopwatch)
     import_keras(config, plugins.backend, registry=plugins.registry)

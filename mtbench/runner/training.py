@@ -54,7 +54,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     check_options_against_extras(config, plugins)
     if not launch.is_first:
         console = Console(quiet=True)
-    check_result_path(config.out, config.overwrite, resuming=resume is not None)
+    check_result_path(config.out, config.overwrite, resuming=resume is not None, reads=config.input_files())
     config, weights_file, weights_sha256 = starting_point(config, plugins)
     run_dir = resume.directory if resume else RunDirectory(run_dir_for(config.out), fresh=True)
     run_dir.writes = launch.is_first

@@ -1,8 +1,10 @@
 """Where a command writes: checked before any work starts, so a run never ends by failing to save its figures
 and never replaces what an earlier run left unless told to."""
 
+import json
 import os
 import tempfile
+import zipfile
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.loop.checkpoints import RunDirectory, run_dir_for
@@ -35,6 +37,9 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), 
                                "there is nothing to resume")
     elif os.path.exists(path) and not overwrite:
         raise MtbenchError(f"{path}: already exists; pass --overwrite to replace it")
+    elif os.path.isfile(path) and not _written_as(path, kind):
+        raise MtbenchError(f"{path}: is no {kind} file, as mtbench writes; --overwrite replaces only those: give "
+                           f"another --out")
     for other in () if resuming or overwrite else beside:
         if os.path.exists(other):
             raise MtbenchError(f"{other}: already exists beside {path} (an earlier run's); pass --overwrite to "
@@ -48,6 +53,20 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), 
             raise MtbenchError(f"{run_dir.path}: holds an earlier run's files (a saved model, logs), though {path} "
                                f"does not exist; pass --overwrite to write over them, or give another --out")
     check_directory_writable(path)
+
+
+def _written_as(path, kind):
+    """Whether the file at `path` could be one an mtbench command wrote as `kind` (a JSON object, an .npz), or
+    is empty: --overwrite replaces an earlier result, not a corpus, a script or weights a result was aimed at."""
+    if os.path.getsize(path) == 0:
+        return True
+    if kind == ".npz":
+        return zipfile.is_zipfile(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return isinstance(json.load(f), dict)
+    except (OSError, ValueError):
+        return False
 
 
 def check_directory_writable(path, label=None):
