@@ -224,7 +224,37 @@ def restore(checkpoint, model):
         raise RunFailure(f"{checkpoint}: holds {len(values)} random-state variables, the model has {len(variables)}")
     for variable, value in zip(variables, values):
         variable.assign(value)
-    return TrainingState(**read_json(os.path.join(checkpoint, STATE_FILE), "a checkpoint's training state"))
+    return read_training_state(checkpoint)
+
+
+# What each field of a checkpoint's state.json must be: a resumed run would take anything else as its own figures.
+STATE_TYPES = {"step": int, "epoch": int, "history": list, "training_s": (int, float), "aside_s": dict,
+               "evaluations": list, "resumed_at_steps": list}
+
+
+def read_training_state(checkpoint):
+    """The TrainingState a checkpoint holds, refused in one line where its state.json is not one of the step its
+    directory names (an emptied or edited file restarted the run's count at step 0 with the step's weights)."""
+    path = os.path.join(checkpoint, STATE_FILE)
+    state = read_json(path, "a checkpoint's training state")
+    match = CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(checkpoint)))
+    problem = None
+    if not isinstance(state, dict):
+        problem = f"holds {type(state).__name__}, not the training state's fields"
+    elif "step" not in state:  # the others have defaults: an earlier mtbench's checkpoint may lack one
+        problem = "holds no step"
+    elif set(state) - set(STATE_TYPES):
+        problem = "has fields no checkpoint has: " + ", ".join(sorted(set(state) - set(STATE_TYPES)))
+    else:
+        wrong = [key for key, value in state.items()
+                 if not isinstance(value, STATE_TYPES[key]) or isinstance(value, bool)]
+        if wrong:
+            problem = "a field of the wrong kind: " + ", ".join(wrong)
+        elif match and state["step"] != int(match.group(1)):
+            problem = f"says step {state['step']}, in the checkpoint of step {int(match.group(1))}"
+    if problem:
+        raise MtbenchError(f"{path}: {problem}; the checkpoint is damaged")
+    return TrainingState(**state)
 
 
 def restore_generator_state(checkpoint, backend, processes):

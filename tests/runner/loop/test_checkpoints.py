@@ -2,7 +2,9 @@
 leaves the earlier checkpoints intact."""
 
 import errno
+import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -144,6 +146,36 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_its_file(tmp_path, d
     with pytest.raises(MtbenchError, match=rf"checkpoint-000001: its {damaged} cannot be read \(.*{reason}.*\); "
                                            r"the checkpoint is damaged$"):
         restore(checkpoint, small_model(seed=1))
+
+
+@pytest.mark.parametrize("state, problem", [
+    ({}, "holds no step"), ([], "holds list, not the training state's fields"),
+    ({"step": 2}, "says step 2, in the checkpoint of step 1"),
+    ({"step": 1, "history": {}}, "a field of the wrong kind: history"),
+    ({"step": True}, "a field of the wrong kind: step"),
+    ({"step": 1, "learning_rate": 1}, "has fields no checkpoint has: learning_rate"),
+])
+def test_a_training_state_that_is_not_its_checkpoints_is_refused(tmp_path, state, problem):
+    """An emptied or edited state.json resumed the run at step 0 with step 1's weights, and wrote a completed
+    result that counted the steps again."""
+    model = small_model(seed=1)
+    train(model, 1)
+    checkpoint = save(RunDirectory(str(tmp_path / "r.run"), fresh=True), model, step=1)
+    with open(os.path.join(checkpoint, "state.json"), "w") as f:
+        json.dump(state, f)
+    with pytest.raises(MtbenchError, match=rf"checkpoint-000001/state.json: {re.escape(problem)}; the checkpoint is "
+                                           r"damaged$"):
+        restore(checkpoint, small_model(seed=1))
+
+
+def test_an_earlier_mtbenchs_training_state_without_the_later_fields_is_resumed(tmp_path):
+    model = small_model(seed=1)
+    train(model, 1)
+    checkpoint = save(RunDirectory(str(tmp_path / "r.run"), fresh=True), model, step=1)
+    with open(os.path.join(checkpoint, "state.json"), "w") as f:
+        json.dump({"step": 1, "epoch": 0, "history": [{"step": 1, "loss": 5.0}], "training_s": 0.5}, f)
+    state = restore(checkpoint, small_model(seed=1))
+    assert (state.step, state.history, state.resumed_at_steps) == (1, [{"step": 1, "loss": 5.0}], [])
 
 
 def test_full_disk_during_a_checkpoint_leaves_the_earlier_ones_intact(tmp_path, monkeypatch):
