@@ -718,9 +718,12 @@ def report(results, history, output_format, baseline, fail_if_slower, plot, forc
         _warn_broken_plugins(registry)
         chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
     runs = reporting.load_runs(results)
-    comparison = reporting.build_comparison(runs, baseline=baseline or reporting.recorded_baseline(results),
-                                            force=force, parity_steps=parity_steps, parity_tolerance=parity_tolerance,
-                                            noise_floor=reporting.recorded_noise_floor(results))
+    recorded = None if baseline else reporting.recorded_baseline(results)
+    comparison = reporting.build_comparison(runs, baseline=baseline or recorded, force=force,
+                                            parity_steps=parity_steps, parity_tolerance=parity_tolerance,
+                                            noise_floor=reporting.recorded_noise_floor(results),
+                                            baseline_named_by=f"{results[0]}: its baseline" if recorded else
+                                            "--baseline")
     if plot:
         from mtbench.runner.results.plots import comparison_figure, save_figure
         save_figure(comparison_figure(comparison), plot)

@@ -26,6 +26,7 @@ from mtbench.runner.results.report import (
     COMPARE_KIND,
     KEY_DEFAULTS,
     _checked,
+    compare_record_problem,
     differing,
     recorded_noise_floor,
     run_key,
@@ -142,6 +143,8 @@ def read_directory(directory):
         kind = data.get("kind") if isinstance(data, dict) else None
         if is_run_file(data):
             left_out.append((path, "a run file: the configuration a run was given, not its result"))
+        elif kind == COMPARE_KIND and compare_record_problem(data):
+            left_out.append((path, f"not an mtbench compare JSON ({compare_record_problem(data)})"))
         elif kind == COMPARE_KIND:
             compares.append(path)
             floor = " (its A/A noise floor is used)" if data.get("noise_floor") else ""

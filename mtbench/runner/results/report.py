@@ -20,8 +20,8 @@ from mtbench.errors import MtbenchError
 from mtbench.runner.config import COMPILED_STEP_EXTRA, TrainConfig, decoding_name
 from mtbench.runner.files import read_json
 from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, energy_counter_text,
-                             hardware, kinds_against_text, profile_operations_text, run_dtype, run_name, run_processes,
-                             run_warnings, scored_sentences_text, shown_figures, size_label)
+                             hardware, is_number, kinds_against_text, profile_operations_text, run_dtype, run_name,
+                             run_processes, run_warnings, scored_sentences_text, shown_figures, size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import COMPARE_SCHEMA_VERSION, result_task, schema_errors
 from mtbench.runner.results import verdicts as stats
@@ -84,6 +84,7 @@ def load_runs(paths):
                                    f"read (it reads {COMPARE_SCHEMA_VERSION}); a newer mtbench wrote it")
             if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
                 raise MtbenchError(f"{path}: not an mtbench compare JSON (runs: not a list of objects)")
+            check_compare_record(data, path)
             runs.extend(_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})")
                         for entry in entries)
         elif isinstance(data, dict) and data.get("kind") == REPORT_KIND:
@@ -95,6 +96,33 @@ def load_runs(paths):
         raise MtbenchError("no runs in the given files")
     refuse_the_same_run_twice(runs)
     return runs
+
+
+def check_compare_record(data, path):
+    """Refuses, in one line naming `path`, a compare JSON whose baseline or A/A noise floor is not as compare
+    writes them: report holds the runs to both."""
+    problem = compare_record_problem(data)
+    if problem:
+        raise MtbenchError(f"{path}: not an mtbench compare JSON ({problem})")
+
+
+def compare_record_problem(data):
+    baseline, floor = data.get("baseline"), data.get("noise_floor")
+    if baseline is not None and not isinstance(baseline, str):
+        return f"baseline: {type(baseline).__name__}, not a run's label"
+    if floor is None:
+        return None
+    if not (isinstance(floor, dict) and isinstance(floor.get("measured_by"), str)
+            and isinstance(floor.get("figures"), dict)):
+        return "noise_floor: not an A/A measure with measured_by and figures"
+    for key, entry in floor["figures"].items():
+        if not (isinstance(entry, dict) and is_number(entry.get("floor"))):
+            return f"noise_floor.figures.{key}: holds no floor"
+    losses = floor.get("twin_losses")
+    if losses is not None and not (isinstance(losses, dict) and is_number(losses.get("max_relative_difference"))
+                                   and is_number(losses.get("steps"))):
+        return "noise_floor.twin_losses: not the twins' largest loss difference over their steps"
+    return None
 
 
 def run_key(result):
@@ -191,9 +219,10 @@ def environment_names(paths):
     return {path: "-".join(part for part in path.split(os.sep) if part) for path in paths}
 
 
-def baseline_label(given, labels):
+def baseline_label(given, labels, named_by="--baseline"):
     """The run --baseline names among `labels`: exactly, or without the `model=NAME` a model family's runs carry
-    (`jax` for `jax:model=gpt`), where that names one run; else a one-line error."""
+    (`jax` for `jax:model=gpt`), where that names one run; else a one-line error, saying where the name came from
+    (`named_by`)."""
     if given in labels:
         return given
     without_model = {}
@@ -205,7 +234,7 @@ def baseline_label(given, labels):
         return without_model[given][0]
     # A directory is no label and no OLD.json: say which --baseline takes, rather than list the labels alone.
     folder = "; it is a directory, and a baseline file is a result or compare JSON" if os.path.isdir(given) else ""
-    raise MtbenchError(f"--baseline '{given}' is none of the runs: {', '.join(labels)}{folder}")
+    raise MtbenchError(f"{named_by} '{given}' is none of the runs: {', '.join(labels)}{folder}")
 
 
 def comparison_labels(results):
@@ -512,9 +541,10 @@ def _parity_names(groups):
 
 
 def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS, parity_tolerance=PARITY_TOLERANCE,
-                     noise_floor=None):
-    """`baseline`: a group's label, or one of `runs` (compare names its baseline run so, whatever its label).
-    `noise_floor`: an A/A measure a compare recorded (`compare.noise_floor_record`)."""
+                     noise_floor=None, baseline_named_by="--baseline"):
+    """`baseline`: a group's label, or one of `runs` (compare names its baseline run so, whatever its label), named
+    by `baseline_named_by` (the option, or the file that recorded it). `noise_floor`: an A/A measure a compare
+    recorded (`compare.noise_floor_record`)."""
     if not force:
         check_comparable(runs)
     groups = group_runs(runs)
@@ -524,7 +554,7 @@ def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS
     elif isinstance(baseline, LoadedRun):
         chosen = next(group for group in groups if any(run is baseline for run in group.runs))
     else:
-        chosen = groups[labels.index(baseline_label(baseline, labels))]
+        chosen = groups[labels.index(baseline_label(baseline, labels, baseline_named_by))]
     ordered = [chosen] + [group for group in groups if group is not chosen]
     swept = swept_keys([run.result for run in runs])
     parity = check_parity(_parity_names(ordered), lambda result: parity_class(result, swept), steps=parity_steps,

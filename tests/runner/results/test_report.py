@@ -350,6 +350,38 @@ def test_a_result_of_the_wrong_shape_is_named_in_one_line(results, tmp_path, cha
         assert len(lines) == 1 and message in lines[0], proc.stderr
 
 
+@pytest.mark.parametrize("change, expected", [
+    ({"noise_floor": "x"}, "compare.json: not an mtbench compare JSON (noise_floor: not an A/A measure with "
+                           "measured_by and figures)"),
+    ({"noise_floor": {"figures": {}}}, "noise_floor: not an A/A measure with measured_by and figures"),
+    ({"noise_floor": {"measured_by": "A/A", "figures": {"tokens_per_s": {"floor": "x"}}}},
+     "noise_floor.figures.tokens_per_s: holds no floor"),
+    ({"noise_floor": {"measured_by": "A/A", "figures": {}, "twin_losses": []}},
+     "noise_floor.twin_losses: not the twins' largest loss difference over their steps"),
+    ({"baseline": ["jax"]}, "compare.json: not an mtbench compare JSON (baseline: list, not a run's label)"),
+    # the user gave no --baseline: the file is named
+    ({"baseline": "nonesuch"}, "compare.json: its baseline 'nonesuch' is none of the runs: jax, torch"),
+])
+def test_a_compares_recorded_baseline_and_noise_floor_of_the_wrong_shape_are_named_in_one_line(results, tmp_path,
+                                                                                                change, expected):
+    """They ended in Python's AttributeError, KeyError or TypeError (exit 1), or blamed a --baseline nobody gave."""
+    runs = [{"label": label, "repeat": 1, "result": json.load(open(results[label][0]))} for label in ("jax", "torch")]
+    compare = tmp_path / "compare.json"
+    compare.write_text(json.dumps({"kind": "mtbench-compare", "runs": runs, **change}))
+    assert_refused_in_one_line(run_cli("report", str(compare)), expected)
+    # one such file among a history's is left out, named, as a file that is not JSON is
+    history = tmp_path / "history"
+    history.mkdir()
+    (history / "jax.json").write_text(open(results["jax"][0]).read())
+    (history / "compare.json").write_text(compare.read_text())
+    proc = run_cli("report", "--history", str(history))
+    if "baseline" in change and isinstance(change["baseline"], str):
+        assert proc.returncode == 0  # a history reads no compare's baseline
+    else:
+        assert f"left out: {history / 'compare.json'}: not an mtbench compare JSON (" in proc.stdout + proc.stderr, \
+            proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--parity-tolerance", "-1"], "--parity-tolerance must be positive, got -1.0"),
     (["--parity-tolerance", "nan"], "--parity-tolerance must be positive, got nan"),
