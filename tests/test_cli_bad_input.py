@@ -164,6 +164,17 @@ def cases(tmp_path, plugin_path):
         "overwrite of a file mtbench did not write": (["--data", good, "--out", write(t / "notes.json", "my notes\n"),
                                                        "--overwrite"], "notes.json: is no .json file, as mtbench "
                                                       "writes; --overwrite replaces only those", None),
+        # each of these was dropped without a word
+        "a clipping norm without clipping": (["--data", good, "--clip", "none", "--clip-norm", "2"],
+                                             "--clip-norm 2 is the norm gradients are clipped to; --clip none clips "
+                                             "none: give one of them", None),
+        "a dataset beside a corpus": (["--dataset", "bible-en-de", "--data", good],
+                                      "--dataset bible-en-de is not used: --data reads the corpus instead", None),
+        "a validation size beside a validation file": (["--data", good, "--valid", good, "--valid-size", "7"],
+                                                       "--valid-size 7 is not used: --valid gives the validation "
+                                                       "pairs instead of a split of the corpus", None),
+        "a test size beside a test file": (["--data", good, "--test", good, "--test-size", "3"],
+                                           "--test-size 3 is not used: --test gives the test pairs", None),
         "output is the corpus": (["--data", good, "--out", good, "--overwrite"],
                                  f"{good}: is the file this command reads ({good}); give another --out", None),
         "output is the validation file": (["--data", good, "--valid", good, "--out", good, "--overwrite"],
@@ -278,6 +289,8 @@ CASE_NAMES = [
     "reporter of a broken plugin", "languages of a dataset's pairs", "a column of a dataset's pairs",
     "existing result", "overwrite of a file mtbench did not write", "output is a directory", "output is the corpus", "output is the validation file",
     "output is the initial weights", "output is the config file", "output names a new directory",
+    "a clipping norm without clipping", "a dataset beside a corpus", "a validation size beside a validation file",
+    "a test size beside a test file",
     "output empty", "a model family with an empty path", "output of blanks", "no report beside a report",
     "earlier hypotheses beside the output",
     "output under a file",

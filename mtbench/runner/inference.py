@@ -162,10 +162,14 @@ def open_translator(path, registry, backend_name=None, beam=None, length_penalty
     loaded = open_model(path, registry, backend_name, task="translation", dtype=dtype)
     source, config, backend, model, tokenizer = (loaded.source, loaded.source.config, loaded.plugins.backend,
                                                  loaded.model, loaded.tokenizer)
-    beam = config.beam if beam is None else beam
+    beam, beam_given = (config.beam, False) if beam is None else (beam, True)
     if beam > config.vocab_size:  # its hypotheses would be tokens the model has not (and XLA's memory, exhausted)
         raise MtbenchError(f"--beam {beam} is more hypotheses than the model's {config.vocab_size:,} tokens; give at "
                            f"most {config.vocab_size:,}")
+    if beam == 1 and length_penalty is not None:  # as train refuses it: asked for, and nothing would use it
+        raise MtbenchError(f"--length-penalty {length_penalty:g} weighs beam search's hypotheses by length; greedy "
+                           f"decoding ({'--beam 1' if beam_given else 'the run decoded with --beam 1'}) has none to "
+                           f"weigh: give --beam N")
     length_penalty = config.length_penalty if length_penalty is None else length_penalty
     from mtbench.runner.evaluation.decoding import make_decoder
     decode = backend.compile_inference(make_decoder(model, tokenizer.special, beam, length_penalty), model)

@@ -145,6 +145,13 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
     vocabulary = trained["result"]["config"]["vocab_size"]  # more hypotheses than tokens: XLA ran out of memory
     assert_refused_in_one_line(run_cli("translate", trained["path"], "/dev/null", "--beam", str(vocabulary + 1)),
                                f"--beam {vocabulary + 1} is more hypotheses than the model's {vocabulary:,} tokens")
+    # A length penalty greedy decoding would not use: translate and evaluate decoded greedily, as if not given.
+    assert trained["result"]["config"]["beam"] == 1
+    assert_refused_in_one_line(run_cli("translate", trained["path"], "/dev/null", "--length-penalty", "3"),
+                               "--length-penalty 3 weighs beam search's hypotheses by length; greedy decoding (the "
+                               "run decoded with --beam 1) has none to weigh: give --beam N")
+    assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(test_file), "--beam", "1",
+                                       "--length-penalty", "1"), "greedy decoding (--beam 1) has none to weigh")
     # Its own input, even told to replace what exists: the scores would have replaced the run's result.
     assert_refused_in_one_line(run_cli("evaluate", trained["path"], "--test", str(test_file), "--out",
                                        trained["path"], "--overwrite"),

@@ -26,6 +26,9 @@ def check_recipe_options(config):
     read, where the run's recipe is only put together once the model family is known."""
     given = {key: getattr(config, option) for option, key in OPTIONS.items() if getattr(config, option) is not None}
     check_recipe(given, {key: f"--{option.replace('_', '-')}" for option, key in OPTIONS.items()})
+    if config.clip == "none" and config.clip_norm is not None:  # it would clip nothing, and say nothing
+        raise MtbenchError(f"--clip-norm {config.clip_norm:g} is the norm gradients are clipped to; --clip none "
+                           f"clips none: give one of them")
     if config.min_learning_rate is not None and not 0 <= config.min_learning_rate <= config.learning_rate:
         raise MtbenchError(f"--min-learning-rate must lie between 0 and --learning-rate {config.learning_rate:g}, "
                            f"got {config.min_learning_rate}")

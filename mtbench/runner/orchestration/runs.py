@@ -129,9 +129,12 @@ def _matrix_entries(matrix):
     entries = []
     for chunk in matrix.split(";"):
         for token in chunk.split(","):
+            if not token.strip():  # a run left out by a slip of the keyboard would go unnoticed in the table
+                raise MtbenchError(f"--matrix {matrix!r}: an empty entry (two separators in a row, or one at an "
+                                   f"end); give a run between each two")
             if "=" in token and ":" not in token and entries:
                 entries[-1] += "," + token  # another flag=value of the entry before
-            elif token.strip():
+            else:
                 entries.append(token)
     return entries
 

@@ -203,6 +203,9 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     (["--backends", "jax,nonesuch"], "run 'nonesuch': unknown backend 'nonesuch'"),
     (["--extra", "warp-drive"], "run 'jax+warp-drive': unknown extra 'warp-drive'"),
     (["--matrix", "jax;torch++x"], "'torch++x' is not of the form backend+extra+extra"),
+    # the empty entry was skipped: the comparison ran without the run meant there
+    (["--matrix", "jax;;torch"], "--matrix 'jax;;torch': an empty entry (two separators in a row, or one at an end)"),
+    (["--matrix", "jax,torch;"], "an empty entry"),
     (["--matrix", "jax", "--backends", "torch"], "not both"),
     (["--baseline", "tensorflow"], "--baseline 'tensorflow' is none of the runs: jax, torch"),
     # Options that need no run are checked before the devices are asked (a child that would refuse pmap here).
