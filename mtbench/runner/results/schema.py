@@ -192,8 +192,22 @@ def _type_errors(result, schema, prefix):
             else:
                 errors.append(f"{name}: expected an object")
         elif isinstance(result[key], bool) or not isinstance(result[key], expected):
-            errors.append(f"{name}: {type(result[key]).__name__} is not {expected}")
+            errors.append(f"{name}: {type(result[key]).__name__} is not {_kind_words(expected)}")
     return errors
+
+
+# What a JSON reader calls the Python types the schema expects.
+JSON_KIND_WORDS = {int: "an integer", float: "a number", str: "a string", list: "a list", type(None): "null"}
+
+
+def _kind_words(expected):
+    """'a number', 'a string or null': the kinds of `expected` (a type or a tuple of them) as JSON names them."""
+    kinds = expected if isinstance(expected, tuple) else (expected,)
+    if int in kinds and float in kinds:  # JSON has numbers, not Python's two
+        kinds = ("number", *(kind for kind in kinds if kind not in (int, float)))
+    words = list(dict.fromkeys("a number" if kind == "number" else JSON_KIND_WORDS.get(kind, kind.__name__)
+                               for kind in kinds))
+    return " or ".join(words)
 
 
 def result_stem(result_path):

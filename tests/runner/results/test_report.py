@@ -325,7 +325,10 @@ def test_unreadable_inputs_fail_with_one_line(tmp_path, content, expected):
     ({"extras": [5]}, "extras: an item is not a string"),
     # each of these ended in an AttributeError, KeyError or TypeError that named neither the file nor the key
     ({"history": [{}]}, "history[0].step: missing"),
-    ({"history": [{"step": 1, "loss": "low"}]}, "history[0].loss: str is not"),
+    ({"history": [{"step": 1, "loss": "low"}]}, "history[0].loss: str is not a number or null"),
+    ({"devices_used": "two"}, "devices_used: str is not an integer"),  # said "is not <class 'int'>"
+    ({"config": {"steps": 3, "seed": 0, "preset": "tiny", "batch_size": 8, "dtype": 32}},
+     "config.dtype: int is not a string"),
     ({"machine_load": "busy"}, "machine_load: str is not an object"),
     ({"processes": "two"}, "processes: str is not an object"),
     ({"cost": "cheap"}, "cost: str is not an object"),
