@@ -70,17 +70,20 @@ def _check_not_read_here(out, *reads):
 
 def _naming_the_config_file(message):
     """`message` about a value that --config's file gave, not the command line (it names the flag first: '--steps
-    must be at least 1, got -1'), said of the file, as the file's other errors are: the user typed no --steps."""
+    must be at least 1, got -1'), said of the file, as the file's other errors are: the user typed no --steps.
+    A message that names its flags later ('give --steps or --epochs, not both') is said of the file where the file
+    gave every one of them."""
     context = click.get_current_context(silent=True)
     path = context and context.meta.get("mtbench.config_file")
-    flag = re.match(r"--([a-z0-9-]+)\b", message)
-    if not path or not flag:
+    if not path:
         return message
-    param = next((param for param in context.command.params if isinstance(param, click.Option)
-                  and f"--{flag.group(1)}" in param.opts), None)
-    if param is None or context.get_parameter_source(param.name) != click.core.ParameterSource.DEFAULT_MAP:
-        return message
-    return f"--config {path}: {message[2:]}"
+    options = {opt: param for param in context.command.params if isinstance(param, click.Option)
+               for opt in param.opts}
+    named = [options[flag] for flag in re.findall(r"--[a-z0-9-]+\b", message) if flag in options]
+    from_file = lambda param: context.get_parameter_source(param.name) == click.core.ParameterSource.DEFAULT_MAP
+    if re.match(r"--[a-z0-9-]+\b", message):
+        return f"--config {path}: {message[2:]}" if named and from_file(named[0]) else message
+    return f"--config {path}: {message}" if named and all(map(from_file, named)) else message
 
 
 def _warn_broken_plugins(registry):

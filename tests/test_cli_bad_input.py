@@ -241,6 +241,9 @@ def cases(tmp_path, plugin_path):
             "choice.toml: dtype = 'float64': 'float64' is not one of 'auto', 'float32'", None),
         "config value the run refuses": (["--config", write(t / "zero.toml", "batch-size = 0\n")],
                                          "zero.toml: batch-size must be at least 1, got 0", None),
+        "config values the run refuses together": (["--config", write(t / "both.toml", "steps = 3\nepochs = 1.0\n")],
+                                                   f"--config {t / 'both.toml'}: give --steps or --epochs, not both",
+                                                   None),
         "config value the command line replaces": (["--config", write(t / "good.toml", "batch-size = 8\n"),
                                                     "--batch-size", "0"], "Error: --batch-size must be at least "
                                                                            "1, got 0", None),
@@ -301,7 +304,8 @@ CASE_NAMES = [
     "resume a missing directory", "resume a directory that is not a run",
     "resume a run without checkpoints", "resume with other options", "config file missing", "config file not toml",
     "config key unknown", "config value of the wrong kind", "config value the flag refuses",
-    "config value the run refuses", "config value the command line replaces", "run file beside other options",
+    "config value the run refuses", "config values the run refuses together",
+    "config value the command line replaces", "run file beside other options",
     "run file of another format",
     "run file with an unknown key", "run file with a value of the wrong kind", "run file with extras as a name",
     "run file with a null cache folder", "empty initial weights"]
