@@ -204,7 +204,8 @@ def test_a_stop_python_swallows_where_it_cannot_be_told_is_sent_again_and_stops_
             del referent
             work_until_stopped(went_on)
     assert "callback" not in went_on and reference() is None
-    assert not stopped.value.deferred and stopped.value.exit_code == 143 and signal.getsignal(signal.SIGTERM) is previous
+    assert not stopped.value.deferred and stopped.value.exit_code == 143
+    assert signal.getsignal(signal.SIGTERM) is previous
     assert "Exception ignored" not in capfd.readouterr().err
 
     monkeypatch.setattr("mtbench.runner.loop.signals.RESEND_DELAY_S", LATER_WORK_S)  # the block ends first
