@@ -483,14 +483,15 @@ def run_warnings(result):
     return warnings
 
 
-def peak_measurement_text(measured_at, load_average, cpus=None):
-    """When a measured MFU peak was measured, how busy the host was and on how many CPUs (where recorded):
-    'measured 2026-11-22T10:04:31+00:00 at load average 0.42 / 0.3 / 0.25 on 2 CPUs'; None for a datasheet peak or
-    one cached before measurements kept their time."""
+def peak_measurement_text(measured_at, load_average, cpus=None, threads=None):
+    """When a measured MFU peak was measured, how busy the host was and on how many CPUs and threads (where
+    recorded): 'measured 2026-11-22T10:04:31+00:00 at load average 0.42 / 0.3 / 0.25 on 2 CPUs, 2 threads'; None
+    for a datasheet peak or one cached before measurements kept their time."""
     if not measured_at:
         return None
     load = " / ".join(f"{value:g}" for value in load_average) if load_average else "unknown"
     on = f" on {cpus} CPU{'s' * (cpus != 1)}" if cpus else ""
+    on += f", {threads} thread{'s' * (threads != 1)}" if cpus and threads else ""
     return f"measured {measured_at} at load average {load}{on}"
 
 

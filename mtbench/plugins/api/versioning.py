@@ -48,9 +48,10 @@ recompute their activations when `model_options["remat"]` asks, and `RunContext.
 1.22: `Backend.inference`, how `compile_inference` runs the model; `inference_text` among `RUN_CHOICES`.
 1.23: `TrainStep.numerics()`, how a step computes its layer norms' statistics and its update (passed on by
 `WrappingStep`); `layer_norm_text` and `optimizer_update_text` among `RUN_CHOICES`.
+1.24: `peak_measurement_text`'s optional `threads`, the framework's threads a measured peak ran on.
 """
 
-PLUGIN_API_VERSION = "1.23"
+PLUGIN_API_VERSION = "1.24"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -307,7 +307,8 @@ def environment_rows(description):
             rows.append(("backend", f"{name} accelerator", _accelerator_text(backend["accelerator"])))
         for dtype, peak in backend.get("peaks", {}).items():
             figure = "unknown" if peak["flops_per_s"] is None else f"{peak['flops_per_s'] / 1e12:,.3f} TFLOP/s"
-            measured = peak_measurement_text(peak.get("measured_at"), peak.get("load_average"), peak.get("cpus"))
+            measured = peak_measurement_text(peak.get("measured_at"), peak.get("load_average"), peak.get("cpus"),
+                                             peak.get("threads"))
             if measured:
                 figure += f", {measured}"
             rows.append(("peak", f"{name} {dtype}", f"{figure} ({peak['source']})"))

@@ -105,12 +105,13 @@ def datasheet_peak(device_name, dtype, matmul_precision="highest"):
     return peaks[arithmetic], f"{peaks['source']}, {name} dense"
 
 
-def peak_record(flops_per_s, source, measured_at=None, load_average=None, cpus=None):
+def peak_record(flops_per_s, source, measured_at=None, load_average=None, cpus=None, threads=None):
     """A peak and where it comes from; `measured_at` (ISO 8601), `load_average` (the 1, 5 and 15 minute load
-    averages as the measurement began) and `cpus` (how many CPUs the measuring process could run on) for a
-    measured one, None for a datasheet figure."""
+    averages as the measurement began), `cpus` (how many CPUs the measuring process could run on) and `threads`
+    (the framework's compute threads there, where its backend says) for a measured one, None for a datasheet
+    figure."""
     return {"flops_per_s": flops_per_s, "source": source, "measured_at": measured_at, "load_average": load_average,
-            "cpus": cpus}
+            "cpus": cpus, "threads": threads}
 
 
 def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmul_precision="highest", cpus=None):
@@ -179,7 +180,7 @@ def read_calibration(path):
     with open(path) as f:
         cached = json.load(f)
     return peak_record(cached["flops_per_s"], cached["source"], cached.get("measured_at"),
-                       cached.get("load_average"), cached.get("cpus"))
+                       cached.get("load_average"), cached.get("cpus"), cached.get("threads"))
 
 
 @contextlib.contextmanager
@@ -229,16 +230,16 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
     load = load_average()
     failure = ""
     try:
-        size, flops_per_s, measured_cpus, _ = (measure_here(backend, dtype, size) if cpus is None
-                                               else measure_on(cpus, backend.name, dtype, size))
+        size, flops_per_s, measured_cpus, threads = (measure_here(backend, dtype, size) if cpus is None
+                                                     else measure_on(cpus, backend.name, dtype, size))
     except RunFailure as failed:  # measured here, under this process's count of CPUs
         if not here_if_that_fails:
             raise
-        size, flops_per_s, measured_cpus, _ = measure_here(backend, dtype, size)
+        size, flops_per_s, measured_cpus, threads = measure_here(backend, dtype, size)
         if not isinstance(failed, BackendNotInProcess):  # (one registered by code, not installed, is measured here)
             failure = f", in this process: {failed}"
     record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of "
-                                      f"repeats{failure}", measured_at, load, measured_cpus)
+                                      f"repeats{failure}", measured_at, load, measured_cpus, threads)
     path = calibration_path(cache_dir, backend.name, dtype, device_name, measured_cpus)
     if not write_json_atomic(path, record, replace=replace):
         return read_calibration(path)

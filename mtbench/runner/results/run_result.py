@@ -55,7 +55,7 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
         "mfu_reason": reason,  # why MFU is null, else null
         # A measured (CPU) peak: when, and under what load; null for a datasheet's.
         "peak_measured_at": peak_record["measured_at"], "peak_load_average": peak_record["load_average"],
-        "peak_cpus": peak_record.get("cpus"),
+        "peak_cpus": peak_record.get("cpus"), "peak_threads": peak_record.get("threads"),
     }
 
 

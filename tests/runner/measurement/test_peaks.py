@@ -72,7 +72,7 @@ def test_matmul_precision_defaults_to_highest_and_reaches_device_peak(tmp_path):
         (156e12, "NVIDIA A100 datasheet, TF32 dense")
     record = device_peak_record(FakeBackend(), gpu, "float32", str(tmp_path))
     assert record == {"flops_per_s": 19.5e12, "source": "NVIDIA A100 datasheet, FP32 dense", "measured_at": None,
-                      "load_average": None, "cpus": None}
+                      "load_average": None, "cpus": None, "threads": None}
     unknown = device_peak(FakeBackend(), {"kind": "gpu", "name": "NVIDIA A10G"}, "float32", str(tmp_path))
     assert unknown == (None, "no datasheet peak known for NVIDIA A10G")
 
@@ -97,11 +97,11 @@ class FakeBackend(Backend):
     """A backend whose matmul 'measures' a fixed figure, on the CPU, and keeps the size of each one it measured."""
     name = "fake"
 
-    def __init__(self, name="fake", flops_per_s=1e11):
-        self.name, self.flops_per_s, self.sizes = name, flops_per_s, []
+    def __init__(self, name="fake", flops_per_s=1e11, threads=None):
+        self.name, self.flops_per_s, self.sizes, self.threads = name, flops_per_s, [], threads
 
     def device_info(self):
-        return {"kind": "cpu", "name": "Test CPU", "count": 1}
+        return {"kind": "cpu", "name": "Test CPU", "count": 1, **({"threads": self.threads} if self.threads else {})}
 
     def matmul_flops_per_s(self, dtype, size):
         self.sizes.append(size)
@@ -122,6 +122,19 @@ def test_a_cpu_measurement_records_when_it_was_taken_and_the_load(tmp_path):
     cached = device_peak_record(backend, backend.device_info(), "float32", str(tmp_path),
                                 matmul_precision="high")
     assert cached == record and backend.sizes == []
+    assert record["cpus"] == HERE and record["threads"] is None  # a backend that does not say
+
+
+def test_a_cpu_measurement_records_the_threads_its_framework_ran_and_the_table_names_them(tmp_path):
+    from mtbench.figures import peak_measurement_text
+    record = calibrate(FakeBackend(threads=3), "float32", "Test CPU", str(tmp_path))
+    assert record["threads"] == 3
+    with open(calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE)) as f:
+        assert json.load(f)["threads"] == 3
+    text = peak_measurement_text(record["measured_at"], record["load_average"], record["cpus"], record["threads"])
+    assert text.endswith(f" on {HERE} CPU{'s' * (HERE != 1)}, 3 threads")
+    assert peak_measurement_text(record["measured_at"], record["load_average"], record["cpus"]).endswith(
+        f" on {HERE} CPU{'s' * (HERE != 1)}")  # an earlier caller's text, as before
 
 
 def test_a_cache_file_written_before_the_time_was_recorded_still_reads(tmp_path):
@@ -131,7 +144,8 @@ def test_a_cache_file_written_before_the_time_was_recorded_still_reads(tmp_path)
         json.dump({"flops_per_s": 2e11, "source": "measured: old"}, f)
     backend = FakeBackend()
     assert device_peak_record(backend, backend.device_info(), "float32", str(tmp_path)) == \
-        {"flops_per_s": 2e11, "source": "measured: old", "measured_at": None, "load_average": None, "cpus": None}
+        {"flops_per_s": 2e11, "source": "measured: old", "measured_at": None, "load_average": None, "cpus": None,
+         "threads": None}
     assert device_peak(backend, backend.device_info(), "float32", str(tmp_path)) == (2e11, "measured: old")
 
 

@@ -245,8 +245,13 @@ def test_the_single_run_table_shows_load_warnings_compile_cache_peak_and_test_se
     # The CPUs its measuring process could run on: this test worker's share (one of 2 on this project's machines).
     cpus = utilization["peak_cpus"]
     assert isinstance(cpus, int) and cpus >= 1
+    # and the threads of the framework that measured it, where its backend says (torch; JAX's XLA pool does not)
+    threads = utilization["peak_threads"]
+    assert (threads is None) == (" matmul on jax, median of repeats" in utilization["peak_source"]), utilization
+    said = f", {threads} thread{'s' * (threads != 1)}" if threads else ""
     assert shown["MFU (padded): model FLOP/s / peak"].endswith(
-        f"; measured {utilization['peak_measured_at']} at load average {load_text} on {cpus} CPU{'s' * (cpus > 1)})")
+        f"; measured {utilization['peak_measured_at']} at load average {load_text} on {cpus} CPU{'s' * (cpus > 1)}"
+        f"{said})")
     # --max-len 48 drops test pairs on the tiny preset's tokenizer: the table says how many were scored of how many.
     scored, dropped = result["metrics"]["test_sentences_scored"], result["data"]["dropped"]["too_long"]["test"]
     assert dropped > 0 and scored + dropped == result["data"]["pairs"]["test"]
