@@ -11,7 +11,7 @@ from mtbench.errors import MtbenchError
 from mtbench.figures import SIZE_KEYS, run_name, size_label
 from mtbench.plugins import manager as plugins
 from mtbench.runner.choices import conflicting_extras, dtype_refusal, joined
-from mtbench.runner.config import INIT_SCHEMES, TrainConfig
+from mtbench.runner.config import FUSED_ATTENTION_EXTRA, INIT_SCHEMES, TrainConfig
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
                                                        probe_devices, runs_to_preflight)
 from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names, sweep_settings, swept_keys
@@ -216,6 +216,18 @@ def with_steps(specs, step, registry, named=False):
             for spec in specs]
 
 
+def with_attention(specs, attention):
+    """`specs`, each run that does not name the fused-attention extra pinned to the unfused attention where another
+    names it and --attention is `auto`: `auto` would fuse it too on a device with the kernels, and the row named
+    without the extra (the unfused baseline asked for) would train as the one named with it, its results grouped
+    with that row's."""
+    if attention != "auto" or not any(FUSED_ATTENTION_EXTRA in spec.extras for spec in specs):
+        return specs
+    return [spec if FUSED_ATTENTION_EXTRA in spec.extras
+            else dataclasses.replace(spec, sizes=tuple(sorted({**dict(spec.sizes), "attention": "unfused"}.items())))
+            for spec in specs]
+
+
 def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transformer", registry=None):
     """The runs to compare, all of the model family `model` (--model): each backend of `backends` with every extra
     of `extras`, or the runs that `matrix` lists ('torch;torch+torch-compile;jax'). Where torch sees a CUDA GPU
@@ -292,6 +304,7 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
     options = {key: value for key, value in options.items() if key != "compile_mode"}  # the compiling runs' alone
     specs = with_steps(plan_runs(backends, extras, matrix, None, options["model_name"], registry), step, registry,
                        named=matrix is not None)
+    specs = with_attention(specs, options.get("attention", "auto"))
     interpreters = check_interpreters(specs)  # other environments' (python=PATH): checked before any run
     check_runs(specs, registry, interpreters)
     shared = TrainConfig.from_options(**{**options, "backend": specs[0].backend})

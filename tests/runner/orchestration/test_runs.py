@@ -168,6 +168,28 @@ def test_a_comparison_is_planned_and_checked_before_the_devices_are_asked():
         plan_comparison("jax,torch", (), None, options(), plugins, probe=lambda runs: {"jax": CPU, "torch": H100})
 
 
+def test_beside_a_run_naming_fused_attention_the_others_attend_unfused_as_their_names_say():
+    """On a GPU `--attention auto` fuses every run where the kernels run: 'jax;jax+flash-attention' trained fused
+    twice, and the two rows' results, alike, were grouped as one run of twice the repeats."""
+    from mtbench.runner.orchestration.runs import plan_comparison
+    plugins = registry()
+    on_gpu = lambda runs: {"jax": H100, "torch": H100}
+    planned = plan_comparison(None, (), "jax;jax+flash-attention", options(attention="auto"), plugins, probe=on_gpu)
+    assert [(spec.label, dict(spec.sizes)) for spec in planned.specs] == [
+        ("jax", {"step": "auto", "attention": "unfused"}), ("jax+flash-attention", {"step": "auto"})]
+    # and the report compares their results: the extras they name say what ran, not the --attention each was given
+    from mtbench.runner.results.report import configuration_differences
+    assert configuration_differences({"attention": "unfused", "extras": ["flash-attention"], "seed": 0},
+                                     {"attention": "auto", "extras": [], "seed": 0}) == []
+    # Without a run that names the extra, auto stays each run's to choose; what the user asked is every run's.
+    for matrix, attention in (("jax;torch", "auto"), ("jax;jax+flash-attention", "fused")):
+        planned = plan_comparison(None, (), matrix, options(attention=attention), plugins, probe=on_gpu)
+        assert all("attention" not in dict(spec.sizes) for spec in planned.specs), (matrix, attention)
+    from mtbench import MtbenchError
+    with pytest.raises(MtbenchError, match="--attention unfused contradicts --extra flash-attention"):
+        plan_comparison(None, (), "jax;jax+flash-attention", options(attention="unfused"), plugins, probe=on_gpu)
+
+
 def test_runs_are_named_by_the_settings_they_differ_in_as_the_table_names_their_results():
     """What every run shares names none of them; a run that keeps the shared value of a swept setting is named by
     it too: the progress lines, the run files and --baseline use the names the table and verdicts show."""
