@@ -572,10 +572,21 @@ def run_dtype(result):
 
 
 def hardware(result):
+    """What the run computed on: a CPU's model and the machine's cores; an accelerator's name and how many of them
+    the run trained on (`devices_used`). Not the backend's `device_info()['count']`, which counts other things on
+    the two backends: torch every GPU the process sees, JAX every device of a run of several processes, so that one
+    GPU of a machine of eight read '8x', and JAX's two processes '2x' where torch's read '8x'."""
     env = result["env"]
     device = env["device"]
     if device.get("kind") == "cpu":
         # The machine's cores: a process beside others on it counts only its share (`processes.cpu_share`).
         share = (result.get("processes") or {}).get("cpu_share")
         return f"{device.get('name')}, {share['of_cpus'] if share else env.get('cpu_count')} cores"
-    return f"{device.get('count')}x {device.get('name')}"
+    return f"{result.get('devices_used') or device.get('count')}x {device.get('name')}"
+
+
+def machine_device(result):
+    """The kind of machine a run computed on, whatever share of it: a CPU's model and cores (`hardware`), an
+    accelerator's kind and name. Runs of one device and of several compare on it (scaling efficiency)."""
+    device = result["env"]["device"]
+    return hardware(result) if device.get("kind") == "cpu" else f"{device.get('kind')} {device.get('name')}"

@@ -20,8 +20,9 @@ from mtbench.errors import MtbenchError
 from mtbench.runner.config import COMPILED_STEP_EXTRA, TrainConfig, decoding_name
 from mtbench.runner.files import read_json
 from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, energy_counter_text,
-                             hardware, is_number, kinds_against_text, profile_operations_text, run_dtype, run_name,
-                             run_processes, run_warnings, scored_sentences_text, shown_figures, size_label)
+                             hardware, is_number, kinds_against_text, machine_device, profile_operations_text,
+                             run_dtype, run_name, run_processes, run_warnings, scored_sentences_text, shown_figures,
+                             size_label)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import COMPARE_SCHEMA_VERSION, result_task, schema_errors
 from mtbench.runner.results import verdicts as stats
@@ -464,7 +465,8 @@ class Comparison:
             if (run_processes(result) == 1 and result["backend"] == group.first["backend"]
                     and list(result["extras"]) == single and result.get("train_step") == group.first.get("train_step")
                     and other.dtype == group.dtype
-                    and other.hardware == group.hardware and _settings(result) == _settings(group.first)):
+                    and machine_device(result) == machine_device(group.first)
+                    and _settings(result) == _settings(group.first)):
                 mine, theirs = group.speed(), other.speed()
                 ideal = ideal_speedup(group.first, result)
                 efficiency = mine / (ideal * theirs) if mine is not None and theirs else None

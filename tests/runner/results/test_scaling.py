@@ -26,6 +26,8 @@ def two_process_copy(result, extra, tokens_factor, device_kind, machines):
                            "machines": machines}
     scaled["devices_used"] = 2
     scaled["utilization"]["peak_devices"] = machines if device_kind == "cpu" else 2  # as the run records it
+    if device_kind == "gpu":  # the backend's device count: every GPU one process sees, or JAX's of the run's processes
+        result["env"]["device"]["count"], scaled["env"]["device"]["count"] = 8, 2
     scaled["timing"]["tokens_per_s"] *= tokens_factor
     for entry in scaled["history"]:  # the timed steps too, whose windows speed-ups and scaling read
         entry["seconds"] /= tokens_factor
@@ -51,6 +53,9 @@ def test_report_sets_a_two_process_run_against_its_one_process_run_on_the_device
     assert report["scaling"] == {"torch+ddp@2": {"processes": 2, "against": "torch", "ideal_speedup": ideal,
                                                  "efficiency": pytest.approx(efficiency)}}
     assert [entry["processes"] for entry in report["summary"]] == [1, 2, 1]
+    if device_kind == "gpu":  # the GPUs each run trained on, not the count its backend reported (8, 2)
+        name = one["env"]["device"]["name"]
+        assert [entry["hardware"] for entry in report["summary"][:2]] == [f"1x {name}", f"2x {name}"]
     proc = run_cli("report", *paths, "--format", "markdown")
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| scaling efficiency"))
     assert [cell.strip() for cell in row.strip("|").split("|")] == [
