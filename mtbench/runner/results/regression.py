@@ -26,6 +26,9 @@ GATE_FIGURES = ("tokens_per_s", "step_s_median", "step_s_p90", "compile_s", "tra
 ONE_REPEAT = "one repeat on each side: no spread between repeats"
 ONE_WINDOW_EACH = "one repeat of one timing window on each side: nothing to resample"
 A_ZERO = "a repeat measured 0 (a step that compiles nothing): no ratio to it"
+# The figures that hold the compilation: a persistent cache warm on one side and cold on the other changes them by
+# what the cache held, not by the code or the versions (a CI job that keeps the cache between runs).
+CACHE_FIGURES = ("compile_s", "train_s", "total_s")
 SLOWER_EXIT_CODE = 1
 
 
@@ -155,6 +158,11 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
             values = old.over_repeats(key), new.over_repeats(key)
             if None in values:
                 continue
+            caches = compile_cache_states(new.results), compile_cache_states(old.results)
+            if key in CACHE_FIGURES and caches[0] != caches[1]:
+                changes.append(Change(label, key, *values, None, f"the compile cache was {caches[0]} in the new "
+                                                                   f"runs and {caches[1]} in the baseline's"))
+                continue
             verdict = change_verdict(key, new.results, old.results, f"{label} (new)", f"{label} (baseline)",
                                      (floors.get(key) or {}).get("floor"))
             reason = None if verdict else no_verdict_reason(key, new.results + old.results)
@@ -162,6 +170,16 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
     return Regression(list(new_paths), baseline_path, changes, [label for label in new_groups if label not in both],
                       [label for label in old_groups if label not in both], floor, threshold, held_anyway,
                       {"baseline": ran_on(old_runs[0].result), "new": ran_on(new_runs[0].result)})
+
+
+def compile_cache_states(results):
+    """'cold', 'warm', 'cold and warm', ...: what the persistent compilation cache gave these runs' programs (by
+    their lookups, else whether it held programs as each started; 'not recorded' for results before it was)."""
+    states = []
+    for result in results:
+        cache = (result.get("timing") or {}).get("compile_cache") or {}
+        states.append(cache.get("programs") or cache.get("state") or "not recorded")
+    return " and ".join(sorted(set(states)))
 
 
 def no_verdict_reason(key, results):

@@ -177,3 +177,28 @@ def test_the_columns_of_a_window_figure_are_the_figures_whose_ratio_is_judged(ti
         assert change["verdict"]["ratio"] == pytest.approx(ratio), figure
     # The recorded figures, read from the file: what the columns showed before, a ratio of 1 beside a verdict of 1.25.
     assert slowed["timing"]["step_s_median"] == old["result"]["timing"]["step_s_median"]
+
+
+def test_a_compile_cache_warm_on_one_side_and_cold_on_the_other_judges_no_compile_time(tiny_runs, tmp_path):
+    """A CI job that keeps the persistent cache between runs compiles from it; the baseline compiled afresh. Its
+    compile, train and total times then measure the cache: no verdict on them, and the reason, while the steady
+    figures are judged as ever."""
+    old = tiny_runs["jax"]
+    cache = old["result"]["timing"]["compile_cache"]
+    assert cache["programs"] in ("cold", "partly warm")  # the session's first jax run of its shape
+    warm = json.loads(json.dumps(old["result"]))
+    warm["timing"]["compile_cache"] = {**cache, "programs": "warm", "hits": cache["hits"] + cache["misses"],
+                                       "misses": 0}
+    warm["timing"]["compile_s"] /= 10
+    new = tmp_path / "warm.json"
+    new.write_text(json.dumps(warm))
+    proc = run_cli("report", str(new), "--baseline", old["path"], "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    changes = {c["figure"]: c for c in json.loads(proc.stdout)["changes"]}
+    for figure in ("compile_s", "train_s", "total_s"):
+        assert changes[figure]["verdict"] is None, figure
+        assert changes[figure]["reason"] == (f"the compile cache was warm in the new runs and {cache['programs']} "
+                                             f"in the baseline's"), figure
+    assert changes["tokens_per_s"]["verdict"] is not None
+    shown = run_cli("report", str(new), "--baseline", old["path"]).stdout
+    assert "compile time" not in "".join(line for line in shown.splitlines() if "changed beyond the noise" in line)
