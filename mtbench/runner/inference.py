@@ -94,7 +94,13 @@ def pretrained_family(path, registry):
     """The model family of `NAME:DIR`, the checkpoint of a pretrained model family as it was published (refused
     for a family that publishes none); None where `path` names something on disk or no model family."""
     name, colon, directory = path.partition(":")
-    if not colon or not directory or os.path.exists(path) or name not in registry.models:
+    if not colon or not directory or os.path.exists(path):
+        return None
+    if name not in registry.models:
+        if name.isidentifier() or "-" in name and name.replace("-", "_").isidentifier():  # no file, a family's name
+            readers = ", ".join(sorted(n for n, family in registry.models.items() if family.pretrained))
+            raise MtbenchError(f"{path}: no such file or directory, nor a pretrained checkpoint: no model family "
+                               f"'{name}' (those that read one: {readers or 'none installed'})")
         return None
     family = registry.models[name]
     if not family.pretrained or type(family).tokenizer is ModelFamily.tokenizer:

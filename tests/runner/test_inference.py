@@ -134,7 +134,9 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
     result = dict(trained["result"], model={**trained["result"]["model"], "saved": None}, run_dir=None)
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps(result))
-    for args, message in [((str(bare),), "kept no model"), ((str(tmp_path / "missing.json"),), "no such file")]:
+    for args, message in [((str(bare),), "kept no model"), ((str(tmp_path / "missing.json"),), "no such file"),
+                          ((f"nonesuch:{tmp_path}",), "nor a pretrained checkpoint: no model family 'nonesuch' "
+                                                      "(those that read one: gpt2, marian)")]:
         proc = run_cli("translate", *args, "/dev/null")
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1

@@ -146,6 +146,11 @@ def schema_errors(result):
         errors += problems[:1]
         if problems:
             break
+    timing = result.get("timing") if isinstance(result.get("timing"), dict) else {}
+    for key in SCHEMA["timing"]:  # a run measures each, or writes null: NaN showed as 'nan (nan–nan)' in a table
+        value = timing.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            errors.append(f"timing.{key}: {value!r} is not a measured time or rate")
     for path in OPTIONAL_OBJECTS:
         value = _value_at(result, path)
         if value is not None and not isinstance(value, dict):

@@ -353,6 +353,18 @@ def test_a_result_of_the_wrong_shape_is_named_in_one_line(results, tmp_path, cha
         assert len(lines) == 1 and message in lines[0], proc.stderr
 
 
+def test_a_result_whose_timing_is_not_a_number_is_named_in_one_line(results, tmp_path):
+    """JSON's NaN parses as a float: it showed as 'nan (nan–nan)' in the table and the verdicts."""
+    result = json.load(open(results["jax"][0]))
+    for key in ("tokens_per_s", "compile_s"):
+        broken = json.loads(json.dumps(result))
+        broken["timing"][key] = float("nan")
+        path = tmp_path / f"{key}.json"
+        path.write_text(json.dumps(broken))
+        assert_refused_in_one_line(run_cli("report", str(path), results["torch"][0]),
+                                   f"{path}: not an mtbench result (timing.{key}: nan is not a measured time or rate)")
+
+
 @pytest.mark.parametrize("change, expected", [
     ({"noise_floor": "x"}, "compare.json: not an mtbench compare JSON (noise_floor: not an A/A measure with "
                            "measured_by and figures)"),
