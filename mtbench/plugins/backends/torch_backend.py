@@ -89,6 +89,13 @@ class TorchBackend(Backend):
         if torch.cuda.is_available():
             torch.cuda.set_rng_state(state[cpu:])
 
+    def compilations(self):
+        """The graphs torch.compile's dynamo has compiled in this process (each its own inductor program, its
+        backward compiled with it): 0 for an eager step, one for each shape a compiled step trains, and more where
+        a guard failed and dynamo compiled again, which the timing windows then count where it happened."""
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+
     def peak_device_bytes(self):
         import torch
         if torch.cuda.is_available():

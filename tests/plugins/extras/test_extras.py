@@ -13,6 +13,7 @@ from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, TESTS_DIR, TINY_COMPA
                       device_kind, run_cli, simulated_devices)
 from mtbench.plugins.extras.flash_attention import (JAX_KERNEL_PATTERN, TORCH_KERNEL_PATTERN, FlashAttention,
                                                     kernel_calls, kernel_evidence)
+from mtbench.figures import run_warnings
 
 TWO_DEVICES = simulated_devices(2)
 SHORT = [*TINY_TRAIN, "--steps", "20"]
@@ -145,6 +146,11 @@ def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eag
     # One compilation per length bucket the run met, and dynamo never gave up on a new one.
     buckets = {tuple(h["shape"]) for h in compiled["history"]}
     assert record["recompilations"] == len(buckets) - 1 and not record["recompile_limit_reached"]
+    # counted where each was compiled, at its bucket's warm-up step, as JAX's programs are; none in a steady window
+    assert compiled["timing"]["compilations_by_shape"] == {"x".join(map(str, shape)): 1 for shape in buckets}
+    assert {h["step"] for h in compiled["history"] if h["compilations"]} == \
+        {h["step"] for h in compiled["history"] if h["first_of_shape"]}
+    assert not [warning for warning in run_warnings(compiled) if "compiled after the warm-up" in warning]
     # Every shape trained was compiled (the limit is raised above torch's 8 for `base`'s buckets), and the
     # label says how the step ran: no CUDA graphs in the default mode.
     assert record["recompile_limit"] >= 64 and record["shapes_trained"] == len(buckets)
