@@ -301,25 +301,6 @@ def _train_config(warn=True, **options):
 ONE_OF = (("steps", "epochs"), ("block_size", "max_len"), ("target_bleu", "target_loss"))
 
 
-# Options another one replaces where both are given: (replaced, by, what the second does instead). Given beside
-# it, the first would be dropped without a word.
-REPLACED_BY = (("dataset", "data_file", "--data reads the corpus instead"),
-               ("valid_size", "valid_file", "--valid gives the validation pairs instead of a split of the corpus"),
-               ("test_size", "test_file", "--test gives the test pairs instead of a split of the corpus"))
-
-
-def _refuse_replaced_options(options, source):
-    """Refuses an option the command line (or --config beside another of --config's) gave where another given
-    one replaces it (`REPLACED_BY`)."""
-    given = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.DEFAULT_MAP)
-    for replaced, by, instead in REPLACED_BY:
-        if replaced not in options or options.get(by) is None or source(replaced) not in given:
-            continue
-        if source(replaced) == click.core.ParameterSource.COMMANDLINE or source(by) == source(replaced):
-            raise MtbenchError(f"--{replaced.replace('_', '-')} {options[replaced]} is not used: {instead}; give one "
-                               f"of them")
-
-
 def _command_line_wins(options, warn=True):
     """`options` without what --config set of a pair in ONE_OF whose other half the command line gave; a list
     --config set that the command line's flags replace (`--extra`) is said (where `warn`: by one process of a
@@ -332,7 +313,6 @@ def _command_line_wins(options, warn=True):
                 and source(param.name) == click.core.ParameterSource.COMMANDLINE:
             click.echo(f"Warning: {param.opts[0]} on the command line replaces --config's "
                        f"{param.opts[0].lstrip('-')} = {list(configured)!r}", err=True)
-    _refuse_replaced_options(options, source)
     for pair in ONE_OF:
         given = [name for name in pair if name in options and source(name) == click.core.ParameterSource.COMMANDLINE]
         for name in pair if len(given) == 1 else ():

@@ -1,11 +1,12 @@
 """The translation task: sentence pairs in, BLEU and chrF (sacrebleu) of the test translations out. The loss
 counts the target tokens (the source is what is translated), and so does tokens/s."""
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
-from mtbench.runner.config import decoding_name
+from mtbench.runner.config import TrainConfig, decoding_name
 from mtbench.runner.data.batches import batches_per_epoch, encode_split, training_batches, untrained_examples
 from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.corpus_report import corpus_report, report_lines
@@ -19,6 +20,13 @@ METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_los
 # Options of the language-modelling task, which translation does not take (their value when not given).
 LANGUAGE_MODEL_OPTIONS = {"block_size": None, "tokenizer": None, "target_loss": None, "sample_prompt": None,
                           "sample_tokens": 100, "eval_stride": None}
+
+
+# Options a file given beside them replaces: (option, the file's, what the file does instead).
+REPLACED_BY_FILES = (("dataset", "data_file", "--data reads the corpus instead"),
+                     ("valid_size", "valid_file", "--valid gives the validation pairs instead of a split of the corpus"),
+                     ("test_size", "test_file", "--test gives the test pairs instead of a split of the corpus"))
+CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
 
 class TranslationTask(Task):
@@ -38,6 +46,10 @@ class TranslationTask(Task):
         ReadOptions(config.src_col, config.tgt_col, config.src_lang, config.tgt_lang)
         if config.measure_only and config.beam != 1:
             raise MtbenchError(f"--beam {config.beam} decodes the test set, which --measure-only skips")
+        for option, by, instead in REPLACED_BY_FILES:  # set apart from its default, and then not used
+            if getattr(config, by) and getattr(config, option) != CONFIG_DEFAULTS[option]:
+                raise MtbenchError(f"--{option.replace('_', '-')} {getattr(config, option)} is not used: {instead}; "
+                                   f"give one of them")
         if config.beam == 1 and config.length_penalty != 0.6:
             raise MtbenchError(f"--length-penalty {config.length_penalty:g} weighs beam search's hypotheses by length; "
                                f"greedy decoding (--beam 1) has none to weigh: give --beam N")
