@@ -508,6 +508,17 @@ THIRD_PARTY = textwrap.dedent('''
         def record(self, run):
             raise KeyError("lost the count")
 
+    class ComputeIn(Extra):
+        """Sets the run's dtype, as the TPU strategy turns float32 into bfloat16: after `--dtype` has chosen."""
+        backends = ("jax", "torch")
+
+        def __init__(self, dtype):
+            self.dtype, self.name = dtype, f"{dtype.rpartition('_')[2]}-compute"
+            self.description = f"trains in {dtype} whatever --dtype says"
+
+        def config_changes(self, run):
+            return {"dtype": self.dtype}
+
     class NotInstalledBackend(Backend):
         name = "fakeflow"
         keras_backend = "jax"
@@ -547,6 +558,8 @@ THIRD_PARTY = textwrap.dedent('''
         register(NoJit())
         register(CrashBeforeModel())
         register(BadRecord())
+        register(ComputeIn("mixed_bfloat16"))
+        register(ComputeIn("mixed_float16"))
 ''')
 
 # Loads, but its callbacks hook fails during the run.

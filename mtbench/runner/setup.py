@@ -266,15 +266,16 @@ def start_backend(config, plugins, launch):
     reason = device_refusal(run, plugins.extras, plugins.extra_code)
     if reason:
         raise MtbenchError(reason)
-    run.config = adjusted_config(run, plugins)
+    run.config, changed_by = configuration_changes(run, plugins)
+    check_configuration_changes(run, plugins, changed_by)
     return keras, run
 
 
-def adjusted_config(run, plugins):
-    """The run's configuration with what the extras change (`Extra.config_changes`): a new, checked
-    configuration; `run.config` itself is never written to. An extra of plugin API 1.1 or before that changes it
-    in place (`adjust_config`) is still called, on a copy."""
-    config = run.config
+def configuration_changes(run, plugins):
+    """(the run's configuration with what the extras change (`Extra.config_changes`), {key: the name of the extra
+    that changed it last}): a new, checked configuration; `run.config` itself is never written to. An extra of
+    plugin API 1.1 or before that changes it in place (`adjust_config`) is still called, on a copy."""
+    config, changed_by = run.config, {}
     for extra in plugins.extras:  # each sees the configuration the extras before it made
         with plugins.extra_code(extra):
             changes = plugins.registry.call("extras", extra, "config_changes", run)
@@ -286,20 +287,46 @@ def adjusted_config(run, plugins):
             if unknown:
                 raise RunFailure(f"extra '{extra.name}' changes unknown configuration keys: {', '.join(unknown)}")
             try:
-                config = dataclasses.replace(config, **changes)
+                config, before = dataclasses.replace(config, **changes), config
             except (MtbenchError, TypeError, ValueError) as error:  # its words name an option the user did not give
                 settings = ", ".join(f"{key}={value!r}" for key, value in sorted(changes.items()))
                 raise RunFailure(f"extra '{extra.name}' sets {settings}, which the configuration refuses: "
                                  f"{error}") from None
             run = dataclasses.replace(run, config=config)
+            changed_by.update(dict.fromkeys(changed_keys(before, config), extra.name))
     in_place = [extra for extra in plugins.extras if type(extra).adjust_config is not Extra.adjust_config]
     if in_place:
         config = copy.deepcopy(config)
         run = dataclasses.replace(run, config=config)
         for extra in in_place:
+            before = copy.deepcopy(config)
             with plugins.extra_code(extra):
                 plugins.registry.call_replaced("extras", extra, "adjust_config", run)
-    return config
+            changed_by.update(dict.fromkeys(changed_keys(before, config), extra.name))
+    return config, changed_by
+
+
+def changed_keys(before, after):
+    """The names of the configuration fields whose values differ between `before` and `after`."""
+    return [field.name for field in dataclasses.fields(before)
+            if getattr(before, field.name) != getattr(after, field.name)]
+
+
+def check_configuration_changes(run, plugins, changed_by):
+    """Once the extras have changed the configuration (`changed_by`: {key: extra}), the run is checked again as
+    it will train: the dtype and every extra must still run on the device (a refusal names the change), and
+    `run.dtype_choice` records a dtype an extra chose (the TPU strategy's bfloat16), so that the result says what
+    trained, not what `--dtype` chose before."""
+    if not changed_by:
+        return
+    reason = device_refusal(run, plugins.extras, plugins.extra_code)
+    if reason:
+        changes = "; ".join(f"extra '{name}' set " + ", ".join(f"{key}={getattr(run.config, key)!r}"
+                                                               for key in sorted(changed_by) if changed_by[key] == name)
+                            for name in dict.fromkeys(changed_by.values()))
+        raise MtbenchError(f"{reason} (once {changes})")
+    if "dtype" in changed_by and run.config.dtype != run.dtype_choice["dtype"]:
+        run.dtype_choice = {"asked": run.dtype_choice["asked"], "dtype": run.config.dtype, "by_extra": changed_by["dtype"]}
 
 
 def read_model_family(run, family):

@@ -70,8 +70,8 @@ def test_third_party_plugins_load_by_package_and_every_plugin_is_listed_with_its
     assert (third["version"], third["package"], third["status"], third["builtin"]) == \
         ("0.3.0", "mtbench_thirdparty", "loaded", False)
     assert third["provides"] == {"backends": ["fakeflow"],
-                                 "extras": ["bad-record", "compile-late", "count-steps", "crash-before-model",
-                                            "no-jit", "read-loss"],
+                                 "extras": ["bad-record", "bfloat16-compute", "compile-late", "count-steps",
+                                            "crash-before-model", "float16-compute", "no-jit", "read-loss"],
                                  "reporters": ["explode", "oneline"]}
     assert third["deprecated"] == []  # written in the current forms of the API
     assert third["hooks"] == ["mtbench_register_backends", "mtbench_register_extras", "mtbench_register_reporters"]

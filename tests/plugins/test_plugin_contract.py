@@ -139,7 +139,7 @@ def test_an_extra_that_still_changes_the_configuration_in_place_is_called_and_na
     a copy, and is named once in a deprecation warning and among `mtbench plugins`' older forms."""
     from mtbench.plugins.api import RunContext
     from mtbench.runner.config import TrainConfig
-    from mtbench.runner.setup import RunPlugins, adjusted_config
+    from mtbench.runner.setup import RunPlugins, configuration_changes
 
     class InPlace(Extra):
         name = "in-place"
@@ -152,7 +152,7 @@ def test_an_extra_that_still_changes_the_configuration_in_place_is_called_and_na
     given = TrainConfig(steps=5)
     run = RunContext(config=given, backend=None, device={"count": 1})
     plugins = RunPlugins(None, [InPlace()], [], registry)
-    assert [adjusted_config(run, plugins).batch_size for _ in range(2)] == [8, 8] and given.batch_size != 8
+    assert [configuration_changes(run, plugins)[0].batch_size for _ in range(2)] == [8, 8] and given.batch_size != 8
     [warning] = registry.warnings
     assert warning.startswith("plugin 'someone': extra 'in-place' implements adjust_config(run), deprecated in "
                               "plugin API 1.2: mtbench calls config_changes(run)")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import device_kind, run_cli, with_torch_extra
+from conftest import device_kind, env_with, run_cli, with_torch_extra
 from mtbench import MtbenchError
 from mtbench.runner.config import TrainConfig
 
@@ -28,6 +28,30 @@ def test_the_command_lines_dtype_is_chosen_for_the_device_it_ran_on_and_recorded
     else:
         assert (chosen["asked"], chosen["dtype"]) == ("auto", "mixed_bfloat16" if device["bfloat16"] else "float32")
     assert result["config"]["dtype"] == result["model"]["dtype_policy"] == chosen["dtype"]
+
+
+def test_a_dtype_an_extra_sets_is_recorded_as_its_choice_trains_and_is_checked_for_the_device(
+        tmp_path, cache_dir, plugin_path):
+    """An extra's configuration changes come after `--dtype` has chosen (the TPU strategy's bfloat16): the result
+    names the dtype that trained and the extra that set it, the attention's dtypes (read from the compiled program)
+    are that dtype's, and a dtype the device cannot train in is refused in one line, naming the extra's change."""
+    env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty"}
+    out = tmp_path / "run.json"
+    flags = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "4", "--steps", "2",
+             "--measure-only", "--dtype", "float32", "--cache-dir", cache_dir]
+    proc = run_cli("train", "--backend", "jax", *flags, "--extra", "bfloat16-compute", "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["dtype_chosen"] == {"asked": "float32", "dtype": "mixed_bfloat16", "by_extra": "bfloat16-compute"}
+    assert result["config"]["dtype"] == result["model"]["dtype_policy"] == "mixed_bfloat16"
+    assert result["model"]["attention"]["arithmetic"]["matmul_inputs"] == "bfloat16"
+    proc = run_cli("train", "--backend", "jax", *flags, "--extra", "float16-compute", "--out", str(tmp_path / "f"),
+                   env=env)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "Error: --dtype mixed_float16: XLA on the CPU has no float16 matmul (mixed_float16); use bfloat16 or "
+        "mixed_bfloat16 there (once extra 'float16-compute' set dtype='mixed_float16')")
+    assert not (tmp_path / "f").exists()
 
 
 def chosen_dtype(backend, device, dtype="auto", refuses=None):

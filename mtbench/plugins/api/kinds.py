@@ -42,7 +42,8 @@ class RunContext:
     # 'why_not' where none does}.
     step_choice: dict = None
     # --dtype and what it chose: {'asked': auto or a dtype, 'dtype': the policy the run trains in, 'why_float32'
-    # where auto kept float32}. `config.dtype` is the dtype chosen.
+    # where auto kept float32, or 'by_extra' where an extra's `config_changes` set it}. `config.dtype` is the dtype
+    # chosen.
     dtype_choice: dict = None
 
     @property

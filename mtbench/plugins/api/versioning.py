@@ -49,9 +49,11 @@ recompute their activations when `model_options["remat"]` asks, and `RunContext.
 1.23: `TrainStep.numerics()`, how a step computes its layer norms' statistics and its update (passed on by
 `WrappingStep`); `layer_norm_text` and `optimizer_update_text` among `RUN_CHOICES`.
 1.24: `peak_measurement_text`'s optional `threads`, the framework's threads a measured peak ran on.
+1.25: `RunContext.dtype_choice`'s `by_extra`, the extra whose `config_changes` set the dtype; a configuration the
+extras changed is checked again for the device.
 """
 
-PLUGIN_API_VERSION = "1.24"
+PLUGIN_API_VERSION = "1.25"
 
 
 def next_major(version=PLUGIN_API_VERSION):

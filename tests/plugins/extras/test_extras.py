@@ -320,7 +320,7 @@ def test_an_extra_whose_configuration_changes_are_refused_is_named_not_the_user(
     from mtbench.plugins.api import Extra, RunContext
     from mtbench.plugins.manager import registry
     from mtbench.runner.config import TrainConfig
-    from mtbench.runner.setup import RunPlugins, adjusted_config
+    from mtbench.runner.setup import RunPlugins, configuration_changes
 
     class Careless(Extra):
         name = "careless"
@@ -330,7 +330,7 @@ def test_an_extra_whose_configuration_changes_are_refused_is_named_not_the_user(
 
     run = RunContext(config=TrainConfig(steps=5), backend=None, device={"count": 1})
     with pytest.raises(RunFailure) as refused:
-        adjusted_config(run, RunPlugins(None, [Careless()], [], registry()))
+        configuration_changes(run, RunPlugins(None, [Careless()], [], registry()))
     assert str(refused.value).startswith(expected)
 
 
@@ -344,14 +344,22 @@ mesh, distribution = tpu_mesh(jax.devices())
 from mtbench.plugins.api import RunContext
 from mtbench.plugins.manager import registry
 from mtbench.runner.launch import devices_spanned
-from mtbench.runner.setup import RunPlugins, adjusted_config
+from mtbench.plugins.backends.jax_backend import JaxBackend
+from mtbench.runner.choices import choose_dtype
+from mtbench.runner.setup import RunPlugins, check_configuration_changes, configuration_changes
 given = TrainConfig(batch_size=60, max_len=45)
-run = RunContext(config=given, backend=None, device={"count": 4})
-config = adjusted_config(run, RunPlugins(None, [TpuStrategy()], [], registry()))
+# A TPU as JAX describes it: the extra's own checks pass, and --dtype float32 is kept by `choose_dtype`.
+run = RunContext(config=given, backend=JaxBackend(), device={"count": 4, "kind": "tpu", "bfloat16": True})
+plugins = RunPlugins(None, [TpuStrategy()], [], registry())
+choose_dtype(run, plugins)
+run.config, changed_by = configuration_changes(run, plugins)
+check_configuration_changes(run, plugins, changed_by)
+config = run.config
 assert (given.batch_size, given.max_len, given.dtype) == (60, 45, "float32")  # a new configuration, not a rewrite
 print(json.dumps({"mesh": list(mesh.shape), "axes": list(mesh.axis_names), "batch": config.batch_size,
                   "max_len": config.max_len, "dtype": config.dtype, "b": [tpu_batch_size(8, 1), tpu_batch_size(33, 4)],
-                  "record": run.extras_state["tpu"], "spanned": devices_spanned(run.extras_state.values())}))
+                  "record": run.extras_state["tpu"], "spanned": devices_spanned(run.extras_state.values()),
+                  "changed_by": changed_by, "dtype_choice": run.dtype_choice}))
 """
     env = {**os.environ, "KERAS_BACKEND": "jax", **simulated_devices(4)}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
@@ -361,4 +369,7 @@ print(json.dumps({"mesh": list(mesh.shape), "axes": list(mesh.axis_names), "batc
                    "b": [8, 64], "record": {"devices": 4, "cores": 4,
                                             "requested": {"batch_size": 60, "max_len": 45, "dtype": "float32"},
                                             "used": {"batch_size": 64, "max_len": 48, "dtype": "mixed_bfloat16"}},
-                   "spanned": 4}  # MFU divides the peak by the mesh's 4 devices
+                   "spanned": 4,  # MFU divides the peak by the mesh's 4 devices
+                   "changed_by": {"batch_size": "tpu", "max_len": "tpu", "dtype": "tpu"},
+                   # The result names the dtype that trained, and who chose it: --dtype had kept float32.
+                   "dtype_choice": {"asked": "float32", "dtype": "mixed_bfloat16", "by_extra": "tpu"}}
