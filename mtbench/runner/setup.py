@@ -326,7 +326,8 @@ def check_configuration_changes(run, plugins, changed_by):
                             for name in dict.fromkeys(changed_by.values()))
         raise MtbenchError(f"{reason} (once {changes})")
     if "dtype" in changed_by and run.config.dtype != run.dtype_choice["dtype"]:
-        run.dtype_choice = {"asked": run.dtype_choice["asked"], "dtype": run.config.dtype, "by_extra": changed_by["dtype"]}
+        run.dtype_choice = {"asked": run.dtype_choice["asked"], "dtype": run.config.dtype,
+                            "by_extra": changed_by["dtype"]}
 
 
 def read_model_family(run, family):
