@@ -11,8 +11,8 @@ on the CPU, where an array's memory is the host's: reads (`float`, `bool`, `item
 `_value`) are counted where they happen, on every platform. Logging that hides warnings
 (`TF_CPP_MIN_LOG_LEVEL` above 0) hides the guard's lines too: the counter checks that it can see one before it
 counts, and `per_step()` is None where it cannot. A step that shows its program (`lowered_program`) has the
-conditionals in it that branch as it runs counted too: on a GPU each reads its predicate on the host and waits
-for the device.
+conditionals in it that branch as it runs counted too, and its loops that end on a value it computes: on a GPU
+each reads its predicate on the host and waits for the device.
 """
 
 import collections
@@ -26,6 +26,13 @@ import tempfile
 IF = re.compile(r"\bstablehlo\.if\b")
 CASE = re.compile(r'(%[\w#]+)(?::\d+)? = "stablehlo\.case"\((%[\w#]+)\)')
 CONSTANT_INDEX = re.compile(r"(%[\w#]+) = stablehlo\.constant dense<-?\d+> : tensor<i32>")
+# A loop's condition: XLA's GPU while thunk reads it on the host at every iteration, unless XLA knows the trip count
+# when it compiles, as it does for a count against a constant (`fori_loop` and `scan` of a static length).
+LOOP_CONDITION = re.compile(r"stablehlo\.while\(.*?\bcond \{\n(.*?)\n\s*\} do \{", re.DOTALL)
+COUNTED_CONDITION_LINE = re.compile(
+    r"\s*(?:%c\w* = stablehlo\.constant dense<-?\d+> : tensor<[iu]\d+>"
+    r"|%\w+ = stablehlo\.compare (?:LT|LE|GT|GE|NE), %iterArg\w*, %c\w*, (?:UN)?SIGNED : .*"
+    r"|stablehlo\.return %\w+ : tensor<i1>)\s*")
 WEAK_TYPE = re.compile(r",\s*weak_type=\w+")
 # The guard's line; a jitted function's arguments are logged without their aval (empty).
 TRANSFER_LINE = re.compile(r"(host-to-device|device-to-host|device-to-device) transfer:(?: aval=ShapedArray\(([^)]*)\))?")
@@ -44,6 +51,13 @@ def runtime_conditionals(program):
             else:
                 count += 1
     return count
+
+
+def runtime_loops(program):
+    """How many loops of a StableHLO program end on a value computed as it runs: every `while` whose condition is
+    not its counter against a constant (the form JAX gives `fori_loop` and `scan` of a static length)."""
+    return sum(1 for condition in LOOP_CONDITION.findall(program)
+               if not all(COUNTED_CONDITION_LINE.fullmatch(line) for line in condition.splitlines()))
 
 
 @contextlib.contextmanager
@@ -144,20 +158,26 @@ class JaxHostSyncCounter:
         return logs
 
     def _count_conditionals(self, step, x, y, sample_weight):
-        """The conditionals of the step's program (`lowered_program`, on the step or a step it wraps): on a GPU
-        XLA copies each one's predicate to the host and waits for the device before it picks a branch, a wait
-        the transfer guard cannot see. Counted as host waits on accelerators, named as events everywhere."""
+        """The conditionals and the loops of the step's program (`lowered_program`, on the step or a step it
+        wraps) that decide as it runs: on a GPU XLA copies each one's predicate to the host and waits for the
+        device before it picks a branch or goes round again, a wait the transfer guard cannot see. Counted as host
+        waits on accelerators (a loop once, the least it waits: its iterations are not known), named as events
+        everywhere."""
         import jax
         inner = step
         while not hasattr(inner, "lowered_program") and hasattr(inner, "inner"):
             inner = inner.inner
         if not hasattr(inner, "lowered_program"):
             return
-        found = runtime_conditionals(inner.lowered_program(x, y, sample_weight))
-        if found:
-            self.events["conditional in the compiled step (a host wait on a GPU)"] += found
-            if jax.default_backend() != "cpu":
-                self.syncs += found
+        program = inner.lowered_program(x, y, sample_weight)
+        decisions = {"conditional in the compiled step (a host wait on a GPU)": runtime_conditionals(program),
+                     "loop in the compiled step that ends on a computed value (a host wait an iteration on a GPU)":
+                         runtime_loops(program)}
+        for event, found in decisions.items():
+            if found:
+                self.events[event] += found
+                if jax.default_backend() != "cpu":
+                    self.syncs += found
 
     def per_step(self):
         """Host waits per counted step (None before any, or where the guard's lines cannot be seen)."""

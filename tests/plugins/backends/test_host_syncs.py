@@ -89,6 +89,61 @@ def test_the_conditionals_counted_are_those_that_branch_as_the_program_runs():
             assert runtime_conditionals(program) == branching, (function.__name__, platform)
 
 
+def test_the_loops_counted_are_those_that_end_on_a_value_the_program_computes():
+    """A `while_loop` on a value goes round again after XLA reads its condition (on a GPU, on the host, after a wait
+    for the device); `fori_loop` and `scan` of a static length count to a constant, a trip count XLA knows when it
+    compiles. mtbench's step accumulating gradients over micro-batches loops so."""
+    from conftest import keras_on_jax
+    keras_on_jax()
+    import jax
+    import jax.numpy as jnp
+
+    from mtbench.plugins.backends.jax_host_syncs import runtime_loops
+
+    def until_large(x):
+        return jax.lax.while_loop(lambda c: jnp.sum(c) < 100, lambda c: c * 2, x)
+
+    def four_times(x):
+        return jax.lax.fori_loop(0, 4, lambda i, c: c * 2, x)
+
+    def scanned(x):
+        return jax.lax.scan(lambda c, row: (c + row, None), x, jnp.ones((5, 3)))[0]
+
+    def counting_down_to_a_value(x):
+        return jax.lax.while_loop(lambda c: c[0] > jnp.sum(x), lambda c: (c[0] - 1, c[1] * 2), (10, x))[1]
+
+    def all_of_them(x):
+        return until_large(four_times(scanned(x))) + counting_down_to_a_value(x) + jax.jit(until_large)(x)
+
+    x = jnp.ones(3)
+    for function, deciding in ((until_large, 1), (four_times, 0), (scanned, 0), (counting_down_to_a_value, 1),
+                               (all_of_them, 3)):
+        for platform in ("cpu", "cuda"):
+            program = jax.jit(function).trace(x).lower(lowering_platforms=(platform,)).as_text()
+            assert program.count("stablehlo.while") >= 1 and runtime_loops(program) == deciding, \
+                (function.__name__, platform)
+    accumulating = accumulating_step_program()
+    assert "stablehlo.while" in accumulating and runtime_loops(accumulating) == 0
+
+
+def accumulating_step_program(micro_batches=2):
+    """The StableHLO of mtbench's JAX step on the tiny Transformer, summing the gradients of `micro_batches`."""
+    import keras
+
+    from host_syncs_probe import batch
+    from mtbench.keras_models.initialization import assign_weights, initial_weights
+    from mtbench.keras_models.presets import PRESETS
+    from mtbench.keras_models.transformer import build_transformer
+    from mtbench.plugins.backends.jax_jit_step import JitTrainStep, accumulated_gradients
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import compile_model
+    model = build_transformer(PRESETS["tiny"])
+    assign_weights(model, initial_weights(model, 0))
+    compile_model(keras, model, TrainConfig(preset="tiny", dtype="float32", grad_accum=micro_batches), 20, {})
+    step = JitTrainStep(model, None, gradients_of=accumulated_gradients(micro_batches))
+    return step.lowered_program(*batch(0))
+
+
 def torch_counter():
     from mtbench.plugins.backends.torch_host_syncs import TorchHostSyncCounter
     return TorchHostSyncCounter("cpu")
