@@ -36,7 +36,7 @@ MIN_WINDOWS = 10
 DEFAULT_WIDTH = 0.03  # --repeats auto: until every interval lies within +-3 % of its ratio
 # The figures whose interval counts the windows within each run: (how a repeat's windows give the figure,
 # whether a higher value is faster).
-WINDOW_FIGURES = {"tokens_per_s": ("tokens over seconds", True), "step_s_median": ("median window step", False)}
+WINDOW_FIGURES = {"tokens_per_s": ("tokens over seconds", True), "step_s_median": ("median step", False)}
 # Timing figures where a higher value is faster; every other timing figure is a time (lower is faster).
 HIGHER_IS_FASTER = {"tokens_per_s", "mfu", "mfu_real_tokens"}
 SPEED_FIGURE = "tokens_per_s"  # what "faster" and "slower" of a run mean: a regression gate judges it
@@ -49,13 +49,17 @@ def steady_windows(history):
 
 
 def window_figure(key, windows):
-    """A window figure of one run's windows: tokens/s (tokens over seconds) or the median per-step time."""
+    """A window figure of one run's windows: tokens/s (tokens over seconds) or the median step time over the
+    steps, each step its window's mean (as `timing.step_s_median` counts them): a window of 10 steps weighs 10
+    times one of a single step, whose time holds a synchronisation of its own."""
     if key == "tokens_per_s":
         return windows[:, 2].sum() / windows[:, 0].sum()
-    # The lower median, as each resample's (`_resampled_window_figure`): with an even count of windows np.median's
+    # The lower median, as each resample's (`_resampled_window_figure`): with an even count of steps np.median's
     # mean of the middle two sat above every resample's, and the interval lopsided around it.
-    per_step = np.sort(windows[:, 0] / windows[:, 1])
-    return float(per_step[(len(per_step) - 1) // 2])
+    order = np.argsort(windows[:, 0] / windows[:, 1])
+    per_step = (windows[:, 0] / windows[:, 1])[order]
+    below = np.cumsum(windows[order, 1])
+    return float(per_step[np.argmax(below >= (below[-1] + 1) // 2)])
 
 
 def _resampled_window_figure(key, windows, rng, resamples):
@@ -65,15 +69,15 @@ def _resampled_window_figure(key, windows, rng, resamples):
     out = np.empty(resamples)
     chunk = max(1, 2_000_000 // max(count, 1))
     order = np.argsort(windows[:, 0] / windows[:, 1])
-    per_step = (windows[:, 0] / windows[:, 1])[order]
+    per_step, steps = (windows[:, 0] / windows[:, 1])[order], windows[order, 1]
     for start in range(0, resamples, chunk):
         n = min(chunk, resamples - start)
         counts = rng.multinomial(count, np.full(count, 1.0 / count), size=n)
         if key == "tokens_per_s":
             out[start:start + n] = (counts @ windows[:, 2]) / (counts @ windows[:, 0])
-        else:  # the lower median of the resampled per-step times
-            cumulative = np.cumsum(counts[:, order], axis=1)
-            out[start:start + n] = per_step[np.argmax(cumulative >= (count + 1) // 2, axis=1)]
+        else:  # the lower median over the resampled windows' steps
+            below = np.cumsum(counts[:, order] * steps, axis=1)
+            out[start:start + n] = per_step[np.argmax(below >= (below[:, -1:] + 1) // 2, axis=1)]
     return out
 
 

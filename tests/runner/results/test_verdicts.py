@@ -64,6 +64,20 @@ def test_the_step_times_point_is_the_lower_median_its_resamples_draw():
     assert set(np.unique(resampled)) <= {0.1, 0.2, 0.3, 0.4} and np.median(resampled) == 0.2
 
 
+def test_the_step_time_counts_each_step_of_a_window_as_the_runs_own_median_does():
+    """Windows of 10 steps at 70 ms beside single-step windows at 100 ms (the steps after a new shape, before a
+    validation): the run's steady median (`timing.step_s_median`, over steps) is 70 ms, and so is the figure its
+    verdicts and the gate compare, whose windows once counted alike and made it 100 ms; its resamples too."""
+    windows = np.array([[0.7, 10, 3200]] * 10 + [[0.1, 1, 320]] * 11)
+    per_step = np.repeat(windows[:, 0] / windows[:, 1], windows[:, 1].astype(int))
+    assert len(per_step) == 111 and np.median(per_step) == pytest.approx(0.07)
+    assert stats.window_figure("step_s_median", windows) == pytest.approx(0.07)
+    resampled = stats._resampled_window_figure("step_s_median", windows, np.random.default_rng(0), 2000)
+    assert np.median(resampled) == pytest.approx(0.07)
+    # Of 2 steps, the lower median: a window of 3 steps at 0.1 s beside one of 1 at 0.3 s is 0.1.
+    assert stats.window_figure("step_s_median", np.array([[0.3, 1, 10], [0.3, 3, 30]])) == pytest.approx(0.1)
+
+
 def test_windows_group_a_windows_steps_and_leave_out_compilation():
     steps = history(0.01, windows=3, window=4)
     steps[-1]["window_steps"] = steps[-2]["window_steps"] = 2  # a last, shorter window
