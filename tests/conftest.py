@@ -534,6 +534,25 @@ THIRD_PARTY = textwrap.dedent('''
                           f"complete={complete} bleu={'none' if bleu is None else f'{bleu:.2f}'}",
                           highlight=False, soft_wrap=True)
 
+    class CallsFile(Reporter):
+        """A tracker that writes each call it gets to the file MTBENCH_TEST_CALLS_FILE names, a line each."""
+        name = "calls-file"
+        description = "writes the calls it gets to a file"
+
+        def _write(self, line):
+            import os
+            with open(os.environ["MTBENCH_TEST_CALLS_FILE"], "a") as calls:
+                calls.write(line + "\\n")
+
+        def start(self, run):
+            self._write("start")
+
+        def log(self, metrics, step):
+            self._write(f"log {step}")
+
+        def report(self, result, console, complete):
+            self._write(f"report complete={complete} status={result['status']}")
+
     class ExplodingReporter(Reporter):
         name = "explode"
         description = "fails on purpose"
@@ -549,6 +568,23 @@ THIRD_PARTY = textwrap.dedent('''
     def mtbench_register_reporters(register):
         register(OneLineReporter())
         register(ExplodingReporter())
+        register(CallsFile())
+
+    @hookimpl
+    def mtbench_keras_callbacks(config):
+        """Where MTBENCH_TEST_CALLBACK_FAILS_AT names a step, a callback whose code fails at its end."""
+        import os
+        at = os.environ.get("MTBENCH_TEST_CALLBACK_FAILS_AT")
+        if not at:
+            return []
+        import keras
+
+        class FailsAt(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == int(at):
+                    raise KeyError("lost the mesh")
+
+        return [FailsAt()]
 
     @hookimpl
     def mtbench_register_extras(register):

@@ -150,9 +150,9 @@ def cases(tmp_path, plugin_path):
         "no checkpoints kept": (["--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1", None),
         "target without evaluations": (["--target-bleu", "20"], "--target-bleu needs --eval-every", None),
         "unknown reporter": (["--report", "fax"], "unknown reporter 'fax'", None),
-        "reporter of a broken plugin": (["--report", "twoline"], "unknown reporter 'twoline'; available: explode, "
-                                        "mlflow, oneline, summary, table, tensorboard, wandb; it may come from a plugin that "
-                                        "failed: plugin 'broken' failed to load", plugins),
+        "reporter of a broken plugin": (["--report", "twoline"], "unknown reporter 'twoline'; available: calls-file, "
+                                        "explode, mlflow, oneline, summary, table, tensorboard, wandb; it may come from a "
+                                        "plugin that failed: plugin 'broken' failed to load", plugins),
         # recorded beside the dataset's en -> fr pairs, they would have said the run translated fr -> en
         "languages of a dataset's pairs": (["--src-lang", "fr", "--tgt-lang", "en"], "--src-lang fr --tgt-lang en: "
                                            "these say how --data, --valid and --test files are read; the dataset "

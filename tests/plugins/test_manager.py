@@ -72,9 +72,10 @@ def test_third_party_plugins_load_by_package_and_every_plugin_is_listed_with_its
     assert third["provides"] == {"backends": ["fakeflow"],
                                  "extras": ["bad-record", "bfloat16-compute", "compile-late", "count-steps",
                                             "crash-before-model", "float16-compute", "no-jit", "read-loss"],
-                                 "reporters": ["explode", "oneline"]}
+                                 "reporters": ["calls-file", "explode", "oneline"]}
     assert third["deprecated"] == []  # written in the current forms of the API
-    assert third["hooks"] == ["mtbench_register_backends", "mtbench_register_extras", "mtbench_register_reporters"]
+    assert third["hooks"] == ["mtbench_keras_callbacks", "mtbench_register_backends", "mtbench_register_extras",
+                              "mtbench_register_reporters"]
     assert plugins["broken"]["status"] == "failed to load"
     assert "broken on purpose" in plugins["broken"]["problems"][0]
     # A plugin whose hook raised is not listed like a healthy one (flaky fails only during a run).

@@ -46,7 +46,7 @@ class Observers:
 
 @dataclass
 class TrainingOutcome:
-    status: str              # completed | interrupted | diverged
+    status: str              # completed | interrupted | diverged | failed (an exception, in a run of one process)
     reason: str              # why training stopped early, else None
     state: TrainingState     # step, epoch, history, clocks and validation record
     timer: StepTimer
@@ -75,6 +75,11 @@ def train_loop(config, backend, model, step_flops, train_step, state, batches, t
     Losses are read, and callbacks, trackers and the divergence check see each step, when its window ends."""
     return TrainingLoop(config, backend, model, step_flops, train_step, state, batches, total_steps, checkpointing,
                         validate, target, observers, processes).run(console)
+
+
+def failure_text(error):
+    """A failure in one line: an mtbench error's own words (they name the plugin), else the exception's kind too."""
+    return str(error) if isinstance(error, MtbenchError) else f"{type(error).__name__}: {error}"
 
 
 class TrainingLoop:
@@ -106,31 +111,56 @@ class TrainingLoop:
         with training_progress(console, self.total_steps, self.state.step, self.config.log_every,
                                self.learning_rate) as self.progress, \
                 stop_requests() as self.signals:
-            for step in range(self.state.step + 1, self.total_steps + 1):
-                epoch, batch, input_seconds = self.next_batch()
-                alone = self.timed_alone(step, batch)
-                probe = self.probe_pending and not alone  # a shape already compiled: a steady step
-                profiled = not (alone or probe) and self.profiling.due()
-                starts_alone = alone or probe or (profiled and not self.profiling.running)
-                if starts_alone and self.window.open and self.end_window_before():
-                    break
-                # The probe's step, timed alone, is slowed by its counting (differently on each backend), as the
-                # profiled steps are by the profiler: the training time leaves them out, as the steady figures do.
-                aside = "host_sync_probe" if probe else "profiled" if profiled else None
-                with self.clock.aside(aside) if aside else contextlib.nullcontext():
-                    if profiled and not self.profiling.running:
-                        self.profiling.start(step)
-                    self.train(step, epoch, batch, input_seconds, aside)
-                    window_ended = self.window_ends_after(step, alone or probe or self.profiling.has_all_steps())
-                    diverged = window_ended and self.end_window()
-                if diverged or (window_ended and self.at_window_edge(step)):
-                    break
-        self.train_step.finalize()  # before the callbacks' end: a step holding the weights itself writes them back
-        self.callbacks.on_train_end()
+            try:
+                self.train_steps()
+            except Exception as error:
+                if self.processes.world_size > 1:
+                    raise  # the others wait in the run's collectives: the launcher ends them all
+                recorded = self.state.history[-1]["step"] if self.state.history else self.state.step
+                self.stop = ("failed", f"after step {recorded}, {failure_text(error)}")
+        ended = self.end_training()
         status, reason = self.stop or ("completed", None)
+        reason = "; ".join([reason, *ended]) if ended else reason
         return TrainingOutcome(status, reason, self.state, self.timer, self.clock, self.target,
                                self.checkpointing.latest, self.signals.exit_code if status == "interrupted" else None,
                                self.host_syncs(), self.profiling.record())
+
+    def end_training(self):
+        """The step's `finalize` (a step holding the weights itself writes them back), then the callbacks' end.
+        After a failed step either may fail too: what failed is returned, one line each, for the result's reason;
+        else they raise."""
+        failed = []
+        for what, end in (("the step's finalize", self.train_step.finalize),
+                          ("the callbacks' end", self.callbacks.on_train_end)):
+            try:
+                end()
+            except Exception as error:
+                if not self.stop or self.stop[0] != "failed":
+                    raise
+                failed.append(f"then {what} failed: {failure_text(error)}")
+        return failed
+
+    def train_steps(self):
+        """The loop over the steps, to the last or to the step that stops it (`self.stop`)."""
+        for step in range(self.state.step + 1, self.total_steps + 1):
+            epoch, batch, input_seconds = self.next_batch()
+            alone = self.timed_alone(step, batch)
+            probe = self.probe_pending and not alone  # a shape already compiled: a steady step
+            profiled = not (alone or probe) and self.profiling.due()
+            starts_alone = alone or probe or (profiled and not self.profiling.running)
+            if starts_alone and self.window.open and self.end_window_before():
+                break
+            # The probe's step, timed alone, is slowed by its counting (differently on each backend), as the
+            # profiled steps are by the profiler: the training time leaves them out, as the steady figures do.
+            aside = "host_sync_probe" if probe else "profiled" if profiled else None
+            with self.clock.aside(aside) if aside else contextlib.nullcontext():
+                if profiled and not self.profiling.running:
+                    self.profiling.start(step)
+                self.train(step, epoch, batch, input_seconds, aside)
+                window_ended = self.window_ends_after(step, alone or probe or self.profiling.has_all_steps())
+                diverged = window_ended and self.end_window()
+            if diverged or (window_ended and self.at_window_edge(step)):
+                break
 
     def learning_rate(self, step):
         """The rate the optimizer applied at `step` (its schedule at the update count before it), from the

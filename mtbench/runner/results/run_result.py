@@ -352,6 +352,8 @@ def stop_error(outcome, out, run_dir, processes=1, failures=()):
         saved += "; and " + "; ".join(failures)
     if outcome.status == "diverged":
         return RunFailure(f"training diverged: {outcome.reason}; {saved}")
+    if outcome.status == "failed":
+        return RunFailure(f"training failed {outcome.reason}; {saved}")
     return RunInterrupted(f"interrupted: {outcome.reason}; {saved}", outcome.exit_code)
 
 

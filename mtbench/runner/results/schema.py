@@ -28,8 +28,8 @@ READABLE_VERSIONS = (1, 2, 3, 4, 5)
 COMPARE_SCHEMA_VERSION = 1
 # completed: every figure exists. interrupted (a signal) and diverged (a NaN or infinite loss) are partial
 # results: the figures of the evaluation after training are null, and `status_reason` says why.
-STATUSES = ("completed", "interrupted", "diverged")
-PARTIAL_STATUSES = ("interrupted", "diverged")
+STATUSES = ("completed", "interrupted", "diverged", "failed")
+PARTIAL_STATUSES = ("interrupted", "diverged", "failed")
 
 # Required keys and the types their values may take (None: the figure does not exist in this run, e.g. device
 # memory on a CPU, which no framework reports, or a figure a partial result did not get to).

@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 import pytest
 
-from conftest import ONE_BUCKET, TINY_TRAIN, run_cli, run_joined_probes
+from conftest import ONE_BUCKET, TINY_TRAIN, env_with, run_cli, run_joined_probes
 from mtbench.runner.results.schema import schema_errors
 from mtbench.runner.loop.signals import Stopped, stop_at_once, stop_requests
 
@@ -258,6 +258,33 @@ def test_nan_loss_stops_the_run_as_diverged_and_keeps_the_partial_result(tmp_pat
     assert [h["loss"] is None for h in result["history"]] == [False] * 4 + [True]
     assert result["timing"]["steps"] == 5 and result["metrics"]["test_loss"] is None
     assert checkpoint_steps(run_dir) == [3]
+
+
+def test_a_plugin_that_fails_while_training_ends_the_run_as_failed_with_its_partial_result(
+        tmp_path, cache_dir, plugin_path):
+    """A plugin's Keras callback raises at step 5: the run keeps the steps it trained and their checkpoint in a
+    partial result (status `failed`, the plugin named), and its trackers get their `report`, as after a divergence,
+    rather than a run left open."""
+    out, run_dir, calls = str(tmp_path / "failed.json"), str(tmp_path / "failed.run"), tmp_path / "calls.txt"
+    proc = run_cli("train", "--backend", "jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "20", "--checkpoint-every", "3",
+                   "--timing-window", "2", "--report-to", "calls-file", "--cache-dir", cache_dir, "--out", out,
+                   env={**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty",
+                        "MTBENCH_TEST_CALLBACK_FAILS_AT": "5", "MTBENCH_TEST_CALLS_FILE": str(calls)})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    reason = ("after step 5, Keras callback FailsAt of plugin 'thirdparty' failed in on_train_batch_end: KeyError: "
+              "'lost the mesh'")
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"Error: training failed {reason}; partial result in {out}, checkpoint {run_dir}/checkpoint-000003; "
+        f"continue with: mtbench train --resume {run_dir}")
+    result = read(out)
+    assert schema_errors(result) == []
+    assert (result["status"], result["status_reason"]) == ("failed", reason)
+    # The callback saw step 5 where the window of steps 5 and 6 ended: the steps recorded before it are kept.
+    assert [entry["step"] for entry in result["history"]] == [1, 2, 3, 4, 5] and result["timing"]["steps"] == 5
+    assert result["metrics"]["test_loss"] is None
+    assert checkpoint_steps(run_dir) == [3]
+    lines = calls.read_text().splitlines()
+    assert lines[0] == "start" and lines[-1] == "report complete=False status=failed"
 
 
 @pytest.mark.slow
