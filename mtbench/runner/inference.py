@@ -14,7 +14,7 @@ from mtbench.errors import MtbenchError
 from mtbench.plugins.api import ModelFamily, RunContext
 from mtbench.runner.choices import dtype_refusal
 from mtbench.runner.config import TrainConfig, decoding_name
-from mtbench.runner.evaluation.sampling import continuation, numpy_logits
+from mtbench.runner.evaluation.sampling import continuation, continued_text, numpy_logits
 from mtbench.runner.saved_model import ModelSource, find_model, load_weights, model_files
 from mtbench.runner.setup import (import_keras, resolve_backend, resolve_model, RunPlugins, set_matmul_precision,
                                   starting_weights)
@@ -223,7 +223,7 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
     started = time.perf_counter()
     generated = continuation(forward, ids, block, max_new_tokens, temperature, top_k, np.random.default_rng(seed))
     seconds = time.perf_counter() - started
-    return loaded.tokenizer.decode_text(generated), {
+    return continued_text(loaded.tokenizer, ids, generated), {
         "model": loaded.source.label, "backend": loaded.plugins.backend.name,
         "dtype": loaded.source.config.dtype, "prompt_tokens": len(ids), "prompt_unknown_tokens": int(unknown),
         "new_tokens": len(generated), "seconds": seconds,

@@ -167,6 +167,9 @@ class CharTokenizer(ByteTokenizer):
     def decode_text(self, ids):
         return "".join(self.characters[i - 1] if 0 < i <= len(self.characters) else "\ufffd" for i in ids)
 
+    def describe(self):  # the byte tokenizer's, less its padding: a vocabulary of characters pads nothing
+        return {"type": self.kind, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint}
+
     def save(self, directory):
         write_json_atomic(os.path.join(directory, SAVED_NAME), {"type": self.kind, "characters": self.characters})
 

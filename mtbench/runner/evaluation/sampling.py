@@ -31,11 +31,22 @@ def continuation(forward, ids, block, new_tokens, temperature, top_k, rng):
     return generated
 
 
+def continued_text(tokenizer, ids, generated):
+    """The text that `generated` adds to the prompt's `ids`: decoded with them, less the prompt's own text, so that a
+    piece that begins a word after the prompt (sentencepiece's '▁', a space only inside a text) keeps its space; the
+    continuation decoded alone where the prompt's text is not how the whole begins."""
+    prompt, whole = tokenizer.decode_text(list(ids)), tokenizer.decode_text(list(ids) + list(generated))
+    return whole[len(prompt):] if whole.startswith(prompt) else tokenizer.decode_text(list(generated))
+
+
 def next_token(logits, temperature, top_k, rng):
     """The next token of `logits` (the vocabulary's, float64): the largest at temperature 0, else drawn."""
     if temperature == 0:
         return int(np.argmax(logits))
-    logits = logits / temperature
+    # Less the largest first: divided by a tiny temperature, the logits themselves would overflow to infinity. The
+    # others may still go to minus infinity, which is what they mean there: never drawn.
+    with np.errstate(over="ignore"):
+        logits = (logits - logits.max()) / temperature
     if top_k:
         kth = np.sort(logits)[-min(top_k, len(logits))]
         logits = np.where(logits < kth, -np.inf, logits)

@@ -1,0 +1,50 @@
+"""A language model's continuation (`mtbench.runner.evaluation.sampling`): the next token drawn at any temperature,
+and the text a continuation adds to its prompt as each tokenizer decodes it."""
+
+import numpy as np
+
+from mtbench.runner.data.text import ByteTokenizer, CharTokenizer, text_tokenizer
+from mtbench.runner.evaluation.sampling import continued_text, next_token
+
+TEXT = "\n".join(f"the quick brown fox jumps over the lazy dog number {i} and the quick cat sleeps" for i in range(300))
+
+
+def test_a_tiny_temperature_draws_the_most_likely_token_as_greedy_decoding_does():
+    """Divided by 1e-320 before the largest was taken off, the logits overflowed and numpy refused probabilities of
+    NaN."""
+    logits = np.array([1.0, 3.0, 2.0, -1e4])
+    rng = np.random.default_rng(0)
+    for temperature in (1e-320, 1e-300, 1e-8):
+        assert [next_token(logits, temperature, None, rng) for _ in range(20)] == [1] * 20
+        assert next_token(logits, temperature, 2, rng) == 1
+    assert next_token(logits, 0, None, rng) == 1
+    drawn = {next_token(logits, 100.0, None, rng) for _ in range(200)}
+    assert drawn == {0, 1, 2}  # a high temperature draws the others too (the fourth is e^-100 away)
+
+
+def test_a_sentencepiece_continuation_keeps_the_space_its_first_piece_begins_with(tmp_path):
+    """Sentencepiece decodes a text's first '▁' as nothing: decoded alone, the continuation of 'the quick' lost the
+    space before 'jumps' ('the quickjumps')."""
+    tokenizer = text_tokenizer("sentencepiece", TEXT.encode(), 80, str(tmp_path))
+    prompt = tokenizer.encode_text("the quick")
+    whole = tokenizer.encode_text("the quick jumps over")
+    assert whole[:len(prompt)] == prompt
+    generated = whole[len(prompt):]
+    assert tokenizer.decode_text(generated) == "jumps over"  # what the continuation printed before
+    assert continued_text(tokenizer, prompt, generated) == " jumps over"
+
+
+def test_byte_and_character_continuations_are_their_own_text():
+    for tokenizer in (ByteTokenizer(), CharTokenizer(TEXT)):
+        prompt, generated = tokenizer.encode_text("the quick"), tokenizer.encode_text(" fox\nthe")
+        assert continued_text(tokenizer, prompt, generated) == " fox\nthe"
+    byte = ByteTokenizer()
+    # The prompt ends inside a character: its text is not how the whole begins, so the continuation is its own.
+    prompt, generated = byte.encode_text("café")[:-1], byte.encode_text("é!")[1:]
+    assert continued_text(byte, prompt, generated) == "\ufffd!"
+
+
+def test_a_character_vocabulary_is_not_recorded_as_a_padded_byte_vocabulary():
+    assert CharTokenizer("abc").describe() == {"type": "char", "vocab_size": 4,
+                                               "fingerprint": CharTokenizer("cab").fingerprint}
+    assert ByteTokenizer(320).describe()["padded_from"] == 256
