@@ -307,5 +307,16 @@ def open_run(path):
     latest = directory.latest()
     if latest is None:
         raise MtbenchError(f"{path}: holds no complete checkpoint to resume from")
-    config = TrainConfig.recorded_in(run_file, run["config"])
+    config = resumed_beside(path, TrainConfig.recorded_in(run_file, run["config"]))
     return Resumption(directory, config, run.get("data_fingerprint"), *latest, run.get("ran_on"))
+
+
+def resumed_beside(path, config):
+    """`config` writing its result beside the run directory `path`, where a run moved (its result and `RESULT.run`
+    together) resumes: the result path the run file recorded may hold another run's result by now."""
+    if not config.out or os.path.abspath(run_dir_for(config.out)) == os.path.abspath(path):
+        return config
+    if not os.path.abspath(path).endswith(".run"):
+        raise MtbenchError(f"{path}: this run wrote its result to {config.out}, beside {run_dir_for(config.out)}; a "
+                           f"run directory renamed from RESULT.run cannot be resumed: name it back")
+    return dataclasses.replace(config, out=os.path.abspath(path)[:-len(".run")] + ".json")

@@ -260,6 +260,27 @@ def test_nan_loss_stops_the_run_as_diverged_and_keeps_the_partial_result(tmp_pat
     assert checkpoint_steps(run_dir) == [3]
 
 
+@pytest.mark.slow
+def test_a_moved_run_resumes_into_the_result_beside_it_not_over_the_run_now_at_its_old_path(tmp_path, cache_dir):
+    """Run A stops (a NaN at step 5) and is moved, its result and RESULT.run together; run B stops at A's old path.
+    Resuming A completes the result beside it: the run file's path, which it wrote to before, held B's."""
+    (tmp_path / "moved").mkdir()
+    old, moved = tmp_path / "p.json", tmp_path / "moved" / "p.json"
+    flags = [*TINY_TRAIN, *ONE_BUCKET, "--steps", "8", "--checkpoint-every", "3", "--cache-dir", cache_dir]
+    first = run_cli("train", "--backend", "jax", *flags, "--out", str(old), env={"MTBENCH_TEST_NAN_AT_STEP": "5"})
+    assert first.returncode == 1, first.stderr[-3000:]
+    old.rename(moved)
+    (tmp_path / "p.run").rename(tmp_path / "moved" / "p.run")
+    second = run_cli("train", "--backend", "jax", *flags, "--seed", "7", "--out", str(old),
+                     env={"MTBENCH_TEST_NAN_AT_STEP": "4"})
+    assert second.returncode == 1, second.stderr[-3000:]
+    resumed = run_cli("train", "--resume", str(tmp_path / "moved" / "p.run"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert read(moved)["status"] == "completed" and read(moved)["timing"]["steps"] == 8
+    assert (read(old)["status"], read(old)["config"]["seed"], read(old)["timing"]["steps"]) == ("diverged", 7, 4)
+    assert checkpoint_steps(str(tmp_path / "p.run")) == [3]  # B's checkpoint, still there to resume from
+
+
 def test_a_plugin_that_fails_while_training_ends_the_run_as_failed_with_its_partial_result(
         tmp_path, cache_dir, plugin_path):
     """A plugin's Keras callback raises at step 5: the run keeps the steps it trained and their checkpoint in a
