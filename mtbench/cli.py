@@ -49,8 +49,8 @@ def handle_errors(command):
             if debug:
                 traceback.print_exc()
             _fail(_naming_the_config_file(str(error)), error.exit_code)
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
+        except KeyboardInterrupt as stop:  # a child's run stopped by a SIGTERM passed on to it says 143
+            _fail("interrupted", getattr(stop, "exit_code", 130))
         except Exception as error:  # an mtbench bug or a framework failure: still one line unless --debug
             if debug:
                 traceback.print_exc()

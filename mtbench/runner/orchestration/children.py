@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 from mtbench.runner.orchestration.child_log import LogFollower
 
@@ -58,8 +59,8 @@ def run_child(arguments, log_file, name, processes=1, python=None, show=None):
     """Runs `python -m mtbench ARGUMENTS` in fresh processes (several under torchrun) with their stdout written
     into `log_file` as they run, their stderr after it. Returns None, or for a failure one line that names the run
     and quotes its last line on stderr. `show(line)`, when given, receives each training line as it is written
-    (`child_log.LogFollower`). A Ctrl-C while it runs is passed on to it (`wait_passing_interrupts`); once it has
-    stopped and its log is complete, KeyboardInterrupt is raised again."""
+    (`child_log.LogFollower`). A Ctrl-C or SIGTERM while it runs is passed on to it (`wait_passing_interrupts`);
+    once it has stopped and its log is complete, `Interrupted` (a KeyboardInterrupt) is raised here."""
     # Output goes to files, not pipes: nothing is lost when the wait is interrupted.
     os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
     with open(log_file, "w", encoding="utf-8") as log, \
@@ -79,28 +80,50 @@ def run_child(arguments, log_file, name, processes=1, python=None, show=None):
         log.write(f"--- stderr\n{stderr}# exit code {process.returncode}"
                   f"{' (interrupted)' if interrupted else ''}\n")
     if interrupted:
-        raise KeyboardInterrupt
+        raise Interrupted(interrupted)
     if process.returncode != 0:
         return ChildFailure(f"{name} failed: {last_error_line(stderr, process.returncode)} "
                             f"(log: {log_file})", process.returncode)
     return None
 
 
+class Interrupted(KeyboardInterrupt):
+    """A child stopped by the signal this process received and passed on: `exit_code`, the signal's (130, 143)."""
+
+    def __init__(self, exit_code):
+        super().__init__()
+        self.exit_code = exit_code
+
+
 def wait_passing_interrupts(process):
     """Waits for `process`, started in a session of its own so that a terminal's Ctrl-C reaches only this one:
     each Ctrl-C here is passed on to it once. The first lets a training run finish its step and write a partial
-    result, a second stops it at once, a third kills it. Returns whether it was interrupted."""
-    interrupts = 0
-    while True:
-        try:
-            process.wait()
-            return interrupts > 0
-        except KeyboardInterrupt:
-            interrupts += 1
-            if interrupts < 3:
-                process.send_signal(signal.SIGINT)
-            else:
-                process.kill()
+    result, a second stops it at once, a third kills it. A SIGTERM (a scheduler's, `kill`) is passed on as it
+    came, where it would otherwise end this process at once and leave the child training on alone. Returns the
+    exit code of the first signal that interrupted it (130, 143), or None."""
+    interrupts, first = 0, []
+
+    def terminate(signum, frame):
+        first.append(128 + signum)
+        process.send_signal(signal.SIGTERM)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, terminate) if in_main_thread else None
+    try:
+        while True:
+            try:
+                process.wait()
+                return first[0] if first else None
+            except KeyboardInterrupt:
+                interrupts += 1
+                first.append(128 + signal.SIGINT)
+                if interrupts < 3:
+                    process.send_signal(signal.SIGINT)
+                else:
+                    process.kill()
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 class ChildFailure(str):

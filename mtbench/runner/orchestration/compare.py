@@ -231,8 +231,8 @@ def run_compare(plan, registry, console):
             if progress.auto:
                 console.print(progress.auto["text"], highlight=False)
                 break
-    except KeyboardInterrupt:
-        raise interrupted(plan, progress) from None
+    except KeyboardInterrupt as stop:
+        raise interrupted(plan, progress, getattr(stop, "exit_code", 130)) from None
     except RunFailure as failure:
         raise failed(plan, progress, failure) from None
     comparison, combined = write_combined(plan, progress)
@@ -395,12 +395,13 @@ def write_combined(plan, progress, status="completed", status_reason=None):
     return comparison, combined
 
 
-def interrupted(plan, progress):
-    """After a Ctrl-C: keeps the interrupted run's partial result, writes the combined JSON of every run that has
-    a result (status 'interrupted'), and returns the one-line error naming what was written (exit code 130)."""
+def interrupted(plan, progress, exit_code=130):
+    """After a Ctrl-C (or a SIGTERM, `exit_code` 143): keeps the interrupted run's partial result, writes the
+    combined JSON of every run that has a result (status 'interrupted'), and returns the one-line error naming
+    what was written."""
     stopped = _combine_what_ran(plan, progress, progress.run, "interrupted", f"interrupted during {progress.doing}")
     log = [f"log {progress.log_file}"] if progress.log_file and os.path.exists(progress.log_file) else []
-    return RunInterrupted("; ".join([stopped.reason, *stopped.run_kept, *log, stopped.combined]), 130)
+    return RunInterrupted("; ".join([stopped.reason, *stopped.run_kept, *log, stopped.combined]), exit_code)
 
 
 def failed(plan, progress, failure):

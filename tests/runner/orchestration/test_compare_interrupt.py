@@ -50,7 +50,10 @@ def takes_ctrl_c():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the training process through /proc")
-def test_ctrl_c_keeps_the_partial_run_its_log_and_a_combined_json(tmp_path, cache_dir):
+@pytest.mark.parametrize("stop, name, code", [(signal.SIGINT, "SIGINT", 130), (signal.SIGTERM, "SIGTERM", 143)])
+def test_ctrl_c_keeps_the_partial_run_its_log_and_a_combined_json(tmp_path, cache_dir, stop, name, code):
+    """A SIGTERM (a scheduler's, `kill`) is passed on as Ctrl-C is: it ended compare at once and left its run
+    training on alone, with nothing combined."""
     out = tmp_path / "c.json"
     runs = tmp_path / "c.runs"
     proc = subprocess.Popen([sys.executable, "-m", "mtbench", "compare", "--matrix", "torch", *TINY_TRAIN,
@@ -68,12 +71,12 @@ def test_ctrl_c_keeps_the_partial_run_its_log_and_a_combined_json(tmp_path, cach
             time.sleep(0.2)
         time.sleep(15)
         assert child_of(proc.pid, "train") == trainer, "the run ended before it was interrupted"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         stdout, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, stderr[-3000:]
+    assert proc.returncode == code, stderr[-3000:]
     assert "Traceback" not in stderr
     result_file, log_file = runs / "torch-1.json", runs / "torch-1.log"
     assert stderr.strip().splitlines() == [
@@ -85,8 +88,8 @@ def test_ctrl_c_keeps_the_partial_run_its_log_and_a_combined_json(tmp_path, cach
     assert 0 < result["timing"]["steps"] < 5000
     assert "machine_load" in result
     log = log_file.read_text()
-    assert "# exit code 130 (interrupted)" in log
-    assert "Error: interrupted: SIGINT received; stopped after step" in log
+    assert f"# exit code {code} (interrupted)" in log
+    assert f"Error: interrupted: {name} received; stopped after step" in log
     combined = json.loads(out.read_text())
     assert combined["status"] == "interrupted"
     assert combined["status_reason"] == "interrupted during run 'torch' (0 of 1 runs finished)"
