@@ -762,6 +762,10 @@ class NoBackends(Extra):
     backends = None
 
 
+class ServesNone(Extra):
+    name = "careless-serves-none"  # the base class's empty list: no run could take it
+
+
 class Colon(Extra):
     name = "careless:fast"
     backends = ("jax",)
@@ -814,7 +818,7 @@ def mtbench_register_extra(register):  # mtbench's hook is mtbench_register_extr
 
 @hookimpl
 def mtbench_register_extras(register):
-    for extra in (Pairs(), NoBackends(), Colon(), Clash(), Fine(), NoConflicts(), OnIt()):
+    for extra in (Pairs(), NoBackends(), ServesNone(), Colon(), Clash(), Fine(), NoConflicts(), OnIt()):
         register(extra)
 
 

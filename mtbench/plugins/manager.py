@@ -356,6 +356,8 @@ def registration_refusal(kind, item):
         value = getattr(item, attribute, None) if kind == kind_of else ()
         if not (isinstance(value, (list, tuple)) and all(isinstance(entry, str) for entry in value)):
             return f"{singular(kind)} '{name}' with {attribute} {value!r} (a list of {meaning})"
+    if kind == "extras" and not item.backends:  # it would serve no run, and say so as 'serves the  backend(s)'
+        return f"extra '{name}' with no backends (a list of the backend names it serves)"
     return None
 
 

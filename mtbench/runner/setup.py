@@ -271,6 +271,15 @@ def start_backend(config, plugins, launch):
     return keras, run
 
 
+# What is chosen before the extras change the configuration (`config_changes`): the plugins, the data, the
+# starting weights, the kernels and precision set, the outputs and trackers. An extra that changed one would make
+# the result record a run that did not train.
+FIXED_BEFORE_EXTRAS = ("backend", "extras", "dataset", "data_file", "valid_file", "test_file", "src_col", "tgt_col",
+                       "src_lang", "tgt_lang", "preset", "model_name", "seed", "init", "initial_weights",
+                       "matmul_precision", "attention", "step", "compile_cache", "cache_dir", "out", "overwrite",
+                       "report_to", "logging_dir", "run_group")
+
+
 def configuration_changes(run, plugins):
     """(the run's configuration with what the extras change (`Extra.config_changes`), {key: the name of the extra
     that changed it last}): a new, checked configuration; `run.config` itself is never written to. An extra of
@@ -303,6 +312,12 @@ def configuration_changes(run, plugins):
             with plugins.extra_code(extra):
                 plugins.registry.call_replaced("extras", extra, "adjust_config", run)
             changed_by.update(dict.fromkeys(changed_keys(before, config), extra.name))
+    fixed = [key for key in FIXED_BEFORE_EXTRAS if key in changed_by]
+    if fixed:
+        name = changed_by[fixed[0]]
+        raise RunFailure(f"extra '{name}' changes {', '.join(key for key in fixed if changed_by[key] == name)}, chosen "
+                         f"before the extras change the configuration (the plugins, data, weights and outputs of the "
+                         f"run)")
     return config, changed_by
 
 

@@ -278,6 +278,8 @@ def test_an_authors_mistakes_mark_the_plugin_broken_and_every_command_still_runs
                  "mtbench_register_extras?): never called",
                  "registers a Pairs, which is no Extra (mtbench.plugins.api.Extra) as extra; ignored",
                  "registers extra 'careless-nobackends' with backends None (a list of backend names)",
+                 "registers extra 'careless-serves-none' with no backends (a list of the backend names it serves) as "
+                 "extra; ignored",
                  "registers extra 'careless-noconflicts' with conflicts None (a list of extra names)",
                  "registers backend 'careless-nomodules' with framework_modules None (a list of module names)",
                  "registers the name 'careless:fast' (a name is letters, digits",
