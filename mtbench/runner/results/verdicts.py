@@ -462,9 +462,10 @@ def parse_percent(text, option):
 
 def significantly_slower(interval, threshold):
     """Whether the candidate is slower than the reference by more than `threshold` (a fraction) with the whole
-    interval past it: its time per unit of work is above 1 + threshold even at the interval's faster bound."""
+    interval past it: its speed (tokens/s) is below 1 - threshold of the reference's even at the interval's faster
+    bound, as `--fail-if-slower` says (a time ratio above 1 + threshold failed a 4.9 % drop at 5 %)."""
     _, _, high = interval.speed()
-    return 1 / high > 1 + threshold
+    return high < 1 - threshold
 
 
 # ---- compilation -------------------------------------------------------------------------------------------------

@@ -581,3 +581,16 @@ def test_the_speed_up_and_the_ranking_are_the_verdicts_ratio_not_a_ratio_of_medi
     assert comparison.speedup(candidate) == pytest.approx(expected)
     assert comparison.verdicts[candidate.label]["tokens_per_s"].ratio == pytest.approx(expected)
     assert comparison.ranking()["order"] == [comparison.baseline.label, candidate.label]
+
+
+def test_the_gate_fails_a_run_whose_tokens_per_s_dropped_past_the_threshold_and_no_other():
+    """--fail-if-slower 5%: tokens/s below 0.95 of the baseline's across the whole interval. It once held the time
+    per token to 1.05, so a drop of 4.9 % (0.951, 1.05x the time) failed a 5 % gate."""
+    def tokens_per_s(ratio, low, high):
+        return stats.Interval("tokens_per_s", ratio, low, high, (5, 5), True, None, "t")
+    assert not stats.significantly_slower(tokens_per_s(0.951, 0.9505, 0.9515), 0.05)
+    assert stats.significantly_slower(tokens_per_s(0.94, 0.935, 0.945), 0.05)
+    assert not stats.significantly_slower(tokens_per_s(0.93, 0.90, 0.96), 0.05)  # the interval reaches past it
+    # A time figure is the same rule on its speed: 1.06x the step time is 0.943 of the speed.
+    step = stats.Interval("step_s_median", 1.06, 1.058, 1.062, (5, 5), True, None, "t")
+    assert stats.significantly_slower(step, 0.05)
