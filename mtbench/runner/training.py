@@ -122,6 +122,9 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
         still_reporting, registry, result, console, config.out, followed=True)
     if outcome.status != "completed":
         raise stop_error(outcome, config.out, run_dir, run.processes.world_size, failures)
+    if result["model"].get("save_failed"):
+        raise RunFailure("; ".join([result["model"]["save_failed"], f"the run's figures are in {config.out}",
+                                    *failures]))
     if stopped:
         raise RunInterrupted(f"interrupted: {stopped_after_training(result, stopped)}; the training's figures are in "
                              f"{config.out}", stopped.exit_code)
@@ -146,8 +149,12 @@ def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwa
             evaluated = True
             if config.save_model and run_dir.writes:
                 with stopwatch.phase("save_model"), run.processes.alone():  # the others do not wait for it
-                    result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer,
-                                                                  plugins, built.model_shape, config)
+                    try:
+                        result["model"]["saved"] = save_trained_model(run_dir.path, built.model, data.tokenizer,
+                                                                      plugins, built.model_shape, config)
+                    except (MtbenchError, OSError) as error:  # a full disk: the figures are written all the same
+                        result["model"]["save_failed"] = str(error) if isinstance(error, MtbenchError) else \
+                            f"cannot save the trained model: {error}"
     except Stopped as stopped:
         if not stopped.deferred:  # a deferred one came once the block had done its work
             missing = "no saved model" if evaluated else "no evaluation, translation or saved model"

@@ -281,6 +281,26 @@ def test_a_moved_run_resumes_into_the_result_beside_it_not_over_the_run_now_at_i
     assert checkpoint_steps(str(tmp_path / "p.run")) == [3]  # B's checkpoint, still there to resume from
 
 
+@pytest.mark.slow
+def test_a_trained_model_that_cannot_be_saved_loses_none_of_the_runs_figures(tmp_path, cache_dir):
+    """The saved model's place is taken (here a file where its folder goes; on a full disk, the write fails): the
+    run ends with the error, and its result is written, evaluation included, saying the model was not saved."""
+    out, run_dir = tmp_path / "s.json", tmp_path / "s.run"
+    flags = [*TINY_TRAIN, *ONE_BUCKET, "--steps", "6", "--checkpoint-every", "3", "--cache-dir", cache_dir]
+    stopped = run_cli("train", "--backend", "jax", *flags, "--out", str(out), env={"MTBENCH_TEST_NAN_AT_STEP": "5"})
+    assert stopped.returncode == 1, stopped.stderr[-3000:]
+    (run_dir / "model").write_text("not a saved model")
+    resumed = run_cli("train", "--resume", str(run_dir))
+    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
+    last = resumed.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: {run_dir / 'model'}: cannot save the trained model: ") and \
+        last.endswith(f"; the run's figures are in {out}")
+    result = read(out)
+    assert schema_errors(result) == [] and result["status"] == "completed" and result["timing"]["steps"] == 6
+    assert result["metrics"]["test_loss"] is not None and result["model"]["saved"] is None
+    assert result["model"]["save_failed"] == last[len("Error: "):last.index("; the run's figures")]
+
+
 def test_a_plugin_that_fails_while_training_ends_the_run_as_failed_with_its_partial_result(
         tmp_path, cache_dir, plugin_path):
     """A plugin's Keras callback raises at step 5: the run keeps the steps it trained and their checkpoint in a
