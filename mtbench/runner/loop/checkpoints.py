@@ -141,8 +141,10 @@ class RunDirectory:
         except OSError as error:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+            # h5py's messages run over several lines (its file, time and errno): the first says what failed.
+            reason = error.strerror or (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise RunFailure(f"{self.path}: cannot write the checkpoint of step {state.step}: "
-                             f"{error.strerror or error}; earlier checkpoints are intact") from None
+                             f"{reason}; earlier checkpoints are intact") from None
         for _, old in self.checkpoints()[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final

@@ -197,3 +197,14 @@ def test_full_disk_during_a_checkpoint_leaves_the_earlier_ones_intact(tmp_path, 
         save(run_dir, model, 3)
     assert sorted(os.listdir(run_dir.path)) == before
     assert restore(run_dir.latest()[1], small_model(seed=1)).step == 2
+
+    def h5py_full(path):  # h5py's OSError has no strerror, and a message of several lines
+        raise OSError("Unable to synchronously create file (file write failed: time = Fri Dec  4 13:31:44 2026\n"
+                      ", filename = 'x', file descriptor = 9, errno = 28, error message = 'No space left on device')")
+
+    monkeypatch.setattr(model, "save_weights", h5py_full)
+    with pytest.raises(RunFailure) as refused:
+        save(run_dir, model, 3)
+    assert str(refused.value).endswith("cannot write the checkpoint of step 3: Unable to synchronously create file "
+                                       "(file write failed: time = Fri Dec  4 13:31:44 2026; earlier checkpoints "
+                                       "are intact")
