@@ -129,10 +129,11 @@ def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir, **opti
     if options:  # two callers' options for one text make two models
         digest = hashlib.sha256(f"{digest}:{sorted(options.items())!r}".encode()).hexdigest()
     path = os.path.join(cache_dir, "tokenizers", f"spm-{vocab_size}-{digest[:16]}.model")
-    if os.path.exists(path):
+    kept = kept_model(path)
+    if kept is not None:
         try:
-            return JointTokenizer.from_file(path)
-        except MtbenchError:  # no model (a copy cut short): made again, as where there was none
+            return JointTokenizer(kept, path)
+        except MtbenchError:  # no model: made again, as where there was none
             pass
     model = io.BytesIO()
     try:
@@ -147,7 +148,23 @@ def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir, **opti
     except RuntimeError as error:
         raise MtbenchError(training_failure(str(error), vocab_size)) from None
     write_bytes_atomic(path, model.getvalue())
+    write_bytes_atomic(path + CHECKSUM_SUFFIX, hashlib.sha256(model.getvalue()).hexdigest().encode())
     return JointTokenizer(model.getvalue(), path)
+
+
+CHECKSUM_SUFFIX = ".sha256"
+
+
+def kept_model(path):
+    """The bytes of the cached model at `path` where they are those written there (their sha256 beside them), else
+    None: a copy cut short at a piece's end still loads, with fewer pieces, and would pass for the model asked for
+    (a vocabulary of 500 said to be all the corpus supports of 1,000)."""
+    try:
+        with open(path, "rb") as model, open(path + CHECKSUM_SUFFIX, "rb") as checksum:
+            data, expected = model.read(), checksum.read().decode(errors="replace").strip()
+    except OSError:  # none kept, or one kept before its checksum was
+        return None
+    return data if hashlib.sha256(data).hexdigest() == expected else None
 
 
 def training_sentences(sentences):

@@ -88,7 +88,7 @@ def test_a_model_trained_with_other_options_is_cached_apart(tmp_path):
     folded = load_or_train_sentencepiece(lambda: sentences, "one-text", 60, str(tmp_path))
     kept = load_or_train_sentencepiece(lambda: sentences, "one-text", 60, str(tmp_path),
                                        normalization_rule_name="identity", remove_extra_whitespaces=False)
-    assert folded.path != kept.path and len(list((tmp_path / "tokenizers").iterdir())) == 2
+    assert folded.path != kept.path and len(list((tmp_path / "tokenizers").glob("*.model"))) == 2
     assert "ﬁ" in kept.processor.decode(kept.processor.encode("ﬁ")) and "ﬁ" not in folded.processor.decode(
         folded.processor.encode("ﬁ"))
 
@@ -114,3 +114,17 @@ def test_a_cached_tokenizer_that_is_no_model_is_trained_again(tmp_path):
     again = load_or_train_sentencepiece(lambda: sentences, "cut", 40, str(tmp_path))
     assert again.path == trained.path and open(again.path, "rb").read() == model_bytes
     assert again.encode(sentences[:1]) == trained.encode(sentences[:1])
+
+
+def test_a_cached_tokenizer_cut_short_to_fewer_pieces_is_trained_again(tmp_path):
+    """A copy cut at a piece's end still loads, with fewer pieces: it was used as it was, and the run said the corpus
+    supported no more of --vocab-size. The model is kept with its sha256; one that differs is made again."""
+    sentences = ["the quick brown fox jumps over the lazy dog", "a sentence of other words"] * 20
+    trained = load_or_train_sentencepiece(lambda: sentences, "cut", 40, str(tmp_path))
+    model_bytes = open(trained.path, "rb").read()
+    fewer = load_or_train_sentencepiece(lambda: sentences, "fewer", 32, str(tmp_path / "other"))
+    with open(trained.path, "wb") as cut:  # a model that loads, of fewer pieces than the one kept there
+        cut.write(open(fewer.path, "rb").read())
+    assert tokenizer_module.JointTokenizer.from_file(trained.path).vocab_size == 32 < trained.vocab_size
+    again = load_or_train_sentencepiece(lambda: sentences, "cut", 40, str(tmp_path))
+    assert again.vocab_size == trained.vocab_size and open(again.path, "rb").read() == model_bytes
