@@ -733,6 +733,8 @@ THIRD_PARTY_PACKAGES = {  # package -> (version, entry-point name, module source
     "mtbench_brokenflow": ("1.0", "brokenflow", BROKEN_BACKEND),
     "mtbench_misfits": ("1.0", "misfits", MISFITS),
     "mtbench_oneblock": ("1.0", "oneblock", guide_example("**A decoder-only family**")),
+    # What the guide forbids: keras imported as the module loads, before mtbench has chosen the backend.
+    "mtbench_eager_keras": ("1.0", "eagerkeras", "import keras  # noqa: F401\nfrom mtbench import hookimpl\n"),
 }
 
 

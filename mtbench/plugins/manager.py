@@ -109,6 +109,7 @@ class Registry:
     warnings: list = field(default_factory=list)   # every problem, in the order it happened
     problems: list = field(default_factory=list)   # PluginProblem of plugins that failed (not fatal)
     entries: dict = field(default_factory=dict)    # plugin name -> PluginEntry, loaded or not
+    keras_imported_by: str = None                   # the plugin whose module imported keras as it loaded
     echo_warnings: bool = False                    # print warnings on stderr as they happen (the CLI sets it)
     hook: object = None
     deprecated: set = field(default_factory=set)   # (kind, name, method) of older forms already warned about
@@ -285,6 +286,14 @@ def _plugin_names(entry_points):
             for metadata, entry_point in entry_points]
 
 
+def _keras_imported_on_load(registry, name):
+    """Plugin `name`'s module imported keras as it loaded, before any command chose a backend: keras keeps the one
+    it found (the environment's, else its default, TensorFlow), so a run on another fails, or the import itself."""
+    registry.keras_imported_by = name
+    registry.warn(f"plugin '{name}' imports keras as its module loads, before mtbench chooses the backend (keras "
+                  f"keeps the first it is given): import keras inside the plugin's methods", name)
+
+
 def _build():
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(hookspecs)
@@ -302,7 +311,12 @@ def _build():
             entry.status, entry.reason = "not loaded", f"{LOAD_PLUGINS_ENV} does not name {entry.package}"
             continue
         try:
-            module = entry_point.load()
+            keras_before = "keras" in sys.modules
+            try:
+                module = entry_point.load()
+            finally:
+                if not keras_before and any(name_ == "keras" or name_.startswith("keras.") for name_ in sys.modules):
+                    _keras_imported_on_load(registry, name)
             if pm.is_registered(module):  # pluggy's own refusal lists every registered module: kilobytes
                 entry.status = "failed to load"
                 entry.reason = f"its module {module.__name__} is already loaded as plugin '{pm.get_name(module)}'"

@@ -171,8 +171,10 @@ def import_keras(config, backend, extras_environment=None, registry=None):
     with modules_hidden(KERAS_OPTIONAL_IMPORTS + other_frameworks(backend, registry)):
         import keras
     if keras.backend.backend() != backend.keras_backend:
+        by = registry and registry.keras_imported_by
         raise RunFailure(f"keras was already imported with the {keras.backend.backend()} backend in this "
-                         f"process; run each backend in its own process")
+                         + (f"process, by plugin '{by}' as it loaded: the plugin must import keras inside its "
+                            f"methods" if by else "process; run each backend in its own process"))
     return keras
 
 

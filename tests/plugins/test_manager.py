@@ -303,3 +303,19 @@ def test_an_authors_mistakes_mark_the_plugin_broken_and_every_command_still_runs
     error = [line for line in unknown.stderr.splitlines() if line.startswith("Error: ")]
     assert unknown.returncode == 2 and len(error) == 1 and "already provided by" not in error[0]
     assert len(unknown.stderr) < 3000  # pluggy's refusal of the module loaded twice ran to kilobytes, twice
+
+
+def test_a_plugin_that_imports_keras_as_it_loads_is_named_where_its_backend_refuses_the_run(plugin_path, tmp_path):
+    """keras keeps the backend of its first import: a plugin that imports it at its module's top fixes the
+    environment's (here jax) for a torch run, which then failed without naming the plugin."""
+    env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-eager-keras", "KERAS_BACKEND": "jax"}
+    eager = by_name(plugins_json(env))["eagerkeras"]
+    assert eager["status"] == "broken" and eager["problems"] == [
+        "plugin 'eagerkeras' imports keras as its module loads, before mtbench chooses the backend (keras keeps the "
+        "first it is given): import keras inside the plugin's methods"]
+    proc = run_cli("train", "--backend", "torch", "--preset", "tiny", "--steps", "2", "--out", str(tmp_path / "r.json"),
+                   env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "Error: keras was already imported with the jax backend in this process, by plugin 'eagerkeras' as it "
+        "loaded: the plugin must import keras inside its methods")
