@@ -1,6 +1,7 @@
 """Atomic writes: a reader (or a crash) never sees half a file, and a failed write leaves the old file intact.
 Every file and folder mtbench writes gets the permissions the umask gives (tempfile makes them private)."""
 
+import hashlib
 import json
 import os
 import tempfile
@@ -84,6 +85,27 @@ def write_text_atomic(path, text, replace=True):
 
 def write_json_atomic(path, data, replace=True):
     return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n", replace)
+
+
+CHECKSUM_SUFFIX = ".sha256"
+
+
+def write_cache_file(path, data):
+    """Writes `data` (bytes) to the cache file `path`, with its sha256 beside it (`read_cache_file`)."""
+    write_bytes_atomic(path, data)
+    write_bytes_atomic(path + CHECKSUM_SUFFIX, hashlib.sha256(data).hexdigest().encode())
+
+
+def read_cache_file(path):
+    """The bytes of the cache file at `path` where they are those `write_cache_file` wrote (their sha256 beside
+    them), else None, to be made again: a copy cut short (a full disk, a killed copy) may still read as a shorter
+    file of the same kind, and would pass for what was asked for."""
+    try:
+        with open(path, "rb") as kept, open(path + CHECKSUM_SUFFIX, "rb") as checksum:
+            data, expected = kept.read(), checksum.read().decode(errors="replace").strip()
+    except OSError:  # none kept, or one kept before its checksum was
+        return None
+    return data if hashlib.sha256(data).hexdigest() == expected else None
 
 
 def read_json(path, what):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mtbench.errors import MtbenchError
-from mtbench.runner.files import write_text_atomic
+from mtbench.runner.files import read_cache_file, write_cache_file
 from mtbench.runner.data.formats import ReadOptions, describe, read_pairs, read_tsv
 
 SPLIT_SEED = 1234  # fixed apart from --seed: changing the training seed must not change the test set
@@ -33,7 +33,7 @@ class Corpus:
 
 
 def _write_tsv(path, pairs):
-    write_text_atomic(path, "".join(f"{s}\t{t}\n" for s, t in pairs))
+    write_cache_file(path, "".join(f"{s}\t{t}\n" for s, t in pairs).encode("utf-8"))
 
 
 def load_dataset_pairs(dataset, cache_dir, progress, plugin_code=contextlib.nullcontext):
@@ -46,7 +46,9 @@ def load_dataset_pairs(dataset, cache_dir, progress, plugin_code=contextlib.null
         # v2: empty pairs are cached too, so the corpus report counts them.
         key = hashlib.sha256(f"v2:{dataset.fingerprint()}".encode()).hexdigest()[:12]
     cached = os.path.join(cache_dir, "datasets", f"{dataset.name}-{key}.tsv")
-    if not os.path.exists(cached):
+    # Prepared again unless the file holds what was written (its sha256 beside it): one cut at a line's end read
+    # as a smaller corpus under the dataset's name.
+    if read_cache_file(cached) is None:
         with plugin_code():
             pairs = [(s.strip(), t.strip()) for s, t in dataset.read_pairs(progress)]
             _refuse_line_breaks(pairs)

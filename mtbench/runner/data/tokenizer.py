@@ -14,7 +14,7 @@ import sentencepiece as spm
 
 from mtbench.errors import MtbenchError
 from mtbench.plugins.api import SpecialTokens, Tokenizer
-from mtbench.runner.files import write_bytes_atomic
+from mtbench.runner.files import read_cache_file, write_cache_file
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 JOINT_SPECIAL = SpecialTokens(pad=PAD_ID, eos=EOS_ID, start=BOS_ID)
@@ -129,7 +129,9 @@ def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir, **opti
     if options:  # two callers' options for one text make two models
         digest = hashlib.sha256(f"{digest}:{sorted(options.items())!r}".encode()).hexdigest()
     path = os.path.join(cache_dir, "tokenizers", f"spm-{vocab_size}-{digest[:16]}.model")
-    kept = kept_model(path)
+    # A copy cut at a piece's end still loads, with fewer pieces: it passed for the model asked for (a vocabulary
+    # of 500 said to be all the corpus supports of 1,000). Only the bytes written are read back.
+    kept = read_cache_file(path)
     if kept is not None:
         try:
             return JointTokenizer(kept, path)
@@ -147,24 +149,8 @@ def load_or_train_sentencepiece(sentences, digest, vocab_size, cache_dir, **opti
             **options)
     except RuntimeError as error:
         raise MtbenchError(training_failure(str(error), vocab_size)) from None
-    write_bytes_atomic(path, model.getvalue())
-    write_bytes_atomic(path + CHECKSUM_SUFFIX, hashlib.sha256(model.getvalue()).hexdigest().encode())
+    write_cache_file(path, model.getvalue())
     return JointTokenizer(model.getvalue(), path)
-
-
-CHECKSUM_SUFFIX = ".sha256"
-
-
-def kept_model(path):
-    """The bytes of the cached model at `path` where they are those written there (their sha256 beside them), else
-    None: a copy cut short at a piece's end still loads, with fewer pieces, and would pass for the model asked for
-    (a vocabulary of 500 said to be all the corpus supports of 1,000)."""
-    try:
-        with open(path, "rb") as model, open(path + CHECKSUM_SUFFIX, "rb") as checksum:
-            data, expected = model.read(), checksum.read().decode(errors="replace").strip()
-    except OSError:  # none kept, or one kept before its checksum was
-        return None
-    return data if hashlib.sha256(data).hexdigest() == expected else None
 
 
 def training_sentences(sentences):

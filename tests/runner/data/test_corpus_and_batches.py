@@ -281,3 +281,27 @@ def test_processes_of_other_hash_seeds_make_the_same_data_and_batches(model, opt
         assert proc.returncode == 0, proc.stderr[-3000:]
         digests.append(proc.stdout.strip().splitlines()[-1])
     assert digests[0] == digests[1]
+
+
+def test_a_dataset_cache_cut_short_is_prepared_again_not_read_as_a_smaller_corpus(tmp_path):
+    """The prepared pairs are kept with their sha256: a file cut at a line's end (a killed copy, a full disk) read
+    as a smaller corpus under the dataset's name, and one cut inside a line failed on its columns."""
+    from mtbench.plugins.api import Dataset
+
+    class Numbers(Dataset):
+        name = "numbers"
+        reads = 0
+
+        def read_pairs(self, progress):
+            Numbers.reads += 1
+            return [(f"{i} one", f"{i} un") for i in range(100)]
+
+    dataset, cache = Numbers(), str(tmp_path)
+    pairs = load_dataset_pairs(dataset, cache, progress=None)
+    assert len(pairs) == 100 and Numbers.reads == 1
+    assert load_dataset_pairs(dataset, cache, progress=None) == pairs and Numbers.reads == 1  # read from the cache
+    [cached] = (tmp_path / "datasets").glob("numbers-*.tsv")
+    for cut in (cached.read_bytes()[:600].rpartition(b"\n")[0] + b"\n", cached.read_bytes()[:601]):
+        cached.write_bytes(cut)
+        assert load_dataset_pairs(dataset, cache, progress=None) == pairs
+    assert Numbers.reads == 3
