@@ -202,3 +202,24 @@ def test_a_compile_cache_warm_on_one_side_and_cold_on_the_other_judges_no_compil
     assert changes["tokens_per_s"]["verdict"] is not None
     shown = run_cli("report", str(new), "--baseline", old["path"]).stdout
     assert "compile time" not in "".join(line for line in shown.splitlines() if "changed beyond the noise" in line)
+
+
+def test_a_gate_that_passes_an_interval_reaching_past_its_threshold_says_it_cannot_rule_it_out(tiny_runs, tmp_path):
+    """Two repeats of NEW, one at 0.6x the baseline's step times and one at 1.6x: not shown slower, and the gate
+    passes as documented, but its interval reaches far past 5 % slower, which it once hid under 'no run is slower
+    beyond it'."""
+    old = tiny_runs["jax"]
+    news = []
+    for number, scale in enumerate((0.6, 1.6)):
+        history = [{**entry, "seconds": entry["seconds"] * scale} for entry in old["result"]["history"]]
+        news.append(edited(old["result"], tmp_path / f"new-{number}.json", history=history,
+                           created=f"2026-12-04T10:0{number}:00+00:00"))
+    proc = run_cli("report", *news, "--baseline", old["path"], "--fail-if-slower", "5%", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    gate = json.loads(proc.stdout)
+    assert gate["slower_beyond_threshold"] == [] and undocumented_keys(gate) == []
+    [line] = gate["not_ruled_out"]
+    low = float(line.split("tokens/s ")[1].split("–")[0])
+    assert line.startswith("run 'jax' tokens/s ") and low < 0.95 and line.endswith("(2 and 1 repeats)")
+    text = run_cli("report", *news, "--baseline", old["path"], "--fail-if-slower", "5%")
+    assert f"--fail-if-slower 5% passes, but cannot rule out a slowdown past it: {line}" in text.stdout
