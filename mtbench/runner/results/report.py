@@ -423,6 +423,11 @@ class Comparison:
         even = stats.break_even(group.label, self.baseline.label,
                                 {g.label: g.stat("compile_s").median for g in pair},
                                 {g.label: g.stat("step_s_median").median for g in pair})
+        step = self.verdicts.get(group.label, {}).get("step_s_median")
+        if even and even.steps is not None and step and step.call == "no difference":
+            # The point where one overtakes the other rests on which steps faster, which the noise leaves open.
+            even = stats.BreakEven(group.label, self.baseline.label,
+                                   f"undetermined: the steady step times differ within the noise ({step.text})")
         return even and with_compile_caches(even, {g.label: g.choice_text(compile_cache_state) for g in pair})
 
     def target_time(self, group):

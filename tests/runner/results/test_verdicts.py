@@ -405,6 +405,18 @@ def comparison(slow_factor=1.3, count=2):
     return build_comparison(runs)
 
 
+def test_a_break_even_that_rests_on_step_times_within_the_noise_is_undetermined():
+    """A run 1 % slower a step, over 2 repeats whose noise is 3 %: the steady step verdict is no difference, so
+    which run overtakes the other, and when, is not known; the medians alone once named a step."""
+    compared = comparison(slow_factor=1.01)
+    step = compared.verdicts["jax+slow-step"]["step_s_median"]
+    assert step.call == "no difference"
+    even = compared.break_even(compared.groups[1])
+    assert (even.text, even.steps) == (f"undetermined: the steady step times differ within the noise ({step.text})",
+                                       None)
+    assert comparison().break_even(comparison().groups[1]).steps is not None  # 1.3x slower: a step is named
+
+
 def test_compare_table_markdown_csv_and_json_carry_the_intervals():
     compared = comparison()
     verdict = compared.verdicts["jax+slow-step"]["tokens_per_s"]
