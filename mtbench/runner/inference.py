@@ -14,7 +14,7 @@ from mtbench.errors import MtbenchError
 from mtbench.plugins.api import ModelFamily, RunContext
 from mtbench.runner.choices import dtype_refusal
 from mtbench.runner.config import TrainConfig, decoding_name
-from mtbench.runner.evaluation.sampling import continuation, continued_text, numpy_logits
+from mtbench.runner.evaluation.sampling import continuation, continued_text, drawable_ids, numpy_logits
 from mtbench.runner.saved_model import ModelSource, find_model, load_weights, model_files
 from mtbench.runner.setup import (import_keras, resolve_backend, resolve_model, RunPlugins, set_matmul_precision,
                                   starting_weights)
@@ -221,7 +221,8 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
     model = loaded.model
     forward = numpy_logits(model, lambda fn: loaded.plugins.backend.compile_inference(fn, model))
     started = time.perf_counter()
-    generated = continuation(forward, ids, block, max_new_tokens, temperature, top_k, np.random.default_rng(seed))
+    generated = continuation(forward, ids, block, max_new_tokens, temperature, top_k, np.random.default_rng(seed),
+                             drawable_ids(loaded.tokenizer))
     seconds = time.perf_counter() - started
     return continued_text(loaded.tokenizer, ids, generated), {
         "model": loaded.source.label, "backend": loaded.plugins.backend.name,

@@ -122,6 +122,10 @@ class ByteTokenizer(Tokenizer):
     def encode_text(self, text):
         return list(text.encode("utf-8"))
 
+    def text_ids(self):
+        """How many ids, from 0, stand for text: the padded rows past them are never drawn (`continuation`)."""
+        return 256
+
     def describe(self):
         described = {"type": self.kind, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint}
         if self.vocab_size != 256:
@@ -163,6 +167,9 @@ class CharTokenizer(ByteTokenizer):
 
     def encode_text(self, text):
         return [self.index.get(c, 0) for c in text]
+
+    def text_ids(self):
+        return self.vocab_size
 
     def decode_text(self, ids):
         return "".join(self.characters[i - 1] if 0 < i <= len(self.characters) else "\ufffd" for i in ids)

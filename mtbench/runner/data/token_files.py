@@ -275,6 +275,10 @@ class TokenIds(Tokenizer):
             raise MtbenchError(f"{''.join(unknown)!r}: not among the characters of the token files' meta.pkl")
         return [self.index[character] for character in text]
 
+    def text_ids(self):
+        """How many ids stand for text: meta.pkl's characters (the rows past them pad the vocabulary)."""
+        return None if self.characters is None else len(self.characters)
+
     def bytes_per_id(self):
         if self.characters is None:
             return None

@@ -16,19 +16,29 @@ def numpy_logits(model, compile_inference):
     return lambda x: ops.convert_to_numpy(compiled(x))
 
 
-def continuation(forward, ids, block, new_tokens, temperature, top_k, rng):
+def continuation(forward, ids, block, new_tokens, temperature, top_k, rng, text_ids=None):
     """The `new_tokens` token ids after `ids`: each from the logits `forward` (a compiled call on one row of
     `block` token ids, returning numpy logits: `numpy_logits`) gives at the last position of the last `block` tokens,
     greedily (`temperature` 0) or drawn by `rng` from the softmax of logits / `temperature`, restricted to the
-    `top_k` most likely tokens."""
+    `top_k` most likely tokens; `text_ids`: how many ids, from 0, stand for text (`drawable_ids`), the rows past
+    them (a padded vocabulary's) never taken."""
     generated = []
     for _ in range(new_tokens):
         window = (list(ids) + generated)[-block:]
         x = np.zeros((1, block), np.int32)  # one shape: compiled once; causality keeps the padding after unseen
         x[0, :len(window)] = window
         logits = np.asarray(forward(x))[0, len(window) - 1].astype(np.float64)
+        if text_ids is not None:
+            logits = logits[:text_ids]
         generated.append(next_token(logits, temperature, top_k, rng))
     return generated
+
+
+def drawable_ids(tokenizer):
+    """How many ids of `tokenizer`, from 0, stand for text (its `text_ids()`: a byte vocabulary padded to GPT-2's
+    50,304 rows has 256), or None: every id."""
+    text_ids = getattr(tokenizer, "text_ids", None)
+    return text_ids() if callable(text_ids) else None
 
 
 def continued_text(tokenizer, ids, generated):

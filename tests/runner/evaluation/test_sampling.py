@@ -48,3 +48,19 @@ def test_a_character_vocabulary_is_not_recorded_as_a_padded_byte_vocabulary():
     assert CharTokenizer("abc").describe() == {"type": "char", "vocab_size": 4,
                                                "fingerprint": CharTokenizer("cab").fingerprint}
     assert ByteTokenizer(320).describe()["padded_from"] == 256
+
+
+def test_a_padded_vocabulary_draws_only_the_ids_that_stand_for_text():
+    """GPT-2 small at the byte level has 50,304 rows and 256 bytes: an untrained model drew the padding rows, and
+    decoded them as replacement characters."""
+    from mtbench.runner.data.token_files import TokenIds
+    from mtbench.runner.evaluation.sampling import continuation, drawable_ids
+    rows = 50304
+    favours_padding = lambda x: np.where(np.arange(rows) >= 256, 10.0, 0.0)[None, None, :].repeat(x.shape[1], 1)
+    for temperature, top_k in ((0, None), (1.0, None), (1.0, 5)):
+        drawn = continuation(favours_padding, [104, 105], 8, 20, temperature, top_k, np.random.default_rng(0),
+                             drawable_ids(ByteTokenizer(rows)))
+        assert len(drawn) == 20 and max(drawn) < 256
+    assert drawable_ids(ByteTokenizer(rows)) == 256 and drawable_ids(CharTokenizer("ab")) == 3
+    assert drawable_ids(TokenIds(128, list("abc"))) == 3 and drawable_ids(TokenIds(128)) is None
+    assert max(continuation(favours_padding, [1], 8, 5, 0, None, np.random.default_rng(0))) >= 256  # unmasked
