@@ -431,7 +431,13 @@ def noise_floor_line(record):
     losses = record.get("twin_losses")  # compare JSONs before 2026-12-02 did not record it
     said = "" if losses is None else (f"; its losses {percent(losses['max_relative_difference'])} from the "
                                       f"baseline's at most, first {losses['steps']} steps")
-    return f"noise floor: {floors} ({record['measured_by']}{said})"
+    # Twins of one configuration whose interval leaves out 1 differed by more than their own noise: the machine
+    # changed between them (another load, a clock), and the floor they set hides every difference below theirs.
+    apart = [f"{FIGURE_WORDS.get(key, key)} {range_text(entry['low'], entry['high'])}"
+             for key, entry in record["figures"].items() if not entry["low"] <= 1 <= entry["high"]]
+    warned = (f"; its twins differed beyond their own interval ({', '.join(apart)}): the machine changed between "
+              f"them, so this floor hides real differences below it") if apart else ""
+    return f"noise floor: {floors} ({record['measured_by']}{said}){warned}"
 
 
 def noise_floor_of(key, twins, baseline):

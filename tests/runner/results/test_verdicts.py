@@ -498,6 +498,17 @@ def test_the_noise_floor_records_how_far_the_twins_losses_strayed():
                                              "first 20 steps)")
 
 
+def test_twins_that_differ_beyond_their_own_interval_are_said_to_have_met_another_machine():
+    """An A/A whose twin ran 1.5x slower in every repeat (another load came): its floor of ±50 % hides every real
+    difference below it, which the line said nothing of."""
+    from mtbench.runner.results.verdicts import noise_floor_line, noise_floor_record
+    baseline, twins = repeats(3), repeats(3, seed=30, step_s=0.015 * 1.5)
+    line = noise_floor_line(noise_floor_record("jax", baseline, twins))
+    assert "; its twins differed beyond their own interval (tokens/s 0." in line
+    assert line.endswith("): the machine changed between them, so this floor hides real differences below it")
+    assert "beyond their own interval" not in noise_floor_line(noise_floor_record("jax", baseline, repeats(3, seed=30)))
+
+
 def test_each_figure_is_held_to_the_widest_floor_any_compare_measured(tmp_path):
     """One A/A scattered 3 % in tokens/s and 1 % in step time, another 2 % and 4 %: the report holds tokens/s to 3 %
     and step time to 4 % (it held both to the second file's, whose widest figure was widest: tokens/s to 2 %)."""
