@@ -34,15 +34,17 @@ def per_character(tokenizer, data):
 def per_piece(tokenizer, data):
     """A sentencepiece stream from sentencepiece's offsets, read from the protos of every line."""
     from mtbench.runner.data.text import LINE_BREAK_ID, TokenStream
-    ids, starts, line_start = [], [], 0
+    ids, starts, line_start, unknown = [], [], 0, 0
+    processor = tokenizer.joint.processor
     lines = data.decode("utf-8").split("\n")
-    for line, proto in zip(lines, tokenizer.joint.processor.encode(lines, return_type="proto")):
+    for line, proto in zip(lines, processor.encode(lines, return_type="proto")):
         line_end = line_start + len(line.encode("utf-8"))
         ids += [piece.id for piece in proto.pieces] + [LINE_BREAK_ID]
+        unknown += sum(piece.id == processor.unk_id() for piece in proto.pieces)
         starts += [line_start + piece.begin for piece in proto.pieces] + [line_end]
         line_start = line_end + 1
     edges = np.maximum.accumulate(np.array([0, *starts[1:-1], len(data)], np.float64))
-    return TokenStream(np.array(ids[:-1], np.int32), np.diff(edges))
+    return TokenStream(np.array(ids[:-1], np.int32), np.diff(edges), unknown)
 
 
 def per_word_in_transformers(tokenizer, data):

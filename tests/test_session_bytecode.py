@@ -33,14 +33,24 @@ def bytecode_is_current(source):
 
 
 def test_pytest_keeps_this_module_as_it_rewrote_it_for_the_next_worker():
-    # pytest's rewritten modules are hash-checked pycs (PEP 552): the source's hash follows the magic and flags.
     kept = glob.glob(os.path.join(os.path.dirname(__file__), "__pycache__",
                                   f"{os.path.basename(__file__)[:-3]}.{sys.implementation.cache_tag}-pytest-*.pyc"))
     with open(__file__, "rb") as source:
         source_hash = importlib.util.source_hash(source.read())
+    stat = os.stat(__file__)
     headers = []
     for path in kept:
         with open(path, "rb") as compiled:
             headers.append(compiled.read(16))
-    assert any(header[:4] == importlib.util.MAGIC_NUMBER and header[8:16] == source_hash[:8] for header in headers), \
-        kept
+
+    def current(header):
+        # PEP 552: a hash-checked pyc (pytest 9.2 on) has the source's hash after the flags, a timestamped one
+        # (pytest before 9.2) the source's modification time and size.
+        if header[:4] != importlib.util.MAGIC_NUMBER:
+            return False
+        if int.from_bytes(header[4:8], "little") & 1:
+            return header[8:16] == source_hash[:8]
+        return (int.from_bytes(header[8:12], "little") == int(stat.st_mtime) & 0xFFFFFFFF
+                and int.from_bytes(header[12:16], "little") == stat.st_size & 0xFFFFFFFF)
+
+    assert any(map(current, headers)), kept

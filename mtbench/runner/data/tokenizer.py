@@ -159,7 +159,12 @@ def training_sentences(sentences):
     drawn with a fixed seed (in their order), so that every process and machine trains the same model.
     `sentences` is called twice: the pieces are counted here, so that a text that cannot be read fails here and
     not inside the trainer, then given."""
-    count = sum(1 for _ in _cut_lines(sentences))
+    count = blank = 0
+    for piece in _cut_lines(sentences):
+        count += 1
+        blank += not piece.strip()
+    if blank == count:  # sentencepiece's own refusal of it differs between its versions
+        raise MtbenchError(NO_TEXT)
     if count <= TRAINING_SENTENCES:
         return _cut_lines(sentences)
     kept = np.sort(np.random.default_rng(0).choice(count, TRAINING_SENTENCES, replace=False))
@@ -201,6 +206,9 @@ def short_pieces(sentence, longest=LONGEST_TRAINING_SENTENCE):
         yield data[start:].decode("utf-8")
 
 
+NO_TEXT = "there is no text to train a tokenizer on (the training split has no line that is not blank)"
+
+
 def training_failure(message, vocab_size):
     """sentencepiece's refusal to train, in a line that says what to change."""
     needed = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", message)
@@ -208,5 +216,5 @@ def training_failure(message, vocab_size):
         return (f"--vocab-size {vocab_size} is too small for this text: its characters and the special pieces "
                 f"need {needed.group(1)} ids; give --vocab-size {needed.group(1)} or more")
     if "sentences_.empty()" in message or "all_chars_count" in message:
-        return "there is no text to train a tokenizer on (the training split has no line that is not blank)"
+        return NO_TEXT
     return f"sentencepiece could not train a tokenizer of --vocab-size {vocab_size}: {message.strip().splitlines()[-1]}"

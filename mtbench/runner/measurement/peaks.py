@@ -276,6 +276,8 @@ def measure_on(cpus, backend_name, dtype, largest):
     """`measure_here`'s `Measurement` from a process of its own on `cpus`, its frameworks' threads as many as they
     take there (torchrun's OMP_NUM_THREADS, or a share's, left out)."""
     environ = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+    # A CPU's peak, on a machine with a GPU too: the frameworks are shown the CPU alone.
+    environ.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
     # The mtbench this process runs (a checkout's, perhaps not installed) and its plugins.
     import mtbench
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(mtbench.__file__)))
