@@ -31,7 +31,7 @@ column "step vs best by hand (same backend)" is a row's median step over its bac
 graphs where the row runs in them and that reference ran), with the peak device memory's ratio beside it. Below the
 table, JAX against torch twice, by mtbench's fastest row of each and by the references, each a verdict with its 95 %
 interval as `mtbench compare` gives one (ahead, or neither ahead beyond the noise), and whether mtbench gives the
-references' verdict.
+references' verdict; a row in CUDA graphs counts there only where one ran on the other side too.
 
 The float32 rows answer whether both backends, set alike, do the same arithmetic and what TF32 buys (JAX's own
 default on a GPU is TF32, torch's true float32); JAX's pair comes first because it is cheap to compile. Every row
@@ -70,9 +70,11 @@ mtbench's own, read from the row's result JSON (see docs/results.md for the cloc
 The budget. `--budget SECONDS` bounds the whole command, counted from its start: a row (or a preset's weights
 file) starts only if its estimated time fits in what is left, else it is listed as "cut: not started: it needs
 about N s (how that was estimated), M s of the budget were left", and a later, cheaper row may still run. A row's
-estimate is the wall time of the last row of its kind (jax, torch eager, torch compiled in one mode) on its preset,
-else a first guess: the weights file's wall time (a process's start and data) plus a fixed allowance per kind
-(FIRST_GUESS_S). A row still running when the budget ends is stopped ("stopped: ...", its log kept), so the
+estimate is the wall time of the last row of its kind (jax, torch eager, torch compiled in one mode) on its preset;
+else that of a row of its backend measured there, scaled by the ratio of the two kinds' first guesses; else a first
+guess: the weights file's wall time (a process's start and data) plus a fixed allowance per kind (FIRST_GUESS_S).
+A best-by-hand row whose row of mtbench (STANDS_BESIDE: 12 beside 7, 13 beside 8, 16 beside 15) is in the plan and
+did not run is not started: it would be set beside nothing. A row still running when the budget ends is stopped ("stopped: ...", its log kept), so the
 command ends within the budget; `--row-timeout` stops a row that hangs. `.gpukit/check.sh matrix 480` runs
 `--budget 480` inside one 10-minute device call. Rows cut or stopped are named below the table with the command
 that runs just them (`--rows`).
@@ -93,6 +95,7 @@ the same parity check), launched one at a time so that each can be skipped, cut 
 import argparse
 import functools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -236,6 +239,9 @@ PLAN = (
     (BF16, "torch+torch-compile+flash-attention@reduce-overhead", None),  # CUDA graphs: as XLA's command buffers
     (BF16, f"{REFERENCE}-torch@reduce-overhead", None),  # nanoGPT's recipe in CUDA graphs: row 15's reference
 )
+# Each best-by-hand row and the row of mtbench's it is measured beside: a reference whose row did not run is not
+# started (it would be set beside nothing, and the budget it takes is a further row's).
+STANDS_BESIDE = {12: 7, 13: 8, 16: 15}
 
 
 @dataclass(frozen=True)
@@ -367,6 +373,11 @@ def batching_options(preset, train_options, kind):
     return ["--max-tokens", str(GPU_MAX_TOKENS[preset])]
 
 
+def kind_backend(kind):
+    """The backend of a `Way.kind`: 'reference torch' and 'torch eager' are torch's."""
+    return kind.split()[-1] if kind.startswith("reference ") else kind.split()[0]
+
+
 class Estimates:
     """How long a row, or a preset's weights file, will take: measured where a row of its kind (or the weights
     file) already ran on its preset, else a first guess."""
@@ -385,8 +396,18 @@ class Estimates:
         measured = self.rows.get((row.preset, kind))
         if measured:
             return measured[0], f"{measured[1]} took {measured[0]:.0f} s"
+        guesses = FIRST_GUESS_S[self.kind]
+        guess = guesses.get(kind, max(guesses.values()))
+        # A row of the backend measured on this preset, scaled by the guesses' ratio: this machine's speed in place
+        # of the guesses' (the guess for CUDA graphs cut an H200's row that took 60 s compiled without them).
+        like = [(other, measured) for (preset, other), measured in self.rows.items()
+                if preset == row.preset and other in guesses and kind_backend(other) == row.way.backend]
+        if like and kind in guesses:
+            other, (seconds, key) = min(like, key=lambda item: abs(math.log(guesses[item[0]] / guess)))
+            factor = guess / guesses[other]
+            return seconds * factor, (f"{key} took {seconds:.0f} s, x{factor:.2f} for {kind} (the first guesses' "
+                                      f"ratio)")
         setup = self.weights_file(row.preset)
-        guess = FIRST_GUESS_S[self.kind].get(kind, max(FIRST_GUESS_S[self.kind].values()))
         source = "the weights file's" if row.preset in self.weights_s else "a guess"
         return setup + guess, f"a first guess for {kind}: {setup:.0f} s to start ({source}) + {guess} s"
 
@@ -529,6 +550,10 @@ def run_matrix(planned, args, train_options, kind, clock=None, started=None, pub
             for (row, reason), record in zip(planned, records):
                 if reason or (repeat > 1 and record["status"] != "ran"):
                     continue
+                beside = counterpart_not_run(row, planned, records)
+                if beside:
+                    record.update(status="cut", reason=beside)
+                    continue
                 tag = f"[{runnable.index(row) + 1}/{len(runnable)}]" + (f" #{repeat}" if repeats > 1 else "")
                 run_row(row, record, args, train_options + batching_options(row.preset, train_options, kind),
                         estimates, weights, results, lambda: args.budget - (clock() - started), clock, tag,
@@ -543,6 +568,18 @@ def run_matrix(planned, args, train_options, kind, clock=None, started=None, pub
         publish(records, results, record)
         raise
     return records, results
+
+
+def counterpart_not_run(row, planned, records):
+    """Why a best-by-hand row is not started: the row of mtbench's it stands beside (STANDS_BESIDE) is in the plan
+    and did not run; or None."""
+    number = STANDS_BESIDE.get(row.number)
+    for (other, _), record in zip(planned, records):
+        if number and other.number == number and (other.preset, other.dtype) == (row.preset, row.dtype) \
+                and record["status"] != "ran":
+            return (f"not started: row {number} ({other.way.label}), the row it is measured beside, did not run "
+                    f"({record['status']})")
+    return None
 
 
 def run_row(row, record, args, options, estimates, weights, results, left, clock, tag, starting, repeat=1):
@@ -827,6 +864,16 @@ def ranking_text(rank):
     return f"{rank['leader']} ahead, {rank['ratio']:.2f}x{span} ({steps})"
 
 
+def like_for_like(ours, references):
+    """(ours, references, left out): the rows in CUDA graphs (torch.compile's reduce-overhead) on one side are left
+    out where none ran on the other, so that neither side's best is in them alone."""
+    def graphs(rows):
+        return [r for r in rows if WAYS_BY_LABEL[r["run"]].compile_mode == "reduce-overhead"]
+
+    left_out = (graphs(references) if not graphs(ours) else []) + (graphs(ours) if not graphs(references) else [])
+    return ([r for r in ours if r not in left_out], [r for r in references if r not in left_out], left_out)
+
+
 def verdicts(records, results=None):
     """For each preset and dtype whose best-by-hand references both ran: JAX against torch as mtbench's fastest
     rows rank them and as the references do (`ranking`), and whether mtbench gives the references' verdict (the
@@ -839,8 +886,10 @@ def verdicts(records, results=None):
             groups.setdefault((record["preset"], record["dtype"]), []).append(record)
     found = []
     for (preset, dtype), rows in groups.items():
-        ours = ranking([r for r in rows if not WAYS_BY_LABEL[r["run"]].reference], results)
-        references = ranking([r for r in rows if WAYS_BY_LABEL[r["run"]].reference], results)
+        ours_rows, reference_rows, left_out = like_for_like(
+            [r for r in rows if not WAYS_BY_LABEL[r["run"]].reference],
+            [r for r in rows if WAYS_BY_LABEL[r["run"]].reference])
+        ours, references = ranking(ours_rows, results), ranking(reference_rows, results)
         if ours is None or references is None:
             continue
         same = ours["leader"] == references["leader"]
@@ -855,6 +904,9 @@ def verdicts(records, results=None):
         if windows < MIN_WINDOWS:
             basis += (f"; {windows} steady timing windows in a run, too few to resample (more --steps, or -- "
                       f"--timing-window N smaller)")
+        if left_out:
+            basis += (f"; left out, as CUDA graphs ran on one side only: "
+                      f"{', '.join(r['run'] for r in left_out)}")
         line = (f"{preset} {dtype}, JAX against torch: mtbench's fastest rows put {ranking_text(ours)}; the "
                 f"best-by-hand references put {ranking_text(references)}: "
                 + ("the same verdict" if same else "mtbench changes the verdict") + f" ({basis})")

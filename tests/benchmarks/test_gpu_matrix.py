@@ -203,6 +203,47 @@ def test_rows_that_would_not_fit_are_cut_with_their_estimate_and_a_cheaper_one_s
     assert summary["rerun"] == ["python3 benchmarks/gpu_matrix.py --presets small --rows 2 --budget 150"]
 
 
+def test_a_kind_not_measured_yet_is_estimated_from_its_backends_row_on_this_machine(tmp_path, monkeypatch):
+    # An H200 of 2026-12-04: the compiled torch row took 60 s; the first guess for CUDA graphs (the weights file's
+    # 15 s + 130 s) cut row 15 with 133 s left (here 140). Scaled from the row measured here by the guesses' ratio
+    # (130 / 100) it needs 78 s, and runs; its reference, row 16, follows it.
+    fake = FakeMtbench({"init-weights": 15, "torch compiled default": 60, "torch compiled reduce-overhead": 70,
+                        "reference torch": 40})
+    monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
+    planned = plan_rows(described(), numbers={8, 15, 16}, presets=["gpt2-small"])
+    records, _ = run_matrix(planned, matrix_args(tmp_path, 215), [], "gpu", clock=fake.clock)
+    assert fake.launched == ["init-weights", "torch+torch-compile+flash-attention",
+                             "torch+torch-compile+flash-attention@reduce-overhead", "best-by-hand-torch@reduce-overhead"]
+    assert records[1]["estimate_s"] == pytest.approx(60 * 1.3)
+    # A JAX row is not estimated from torch's: with nothing of JAX measured it keeps its first guess.
+    estimates = gpu_matrix.Estimates("gpu")
+    [(torch_row, _), (jax_row, _)] = plan_rows(described(), numbers={8, 7}, presets=["gpt2-small"])[::-1]
+    estimates.ran(torch_row, 60)
+    assert estimates.row(jax_row)[1].startswith("a first guess for jax")
+    assert estimates.row(next(r for r, _ in plan_rows(described(), numbers={13}, presets=["gpt2-small"]))) == (
+        pytest.approx(48), "gpt2-small mixed_bfloat16 torch+torch-compile+flash-attention took 60 s, x0.80 for "
+                           "reference torch (the first guesses' ratio)")
+
+
+def test_a_reference_whose_row_of_mtbench_did_not_run_is_not_started(tmp_path, monkeypatch):
+    # Row 15 (CUDA graphs) cut by the budget: nanoGPT's recipe in CUDA graphs (row 16) has nothing to stand
+    # beside, and its minute goes to the rows after it.
+    fake = FakeMtbench({"init-weights": 15, "jax": 30, "torch compiled reduce-overhead": 70, "reference torch": 40})
+    monkeypatch.setattr(gpu_matrix, "run_mtbench", fake)
+    planned = plan_rows(described(), numbers={15, 16, 1}, presets=["gpt2-small"])
+    records, _ = run_matrix(planned, matrix_args(tmp_path, 150), [], "gpu", clock=fake.clock)
+    assert [r["run"] for r in records] == ["torch+torch-compile+flash-attention@reduce-overhead",
+                                           "best-by-hand-torch@reduce-overhead", "jax"]
+    assert [r["status"] for r in records] == ["cut", "cut", "ran"]
+    assert records[1]["reason"] == ("not started: row 15 (torch+torch-compile+flash-attention@reduce-overhead), "
+                                    "the row it is measured beside, did not run (cut)")
+    assert fake.launched == ["init-weights", "jax"]
+    # Asked for alone, a reference runs.
+    records, _ = run_matrix(plan_rows(described(), numbers={16}, presets=["gpt2-small"]),
+                            matrix_args(tmp_path, 1000), [], "gpu", clock=fake.clock)
+    assert records[0]["status"] == "ran"
+
+
 def test_repeats_run_round_robin_and_each_row_reports_its_medians(tmp_path, monkeypatch):
     fake = FakeMtbench({"init-weights": 1, "jax": 1, "torch eager": 1})
     tokens = iter([100.0, 300.0, 200.0, 600.0, 150.0, 400.0])  # jax, torch, jax, torch, ...
@@ -592,6 +633,28 @@ def test_the_verdict_line_says_whether_mtbench_ranks_the_frameworks_as_the_refer
                                     "5 steady timing windows in a run, too few to resample (more --steps, or -- "
                                     "--timing-window N smaller))")
     assert gpu_matrix.verdicts([r for r in records if r["run"] != "best-by-hand-torch"]) == []
+
+
+def test_a_row_in_cuda_graphs_counts_in_a_verdict_only_beside_one_on_the_other_side():
+    # The H200's table of 2026-12-04: row 15 cut, nanoGPT's recipe in CUDA graphs ran (32.7 ms). Ranked beside
+    # mtbench's rows without CUDA graphs it made the references' torch the faster by a kind of step mtbench's
+    # rows had not run.
+    steps = (("jax+flash-attention", 34.6), ("torch+torch-compile+flash-attention", 36.1), ("best-by-hand-jax", 34.2),
+             ("best-by-hand-torch", 33.0), ("best-by-hand-torch@reduce-overhead", 32.7))
+    records = [language_model_record(run, ms) for run, ms in steps]
+    [verdict] = gpu_matrix.verdicts(records)
+    assert verdict["references"]["rows"] == {"jax": "best-by-hand-jax", "torch": "best-by-hand-torch"}
+    assert verdict["references"]["steps_ms"]["torch"] == 33.0
+    assert verdict["line"].endswith("(medians, no interval; left out, as CUDA graphs ran on one side only: "
+                                    "best-by-hand-torch@reduce-overhead)")
+    # With mtbench's row in CUDA graphs beside it, both count.
+    records.append(language_model_record("torch+torch-compile+flash-attention@reduce-overhead", 33.5))
+    [verdict] = gpu_matrix.verdicts(records)
+    assert verdict["references"]["steps_ms"]["torch"] == 32.7 and verdict["mtbench"]["steps_ms"]["torch"] == 33.5
+    assert "left out" not in verdict["line"]
+    # The other way round: mtbench's alone in CUDA graphs is left out.
+    [verdict] = gpu_matrix.verdicts([r for r in records if r["run"] != "best-by-hand-torch@reduce-overhead"])
+    assert verdict["mtbench"]["steps_ms"]["torch"] == 36.1
 
 
 def test_the_versions_and_host_come_from_a_row_mtbench_trained_even_when_a_reference_ran_first():
