@@ -286,6 +286,10 @@ def _plugin_names(entry_points):
             for metadata, entry_point in entry_points]
 
 
+def _keras_modules():
+    return {name for name in list(sys.modules) if name == "keras" or name.startswith("keras.")}
+
+
 def _keras_imported_on_load(registry, name):
     """Plugin `name`'s module imported keras as it loaded, before any command chose a backend: keras keeps the one
     it found (the environment's, else its default, TensorFlow), so a run on another fails, or the import itself."""
@@ -311,11 +315,13 @@ def _build():
             entry.status, entry.reason = "not loaded", f"{LOAD_PLUGINS_ENV} does not name {entry.package}"
             continue
         try:
-            keras_before = "keras" in sys.modules
+            keras_before = _keras_modules()
             try:
                 module = entry_point.load()
             finally:
-                if not keras_before and any(name_ == "keras" or name_.startswith("keras.") for name_ in sys.modules):
+                # Modules of keras this plugin's load added: a failed import of keras by another plugin before it
+                # leaves some of its submodules behind.
+                if _keras_modules() - keras_before:
                     _keras_imported_on_load(registry, name)
             if pm.is_registered(module):  # pluggy's own refusal lists every registered module: kilobytes
                 entry.status = "failed to load"

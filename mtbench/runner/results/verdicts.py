@@ -434,7 +434,8 @@ def noise_floor_line(record):
     # Twins of one configuration whose interval leaves out 1 differed by more than their own noise: the machine
     # changed between them (another load, a clock), and the floor they set hides every difference below theirs.
     apart = [f"{FIGURE_WORDS.get(key, key)} {range_text(entry['low'], entry['high'])}"
-             for key, entry in record["figures"].items() if not entry["low"] <= 1 <= entry["high"]]
+             for key, entry in record["figures"].items()
+             if "low" in entry and not entry["low"] <= 1 <= entry["high"]]  # (a floor written by hand may hold its floor alone)
     warned = (f"; its twins differed beyond their own interval ({', '.join(apart)}): the machine changed between "
               f"them, so this floor hides real differences below it") if apart else ""
     return f"noise floor: {floors} ({record['measured_by']}{said}){warned}"
