@@ -216,8 +216,8 @@ def compile_cache_text(result):
     cache = _section(result, "timing", "compile_cache")
     if not cache:
         return "none (nothing compiled ahead)"
-    if cache["state"] == "off":
-        return "off"
+    if cache["state"] == "off":  # by choice, or a torch step that compiles nothing; else said why
+        return f"off: {cache['reason']}" if cache.get("unusable_dir") else "off"
     programs = cache.get("programs")
     if programs is None:
         return f"{cache['state']} (held {cache['entries_before']} programs as the run started)"

@@ -81,3 +81,16 @@ def median_flops_per_s(run_once, flops, warmup=3, repeats=10):
         run_once()
         seconds.append(time.perf_counter() - t0)
     return flops / float(np.median(seconds))
+
+
+def unusable_directory(directory):
+    """Why `directory` cannot hold a cache ('CACHE/compile/jax-0.10.2-cpu cannot be made (Not a directory)'), or
+    None, having made it where it was missing: a framework whose cache directory cannot be made compiles every
+    program again without a word."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        return f"{directory} cannot be made ({error.strerror or error})"
+    if not os.access(directory, os.W_OK):
+        return f"{directory} cannot be written"
+    return None

@@ -7,6 +7,7 @@ import importlib.util
 from dataclasses import dataclass, field
 
 from mtbench.errors import MtbenchError
+from mtbench.plugins.api.host import unusable_directory
 from mtbench.plugins.api.processes import Launch, ProcessGroup
 
 
@@ -167,8 +168,12 @@ class Backend:
         return None
 
     def compile_cache_state(self, directory, off_reason=None):
-        """The record of the cache as a run starts: 'off' without a `directory` (`off_reason` says why), else
-        'warm' when it already holds programs compiled by earlier processes, 'cold' when it holds none."""
+        """The record of the cache as a run starts: 'off' without a `directory` (`off_reason` says why) or where
+        `directory` cannot be made (since 1.26; its reason says why), else 'warm' when it already holds programs
+        compiled by earlier processes, 'cold' when it holds none."""
+        problem = directory and unusable_directory(directory)
+        if problem:
+            return {"dir": None, "state": "off", "reason": problem, "entries_before": None, "unusable_dir": directory}
         if directory is None:
             return {"dir": None, "state": "off", "reason": off_reason, "entries_before": None}
         entries = self.compile_cache_entries(directory)

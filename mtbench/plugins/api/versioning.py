@@ -53,7 +53,7 @@ recompute their activations when `model_options["remat"]` asks, and `RunContext.
 extras changed is checked again for the device.
 """
 
-PLUGIN_API_VERSION = "1.25"
+PLUGIN_API_VERSION = "1.26"
 
 
 def next_major(version=PLUGIN_API_VERSION):

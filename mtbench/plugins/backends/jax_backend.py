@@ -148,6 +148,10 @@ class JaxBackend(Backend):
             jax.config.update("jax_enable_compilation_cache", False)
             return self.compile_cache_state(None, "--no-compile-cache")
         directory = compile_cache_dir(config.cache_dir, jax.__version__, jax.devices()[0].device_kind)
+        state = self.compile_cache_state(directory)
+        if state["state"] == "off":  # the directory cannot be made: said, not tried at every compilation
+            jax.config.update("jax_enable_compilation_cache", False)
+            return state
         jax.config.update("jax_enable_compilation_cache", True)
         jax.config.update("jax_compilation_cache_dir", directory)
         # By default JAX keeps only programs that took a second or more to compile: a CPU's, and on a GPU the
@@ -158,7 +162,7 @@ class JaxBackend(Backend):
         if not _cache_lookups:
             _cache_lookups.update(lookups=0, hits=0)
             jax.monitoring.register_event_listener(_count_cache_lookup)
-        return self.compile_cache_state(directory)
+        return state
 
     def compile_cache_entries(self, directory):
         if not os.path.isdir(directory):

@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 
-from mtbench import Backend, cpu_model, hookimpl, median_flops_per_s, native_bfloat16
+from mtbench import Backend, cpu_model, hookimpl, median_flops_per_s, native_bfloat16, unusable_directory
 
 # Extras whose train step torch.compile compiles (inductor): without one, a torch run compiles nothing to cache.
 INDUCTOR_EXTRAS = ("torch-compile",)
@@ -37,7 +37,8 @@ class TorchBackend(Backend):
     inference = "eager: torch.no_grad, a decoding loop step by step from Python"
 
     def prepare_process(self, config):
-        if not getattr(config, "compile_cache", True):
+        if not getattr(config, "compile_cache", True) or unusable_directory(compile_cache_dir(config.cache_dir)):
+            # (open_compile_cache then records the cache off and why)
             return {"TORCHINDUCTOR_CACHE_DIR": _scratch_dir(), "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
                     "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
         # On by default in this torch, but a justknob or an older torch may say otherwise: set, not assumed.

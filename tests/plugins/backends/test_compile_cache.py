@@ -124,3 +124,28 @@ def test_torch_points_inductor_at_the_cache_or_at_a_scratch_directory(tmp_path):
     assert not scratch["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path))
     assert os.path.isdir(scratch["TORCHINDUCTOR_CACHE_DIR"])
     assert (scratch["TORCHINDUCTOR_FX_GRAPH_CACHE"], scratch["TORCHINDUCTOR_AUTOGRAD_CACHE"]) == ("0", "0")
+
+
+def test_a_cache_directory_that_cannot_be_made_is_off_and_says_why(cache_dir, tmp_path):
+    # `compile` a file under --cache-dir: JAX's cache could write nothing and every run read "cold", silently.
+    cache = own_compile_cache(cache_dir, str(tmp_path / "cache"))
+    with open(os.path.join(cache, "compile"), "w") as f:
+        f.write("not a directory")
+    proc = run_cli("train", *FEW_STEPS, "--cache-dir", cache, "--out", str(tmp_path / "jax.json"), "--backend", "jax")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "jax.json") as f:
+        off = json.load(f)["timing"]["compile_cache"]
+    assert (off["state"], off["dir"], off["hits"]) == ("off", None, None)
+    assert off["unusable_dir"].startswith(os.path.join(cache, "compile", "jax-"))
+    assert off["reason"] == f"{off['unusable_dir']} cannot be made (Not a directory)"
+    assert f"compile cache off: {off['reason']}" in proc.stdout + proc.stderr
+    # torch's inductor is pointed at a scratch directory of the process, its caches off, and the run says why.
+    config = TrainConfig(backend="torch", extras=("torch-compile",), cache_dir=cache)
+    torch = torch_backend.TorchBackend()
+    environment = torch.prepare_process(config)
+    assert not environment["TORCHINDUCTOR_CACHE_DIR"].startswith(cache)
+    assert (environment["TORCHINDUCTOR_FX_GRAPH_CACHE"], environment["TORCHINDUCTOR_AUTOGRAD_CACHE"]) == ("0", "0")
+    state = torch.open_compile_cache(config)
+    assert state["state"] == "off" and state["reason"].endswith("cannot be made (Not a directory)")
+    with open(os.path.join(cache, "compile")) as f:
+        assert f.read() == "not a directory"
