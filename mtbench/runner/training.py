@@ -22,7 +22,7 @@ from mtbench.runner.loop.checkpoints import (
     restore_generator_state,
     run_dir_for,
 )
-from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
+from mtbench.runner.loop.loop import Checkpointing, Observers, save_checkpoint, train_loop
 from mtbench.runner.loop.progress import announced_phases, corpus_progress
 from mtbench.runner.loop.signals import Stopped, stop_at_once, stop_requests
 from mtbench.runner.loop.target import QualityTarget
@@ -105,7 +105,7 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     result["machine_load"] = load_during
 
     stopped = outcome.status == "completed" and evaluate_and_save(result, config, run, plugins, data, built, run_dir,
-                                                                    stopwatch, console)
+                                                                    stopwatch, console, outcome, checkpointing)
     # Every process: each adds the joules of its own devices (this process's: from where it resumed the run).
     result["energy"], result["history"] = energy.section(result["history"], run.processes, built.state.resumed_at_steps)
     result["memory"]["peak_device_bytes"] = largest_peak(plugins.backend, run.processes)
@@ -133,11 +133,12 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     return result, failures
 
 
-def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwatch, console):
+def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwatch, console, outcome, checkpointing):
     """The evaluation after training and the saved model of a completed run, added to `result` (--measure-only:
     neither). A signal in a run of one process stops them at once: the result keeps the training's figures and
-    says what it lacks. A run of several finishes them first, since a process that left the evaluation's
-    collectives would keep the others waiting for it. The Stopped is returned (None when no signal came)."""
+    says what it lacks, and the trained weights are kept in a checkpoint that `--resume` evaluates. A run of
+    several finishes them first, since a process that left the evaluation's collectives would keep the others
+    waiting for it. The Stopped is returned (None when no signal came)."""
     if config.measure_only:
         result["metrics"]["skipped"] = "--measure-only: no evaluation, translation or saved model"
         return None
@@ -159,10 +160,27 @@ def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwa
         if not stopped.deferred:  # a deferred one came once the block had done its work
             missing = "no saved model" if evaluated else "no evaluation, translation or saved model"
             result["metrics"]["skipped"] = f"{stopped.name} received after training: {missing}"
+            kept = checkpoint_after_training(run, plugins, built, run_dir, outcome, checkpointing)
+            if kept:
+                result["metrics"]["unevaluated_checkpoint"] = kept
+                result["metrics"]["skipped"] += (f"; the trained weights are in {kept} (mtbench train --resume "
+                                                 f"{run_dir.path} evaluates them)")
         return stopped
     if several and requests.agree(run.processes):
         return Stopped(requests.received)
     return None
+
+
+def checkpoint_after_training(run, plugins, built, run_dir, outcome, checkpointing):
+    """The checkpoint that holds the trained state, written where none holds it yet, so that a run stopped in its
+    evaluation (a scheduler's SIGTERM) loses none of its training; None in a process that writes nothing."""
+    if not run_dir.writes:
+        return None
+    kept = dict(run_dir.checkpoints()).get(outcome.state.step)  # --checkpoint-every's at the last step
+    if kept is None:
+        kept = checkpointing.latest = save_checkpoint(checkpointing, plugins.backend, built.model, built.train_step,
+                                                      outcome.state, outcome.clock, outcome.target, run.processes)
+    return kept
 
 
 def stopped_after_training(result, stopped):

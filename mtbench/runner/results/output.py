@@ -8,7 +8,7 @@ import zipfile
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.loop.checkpoints import RunDirectory, run_dir_for
-from mtbench.runner.results.schema import PARTIAL_STATUSES, read_status, sidecar_paths
+from mtbench.runner.results.schema import read_status, resumable, sidecar_paths
 
 
 def check_result_path(path, overwrite, resuming=False, beside=(), reads=()):
@@ -32,7 +32,7 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), 
         raise MtbenchError(f"{path!r}: a name of blanks; --out takes a {kind} file path")
     if os.path.exists(path) and resuming:
         status = read_status(path)
-        if status not in PARTIAL_STATUSES:
+        if not resumable(path):
             raise MtbenchError(f"{path}: the run already has a result with status {status or 'unknown'}; "
                                "there is nothing to resume")
     elif os.path.exists(path) and not overwrite:

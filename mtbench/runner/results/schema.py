@@ -178,12 +178,25 @@ def schema_errors(result):
 
 def read_status(path):
     """The status of the result file at `path`, or None when it is not a readable mtbench result."""
+    result = _read_result(path)
+    return result.get("status") if result else None
+
+
+def resumable(path):
+    """Whether the result file at `path` is of a run `--resume` continues: a partial one, or one whose training
+    completed and whose evaluation a signal stopped, its trained weights checkpointed (`unevaluated_checkpoint`)."""
+    result = _read_result(path)
+    return bool(result) and (result.get("status") in PARTIAL_STATUSES
+                             or bool((result.get("metrics") or {}).get("unevaluated_checkpoint")))
+
+
+def _read_result(path):
     try:
         with open(path, encoding="utf-8") as f:
             result = json.load(f)
     except (OSError, ValueError):
         return None
-    return result.get("status") if isinstance(result, dict) else None
+    return result if isinstance(result, dict) else None
 
 
 def _type_errors(result, schema, prefix):

@@ -443,7 +443,9 @@ def test_resume_refuses_other_devices_or_versions_and_keeps_the_run(tmp_path, ca
 def test_a_signal_after_training_keeps_the_trainings_figures_and_an_earlier_result_is_not_lost(
         tmp_path, cache_dir, signum, exit_code):
     """Stopped in the evaluation after training, a run wrote nothing: Ctrl-C ended in a bare 'interrupted', SIGTERM
-    in no word at all, and under --overwrite the earlier result was already removed."""
+    in no word at all, and under --overwrite the earlier result was already removed. Then its trained weights were
+    lost with the process (a scheduler's SIGTERM at the end of a long run): they are kept in a checkpoint, and
+    --resume evaluates them."""
     out = tmp_path / "late.json"
     out.write_text('{"an": "earlier result"}\n')
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
@@ -462,14 +464,25 @@ def test_a_signal_after_training_keeps_the_trainings_figures_and_an_earlier_resu
             proc.kill()
     assert proc.returncode == exit_code, stderr[-3000:]
     name = signal.Signals(signum).name
-    assert stderr.strip().splitlines() == [
-        f"Error: interrupted: {name} received after training: no evaluation, translation or saved model; the "
-        f"training's figures are in {out}"]
+    run_dir = str(tmp_path / "late.run")
+    checkpoint = os.path.join(run_dir, "checkpoint-000006")
+    skipped = (f"{name} received after training: no evaluation, translation or saved model; the trained weights are "
+               f"in {checkpoint} (mtbench train --resume {run_dir} evaluates them)")
+    assert stderr.strip().splitlines() == [f"Error: interrupted: {skipped}; the training's figures are in {out}"]
     result = read(out)
     assert schema_errors(result) == [] and result["status"] == "completed"
     assert [h["step"] for h in result["history"]] == list(range(1, 7)) and result["timing"]["tokens_per_s"] > 0
     assert result["metrics"]["bleu"] is None and result["model"].get("saved") is None
-    assert result["metrics"]["skipped"] == f"{name} received after training: no evaluation, translation or saved model"
+    assert result["metrics"]["skipped"] == skipped and result["metrics"]["unevaluated_checkpoint"] == checkpoint
+    assert checkpoint_steps(run_dir) == [6]
+    if signum == signal.SIGTERM:
+        resumed = run_cli("train", "--resume", run_dir, env={"MTBENCH_LOAD_PLUGINS": ""})
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        evaluated = read(out)
+        assert evaluated["status"] == "completed" and "skipped" not in evaluated["metrics"]
+        assert evaluated["metrics"]["bleu"] is not None and evaluated["model"]["saved"]
+        assert [h["step"] for h in evaluated["history"]] == list(range(1, 7))
+        assert [h["loss"] for h in evaluated["history"]] == [h["loss"] for h in result["history"]]
 
 
 def test_a_signal_to_one_process_of_several_after_training_lets_every_process_finish_the_evaluation():
