@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from mtbench.errors import MtbenchError, ReportingFailed, RunFailure
+from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
 from mtbench.figures import run_processes
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import read_json, write_json_atomic
@@ -191,22 +191,43 @@ def rerun_results(path, out, overwrite, console):
     reruns, out, single = plan_reruns(path, out, overwrite)
     console.print(f"rerun of {path}: {len(reruns)} run(s), each in its own process", highlight=False)
     entries = []
-    for rerun in reruns:
-        result = run_again(rerun, console)
-        differences = side_by_side(rerun.original.result, result)
-        console.print(side_by_side_table(differences, f"mtbench rerun: {rerun.label}"))
-        for line in differences["parity_lines"]:
-            console.print(line.replace("parity rerun vs original", "losses of the rerun against the original"),
-                          highlight=False)
-        entries.append((rerun, result, differences))
+    try:
+        for rerun in reruns:
+            result = run_again(rerun, console)
+            differences = side_by_side(rerun.original.result, result)
+            console.print(side_by_side_table(differences, f"mtbench rerun: {rerun.label}"))
+            for line in differences["parity_lines"]:
+                console.print(line.replace("parity rerun vs original", "losses of the rerun against the original"),
+                              highlight=False)
+            entries.append((rerun, result, differences))
+    except (KeyboardInterrupt, RunFailure) as stopped:
+        if single:
+            raise
+        interrupted = isinstance(stopped, KeyboardInterrupt)
+        doing = reruns[len(entries)].label
+        why = f"{'interrupted during' if interrupted else 'failed in'} the rerun of '{doing}'"
+        kept = keep_finished(path, out, entries, "interrupted" if interrupted else "failed",
+                             f"{why} ({len(entries)} of {len(reruns)} runs finished)")
+        if interrupted:  # a child's Interrupted carries its signal's exit code, a Ctrl-C here 130
+            raise RunInterrupted(f"{why}; {kept}", getattr(stopped, "exit_code", 130)) from None
+        raise RunFailure(f"{stopped}; {kept}") from None
     if not single:
         write_rerun_compare(path, out, entries)
     return out
 
 
-def write_rerun_compare(path, out, entries):
+def keep_finished(path, out, entries, status, reason):
+    """Where a rerun of a compare JSON stopped early: the reruns that finished, combined in `out` with `status`
+    and `reason`, as `compare` keeps what it ran; what was kept, in words."""
+    if not entries:
+        return "no rerun finished: nothing combined"
+    write_rerun_compare(path, out, entries, {"status": status, "status_reason": reason})
+    return f"the {len(entries)} finished rerun(s) combined in {out} (status {status})"
+
+
+def write_rerun_compare(path, out, entries, status=None):
     """The reruns of a compare JSON as a compare JSON of their own (`mtbench report` reads it), with each run's
-    differences from its original."""
+    differences from its original; `status`: {'status', 'status_reason'} of one that stopped early."""
     runs = [LoadedRun(result, rerun.out) for rerun, result, _ in entries]
     write_json_atomic(out, combined_json(
         build_comparison(runs, force=True),
@@ -214,4 +235,4 @@ def write_rerun_compare(path, out, entries):
           "log_file": os.path.abspath(rerun.log_file), "original": rerun.original.source,
           "weights_note": rerun.weights_note, "differences": differences, "result": result}
          for rerun, result, differences in entries],
-        {"status": "completed"}, {"rerun_of": os.path.abspath(path)}))
+        status or {"status": "completed"}, {"rerun_of": os.path.abspath(path)}))

@@ -740,6 +740,38 @@ def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
     assert [(rerun.config.backend, rerun.config.out) for rerun in reruns] == [(rerun.label, rerun.out) for rerun in reruns]
 
 
+def test_a_rerun_of_a_compare_json_stopped_early_combines_the_reruns_that_finished(compared, tmp_path, monkeypatch):
+    """A SIGTERM passed on to the second rerun (or its failure) ended `rerun` with the first rerun's result on disk
+    and no combined JSON: now they are combined, marked as `compare` marks what it kept."""
+    from mtbench.errors import RunFailure, RunInterrupted
+    from mtbench.runner.orchestration import rerun as rerun_module
+    from mtbench.runner.orchestration.children import Interrupted
+    out = tmp_path / "again.json"
+    first = compared["combined"]["runs"][0]["result"]
+    for stop, error, status, code in ((Interrupted(143), RunInterrupted, "interrupted", 143),
+                                      (RunFailure("the rerun of torch exited with code 1"), RunFailure, "failed", None)):
+        calls = []
+
+        def run_again(rerun, console, stop=stop):
+            calls.append(rerun.label)
+            if len(calls) == 2:
+                raise stop
+            return first
+
+        monkeypatch.setattr(rerun_module, "run_again", run_again)
+        with pytest.raises(error) as raised:
+            rerun_module.rerun_results(compared["path"], str(out), True, Console(file=io.StringIO()))
+        why = ("interrupted during" if status == "interrupted" else "failed in") + " the rerun of 'torch'"
+        kept = f"the 1 finished rerun(s) combined in {out} (status {status})"
+        assert str(raised.value) == (f"{why}; {kept}" if status == "interrupted" else
+                                     f"the rerun of torch exited with code 1; {kept}")
+        assert getattr(raised.value, "exit_code", None) == code or status == "failed"
+        combined = json.loads(out.read_text())
+        assert (combined["status"], combined["status_reason"]) == (status, f"{why} (1 of 2 runs finished)")
+        assert [run["label"] for run in combined["runs"]] == ["jax"] and combined["runs"][0]["result"] == first
+        out.unlink()
+
+
 @pytest.mark.slow
 def test_rerun_of_an_upgrade_comparison_runs_each_run_under_its_interpreter(compared, tmp_path):
     """A comparison of environments (python=PATH) is trained again under each run's own interpreter: here a
