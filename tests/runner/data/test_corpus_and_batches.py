@@ -4,6 +4,7 @@ import itertools
 import json
 import os
 import subprocess
+import sqlite3
 import sys
 
 import numpy as np
@@ -305,3 +306,26 @@ def test_a_dataset_cache_cut_short_is_prepared_again_not_read_as_a_smaller_corpu
         cached.write_bytes(cut)
         assert load_dataset_pairs(dataset, cache, progress=None) == pairs
     assert Numbers.reads == 3
+
+
+def test_the_built_in_corpus_is_prepared_again_when_its_database_changes_at_the_same_size(tmp_path, monkeypatch):
+    """The cache of prepared pairs was keyed by the database's size, which SQLite keeps through an edit (whole
+    pages): a corrected verse would have been read from the pairs prepared before it."""
+    from mtbench.plugins.datasets import bible_dataset
+    database = tmp_path / "bible.db"
+    connection = sqlite3.connect(database)
+    connection.execute("CREATE TABLE bible (bbName TEXT, bNumber INT, cNumber INT, vNumber INT, vText TEXT)")
+    connection.executemany("INSERT INTO bible VALUES (?, 1, 1, ?, ?)",
+                           [(edition, verse, f"verse {verse} of {edition}") for edition in ("4", "l")
+                            for verse in range(1, 4)])
+    connection.commit()
+    monkeypatch.setattr(bible_dataset, "bible_db_path", lambda: str(database))
+    dataset = bible_dataset.BibleDataset("en", "fr")
+    assert load_dataset_pairs(dataset, str(tmp_path), progress=lambda *_: None)[0] == ("verse 1 of 4", "verse 1 of l")
+    size = database.stat().st_size
+    connection.execute("UPDATE bible SET vText = 'verse 1, corrected' WHERE bbName = '4' AND vNumber = 1")
+    connection.commit()
+    connection.close()
+    assert database.stat().st_size == size
+    assert load_dataset_pairs(dataset, str(tmp_path), progress=lambda *_: None)[0] == ("verse 1, corrected",
+                                                                                        "verse 1 of l")
