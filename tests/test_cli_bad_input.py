@@ -370,6 +370,29 @@ def test_debug_shows_the_traceback(tmp_path, cache_dir):
     assert "Traceback" in proc.stderr and "unknown backend 'nonesuch'" in proc.stderr
 
 
+def test_a_second_run_on_the_result_path_of_one_training_is_refused(tmp_path, cache_dir):
+    """Two runs on one --out (two terminals, two jobs, a resume of a run still training) wrote over each other's
+    checkpoints and result, the last to end passing for both; and --overwrite emptied the first's run folder."""
+    from mtbench.runner.results.output import holding_result_path
+    out = tmp_path / "r.json"
+    out.write_text('{"an": "earlier result"}\n')
+    with holding_result_path(str(out)):  # as a run training there holds it
+        assert (tmp_path / "r.json.lock").read_text() == f"{os.getpid()}\n"
+        proc = run_cli("train", "--backend", "jax", "--preset", "tiny", "--steps", "2", "--cache-dir", cache_dir,
+                       "--out", str(out), "--overwrite")
+        with pytest.raises(MtbenchError, match=r"another mtbench run \(process \d+\) is writing it"):
+            with holding_result_path(str(out)):
+                pass
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"Error: {out}: another mtbench run (process {os.getpid()}) is writing it; wait for it to end, or give "
+        f"another --out"]
+    assert out.read_text() == '{"an": "earlier result"}\n' and not (tmp_path / "r.run").exists()
+    assert sorted(os.listdir(tmp_path)) == ["r.json"]  # the lock goes with the run that held it
+    with holding_result_path(str(out)):  # and is taken again
+        pass
+
+
 def test_unreadable_file_names_the_file_and_the_reason(tmp_path, monkeypatch):
     """Root reads a chmod 000 file anyway, so the refusal comes from a patched open."""
     from mtbench.runner.data import formats

@@ -3,8 +3,10 @@ start keras on the backend, prepare the data, build the model from numpy-drawn w
 with honest timing, let the task evaluate, write the result (a partial one when training stopped early) and hand
 it to the reporters.
 
-Each stage is a function with explicit inputs and outputs; `run_training` is the whole run on one screen."""
+Each stage is a function with explicit inputs and outputs; `run_training` checks the run's choices and output and
+holds the result's path, `train_and_report` is the rest of the run on one screen."""
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -31,7 +33,7 @@ from mtbench.runner.measurement.device_memory import host_peaks, largest_peak, t
 from mtbench.runner.measurement.energy import EnergyMeter, open_counter
 from mtbench.runner.measurement.environment import machine_identity
 from mtbench.runner.measurement.load import machine_load, sample_load
-from mtbench.runner.results.output import check_result_path
+from mtbench.runner.results.output import check_result_path, holding_result_path
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.run_result import (add_evaluation, record_failures, run_peak, stop_error,
                                                training_result, write_result)
@@ -42,6 +44,7 @@ from mtbench.runner.setup import (build_model, check_compile_options_apply, chec
                                   choose_plugins, choose_train_step, compile_model, drawn_init, extras_compile_options,
                                   local_devices,
                                   start_backend, starting_weights, step_flops)
+
 
 def run_training(config, registry, console, resume=None, reporter_names=(), launch=Launch()):
     """Runs `config`; `resume` (a checkpoints.Resumption, whose config `config` is) continues an earlier run
@@ -55,6 +58,12 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     if not launch.is_first:
         console = Console(quiet=True)
     check_result_path(config.out, config.overwrite, resuming=resume is not None, reads=config.input_files())
+    with holding_result_path(config.out) if launch.is_first else contextlib.nullcontext():  # the process that writes
+        return train_and_report(config, registry, console, resume, launch, plugins, stopwatch)
+
+
+def train_and_report(config, registry, console, resume, launch, plugins, stopwatch):
+    """`run_training`'s work once its choices and output are checked, the result's path held."""
     config, weights_file, weights_sha256 = starting_point(config, plugins)
     run_dir = resume.directory if resume else RunDirectory(run_dir_for(config.out), fresh=True)
     run_dir.writes = launch.is_first

@@ -1,6 +1,7 @@
 """Where a command writes: checked before any work starts, so a run never ends by failing to save its figures
 and never replaces what an earlier run left unless told to."""
 
+import contextlib
 import json
 import os
 import tempfile
@@ -53,6 +54,42 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), 
             raise MtbenchError(f"{run_dir.path}: holds an earlier run's files (a saved model, logs), though {path} "
                                f"does not exist; pass --overwrite to write over them, or give another --out")
     check_directory_writable(path)
+
+
+@contextlib.contextmanager
+def holding_result_path(path):
+    """The lock of the result `path` (`PATH.lock`, holding this process's id), held in the block, so that two runs
+    started on one --out (two terminals, two jobs, a resume of a run still training) cannot write over each
+    other's checkpoints and result: the second is refused in one line. The lock goes with the process that held it
+    (a killed run's file is taken again). Where the system has no `flock` (Windows), nothing is held."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    lock_path = f"{path}.lock"
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(lock_path)), exist_ok=True)
+        lock = open(lock_path, "a+", encoding="utf-8")
+    except OSError as error:
+        raise MtbenchError(f"{lock_path}: cannot be made ({error.strerror or error}): a run holds its result's path "
+                           f"there while it writes") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read().strip()
+            raise MtbenchError(f"{path}: another mtbench run{f' (process {holder})' if holder else ''} is writing "
+                               f"it; wait for it to end, or give another --out") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        try:
+            yield
+        finally:
+            os.remove(lock_path)  # before the lock goes: a run that starts now makes a file of its own
 
 
 def _written_as(path, kind):
