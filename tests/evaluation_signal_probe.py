@@ -38,7 +38,7 @@ def main(rank, coordinator):
     stopped = evaluate_and_save(
         result, SimpleNamespace(measure_only=False, save_model=False), SimpleNamespace(processes=processes), None,
         None, SimpleNamespace(evaluator=SimpleNamespace(evaluate=evaluate)), SimpleNamespace(writes=rank == 0),
-        Stopwatch(), Console(file=io.StringIO()))
+        Stopwatch(), Console(file=io.StringIO()), None, None)  # (no outcome or checkpoints: several finish first)
     print(json.dumps({"stopped": stopped and stopped.name, "exit_code": stopped and stopped.exit_code,
                       "said": stopped and stopped_after_training(result, stopped), "halves": halves,
                       "metrics": result["metrics"]}))
