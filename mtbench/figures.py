@@ -436,7 +436,15 @@ def run_warnings(result):
                         f"{median * 1000:,.1f} ms (bound {SCATTER_BOUND:g}x)")
     resumed = timing.get("resumed_at_steps") or []
     if resumed:
-        warnings.append(f"resumed at step{'s' * (len(resumed) != 1)} {', '.join(f'{step:,}' for step in resumed)}: "
+        # A run stopped in its evaluation after training resumes past its last step, only to evaluate (a partial
+        # run's resume may have ended before its first step).
+        last = max((entry.get("step", 0) for entry in result.get("history") or []), default=0)
+        completed = result.get("status", "completed") == "completed"
+        during = [step for step in resumed if step <= last or not completed]
+        said = ([f"resumed at step{'s' * (len(during) != 1)} {', '.join(f'{step:,}' for step in during)}"]
+                if during else []) + ([f"resumed after the last step ({last:,}) to evaluate"]
+                                      if len(during) < len(resumed) else [])
+        warnings.append(f"{' and '.join(said)}: "
                         f"total time, cost, memory peaks and the compile cache are the last process's (train time "
                         f"and the steps are the whole run's)")
     windows = steady_window_rows(result.get("history") or [])

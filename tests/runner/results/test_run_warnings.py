@@ -125,6 +125,11 @@ def test_a_resumed_run_says_which_figures_are_its_last_processs(tiny_runs):
                                     "last process's (train time and the steps are the whole run's)"]
     result["timing"]["resumed_at_steps"] = [21, 41]
     assert run_warnings(result)[0].startswith("resumed at steps 21, 41: ")
+    # Stopped in its evaluation after training, then resumed: no step of it trained after it resumed.
+    last = result["history"][-1]["step"]
+    result["timing"]["resumed_at_steps"] = [21, last + 1]
+    assert run_warnings(result)[0].startswith(f"resumed at step 21 and resumed after the last step ({last:,}) to "
+                                              f"evaluate: ")
 
 
 def test_float32_matmuls_a_backend_did_not_report_setting_are_labelled_as_asked_only(tiny_runs):
