@@ -74,10 +74,10 @@ estimate is the wall time of the last row of its kind (jax, torch eager, torch c
 else that of a row of its backend measured there, scaled by the ratio of the two kinds' first guesses; else a first
 guess: the weights file's wall time (a process's start and data) plus a fixed allowance per kind (FIRST_GUESS_S).
 A best-by-hand row whose row of mtbench (STANDS_BESIDE: 12 beside 7, 13 beside 8, 16 beside 15) is in the plan and
-did not run is not started: it would be set beside nothing. A row still running when the budget ends is stopped ("stopped: ...", its log kept), so the
-command ends within the budget; `--row-timeout` stops a row that hangs. `.gpukit/check.sh matrix 480` runs
-`--budget 480` inside one 10-minute device call. Rows cut or stopped are named below the table with the command
-that runs just them (`--rows`).
+did not run is not started: it would be set beside nothing. A row still running when the budget ends is stopped
+("stopped: ...", its log kept), so the command ends within the budget; `--row-timeout` stops a row that hangs.
+`.gpukit/check.sh matrix 480` runs `--budget 480` inside one 10-minute device call. Rows cut or stopped are named
+below the table with the command that runs just them (`--rows`).
 
 What survives a killed run. Before the first row, and again whenever a row ends, `gpu-matrix.json` (the summary,
 rows not yet run marked pending) and `gpu-matrix.md` (the table and the lines above and below it) are rewritten

@@ -187,8 +187,8 @@ def checkpoint_after_training(run, plugins, built, run_dir, outcome, checkpointi
         return None
     kept = dict(run_dir.checkpoints()).get(outcome.state.step)  # --checkpoint-every's at the last step
     if kept is None:
-        kept = checkpointing.latest = save_checkpoint(checkpointing, plugins.backend, built.model, built.train_step,
-                                                      outcome.state, outcome.clock, outcome.target, run.processes)
+        kept = save_checkpoint(checkpointing, plugins.backend, built.model, built.train_step, outcome.state,
+                               outcome.clock, outcome.target, run.processes)
     return kept
 
 

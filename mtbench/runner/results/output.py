@@ -32,9 +32,8 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), 
     if not os.path.basename(path).strip():  # ' ': files named by blanks, that no listing shows
         raise MtbenchError(f"{path!r}: a name of blanks; --out takes a {kind} file path")
     if os.path.exists(path) and resuming:
-        status = read_status(path)
         if not resumable(path):
-            raise MtbenchError(f"{path}: the run already has a result with status {status or 'unknown'}; "
+            raise MtbenchError(f"{path}: the run already has a result with status {read_status(path) or 'unknown'}; "
                                "there is nothing to resume")
     elif os.path.exists(path) and not overwrite:
         raise MtbenchError(f"{path}: already exists; pass --overwrite to replace it")

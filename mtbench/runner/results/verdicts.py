@@ -56,9 +56,9 @@ def window_figure(key, windows):
         return windows[:, 2].sum() / windows[:, 0].sum()
     # The lower median, as each resample's (`_resampled_window_figure`): with an even count of steps np.median's
     # mean of the middle two sat above every resample's, and the interval lopsided around it.
-    order = np.argsort(windows[:, 0] / windows[:, 1])
-    per_step = (windows[:, 0] / windows[:, 1])[order]
-    below = np.cumsum(windows[order, 1])
+    per_step = windows[:, 0] / windows[:, 1]
+    order = np.argsort(per_step)
+    per_step, below = per_step[order], np.cumsum(windows[order, 1])
     return float(per_step[np.argmax(below >= (below[-1] + 1) // 2)])
 
 
@@ -433,9 +433,10 @@ def noise_floor_line(record):
                                       f"baseline's at most, first {losses['steps']} steps")
     # Twins of one configuration whose interval leaves out 1 differed by more than their own noise: the machine
     # changed between them (another load, a clock), and the floor they set hides every difference below theirs.
+    # (A floor written by hand may hold its floor alone.)
     apart = [f"{FIGURE_WORDS.get(key, key)} {range_text(entry['low'], entry['high'])}"
              for key, entry in record["figures"].items()
-             if "low" in entry and not entry["low"] <= 1 <= entry["high"]]  # (a floor written by hand may hold its floor alone)
+             if "low" in entry and not entry["low"] <= 1 <= entry["high"]]
     warned = (f"; its twins differed beyond their own interval ({', '.join(apart)}): the machine changed between "
               f"them, so this floor hides real differences below it") if apart else ""
     return f"noise floor: {floors} ({record['measured_by']}{said}){warned}"
