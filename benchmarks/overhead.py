@@ -178,7 +178,8 @@ def measure(backend_name, dtype, args):
     contestants, step_names = [], {}
     best = args.baseline == "best"
     fused = best and run.attention.get("causal", "").endswith("(fused)")  # where the device has the kernels
-    model = build_keras_model(keras, workload, total_steps, flash_attention=fused)
+    model = build_keras_model(keras, workload, total_steps,
+                              flash_attention=fused and run.model_options.get("flash_attention", False))
     weights, settings = initial_weights(model, config.seed), OptimizerSettings.of_keras_optimizer(model.optimizer)
     mtbench_step = best_train_step(backend, run, model) if best else (
         backend.make_train_step(run, model) or KerasTrainStep(model))

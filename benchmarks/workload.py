@@ -127,7 +127,7 @@ def prepare_benchmark(config, steps, length, fused_attention=False):
     if fused_attention:
         flash = plugins.registry().extras.get("flash-attention")
         if flash is not None and backend.name in flash.backends and flash.unavailable_reason(run) is None:
-            run.model_options["flash_attention"] = True
+            flash.before_model(run)  # the model options a run with the extra builds with
     run.attention = choose_attention_kernels(run, SimpleNamespace(backend=backend))
     return keras, backend, run, workload
 
@@ -144,8 +144,9 @@ def drawn_weights(model, config):
 
 def build_keras_model(keras, workload, total_steps, flash_attention=False):
     """mtbench's model with its numpy-drawn initial weights, compiled by mtbench's own `compile_model`, under
-    the workload's dtype policy (keras must already be imported with the wanted backend); `flash_attention`
-    asks Keras for the fused kernel in the causal attention."""
+    the workload's dtype policy (keras must already be imported with the wanted backend); `flash_attention`:
+    the causal attention's model option (`run.model_options`: True asks Keras for the fused kernel, None leaves
+    the backend's dispatcher to pick among the fused kernels it holds the process to)."""
     from mtbench.keras_models.gpt import build_gpt
     from mtbench.keras_models.initialization import assign_weights
     from mtbench.keras_models.transformer import build_transformer

@@ -383,9 +383,10 @@ def set_matmul_precision(backend, precision):
 
 def choose_attention_kernels(run, plugins):
     """Holds the backend to the class of attention kernel the extras asked for (fused or not), before the model
-    is built; what each kind of attention then runs."""
+    is built; what each kind of attention then runs. An option set to None asks for a fused kernel too, the one
+    the backend's own dispatcher picks among those it is held to (Keras is not asked for one)."""
     options = run.model_options
-    fused = any(options.get(key) is True for key in ("flash_attention", "flash_attention_masked"))
+    fused = any(key in options and options[key] is not False for key in ("flash_attention", "flash_attention_masked"))
     kernels = plugins.backend.attention_kernels(fused, run.device)
     if kernels is None:
         name = lambda asked: plugins.backend.attention_implementation(asked is True, run.device)

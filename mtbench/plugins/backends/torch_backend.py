@@ -28,6 +28,30 @@ def _scratch_dir():
     return path
 
 
+# What each of SDPA's fused kernels is called in a result's `model.attention`.
+FUSED_KERNEL_NAMES = {"flash": "flash (fused)", "mem_efficient": "memory-efficient (fused)", "cudnn": "cudnn (fused)",
+                      "unknown": "fused (the dispatcher's choice)"}
+
+
+def preferred_fused_kernels(head_dim=64, length=1024):
+    """{'causal', 'masked': the fused SDPA kernel torch's dispatcher picks on this process's CUDA GPU with every
+    fused kernel on, for a causal 16-bit attention and for one with an additive mask}, asked of the dispatcher
+    itself (`torch._fused_sdp_choice`) on GPT-2's heads; on a CPU, whose one fused kernel is flash's, flash and
+    memory-efficient (what torch's GPU dispatcher gives them where cuDNN's kernel is not ranked first)."""
+    import torch
+    if not torch.cuda.is_available():
+        return {"causal": "flash", "masked": "mem_efficient"}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    names = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "mem_efficient",
+             SDPBackend.CUDNN_ATTENTION: "cudnn"}
+    query = torch.zeros(1, 12, length, head_dim, dtype=torch.bfloat16, device="cuda")
+    mask = torch.zeros(1, 1, length, length, dtype=torch.bfloat16, device="cuda")
+    with sdpa_kernel(list(names)):
+        return {kind: names.get(SDPBackend(torch._fused_sdp_choice(query, query, query, attn_mask, 0.0, causal)),
+                                "unknown")
+                for kind, attn_mask, causal in (("causal", None, True), ("masked", mask, False))}
+
+
 class TorchBackend(Backend):
     name = "torch"
     keras_backend = "torch"
@@ -156,14 +180,13 @@ class TorchBackend(Backend):
 
     def attention_kernels(self, fused, device):
         """Unfused, mtbench's models attend with aten's matmuls and softmax (`plain_attention`), as JAX does with
-        XLA's, and SDPA (which other code may call) is held to its math kernel; fused, to the fused kernels only
-        (flash and memory-efficient), where inputs no such kernel takes are an error rather than a quiet fallback.
-        Left alone, SDPA's dispatcher would pick flash, memory-efficient or cuDNN kernels on a GPU. Keras narrows
-        a fused causal attention to flash itself; flash takes no mask, so the masked ones run memory-efficient."""
+        XLA's, and SDPA (which other code may call) is held to its math kernel. Fused, to SDPA's fused kernels
+        (flash, memory-efficient and cuDNN's), its dispatcher choosing among them as for a user who calls SDPA
+        (nanoGPT): cuDNN's on Hopper and newer (the kernel JAX's fused attention runs too), FlashAttention before,
+        the memory-efficient kernel for masks flash refuses; the math kernel stays off, so inputs no fused kernel
+        takes are an error rather than a quiet fallback. The flash-attention extra checks what then ran."""
         import torch
-        # cuDNN's SDPA stays off either way: with it on, which fused kernel a masked attention ran would be the
-        # dispatcher's choice again.
-        enable = {"math": not fused, "flash": fused, "mem_efficient": fused, "cudnn": False}
+        enable = {"math": not fused, "flash": fused, "mem_efficient": fused, "cudnn": fused}
         for name, on in enable.items():
             getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
         enabled = [name for name in enable if getattr(torch.backends.cuda, f"{name}_sdp_enabled")()]
@@ -176,11 +199,12 @@ class TorchBackend(Backend):
                     "sdpa_kernels_enabled": enabled}
         # Decoding with a cache attends through the model's own unfused attention (`Attention.attend`'s default),
         # as JAX's does: aten's matmuls, whatever SDPA kernels are enabled.
-        return {"causal": "flash (fused)", "masked": "memory-efficient (fused)",
+        choice = preferred_fused_kernels()
+        return {"causal": FUSED_KERNEL_NAMES[choice["causal"]], "masked": FUSED_KERNEL_NAMES[choice["masked"]],
                 "decoding": "aten (unfused)", "sdpa_kernels_enabled": enabled}
 
     def attention_implementation(self, fused, device):
-        return "flash (fused)" if fused else "aten (unfused)"
+        return FUSED_KERNEL_NAMES[preferred_fused_kernels()["causal"]] if fused else "aten (unfused)"
 
     def compile_inference(self, fn, model):
         import torch

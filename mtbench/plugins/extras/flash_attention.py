@@ -1,8 +1,9 @@
 """flash-attention: fused attention kernels for every kind of attention, on both backends: cuDNN on JAX (Keras's
-`dot_product_attention(..., flash_attention=True)`); on torch, FlashAttention for the causal self-attention
-(Keras narrows it to flash) and the memory-efficient kernel for the masked ones, which flash cannot take: the
-torch backend holds the process to fused SDPA kernels (`TorchBackend.attention_kernels`), as it holds a run
-without this extra to the math kernel.
+`dot_product_attention(..., flash_attention=True)`); on torch, the fused SDPA kernel torch's dispatcher picks, as
+for anyone who calls SDPA: the torch backend holds the process to SDPA's fused kernels
+(`TorchBackend.attention_kernels`), as it holds a run without this extra to the math kernel, and Keras is not
+asked for flash (which it would force). On Hopper and newer that is cuDNN's kernel for the causal self-attention,
+the one JAX runs; before, FlashAttention, and the memory-efficient kernel for the masked attentions flash refuses.
 
 Keras on JAX falls back to plain XLA attention with only a logged message when cuDNN refuses the inputs, so
 asking for the kernel proves nothing: before training, the compiled program (JAX) or a profiler trace (torch)
@@ -19,7 +20,7 @@ HALF_DTYPES = ("float16", "bfloat16", "mixed_float16", "mixed_bfloat16")
 # Names that only a fused attention kernel produces: cuDNN's fused multi-head attention custom calls in XLA's
 # HLO, and torch's flash SDPA operator and CUDA kernels.
 JAX_KERNEL_PATTERN = re.compile(r"__cudnn\$fmha\w*")
-TORCH_KERNEL_PATTERN = re.compile(r"\S*(?:flash|efficient)\S*", re.IGNORECASE)
+TORCH_KERNEL_PATTERN = re.compile(r"\S*(?:flash|efficient|cudnn)\S*", re.IGNORECASE)
 
 
 MASKED_KINDS = ["encoder self-attention", "cross-attention"]
@@ -37,8 +38,9 @@ def kernel_evidence(text_or_names, pattern):
 
 
 # The operator each of torch's fused kernels runs under, one event a call (its CUDA kernels are events too).
-TORCH_FUSED_OPERATORS = {"flash": "aten::_scaled_dot_product_flash_attention",
-                         "efficient": "aten::_scaled_dot_product_efficient_attention"}
+TORCH_FUSED_OPERATORS = {"flash (fused)": "aten::_scaled_dot_product_flash_attention",
+                         "memory-efficient (fused)": "aten::_scaled_dot_product_efficient_attention",
+                         "cudnn (fused)": "aten::_scaled_dot_product_cudnn_attention"}
 
 
 def _kinds_short(applied_to, layers, served):
@@ -49,13 +51,20 @@ def _kinds_short(applied_to, layers, served):
     return [kind for kind in applied_to if served[kind in MASKED_KINDS] < needed[kind in MASKED_KINDS]]
 
 
-def torch_kinds_missing(kernels, applied_to, layers):
-    """The kinds of attention in `applied_to` that torch's fused kernels did not serve in every layer: flash the
-    causal self-attention, the memory-efficient kernel the masked ones. `kernels`: the profiler's event names of
-    one forward pass, every call's; `layers`: kind -> the model's layers of it."""
+def torch_kinds_missing(kernels, applied_to, layers, serving=None):
+    """The kinds of attention in `applied_to` that torch's fused kernels did not serve in every layer. `serving`:
+    {'causal', 'masked': the kernel the backend said serves it, as `model.attention` names it}, by default flash
+    the causal self-attention and the memory-efficient kernel the masked ones; where one kernel serves both, its
+    calls must cover the layers of both. `kernels`: the profiler's event names of one forward pass, every
+    call's; `layers`: kind -> the model's layers of it."""
+    serving = serving or {"causal": "flash (fused)", "masked": "memory-efficient (fused)"}
     calls = {name: sum(kernel.startswith(operator) for kernel in kernels)
              for name, operator in TORCH_FUSED_OPERATORS.items()}
-    return _kinds_short(applied_to, layers, {True: calls["efficient"], False: calls["flash"]})
+    if serving["causal"] != serving["masked"]:
+        return _kinds_short(applied_to, layers, {True: calls.get(serving["masked"], 0),
+                                                 False: calls.get(serving["causal"], 0)})
+    needed = sum(max(layers.get(kind, 0), 1) for kind in applied_to)
+    return [] if calls.get(serving["causal"], 0) >= needed else list(applied_to)
 
 
 def cudnn_kinds_missing(kernels, applied_to, layers):
@@ -93,7 +102,8 @@ def cudnn_refusal(capability, head_dim):
 
 class FlashAttention(Extra):
     name = "flash-attention"
-    description = "fused attention kernel (cuDNN on JAX, FlashAttention on torch), verified before training"
+    description = ("fused attention kernel (cuDNN on JAX; on torch SDPA's fused kernel its dispatcher picks, cuDNN "
+                   "on Hopper), verified before training")
     backends = ("jax", "torch")
 
     def unavailable_reason(self, run):
@@ -129,10 +139,10 @@ class FlashAttention(Extra):
         return None
 
     def before_model(self, run):
-        # torch's flash kernel takes no attention mask: Keras is asked for it on the causal decoder self-attention
-        # only, and the padded attentions run the memory-efficient kernel the backend holds the process to.
-        masked = True if run.backend.name == "jax" else None
-        run.model_options.update(flash_attention=True, flash_attention_masked=masked)
+        # On torch, Keras is not asked for flash, which it would force on the causal attention: SDPA's dispatcher
+        # picks among the fused kernels the backend holds the process to (cuDNN's on Hopper, as for nanoGPT).
+        fused = True if run.backend.name == "jax" else None
+        run.model_options.update(flash_attention=fused, flash_attention_masked=fused)
         masked_kinds = MASKED_KINDS if "masked" in run.attention_kinds else []  # a decoder-only model has none
         run.extras_state[self.name] = {"applied_to": ["decoder self-attention", *masked_kinds]}
 
@@ -150,8 +160,10 @@ class FlashAttention(Extra):
             return f"the fused attention kernel did not run ({method} name none); the run would mislabel itself"
         # Keras on JAX falls back to plain attention call by call: a kernel named once may serve one layer of many.
         layers = fused_attention_layers(model)
-        kinds_missing = cudnn_kinds_missing if run.backend.name == "jax" else torch_kinds_missing
-        missing = kinds_missing(calls, state.get("applied_to", []), layers)
+        if run.backend.name == "jax":
+            missing = cudnn_kinds_missing(calls, state.get("applied_to", []), layers)
+        else:
+            missing = torch_kinds_missing(calls, state.get("applied_to", []), layers, run.attention)
         if missing:
             counted = ", ".join(f"{layers[kind]} {kind} layers" for kind in missing)
             return (f"the fused attention kernel did not run for every {' and '.join(missing)} ({counted}; {method}: "

@@ -72,13 +72,33 @@ def test_torch_without_the_flash_extra_is_held_to_the_math_kernel(sdpa_flags):
 
 
 def test_torch_with_the_flash_extra_is_held_to_fused_kernels(sdpa_flags):
-    kernels = kernels_of(run_on(TorchBackend(), "gpu", flash_attention=True, flash_attention_masked=None))
+    # As the extra asks on torch: no kernel from Keras (None), SDPA's dispatcher choosing among the fused ones.
+    kernels = kernels_of(run_on(TorchBackend(), "gpu", flash_attention=None, flash_attention_masked=None))
     assert kernels == {"causal": "flash (fused)", "masked": "memory-efficient (fused)",
-                       "decoding": "aten (unfused)", "sdpa_kernels_enabled": ["flash", "mem_efficient"]}
+                       "decoding": "aten (unfused)", "sdpa_kernels_enabled": ["flash", "mem_efficient", "cudnn"]}
     assert not torch.backends.cuda.math_sdp_enabled()  # no quiet fallback to the unfused kernel
     # the switches govern this CPU's dispatch too: its fused kernel (flash) runs, the math kernel and bmm do not
     assert sdpa_operators() == {"causal": ["aten::_scaled_dot_product_flash_attention_for_cpu"],
                                 "masked": ["aten::_scaled_dot_product_flash_attention_for_cpu"]}
+
+
+def test_torch_names_the_kernels_its_dispatcher_prefers(sdpa_flags, monkeypatch):
+    """On a GPU whose dispatcher ranks cuDNN's kernel first (an H200's: nanoGPT's SDPA ran it), the result names
+    cuDNN's kernel for what it serves, and cuDNN's SDPA is left on for it."""
+    from mtbench.plugins.backends import torch_backend
+    monkeypatch.setattr(torch_backend, "preferred_fused_kernels", lambda: {"causal": "cudnn", "masked": "cudnn"})
+    kernels = kernels_of(run_on(TorchBackend(), "gpu", flash_attention=None, flash_attention_masked=None))
+    assert (kernels["causal"], kernels["masked"]) == ("cudnn (fused)", "cudnn (fused)")
+    assert torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
+
+
+def test_the_dispatcher_is_asked_on_the_machine_it_runs_on():
+    """On this CPU (no CUDA), SDPA's one fused kernel is flash's; torch's own choice, not a table, on a GPU."""
+    from mtbench.plugins.backends.torch_backend import preferred_fused_kernels
+    if torch.cuda.is_available():
+        assert preferred_fused_kernels()["causal"] in ("flash", "cudnn", "mem_efficient")
+    else:
+        assert preferred_fused_kernels() == {"causal": "flash", "masked": "mem_efficient"}
 
 
 def test_cudnn_must_serve_the_masked_attentions_with_its_bias_variant():
@@ -121,3 +141,20 @@ def test_torch_needs_flash_for_the_causal_attention_and_memory_efficient_for_the
     assert torch_kinds_missing([efficient] * 2, everything, one_each) == ["decoder self-attention"]
     assert torch_kinds_missing([flash, efficient, efficient], everything, one_each) == []
     assert torch_kinds_missing([flash + "_for_cpu"], ["decoder self-attention"], one_each) == []
+
+
+def test_torch_kernels_count_against_the_kernel_said_to_serve_each_kind():
+    """Where SDPA's dispatcher gives cuDNN's kernel the causal attention (Hopper), flash's calls serve nothing,
+    and one kernel serving every kind must be called once a layer of each."""
+    everything = ["decoder self-attention", *MASKED_KINDS]
+    one_each = dict.fromkeys(everything, 1)
+    flash = "aten::_scaled_dot_product_flash_attention"
+    efficient = "aten::_scaled_dot_product_efficient_attention"
+    cudnn = "aten::_scaled_dot_product_cudnn_attention"
+    split = {"causal": "cudnn (fused)", "masked": "memory-efficient (fused)"}
+    assert torch_kinds_missing([flash] * 3, ["decoder self-attention"], one_each, split) == ["decoder self-attention"]
+    assert torch_kinds_missing([cudnn, efficient, efficient], everything, one_each, split) == []
+    both = {"causal": "cudnn (fused)", "masked": "cudnn (fused)"}
+    assert torch_kinds_missing([cudnn] * 2, everything, one_each, both) == everything
+    assert torch_kinds_missing([cudnn] * 3, everything, one_each, both) == []
+    assert torch_kinds_missing([cudnn], ["decoder self-attention"], one_each, both) == []

@@ -305,6 +305,8 @@ def test_kernel_evidence_recognises_only_fused_kernels():
     # The memory-efficient kernel is fused too (it serves the masked attentions); the math kernel's bmm is not.
     assert kernel_evidence(["aten::_scaled_dot_product_efficient_attention", "aten::bmm"], TORCH_KERNEL_PATTERN) == \
         ["aten::_scaled_dot_product_efficient_attention"]
+    assert kernel_evidence(["aten::_scaled_dot_product_cudnn_attention", "aten::addmm"], TORCH_KERNEL_PATTERN) == \
+        ["aten::_scaled_dot_product_cudnn_attention"]
     assert kernel_evidence(["aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::softmax"],
                            TORCH_KERNEL_PATTERN) == []
 
