@@ -33,13 +33,14 @@ FUSED_KERNEL_NAMES = {"flash": "flash (fused)", "mem_efficient": "memory-efficie
                       "unknown": "fused (the dispatcher's choice)"}
 
 
-def preferred_fused_kernels(head_dim=64, length=1024):
+def preferred_fused_kernels(device, head_dim=64, length=1024):
     """{'causal', 'masked': the fused SDPA kernel torch's dispatcher picks on this process's CUDA GPU with every
     fused kernel on, for a causal 16-bit attention and for one with an additive mask}, asked of the dispatcher
-    itself (`torch._fused_sdp_choice`) on GPT-2's heads; on a CPU, whose one fused kernel is flash's, flash and
-    memory-efficient (what torch's GPU dispatcher gives them where cuDNN's kernel is not ranked first)."""
+    itself (`torch._fused_sdp_choice`) on GPT-2's heads; on a CPU (`device`, `device_info()`), whose one fused
+    kernel is flash's, flash and memory-efficient (what torch's GPU dispatcher gives them where cuDNN's kernel is
+    not ranked first)."""
     import torch
-    if not torch.cuda.is_available():
+    if device.get("kind") != "gpu" or not torch.cuda.is_available():
         return {"causal": "flash", "masked": "mem_efficient"}
     from torch.nn.attention import SDPBackend, sdpa_kernel
     names = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "mem_efficient",
@@ -199,12 +200,12 @@ class TorchBackend(Backend):
                     "sdpa_kernels_enabled": enabled}
         # Decoding with a cache attends through the model's own unfused attention (`Attention.attend`'s default),
         # as JAX's does: aten's matmuls, whatever SDPA kernels are enabled.
-        choice = preferred_fused_kernels()
+        choice = preferred_fused_kernels(device)
         return {"causal": FUSED_KERNEL_NAMES[choice["causal"]], "masked": FUSED_KERNEL_NAMES[choice["masked"]],
                 "decoding": "aten (unfused)", "sdpa_kernels_enabled": enabled}
 
     def attention_implementation(self, fused, device):
-        return FUSED_KERNEL_NAMES[preferred_fused_kernels()["causal"]] if fused else "aten (unfused)"
+        return FUSED_KERNEL_NAMES[preferred_fused_kernels(device)["causal"]] if fused else "aten (unfused)"
 
     def compile_inference(self, fn, model):
         import torch

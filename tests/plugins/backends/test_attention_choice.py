@@ -86,19 +86,20 @@ def test_torch_names_the_kernels_its_dispatcher_prefers(sdpa_flags, monkeypatch)
     """On a GPU whose dispatcher ranks cuDNN's kernel first (an H200's: nanoGPT's SDPA ran it), the result names
     cuDNN's kernel for what it serves, and cuDNN's SDPA is left on for it."""
     from mtbench.plugins.backends import torch_backend
-    monkeypatch.setattr(torch_backend, "preferred_fused_kernels", lambda: {"causal": "cudnn", "masked": "cudnn"})
+    monkeypatch.setattr(torch_backend, "preferred_fused_kernels", lambda device: {"causal": "cudnn", "masked": "cudnn"})
     kernels = kernels_of(run_on(TorchBackend(), "gpu", flash_attention=None, flash_attention_masked=None))
     assert (kernels["causal"], kernels["masked"]) == ("cudnn (fused)", "cudnn (fused)")
     assert torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
 
 
-def test_the_dispatcher_is_asked_on_the_machine_it_runs_on():
-    """On this CPU (no CUDA), SDPA's one fused kernel is flash's; torch's own choice, not a table, on a GPU."""
+def test_the_dispatcher_is_asked_on_the_device_the_run_computes_on():
+    """On a CPU, SDPA's one fused kernel is flash's; on a GPU, torch's own choice, not a table."""
     from mtbench.plugins.backends.torch_backend import preferred_fused_kernels
+    assert preferred_fused_kernels({"kind": "cpu"}) == {"causal": "flash", "masked": "mem_efficient"}
     if torch.cuda.is_available():
-        assert preferred_fused_kernels()["causal"] in ("flash", "cudnn", "mem_efficient")
+        assert preferred_fused_kernels({"kind": "gpu"})["causal"] in ("flash", "cudnn", "mem_efficient")
     else:
-        assert preferred_fused_kernels() == {"causal": "flash", "masked": "mem_efficient"}
+        assert preferred_fused_kernels({"kind": "gpu"}) == {"causal": "flash", "masked": "mem_efficient"}
 
 
 def test_cudnn_must_serve_the_masked_attentions_with_its_bias_variant():
