@@ -7,20 +7,20 @@
 #    reference, then torch's and nanoGPT's in CUDA graphs, side by side. Since 548e87b torch's fused attention is
 #    cuDNN's kernel on Hopper, as nanoGPT's (1.03x nanoGPT in two runs of their own on an H200, where
 #    FlashAttention-2 had made it 1.09x): are both backends within 1.05x of their references in one table, and do
-#    mtbench's rows rank JAX and torch as the references do (150 steps: 14 timing windows a row for the verdict's
+#    mtbench's rows rank JAX and torch as the references do (100 steps: 9 timing windows a row for the verdict's
 #    interval); two steps of every row traced by its backend's profiler, untimed (kind by kind: matmul,
 #    attention, collective, memory, other);
-# 2. the obvious command on torch (`mtbench train --model gpt --preset gpt2-small`, 10 steps): does `--dtype auto`
+# 2. translation (`small`) on torch's best path: compiled, its masked attentions on cuDNN's kernel now (80 s);
+# 3. the obvious command on torch (`mtbench train --model gpt --preset gpt2-small`, 10 steps): does `--dtype auto`
 #    train mixed bfloat16, and `--step auto` with `--attention auto` row 8's way (torch-compile, flash-attention,
 #    cuDNN's kernel); with two steady steps in torch.profiler's trace (`--profile 2`);
-# 3. whether JAX's remat frees memory on the GPU, full and keeping the products (50 s each at most); float16 on
-#    both, parity and host waits (60 s);
-# 4. translation (`small`): each backend's best row, torch's masked attention on cuDNN's kernel now (140 s);
+# 4. whether JAX's remat frees memory on the GPU, full and keeping the products (50 s each at most); float16 on
+#    both, parity and host waits (60 s): what time is left;
 # 5. the slow tier, for what time is left (its log keeps the name of every test that ran, `-rA`).
 # tests/test_gpu_session.py checks, on a CPU, that its commands take their options and that what it reads back
 # from their results is what mtbench writes.
 # What comes back is 8 files at most: summary.txt, matrix.log, gpu-matrix.md, gpu-matrix.json, obvious.log,
-# profiles.tgz, translation.md, slow.log.
+# profiles.tgz, translation.log, slow.log.
 set -uo pipefail
 . .gpukit/env.sh || exit 1
 out=${OUT:-/tmp/gpu-session}; mkdir -p "$out"
@@ -32,13 +32,21 @@ within() { local left=$((deadline - SECONDS)); echo $(($1 < left ? $1 : (left > 
   git log -1 --format='commit %h %s' 2>/dev/null
 } > "$out/summary.txt" 2>&1; cat "$out/summary.txt"
 
-seconds=$(within 330)
+seconds=$(within 380)
 timeout "$seconds" python3 benchmarks/gpu_matrix.py --budget $((seconds - 20)) --presets gpt2-small \
-  --rows 7,8,12,13,15,16 --repeats 1 --steps 150 --profile 2 --out /tmp/gpu-session-matrix > "$out/matrix.log" 2>&1
+  --rows 7,8,12,13,15,16 --repeats 1 --steps 100 --profile 2 --out /tmp/gpu-session-matrix > "$out/matrix.log" 2>&1
 tail -40 "$out/matrix.log"
 cp /tmp/gpu-session-matrix/gpu-matrix.md /tmp/gpu-session-matrix/gpu-matrix.json "$out/" 2>/dev/null
 
-timeout "$(within 70)" python3 -m mtbench train --backend torch --model gpt --preset gpt2-small \
+# Translation on torch's best path, its masked attention on cuDNN's kernel now: compiled, every kind checked.
+timeout "$(within 80)" python3 -m mtbench train --backend torch --preset small --extra torch-compile \
+  --extra flash-attention --steps 40 --measure-only --report none --out /tmp/gpu-session-small.json \
+  > "$out/translation.log" 2>&1
+python3 -c "import json; r = json.load(open('/tmp/gpu-session-small.json')); print('translation:', r['model']['attention'],
+r['extras_record']['flash-attention'].get('kernels'), r['timing']['step_s_median'], r['memory'].get('peak_device_bytes'))" \
+  2>&1 | tee -a "$out/summary.txt"
+
+timeout "$(within 60)" python3 -m mtbench train --backend torch --model gpt --preset gpt2-small \
   --batch-size 16 --steps 10 --profile 2 --measure-only --report none --out /tmp/gpu-session-obvious.json > "$out/obvious.log" 2>&1
 # Every trace in one file (JAX's host.trace.json.gz repeats its perfetto_trace.json.gz), the rows' by their result.
 (cd /tmp && find gpu-session-matrix gpu-session-obvious.run -path '*/profile/*' -type f ! -name '*.trace.json.gz' \
@@ -67,11 +75,6 @@ timeout "$(within 60)" python3 -m mtbench compare --backends jax,torch --step ea
 { tail -3 /tmp/gpu-session-f16.log; python3 -c "import json; c = json.load(open('/tmp/gpu-session-f16.json'))
 print('float16:', c.get('parity'), [(r['result']['loss_scaling'], r['result']['host_syncs_per_step'],
 r['result']['timing']['step_s_median']) for r in c['runs']])"; } 2>&1 | tee -a "$out/summary.txt"
-
-seconds=$(within 140)
-timeout "$seconds" python3 benchmarks/gpu_matrix.py --budget $((seconds - 15)) --presets small --rows 7,8 \
-  --repeats 1 --steps 100 --out /tmp/gpu-session-small > /tmp/gpu-session-small.log 2>&1
-tail -12 /tmp/gpu-session-small.log; cp /tmp/gpu-session-small/gpu-matrix.md "$out/translation.md" 2>/dev/null
 
 . .ci/gpu-test-plugins.sh
 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout -s INT "$(within 150)" python3 -m pytest -q -n 12 --dist loadfile \
