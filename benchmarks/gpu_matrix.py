@@ -141,10 +141,12 @@ PER_ROW_CONFIG = ("backend", "extras", "dtype", "matmul_precision", "compile_mod
                   "max_len", "steps", "dropout")
 # A row's first guess, in seconds beyond its process's start and data (the weights file's wall time): its
 # compilations (two length buckets on `small`) and steps. Guesses, not measurements: each is replaced by the first
-# measured row of its kind. Generous for the torch.compile rows, whose compile time is the least known.
+# measured row of its kind. On a GPU, about 1.5x what GPT-2 small's rows took on an H100 and an H200 (torch
+# compiled: 41 s of compilation on the H100; 25-45 s beyond start and data on the H200, in CUDA graphs or not):
+# guesses of 100-130 s cut every row of a fresh H200's 165 s table, where each took 43-61 s in all.
 FIRST_GUESS_S = {
-    "gpu": {"jax": 40, "torch eager": 20, "torch compiled default": 100, "torch compiled reduce-overhead": 130,
-            "reference jax": 40, "reference torch": 80},
+    "gpu": {"jax": 40, "torch eager": 20, "torch compiled default": 70, "torch compiled reduce-overhead": 70,
+            "reference jax": 40, "reference torch": 60},
     "cpu": {"jax": 15, "torch eager": 10, "torch compiled default": 60, "torch compiled reduce-overhead": 60,
             "reference jax": 15, "reference torch": 10},
 }
