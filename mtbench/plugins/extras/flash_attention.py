@@ -18,7 +18,7 @@ from mtbench import Extra, hookimpl
 
 HALF_DTYPES = ("float16", "bfloat16", "mixed_float16", "mixed_bfloat16")
 # Names that only a fused attention kernel produces: cuDNN's fused multi-head attention custom calls in XLA's
-# HLO, and torch's flash SDPA operator and CUDA kernels.
+# HLO, and torch's fused SDPA operators (flash, memory-efficient, cuDNN's) and their CUDA kernels.
 JAX_KERNEL_PATTERN = re.compile(r"__cudnn\$fmha\w*")
 TORCH_KERNEL_PATTERN = re.compile(r"\S*(?:flash|efficient|cudnn)\S*", re.IGNORECASE)
 
