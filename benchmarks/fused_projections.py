@@ -51,8 +51,8 @@ def measure(args):
     started = time.perf_counter()
     keras, backend, run, workload = prepare_benchmark(config, args.batches, args.length, fused_attention=True)
     print(f"data and keras ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    # where the device has the kernels, the model option a run with the flash-attention extra builds with
-    flash_attention = run.attention.get("causal", "").endswith("(fused)") and run.model_options.get("flash_attention")
+    # Fused where the device has the kernels: the option `prepare_benchmark` set as the flash-attention extra does.
+    flash_attention = run.model_options.get("flash_attention", False)
     total_steps = 1 + args.warmup + args.rounds * args.steps_per_round
     contestants, described = [], {}
     for way in WAYS:

@@ -177,9 +177,9 @@ def measure(backend_name, dtype, args):
 
     contestants, step_names = [], {}
     best = args.baseline == "best"
-    fused = best and run.attention.get("causal", "").endswith("(fused)")  # where the device has the kernels
+    # Fused where the device has the kernels: the option `prepare_benchmark` set as the flash-attention extra does.
     model = build_keras_model(keras, workload, total_steps,
-                              flash_attention=fused and run.model_options.get("flash_attention", False))
+                              flash_attention=run.model_options.get("flash_attention", False))
     weights, settings = initial_weights(model, config.seed), OptimizerSettings.of_keras_optimizer(model.optimizer)
     mtbench_step = best_train_step(backend, run, model) if best else (
         backend.make_train_step(run, model) or KerasTrainStep(model))
