@@ -12,6 +12,7 @@ stops. On JAX the padded attentions take the fused kernel too: the model then sp
 query, the form cuDNN accepts (`mtbench.keras_models.transformer.attention_mask`).
 """
 
+import collections
 import re
 
 from mtbench import Extra, hookimpl
@@ -43,12 +44,13 @@ TORCH_FUSED_OPERATORS = {"flash (fused)": "aten::_scaled_dot_product_flash_atten
                          "cudnn (fused)": "aten::_scaled_dot_product_cudnn_attention"}
 
 
-def _kinds_short(applied_to, layers, served):
-    """The kinds of `applied_to` whose kernel (`served`: masked or not -> calls seen) served fewer calls than the
-    layers of the kinds it serves (`layers`: kind -> count; a kind with none counted needs one call)."""
-    needed = {masked: sum(max(layers.get(kind, 0), 1) for kind in applied_to if (kind in MASKED_KINDS) == masked)
-              for masked in (True, False)}
-    return [kind for kind in applied_to if served[kind in MASKED_KINDS] < needed[kind in MASKED_KINDS]]
+def _kinds_short(applied_to, layers, kernel_of, calls):
+    """The kinds of `applied_to` whose kernel (`kernel_of(kind)`) served fewer calls (`calls`: kernel -> calls
+    seen) than the layers of every kind it serves (`layers`: kind -> count; a kind with none counted needs one)."""
+    needed = collections.Counter()
+    for kind in applied_to:
+        needed[kernel_of(kind)] += max(layers.get(kind, 0), 1)
+    return [kind for kind in applied_to if calls.get(kernel_of(kind), 0) < needed[kernel_of(kind)]]
 
 
 def torch_kinds_missing(kernels, applied_to, layers, serving=None):
@@ -60,11 +62,8 @@ def torch_kinds_missing(kernels, applied_to, layers, serving=None):
     serving = serving or {"causal": "flash (fused)", "masked": "memory-efficient (fused)"}
     calls = {name: sum(kernel.startswith(operator) for kernel in kernels)
              for name, operator in TORCH_FUSED_OPERATORS.items()}
-    if serving["causal"] != serving["masked"]:
-        return _kinds_short(applied_to, layers, {True: calls.get(serving["masked"], 0),
-                                                 False: calls.get(serving["causal"], 0)})
-    needed = sum(max(layers.get(kind, 0), 1) for kind in applied_to)
-    return [] if calls.get(serving["causal"], 0) >= needed else list(applied_to)
+    return _kinds_short(applied_to, layers, lambda kind: serving["masked" if kind in MASKED_KINDS else "causal"],
+                        calls)
 
 
 def cudnn_kinds_missing(kernels, applied_to, layers):
@@ -73,7 +72,8 @@ def cudnn_kinds_missing(kernels, applied_to, layers):
     self-attention, which has no mask, a variant without one. `kernels`: the kernels the compiled forward pass
     calls, once a call; `layers`: kind -> the model's layers of it."""
     with_bias = sum("Bias" in kernel for kernel in kernels)
-    return _kinds_short(applied_to, layers, {True: with_bias, False: len(kernels) - with_bias})
+    return _kinds_short(applied_to, layers, lambda kind: kind in MASKED_KINDS,
+                        {True: with_bias, False: len(kernels) - with_bias})
 
 
 def jax_compute_capability():
