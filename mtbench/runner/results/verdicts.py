@@ -56,10 +56,16 @@ def window_figure(key, windows):
         return windows[:, 2].sum() / windows[:, 0].sum()
     # The lower median, as each resample's (`_resampled_window_figure`): with an even count of steps np.median's
     # mean of the middle two sat above every resample's, and the interval lopsided around it.
+    return float(_lower_median_step(windows, np.ones((1, len(windows))))[0])
+
+
+def _lower_median_step(windows, counts):
+    """The lower median step time over the steps of `windows` drawn `counts` times each (one row of counts a
+    draw), each step its window's mean: one median a row."""
     per_step = windows[:, 0] / windows[:, 1]
     order = np.argsort(per_step)
-    per_step, below = per_step[order], np.cumsum(windows[order, 1])
-    return float(per_step[np.argmax(below >= (below[-1] + 1) // 2)])
+    below = np.cumsum(counts[:, order] * windows[order, 1], axis=1)
+    return per_step[order][np.argmax(below >= (below[:, -1:] + 1) // 2, axis=1)]
 
 
 def _resampled_window_figure(key, windows, rng, resamples):
@@ -68,16 +74,13 @@ def _resampled_window_figure(key, windows, rng, resamples):
     count = len(windows)
     out = np.empty(resamples)
     chunk = max(1, 2_000_000 // max(count, 1))
-    order = np.argsort(windows[:, 0] / windows[:, 1])
-    per_step, steps = (windows[:, 0] / windows[:, 1])[order], windows[order, 1]
     for start in range(0, resamples, chunk):
         n = min(chunk, resamples - start)
         counts = rng.multinomial(count, np.full(count, 1.0 / count), size=n)
         if key == "tokens_per_s":
             out[start:start + n] = (counts @ windows[:, 2]) / (counts @ windows[:, 0])
-        else:  # the lower median over the resampled windows' steps
-            below = np.cumsum(counts[:, order] * steps, axis=1)
-            out[start:start + n] = per_step[np.argmax(below >= (below[:, -1:] + 1) // 2, axis=1)]
+        else:
+            out[start:start + n] = _lower_median_step(windows, counts)
     return out
 
 
