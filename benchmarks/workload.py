@@ -128,7 +128,7 @@ def prepare_benchmark(config, steps, length, fused_attention=False):
         flash = plugins.registry().extras.get("flash-attention")
         if flash is not None and backend.name in flash.backends and flash.unavailable_reason(run) is None:
             flash.before_model(run)  # the model options a run with the extra builds with
-    run.attention = choose_attention_kernels(run, SimpleNamespace(backend=backend))
+    run.attention = choose_attention_kernels(run, SimpleNamespace(backend=backend, registry=plugins.registry()))
     return keras, backend, run, workload
 
 

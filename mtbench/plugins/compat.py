@@ -14,7 +14,8 @@ BASE_CLASSES = {"backends": Backend, "extras": Extra, "datasets": Dataset, "repo
 # The methods that gained an argument since they were documented, by kind, with the plugin API version that
 # deprecated their older form: mtbench calls them through `Registry.call`, which passes an older form the
 # arguments it takes. A method that gains an argument joins them, with the version that grew it.
-GROWN = {"reporters": {"report": "1.0"}, "extras": {"make_train_step": "1.0"}}
+GROWN = {"reporters": {"report": "1.0"}, "extras": {"make_train_step": "1.0"},
+         "backends": {"attention_kernels": "1.27"}}
 # The methods another one replaced, by kind: (the plugin API version that deprecated them, the form mtbench calls
 # instead). mtbench still calls one a plugin implements, and names it as an older form.
 REPLACED = {"extras": {"adjust_config": ("1.2", "config_changes(run)")}}

@@ -387,7 +387,7 @@ def choose_attention_kernels(run, plugins):
     the backend's own dispatcher picks among those it is held to (Keras is not asked for one)."""
     options = run.model_options
     fused = any(key in options and options[key] is not False for key in ("flash_attention", "flash_attention_masked"))
-    kernels = plugins.backend.attention_kernels(fused, run.device)
+    kernels = plugins.registry.call("backends", plugins.backend, "attention_kernels", fused, run.device, run)
     if kernels is None:
         name = lambda asked: plugins.backend.attention_implementation(asked is True, run.device)
         kernels = {"causal": name(options.get("flash_attention")), "masked": name(options.get("flash_attention_masked")),

@@ -186,12 +186,14 @@ class Backend:
         (a run asking for 'high' then stops; 'highest' is recorded as not reported)."""
         return None
 
-    def attention_kernels(self, fused, device):
+    def attention_kernels(self, fused, device, run):
         """Called once before the model is built with whether an extra asked for fused attention kernels: may
         restrict the framework's attention in this process to that class of kernel (so that no dispatcher picks
         another behind the run's back), and returns {'causal', 'masked', 'decoding': the implementation each
         kind of attention runs}. None: nothing to restrict; each kind is then named by
-        `attention_implementation`."""
+        `attention_implementation`. `run` (since 1.27) is the `RunContext`, where a dispatcher that chooses by
+        the inputs finds what the model will attend over: `run.model_shape` (None where its family knows it only
+        once built), `run.config.max_len` and `run.config.dtype`."""
         return None
 
     def attention_implementation(self, fused, device):

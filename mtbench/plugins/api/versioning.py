@@ -51,9 +51,12 @@ recompute their activations when `model_options["remat"]` asks, and `RunContext.
 1.24: `peak_measurement_text`'s optional `threads`, the framework's threads a measured peak ran on.
 1.25: `RunContext.dtype_choice`'s `by_extra`, the extra whose `config_changes` set the dtype; a configuration the
 extras changed is checked again for the device.
+1.26: `file_sha256` and `unusable_directory`; `Backend.compile_cache_state` records a directory that cannot be made.
+1.27: `Backend.attention_kernels(fused, device, run)`, the run whose model's attention a dispatcher that chooses by
+its inputs is asked about; the form without `run` is deprecated.
 """
 
-PLUGIN_API_VERSION = "1.26"
+PLUGIN_API_VERSION = "1.27"
 
 
 def next_major(version=PLUGIN_API_VERSION):

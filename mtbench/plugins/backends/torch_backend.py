@@ -33,20 +33,40 @@ FUSED_KERNEL_NAMES = {"flash": "flash (fused)", "mem_efficient": "memory-efficie
                       "unknown": "fused (the dispatcher's choice)"}
 
 
-def preferred_fused_kernels(device, head_dim=64, length=1024):
+# The attention the dispatcher is asked about where a run's model is not known: GPT-2 small's heads, in bfloat16.
+GPT2_SMALL_ATTENTION = {"heads": 12, "head_dim": 64, "length": 1024, "dtype": "bfloat16"}
+
+
+def probed_attention(run):
+    """{'heads', 'head_dim', 'length', 'dtype'} of the attention `run`'s model will compute (its family's shape,
+    `--max-len`, the compute dtype of `--dtype`), as SDPA's dispatcher will see it; GPT-2 small's where the run or
+    its model's shape is not known before the model is built."""
+    shape = getattr(run, "model_shape", None)
+    if shape is None or not shape.num_heads:
+        return dict(GPT2_SMALL_ATTENTION)
+    policy = str(getattr(run.config, "dtype", "float32"))
+    dtype = next((half for half in ("bfloat16", "float16") if half in policy), "float32")
+    return {"heads": shape.num_heads, "head_dim": shape.d_model // shape.num_heads,
+            "length": getattr(run.config, "max_len", None) or shape.max_len, "dtype": dtype}
+
+
+def preferred_fused_kernels(device, attention=None):
     """{'causal', 'masked': the fused SDPA kernel torch's dispatcher picks on this process's CUDA GPU with every
-    fused kernel on, for a causal 16-bit attention and for one with an additive mask}, asked of the dispatcher
-    itself (`torch._fused_sdp_choice`) on GPT-2's heads; on a CPU (`device`, `device_info()`), whose one fused
-    kernel is flash's, flash and memory-efficient (what torch's GPU dispatcher gives them where cuDNN's kernel is
-    not ranked first)."""
+    fused kernel on, for a causal attention and for one with an additive mask}, asked of the dispatcher itself
+    (`torch._fused_sdp_choice`) on inputs of `attention`'s shape and dtype (`probed_attention`; GPT-2 small's by
+    default): its choice depends on them (the head size above all). On a CPU (`device`, `device_info()`), whose
+    one fused kernel is flash's, flash and memory-efficient (what torch's GPU dispatcher gives them where cuDNN's
+    kernel is not ranked first)."""
     import torch
     if device.get("kind") != "gpu" or not torch.cuda.is_available():
         return {"causal": "flash", "masked": "mem_efficient"}
     from torch.nn.attention import SDPBackend, sdpa_kernel
     names = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "mem_efficient",
              SDPBackend.CUDNN_ATTENTION: "cudnn"}
-    query = torch.zeros(1, 12, length, head_dim, dtype=torch.bfloat16, device="cuda")
-    mask = torch.zeros(1, 1, length, length, dtype=torch.bfloat16, device="cuda")
+    attention = {**GPT2_SMALL_ATTENTION, **(attention or {})}
+    dtype, length = getattr(torch, attention["dtype"]), attention["length"]
+    query = torch.zeros(1, attention["heads"], length, attention["head_dim"], dtype=dtype, device="cuda")
+    mask = torch.zeros(1, 1, length, length, dtype=dtype, device="cuda")  # Keras makes a mask additive
     with sdpa_kernel(list(names)):
         return {kind: names.get(SDPBackend(torch._fused_sdp_choice(query, query, query, attn_mask, 0.0, causal)),
                                 "unknown")
@@ -179,13 +199,14 @@ class TorchBackend(Backend):
         torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         return self.accelerator_environment()["float32_matmul"]
 
-    def attention_kernels(self, fused, device):
+    def attention_kernels(self, fused, device, run=None):
         """Unfused, mtbench's models attend with aten's matmuls and softmax (`plain_attention`), as JAX does with
         XLA's, and SDPA (which other code may call) is held to its math kernel. Fused, to SDPA's fused kernels
         (flash, memory-efficient and cuDNN's), its dispatcher choosing among them as for a user who calls SDPA
         (nanoGPT): cuDNN's on Hopper and newer (the kernel JAX's fused attention runs too), FlashAttention before,
         the memory-efficient kernel for masks flash refuses; the math kernel stays off, so inputs no fused kernel
-        takes are an error rather than a quiet fallback. The flash-attention extra checks what then ran."""
+        takes are an error rather than a quiet fallback. The kernel named is the dispatcher's choice for `run`'s
+        attention (`probed_attention`); the flash-attention extra checks what then ran."""
         import torch
         enable = {"math": not fused, "flash": fused, "mem_efficient": fused, "cudnn": fused}
         for name, on in enable.items():
@@ -200,7 +221,7 @@ class TorchBackend(Backend):
                     "sdpa_kernels_enabled": enabled}
         # Decoding with a cache attends through the model's own unfused attention (`Attention.attend`'s default),
         # as JAX's does: aten's matmuls, whatever SDPA kernels are enabled.
-        choice = preferred_fused_kernels(device)
+        choice = preferred_fused_kernels(device, probed_attention(run))
         return {"causal": FUSED_KERNEL_NAMES[choice["causal"]], "masked": FUSED_KERNEL_NAMES[choice["masked"]],
                 "decoding": "aten (unfused)", "sdpa_kernels_enabled": enabled}
 

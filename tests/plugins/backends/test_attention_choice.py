@@ -9,7 +9,9 @@ import pytest
 
 from mtbench.plugins.backends.jax_backend import JaxBackend
 from mtbench.plugins.backends.torch_backend import TorchBackend
+from mtbench.keras_models.presets import PRESETS
 from mtbench.plugins.extras.flash_attention import MASKED_KINDS, cudnn_kinds_missing, torch_kinds_missing
+from mtbench.plugins.manager import Registry
 from mtbench.runner.setup import choose_attention_kernels
 
 torch = pytest.importorskip("torch")
@@ -40,12 +42,13 @@ def sdpa_operators():
     return ran
 
 
-def run_on(backend, kind, **model_options):
-    return SimpleNamespace(backend=backend, device={"kind": kind}, model_options=model_options)
+def run_on(backend, kind, model_shape=None, config=None, **model_options):
+    return SimpleNamespace(backend=backend, device={"kind": kind}, model_options=model_options,
+                           model_shape=model_shape, config=config)
 
 
-def kernels_of(run):
-    return choose_attention_kernels(run, SimpleNamespace(backend=run.backend))
+def kernels_of(run, registry=None):
+    return choose_attention_kernels(run, SimpleNamespace(backend=run.backend, registry=registry or Registry()))
 
 
 @pytest.mark.parametrize("run, expected", [
@@ -86,10 +89,63 @@ def test_torch_names_the_kernels_its_dispatcher_prefers(sdpa_flags, monkeypatch)
     """On a GPU whose dispatcher ranks cuDNN's kernel first (an H200's: nanoGPT's SDPA ran it), the result names
     cuDNN's kernel for what it serves, and cuDNN's SDPA is left on for it."""
     from mtbench.plugins.backends import torch_backend
-    monkeypatch.setattr(torch_backend, "preferred_fused_kernels", lambda device: {"causal": "cudnn", "masked": "cudnn"})
+    monkeypatch.setattr(torch_backend, "preferred_fused_kernels",
+                        lambda device, attention: {"causal": "cudnn", "masked": "cudnn"})
     kernels = kernels_of(run_on(TorchBackend(), "gpu", flash_attention=None, flash_attention_masked=None))
     assert (kernels["causal"], kernels["masked"]) == ("cudnn (fused)", "cudnn (fused)")
     assert torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
+
+
+def test_the_dispatcher_is_asked_about_the_attention_the_runs_model_computes(sdpa_flags, monkeypatch):
+    """SDPA's dispatcher chooses by the inputs (cuDNN's kernel takes heads of at most 128 before some versions, flash
+    refuses float32): it is asked about the run's heads, length and compute dtype, not GPT-2 small's."""
+    from mtbench.plugins.backends import torch_backend
+    asked = []
+    monkeypatch.setattr(torch_backend, "preferred_fused_kernels",
+                        lambda device, attention: asked.append(attention) or {"causal": "flash", "masked": "flash"})
+    tiny = PRESETS["tiny"]  # 64 wide in 2 heads
+    run = run_on(TorchBackend(), "gpu", tiny, SimpleNamespace(dtype="mixed_float16", max_len=40),
+                 flash_attention=None, flash_attention_masked=None)
+    assert kernels_of(run)["masked"] == "flash (fused)"
+    assert asked == [{"heads": 2, "head_dim": 32, "length": 40, "dtype": "float16"}]
+    run.config, run.model_shape = SimpleNamespace(dtype="bfloat16", max_len=None), PRESETS["base"]
+    kernels_of(run)
+    assert asked[-1] == {"heads": 8, "head_dim": 64, "length": 128, "dtype": "bfloat16"}  # the preset's length
+    run.model_shape = None  # a family that knows its shape only once built: GPT-2 small's heads, in bfloat16
+    kernels_of(run)
+    assert asked[-1] == {"heads": 12, "head_dim": 64, "length": 1024, "dtype": "bfloat16"}
+
+
+def test_a_backend_that_names_its_kernels_without_the_run_is_called_as_it_was_and_named_deprecated(sdpa_flags):
+    class Before127(TorchBackend):
+        def attention_kernels(self, fused, device):
+            return super().attention_kernels(fused, device)
+
+    registry = Registry()
+    registry.provider[("backends", "torch")] = "someone"
+    run = run_on(Before127(), "cpu", flash_attention=None, flash_attention_masked=None)
+    assert kernels_of(run, registry)["causal"] == kernels_of(run, registry)["causal"] == "flash (fused)"
+    [warning] = registry.warnings
+    assert warning.startswith("plugin 'someone': backend 'torch' implements attention_kernels(fused, device), "
+                              "deprecated in plugin API 1.27: mtbench calls attention_kernels(fused, device, run)")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="asks a CUDA GPU's SDPA dispatcher")
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_on_a_gpu_the_kernel_named_for_a_models_heads_is_the_one_sdpa_runs(sdpa_flags, head_dim):
+    from torch.profiler import ProfilerActivity, profile
+
+    from mtbench.plugins.backends.torch_backend import preferred_fused_kernels
+    TorchBackend().attention_kernels(True, {"kind": "gpu"})  # the fused kernels on, the math kernel off
+    named = preferred_fused_kernels({"kind": "gpu"}, {"heads": 4, "head_dim": head_dim, "length": 256})
+    operator = {"flash": "flash_attention", "mem_efficient": "efficient_attention", "cudnn": "cudnn_attention"}
+    q = torch.randn(2, 4, 256, head_dim, dtype=torch.bfloat16, device="cuda")
+    mask = torch.zeros(2, 1, 256, 256, dtype=torch.bfloat16, device="cuda")
+    for kind, options in (("causal", {"is_causal": True}), ("masked", {"attn_mask": mask})):
+        with profile(activities=[ProfilerActivity.CPU]) as trace:
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, **options)
+        ran = {event.name for event in trace.events() if event.name.startswith("aten::_scaled_dot_product_")}
+        assert ran == {f"aten::_scaled_dot_product_{operator[named[kind]]}"}, (kind, head_dim, named)
 
 
 def test_the_dispatcher_is_asked_on_the_device_the_run_computes_on():
