@@ -125,11 +125,11 @@ def _refuse_another_task(label, family, task):
                            f"{task} models")
 
 
-def open_model(path, registry, backend_name=None, task=None, block_size=None, dtype=None):
-    """The model at `path` (see `saved_model.find_model`, or a pretrained checkpoint `NAME:DIR` with its window of
-    `block_size` tokens) rebuilt on `backend_name` (default: the backend that trained it, JAX for a checkpoint)
-    with its weights, in the dtype policy `dtype` (default: the run's, float32 for a checkpoint); `task`: the task
-    the command serves, refused for another's model."""
+def located_model(path, registry, backend_name=None, task=None, block_size=None, dtype=None):
+    """(ModelSource, backend, model family, its --model path) of the model at `path` (see `saved_model.find_model`,
+    or a pretrained checkpoint `NAME:DIR` with its window of `block_size` tokens), in the dtype policy `dtype` where
+    given, on `backend_name` (default: the backend that trained it, JAX for a checkpoint); refused for another
+    task's model than `task`'s (the command's). Nothing here imports a framework."""
     pretrained = pretrained_family(path, registry)
     if pretrained is not None:  # a checkpoint NAME:DIR, by its task before its own options
         _refuse_another_task(path, pretrained, task)
@@ -139,10 +139,19 @@ def open_model(path, registry, backend_name=None, task=None, block_size=None, dt
                            f"its run's, {source.config.max_len} tokens")
     if dtype is not None:
         source = dataclasses.replace(source, config=dataclasses.replace(source.config, dtype=dtype))
-    config = source.config
-    backend = resolve_backend(config.backend if backend_name is None else backend_name, registry)
+    backend = resolve_backend(source.config.backend if backend_name is None else backend_name, registry)
     family, family_path = _family(source, registry)
     _refuse_another_task(source.label, family, task)
+    return source, backend, family, family_path
+
+
+def open_model(path, registry, backend_name=None, task=None, block_size=None, dtype=None, located=None):
+    """The model at `path` (`located_model`, or what it returned: `located`) rebuilt on `backend_name` (default:
+    the backend that trained it, JAX for a checkpoint) with its weights, in the dtype policy `dtype` (default: the
+    run's, float32 for a checkpoint); `task`: the task the command serves, refused for another's model."""
+    source, backend, family, family_path = located or located_model(path, registry, backend_name, task, block_size,
+                                                                    dtype)
+    config = source.config
     plugins = RunPlugins(backend, [], [], registry, family, family_path, registry.lookup("tasks", family.task))
     keras = import_keras(config, backend, registry=registry)
     refused = dtype_refusal(backend, config.dtype, backend.device_info()) if dtype is not None else None
@@ -162,20 +171,31 @@ def open_model(path, registry, backend_name=None, task=None, block_size=None, dt
     return LoadedModel(source, plugins, model, tokenizer, keras)
 
 
+def decoding_refusal(config, beam, length_penalty):
+    """Why decoding the model of `config` with `beam` hypotheses (None: as its run did) and `length_penalty` is
+    refused, or None."""
+    beam_given, beam = beam is not None, config.beam if beam is None else beam
+    if beam > config.vocab_size:  # its hypotheses would be tokens the model has not (and XLA's memory, exhausted)
+        return (f"--beam {beam} is more hypotheses than the model's {config.vocab_size:,} tokens; give at most "
+                f"{config.vocab_size:,}")
+    if beam == 1 and length_penalty is not None:  # as train refuses it: asked for, and nothing would use it
+        return (f"--length-penalty {length_penalty:g} weighs beam search's hypotheses by length; greedy decoding "
+                f"({'--beam 1' if beam_given else 'the run decoded with --beam 1'}) has none to weigh: give --beam N")
+    return None
+
+
 def open_translator(path, registry, backend_name=None, beam=None, length_penalty=None, dtype=None):
     """The Translator of the model at `path` on `backend_name` (default: the backend that trained it), decoding
-    as the run did unless `beam`/`length_penalty` (or `dtype`, the dtype policy) say otherwise."""
-    loaded = open_model(path, registry, backend_name, task="translation", dtype=dtype)
-    source, config, backend, model, tokenizer = (loaded.source, loaded.source.config, loaded.plugins.backend,
-                                                 loaded.model, loaded.tokenizer)
-    beam, beam_given = (config.beam, False) if beam is None else (beam, True)
-    if beam > config.vocab_size:  # its hypotheses would be tokens the model has not (and XLA's memory, exhausted)
-        raise MtbenchError(f"--beam {beam} is more hypotheses than the model's {config.vocab_size:,} tokens; give at "
-                           f"most {config.vocab_size:,}")
-    if beam == 1 and length_penalty is not None:  # as train refuses it: asked for, and nothing would use it
-        raise MtbenchError(f"--length-penalty {length_penalty:g} weighs beam search's hypotheses by length; greedy "
-                           f"decoding ({'--beam 1' if beam_given else 'the run decoded with --beam 1'}) has none to "
-                           f"weigh: give --beam N")
+    as the run did unless `beam`/`length_penalty` (or `dtype`, the dtype policy) say otherwise. Decoding options
+    the model cannot take are refused before it is built."""
+    located = located_model(path, registry, backend_name, task="translation", dtype=dtype)
+    config = located[0].config
+    refused = decoding_refusal(config, beam, length_penalty)
+    if refused:
+        raise MtbenchError(refused)
+    loaded = open_model(path, registry, located=located)
+    source, backend, model, tokenizer = loaded.source, loaded.plugins.backend, loaded.model, loaded.tokenizer
+    beam = config.beam if beam is None else beam
     length_penalty = config.length_penalty if length_penalty is None else length_penalty
     from mtbench.runner.evaluation.decoding import make_decoder
     decode = backend.compile_inference(make_decoder(model, tokenizer.special, beam, length_penalty), model)

@@ -130,6 +130,19 @@ def test_a_checkpoint_translates_with_its_own_weights(trained, tmp_path):
     assert halfway != trained["hypotheses"], "step 75's weights should translate differently from step 150's"
 
 
+def test_decoding_a_model_cannot_take_is_refused_before_the_model_is_built(trained, monkeypatch):
+    """--beam and --length-penalty are checked against the run's configuration, before keras (and the framework)
+    is imported and the model built: a refusal in a moment, not after loading the model."""
+    from mtbench import MtbenchError
+    from mtbench.runner import inference
+    monkeypatch.setattr(inference, "import_keras", lambda *args, **kwargs: pytest.fail("the model was built"))
+    vocabulary = trained["result"]["config"]["vocab_size"]
+    for options, message in [({"length_penalty": 3.0}, "--length-penalty 3 weighs beam search's hypotheses"),
+                             ({"beam": vocabulary + 1}, f"--beam {vocabulary + 1} is more hypotheses than")]:
+        with pytest.raises(MtbenchError, match=message):
+            inference.open_translator(trained["path"], registry(), **options)
+
+
 def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(trained, tmp_path):
     result = dict(trained["result"], model={**trained["result"]["model"], "saved": None}, run_dir=None)
     bare = tmp_path / "bare.json"
