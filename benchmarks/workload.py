@@ -121,7 +121,8 @@ def prepare_benchmark(config, steps, length, fused_attention=False):
     workload = prepare_workload(config, steps, length=length)
     if not workload.batches:
         raise SystemExit(f"no batch of length {length} in the corpus; try another --length")
-    run = RunContext(config=config, backend=backend, device=backend.device_info())
+    # The model's shape, as a run knows it before building: what a dispatcher choosing by its inputs is asked about.
+    run = RunContext(config=config, backend=backend, device=backend.device_info(), model_shape=config.model)
     # The arithmetic and attention kernels `mtbench train` sets, for every contestant of the process alike.
     run.matmul_precision = set_matmul_precision(backend, config.matmul_precision)
     if fused_attention:
