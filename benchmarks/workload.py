@@ -122,7 +122,7 @@ def prepare_benchmark(config, steps, length, fused_attention=False):
     if not workload.batches:
         raise SystemExit(f"no batch of length {length} in the corpus; try another --length")
     # The model's shape, as a run knows it before building: what a dispatcher choosing by its inputs is asked about.
-    run = RunContext(config=config, backend=backend, device=backend.device_info(), model_shape=config.model)
+    run = RunContext(config=config, backend=backend, device=backend.device_info(), model_shape=workload.model_shape)
     # The arithmetic and attention kernels `mtbench train` sets, for every contestant of the process alike.
     run.matmul_precision = set_matmul_precision(backend, config.matmul_precision)
     if fused_attention:
