@@ -145,12 +145,17 @@ def located_model(path, registry, backend_name=None, task=None, block_size=None,
     return source, backend, family, family_path
 
 
-def open_model(path, registry, backend_name=None, task=None, block_size=None, dtype=None, located=None):
-    """The model at `path` (`located_model`, or what it returned: `located`) rebuilt on `backend_name` (default:
-    the backend that trained it, JAX for a checkpoint) with its weights, in the dtype policy `dtype` (default: the
-    run's, float32 for a checkpoint); `task`: the task the command serves, refused for another's model."""
-    source, backend, family, family_path = located or located_model(path, registry, backend_name, task, block_size,
-                                                                    dtype)
+def open_model(path, registry, backend_name=None, task=None, block_size=None, dtype=None):
+    """The model at `path` (`located_model`) rebuilt on `backend_name` (default: the backend that trained it, JAX
+    for a checkpoint) with its weights, in the dtype policy `dtype` (default: the run's, float32 for a checkpoint);
+    `task`: the task the command serves, refused for another's model."""
+    return rebuilt_model(located_model(path, registry, backend_name, task, block_size, dtype), registry, dtype)
+
+
+def rebuilt_model(located, registry, dtype=None):
+    """The `LoadedModel` of what `located_model` found: keras imported on its backend, the model built and its
+    weights loaded; `dtype`, where the command gave one, is checked for the device."""
+    source, backend, family, family_path = located
     config = source.config
     plugins = RunPlugins(backend, [], [], registry, family, family_path, registry.lookup("tasks", family.task))
     keras = import_keras(config, backend, registry=registry)
@@ -193,7 +198,7 @@ def open_translator(path, registry, backend_name=None, beam=None, length_penalty
     refused = decoding_refusal(config, beam, length_penalty)
     if refused:
         raise MtbenchError(refused)
-    loaded = open_model(path, registry, located=located)
+    loaded = rebuilt_model(located, registry, dtype)
     source, backend, model, tokenizer = loaded.source, loaded.plugins.backend, loaded.model, loaded.tokenizer
     beam = config.beam if beam is None else beam
     length_penalty = config.length_penalty if length_penalty is None else length_penalty

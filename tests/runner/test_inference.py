@@ -14,7 +14,7 @@ from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.batches import encode_split
 from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.tokenizer import JointTokenizer
-from conftest import assert_refused_in_one_line, cli_environment, run_cli
+from conftest import CPU_ONLY, assert_refused_in_one_line, cli_environment, run_cli
 from result_keys import undocumented_keys
 
 # Long enough for the tiny model to produce varied sentences, so equal translations say something.
@@ -160,6 +160,9 @@ def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(traine
     vocabulary = trained["result"]["config"]["vocab_size"]  # more hypotheses than tokens: XLA ran out of memory
     assert_refused_in_one_line(run_cli("translate", trained["path"], "/dev/null", "--beam", str(vocabulary + 1)),
                                f"--beam {vocabulary + 1} is more hypotheses than the model's {vocabulary:,} tokens")
+    # A dtype the device cannot decode in, checked once the framework says what it computes on (the CPU's XLA).
+    assert_refused_in_one_line(run_cli("translate", trained["path"], "/dev/null", "--dtype", "float16", env=CPU_ONLY),
+                               "--dtype float16: XLA on the CPU has no float16 matmul")
     # A length penalty greedy decoding would not use: translate and evaluate decoded greedily, as if not given.
     assert trained["result"]["config"]["beam"] == 1
     assert_refused_in_one_line(run_cli("translate", trained["path"], "/dev/null", "--length-penalty", "3"),
