@@ -830,6 +830,8 @@ def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, b
     run directory (RESULT.run), its saved model, or a pretrained checkpoint as NAME:DIR (gpt2:DIR). Prints the
     prompt and its continuation."""
     from mtbench.runner.inference import generate_text
+    if not prompt:  # known before the model is opened (a prompt its tokenizer encodes to nothing is found after)
+        raise MtbenchError("--prompt is empty: give the text to continue")
     if temperature == 0 and top_k is not None:
         raise MtbenchError("--top-k samples among the K most likely tokens; --temperature 0 takes the most likely "
                            "one: drop --top-k")

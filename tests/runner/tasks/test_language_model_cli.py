@@ -291,6 +291,12 @@ def test_bad_input_gets_one_line_and_nothing_written(name, tmp_path, cache_dir):
     assert not out.exists()
 
 
+def test_an_empty_prompt_is_refused_before_the_model_is_opened(tmp_path):
+    # The model named does not exist: the prompt is refused before it is looked for, let alone built.
+    assert_refused_in_one_line(run_cli("generate", str(tmp_path / "absent.json"), "--prompt", ""),
+                               "--prompt is empty: give the text to continue")
+
+
 @pytest.mark.parametrize("option", [["--block-size", "32"], ["--eval-stride", "4"]])
 def test_translation_refuses_a_language_models_options(option, tmp_path, cache_dir):
     proc = run_cli("train", "--preset", "tiny", *option, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
