@@ -155,12 +155,31 @@ def keras_dtype_policy_kept():
         keras.config.set_dtype_policy(before)
 
 
-def on_every_core(env=None):
-    """What `subprocess.run` needs to start processes that spread themselves over the machine's cores (torchrun's,
-    which share them out among themselves) from a worker that holds only its share: (preexec_fn, env)."""
+# Becomes the command ARGV[3:] (exec) once its CPUs are set (ARGV[1], comma-separated; none: as inherited) and, with
+# ARGV[2] "1", SIGINT's default action: a `preexec_fn`'s work, without forking a worker that JAX's threads run in to
+# run Python in the copy (a deadlock, should a thread hold a lock then; Python warns of it at every such fork).
+_EXEC_AFTER = """import os, signal, sys
+if sys.argv[1]:
+    os.sched_setaffinity(0, [int(cpu) for cpu in sys.argv[1].split(",")])
+if sys.argv[2] == "1":
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
+def exec_after(command, cpus=None, default_sigint=False):
+    """`command` (its program an absolute path) started on `cpus` and with SIGINT's default action where asked,
+    by a small Python that sets them and then becomes the command, its process id kept."""
+    return [sys.executable, "-I", "-S", "-c", _EXEC_AFTER, ",".join(map(str, cpus or [])),
+            "1" if default_sigint else "0", *command]
+
+
+def on_every_core(command, env=None):
+    """(command, env) that start `command` spread over the machine's cores (torchrun's processes share them out among
+    themselves) from a worker that holds only its share."""
     if not MACHINE_CPUS:
-        return None, env
-    return (lambda: os.sched_setaffinity(0, MACHINE_CPUS)), {"OMP_NUM_THREADS": None, **(env or {})}
+        return command, env
+    return exec_after(command, MACHINE_CPUS), {"OMP_NUM_THREADS": None, **(env or {})}
 
 # The Flax baselines of benchmarks/ (native_flax.py, native_gpt_flax.py) need the bench extra.
 needs_flax = pytest.mark.skipif(importlib.util.find_spec("flax") is None or importlib.util.find_spec("optax") is None,

@@ -21,12 +21,11 @@ def torchrun(*args, env=None, timeout=600, processes=2):
     """Runs `torchrun --nproc-per-node PROCESSES -m mtbench ARGS` on the machine's cores; returns the
     CompletedProcess."""
     from mtbench.runner.orchestration.children import launcher_command
-    preexec_fn, env = on_every_core({**CPU_ONLY, **(env or {})})
     # torchrun as compare starts it: this interpreter's module, its agent's folder removed afterwards.
     with tempfile.TemporaryDirectory(prefix="mtbench-torchrun-") as launcher_dir:
-        return subprocess.run([*launcher_command(processes, launcher_dir=launcher_dir), "-m", "mtbench", *args],
-                              capture_output=True, text=True, env=cli_environment(env), timeout=timeout,
-                              preexec_fn=preexec_fn)
+        command, env = on_every_core([*launcher_command(processes, launcher_dir=launcher_dir), "-m", "mtbench", *args],
+                                     {**CPU_ONLY, **(env or {})})
+        return subprocess.run(command, capture_output=True, text=True, env=cli_environment(env), timeout=timeout)
 
 
 CPUS = MACHINE_CPUS
@@ -128,9 +127,8 @@ print(json.dumps({"record": record, "cpus": sorted(os.sched_getaffinity(0)), "th
 
 @pytest.mark.skipif(not CPUS or len(CPUS) < 2, reason="needs at least 2 CPUs to share")
 def test_the_second_of_two_local_processes_runs_on_the_second_half_of_the_cores_with_as_many_threads():
-    preexec_fn, env = on_every_core()
-    proc = subprocess.run([sys.executable, "-c", SECOND_OF_TWO], check=False, capture_output=True, text=True,
-                          timeout=120, env=cli_environment(env), preexec_fn=preexec_fn)
+    command, env = on_every_core([sys.executable, "-c", SECOND_OF_TWO])
+    proc = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120, env=cli_environment(env))
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     half = len(CPUS) // 2

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import TINY_TRAIN, cli_environment
+from conftest import TINY_TRAIN, cli_environment, exec_after
 from mtbench.runner.orchestration.compare import CompareProgress, ComparePlan, interrupted
 from mtbench.runner.orchestration.runs import plan_runs
 from mtbench.runner.results.schema import schema_errors
@@ -42,10 +42,10 @@ def output_of(pid):
         return ""
 
 
-def takes_ctrl_c():
+def taking_ctrl_c(command):
     """A process started from a shell's background job inherits SIGINT ignored, and Python then leaves it ignored:
     the Ctrl-C below would be lost and the run would train on to its last step."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return exec_after(command, default_sigint=True)
 
 
 @pytest.mark.slow
@@ -56,10 +56,9 @@ def test_ctrl_c_keeps_the_partial_run_its_log_and_a_combined_json(tmp_path, cach
     training on alone, with nothing combined."""
     out = tmp_path / "c.json"
     runs = tmp_path / "c.runs"
-    proc = subprocess.Popen([sys.executable, "-m", "mtbench", "compare", "--matrix", "torch", *TINY_TRAIN,
-                             "--steps", "5000", "--cache-dir", cache_dir, "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_environment(),
-                            preexec_fn=takes_ctrl_c)
+    proc = subprocess.Popen(taking_ctrl_c([sys.executable, "-m", "mtbench", "compare", "--matrix", "torch", *TINY_TRAIN,
+                                           "--steps", "5000", "--cache-dir", cache_dir, "--out", str(out)]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_environment())
     try:
         deadline = time.monotonic() + 300
         trainer = None
