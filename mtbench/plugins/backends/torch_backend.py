@@ -44,10 +44,10 @@ def probed_attention(run):
     shape = getattr(run, "model_shape", None)
     if shape is None or not shape.num_heads:
         return dict(GPT2_SMALL_ATTENTION)
-    policy = str(getattr(run.config, "dtype", "float32"))
-    dtype = next((half for half in ("bfloat16", "float16") if half in policy), "float32")
+    import keras  # imported on torch already: the run's dtype policy is set before the model is built
     return {"heads": shape.num_heads, "head_dim": shape.d_model // shape.num_heads,
-            "length": getattr(run.config, "max_len", None) or shape.max_len, "dtype": dtype}
+            "length": getattr(run.config, "max_len", None) or shape.max_len,
+            "dtype": keras.DTypePolicy(getattr(run.config, "dtype", "float32")).compute_dtype}
 
 
 def preferred_fused_kernels(device, attention=None):
