@@ -305,6 +305,7 @@ def test_an_authors_mistakes_mark_the_plugin_broken_and_every_command_still_runs
     assert len(unknown.stderr) < 3000  # pluggy's refusal of the module loaded twice ran to kilobytes, twice
 
 
+@pytest.mark.slow
 def test_a_plugin_that_imports_keras_as_it_loads_is_named_where_its_backend_refuses_the_run(plugin_path, tmp_path):
     """keras keeps the backend of its first import: a plugin that imports it at its module's top fixes the
     environment's (here jax) for a torch run, which then failed without naming the plugin."""

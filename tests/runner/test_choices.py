@@ -30,6 +30,7 @@ def test_the_command_lines_dtype_is_chosen_for_the_device_it_ran_on_and_recorded
     assert result["config"]["dtype"] == result["model"]["dtype_policy"] == chosen["dtype"]
 
 
+@pytest.mark.slow
 def test_a_dtype_an_extra_sets_is_recorded_as_its_choice_trains_and_is_checked_for_the_device(
         tmp_path, cache_dir, plugin_path):
     """An extra's configuration changes come after `--dtype` has chosen (the TPU strategy's bfloat16): the result

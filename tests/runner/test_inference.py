@@ -84,6 +84,7 @@ def test_a_model_trained_on_jax_translates_identically_on_torch(trained, tmp_pat
     assert proc.stdout.splitlines() == expected
 
 
+@pytest.mark.slow
 def test_evaluate_scores_the_runs_test_set_as_the_run_did(trained, tmp_path):
     test_file = tmp_path / "test.tsv"
     test_file.write_text("".join(f"{s}\t{r}\n" for s, r in zip(trained["sources"], trained["references"])),

@@ -146,6 +146,7 @@ def test_keras_is_imported_without_the_integrations_mtbench_never_uses(tmp_path,
     assert afterwards == "matplotlib.pyplot"
 
 
+@pytest.mark.slow
 def test_a_torch_process_imports_no_jax_and_can_afterwards(tmp_path, cache_dir):
     """keras imports JAX at its own import where it is installed (its Orbax callback), whatever the backend: a torch
     run hides the other backends' frameworks while keras is imported, and a plugin can still import them later."""

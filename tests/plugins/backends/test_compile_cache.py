@@ -126,6 +126,7 @@ def test_torch_points_inductor_at_the_cache_or_at_a_scratch_directory(tmp_path):
     assert (scratch["TORCHINDUCTOR_FX_GRAPH_CACHE"], scratch["TORCHINDUCTOR_AUTOGRAD_CACHE"]) == ("0", "0")
 
 
+@pytest.mark.slow
 def test_a_cache_directory_that_cannot_be_made_is_off_and_says_why(cache_dir, tmp_path):
     # `compile` a file under --cache-dir: JAX's cache could write nothing and every run read "cold", silently.
     cache = own_compile_cache(cache_dir, str(tmp_path / "cache"))

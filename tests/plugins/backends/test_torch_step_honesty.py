@@ -216,6 +216,7 @@ def test_the_compiled_steps_record_names_the_update_that_ran(dtype, fused_kernel
         assert report["compiled"] == compiled
 
 
+@pytest.mark.slow
 def test_the_eager_steps_numerics_name_the_kernels_its_step_ran():
     """The layer-norm and update rows of a torch run count what its step ran (torch's profiler, one step): a
     `layer_norm` kernel call for each norm it names, and one fused AdamW call a parameter group; with 16-bit

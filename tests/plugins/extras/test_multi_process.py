@@ -152,6 +152,7 @@ def test_a_launch_without_one_model_over_its_processes_is_refused(cache_dir, tmp
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_ddp_in_one_process_says_how_to_launch_several(cache_dir, tmp_path):
     proc = run_cli("train", "--backend", "torch", "--extra", "ddp", "--preset", "tiny", "--steps", "2",
                    "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))

@@ -102,6 +102,7 @@ def test_micro_batches_without_the_extra_are_refused(tmp_path, cache_dir):
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.slow
 def test_a_stage_frees_the_weights_and_moments_of_the_others():
     """Stage 0 of 2 over 4 blocks lets go of blocks 2 and 3 and the final norm (the last stage's), each weight
     with its two Adam moments: Keras's layers keep their variables' tensors too, which must go as well. It keeps

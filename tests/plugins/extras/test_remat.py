@@ -82,6 +82,7 @@ TORCH_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_torch_blocks_keep_only_their_inputs_and_run_again_in_the_backward_pass():
     env = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
     proc = subprocess.run([sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, env=env, timeout=600)
@@ -146,6 +147,7 @@ def jax_gradients_of_a_tiny_gpt(remat):
             text.count("stablehlo.rsqrt"))
 
 
+@pytest.mark.slow
 def test_jax_traces_a_checkpoint_per_block_which_recomputes_the_masks_the_forward_pass_drew():
     """jax.checkpoint is in the traced gradient once per block, and its recomputation in the program handed to XLA
     (each block's forward matmuls twice); with dropout the gradient is the one without remat."""
@@ -160,6 +162,7 @@ def test_jax_traces_a_checkpoint_per_block_which_recomputes_the_masks_the_forwar
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_jax_recomputing_all_but_the_matmuls_runs_no_matmul_twice():
     """The `matmuls` policy (`dots_saveable`) in the program handed to XLA: a checkpoint per block, each block's
     matmuls once, as keeping everything; the elementwise rest recomputed (more operations than keeping); the same

@@ -740,6 +740,7 @@ def test_rerun_of_a_compare_json_plans_each_of_its_runs(compared, tmp_path):
     assert [(rerun.config.backend, rerun.config.out) for rerun in reruns] == [(rerun.label, rerun.out) for rerun in reruns]
 
 
+@pytest.mark.slow
 def test_a_rerun_of_a_compare_json_stopped_early_combines_the_reruns_that_finished(compared, tmp_path, monkeypatch):
     """A SIGTERM passed on to the second rerun (or its failure) ended `rerun` with the first rerun's result on disk
     and no combined JSON: now they are combined, marked as `compare` marks what it kept."""
@@ -807,6 +808,7 @@ def test_rerun_of_an_upgrade_comparison_runs_each_run_under_its_interpreter(comp
         plan_reruns(str(tmp_path / "upgrade.json"), str(tmp_path / "again2.json"), False)
 
 
+@pytest.mark.slow
 def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
     existing = tmp_path / "existing.json"
     existing.write_text('{"keep": "me"}\n')

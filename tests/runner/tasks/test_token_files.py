@@ -131,6 +131,7 @@ def test_evaluation_of_ids_without_bytes_counts_its_budget_in_tokens():
     assert evaluated_tokens(stream, 5000) == 999  # token 0 is only read
 
 
+@pytest.mark.slow
 def test_a_split_of_ids_that_stand_for_no_byte_has_no_bits_per_byte(tmp_path, cache_dir):
     """meta.pkl may give an id the empty string: a split of it alone holds no byte to divide by (it ended the run
     with a ZeroDivisionError after training)."""
