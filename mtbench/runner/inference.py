@@ -51,6 +51,16 @@ class Translator:
 
 
 @dataclass
+class LocatedModel:
+    """A model found on disk and the plugins that rebuild it, before any framework is imported."""
+    source: object       # saved_model.ModelSource, its configuration in the command's dtype policy where given
+    backend: object
+    family: object       # the ModelFamily
+    family_path: object  # its --model path (a checkpoint's NAME:DIR), else None
+    dtype_given: bool    # the command gave --dtype: checked for the device once the backend is imported
+
+
+@dataclass
 class LoadedModel:
     """A trained model rebuilt on a backend, with its tokenizer."""
     source: object      # saved_model.ModelSource
@@ -126,7 +136,7 @@ def _refuse_another_task(label, family, task):
 
 
 def located_model(path, registry, backend_name=None, task=None, block_size=None, dtype=None):
-    """(ModelSource, backend, model family, its --model path) of the model at `path` (see `saved_model.find_model`,
+    """The `LocatedModel` at `path` (see `saved_model.find_model`,
     or a pretrained checkpoint `NAME:DIR` with its window of `block_size` tokens), in the dtype policy `dtype` where
     given, on `backend_name` (default: the backend that trained it, JAX for a checkpoint); refused for another
     task's model than `task`'s (the command's). Nothing here imports a framework."""
@@ -142,24 +152,25 @@ def located_model(path, registry, backend_name=None, task=None, block_size=None,
     backend = resolve_backend(source.config.backend if backend_name is None else backend_name, registry)
     family, family_path = _family(source, registry)
     _refuse_another_task(source.label, family, task)
-    return source, backend, family, family_path
+    return LocatedModel(source, backend, family, family_path, dtype is not None)
 
 
 def open_model(path, registry, backend_name=None, task=None, block_size=None, dtype=None):
     """The model at `path` (`located_model`) rebuilt on `backend_name` (default: the backend that trained it, JAX
     for a checkpoint) with its weights, in the dtype policy `dtype` (default: the run's, float32 for a checkpoint);
     `task`: the task the command serves, refused for another's model."""
-    return rebuilt_model(located_model(path, registry, backend_name, task, block_size, dtype), registry, dtype)
+    return rebuilt_model(located_model(path, registry, backend_name, task, block_size, dtype), registry)
 
 
-def rebuilt_model(located, registry, dtype=None):
+def rebuilt_model(located, registry):
     """The `LoadedModel` of what `located_model` found: keras imported on its backend, the model built and its
-    weights loaded; `dtype`, where the command gave one, is checked for the device."""
-    source, backend, family, family_path = located
+    weights loaded; the dtype policy the command gave, if it gave one, checked for the device."""
+    source, backend, family = located.source, located.backend, located.family
     config = source.config
-    plugins = RunPlugins(backend, [], [], registry, family, family_path, registry.lookup("tasks", family.task))
+    plugins = RunPlugins(backend, [], [], registry, family, located.family_path,
+                         registry.lookup("tasks", family.task))
     keras = import_keras(config, backend, registry=registry)
-    refused = dtype_refusal(backend, config.dtype, backend.device_info()) if dtype is not None else None
+    refused = dtype_refusal(backend, config.dtype, backend.device_info()) if located.dtype_given else None
     if refused:
         raise MtbenchError(refused)
     # The float32 matmuls as the run trained them: a GPU's JAX default (TF32) would decode differently.
@@ -194,11 +205,11 @@ def open_translator(path, registry, backend_name=None, beam=None, length_penalty
     as the run did unless `beam`/`length_penalty` (or `dtype`, the dtype policy) say otherwise. Decoding options
     the model cannot take are refused before it is built."""
     located = located_model(path, registry, backend_name, task="translation", dtype=dtype)
-    config = located[0].config
+    config = located.source.config
     refused = decoding_refusal(config, beam, length_penalty)
     if refused:
         raise MtbenchError(refused)
-    loaded = rebuilt_model(located, registry, dtype)
+    loaded = rebuilt_model(located, registry)
     source, backend, model, tokenizer = loaded.source, loaded.plugins.backend, loaded.model, loaded.tokenizer
     beam = config.beam if beam is None else beam
     length_penalty = config.length_penalty if length_penalty is None else length_penalty
