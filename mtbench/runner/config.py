@@ -123,6 +123,7 @@ class TrainConfig:
     valid_size: int = 500
     test_size: int = 500
     vocab_size: int = None         # default: the preset's
+    vocab_size_given: bool = None  # whether --vocab-size was given (a value equal to the preset's is still asked for)
     max_len: int = None            # tokens per side, special tokens included; default: the preset's
     block_size: int = None         # a language model's block (its positions): sets max_len
     tokenizer: str = None          # a language model's tokens: byte (default), char or sentencepiece
@@ -202,6 +203,8 @@ class TrainConfig:
             if self.max_len is not None and self.max_len != self.block_size:
                 raise MtbenchError("give --block-size or --max-len, not both")
             self.max_len = self.block_size
+        if self.vocab_size_given is None:
+            self.vocab_size_given = self.vocab_size is not None
         if self.vocab_size is None:
             self.vocab_size = model.vocab_size
         if self.max_len is None:
@@ -410,7 +413,10 @@ class TrainConfig:
             raise MtbenchError(f"unknown configuration keys {', '.join(unknown)} (written by another mtbench "
                                "version?)")
         cls._check_recorded_types(data)
-        return cls(**{key: value for key, value in data.items() if key in names})
+        config = cls(**{key: value for key, value in data.items() if key in names})
+        if "vocab_size_given" not in data:  # written before it was: a vocabulary other than the preset's was given
+            config.vocab_size_given = config.vocab_size != config.preset_model.vocab_size
+        return config
 
     @classmethod
     def _check_recorded_types(cls, data):

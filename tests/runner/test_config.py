@@ -90,3 +90,18 @@ def test_a_plugins_family_without_presets_takes_its_tasks(guides_family):
     assert language_model.decoder_only and TrainConfig(model_name="plain-lm", layers=3).model.encoder_layers == 0
     translation = TrainConfig(model_name="plain-translation")
     assert (translation.max_len, translation.steps, translation.decoder_only) == (48, 450, False)
+
+
+def test_a_vocabulary_given_is_recorded_as_given_even_at_the_presets_size():
+    """--vocab-size equal to the preset's is still asked for (a byte model refuses it; token files train it), and
+    that survives the configuration's record; a record written before it was kept is read as before: a vocabulary
+    other than the preset's was given."""
+    preset_size = PRESETS["small"].vocab_size
+    given, default = TrainConfig(vocab_size=preset_size), TrainConfig()
+    assert given.vocab_size == default.vocab_size == preset_size
+    assert given.vocab_size_given and not default.vocab_size_given
+    assert TrainConfig.from_dict(given.to_dict()).vocab_size_given
+    assert not TrainConfig.from_dict(default.to_dict()).vocab_size_given
+    older = {key: value for key, value in given.to_dict().items() if key != "vocab_size_given"}
+    assert not TrainConfig.from_dict(older).vocab_size_given
+    assert TrainConfig.from_dict({**older, "vocab_size": preset_size // 2}).vocab_size_given

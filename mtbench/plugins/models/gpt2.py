@@ -6,7 +6,6 @@ as mtbench's Keras GPT, which is GPT-2's architecture, with the checkpoint's own
 import os
 
 from mtbench import ModelFamily, ModelShape, MtbenchError, hookimpl
-from mtbench.keras_models.presets import GPT_PRESETS
 from mtbench.plugins.models import gpt2_checkpoint as checkpoint
 from mtbench.plugins.models.gpt import GPTFamily
 from mtbench.plugins.models.gpt2_tokenizer import MERGES, VOCAB, GPT2Tokenizer, read_vocabulary
@@ -42,7 +41,7 @@ class GPT2Family(ModelFamily):
         checkpoint.files.check_weights_readable(path, checkpoint.KIND)
         read_vocabulary(path)
         checkpoint.files.refuse_size_flags(path, config)
-        if config.vocab_size != GPT_PRESETS[config.preset].vocab_size:  # given: the preset's is the default
+        if config.vocab_size_given:
             raise MtbenchError(f"--vocab-size {config.vocab_size}: a GPT-2 checkpoint's vocabulary is its own "
                                f"({checkpoint.setting(model_config, 'vocab_size'):,} tokens); leave --vocab-size out")
         if config.tokenizer is not None:

@@ -42,8 +42,8 @@ DERIVED_KEYS = ("model", "parameters")
 BOOKKEEPING_KEYS = ("out", "overwrite", "cache_dir", "initial_weights", "log_every", "report_to", "logging_dir",
                     "run_group", "price_per_hour", "save_model", "sample_prompt", "sample_tokens")
 # What a run asked for where its `extras` (compared) say what ran: --step (torch-compile joined or not) and
-# --attention (flash-attention joined or not).
-ASKED_KEYS = ("step", "attention")
+# --attention (flash-attention joined or not); where `vocab_size` says it: whether --vocab-size was given.
+ASKED_KEYS = ("step", "attention", "vocab_size_given")
 # The extra that compiles torch's step: --compile-mode is its alone, and differs only between runs that both have it.
 TORCH_COMPILED = COMPILED_STEP_EXTRA
 # A result written before a configuration key existed ran with its default.

@@ -41,13 +41,13 @@ class LanguageModellingTask(Task):
                             flags={"valid_file": "valid", "test_file": "test"})
         if config.tokenizer not in (None, *TOKENIZERS):
             raise MtbenchError(f"unknown --tokenizer '{config.tokenizer}'; choose one of {', '.join(TOKENIZERS)}")
-        kind, preset = config.tokenizer or "byte", config.preset_model
+        kind = config.tokenizer or "byte"
         if is_token_folder(config.data_file):
             if config.tokenizer is not None:  # --sample-prompt waits for `prepare`: a model family may bring one
                 raise MtbenchError(f"{config.data_file} holds token files (train.bin, val.bin), which carry no "
                                    f"tokenizer: --tokenizer does not apply")
             return
-        if kind != "sentencepiece" and config.vocab_size != preset.vocab_size:
+        if kind != "sentencepiece" and config.vocab_size_given:
             raise MtbenchError(f"--vocab-size sizes a sentencepiece vocabulary (--tokenizer sentencepiece); the {kind} "
                                f"tokenizer's vocabulary is its own")
 
@@ -147,7 +147,7 @@ def prepare_token_files(files, config, family_tokenizer=None):
     if family_tokenizer is not None:
         tokenizer = family_tokenizer
     else:
-        asked = None if config.vocab_size == config.preset_model.vocab_size else config.vocab_size
+        asked = config.vocab_size if config.vocab_size_given else None
         tokenizer = TokenIds(vocabulary_size(largest, asked, characters and len(characters)), characters)
     widths = bytes_per_id(tokenizer)
     if widths is not None and counts is None:

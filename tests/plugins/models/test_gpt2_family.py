@@ -167,7 +167,8 @@ def test_torch_splits_and_shards_the_checkpoint_after_scoring_it_whole(checkpoin
     ("marian-config", [], "describes a 'marian' model, not a GPT-2"),
     (None, ["--d-model", "64"], "--d-model: a pretrained model's size comes from its config.json"),
     (None, ["--tokenizer", "char"], "--tokenizer char: a GPT-2 checkpoint reads text with its own BPE"),
-    (None, ["--vocab-size", "300"], "--vocab-size 300: a GPT-2 checkpoint's vocabulary is its own (400 tokens)"),
+    # The default preset's own size, given, is refused all the same (it was taken as not given).
+    (None, ["--vocab-size", "8000"], "--vocab-size 8000: a GPT-2 checkpoint's vocabulary is its own (400 tokens)"),
     (None, ["--block-size", "65"], "--block-size 65 is longer than the 64 positions of the pretrained model"),
     (None, ["--init", "gpt2"], "--init gpt2: --model gpt2 starts from its checkpoint's weights"),
     ("characters", [], "holds meta.pkl: its token files are a character-level text's ids, not GPT-2's tokens"),

@@ -81,12 +81,15 @@ def test_the_fine_tuned_model_is_kept_and_translates_on_the_other_backend(compar
     ("source.spm", "source.spm"),
     ("model.safetensors", "model.safetensors"),
     ("size-flag", "--d-model"),
+    ("vocabulary", "--vocab-size 8000: a Marian checkpoint's vocabulary is its own"),  # the preset's, given
 ])
 def test_a_bad_checkpoint_or_option_is_one_line(checkpoint, tmp_path, breakage, message):
     model = str(tmp_path / "missing")
     extra = []
     if breakage == "size-flag":
         model, extra = checkpoint["model"], ["--d-model", "64"]
+    elif breakage == "vocabulary":
+        model, extra = checkpoint["model"], ["--vocab-size", "8000"]
     elif breakage != "no-directory":
         model = str(tmp_path / "broken")
         shutil.copytree(checkpoint["model"], model)

@@ -86,6 +86,11 @@ def test_character_files_padded_to_a_vocabulary_of_128_keep_their_bytes(tmp_path
                          cache_dir=str(tmp_path / "cache"))
     data = prepare_token_files(read_token_files(str(folder)), config)
     assert data.tokenizer.vocab_size == 128 and len(characters) < 64
+    # The preset's own size, given, is the vocabulary too (it was taken as not given: meta.pkl's characters').
+    given = TrainConfig(model_name="gpt", preset="tiny", vocab_size=2000, max_len=16, data_file=str(folder),
+                        cache_dir=str(tmp_path / "cache"))
+    assert given.preset_model.vocab_size == 2000
+    assert prepare_token_files(read_token_files(str(folder)), given).tokenizer.vocab_size == 2000
     cut = int(len(text) * 0.9)
     held_out = text[cut:]
     half = len(held_out) // 2
