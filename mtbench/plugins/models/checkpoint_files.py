@@ -66,6 +66,14 @@ def refuse_size_flags(directory, config):
                            f"({os.path.join(directory, CONFIG)}); leave out the size flags")
 
 
+def refuse_vocabulary_flag(config, kind, vocabulary):
+    """--vocab-size, given (the preset's own size included), refused in one line: a pretrained model's vocabulary
+    is its tokenizer's. `vocabulary` says which, or how large."""
+    if config.vocab_size_given:
+        raise MtbenchError(f"--vocab-size {config.vocab_size}: a {kind} checkpoint's vocabulary is its own "
+                           f"({vocabulary}); leave --vocab-size out")
+
+
 def weights_file(directory, kind):
     """model.safetensors, else pytorch_model.bin; an error naming both when neither is there."""
     for name in (SAFETENSORS, TORCH_WEIGHTS):

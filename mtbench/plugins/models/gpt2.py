@@ -41,9 +41,8 @@ class GPT2Family(ModelFamily):
         checkpoint.files.check_weights_readable(path, checkpoint.KIND)
         read_vocabulary(path)
         checkpoint.files.refuse_size_flags(path, config)
-        if config.vocab_size_given:
-            raise MtbenchError(f"--vocab-size {config.vocab_size}: a GPT-2 checkpoint's vocabulary is its own "
-                               f"({checkpoint.setting(model_config, 'vocab_size'):,} tokens); leave --vocab-size out")
+        checkpoint.files.refuse_vocabulary_flag(config, checkpoint.KIND,
+                                                f"{checkpoint.setting(model_config, 'vocab_size'):,} tokens")
         if config.tokenizer is not None:
             raise MtbenchError(f"--tokenizer {config.tokenizer}: a GPT-2 checkpoint reads text with its own BPE "
                                f"tokenizer ({VOCAB}, {MERGES}); leave --tokenizer out")

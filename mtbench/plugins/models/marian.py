@@ -35,9 +35,7 @@ class MarianFamily(ModelFamily):
         separate_vocabs = bool(checkpoint.read_tokenizer_config(path).get("separate_vocabs", False))
         checkpoint.tokenizer_files(path, separate_vocabs)
         checkpoint.files.refuse_size_flags(path, config)
-        if config.vocab_size_given:  # it sizes a sentencepiece model mtbench trains; the checkpoint brings its own
-            raise MtbenchError(f"--vocab-size {config.vocab_size}: a Marian checkpoint's vocabulary is its own "
-                               f"(its vocab.json's); leave --vocab-size out")
+        checkpoint.files.refuse_vocabulary_flag(config, checkpoint.KIND, "its vocab.json's")
         positions = checkpoint.setting(model_config, "max_position_embeddings")
         if config.max_len > positions:
             raise MtbenchError(f"--max-len {config.max_len} is longer than the {positions} positions of the "

@@ -81,7 +81,7 @@ def test_the_fine_tuned_model_is_kept_and_translates_on_the_other_backend(compar
     ("source.spm", "source.spm"),
     ("model.safetensors", "model.safetensors"),
     ("size-flag", "--d-model"),
-    ("vocabulary", "--vocab-size 8000: a Marian checkpoint's vocabulary is its own"),  # the preset's, given
+    ("vocabulary", "--vocab-size 8000: a MarianMT checkpoint's vocabulary is its own"),  # the preset's, given
 ])
 def test_a_bad_checkpoint_or_option_is_one_line(checkpoint, tmp_path, breakage, message):
     model = str(tmp_path / "missing")
