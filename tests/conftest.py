@@ -887,11 +887,11 @@ def env_with(plugin_path):
     return {"PYTHONPATH": python_path(plugin_path)}
 
 
-def keras_gpt_run(cache_dir, steps, clip=None, clip_norm=None):
+def keras_gpt_run(cache_dir, steps, clip=None, clip_norm=None, initial_losses=False):
     """mtbench's Keras step on the tiny GPT (a 32-token block, 8 rows) for `steps` batches of the README's bytes,
     without warm-up so that every step moves the weights: {'workload', 'weights', 'settings', 'losses'}, what the
     language model's baselines in benchmarks/ are held to. `clip`, `clip_norm`: `--clip`, `--clip-norm` (None: the
-    GPT's defaults)."""
+    GPT's defaults); `initial_losses`: also each batch's loss at the initial weights ('initial_losses')."""
     import keras
     import numpy as np
 
@@ -907,7 +907,12 @@ def keras_gpt_run(cache_dir, steps, clip=None, clip_norm=None):
     settings = OptimizerSettings.of_keras_optimizer(model.optimizer)
     step = KerasTrainStep(model)
     losses = [float(step(b.inputs, b.target_output, b.weight)["loss"]) for b in workload.batches]
-    return {"workload": workload, "weights": weights, "settings": settings, "losses": np.array(losses)}
+    run = {"workload": workload, "weights": weights, "settings": settings, "losses": np.array(losses)}
+    if initial_losses:  # from a second model that never trains: the steps' losses part from these where they moved
+        untrained = build_keras_model(keras, workload, total_steps=steps)
+        run["initial_losses"] = np.array([float(untrained.test_on_batch(
+            b.inputs, b.target_output, sample_weight=b.weight, return_dict=True)["loss"]) for b in workload.batches])
+    return run
 
 
 def keras_on_jax():

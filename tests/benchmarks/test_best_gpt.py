@@ -287,16 +287,19 @@ def test_in_mixed_bfloat16_the_torch_references_carry_the_residual_stream_in_ker
     gpt_batch = (tokens, torch.roll(tokens, -1, 1), torch.ones(2, 32))
     translation_shape = dataclasses.replace(PRESETS["tiny"], vocab_size=256, max_len=32)
     translation_batch = (tokens, tokens, torch.roll(tokens, -1, 1), torch.ones(2, 32))
+    gpt_blocks = gpt_shape.decoder_layers
     steps = {"best by hand": (best_gpt_torch.TrainStep(best_gpt_torch.build_model(gpt_shape), settings,
-                                                       mixed_bfloat16=True), gpt_batch),
+                                                       mixed_bfloat16=True), gpt_batch, gpt_blocks),
              "native gpt": (native_torch.TorchTrainStep(native_gpt_torch.build_model(gpt_shape), settings,
-                                                        mixed_bfloat16=True), gpt_batch),
+                                                        mixed_bfloat16=True), gpt_batch, gpt_blocks),
              "native translation": (native_torch.TorchTrainStep(native_torch.build_model(translation_shape), settings,
-                                                                mixed_bfloat16=True), translation_batch)}
-    for name, (step, batch) in steps.items():
+                                                                mixed_bfloat16=True), translation_batch,
+                                    translation_shape.encoder_layers + translation_shape.decoder_layers)}
+    for name, (step, batch, block_count) in steps.items():
         model = step.model
         blocks = list(getattr(model, "blocks", [])) + list(getattr(model, "encoder_blocks", [])) + list(
             getattr(model, "decoder_blocks", []))
+        assert len(blocks) == block_count, name  # every block hooked: none renamed out of sight
         seen, logits = [], []
         for block in blocks:
             block.register_forward_hook(lambda module, args, out: seen.append(str(out.dtype).removeprefix("torch.")))

@@ -96,7 +96,8 @@ def test_the_backends_agree_with_each_other_and_the_record(mixed_bfloat16, torch
                                                                   for key in BFLOAT16_ATTENTION}
     record = attention_arithmetic(model)
     assert {key: {record[key]} for key in BFLOAT16_ATTENTION} == {key: measured[key] for key in BFLOAT16_ATTENTION}
-    assert record["accumulation"] == "float32"
+    # record["accumulation"] is not counted here: neither program names one (the JAX test above), it is the GPU
+    # libraries' accumulation of 16-bit matmuls, which a CPU cannot show.
 
 
 def test_the_record_follows_the_dtype_and_the_kernel(mixed_bfloat16):

@@ -278,4 +278,17 @@ def test_the_positions_and_activations_are_transformers_own():
         expected = MarianSinusoidalPositionalEmbedding(count, dim).create_weight().numpy()
         np.testing.assert_array_equal(sinusoidal_positions(count, dim), expected)
     assert set(ACTIVATIONS) == set(SUPPORTED_ACTIVATIONS)
-    assert {key: MARIAN_DEFAULTS[key] for key in CONFIG_DEFAULTS} == CONFIG_DEFAULTS
+    # Each activation against transformers' own function of that name, on float32 values across its bend.
+    import torch
+    from transformers import MarianConfig
+    from transformers.activations import ACT2FN
+    x = np.linspace(-6, 6, 241, dtype=np.float32)
+    for name in SUPPORTED_ACTIVATIONS:
+        np.testing.assert_allclose(np.asarray(ACTIVATIONS[name](x)), ACT2FN[name](torch.from_numpy(x)).numpy(),
+                                   rtol=1e-5, atol=2e-6, err_msg=name)
+    # The defaults against MarianConfig's (a decoder vocabulary of None is the shared one, as MarianConfig sets it).
+    marian = MarianConfig().to_dict()
+    assert marian["decoder_vocab_size"] == marian["vocab_size"] and MARIAN_DEFAULTS["decoder_vocab_size"] is None
+    assert {key: marian[key] for key in MARIAN_DEFAULTS if key not in ("decoder_vocab_size", "bad_words_ids")} == \
+        {key: value for key, value in MARIAN_DEFAULTS.items() if key not in ("decoder_vocab_size", "bad_words_ids")}
+    assert CONFIG_DEFAULTS == {key: marian[key] for key in CONFIG_DEFAULTS}

@@ -177,12 +177,12 @@ def test_a_model_family_without_the_later_methods_has_defaults_that_say_so():
 
 
 def test_the_built_in_families_count_the_transformers_flops_and_name_their_attention():
-    from mtbench.keras_models.flops import training_flops
     from mtbench.keras_models.presets import PRESETS
     from mtbench.plugins.models.marian import MarianFamily
     from mtbench.plugins.models.transformer import TransformerFamily
     for family in (TransformerFamily(), MarianFamily()):
-        assert family.training_flops(PRESETS["tiny"], 2, 16, 16) == training_flops(PRESETS["tiny"], 2, 16, 16)
+        # 3 x the forward pass counted by hand in tests/runner/measurement/test_flops_and_compilation.py
+        assert family.training_flops(PRESETS["tiny"], 2, 16, 16) == 3 * 9_732_096
         assert family.attention_kinds == ("causal", "masked", "decoding")
 
 

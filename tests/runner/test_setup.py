@@ -22,7 +22,7 @@ from mtbench.runner.setup import (KERAS_OPTIONAL_IMPORTS, check_profiling, compi
 
 @pytest.fixture
 def torch_precision():
-    torch = pytest.importorskip("torch")
+    import torch
     saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     yield torch
     torch.set_float32_matmul_precision(saved[0])

@@ -14,7 +14,7 @@ from mtbench.plugins.extras.flash_attention import MASKED_KINDS, cudnn_kinds_mis
 from mtbench.plugins.manager import Registry
 from mtbench.runner.setup import choose_attention_kernels
 
-torch = pytest.importorskip("torch")
+import torch
 SDPA_KERNELS = ("math", "flash", "mem_efficient", "cudnn")
 
 

@@ -150,7 +150,7 @@ def torch_counter():
 
 
 def test_torch_counter_counts_tensors_from_host_data_and_reads():
-    torch = pytest.importorskip("torch")
+    import torch
     counter = torch_counter()
     x = torch.arange(6.0)
     with counter.counting():
@@ -176,7 +176,7 @@ def test_torch_counter_counts_tensors_from_host_data_and_reads():
 
 
 def test_torch_counter_lets_kernels_with_number_arguments_and_the_batch_pass():
-    torch = pytest.importorskip("torch")
+    import torch
     counter = torch_counter()
     batch = np.arange(8, dtype=np.int32).reshape(2, 4)
 
@@ -194,7 +194,7 @@ def test_torch_counter_lets_kernels_with_number_arguments_and_the_batch_pass():
 
 
 def test_jax_counter_counts_implicit_transfers_and_reads_but_not_the_batch():
-    jax = pytest.importorskip("jax")
+    import jax
     import jax.numpy as jnp
 
     from mtbench.plugins.backends.jax_host_syncs import JaxHostSyncCounter
@@ -249,7 +249,6 @@ def test_cosine_decay_in_numpy_is_keras_schedule():
 
 
 def test_keras_large_negative_filled_on_the_device_is_keras_own_value():
-    pytest.importorskip("torch")
     from keras.src.backend.torch import nn
 
     from mtbench.plugins.backends.torch_host_syncs import _large_negative_on_device, keras_constants_on_device

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import CPU_ONLY, run_cli
 
-torch = pytest.importorskip("torch")
+import torch
 
 from mtbench.plugins.backends.torch_compiled_step import (PRECISION_CASTS, PRECISION_CASTS_NOT_IN_CPP,  # noqa: E402
                                                           cpp_kernels_round)

@@ -26,7 +26,10 @@ def test_a_sample_reads_this_machine():
 def test_the_section_spans_the_time_between_two_samples():
     before = sample_load()
     sum(i * i for i in range(2_000_000))  # this process's own work is not another process's
-    section = machine_load(before, sample_load())
+    after = sample_load()
+    section = machine_load(before, after)
+    # The work was counted as this process's (the arithmetic that takes it off: the test below).
+    assert after.own_cpu_s - before.own_cpu_s > 0.01
     assert section["cores"] == os.cpu_count()
     assert section["before_training"]["at"] <= section["after_training"]["at"]
     assert 0 <= section["other_processes_percent"] <= 100

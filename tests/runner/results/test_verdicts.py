@@ -314,10 +314,15 @@ def test_break_even_against_a_hand_count():
 
 
 def test_time_to_target_with_and_without_compilation():
-    run = result(compile_s=2.0)
-    assert stats.compile_excess(run["history"]) == pytest.approx(2.0, abs=0.01)
+    """The target is met at step 40, after the first shape's 2 s of compilation; a second shape met after it
+    compiles 3 s more, which the run's compile time counts and the time to its target does not."""
+    run = result(compile_s=2.0, noise=0.0)
+    later = len(run["history"]) + 1
+    run["history"] += [{"step": later + k, "seconds": 0.015 + (3.0 if k == 0 else 0.0), "window_steps": 1,
+                        "tokens": 800, "shape": [32, 48], "first_of_shape": k == 0, "loss": 6.0} for k in range(5)]
+    assert later > 40 and stats.compile_excess(run["history"]) == pytest.approx(5.0, rel=1e-9)
     run["target"] = {"time_to_target_s": 5.0, "steps_to_target": 40}
-    assert stats.target_times(run) == pytest.approx((5.0, 3.0), abs=0.01)
+    assert stats.target_times(run) == pytest.approx((5.0, 3.0), rel=1e-9)
     assert stats.target_times(result()) is None
 
 
@@ -397,12 +402,25 @@ def test_the_gate_fails_where_it_cannot_judge_a_run_of_the_baseline():
     regression.require_not_slower(regression.Regression(["new.json"], "old.json", changes, [], ["pmap"], None))
 
 
-def comparison(slow_factor=1.3, count=2):
+def comparison(slow_factor=1.3, count=2, noise=0.03):
     runs = [LoadedRun(r, f"{label}-{i}.json") for label, rs in
-            (("jax", repeats(count, compile_s=3.0)), ("jax+slow-step", repeats(count, seed=50, extras=("slow-step",),
-                                                                               step_s=0.015 * slow_factor)))
+            (("jax", repeats(count, compile_s=3.0, noise=noise)),
+             ("jax+slow-step", repeats(count, seed=50, extras=("slow-step",), step_s=0.015 * slow_factor,
+                                       noise=noise)))
             for i, r in enumerate(rs)]
     return build_comparison(runs)
+
+
+def test_the_comparisons_break_even_against_a_hand_count():
+    """Without noise each run's figures are its history's: jax compiles 3.0 s and steps 15 ms, jax+slow-step
+    compiles 1.5 s and steps 19.5 ms; jax makes up its 1.5 s at 4.5 ms a step after 1.5 / 0.0045 = 333.3 steps
+    (334 whole ones), where both have run 3.0 + 333.3 x 0.015 = 1.5 + 333.3 x 0.0195 = 8.0 s."""
+    compared = comparison(noise=0.0)
+    even = compared.break_even(compared.groups[1])
+    assert (even.steps, even.seconds) == (334, pytest.approx(8.0))
+    assert even.text == "jax overtakes jax+slow-step after 334 steps (8.0 s)"
+    by_title = {row[0]: row[1:] for row in table_cells(compared)[1]}
+    assert by_title["break-even vs jax (compile + steps)"][1] == even.text
 
 
 def test_a_break_even_that_rests_on_step_times_within_the_noise_is_undetermined():
@@ -424,9 +442,8 @@ def test_compare_table_markdown_csv_and_json_carry_the_intervals():
     header, rows = table_cells(compared)
     by_title = {row[0]: row[1:] for row in rows}
     assert by_title["tokens/s vs jax (95 % interval)"] == ["(baseline)", verdict.cell()]
-    compile_s = {g.label: g.stat("compile_s").median for g in compared.groups}
-    step_s = {g.label: g.stat("step_s_median").median for g in compared.groups}
-    steps = math.ceil((compile_s["jax"] - compile_s["jax+slow-step"]) / (step_s["jax+slow-step"] - step_s["jax"]))
+    # The same break-even in every format (its count against a hand count: the test above).
+    steps = compared.break_even(compared.groups[1]).steps
     assert by_title["break-even vs jax (compile + steps)"][1].startswith(f"jax overtakes jax+slow-step after {steps:,} steps")
     markdown = to_markdown(compared)
     assert f"- {verdict.text}" in markdown and "- interval warning: 2 repeats" in markdown
@@ -465,20 +482,37 @@ def test_a_break_even_says_where_a_compile_time_came_from_a_warm_cache():
     assert moved.text.endswith("(compile caches: jax+slow-step partly warm, jax cold; a cold start compiles longer)")
 
 
+def steady_tokens_per_s(run):
+    """A run's steady tokens/s counted from its history by hand: its steady steps' tokens over their seconds."""
+    steady = [h for h in run["history"] if not h["first_of_shape"]]
+    return sum(h["tokens"] for h in steady) / sum(h["seconds"] for h in steady)
+
+
+T_975_2 = 4.302652729911275  # Student's t, 97.5th percentile, 2 degrees of freedom (3 paired repeats)
+
+
 def test_a_recorded_noise_floor_is_shown_and_held_to():
     from mtbench.runner.results.verdicts import noise_floor_record
     baseline, twins = repeats(3), repeats(3, seed=30)
     record = noise_floor_record("jax", baseline, twins)
     assert record["measured_by"] == "A/A: run 'jax' twice in each of 3 repeat(s), interleaved"
-    interval = stats.ratio_interval("tokens_per_s", twins, baseline, paired=True)
-    assert record["figures"]["tokens_per_s"]["floor"] == stats.noise_floor_of("tokens_per_s", twins, baseline)
-    assert (record["figures"]["tokens_per_s"]["low"], record["figures"]["tokens_per_s"]["high"]) == (interval.low,
-                                                                                                  interval.high)
-    runs = [LoadedRun(r, "x.json") for r in baseline + repeats(3, seed=60, extras=("same-step",), step_s=0.0152)]
+    # By hand: the twins' log ratios repeat by repeat; the floor their root mean square, the interval Student's.
+    logs = np.log([steady_tokens_per_s(t) / steady_tokens_per_s(b) for t, b in zip(twins, baseline)])
+    tokens = record["figures"]["tokens_per_s"]
+    assert tokens["floor"] == pytest.approx(math.exp(math.sqrt(np.mean(logs ** 2))) - 1, rel=1e-9)
+    half = T_975_2 * logs.std(ddof=1) / math.sqrt(3)
+    assert (tokens["ratio"], tokens["low"], tokens["high"]) == pytest.approx(
+        (math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)), rel=1e-9)
+    # Held to: a run 10 % slower a step, its repeats scattering little, is slower beyond its interval; a floor of
+    # ±15 % hides it, as its interval's bound nearest 1 lies within the floor.
+    slower = repeats(3, seed=60, extras=("same-step",), step_s=0.0165, noise=0.002)
+    runs = [LoadedRun(r, "x.json") for r in baseline + slower]
+    assert build_comparison(runs).verdicts["jax+same-step"]["tokens_per_s"].call == "slower"
     compared = build_comparison(runs, noise_floor={**record, "figures": {
-        key: {**entry, "floor": 0.05} for key, entry in record["figures"].items()}})
-    assert compared.verdicts["jax+same-step"]["tokens_per_s"].call == "no difference"
-    assert "noise floor: tokens/s ±5.0%, steady step time ±5.0% (A/A: run 'jax' twice in each of 3 repeat(s), " \
+        key: {**entry, "floor": 0.15} for key, entry in record["figures"].items()}})
+    held = compared.verdicts["jax+same-step"]["tokens_per_s"]
+    assert held.call == "no difference" and held.high < 1 and held.low > 1 / 1.15
+    assert "noise floor: tokens/s ±15.0%, steady step time ±15.0% (A/A: run 'jax' twice in each of 3 repeat(s), " \
            "interleaved; its losses 0 % from the baseline's at most, first 50 steps)" in to_markdown(compared)
 
 
