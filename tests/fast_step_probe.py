@@ -35,15 +35,28 @@ def main(backend_name, cache_dir):
     def values(variables):
         return [np.array(keras.ops.convert_to_numpy(v.value)) for v in variables]
 
-    def train(make_step):
-        model = build_keras_model(keras, workload, total_steps=STEPS)
+    def fused_adamw_calls(trace):
+        """How many times torch's fused AdamW kernel ran in a profiler trace (None without one)."""
+        return None if trace is None else sum(event.name == "aten::_fused_adamw_" for event in trace.events())
+
+    def train(make_step, on=workload):
+        model = build_keras_model(keras, on, total_steps=STEPS)
         initial = values(model.weights)
         step = make_step(model)
-        losses = [float(step((b.source, b.target_input), b.target_output, b.weight)["loss"]) for b in train_batches]
+        trace = None
+        if backend_name == "torch":
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU]) as trace:
+                losses = [float(step((b.source, b.target_input), b.target_output, b.weight)["loss"])
+                          for b in train_batches]
+        else:
+            losses = [float(step((b.source, b.target_input), b.target_output, b.weight)["loss"])
+                      for b in train_batches]
         step.finalize()
         logs = model.test_on_batch((held_out.source, held_out.target_input), held_out.target_output,
                                    sample_weight=held_out.weight, return_dict=True)
         return {"name": step.name, "losses": losses, "held_out_loss": float(logs["loss"]),
+                "fused_adamw_calls": fused_adamw_calls(trace), "description": step.description(),
                 "iterations": int(model.optimizer.iterations),
                 "initial": initial, "weights": values(model.weights), "optimizer": values(model.optimizer.variables)}
 
@@ -70,8 +83,11 @@ def main(backend_name, cache_dir):
         # Weights in bfloat16: the step's update is Keras's AdamW in their dtype, as JAX's step computes it.
         import dataclasses
         in_bfloat16 = dataclasses.replace(workload, config=dataclasses.replace(config, dtype="bfloat16"))
-        report["bfloat16_update"] = backend.make_train_step(run, build_keras_model(keras, in_bfloat16,
-                                                                                   total_steps=STEPS)).description()
+        bfloat16_run = train(lambda model: backend.make_train_step(run, model), on=in_bfloat16)
+        report["bfloat16_update"] = bfloat16_run["description"]
+        # What ran: the fused kernel each float32 step, never a bfloat16 one.
+        report["fused_adamw_calls"] = {"float32": fast_run["fused_adamw_calls"],
+                                       "bfloat16": bfloat16_run["fused_adamw_calls"]}
         keras.config.set_dtype_policy("float32")
         report["fused_adamw"] = fused_adamw_exercise()
         report["loss_scaled_fused_adamw"] = loss_scaled_fused_adamw_exercise()

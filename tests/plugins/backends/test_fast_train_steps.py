@@ -53,10 +53,12 @@ def test_after_finalize_evaluation_sees_the_trained_weights(probe):
 
 @pytest.mark.parametrize("probe", ["torch"], indirect=True)
 def test_torch_leaves_bfloat16_weights_to_keras_adamw_as_jax_does(probe):
-    """torch's fused kernel would update bfloat16 weights in float32; JAX's step runs Keras's AdamW, in bfloat16."""
+    """torch's fused kernel would update bfloat16 weights in float32; JAX's step runs Keras's AdamW, in bfloat16:
+    the fused kernel ran at every float32 step of the probe and at no bfloat16 one."""
     _, report = probe
     assert report["bfloat16_update"] == ("update by Keras's optimizer.apply (bfloat16 weights, which Keras's AdamW "
                                          "updates in bfloat16 as JAX's step does)")
+    assert report["fused_adamw_calls"] == {"float32": 5, "bfloat16": 0}
 
 
 @pytest.mark.parametrize("probe", ["torch"], indirect=True)

@@ -25,10 +25,13 @@ try:
     whole_wait = "waited"
 except Exception as error:
     whole_wait = str(error)
+waited, wait = [], jax.block_until_ready
+jax.block_until_ready = lambda arrays: waited.extend(tuple(a.shape) for a in arrays) or wait(arrays)
 JaxBackend().synchronize(model)
+jax.block_until_ready = wait
 print(json.dumps({"devices": len(jax.devices()), "kernel_copies": len(kernel.value.addressable_shards),
                   "kernel_deleted": kernel.value.is_deleted(), "whole_wait": whole_wait,
-                  "bias": bias.numpy().tolist()}))
+                  "bias": bias.numpy().tolist(), "waited": sorted(waited)}))
 """
 
 
@@ -42,3 +45,6 @@ def test_synchronize_waits_on_the_copies_a_donation_left():
     assert record["kernel_deleted"] is False
     assert "deleted or donated buffer" in record["whole_wait"]
     assert record["bias"] == [0.0, 0.0, 0.0, 0.0]  # the untouched variables are still there to read
+    # It waited on every copy that is left, and only those: the kernel's one, both of each bias, none of the
+    # kernel whose copies were all taken.
+    assert record["waited"] == [[2], [2], [3, 4], [4], [4]]

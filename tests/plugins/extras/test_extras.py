@@ -125,7 +125,7 @@ def test_pmap_holds_one_copy_of_the_state_on_device_zero():
 
 
 @pytest.mark.slow
-def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eager(tmp_path, cache_dir, tiny_runs):
+def test_torch_compile_compiles_mtbench_step_without_graph_breaks_and_trains_like_eager(tmp_path, cache_dir, tiny_runs):
     # The session's eager torch run is the reference: the compiled run trains with its flags, so it takes the same
     # batches from the same weights (a second eager run of its own cost about 25 s; the 40 extra compiled steps
     # about 2 s).
@@ -142,7 +142,7 @@ def test_torch_compile_compiles_mtbench_step_with_few_breaks_and_trains_like_eag
     assert record["compiled"] == ("mtbench torch step: forward + loss (backward via AOTAutograd); fused AdamW "
                                   "update eager")
     assert record["graphs_compiled"] >= 1 and record["frames_compiled"] >= 1
-    assert record["graph_breaks"] <= 3, record["graph_break_reasons"]
+    assert record["graph_breaks"] == 0, record["graph_break_reasons"]  # the forward and loss one graph a shape
     # One compilation per length bucket the run met, and dynamo never gave up on a new one.
     buckets = {tuple(h["shape"]) for h in compiled["history"]}
     assert record["recompilations"] == len(buckets) - 1 and not record["recompile_limit_reached"]
