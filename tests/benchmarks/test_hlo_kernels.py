@@ -56,11 +56,18 @@ def test_gpu_library_calls_are_counted_from_their_shapes_and_backend_config():
     # Two products of 16 x 12 heads x 1024 x 1024 x 64, half of them masked away by causality.
     assert attention.kind == ATTENTION and attention.flops == 4 * 16 * 12 * 1024 * 1024 * 64 / 2
     assert attention.bytes == 4 * 16 * 1024 * 12 * 64 * 2 + 16 * 12 * 1024 * 4
+    # Its operand twice (each operand is charged) and its result: 3 arrays of 2 x 2304 x 768 float32.
     assert kernels["add.1"].kind == "element-wise" and kernels["add.1"].flops == 0
+    assert kernels["add.1"].bytes == 3 * 2 * 2304 * 768 * 4
     peak, bandwidth = 1e15, 3e12
     figures = kernel_figures(H100_LINES, peak, bandwidth)
-    expected = sum(max(k.flops / peak, k.bytes / bandwidth) for k in kernels.values()) * 1e3
-    assert figures["roofline ms"] == pytest.approx(expected)
+    # By hand: the product bound by its 58.0 GFLOP at 1 PFLOP/s (its 119 MB would take 0.040 ms), the attention by
+    # its 101 MB at 3 TB/s (its 25.8 GFLOP would take 0.026 ms), the addition by its 42.5 MB.
+    gemm_ms = 2 * (2 * 2304 * 768) * 8192 / peak * 1e3
+    attention_ms = (4 * 16 * 1024 * 12 * 64 * 2 + 16 * 12 * 1024 * 4) / bandwidth * 1e3
+    add_ms = 3 * 2 * 2304 * 768 * 4 / bandwidth * 1e3
+    assert (gemm_ms, attention_ms, add_ms) == pytest.approx((0.057982, 0.033817, 0.014156), abs=1e-6)
+    assert figures["roofline ms"] == pytest.approx(gemm_ms + attention_ms + add_ms)
     assert figures["kernels"] == 3 and figures[f"kernels: {ATTENTION}"] == 1
 
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -256,11 +257,33 @@ def test_a_compare_json_given_as_the_model_names_its_runs(tmp_path):
 
 def test_a_saved_model_computes_its_float32_matmuls_as_its_run_trained(trained):
     """On a GPU JAX's own default is TF32 (and unset, None, on a CPU): a model opened again must decode in the
-    arithmetic its run trained in (true float32 here), or `evaluate` would not score the run's translations."""
-    program = ("from mtbench.plugins.manager import registry\nfrom mtbench.runner.inference import open_model\n"
-               f"open_model({trained['path']!r}, registry())\nimport jax\n"
-               "print(jax.config.jax_default_matmul_precision)\n")
+    arithmetic its run trained in (true float32 here), or `evaluate` would not score the run's translations. Counted
+    in the program: the opened model's forward pass lowered for CUDA (on this CPU too), every product at XLA's
+    HIGHEST."""
+    program = textwrap.dedent(f"""
+        import json, re
+        import numpy as np
+        from mtbench.plugins.manager import registry
+        from mtbench.runner.inference import open_model
+        loaded = open_model({trained['path']!r}, registry())
+        import jax, keras
+        model = loaded.model
+
+        def forward(values, inputs):
+            with keras.StatelessScope(state_mapping=list(zip(model.variables, values))):
+                return model(inputs)
+
+        ids = np.ones((2, 8), np.int32)
+        text = jax.jit(forward).trace([v.value for v in model.variables], (ids, ids)).lower(
+            lowering_platforms=("cuda",)).as_text()
+        products = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+        print(json.dumps({{"setting": jax.config.jax_default_matmul_precision, "products": len(products),
+                          "precisions": sorted({{" ".join(re.findall(r"precision = \[(\w+), (\w+)\]", line)[0])
+                                                if "precision" in line else "DEFAULT" for line in products}})}}))
+    """)
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=cli_environment())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert trained["result"]["config"]["matmul_precision"] == "highest"
-    assert proc.stdout.strip().splitlines()[-1] == "float32"
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["setting"] == "float32"
+    assert report["products"] > 10 and report["precisions"] == ["HIGHEST HIGHEST"]
