@@ -483,6 +483,9 @@ def test_split_runs_drop_what_one_device_drops(tmp_path, cache_dir, backend, mod
     arithmetic = split["model"]["attention"]["arithmetic"]
     assert arithmetic["probability_dropout"] == (0.1 if model == "gpt" else 0.0)
     assert_trains_like_one_device(split, one, 10)
+    if model == "translation":  # its attention drops nothing: its feed-forward's masks were drawn, or this shows
+        kept = train(tmp_path, "kept", cache_dir, *args, "--dropout", "0", env=CPU_ONLY)
+        assert max(abs(np.array(losses(kept)) / np.array(losses(one)) - 1)) > 1e-3
 
 
 @pytest.mark.slow
