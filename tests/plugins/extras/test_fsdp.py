@@ -187,7 +187,9 @@ FLOAT16_GPT = ["--backend", "torch", "--dtype", "mixed_float16", "--model", "gpt
 
 @pytest.mark.slow  # 2 processes and 1 in float16 on the CPU: about 40 s
 def test_torch_fsdp_scales_float16_losses_as_one_process(tmp_path, cache_dir):
-    """Each process unscales and checks its own shards and the processes agree on the verdict (one all-reduce)."""
+    """Each process unscales and checks its own shards and the processes agree on the verdict (one all-reduce):
+    the same scale and losses as one process. No step of this run overflows; an overflow on one process is
+    tests/plugins/backends/test_overflow_agreement.py's."""
     out = tmp_path / "sharded.json"
     proc = torchrun("train", "--extra", "fsdp", *FLOAT16_GPT, "--cache-dir", cache_dir, "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -311,7 +311,8 @@ def test_torch_tensor_parallel_gpt_trains_like_one_process_with_megatrons_all_re
 @pytest.mark.slow  # 2 processes and 1 in float16 on the CPU: about 40 s
 def test_torch_tensor_parallel_scales_float16_losses_as_one_process(tmp_path, cache_dir):
     """Each process checks its own parts of the split gradients for an overflow and the model axis agrees on the
-    verdict (one all-reduce), so the split run scales, skips and updates as one process does."""
+    verdict (one all-reduce), so the split run scales, skips and updates as one process does. No step of this run
+    overflows; an overflow on one process is tests/plugins/backends/test_overflow_agreement.py's."""
     args = ["--backend", "torch", "--dtype", "mixed_float16", "--model", "gpt", "--preset", "tiny", "--block-size",
             "32", "--batch-size", "8", "--steps", "6", "--measure-only"]
     split = train_on_two_processes(tmp_path, "split", cache_dir, *args)
