@@ -38,7 +38,7 @@ def main(rank, coordinator):
         report["grouped" if grouped else "alone"] = {
             "moved": any(not torch.equal(b, v.value) for b, v in zip(before, variables)),
             "iterations": int(optimizer.iterations.value), "scale": float(optimizer.dynamic_scale.value),
-            "scale_before": scale}
+            "scale_before": scale, "description": fused.description()}
     processes.close()
     print(json.dumps(report))
 

@@ -59,7 +59,8 @@ class JaxBackend(Backend):
     keras_backend = "jax"
     framework_modules = ("jax", "jaxlib")
     description = "Keras 3 on JAX: train steps compiled by XLA (jax.jit)"
-    inference = "compiled: jax.jit, a decoding loop inside one XLA program"
+    inference = ("compiled: jax.jit; a translation decoded in a loop inside one XLA program, a language model's "
+                 "sample token by token from Python")
 
     def unsupported_dtype_reason(self, dtype, device):
         if device.get("kind") == "cpu" and "float16" in dtype and "bfloat16" not in dtype:

@@ -1,6 +1,6 @@
 """A JAX run of several processes: `jax.distributed.initialize` joins them (every process then sees the devices
 of all as `jax.devices()`, the global mesh that `keras.distribution` lays a model over); between CPUs the
-processes talk through gloo, between GPUs through NCCL, as XLA chooses."""
+processes talk through gloo, between GPUs through NCCL (RCCL on ROCm), as XLA chooses."""
 
 import contextlib
 
@@ -33,6 +33,17 @@ def free_port():
         return probe.getsockname()[1]
 
 
+def collectives_library(device):
+    """What carries JAX's collectives between processes on `device`'s platform: gloo on CPUs, NCCL on CUDA GPUs,
+    RCCL on ROCm's, the chips' own interconnect on TPUs."""
+    if device.platform == "cpu":
+        return "gloo"
+    if device.platform == "tpu":
+        return "tpu interconnect"
+    version = getattr(getattr(device, "client", None), "platform_version", "") or ""
+    return "rccl" if "rocm" in version.lower() else "nccl"
+
+
 class JaxProcessGroup(ProcessGroup):
     def __init__(self, launch):
         import jax
@@ -53,7 +64,7 @@ class JaxProcessGroup(ProcessGroup):
         except (RuntimeError, ValueError) as error:
             raise MtbenchError(f"process {launch.process_id} of {launch.num_processes} could not join the others "
                                f"at {coordinator}: {str(error).splitlines()[0]}") from None
-        self.collectives = "gloo" if jax.devices()[0].platform == "cpu" else "nccl"
+        self.collectives = collectives_library(jax.devices()[0])
 
     def any(self, flag):
         import numpy as np

@@ -43,7 +43,7 @@ by 8e-4 at its third step, and by 2e-5 with the casts emulated. The step emulate
 inductor's C++ kernels round so from torch 2.13 on, and a run on an older torch's CPU says they do not.
 """
 
-from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
+from mtbench.plugins.backends.torch_eager_step import WELFORD, EagerTorchTrainStep, layer_norm_text
 from mtbench.plugins.backends.torch_plain_calls import any_keras_tensor, plain_calls_unsupported
 
 COMPILED_PART = "mtbench torch step: forward + loss (backward via AOTAutograd)"
@@ -119,6 +119,28 @@ def dynamo_counters():
     }
 
 
+def inductor_norm_form(width, device_type):
+    """How inductor computes a layer norm's statistics over rows of `width` on a device of `device_type` ('cpu',
+    'cuda'): the `var_mean` it turns `layer_norm` into, by the rule of its lowering (`use_two_step_variance`, read
+    from its config) for the float32 rows mtbench's kernel normalises: two passes (the mean, then the squared
+    deviations) for short rows, on a CPU those of up to `config.cpp.use_two_step_variance_threshold` (1,024 in
+    torch 2.13), else Welford's one pass."""
+    from torch._inductor import config
+    threshold = config.unroll_reductions_threshold
+    if device_type == "cpu":
+        threshold = getattr(config.cpp, "use_two_step_variance_threshold", threshold)
+    if width is not None and width <= threshold:
+        return (f"two passes in float32, the mean then the squared deviations, as inductor does rows of at most "
+                f"{threshold:,}")
+    return WELFORD
+
+
+def norm_width(norm):
+    """The length of the rows a layer norm normalises (its scale's or offset's), or None where it has neither."""
+    weight = norm.gamma if norm.gamma is not None else norm.beta
+    return None if weight is None else int(weight.shape[-1])
+
+
 class CompiledTorchTrainStep(EagerTorchTrainStep):
     name = "torch-compiled"
     # A CUDA-graph replay reuses its outputs' memory; and even without CUDA graphs, the compiled step's first
@@ -150,6 +172,12 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
         self.compiled_part = f"{COMPILED_PART}; {update}"
         self.compiled_code = EagerTorchTrainStep._loss_and_accuracy.__code__
         self._compile_seconds_before = calculate_time_spent().get("total_wall_time", 0.0)
+
+    def numerics(self):
+        # inductor generates the norms' code: its `var_mean`, not torch's layer_norm kernel.
+        device_type = self.model.weights[0].value.device.type if self.model.weights else "cpu"
+        form_of = lambda norm: inductor_norm_form(norm_width(norm), device_type)  # noqa: E731
+        return {**super().numerics(), "layer_norm": layer_norm_text(self.model, form_of, "inductor's var_mean")}
 
     def compile_in_place(self, function, part):
         """`function` compiled as this step compiles its forward (its mode, static shapes), for a step that runs

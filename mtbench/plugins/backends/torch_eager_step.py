@@ -13,6 +13,7 @@ The forward pass, loss and accuracy are one method, `_loss_and_accuracy`, called
 that the compiled step (`torch_compiled_step`) can replace exactly that part and share the rest.
 """
 
+import collections
 import contextlib
 
 from mtbench import TrainStep
@@ -57,11 +58,15 @@ def correct_tokens(labels, logits, weight):
     return ((label_logits >= logits.amax(-1)) * weight).sum()
 
 
-def layer_norm_text(model):
+WELFORD = "Welford's one pass, in float32"
+
+
+def layer_norm_text(model, form_of=None, kernel="torch's layer_norm"):
     """How the torch steps compute the statistics of `model`'s layer norms: torch's `layer_norm` kernel (Welford's
     one pass, in float32) for every norm whose `call` reaches it (Keras's own class over contiguous axes without RMS
-    scaling, through mtbench's kernel or Keras's torch backend; inductor's generated norm is Welford's too), the
-    others by their own `call`."""
+    scaling, through mtbench's kernel or Keras's torch backend), the others by their own `call`. `form_of(norm)`:
+    the words for how a norm that reaches the kernel is computed where another than torch's kernel computes it (the
+    compiled step's inductor), by `kernel`."""
     import keras
     norms = layer_norms(model)
 
@@ -70,9 +75,11 @@ def layer_norm_text(model):
         contiguous = all(later - earlier == 1 for earlier, later in zip(axes, axes[1:]))
         return type(norm).call is keras.layers.LayerNormalization.call and not norm.rms_scaling and contiguous
 
-    reaching = sum(map(reaches_kernel, norms))
-    return forms_text("Welford's one pass, in float32", reaching, len(norms) - reaching, len(norms),
-                      kernel="torch's layer_norm")
+    reaching = [norm for norm in norms if reaches_kernel(norm)]
+    forms = collections.Counter(map(form_of or (lambda norm: WELFORD), reaching)) or collections.Counter({WELFORD: 0})
+    own_call = len(norms) - len(reaching)  # said once, beside the first form
+    return "; ".join(forms_text(form, count, 0 if index else own_call, len(norms), kernel=kernel)
+                     for index, (form, count) in enumerate(forms.items()))
 
 
 class OwnLosses:

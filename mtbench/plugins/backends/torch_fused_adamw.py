@@ -131,7 +131,11 @@ class FusedAdamW:
                 f"parameter group)")
         if self.updates:
             text += f", {self.updates}"
-        return text + (", the loss scale updated on the device" if self.loss_scale is not None else "")
+        # The kernel's epsilon is a number set on the host each step, bias-corrected by the host's count: the steps
+        # attempted, where Keras's count (and the kernel's own bias corrections) take the skipped ones back.
+        return text + (", the loss scale updated on the device; epsilon's bias correction counts the steps attempted "
+                       "(Keras's the steps applied: they part after a skipped step)"
+                       if self.loss_scale is not None else "")
 
     @staticmethod
     def updated_tensor(value):

@@ -520,6 +520,10 @@ def mirrored_optimizer(optimizer, variables, deciding):
     inner = inner_optimizer(optimizer)
     if type(inner) is not keras.optimizers.AdamW:
         raise MtbenchError(f"stacks the moments of Keras's AdamW, not of {type(inner).__name__}")
+    if inner.clipnorm:
+        # Keras would clip a stacked weight by the norm of every stage's copy together: not torch's stages' clipping.
+        raise MtbenchError("cannot clip each weight on its own on JAX (Keras's clipnorm "
+                           "would take every stage's copy of a weight as one); give --clip global or --clip none")
     learning_rate = inner._learning_rate
     if not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
         learning_rate = float(inner.learning_rate)

@@ -8,7 +8,7 @@ import datetime
 import socket
 
 from mtbench import Launch
-from mtbench.plugins.backends.jax_processes import coordinator_address
+from mtbench.plugins.backends.jax_processes import collectives_library, coordinator_address
 
 
 def test_the_processes_agree_on_a_free_port_left_in_torchruns_store(monkeypatch):
@@ -30,3 +30,15 @@ def test_the_processes_agree_on_a_free_port_left_in_torchruns_store(monkeypatch)
     assert host == "127.0.0.1" and int(port) not in (store.port, store.port + 1)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as service:
         service.bind(("", int(port)))  # free for process 0's coordination service
+
+
+def test_the_collectives_are_named_for_the_platform_that_carries_them():
+    """What a result's `processes.collectives` says JAX's processes talk through, by the device's platform (and, on a
+    GPU, its client's platform version: ROCm's JAX reports 'rocm ...')."""
+    from types import SimpleNamespace
+
+    def device(platform, version=""):
+        return SimpleNamespace(platform=platform, client=SimpleNamespace(platform_version=version))
+    assert [collectives_library(device(*args)) for args in (("cpu",), ("gpu", "cuda 12090"), ("gpu", "rocm 6.3.1"),
+                                                             ("tpu", "PJRT C API"))] == [
+        "gloo", "nccl", "rccl", "tpu interconnect"]

@@ -17,3 +17,7 @@ def test_one_processs_overflow_skips_every_processs_update():
     assert (first["alone"]["moved"], first["alone"]["iterations"]) == (True, 1)
     assert first["alone"]["scale"] == first["alone"]["scale_before"]
     assert (second["alone"]["moved"], second["alone"]["iterations"]) == (False, 0)
+    # What the update's record says of the step count the host corrects epsilon by, which a skipped step parts.
+    assert first["grouped"]["description"].endswith(
+        "the loss scale updated on the device; epsilon's bias correction counts the steps attempted (Keras's the "
+        "steps applied: they part after a skipped step)")

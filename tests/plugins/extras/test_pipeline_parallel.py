@@ -334,9 +334,15 @@ print(type(mirrored).__name__, mirrored.initial_scale, inner.beta_2, inner.globa
       inner._learning_rate is optimizer.inner_optimizer._learning_rate,
       [inner._use_weight_decay(v) for v in stacked],
       [v.name for v in mirrored.variables if v.shape == ()] == [v.name for v in optimizer.variables if v.shape == ()])
+try:  # each weight clipped on its own: a stacked weight's norm would be every stage's copy's together
+    mirrored_optimizer(keras.optimizers.AdamW(clipnorm=1.0), stacked, weights)
+except Exception as error:
+    print(type(error).__name__, error)
 """
     proc = run.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                    env={**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["LossScaleOptimizer", "1024.0", "0.95", "1.0", "0.1", "True", "[True,", "False]",
-                                   "True"]
+    made, refused = proc.stdout.strip().splitlines()[-2:]
+    assert made.split() == ["LossScaleOptimizer", "1024.0", "0.95", "1.0", "0.1", "True", "[True,", "False]", "True"]
+    assert refused == ("MtbenchError cannot clip each weight on its own on JAX (Keras's clipnorm would take every "
+                       "stage's copy of a weight as one); give --clip global or --clip none")

@@ -191,7 +191,8 @@ def test_markdown_output_carries_the_results_figures(results):
                                          f"every core it may use ({cores[1]}), {threads} intra-op threads"]
     # JAX's decoding is one XLA program; torch's a loop from Python, its test translation time other work
     assert rows["inference (decoding, samples)"] == [
-        "compiled: jax.jit, a decoding loop inside one XLA program",
+        "compiled: jax.jit; a translation decoded in a loop inside one XLA program, a language model's sample token "
+        "by token from Python",
         "eager: torch.no_grad, a decoding loop step by step from Python"]
     assert "parity torch vs jax" in text
 
