@@ -227,7 +227,7 @@ def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLE
         dtype = dtype_of(result)
         # Runs with dropout are compared among those that draw their masks alike, apart from the others.
         group = dtype if draws is None else (dtype, draws)
-        runs_by_dtype[group] = runs_by_dtype.get(group, 0) + 1
+        runs_by_dtype.setdefault(group, []).append(name)
         if group not in reference_by_dtype:
             reference_by_dtype[group] = (name, result)
             continue
@@ -256,9 +256,18 @@ def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=PARITY_TOLE
         pair.within_tolerance = pair.curve_within(tolerance) and pair.early_within
         report.pairs.append(pair)
     for group, (name, _) in reference_by_dtype.items():
-        if runs_by_dtype[group] > 1:
+        dropout_group = isinstance(group, tuple)
+        # Runs of the same dtype whose masks are drawn otherwise (another backend's): never held to this group.
+        apart = [other_name for other, (other_name, _) in reference_by_dtype.items()
+                 if dropout_group and other != group and (other[0] if isinstance(other, tuple) else other) == group[0]]
+        held = runs_by_dtype[group][1:]
+        if held and not apart:
             continue
-        if isinstance(group, tuple):
+        if dropout_group and held:
+            report.unchecked.append([name, f"it trains with dropout {group[1][0]:g}: held to {', '.join(held)} "
+                                           f"only, which draw its masks, not to {', '.join(apart)}, whose masks are "
+                                           f"drawn otherwise (--dropout 0 makes them checkable)"])
+        elif dropout_group:
             report.unchecked.append([name, f"it trains with dropout {group[1][0]:g}, whose masks only runs of its "
                                            f"backend, step, processes and micro-batches draw alike, and no other "
                                            f"here does (--dropout 0 makes it checkable)"])

@@ -393,14 +393,27 @@ def test_runs_with_dropout_are_held_to_the_runs_that_draw_their_masks():
     assert [(pair.reference, pair.run) for pair in report.pairs] == [("torch", "torch+remat")]
     assert not report.pairs[0].within_tolerance
     assert report.pairs[0].max_relative_difference == pytest.approx(0.03) and report.pairs[0].at_step > 21
-    assert sorted(name for name, _ in report.unchecked) == ["earlier", "jax", "torch+compile", "torch+ddp",
+    assert sorted(name for name, _ in report.unchecked) == ["earlier", "jax", "torch", "torch+compile", "torch+ddp",
                                                            "torch:grad-accum=2"]
+    # torch is held to torch+remat's curve, and said not to be held to the runs that draw other masks.
+    assert dict(report.unchecked)["torch"] == (
+        "it trains with dropout 0.1: held to torch+remat only, which draw its masks, not to jax, torch+compile, "
+        "torch+ddp, torch:grad-accum=2, earlier, whose masks are drawn otherwise (--dropout 0 makes them checkable)")
     assert dict(report.unchecked)["jax"] == ("it trains with dropout 0.1, whose masks only runs of its backend, step, "
                                              "processes and micro-batches draw alike, and no other here does "
                                              "(--dropout 0 makes it checkable)")
     # jax against torch with dropout (`--preset base`'s default): nothing is held to anything, and nothing passed.
     alone = check_parity(runs[:2], run_dtype, steps=50, tolerance=0.01).to_dict()
     assert alone["pairs"] == [] and alone["passed"] is None and len(alone["unchecked"]) == 2
+    # Repeated, each backend's repeats are held to its first, and each says it was not held to the other backend's.
+    repeated = check_parity([("jax #1", runs[0][1]), ("torch #1", runs[1][1]), ("jax #2", runs[0][1]),
+                             ("torch #2", runs[1][1])], run_dtype, steps=50, tolerance=0.01)
+    assert [(pair.reference, pair.run) for pair in repeated.pairs] == [("jax #1", "jax #2"), ("torch #1", "torch #2")]
+    assert [(name, why.split(": ")[1]) for name, why in repeated.unchecked] == [
+        ("jax #1", "held to jax #2 only, which draw its masks, not to torch #1, whose masks are drawn otherwise "
+                   "(--dropout 0 makes them checkable)"),
+        ("torch #1", "held to torch #2 only, which draw its masks, not to jax #1, whose masks are drawn otherwise "
+                     "(--dropout 0 makes them checkable)")]
 
 
 def test_16_bit_runs_are_held_to_their_curves_not_to_each_steps_rounding():
