@@ -499,12 +499,22 @@ class Comparison:
             if warned:
                 reasons.append(f"{' and '.join(warned)} carr{'ies' if len(warned) == 1 else 'y'} warnings (see "
                                f"the warnings row)")
+        machines = sorted({device_model(group.first) for group in order})
+        if len(machines) > 1:  # how many of them a run used may differ (a run of several processes): not the model
+            reasons.append(f"the runs ran on different devices ({'; '.join(machines)}): the order ranks the machines "
+                           f"as well as the ways to train")
         return {"order": [group.label for group in order], "reliable": not reasons,
                 "reason": "; ".join(reasons) or None}
 
     def shared_hardware(self):
         machines = {group.hardware for group in self.groups}
         return machines.pop() if len(machines) == 1 else None
+
+
+def device_model(result):
+    """What a run computed on, without how many of it: the CPU's or the accelerator's model."""
+    device = result["env"]["device"]
+    return f"{device.get('kind')}: {device.get('name')}"
 
 
 def _settings(result):

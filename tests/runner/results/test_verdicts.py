@@ -651,3 +651,22 @@ def test_the_gate_fails_a_run_whose_tokens_per_s_dropped_past_the_threshold_and_
     # A time figure is the same rule on its speed: 1.06x the step time is 0.943 of the speed.
     step = stats.Interval("step_s_median", 1.06, 1.058, 1.062, (5, 5), True, None, "t")
     assert stats.significantly_slower(step, 0.05)
+
+
+def test_a_ranking_across_devices_says_it_ranks_the_machines_too():
+    """Results from two machines (`mtbench report A.json B.json`) rank their machines with their ways to train:
+    not a reliable ranking of the frameworks. Runs on one machine that use more or fewer of its devices are not."""
+    faster = repeats(3, seed=40, extras=("fast",), step_s=0.010)
+    for run in faster:
+        run["env"] = {**run["env"], "device": {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3"}}
+    slower = repeats(3)
+    for run in slower:
+        run["env"] = {**run["env"], "device": {"kind": "gpu", "name": "NVIDIA A100-SXM4-80GB"}}
+    ranking = build_comparison([LoadedRun(r, "x.json") for r in slower + faster]).ranking()
+    assert ranking["order"] == ["jax+fast", "jax"] and not ranking["reliable"]
+    assert ranking["reason"].endswith("the runs ran on different devices (gpu: NVIDIA A100-SXM4-80GB; gpu: NVIDIA H100 "
+                                      "80GB HBM3): the order ranks the machines as well as the ways to train")
+    for run in slower:
+        run["env"]["device"] = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3"}
+        run["devices_used"] = 2
+    assert build_comparison([LoadedRun(r, "x.json") for r in slower + faster]).ranking()["reliable"]
