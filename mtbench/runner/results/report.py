@@ -437,6 +437,11 @@ class Comparison:
             return None
         return tuple(float(statistics.median(side)) for side in zip(*times))
 
+    @staticmethod
+    def target_reached(group):
+        """(how many of `group`'s repeats reached the target quality, how many it has)."""
+        return sum(stats.target_times(result) is not None for result in group.results), len(group.results)
+
     @property
     def config(self):
         """The configuration the runs share (what may differ between them left out; a sweep key the runs share is
@@ -685,8 +690,15 @@ def verdict_rows(comparison):
     targets = [comparison.target_time(group) for group in groups]
     if any(targets):
         figure = FIGURES_BY_KEY["train_s"]
-        for index, title in enumerate(("time to target, with compilation (s)", "time to target, without compilation (s)")):
-            rows.append([title, *(figure.text(target[index]) if target else "n/a" for target in targets)])
+
+        def target_cell(group, target, index):
+            if not target:
+                return "n/a"
+            reached, repeats = comparison.target_reached(group)  # a median of the lucky repeats says so
+            return figure.text(target[index]) + (f" ({reached} of {repeats} reached it)" if reached < repeats else "")
+        for index, title in enumerate(("time to target, with compilation (s)",
+                                       "time to target, without compilation (s)")):
+            rows.append([title, *(target_cell(group, target, index) for group, target in zip(groups, targets))])
     return rows
 
 
@@ -786,12 +798,18 @@ def energy_and_cost_lines(comparison):
         lines = [f"energy of {label}: not measured, {reason}" for label, reason in missing.items()]
     lines += energy_scope_lines(comparison)
     priced = [group for group in comparison.groups if group.stat("usd_to_target").median is not None]
+    # A run that reached the target in some repeats only is not ranked on the cost of those.
+    partly = [group for group in priced if comparison.target_reached(group)[0] < len(group.results)]
+    lines += [f"cost to the target quality of {group.label}: {reached} of {repeats} repeats reached it, not ranked"
+              for group in partly for reached, repeats in [comparison.target_reached(group)]]
+    priced = [group for group in priced if group not in partly]
     if priced:
         cheapest = min(priced, key=lambda group: group.stat("usd_to_target").median)
         figure = FIGURES_BY_KEY["usd_to_target"]
         lines.append(f"cheapest to the target quality: {cheapest.label}, {figure.text(cheapest.stat('usd_to_target').median)}"
                      f" USD (at {cheapest.first['cost']['price_per_hour']:g} USD/h)")
-    elif any((group.first.get("cost") or {}).get("price_per_hour") is not None for group in comparison.groups) \
+    elif not partly and any((group.first.get("cost") or {}).get("price_per_hour") is not None
+                            for group in comparison.groups) \
             and any(_target_value(group.first.get("target")) for group in comparison.groups):
         lines.append("cheapest to the target quality: no run reached it")
     return lines
@@ -853,7 +871,7 @@ def summary(comparison):
             "scaling": comparison.scaling(group),
             "verdicts": {key: verdict.to_dict() for key, verdict in comparison.verdicts.get(group.label, {}).items()},
             "break_even": _as_dict(comparison.break_even(group)),
-            "time_to_target": _target_dict(comparison.target_time(group)),
+            "time_to_target": _target_dict(comparison.target_time(group), comparison.target_reached(group)),
         })
     return entries
 
@@ -862,8 +880,9 @@ def _as_dict(value):
     return None if value is None else value.to_dict()
 
 
-def _target_dict(times):
-    return None if times is None else {"with_compilation_s": times[0], "without_compilation_s": times[1]}
+def _target_dict(times, reached):
+    return None if times is None else {"with_compilation_s": times[0], "without_compilation_s": times[1],
+                                       "repeats_reached": reached[0], "repeats": reached[1]}
 
 
 def to_json_dict(comparison):

@@ -670,3 +670,25 @@ def test_a_ranking_across_devices_says_it_ranks_the_machines_too():
         run["env"]["device"] = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3"}
         run["devices_used"] = 2
     assert build_comparison([LoadedRun(r, "x.json") for r in slower + faster]).ranking()["reliable"]
+
+
+def test_a_time_to_target_says_how_many_repeats_reached_it():
+    """A median over the repeats that reached the target says how many did, and a run that reached it in some
+    repeats only is not named the cheapest to it on their cost."""
+    from mtbench.runner.results.report import energy_and_cost_lines
+    lucky, steady = repeats(3, compile_s=2.0, noise=0.0), repeats(3, seed=50, extras=("other",), noise=0.0)
+    for number, run in enumerate(lucky):
+        reached = number == 0
+        run["target"] = {"time_to_target_s": 5.0, "steps_to_target": 40} if reached else {"time_to_target_s": None}
+        run["cost"] = {"price_per_hour": 2.0, "usd": 0.01, "usd_to_target": 0.001 if reached else None}
+    for run in steady:
+        run["target"] = {"time_to_target_s": 6.0, "steps_to_target": 40}
+        run["cost"] = {"price_per_hour": 2.0, "usd": 0.01, "usd_to_target": 0.004}
+    compared = build_comparison([LoadedRun(r, "x.json") for r in lucky + steady])
+    by_title = {row[0]: row[1:] for row in table_cells(compared)[1]}
+    assert by_title["time to target, with compilation (s)"] == ["5.0 (1 of 3 reached it)", "6.0"]
+    assert to_json_dict(compared)["summary"][0]["time_to_target"] == {
+        "with_compilation_s": 5.0, "without_compilation_s": pytest.approx(3.0), "repeats_reached": 1, "repeats": 3}
+    lines = energy_and_cost_lines(compared)
+    assert "cost to the target quality of jax: 1 of 3 repeats reached it, not ranked" in lines
+    assert any(line.startswith("cheapest to the target quality: jax+other,") for line in lines), lines
