@@ -5,8 +5,10 @@ estimates one.
 
 Counters are read at the edges of the timed steps (after the device is synchronised) and at the start and end of
 the run. Each process of a run reads the counters of its own devices; the figures are summed over the processes,
-so that a run's joules are those of every device whose tokens tokens/s counts. A RAPL counter wraps at `max_energy_range_uj`; each difference is taken modulo that range, so a run
-longer than one wrap still adds up as long as it is read at least once per wrap (every step is).
+so that a run's joules are those of every device whose tokens tokens/s counts. A RAPL counter wraps at
+`max_energy_range_uj`; each difference is taken modulo that range, and the run's joules are summed reading by
+reading, so a run longer than one wrap still adds up as long as it is read at least once per wrap (every timing
+window is; an evaluation longer than one wrap between two readings would lose one).
 """
 
 import os
@@ -265,10 +267,19 @@ class EnergyMeter:
 
     def __init__(self, counter, reason=None, clock=time.perf_counter):
         self.counter, self.reason, self.clock = counter, reason, clock
+        # The run's joules, summed reading by reading: a counter that wraps (RAPL's) wraps between two readings at
+        # most once, where the run's start and end may lie several wraps apart.
+        self.last_reading, self.run_joules = None, 0.0
         self.run_start, self.run_start_s = self.read(), clock()
 
     def read(self):
-        return None if self.counter is None else self.counter.read()
+        if self.counter is None:
+            return None
+        reading = self.counter.read()
+        if self.last_reading is not None:
+            self.run_joules += self.counter.difference(self.last_reading, reading)
+        self.last_reading = reading
+        return reading
 
     def between(self, before, after):
         """Joules between two readings of this meter; None without a counter."""
@@ -284,7 +295,7 @@ class EnergyMeter:
         run; the run's joules are this process's, so its tokens are those of the steps from the last of them."""
         run_end, run_seconds = self.read(), self.clock() - self.run_start_s
         first = max(resumed_at_steps, default=0)
-        run_joules = self.between(self.run_start, run_end)
+        run_joules = None if run_end is None else self.run_joules
         counted = processes.sum([self.counter is not None, run_joules or 0.0])
         if self.counter is None:
             return {"source": None, "reason": self.reason}, history

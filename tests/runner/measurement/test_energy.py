@@ -293,3 +293,25 @@ def test_the_energy_of_a_run_of_two_processes_is_both_devices_joules():
     assert first["section"]["counts"] == "this process's recorded device only"
     assert first["section"]["steady"] == {"steps": 2, "joules": 60.0, "joules_per_1k_tokens": 60.0, "avg_watts": 30.0}
     assert first["section"]["run"]["joules"] == 210.0
+
+
+class WrappingCounter(RecordedCounter):
+    """A counter of one package that wraps at 100 J, as RAPL's wraps at its max_energy_range_uj."""
+
+    def difference(self, before, after):
+        return sum((b - a) % 100.0 for a, b in zip(before, after))
+
+
+def test_a_run_longer_than_the_counters_wrap_sums_every_reading():
+    """The counter wraps twice in the run, in a step and after the last: the run drew 10 + 80 + 5 + 50 + 80 = 225 J
+    (two wraps and 25), where its start and end readings alone say 25 J."""
+    clock = iter([0.0, 10.0])
+    readings = [[0.0], [10.0], [90.0], [95.0], [45.0], [25.0]]  # start, around two steps, end
+    meter = EnergyMeter(WrappingCounter(readings), clock=lambda: next(clock))
+    history = []
+    for step in (1, 2):
+        history.append({"step": step, "first_of_shape": step == 1, "tokens": 1000, "seconds": 1.0,
+                        "joules": meter.between(meter.read(), meter.read())})
+    assert [h["joules"] for h in history] == [80.0, 50.0]
+    section, _ = meter.section(history)
+    assert section["run"]["joules"] == 225.0 and section["run"]["avg_watts"] == 22.5
