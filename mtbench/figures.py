@@ -332,6 +332,16 @@ def operation_name(name, width=40):
     return name if len(name) <= width else name[:width - 1] + "…"
 
 
+def framework_env_text(result):
+    """The environment variables set for the run that change what the frameworks compute, which kernels they run
+    or on which devices (`env.framework_env`: XLA_FLAGS, inductor's autotuning, TF32 overrides...): 'NAME=value,
+    ...', 'none set', or 'not recorded' (a result before 2026-11-24)."""
+    recorded = result["env"].get("framework_env")
+    if recorded is None:
+        return "not recorded"
+    return ", ".join(f"{name}={value}" for name, value in sorted(recorded.items()) if value is not None) or "none set"
+
+
 RUN_CHOICES = (
     ("train_step", "train step", train_step_text),
     ("host_syncs", "host waits per step", host_syncs_text),
@@ -343,6 +353,7 @@ RUN_CHOICES = (
     ("compile_cache", "compile cache", compile_cache_text),
     ("loss_scaling", "float16 loss scaling", loss_scaling_choice_text),
     ("cores", "cores and threads", cores_text),
+    ("framework_env", "framework environment", framework_env_text),
 )
 
 

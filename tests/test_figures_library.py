@@ -132,3 +132,15 @@ def test_under_the_command_line_a_plugins_old_name_is_warned_about_on_stderr(tmp
     warned = [line for line in proc.stderr.splitlines() if "DeprecationWarning: mtbench.FIGURES moved" in line]
     assert len(warned) == 2
     assert all("old_plugin.py" in line for line in warned)
+
+
+def test_the_framework_environment_row_names_the_variables_set():
+    """A variable set for one run (XLA's flags for JAX's) shows beside the figures; unset ones do not."""
+    from mtbench.figures import RUN_CHOICES, framework_env_text
+    assert ("framework_env", "framework environment", framework_env_text) in RUN_CHOICES
+    recorded = {"XLA_FLAGS": "--xla_gpu_autotune_level=0", "NVIDIA_TF32_OVERRIDE": None,
+                "JAX_PLATFORMS": "cuda", "CUDA_VISIBLE_DEVICES": None}
+    assert framework_env_text({"env": {"framework_env": recorded}}) == \
+        "JAX_PLATFORMS=cuda, XLA_FLAGS=--xla_gpu_autotune_level=0"
+    assert framework_env_text({"env": {"framework_env": {"XLA_FLAGS": None}}}) == "none set"
+    assert framework_env_text({"env": {}}) == "not recorded"

@@ -54,9 +54,11 @@ extras changed is checked again for the device.
 1.26: `file_sha256` and `unusable_directory`; `Backend.compile_cache_state` records a directory that cannot be made.
 1.27: `Backend.attention_kernels(fused, device, run)`, the run whose model's attention a dispatcher that chooses by
 its inputs is asked about; the form without `run` is deprecated.
+1.28: `framework_env_text` (the environment variables set that change the frameworks' arithmetic or kernels) among
+`RUN_CHOICES`.
 """
 
-PLUGIN_API_VERSION = "1.27"
+PLUGIN_API_VERSION = "1.28"
 
 
 def next_major(version=PLUGIN_API_VERSION):
