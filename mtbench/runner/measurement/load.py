@@ -6,7 +6,7 @@ most macOS machines) is None.
 
 The load average is a moving average over a minute: it counts this run's own threads and, right after another
 run, that run's too. The CPU time other processes used while this run trained, from /proc/stat less this
-process's own (getrusage), is what tells a loaded machine from a busy run."""
+process's own and its descendants' (getrusage and /proc), is what tells a loaded machine from a busy run."""
 
 import datetime
 import glob
@@ -68,15 +68,45 @@ class LoadSample:
     load_average: list   # [1, 5, 15 minute], or None
     cpu_mhz: float       # or None
     ticks: dict          # cpu_ticks(), or None
-    own_cpu_s: float     # CPU seconds this process has used, every thread, user and system
+    own_cpu_s: float     # CPU seconds this process and those it started have used (`own_cpu_seconds`)
 
     def record(self):
         return {"at": self.at, "load_average": self.load_average, "cpu_mhz": self.cpu_mhz}
 
 
-def own_cpu_seconds():
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+def own_cpu_seconds(proc="/proc"):
+    """CPU seconds this process and the processes it started have used: its own threads', its children's that
+    ended (getrusage), and those of its descendants still running or not yet waited for (/proc; torch.compile's
+    compile workers run beside the process, and their work is the run's, not another job's)."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage) + descendants_cpu_seconds(os.getpid(), proc)
+
+
+def descendants_cpu_seconds(pid, proc="/proc"):
+    """CPU seconds of the processes below `pid` still in /proc (running, or ended and not yet waited for): each
+    one's own and its ended children's (stat's utime, stime, cutime, cstime); 0 where /proc does not list them."""
+    total, pending, seen = 0.0, [pid], {pid}
+    ticks = os.sysconf("SC_CLK_TCK")
+    while pending:
+        parent = pending.pop()
+        for children in glob.glob(f"{proc}/{parent}/task/*/children"):
+            try:
+                with open(children) as f:
+                    found = [int(child) for child in f.read().split()]
+            except OSError:  # the thread or the process ended meanwhile
+                continue
+            for child in found:
+                if child in seen:
+                    continue
+                seen.add(child)
+                pending.append(child)
+                try:
+                    with open(f"{proc}/{child}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()  # after the command, which may hold spaces
+                except OSError:
+                    continue
+                total += sum(int(value) for value in fields[11:15]) / ticks  # utime, stime, cutime, cstime
+    return total
 
 
 def sample_load():

@@ -84,3 +84,26 @@ def test_steal_and_other_processes_are_shares_of_the_cpus_time():
     # This process alone kept the CPUs busy: nobody else took anything.
     alone = LoadSample("t1", None, None, ticks(user=1600, idle=5400), 16.0)
     assert other_processes_percent(before, alone, ticks_per_s=100) == 0.0
+
+
+@on_linux
+def test_the_work_of_the_processes_a_run_started_is_its_own():
+    """torch.compile's compile workers run beside the process: their CPU time is the run's, counted while they
+    run, once they have ended and once they were waited for, not another process's."""
+    import subprocess
+    import time
+
+    from mtbench.runner.measurement.load import own_cpu_seconds
+    before = own_cpu_seconds()
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\n"
+                                                   "while time.process_time() < end: pass\ntime.sleep(30)"])
+    try:
+        for _ in range(100):  # until its half second of work is done (it then sleeps, still running)
+            time.sleep(0.1)
+            if own_cpu_seconds() - before >= 0.5:
+                break
+        assert own_cpu_seconds() - before >= 0.5  # a child still running
+    finally:
+        busy.kill()
+    busy.wait()
+    assert own_cpu_seconds() - before >= 0.5  # ended and waited for: getrusage's children
