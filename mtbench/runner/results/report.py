@@ -416,13 +416,14 @@ class Comparison:
 
     def break_even(self, group):
         """After how many steps `group` and the baseline overtake each other (`verdicts.break_even`, from the
-        medians over repeats of their compile time and steady step time); None for the baseline."""
+        medians over repeats of their compile time and mean steady step); None for the baseline."""
         if group is self.baseline:
             return None
         pair = (group, self.baseline)
+        # The total time of n steps grows with the mean step, not the median (a skewed run's parts by its tail).
         even = stats.break_even(group.label, self.baseline.label,
                                 {g.label: g.stat("compile_s").median for g in pair},
-                                {g.label: g.stat("step_s_median").median for g in pair})
+                                {g.label: Stat.of([stats.mean_step_s(r) for r in g.results]).median for g in pair})
         step = self.verdicts.get(group.label, {}).get("step_s_median")
         if even and even.steps is not None and step and step.call == "no difference":
             # The point where one overtakes the other rests on which steps faster, which the noise leaves open.

@@ -517,6 +517,15 @@ def break_even(run, against, compile_s, step_s):
                      whole, seconds, fast_compile, slow_compile)
 
 
+def mean_step_s(result):
+    """A run's mean steady step (its steady seconds over its steady steps), what its total time grows by a step;
+    the median step for a result that recorded neither (before 2026-11-23)."""
+    timing = result["timing"]
+    if timing.get("steady_steps") and timing.get("steady_s") is not None:
+        return timing["steady_s"] / timing["steady_steps"]
+    return timing.get("step_s_median")
+
+
 def compile_excess(history, up_to_step=None):
     """The compilation of a run's first-of-shape steps up to `up_to_step` (all without it): each one's time less
     the median steady step of its shape (of all steady steps where its shape has none), at least 0, summed (as

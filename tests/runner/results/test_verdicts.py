@@ -41,6 +41,7 @@ def result(backend="jax", extras=(), step_s=0.015, seed=0, group="c", **history_
         "model": {"dtype_policy": "float32", "attention": {"causal": "xla (unfused)", "masked": "xla (unfused)"}},
         "env": {"device": {"kind": "cpu", "name": "CPU"}, "cpu_count": 2, "keras": "3", "python": "3.11"},
         "timing": {"compile_s": stats.compile_excess(steps), "step_s_median": float(np.median(steady)),
+                   "steady_s": float(sum(steady)), "steady_steps": len(steady),
                    "step_s_p90": float(np.percentile(steady, 90)),
                    "tokens_per_s": sum(h["tokens"] for h in steps[1:]) / sum(steady), "train_s": None,
                    "total_s": None},
@@ -692,3 +693,21 @@ def test_a_time_to_target_says_how_many_repeats_reached_it():
     lines = energy_and_cost_lines(compared)
     assert "cost to the target quality of jax: 1 of 3 repeats reached it, not ranked" in lines
     assert any(line.startswith("cheapest to the target quality: jax+other,") for line in lines), lines
+
+
+def test_a_break_even_counts_the_mean_step_that_the_total_time_grows_by():
+    """A run whose steps are mostly 10 ms with one in five at 60 ms steps 20 ms on average, its median 10 ms: beside
+    a run of steady 15 ms steps that compiles 2 s more, it steps slower, and the steady run overtakes it after
+    2 s / 5 ms = 400 steps, at 1.0 + 400 x 0.020 = 9.0 s; by the medians it was faster at both."""
+    from mtbench.runner.results.verdicts import mean_step_s
+    skewed, steady = result(extras=("skewed",), compile_s=1.0, noise=0.0), result(compile_s=3.0, noise=0.0)
+    for entry in skewed["history"][1:]:
+        entry["seconds"] = 0.060 if entry["step"] % 5 == 0 else 0.010
+    seconds = [h["seconds"] for h in skewed["history"][1:]]
+    skewed["timing"].update(step_s_median=float(np.median(seconds)), steady_s=float(sum(seconds)),
+                            steady_steps=len(seconds))
+    assert (skewed["timing"]["step_s_median"], mean_step_s(skewed)) == (0.010, pytest.approx(0.020))
+    compared = build_comparison([LoadedRun(steady, "a.json"), LoadedRun(skewed, "b.json")])
+    even = compared.break_even(compared.groups[1])
+    assert (even.steps, even.seconds) == (400, pytest.approx(9.0))
+    assert even.text == "jax overtakes jax+skewed after 400 steps (9.0 s)"
