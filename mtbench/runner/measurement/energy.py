@@ -270,7 +270,8 @@ class EnergyMeter:
         # The run's joules, summed reading by reading: a counter that wraps (RAPL's) wraps between two readings at
         # most once, where the run's start and end may lie several wraps apart.
         self.last_reading, self.run_joules = None, 0.0
-        self.run_start, self.run_start_s = self.read(), clock()
+        self.read()
+        self.run_start_s = clock()
 
     def read(self):
         if self.counter is None:

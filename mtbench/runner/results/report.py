@@ -800,9 +800,10 @@ def energy_and_cost_lines(comparison):
     lines += energy_scope_lines(comparison)
     priced = [group for group in comparison.groups if group.stat("usd_to_target").median is not None]
     # A run that reached the target in some repeats only is not ranked on the cost of those.
-    partly = [group for group in priced if comparison.target_reached(group)[0] < len(group.results)]
-    lines += [f"cost to the target quality of {group.label}: {reached} of {repeats} repeats reached it, not ranked"
-              for group in partly for reached, repeats in [comparison.target_reached(group)]]
+    reached = {group.label: comparison.target_reached(group) for group in priced}
+    partly = [group for group in priced if reached[group.label][0] < reached[group.label][1]]
+    lines += [f"cost to the target quality of {group.label}: {reached[group.label][0]} of {reached[group.label][1]} "
+              f"repeats reached it, not ranked" for group in partly]
     priced = [group for group in priced if group not in partly]
     if priced:
         cheapest = min(priced, key=lambda group: group.stat("usd_to_target").median)
