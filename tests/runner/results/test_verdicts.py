@@ -56,6 +56,12 @@ def repeats(count, seed=0, **options):
     return [result(seed=seed + number, **options) for number in range(count)]
 
 
+def steady_tokens_per_s(run):
+    """A run's steady tokens/s counted from its history by hand: its steady steps' tokens over their seconds."""
+    steady = [h for h in run["history"] if not h["first_of_shape"]]
+    return sum(h["tokens"] for h in steady) / sum(h["seconds"] for h in steady)
+
+
 def test_the_step_times_point_is_the_lower_median_its_resamples_draw():
     """Each resample's step time is the lower median of its windows' per-step times; the point is the same
     estimator (np.median's mean of the middle two, 0.25 here, is a value no resample takes)."""
@@ -221,11 +227,7 @@ def test_paired_repeats_are_left_out_with_their_partners():
     for lost in (candidate[1], reference[3]):
         lost["history"] = lost["history"][:1]  # its first step alone: compilation
         lost["timing"]["compile_s"] = None
-
-    def speed(run):
-        steady = run["history"][1:]
-        return sum(h["tokens"] for h in steady) / sum(h["seconds"] for h in steady)
-    for key, figure in (("tokens_per_s", speed), ("compile_s", lambda run: run["timing"]["compile_s"])):
+    for key, figure in (("tokens_per_s", steady_tokens_per_s), ("compile_s", lambda run: run["timing"]["compile_s"])):
         interval = stats.ratio_interval(key, candidate, reference, paired=True)
         logs = np.array([math.log(figure(candidate[k]) / figure(reference[k])) for k in (0, 2)])
         half = 12.7062047 * logs.std(ddof=1) / math.sqrt(2)  # Student's t at 97.5 %, 1 degree of freedom
@@ -481,12 +483,6 @@ def test_a_break_even_says_where_a_compile_time_came_from_a_warm_cache():
     assert held.text == faster.text and held.compile_caches == {"jax+slow-step": "cold", "jax": "warm"}
     moved = with_compile_caches(faster, {"jax+slow-step": "partly warm", "jax": "cold"})
     assert moved.text.endswith("(compile caches: jax+slow-step partly warm, jax cold; a cold start compiles longer)")
-
-
-def steady_tokens_per_s(run):
-    """A run's steady tokens/s counted from its history by hand: its steady steps' tokens over their seconds."""
-    steady = [h for h in run["history"] if not h["first_of_shape"]]
-    return sum(h["tokens"] for h in steady) / sum(h["seconds"] for h in steady)
 
 
 T_975_2 = 4.302652729911275  # Student's t, 97.5th percentile, 2 degrees of freedom (3 paired repeats)
