@@ -6,12 +6,17 @@ most macOS machines) is None.
 
 The load average is a moving average over a minute: it counts this run's own threads and, right after another
 run, that run's too. The CPU time other processes used while this run trained, from /proc/stat less this
-process's own and its descendants' (getrusage and /proc), is what tells a loaded machine from a busy run."""
+process's own and its descendants' (getrusage and /proc), is what tells a loaded machine from a busy run.
+
+On a GPU the contention that matters most is another process computing on the run's GPU: nvidia-smi's compute
+processes, as training begins and as it ends, tell those on the GPUs where the run's own processes are listed."""
 
 import datetime
 import glob
 import os
 import resource
+import shutil
+import subprocess
 from dataclasses import dataclass
 
 # /proc/stat's aggregate "cpu" line: time in USER_HZ ticks since boot, in this order (guest time is already
@@ -69,6 +74,7 @@ class LoadSample:
     cpu_mhz: float       # or None
     ticks: dict          # cpu_ticks(), or None
     own_cpu_s: float     # CPU seconds this process and those it started have used (`own_cpu_seconds`)
+    gpu_others: list = None  # `other_gpu_processes()` on the run's GPUs; None: unknown, or no GPU
 
     def record(self):
         return {"at": self.at, "load_average": self.load_average, "cpu_mhz": self.cpu_mhz}
@@ -82,36 +88,120 @@ def own_cpu_seconds(proc="/proc"):
     return sum(u.ru_utime + u.ru_stime for u in usage) + descendants_cpu_seconds(os.getpid(), proc)
 
 
-def descendants_cpu_seconds(pid, proc="/proc"):
-    """CPU seconds of the processes below `pid` still in /proc (running, or ended and not yet waited for): each
-    one's own and its ended children's (stat's utime, stime, cutime, cstime); 0 where /proc does not list them."""
-    total, pending, seen = 0.0, [pid], {pid}
-    ticks = os.sysconf("SC_CLK_TCK")
+def descendant_pids(pid, proc="/proc"):
+    """The pids of the processes below `pid` that /proc lists (running, or ended and not yet waited for), children
+    before grandchildren; empty where /proc does not list them. A process's children are listed per thread (each
+    thread's `children` file names those it started), so every thread's is read."""
+    found, pending, seen = [], [pid], {pid}
     while pending:
         parent = pending.pop()
         for children in glob.glob(f"{proc}/{parent}/task/*/children"):
             try:
                 with open(children) as f:
-                    found = [int(child) for child in f.read().split()]
+                    listed = [int(child) for child in f.read().split()]
             except OSError:  # the thread or the process ended meanwhile
                 continue
-            for child in found:
-                if child in seen:
-                    continue
-                seen.add(child)
-                pending.append(child)
-                try:
-                    with open(f"{proc}/{child}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()  # after the command, which may hold spaces
-                except OSError:
-                    continue
-                total += sum(int(value) for value in fields[11:15]) / ticks  # utime, stime, cutime, cstime
+            for child in listed:
+                if child not in seen:
+                    seen.add(child)
+                    pending.append(child)
+                    found.append(child)
+    return found
+
+
+def descendants_cpu_seconds(pid, proc="/proc"):
+    """CPU seconds of the processes below `pid` still in /proc (running, or ended and not yet waited for): each
+    one's own and its ended children's (stat's utime, stime, cutime, cstime); 0 where /proc does not list them."""
+    total, ticks = 0.0, os.sysconf("SC_CLK_TCK")
+    for child in descendant_pids(pid, proc):
+        try:
+            with open(f"{proc}/{child}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command, which may hold spaces
+        except OSError:
+            continue
+        total += sum(int(value) for value in fields[11:15]) / ticks  # utime, stime, cutime, cstime
     return total
 
 
-def sample_load():
-    return LoadSample(datetime.datetime.now().astimezone().isoformat(timespec="seconds"), load_average(),
-                      cpu_mhz(), cpu_ticks(), own_cpu_seconds())
+def own_pids(own_processes=1, proc="/proc"):
+    """The pids of the run's processes on this machine: this process and its descendants (compile workers) or,
+    where the run has several local processes, which a launcher started, the launcher and all below it."""
+    root = os.getpid() if own_processes <= 1 else os.getppid()
+    return {os.getpid(), root, *descendant_pids(root, proc)}
+
+
+def gpu_compute_processes(nvidia_smi="nvidia-smi", timeout_s=5):
+    """The compute processes on the machine's NVIDIA GPUs, as nvidia-smi lists them: one {gpu_uuid, pid, name,
+    used_memory_mib} each (memory null where nvidia-smi gives none, "[N/A]" under some drivers and in
+    containers); None where nvidia-smi is missing, fails or hangs (a wedged driver: the run must not wait on
+    it)."""
+    try:
+        listed = subprocess.run([nvidia_smi, "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                                 "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                                timeout=timeout_s, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    processes = []
+    for line in listed.stdout.splitlines():
+        raw = line.split(",")
+        fields = [field.strip() for field in raw]
+        if len(fields) < 4:  # "No running processes found" and the like
+            continue
+        try:
+            pid = int(fields[1])
+        except ValueError:
+            continue
+        try:
+            memory = int(float(fields[-1]))
+        except ValueError:
+            memory = None
+        # A process name holding commas spans several fields: the memory is the last.
+        processes.append({"gpu_uuid": fields[0], "pid": pid, "name": ",".join(raw[2:-1]).strip(),
+                          "used_memory_mib": memory})
+    return processes
+
+
+def other_gpu_processes(processes, pids):
+    """Of `gpu_compute_processes()`, those not among `pids` (the run's own) on a GPU where one of `pids` is listed,
+    as {pid, name, used_memory_mib}; None where none of `pids` is listed: the run computes on no GPU, or
+    nvidia-smi sees another PID namespace (a container's), where the run's processes cannot be told apart and a
+    list would be a false alarm."""
+    if processes is None:
+        return None
+    gpus = {process["gpu_uuid"] for process in processes if process["pid"] in pids}
+    if not gpus:
+        return None
+    return [{key: process[key] for key in ("pid", "name", "used_memory_mib")} for process in processes
+            if process["gpu_uuid"] in gpus and process["pid"] not in pids]
+
+
+def sample_load(own_processes=1, nvidia_smi="nvidia-smi"):
+    """The machine's load now; `own_processes` as `machine_load`'s. nvidia-smi runs only where it is installed:
+    elsewhere a subprocess would only find what `shutil.which` does, that there is no NVIDIA GPU."""
+    sample = LoadSample(datetime.datetime.now().astimezone().isoformat(timespec="seconds"), load_average(),
+                        cpu_mhz(), cpu_ticks(), own_cpu_seconds())
+    if shutil.which(nvidia_smi) is not None:
+        sample.gpu_others = other_gpu_processes(gpu_compute_processes(nvidia_smi), own_pids(own_processes))
+    return sample
+
+
+def gpu_other_processes(before, after):
+    """The other processes on the run's GPUs in either of two samples' `gpu_others`, once each by pid, with when
+    they were seen ("before", "after" or "both") and the larger memory; None where neither sample knows."""
+    if before is None and after is None:
+        return None
+    merged = {}
+    for moment, processes in (("before", before), ("after", after)):
+        for process in processes or []:
+            seen = merged.get(process["pid"])
+            if seen is None:
+                merged[process["pid"]] = {**process, "seen": moment}
+                continue
+            seen["seen"] = "both" if seen["seen"] != moment else moment
+            memories = [m for m in (seen["used_memory_mib"], process["used_memory_mib"]) if m is not None]
+            seen["used_memory_mib"] = max(memories) if memories else None
+            seen["name"] = seen["name"] or process["name"]
+    return list(merged.values())
 
 
 def _elapsed_ticks(before, after):
@@ -144,8 +234,10 @@ def other_processes_percent(before, after, ticks_per_s=None):
 def machine_load(before, after, own_processes=1):
     """The result's `machine_load` section from the samples taken as training began and as it ended: the cores
     the load average is measured against, each sample, and in between the CPU time other processes took and the
-    steal time. `own_processes`: the run's processes on this machine; where there are several, the others are
-    the run's own too, and other processes' time is not told apart (None)."""
+    steal time, and the other processes computing on the run's GPUs. `own_processes`: the run's processes on this
+    machine; where there are several, the others are the run's own too, and other processes' time is not told
+    apart (None)."""
     return {"cores": os.cpu_count(), "before_training": before.record(), "after_training": after.record(),
             "other_processes_percent": other_processes_percent(before, after) if own_processes == 1 else None,
-            "steal_percent": steal_percent(before.ticks, after.ticks)}
+            "steal_percent": steal_percent(before.ticks, after.ticks),
+            "gpu_other_processes": gpu_other_processes(before.gpu_others, after.gpu_others)}

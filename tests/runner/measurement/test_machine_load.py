@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from mtbench.runner.measurement.load import (LoadSample, cpu_mhz, cpu_ticks, load_average, machine_load,
-                                             other_processes_percent, sample_load, steal_percent)
+from mtbench.runner.measurement.load import (LoadSample, cpu_mhz, cpu_ticks, descendant_pids, gpu_compute_processes,
+                                             load_average, machine_load, other_gpu_processes, other_processes_percent,
+                                             own_pids, sample_load, steal_percent)
 
 on_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
 
@@ -107,3 +108,114 @@ def test_the_work_of_the_processes_a_run_started_is_its_own():
         busy.kill()
     busy.wait()
     assert own_cpu_seconds() - before >= 0.5  # ended and waited for: getrusage's children
+
+
+def fake_nvidia_smi(tmp_path, listing, exit_code=0):
+    """An executable that answers nvidia-smi's compute-apps query with `listing` (and `exit_code`), and records
+    the arguments it was called with beside it."""
+    script = tmp_path / "nvidia-smi"
+    (tmp_path / "listing.csv").write_text(listing)
+    script.write_text(f'#!/bin/sh\necho "$@" > "{tmp_path}/args"\ncat "{tmp_path}/listing.csv"\nexit {exit_code}\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+@on_linux  # the fake nvidia-smi is a shell script
+def test_other_processes_on_the_runs_gpu_are_told_apart_from_its_own_and_other_gpus(tmp_path):
+    own = os.getpid()
+    smi = fake_nvidia_smi(tmp_path, f"GPU-A, {own}, /usr/bin/python3, 1024\n"
+                                    "GPU-A, 4242, /opt/conda/bin/python3, 20480\n"
+                                    "GPU-B, 5151, /usr/bin/java, 512\n")
+    listed = gpu_compute_processes(smi)
+    assert (tmp_path / "args").read_text().split() == [
+        "--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv,noheader,nounits"]
+    assert listed == [{"gpu_uuid": "GPU-A", "pid": own, "name": "/usr/bin/python3", "used_memory_mib": 1024},
+                      {"gpu_uuid": "GPU-A", "pid": 4242, "name": "/opt/conda/bin/python3", "used_memory_mib": 20480},
+                      {"gpu_uuid": "GPU-B", "pid": 5151, "name": "/usr/bin/java", "used_memory_mib": 512}]
+    # GPU-B's process is on another GPU, not the run's.
+    assert other_gpu_processes(listed, own_pids()) == [
+        {"pid": 4242, "name": "/opt/conda/bin/python3", "used_memory_mib": 20480}]
+    # GPU-A's processes both the run's: nothing else on its GPU, whatever computes on GPU-B.
+    assert other_gpu_processes(listed, {own, 4242}) == []
+    # The run also on GPU-B (a rank there): GPU-A's other process is still another's.
+    assert [p["pid"] for p in other_gpu_processes(listed, {own, 5151})] == [4242]
+
+
+@on_linux
+def test_a_listing_that_cannot_be_matched_to_the_run_says_unknown(tmp_path):
+    """A container's nvidia-smi lists the host's pids: none is the run's, and a list would be a false alarm."""
+    smi = fake_nvidia_smi(tmp_path, "GPU-A, 4242, python3, 20480\nGPU-B, 5151, java, 512\n")
+    listed = gpu_compute_processes(smi)
+    assert [p["pid"] for p in listed] == [4242, 5151]
+    assert other_gpu_processes(listed, own_pids()) is None
+    assert other_gpu_processes(None, own_pids()) is None
+
+
+@on_linux
+def test_nvidia_smi_missing_or_failing_gives_none(tmp_path):
+    assert gpu_compute_processes(str(tmp_path / "no-nvidia-smi")) is None
+    failing = fake_nvidia_smi(tmp_path, f"GPU-A, {os.getpid()}, python3, 1024\n", exit_code=1)
+    assert gpu_compute_processes(failing) is None
+    hanging = tmp_path / "hanging-nvidia-smi"
+    hanging.write_text("#!/bin/sh\nexec sleep 30\n")
+    hanging.chmod(0o755)
+    assert gpu_compute_processes(str(hanging), timeout_s=0.5) is None
+
+
+@on_linux
+def test_the_listing_is_parsed_robustly(tmp_path):
+    smi = fake_nvidia_smi(tmp_path, "No running processes found\n"
+                                    "GPU-A, 4242, python3, [N/A]\n"
+                                    "GPU-A, [N/A], ghost, 10\n"
+                                    "\n"
+                                    "GPU-A, 77, my,odd name, 300\n")
+    assert gpu_compute_processes(smi) == [
+        {"gpu_uuid": "GPU-A", "pid": 4242, "name": "python3", "used_memory_mib": None},
+        {"gpu_uuid": "GPU-A", "pid": 77, "name": "my,odd name", "used_memory_mib": 300}]
+    assert gpu_compute_processes(fake_nvidia_smi(tmp_path, "")) == []
+
+
+@on_linux
+def test_a_sample_records_the_other_gpu_processes_only_where_nvidia_smi_is_installed(tmp_path, monkeypatch):
+    smi = fake_nvidia_smi(tmp_path, f"GPU-A, {os.getpid()}, python3, 1024\nGPU-A, 4242, python3, 20480\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert sample_load(nvidia_smi="nvidia-smi").gpu_others == [
+        {"pid": 4242, "name": "python3", "used_memory_mib": 20480}]
+    assert sample_load(nvidia_smi=smi).gpu_others == [{"pid": 4242, "name": "python3", "used_memory_mib": 20480}]
+    assert sample_load(nvidia_smi="no-such-nvidia-smi").gpu_others is None
+
+
+def test_the_section_lists_each_other_gpu_process_once_with_when_it_was_seen():
+    def sample(gpu_others):
+        return LoadSample("t", None, None, None, 1.0, gpu_others)
+    began = [{"pid": 4242, "name": "python3", "used_memory_mib": 1024},
+             {"pid": 77, "name": "java", "used_memory_mib": None}]
+    ended = [{"pid": 4242, "name": "python3", "used_memory_mib": 20480},
+             {"pid": 99, "name": "", "used_memory_mib": 8}]
+    assert machine_load(sample(began), sample(ended))["gpu_other_processes"] == [
+        {"pid": 4242, "name": "python3", "used_memory_mib": 20480, "seen": "both"},
+        {"pid": 77, "name": "java", "used_memory_mib": None, "seen": "before"},
+        {"pid": 99, "name": "", "used_memory_mib": 8, "seen": "after"}]
+    assert machine_load(sample(None), sample(ended[1:]))["gpu_other_processes"] == [
+        {"pid": 99, "name": "", "used_memory_mib": 8, "seen": "after"}]
+    assert machine_load(sample([]), sample([]))["gpu_other_processes"] == []
+    assert machine_load(sample(None), sample(None))["gpu_other_processes"] is None
+    quiet = LoadSample("t", None, None, None, 1.0)  # made as before the GPU was looked at
+    assert machine_load(quiet, quiet)["gpu_other_processes"] is None
+
+
+@on_linux
+def test_the_processes_a_run_started_are_its_own():
+    import subprocess
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert sleeper.pid in descendant_pids(os.getpid())
+        assert sleeper.pid in own_pids()
+        assert sleeper.pid not in descendant_pids(sleeper.pid)
+        # Ranks a launcher started: its (this process's parent's) descendants, this process among them.
+        launched = own_pids(own_processes=2)
+        assert {os.getppid(), os.getpid(), sleeper.pid} <= launched
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert sleeper.pid not in descendant_pids(os.getpid())  # waited for: gone from /proc

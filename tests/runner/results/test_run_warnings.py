@@ -8,6 +8,7 @@ Real tiny runs give the results; the figures a warning is about are then set to 
 import csv
 import io
 import json
+import shutil
 
 import pytest
 from rich.console import Console
@@ -25,13 +26,13 @@ def copy(result):
 
 
 def quiet(result):
-    """`result` as if it ran on a quiet machine: steps that do not scatter, nobody else on the CPUs, a peak
-    measured at rest, and a model that translated."""
+    """`result` as if it ran on a quiet machine: steps that do not scatter, nobody else on the CPUs or the GPU, a
+    peak measured at rest, and a model that translated."""
     quieted = copy(result)
     timing = quieted["timing"]
     timing["step_s_p90"] = timing["step_s_median"] * 1.2
     load = quieted["machine_load"]
-    load["other_processes_percent"], load["steal_percent"] = 1.0, 0.0
+    load["other_processes_percent"], load["steal_percent"], load["gpu_other_processes"] = 1.0, 0.0, []
     load["before_training"]["load_average"] = load["after_training"]["load_average"] = [0.5, 0.4, 0.3]
     quieted["utilization"]["peak_load_average"] = [0.3, 0.2, 0.1]
     quieted["metrics"].pop("quality_warning", None)  # a tiny model may translate every sentence to nothing
@@ -58,6 +59,10 @@ def test_every_run_records_the_machine_load_around_training(tiny_runs):
         assert before["at"] <= after["at"]
         assert len(before["load_average"]) == 3 and len(after["load_average"]) == 3
         assert 0 <= load["other_processes_percent"] <= 100 and 0 <= load["steal_percent"] <= 100
+        if shutil.which("nvidia-smi") is None:  # no NVIDIA GPU: nothing to say of one
+            assert load["gpu_other_processes"] is None
+        else:
+            assert load["gpu_other_processes"] is None or isinstance(load["gpu_other_processes"], list)
         # The MFU peak says when and under what load it was measured.
         utilization = result["utilization"]
         if device_kind(result["backend"]) == "cpu":  # a GPU's peak is its datasheet's
@@ -175,6 +180,30 @@ def test_a_machine_loaded_by_other_processes_is_flagged(tiny_runs):
     result["machine_load"]["before_training"]["load_average"] = [cores + 1.9, 2.1, 1.2]
     assert run_warnings(result)[0].startswith(f"machine loaded: load average {cores + 1.9:g} before training")
     result["machine_load"]["before_training"]["load_average"] = [cores - 0.5, 2.1, 1.2]
+    assert run_warnings(result) == []
+
+
+def test_other_processes_on_the_runs_gpu_are_flagged(tiny_runs):
+    result = quiet(tiny_runs["jax"]["result"])
+    load = result["machine_load"]
+    load["gpu_other_processes"] = [{"pid": 4242, "name": "/usr/bin/python3", "used_memory_mib": 20480,
+                                    "seen": "both"}]
+    assert run_warnings(result) == [
+        "GPU shared: 1 other process computed on this run's GPU as training began or ended (pid 4242 python3, "
+        "20,480 MiB): its times are shared"]
+    assert rows(result)["machine load (training start -> end)"].split(", CPU clock")[0].endswith(
+        ", other GPU processes: 1")
+    load["gpu_other_processes"] += [{"pid": 100 + i, "name": "java" if i else "", "used_memory_mib": None,
+                                     "seen": "after"} for i in range(4)]
+    assert run_warnings(result) == [
+        "GPU shared: 5 other processes computed on this run's GPU as training began or ended (pid 4242 python3, "
+        "20,480 MiB; pid 100; pid 101 java; and 2 more): its times are shared"]
+    assert ", other GPU processes: 5" in rows(result)["machine load (training start -> end)"]
+    for nobody in ([], None):  # nothing else on the GPU; not known (no GPU, or pids nvidia-smi cannot match)
+        load["gpu_other_processes"] = nobody
+        assert run_warnings(result) == []
+        assert "GPU" not in rows(result)["machine load (training start -> end)"]
+    del load["gpu_other_processes"]  # a result written before it was recorded
     assert run_warnings(result) == []
 
 
