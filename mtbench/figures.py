@@ -377,6 +377,14 @@ STEAL_BOUND = 5.0        # percent of the CPUs' time the hypervisor gave to othe
 MIN_STEADY_WINDOWS = 3   # timing windows (clock readings) of steady steps below which the median and p90 show no spread
 
 
+def _gpu_process_text(process):
+    """'pid 4242 python3, 20,480 MiB': nvidia-smi names a process by its executable's path, of which the name
+    says enough."""
+    name = (process.get("name") or "").replace("\\", "/").rsplit("/", 1)[-1]
+    memory = process.get("used_memory_mib")
+    return f"pid {process['pid']}{f' {name}' if name else ''}{f', {memory:,} MiB' if memory is not None else ''}"
+
+
 def _loaded(load_average, cores):
     """The 1-minute load average when it is above `cores`, else None."""
     return load_average[0] if load_average and cores and load_average[0] > cores else None
@@ -432,8 +440,9 @@ def run_warnings(result):
     (interrupted, diverged), a run resumed (some figures its last process's), steady steps that scatter or were
     timed in too few windows, programs compiled after the warm-up steps, a machine loaded while the run trained
     (other processes used more than OTHERS_BOUND of its CPUs; where the OS does not tell, a load average above the
-    cores as training began) or whose hypervisor took its CPUs, and an MFU peak measured while the load average
-    was above the cores. Results written before the machine's load was recorded get no load warning."""
+    cores as training began) or whose hypervisor took its CPUs, other processes computing on the run's GPUs
+    (nvidia-smi's, as training began or ended), and an MFU peak measured while the load average was above the
+    cores. Results written before the machine's load was recorded get no load warning."""
     warnings = []
     if result.get("status", "completed") != "completed":  # a partial result: its figures stop where it stopped
         done = (result.get("history") or [{}])[-1].get("step", 0)
@@ -481,6 +490,12 @@ def run_warnings(result):
     if steal is not None and steal > STEAL_BOUND:
         warnings.append(f"the hypervisor took {steal:g} % of the CPUs' time while the run trained (steal; bound "
                         f"{STEAL_BOUND:g} %)")
+    sharing = load.get("gpu_other_processes")
+    if sharing:
+        warnings.append(f"GPU shared: {len(sharing)} other process{'es' * (len(sharing) != 1)} computed on this run's "
+                        f"GPU{'s' * ((result.get('devices_used') or 1) > 1)} as training began or ended "
+                        f"({'; '.join(_gpu_process_text(process) for process in sharing[:3])}"
+                        f"{f'; and {len(sharing) - 3} more' if len(sharing) > 3 else ''}): its times are shared")
     late = compiled_after_warm_up(result.get("history"))
     if late:
         count, windows = sum(late.values()), ", ".join(f"{step:,}" for step in late)
@@ -588,6 +603,36 @@ def run_label(result):
 def run_dtype(result):
     """The dtype policy the model really ran with (an extra may set one), else the one asked for."""
     return result["model"].get("dtype_policy") or result["config"]["dtype"]
+
+
+# The accelerator software under a run's figures: a CUDA runtime, cuDNN or ROCm of another version runs other kernels.
+ACCELERATOR_SOFTWARE = (("cuda_version", "CUDA"), ("rocm_version", "ROCm"), ("cudnn_version", "cuDNN"))
+
+
+def versions_text(result, with_mtbench=True):
+    """'jax 0.10.2, jaxlib 0.10.2, keras 3.15.1, python 3.11.7, CUDA 12.8, cuDNN 9.8.0, NVIDIA driver 570.86.15,
+    mtbench 0.1.0 (git 0123456789ab-dirty)': the software a run trained with. The accelerator's only where the run
+    computed on one (a CUDA build of torch timing the CPU runs no CUDA); mtbench's own and its commit where
+    `with_mtbench` (a table with a commit column of its own leaves them out)."""
+    env = result["env"]
+    parts = [f"{name} {version}" for name, version in (env.get("backend_versions") or {}).items()]
+    parts.append(f"keras {env['keras']}")
+    if env.get("python"):
+        parts.append(f"python {env['python']}")
+    if (env.get("device") or {}).get("kind") not in (None, "cpu"):
+        parts += [f"{name} {env[key]}" for key, name in ACCELERATOR_SOFTWARE if env.get(key)]
+        if env.get("cuda_version") and env.get("nvidia_driver_version"):
+            parts.append(f"NVIDIA driver {env['nvidia_driver_version']}")
+    if with_mtbench and env.get("mtbench"):
+        commit = env.get("mtbench_git_commit")
+        parts.append(f"mtbench {env['mtbench']}" + (f" (git {short_commit(commit)})" if commit else ""))
+    return ", ".join(parts)
+
+
+def short_commit(commit):
+    """A git commit as people quote it: its first 12 hex digits, '-dirty' kept (the tree had uncommitted changes)."""
+    sha, dirty, _ = commit.partition("-dirty")
+    return sha[:12] + ("-dirty" if dirty else "")
 
 
 def hardware(result):

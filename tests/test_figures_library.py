@@ -117,6 +117,11 @@ def test_the_memory_rows_read_the_largest_device_and_the_timing_rows_their_own_f
     assert rows == {"compile_s": "3.50", "step_s_median": "12.5", "step_s_p90": "20.0", "tokens_per_s": "5,000",
                     "peak_host_bytes": "900", "peak_training_device_bytes": "800", "state_bytes_per_device": "40.0",
                     "peak_device_bytes": "1,000"}
+    from mtbench.plugins.reporters.table_reporter import _host_and_device_peaks
+    assert _host_and_device_peaks(result) == "900 MiB / 1,000 MiB"
+    result["memory"].update(host_child_processes=2, peak_host_bytes_children=412 * mib)
+    assert _host_and_device_peaks(result) == ("900 MiB / 1,000 MiB (host: 412 MiB of it in 2 child processes such as "
+                                              "torch.compile's compile workers)")
 
 
 def test_under_the_command_line_a_plugins_old_name_is_warned_about_on_stderr(tmp_path):
@@ -144,3 +149,19 @@ def test_the_framework_environment_row_names_the_variables_set():
         "JAX_PLATFORMS=cuda, XLA_FLAGS=--xla_gpu_autotune_level=0"
     assert framework_env_text({"env": {"framework_env": {"XLA_FLAGS": None}}}) == "none set"
     assert framework_env_text({"env": {}}) == "not recorded"
+
+
+def test_the_versions_name_the_accelerator_software_where_the_run_computed_on_it_and_mtbenchs_commit():
+    env = {"backend_versions": {"torch": "2.13.0"}, "keras": "3.15.1", "python": "3.11.7", "cuda_version": "12.8",
+           "cudnn_version": "9.8.0", "rocm_version": None, "nvidia_driver_version": "570.86.15", "mtbench": "0.1.0",
+           "mtbench_git_commit": "0123456789abcdef0123456789abcdef01234567-dirty", "device": {"kind": "gpu"}}
+    assert figures.versions_text({"env": env}) == (
+        "torch 2.13.0, keras 3.15.1, python 3.11.7, CUDA 12.8, cuDNN 9.8.0, NVIDIA driver 570.86.15, mtbench 0.1.0 "
+        "(git 0123456789ab-dirty)")
+    # A CUDA build timing the CPU runs no CUDA kernel; a table with a commit column leaves mtbench out.
+    on_cpu = {**env, "device": {"kind": "cpu"}, "mtbench_git_commit": None}
+    assert figures.versions_text({"env": on_cpu}) == "torch 2.13.0, keras 3.15.1, python 3.11.7, mtbench 0.1.0"
+    assert figures.versions_text({"env": env}, with_mtbench=False).endswith("NVIDIA driver 570.86.15")
+    on_rocm = {**env, "cuda_version": None, "cudnn_version": None, "rocm_version": "6.4.43482"}
+    assert "ROCm 6.4.43482, mtbench" in figures.versions_text({"env": on_rocm})
+    assert "driver" not in figures.versions_text({"env": on_rocm})

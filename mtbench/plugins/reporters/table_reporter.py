@@ -9,7 +9,7 @@ from mtbench import Reporter, hookimpl
 from mtbench.figures import (attention_text, batch_text, compile_cache_text, cores_text, figure_text, host_syncs_text,
                              loss_scaling_text, matmul_precision_text, peak_measurement_text, profile_operations_text,
                              profile_text, run_dtype, run_label, run_processes, run_warnings, scored_sentences_text,
-                             size_label, train_step_text)
+                             size_label, train_step_text, versions_text)
 
 
 def _joined(result, *keys, unit=""):
@@ -61,6 +61,18 @@ def _compile(result):
     return f"{seconds} over {count} shape{'' if count == 1 else 's'}, compile cache {compile_cache_text(result)}"
 
 
+def _host_and_device_peaks(result):
+    """'2,310 MiB / 17,502 MiB (host: 412 MiB of it in 2 child processes such as torch.compile's compile
+    workers)'."""
+    text = _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")
+    memory = result["memory"]
+    children = memory.get("host_child_processes")  # absent from results before 2026-12-05
+    if children:
+        text += (f" (host: {memory['peak_host_bytes_children'] / 2 ** 20:,.0f} MiB of it in {children} child "
+                 f"process{'es' * (children != 1)} such as torch.compile's compile workers)")
+    return text
+
+
 def _machine_load(result):
     load = result.get("machine_load")
     if not load:
@@ -72,6 +84,8 @@ def _machine_load(result):
         text += f", other processes {load['other_processes_percent']:.0f} % of the CPUs"
     if load.get("steal_percent") is not None:
         text += f", steal {load['steal_percent']:g} %"
+    if load.get("gpu_other_processes"):
+        text += f", other GPU processes: {len(load['gpu_other_processes'])}"
     if any(clocks):
         text += f", CPU clock {' -> '.join('n/a' if c is None else f'{c:,.0f}' for c in clocks)} MHz"
     return text
@@ -87,7 +101,7 @@ def result_rows(result):
         ("run", "status", result["status"] + (f": {result['status_reason']}" if result.get("status_reason") else "")),
         ("run", "device", f"{device.get('kind')}: {device.get('name')}, {result['devices_used']} of "
                           f"{device.get('count')} used"),
-        ("run", "versions", f"keras {env['keras']}, jax {env['jax']}, torch {env['torch']}"),
+        ("run", "versions", versions_text(result)),
         ("run", "corpus / preset", f"{result['data']['corpus']} / {_model_text(result)}, {run_dtype(result)}"),
         ("run", "steps x batch", f"{t['steps']} x {batch_text(cfg)}"),
         ("run", "train step", train_step_text(result)),
@@ -105,7 +119,7 @@ def result_rows(result):
         ("timing", "train / total wall time", _joined(result, "train_s", "total_s", unit=" s")),
         *[("timing", "profile (--profile)", text) for text in [profile_text(result)] if text],
         *[("timing", "profiled steps' time", text) for text in [profile_operations_text(result)] if text],
-        ("memory", "peak host / device (run)", _joined(result, "peak_host_bytes", "peak_device_bytes", unit=" MiB")),
+        ("memory", "peak host / device (run)", _host_and_device_peaks(result)),
         ("memory", "peak training, per device", _training_memory(result)),
         ("energy", "steady steps: J / 1k tokens, power", _energy(result.get("energy"))),
         ("cost", "run / to target quality", _cost(result)),
@@ -288,7 +302,7 @@ def summary_lines(result):
         f"  speed     {speed}",
         f"  compile   {_compile(result)}",
         f"  quality   {quality}",
-        f"  memory    peak host / device {_joined(result, 'peak_host_bytes', 'peak_device_bytes', unit=' MiB')}; "
+        f"  memory    peak host / device {_host_and_device_peaks(result)}; "
         f"training per device {_training_memory(result)}",
         f"  warnings  {'; '.join(run_warnings(result)) or 'none'}",
         *[f"  profile   {text}" for text in [profile_text(result), profile_operations_text(result)] if text],

@@ -4,8 +4,10 @@ devices), while process 0 writes the result: its figures are gathered from every
 device" is the largest of the run's, the last pipeline stage's (which holds the logits) as well as the first's."""
 
 import json
+import os
 
 from mtbench.plugins.api import peak_host_bytes
+from mtbench.runner.measurement.load import descendant_pids
 
 
 def every_process(processes, value):
@@ -50,9 +52,27 @@ def largest_peak(backend, processes):
     return max(peaks) if peaks else None
 
 
+def children_peak_bytes(proc="/proc"):
+    """[peak resident bytes (VmHWM)] of each process below this one that still runs: torch.compile's compile
+    workers hold memory of their own (JAX compiles in the process), which getrusage counts only once they have
+    ended, and then only the largest one's. Empty where /proc lists none."""
+    peaks = []
+    for pid in descendant_pids(os.getpid(), proc):
+        try:
+            with open(f"{proc}/{pid}/status") as f:
+                peaks += [int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")]
+        except (OSError, ValueError, IndexError):  # ended meanwhile, or a kernel thread's status without VmHWM
+            continue
+    return peaks
+
+
 def host_peaks(processes):
-    """The result's host memory: the sum of every process's peak resident memory (one process of several on a
-    CPU holds a share of the run, whose whole a one-process run holds), and in a run of several each process's,
-    by rank. Every process must call it at the same point."""
-    peaks = every_process(processes, peak_host_bytes())
-    return {"peak_host_bytes": sum(peaks), **({"peak_host_bytes_per_process": peaks} if len(peaks) > 1 else {})}
+    """The result's host memory: the sum of every process's peak resident memory and its running child processes'
+    (one process of several on a CPU holds a share of the run, whose whole a one-process run holds; a compile
+    worker's memory is the run's as the process's own compiler's is), the children's part apart, and in a run of
+    several each process's, by rank. Every process must call it at the same point."""
+    children = every_process(processes, children_peak_bytes())
+    peaks = [own + sum(theirs) for own, theirs in zip(every_process(processes, peak_host_bytes()), children)]
+    return {"peak_host_bytes": sum(peaks), "host_child_processes": sum(len(theirs) for theirs in children),
+            "peak_host_bytes_children": sum(sum(theirs) for theirs in children),
+            **({"peak_host_bytes_per_process": peaks} if len(peaks) > 1 else {})}

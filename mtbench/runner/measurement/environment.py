@@ -27,11 +27,14 @@ def _version(package):
         return None
 
 
-def _git_commit():
-    """The commit of the checkout mtbench runs from, or None: an installed mtbench (or one copied into some other
-    repository) has no commit of its own, and a commit of the enclosing repository would be someone else's."""
-    import mtbench
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(mtbench.__file__)))
+def git_commit(checkout=None):
+    """The commit of the checkout mtbench runs from (`checkout`: its top directory, by default the one above the
+    package), '-dirty' added where a tracked file differs from it; None for an installed mtbench (or one copied
+    into some other repository), which has no commit of its own: a commit of the enclosing repository would be
+    someone else's."""
+    if checkout is None:
+        import mtbench
+        checkout = os.path.dirname(os.path.dirname(os.path.abspath(mtbench.__file__)))
     try:
         top = subprocess.run(["git", "-C", checkout, "rev-parse", "--show-toplevel"], capture_output=True,
                              text=True, timeout=10)
@@ -158,7 +161,7 @@ def host_environment():
         "cpu_count": cpu_count(),
         "platform": platform.platform(),
         "mtbench": __version__,
-        "mtbench_git_commit": _git_commit(),
+        "mtbench_git_commit": git_commit(),
         **gpus_present(),
         "framework_env": arithmetic_environment_variables(),
     }

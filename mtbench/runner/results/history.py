@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.files import read_json
-from mtbench.figures import FIGURES_BY_KEY, hardware, run_label, run_processes
+from mtbench.figures import FIGURES_BY_KEY, hardware, run_label, run_processes, short_commit, versions_text
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.regression import change_verdict, markdown_of, table_of
 from mtbench.runner.run_file import is_run_file
@@ -30,7 +30,6 @@ from mtbench.runner.results.report import (
     differing,
     recorded_noise_floor,
     run_key,
-    versions_text,
 )
 
 HISTORY_KIND = "mtbench-history"
@@ -65,7 +64,7 @@ class Point:
 
     @property
     def versions(self):
-        return versions_text(self.results[0])
+        return versions_text(self.results[0], with_mtbench=False)  # the commit has its own column
 
     def mark_text(self):
         if not self.mark:
@@ -265,8 +264,8 @@ def _speed_text(interval):
 
 
 def rows(history):
-    return [[str(point.number), point.date.strftime("%Y-%m-%d %H:%M"), (point.commit or "n/a")[:12],
-             point.versions, str(len(point.results)), _speed_text(point.interval),
+    return [[str(point.number), point.date.strftime("%Y-%m-%d %H:%M"),
+             short_commit(point.commit) if point.commit else "n/a", point.versions, str(len(point.results)), _speed_text(point.interval),
              point.change.cell() if point.change else "", point.mark_text()] for point in history.points]
 
 

@@ -10,12 +10,12 @@ figure is built with matplotlib's object API on the Agg canvas: no pyplot, no gl
 import io
 
 from mtbench.errors import MtbenchError
-from mtbench.figures import SIZE_KEYS, run_name, run_processes
+from mtbench.figures import SIZE_KEYS, run_name, run_processes, short_commit, versions_text
 from mtbench.runner.config import SIZE_FIELDS
 from mtbench.runner.files import write_bytes_atomic
 from mtbench.runner.results.output import check_directory_writable
 from mtbench.runner.results.report import (KEY_DEFAULTS, SWEEP_KEYS, describe_configuration, environment_names,
-                                           interpreter, versions_text)
+                                           interpreter)
 
 LINE_STYLES = ("-", "--", ":", "-.")
 
@@ -173,7 +173,7 @@ def history_figure(history):
                          linestyle="-" if point.mark == "step" else "--", label=point.mark_text())
     if history.steps():
         axes.legend()
-    labels = [f"{point.name}\n{point.date:%Y-%m-%d}\n{(point.commit or '')[:8]}" for point in points]
+    labels = [f"{point.name}\n{point.date:%Y-%m-%d}\n{short_commit(point.commit) if point.commit else ''}" for point in points]
     axes.set_xticks(xs, labels=labels, fontsize=7)
     axes.set(ylabel="target tokens/s (steady steps, 95 % interval)",
              title=f"History of {history.label} on {history.hardware}")

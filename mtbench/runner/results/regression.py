@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from mtbench.errors import MtbenchError
-from mtbench.figures import FIGURES_BY_KEY, hardware, run_processes
+from mtbench.figures import FIGURES_BY_KEY, hardware, run_processes, versions_text
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.report import (COMPARED_KEYS, KEY_DEFAULTS, check_comparable, differing, group_runs,
-                                           load_runs, recorded_noise_floor, refuse_the_same_run_twice,
-                                           versions_text)
+                                           load_runs, recorded_noise_floor, refuse_the_same_run_twice)
 
 REGRESSION_KIND = "mtbench-regression"
 # The figures held against the baseline: how fast each run trains, compiles and finishes.

@@ -22,7 +22,7 @@ from mtbench.runner.files import read_json
 from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, energy_counter_text,
                              hardware, is_number, kinds_against_text, machine_device, profile_operations_text,
                              run_dtype, run_name, run_processes, run_warnings, scored_sentences_text, shown_figures,
-                             size_label)
+                             size_label, versions_text)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
 from mtbench.runner.results.schema import COMPARE_SCHEMA_VERSION, result_task, schema_errors
 from mtbench.runner.results import verdicts as stats
@@ -351,14 +351,6 @@ def with_compile_caches(even, caches):
     return dataclasses.replace(even, compile_caches=caches,
                                text=even.text + (f" (compile caches: {said}; a cold start compiles longer)" if moves
                                                  else ""))
-
-
-def versions_text(result):
-    """'jax 0.10.2, jaxlib 0.10.2, keras 3.15.1, python 3.11.7': the software a run trained with."""
-    env = result["env"]
-    framework = ", ".join(f"{name} {version}" for name, version in (env.get("backend_versions") or {}).items())
-    python = f", python {env['python']}" if env.get("python") else ""
-    return (f"{framework}, " if framework else "") + f"keras {env['keras']}" + python
 
 
 def group_runs(runs):

@@ -239,3 +239,26 @@ def test_mtbench_env_warns_of_each_cpu_only_backend_on_a_gpu_machine():
     assert data["device_warnings"] == [] and data["host"]["gpu_present"] is False
     assert set(data["backends"]["jax"]["accelerator"]) == {"cuda_version", "rocm_version", "cudnn_version",
                                                              "float32_matmul", "sixteen_bit_matmul"}
+
+
+def test_the_commit_is_the_checkouts_own_and_says_when_a_tracked_file_differs(tmp_path):
+    """A checkout's commit, '-dirty' while a tracked file is changed (an untracked file changes nothing that ran);
+    no commit for a package copied into another repository or outside any."""
+    def git(*args, cwd=tmp_path / "checkout"):
+        return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+    checkout = tmp_path / "checkout"
+    (checkout / "mtbench").mkdir(parents=True)
+    (checkout / "mtbench" / "__init__.py").write_text("")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    sha = git("rev-parse", "HEAD")
+    assert len(sha) == 40 and environment.git_commit(str(checkout)) == sha
+    (checkout / "notes.txt").write_text("untracked")
+    assert environment.git_commit(str(checkout)) == sha
+    (checkout / "mtbench" / "__init__.py").write_text("changed = True\n")
+    assert environment.git_commit(str(checkout)) == sha + "-dirty"
+    assert environment.git_commit(str(checkout / "mtbench")) is None  # inside a repository, not its top
+    (tmp_path / "elsewhere").mkdir()
+    assert environment.git_commit(str(tmp_path / "elsewhere")) is None

@@ -45,3 +45,28 @@ def test_one_process_writes_its_devices_as_the_backend_reports_them():
     # An accelerator whose framework keeps no statistics (JAX under XLA_PYTHON_CLIENT_ALLOCATOR=platform).
     assert training_memory(Reported(None), alone, gpu)["reason"] == "jax reports no memory statistics of NVIDIA H100"
     assert largest_peak(Reported(None), alone) is None
+
+
+def test_the_host_peak_counts_the_memory_of_the_child_processes_still_running():
+    """A compile worker holds memory of its own (inductor's hold about 300 MiB each): a child that holds 200 MiB
+    is in the run's host peak, apart, and out of it once it has ended."""
+    import subprocess
+    import sys
+
+    from mtbench.plugins.api import peak_host_bytes
+    from mtbench.runner.measurement.device_memory import children_peak_bytes, host_peaks
+    alone = ProcessGroup(Launch())
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; held = bytearray(200 * 2 ** 20); "
+                              "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        [child_peak] = children_peak_bytes()
+        assert child_peak >= 200 * MIB
+        own_before = peak_host_bytes()
+        memory = host_peaks(alone)
+        assert memory["host_child_processes"] == 1 and memory["peak_host_bytes_children"] == child_peak
+        assert own_before + child_peak <= memory["peak_host_bytes"] <= peak_host_bytes() + child_peak
+    finally:
+        child.kill()
+        child.wait()
+    assert children_peak_bytes() == [] and host_peaks(alone)["host_child_processes"] == 0

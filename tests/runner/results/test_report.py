@@ -133,6 +133,14 @@ def test_csv_output_carries_the_results_figures(results):
             keys = [figure.key] + ([f"{figure.key}_min", f"{figure.key}_max"] if figure.is_timing else [])
             for key in keys:
                 assert (row[key] == "") if value is None else (float(row[key]) == value), key
+    # `train`'s table names the run's own framework (it named every framework installed) and mtbench's commit.
+    from mtbench.plugins.reporters.table_reporter import result_rows
+    torch_env = results["torch"][1]["env"]
+    [versions] = [value for _, figure, value in result_rows(results["torch"][1]) if figure == "versions"]
+    assert versions.startswith(f"torch {torch_env['backend_versions']['torch']}, keras ") and "jax" not in versions
+    commit = torch_env["mtbench_git_commit"]
+    dirty = "-dirty" if commit and commit.endswith("-dirty") else ""
+    assert versions.endswith(f"mtbench {torch_env['mtbench']}" + (f" (git {commit[:12]}{dirty})" if commit else ""))
 
 
 def parse_markdown_table(text):
@@ -564,9 +572,18 @@ def test_runs_of_other_versions_or_interpreters_are_never_repeats(results, tmp_p
     older = variant(jax, tmp_path / "older.json", env={"backend_versions": {"jax": "0.4.30", "jaxlib": "0.4.30"}})
     groups = build_comparison(load_runs([jax_path, older])).groups
     assert [len(group.runs) for group in groups] == [1, 1]
-    assert groups[1].label == "jax (jax 0.4.30, jaxlib 0.4.30, keras " + jax["env"]["keras"] + \
-        f", python {jax['env']['python']})"
+    mtbench = f"mtbench {jax['env']['mtbench']}" + (f" (git {jax['env']['mtbench_git_commit'][:12]}"
+                                                     if jax["env"]["mtbench_git_commit"] else "")
+    assert groups[1].label.startswith("jax (jax 0.4.30, jaxlib 0.4.30, keras " + jax["env"]["keras"] +
+                                      f", python {jax['env']['python']}, {mtbench}")
     assert groups[1].versions() != groups[0].versions()
+    # On a GPU, another cuDNN runs other kernels: its runs are no repeats of these either.
+    on_gpu = {"device": {**jax["env"]["device"], "kind": "gpu"}, "cuda_version": "12.8"}
+    cudnns = [variant(jax, tmp_path / f"cudnn-{version}.json", env={**on_gpu, "cudnn_version": version})
+              for version in ("9.8.0", "9.10.2")]
+    groups = build_comparison(load_runs(cudnns)).groups
+    assert [len(group.runs) for group in groups] == [1, 1]
+    assert "cuDNN 9.8.0" in groups[0].label and "cuDNN 9.10.2" in groups[1].label
     elsewhere = variant(jax, tmp_path / "elsewhere.json", env={"python_executable": "/opt/venv-old/bin/python"})
     labels = [group.label for group in build_comparison(load_runs([jax_path, elsewhere])).groups]
     this = os.path.basename(os.path.dirname(os.path.dirname(jax["env"]["python_executable"])))
