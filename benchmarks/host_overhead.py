@@ -142,9 +142,9 @@ def serve(framework, args):
     for line in sys.stdin:
         if line.strip() != "burst":
             break
-        before = sample_load()
+        before = sample_load(nvidia_smi=None)
         seconds = run_interleaved(contestants, workload.batches, 1, 1, args.steps_per_round)
-        reply({"seconds": seconds, "other_percent": other_processes_percent(before, sample_load())})
+        reply({"seconds": seconds, "other_percent": other_processes_percent(before, sample_load(nvidia_smi=None))})
     return 0
 
 

@@ -507,25 +507,30 @@ def run_warnings(result):
         warnings.append(result["metrics"]["quality_warning"])
     utilization = result.get("utilization") or {}
     peak_load = _loaded(utilization.get("peak_load_average"), cores)
-    if peak_load is not None and utilization.get("mfu") is not None:
-        warnings.append(f"MFU peak measured under load: load average {peak_load:g} on {cores} cores at "
-                        f"{utilization.get('peak_measured_at')}, so MFU reads high (`mtbench env --calibrate` on a "
-                        f"quiet machine measures it again)")
+    peak_others = utilization.get("peak_other_processes_percent")  # absent from peaks measured before 2026-12-05
+    if utilization.get("mfu") is not None and (peak_load is not None or (peak_others or 0) > OTHERS_BOUND):
+        under = "; ".join(([f"other processes used {peak_others:.0f} % of the CPUs' time as it measured (bound "
+                            f"{OTHERS_BOUND:g} %)"] if (peak_others or 0) > OTHERS_BOUND else []) +
+                          ([f"load average {peak_load:g} on {cores} cores"] if peak_load is not None else []))
+        warnings.append(f"MFU peak measured under load: {under} at {utilization.get('peak_measured_at')}, so MFU "
+                        f"reads high (`mtbench env --calibrate` on a quiet machine measures it again)")
     elif (utilization.get("mfu") or 0) > 1:
         warnings.append(f"MFU above 100 %: the run reached more than its peak ({utilization.get('peak_source')}), "
                         f"which is no peak (`mtbench env --calibrate` measures it again)")
     return warnings
 
 
-def peak_measurement_text(measured_at, load_average, cpus=None, threads=None):
+def peak_measurement_text(measured_at, load_average, cpus=None, threads=None, other_processes_percent=None):
     """When a measured MFU peak was measured, how busy the host was and on how many CPUs and threads (where
-    recorded): 'measured 2026-11-22T10:04:31+00:00 at load average 0.42 / 0.3 / 0.25 on 2 CPUs, 2 threads'; None
-    for a datasheet peak or one cached before measurements kept their time."""
+    recorded): 'measured 2026-11-22T10:04:31+00:00 at load average 0.42 / 0.3 / 0.25 on 2 CPUs, 2 threads, other
+    processes 1 % of the CPUs'; None for a datasheet peak or one cached before measurements kept their time."""
     if not measured_at:
         return None
     load = " / ".join(f"{value:g}" for value in load_average) if load_average else "unknown"
     on = f" on {cpus} CPU{'s' * (cpus != 1)}" if cpus else ""
     on += f", {threads} thread{'s' * (threads != 1)}" if cpus and threads else ""
+    if other_processes_percent is not None:
+        on += f", other processes {other_processes_percent:.0f} % of the CPUs"
     return f"measured {measured_at} at load average {load}{on}"
 
 

@@ -56,9 +56,11 @@ extras changed is checked again for the device.
 its inputs is asked about; the form without `run` is deprecated.
 1.28: `framework_env_text` (the environment variables set that change the frameworks' arithmetic or kernels) among
 `RUN_CHOICES`.
+1.29: `peak_measurement_text`'s optional `other_processes_percent`, the CPUs' time other processes used while a
+peak was measured.
 """
 
-PLUGIN_API_VERSION = "1.28"
+PLUGIN_API_VERSION = "1.29"
 
 
 def next_major(version=PLUGIN_API_VERSION):

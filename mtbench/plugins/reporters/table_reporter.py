@@ -29,7 +29,8 @@ def _mfu(result):
         return f"n/a ({reason})" if reason else text
     text = f"{text} % of {_peak_text(utilization)} ({utilization['peak_source']}"
     measured = peak_measurement_text(utilization.get("peak_measured_at"), utilization.get("peak_load_average"),
-                                     utilization.get("peak_cpus"), utilization.get("peak_threads"))
+                                     utilization.get("peak_cpus"), utilization.get("peak_threads"),
+                                     utilization.get("peak_other_processes_percent"))
     if measured:
         text += f"; {measured}"
     elif utilization["peak_source"].startswith("measured"):  # cached before measurements kept their time

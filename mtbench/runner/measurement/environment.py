@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from mtbench.plugins import manager as plugins
-from mtbench.figures import peak_measurement_text
+from mtbench.figures import OTHERS_BOUND, peak_measurement_text
 from mtbench.plugins.api import cpu_count, cpu_model
 from mtbench.runner.measurement.devices import describe_backend
 from mtbench.runner.measurement.peaks import calibrate, device_peak_record
@@ -311,10 +311,15 @@ def environment_rows(description):
         for dtype, peak in backend.get("peaks", {}).items():
             figure = "unknown" if peak["flops_per_s"] is None else f"{peak['flops_per_s'] / 1e12:,.3f} TFLOP/s"
             measured = peak_measurement_text(peak.get("measured_at"), peak.get("load_average"), peak.get("cpus"),
-                                             peak.get("threads"))
+                                             peak.get("threads"), peak.get("other_processes_percent"))
             if measured:
                 figure += f", {measured}"
             rows.append(("peak", f"{name} {dtype}", f"{figure} ({peak['source']})"))
+            if (peak.get("other_processes_percent") or 0) > OTHERS_BOUND:
+                rows.append(("warning", "peak", f"{name} {dtype} was measured while other processes used "
+                                                f"{peak['other_processes_percent']:.0f} % of the CPUs' time (bound "
+                                                f"{OTHERS_BOUND:g} %): it reads low and every MFU of it high; "
+                                                f"`mtbench env --calibrate` on a quiet machine measures it again"))
     rows += [("extra", name, f"{', '.join(extra['backends'])} (plugin {extra['plugin']})")
              for name, extra in description["extras"].items()]
     if not description["extras"]:

@@ -176,11 +176,12 @@ def other_gpu_processes(processes, pids):
 
 
 def sample_load(own_processes=1, nvidia_smi="nvidia-smi"):
-    """The machine's load now; `own_processes` as `machine_load`'s. nvidia-smi runs only where it is installed:
-    elsewhere a subprocess would only find what `shutil.which` does, that there is no NVIDIA GPU."""
+    """The machine's load now; `own_processes` as `machine_load`'s. nvidia-smi runs only where it is installed
+    (elsewhere a subprocess would only find what `shutil.which` does, that there is no NVIDIA GPU), and not at all
+    with `nvidia_smi=None` (a measurement on the CPU)."""
     sample = LoadSample(datetime.datetime.now().astimezone().isoformat(timespec="seconds"), load_average(),
                         cpu_mhz(), cpu_ticks(), own_cpu_seconds())
-    if shutil.which(nvidia_smi) is not None:
+    if nvidia_smi and shutil.which(nvidia_smi) is not None:
         sample.gpu_others = other_gpu_processes(gpu_compute_processes(nvidia_smi), own_pids(own_processes))
     return sample
 

@@ -14,7 +14,7 @@ from mtbench.plugins.api.host import cpu_count
 from mtbench.runner.files import write_json_atomic
 from mtbench.runner.measurement.devices import describe_backend
 from mtbench.runner.measurement.flops import compute_dtype
-from mtbench.runner.measurement.load import load_average
+from mtbench.runner.measurement.load import load_average, other_processes_percent, sample_load
 
 
 def _gpu(float32, tf32, bfloat16, source):
@@ -105,13 +105,15 @@ def datasheet_peak(device_name, dtype, matmul_precision="highest"):
     return peaks[arithmetic], f"{peaks['source']}, {name} dense"
 
 
-def peak_record(flops_per_s, source, measured_at=None, load_average=None, cpus=None, threads=None):
+def peak_record(flops_per_s, source, measured_at=None, load_average=None, cpus=None, threads=None,
+                other_processes_percent=None):
     """A peak and where it comes from; `measured_at` (ISO 8601), `load_average` (the 1, 5 and 15 minute load
-    averages as the measurement began), `cpus` (how many CPUs the measuring process could run on) and `threads`
-    (the framework's compute threads there, where its backend says) for a measured one, None for a datasheet
-    figure."""
+    averages as the measurement began), `cpus` (how many CPUs the measuring process could run on), `threads`
+    (the framework's compute threads there, where its backend says) and `other_processes_percent` (the share of
+    the CPUs' time other processes used while it measured: the load average lags by a minute) for a measured one,
+    None for a datasheet figure."""
     return {"flops_per_s": flops_per_s, "source": source, "measured_at": measured_at, "load_average": load_average,
-            "cpus": cpus, "threads": threads}
+            "cpus": cpus, "threads": threads, "other_processes_percent": other_processes_percent}
 
 
 def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmul_precision="highest", cpus=None):
@@ -180,7 +182,8 @@ def read_calibration(path):
     with open(path) as f:
         cached = json.load(f)
     return peak_record(cached["flops_per_s"], cached["source"], cached.get("measured_at"),
-                       cached.get("load_average"), cached.get("cpus"), cached.get("threads"))
+                       cached.get("load_average"), cached.get("cpus"), cached.get("threads"),
+                       cached.get("other_processes_percent"))
 
 
 @contextlib.contextmanager
@@ -227,7 +230,7 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
     many CPUs it ran on, and its source why a measuring process that found the backend failed (the run goes
     on)."""
     measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    load = load_average()
+    load, before = load_average(), sample_load(nvidia_smi=None)
     failure = ""
     try:
         size, flops_per_s, measured_cpus, threads = (measure_here(backend, dtype, size) if cpus is None
@@ -238,8 +241,10 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
         size, flops_per_s, measured_cpus, threads = measure_here(backend, dtype, size)
         if not isinstance(failed, BackendNotInProcess):  # (one registered by code, not installed, is measured here)
             failure = f", in this process: {failed}"
+    # The measuring process has been waited for: its CPU time is this one's own (`own_cpu_seconds`).
+    others = other_processes_percent(before, sample_load(nvidia_smi=None))
     record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of "
-                                      f"repeats{failure}", measured_at, load, measured_cpus, threads)
+                                      f"repeats{failure}", measured_at, load, measured_cpus, threads, others)
     path = calibration_path(cache_dir, backend.name, dtype, device_name, measured_cpus)
     if not write_json_atomic(path, record, replace=replace):
         return read_calibration(path)

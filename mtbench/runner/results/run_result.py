@@ -56,6 +56,7 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
         # A measured (CPU) peak: when, and under what load; null for a datasheet's.
         "peak_measured_at": peak_record["measured_at"], "peak_load_average": peak_record["load_average"],
         "peak_cpus": peak_record.get("cpus"), "peak_threads": peak_record.get("threads"),
+        "peak_other_processes_percent": peak_record.get("other_processes_percent"),
     }
 
 

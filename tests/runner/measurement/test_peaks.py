@@ -72,7 +72,7 @@ def test_matmul_precision_defaults_to_highest_and_reaches_device_peak(tmp_path):
         (156e12, "NVIDIA A100 datasheet, TF32 dense")
     record = device_peak_record(FakeBackend(), gpu, "float32", str(tmp_path))
     assert record == {"flops_per_s": 19.5e12, "source": "NVIDIA A100 datasheet, FP32 dense", "measured_at": None,
-                      "load_average": None, "cpus": None, "threads": None}
+                      "load_average": None, "cpus": None, "threads": None, "other_processes_percent": None}
     unknown = device_peak(FakeBackend(), {"kind": "gpu", "name": "NVIDIA A10G"}, "float32", str(tmp_path))
     assert unknown == (None, "no datasheet peak known for NVIDIA A10G")
 
@@ -125,6 +125,56 @@ def test_a_cpu_measurement_records_when_it_was_taken_and_the_load(tmp_path):
     assert record["cpus"] == HERE and record["threads"] is None  # a backend that does not say
 
 
+class SlowBackend(FakeBackend):
+    """A matmul that takes half a second and no CPU: what the CPUs do meanwhile is another process's work."""
+
+    def matmul_flops_per_s(self, dtype, size):
+        import time
+        time.sleep(0.5)
+        return super().matmul_flops_per_s(dtype, size)
+
+
+def test_a_cpu_measurement_beside_a_busy_neighbour_records_its_share_and_runs_say_mfu_reads_high(tmp_path):
+    """Processes that are no children of the measuring one spin on every core: the load average, a minute's
+    moving average, may not have seen them yet; the CPUs' own count does."""
+    import signal
+    import time
+    from mtbench.figures import run_warnings
+    from mtbench.runner.measurement.environment import environment_rows
+    spin = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"  # the shell ends: orphans, not ours
+    neighbours = [int(subprocess.run(["sh", "-c", spin], capture_output=True, text=True, check=True).stdout)
+                  for _ in range(os.cpu_count())]
+    try:
+        time.sleep(0.2)
+        record = calibrate(SlowBackend(), "float32", "Test CPU", str(tmp_path))
+    finally:
+        for neighbour in neighbours:
+            os.kill(neighbour, signal.SIGKILL)
+    assert record["other_processes_percent"] > 50
+    with open(calibration_path(str(tmp_path), "fake", "float32", "Test CPU", HERE)) as f:
+        assert json.load(f)["other_processes_percent"] == record["other_processes_percent"]
+    utilization = {"mfu": 0.5, "peak_measured_at": record["measured_at"], "peak_load_average": [0.0, 0.0, 0.0],
+                   "peak_other_processes_percent": 40.0}
+    result = {"status": "completed", "timing": {}, "env": {"cpu_count": 2}, "utilization": utilization}
+    [warning] = [text for text in run_warnings(result) if text.startswith("MFU peak")]
+    assert warning.startswith("MFU peak measured under load: other processes used 40 % of the CPUs' time as it "
+                              "measured (bound 10 %) at ")
+    assert not [text for text in run_warnings({**result, "utilization": {**utilization,
+                                                                          "peak_other_processes_percent": 2.0}})
+                if text.startswith("MFU peak")]
+    description = {"host": {"mtbench": "0", "python": "3", "platform": "p", "cpu_model": "c", "cpu_count": 2,
+                            "nvidia_gpu_present": False, "framework_env": {}},
+                   "backends": {"fake": {"available": False, "reason": "r",
+                                         "peaks": {"float32": {**record, "other_processes_percent": 40.0}}}},
+                   "extras": {}, "plugins": [], "warnings": [], "device_warnings": []}
+    rows = environment_rows(description)
+    assert ("warning", "peak", "fake float32 was measured while other processes used 40 % of the CPUs' time (bound "
+            "10 %): it reads low and every MFU of it high; `mtbench env --calibrate` on a quiet machine measures it "
+            "again") in rows
+    [peak_row] = [row for row in rows if row[0] == "peak"]
+    assert peak_row[2].endswith(", other processes 40 % of the CPUs (" + record["source"] + ")")
+
+
 def test_a_cpu_measurement_records_the_threads_its_framework_ran_and_the_table_names_them(tmp_path):
     from mtbench.figures import peak_measurement_text
     record = calibrate(FakeBackend(threads=3), "float32", "Test CPU", str(tmp_path))
@@ -145,7 +195,7 @@ def test_a_cache_file_written_before_the_time_was_recorded_still_reads(tmp_path)
     backend = FakeBackend()
     assert device_peak_record(backend, backend.device_info(), "float32", str(tmp_path)) == \
         {"flops_per_s": 2e11, "source": "measured: old", "measured_at": None, "load_average": None, "cpus": None,
-         "threads": None}
+         "threads": None, "other_processes_percent": None}
     assert device_peak(backend, backend.device_info(), "float32", str(tmp_path)) == (2e11, "measured: old")
 
 

@@ -35,6 +35,7 @@ def quiet(result):
     load["other_processes_percent"], load["steal_percent"], load["gpu_other_processes"] = 1.0, 0.0, []
     load["before_training"]["load_average"] = load["after_training"]["load_average"] = [0.5, 0.4, 0.3]
     quieted["utilization"]["peak_load_average"] = [0.3, 0.2, 0.1]
+    quieted["utilization"]["peak_other_processes_percent"] = 1.0
     quieted["metrics"].pop("quality_warning", None)  # a tiny model may translate every sentence to nothing
     return quieted
 
@@ -283,6 +284,9 @@ def test_the_single_run_table_shows_load_warnings_compile_cache_peak_and_test_se
     threads = utilization["peak_threads"]
     assert (threads is None) == (" matmul on jax, median of repeats" in utilization["peak_source"]), utilization
     said = f", {threads} thread{'s' * (threads != 1)}" if threads else ""
+    # and the CPUs' time other processes took as it measured (null in a peak cached before it was counted)
+    others = utilization["peak_other_processes_percent"]
+    said += "" if others is None else f", other processes {others:.0f} % of the CPUs"
     assert shown["MFU (padded): model FLOP/s / peak"].endswith(
         f"; measured {utilization['peak_measured_at']} at load average {load_text} on {cpus} CPU{'s' * (cpus > 1)}"
         f"{said})")
