@@ -53,14 +53,14 @@ def largest_peak(backend, processes):
 
 
 def children_peak_bytes(proc="/proc"):
-    """[peak resident bytes (VmHWM)] of each process below this one that still runs: torch.compile's compile
+    """{pid: peak resident bytes (VmHWM)} of each process below this one that still runs: torch.compile's compile
     workers hold memory of their own (JAX compiles in the process), which getrusage counts only once they have
     ended, and then only the largest one's. Empty where /proc lists none."""
-    peaks = []
+    peaks = {}
     for pid in descendant_pids(os.getpid(), proc):
         try:
             with open(f"{proc}/{pid}/status") as f:
-                peaks += [int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")]
+                peaks.update({pid: int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")})
         except (OSError, ValueError, IndexError):  # ended meanwhile, or a kernel thread's status without VmHWM
             continue
     return peaks
@@ -71,7 +71,7 @@ def host_peaks(processes):
     (one process of several on a CPU holds a share of the run, whose whole a one-process run holds; a compile
     worker's memory is the run's as the process's own compiler's is), the children's part apart, and in a run of
     several each process's, by rank. Every process must call it at the same point."""
-    children = every_process(processes, children_peak_bytes())
+    children = every_process(processes, list(children_peak_bytes().values()))
     peaks = [own + sum(theirs) for own, theirs in zip(every_process(processes, peak_host_bytes()), children)]
     return {"peak_host_bytes": sum(peaks), "host_child_processes": sum(len(theirs) for theirs in children),
             "peak_host_bytes_children": sum(sum(theirs) for theirs in children),
