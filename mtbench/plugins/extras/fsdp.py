@@ -374,8 +374,7 @@ class JaxShardedStep(StateRecording):
         return measured
 
     def description(self):
-        return (f"{self.inner.description()}, {len(self.record['units'])} units gathered once a step, gradients "
-                f"reduce-scattered")
+        return f"{self.inner.description()}, {sharded_step_text(len(self.record['units']), self.record)}"
 
     def _lay_out(self, shardings, keras_layouts):
         for variable, value, layout in zip(self.variables, jax_relaid([v.value for v in self.variables], shardings),
@@ -660,6 +659,19 @@ class TorchDistributedStep(StateRecording):
         super().finalize()
         if self.layout.distributed:
             self.layout.hold_full()
+
+
+def sharded_step_text(units, record):
+    """What a sharded JAX step moves, as its compiled program's collectives count it once read (`finalize`, after
+    the first step): '3 units gathered once a step, gradients reduce-scattered'; before that, what it asks for."""
+    counted = record.get("collectives_per_step")
+    if counted is None:
+        return f"{units} units gathered once a step, gradients reduce-scattered"
+    gathers, scatters = counted.get("all-gather", 0), counted.get("reduce-scatter", 0)
+    gathered = (f"{units} units gathered once a step" if gathers == units else
+                f"{units} units, {gathers} all-gather{'s' * (gathers != 1)} a step")
+    return gathered + (", gradients reduce-scattered" if scatters else
+                       f", gradients all-reduced ({counted.get('all-reduce', 0)} a step; no reduce-scatter)")
 
 
 class TorchShardedStep(TorchDistributedStep):

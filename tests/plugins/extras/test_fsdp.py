@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, TINY_COMPARE, TINY_TRAIN, run_cli,
                             simulated_devices)
 from mtbench.figures import FIGURES_BY_KEY
-from mtbench.plugins.extras.fsdp import sharded_axis
+from mtbench.plugins.extras.fsdp import sharded_axis, sharded_step_text
 from tests.plugins.extras.test_multi_process import assert_same_losses, torchrun
 
 TWO_DEVICES = simulated_devices(2)
@@ -50,6 +50,16 @@ def test_each_weight_is_split_on_its_largest_axis_that_the_devices_divide():
     assert sharded_axis((7,), 2) is None  # stays whole on every device
     assert sharded_axis((), 2) is None
     assert sharded_axis((1, 3), 4) is None
+
+
+def test_the_sharded_jax_steps_description_says_what_its_compiled_program_moves():
+    """Read from the counted collectives once the program is read (the runs below count 3 and 3): a program that
+    all-reduced whole gradients, as GSPMD partitions the same layouts without fsdp's gradient, says so."""
+    assert sharded_step_text(3, {}) == "3 units gathered once a step, gradients reduce-scattered"  # not yet read
+    assert sharded_step_text(3, {"collectives_per_step": {"all-gather": 3, "reduce-scatter": 6}}) == \
+        "3 units gathered once a step, gradients reduce-scattered"  # each of 2 micro-batches' gradients
+    assert sharded_step_text(3, {"collectives_per_step": {"all-gather": 7, "all-reduce": 12}}) == \
+        "3 units, 7 all-gathers a step, gradients all-reduced (12 a step; no reduce-scatter)"
 
 
 def test_the_state_per_device_figure_reads_the_extras_record():
