@@ -12,11 +12,15 @@ projection), each with mtbench's best step on the backend (torch: the compiled s
 with; JAX: the jitted step), fused attention where the device has it, as `--attention auto` chooses. Each first
 takes one step alone, timed (on torch and JAX it compiles), then --warmup untimed steps and interleaved rounds, A B
 A B ..., the device synchronised before each clock is read (as in overhead.py, whose functions run them). A figure
-is the median of the timed steps; the ratio is separate over fused. The last line printed is one JSON object.
+is the median of the timed steps; the ratio is separate over fused. After the timed steps, the matrix products of
+one step of each are counted where they ran (`products_per_step`: torch's profiled aten products, the dots of XLA's
+compiled program), so that a compiler that merged the three products back into one shows. The last line printed is
+one JSON object.
 """
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -30,6 +34,26 @@ from benchmarks.overhead import (best_train_step, hardware, keras_contestant, me
 
 QUICK = {"batch_size": 8, "batches": 3, "rounds": 2, "steps_per_round": 2, "warmup": 1}
 WAYS = ("fused", "separate")
+TORCH_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def products_per_step(backend_name, step, batch):
+    """The matrix products one step ran, counted where they ran: on torch the aten products a profiled step called
+    (the eager step's, or those inductor's program called), on JAX the dots of the program XLA compiled (each
+    fused computation's as often as it runs): XLA may merge the three projections of one input back into one."""
+    arguments = (batch.inputs, batch.target_output, batch.weight)
+    if backend_name == "jax":
+        from mtbench.plugins.extras.compiled_collectives import hlo_computations, hlo_runs
+        computations = hlo_computations(step.lowered_program(*arguments, optimised=True))
+        runs = hlo_runs(computations)
+        return sum(runs[name] for name, _, lines in computations for line in lines
+                   if re.search(r"= \S+ dot\(", line))
+    from torch.profiler import profile
+    step.block()
+    with profile() as trace:
+        step(*arguments)
+        step.block()
+    return sum(1 for event in trace.events() if event.name in TORCH_PRODUCTS)
 
 
 def projections_contestant(way, keras, backend, run, workload, total_steps, flash_attention):
@@ -41,8 +65,8 @@ def projections_contestant(way, keras, backend, run, workload, total_steps, flas
         if isinstance(layer, Attention):
             layer.fused_projections = way == "fused"
     step = best_train_step(backend, run, model)
-    return keras_contestant(way, backend, model, step), {"train_step": step.name,
-                                                         "arithmetic": attention_arithmetic(model)}
+    return keras_contestant(way, backend, model, step), step, {"train_step": step.name,
+                                                               "arithmetic": attention_arithmetic(model)}
 
 
 def measure(args):
@@ -54,10 +78,10 @@ def measure(args):
     # Fused where the device has the kernels: the option `prepare_benchmark` set as the flash-attention extra does.
     flash_attention = run.model_options.get("flash_attention", False)
     total_steps = 1 + args.warmup + args.rounds * args.steps_per_round
-    contestants, described = [], {}
+    contestants, described, steps = [], {}, {}
     for way in WAYS:
-        contestant, described[way] = projections_contestant(way, keras, backend, run, workload, total_steps,
-                                                            flash_attention)
+        contestant, steps[way], described[way] = projections_contestant(way, keras, backend, run, workload,
+                                                                        total_steps, flash_attention)
         contestants.append(contestant)
     first = {}
     for contestant in contestants:  # the first step alone: on both backends it compiles
@@ -69,6 +93,8 @@ def measure(args):
         # On stderr as it happens: a call cut by its time limit still says how far it came.
         print(f"{contestant.name}: first step (compiling) {first[contestant.name]:.1f} s", file=sys.stderr, flush=True)
     seconds = run_interleaved(contestants, workload.batches, args.warmup, args.rounds, args.steps_per_round)
+    for way in WAYS:  # after the timed steps: a profiled step is no timed one
+        described[way]["products_per_step"] = products_per_step(args.backend, steps[way], workload.batches[0])
     return {"backend": args.backend, "dtype": args.dtype, "device": run.device, "attention": run.attention,
             "batch_shape": list(workload.batches[0].shape),
             "contestants": {way: {**summarize(seconds[way]), "first_step_s": first[way], **described[way]}
@@ -94,10 +120,11 @@ def main(argv=None):
           f"{args.rounds} rounds x {args.steps_per_round} steps after {args.warmup} warm-up steps")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items() if v))
     print(f"device: {device['kind']} ({device['name']}); hardware: {hardware()['cpu_model']}")
-    print(f"{'projections':12s} {'median ms':>10s} {'p10 ms':>8s} {'p90 ms':>8s} {'first step s':>13s}  step")
+    print(f"{'projections':12s} {'median ms':>10s} {'p10 ms':>8s} {'p90 ms':>8s} {'first step s':>13s} "
+          f"{'products':>9s}  step")
     for way, c in contestants.items():
         print(f"{way:12s} {milliseconds(c):>10s} {c['p10_s'] * 1e3:8.1f} {c['p90_s'] * 1e3:8.1f} "
-              f"{c['first_step_s']:13.2f}  {c['train_step']}")
+              f"{c['first_step_s']:13.2f} {c['products_per_step']:9d}  {c['train_step']}")
     separate_over_fused = ratio(contestants["separate"], contestants["fused"])
     print(f"separate / fused: {separate_over_fused:.3f} ({time.perf_counter() - started:.0f} s in all)")
     settings = {key: getattr(args, key) for key in ("model", "preset", "batch_size", "length", "rounds",

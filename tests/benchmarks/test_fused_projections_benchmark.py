@@ -26,6 +26,13 @@ def test_quick_run_times_one_product_against_three(backend, cache_dir):
     assert {c["train_step"] for c in contestants.values()} == {"torch-compiled" if backend == "torch" else
                                                                 "jax-jit-stateless"}
     assert all(c["steps"] == 4 and c["first_step_s"] > 0 for c in contestants.values())
+    # The products each step ran, counted by hand for the tiny GPT's 2 blocks: a block's forward takes one product
+    # for the query, key and value, two of attention (scores, and probabilities by values), the output projection
+    # and the feed-forward's two, 6; its backward two for each (the input's gradient and the weight's or the other
+    # operand's), 12; the output layer 1 forward and 2 backward. Three projections add 2 forward and 4 backward.
+    blocks = 2
+    assert contestants["fused"]["products_per_step"] == 18 * blocks + 3
+    assert contestants["separate"]["products_per_step"] == 18 * blocks + 3 + 6 * blocks
     assert summary["separate_over_fused"] > 0 and "separate / fused: " in proc.stdout
 
 
