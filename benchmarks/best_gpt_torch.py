@@ -133,20 +133,36 @@ class TrainStep:
         self._loss = torch.compile(self.loss, mode=compile_mode) if compile else self.loss
         self.name = "best-by-hand torch"
         adamw = "fused" if self.optimizer.optimizer.defaults.get("fused") else "foreach"
+        self.compile = compile
+        self.traced = None  # (graphs, graph breaks) dynamo made of the loss at its first call, where compiled
         self._recipe = (f"nanoGPT's recipe: fused QKV, SDPA is_causal, {adamw} AdamW"
-                        + (", torch.compile" if compile else "")
+                        + (", torch.compile{traced}" if compile else "")
                         + (", bf16 autocast, bf16 residual stream" if mixed_bfloat16 else ""))
 
     @property
     def description(self):
-        """The recipe, and for CUDA graphs whether every compiled graph ran as one (inductor counts those it
-        skipped)."""
+        """The recipe, with the graphs dynamo made of the compiled loss and its graph breaks as counted at its first
+        call (what was compiled, not what was asked), and for CUDA graphs whether every compiled graph ran as one
+        (inductor counts those it skipped)."""
+        graphs, breaks = self.traced or (None, None)
+        traced = "" if self.traced is None else (f" ({graphs} graph{'s' * (graphs != 1)}, {breaks} graph "
+                                                 f"break{'s' * (breaks != 1)})")
+        recipe = self._recipe.format(traced=traced)
         if self.compile_mode != "reduce-overhead":
-            return self._recipe
+            return recipe
         from torch._dynamo.utils import counters
         skipped = int(counters["inductor"]["cudagraph_skips"])
-        return self._recipe + (f", CUDA graphs skipped for {skipped} graph(s)" if skipped else
-                               ", CUDA graphs (mode reduce-overhead)")
+        return recipe + (f", CUDA graphs skipped for {skipped} graph(s)" if skipped else
+                         ", CUDA graphs (mode reduce-overhead)")
+
+    def _first_loss(self, tokens, next_tokens, weights):
+        """The loss's first call, which compiles it: dynamo's counters, read around it, say what it made."""
+        from torch._dynamo.utils import counters
+        before = (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()))
+        loss = self._loss(tokens, next_tokens, weights)
+        after = (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()))
+        self.traced = (after[0] - before[0], after[1] - before[1])
+        return loss
 
     def loss(self, tokens, next_tokens, weights):
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.mixed_bfloat16):
@@ -158,7 +174,8 @@ class TrainStep:
     def __call__(self, tokens, next_tokens, weights):
         """Tensors on `self.device` (`batch_tensors(batch, step.device)`). Returns {'loss': a device tensor}."""
         self.optimizer.zero_grad()  # set_to_none: no memset, and the backward writes the gradients afresh
-        loss = self._loss(tokens, next_tokens, weights)
+        first = self.compile and self.traced is None
+        loss = (self._first_loss if first else self._loss)(tokens, next_tokens, weights)
         loss.backward()
         self.optimizer.step()
         # A CUDA graph's next replay writes over its outputs: the loss read at the window's end is a copy.

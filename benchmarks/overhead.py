@@ -59,11 +59,12 @@ BEST_MODULES = {("gpt", "jax"): "benchmarks.best_gpt_jax", ("gpt", "torch"): "be
 @dataclass
 class Contestant:
     """`step(batch)` trains on one batch; `synchronize()` returns once the device has finished all of it;
-    `ran`: what its step is (a hand-written one's recipe)."""
+    `ran()`: what its step is (a hand-written one's recipe), read once it has run (a compiled step says then what
+    it compiled)."""
     name: str
     step: object
     synchronize: object
-    ran: str = None
+    ran: object = lambda: None
 
 
 def interleaved_order(names, rounds):
@@ -141,7 +142,8 @@ def native_contestant(backend_name, workload, weights, settings, name="native", 
     def train(batch):
         float(step(*convert(batch))["loss"])  # a training loop reads its loss, as mtbench's does
 
-    return Contestant(name, train, step.block, getattr(step, "description", None) or getattr(step, "name", None))
+    return Contestant(name, train, step.block,
+                      lambda: getattr(step, "description", None) or getattr(step, "name", None))
 
 
 def keras_contestant(name, backend, model, train_step):
@@ -192,13 +194,13 @@ def measure(backend_name, dtype, args):
     baseline = native_contestant(backend_name, workload, weights, settings, name="best" if best else "native",
                                  **native_options)
     contestants.append(baseline)
-    step_names[baseline.name] = baseline.ran
     if args.keras:
         keras_model = build_keras_model(keras, workload, total_steps)
         contestants.append(keras_contestant("keras", backend, keras_model, KerasTrainStep(keras_model)))
         step_names["keras"] = "keras-train-on-batch"
 
     seconds = run_interleaved(contestants, workload.batches, args.warmup, args.rounds, args.steps_per_round)
+    step_names[baseline.name] = baseline.ran()
     from mtbench.runner.measurement.peaks import device_peak
     rows, length = workload.batches[0].shape
     family = plugins.registry().lookup("models", config.model_family[0])
