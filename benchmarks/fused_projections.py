@@ -40,14 +40,16 @@ TORCH_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 def products_per_step(backend_name, step, batch):
     """The matrix products one step ran, counted where they ran: on torch the aten products a profiled step called
     (the eager step's, or those inductor's program called), on JAX the dots of the program XLA compiled (each
-    fused computation's as often as it runs): XLA may merge the three projections of one input back into one."""
+    fused computation's as often as it runs) and on a GPU its cuBLAS calls: XLA may merge the three projections of
+    one input back into one. The products inside a fused attention kernel (flash, cuDNN's) are counted on neither
+    backend: the two contestants differ in the projections alone."""
     arguments = (batch.inputs, batch.target_output, batch.weight)
     if backend_name == "jax":
         from mtbench.plugins.extras.compiled_collectives import hlo_computations, hlo_runs
         computations = hlo_computations(step.lowered_program(*arguments, optimised=True))
         runs = hlo_runs(computations)
         return sum(runs[name] for name, _, lines in computations for line in lines
-                   if re.search(r"= \S+ dot\(", line))
+                   if re.search(r"= \S+ dot\(|custom_call_target=\"__cublas", line))
     from torch.profiler import profile
     step.block()
     with profile() as trace:

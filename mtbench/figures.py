@@ -440,7 +440,7 @@ def run_warnings(result):
     (interrupted, diverged), a run resumed (some figures its last process's), steady steps that scatter or were
     timed in too few windows, programs compiled after the warm-up steps, a machine loaded while the run trained
     (other processes used more than OTHERS_BOUND of its CPUs; where the OS does not tell, a load average above the
-    cores as training began) or whose hypervisor took its CPUs, other processes computing on the run's GPUs
+    cores as training began) or whose hypervisor took its CPUs, other processes holding a context on the run's GPUs
     (nvidia-smi's, as training began or ended), and an MFU peak measured while the load average was above the
     cores. Results written before the machine's load was recorded get no load warning."""
     warnings = []
@@ -492,10 +492,11 @@ def run_warnings(result):
                         f"{STEAL_BOUND:g} %)")
     sharing = load.get("gpu_other_processes")
     if sharing:
-        warnings.append(f"GPU shared: {len(sharing)} other process{'es' * (len(sharing) != 1)} computed on this run's "
-                        f"GPU{'s' * ((result.get('devices_used') or 1) > 1)} as training began or ended "
+        # nvidia-smi lists the processes that hold a context on a GPU, whether they compute or wait.
+        warnings.append(f"GPU shared: {len(sharing)} other process{'es' * (len(sharing) != 1)} held a context on this "
+                        f"run's GPU{'s' * ((result.get('devices_used') or 1) > 1)} as training began or ended "
                         f"({'; '.join(_gpu_process_text(process) for process in sharing[:3])}"
-                        f"{f'; and {len(sharing) - 3} more' if len(sharing) > 3 else ''}): its times are shared")
+                        f"{f'; and {len(sharing) - 3} more' if len(sharing) > 3 else ''}): its times may be shared")
     late = compiled_after_warm_up(result.get("history"))
     if late:
         count, windows = sum(late.values()), ", ".join(f"{step:,}" for step in late)

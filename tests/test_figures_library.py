@@ -119,7 +119,7 @@ def test_the_memory_rows_read_the_largest_device_and_the_timing_rows_their_own_f
                     "peak_device_bytes": "1,000"}
     from mtbench.plugins.reporters.table_reporter import _host_and_device_peaks
     assert _host_and_device_peaks(result) == "900 MiB / 1,000 MiB"
-    result["memory"].update(host_child_processes=2, peak_host_bytes_children=412 * mib)
+    result["memory"].update(host_child_processes=2, host_bytes_children=412 * mib)
     assert _host_and_device_peaks(result) == ("900 MiB / 1,000 MiB (host: 412 MiB of it in 2 child processes such as "
                                               "torch.compile's compile workers)")
 

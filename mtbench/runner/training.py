@@ -101,13 +101,14 @@ def train_and_report(config, registry, console, resume, launch, plugins, stopwat
     callbacks = PluginCallbacks(registry.keras_callbacks(config), built.model)
     trackers = Trackers(plugins.reporters, registry)
     trackers.start(tracked_run(config, plugins, run, config.out, run_dir.path))
-    load_before = sample_load(launch.local_processes)
+    gpus = "nvidia-smi" if run.device.get("kind") == "gpu" else None  # a CPU run's neighbours on a GPU are no matter
+    load_before = sample_load(launch.local_processes, gpus)
     with stopwatch.phase("train"):
         outcome = train_loop(config, plugins.backend, built.model, step_flops(plugins, built.model_shape, data),
                              built.train_step, built.state,
                              built.batches, total_steps, checkpointing, built.evaluator.validate, target,
                              Observers(callbacks, trackers, energy), console, run.processes)
-    load_during = machine_load(load_before, sample_load(launch.local_processes), launch.local_processes)
+    load_during = machine_load(load_before, sample_load(launch.local_processes, gpus), launch.local_processes)
     built.batches.close()
     result = training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
                              training_memory(plugins.backend, run.processes, run.device), peak)

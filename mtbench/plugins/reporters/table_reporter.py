@@ -69,7 +69,7 @@ def _host_and_device_peaks(result):
     memory = result["memory"]
     children = memory.get("host_child_processes")  # absent from results before 2026-12-05
     if children:
-        text += (f" (host: {memory['peak_host_bytes_children'] / 2 ** 20:,.0f} MiB of it in {children} child "
+        text += (f" (host: {memory['host_bytes_children'] / 2 ** 20:,.0f} MiB of it in {children} child "
                  f"process{'es' * (children != 1)} such as torch.compile's compile workers)")
     return text
 

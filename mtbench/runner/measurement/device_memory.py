@@ -52,27 +52,31 @@ def largest_peak(backend, processes):
     return max(peaks) if peaks else None
 
 
-def children_peak_bytes(proc="/proc"):
-    """{pid: peak resident bytes (VmHWM)} of each process below this one that still runs: torch.compile's compile
-    workers hold memory of their own (JAX compiles in the process), which getrusage counts only once they have
-    ended, and then only the largest one's. Empty where /proc lists none."""
-    peaks = {}
+def children_held_bytes(proc="/proc"):
+    """{pid: proportional resident bytes (Pss)} of each process below this one that still runs: torch.compile's
+    compile workers hold memory of their own (JAX compiles in the process), which getrusage counts only once they
+    have ended, and then only the largest one's. Pss, not the resident size: the workers are forked from one
+    server, and the pages they share with it would count once a worker; Pss counts each shared page in shares, so
+    the children's sum counts it once. What they hold now (the kernel keeps no peak of it). Empty where /proc
+    lists none (or has no smaps_rollup: Linux before 4.14)."""
+    held = {}
     for pid in descendant_pids(os.getpid(), proc):
         try:
-            with open(f"{proc}/{pid}/status") as f:
-                peaks.update({pid: int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")})
-        except (OSError, ValueError, IndexError):  # ended meanwhile, or a kernel thread's status without VmHWM
+            with open(f"{proc}/{pid}/smaps_rollup") as f:
+                held.update({pid: int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:")})
+        except (OSError, ValueError, IndexError):  # ended meanwhile, or another user's process
             continue
-    return peaks
+    return held
 
 
 def host_peaks(processes):
-    """The result's host memory: the sum of every process's peak resident memory and its running child processes'
-    (one process of several on a CPU holds a share of the run, whose whole a one-process run holds; a compile
-    worker's memory is the run's as the process's own compiler's is), the children's part apart, and in a run of
-    several each process's, by rank. Every process must call it at the same point."""
-    children = every_process(processes, list(children_peak_bytes().values()))
+    """The result's host memory: the sum of every process's peak resident memory and what its running child
+    processes hold (`children_held_bytes`; one process of several on a CPU holds a share of the run, whose whole a
+    one-process run holds; a compile worker's memory is the run's as the process's own compiler's is), the
+    children's part apart, and in a run of several each process's, by rank. Every process must call it at the same
+    point."""
+    children = every_process(processes, list(children_held_bytes().values()))
     peaks = [own + sum(theirs) for own, theirs in zip(every_process(processes, peak_host_bytes()), children)]
     return {"peak_host_bytes": sum(peaks), "host_child_processes": sum(len(theirs) for theirs in children),
-            "peak_host_bytes_children": sum(sum(theirs) for theirs in children),
+            "host_bytes_children": sum(sum(theirs) for theirs in children),
             **({"peak_host_bytes_per_process": peaks} if len(peaks) > 1 else {})}

@@ -8,7 +8,7 @@ The load average is a moving average over a minute: it counts this run's own thr
 run, that run's too. The CPU time other processes used while this run trained, from /proc/stat less this
 process's own and its descendants' (getrusage and /proc), is what tells a loaded machine from a busy run.
 
-On a GPU the contention that matters most is another process computing on the run's GPU: nvidia-smi's compute
+On a GPU the contention that matters most is another process on the run's GPU: nvidia-smi's compute
 processes, as training begins and as it ends, tell those on the GPUs where the run's own processes are listed."""
 
 import datetime
@@ -32,18 +32,22 @@ def load_average():
         return None
 
 
-def cpu_ticks(path="/proc/stat"):
-    """{PROC_STAT_FIELDS name: ticks since boot} of all CPUs together, or None where there is no /proc/stat.
-    Kernels before 2.6.11 give no steal field: it reads None."""
+def cpu_ticks(path="/proc/stat", cpus=None):
+    """{PROC_STAT_FIELDS name: ticks since boot} of all CPUs together (of those numbered in `cpus` where given), or
+    None where there is no /proc/stat (or it lists none of `cpus`). Kernels before 2.6.11 give no steal field: it
+    reads None."""
+    names = {"cpu"} if cpus is None else {f"cpu{cpu}" for cpu in cpus}
     try:
         with open(path, encoding="ascii") as f:
-            fields = f.readline().split()
+            lines = [line.split() for line in f if line.startswith("cpu")]
     except OSError:
         return None
-    if not fields or fields[0] != "cpu":
+    found = [[int(value) for value in fields[1:len(PROC_STAT_FIELDS) + 1]] for fields in lines
+             if fields and fields[0] in names]
+    if not found:
         return None
-    values = [int(value) for value in fields[1:len(PROC_STAT_FIELDS) + 1]]
-    return dict(zip(PROC_STAT_FIELDS, values + [None] * (len(PROC_STAT_FIELDS) - len(values))))
+    return {name: None if any(len(values) <= index for values in found) else sum(values[index] for values in found)
+            for index, name in enumerate(PROC_STAT_FIELDS)}
 
 
 def cpu_mhz(sysfs="/sys/devices/system/cpu", cpuinfo="/proc/cpuinfo"):
@@ -136,13 +140,24 @@ def gpu_compute_processes(nvidia_smi="nvidia-smi", timeout_s=5):
     containers); None where nvidia-smi is missing, fails or hangs (a wedged driver: the run must not wait on
     it)."""
     try:
-        listed = subprocess.run([nvidia_smi, "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
-                                 "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                                timeout=timeout_s, check=True)
-    except (OSError, subprocess.SubprocessError):
+        query = subprocess.Popen([nvidia_smi, "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                                  "--format=csv,noheader,nounits"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None
+    try:
+        listed, _ = query.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        query.kill()
+        try:  # one stuck in the kernel on a wedged driver does not die: it is left behind, not waited for
+            query.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+        return None
+    if query.returncode != 0:
         return None
     processes = []
-    for line in listed.stdout.splitlines():
+    for line in listed.splitlines():
         raw = line.split(",")
         fields = [field.strip() for field in raw]
         if len(fields) < 4:  # "No running processes found" and the like
@@ -175,12 +190,13 @@ def other_gpu_processes(processes, pids):
             if process["gpu_uuid"] in gpus and process["pid"] not in pids]
 
 
-def sample_load(own_processes=1, nvidia_smi="nvidia-smi"):
+def sample_load(own_processes=1, nvidia_smi="nvidia-smi", cpus=None):
     """The machine's load now; `own_processes` as `machine_load`'s. nvidia-smi runs only where it is installed
     (elsewhere a subprocess would only find what `shutil.which` does, that there is no NVIDIA GPU), and not at all
-    with `nvidia_smi=None` (a measurement on the CPU)."""
+    with `nvidia_smi=None` (a measurement on the CPU). `cpus`: the CPUs whose time to count (`cpu_ticks`), all by
+    default."""
     sample = LoadSample(datetime.datetime.now().astimezone().isoformat(timespec="seconds"), load_average(),
-                        cpu_mhz(), cpu_ticks(), own_cpu_seconds())
+                        cpu_mhz(), cpu_ticks(cpus=cpus), own_cpu_seconds())
     if nvidia_smi and shutil.which(nvidia_smi) is not None:
         sample.gpu_others = other_gpu_processes(gpu_compute_processes(nvidia_smi), own_pids(own_processes))
     return sample
@@ -235,9 +251,9 @@ def other_processes_percent(before, after, ticks_per_s=None):
 def machine_load(before, after, own_processes=1):
     """The result's `machine_load` section from the samples taken as training began and as it ended: the cores
     the load average is measured against, each sample, and in between the CPU time other processes took and the
-    steal time, and the other processes computing on the run's GPUs. `own_processes`: the run's processes on this
-    machine; where there are several, the others are the run's own too, and other processes' time is not told
-    apart (None)."""
+    steal time, and the other processes holding a context on the run's GPUs. `own_processes`: the run's processes
+    on this machine; where there are several, the others are the run's own too, and other processes' time is not
+    told apart (None)."""
     return {"cores": os.cpu_count(), "before_training": before.record(), "after_training": after.record(),
             "other_processes_percent": other_processes_percent(before, after) if own_processes == 1 else None,
             "steal_percent": steal_percent(before.ticks, after.ticks),

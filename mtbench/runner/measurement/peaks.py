@@ -230,7 +230,10 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
     many CPUs it ran on, and its source why a measuring process that found the backend failed (the run goes
     on)."""
     measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    load, before = load_average(), sample_load(nvidia_smi=None)
+    # Counted on the CPUs it measures on: a neighbour elsewhere on a large machine takes nothing from it.
+    measured_on = cpus if cpus is not None else (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                                 else None)
+    load, before = load_average(), sample_load(nvidia_smi=None, cpus=measured_on)
     failure = ""
     try:
         size, flops_per_s, measured_cpus, threads = (measure_here(backend, dtype, size) if cpus is None
@@ -242,7 +245,7 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
         if not isinstance(failed, BackendNotInProcess):  # (one registered by code, not installed, is measured here)
             failure = f", in this process: {failed}"
     # The measuring process has been waited for: its CPU time is this one's own (`own_cpu_seconds`).
-    others = other_processes_percent(before, sample_load(nvidia_smi=None))
+    others = other_processes_percent(before, sample_load(nvidia_smi=None, cpus=measured_on))
     record = peak_record(flops_per_s, f"measured: {size}x{size} {dtype} matmul on {backend.name}, median of "
                                       f"repeats{failure}", measured_at, load, measured_cpus, threads, others)
     path = calibration_path(cache_dir, backend.name, dtype, device_name, measured_cpus)

@@ -38,6 +38,19 @@ def test_the_section_spans_the_time_between_two_samples():
     assert machine_load(before, sample_load(), own_processes=2)["other_processes_percent"] is None
 
 
+def test_the_ticks_of_some_cpus_are_their_own_lines_summed(tmp_path):
+    """A measurement pinned to some CPUs counts their time alone: a neighbour elsewhere takes nothing from it."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  30 0 6 300 3 0 0 9\ncpu0 10 0 1 100 1 0 0 3\ncpu1 15 0 2 90 1 0 0 4\n"
+                    "cpu2 5 0 3 110 1 0 0 2\nintr 12345\n")
+    assert cpu_ticks(str(stat))["user"] == 30
+    assert cpu_ticks(str(stat), cpus=[1]) == {"user": 15, "nice": 0, "system": 2, "idle": 90, "iowait": 1, "irq": 0,
+                                              "softirq": 0, "steal": 4}
+    assert cpu_ticks(str(stat), cpus=[0, 2]) == {"user": 15, "nice": 0, "system": 4, "idle": 210, "iowait": 2,
+                                                 "irq": 0, "softirq": 0, "steal": 5}
+    assert cpu_ticks(str(stat), cpus=[7]) is None
+
+
 def test_what_the_os_does_not_give_is_none(tmp_path):
     assert cpu_ticks(str(tmp_path / "no-stat")) is None
     assert cpu_mhz(sysfs=str(tmp_path), cpuinfo=str(tmp_path / "no-cpuinfo")) is None

@@ -48,27 +48,28 @@ def test_one_process_writes_its_devices_as_the_backend_reports_them():
 
 
 def test_the_host_peak_counts_the_memory_of_the_child_processes_still_running():
-    """A compile worker holds memory of its own (inductor's hold about 300 MiB each): a child that holds 200 MiB
+    """A compile worker holds memory of its own (inductor's warm pool, about 300 MiB): a child that holds 200 MiB
     is in the run's host peak, apart, and out of it once it has ended."""
     import subprocess
     import sys
 
     from mtbench.plugins.api import peak_host_bytes
-    from mtbench.runner.measurement.device_memory import children_peak_bytes, host_peaks
+    from mtbench.runner.measurement.device_memory import children_held_bytes, host_peaks
     alone = ProcessGroup(Launch())
-    earlier = children_peak_bytes()  # a test worker's own children (an inductor pool that an earlier test warmed)
+    earlier = children_held_bytes()  # a test worker's own children (an inductor pool that an earlier test warmed)
     child = subprocess.Popen([sys.executable, "-c", "import sys, time; held = bytearray(200 * 2 ** 20); "
                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "held"
-        children = children_peak_bytes()
+        children = children_held_bytes()
         assert children.keys() - earlier.keys() == {child.pid} and children[child.pid] >= 200 * MIB
-        others = sum(children.values())
         own_before = peak_host_bytes()
         memory = host_peaks(alone)
-        assert memory["host_child_processes"] == len(children) and memory["peak_host_bytes_children"] == others
-        assert own_before + others <= memory["peak_host_bytes"] <= peak_host_bytes() + others
+        # (A shared page's share moves as other processes map it: the children's sum is read again, not equal.)
+        assert memory["host_child_processes"] == len(children) and memory["host_bytes_children"] >= 200 * MIB
+        children_bytes = memory["host_bytes_children"]
+        assert own_before + 200 * MIB <= memory["peak_host_bytes"] <= peak_host_bytes() + children_bytes
     finally:
         child.kill()
         child.wait()
-    assert child.pid not in children_peak_bytes()
+    assert child.pid not in children_held_bytes()

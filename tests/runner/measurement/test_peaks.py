@@ -142,9 +142,11 @@ def test_a_cpu_measurement_beside_a_busy_neighbour_records_its_share_and_runs_sa
     from mtbench.figures import run_warnings
     from mtbench.runner.measurement.environment import environment_rows
     spin = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"  # the shell ends: orphans, not ours
-    neighbours = [int(subprocess.run(["sh", "-c", spin], capture_output=True, text=True, check=True).stdout)
-                  for _ in range(os.cpu_count())]
+    neighbours = []
     try:
+        for _ in range(os.cpu_count()):  # they inherit this worker's CPUs: those the measurement counts
+            started = subprocess.run(["sh", "-c", spin], capture_output=True, text=True, check=True)
+            neighbours.append(int(started.stdout))
         time.sleep(0.2)
         record = calibrate(SlowBackend(), "float32", "Test CPU", str(tmp_path))
     finally:

@@ -190,15 +190,15 @@ def test_other_processes_on_the_runs_gpu_are_flagged(tiny_runs):
     load["gpu_other_processes"] = [{"pid": 4242, "name": "/usr/bin/python3", "used_memory_mib": 20480,
                                     "seen": "both"}]
     assert run_warnings(result) == [
-        "GPU shared: 1 other process computed on this run's GPU as training began or ended (pid 4242 python3, "
-        "20,480 MiB): its times are shared"]
+        "GPU shared: 1 other process held a context on this run's GPU as training began or ended (pid 4242 python3, "
+        "20,480 MiB): its times may be shared"]
     assert rows(result)["machine load (training start -> end)"].split(", CPU clock")[0].endswith(
         ", other GPU processes: 1")
     load["gpu_other_processes"] += [{"pid": 100 + i, "name": "java" if i else "", "used_memory_mib": None,
                                      "seen": "after"} for i in range(4)]
     assert run_warnings(result) == [
-        "GPU shared: 5 other processes computed on this run's GPU as training began or ended (pid 4242 python3, "
-        "20,480 MiB; pid 100; pid 101 java; and 2 more): its times are shared"]
+        "GPU shared: 5 other processes held a context on this run's GPU as training began or ended (pid 4242 python3, "
+        "20,480 MiB; pid 100; pid 101 java; and 2 more): its times may be shared"]
     assert ", other GPU processes: 5" in rows(result)["machine load (training start -> end)"]
     for nobody in ([], None):  # nothing else on the GPU; not known (no GPU, or pids nvidia-smi cannot match)
         load["gpu_other_processes"] = nobody
