@@ -509,9 +509,10 @@ def run_warnings(result):
     utilization = result.get("utilization") or {}
     peak_load = _loaded(utilization.get("peak_load_average"), cores)
     peak_others = utilization.get("peak_other_processes_percent")  # absent from peaks measured before 2026-12-05
-    if utilization.get("mfu") is not None and (peak_load is not None or (peak_others or 0) > OTHERS_BOUND):
+    peak_beside_others = (peak_others or 0) > OTHERS_BOUND
+    if utilization.get("mfu") is not None and (peak_load is not None or peak_beside_others):
         under = "; ".join(([f"other processes used {peak_others:.0f} % of the CPUs' time as it measured (bound "
-                            f"{OTHERS_BOUND:g} %)"] if (peak_others or 0) > OTHERS_BOUND else []) +
+                            f"{OTHERS_BOUND:g} %)"] if peak_beside_others else []) +
                           ([f"load average {peak_load:g} on {cores} cores"] if peak_load is not None else []))
         warnings.append(f"MFU peak measured under load: {under} at {utilization.get('peak_measured_at')}, so MFU "
                         f"reads high (`mtbench env --calibrate` on a quiet machine measures it again)")

@@ -64,13 +64,16 @@ def devices_spanned(states):
 _shared_cpus = None
 
 
+def process_cpus():
+    """The CPUs this process may run on, in order; None where the OS pins no process."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def measuring_cpus():
     """The CPUs a measurement of this machine (its matmul peak) runs on, in a process of its own: those this
     machine's processes of the run share out (the affinity this process had before `share_cores` gave it its
     slice), or this process's; None where the OS pins no process (it is measured in this one)."""
-    if _shared_cpus is not None:
-        return _shared_cpus
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return _shared_cpus if _shared_cpus is not None else process_cpus()
 
 
 def share_cores(launch, environ=os.environ):
@@ -80,10 +83,10 @@ def share_cores(launch, environ=os.environ):
     processes would otherwise run N x cores threads on the cores one had, and JAX's N-process figure would
     measure the oversubscription. Called before any framework is imported; returns the record of what was set,
     or None for a process alone on its machine (or with fewer CPUs than processes, where no share is whole)."""
-    if launch.local_processes == 1 or not hasattr(os, "sched_getaffinity"):
+    if launch.local_processes == 1 or process_cpus() is None:
         return None
     global _shared_cpus
-    _shared_cpus = sorted(os.sched_getaffinity(0))
+    _shared_cpus = process_cpus()
     share = core_share(_shared_cpus, launch.local_rank, launch.local_processes)
     if share is None:
         return None

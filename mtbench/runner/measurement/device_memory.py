@@ -75,8 +75,8 @@ def host_peaks(processes):
     one-process run holds; a compile worker's memory is the run's as the process's own compiler's is), the
     children's part apart, and in a run of several each process's, by rank. Every process must call it at the same
     point."""
-    children = every_process(processes, list(children_held_bytes().values()))
-    peaks = [own + sum(theirs) for own, theirs in zip(every_process(processes, peak_host_bytes()), children)]
-    return {"peak_host_bytes": sum(peaks), "host_child_processes": sum(len(theirs) for theirs in children),
-            "host_bytes_children": sum(sum(theirs) for theirs in children),
+    held = every_process(processes, [peak_host_bytes(), list(children_held_bytes().values())])
+    peaks = [own + sum(children) for own, children in held]
+    return {"peak_host_bytes": sum(peaks), "host_child_processes": sum(len(children) for _, children in held),
+            "host_bytes_children": sum(sum(children) for _, children in held),
             **({"peak_host_bytes_per_process": peaks} if len(peaks) > 1 else {})}

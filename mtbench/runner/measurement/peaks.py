@@ -12,6 +12,7 @@ from typing import NamedTuple
 from mtbench.errors import RunFailure
 from mtbench.plugins.api.host import cpu_count
 from mtbench.runner.files import write_json_atomic
+from mtbench.runner.launch import process_cpus
 from mtbench.runner.measurement.devices import describe_backend
 from mtbench.runner.measurement.flops import compute_dtype
 from mtbench.runner.measurement.load import load_average, other_processes_percent, sample_load
@@ -231,8 +232,7 @@ def calibrate(backend, dtype, device_name, cache_dir, size=2048, replace=True, c
     on)."""
     measured_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     # Counted on the CPUs it measures on: a neighbour elsewhere on a large machine takes nothing from it.
-    measured_on = cpus if cpus is not None else (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                                 else None)
+    measured_on = cpus if cpus is not None else process_cpus()
     load, before = load_average(), sample_load(nvidia_smi=None, cpus=measured_on)
     failure = ""
     try:

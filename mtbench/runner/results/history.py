@@ -265,7 +265,8 @@ def _speed_text(interval):
 
 def rows(history):
     return [[str(point.number), point.date.strftime("%Y-%m-%d %H:%M"),
-             short_commit(point.commit) if point.commit else "n/a", point.versions, str(len(point.results)), _speed_text(point.interval),
+             short_commit(point.commit) if point.commit else "n/a", point.versions, str(len(point.results)),
+             _speed_text(point.interval),
              point.change.cell() if point.change else "", point.mark_text()] for point in history.points]
 
 

@@ -173,7 +173,8 @@ def history_figure(history):
                          linestyle="-" if point.mark == "step" else "--", label=point.mark_text())
     if history.steps():
         axes.legend()
-    labels = [f"{point.name}\n{point.date:%Y-%m-%d}\n{short_commit(point.commit) if point.commit else ''}" for point in points]
+    labels = [f"{point.name}\n{point.date:%Y-%m-%d}\n{short_commit(point.commit) if point.commit else ''}"
+              for point in points]
     axes.set_xticks(xs, labels=labels, fontsize=7)
     axes.set(ylabel="target tokens/s (steady steps, 95 % interval)",
              title=f"History of {history.label} on {history.hardware}")

@@ -684,14 +684,16 @@ def verdict_rows(comparison):
     if any(targets):
         figure = FIGURES_BY_KEY["train_s"]
 
-        def target_cell(group, target, index):
+        reached = [comparison.target_reached(group) for group in groups]
+
+        def target_cell(target, index, reached, repeats):
             if not target:
                 return "n/a"
-            reached, repeats = comparison.target_reached(group)  # a median of the lucky repeats says so
+            # A median of the lucky repeats says so.
             return figure.text(target[index]) + (f" ({reached} of {repeats} reached it)" if reached < repeats else "")
         for index, title in enumerate(("time to target, with compilation (s)",
                                        "time to target, without compilation (s)")):
-            rows.append([title, *(target_cell(group, target, index) for group, target in zip(groups, targets))])
+            rows.append([title, *(target_cell(target, index, *counts) for target, counts in zip(targets, reached))])
     return rows
 
 

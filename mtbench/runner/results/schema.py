@@ -22,7 +22,8 @@ from mtbench.figures import is_number
 # `train_step_numerics` (the step's layer-norm statistics and optimizer update, in words), absent before;
 # `utilization.peak_threads` (the framework's threads a measured peak ran on), absent before;
 # `machine_load.gpu_other_processes` (other processes holding a context on the run's GPUs), absent before;
-# `memory.host_child_processes` and `memory.host_bytes_children` (what the child processes hold as the run ends, part of the host peak);
+# `memory.host_child_processes` and `memory.host_bytes_children` (what the child processes hold as the run ends,
+# part of the host peak);
 # `utilization.peak_other_processes_percent` (the CPUs' time other processes used while a peak was measured).
 # A result of an earlier version still reads; docs/results.md describes every field.
 SCHEMA_VERSION = 5
