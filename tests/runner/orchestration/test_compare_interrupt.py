@@ -68,7 +68,11 @@ def test_ctrl_c_keeps_the_partial_run_its_log_and_a_combined_json(tmp_path, cach
             assert time.monotonic() < deadline, "the training process did not start"
             trainer = child_of(proc.pid, "train")
             time.sleep(0.2)
-        time.sleep(15)
+        # Interrupted in its steady steps, after its warm-up (a line every 10 steps), long before its last.
+        while "step 30/5000" not in output_of(trainer):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run trained no steady steps"
+            time.sleep(0.2)
         assert child_of(proc.pid, "train") == trainer, "the run ended before it was interrupted"
         proc.send_signal(stop)
         stdout, stderr = proc.communicate(timeout=300)
