@@ -32,7 +32,7 @@ from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.measurement.device_memory import host_peaks, largest_peak, training_memory
 from mtbench.runner.measurement.energy import EnergyMeter, open_counter
 from mtbench.runner.measurement.environment import machine_identity
-from mtbench.runner.measurement.load import machine_load, sample_load
+from mtbench.runner.measurement.load import machine_load_of_run, sample_load_together
 from mtbench.runner.results.output import check_result_path, holding_result_path
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.run_result import (add_evaluation, record_failures, run_peak, stop_error,
@@ -102,13 +102,13 @@ def train_and_report(config, registry, console, resume, launch, plugins, stopwat
     trackers = Trackers(plugins.reporters, registry)
     trackers.start(tracked_run(config, plugins, run, config.out, run_dir.path))
     gpus = "nvidia-smi" if run.device.get("kind") == "gpu" else None  # a CPU run's neighbours on a GPU are no matter
-    load_before = sample_load(launch.local_processes, gpus)
+    load_before = sample_load_together(run.processes, launch.local_processes, gpus)
     with stopwatch.phase("train"):
         outcome = train_loop(config, plugins.backend, built.model, step_flops(plugins, built.model_shape, data),
                              built.train_step, built.state,
                              built.batches, total_steps, checkpointing, built.evaluator.validate, target,
                              Observers(callbacks, trackers, energy), console, run.processes)
-    load_during = machine_load(load_before, sample_load(launch.local_processes, gpus), launch.local_processes)
+    load_during = machine_load_of_run(load_before, run.processes, launch, gpus)
     built.batches.close()
     result = training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
                              training_memory(plugins.backend, run.processes, run.device), peak)

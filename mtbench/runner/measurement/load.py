@@ -5,8 +5,9 @@ them: these figures let the result say so. Whatever the OS does not give (/proc/
 most macOS machines) is None.
 
 The load average is a moving average over a minute: it counts this run's own threads and, right after another
-run, that run's too. The CPU time other processes used while this run trained, from /proc/stat less this
-process's own and its descendants' (getrusage and /proc), is what tells a loaded machine from a busy run.
+run, that run's too. The CPU time other processes used while this run trained, from /proc/stat less the run's processes'
+on the machine (each one's own and its descendants', getrusage and /proc), is what tells a loaded machine from a
+busy run.
 
 On a GPU the contention that matters most is another process on the run's GPU: nvidia-smi's compute
 processes, as training begins and as it ends, tell those on the GPUs where the run's own processes are listed."""
@@ -234,9 +235,10 @@ def steal_percent(before, after):
     return round(100 * (after["steal"] - before["steal"]) / total, 2) if total > 0 else None
 
 
-def other_processes_percent(before, after, ticks_per_s=None):
+def other_processes_percent(before, after, ticks_per_s=None, own_cpu_s=None):
     """The share of all CPUs' time between two `LoadSample`s that processes other than this one used (busy
-    time from /proc/stat less this process's CPU time), in percent; None without /proc/stat."""
+    time from /proc/stat less this process's CPU time, or less `own_cpu_s`: the CPU seconds of every process of
+    the run on the machine, `machine_cpu_seconds`), in percent; None without /proc/stat."""
     if not before.ticks or not after.ticks:
         return None
     total = _elapsed_ticks(before.ticks, after.ticks)
@@ -244,17 +246,50 @@ def other_processes_percent(before, after, ticks_per_s=None):
         return None
     busy = total - sum(after.ticks[name] - before.ticks[name] for name in ("idle", "iowait", "steal")
                        if after.ticks[name] is not None)
-    own = (after.own_cpu_s - before.own_cpu_s) * (ticks_per_s or os.sysconf("SC_CLK_TCK"))
-    return round(max(0.0, 100 * (busy - own) / total), 2)
+    own = after.own_cpu_s - before.own_cpu_s if own_cpu_s is None else own_cpu_s
+    return round(max(0.0, 100 * (busy - own * (ticks_per_s or os.sysconf("SC_CLK_TCK"))) / total), 2)
 
 
-def machine_load(before, after, own_processes=1):
+def machine_load(before, after, own_processes=1, run_cpu_s=None):
     """The result's `machine_load` section from the samples taken as training began and as it ended: the cores
     the load average is measured against, each sample, and in between the CPU time other processes took and the
     steal time, and the other processes holding a context on the run's GPUs. `own_processes`: the run's processes
-    on this machine; where there are several, the others are the run's own too, and other processes' time is not
-    told apart (None)."""
+    on this machine; `run_cpu_s`: the CPU seconds they used between their samples (`machine_cpu_seconds`), without
+    which, where there are several, other processes' time is not told apart from theirs (None)."""
+    if run_cpu_s is None and own_processes == 1:
+        run_cpu_s = after.own_cpu_s - before.own_cpu_s
     return {"cores": os.cpu_count(), "before_training": before.record(), "after_training": after.record(),
-            "other_processes_percent": other_processes_percent(before, after) if own_processes == 1 else None,
+            "other_processes_percent": None if run_cpu_s is None else other_processes_percent(
+                before, after, own_cpu_s=run_cpu_s),
+            "run_processes_cpu_s": None if run_cpu_s is None else round(run_cpu_s, 3),
             "steal_percent": steal_percent(before.ticks, after.ticks),
             "gpu_other_processes": gpu_other_processes(before.gpu_others, after.gpu_others)}
+
+
+def sample_load_together(processes, own_processes=1, nvidia_smi="nvidia-smi"):
+    """`sample_load` taken by every process of a run at one moment (after a barrier), so that each one's CPU time
+    between two such samples spans the interval the others' do. Every process must call it at the same point."""
+    if processes.world_size > 1:
+        processes.barrier()
+    return sample_load(own_processes, nvidia_smi)
+
+
+def machine_cpu_seconds(before, after, processes, launch):
+    """The CPU seconds that the run's processes on this machine used between their samples `before` and `after`
+    (`sample_load_together`'s; each process's own and its descendants'), summed over them: launchers number a
+    machine's processes one after another, from this process's rank less its local rank. Every process must call
+    it at the same point."""
+    own = after.own_cpu_s - before.own_cpu_s
+    if processes.world_size == 1:
+        return own
+    each = processes.sum([own if rank == processes.rank else 0.0 for rank in range(processes.world_size)])
+    first = processes.rank - launch.local_rank
+    return sum(each[first:first + launch.local_processes])
+
+
+def machine_load_of_run(before, processes, launch, nvidia_smi="nvidia-smi"):
+    """The run's `machine_load` section, from `before` (`sample_load_together`'s as training began) and a sample
+    every process takes now, other processes' CPU time told apart from all of the run's processes' on this
+    machine. Every process must call it at the same point."""
+    after = sample_load_together(processes, launch.local_processes, nvidia_smi)
+    return machine_load(before, after, launch.local_processes, machine_cpu_seconds(before, after, processes, launch))

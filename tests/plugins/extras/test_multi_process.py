@@ -173,7 +173,11 @@ def test_every_process_reads_its_own_trace_and_process_0s_result_holds_each_ones
                     "--block-size", "16", "--batch-size", "8", "--steps", "8", "--profile", "2", "--measure-only",
                     "--cache-dir", cache_dir, "--out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    profile = json.loads(out.read_text())["profile"]
+    result = json.loads(out.read_text())
+    # The machine's load tells the run's two processes' CPU time from other processes' (machine_load_probe.py).
+    load = result["machine_load"]
+    assert load["run_processes_cpu_s"] > 0 and 0 <= load["other_processes_percent"] <= 100, load
+    profile = result["profile"]
     operations = profile["operations"]
     assert profile["directory"].endswith("process-0")
     busy = operations["processes_busy_s"]

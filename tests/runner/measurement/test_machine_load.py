@@ -6,9 +6,11 @@ import sys
 
 import pytest
 
+from conftest import run_joined_probes
+from mtbench.plugins.api import Launch
 from mtbench.runner.measurement.load import (LoadSample, cpu_mhz, cpu_ticks, descendant_pids, gpu_compute_processes,
-                                             load_average, machine_load, other_gpu_processes, other_processes_percent,
-                                             own_pids, sample_load, steal_percent)
+                                             load_average, machine_cpu_seconds, machine_load, other_gpu_processes,
+                                             other_processes_percent, own_pids, sample_load, steal_percent)
 
 on_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
 
@@ -98,6 +100,57 @@ def test_steal_and_other_processes_are_shares_of_the_cpus_time():
     # This process alone kept the CPUs busy: nobody else took anything.
     alone = LoadSample("t1", None, None, ticks(user=1600, idle=5400), 16.0)
     assert other_processes_percent(before, alone, ticks_per_s=100) == 0.0
+
+
+class RanksCpu:
+    """The collectives of a run's processes as `machine_cpu_seconds` calls them, seen from process `rank`: each
+    process's CPU seconds between its samples in `cpu_s`, in rank order."""
+
+    def __init__(self, rank, cpu_s):
+        self.rank, self.world_size, self.cpu_s = rank, len(cpu_s), cpu_s
+
+    def sum(self, values):
+        # Each process puts its own seconds in its own slot, zeros elsewhere: this one's as asked, the others' given.
+        assert values[self.rank] == self.cpu_s[self.rank] and sum(values) == values[self.rank]
+        return list(self.cpu_s)
+
+
+def test_a_machines_processes_add_their_cpu_time_and_no_other_machines():
+    # Two machines of two processes each, as torchrun numbers them: ranks 0 and 1 on the first, 2 and 3 on the second.
+    cpu_s = [1.0, 2.0, 4.0, 8.0]
+    for rank, local_rank, machine_s in [(0, 0, 3.0), (1, 1, 3.0), (2, 0, 12.0), (3, 1, 12.0)]:
+        before = LoadSample("t0", None, None, None, 100.0)
+        after = LoadSample("t1", None, None, None, 100.0 + cpu_s[rank])
+        launch = Launch(process_id=rank, num_processes=4, local_rank=local_rank, local_processes=2)
+        assert machine_cpu_seconds(before, after, RanksCpu(rank, cpu_s), launch) == machine_s
+    # One process: its own, no collective.
+    assert machine_cpu_seconds(before, after, RanksCpu(0, [8.0]), Launch()) == 8.0
+
+
+def test_the_run_processes_cpu_time_is_not_another_processes():
+    # 1000 ticks pass on all CPUs, 600 of them busy: this process used 1 s (100 ticks), the run's other process on
+    # the machine 4 s (400 ticks): 10 % was another job's, not 50 %.
+    before = LoadSample("t0", None, None, ticks(user=1000, idle=5000), 10.0)
+    after = LoadSample("t1", None, None, ticks(user=1600, idle=5400), 11.0)
+    assert other_processes_percent(before, after, ticks_per_s=100) == 50.0
+    assert other_processes_percent(before, after, ticks_per_s=100, own_cpu_s=5.0) == 10.0
+    section = machine_load(before, after, own_processes=2, run_cpu_s=5.0)
+    assert section["run_processes_cpu_s"] == 5.0 and section["other_processes_percent"] is not None
+    unknown = machine_load(before, after, own_processes=2)
+    assert unknown["other_processes_percent"] is None and unknown["run_processes_cpu_s"] is None
+
+
+@on_linux
+def test_two_processes_of_a_run_count_each_others_cpu_time_as_the_runs():
+    """Two processes joined over gloo take their samples together: process 1 spins for a second between them while
+    process 0 waits; both count that second as the run's, not another process's."""
+    first, second = run_joined_probes("machine_load_probe.py")
+    assert second["spun_s"] >= 1.0 and first["own_cpu_s"] < 0.5
+    for probe in (first, second):
+        section = probe["section"]
+        assert section["run_processes_cpu_s"] >= second["spun_s"]
+        assert 0 <= section["other_processes_percent"] <= 100
+    assert first["section"]["run_processes_cpu_s"] == second["section"]["run_processes_cpu_s"]
 
 
 @on_linux
