@@ -3,25 +3,11 @@ devices it computes on (`Backend.device_memory`, `Backend.peak_device_bytes`: to
 devices), while process 0 writes the result: its figures are gathered from every process, so that "the largest
 device" is the largest of the run's, the last pipeline stage's (which holds the logits) as well as the first's."""
 
-import json
 import os
 
 from mtbench.plugins.api import peak_host_bytes
+from mtbench.runner.measurement.gathered import every_process
 from mtbench.runner.measurement.load import descendant_pids
-
-
-def every_process(processes, value):
-    """Each process's `value` (anything JSON writes), in process order, on every process. Every process must call
-    it at the same point."""
-    import numpy as np
-    if processes.world_size == 1:
-        return [value]
-    data = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
-    lengths = [int(length) for length in processes.sum(
-        [data.size if rank == processes.rank else 0 for rank in range(processes.world_size)])]
-    padded = np.zeros(max(lengths), dtype=np.uint8)
-    padded[:data.size] = data
-    return [json.loads(bytes(row[:length])) for row, length in zip(processes.gather_bytes(padded), lengths)]
 
 
 def training_memory(backend, processes, run_device=None):

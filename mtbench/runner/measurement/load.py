@@ -20,6 +20,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from mtbench.runner.measurement.gathered import every_process
+
 # /proc/stat's aggregate "cpu" line: time in USER_HZ ticks since boot, in this order (guest time is already
 # counted in user and nice, so it is left out of the total).
 PROC_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -279,10 +281,7 @@ def machine_cpu_seconds(before, after, processes, launch):
     (`sample_load_together`'s; each process's own and its descendants'), summed over them: launchers number a
     machine's processes one after another, from this process's rank less its local rank. Every process must call
     it at the same point."""
-    own = after.own_cpu_s - before.own_cpu_s
-    if processes.world_size == 1:
-        return own
-    each = processes.sum([own if rank == processes.rank else 0.0 for rank in range(processes.world_size)])
+    each = every_process(processes, after.own_cpu_s - before.own_cpu_s)
     first = processes.rank - launch.local_rank
     return sum(each[first:first + launch.local_processes])
 

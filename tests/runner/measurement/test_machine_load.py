@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from conftest import run_joined_probes
-from mtbench.plugins.api import Launch
+from mtbench.plugins.api import Launch, ProcessGroup
+from mtbench.runner.measurement import load
 from mtbench.runner.measurement.load import (LoadSample, cpu_mhz, cpu_ticks, descendant_pids, gpu_compute_processes,
                                              load_average, machine_cpu_seconds, machine_load, other_gpu_processes,
                                              other_processes_percent, own_pids, sample_load, steal_percent)
@@ -102,29 +103,23 @@ def test_steal_and_other_processes_are_shares_of_the_cpus_time():
     assert other_processes_percent(before, alone, ticks_per_s=100) == 0.0
 
 
-class RanksCpu:
-    """The collectives of a run's processes as `machine_cpu_seconds` calls them, seen from process `rank`: each
-    process's CPU seconds between its samples in `cpu_s`, in rank order."""
-
-    def __init__(self, rank, cpu_s):
-        self.rank, self.world_size, self.cpu_s = rank, len(cpu_s), cpu_s
-
-    def sum(self, values):
-        # Each process puts its own seconds in its own slot, zeros elsewhere: this one's as asked, the others' given.
-        assert values[self.rank] == self.cpu_s[self.rank] and sum(values) == values[self.rank]
-        return list(self.cpu_s)
-
-
-def test_a_machines_processes_add_their_cpu_time_and_no_other_machines():
+def test_a_machines_processes_add_their_cpu_time_and_no_other_machines(monkeypatch):
     # Two machines of two processes each, as torchrun numbers them: ranks 0 and 1 on the first, 2 and 3 on the second.
     cpu_s = [1.0, 2.0, 4.0, 8.0]
+
+    def gathered(processes, value):  # every process's own seconds, as the gather over the four hands them out
+        assert value == cpu_s[processes.rank]
+        return list(cpu_s)
+
+    monkeypatch.setattr(load, "every_process", gathered)
     for rank, local_rank, machine_s in [(0, 0, 3.0), (1, 1, 3.0), (2, 0, 12.0), (3, 1, 12.0)]:
         before = LoadSample("t0", None, None, None, 100.0)
         after = LoadSample("t1", None, None, None, 100.0 + cpu_s[rank])
         launch = Launch(process_id=rank, num_processes=4, local_rank=local_rank, local_processes=2)
-        assert machine_cpu_seconds(before, after, RanksCpu(rank, cpu_s), launch) == machine_s
-    # One process: its own, no collective.
-    assert machine_cpu_seconds(before, after, RanksCpu(0, [8.0]), Launch()) == 8.0
+        assert machine_cpu_seconds(before, after, ProcessGroup(launch), launch) == machine_s
+    # One process: its own.
+    monkeypatch.undo()
+    assert machine_cpu_seconds(before, after, ProcessGroup(Launch()), Launch()) == 8.0
 
 
 def test_the_run_processes_cpu_time_is_not_another_processes():
