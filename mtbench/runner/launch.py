@@ -7,6 +7,9 @@ import os
 from mtbench.errors import MtbenchError
 from mtbench.plugins.api import Launch
 
+# Set by mtbench for the processes of a torchrun it starts on this machine: `Launch.launch_dir`.
+LAUNCH_DIR_VARIABLE = "MTBENCH_LAUNCH_DIR"
+
 
 def read_launch(coordinator=None, num_processes=None, process_id=None, timeout_s=300, environ=os.environ):
     explicit = (coordinator, num_processes, process_id)
@@ -18,7 +21,8 @@ def read_launch(coordinator=None, num_processes=None, process_id=None, timeout_s
                         launcher="flags", timeout_s=timeout_s)
     elif "TORCHELASTIC_RUN_ID" in environ or ("RANK" in environ and "WORLD_SIZE" in environ):
         launch = Launch(_int(environ, "RANK"), _int(environ, "WORLD_SIZE"), _int(environ, "LOCAL_RANK", 0),
-                        _int(environ, "LOCAL_WORLD_SIZE", 1), _master(environ, "torchrun"), "torchrun", timeout_s)
+                        _int(environ, "LOCAL_WORLD_SIZE", 1), _master(environ, "torchrun"), "torchrun", timeout_s,
+                        launch_dir=environ.get(LAUNCH_DIR_VARIABLE) or None)
     elif "SLURM_PROCID" in environ and _int(environ, "SLURM_NTASKS", 1) > 1:
         launch = Launch(_int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS"), _int(environ, "SLURM_LOCALID", 0),
                         _int(environ, "SLURM_NTASKS_PER_NODE", 1), _master(environ, "SLURM"), "slurm", timeout_s)

@@ -20,6 +20,8 @@ def test_torchrun_environment_places_the_process():
     launch = read_launch(environ=TORCHRUN)
     assert (launch.process_id, launch.num_processes, launch.local_rank, launch.local_processes) == (3, 4, 1, 2)
     assert (launch.coordinator, launch.launcher, launch.is_first) == ("node0:29500", "torchrun", False)
+    assert launch.launch_dir is None  # a torchrun a user started: no directory of mtbench's
+    assert read_launch(environ={**TORCHRUN, "MTBENCH_LAUNCH_DIR": "/tmp/x"}).launch_dir == "/tmp/x"
 
 
 def test_slurm_environment_places_the_process():

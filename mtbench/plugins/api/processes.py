@@ -21,6 +21,9 @@ class Launch:
     coordinator: str = None
     launcher: str = "single"   # single | torchrun | slurm | flags
     timeout_s: int = 300       # how long a process waits for the others before it stops with an error
+    # A directory made for this launch alone that every process reads, all of them on one machine (mtbench's own
+    # torchrun, for a compare's run, names one): where they can leave each other what no launcher variable says.
+    launch_dir: str = None
 
     @property
     def is_first(self):

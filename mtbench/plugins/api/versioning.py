@@ -58,9 +58,10 @@ its inputs is asked about; the form without `run` is deprecated.
 `RUN_CHOICES`.
 1.29: `peak_measurement_text`'s optional `other_processes_percent`, the CPUs' time other processes used while a
 peak was measured.
+1.30: `Launch.launch_dir`, a directory made for the launch's processes on one machine (None: none).
 """
 
-PLUGIN_API_VERSION = "1.29"
+PLUGIN_API_VERSION = "1.30"
 
 
 def next_major(version=PLUGIN_API_VERSION):

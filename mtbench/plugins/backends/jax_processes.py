@@ -8,21 +8,44 @@ from mtbench import MtbenchError, ProcessGroup
 
 def coordinator_address(launch):
     """Where JAX's coordination service runs: the launch's coordinator; under torchrun, whose agent serves its
-    store on MASTER_PORT, a port process 0 finds free and leaves in that store for the others (the port after
-    MASTER_PORT, taken before, was once another program's)."""
+    store on MASTER_PORT, a port process 0 finds free and leaves for the others (the port after MASTER_PORT, taken
+    before, was once another program's): in the launch's directory where mtbench started torchrun, else in
+    torchrun's store, which only torch reads."""
     if launch.launcher != "torchrun":
         return launch.coordinator
-    import datetime
     import os
+    host, _, port = launch.coordinator.rpartition(":")
+    # A restarted group meets under a name of its own.
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if launch.launch_dir:
+        return f"{host}:{port_in_directory(launch, f'jax-coordinator-{restart}')}"
+    import datetime
 
     from torch.distributed import TCPStore
-    host, _, port = launch.coordinator.rpartition(":")
     store = TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=launch.timeout_s))
-    # A restarted group meets under a key of its own.
-    key = f"mtbench/jax-coordinator/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    key = f"mtbench/jax-coordinator/{restart}"
     if launch.process_id == 0:
         store.set(key, str(free_port()))
     return f"{host}:{store.get(key).decode()}"
+
+
+def port_in_directory(launch, name):
+    """A free port process 0 finds and writes into file `name` of the launch's directory, read there by the
+    others, which wait for it as long as for any of process 0's answers."""
+    import os
+    import time
+    path = os.path.join(launch.launch_dir, name)
+    if launch.process_id == 0:
+        with open(path + ".tmp", "w") as f:
+            f.write(str(free_port()))
+        os.replace(path + ".tmp", path)  # whole or absent: a reader never sees half a number
+    deadline = time.monotonic() + launch.timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process 0 left no port in {path} within {launch.timeout_s} s")
+        time.sleep(0.02)
+    with open(path) as f:
+        return int(f.read())
 
 
 def free_port():

@@ -1,14 +1,31 @@
 """Under torchrun, JAX's processes meet at a coordination service of their own: process 0 finds a free port and
-leaves it in torchrun's store (MASTER_ADDR:MASTER_PORT) for the others. It took MASTER_PORT + 1 before, which
-another program held once in this suite (two xdist workers' gloo and torchrun ports): process 0 could not serve
-and the run died."""
+leaves it for the others, in the directory mtbench made for the launch where mtbench started torchrun (a
+compare's run), else in torchrun's store (MASTER_ADDR:MASTER_PORT), which only torch reads. It took
+MASTER_PORT + 1 before, which another program held once in this suite (two xdist workers' gloo and torchrun
+ports): process 0 could not serve and the run died."""
 
 import concurrent.futures
 import datetime
+import json
 import socket
+import textwrap
+
+import pytest
 
 from mtbench import Launch
 from mtbench.plugins.backends.jax_processes import collectives_library, coordinator_address
+from tests.conftest import CPU_ONLY, TINY_COMPARE, python_path
+
+# Makes torch unimportable in the processes torchrun starts (RANK set), not in torchrun's agent, which needs it.
+NO_TORCH_IN_WORKERS = textwrap.dedent("""
+    import os, sys
+    if "RANK" in os.environ:
+        class NoTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "torch":
+                    raise ImportError(f"{name} was imported by a process of a JAX run")
+        sys.meta_path.insert(0, NoTorch())
+""")
 
 
 def test_the_processes_agree_on_a_free_port_left_in_torchruns_store(monkeypatch):
@@ -30,6 +47,46 @@ def test_the_processes_agree_on_a_free_port_left_in_torchruns_store(monkeypatch)
     assert host == "127.0.0.1" and int(port) not in (store.port, store.port + 1)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as service:
         service.bind(("", int(port)))  # free for process 0's coordination service
+
+
+def test_processes_started_as_compare_starts_them_meet_in_its_directory(tmp_path):
+    launches = [Launch(process_id=rank, num_processes=2, coordinator="127.0.0.1:1", launcher="torchrun",
+                       timeout_s=30, launch_dir=str(tmp_path)) for rank in (1, 0)]  # the others may ask first
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        addresses = list(pool.map(coordinator_address, launches))
+    assert addresses[0] == addresses[1] and addresses[0].startswith("127.0.0.1:")
+    assert [p.name for p in tmp_path.iterdir()] == ["jax-coordinator-0"]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as service:
+        service.bind(("", int(addresses[0].rpartition(":")[2])))  # free for process 0's coordination service
+
+
+def test_a_process_whose_process_0_leaves_no_port_stops_in_one_line(tmp_path):
+    from mtbench.plugins.backends.jax_processes import JaxProcessGroup
+    from mtbench.errors import MtbenchError
+    launch = Launch(process_id=1, num_processes=2, coordinator="127.0.0.1:1", launcher="torchrun", timeout_s=1,
+                    launch_dir=str(tmp_path))
+    with pytest.raises(MtbenchError, match=r"process 1 of 2 could not join the others at 127.0.0.1:1: process 0 "
+                                           r"left no port in .*jax-coordinator-0 within 1 s"):
+        JaxProcessGroup(launch)
+
+
+@pytest.mark.slow  # two JAX processes on the worker's core: about 30 s
+def test_a_jax_run_that_compare_starts_over_two_processes_trains_without_importing_torch(tmp_path, cache_dir,
+                                                                                          monkeypatch):
+    """torch is not imported into the processes of a JAX run that mtbench starts under torchrun: its host memory
+    and start are JAX's own (torch took 1 s and 180 MiB of each process here to read torchrun's store)."""
+    from mtbench.runner.orchestration.children import run_child
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(NO_TORCH_IN_WORKERS)
+    for name, value in {**CPU_ONLY, "PYTHONPATH": python_path(tmp_path / "site"), "MTBENCH_LOAD_PLUGINS": ""}.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "jax-2.json"
+    failure = run_child(["train", "--backend", "jax", "--extra", "data-parallel", *TINY_COMPARE, "--steps", "4",
+                         "--cache-dir", cache_dir, "--out", str(out)], str(tmp_path / "run.log"), "jax", processes=2)
+    assert failure is None, (tmp_path / "run.log").read_text()[-3000:]
+    result = json.loads(out.read_text())
+    assert result["processes"]["world_size"] == 2 and result["processes"]["launcher"] == "torchrun"
+    assert len(result["history"]) == 4
 
 
 def test_the_collectives_are_named_for_the_platform_that_carries_them():

@@ -20,11 +20,13 @@ RELATIVE_TOLERANCE = 1e-5  # float32 gradients summed in another order by the co
 def torchrun(*args, env=None, timeout=600, processes=2):
     """Runs `torchrun --nproc-per-node PROCESSES -m mtbench ARGS` on the machine's cores; returns the
     CompletedProcess."""
+    from mtbench.runner.launch import LAUNCH_DIR_VARIABLE
     from mtbench.runner.orchestration.children import launcher_command
     # torchrun as compare starts it: this interpreter's module, its agent's folder removed afterwards.
     with tempfile.TemporaryDirectory(prefix="mtbench-torchrun-") as launcher_dir:
+        # Its directory named to the processes as compare names it (JAX's leave their coordinator's port there).
         command, env = on_every_core([*launcher_command(processes, launcher_dir=launcher_dir), "-m", "mtbench", *args],
-                                     {**CPU_ONLY, **(env or {})})
+                                     {**CPU_ONLY, LAUNCH_DIR_VARIABLE: launcher_dir, **(env or {})})
         return subprocess.run(command, capture_output=True, text=True, env=cli_environment(env), timeout=timeout)
 
 
