@@ -72,7 +72,7 @@ def run_child(arguments, log_file, name, processes=1, python=None, show=None):
         log.write(f"$ {shlex.join(command)}\n--- stdout\n")
         log.flush()
         # The processes' own directory: JAX's leave the port of their coordination service there, not in torchrun's
-        # store, which only torch reads (importing torch into each JAX process: 1 s and 180 MiB of its memory).
+        # store, which only torch reads (importing torch into each JAX process: 1 s and 175 MiB of its memory).
         env = {**os.environ, LAUNCH_DIR_VARIABLE: launcher_dir} if launcher_dir else None
         process = subprocess.Popen(command, stdout=log, stderr=err, stdin=subprocess.DEVNULL, text=True,
                                    start_new_session=True, env=env)

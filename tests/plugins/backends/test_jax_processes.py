@@ -74,7 +74,7 @@ def test_a_process_whose_process_0_leaves_no_port_stops_in_one_line(tmp_path):
 def test_a_jax_run_that_compare_starts_over_two_processes_trains_without_importing_torch(tmp_path, cache_dir,
                                                                                           monkeypatch):
     """torch is not imported into the processes of a JAX run that mtbench starts under torchrun: its host memory
-    and start are JAX's own (torch took 1 s and 180 MiB of each process here to read torchrun's store)."""
+    and start are JAX's own (torch took 1 s and 175 MiB of each process here to read torchrun's store)."""
     from mtbench.runner.orchestration.children import run_child
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(NO_TORCH_IN_WORKERS)
