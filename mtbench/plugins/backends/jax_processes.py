@@ -84,10 +84,17 @@ class JaxProcessGroup(ProcessGroup):
                                        else None,
                                        initialization_timeout=launch.timeout_s,
                                        heartbeat_timeout_seconds=min(launch.timeout_s, 100))
-        except (RuntimeError, ValueError) as error:
+        except (RuntimeError, ValueError, OSError) as error:  # OSError: a launch directory gone or unwritable
             raise MtbenchError(f"process {launch.process_id} of {launch.num_processes} could not join the others "
                                f"at {coordinator}: {str(error).splitlines()[0]}") from None
         self.collectives = collectives_library(jax.devices()[0])
+
+    def record(self, devices_per_process):
+        record = super().record(devices_per_process)
+        if self.launch.launcher == "torchrun":  # torch's import is in the memory of every process that read the store
+            record["coordinator_port_from"] = ("the launch's directory" if self.launch.launch_dir
+                                               else "torchrun's store (torch imported)")
+        return record
 
     def any(self, flag):
         import numpy as np

@@ -16,13 +16,16 @@ from mtbench import Launch
 from mtbench.plugins.backends.jax_processes import collectives_library, coordinator_address
 from tests.conftest import CPU_ONLY, TINY_COMPARE, python_path
 
-# Makes torch unimportable in the processes torchrun starts (RANK set), not in torchrun's agent, which needs it.
+# Makes torch unimportable in the processes torchrun starts (RANK set), not in torchrun's agent, which needs it, and
+# writes down each attempt (a `try: import torch` would otherwise pass over the refusal unseen).
 NO_TORCH_IN_WORKERS = textwrap.dedent("""
     import os, sys
     if "RANK" in os.environ:
         class NoTorch:
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] == "torch":
+                    with open(os.environ["TORCH_IMPORTS_FILE"], "a") as attempts:
+                        attempts.write(f"process {os.environ['RANK']}: {name}\\n")
                     raise ImportError(f"{name} was imported by a process of a JAX run")
         sys.meta_path.insert(0, NoTorch())
 """)
@@ -49,7 +52,8 @@ def test_the_processes_agree_on_a_free_port_left_in_torchruns_store(monkeypatch)
         service.bind(("", int(port)))  # free for process 0's coordination service
 
 
-def test_processes_started_as_compare_starts_them_meet_in_its_directory(tmp_path):
+def test_processes_started_as_compare_starts_them_meet_in_its_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     launches = [Launch(process_id=rank, num_processes=2, coordinator="127.0.0.1:1", launcher="torchrun",
                        timeout_s=30, launch_dir=str(tmp_path)) for rank in (1, 0)]  # the others may ask first
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -60,7 +64,8 @@ def test_processes_started_as_compare_starts_them_meet_in_its_directory(tmp_path
         service.bind(("", int(addresses[0].rpartition(":")[2])))  # free for process 0's coordination service
 
 
-def test_a_process_whose_process_0_leaves_no_port_stops_in_one_line(tmp_path):
+def test_a_process_whose_process_0_leaves_no_port_stops_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     from mtbench.plugins.backends.jax_processes import JaxProcessGroup
     from mtbench.errors import MtbenchError
     launch = Launch(process_id=1, num_processes=2, coordinator="127.0.0.1:1", launcher="torchrun", timeout_s=1,
@@ -68,6 +73,36 @@ def test_a_process_whose_process_0_leaves_no_port_stops_in_one_line(tmp_path):
     with pytest.raises(MtbenchError, match=r"process 1 of 2 could not join the others at 127.0.0.1:1: process 0 "
                                            r"left no port in .*jax-coordinator-0 within 1 s"):
         JaxProcessGroup(launch)
+    gone = Launch(process_id=0, num_processes=2, coordinator="127.0.0.1:1", launcher="torchrun", timeout_s=1,
+                  launch_dir=str(tmp_path / "gone"))  # a directory that is no more: one line too
+    with pytest.raises(MtbenchError, match=r"process 0 of 2 could not join the others at 127.0.0.1:1: .*No such file"):
+        JaxProcessGroup(gone)
+
+
+def test_compare_names_its_torchruns_directory_to_their_processes(tmp_path, monkeypatch):
+    """run_child, which starts compare's and rerun's runs, hands the processes of a torchrun the directory it made
+    for them (torchrun's --log-dir); a run of one process gets none."""
+    from mtbench.runner.orchestration import children
+    started = []
+
+    class Started:
+        returncode = 0
+
+        def __init__(self, command, env=None, **kwargs):
+            started.append((command, env))
+
+        def wait(self, timeout=None):
+            return 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(children.subprocess, "Popen", Started)
+    for processes in (2, 1):
+        assert children.run_child(["train"], str(tmp_path / f"{processes}.log"), "run", processes=processes) is None
+    (command, env), (_, alone) = started
+    log_dir = next(arg for arg in command if arg.startswith("--log-dir=")).removeprefix("--log-dir=")
+    assert env["MTBENCH_LAUNCH_DIR"] == log_dir and alone is None
 
 
 @pytest.mark.slow  # two JAX processes on the worker's core: about 30 s
@@ -78,7 +113,9 @@ def test_a_jax_run_that_compare_starts_over_two_processes_trains_without_importi
     from mtbench.runner.orchestration.children import run_child
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(NO_TORCH_IN_WORKERS)
-    for name, value in {**CPU_ONLY, "PYTHONPATH": python_path(tmp_path / "site"), "MTBENCH_LOAD_PLUGINS": ""}.items():
+    imports = tmp_path / "torch-imports.txt"
+    for name, value in {**CPU_ONLY, "PYTHONPATH": python_path(tmp_path / "site"), "MTBENCH_LOAD_PLUGINS": "",
+                        "TORCH_IMPORTS_FILE": str(imports)}.items():
         monkeypatch.setenv(name, value)
     out = tmp_path / "jax-2.json"
     failure = run_child(["train", "--backend", "jax", "--extra", "data-parallel", *TINY_COMPARE, "--steps", "4",
@@ -87,6 +124,8 @@ def test_a_jax_run_that_compare_starts_over_two_processes_trains_without_importi
     result = json.loads(out.read_text())
     assert result["processes"]["world_size"] == 2 and result["processes"]["launcher"] == "torchrun"
     assert len(result["history"]) == 4
+    assert not imports.exists()  # no process asked for torch, even where it could have done without
+    assert result["processes"]["coordinator_port_from"] == "the launch's directory"
 
 
 def test_the_collectives_are_named_for_the_platform_that_carries_them():
