@@ -53,6 +53,8 @@ def main(argv=None):
     from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, JOINT_SPECIAL
 
     backend = registry().backends[args.backend]
+    # float32 matmuls in float32 on both (XLA's GPU default is TF32, torch's is not), as `mtbench train` holds them
+    matmul_precision = backend.set_matmul_precision("highest")
     model = build_transformer(PRESETS[args.preset])
     assign_weights(model, initial_weights(model, seed=0))
     rng = np.random.default_rng(0)
@@ -95,7 +97,7 @@ def main(argv=None):
         print(f"  compiled beam search, beam {args.beam}:   {beam_s:8.3f} s  ({beam_s / cached_s:.1f}x greedy)")
     print(json.dumps({"backend": args.backend, "preset": args.preset, "cached_s": cached_s, "python_loop_s": loop_s,
                       "speedup": loop_s / cached_s, "same_tokens": same,
-                      "beam": args.beam, "beam_s": beam_s}))
+                      "beam": args.beam, "beam_s": beam_s, "matmul_precision": matmul_precision}))
     return 0 if same else 1
 
 

@@ -471,6 +471,7 @@ THIRD_PARTY = textwrap.dedent('''
         name = "read-loss"
         description = "reads the loss on the host after every step"
         backends = ("jax", "torch")
+        wraps_step = True  # whatever step it is given: after torch-compile where `--step auto` joins it (a GPU)
 
         def make_train_step(self, run, model, step):
             return ReadingStep(step)

@@ -25,6 +25,10 @@ def test_the_cached_loop_decodes_the_tokens_of_the_full_rerun(backend):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["same_tokens"] is True and summary["beam_s"] > 0
+    # float32 matmuls as float32 on both, read back from the framework (JAX's GPU default is TF32)
+    setting, value = {"jax": ("jax.config.jax_default_matmul_precision", "float32"),
+                      "torch": ("torch.get_float32_matmul_precision()", "highest")}[backend]
+    assert summary["matmul_precision"][setting] == value
     assert "8 sentences x 31 tokens" in proc.stdout  # tiny's 32 positions, the first one given
 
 

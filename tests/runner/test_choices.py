@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import device_kind, env_with, run_cli, with_torch_extra
+from conftest import CPU_ONLY, device_kind, env_with, run_cli, with_torch_extra
 from mtbench import MtbenchError
 from mtbench.runner.config import TrainConfig
 
@@ -36,7 +36,8 @@ def test_a_dtype_an_extra_sets_is_recorded_as_its_choice_trains_and_is_checked_f
     """An extra's configuration changes come after `--dtype` has chosen (the TPU strategy's bfloat16): the result
     names the dtype that trained and the extra that set it, the attention's dtypes (read from the compiled program)
     are that dtype's, and a dtype the device cannot train in is refused in one line, naming the extra's change."""
-    env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty"}
+    # on the CPU, also on a GPU machine: the device that refuses float16 (where a GPU would train it)
+    env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty", **CPU_ONLY}
     out = tmp_path / "run.json"
     flags = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "4", "--steps", "2",
              "--measure-only", "--dtype", "float32", "--cache-dir", cache_dir]

@@ -119,16 +119,30 @@ def dynamo_counters():
     }
 
 
+# The longest row one Triton kernel reduces whole, held in registers: torch's `should_use_persistent_reduction`
+# (torch 2.11 to 2.13) for a reduction over the innermost axis, as a layer norm's; 16 times that under multi_kernel.
+PERSISTENT_REDUCTION_ROWS = 1024
+
+
 def inductor_norm_form(width, device_type):
     """How inductor computes a layer norm's statistics over rows of `width` on a device of `device_type` ('cpu',
-    'cuda'): the `var_mean` it turns `layer_norm` into, by the rule of its lowering (`use_two_step_variance`, read
-    from its config) for the float32 rows mtbench's kernel normalises: two passes (the mean, then the squared
-    deviations) for short rows, on a CPU those of up to `config.cpp.use_two_step_variance_threshold` (1,024 in
-    torch 2.13), else Welford's one pass."""
+    'cuda'), for the float32 rows mtbench's kernel normalises. Its lowering turns `layer_norm` into a `var_mean`
+    of two passes (the mean, then the squared deviations) for short rows (`use_two_step_variance`: on a CPU those
+    of up to `config.cpp.use_two_step_variance_threshold`, 1,024 in torch 2.13; elsewhere of up to
+    `unroll_reductions_threshold`, 8), else into a Welford reduction. On a GPU, Triton's code for a Welford
+    reduction that one persistent reduction holds (a row of up to `PERSISTENT_REDUCTION_ROWS`) is two passes
+    again, over the row in registers (`welford_reduce_fallback`; cooperative reductions keep Welford's): a
+    GPT-2-small row of 768 is normalised in two passes there."""
     from torch._inductor import config
     threshold = config.unroll_reductions_threshold
     if device_type == "cpu":
         threshold = getattr(config.cpp, "use_two_step_variance_threshold", threshold)
+    else:
+        triton = config.triton
+        if triton.persistent_reductions and not (triton.cooperative_reductions or
+                                                 getattr(triton, "force_cooperative_reductions", False)):
+            persistent = PERSISTENT_REDUCTION_ROWS * (16 if triton.multi_kernel else 1)
+            threshold = max(threshold, persistent)
     if width is not None and width <= threshold:
         return (f"two passes in float32, the mean then the squared deviations, as inductor does rows of at most "
                 f"{threshold:,}")

@@ -215,6 +215,8 @@ class Remat(Extra):
                 # `backward`, not `torch.autograd.grad` of the variables: under fsdp they hold shards, which the
                 # graph reaches only through FSDP's hooks.
                 loss.backward()
+                if devices:  # the check's time (`check_s`) with the GPU's, which `backward` only queued
+                    torch.cuda.synchronize()
         finally:
             backward[0] = False
             for block in blocks:

@@ -74,7 +74,12 @@ def test_torch_without_the_flash_extra_is_held_to_the_math_kernel(sdpa_flags):
     assert sdpa_operators() == {"causal": math, "masked": math}
 
 
-def test_torch_with_the_flash_extra_is_held_to_fused_kernels(sdpa_flags):
+def test_torch_with_the_flash_extra_is_held_to_fused_kernels(sdpa_flags, monkeypatch):
+    from mtbench.plugins.backends import torch_backend
+    # A dispatcher that ranks FlashAttention first, as before Hopper (and on this CPU): on a GPU machine its own
+    # choice is checked by the test `on_a_gpu` below.
+    monkeypatch.setattr(torch_backend, "preferred_fused_kernels",
+                        lambda device, attention=None: {"causal": "flash", "masked": "mem_efficient"})
     # As the extra asks on torch: no kernel from Keras (None), SDPA's dispatcher choosing among the fused ones.
     kernels = kernels_of(run_on(TorchBackend(), "gpu", flash_attention=None, flash_attention_masked=None))
     assert kernels == {"causal": "flash (fused)", "masked": "memory-efficient (fused)",

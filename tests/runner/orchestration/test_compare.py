@@ -666,7 +666,7 @@ def test_a_batch_sweep_from_a_config_file_with_a_run_in_another_environment(tmp_
     config = tmp_path / "sweep.toml"
     config.write_text(f'matrix = ["jax:batch-size=16", "torch:batch-size=16,python={python}", "jax:batch-size=32"]\n'
                       'preset = "tiny"\nmax-pairs = 4000\nvalid-size = 100\ntest-size = 100\nmax-len = 32\n'
-                      'steps = 6\nmeasure-only = true\n')
+                      'steps = 6\nmeasure-only = true\ndtype = "float32"\n')  # float32 on a GPU too
     out = tmp_path / "sweep.json"
     proc = run_cli("compare", "--config", str(config), "--steps", "8", "--cache-dir", cache_dir, "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,7 +16,8 @@ from mtbench.runner.results.schema import schema_errors
 @pytest.mark.slow
 def test_a_diverged_run_ends_the_comparison_with_its_partial_result_combined(tmp_path, cache_dir):
     out = tmp_path / "c.json"
-    proc = run_cli("compare", "--backends", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "8", "--cache-dir",
+    # --matrix: this one run (--backends adds torch compiled beside it where torch sees a GPU)
+    proc = run_cli("compare", "--matrix", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "8", "--cache-dir",
                    cache_dir, "--out", str(out), env={"MTBENCH_TEST_NAN_AT_STEP": "5"})
     assert proc.returncode == 1, proc.stderr[-3000:]
     result_file, log_file = tmp_path / "c.runs" / "torch-1.json", tmp_path / "c.runs" / "torch-1.log"

@@ -192,11 +192,13 @@ def test_markdown_output_carries_the_results_figures(results):
     assert re.fullmatch(r"Keras's AdamW by torch's fused AdamW kernel, (1 call|2 calls) a step \(one a parameter "
                         r"group\)", rows["optimizer update"][1])
     assert rows["compile cache"][1] == "off"
-    # torch's intra-op threads as it counted them in the run's process (its default, the physical cores)
+    # torch's intra-op threads as it counted them in the run's process (its default, the physical cores), where it
+    # computed on the CPU: a run on a GPU records none
     cores = [results[backend][1]["env"]["cpu_count"] for backend in ("jax", "torch")]
-    threads = results["torch"][1]["env"]["device"]["threads"]
+    device = results["torch"][1]["env"]["device"]
+    threads = f", {device['threads']} intra-op threads" if device_kind("torch") == "cpu" else ""
     assert rows["cores and threads"] == [f"every core it may use ({cores[0]})",
-                                         f"every core it may use ({cores[1]}), {threads} intra-op threads"]
+                                         f"every core it may use ({cores[1]}){threads}"]
     # JAX's decoding is one XLA program; torch's a loop from Python, its test translation time other work
     assert rows["inference (decoding, samples)"] == [
         "compiled: jax.jit; a translation decoded in a loop inside one XLA program, a language model's sample token "
