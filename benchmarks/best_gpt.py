@@ -281,7 +281,7 @@ def measure(args):
         "description": getattr(step, "description", ""),
         "config": {**config.to_dict(), "steps": args.steps, "timing_window": args.timing_window},
         "model": {"dtype_policy": args.dtype, "dropout": shape.dropout, "vocab_size": shape.vocab_size,
-                  "parameters": parameters},
+                  "parameters": parameters, "attention": getattr(step, "attention", None)},
         "timing": {"step_s_median": median, "step_s_p90": sorted(per_step)[int(0.9 * (len(per_step) - 1))],
                    "steady_steps": len(per_step), "tokens_per_s": rows * length * len(per_step) / sum(per_step),
                    "compile_s": sum(max(seconds - median, 0.0) for seconds in first),

@@ -96,6 +96,24 @@ def state_dict_from_keras_weights(weights):
         {name: np.concatenate(value, axis=-1) if isinstance(value, list) else value for name, value in fused.items()})
 
 
+def sdpa_kernel_chosen(model, mixed_bfloat16):
+    """The SDPA kernel torch's dispatcher picks for `model`'s causal attention as `CausalSelfAttention` calls it
+    (every kernel enabled, no mask, its dropout while training), asked of the dispatcher itself
+    (`torch._fused_sdp_choice`) on inputs of the model's heads, head size, block and compute dtype on its device,
+    with gradients: 'flash (fused)', 'memory-efficient (fused)', 'cudnn (fused)' or 'math (unfused)'. In float32
+    a GPU's dispatcher takes the memory-efficient kernel (flash and cuDNN's take 16 bits only), where mtbench's
+    float32 rows and the JAX reference attend unfused."""
+    attention = next(module for module in model.modules() if isinstance(module, CausalSelfAttention))
+    head_size = attention.qkv.in_features // attention.num_heads
+    probe = torch.zeros(1, attention.num_heads, model.position_embedding.num_embeddings, head_size,
+                        dtype=torch.bfloat16 if mixed_bfloat16 else torch.float32,
+                        device=next(model.parameters()).device, requires_grad=True)
+    with sdpa_kernel(SDPA_KERNELS):
+        choice = SDPBackend(torch._fused_sdp_choice(probe, probe, probe, None, attention.dropout, True))
+    return {SDPBackend.FLASH_ATTENTION: "flash (fused)", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient (fused)",
+            SDPBackend.CUDNN_ATTENTION: "cudnn (fused)"}.get(choice, "math (unfused)")
+
+
 class AdamWLikeKerasFusedQKV(AdamWLikeKeras):
     """native_torch's AdamW with mtbench's arithmetic, its clipping aware of the fused QKV: Keras clips the query,
     key and value gradients each on its own, so each third of a `qkv` gradient is clipped on its own (clipping
@@ -135,7 +153,9 @@ class TrainStep:
         adamw = "fused" if self.optimizer.optimizer.defaults.get("fused") else "foreach"
         self.compile = compile
         self.traced = None  # (graphs, graph breaks) dynamo made of the loss at its first call, where compiled
-        self._recipe = (f"nanoGPT's recipe: fused QKV, SDPA is_causal, {adamw} AdamW"
+        # What the dispatcher runs, recorded beside the figures as mtbench's runs record theirs (`model.attention`).
+        self.attention = {"causal": sdpa_kernel_chosen(model, mixed_bfloat16)}
+        self._recipe = (f"nanoGPT's recipe: fused QKV, SDPA is_causal ({self.attention['causal']}), {adamw} AdamW"
                         + (", torch.compile{traced}" if compile else "")
                         + (", bf16 autocast, bf16 residual stream" if mixed_bfloat16 else ""))
 

@@ -98,6 +98,7 @@ def measure(args):
     for way in WAYS:  # after the timed steps: a profiled step is no timed one
         described[way]["products_per_step"] = products_per_step(args.backend, steps[way], workload.batches[0])
     return {"backend": args.backend, "dtype": args.dtype, "device": run.device, "attention": run.attention,
+            "matmul_precision": run.matmul_precision,
             "batch_shape": list(workload.batches[0].shape),
             "contestants": {way: {**summarize(seconds[way]), "first_step_s": first[way], **described[way]}
                             for way in WAYS}}

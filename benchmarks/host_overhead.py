@@ -134,6 +134,7 @@ def serve(framework, args):
     run_interleaved(contestants, workload.batches, args.warmup, rounds=0, steps_per_round=0)
     info = {"contestants": [c.name for c in contestants], "train_steps": steps,
             "warmup_s": time.perf_counter() - started, "device": run.device,
+            "matmul_precision": run.matmul_precision,
             "batch_shape": list(workload.batches[0].shape), "model": workload.model_shape.to_dict()}
     if framework == "torch":
         import torch
@@ -252,6 +253,7 @@ def summary_json(ready, seconds, bursts, settings):
     out["warmup_s"] = {framework: info["warmup_s"] for framework, info in ready.items()}
     out["torch_threads"] = ready["torch"].get("torch_threads")
     out["devices"] = {framework: info["device"] for framework, info in ready.items()}
+    out["matmul_precision"] = {framework: info["matmul_precision"] for framework, info in ready.items()}
     measured = [value for value in bursts["other_percent"] if value is not None]
     out["bursts"] = {"kept": bursts["kept"], "run_again": bursts["discarded"], "kept_busy": bursts["kept_busy"],
                      "other_processes_percent_median": float(np.median(measured)) if measured else None}
@@ -270,7 +272,9 @@ def report(summary):
              "versions: " + ", ".join(f"{k} {v}" for k, v in s["versions"].items() if v),
              f"hardware: {s['hardware']['cpu_model']}, {s['hardware']['cpus_usable']} usable CPUs"
              + (f", pinned to {s['cpus']}" if s["cpus"] else "")
-             + f"; torch intra-op threads {summary['torch_threads']}",
+             + f"; torch intra-op threads {summary['torch_threads']}; devices: "
+             + ", ".join(f"{framework} {device.get('kind')} ({device.get('name')})"
+                         for framework, device in summary["devices"].items()),
              "", f"{'contestant':18s} {'median ms':>10s} {'p10 ms':>8s} {'p90 ms':>8s} {'steps':>6s}  train step"]
     for name, c in summary["contestants"].items():
         lines.append(f"{name:18s} {c['median_s'] * 1e3:10.2f} {c['p10_s'] * 1e3:8.2f} {c['p90_s'] * 1e3:8.2f} "

@@ -128,11 +128,17 @@ def main(argv=None):
                   f"{timing['step_s_median'] * 1000:.1f} | {timing['tokens_per_s']:,.0f} | {timing['compile_s']:.1f} |")
         ratios[backend] = marian[backend]["timing"]["step_s_median"] / transformer[backend]["timing"]["step_s_median"]
     print("\n" + ", ".join(f"{backend}: MarianMT step / Transformer step = {ratio:.2f}" for backend, ratio in ratios.items()))
-    env = marian[args.backends.split(",")[0]]["env"]
-    print(f"device: {env['cpu_model']} ({env['cpu_count']} cores), keras {env['keras']}, jax {env['jax']}, "
+    backends = args.backends.split(",")
+    env = marian[backends[0]]["env"]
+    # Each backend's own device (a GPU where it sees one), beside the machine's CPU.
+    devices = {backend: marian[backend]["env"]["device"] for backend in backends}
+    print("device: " + ", ".join(f"{backend} on {device.get('kind')} ({device.get('name')})"
+                                 for backend, device in devices.items())
+          + f"; CPU {env['cpu_model']} ({env['cpu_count']} cores); keras {env['keras']}, jax {env['jax']}, "
           f"torch {env['torch']}")
     print(json.dumps({"size": args.size, "steps": args.steps, "batch_size": args.batch_size, "max_len": args.max_len,
-                      "marian_over_transformer_step": ratios, "work": work}))
+                      "marian_over_transformer_step": ratios, "devices": devices,
+                      "versions": {name: env[name] for name in ("keras", "jax", "torch")}, "work": work}))
 
 
 if __name__ == "__main__":

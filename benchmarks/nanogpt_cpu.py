@@ -71,11 +71,17 @@ def main(argv=None):
         result = run["result"]
         rows[f"mtbench {run['label']}"] = {
             "val_loss": result["metrics"]["val_loss"], "train_s": result["timing"]["train_s"],
-            "step_ms": result["timing"]["step_s_median"] * 1e3, "train_step": result["train_step"]}
+            "step_ms": result["timing"]["step_s_median"] * 1e3, "train_step": result["train_step"],
+            "device": result["env"]["device"], "versions": result["env"]["backend_versions"]}
     rows["best-by-hand torch"] = {
         "val_loss": reference["metrics"]["val_loss"], "train_s": reference["timing"]["wall_s"],
-        "step_ms": reference["timing"]["step_s_median"] * 1e3, "train_step": reference["description"]}
+        "step_ms": reference["timing"]["step_s_median"] * 1e3, "train_step": reference["description"],
+        "device": reference["env"]["device"], "versions": reference["env"]["backend_versions"]}
     print(f"nanoGPT's CPU configuration, {args.steps} steps on {args.data}")
+    # Where each ran, and on what: the configuration is the CPU's, but a machine with a GPU runs it there.
+    for name, row in rows.items():
+        print(f"  {name}: {row['device'].get('kind')} ({row['device'].get('name')}); "
+              + ", ".join(f"{package} {version}" for package, version in row["versions"].items()))
     print(f"{'run':<28} {'val loss':>9} {'train s':>8} {'step ms':>8}  step")
     for name, row in rows.items():
         print(f"{name:<28} {row['val_loss']:>9.4f} {row['train_s']:>8.1f} {row['step_ms']:>8.2f}  {row['train_step']}")

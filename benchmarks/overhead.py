@@ -151,9 +151,16 @@ def keras_contestant(name, backend, model, train_step):
         logs = train_step(batch.inputs, batch.target_output, batch.weight)
         float(logs["loss"])  # a training loop reads its loss, as the native contestants do
 
+    from mtbench.plugins.api import TrainStep
+    # A step that waits for its own state (`block`: JAX's jitted step, whose Keras variables stay stale until
+    # `finalize`) is waited for as the native contestants are, by the state it holds: walking every Keras
+    # variable's buffers besides, as the backend's `synchronize(model)` does, would time host work the other
+    # contestants skip. A step without a `block` of its own (Keras's `train_on_batch`) updates those variables.
+    waits_for_its_state = type(train_step).block is not TrainStep.block
+
     def synchronize():
         train_step.block()
-        backend.synchronize(model)
+        backend.synchronize(None if waits_for_its_state else model)
 
     return Contestant(name, train, synchronize)
 
@@ -213,7 +220,8 @@ def measure(backend_name, dtype, args):
     return {"backend": backend_name, "dtype": dtype, "train_steps": step_names, "baseline": args.baseline,
             "attention": run.attention,
             "contestants": {name: summarize(values) for name, values in seconds.items()},
-            "device": run.device, "torch_threads": threads, "parameters": int(model.count_params()),
+            "device": run.device, "matmul_precision": run.matmul_precision, "torch_threads": threads,
+            "parameters": int(model.count_params()),
             "batch_shape": list(workload.batches[0].shape),
             "step_flops": family.training_flops(workload.model_shape, rows, length, length),
             "peak_flops_per_s": peak, "peak_source": peak_source,

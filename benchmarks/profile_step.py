@@ -186,6 +186,7 @@ def main(argv=None):
     if args.backend == "jax":
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir}").strip()
 
+    from benchmarks.overhead import versions
     from benchmarks.workload import build_keras_model, prepare_benchmark
     from mtbench.plugins import manager as plugins
     from mtbench import KerasTrainStep
@@ -244,6 +245,7 @@ def main(argv=None):
         "mfu": analytic / step_s / peak, "matmul_share": matmul_s / profiled if profiled else None,
         "matmul_flops_per_s": matmul_rate, "matmul_fraction_of_peak": matmul_rate / peak if matmul_rate else None,
         "categories_ms": {name: seconds * 1e3 for name, seconds in categories.items()},
+        "device": run.device, "matmul_precision": run.matmul_precision, "versions": versions(),
     }
     print(f"MFU {summary['mfu']:.1%}: {summary['matmul_share']:.0%} of the profiled time is matrix multiplication, "
           f"which runs at {matmul_rate / 1e9:.0f} GFLOP/s ({summary['matmul_fraction_of_peak']:.0%} of the peak)"

@@ -20,6 +20,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import os
 import re
@@ -152,7 +153,9 @@ def compiled_programs(preset, rows, block, dtype, target="here"):
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.setup import compile_model
     compiler = Compiler(target)
-    peaks = compiler.peaks(dtype)
+    peaks = compiler.peaks(dtype)  # a datasheet's float32 peak is IEEE float32's, as the programs' matmuls now are
+    # float32 matmuls in float32, as `mtbench train` runs them (XLA compiles them as TF32 on a GPU otherwise)
+    matmul_precision = plugins.registry().backends["jax"].set_matmul_precision("highest")
     steps = 10
     config = TrainConfig(model_name="gpt", preset=preset, dtype=dtype, block_size=block, steps=steps)
     shape = dataclasses.replace(config.model, max_len=block)
@@ -171,7 +174,7 @@ def compiled_programs(preset, rows, block, dtype, target="here"):
     batch = (jnp.asarray(ids), jnp.asarray(ids), jnp.asarray(weight))
     figures["reference"] = program_figures(*compiler.compile(
         reference._step, reference.params, reference.optimizer_state, reference.key, *batch), peaks)
-    return figures
+    return {**figures, "matmul_precision": matmul_precision}
 
 
 def parse_args(argv=None):
@@ -191,6 +194,7 @@ def main(argv=None):
         prepare_deviceless_gpu()
     figures = compiled_programs(args.preset, args.rows, args.block_size, args.dtype, args.target)
     ours, reference = figures["mtbench"], figures["reference"]
+    versions = {name: importlib.metadata.version(name) for name in ("jax", "jaxlib", "keras")}
     names = list(dict.fromkeys([*ours, *reference]))
     for program in (ours, reference):
         for name in names:
@@ -198,12 +202,13 @@ def main(argv=None):
     ratios = {name: ours[name] / reference[name] for name in names if reference[name]}
     import jax
     device = H100_NAME if args.target == "h100" else jax.devices()[0].device_kind
-    print(f"GPT {args.preset}, {args.rows} x {args.block_size} tokens, {args.dtype}, compiled for {device}")
+    print(f"GPT {args.preset}, {args.rows} x {args.block_size} tokens, {args.dtype}, compiled for {device}; float32 "
+          f"matmuls {figures['matmul_precision']}; " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     print(f"{'':40} {'mtbench':>12} {'reference':>12} {'ratio':>7}")
     for name in names:
         print(f"{name:40} {ours[name]:>12.4g} {reference[name]:>12.4g} {ratios.get(name, float('nan')):>7.3f}")
     print(json.dumps({"preset": args.preset, "rows": args.rows, "block_size": args.block_size, "dtype": args.dtype,
-                      "target": args.target, "device": device, **figures, "ratios": ratios}))
+                      "target": args.target, "device": device, "versions": versions, **figures, "ratios": ratios}))
 
 
 if __name__ == "__main__":

@@ -36,12 +36,13 @@ COMPILED = {"mtbench": "mtbench compiled", "native": "native compiled"}
 EAGER = {"mtbench": "mtbench eager", "native": "native eager"}
 
 
-def warm_up_compiler():
-    """Compiles a two-operation function and its backward, so that the one-time costs of a process's first
-    compilation (importing and initialising inductor, probing the C++ compiler) fall on neither contestant."""
+def warm_up_compiler(device):
+    """Compiles a two-operation function and its backward on the contestants' `device`, so that the one-time costs
+    of a process's first compilation there (importing and initialising inductor, probing the C++ compiler on a CPU,
+    starting Triton and its launcher on a GPU) fall on neither contestant."""
     import torch
-    weight = torch.ones(4, requires_grad=True)
-    torch.compile(lambda x: (x * weight).sin().sum())(torch.ones(4)).backward()
+    weight = torch.ones(4, requires_grad=True, device=device)
+    torch.compile(lambda x: (x * weight).sin().sum())(torch.ones(4, device=device)).backward()
 
 
 def first_steps(contestants, batch, clock=time.perf_counter):
@@ -79,19 +80,22 @@ def make_contestants(keras, backend, workload, total_steps):
 def measure(args):
     from benchmarks.workload import prepare_benchmark
     config = workload_config(args, "torch")
-    keras, backend, _, workload = prepare_benchmark(config, args.batches, args.length)
+    keras, backend, run, workload = prepare_benchmark(config, args.batches, args.length)
     import torch
+
+    from benchmarks.native_torch import default_device
     torch.compiler.config.force_disable_caches = True  # compile times as a first run sees them
     total_steps = 1 + args.warmup + args.rounds * args.steps_per_round
     contestants = make_contestants(keras, backend, workload, total_steps)
-    warm_up_compiler()
+    warm_up_compiler(default_device())
     first = first_steps(contestants, workload.batches[0])
     seconds = run_interleaved(contestants, workload.batches, args.warmup, args.rounds, args.steps_per_round)
     results = {name: {**summarize(values), **first[name]} for name, values in seconds.items()}
     for name in COMPILED.values():
         results[name]["compile_s"] = results[name]["first_step_s"] - results[name]["median_s"]
     return {"contestants": results, "batch_shape": list(workload.batches[0].shape),
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(), "device": run.device,
+            "matmul_precision": run.matmul_precision}
 
 
 def table(contestants):
@@ -137,7 +141,8 @@ def main(argv=None):
           f"after a first step and {args.warmup} warm-up steps")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in settings["versions"].items() if v))
     print(f"hardware: {settings['hardware']['cpu_model']}, {settings['hardware']['cpus_usable']} usable CPUs"
-          + (f", pinned to {args.cpus}" if args.cpus else "") + f"; torch intra-op threads {result['torch_threads']}")
+          + (f", pinned to {args.cpus}" if args.cpus else "") + f"; torch intra-op threads {result['torch_threads']}"
+          + f"; device: {result['device']['kind']} ({result['device']['name']})")
     print(table(result["contestants"]))
     summary = summary_json(result, settings)
     print(f"mtbench compiled / eager: {summary['compiled_over_eager']:.3f}; native compiled / eager: "

@@ -115,7 +115,7 @@ def prepare_benchmark(config, steps, length, fused_attention=False):
 
     from mtbench.plugins import manager as plugins
     from mtbench import RunContext
-    from mtbench.runner.setup import choose_attention_kernels, import_keras, set_matmul_precision
+    from mtbench.runner.setup import choose_attention_kernels, import_keras, read_model_family, set_matmul_precision
     backend = plugins.registry().backends[config.backend]
     keras = import_keras(config, backend)
     workload = prepare_workload(config, steps, length=length)
@@ -123,6 +123,9 @@ def prepare_benchmark(config, steps, length, fused_attention=False):
         raise SystemExit(f"no batch of length {length} in the corpus; try another --length")
     # The model's shape, as a run knows it before building: what a dispatcher choosing by its inputs is asked about.
     run = RunContext(config=config, backend=backend, device=backend.device_info(), model_shape=workload.model_shape)
+    # What the family tells a run before its model is built: the attention probabilities it drops, which fused
+    # kernels refuse (the flash-attention extra's check below, as in `mtbench train`).
+    read_model_family(run, plugins.registry().lookup("models", config.model_family[0]))
     # The arithmetic and attention kernels `mtbench train` sets, for every contestant of the process alike.
     run.matmul_precision = set_matmul_precision(backend, config.matmul_precision)
     if fused_attention:

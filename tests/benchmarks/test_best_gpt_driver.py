@@ -77,6 +77,11 @@ def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_
     assert timing["phases_s"]["train"] == timing["wall_s"]
     assert result["train_step"].startswith("best-by-hand") and result["model"]["vocab_size"] == 256
     assert result["utilization"]["step_flops"] > 0 and result["env"]["device"]["kind"] == device_kind(backend)
+    # The attention that ran, recorded as mtbench's runs record theirs: in float32 XLA's on JAX, and on torch the
+    # kernel SDPA's dispatcher takes (a CPU's flash kernel; on a GPU the memory-efficient one, as 32-bit inputs go).
+    expected = {"jax": "xla (unfused)",
+                "torch": "flash (fused)" if device_kind("torch") == "cpu" else "memory-efficient (fused)"}[backend]
+    assert result["model"]["attention"] == {"causal": expected}
 
 
 def test_mtbenchs_own_step_in_the_references_loop_trains_mtbench_trains_losses(

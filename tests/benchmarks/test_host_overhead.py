@@ -44,7 +44,8 @@ def test_quick_run_times_every_contestant_and_ends_with_the_three_ratios(cache_d
 def test_ratios_divide_medians_and_say_whether_each_goal_is_met():
     seconds = {"mtbench eager": [0.003, 0.005, 0.004], "native eager": [0.002], "mtbench compiled": [0.0011],
                "native compiled": [0.001], "mtbench jax": [0.0013], "native flax": [0.001]}
-    ready = {framework: {"train_steps": {}, "warmup_s": 1.0, "device": {"kind": "cpu"}, "torch_threads": 2}
+    ready = {framework: {"train_steps": {}, "warmup_s": 1.0, "device": {"kind": "cpu", "name": f"{framework}'s CPU"},
+                         "torch_threads": 2, "matmul_precision": {f"{framework} float32 matmuls": "highest"}}
              for framework in ("torch", "jax")}
     settings = {"model": {"d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "num_heads": 2, "ff_dim": 32,
                           "vocab_size": 1000}, "batch_shape": [2, 8], "rounds": 1, "steps_per_round": 3,
@@ -63,7 +64,11 @@ def test_ratios_divide_medians_and_say_whether_each_goal_is_met():
     assert summary["step_ms"]["mtbench eager"] == pytest.approx(4.0)
     assert summary["bursts"] == {"kept": 2, "run_again": 3, "kept_busy": 1,
                                  "other_processes_percent_median": 30.0}
+    # each worker's device and float32 matmuls, beside the figures
+    assert summary["matmul_precision"] == {framework: {f"{framework} float32 matmuls": "highest"}
+                                           for framework in ("torch", "jax")}
     lines = report(summary)
+    assert any(line.endswith("; devices: torch cpu (torch's CPU), jax cpu (jax's CPU)") for line in lines), lines
     assert any(line.startswith("mtbench eager / native eager") and line.endswith("NO") for line in lines)
     assert len([line for line in lines if line.endswith(("yes", "NO"))]) == len(RATIOS)
     assert any(line.startswith("WARNING: 1 kept bursts ran on a busy machine") for line in lines)

@@ -1,10 +1,12 @@
 """The pieces of benchmarks/overhead.py that decide what its figures mean: the turn order, which steps are timed
-and on which batches, where the clock is read, medians and ratios. (A real run takes minutes; none runs here.)"""
+and on which batches, where the clock is read, medians and ratios. (A real run takes minutes; none runs here, only
+a benchmark's setup.)"""
 
 import pytest
 
 from benchmarks.overhead import (Contestant, interleaved_order, parse_args, ratio, run_interleaved, summarize,
                                  summary_json, table)
+from conftest import keras_on_jax
 
 
 class Recorder:
@@ -108,3 +110,41 @@ def test_the_language_models_length_is_its_block_and_defaults_to_the_presets():
     assert parse_args(["--cache-dir", "x"]).length == 32  # the translation model's bucket
     with pytest.raises(SystemExit):
         parse_args(["--text", "corpus.txt", "--cache-dir", "x"])  # a translation run takes no text
+
+
+@pytest.mark.parametrize("own_block", [True, False])
+def test_mtbenchs_contestant_waits_for_what_its_step_holds_as_the_native_ones_do(own_block):
+    """A step that waits for its own state (JAX's jitted step) is waited for by that alone, as a native contestant
+    by its state: the backend is asked to wait for no Keras variable (on JAX a walk of every variable's buffers a
+    step, host time the other contestants skip). A step without a wait of its own (Keras's `train_on_batch`, which
+    updates the variables) is waited for by its model's variables."""
+    from benchmarks.overhead import keras_contestant
+    from mtbench import TrainStep
+    waits = []
+
+    class Step(TrainStep):
+        name = "step"
+
+        def __call__(self, x, y, sample_weight):
+            return {"loss": 1.0}
+
+    if own_block:
+        Step.block = lambda self: waits.append("its state")
+    model = object()
+    backend = type("Backend", (), {"synchronize": lambda self, model=None: waits.append(("backend", model))})()
+    keras_contestant("mtbench", backend, model, Step()).synchronize()
+    assert waits == (["its state", ("backend", None)] if own_block else [("backend", model)])
+
+
+def test_a_benchmark_reads_the_model_familys_dropout_before_it_asks_for_fused_attention(cache_dir):
+    """As `mtbench train` does: a GPT that drops attention probabilities is refused the fused kernels, which drop
+    none (on a GPU its model would otherwise be built with them and fail); on this CPU that reason comes first."""
+    keras_on_jax()
+    from benchmarks.overhead import workload_config
+    from benchmarks.workload import prepare_benchmark
+    from mtbench.plugins import manager
+    args = parse_args(["--model", "gpt", "--preset", "tiny", "--length", "32", "--cache-dir", cache_dir])
+    _, _, run, _ = prepare_benchmark(workload_config(args, "jax", dropout=0.2), 2, 32, fused_attention=True)
+    assert run.attention_dropout == 0.2 and run.attention["causal"] == "xla (unfused)"
+    assert manager.registry().extras["flash-attention"].unavailable_reason(run).startswith(
+        "drops no attention probabilities, and this model drops 0.2 of them while training")

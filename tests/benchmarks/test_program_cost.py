@@ -18,6 +18,8 @@ def test_mtbench_s_step_does_the_references_arithmetic_and_its_matmuls(dtype):
     from mtbench.keras_models.presets import GPT_PRESETS
     figures = compiled_programs("tiny", rows=2, block=32, dtype=dtype)
     ours, reference = figures["mtbench"], figures["reference"]
+    # both compiled with float32 matmuls in float32, as `mtbench train` sets them (a GPU's XLA would take TF32)
+    assert figures["matmul_precision"] == {"jax.config.jax_default_matmul_precision": "float32"}
     assert ours["flops"] == pytest.approx(reference["flops"], rel=0.02)
     # The same exponentials, logs and square roots, up to a few scalars (the schedule's cosine, Adam's corrections).
     assert 0 <= ours["transcendentals"] - reference["transcendentals"] < 32
