@@ -11,7 +11,8 @@
 #    interval); two steps of every row traced by its backend's profiler, untimed (kind by kind: matmul,
 #    attention, collective, memory, other);
 # 2. translation (`small`) on torch's best path: compiled, its masked attentions on cuDNN's kernel now (80 s);
-#    Then whether the SDPA kernel torch names for heads 32 to 256 wide is the one it runs (a test, 20 s);
+#    Then whether the SDPA kernel torch names for heads 32 to 256 wide is the one it runs, and whether inductor's
+#    Triton code normalises GPT-2 small's rows in two passes, as the compiled step's row now says (tests, 40 s);
 # 3. the obvious command on torch (`mtbench train --model gpt --preset gpt2-small`, 10 steps): does `--dtype auto`
 #    train mixed bfloat16, and `--step auto` with `--attention auto` row 8's way (torch-compile, flash-attention,
 #    cuDNN's kernel); with two steady steps in torch.profiler's trace (`--profile 2`);
@@ -47,9 +48,12 @@ python3 -c "import json; r = json.load(open('/tmp/gpu-session-small.json')); pri
 r['extras_record']['flash-attention'].get('kernels'), r['timing']['step_s_median'], r['memory'].get('peak_device_bytes'))" \
   2>&1 | tee -a "$out/summary.txt"
 
-# Whether the kernel torch is asked about for a model's heads (32 to 256 wide) is the one SDPA then runs (20 s).
-timeout "$(within 40)" python3 -m pytest -q -p no:cacheprovider --tb=short \
-  tests/plugins/backends/test_attention_choice.py -k on_a_gpu 2>&1 | tail -5 | tee -a "$out/summary.txt"
+# Whether the kernel torch is asked about for a model's heads (32 to 256 wide) is the one SDPA then runs (20 s),
+# and whether Triton's code normalises 768-wide rows in two passes, as the compiled step's row says (20 s).
+timeout "$(within 60)" python3 -m pytest -q -p no:cacheprovider --tb=short \
+  tests/plugins/backends/test_inductor_norms.py \
+  "tests/plugins/backends/test_attention_choice.py::test_on_a_gpu_the_kernel_named_for_a_models_heads_is_the_one_sdpa_runs" \
+  2>&1 | tail -5 | tee -a "$out/summary.txt"
 
 timeout "$(within 60)" python3 -m mtbench train --backend torch --model gpt --preset gpt2-small \
   --batch-size 16 --steps 10 --profile 2 --measure-only --report none --out /tmp/gpu-session-obvious.json > "$out/obvious.log" 2>&1
