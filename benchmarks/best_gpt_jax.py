@@ -207,7 +207,7 @@ class TrainStep:
         attends = ("attention written out to drop its probabilities" if shape.dropout
                    else f"dot_product_attention({attention or 'xla'})")
         # What ran, recorded beside the figures as mtbench's runs record theirs (`model.attention`).
-        self.attention = {"causal": "cudnn (fused)" if attention == "cudnn" else "xla (unfused)"}
+        self.attention = {"causal": "cudnn (fused)" if attention == "cudnn" and not shape.dropout else "xla (unfused)"}
         self.description = (f"plain jax + optax: fused QKV, {attends}, one donating jit"
                             + (", bf16 compute" if mixed_bfloat16 else ""))
 

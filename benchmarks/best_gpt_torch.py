@@ -104,10 +104,12 @@ def sdpa_kernel_chosen(model, mixed_bfloat16):
     a GPU's dispatcher takes the memory-efficient kernel (flash and cuDNN's take 16 bits only), where mtbench's
     float32 rows and the JAX reference attend unfused."""
     attention = next(module for module in model.modules() if isinstance(module, CausalSelfAttention))
+    device = next(model.parameters()).device
+    if device.type not in ("cpu", "cuda"):  # the dispatcher's query has no kernel for another device (MPS)
+        return f"SDPA's choice on {device.type} (not asked)"
     head_size = attention.qkv.in_features // attention.num_heads
     probe = torch.zeros(1, attention.num_heads, model.position_embedding.num_embeddings, head_size,
-                        dtype=torch.bfloat16 if mixed_bfloat16 else torch.float32,
-                        device=next(model.parameters()).device, requires_grad=True)
+                        dtype=torch.bfloat16 if mixed_bfloat16 else torch.float32, device=device, requires_grad=True)
     with sdpa_kernel(SDPA_KERNELS):
         choice = SDPBackend(torch._fused_sdp_choice(probe, probe, probe, None, attention.dropout, True))
     return {SDPBackend.FLASH_ATTENTION: "flash (fused)", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient (fused)",

@@ -9,9 +9,9 @@ allocates at its peak. The torch counterpart of benchmarks/program_cost.py; noth
     python benchmarks/inductor_cost.py [--preset tiny] [--rows 4] [--block-size 64] [--dtype mixed_bfloat16]
 
 Both attend with the fused kernel a GPU gives them: SDPA's dispatcher's choice where CUDA is (cuDNN's on Hopper,
-FlashAttention before); on a CPU the CPU's flash kernel
-(`_scaled_dot_product_flash_attention_for_cpu`), which Keras would not ask torch for there, so it is asked for as
-`--extra flash-attention` asks on a GPU. The last line printed is one JSON object.
+FlashAttention before); on a CPU the CPU's flash kernel (`_scaled_dot_product_flash_attention_for_cpu`), which Keras
+would not ask torch for there, so it is asked for as `--extra flash-attention` asks on a GPU. The last line printed
+is one JSON object.
 """
 
 import argparse

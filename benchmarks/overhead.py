@@ -151,12 +151,16 @@ def keras_contestant(name, backend, model, train_step):
         logs = train_step(batch.inputs, batch.target_output, batch.weight)
         float(logs["loss"])  # a training loop reads its loss, as the native contestants do
 
-    from mtbench.plugins.api import TrainStep
+    from mtbench.plugins.api import TrainStep, WrappingStep
     # A step that waits for its own state (`block`: JAX's jitted step, whose Keras variables stay stale until
     # `finalize`) is waited for as the native contestants are, by the state it holds: walking every Keras
     # variable's buffers besides, as the backend's `synchronize(model)` does, would time host work the other
-    # contestants skip. A step without a `block` of its own (Keras's `train_on_batch`) updates those variables.
-    waits_for_its_state = type(train_step).block is not TrainStep.block
+    # contestants skip. A step without a `block` of its own (Keras's `train_on_batch`) updates those variables;
+    # a wrapper's `block` is its inner step's.
+    innermost = train_step
+    while isinstance(innermost, WrappingStep):
+        innermost = innermost.inner
+    waits_for_its_state = type(innermost).block is not TrainStep.block
 
     def synchronize():
         train_step.block()

@@ -153,7 +153,7 @@ def compiled_programs(preset, rows, block, dtype, target="here"):
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.setup import compile_model
     compiler = Compiler(target)
-    peaks = compiler.peaks(dtype)  # a datasheet's float32 peak is IEEE float32's, as the programs' matmuls now are
+    peaks = compiler.peaks(dtype)  # a datasheet's float32 peak: IEEE float32's, the programs' matmuls' below
     # float32 matmuls in float32, as `mtbench train` runs them (XLA compiles them as TF32 on a GPU otherwise)
     matmul_precision = plugins.registry().backends["jax"].set_matmul_precision("highest")
     steps = 10

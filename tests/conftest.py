@@ -142,6 +142,16 @@ def pytest_unconfigure(config):
     shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 
+@pytest.fixture
+def jax_precision():
+    """JAX, its default float32 matmul precision put back after the test: a setting of the whole process, which the
+    worker's next tests would otherwise inherit."""
+    import jax
+    saved = jax.config.jax_default_matmul_precision
+    yield jax
+    jax.config.update("jax_default_matmul_precision", saved)
+
+
 @pytest.fixture(autouse=True)
 def keras_dtype_policy_kept():
     """Each test leaves keras's global dtype policy as it found it: a test that trains in-process in 16-bit (as

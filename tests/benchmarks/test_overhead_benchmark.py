@@ -112,14 +112,14 @@ def test_the_language_models_length_is_its_block_and_defaults_to_the_presets():
         parse_args(["--text", "corpus.txt", "--cache-dir", "x"])  # a translation run takes no text
 
 
-@pytest.mark.parametrize("own_block", [True, False])
-def test_mtbenchs_contestant_waits_for_what_its_step_holds_as_the_native_ones_do(own_block):
+@pytest.mark.parametrize("kind", ["own wait", "no wait", "wrapped, no wait"])
+def test_mtbenchs_contestant_waits_for_what_its_step_holds_as_the_native_ones_do(kind):
     """A step that waits for its own state (JAX's jitted step) is waited for by that alone, as a native contestant
     by its state: the backend is asked to wait for no Keras variable (on JAX a walk of every variable's buffers a
     step, host time the other contestants skip). A step without a wait of its own (Keras's `train_on_batch`, which
-    updates the variables) is waited for by its model's variables."""
+    updates the variables), wrapped or not, is waited for by its model's variables."""
     from benchmarks.overhead import keras_contestant
-    from mtbench import TrainStep
+    from mtbench import TrainStep, WrappingStep
     waits = []
 
     class Step(TrainStep):
@@ -128,15 +128,16 @@ def test_mtbenchs_contestant_waits_for_what_its_step_holds_as_the_native_ones_do
         def __call__(self, x, y, sample_weight):
             return {"loss": 1.0}
 
-    if own_block:
+    if kind == "own wait":
         Step.block = lambda self: waits.append("its state")
     model = object()
     backend = type("Backend", (), {"synchronize": lambda self, model=None: waits.append(("backend", model))})()
-    keras_contestant("mtbench", backend, model, Step()).synchronize()
-    assert waits == (["its state", ("backend", None)] if own_block else [("backend", model)])
+    step = WrappingStep(Step()) if kind.startswith("wrapped") else Step()
+    keras_contestant("mtbench", backend, model, step).synchronize()
+    assert waits == (["its state", ("backend", None)] if kind == "own wait" else [("backend", model)])
 
 
-def test_a_benchmark_reads_the_model_familys_dropout_before_it_asks_for_fused_attention(cache_dir):
+def test_a_benchmark_reads_the_model_familys_dropout_before_it_asks_for_fused_attention(cache_dir, jax_precision):
     """As `mtbench train` does: a GPT that drops attention probabilities is refused the fused kernels, which drop
     none (on a GPU its model would otherwise be built with them and fail); on this CPU that reason comes first."""
     keras_on_jax()

@@ -10,9 +10,9 @@ from conftest import keras_on_jax
 
 @pytest.mark.slow  # XLA compiles four GPT steps: about 20 s
 @pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
-def test_mtbench_s_step_does_the_references_arithmetic_and_its_matmuls(dtype):
+def test_mtbench_s_step_does_the_references_arithmetic_and_its_matmuls(dtype, jax_precision):
     keras_on_jax()
-    import jax
+    jax = jax_precision
 
     from benchmarks.program_cost import compiled_programs
     from mtbench.keras_models.presets import GPT_PRESETS

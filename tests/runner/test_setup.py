@@ -29,14 +29,6 @@ def torch_precision():
     torch.backends.cudnn.allow_tf32 = saved[1]
 
 
-@pytest.fixture
-def jax_precision():
-    import jax
-    saved = jax.config.jax_default_matmul_precision
-    yield jax
-    jax.config.update("jax_default_matmul_precision", saved)
-
-
 def test_torch_is_told_tf32_only_for_high_and_reports_what_it_set(torch_precision):
     from mtbench.plugins.backends.torch_backend import TorchBackend
     torch = torch_precision

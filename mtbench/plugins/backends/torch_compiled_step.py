@@ -121,7 +121,7 @@ def dynamo_counters():
 
 # The longest row one Triton kernel reduces whole, held in registers: torch's `should_use_persistent_reduction`
 # (torch 2.11 to 2.13) for a reduction over the innermost axis, as a layer norm's; 16 times that under multi_kernel.
-PERSISTENT_REDUCTION_ROWS = 1024
+PERSISTENT_REDUCTION_ROW_LENGTH = 1024
 
 
 def inductor_norm_form(width, device_type):
@@ -130,19 +130,24 @@ def inductor_norm_form(width, device_type):
     of two passes (the mean, then the squared deviations) for short rows (`use_two_step_variance`: on a CPU those
     of up to `config.cpp.use_two_step_variance_threshold`, 1,024 in torch 2.13; elsewhere of up to
     `unroll_reductions_threshold`, 8), else into a Welford reduction. On a GPU, Triton's code for a Welford
-    reduction that one persistent reduction holds (a row of up to `PERSISTENT_REDUCTION_ROWS`) is two passes
-    again, over the row in registers (`welford_reduce_fallback`; cooperative reductions keep Welford's): a
-    GPT-2-small row of 768 is normalised in two passes there."""
+    reduction that one persistent reduction holds (a row of up to `PERSISTENT_REDUCTION_ROW_LENGTH`) is two passes
+    again, over the row in registers (`welford_reduce_fallback`): a GPT-2-small row of 768 is normalised in two
+    passes there. Forced cooperative reductions keep Welford's (inductor makes none of such short rows unforced);
+    `multi_kernel` 1 builds a persistent and a looped kernel and runs the one it times faster, 2 and 3 force one."""
     from torch._inductor import config
     threshold = config.unroll_reductions_threshold
     if device_type == "cpu":
         threshold = getattr(config.cpp, "use_two_step_variance_threshold", threshold)
     else:
         triton = config.triton
-        if triton.persistent_reductions and not (triton.cooperative_reductions or
-                                                 getattr(triton, "force_cooperative_reductions", False)):
-            persistent = PERSISTENT_REDUCTION_ROWS * (16 if triton.multi_kernel else 1)
-            threshold = max(threshold, persistent)
+        multi_kernel = int(getattr(triton, "multi_kernel", 0))
+        if (triton.persistent_reductions and multi_kernel != 3
+                and not getattr(triton, "force_cooperative_reductions", False)):
+            length = PERSISTENT_REDUCTION_ROW_LENGTH * (16 if multi_kernel else 1)
+            if multi_kernel == 1 and width is not None and threshold < width <= length:
+                return (f"two passes in float32 or Welford's one pass, whichever of inductor's two kernels for rows "
+                        f"of at most {length:,} it timed faster")
+            threshold = max(threshold, length)
     if width is not None and width <= threshold:
         return (f"two passes in float32, the mean then the squared deviations, as inductor does rows of at most "
                 f"{threshold:,}")

@@ -51,18 +51,24 @@ def test_the_compiled_steps_norm_row_names_what_inductor_generated():
         assert report[case] == {"welford_in_code": True, "form": "Welford's one pass, in float32"}, case
 
 
-def test_on_a_gpu_rows_one_persistent_reduction_holds_are_named_two_passes(monkeypatch):
-    """The rule for Triton's code, as torch 2.11 to 2.13 generate it (the probe above reads the code itself on a
-    GPU): a row of up to 1,024 is one persistent reduction, two passes over the row held in registers; a longer
-    one, or any row where persistent or cooperative reductions change that, is Welford's."""
+def test_on_a_gpu_rows_one_persistent_reduction_holds_are_named_two_passes():
+    """The rule for Triton's code, as read in torch 2.11 to 2.13's inductor (the probe above reads the code itself
+    on a GPU): a row of up to 1,024 is one persistent reduction, two passes over the row held in registers; a
+    longer one is Welford's, and so is every row where persistent reductions are off, cooperative ones forced, or
+    multi_kernel forces the looped kernel; multi_kernel's timing between the two leaves it open. (Inductor's own
+    `config.patch` sets and restores its settings: a monkeypatch's undo deletes them.)"""
     from torch._inductor import config
 
     from mtbench.plugins.backends.torch_compiled_step import inductor_norm_form
-    two_passes = "two passes in float32, the mean then the squared deviations, as inductor does rows of at most 1,024"
-    assert inductor_norm_form(768, "cuda") == inductor_norm_form(1024, "cuda") == two_passes
-    assert inductor_norm_form(1025, "cuda") == "Welford's one pass, in float32"
-    monkeypatch.setattr(config.triton, "persistent_reductions", False)
-    assert inductor_norm_form(768, "cuda") == "Welford's one pass, in float32"
-    monkeypatch.setattr(config.triton, "persistent_reductions", True)
-    monkeypatch.setattr(config.triton, "cooperative_reductions", True)
-    assert inductor_norm_form(768, "cuda") == "Welford's one pass, in float32"
+    welford = "Welford's one pass, in float32"
+    two_passes = "two passes in float32, the mean then the squared deviations, as inductor does rows of at most"
+    assert inductor_norm_form(768, "cuda") == inductor_norm_form(1024, "cuda") == f"{two_passes} 1,024"
+    assert inductor_norm_form(1025, "cuda") == welford
+    cases = [("cooperative_reductions", True, 768, f"{two_passes} 1,024"),  # never for rows this short, unforced
+             ("persistent_reductions", False, 768, welford), ("force_cooperative_reductions", True, 768, welford),
+             ("multi_kernel", 3, 768, welford), ("multi_kernel", 2, 4096, f"{two_passes} 16,384"),
+             ("multi_kernel", 1, 768, "two passes in float32 or Welford's one pass, whichever of inductor's two "
+                                      "kernels for rows of at most 16,384 it timed faster")]
+    for setting, value, width, form in cases:
+        with config.patch({f"triton.{setting}": value}):
+            assert inductor_norm_form(width, "cuda") == form, (setting, value)
