@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from benchmarks import native_gpt_torch, native_torch
 from benchmarks.native_gpt_torch import MLP
 from benchmarks.native_torch import AdamWLikeKeras, batch_tensors, default_device  # noqa: F401 (this module's API)
+from mtbench.plugins.backends.torch_backend import FUSED_KERNEL_NAMES
 
 LAYER_NORM_EPSILON = 1e-5
 QKV = ("query", "key", "value")  # the Keras layers fused into one `qkv` Linear, in this order
@@ -112,8 +113,9 @@ def sdpa_kernel_chosen(model, mixed_bfloat16):
                         dtype=torch.bfloat16 if mixed_bfloat16 else torch.float32, device=device, requires_grad=True)
     with sdpa_kernel(SDPA_KERNELS):
         choice = SDPBackend(torch._fused_sdp_choice(probe, probe, probe, None, attention.dropout, True))
-    return {SDPBackend.FLASH_ATTENTION: "flash (fused)", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient (fused)",
-            SDPBackend.CUDNN_ATTENTION: "cudnn (fused)"}.get(choice, "math (unfused)")
+    names = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "mem_efficient",
+             SDPBackend.CUDNN_ATTENTION: "cudnn"}
+    return FUSED_KERNEL_NAMES[names[choice]] if choice in names else "math (unfused)"
 
 
 class AdamWLikeKerasFusedQKV(AdamWLikeKeras):

@@ -51,10 +51,11 @@ def main(argv=None):
     from mtbench.plugins.manager import registry
     from mtbench.runner.evaluation.decoding import beam_decoder, greedy_decoder
     from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, JOINT_SPECIAL
+    from mtbench.runner.setup import set_matmul_precision
 
     backend = registry().backends[args.backend]
     # float32 matmuls in float32 on both (XLA's GPU default is TF32, torch's is not), as `mtbench train` holds them
-    matmul_precision = backend.set_matmul_precision("highest")
+    matmul_precision = set_matmul_precision(backend, "highest")
     model = build_transformer(PRESETS[args.preset])
     assign_weights(model, initial_weights(model, seed=0))
     rng = np.random.default_rng(0)

@@ -28,9 +28,9 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # run as a script: `benchmarks` and `mtbench` from this checkout
 
-from benchmarks.overhead import (best_train_step, hardware, keras_contestant, measurement_parser,  # noqa: E402
-                                 milliseconds, parse_measurement_args, pin_to_cpus, ratio, run_interleaved, summarize,
-                                 versions, workload_config)
+from benchmarks.overhead import (best_train_step, device_text, hardware, keras_contestant,  # noqa: E402
+                                 measurement_parser, milliseconds, parse_measurement_args, pin_to_cpus, ratio,
+                                 run_interleaved, summarize, versions, workload_config)
 
 QUICK = {"batch_size": 8, "batches": 3, "rounds": 2, "steps_per_round": 2, "warmup": 1}
 WAYS = ("fused", "separate")
@@ -122,7 +122,7 @@ def main(argv=None):
           f"{args.backend} {args.dtype}, batch {' x '.join(map(str, result['batch_shape']))} tokens, "
           f"{args.rounds} rounds x {args.steps_per_round} steps after {args.warmup} warm-up steps")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items() if v))
-    print(f"device: {device['kind']} ({device['name']}); hardware: {hardware()['cpu_model']}")
+    print(f"device: {device_text(device)}; hardware: {hardware()['cpu_model']}")
     print(f"{'projections':12s} {'median ms':>10s} {'p10 ms':>8s} {'p90 ms':>8s} {'first step s':>13s} "
           f"{'products':>9s}  step")
     for way, c in contestants.items():

@@ -67,8 +67,8 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # run as a script: `benchmarks` and `mtbench` from this checkout
 
-from benchmarks.overhead import (hardware, measurement_parser, parse_measurement_args, pin_to_cpus,  # noqa: E402
-                                 ratio, run_interleaved, summarize, versions, workload_config)
+from benchmarks.overhead import (device_text, hardware, measurement_parser, parse_measurement_args,  # noqa: E402
+                                 pin_to_cpus, ratio, run_interleaved, summarize, versions, workload_config)
 from mtbench.runner.measurement.load import other_processes_percent, sample_load  # noqa: E402
 
 QUICK = {"batches": 2, "rounds": 2, "steps_per_round": 2, "warmup": 1}
@@ -273,8 +273,7 @@ def report(summary):
              f"hardware: {s['hardware']['cpu_model']}, {s['hardware']['cpus_usable']} usable CPUs"
              + (f", pinned to {s['cpus']}" if s["cpus"] else "")
              + f"; torch intra-op threads {summary['torch_threads']}; devices: "
-             + ", ".join(f"{framework} {device.get('kind')} ({device.get('name')})"
-                         for framework, device in summary["devices"].items()),
+             + ", ".join(f"{framework} {device_text(device)}" for framework, device in summary["devices"].items()),
              "", f"{'contestant':18s} {'median ms':>10s} {'p10 ms':>8s} {'p90 ms':>8s} {'steps':>6s}  train step"]
     for name, c in summary["contestants"].items():
         lines.append(f"{name:18s} {c['median_s'] * 1e3:10.2f} {c['p10_s'] * 1e3:8.2f} {c['p90_s'] * 1e3:8.2f} "

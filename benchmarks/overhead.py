@@ -244,6 +244,11 @@ def versions():
     return found
 
 
+def device_text(device):
+    """'gpu (NVIDIA H100 80GB HBM3)': a device as its backend described it (`device_info()`)."""
+    return f"{device['kind']} ({device['name']})"
+
+
 def hardware():
     from mtbench import cpu_count, cpu_model
     return {"cpu_model": cpu_model(), "cpus_usable": cpu_count(), "platform": platform.platform()}
@@ -409,7 +414,7 @@ def main(argv=None):
     print(f"hardware: {settings['hardware']['cpu_model']}, {settings['hardware']['cpus_usable']} usable CPUs"
           + (f", pinned to {args.cpus}" if args.cpus else "")
           + (f"; torch intra-op threads {torch_threads}" if torch_threads else ""))
-    devices = sorted({f"{r['backend']} on {r['device']['kind']} ({r['device']['name']})" for r in results})
+    devices = sorted({f"{r['backend']} on {device_text(r['device'])}" for r in results})
     print("device: " + ("; ".join(devices) or "-"))
     print(f"model: {results[0]['parameters']:,} parameters" if results else "model: -")
     print(table(results))

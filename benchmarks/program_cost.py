@@ -20,7 +20,6 @@ import argparse
 import collections
 import contextlib
 import dataclasses
-import importlib.metadata
 import json
 import os
 import re
@@ -151,11 +150,11 @@ def compiled_programs(preset, rows, block, dtype, target="here"):
     from mtbench.plugins import manager as plugins
     from mtbench.plugins.backends.jax_jit_step import JitTrainStep
     from mtbench.runner.config import TrainConfig
-    from mtbench.runner.setup import compile_model
+    from mtbench.runner.setup import compile_model, set_matmul_precision
     compiler = Compiler(target)
     peaks = compiler.peaks(dtype)  # a datasheet's float32 peak: IEEE float32's, the programs' matmuls' below
     # float32 matmuls in float32, as `mtbench train` runs them (XLA compiles them as TF32 on a GPU otherwise)
-    matmul_precision = plugins.registry().backends["jax"].set_matmul_precision("highest")
+    matmul_precision = set_matmul_precision(plugins.registry().backends["jax"], "highest")
     steps = 10
     config = TrainConfig(model_name="gpt", preset=preset, dtype=dtype, block_size=block, steps=steps)
     shape = dataclasses.replace(config.model, max_len=block)
@@ -194,7 +193,8 @@ def main(argv=None):
         prepare_deviceless_gpu()
     figures = compiled_programs(args.preset, args.rows, args.block_size, args.dtype, args.target)
     ours, reference = figures["mtbench"], figures["reference"]
-    versions = {name: importlib.metadata.version(name) for name in ("jax", "jaxlib", "keras")}
+    from benchmarks.overhead import versions
+    installed = {name: version for name, version in versions().items() if version}
     names = list(dict.fromkeys([*ours, *reference]))
     for program in (ours, reference):
         for name in names:
@@ -203,12 +203,12 @@ def main(argv=None):
     import jax
     device = H100_NAME if args.target == "h100" else jax.devices()[0].device_kind
     print(f"GPT {args.preset}, {args.rows} x {args.block_size} tokens, {args.dtype}, compiled for {device}; float32 "
-          f"matmuls {figures['matmul_precision']}; " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+          f"matmuls {figures['matmul_precision']['reported']}; " + ", ".join(f"{k} {v}" for k, v in installed.items()))
     print(f"{'':40} {'mtbench':>12} {'reference':>12} {'ratio':>7}")
     for name in names:
         print(f"{name:40} {ours[name]:>12.4g} {reference[name]:>12.4g} {ratios.get(name, float('nan')):>7.3f}")
     print(json.dumps({"preset": args.preset, "rows": args.rows, "block_size": args.block_size, "dtype": args.dtype,
-                      "target": args.target, "device": device, "versions": versions, **figures, "ratios": ratios}))
+                      "target": args.target, "device": device, "versions": installed, **figures, "ratios": ratios}))
 
 
 if __name__ == "__main__":

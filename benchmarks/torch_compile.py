@@ -27,7 +27,7 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPOSITORY not in sys.path:
     sys.path.insert(0, REPOSITORY)  # run as a script: `benchmarks` and `mtbench` from this checkout
 
-from benchmarks.overhead import (hardware, keras_contestant, measurement_parser,  # noqa: E402
+from benchmarks.overhead import (device_text, hardware, keras_contestant, measurement_parser,  # noqa: E402
                                  milliseconds, native_contestant, parse_measurement_args, pin_to_cpus, ratio,
                                  run_interleaved, summarize, versions, workload_config)
 
@@ -142,7 +142,7 @@ def main(argv=None):
     print("versions: " + ", ".join(f"{k} {v}" for k, v in settings["versions"].items() if v))
     print(f"hardware: {settings['hardware']['cpu_model']}, {settings['hardware']['cpus_usable']} usable CPUs"
           + (f", pinned to {args.cpus}" if args.cpus else "") + f"; torch intra-op threads {result['torch_threads']}"
-          + f"; device: {result['device']['kind']} ({result['device']['name']})")
+          + f"; device: {device_text(result['device'])}")
     print(table(result["contestants"]))
     summary = summary_json(result, settings)
     print(f"mtbench compiled / eager: {summary['compiled_over_eager']:.3f}; native compiled / eager: "

@@ -28,7 +28,8 @@ def test_the_cached_loop_decodes_the_tokens_of_the_full_rerun(backend):
     # float32 matmuls as float32 on both, read back from the framework (JAX's GPU default is TF32)
     setting, value = {"jax": ("jax.config.jax_default_matmul_precision", "float32"),
                       "torch": ("torch.get_float32_matmul_precision()", "highest")}[backend]
-    assert summary["matmul_precision"][setting] == value
+    precision = summary["matmul_precision"]
+    assert precision["requested"] == "highest" and precision["reported"][setting] == value
     assert "8 sentences x 31 tokens" in proc.stdout  # tiny's 32 positions, the first one given
 
 
