@@ -403,7 +403,8 @@ def shared_runs(tmp_path_factory, cache_dir):
                        "jax-cpu": train_tiny("jax", CPU_ONLY, TINY_COMPARE),
                        "torch-cpu": train_tiny("torch", CPU_ONLY, TINY_COMPARE),
                        "jax-data-parallel": train_tiny("jax", simulated_devices(2),
-                                                       [*TINY_COMPARE, "--extra", "data-parallel"])})
+                                                       [*TINY_COMPARE, "--extra", "data-parallel"]),
+                       "torch-float16-gpt": train_tiny("torch", CPU_ONLY, FLOAT16_GPT)})
 
 
 @pytest.fixture(scope="session")
@@ -434,6 +435,19 @@ def jax_data_parallel_run(shared_runs):
 # check still covers every step it trains.
 COMPARE_STEPS = 30
 TINY_COMPARE = [*TINY_TRAIN, *ONE_BUCKET, "--steps", str(COMPARE_STEPS)]  # click keeps the last --steps
+
+
+# The tiny GPT in float16, a few steps, measured only (float16 matmuls on a CPU are slow): the one-process run beside
+# which the split and sharded torch runs scale their losses.
+FLOAT16_GPT = ["--dtype", "mixed_float16", "--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size",
+               "8", "--steps", "6", "--measure-only"]
+
+
+@pytest.fixture(scope="session")
+def torch_float16_gpt_run(shared_runs):
+    """FLOAT16_GPT's torch run in one process on the CPU (gloo's processes train there too, on a GPU machine as
+    well)."""
+    return shared_runs.get("torch-float16-gpt")["torch-float16-gpt"]["result"]
 
 
 @pytest.fixture(scope="session")

@@ -171,29 +171,39 @@ UPDATE_PROBE = textwrap.dedent("""
     from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.setup import compile_model
-    dtype, kind = sys.argv[1:]  # bfloat16: 16-bit weights; the compiled or the eager step
-    keras.config.set_dtype_policy(dtype)
-    model = build_gpt(GPT_PRESETS["tiny"])
-    compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype=dtype), 10, {})
-    step = (CompiledTorchTrainStep if kind == "compiled" else EagerTorchTrainStep)(model)
-    ids = np.ones((2, 16), np.int32)
-    step((ids,), ids, np.ones((2, 16), np.float32))
-    with profile() as trace:
+    reports = {}
+    for run in sys.argv[1:]:
+        dtype, kind = run.split("-")  # bfloat16: 16-bit weights; the compiled or the eager step
+        keras.config.set_dtype_policy(dtype)
+        model = build_gpt(GPT_PRESETS["tiny"])
+        compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype=dtype), 10, {})
+        step = (CompiledTorchTrainStep if kind == "compiled" else EagerTorchTrainStep)(model)
+        ids = np.ones((2, 16), np.int32)
         step((ids,), ids, np.ones((2, 16), np.float32))
-    names = [event.name for event in trace.events()]
-    fused = [name for name in names if "fused_adam" in name]
-    print(json.dumps({"compiled": getattr(step, "compiled_part", None), "numerics": step.numerics(),
-                      "fused_kernels": {name: fused.count(name) for name in fused},
-                      "layer_norms": names.count("aten::native_layer_norm")}))
+        with profile() as trace:
+            step((ids,), ids, np.ones((2, 16), np.float32))
+        names = [event.name for event in trace.events()]
+        fused = [name for name in names if "fused_adam" in name]
+        reports[run] = {"compiled": getattr(step, "compiled_part", None), "numerics": step.numerics(),
+                        "fused_kernels": {name: fused.count(name) for name in fused},
+                        "layer_norms": names.count("aten::native_layer_norm")}
+    print(json.dumps(reports))
 """)
 
+# The eager steps first: an mtbench process builds one train step, and a compiled step's settings (inductor's
+# precision casts, dynamo's marks on Keras's helpers) stay in the process after it.
+UPDATE_RUNS = ("float32-eager", "bfloat16-eager", "bfloat16-compiled", "float32-compiled")
 
-def updated_by(dtype, kind):
-    """What the update probe reports of one profiled step of the tiny GPT's `kind` torch step in `dtype`."""
+
+@pytest.fixture(scope="module")
+def updates():
+    """What the update probe reports of one profiled step of the tiny GPT for each of UPDATE_RUNS ("dtype-kind":
+    the eager or the compiled torch step in that dtype), a new model and step each, all in one process (each
+    process spends about 10 s importing torch, Keras and mtbench)."""
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}
     env.pop("KERAS_BACKEND", None)
-    proc = subprocess.run([sys.executable, "-c", UPDATE_PROBE, dtype, kind], capture_output=True, text=True, env=env,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", UPDATE_PROBE, *UPDATE_RUNS], capture_output=True, text=True,
+                          env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -204,11 +214,11 @@ def updated_by(dtype, kind):
                      "optimizer.apply (bfloat16 weights, which Keras's AdamW updates in bfloat16 as JAX's step does)"),
     ("float32", {"aten::_fused_adamw_": 2}, None),  # a call a group: weights that decay, biases and norms that do not
 ])
-def test_the_compiled_steps_record_names_the_update_that_ran(dtype, fused_kernels, compiled):
+def test_the_compiled_steps_record_names_the_update_that_ran(updates, dtype, fused_kernels, compiled):
     """With 16-bit weights torch's fused AdamW is refused and Keras's optimizer.apply updates them: no fused
     kernel runs, and what the torch-compile record says is compiled and what runs eagerly says so (it said
     'fused AdamW update eager' whatever ran). With float32 weights the fused update runs."""
-    report = updated_by(dtype, "compiled")
+    report = updates[f"{dtype}-compiled"]
     assert report["fused_kernels"] == fused_kernels
     if compiled is None:
         assert "fused AdamW update eager" in report["compiled"], report["compiled"]
@@ -217,11 +227,11 @@ def test_the_compiled_steps_record_names_the_update_that_ran(dtype, fused_kernel
 
 
 @pytest.mark.slow
-def test_the_eager_steps_numerics_name_the_kernels_its_step_ran():
+def test_the_eager_steps_numerics_name_the_kernels_its_step_ran(updates):
     """The layer-norm and update rows of a torch run count what its step ran (torch's profiler, one step): a
     `layer_norm` kernel call for each norm it names, and one fused AdamW call a parameter group; with 16-bit
     weights no fused call, and the row says Keras's `apply` updated them, and why."""
-    report = {dtype: updated_by(dtype, "eager") for dtype in ("float32", "bfloat16")}
+    report = {dtype: updates[f"{dtype}-eager"] for dtype in ("float32", "bfloat16")}
     for dtype, ran in report.items():
         norms = ran["layer_norms"]
         assert norms >= 3, ran  # a block's two and the final one, at least

@@ -102,8 +102,9 @@ def test_pmap_drops_each_devices_rows_with_masks_of_its_own_as_data_parallel_doe
     on by its index; device 0's are the seeds' own), on both of JAX's ways: pmap's devices and the jit step's
     shards draw the same masks for the same rows, so the two train loss for loss. pmap copied the seeds to every
     device alike (every loss parted, by up to 0.15 % in 12 steps)."""
+    # --measure-only: the training losses are what is compared; the evaluation after training would add nothing.
     gpt = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
-           "--test-size", "10", "--steps", "12", "--dropout", "0.3"]
+           "--test-size", "10", "--steps", "12", "--dropout", "0.3", "--measure-only"]
     runs = {extra: train(tmp_path, extra, cache_dir, "--backend", "jax", "--extra", extra, env=TWO_DEVICES,
                          flags=gpt) for extra in ("pmap", "data-parallel")}
     assert [runs[extra]["model"]["attention"]["arithmetic"]["probability_dropout"] for extra in runs] == [0.3, 0.3]
@@ -134,7 +135,9 @@ def test_torch_compile_compiles_mtbench_step_without_graph_breaks_and_trains_lik
     # batches from the same weights (a second eager run of its own cost about 25 s; the 40 extra compiled steps
     # about 2 s).
     # --step compiled: the extra joins the run (as --step auto joins it on a CUDA GPU), and is what ran.
-    compiled = train(tmp_path, "compiled", cache_dir, "--backend", "torch", "--step", "compiled",
+    # --measure-only: the extra's record and the losses are written before the evaluation, which it would only
+    # lengthen (the same data and weights either way).
+    compiled = train(tmp_path, "compiled", cache_dir, "--backend", "torch", "--step", "compiled", "--measure-only",
                      flags=TINY_TRAIN)
     eager = tiny_runs["torch"]["result"]
     record = compiled["extras_record"]["torch-compile"]
@@ -192,9 +195,10 @@ def test_compiled_torch_step_refuses_models_that_need_layer_call_bookkeeping():
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_bfloat16_runs_its_attention_in_bfloat16_and_trains(tmp_path, cache_dir, backend):
-    # the plain attention's arithmetic (`--attention auto` takes the fused kernel on a GPU in 16 bits)
+    # the plain attention's arithmetic (`--attention auto` takes the fused kernel on a GPU in 16 bits); read off the
+    # training's model, so --measure-only leaves out the evaluation (on JAX a dozen decoding programs to compile)
     result = train(tmp_path, backend, cache_dir, "--backend", backend, "--dtype", "mixed_bfloat16", "--steps", "12",
-                   "--attention", "unfused", *ONE_BUCKET)
+                   "--attention", "unfused", "--measure-only", *ONE_BUCKET)
     assert result["compile_options"]["dtype_policy"] == "mixed_bfloat16"
     # read from what ran: torch's aten ops, JAX's compiled program
     arithmetic = result["model"]["attention"]["arithmetic"]

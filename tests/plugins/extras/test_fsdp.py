@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, TINY_COMPARE, TINY_TRAIN, run_cli,
+from tests.conftest import (COMPARE_STEPS, CPU_ONLY, FLOAT16_GPT, ONE_BUCKET, TINY_COMPARE, TINY_TRAIN, run_cli,
                             simulated_devices)
 from mtbench.figures import FIGURES_BY_KEY
 from mtbench.plugins.extras.fsdp import sharded_axis, sharded_step_text
@@ -190,25 +190,16 @@ def test_torch_fsdp_runs_the_compiled_step_given_either_side_of_torch_compile(ca
     np.testing.assert_allclose(losses(results[0]), losses(results[1]), rtol=1e-5)
 
 
-# The tiny GPT in float16, a few steps, measured only: float16 matmuls on a CPU are slow.
-FLOAT16_GPT = ["--backend", "torch", "--dtype", "mixed_float16", "--model", "gpt", "--preset", "tiny", "--block-size",
-               "32", "--batch-size", "8", "--steps", "6", "--measure-only"]
-
-
 @pytest.mark.slow  # 2 processes and 1 in float16 on the CPU: about 40 s
-def test_torch_fsdp_scales_float16_losses_as_one_process(tmp_path, cache_dir):
+def test_torch_fsdp_scales_float16_losses_as_one_process(tmp_path, cache_dir, torch_float16_gpt_run):
     """Each process unscales and checks its own shards and the processes agree on the verdict (one all-reduce):
     the same scale and losses as one process. No step of this run overflows; an overflow on one process is
     tests/plugins/backends/test_overflow_agreement.py's."""
     out = tmp_path / "sharded.json"
-    proc = torchrun("train", "--extra", "fsdp", *FLOAT16_GPT, "--cache-dir", cache_dir, "--out", str(out))
+    proc = torchrun("train", "--backend", "torch", "--extra", "fsdp", *FLOAT16_GPT, "--cache-dir", cache_dir,
+                    "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    sharded = json.loads(out.read_text())
-    one_out = tmp_path / "one.json"
-    # On the CPU as the sharded processes (gloo), also on a GPU machine.
-    proc = run_cli("train", *FLOAT16_GPT, "--cache-dir", cache_dir, "--out", str(one_out), env=CPU_ONLY)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    one = json.loads(one_out.read_text())
+    sharded, one = json.loads(out.read_text()), torch_float16_gpt_run
     np.testing.assert_allclose(losses(sharded), losses(one), rtol=1e-4)
     assert sharded["loss_scaling"] == one["loss_scaling"] and sharded["loss_scaling"]["initial_scale"] == 32768.0
     assert sharded["host_syncs_per_step"] == 0
@@ -256,8 +247,9 @@ def test_jax_fsdp_under_grad_accum_gathers_once_a_step_and_reduce_scatters_each_
     reduce-scatters each micro-batch's gradients: what torch's fsdp runs (tests/plugins/extras/
     test_torch_accumulation.py), counted in the compiled program, a loop's body as often as it runs. The losses are
     one micro-batch's."""
+    # --measure-only: the checks read the compiled step and the losses, not the evaluation after training.
     gpt = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--valid-size", "10", "--test-size", "10",
-           "--steps", "4", "--extra", "fsdp"]
+           "--steps", "4", "--extra", "fsdp", "--measure-only"]
     one = train(tmp_path, "one", cache_dir, *gpt, "--batch-size", "16", env=TWO_DEVICES, flags=[])
     two = train(tmp_path, "two", cache_dir, *gpt, "--batch-size", "8", "--grad-accum", "2", env=TWO_DEVICES, flags=[])
     units = len(one["extras_record"]["fsdp"]["units"])

@@ -135,12 +135,22 @@ def assert_stages_compiled(pipelined):
     assert record["shapes_trained"] == 1 and record["recompilations"] == record["shapes_run_eagerly"] == 0
 
 
+FOUR_BLOCKS = [*TINY_GPT, "--layers", "4"]
+
+
+@pytest.fixture(scope="module")
+def one_process_of_four_blocks(tmp_path_factory, cache_dir):
+    """The tiny GPT of 4 blocks in one process: the reference of both compiled pipelines of it, which train over
+    gloo, on the CPU."""
+    return train(tmp_path_factory.mktemp("one-process"), "one", cache_dir, *FOUR_BLOCKS, env=CPU_ONLY)
+
+
 @pytest.mark.slow
-def test_two_compiled_stages_train_what_one_process_trains_sending_each_micro_batch_once(tmp_path, cache_dir):
+def test_two_compiled_stages_train_what_one_process_trains_sending_each_micro_batch_once(tmp_path, cache_dir,
+                                                                                        one_process_of_four_blocks):
     """torch-compile given after the pipeline, where `--step auto` puts it on a GPU: it compiles each stage."""
-    args = [*TINY_GPT, "--layers", "4"]
-    one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)  # the pipelines train over gloo, on the CPU
-    pipelined = train_pipelined(tmp_path, "pipelined", cache_dir, *args, "--extra", "torch-compile")
+    one = one_process_of_four_blocks
+    pipelined = train_pipelined(tmp_path, "pipelined", cache_dir, *FOUR_BLOCKS, "--extra", "torch-compile")
     assert_trains_like_one_process(pipelined, one)
     assert_stages_compiled(pipelined)
     record = pipelined["extras_record"]["pipeline-parallel"]
@@ -184,14 +194,14 @@ def test_uneven_stages_on_gpipe_in_float16_with_remat_train_what_one_process_tra
 
 
 @pytest.mark.slow
-def test_two_compiled_pipelines_on_a_data_axis_train_what_one_process_trains(tmp_path, cache_dir):
+def test_two_compiled_pipelines_on_a_data_axis_train_what_one_process_trains(tmp_path, cache_dir,
+                                                                            one_process_of_four_blocks):
     """4 processes as 2 data x 2 stages: each pipeline trains its half of the batch's rows, the stages' gradients
     averaged over the data axis (one bucket of this small model, from the backward pass, of compiled stages here:
     torch-compile given before the pipeline), the losses one process's."""
-    args = [*TINY_GPT, "--layers", "4"]
-    one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)  # the pipelines train over gloo, on the CPU
+    one = one_process_of_four_blocks
     # The compiled step first: the pipeline then compiles its stages with it.
-    pipelined = train_on_two_processes(tmp_path, "pipelined", cache_dir, *args, "--extra", "pipeline-parallel",
+    pipelined = train_on_two_processes(tmp_path, "pipelined", cache_dir, *FOUR_BLOCKS, "--extra", "pipeline-parallel",
                                        "--pipeline-parallel-size", "2", "--pipeline-micro-batches", "4", processes=4,
                                        extra="torch-compile")
     assert_trains_like_one_process(pipelined, one)
@@ -286,7 +296,8 @@ def test_jax_stages_on_a_data_axis_in_bfloat16_with_remat_train_what_one_device_
     """2 data x 2 stages on four simulated devices, 4 micro-batches of one row (8 rows, 4 a data replica), bfloat16
     matmuls, each block recomputed in the backward pass: one device's losses, to bfloat16's rounding of micro-batches
     summed in another order."""
-    common = [*JAX_GPT, "--layers", "4", "--dtype", "mixed_bfloat16"]
+    # --measure-only: no test loss is compared here, the training losses and the compiled programs are.
+    common = [*JAX_GPT, "--layers", "4", "--dtype", "mixed_bfloat16", "--measure-only"]
     args = [*common, "--extra", "remat"]
     one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)
     pipelined = train(tmp_path, "pipelined", cache_dir, *args, "--extra", "pipeline-parallel",
@@ -307,7 +318,7 @@ def test_jax_stages_on_a_data_axis_in_bfloat16_with_remat_train_what_one_device_
     # The stages recompute: their compiled program has products beyond the same pipeline's without remat.
     keeping = train(tmp_path, "keeping", cache_dir, *common, "--extra", "pipeline-parallel",
                     "--pipeline-parallel-size", "2", "--pipeline-micro-batches", "4",
-                    "--steps", "2", "--measure-only", env=simulated_devices(4))
+                    "--steps", "2", env=simulated_devices(4))
     assert (record["matrix_products_compiled"]
             > keeping["extras_record"]["pipeline-parallel"]["matrix_products_compiled"] > 0)
 

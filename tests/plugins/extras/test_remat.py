@@ -153,12 +153,30 @@ def jax_gradients_of_a_tiny_gpt(remat):
             text.count("stablehlo.rsqrt"))
 
 
+@pytest.fixture(scope="module")
+def tiny_jax_gradients():
+    """jax_gradients_of_a_tiny_gpt's figures by policy (None: keeping, "full", "matmuls"), each made once for the
+    tests below that read them (a build, two traces and a compilation apiece), with the `remat` its blocks hold:
+    (remat, figures). The figures are deterministic (seeded model, ids and dropout), so every test reads what a
+    fresh call would give it."""
+    keras_on_jax()
+    from mtbench.plugins.extras.remat import selective_checkpoint
+    made = {}
+
+    def gradients(policy):
+        if policy not in made:
+            remat = {None: False, "full": True, "matmuls": selective_checkpoint("jax")}[policy]
+            made[policy] = (remat, jax_gradients_of_a_tiny_gpt(remat=remat))
+        return made[policy]
+    return gradients
+
+
 @pytest.mark.slow
-def test_jax_traces_a_checkpoint_per_block_which_recomputes_the_masks_the_forward_pass_drew():
+def test_jax_traces_a_checkpoint_per_block_which_recomputes_the_masks_the_forward_pass_drew(tiny_jax_gradients):
     """jax.checkpoint is in the traced gradient once per block, and its recomputation in the program handed to XLA
     (each block's forward matmuls twice); with dropout the gradient is the one without remat."""
-    _, _, no_checkpoints, keeping, _, kept, _ = jax_gradients_of_a_tiny_gpt(remat=False)
-    _, _, checkpoints, recomputing, _, recomputed, _ = jax_gradients_of_a_tiny_gpt(remat=True)
+    _, _, no_checkpoints, keeping, _, kept, _ = tiny_jax_gradients(None)[1]
+    _, _, checkpoints, recomputing, _, recomputed, _ = tiny_jax_gradients("full")[1]
     assert checkpoints == 2 and no_checkpoints == 0
     # Each block's forward matmuls whose products its backward pass reads, once more: as many in each block.
     assert recomputing - keeping >= 2 * 4 and (recomputing - keeping) % 2 == 0, (recomputing, keeping)
@@ -169,14 +187,12 @@ def test_jax_traces_a_checkpoint_per_block_which_recomputes_the_masks_the_forwar
 
 
 @pytest.mark.slow
-def test_jax_recomputing_all_but_the_matmuls_runs_no_matmul_twice():
+def test_jax_recomputing_all_but_the_matmuls_runs_no_matmul_twice(tiny_jax_gradients):
     """The `matmuls` policy (`dots_saveable`) in the program handed to XLA: a checkpoint per block, each block's
     matmuls once, as keeping everything; the elementwise rest recomputed (more operations than keeping); the same
     gradient with dropout."""
-    from mtbench.plugins.extras.remat import selective_checkpoint
-    keras_on_jax()
-    _, _, _, keeping, _, kept, norms_keeping = jax_gradients_of_a_tiny_gpt(remat=False)
-    _, _, checkpoints, selective, _, recomputed, norms = jax_gradients_of_a_tiny_gpt(remat=selective_checkpoint("jax"))
+    _, _, _, keeping, _, kept, norms_keeping = tiny_jax_gradients(None)[1]
+    _, _, checkpoints, selective, _, recomputed, norms = tiny_jax_gradients("matmuls")[1]
     assert checkpoints == 2 and selective == keeping
     assert norms - norms_keeping == 2 * 2  # each block's two layer norms computed again
     for got, want in zip(recomputed, kept):
@@ -185,16 +201,15 @@ def test_jax_recomputing_all_but_the_matmuls_runs_no_matmul_twice():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["full", "matmuls"])
-def test_the_jax_run_goes_on_exactly_when_the_compiled_gradient_recomputes_and_holds_less(policy):
+def test_the_jax_run_goes_on_exactly_when_the_compiled_gradient_recomputes_and_holds_less(policy,
+                                                                                          tiny_jax_gradients):
     """What XLA compiles decides whether the run recomputes: the extra accepts exactly when the model's compiled
     gradient runs more matrix products recomputing than keeping (the `matmuls` policy: as many) and holds fewer
     temporary bytes."""
     from types import SimpleNamespace
 
-    from mtbench.plugins.extras.remat import selective_checkpoint
-    _, _, _, _, keeping, _, _ = jax_gradients_of_a_tiny_gpt(remat=False)
-    checkpoint = True if policy == "full" else selective_checkpoint("jax")
-    model, ids, _, _, recomputing, _, _ = jax_gradients_of_a_tiny_gpt(remat=checkpoint)
+    _, _, _, _, keeping, _, _ = tiny_jax_gradients(None)[1]
+    checkpoint, (model, ids, _, _, recomputing, _, _) = tiny_jax_gradients(policy)
     import jax
     device_kind = jax.default_backend()  # 'cpu', or 'gpu' where the slow tier runs on one
     run = SimpleNamespace(backend=SimpleNamespace(name="jax"), device_kind=device_kind,

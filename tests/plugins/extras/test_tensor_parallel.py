@@ -18,7 +18,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import COMPARE_STEPS, CPU_ONLY, TINY_COMPARE, run_cli, simulated_devices
+from tests.conftest import COMPARE_STEPS, CPU_ONLY, FLOAT16_GPT, TINY_COMPARE, run_cli, simulated_devices
 from tests.plugins.extras.test_fsdp import TWO_DEVICES, losses
 from tests.plugins.extras.test_multi_process import torchrun
 
@@ -309,14 +309,12 @@ def test_torch_tensor_parallel_gpt_trains_like_one_process_with_megatrons_all_re
 
 
 @pytest.mark.slow  # 2 processes and 1 in float16 on the CPU: about 40 s
-def test_torch_tensor_parallel_scales_float16_losses_as_one_process(tmp_path, cache_dir):
+def test_torch_tensor_parallel_scales_float16_losses_as_one_process(tmp_path, cache_dir, torch_float16_gpt_run):
     """Each process checks its own parts of the split gradients for an overflow and the model axis agrees on the
     verdict (one all-reduce), so the split run scales, skips and updates as one process does. No step of this run
     overflows; an overflow on one process is tests/plugins/backends/test_overflow_agreement.py's."""
-    args = ["--backend", "torch", "--dtype", "mixed_float16", "--model", "gpt", "--preset", "tiny", "--block-size",
-            "32", "--batch-size", "8", "--steps", "6", "--measure-only"]
-    split = train_on_two_processes(tmp_path, "split", cache_dir, *args)
-    one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)
+    split = train_on_two_processes(tmp_path, "split", cache_dir, "--backend", "torch", *FLOAT16_GPT)
+    one = torch_float16_gpt_run
     np.testing.assert_allclose(losses(split), losses(one), rtol=1e-4)
     assert split["loss_scaling"] == one["loss_scaling"] and split["loss_scaling"]["initial_scale"] == 32768.0
     assert split["host_syncs_per_step"] == 0
@@ -399,7 +397,8 @@ def test_jax_on_a_data_by_model_mesh_sums_each_shards_micro_batches_and_all_redu
     the same micro-batches, each block's all-reduces once a micro-batch, and the gradients all-reduced once a step.
     Left to GSPMD, the loop's sum was replicated over the data axis: every gradient all-reduced at each micro-batch
     (28 arrays more), or, summed per shard in the data axis's layout alone, the split weights gathered whole."""
-    args = [*TINY_GPT, "--steps", "10", "--grad-accum", "2"]
+    # --measure-only: the training losses and the compiled step are compared here, no test loss.
+    args = [*TINY_GPT, "--steps", "10", "--grad-accum", "2", "--measure-only"]
     one = train(tmp_path, "one", cache_dir, "--backend", "jax", *args, env=CPU_ONLY)
     split = train(tmp_path, "split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
                   "--tensor-parallel-size", "2", *args, env=FOUR_DEVICES)
@@ -485,7 +484,7 @@ def test_split_runs_drop_what_one_device_drops(tmp_path, cache_dir, backend, mod
     assert arithmetic["probability_dropout"] == (0.1 if model == "gpt" else 0.0)
     assert_trains_like_one_device(split, one, 10)
     if model == "translation":  # its attention drops nothing: its feed-forward's masks were drawn, or this shows
-        kept = train(tmp_path, "kept", cache_dir, *args, "--dropout", "0", env=CPU_ONLY)
+        kept = train(tmp_path, "kept", cache_dir, *args, "--dropout", "0", "--measure-only", env=CPU_ONLY)
         assert max(abs(np.array(losses(kept)) / np.array(losses(one)) - 1)) > 1e-3
 
 

@@ -537,9 +537,10 @@ def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_p
     """Two model sizes, each on both backends: one weights file per size, parity within a size, labels that
     name the size, the energy and cost lines, and every run's TensorBoard events under the comparison's group."""
     out, logs = tmp_path / "sweep.json", tmp_path / "tb"
+    # --measure-only: nothing here reads the evaluation, which would evaluate and translate with each of the runs.
     proc = run_cli("compare", "--matrix", "jax:d-model=32,heads=4;torch:d-model=32,heads=4;jax", *TINY_COMPARE,
-                   *ONE_BUCKET, "--steps", "6", "--cache-dir", cache_dir, "--out", str(out), "--report-to", "tensorboard",
-                   "--logging-dir", str(logs), "--price-per-hour", "2")
+                   *ONE_BUCKET, "--steps", "6", "--measure-only", "--cache-dir", cache_dir, "--out", str(out),
+                   "--report-to", "tensorboard", "--logging-dir", str(logs), "--price-per-hour", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     combined = json.loads(out.read_text())
     assert [run["label"] for run in combined["runs"]] == ["jax:d-model=32,heads=4", "torch:d-model=32,heads=4", "jax"]
