@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import (COMPARE_STEPS, CPU_ONLY, FLOAT16_GPT, ONE_BUCKET, TINY_COMPARE, TINY_TRAIN, run_cli,
+from tests.conftest import (COMPARE_STEPS, FLOAT16_GPT, ONE_BUCKET, TINY_COMPARE, TINY_TRAIN, run_cli,
                             simulated_devices)
 from mtbench.figures import FIGURES_BY_KEY
 from mtbench.plugins.extras.fsdp import sharded_axis, sharded_step_text
@@ -190,7 +190,7 @@ def test_torch_fsdp_runs_the_compiled_step_given_either_side_of_torch_compile(ca
     np.testing.assert_allclose(losses(results[0]), losses(results[1]), rtol=1e-5)
 
 
-@pytest.mark.slow  # 2 processes and 1 in float16 on the CPU: about 40 s
+@pytest.mark.slow  # 2 processes in float16 on the CPU, beside the session's one-process run (`torch_float16_gpt_run`)
 def test_torch_fsdp_scales_float16_losses_as_one_process(tmp_path, cache_dir, torch_float16_gpt_run):
     """Each process unscales and checks its own shards and the processes agree on the verdict (one all-reduce):
     the same scale and losses as one process. No step of this run overflows; an overflow on one process is

@@ -308,7 +308,7 @@ def test_torch_tensor_parallel_gpt_trains_like_one_process_with_megatrons_all_re
     assert record["batch_all_gathers_per_step"] == 1
 
 
-@pytest.mark.slow  # 2 processes and 1 in float16 on the CPU: about 40 s
+@pytest.mark.slow  # 2 processes in float16 on the CPU, beside the session's one-process run (`torch_float16_gpt_run`)
 def test_torch_tensor_parallel_scales_float16_losses_as_one_process(tmp_path, cache_dir, torch_float16_gpt_run):
     """Each process checks its own parts of the split gradients for an overflow and the model axis agrees on the
     verdict (one all-reduce), so the split run scales, skips and updates as one process does. No step of this run
