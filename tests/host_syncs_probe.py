@@ -1,13 +1,14 @@
 """Run by tests/plugins/backends/test_host_syncs.py in a fresh process per backend (keras fixes its backend at
-import): builds the tiny Transformer as mtbench compiles it, runs the backend's train step (or torch's compiled
-step) until its shape is steady, then counts the host waits of a few steady steps with the backend's counter.
-On torch with CUDA the counted steps run under
-`torch.cuda.set_sync_debug_mode('error')`. Prints one JSON line: {'syncs_per_step', 'events', 'cuda_sync_debug',
-'counted_steps', 'variables', 'losses'}.
+import): for each dtype named, builds the tiny Transformer as mtbench compiles it, runs the backend's train step (or
+torch's compiled step) until its shape is steady, then counts the host waits of a few steady steps with the
+backend's counter. On torch with CUDA the counted steps run under
+`torch.cuda.set_sync_debug_mode('error')`. Prints one JSON line, {dtype: {'syncs_per_step', 'events',
+'cuda_sync_debug', 'counted_steps', 'variables', 'losses'}}.
 
-    python tests/host_syncs_probe.py BACKEND STEP DTYPE [keras-schedule]
-        (STEP: default | compiled; DTYPE: a Keras policy; keras-schedule: Keras's own CosineDecay, which branches,
-        in place of mtbench's)
+    python tests/host_syncs_probe.py BACKEND STEP DTYPE[,DTYPE...] [keras-schedule]
+        (STEP: default | compiled; DTYPE: a Keras policy, each a new model and step in this one process, which
+        spares each the seconds of importing the framework, Keras and mtbench; keras-schedule: Keras's own
+        CosineDecay, which branches, in place of mtbench's)
 """
 
 import contextlib
@@ -28,8 +29,12 @@ def batch(seed, rows=4, length=16):
     return (source, target), target, weight
 
 
-def main(backend, step_kind, dtype, schedule="mtbench"):
+def main(backend, step_kind, dtypes, schedule="mtbench"):
     os.environ["KERAS_BACKEND"] = backend
+    print(json.dumps({dtype: count(backend, step_kind, dtype, schedule) for dtype in dtypes.split(",")}))
+
+
+def count(backend, step_kind, dtype, schedule):
     import keras
 
     from mtbench.keras_models.initialization import assign_weights, initial_weights
@@ -59,8 +64,9 @@ def main(backend, step_kind, dtype, schedule="mtbench"):
     counter = Counter()
     with cuda_sync_debug(backend) as sync_debug:
         logs += [counter.count_step(step, *batch(WARM_STEPS + i)) for i in range(COUNTED_STEPS)]
-    print(json.dumps({"syncs_per_step": counter.per_step(), "events": dict(counter.events), "cuda_sync_debug":
-                      sync_debug, "counted_steps": COUNTED_STEPS, "variables": len(model.trainable_variables), "losses": [float(entry["loss"]) for entry in logs]}))
+    return {"syncs_per_step": counter.per_step(), "events": dict(counter.events), "cuda_sync_debug": sync_debug,
+            "counted_steps": COUNTED_STEPS, "variables": len(model.trainable_variables),
+            "losses": [float(entry["loss"]) for entry in logs]}
 
 
 @contextlib.contextmanager

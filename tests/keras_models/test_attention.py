@@ -182,19 +182,29 @@ def test_fused_projections_compute_what_three_products_compute():
     assert separate_products - together_products == 5
 
 
+# The eager runs first (tests/matmul_count_probe.py says why).
+PRODUCT_RUNS = ("eager-float32", "eager-mixed_bfloat16", "compiled-float32")
+
+
+@pytest.fixture(scope="module")
+def products_counted():
+    """tests/matmul_count_probe.py's counts for each of PRODUCT_RUNS ("kind-dtype"), all in one process."""
+    proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "matmul_count_probe.py"), *PRODUCT_RUNS],
+                          capture_output=True, text=True, timeout=600,
+                          env=cli_environment({"TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, dtype", [("eager", "float32"), ("compiled", "float32"), ("eager", "mixed_bfloat16")])
-def test_a_torch_step_multiplies_by_one_query_key_value_matrix_a_block(kind, dtype):
+def test_a_torch_step_multiplies_by_one_query_key_value_matrix_a_block(products_counted, kind, dtype):
     """What mtbench's torch steps ran in one step of the tiny GPT, counted from torch's profiler: each weight matrix
     three products (forward, the input's gradient, the weight's gradient), one of them the query, key and value
     side by side in each block (inductor does not merge three products itself), and
     attention's two batched products three times a block; in mixed bfloat16, every one of them on bfloat16
     inputs (the JAX step's: tests/plugins/backends/test_jax_step_program.py)."""
-    proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "matmul_count_probe.py"), kind, dtype],
-                          capture_output=True, text=True, timeout=600,
-                          env=cli_environment({"TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    counted = json.loads(proc.stdout.strip().splitlines()[-1])
+    counted = products_counted[f"{kind}-{dtype}"]
     blocks = counted["blocks"]
     # A block's query-key-value, output and two feed-forward matrices; the tied output layer's table.
     assert counted["weights"] == 3 * (4 * blocks + 1)

@@ -18,6 +18,7 @@ PROBE = os.path.join(TESTS_DIR, "host_syncs_probe.py")
 
 
 def probe(backend, step="default", dtype="float32", *more):
+    """The probe's report of each of the comma-separated `dtype`s, {dtype: report}, all run in one process."""
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env.update(MTBENCH_LOAD_PLUGINS="", TORCHINDUCTOR_COMPILE_THREADS="1")
     proc = subprocess.run([sys.executable, PROBE, backend, step, dtype, *more], capture_output=True, text=True,
@@ -26,10 +27,19 @@ def probe(backend, step="default", dtype="float32", *more):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+TORCH_EAGER_DTYPES = ("float32", "mixed_float16", "mixed_bfloat16")
+
+
+@pytest.fixture(scope="module")
+def torch_eager_reports():
+    """The torch eager step's report in each of TORCH_EAGER_DTYPES, a new model and step each, in one process."""
+    return probe("torch", "default", ",".join(TORCH_EAGER_DTYPES))
+
+
 # mixed_float16: loss scaling, which Keras's own apply decides with a read of the device (116 waits a step here).
 @pytest.mark.parametrize("dtype", ["float32", "mixed_float16", pytest.param("mixed_bfloat16", marks=pytest.mark.slow)])
-def test_torch_eager_step_waits_for_nothing(dtype):
-    report = probe("torch", dtype=dtype)
+def test_torch_eager_step_waits_for_nothing(torch_eager_reports, dtype):
+    report = torch_eager_reports[dtype]
     assert report["events"] == {}
     assert report["syncs_per_step"] == 0
     assert report["cuda_sync_debug"] in ("error", "no CUDA device")
@@ -37,14 +47,14 @@ def test_torch_eager_step_waits_for_nothing(dtype):
 
 @pytest.mark.slow
 def test_torch_compiled_step_waits_for_nothing():
-    report = probe("torch", "compiled", "mixed_bfloat16")
+    report = probe("torch", "compiled", "mixed_bfloat16")["mixed_bfloat16"]
     assert report["events"] == {}
     assert report["syncs_per_step"] == 0
 
 
 @pytest.mark.slow
 def test_jax_step_waits_for_nothing():
-    report = probe("jax", dtype="mixed_bfloat16")
+    report = probe("jax", dtype="mixed_bfloat16")["mixed_bfloat16"]
     assert report["events"] == {}
     assert report["syncs_per_step"] == 0
 
@@ -54,7 +64,7 @@ def test_jax_counter_sees_the_conditionals_of_kerass_branching_schedule():
     """Keras's CosineDecay branches with `ops.cond`, and its AdamW reads the schedule once per decayed variable:
     XLA conditionals, each a host wait on a GPU (counted there; named on the CPU, where it is none). mtbench's
     schedule has none (the test above)."""
-    report = probe("jax", "default", "float32", "keras-schedule")
+    report = probe("jax", "default", "float32", "keras-schedule")["float32"]
     conditionals = report["events"].get("conditional in the compiled step (a host wait on a GPU)", 0)
     # One for each variable weight decay reads the rate for, one for the update's rate, in every counted step.
     assert conditionals == report["counted_steps"] * (report["variables"] + 1)

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import CPU_ONLY, run_cli, simulated_devices
+from conftest import CPU_ONLY, keras_on_jax, run_cli, simulated_devices
 from tests.plugins.extras.test_fsdp import losses
 from tests.plugins.extras.test_tensor_parallel import train, train_on_two_processes
 
@@ -325,35 +325,32 @@ def test_jax_stages_on_a_data_axis_in_bfloat16_with_remat_train_what_one_device_
 
 def test_the_stacked_weights_optimizer_is_made_as_the_models_with_its_loss_scaling():
     """JAX trains float16 only on a GPU: what can be checked here is that the stacked variables' optimizer takes the
-    model's recipe, loss scaling and weight-decay exclusions (a stacked bias: none), and keeps the same counters."""
-    import subprocess as run
-    code = """
-import keras
-from mtbench.plugins.extras.pipeline_parallel import mirrored_optimizer
-weights = [keras.Variable(keras.ops.zeros((3, 3)), name="kernel"), keras.Variable(keras.ops.zeros((3,)), name="bias")]
-optimizer = keras.optimizers.AdamW(learning_rate=keras.optimizers.schedules.CosineDecay(1e-3, 100), weight_decay=0.1,
-                                   beta_2=0.95, global_clipnorm=1.0)
-optimizer.exclude_from_weight_decay(var_list=[weights[1]])
-optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=1024.0)
-optimizer.build(weights)
-stacked = [keras.Variable(keras.ops.zeros((2, 3, 3)), name="stacked_kernel"),
-           keras.Variable(keras.ops.zeros((2, 3)), name="stacked_bias")]
-mirrored = mirrored_optimizer(optimizer, stacked, weights)
-mirrored.build(stacked)
-inner = mirrored.inner_optimizer
-print(type(mirrored).__name__, mirrored.initial_scale, inner.beta_2, inner.global_clipnorm, inner.weight_decay,
-      inner._learning_rate is optimizer.inner_optimizer._learning_rate,
-      [inner._use_weight_decay(v) for v in stacked],
-      [v.name for v in mirrored.variables if v.shape == ()] == [v.name for v in optimizer.variables if v.shape == ()])
-try:  # each weight clipped on its own: a stacked weight's norm would be every stage's copy's together
-    mirrored_optimizer(keras.optimizers.AdamW(clipnorm=1.0), stacked, weights)
-except Exception as error:
-    print(type(error).__name__, error)
-"""
-    proc = run.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                   env={**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    made, refused = proc.stdout.strip().splitlines()[-2:]
-    assert made.split() == ["LossScaleOptimizer", "1024.0", "0.95", "1.0", "0.1", "True", "[True,", "False]", "True"]
-    assert refused == ("MtbenchError cannot clip each weight on its own on JAX (Keras's clipnorm would take every "
-                       "stage's copy of a weight as one); give --clip global or --clip none")
+    model's recipe, loss scaling and weight-decay exclusions (a stacked bias: none), and keeps the same counters.
+    In this process, keras on JAX (a process of its own would start JAX and keras again for a few optimizers)."""
+    from mtbench import MtbenchError
+    from mtbench.plugins.extras.pipeline_parallel import mirrored_optimizer
+    keras = keras_on_jax()
+    weights = [keras.Variable(keras.ops.zeros((3, 3)), name="kernel"),
+               keras.Variable(keras.ops.zeros((3,)), name="bias")]
+    optimizer = keras.optimizers.AdamW(learning_rate=keras.optimizers.schedules.CosineDecay(1e-3, 100),
+                                       weight_decay=0.1, beta_2=0.95, global_clipnorm=1.0)
+    optimizer.exclude_from_weight_decay(var_list=[weights[1]])
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=1024.0)
+    optimizer.build(weights)
+    stacked = [keras.Variable(keras.ops.zeros((2, 3, 3)), name="stacked_kernel"),
+               keras.Variable(keras.ops.zeros((2, 3)), name="stacked_bias")]
+    mirrored = mirrored_optimizer(optimizer, stacked, weights)
+    mirrored.build(stacked)
+    inner = mirrored.inner_optimizer
+    assert (type(mirrored).__name__, mirrored.initial_scale, inner.beta_2, inner.global_clipnorm,
+            inner.weight_decay) == ("LossScaleOptimizer", 1024.0, 0.95, 1.0, 0.1)
+    assert inner._learning_rate is optimizer.inner_optimizer._learning_rate
+    assert [inner._use_weight_decay(v) for v in stacked] == [True, False]
+    assert [v.name for v in mirrored.variables if v.shape == ()] == [v.name for v in optimizer.variables
+                                                                      if v.shape == ()]
+    # Each weight clipped on its own: a stacked weight's norm would be every stage's copy's together.
+    with pytest.raises(MtbenchError) as refused:
+        mirrored_optimizer(keras.optimizers.AdamW(clipnorm=1.0), stacked, weights)
+    assert type(refused.value) is MtbenchError
+    assert str(refused.value) == ("cannot clip each weight on its own on JAX (Keras's clipnorm would take every "
+                                  "stage's copy of a weight as one); give --clip global or --clip none")
