@@ -3,9 +3,12 @@ agree on a float16 overflow: where one process's gradients overflowed, every pro
 the loss scale, as one process holding them all would (tests/overflow_agreement_probe.py, two gloo processes).
 The runs of those extras in float16 overflow in no step, so this is where the agreement is seen to act."""
 
+import pytest
+
 from conftest import run_joined_probes
 
 
+@pytest.mark.slow  # two torch processes: 6 s alone, 14 s beside the other worker, which took the quick tier to 5 min
 def test_one_processs_overflow_skips_every_processs_update():
     first, second = run_joined_probes("overflow_agreement_probe.py", timeout=300)
     skipped = {"moved": False, "iterations": 0}
