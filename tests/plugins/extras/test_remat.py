@@ -4,6 +4,7 @@ losses and gradients (none changed, with dropout too), and the runs it refuses."
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -161,13 +162,11 @@ def tiny_jax_gradients():
     fresh call would give it."""
     keras_on_jax()
     from mtbench.plugins.extras.remat import selective_checkpoint
-    made = {}
 
+    @functools.cache
     def gradients(policy):
-        if policy not in made:
-            remat = {None: False, "full": True, "matmuls": selective_checkpoint("jax")}[policy]
-            made[policy] = (remat, jax_gradients_of_a_tiny_gpt(remat=remat))
-        return made[policy]
+        remat = {None: False, "full": True, "matmuls": selective_checkpoint("jax")}[policy]
+        return remat, jax_gradients_of_a_tiny_gpt(remat=remat)
     return gradients
 
 
