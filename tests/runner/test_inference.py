@@ -260,7 +260,7 @@ def test_a_saved_model_computes_its_float32_matmuls_as_its_run_trained(trained):
     arithmetic its run trained in (true float32 here), or `evaluate` would not score the run's translations. Counted
     in the program: the opened model's forward pass lowered for CUDA (on this CPU too), every product at XLA's
     HIGHEST."""
-    program = textwrap.dedent(f"""
+    program = textwrap.dedent(rf"""
         import json, re
         import numpy as np
         from mtbench.plugins.manager import registry
