@@ -133,6 +133,7 @@ def test_attention_dropout_drops_whole_probabilities_while_training_only():
         Attention(width, heads, is_causal=True, dropout=0.5, flash_attention=True)
 
 
+@pytest.mark.slow  # two compilations of the model's gradient, 11 s beside the other worker
 def test_fused_projections_compute_what_three_products_compute():
     """Self-attention's query, key and value, and cross-attention's key and value, from one product with the
     kernels side by side (the model's default): the translation model's output and every gradient as with one

@@ -289,6 +289,7 @@ def test_processes_that_find_no_peak_together_measure_it_one_at_a_time(tmp_path)
     assert order == ["first", "first done", "second"]
 
 
+@pytest.mark.slow  # three processes that import torch and measure: 7 s beside the other worker
 @pytest.mark.skipif(not MACHINE_CPUS or len(MACHINE_CPUS) < 2, reason="needs a machine with 2 CPUs or more")
 def test_a_measurement_on_given_cpus_runs_in_a_process_that_holds_them(tmp_path, monkeypatch):
     """`measure_on` measures in a process of its own, on the CPUs given, whatever this process holds (a pytest
