@@ -16,6 +16,7 @@ import textwrap
 
 import pytest
 
+from cpu_costs import pytest_addoption, pytest_runtest_protocol  # noqa: F401 (the session's hooks: --cpu-costs)
 from mtbench.runner.config import default_cache_dir
 from mtbench.runner.measurement.environment import nvidia_gpu
 
