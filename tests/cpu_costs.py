@@ -34,7 +34,8 @@ def pytest_runtest_protocol(item, nextitem):
     try:
         return (yield)
     finally:
-        record = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        # A worker's id from its session (its processes' environment may be an outer session's worker's).
+        record = {"test": item.nodeid, "worker": getattr(item.config, "workerinput", {}).get("workerid", "main"),
                   "wall_s": round(time.perf_counter() - started, 3),
                   "self_s": round(cpu_seconds(resource.RUSAGE_SELF) - own, 3),
                   "children_s": round(cpu_seconds(resource.RUSAGE_CHILDREN) - children, 3)}
