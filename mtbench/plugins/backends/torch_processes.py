@@ -11,6 +11,7 @@ through the store, leaving no collective in a worker's hands as they exit."""
 
 import datetime
 import os
+import time
 
 from mtbench import MtbenchError, ProcessGroup
 
@@ -69,14 +70,25 @@ class TorchProcessGroup(ProcessGroup):
         import torch.distributed as dist
         # Every process leaves together: one that tears its group down and exits while another still holds its
         # connections is how a gloo run can abort at exit after a completed result.
-        leave_together(self._store, self.world_size, datetime.timedelta(seconds=self.launch.timeout_s))
+        # Met at --coordinator, process 0 serves the store itself (under torchrun, torchrun's agent serves it).
+        serves_store = self.launch.launcher != "torchrun" and self.launch.process_id == 0
+        leave_together(self._store, self.world_size, datetime.timedelta(seconds=self.launch.timeout_s),
+                       serves_store)
         dist.destroy_process_group()
 
 
-def leave_together(store, world_size, timeout):
+def leave_together(store, world_size, timeout, serves_store=False):
     """Returns once every one of the `world_size` processes sharing `store` has called it (once each): under
-    torchrun, once per start of the processes (its agent's store outlives a restart)."""
+    torchrun, once per start of the processes (its agent's store outlives a restart). The process that serves the
+    store returns last, once every other one has had its answer: its exit closes the store, and a process still
+    waiting on it would fail at the end of a completed run."""
     keys = f"mtbench/leaving/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     if store.add(f"{keys}/arrived", 1) == world_size:
         store.set(f"{keys}/all", "1")
     store.wait([f"{keys}/all"], timeout)
+    answered = store.add(f"{keys}/answered", 1)
+    # Counted by the store itself, which has sent each process its answer before it counts the next request.
+    deadline = time.monotonic() + timeout.total_seconds()
+    while serves_store and answered < world_size and time.monotonic() < deadline:
+        time.sleep(0.01)
+        answered = store.add(f"{keys}/answered", 0)
