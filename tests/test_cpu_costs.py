@@ -13,8 +13,8 @@ SESSION_TESTS = """
 import subprocess, sys
 
 def test_busy_child():
-    subprocess.run([sys.executable, "-c", "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"],
-                   check=True)
+    burn = "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
 
 def test_idle():
     pass

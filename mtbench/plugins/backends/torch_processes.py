@@ -28,8 +28,11 @@ class TorchProcessGroup(ProcessGroup):
                 raise MtbenchError(f"process {launch.process_id} has local rank {launch.local_rank}, but this "
                                    f"machine has {torch.cuda.device_count()} GPU(s)")
             torch.cuda.set_device(ordinal)
-        # Under torchrun the processes meet at the store torchrun's agent already serves on MASTER_PORT.
-        init_method = "env://" if launch.launcher == "torchrun" else f"tcp://{launch.coordinator}"
+        # Under torchrun the processes meet at the store torchrun's agent already serves on MASTER_PORT; met at
+        # --coordinator, process 0 serves it.
+        torchrun = launch.launcher == "torchrun"
+        init_method = "env://" if torchrun else f"tcp://{launch.coordinator}"
+        self._serves_store = not torchrun and launch.process_id == 0
         timeout = datetime.timedelta(seconds=launch.timeout_s)
         try:
             self._store, _, _ = next(dist.rendezvous(init_method, rank=launch.process_id,
@@ -70,10 +73,8 @@ class TorchProcessGroup(ProcessGroup):
         import torch.distributed as dist
         # Every process leaves together: one that tears its group down and exits while another still holds its
         # connections is how a gloo run can abort at exit after a completed result.
-        # Met at --coordinator, process 0 serves the store itself (under torchrun, torchrun's agent serves it).
-        serves_store = self.launch.launcher != "torchrun" and self.launch.process_id == 0
         leave_together(self._store, self.world_size, datetime.timedelta(seconds=self.launch.timeout_s),
-                       serves_store)
+                       self._serves_store)
         dist.destroy_process_group()
 
 
@@ -87,8 +88,10 @@ def leave_together(store, world_size, timeout, serves_store=False):
         store.set(f"{keys}/all", "1")
     store.wait([f"{keys}/all"], timeout)
     answered = store.add(f"{keys}/answered", 1)
+    if not serves_store:
+        return
     # Counted by the store itself, which has sent each process its answer before it counts the next request.
     deadline = time.monotonic() + timeout.total_seconds()
-    while serves_store and answered < world_size and time.monotonic() < deadline:
+    while answered < world_size and time.monotonic() < deadline:
         time.sleep(0.01)
         answered = store.add(f"{keys}/answered", 0)
