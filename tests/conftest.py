@@ -247,6 +247,13 @@ def run_joined_probes(probe, processes=2, timeout=120):
     return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
 
 
+def json_answer(proc):
+    """What a finished probe process answered: its last line of output, read as JSON, once it exited with 0 (else the
+    test fails with the end of what it wrote)."""
+    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @functools.lru_cache(maxsize=None)
 def device_kind(backend):
     """"cpu" or "gpu": what `backend`'s framework computes on here, asked in a process of its own (not mtbench)."""

@@ -4,12 +4,11 @@ imports, and each pytest-xdist worker would rewrite every test module again (con
 
 import glob
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 
-from conftest import REPOSITORY, cli_environment
+from conftest import cli_environment, json_answer, REPOSITORY
 
 
 def test_every_module_a_run_imports_from_the_checkout_has_its_bytecode_beside_it():
@@ -20,8 +19,7 @@ def test_every_module_a_run_imports_from_the_checkout_has_its_bytecode_beside_it
              "if (getattr(m, '__file__', None) or '').startswith(package) and m.__file__.endswith('.py'))))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env=cli_environment({"PYTHONDONTWRITEBYTECODE": "1"}), cwd=REPOSITORY, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    sources = json.loads(proc.stdout.strip().splitlines()[-1])
+    sources = json_answer(proc)
     assert len(sources) > 50
     stale = [source for source in sources if not bytecode_is_current(source)]
     assert not stale, stale[:5]

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPOSITORY, cli_environment, device_kind, run_cli
+from conftest import cli_environment, device_kind, json_answer, REPOSITORY, run_cli
 from mtbench.runner.results.verdicts import steady_windows
 from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 
@@ -137,8 +137,7 @@ def test_overhead_sets_mtbenchs_best_step_beside_the_references(cache_dir):
                            "--preset", "tiny", "--baseline", "best", "--quick", "--no-keras", "--dtypes", "float32",
                            "--cache-dir", cache_dir],
                           capture_output=True, text=True, env=cli_environment(), timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json_answer(proc)
     assert summary["jax_ratio_best_float32"] > 0 and summary["torch_ratio_best_float32"] > 0
     steps = {run["backend"]: run["train_steps"]["mtbench"] for run in summary["runs"]}
     assert steps == {"jax": "jax-jit-stateless", "torch": "torch-compiled"}

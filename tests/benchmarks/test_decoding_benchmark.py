@@ -1,14 +1,13 @@
 """benchmarks/decoding.py on the tiny Transformer: the cached, compiled loop decodes the tokens that rerunning the
 whole model per token does, on both backends; a buffer longer than the model's positions is refused."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPOSITORY, cli_environment
+from conftest import cli_environment, json_answer, REPOSITORY
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "decoding.py")
 
@@ -22,8 +21,7 @@ def decoding(*arguments):
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_the_cached_loop_decodes_the_tokens_of_the_full_rerun(backend):
     proc = decoding("--backend", backend, "--sentences", "8", "--repeats", "1", "--beam", "2")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json_answer(proc)
     assert summary["same_tokens"] is True and summary["beam_s"] > 0
     # float32 matmuls as float32 on both, read back from the framework (JAX's GPU default is TF32)
     setting, value = {"jax": ("jax.config.jax_default_matmul_precision", "float32"),

@@ -1,14 +1,13 @@
 """benchmarks/fused_projections.py end to end on the tiny GPT (--quick): both contestants train with mtbench's best
 step, one with the query, key and value in one product and one in three, and the last line is the JSON summary."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import CPU_ONLY, REPOSITORY, cli_environment
+from conftest import cli_environment, CPU_ONLY, json_answer, REPOSITORY
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "fused_projections.py")
 
@@ -21,8 +20,7 @@ def test_quick_run_times_one_product_against_three(backend, cache_dir):
     proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--backend", backend, "--preset", "tiny",
                            "--cache-dir", cache_dir], capture_output=True, text=True, timeout=600,
                           env=cli_environment(CPU_ONLY))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json_answer(proc)
     contestants = summary["run"]["contestants"]
     assert [c["arithmetic"]["projections"] for c in contestants.values()] == ["fused", "separate"]
     assert {c["train_step"] for c in contestants.values()} == {"torch-compiled" if backend == "torch" else

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import gpu_matrix
 from benchmarks.gpu_matrix import Row, Way, add_parity, markdown_table, plan_rows, run_matrix
-from conftest import CPU_ONLY, REPOSITORY
+from conftest import CPU_ONLY, json_answer, REPOSITORY
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "gpu_matrix.py")
 H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}
@@ -488,7 +488,7 @@ def cpu_matrix(cache_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-matrix")
     proc = run_script(cache_dir, out, "--runs", ",".join(RUNS), "--dtypes", BF16, "--steps", "6", "--budget", "400",
                       "--profile", "2")
-    return proc.stdout, proc.stderr, json.loads(proc.stdout.strip().splitlines()[-1]), out
+    return proc.stdout, proc.stderr, json_answer(proc), out
 
 
 @pytest.mark.slow
@@ -552,7 +552,7 @@ def test_cpu_matrix_prints_device_versions_config_and_each_row(cpu_matrix):
 
 def test_a_budget_too_small_for_any_row_cuts_every_row_with_the_reason(cache_dir, tmp_path):
     proc = run_script(cache_dir, tmp_path, "--runs", "jax,torch", "--dtypes", "float32", "--budget", "1")
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json_answer(proc)
     assert [row["status"] for row in summary["rows"]] == ["cut", "cut"]
     for row in summary["rows"]:
         assert row["reason"].startswith("not started: it needs about ")

@@ -3,14 +3,13 @@ from the optimised HLO, must add up to the analytic FLOPs mtbench divides by for
 every multiplication outside attention, and, as mtbench holds torch to SDPA's math kernel (the unfused class JAX
 runs), some of attention's products too, as plain batched matmuls, but never more than the analytic count."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import CPU_ONLY, REPOSITORY
+from conftest import CPU_ONLY, json_answer, REPOSITORY
 
 # Each test profiles a training run in a fresh process (7-12 s): the full suite's, not the day-to-day tier's.
 pytestmark = pytest.mark.slow
@@ -22,9 +21,9 @@ def profile(backend, cache_dir):
     proc = subprocess.run([sys.executable, "benchmarks/profile_step.py", "--backend", backend, "--preset", "tiny",
                            "--batch-size", "32", "--length", "16", "--steps", "2", "--cache-dir", cache_dir],
                           capture_output=True, text=True, env=env, cwd=REPOSITORY, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    answer = json_answer(proc)
     assert "matrix multiplications" in proc.stdout
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return answer
 
 def test_jax_profile_counts_the_analytic_flops_in_the_compiled_step(cache_dir):
     summary = profile("jax", cache_dir)

@@ -1,12 +1,11 @@
 """benchmarks/text_tokens.py on a small text with the lines sentencepiece does not give back (runs of spaces,
 characters NFKC changes): mtbench's streams and the kept one are the per-token Python's, token for token."""
 
-import json
 import os
 import subprocess
 import sys
 
-from conftest import REPOSITORY, cli_environment
+from conftest import cli_environment, json_answer, REPOSITORY
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "text_tokens.py")
 
@@ -18,8 +17,7 @@ def test_each_stream_gives_the_tokens_and_bytes_of_the_per_token_python(tmp_path
     text.write_text("\n".join(lines * 40), encoding="utf-8")
     proc = subprocess.run([sys.executable, SCRIPT, "--data", str(text), "--vocab-size", "60", "--repeats", "1"],
                           capture_output=True, text=True, timeout=300, env=cli_environment())
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json_answer(proc)
     assert summary["char"]["same_tokens"] is True and summary["char"]["tokens"] == len("\n".join(lines * 40))
     assert summary["char"]["kept_s_per_mb"] is None  # as fast as reading it: not kept
     assert summary["sentencepiece"]["same_tokens"] is True and summary["sentencepiece"]["kept_s_per_mb"] > 0

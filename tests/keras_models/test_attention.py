@@ -2,14 +2,13 @@
 fused kernel and logs a traceback wherever that refuses the padding mask), plain attention is the model's own and
 computes what Keras's does, and the mask's form for the fused kernel changes no number."""
 
-import json
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import CPU_ONLY, TESTS_DIR, cli_environment, first_position_kept_or_dropped
+from conftest import cli_environment, CPU_ONLY, first_position_kept_or_dropped, json_answer, TESTS_DIR
 from keras import ops
 
 from mtbench.keras_models import transformer
@@ -193,8 +192,7 @@ def products_counted():
     proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "matmul_count_probe.py"), *PRODUCT_RUNS],
                           capture_output=True, text=True, timeout=600,
                           env=cli_environment({"TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_answer(proc)
 
 
 @pytest.mark.slow

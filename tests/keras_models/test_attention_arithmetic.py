@@ -3,7 +3,6 @@ a torch forward pass (tests/attention_ops_probe.py, a process of its own) and th
 The attention's matmuls take bfloat16 and write bfloat16 scores, the softmax runs in float32, and the result's
 `model.attention.arithmetic` says so."""
 
-import json
 import os
 import re
 import subprocess
@@ -13,7 +12,7 @@ import jax
 import keras
 import numpy as np
 import pytest
-from conftest import TESTS_DIR, cli_environment
+from conftest import cli_environment, json_answer, TESTS_DIR
 
 from mtbench.keras_models.gpt import GPT
 from mtbench.keras_models.presets import PRESETS
@@ -64,8 +63,7 @@ def torch_attention_ops():
     """The dtypes of the attention operations one torch forward pass ran, by aten operation."""
     proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "attention_ops_probe.py"), "mixed_bfloat16"],
                           capture_output=True, text=True, env=cli_environment(), timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ran = json.loads(proc.stdout.strip().splitlines()[-1])
+    ran = json_answer(proc)
     matmuls = ran.get("bmm", []) + ran.get("baddbmm", [])
     softmaxes = ran.get("_softmax", []) + ran.get("_safe_softmax", [])
     return {"matmul_inputs": {dtype for inputs, _ in matmuls for dtype in inputs},

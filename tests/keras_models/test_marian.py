@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import REPOSITORY, TESTS_DIR, python_path
+from conftest import json_answer, python_path, REPOSITORY, TESTS_DIR
 from marian_fixture import WORD_WITH_MISSING_PIECE, build_checkpoint, copy_with_torch_weights
 from marian_probe import build_loaded_model, mtbench_outputs
 
@@ -140,8 +140,7 @@ def test_the_torch_backend_gives_the_same_logits_and_translation(tmp_path, check
            "PYTHONPATH": python_path(REPOSITORY)}
     proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "marian_probe.py"), checkpoint[0],
                            reference_path], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    probe = json_answer(proc)
     assert probe["backend"] == "torch"
     assert probe["max_abs_diff"] <= TOLERANCE
     np.testing.assert_array_equal(comparable(probe["tokens"]), comparable(reference["generated"]))

@@ -4,7 +4,6 @@ small's eager call cost about 60 of them, 11 s of each JAX process's start on an
 numbers an eager call's would."""
 
 import dataclasses
-import json
 import logging
 import os
 import subprocess
@@ -13,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import CPU_ONLY, TESTS_DIR, cli_environment, keras_on_jax
+from conftest import cli_environment, CPU_ONLY, json_answer, keras_on_jax, TESTS_DIR
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 
 # Shapes no other test builds (nor each other), so that this process has compiled none of their programs before.
@@ -75,8 +74,7 @@ def test_a_model_asking_for_flash_attention_is_built_without_running_it_on_torch
     CPU, on a GPU machine too: the probe's flash check answers as CUDA's would."""
     proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "model_build_probe.py")], capture_output=True,
                           text=True, env=cli_environment(CPU_ONLY), timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ran = json.loads(proc.stdout.strip().splitlines()[-1])
+    ran = json_answer(proc)
     assert ran["forward"]["_scaled_dot_product_flash_attention_for_cpu"] == 2  # the count sees the attention
     assert ran["forward"]["mm"] > 0 and ran["forward"]["embedding"] > 0
     assert not {op for op in ran["built"] if op.startswith("_scaled_dot_product") or op in ("mm", "embedding")}

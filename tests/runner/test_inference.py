@@ -15,7 +15,7 @@ from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.batches import encode_split
 from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.tokenizer import JointTokenizer
-from conftest import CPU_ONLY, assert_refused_in_one_line, cli_environment, run_cli
+from conftest import assert_refused_in_one_line, cli_environment, CPU_ONLY, json_answer, run_cli
 from result_keys import undocumented_keys
 
 # Long enough for the tiny model to produce varied sentences, so equal translations say something.
@@ -282,8 +282,7 @@ def test_a_saved_model_computes_its_float32_matmuls_as_its_run_trained(trained):
                                                 if "precision" in line else "DEFAULT" for line in products}})}}))
     """)
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=cli_environment())
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json_answer(proc)
     assert trained["result"]["config"]["matmul_precision"] == "highest"
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["setting"] == "float32"
     assert report["products"] > 10 and report["precisions"] == ["HIGHEST HIGHEST"]

@@ -2,7 +2,6 @@
 overhead: the same losses step for step, and after `finalize` the same weights and optimizer state, so
 evaluation sees what Keras's step would have left. One process per backend (tests/fast_step_probe.py)."""
 
-import json
 import os
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import TESTS_DIR
+from conftest import json_answer, TESTS_DIR
 from optimizer_exercise import FLOAT32, TF32, float32_matmul_arithmetic, matmul_tolerance
 
 PROBE = os.path.join(TESTS_DIR, "fast_step_probe.py")
@@ -29,8 +28,7 @@ def probe(request, cache_dir):
     env["MTBENCH_LOAD_PLUGINS"] = ""
     proc = subprocess.run([sys.executable, PROBE, request.param, cache_dir], capture_output=True, text=True,
                           env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return request.param, json.loads(proc.stdout.strip().splitlines()[-1])
+    return request.param, json_answer(proc)
 
 
 def test_fast_step_losses_equal_keras_steps(probe):

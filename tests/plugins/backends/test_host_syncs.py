@@ -4,7 +4,6 @@ mtbench trains with wait for nothing, on both backends, eager and compiled, floa
 float16 with its loss scaling (tests/host_syncs_probe.py, a process per backend). On a GPU the torch steps run under
 `torch.cuda.set_sync_debug_mode('error')` too, where any synchronising call is an error."""
 
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import TESTS_DIR, device_kind
+from conftest import device_kind, json_answer, TESTS_DIR
 
 PROBE = os.path.join(TESTS_DIR, "host_syncs_probe.py")
 
@@ -23,8 +22,7 @@ def probe(backend, step="default", dtype="float32", *more):
     env.update(MTBENCH_LOAD_PLUGINS="", TORCHINDUCTOR_COMPILE_THREADS="1")
     proc = subprocess.run([sys.executable, PROBE, backend, step, dtype, *more], capture_output=True, text=True,
                           env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_answer(proc)
 
 
 TORCH_EAGER_DTYPES = ("float32", "mixed_float16", "mixed_bfloat16")

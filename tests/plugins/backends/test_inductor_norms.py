@@ -3,14 +3,13 @@ code inductor writes for a float32 layer norm (`run_and_get_code`) on this CPU, 
 one past inductor's two-pass threshold, and on a CUDA GPU where there is one (GPT-2 small's 768 and 2,048), in a
 torch process of its own."""
 
-import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import cli_environment
+from conftest import cli_environment, json_answer
 
 PROBE = textwrap.dedent("""
     import json, os
@@ -38,8 +37,7 @@ PROBE = textwrap.dedent("""
 def test_the_compiled_steps_norm_row_names_what_inductor_generated():
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=cli_environment(),
                           timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json_answer(proc)
     # Short rows: no Welford reduction in the generated code, and the row says two passes; on a GPU, GPT-2 small's
     # rows too (one persistent reduction a row).
     short = ["cpu 64", *(["cuda 768"] if "cuda 768" in report else [])]

@@ -4,11 +4,10 @@ may leave it holding some (seen on an H100 machine's simulated CPU devices, unde
 array then reads as not deleted, and waiting on it whole fails. Made here by deleting one copy, on 2 simulated
 devices, in a process of its own (XLA reads the device count at start)."""
 
-import json
 import subprocess
 import sys
 
-from conftest import REPOSITORY, cli_environment, simulated_devices
+from conftest import cli_environment, json_answer, REPOSITORY, simulated_devices
 
 SCRIPT = r"""
 import json
@@ -38,8 +37,7 @@ print(json.dumps({"devices": len(jax.devices()), "kernel_copies": len(kernel.val
 def test_synchronize_waits_on_the_copies_a_donation_left():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300,
                           env=cli_environment({**simulated_devices(2), "KERAS_BACKEND": "jax"}), cwd=REPOSITORY)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    record = json_answer(proc)
     assert record["devices"] == record["kernel_copies"] == 2
     # What the backend must step around: an array that says it is whole, and cannot be waited on whole.
     assert record["kernel_deleted"] is False

@@ -3,14 +3,13 @@ in one device's step of the whole batch: torch's step under DistributedDataParal
 batches and two micro-batches, which once counted them once per replica), JAX's pmap over two simulated devices
 (which once left them out). One process per backend (tests/own_losses_probe.py), on the CPU."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import TESTS_DIR
+from conftest import json_answer, TESTS_DIR
 
 PROBE = os.path.join(TESTS_DIR, "own_losses_probe.py")
 
@@ -20,8 +19,7 @@ def probe(backend, scratch):
     env["MTBENCH_LOAD_PLUGINS"] = ""
     proc = subprocess.run([sys.executable, PROBE, backend, str(scratch)], capture_output=True, text=True, env=env,
                           timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_answer(proc)
 
 
 @pytest.mark.slow  # two spawned torch processes: 21 s on the 2-GHz Xeon

@@ -4,12 +4,13 @@ called: a step that built the optimizer again trained on from 2^15 beside the re
 its next checkpoint held two more variables than the model's optimizer, which a second resume refused. Each
 backend's step is made here from an optimizer built and set as a checkpoint leaves it."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from conftest import json_answer
 
 
 STEP_OF_RESTORED_OPTIMIZER = """
@@ -49,8 +50,7 @@ def test_the_step_trains_on_from_the_restored_loss_scale(backend):
     env.update(KERAS_BACKEND=backend, MTBENCH_LOAD_PLUGINS="", CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", STEP_OF_RESTORED_OPTIMIZER, backend], capture_output=True,
                           text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = json_answer(proc)
     # torch trained a step from the restored scale: one more finite step, the scale kept (growth waits for 2,000)
     assert (got["scale"], got["counter"]) == ((4.0, 8) if backend == "torch" else (4.0, 7))
     assert got["variables"] == got["restored_variables"]

@@ -2,7 +2,6 @@
 same dtypes, bit-equal outputs and gradients, Keras's call wherever a layer is not plain, and the host work they
 save counted in Python calls per step."""
 
-import json
 import os
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import textwrap
 
 import pytest
 
+from conftest import json_answer
 
 
 def run_on_torch(probe):
@@ -18,8 +18,7 @@ def run_on_torch(probe):
     env.pop("KERAS_BACKEND", None)
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=600,
                           check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_answer(proc)
 
 PROBE = textwrap.dedent("""
     import contextlib, json, os

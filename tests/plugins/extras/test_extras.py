@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, TESTS_DIR, TINY_COMPARE, TINY_TRAIN, cpu_machine_only,
-                      device_kind, run_cli, simulated_devices)
+from conftest import (COMPARE_STEPS, cpu_machine_only, CPU_ONLY, device_kind, json_answer, ONE_BUCKET, run_cli,
+                      simulated_devices, TESTS_DIR, TINY_COMPARE, TINY_TRAIN)
 from mtbench.plugins.extras.flash_attention import (JAX_KERNEL_PATTERN, TORCH_KERNEL_PATTERN, FlashAttention,
                                                     kernel_calls, kernel_evidence)
 from mtbench.figures import run_warnings
@@ -123,8 +123,7 @@ def test_pmap_holds_one_copy_of_the_state_on_device_zero():
     env = {**os.environ, "KERAS_BACKEND": "jax", **TWO_DEVICES}
     proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "pmap_memory_probe.py")], capture_output=True,
                           text=True, env=env, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    held = json.loads(proc.stdout.strip().splitlines()[-1])
+    held = json_answer(proc)
     assert held["trained"] <= held["state"] * 1.01 and held["finalized"] <= held["state"] * 1.01
     assert np.isfinite(held["losses"]).all()
 
@@ -381,8 +380,7 @@ print(json.dumps({"mesh": list(mesh.shape), "axes": list(mesh.axis_names), "batc
 """
     env = {**os.environ, "KERAS_BACKEND": "jax", **simulated_devices(4)}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = json_answer(proc)
     assert got == {"mesh": [4], "axes": ["batch"], "batch": 64, "max_len": 48, "dtype": "mixed_bfloat16",
                    "b": [8, 64], "record": {"devices": 4, "cores": 4,
                                             "requested": {"batch_size": 60, "max_len": 45, "dtype": "float32"},

@@ -2,7 +2,6 @@
 collectives by kind (2 simulated devices, in a process of its own: XLA reads the device count at start), on torch
 the collectives 2 gloo processes under torchrun ran in a step, and on both the dtype the weights travel in."""
 
-import json
 import os
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import CPU_ONLY, simulated_devices
+from tests.conftest import CPU_ONLY, json_answer, simulated_devices
 
 JAX_SCRIPT = r"""
 import collections, dataclasses, json, re, sys
@@ -82,8 +81,7 @@ def jax_runs(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-c", JAX_SCRIPT, str(tmp_path_factory.mktemp("compile-cache"))],
                           capture_output=True, text=True, env=env, timeout=300,
                           check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_answer(proc)
 
 
 @pytest.mark.slow
@@ -187,8 +185,7 @@ def test_torch_fsdp_clips_with_one_all_reduce_and_gathers_in_the_compute_dtype(t
     from mtbench.runner.orchestration.children import launcher_command
     proc = subprocess.run([*launcher_command(2, launcher_dir=str(tmp_path / "torchrun")), str(script)],
                           capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = json_answer(proc)
     assert got["units"] == ["encoder_0", "decoder_0", "transformer"] and got["weights"] == 48
     # A step's collectives: each unit gathered once and kept from its forward to its backward, as JAX's program
     # does (FSDP2's default gathered the blocks again for the backward: 5 all-gathers), its gradients

@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import CPU_ONLY, keras_on_jax, run_cli, simulated_devices
+from conftest import CPU_ONLY, json_answer, keras_on_jax, run_cli, simulated_devices
 from mtbench.plugins.api import RunContext
 from mtbench.plugins.extras.remat import Remat
 from mtbench.runner.config import TrainConfig
@@ -387,8 +387,7 @@ def test_beside_jax_fsdp_the_check_compiles_the_per_device_gradient_the_step_run
     states rest whole, as the step returns them."""
     env = {**os.environ, "KERAS_BACKEND": "jax", **simulated_devices(2)}
     proc = subprocess.run([sys.executable, "-c", FSDP_PROBE], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    figures = json_answer(proc)
     keeping, recomputing = figures["False"], figures["True"]
     record = recomputing["record"]
     assert record["verified_by"] == ("fsdp's per-device gradient (units gathered, gradients reduce-scattered) on "

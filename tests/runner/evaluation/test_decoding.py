@@ -11,6 +11,8 @@ from mtbench.plugins.backends.jax_backend import JaxBackend
 from mtbench.runner.evaluation.decoding import greedy_decoder, output_length, translate
 from mtbench.runner.data.tokenizer import EOS_ID, JOINT_SPECIAL
 
+from conftest import json_answer
+
 
 @pytest.fixture(scope="module")
 def model():
@@ -110,7 +112,6 @@ def test_a_batch_holds_no_more_rows_than_there_are_sentences(model):
 
 @pytest.mark.slow
 def test_cached_decoding_matches_full_decoding_on_torch():
-    import json
     import os
     import subprocess
     import sys
@@ -131,6 +132,5 @@ print(json.dumps([run(greedy_decoder(model, JOINT_SPECIAL)), run(greedy_decoder(
 """
     env = {**os.environ, "KERAS_BACKEND": "torch"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    cached, full = json.loads(proc.stdout.strip().splitlines()[-1])
+    cached, full = json_answer(proc)
     assert cached == full and all(len(tokens) > 0 for tokens in cached)
