@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import TESTS_DIR
+from conftest import TESTS_DIR, python_path
 
 # A test that spends about 0.6 CPU s in a process it starts, and one that spends nothing, in a session of their own.
 SESSION_TESTS = """
@@ -25,7 +25,7 @@ def test_each_test_writes_the_cpu_seconds_of_the_processes_it_waited_for(tmp_pat
     (tmp_path / "conftest.py").write_text("from cpu_costs import pytest_addoption, pytest_runtest_protocol\n")
     (tmp_path / "test_costs.py").write_text(SESSION_TESTS)
     out = tmp_path / "costs.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": python_path(TESTS_DIR)}
     for workers in (["-p", "no:xdist"], ["-n", "2"]):
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
                                "--rootdir", str(tmp_path), "--cpu-costs", str(out), str(tmp_path)],

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from conftest import cli_environment, json_answer, REPOSITORY
+from conftest import REPOSITORY, cli_environment, json_answer
 
 
 def test_every_module_a_run_imports_from_the_checkout_has_its_bytecode_beside_it():

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import cli_environment, device_kind, json_answer, REPOSITORY, run_cli
+from conftest import REPOSITORY, cli_environment, device_kind, json_answer, run_cli
 from mtbench.runner.results.verdicts import steady_windows
 from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 

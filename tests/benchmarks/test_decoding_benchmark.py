@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import cli_environment, json_answer, REPOSITORY
+from conftest import REPOSITORY, cli_environment, json_answer
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "decoding.py")
 

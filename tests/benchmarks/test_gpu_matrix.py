@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import gpu_matrix
 from benchmarks.gpu_matrix import Row, Way, add_parity, markdown_table, plan_rows, run_matrix
-from conftest import CPU_ONLY, json_answer, REPOSITORY
+from conftest import CPU_ONLY, REPOSITORY, json_answer
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "gpu_matrix.py")
 H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}

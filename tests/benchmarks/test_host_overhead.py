@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks.host_overhead import RATIOS, quiet_burst, report, summary_json
-from conftest import device_kind, json_answer, REPOSITORY
+from conftest import REPOSITORY, device_kind, json_answer
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "host_overhead.py")
 CONTESTANTS = ["mtbench eager", "mtbench compiled", "native eager", "native compiled", "mtbench jax", "native flax"]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import cli_environment, CPU_ONLY, json_answer, REPOSITORY
+from conftest import CPU_ONLY, REPOSITORY, cli_environment, json_answer
 from mtbench.plugins.backends.torch_compiled_step import cpp_kernels_round
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "inductor_cost.py")

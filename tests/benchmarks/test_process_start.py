@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from benchmarks.process_start import package_seconds
-from conftest import json_answer, REPOSITORY
+from conftest import REPOSITORY, json_answer
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "process_start.py")
 

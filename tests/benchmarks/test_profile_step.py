@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import CPU_ONLY, json_answer, REPOSITORY
+from conftest import CPU_ONLY, REPOSITORY, json_answer
 
 # Each test profiles a training run in a fresh process (7-12 s): the full suite's, not the day-to-day tier's.
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from conftest import cli_environment, json_answer, REPOSITORY
+from conftest import REPOSITORY, cli_environment, json_answer
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "text_tokens.py")
 

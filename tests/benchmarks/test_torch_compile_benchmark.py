@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from benchmarks.torch_compile import parse_args
-from conftest import json_answer, REPOSITORY
+from conftest import REPOSITORY, json_answer
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "torch_compile.py")
 

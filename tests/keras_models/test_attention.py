@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import cli_environment, CPU_ONLY, first_position_kept_or_dropped, json_answer, TESTS_DIR
+from conftest import CPU_ONLY, TESTS_DIR, cli_environment, first_position_kept_or_dropped, json_answer
 from keras import ops
 
 from mtbench.keras_models import transformer

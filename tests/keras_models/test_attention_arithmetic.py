@@ -12,7 +12,7 @@ import jax
 import keras
 import numpy as np
 import pytest
-from conftest import cli_environment, json_answer, TESTS_DIR
+from conftest import TESTS_DIR, cli_environment, json_answer
 
 from mtbench.keras_models.gpt import GPT
 from mtbench.keras_models.presets import PRESETS

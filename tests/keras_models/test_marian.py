@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import json_answer, python_path, REPOSITORY, TESTS_DIR
+from conftest import REPOSITORY, TESTS_DIR, json_answer, python_path
 from marian_fixture import WORD_WITH_MISSING_PIECE, build_checkpoint, copy_with_torch_weights
 from marian_probe import build_loaded_model, mtbench_outputs
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import cli_environment, CPU_ONLY, json_answer, keras_on_jax, TESTS_DIR
+from conftest import CPU_ONLY, TESTS_DIR, cli_environment, json_answer, keras_on_jax
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 
 # Shapes no other test builds (nor each other), so that this process has compiled none of their programs before.

@@ -15,7 +15,7 @@ from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.batches import encode_split
 from mtbench.runner.data.corpus import load_corpus
 from mtbench.runner.data.tokenizer import JointTokenizer
-from conftest import assert_refused_in_one_line, cli_environment, CPU_ONLY, json_answer, run_cli
+from conftest import CPU_ONLY, assert_refused_in_one_line, cli_environment, json_answer, run_cli
 from result_keys import undocumented_keys
 
 # Long enough for the tiny model to produce varied sentences, so equal translations say something.

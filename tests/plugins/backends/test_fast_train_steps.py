@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import json_answer, TESTS_DIR
+from conftest import TESTS_DIR, json_answer
 from optimizer_exercise import FLOAT32, TF32, float32_matmul_arithmetic, matmul_tolerance
 
 PROBE = os.path.join(TESTS_DIR, "fast_step_probe.py")

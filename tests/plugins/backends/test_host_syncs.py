@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import device_kind, json_answer, TESTS_DIR
+from conftest import TESTS_DIR, device_kind, json_answer
 
 PROBE = os.path.join(TESTS_DIR, "host_syncs_probe.py")
 

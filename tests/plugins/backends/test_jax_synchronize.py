@@ -7,7 +7,7 @@ devices, in a process of its own (XLA reads the device count at start)."""
 import subprocess
 import sys
 
-from conftest import cli_environment, json_answer, REPOSITORY, simulated_devices
+from conftest import REPOSITORY, cli_environment, json_answer, simulated_devices
 
 SCRIPT = r"""
 import json

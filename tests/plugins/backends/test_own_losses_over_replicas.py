@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import json_answer, TESTS_DIR
+from conftest import TESTS_DIR, json_answer
 
 PROBE = os.path.join(TESTS_DIR, "own_losses_probe.py")
 

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import (COMPARE_STEPS, cpu_machine_only, CPU_ONLY, device_kind, json_answer, ONE_BUCKET, run_cli,
-                      simulated_devices, TESTS_DIR, TINY_COMPARE, TINY_TRAIN)
+from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, TESTS_DIR, TINY_COMPARE, TINY_TRAIN, cpu_machine_only,
+                      device_kind, json_answer, run_cli, simulated_devices)
 from mtbench.plugins.extras.flash_attention import (JAX_KERNEL_PATTERN, TORCH_KERNEL_PATTERN, FlashAttention,
                                                     kernel_calls, kernel_evidence)
 from mtbench.figures import run_warnings
