@@ -67,14 +67,27 @@ def test_variables_are_created_without_running_the_forward_pass(kind, caplog):
         np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.fixture(scope="module")
+def flash_model_probe():
+    proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "model_build_probe.py")], capture_output=True,
+                          text=True, env=cli_environment(CPU_ONLY), timeout=300, check=False)
+    return json_answer(proc)
+
+
 @pytest.mark.slow
-def test_a_model_asking_for_flash_attention_is_built_without_running_it_on_torch():
+def test_a_model_asking_for_flash_attention_is_built_without_running_it_on_torch(flash_model_probe):
     """torch's flash check refuses the symbolic (meta) tensors a build traces with; Keras then ran the whole call
     again on the device (on the H100, five warnings a layer and an eager forward pass of each row's model). On the
     CPU, on a GPU machine too: the probe's flash check answers as CUDA's would."""
-    proc = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "model_build_probe.py")], capture_output=True,
-                          text=True, env=cli_environment(CPU_ONLY), timeout=300, check=False)
-    ran = json_answer(proc)
+    ran = flash_model_probe
     assert ran["forward"]["_scaled_dot_product_flash_attention_for_cpu"] == 2  # the count sees the attention
     assert ran["forward"]["mm"] > 0 and ran["forward"]["embedding"] > 0
     assert not {op for op in ran["built"] if op.startswith("_scaled_dot_product") or op in ("mm", "embedding")}
+
+
+@pytest.mark.slow
+def test_the_fused_kernels_evidence_is_taken_with_the_gradients_the_step_needs(flash_model_probe):
+    """SDPA's dispatcher refuses some kernels to inputs that need gradients (on Hopper cuDNN's backward takes fewer
+    head sizes than its forward): the forward pass that shows which kernel ran must ask as the training step asks,
+    or it could name a kernel the step never runs."""
+    assert flash_model_probe["evidence_inputs_need_grad"] == [True, True]  # the tiny GPT's two blocks

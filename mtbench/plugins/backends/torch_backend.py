@@ -54,9 +54,10 @@ def preferred_fused_kernels(device, attention=None):
     """{'causal', 'masked': the fused SDPA kernel torch's dispatcher picks on this process's CUDA GPU with every
     fused kernel on, for a causal attention and for one with an additive mask}, asked of the dispatcher itself
     (`torch._fused_sdp_choice`) on inputs of `attention`'s shape and dtype (`probed_attention`; GPT-2 small's by
-    default): its choice depends on them (the head size above all). On a CPU (`device`, `device_info()`), whose
-    one fused kernel is flash's, flash and memory-efficient (what torch's GPU dispatcher gives them where cuDNN's
-    kernel is not ranked first)."""
+    default): its choice depends on them (the head size above all), and on whether the inputs need gradients (the
+    step trains: cuDNN's backward takes fewer head sizes than its forward). The mask is the model's, one additive
+    row of keys a sequence. On a CPU (`device`, `device_info()`), whose one fused kernel is flash's, flash and
+    memory-efficient (what torch's GPU dispatcher gives them where cuDNN's kernel is not ranked first)."""
     import torch
     if device.get("kind") != "gpu" or not torch.cuda.is_available():
         return {"causal": "flash", "masked": "mem_efficient"}
@@ -65,9 +66,10 @@ def preferred_fused_kernels(device, attention=None):
              SDPBackend.CUDNN_ATTENTION: "cudnn"}
     attention = {**GPT2_SMALL_ATTENTION, **(attention or {})}
     dtype, length = getattr(torch, attention["dtype"]), attention["length"]
-    query = torch.zeros(1, attention["heads"], length, attention["head_dim"], dtype=dtype, device="cuda")
-    mask = torch.zeros(1, 1, length, length, dtype=dtype, device="cuda")  # Keras makes a mask additive
-    with sdpa_kernel(list(names)):
+    query = torch.zeros(1, attention["heads"], length, attention["head_dim"], dtype=dtype, device="cuda",
+                        requires_grad=True)
+    mask = torch.zeros(1, 1, 1, length, dtype=dtype, device="cuda")  # Keras makes the key mask additive
+    with sdpa_kernel(list(names)), torch.enable_grad():
         return {kind: names.get(SDPBackend(torch._fused_sdp_choice(query, query, query, attn_mask, 0.0, causal)),
                                 "unknown")
                 for kind, attn_mask, causal in (("causal", None, True), ("masked", mask, False))}
