@@ -12,6 +12,7 @@ from mtbench.errors import MtbenchError
 from mtbench.keras_models.initialization import INIT_SCHEMES  # noqa: F401 (re-exported: --init's choices)
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS, PRESETS_BY_FAMILY, presets_for
 from mtbench.figures import SIZE_KEYS
+from mtbench.runner.data.formats import SACREBLEU_PREFIX
 from mtbench.runner.loop.recipe import check_recipe_options
 
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
@@ -278,6 +279,12 @@ class TrainConfig:
         if self.out is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             self.out = os.path.join("mtbench-results", f"{stamp}-{self.backend}.json")
+        # The files a run reads, recorded absolute: its result read from another folder (a rerun of a shared result)
+        # names the same files.
+        for key in INPUT_FILE_KEYS:
+            path = getattr(self, key)
+            if path and not path.startswith(SACREBLEU_PREFIX):
+                setattr(self, key, os.path.abspath(path))
 
     def input_files(self):
         """The files the run reads (its corpus, validation and test files, initial weights): a result written over

@@ -148,7 +148,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         "metrics": _metrics_so_far(plugins.task.metrics, state.history),
         "history": state.history,
         "run_dir": os.path.abspath(run_dir.path) if outcome.checkpoint else None,
-        "checkpoint": outcome.checkpoint,
+        "checkpoint": outcome.checkpoint and os.path.abspath(outcome.checkpoint),
         **dict.fromkeys(plugins.task.result_files),
     }
 

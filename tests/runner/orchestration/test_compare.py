@@ -876,6 +876,29 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # two processes, 15 s
+def test_a_result_names_its_files_wherever_it_is_read_from_and_reruns_from_another_folder(tmp_path, cache_dir):
+    """A run given its corpus by a relative path records the file itself (as its checkpoint's path): the result
+    reruns from another folder, as a shared result must."""
+    from mtbench.plugins.datasets.bible_dataset import BibleDataset
+    pairs = BibleDataset("en", "fr").read_pairs(lambda *_: None)
+    (tmp_path / "book.txt").write_text("\n".join(source for _, (source, _) in zip(range(1500), pairs)) + "\n",
+                                       encoding="utf-8")
+    proc = run_cli("train", "--backend", "jax", "--model", "gpt", "--preset", "tiny", "--block-size", "32",
+                   "--batch-size", "8", "--steps", "4", "--checkpoint-every", "2", "--valid-size", "10",
+                   "--test-size", "10", "--data", "book.txt", "--cache-dir", cache_dir, "--out", "r/x.json",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "r" / "x.json").read_text())
+    assert result["config"]["data_file"] == str(tmp_path / "book.txt")
+    assert result["checkpoint"] == str(tmp_path / "r" / "x.run" / "checkpoint-000004")
+    (tmp_path / "elsewhere").mkdir()
+    proc = run_cli("rerun", os.path.join("..", "r", "x.json"), "--out", "again.json", cwd=tmp_path / "elsewhere")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "elsewhere" / "again.json").read_text())["config"]["data_file"] == str(
+        tmp_path / "book.txt")
+
+
 def test_rerun_trains_a_result_again_and_names_every_difference(compared, tmp_path):
     original = compared["combined"]["runs"][0]
     out = tmp_path / "again.json"
