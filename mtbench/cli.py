@@ -285,7 +285,9 @@ RUN_CONFIGURATION_OPTIONS = (
                  help="Beam search's length normalisation ((5 + length) / 6) ** ALPHA."),
     click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora, tokenizers and tokenized text (default ~/.cache/mtbench)."),
     click.option("--report-to", metavar="NAMES", help="Experiment trackers that follow the run as it trains, comma-separated: tensorboard, mlflow, wandb or a plugin's (default: none)."),
-    click.option("--logging-dir", type=click.Path(file_okay=False), help="The trackers' local files (default: in the run directory, RESULT.run)."),
+    click.option("--logging-dir", type=click.Path(file_okay=False),
+                 help="The trackers' local files (default: in the run directory, RESULT.run; MLflow's store in the "
+                      "result's folder)."),
     click.option("--price-per-hour", type=_FloatNamingItsVariable(), metavar="USD", envvar="MTBENCH_PRICE_PER_HOUR", help="What the machine costs per hour, for the result's cost section (also MTBENCH_PRICE_PER_HOUR)."),
 ) + CORPUS_OPTIONS
 run_configuration_options = _stack(RUN_CONFIGURATION_OPTIONS)
@@ -805,9 +807,11 @@ inference_options = _stack([
 
 
 def _translation_progress(total):
-    """A progress bar on stderr, so stdout holds only the translations."""
+    """A progress bar on stderr, so stdout holds only the translations; on a terminal only, since on a file or pipe
+    a transient bar shows nothing but leaves an empty line."""
     from rich.progress import Progress
-    progress = Progress(console=output_console(stderr=True), transient=True)
+    console = output_console(stderr=True)
+    progress = Progress(console=console, transient=True, disable=not console.is_terminal)
     task = progress.add_task("translating", total=total)
     return progress, lambda done: progress.update(task, completed=done)
 

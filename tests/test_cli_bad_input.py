@@ -45,6 +45,8 @@ def cases(tmp_path, plugin_path):
     write(t / "earlier.run" / "checkpoint-000010" / "state.json", "{}")
     os.makedirs(t / "kept.run" / "model")
     write(t / "kept.run" / "model" / "weights.npz", "an earlier run's model")
+    os.makedirs(t / "finished.run" / "model")  # a completed run without --checkpoint-every: no run.json
+    write(t / "finished.json", json.dumps({"status": "completed"}))
     (t / "sacrebleu-cache").mkdir()
     write(t / "translated.hyp.txt", "an earlier run's translations\n")  # its result since removed
     plugins = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-thirdparty,mtbench-broken"}
@@ -224,6 +226,9 @@ def cases(tmp_path, plugin_path):
         "resume a missing directory": (["--resume", str(t / "nowhere")], "nowhere: no such run directory", None),
         "resume a directory that is not a run": (["--resume", str(t / "not-a-run")],
                                                  "not-a-run: not an mtbench run directory (it has no run.json)", None),
+        "resume a finished run": (["--resume", str(t / "finished.run")],
+                                  f"finished.run: the run finished with status completed ({t / 'finished.json'}) and "
+                                  "wrote no checkpoint; there is nothing to resume", None),
         "resume a run without checkpoints": (["--resume", str(t / "empty-run")],
                                              "empty-run: holds no complete checkpoint", None),
         "resume with other options": (["--resume", str(t / "empty-run"), "--steps", "5"],
@@ -302,7 +307,7 @@ CASE_NAMES = [
     "token batch under a block",
     "negative profile",
     "seed out of range", "earlier run's checkpoints", "earlier run's saved model", "output where no file can be made",
-    "resume a missing directory", "resume a directory that is not a run",
+    "resume a missing directory", "resume a directory that is not a run", "resume a finished run",
     "resume a run without checkpoints", "resume with other options", "config file missing", "config file not toml",
     "config key unknown", "config value of the wrong kind", "config value the flag refuses",
     "config value the run refuses", "config values the run refuses together",

@@ -179,7 +179,7 @@ class TrainConfig:
     sample_tokens: int = 100       # the continuation's length
     # Where the run is reported while it trains, and what it costs (docs/commands.md)
     report_to: tuple = ()          # experiment trackers (reporter names); "none" or empty: none
-    logging_dir: str = None        # the trackers' local files; None: each tracker's default in the run directory
+    logging_dir: str = None        # the trackers' local files; None: each tracker's default (--logging-dir's help)
     run_group: str = None          # the trackers' group of this run (compare sets it to the comparison's name)
     price_per_hour: float = None   # USD per hour of the machine, for the result's cost section
 

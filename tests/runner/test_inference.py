@@ -68,6 +68,8 @@ def test_a_result_moved_with_its_run_folder_finds_its_model_beside_it(trained, t
     proc = run_cli("translate", str(moved / "r.json"), str(sources))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == trained["hypotheses"][:3]
+    # The progress bar is a terminal's: on a pipe it showed nothing but left an empty line.
+    assert [line for line in proc.stderr.splitlines() if not line.strip()] == []
     shutil.rmtree(moved / "r.run")
     assert_refused_in_one_line(run_cli("translate", str(moved / "r.json"), str(sources)),
                                f"its saved model is gone (not in {result['model']['saved']}, nor in {moved / 'r.run'})")

@@ -31,6 +31,8 @@ class MlflowTracker(Reporter):
     def start(self, run):
         from mlflow import MlflowClient
         from mlflow.entities import Param, RunTag
+        # The result's folder, not the run directory: one store for every run written there (a compare's runs), as
+        # MLflow's UI compares the runs of one store.
         directory = os.path.abspath(run.logging_dir or os.path.dirname(os.path.abspath(run.result_path)))
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.join(directory, 'mlflow.db')}"
         os.makedirs(directory, exist_ok=True)

@@ -296,8 +296,8 @@ def summary_lines(result):
         quality = result["metrics"]["skipped"]
     lines = [
         f"{run_label(result)} {status}: {_model_text(result)}, "
-        f"{run_dtype(result)}, {timing['steps']} steps x {batch_text(config)}, on {device.get('kind')} "
-        f"{device.get('name')} ({_devices_text(result)})",
+        f"{run_dtype(result)}, {timing['steps']} step{'s' * (timing['steps'] != 1)} x {batch_text(config)}, on "
+        f"{device.get('kind')} {device.get('name')} ({_devices_text(result)})",
         f"  ran       {train_step_text(result)} step; attention {attention_text(result)}; float32 matmuls "
         f"{matmul_precision_text(result)}" + "".join(f"; {text}" for text in [loss_scaling_text(result)] if text),
         f"  speed     {speed}",

@@ -29,7 +29,7 @@ import numpy as np
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import make_temporary_folder, read_json, write_json_atomic
-from mtbench.runner.results.schema import sidecar_paths
+from mtbench.runner.results.schema import read_status, sidecar_paths
 
 RUN_FILE = "run.json"
 RUN_FORMAT = 1
@@ -47,6 +47,12 @@ def run_dir_for(result_path):
     """Where a result's run directory lives: beside it, like its hypotheses and references."""
     stem = result_path[:-5] if result_path.endswith(".json") else result_path
     return f"{stem}.run"
+
+
+def result_for(run_dir):
+    """The result a run directory belongs to, the inverse of `run_dir_for`; None for a folder not named RESULT.run."""
+    stem = os.path.normpath(run_dir)
+    return stem[:-len(".run")] + ".json" if stem.endswith(".run") else None
 
 
 @dataclass
@@ -301,6 +307,11 @@ def open_run(path):
         raise MtbenchError(f"{path}: not a directory; --resume takes the run directory (RESULT.run) of a run")
     run_file = os.path.join(path, RUN_FILE)
     if not os.path.isfile(run_file):
+        result = result_for(path)
+        status = result and read_status(result)
+        if status:  # a run writes its run file with its first checkpoint: this one wrote none
+            raise MtbenchError(f"{path}: the run finished with status {status} ({result}) and wrote no checkpoint; "
+                               "there is nothing to resume")
         raise MtbenchError(f"{path}: not an mtbench run directory (it has no {RUN_FILE})")
     run = read_json(run_file, "an mtbench run file")
     if not isinstance(run, dict) or run.get("mtbench_run") != RUN_FORMAT or not isinstance(run.get("config"), dict):
@@ -321,4 +332,4 @@ def resumed_beside(path, config):
     if not os.path.abspath(path).endswith(".run"):
         raise MtbenchError(f"{path}: this run wrote its result to {config.out}, beside {run_dir_for(config.out)}; a "
                            f"run directory renamed from RESULT.run cannot be resumed: name it back")
-    return dataclasses.replace(config, out=os.path.abspath(path)[:-len(".run")] + ".json")
+    return dataclasses.replace(config, out=result_for(os.path.abspath(path)))

@@ -1,19 +1,24 @@
 """The compare JSON, as `mtbench compare` writes it and `mtbench rerun` of a compare JSON: its kind and layout
 version, how it was made, the comparison's figures and the runs' entries."""
 
+import dataclasses
 import shlex
 import sys
 import time
 
 from mtbench.runner.measurement.environment import host_environment
-from mtbench.runner.results.report import COMPARE_KIND, to_json_dict
+from mtbench.runner.results.report import COMPARE_KIND, stopped_comparison_warning, to_json_dict
 from mtbench.runner.results.schema import COMPARE_SCHEMA_VERSION
 
 
 def combined_json(comparison, runs, status, about):
     """A compare JSON (`mtbench compare`'s, `mtbench rerun`'s of a compare JSON): its kind and version, `status`
     ({'status': ...}), when and by which command it was made, `about` (what the command adds), the figures of
-    `comparison`, this host and `runs` (the entries of the runs)."""
+    `comparison`, this host and `runs` (the entries of the runs). The runs of a comparison that stopped early carry
+    the warning `mtbench report` of the file gives them."""
+    stopped = stopped_comparison_warning(status.get("status"), status.get("status_reason"))
+    for group in comparison.groups if stopped else ():
+        group.runs = [dataclasses.replace(run, warnings=(*run.warnings, stopped)) for run in group.runs]
     figures = to_json_dict(comparison)
     del figures["kind"]
     return {

@@ -123,13 +123,15 @@ class ParityReport:
         for pair in self.pairs:
             difference = percent_beside(pair.max_relative_difference, self.tolerance)
             if pair.diverged_at is not None:
+                before = pair.diverged_at - 1
                 lines.append(f"parity {pair.run} vs {pair.reference} ({pair.dtype}): {pair.diverged_run}'s loss is "
-                             f"not finite from step {pair.diverged_at}, the other's is; over the "
-                             f"{pair.diverged_at - 1} steps before, largest relative loss difference "
-                             f"{difference}, NOT within {percent(self.tolerance)}")
+                             f"not finite from step {pair.diverged_at}, the other's is; over the {before} "
+                             f"step{'s' * (before != 1)} before, largest relative loss difference {difference}, NOT "
+                             f"within {percent(self.tolerance)}")
                 continue
             verdict = "within" if pair.curve_within(self.tolerance) else "NOT within"
-            lines.append(f"parity {pair.run} vs {pair.reference} ({pair.dtype}, first {pair.steps} steps): "
+            lines.append(f"parity {pair.run} vs {pair.reference} ({pair.dtype}, first {pair.steps} "
+                         f"step{'s' * (pair.steps != 1)}): "
                          f"largest relative loss difference {difference} {pair.where()}, "
                          f"{verdict} {percent(self.tolerance)}{pair.early_text()}")
         lines.extend(f"parity {name}: not checked, {why}" for name, why in self.unchecked)
@@ -290,5 +292,6 @@ def require_parity(comparison, out):
         worst = max(failures, key=lambda pair: pair.max_relative_difference)
         raise RunFailure(f"parity check failed: {worst.run} differs from {worst.reference} by up to "
                          f"{percent_beside(worst.max_relative_difference, comparison.parity.tolerance)} (more than "
-                         f"{percent(comparison.parity.tolerance)}) over the first {worst.steps} steps; "
+                         f"{percent(comparison.parity.tolerance)}) over the first {worst.steps} "
+                         f"step{'s' * (worst.steps != 1)}; "
                          f"results kept in {out}")

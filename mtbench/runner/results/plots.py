@@ -8,6 +8,8 @@ figure is built with matplotlib's object API on the Agg canvas: no pyplot, no gl
 """
 
 import io
+import os
+import struct
 
 from mtbench.errors import MtbenchError
 from mtbench.figures import SIZE_KEYS, run_name, run_processes, short_commit, versions_text
@@ -182,30 +184,54 @@ def history_figure(history):
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# The PNG text chunk that marks a plot as mtbench's: only such a PNG is drawn over, never one someone else made.
+PLOT_MARK = ("Software", "mtbench report --plot")
+
+
+def png_text(path):
+    """{keyword: text} of the tEXt chunks a PNG holds before its image data, where matplotlib writes them, or None
+    for a file that is no PNG; read with the standard library, so that checking a path imports no matplotlib."""
+    texts = {}
+    with open(path, "rb") as f:
+        if f.read(len(PNG_SIGNATURE)) != PNG_SIGNATURE:
+            return None
+        while len(header := f.read(8)) == 8:
+            length, kind = struct.unpack(">I4s", header)
+            if kind in (b"IDAT", b"IEND"):
+                break
+            data = f.read(length)
+            f.seek(4, os.SEEK_CUR)  # the chunk's CRC
+            if kind == b"tEXt" and b"\0" in data:
+                keyword, text = data.split(b"\0", 1)
+                texts[keyword.decode("latin-1")] = text.decode("latin-1")
+    return texts
 
 
 def check_plot_path(path):
-    """Refuses a --plot path that holds a file other than a PNG (a result JSON, say): drawing the plot again over
-    an earlier plot is the usual case; anything else would be lost. A path that does not end in .png would
-    hold a PNG its name says is something else."""
+    """Refuses a --plot path that holds a file mtbench did not draw (a result JSON, someone's picture): drawing the
+    plot again over an earlier plot (`PLOT_MARK`) is the usual case; anything else would be lost. A path that does
+    not end in .png would hold a PNG its name says is something else."""
     if not path.strip():
         raise MtbenchError("--plot '': give the path of the PNG to draw")
     if not path.lower().endswith(".png"):
         raise MtbenchError(f"--plot {path}: draws a PNG; give a path ending in .png")
     check_directory_writable(path, label=f"--plot {path}")
     try:
-        with open(path, "rb") as f:
-            start = f.read(len(PNG_SIGNATURE))
+        texts = png_text(path)
     except FileNotFoundError:
         return
     except OSError as error:
         raise MtbenchError(f"--plot {path}: cannot be read ({error.strerror})") from None
-    if start != PNG_SIGNATURE:
+    if texts is None:
         raise MtbenchError(f"--plot {path}: already holds a file that is not a PNG; give another path (it is kept)")
+    keyword, mark = PLOT_MARK
+    if texts.get(keyword) != mark:
+        raise MtbenchError(f"--plot {path}: already holds a PNG that mtbench did not draw; give another path (it is "
+                           f"kept)")
 
 
 def save_figure(figure, path):
-    """Writes the figure as a PNG, atomically."""
+    """Writes the figure as a PNG marked as mtbench's (`PLOT_MARK`), atomically."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
+    figure.savefig(buffer, format="png", dpi=110, metadata=dict([PLOT_MARK]))
     write_bytes_atomic(path, buffer.getvalue())

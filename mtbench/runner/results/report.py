@@ -59,6 +59,17 @@ KEY_DEFAULTS["init"] = "glorot"
 class LoadedRun:
     result: dict
     source: str  # the file, and which of its runs for a compare JSON
+    warnings: tuple = ()  # what its file says of it beyond its result: a comparison that stopped early
+
+
+def stopped_comparison_warning(status, status_reason):
+    """The warning every run of a compare JSON carries where the comparison stopped early (`status` interrupted or
+    failed): its reason names the run it stopped in and how many finished. None for a completed comparison (compare
+    JSONs from before the status was recorded have none)."""
+    if status in (None, "completed"):
+        return None
+    return (f"partial comparison: {status_reason or f'{status}, no reason recorded'}; the runs that did not finish "
+            f"are missing from it, or partial")
 
 
 def check_result(result, source):
@@ -69,9 +80,9 @@ def check_result(result, source):
         raise MtbenchError(f"{source}: not an mtbench result ({errors[0]}{more})")
 
 
-def _checked(result, source):
+def _checked(result, source, warnings=()):
     check_result(result, source)
-    return LoadedRun(result, source)
+    return LoadedRun(result, source, warnings)
 
 
 def load_runs(paths):
@@ -87,8 +98,9 @@ def load_runs(paths):
             if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
                 raise MtbenchError(f"{path}: not an mtbench compare JSON (runs: not a list of objects)")
             check_compare_record(data, path)
-            runs.extend(_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})")
-                        for entry in entries)
+            stopped = stopped_comparison_warning(data.get("status"), data.get("status_reason"))
+            runs.extend(_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})",
+                                 (stopped,) if stopped else ()) for entry in entries)
         elif isinstance(data, dict) and data.get("kind") == REPORT_KIND:
             raise MtbenchError(f"{path}: a report's JSON output holds summaries, not runs; "
                                f"give the result or compare JSON files it was made from")
@@ -321,11 +333,13 @@ class RunGroup:
         return "; ".join(f"{said} in {', '.join(numbers)}" for said, numbers in held.items())
 
     def warnings(self):
-        """Every repeat's warnings (`run_warnings`), each named by its repeat where there are several."""
+        """Every repeat's warnings (`run_warnings`), each named by its repeat where there are several, then what
+        their files say of them (`LoadedRun.warnings`), once each."""
+        files = list(dict.fromkeys(text for run in self.runs for text in run.warnings))
         if len(self.runs) == 1:
-            return run_warnings(self.first)
+            return run_warnings(self.first) + files
         return [f"#{number}: {text}" for number, result in enumerate(self.results, start=1)
-                for text in run_warnings(result)]
+                for text in run_warnings(result)] + files
 
     def versions(self):
         return versions_text(self.first)
@@ -738,7 +752,8 @@ def describe_configuration(comparison):
     data of its own, whatever --dataset says) and the settings of their task; a swept batch size or max length
     (absent from a comparison's shared configuration) reads 'per run'."""
     config, task = comparison.config, result_task(comparison.baseline.first)
-    length = f"{config['steps']} steps" if config.get("epochs") is None else f"{config['epochs']} epochs"
+    count, unit = (config["steps"], "step") if config.get("epochs") is None else (config["epochs"], "epoch")
+    length = f"{count} {unit}{'s' * (count != 1)}"
     corpus = config.get("data_file") or (comparison.baseline.first.get("data") or {}).get("corpus") \
         or config.get("dataset")
     parts = [corpus, f"preset {config['preset']}", f"{length} x batch {batch_text(config)}"]
@@ -749,7 +764,7 @@ def describe_configuration(comparison):
     if task == "translation":
         parts.append(f"max-pairs {config.get('max_pairs') or 'all'}")
     parts.append(f"seed {config['seed']}")
-    if task == "translation":
+    if task == "translation" and not config.get("measure_only"):  # a measure-only run decodes nothing
         parts.append(f"{decoding_name(config.get('beam', 1), config.get('length_penalty', 0.6))} decoding")
     return ", ".join(parts)
 

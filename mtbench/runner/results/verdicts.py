@@ -398,8 +398,9 @@ def repeat_warnings(interval):
     if fewest < MIN_REPEATS:
         what = ("the intervals count only the noise within each run, not between runs" if max(interval.repeats) == 1
                 else "the interval rests on the spread of a few runs, taken to scatter normally")
+        # --repeats auto ends this short only when its budget ran out
         warnings.append(f"{fewest} repeat{'s' if fewest > 1 else ''}: {what} (--repeats {MIN_REPEATS} or more, or "
-                        f"--repeats auto)")
+                        f"--repeats auto with a --repeats-budget that leaves time for {MIN_REPEATS})")
     if interval.windows and min(interval.windows) < MIN_WINDOWS:
         windows = min(interval.windows)
         warnings.append(f"{windows} steady timing window{'s' if windows != 1 else ''} in a run: too few to resample "

@@ -207,6 +207,28 @@ def test_markdown_output_carries_the_results_figures(results):
     assert "parity torch vs jax" in text
 
 
+def test_the_configuration_and_parity_lines_say_what_ran(results):
+    """A measure-only comparison decoded nothing, so its configuration names no decoding; one step is one step.
+    The tiny runs cut to their first step, as a run of `--steps 1 --measure-only` records them."""
+    from mtbench.plugins.reporters.table_reporter import summary_lines
+    from mtbench.runner.results.report import LoadedRun, build_comparison, context_lines
+    corpus = results["jax"][1]["data"]["corpus"]
+    both = [LoadedRun(results[backend][1], results[backend][0]) for backend in ("jax", "torch")]
+    assert context_lines(build_comparison(both))[0] == (f"configuration: {corpus}, preset tiny, 60 steps x batch 32, "
+                                                        f"max-len 48, max-pairs 4000, seed 0, greedy decoding")
+    one_step = []
+    for backend in ("jax", "torch"):
+        result = json.loads(json.dumps(results[backend][1]))
+        result["config"].update(steps=1, measure_only=True)
+        result["timing"]["steps"], result["history"] = 1, result["history"][:1]
+        one_step.append(LoadedRun(result, f"{backend}.json"))
+    lines = context_lines(build_comparison(one_step))
+    assert lines[0] == (f"configuration: {corpus}, preset tiny, 1 step x batch 32, max-len 48, max-pairs 4000, "
+                        f"seed 0")
+    assert any(line.startswith("parity torch vs jax (float32, first 1 step): ") for line in lines), lines
+    assert ", float32, 1 step x 32, on " in summary_lines(one_step[0].result)[0]
+
+
 def test_a_compare_json_reports_the_same_figures_as_its_run_files(compared):
     from_compare = json.loads(report(compared["path"], "--format", "json"))
     run_files = [run["result_file"] for run in compared["combined"]["runs"]]
@@ -471,7 +493,22 @@ def test_report_plot_option_writes_a_png(results, tmp_path):
 def test_report_plot_draws_again_over_a_png_but_never_over_another_file(results, tmp_path):
     path = tmp_path / "again.png"
     report(results["jax"][0], "--plot", str(path))
+    one_run = path.read_bytes()
     report(results["jax"][0], results["torch"][0], "--plot", str(path))  # an earlier plot is drawn anew
+    assert path.read_bytes() != one_run and png_size(path.read_bytes())
+    # a PNG someone else drew, a matplotlib figure of their own: refused before anything is drawn, byte for byte kept
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    theirs = tmp_path / "theirs.png"
+    figure = Figure()
+    FigureCanvasAgg(figure)
+    figure.subplots().plot([3, 1, 2])
+    figure.savefig(theirs)
+    before = theirs.read_bytes()
+    proc = run_cli("report", results["jax"][0], results["torch"][0], "--plot", str(theirs))
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.strip() == (
+        f"Error: --plot {theirs}: already holds a PNG that mtbench did not draw; give another path (it is kept)")
+    assert theirs.read_bytes() == before
     kept = tmp_path / "kept.png"  # a result under a PNG's name
     kept.write_text(open(results["jax"][0]).read())
     before = kept.read_bytes()

@@ -89,6 +89,38 @@ def test_a_run_that_stopped_early_says_where_in_every_report(tiny_runs, tmp_path
     assert expected in to_markdown(comparison)
 
 
+def test_a_comparison_that_stopped_early_says_so_and_which_run_in_every_report(tiny_runs, tmp_path):
+    """Ctrl-C while torch trained, before it wrote a result: the compare JSON holds jax's run alone. Its report, in
+    every format, and the compare JSON's own summary say that the comparison is partial and name the run it stopped
+    in; jax's column read `warnings: none`."""
+    import os
+    from mtbench.runner.orchestration.compare import CompareProgress, ComparePlan, interrupted
+    from mtbench.runner.orchestration.runs import plan_runs
+    from mtbench.runner.results.report import load_runs
+    specs = plan_runs("jax,torch")
+    plan = ComparePlan(specs, 1, None, [], str(tmp_path / "c.json"), False, 50, 0.01)
+    os.makedirs(plan.runs_dir)
+    progress = CompareProgress()
+    jax = quiet(tiny_runs["jax"]["result"])
+    progress.weights[specs[0].shape] = {"file": "w.npz", "sha256": jax["config"]["initial_weights_sha256"],
+                                        "drawn_on": "jax"}
+    progress.add(specs[0], 1, jax, write(tmp_path, "jax.json", jax), str(tmp_path / "jax.log"))
+    progress.doing, progress.run = "run 'torch'", (specs[1], 1, plan.run_file(specs[1], 1), None)
+    interrupted(plan, progress)
+
+    expected = ("partial comparison: interrupted during run 'torch' (1 of 2 runs finished); the runs that did not "
+                "finish are missing from it, or partial")
+    combined = json.loads((tmp_path / "c.json").read_text())
+    assert [entry["warnings"] for entry in combined["summary"]] == [[expected]]
+    comparison = build_comparison(load_runs([plan.out]))
+    assert [entry["warnings"] for entry in to_json_dict(comparison)["summary"]] == [[expected]]
+    assert [row["warnings"] for row in csv.DictReader(io.StringIO(to_csv(comparison)))] == [expected]
+    assert f"| warnings | {expected} |" in to_markdown(comparison)
+    assert ["warnings", expected] in table_cells(comparison)[1]
+    proc = run_cli("report", plan.out, env={"COLUMNS": "400"})
+    assert proc.returncode == 0 and expected in proc.stdout, proc.stderr
+
+
 def test_steps_that_scatter_past_the_bound_are_flagged(tiny_runs):
     result = quiet(tiny_runs["jax"]["result"])
     result["timing"]["step_s_median"], result["timing"]["step_s_p90"] = 0.0536, 0.0536 * SCATTER_BOUND

@@ -138,7 +138,8 @@ def test_a_slowed_run_is_slower_with_an_interval_that_excludes_1():
                                        f"{stats.FIGURE_WORDS[key]} ({1 / high:.2f}–{1 / low:.2f})")
         assert verdict.cell() == f"{1 / speed:.2f}x slower ({1 / high:.2f}–{1 / low:.2f})"
         assert verdict.warnings == ("3 repeats: the interval rests on the spread of a few runs, taken to scatter "
-                                    "normally (--repeats 5 or more, or --repeats auto)",)
+                                    "normally (--repeats 5 or more, or --repeats auto with a --repeats-budget "
+                                    "that leaves time for 5)",)
     faster = stats.verdict("jax", "jax+slow-step", stats.ratio_interval("tokens_per_s", fast, slow))
     assert faster.call == "faster" and faster.text.startswith("jax is 1.3")
 
@@ -281,7 +282,7 @@ def test_one_repeat_and_few_windows_are_warned_of():
     assert interval.repeats == (1, 1) and interval.windows == (6, 6)
     assert stats.repeat_warnings(interval) == [
         "1 repeat: the intervals count only the noise within each run, not between runs (--repeats 5 or more, or "
-        "--repeats auto)",
+        "--repeats auto with a --repeats-budget that leaves time for 5)",
         "6 steady timing windows in a run: too few to resample (at least 10: more --steps, or a smaller "
         "--timing-window)"]
     assert interval.method == "bootstrap of the log ratio over the steady windows of each run's one repeat"
@@ -606,6 +607,9 @@ def test_repeats_auto_stops_when_the_budget_runs_out(monkeypatch, tmp_path):
                        0.01, auto=AutoRepeats(width=0.03, budget_s=1e-6))
     combined, trained = fake_compare(monkeypatch, tmp_path, plan)
     assert combined["repeats_auto"]["ended_by"] == "budget" and len(trained) == 2
+    # the advice fits a comparison that --repeats auto ran already: a budget that leaves time for more repeats
+    assert "1 repeat: the intervals count only the noise within each run, not between runs (--repeats 5 or more, " \
+           "or --repeats auto with a --repeats-budget that leaves time for 5)" in combined["verdicts"][0]["warnings"]
 
 
 def test_a_repeat_measured_zero_gives_no_interval_rather_than_one_over_the_other_repeats():
