@@ -170,6 +170,8 @@ def rebuilt_model(located, registry):
     plugins = RunPlugins(backend, [], [], registry, family, located.family_path,
                          registry.lookup("tasks", family.task))
     keras = import_keras(config, backend, registry=registry)
+    # The run's persistent compilation cache: decoding and scoring the model again compile nothing already kept.
+    backend.open_compile_cache(config)
     refused = dtype_refusal(backend, config.dtype, backend.device_info()) if located.dtype_given else None
     if refused:
         raise MtbenchError(refused)

@@ -26,6 +26,7 @@ def write_initial_weights(config, registry, console, path, overwrite=False):
     stopwatch = Stopwatch()
     raw = read_data(config, plugins, console, stopwatch)
     import_keras(config, plugins.backend, registry=plugins.registry)
+    plugins.backend.open_compile_cache(config)  # as a run's: the draw's programs compiled once for both
     data = prepare_data(config, plugins, raw, stopwatch)
     model, _ = build_model(RunContext(config=config, backend=plugins.backend, task=plugins.task), plugins,
                            data.tokenizer)

@@ -75,6 +75,30 @@ def test_a_result_moved_with_its_run_folder_finds_its_model_beside_it(trained, t
                                f"its saved model is gone (not in {result['model']['saved']}, nor in {moved / 'r.run'})")
 
 
+@pytest.mark.slow  # two translations beyond the trained model, 10 s
+def test_translating_again_compiles_nothing_the_first_translation_kept(trained, tmp_path):
+    """translate opens the run's persistent compilation cache, as training does: its programs are written once and
+    read back by the next translation of the model (on a GPU, tens of seconds of compiling a command)."""
+    model = tmp_path / "model"
+    shutil.copytree(trained["result"]["model"]["saved"], model)
+    description = json.loads((model / "model.json").read_text())
+    description["config"]["cache_dir"] = str(tmp_path / "cache")  # its own, whatever the other tests compile
+    (model / "model.json").write_text(json.dumps(description))
+    sources = tmp_path / "sources.txt"
+    sources.write_text("".join(line + "\n" for line in trained["sources"][:3]), encoding="utf-8")
+
+    def translated_and_kept():
+        proc = run_cli("translate", str(model), str(sources))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.splitlines() == trained["hypotheses"][:3]
+        return sorted(name for folder, _, names in os.walk(tmp_path / "cache" / "compile") for name in names
+                      if name.endswith("-cache"))
+
+    first = translated_and_kept()
+    assert first  # the decoding's programs, kept
+    assert translated_and_kept() == first  # every one read back: none compiled and written again
+
+
 def test_a_model_trained_on_jax_translates_identically_on_torch(trained, tmp_path):
     sources = trained["sources"]
     # A blank line stays a blank line: the output lines match the input lines one for one.

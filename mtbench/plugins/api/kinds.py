@@ -151,11 +151,11 @@ class Backend:
         return None
 
     def open_compile_cache(self, config):
-        """Called once in a training process, after the framework is imported and before it compiles anything:
-        points the framework's persistent compilation caches at this backend's directory under
-        `config.cache_dir`, or, when `config.compile_cache` is false, keeps nothing of earlier processes. Returns
-        `compile_cache_state(...)`: whether the run starts cold or warm, or why the cache is off; None where the
-        backend has no compiler whose work a cache could keep."""
+        """Called once in a training process (and in one that runs a saved model or draws initial weights), after
+        the framework is imported and before it compiles anything: points the framework's persistent compilation
+        caches at this backend's directory under `config.cache_dir`, or, when `config.compile_cache` is false,
+        keeps nothing of earlier processes. Returns `compile_cache_state(...)`: whether the run starts cold or warm,
+        or why the cache is off; None where the backend has no compiler whose work a cache could keep."""
         return None
 
     def compile_cache_entries(self, directory):
