@@ -883,7 +883,7 @@ def translate(model, file, backend, dtype, beam, length_penalty, batch_size):
 @MODEL_ARGUMENT
 @click.option("--test", "test_file", required=True, metavar="CORPUS",
               help="Test pairs in any --data format of `train`, or sacrebleu:NAME; for a language model, a text file, "
-                   "a folder of .txt files, or one of nanoGPT's token files (its val.bin).")
+                   "a folder of .txt files, or a folder of nanoGPT's token files (its val.bin scored; or that val.bin).")
 @_stack(CORPUS_OPTIONS[2:])
 @inference_options
 @click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the run's).")

@@ -750,6 +750,13 @@ MISFITS = textwrap.dedent('''
         def make_train_step(self, run, model, step):
             return BreakingStep(step)
 
+    class StepForModelExtra(Extra):
+        """make_train_step written without `model`: mtbench takes a two-argument one for plugin API 1.0's
+        (run, model), so the model arrives where the step was meant."""
+        name, backends = "step-for-model", ("jax", "torch")
+        def make_train_step(self, run, step):
+            return WrappingStep(step)
+
     class PartialFails(Reporter):
         name = "partial-fails"
         def report(self, result, console, complete):
@@ -760,6 +767,7 @@ MISFITS = textwrap.dedent('''
     def mtbench_register_extras(register):
         register(NotAStepExtra())
         register(RaisingStepExtra())
+        register(StepForModelExtra())
 
     @hookimpl
     def mtbench_register_reporters(register):
@@ -785,6 +793,7 @@ THIRD_PARTY_PACKAGES = {  # package -> (version, entry-point name, module source
     "mtbench_brokenflow": ("1.0", "brokenflow", BROKEN_BACKEND),
     "mtbench_misfits": ("1.0", "misfits", MISFITS),
     "mtbench_oneblock": ("1.0", "oneblock", guide_example("**A decoder-only family**")),
+    "mtbench_csvtracker": ("1.0", "csvtracker", guide_example("`TrackedRun` (what `start` receives)")),
     # What the guide forbids: keras imported as the module loads, before mtbench has chosen the backend.
     "mtbench_eager_keras": ("1.0", "eagerkeras", "import keras  # noqa: F401\nfrom mtbench import hookimpl\n"),
 }

@@ -12,6 +12,7 @@ deprecation warning.
 
 import importlib
 import importlib.metadata
+import inspect
 import os
 import re
 import sys
@@ -62,6 +63,7 @@ KINDS = tuple(REGISTER_HOOKS)
 KIND_BASES = {"backends": api.Backend, "extras": api.Extra, "datasets": api.Dataset, "reporters": api.Reporter,
               "models": api.ModelFamily, "tasks": api.Task}  # what `register` of each kind takes
 HOOK_NAMES = [name for name in dir(hookspecs) if name.startswith("mtbench_")]
+HOOK_KINDS = {**{hook: kind for kind, hook in REGISTER_HOOKS.items()}, "mtbench_keras_callbacks": "callbacks"}
 ANY_KIND = "any"  # what a plugin that failed to load might have provided: we cannot know
 # A registered name, as --extra, --matrix ('backend+extra@2:flag=value'), --dataset and --report take it.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -92,7 +94,7 @@ class PluginEntry:
     builtin: bool
     package: str = None
     version: str = None
-    status: str = "loaded"  # loaded | not loaded | failed to load
+    status: str = "loaded"  # loaded (broken where it has problems) | not loaded | failed to load
     reason: str = None      # why it is not loaded or failed
 
 
@@ -238,6 +240,45 @@ def _register_builtin(pm, registry, module_name):
     name = _builtin_name(module_name)
     pm.register(importlib.import_module(module_name), name=name)
     registry.entries[name] = PluginEntry(name, builtin=True, package="mtbench", version=__version__)
+    _warn_of_unusable_hooks(pm, registry, name)
+
+
+class CheckingPluginManager(pluggy.PluginManager):
+    """pluggy's manager, but a hook function it would skip without a word (no @hookimpl) or refuse with the whole
+    module, in a message of several lines (arguments the hookspec does not have), is left out of the registration
+    and kept in `unusable_hooks` (hook name, problem), for the plugin's name to be put on it."""
+
+    def __init__(self):
+        super().__init__(ENTRY_POINT_GROUP)
+        self.unusable_hooks = []
+
+    def parse_hookimpl_opts(self, plugin, name):
+        options = super().parse_hookimpl_opts(plugin, name)
+        hook_name = (options or {}).get("specname") or name
+        if hook_name not in HOOK_NAMES:  # no mtbench hook: `_warn_of_unknown_hooks` names those marked
+            return options
+        function = getattr(plugin, name, None)
+        if options is None:
+            if callable(function):
+                self.unusable_hooks.append((hook_name, f"{name} is not marked @hookimpl, so pluggy ignores it "
+                                                       f"(decorate it with mtbench.hookimpl)"))
+            return None
+        spec = getattr(self.hook, hook_name).spec
+        unknown = set(pluggy.HookImpl(plugin, "", function, options).argnames) - {*spec.argnames, *spec.kwargnames}
+        if unknown:
+            self.unusable_hooks.append((hook_name, f"hook {name}{inspect.signature(function)} takes arguments the "
+                                                   f"hook does not have ({', '.join(sorted(unknown))}); its "
+                                                   f"arguments are ({', '.join(spec.argnames)}): never called"))
+            return None
+        return options
+
+
+def _warn_of_unusable_hooks(pm, registry, name):
+    """The hook functions of plugin `name` that its registration left out (`CheckingPluginManager`), each said in
+    a warning that marks the plugin broken, rather than its extras going missing without a word."""
+    for hook_name, problem in pm.unusable_hooks:
+        registry.warn(f"plugin '{name}': {problem}", name, HOOK_KINDS[hook_name])
+    pm.unusable_hooks.clear()
 
 
 def _builtin_name(module_name):
@@ -290,6 +331,19 @@ def _keras_modules():
     return {name for name in list(sys.modules) if name == "keras" or name.startswith("keras.")}
 
 
+def _raised_importing_keras(error):
+    """Whether `error` came out of a keras module's own import (keras's default backend, TensorFlow, missing):
+    the plugin's fault is then importing keras as it loads, whatever keras raised."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        frame = traceback.tb_frame
+        module = frame.f_globals.get("__name__") or ""
+        if frame.f_code.co_name == "<module>" and (module == "keras" or module.startswith("keras.")):
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
 def _keras_imported_on_load(registry, name):
     """Plugin `name`'s module imported keras as it loaded, before any command chose a backend: keras keeps the one
     it found (the environment's, else its default, TensorFlow), so a run on another fails, or the import itself."""
@@ -299,7 +353,7 @@ def _keras_imported_on_load(registry, name):
 
 
 def _build():
-    pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+    pm = CheckingPluginManager()
     pm.add_hookspecs(hookspecs)
     registry = Registry(hook=pm.hook)
     for module_name in (*BUILTIN_PLUGINS, *_added_builtins):
@@ -314,31 +368,51 @@ def _build():
         if wanted is not None and package_key(entry.package) not in wanted:
             entry.status, entry.reason = "not loaded", f"{LOAD_PLUGINS_ENV} does not name {entry.package}"
             continue
+        module = _load_module(registry, entry, entry_point)
+        if module is None:
+            continue
+        if pm.is_registered(module):  # pluggy's own refusal lists every registered module: kilobytes
+            entry.status = "failed to load"
+            entry.reason = f"its module {module.__name__} is already loaded as plugin '{pm.get_name(module)}'"
+            registry.warn(f"plugin '{name}' was skipped: {entry.reason}", name)
+            continue
         try:
-            keras_before = _keras_modules()
-            try:
-                module = entry_point.load()
-            finally:
-                # Modules of keras this plugin's load added: a failed import of keras by another plugin before it
-                # leaves some of its submodules behind.
-                if _keras_modules() - keras_before:
-                    _keras_imported_on_load(registry, name)
-            if pm.is_registered(module):  # pluggy's own refusal lists every registered module: kilobytes
-                entry.status = "failed to load"
-                entry.reason = f"its module {module.__name__} is already loaded as plugin '{pm.get_name(module)}'"
-                registry.warn(f"plugin '{name}' was skipped: {entry.reason}", name)
-                continue
             pm.register(module, name=name)
         except Exception as error:  # a broken third-party plugin must not take mtbench down with it
-            entry.status, entry.reason = "failed to load", _short(error)
-            registry.warn(f"plugin '{name}' failed to load and was skipped: {entry.reason}", name)
+            pm.unusable_hooks.clear()
+            _failed_to_load(registry, entry, error)
             continue
+        _warn_of_unusable_hooks(pm, registry, name)
         _warn_of_unknown_hooks(pm, registry, name, module)
 
     for kind, hook_name in REGISTER_HOOKS.items():
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             _collect(registry, kind, impl)
     return pm, registry
+
+
+def _load_module(registry, entry, entry_point):
+    """The module of plugin `entry`'s entry point, or None where importing it raised: listed as failed to load, or
+    as broken where keras raised as the module imported it (the keras warning says what to do; what keras raised,
+    TensorFlow missing where no backend was set, would only mislead)."""
+    keras_before = _keras_modules()
+    try:
+        module, error = entry_point.load(), None
+    except Exception as raised:  # a broken third-party plugin must not take mtbench down with it
+        module, error = None, raised
+    keras_failed = error is not None and _raised_importing_keras(error)
+    # Modules of keras this plugin's load added: a failed import of keras by another plugin before it leaves some
+    # of its submodules behind, and one that raised in keras's first module leaves none.
+    if keras_failed or _keras_modules() - keras_before:
+        _keras_imported_on_load(registry, entry.name)
+    if error is not None and not keras_failed:
+        _failed_to_load(registry, entry, error)
+    return module
+
+
+def _failed_to_load(registry, entry, error):
+    entry.status, entry.reason = "failed to load", _short(error)
+    registry.warn(f"plugin '{entry.name}' failed to load and was skipped: {entry.reason}", entry.name)
 
 
 def _short(error):
@@ -428,8 +502,8 @@ def reset():
 
 def plugin_descriptions():
     """One dict per plugin, loaded or not: name, package, version, status (loaded, not loaded, failed to load,
-    broken: loaded but a hook failed), the problems, hooks, what it provides, and the methods it implements in a
-    deprecated form."""
+    broken: it loaded, or imported keras as it loaded, but something of it mtbench cannot use), the problems,
+    hooks, what it provides, and the methods it implements in a deprecated form."""
     pm, reg = plugin_manager(), registry()
     rows = []
     for name, entry in reg.entries.items():

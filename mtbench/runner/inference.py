@@ -275,9 +275,15 @@ def score_text(path, registry, text_path, backend_name=None, rows=64, stride=Non
     reads them, or the val.bin of a folder of nanoGPT's token files) on `backend_name`: every token of the text
     predicted once, in windows of the model's --block-size from its start `stride` tokens apart (default: the run's
     --eval-stride), `rows` to a batch, with the loss and accuracy its run was scored by."""
-    from mtbench.runner.data.token_files import is_token_folder
+    from mtbench.runner.data.token_files import TOKEN_FILES, is_token_folder, named_token_file
     from mtbench.runner.setup import compile_model
     from mtbench.runner.tasks.language_modelling import stream_scores
+    if named_token_file(text_path):  # the folder's val.bin, named: scored as the folder's is
+        folder = os.path.dirname(os.path.abspath(text_path))
+        if os.path.basename(text_path) != TOKEN_FILES["val"] or not is_token_folder(folder):
+            raise MtbenchError(f"{text_path}: one of nanoGPT's token files; a model is scored on the "
+                               f"{TOKEN_FILES['val']} of their folder: give the folder or its {TOKEN_FILES['val']}")
+        text_path = folder
     loaded = open_model(path, registry, backend_name, task="language-modelling", block_size=block_size, dtype=dtype)
     stream, text = (token_folder_stream if is_token_folder(text_path) else text_stream)(loaded, text_path)
     if len(stream) < 2:

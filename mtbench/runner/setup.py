@@ -9,7 +9,8 @@ import sys
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api import Backend, Extra, KerasTrainStep, RunContext, TrainStep, uneven_split_reason
+from mtbench.plugins.api import (Backend, Extra, KerasTrainStep, RunContext, TrainStep, WrappingStep,
+                                 uneven_split_reason)
 from mtbench.runner.choices import (choose_compiled_step, choose_dtype, choose_fused_attention, dtype_refusal,
                                     step_compiling_extra)
 from mtbench.runner.config import EXTRA_OPTIONS
@@ -518,6 +519,10 @@ def choose_train_step(run, model, plugins):
             raise RunFailure(f"extra '{extra.name}' of plugin '{plugin}' returned a {type(made).__name__} from "
                              f"make_train_step, not a mtbench.TrainStep (subclass it, or mtbench.WrappingStep to wrap "
                              f"the step it was given)")
+        if isinstance(made, WrappingStep) and not isinstance(made.inner, TrainStep):  # the deprecated (run, model)
+            raise RunFailure(f"extra '{extra.name}' of plugin '{plugin}' returned a step wrapping a "
+                             f"{type(made.inner).__name__}, not the train step it was given: mtbench calls "
+                             f"make_train_step(run, model, step)")
         made.made_by = f"extra '{extra.name}' of plugin '{plugin}'"
         step = made
     return step

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import ONE_BUCKET, TINY_TRAIN, env_with, run_cli
+from conftest import ONE_BUCKET, TINY_TRAIN, env_with, install_plugin_distribution, python_path, run_cli
 
 LOADED = "mtbench-thirdparty,mtbench_broken,MTBENCH.FLAKY"  # package names, spelt as pip compares them
 
@@ -320,3 +320,86 @@ def test_a_plugin_that_imports_keras_as_it_loads_is_named_where_its_backend_refu
     assert proc.stderr.strip().splitlines()[-1] == (
         "Error: keras was already imported with the jax backend in this process, by plugin 'eagerkeras' as it "
         "loaded: the plugin must import keras inside its methods")
+
+
+UNMARKED = """
+from mtbench import Extra
+
+
+class Fast(Extra):
+    name = "unmarked-fast"
+    backends = ("jax",)
+
+
+def mtbench_register_extras(register):  # no @hookimpl: pluggy skips it
+    register(Fast())
+"""
+
+OTHER_ARGUMENTS = """
+from mtbench import Reporter, hookimpl
+
+
+class Quiet(Reporter):
+    name = "other-arguments-quiet"
+
+
+@hookimpl
+def mtbench_register_extras(reg):  # the hookspec's argument is `register`
+    pass
+
+
+@hookimpl
+def mtbench_register_reporters(register):
+    register(Quiet())
+"""
+
+
+@pytest.fixture(scope="module")
+def hook_mistakes_path(tmp_path_factory):
+    """Installed plugins whose hook functions pluggy would skip without a word (no @hookimpl) or refuse with the
+    whole module (an argument the hookspec does not have)."""
+    site = tmp_path_factory.mktemp("hook-mistakes-site")
+    for package, entry_point, source in (("mtbench_unmarked", "unmarked", UNMARKED),
+                                         ("mtbench_other_arguments", "otherargs", OTHER_ARGUMENTS)):
+        (site / f"{package}.py").write_text(source)
+        install_plugin_distribution(site, package, entry_point, package)
+    return str(site)
+
+
+def test_a_hook_function_pluggy_would_skip_or_refuse_is_said_in_a_line_and_marks_the_plugin_broken(
+        hook_mistakes_path):
+    env = {**env_with(hook_mistakes_path), "MTBENCH_LOAD_PLUGINS": "mtbench-unmarked,mtbench-other-arguments"}
+    plugins = by_name(plugins_json(env))
+    unmarked, other_arguments = plugins["unmarked"], plugins["otherargs"]
+    assert (unmarked["status"], unmarked["hooks"], unmarked["provides"]) == ("broken", [], {})
+    assert unmarked["problems"] == ["plugin 'unmarked': mtbench_register_extras is not marked @hookimpl, so pluggy "
+                                    "ignores it (decorate it with mtbench.hookimpl)"]
+    # pluggy refused the whole module, in a message of several lines: its other hooks still count.
+    assert other_arguments["status"] == "broken"
+    assert other_arguments["problems"] == [
+        "plugin 'otherargs': hook mtbench_register_extras(reg) takes arguments the hook does not have (reg); its "
+        "arguments are (register): never called"]
+    assert other_arguments["hooks"] == ["mtbench_register_reporters"]
+    assert other_arguments["provides"] == {"reporters": ["other-arguments-quiet"]}
+    # An extra the unmarked hook would have registered is unknown, and the error names the plugin.
+    proc = run_cli("train", "--extra", "unmarked-fast", "--preset", "tiny", env=env)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error: ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(errors) == 1
+    assert errors[0].startswith("Error: unknown extra 'unmarked-fast'")
+    assert "plugin 'unmarked': mtbench_register_extras is not marked @hookimpl" in errors[0]
+
+
+def test_a_plugin_whose_keras_import_fails_as_it_loads_is_broken_for_that_and_nothing_else(plugin_path, tmp_path):
+    """Without KERAS_BACKEND keras imports TensorFlow, missing here: that failure is the keras import's, which the
+    keras warning already tells the author to move, not the plugin's failing to load for want of TensorFlow."""
+    without_tensorflow = tmp_path / "without-tensorflow"
+    without_tensorflow.mkdir()
+    (without_tensorflow / "tensorflow.py").write_text("raise ModuleNotFoundError(\"No module named 'tensorflow'\")\n")
+    env = {"PYTHONPATH": python_path(without_tensorflow, plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-eager-keras",
+           "KERAS_BACKEND": None, "KERAS_HOME": str(tmp_path / "keras")}  # keras's own default: TensorFlow
+    listing = plugins_json(env)
+    eager = by_name(listing)["eagerkeras"]
+    expected = ("plugin 'eagerkeras' imports keras as its module loads, before mtbench chooses the backend (keras "
+                "keeps the first it is given): import keras inside the plugin's methods")
+    assert eager["status"] == "broken" and eager["problems"] == [expected]
+    assert [warning for warning in listing["warnings"] if "eagerkeras" in warning] == [expected]

@@ -26,6 +26,17 @@ def test_a_train_step_that_is_no_train_step_is_named_with_its_extra(plugin_path,
                                "wrap the step it was given)")
 
 
+def test_a_step_made_around_the_model_is_named_with_its_extra(plugin_path, cache_dir, tmp_path):
+    """make_train_step(run, step), `model` left out: called as plugin API 1.0's (run, model), it wrapped the model,
+    and the run failed later in mtbench's own code with an AttributeError that named no plugin."""
+    proc = train(plugin_path, cache_dir, tmp_path / "r.json", "--extra", "step-for-model")
+    assert proc.returncode == 1
+    assert last_line(proc) == ("Error: extra 'step-for-model' of plugin 'misfits' returned a step wrapping a "
+                               "Transformer, not the train step it was given: mtbench calls "
+                               "make_train_step(run, model, step)")
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_a_train_step_that_raises_names_its_extra_and_step(plugin_path, cache_dir, tmp_path):
     proc = train(plugin_path, cache_dir, tmp_path / "r.json", "--extra", "raising-step")
     assert proc.returncode == 1

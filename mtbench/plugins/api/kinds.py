@@ -360,5 +360,6 @@ class Reporter:
         """`result` is the dict written to the result JSON (see docs/results.md); `console` a
         `rich.console.Console`; `complete` is False for a partial result (a run that diverged or was
         interrupted: `result["status"]` says which, and the figures of the evaluation are null). A reporter
-        that raises is named in a warning; the other reporters still run and the result file is kept."""
+        that raises is named on the command's last line, which exits with code 3; the other reporters still run
+        and the result file is kept."""
         raise NotImplementedError

@@ -122,6 +122,12 @@ def is_token_folder(path):
                                                         for name in TOKEN_FILES.values())
 
 
+def named_token_file(path):
+    """Whether `path` is a file named as nanoGPT's token files are (`*.bin`): mtbench reads them from their folder,
+    so one named alone is refused, never read as text."""
+    return bool(path) and os.path.isfile(path) and path.endswith(".bin")
+
+
 def read_token_files(path):
     """The folder's train.bin and val.bin (nothing is read until a batch needs it)."""
     ids = {}

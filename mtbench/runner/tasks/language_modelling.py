@@ -11,9 +11,10 @@ from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
 from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, evaluation_batches,
                                       load_text_tokenizer, read_text, sha256_hex, split_ranges, text_tokenizer,
                                       token_stream, training_batches, batches_per_epoch, NotUtf8)
-from mtbench.runner.data.token_files import (KEPT_FOLDER, META_FILE, TokenFiles, TokenIds, TokenWidths,
+from mtbench.runner.data.token_files import (KEPT_FOLDER, META_FILE, TOKEN_FILES, TokenFiles, TokenIds, TokenWidths,
                                              bytes_per_id, file_fingerprint, id_counts, is_token_folder,
-                                             kept_largest_of_folder, read_token_files, vocabulary_size)
+                                             kept_largest_of_folder, named_token_file, read_token_files,
+                                             vocabulary_size)
 
 SPLITS = ("train", "valid", "test")
 METRIC_SPLITS = {"train": "train", "valid": "val", "test": "test"}
@@ -42,6 +43,9 @@ class LanguageModellingTask(Task):
         if config.tokenizer not in (None, *TOKENIZERS):
             raise MtbenchError(f"unknown --tokenizer '{config.tokenizer}'; choose one of {', '.join(TOKENIZERS)}")
         kind = config.tokenizer or "byte"
+        if named_token_file(config.data_file):
+            raise MtbenchError(f"{config.data_file}: one of nanoGPT's token files; --data takes the folder that holds "
+                               f"{' and '.join(TOKEN_FILES.values())}")
         if is_token_folder(config.data_file):
             if config.tokenizer is not None:  # --sample-prompt waits for `prepare`: a model family may bring one
                 raise MtbenchError(f"{config.data_file} holds token files (train.bin, val.bin), which carry no "

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import GPU_MACHINE, ONE_BUCKET, TINY_TRAIN, run_cli
+from conftest import GPU_MACHINE, ONE_BUCKET, TINY_TRAIN, env_with, run_cli
 
 
 def needs(*libraries):
@@ -24,13 +24,14 @@ TRACKED = [*TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS), "--eval-every", "6"]
 
 
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory, cache_dir):
-    """One tiny run followed by all three built-in trackers, priced."""
+def tracked(tmp_path_factory, cache_dir, plugin_path):
+    """One tiny run followed by all three built-in trackers and the plugin guide's CSV tracker, priced."""
     folder = tmp_path_factory.mktemp("tracked")
     out = folder / "run.json"
     proc = run_cli("train", "--backend", "jax", *TRACKED, "--cache-dir", cache_dir, "--out", str(out),
-                   "--report-to", "tensorboard,mlflow,wandb", "--price-per-hour", "3.6",
-                   env={"MLFLOW_TRACKING_URI": None, "WANDB_MODE": None, "WANDB_DIR": None})
+                   "--report-to", "tensorboard,mlflow,wandb,csv-tracker", "--price-per-hour", "3.6",
+                   env={"MLFLOW_TRACKING_URI": None, "WANDB_MODE": None, "WANDB_DIR": None, **env_with(plugin_path),
+                        "MTBENCH_LOAD_PLUGINS": "mtbench-csvtracker"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"folder": folder, "result": json.loads(out.read_text()), "stdout": proc.stdout, "stderr": proc.stderr}
 
@@ -57,6 +58,13 @@ def test_tensorboard_events_hold_the_streamed_figures(tracked):
     assert events.Scalars("train_sample_loss")[0].value == pytest.approx(result["metrics"]["train_loss"], rel=1e-6)
     config = json.loads((tracked["folder"] / "run.run" / "tensorboard" / "config.json").read_text())
     assert config["tags"]["backend"] == "jax" and config["config"]["steps"] == STEPS
+
+
+def test_the_plugin_guides_csv_tracker_as_written_holds_the_streamed_losses(tracked):
+    """docs/plugins.md's tracker, copied as a reader copies it: a plugin that loads and follows the run."""
+    rows = [line.split(",") for line in (tracked["folder"] / "run.run" / "figures.csv").read_text().splitlines()]
+    losses = [float(value) for step, name, value in rows if name == "train_loss"]
+    np.testing.assert_allclose(losses, history_losses(tracked["result"]), rtol=1e-6)
 
 
 @needs_every_tracker

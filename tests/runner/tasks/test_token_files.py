@@ -171,6 +171,16 @@ def test_token_files_it_cannot_train_on_are_refused_in_one_line(tmp_path, cache_
     assert not (tmp_path / "r.json").exists()
 
 
+def test_a_token_file_named_alone_is_refused_not_read_as_text(tmp_path, cache_dir):
+    """train.bin given as --data was read as a text of bytes, two a token id, and trained on."""
+    folder = token_folder(tmp_path / "data", np.arange(100), np.arange(100))
+    proc = run_cli("train", "--model", "gpt", "--preset", "tiny", "--data", str(folder / "train.bin"), "--steps", "2",
+                   "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))
+    assert_refused_in_one_line(proc, f"{folder / 'train.bin'}: one of nanoGPT's token files; --data takes the folder "
+                                     f"that holds train.bin and val.bin")
+    assert not (tmp_path / "r.json").exists()
+
+
 @pytest.mark.slow  # two training processes, 15-35 s each
 def test_a_texts_bytes_as_token_files_train_and_score_as_the_byte_model_of_that_text(tmp_path, cache_dir):
     text = ("\n".join(bible_verses(3000)) + "\n").encode("utf-8")
@@ -289,6 +299,14 @@ def test_shakespeare_char_files_with_their_meta_train_as_the_character_model_of_
     assert proc.returncode == 0, proc.stderr[-3000:]
     scores = json.loads((tmp_path / "e.json").read_text())
     assert scores["bytes"] == 2 * twentieth and scores["tokens_evaluated"] == 2 * len(held_out) - 1
+    # The folder's val.bin named is the folder (it was read as a text of bytes); its train.bin is refused.
+    proc = run_cli("evaluate", str(tmp_path / "ids.json"), "--test", str(folder / "val.bin"), "--out",
+                   str(tmp_path / "val.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "val.json").read_text())["loss"] == scores["loss"]
+    assert_refused_in_one_line(run_cli("evaluate", str(tmp_path / "ids.json"), "--test", str(folder / "train.bin")),
+                               f"{folder / 'train.bin'}: one of nanoGPT's token files; a model is scored on the "
+                               f"val.bin of their folder: give the folder or its val.bin")
     assert scores["bits_per_byte"] == pytest.approx(
         scores["loss"] * scores["tokens_evaluated"] / math.log(2) / scores["bytes_evaluated"], rel=1e-6)
     refused = run_cli("evaluate", str(tmp_path / "ids.json"), "--test", str(tmp_path / "verses.txt"))
