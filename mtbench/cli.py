@@ -199,7 +199,7 @@ RUN_CONFIGURATION_OPTIONS = (
                       f"model family may bring its own."),
     click.option("--steps", type=int, help="Training steps (default: per preset; transformer tiny 40, small 450, base 2000; gpt tiny 40, small 300, char 5000, gpt2-small 2000)."),
     click.option("--epochs", type=float, help="Train for this many passes over the training split instead of --steps."),
-    click.option("--batch-size", type=int, default=64, show_default=True, help="Sentence pairs per step (evaluation batches too)."),
+    click.option("--batch-size", type=int, default=64, show_default=True, help="Rows per step: sentence pairs, or a language model's blocks of --block-size tokens (evaluation batches too)."),
     click.option("--grad-accum", type=int, metavar="N", default=1, show_default=True, help="Gradient accumulation, as nanoGPT's gradient_accumulation_steps: each step sums the gradients of N micro-batches of --batch-size rows (or --max-tokens tokens) and updates once, inside the compiled step on JAX; tokens/s and MFU count the whole step."),
     click.option("--max-tokens", type=int, metavar="N", help="Token batching, as fairseq's: each length bucket's training batches get as many rows as fit N tokens of padded length (a multiple of 8 from 8 rows), instead of --batch-size rows."),
     click.option("--timing-window", type=int, metavar="N", default=DEFAULT_TIMING_WINDOW, show_default=True, help="Steady steps between device synchronisations (losses are read then too); a step's time is its window's mean. 1: every step alone. The first step of each shape is always timed alone."),
@@ -977,8 +977,9 @@ def _evaluate_language_model(model, text_file, backend, batch_size, stride, bloc
     table = Table(title="mtbench evaluate")
     for column in ("text", "tokens", "bytes", "windows", "loss", "perplexity", "bits per byte", "backend", "dtype"):
         table.add_column(column)
-    bits = scores["bits_per_byte"]
-    table.add_row(text_file, f"{scores['tokens_evaluated']:,}", f"{scores['bytes_evaluated'] or 0:,}",
+    bits, evaluated_bytes = scores["bits_per_byte"], scores["bytes_evaluated"]
+    table.add_row(text_file, f"{scores['tokens_evaluated']:,}",
+                  "n/a (the ids' bytes are not known)" if evaluated_bytes is None else f"{evaluated_bytes:,}",
                   f"{scores['block_size']} tokens, {scores['stride']} apart", f"{scores['loss']:.4f}",
                   "n/a (past a float's range)" if scores["perplexity"] is None else f"{scores['perplexity']:.2f}",
                   "n/a" if bits is None else f"{bits:.4f}", scores["backend"],

@@ -130,6 +130,9 @@ def cases(tmp_path, plugin_path):
         "validation past the last step": (["--steps", "2", "--eval-every", "5"],
                                           "--eval-every 5 exceeds --steps 2: no validation would run while training",
                                           None),
+        "validation past the last step of the epochs": (["--epochs", "0.001", "--eval-every", "100"],
+                                                        "--eval-every 100 exceeds the 1 step of --epochs 0.001: no "
+                                                        "validation would run while training", None),
         "sample length without a prompt": (["--model", "gpt", "--sample-tokens", "5"],
                                            "--sample-tokens is the length of --sample-prompt's continuation; give "
                                            "--sample-prompt", None),
@@ -290,7 +293,8 @@ CASE_NAMES = [
     "no beam", "no time to wait for the other processes", "a price in the environment that is no number",
     "negative length penalty", "steps and epochs", "endless epochs", "learning rate not a number",
     "weight decay not a number",
-    "validation past the last step", "sample length without a prompt", "trackers' folder without trackers",
+    "validation past the last step", "validation past the last step of the epochs",
+    "sample length without a prompt", "trackers' folder without trackers",
     "beam search's option for a language model", "a column for a language model", "an extra twice",
     "beam search in a run that decodes nothing", "length penalty of greedy decoding", "no checkpoints kept", "target without evaluations",
     "unknown reporter",

@@ -263,11 +263,17 @@ def identity_differences(before, now):
 
 
 def count_steps(config, plugins, data):
+    """The steps the run trains: --steps, or those of --epochs over the data (a validation every --eval-every of
+    them refused, as of --steps, where none would run)."""
     if config.epochs is None:
         return config.steps
     with plugins.task_code():
         per_epoch = plugins.task.batches_per_epoch(data, config)
-    return max(1, math.ceil(config.epochs * per_epoch))
+    steps = max(1, math.ceil(config.epochs * per_epoch))
+    if config.eval_every is not None and config.eval_every > steps:
+        raise MtbenchError(f"--eval-every {config.eval_every} exceeds the {steps:,} step{'s' * (steps != 1)} of "
+                           f"--epochs {config.epochs:g}: no validation would run while training")
+    return steps
 
 
 @dataclass

@@ -176,17 +176,38 @@ def configuration_differences(reference, other):
     return differing(reference, other, ignored, KEY_DEFAULTS)
 
 
+def compared_configuration(result):
+    """`result`'s configuration as comparisons hold it to another's: a language model's default tokenizer (None)
+    as the tokenizer it trained (`data.tokenizer.type`), the run `--tokenizer byte` gives too."""
+    config = result["config"]
+    if config.get("tokenizer") is not None or result_task(result) != "language-modelling":
+        return config
+    trained = ((result.get("data") or {}).get("tokenizer") or {}).get("type")
+    return {**config, "tokenizer": trained} if trained else config
+
+
 def check_comparable(runs):
     """Refuses runs whose configurations differ beyond what a comparison may vary, naming the keys."""
     reference = runs[0]
     for run in runs[1:]:
-        differences = configuration_differences(reference.result["config"], run.result["config"])
+        differences = configuration_differences(compared_configuration(reference.result),
+                                                 compared_configuration(run.result))
         if differences:
             listed = ", ".join(f"{key} ({b!r} vs {a!r})" for key, a, b in differences)  # the run's value first
             raise MtbenchError(f"not comparable: {run.source} differs from {reference.source} in {listed}; "
                                f"only backend, extras, the model size flags and "
                                f"{', '.join(key.replace('_', '-') for key in SWEEP_KEYS)} may differ (--force "
                                f"reports them anyway)")
+
+
+# The settings that set how many tokens a step trains on (--block-size sets max_len): runs that differ in one do
+# different work a step.
+STEP_WORK_KEYS = ("batch_size", "max_len", "max_tokens", "grad_accum")
+
+
+def step_work(result):
+    """What sets the work of a run's step (`STEP_WORK_KEYS`), as a list to compare another run's to."""
+    return [result["config"].get(key, KEY_DEFAULTS.get(key)) for key in STEP_WORK_KEYS]
 
 
 def model_shape(config):
@@ -422,19 +443,31 @@ class Comparison:
 
     def break_even(self, group):
         """After how many steps `group` and the baseline overtake each other (`verdicts.break_even`, from the
-        medians over repeats of their compile time and mean steady step); None for the baseline."""
+        medians over repeats of their compile time and mean steady step), or, where their steps differ in work
+        (`step_work`), after how many tokens (from their tokens/s, `RunGroup.speed`); None for the baseline."""
         if group is self.baseline:
             return None
         pair = (group, self.baseline)
-        # The total time of n steps grows with the mean step, not the median (a skewed run's parts by its tail).
-        even = stats.break_even(group.label, self.baseline.label,
-                                {g.label: g.stat("compile_s").median for g in pair},
-                                {g.label: Stat.of([stats.mean_step_s(r) for r in g.results]).median for g in pair})
-        step = self.verdicts.get(group.label, {}).get("step_s_median")
-        if even and even.steps is not None and step and step.call == "no difference":
-            # The point where one overtakes the other rests on which steps faster, which the noise leaves open.
+        compile_s = {g.label: g.stat("compile_s").median for g in pair}
+        if step_work(group.first) == step_work(self.baseline.first):
+            # The total time of n steps grows with the mean step, not the median (a skewed run's parts by its tail).
+            even = stats.break_even(group.label, self.baseline.label, compile_s,
+                                    {g.label: Stat.of([stats.mean_step_s(r) for r in g.results]).median
+                                     for g in pair})
+            pace, differ, unit = "step_s_median", "the steady step times differ", "step"
+        else:
+            # A step of a larger batch or block trains more tokens: steps are no common unit, a token is, and the
+            # total time of n tokens grows by the inverse of the tokens/s the table shows beside it.
+            speeds = {g.label: g.speed() for g in pair}
+            even = stats.break_even(group.label, self.baseline.label, compile_s,
+                                    {label: 1 / speed if speed else None for label, speed in speeds.items()},
+                                    unit="token")
+            pace, differ, unit = stats.SPEED_FIGURE, "the tokens/s differ", "token"
+        held = self.verdicts.get(group.label, {}).get(pace)
+        if even and even.names_a_point and held and held.call == "no difference":
+            # The point where one overtakes the other rests on which runs faster, which the noise leaves open.
             even = stats.BreakEven(group.label, self.baseline.label,
-                                   f"undetermined: the steady step times differ within the noise ({step.text})")
+                                   f"undetermined: {differ} within the noise ({held.text})", unit=unit)
         return even and with_compile_caches(even, {g.label: g.choice_text(compile_cache_state) for g in pair})
 
     def target_time(self, group):
@@ -458,7 +491,9 @@ class Comparison:
         configs = [result["config"] for group in self.groups for result in group.results]
         differing = {key for key in (*ASKED_KEYS, "compile_mode")
                      if len({json.dumps(config.get(key)) for config in configs}) > 1}
-        per_run = ((set(COMPARED_KEYS) - set(SWEEP_KEYS)) | set(self.swept) | set(DERIVED_KEYS) | differing
+        # A swept block sets each run's max length, which `swept_keys` leaves unnamed: it is the runs' own too.
+        blocks = {"max_len"} if "block_size" in self.swept else set()
+        per_run = ((set(COMPARED_KEYS) - set(SWEEP_KEYS)) | set(self.swept) | blocks | set(DERIVED_KEYS) | differing
                    | {"out", "overwrite"})
         return {k: v for k, v in self.baseline.first["config"].items() if k not in per_run}
 
@@ -491,6 +526,16 @@ class Comparison:
                         "efficiency": efficiency}
         return None
 
+    def warnings(self, group):
+        """`group`'s warnings (`RunGroup.warnings`), then what the comparison finds of it: a scaling efficiency
+        above the ideal, beyond what more devices can give, is a slowed one-process run's rather than scaling."""
+        found = group.warnings()
+        scaling = self.scaling(group)
+        if scaling and scaling["efficiency"] is not None and round(scaling["efficiency"], 2) > 1:  # as shown
+            found.append(f"scaling efficiency above 100 % ({scaling_text(scaling)}): the one-process run was likely "
+                         f"slowed (its threads contending for the cores, a loaded machine); distrust the efficiency")
+        return found
+
     def ranking(self):
         """The runs by tokens/s (`RunGroup.speed`), fastest first, and whether that order can be trusted: `reason`
         says why not (the fastest is not faster than the next beyond the noise, as the verdicts hold a run to the
@@ -507,7 +552,7 @@ class Comparison:
                 reasons.append(f"no interval between the tokens/s of {first.label} and {second.label}")
             elif held.call != "faster":
                 reasons.append(held.text)
-            warned = [group.label for group in (first, second) if group.warnings()]
+            warned = [group.label for group in (first, second) if self.warnings(group)]
             if warned:
                 reasons.append(f"{' and '.join(warned)} carr{'ies' if len(warned) == 1 else 'y'} warnings (see "
                                f"the warnings row)")
@@ -656,7 +701,7 @@ def table_cells(comparison):
         ["versions", *(group.versions() for group in groups)],
         *([title, *(group.choice_text(text) for group in groups)] for _, title, text in RUN_CHOICES),
         ["runs (repeats)", *(str(len(group.runs)) for group in groups)],
-        ["warnings", *("\n".join(group.warnings()) or "none" for group in groups)],
+        ["warnings", *("\n".join(comparison.warnings(group)) or "none" for group in groups)],
     ]
     # The quality figures of the runs' task (no BLEU rows for a language model or a classifier, no perplexity rows
     # for translation); the JSON and CSV summaries keep every figure.
@@ -692,7 +737,10 @@ def verdict_rows(comparison):
                                                           for group, verdict in zip(groups, found))])
     evens = [comparison.break_even(group) for group in groups]
     if any(evens):
-        rows.append([f"break-even vs {baseline.label} (compile + steps)",
+        # Runs whose steps differ in work from the baseline's are counted in tokens (`Comparison.break_even`).
+        counted = {even.unit for even in evens if even}
+        units = " or ".join(f"{unit}s" for unit in ("step", "token") if unit in counted)
+        rows.append([f"break-even vs {baseline.label} (compile + {units})",
                      *(cell(group, even.text if even else "n/a") for group, even in zip(groups, evens))])
     targets = [comparison.target_time(group) for group in groups]
     if any(targets):
@@ -718,7 +766,7 @@ def verdict_lines(comparison):
     lines += [verdict.text for verdict in found]
     lines += [f"interval warning: {text}" for text in dict.fromkeys(w for verdict in found for w in verdict.warnings)]
     lines += [f"break-even: {even.text}" for even in map(comparison.break_even, comparison.groups)
-              if even and even.steps is not None]
+              if even and even.names_a_point]
     return lines
 
 
@@ -740,8 +788,11 @@ def ideal_speedup(result, single):
 
 def _scaling_cell(comparison, group):
     scaling = comparison.scaling(group)
-    if scaling is None:
-        return ""
+    return "" if scaling is None else scaling_text(scaling)
+
+
+def scaling_text(scaling):
+    """'75% of 2x torch': a scaling efficiency (`Comparison.scaling`) and the ideal it is a share of."""
     efficiency = scaling["efficiency"]
     ideal = scaling.get("ideal_speedup", scaling["processes"])
     return ("n/a" if efficiency is None else f"{efficiency:.0%}") + f" of {ideal:g}x {scaling['against']}"
@@ -749,8 +800,8 @@ def _scaling_cell(comparison, group):
 
 def describe_configuration(comparison):
     """The runs' shared configuration in one line: the data they read (`data.corpus`: a plugin's task may read
-    data of its own, whatever --dataset says) and the settings of their task; a swept batch size or max length
-    (absent from a comparison's shared configuration) reads 'per run'."""
+    data of its own, whatever --dataset says) and the settings of their task; a swept batch size, max length or
+    block (absent from a comparison's shared configuration) reads 'per run'."""
     config, task = comparison.config, result_task(comparison.baseline.first)
     count, unit = (config["steps"], "step") if config.get("epochs") is None else (config["epochs"], "epoch")
     length = f"{count} {unit}{'s' * (count != 1)}"
@@ -874,7 +925,7 @@ def summary(comparison):
             "energy_counter": group.choice_text(energy_counter_text),
             **{key: group.choice_text(text) for key, _, text in RUN_CHOICES},
             "repeats": len(group.runs),
-            "warnings": group.warnings(),
+            "warnings": comparison.warnings(group),
             "sources": [run.source for run in group.runs],
             "figures": {figure.key: asdict(group.stat(figure.key)) for figure in FIGURES},
             "speedup": comparison.speedup(group),
@@ -929,7 +980,8 @@ def to_csv(comparison):
     columns += ["speedup", "processes", "scaling_efficiency"]
     for key in stats.WINDOW_FIGURES:
         columns += [f"{key}_ratio", f"{key}_ratio_low", f"{key}_ratio_high", f"{key}_verdict"]
-    columns += ["break_even_steps", "break_even_s", "time_to_target_s", "time_to_target_without_compile_s"]
+    columns += ["break_even_steps", "break_even_tokens", "break_even_s", "time_to_target_s",
+                "time_to_target_without_compile_s"]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
@@ -948,7 +1000,8 @@ def to_csv(comparison):
             row[f"{key}_ratio"], row[f"{key}_ratio_low"], row[f"{key}_ratio_high"], row[f"{key}_verdict"] = \
                 verdict["ratio"], verdict["low"], verdict["high"], verdict["call"]
         even, target = entry["break_even"] or {}, entry["time_to_target"] or {}
-        row["break_even_steps"], row["break_even_s"] = even.get("steps"), even.get("seconds")
+        row["break_even_steps"], row["break_even_tokens"], row["break_even_s"] = \
+            even.get("steps"), even.get("tokens"), even.get("seconds")
         row["time_to_target_s"] = target.get("with_compilation_s")
         row["time_to_target_without_compile_s"] = target.get("without_compilation_s")
         writer.writerow({key: "" if value is None else value for key, value in row.items()})

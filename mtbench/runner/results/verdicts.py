@@ -8,7 +8,8 @@
 - `verdict`: the interval in words ('torch is 1.23x faster than jax in tokens/s (1.19–1.27)'), where a difference
   that is not beyond the interval or not beyond the noise floor is 'no difference beyond the noise'.
 - `noise_floor_of`: how far from 1 an A/A ratio (the same configuration twice) strays: the machine's noise floor.
-- `break_even`: after how many steps a run that steps faster overtakes one that compiles faster.
+- `break_even`: after how many steps (tokens, where the runs' steps differ in work) a run that steps faster
+  overtakes one that compiles faster.
 - `target_times`: time to the target quality with and without compilation.
 
 The method and its assumptions are described in docs/results.md ("Verdicts and their intervals"). The bootstrap
@@ -487,35 +488,52 @@ class BreakEven:
     run: str
     against: str
     text: str
-    steps: int = None          # steps after which the faster-stepping run has caught up (None: never)
+    steps: int = None          # steps after which the faster-stepping run has caught up (None: never, or in tokens)
     seconds: float = None      # the training time (compilation included) at that point
     faster_compiling: str = None
-    faster_stepping: str = None
+    faster_stepping: str = None  # where the runs' steps differ in work, the faster in tokens/s
     compile_caches: dict = None  # {run: the state of its compile cache} the compile times rest on
+    tokens: int = None         # tokens after which it has caught up, where the runs' steps differ in work (else None)
+    unit: str = "step"         # what it counts: "token" where the runs' steps differ in work
+
+    @property
+    def names_a_point(self):
+        """Whether it names where one run overtakes the other (not `never` or `undetermined`)."""
+        return self.steps is not None or self.tokens is not None
 
     def to_dict(self):
         return asdict(self)
 
 
-def break_even(run, against, compile_s, step_s):
+# How the pace of a break-even's unit is said: (both runs alike, a run faster).
+PACE_WORDS = {"step": ("step alike", "steps faster"), "token": ("train tokens alike", "trains faster in tokens/s")}
+
+
+def break_even(run, against, compile_s, step_s, unit="step"):
     """After how many steps the faster-stepping of two runs overtakes the faster-compiling one, where the total
     time of n steps is compile_s + n x step_s (each run's own figures, `compile_s` and `step_s` as
-    {name: value}). None where either lacks a figure."""
+    {name: value}). With `unit` "token", `step_s` holds each run's seconds a token (1 / tokens/s) and the count is
+    of tokens: runs whose steps differ in work (another batch or block) share no step, only a token. None where
+    either lacks a figure."""
     if any(compile_s.get(name) is None or step_s.get(name) is None for name in (run, against)):
         return None
+    alike, faster = PACE_WORDS[unit]
     (c_run, c_against), (s_run, s_against) = (compile_s[run], compile_s[against]), (step_s[run], step_s[against])
     if c_run == c_against or s_run == s_against:
-        same = "compile" if c_run == c_against else "step"
-        return BreakEven(run, against, f"never: both {same} alike, so the other figure decides from the start")
+        same = "compile alike" if c_run == c_against else alike
+        return BreakEven(run, against, f"never: both {same}, so the other figure decides from the start",
+                         unit=unit)
     fast_compile, slow_compile = (run, against) if c_run < c_against else (against, run)
     if (s_run < s_against) == (c_run < c_against):
-        return BreakEven(run, against, f"never: {fast_compile} compiles faster and steps faster",
-                         faster_compiling=fast_compile, faster_stepping=fast_compile)
-    steps = (compile_s[slow_compile] - compile_s[fast_compile]) / (step_s[fast_compile] - step_s[slow_compile])
-    seconds = compile_s[fast_compile] + steps * step_s[fast_compile]
-    whole = math.ceil(round(steps, 6))  # 2 / 0.01 is 200.00000000000003 in floats: 200 steps, not 201
-    return BreakEven(run, against, f"{slow_compile} overtakes {fast_compile} after {whole:,} steps ({seconds:,.1f} s)",
-                     whole, seconds, fast_compile, slow_compile)
+        return BreakEven(run, against, f"never: {fast_compile} compiles faster and {faster}",
+                         faster_compiling=fast_compile, faster_stepping=fast_compile, unit=unit)
+    count = (compile_s[slow_compile] - compile_s[fast_compile]) / (step_s[fast_compile] - step_s[slow_compile])
+    seconds = compile_s[fast_compile] + count * step_s[fast_compile]
+    whole = math.ceil(round(count, 6))  # 2 / 0.01 is 200.00000000000003 in floats: 200 steps, not 201
+    text = f"{slow_compile} overtakes {fast_compile} after {whole:,} {unit}s ({seconds:,.1f} s)"
+    counted = {"tokens": whole} if unit == "token" else {"steps": whole}
+    return BreakEven(run, against, text, seconds=seconds, faster_compiling=fast_compile,
+                     faster_stepping=slow_compile, unit=unit, **counted)
 
 
 def mean_step_s(result):

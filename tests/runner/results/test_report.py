@@ -605,6 +605,24 @@ def test_runs_differing_in_a_swept_key_compare_with_labels_naming_it(results, tm
         [f"jax:max-len={jax['config']['max_len']}", "jax:max-len=64"]
 
 
+def test_a_swept_block_reads_per_run_in_the_configuration_as_a_swept_batch_does(torch_float16_gpt_run):
+    """The configuration line (and the plot's title, which is it) of a block-size sweep named the first run's
+    block ('block 32') beside 'batch 8' shared; the JSON's shared configuration held its max length."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison, context_lines, to_json_dict
+    runs = []
+    for block in (32, 16):
+        result = json.loads(json.dumps(torch_float16_gpt_run))
+        result["config"].update(block_size=block, max_len=block)
+        runs.append(LoadedRun(result, f"block-{block}.json"))
+    comparison = build_comparison(runs)
+    assert comparison.swept == ("block_size",)
+    config = torch_float16_gpt_run["config"]
+    corpus = config.get("data_file") or torch_float16_gpt_run["data"]["corpus"]
+    assert context_lines(comparison)[0] == (f"configuration: {corpus}, preset tiny, 6 steps x batch 8, block per run, "
+                                            f"seed {config['seed']}")
+    assert not {"max_len", "block_size"} & set(to_json_dict(comparison)["config"])
+
+
 def test_runs_of_other_versions_or_interpreters_are_never_repeats(results, tmp_path):
     from mtbench.runner.results.report import build_comparison, load_runs
     jax_path, jax = results["jax"]
@@ -642,3 +660,18 @@ def test_baseline_is_named_as_the_table_names_it_or_without_the_model_family():
         baseline_label("jax", labels)
     with pytest.raises(MtbenchError, match="is none of the runs"):  # two families' runs: the name must say which
         baseline_label("jax", ["jax:model=gpt", "jax:model=marian"])
+
+
+def test_a_language_model_given_the_default_tokenizer_compares_with_one_given_it_by_name(torch_float16_gpt_run):
+    """`--tokenizer byte` trains the run the default trains (both record the byte tokenizer in `data`): report held
+    the two apart, 'tokenizer ('byte' vs None)'; another tokenizer still is."""
+    from mtbench import MtbenchError
+    from mtbench.runner.results.report import LoadedRun, check_comparable
+    default = json.loads(json.dumps(torch_float16_gpt_run))
+    assert default["config"]["tokenizer"] is None and default["data"]["tokenizer"]["type"] == "byte"
+    named = json.loads(json.dumps(default))
+    named["config"]["tokenizer"] = "byte"
+    check_comparable([LoadedRun(default, "default.json"), LoadedRun(named, "named.json")])
+    named["config"]["tokenizer"] = named["data"]["tokenizer"]["type"] = "char"
+    with pytest.raises(MtbenchError, match=r"in tokenizer \('char' vs 'byte'\)"):
+        check_comparable([LoadedRun(default, "default.json"), LoadedRun(named, "char.json")])

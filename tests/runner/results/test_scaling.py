@@ -2,6 +2,8 @@
 run they scale (`compare --matrix 'torch;torch+ddp@2'` runs them; `report` reads their results)."""
 
 import copy
+import csv
+import io
 import json
 
 import pytest
@@ -64,6 +66,30 @@ def test_report_sets_a_two_process_run_against_its_one_process_run_on_the_device
     for result in (one, two):  # results from before the peak's devices were recorded: the same rule on the devices
         del result["utilization"]["peak_devices"]
     assert ideal_speedup(two, one) == ideal
+
+
+def test_a_scaling_efficiency_above_the_ideal_is_warned_of_beside_the_runs_other_warnings(tiny_runs):
+    """2 processes on one machine's CPU at 1.5x the one process's tokens/s: 150 % of the ideal (they share its
+    cores), which scaling cannot give; its one-process run was slowed. At 75 % of 2 machines' ideal, nothing."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison, table_cells, to_csv, to_json_dict
+    one = copy.deepcopy(tiny_runs["torch"]["result"])
+    two = two_process_copy(one, "ddp", 1.5, "cpu", 1)
+    compared = build_comparison([LoadedRun(one, "one.json"), LoadedRun(two, "two.json")])
+    scaled = compared.groups[1]
+    warning = ("scaling efficiency above 100 % (150% of 1x torch): the one-process run was likely slowed (its threads "
+               "contending for the cores, a loaded machine); distrust the efficiency")
+    assert compared.warnings(scaled) == [*scaled.warnings(), warning]
+    assert warning not in scaled.warnings() and compared.warnings(compared.groups[0]) == compared.groups[0].warnings()
+    by_title = {row[0]: row[1:] for row in table_cells(compared)[1]}
+    assert by_title["warnings"][1].endswith(warning)
+    assert to_json_dict(compared)["summary"][1]["warnings"][-1] == warning
+    assert list(csv.DictReader(io.StringIO(to_csv(compared))))[1]["warnings"].endswith(warning)
+    warned = "torch+ddp@2 and torch carry" if compared.groups[0].warnings() else "torch+ddp@2 carries"
+    assert f"{warned} warnings (see the warnings row)" in compared.ranking()["reason"]
+    one = copy.deepcopy(tiny_runs["torch"]["result"])
+    two = two_process_copy(one, "ddp", 1.5, "cpu", 2)  # 2 machines: 75 % of 2x
+    compared = build_comparison([LoadedRun(one, "one.json"), LoadedRun(two, "two.json")])
+    assert compared.warnings(compared.groups[1]) == compared.groups[1].warnings()
 
 
 def test_matrix_entries_name_their_process_count():

@@ -711,3 +711,31 @@ def test_a_break_even_counts_the_mean_step_that_the_total_time_grows_by():
     even = compared.break_even(compared.groups[1])
     assert (even.steps, even.seconds) == (400, pytest.approx(9.0))
     assert even.text == "jax overtakes jax+skewed after 400 steps (9.0 s)"
+
+
+def test_runs_whose_steps_differ_in_work_break_even_in_tokens_not_steps():
+    """A batch of 64 rows trains 1,600 tokens in a 20 ms step, 80,000 tokens/s, against 800 in 15 ms, 53,333
+    tokens/s: 1.5x the speed though each step is slower. It compiles 1.5 s longer, which its 6.25 us less a token
+    makes up after 1.5 / (1 / 53,333 - 1 / 80,000) = 240,000 tokens, where both have trained 1.5 + 4.5 = 6.0 s.
+    Counted in steps it 'compiles slower and steps slower' and never caught up, beside its 1.5x the tokens/s."""
+    small = result(noise=0.0)
+    large = result(step_s=0.020, tokens=1600, compile_s=3.0, noise=0.0)
+    large["config"]["batch_size"] = 64
+    compared = build_comparison([LoadedRun(small, "small.json"), LoadedRun(large, "large.json")])
+    assert compared.speedup(compared.groups[1]) == pytest.approx(1.5)
+    even = compared.break_even(compared.groups[1])
+    assert (even.tokens, even.steps, even.seconds, even.unit) == (240_000, None, pytest.approx(6.0), "token")
+    assert even.text == "jax:batch-size=64 overtakes jax:batch-size=32 after 240,000 tokens (6.0 s)"
+    by_title = {row[0]: row[1:] for row in table_cells(compared)[1]}
+    assert by_title["break-even vs jax:batch-size=32 (compile + tokens)"] == ["(baseline)", even.text]
+    assert f"- break-even: {even.text}" in to_markdown(compared)
+    row = list(csv.DictReader(io.StringIO(to_csv(compared))))[1]
+    assert (row["break_even_tokens"], row["break_even_steps"]) == ("240000", "")
+    # Where the large batch's tokens/s is 0.7 % above the small one's, within the noise, which overtakes is not known.
+    level = result(step_s=0.0298, tokens=1600, compile_s=3.0, seed=1)
+    level["config"]["batch_size"] = 64
+    compared = build_comparison([LoadedRun(result(seed=2), "small.json"), LoadedRun(level, "level.json")])
+    held = compared.verdicts["jax:batch-size=64"]["tokens_per_s"]
+    assert held.call == "no difference"
+    assert compared.break_even(compared.groups[1]).text == \
+        f"undetermined: the tokens/s differ within the noise ({held.text})"

@@ -215,6 +215,11 @@ def test_a_texts_bytes_as_token_files_train_and_score_as_the_byte_model_of_that_
         assert ids[f"{split}_perplexity"] == pytest.approx(math.exp(ids[f"{split}_loss"]), rel=1e-6)
         # The files do not say which bytes a token stands for.
         assert ids[f"{split}_bits_per_byte"] is None and ids[f"{split}_bytes_evaluated"] is None
+    # Scored on the folder's val.bin, its table has no bytes to show (it showed 0).
+    proc = run_cli("evaluate", str(tmp_path / "ids.json"), "--test", str(folder), "--out", str(tmp_path / "e.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "e.json").read_text())["bytes_evaluated"] is None
+    assert "n/a (the ids' bytes are not known)" in " ".join(proc.stdout.split()), proc.stdout
     # Its saved model has no text to continue from.
     proc = run_cli("generate", str(tmp_path / "ids.json"), "--prompt", "In the beginning")
     assert proc.returncode != 0
