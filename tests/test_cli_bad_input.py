@@ -130,8 +130,9 @@ def cases(tmp_path, plugin_path):
         "validation past the last step": (["--steps", "2", "--eval-every", "5"],
                                           "--eval-every 5 exceeds --steps 2: no validation would run while training",
                                           None),
-        "validation past the last step of the epochs": (["--epochs", "0.001", "--eval-every", "100"],
-                                                        "--eval-every 100 exceeds the 1 step of --epochs 0.001: no "
+        "validation past the last step of the epochs": (["--data", good, "--valid-size", "5", "--test-size", "5",
+                                                         "--batch-size", "8", "--epochs", "0.1", "--eval-every", "9"],
+                                                        "--eval-every 9 exceeds the 1 step of --epochs 0.1: no "
                                                         "validation would run while training", None),
         "sample length without a prompt": (["--model", "gpt", "--sample-tokens", "5"],
                                            "--sample-tokens is the length of --sample-prompt's continuation; give "

@@ -605,6 +605,7 @@ def test_runs_differing_in_a_swept_key_compare_with_labels_naming_it(results, tm
         [f"jax:max-len={jax['config']['max_len']}", "jax:max-len=64"]
 
 
+@pytest.mark.slow  # the session's float16 GPT run, 10 s where no other test made it
 def test_a_swept_block_reads_per_run_in_the_configuration_as_a_swept_batch_does(torch_float16_gpt_run):
     """The configuration line (and the plot's title, which is it) of a block-size sweep named the first run's
     block ('block 32') beside 'batch 8' shared; the JSON's shared configuration held its max length."""
@@ -662,6 +663,7 @@ def test_baseline_is_named_as_the_table_names_it_or_without_the_model_family():
         baseline_label("jax", ["jax:model=gpt", "jax:model=marian"])
 
 
+@pytest.mark.slow  # the session's float16 GPT run, 10 s where no other test made it
 def test_a_language_model_given_the_default_tokenizer_compares_with_one_given_it_by_name(torch_float16_gpt_run):
     """`--tokenizer byte` trains the run the default trains (both record the byte tokenizer in `data`): report held
     the two apart, 'tokenizer ('byte' vs None)'; another tokenizer still is."""
