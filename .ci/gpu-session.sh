@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next lent GPU's checks in one device call, most wanted first, each within its own time and all within 565 s
-# of the script's start (the kit's install included), its results under $OUT (docs/benchmarks.md, "For the next lent GPU"). From the project's root on the GPU machine,
-# the kit carried:
+# of the script's start (the kit's install included), its results under $OUT (docs/benchmarks.md, "For the next
+# lent GPU"). From the project's root on the GPU machine, the kit carried:
 #   run: bash .ci/gpu-session.sh      carry: [".gpukit"]      timeout_s: 590
 # 1. rows 7, 8, 12, 13, 15 and 16 of the GPU matrix, GPT-2 small: each backend's best row and its best-by-hand
 #    reference, then torch's and nanoGPT's in CUDA graphs, side by side. Since 548e87b torch's fused attention is

@@ -40,7 +40,9 @@ STATE_FILE = "state.json"
 # The run's tokenizer, beside its checkpoints (`Tokenizer.save`): what a checkpoint translates or generates with.
 TOKENIZER_DIR = "tokenizer"
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
-PATH_FIELDS = ("data_file", "valid_file", "test_file", "cache_dir", "out")
+# Made absolute in a run file, for a resume from another folder (the files a run reads are absolute already:
+# `TrainConfig`).
+PATH_FIELDS = ("cache_dir", "out")
 
 
 def run_dir_for(result_path):
@@ -74,7 +76,7 @@ def _absolute_paths(config_dict):
     data = dict(config_dict)
     for name in PATH_FIELDS:
         value = data.get(name)
-        if value and not value.startswith("sacrebleu:"):
+        if value:
             data[name] = os.path.abspath(value)
     family, _, model_path = data.get("model_name", "").partition(":")
     if model_path:
