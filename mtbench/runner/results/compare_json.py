@@ -17,9 +17,7 @@ def combined_json(comparison, runs, status, about):
     `comparison`, this host and `runs` (the entries of the runs). The runs of a comparison that stopped early carry
     the warning `mtbench report` of the file gives them."""
     stopped = stopped_comparison_warning(status.get("status"), status.get("status_reason"))
-    for group in comparison.groups if stopped else ():
-        group.runs = [dataclasses.replace(run, warnings=(*run.warnings, stopped)) for run in group.runs]
-    figures = to_json_dict(comparison)
+    figures = to_json_dict(warned(comparison, stopped) if stopped else comparison)
     del figures["kind"]
     return {
         "kind": COMPARE_KIND,
@@ -32,3 +30,13 @@ def combined_json(comparison, runs, status, about):
         "env": host_environment(),
         "runs": runs,
     }
+
+
+def warned(comparison, warning):
+    """A copy of `comparison` whose every run carries `warning` too (the caller's comparison is left as it was)."""
+    groups = [dataclasses.replace(group, runs=[dataclasses.replace(run, warnings=(*run.warnings, warning))
+                                               for run in group.runs])
+              for group in comparison.groups]
+    copies = {id(old): new for old, new in zip(comparison.groups, groups)}
+    return dataclasses.replace(comparison, groups=groups,
+                               baseline=copies.get(id(comparison.baseline), comparison.baseline))

@@ -17,7 +17,7 @@ from conftest import cpu_machine_only, device_kind, run_cli
 from mtbench.figures import OTHERS_BOUND, SCATTER_BOUND, is_steady, run_warnings, scored_sentences_text
 from mtbench.plugins.reporters.table_reporter import TableReporter, result_rows
 from mtbench.runner.results.report import (LoadedRun, build_comparison, context_lines, table_cells, to_csv,
-                                           to_json_dict, to_markdown)
+                                           stopped_comparison_warning, to_json_dict, to_markdown)
 from mtbench.runner.results.schema import schema_errors
 
 
@@ -119,6 +119,22 @@ def test_a_comparison_that_stopped_early_says_so_and_which_run_in_every_report(t
     assert ["warnings", expected] in table_cells(comparison)[1]
     proc = run_cli("report", plan.out, env={"COLUMNS": "400"})
     assert proc.returncode == 0 and expected in proc.stdout, proc.stderr
+
+
+def test_a_compare_json_of_a_stopped_comparison_leaves_the_comparison_it_was_made_of_as_it_was(tiny_runs, tmp_path):
+    """The warning goes on the JSON's runs, not on the caller's comparison: made twice (a comparison written when
+    it stopped, and again), the JSON says it once, and the comparison's runs carry no warning of the file's."""
+    from mtbench.runner.results.compare_json import combined_json
+    runs = [LoadedRun(quiet(tiny_runs[backend]["result"]), f"{backend}.json") for backend in ("jax", "torch")]
+    comparison = build_comparison(runs)
+    status = {"status": "failed", "status_reason": "run 'torch' failed (1 of 2 runs finished)"}
+    first, second = (combined_json(comparison, [], status, {}) for _ in range(2))
+    expected = [stopped_comparison_warning(status["status"], status["status_reason"])]
+    assert expected[0].startswith("partial comparison: run 'torch' failed")
+    assert [entry["warnings"] for entry in second["summary"]] == [expected, expected] == [
+        entry["warnings"] for entry in first["summary"]]
+    assert [run.warnings for group in comparison.groups for run in group.runs] == [(), ()]
+    assert [entry["warnings"] for entry in to_json_dict(comparison)["summary"]] == [[], []]
 
 
 def test_steps_that_scatter_past_the_bound_are_flagged(tiny_runs):
