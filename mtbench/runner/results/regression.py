@@ -16,7 +16,8 @@ from mtbench.errors import MtbenchError
 from mtbench.figures import FIGURES_BY_KEY, hardware, run_processes, versions_text
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.report import (COMPARED_KEYS, KEY_DEFAULTS, check_comparable, differing, group_runs,
-                                           load_runs, recorded_noise_floor, refuse_the_same_run_twice)
+                                           load_runs, recorded_noise_floor, refuse_the_same_run_twice,
+                                           swept_keys)
 
 REGRESSION_KIND = "mtbench-regression"
 # The figures held against the baseline: how fast each run trains, compiles and finishes.
@@ -148,7 +149,7 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
     refuse_the_same_run_twice(old_runs + new_runs)  # a run on both sides would be held against itself
     if not force:
         check_comparable(old_runs + new_runs)
-    new_groups, old_groups = ({group.label: group for group in group_runs(runs)} for runs in (new_runs, old_runs))
+    new_groups, old_groups = matched_groups(new_runs, old_runs)
     both = [label for label in new_groups if label in old_groups]
     if not both:
         raise MtbenchError(f"no run of {', '.join(new_paths)} is in {baseline_path} (they have "
@@ -181,6 +182,20 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
     return Regression(list(new_paths), baseline_path, changes, [label for label in new_groups if label not in both],
                       [label for label in old_groups if label not in both], floor, threshold, held_anyway,
                       {"baseline": ran_on(old_runs[0].result), "new": ran_on(new_runs[0].result)})
+
+
+def matched_groups(new_runs, old_runs):
+    """({label: RunGroup} of NEW, of OLD), labelled so that a label names the same run on both sides: by the keys
+    either side sweeps (a run added to NEW's sweep renames its fellows within NEW's file, `jax` becoming
+    `jax:batch-size=64`, but not against OLD). Where that leaves no label in common, by each side's own (one run a
+    side, of two batch sizes: `other_runs` refuses the pair by its settings, which --force holds anyway)."""
+    swept = swept_keys([run.result for run in new_runs + old_runs])
+    for labelled_by in (swept, None):
+        new_groups, old_groups = ({group.label: group for group in group_runs(runs, labelled_by)}
+                                  for runs in (new_runs, old_runs))
+        if new_groups.keys() & old_groups.keys():
+            break
+    return new_groups, old_groups
 
 
 def compile_cache_states(results):

@@ -272,11 +272,11 @@ def baseline_label(given, labels, named_by="--baseline"):
     raise MtbenchError(f"{named_by} '{given}' is none of the runs: {', '.join(labels)}{folder}")
 
 
-def comparison_labels(results):
+def comparison_labels(results, swept=None):
     """Each result's label in a comparison: `run_label`, then the swept keys whose value differs between the
-    runs (`jax:batch-size=16`), then, where the runs ran under different interpreters, `python=NAME` of each
-    (`torch:python=venv-old`): the names `--matrix` gives such runs."""
-    swept = swept_keys(results)
+    runs (`jax:batch-size=16`; `swept`: these keys instead), then, where the runs ran under different interpreters,
+    `python=NAME` of each (`torch:python=venv-old`): the names `--matrix` gives such runs."""
+    swept = swept_keys(results) if swept is None else swept
     paths = {path for path in map(interpreter, results) if path}
     names = environment_names(sorted(paths)) if len(paths) > 1 else {}
     labels = []
@@ -388,13 +388,13 @@ def with_compile_caches(even, caches):
                                                  else ""))
 
 
-def group_runs(runs):
+def group_runs(runs, swept=None):
     """Groups repeats, in the order runs first appear. A label is the run's name in the comparison
-    (`comparison_labels`: backend, extras, size, the swept keys, another interpreter), with the dtype, the
-    hardware or the versions added only where runs of the same name differ in them: runs of different versions
+    (`comparison_labels`: backend, extras, size, the swept keys or `swept`, another interpreter), with the dtype,
+    the hardware or the versions added only where runs of the same name differ in them: runs of different versions
     are never repeats of one run."""
     by_key = {}
-    for run, label in zip(runs, comparison_labels([run.result for run in runs])):
+    for run, label in zip(runs, comparison_labels([run.result for run in runs], swept)):
         key = (label, run_dtype(run.result), hardware(run.result), versions_text(run.result))
         by_key.setdefault(key, []).append(run)
     groups = []

@@ -47,6 +47,35 @@ def test_a_run_of_another_batch_size_or_machine_is_refused_then_held_with_force(
     assert f"baseline: {versions}" in table.stdout
 
 
+def test_a_run_added_to_a_sweep_leaves_its_fellows_held_against_the_same_runs(tiny_runs, tmp_path):
+    """A baseline compare of jax and torch, and a new one that adds jax at another batch size: within the new file
+    its fellows are named `jax:batch-size=32`, and the gate refused every run as absent from the baseline. They are
+    held against the baseline's jax and torch; the added run is the new file's alone."""
+    from mtbench.runner.results.regression import build_regression
+    from mtbench.runner.results.report import COMPARE_KIND
+
+    def compare_json(name, hour, runs):
+        entries = [{"label": label, "repeat": 1, "result": {**json.loads(json.dumps(result)),
+                                                            "created": f"2026-12-06T{hour}:0{i}:00+00:00"}}
+                   for i, (label, result) in enumerate(runs)]
+        (tmp_path / name).write_text(json.dumps({"kind": COMPARE_KIND, "runs": entries}))
+        return str(tmp_path / name)
+
+    jax, torch = tiny_runs["jax"]["result"], tiny_runs["torch"]["result"]
+    smaller = {**jax, "config": {**jax["config"], "batch_size": 8}}
+    old = compare_json("old.json", 10, [("jax", jax), ("torch", torch)])
+    new = compare_json("new.json", 11, [("jax", jax), ("torch", torch), ("jax:batch-size=8", smaller)])
+    regression = build_regression([new], old)
+    assert list(dict.fromkeys(change.label for change in regression.changes)) == [
+        "jax:batch-size=32", "torch:batch-size=32"]
+    assert regression.only_new == ["jax:batch-size=8"] and regression.only_baseline == []
+    # One run a side at two batch sizes: the same run's name, refused by its settings, held with --force.
+    alone = compare_json("alone.json", 12, [("jax:batch-size=8", smaller)])
+    regression = build_regression([alone], compare_json("jax.json", 13, [("jax", jax)]), force=True)
+    assert {change.label for change in regression.changes} == {"jax"}
+    assert len(regression.held_anyway) == 1 and "differs from" in regression.held_anyway[0]
+
+
 def test_a_run_that_stopped_early_never_passes_the_gate(tiny_runs, tmp_path):
     old = tiny_runs["jax"]
     diverged = edited(old["result"], tmp_path / "diverged.json", status="diverged",
