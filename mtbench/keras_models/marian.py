@@ -231,7 +231,8 @@ class MarianMT(keras.Model):
 
     def encode(self, source_ids, training=False):
         """The encoder output and the source padding mask that decoding attends with."""
-        src_mask = ops.not_equal(source_ids, self.pad_id)
+        # `!=` with a Python number, not `ops.not_equal`, which would make a tensor of the pad id from host data.
+        src_mask = source_ids != self.pad_id
         x = self._embed(self.encoder_embedding, source_ids, self._leading_positions(ops.shape(source_ids)[1]),
                         training)
         for layer in self.encoder_layers:
