@@ -20,6 +20,7 @@ from mtbench.figures import FIGURES_BY_KEY, hardware, run_label, run_processes, 
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.regression import change_verdict, markdown_of, table_of
 from mtbench.runner.run_file import is_run_file
+from mtbench.runner.results.schema import HISTORY_KIND
 from mtbench.runner.results.report import (
     ASKED_KEYS,
     BOOKKEEPING_KEYS,
@@ -32,7 +33,6 @@ from mtbench.runner.results.report import (
     run_key,
 )
 
-HISTORY_KIND = "mtbench-history"
 # How many points on each side of a change must agree for it to be a step: every one of the (up to) STEP_SPAN
 # points from the change on differs, in the same direction and beyond the noise, from every one of the (up to)
 # STEP_SPAN points before it. One point off its neighbours (an outlier) is then no step, nor is the return from it.

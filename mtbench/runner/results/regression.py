@@ -15,11 +15,11 @@ from rich.table import Table
 from mtbench.errors import MtbenchError
 from mtbench.figures import FIGURES_BY_KEY, hardware, run_processes, versions_text
 from mtbench.runner.results import verdicts as stats
-from mtbench.runner.results.report import (COMPARED_KEYS, KEY_DEFAULTS, check_comparable, differing, group_runs,
-                                           load_runs, recorded_noise_floor, refuse_the_same_run_twice,
-                                           swept_keys)
+from mtbench.runner.results.report import (COMPARED_KEYS, KEY_DEFAULTS, check_comparable,
+                                           configuration_mismatches, differing, group_runs, load_runs,
+                                           recorded_noise_floor, refuse_the_same_run_twice, swept_keys)
+from mtbench.runner.results.schema import REGRESSION_KIND
 
-REGRESSION_KIND = "mtbench-regression"
 # The figures held against the baseline: how fast each run trains, compiles and finishes.
 GATE_FIGURES = ("tokens_per_s", "step_s_median", "step_s_p90", "compile_s", "train_s", "total_s")
 # Why a change has no verdict: a figure of whole runs, or one counted over timing windows.
@@ -56,7 +56,8 @@ class Regression:
     noise_floor: dict
     threshold: float = None  # --fail-if-slower, a fraction
     held_anyway: list = ()   # with --force: why a pair would have been refused (a partial run, another run)
-    ran_on: dict = None      # {"baseline", "new": the software and hardware of the side's first run}
+    ran_on: dict = None      # {"baseline", "new": the software and hardware of the side's runs, each once}
+    warnings: list = ()      # what the files say of their runs (a comparison that stopped early)
 
     def beyond_noise(self):
         return [change for change in self.changes if change.verdict and change.verdict.call != "no difference"]
@@ -84,6 +85,7 @@ class Regression:
     def lines(self):
         lines = [f"{side}: {text}" for side, text in (self.ran_on or {}).items()]
         lines += [f"held anyway (--force): {why}" for why in self.held_anyway]
+        lines += [f"warning: {text}" for text in self.warnings]
         lines.append(stats.noise_floor_line(self.noise_floor))
         changed = self.beyond_noise()
         lines += [f"changed beyond the noise: {change.verdict.text}" for change in changed] or \
@@ -97,8 +99,9 @@ class Regression:
             lines.append(f"--fail-if-slower {self.threshold * 100:g}%: " + (
                 "; ".join(change.verdict.text for change in slower) if slower else
                 f"cannot judge: {'; '.join(unjudged)}" if unjudged else "no run is slower beyond it"))
-            lines += [f"--fail-if-slower {self.threshold * 100:g}% passes, but cannot rule out a slowdown past it: "
-                      f"{text}" for text in self.not_ruled_out()]
+            if not (slower or unjudged):  # a gate that fails does not pass anything
+                lines += [f"--fail-if-slower {self.threshold * 100:g}% passes, but cannot rule out a slowdown past "
+                          f"it: {text}" for text in self.not_ruled_out()]
         return lines
 
     def not_ruled_out(self):
@@ -156,7 +159,7 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
                            f"{', '.join(new_groups)}; it has {', '.join(old_groups)})")
     # A gate must not pass a run that stopped early, nor hold a run against another one: refused, or with --force
     # held and said beside the figures.
-    held_anyway = partial_runs(new_runs + old_runs) + [
+    held_anyway = configuration_mismatches(old_runs + new_runs) + partial_runs(new_runs + old_runs) + [
         why for label in both for why in other_runs(label, new_groups[label], old_groups[label], baseline_path)]
     if held_anyway and not force:
         raise MtbenchError(f"{held_anyway[0]}; the gate holds completed runs against the same runs "
@@ -181,7 +184,8 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
             changes.append(Change(label, key, *values, verdict, reason))
     return Regression(list(new_paths), baseline_path, changes, [label for label in new_groups if label not in both],
                       [label for label in old_groups if label not in both], floor, threshold, held_anyway,
-                      {"baseline": ran_on(old_runs[0].result), "new": ran_on(new_runs[0].result)})
+                      {"baseline": ran_on(old_runs), "new": ran_on(new_runs)},
+                      list(dict.fromkeys(warning for run in old_runs + new_runs for warning in run.warnings)))
 
 
 def matched_groups(new_runs, old_runs):
@@ -215,9 +219,10 @@ def no_verdict_reason(key, results):
     return A_ZERO if any(FIGURES_BY_KEY[key].value(r) == 0 for r in results) else ONE_REPEAT
 
 
-def ran_on(result):
-    """'jax 0.10.2, jaxlib 0.10.2, keras 3.15.1, python 3.11.7 on HARDWARE': what a side's figures came from."""
-    return f"{versions_text(result)} on {hardware(result)}"
+def ran_on(runs):
+    """'jax 0.10.2, jaxlib 0.10.2, keras 3.15.1, python 3.11.7 on HARDWARE; torch 2.13.0, ...': what a side's
+    figures came from, each backend's software once (a torch upgrade shows beside an unchanged JAX)."""
+    return "; ".join(dict.fromkeys(f"{versions_text(run.result)} on {hardware(run.result)}" for run in runs))
 
 
 HEADER = ("run", "figure", "baseline", "new", "new / baseline (95 % interval)", "verdict")
@@ -269,7 +274,7 @@ def to_json_dict(regression):
             "beyond_noise": [change.verdict.text for change in regression.beyond_noise()],
             "only_in_new": regression.only_new, "only_in_baseline": regression.only_baseline,
             "fail_if_slower": regression.threshold, "held_anyway": list(regression.held_anyway),
-            "ran_on": regression.ran_on,
+            "ran_on": regression.ran_on, "warnings": list(regression.warnings),
             "slower_beyond_threshold": [change.label for change in regression.slower_beyond_threshold()],
             "not_ruled_out": regression.not_ruled_out() if regression.threshold is not None else []}
 

@@ -24,12 +24,17 @@ from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, ba
                              run_dtype, run_name, run_processes, run_warnings, scored_sentences_text, shown_figures,
                              size_label, versions_text)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
-from mtbench.runner.results.schema import COMPARE_SCHEMA_VERSION, result_task, schema_errors
+from mtbench.runner.results.schema import (COMPARE_SCHEMA_VERSION, HISTORY_KIND, REGRESSION_KIND, result_task,
+                                           schema_errors)
+from mtbench.runner.run_file import is_run_file
 from mtbench.runner.results import verdicts as stats
 
 COMPARE_KIND = "mtbench-compare"
 RESULT_FILES = "a result or compare JSON"
 REPORT_KIND = "mtbench-report"
+# The JSON outputs of `mtbench report`, which a report is sometimes given by mistake for the files they summarise.
+REPORTS_OF_RUNS = {REPORT_KIND: "a report's JSON output", REGRESSION_KIND: "the JSON output of a report against a "
+                   "baseline", HISTORY_KIND: "the JSON output of a report of a history"}
 # What a sweep may vary beside the model size (configuration keys; with dashes, the --matrix keys and labels').
 SWEEP_KEYS = ("batch_size", "max_len", "max_tokens", "block_size", "dtype", "grad_accum", "tensor_parallel_size",
               "init", "remat_policy", "pipeline_parallel_size", "pipeline_micro_batches", "pipeline_schedule")
@@ -101,9 +106,12 @@ def load_runs(paths):
             stopped = stopped_comparison_warning(data.get("status"), data.get("status_reason"))
             runs.extend(_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})",
                                  (stopped,) if stopped else ()) for entry in entries)
-        elif isinstance(data, dict) and data.get("kind") == REPORT_KIND:
-            raise MtbenchError(f"{path}: a report's JSON output holds summaries, not runs; "
+        elif isinstance(data, dict) and data.get("kind") in REPORTS_OF_RUNS:
+            raise MtbenchError(f"{path}: {REPORTS_OF_RUNS[data['kind']]} holds summaries, not runs; "
                                f"give the result or compare JSON files it was made from")
+        elif is_run_file(data):
+            raise MtbenchError(f"{path}: a run file (what `mtbench train --run-file` and `rerun` read) holds a "
+                               f"run's configuration, not its figures; give its result, the JSON beside it")
         else:
             runs.append(_checked(data, path))
     if not runs:
@@ -186,18 +194,26 @@ def compared_configuration(result):
     return {**config, "tokenizer": trained} if trained else config
 
 
-def check_comparable(runs):
-    """Refuses runs whose configurations differ beyond what a comparison may vary, naming the keys."""
-    reference = runs[0]
+def configuration_mismatches(runs):
+    """['RUN differs from FIRST in KEY (its value vs FIRST's), ...'] of each run whose configuration differs from
+    the first run's beyond what a comparison may vary."""
+    reference, found = runs[0], []
     for run in runs[1:]:
         differences = configuration_differences(compared_configuration(reference.result),
                                                  compared_configuration(run.result))
         if differences:
             listed = ", ".join(f"{key} ({b!r} vs {a!r})" for key, a, b in differences)  # the run's value first
-            raise MtbenchError(f"not comparable: {run.source} differs from {reference.source} in {listed}; "
-                               f"only backend, extras, the model size flags and "
-                               f"{', '.join(key.replace('_', '-') for key in SWEEP_KEYS)} may differ (--force "
-                               f"reports them anyway)")
+            found.append(f"{run.source} differs from {reference.source} in {listed}")
+    return found
+
+
+def check_comparable(runs):
+    """Refuses runs whose configurations differ beyond what a comparison may vary, naming the keys."""
+    mismatches = configuration_mismatches(runs)
+    if mismatches:
+        raise MtbenchError(f"not comparable: {mismatches[0]}; only backend, extras, the model size flags and "
+                           f"{', '.join(key.replace('_', '-') for key in SWEEP_KEYS)} may differ (--force reports "
+                           f"them anyway)")
 
 
 # The settings that set how many tokens a step trains on (--block-size sets max_len): runs that differ in one do

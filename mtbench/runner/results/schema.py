@@ -28,6 +28,9 @@ from mtbench.figures import is_number
 # A result of an earlier version still reads; docs/results.md describes every field.
 SCHEMA_VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# The kinds of JSON mtbench's report writes besides results and compare JSONs: `report` refuses them as input by name.
+HISTORY_KIND = "mtbench-history"
+REGRESSION_KIND = "mtbench-regression"
 # The compare JSON's layout (`compare_json.combined_json`); a report refuses a later one, whose runs it may misread.
 COMPARE_SCHEMA_VERSION = 1
 # completed: every figure exists. interrupted (a signal) and diverged (a NaN or infinite loss) are partial

@@ -465,12 +465,18 @@ def noise_floor_of(key, twins, baseline):
 
 
 def parse_percent(text, option):
-    """'5%', '5 %' or '5' -> 0.05; a one-line MtbenchError names `option` otherwise."""
+    """'5%', '5 %' or '5' -> 0.05; a one-line MtbenchError names `option` otherwise. A number below 1 without its
+    % sign is refused: '0.05' reads as the fraction a JSON output records (`fail_if_slower`), which is 5 %, and as
+    0.05 % alike."""
     from mtbench.errors import MtbenchError
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*%?\s*", str(text))
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(%?)\s*", str(text))
     if not match or not 0 < float(match.group(1)) < 100:
         raise MtbenchError(f"{option}: '{text}' is not a percentage between 0 and 100 (such as 5%)")
-    return float(match.group(1)) / 100
+    value = float(match.group(1))
+    if value < 1 and not match.group(2):
+        raise MtbenchError(f"{option}: '{text}' is {value:g} % or, as a fraction, {value * 100:g} %; give it with "
+                           f"its % sign ('{value:g}%' or '{value * 100:g}%')")
+    return value / 100
 
 
 def significantly_slower(interval, threshold):

@@ -88,11 +88,46 @@ def test_a_run_that_stopped_early_never_passes_the_gate(tiny_runs, tmp_path):
 
 
 def test_the_gate_names_values_as_the_sentence_does(tiny_runs, tmp_path):
-    """'NEW differs from OLD in steps (NEW's vs OLD's)': the value of the file named first comes first."""
+    """'NEW differs from OLD in steps (NEW's vs OLD's)': the value of the file named first comes first. With
+    --force the difference is held anyway and said, as the docs promise (it was held silently)."""
     old = tiny_runs["jax"]
     longer = edited(old["result"], tmp_path / "longer.json", config={"steps": 90})
     proc = run_cli("report", longer, "--baseline", old["path"])
     assert_refused_in_one_line(proc, f"not comparable: {longer} differs from {old['path']} in steps (90 vs 60)")
+    forced = run_cli("report", longer, "--baseline", old["path"], "--force", "--format", "json")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["held_anyway"] == [f"{longer} differs from {old['path']} in steps (90 vs 60)"]
+
+
+def test_what_each_side_ran_on_names_every_backends_software_and_a_partial_comparison_is_said(tiny_runs, tmp_path):
+    """A gate of jax and torch named JAX's versions alone (a torch upgrade showed nowhere); a compare JSON that
+    stopped early passed without a word of it; the gate's output files are refused by name."""
+    from mtbench.runner.results.regression import build_regression
+    from mtbench.runner.results.report import COMPARE_KIND
+    jax, torch = tiny_runs["jax"]["result"], tiny_runs["torch"]["result"]
+    entries = [{"label": label, "repeat": 1, "result": result} for label, result in (("jax", jax), ("torch", torch))]
+    (tmp_path / "new.json").write_text(json.dumps({
+        "kind": COMPARE_KIND, "status": "interrupted", "status_reason": "interrupted during run 'jax' (2 of 4 "
+        "runs finished)", "runs": entries}))
+    upgraded = {**torch, "env": {**torch["env"], "backend_versions": {**torch["env"]["backend_versions"],
+                                                                        "torch": "9.9.9"}}}
+    entries = [{"label": "jax", "repeat": 1, "result": {**jax, "created": "2026-12-06T09:00:00+00:00"}},
+               {"label": "torch", "repeat": 1, "result": upgraded}]
+    (tmp_path / "old.json").write_text(json.dumps({"kind": COMPARE_KIND, "runs": entries}))
+    regression = build_regression([str(tmp_path / "new.json")], str(tmp_path / "old.json"))
+    assert regression.ran_on["baseline"].count(" on ") == 2 and "torch 9.9.9" in regression.ran_on["baseline"]
+    assert "torch 9.9.9" not in regression.ran_on["new"] and "jax " in regression.ran_on["new"]
+    assert regression.warnings == ["partial comparison: interrupted during run 'jax' (2 of 4 runs finished); the "
+                                   "runs that did not finish are missing from it, or partial"]
+    assert f"warning: {regression.warnings[0]}" in regression.lines()
+    proc = run_cli("report", str(tmp_path / "new.json"), "--baseline", str(tmp_path / "old.json"), "--format",
+                   "json")
+    assert proc.returncode == 0, proc.stderr
+    output = tmp_path / "gate.json"
+    output.write_text(proc.stdout)
+    assert undocumented_keys(json.loads(proc.stdout)) == []
+    assert_refused_in_one_line(run_cli("report", str(output), "--baseline", str(tmp_path / "old.json")),
+                               f"{output}: the JSON output of a report against a baseline holds summaries, not runs")
 
 
 def test_a_history_leaves_out_partial_runs_and_stray_files_and_says_why(tiny_runs, tmp_path):
@@ -180,6 +215,12 @@ def test_a_file_or_folder_in_the_wrong_place_is_named_for_what_it_is(tiny_runs, 
     assert_refused_in_one_line(run_cli("report", path, "--baseline", str(tmp_path)),
                                f"--baseline '{tmp_path}' is none of the runs: jax; it is a directory, and a "
                                f"baseline file is a result or compare JSON")
+    # A compare's runs folder holds each run's run file beside its result: `report DIR.runs/*.json` reads both.
+    run_file = tmp_path / "jax-1.train.json"
+    run_file.write_text(json.dumps({"kind": "mtbench-run-file", "mtbench_run_file": 1, "config": {}}))
+    assert_refused_in_one_line(run_cli("report", path, str(run_file)),
+                               f"{run_file}: a run file (what `mtbench train --run-file` and `rerun` read) holds a "
+                               f"run's configuration, not its figures; give its result, the JSON beside it")
 
 
 def test_counts_of_one_are_singular():
@@ -252,3 +293,12 @@ def test_a_gate_that_passes_an_interval_reaching_past_its_threshold_says_it_cann
     assert line.startswith("run 'jax' tokens/s ") and low < 0.95 and line.endswith("(2 and 1 repeats)")
     text = run_cli("report", *news, "--baseline", old["path"], "--fail-if-slower", "5%")
     assert f"--fail-if-slower 5% passes, but cannot rule out a slowdown past it: {line}" in text.stdout
+    # A gate that fails (a run of the baseline that NEW lacks) passes nothing: no 'passes, but' beside its failure.
+    from mtbench.runner.results.regression import build_regression
+    from mtbench.runner.results.report import COMPARE_KIND
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({"kind": COMPARE_KIND, "runs": [
+        {"label": name, "repeat": 1, "result": tiny_runs[name]["result"]} for name in ("jax", "torch")]}))
+    lines = build_regression(news, str(both), threshold=0.05).lines()
+    assert any(line.startswith("--fail-if-slower 5%: cannot judge: run 'torch'") for line in lines), lines
+    assert not any("passes, but" in line for line in lines), lines

@@ -354,6 +354,16 @@ def test_bad_percentages(text):
         stats.parse_percent(text, "--x")
 
 
+def test_a_number_below_one_without_its_sign_is_refused_as_ambiguous():
+    """The regression JSON records `fail_if_slower` 0.05 for 5 %: copied back as `--fail-if-slower 0.05`, it made
+    the gate a hundred times stricter."""
+    with pytest.raises(MtbenchError) as refused:
+        stats.parse_percent("0.05", "--fail-if-slower")
+    assert str(refused.value) == ("--fail-if-slower: '0.05' is 0.05 % or, as a fraction, 5 %; give it with its % "
+                                  "sign ('0.05%' or '5%')")
+    assert stats.parse_percent("0.05%", "--x") == pytest.approx(0.0005)
+
+
 def test_the_gate_fails_only_where_the_whole_interval_is_past_the_threshold():
     fast = repeats(5, noise=0.002)
     much = stats.ratio_interval("tokens_per_s", repeats(5, seed=7, step_s=0.015 * 1.2, noise=0.002), fast)
