@@ -192,8 +192,9 @@ class CompareProgress:
 
     def add(self, spec, repeat, result, result_file, log_file):
         runs, entries = (self.twins, self.twin_entries) if spec.twin else (self.runs, self.entries)
-        runs.append(LoadedRun(result, result_file))
-        entries.append({"label": spec.label + (" (A/A twin)" if spec.twin else ""), "repeat": repeat,
+        label = spec.label + (" (A/A twin)" if spec.twin else "")
+        runs.append(LoadedRun(result, result_file, asked_as=label))
+        entries.append({"label": label, "repeat": repeat,
                         "position": len(self.entries) + len(self.twin_entries) + 1,
                         "status": result.get("status"), "result_file": os.path.abspath(result_file),
                         "log_file": os.path.abspath(log_file), "python": spec.interpreter, "result": result})

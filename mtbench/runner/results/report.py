@@ -65,6 +65,7 @@ class LoadedRun:
     result: dict
     source: str  # the file, and which of its runs for a compare JSON
     warnings: tuple = ()  # what its file says of it beyond its result: a comparison that stopped early
+    asked_as: str = None  # the label its compare JSON gives it, the run as --matrix asked it (`dtype=auto`)
 
 
 def stopped_comparison_warning(status, status_reason):
@@ -85,9 +86,9 @@ def check_result(result, source):
         raise MtbenchError(f"{source}: not an mtbench result ({errors[0]}{more})")
 
 
-def _checked(result, source, warnings=()):
+def _checked(result, source, warnings=(), asked_as=None):
     check_result(result, source)
-    return LoadedRun(result, source, warnings)
+    return LoadedRun(result, source, warnings, asked_as)
 
 
 def load_runs(paths):
@@ -105,7 +106,7 @@ def load_runs(paths):
             check_compare_record(data, path)
             stopped = stopped_comparison_warning(data.get("status"), data.get("status_reason"))
             runs.extend(_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})",
-                                 (stopped,) if stopped else ()) for entry in entries)
+                                 (stopped,) if stopped else (), entry.get("label")) for entry in entries)
         elif isinstance(data, dict) and data.get("kind") in REPORTS_OF_RUNS:
             raise MtbenchError(f"{path}: {REPORTS_OF_RUNS[data['kind']]} holds summaries, not runs; "
                                f"give the result or compare JSON files it was made from")
@@ -639,18 +640,28 @@ def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS
     if not force:
         check_comparable(runs)
     groups = group_runs(runs)
-    labels = [group.label for group in groups]
     if baseline is None:
         chosen = groups[0]
     elif isinstance(baseline, LoadedRun):
         chosen = next(group for group in groups if any(run is baseline for run in group.runs))
     else:
-        chosen = groups[labels.index(baseline_label(baseline, labels, baseline_named_by))]
+        chosen = named_group(groups, baseline, baseline_named_by)
     ordered = [chosen] + [group for group in groups if group is not chosen]
     swept = swept_keys([run.result for run in runs])
     parity = check_parity(_parity_names(ordered), lambda result: parity_class(result, swept), steps=parity_steps,
                           tolerance=parity_tolerance)
     return Comparison(groups, chosen, parity, swept, noise_floor)
+
+
+def named_group(groups, given, named_by):
+    """The group `given` names: by its label (`baseline_label`), or by the label the compare JSON gave its runs,
+    as --matrix asked them: `torch:dtype=auto` for the run that trained in float32, which compare's --baseline
+    named so."""
+    labels = [group.label for group in groups]
+    asked = [group for group in groups if any(run.asked_as == given for run in group.runs)]
+    if given not in labels and len(asked) == 1:
+        return asked[0]
+    return groups[labels.index(baseline_label(given, labels, named_by))]
 
 
 def recorded_baseline(paths):

@@ -677,3 +677,24 @@ def test_a_language_model_given_the_default_tokenizer_compares_with_one_given_it
     named["config"]["tokenizer"] = named["data"]["tokenizer"]["type"] = "char"
     with pytest.raises(MtbenchError, match=r"in tokenizer \('char' vs 'byte'\)"):
         check_comparable([LoadedRun(default, "default.json"), LoadedRun(named, "char.json")])
+
+
+def test_a_run_is_named_by_its_label_or_as_its_compare_asked_for_it(tiny_runs, tmp_path):
+    """A dtype sweep beside runs of the device's dtype: compare labels them as --matrix asked (`torch:dtype=auto`,
+    which its --baseline takes), the table by what ran (`torch:dtype=float32`). `report --baseline` refused the
+    compare's own label; it takes either."""
+    from mtbench import MtbenchError
+    from mtbench.runner.results.report import COMPARE_KIND, build_comparison, load_runs
+    jax, torch = tiny_runs["jax"]["result"], tiny_runs["torch"]["result"]
+    bfloat16 = {**jax, "config": {**jax["config"], "dtype": "mixed_bfloat16"}}
+    runs = [("jax:dtype=auto", jax), ("torch:dtype=auto", torch), ("jax:dtype=mixed_bfloat16", bfloat16)]
+    path = tmp_path / "swept.json"
+    path.write_text(json.dumps({"kind": COMPARE_KIND, "runs": [{"label": label, "repeat": 1, "result": result}
+                                                                for label, result in runs]}))
+    loaded = load_runs([str(path)])
+    for given in ("torch:dtype=auto", "torch:dtype=float32"):
+        assert build_comparison(loaded, baseline=given).baseline.label == "torch:dtype=float32", given
+    shown = json.loads(report(str(path), "--format", "json", "--baseline", "torch:dtype=auto"))
+    assert shown["baseline"] == "torch:dtype=float32"
+    with pytest.raises(MtbenchError, match="^--baseline 'torch:dtype=bfloat16' is none of the runs: "):
+        build_comparison(loaded, baseline="torch:dtype=bfloat16")
