@@ -340,6 +340,11 @@ class TrainConfig:
     def size_overrides(self):
         """{ModelPreset field: value} that the size flags set over the preset."""
         overrides = {SIZE_FIELDS[name]: getattr(self, name) for name in SIZE_FIELDS if getattr(self, name) is not None}
+        if self.d_model is not None and self.ff_dim is None:
+            # The feed-forward keeps the preset's width per model dimension (4x in GPT-2 and nanoGPT, whose
+            # `n_embd` alone sets it): `--d-model 64` on `char` is nanoGPT's 64-wide model, not one of 1,536 units.
+            preset = self.preset_model
+            overrides["ff_dim"] = max(1, round(self.d_model * preset.ff_dim / preset.d_model))
         if self.layers is not None:
             overrides.update(decoder_layers=self.layers, **({} if self.decoder_only else {"encoder_layers": self.layers}))
         return overrides

@@ -23,6 +23,20 @@ def test_size_flags_override_the_preset_and_layers_sets_both_stacks():
     assert TrainConfig.from_dict(recorded).model == TrainConfig(preset="tiny", d_model=96, heads=4).model
 
 
+def test_the_feed_forward_keeps_the_presets_width_per_model_dimension_unless_given():
+    """nanoGPT's `n_embd` sets its MLP's width (4x): `--d-model 64` on `char` kept the preset's 1,536 units (24x),
+    and a run labelled as nanoGPT's 64-wide model trained another."""
+    def shape(**flags):
+        model = TrainConfig(**flags).model
+        return model.d_model, model.ff_dim
+
+    assert shape(model_name="gpt", preset="char", d_model=64, heads=4) == (64, 256)
+    assert shape(model_name="gpt", preset="char") == (384, 1536)
+    assert shape(model_name="gpt", preset="char", d_model=64, heads=4, ff_dim=100) == (64, 100)
+    assert shape(preset="tiny", d_model=96, heads=4) == (96, 192)  # the translation preset's 2x
+    assert TrainConfig(preset="tiny", d_model=96, heads=4).to_dict()["ff_dim"] is None  # recorded as given
+
+
 @pytest.mark.parametrize("flags, message", [
     ({"d_model": 100, "heads": 3}, "--d-model 100 is not divisible by --heads 3"),
     ({"heads": 3}, "--d-model 64 is not divisible by --heads 3"),  # the preset's d_model
@@ -78,7 +92,8 @@ def guides_family(monkeypatch):
 def test_a_plugins_family_sizes_its_runs_by_its_own_presets_and_steps(guides_family):
     config = TrainConfig(model_name="one-block-lm", preset="mini", d_model=48)
     assert (config.max_len, config.steps, config.decoder_only) == (32, 40, True)
-    assert (config.model.d_model, config.model.ff_dim, config.model.num_heads) == (48, 128, 2)
+    # the feed-forward at the preset's width per model dimension (128 for its 32): 4x
+    assert (config.model.d_model, config.model.ff_dim, config.model.num_heads) == (48, 192, 2)
     assert config.length_option == "--block-size"
     with pytest.raises(MtbenchError, match="unknown preset 'tiny' for --model one-block-lm; choose one of mini, small"):
         TrainConfig(model_name="one-block-lm", preset="tiny")
