@@ -73,7 +73,7 @@ class ComparePlan:
         return list({spec.shape: spec for spec in self.specs}.values())
 
     def run_file(self, spec, repeat, suffix=".json"):
-        return os.path.join(self.runs_dir, f"{spec.label}{'-aa' if spec.twin else ''}-{repeat}{suffix}")
+        return os.path.join(self.runs_dir, run_file_name(f"{spec.label}{'-aa' if spec.twin else ''}", repeat, suffix))
 
     def round(self, repeat):
         """(spec, repeat) of one repeat, in the order they run: the runs' own order in odd repeats, reversed in even
@@ -138,6 +138,16 @@ def auto_repeats_end(auto, repeats, widest, elapsed_s, round_s):
 def runs_dir(out):
     """The folder beside a combined JSON that holds its runs' own files (`mtbench compare`'s, `mtbench rerun`'s)."""
     return result_stem(out) + ".runs"
+
+
+# What names a run's files in place of the characters of its label that Windows' file names, and CI systems'
+# artifact uploads (GitHub's refuses `:`), do not take: `jax:model=gpt` -> `jax_model=gpt-1.json`.
+UNSAFE_IN_FILE_NAMES = str.maketrans({character: "_" for character in '\\/:*?"<>|'})
+
+
+def run_file_name(label, repeat, suffix=".json"):
+    """The name of the file of repeat `repeat` of the run labelled `label` in a runs folder."""
+    return f"{label.translate(UNSAFE_IN_FILE_NAMES)}-{repeat}{suffix}"
 
 
 def check_repeats_and_parity(repeats, auto, parity_steps, parity_tolerance):

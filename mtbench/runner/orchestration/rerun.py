@@ -14,7 +14,7 @@ from mtbench.figures import run_processes
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.orchestration.children import run_child
-from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, run_file_arguments, runs_dir
+from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, run_file_arguments, run_file_name, runs_dir
 from mtbench.plugins import manager as plugins
 from mtbench.plugins.api import file_sha256
 from mtbench.runner.orchestration.environments import check_runs, probe_devices, probe_environment, runs_to_preflight
@@ -108,7 +108,7 @@ def plan_reruns(path, out, overwrite):
         pythons, environments = compared_interpreters(path)
         for run, label, python in zip(runs, labels, pythons):
             repeats[label] = repeats.get(label, 0) + 1
-            reruns.append(Rerun(run, label, os.path.join(runs_dir(out), f"{label}-{repeats[label]}.json"),
+            reruns.append(Rerun(run, label, os.path.join(runs_dir(out), run_file_name(label, repeats[label])),
                                 repeats[label], python=python))
         check_output_path(out, overwrite)
     for rerun in reruns:  # the original's file is never written over

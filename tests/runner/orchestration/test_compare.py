@@ -533,6 +533,16 @@ def test_compare_validates_every_run_along_the_way_and_stops_each_at_the_target(
 
 
 @pytest.mark.slow
+def test_a_runs_files_are_named_without_what_windows_and_artifact_uploads_refuse(tmp_path):
+    """`jax:model=gpt-1.json` could not be uploaded as a GitHub Actions artifact (`:`) nor copied to Windows."""
+    from mtbench.runner.orchestration.compare import ComparePlan
+    from mtbench.runner.orchestration.runs import plan_runs
+    specs = plan_runs(matrix="jax:d-model=32,heads=4;torch+ddp@2:batch-size=8")
+    plan = ComparePlan(specs, 1, None, [], str(tmp_path / "c.json"), False, 50, 0.01)
+    assert [os.path.basename(plan.run_file(spec, 2, ".log")) for spec in specs] == [
+        "jax_d-model=32,heads=4-2.log", "torch+ddp@2_batch-size=8-2.log"]
+
+
 def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_path, cache_dir):
     """Two model sizes, each on both backends: one weights file per size, parity within a size, labels that
     name the size, the energy and cost lines, and every run's TensorBoard events under the comparison's group."""
@@ -544,6 +554,8 @@ def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     combined = json.loads(out.read_text())
     assert [run["label"] for run in combined["runs"]] == ["jax:d-model=32,heads=4", "torch:d-model=32,heads=4", "jax"]
+    assert [os.path.basename(run["result_file"]) for run in combined["runs"]] == [
+        "jax_d-model=32,heads=4-1.json", "torch_d-model=32,heads=4-1.json", "jax-1.json"]
     by_size = combined["initial_weights_by_size"]
     assert set(by_size) == {"d-model=32,heads=4", ""} and by_size[""]["sha256"] != by_size["d-model=32,heads=4"]["sha256"]
     small, _, preset = [run["result"] for run in combined["runs"]]
