@@ -102,10 +102,42 @@ def _extras_help():
         return ""
 
 
+class OutputWithoutReader:
+    """sys.stdout, where a reader that leaves early (`| head`) ends the output, not the command: the rest goes to
+    the null device and the command ends with its own exit status. click ended it at once with status 1 and no
+    word, which a CI shell with `pipefail` read as a failed gate that had passed."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_the_null_device()
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_the_null_device()
+
+    def _to_the_null_device(self):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self._stream.fileno())
+        os.close(null)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class OneLineErrors(click.Group):
     """Usage errors in one line too (click's default repeats the usage text above the error)."""
 
     def main(self, *args, **kwargs):
+        if not isinstance(sys.stdout, OutputWithoutReader) and hasattr(sys.stdout, "fileno"):
+            sys.stdout = OutputWithoutReader(sys.stdout)
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click.exceptions.Abort:

@@ -76,6 +76,27 @@ def test_a_run_added_to_a_sweep_leaves_its_fellows_held_against_the_same_runs(ti
     assert len(regression.held_anyway) == 1 and "differs from" in regression.held_anyway[0]
 
 
+def test_a_reader_that_leaves_early_leaves_the_gates_exit_status_as_it_is(tiny_runs, tmp_path):
+    """`mtbench report NEW --baseline OLD --fail-if-slower 5% | head -1` in a CI shell with pipefail: the gate that
+    passed ended with status 1 and no word once head had gone (click's answer to a broken pipe). Its status is the
+    gate's, whether anything reads its output or not."""
+    import subprocess
+    import sys
+    from conftest import cli_environment
+    old = tiny_runs["jax"]
+    history = [{**entry, "seconds": entry["seconds"] * 3} for entry in old["result"]["history"]]
+    slower = edited(old["result"], tmp_path / "slower.json", history=history)
+    copy = edited(old["result"], tmp_path / "copy.json", created="2026-12-06T10:00:00+00:00")
+    for new, status in ((copy, 0), (slower, 1)):
+        gate = [sys.executable, "-m", "mtbench", "report", new, "--baseline", old["path"], "--fail-if-slower", "5%"]
+        read = subprocess.run(gate, capture_output=True, text=True, env=cli_environment())
+        assert read.returncode == status, read.stderr
+        unread = subprocess.Popen(gate, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=cli_environment())
+        unread.stdout.close()  # the reader leaves before the first line
+        assert unread.wait(timeout=300) == status and unread.stderr.read() == read.stderr
+
+
 def test_a_run_that_stopped_early_never_passes_the_gate(tiny_runs, tmp_path):
     old = tiny_runs["jax"]
     diverged = edited(old["result"], tmp_path / "diverged.json", status="diverged",
