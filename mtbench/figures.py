@@ -652,7 +652,10 @@ def hardware(result):
     if device.get("kind") == "cpu":
         # The machine's cores: a process beside others on it counts only its share (`processes.cpu_share`).
         share = (result.get("processes") or {}).get("cpu_share")
-        return f"{device.get('name')}, {share['of_cpus'] if share else env.get('cpu_count')} cores"
+        cores = share["of_cpus"] if share else env.get("cpu_count")
+        quota = env.get("cpu_quota")  # a control group's share of their time (a container's --cpus)
+        limited = f" (a quota of {quota:g} CPUs)" if quota is not None and cores and quota < cores else ""
+        return f"{device.get('name')}, {cores} core{'' if cores == 1 else 's'}{limited}"
     return f"{result.get('devices_used') or device.get('count')}x {device.get('name')}"
 
 

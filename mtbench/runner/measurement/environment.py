@@ -149,6 +149,39 @@ def _nvml_driver_version():
         pynvml.nvmlShutdown()
 
 
+def cpu_quota(cgroups="/sys/fs/cgroup", membership="/proc/self/cgroup"):
+    """The CPU time a control group allows this process, in CPUs (a container run with `--cpus 1.5`: 1.5), or None
+    where none is set: cgroup v2's `cpu.max`, else v1's CFS quota, of the process's own group or the mount's root
+    (a container's view). A quota shares the cores by time: a CI job given 2 CPUs of a 64-core machine sees all 64
+    in its affinity, and its figures are 2 CPUs'."""
+    try:
+        with open(membership) as f:
+            groups = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        groups = []
+    candidates = []
+    for _, controllers, path in groups:
+        if controllers == "":  # v2's one hierarchy
+            candidates += [(os.path.join(cgroups + path, "cpu.max"), None), (os.path.join(cgroups, "cpu.max"), None)]
+        elif "cpu" in controllers.split(","):
+            for directory in (os.path.join(cgroups, controllers), os.path.join(cgroups, "cpu")):
+                candidates += [(os.path.join(directory + path, "cpu.cfs_quota_us"), "cpu.cfs_period_us"),
+                               (os.path.join(directory, "cpu.cfs_quota_us"), "cpu.cfs_period_us")]
+    for quota_file, period_name in candidates:
+        try:
+            with open(quota_file) as f:
+                quota, *rest = f.read().split()
+            if period_name:
+                with open(os.path.join(os.path.dirname(quota_file), period_name)) as f:
+                    rest = f.read().split()
+        except (OSError, ValueError):
+            continue
+        if quota in ("max", "-1") or not rest:
+            return None
+        return int(quota) / int(rest[0])
+    return None
+
+
 def host_environment():
     """Versions and hardware, from package metadata, the OS and the GPU driver: describing a framework never
     imports it."""
@@ -159,6 +192,7 @@ def host_environment():
         **{package: _version(package) for package in PACKAGES},
         "cpu_model": cpu_model(),
         "cpu_count": cpu_count(),
+        "cpu_quota": cpu_quota(),
         "platform": platform.platform(),
         "mtbench": __version__,
         "mtbench_git_commit": git_commit(),

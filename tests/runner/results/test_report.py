@@ -472,7 +472,8 @@ def test_plot_shows_each_runs_loss_curve_and_throughput(results, tmp_path):
     assert [tick.get_text() for tick in speed_axes.get_xticklabels()] == ["jax\nfloat32", "torch\nfloat32"]
     env = results["jax"][1]["env"]
     if device_kind("jax") == "cpu":
-        machine = f"{env['cpu_count']} cores"  # the CPUs the run could use (a test worker's share)
+        cores = env["cpu_count"]  # the CPUs the run could use (a test worker's share)
+        machine = f"{cores} core" + ("" if cores == 1 else "s")
     else:
         machine = f"{env['device']['count']}x {env['device']['name']}"
     assert machine in figure.get_suptitle() and "preset tiny" in figure.get_suptitle()
