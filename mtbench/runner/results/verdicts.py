@@ -536,7 +536,7 @@ def break_even(run, against, compile_s, step_s, unit="step"):
     count = (compile_s[slow_compile] - compile_s[fast_compile]) / (step_s[fast_compile] - step_s[slow_compile])
     seconds = compile_s[fast_compile] + count * step_s[fast_compile]
     whole = math.ceil(round(count, 6))  # 2 / 0.01 is 200.00000000000003 in floats: 200 steps, not 201
-    text = f"{slow_compile} overtakes {fast_compile} after {whole:,} {unit}s ({seconds:,.1f} s)"
+    text = f"{slow_compile} overtakes {fast_compile} after {whole:,} {unit}{'' if whole == 1 else 's'} ({seconds:,.1f} s)"
     counted = {"tokens": whole} if unit == "token" else {"steps": whole}
     return BreakEven(run, against, text, seconds=seconds, faster_compiling=fast_compile,
                      faster_stepping=slow_compile, unit=unit, **counted)

@@ -312,6 +312,9 @@ def test_break_even_against_a_hand_count():
     assert even.text == "b overtakes a after 200 steps (7.0 s)"
     odd = stats.break_even("b", "a", {"a": 1.0, "b": 3.5}, {"a": 0.03, "b": 0.02})
     assert odd.steps == 250
+    # b compiles 0.01 s slower, 10 ms a step faster: it has caught up after one step
+    assert stats.break_even("b", "a", {"a": 1.0, "b": 1.01}, {"a": 0.03, "b": 0.02}).text == \
+        "b overtakes a after 1 step (1.0 s)"
     never = stats.break_even("b", "a", {"a": 1.0, "b": 0.5}, {"a": 0.03, "b": 0.02})
     assert never.steps is None and never.text == "never: b compiles faster and steps faster"
     assert stats.break_even("b", "a", {"a": None, "b": 0.5}, {"a": 0.03, "b": 0.02}) is None
