@@ -17,7 +17,7 @@ from functools import cached_property
 from rich.table import Table
 
 from mtbench.errors import MtbenchError
-from mtbench.runner.config import COMPILED_STEP_EXTRA, TrainConfig, decoding_name
+from mtbench.runner.config import COMPILED_STEP_EXTRA, EXTRA_OPTIONS, TrainConfig, decoding_name
 from mtbench.runner.files import read_json
 from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, energy_counter_text,
                              hardware, is_number, kinds_against_text, machine_device, profile_operations_text,
@@ -535,7 +535,7 @@ class Comparison:
                     and list(result["extras"]) == single and result.get("train_step") == group.first.get("train_step")
                     and other.dtype == group.dtype
                     and machine_device(result) == machine_device(group.first)
-                    and _settings(result) == _settings(group.first)):
+                    and _settings(result, spanning) == _settings(group.first, spanning)):
                 mine, theirs = group.speed(), other.speed()
                 ideal = ideal_speedup(group.first, result)
                 efficiency = mine / (ideal * theirs) if mine is not None and theirs else None
@@ -591,10 +591,13 @@ def device_model(result):
     return f"{device.get('kind')}: {device.get('name')}"
 
 
-def _settings(result):
-    """What else a run of N processes and the one-process run it scales must share: size, sweep keys, Python."""
-    return ([result["config"].get(key, KEY_DEFAULTS.get(key)) for key in (*SIZE_KEYS, *SWEEP_KEYS)],
-            interpreter(result), versions_text(result))
+def _settings(result, spanning=()):
+    """What else a run of N processes and the one-process run it scales must share: size, sweep keys, Python; not
+    the options of the extras in `spanning` (those that span the N processes), which the one-process run has not:
+    a GPipe pipeline scales the one-process run as a 1F1B one does."""
+    keys = [key for key in (*SIZE_KEYS, *SWEEP_KEYS) if EXTRA_OPTIONS.get(key) not in spanning]
+    return ([result["config"].get(key, KEY_DEFAULTS.get(key)) for key in keys], interpreter(result),
+            versions_text(result))
 
 
 # Sweep keys that change how a step is laid out, not what it computes: micro-batches (a step of 2 x 32 rows

@@ -92,6 +92,20 @@ def test_a_scaling_efficiency_above_the_ideal_is_warned_of_beside_the_runs_other
     assert compared.warnings(compared.groups[1]) == compared.groups[1].warnings()
 
 
+def test_a_pipeline_on_either_schedule_scales_the_one_process_run(tiny_runs):
+    """`torch+pipeline-parallel@2:pipeline-schedule=gpipe` had no scaling efficiency beside the 1F1B run's: its
+    schedule, an option of the extra that spans its processes, differed from the one-process run's default."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison
+    one = copy.deepcopy(tiny_runs["torch"]["result"])
+    runs = [LoadedRun(one, "one.json")]
+    for schedule in ("1f1b", "gpipe"):
+        two = two_process_copy(one, "pipeline-parallel", 1.5, "cpu", 2)
+        two["config"].update(pipeline_schedule=schedule, pipeline_micro_batches=4)
+        runs.append(LoadedRun(two, f"{schedule}.json"))
+    compared = build_comparison(runs)
+    assert [compared.scaling(group)["against"] for group in compared.groups[1:]] == ["torch", "torch"]
+
+
 def test_matrix_entries_name_their_process_count():
     assert parse_run_spec("torch+ddp@2:d-model=64") == RunSpec("torch", ("ddp",), (("d_model", 64),), 2)
     assert parse_run_spec("torch+ddp@2:d-model=64").label == "torch+ddp@2:d-model=64"
