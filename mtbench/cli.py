@@ -192,7 +192,7 @@ UNCUT_WIDTH = 1000
 
 def output_console(**options):
     """rich's Console, as wide as its tables need where it writes to no terminal."""
-    console = Console(**options)
+    console = Console(markup=False, **options)  # user text as given: a path "corp[red].tsv" is no markup
     if not console.is_terminal and not os.environ.get("COLUMNS"):
         console.width = UNCUT_WIDTH
     return console
@@ -230,7 +230,7 @@ RUN_CONFIGURATION_OPTIONS = (
                  help=f"Model size: {', '.join(PRESETS)} (transformer); {', '.join(GPT_PRESETS)} (gpt); a plugin's "
                       f"model family may bring its own."),
     click.option("--steps", type=int, help="Training steps (default: per preset; transformer tiny 40, small 450, base 2000; gpt tiny 40, small 300, char 5000, gpt2-small 2000)."),
-    click.option("--epochs", type=float, help="Train for this many passes over the training split instead of --steps."),
+    click.option("--epochs", type=float, help="Train for this many passes over the training split instead of --steps; sentence pairs train in full batches only, a length bucket's remainder waiting for the next epoch's shuffle."),
     click.option("--batch-size", type=int, default=64, show_default=True, help="Rows per step: sentence pairs, or a language model's blocks of --block-size tokens (evaluation batches too)."),
     click.option("--grad-accum", type=int, metavar="N", default=1, show_default=True, help="Gradient accumulation, as nanoGPT's gradient_accumulation_steps: each step sums the gradients of N micro-batches of --batch-size rows (or --max-tokens tokens) and updates once, inside the compiled step on JAX; tokens/s and MFU count the whole step."),
     click.option("--max-tokens", type=int, metavar="N", help="Token batching, as fairseq's: each length bucket's training batches get as many rows as fit N tokens of padded length (a multiple of 8 from 8 rows), instead of --batch-size rows."),
@@ -250,7 +250,7 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--valid-size", type=int, default=500, show_default=True),
     click.option("--test-size", type=int, default=500, show_default=True),
     click.option("--vocab-size", type=int, help="Sentencepiece vocabulary (default: the preset's)."),
-    click.option("--max-len", type=int, help="Tokens per side, longer pairs are dropped (default: the preset's)."),
+    click.option("--max-len", type=int, help="Tokens per side, counting its end token; longer pairs are dropped (default: the preset's)."),
     click.option("--block-size", type=int, metavar="N", help="A language model's block: tokens per row, its positions (default: the preset's)."),
     click.option("--tokenizer", type=click.Choice(["byte", "char", "sentencepiece"]), help="A language model's tokens: byte (vocabulary 256, default), char (the training split's characters) or sentencepiece (--vocab-size)."),
     click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the block: consecutive blocks, as nanoGPT's estimate_loss)."),
@@ -886,19 +886,22 @@ def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, b
 
 @main.command()
 @MODEL_ARGUMENT
-@click.argument("file", required=False, type=click.File("r", encoding="utf-8"))
+@click.argument("file", required=False, type=click.File("rb"))
 @inference_options
 @handle_errors
 def translate(model, file, backend, dtype, beam, length_penalty, batch_size):
     """Translate FILE (or stdin), one sentence a line, to stdout, with a trained model: MODEL is a result JSON, a
     run directory (RESULT.run), its saved model (RESULT.run/model), one of its checkpoints, or a pretrained
     checkpoint as it was published, NAME:DIR (marian:DIR, gpt2:DIR)."""
+    from mtbench.runner.data.formats import text_line
     from mtbench.runner.inference import open_translator
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     translator = open_translator(model, registry, backend, beam, length_penalty, dtype)
     try:
-        lines = [line.rstrip("\r\n") for line in (file or click.get_text_stream("stdin"))]
+        # Read in binary and split on "\n" alone, as the corpus readers do: text mode's universal newlines also split
+        # at a lone "\r" inside a sentence, and the translations no longer stood beside their lines.
+        lines = [text_line(raw, number) for number, raw in enumerate(file or click.get_binary_stream("stdin"), 1)]
     except UnicodeDecodeError:
         raise MtbenchError(f"{'stdin' if file is None else file.name}: not valid UTF-8; expected one sentence a "
                            f"line") from None
@@ -907,8 +910,9 @@ def translate(model, file, backend, dtype, beam, length_penalty, batch_size):
         translations = translator.translate(lines, batch_size, advance)
     click.echo("".join(f"{text}\n" for text in translations), nl=False)
     if translator.truncated:
-        click.echo(f"Warning: {translator.truncated} sentences were longer than the model's {translator.config.max_len} "
-                   f"tokens and were cut", err=True)
+        count, were = translator.truncated, "were" if translator.truncated != 1 else "was"
+        click.echo(f"Warning: {count} sentence{'s' * (count != 1)} {were} longer than the model's "
+                   f"{translator.config.max_len} tokens and {were} cut", err=True)
 
 
 @main.command()
@@ -982,8 +986,9 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
         console.print(f"{empty} pair{'s' * (empty != 1)} with an empty side left out, as a run leaves them out of its "
                       f"test set", highlight=False)
     if scores["sources_truncated"]:
-        console.print(f"{scores['sources_truncated']} sources were longer than the model's {scores['max_len']} tokens "
-                      f"and were cut", highlight=False)
+        cut = scores["sources_truncated"]
+        console.print(f"{cut} {'source was' if cut == 1 else 'sources were'} longer than the model's "
+                      f"{scores['max_len']} tokens and {'was' if cut == 1 else 'were'} cut", highlight=False)
     if out:
         write_text_atomic(hypotheses_file, "".join(h + "\n" for h in hypotheses))
         write_json_atomic(out, {**scores, "hypotheses_file": hypotheses_file})
@@ -1035,7 +1040,6 @@ def env(as_json, calibrate, cache_dir):
     """Versions, devices and the plugins that would load (imports each framework, never keras)."""
     from mtbench.runner.config import default_cache_dir
     from mtbench.runner.measurement.environment import calibrate_peaks, describe_environment, environment_rows
-    from rich.markup import escape
     registry = plugins.registry()
     description = describe_environment(registry)
     if calibrate:
@@ -1047,7 +1051,7 @@ def env(as_json, calibrate, cache_dir):
     for column in ("", "name", "value"):
         table.add_column(column)
     for row in environment_rows(description):
-        table.add_row(*map(escape, row))  # plain text: "mtbench[jax-cuda]" is no markup
+        table.add_row(*row)  # the console reads no markup: "mtbench[jax-cuda]" as given
     output_console().print(table)
 
 

@@ -83,6 +83,7 @@ FIGURES = (
     Figure("train_loss", "train loss", "quality", _metric("train_loss")),
     Figure("val_loss", "validation loss", "quality", _metric("val_loss")),
     Figure("test_loss", "test loss", "quality", _metric("test_loss")),
+    Figure("train_accuracy", "train token accuracy", "quality", _metric("train_accuracy")),
     Figure("val_accuracy", "validation token accuracy", "quality", _metric("val_accuracy")),
     Figure("test_accuracy", "test token accuracy", "quality", _metric("test_accuracy")),
     Figure("bleu", "BLEU (test)", "quality", _metric("bleu"), decimals=2),
@@ -375,6 +376,10 @@ SCATTER_BOUND = 1.5      # steady step p90 / median
 OTHERS_BOUND = 10.0      # percent of the CPUs' time other processes used while the run trained
 STEAL_BOUND = 5.0        # percent of the CPUs' time the hypervisor gave to other guests while the run trained
 MIN_STEADY_WINDOWS = 3   # timing windows (clock readings) of steady steps below which the median and p90 show no spread
+# A split of one corpus shares a few short, formulaic sentences by chance (the default bible-en-fr split, its
+# duplicates dropped: 0 of its 500 test sources); past 5 % of them the test scores reward recalling the training
+# pairs as well as translating.
+TEST_OVERLAP_BOUND = 0.05  # share of the test sources also in the training data
 
 
 def _gpu_process_text(process):
@@ -441,8 +446,9 @@ def run_warnings(result):
     timed in too few windows, programs compiled after the warm-up steps, a machine loaded while the run trained
     (other processes used more than OTHERS_BOUND of its CPUs; where the OS does not tell, a load average above the
     cores as training began) or whose hypervisor took its CPUs, other processes holding a context on the run's GPUs
-    (nvidia-smi's, as training began or ended), and an MFU peak measured while the load average was above the
-    cores. Results written before the machine's load was recorded get no load warning."""
+    (nvidia-smi's, as training began or ended), the task's quality warning, a test set that overlaps the training
+    data beyond TEST_OVERLAP_BOUND, an MFU above 100 % (its peak named) and an MFU peak measured while the load
+    average was above the cores. Results written before the machine's load was recorded get no load warning."""
     warnings = []
     if result.get("status", "completed") != "completed":  # a partial result: its figures stop where it stopped
         done = (result.get("history") or [{}])[-1].get("step", 0)
@@ -506,20 +512,56 @@ def run_warnings(result):
                         f"and the steps timed with {them} are slower")
     if (result.get("metrics") or {}).get("quality_warning"):  # the task's own (empty translations)
         warnings.append(result["metrics"]["quality_warning"])
+    overlap = overlapping_test_set_warning(result.get("data") or {})
+    if overlap:
+        warnings.append(overlap)
     utilization = result.get("utilization") or {}
     peak_load = _loaded(utilization.get("peak_load_average"), cores)
     peak_others = utilization.get("peak_other_processes_percent")  # absent from peaks measured before 2026-12-05
     peak_beside_others = (peak_others or 0) > OTHERS_BOUND
-    if utilization.get("mfu") is not None and (peak_load is not None or peak_beside_others):
+    if (utilization.get("mfu") or 0) > 1:  # said first: its peak's load is in `mfu_above_peak_warning`'s words
+        warnings.append(mfu_above_peak_warning(utilization))
+    elif utilization.get("mfu") is not None and (peak_load is not None or peak_beside_others):
         under = "; ".join(([f"other processes used {peak_others:.0f} % of the CPUs' time as it measured (bound "
                             f"{OTHERS_BOUND:g} %)"] if peak_beside_others else []) +
                           ([f"load average {peak_load:g} on {cores} cores"] if peak_load is not None else []))
         warnings.append(f"MFU peak measured under load: {under} at {utilization.get('peak_measured_at')}, so MFU "
                         f"reads high (`mtbench env --calibrate` on a quiet machine measures it again)")
-    elif (utilization.get("mfu") or 0) > 1:
-        warnings.append(f"MFU above 100 %: the run reached more than its peak ({utilization.get('peak_source')}), "
-                        f"which is no peak (`mtbench env --calibrate` measures it again)")
     return warnings
+
+
+def overlapping_test_set_warning(data):
+    """A translation run's test set that is partly the training data (`data.test_sources_in_train` of
+    `test_sources_checked`), past TEST_OVERLAP_BOUND, in words; None below it and where the task does not count
+    it (a language model's contiguous splits, a plugin's task)."""
+    overlapping, checked = data.get("test_sources_in_train"), data.get("test_sources_checked")
+    if not checked or overlapping is None or overlapping / checked <= TEST_OVERLAP_BOUND:
+        return None
+    return (f"test set overlaps the training data: {overlapping:,} of {checked:,} test sources "
+            f"({overlapping / checked:.0%}) are also training sources (bound {TEST_OVERLAP_BOUND:.0%}), so the test "
+            f"scores reward recalling training pairs as well as translating")
+
+
+def flops_text(flops_per_s):
+    """'97.1 GFLOP/s', '989.4 TFLOP/s': a CPU's peak in GFLOP/s, where TFLOP/s would read 0.10."""
+    return f"{flops_per_s / 1e12:,.1f} TFLOP/s" if flops_per_s >= 1e12 else f"{flops_per_s / 1e9:,.1f} GFLOP/s"
+
+
+def mfu_above_peak_warning(utilization):
+    """An MFU above 100 % in words: the peak it divides by, where that peak came from and when it was measured,
+    and how to measure it again. A peak measured on a busy machine and cached reads low for every later run (52
+    GFLOP/s cached against 98 reached, 2026-11-26); a datasheet's peak beaten says the FLOPs counted are wrong."""
+    devices = utilization.get("peak_devices") or 1
+    peak = flops_text(utilization["peak_flops_per_s"]) + (f" x {devices} devices" if devices > 1 else "")
+    source = utilization.get("peak_source") or "source not recorded"
+    text = f"MFU above 100 % ({utilization['mfu'] * 100:.1f} %): more than the peak it divides by, {peak} ({source}"
+    if not source.startswith("measured"):  # a datasheet's, which no measurement here replaces
+        return text + "), so the model's FLOPs are counted too high or the peak is not this device's"
+    measured = peak_measurement_text(utilization.get("peak_measured_at"), utilization.get("peak_load_average"),
+                                     utilization.get("peak_cpus"), utilization.get("peak_threads"),
+                                     utilization.get("peak_other_processes_percent"))
+    return (f"{text}; {measured or 'when and under what load not recorded'}), so that peak is too low "
+            f"(`mtbench env --calibrate` on a quiet machine measures it again)")
 
 
 def peak_measurement_text(measured_at, load_average, cpus=None, threads=None, other_processes_percent=None):

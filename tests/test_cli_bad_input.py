@@ -86,11 +86,26 @@ def cases(tmp_path, plugin_path):
         "jsonl without languages": (["--data", write(t / "pairs.jsonl", jsonl(translations))],
                                     "pairs.jsonl: a jsonl corpus needs --src-lang and --tgt-lang", None),
         "one language only": (["--data", good, "--src-lang", "en"], "give both --src-lang and --tgt-lang", None),
+        # its references file got a line more than the hypotheses, and sacrebleu refused it
+        "jsonl sentence over two lines": (["--data", write(t / "lines.jsonl", jsonl(translations[:1] + [
+            {"translation": {"en": "two", "fr": "deux\nlignes"}}])), "--src-lang", "en", "--tgt-lang", "fr"],
+            'lines.jsonl:2: the target ("fr") sentence holds a line break', None),
+        # read as TSV: 'expected at least 2 tab-separated columns', and no word of the prefix
+        "a moses side as the corpus": (["--data", str(t / "corpus.en"), "--src-lang", "en", "--tgt-lang", "fr"],
+                                       f"corpus.en is one side of a Moses pair ({t / 'corpus.fr'} beside it): give "
+                                       f"their prefix, {t / 'corpus'}, with --src-lang en --tgt-lang fr", None),
+        "a moses prefix without languages": (["--data", str(t / "corpus")], f"corpus: no such file; "
+                                             f"{t / 'corpus.en'} and {t / 'corpus.fr'} exist: a Moses pair is given "
+                                             f"as their prefix with --src-lang and --tgt-lang (en, fr)", None),
         "bad validation file": (["--data", good, "--valid", write(t / "valid.tsv", "one column only\n")],
                                 "valid.tsv:1: expected at least 2 tab-separated columns", None),
         "sacrebleu set not cached": (["--data", good, "--test", "sacrebleu:wmt14", "--src-lang", "en",
                                       "--tgt-lang", "fr"], "sacrebleu test set wmt14 en-fr is not in sacrebleu's "
                                      "cache", empty_cache),
+        # WMT's XML sets (wmt21 on): sacrebleu's field names of the set downloaded it, 'Error: URLError' and a lock file
+        "sacrebleu xml set not cached": (["--data", good, "--test", "sacrebleu:wmt22", "--src-lang", "en",
+                                          "--tgt-lang", "de"], "sacrebleu test set wmt22 en-de is not in sacrebleu's "
+                                         "cache", empty_cache),
         "unknown sacrebleu set": (["--data", good, "--test", "sacrebleu:wmt41", "--src-lang", "en", "--tgt-lang",
                                    "fr"], "unknown sacrebleu test set 'wmt41'", empty_cache),
         "sacrebleu pair missing": (["--data", good, "--test", "sacrebleu:wmt14", "--src-lang", "en", "--tgt-lang",
@@ -113,6 +128,8 @@ def cases(tmp_path, plugin_path):
         "batch size zero": (["--batch-size", "0"], "--batch-size must be at least 1", None),
         "negative steps": (["--steps", "-3"], "--steps must be at least 1", None),
         "no beam": (["--beam", "0"], "--beam must be at least 1", None),
+        # one bound, 16, where 0 was told 'at least 1' and 1 then 'at least 16'
+        "no vocabulary": (["--vocab-size", "0"], "--vocab-size must be at least 16, got 0", None),
         # named by the variable the user set, not by a flag never given
         "a price in the environment that is no number": (["--data", good], "MTBENCH_PRICE_PER_HOUR='abc' is not a "
                                                          "number", {"MTBENCH_PRICE_PER_HOUR": "abc"}),
@@ -286,12 +303,15 @@ CASE_NAMES = [
     "data is a pipe", "data under a file", "empty file", "invalid utf-8", "not gzip", "truncated gzip",
     "too few columns", "column beyond the line", "same column twice", "every pair has an empty side",
     "moses line counts differ", "moses side missing", "jsonl line not json", "jsonl lacks the language",
-    "jsonl without languages", "one language only", "bad validation file", "sacrebleu set not cached",
+    "jsonl without languages", "one language only", "jsonl sentence over two lines", "a moses side as the corpus",
+    "a moses prefix without languages", "bad validation file", "sacrebleu set not cached",
+    "sacrebleu xml set not cached",
     "unknown sacrebleu set", "sacrebleu pair missing", "corpus too small to split", "unknown dataset",
     "a file as the dataset", "a file as a language model's dataset",
     "unknown extra", "extra unavailable here", "conflicting extras", "eager jax step",
     "eager step beside the compile extra", "batch size zero", "negative steps",
-    "no beam", "no time to wait for the other processes", "a price in the environment that is no number",
+    "no beam", "no vocabulary", "no time to wait for the other processes",
+    "a price in the environment that is no number",
     "negative length penalty", "steps and epochs", "endless epochs", "learning rate not a number",
     "weight decay not a number",
     "validation past the last step", "validation past the last step of the epochs",

@@ -239,7 +239,8 @@ class TrainConfig:
         if self.pipeline_schedule not in (None, *PIPELINE_SCHEDULES):
             raise MtbenchError(f"unknown pipeline schedule '{self.pipeline_schedule}'; choose one of "
                                f"{', '.join(PIPELINE_SCHEDULES)}")
-        for name in ("batch_size", "steps", "valid_size", "test_size", "vocab_size", "max_len",
+        # Not --vocab-size: its bound is 16 (below), and a second of 1 here answered 0 and 1 with two rules.
+        for name in ("batch_size", "steps", "valid_size", "test_size", "max_len",
                      "decode_batch_size", "beam", "max_pairs", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "max_tokens", "timing_window", "log_every", "grad_accum", "sample_tokens",
                      "tensor_parallel_size", "eval_stride", "pipeline_micro_batches",

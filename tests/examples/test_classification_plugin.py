@@ -22,7 +22,8 @@ STEPS, ROWS = 40, 32
 # float32 on every device (on a GPU `--dtype auto` trains mixed bfloat16), held to one curve.
 TINY_MLP = ["--model", "mlp-classifier", "--preset", "tiny", "--steps", str(STEPS), "--batch-size", str(ROWS),
             "--warmup-steps", "5", "--learning-rate", "3e-3", "--dtype", "float32"]
-QUALITY_ROWS = ("train loss", "validation loss", "test loss", "validation token accuracy", "test token accuracy")
+QUALITY_ROWS = ("train loss", "validation loss", "test loss", "train token accuracy", "validation token accuracy",
+                "test token accuracy")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -111,6 +111,30 @@ def test_a_model_trained_on_jax_translates_identically_on_torch(trained, tmp_pat
     assert proc.stdout.splitlines() == expected
 
 
+@pytest.fixture(scope="module")
+def translated_with_carriage_returns(tiny_runs, tmp_path_factory):
+    """The session's tiny jax run translating a file of three lines: one holding a lone carriage return, one ending in
+    CRLF, and one too long for the model's --max-len 48 (one translate for the tests that read it)."""
+    source = tmp_path_factory.mktemp("translate") / "cr.txt"
+    source.write_bytes(b"In the beginning\rGod created.\nAnd God said\r\n" + b"And God said, let there be light. " * 20
+                       + b"\n")
+    proc = run_cli("translate", tiny_runs["jax"]["path"], str(source))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_translate_ends_a_line_at_a_newline_only(translated_with_carriage_returns):
+    """As the corpus readers read lines: click's text mode also split at the lone carriage return inside a sentence,
+    and the output had a line more than the input (4 for 3 here), none beside its own."""
+    translations = translated_with_carriage_returns.stdout.split("\n")
+    assert len(translations) == 3 + 1 and translations[-1] == "", translations  # each line ends with "\n"
+
+
+def test_translate_counts_one_cut_sentence_in_the_singular(translated_with_carriage_returns):
+    assert translated_with_carriage_returns.stderr.splitlines()[-1] == (
+        "Warning: 1 sentence was longer than the model's 48 tokens and was cut")
+
+
 @pytest.mark.slow
 def test_evaluate_scores_the_runs_test_set_as_the_run_did(trained, tmp_path):
     test_file = tmp_path / "test.tsv"

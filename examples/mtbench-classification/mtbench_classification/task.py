@@ -37,7 +37,7 @@ class ClassificationTask(Task):
     description = (f"labelled examples, one class each (--dataset {', '.join(DATASETS)}: {digits.DESCRIPTION}); "
                    f"scored by loss and accuracy")
     metrics = METRICS
-    quality_figures = ("train_loss", "val_loss", "test_loss", "val_accuracy", "test_accuracy")
+    quality_figures = ("train_loss", "val_loss", "test_loss", "train_accuracy", "val_accuracy", "test_accuracy")
     validation_metric = "accuracy"
     higher_is_better = True
 

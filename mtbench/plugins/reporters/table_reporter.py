@@ -4,6 +4,7 @@ lines; `table`, every figure of the run in one rich table (`mtbench report RESUL
 import os
 
 from rich.table import Table
+from rich.text import Text
 
 from mtbench import Reporter, hookimpl
 from mtbench.figures import (attention_text, batch_text, compile_cache_text, cores_text, figure_text, host_syncs_text,
@@ -153,7 +154,8 @@ def _quality_rows(result):
     metrics = result["metrics"]
     rows = [("quality", "loss train / val / test", _joined(result, "train_loss", "val_loss", "test_loss"))]
     if "val_accuracy" in metrics:
-        rows.append(("quality", "token accuracy val / test", _joined(result, "val_accuracy", "test_accuracy")))
+        rows.append(("quality", "token accuracy train / val / test",
+                     _joined(result, "train_accuracy", "val_accuracy", "test_accuracy")))
     if "val_perplexity" in metrics:
         rows += [("quality", "perplexity val / test", _joined(result, "val_perplexity", "test_perplexity")),
                  ("quality", "bits per byte val / test", _joined(result, "val_bits_per_byte", "test_bits_per_byte")),
@@ -255,17 +257,17 @@ class TableReporter(Reporter):
 
     def report(self, result, console, complete):
         title = f"mtbench train: {run_label(result)}" + ("" if complete else f" ({result['status']}, partial)")
-        table = Table(title=title, show_lines=False)
+        table = Table(title=Text(title), show_lines=False)
         for column in ("", "figure"):
             table.add_column(column)
         table.add_column("value", overflow="fold")  # a signature or a path is one long word: folded, never cut
         for section, figure, value in result_rows(result):
-            table.add_row(section, figure, value)
+            table.add_row(*map(Text, (section, figure, value)))  # plain text: a path "corp[red].tsv" is no markup
         console.print(table)
 
 
 # Rows of the table the summary leaves to it.
-DETAILED_QUALITY_ROWS = ("token accuracy val / test", "tokens (bytes) evaluated val / test", "test sentences scored",
+DETAILED_QUALITY_ROWS = ("token accuracy train / val / test", "tokens (bytes) evaluated val / test", "test sentences scored",
                          "BLEU signature", "test decoding")
 
 
@@ -318,7 +320,7 @@ class SummaryReporter(Reporter):
 
     def report(self, result, console, complete):
         for line in summary_lines(result):
-            console.print(line, highlight=False, soft_wrap=True)
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @hookimpl

@@ -111,9 +111,12 @@ def training_batches(split, rows, max_len, seed, skip=0):
     rows_of = _rows_of(rows)
     by_bucket = bucket_members(split, rows, max_len)
     if all(len(members) < rows_of(bucket) for bucket, members in by_bucket.items()):
-        wanted = rows if not callable(rows) else ", ".join(f"{rows_of(b)} of {b} tokens" for b in buckets)
-        raise ValueError(f"no length bucket holds a full batch ({wanted} rows; {len(split)} training pairs); "
-                         f"lower --batch-size or --max-tokens")
+        # The facts only: which options set the rows (--batch-size, --max-tokens, --grad-accum) is the caller's to
+        # say, as `rows` is a function of the length whether or not --max-tokens was given.
+        sizes = [rows_of(b) for b in buckets]
+        wanted = (f"{sizes[0]} rows" if len(set(sizes)) == 1 else
+                  ", ".join(f"{size} rows of {b} tokens" for size, b in zip(sizes, buckets)))
+        raise ValueError(f"no length bucket holds a full batch ({wanted}; {len(split)} training pairs)")
     rng = np.random.default_rng(seed)
     epoch = 0
     while True:

@@ -11,7 +11,7 @@ import numpy as np
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.files import read_cache_file, write_cache_file
-from mtbench.runner.data.formats import ReadOptions, describe, read_pairs, read_tsv
+from mtbench.runner.data.formats import LINE_BREAKS, ReadOptions, describe, read_pairs, read_tsv
 
 SPLIT_SEED = 1234  # fixed apart from --seed: changing the training seed must not change the test set
 
@@ -61,8 +61,7 @@ def _refuse_line_breaks(pairs):
     break inside one would shift or split the pairs read back."""
     for number, pair in enumerate(pairs, start=1):
         for side, sentence in zip(("source", "target"), pair):
-            found = next((name for character, name in (("\t", "a tab"), ("\n", "a line break"),
-                                                       ("\r", "a carriage return")) if character in sentence), None)
+            found = next((name for character, name in (("\t", "a tab"), *LINE_BREAKS) if character in sentence), None)
             if found:
                 raise MtbenchError(f"pair {number}'s {side} sentence holds {found} ({sentence[:40]!r}...): give each "
                                    f"sentence on one line, without tabs")

@@ -16,7 +16,8 @@ def _length_statistics(lengths):
 def corpus_report(corpus, encoded, max_len, untrained=0):
     """`encoded`: {split: EncodedSplit}; `untrained`: how many kept training pairs no batch holds
     (`batches.untrained_examples`). Lengths are sentencepiece tokens of the training pairs before the --max-len
-    filter (special tokens not counted), so they show what that filter cuts."""
+    filter (special tokens not counted: the filter counts a side's end token, so a length of --max-len is over it),
+    so they show what that filter cuts."""
     train_sources = {source for source, _ in corpus.train}
     dropped = {reason: {split: counts.get(split, 0) for split in SPLITS} for reason, counts in corpus.dropped.items()}
     dropped["too_long"] = {split: encoded[split].dropped_too_long for split in SPLITS}
@@ -39,15 +40,18 @@ def report_lines(name, report):
     kept, dropped, lengths = report["kept"], report["dropped"], report["token_lengths"]
     read = ", ".join(f"{split} {count}" for split, count in report["read"].items() if count is not None)
     lines = [f"corpus {name}: read {read}; kept train {kept['train']}, valid {kept['valid']}, test {kept['test']}"]
-    for reason, label in (("empty_side", "with an empty side"), ("duplicate", "duplicates"),
-                          ("too_long", f"over --max-len {report['max_len']} tokens")):
+    # --max-len counts a side's end token too (`batches.encode_split`): a sentence of 48 tokens is over --max-len 48.
+    for reason, label in (("empty_side", "with an empty side"), ("duplicate", "duplicate{s}"),
+                          ("too_long", f"longer than --max-len {report['max_len']} tokens with their end token")):
         counts = dropped[reason]
-        if any(counts.values()):
-            lines.append(f"  dropped {sum(counts.values())} {label} "
+        total = sum(counts.values())
+        if total:
+            lines.append(f"  dropped {total} {label.format(s='s' * (total != 1))} "
                          f"({', '.join(f'{split} {n}' for split, n in counts.items() if n)})")
-    if report.get("untrained"):
-        lines.append(f"  {report['untrained']} training pairs in no batch: the longest length bucket holds fewer than "
-                     f"a batch's rows")
+    untrained = report.get("untrained")
+    if untrained:
+        lines.append(f"  {untrained} training pair{'s' * (untrained != 1)} in no batch: the longest length bucket "
+                     f"holds fewer than a batch's rows")
     for side in ("source", "target"):
         if lengths[side]:
             s = lengths[side]

@@ -9,6 +9,7 @@ import difflib
 import gzip
 import json
 import os
+import re
 import stat
 import zlib
 from dataclasses import dataclass
@@ -16,6 +17,15 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError
 
 SACREBLEU_PREFIX = "sacrebleu:"
+# A sentence is one line of the files a run writes it to (the references beside a result, which sacrebleu and other
+# tools read line by line; a dataset's cache): one holding a line break would be read back as two, the lines of the
+# references and hypotheses no longer matching.
+LINE_BREAKS = (("\n", "a line break"), ("\r", "a carriage return"))
+# The suffix of a Moses file: a language code as corpora name their sides (en, fr, pt_br, sr-Latn).
+LANGUAGE_SUFFIX = re.compile(r"[A-Za-z]{2,3}(?:[_-][A-Za-z0-9]{2,8})?")
+# Suffixes of that shape that name what a file holds, not a language.
+KIND_SUFFIXES = {"txt", "tsv", "csv", "xml", "sgm", "json", "log", "out", "bin", "dat", "npz", "zip", "tar", "bz2",
+                 "xz", "md", "toml", "yml", "py", "sh"}
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,13 @@ def read_pairs(spec, options):
     """(source, target) pairs of a corpus argument, in file order."""
     kind = detect_format(spec, options)
     if kind == "tsv":
-        return read_tsv(spec, options.src_col, options.tgt_col)
+        try:
+            return read_tsv(spec, options.src_col, options.tgt_col)
+        except MtbenchError as error:
+            hint = moses_hint(spec, options)
+            if hint:
+                raise MtbenchError(f"{error}; {hint}", error.exit_code) from None
+            raise
     needs_languages(spec, kind, options)
     if kind == "jsonl":
         return read_jsonl(spec, *options.languages)
@@ -102,6 +118,58 @@ def needs_languages(spec, kind, options):
         what = {"jsonl": "the keys of its translation objects", "sacrebleu": "the language pair",
                 "moses": "the file suffixes"}[kind]
         raise MtbenchError(f"{spec}: a {kind} corpus needs --src-lang and --tgt-lang ({what})")
+
+
+def moses_sides(prefix):
+    """{language code: file} of the files PREFIX.CODE (or PREFIX.CODE.gz) beside `prefix`: the sides of a Moses pair
+    it may be the prefix of."""
+    directory, base = os.path.split(prefix)
+    try:
+        names = sorted(os.listdir(directory or "."))
+    except OSError:
+        return {}
+    sides = {}
+    for name in names:
+        stem = _strip_gz(name)
+        code = stem[len(base) + 1:] if stem.startswith(base + ".") else ""
+        if LANGUAGE_SUFFIX.fullmatch(code) and code.lower() not in KIND_SUFFIXES:
+            sides.setdefault(code, os.path.join(directory, name))
+    return sides
+
+
+def moses_hint(spec, options):
+    """How to give a Moses pair, where a file read as TSV looks meant as one (PREFIX.en given, PREFIX.fr beside it)
+    or a path that does not exist is the prefix of one; else ''."""
+    if os.path.lexists(spec):
+        prefix, dot, code = _strip_gz(spec).rpartition(".")
+        sides = moses_sides(prefix) if dot else {}
+        others = [side for side in sides if side != code]
+        if code not in sides or not others or (options.languages and not set(options.languages) <= set(sides)):
+            return ""
+        beside = ", ".join(sides[side] for side in others)
+        return (f"{spec} is one side of a Moses pair ({beside} beside it): give their prefix, {prefix}, with "
+                f"{_languages_text(options, sides)}")
+    sides = moses_sides(spec)
+    if len(sides) < 2:
+        return ""
+    files = list(sides.values())
+    return (f"{', '.join(files[:-1])} and {files[-1]} exist: a Moses pair is given as their prefix with "
+            f"{_languages_text(options, sides)}")
+
+
+def _languages_text(options, sides):
+    if options.languages:
+        return f"--src-lang {options.src_lang} --tgt-lang {options.tgt_lang}"
+    return f"--src-lang and --tgt-lang ({'two of ' if len(sides) > 2 else ''}{', '.join(sides)})"
+
+
+def one_line(sentence, where, side):
+    """`sentence`, refused where it holds a line break (`LINE_BREAKS`); `where` is its file and line."""
+    found = next((name for character, name in LINE_BREAKS if character in sentence), None)
+    if found:
+        raise MtbenchError(f"{where}: the {side} sentence holds {found} ({sentence[:40]!r}...): give each sentence on "
+                           f"one line")
+    return sentence
 
 
 def check_readable(path, expected="a corpus file"):
@@ -130,14 +198,20 @@ def numbered_lines(path):
         with opener(path, "rb") as f:
             for number, raw in enumerate(f, start=1):
                 try:
-                    line = raw.rstrip(b"\n").decode("utf-8").rstrip("\r")
+                    yield number, text_line(raw, number)
                 except UnicodeDecodeError as error:
                     raise MtbenchError(f"{path}:{number}: not valid UTF-8 (byte {error.start + 1})") from None
-                yield number, line.lstrip("\ufeff") if number == 1 else line
     except (gzip.BadGzipFile, EOFError, zlib.error) as error:
         raise MtbenchError(f"{path}:{number + 1}: not a valid gzip file ({error})") from None
     except OSError as error:
         raise MtbenchError(f"{path}: cannot read: {error.strerror}") from None
+
+
+def text_line(raw, number):
+    """Line `number` (from 1) of UTF-8 text read in binary, split on "\\n" alone: without its line ending (a CRLF's
+    "\\r" too) and, on the first line, a byte order mark. Raises UnicodeDecodeError."""
+    line = raw.rstrip(b"\n").decode("utf-8").rstrip("\r")
+    return line.lstrip("\ufeff") if number == 1 else line
 
 
 def read_tsv(path, src_col=1, tgt_col=2):
@@ -159,7 +233,8 @@ def read_tsv(path, src_col=1, tgt_col=2):
         elif len(columns) != width:
             raise MtbenchError(f"{path}:{number}: expected {width} tab-separated columns like the first line, "
                                f"found {len(columns)}")
-        pairs.append((columns[src_col - 1].strip(), columns[tgt_col - 1].strip()))
+        pairs.append((one_line(columns[src_col - 1].strip(), f"{path}:{number}", "source"),
+                      one_line(columns[tgt_col - 1].strip(), f"{path}:{number}", "target")))
     if not pairs:
         raise MtbenchError(f"{path}: the file is empty")
     return pairs
@@ -181,14 +256,15 @@ def read_jsonl(path, src_lang, tgt_lang):
             raise MtbenchError(f'{path}:{number}: no "translation" object; expected '
                                f'{{"translation": {{"{src_lang}": ..., "{tgt_lang}": ...}}}}')
         sides = []
-        for lang in (src_lang, tgt_lang):
+        for side, lang in (("source", src_lang), ("target", tgt_lang)):
             if lang not in translation:
                 raise MtbenchError(f'{path}:{number}: the translation has no "{lang}" '
                                    f'(it has: {", ".join(map(str, translation)) or "nothing"})')
             if not isinstance(translation[lang], str):
                 raise MtbenchError(f'{path}:{number}: "{lang}" is a {type(translation[lang]).__name__}, '
                                    "not a string")
-            sides.append(translation[lang].strip())
+            # An escaped line break ("\n") is a JSON string's own: one line of the file, two of the references.
+            sides.append(one_line(translation[lang].strip(), f"{path}:{number}", f'{side} ("{lang}")'))
         pairs.append(tuple(sides))
     if not pairs:
         raise MtbenchError(f"{path}: the file is empty")
@@ -197,8 +273,11 @@ def read_jsonl(path, src_lang, tgt_lang):
 
 def read_aligned_files(source_path, target_path):
     """Line n of one file translates line n of the other (Moses layout, and sacrebleu's cache)."""
-    sources = [line.strip() for _, line in numbered_lines(source_path)]
-    targets = [line.strip() for _, line in numbered_lines(target_path)]
+    # A lone carriage return, which splitting on "\n" leaves inside a line, is a line break to other readers.
+    sources = [one_line(line.strip(), f"{source_path}:{number}", "source")
+               for number, line in numbered_lines(source_path)]
+    targets = [one_line(line.strip(), f"{target_path}:{number}", "target")
+               for number, line in numbered_lines(target_path)]
     for path, lines in ((source_path, sources), (target_path, targets)):
         if not lines:
             raise MtbenchError(f"{path}: the file is empty")
@@ -224,16 +303,27 @@ def sacrebleu_files(name, src_lang, tgt_lang):
     langpair = f"{src_lang}-{tgt_lang}"
     if langpair not in dataset.langpairs:
         raise MtbenchError(f"sacrebleu test set '{name}' has no {langpair}; it has {', '.join(dataset.langpairs)}")
-    fields = dataset.fieldnames(langpair)
-    reference = next(field for field in fields if field.startswith("ref"))
-    # get_files() would download what is missing; the paths alone come from the same sacrebleu method it uses.
-    files = [dataset._get_txt_file_path(langpair, field) for field in ("src", reference)]
+    # get_files() would download what is missing; the paths alone come from the same sacrebleu method it uses. The
+    # source's path needs no field names, so a set not cached is refused before anything that may download.
+    files = [dataset._get_txt_file_path(langpair, "src")]
+    if os.path.isfile(files[0]):
+        files.append(dataset._get_txt_file_path(langpair, first_reference(dataset, langpair)))
     missing = [path for path in files if not os.path.isfile(path)]
     if missing:
         raise MtbenchError(f"sacrebleu test set {name} {langpair} is not in sacrebleu's cache {SACREBLEU_DIR} "
                            f"({missing[0]} is missing) and mtbench never downloads; fetch it once on a machine "
                            f"with a network: sacrebleu -t {name} -l {langpair} --echo src > /dev/null")
     return files
+
+
+def first_reference(dataset, langpair):
+    """The field of the first reference sacrebleu scores a language pair against (one only: a test pair has one
+    target). A set in WMT's XML (wmt21 on) names the references it scores against in its metadata; its fieldnames()
+    would parse the raw XML, downloading it first, even where the text files are cached."""
+    from sacrebleu.dataset.wmt_xml import WMTXMLDataset
+    if isinstance(dataset, WMTXMLDataset):
+        return next(iter(dataset._get_langpair_allowed_refs(langpair)), "ref")
+    return next(field for field in dataset.fieldnames(langpair) if field.startswith("ref"))
 
 
 def read_sacrebleu(name, src_lang, tgt_lang):

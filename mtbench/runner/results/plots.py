@@ -1,7 +1,7 @@
-"""The comparison as a picture: training-loss curves of every run on one chart, and steady tokens/s as bars; for
-a sweep (runs that differ in one size flag, the batch size, the max length or the max tokens), tokens/s against
-the swept value too, one line per backend and extras. A history (`report --history`): tokens/s over its points,
-the steps marked.
+"""The comparison as a picture: training-loss curves of every run on one chart (with the validation losses that
+--eval-every measured), and steady tokens/s as bars; for a sweep (runs that differ in one size flag, the batch
+size, the max length or the max tokens), tokens/s against the swept value too, one line per backend and extras.
+A history (`report --history`): tokens/s over its points, the steps marked.
 
 matplotlib is optional (`pip install 'mtbench[plot]'`) and imported only here, when a plot is asked for. The
 figure is built with matplotlib's object API on the Agg canvas: no pyplot, no global state, no display needed.
@@ -106,10 +106,19 @@ def _draw_sweep(axes, comparison, key):
     axes.legend()
 
 
+def validation_losses(result):
+    """[(step, loss)] of the run's validations during training (`--eval-every`: `target.evaluations`) that measured a
+    loss (a language model's, a classifier's; translation validates by BLEU and chrF alone); empty without any."""
+    evaluations = (result.get("target") or {}).get("evaluations") or ()
+    return [(evaluation["step"], evaluation["loss"]) for evaluation in evaluations
+            if evaluation.get("loss") is not None]
+
+
 def comparison_figure(comparison):
     """Returns the matplotlib Figure: axes[0] the loss curves (first repeat of each run, one line each, in the
-    order of `comparison.groups`), axes[1] the tokens/s bars (median, min–max as error bars), and for a sweep
-    (`sweep_key`) axes[2], tokens/s against the swept value, one line per `sweep_series`."""
+    order of `comparison.groups`, and the validation losses of each as points on a line of their own), axes[1]
+    the tokens/s bars (median, min–max as error bars), and for a sweep (`sweep_key`) axes[2], tokens/s against the
+    swept value, one line per `sweep_series`."""
     Figure, FigureCanvasAgg = _matplotlib()
     swept = sweep_key(comparison)
     figure = Figure(figsize=(18 if swept else 12, 4.8), layout="constrained")
@@ -120,7 +129,7 @@ def comparison_figure(comparison):
         _draw_sweep(axes[2], comparison, swept)
     labels = [series_label(comparison, group) for group in comparison.groups]
 
-    colours = []
+    colours, validated_any = [], False
     for index, (group, label) in enumerate(zip(comparison.groups, labels)):
         history = group.first["history"]
         # Runs in parity lie on top of each other: distinct dashes and widths keep every curve visible.
@@ -128,8 +137,13 @@ def comparison_figure(comparison):
                                  label=label, linestyle=LINE_STYLES[index % len(LINE_STYLES)],
                                  linewidth=max(2.4 - 0.5 * index, 1.0))
         colours.append(line.get_color())
-    loss_axes.set(xlabel="step", ylabel="training loss (mean over real target tokens)",
-                  title="Training loss")
+        validated = validation_losses(group.first)
+        if validated:  # --eval-every's, as nanoGPT plots its val loss beside the train loss
+            loss_axes.plot(*zip(*validated), label=f"{label} · validation", color=line.get_color(), marker="o",
+                           linestyle=LINE_STYLES[index % len(LINE_STYLES)], linewidth=1.0)
+            validated_any = True
+    loss_axes.set(xlabel="step", ylabel="loss (mean over real target tokens)",
+                  title="Training and validation loss" if validated_any else "Training loss")
     loss_axes.legend()
 
     stats = [group.stat("tokens_per_s") for group in comparison.groups]

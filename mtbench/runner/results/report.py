@@ -854,10 +854,33 @@ def context_lines(comparison):
     ranking = comparison.ranking()
     scored = scored_sentences_text(comparison.baseline.first)
     return [f"configuration: {describe_configuration(comparison)}",
-            *([f"test sentences scored: {scored}"] if scored else []),
+            *([f"test sentences scored: {scored}"] if scored else []), *signature_lines(comparison),
             *([f"ranking not reliable: {ranking['reason']}"] if ranking["reason"] else []),
             *comparison.parity.lines(), *energy_and_cost_lines(comparison), *verdict_lines(comparison),
             *profile_lines(comparison)]
+
+
+# The scores the table shows whose figure says little without sacrebleu's signature (its tokenizer, smoothing and
+# version change the number): (figure key, name); a result keeps each in `metrics[key + '_signature']`.
+SIGNED_SCORES = (("bleu", "BLEU"), ("chrf", "chrF"))
+
+
+def signature_lines(comparison):
+    """sacrebleu's signature of each score the table shows: once where every run's is the same, else once per run
+    (the table's cells would not compare)."""
+    shown = {figure.key for figure in comparison.figures}
+    lines = []
+    for key, name in SIGNED_SCORES:
+        if key not in shown:
+            continue
+        signatures = {group.label: group.choice_text(
+            lambda result: (result.get("metrics") or {}).get(f"{key}_signature") or "not recorded")
+            for group in comparison.groups}
+        if len(set(signatures.values())) == 1:
+            lines.append(f"{name} signature: {next(iter(signatures.values()))}")
+        else:
+            lines += [f"{name} signature of {label}: {signature}" for label, signature in signatures.items()]
+    return lines
 
 
 def profile_lines(comparison):

@@ -2,6 +2,7 @@
 ran, every figure with its ratio, and whether the two loss curves agree."""
 
 from rich.table import Table
+from rich.text import Text
 
 from mtbench.figures import RUN_CHOICES, hardware, run_dtype, run_processes, shown_figures
 from mtbench.runner.results.parity import check_parity
@@ -73,16 +74,18 @@ def _text(value):
 
 
 def side_by_side_table(differences, title):
+    """The side-by-side as a rich table; its section headings are bold by a style, not markup, which mtbench's
+    console leaves as typed (a value's '[red]' is text)."""
     table = Table(title=title)
     for column, justify in (("", "left"), ("original", "right"), ("rerun", "right"), ("rerun / original", "right")):
         table.add_column(column, justify=justify)
     for section, key in (("versions, hardware, environment", "environment"), ("configuration and what ran",
                                                                            "configuration")):
         rows = differences[key]
-        table.add_row(f"[bold]{section}[/bold]", "", "", "" if rows else "the same", end_section=not rows)
+        table.add_row(Text(section, style="bold"), "", "", "" if rows else "the same", end_section=not rows)
         for index, (what, before, after) in enumerate(rows):
             table.add_row(what, _text(before), _text(after), "differs", end_section=index == len(rows) - 1)
-    table.add_row("[bold]figures[/bold]", "", "", "")
+    table.add_row(Text("figures", style="bold"), "", "", "")
     for row in differences["figures"]:
         table.add_row(row["figure"], row["original"], row["rerun"], row["ratio"])
     return table

@@ -33,7 +33,8 @@ class TranslationTask(Task):
     name = "translation"
     description = "sentence pairs (a parallel corpus); scored by BLEU and chrF of the test translations"
     metrics = METRICS
-    quality_figures = ("train_loss", "val_loss", "test_loss", "val_accuracy", "test_accuracy", "bleu", "chrf")
+    quality_figures = ("train_loss", "val_loss", "test_loss", "train_accuracy", "val_accuracy", "test_accuracy",
+                       "bleu", "chrf")
     validation_metric = "bleu"
     higher_is_better = True
     result_files = ("hypotheses_file", "references_file")
@@ -66,7 +67,8 @@ class TranslationTask(Task):
         train, valid, test, train_eval = [encode_split(pairs, tokenizer, config.max_len) for pairs in
                                           (corpus.train, corpus.valid, corpus.test, corpus.train[:TRAIN_LOSS_SAMPLE])]
         if len(valid) == 0 or len(test) == 0:
-            raise MtbenchError(f"every validation or test pair is longer than --max-len {config.max_len} tokens")
+            raise MtbenchError(f"every validation or test pair is longer than --max-len {config.max_len} tokens "
+                               f"(a side with its end token)")
         splits = {"train": train, "valid": valid, "test": test}
         report = corpus_report(corpus, splits, config.max_len,
                                untrained_examples(train, config.rows_for, config.max_len))
@@ -83,7 +85,7 @@ class TranslationTask(Task):
         try:
             yield from training_batches(data.splits["train"], config.rows_for, config.max_len, config.seed, skip)
         except ValueError as error:
-            raise MtbenchError(str(error)) from None
+            raise MtbenchError(f"{error}; lower {rows_options(config)}") from None
 
     def batches_per_epoch(self, data, config):
         return batches_per_epoch(data.splits["train"], config.rows_for, config.max_len)
@@ -96,6 +98,14 @@ class TranslationTask(Task):
     def load_tokenizer(self, directory, description):
         from mtbench.runner.data.tokenizer import SAVED_NAME, JointTokenizer
         return JointTokenizer.from_file(os.path.join(directory, SAVED_NAME))
+
+
+def rows_options(config):
+    """The options that set this run's rows of a training batch, as `TrainConfig.rows_for` counts them."""
+    options = ["--max-tokens" if config.max_tokens is not None else "--batch-size"]
+    if config.grad_accum > 1:
+        options.append("--grad-accum")
+    return " or ".join(options)
 
 
 def training_fingerprint(tokenizer, corpus):

@@ -2,10 +2,12 @@
 
 import gzip
 import json
+import os
 
 import numpy as np
 import pytest
 
+from mtbench.errors import MtbenchError
 from mtbench.runner.data.batches import EncodedSplit
 from mtbench.runner.data.corpus_report import corpus_report, report_lines
 from mtbench.runner.data.corpus import split_corpus
@@ -48,6 +50,93 @@ def test_jsonl_in_the_hugging_face_translation_layout(tmp_path):
     assert read_pairs(str(path), ReadOptions(src_lang="fr", tgt_lang="en")) == [("un", "one"), ("", "two")]
 
 
+def test_a_sentence_holding_a_line_break_is_refused_with_its_file_and_line(tmp_path):
+    """Each sentence is one line of the references file beside the result: an escaped newline in JSONL (or a lone
+    carriage return in a TSV or Moses line, a line break to text-mode readers) made it two, and sacrebleu refused a
+    references file longer than the hypotheses. The built-in datasets are refused alike."""
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text(json.dumps({"translation": {"en": "one", "fr": "un"}}) + "\n"
+                     + json.dumps({"translation": {"en": "two", "fr": "deux\nlignes"}}) + "\n")
+    with pytest.raises(MtbenchError, match=r'pairs.jsonl:2: the target \("fr"\) sentence holds a line break '
+                                           r"\('deux\\nlignes'\.\.\.\): give each sentence on one line$"):
+        read_pairs(str(jsonl), EN_FR)
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_bytes(b"one\tun\r\nIn the beginning\rGod\tAu commencement\n")  # a CRLF's CR is the line's end
+    with pytest.raises(MtbenchError, match=r"pairs.tsv:2: the source sentence holds a carriage return"):
+        read_pairs(str(tsv), ReadOptions())
+    (tmp_path / "moses.en").write_text("one\ntwo\n")
+    (tmp_path / "moses.fr").write_bytes(b"un\ndeux\rlignes\n")
+    with pytest.raises(MtbenchError, match=r"moses.fr:2: the target sentence holds a carriage return"):
+        read_pairs(str(tmp_path / "moses"), EN_FR)
+    # leading and trailing ones are whitespace, stripped as ever
+    jsonl.write_text(json.dumps({"translation": {"en": "one\n", "fr": "\r\nun"}}) + "\n")
+    assert read_pairs(str(jsonl), EN_FR) == [("one", "un")]
+
+
+def test_a_moses_side_given_as_the_file_or_a_prefix_without_languages_says_how_to_give_the_pair(tmp_path):
+    """A Moses side given as --data was read as TSV ('expected at least 2 tab-separated columns'), and the prefix
+    without languages was 'no such file'; both now say how a Moses pair is given."""
+    (tmp_path / "base.en").write_text("In the beginning\n")
+    (tmp_path / "base.fr.gz").write_bytes(gzip.compress("Au commencement\n".encode()))
+    side, prefix = str(tmp_path / "base.en"), str(tmp_path / "base")
+    with pytest.raises(MtbenchError) as refused:
+        read_pairs(side, EN_FR)
+    assert str(refused.value) == (f"{side}:1: expected at least 2 tab-separated columns (--src-col 1, --tgt-col 2), "
+                                  f"found 1; {side} is one side of a Moses pair ({prefix}.fr.gz beside it): give their "
+                                  f"prefix, {prefix}, with --src-lang en --tgt-lang fr")
+    with pytest.raises(MtbenchError, match=r"with --src-lang and --tgt-lang \(en, fr\)$"):
+        read_pairs(side, ReadOptions())
+    with pytest.raises(MtbenchError) as refused:
+        read_pairs(prefix, ReadOptions())
+    assert str(refused.value) == (f"{prefix}: no such file; {prefix}.en and {prefix}.fr.gz exist: a Moses pair is "
+                                  f"given as their prefix with --src-lang and --tgt-lang (en, fr)")
+    assert read_pairs(prefix, EN_FR) == [("In the beginning", "Au commencement")]
+    # A TSV file's error names no pair where the name's suffix is a file's kind, or no other side lies beside it.
+    (tmp_path / "notes.txt").write_text("one column\n")
+    (tmp_path / "notes.csv").write_text("")
+    (tmp_path / "alone.de").write_text("one column\n")
+    for lonely in ("notes.txt", "alone.de", "absent"):
+        with pytest.raises(MtbenchError) as refused:
+            read_pairs(str(tmp_path / lonely), ReadOptions())
+        assert "Moses" not in str(refused.value)
+
+
+@pytest.fixture
+def sacrebleu_cache(tmp_path, monkeypatch):
+    """sacrebleu's cache moved to tmp_path/sacrebleu (its datasets keep the folder they were made with), and its
+    downloads refused as a machine without a network refuses them, files left behind included."""
+    from sacrebleu.dataset import DATASETS, base
+    cache = tmp_path / "sacrebleu"
+    for dataset in DATASETS.values():
+        monkeypatch.setattr(dataset, "_outdir", str(cache / dataset.name))
+        monkeypatch.setattr(dataset, "_rawdir", str(cache / dataset.name / "raw"))
+
+    def offline(url, dest_path, **_):
+        raise OSError(f"URLError: sacrebleu tried to download {url}")
+    monkeypatch.setattr(base, "download_file", offline)
+    return cache
+
+
+def test_an_xml_sacrebleu_set_is_read_from_the_cache_against_sacrebleu_s_reference_and_never_downloaded(
+        sacrebleu_cache):
+    """Sets of wmt21 on are WMT's XML: sacrebleu's fieldnames() parses the raw XML, downloading it first, so mtbench
+    ended in 'Error: URLError' (leaving a lock file) where wmt14 says the set is not cached. Cached, the reference is
+    the one sacrebleu scores cs-en against (its metadata's B, not the XML's first translator A)."""
+    with pytest.raises(MtbenchError, match=r"^sacrebleu test set wmt22 cs-en is not in sacrebleu's cache .* mtbench "
+                                           r"never downloads; fetch it once"):
+        read_pairs("sacrebleu:wmt22", ReadOptions(src_lang="cs", tgt_lang="en"))
+    assert not sacrebleu_cache.exists(), "nothing written: no raw folder, no lock file"
+    wmt22 = sacrebleu_cache / "wmt22"
+    wmt22.mkdir(parents=True)
+    for field, lines in (("src", "Na počátku\nBůh\n"), ("ref-A", "At first\nGod\n"),
+                         ("ref-B", "In the beginning\nGod\n"), ("docid", "d1\nd1\n"), ("origlang", "cs\ncs\n")):
+        (wmt22 / f"wmt22.cs-en.{field}").write_text(lines)
+    assert read_pairs("sacrebleu:wmt22", ReadOptions(src_lang="cs", tgt_lang="en")) == [
+        ("Na počátku", "In the beginning"), ("Bůh", "God")]
+    assert sorted(os.listdir(wmt22)) == ["wmt22.cs-en.docid", "wmt22.cs-en.origlang", "wmt22.cs-en.ref-A",
+                                         "wmt22.cs-en.ref-B", "wmt22.cs-en.src"]
+
+
 def test_split_uses_held_out_files_and_counts_what_it_drops():
     train = [(f"s{i}", f"t{i}") for i in range(30)] + [("s0", "t0"), ("", "t"), ("s", "")]
     valid = [("v1", "w1"), ("", "w2")]
@@ -80,8 +169,9 @@ def test_corpus_report_counts_drops_lengths_and_test_sources_seen_in_training():
     assert report["test_sources_in_train"] == 1 and report["test_sources_checked"] == 2
     lines = report_lines("c", report)
     assert lines[0] == "corpus c: read train 3, valid 1, test 2; kept train 2, valid 1, test 2"
-    assert "  dropped 1 over --max-len 48 tokens (train 1)" in lines
-    assert "  1 training pairs in no batch: the longest length bucket holds fewer than a batch's rows" in lines
+    # --max-len counts the end token: the words say so. Counts of one are singular.
+    assert "  dropped 1 longer than --max-len 48 tokens with their end token (train 1)" in lines
+    assert "  1 training pair in no batch: the longest length bucket holds fewer than a batch's rows" in lines
     assert not any("in no batch" in line for line in report_lines("c", corpus_report(corpus, splits, max_len=48)))
     assert lines[-1] == "  test sources also in the training data: 1 of 2"
 

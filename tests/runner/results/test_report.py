@@ -484,6 +484,80 @@ def test_plot_shows_each_runs_loss_curve_and_throughput(results, tmp_path):
     assert (width, height) == (round(12 * 110), round(4.8 * 110))
 
 
+def test_the_plot_draws_the_validation_losses_of_eval_every_beside_the_training_loss(results):
+    """nanoGPT's users read the validation loss beside the training loss; `--eval-every` records it in
+    `target.evaluations` (a language model's and a classifier's; translation validates by BLEU alone)."""
+    from mtbench.runner.results.plots import comparison_figure
+    from mtbench.runner.results.report import LoadedRun, build_comparison
+
+    validated = json.loads(json.dumps(results["jax"][1]))
+    losses = {entry["step"]: entry["loss"] for entry in validated["history"]}
+    steps = [20, 40, 60]
+    validated["config"]["eval_every"] = 20
+    validated["target"] = {**(validated.get("target") or {}), "metric": "loss", "eval_every": 20, "evaluations": [
+        {"step": step, "loss": losses[step] + 0.05, "training_s": step * 0.1, "seconds": 0.2} for step in steps]}
+    figure = comparison_figure(build_comparison([LoadedRun(validated, "jax.json")]))
+    training, validation = figure.axes[0].get_lines()
+    assert [training.get_label(), validation.get_label()] == ["jax · float32", "jax · float32 · validation"]
+    assert list(validation.get_xdata()) == steps
+    assert list(validation.get_ydata()) == [losses[step] + 0.05 for step in steps]
+    assert validation.get_marker() == "o" and validation.get_color() == training.get_color()
+    assert figure.axes[0].get_title() == "Training and validation loss"
+    # Translation's evaluations (BLEU and chrF, no loss): nothing to draw beside the training loss.
+    validated["target"]["evaluations"] = [{"step": step, "bleu": 0.0, "chrf": 1.5, "training_s": 1.0, "seconds": 0.1}
+                                          for step in steps]
+    figure = comparison_figure(build_comparison([LoadedRun(validated, "jax.json")]))
+    assert [line.get_label() for line in figure.axes[0].get_lines()] == ["jax · float32"]
+    assert figure.axes[0].get_title() == "Training loss"
+
+
+def test_the_table_shows_the_train_accuracy_beside_the_validation_and_test_accuracy(results):
+    from mtbench.runner.results.report import LoadedRun, build_comparison, to_markdown
+    comparison = build_comparison([LoadedRun(results[backend][1], results[backend][0]) for backend in ("jax", "torch")])
+    header, rows = parse_markdown_table(to_markdown(comparison))
+    assert [title for title in rows if title.endswith("token accuracy")] == [
+        "train token accuracy", "validation token accuracy", "test token accuracy"]
+    assert rows["train token accuracy"] == [f"{results[backend][1]['metrics']['train_accuracy']:,.3f}"
+                                            for backend in ("jax", "torch")]
+
+
+def test_the_bleu_and_chrf_signatures_are_said_once_below_the_table(results):
+    """A BLEU figure means little without sacrebleu's signature (tokenizer, smoothing, version): said once where
+    every run shares it, once a run where they differ."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison, context_lines, to_markdown
+    metrics = results["jax"][1]["metrics"]
+    bleu, chrf = metrics["bleu_signature"], metrics["chrf_signature"]
+    assert results["torch"][1]["metrics"]["bleu_signature"] == bleu and bleu.startswith("nrefs:1|")
+    both = [LoadedRun(results[backend][1], results[backend][0]) for backend in ("jax", "torch")]
+    comparison = build_comparison(both)
+    assert [line for line in context_lines(comparison) if "signature" in line] == [
+        f"BLEU signature: {bleu}", f"chrF signature: {chrf}"]
+    markdown = to_markdown(comparison)
+    assert f"- BLEU signature: {bleu}\n" in markdown and markdown.count(bleu) == 1
+    intl = json.loads(json.dumps(results["torch"][1]))
+    intl["metrics"]["bleu_signature"] = bleu.replace("tok:13a", "tok:intl")
+    lines = context_lines(build_comparison([both[0], LoadedRun(intl, "torch.json")]))
+    assert [line for line in lines if "signature" in line] == [
+        f"BLEU signature of jax: {bleu}", f"BLEU signature of torch: {intl['metrics']['bleu_signature']}",
+        f"chrF signature: {chrf}"]
+
+
+def test_user_text_is_shown_as_typed_not_read_as_markup(results, tmp_path):
+    """rich's markup took '[red]' out of a corpus named corp[red].tsv, and '[ja]' out of sacrebleu's advice."""
+    result = json.loads(json.dumps(results["jax"][1]))
+    corpus = tmp_path / "corp[red].tsv"
+    result["config"]["data_file"], result["data"]["corpus"] = str(corpus), corpus.name
+    advice = ("BLEU tokenized the ja targets with 13a, which takes a sentence written without spaces for one word: "
+              "sacrebleu's own tokenizer for ja needs pip install 'sacrebleu[ja]'")
+    result["metrics"]["quality_warning"] = advice
+    path = tmp_path / "run[bold].json"
+    path.write_text(json.dumps(result))
+    stdout = report(str(path), "--report", "table")
+    assert f"configuration: {corpus}, preset tiny" in stdout  # the line below the comparison table
+    assert "corp[red].tsv / tiny" in stdout  # the run's table's corpus row
+    assert stdout.count("pip install 'sacrebleu[ja]'") == 2  # the warnings row of each table
+
+
 def test_report_plot_option_writes_a_png(results, tmp_path):
     path = tmp_path / "cli.png"
     report(results["jax"][0], results["torch"][0], "--plot", str(path))
@@ -699,3 +773,12 @@ def test_a_run_is_named_by_its_label_or_as_its_compare_asked_for_it(tiny_runs, t
     assert shown["baseline"] == "torch:dtype=float32"
     with pytest.raises(MtbenchError, match="^--baseline 'torch:dtype=bfloat16' is none of the runs: "):
         build_comparison(loaded, baseline="torch:dtype=bfloat16")
+
+
+def test_a_single_runs_table_shows_its_token_accuracy_on_every_split(tiny_runs):
+    """The train split's accuracy was in the result and the comparison's table, not in `--report table`'s."""
+    from mtbench.plugins.reporters.table_reporter import result_rows
+    metrics = tiny_runs["jax"]["result"]["metrics"]
+    rows = {figure: value for _, figure, value in result_rows(tiny_runs["jax"]["result"])}
+    assert rows["token accuracy train / val / test"] == " / ".join(
+        f"{metrics[key]:,.3f}" for key in ("train_accuracy", "val_accuracy", "test_accuracy"))

@@ -268,16 +268,52 @@ def test_steal_time_and_a_peak_measured_under_load_are_flagged(tiny_runs):
         f"(`mtbench env --calibrate` on a quiet machine measures it again)"]
 
 
-def test_an_mfu_above_the_peak_is_flagged(tiny_runs):
+def test_an_mfu_above_the_peak_names_the_peak_where_and_when_it_was_measured_and_how_to_measure_it_again(tiny_runs):
     """A peak measured on a busy machine and cached can sit below what a later quiet run reaches (52 GFLOP/s
-    cached against 98 reached, 2026-11-26): MFU over 100 % says the peak is wrong, not the run fast."""
+    cached against 98 reached, 2026-11-26): MFU over 100 % says the peak is wrong, not the run fast, and names the
+    peak, so that the reader knows which cached measurement to redo."""
     result = quiet(tiny_runs["jax"]["result"])
-    result["utilization"]["mfu"] = 1.87
+    utilization = result["utilization"]
+    cores = result["machine_load"]["cores"]
+    # The users' case: the peak was measured under load, and MFU read 123.1 %.
+    utilization.update(mfu=1.231, peak_flops_per_s=52.4e9, peak_load_average=[cores + 1.5, 1.2, 0.9],
+                       peak_cpus=2, peak_threads=None, peak_other_processes_percent=48.96)
+    warnings = run_warnings(result)
+    assert warnings == [
+        f"MFU above 100 % (123.1 %): more than the peak it divides by, 52.4 GFLOP/s ({utilization['peak_source']}; "
+        f"measured {utilization['peak_measured_at']} at load average {cores + 1.5:g} / 1.2 / 0.9 on 2 CPUs, other "
+        f"processes 49 % of the CPUs), so that peak is too low (`mtbench env --calibrate` on a quiet machine "
+        f"measures it again)"]
+    assert rows(result)["warnings"] == warnings[0]
+    assert utilization["peak_source"].startswith("measured: ")  # a CPU's peak is measured, not a datasheet's
+    result["utilization"]["mfu"] = 0.55  # below 100 %: the peak's load alone is said
+    assert [warning.split(":")[0] for warning in run_warnings(result)] == ["MFU peak measured under load"]
+    utilization.update(mfu=1.05, peak_flops_per_s=989.4e12, peak_devices=8, peak_measured_at=None,
+                       peak_source="NVIDIA H100 SXM datasheet, TF32 dense")
     assert run_warnings(result) == [
-        f"MFU above 100 %: the run reached more than its peak ({result['utilization']['peak_source']}), which is no "
-        f"peak (`mtbench env --calibrate` measures it again)"]
-    result["utilization"]["mfu"] = 0.55
-    assert run_warnings(result) == []
+        "MFU above 100 % (105.0 %): more than the peak it divides by, 989.4 TFLOP/s x 8 devices (NVIDIA H100 SXM "
+        "datasheet, TF32 dense), so the model's FLOPs are counted too high or the peak is not this device's"]
+
+
+def test_a_test_set_that_is_the_training_data_is_flagged_and_unranks_the_comparison(tiny_runs):
+    """40 of 40 test sources in the training data: the test scores measure recall, not translation."""
+    jax, torch = quiet(tiny_runs["jax"]["result"]), quiet(tiny_runs["torch"]["result"])
+    assert (jax["data"]["test_sources_in_train"], jax["data"]["test_sources_checked"]) == (0, 100)
+    for result in (jax, torch):
+        result["data"]["test_sources_in_train"], result["data"]["test_sources_checked"] = 40, 40
+    warning = ("test set overlaps the training data: 40 of 40 test sources (100%) are also training sources (bound "
+               "5%), so the test scores reward recalling training pairs as well as translating")
+    assert run_warnings(jax) == [warning]
+    comparison = build_comparison([LoadedRun(jax, "jax.json"), LoadedRun(torch, "torch.json")])
+    header, cells = table_cells(comparison)
+    assert next(row for row in cells if row[0] == "warnings")[1:] == [warning, warning]
+    reason = comparison.ranking()["reason"]  # the two named fastest first
+    assert any(f"{pair} carry warnings (see the warnings row)" in reason for pair in ("jax and torch", "torch and jax"))
+    # A few sentences shared by chance, at the bound: no warning.
+    jax["data"]["test_sources_in_train"], jax["data"]["test_sources_checked"] = 5, 100
+    assert run_warnings(jax) == []
+    del jax["data"]["test_sources_in_train"]  # a task that does not count it (a language model's splits)
+    assert run_warnings(jax) == []
 
 
 @pytest.mark.slow  # the shared data-parallel run, which no quick test needs otherwise: about 20 s

@@ -1,0 +1,22 @@
+"""A result beside its rerun (`mtbench rerun`'s table), as the command line's console prints it."""
+
+import io
+import json
+
+from mtbench.cli import output_console
+from mtbench.runner.results.side_by_side import side_by_side, side_by_side_table
+
+
+def test_the_table_shows_every_value_as_typed_and_its_headings_without_markup(tiny_runs, tmp_path):
+    """The console reads no markup, so that a value's '[red]' is shown: the section headings are bold by a style,
+    not by '[bold]' tags, which it would print."""
+    original = tiny_runs["jax"]["result"]
+    rerun = json.loads(json.dumps(original))
+    rerun["config"]["data_file"] = str(tmp_path / "corp[red].tsv")
+    console = output_console(file=io.StringIO(), width=200, record=True)
+    console.print(side_by_side_table(side_by_side(original, rerun), "mtbench rerun: jax"))
+    text = console.export_text()
+    assert "[bold]" not in text
+    headings = [line.split("│")[1].strip() for line in text.splitlines() if line.count("│") == 5]
+    assert {"versions, hardware, environment", "configuration and what ran", "figures"} <= set(headings)
+    assert f"{tmp_path / 'corp[red].tsv'}" in text

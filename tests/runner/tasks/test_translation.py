@@ -1,0 +1,44 @@
+"""The translation task's own decisions, on its methods: the figures it names, and which options its refusals name."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from mtbench.errors import MtbenchError
+from mtbench.figures import shown_figures
+from mtbench.runner.config import TrainConfig
+from mtbench.runner.data.batches import EncodedSplit
+from mtbench.runner.data.tokenizer import JOINT_SPECIAL
+from mtbench.runner.tasks.translation import TranslationTask
+
+
+def test_each_splits_loss_and_token_accuracy_is_a_figure_the_task_names(tiny_runs):
+    """A run scores its final weights on a sample of the training pairs as on the validation and test sets; each
+    of the six scores is a figure its tables show (the train accuracy was recorded and shown nowhere)."""
+    result = tiny_runs["jax"]["result"]
+    task, shown = TranslationTask(), {figure.key for figure in shown_figures([result])}
+    for split in ("train", "val", "test"):
+        for score in ("loss", "accuracy"):
+            key = f"{split}_{score}"
+            assert isinstance(result["metrics"][key], float), key
+            assert key in task.metrics and key in task.quality_figures and key in shown, key
+
+
+def short_pairs(count):
+    """`count` encoded pairs of 5 tokens a side: all in the shortest length bucket."""
+    return EncodedSplit(sources=[[5] * 5] * count, targets=[[6] * 5] * count, pair_index=list(range(count)),
+                        dropped_too_long=0, special=JOINT_SPECIAL)
+
+
+@pytest.mark.parametrize("flags, rows, named", [
+    ({"batch_size": 64}, "64 rows", "lower --batch-size"),
+    ({"batch_size": 8, "grad_accum": 8}, "64 rows", "lower --batch-size or --grad-accum"),
+    ({"max_tokens": 2048}, "128 rows of 16 tokens, 64 rows of 32 tokens, 40 rows of 48 tokens", "lower --max-tokens")])
+def test_too_few_pairs_for_a_batch_names_only_the_options_that_set_its_rows(flags, rows, named, tmp_path):
+    """It said 'lower --batch-size or --max-tokens' to a run that gave no --max-tokens: its rows came from
+    `TrainConfig.rows_for`, a function whether or not --max-tokens was given."""
+    config = TrainConfig(max_len=48, out=str(tmp_path / "r.json"), **flags)
+    data = SimpleNamespace(splits={"train": short_pairs(10)})
+    with pytest.raises(MtbenchError) as refused:
+        next(TranslationTask().batches(data, config))
+    assert str(refused.value) == f"no length bucket holds a full batch ({rows}; 10 training pairs); {named}"
