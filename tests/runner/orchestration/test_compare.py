@@ -543,6 +543,7 @@ def test_a_runs_files_are_named_without_what_windows_and_artifact_uploads_refuse
         "jax_d-model=32,heads=4-2.log", "torch+ddp@2_batch-size=8-2.log"]
 
 
+@pytest.mark.slow  # 22 s: three runs of two sizes
 def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_path, cache_dir):
     """Two model sizes, each on both backends: one weights file per size, parity within a size, labels that
     name the size, the energy and cost lines, and every run's TensorBoard events under the comparison's group."""
