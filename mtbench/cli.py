@@ -838,6 +838,12 @@ inference_options = _stack([
 ])
 
 
+def _cut_text(count, what, max_len):
+    """'3 sentences were longer than the model's 48 tokens and were cut' (`what`: sentence, source), one singular."""
+    were = "was" if count == 1 else "were"
+    return f"{count} {what}{'s' * (count != 1)} {were} longer than the model's {max_len} tokens and {were} cut"
+
+
 def _translation_progress(total):
     """A progress bar on stderr, so stdout holds only the translations; on a terminal only, since on a file or pipe
     a transient bar shows nothing but leaves an empty line."""
@@ -910,9 +916,7 @@ def translate(model, file, backend, dtype, beam, length_penalty, batch_size):
         translations = translator.translate(lines, batch_size, advance)
     click.echo("".join(f"{text}\n" for text in translations), nl=False)
     if translator.truncated:
-        count, were = translator.truncated, "were" if translator.truncated != 1 else "was"
-        click.echo(f"Warning: {count} sentence{'s' * (count != 1)} {were} longer than the model's "
-                   f"{translator.config.max_len} tokens and {were} cut", err=True)
+        click.echo(f"Warning: {_cut_text(translator.truncated, 'sentence', translator.config.max_len)}", err=True)
 
 
 @main.command()
@@ -986,9 +990,7 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
         console.print(f"{empty} pair{'s' * (empty != 1)} with an empty side left out, as a run leaves them out of its "
                       f"test set", highlight=False)
     if scores["sources_truncated"]:
-        cut = scores["sources_truncated"]
-        console.print(f"{cut} {'source was' if cut == 1 else 'sources were'} longer than the model's "
-                      f"{scores['max_len']} tokens and {'was' if cut == 1 else 'were'} cut", highlight=False)
+        console.print(_cut_text(scores["sources_truncated"], "source", scores["max_len"]), highlight=False)
     if out:
         write_text_atomic(hypotheses_file, "".join(h + "\n" for h in hypotheses))
         write_json_atomic(out, {**scores, "hypotheses_file": hypotheses_file})

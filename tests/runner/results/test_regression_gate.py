@@ -9,7 +9,8 @@ import pytest
 
 from conftest import assert_refused_in_one_line, run_cli
 from mtbench.figures import compile_cache_text
-from mtbench.runner.results.report import LoadedRun, RunGroup
+from mtbench.runner.results.regression import build_regression
+from mtbench.runner.results.report import COMPARE_KIND, LoadedRun, RunGroup
 from mtbench.runner.results.verdicts import Interval, verdict
 from result_keys import undocumented_keys
 
@@ -24,6 +25,18 @@ def edited(result, path, **sections):
             changed[key] = value
     path.write_text(json.dumps(changed))
     return str(path)
+
+
+def compare_json(path, runs, **fields):
+    """A compare JSON at `path` of `runs` ([(label, result)], one repeat each), with `fields` beside (a status)."""
+    entries = [{"label": label, "repeat": 1, "result": result} for label, result in runs]
+    path.write_text(json.dumps({"kind": COMPARE_KIND, **fields, "runs": entries}))
+    return str(path)
+
+
+def created(hour, runs):
+    """`runs` ([(label, result)]), each result made at its own minute of `hour`: another run than its original."""
+    return [(label, {**result, "created": f"2026-12-06T{hour}:0{i}:00+00:00"}) for i, (label, result) in enumerate(runs)]
 
 
 def test_a_run_of_another_batch_size_or_machine_is_refused_then_held_with_force(tiny_runs, tmp_path):
@@ -51,27 +64,19 @@ def test_a_run_added_to_a_sweep_leaves_its_fellows_held_against_the_same_runs(ti
     """A baseline compare of jax and torch, and a new one that adds jax at another batch size: within the new file
     its fellows are named `jax:batch-size=32`, and the gate refused every run as absent from the baseline. They are
     held against the baseline's jax and torch; the added run is the new file's alone."""
-    from mtbench.runner.results.regression import build_regression
-    from mtbench.runner.results.report import COMPARE_KIND
-
-    def compare_json(name, hour, runs):
-        entries = [{"label": label, "repeat": 1, "result": {**json.loads(json.dumps(result)),
-                                                            "created": f"2026-12-06T{hour}:0{i}:00+00:00"}}
-                   for i, (label, result) in enumerate(runs)]
-        (tmp_path / name).write_text(json.dumps({"kind": COMPARE_KIND, "runs": entries}))
-        return str(tmp_path / name)
-
     jax, torch = tiny_runs["jax"]["result"], tiny_runs["torch"]["result"]
     smaller = {**jax, "config": {**jax["config"], "batch_size": 8}}
-    old = compare_json("old.json", 10, [("jax", jax), ("torch", torch)])
-    new = compare_json("new.json", 11, [("jax", jax), ("torch", torch), ("jax:batch-size=8", smaller)])
+    old = compare_json(tmp_path / "old.json", created(10, [("jax", jax), ("torch", torch)]))
+    new = compare_json(tmp_path / "new.json", created(11, [("jax", jax), ("torch", torch),
+                                                            ("jax:batch-size=8", smaller)]))
     regression = build_regression([new], old)
     assert list(dict.fromkeys(change.label for change in regression.changes)) == [
         "jax:batch-size=32", "torch:batch-size=32"]
     assert regression.only_new == ["jax:batch-size=8"] and regression.only_baseline == []
     # One run a side at two batch sizes: the same run's name, refused by its settings, held with --force.
-    alone = compare_json("alone.json", 12, [("jax:batch-size=8", smaller)])
-    regression = build_regression([alone], compare_json("jax.json", 13, [("jax", jax)]), force=True)
+    alone = compare_json(tmp_path / "alone.json", created(12, [("jax:batch-size=8", smaller)]))
+    regression = build_regression([alone], compare_json(tmp_path / "jax.json", created(13, [("jax", jax)])),
+                                  force=True)
     assert {change.label for change in regression.changes} == {"jax"}
     assert len(regression.held_anyway) == 1 and "differs from" in regression.held_anyway[0]
 
@@ -123,18 +128,12 @@ def test_the_gate_names_values_as_the_sentence_does(tiny_runs, tmp_path):
 def test_what_each_side_ran_on_names_every_backends_software_and_a_partial_comparison_is_said(tiny_runs, tmp_path):
     """A gate of jax and torch named JAX's versions alone (a torch upgrade showed nowhere); a compare JSON that
     stopped early passed without a word of it; the gate's output files are refused by name."""
-    from mtbench.runner.results.regression import build_regression
-    from mtbench.runner.results.report import COMPARE_KIND
     jax, torch = tiny_runs["jax"]["result"], tiny_runs["torch"]["result"]
-    entries = [{"label": label, "repeat": 1, "result": result} for label, result in (("jax", jax), ("torch", torch))]
-    (tmp_path / "new.json").write_text(json.dumps({
-        "kind": COMPARE_KIND, "status": "interrupted", "status_reason": "interrupted during run 'jax' (2 of 4 "
-        "runs finished)", "runs": entries}))
+    compare_json(tmp_path / "new.json", [("jax", jax), ("torch", torch)], status="interrupted",
+                 status_reason="interrupted during run 'jax' (2 of 4 runs finished)")
     upgraded = {**torch, "env": {**torch["env"], "backend_versions": {**torch["env"]["backend_versions"],
                                                                         "torch": "9.9.9"}}}
-    entries = [{"label": "jax", "repeat": 1, "result": {**jax, "created": "2026-12-06T09:00:00+00:00"}},
-               {"label": "torch", "repeat": 1, "result": upgraded}]
-    (tmp_path / "old.json").write_text(json.dumps({"kind": COMPARE_KIND, "runs": entries}))
+    compare_json(tmp_path / "old.json", [*created(9, [("jax", jax)]), ("torch", upgraded)])
     regression = build_regression([str(tmp_path / "new.json")], str(tmp_path / "old.json"))
     assert regression.ran_on["baseline"].count(" on ") == 2 and "torch 9.9.9" in regression.ran_on["baseline"]
     assert "torch 9.9.9" not in regression.ran_on["new"] and "jax " in regression.ran_on["new"]
@@ -315,11 +314,7 @@ def test_a_gate_that_passes_an_interval_reaching_past_its_threshold_says_it_cann
     text = run_cli("report", *news, "--baseline", old["path"], "--fail-if-slower", "5%")
     assert f"--fail-if-slower 5% passes, but cannot rule out a slowdown past it: {line}" in text.stdout
     # A gate that fails (a run of the baseline that NEW lacks) passes nothing: no 'passes, but' beside its failure.
-    from mtbench.runner.results.regression import build_regression
-    from mtbench.runner.results.report import COMPARE_KIND
-    both = tmp_path / "both.json"
-    both.write_text(json.dumps({"kind": COMPARE_KIND, "runs": [
-        {"label": name, "repeat": 1, "result": tiny_runs[name]["result"]} for name in ("jax", "torch")]}))
-    lines = build_regression(news, str(both), threshold=0.05).lines()
+    both = compare_json(tmp_path / "both.json", [(name, tiny_runs[name]["result"]) for name in ("jax", "torch")])
+    lines = build_regression(news, both, threshold=0.05).lines()
     assert any(line.startswith("--fail-if-slower 5%: cannot judge: run 'torch'") for line in lines), lines
     assert not any("passes, but" in line for line in lines), lines
