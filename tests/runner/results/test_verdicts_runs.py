@@ -97,7 +97,7 @@ def test_break_even_matches_a_hand_count_from_the_runs_figures(paced):
         steps = math.ceil(round((c_jax - c_slow) / (s_slow - s_jax), 6))
         assert even["steps"] == steps and even["seconds"] == pytest.approx(c_slow + (c_jax - c_slow) /
                                                                            (s_slow - s_jax) * s_slow)
-        text = f"jax overtakes jax+slow-step after {steps:,} steps"
+        text = f"jax overtakes jax+slow-step after {steps:,} step{'' if steps == 1 else 's'} "
     else:
         assert even["steps"] is None
         text = "never: jax compiles faster and steps faster"
