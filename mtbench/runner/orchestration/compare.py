@@ -22,7 +22,7 @@ from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.compare_json import combined_json
 from mtbench.runner.results.parity import check_parity_options
 from mtbench.runner.results.output import check_output_path, check_result_path
-from mtbench.runner.results.report import LoadedRun, baseline_label, build_comparison
+from mtbench.runner.results.report import LoadedRun, baseline_label, build_comparison, configuration_differences
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.schema import result_stem
 from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
@@ -48,6 +48,7 @@ class ComparePlan:
     options: dict = None     # the shared train options by name: what each child's run file is made of
     train_arguments: list = ()  # options `train` takes and `init-weights` does not (validation), for a child
                                 # that reads no run file
+    weights_left: bool = False  # the weights files are an earlier comparison's that no run used (`only_weights_left`)
 
     @property
     def baseline_spec(self):
@@ -168,10 +169,26 @@ def validate_plan(plan, registry):
         plan.baseline = baseline_label(plan.baseline, [spec.label for spec in plan.specs])
     check_runs(plan.specs, registry, plan.interpreters)
     check_output_path(plan.out, plan.overwrite)
+    plan.weights_left = only_weights_left(plan)
     for spec in plan.sizes():
-        check_output_path(plan.weights_file(spec), plan.overwrite, kind=".npz")
+        check_output_path(plan.weights_file(spec), plan.overwrite or plan.weights_left, kind=".npz")
     for spec, repeat in plan.schedule():
         check_result_path(plan.run_file(spec, repeat), plan.overwrite)
+
+
+# What a comparison writes in its runs folder before any run has a result: the weights files, their logs, and the
+# runs' logs, run files and result locks (a killed run leaves its lock, which the next run takes again).
+BEFORE_ANY_RESULT = (".npz", ".log", RUN_FILE_SUFFIX, ".json.lock")
+
+
+def only_weights_left(plan):
+    """Whether the runs folder holds only what an earlier comparison into the same --out wrote before any run had a
+    result (it was refused or failed then, leaving no combined JSON): files the user never asked for, which this
+    comparison replaces without --overwrite. A run's result, even partial, stays protected."""
+    if os.path.exists(plan.out) or not os.path.isdir(plan.runs_dir):
+        return False
+    return all(name.endswith(BEFORE_ANY_RESULT) and os.path.isfile(os.path.join(plan.runs_dir, name))
+               for name in os.listdir(plan.runs_dir))
 
 
 def _require_success(failure):
@@ -268,7 +285,8 @@ def write_weights_files(plan, console, progress):
         progress.doing, progress.log_file = "writing the initial weights", path[:-len(".npz")] + ".log"
         with console.status("writing the initial weights (data, tokenizer, model shapes)"):
             _require_success(run_child(["init-weights", "--backend", baseline_backend, *plan.configuration,
-                                        *sized.size_arguments(), "--out", path, *_overwrite(plan)],
+                                        *sized.size_arguments(), "--out", path,
+                                        *(["--overwrite"] if plan.overwrite or plan.weights_left else [])],
                                        progress.log_file, "writing the initial weights",
                                        python=plan.baseline_spec.interpreter))
         drawn, sha256 = read_weights_file(path)
@@ -382,12 +400,38 @@ def _comparison(plan, progress):
     # The baseline spec's first run (an interrupted comparison may lack it): its label in the comparison may
     # name more than the spec's (a key another run sweeps).
     baseline = next(iter(_baseline_runs(plan, progress)), None)
-    return build_comparison(progress.runs, baseline=baseline, parity_steps=plan.parity_steps,
-                            parity_tolerance=plan.parity_tolerance,
-                            noise_floor=stats.noise_floor_record(plan.baseline_spec.label,
-                                                                 [run.result for run in _baseline_runs(plan, progress)],
-                                                                 [run.result for run in progress.twins],
-                                                                 plan.parity_steps))
+    try:
+        return build_comparison(progress.runs, baseline=baseline, parity_steps=plan.parity_steps,
+                                parity_tolerance=plan.parity_tolerance,
+                                noise_floor=stats.noise_floor_record(
+                                    plan.baseline_spec.label, [run.result for run in _baseline_runs(plan, progress)],
+                                    [run.result for run in progress.twins], plan.parity_steps))
+    except MtbenchError as error:
+        changed = changed_while_training(progress.runs)
+        if not str(error).startswith("not comparable") or not changed:
+            raise
+        raise MtbenchError(f"{error}; {changed}") from None
+
+
+def changed_while_training(runs):
+    """What the runs' extras changed (`config_changes`), as each result's configuration differs from the run file it
+    was given, in words, or '': where the preflight could not ask them (a run of several processes, another
+    environment's), this is where runs parted that the user gave alike. A result records no extra by key."""
+    found = []
+    for run in runs:
+        train_file = run.source[:-len(".json")] + RUN_FILE_SUFFIX
+        try:
+            given = read_json(train_file, "its run file")["config"]
+        except (MtbenchError, KeyError, TypeError):  # another environment's mtbench from before run files
+            continue
+        # what the run records beside the given options (its weights' sha256, its task) is no change
+        differences = [(key, before, after) for key, before, after in configuration_differences(
+            given, run.result["config"]) if given.get(key) is not None]
+        if differences:
+            changes = ", ".join(f"{key} {before!r} -> {after!r}" for key, before, after in differences)
+            found.append(f"run '{run.asked_as}' changed {changes} as it trained, set by the config_changes of its "
+                         f"extras ({', '.join(run.result['config'].get('extras') or ())})")
+    return "; ".join(found)
 
 
 def write_combined(plan, progress, status="completed", status_reason=None):

@@ -10,27 +10,47 @@ import sys
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.orchestration.children import last_error_line
+from mtbench.runner.results.report import configuration_differences
 from mtbench.runner.setup import require_extra_spanning_processes, resolve_backend, resolve_extras
 
 def probe_devices(runs=()):
     """{backend: its devices (`Backend.device_info()`), or None where it is unavailable}, asked of a child
     (`preflight.py`): importing the frameworks here would hold device memory while the runs train. The child also
-    asks each of `runs` ([{label, config}]: a run of one process under this interpreter) whether its device
-    refuses it, as the run would at its start: the first refusal is raised here, before anything trains."""
+    asks each of `runs` (`runs_to_preflight`: the runs under this interpreter) whether its device
+    refuses it, as the run would at its start, and what their extras' `config_changes` change: the first refusal
+    (or change that parts the runs, `refuse_changes_that_part_runs`) is raised here, before anything trains."""
     answer = probe_environment(sys.executable, "cannot tell which devices the backends see", PREFLIGHT_COMMAND,
                                json.dumps(list(runs)))
     if answer["refusals"]:
         label, reason = next(iter(answer["refusals"].items()))
         raise MtbenchError(f"run '{label}': {reason}")
+    refuse_changes_that_part_runs(runs, answer.get("changes") or {})
     return backend_devices(answer["environment"])
 
 
+def refuse_changes_that_part_runs(runs, changes):
+    """Runs that their extras' `config_changes` (`changes`: {label: {"config", "changed_by": {key: extra}}}, as the
+    preflight asked them) make differ beyond what a comparison may vary would train, then be refused as not
+    comparable: refused here instead, naming the extra."""
+    configs = {run["label"]: (changes.get(run["label"]) or {}).get("config", run["config"]) for run in runs}
+    for label, changed in changes.items():
+        for other in configs:
+            differences = [] if other == label else configuration_differences(configs[label], configs[other])
+            for key, value, others in differences:
+                extra = changed["changed_by"].get(key)
+                if extra:
+                    raise MtbenchError(f"run '{label}': extra '{extra}' sets {key} to {value!r} (its config_changes), "
+                                       f"where run '{other}' trains with {others!r}: the runs would not be "
+                                       f"comparable; only backend, extras, the model size flags and the sweep keys "
+                                       f"may differ")
+
+
 def runs_to_preflight(specs, configs):
-    """The runs whose device refusals `probe_devices` can tell ([{label, config}]): those of one process under this
-    interpreter (the devices of several are theirs to join; another interpreter's, its own). `configs`: each run's
-    configuration as a dict (`TrainConfig.to_dict`)."""
-    return [{"label": spec.label, "config": config} for spec, config in zip(specs, configs)
-            if not spec.foreign and spec.processes == 1]
+    """The runs whose device refusals `probe_devices` can tell ([{label, config, processes}]): those under this
+    interpreter (another interpreter's sees its own devices; of several processes, what `preflight` can tell without
+    the devices they join). `configs`: each run's configuration as a dict (`TrainConfig.to_dict`)."""
+    return [{"label": spec.label, "config": config, "processes": spec.processes}
+            for spec, config in zip(specs, configs) if not spec.foreign]
 
 
 ENV_COMMAND = ("-m", "mtbench", "env", "--json")

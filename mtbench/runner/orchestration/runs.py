@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError
 from mtbench.figures import SIZE_KEYS, run_name, size_label
 from mtbench.plugins import manager as plugins
+from mtbench.plugins.api import Launch
 from mtbench.runner.choices import conflicting_extras, dtype_refusal, joined
 from mtbench.runner.config import FUSED_ATTENTION_EXTRA, INIT_SCHEMES, TrainConfig
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
                                                        probe_devices, runs_to_preflight)
 from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names, sweep_settings, swept_keys
-from mtbench.runner.setup import check_extra_options, drawn_init, resolve_model, resolve_reporters, resolve_task
+from mtbench.runner.setup import (check_extra_options, check_launch, check_options_against_extras, choose_plugins,
+                                  drawn_init, resolve_model, resolve_reporters, resolve_task)
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
@@ -322,6 +324,12 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
                 configs.append(drawn_init(config, family))
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}" if spec.sizes else str(error)) from None
+        try:  # what `train` refuses before it imports a framework, refused before any run trains
+            chosen = choose_plugins(configs[-1], registry)
+            check_launch(configs[-1], chosen, Launch(num_processes=spec.processes))
+            check_options_against_extras(configs[-1], chosen)
+        except MtbenchError as error:
+            raise MtbenchError(f"run '{spec.label}': {error}") from None
     configs = [config.to_dict() for config in configs]
     specs = named_as_results(specs, configs)
     devices = probe(runs_to_preflight(specs, configs))

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, REPOSITORY, TINY_COMPARE, assert_refused_in_one_line,
-                      device_kind, env_with, run_cli)
+                      device_kind, env_with, install_plugin_distribution, run_cli, simulated_devices)
 from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 from mtbench.figures import FIGURES_BY_KEY, run_dtype, shown_figures
 from mtbench.runner.results.parity import check_parity
@@ -239,6 +239,86 @@ def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
     assert_refused_in_one_line(proc, expected)
     assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == [], "a refused plan must not start anything"
+
+
+GPT_TINY = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "16", "--steps", "3",
+            "--measure-only"]
+TRANSLATION_TINY = ["--preset", "tiny", "--batch-size", "16", "--steps", "3", "--measure-only"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    # What `train` refuses before it imports a framework, asked of every run of the plan: the run named last
+    # would fail after the others trained.
+    (["--matrix", "jax;jax+pmap;jax+data-parallel;jax+pmap:grad-accum=2", *GPT_TINY],
+     "run 'jax+pmap:model=gpt,grad-accum=2': --grad-accum 2 runs with "),
+    (["--matrix", "torch;torch+ddp@2;torch+fsdp@2", *TRANSLATION_TINY, "--max-tokens", "512"],
+     "run 'torch+ddp@2': splits a fixed --batch-size over the processes; --max-tokens gives each length bucket"),
+    # A run of several processes whose extras refuse its shape or task whatever devices its processes see.
+    (["--matrix", "torch;torch+tensor-parallel@2:heads=1", *GPT_TINY],
+     "run 'torch+tensor-parallel@2:model=gpt,heads=1': extra 'tensor-parallel' cannot run here: the model's 1 "
+     "attention heads"),
+    (["--matrix", "torch;torch+pipeline-parallel@2", *TRANSLATION_TINY],
+     "run 'torch+pipeline-parallel@2': extra 'pipeline-parallel' cannot run here: splits the blocks of mtbench's "
+     "language models"),
+])
+def test_every_runs_configuration_is_refused_before_any_run_trains(tmp_path, args, expected):
+    proc = run_cli("compare", *args, "--out", str(tmp_path / "c.json"), env={**CPU_ONLY, **simulated_devices(2)})
+    assert_refused_in_one_line(proc, expected)
+    assert list(tmp_path.iterdir()) == [], "a refused plan must not start anything"
+
+
+HALF_LR = """
+from mtbench import Extra, hookimpl
+
+
+class HalfLr(Extra):
+    name = "half-lr"
+    description = "halves the learning rate"
+    backends = ("jax", "torch")
+
+    def config_changes(self, run):
+        return {"learning_rate": run.config.learning_rate / 2}
+
+
+@hookimpl
+def mtbench_register_extras(register):
+    register(HalfLr())
+"""
+
+
+def test_an_extra_whose_config_changes_part_the_runs_is_named_before_any_run_trains(tmp_path):
+    """The runs would train, then be refused as not comparable in a key the user never set: the extra that set it
+    is named before the weights are drawn."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mtbench_half_lr.py").write_text(HALF_LR)
+    install_plugin_distribution(site, "mtbench_half_lr", "half-lr", "mtbench_half_lr")
+    out = tmp_path / "out" / "c.json"
+    proc = run_cli("compare", "--matrix", "jax;torch+half-lr", *GPT_TINY, "--out", str(out),
+                   env={**CPU_ONLY, **env_with(site), "MTBENCH_LOAD_PLUGINS": "mtbench-half-lr"})
+    assert_refused_in_one_line(proc, "run 'torch+half-lr:model=gpt': extra 'half-lr' sets learning_rate to 0.0005 "
+                                     "(its config_changes), where run 'jax:model=gpt' trains with 0.001: the runs "
+                                     "would not be comparable")
+    assert not (tmp_path / "out").exists(), "a refused plan must not start anything"
+
+
+@pytest.mark.slow
+def test_an_extras_change_found_only_once_the_runs_trained_is_named_with_the_refusal(tmp_path):
+    """An extra that sets the framework's environment is left to its run's process (the devices it shows may not be
+    those the preflight sees): the runs train, and the refusal names what the run changed as it trained."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mtbench_half_lr.py").write_text(HALF_LR.replace(
+        "    def config_changes", "    def environment(self, config):\n        return {'MTBENCH_HALF_LR': '1'}\n\n"
+        "    def config_changes"))
+    install_plugin_distribution(site, "mtbench_half_lr", "half-lr", "mtbench_half_lr")
+    proc = run_cli("compare", "--matrix", "jax;jax+half-lr", *GPT_TINY, "--out", str(tmp_path / "c.json"),
+                   env={**CPU_ONLY, **env_with(site), "MTBENCH_LOAD_PLUGINS": "mtbench-half-lr"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: not comparable: ") and last.endswith(
+        "; run 'jax+half-lr:model=gpt' changed learning_rate 0.001 -> 0.0005 as it trained, set by the "
+        "config_changes of its extras (half-lr)"), proc.stderr[-3000:]
 
 
 def test_an_existing_out_is_refused_before_the_devices_are_asked(tmp_path):

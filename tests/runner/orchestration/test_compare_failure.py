@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import ONE_BUCKET, TINY_TRAIN, run_cli
+from conftest import CPU_ONLY, ONE_BUCKET, TINY_TRAIN, assert_refused_in_one_line, run_cli
 from mtbench.errors import RunFailure
 from mtbench.runner.orchestration.compare import CompareProgress, ComparePlan, failed
 from mtbench.runner.orchestration.runs import plan_runs
@@ -77,3 +77,26 @@ def test_a_failure_before_any_run_finished_says_the_comparison_before_is_left(tm
                           f"combined JSON: {plan.out} is still the comparison before, whose files in {plan.runs_dir} "
                           f"this one began to replace")
     assert (tmp_path / "c.json").read_text() == '{"kind": "mtbench-compare", "runs": []}\n'
+
+
+GPT_TINY = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "16", "--steps", "3",
+            "--measure-only"]
+
+
+@pytest.mark.slow
+def test_a_comparison_that_failed_before_any_result_leaves_nothing_the_next_one_refuses(tmp_path, cache_dir):
+    """Its weights file (and logs, run files) are the comparison's own, never asked for: the next comparison into
+    the same --out replaces them without --overwrite; once a run has a result, they stay protected."""
+    out, runs = tmp_path / "c.json", tmp_path / "c.runs"
+    killed = run_cli("compare", "--matrix", "jax", *GPT_TINY, "--cache-dir", cache_dir, "--out", str(out),
+                     env={**CPU_ONLY, "MTBENCH_TEST_KILL_AT": "0:1"})
+    assert killed.returncode == 1 and "no run finished: no combined JSON" in killed.stderr, killed.stderr[-3000:]
+    assert (runs / "initial-weights.npz").exists() and not out.exists()
+    proc = run_cli("compare", "--matrix", "jax", *GPT_TINY, "--cache-dir", cache_dir, "--out", str(out),
+                   env=CPU_ONLY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["status"] == "completed"
+    out.unlink()  # a run's result is left in the folder: its weights file is no leftover
+    again = run_cli("compare", "--matrix", "jax:batch-size=8", *GPT_TINY, "--cache-dir", cache_dir, "--out", str(out),
+                    env=CPU_ONLY)
+    assert_refused_in_one_line(again, f"{runs / 'initial-weights.npz'}: already exists; pass --overwrite")

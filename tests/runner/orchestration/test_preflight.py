@@ -44,14 +44,40 @@ def test_a_run_whose_extras_set_the_frameworks_environment_is_left_to_its_own_pr
                            devices_of(plugins)) == {}
 
 
-def test_a_plugins_failing_check_is_left_to_the_runs_process(monkeypatch):
+def test_a_plugins_failing_check_is_named_before_anything_trains(monkeypatch):
+    """The run's own process would fail in the same check, after the weights were drawn and the runs before it
+    trained."""
     plugins = registry()
 
     def broken(self, run):
         raise RuntimeError("the plugin's own bug")
     monkeypatch.setattr(type(plugins.extras["flash-attention"]), "unavailable_reason", broken)
-    assert device_refusals([run("jax+fa", "jax", "flash-attention", dtype="float32")], plugins,
-                           devices_of(plugins)) == {}
+    refusals = device_refusals([run("jax", "jax", dtype="float32"),
+                                run("jax+fa", "jax", "flash-attention", dtype="float32")], plugins, devices_of(plugins))
+    assert list(refusals) == ["jax+fa"]
+    assert refusals["jax+fa"].startswith("extra 'flash-attention' of plugin ")
+    assert refusals["jax+fa"].endswith("failed: RuntimeError: the plugin's own bug")
+
+
+def several(label, backend, processes, *extras, **options):
+    return {**run(label, backend, *extras, **options), "processes": processes}
+
+
+def test_a_run_of_several_processes_is_refused_where_its_extras_refuse_it_whatever_devices_they_see():
+    plugins = registry()
+    devices = {"jax": {"kind": "cpu", "name": "cpu", "count": 1}, "torch": {"kind": "cpu", "name": "cpu", "count": 1}}
+    refusals = device_refusals([
+        several("tp-one-head", "torch", 2, "tensor-parallel", model_name="gpt", heads=1),
+        several("pp-translation", "torch", 2, "pipeline-parallel"),
+        several("pp-gpt", "torch", 2, "pipeline-parallel", model_name="gpt"),
+        several("tp", "torch", 2, "tensor-parallel", model_name="gpt"),
+        several("ddp", "torch", 2, "ddp"),
+        # Each process sees one device here; together they have the two JAX's data-parallel needs.
+        several("jax-dp", "jax", 2, "data-parallel"),
+    ], plugins, devices)
+    assert sorted(refusals) == ["pp-translation", "tp-one-head"]
+    assert "the model's 1 attention heads" in refusals["tp-one-head"]
+    assert "not 'transformer'" in refusals["pp-translation"]
 
 
 def test_the_probe_child_raises_the_first_refusal_before_anything_trains():

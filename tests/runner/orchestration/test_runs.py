@@ -143,12 +143,14 @@ def test_a_comparison_is_planned_and_checked_before_the_devices_are_asked():
         ("jax", {"step": "auto"}), ("torch", {"step": "eager"}),
         ("torch+torch-compile", {"step": "compiled", "compile_mode": "max-autotune"})]
     assert on_cpu.lines == []
-    # The probe is handed each run of one process, to tell its device's refusal (those of several join theirs).
+    # The probe is handed each run with its processes, to tell its device's refusal (for several, only what
+    # refuses it whatever devices they join).
     asked = []
     plan_comparison(None, (), "jax:batch-size=8;torch+ddp@2", options(), plugins,
                     probe=lambda runs: asked.extend(runs) or {"jax": CPU, "torch": CPU})
-    assert [(run["label"], run["config"]["backend"], run["config"]["batch_size"]) for run in asked] == [
-        ("jax:batch-size=8", "jax", 8)]
+    assert [(run["label"], run["config"]["backend"], run["processes"]) for run in asked] == [
+        ("jax:batch-size=8", "jax", 1), ("torch+ddp@2:batch-size=64", "torch", 2)]
+    assert asked[0]["config"]["batch_size"] == 8
 
     def never(runs):
         raise AssertionError("the devices were asked before the plan was checked")
