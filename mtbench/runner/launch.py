@@ -2,7 +2,11 @@
 flags (--coordinator, --num-processes, --process-id), from torchrun's environment, or from SLURM's. A process
 started on its own is a run of one."""
 
+import dataclasses
+import json
 import os
+import socket
+import time
 
 from mtbench.errors import MtbenchError
 from mtbench.plugins.api import Launch
@@ -16,9 +20,14 @@ def read_launch(coordinator=None, num_processes=None, process_id=None, timeout_s
     if any(value is not None for value in explicit):
         if not all(value is not None for value in explicit):
             raise MtbenchError("--coordinator, --num-processes and --process-id go together: give all three")
-        launch = Launch(process_id, num_processes, local_rank=_int(environ, "LOCAL_RANK", 0),
-                        local_processes=_int(environ, "LOCAL_WORLD_SIZE", 1), coordinator=coordinator,
-                        launcher="flags", timeout_s=timeout_s)
+        launch = Launch(process_id, num_processes, coordinator=coordinator, launcher="flags", timeout_s=timeout_s)
+        if not 0 <= process_id < num_processes:
+            raise MtbenchError(f"process id {process_id} is not one of {num_processes} processes (flags)")
+        if "LOCAL_RANK" in environ and "LOCAL_WORLD_SIZE" in environ:
+            local = _int(environ, "LOCAL_RANK"), _int(environ, "LOCAL_WORLD_SIZE")
+        else:
+            local = _local_place(launch) if num_processes > 1 else (0, 1)
+        launch = dataclasses.replace(launch, local_rank=local[0], local_processes=local[1])
     elif "TORCHELASTIC_RUN_ID" in environ or ("RANK" in environ and "WORLD_SIZE" in environ):
         launch = Launch(_int(environ, "RANK"), _int(environ, "WORLD_SIZE"), _int(environ, "LOCAL_RANK", 0),
                         _int(environ, "LOCAL_WORLD_SIZE", 1), _master(environ, "torchrun"), "torchrun", timeout_s,
@@ -35,6 +44,87 @@ def read_launch(coordinator=None, num_processes=None, process_id=None, timeout_s
         raise MtbenchError(f"{launch.num_processes} processes need the address of process 0: --coordinator "
                            f"HOST:PORT ({launch.launcher})")
     return launch
+
+
+def _local_place(launch):
+    """(local rank, local processes) of a process started by the flags, whose launcher said nothing of its machine:
+    each process tells process 0 its hostname over the coordinator's port, before the framework serves there, and
+    learns everyone's. Without it every process would count as a machine of its own: no share of the cores, every
+    process on GPU 0, and MFU's peak counted once per process."""
+    host, port = _host_port(launch.coordinator)
+    me = socket.gethostname()
+    deadline = time.monotonic() + launch.timeout_s
+    if launch.process_id == 0:
+        hosts = _serve_hostnames(port, launch.num_processes, me, deadline)
+    else:
+        hosts = _ask_hostnames(host, port, launch.process_id, me, deadline)
+    same = [index for index, name in enumerate(hosts) if name == me]
+    return same.index(launch.process_id), len(same)
+
+
+def _host_port(coordinator):
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit():
+        raise MtbenchError(f"--coordinator {coordinator!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _serve_hostnames(port, num_processes, me, deadline):
+    """Process 0's side: every process's hostname, by process id, sent back to each. The listening socket closes
+    before the answers go out and each peer closes first, so the port is free (no TIME_WAIT on it) for the
+    framework's coordination service that binds it next."""
+    hosts, peers = {0: me}, []
+    try:
+        with socket.create_server(("", port), family=socket.AF_INET6 if socket.has_dualstack_ipv6()
+                                  else socket.AF_INET, dualstack_ipv6=socket.has_dualstack_ipv6()) as server:
+            while len(hosts) < num_processes:
+                server.settimeout(max(deadline - time.monotonic(), 0.001))
+                peer, _ = server.accept()
+                peers.append(peer)
+                peer.settimeout(max(deadline - time.monotonic(), 0.001))
+                said = json.loads(_read_line(peer))
+                if said["process_id"] in hosts or not 0 < said["process_id"] < num_processes:
+                    raise MtbenchError(f"two processes gave process id {said['process_id']}, or one out of range")
+                hosts[said["process_id"]] = said["host"]
+        answer = (json.dumps([hosts[index] for index in range(num_processes)]) + "\n").encode()
+        for peer in peers:
+            peer.sendall(answer)
+        for peer in peers:
+            _read_line(peer)  # the peer's close
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise MtbenchError(f"process 0 could not learn the other processes' machines on port {port}: "
+                           f"{error or type(error).__name__}") from None
+    finally:
+        for peer in peers:
+            peer.close()
+    return [hosts[index] for index in range(num_processes)]
+
+
+def _ask_hostnames(host, port, process_id, me, deadline):
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.001)) as peer:
+                peer.sendall((json.dumps({"process_id": process_id, "host": me}) + "\n").encode())
+                return json.loads(_read_line(peer))
+        except (ConnectionRefusedError, ConnectionResetError):  # process 0 is not listening yet
+            if time.monotonic() > deadline:
+                raise MtbenchError(f"process {process_id} found no process 0 at {host}:{port} within "
+                                   f"--process-timeout") from None
+            time.sleep(0.1)
+        except (OSError, ValueError) as error:
+            raise MtbenchError(f"process {process_id} could not learn the processes' machines from {host}:{port}: "
+                               f"{error or type(error).__name__}") from None
+
+
+def _read_line(peer):
+    """One line from `peer`, or what came before it closed ('' for a close with nothing said)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = peer.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()
 
 
 def _int(environ, name, default=None):

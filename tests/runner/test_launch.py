@@ -89,3 +89,25 @@ def test_local_processes_share_the_cores_instead_of_each_taking_all(monkeypatch)
     # A process alone on its machine, or more processes than CPUs: nothing is pinned.
     pinned.clear()
     assert share_cores(Launch()) is None and share_cores(Launch(0, 16, 3, 16), {}) is None and not pinned
+
+
+def test_processes_started_by_the_flags_on_one_machine_count_as_one_machine():
+    """Without LOCAL_RANK and LOCAL_WORLD_SIZE each process started by --coordinator learns from the others that
+    they share its machine: its local rank (its GPU, its share of the cores) and their count (MFU's peak once), and
+    the coordinator's port is free again for the framework's own service."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with ThreadPoolExecutor(3) as pool:
+        places = list(pool.map(lambda rank: read_launch(f"127.0.0.1:{port}", 3, rank, timeout_s=30, environ={}),
+                               [2, 0, 1]))
+    assert [(launch.process_id, launch.local_rank, launch.local_processes) for launch in places] == \
+        [(2, 2, 3), (0, 0, 3), (1, 1, 3)]
+    with socket.socket() as service:  # no SO_REUSEADDR: any socket left on the port would refuse the bind
+        service.bind(("", port))
+    # A launcher's own word on the machine wins, and a run of one asks nobody.
+    told = {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    assert read_launch(f"127.0.0.1:{port}", 2, 1, environ=told).local_processes == 1
+    assert read_launch(f"127.0.0.1:{port}", 1, 0, environ={}).local_processes == 1

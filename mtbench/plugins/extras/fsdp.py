@@ -25,6 +25,7 @@ import contextlib
 import functools
 import itertools
 import math
+import sys
 from typing import NamedTuple
 
 from mtbench import (
@@ -661,9 +662,33 @@ class TorchDistributedStep(StateRecording):
             self.layout.hold_full()
 
 
+def whole_weights(model):
+    """The trainable weights a sharded JAX model holds whole on every device (no axis the device count divides, as
+    `sharded_axis` finds), as counts and bytes beside every trainable weight's."""
+    held = [(variable, all(name is None for name in variable.value.sharding.spec))
+            for variable in model.trainable_variables]
+    nbytes = [math.prod(variable.shape) * variable.value.dtype.itemsize for variable, _ in held]
+    return {"whole_weights": sum(whole for _, whole in held), "weights": len(held),
+            "whole_weight_bytes": sum(size for size, (_, whole) in zip(nbytes, held) if whole),
+            "weight_bytes": sum(nbytes)}
+
+
+def whole_weights_text(record):
+    """'12 of 30 weights whole (89 % of the weight bytes)'."""
+    return (f"{record['whole_weights']} of {record['weights']} weights whole "
+            f"({100 * record['whole_weight_bytes'] / max(record['weight_bytes'], 1):.0f} % of the weight bytes)")
+
+
 def sharded_step_text(units, record):
     """What a sharded JAX step moves, as its compiled program's collectives count it once read (`finalize`, after
-    the first step): '3 units gathered once a step, gradients reduce-scattered'; before that, what it asks for."""
+    the first step): '3 units gathered once a step, gradients reduce-scattered'; before that, what it asks for. The
+    weights no axis of which the devices divide are held whole, their gradients all-reduced: said where any is."""
+    whole = (f"; {whole_weights_text(record)} on every device, their gradients all-reduced"
+             if record.get("whole_weights") else "")
+    return _moved_text(units, record) + whole
+
+
+def _moved_text(units, record):
     counted = record.get("collectives_per_step")
     if counted is None:
         return f"{units} units gathered once a step, gradients reduce-scattered"
@@ -747,8 +772,14 @@ class FullySharded(Extra):
             gradients_of = accumulated_gradients(step.micro_batches, inner=gradients_of)
         sharded = JitTrainStep(model, step.distribution, gradients_of)
         run.extras_state[self.name].update(units=[unit.name for unit in fsdp_units(model)],
-                                           gather_dtype=model.dtype_policy.compute_dtype)
-        return JaxShardedStep(sharded, run.extras_state[self.name])
+                                           gather_dtype=model.dtype_policy.compute_dtype, **whole_weights(model))
+        record = run.extras_state[self.name]
+        if record["whole_weight_bytes"] * 2 > record["weight_bytes"] and run.processes.rank == 0:
+            # torch's FSDP2 pads such a weight and shards it: the two backends would hold different shares unsaid.
+            print(f"warning: fsdp holds {whole_weights_text(record)}, on every device: most of the weights are "
+                  f"not sharded (give sizes that {step.distribution.device_mesh.shape[0]} divides)",
+                  file=sys.stderr)
+        return JaxShardedStep(sharded, record)
 
     def _torch_step(self, run, model, step):
         from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep

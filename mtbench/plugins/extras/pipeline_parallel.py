@@ -139,7 +139,8 @@ def pipeline_reason(config, shape, processes, units="processes", backend="torch"
     rows = config.batch_size // replicas
     if reason is None and rows % micro_batches:
         whose = f"the batch size {rows} does" if replicas == 1 else f"a data replica's {rows} rows do"
-        reason = f"{whose} not split into {micro_batches} micro-batches (--pipeline-micro-batches)"
+        reason = (f"{whose} not split into {micro_batches} micro-batch{'es' * (micro_batches != 1)} "
+                  f"(--pipeline-micro-batches)")
     return reason
 
 
@@ -410,7 +411,8 @@ class TorchPipelineStep(StateRecording):
         over = f"{plan.stages} processes" if plan.data_axis is None else \
             f"a mesh of {plan.replicas} data x {plan.stages} stage processes"
         averaged = "" if plan.data_axis is None else ", the gradients averaged over the data axis in DDP's buckets"
-        own = (f"pipeline-parallel over {over} ({stages}), {plan.micro_batches} micro-batches, "
+        own = (f"pipeline-parallel over {over} ({stages}), {plan.micro_batches} "
+               f"micro-batch{'es' * (plan.micro_batches != 1)}, "
                f"{SCHEDULES[plan.schedule][1]}{averaged}")
         return ", ".join(part for part in (self.inner.description(), own) if part)
 
@@ -759,7 +761,8 @@ class JaxPipelineStep(StateRecording):
 
     def description(self):
         return (f"{self.inner.description()}, pipeline-parallel ({stage_names(self.record['stage_blocks'])}), "
-                f"{self.staged.micro_batches} micro-batches, GPipe, each stage's blocks stacked over the stage axis")
+                f"{self.staged.micro_batches} micro-batch{'es' * (self.staged.micro_batches != 1)}, GPipe, each "
+                f"stage's blocks stacked over the stage axis")
 
 
 def jax_pipeline_step(run, model, step):

@@ -622,6 +622,10 @@ class TensorParallel(Extra):
     backends = ("jax", "torch")
     conflicts = ("fsdp", "ddp", "data-parallel", "pmap", "tpu")
     spans_processes = True
+    # Each device drops its part of the masks one device draws for the whole layer, and what it holds whole as the
+    # others do (tested on both backends), so the run draws one device's masks; a data axis (a
+    # --tensor-parallel-size below the devices) draws its rows' own, and compare keeps such runs apart by that size.
+    keeps_random_draws = True
 
     def unavailable_reason(self, run):
         shape, processes, size = run.model_shape, run.processes.world_size, run.config.tensor_parallel_size

@@ -3,7 +3,7 @@ started by torchrun: `torchrun --nproc-per-node 2 -m mtbench train --backend tor
 trains on its shard of every global batch; DDP averages the gradients during the backward pass, and the step
 weighs each process's loss by its share of the global batch's target tokens (`EagerTorchTrainStep`)."""
 
-from mtbench import Extra, MtbenchError, hookimpl
+from mtbench import Extra, MtbenchError, WrappingStep, hookimpl
 from mtbench.plugins.extras.fsdp import processes_reason, torch_step_state
 
 
@@ -30,7 +30,7 @@ class DistributedDataParallel(Extra):
         run.extras_state[self.name] = {"devices": run.processes.world_size, "collectives": run.processes.collectives,
                                        "per_process_batch": run.config.batch_size // run.processes.world_size,
                                        "step": step, "ddp": distributed}
-        return step
+        return DistributedStep(step, distributed, run.processes.world_size)
 
     def record(self, run):
         record = dict(run.extras_state[self.name])
@@ -42,6 +42,49 @@ class DistributedDataParallel(Extra):
         record["gradient_buckets"] = len(gradient_buckets(distributed) or ()) or None
         record.update(torch_step_state(record.pop("step")))
         return record
+
+
+class DistributedStep(WrappingStep):
+    """mtbench's torch step under DDP, which says so in the step's description, as fsdp's and JAX's data-parallel
+    steps do; everything else is the wrapped step's."""
+
+    def __init__(self, inner, distributed, processes):
+        super().__init__(inner)
+        self.distributed, self.processes_count = distributed, processes
+
+    def __getattr__(self, name):  # what a later extra reads of mtbench's torch step (its processes, optimizer)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def around(self, step):
+        """`step`, the compiled step `torch-compile` makes when given after this extra, over the same DDP wrapper
+        (a second would reduce every gradient twice)."""
+        step.share_distribution(self.inner)
+        return DistributedStep(step, self.distributed, self.processes_count)
+
+    def description(self):
+        return ", ".join(part for part in (self.inner.description(),
+                                           ddp_text(self.distributed, self.processes_count)) if part)
+
+
+def ddp_text(distributed, processes):
+    """'DDP over 2 processes, float32 gradients all-reduced in 1 bucket (463 KiB; at most 25 MiB each)': the buckets
+    as the reducer last made them (rebuilt in the second step)."""
+    dtypes = sorted({str(parameter.dtype).replace("torch.", "") for parameter in distributed.module.parameters()
+                     if parameter.requires_grad})
+    text = f"DDP over {processes} process{'es' * (processes != 1)}, {'/'.join(dtypes)} gradients all-reduced"
+    sizes = gradient_buckets(distributed)
+    if sizes is None:
+        return text
+    cap = getattr(distributed, "bucket_bytes_cap", None)
+    limit = f"; at most {_bytes_text(cap)} each" if cap else ""
+    return (f"{text} in {len(sizes)} bucket{'s' * (len(sizes) != 1)} "
+            f"({', '.join(_bytes_text(size) for size in sizes)}{limit})")
+
+
+def _bytes_text(count):
+    return f"{count / 2 ** 20:.3g} MiB" if count >= 2 ** 20 else f"{count / 2 ** 10:.3g} KiB"
 
 
 def gradient_buckets(distributed):

@@ -10,8 +10,9 @@ amplified by training), while the curve stays. Means forgive other arithmetic to
 dtype, every run is checked against the first run of
 that dtype (the baseline where it has that dtype). Runs that train with dropout are held only to runs that draw
 the same masks (`same_draws`): the same backend, train step, processes and dropout, and extras that differ only by
-those that keep every draw (`Extra.keeps_random_draws`: remat). Each framework, and each step kind, draws its own
-masks, so other curves part from the first step (`--dropout 0` makes a run checkable against them).
+those that keep every draw (`Extra.keeps_random_draws`: remat, tensor-parallel), whose processes draw one process's
+masks. Each framework, and each step kind, draws its own masks, so other curves part from the first step
+(`--dropout 0` makes a run checkable against them).
 """
 
 from dataclasses import asdict, dataclass, field
@@ -211,8 +212,12 @@ def same_draws(result):
         return None
     keeping = set(result.get("extras_keeping_draws") or ())
     config = result.get("config") or {}
+    processes = result.get("processes") or {}
+    # Processes joined by extras that keep every draw (tensor-parallel's model axis) draw one process's masks.
+    spanned_by = processes.get("spanned_by")
+    joined_alike = bool(spanned_by) and set(spanned_by) <= keeping
     return (dropout, result.get("backend"), result.get("train_step"),
-            (result.get("processes") or {}).get("world_size", 1),
+            1 if joined_alike else processes.get("world_size", 1),
             tuple(sorted(extra for extra in result.get("extras") or () if extra not in keeping)),
             tuple((config.get(key) or 1) for key in DRAW_LAYOUT_KEYS))
 

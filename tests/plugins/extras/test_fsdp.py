@@ -62,6 +62,38 @@ def test_the_sharded_jax_steps_description_says_what_its_compiled_program_moves(
         "3 units, 7 all-gathers a step, gradients all-reduced (12 a step; no reduce-scatter)"
 
 
+def test_the_sharded_jax_steps_description_names_the_weights_it_holds_whole():
+    record = {"whole_weights": 3, "weights": 10, "whole_weight_bytes": 300, "weight_bytes": 1000}
+    assert sharded_step_text(2, record) == ("2 units gathered once a step, gradients reduce-scattered; 3 of 10 weights "
+                                            "whole (30 % of the weight bytes) on every device, their gradients "
+                                            "all-reduced")
+    assert sharded_step_text(2, {**record, "whole_weights": 0}).endswith("gradients reduce-scattered")
+
+
+@pytest.mark.slow
+def test_jax_fsdp_says_it_holds_whole_the_weights_the_devices_divide_no_axis_of(tmp_path, cache_dir):
+    """--d-model 63: most weights have no even axis, and stay whole on each of 2 devices (torch's FSDP2 pads and
+    shards them): the step's description and the record say how many and how many bytes, and a warning says that
+    most are not sharded."""
+    out = tmp_path / "odd.json"
+    proc = run_cli("train", "--backend", "jax", "--extra", "fsdp", "--model", "gpt", "--preset", "tiny",
+                   "--block-size", "32", "--batch-size", "16", "--steps", "3", "--measure-only", "--d-model", "63",
+                   "--heads", "3", "--ff-dim", "127", "--cache-dir", cache_dir, "--out", str(out), env=TWO_DEVICES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    record = result["extras_record"]["fsdp"]
+    assert record["weight_bytes"] == result["model"]["parameters"] * FLOAT32
+    # What each device was measured to hold: the whole weights, and half of the others.
+    assert record["parameter_bytes"] == record["whole_weight_bytes"] + \
+        (record["weight_bytes"] - record["whole_weight_bytes"]) // 2
+    assert record["whole_weight_bytes"] * 2 > record["weight_bytes"]
+    share = round(100 * record["whole_weight_bytes"] / record["weight_bytes"])
+    assert result["train_step_detail"].endswith(
+        f"; {record['whole_weights']} of {record['weights']} weights whole ({share} % of the weight bytes) on every "
+        f"device, their gradients all-reduced")
+    assert "warning: fsdp holds" in proc.stderr and "most of the weights are not sharded" in proc.stderr
+
+
 def test_the_state_per_device_figure_reads_the_extras_record():
     figure = FIGURES_BY_KEY["state_bytes_per_device"]
     result = {"extras_record": {"flash-attention": {"kernels": []}, "fsdp": {"state_bytes": 3 * 2 ** 20}}}

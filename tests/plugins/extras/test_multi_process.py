@@ -308,3 +308,34 @@ def test_ddps_gradient_buckets_are_counted_as_its_reducer_allocated_them(tmp_pat
     assert counted == (0 if as_view else (300 * 500 + 500 + 500 * 300 + 300) * 4)
     all_reduces = collections.Counter(event.name for event in trace.events())["c10d::allreduce_"]
     assert len(buckets) == all_reduces == 2 and sum(buckets) == (300 * 500 + 500 + 500 * 300 + 300) * 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FIRST_HALF, reason="needs at least 2 CPUs to share")
+def test_processes_started_by_the_coordinator_flags_on_one_machine_share_it_and_ddp_says_how_it_reduced(tmp_path,
+                                                                                                      cache_dir):
+    """Two processes given --coordinator, --num-processes and --process-id alone (no LOCAL_RANK): one machine, its
+    cores shared out, MFU over one machine's peak; and DDP's step says what it all-reduced, as fsdp's does."""
+    import socket
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        coordinator = f"127.0.0.1:{free.getsockname()[1]}"
+    out = tmp_path / "ddp.json"
+    args = ["train", "--backend", "torch", "--extra", "ddp", "--model", "gpt", "--preset", "tiny", "--block-size",
+            "32", "--batch-size", "16", "--steps", "4", "--measure-only", "--cache-dir", cache_dir,
+            "--coordinator", coordinator, "--num-processes", "2", "--out", str(out)]
+    environ = {**CPU_ONLY, "LOCAL_RANK": None, "LOCAL_WORLD_SIZE": None}
+    started = []
+    for rank in (1, 0):
+        command, env = on_every_core([sys.executable, "-m", "mtbench", *args, "--process-id", str(rank)], environ)
+        started.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env=cli_environment(env)))
+    outputs = [process.communicate(timeout=300) for process in started]
+    assert [process.returncode for process in started] == [0, 0], "".join(err[-2000:] for _, err in outputs)
+    result = json.loads(out.read_text())
+    assert result["processes"]["machines"] == 1 and result["processes"]["cpu_share"] == FIRST_HALF
+    assert result["utilization"]["peak_devices"] == 1
+    # The tiny GPT's 463 KiB of float32 gradients fit DDP's first bucket (1 MiB).
+    assert result["train_step"] == "torch-eager"
+    assert result["train_step_detail"].startswith("DDP over 2 processes, float32 gradients all-reduced in 1 bucket "
+                                                  f"({result['model']['parameters'] * 4 / 1024:.3g} KiB")

@@ -352,3 +352,10 @@ def test_the_stacked_weights_optimizer_is_made_as_the_models_with_its_loss_scali
     assert type(refused.value) is MtbenchError
     assert str(refused.value) == ("cannot clip each weight on its own on JAX (Keras's clipnorm would take every "
                                   "stage's copy of a weight as one); give --clip global or --clip none")
+
+
+@pytest.mark.slow
+def test_a_pipeline_of_one_micro_batch_says_so_in_the_singular(tmp_path, cache_dir):
+    pipelined = train(tmp_path, "pipelined", cache_dir, *JAX_GPT, "--steps", "2", "--measure-only", "--extra",
+                      "pipeline-parallel", "--pipeline-micro-batches", "1", env=simulated_devices(2))
+    assert "pipeline-parallel (block 0 | block 1), 1 micro-batch, GPipe" in pipelined["train_step_detail"]

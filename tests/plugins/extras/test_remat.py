@@ -108,6 +108,11 @@ def test_torch_blocks_keep_only_their_inputs_and_run_again_in_the_backward_pass(
     np.testing.assert_allclose(np.array(selective["grads"]), np.array(keeping["grads"]), rtol=1e-6, atol=1e-9)
     # With dropout the recomputed blocks drop what the forward pass dropped (torch's generator state restored).
     assert dropping_recomputing["loss"] == dropping["loss"] != keeping["loss"]
+    # Of a block's 6 products the recomputation runs 5 without dropout: torch's non-reentrant checkpoint stops once
+    # it has recomputed the last tensor the backward saved, the feed-forward's second product's input; with dropout
+    # the mask of the dropout after that product is one more, and all 6 run again.
+    assert recomputing["backward_matmuls"] - keeping["backward_matmuls"] == 4 * 5
+    assert dropping_recomputing["backward_matmuls"] - dropping["backward_matmuls"] == 4 * 6
     np.testing.assert_allclose(np.array(dropping_recomputing["grads"]), np.array(dropping["grads"]), rtol=1e-6,
                                atol=1e-9)
 

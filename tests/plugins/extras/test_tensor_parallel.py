@@ -18,6 +18,8 @@ import json
 import numpy as np
 import pytest
 
+from mtbench.figures import run_dtype
+from mtbench.runner.results.parity import check_parity
 from tests.conftest import COMPARE_STEPS, CPU_ONLY, FLOAT16_GPT, TINY_COMPARE, run_cli, simulated_devices
 from tests.plugins.extras.test_fsdp import TWO_DEVICES, losses
 from tests.plugins.extras.test_multi_process import torchrun
@@ -483,6 +485,10 @@ def test_split_runs_drop_what_one_device_drops(tmp_path, cache_dir, backend, mod
     arithmetic = split["model"]["attention"]["arithmetic"]
     assert arithmetic["probability_dropout"] == (0.1 if model == "gpt" else 0.0)
     assert_trains_like_one_device(split, one, 10)
+    # compare holds the split run to the one-device run's curve, as it holds remat's: they draw the same masks.
+    report = check_parity([("one", one), ("split", split)], run_dtype, steps=10, tolerance=1e-4)
+    assert [(pair.reference, pair.run, pair.within_tolerance) for pair in report.pairs] == [("one", "split", True)]
+    assert report.unchecked == []
     if model == "translation":  # its attention drops nothing: its feed-forward's masks were drawn, or this shows
         kept = train(tmp_path, "kept", cache_dir, *args, "--dropout", "0", "--measure-only", env=CPU_ONLY)
         assert max(abs(np.array(losses(kept)) / np.array(losses(one)) - 1)) > 1e-3
