@@ -54,7 +54,8 @@ def handle_errors(command):
         except Exception as error:  # an mtbench bug or a framework failure: still one line unless --debug
             if debug:
                 traceback.print_exc()
-            _fail(f"{type(error).__name__}: {error} (rerun with --debug for the traceback)", 1)
+            name = click.get_current_context().info_name  # --debug is the command's option, not mtbench's
+            _fail(f"{type(error).__name__}: {error} (rerun with `mtbench {name} ... --debug` for the traceback)", 1)
 
     return click.option("--debug", is_flag=True, help="Show the traceback of a failure.")(wrapper)
 
@@ -249,8 +250,8 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--max-pairs", type=int, help="Use only the first N pairs of the corpus."),
     click.option("--valid-size", type=int, default=500, show_default=True),
     click.option("--test-size", type=int, default=500, show_default=True),
-    click.option("--vocab-size", type=int, help="Sentencepiece vocabulary (default: the preset's)."),
-    click.option("--max-len", type=int, help="Tokens per side, counting its end token; longer pairs are dropped (default: the preset's)."),
+    click.option("--vocab-size", type=int, help="Sentencepiece vocabulary (default: the preset's): the most pieces it learns; a text too small for that many gets fewer, said on the console and in the result's warnings."),
+    click.option("--max-len", type=int, help="Tokens per side, counting its end token; longer pairs are dropped (default: the preset's). For a language model (--model gpt) it is the --block-size: give one of them, not both."),
     click.option("--block-size", type=int, metavar="N", help="A language model's block: tokens per row, its positions (default: the preset's)."),
     click.option("--tokenizer", type=click.Choice(["byte", "char", "sentencepiece"]), help="A language model's tokens: byte (vocabulary 256, default), char (the training split's characters) or sentencepiece (--vocab-size)."),
     click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the block: consecutive blocks, as nanoGPT's estimate_loss)."),
@@ -871,6 +872,7 @@ def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, b
     """Continue --prompt with a trained language model (--model gpt), on either backend: MODEL is a result JSON, a
     run directory (RESULT.run), its saved model, or a pretrained checkpoint as NAME:DIR (gpt2:DIR). Prints the
     prompt and its continuation."""
+    from mtbench.runner.evaluation.sampling import printable, unknown_prompt_warning
     from mtbench.runner.inference import generate_text
     if not prompt:  # known before the model is opened (a prompt its tokenizer encodes to nothing is found after)
         raise MtbenchError("--prompt is empty: give the text to continue")
@@ -881,12 +883,12 @@ def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, b
     _warn_broken_plugins(registry)
     text, record = generate_text(model, registry, prompt, backend, max_new_tokens, temperature, top_k, seed,
                                  block_size, dtype)
-    click.echo(prompt + text)
-    if record["prompt_unknown_tokens"]:
-        click.echo(f"Warning: {record['prompt_unknown_tokens']} of the prompt's {record['prompt_tokens']} tokens are "
-                   f"unknown to the model's tokenizer (read as <unk>): it continued a text it could not read",
-                   err=True)
-    click.echo(f"{record['new_tokens']} tokens by {record['model']} on {record['backend']} in {record['dtype']} "
+    click.echo(printable(prompt + text))
+    unread = unknown_prompt_warning(record["prompt_unknown_tokens"], record["prompt_tokens"])
+    if unread:
+        click.echo(f"Warning: {unread}", err=True)
+    new = record["new_tokens"]
+    click.echo(f"{new} token{'s' * (new != 1)} by {record['model']} on {record['backend']} in {record['dtype']} "
                f"({record['sampling']}) in {record['seconds']:.2f} s", err=True)
 
 
@@ -1026,7 +1028,8 @@ def _evaluate_language_model(model, text_file, backend, batch_size, stride, bloc
     console = output_console()
     console.print(table)
     if scores["unknown_characters"]:
-        console.print(f"{scores['unknown_characters']} <unk> tokens in the text (characters not in the model's "
+        unknown = scores["unknown_characters"]
+        console.print(f"{unknown:,} <unk> token{'s' * (unknown != 1)} in the text (characters not in the model's "
                       f"vocabulary)", highlight=False)
     if out:
         write_json_atomic(out, scores)

@@ -221,11 +221,18 @@ def compile_cache_text(result):
         return f"off: {cache['reason']}" if cache.get("unusable_dir") else "off"
     programs = cache.get("programs")
     if programs is None:
-        return f"{cache['state']} (held {cache['entries_before']} programs as the run started)"
+        held = cache["entries_before"]
+        return f"{cache['state']} (held {held} program{'s' * (held != 1)} as the run started)"
     every = cache.get("every_process")
     if every:
-        return f"{programs} ({every['hits']} hits, {every['misses']} misses over {every['processes']} processes)"
-    return f"{programs} ({cache['hits']} hits, {cache['misses']} misses)"
+        return f"{programs} ({_lookups(every)} over {every['processes']} processes)"
+    return f"{programs} ({_lookups(cache)})"
+
+
+def _lookups(counts):
+    """'13 hits, 1 miss'."""
+    hits, misses = counts["hits"], counts["misses"]
+    return f"{hits} hit{'s' * (hits != 1)}, {misses} miss{'es' * (misses != 1)}"
 
 
 def cores_text(result):
@@ -242,7 +249,7 @@ def cores_text(result):
     if not cores:
         return "not recorded"
     threads = (result["env"].get("device") or {}).get("threads")
-    return f"every core it may use ({cores})" + (f", {threads} intra-op threads" if threads else "")
+    return f"every core it may use ({cores})" + (f", {threads} intra-op thread{'s' * (threads != 1)}" if threads else "")
 
 
 # What ran, beside the figures of every run: what changes the arithmetic or the kind of work.
@@ -446,9 +453,10 @@ def run_warnings(result):
     timed in too few windows, programs compiled after the warm-up steps, a machine loaded while the run trained
     (other processes used more than OTHERS_BOUND of its CPUs; where the OS does not tell, a load average above the
     cores as training began) or whose hypervisor took its CPUs, other processes holding a context on the run's GPUs
-    (nvidia-smi's, as training began or ended), the task's quality warning, a test set that overlaps the training
-    data beyond TEST_OVERLAP_BOUND, an MFU above 100 % (its peak named) and an MFU peak measured while the load
-    average was above the cores. Results written before the machine's load was recorded get no load warning."""
+    (nvidia-smi's, as training began or ended), the task's quality warning, a sentencepiece vocabulary smaller than
+    --vocab-size asked, a test set that overlaps the training data beyond TEST_OVERLAP_BOUND, an MFU above 100 % (its
+    peak named) and an MFU peak measured while the load average was above the cores. Results written before the
+    machine's load was recorded get no load warning."""
     warnings = []
     if result.get("status", "completed") != "completed":  # a partial result: its figures stop where it stopped
         done = (result.get("history") or [{}])[-1].get("step", 0)
@@ -512,6 +520,9 @@ def run_warnings(result):
                         f"and the steps timed with {them} are slower")
     if (result.get("metrics") or {}).get("quality_warning"):  # the task's own (empty translations)
         warnings.append(result["metrics"]["quality_warning"])
+    vocabulary = short_vocabulary_warning(result.get("data") or {})
+    if vocabulary:
+        warnings.append(vocabulary)
     overlap = overlapping_test_set_warning(result.get("data") or {})
     if overlap:
         warnings.append(overlap)
@@ -540,6 +551,16 @@ def overlapping_test_set_warning(data):
     return (f"test set overlaps the training data: {overlapping:,} of {checked:,} test sources "
             f"({overlapping / checked:.0%}) are also training sources (bound {TEST_OVERLAP_BOUND:.0%}), so the test "
             f"scores reward recalling training pairs as well as translating")
+
+
+def short_vocabulary_warning(data):
+    """mtbench's sentencepiece vocabulary smaller than --vocab-size asked (`data.vocab_size_asked`), in words: the
+    trainer takes what the training text supports, so the model's embedding and output layers are smaller than the
+    configuration says; None where it learned as many pieces, or the run's tokenizer is not mtbench's own."""
+    asked, learned = data.get("vocab_size_asked"), (data.get("tokenizer") or {}).get("vocab_size")
+    if not asked or learned is None or learned >= asked:
+        return None
+    return f"vocabulary {learned:,} pieces where --vocab-size asked {asked:,}: the training text holds no more"
 
 
 def flops_text(flops_per_s):

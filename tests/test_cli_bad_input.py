@@ -400,6 +400,23 @@ def test_debug_shows_the_traceback(tmp_path, cache_dir):
     assert "Traceback" in proc.stderr and "unknown backend 'nonesuch'" in proc.stderr
 
 
+def test_a_failure_of_mtbench_itself_says_where_debug_goes():
+    """`mtbench --debug report` is refused (No such option): the hint names the command whose option it is."""
+    import click
+    from click.testing import CliRunner
+
+    from mtbench.cli import handle_errors
+
+    @click.command("report")
+    @handle_errors
+    def failing():
+        raise ValueError("a bug")
+    result = CliRunner().invoke(failing, [])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert result.stderr == "Error: ValueError: a bug (rerun with `mtbench report ... --debug` for the traceback)\n"
+    assert "Traceback" in CliRunner().invoke(failing, ["--debug"]).stderr
+
+
 def test_a_second_run_on_the_result_path_of_one_training_is_refused(tmp_path, cache_dir):
     """Two runs on one --out (two terminals, two jobs, a resume of a run still training) wrote over each other's
     checkpoints and result, the last to end passing for both; and --overwrite emptied the first's run folder."""

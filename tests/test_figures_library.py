@@ -165,3 +165,14 @@ def test_the_versions_name_the_accelerator_software_where_the_run_computed_on_it
     on_rocm = {**env, "cuda_version": None, "cudnn_version": None, "rocm_version": "6.4.43482"}
     assert "ROCm 6.4.43482, mtbench" in figures.versions_text({"env": on_rocm})
     assert "driver" not in figures.versions_text({"env": on_rocm})
+
+
+def test_the_compile_cache_counts_read_as_one_or_many():
+    """'warm (13 hits, 1 misses)'."""
+    def text(**cache):
+        return figures.compile_cache_text({"timing": {"compile_cache": {"state": "warm", **cache}}})
+    assert text(programs="partly warm", hits=13, misses=1) == "partly warm (13 hits, 1 miss)"
+    assert text(programs="cold", hits=1, misses=0) == "cold (1 hit, 0 misses)"
+    assert text(programs="partly warm", hits=13, misses=2, every_process={"processes": 2, "hits": 26, "misses": 1}) \
+        == "partly warm (26 hits, 1 miss over 2 processes)"
+    assert text(programs=None, entries_before=1) == "warm (held 1 program as the run started)"

@@ -24,8 +24,8 @@ import pluggy
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins import api, hookspecs
 from mtbench.plugins.api.versioning import next_major
-from mtbench.plugins.compat import (deprecated_in, fitting_arguments, form, older_form, older_forms,
-                                    replaced_form)
+from mtbench.plugins.compat import (GROWN, deprecated_in, fitting_arguments, form, older_form, older_forms,
+                                    positional_parameters, replaced_form)
 
 ENTRY_POINT_GROUP = "mtbench"
 LOAD_PLUGINS_ENV = "MTBENCH_LOAD_PLUGINS"
@@ -68,6 +68,9 @@ ANY_KIND = "any"  # what a plugin that failed to load might have provided: we ca
 # A registered name, as --extra, --matrix ('backend+extra@2:flag=value'), --dataset and --report take it.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 RESERVED_NAMES = {"reporters": {"none"}}  # --report none: no reporter
+# Methods the docs mark *required* of every item of a kind, whatever the run (a backend's are asked only of runs
+# on it, and a plugin may register one to be named where it cannot run): without one the item could only fail.
+REQUIRED_METHODS = {"datasets": ("read_pairs",), "reporters": ("report",)}
 
 
 def singular(kind):
@@ -126,6 +129,17 @@ class Registry:
     def problems_of(self, plugin):
         return [problem.message for problem in self.problems if problem.plugin == plugin]
 
+    def packages_providing(self, used):
+        """{plugin name: 'PACKAGE VERSION'} of the installed plugins that provided `used` ([(kind, name)]): what a
+        result records beside mtbench's own version, so that a plugin upgraded between two runs shows."""
+        found = {}
+        for kind, name in used:
+            plugin = self.provider.get((kind, name))
+            entry = self.entries.get(plugin)
+            if entry and not entry.builtin:
+                found[plugin] = f"{entry.package} {entry.version}"
+        return found
+
     def lookup(self, kind, name):
         """The registered backend, extra, dataset or reporter `name`; an unknown name is an error that lists
         what is available and names only the plugins that might have provided it: those that failed to load,
@@ -166,6 +180,12 @@ class Registry:
         bound = getattr(item, method)
         fitting = fitting_arguments(bound, args)
         if len(fitting) < len(args):
+            if method not in GROWN.get(kind, {}):  # no earlier form of it took fewer: a mistake, not an older API
+                implemented = form(method, positional_parameters(bound) or [])
+                raise _naming(RunFailure(f"{singular(kind)} '{item.name}' of plugin "
+                                         f"'{self.provider.get((kind, item.name), '?')}' failed: it implements "
+                                         f"{implemented}, and mtbench calls {method} with {len(args)} "
+                                         f"argument{'s' * (len(args) != 1)} (docs/plugins.md)"))
             self._warn_deprecated_once(kind, item, method,
                                        lambda: older_form(item, kind, method) or (form(method, ["..."]), method))
         return bound(*fitting)
@@ -452,6 +472,10 @@ def registration_refusal(kind, item):
             return f"{singular(kind)} '{name}' with {attribute} {value!r} (a list of {meaning})"
     if kind == "extras" and not item.backends:  # it would serve no run, and say so as 'serves the  backend(s)'
         return f"extra '{name}' with no backends (a list of the backend names it serves)"
+    missing = [method for method in REQUIRED_METHODS.get(kind, ())
+               if getattr(type(item), method, None) is getattr(base, method)]
+    if missing:
+        return f"{singular(kind)} '{name}' without {', '.join(missing)} (required of every {singular(kind)})"
     return None
 
 

@@ -14,7 +14,8 @@ from mtbench.errors import MtbenchError
 from mtbench.plugins.api import ModelFamily, RunContext
 from mtbench.runner.choices import dtype_refusal
 from mtbench.runner.config import TrainConfig, decoding_name
-from mtbench.runner.evaluation.sampling import continuation, continued_text, drawable_ids, numpy_logits
+from mtbench.runner.evaluation.sampling import (continuation, continued_text, drawable_ids, numpy_logits,
+                                                 unknown_prompt_tokens)
 from mtbench.runner.saved_model import ModelSource, find_model, load_weights, model_files
 from mtbench.runner.setup import (import_keras, resolve_backend, resolve_model, RunPlugins, set_matmul_precision,
                                   starting_weights)
@@ -254,7 +255,7 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
     if not ids:
         raise MtbenchError("--prompt is empty: give the text to continue")
     # What of the prompt the model cannot read (a character tokenizer's <unk>): it continues something else.
-    unknown = loaded.tokenizer.stream(prompt.encode("utf-8")).unknown if hasattr(loaded.tokenizer, "stream") else 0
+    unknown = unknown_prompt_tokens(loaded.tokenizer, prompt)
     block = loaded.source.config.max_len
     model = loaded.model
     forward = numpy_logits(model, lambda fn: loaded.plugins.backend.compile_inference(fn, model))

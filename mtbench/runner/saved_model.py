@@ -122,9 +122,22 @@ def _from_result(path):
     for run_dir in (result.get("run_dir"), beside):
         if run_dir and RunDirectory(run_dir, fresh=False).latest():
             return _from_run(run_dir)
-    why = (f"its saved model is gone (not in {saved}, nor in {beside})" if saved
-           else "the run kept no model (--no-save-model, or it did not complete)")
-    raise MtbenchError(f"{path}: {why}, and it has no checkpoint; no model to load")
+    raise MtbenchError(f"{path}: {no_model_reason(result, saved, beside)}, and it has no checkpoint; no model to load")
+
+
+def no_model_reason(result, saved, beside):
+    """Why a result leads to no model, by what its run was told (its configuration) and how it ended."""
+    config = result.get("config") if isinstance(result.get("config"), dict) else {}
+    status = result.get("status", "completed")
+    if saved:
+        return f"its saved model is gone (not in {saved}, nor in {beside})"
+    if config.get("measure_only"):
+        return "the run kept no model (--measure-only: it trained and timed only)"
+    if config.get("save_model") is False:
+        return "the run kept no model (--no-save-model)"
+    if status != "completed":
+        return f"the run kept no model (it did not complete: {status})"
+    return "the run kept no model (--no-save-model, or it did not complete)"
 
 
 def _from_run(run_dir):

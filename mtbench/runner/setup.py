@@ -277,10 +277,11 @@ def start_backend(config, plugins, launch):
 # What is chosen before the extras change the configuration (`config_changes`): the plugins, the data, the
 # starting weights, the kernels and precision set, the outputs and trackers. An extra that changed one would make
 # the result record a run that did not train.
+# The data's keys are those the task's `read` takes (the corpus read, cut to --max-pairs and split): it ran before.
 FIXED_BEFORE_EXTRAS = ("backend", "extras", "dataset", "data_file", "valid_file", "test_file", "src_col", "tgt_col",
-                       "src_lang", "tgt_lang", "preset", "model_name", "seed", "init", "initial_weights",
-                       "matmul_precision", "attention", "step", "compile_cache", "cache_dir", "out", "overwrite",
-                       "report_to", "logging_dir", "run_group")
+                       "src_lang", "tgt_lang", "valid_size", "test_size", "max_pairs", "preset", "model_name", "seed",
+                       "init", "initial_weights", "matmul_precision", "attention", "step", "compile_cache", "cache_dir",
+                       "out", "overwrite", "report_to", "logging_dir", "run_group")
 
 
 def configuration_changes(run, plugins):
@@ -302,8 +303,9 @@ def configuration_changes(run, plugins):
                 config, before = dataclasses.replace(config, **changes), config
             except (MtbenchError, TypeError, ValueError) as error:  # its words name an option the user did not give
                 settings = ", ".join(f"{key}={value!r}" for key, value in sorted(changes.items()))
+                said = mistyped_changes(config, changes) if isinstance(error, TypeError) else None
                 raise RunFailure(f"extra '{extra.name}' sets {settings}, which the configuration refuses: "
-                                 f"{error}") from None
+                                 f"{said or error}") from None
             run = dataclasses.replace(run, config=config)
             changed_by.update(dict.fromkeys(changed_keys(before, config), extra.name))
     in_place = [extra for extra in plugins.extras if type(extra).adjust_config is not Extra.adjust_config]
@@ -322,6 +324,19 @@ def configuration_changes(run, plugins):
                          f"before the extras change the configuration (the plugins, data, weights and outputs of the "
                          f"run)")
     return config, changed_by
+
+
+def mistyped_changes(config, changes):
+    """'learning_rate takes a float, not a str' for each change of another kind than the value it replaces (a
+    comparison's TypeError names neither the key nor the kind), or None where none is."""
+    said = []
+    for key, value in sorted(changes.items()):
+        current = getattr(config, key, None)
+        numbers = isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool)
+        if current is not None and value is not None and not numbers and not isinstance(value, type(current)):
+            said.append(f"{key} takes {'an' if type(current).__name__[0] in 'aeiou' else 'a'} "
+                        f"{type(current).__name__}, not {type(value).__name__} {value!r}")
+    return "; ".join(said) or None
 
 
 def changed_keys(before, after):
@@ -453,7 +468,13 @@ def initial_values(config, plugins, model):
         if pretrained is not None:
             return pretrained, PRETRAINED
         scheme = drawn_init(config, plugins.model).init
-    return initial_weights(model, config.seed, scheme), scheme
+    try:
+        return initial_weights(model, config.seed, scheme), scheme
+    except ValueError as error:  # a variable the draw knows no rule for: the family's model, not the user's run
+        plugin = plugins.registry.provider.get(("models", plugins.model.name), "?")
+        raise RunFailure(f"model family '{plugins.model.name}' of plugin '{plugin}' built a model whose weights "
+                         f"mtbench cannot draw: {error} (the draw knows variables named kernel, bias, embeddings, "
+                         f"gamma and beta; a family gives others from pretrained_weights)") from None
 
 
 def starting_weights(config, plugins, model, weights_file):
@@ -499,6 +520,11 @@ def extras_compile_options(run, plugins):
     """The `model.compile` options the extras ask for, each with the extra that asked."""
     options, asked_by = {}, {}
     for extra, asked in plugins.ask_extras("compile_options", run):
+        asked = asked or {}
+        if not isinstance(asked, dict):
+            plugin = plugins.registry.provider.get(("extras", extra.name), "?")
+            raise RunFailure(f"extra '{extra.name}' of plugin '{plugin}' returned a {type(asked).__name__} from "
+                             f"compile_options, not a dict of model.compile's options")
         for key, value in asked.items():
             options[key] = value
             asked_by[key] = extra.name

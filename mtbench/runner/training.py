@@ -44,6 +44,7 @@ from mtbench.runner.setup import (build_model, check_compile_options_apply, chec
                                   choose_plugins, choose_train_step, compile_model, drawn_init, extras_compile_options,
                                   local_devices,
                                   start_backend, starting_weights, step_flops)
+from mtbench.runner.tasks.answers import checked_batch, checked_task_data, task_evaluation, task_validation
 
 
 def run_training(config, registry, console, resume=None, reporter_names=(), launch=Launch()):
@@ -106,7 +107,8 @@ def train_and_report(config, registry, console, resume, launch, plugins, stopwat
     with stopwatch.phase("train"):
         outcome = train_loop(config, plugins.backend, built.model, step_flops(plugins, built.model_shape, data),
                              built.train_step, built.state,
-                             built.batches, total_steps, checkpointing, built.evaluator.validate, target,
+                             built.batches, total_steps, checkpointing, task_validation(plugins, built.evaluator),
+                             target,
                              Observers(callbacks, trackers, energy), console, run.processes)
     load_during = machine_load_of_run(load_before, run.processes, launch, gpus)
     built.batches.close()
@@ -156,7 +158,16 @@ def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwa
     evaluated = False
     try:
         with stop_requests() if several else stop_at_once() as requests:
-            add_evaluation(result, *built.evaluator.evaluate(announced_phases(stopwatch, console)))
+            try:
+                evaluation = task_evaluation(plugins, built.evaluator, announced_phases(stopwatch, console))
+            except RunInterrupted:
+                raise
+            except MtbenchError as error:
+                if several:  # the others wait in the evaluation's collectives: the launcher ends them all
+                    raise
+                evaluation_failed(result, outcome, error)
+                return None
+            add_evaluation(result, *evaluation)
             evaluated = True
             if config.save_model and run_dir.writes:
                 with stopwatch.phase("save_model"), run.processes.alone():  # the others do not wait for it
@@ -179,6 +190,14 @@ def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwa
     if several and requests.agree(run.processes):
         return Stopped(requests.received)
     return None
+
+
+def evaluation_failed(result, outcome, error):
+    """Makes the result of a run whose evaluation after training failed a failed one, with its training's figures
+    and the task's metrics left null: the run ends as a failure in training does."""
+    outcome.status = "failed"
+    outcome.reason = f"after step {outcome.state.step}, in the evaluation: {error}"
+    result["status"], result["status_reason"] = outcome.status, outcome.reason
 
 
 def checkpoint_after_training(run, plugins, built, run_dir, outcome, checkpointing):
@@ -234,7 +253,7 @@ def prepare_data(config, plugins, raw, stopwatch):
         with plugins.model_code():
             tokenizer = plugins.model.tokenizer(plugins.model_path, config)
         with plugins.task_code():
-            return plugins.task.prepare(config, raw, tokenizer)
+            return checked_task_data(plugins.task.prepare(config, raw, tokenizer))
 
 
 def check_resumable(data, resume, ran_on):
@@ -314,7 +333,7 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
                           applies_to="training and evaluation" if train_step.uses_compile_options
                           else f"evaluation only (training runs the '{train_step.name}' step)")
     with plugins.task_code():
-        _, first_batch = next(plugins.task.batches(data, config))
+        first_batch = checked_batch(next(plugins.task.batches(data, config)))
         batches = Prefetched(plugins.task.batches(data, config, skip=state.step))
     first_batch = first_batch.shard(run.processes.rank, run.processes.world_size)
     for extra, reason in plugins.ask_extras("verify", run, model, first_batch):

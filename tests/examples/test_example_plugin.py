@@ -119,6 +119,16 @@ def test_the_dataset_trains(jax_run, corpus_tsv):
     assert jax_run["result"]["metrics"]["bleu"] is not None
 
 
+def test_the_result_names_the_package_and_version_of_the_plugin_that_ran(jax_run):
+    """A plugin upgraded between a run and its rerun showed nowhere: the result names the installed package (as
+    its pyproject.toml declares it) of each plugin whose dataset, extra or reporter the run used."""
+    import tomllib
+    with open(os.path.join(EXAMPLE_DIR, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    (plugin,) = project["entry-points"]["mtbench"]
+    assert jax_run["result"]["env"]["plugins"] == {plugin: f"{project['name']} {project['version']}"}
+
+
 def test_the_callback_saw_every_step(jax_run):
     callback, _ = jax_run["log"]
     history = jax_run["result"]["history"]

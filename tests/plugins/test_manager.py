@@ -342,6 +342,9 @@ from mtbench import Reporter, hookimpl
 class Quiet(Reporter):
     name = "other-arguments-quiet"
 
+    def report(self, result, console, complete):
+        pass
+
 
 @hookimpl
 def mtbench_register_extras(reg):  # the hookspec's argument is `register`
@@ -403,3 +406,31 @@ def test_a_plugin_whose_keras_import_fails_as_it_loads_is_broken_for_that_and_no
                 "keeps the first it is given): import keras inside the plugin's methods")
     assert eager["status"] == "broken" and eager["problems"] == [expected]
     assert [warning for warning in listing["warnings"] if "eagerkeras" in warning] == [expected]
+
+
+def test_a_reporter_or_dataset_without_its_required_method_is_refused_at_registration():
+    """They loaded as fine and failed at use with `NotImplementedError: `, naming no method."""
+    from mtbench import Dataset, Reporter
+    from mtbench.plugins.manager import registration_refusal
+
+    class NoReport(Reporter):
+        name = "no-report"
+
+    class OldReport(Reporter):  # plugin API 1.0's form: still a report
+        name = "old-report"
+
+        def report(self, result, console):
+            pass
+
+    class NoRead(Dataset):
+        name = "no-read"
+
+    assert registration_refusal("reporters", NoReport()) == ("reporter 'no-report' without report (required of "
+                                                             "every reporter)")
+    assert registration_refusal("datasets", NoRead()) == "dataset 'no-read' without read_pairs (required of every " \
+                                                         "dataset)"
+    assert registration_refusal("reporters", OldReport()) is None
+    with pytest.raises(NotImplementedError, match="^reporter 'no-report' \\(NoReport\\) does not implement report"):
+        NoReport().report({}, None, True)
+    with pytest.raises(NotImplementedError, match="^dataset 'no-read' \\(NoRead\\) does not implement read_pairs"):
+        NoRead().read_pairs(None)

@@ -264,16 +264,25 @@ def test_an_extras_failing_record_is_kept_in_place_of_its_record():
         def record(self, run):
             return {"step": object()}
 
+    class NotFinite(Extra):
+        name = "nan"
+
+        def record(self, run):
+            return {"loss": float("nan")}
+
     run = SimpleNamespace(extras_state={"fine": {"devices": 2}})
     fine = Extra()
     fine.name = "fine"
-    records = extras_records(run, plugins_with(fine, Raises(), NotADict(), NotJson()))
+    records = extras_records(run, plugins_with(fine, Raises(), NotADict(), NotJson(), NotFinite()))
     assert records["fine"] == {"devices": 2}
     assert records["raises"] == {RECORD_FAILED: "extra 'raises' of plugin 'someone' failed in record: KeyError: 'k'"}
     assert records["list"][RECORD_FAILED].endswith("TypeError: it returned list, not a dict")
     assert "is not JSON serializable" in records["object"][RECORD_FAILED]
+    # Written as it was, the result file held a bare NaN, which no JSON reader takes.
+    assert records["nan"][RECORD_FAILED].startswith("extra 'nan' of plugin 'someone' failed in record: ValueError: ")
+    assert "(a record says a non-finite number as null)" in records["nan"][RECORD_FAILED]
     lines = record_failures({"extras_record": records}, "r.json")
-    assert len(lines) == 3 and lines[0].endswith("; the result is in r.json, with this failure as "
+    assert len(lines) == 4 and lines[0].endswith("; the result is in r.json, with this failure as "
                                                  "extras_record['raises']")
 
 
@@ -313,3 +322,23 @@ def test_the_divergence_test_hook_touches_only_the_batch():
     assert np.isnan(bad.weight).all() and bad.weight.dtype == np.float32
     assert bad.source is batch.source and not np.isnan(batch.weight).any()
     assert math.isnan(float((bad.weight * 1.0).sum()))
+
+
+def test_a_method_taking_fewer_arguments_than_any_form_of_the_api_is_the_plugins_failure_not_an_older_form():
+    """`verify(self, run)` was called with `run` alone and warned of as 'deprecated in plugin API 1.30' (the current
+    version), a form that never was: only the methods that grew an argument (`compat.GROWN`) have older forms."""
+    from mtbench.errors import RunFailure
+
+    class Checking(Extra):
+        name = "checking"
+
+        def verify(self, run):
+            return None
+
+    registry = Registry()
+    registry.provider[("extras", "checking")] = "someone"
+    with pytest.raises(RunFailure) as refused:
+        registry.call("extras", Checking(), "verify", "run", "model", "batch")
+    assert str(refused.value) == ("extra 'checking' of plugin 'someone' failed: it implements verify(run), and mtbench "
+                                  "calls verify with 3 arguments (docs/plugins.md)")
+    assert registry.warnings == []

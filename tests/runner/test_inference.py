@@ -336,3 +336,60 @@ def test_a_saved_model_computes_its_float32_matmuls_as_its_run_trained(trained):
     assert trained["result"]["config"]["matmul_precision"] == "highest"
     assert report["setting"] == "float32"
     assert report["products"] > 10 and report["precisions"] == ["HIGHEST HIGHEST"]
+
+
+TINY_CHAR_GPT = ["--backend", "jax", "--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8",
+                 "--valid-size", "4", "--test-size", "4", "--dtype", "float32", "--tokenizer", "char", "--steps", "4"]
+
+
+@pytest.fixture(scope="module")
+def char_language_models(cache_dir, tmp_path_factory):
+    """A tiny character-level GPT that kept its model, and one trained --measure-only, on the built-in corpus's
+    English verses as a text file."""
+    from mtbench.plugins.datasets.bible_dataset import BibleDataset
+    folder = tmp_path_factory.mktemp("char-gpt")
+    pairs = BibleDataset("en", "fr").read_pairs(lambda *_: None)
+    text = folder / "verses.txt"
+    text.write_text("".join(source + "\n" for _, (source, _) in zip(range(600), pairs)), encoding="utf-8")
+    runs = {}
+    for name, extra in (("saved", []), ("measured", ["--measure-only"])):
+        out = folder / f"{name}.json"
+        proc = run_cli("train", *TINY_CHAR_GPT, *extra, "--data", str(text), "--cache-dir", cache_dir, "--out",
+                       str(out))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = str(out)
+    return {"text": str(text), **runs}
+
+
+@pytest.mark.slow  # two training processes and five more
+def test_a_measure_only_run_and_an_evaluate_scores_file_are_named_for_what_they_are(char_language_models, tmp_path):
+    """A --measure-only result was said to have kept no model because of '--no-save-model, or it did not complete',
+    and `report` called evaluate's scores file 'not an mtbench result (schema_version: missing and 22 more
+    problems)'."""
+    for command in (["generate", char_language_models["measured"], "--prompt", "And"],
+                    ["evaluate", char_language_models["measured"], "--test", char_language_models["text"]]):
+        assert_refused_in_one_line(run_cli(*command), "the run kept no model (--measure-only: it trained and timed "
+                                                      "only), and it has no checkpoint")
+    scores = tmp_path / "eval.json"
+    evaluated = run_cli("evaluate", char_language_models["saved"], "--test", char_language_models["text"], "--out",
+                        str(scores))
+    assert evaluated.returncode == 0, evaluated.stderr
+    model = json.loads(scores.read_text())["model"]
+    assert_refused_in_one_line(run_cli("report", str(scores)),
+                               f"{scores}: `mtbench evaluate`'s scores ({model} on a test set), not a run's figures; "
+                               f"give the result JSON of the run that trained it")
+
+
+@pytest.mark.slow
+def test_generate_prints_control_characters_escaped_and_warns_of_those_the_tokenizer_lacks(char_language_models):
+    """A byte-level model's backspace or NUL, printed raw, ate characters on the console and made grep take a log
+    for binary; the prompt is printed back as well, so a prompt's control characters show how they are written."""
+    proc = run_cli("generate", char_language_models["saved"], "--prompt", "And\x08God\x07", "--max-new-tokens", "6",
+                   "--temperature", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("And\\x08God\\x07") and "\x08" not in proc.stdout and "\x07" not in proc.stdout
+    assert all(c.isprintable() or c in "\n\t" for c in proc.stdout)
+    # Neither control character is in the training text: the character tokenizer reads both as <unk>.
+    assert ("Warning: 2 of the prompt's 8 tokens are unknown to the model's tokenizer (read as <unk>)"
+            in proc.stderr), proc.stderr
+    assert "6 tokens by" in proc.stderr

@@ -223,3 +223,32 @@ def test_the_compiled_optimizer_decays_and_clips_as_the_users_options_say(decay_
     vectors = [done for done, v in zip(decayed, weights) if len(v.shape) < 2]  # layer norms' scales, at 1
     assert matrices and vectors and all(matrices)
     assert vectors == [decay_on == "all"] * len(vectors)
+
+
+@pytest.mark.parametrize("changes, refused", [
+    # The run read and split its data before the extras were asked: the result recorded sizes it never trained on.
+    ({"valid_size": 20, "test_size": 10, "max_pairs": 400}, "valid_size, test_size, max_pairs"),
+    ({"learning_rate": "fast"}, None),
+])
+def test_an_extra_cannot_change_the_data_read_before_it_and_a_mistyped_change_names_its_kind(changes, refused):
+    from mtbench.errors import RunFailure
+    from mtbench.plugins.api import Extra, RunContext
+    from mtbench.plugins.manager import registry
+    from mtbench.runner.setup import RunPlugins, configuration_changes
+
+    class Resplit(Extra):
+        name = "resplit"
+
+        def config_changes(self, run):
+            return changes
+
+    run = RunContext(config=TrainConfig(steps=5), backend=None, device={"count": 1})
+    with pytest.raises(RunFailure) as error:
+        configuration_changes(run, RunPlugins(None, [Resplit()], [], registry()))
+    said = str(error.value)
+    assert said.startswith("extra 'resplit' ") and "Traceback" not in said
+    if refused:
+        assert said.startswith(f"extra 'resplit' changes {refused}, chosen before the extras change")
+    else:  # a value of the wrong type: the configuration's refusal, naming the extra and the setting
+        assert said == ("extra 'resplit' sets learning_rate='fast', which the configuration refuses: learning_rate "
+                        "takes a float, not str 'fast'")

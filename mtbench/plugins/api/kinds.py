@@ -250,7 +250,8 @@ class Extra:
     # attention under `--attention`) is then placed before this one, so that this one wraps the compiled step.
     wraps_step = False
     # Whether a run with this extra draws every random number (dropout masks) that the run without it draws, in the
-    # same order (remat: the recomputation draws the forward pass's masks again). Runs that differ only by such
+    # same order (remat: the recomputation draws the forward pass's masks again; tensor-parallel: each device of the
+    # model axis draws the whole batch's). Runs that differ only by such
     # extras follow one loss curve with dropout too, and compare's parity check holds them to it. Plugin API 1.18.
     keeps_random_draws = False
 
@@ -315,7 +316,8 @@ class Dataset:
     def read_pairs(self, progress):
         """Yields (source, target) pairs, cleaned, each sentence one line without tabs. `progress(done, total)` may
         be called to report progress."""
-        raise NotImplementedError
+        raise NotImplementedError(f"dataset '{self.name}' ({type(self).__name__}) does not implement read_pairs, "
+                                  f"which every dataset must")
 
     def fingerprint(self):
         """A string that changes whenever `read_pairs` would yield other pairs (used to key caches)."""
@@ -362,4 +364,5 @@ class Reporter:
         interrupted: `result["status"]` says which, and the figures of the evaluation are null). A reporter
         that raises is named on the command's last line, which exits with code 3; the other reporters still run
         and the result file is kept."""
-        raise NotImplementedError
+        raise NotImplementedError(f"reporter '{self.name}' ({type(self).__name__}) does not implement report, "
+                                  f"which every reporter must")

@@ -7,10 +7,10 @@ from rich.table import Table
 from rich.text import Text
 
 from mtbench import Reporter, hookimpl
-from mtbench.figures import (attention_text, batch_text, compile_cache_text, cores_text, figure_text, host_syncs_text,
-                             loss_scaling_text, matmul_precision_text, peak_measurement_text, profile_operations_text,
-                             profile_text, run_dtype, run_label, run_processes, run_warnings, scored_sentences_text,
-                             size_label, train_step_text, versions_text)
+from mtbench.figures import (FIGURES_BY_KEY, attention_text, batch_text, compile_cache_text, cores_text, figure_text,
+                             host_syncs_text, loss_scaling_text, matmul_precision_text, peak_measurement_text,
+                             profile_operations_text, profile_text, run_dtype, run_label, run_processes, run_warnings,
+                             scored_sentences_text, size_label, train_step_text, versions_text)
 
 
 def _joined(result, *keys, unit=""):
@@ -165,6 +165,12 @@ def _quality_rows(result):
                  ("quality", "test sentences scored", scored_sentences_text(result) or "n/a"),
                  ("quality", "BLEU signature", metrics["bleu_signature"] or "n/a"),
                  ("quality", "test decoding", _decoding(result))]
+    before = (result.get("model") or {}).get("before_training")
+    if before:  # a pretrained model's starting point, which fine-tuning is measured against
+        figures = {name: FIGURES_BY_KEY.get(f"{before.get('split', 'test')}_{name}") for name in before}
+        scores = ", ".join(f"{name.replace('_', ' ')} {figures[name].text(value) if figures[name] else f'{value:,.4g}'}"
+                           for name, value in before.items() if isinstance(value, float))
+        rows.append(("quality", f"before training ({before.get('split', 'test')})", scores))
     # A plugin's task: its other figures as they are.
     rows += [("quality", name.replace("_", " "), "n/a" if value is None else f"{value:,.4g}"
               if isinstance(value, (int, float)) else str(value))
@@ -248,7 +254,8 @@ def _best_rows(target):
     metric = target["metric"]
     kept = f", kept in {best['saved']}" if best.get("saved") else ""
     name = "BLEU" if metric == "bleu" else metric
-    return [("quality", f"best validation {name}", f"{best[metric]:.4g} at step {best['step']}{kept}")]
+    value = f"{best[metric]:.4f}" if metric == "loss" else f"{best[metric]:.4g}"  # a loss as the step lines give it
+    return [("quality", f"best validation {name}", f"{value} at step {best['step']}{kept}")]
 
 
 class TableReporter(Reporter):

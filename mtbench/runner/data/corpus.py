@@ -48,9 +48,12 @@ def load_dataset_pairs(dataset, cache_dir, progress, plugin_code=contextlib.null
     cached = os.path.join(cache_dir, "datasets", f"{dataset.name}-{key}.tsv")
     # Prepared again unless the file holds what was written (its sha256 beside it): one cut at a line's end read
     # as a smaller corpus under the dataset's name.
-    if read_cache_file(cached) is None:
+    # An empty file is read again too: an earlier mtbench cached an empty read, which failed every run after.
+    if not read_cache_file(cached):
         with plugin_code():
             pairs = [(s.strip(), t.strip()) for s, t in dataset.read_pairs(progress)]
+            if not pairs:  # the plugin's mistake, named with it: cached, it would stay the dataset's pairs
+                raise ValueError("read_pairs gave no pairs")
             _refuse_line_breaks(pairs)
         _write_tsv(cached, pairs)
     return read_tsv(cached)

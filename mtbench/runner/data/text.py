@@ -33,10 +33,27 @@ LINES_AT_ONCE = 1 << 18        # a text's lines go to sentencepiece about 256 KB
 
 @dataclass
 class Text:
-    """The raw text of a run, and where it came from."""
+    """The raw text of a run, and where it came from: of a folder, how many files were read (`files`) and the
+    entries left out (`left_out`: names, a folder's ending in '/')."""
     name: str
     origin: str
     data: bytes
+    files: int = None
+    left_out: tuple = ()
+
+    def folder_line(self):
+        """'2 .txt files of f2, concatenated in name order; left out: notes.md, old/ (...)', or None for a text that
+        is no folder's."""
+        if self.files is None:
+            return None
+        return self.origin + (f"; {left_out_text(self.left_out)}" if self.left_out else "")
+
+
+def left_out_text(names, shown=5):
+    """'left out: notes.md, old/ (...)', at most `shown` names: a folder may hold thousands of other files."""
+    more = f" and {len(names) - shown:,} more" if len(names) > shown else ""
+    return (f"left out: {', '.join(names[:shown])}{more} (only the folder's own files ending .txt, in any case, are "
+            f"read; not its subfolders)")
 
 
 def read_text(config, registry, progress):
@@ -52,16 +69,24 @@ def read_text(config, registry, progress):
 
 
 def read_text_path(path):
-    """The Text of a file, or of a folder's .txt files sorted by name and concatenated."""
+    """The Text of a file, or of a folder's .txt files (.TXT too) sorted by name and concatenated."""
     return Text(os.path.basename(os.path.normpath(path)), *_read_files(path))
 
 
 def _read_files(path):
+    counted, left_out = None, ()
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, name) for name in os.listdir(path) if name.endswith(".txt"))
+        names = sorted(os.listdir(path))  # sorted by code point: the same order, and data hash, on every machine
+        folders = {name for name in names if os.path.isdir(os.path.join(path, name))}
+        files = [os.path.join(path, name) for name in names
+                 if name not in folders and name.lower().endswith(".txt")]
+        left_out = tuple(name + "/" if name in folders else name for name in names
+                         if name in folders or not name.lower().endswith(".txt"))
         if not files:
-            raise MtbenchError(f"{path}: the folder holds no .txt file")
-        origin = f"{len(files)} .txt files of {path}, concatenated in name order"
+            raise MtbenchError(f"{path}: the folder holds no .txt file" +
+                               (f" ({left_out_text(left_out)})" if left_out else ""))
+        counted = len(files)
+        origin = f"{counted:,} .txt file{'s' * (counted != 1)} of {path}, concatenated in name order"
     elif os.path.isfile(path):
         files, origin = [path], path
     else:
@@ -76,7 +101,7 @@ def _read_files(path):
     data = b"".join(chunks)
     if not data:
         raise MtbenchError(f"{path}: the text is empty")
-    return origin, data
+    return origin, data, counted, left_out
 
 
 def character_boundary(data, position):

@@ -62,3 +62,30 @@ def next_token(logits, temperature, top_k, rng):
         logits = np.where(logits < kth, -np.inf, logits)
     probabilities = np.exp(logits - logits.max())
     return int(rng.choice(len(logits), p=probabilities / probabilities.sum()))
+
+
+# C0 and C1 control characters (DEL too) but the line break and the tab, which a text's layout needs.
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0)) if chr(code) not in "\n\t"}
+
+
+def printable(text):
+    """`text` as a terminal or a log can show it: its control characters written as Python escapes (`\\x08`), line
+    breaks and tabs kept. A byte-level model draws any byte: a backspace ate the character before it on the console,
+    and a NUL made grep take the log for a binary file. What a result records keeps the text as drawn."""
+    return text.translate(_CONTROLS)
+
+
+def unknown_prompt_tokens(tokenizer, prompt):
+    """How many of `prompt`'s tokens `tokenizer` has no id for (read as <unk>: a character tokenizer's characters
+    not in its training text); 0 for a tokenizer that reads any text or makes no stream of one."""
+    stream = getattr(tokenizer, "stream", None)
+    return int(stream(prompt.encode("utf-8")).unknown) if callable(stream) else 0
+
+
+def unknown_prompt_warning(unknown, tokens, whose="the prompt's"):
+    """What a continuation of a prompt that the model cannot wholly read means, in a line (None where it reads it);
+    `whose`: the prompt's name, possessive."""
+    if not unknown:
+        return None
+    return (f"{unknown:,} of {whose} {tokens:,} token{'s' * (tokens != 1)} {'are' if unknown != 1 else 'is'} unknown "
+            f"to the model's tokenizer (read as <unk>): the model continues a text it cannot read")

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
@@ -215,6 +216,13 @@ class TrainingLoop:
             made_by = getattr(self.train_step, "made_by", "the run's")
             raise RunFailure(f"train step '{self.train_step.name}' of {made_by} failed at step {step}: "
                              f"{type(error).__name__}: {error}") from error
+        # Its keys alone, not its values: reading one would wait for the device inside the timed window.
+        if not (isinstance(logs, Mapping) and "loss" in logs and "accuracy" in logs):
+            made_by = getattr(self.train_step, "made_by", "the run's")
+            said = f"a {type(logs).__name__} of {sorted(map(str, logs))}" if isinstance(logs, Mapping) else \
+                type(logs).__name__
+            raise RunFailure(f"train step '{self.train_step.name}' of {made_by} returned {said} at step {step}, not "
+                             f"its logs {{'loss': ..., 'accuracy': ...}}")
         self.window.steps.append((step, epoch, batch, logs, input_seconds, aside))
 
     def end_window_before(self):

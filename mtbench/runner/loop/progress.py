@@ -5,6 +5,7 @@ import contextlib
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from mtbench.figures import is_number
+from mtbench.runner.evaluation.sampling import printable
 
 
 @contextlib.contextmanager
@@ -71,10 +72,12 @@ class _LogLines:
 
 
 def validation_line(step, scores):
-    """'validation at step 500: loss 1.2345, perplexity 3.437, ...': the task's validation figures, then its texts
-    (a language model's --sample-prompt continuation) each on lines of its own."""
-    figures = ", ".join(f"{name.replace('_', ' ')} {value:.4g}" for name, value in scores.items() if is_number(value))
-    texts = "".join(f"\n{name}: {value}" for name, value in scores.items() if isinstance(value, str))
+    """'validation at step 500: loss 1.2345, perplexity 3.437, ...': the task's validation figures (a loss to 4
+    decimals, as the step lines give it: 4 significant digits read 2.9 for 2.9004), then its texts (a language
+    model's --sample-prompt continuation) each on lines of its own, their control characters escaped (`printable`)."""
+    figures = ", ".join(f"{name.replace('_', ' ')} {value:{'.4f' if 'loss' in name else '.4g'}}"
+                        for name, value in scores.items() if is_number(value))
+    texts = "".join(f"\n{name}: {printable(value)}" for name, value in scores.items() if isinstance(value, str))
     return f"validation at step {step}: {figures}{texts}"
 
 

@@ -44,6 +44,8 @@ def optimizer_recipe(config, total_steps, family=None):
                    if getattr(config, option) is not None})
     if config.min_learning_rate is not None:
         recipe["min_lr_ratio"] = config.min_learning_rate / config.learning_rate
+    if recipe["clip"] == "none":  # the base's or the family's norm would be recorded as if something were clipped to it
+        recipe["clip_norm"] = None
     check_betas_in_weights_dtype(recipe, config.dtype)
     warmup = min(config.warmup_steps, max(total_steps - 1, 0))
     return {**recipe, "learning_rate": config.learning_rate, "warmup_steps": warmup,

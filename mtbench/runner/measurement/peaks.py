@@ -10,6 +10,7 @@ import sys
 from typing import NamedTuple
 
 from mtbench.errors import RunFailure
+from mtbench.plugins.api import Backend
 from mtbench.plugins.api.host import cpu_count
 from mtbench.runner.files import write_json_atomic
 from mtbench.runner.launch import process_cpus
@@ -140,6 +141,8 @@ def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmu
         with one_measurement_at_a_time(path):  # the run's other processes wait, off the CPUs, and read it
             if os.path.exists(path):
                 measured[candidate.name] = read_calibration(path)
+            elif not measures_matmuls(candidate):  # the docs ask it of a backend only for MFU: no peak, no crash
+                continue
             elif candidate is backend:
                 measured[candidate.name] = calibrate(candidate, dtype, device_name, cache_dir, replace=False,
                                                      cpus=cpus)
@@ -151,10 +154,18 @@ def device_peak_record(backend, device, dtype, cache_dir, all_backends=(), matmu
                                                          cpus=cpus, here_if_that_fails=cpus is None)
                 except Exception:  # a plugin backend without a matmul measurement (or one that fails) sets no peak
                     pass
+    if not measured:
+        return peak_record(None, f"backend '{backend.name}' measures no matmul (Backend.matmul_flops_per_s) and no "
+                                 f"other backend installed here measured this CPU")
     best = dict(max(measured.values(), key=lambda record: (record["flops_per_s"], record["source"])))
     if len(measured) > 1:
         best["source"] += f" (the fastest of {', '.join(sorted(measured))} on this CPU)"
     return best
+
+
+def measures_matmuls(backend):
+    """Whether `backend` measures a matmul's FLOP/s: a plugin backend may keep the API's default, which cannot."""
+    return type(backend).matmul_flops_per_s is not Backend.matmul_flops_per_s
 
 
 def device_peak(backend, device, dtype, cache_dir, all_backends=(), matmul_precision="highest"):

@@ -16,8 +16,8 @@ from mtbench.figures import SIZE_KEYS, run_name, run_processes, short_commit, ve
 from mtbench.runner.config import SIZE_FIELDS
 from mtbench.runner.files import write_bytes_atomic
 from mtbench.runner.results.output import check_directory_writable
-from mtbench.runner.results.report import (KEY_DEFAULTS, SWEEP_KEYS, describe_configuration, environment_names,
-                                           interpreter)
+from mtbench.runner.results.report import (KEY_DEFAULTS, describe_configuration, environment_names,
+                                           interpreter, swept_keys)
 
 LINE_STYLES = ("-", "--", ":", "-.")
 
@@ -54,9 +54,11 @@ def swept_value(result, key):
 
 def sweep_key(comparison):
     """The one size flag or sweep key (configuration key) the runs differ in, or None where they differ in none
-    or in several (d-model and heads together are no curve of one value)."""
+    or in several (d-model and heads together are no curve of one value). A swept --block-size sets --max-len
+    too, and is one value."""
     results = [group.first for group in comparison.groups]
-    varying = [key for key in (*SIZE_KEYS, *SWEEP_KEYS) if len({_configured(result, key) for result in results}) > 1]
+    varying = [*(key for key in SIZE_KEYS if len({_configured(result, key) for result in results}) > 1),
+               *swept_keys(results)]
     return varying[0] if len(varying) == 1 else None
 
 
@@ -86,9 +88,14 @@ def sweep_series(comparison, key):
 
 def _draw_sweep(axes, comparison, key):
     flag = key.replace("_", "-")
+    series = sweep_series(comparison, key)
+    swept = sorted({value for points in series.values() for value, _ in points}, key=str)
+    # A sweep of names (--init, --dtype, --pipeline-schedule) is drawn at evenly spaced places, one a name.
+    named = any(isinstance(value, str) for value in swept)
+    place = {value: index for index, value in enumerate(swept)} if named else {value: value for value in swept}
     values = set()
-    for index, (name, points) in enumerate(sweep_series(comparison, key).items()):
-        xs = [value for value, _ in points]
+    for index, (name, points) in enumerate(series.items()):
+        xs = [place[value] for value, _ in points]
         stats = [group.stat("tokens_per_s") for _, group in points]
         ys = [stat.median if stat.median is not None else float("nan") for stat in stats]
         repeated = any(len(group.runs) > 1 for _, group in points)
@@ -98,9 +105,10 @@ def _draw_sweep(axes, comparison, key):
         if repeated:
             axes.errorbar(xs, ys, yerr=errors, fmt="none", ecolor=line.get_color(), capsize=4)
         values.update(xs)
-    if values and min(values) > 0 and max(values) >= 4 * min(values):
+    if not named and values and min(values) > 0 and max(values) >= 4 * min(values):
         axes.set_xscale("log", base=2)
-    axes.set_xticks(sorted(values), labels=[f"{value:g}" for value in sorted(values)])
+    axes.set_xticks([place[value] for value in swept],
+                    labels=[str(value) if named else f"{value:g}" for value in swept])
     axes.minorticks_off()
     axes.set(xlabel=f"--{flag}", ylabel="target tokens/s (steady steps)", title=f"Throughput against --{flag}")
     axes.legend()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from mtbench.errors import MtbenchError
-from mtbench.figures import FIGURES_BY_KEY, hardware, run_processes, versions_text
+from mtbench.figures import FIGURES_BY_KEY, hardware, run_processes, run_warnings, versions_text
 from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.report import (COMPARED_KEYS, KEY_DEFAULTS, check_comparable,
                                            configuration_mismatches, differing, group_runs, load_runs,
@@ -58,6 +58,7 @@ class Regression:
     held_anyway: list = ()   # with --force: why a pair would have been refused (a partial run, another run)
     ran_on: dict = None      # {"baseline", "new": the software and hardware of the side's runs, each once}
     warnings: list = ()      # what the files say of their runs (a comparison that stopped early)
+    run_warnings: dict = None  # {'LABEL (side)': [why]}: what the held runs' results say of their timings
 
     def beyond_noise(self):
         return [change for change in self.changes if change.verdict and change.verdict.call != "no difference"]
@@ -86,6 +87,7 @@ class Regression:
         lines = [f"{side}: {text}" for side, text in (self.ran_on or {}).items()]
         lines += [f"held anyway (--force): {why}" for why in self.held_anyway]
         lines += [f"warning: {text}" for text in self.warnings]
+        lines += [f"warning: {run}: {text}" for run, texts in (self.run_warnings or {}).items() for text in texts]
         lines.append(stats.noise_floor_line(self.noise_floor))
         changed = self.beyond_noise()
         lines += [f"changed beyond the noise: {change.verdict.text}" for change in changed] or \
@@ -185,7 +187,20 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
     return Regression(list(new_paths), baseline_path, changes, [label for label in new_groups if label not in both],
                       [label for label in old_groups if label not in both], floor, threshold, held_anyway,
                       {"baseline": ran_on(old_runs), "new": ran_on(new_runs)},
-                      list(dict.fromkeys(warning for run in old_runs + new_runs for warning in run.warnings)))
+                      list(dict.fromkeys(warning for run in old_runs + new_runs for warning in run.warnings)),
+                      held_runs_warnings(both, new_groups, old_groups))
+
+
+def held_runs_warnings(labels, new_groups, old_groups):
+    """{'LABEL (side)': [why its timings may mislead]} of the runs held, each side's repeats' warnings once: a
+    rerun of the same commit that a loaded machine slowed fails a gate, which must say what the results say."""
+    found = {}
+    for label in labels:
+        for side, groups in (("baseline", old_groups), ("new", new_groups)):
+            texts = list(dict.fromkeys(text for result in groups[label].results for text in run_warnings(result)))
+            if texts:
+                found[f"{label} ({side})"] = texts
+    return found
 
 
 def matched_groups(new_runs, old_runs):
@@ -275,6 +290,7 @@ def to_json_dict(regression):
             "only_in_new": regression.only_new, "only_in_baseline": regression.only_baseline,
             "fail_if_slower": regression.threshold, "held_anyway": list(regression.held_anyway),
             "ran_on": regression.ran_on, "warnings": list(regression.warnings),
+            "run_warnings": regression.run_warnings or {},
             "slower_beyond_threshold": [change.label for change in regression.slower_beyond_threshold()],
             "not_ruled_out": regression.not_ruled_out() if regression.threshold is not None else []}
 
@@ -304,8 +320,12 @@ def require_not_slower(regression):
     of the baseline's runs (`Regression.unjudged`)."""
     slower = regression.slower_beyond_threshold()
     if slower:
+        warned = [run for run in regression.run_warnings or {}
+                  if any(run.startswith(f"{change.label} (") for change in slower)]
         raise MtbenchError(f"slower than the baseline by more than {regression.threshold * 100:g}%: "
-                           f"{'; '.join(change.verdict.text for change in slower)}", SLOWER_EXIT_CODE)
+                           f"{'; '.join(change.verdict.text for change in slower)}" +
+                           (f" ({', '.join(warned)} carr{'ies' if len(warned) == 1 else 'y'} warnings, above, that "
+                            f"may explain it)" if warned else ""), SLOWER_EXIT_CODE)
     unjudged = regression.unjudged()
     if unjudged:
         raise MtbenchError(f"--fail-if-slower {regression.threshold * 100:g}% cannot judge every run of the "

@@ -24,8 +24,8 @@ from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, ba
                              run_dtype, run_name, run_processes, run_warnings, scored_sentences_text, shown_figures,
                              size_label, versions_text)
 from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
-from mtbench.runner.results.schema import (COMPARE_SCHEMA_VERSION, HISTORY_KIND, REGRESSION_KIND, result_task,
-                                           schema_errors)
+from mtbench.runner.results.schema import (COMPARE_SCHEMA_VERSION, HISTORY_KIND, REGRESSION_KIND,
+                                           is_evaluation_scores, result_task, schema_errors)
 from mtbench.runner.run_file import is_run_file
 from mtbench.runner.results import verdicts as stats
 
@@ -110,6 +110,9 @@ def load_runs(paths):
         elif isinstance(data, dict) and data.get("kind") in REPORTS_OF_RUNS:
             raise MtbenchError(f"{path}: {REPORTS_OF_RUNS[data['kind']]} holds summaries, not runs; "
                                f"give the result or compare JSON files it was made from")
+        elif is_evaluation_scores(data):
+            raise MtbenchError(f"{path}: `mtbench evaluate`'s scores ({data['model']} on a test set), not a run's "
+                               f"figures; give the result JSON of the run that trained it")
         elif is_run_file(data):
             raise MtbenchError(f"{path}: a run file (what `mtbench train --run-file` and `rerun` read) holds a "
                                f"run's configuration, not its figures; give its result, the JSON beside it")
@@ -444,14 +447,16 @@ class Comparison:
     def verdicts(self):
         """{group label: {figure: Verdict}} of every run but the baseline against the baseline, for the figures
         whose interval counts the windows within runs (tokens/s, steady step time); a figure neither run has is
-        left out."""
+        left out, as is the steady step of a run whose steps do other work than the baseline's (`step_work`: a
+        block of 64 tokens against one of 32 is no slower step)."""
         found = {}
         reference = self.baseline.results
         for group in self.groups:
             if group is self.baseline:
                 continue
             paired = stats.same_session(group.results, reference)
-            for key in stats.WINDOW_FIGURES:
+            same_work = step_work(group.first) == step_work(self.baseline.first)
+            for key in (key for key in stats.WINDOW_FIGURES if same_work or key != "step_s_median"):
                 interval = stats.ratio_interval(key, group.results, reference, paired)
                 if interval is not None:
                     found.setdefault(group.label, {})[key] = stats.verdict(group.label, self.baseline.label, interval,
@@ -844,10 +849,27 @@ def describe_configuration(comparison):
         parts.append(f"max-len {config.get('max_len', 'per run')}")
     if task == "translation":
         parts.append(f"max-pairs {config.get('max_pairs') or 'all'}")
+    if task in ("translation", "language-modelling"):  # a plugin's task may read no tokens (a classifier)
+        parts += tokens_text(comparison)
     parts.append(f"seed {config['seed']}")
     if task == "translation" and not config.get("measure_only"):  # a measure-only run decodes nothing
         parts.append(f"{decoding_name(config.get('beam', 1), config.get('length_penalty', 0.6))} decoding")
     return ", ".join(parts)
+
+
+def tokens_text(comparison):
+    """['byte tokens (vocabulary 256)']: what a token is to every run, without which neither tokens/s nor
+    perplexity reads (a run of bytes and one of sentencepiece pieces, held with --force: 'tokens per run')."""
+    tokenizers = {json.dumps({key: value for key, value in ((result.get("data") or {}).get("tokenizer") or {}).items()
+                              if key in ("type", "vocab_size", "fingerprint")}, sort_keys=True)
+                  for group in comparison.groups for result in group.results}
+    if len(tokenizers) > 1:
+        return ["tokens per run"]
+    tokenizer = json.loads(tokenizers.pop()) if tokenizers else {}
+    if not tokenizer.get("type"):  # a plugin's task may keep no tokenizer
+        return []
+    size = tokenizer.get("vocab_size")
+    return [f"{tokenizer['type']} tokens" + (f" (vocabulary {size:,})" if size else "")]
 
 
 def context_lines(comparison):

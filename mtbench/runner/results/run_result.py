@@ -60,6 +60,17 @@ def utilization(steady, backend, run, devices_used, config, all_backends, family
     }
 
 
+def plugin_packages(config, plugins, registry):
+    """{plugin: 'PACKAGE VERSION'} of the installed plugins whose backend, extras, dataset, model family, task or
+    reporters the run used (mtbench's built-in ones are its own version)."""
+    used = [("backends", plugins.backend.name), *(("extras", extra.name) for extra in plugins.extras),
+            *(("reporters", reporter.name) for reporter in plugins.reporters),
+            *([("models", plugins.model.name)] if plugins.model else []),
+            *([("tasks", plugins.task.name)] if plugins.task else []),
+            *([("datasets", config.dataset)] if config.dataset and not config.data_file else [])]
+    return registry.packages_providing(used)
+
+
 def machines_of(processes):
     """How many machines the run's processes span (a plugin's process group that kept no `launch`: one)."""
     launch = getattr(processes, "launch", None)
@@ -107,7 +118,8 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         "host_syncs": outcome.host_syncs,
         # --profile: the steps traced by the backend's profiler, apart from the timed steps, and the trace's files.
         "profile": outcome.profile,
-        "env": {**run_environment(plugins.backend), "matmul_precision": run.matmul_precision},
+        "env": {**run_environment(plugins.backend), "matmul_precision": run.matmul_precision,
+                "plugins": plugin_packages(config, plugins, registry)},
         "data": data.record,
         "model": {"family": plugins.model.name,
                   "path": plugins.model_path and os.path.abspath(plugins.model_path),
@@ -221,7 +233,10 @@ def extras_records(run, plugins):
             record = extra.record(run)
             if not isinstance(record, dict):
                 raise TypeError(f"it returned {type(record).__name__}, not a dict")
-            json.dumps(record)
+            try:  # NaN or an infinity is no JSON: written bare, it would make the result file unreadable
+                json.dumps(record, allow_nan=False)
+            except ValueError as error:
+                raise ValueError(f"{error} (a record says a non-finite number as null)") from None
         except Exception as error:  # an extra's own code, after training: the run's figures are safe
             plugin = plugins.registry.provider.get(("extras", extra.name), "?")
             record = {RECORD_FAILED: f"extra '{extra.name}' of plugin '{plugin}' failed in record: "

@@ -38,6 +38,15 @@ COMPARE_SCHEMA_VERSION = 1
 STATUSES = ("completed", "interrupted", "diverged", "failed")
 PARTIAL_STATUSES = ("interrupted", "diverged", "failed")
 
+
+def is_evaluation_scores(data):
+    """Whether `data` is what `mtbench evaluate --out` writes (`inference.evaluate_translator`'s or `score_text`'s
+    scores): a saved model's scores on a test set, BLEU and chrF with their signatures or a language model's loss
+    and bits per byte; no run, and no schema_version (`report` refuses it by name)."""
+    return (isinstance(data, dict) and "schema_version" not in data and isinstance(data.get("model"), str)
+            and "backend" in data and ("bleu_signature" in data or "bits_per_byte" in data))
+
+
 # Required keys and the types their values may take (None: the figure does not exist in this run, e.g. device
 # memory on a CPU, which no framework reports, or a figure a partial result did not get to).
 NUMBER = (int, float)
@@ -60,29 +69,34 @@ SCHEMA = {
     "env": {"python": str, "keras": str, "jax": (str, type(None)), "torch": (str, type(None)),
             "device": dict, "cpu_model": str, "cpu_count": int, "platform": str,
             "mtbench": str, "mtbench_git_commit": (str, type(None))},
-    "data": {"corpus": str, "origin": str, "tokenizer": dict},
+    "data": {},  # the task's own record (`TaskData.record`): a plugin's task holds what it chooses
     "model": {"parameters": int},
     "timing": {"compile_s": MAYBE_NUMBER, "first_steps_s": NUMBER, "shapes_compiled": int,
                "step_s_median": MAYBE_NUMBER, "step_s_p90": MAYBE_NUMBER, "tokens_per_s": MAYBE_NUMBER,
                "train_s": NUMBER, "total_s": NUMBER, "phases_s": dict, "steps": int},
     "utilization": {"model_flops_per_s": MAYBE_NUMBER, "peak_flops_per_s": MAYBE_NUMBER, "mfu": MAYBE_NUMBER},
     "memory": {"peak_host_bytes": int, "peak_device_bytes": (int, type(None))},
-    "metrics": {"train_loss": MAYBE_NUMBER, "val_loss": MAYBE_NUMBER, "test_loss": MAYBE_NUMBER},
+    "metrics": {},  # the task's `metrics` (`Evaluator.evaluate`): a plugin's task names its own
     "history": list,
 }
+# What both built-in tasks record of their data and losses (a plugin's task need not: docs/plugins.md).
+BUILTIN_TASK_KEYS = {"data": {"corpus": str, "origin": str, "tokenizer": dict},
+                     "metrics": {"train_loss": MAYBE_NUMBER, "val_loss": MAYBE_NUMBER, "test_loss": MAYBE_NUMBER}}
 # What each built-in task adds to the schema; a plugin's task is checked by the common keys.
 TASK_SCHEMAS = {
     "translation": {
-        "data": {"pairs": dict, "dropped_too_long": dict},
-        "metrics": {"val_accuracy": MAYBE_NUMBER, "test_accuracy": MAYBE_NUMBER, "bleu": MAYBE_NUMBER,
-                    "chrf": MAYBE_NUMBER, "bleu_signature": MAYBE_STR, "chrf_signature": MAYBE_STR},
+        "data": {**BUILTIN_TASK_KEYS["data"], "pairs": dict, "dropped_too_long": dict},
+        "metrics": {**BUILTIN_TASK_KEYS["metrics"], "val_accuracy": MAYBE_NUMBER, "test_accuracy": MAYBE_NUMBER,
+                    "bleu": MAYBE_NUMBER, "chrf": MAYBE_NUMBER, "bleu_signature": MAYBE_STR,
+                    "chrf_signature": MAYBE_STR},
         "hypotheses_file": MAYBE_STR, "references_file": MAYBE_STR},
     "language-modelling": {
-        "data": {"bytes": (dict, type(None)), "tokens": dict, "block_size": int},
-        "metrics": {name: MAYBE_NUMBER for name in ("val_perplexity", "test_perplexity", "val_bits_per_byte",
-                                                    "test_bits_per_byte")}},
+        "data": {**BUILTIN_TASK_KEYS["data"], "bytes": (dict, type(None)), "tokens": dict, "block_size": int},
+        "metrics": {**BUILTIN_TASK_KEYS["metrics"],
+                    **{name: MAYBE_NUMBER for name in ("val_perplexity", "test_perplexity", "val_bits_per_byte",
+                                                       "test_bits_per_byte")}}},
 }
-# Null only in a partial result.
+# Null only in a partial result (a plugin's task: none, its metrics are its own).
 COMPLETED_FIGURES = ("metrics.train_loss", "metrics.val_loss", "metrics.test_loss")
 FIGURES_OF_COMPLETED_RUNS = {
     "translation": (*COMPLETED_FIGURES, "metrics.val_accuracy", "metrics.test_accuracy", "metrics.bleu",
@@ -174,7 +188,7 @@ def schema_errors(result):
             and not (isinstance(result.get("metrics"), dict) and result["metrics"].get("skipped")):  # stopped late
         data = result.get("data")
         bytes_unknown = isinstance(data, dict) and data.get("bytes", {}) is None
-        for path in FIGURES_OF_COMPLETED_RUNS.get(task, COMPLETED_FIGURES):
+        for path in FIGURES_OF_COMPLETED_RUNS.get(task, ()):
             if bytes_unknown and path in FIGURES_OF_KNOWN_BYTES:
                 continue
             loss = _value_at(result, PERPLEXITY_LOSSES.get(path))

@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass
 
 from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
-from mtbench.runner.data.text import (TOKENIZERS, TokenStream, evaluated_bytes, evaluation_batches,
+from mtbench.figures import short_vocabulary_warning
+from mtbench.runner.data.text import (TOKENIZERS, Text, TokenStream, evaluated_bytes, evaluation_batches,
                                       load_text_tokenizer, read_text, sha256_hex, split_ranges, text_tokenizer,
                                       token_stream, training_batches, batches_per_epoch, NotUtf8)
 from mtbench.runner.data.token_files import (KEPT_FOLDER, META_FILE, TOKEN_FILES, TokenFiles, TokenIds, TokenWidths,
@@ -71,6 +72,7 @@ class LanguageModellingTask(Task):
         parts = {split: text.data[start:end] for split, (start, end) in ranges.items()}
         # The training split hashed once, for its tokenizer, its kept stream and the run's data fingerprint.
         train_digest = sha256_hex(parts["train"])
+        trained = tokenizer is None  # mtbench's own, not the model family's
         tokenizer = tokenizer or text_tokenizer(config.tokenizer or "byte", parts["train"], config.vocab_size,
                                                 config.cache_dir, config.model.byte_vocab_size, train_digest)
         streams, read = {}, []
@@ -89,16 +91,25 @@ class LanguageModellingTask(Task):
                   "tokens": {split: len(stream) for split, stream in streams.items()},
                   "unknown_characters": {split: stream.unknown for split, stream in streams.items()},
                   "block_size": block, "tokenizer": tokenizer.describe()}
+        own_pieces = trained and getattr(tokenizer, "kind", None) == "sentencepiece"
+        if own_pieces:  # what a small text may have left it short of (`short_vocabulary_warning`)
+            record["vocab_size_asked"] = config.vocab_size
         lines = [f"text {text.name}: {len(text.data):,} bytes; train {record['bytes']['train']:,}, valid "
                  f"{record['bytes']['valid']:,}, test {record['bytes']['test']:,} (contiguous, in that order)",
+                 *([f"  {text.folder_line()}"] if isinstance(text, Text) and text.files is not None else []),
                  f"  {tokenizer.describe()['type']} tokens: vocabulary {tokenizer.vocab_size:,}; train "
                  f"{len(streams['train']):,}, valid {len(streams['valid']):,}, test {len(streams['test']):,}"
                  + (f" (read from {os.path.join(config.cache_dir, 'tokens')})" if read else "")]
+        short = short_vocabulary_warning(record)
+        if short:
+            lines.append(f"  warning: {short}")
         unknown = sum(stream.unknown for stream in streams.values())
         if unknown:
-            what = ("<unk> pieces (one or more characters each)"
-                    if getattr(tokenizer, "kind", None) == "sentencepiece" else "characters")
-            lines.append(f"  {unknown} {what} of the text are not in the training split's vocabulary (<unk>)")
+            what = (f"<unk> piece{'s' * (unknown != 1)} (one or more characters each)"
+                    if getattr(tokenizer, "kind", None) == "sentencepiece" else f"character{'s' * (unknown != 1)}")
+            lines.append(f"  {unknown:,} {what} of the text {'are' if unknown != 1 else 'is'} not in the training "
+                         f"split's vocabulary (<unk>)")
+        lines += prompt_warning_lines(config, tokenizer)
         fingerprint = f"{tokenizer.fingerprint}-{len(parts['train'])}-{train_digest[:16]}"
         return TaskData(tokenizer, streams, fingerprint, record, lines)
 
@@ -116,13 +127,25 @@ class LanguageModellingTask(Task):
         return load_text_tokenizer(directory, description)
 
 
+def prompt_warning_lines(config, tokenizer):
+    """The console's warning where --sample-prompt holds tokens the run's tokenizer has no id for, as `generate`
+    warns of its prompt: every sample then continues a text the model cannot read."""
+    from mtbench.runner.evaluation.sampling import unknown_prompt_tokens, unknown_prompt_warning
+    prompt = getattr(config, "sample_prompt", None)
+    if not prompt:
+        return []
+    unread = unknown_prompt_warning(unknown_prompt_tokens(tokenizer, prompt), len(tokenizer.encode_text(prompt)),
+                                    "--sample-prompt's")
+    return [f"  warning: {unread}"] if unread else []
+
+
 def check_blocks(streams, block, name, longer):
     """Refuses splits shorter than one block and its next token, naming the data and what would do."""
     for split, stream in streams.items():
         if len(stream) < block + 1:
-            raise MtbenchError(f"{name}: the {split} split has {len(stream)} tokens, fewer than one block of "
-                               f"--block-size {block} and its next token ({block + 1}); give {longer} or a smaller "
-                               f"--block-size")
+            raise MtbenchError(f"{name}: the {split} split has {len(stream)} token{'s' * (len(stream) != 1)}, fewer "
+                               f"than one block of --block-size {block} and its next token ({block + 1}); give "
+                               f"{longer} or a smaller --block-size")
 
 
 def prepare_token_files(files, config, family_tokenizer=None):
@@ -175,6 +198,7 @@ def prepare_token_files(files, config, family_tokenizer=None):
              f"validates, second half tests); ids up to {largest:,}, vocabulary {tokenizer.vocab_size:,}; {known}"]
     if kept:
         lines.append(f"  largest id of {' and '.join(kept)} read from {os.path.join(config.cache_dir, KEPT_FOLDER)}")
+    lines += prompt_warning_lines(config, tokenizer)
     fingerprint = f"{tokenizer.fingerprint}-{file_fingerprint(files.train)}"
     return TaskData(tokenizer, streams, fingerprint, record, lines)
 

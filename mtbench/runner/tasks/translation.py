@@ -74,6 +74,8 @@ class TranslationTask(Task):
                                untrained_examples(train, config.rows_for, config.max_len))
         record = {"corpus": corpus.name, "origin": corpus.origin, "pairs": corpus.sizes(),
                   "dropped_too_long": report["dropped"]["too_long"], **report, "tokenizer": tokenizer.describe()}
+        if own:  # what a small corpus may have left it short of (`short_vocabulary_warning`)
+            record["vocab_size_asked"] = config.vocab_size
         lines = report_lines(corpus.name, report)
         if own and tokenizer.vocab_size < config.vocab_size:  # sentencepiece takes what the corpus supports
             lines.append(f"  vocabulary {tokenizer.vocab_size:,} pieces: the training pairs support no more of "

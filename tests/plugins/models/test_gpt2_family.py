@@ -122,6 +122,10 @@ def test_both_backends_start_from_transformers_loss_and_fine_tune_alike(compared
         assert before["tokens_evaluated"] == predicted and before["bytes_evaluated"] == end - start - first_bytes
         assert before["loss"] == pytest.approx(expected_loss, rel=1e-5)
         assert result["metrics"]["test_loss"] < before["loss"]  # fine-tuning learnt the text
+        # the summary train ends with sets the starting loss beside the fine-tuned one (it was in the JSON alone)
+        from mtbench.plugins.reporters.table_reporter import summary_lines
+        quality = next(line for line in summary_lines(result) if line.startswith("  quality "))
+        assert f"; before training (test) loss {before['loss']:.3f}, perplexity " in quality, quality
 
 
 @pytest.mark.slow

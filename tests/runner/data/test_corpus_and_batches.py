@@ -329,3 +329,35 @@ def test_the_built_in_corpus_is_prepared_again_when_its_database_changes_at_the_
     assert database.stat().st_size == size
     assert load_dataset_pairs(dataset, str(tmp_path), progress=lambda *_: None)[0] == ("verse 1, corrected",
                                                                                         "verse 1 of l")
+
+
+def test_a_dataset_that_gives_no_pairs_is_named_and_its_empty_read_never_cached(tmp_path):
+    """An empty read was cached: the run failed naming a cache file and the task, and kept failing once the plugin
+    was fixed (the empty file served as the dataset's pairs)."""
+    from mtbench.errors import RunFailure
+    from mtbench.plugins.api import Dataset
+    from mtbench.plugins.manager import Registry
+    from mtbench.runner.files import write_cache_file
+
+    class Pairs(Dataset):
+        name = "sometimes-empty"
+        pairs = []
+
+        def read_pairs(self, progress):
+            return list(self.pairs)
+
+    registry = Registry()
+    registry.provider[("datasets", Pairs.name)] = "theirs"
+    dataset, cache = Pairs(), str(tmp_path)
+    with pytest.raises(RunFailure) as error:
+        load_dataset_pairs(dataset, cache, lambda done, total: None,
+                           lambda: registry.plugin_code("datasets", dataset.name))
+    assert str(error.value) == ("dataset 'sometimes-empty' of plugin 'theirs' failed: ValueError: read_pairs gave no "
+                                "pairs")
+    assert not list(tmp_path.rglob("*.tsv"))
+    dataset.pairs = [("a b", "x y")]  # fixed, as the fingerprint stays
+    assert load_dataset_pairs(dataset, cache, lambda done, total: None) == [("a b", "x y")]
+    # An empty file an earlier mtbench cached is read again.
+    [kept] = [name for name in os.listdir(tmp_path / "datasets") if name.endswith(".tsv")]
+    write_cache_file(str(tmp_path / "datasets" / kept), b"")
+    assert load_dataset_pairs(dataset, cache, lambda done, total: None) == [("a b", "x y")]

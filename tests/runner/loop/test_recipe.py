@@ -73,3 +73,21 @@ def test_betas_that_are_one_in_the_weights_16_bit_dtype_are_refused():
     assert optimizer_recipe(TrainConfig(dtype="mixed_bfloat16", adam_beta2=0.999), 10)["beta_2"] == 0.999
     with pytest.raises(MtbenchError, match="^Adam's beta2 0.9999 is 1.0 in float16"):
         optimizer_recipe(TrainConfig(dtype="float16", adam_beta2=0.9999), 10)
+
+
+@pytest.mark.parametrize("family", [None, "gpt"])  # mtbench's recipe clips each gradient, GPT's all together
+def test_clip_none_records_no_clip_norm_and_builds_an_optimizer_that_clips_nothing(family):
+    """A run of --clip none recorded the base's or the family's clip_norm 1.0 in `compile_options.optimizer_recipe`,
+    as if its gradients had been clipped to it."""
+    from conftest import keras_on_jax
+    from mtbench.runner.setup import compile_model
+    keras = keras_on_jax()
+    config = TrainConfig(clip="none", **({"model_name": family} if family else {}))
+    recipe = optimizer_recipe(config, 10)
+    assert (recipe["clip"], recipe["clip_norm"]) == ("none", None)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    recorded = compile_model(keras, model, config, 10, {})["optimizer_recipe"]
+    assert (recorded["clip"], recorded["clip_norm"]) == ("none", None)
+    assert model.optimizer.clipnorm is None and model.optimizer.global_clipnorm is None
+    clipped = optimizer_recipe(TrainConfig(clip="global"), 10)  # a clipping run still records its norm
+    assert (clipped["clip"], clipped["clip_norm"]) == ("global", 1.0)

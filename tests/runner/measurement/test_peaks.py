@@ -396,3 +396,19 @@ def test_a_first_run_measures_each_backends_peak_in_a_process_of_its_own_before_
     phases_s = result["timing"]["phases_s"]
     assert sum(seconds for name, seconds in phases_s.items() if name != "peak") <= result["timing"]["total_s"] \
         < sum(phases_s.values())
+
+
+def test_a_plugin_backend_that_measures_no_matmul_gives_no_cpu_peak_rather_than_failing(tmp_path):
+    """The docs ask `matmul_flops_per_s` only for MFU on CPUs: a run on such a backend failed with `Error:
+    NotImplementedError:`. Now its MFU is n/a, with the reason, or divides by another backend's measurement."""
+    class Unmeasured(FakeBackend):
+        matmul_flops_per_s = Backend.matmul_flops_per_s
+
+    alone = Unmeasured("plain")
+    record = device_peak_record(alone, alone.device_info(), "float32", str(tmp_path))
+    assert record["flops_per_s"] is None
+    assert record["source"] == ("backend 'plain' measures no matmul (Backend.matmul_flops_per_s) and no other "
+                                "backend installed here measured this CPU")
+    other = FakeBackend("other", 2e11)
+    record = device_peak_record(alone, alone.device_info(), "float32", str(tmp_path), all_backends=(alone, other))
+    assert record["flops_per_s"] == 2e11

@@ -318,3 +318,23 @@ def test_a_gate_that_passes_an_interval_reaching_past_its_threshold_says_it_cann
     lines = build_regression(news, both, threshold=0.05).lines()
     assert any(line.startswith("--fail-if-slower 5%: cannot judge: run 'torch'") for line in lines), lines
     assert not any("passes, but" in line for line in lines), lines
+
+
+def test_a_failing_gate_says_what_the_results_say_of_their_timings(tiny_runs, tmp_path):
+    """A rerun of one commit on a machine that others loaded ran at half the speed: the gate fails it, and says
+    beside the figures and in its one-line failure that its result carries a load warning, which it once left out
+    (the results said 'machine loaded', the gate's output not a word of it)."""
+    old = tiny_runs["jax"]
+    history = [{**entry, "seconds": entry["seconds"] * 2} for entry in old["result"]["history"]]
+    new = edited(old["result"], tmp_path / "loaded.json", history=history, machine_load={"other_processes_percent": 71},
+                 created="2026-12-06T10:00:00+00:00")
+    loaded = "machine loaded: other processes used 71 % of the CPUs' time while the run trained"
+    proc = run_cli("report", new, "--baseline", old["path"], "--fail-if-slower", "5%")
+    assert proc.returncode == 1, proc.stderr
+    assert any(line.startswith(f"warning: jax (new): {loaded}") for line in proc.stdout.splitlines()), proc.stdout
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("Error: slower than the baseline by more than 5%: jax (new) is ")
+    interval, warned = line.split(" in tokens/s ", 1)[1].split(") (", 1)  # the baseline's run may carry some too
+    assert "jax (new)" in warned and warned.endswith(" warnings, above, that may explain it)"), line
+    gate = json.loads(run_cli("report", new, "--baseline", old["path"], "--format", "json").stdout)
+    assert any(text.startswith(loaded) for text in gate["run_warnings"]["jax (new)"]) and undocumented_keys(gate) == []

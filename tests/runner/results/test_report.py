@@ -196,7 +196,8 @@ def test_markdown_output_carries_the_results_figures(results):
     # computed on the CPU: a run on a GPU records none
     cores = [results[backend][1]["env"]["cpu_count"] for backend in ("jax", "torch")]
     device = results["torch"][1]["env"]["device"]
-    threads = f", {device['threads']} intra-op threads" if device_kind("torch") == "cpu" else ""
+    count = device.get("threads")
+    threads = f", {count} intra-op thread{'s' * (count != 1)}" if device_kind("torch") == "cpu" else ""
     assert rows["cores and threads"] == [f"every core it may use ({cores[0]})",
                                          f"every core it may use ({cores[1]}){threads}"]
     # JAX's decoding is one XLA program; torch's a loop from Python, its test translation time other work
@@ -213,9 +214,11 @@ def test_the_configuration_and_parity_lines_say_what_ran(results):
     from mtbench.plugins.reporters.table_reporter import summary_lines
     from mtbench.runner.results.report import LoadedRun, build_comparison, context_lines
     corpus = results["jax"][1]["data"]["corpus"]
+    vocabulary = results["jax"][1]["model"]["vocab_size"]  # the pieces the tiny corpus's tokenizer learnt
+    tokens = f"sentencepiece-unigram tokens (vocabulary {vocabulary:,})"
     both = [LoadedRun(results[backend][1], results[backend][0]) for backend in ("jax", "torch")]
     assert context_lines(build_comparison(both))[0] == (f"configuration: {corpus}, preset tiny, 60 steps x batch 32, "
-                                                        f"max-len 48, max-pairs 4000, seed 0, greedy decoding")
+                                                        f"max-len 48, max-pairs 4000, {tokens}, seed 0, greedy decoding")
     one_step = []
     for backend in ("jax", "torch"):
         result = json.loads(json.dumps(results[backend][1]))
@@ -224,7 +227,7 @@ def test_the_configuration_and_parity_lines_say_what_ran(results):
         one_step.append(LoadedRun(result, f"{backend}.json"))
     lines = context_lines(build_comparison(one_step))
     assert lines[0] == (f"configuration: {corpus}, preset tiny, 1 step x batch 32, max-len 48, max-pairs 4000, "
-                        f"seed 0")
+                        f"{tokens}, seed 0")
     assert any(line.startswith("parity torch vs jax (float32, first 1 step): ") for line in lines), lines
     assert ", float32, 1 step x 32, on " in summary_lines(one_step[0].result)[0]
 
@@ -484,6 +487,23 @@ def test_plot_shows_each_runs_loss_curve_and_throughput(results, tmp_path):
     assert (width, height) == (round(12 * 110), round(4.8 * 110))
 
 
+def test_a_sweep_of_names_draws_its_throughput_panel_a_place_a_name(results, tmp_path):
+    """An --init sweep (its values names, as --dtype's and --pipeline-schedule's) ended `report --plot` in a
+    TypeError ('>' not supported between 'str' and 'int') and wrote no PNG."""
+    from mtbench.runner.results.plots import comparison_figure
+    from mtbench.runner.results.report import build_comparison, load_runs
+    jax_path, jax = results["jax"]
+    paths = [variant(jax, tmp_path / f"{scheme}.json", {"init": scheme, "initial_weights_sha256": scheme})
+             for scheme in ("torch", "flax")]
+    figure = comparison_figure(build_comparison(load_runs(paths)))
+    sweep_axes = figure.axes[-1]
+    assert sweep_axes.get_title() == "Throughput against --init"
+    assert [tick.get_text() for tick in sweep_axes.get_xticklabels()] == ["flax", "torch"]
+    path = tmp_path / "init.png"
+    report(*paths, "--plot", str(path))
+    assert png_size(path.read_bytes())[0] == round(18 * 110)  # three panels, as a batch sweep's
+
+
 def test_the_plot_draws_the_validation_losses_of_eval_every_beside_the_training_loss(results):
     """nanoGPT's users read the validation loss beside the training loss; `--eval-every` records it in
     `target.evaluations` (a language model's and a classifier's; translation validates by BLEU alone)."""
@@ -667,6 +687,10 @@ def test_runs_differing_in_a_swept_key_compare_with_labels_naming_it(results, tm
     assert [group.label for group in comparison.groups] == \
         [f"jax:batch-size={batch}", f"torch:batch-size={batch}", "jax:batch-size=8", "torch:batch-size=8"]
     assert comparison.swept == ("batch_size",) and "batch_size" not in comparison.config
+    # a step of 8 rows is no faster step than one of 32: only tokens/s is held against the baseline's
+    assert {label: sorted(found) for label, found in comparison.verdicts.items()} == {
+        f"torch:batch-size={batch}": ["step_s_median", "tokens_per_s"], "jax:batch-size=8": ["tokens_per_s"],
+        "torch:batch-size=8": ["tokens_per_s"]}
     assert [(pair.reference, pair.run, pair.dtype) for pair in comparison.parity.pairs] == \
         [(f"jax:batch-size={batch}", f"torch:batch-size={batch}", f"float32, batch-size={batch}"),
          ("jax:batch-size=8", "torch:batch-size=8", "float32, batch-size=8")]
@@ -695,8 +719,18 @@ def test_a_swept_block_reads_per_run_in_the_configuration_as_a_swept_batch_does(
     config = torch_float16_gpt_run["config"]
     corpus = config.get("data_file") or torch_float16_gpt_run["data"]["corpus"]
     assert context_lines(comparison)[0] == (f"configuration: {corpus}, preset tiny, 6 steps x batch 8, block per run, "
-                                            f"seed {config['seed']}")
+                                            f"byte tokens (vocabulary 256), seed {config['seed']}")
+    # runs of other tokens (held with --force) say so: neither their tokens/s nor their perplexities compare
+    pieces = json.loads(json.dumps(runs[1].result))
+    pieces["data"]["tokenizer"] = {"type": "sentencepiece-unigram", "vocab_size": 500, "fingerprint": "spm-500"}
+    forced = build_comparison([runs[0], LoadedRun(pieces, "spm.json")], force=True)
+    assert ", tokens per run, " in context_lines(forced)[0]
     assert not {"max_len", "block_size"} & set(to_json_dict(comparison)["config"])
+    # the plot's sweep panel draws tokens/s against the block (the max length it sets is no second key)
+    from mtbench.runner.results.plots import sweep_key, sweep_series
+    assert sweep_key(comparison) == "block_size"
+    (points,) = sweep_series(comparison, "block_size").values()  # one line: the run at each block
+    assert [value for value, _ in points] == [16, 32]
 
 
 def test_runs_of_other_versions_or_interpreters_are_never_repeats(results, tmp_path):

@@ -359,7 +359,8 @@ def test_the_single_run_table_shows_load_warnings_compile_cache_peak_and_test_se
                                         "bound 5 %)")
     cache = result["timing"]["compile_cache"]
     assert shown["compile (first step of each shape)"].endswith(
-        f" over 2 shapes, compile cache {cache['programs']} ({cache['hits']} hits, {cache['misses']} misses)")
+        f" over 2 shapes, compile cache {cache['programs']} ({cache['hits']} hit{'s' * (cache['hits'] != 1)}, "
+        f"{cache['misses']} miss{'es' * (cache['misses'] != 1)})")
     one_shape = copy(result)
     one_shape["timing"]["shapes_compiled"] = 1
     assert " over 1 shape, compile cache " in rows(one_shape)["compile (first step of each shape)"]

@@ -322,3 +322,83 @@ def test_a_sentencepiece_model_keeps_the_text_as_it_is_and_counts_what_it_has_no
     assert stream.unknown == 0 and tokenizer.decode_text(stream.ids) == text.decode("utf-8")
     unseen = tokenizer.stream("la ☃ ﬁn ☃\n".encode("utf-8"))
     assert unseen.unknown == 2 and unseen.token_bytes.sum() == len("la ☃ ﬁn ☃\n".encode("utf-8"))
+
+
+def prepared_text(data, tokenizer, tmp_path, vocab_size=None, sample_prompt=None, name="book"):
+    from types import SimpleNamespace
+    from mtbench.runner.data.text import Text
+    from mtbench.runner.tasks.language_modelling import LanguageModellingTask
+    config = SimpleNamespace(tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=str(tmp_path), max_len=8,
+                             model=SimpleNamespace(byte_vocab_size=256), sample_prompt=sample_prompt)
+    text = data if isinstance(data, Text) else Text(name, "test", data)
+    return LanguageModellingTask().prepare(config, text, None)
+
+
+def test_a_sentencepiece_vocabulary_short_of_the_size_asked_is_said_on_the_console_and_warned_in_the_result(
+        tmp_path):
+    """sentencepiece learns what a small text holds (hard_vocab_limit off): --vocab-size 5000 on this text gave the
+    model fewer rows while config.vocab_size said 5000, and nothing said so."""
+    import sentencepiece as spm
+    from mtbench.figures import run_warnings
+    prepared = prepared_text(TEXT * 3, "sentencepiece", tmp_path, vocab_size=5000)
+    learned = spm.SentencePieceProcessor(model_file=prepared.record["tokenizer"]["file"]).get_piece_size()
+    assert learned < 5000 and prepared.tokenizer.vocab_size == learned
+    expected = f"vocabulary {learned:,} pieces where --vocab-size asked 5,000: the training text holds no more"
+    assert f"  warning: {expected}" in prepared.lines
+    assert prepared.record["vocab_size_asked"] == 5000
+    result = {"timing": {}, "env": {}, "data": prepared.record}  # what run_warnings reads of a result's data
+    assert expected in run_warnings(result)
+    enough = prepared_text(TEXT * 3, "sentencepiece", tmp_path, vocab_size=learned - 2)
+    assert enough.tokenizer.vocab_size == learned - 2 and not any("--vocab-size asked" in line for line in enough.lines)
+    assert not any("--vocab-size" in warning for warning in run_warnings({**result, "data": enough.record}))
+    assert "vocab_size_asked" not in prepared_text(TEXT, "char", tmp_path).record  # no size is asked of it
+
+
+def test_a_folder_is_read_case_blind_in_name_order_and_says_how_many_files_and_what_it_left_out(tmp_path):
+    """A folder's upper-case .TXT files and its subfolders were left out without a word, and the origin said
+    '1 .txt files'."""
+    from mtbench.runner.data.text import read_text_path
+    folder = tmp_path / "f2"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "b-two.TXT").write_bytes(b"Second part.\n" * 20)
+    (folder / "a-one.txt").write_bytes(b"First part.\n" * 20)
+    (folder / "sub" / "c-three.txt").write_bytes(b"Not read.\n")
+    (folder / "notes.md").write_bytes(b"Not read either.\n")
+    text = read_text_path(str(folder))
+    assert text.data == b"First part.\n" * 20 + b"Second part.\n" * 20 and text.files == 2
+    assert text.origin == f"2 .txt files of {folder}, concatenated in name order"
+    assert text.left_out == ("notes.md", "sub/")
+    line = text.folder_line()
+    assert line.startswith(f"2 .txt files of {folder}, concatenated in name order; left out: notes.md, sub/ (")
+    assert f"  {line}" in prepared_text(text, "byte", tmp_path).lines  # on the console, under the text's line
+    (folder / "b-two.TXT").unlink()
+    alone = read_text_path(str(folder))
+    assert alone.origin == f"1 .txt file of {folder}, concatenated in name order"
+    (folder / "a-one.txt").unlink()
+    with pytest.raises(MtbenchError) as refused:
+        read_text_path(str(folder))
+    assert str(refused.value).startswith(f"{folder}: the folder holds no .txt file (left out: notes.md, sub/ (")
+    single = tmp_path / "book.txt"
+    single.write_bytes(b"One file.\n")
+    assert read_text_path(str(single)).folder_line() is None  # a file names itself: nothing was left out
+
+
+def test_a_sample_prompt_of_characters_the_tokenizer_lacks_is_warned_of_as_generate_warns(tmp_path):
+    """`generate` said how many of its prompt's tokens were <unk>; train --sample-prompt said nothing, and every
+    sample continued a prompt the model could not read."""
+    english = ("In the beginning God created the heaven and the earth. " * 40).encode()
+    prompt = "日本 Café"
+    unknown = sum(character not in english.decode() for character in prompt)  # 日, 本, C and é
+    prepared = prepared_text(english, "char", tmp_path, sample_prompt=prompt)
+    assert (f"  warning: {unknown} of --sample-prompt's {len(prompt)} tokens are unknown to the model's tokenizer "
+            f"(read as <unk>): the model continues a text it cannot read") in prepared.lines
+    read = prepared_text(english, "char", tmp_path, sample_prompt="the earth")
+    assert not any("--sample-prompt" in line for line in read.lines)
+
+
+def test_the_count_of_characters_not_in_the_vocabulary_reads_as_one_or_many(tmp_path):
+    """'1 characters of the text are not in ...'."""
+    one = prepared_text(("In the beginning was the Word. " * 40 + "€").encode(), "char", tmp_path)
+    assert "  1 character of the text is not in the training split's vocabulary (<unk>)" in one.lines
+    two = prepared_text(("In the beginning was the Word. " * 40 + "€€").encode(), "char", tmp_path)
+    assert "  2 characters of the text are not in the training split's vocabulary (<unk>)" in two.lines
