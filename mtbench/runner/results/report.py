@@ -893,7 +893,9 @@ def signature_lines(comparison):
     shown = {figure.key for figure in comparison.figures}
     lines = []
     for key, name in SIGNED_SCORES:
-        if key not in shown:
+        scored = any((result.get("metrics") or {}).get(key) is not None
+                     for group in comparison.groups for result in group.results)
+        if key not in shown or not scored:  # a measure-only comparison decoded nothing: no signature to name
             continue
         signatures = {group.label: group.choice_text(
             lambda result: (result.get("metrics") or {}).get(f"{key}_signature") or "not recorded")

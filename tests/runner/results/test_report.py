@@ -223,12 +223,14 @@ def test_the_configuration_and_parity_lines_say_what_ran(results):
     for backend in ("jax", "torch"):
         result = json.loads(json.dumps(results[backend][1]))
         result["config"].update(steps=1, measure_only=True)
+        result["metrics"].update(bleu=None, chrf=None, bleu_signature=None, chrf_signature=None)  # nothing decoded
         result["timing"]["steps"], result["history"] = 1, result["history"][:1]
         one_step.append(LoadedRun(result, f"{backend}.json"))
     lines = context_lines(build_comparison(one_step))
     assert lines[0] == (f"configuration: {corpus}, preset tiny, 1 step x batch 32, max-len 48, max-pairs 4000, "
                         f"{tokens}, seed 0")
     assert any(line.startswith("parity torch vs jax (float32, first 1 step): ") for line in lines), lines
+    assert not any("signature" in line for line in lines), lines  # it read 'BLEU signature: not recorded'
     assert ", float32, 1 step x 32, on " in summary_lines(one_step[0].result)[0]
 
 
