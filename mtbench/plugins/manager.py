@@ -181,11 +181,10 @@ class Registry:
         fitting = fitting_arguments(bound, args)
         if len(fitting) < len(args):
             if method not in GROWN.get(kind, {}):  # no earlier form of it took fewer: a mistake, not an older API
-                implemented = form(method, positional_parameters(bound) or [])
-                raise _naming(RunFailure(f"{singular(kind)} '{item.name}' of plugin "
-                                         f"'{self.provider.get((kind, item.name), '?')}' failed: it implements "
-                                         f"{implemented}, and mtbench calls {method} with {len(args)} "
-                                         f"argument{'s' * (len(args) != 1)} (docs/plugins.md)"))
+                with self.plugin_code(kind, item.name):
+                    raise TypeError(f"it implements {form(method, positional_parameters(bound) or [])}, and mtbench "
+                                    f"calls {method} with {len(args)} argument{'s' * (len(args) != 1)} "
+                                    f"(docs/plugins.md)")
             self._warn_deprecated_once(kind, item, method,
                                        lambda: older_form(item, kind, method) or (form(method, ["..."]), method))
         return bound(*fitting)

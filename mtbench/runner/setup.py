@@ -468,13 +468,13 @@ def initial_values(config, plugins, model):
         if pretrained is not None:
             return pretrained, PRETRAINED
         scheme = drawn_init(config, plugins.model).init
-    try:
-        return initial_weights(model, config.seed, scheme), scheme
-    except ValueError as error:  # a variable the draw knows no rule for: the family's model, not the user's run
-        plugin = plugins.registry.provider.get(("models", plugins.model.name), "?")
-        raise RunFailure(f"model family '{plugins.model.name}' of plugin '{plugin}' built a model whose weights "
-                         f"mtbench cannot draw: {error} (the draw knows variables named kernel, bias, embeddings, "
-                         f"gamma and beta; a family gives others from pretrained_weights)") from None
+    with plugins.model_code():  # a variable the draw knows no rule for: the family's model, not the user's run
+        try:
+            return initial_weights(model, config.seed, scheme), scheme
+        except ValueError as error:
+            raise ValueError(f"it built a model whose weights mtbench cannot draw: {error} (the draw knows variables "
+                             f"named kernel, bias, embeddings, gamma and beta; a family gives others from "
+                             f"pretrained_weights)") from None
 
 
 def starting_weights(config, plugins, model, weights_file):
@@ -521,10 +521,10 @@ def extras_compile_options(run, plugins):
     options, asked_by = {}, {}
     for extra, asked in plugins.ask_extras("compile_options", run):
         asked = asked or {}
-        if not isinstance(asked, dict):
-            plugin = plugins.registry.provider.get(("extras", extra.name), "?")
-            raise RunFailure(f"extra '{extra.name}' of plugin '{plugin}' returned a {type(asked).__name__} from "
-                             f"compile_options, not a dict of model.compile's options")
+        with plugins.extra_code(extra):
+            if not isinstance(asked, dict):
+                raise TypeError(f"compile_options returned a {type(asked).__name__}, not a dict of model.compile's "
+                                f"options")
         for key, value in asked.items():
             options[key] = value
             asked_by[key] = extra.name

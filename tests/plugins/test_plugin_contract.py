@@ -339,6 +339,6 @@ def test_a_method_taking_fewer_arguments_than_any_form_of_the_api_is_the_plugins
     registry.provider[("extras", "checking")] = "someone"
     with pytest.raises(RunFailure) as refused:
         registry.call("extras", Checking(), "verify", "run", "model", "batch")
-    assert str(refused.value) == ("extra 'checking' of plugin 'someone' failed: it implements verify(run), and mtbench "
-                                  "calls verify with 3 arguments (docs/plugins.md)")
+    assert str(refused.value) == ("extra 'checking' of plugin 'someone' failed: TypeError: it implements verify(run), "
+                                  "and mtbench calls verify with 3 arguments (docs/plugins.md)")
     assert registry.warnings == []

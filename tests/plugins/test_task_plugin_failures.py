@@ -250,10 +250,10 @@ def test_a_validation_that_fails_names_the_task_and_keeps_the_partial_result(sor
                          "a mtbench.TaskData"),
     ("batch_tuple", (), "task 'sort-digits' of plugin 'sorttask' failed: TypeError: Task.batches yielded a tuple of "
                         "(int, tuple), not (epoch, mtbench.Batch)"),
-    ("odd_variable", (), "model family 'sort-model' of plugin 'sorttask' built a model whose weights mtbench cannot "
-                         "draw: no initialisation rule for variable sorter/scale"),
-    ("compile_list", ("--extra", "careless"), "extra 'careless' of plugin 'sorttask' returned a list from "
-                                              "compile_options, not a dict of model.compile's options"),
+    ("odd_variable", (), "model 'sort-model' of plugin 'sorttask' failed: ValueError: it built a model whose "
+                         "weights mtbench cannot draw: no initialisation rule for variable sorter/scale"),
+    ("compile_list", ("--extra", "careless"), "extra 'careless' of plugin 'sorttask' failed: TypeError: "
+                                              "compile_options returned a list, not a dict of model.compile's options"),
 ])
 def test_a_plugins_mistake_before_training_names_the_plugin_and_writes_no_result(sort_plugin, cache_dir, tmp_path,
                                                                                  bad, extra, said):

@@ -860,16 +860,15 @@ def describe_configuration(comparison):
 def tokens_text(comparison):
     """['byte tokens (vocabulary 256)']: what a token is to every run, without which neither tokens/s nor
     perplexity reads (a run of bytes and one of sentencepiece pieces, held with --force: 'tokens per run')."""
-    tokenizers = {json.dumps({key: value for key, value in ((result.get("data") or {}).get("tokenizer") or {}).items()
-                              if key in ("type", "vocab_size", "fingerprint")}, sort_keys=True)
+    tokenizers = {tuple(((result.get("data") or {}).get("tokenizer") or {}).get(key)
+                        for key in ("type", "vocab_size", "fingerprint"))
                   for group in comparison.groups for result in group.results}
     if len(tokenizers) > 1:
         return ["tokens per run"]
-    tokenizer = json.loads(tokenizers.pop()) if tokenizers else {}
-    if not tokenizer.get("type"):  # a plugin's task may keep no tokenizer
+    kind, size, _ = tokenizers.pop() if tokenizers else (None, None, None)
+    if not kind:  # a plugin's task may keep no tokenizer
         return []
-    size = tokenizer.get("vocab_size")
-    return [f"{tokenizer['type']} tokens" + (f" (vocabulary {size:,})" if size else "")]
+    return [f"{kind} tokens" + (f" (vocabulary {size:,})" if size else "")]
 
 
 def context_lines(comparison):
