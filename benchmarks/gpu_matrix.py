@@ -61,8 +61,8 @@ mtbench's own, read from the row's result JSON (see docs/results.md for the cloc
   (TF32's for `high`; on a CPU, the measured matmul peak);
 - `peak device MiB`: the peak device memory the framework reports (n/a on a CPU);
 - `parity`: the largest relative loss difference and where, over the first 50 steps, from the first row of the
-  same preset, dtype and matmul precision (mtbench compare's check, within 1 %; 16-bit rows by 10-step means); rows
-  with dropout (`base`) are not checked;
+  same preset, dtype and matmul precision (mtbench compare's check: float32 rows within 0.1 %, 16-bit rows within
+  1 % by 10-step means); rows with dropout (`base`) are not checked;
 - `row s`: the row's wall time, its process's start, data and compilation included. Below the table, where the
   rows' wall time went: processes starting and ending, keras and the devices starting, data and model build,
   compilation, steady steps and the rest (`wall_split_s` of each repeat in the JSON, from its result's timing).
@@ -674,12 +674,12 @@ def median_figures(measured):
     return {**measured[0], **medians, "repeats": len(measured)}
 
 
-def parity_cell(pair, reference_run, tolerance):
+def parity_cell(pair, reference_run):
     """'0.11 % in steps 21-30 (10-step means) vs jax; steps 1-5: 0.04 %', each part saying where it is not
     within its tolerance."""
     from mtbench.runner.results.parity import percent
     text = (f"{percent(pair.max_relative_difference)} {pair.where()} vs {reference_run}"
-            + ("" if pair.curve_within(tolerance) else f", NOT within {percent(tolerance)}"))
+            + ("" if pair.curve_within else f", NOT within {percent(pair.tolerance)}"))
     if pair.early_max_relative_difference is not None:
         text += (f"; steps 1-{pair.early_steps}: {percent(pair.early_max_relative_difference)}"
                  + ("" if pair.early_within else f", NOT within {percent(pair.early_tolerance)}"))
@@ -700,7 +700,7 @@ def add_parity(records, results):
         ran = [r for r in records if r["preset"] == preset and r["status"] == "ran"]
         report = check_parity([(r["key"], results[r["key"]][0]) for r in ran], arithmetic)  # first repeat's losses
         reference_run = {r["key"]: r["run"] for r in ran}
-        cells = {pair.run: parity_cell(pair, reference_run[pair.reference], report.tolerance)
+        cells = {pair.run: parity_cell(pair, reference_run[pair.reference])
                  for pair in report.pairs}
         references = {pair.reference for pair in report.pairs}
         unchecked = dict(report.unchecked)

@@ -26,12 +26,15 @@ from mtbench.runner.loop.recipe import CLIP_CHOICES, DECAY_CHOICES
 from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW,
                                    DTYPE_CHOICES, DTYPES, INIT_SCHEMES, INPUT_FILE_KEYS, MATMUL_PRECISIONS,
                                    PIPELINE_SCHEDULES, REMAT_POLICIES, STEP_CHOICES, TrainConfig)
-from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE
+from mtbench.runner.results.parity import FLOAT32_PARITY_TOLERANCE, PARITY_STEPS, PARITY_TOLERANCE
 from mtbench.runner.results.report import SWEEP_KEYS
 
 EVAL_STRIDE_HELP = ("A language model's evaluation windows of --block-size tokens, each N tokens after the one before "
                     "and scoring only its last N, so that every token after the first block is predicted from at "
                     "least block - N + 1 tokens of context (a whole block at N = 1)")
+PARITY_TOLERANCE_HELP = (f"Largest relative loss difference allowed between runs of the same dtype [default: "
+                         f"{FLOAT32_PARITY_TOLERANCE:g} for float32, step by step; {PARITY_TOLERANCE:g} for 16-bit "
+                         f"runs, over 10-step means, their first 5 steps step by step to a quarter of it].")
 
 def _fail(message, code):
     click.echo(f"Error: {message}", err=True)
@@ -252,8 +255,8 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--test-size", type=int, default=500, show_default=True),
     click.option("--vocab-size", type=int, help="Sentencepiece vocabulary (default: the preset's): the most pieces it learns; a text too small for that many gets fewer, said on the console and in the result's warnings."),
     click.option("--max-len", type=int, help="Tokens per side, counting its end token; longer pairs are dropped (default: the preset's). For a language model (--model gpt) it is the --block-size: give one of them, not both."),
-    click.option("--block-size", type=int, metavar="N", help="A language model's block: tokens per row, its positions (default: the preset's)."),
-    click.option("--tokenizer", type=click.Choice(["byte", "char", "sentencepiece"]), help="A language model's tokens: byte (vocabulary 256, default), char (the training split's characters) or sentencepiece (--vocab-size)."),
+    click.option("--block-size", type=int, metavar="N", help="A language model's block: tokens per row, its positions (default: the preset's; a pretrained checkpoint's own, gpt2:DIR's n_positions)."),
+    click.option("--tokenizer", type=click.Choice(["byte", "char", "sentencepiece"]), help="A language model's tokens: byte (vocabulary 256, default), char (the training split's characters; --preset char's default) or sentencepiece (--vocab-size)."),
     click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the block: consecutive blocks, as nanoGPT's estimate_loss)."),
     click.option("--layers", type=int, metavar="N", help="Encoder and decoder layers each; a language model's blocks (default: the preset's)."),
     click.option("--encoder-layers", type=int, metavar="N", help="Encoder layers (default: the preset's)."),
@@ -317,6 +320,10 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--length-penalty", type=float, default=0.6, show_default=True, metavar="ALPHA",
                  help="Beam search's length normalisation ((5 + length) / 6) ** ALPHA."),
     click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora, tokenizers and tokenized text (default ~/.cache/mtbench)."),
+    # A run's option, so that compare gives it to every run (and to the process drawing their weights): a cold
+    # compile on one side only is no comparison.
+    click.option("--no-compile-cache", "compile_cache", is_flag=True, flag_value=False, default=True,
+                 help="Compile from scratch and keep nothing: no persistent compilation cache (CACHE_DIR/compile)."),
     click.option("--report-to", metavar="NAMES", help="Experiment trackers that follow the run as it trains, comma-separated: tensorboard, mlflow, wandb or a plugin's (default: none)."),
     click.option("--logging-dir", type=click.Path(file_okay=False),
                  help="The trackers' local files (default: in the run directory, RESULT.run; MLflow's store in the "
@@ -536,8 +543,6 @@ report_option = click.option(
 @click.option("--run-group", metavar="NAME", help="Group this run with others in the trackers (compare sets it).")
 @click.option("--no-save-model", "save_model", is_flag=True, flag_value=False, default=True,
               help="Do not keep the final weights in the run directory (RESULT.run/model).")
-@click.option("--no-compile-cache", "compile_cache", is_flag=True, flag_value=False, default=True,
-              help="Compile from scratch and keep nothing: no persistent compilation cache (CACHE_DIR/compile).")
 @long_run_options
 @click.option("--run-file", type=click.Path(dir_okay=False), metavar="RUN.json",
               help="Train the configuration in this file (as compare and rerun write one for each run) instead of "
@@ -644,7 +649,7 @@ MATRIX_HELP = (
 @click.option("--out", type=click.Path(dir_okay=False), help="Combined JSON (default mtbench-results/<time>-compare.json); the runs' files go into a folder beside it.")
 @click.option("--overwrite", is_flag=True, help="Replace existing result files.")
 @click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True, help="Steps whose training loss the parity check compares.")
-@click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True, help="Largest relative loss difference allowed between runs of the same dtype (16-bit runs: 10-step means; their first 5 steps, step by step, a quarter of it).")
+@click.option("--parity-tolerance", type=float, default=None, help=PARITY_TOLERANCE_HELP)
 @validation_options
 @report_option
 @handle_errors
@@ -716,7 +721,7 @@ def _compare_repeats(repeats, width, budget):
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also draw loss curves and tokens/s into this PNG.")
 @click.option("--force", is_flag=True, help="Report runs whose configurations differ beyond backend, extras, dtype, the size flags and the sweep keys.")
 @click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True)
-@click.option("--parity-tolerance", type=float, default=PARITY_TOLERANCE, show_default=True)
+@click.option("--parity-tolerance", type=float, default=None, help=PARITY_TOLERANCE_HELP)
 @report_option
 @handle_errors
 def report(results, history, output_format, baseline, fail_if_slower, plot, force, parity_steps, parity_tolerance,
@@ -865,7 +870,8 @@ def _translation_progress(total):
 @click.option("--top-k", type=click.IntRange(min=1), help="Sample from the K most likely tokens only.")
 @click.option("--seed", type=click.IntRange(0, 2 ** 32 - 1), default=0, show_default=True, help="The sampling's random draws (numpy).")
 @click.option("--block-size", type=click.IntRange(min=1), metavar="N",
-              help="A pretrained checkpoint's window of tokens (MODEL NAME:DIR; default: the preset's, 128).")
+              help="A pretrained checkpoint's window of tokens (MODEL NAME:DIR; default: its own positions, "
+                   "GPT-2's 1,024).")
 @INFERENCE_DTYPE
 @handle_errors
 def generate(model, prompt, backend, max_new_tokens, temperature, top_k, seed, block_size, dtype):
@@ -930,7 +936,8 @@ def translate(model, file, backend, dtype, beam, length_penalty, batch_size):
 @inference_options
 @click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the run's).")
 @click.option("--block-size", type=click.IntRange(min=1), metavar="N",
-              help="A pretrained checkpoint's window of tokens (MODEL NAME:DIR; default: the preset's, 128).")
+              help="A pretrained checkpoint's window of tokens (MODEL NAME:DIR; default: its own positions, "
+                   "GPT-2's 1,024).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the scores (JSON) and the hypotheses beside them.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
 @handle_errors

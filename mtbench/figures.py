@@ -599,6 +599,32 @@ def peak_measurement_text(measured_at, load_average, cpus=None, threads=None, ot
     return f"measured {measured_at} at load average {load}{on}"
 
 
+def share_text(part, whole):
+    """'512 of 201,451 (0.25 %)', '(the whole split)' where `part` is all of it; `part` alone where the whole is not
+    recorded."""
+    if not whole:
+        return f"{part:,}"
+    share = "the whole split" if part == whole else f"{100 * part / whole:.2f} %" if part >= whole / 10_000 \
+        else "under 0.01 %"
+    return f"{part:,} of {whole:,} ({share})"
+
+
+def split_scored_text(result, split="test"):
+    """How much of a language model's `split` its figures cover, as `scored_sentences_text` says of translation's
+    test set: 'bytes scored: 512 of 201,451 (0.25 %); tokens 512 of 201,451 (0.25 %)', from the metrics' counts
+    and the split's size (`data.bytes`, `data.tokens`); its tokens alone where its bytes are not known (token files
+    without them). None for another task, or where the split was not scored (--measure-only)."""
+    metrics, data = result.get("metrics") or {}, result.get("data") or {}
+    counts = [(unit, metrics.get(f"{split}_{unit}_evaluated"), (data.get(unit) or {}).get(split))
+              for unit in ("bytes", "tokens")]
+    counts = [(unit, part, whole) for unit, part, whole in counts if part is not None]
+    if not counts:
+        return None
+    (unit, part, whole), *others = counts
+    return f"{unit} scored: {share_text(part, whole)}" + "".join(f"; {other} {share_text(n, of)}"
+                                                               for other, n, of in others)
+
+
 def scored_sentences_text(result):
     """How many test sentences the scores cover, and why the others were left out: '370 of 500 (130 longer than
     --max-len 48)'; None before the test set was translated."""

@@ -715,6 +715,12 @@ BROKEN_BACKEND = textwrap.dedent('''
         def prepare_process(self, config):
             raise RunFailure("the brokenflow device is on fire")
 
+        def device_info(self):  # every backend must have one, or its runs are refused before they start
+            raise RunFailure("the brokenflow device is on fire")
+
+        def synchronize(self, model=None):
+            pass
+
     @hookimpl
     def mtbench_register_backends(register):
         register(BrokenBackend())

@@ -6,10 +6,10 @@ import re
 from conftest import REPOSITORY
 
 # Objects whose keys are data, not fields: extra names, settings of a framework, shapes, run labels, sizes.
-MAPS = {"extras_record", "env.float32_matmul", "env.sixteen_bit_matmul", "env.matmul_precision.reported",
-        "env.backend_versions", "env.framework_env", "timing.compilations_by_shape", "host_syncs.events",
-        "initial_weights_by_size", "speedups", "scaling", "noise_floor.figures", "summary[]", "run_warnings",
-        "env.plugins"}
+MAPS = {"extras_record", "config_changed_by", "env.float32_matmul", "env.sixteen_bit_matmul",
+        "env.matmul_precision.reported", "env.backend_versions", "env.framework_env", "timing.compilations_by_shape",
+        "host_syncs.events", "initial_weights_by_size", "speedups", "scaling", "noise_floor.figures", "summary[]",
+        "run_warnings", "env.plugins"}
 
 
 def documented_names():

@@ -10,7 +10,7 @@ What is drawn is a scheme (`--init`), each the way its users start a model, draw
 - gpt2: GPT-2's and nanoGPT's: kernels and embeddings normal(0, 0.02), the projections that end a residual
   branch (each attention's output, each feed-forward's second layer) normal(0, 0.02 / sqrt(branches));
 - torch: what `torch.nn` gives a freshly made layer: `Linear` weights and biases uniform(+-1 / sqrt(fan_in)),
-  `Embedding` normal(0, 1);
+  `Embedding` normal(0, 1), which an output layer tied to the embedding inherits (`TIED_OUTPUT_NOTES`);
 - flax: what Flax gives one: `Dense` kernels LeCun normal (truncated at two standard deviations), zero biases,
   `Embed` normal(0, 1 / sqrt(features)).
 Every scheme starts norms at scale 1 and offset 0, and glorot, gpt2 and flax start biases at 0.
@@ -29,6 +29,15 @@ INIT_SCHEMES = {
     "flax": "Flax's defaults: Dense LeCun-normal kernels and zero biases, Embed normal(0, 1/sqrt(features))",
 }
 DEFAULT_SCHEME = "glorot"
+# What a scheme's embedding draw makes of an output layer tied to the embedding, where a model of the scheme's users
+# would start its output layer otherwise: torch's tied head is nn.Embedding's draw, where a published torch GPT's is
+# an untied nn.Linear. (gpt2 is GPT-2's own tying; flax's Embed normal(0, 1/sqrt(features)), used as the output
+# layer, has the variance of its Dense's LeCun normal.)
+TIED_OUTPUT_NOTES = {
+    "torch": "the output layer, tied to the token embedding, inherits its normal(0, 1), not the "
+             "uniform(+-1/sqrt(d_model)) of an untied nn.Linear head (a published torch GPT's): its first logits are "
+             "sqrt(3 x d_model) times as large, its first losses far above a uniform guess's",
+}
 GPT2_STD = 0.02
 # The standard deviation of a standard normal truncated to [-2, 2] (JAX's `truncated_normal` variance scaling
 # divides by it, so that the truncated draw keeps the variance asked for).
@@ -95,6 +104,31 @@ def residual_projections(model):
         elif isinstance(layer, (MLP, FeedForward)):
             kernels.append(layer.out.kernel.path)
     return kernels
+
+
+def tied_output_embedding(model):
+    """The path of the embedding table that `model`'s output layer is tied to (the logits are the last hidden states
+    times that table, transposed), or None: mtbench's GPT and translation Transformer tie theirs to the token
+    embedding (`GPT.logits`, `Transformer._logits`); a plugin's model is not known to."""
+    from mtbench.keras_models.gpt import GPT
+    from mtbench.keras_models.transformer import Transformer
+    return model.token_embedding.embeddings.path if isinstance(model, (GPT, Transformer)) else None
+
+
+def init_note(scheme, model):
+    """What drawing `model` by `scheme` gives its tied output layer that the scheme's users' own output layer would
+    not have (`TIED_OUTPUT_NOTES`), or None."""
+    note = TIED_OUTPUT_NOTES.get(scheme)
+    return note if note and tied_output_embedding(model) else None
+
+
+def describe_init(scheme, model):
+    """How `model`'s starting weights were drawn, in words: the scheme's draw, and `init_note`; None where `scheme`
+    is none of INIT_SCHEMES (a checkpoint's weights, a weights file that does not say)."""
+    if scheme not in INIT_SCHEMES:
+        return None
+    note = init_note(scheme, model)
+    return INIT_SCHEMES[scheme] + (f"; {note}" if note else "")
 
 
 def layer_fan_ins(model):

@@ -71,6 +71,8 @@ RESERVED_NAMES = {"reporters": {"none"}}  # --report none: no reporter
 # Methods the docs mark *required* of every item of a kind, whatever the run (a backend's are asked only of runs
 # on it, and a plugin may register one to be named where it cannot run): without one the item could only fail.
 REQUIRED_METHODS = {"datasets": ("read_pairs",), "reporters": ("report",)}
+# What a run asks of its backend whatever it trains: without one the run could only fail, after keras's import.
+REQUIRED_OF_A_RUN = {"backends": ("device_info", "synchronize")}
 
 
 def singular(kind):
@@ -161,17 +163,30 @@ class Registry:
     def plugin_code(self, kind, name):
         """Runs a registered item's own code: a user's error (MtbenchError) keeps its message behind the item's
         name; any other exception is a failure of the plugin, named with it."""
-        label = f"{singular(kind)} '{name}'"
         try:
             yield
         except MtbenchError as error:
             if getattr(error, "names_its_source", False):  # from a registered item that code called (a task's dataset)
                 raise
-            raise _naming(MtbenchError(f"{label}: {error}", error.exit_code)) from error
+            raise _naming(MtbenchError(f"{singular(kind)} '{name}': {error}", error.exit_code)) from error
         except Exception as error:
-            plugin = self.provider.get((kind, name), "?")
-            raise _naming(RunFailure(f"{label} of plugin '{plugin}' failed: {type(error).__name__}: {error}")) \
+            raise _naming(RunFailure(f"{self.item_label(kind, name)} failed: {type(error).__name__}: {error}")) \
                 from error
+
+    def item_label(self, kind, name):
+        """A registered item with its plugin, as a failure of its code names it: "extra 'NAME' of plugin 'P'"."""
+        return f"{singular(kind)} '{name}' of plugin '{self.provider.get((kind, name), '?')}'"
+
+    def unimplemented_refusal(self, kind, item):
+        """Why a run cannot use `item` (a registered backend): the methods every run asks of it that its class
+        leaves to the base class's, named with its plugin; None where it implements them all."""
+        base = KIND_BASES[kind]
+        missing = [method for method in REQUIRED_OF_A_RUN.get(kind, ())
+                   if getattr(type(item), method, None) is getattr(base, method)]
+        if not missing:
+            return None
+        return (f"{self.item_label(kind, item.name)} does not implement {' and '.join(missing)}, which every "
+                f"{singular(kind)} must (docs/plugins.md, \"{base.__name__}\")")
 
     def call(self, kind, item, method, *args):
         """`item.method(*args)` for a registered backend, extra, dataset, reporter or model family. A method in an

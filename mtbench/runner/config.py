@@ -13,6 +13,7 @@ from mtbench.keras_models.initialization import INIT_SCHEMES  # noqa: F401 (re-e
 from mtbench.keras_models.presets import GPT_PRESETS, PRESETS, PRESETS_BY_FAMILY, presets_for
 from mtbench.figures import SIZE_KEYS
 from mtbench.runner.data.formats import SACREBLEU_PREFIX
+from mtbench.runner.data.token_files import is_token_folder
 from mtbench.runner.loop.recipe import check_recipe_options
 
 DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
@@ -39,6 +40,23 @@ def family_presets(name):
     if family is None:
         return presets_for(name)
     return getattr(family, "presets", None) or (GPT_PRESETS if family.task == LANGUAGE_MODELLING else PRESETS)
+
+
+def checkpoint_block_size(model_name):
+    """The block a pretrained checkpoint `--model NAME:DIR` is trained and read in where neither --block-size nor
+    --max-len is given: its family's `default_block_size(DIR)`, the checkpoint's own context (GPT-2's 1,024, where
+    nanoGPT fine-tunes it); None for the preset's (a family without a path, one that says none, or an unknown
+    family, which the run's family check names)."""
+    name, _, path = model_name.partition(":")
+    if not path:
+        return None
+    from mtbench.plugins.manager import registry
+    plugins = registry()
+    family = plugins.models.get(name)
+    if family is None:
+        return None
+    with plugins.plugin_code("models", name):
+        return family.default_block_size(path)
 
 
 def family_default_steps(name, preset):
@@ -125,7 +143,7 @@ class TrainConfig:
     test_size: int = 500
     vocab_size: int = None         # default: the preset's
     vocab_size_given: bool = None  # whether --vocab-size was given (a value equal to the preset's is still asked for)
-    max_len: int = None            # tokens per side, special tokens included; default: the preset's
+    max_len: int = None            # tokens per side, special tokens included; default: a checkpoint's, the preset's
     block_size: int = None         # a language model's block (its positions): sets max_len
     tokenizer: str = None          # a language model's tokens: byte (default), char or sentencepiece
     eval_stride: int = None        # a language model's evaluation windows move this many tokens (None: a block)
@@ -209,7 +227,7 @@ class TrainConfig:
         if self.vocab_size is None:
             self.vocab_size = model.vocab_size
         if self.max_len is None:
-            self.max_len = model.max_len
+            self.max_len = checkpoint_block_size(self.model_name) or model.max_len
         if self.steps is None and self.epochs is None:
             self.steps = family_default_steps(self.model_family[0], self.preset)
         if self.steps is not None and self.epochs is not None:
@@ -266,7 +284,7 @@ class TrainConfig:
         if self.warmup_steps < 0:
             raise MtbenchError(f"--warmup-steps must not be negative, got {self.warmup_steps}")
         if self.vocab_size < 16:
-            raise MtbenchError(f"--vocab-size must be at least 16, got {self.vocab_size}")
+            raise MtbenchError(self._small_vocabulary_refusal())
         if self.max_len < 8:
             raise MtbenchError(f"{self.length_option} must be at least 8, got {self.max_len}")
         if self.eval_stride is not None and self.eval_stride > self.max_len:
@@ -286,6 +304,18 @@ class TrainConfig:
             path = getattr(self, key)
             if path and not path.startswith(SACREBLEU_PREFIX):
                 setattr(self, key, os.path.abspath(path))
+
+    def _small_vocabulary_refusal(self):
+        """The vocabulary under 16 refused, named where it came from: --vocab-size, or the preset (a plugin's
+        family's own; the built-in presets have larger ones)."""
+        if self.vocab_size_given:
+            return f"--vocab-size must be at least 16, got {self.vocab_size}"
+        family = self.model_family[0]
+        from mtbench.plugins.manager import registry
+        plugin = registry().provider.get(("models", family)) if plugin_family(family) else None
+        return (f"preset '{self.preset}' of model family '{family}'" + (f" (plugin '{plugin}')" if plugin else "")
+                + f" has a vocabulary of {self.vocab_size}; the vocabulary must be at least 16 (--vocab-size sets "
+                  f"another)")
 
     def input_files(self):
         """The files the run reads (its corpus, validation and test files, initial weights): a result written over
@@ -421,6 +451,10 @@ class TrainConfig:
         # Written before --step: torch's step was compiled only where the extra was given.
         eager = data.get("backend") == "torch" and COMPILED_STEP_EXTRA not in data.get("extras", ())
         data = {"step": "eager" if eager else "auto", **data}
+        # Written before gpt's char preset read a text by its characters where --tokenizer was not given: by bytes.
+        if data.get("model_name") == "gpt" and data.get("preset") == "char" and "tokenizer" in data and \
+                data["tokenizer"] is None and not is_token_folder(data.get("data_file")):
+            data = {**data, "tokenizer": "byte"}
         unknown = sorted(set(data) - names - {"model", "task"})
         if unknown:
             raise MtbenchError(f"unknown configuration keys {', '.join(unknown)} (written by another mtbench "

@@ -123,7 +123,8 @@ def pretrained_family(path, registry):
 
 def pretrained_source(path, registry, block_size=None):
     """The `ModelSource` of `NAME:DIR` (`pretrained_family`; no weights file: the family reads them), built with its
-    window of `block_size` tokens (default: the preset's); None where `path` names no such checkpoint."""
+    window of `block_size` tokens (default: the checkpoint's own context, `config.checkpoint_block_size`, as a run
+    of it trains in, else the preset's); None where `path` names no such checkpoint."""
     if pretrained_family(path, registry) is None:
         return None
     config = TrainConfig(model_name=path, block_size=block_size)

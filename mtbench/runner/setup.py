@@ -55,7 +55,7 @@ class RunPlugins:
 
 def resolve_backend(name, registry):
     backend = registry.lookup("backends", name)
-    reason = backend.missing_framework()
+    reason = backend.missing_framework() or registry.unimplemented_refusal("backends", backend)
     if reason:
         raise MtbenchError(reason)
     return backend
@@ -243,7 +243,7 @@ def check_launch(config, plugins, launch):
 def start_backend(config, plugins, launch):
     """Imports keras on the backend, joins the run's processes (`launch`) and checks that the dtype and every
     extra can run on its device; the extras may then adjust the configuration. Returns (keras, the RunContext
-    the plugins see)."""
+    the plugins see, {configuration key: the extra that changed it})."""
     extras_environment = {}
     for extra, variables in plugins.ask_extras("environment", config):
         variables = {} if variables is None else variables
@@ -271,7 +271,7 @@ def start_backend(config, plugins, launch):
         raise MtbenchError(reason)
     run.config, changed_by = configuration_changes(run, plugins)
     check_configuration_changes(run, plugins, changed_by)
-    return keras, run
+    return keras, run, changed_by
 
 
 # What is chosen before the extras change the configuration (`config_changes`): the plugins, the data, the
@@ -538,19 +538,15 @@ def choose_train_step(run, model, plugins):
     for extra in plugins.extras:
         with plugins.extra_code(extra):
             made = plugins.registry.call("extras", extra, "make_train_step", run, model, step)
-        if made is None:
-            continue
-        plugin = plugins.registry.provider.get(("extras", extra.name), "?")
-        if not isinstance(made, TrainStep):
-            raise RunFailure(f"extra '{extra.name}' of plugin '{plugin}' returned a {type(made).__name__} from "
-                             f"make_train_step, not a mtbench.TrainStep (subclass it, or mtbench.WrappingStep to wrap "
-                             f"the step it was given)")
-        if isinstance(made, WrappingStep) and not isinstance(made.inner, TrainStep):  # the deprecated (run, model)
-            raise RunFailure(f"extra '{extra.name}' of plugin '{plugin}' returned a step wrapping a "
-                             f"{type(made.inner).__name__}, not the train step it was given: mtbench calls "
-                             f"make_train_step(run, model, step)")
-        made.made_by = f"extra '{extra.name}' of plugin '{plugin}'"
-        step = made
+            if made is not None and not isinstance(made, TrainStep):
+                raise TypeError(f"make_train_step returned a {type(made).__name__}, not a mtbench.TrainStep "
+                                f"(subclass it, or mtbench.WrappingStep to wrap the step it was given)")
+            if isinstance(made, WrappingStep) and not isinstance(made.inner, TrainStep):  # the deprecated (run, model)
+                raise TypeError(f"make_train_step returned a step wrapping a {type(made.inner).__name__}, not the "
+                                f"train step it was given: mtbench calls make_train_step(run, model, step)")
+        if made is not None:
+            made.made_by = plugins.registry.item_label("extras", extra.name)
+            step = made
     return step
 
 

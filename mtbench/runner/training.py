@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from mtbench.errors import MtbenchError, RunFailure, RunInterrupted
+from mtbench.keras_models.initialization import describe_init, init_note
 from mtbench.plugins.api import Launch
 from mtbench.runner.data.prefetch import Prefetched
 from mtbench.runner.data.weights_file import read_weights_file
@@ -72,7 +73,7 @@ def train_and_report(config, registry, console, resume, launch, plugins, stopwat
     raw = read_data(config, plugins, console, stopwatch)
 
     with stopwatch.phase("backend"):
-        keras, run = start_backend(config, plugins, launch)
+        keras, run, changed_by = start_backend(config, plugins, launch)
     run_config = {**config.to_dict(), "dtype": run.config.dtype}  # what --resume rebuilds, in auto's dtype
     config = run.config  # with what the extras change (a TPU's batch size)
     data = prepare_data(config, plugins, raw, stopwatch)
@@ -115,6 +116,8 @@ def train_and_report(config, registry, console, resume, launch, plugins, stopwat
     result = training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
                              training_memory(plugins.backend, run.processes, run.device), peak)
     result["machine_load"] = load_during
+    # Which extra set each key its configuration differs by from the one given: what a comparison names.
+    result["config_changed_by"] = changed_by
 
     stopped = outcome.status == "completed" and evaluate_and_save(result, config, run, plugins, data, built, run_dir,
                                                                     stopwatch, console, outcome, checkpointing)
@@ -166,6 +169,7 @@ def evaluate_and_save(result, config, run, plugins, data, built, run_dir, stopwa
                 if several:  # the others wait in the evaluation's collectives: the launcher ends them all
                     raise
                 evaluation_failed(result, outcome, error)
+                keep_trained_state(result, run, plugins, built, run_dir, outcome, checkpointing)
                 return None
             add_evaluation(result, *evaluation)
             evaluated = True
@@ -198,6 +202,21 @@ def evaluation_failed(result, outcome, error):
     outcome.status = "failed"
     outcome.reason = f"after step {outcome.state.step}, in the evaluation: {error}"
     result["status"], result["status_reason"] = outcome.status, outcome.reason
+
+
+def keep_trained_state(result, run, plugins, built, run_dir, outcome, checkpointing):
+    """After a failed evaluation, the trained state in a checkpoint that `--resume` evaluates, named in the result
+    and its reason: the training cost more than the evaluation that lost it. A checkpoint that cannot be written
+    (a full disk) leaves the evaluation's failure as the run's."""
+    try:
+        kept = checkpoint_after_training(run, plugins, built, run_dir, outcome, checkpointing)
+    except Exception as error:  # noqa: BLE001 (said in the reason, beside the failure the run ends with)
+        outcome.reason += f"; the trained weights could not be kept either: {type(error).__name__}: {error}"
+        kept = None
+    if kept:
+        result["metrics"]["unevaluated_checkpoint"] = kept
+        outcome.reason += f"; the trained weights are in {kept} (mtbench train --resume {run_dir.path} evaluates them)"
+    result["status_reason"] = outcome.reason
 
 
 def checkpoint_after_training(run, plugins, built, run_dir, outcome, checkpointing):
@@ -307,6 +326,7 @@ class BuiltRun:
     batches: object        # (epoch, Batch) iterator from the step after `state.step`
     evaluator: object      # the task's `Evaluator` of the model
     starts_pretrained: bool = False  # a fresh run of a pretrained model (its weights loaded, or in a weights file)
+    init_description: str = None     # the draw in words (`initialization.describe_init`), what a tied head inherits
     before_training: dict = None     # the task's test figures of the pretrained weights
 
 
@@ -319,6 +339,9 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     run.attention = choose_attention_kernels(run, plugins)
     model, model_shape = build_model(run, plugins, data.tokenizer)
     init = starting_weights(config, plugins, model, weights_file)
+    note = init_note(init, model)
+    if note:  # the scheme's name alone reads as torch's own start, which its tied head is not
+        console.print(f"note: init {init}: {note}", highlight=False, soft_wrap=True)
     asked, asked_by = extras_compile_options(run, plugins)
     compile_record = compile_model(keras, model, config, total_steps, asked, plugins.model)
     state = TrainingState()
@@ -338,7 +361,9 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
     first_batch = first_batch.shard(run.processes.rank, run.processes.world_size)
     for extra, reason in plugins.ask_extras("verify", run, model, first_batch):
         if reason:
-            raise RunFailure(f"extra '{extra.name}' did not take effect: {reason}")
+            # A refusal as `unavailable_reason`'s, found only by measuring (what XLA holds differs by model and
+            # dtype): nothing has trained, and the user's way out is to run without the extra.
+            raise MtbenchError(f"extra '{extra.name}' did not take effect: {reason}")
     with plugins.task_code():
         evaluator = plugins.task.evaluator(model, data, config,
                                            lambda fn: plugins.backend.compile_inference(fn, model))
@@ -348,6 +373,7 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
             console.print(f"note: the random generators start afresh, so dropout draws other masks than the "
                           f"uninterrupted run would: {not_restored}", highlight=False, soft_wrap=True)
     return BuiltRun(model, model_shape, init, compile_record, train_step, state, batches, evaluator,
-                    starts_pretrained=plugins.model.pretrained and resume is None)
+                    starts_pretrained=plugins.model.pretrained and resume is None,
+                    init_description=describe_init(init, model))
 
 

@@ -272,7 +272,8 @@ def test_an_authors_mistakes_mark_the_plugin_broken_and_every_command_still_runs
     # A backend that cannot describe its devices is said in its extras' rows; the listing goes on.
     on_it = next(row for row in listing["extras"] if row["extra"] == "careless-on-it")
     assert on_it["available"] is False and on_it["reason"] == (
-        "backend 'careless-backend' cannot describe its devices: NotImplementedError: ")
+        "backend 'careless-backend' cannot describe its devices: NotImplementedError: backend 'careless-backend' "
+        "(Deviceless) does not implement device_info, which every backend must")
     problems = "\n".join(careless["problems"])
     for said in ("implements mtbench_register_extra, which is no mtbench hook (did you mean "
                  "mtbench_register_extras?): never called",
@@ -434,3 +435,18 @@ def test_a_reporter_or_dataset_without_its_required_method_is_refused_at_registr
         NoReport().report({}, None, True)
     with pytest.raises(NotImplementedError, match="^dataset 'no-read' \\(NoRead\\) does not implement read_pairs"):
         NoRead().read_pairs(None)
+
+
+def test_a_backend_without_its_required_methods_is_refused_naming_its_plugin_and_the_methods(careless_plugin_path,
+                                                                                               tmp_path):
+    """A backend may be registered where it cannot run (named, not refused, at registration); a run on one without
+    `device_info` and `synchronize` failed once keras was imported, with a bare `NotImplementedError: `."""
+    env = {**env_with(careless_plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-careless"}
+    out = tmp_path / "r.json"
+    proc = run_cli("train", "--backend", "careless-backend", *TINY_TRAIN, "--steps", "2", "--out", str(out), env=env)
+    # The plugin's other mistakes are warned about first, a line each.
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "Error: backend 'careless-backend' of plugin 'careless' does not implement device_info and synchronize, which "
+        "every backend must (docs/plugins.md, \"Backend\")")
+    assert not out.exists()

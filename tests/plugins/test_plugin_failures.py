@@ -21,8 +21,8 @@ def last_line(proc):
 def test_a_train_step_that_is_no_train_step_is_named_with_its_extra(plugin_path, cache_dir, tmp_path):
     proc = train(plugin_path, cache_dir, tmp_path / "r.json", "--extra", "not-a-step")
     assert proc.returncode == 1
-    assert last_line(proc) == ("Error: extra 'not-a-step' of plugin 'misfits' returned a NotAStep from "
-                               "make_train_step, not a mtbench.TrainStep (subclass it, or mtbench.WrappingStep to "
+    assert last_line(proc) == ("Error: extra 'not-a-step' of plugin 'misfits' failed: TypeError: make_train_step "
+                               "returned a NotAStep, not a mtbench.TrainStep (subclass it, or mtbench.WrappingStep to "
                                "wrap the step it was given)")
 
 
@@ -31,9 +31,9 @@ def test_a_step_made_around_the_model_is_named_with_its_extra(plugin_path, cache
     and the run failed later in mtbench's own code with an AttributeError that named no plugin."""
     proc = train(plugin_path, cache_dir, tmp_path / "r.json", "--extra", "step-for-model")
     assert proc.returncode == 1
-    assert last_line(proc) == ("Error: extra 'step-for-model' of plugin 'misfits' returned a step wrapping a "
-                               "Transformer, not the train step it was given: mtbench calls "
-                               "make_train_step(run, model, step)")
+    assert last_line(proc) == ("Error: extra 'step-for-model' of plugin 'misfits' failed: TypeError: "
+                               "make_train_step returned a step wrapping a Transformer, not the train step it was "
+                               "given: mtbench calls make_train_step(run, model, step)")
     assert not (tmp_path / "r.json").exists()
 
 

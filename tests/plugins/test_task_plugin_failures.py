@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import env_with, install_plugin_distribution, run_cli
+from conftest import assert_refused_in_one_line, env_with, install_plugin_distribution, run_cli
 
 # A task as docs/plugins.md describes one: a decoder-only model reads 4 digits and writes them sorted. TASK_BAD
 # (comma-separated) chooses its mistakes.
@@ -119,7 +119,9 @@ SORT_TASK = textwrap.dedent('''
         description = "a one-layer decoder for sort-digits"
         task = "sort-digits"
         presets = {"tiny": ModelShape(d_model=16, num_heads=2, encoder_layers=0, decoder_layers=1, ff_dim=32,
-                                      vocab_size=16, max_len=2 * N + 2)}
+                                      vocab_size=16, max_len=2 * N + 2),
+                   "wee": ModelShape(d_model=16, num_heads=2, encoder_layers=0, decoder_layers=1, ff_dim=32,
+                                     vocab_size=12, max_len=2 * N + 2)}
         default_steps = {"tiny": 4}
 
         def build(self, run, path, tokenizer, max_len):
@@ -227,6 +229,48 @@ def test_an_evaluation_that_fails_after_training_names_the_task_and_keeps_the_re
                            "'sorttask' failed: ") and said in line and f"partial result in {out}" in line, line
     result = failed_result(out)
     assert result["metrics"]["test_loss"] is None and said in result["status_reason"]
+
+
+def test_a_failed_evaluation_after_training_keeps_the_trained_state_which_resume_evaluates(sort_plugin, cache_dir,
+                                                                                          tmp_path):
+    """No --checkpoint-every: the trained state was held only by the process, and the failed run left nothing for
+    `--resume` to continue ("wrote no checkpoint; there is nothing to resume")."""
+    out = tmp_path / "r.json"
+    proc = train(sort_plugin, cache_dir, out, "evaluate_raise")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    run_dir = tmp_path / "r.run"
+    kept = failed_result(out)["metrics"]["unevaluated_checkpoint"]
+    assert kept == str(run_dir / "checkpoint-000004")
+    assert f"the trained weights are in {kept} (mtbench train --resume {run_dir} evaluates them)" in last_line(proc)
+    resumed = run_cli("train", "--resume", str(run_dir),
+                      env={**env_with(sort_plugin), "MTBENCH_LOAD_PLUGINS": "mtbench_sorttask"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["status"] == "completed" and result["metrics"]["test_loss"] > 0
+    assert [h["step"] for h in result["history"]] == [1, 2, 3, 4]  # evaluated, not trained again
+
+
+def test_a_failed_validation_still_writes_the_checkpoint_due_at_its_step(sort_plugin, cache_dir, tmp_path):
+    """--checkpoint-every 2 with --eval-every 2: the validation at step 2 ran before the checkpoint, and its failure
+    ended the run without it."""
+    out = tmp_path / "r.json"
+    proc = train(sort_plugin, cache_dir, out, "validate_raise", "--eval-every", "2", "--checkpoint-every", "2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert failed_result(out)["timing"]["steps"] == 2
+    assert sorted(path.name for path in (tmp_path / "r.run").glob("checkpoint-*")) == ["checkpoint-000002"]
+
+
+def test_a_family_presets_vocabulary_under_16_is_refused_naming_the_preset(sort_plugin, tmp_path):
+    """It was refused as "--vocab-size must be at least 16, got 12", an option the user did not give."""
+    out = tmp_path / "r.json"
+    proc = run_cli("train", "--model", "sort-model", "--backend", "jax", "--preset", "wee", "--out", str(out),
+                   env={**env_with(sort_plugin), "MTBENCH_LOAD_PLUGINS": "mtbench_sorttask"})
+    assert_refused_in_one_line(proc, "preset 'wee' of model family 'sort-model' (plugin 'sorttask') has a vocabulary "
+                                     "of 12; the vocabulary must be at least 16 (--vocab-size sets another)")
+    assert not out.exists()
+    given = run_cli("train", "--model", "sort-model", "--backend", "jax", "--preset", "wee", "--vocab-size", "8",
+                    "--out", str(out), env={**env_with(sort_plugin), "MTBENCH_LOAD_PLUGINS": "mtbench_sorttask"})
+    assert_refused_in_one_line(given, "--vocab-size must be at least 16, got 8")
 
 
 @pytest.mark.parametrize("bad, said", [

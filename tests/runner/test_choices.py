@@ -45,6 +45,7 @@ def test_a_dtype_an_extra_sets_is_recorded_as_its_choice_trains_and_is_checked_f
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["dtype_chosen"] == {"asked": "float32", "dtype": "mixed_bfloat16", "by_extra": "bfloat16-compute"}
+    assert result["config_changed_by"] == {"dtype": "bfloat16-compute"}  # what a comparison names
     assert result["config"]["dtype"] == result["model"]["dtype_policy"] == "mixed_bfloat16"
     assert result["model"]["attention"]["arithmetic"]["matmul_inputs"] == "bfloat16"
     proc = run_cli("train", "--backend", "jax", *flags, "--extra", "float16-compute", "--out", str(tmp_path / "f"),
@@ -321,3 +322,24 @@ def test_a_compile_mode_where_nothing_compiles_the_step_is_refused_with_the_reas
     with pytest.raises(MtbenchError, match=r"^--compile-mode reduce-overhead: this run's step is not compiled "
                                            r"\(compiled by default on a CUDA GPU only; this device is cpu"):
         chosen_step("torch", "cpu", compile_mode="reduce-overhead")
+
+
+def test_auto_says_which_of_the_device_and_the_dtype_keeps_attention_unfused():
+    """`why_unfused` names what is missing: it said 'needs a GPU (or TPU) and float16/bfloat16; this run has
+    cpu/bfloat16' of a bfloat16 run on a CPU, as if bfloat16 were wanting too."""
+    from mtbench.plugins import manager
+    from mtbench.plugins.api import RunContext
+    from mtbench.runner.choices import choose_fused_attention
+    from mtbench.runner.setup import choose_plugins, read_model_family
+    chosen = {}
+    for kind, dtype in (("cpu", "bfloat16"), ("cpu", "mixed_bfloat16"), ("gpu", "float32"), ("cpu", "float32")):
+        config = TrainConfig(backend="torch", preset="tiny", dtype=dtype)
+        plugins = choose_plugins(config, manager.registry())
+        run = RunContext(config=config, backend=plugins.backend, device={"kind": kind})
+        read_model_family(run, plugins.model)
+        choose_fused_attention(run, plugins)
+        chosen[kind, dtype] = run.attention_choice["why_unfused"]
+    assert chosen == {("cpu", "bfloat16"): "needs a GPU (or TPU); this run is on the cpu",
+                      ("cpu", "mixed_bfloat16"): "needs a GPU (or TPU); this run is on the cpu",
+                      ("gpu", "float32"): "needs float16 or bfloat16; this run computes in float32",
+                      ("cpu", "float32"): "needs a GPU (or TPU) and float16/bfloat16; this run has cpu/float32"}

@@ -3,6 +3,7 @@
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -95,3 +96,23 @@ def test_results_written_before_init_read_as_the_glorot_draw_they_made():
     before, gpt, transformer = {"config": {}}, {"config": {"init": "gpt2"}}, {"config": {"init": "glorot"}}
     assert swept_keys([before, gpt]) == ("init",) and sweep_settings(before, ["init"]) == [("init", "glorot")]
     assert swept_keys([before, transformer]) == ()
+
+
+def test_a_torch_draw_says_that_its_tied_head_inherits_the_embeddings_normal(tmp_path, cache_dir):
+    """--init torch reads as torch's own start, but the GPT's output layer is tied to the token embedding, which
+    torch's scheme draws as nn.Embedding's normal(0, 1): no published torch GPT's untied nn.Linear head. The run's
+    description of its draw, in the result and on the console, says so; GPT-2's draw, its own tying, says nothing."""
+    out = tmp_path / "torch.json"
+    proc = run_cli("train", *TINY_GPT, "--init", "torch", "--steps", "2", "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    description = result["model"]["init_description"]
+    assert description.startswith("torch.nn's defaults: ") and "tied to the token embedding, inherits its normal(0, " \
+        "1), not the uniform(+-1/sqrt(d_model)) of an untied nn.Linear head" in description, description
+    assert "note: init torch: the output layer, tied to the token embedding, inherits its normal(0, 1)" in \
+        proc.stdout + proc.stderr
+    assert result["history"][0]["loss"] > math.log(256) + 5  # what it makes of the first logits
+    from mtbench.keras_models.initialization import INIT_SCHEMES, describe_init
+    tied = SimpleNamespace()  # what the other draws say asks nothing of the model
+    assert [describe_init(scheme, tied) for scheme in ("gpt2", "flax", "pretrained", None)] == \
+        [INIT_SCHEMES["gpt2"], INIT_SCHEMES["flax"], None, None]

@@ -105,12 +105,14 @@ class Backend:
         """{'kind': 'cpu'|'gpu'|'tpu', 'name': str, 'count': int, ...} of the devices the run uses; 'bfloat16':
         True where they compute bfloat16 natively (a CUDA GPU of compute capability 8.0 or more, an AMD MI100 or
         later, a TPU), which `--dtype auto` reads (absent or False: auto trains float32)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"backend '{self.name}' ({type(self).__name__}) does not implement device_info, "
+                                  f"which every backend must")
 
     def synchronize(self, model=None):
         """Blocks until the device has finished all queued work (at least every variable of `model`), so a
         clock read after it is honest."""
-        raise NotImplementedError
+        raise NotImplementedError(f"backend '{self.name}' ({type(self).__name__}) does not implement synchronize, "
+                                  f"which every backend must")
 
     def random_generator_state(self):
         """The state of the framework's own random generators that the model's random layers draw from, as a 1-D

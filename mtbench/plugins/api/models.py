@@ -137,6 +137,12 @@ class ModelFamily:
         """The family's own `Tokenizer`, or None to train mtbench's joint sentencepiece model on the corpus."""
         return None
 
+    def default_block_size(self, path):
+        """The block (positions) a run fine-tunes the checkpoint at `path` in, and `evaluate` and `generate` read it
+        in, where neither --block-size nor --max-len is given: a pretrained language model's own context (GPT-2's
+        1,024). None (the default): the preset's. Called before any framework is imported. Plugin API 1.31."""
+        return None
+
     def shape(self, path, config):
         """The `ModelShape` the model will have (its vocabulary as far as known before the tokenizer exists), for
         extras to check before the model is built (`RunContext.model_shape`); None (the default) where it is not

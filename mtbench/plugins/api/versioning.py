@@ -59,9 +59,11 @@ its inputs is asked about; the form without `run` is deprecated.
 1.29: `peak_measurement_text`'s optional `other_processes_percent`, the CPUs' time other processes used while a
 peak was measured.
 1.30: `Launch.launch_dir`, a directory made for the launch's processes on one machine (None: none).
+1.31: `ModelFamily.default_block_size(path)`, the block a pretrained checkpoint is read in by default;
+`figures.split_scored_text` and `share_text`.
 """
 
-PLUGIN_API_VERSION = "1.30"
+PLUGIN_API_VERSION = "1.31"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -112,8 +112,14 @@ class FlashAttention(Extra):
             return (f"drops no attention probabilities, and this model drops {run.attention_dropout:g} of them "
                     f"while training (--dropout 0 lets it run)")
         kind, dtype = run.device_kind, run.config.dtype
-        if kind not in ("gpu", "tpu") or dtype not in HALF_DTYPES:
+        # Only what is missing is named: 'needs ... bfloat16; this run has cpu/bfloat16' read as a contradiction.
+        device_missing, dtype_missing = kind not in ("gpu", "tpu"), dtype not in HALF_DTYPES
+        if device_missing and dtype_missing:
             return f"needs a GPU (or TPU) and float16/bfloat16; this run has {kind}/{dtype}"
+        if device_missing:
+            return f"needs a GPU (or TPU); this run is on the {kind}"
+        if dtype_missing:
+            return f"needs float16 or bfloat16; this run computes in {dtype}"
         shape = run.model_shape  # None where the model family knows it only once built: `verify` checks then
         head_dim = shape and shape.d_model // shape.num_heads
         if head_dim and (head_dim % 8 or head_dim > 256):

@@ -7,18 +7,10 @@ import os
 
 from mtbench import ModelFamily, ModelShape, MtbenchError, hookimpl
 from mtbench.plugins.models import gpt2_checkpoint as checkpoint
-from mtbench.plugins.models.gpt import GPTFamily
+from mtbench.plugins.models.gpt import GPTFamily, token_folder
 from mtbench.plugins.models.gpt2_tokenizer import MERGES, VOCAB, GPT2Tokenizer, read_vocabulary
 
-TOKEN_FILES = ("train.bin", "val.bin")
 CHARACTERS_FILE = "meta.pkl"  # a character-level folder's: its ids are characters, not GPT-2's tokens
-
-
-def token_folder(config):
-    """Whether the run trains on nanoGPT's token files (ids GPT-2's tokenizer made, as its `prepare.py` makes them
-    for OpenWebText and Shakespeare), not on text the tokenizer reads."""
-    return bool(config.data_file) and any(os.path.isfile(os.path.join(config.data_file, name))
-                                          for name in TOKEN_FILES)
 
 
 class GPT2Family(ModelFamily):
@@ -56,6 +48,12 @@ class GPT2Family(ModelFamily):
 
     def tokenizer(self, path, config):
         return GPT2Tokenizer(path)
+
+    def default_block_size(self, path):
+        """The checkpoint's positions (config.json's n_positions: GPT-2's 1,024), the window `evaluate` and
+        `generate` read it in unless --block-size says otherwise: GPT-2 is scored in its own context, as nanoGPT's
+        `eval_gpt2.py` scores it, not in a preset's block."""
+        return checkpoint.setting(checkpoint.read_config(path), "n_positions")
 
     def shape(self, path, config):
         return self._shape(checkpoint.read_config(path), config)

@@ -10,7 +10,7 @@ from mtbench import Reporter, hookimpl
 from mtbench.figures import (FIGURES_BY_KEY, attention_text, batch_text, compile_cache_text, cores_text, figure_text,
                              host_syncs_text, loss_scaling_text, matmul_precision_text, peak_measurement_text,
                              profile_operations_text, profile_text, run_dtype, run_label, run_processes, run_warnings,
-                             scored_sentences_text, size_label, train_step_text, versions_text)
+                             scored_sentences_text, size_label, split_scored_text, train_step_text, versions_text)
 
 
 def _joined(result, *keys, unit=""):
@@ -160,6 +160,9 @@ def _quality_rows(result):
         rows += [("quality", "perplexity val / test", _joined(result, "val_perplexity", "test_perplexity")),
                  ("quality", "bits per byte val / test", _joined(result, "val_bits_per_byte", "test_bits_per_byte")),
                  ("quality", "tokens (bytes) evaluated val / test", _evaluated(metrics))]
+        scored = _test_split_scored(result)
+        if scored:
+            rows.append(("quality", *scored))
     if "bleu" in metrics:
         rows += [("quality", "BLEU / chrF (test)", _joined(result, "bleu", "chrf")),
                  ("quality", "test sentences scored", scored_sentences_text(result) or "n/a"),
@@ -184,6 +187,18 @@ def _evaluated(metrics):
               for split in ("val", "test")]
     return " / ".join("n/a" if tokens is None else f"{tokens:,}" + ("" if text_bytes is None else f" ({text_bytes:,})")
                       for tokens, text_bytes in counts)
+
+
+def _test_split_scored(result):
+    """('test bytes scored', '512 of 201,451 (0.25 %); tokens 512 of 201,451 (0.25 %)'): how much of its test split
+    a language model's test figures cover (--test-size blocks from its start), as 'test sentences scored' says of
+    translation's; ('test tokens scored', ...) where the split's bytes are not known (token files); None where the
+    split was not scored."""
+    text = split_scored_text(result)
+    if text is None:
+        return None
+    unit_scored, _, shares = text.partition(": ")
+    return f"test {unit_scored}", shares
 
 
 def _training_memory(result):
@@ -275,7 +290,7 @@ class TableReporter(Reporter):
 
 # Rows of the table the summary leaves to it.
 DETAILED_QUALITY_ROWS = ("token accuracy train / val / test", "tokens (bytes) evaluated val / test", "test sentences scored",
-                         "BLEU signature", "test decoding")
+                         "test bytes scored", "test tokens scored", "BLEU signature", "test decoding")
 
 
 def _devices_text(result):

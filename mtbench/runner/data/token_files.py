@@ -6,8 +6,9 @@ train.bin is 17 GB), so that a model is scored on the very tokens nanoGPT trains
 The files carry ids alone: no tokenizer to turn text into them or back, and not the bytes each token stands for.
 Such a run reports loss and perplexity per token (nanoGPT's own figures), no bits per byte, and takes no
 --sample-prompt. A character-level folder's `meta.pkl` (shakespeare_char's) gives each id its character: text then
-goes both ways, and each token's bytes are known. It is read as numbers, strings, lists and dicts alone, so that
-unpickling it runs no code."""
+goes both ways, and each token's bytes are known. A `meta.pkl` of `vocab_size` alone (the token files of a
+tokenizer of one's own) sizes the vocabulary, as nanoGPT's train.py takes it, and decodes nothing. It is read as
+numbers, strings, lists and dicts alone, so that unpickling it runs no code."""
 
 import hashlib
 import json
@@ -23,7 +24,7 @@ from mtbench.plugins.api import Tokenizer, TokenStream
 from mtbench.runner.files import write_json_atomic
 
 TOKEN_FILES = {"train": "train.bin", "val": "val.bin"}
-META_FILE = "meta.pkl"  # a character-level folder's: {'vocab_size', 'itos': {id: character}, 'stoi'}
+META_FILE = "meta.pkl"  # {'vocab_size'}, and a character-level folder's 'itos': {id: character} and 'stoi'
 TOKEN_DTYPE = np.dtype(np.uint16)  # what nanoGPT's prepare.py writes
 VOCABULARY_MULTIPLE = 64          # nanoGPT pads GPT-2's 50,257 ids to 50,304 rows, a multiple of 64
 SAVED_NAME = "tokenizer.json"     # as the other text tokenizers name theirs
@@ -73,7 +74,8 @@ class TokenFiles:
     folder: str
     train: TokenFile
     val: TokenFile
-    characters: list = None  # meta.pkl's character of each id, where the folder has one
+    characters: list = None  # meta.pkl's character of each id, where the folder has one with 'itos'
+    vocab_size: int = None   # meta.pkl's vocabulary: its vocab_size, or its characters' count
 
 
 class TokenWidths:
@@ -97,8 +99,15 @@ class BuiltinsOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it names {module}.{name}")
 
 
-def read_characters(folder):
-    """meta.pkl's character of each id (its `itos`), or None where the folder has no meta.pkl."""
+@dataclass
+class Meta:
+    """What a folder's meta.pkl says of its ids: how many there are, and where it has `itos`, each one's character."""
+    vocab_size: int
+    characters: list = None
+
+
+def read_meta(folder):
+    """The folder's `Meta`, or None where it has no meta.pkl."""
     path = os.path.join(folder, META_FILE)
     if not os.path.isfile(path):
         return None
@@ -108,11 +117,24 @@ def read_characters(folder):
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, OSError) as error:
         raise MtbenchError(f"{path}: not read, as it is not a pickle of numbers, strings, lists and dicts alone "
                            f"({error})") from None
-    itos = meta.get("itos") if isinstance(meta, dict) else None
-    if not isinstance(itos, dict) or sorted(itos) != list(range(len(itos))) or not itos or \
-            not all(isinstance(text, str) for text in itos.values()):
-        raise MtbenchError(f"{path}: not nanoGPT's meta.pkl, whose 'itos' gives every id from 0 its character")
-    return [itos[i] for i in range(len(itos))]
+    if isinstance(meta, dict) and "itos" in meta:
+        itos = meta["itos"]
+        if not isinstance(itos, dict) or sorted(itos) != list(range(len(itos))) or not itos or \
+                not all(isinstance(text, str) for text in itos.values()):
+            raise MtbenchError(f"{path}: not nanoGPT's meta.pkl, whose 'itos' gives every id from 0 its character")
+        return Meta(len(itos), [itos[i] for i in range(len(itos))])
+    # Without 'itos', as nanoGPT's train.py reads it: a vocabulary size alone, of ids no character stands for.
+    size = meta.get("vocab_size") if isinstance(meta, dict) else None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise MtbenchError(f"{path}: not nanoGPT's meta.pkl, whose 'vocab_size' gives the number of ids (and 'itos' "
+                           f"each one's character)")
+    return Meta(size)
+
+
+def read_characters(folder):
+    """meta.pkl's character of each id (its `itos`), or None where the folder has no meta.pkl or one without them."""
+    meta = read_meta(folder)
+    return None if meta is None else meta.characters
 
 
 def is_token_folder(path):
@@ -143,12 +165,14 @@ def read_token_files(path):
         if size == 0:
             raise MtbenchError(f"{file}: the file holds no token")
         ids[split] = TokenFile(file)
-    characters = read_characters(path)
-    read = [*TOKEN_FILES.values(), *([META_FILE] if characters is not None else [])]
+    meta = read_meta(path)
+    read = [*TOKEN_FILES.values(), *([META_FILE] if meta is not None else [])]
     others = sorted(name for name in os.listdir(path) if name not in read)
     origin = f"token ids ({TOKEN_DTYPE.name}) of {', '.join(read)} in {path}, as nanoGPT's prepare.py writes them" + \
              (f" ({', '.join(others)} not read)" if others else "")
-    return TokenFiles(os.path.basename(os.path.normpath(path)), origin, path, ids["train"], ids["val"], characters)
+    meta = meta or Meta(None)
+    return TokenFiles(os.path.basename(os.path.normpath(path)), origin, path, ids["train"], ids["val"], meta.characters,
+                      meta.vocab_size)
 
 
 def largest_id(ids, chunk=1 << 24):
@@ -239,8 +263,8 @@ def held_out_ids(folder, tokenizer, label):
 
 def vocabulary_size(largest, asked, default=None):
     """The model's vocabulary: `asked` (--vocab-size) where given, which must hold every id; else `default`
-    (meta.pkl's, as nanoGPT takes it), else the largest id and one, rounded up to a multiple of 64 as nanoGPT
-    rounds GPT-2's."""
+    (meta.pkl's vocab_size or characters, as nanoGPT takes it), else the largest id and one, rounded up to a
+    multiple of 64 as nanoGPT rounds GPT-2's."""
     if asked is None and default is not None:
         return default
     if asked is None:

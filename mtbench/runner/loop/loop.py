@@ -256,6 +256,7 @@ class TrainingLoop:
             loss, accuracy = float(logs["loss"]), float(logs["accuracy"])
             compilations = compiled if position == 0 else (None if compiled is None else 0)
             real_token_flops = self.step_flops.real_tokens(batch)
+            learning_rate = self.learning_rate(step)
             first = self.timer.add(step, batch.shape, share, batch.target_tokens,
                                    flops=self.step_flops.padded(batch.shape), real_token_flops=real_token_flops,
                                    input_seconds=input_seconds, compilations=compilations, aside=aside is not None)
@@ -264,11 +265,12 @@ class TrainingLoop:
                 "seconds": share, "window_steps": len(steps), "shape": list(batch.shape),
                 "tokens": batch.target_tokens, "first_of_shape": first, "input_seconds": input_seconds,
                 "compilations": compilations, "joules": None if joules is None else joules / len(steps),
-                "real_token_flops": real_token_flops,
+                "real_token_flops": real_token_flops, "learning_rate": learning_rate,
                 **({aside: True} if aside else {})})
             self.callbacks.on_train_batch_begin(step)
             self.callbacks.on_train_batch_end(step, {"loss": loss, "accuracy": accuracy})
-            self.trackers.step(step, finite_or_none(loss), batch.target_tokens, share, first or aside is not None)
+            self.trackers.step(step, finite_or_none(loss), batch.target_tokens, share, first or aside is not None,
+                               learning_rate)
             if not math.isfinite(loss):
                 self.stop = ("diverged", f"the loss is {loss} at step {step}")
                 return True
@@ -281,17 +283,27 @@ class TrainingLoop:
         `self.stop`) when training ends here (a signal, or the target quality reached)."""
         if self.processes.world_size > 1:
             self.signals.agree(self.processes)
-        reached = self.target.due(step) and self.validation_reaches_target(step)
+        try:
+            reached = self.target.due(step) and self.validation_reaches_target(step)
+        except Exception:
+            # The steps trained are the run's whatever its validation did: the checkpoint due here keeps them for
+            # --resume. Not with several processes: the others would wait in its collectives for this one.
+            if self.processes.world_size == 1 and (self.signals.requested or self.checkpoint_due(step)):
+                with contextlib.suppress(Exception):  # the validation's failure is the one the run ends with
+                    self.save_checkpoint()
+            raise
         if self.signals.requested or self.checkpoint_due(step):
-            self.checkpointing.latest = save_checkpoint(self.checkpointing, self.backend, self.model,
-                                                        self.train_step, self.state, self.clock, self.target,
-                                                        self.processes)
+            self.save_checkpoint()
         if self.signals.requested:
             self.stop = ("interrupted", f"{self.signals.name} received; stopped after step {step}")
         elif reached:
             value = f"BLEU {reached:.2f}" if self.target.metric == "bleu" else f"{self.target.metric} {reached:.4g}"
             self.stop = ("completed", f"validation {value} reached the target {self.target.target} at step {step}")
         return self.stop is not None
+
+    def save_checkpoint(self):
+        self.checkpointing.latest = save_checkpoint(self.checkpointing, self.backend, self.model, self.train_step,
+                                                    self.state, self.clock, self.target, self.processes)
 
     def validation_reaches_target(self, step):
         """Scores the validation split with the weights so far (its time kept apart from training); the target

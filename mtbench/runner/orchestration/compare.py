@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
+from mtbench.figures import short_commit
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import drawn_scheme, read_weights_file
 from mtbench.runner.files import read_json, write_json_atomic
@@ -19,7 +20,7 @@ from mtbench.runner.orchestration.children import run_child
 from mtbench.runner.orchestration.environments import check_runs
 from mtbench.runner.orchestration.runs import shape_label
 from mtbench.runner.results import verdicts as stats
-from mtbench.runner.results.compare_json import combined_json
+from mtbench.runner.results.compare_json import combined_json, warned
 from mtbench.runner.results.parity import check_parity_options
 from mtbench.runner.results.output import check_output_path, check_result_path
 from mtbench.runner.results.report import LoadedRun, baseline_label, build_comparison, configuration_differences
@@ -216,6 +217,7 @@ class CompareProgress:
     log_file: str = None                                      # its log
     run: tuple = None  # (spec, repeat, result file, its mtime before the run) while a run trains
     failed_run: tuple = None  # the same of the run that failed
+    software_said: str = None  # the last `software_difference` told on the console
 
     def add(self, spec, repeat, result, result_file, log_file):
         runs, entries = (self.twins, self.twin_entries) if spec.twin else (self.runs, self.entries)
@@ -362,7 +364,45 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
                   f"{'n/a' if tokens is None else f'{tokens:,.0f}'} tokens/s, "
                   f"final loss {result['history'][-1]['loss']:.3f}")
     progress.add(spec, repeat, result, result_file, log_file)
+    warn_of_software(console, progress)
     return report_failures
+
+
+def warn_of_software(console, progress):
+    """Says `software_difference` on the console once the runs that finished differ, and again where a later run
+    adds another: as it happens, since the comparison may yet fail before its table shows it."""
+    difference = software_difference(progress)
+    if difference and difference != progress.software_said:
+        console.print(f"Warning: {difference}", highlight=False, soft_wrap=True)
+        progress.software_said = difference
+
+
+def mtbench_software(result):
+    """'mtbench 0.1.0 (git 0123456789ab-dirty)': the mtbench code a run trained with."""
+    env = result.get("env") or {}
+    commit = env.get("mtbench_git_commit")
+    return f"mtbench {env.get('mtbench') or '?'}" + (f" (git {short_commit(commit)})" if commit else "")
+
+
+def software_difference(progress):
+    """The warning where the runs that finished trained with different mtbench code (another version, another
+    commit, a commit's tree changed: '-dirty'), naming each run's; None where they all ran the same. Each run is a
+    process of its own that imports mtbench afresh, so an edit of the checkout while a comparison runs reaches
+    only the runs after it, and the figures then differ by mtbench's code as well as by the frameworks'."""
+    entries = [*progress.entries, *progress.twin_entries]
+    by_software = {}
+    for entry in entries:
+        env = entry["result"].get("env") or {}
+        by_software.setdefault((env.get("mtbench"), env.get("mtbench_git_commit")), []).append(entry)
+    if len(by_software) < 2:
+        return None
+    labels = [entry["label"] for entry in entries]
+    name = lambda entry: entry["label"] + (f" #{entry['repeat']}" if labels.count(entry["label"]) > 1 else "")
+    said = "; ".join(f"{', '.join(map(name, group))}: {mtbench_software(group[0]['result'])}"
+                     for group in by_software.values())
+    return (f"the runs trained with different mtbench code ({said}): the checkout changed while the comparison ran, "
+            f"or an environment holds another mtbench; their figures may differ by mtbench's code, not only by the "
+            f"frameworks'")
 
 
 def training_lines(console, status, prefix):
@@ -401,7 +441,7 @@ def _comparison(plan, progress):
     # name more than the spec's (a key another run sweeps).
     baseline = next(iter(_baseline_runs(plan, progress)), None)
     try:
-        return build_comparison(progress.runs, baseline=baseline, parity_steps=plan.parity_steps,
+        comparison = build_comparison(progress.runs, baseline=baseline, parity_steps=plan.parity_steps,
                                 parity_tolerance=plan.parity_tolerance,
                                 noise_floor=stats.noise_floor_record(
                                     plan.baseline_spec.label, [run.result for run in _baseline_runs(plan, progress)],
@@ -411,12 +451,15 @@ def _comparison(plan, progress):
         if not str(error).startswith("not comparable") or not changed:
             raise
         raise MtbenchError(f"{error}; {changed}") from None
+    difference = software_difference(progress)
+    return warned(comparison, difference) if difference else comparison
 
 
 def changed_while_training(runs):
     """What the runs' extras changed (`config_changes`), as each result's configuration differs from the run file it
     was given, in words, or '': where the preflight could not ask them (a run of several processes, another
-    environment's), this is where runs parted that the user gave alike. A result records no extra by key."""
+    environment's), this is where runs parted that the user gave alike. Each change names the extra its result
+    records for it (`config_changed_by`); a result from before that names all of its run's extras."""
     found = []
     for run in runs:
         train_file = run.source[:-len(".json")] + RUN_FILE_SUFFIX
@@ -428,9 +471,14 @@ def changed_while_training(runs):
         differences = [(key, before, after) for key, before, after in configuration_differences(
             given, run.result["config"]) if given.get(key) is not None]
         if differences:
-            changes = ", ".join(f"{key} {before!r} -> {after!r}" for key, before, after in differences)
-            found.append(f"run '{run.asked_as}' changed {changes} as it trained, set by the config_changes of its "
-                         f"extras ({', '.join(run.result['config'].get('extras') or ())})")
+            changed_by = run.result.get("config_changed_by") or {}
+            by_extra = {}
+            for key, before, after in differences:
+                by_extra.setdefault(changed_by.get(key), []).append(f"{key} {before!r} -> {after!r}")
+            every = f"its extras ({', '.join(run.result['config'].get('extras') or ())})"
+            found.append(f"run '{run.asked_as}' changed " + ", and ".join(
+                f"{', '.join(changes)} as it trained, set by the config_changes of "
+                f"{f'extra {extra!r}' if extra else every}" for extra, changes in by_extra.items()))
     return "; ".join(found)
 
 

@@ -119,10 +119,12 @@ class Regression:
 
 def change_verdict(key, new_results, old_results, new_name, old_name, noise_floor=None):
     """The Verdict of figure `key` of the runs `new_results` against `old_results` (their repeats' results, unpaired:
-    they ran apart), held to `noise_floor`; None where no interval can be drawn. The one rule by which a report
-    calls a change between runs of different times beyond the noise (--baseline, --history)."""
+    they ran apart), held to `noise_floor` and naming a side that trained on a loaded machine; None where no interval
+    can be drawn. The one rule by which a report calls a change between runs of different times beyond the noise
+    (--baseline, --history)."""
     interval = stats.ratio_interval(key, new_results, old_results)
-    return interval and stats.verdict(new_name, old_name, interval, noise_floor)
+    return interval and stats.verdict(new_name, old_name, interval, noise_floor,
+                                      stats.loaded_runs({new_name: new_results, old_name: old_results}))
 
 
 def partial_runs(runs):

@@ -15,15 +15,16 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 
 from rich.table import Table
+from rich.text import Text
 
 from mtbench.errors import MtbenchError
 from mtbench.runner.config import COMPILED_STEP_EXTRA, EXTRA_OPTIONS, TrainConfig, decoding_name
 from mtbench.runner.files import read_json
-from mtbench.figures import (FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text, energy_counter_text,
-                             hardware, is_number, kinds_against_text, machine_device, profile_operations_text,
-                             run_dtype, run_name, run_processes, run_warnings, scored_sentences_text, shown_figures,
-                             size_label, versions_text)
-from mtbench.runner.results.parity import PARITY_STEPS, PARITY_TOLERANCE, check_parity
+from mtbench.figures import (DEFAULT_MODEL, FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text,
+                             energy_counter_text, hardware, is_number, kinds_against_text, machine_device,
+                             profile_operations_text, run_dtype, run_name, run_processes, run_warnings,
+                             scored_sentences_text, shown_figures, size_label, split_scored_text, versions_text)
+from mtbench.runner.results.parity import PARITY_STEPS, check_parity
 from mtbench.runner.results.schema import (COMPARE_SCHEMA_VERSION, HISTORY_KIND, REGRESSION_KIND,
                                            is_evaluation_scores, result_task, schema_errors)
 from mtbench.runner.run_file import is_run_file
@@ -58,6 +59,32 @@ KEY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.
 del KEY_DEFAULTS["matmul_precision"]
 # Results written before --init drew mtbench's first scheme, whatever the model.
 KEY_DEFAULTS["init"] = "glorot"
+
+
+def config_value(result, key):
+    """A run's configuration `key`, or its default where the result was written before the key existed."""
+    return result["config"].get(key, KEY_DEFAULTS.get(key))
+
+
+def corpus_of(result):
+    """What a run read: its --data file, else the corpus its data section names (a plugin's task may read data of
+    its own, whatever --dataset says), else --dataset."""
+    config = result["config"]
+    return config.get("data_file") or (result.get("data") or {}).get("corpus") or config.get("dataset")
+
+
+# What tells a run's row of a CSV (and its JSON summary entry) from another's beside backend, extras and dtype, each
+# a column of its own: the keys a comparison may vary (the size flags, the sweep keys) and those it holds its runs to
+# (task, data, model, length), so that rows of several reports, concatenated, still say what each ran.
+RUN_CONFIG_KEYS = ("task", "corpus", "model_name", "preset", *SIZE_KEYS, "parameters",
+                   *(key for key in SWEEP_KEYS if key != "dtype"), "steps", "epochs", "seed")
+
+
+def run_configuration(result):
+    """{key of RUN_CONFIG_KEYS: a run's value} (`task` and `model_name` as a result before them has them)."""
+    derived = {"task": result_task(result), "corpus": corpus_of(result),
+               "model_name": result["config"].get("model_name") or DEFAULT_MODEL}
+    return {key: derived[key] if key in derived else config_value(result, key) for key in RUN_CONFIG_KEYS}
 
 
 @dataclass
@@ -227,7 +254,7 @@ STEP_WORK_KEYS = ("batch_size", "max_len", "max_tokens", "grad_accum")
 
 def step_work(result):
     """What sets the work of a run's step (`STEP_WORK_KEYS`), as a list to compare another run's to."""
-    return [result["config"].get(key, KEY_DEFAULTS.get(key)) for key in STEP_WORK_KEYS]
+    return [config_value(result, key) for key in STEP_WORK_KEYS]
 
 
 def model_shape(config):
@@ -240,7 +267,7 @@ def swept_keys(results):
     """The SWEEP_KEYS whose value differs between the results: what their labels name. Where every run sets
     --block-size, its --max-len (which the block sets) is not named again."""
     keys = tuple(key for key in SWEEP_KEYS
-                 if len({result["config"].get(key, KEY_DEFAULTS.get(key)) for result in results}) > 1)
+                 if len({config_value(result, key) for result in results}) > 1)
     if "block_size" in keys and all(result["config"].get("block_size") is not None for result in results):
         keys = tuple(key for key in keys if key != "max_len")
     return keys
@@ -248,7 +275,7 @@ def swept_keys(results):
 
 def sweep_settings(result, keys):
     """[(flag, value)] of the swept `keys` a run set (a key it left unset, such as --max-tokens, is not named)."""
-    values = ((key, result["config"].get(key, KEY_DEFAULTS.get(key))) for key in keys)
+    values = ((key, config_value(result, key)) for key in keys)
     return [(key.replace("_", "-"), value) for key, value in values if value is not None]
 
 
@@ -433,6 +460,12 @@ class Comparison:
     swept: tuple = ()  # the SWEEP_KEYS whose value differs between the runs
     noise_floor: dict = None  # the A/A measure a compare recorded (`noise_floor_record`), None where none was
 
+    @property
+    def single(self):
+        """Whether the report holds one run (or its repeats) alone: nothing to hold it against, so it reads as one
+        run, with its figures' intervals and no speed-up, verdict, ranking or parity against itself."""
+        return len(self.groups) == 1
+
     @cached_property
     def figures(self):
         """The figures the runs' tasks have (`shown_figures`), which the table shows: no BLEU row for a language
@@ -459,8 +492,9 @@ class Comparison:
             for key in (key for key in stats.WINDOW_FIGURES if same_work or key != "step_s_median"):
                 interval = stats.ratio_interval(key, group.results, reference, paired)
                 if interval is not None:
-                    found.setdefault(group.label, {})[key] = stats.verdict(group.label, self.baseline.label, interval,
-                                                                           self.floor(key))
+                    found.setdefault(group.label, {})[key] = stats.verdict(
+                        group.label, self.baseline.label, interval, self.floor(key),
+                        stats.loaded_runs({group.label: group.results, self.baseline.label: reference}))
         return found
 
     def break_even(self, group):
@@ -525,18 +559,21 @@ class Comparison:
         return mine / theirs if mine is not None and theirs else None
 
     def scaling(self, group):
-        """A run of N processes against the run of one process it scales (the same backend, train step, extras
-        less those that span the processes, dtype and hardware): {'processes', 'against', 'ideal_speedup',
-        'efficiency'}, the efficiency being N-process tokens/s over `ideal_speedup` x one-process tokens/s
-        (`RunGroup.speed`); None for a run of one process, or of N without its one-process run in the comparison."""
-        count = run_processes(group.first)
-        if count == 1:
+        """A run of N processes, or of one over N devices (JAX's), against the run of one process and one device it
+        scales (the same backend, train step, extras less those that span the processes or devices, dtype and
+        hardware): {'processes', 'devices', 'against', 'ideal_speedup', 'efficiency', 'above_ideal'}, the
+        efficiency being the run's tokens/s over `ideal_speedup` x the one's (`RunGroup.speed`); None for a run of
+        one process on one device, or without its one-process run in the comparison."""
+        count, devices = run_processes(group.first), group.first.get("devices_used") or 1
+        if count == 1 and devices == 1:
             return None
+        # Every run records the extras that may span processes; in one process, JAX's span its devices.
         spanning = set((group.first.get("processes") or {}).get("spanned_by") or ())
         single = [extra for extra in group.first["extras"] if extra not in spanning]
         for other in self.groups:
             result = other.first
-            if (run_processes(result) == 1 and result["backend"] == group.first["backend"]
+            if (run_processes(result) == 1 and (result.get("devices_used") or 1) == 1
+                    and result["backend"] == group.first["backend"]
                     and list(result["extras"]) == single and result.get("train_step") == group.first.get("train_step")
                     and other.dtype == group.dtype
                     and machine_device(result) == machine_device(group.first)
@@ -544,8 +581,9 @@ class Comparison:
                 mine, theirs = group.speed(), other.speed()
                 ideal = ideal_speedup(group.first, result)
                 efficiency = mine / (ideal * theirs) if mine is not None and theirs else None
-                return {"processes": count, "against": other.label, "ideal_speedup": ideal,
-                        "efficiency": efficiency}
+                return {"processes": count, "devices": devices, "against": other.label, "ideal_speedup": ideal,
+                        "efficiency": efficiency,
+                        "above_ideal": efficiency is not None and round(efficiency, 2) > 1}  # as shown
         return None
 
     def warnings(self, group):
@@ -553,7 +591,7 @@ class Comparison:
         above the ideal, beyond what more devices can give, is a slowed one-process run's rather than scaling."""
         found = group.warnings()
         scaling = self.scaling(group)
-        if scaling and scaling["efficiency"] is not None and round(scaling["efficiency"], 2) > 1:  # as shown
+        if scaling and scaling["above_ideal"]:
             found.append(f"scaling efficiency above 100 % ({scaling_text(scaling)}): the one-process run was likely "
                          f"slowed (its threads contending for the cores, a loaded machine); distrust the efficiency")
         return found
@@ -640,7 +678,7 @@ def _parity_names(groups):
             for group in groups for i, run in enumerate(group.runs, start=1)]
 
 
-def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS, parity_tolerance=PARITY_TOLERANCE,
+def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS, parity_tolerance=None,
                      noise_floor=None, baseline_named_by="--baseline"):
     """`baseline`: a group's label, or one of `runs` (compare names its baseline run so, whatever its label), named
     by `baseline_named_by` (the option, or the file that recorded it). `noise_floor`: an A/A measure a compare
@@ -725,19 +763,72 @@ def _target_value(target):
     return target.get("target", target.get("target_bleu"))
 
 
+def _single_run_cell(group, figure):
+    """A figure of the one run a report holds: '28,663 (95 % interval 27,910–29,420)' for tokens/s and the steady
+    step (`verdicts.figure_interval`, as the verdicts draw theirs); over repeats a timing's range too."""
+    stat = group.stat(figure.key)
+    said = []
+    if figure.is_timing and len(group.runs) > 1 and stat.median is not None:
+        said.append(f"range {figure.text(stat.low)}–{figure.text(stat.high)}")
+    interval = stats.figure_interval(figure.key, group.results) if figure.key in stats.WINDOW_FIGURES else None
+    if interval is not None and stat.median is not None:
+        _, low, high = interval
+        said.append("no interval: one steady timing window" if low is None else
+                    f"95 % interval {figure.text(low)}–{figure.text(high)}")
+    return figure.text(stat.median) + (f" ({'; '.join(said)})" if said else "")
+
+
+# A row only where a run of the comparison counted some: the README holds both backends' collectives to each other.
+COLLECTIVES_TITLE = "collectives a step"
+
+
+def counted_collectives(result):
+    """{extra: text} of the collectives a step that a run's extras counted (`extras_record`): each kind's count
+    ('all-gather 1, all-reduce 9'; the compiled program's on JAX, what gloo or NCCL ran on torch), a torch
+    pipeline's messages with them, DDP's bucket all-reduces as its reducer logged them, or 'not counted' and why
+    where a count was withheld (a step replayed from CUDA graphs). {} where no extra counted any."""
+    counted = {}
+    for extra, record in (result.get("extras_record") or {}).items():
+        record = record if isinstance(record, dict) else {}
+        key = next((key for key in ("collectives_per_step", "messages_per_step") if key in record), None)
+        if key and record[key] is None:
+            why = record.get("collectives_why_not")
+            counted[extra] = "not counted" + (f": {why}" if why else "")
+        elif key:
+            counted[extra] = ", ".join(f"{kind} {count}" for kind, count in sorted(record[key].items())) or "none"
+        elif record.get("gradient_buckets") is not None:
+            counted[extra] = f"all-reduce {record['gradient_buckets']} (DDP's gradient buckets)"
+    return counted
+
+
+def collectives_text(result):
+    """The collectives of a run's step (`counted_collectives`), each extra's named where several counted; 'not
+    counted' where none did."""
+    counted = counted_collectives(result)
+    if len(counted) > 1:
+        return "; ".join(f"{extra}: {text}" for extra, text in counted.items())
+    return next(iter(counted.values()), "not counted")
+
+
 def table_cells(comparison):
     """(header, rows) of the comparison table: one column per run, one row per figure. Timings of repeated runs
-    read 'median (min–max)'."""
+    read 'median (min–max)'. One run (`Comparison.single`) has its figures' intervals instead of verdicts."""
     groups = comparison.groups
     header = ["figure", *(group.label for group in groups)]
+    counting = any(counted_collectives(result) for group in groups for result in group.results)
     rows = [
         ["dtype", *(group.dtype for group in groups)],
         ["hardware", *(group.hardware for group in groups)],
         ["versions", *(group.versions() for group in groups)],
         *([title, *(group.choice_text(text) for group in groups)] for _, title, text in RUN_CHOICES),
+        *([[COLLECTIVES_TITLE, *(group.choice_text(collectives_text) for group in groups)]] if counting else []),
         ["runs (repeats)", *(str(len(group.runs)) for group in groups)],
         ["warnings", *("\n".join(comparison.warnings(group)) or "none" for group in groups)],
     ]
+    if comparison.single:
+        # Nothing to hold one run against: no speed-up, verdict or break-even, but its own intervals and target.
+        rows += [[figure.title, _single_run_cell(groups[0], figure)] for figure in comparison.figures]
+        return header, rows + target_rows(comparison)
     # The quality figures of the runs' task (no BLEU rows for a language model or a classifier, no perplexity rows
     # for translation); the JSON and CSV summaries keep every figure.
     rows += [[figure.title, *(_cell(group, figure) for group in groups)] for figure in comparison.figures]
@@ -758,7 +849,8 @@ VERDICT_TITLES = {"tokens_per_s": "tokens/s vs {} (95 % interval)", "step_s_medi
 
 def verdict_rows(comparison):
     """The rows of the verdicts: each speed figure against the baseline with its interval, the break-even with
-    compilation, and the time to the target quality with and without compilation where a run reached it."""
+    compilation, and the time to the target quality with and without compilation where a run reached it
+    (`target_rows`)."""
     groups, baseline = comparison.groups, comparison.baseline
 
     def cell(group, text):
@@ -777,6 +869,12 @@ def verdict_rows(comparison):
         units = " or ".join(f"{unit}s" for unit in ("step", "token") if unit in counted)
         rows.append([f"break-even vs {baseline.label} (compile + {units})",
                      *(cell(group, even.text if even else "n/a") for group, even in zip(groups, evens))])
+    return rows + target_rows(comparison)
+
+
+def target_rows(comparison):
+    """The time to the target quality with and without compilation, where a run reached it."""
+    rows, groups = [], comparison.groups
     targets = [comparison.target_time(group) for group in groups]
     if any(targets):
         figure = FIGURES_BY_KEY["train_s"]
@@ -823,7 +921,10 @@ def ideal_speedup(result, single):
 
 def _scaling_cell(comparison, group):
     scaling = comparison.scaling(group)
-    return "" if scaling is None else scaling_text(scaling)
+    if scaling is None:
+        return ""
+    return scaling_text(scaling) + (": above the ideal, distrust it (see the warnings row)" if scaling["above_ideal"]
+                                    else "")
 
 
 def scaling_text(scaling):
@@ -840,9 +941,10 @@ def describe_configuration(comparison):
     config, task = comparison.config, result_task(comparison.baseline.first)
     count, unit = (config["steps"], "step") if config.get("epochs") is None else (config["epochs"], "epoch")
     length = f"{count} {unit}{'s' * (count != 1)}"
-    corpus = config.get("data_file") or (comparison.baseline.first.get("data") or {}).get("corpus") \
-        or config.get("dataset")
-    parts = [corpus, f"preset {config['preset']}", f"{length} x batch {batch_text(config)}"]
+    # A checkpoint's shape is its own, whatever --preset says (which then sets only defaults the line names itself).
+    model = per_run_text(comparison, "checkpoint", checkpoint_text) if comparison.baseline.first["model"].get("path") \
+        else f"preset {config['preset']}"
+    parts = [corpus_of(comparison.baseline.first), model, f"{length} x batch {batch_text(config)}"]
     if task == "language-modelling":
         parts.append(f"block {config.get('max_len', 'per run')}")
     elif task == "translation":  # a plugin's task may have no lengths
@@ -855,6 +957,64 @@ def describe_configuration(comparison):
     if task == "translation" and not config.get("measure_only"):  # a measure-only run decodes nothing
         parts.append(f"{decoding_name(config.get('beam', 1), config.get('length_penalty', 0.6))} decoding")
     return ", ".join(parts)
+
+
+def checkpoint_text(result):
+    """'opus-mt-en-de (6 encoder and 6 decoder layers, d-model 512, 74,410,496 parameters)': a pretrained model
+    family's checkpoint (`model.path`, as the single-run table names it) and the shape it built."""
+    model = result["model"]
+    if not model.get("path"):  # beside a checkpoint's run only where held with --force
+        return f"none (preset {result['config']['preset']})"
+    encoder, decoder = model.get("encoder_layers"), model.get("decoder_layers")
+    layers = f"{encoder} encoder and {decoder} decoder layers" if encoder else f"{decoder} layers"
+    return (f"{os.path.basename(os.path.normpath(model['path']))} ({layers}, d-model {model.get('d_model')}, "
+            f"{model['parameters']:,} parameters)")
+
+
+def per_run_text(comparison, name, text):
+    """'NAME VALUE' where every run's `text(result)` is VALUE, else 'NAME per run (LABEL VALUE; ...)': a setting
+    no label names, which runs held together with --force (or a sweep that moves it) may not share."""
+    said = {group.label: group.choice_text(text) for group in comparison.groups}
+    if len(set(said.values())) == 1:
+        return f"{name} {next(iter(said.values()))}"
+    return f"{name} per run ({'; '.join(f'{label} {value}' for label, value in said.items())})"
+
+
+# How each clipping of the recipe (`recipe.CLIP_CHOICES`) reads after 'clip', given the norm.
+CLIP_TEXTS = {"global": "global norm {:g}", "per-variable": "each gradient to norm {:g}", "none": "none"}
+
+
+def training_settings(result):
+    """{name: text} of what a run trained with beyond its data, length and steps: the optimizer recipe it recorded
+    (`compile_options.optimizer_recipe`, the model family's under the user's options, as it trained: a warm-up
+    longer than the run cut to its steps) and the dropout of the model it built (a preset's own: `char`'s 0.2)."""
+    recipe = (result.get("compile_options") or {}).get("optimizer_recipe")
+    if not recipe:  # results from before the recipe was recorded
+        settings = {"AdamW peak learning rate": f"{config_value(result, 'learning_rate'):g}",
+                    "optimizer recipe": "not recorded"}
+    else:
+        decay_steps = recipe["decay_steps"]
+        clip = CLIP_TEXTS.get(recipe["clip"], recipe["clip"] + " {:g}")
+        settings = {"AdamW peak learning rate": f"{recipe['learning_rate']:g}",
+                    "warm-up": f"{recipe['warmup_steps']} step{'s' * (recipe['warmup_steps'] != 1)}",
+                    "cosine decay": f"to {recipe['min_lr_ratio']:g} of the peak over {decay_steps} "
+                                    f"step{'s' * (decay_steps != 1)}",
+                    "betas": f"{recipe['beta_1']:g}/{recipe['beta_2']:g}", "epsilon": f"{recipe['epsilon']:g}",
+                    "weight decay": f"{recipe['weight_decay']:g} on "
+                                    f"{'every weight' if recipe['decay'] == 'all' else recipe['decay']}",
+                    "clip": clip.format(recipe["clip_norm"]) if recipe["clip_norm"] is not None else clip}
+    dropout = result["model"].get("dropout")
+    if dropout is not None:  # a plugin's model family may have none
+        settings["dropout"] = f"{dropout:g}"
+    return settings
+
+
+def training_text(comparison):
+    """The settings of `training_settings` in the configuration line's words, each run's where they differ."""
+    names = dict.fromkeys(name for group in comparison.groups for result in group.results
+                          for name in training_settings(result))
+    return ", ".join(per_run_text(comparison, name, lambda result, name=name: training_settings(result).get(
+        name, "not recorded")) for name in names)
 
 
 def tokens_text(comparison):
@@ -874,11 +1034,42 @@ def tokens_text(comparison):
 def context_lines(comparison):
     ranking = comparison.ranking()
     scored = scored_sentences_text(comparison.baseline.first)
-    return [f"configuration: {describe_configuration(comparison)}",
-            *([f"test sentences scored: {scored}"] if scored else []), *signature_lines(comparison),
+    # One run's repeats are held to each other's losses; one run alone has nothing to be held to.
+    parity = comparison.parity.lines() if comparison.parity.pairs or not comparison.single else []
+    return [f"configuration: {describe_configuration(comparison)}, {training_text(comparison)}",
+            *([f"test sentences scored: {scored}"] if scored else []), *split_scored_lines(comparison),
+            *signature_lines(comparison),
             *([f"ranking not reliable: {ranking['reason']}"] if ranking["reason"] else []),
-            *comparison.parity.lines(), *energy_and_cost_lines(comparison), *verdict_lines(comparison),
+            *parity, *energy_and_cost_lines(comparison),
+            *(interval_lines(comparison) if comparison.single else verdict_lines(comparison)),
             *profile_lines(comparison)]
+
+
+def split_scored_lines(comparison):
+    """'test bytes scored: 512 of 201,451 (0.25 %); ...' (`split_scored_text`), once where every run's is the same,
+    else once a run, as `signature_lines` says the signatures."""
+    said = {group.label: group.choice_text(split_scored_text) for group in comparison.groups}
+    said = {label: text for label, text in said.items() if text}
+    if len(set(said.values())) == 1:
+        return [f"test {next(iter(said.values()))}"]
+    return [f"test {text.replace(' scored: ', f' scored of {label}: ', 1)}" for label, text in said.items()]
+
+
+def interval_lines(comparison):
+    """How the intervals of one run's figures (`_single_run_cell`) were drawn, and what may make them too narrow,
+    in the verdicts' words (`verdicts.repeat_warnings`)."""
+    # The repeats that have a steady window, as `verdicts.figure_interval` takes them.
+    counts = (len(stats.steady_windows(result["history"])) for result in comparison.baseline.results)
+    windows = [count for count in counts if count]
+    if windows in ([], [1]):
+        return []  # no interval: the cells say why
+    repeats = len(windows)
+    how = (f"Student's t over the logs of its {repeats} repeats' figures" if repeats > 1 else
+           f"a bootstrap of the run's {windows[0]} steady timing windows")
+    # The windows count only where one repeat's windows are what is resampled, as in `verdicts.ratio_interval`.
+    drawn = stats.Interval(stats.SPEED_FIGURE, 1.0, 1.0, 1.0, (repeats,), False,
+                           None if repeats > 1 else (windows[0],), how)
+    return [f"95 % intervals: {how}", *(f"interval warning: {text}" for text in stats.repeat_warnings(drawn))]
 
 
 # The scores the table shows whose figure says little without sacrebleu's signature (its tokenizer, smoothing and
@@ -934,6 +1125,8 @@ def energy_and_cost_lines(comparison):
     else:
         lines = [f"energy of {label}: not measured, {reason}" for label, reason in missing.items()]
     lines += energy_scope_lines(comparison)
+    if comparison.single:  # the cheapest of one run says nothing the table's cost row does not
+        return lines
     priced = [group for group in comparison.groups if group.stat("usd_to_target").median is not None]
     # A run that reached the target in some repeats only is not ranked on the cost of those.
     reached = {group.label: comparison.target_reached(group) for group in priced}
@@ -964,9 +1157,10 @@ def energy_scope_lines(comparison):
     return [f"energy of {label} {scope}" for label, scope in scopes.items()]
 
 
-def rich_table(comparison, title="mtbench comparison"):
+def rich_table(comparison, title=None):
     header, rows = table_cells(comparison)
-    table = Table(title=title)
+    default = f"mtbench report: {comparison.baseline.label}" if comparison.single else "mtbench comparison"
+    table = Table(title=Text(title or default))  # a label is no markup: 'jax:python=[venv]' as typed
     table.add_column(header[0])
     for label in header[1:]:
         table.add_column(label, justify="right")
@@ -987,8 +1181,27 @@ def to_markdown(comparison):
     return "\n".join(lines) + "\n"
 
 
+def group_configuration(group):
+    """`run_configuration` of a run's repeats: each key's value where they agree, else each repeat's in a list (runs
+    held together with --force)."""
+    configs = [run_configuration(result) for result in group.results]
+    return {key: configs[0][key] if all(config[key] == configs[0][key] for config in configs)
+            else [config[key] for config in configs] for key in RUN_CONFIG_KEYS}
+
+
+def figure_intervals(group):
+    """{window figure: {value, low, high}} of a run's repeats (`verdicts.figure_interval`, the interval a single
+    run's table shows), None where it has no steady window; low and high None where it has one alone."""
+    found = {}
+    for key in stats.WINDOW_FIGURES:
+        interval = stats.figure_interval(key, group.results)
+        found[key] = None if interval is None else dict(zip(("value", "low", "high"), interval))
+    return found
+
+
 def summary(comparison):
-    """Per run: its identity and every figure as median/min/max of the raw values (JSON and CSV carry these)."""
+    """Per run: its identity, its configuration, and every figure as median/min/max of the raw values (JSON and CSV
+    carry these)."""
     entries = []
     for group in comparison.groups:
         entries.append({
@@ -996,14 +1209,17 @@ def summary(comparison):
             "backend": group.first["backend"],
             "extras": list(group.first["extras"]),
             "dtype": group.dtype,
+            "config": group_configuration(group),
             "hardware": group.hardware,
             "versions": group.versions(),
             "energy_counter": group.choice_text(energy_counter_text),
             **{key: group.choice_text(text) for key, _, text in RUN_CHOICES},
+            "collectives": group.choice_text(collectives_text),
             "repeats": len(group.runs),
             "warnings": comparison.warnings(group),
             "sources": [run.source for run in group.runs],
             "figures": {figure.key: asdict(group.stat(figure.key)) for figure in FIGURES},
+            "intervals": figure_intervals(group),
             "speedup": comparison.speedup(group),
             "processes": run_processes(group.first),
             "scaling": comparison.scaling(group),
@@ -1045,14 +1261,19 @@ def to_json(comparison):
 
 
 CSV_IDENTITY = ("label", "backend", "extras", "dtype", "hardware", "versions", "energy_counter",
-                *(key for key, _, _ in RUN_CHOICES), "repeats", "warnings")
+                *(key for key, _, _ in RUN_CHOICES), "collectives", "repeats", "warnings")
 
 
 def to_csv(comparison):
-    """One row per run. A timing has its median and its min and max over repeats; other figures one value."""
-    columns = list(CSV_IDENTITY)
+    """One row per run: what ran, its configuration (`RUN_CONFIG_KEYS`, a column each, so that a sweep's rows sort
+    and filter in a spreadsheet), its figures. A timing has its median and its min and max over repeats, a window
+    figure its 95 % interval too; other figures one value."""
+    identity = CSV_IDENTITY[:CSV_IDENTITY.index("dtype") + 1]
+    columns = [*identity, *RUN_CONFIG_KEYS, *CSV_IDENTITY[len(identity):]]
     for figure in FIGURES:
         columns += [figure.key, f"{figure.key}_min", f"{figure.key}_max"] if figure.is_timing else [figure.key]
+        if figure.key in stats.WINDOW_FIGURES:
+            columns += [f"{figure.key}_interval_low", f"{figure.key}_interval_high"]
     columns += ["speedup", "processes", "scaling_efficiency"]
     for key in stats.WINDOW_FIGURES:
         columns += [f"{key}_ratio", f"{key}_ratio_low", f"{key}_ratio_high", f"{key}_verdict"]
@@ -1064,12 +1285,18 @@ def to_csv(comparison):
     for entry in summary(comparison):
         row = {key: entry[key] for key in CSV_IDENTITY}
         row["extras"] = "+".join(entry["extras"])
+        row.update({key: "; ".join(map(str, value)) if isinstance(value, list) else value
+                    for key, value in entry["config"].items()})
         row["warnings"] = "; ".join(entry["warnings"])
         for figure in FIGURES:
             stat = entry["figures"][figure.key]
             row[figure.key] = stat["median"]
             if figure.is_timing:
                 row[f"{figure.key}_min"], row[f"{figure.key}_max"] = stat["low"], stat["high"]
+            if figure.key in stats.WINDOW_FIGURES:
+                interval = entry["intervals"][figure.key] or {}
+                row[f"{figure.key}_interval_low"], row[f"{figure.key}_interval_high"] = \
+                    interval.get("low"), interval.get("high")
         row["speedup"], row["processes"] = entry["speedup"], entry["processes"]
         row["scaling_efficiency"] = entry["scaling"] and entry["scaling"]["efficiency"]
         for key, verdict in entry["verdicts"].items():

@@ -127,6 +127,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
                   "dtype_policy": built.model.dtype_policy.name,
                   # how the starting weights were drawn (--init's scheme), 'pretrained', None: a file that says not
                   "init": built.init,
+                  "init_description": built.init_description,
                   "attention": attention_implementations(run, plugins.model, built.model),
                   "inference": inference_of(plugins.backend),
                   # the task's test figures of the starting weights (pretrained models only)

@@ -19,6 +19,7 @@ class Trackers:
         self.failed = []    # reporters left out after a failure
         self.failures = []  # one line each
         self._window_tokens = self._window_seconds = 0.0
+        self._validated = {}  # {step: the names its validation logged}: the end's figures do not log them again
 
     def _call(self, reporter, method, *arguments):
         try:
@@ -39,9 +40,12 @@ class Trackers:
         for reporter in list(self.active):
             self._call(reporter, "log", metrics, step)
 
-    def step(self, step, loss, tokens, seconds, first_of_shape):
-        """After each training step: its loss, and every TRACKING_WINDOW steps the window's steady tokens/s."""
+    def step(self, step, loss, tokens, seconds, first_of_shape, learning_rate=None):
+        """After each training step: its loss and, where known, the learning rate it trained with; every
+        TRACKING_WINDOW steps the window's steady tokens/s."""
         metrics = {} if loss is None else {"train_loss": loss}  # a diverged step's loss is not a number
+        if learning_rate is not None:
+            metrics["learning_rate"] = learning_rate
         if not first_of_shape:
             self._window_tokens += tokens
             self._window_seconds += seconds
@@ -54,15 +58,21 @@ class Trackers:
     def validation(self, step, scores):
         """The task's validation figures ({figure: value}) as `val_<figure>`: val_bleu and val_chrf for
         translation, val_loss, val_perplexity and val_bits_per_byte for a language model."""
-        self.log({f"val_{name}": value for name, value in scores.items() if is_number(value)}, step)
+        metrics = {f"val_{name}": value for name, value in scores.items() if is_number(value)}
+        self._validated[step] = set(metrics)
+        self.log(metrics, step)
 
     def finish(self, result):
         """Every number of the result's metrics (and its energy and cost), at the last step, before the reporters'
-        `report` receives the whole result."""
+        `report` receives the whole result; but the figures a validation at that step logged: the final evaluation
+        scores the same weights on the same split again, and a second point at one step is no second validation."""
+        last = len(result["history"])
+        validated = self._validated.get(last, set())
         final = {FINAL_NAMES.get(name, name): value for name, value in result["metrics"].items() if is_number(value)}
         final.update({name: value for name, value in summary_figures(result).items() if value is not None})
+        final = {name: value for name, value in final.items() if name not in validated}
         if final:
-            self.log(final, len(result["history"]))
+            self.log(final, last)
 
 
 def replay(reporters, result, result_path, registry):
@@ -74,7 +84,8 @@ def replay(reporters, result, result_path, registry):
     for evaluation in (result.get("target") or {}).get("evaluations", []):
         evaluations[evaluation["step"]] = evaluation
     for h in result["history"]:
-        trackers.step(h["step"], h["loss"], h["tokens"], h["seconds"], h["first_of_shape"] or set_aside(h))
+        trackers.step(h["step"], h["loss"], h["tokens"], h["seconds"], h["first_of_shape"] or set_aside(h),
+                      h.get("learning_rate"))
         if h["step"] in evaluations:
             trackers.validation(h["step"], {name: value for name, value in evaluations[h["step"]].items()
                                             if name not in ("step", "training_s", "seconds")})

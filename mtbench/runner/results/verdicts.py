@@ -6,7 +6,8 @@
   the two runs' repeats. Where each run is one repeat, only the spread within it is known: a bootstrap of its
   steady timing windows, which a warning says leaves out the noise between runs.
 - `verdict`: the interval in words ('torch is 1.23x faster than jax in tokens/s (1.19–1.27)'), where a difference
-  that is not beyond the interval or not beyond the noise floor is 'no difference beyond the noise'.
+  that is not beyond the interval or not beyond the noise floor is 'no difference beyond the noise'; a run that
+  trained on a loaded machine (`loaded_runs`) is named on it as not reliable.
 - `noise_floor_of`: how far from 1 an A/A ratio (the same configuration twice) strays: the machine's noise floor.
 - `break_even`: after how many steps (tokens, where the runs' steps differ in work) a run that steps faster
   overtakes one that compiles faster.
@@ -23,7 +24,7 @@ from datetime import datetime
 
 import numpy as np
 
-from mtbench.figures import FIGURES_BY_KEY, is_steady, set_aside, steady_window_rows
+from mtbench.figures import FIGURES_BY_KEY, is_steady, run_warnings, set_aside, steady_window_rows
 from mtbench.runner.results.parity import PARITY_STEPS, check_parity, percent
 
 CONFIDENCE = 0.95
@@ -41,6 +42,10 @@ WINDOW_FIGURES = {"tokens_per_s": ("tokens over seconds", True), "step_s_median"
 # Timing figures where a higher value is faster; every other timing figure is a time (lower is faster).
 HIGHER_IS_FASTER = {"tokens_per_s", "mfu", "mfu_real_tokens"}
 SPEED_FIGURE = "tokens_per_s"  # what "faster" and "slower" of a run mean: a regression gate judges it
+# The run warnings (`run_warnings`) that say other work shared the machine as a run trained: its CPUs (other
+# processes, the hypervisor's other guests) or its GPU. A burst of it lands on one run of a comparison, and an
+# interval from the repeats' spread cannot tell it from the run's own speed (an initialisation read 12x slower).
+LOAD_WARNINGS = ("machine loaded", "the hypervisor took", "GPU shared")
 
 
 def steady_windows(history):
@@ -356,9 +361,11 @@ class Verdict:
     repeats: tuple
     paired: bool
     warnings: tuple
+    loaded: tuple = ()  # the runs (of `run` and `against`) of which a repeat trained on a loaded machine
 
     def to_dict(self):
-        return {**asdict(self), "repeats": list(self.repeats), "warnings": list(self.warnings)}
+        return {**asdict(self), "repeats": list(self.repeats), "warnings": list(self.warnings),
+                "loaded": list(self.loaded)}
 
     def speed(self):
         return speed_of(self)
@@ -368,8 +375,10 @@ class Verdict:
         speed, low, high = self.speed()
         if self.call in ("faster", "slower"):
             factor, interval = called_figures(*speeds_of_call(self.call, speed, low, high))
-            return f"{factor}x {self.call} ({interval})"
-        return f"no difference ({range_text(self.low, self.high)})"  # the figure's own ratio, as in `verdict`
+            text = f"{factor}x {self.call} ({interval})"
+        else:
+            text = f"no difference ({range_text(self.low, self.high)})"  # the figure's own ratio, as in `verdict`
+        return text + (", loaded machine: not reliable" if self.loaded else "")
 
 
 FIGURE_WORDS = {"tokens_per_s": "tokens/s", "step_s_median": "steady step time", "step_s_p90": "steady step p90",
@@ -409,8 +418,17 @@ def repeat_warnings(interval):
     return warnings
 
 
-def verdict(run, against, interval, noise_floor=None):
-    """The interval of `run` against `against` in words, as a Verdict."""
+def loaded_runs(runs):
+    """The names among `runs` ({name: the results of its repeats}) of which a repeat carries a load warning
+    (`LOAD_WARNINGS`), in their order."""
+    return tuple(name for name, results in runs.items()
+                 if any(text.startswith(LOAD_WARNINGS) for result in results for text in run_warnings(result)))
+
+
+def verdict(run, against, interval, noise_floor=None, loaded=()):
+    """The interval of `run` against `against` in words, as a Verdict; `loaded`: those of the two that trained on
+    a loaded machine (`loaded_runs`), which the words name. The call stays the interval's: it says what was
+    measured, and the load, which may have made the difference, is said beside it."""
     call = call_of(interval, noise_floor)
     what = FIGURE_WORDS.get(interval.figure, interval.figure)
     speed, low, high = interval.speed()
@@ -424,8 +442,10 @@ def verdict(run, against, interval, noise_floor=None):
         # `low` and `high` are (a time's, not its inverse).
         text = (f"{run}: no difference from {against} in {what} beyond the noise "
                 f"({range_text(interval.low, interval.high)}{inside})")
+    if loaded:
+        text += f", measured on a loaded machine ({' and '.join(loaded)}): not reliable"
     return Verdict(run, against, interval.figure, interval.ratio, interval.low, interval.high, call, text,
-                   noise_floor, interval.repeats, interval.paired, tuple(repeat_warnings(interval)))
+                   noise_floor, interval.repeats, interval.paired, tuple(repeat_warnings(interval)), tuple(loaded))
 
 
 def noise_floor_line(record):

@@ -150,13 +150,13 @@ def check_blocks(streams, block, name, longer):
 
 def prepare_token_files(files, config, family_tokenizer=None):
     """nanoGPT's splits: train.bin trains; val.bin's first half validates and its second half tests. The model's
-    vocabulary holds every id of both (`vocabulary_size`), or is that of the tokenizer the model family brings (a
-    pretrained GPT-2 reading ids its own tokenizer made), which then reads and writes the run's text. Each token's
-    bytes are known (bits per byte) from meta.pkl's characters or from the family's tokenizer (`bytes_per_id`),
-    else they are not."""
+    vocabulary is meta.pkl's or holds every id of both (`vocabulary_size`), or is that of the tokenizer the model
+    family brings (a pretrained GPT-2 reading ids its own tokenizer made), which then reads and writes the run's
+    text. Each token's bytes are known (bits per byte) from meta.pkl's characters or from the family's tokenizer
+    (`bytes_per_id`), else they are not (a meta.pkl of vocab_size alone decodes nothing)."""
     half = len(files.val) // 2
     ids = {"train": files.train, "valid": files.val[:half], "test": files.val[half:]}
-    characters = files.characters
+    characters, meta_size = files.characters, files.vocab_size
     # Counted where meta's characters give each id its bytes (a character-level text's files are small); else the
     # largest id is all there is to find, kept for the next run of the same files.
     counts = None if characters is None else {split: id_counts(split_ids) for split, split_ids in ids.items()}
@@ -165,17 +165,21 @@ def prepare_token_files(files, config, family_tokenizer=None):
     if characters is not None and largest >= len(characters):
         raise MtbenchError(f"{files.folder}: the token files hold id {largest}, which {META_FILE} gives no character "
                            f"(it has {len(characters)})")
+    if characters is None and meta_size is not None and largest >= meta_size:
+        raise MtbenchError(f"{files.folder}: the token files hold id {largest:,}, past the {meta_size:,} ids of "
+                           f"{META_FILE}'s vocab_size")
     if family_tokenizer is not None and largest >= family_tokenizer.vocab_size:
         raise MtbenchError(f"{files.folder}: the token files hold id {largest}, past the "
                            f"{family_tokenizer.vocab_size:,} ids of the model's own tokenizer")
     if config.sample_prompt is not None and characters is None and family_tokenizer is None:
         raise MtbenchError(f"{config.data_file} holds token files (train.bin, val.bin), which carry no tokenizer: "
-                           f"--sample-prompt does not apply")
+                           f"--sample-prompt does not apply" + (f": its {META_FILE} gives their vocabulary size, not "
+                                                                f"each id's text ('itos')" if meta_size else ""))
     if family_tokenizer is not None:
         tokenizer = family_tokenizer
     else:
         asked = config.vocab_size if config.vocab_size_given else None
-        tokenizer = TokenIds(vocabulary_size(largest, asked, characters and len(characters)), characters)
+        tokenizer = TokenIds(vocabulary_size(largest, asked, meta_size), characters)
     widths = bytes_per_id(tokenizer)
     if widths is not None and counts is None:
         # A family's token files may be GPT-2's 17 GB of OpenWebText: only val.bin's halves are counted.
@@ -194,8 +198,11 @@ def prepare_token_files(files, config, family_tokenizer=None):
               "largest_id": largest, "block_size": block, "tokenizer": tokenizer.describe()}
     known = "no bytes per token, so no bits per byte" if widths is None else f"characters from {META_FILE}" \
         if characters is not None else f"each token's bytes from the model's {tokenizer.describe()['type']} tokenizer"
+    sized = f" ({META_FILE}'s vocab_size)" if characters is None and family_tokenizer is None and \
+        meta_size == tokenizer.vocab_size else ""
     lines = [f"token files {files.name}: train.bin {len(files.train):,} tokens; val.bin {len(files.val):,} (first half "
-             f"validates, second half tests); ids up to {largest:,}, vocabulary {tokenizer.vocab_size:,}; {known}"]
+             f"validates, second half tests); ids up to {largest:,}, vocabulary {tokenizer.vocab_size:,}{sized}; "
+             f"{known}"]
     if kept:
         lines.append(f"  largest id of {' and '.join(kept)} read from {os.path.join(config.cache_dir, KEPT_FOLDER)}")
     lines += prompt_warning_lines(config, tokenizer)

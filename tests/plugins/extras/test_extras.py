@@ -36,8 +36,8 @@ def losses(result):
                  "extra 'flash-attention' cannot run here: needs a GPU (or TPU) and float16/bfloat16; this run "
                  "has cpu/float32", marks=cpu_machine_only),
     pytest.param(["--backend", "torch", "--extra", "flash-attention", "--dtype", "mixed_bfloat16"], None,
-                 "extra 'flash-attention' cannot run here: needs a GPU (or TPU) and float16/bfloat16; this run "
-                 "has cpu/mixed_bfloat16", marks=cpu_machine_only),
+                 "extra 'flash-attention' cannot run here: needs a GPU (or TPU); this run is on the cpu",
+                 marks=cpu_machine_only),
     (["--backend", "jax", "--extra", "pmap"], CPU_ONLY,
      "extra 'pmap' cannot run here: needs at least 2 devices; this run has 1"),
     (["--backend", "jax", "--extra", "data-parallel"], CPU_ONLY,

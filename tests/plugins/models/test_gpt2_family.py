@@ -346,6 +346,23 @@ def test_evaluate_and_generate_read_the_checkpoint_as_published(checkpoint, tmp_
     assert proc.stdout.rstrip("\n") == tokenizer.decode(theirs[0], clean_up_tokenization_spaces=False)
 
 
+def test_a_checkpoint_as_published_reads_its_own_context_unless_block_size_is_given(checkpoint, tmp_path):
+    """`evaluate gpt2:DIR` scores GPT-2 in its 1,024 positions (config.json's n_positions), as nanoGPT's
+    `eval_gpt2.py` does; it took the preset's 128-token block, and refused this 64-position checkpoint outright."""
+    from mtbench.plugins import manager
+    from mtbench.runner.inference import located_model, score_text
+    registry = manager.registry()
+    model = f"gpt2:{checkpoint['model']}"
+    scores = score_text(model, registry, checkpoint["text"], "jax", rows=64)
+    assert scores["block_size"] == scores["stride"] == 64
+    assert located_model(model, registry, block_size=32).source.config.max_len == 32
+    published = tmp_path / "gpt2-1024"  # GPT-2's own context, past every preset's block
+    shutil.copytree(checkpoint["model"], published)
+    config = json.loads((published / "config.json").read_text())
+    (published / "config.json").write_text(json.dumps({**config, "n_positions": 1024, "n_ctx": 1024}))
+    assert located_model(f"gpt2:{published}", registry).source.config.max_len == 1024
+
+
 @pytest.mark.parametrize("model, args, message", [
     ("gpt2:{model}", ["--block-size", "65"], "--block-size 65 is longer than the 64 positions of the pretrained "
                                              "model"),
@@ -375,3 +392,21 @@ def test_weights_that_do_not_fit_are_named(checkpoint):
     state["transformer.h.2.ln_1.weight"] = np.ones(32, np.float32)
     with pytest.raises(MtbenchError, match=r"missing: h\.1\.mlp\.c_fc\.bias; unexpected: h\.2\.ln_1\.weight"):
         keras_weights(state, model)
+
+
+def test_fine_tuning_takes_the_checkpoints_own_context_unless_block_size_is_given(checkpoint, tmp_path):
+    """`train --model gpt2:DIR` fine-tunes in the checkpoint's positions (nanoGPT fine-tunes GPT-2 at its 1,024), as
+    `evaluate` and `generate` read it: it took the preset's 128-token block, refused outright by this 64-position
+    checkpoint. The configuration records the block that ran; compare's runs are configured alike."""
+    from mtbench.runner.config import TrainConfig
+    model = f"gpt2:{checkpoint['model']}"
+    assert TrainConfig.from_options(model_name=model).max_len == 64
+    assert TrainConfig.from_options(model_name=model, block_size=BLOCK).max_len == BLOCK
+    assert TrainConfig.from_options(model_name=model, max_len=BLOCK).max_len == BLOCK
+    out = tmp_path / "r.json"
+    proc = run_cli("train", "--model", model, "--data", checkpoint["text"], "--batch-size", "2", "--steps", "2",
+                   "--valid-size", "4", "--test-size", "100", "--measure-only", "--dtype", "float32", "--report",
+                   "none", "--out", str(out), env=CPU_ONLY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["config"]["max_len"] == result["model"]["max_len"] == 64

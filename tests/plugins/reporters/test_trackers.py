@@ -51,6 +51,15 @@ def test_tensorboard_events_hold_the_streamed_figures(tracked):
     # TensorBoard keeps float32: the streamed values are the history's, rounded to float32.
     assert [e.value for e in losses] == [float(np.float32(loss)) for loss in history_losses(result)]
     assert [e.step for e in events.Scalars("tokens_per_s")] == [10]
+    # The default 100-step warm-up cut to the run's 12 steps less one: Keras's ramp from 0, step s updating at
+    # (s - 1) / 11 of the peak, the last step at the peak.
+    peak, warmup = result["config"]["learning_rate"], STEPS - 1
+    assert result["config"]["warmup_steps"] > STEPS
+    rates = [peak * (step - 1) / warmup for step in range(1, STEPS + 1)]
+    assert [h["step"] for h in result["history"]] == [e.step for e in events.Scalars("learning_rate")] == \
+        list(range(1, STEPS + 1))
+    assert [h["learning_rate"] for h in result["history"]] == pytest.approx(rates, rel=1e-6, abs=1e-12)
+    assert [e.value for e in events.Scalars("learning_rate")] == pytest.approx(rates, rel=1e-6, abs=1e-12)
     bleu = events.Scalars("val_bleu")
     assert [(e.step, e.value) for e in bleu] == [(ev["step"], pytest.approx(ev["bleu"], rel=1e-6))
                                                  for ev in result["target"]["evaluations"]]
@@ -140,3 +149,49 @@ def test_a_missing_tracker_library_names_the_extra_to_install(monkeypatch):
     with pytest.raises(MtbenchError, match=r"^reporter 'tensorboard': tensorboard is not installed "
                                            r"\(pip install 'mtbench\[tensorboard\]'\)$"):
         resolve_reporters(["tensorboard"], registry)
+
+
+@needs("tensorboard")
+def test_tensorboard_logs_each_validation_once_and_the_learning_rate_of_every_step(tiny_runs, tmp_path):
+    """The final evaluation's validation figures were logged at the last step beside that step's --eval-every
+    validation of the same weights (a language model's loss, perplexity and bits per byte): two points at one step;
+    and no learning rate was logged. Each validation is one point, and each step the rate its history records."""
+    import io
+
+    from rich.console import Console
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from mtbench.keras_models.schedules import cosine_decay, schedule_of_recipe
+    from mtbench.plugins.manager import Registry
+    from mtbench.plugins.reporters.tensorboard_tracker import TensorBoardTracker
+    from mtbench.runner.results.reporting import run_reporters
+    result = json.loads(json.dumps(tiny_runs["jax"]["result"]))
+    last = len(result["history"])
+    # --eval-every validations as a language model records them, the last one at the last step (of the final weights,
+    # which the final evaluation scores again on the same split)
+    validations = {last // 2: result["metrics"]["val_loss"] + 0.5, last: result["metrics"]["val_loss"]}
+    result["target"] = {"metric": "loss", "split": "valid", "target": None, "eval_every": last // 2, "evaluations": [
+        {"step": step, "loss": loss, "training_s": step * 0.1, "seconds": 0.1} for step, loss in validations.items()]}
+    # each step's rate as the training loop reads it (`TrainingLoop.learning_rate`), recorded beside its loss
+    schedule = schedule_of_recipe(result["compile_options"]["optimizer_recipe"])
+    for entry in result["history"]:
+        entry["learning_rate"] = float(cosine_decay(schedule, entry["step"] - 1))
+    result["run_dir"] = None  # the events go beside this copy, not into the shared run's folder
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(result))
+    tracker = TensorBoardTracker()
+    assert run_reporters([tracker], Registry(reporters={"tensorboard": tracker}), result,
+                         Console(file=io.StringIO()), str(path)) == []
+    events = EventAccumulator(str(tmp_path / "run.run" / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("val_loss")] == [
+        (step, pytest.approx(loss, rel=1e-6)) for step, loss in validations.items()]
+    rates = events.Scalars("learning_rate")
+    assert [(e.step, e.value) for e in rates] == [(entry["step"], float(np.float32(entry["learning_rate"])))
+                                                  for entry in result["history"]]
+    assert rates[-1].value > rates[0].value == 0  # warmed up from 0
+    # every figure is one point a step: the final ones where no validation gave them
+    for tag in events.Tags()["scalars"]:
+        steps = [e.step for e in events.Scalars(tag)]
+        assert len(steps) == len(set(steps)), (tag, steps)
+    assert [e.step for e in events.Scalars("val_accuracy")] == [last]

@@ -16,6 +16,7 @@ from mtbench.runner.results import run_result
 from mtbench.runner.loop.checkpoints import TrainingState
 from mtbench.runner.measurement.flops import StepFlops
 from mtbench.runner.loop.target import QualityTarget
+from mtbench.runner.config import TrainConfig
 from mtbench.runner.loop.loop import Checkpointing, Observers, train_loop
 
 
@@ -67,7 +68,8 @@ def batches(shapes, real_lengths=None):
 
 def run(shapes, window, nan_at=None, checkpoint_every=None, saved=None, step=None, flops=None, real_lengths=None):
     backend, step = CountingBackend(), step or FakeStep(nan_at)
-    config = SimpleNamespace(timing_window=window, target_bleu=None, eval_every=None, log_every=10, profile_steps=0)
+    # A run's configuration: the loop records each step's learning rate from its recipe.
+    config = TrainConfig(preset="tiny", timing_window=window, log_every=10)
     run_dir = SimpleNamespace(save=lambda model, state, *rest: saved.append(state.step) or f"ckpt-{state.step}")
     checkpointing = Checkpointing(run_dir, {}, "fingerprint", checkpoint_every, keep=1)
     energy = SimpleNamespace(read=lambda: None, between=lambda before, after: None)

@@ -334,7 +334,9 @@ def test_a_failing_gate_says_what_the_results_say_of_their_timings(tiny_runs, tm
     assert any(line.startswith(f"warning: jax (new): {loaded}") for line in proc.stdout.splitlines()), proc.stdout
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("Error: slower than the baseline by more than 5%: jax (new) is ")
-    interval, warned = line.split(" in tokens/s ", 1)[1].split(") (", 1)  # the baseline's run may carry some too
+    # The verdict names the loaded runs (the baseline's may be one too), then the runs whose warnings are above.
+    interval, warned = line.split(" in tokens/s ", 1)[1].split(": not reliable (", 1)
+    assert "), measured on a loaded machine (jax (new)" in interval, line
     assert "jax (new)" in warned and warned.endswith(" warnings, above, that may explain it)"), line
     gate = json.loads(run_cli("report", new, "--baseline", old["path"], "--format", "json").stdout)
     assert any(text.startswith(loaded) for text in gate["run_warnings"]["jax (new)"]) and undocumented_keys(gate) == []

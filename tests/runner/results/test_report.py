@@ -217,8 +217,9 @@ def test_the_configuration_and_parity_lines_say_what_ran(results):
     vocabulary = results["jax"][1]["model"]["vocab_size"]  # the pieces the tiny corpus's tokenizer learnt
     tokens = f"sentencepiece-unigram tokens (vocabulary {vocabulary:,})"
     both = [LoadedRun(results[backend][1], results[backend][0]) for backend in ("jax", "torch")]
-    assert context_lines(build_comparison(both))[0] == (f"configuration: {corpus}, preset tiny, 60 steps x batch 32, "
-                                                        f"max-len 48, max-pairs 4000, {tokens}, seed 0, greedy decoding")
+    assert context_lines(build_comparison(both))[0].startswith(
+        f"configuration: {corpus}, preset tiny, 60 steps x batch 32, max-len 48, max-pairs 4000, {tokens}, seed 0, "
+        f"greedy decoding, AdamW ")
     one_step = []
     for backend in ("jax", "torch"):
         result = json.loads(json.dumps(results[backend][1]))
@@ -227,8 +228,8 @@ def test_the_configuration_and_parity_lines_say_what_ran(results):
         result["timing"]["steps"], result["history"] = 1, result["history"][:1]
         one_step.append(LoadedRun(result, f"{backend}.json"))
     lines = context_lines(build_comparison(one_step))
-    assert lines[0] == (f"configuration: {corpus}, preset tiny, 1 step x batch 32, max-len 48, max-pairs 4000, "
-                        f"{tokens}, seed 0")
+    assert lines[0].startswith(f"configuration: {corpus}, preset tiny, 1 step x batch 32, max-len 48, max-pairs 4000, "
+                               f"{tokens}, seed 0, AdamW ")
     assert any(line.startswith("parity torch vs jax (float32, first 1 step): ") for line in lines), lines
     assert not any("signature" in line for line in lines), lines  # it read 'BLEU signature: not recorded'
     assert ", float32, 1 step x 32, on " in summary_lines(one_step[0].result)[0]
@@ -302,7 +303,7 @@ def test_perturbed_losses_are_flagged_in_the_report(results, tmp_path):
     data = json.loads(report(results["jax"][0], str(path), "--format", "json"))
     assert data["parity"]["passed"] is False
     assert data["parity"]["pairs"][0]["max_relative_difference"] == pytest.approx(0.05, rel=1e-3)
-    assert "NOT within 1 %" in report(results["jax"][0], str(path), "--format", "markdown")
+    assert "NOT within 0.1 %" in report(results["jax"][0], str(path), "--format", "markdown")  # float32's gate
 
 
 def test_the_report_says_what_each_runs_energy_counts(results, tmp_path):
@@ -720,8 +721,8 @@ def test_a_swept_block_reads_per_run_in_the_configuration_as_a_swept_batch_does(
     assert comparison.swept == ("block_size",)
     config = torch_float16_gpt_run["config"]
     corpus = config.get("data_file") or torch_float16_gpt_run["data"]["corpus"]
-    assert context_lines(comparison)[0] == (f"configuration: {corpus}, preset tiny, 6 steps x batch 8, block per run, "
-                                            f"byte tokens (vocabulary 256), seed {config['seed']}")
+    assert context_lines(comparison)[0].startswith(f"configuration: {corpus}, preset tiny, 6 steps x batch 8, block "
+                                                   f"per run, byte tokens (vocabulary 256), seed {config['seed']}, ")
     # runs of other tokens (held with --force) say so: neither their tokens/s nor their perplexities compare
     pieces = json.loads(json.dumps(runs[1].result))
     pieces["data"]["tokenizer"] = {"type": "sentencepiece-unigram", "vocab_size": 500, "fingerprint": "spm-500"}
@@ -818,3 +819,205 @@ def test_a_single_runs_table_shows_its_token_accuracy_on_every_split(tiny_runs):
     rows = {figure: value for _, figure, value in result_rows(tiny_runs["jax"]["result"])}
     assert rows["token accuracy train / val / test"] == " / ".join(
         f"{metrics[key]:,.3f}" for key in ("train_accuracy", "val_accuracy", "test_accuracy"))
+
+
+def test_one_result_reads_as_one_run_with_its_intervals_not_as_a_comparison_against_itself(results):
+    """`mtbench report RESULT.json` of one run printed the comparison's table with one column: 'tokens/s vs jax
+    1.00x (baseline)' and 'parity jax: not checked, no other float32 run', a comparison against nothing. One run
+    reads as one run: its figures, the speed ones with their 95 % intervals, and its configuration."""
+    from mtbench.figures import FIGURES_BY_KEY
+    from mtbench.runner.results import verdicts as stats
+    jax_path, jax = results["jax"]
+    markdown = report(jax_path, "--format", "markdown")
+    header, rows = parse_markdown_table(markdown)
+    assert header == ["figure", "jax"]
+    assert [title for title in rows if " vs " in title or "break-even" in title] == []
+    assert not re.search("baseline|parity|noise floor|ranking", markdown), markdown
+    windows = len(stats.steady_windows(jax["history"]))
+    for key in stats.WINDOW_FIGURES:
+        figure = FIGURES_BY_KEY[key]
+        _, low, high = stats.figure_interval(key, [jax])
+        assert rows[figure.title] == [f"{figure.text(figure.value(jax))} (95 % interval {figure.text(low)}–"
+                                      f"{figure.text(high)})"]
+    assert rows["compile (s)"] == [FIGURES_BY_KEY["compile_s"].text(jax["timing"]["compile_s"])]
+    assert rows["runs (repeats)"] == ["1"]
+    corpus = jax["data"]["corpus"]
+    assert f"- configuration: {corpus}, preset tiny, 60 steps x batch 32, max-len 48, " in markdown
+    assert f"- 95 % intervals: a bootstrap of the run's {windows} steady timing windows\n" in markdown
+    assert "- interval warning: 1 repeat: the intervals count only the noise within each run, not between " in markdown
+    table = run_cli("report", jax_path, env={"COLUMNS": "250"})
+    assert table.returncode == 0, table.stderr
+    assert "mtbench report: jax" in table.stdout and "comparison" not in table.stdout
+    assert not re.search(r"vs jax|\(baseline\)|parity", table.stdout), table.stdout
+    # Two results are still a comparison, with verdicts against the baseline.
+    both = report(jax_path, results["torch"][0], "--format", "markdown")
+    assert "| tokens/s vs jax (geometric means over repeats) | 1.00x (baseline) |" in both
+
+
+def test_csv_rows_carry_the_configuration_that_tells_a_sweeps_runs_apart(results, tmp_path):
+    """The CSV held each run's figures under its label alone: in a spreadsheet a sweep's rows could not be sorted or
+    filtered by batch size, block, preset or steps. Each row carries the run's own configuration, as its JSON
+    summary entry does."""
+    (jax_path, jax), (torch_path, torch) = results["jax"], results["torch"]
+    paths = [jax_path, torch_path, variant(jax, tmp_path / "jax-8.json", {"batch_size": 8}),
+             variant(torch, tmp_path / "torch-8.json", {"batch_size": 8})]
+    rows = list(csv.DictReader(io.StringIO(report(*paths, "--format", "csv"))))
+    assert [(row["backend"], row["extras"], row["dtype"], row["batch_size"]) for row in rows] == [
+        ("jax", "", "float32", "32"), ("torch", "", "float32", "32"), ("jax", "", "float32", "8"),
+        ("torch", "", "float32", "8")]
+    config = jax["config"]
+    for row in rows:
+        assert {key: row[key] for key in ("task", "corpus", "model_name", "preset", "parameters", "max_len",
+                                          "block_size", "max_tokens", "grad_accum", "d_model", "steps", "epochs",
+                                          "seed", "init")} == {
+            "task": "translation", "corpus": jax["data"]["corpus"], "model_name": "transformer", "preset": "tiny",
+            "parameters": str(config["parameters"]), "max_len": "48", "block_size": "", "max_tokens": "",
+            "grad_accum": "1", "d_model": "", "steps": "60", "epochs": "", "seed": "0", "init": config["init"]}
+    data = json.loads(report(*paths, "--format", "json"))
+    assert [(entry["label"], entry["config"]["batch_size"], entry["config"]["steps"]) for entry in data["summary"]] == [
+        ("jax:batch-size=32", 32, 60), ("torch:batch-size=32", 32, 60), ("jax:batch-size=8", 8, 60),
+        ("torch:batch-size=8", 8, 60)]
+
+
+def scored_language_model(result, blocks):
+    """`result`, a measure-only GPT run, as a run that scored `blocks` blocks of its byte test split records it
+    (`LanguageModelEvaluator.scores`: a byte a token)."""
+    scored = json.loads(json.dumps(result))
+    scored["config"].update(measure_only=False, test_size=blocks)
+    del scored["metrics"]["skipped"]
+    predicted = blocks * scored["config"]["max_len"]
+    scored["metrics"].update(test_loss=3.97, test_accuracy=0.08, test_perplexity=53.0, test_bits_per_byte=5.73,
+                             test_tokens_evaluated=predicted, test_bytes_evaluated=predicted)
+    return scored
+
+
+@pytest.mark.slow  # the session's float16 GPT run, 10 s where no other test made it
+def test_a_language_models_test_figures_say_how_much_of_the_test_split_they_cover(torch_float16_gpt_run):
+    """`--test-size 8` scores 8 blocks from the test split's start: the table and the lines below it gave their bits
+    per byte and perplexity as if of the whole split, where translation says 'test sentences scored: 16 of 64'."""
+    from mtbench.plugins.reporters.table_reporter import result_rows
+    from mtbench.runner.results.report import LoadedRun, build_comparison, context_lines
+    result = scored_language_model(torch_float16_gpt_run, 8)
+    split_bytes, split_tokens = result["data"]["bytes"]["test"], result["data"]["tokens"]["test"]
+    scored = 8 * result["config"]["max_len"]
+    assert split_bytes > 100 * scored and result["data"]["tokenizer"]["type"] == "byte"
+    share = f"{100 * scored / split_bytes:.2f} %"
+    expected = f"{scored:,} of {split_bytes:,} ({share}); tokens {scored:,} of {split_tokens:,} ({share})"
+    rows = {figure: value for _, figure, value in result_rows(result)}
+    assert rows["test bytes scored"] == expected
+    assert f"test bytes scored: {expected}" in context_lines(build_comparison([LoadedRun(result, "gpt.json")]))
+    # runs that scored other shares of the split (held with --force): each run's said
+    longer = scored_language_model(torch_float16_gpt_run, 16)
+    longer["backend"] = "jax"
+    lines = context_lines(build_comparison([LoadedRun(result, "torch.json"), LoadedRun(longer, "jax.json")],
+                                           force=True))
+    assert [line for line in lines if line.startswith("test bytes scored")] == [
+        f"test bytes scored of torch:model=gpt: {expected}",
+        f"test bytes scored of jax:model=gpt: {2 * scored:,} of {split_bytes:,} ({200 * scored / split_bytes:.2f} %); "
+        f"tokens {2 * scored:,} of {split_tokens:,} ({200 * scored / split_tokens:.2f} %)"]
+    # the whole split, and token files whose bytes are not known: their tokens alone
+    whole = json.loads(json.dumps(result))
+    whole["metrics"].update(test_tokens_evaluated=split_tokens, test_bytes_evaluated=split_bytes)
+    assert {f: v for _, f, v in result_rows(whole)}["test bytes scored"] == (
+        f"{split_bytes:,} of {split_bytes:,} (the whole split); tokens {split_tokens:,} of {split_tokens:,} (the whole "
+        f"split)")
+    ids = json.loads(json.dumps(result))
+    ids["data"]["bytes"], ids["metrics"]["test_bytes_evaluated"] = None, None
+    assert {f: v for _, f, v in result_rows(ids)}["test tokens scored"] == f"{scored:,} of {split_tokens:,} ({share})"
+    # a measure-only run scored nothing: no such line
+    assert not any("scored" in line for line in
+                   context_lines(build_comparison([LoadedRun(torch_float16_gpt_run, "measured.json")])))
+
+
+def test_the_configuration_line_names_the_optimizer_recipe_and_the_dropout(results):
+    """A published comparison named steps, batch, length and seed, but not the learning rate, its schedule, Adam's
+    betas, the weight decay, the clipping or the dropout (the `char` preset brings 0.2 unasked)."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison, context_lines
+    jax, torch = (json.loads(json.dumps(results[backend][1])) for backend in ("jax", "torch"))
+    recipe = jax["compile_options"]["optimizer_recipe"]
+    assert recipe == torch["compile_options"]["optimizer_recipe"] and recipe["decay_steps"] == 1
+    dropout = jax["model"]["dropout"]
+    trained = (f", seed 0, greedy decoding, AdamW peak learning rate 0.001, warm-up {recipe['warmup_steps']} steps, "
+               f"cosine decay to 0.1 of the peak over 1 step, betas 0.9/0.98, epsilon 1e-09, weight decay 0.01 on "
+               f"every weight, clip each gradient to norm 1, dropout {dropout:g}")
+    both = [LoadedRun(jax, "jax.json"), LoadedRun(torch, "torch.json")]
+    assert context_lines(build_comparison(both))[0].endswith(trained)
+    # the char preset's dropout, and runs given other settings (held with --force): each run's said
+    for result in (jax, torch):
+        result["model"]["dropout"] = 0.2
+    torch["config"]["weight_decay"] = 0.1
+    torch["compile_options"]["optimizer_recipe"].update(weight_decay=0.1, decay="matrices", clip="global")
+    line = context_lines(build_comparison(both, force=True))[0]
+    assert line.endswith(", weight decay per run (jax 0.01 on every weight; torch 0.1 on matrices), clip per run "
+                         "(jax each gradient to norm 1; torch global norm 1), dropout 0.2"), line
+    # a result from before the recipe was recorded: what its configuration says, and that the rest is not known
+    for result in (jax, torch):
+        del result["compile_options"]["optimizer_recipe"]
+    line = context_lines(build_comparison(both, force=True))[0]
+    assert line.endswith(", seed 0, greedy decoding, AdamW peak learning rate 0.001, optimizer recipe not recorded, "
+                         "dropout 0.2"), line
+
+
+def test_a_checkpoints_comparison_names_the_checkpoint_not_the_preset(results):
+    """`--model marian:DIR` trains the checkpoint's shape whatever `--preset` says: the configuration line read
+    'preset small' of a 74 M parameter model."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison, context_lines
+    runs = []
+    for backend in ("jax", "torch"):
+        result = json.loads(json.dumps(results[backend][1]))
+        result["config"]["model_name"] = "marian:/models/opus-mt-en-de"
+        result["model"].update(family="marian", path="/models/opus-mt-en-de/", init="pretrained", encoder_layers=6,
+                               decoder_layers=6, d_model=512, parameters=74_410_496)
+        runs.append(LoadedRun(result, f"{backend}.json"))
+    line = context_lines(build_comparison(runs))[0]
+    corpus = results["jax"][1]["data"]["corpus"]
+    assert line.startswith(f"configuration: {corpus}, checkpoint opus-mt-en-de (6 encoder and 6 decoder layers, "
+                           f"d-model 512, 74,410,496 parameters), 60 steps x batch 32, "), line
+    assert "preset" not in line
+
+
+# What distributed runs recorded of their collectives (a compare of the tiny GPT, 2 devices, on 2026-12-06).
+RECORDED_COLLECTIVES = {
+    ("jax", "tensor-parallel"): {"collectives_per_step": {"all-reduce": 28}, "activation_all_reduces_per_step": 8,
+                                 "batch_all_gathers_per_step": 0},
+    ("torch", "tensor-parallel"): {"collectives": "gloo", "collectives_per_step": {"all-gather": 1, "all-reduce": 9},
+                                   "activation_all_reduces_per_step": 8, "batch_all_gathers_per_step": 1},
+    ("jax", "pipeline-parallel"): {"collectives_per_step": {"all-gather": 2, "all-reduce": 41,
+                                                            "collective-permute": 45}},
+    ("torch", "pipeline-parallel"): {"collectives": "gloo", "messages_per_step": {
+        "all-gather": 1, "all-reduce": 2, "broadcast": 1, "receive": 8, "send": 8}},
+    ("jax", "fsdp"): {"gather_dtype": "float32", "collectives_per_step": {"all-gather": 3, "all-reduce": 39,
+                                                                          "reduce-scatter": 3}},
+    ("torch", "fsdp"): {"collectives": "gloo", "gather_dtype": "float32"},
+    ("torch", "ddp"): {"collectives": "gloo", "gradient_bucket_bytes": 482304, "gradient_buckets": 1},
+    ("jax", "data-parallel"): {"devices": 2},
+}
+
+
+def test_the_table_shows_each_runs_collectives_a_step(results):
+    """Each distributed run records the collectives of a step (`extras_record`), which no table showed: the README
+    promises them counted on both sides."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison, to_json_dict, to_markdown
+    runs = []
+    for (backend, extra), record in RECORDED_COLLECTIVES.items():
+        result = json.loads(json.dumps(results[backend][1]))
+        result["extras"], result["extras_record"] = [extra], {extra: record}
+        runs.append(LoadedRun(result, f"{backend}-{extra}.json"))
+    why = "the counted step replayed CUDA graphs, whose collectives the host does not dispatch"
+    replayed = json.loads(json.dumps(runs[1].result))
+    replayed["extras"] = ["tensor-parallel", "torch-compile"]
+    replayed["extras_record"] = {"tensor-parallel": {"collectives_per_step": None, "collectives_why_not": why},
+                                 "torch-compile": {"mode": "reduce-overhead"}}
+    comparison = build_comparison([*runs, LoadedRun(replayed, "replayed.json")])
+    header, rows = parse_markdown_table(to_markdown(comparison))
+    assert header[1:] == [f"{backend}+{extra}" for backend, extra in RECORDED_COLLECTIVES] + [
+        "torch+tensor-parallel+torch-compile"]
+    assert rows["collectives a step"] == [
+        "all-reduce 28", "all-gather 1, all-reduce 9", "all-gather 2, all-reduce 41, collective-permute 45",
+        "all-gather 1, all-reduce 2, broadcast 1, receive 8, send 8", "all-gather 3, all-reduce 39, reduce-scatter 3",
+        "not counted", "all-reduce 1 (DDP's gradient buckets)", "not counted", f"not counted: {why}"]
+    assert [entry["collectives"] for entry in to_json_dict(comparison)["summary"]][:2] == [
+        "all-reduce 28", "all-gather 1, all-reduce 9"]
+    # runs that count none have no such row
+    plain = build_comparison([LoadedRun(results[backend][1], results[backend][0]) for backend in ("jax", "torch")])
+    assert "collectives a step" not in parse_markdown_table(to_markdown(plain))[1]

@@ -13,7 +13,7 @@ from mtbench import MtbenchError
 from mtbench.plugins import manager
 from mtbench.runner.orchestration.environments import check_runs
 from mtbench.runner.orchestration.runs import RunSpec, parse_run_spec
-from mtbench.runner.results.report import ideal_speedup
+from mtbench.runner.results.report import SCALING_TITLE, ideal_speedup
 
 
 def two_process_copy(result, extra, tokens_factor, device_kind, machines):
@@ -52,17 +52,19 @@ def test_report_sets_a_two_process_run_against_its_one_process_run_on_the_device
     proc = run_cli("report", *paths, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["scaling"] == {"torch+ddp@2": {"processes": 2, "against": "torch", "ideal_speedup": ideal,
-                                                 "efficiency": pytest.approx(efficiency)}}
+    assert report["scaling"] == {"torch+ddp@2": {"processes": 2, "devices": 2, "against": "torch",
+                                                 "ideal_speedup": ideal, "efficiency": pytest.approx(efficiency),
+                                                 "above_ideal": efficiency > 1}}
     assert [entry["processes"] for entry in report["summary"]] == [1, 2, 1]
     if device_kind == "gpu":  # the GPUs each run trained on, not the count its backend reported (8, 2)
         name = one["env"]["device"]["name"]
         assert [entry["hardware"] for entry in report["summary"][:2]] == [f"1x {name}", f"2x {name}"]
     proc = run_cli("report", *paths, "--format", "markdown")
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| scaling efficiency"))
+    flag = ": above the ideal, distrust it (see the warnings row)" if efficiency > 1 else ""
     assert [cell.strip() for cell in row.strip("|").split("|")] == [
         "scaling efficiency (of the one-process run's tokens/s x the ratio of devices)", "",
-        f"{efficiency:.0%} of {ideal}x torch", ""]
+        f"{efficiency:.0%} of {ideal}x torch{flag}", ""]
     for result in (one, two):  # results from before the peak's devices were recorded: the same rule on the devices
         del result["utilization"]["peak_devices"]
     assert ideal_speedup(two, one) == ideal
@@ -90,6 +92,54 @@ def test_a_scaling_efficiency_above_the_ideal_is_warned_of_beside_the_runs_other
     two = two_process_copy(one, "ddp", 1.5, "cpu", 2)  # 2 machines: 75 % of 2x
     compared = build_comparison([LoadedRun(one, "one.json"), LoadedRun(two, "two.json")])
     assert compared.warnings(compared.groups[1]) == compared.groups[1].warnings()
+
+
+def one_process_over_devices(extra, devices, tokens_factor, device_kind):
+    """A synthetic JAX run of one device (`verdicts`' tests' kind) and the same run with `extra` over `devices`
+    devices of its one process, `tokens_factor` times as fast, on a `device_kind`."""
+    from test_verdicts import result
+    one, spread = result(noise=0.0), result(extras=(extra,), step_s=0.015 / tokens_factor, noise=0.0)
+    for run, count in ((one, 1), (spread, devices)):
+        run["env"]["device"] = {"kind": device_kind, "name": "CPU" if device_kind == "cpu" else "NVIDIA H100"}
+        run["devices_used"] = count
+        # A CPU's simulated devices share its cores, whose one peak MFU divides by (`utilization.peak_devices`).
+        run["utilization"] = {"peak_devices": 1 if device_kind == "cpu" else count}
+    spread["extras_record"] = {extra: {"devices": devices}}
+    spread["processes"] = {"world_size": 1, "processes": 1, "devices_per_process": devices, "launcher": "single",
+                           "spanned_by": [extra], "machines": 1}
+    return one, spread
+
+
+@pytest.mark.parametrize("extra, device_kind, ideal, efficiency", [
+    ("data-parallel", "cpu", 1, 1.5), ("data-parallel", "gpu", 2, 0.75), ("fsdp", "gpu", 2, 0.75)])
+def test_a_jax_run_over_the_devices_of_one_process_scales_its_one_device_run(extra, device_kind, ideal, efficiency):
+    """`compare --matrix 'torch;jax;torch+ddp@2;jax+data-parallel'` gave torch+ddp@2 a scaling efficiency and
+    jax+data-parallel, one process over 2 simulated devices, none: JAX scales over devices, not processes. Its
+    figure is against the one-device run, its ideal the devices' ratio (a CPU's simulated devices share its cores:
+    1x). One above 100 % is flagged where it is shown, not only in the warnings row (a MarianMT compare's `657% of
+    1x torch` read plainly in its row)."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison, table_cells, to_json_dict
+    one, spread = one_process_over_devices(extra, 2, 1.5, device_kind)
+    compared = build_comparison([LoadedRun(one, "one.json"), LoadedRun(spread, "spread.json")])
+    label = compared.groups[1].label
+    assert label == f"jax+{extra}"
+    above = efficiency > 1
+    assert compared.scaling(compared.groups[1]) == {"processes": 1, "devices": 2, "against": "jax",
+                                                    "ideal_speedup": ideal, "efficiency": pytest.approx(efficiency),
+                                                    "above_ideal": above}
+    assert compared.scaling(compared.groups[0]) is None
+    by_title = {row[0]: row[1:] for row in table_cells(compared)[1]}
+    flag = ": above the ideal, distrust it (see the warnings row)" if above else ""
+    assert by_title[SCALING_TITLE] == ["", f"{efficiency:.0%} of {ideal}x jax{flag}"]
+    warned = [text for text in compared.warnings(compared.groups[1]) if text.startswith("scaling efficiency")]
+    assert warned == ([f"scaling efficiency above 100 % ({efficiency:.0%} of {ideal}x jax): the one-process run was "
+                       f"likely slowed (its threads contending for the cores, a loaded machine); distrust the "
+                       f"efficiency"] if above else [])
+    assert to_json_dict(compared)["scaling"][label]["above_ideal"] is above
+    # One device is no scaling: the extra over the one device there is.
+    compared = build_comparison([LoadedRun(run, f"{number}.json")
+                                 for number, run in enumerate(one_process_over_devices(extra, 1, 1.0, device_kind))])
+    assert compared.scaling(compared.groups[1]) is None
 
 
 def test_a_pipeline_on_either_schedule_scales_the_one_process_run(tiny_runs):

@@ -752,3 +752,45 @@ def test_runs_whose_steps_differ_in_work_break_even_in_tokens_not_steps():
     assert held.call == "no difference"
     assert compared.break_even(compared.groups[1]).text == \
         f"undetermined: the tokens/s differ within the noise ({held.text})"
+
+
+def loaded(run, others=60.0, steal=0.0):
+    """`run` as if other processes used `others` % of the CPUs' time, and the hypervisor took `steal` %, while it
+    trained (`machine_load`, which `run_warnings` reads)."""
+    run["machine_load"] = {"cores": 2, "other_processes_percent": others, "steal_percent": steal}
+    return run
+
+
+@pytest.mark.parametrize("others, steal", [(60.0, 0.0), (1.0, 20.0)])
+def test_a_verdict_on_runs_of_a_loaded_machine_says_so_on_its_line_cell_and_json(others, steal):
+    """Other processes used 55-76 % of the CPUs as a compare's runs trained: `torch:init=flax is 12.62x slower than
+    torch:init=torch in tokens/s (2.58-76.84)`, of an initialisation that cannot change the speed, was stated flatly,
+    the load said only in the warnings row and a `ranking not reliable` line. A verdict of which either run carries
+    a load warning (in any repeat) says so, in the table's cell and the JSON too; the call stays the interval's,
+    which excludes 1 (the load is what the interval cannot count, not its width)."""
+    quiet = repeats(2, compile_s=3.0)
+    slowed = repeats(2, seed=50, extras=("slow-step",), step_s=0.015 * 1.3)
+    loaded(slowed[1], others, steal)
+    compared = build_comparison([LoadedRun(run, f"{number}.json") for number, run in enumerate(quiet + slowed)])
+    qualifier = ", measured on a loaded machine (jax+slow-step): not reliable"
+    for key in stats.WINDOW_FIGURES:
+        held = compared.verdicts["jax+slow-step"][key]
+        assert held.call == "slower" and held.loaded == ("jax+slow-step",)
+        assert held.text.endswith(f"){qualifier}") and held.cell().endswith("), loaded machine: not reliable")
+        assert f"- {held.text}" in to_markdown(compared)
+    assert to_json_dict(compared)["verdicts"][0]["loaded"] == ["jax+slow-step"]
+    by_title = {row[0]: row[1:] for row in table_cells(compared)[1]}
+    assert by_title["tokens/s vs jax (95 % interval)"][1] == compared.verdicts["jax+slow-step"]["tokens_per_s"].cell()
+    # The baseline's load qualifies each verdict held to it; a quiet pair none.
+    runs = [loaded(quiet[0], others, steal), quiet[1], slowed[0]]
+    compared = build_comparison([LoadedRun(run, f"{number}.json") for number, run in enumerate(runs)])
+    assert compared.verdicts["jax+slow-step"]["tokens_per_s"].loaded == ("jax",)
+    quiet_pair = build_comparison([LoadedRun(run, f"{number}.json")
+                                   for number, run in enumerate(repeats(2) + repeats(2, seed=9, extras=("a",)))])
+    held = quiet_pair.verdicts["jax+a"]["tokens_per_s"]
+    assert held.loaded == () and "loaded" not in held.text and held.to_dict()["loaded"] == []
+    # A regression gate's and a history's changes are held by the same rule.
+    from mtbench.runner.results.regression import change_verdict
+    change = change_verdict("tokens_per_s", slowed, repeats(2), "jax (new)", "jax (baseline)")
+    assert change.loaded == ("jax (new)",)
+    assert change.text.endswith("), measured on a loaded machine (jax (new)): not reliable")

@@ -402,3 +402,37 @@ def test_the_count_of_characters_not_in_the_vocabulary_reads_as_one_or_many(tmp_
     assert "  1 character of the text is not in the training split's vocabulary (<unk>)" in one.lines
     two = prepared_text(("In the beginning was the Word. " * 40 + "€€").encode(), "char", tmp_path)
     assert "  2 characters of the text are not in the training split's vocabulary (<unk>)" in two.lines
+
+
+def test_the_char_preset_reads_a_text_by_its_characters_unless_told_otherwise(tmp_path):
+    """`--preset char` is nanoGPT's shakespeare_char model: on a text it trained bytes unless --tokenizer char was
+    given too. Its characters are the default now, recorded in the configuration as what ran; --tokenizer still
+    chooses, token files keep their ids, and the other presets read bytes."""
+    from mtbench.plugins import manager
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import resolve_model, resolve_task
+    registry = manager.registry()
+    (tmp_path / "input.txt").write_bytes(TEXT)
+    folder = tmp_path / "ids"
+    folder.mkdir()
+    for name in ("train.bin", "val.bin"):
+        np.arange(200, dtype=np.uint16).tofile(folder / name)
+
+    def prepared(data_file, **options):
+        config = TrainConfig(model_name="gpt", data_file=str(data_file), block_size=8, cache_dir=str(tmp_path),
+                             **options)
+        task = resolve_task(resolve_model(config, registry)[0], config, registry)
+        return config, task.prepare(config, task.read(config, registry, None), None)
+    config, data = prepared(tmp_path / "input.txt", preset="char")
+    assert config.tokenizer == config.to_dict()["tokenizer"] == "char" == data.record["tokenizer"]["type"]
+    config, data = prepared(tmp_path / "input.txt", preset="char", tokenizer="byte")
+    assert config.tokenizer == "byte" == data.record["tokenizer"]["type"]
+    config, data = prepared(folder, preset="char")
+    assert config.tokenizer is None and data.record["tokenizer"]["type"] == "token-ids"
+    config, data = prepared(tmp_path / "input.txt", preset="tiny")
+    assert config.tokenizer is None and data.record["tokenizer"]["type"] == "byte"
+    # A result of an earlier mtbench, whose char preset read the text's bytes, is read (rerun, resumed) as it ran.
+    recorded = prepared(tmp_path / "input.txt", preset="char")[0].to_dict()
+    assert TrainConfig.from_dict(recorded).tokenizer == "char"
+    assert TrainConfig.from_dict({**recorded, "tokenizer": None}).tokenizer == "byte"
+    assert TrainConfig.from_dict({**recorded, "tokenizer": None, "data_file": str(folder)}).tokenizer is None

@@ -242,6 +242,40 @@ def test_meta_pkl_gives_each_id_its_character_and_runs_no_code(tmp_path):
         read_characters(str(folder))
 
 
+def test_a_meta_pkl_of_vocab_size_alone_sizes_the_vocabulary_of_ids_it_cannot_decode(tmp_path):
+    """The token files of a tokenizer of one's own come with `{'vocab_size': N}` alone, which nanoGPT's train.py
+    reads for its model (it was refused: 'not nanoGPT's meta.pkl'): the ids train with that vocabulary, and what
+    needs their text (bits per byte, a prompt, a sample) says it has none, as for files without a meta.pkl."""
+    folder = token_folder(tmp_path / "own", np.arange(3000) % 90, np.arange(400) % 90, meta={"vocab_size": 100})
+    files = read_token_files(str(folder))
+    assert files.characters is None and files.vocab_size == 100 and "meta.pkl" in files.origin
+    config = TrainConfig(model_name="gpt", preset="tiny", block_size=8, data_file=str(folder),
+                         cache_dir=str(tmp_path / "cache"))
+    data = prepare_token_files(files, config)
+    assert data.tokenizer.vocab_size == 100 and data.record["bytes"] is None  # not the 128 its ids round up to
+    assert "vocabulary 100 (meta.pkl's vocab_size); no bytes per token, so no bits per byte" in data.lines[0]
+    with pytest.raises(MtbenchError, match="carry no tokenizer: it takes no text prompt"):
+        data.tokenizer.encode_text("And")
+    given = TrainConfig(model_name="gpt", preset="tiny", block_size=8, data_file=str(folder), vocab_size=128,
+                        cache_dir=str(tmp_path / "cache"))
+    assert prepare_token_files(files, given).tokenizer.vocab_size == 128  # --vocab-size pads it, as nanoGPT's 50304
+    stream, total_bytes = token_files.held_out_ids(str(folder), data.tokenizer, "the model")  # `evaluate`'s
+    assert len(stream) == 400 and stream.token_bytes is None and total_bytes is None
+    prompted = TrainConfig(model_name="gpt", preset="tiny", block_size=8, data_file=str(folder),
+                           sample_prompt="And", eval_every=1, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(MtbenchError, match="--sample-prompt does not apply: its meta.pkl gives their vocabulary size, "
+                                           "not each id's text \\('itos'\\)"):
+        prepare_token_files(files, prompted)
+    past = token_folder(tmp_path / "past", np.arange(3000) % 120, np.arange(400) % 90, meta={"vocab_size": 100})
+    with pytest.raises(MtbenchError, match="the token files hold id 119, past the 100 ids of meta.pkl's vocab_size"):
+        prepare_token_files(read_token_files(str(past)), given)
+    for meta in ({"stoi": {}}, {"vocab_size": 0}, {"vocab_size": "100"}, [100]):
+        token_folder(folder, np.arange(3000) % 90, np.arange(400) % 90, meta=meta)
+        with pytest.raises(MtbenchError, match="not nanoGPT's meta.pkl, whose 'vocab_size' gives the number of ids "
+                                               "\\(and 'itos' each one's character\\)"):
+            read_token_files(str(folder))
+
+
 def split_alike(lines, held_out_lines):
     """(training text, held-out text) of `lines`: nanoGPT's split is 90/10 of its tokens, mtbench's of a text 90/5/5
     of the bytes, so a text whose held-out twentieths are one passage (the last `held_out_lines` lines) twice splits
