@@ -197,7 +197,7 @@ class MtbenchStep:
         plugins = choose_plugins(config, plugins_manager.registry())
         console, stopwatch = Console(quiet=True), Stopwatch()
         raw = read_data(config, plugins, console, stopwatch)
-        keras, run = start_backend(config, plugins, Launch())
+        keras, run, _ = start_backend(config, plugins, Launch())
         data = prepare_data(run.config, plugins, raw, stopwatch)
         built = build_for_training(keras, run.config, run, plugins, data, read_initial_weights(config)[0], steps,
                                    None, console)

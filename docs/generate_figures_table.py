@@ -32,11 +32,15 @@ def raw_unit(figure):
 def render():
     """The table's lines, markers included."""
     from mtbench.figures import FIGURES
+    from mtbench.runner.results.verdicts import WINDOW_FIGURES
     lines = [BEGIN, "| key (JSON, CSV column) | row of the tables | raw value | over repeats | runs that have it |",
              "|---|---|---|---|---|"]
     for figure in FIGURES:
         columns = f"`{figure.key}`" + (f", `{figure.key}_min`, `{figure.key}_max`" if figure.is_timing else "")
         repeats = "median, and the range (min, max)" if figure.is_timing else "median"
+        if figure.key in WINDOW_FIGURES:  # resampled within a run or over its repeats: `intervals` in the summary
+            columns += f", `{figure.key}_interval_low`, `{figure.key}_interval_high`"
+            repeats += ", and its 95 % interval"
         runs = (f"{figure.task} runs" if figure.task else
                 "runs whose task reports it" if figure.section == "quality" else "every run")
         lines.append(f"| {columns} | {figure.title} | {raw_unit(figure)} | {repeats} | {runs} |")

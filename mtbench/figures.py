@@ -11,6 +11,10 @@ from typing import Callable
 MIB = 2 ** 20
 
 
+# Past this a figure's digits beyond its fourth say nothing (no speed or memory of these runs reaches it).
+COMPACT_FROM = 1e9
+
+
 @dataclass(frozen=True)
 class Figure:
     key: str                  # the name in CSV and JSON outputs, which carry the raw value
@@ -29,7 +33,11 @@ class Figure:
         """The value as tables show it; 'n/a' where the run has no such figure (device memory on a CPU)."""
         if value is None:
             return "n/a"
-        return f"{value * self.display_scale:,.{self.decimals}f}"
+        shown = value * self.display_scale
+        if abs(shown) >= COMPACT_FROM:
+            return f"{shown:.4g}"  # a diverged model's perplexity: 1.685e+15, not 22 digits and 5 commas
+        return f"{shown:,.{self.decimals}f}"
+
 
 
 def _timing(key):
@@ -611,9 +619,10 @@ def share_text(part, whole):
 
 def split_scored_text(result, split="test"):
     """How much of a language model's `split` its figures cover, as `scored_sentences_text` says of translation's
-    test set: 'bytes scored: 512 of 201,451 (0.25 %); tokens 512 of 201,451 (0.25 %)', from the metrics' counts
-    and the split's size (`data.bytes`, `data.tokens`); its tokens alone where its bytes are not known (token files
-    without them). None for another task, or where the split was not scored (--measure-only)."""
+    test set: 'bytes scored: 512 of 201,451 (0.25 %); tokens 128 of 50,362 (0.25 %)', from the metrics' counts
+    and the split's size (`data.bytes`, `data.tokens`); the tokens only where they differ from the bytes (not of a
+    byte tokenizer), alone where its bytes are not known (token files without them). None for another task, or
+    where the split was not scored (--measure-only)."""
     metrics, data = result.get("metrics") or {}, result.get("data") or {}
     counts = [(unit, metrics.get(f"{split}_{unit}_evaluated"), (data.get(unit) or {}).get(split))
               for unit in ("bytes", "tokens")]
@@ -621,6 +630,7 @@ def split_scored_text(result, split="test"):
     if not counts:
         return None
     (unit, part, whole), *others = counts
+    others = [(other, n, of) for other, n, of in others if (n, of) != (part, whole)]
     return f"{unit} scored: {share_text(part, whole)}" + "".join(f"; {other} {share_text(n, of)}"
                                                                for other, n, of in others)
 

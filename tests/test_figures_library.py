@@ -176,3 +176,14 @@ def test_the_compile_cache_counts_read_as_one_or_many():
     assert text(programs="partly warm", hits=13, misses=2, every_process={"processes": 2, "hits": 26, "misses": 1}) \
         == "partly warm (26 hits, 1 miss over 2 processes)"
     assert text(programs=None, entries_before=1) == "warm (held 1 program as the run started)"
+
+
+def test_a_huge_figure_reads_compactly_in_tables_and_the_train_summary():
+    """A diverged language model's perplexity read `1,684,989,000,681,430.75 / 5,457,604,968,575,933.00` in
+    `train`'s summary, and `1.685e+15` where its starting point was said; every table now reads the latter."""
+    from mtbench.plugins.reporters.table_reporter import _joined
+    result = {"metrics": {"val_perplexity": 1_684_989_000_681_430.75, "test_perplexity": 5_457_604_968_575_933.0}}
+    assert figures.figure_text(result, "val_perplexity") == "1.685e+15"
+    assert _joined(result, "val_perplexity", "test_perplexity") == "1.685e+15 / 5.458e+15"
+    assert figures.figure_text({"metrics": {"val_perplexity": 28.614}}, "val_perplexity") == "28.61"
+    assert figures.figure_text({"timing": {"tokens_per_s": 45_461.4}}, "tokens_per_s") == "45,461"

@@ -190,7 +190,7 @@ def _evaluated(metrics):
 
 
 def _test_split_scored(result):
-    """('test bytes scored', '512 of 201,451 (0.25 %); tokens 512 of 201,451 (0.25 %)'): how much of its test split
+    """('test bytes scored', '512 of 201,451 (0.25 %); tokens 128 of 50,362 (0.25 %)'): how much of its test split
     a language model's test figures cover (--test-size blocks from its start), as 'test sentences scored' says of
     translation's; ('test tokens scored', ...) where the split's bytes are not known (token files); None where the
     split was not scored."""

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
-from mtbench.figures import short_commit
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import drawn_scheme, read_weights_file
 from mtbench.runner.files import read_json, write_json_atomic
@@ -23,7 +22,8 @@ from mtbench.runner.results import verdicts as stats
 from mtbench.runner.results.compare_json import combined_json, warned
 from mtbench.runner.results.parity import check_parity_options
 from mtbench.runner.results.output import check_output_path, check_result_path
-from mtbench.runner.results.report import LoadedRun, baseline_label, build_comparison, configuration_differences
+from mtbench.runner.results.report import (LoadedRun, baseline_label, build_comparison, configuration_differences,
+                                           software_difference)
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.schema import result_stem
 from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
@@ -371,38 +371,10 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
 def warn_of_software(console, progress):
     """Says `software_difference` on the console once the runs that finished differ, and again where a later run
     adds another: as it happens, since the comparison may yet fail before its table shows it."""
-    difference = software_difference(progress)
+    difference = software_difference([*progress.entries, *progress.twin_entries])
     if difference and difference != progress.software_said:
         console.print(f"Warning: {difference}", highlight=False, soft_wrap=True)
         progress.software_said = difference
-
-
-def mtbench_software(result):
-    """'mtbench 0.1.0 (git 0123456789ab-dirty)': the mtbench code a run trained with."""
-    env = result.get("env") or {}
-    commit = env.get("mtbench_git_commit")
-    return f"mtbench {env.get('mtbench') or '?'}" + (f" (git {short_commit(commit)})" if commit else "")
-
-
-def software_difference(progress):
-    """The warning where the runs that finished trained with different mtbench code (another version, another
-    commit, a commit's tree changed: '-dirty'), naming each run's; None where they all ran the same. Each run is a
-    process of its own that imports mtbench afresh, so an edit of the checkout while a comparison runs reaches
-    only the runs after it, and the figures then differ by mtbench's code as well as by the frameworks'."""
-    entries = [*progress.entries, *progress.twin_entries]
-    by_software = {}
-    for entry in entries:
-        env = entry["result"].get("env") or {}
-        by_software.setdefault((env.get("mtbench"), env.get("mtbench_git_commit")), []).append(entry)
-    if len(by_software) < 2:
-        return None
-    labels = [entry["label"] for entry in entries]
-    name = lambda entry: entry["label"] + (f" #{entry['repeat']}" if labels.count(entry["label"]) > 1 else "")
-    said = "; ".join(f"{', '.join(map(name, group))}: {mtbench_software(group[0]['result'])}"
-                     for group in by_software.values())
-    return (f"the runs trained with different mtbench code ({said}): the checkout changed while the comparison ran, "
-            f"or an environment holds another mtbench; their figures may differ by mtbench's code, not only by the "
-            f"frameworks'")
 
 
 def training_lines(console, status, prefix):
@@ -451,7 +423,7 @@ def _comparison(plan, progress):
         if not str(error).startswith("not comparable") or not changed:
             raise
         raise MtbenchError(f"{error}; {changed}") from None
-    difference = software_difference(progress)
+    difference = software_difference([*progress.entries, *progress.twin_entries])
     return warned(comparison, difference) if difference else comparison
 
 

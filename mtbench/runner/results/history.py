@@ -49,7 +49,7 @@ class Point:
     results: list
     sources: list
     date: datetime
-    interval: tuple = None  # (tokens/s, low, high), None without steady windows; no bounds from one window
+    interval: tuple = None  # (tokens/s, low, high), None without steady windows; no bounds where none is stated
     change: object = None   # verdicts.Verdict against the point before, None for the first or without an interval
     mark: str = None        # 'step', 'unconfirmed' (the change is at the last point, or the second: nothing after
     # it, or before it, tells a new level from an outlier)
@@ -259,7 +259,7 @@ def _speed_text(interval):
         return "n/a"
     text = FIGURES_BY_KEY[stats.SPEED_FIGURE].text
     if interval[1] is None:
-        return f"{text(interval[0])} (one window: no interval)"
+        return f"{text(interval[0])} (no interval: too few windows or repeats)"  # `verdicts.figure_interval_gap`
     return f"{text(interval[0])} ({text(interval[1])}–{text(interval[2])})"
 
 

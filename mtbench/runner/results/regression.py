@@ -301,7 +301,9 @@ def to_json(regression):
     return json.dumps(to_json_dict(regression), indent=2) + "\n"
 
 
-CSV_COLUMNS = ("label", "figure", "baseline", "new", "ratio", "ratio_low", "ratio_high", "verdict", "reason")
+# `verdict_loaded`: the sides that trained on a loaded machine, whose verdict is then not reliable (`Verdict.loaded`).
+CSV_COLUMNS = ("label", "figure", "baseline", "new", "ratio", "ratio_low", "ratio_high", "verdict", "verdict_loaded",
+               "reason")
 
 
 def to_csv(regression):
@@ -313,7 +315,8 @@ def to_csv(regression):
         writer.writerow({"label": change.label, "figure": change.figure, "baseline": change.baseline,
                          "new": change.new, "ratio": verdict.ratio if verdict else "",
                          "ratio_low": verdict.low if verdict else "", "ratio_high": verdict.high if verdict else "",
-                         "verdict": verdict.call if verdict else "", "reason": change.reason or ""})
+                         "verdict": verdict.call if verdict else "",
+                         "verdict_loaded": "; ".join(verdict.loaded) if verdict else "", "reason": change.reason or ""})
     return buffer.getvalue()
 
 

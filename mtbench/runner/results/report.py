@@ -9,6 +9,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import os
 import statistics
 from dataclasses import asdict, dataclass
@@ -23,7 +24,8 @@ from mtbench.runner.files import read_json
 from mtbench.figures import (DEFAULT_MODEL, FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text,
                              energy_counter_text, hardware, is_number, kinds_against_text, machine_device,
                              profile_operations_text, run_dtype, run_name, run_processes, run_warnings,
-                             scored_sentences_text, shown_figures, size_label, split_scored_text, versions_text)
+                             scored_sentences_text, short_commit, shown_figures, size_label, split_scored_text,
+                             versions_text)
 from mtbench.runner.results.parity import PARITY_STEPS, check_parity
 from mtbench.runner.results.schema import (COMPARE_SCHEMA_VERSION, HISTORY_KIND, REGRESSION_KIND,
                                            is_evaluation_scores, result_task, schema_errors)
@@ -74,16 +76,52 @@ def corpus_of(result):
 
 
 # What tells a run's row of a CSV (and its JSON summary entry) from another's beside backend, extras and dtype, each
-# a column of its own: the keys a comparison may vary (the size flags, the sweep keys) and those it holds its runs to
-# (task, data, model, length), so that rows of several reports, concatenated, still say what each ran.
-RUN_CONFIG_KEYS = ("task", "corpus", "model_name", "preset", *SIZE_KEYS, "parameters",
+# a column of its own: the keys a comparison may vary (the size flags, the sweep keys), those it holds its runs to
+# (task, data, model, length) and the optimizer recipe, so that rows of several reports, concatenated, still say
+# what each ran.
+RUN_CONFIG_KEYS = ("task", "corpus", "model_name", "preset", "checkpoint", *SIZE_KEYS, "parameters",
                    *(key for key in SWEEP_KEYS if key != "dtype"), "steps", "epochs", "seed")
+# The recipe's settings as columns (`compile_options.optimizer_recipe`), its `decay` named for what it says.
+RECIPE_COLUMNS = {"learning_rate": "learning_rate", "warmup_steps": "warmup_steps", "decay_steps": "decay_steps",
+                  "min_lr_ratio": "min_lr_ratio", "beta_1": "beta_1", "beta_2": "beta_2", "epsilon": "epsilon",
+                  "weight_decay": "weight_decay", "weight_decay_on": "decay", "clip": "clip",
+                  "clip_norm": "clip_norm"}
+RUN_CONFIG_KEYS += tuple(RECIPE_COLUMNS)
+# The size keys as the model a run built records them (`model`): the shape that ran, whatever the flags left to the
+# preset or a checkpoint.
+MODEL_SIZE_KEYS = {"encoder_layers": "encoder_layers", "decoder_layers": "decoder_layers", "d_model": "d_model",
+                   "heads": "num_heads", "ff_dim": "ff_dim", "dropout": "dropout"}
+
+
+def built_sizes(result):
+    """{size key: value} of the model a run built (`model`), where it records them; `layers` where one count holds
+    for its stacks (a decoder-only model's decoder, or equal encoder and decoder)."""
+    model = result.get("model") or {}
+    sizes = {key: model[name] for key, name in MODEL_SIZE_KEYS.items() if model.get(name) is not None}
+    encoder, decoder = sizes.get("encoder_layers"), sizes.get("decoder_layers")
+    if decoder is not None and encoder in (0, decoder):
+        sizes["layers"] = decoder
+    return sizes
 
 
 def run_configuration(result):
-    """{key of RUN_CONFIG_KEYS: a run's value} (`task` and `model_name` as a result before them has them)."""
-    derived = {"task": result_task(result), "corpus": corpus_of(result),
-               "model_name": result["config"].get("model_name") or DEFAULT_MODEL}
+    """{key of RUN_CONFIG_KEYS: a run's value}: the configuration that ran, not the flags alone. The sizes are the
+    built model's (`built_sizes`; the flags' where a result lacks them), a language model's block its max length
+    (which --block-size sets), a checkpoint's run names the checkpoint (`checkpoint_text`) and no preset, and the
+    optimizer's settings are the recipe it trained with (results before it: the configuration's learning rate)."""
+    config = result["config"]
+    checkpoint = (result.get("model") or {}).get("path")
+    task = result_task(result)
+    recipe = (result.get("compile_options") or {}).get("optimizer_recipe") or {"learning_rate": config.get(
+        "learning_rate")}
+    derived = {"task": task, "corpus": corpus_of(result), "model_name": config.get("model_name") or DEFAULT_MODEL,
+               "preset": None if checkpoint else config.get("preset"),
+               "checkpoint": checkpoint_text(result) if checkpoint else None,
+               "parameters": (result.get("model") or {}).get("parameters", config.get("parameters")),
+               **built_sizes(result),
+               **{column: recipe.get(key) for column, key in RECIPE_COLUMNS.items()}}
+    if task == "language-modelling":
+        derived["block_size"] = config.get("block_size") or config.get("max_len")
     return {key: derived[key] if key in derived else config_value(result, key) for key in RUN_CONFIG_KEYS}
 
 
@@ -103,6 +141,36 @@ def stopped_comparison_warning(status, status_reason):
         return None
     return (f"partial comparison: {status_reason or f'{status}, no reason recorded'}; the runs that did not finish "
             f"are missing from it, or partial")
+
+
+def mtbench_software(result):
+    """'mtbench 0.1.0 (git 0123456789ab-dirty)': the mtbench code a run trained with."""
+    env = result.get("env") or {}
+    commit = env.get("mtbench_git_commit")
+    return f"mtbench {env.get('mtbench') or '?'}" + (f" (git {short_commit(commit)})" if commit else "")
+
+
+def software_difference(entries):
+    """The warning where a comparison's runs (`entries`: a compare JSON's, each with its `label`, `repeat` and
+    `result`) trained with different mtbench code (another version, another commit, a commit's tree changed:
+    '-dirty'), naming each run's; None where they all ran the same. Each run is a process of its own that imports
+    mtbench afresh, so an edit of the checkout while a comparison runs reaches only the runs after it, and the
+    figures then differ by mtbench's code as well as by the frameworks'. Compare says it as its runs finish, and
+    `report` of its JSON derives it again from the runs."""
+    by_software = {}
+    for entry in entries:
+        env = entry["result"].get("env") or {}
+        by_software.setdefault((env.get("mtbench"), env.get("mtbench_git_commit")), []).append(entry)
+    if len(by_software) < 2:
+        return None
+    labels = [entry.get("label") for entry in entries]
+    name = lambda entry: f"{entry.get('label')}" + (f" #{entry.get('repeat')}" if labels.count(entry.get("label")) > 1
+                                                   else "")
+    said = "; ".join(f"{', '.join(map(name, group))}: {mtbench_software(group[0]['result'])}"
+                     for group in by_software.values())
+    return (f"the runs trained with different mtbench code ({said}): the checkout changed while the comparison ran, "
+            f"or an environment holds another mtbench; their figures may differ by mtbench's code, not only by the "
+            f"frameworks'")
 
 
 def check_result(result, source):
@@ -131,9 +199,15 @@ def load_runs(paths):
             if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
                 raise MtbenchError(f"{path}: not an mtbench compare JSON (runs: not a list of objects)")
             check_compare_record(data, path)
-            stopped = stopped_comparison_warning(data.get("status"), data.get("status_reason"))
-            runs.extend(_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})",
-                                 (stopped,) if stopped else (), entry.get("label")) for entry in entries)
+            loaded = [_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})",
+                               asked_as=entry.get("label")) for entry in entries]
+            # The A/A twins count as compare counted them: a twin of other code is as much a difference.
+            twins = [entry for entry in data.get("aa_runs") or () if isinstance(entry, dict)
+                     and isinstance(entry.get("result"), dict)]
+            said = tuple(warning for warning in (
+                stopped_comparison_warning(data.get("status"), data.get("status_reason")),
+                software_difference([*entries, *twins])) if warning)
+            runs.extend(dataclasses.replace(run, warnings=said) for run in loaded)
         elif isinstance(data, dict) and data.get("kind") in REPORTS_OF_RUNS:
             raise MtbenchError(f"{path}: {REPORTS_OF_RUNS[data['kind']]} holds summaries, not runs; "
                                f"give the result or compare JSON files it was made from")
@@ -510,7 +584,7 @@ class Comparison:
             even = stats.break_even(group.label, self.baseline.label, compile_s,
                                     {g.label: Stat.of([stats.mean_step_s(r) for r in g.results]).median
                                      for g in pair})
-            pace, differ, unit = "step_s_median", "the steady step times differ", "step"
+            pace, differ, unit = "step_s_median", "step times", "step"
         else:
             # A step of a larger batch or block trains more tokens: steps are no common unit, a token is, and the
             # total time of n tokens grows by the inverse of the tokens/s the table shows beside it.
@@ -518,12 +592,16 @@ class Comparison:
             even = stats.break_even(group.label, self.baseline.label, compile_s,
                                     {label: 1 / speed if speed else None for label, speed in speeds.items()},
                                     unit="token")
-            pace, differ, unit = stats.SPEED_FIGURE, "the tokens/s differ", "token"
+            pace, differ, unit = stats.SPEED_FIGURE, "tokens/s", "token"
         held = self.verdicts.get(group.label, {}).get(pace)
-        if even and even.names_a_point and held and held.call == "no difference":
-            # The point where one overtakes the other rests on which runs faster, which the noise leaves open.
+        if even and held and held.call == "no difference" and (even.names_a_point or even.faster_stepping):
+            # The point where one overtakes the other, or that the faster-compiling never is, rests on which runs
+            # faster, which the noise leaves open. The interval alone: the verdict's sentence is on its own line.
+            ahead = f"{even.faster_compiling} compiles faster, " if not even.names_a_point else ""
             even = stats.BreakEven(group.label, self.baseline.label,
-                                   f"undetermined: {differ} within the noise ({held.text})", unit=unit)
+                                   f"undetermined: {ahead}{differ} within the noise "
+                                   f"({stats.range_text(held.low, held.high)})",
+                                   faster_compiling=even.faster_compiling if ahead else None, unit=unit)
         return even and with_compile_caches(even, {g.label: g.choice_text(compile_cache_state) for g in pair})
 
     def target_time(self, group):
@@ -656,7 +734,8 @@ def parity_class(result, swept=()):
     that differ only in how a step is laid out (`LAYOUT_KEYS`) are held to one curve: with micro-batches swept,
     a batch of --batch-size rows is named by the rows of a whole step."""
     config = result["config"]
-    settings = sweep_settings(result, [key for key in swept if key not in LAYOUT_KEYS])
+    # The dtype policy that ran names the class first: a swept --dtype would name it again, or as asked (`auto`).
+    settings = sweep_settings(result, [key for key in swept if key not in LAYOUT_KEYS and key != "dtype"])
     if "grad_accum" in swept:
         micro_batches = config.get("grad_accum") or 1
         if config.get("max_tokens"):
@@ -765,39 +844,65 @@ def _target_value(target):
 
 def _single_run_cell(group, figure):
     """A figure of the one run a report holds: '28,663 (95 % interval 27,910–29,420)' for tokens/s and the steady
-    step (`verdicts.figure_interval`, as the verdicts draw theirs); over repeats a timing's range too."""
+    step (`verdicts.figure_interval`, as the verdicts draw theirs), centred on the interval's own value (of one
+    repeat its recorded figure, over repeats their geometric mean, as the JSON's `intervals` and a gate take it);
+    none where `verdicts.figure_interval_gap` states none, the line below saying why; over repeats a timing's range
+    too."""
     stat = group.stat(figure.key)
     said = []
     if figure.is_timing and len(group.runs) > 1 and stat.median is not None:
         said.append(f"range {figure.text(stat.low)}–{figure.text(stat.high)}")
     interval = stats.figure_interval(figure.key, group.results) if figure.key in stats.WINDOW_FIGURES else None
-    if interval is not None and stat.median is not None:
-        _, low, high = interval
-        said.append("no interval: one steady timing window" if low is None else
-                    f"95 % interval {figure.text(low)}–{figure.text(high)}")
-    return figure.text(stat.median) + (f" ({'; '.join(said)})" if said else "")
+    if interval is None or stat.median is None:
+        return figure.text(stat.median) + (f" ({'; '.join(said)})" if said else "")
+    value, low, high = interval
+    if low is not None:
+        said.append(f"95 % interval {figure.text(low)}–{figure.text(high)}")
+    else:
+        repeats = sum(1 for result in group.results if len(stats.steady_windows(result["history"])))
+        said.append(f"95 % interval: too wide to state with {repeats} repeats" if repeats > 1 else
+                    "95 % interval: none, too few steady timing windows to resample")
+    return figure.text(value) + f" ({'; '.join(said)})"
 
 
 # A row only where a run of the comparison counted some: the README holds both backends' collectives to each other.
 COLLECTIVES_TITLE = "collectives a step"
 
 
+# Where each backend's extras count a step's collectives, which the counts are not comparable without: JAX's in the
+# compiled program (each array of a combined collective, a loop's body as often as it runs), torch's as its profiler
+# saw them dispatched in one step (a pipeline's of process 0).
+COUNTED_WHERE = {"jax": "in the compiled step", "torch": "dispatched, torch's profiler"}
+
+
 def counted_collectives(result):
-    """{extra: text} of the collectives a step that a run's extras counted (`extras_record`): each kind's count
-    ('all-gather 1, all-reduce 9'; the compiled program's on JAX, what gloo or NCCL ran on torch), a torch
-    pipeline's messages with them, DDP's bucket all-reduces as its reducer logged them, or 'not counted' and why
-    where a count was withheld (a step replayed from CUDA graphs). {} where no extra counted any."""
+    """{extra: text} of the collectives a step that a run's extras counted (`extras_record`): each kind's count and
+    where it was counted ('all-reduce 28 (in the compiled step)', 'all-gather 1, all-reduce 9 (dispatched over gloo,
+    torch's profiler)', `COUNTED_WHERE`), a torch pipeline's messages with them, DDP's bucket all-reduces as its
+    reducer logged them, or 'not counted' and why where a count was withheld (a step replayed from CUDA graphs), or
+    'not counted by extra X' where an extra that spans the processes or devices (`processes.spanned_by`) counts
+    none. {} where no extra counted any and none spans."""
     counted = {}
-    for extra, record in (result.get("extras_record") or {}).items():
+    where = COUNTED_WHERE.get(result.get("backend"))
+    records = result.get("extras_record") or {}
+    for extra, record in records.items():
         record = record if isinstance(record, dict) else {}
         key = next((key for key in ("collectives_per_step", "messages_per_step") if key in record), None)
         if key and record[key] is None:
             why = record.get("collectives_why_not")
             counted[extra] = "not counted" + (f": {why}" if why else "")
         elif key:
-            counted[extra] = ", ".join(f"{kind} {count}" for kind, count in sorted(record[key].items())) or "none"
+            over = f"over {record['collectives']}" if isinstance(record.get("collectives"), str) else ""
+            said = where and where.replace("dispatched", f"dispatched {over}".strip())
+            if key == "messages_per_step" and said:
+                said = f"process 0's, {said}"
+            counted[extra] = (", ".join(f"{kind} {count}" for kind, count in sorted(record[key].items())) or "none") \
+                + (f" ({said})" if said else "")
         elif record.get("gradient_buckets") is not None:
             counted[extra] = f"all-reduce {record['gradient_buckets']} (DDP's gradient buckets)"
+    if not counted:
+        spanning = (result.get("processes") or {}).get("spanned_by") or ()
+        counted = {extra: f"not counted by extra '{extra}'" for extra in spanning}
     return counted
 
 
@@ -815,7 +920,9 @@ def table_cells(comparison):
     read 'median (min–max)'. One run (`Comparison.single`) has its figures' intervals instead of verdicts."""
     groups = comparison.groups
     header = ["figure", *(group.label for group in groups)]
-    counting = any(counted_collectives(result) for group in groups for result in group.results)
+    # An extra that counts none is said only beside a run that counted some.
+    counting = any(not text.startswith("not counted by extra") for group in groups for result in group.results
+                   for text in counted_collectives(result).values())
     rows = [
         ["dtype", *(group.dtype for group in groups)],
         ["hardware", *(group.hardware for group in groups)],
@@ -896,7 +1003,14 @@ def verdict_lines(comparison):
     """The noise floor, every verdict in words, why an interval may be too narrow, and every break-even."""
     lines = [stats.noise_floor_line(comparison.noise_floor)] if comparison.noise_floor or comparison.verdicts else []
     found = [verdict for by_figure in comparison.verdicts.values() for verdict in by_figure.values()]
-    lines += [verdict.text for verdict in found]
+    # Where every run trained loaded, the load is said once, not on each of a dozen lines; where some did, each
+    # verdict names its own.
+    labels = tuple(group.label for group in comparison.groups)
+    every = stats.loaded_runs({group.label: group.results for group in comparison.groups}) == labels and found
+    if every:
+        lines.append("every run of this comparison trained on a loaded machine (its warnings say how): its verdicts "
+                     "are not reliable")
+    lines += [verdict.unqualified_text() if every else verdict.text for verdict in found]
     lines += [f"interval warning: {text}" for text in dict.fromkeys(w for verdict in found for w in verdict.warnings)]
     lines += [f"break-even: {even.text}" for even in map(comparison.break_even, comparison.groups)
               if even and even.names_a_point]
@@ -993,12 +1107,18 @@ def training_settings(result):
         settings = {"AdamW peak learning rate": f"{config_value(result, 'learning_rate'):g}",
                     "optimizer recipe": "not recorded"}
     else:
-        decay_steps = recipe["decay_steps"]
+        decay_steps, warmup_steps = recipe["decay_steps"], recipe["warmup_steps"]
         clip = CLIP_TEXTS.get(recipe["clip"], recipe["clip"] + " {:g}")
+        steps = (result.get("history") or [{}])[-1].get("step")
+        # A schedule longer than the run (a warm-up cut to its steps leaves the decay after the last update) is
+        # said as far as it ran: the share of the peak the last update applied.
+        last = last_rate_share(result, recipe)
         settings = {"AdamW peak learning rate": f"{recipe['learning_rate']:g}",
-                    "warm-up": f"{recipe['warmup_steps']} step{'s' * (recipe['warmup_steps'] != 1)}",
+                    "warm-up": f"{warmup_steps}{f' of {steps}' if steps else ''} "
+                               f"step{'s' * ((steps or warmup_steps) != 1)}",
                     "cosine decay": f"to {recipe['min_lr_ratio']:g} of the peak over {decay_steps} "
-                                    f"step{'s' * (decay_steps != 1)}",
+                                    f"step{'s' * (decay_steps != 1)}"
+                                    + decay_reached_text(steps, warmup_steps, last),
                     "betas": f"{recipe['beta_1']:g}/{recipe['beta_2']:g}", "epsilon": f"{recipe['epsilon']:g}",
                     "weight decay": f"{recipe['weight_decay']:g} on "
                                     f"{'every weight' if recipe['decay'] == 'all' else recipe['decay']}",
@@ -1009,12 +1129,45 @@ def training_settings(result):
     return settings
 
 
+def decay_reached_text(steps, warmup_steps, last):
+    """' (reaching 0.55 of the peak)': how far the decay went by a run's last step (`last_rate_share`), or that it
+    never began (its update `warmup_steps` + 1 applies the peak, the decay's first)."""
+    if last is None:
+        return ""
+    share = "the peak" if round(last, 2) == 1 else f"{last:.2g} of the peak"
+    if steps - 1 <= warmup_steps:
+        return f" (not begun: the last step at {share})"
+    return f" (reaching {share})"
+
+
+def last_rate_share(result, recipe):
+    """The learning rate of a run's last update as a share of the recipe's peak: the history's where it records the
+    rate (`learning_rate`), else the recipe's warm-up and cosine decay at that update, as
+    `keras_models.schedules.cosine_decay` computes it (not imported: the report process never imports Keras).
+    None where the run has no steps."""
+    last = (result.get("history") or [{}])[-1]
+    if not recipe.get("learning_rate") or last.get("step") is None:
+        return None
+    if is_number(last.get("learning_rate")):
+        return last["learning_rate"] / recipe["learning_rate"]
+    warmup, decay = recipe["warmup_steps"], recipe["decay_steps"]
+    update = min(last["step"] - 1, warmup + decay)  # the optimizer's iterations before the last update
+    if update < warmup:
+        return update / warmup
+    cosine = 0.5 * (1 + math.cos(math.pi * (update - warmup) / decay)) if decay else 1.0
+    return (1 - recipe["min_lr_ratio"]) * cosine + recipe["min_lr_ratio"]
+
+
 def training_text(comparison):
     """The settings of `training_settings` in the configuration line's words, each run's where they differ."""
     names = dict.fromkeys(name for group in comparison.groups for result in group.results
                           for name in training_settings(result))
     return ", ".join(per_run_text(comparison, name, lambda result, name=name: training_settings(result).get(
         name, "not recorded")) for name in names)
+
+
+# What a token is where '<kind> tokens' does not read (token files' ids: `TokenIds.kind`).
+TOKEN_KINDS = {"token-ids": "tokens as token files' ids"}
 
 
 def tokens_text(comparison):
@@ -1028,7 +1181,7 @@ def tokens_text(comparison):
     kind, size, _ = tokenizers.pop() if tokenizers else (None, None, None)
     if not kind:  # a plugin's task may keep no tokenizer
         return []
-    return [f"{kind} tokens" + (f" (vocabulary {size:,})" if size else "")]
+    return [f"{TOKEN_KINDS.get(kind, f'{kind} tokens')}" + (f" (vocabulary {size:,})" if size else "")]
 
 
 def context_lines(comparison):
@@ -1056,19 +1209,21 @@ def split_scored_lines(comparison):
 
 
 def interval_lines(comparison):
-    """How the intervals of one run's figures (`_single_run_cell`) were drawn, and what may make them too narrow,
-    in the verdicts' words (`verdicts.repeat_warnings`)."""
+    """How the intervals of one run's figures (`_single_run_cell`) were drawn, or why none is stated
+    (`verdicts.figure_interval_gap`), and what may make them too narrow, in the verdicts' words
+    (`verdicts.repeat_warnings`)."""
     # The repeats that have a steady window, as `verdicts.figure_interval` takes them.
     counts = (len(stats.steady_windows(result["history"])) for result in comparison.baseline.results)
     windows = [count for count in counts if count]
-    if windows in ([], [1]):
-        return []  # no interval: the cells say why
+    if not windows:
+        return []  # no steady window: no figure to hold an interval
+    gap = stats.figure_interval_gap(comparison.baseline.results)
+    if gap is not None:
+        return [f"95 % intervals: none: {gap}"]
     repeats = len(windows)
     how = (f"Student's t over the logs of its {repeats} repeats' figures" if repeats > 1 else
            f"a bootstrap of the run's {windows[0]} steady timing windows")
-    # The windows count only where one repeat's windows are what is resampled, as in `verdicts.ratio_interval`.
-    drawn = stats.Interval(stats.SPEED_FIGURE, 1.0, 1.0, 1.0, (repeats,), False,
-                           None if repeats > 1 else (windows[0],), how)
+    drawn = stats.Interval(stats.SPEED_FIGURE, 1.0, 1.0, 1.0, (repeats,), False, None, how)
     return [f"95 % intervals: {how}", *(f"interval warning: {text}" for text in stats.repeat_warnings(drawn))]
 
 
@@ -1239,8 +1394,15 @@ def _target_dict(times, reached):
                                        "repeats_reached": reached[0], "repeats": reached[1]}
 
 
+# What holds runs against each other: a single run's JSON (`Comparison.single`) leaves these out, as its table does,
+# its summary entry the per-run ones; the parity stays where its repeats were held to each other's losses, an A/A
+# noise floor where one was measured.
+COMPARING_KEYS = ("baseline", "speedups", "scaling", "parity", "ranking", "noise_floor", "verdicts", "break_even")
+COMPARING_SUMMARY_KEYS = ("speedup", "scaling", "verdicts", "break_even")
+
+
 def to_json_dict(comparison):
-    return {
+    found = {
         "kind": REPORT_KIND,
         "baseline": comparison.baseline.label,
         "config": comparison.config,
@@ -1254,6 +1416,14 @@ def to_json_dict(comparison):
         "verdicts": [verdict.to_dict() for by_figure in comparison.verdicts.values() for verdict in by_figure.values()],
         "break_even": [even.to_dict() for even in map(comparison.break_even, comparison.groups) if even],
     }
+    if comparison.single:
+        kept = {key for key, held in (("parity", comparison.parity.pairs), ("noise_floor", comparison.noise_floor))
+                if held}
+        found = {key: value for key, value in found.items() if key not in COMPARING_KEYS or key in kept}
+        for entry in found["summary"]:
+            for key in COMPARING_SUMMARY_KEYS:
+                del entry[key]
+    return found
 
 
 def to_json(comparison):
@@ -1276,7 +1446,8 @@ def to_csv(comparison):
             columns += [f"{figure.key}_interval_low", f"{figure.key}_interval_high"]
     columns += ["speedup", "processes", "scaling_efficiency"]
     for key in stats.WINDOW_FIGURES:
-        columns += [f"{key}_ratio", f"{key}_ratio_low", f"{key}_ratio_high", f"{key}_verdict"]
+        # A verdict's call stays the interval's; `_verdict_loaded` names the runs whose load makes it unreliable.
+        columns += [f"{key}_ratio", f"{key}_ratio_low", f"{key}_ratio_high", f"{key}_verdict", f"{key}_verdict_loaded"]
     columns += ["break_even_steps", "break_even_tokens", "break_even_s", "time_to_target_s",
                 "time_to_target_without_compile_s"]
     buffer = io.StringIO()
@@ -1302,6 +1473,7 @@ def to_csv(comparison):
         for key, verdict in entry["verdicts"].items():
             row[f"{key}_ratio"], row[f"{key}_ratio_low"], row[f"{key}_ratio_high"], row[f"{key}_verdict"] = \
                 verdict["ratio"], verdict["low"], verdict["high"], verdict["call"]
+            row[f"{key}_verdict_loaded"] = "; ".join(verdict["loaded"])
         even, target = entry["break_even"] or {}, entry["time_to_target"] or {}
         row["break_even_steps"], row["break_even_tokens"], row["break_even_s"] = \
             even.get("steps"), even.get("tokens"), even.get("seconds")

@@ -35,6 +35,9 @@ SEED = 30  # fixed: the same results give the same intervals, run after run
 MIN_REPEATS = 5
 # Fewer steady timing windows in a run than this, and the bootstrap within it has too few to resample.
 MIN_WINDOWS = 10
+# Fewer repeats than this, and Student's t has 1 degree of freedom: 12.71 standard errors each side, an interval
+# of one run's figure that spans from nothing to minutes (0.1-1,146,099 ms of repeats at 152 and 552 ms).
+MIN_T_REPEATS = 3
 DEFAULT_WIDTH = 0.03  # --repeats auto: until every interval lies within +-3 % of its ratio
 # The figures whose interval counts the windows within each run: (how a repeat's windows give the figure,
 # whether a higher value is faster).
@@ -56,22 +59,26 @@ def steady_windows(history):
 
 def window_figure(key, windows):
     """A window figure of one run's windows: tokens/s (tokens over seconds) or the median step time over the
-    steps, each step its window's mean (as `timing.step_s_median` counts them): a window of 10 steps weighs 10
-    times one of a single step, whose time holds a synchronisation of its own."""
+    steps, each step its window's mean (as `timing.step_s_median` counts them, np.median's mean of the middle two
+    where the steps are even): a window of 10 steps weighs 10 times one of a single step, whose time holds a
+    synchronisation of its own."""
     if key == "tokens_per_s":
         return windows[:, 2].sum() / windows[:, 0].sum()
-    # The lower median, as each resample's (`_resampled_window_figure`): with an even count of steps np.median's
-    # mean of the middle two sat above every resample's, and the interval lopsided around it.
-    return float(_lower_median_step(windows, np.ones((1, len(windows))))[0])
+    # The run's own median, not the lower one: a report's table shows `timing.step_s_median`, and its interval, the
+    # JSON's and the gate's figure must have that one centre (the lower median put 524.4 ms beside its 551.6 ms).
+    return float(_median_step(windows, np.ones((1, len(windows))))[0])
 
 
-def _lower_median_step(windows, counts):
-    """The lower median step time over the steps of `windows` drawn `counts` times each (one row of counts a
-    draw), each step its window's mean: one median a row."""
+def _median_step(windows, counts):
+    """The median step time over the steps of `windows` drawn `counts` times each (one row of counts a draw),
+    each step its window's mean, the mean of the middle two where a draw's steps are even: one median a row."""
     per_step = windows[:, 0] / windows[:, 1]
     order = np.argsort(per_step)
     below = np.cumsum(counts[:, order] * windows[order, 1], axis=1)
-    return per_step[order][np.argmax(below >= (below[:, -1:] + 1) // 2, axis=1)]
+    total = below[:, -1:]
+    lower = per_step[order][np.argmax(below >= (total + 1) // 2, axis=1)]
+    upper = per_step[order][np.argmax(below >= total // 2 + 1, axis=1)]
+    return (lower + upper) / 2
 
 
 def _resampled_window_figure(key, windows, rng, resamples):
@@ -86,7 +93,7 @@ def _resampled_window_figure(key, windows, rng, resamples):
         if key == "tokens_per_s":
             out[start:start + n] = (counts @ windows[:, 2]) / (counts @ windows[:, 0])
         else:
-            out[start:start + n] = _lower_median_step(windows, counts)
+            out[start:start + n] = _median_step(windows, counts)
     return out
 
 
@@ -109,23 +116,44 @@ def figure_point(key, results):
 
 def figure_interval(key, results, resamples=RESAMPLES, seed=SEED, confidence=CONFIDENCE):
     """(value, low, high) of a window figure (`WINDOW_FIGURES`) of one run's repeats: the geometric mean over
-    the repeats of each one's figure, with its 95 % interval as `ratio_interval` draws one (Student's t over the
-    repeats; one repeat: a bootstrap of its windows); low and high None where that is one repeat of one window
-    (nothing to resample: an interval of zero width would claim no noise); None where no repeat has a steady window."""
+    the repeats of each one's figure (of one repeat, its figure: `timing.step_s_median` or `tokens_per_s`), with
+    its 95 % interval as `ratio_interval` draws one (Student's t over the repeats; one repeat: a bootstrap of its
+    windows); low and high None where `figure_interval_gap` says why none is stated; None where no repeat has a
+    steady window."""
     side = _window_sides(results)
     if not side:
         return None
     points = np.log([window_figure(key, w) for w in side])
     point = points.mean()
+    if figure_interval_gap(results) is not None:
+        return float(math.exp(point)), None, None
     if len(points) > 1:
         low, high = mean_interval(points, confidence)
-    elif len(side[0]) == 1:
-        return float(math.exp(point)), None, None
     else:
         resampled = _resampled_window_figure(key, side[0], np.random.default_rng(seed), resamples)
         tail = (1 - confidence) / 2 * 100
         low, high = np.percentile(np.log(resampled), [tail, 100 - tail])
     return float(math.exp(point)), float(math.exp(min(low, point))), float(math.exp(max(high, point)))
+
+
+def figure_interval_gap(results):
+    """Why `figure_interval` states no interval of one run's repeats, or None where it states one: a single
+    repeat of fewer than `MIN_WINDOWS` steady windows (a bootstrap of 2 windows spans their two values, and of one
+    has nothing to resample), or fewer than `MIN_T_REPEATS` repeats (Student's t of 1 degree of freedom)."""
+    side = _window_sides(results)
+    if len(side) == 1 and len(side[0]) < MIN_WINDOWS:
+        return few_windows_text(len(side[0]))
+    if 1 < len(side) < MIN_T_REPEATS:
+        df = len(side) - 1
+        return (f"{len(side)} repeats: Student's t of {df} degree{'s' if df > 1 else ''} of freedom "
+                f"({t_quantile(1 - (1 - CONFIDENCE) / 2, df):.2f} standard errors each side) makes the interval too "
+                f"wide to state (at least {MIN_T_REPEATS} repeats)")
+    return None
+
+
+def few_windows_text(windows):
+    return (f"{windows} steady timing window{'s' if windows != 1 else ''} in a run: too few to resample (at least "
+            f"{MIN_WINDOWS}: more --steps, or a smaller --timing-window)")
 
 
 def t_quantile(probability, df):
@@ -370,6 +398,10 @@ class Verdict:
     def speed(self):
         return speed_of(self)
 
+    def unqualified_text(self):
+        """Its text without the load it names: where every run of a comparison was loaded, that is said once."""
+        return self.text.removesuffix(loaded_text(self.loaded))
+
     def cell(self):
         """'1.23x faster (1.19–1.27)' (as speed), 'no difference (0.98–1.04)' (the figure's ratio): a table's cell."""
         speed, low, high = self.speed()
@@ -412,9 +444,7 @@ def repeat_warnings(interval):
         warnings.append(f"{fewest} repeat{'s' if fewest > 1 else ''}: {what} (--repeats {MIN_REPEATS} or more, or "
                         f"--repeats auto with a --repeats-budget that leaves time for {MIN_REPEATS})")
     if interval.windows and min(interval.windows) < MIN_WINDOWS:
-        windows = min(interval.windows)
-        warnings.append(f"{windows} steady timing window{'s' if windows != 1 else ''} in a run: too few to resample "
-                        f"(at least {MIN_WINDOWS}: more --steps, or a smaller --timing-window)")
+        warnings.append(few_windows_text(min(interval.windows)))
     return warnings
 
 
@@ -423,6 +453,11 @@ def loaded_runs(runs):
     (`LOAD_WARNINGS`), in their order."""
     return tuple(name for name, results in runs.items()
                  if any(text.startswith(LOAD_WARNINGS) for result in results for text in run_warnings(result)))
+
+
+def loaded_text(loaded):
+    """', measured on a loaded machine (A and B): not reliable' of the runs `loaded`; '' of none."""
+    return f", measured on a loaded machine ({' and '.join(loaded)}): not reliable" if loaded else ""
 
 
 def verdict(run, against, interval, noise_floor=None, loaded=()):
@@ -442,8 +477,7 @@ def verdict(run, against, interval, noise_floor=None, loaded=()):
         # `low` and `high` are (a time's, not its inverse).
         text = (f"{run}: no difference from {against} in {what} beyond the noise "
                 f"({range_text(interval.low, interval.high)}{inside})")
-    if loaded:
-        text += f", measured on a loaded machine ({' and '.join(loaded)}): not reliable"
+    text += loaded_text(loaded)
     return Verdict(run, against, interval.figure, interval.ratio, interval.low, interval.high, call, text,
                    noise_floor, interval.repeats, interval.paired, tuple(repeat_warnings(interval)), tuple(loaded))
 

@@ -834,17 +834,23 @@ def test_one_result_reads_as_one_run_with_its_intervals_not_as_a_comparison_agai
     assert [title for title in rows if " vs " in title or "break-even" in title] == []
     assert not re.search("baseline|parity|noise floor|ranking", markdown), markdown
     windows = len(stats.steady_windows(jax["history"]))
+    # A tiny run's few windows may be too few to resample (`verdicts.figure_interval_gap`): then no interval is stated.
+    gap = stats.figure_interval_gap([jax])
     for key in stats.WINDOW_FIGURES:
         figure = FIGURES_BY_KEY[key]
         _, low, high = stats.figure_interval(key, [jax])
-        assert rows[figure.title] == [f"{figure.text(figure.value(jax))} (95 % interval {figure.text(low)}–"
-                                      f"{figure.text(high)})"]
+        said = ("95 % interval: none, too few steady timing windows to resample" if gap else
+                f"95 % interval {figure.text(low)}–{figure.text(high)}")
+        assert rows[figure.title] == [f"{figure.text(figure.value(jax))} ({said})"]
     assert rows["compile (s)"] == [FIGURES_BY_KEY["compile_s"].text(jax["timing"]["compile_s"])]
     assert rows["runs (repeats)"] == ["1"]
     corpus = jax["data"]["corpus"]
     assert f"- configuration: {corpus}, preset tiny, 60 steps x batch 32, max-len 48, " in markdown
-    assert f"- 95 % intervals: a bootstrap of the run's {windows} steady timing windows\n" in markdown
-    assert "- interval warning: 1 repeat: the intervals count only the noise within each run, not between " in markdown
+    if gap:
+        assert f"- 95 % intervals: none: {windows} steady timing windows in a run: too few to resample" in markdown
+    else:
+        assert f"- 95 % intervals: a bootstrap of the run's {windows} steady timing windows\n" in markdown
+        assert "- interval warning: 1 repeat: the intervals count only the noise within each run, not " in markdown
     table = run_cli("report", jax_path, env={"COLUMNS": "250"})
     assert table.returncode == 0, table.stderr
     assert "mtbench report: jax" in table.stdout and "comparison" not in table.stdout
@@ -871,8 +877,9 @@ def test_csv_rows_carry_the_configuration_that_tells_a_sweeps_runs_apart(results
                                           "block_size", "max_tokens", "grad_accum", "d_model", "steps", "epochs",
                                           "seed", "init")} == {
             "task": "translation", "corpus": jax["data"]["corpus"], "model_name": "transformer", "preset": "tiny",
-            "parameters": str(config["parameters"]), "max_len": "48", "block_size": "", "max_tokens": "",
-            "grad_accum": "1", "d_model": "", "steps": "60", "epochs": "", "seed": "0", "init": config["init"]}
+            "parameters": str(jax["model"]["parameters"]), "max_len": "48", "block_size": "", "max_tokens": "",
+            "grad_accum": "1", "d_model": str(jax["model"]["d_model"]), "steps": "60", "epochs": "", "seed": "0",
+            "init": config["init"]}
     data = json.loads(report(*paths, "--format", "json"))
     assert [(entry["label"], entry["config"]["batch_size"], entry["config"]["steps"]) for entry in data["summary"]] == [
         ("jax:batch-size=32", 32, 60), ("torch:batch-size=32", 32, 60), ("jax:batch-size=8", 8, 60),
@@ -902,7 +909,7 @@ def test_a_language_models_test_figures_say_how_much_of_the_test_split_they_cove
     scored = 8 * result["config"]["max_len"]
     assert split_bytes > 100 * scored and result["data"]["tokenizer"]["type"] == "byte"
     share = f"{100 * scored / split_bytes:.2f} %"
-    expected = f"{scored:,} of {split_bytes:,} ({share}); tokens {scored:,} of {split_tokens:,} ({share})"
+    expected = f"{scored:,} of {split_bytes:,} ({share})"  # a byte a token: the tokens not said again
     rows = {figure: value for _, figure, value in result_rows(result)}
     assert rows["test bytes scored"] == expected
     assert f"test bytes scored: {expected}" in context_lines(build_comparison([LoadedRun(result, "gpt.json")]))
@@ -913,14 +920,12 @@ def test_a_language_models_test_figures_say_how_much_of_the_test_split_they_cove
                                            force=True))
     assert [line for line in lines if line.startswith("test bytes scored")] == [
         f"test bytes scored of torch:model=gpt: {expected}",
-        f"test bytes scored of jax:model=gpt: {2 * scored:,} of {split_bytes:,} ({200 * scored / split_bytes:.2f} %); "
-        f"tokens {2 * scored:,} of {split_tokens:,} ({200 * scored / split_tokens:.2f} %)"]
+        f"test bytes scored of jax:model=gpt: {2 * scored:,} of {split_bytes:,} ({200 * scored / split_bytes:.2f} %)"]
     # the whole split, and token files whose bytes are not known: their tokens alone
     whole = json.loads(json.dumps(result))
     whole["metrics"].update(test_tokens_evaluated=split_tokens, test_bytes_evaluated=split_bytes)
     assert {f: v for _, f, v in result_rows(whole)}["test bytes scored"] == (
-        f"{split_bytes:,} of {split_bytes:,} (the whole split); tokens {split_tokens:,} of {split_tokens:,} (the whole "
-        f"split)")
+        f"{split_bytes:,} of {split_bytes:,} (the whole split)")
     ids = json.loads(json.dumps(result))
     ids["data"]["bytes"], ids["metrics"]["test_bytes_evaluated"] = None, None
     assert {f: v for _, f, v in result_rows(ids)}["test tokens scored"] == f"{scored:,} of {split_tokens:,} ({share})"
@@ -937,9 +942,10 @@ def test_the_configuration_line_names_the_optimizer_recipe_and_the_dropout(resul
     recipe = jax["compile_options"]["optimizer_recipe"]
     assert recipe == torch["compile_options"]["optimizer_recipe"] and recipe["decay_steps"] == 1
     dropout = jax["model"]["dropout"]
-    trained = (f", seed 0, greedy decoding, AdamW peak learning rate 0.001, warm-up {recipe['warmup_steps']} steps, "
-               f"cosine decay to 0.1 of the peak over 1 step, betas 0.9/0.98, epsilon 1e-09, weight decay 0.01 on "
-               f"every weight, clip each gradient to norm 1, dropout {dropout:g}")
+    trained = (f", seed 0, greedy decoding, AdamW peak learning rate 0.001, warm-up {recipe['warmup_steps']} of 60 "
+               f"steps, cosine decay to 0.1 of the peak over 1 step (not begun: the last step at the peak), betas "
+               f"0.9/0.98, epsilon 1e-09, weight decay 0.01 on every weight, clip each gradient to norm 1, dropout "
+               f"{dropout:g}")
     both = [LoadedRun(jax, "jax.json"), LoadedRun(torch, "torch.json")]
     assert context_lines(build_comparison(both))[0].endswith(trained)
     # the char preset's dropout, and runs given other settings (held with --force): each run's said
@@ -1002,6 +1008,7 @@ def test_the_table_shows_each_runs_collectives_a_step(results):
     for (backend, extra), record in RECORDED_COLLECTIVES.items():
         result = json.loads(json.dumps(results[backend][1]))
         result["extras"], result["extras_record"] = [extra], {extra: record}
+        result["processes"] = {**(result.get("processes") or {}), "spanned_by": [extra]}
         runs.append(LoadedRun(result, f"{backend}-{extra}.json"))
     why = "the counted step replayed CUDA graphs, whose collectives the host does not dispatch"
     replayed = json.loads(json.dumps(runs[1].result))
@@ -1012,12 +1019,188 @@ def test_the_table_shows_each_runs_collectives_a_step(results):
     header, rows = parse_markdown_table(to_markdown(comparison))
     assert header[1:] == [f"{backend}+{extra}" for backend, extra in RECORDED_COLLECTIVES] + [
         "torch+tensor-parallel+torch-compile"]
+    jax, torch = "(in the compiled step)", "(dispatched over gloo, torch's profiler)"
     assert rows["collectives a step"] == [
-        "all-reduce 28", "all-gather 1, all-reduce 9", "all-gather 2, all-reduce 41, collective-permute 45",
-        "all-gather 1, all-reduce 2, broadcast 1, receive 8, send 8", "all-gather 3, all-reduce 39, reduce-scatter 3",
-        "not counted", "all-reduce 1 (DDP's gradient buckets)", "not counted", f"not counted: {why}"]
+        f"all-reduce 28 {jax}", f"all-gather 1, all-reduce 9 {torch}",
+        f"all-gather 2, all-reduce 41, collective-permute 45 {jax}",
+        f"all-gather 1, all-reduce 2, broadcast 1, receive 8, send 8 (process 0's, {torch[1:]}",
+        f"all-gather 3, all-reduce 39, reduce-scatter 3 {jax}", "not counted by extra 'fsdp'",
+        "all-reduce 1 (DDP's gradient buckets)", "not counted by extra 'data-parallel'", f"not counted: {why}"]
     assert [entry["collectives"] for entry in to_json_dict(comparison)["summary"]][:2] == [
-        "all-reduce 28", "all-gather 1, all-reduce 9"]
+        f"all-reduce 28 {jax}", f"all-gather 1, all-reduce 9 {torch}"]
     # runs that count none have no such row
     plain = build_comparison([LoadedRun(results[backend][1], results[backend][0]) for backend in ("jax", "torch")])
     assert "collectives a step" not in parse_markdown_table(to_markdown(plain))[1]
+
+
+# ---- on hand-made results, no training ----------------------------------------------------------------------------
+
+def hand_made(backend="jax", commit="2f34ac26cf19" + "0" * 28, seconds=0.015, load=None, **config):
+    """A language model's result as a report reads it, its steps and figures made up: windows of 4 steps whose times
+    scatter a little, a recipe whose warm-up takes all but its last step, and the model it built."""
+    steps = [{"step": 1, "seconds": 1.5, "window_steps": 1, "tokens": 512, "shape": [8, 64], "first_of_shape": True,
+              "loss": 5.5}]
+    for window in range(12):
+        for _ in range(4):
+            steps.append({"step": len(steps) + 1, "seconds": seconds * (1 + 0.01 * (window % 3)), "window_steps": 4,
+                          "tokens": 512, "shape": [8, 64], "first_of_shape": False, "loss": 5.5 - 0.01 * len(steps)})
+    steady = [step["seconds"] for step in steps[1:]]
+    return {
+        "backend": backend, "extras": [], "extras_record": {}, "train_step": f"{backend}-step",
+        "config": {"task": "language-modelling", "dtype": "float32", "steps": len(steps), "seed": 0, "preset": "tiny",
+                   "dataset": "bible-en-fr", "max_len": 64, "batch_size": 8, "model_name": "gpt",
+                   "learning_rate": 0.001, **config},
+        "compile_options": {"optimizer_recipe": {
+            "beta_1": 0.9, "beta_2": 0.95, "epsilon": 1e-08, "weight_decay": 0.1, "decay": "matrices",
+            "min_lr_ratio": 0.1, "clip": "global", "clip_norm": 1.0, "learning_rate": 0.001,
+            "warmup_steps": len(steps) - 1, "decay_steps": 1, "alpha": 0.1}},
+        "model": {"family": "gpt", "path": None, "parameters": 120576, "d_model": 64, "num_heads": 2,
+                  "encoder_layers": 0, "decoder_layers": 2, "ff_dim": 256, "max_len": 64, "dropout": 0.0,
+                  "dtype_policy": "float32", "attention": {"causal": "xla (unfused)"}},
+        "data": {"corpus": "bible-en-fr", "tokenizer": {"type": "byte", "vocab_size": 256, "fingerprint": "byte"}},
+        "env": {"device": {"kind": "cpu", "name": "CPU"}, "cpu_count": 2, "keras": "3", "python": "3.11",
+                "mtbench": "0.1.0", "mtbench_git_commit": commit},
+        "timing": {"compile_s": 1.5 - seconds, "step_s_median": seconds, "steady_s": sum(steady),
+                   "steady_steps": len(steady), "step_s_p90": seconds * 1.02,
+                   "tokens_per_s": 512 * len(steady) / sum(steady), "train_s": None, "total_s": None},
+        "memory": {"peak_host_bytes": None, "peak_device_bytes": None},
+        "metrics": {}, "history": steps, "target": None,
+        **({"machine_load": {"cores": 2, "other_processes_percent": load, "steal_percent": 0.0,
+                             "before_training": {"load_average": [2.5, 2, 2]},
+                             "after_training": {"load_average": [2.8, 2, 2]}, "gpu_other_processes": None}}
+           if load is not None else {}),
+    }
+
+
+def test_report_of_a_compare_json_says_its_runs_trained_with_different_mtbench_code(tmp_path, monkeypatch):
+    """`compare` warns of runs that trained with different mtbench code (a checkout edited while it ran); `mtbench
+    report C.json` of its file dropped the warning, keeping only a stopped comparison's."""
+    from mtbench.runner.results import report as reporting
+    monkeypatch.setattr(reporting, "check_result", lambda result, source: None)  # made-up results: no schema here
+    commit = "2f34ac26cf19" + "0" * 28
+    entries = [{"label": backend, "repeat": 1, "result": hand_made(backend, tree)}
+               for backend, tree in (("jax", commit), ("torch", commit + "-dirty"))]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"kind": "mtbench-compare", "schema_version": 1, "status": "completed",
+                                "runs": entries, "aa_runs": []}))
+    expected = ("the runs trained with different mtbench code (jax: mtbench 0.1.0 (git 2f34ac26cf19); torch: mtbench "
+                "0.1.0 (git 2f34ac26cf19-dirty)): the checkout changed while the comparison ran")
+    comparison = reporting.build_comparison(reporting.load_runs([str(path)]))
+    for entry in reporting.to_json_dict(comparison)["summary"]:
+        assert any(warning.startswith(expected) for warning in entry["warnings"]), entry["warnings"]
+    assert expected in reporting.to_markdown(comparison)
+    entries[1]["result"]["env"]["mtbench_git_commit"] = commit
+    path.write_text(json.dumps({"kind": "mtbench-compare", "schema_version": 1, "status": "completed",
+                                "runs": entries}))
+    assert "mtbench code" not in reporting.to_markdown(reporting.build_comparison(reporting.load_runs([str(path)])))
+
+
+def test_csv_configuration_columns_hold_the_configuration_that_ran():
+    """The CSV's configuration held the flags alone: `--preset tiny` left layers, d-model, heads, dropout and the
+    block empty, a checkpoint's run read `preset small`, and the optimizer's settings had no column."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison, to_csv
+    gpt = hand_made()
+    row = next(csv.DictReader(io.StringIO(to_csv(build_comparison([LoadedRun(gpt, "gpt.json")])))))
+    assert {key: row[key] for key in ("preset", "checkpoint", "layers", "encoder_layers", "decoder_layers", "d_model",
+                                      "heads", "ff_dim", "dropout", "parameters", "block_size", "learning_rate",
+                                      "warmup_steps", "decay_steps", "min_lr_ratio", "beta_1", "beta_2", "epsilon",
+                                      "weight_decay", "weight_decay_on", "clip", "clip_norm")} == {
+        "preset": "tiny", "checkpoint": "", "layers": "2", "encoder_layers": "0", "decoder_layers": "2",
+        "d_model": "64", "heads": "2", "ff_dim": "256", "dropout": "0.0", "parameters": "120576", "block_size": "64",
+        "learning_rate": "0.001", "warmup_steps": "48", "decay_steps": "1", "min_lr_ratio": "0.1", "beta_1": "0.9",
+        "beta_2": "0.95", "epsilon": "1e-08", "weight_decay": "0.1", "weight_decay_on": "matrices", "clip": "global",
+        "clip_norm": "1.0"}
+    marian = hand_made(task="translation", preset="small", model_name="marian:/models/opus-mt-en-de")
+    marian["model"].update(family="marian", path="/models/opus-mt-en-de/", encoder_layers=6, decoder_layers=6,
+                           d_model=512, parameters=74_410_496)
+    row = next(csv.DictReader(io.StringIO(to_csv(build_comparison([LoadedRun(marian, "marian.json")])))))
+    assert (row["preset"], row["checkpoint"], row["layers"], row["block_size"]) == (
+        "", "opus-mt-en-de (6 encoder and 6 decoder layers, d-model 512, 74,410,496 parameters)", "6", "")
+
+
+def test_a_verdict_on_a_loaded_machine_says_so_in_the_csv_too():
+    """The table's verdict read 'slower, loaded machine: not reliable', the CSV's `slower` alone; so did the gate's."""
+    from types import SimpleNamespace
+    from mtbench.runner.results import regression
+    from mtbench.runner.results.report import LoadedRun, build_comparison, to_csv, to_json_dict
+    runs = [LoadedRun(hand_made("jax", load=74.0), "jax.json"),
+            LoadedRun(hand_made("torch", seconds=0.03), "torch.json")]
+    comparison = build_comparison(runs)
+    row = list(csv.DictReader(io.StringIO(to_csv(comparison))))[1]
+    verdict = to_json_dict(comparison)["verdicts"][0]
+    assert verdict["loaded"] == ["jax:model=gpt"]
+    assert (row["tokens_per_s_verdict"], row["tokens_per_s_verdict_loaded"]) == (verdict["call"], "jax:model=gpt")
+    held = comparison.verdicts["torch:model=gpt"]["tokens_per_s"]
+    gate = regression.to_csv(SimpleNamespace(changes=[regression.Change("torch", "tokens_per_s", 1.0, 2.0, held)]))
+    row = next(csv.DictReader(io.StringIO(gate)))
+    assert (row["verdict"], row["verdict_loaded"]) == (held.call, "jax:model=gpt")
+
+
+def test_the_collectives_row_says_what_each_backend_counted():
+    """JAX counts the collectives of its compiled step, torch what its profiler saw dispatched: 'all-reduce 28'
+    beside 'all-reduce 9' read as one measure. An extra that spans the devices and counts none is named."""
+    from mtbench.runner.results.report import collectives_text
+    counted = {}
+    for (backend, extra), record in RECORDED_COLLECTIVES.items():
+        result = {"backend": backend, "extras": [extra], "extras_record": {extra: record},
+                  "processes": {"spanned_by": [extra]}}
+        counted[backend, extra] = collectives_text(result)
+    assert counted == {
+        ("jax", "tensor-parallel"): "all-reduce 28 (in the compiled step)",
+        ("torch", "tensor-parallel"): "all-gather 1, all-reduce 9 (dispatched over gloo, torch's profiler)",
+        ("jax", "pipeline-parallel"): "all-gather 2, all-reduce 41, collective-permute 45 (in the compiled step)",
+        ("torch", "pipeline-parallel"): "all-gather 1, all-reduce 2, broadcast 1, receive 8, send 8 (process 0's, "
+                                        "dispatched over gloo, torch's profiler)",
+        ("jax", "fsdp"): "all-gather 3, all-reduce 39, reduce-scatter 3 (in the compiled step)",
+        ("torch", "fsdp"): "not counted by extra 'fsdp'",
+        ("torch", "ddp"): "all-reduce 1 (DDP's gradient buckets)",
+        ("jax", "data-parallel"): "not counted by extra 'data-parallel'"}
+
+
+def test_the_configuration_line_says_how_far_the_schedule_went_in_the_runs_steps():
+    """'warm-up 5 steps, cosine decay to 0.1 of the peak over 1 step' of a 6-step run whose last update applied the
+    peak: no decay ran. The warm-up is said of the run's steps, and how far the decay went."""
+    from mtbench.runner.results.report import training_settings
+    result = hand_made()  # 49 steps, 48 of warm-up: the last update at the peak
+    settings = training_settings(result)
+    assert (settings["warm-up"], settings["cosine decay"]) == (
+        "48 of 49 steps", "to 0.1 of the peak over 1 step (not begun: the last step at the peak)")
+    # a decay that ran: 4 warm-up steps, 6 of decay, the last update 5 into it; computed from the recipe where the
+    # history does not record the rate, else the rate recorded
+    result["compile_options"]["optimizer_recipe"].update(warmup_steps=4, decay_steps=6)
+    result["history"] = result["history"][:10]
+    assert training_settings(result)["cosine decay"] == "to 0.1 of the peak over 6 steps (reaching 0.16 of the peak)"
+    result["history"][-1]["learning_rate"] = 0.0005
+    assert training_settings(result)["cosine decay"] == "to 0.1 of the peak over 6 steps (reaching 0.5 of the peak)"
+
+
+def test_the_lines_below_the_table_say_each_thing_once():
+    """The parity class named the dtype twice where --dtype was swept ('float32, dtype=float32'), the coverage line
+    a byte tokenizer's tokens as its bytes again, and token files' ids read 'token-ids tokens'."""
+    from types import SimpleNamespace
+    from mtbench.figures import split_scored_text
+    from mtbench.runner.results.report import parity_class, tokens_text
+    assert parity_class(hand_made(dtype="float32"), ("dtype",)) == "float32"
+    scored = {"config": {"task": "language-modelling"},
+              "metrics": {"test_bytes_evaluated": 512, "test_tokens_evaluated": 512},
+              "data": {"bytes": {"test": 201_451}, "tokens": {"test": 201_451}}}
+    assert split_scored_text(scored) == "bytes scored: 512 of 201,451 (0.25 %)"
+    scored["metrics"]["test_tokens_evaluated"], scored["data"]["tokens"]["test"] = 128, 50_362
+    assert split_scored_text(scored) == "bytes scored: 512 of 201,451 (0.25 %); tokens 128 of 50,362 (0.25 %)"
+    ids = hand_made()
+    ids["data"]["tokenizer"] = {"type": "token-ids", "vocab_size": 39, "fingerprint": "token-ids-39"}
+    assert tokens_text(SimpleNamespace(groups=[SimpleNamespace(results=[ids])])) == [
+        "tokens as token files' ids (vocabulary 39)"]
+
+
+def test_a_single_runs_json_leaves_out_what_compares():
+    """One run's JSON carried `baseline`, `speedups`, `speedup: 1.0`, a ranking of one and a parity entry 'no other
+    float32 run to compare with', which its table leaves out."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison, to_json_dict
+    data = to_json_dict(build_comparison([LoadedRun(hand_made(), "gpt.json")]))
+    assert set(data) == {"kind", "config", "summary"}
+    entry = data["summary"][0]
+    assert not {"speedup", "scaling", "verdicts", "break_even"} & set(entry) and entry["intervals"]["tokens_per_s"]
+    # two runs still compare
+    both = to_json_dict(build_comparison([LoadedRun(hand_made(), "jax.json"), LoadedRun(hand_made("torch"), "t.json")]))
+    assert {"baseline", "speedups", "ranking", "parity", "verdicts"} <= set(both)

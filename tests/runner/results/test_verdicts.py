@@ -62,13 +62,31 @@ def steady_tokens_per_s(run):
     return sum(h["tokens"] for h in steady) / sum(h["seconds"] for h in steady)
 
 
-def test_the_step_times_point_is_the_lower_median_its_resamples_draw():
-    """Each resample's step time is the lower median of its windows' per-step times; the point is the same
-    estimator (np.median's mean of the middle two, 0.25 here, is a value no resample takes)."""
+def test_the_step_times_point_is_the_runs_own_median_that_its_resamples_draw():
+    """Each resample's step time is the median of its windows' per-step times, the mean of the middle two where
+    the steps are even, as np.median and the run's `timing.step_s_median` take it: 0.25 here, not the lower 0.2
+    that once put 524.4 ms beside the table's 551.6 ms for one figure of one run."""
     windows = np.array([[0.4, 1, 10], [0.1, 1, 10], [0.3, 1, 10], [0.2, 1, 10]])
-    assert stats.window_figure("step_s_median", windows) == 0.2
+    assert stats.window_figure("step_s_median", windows) == pytest.approx(0.25)
     resampled = stats._resampled_window_figure("step_s_median", windows, np.random.default_rng(0), 2000)
-    assert set(np.unique(resampled)) <= {0.1, 0.2, 0.3, 0.4} and np.median(resampled) == 0.2
+    assert np.median(resampled) == pytest.approx(0.25)
+
+
+def test_one_figure_of_one_run_has_one_centre_in_its_table_interval_json_and_gate():
+    """14 windows of 2 steps: 28 steady steps, whose median is the mean of the 14th and 15th. The table's cell,
+    the interval's centre, the JSON's `figures` and `intervals` and the gate's figure are that one value."""
+    from mtbench.figures import FIGURES_BY_KEY
+    run = result(windows=14, window=2, noise=0.2, seed=4)
+    recorded = run["timing"]["step_s_median"]
+    value, low, high = stats.figure_interval("step_s_median", [run])
+    assert value == pytest.approx(recorded) and low < value < high
+    compared = build_comparison([LoadedRun(run, "one.json")])
+    figure = FIGURES_BY_KEY["step_s_median"]
+    by_title = {row[0]: row[1:] for row in table_cells(compared)[1]}
+    assert by_title[figure.title][0].startswith(f"{figure.text(recorded)} (95 % interval ")
+    (entry,) = to_json_dict(compared)["summary"]
+    assert entry["intervals"]["step_s_median"]["value"] == pytest.approx(entry["figures"]["step_s_median"]["median"])
+    assert compared.groups[0].over_repeats("step_s_median") == pytest.approx(recorded)  # the gate's
 
 
 def test_the_step_time_counts_each_step_of_a_window_as_the_runs_own_median_does():
@@ -81,8 +99,10 @@ def test_the_step_time_counts_each_step_of_a_window_as_the_runs_own_median_does(
     assert stats.window_figure("step_s_median", windows) == pytest.approx(0.07)
     resampled = stats._resampled_window_figure("step_s_median", windows, np.random.default_rng(0), 2000)
     assert np.median(resampled) == pytest.approx(0.07)
-    # Of 2 steps, the lower median: a window of 3 steps at 0.1 s beside one of 1 at 0.3 s is 0.1.
+    # Of 4 steps, the middle two's mean: a window of 3 steps at 0.1 s beside one of 1 at 0.3 s is 0.1.
     assert stats.window_figure("step_s_median", np.array([[0.3, 1, 10], [0.3, 3, 30]])) == pytest.approx(0.1)
+    assert stats.window_figure("step_s_median", np.array([[0.3, 1, 10], [0.2, 2, 20], [0.3, 1, 10]])) == \
+        pytest.approx(0.2)
 
 
 def test_windows_group_a_windows_steps_and_leave_out_compilation():
@@ -108,13 +128,14 @@ def test_the_same_configuration_twice_is_no_difference():
 
 
 def test_one_runs_interval_spans_its_repeats_and_their_windows():
-    # 800 tokens a step: 0.008 s a step is 100,000 tokens/s, 0.002 s 400,000. Two repeats: their logs' mean is
-    # that of 200,000, their standard error ln(4) / 2, and Student's t for 1 degree of freedom 12.706 (a table's).
-    slow, fast = result(step_s=0.008, noise=0.0), result(step_s=0.002, noise=0.0)
-    value, low, high = stats.figure_interval("tokens_per_s", [slow, fast])
+    # 800 tokens a step: 0.008 s a step is 100,000 tokens/s, 0.004 s 200,000, 0.002 s 400,000. Three repeats:
+    # their logs' mean is that of 200,000, their standard deviation ln(2), and Student's t for 2 degrees of
+    # freedom 4.303 (a table's).
+    slow, middle, fast = (result(step_s=step_s, noise=0.0) for step_s in (0.008, 0.004, 0.002))
+    value, low, high = stats.figure_interval("tokens_per_s", [slow, middle, fast])
     assert value == pytest.approx(200_000)
-    assert low == pytest.approx(200_000 * 4 ** (-12.706 / 2), rel=1e-3)
-    assert high == pytest.approx(200_000 * 4 ** (12.706 / 2), rel=1e-3)
+    assert low == pytest.approx(200_000 * 2 ** (-4.303 / math.sqrt(3)), rel=1e-3)
+    assert high == pytest.approx(200_000 * 2 ** (4.303 / math.sqrt(3)), rel=1e-3)
     noisy = result(step_s=0.008, noise=0.05)
     value, low, high = stats.figure_interval("tokens_per_s", [noisy])
     assert low < value < high and value == pytest.approx(noisy["timing"]["tokens_per_s"])
@@ -447,8 +468,8 @@ def test_a_break_even_that_rests_on_step_times_within_the_noise_is_undetermined(
     step = compared.verdicts["jax+slow-step"]["step_s_median"]
     assert step.call == "no difference"
     even = compared.break_even(compared.groups[1])
-    assert (even.text, even.steps) == (f"undetermined: the steady step times differ within the noise ({step.text})",
-                                       None)
+    assert (even.text, even.steps) == (f"undetermined: step times within the noise "
+                                       f"({stats.range_text(step.low, step.high)})", None)
     assert comparison().break_even(comparison().groups[1]).steps is not None  # 1.3x slower: a step is named
 
 
@@ -751,7 +772,7 @@ def test_runs_whose_steps_differ_in_work_break_even_in_tokens_not_steps():
     held = compared.verdicts["jax:batch-size=64"]["tokens_per_s"]
     assert held.call == "no difference"
     assert compared.break_even(compared.groups[1]).text == \
-        f"undetermined: the tokens/s differ within the noise ({held.text})"
+        f"undetermined: tokens/s within the noise ({stats.range_text(held.low, held.high)})"
 
 
 def loaded(run, others=60.0, steal=0.0):
@@ -794,3 +815,85 @@ def test_a_verdict_on_runs_of_a_loaded_machine_says_so_on_its_line_cell_and_json
     change = change_verdict("tokens_per_s", slowed, repeats(2), "jax (new)", "jax (baseline)")
     assert change.loaded == ("jax (new)",)
     assert change.text.endswith("), measured on a loaded machine (jax (new)): not reliable")
+
+
+def single_cells(runs):
+    """{title: cell} of the table of one run's repeats `runs`, and its lines below."""
+    compared = build_comparison([LoadedRun(run, f"{number}.json") for number, run in enumerate(runs)])
+    markdown = to_markdown(compared)
+    return {row[0]: row[1] for row in table_cells(compared)[1]}, markdown
+
+
+def test_one_run_of_too_few_windows_to_resample_shows_no_interval_and_says_why():
+    """`11.6 (95 % interval 10.1-11.6)` stood above `interval warning: 2 steady timing windows in a run: too few
+    to resample`: an interval its own line called invalid. Below `MIN_WINDOWS` none is drawn, in the table or the
+    JSON, and the cell and the line below say why."""
+    from mtbench.figures import FIGURES_BY_KEY
+    run = result(windows=2, noise=0.05)
+    assert stats.figure_interval("tokens_per_s", [run])[1:] == (None, None)
+    cells, markdown = single_cells([run])
+    for key in stats.WINDOW_FIGURES:
+        figure = FIGURES_BY_KEY[key]
+        assert cells[figure.title] == (f"{figure.text(figure.value(run))} (95 % interval: none, too few steady timing "
+                                       f"windows to resample)")
+    assert "- 95 % intervals: none: 2 steady timing windows in a run: too few to resample (at least 10" in markdown
+    assert "interval warning: 2 steady timing windows" not in markdown
+    assert to_json_dict(build_comparison([LoadedRun(run, "a.json")]))["summary"][0]["intervals"]["tokens_per_s"][
+        "low"] is None
+    enough = result(windows=10, noise=0.05)
+    assert "95 % interval " in single_cells([enough])[0][FIGURES_BY_KEY["tokens_per_s"].title]
+
+
+def test_two_repeats_state_no_students_t_interval():
+    """Two repeats 151.7 and 551.6 ms a step read `351.6 (range 151.7-551.6; 95 % interval 0.1-1,146,099.4)`:
+    Student's t of one degree of freedom (12.71 standard errors) makes a bound of nothing and one of 20 minutes.
+    Below `MIN_T_REPEATS` repeats no interval is stated; the centre is the interval's, the geometric mean."""
+    from mtbench.figures import FIGURES_BY_KEY
+    runs = [result(step_s=0.15, noise=0.0), result(step_s=0.55, noise=0.0, seed=1)]
+    value, low, high = stats.figure_interval("step_s_median", runs)
+    assert value == pytest.approx(math.sqrt(0.15 * 0.55)) and (low, high) == (None, None)
+    cells, markdown = single_cells(runs)
+    figure = FIGURES_BY_KEY["step_s_median"]
+    assert cells[figure.title] == (f"{figure.text(value)} (range {figure.text(0.15)}–{figure.text(0.55)}; 95 % "
+                                   f"interval: too wide to state with 2 repeats)")
+    assert "- 95 % intervals: none: 2 repeats: Student's t of 1 degree of freedom" in markdown
+    three = [*runs, result(step_s=0.3, noise=0.0, seed=2)]
+    assert "95 % interval " in single_cells(three)[0][figure.title]
+
+
+def test_a_break_even_cell_is_short_and_never_claims_a_step_the_verdict_did_not_find():
+    """`undetermined: the steady step times differ within the noise (torch+torch-compile:...: no difference from
+    ... beyond the noise (0.04-2.47), measured on a loaded machine (...): not reliable)` nested a verdict in a cell;
+    `never: X compiles faster and steps faster` stood beside that pair's `no difference (0.99-12.59)`."""
+    compared = comparison(slow_factor=1.01)
+    step = compared.verdicts["jax+slow-step"]["step_s_median"]
+    assert step.call == "no difference"
+    even = compared.break_even(compared.groups[1])
+    assert even.text == f"undetermined: step times within the noise ({stats.range_text(step.low, step.high)})"
+    # jax+fast compiles 1.5 s faster and its mean step is 0.5 % shorter, within 3 % noise over 2 repeats.
+    runs = [LoadedRun(r, f"{label}-{i}.json") for label, rs in
+            (("jax", repeats(2, compile_s=3.0)), ("jax+fast", repeats(2, seed=50, extras=("fast",), step_s=0.0149)))
+            for i, r in enumerate(rs)]
+    compared = build_comparison(runs)
+    step = compared.verdicts["jax+fast"]["step_s_median"]
+    assert step.call == "no difference"
+    assert stats.break_even("jax+fast", "jax", {"jax+fast": 1.0, "jax": 2.0}, {"jax+fast": 1.0, "jax": 2.0}).text == \
+        "never: jax+fast compiles faster and steps faster"
+    even = compared.break_even(compared.groups[1])
+    assert even.text == (f"undetermined: jax+fast compiles faster, step times within the noise "
+                         f"({stats.range_text(step.low, step.high)})") and not even.names_a_point
+
+
+def test_a_load_on_every_run_is_said_once_not_on_every_verdict():
+    """Each of 10-16 verdict lines ended `measured on a loaded machine (A and B): not reliable`. Where every run
+    was loaded it is one line before the verdicts; the JSON's `loaded` stays each verdict's."""
+    quiet = [loaded(run) for run in repeats(2, compile_s=3.0)]
+    slowed = [loaded(run) for run in repeats(2, seed=50, extras=("slow-step",), step_s=0.015 * 1.3)]
+    compared = build_comparison([LoadedRun(run, f"{number}.json") for number, run in enumerate(quiet + slowed)])
+    markdown = to_markdown(compared)
+    said = [line for line in markdown.splitlines() if line.startswith("- ") and "loaded machine" in line]
+    assert said == ["- every run of this comparison trained on a loaded machine (its warnings say how): its "
+                    "verdicts are not reliable"]
+    for held in compared.verdicts["jax+slow-step"].values():
+        assert held.loaded == ("jax+slow-step", "jax") and held.unqualified_text() in markdown
+    assert to_json_dict(compared)["verdicts"][0]["loaded"] == ["jax+slow-step", "jax"]
