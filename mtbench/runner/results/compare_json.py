@@ -17,7 +17,7 @@ def combined_json(comparison, runs, status, about):
     `comparison`, this host and `runs` (the entries of the runs). The runs of a comparison that stopped early carry
     the warning `mtbench report` of the file gives them."""
     stopped = stopped_comparison_warning(status.get("status"), status.get("status_reason"))
-    figures = to_json_dict(warned(comparison, stopped) if stopped else comparison)
+    figures = to_json_dict(warned(comparison, stopped) if stopped else comparison, whole=True)
     del figures["kind"]
     return {
         "kind": COMPARE_KIND,

@@ -1401,7 +1401,9 @@ COMPARING_KEYS = ("baseline", "speedups", "scaling", "parity", "ranking", "noise
 COMPARING_SUMMARY_KEYS = ("speedup", "scaling", "verdicts", "break_even")
 
 
-def to_json_dict(comparison):
+def to_json_dict(comparison, whole=False):
+    """The report's JSON; a single run's leaves out what compares (`COMPARING_KEYS`) unless `whole` (a compare
+    JSON keeps its layout whatever number of runs it ended with)."""
     found = {
         "kind": REPORT_KIND,
         "baseline": comparison.baseline.label,
@@ -1416,7 +1418,7 @@ def to_json_dict(comparison):
         "verdicts": [verdict.to_dict() for by_figure in comparison.verdicts.values() for verdict in by_figure.values()],
         "break_even": [even.to_dict() for even in map(comparison.break_even, comparison.groups) if even],
     }
-    if comparison.single:
+    if comparison.single and not whole:
         kept = {key for key, held in (("parity", comparison.parity.pairs), ("noise_floor", comparison.noise_floor))
                 if held}
         found = {key: value for key, value in found.items() if key not in COMPARING_KEYS or key in kept}

@@ -1204,3 +1204,9 @@ def test_a_single_runs_json_leaves_out_what_compares():
     # two runs still compare
     both = to_json_dict(build_comparison([LoadedRun(hand_made(), "jax.json"), LoadedRun(hand_made("torch"), "t.json")]))
     assert {"baseline", "speedups", "ranking", "parity", "verdicts"} <= set(both)
+    # a compare JSON that ended with one run (stopped after its first) keeps the layout its readers take
+    from mtbench.runner.results.compare_json import combined_json
+    stopped = combined_json(build_comparison([LoadedRun(hand_made(), "gpt.json")]), [],
+                            {"status": "interrupted", "status_reason": "SIGINT received"}, {})
+    assert {"baseline", "speedups", "ranking", "parity", "verdicts"} <= set(stopped)
+    assert {"speedup", "verdicts", "break_even"} <= set(stopped["summary"][0])
