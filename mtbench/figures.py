@@ -730,9 +730,14 @@ def versions_text(result, with_mtbench=True):
         if env.get("cuda_version") and env.get("nvidia_driver_version"):
             parts.append(f"NVIDIA driver {env['nvidia_driver_version']}")
     if with_mtbench and env.get("mtbench"):
-        commit = env.get("mtbench_git_commit")
-        parts.append(f"mtbench {env['mtbench']}" + (f" (git {short_commit(commit)})" if commit else ""))
+        parts.append(mtbench_text(env))
     return ", ".join(parts)
+
+
+def mtbench_text(env):
+    """'mtbench 0.1.0 (git 0123456789ab-dirty)': the mtbench code of a run's `env` ('?' for a version not recorded)."""
+    commit = env.get("mtbench_git_commit")
+    return f"mtbench {env.get('mtbench') or '?'}" + (f" (git {short_commit(commit)})" if commit else "")
 
 
 def short_commit(commit):

@@ -23,9 +23,8 @@ from mtbench.runner.config import COMPILED_STEP_EXTRA, EXTRA_OPTIONS, TrainConfi
 from mtbench.runner.files import read_json
 from mtbench.figures import (DEFAULT_MODEL, FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text,
                              energy_counter_text, hardware, is_number, kinds_against_text, machine_device,
-                             profile_operations_text, run_dtype, run_name, run_processes, run_warnings,
-                             scored_sentences_text, short_commit, shown_figures, size_label, split_scored_text,
-                             versions_text)
+                             mtbench_text, profile_operations_text, run_dtype, run_name, run_processes, run_warnings,
+                             scored_sentences_text, shown_figures, size_label, split_scored_text, versions_text)
 from mtbench.runner.results.parity import PARITY_STEPS, check_parity
 from mtbench.runner.results.schema import (COMPARE_SCHEMA_VERSION, HISTORY_KIND, REGRESSION_KIND,
                                            is_evaluation_scores, result_task, schema_errors)
@@ -143,13 +142,6 @@ def stopped_comparison_warning(status, status_reason):
             f"are missing from it, or partial")
 
 
-def mtbench_software(result):
-    """'mtbench 0.1.0 (git 0123456789ab-dirty)': the mtbench code a run trained with."""
-    env = result.get("env") or {}
-    commit = env.get("mtbench_git_commit")
-    return f"mtbench {env.get('mtbench') or '?'}" + (f" (git {short_commit(commit)})" if commit else "")
-
-
 def software_difference(entries):
     """The warning where a comparison's runs (`entries`: a compare JSON's, each with its `label`, `repeat` and
     `result`) trained with different mtbench code (another version, another commit, a commit's tree changed:
@@ -166,7 +158,7 @@ def software_difference(entries):
     labels = [entry.get("label") for entry in entries]
     name = lambda entry: f"{entry.get('label')}" + (f" #{entry.get('repeat')}" if labels.count(entry.get("label")) > 1
                                                    else "")
-    said = "; ".join(f"{', '.join(map(name, group))}: {mtbench_software(group[0]['result'])}"
+    said = "; ".join(f"{', '.join(map(name, group))}: {mtbench_text(group[0]['result'].get('env') or {})}"
                      for group in by_software.values())
     return (f"the runs trained with different mtbench code ({said}): the checkout changed while the comparison ran, "
             f"or an environment holds another mtbench; their figures may differ by mtbench's code, not only by the "

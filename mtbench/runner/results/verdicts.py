@@ -125,7 +125,7 @@ def figure_interval(key, results, resamples=RESAMPLES, seed=SEED, confidence=CON
         return None
     points = np.log([window_figure(key, w) for w in side])
     point = points.mean()
-    if figure_interval_gap(results) is not None:
+    if _interval_gap(side) is not None:
         return float(math.exp(point)), None, None
     if len(points) > 1:
         low, high = mean_interval(points, confidence)
@@ -140,7 +140,11 @@ def figure_interval_gap(results):
     """Why `figure_interval` states no interval of one run's repeats, or None where it states one: a single
     repeat of fewer than `MIN_WINDOWS` steady windows (a bootstrap of 2 windows spans their two values, and of one
     has nothing to resample), or fewer than `MIN_T_REPEATS` repeats (Student's t of 1 degree of freedom)."""
-    side = _window_sides(results)
+    return _interval_gap(_window_sides(results))
+
+
+def _interval_gap(side):
+    """`figure_interval_gap` of the repeats' steady windows (`_window_sides`)."""
     if len(side) == 1 and len(side[0]) < MIN_WINDOWS:
         return few_windows_text(len(side[0]))
     if 1 < len(side) < MIN_T_REPEATS:
