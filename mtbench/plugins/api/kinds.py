@@ -256,6 +256,11 @@ class Extra:
     # model axis draws the whole batch's). Runs that differ only by such
     # extras follow one loss curve with dropout too, and compare's parity check holds them to it. Plugin API 1.18.
     keeps_random_draws = False
+    # How the extra lays one model's training over devices, in words the field uses ('data', 'sharded data',
+    # 'tensor', 'pipeline'), or None for an extra that lays out nothing. Extras of other backends with the same
+    # parallelism train the same way: a comparison holds jax+data-parallel@2 against torch+ddp@2 (`counterparts`).
+    # Plugin API 1.32.
+    parallelism = None
 
     def environment(self, config):
         """Environment variables to set before the framework is imported."""

@@ -61,9 +61,11 @@ peak was measured.
 1.30: `Launch.launch_dir`, a directory made for the launch's processes on one machine (None: none).
 1.31: `ModelFamily.default_block_size(path)`, the block a pretrained checkpoint is read in by default;
 `figures.split_scored_text` and `share_text`.
+1.32: `Extra.parallelism`, how an extra lays one model's training over devices ('data', 'sharded data', 'tensor',
+'pipeline'): runs of two backends laid out alike are held against each other.
 """
 
-PLUGIN_API_VERSION = "1.31"
+PLUGIN_API_VERSION = "1.32"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -739,6 +739,7 @@ class FullySharded(Extra):
     backends = ("jax", "torch")
     conflicts = ("pmap", "data-parallel", "tpu", "ddp")
     spans_processes = True
+    parallelism = "sharded data"
 
     def unavailable_reason(self, run):
         if run.backend.name == "jax":

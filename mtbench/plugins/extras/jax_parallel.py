@@ -123,6 +123,7 @@ class Pmap(Extra):
     description = "data-parallel train step with jax.pmap over the local devices (gradients summed with psum)"
     backends = ("jax",)
     conflicts = ("data-parallel", "tpu")
+    parallelism = "data"
 
     def unavailable_reason(self, run):
         if run.config.dtype in ("float16", "mixed_float16"):
@@ -146,6 +147,7 @@ class DataParallel(Extra):
                    "sharded batches; several processes: torchrun, SLURM or --coordinator)")
     backends = ("jax",)
     conflicts = ("pmap", "tpu")
+    parallelism = "data"
     # After jax.distributed.initialize, jax.devices() is every process's devices: the mesh spans them, and Keras
     # assembles each global batch from the processes' shards (jax.make_array_from_process_local_data).
     spans_processes = True

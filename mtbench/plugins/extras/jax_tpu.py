@@ -28,6 +28,7 @@ class TpuStrategy(Extra):
     description = "device mesh over all TPU cores, data parallel, bfloat16 compute, TPU-friendly sizes"
     backends = ("jax",)
     conflicts = ("pmap", "data-parallel", "flash-attention")
+    parallelism = "data"
 
     def unavailable_reason(self, run):
         if run.device_kind != "tpu":

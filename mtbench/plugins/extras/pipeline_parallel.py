@@ -812,14 +812,16 @@ class PipelineParallel(Extra):
     backends = ("jax", "torch")
     conflicts = ("fsdp", "ddp", "tensor-parallel", "data-parallel", "pmap", "tpu")
     spans_processes = True
+    parallelism = "pipeline"
 
     def unavailable_reason(self, run):
         if run.backend.name == "jax":
+            # The processes first: simulating devices in each of several processes would only lead to this.
+            if run.processes.world_size > 1:
+                return "JAX's pipeline runs over one process's devices; start one process"
             count = run.device.get("count", 1)
             if count < 2:
                 return f"needs at least 2 devices; this run has {count} ({SIMULATE_HINT})"
-            if run.processes.world_size > 1:
-                return "JAX's pipeline runs over one process's devices; start one process"
             return pipeline_reason(run.config, run.model_shape, count, "devices", "jax")
         reason = processes_reason(run) or cuda_graphs_reason(run.config)
         if reason:

@@ -471,7 +471,9 @@ def gathered_rows(arrays, group, world):
     columns = [part.reshape(rows, -1).contiguous().view(torch.uint8) for part in parts]
     local = torch.cat(columns, dim=1)
     gathered = local.new_empty((world * rows, local.shape[1]))
-    dist.all_gather_into_tensor(gathered, local, group=group)
+    # torch 2.13 names it all_gather_single and warns of the old name in every run; earlier torch has the old alone.
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    all_gather(gathered, local, group=group)
     whole, start = [], 0
     for part, column in zip(parts, columns):
         width = column.shape[1]
@@ -622,6 +624,7 @@ class TensorParallel(Extra):
     backends = ("jax", "torch")
     conflicts = ("fsdp", "ddp", "data-parallel", "pmap", "tpu")
     spans_processes = True
+    parallelism = "tensor"
     # Each device drops its part of the masks one device draws for the whole layer, and what it holds whole as the
     # others do (tested on both backends), so the run draws one device's masks; a data axis (a
     # --tensor-parallel-size below the devices) draws its rows' own, and compare keeps such runs apart by that size.

@@ -12,6 +12,7 @@ class DistributedDataParallel(Extra):
     description = "torch DistributedDataParallel over the run's processes (torchrun; NCCL on GPUs, gloo on CPUs)"
     backends = ("torch",)
     spans_processes = True
+    parallelism = "data"
 
     def unavailable_reason(self, run):
         return processes_reason(run)

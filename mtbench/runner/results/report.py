@@ -563,6 +563,31 @@ class Comparison:
                         stats.loaded_runs({group.label: group.results, self.baseline.label: reference}))
         return found
 
+    def counterparts(self):
+        """[(run, against)] of the runs that train the same way on two backends (`same_way_of_training`), neither
+        the baseline, against which every run is held already: a comparison of jax, torch, jax+data-parallel@2 and
+        torch+ddp@2 holds the last two against each other. `against` is the run on the baseline's backend where one
+        of the two is, else the one given first."""
+        pairs = []
+        for index, group in enumerate(self.groups):
+            for other in self.groups[:index]:
+                if self.baseline not in (group, other) and same_way_of_training(group.first, other.first):
+                    on_baseline_backend = group.first["backend"] == self.baseline.first["backend"]
+                    pairs.append((other, group) if on_baseline_backend else (group, other))
+        return pairs
+
+    @cached_property
+    def counterpart_verdicts(self):
+        """The tokens/s of each run against its counterpart on the other backend (`counterparts`), as Verdicts."""
+        found = []
+        for run, against in self.counterparts():
+            interval = stats.ratio_interval(stats.SPEED_FIGURE, run.results, against.results,
+                                            stats.same_session(run.results, against.results))
+            if interval is not None:
+                found.append(stats.verdict(run.label, against.label, interval, self.floor(stats.SPEED_FIGURE),
+                                           stats.loaded_runs({run.label: run.results, against.label: against.results})))
+        return found
+
     def break_even(self, group):
         """After how many steps `group` and the baseline overtake each other (`verdicts.break_even`, from the
         medians over repeats of their compile time and mean steady step), or, where their steps differ in work
@@ -576,7 +601,7 @@ class Comparison:
             even = stats.break_even(group.label, self.baseline.label, compile_s,
                                     {g.label: Stat.of([stats.mean_step_s(r) for r in g.results]).median
                                      for g in pair})
-            pace, differ, unit = "step_s_median", "step times", "step"
+            unit = "step"
         else:
             # A step of a larger batch or block trains more tokens: steps are no common unit, a token is, and the
             # total time of n tokens grows by the inverse of the tokens/s the table shows beside it.
@@ -584,15 +609,19 @@ class Comparison:
             even = stats.break_even(group.label, self.baseline.label, compile_s,
                                     {label: 1 / speed if speed else None for label, speed in speeds.items()},
                                     unit="token")
-            pace, differ, unit = stats.SPEED_FIGURE, "tokens/s", "token"
-        held = self.verdicts.get(group.label, {}).get(pace)
-        if even and held and held.call == "no difference" and (even.names_a_point or even.faster_stepping):
+            unit = "token"
+        # Held to the tokens/s verdict either way: the total time of n steps of the same work grows with the mean
+        # step, which tokens/s (tokens over seconds) is the inverse of; the median step may point the other way.
+        held = self.verdicts.get(group.label, {}).get(stats.SPEED_FIGURE)
+        stepping = held and {"faster": group.label, "slower": self.baseline.label}.get(held.call)
+        if even and held and (even.names_a_point or even.faster_stepping) and stepping != even.faster_stepping:
             # The point where one overtakes the other, or that the faster-compiling never is, rests on which runs
             # faster, which the noise leaves open. The interval alone: the verdict's sentence is on its own line.
             ahead = f"{even.faster_compiling} compiles faster, " if not even.names_a_point else ""
+            why = "within the noise" if held.call == "no difference" else \
+                f"faster on {stepping}'s side, its mean {unit} on the other's"  # repeats that scatter apart
             even = stats.BreakEven(group.label, self.baseline.label,
-                                   f"undetermined: {ahead}{differ} within the noise "
-                                   f"({stats.range_text(held.low, held.high)})",
+                                   f"undetermined: {ahead}tokens/s {why} ({stats.range_text(held.low, held.high)})",
                                    faster_compiling=even.faster_compiling if ahead else None, unit=unit)
         return even and with_compile_caches(even, {g.label: g.choice_text(compile_cache_state) for g in pair})
 
@@ -696,6 +725,19 @@ class Comparison:
     def shared_hardware(self):
         machines = {group.hardware for group in self.groups}
         return machines.pop() if len(machines) == 1 else None
+
+
+def same_way_of_training(result, other):
+    """Whether two results trained the same way on different backends: the same `way_of_training` (how their
+    extras lay the training over devices, and the extras both backends serve), on as many devices of one model (in
+    one process or several: JAX's users drive a machine's devices from one, torch's from one each), in one dtype,
+    size and sweep. Results from before `way_of_training` was recorded have no counterpart."""
+    def way(run):
+        return (run.get("way_of_training"), run.get("devices_used") or 1, run_dtype(run), device_model(run),
+                _settings(run)[0])
+    return (result["backend"] != other["backend"] and None not in (result.get("way_of_training"),
+                                                                  other.get("way_of_training"))
+            and way(result) == way(other))
 
 
 def device_model(result):
@@ -1003,6 +1045,11 @@ def verdict_lines(comparison):
         lines.append("every run of this comparison trained on a loaded machine (its warnings say how): its verdicts "
                      "are not reliable")
     lines += [verdict.unqualified_text() if every else verdict.text for verdict in found]
+    # Each way of training on one backend against the same way on the other: the verdict between the frameworks
+    # that the baseline's alone, held to one backend's run, does not give.
+    lines += [f"the same way on each backend: {verdict.unqualified_text() if every else verdict.text}"
+              for verdict in comparison.counterpart_verdicts]
+    found += comparison.counterpart_verdicts
     lines += [f"interval warning: {text}" for text in dict.fromkeys(w for verdict in found for w in verdict.warnings)]
     lines += [f"break-even: {even.text}" for even in map(comparison.break_even, comparison.groups)
               if even and even.names_a_point]
@@ -1207,16 +1254,19 @@ def interval_lines(comparison):
     # The repeats that have a steady window, as `verdicts.figure_interval` takes them.
     counts = (len(stats.steady_windows(result["history"])) for result in comparison.baseline.results)
     windows = [count for count in counts if count]
+    # A compare --aa of one configuration: what its twin measured of the machine is said as beside verdicts.
+    floor = [stats.noise_floor_line(comparison.noise_floor)] if comparison.noise_floor else []
     if not windows:
-        return []  # no steady window: no figure to hold an interval
+        return floor  # no steady window: no figure to hold an interval
     gap = stats.figure_interval_gap(comparison.baseline.results)
     if gap is not None:
-        return [f"95 % intervals: none: {gap}"]
+        return [*floor, f"95 % intervals: none: {gap}"]
     repeats = len(windows)
     how = (f"Student's t over the logs of its {repeats} repeats' figures" if repeats > 1 else
            f"a bootstrap of the run's {windows[0]} steady timing windows")
     drawn = stats.Interval(stats.SPEED_FIGURE, 1.0, 1.0, 1.0, (repeats,), False, None, how)
-    return [f"95 % intervals: {how}", *(f"interval warning: {text}" for text in stats.repeat_warnings(drawn))]
+    return [*floor, f"95 % intervals: {how}",
+            *(f"interval warning: {text}" for text in stats.repeat_warnings(drawn))]
 
 
 # The scores the table shows whose figure says little without sacrebleu's signature (its tokenizer, smoothing and
@@ -1389,7 +1439,8 @@ def _target_dict(times, reached):
 # What holds runs against each other: a single run's JSON (`Comparison.single`) leaves these out, as its table does,
 # its summary entry the per-run ones; the parity stays where its repeats were held to each other's losses, an A/A
 # noise floor where one was measured.
-COMPARING_KEYS = ("baseline", "speedups", "scaling", "parity", "ranking", "noise_floor", "verdicts", "break_even")
+COMPARING_KEYS = ("baseline", "speedups", "scaling", "parity", "ranking", "noise_floor", "verdicts",
+                  "counterpart_verdicts", "break_even")
 COMPARING_SUMMARY_KEYS = ("speedup", "scaling", "verdicts", "break_even")
 
 
@@ -1408,6 +1459,7 @@ def to_json_dict(comparison, whole=False):
         "ranking": comparison.ranking(),
         "noise_floor": comparison.noise_floor,
         "verdicts": [verdict.to_dict() for by_figure in comparison.verdicts.values() for verdict in by_figure.values()],
+        "counterpart_verdicts": [verdict.to_dict() for verdict in comparison.counterpart_verdicts],
         "break_even": [even.to_dict() for even in map(comparison.break_even, comparison.groups) if even],
     }
     if comparison.single and not whole:

@@ -77,6 +77,15 @@ def machines_of(processes):
     return max(launch.num_processes // launch.local_processes, 1) if launch else 1
 
 
+def way_of_training(extras):
+    """What a run on another backend shares with this one when it trains the same way (`report`'s counterparts):
+    how the extras lay the training over devices (`Extra.parallelism`), and the extras that several backends serve
+    (fused attention, remat), which change the work. An extra of one backend alone (torch-compile) is that
+    backend's own way of running its step, which a comparison of the frameworks leaves to each."""
+    return {"parallelism": sorted({extra.parallelism for extra in extras if extra.parallelism}),
+            "extras": sorted(extra.name for extra in extras if not extra.parallelism and len(extra.backends) > 1)}
+
+
 def training_result(config, run, plugins, registry, data, built, outcome, weights_sha256, run_dir,
                     training_memory=None, peak_record=None):
     """Every section of the result that training decides; the task's metrics are null until `add_evaluation`
@@ -95,6 +104,7 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         "extras": [extra.name for extra in plugins.extras],
         # The extras that change no random draw: a run with dropout draws the masks of the run without them.
         "extras_keeping_draws": [extra.name for extra in plugins.extras if extra.keeps_random_draws],
+        "way_of_training": way_of_training(plugins.extras),
         "extras_record": extras_record,
         "devices_used": devices_used,
         # The run's processes: each trained on its shard of every global batch; tokens/s counts the global batch.

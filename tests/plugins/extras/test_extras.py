@@ -84,6 +84,9 @@ def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, cpu_c
     assert result["extras"] == [extra]
     assert result["extras_record"][extra]["devices"] == 2
     assert result["extras_record"][extra]["per_device_batch"] == 16
+    # torch+ddp@2 trains the same way: a comparison holds the two against each other (`same_way_of_training`).
+    assert (result["way_of_training"], result["devices_used"]) == ({"parallelism": ["data"], "extras": []}, 2)
+    assert single_device["way_of_training"] == {"parallelism": [], "extras": []}
     # mtbench's own step under both: pmap's, and the one-device jit step over the distribution's mesh (not
     # Keras's train_on_batch), with the step's own loss.
     assert result["train_step"] == {"pmap": "jax-pmap", "data-parallel": "jax-jit-stateless"}[extra]
@@ -142,6 +145,8 @@ def test_torch_compile_compiles_mtbench_step_without_graph_breaks_and_trains_lik
     record = compiled["extras_record"]["torch-compile"]
     assert compiled["train_step"] == "torch-compiled" and eager["train_step"] == "torch-eager"
     assert (compiled["extras"], compiled["config"]["extras"]) == (["torch-compile"], ["torch-compile"])
+    # torch's own way of running its step: a compiled torch run trains as JAX's jit step does, held against it.
+    assert compiled["way_of_training"] == eager["way_of_training"] == {"parallelism": [], "extras": []}
     assert compiled["train_step_chosen"] == {"asked": "compiled", "by_extra": "torch-compile"}
     assert eager["train_step_chosen"] == {"asked": "eager", "by_extra": None, "why_not": "asked (--step eager)"}
     assert record["mode"] == "default"

@@ -85,6 +85,8 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
                                    # Process 0's half of the cores: its framework's thread pool follows it.
                                    "cpu_share": FIRST_HALF, "machines": 1}
     assert kept.items() <= result["extras_record"][extra].items()
+    # What a run of the other backend must share to be held against this one (`report.same_way_of_training`).
+    assert result["way_of_training"] == {"parallelism": ["data"], "extras": []}
     # On JAX mtbench's jit step over the two processes' mesh, as one process trains with (not train_on_batch).
     assert result["train_step"] == train_step
     # The batch's arrays (on JAX named by the guard under jax.distributed by their global shape) are no host wait.

@@ -359,3 +359,18 @@ def test_a_pipeline_of_one_micro_batch_says_so_in_the_singular(tmp_path, cache_d
     pipelined = train(tmp_path, "pipelined", cache_dir, *JAX_GPT, "--steps", "2", "--measure-only", "--extra",
                       "pipeline-parallel", "--pipeline-micro-batches", "1", env=simulated_devices(2))
     assert "pipeline-parallel (block 0 | block 1), 1 micro-batch, GPipe" in pipelined["train_step_detail"]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_jax_pipeline_over_several_processes_is_refused_for_its_processes_whatever_each_sees(devices):
+    """`compare --matrix 'jax+pipeline-parallel@2'` said `needs at least 2 devices ... (simulate N devices with
+    XLA_FLAGS=...)` to a run of 2 processes of one device each; simulating devices led only to `start one
+    process`, which torchrun's processes were told at once."""
+    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.plugins.extras.pipeline_parallel import PipelineParallel
+    from mtbench.runner.config import TrainConfig
+    run = SimpleNamespace(backend=SimpleNamespace(name="jax"), processes=SimpleNamespace(world_size=2),
+                          device={"count": devices}, model_shape=GPT_PRESETS["tiny"],
+                          config=TrainConfig(model_name="gpt", batch_size=8))
+    assert PipelineParallel().unavailable_reason(run) == "JAX's pipeline runs over one process's devices; start one " \
+                                                        "process"

@@ -279,6 +279,8 @@ def test_torch_trains_the_same_losses_recomputing_and_records_what_it_counted(tm
                       "verified_by": "each block's computation run again in the backward pass of one row",
                       "recomputed_in_backward": 2, "matmuls_recomputed": 2 * 6}
     assert (recomputing["extras"], recomputing["extras_keeping_draws"]) == (["remat"], ["remat"])
+    # Both backends serve remat: a run on the other backend is its counterpart only recomputing too.
+    assert recomputing["way_of_training"] == {"parallelism": [], "extras": ["remat"]}
     # Recomputing all but the matrix products: no product computed twice.
     record = selective["extras_record"]["remat"]
     assert (record["policy"], record["recomputed_in_backward"], record["matmuls_recomputed"]) == ("matmuls", 2, 0)

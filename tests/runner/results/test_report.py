@@ -1210,3 +1210,43 @@ def test_a_single_runs_json_leaves_out_what_compares():
                             {"status": "interrupted", "status_reason": "SIGINT received"}, {})
     assert {"baseline", "speedups", "ranking", "parity", "verdicts"} <= set(stopped)
     assert {"speedup", "verdicts", "break_even"} <= set(stopped["summary"][0])
+
+
+def laid_out(result, extras, parallelism, devices=2, processes=1):
+    """`result` as a run of `extras` over `devices` devices in `processes` processes recorded it."""
+    result = json.loads(json.dumps(result))
+    result["extras"], result["devices_used"] = list(extras), devices
+    result["way_of_training"] = {"parallelism": parallelism, "extras": []}
+    result["processes"] = {"world_size": processes, "processes": processes,
+                           "devices_per_process": devices // processes, "spanned_by": list(extras)}
+    return result
+
+
+def test_runs_that_train_the_same_way_on_each_backend_are_held_against_each_other():
+    """A comparison of jax, torch, jax+data-parallel@2 and torch+ddp@2 held each run to the baseline alone: which
+    framework trains faster data-parallel over two devices, the question of REFERENCE's 2-GPU comparisons, had no
+    verdict. Runs laid out the same way on the two backends are held against each other; a sharded run has no
+    counterpart in a data-parallel one, nor a run from before the layout was recorded."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison, to_json_dict, to_markdown
+    jax, torch = hand_made("jax", seconds=0.015), hand_made("torch", seconds=0.015)
+    for single in (jax, torch):
+        single["way_of_training"] = {"parallelism": [], "extras": []}
+    runs = [jax, torch, laid_out(hand_made("jax", seconds=0.020), ["data-parallel"], ["data"]),
+            laid_out(hand_made("torch", seconds=0.010), ["ddp"], ["data"], processes=2),
+            laid_out(hand_made("torch", seconds=0.010), ["fsdp"], ["sharded data"], processes=2)]
+    comparison = build_comparison([LoadedRun(run, f"{index}.json") for index, run in enumerate(runs)])
+    assert [(verdict.run, verdict.against, verdict.call) for verdict in comparison.counterpart_verdicts] == [
+        ("torch+ddp@2:model=gpt", "jax+data-parallel:model=gpt", "faster")]
+    verdict = to_json_dict(comparison)["counterpart_verdicts"][0]
+    assert (verdict["figure"], round(verdict["ratio"], 2)) == ("tokens_per_s", 2.0)
+    assert ("the same way on each backend: torch+ddp@2:model=gpt is 2.00x faster than jax+data-parallel:model=gpt in "
+            "tokens/s") in to_markdown(comparison)
+    # held against the run on the baseline's backend, whichever came first
+    flipped = build_comparison([LoadedRun(run, f"{index}.json") for index, run in enumerate(runs)],
+                               baseline="torch:model=gpt")
+    assert [(verdict.run, verdict.against) for verdict in flipped.counterpart_verdicts] == [
+        ("jax+data-parallel:model=gpt", "torch+ddp@2:model=gpt")]
+    for run in runs:
+        del run["way_of_training"]
+    earlier = build_comparison([LoadedRun(run, f"{index}.json") for index, run in enumerate(runs)])
+    assert earlier.counterpart_verdicts == [] and "the same way on each backend" not in to_markdown(earlier)
