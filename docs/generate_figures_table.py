@@ -39,8 +39,9 @@ def render():
         columns = f"`{figure.key}`" + (f", `{figure.key}_min`, `{figure.key}_max`" if figure.is_timing else "")
         repeats = "median, and the range (min, max)" if figure.is_timing else "median"
         if figure.key in WINDOW_FIGURES:  # resampled within a run or over its repeats: `intervals` in the summary
-            columns += f", `{figure.key}_interval_low`, `{figure.key}_interval_high`"
-            repeats += ", and its 95 % interval"
+            columns += f", `{figure.key}_interval_value`, `{figure.key}_interval_low`, `{figure.key}_interval_high`"
+            repeats += (", and its 95 % interval about the geometric mean over the repeats (`_interval_value`), "
+                        "which the table shows with the range")
         runs = (f"{figure.task} runs" if figure.task else
                 "runs whose task reports it" if figure.section == "quality" else "every run")
         lines.append(f"| {columns} | {figure.title} | {raw_unit(figure)} | {repeats} | {runs} |")

@@ -1227,7 +1227,7 @@ def test_runs_that_train_the_same_way_on_each_backend_are_held_against_each_othe
     framework trains faster data-parallel over two devices, the question of REFERENCE's 2-GPU comparisons, had no
     verdict. Runs laid out the same way on the two backends are held against each other; a sharded run has no
     counterpart in a data-parallel one, nor a run from before the layout was recorded."""
-    from mtbench.runner.results.report import LoadedRun, build_comparison, to_json_dict, to_markdown
+    from mtbench.runner.results.report import LoadedRun, build_comparison, to_csv, to_json_dict, to_markdown
     jax, torch = hand_made("jax", seconds=0.015), hand_made("torch", seconds=0.015)
     for single in (jax, torch):
         single["way_of_training"] = {"parallelism": [], "extras": []}
@@ -1241,6 +1241,17 @@ def test_runs_that_train_the_same_way_on_each_backend_are_held_against_each_othe
     assert (verdict["figure"], round(verdict["ratio"], 2)) == ("tokens_per_s", 2.0)
     assert ("the same way on each backend: torch+ddp@2:model=gpt is 2.00x faster than jax+data-parallel:model=gpt in "
             "tokens/s") in to_markdown(comparison)
+    # How many devices each ran on, which the hardware row (a CPU's model and cores) says alike of all of them.
+    header, rows = parse_markdown_table(to_markdown(comparison))
+    assert rows["devices (processes)"] == ["1", "1", "2 (1 process)", "2 (2 processes)", "2 (2 processes)"]
+    table = list(csv.DictReader(io.StringIO(to_csv(comparison))))
+    assert [(row["devices"], row["processes"]) for row in table] == [("1", "1"), ("1", "1"), ("2", "1"), ("2", "2"),
+                                                                     ("2", "2")]
+    # The scaling the JSON holds, whole: 2 devices of one CPU ideally the one's tokens/s, this one at 0.75 of it.
+    assert (table[2]["scaling_ideal_speedup"], table[2]["scaling_above_ideal"]) == ("1", "False")
+    assert float(table[2]["scaling_efficiency"]) == pytest.approx(0.75)
+    assert "devices (processes)" not in parse_markdown_table(to_markdown(build_comparison(
+        [LoadedRun(run, f"{index}.json") for index, run in enumerate(runs[:2])])))[1]
     # held against the run on the baseline's backend, whichever came first
     flipped = build_comparison([LoadedRun(run, f"{index}.json") for index, run in enumerate(runs)],
                                baseline="torch:model=gpt")

@@ -933,3 +933,24 @@ def test_a_load_on_every_run_is_said_once_not_on_every_verdict():
     for held in compared.verdicts["jax+slow-step"].values():
         assert held.loaded == ("jax+slow-step", "jax") and held.unqualified_text() in markdown
     assert to_json_dict(compared)["verdicts"][0]["loaded"] == ["jax+slow-step", "jax"]
+
+
+def test_the_tokens_per_s_cells_of_repeats_rank_the_runs_as_the_speed_up_beside_them():
+    """Repeats at 0.90, 1.01 and 1.02 times the baseline's tokens/s: their median, 1.01x, sat in the tokens/s row
+    above a speed-up of 0.98x (a real compare: 40,300 against 50,584 tokens/s beside 0.39x). The row shows the
+    verdicts' centre, the geometric mean over repeats, with the range; the CSV the interval's centre beside its
+    bounds, which the median may lie outside."""
+    from mtbench.figures import FIGURES_BY_KEY
+    base = [LoadedRun(r, f"jax-{i}.json") for i, r in enumerate(repeats(3, noise=0.0))]
+    scattered = [LoadedRun(result(seed=10 + i, extras=("spread",), step_s=0.015 / factor, noise=0.0), f"s-{i}.json")
+                 for i, factor in enumerate((0.90, 1.01, 1.02))]
+    compared = build_comparison([*base, *scattered])
+    speedup = compared.speedup(compared.groups[1])
+    assert speedup == pytest.approx((0.90 * 1.01 * 1.02) ** (1 / 3)) and speedup < 1
+    figure = FIGURES_BY_KEY["tokens_per_s"]
+    cells = {row[0]: row[1:] for row in table_cells(compared)[1]}[figure.title]
+    values = [float(cell.split(" ")[0].replace(",", "")) for cell in cells]
+    assert values[1] < values[0] and values[1] / values[0] == pytest.approx(speedup, rel=1e-3)
+    row = list(csv.DictReader(io.StringIO(to_csv(compared))))[1]
+    assert float(row["tokens_per_s"]) > float(row["tokens_per_s_interval_value"])  # the median, the centre
+    assert float(row["tokens_per_s_interval_value"]) == pytest.approx(speedup * values[0], rel=1e-3)
