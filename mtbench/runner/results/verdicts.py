@@ -303,7 +303,9 @@ def ratio_interval(key, candidate, reference, paired=False, resamples=RESAMPLES,
         sides = [[w for w in side if len(w)] for side in every]
         if not all(sides):
             return None
-        points = [np.log([window_figure(key, w) for w in side]) for side in sides]
+        points = [_log_values([window_figure(key, w) for w in side]) for side in sides]
+        if any(p is None for p in points):
+            return None  # a repeat that measured 0 (no tokens counted): a ratio to it has no bound, as `_log_values`'
         windows = tuple(min(len(w) for w in side) for side in sides)
     else:
         figure = FIGURES_BY_KEY[key]

@@ -954,3 +954,14 @@ def test_the_tokens_per_s_cells_of_repeats_rank_the_runs_as_the_speed_up_beside_
     row = list(csv.DictReader(io.StringIO(to_csv(compared))))[1]
     assert float(row["tokens_per_s"]) > float(row["tokens_per_s_interval_value"])  # the median, the centre
     assert float(row["tokens_per_s_interval_value"]) == pytest.approx(speedup * values[0], rel=1e-3)
+
+
+def test_a_repeat_whose_windows_counted_no_tokens_gets_no_verdict_rather_than_no_difference():
+    """Windows of 0 tokens: a ratio of 0 whose interval was NaN, read as `no difference`, which the regression gate
+    counted as judged and passed. No interval, as for a whole-run figure that measured 0: the gate's `cannot be
+    judged`."""
+    empty = result(seed=5)
+    for entry in empty["history"]:
+        entry["tokens"] = 0
+    assert stats.ratio_interval("tokens_per_s", [empty], [result()]) is None
+    assert stats.ratio_interval("tokens_per_s", [result(seed=6)], [result()]) is not None
