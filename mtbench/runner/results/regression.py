@@ -122,9 +122,7 @@ def change_verdict(key, new_results, old_results, new_name, old_name, noise_floo
     they ran apart), held to `noise_floor` and naming a side that trained on a loaded machine; None where no interval
     can be drawn. The one rule by which a report calls a change between runs of different times beyond the noise
     (--baseline, --history)."""
-    interval = stats.ratio_interval(key, new_results, old_results)
-    return interval and stats.verdict(new_name, old_name, interval, noise_floor,
-                                      stats.loaded_runs({new_name: new_results, old_name: old_results}))
+    return stats.held_verdict(key, new_name, new_results, old_name, old_results, noise_floor=noise_floor)
 
 
 def partial_runs(runs):

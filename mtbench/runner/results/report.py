@@ -549,19 +549,21 @@ class Comparison:
         left out, as is the steady step of a run whose steps do other work than the baseline's (`step_work`: a
         block of 64 tokens against one of 32 is no slower step)."""
         found = {}
-        reference = self.baseline.results
         for group in self.groups:
             if group is self.baseline:
                 continue
-            paired = stats.same_session(group.results, reference)
             same_work = step_work(group.first) == step_work(self.baseline.first)
             for key in (key for key in stats.WINDOW_FIGURES if same_work or key != "step_s_median"):
-                interval = stats.ratio_interval(key, group.results, reference, paired)
-                if interval is not None:
-                    found.setdefault(group.label, {})[key] = stats.verdict(
-                        group.label, self.baseline.label, interval, self.floor(key),
-                        stats.loaded_runs({group.label: group.results, self.baseline.label: reference}))
+                held = self._held(key, group, self.baseline)
+                if held is not None:
+                    found.setdefault(group.label, {})[key] = held
         return found
+
+    def _held(self, key, group, against):
+        """`group`'s figure `key` against `against`'s (`verdicts.held_verdict`), paired where their repeats were
+        interleaved, held to the noise floor."""
+        return stats.held_verdict(key, group.label, group.results, against.label, against.results,
+                                  stats.same_session(group.results, against.results), self.floor(key))
 
     def counterparts(self):
         """[(run, against)] of the runs that train the same way on two backends (`same_way_of_training`), neither
@@ -579,14 +581,8 @@ class Comparison:
     @cached_property
     def counterpart_verdicts(self):
         """The tokens/s of each run against its counterpart on the other backend (`counterparts`), as Verdicts."""
-        found = []
-        for run, against in self.counterparts():
-            interval = stats.ratio_interval(stats.SPEED_FIGURE, run.results, against.results,
-                                            stats.same_session(run.results, against.results))
-            if interval is not None:
-                found.append(stats.verdict(run.label, against.label, interval, self.floor(stats.SPEED_FIGURE),
-                                           stats.loaded_runs({run.label: run.results, against.label: against.results})))
-        return found
+        held = (self._held(stats.SPEED_FIGURE, run, against) for run, against in self.counterparts())
+        return [verdict for verdict in held if verdict is not None]
 
     def break_even(self, group):
         """After how many steps `group` and the baseline overtake each other (`verdicts.break_even`, from the
@@ -1061,11 +1057,13 @@ def verdict_lines(comparison):
     if every:
         lines.append("every run of this comparison trained on a loaded machine (its warnings say how): its verdicts "
                      "are not reliable")
-    lines += [verdict.unqualified_text() if every else verdict.text for verdict in found]
+
+    def said(verdict):
+        return verdict.unqualified_text() if every else verdict.text
+    lines += [said(verdict) for verdict in found]
     # Each way of training on one backend against the same way on the other: the verdict between the frameworks
     # that the baseline's alone, held to one backend's run, does not give.
-    lines += [f"the same way on each backend: {verdict.unqualified_text() if every else verdict.text}"
-              for verdict in comparison.counterpart_verdicts]
+    lines += [f"the same way on each backend: {said(verdict)}" for verdict in comparison.counterpart_verdicts]
     found += comparison.counterpart_verdicts
     lines += [f"interval warning: {text}" for text in dict.fromkeys(w for verdict in found for w in verdict.warnings)]
     lines += [f"break-even: {even.text}" for even in map(comparison.break_even, comparison.groups)

@@ -488,6 +488,16 @@ def verdict(run, against, interval, noise_floor=None, loaded=()):
                    noise_floor, interval.repeats, interval.paired, tuple(repeat_warnings(interval)), tuple(loaded))
 
 
+def held_verdict(key, run, run_results, against, against_results, paired=False, noise_floor=None):
+    """Figure `key` of the run named `run` (the results of its repeats) against `against`'s, as a Verdict: its
+    `ratio_interval` (`paired` where their repeats were interleaved) held to `noise_floor`, naming a run that
+    trained on a loaded machine; None where no interval can be drawn. A comparison's verdicts against its baseline
+    and between counterparts, and a regression gate's, are all this one."""
+    interval = ratio_interval(key, run_results, against_results, paired)
+    return interval and verdict(run, against, interval, noise_floor,
+                                loaded_runs({run: run_results, against: against_results}))
+
+
 def noise_floor_line(record):
     """'noise floor: tokens/s ±2.1 %, steady step time ±0.9 % (A/A: ...)' of a recorded noise floor."""
     if not record:
