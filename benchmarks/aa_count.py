@@ -67,7 +67,7 @@ def main(argv=None):
         found.append(verdict)
         print(f"{number}/{args.count}: " + (verdict.text if verdict else "no interval (no steady windows)"),
               flush=True)
-    called = sum(1 for verdict in found if verdict and verdict.call != "no difference")
+    called = sum(1 for verdict in found if verdict and verdict.called)
     print(f"{called} of {args.count} A/A comparisons called a difference in tokens/s "
           f"(mtbench compare --aa {' '.join(compare_args)})")
     if args.json:

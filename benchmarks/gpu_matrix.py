@@ -828,7 +828,7 @@ def ranking(rows, results=None):
     called as `mtbench compare` calls a verdict: from the 95 % interval of the steady steps' ratio over the rows'
     repeats and the steady windows within each (`results`: {row key: [the result of each repeat]}); without the
     rows' results, by their medians alone."""
-    from mtbench.runner.results.verdicts import call_of, ratio_interval
+    from mtbench.runner.results.verdicts import call_of, ratio_interval, undetermined_reason
     fastest = {}
     for record in rows:
         backend = WAYS_BY_LABEL[record["run"]].backend
@@ -842,12 +842,14 @@ def ranking(rows, results=None):
     rank = {"leader": faster, "faster": faster, "ratio": max(steps.values()) / min(steps.values()),
             "interval": None, "steps_ms": steps,
             "rows": {backend: record["run"] for backend, record in sorted(fastest.items())},
-            "repeats": min(record.get("repeats", 1) for record in fastest.values()), "windows": None}
+            "repeats": min(record.get("repeats", 1) for record in fastest.values()), "windows": None,
+            "undetermined": None}
     sides = [(results or {}).get(fastest[backend].get("key"), []) for backend in ("jax", "torch")]
     interval = ratio_interval("step_s_median", *sides)
     if interval is not None:
         speed, low, high = interval.speed()  # JAX's speed over torch's, from their steady windows
         rank["leader"] = {"faster": "jax", "slower": "torch"}.get(call_of(interval))
+        rank["undetermined"] = undetermined_reason(interval)  # one run a row: the noise between runs unmeasured
         rank["faster"] = "jax" if speed >= 1 else "torch"
         rank["ratio"], rank["interval"] = (speed, [low, high]) if speed >= 1 else (1 / speed, [1 / high, 1 / low])
         # Windows are resampled where each row is one run; over repeats, each repeat's figure holds its windows.
@@ -861,6 +863,8 @@ def ranking_text(rank):
     from mtbench.runner.results.verdicts import range_text
     span = f" ({range_text(*rank['interval'])})" if rank["interval"] else ""
     steps = ", ".join(f"{rank['rows'][b]} {rank['steps_ms'][b]:.1f} ms" for b in ("jax", "torch"))
+    if rank.get("undetermined"):
+        return f"undetermined ({rank['undetermined']}), {rank['faster']} {rank['ratio']:.2f}x{span} ({steps})"
     if rank["leader"] is None:
         return f"neither ahead beyond the noise, {rank['faster']} {rank['ratio']:.2f}x{span} ({steps})"
     return f"{rank['leader']} ahead, {rank['ratio']:.2f}x{span} ({steps})"
@@ -894,7 +898,9 @@ def verdicts(records, results=None):
         ours, references = ranking(ours_rows, results), ranking(reference_rows, results)
         if ours is None or references is None:
             continue
-        same = ours["leader"] == references["leader"]
+        # None where either ranking is undetermined: whether mtbench changes the verdict is unknown.
+        same = None if ours.get("undetermined") or references.get("undetermined") else \
+            ours["leader"] == references["leader"]
         repeats = min(ours["repeats"], references["repeats"])
         if not (ours["interval"] and references["interval"]):
             basis = "medians, no interval" if repeats == 1 else f"medians of {repeats} runs, no interval"
@@ -911,7 +917,8 @@ def verdicts(records, results=None):
                       f"{', '.join(r['run'] for r in left_out)}")
         line = (f"{preset} {dtype}, JAX against torch: mtbench's fastest rows put {ranking_text(ours)}; the "
                 f"best-by-hand references put {ranking_text(references)}: "
-                + ("the same verdict" if same else "mtbench changes the verdict") + f" ({basis})")
+                + {True: "the same verdict", False: "mtbench changes the verdict",
+                   None: "whether mtbench changes the verdict is undetermined"}[same] + f" ({basis})")
         found.append({"preset": preset, "dtype": dtype, "mtbench": ours, "references": references,
                       "same_verdict": same, "line": line})
     return found

@@ -14,6 +14,7 @@ import pytest
 from benchmarks import gpu_matrix
 from benchmarks.gpu_matrix import Row, Way, add_parity, markdown_table, plan_rows, run_matrix
 from conftest import CPU_ONLY, REPOSITORY, json_answer
+from mtbench.runner.results.verdicts import ONE_REPEAT_EACH
 
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "gpu_matrix.py")
 H100 = {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "count": 1}
@@ -597,30 +598,37 @@ def test_the_verdict_line_says_whether_mtbench_ranks_the_frameworks_as_the_refer
         "(jax+flash-attention 37.0 ms, torch+torch-compile+flash-attention 37.6 ms); the best-by-hand references "
         "put torch ahead, 1.06x (best-by-hand-jax 38.8 ms, best-by-hand-torch 36.6 ms): mtbench changes the verdict "
         "(medians, no interval)")
-    # With them: steps spread +-0.2 ms make each ranking a verdict with a narrow interval around its ratio.
+    # With them, one run a row: steps spread +-0.2 ms give each ranking a narrow interval around its ratio, of the
+    # noise within each run alone: neither ranking is called, nor whether mtbench changes the verdict.
     results = {record["key"]: [steady_steps(ms, 0.2)] for record, (_, ms) in zip(records, steps)}
     [verdict] = gpu_matrix.verdicts(records, results)
     ours, references = verdict["mtbench"], verdict["references"]
-    assert (ours["leader"], references["leader"], verdict["same_verdict"]) == ("jax", "torch", False)
+    assert (ours["leader"], references["leader"], verdict["same_verdict"]) == (None, None, None)
+    assert ours["undetermined"] == references["undetermined"] == ONE_REPEAT_EACH
     assert ours["interval"][0] < 37.6 / 37.0 < ours["interval"][1] < 1.03 and ours["interval"][0] > 1.005
     assert references["interval"][0] < 38.8 / 36.6 < references["interval"][1] < 1.07
     assert verdict["line"].endswith(
-        "mtbench changes the verdict (one run a row: 95 % intervals of the noise within each run, not between runs)")
-    assert "mtbench's fastest rows put jax ahead, 1.02x (1.01–1.02) (jax+flash-attention 37.0 ms" in verdict["line"]
-    # mtbench's torch step spread +-3 ms: no ranking beyond that noise, which is not the references' verdict.
-    results[records[1]["key"]] = [steady_steps(37.6, 3.0)]
-    [verdict] = gpu_matrix.verdicts(records, results)
-    assert verdict["mtbench"]["leader"] is None and not verdict["same_verdict"]
-    # The point is the median of each run's 48 windows, the mean of the middle two as numpy's (and every
-    # resample's): 37.6 ms against 37.0, 1.016x.
-    assert verdict["mtbench"]["ratio"] == pytest.approx(37.6 / 37.0)
-    assert "mtbench's fastest rows put neither ahead beyond the noise, jax 1.02x (0.9" in verdict["line"]
-    # Repeats: the interval spans the runs; mtbench's torch step now ahead as the references' is.
-    records[1].update(step_ms_median=36.4, repeats=3)
+        "whether mtbench changes the verdict is undetermined (one run a row: 95 % intervals of the noise within each "
+        "run, not between runs)")
+    assert (f"mtbench's fastest rows put undetermined ({ONE_REPEAT_EACH}), jax 1.02x (1.01–1.02) "
+            f"(jax+flash-attention 37.0 ms") in verdict["line"]
+    # Three runs a row, each steps spread +-0.2 ms: each ranking a verdict, which mtbench changes.
     for record in records:
         record["repeats"] = 3
     results = {record["key"]: [steady_steps(ms + 0.05 * k, 0.2) for k in range(3)]
                for record, (_, ms) in zip(records, steps)}
+    [verdict] = gpu_matrix.verdicts(records, results)
+    ours, references = verdict["mtbench"], verdict["references"]
+    assert (ours["leader"], references["leader"], verdict["same_verdict"]) == ("jax", "torch", False)
+    assert verdict["line"].endswith(": mtbench changes the verdict (3 runs a row, 95 % intervals)")
+    # mtbench's torch runs scattered by 3 ms between them: no ranking beyond that noise, not the references' verdict.
+    results[records[1]["key"]] = [steady_steps(37.6 + offset, 0.2) for offset in (-3.0, 0.0, 3.0)]
+    [verdict] = gpu_matrix.verdicts(records, results)
+    assert verdict["mtbench"]["leader"] is None and verdict["same_verdict"] is False
+    assert verdict["mtbench"]["ratio"] == pytest.approx(37.6 / 37.0, rel=0.01)
+    assert "mtbench's fastest rows put neither ahead beyond the noise, jax 1.01x (0." in verdict["line"]
+    # Repeats: the interval spans the runs; mtbench's torch step now ahead as the references' is.
+    records[1].update(step_ms_median=36.4, repeats=3)
     results[records[1]["key"]] = [steady_steps(36.4 + 0.05 * k, 0.2) for k in range(3)]
     [verdict] = gpu_matrix.verdicts(records, results)
     assert verdict["mtbench"]["leader"] == "torch" and verdict["same_verdict"]

@@ -21,6 +21,7 @@ parameters (DTensors). torch's fused AdamW then updates the shards with Keras's 
 its state the Keras optimizer's moment variables, sharded as their parameters are.
 """
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -39,6 +40,7 @@ from mtbench import (
 from mtbench.plugins.backends.keras_optimizer import all_moments, moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
+from mtbench.plugins.extras.dispatched_collectives import collective_kind, profiled_collectives
 
 DATA_AXIS = "data"
 # JAX_PLATFORMS: on a machine with one GPU, JAX would take the GPU and leave the flag unused.
@@ -182,6 +184,29 @@ class StateRecording(WrappingStep):
         if measured is not None:
             self.record.update(measured)
         self.inner.finalize()
+
+
+class CompiledCollectivesRecording(StateRecording):
+    """A JAX jit step (`JitTrainStep`) recorded as `StateRecording` records it, and the collectives of its compiled
+    program counted at the first `finalize` after a step (`collectives_per_step`): what the step ran, read where it
+    ran, not what its layouts asked for. The program is compiled again for the count, between timing windows."""
+
+    def __init__(self, inner, record, state_of=None):
+        super().__init__(inner, record, state_of or jax_step_state)
+        self.first_batch = None  # whose compiled program's collectives the first `finalize` counts
+
+    def __call__(self, x, y, sample_weight):
+        if "collectives_per_step" not in self.record and self.first_batch is None:
+            self.first_batch = (x, y, sample_weight)
+        return self.inner(x, y, sample_weight)
+
+    def finalize(self):
+        if self.first_batch is not None and self.inner.state is not None:
+            program = self.inner.lowered_program(*self.first_batch, optimised=True)
+            self.record["collectives_per_step"] = collective_counts(
+                hlo_collectives(program, trip_count=self.inner.micro_batches))
+            self.first_batch = None
+        super().finalize()
 
 
 def jax_step_state(step):
@@ -351,19 +376,20 @@ def per_device_gradient(model, distribution, loss):
                          out_specs=specs)
 
 
-class JaxShardedStep(StateRecording):
-    """The jit step over the sharded mesh. Across processes the whole state is replicated at `finalize` (process
+class JaxShardedStep(CompiledCollectivesRecording):
+    """The jit step over the sharded mesh: its collectives counted in its compiled program, one all-gather of each
+    unit's weights and one reduce-scatter of its gradients (GSPMD's own partitioning of the same layouts
+    all-reduces whole gradients instead). Across processes the whole state is replicated at `finalize` (process
     0 alone writes checkpoints and the saved model, and can read only what it holds) and laid out sharded again
     when training goes on."""
 
     def __init__(self, inner, record):
-        super().__init__(inner, record, jax_step_state)
+        super().__init__(inner, record)
         model = inner.model
         self.variables = [*model.trainable_variables, *model.non_trainable_variables, *model.optimizer.variables]
         self.layouts = [variable.value.sharding for variable in self.variables]
         self.keras_layouts = [variable._layout for variable in self.variables]  # what Keras lays assignments as
         self.replicated = self.way_back_compiled = False
-        self.first_batch = None  # whose compiled program's collectives the first `finalize` counts
 
     def measure(self):
         measured = super().measure()
@@ -386,19 +412,10 @@ class JaxShardedStep(StateRecording):
         if self.replicated:
             self._lay_out(self.layouts, self.keras_layouts)
             self.replicated = False
-        if "collectives_per_step" not in self.record and self.first_batch is None:
-            self.first_batch = (x, y, sample_weight)
-        return self.inner(x, y, sample_weight)
+        return super().__call__(x, y, sample_weight)
 
     def finalize(self):
         import jax
-        if self.first_batch is not None and self.inner.state is not None:
-            # What the step ran, not what it was asked: one all-gather of each unit's weights and one reduce-scatter
-            # of its gradients (GSPMD's own partitioning of the same layouts all-reduces whole gradients instead).
-            program = self.inner.lowered_program(*self.first_batch, optimised=True)
-            self.record["collectives_per_step"] = collective_counts(
-                hlo_collectives(program, trip_count=self.inner.micro_batches))
-            self.first_batch = None
         super().finalize()
         if not self.replicated and not all(variable.value.is_fully_addressable for variable in self.variables):
             whole = [jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec()) for layout in self.layouts]
@@ -631,11 +648,18 @@ class TorchDistributedStep(StateRecording):
     """mtbench's torch step (eager, or compiled by `torch-compile`) over weights that `layout` distributes over the
     processes: from a step after `finalize` (or the first) the variables hold their local parts
     (`layout.hold_distributed()`), from `finalize` until the next step the whole weights (`layout.hold_full()`),
-    for evaluation and checkpoints. `layout.distributed` says which."""
+    for evaluation and checkpoints. `layout.distributed` says which.
+
+    One call is profiled for the collectives it runs (`profiled_collectives`, `record_collectives`): the eager
+    step's first, a warm-up call; the compiled step's first after its warm-up (while it compiles, the traced
+    collectives would count too), so one of its steady steps carries the profiler."""
 
     def __init__(self, inner, layout, record):
+        from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
         super().__init__(inner, record, torch_step_state)
         self.layout = layout
+        self.calls = 0
+        self.profiled_call = inner.warmup_calls + 1 if isinstance(inner, CompiledTorchTrainStep) else 1
 
     def measure(self):
         return super().measure() if self.layout.distributed else None
@@ -646,7 +670,24 @@ class TorchDistributedStep(StateRecording):
 
     def __call__(self, x, y, sample_weight):
         self.hold_distributed()
+        self.calls += 1
+        if self.calls != self.profiled_call:
+            return self.step(x, y, sample_weight)
+        logs, ran = profiled_collectives(lambda: self.step(x, y, sample_weight))
+        self.record_collectives(ran)
+        return logs
+
+    def step(self, x, y, sample_weight):
         return self.inner(x, y, sample_weight)
+
+    def record_collectives(self, ran):
+        """Records the collectives of one step (`profiled_collectives`'s {operation: count}) by kind, those that
+        reached the process group (c10d's operations): `collectives_per_step`."""
+        kinds = collections.Counter()
+        for op, count in ran.items():
+            if op.startswith("c10d::"):
+                kinds[collective_kind(op)] += count
+        self.record["collectives_per_step"] = dict(sorted(kinds.items()))
 
     def distributed_like_inner(self, step):
         """`step`, the compiled step `torch-compile` makes from the model when it is given after this extra,

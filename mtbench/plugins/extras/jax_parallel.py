@@ -12,7 +12,8 @@ from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
 from mtbench.plugins.backends.jax_jit_step import SEED_STATE, correct_tokens, jax_step_numerics, token_cross_entropy
 from mtbench.plugins.backends.jax_layer_norm import TracedForms, one_pass_layer_norms
 from mtbench.plugins.backends.layer_norm_rows import layer_norms
-from mtbench.plugins.extras.fsdp import StateRecording, devices_reason, jax_step_state, use_distribution
+from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
+from mtbench.plugins.extras.fsdp import CompiledCollectivesRecording, devices_reason, use_distribution
 
 
 class PmapTrainStep(TrainStep):
@@ -63,6 +64,7 @@ class PmapTrainStep(TrainStep):
         self._step = jax.pmap(step, axis_name="batch", devices=devices, donate_argnums=(0, 1, 2))
         self.sharding = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
         self.state = None  # (trainable, non-trainable, optimizer) replicated over the devices while training
+        self.first_batch = None  # whose compiled program's collectives `finalize` counts
 
     def _keras_state(self):
         model = self.model
@@ -92,8 +94,10 @@ class PmapTrainStep(TrainStep):
         if self.state is None:
             self.state = tuple(self._replicate(variables) for variables in self._keras_state())
         rows = self._shard(y)
-        trainable, non_trainable, optimizer_state, logs = self._step(
-            *self.state, tuple(self._shard(part) for part in x), rows, self._shard(sample_weight))
+        batch = (tuple(self._shard(part) for part in x), rows, self._shard(sample_weight))
+        if self.record is not None and "collectives_per_step" not in self.record and self.first_batch is None:
+            self.first_batch = batch
+        trainable, non_trainable, optimizer_state, logs = self._step(*self.state, *batch)
         self.state = (trainable, non_trainable, optimizer_state)
         if self.record is not None and not self.recorded:
             self.record.update(devices=len(logs["loss"].addressable_shards), per_device_batch=rows.shape[1])
@@ -111,6 +115,11 @@ class PmapTrainStep(TrainStep):
     def finalize(self):
         if self.state is None:  # nothing trained since the last finalize
             return
+        if self.first_batch is not None:
+            # What the step ran: the psums of the gradients, the loss and the token count, as XLA combined them.
+            program = self._step.lower(*self.state, *self.first_batch).compile().as_text()
+            self.record["collectives_per_step"] = collective_counts(hlo_collectives(program))
+            self.first_batch = None
         for group, values in zip(self._keras_state(), self.state):
             for variable, value in zip(group, values):
                 row = next(shard.data for shard in value.addressable_shards if shard.device == self.devices[0])
@@ -161,8 +170,9 @@ class DataParallel(Extra):
         run.extras_state[self.name] = use_distribution(run, keras.distribution.DataParallel(devices=jax.devices()))
 
     def make_train_step(self, run, model, step):
-        # The state each device holds whole (`--extra fsdp` shards it), recorded as training ends.
-        return StateRecording(step, run.extras_state[self.name], jax_step_state)
+        # The state each device holds whole (`--extra fsdp` shards it), recorded as training ends, and the
+        # gradients' all-reduces its compiled step runs.
+        return CompiledCollectivesRecording(step, run.extras_state[self.name])
 
 
 @hookimpl

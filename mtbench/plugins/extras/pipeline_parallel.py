@@ -38,6 +38,7 @@ from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reas
 from mtbench.plugins.backends.keras_optimizer import all_moments, inner_optimizer, moments_of, scales_losses
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
+from mtbench.plugins.extras.dispatched_collectives import collective_kind, profiled_collectives
 from mtbench.plugins.extras.fsdp import (
     SIMULATE_HINT,
     StateRecording,
@@ -50,12 +51,7 @@ from mtbench.plugins.extras.fsdp import (
     use_distribution,
 )
 from mtbench.plugins.extras.remat import compiled_products
-from mtbench.plugins.extras.tensor_parallel import (
-    collective_kind,
-    gathered_rows,
-    profiled_collectives,
-    require_fused_eager_step,
-)
+from mtbench.plugins.extras.tensor_parallel import gathered_rows, require_fused_eager_step
 
 # GPipe (Huang et al., 2019): with at least 4 micro-batches a stage the bubble is a small share of the step.
 MICRO_BATCHES_PER_STAGE = 4

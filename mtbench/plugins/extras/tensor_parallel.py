@@ -42,6 +42,7 @@ from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reas
 from mtbench.plugins.backends.keras_optimizer import moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
+from mtbench.plugins.extras.dispatched_collectives import collective_kind
 from mtbench.plugins.extras.gradient_buckets import GradientBuckets
 from mtbench.plugins.extras.fsdp import (
     SIMULATE_HINT,
@@ -448,15 +449,6 @@ class SplitAdamW(FusedAdamW):
                 local.grad = None
 
 
-def collective_kind(op):
-    """The kind of collective, or of point-to-point message, a c10d operation's name says ('c10d.allreduce_',
-    'c10d_functional.all_reduce', 'c10d::send'); the name itself for another."""
-    name = op.replace("_", "")
-    return next((kind for kind, word in (("all-gather", "allgather"), ("reduce-scatter", "reducescatter"),
-                                         ("all-reduce", "allreduce"), ("broadcast", "broadcast"), ("send", "send"),
-                                         ("receive", "recv")) if word in name), op)
-
-
 def gathered_rows(arrays, group, world):
     """The whole batch on every process, as tensors on the processes' device, from each process's rows of `arrays`
     (numpy arrays of the same rows): one all-gather of their bytes side by side. The arrays are copied to the device
@@ -483,37 +475,6 @@ def gathered_rows(arrays, group, world):
     return whole
 
 
-def profiled_collectives(call):
-    """(what `call()` returns, {operation: how often it ran}) of the collectives `call` ran, read from torch's
-    profiler: c10d's operations (every collective over a process group, called directly or under a functional
-    collective) and the functional collectives (DTensor's, eager or in a compiled graph). An operation dispatched
-    again under itself (through a Python dispatch mode) counts once, and a functional one counts where it reached a
-    process group. The profiler, not DTensor's `CommDebugMode`:
-    dynamo does not compile a frame under a dispatch mode, so a mode would count an eager step in place of a
-    compiled one."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as profiled:
-        result = call()
-
-    def within_itself(event):
-        parent = event.cpu_parent
-        while parent is not None:
-            if parent.name == event.name:
-                return True
-            parent = parent.cpu_parent
-        return False
-
-    def communicates(event):
-        """Whether a functional collective reached a process group: one a selective checkpoint serves from what it
-        kept (`--remat-policy matmuls`) is dispatched, and recorded, without communicating."""
-        return any(child.name.startswith("c10d::") or communicates(child) for child in event.cpu_children)
-
-    return result, collections.Counter(
-        event.name for event in profiled.events()
-        if (event.name.startswith("c10d::") or event.name.startswith("_c10d_functional::") and communicates(event))
-        and not within_itself(event))
-
-
 def torch_collectives_record(ran, replayed=False):
     """What a split step records of the collectives one step ran (`profiled_collectives`'s counts). `replayed`: the
     step replayed CUDA graphs, whose captured collectives the host dispatches no more: a count without the blocks'
@@ -535,37 +496,25 @@ def torch_collectives_record(ran, replayed=False):
 
 
 class TorchSplitStep(TorchDistributedStep):
-    """mtbench's torch step over the split weights. One call is profiled for the collectives it runs
-    (`profiled_collectives`): the eager step's first, a warm-up call; the compiled step's first after its warm-up
-    (while it compiles, the traced collectives would count too), so one of its steady steps carries the
-    profiler."""
+    """mtbench's torch step over the split weights, each process given the whole batch: its collectives recorded
+    as `torch_collectives_record` tells the blocks' all-reduces from the rest."""
 
     def __init__(self, inner, splitting, record, group):
-        from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
         super().__init__(inner, splitting, record)
         self.group = group
-        self.calls = 0
-        self.profiled_call = inner.warmup_calls + 1 if isinstance(inner, CompiledTorchTrainStep) else 1
 
     def around(self, step):
         return TorchSplitStep(self.distributed_like_inner(step), self.layout, self.record, self.group)
 
-    def __call__(self, x, y, sample_weight):
-        self.hold_distributed()
-        self.calls += 1
+    def step(self, x, y, sample_weight):
+        arrays = gathered_rows([*x, y, sample_weight], self.group, self.layout.mesh.size())
+        return self.inner(tuple(arrays[:-2]), *arrays[-2:])
 
-        def step():
-            arrays = gathered_rows([*x, y, sample_weight], self.group, self.layout.mesh.size())
-            return self.inner(tuple(arrays[:-2]), *arrays[-2:])
-
-        if self.calls != self.profiled_call:
-            return step()
-        logs, ran = profiled_collectives(step)
+    def record_collectives(self, ran):
         self.record.update(torch_collectives_record(ran, replayed=self.inner.warmup_calls > 1))
         data_axis = self.inner.fused_optimizer.data_axis
         if data_axis is not None:
             self.record["data_axis_gradients"] = data_axis.record()
-        return logs
 
     def description(self):
         model_axis, replicas = self.layout.mesh.size(), self.inner.replicas

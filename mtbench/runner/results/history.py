@@ -100,6 +100,11 @@ class History:
         where = lambda point: "the last point" if point is self.points[-1] else "one point before it"
         lines += [f"{'step' if point.mark == 'step' else f'unconfirmed step ({where(point)})'}: {point.change.text}"
                   for point in self.steps()] or ["no step beyond the noise"]
+        undetermined = [point for point in self.points if point.change and point.change.undetermined]
+        if undetermined:
+            lines.append(f"{len(undetermined)} of {len(self.points) - 1} changes undetermined: "
+                         f"{undetermined[0].change.undetermined}; consecutive results of one commit are repeats of "
+                         f"its point: train each commit {stats.MIN_T_REPEATS} times")
         warnings = dict.fromkeys(w for point in self.points if point.change for w in point.change.warnings)
         lines += [f"interval warning: {text}" for text in warnings]
         lines += [f"left out: {path}: {why}" for path, why in self.left_out]
@@ -209,7 +214,7 @@ def find_steps(points, held):
     marks = []
     for index, point in enumerate(points):
         call = point.change and point.change.call
-        if index == 0 or call in (None, "no difference"):
+        if index == 0 or not (point.change and point.change.called):
             marks.append(None)
             continue
         before = points[max(0, index - STEP_SPAN):index]

@@ -61,7 +61,7 @@ class Regression:
     run_warnings: dict = None  # {'LABEL (side)': [why]}: what the held runs' results say of their timings
 
     def beyond_noise(self):
-        return [change for change in self.changes if change.verdict and change.verdict.call != "no difference"]
+        return [change for change in self.changes if change.verdict and change.verdict.called]
 
     def slower_beyond_threshold(self):
         """The runs whose tokens/s is slower than the baseline's by more than --fail-if-slower, the whole interval
@@ -73,14 +73,17 @@ class Regression:
 
     def unjudged(self):
         """Why --fail-if-slower cannot vouch for every run of the baseline: a run NEW lacks, or one whose tokens/s
-        has no interval. A gate that passed them would pass what it never held."""
+        has no verdict (no interval, or one from which no difference can be called: `Verdict.undetermined`). A
+        gate that passed them would pass what it never held."""
         if self.threshold is None:
             return []
-        judged = {change.label for change in self.changes if change.figure == stats.SPEED_FIGURE and change.verdict}
-        why = {change.label: change.reason for change in self.changes if change.figure == stats.SPEED_FIGURE}
+        judged = {change.label for change in self.changes if change.figure == stats.SPEED_FIGURE and change.verdict
+                  and not change.verdict.undetermined}
+        why = {change.label: change.reason or (change.verdict and change.verdict.undetermined)
+               for change in self.changes if change.figure == stats.SPEED_FIGURE}
         shared = dict.fromkeys(change.label for change in self.changes)
         return ([f"run '{label}' of {self.baseline} is not in {', '.join(self.new)}" for label in self.only_baseline]
-                + [f"run '{label}' has no tokens/s interval ({why.get(label) or 'no steady steps'})"
+                + [f"run '{label}' has no tokens/s verdict ({why.get(label) or 'no steady steps'})"
                    for label in shared if label not in judged])
 
     def lines(self):
@@ -114,7 +117,8 @@ class Regression:
         return [f"run '{change.label}' tokens/s {stats.range_text(*change.verdict.speed()[1:])} of the baseline's "
                 f"({change.verdict.repeats[0]} and {change.verdict.repeats[1]} repeats)"
                 for change in self.changes if change.figure == stats.SPEED_FIGURE and change.verdict
-                and change not in slower and change.verdict.speed()[1] < 1 - self.threshold]
+                and not change.verdict.undetermined and change not in slower
+                and change.verdict.speed()[1] < 1 - self.threshold]
 
 
 def change_verdict(key, new_results, old_results, new_name, old_name, noise_floor=None):

@@ -615,8 +615,8 @@ class Comparison:
             # faster, which the noise leaves open. The interval alone: the verdict's sentence is on its own line.
             ahead = f"{even.faster_compiling} compiles faster, " if not even.names_a_point else ""
             # Repeats that scatter apart may rank by their geometric mean unlike their medians of the mean step.
-            why = "within the noise" if held.call == "no difference" else \
-                f"favour {stepping}, the median repeat's mean {unit}s the other"
+            why = {"no difference": "within the noise", stats.UNDETERMINED: f"from {held.undetermined}"}.get(
+                held.call, f"favour {stepping}, the median repeat's mean {unit}s the other")
             even = stats.BreakEven(group.label, self.baseline.label,
                                    f"undetermined: {ahead}tokens/s {why} ({stats.range_text(held.low, held.high)})",
                                    faster_compiling=even.faster_compiling if ahead else None, unit=unit)

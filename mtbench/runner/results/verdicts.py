@@ -4,9 +4,10 @@
   95 % interval of the log ratio, from the spread between the runs' repeats: Student's t over the differences of
   paired repeats where the runs were interleaved (repeat k of one beside repeat k of the other), else Welch's over
   the two runs' repeats. Where each run is one repeat, only the spread within it is known: a bootstrap of its
-  steady timing windows, which a warning says leaves out the noise between runs.
+  steady timing windows, which leaves out the noise between runs, so that no difference is called from it.
 - `verdict`: the interval in words ('torch is 1.23x faster than jax in tokens/s (1.19–1.27)'), where a difference
-  that is not beyond the interval or not beyond the noise floor is 'no difference beyond the noise'; a run that
+  that is not beyond the interval or not beyond the noise floor is 'no difference beyond the noise', and one of
+  a single repeat each 'undetermined' (`undetermined_reason`); a run that
   trained on a loaded machine (`loaded_runs`) is named on it as not reliable.
 - `noise_floor_of`: how far from 1 an A/A ratio (the same configuration twice) strays: the machine's noise floor.
 - `break_even`: after how many steps (tokens, where the runs' steps differ in work) a run that steps faster
@@ -389,13 +390,19 @@ class Verdict:
     ratio: float
     low: float
     high: float
-    call: str          # 'faster', 'slower' or 'no difference'
+    call: str          # 'faster', 'slower', 'no difference' or 'undetermined' (`undetermined_reason`)
     text: str
     noise_floor: float  # the floor it was held to (a fraction), None where none was measured
     repeats: tuple
     paired: bool
     warnings: tuple
     loaded: tuple = ()  # the runs (of `run` and `against`) of which a repeat trained on a loaded machine
+    undetermined: str = None  # why no difference can be called (`undetermined_reason`), None where one can
+
+    @property
+    def called(self):
+        """Whether it calls a difference ('faster' or 'slower')."""
+        return self.call in ("faster", "slower")
 
     def to_dict(self):
         return {**asdict(self), "repeats": list(self.repeats), "warnings": list(self.warnings),
@@ -414,6 +421,8 @@ class Verdict:
         if self.call in ("faster", "slower"):
             factor, interval = called_figures(*speeds_of_call(self.call, speed, low, high))
             text = f"{factor}x {self.call} ({interval})"
+        elif self.call == UNDETERMINED:
+            text = f"undetermined ({range_text(self.low, self.high)}), 1 repeat each"  # the line below says why
         else:
             text = f"no difference ({range_text(self.low, self.high)})"  # the figure's own ratio, as in `verdict`
         return text + (", loaded machine: not reliable" if self.loaded else "")
@@ -425,10 +434,26 @@ FIGURE_WORDS = {"tokens_per_s": "tokens/s", "step_s_median": "steady step time",
                 "mfu_real_tokens": "MFU (real tokens)"}
 
 
+UNDETERMINED = "undetermined"
+ONE_REPEAT_EACH = (f"one repeat each, whose interval holds the noise within each run, not between runs (--repeats "
+                   f"{MIN_T_REPEATS} or more)")
+
+
+def undetermined_reason(interval):
+    """Why no difference can be called from `interval` though it has one, or None: each run is one repeat, whose
+    bootstrap holds the noise within each run alone. Of identical configurations whose runs scatter 2 % between
+    them and 0.5 % within, such an interval excluded 1 for 93 % of 300 pairs, and lay beyond a floor of that 2 % for
+    42 % (a floor is the typical stray, not a bound), by this module's own intervals (2026-12-06)."""
+    return ONE_REPEAT_EACH if max(interval.repeats) == 1 else None
+
+
 def call_of(interval, noise_floor=None):
-    """'faster', 'slower' or 'no difference': a difference is called only where the whole interval lies beyond
-    the noise floor (a fraction, as `noise_floor_of` gives it; without one, where the interval excludes 1): even
-    its bound nearest to 1 is a larger difference than the machine makes of one configuration run twice."""
+    """'faster', 'slower', 'no difference' or 'undetermined' (`undetermined_reason`): a difference is called only
+    where the whole interval lies beyond the noise floor (a fraction, as `noise_floor_of` gives it; without one,
+    where the interval excludes 1): even its bound nearest to 1 is a larger difference than the machine makes of
+    one configuration run twice."""
+    if undetermined_reason(interval):
+        return UNDETERMINED
     _, low, high = interval.speed()
     bound = 1 + (noise_floor or 0.0)
     if low > bound:
@@ -473,9 +498,14 @@ def verdict(run, against, interval, noise_floor=None, loaded=()):
     call = call_of(interval, noise_floor)
     what = FIGURE_WORDS.get(interval.figure, interval.figure)
     speed, low, high = interval.speed()
+    undetermined = undetermined_reason(interval)
     if call in ("faster", "slower"):
         factor, interval_text = called_figures(*speeds_of_call(call, speed, low, high))
         text = f"{run} is {factor}x {call} than {against} in {what} ({interval_text})"
+    elif undetermined:
+        # The figure's own ratio, as under 'no difference': neither word says which way it reads.
+        text = (f"{run} against {against} in {what}: {factor_text(interval.ratio)}x "
+                f"({range_text(interval.low, interval.high)}), undetermined: {undetermined}")
     else:
         excluded = low > 1 or high < 1  # a difference, but not beyond the noise floor
         inside = f", within the noise floor of ±{noise_floor:.1%}" if excluded and noise_floor else ""
@@ -485,7 +515,8 @@ def verdict(run, against, interval, noise_floor=None, loaded=()):
                 f"({range_text(interval.low, interval.high)}{inside})")
     text += loaded_text(loaded)
     return Verdict(run, against, interval.figure, interval.ratio, interval.low, interval.high, call, text,
-                   noise_floor, interval.repeats, interval.paired, tuple(repeat_warnings(interval)), tuple(loaded))
+                   noise_floor, interval.repeats, interval.paired, tuple(repeat_warnings(interval)), tuple(loaded),
+                   undetermined)
 
 
 def held_verdict(key, run, run_results, against, against_results, paired=False, noise_floor=None):

@@ -92,6 +92,11 @@ def test_data_parallel_loss_equals_single_device_loss(tmp_path, cache_dir, cpu_c
     assert result["train_step"] == {"pmap": "jax-pmap", "data-parallel": "jax-jit-stateless"}[extra]
     if extra == "data-parallel":
         assert result["train_step_detail"] == "DataParallel over a mesh of 2 batch, gradients summed as one flat buffer"
+    # What each compiled step ran, counted in its program: the data-parallel step's one all-reduce of the flat
+    # gradient buffer and one of the batch's token count; pmap's psum of each of the 48 gradients (the tiny
+    # Transformer's weights, as test_fsdp_collectives.py counts them), the loss, the correct tokens and the token count.
+    assert result["extras_record"][extra]["collectives_per_step"] == \
+        {"all-reduce": {"data-parallel": 2, "pmap": 48 + 3}[extra]}
     assert len(losses(result)) == COMPARE_STEPS
     # Each device's norms in the one pass and Keras's update inside the program, as on one device.
     assert result["train_step_numerics"] == single_device["train_step_numerics"]

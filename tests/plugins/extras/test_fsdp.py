@@ -17,6 +17,9 @@ from tests.plugins.extras.test_multi_process import assert_same_losses, torchrun
 TWO_DEVICES = simulated_devices(2)
 PARALLEL = [*TINY_TRAIN, *ONE_BUCKET]  # one length bucket: one train program per run
 FLOAT32 = 4
+# A torch FSDP2 step of the tiny Transformer's 3 units: each gathered once and its gradients reduce-scattered, and two
+# all-reduces (the batch's token count, the gradients' squared norms), as test_fsdp_collectives.py's profile counts.
+TORCH_FSDP_COLLECTIVES = {"all-gather": 3, "all-reduce": 2, "reduce-scatter": 3}
 
 
 def train(tmp_path, name, cache_dir, *args, env=None, flags=PARALLEL):
@@ -192,6 +195,8 @@ def test_a_killed_fsdp_run_resumes_to_the_losses_of_one_process(backend, kept, t
     assert kept.items() <= record.items()
     if backend == "jax":  # over processes too, the compiled step gathers and reduce-scatters each unit once
         assert [record["collectives_per_step"][kind] for kind in ("all-gather", "reduce-scatter")] == [3, 3]
+    else:  # as test_fsdp_collectives.py's own profile of the sharded step counts them
+        assert record["collectives_per_step"] == TORCH_FSDP_COLLECTIVES
     assert_half_of_the_state(record, result["model"]["parameters"])
     # Process 0 evaluated and saved the weights the two processes held in halves; the checkpoints hold the whole
     # weights under the model's own layer names.
@@ -219,6 +224,8 @@ def test_torch_fsdp_runs_the_compiled_step_given_either_side_of_torch_compile(ca
         compiled = result["extras_record"]["torch-compile"]
         assert compiled["graphs_compiled"] >= 3 and compiled["shapes_run_eagerly"] == 0
         assert_half_of_the_state(result["extras_record"]["fsdp"], result["model"]["parameters"])
+        # Counted in a steady compiled step: the collectives between the graphs, as the eager step runs them.
+        assert result["extras_record"]["fsdp"]["collectives_per_step"] == TORCH_FSDP_COLLECTIVES
     np.testing.assert_allclose(losses(results[0]), losses(results[1]), rtol=1e-5)
 
 

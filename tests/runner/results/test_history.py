@@ -74,16 +74,23 @@ def point(result, level, day, commit=None, jax=None):
     return made
 
 
-def write_history(directory, result, levels, commits=None, jax_from=None):
-    """One file per level, day 1 onwards (jax 9.9.9 from point `jax_from` on); the files are named in reverse so
-    that only the dates give the order."""
+# Each point's repeats, at these shares of its level: the noise between runs that lets a change be called.
+REPEAT_SHARES = (1.0, 1.004, 0.996)
+
+
+def write_history(directory, result, levels, commits=None, jax_from=None, shares=REPEAT_SHARES):
+    """Files of one level each, a repeat of it at each of `shares`, one point a day from day 1 (jax 9.9.9 from
+    point `jax_from` on); the files are named in reverse so that only the dates give the order."""
     os.makedirs(directory, exist_ok=True)
+    count = len(levels) * len(shares)
     for index, level in enumerate(levels):
         commit = commits[index] if commits else None
         newer = jax_from is not None and index + 1 >= jax_from
-        made = point(result, level, index + 1, commit, "9.9.9" if newer else None)
-        with open(os.path.join(directory, f"{len(levels) - index:03d}.json"), "w") as f:
-            json.dump(made, f)
+        for repeat, share in enumerate(shares):
+            made = point(result, level * share, index + 1, commit, "9.9.9" if newer else None)
+            made["created"] = made["created"].replace("T12:", f"T{12 + repeat:02d}:")
+            with open(os.path.join(directory, f"{count - index * len(shares) - repeat:03d}.json"), "w") as f:
+                json.dump(made, f)
     return str(directory)
 
 
@@ -95,12 +102,9 @@ def test_a_slowdown_that_holds_is_one_step_at_its_point(real, tmp_path):
     history = build_history(write_history(tmp_path, real, [1, 1, 1, 0.7, 0.7, 0.7], jax_from=4))
     assert marks(history) == [(4, "step", "slower")]
     speed = real["timing"]["tokens_per_s"]
-    assert [p.interval[0] for p in history.points] == pytest.approx([speed] * 3 + [0.7 * speed] * 3)
-    # One repeat of a tiny run: a bootstrap of its windows where they are enough to resample, else no bounds.
-    from mtbench.runner.results import verdicts as stats
-    stated = stats.figure_interval_gap([real]) is None
-    assert all(low < value < high if stated else low is high is None
-               for value, low, high in (p.interval for p in history.points))
+    assert [p.interval[0] for p in history.points] == pytest.approx([speed] * 3 + [0.7 * speed] * 3, rel=1e-4)
+    # Three repeats a point: Student's t over them.
+    assert all(low < value < high for value, low, high in (p.interval for p in history.points))
     assert history.points[3].change.ratio == pytest.approx(0.7)
     assert [p.change.call for p in history.points[4:]] == ["no difference"] * 2  # the same timings again
     assert [p.date.day for p in history.points] == [1, 2, 3, 4, 5, 6]
@@ -108,12 +112,23 @@ def test_a_slowdown_that_holds_is_one_step_at_its_point(real, tmp_path):
     rows = list(csv.DictReader(io.StringIO(to_csv(history))))
     assert [(row["point"], row["change_verdict"], row["mark"]) for row in rows[2:5]] == \
         [("3", "no difference", ""), ("4", "slower", "step"), ("5", "no difference", "")]
-    assert float(rows[3]["tokens_per_s"]) == pytest.approx(0.7 * speed)
+    assert float(rows[3]["tokens_per_s"]) == pytest.approx(0.7 * speed, rel=1e-4)
     markdown = to_markdown(history)
     assert "| 1.43x slower (" in markdown and markdown.count("| step: slower |") == 1
     table = markdown.splitlines()
     assert "jax 9.9.9" not in table[4] and table[5].startswith("| 4 |") and "jax 9.9.9" in table[5]
     assert "- step: #4 is 1.43x slower" in markdown
+
+
+def test_a_history_of_one_run_a_point_calls_no_change_from_the_noise_within_runs(real, tmp_path):
+    """A slowdown to 0.7 that holds, one run a point: each change's ratio and interval shown, none called, since
+    two runs differ by more than the noise within either shows; a line says how to make them callable."""
+    history = build_history(write_history(tmp_path, real, [1, 1, 1, 0.7, 0.7, 0.7], shares=(1.0,)))
+    assert marks(history) == [] and {p.change.call for p in history.points[1:]} == {"undetermined"}
+    assert history.points[3].change.ratio == pytest.approx(0.7)
+    assert "5 of 5 changes undetermined: one repeat each, whose interval holds the noise within each run, not " \
+           "between runs (--repeats 3 or more); consecutive results of one commit are repeats of its point: train " \
+           "each commit 3 times" in history.lines()
 
 
 def test_a_flat_history_and_an_outlier_have_no_step(real, tmp_path):
@@ -140,7 +155,7 @@ def test_the_return_from_an_outlier_at_the_first_point_is_no_step(real, tmp_path
 
 def test_results_of_one_commit_in_a_row_are_repeats_of_one_point(real, tmp_path):
     commits = ["a" * 40, "a" * 40, "b" * 40, "b" * 40, "a" * 40]
-    history = build_history(write_history(tmp_path, real, [1, 1, 0.5, 0.5, 1], commits))
+    history = build_history(write_history(tmp_path, real, [1, 1, 0.5, 0.5, 1], commits, shares=(1.0,)))
     assert [(p.commit[0], len(p.results)) for p in history.points] == [("a", 2), ("b", 2), ("a", 1)]
     assert history.points[1].change.call == "slower" and history.points[1].change.repeats == (2, 2)
 
@@ -198,7 +213,7 @@ def test_bad_history_directories_are_refused_in_one_line(real, tmp_path, setup, 
     if setup == "compare only":
         (directory / "c.json").write_text(json.dumps({"kind": "mtbench-compare", "runs": []}))
     if setup == "two configurations":
-        write_history(directory, real, [1, 1])
+        write_history(directory, real, [1, 1], shares=(1.0,))
         other = json.loads((directory / "001.json").read_text())
         other["config"]["batch_size"] = 16
         (directory / "001.json").write_text(json.dumps(other))

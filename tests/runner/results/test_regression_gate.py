@@ -34,6 +34,17 @@ def compare_json(path, runs, **fields):
     return str(path)
 
 
+def repeated(path, result, hour, count=3, **sections):
+    """A compare JSON at `path` of `count` repeats of run 'jax', copies of `result` (with `sections` replaced, as
+    `edited` replaces them) made at minutes of `hour`: a side whose repeats show a spread (none: the copies agree), of
+    which a gate can call a change (of one repeat each it is undetermined)."""
+    changed = json.loads(open(edited(result, path, **sections)).read())
+    entries = [{"label": "jax", "repeat": k, "result": {**changed, "created": f"2026-12-06T{hour}:0{k}:00+00:00"}}
+               for k in range(1, count + 1)]
+    path.write_text(json.dumps({"kind": COMPARE_KIND, "runs": entries}))
+    return str(path)
+
+
 def created(hour, runs):
     """`runs` ([(label, result)]), each result made at its own minute of `hour`: another run than its original."""
     return [(label, {**result, "created": f"2026-12-06T{hour}:0{i}:00+00:00"}) for i, (label, result) in enumerate(runs)]
@@ -90,8 +101,8 @@ def test_a_reader_that_leaves_early_leaves_the_gates_exit_status_as_it_is(tiny_r
     from conftest import cli_environment
     old = tiny_runs["jax"]
     history = [{**entry, "seconds": entry["seconds"] * 3} for entry in old["result"]["history"]]
-    slower = edited(old["result"], tmp_path / "slower.json", history=history)
-    copy = edited(old["result"], tmp_path / "copy.json", created="2026-12-06T10:00:00+00:00")
+    slower = repeated(tmp_path / "slower.json", old["result"], 10, history=history)
+    copy = repeated(tmp_path / "copy.json", old["result"], 11)
     for new, status in ((copy, 0), (slower, 1)):
         gate = [sys.executable, "-m", "mtbench", "report", new, "--baseline", old["path"], "--fail-if-slower", "5%"]
         read = subprocess.run(gate, capture_output=True, text=True, env=cli_environment())
@@ -326,8 +337,8 @@ def test_a_failing_gate_says_what_the_results_say_of_their_timings(tiny_runs, tm
     (the results said 'machine loaded', the gate's output not a word of it)."""
     old = tiny_runs["jax"]
     history = [{**entry, "seconds": entry["seconds"] * 2} for entry in old["result"]["history"]]
-    new = edited(old["result"], tmp_path / "loaded.json", history=history, machine_load={"other_processes_percent": 71},
-                 created="2026-12-06T10:00:00+00:00")
+    new = repeated(tmp_path / "loaded.json", old["result"], 10, history=history,
+                   machine_load={"other_processes_percent": 71})
     loaded = "machine loaded: other processes used 71 % of the CPUs' time while the run trained"
     proc = run_cli("report", new, "--baseline", old["path"], "--fail-if-slower", "5%")
     assert proc.returncode == 1, proc.stderr

@@ -1,6 +1,7 @@
 """`mtbench report` and `mtbench env`: every format carries the results' own numbers, runs that do not compare
 are refused, and the plot shows the runs' real series."""
 
+import copy
 import csv
 import io
 import json
@@ -1234,7 +1235,10 @@ def test_runs_that_train_the_same_way_on_each_backend_are_held_against_each_othe
     runs = [jax, torch, laid_out(hand_made("jax", seconds=0.020), ["data-parallel"], ["data"]),
             laid_out(hand_made("torch", seconds=0.010), ["ddp"], ["data"], processes=2),
             laid_out(hand_made("torch", seconds=0.010), ["fsdp"], ["sharded data"], processes=2)]
-    comparison = build_comparison([LoadedRun(run, f"{index}.json") for index, run in enumerate(runs)])
+    # Three repeats of each counterpart: of one repeat each a verdict is undetermined.
+    repeated = [LoadedRun(copy.deepcopy(run), f"{index}-{k}.json") for index, run in enumerate(runs[2:4])
+                for k in range(1, 3)]
+    comparison = build_comparison([LoadedRun(run, f"{index}.json") for index, run in enumerate(runs)] + repeated)
     assert [(verdict.run, verdict.against, verdict.call) for verdict in comparison.counterpart_verdicts] == [
         ("torch+ddp@2:model=gpt", "jax+data-parallel:model=gpt", "faster")]
     verdict = to_json_dict(comparison)["counterpart_verdicts"][0]

@@ -2,6 +2,7 @@
 held to the noise floor, break-even with compilation, time to target without it, --repeats auto's stopping rule,
 and how compare and report render them."""
 
+import copy
 import csv
 import io
 import math
@@ -312,6 +313,35 @@ def test_one_repeat_and_few_windows_are_warned_of():
     assert stats.ratio_interval("compile_s", repeats(2), repeats(2)).method == "Welch's t over the repeats' logs"
 
 
+def test_one_repeat_each_is_shown_but_not_called_since_the_noise_between_runs_is_unmeasured():
+    """Two processes of one configuration differ by more than the windows within either show: runs that scatter
+    2 % between them and 0.5 % within. Their within-run intervals leave out 1 for most such pairs, and held to a
+    floor of that 2 % still for many; each one-repeat pair's ratio and interval are shown, the call undetermined."""
+    rng = np.random.default_rng(4)
+    pairs = [[[result(seed=100 + 2 * k + side, noise=0.005, drift=math.exp(rng.normal(0, 0.02)))] for side in (0, 1)]
+             for k in range(30)]
+    intervals = [stats.ratio_interval("tokens_per_s", *pair) for pair in pairs]
+    assert sum(not interval.low < 1 < interval.high for interval in intervals) > 20  # what the interval alone calls
+    assert sum(not 1 / 1.02 < interval.low and interval.high < 1.02 for interval in intervals) > 5
+    for floor in (None, 0.02):
+        verdicts = [stats.verdict("jax:twin", "jax", interval, floor) for interval in intervals]
+        assert {verdict.call for verdict in verdicts} == {"undetermined"}
+    verdict = verdicts[0]
+    assert verdict.undetermined == stats.ONE_REPEAT_EACH and not verdict.called
+    assert verdict.text == (f"jax:twin against jax in tokens/s: {verdict.ratio:.2f}x ({verdict.low:.2f}–"
+                            f"{verdict.high:.2f}), undetermined: one repeat each, whose interval holds the noise "
+                            f"within each run, not between runs (--repeats 3 or more)")
+    assert verdict.cell() == f"undetermined ({verdict.low:.2f}–{verdict.high:.2f}), 1 repeat each"
+    assert verdict.to_dict()["undetermined"] == stats.ONE_REPEAT_EACH
+    # A run 30 % slower is not called from one repeat each either; beside 3 repeats of the other run, whose spread
+    # stands for both, it is.
+    slow = [result(step_s=0.015 * 1.3, seed=7)]
+    assert stats.verdict("slow", "jax", stats.ratio_interval("tokens_per_s", slow, [result(seed=8)])).call == \
+        "undetermined"
+    assert stats.verdict("slow", "jax", stats.ratio_interval("tokens_per_s", slow, repeats(3, seed=8))).call == \
+        "slower"
+
+
 def test_one_window_against_one_window_gets_no_verdict_rather_than_an_interval_of_zero_width():
     slowed = [result(windows=1, step_s=0.02)]
     for key in stats.WINDOW_FIGURES:
@@ -433,11 +463,20 @@ def test_the_gate_fails_where_it_cannot_judge_a_run_of_the_baseline():
         regression.require_not_slower(held)
     assert failed.value.exit_code == 1 and str(failed.value) == (
         "--fail-if-slower 5% cannot judge every run of the baseline: run 'pmap' of old.json is not in new.json; "
-        "run 'torch' has no tokens/s interval (one repeat of one timing window on each side: nothing to resample) "
+        "run 'torch' has no tokens/s verdict (one repeat of one timing window on each side: nothing to resample) "
         "(more --steps or --repeats, or a baseline of these runs)")
     assert held.lines()[-1].startswith("--fail-if-slower 5%: cannot judge: run 'pmap' of old.json is not in")
     regression.require_not_slower(regression.Regression(["new.json"], "old.json", changes[:1], [], [], None, 0.05))
     regression.require_not_slower(regression.Regression(["new.json"], "old.json", changes, [], ["pmap"], None))
+    # One repeat each: an interval, but no verdict to pass or fail, even of a run 30 % slower.
+    slower = stats.verdict("jax (new)", "jax (baseline)", stats.ratio_interval(
+        "tokens_per_s", [result(step_s=0.015 * 1.3)], [result(seed=3)]))
+    held = regression.Regression(["new.json"], "old.json", [regression.Change("jax", "tokens_per_s", 1.0, 1.3, slower)],
+                                 [], [], None, threshold=0.05)
+    assert held.beyond_noise() == [] and held.slower_beyond_threshold() == [] and held.not_ruled_out() == []
+    assert held.unjudged() == [f"run 'jax' has no tokens/s verdict ({stats.ONE_REPEAT_EACH})"]
+    with pytest.raises(MtbenchError, match="cannot judge every run of the baseline: run 'jax' has no tokens/s"):
+        regression.require_not_slower(held)
 
 
 def comparison(slow_factor=1.3, count=2, noise=0.03):
@@ -754,7 +793,7 @@ def test_a_break_even_counts_the_mean_step_that_the_total_time_grows_by():
     skewed["timing"].update(step_s_median=float(np.median(seconds)), steady_s=float(sum(seconds)),
                             steady_steps=len(seconds))
     assert (skewed["timing"]["step_s_median"], mean_step_s(skewed)) == (0.010, pytest.approx(0.020))
-    compared = build_comparison([LoadedRun(steady, "a.json"), LoadedRun(skewed, "b.json")])
+    compared = build_comparison(loaded_thrice(steady, "a") + loaded_thrice(skewed, "b"))
     even = compared.break_even(compared.groups[1])
     assert (even.steps, even.seconds) == (400, pytest.approx(9.0))
     assert even.text == "jax overtakes jax+skewed after 400 steps (9.0 s)"
@@ -768,7 +807,7 @@ def test_runs_whose_steps_differ_in_work_break_even_in_tokens_not_steps():
     small = result(noise=0.0)
     large = result(step_s=0.020, tokens=1600, compile_s=3.0, noise=0.0)
     large["config"]["batch_size"] = 64
-    compared = build_comparison([LoadedRun(small, "small.json"), LoadedRun(large, "large.json")])
+    compared = build_comparison(loaded_thrice(small, "small") + loaded_thrice(large, "large"))
     assert compared.speedup(compared.groups[1]) == pytest.approx(1.5)
     even = compared.break_even(compared.groups[1])
     assert (even.tokens, even.steps, even.seconds, even.unit) == (240_000, None, pytest.approx(6.0), "token")
@@ -779,13 +818,26 @@ def test_runs_whose_steps_differ_in_work_break_even_in_tokens_not_steps():
     row = list(csv.DictReader(io.StringIO(to_csv(compared))))[1]
     assert (row["break_even_tokens"], row["break_even_steps"]) == ("240000", "")
     # Where the large batch's tokens/s is 0.7 % above the small one's, within the noise, which overtakes is not known.
-    level = result(step_s=0.0298, tokens=1600, compile_s=3.0, seed=1)
-    level["config"]["batch_size"] = 64
-    compared = build_comparison([LoadedRun(result(seed=2), "small.json"), LoadedRun(level, "level.json")])
+    levels = repeats(3, seed=1, step_s=0.0298, tokens=1600, compile_s=3.0)
+    for level in levels:
+        level["config"]["batch_size"] = 64
+    compared = build_comparison([LoadedRun(run, f"{name}-{k}.json") for name, runs in
+                                 (("small", repeats(3, seed=5)), ("level", levels)) for k, run in enumerate(runs)])
     held = compared.verdicts["jax:batch-size=64"]["tokens_per_s"]
     assert held.call == "no difference"
     assert compared.break_even(compared.groups[1]).text == \
         f"undetermined: tokens/s within the noise ({stats.range_text(held.low, held.high)})"
+    # One repeat each: which steps faster is not known whatever the interval within the runs.
+    compared = build_comparison([LoadedRun(small, "small.json"), LoadedRun(large, "large.json")])
+    held = compared.verdicts["jax:batch-size=64"]["tokens_per_s"]
+    assert held.call == "undetermined" and held.ratio == pytest.approx(1.5)
+    assert compared.break_even(compared.groups[1]).text == \
+        f"undetermined: tokens/s from {stats.ONE_REPEAT_EACH} ({stats.range_text(held.low, held.high)})"
+
+
+def loaded_thrice(run, name):
+    """Three repeats of `run` as a report loads them (a noiseless run's repeats are its copies)."""
+    return [LoadedRun(copy.deepcopy(run), f"{name}-{k}.json") for k in range(3)]
 
 
 def loaded(run, others=60.0, steal=0.0):
