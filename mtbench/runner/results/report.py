@@ -610,15 +610,17 @@ class Comparison:
         # step, which tokens/s (tokens over seconds) is the inverse of; the median step may point the other way.
         held = self.verdicts.get(group.label, {}).get(stats.SPEED_FIGURE)
         stepping = held and {"faster": group.label, "slower": self.baseline.label}.get(held.call)
-        if even and held and (even.names_a_point or even.faster_stepping) and stepping != even.faster_stepping:
+        if even and (even.names_a_point or even.faster_stepping) and stepping != even.faster_stepping:
             # The point where one overtakes the other, or that the faster-compiling never is, rests on which runs
-            # faster, which the noise leaves open. The interval alone: the verdict's sentence is on its own line.
+            # faster, which the noise leaves open, or nothing shows (no interval: one timing window each). The
+            # interval alone: the verdict's sentence is on its own line.
             ahead = f"{even.faster_compiling} compiles faster, " if not even.names_a_point else ""
             # Repeats that scatter apart may rank by their geometric mean unlike their medians of the mean step.
-            why = {"no difference": "within the noise", stats.UNDETERMINED: f"from {held.undetermined}"}.get(
-                held.call, f"favour {stepping}, the median repeat's mean {unit}s the other")
-            even = stats.BreakEven(group.label, self.baseline.label,
-                                   f"undetermined: {ahead}tokens/s {why} ({stats.range_text(held.low, held.high)})",
+            why = "no tokens/s interval to rank them by" if held is None else {
+                "no difference": "tokens/s within the noise", stats.UNDETERMINED: f"tokens/s from {held.undetermined}"
+            }.get(held.call, f"tokens/s favour {stepping}, the median repeat's mean {unit}s the other")
+            interval = "" if held is None else f" ({stats.range_text(held.low, held.high)})"
+            even = stats.BreakEven(group.label, self.baseline.label, f"undetermined: {ahead}{why}{interval}",
                                    faster_compiling=even.faster_compiling if ahead else None, unit=unit)
         return even and with_compile_caches(even, {g.label: g.choice_text(compile_cache_state) for g in pair})
 

@@ -354,6 +354,8 @@ def test_one_window_against_one_window_gets_no_verdict_rather_than_an_interval_o
     _, rows = table_cells(comparison)
     titles = [row[0] for row in rows]
     assert "tokens/s vs jax (geometric means over repeats)" in titles and not any("95 % interval" in t for t in titles)
+    # Nor a break-even: the two runs' figures alone would name the step after which one overtakes the other.
+    assert comparison.break_even(comparison.groups[1]).text == "undetermined: no tokens/s interval to rank them by"
 
 
 def test_break_even_against_a_hand_count():
