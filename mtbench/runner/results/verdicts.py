@@ -539,10 +539,11 @@ def noise_floor_line(record):
                                       f"baseline's at most, first {losses['steps']} steps")
     # Twins of one configuration whose interval leaves out 1 differed by more than their own noise: the machine
     # changed between them (another load, a clock), and the floor they set hides every difference below theirs.
-    # (A floor written by hand may hold its floor alone.)
+    # Not of one repeat each, whose interval holds no noise between runs (`undetermined_reason`): two processes
+    # differ beyond it as a rule. (A floor written by hand may hold its floor alone.)
     apart = [f"{FIGURE_WORDS.get(key, key)} {range_text(entry['low'], entry['high'])}"
              for key, entry in record["figures"].items()
-             if "low" in entry and not entry["low"] <= 1 <= entry["high"]]
+             if "low" in entry and entry.get("repeats", 2) > 1 and not entry["low"] <= 1 <= entry["high"]]
     warned = (f"; its twins differed beyond their own interval ({', '.join(apart)}): the machine changed between "
               f"them, so this floor hides real differences below it") if apart else ""
     return f"noise floor: {floors} ({record['measured_by']}{said}){warned}"
