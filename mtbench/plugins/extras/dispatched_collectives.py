@@ -3,35 +3,8 @@ its process group, counted where it ran (torch's counterpart of `compiled_collec
 program)."""
 
 import collections
-import contextlib
-import os
-import sys
-import tempfile
 
-# The lines torch's profiler (Kineto) writes to stderr as it starts and stops, on every process of a run: its own
-# bookkeeping, which KINETO_LOG_LEVEL hides only with its errors.
-KINETO_LINES = (b"USDT:", b"STAGE:")
-
-
-@contextlib.contextmanager
-def kineto_lines_left_out():
-    """Standard error (the file descriptor, which C++ writes to) into a file while the block runs, then written
-    back without Kineto's lines (`KINETO_LINES`): what else the block wrote, Python's or C++'s, stays, in its
-    order."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            caught.seek(0)
-            os.write(2, b"".join(line for line in caught.read().splitlines(keepends=True)
-                                 if not line.startswith(KINETO_LINES)))
-
+from mtbench.plugins.backends.torch_profiler import kineto_lines_left_out
 
 def profiled_collectives(call):
     """(what `call()` returns, {operation: how often it ran}) of the collectives `call` ran, read from torch's

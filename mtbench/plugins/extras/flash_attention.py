@@ -197,11 +197,12 @@ class FlashAttention(Extra):
 
         from mtbench.plugins.backends.torch_eager_step import to_device
         from mtbench.plugins.backends.torch_plain_calls import called_as_the_step_calls
+        from mtbench.plugins.backends.torch_profiler import kineto_lines_left_out
         # On the run's device and as the step calls the model: split by tensor-parallel, its layers each take a
         # share of the width Keras's input checks expect, and their DTensors take their inputs as they are. With
         # gradients on, as in the step: SDPA's dispatcher refuses some kernels to inputs that need them.
         rows = tuple(to_device(part, get_device()) for part in x)
-        with torch.enable_grad(), called_as_the_step_calls(model, training=False), \
+        with torch.enable_grad(), called_as_the_step_calls(model, training=False), kineto_lines_left_out(), \
                 profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
             model(rows)
             torch.cuda.synchronize()
