@@ -6,10 +6,10 @@
 # 1. rows 7, 8, 12, 13, 15 and 16 of the GPU matrix, GPT-2 small: each backend's best row and its best-by-hand
 #    reference, then torch's and nanoGPT's in CUDA graphs, side by side. Since 548e87b torch's fused attention is
 #    cuDNN's kernel on Hopper, as nanoGPT's (1.03x nanoGPT in two runs of their own on an H200, where
-#    FlashAttention-2 had made it 1.09x): are both backends within 1.05x of their references in one table, and do
-#    mtbench's rows rank JAX and torch as the references do (100 steps: 9 timing windows a row for the verdict's
-#    interval); two steps of every row traced by its backend's profiler, untimed (kind by kind: matmul,
-#    attention, collective, memory, other) (350 s);
+#    FlashAttention-2 had made it 1.09x): are both backends within 1.05x of their references in one table, and
+#    their ratios (one run a row: the ranking's verdict is undetermined, the noise between runs unmeasured; it
+#    takes 3 runs a row, which this budget does not hold); two steps of every row traced by its backend's
+#    profiler, untimed (kind by kind: matmul, attention, collective, memory, other) (350 s);
 # 2. translation (`small`) on torch's best path: compiled, its masked attentions on cuDNN's kernel now (75 s);
 #    Then whether the SDPA kernel torch names for heads 32 to 256 wide is the one a training step runs, and
 #    whether inductor's Triton code normalises GPT-2 small's rows in two passes, as the compiled step's row now
