@@ -703,9 +703,7 @@ class Comparison:
         reasons = []
         if len(order) > 1:
             first, second = order[0], order[1]
-            interval = stats.ratio_interval(stats.SPEED_FIGURE, first.results, second.results,
-                                            stats.same_session(first.results, second.results))
-            held = interval and stats.verdict(first.label, second.label, interval, self.floor(stats.SPEED_FIGURE))
+            held = self._held(stats.SPEED_FIGURE, first, second)  # as the verdicts are: a load named on it
             if not held:
                 reasons.append(f"no interval between the tokens/s of {first.label} and {second.label}")
             elif held.call != "faster":

@@ -882,6 +882,10 @@ def test_a_verdict_on_runs_of_a_loaded_machine_says_so_on_its_line_cell_and_json
                                    for number, run in enumerate(repeats(2) + repeats(2, seed=9, extras=("a",)))])
     held = quiet_pair.verdicts["jax+a"]["tokens_per_s"]
     assert held.loaded == () and "loaded" not in held.text and held.to_dict()["loaded"] == []
+    # The ranking's line, where the two fastest are no different, says the load as their verdict does.
+    loaded_pair = build_comparison([LoadedRun(run, f"{number}.json") for number, run in enumerate(
+        [loaded(run, others, steal) for run in repeats(2)] + repeats(2, seed=9, extras=("a",)))])
+    assert ", measured on a loaded machine (jax): not reliable" in loaded_pair.ranking()["reason"]
     # A regression gate's and a history's changes are held by the same rule.
     from mtbench.runner.results.regression import change_verdict
     change = change_verdict("tokens_per_s", slowed, repeats(2), "jax (new)", "jax (baseline)")
