@@ -6,25 +6,29 @@ import collections
 
 from mtbench.plugins.backends.torch_profiler import kineto_lines_left_out
 
-def profiled_collectives(call):
+def profiled_collectives(call, once=()):
     """(what `call()` returns, {operation: how often it ran}) of the collectives `call` ran, read from torch's
     profiler: c10d's operations (every collective over a process group, called directly or under a functional
     collective) and the functional collectives (DTensor's, eager or in a compiled graph). An operation dispatched
     again under itself (through a Python dispatch mode) counts once, and a functional one counts where it reached a
-    process group. The profiler, not DTensor's `CommDebugMode`:
+    process group; one dispatched under an operation whose name holds a word of `once` (work done once a run, which
+    the profiled call happened to do) not at all. The profiler, not DTensor's `CommDebugMode`:
     dynamo does not compile a frame under a dispatch mode, so a mode would count an eager step in place of a
     compiled one."""
     from torch.profiler import ProfilerActivity, profile
-    with kineto_lines_left_out(), profile(activities=[ProfilerActivity.CPU]) as profiled:
+    # The Python calls in the trace too where `once` names one: the operations alone do not show it.
+    with kineto_lines_left_out(), profile(activities=[ProfilerActivity.CPU], with_stack=bool(once)) as profiled:
         result = call()
 
-    def within_itself(event):
+    def parents(event):
         parent = event.cpu_parent
         while parent is not None:
-            if parent.name == event.name:
-                return True
+            yield parent
             parent = parent.cpu_parent
-        return False
+
+    def within_itself(event):
+        return any(parent.name == event.name or any(word in parent.name for word in once)
+                   for parent in parents(event))
 
     def communicates(event):
         """Whether a functional collective reached a process group: one a selective checkpoint serves from what it
@@ -44,3 +48,21 @@ def collective_kind(op):
     return next((kind for kind, word in (("all-gather", "allgather"), ("reduce-scatter", "reducescatter"),
                                          ("all-reduce", "allreduce"), ("broadcast", "broadcast"), ("send", "send"),
                                          ("receive", "recv")) if word in name), op)
+
+
+def dispatched_counts(ran):
+    """{kind: count} of the collectives among `profiled_collectives`' {operation: count} that reached the process
+    group (c10d's operations), the kinds in order."""
+    kinds = collections.Counter()
+    for op, count in ran.items():
+        if op.startswith("c10d::"):
+            kinds[collective_kind(op)] += count
+    return dict(sorted(kinds.items()))
+
+
+def profiled_call_number(step):
+    """Which call of mtbench's torch `step` a distributed extra profiles for its collectives: the eager step's first
+    (a warm-up call, timed as compilation), the compiled step's first after its warm-up (while it compiles, the
+    traced collectives would count too), so that one of its steady steps carries the profiler."""
+    from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+    return step.warmup_calls + 1 if isinstance(step, CompiledTorchTrainStep) else 1

@@ -21,7 +21,6 @@ parameters (DTensors). torch's fused AdamW then updates the shards with Keras's 
 its state the Keras optimizer's moment variables, sharded as their parameters are.
 """
 
-import collections
 import contextlib
 import functools
 import itertools
@@ -40,7 +39,8 @@ from mtbench import (
 from mtbench.plugins.backends.keras_optimizer import all_moments, moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
-from mtbench.plugins.extras.dispatched_collectives import collective_kind, profiled_collectives
+from mtbench.plugins.extras.dispatched_collectives import (dispatched_counts, profiled_call_number,
+                                                            profiled_collectives)
 
 DATA_AXIS = "data"
 # JAX_PLATFORMS: on a machine with one GPU, JAX would take the GPU and leave the flag unused.
@@ -650,16 +650,13 @@ class TorchDistributedStep(StateRecording):
     (`layout.hold_distributed()`), from `finalize` until the next step the whole weights (`layout.hold_full()`),
     for evaluation and checkpoints. `layout.distributed` says which.
 
-    One call is profiled for the collectives it runs (`profiled_collectives`, `record_collectives`): the eager
-    step's first, a warm-up call; the compiled step's first after its warm-up (while it compiles, the traced
-    collectives would count too), so one of its steady steps carries the profiler."""
+    One call is profiled for the collectives it runs (`profiled_call_number`, `record_collectives`)."""
 
     def __init__(self, inner, layout, record):
-        from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
         super().__init__(inner, record, torch_step_state)
         self.layout = layout
         self.calls = 0
-        self.profiled_call = inner.warmup_calls + 1 if isinstance(inner, CompiledTorchTrainStep) else 1
+        self.profiled_call = profiled_call_number(inner)
 
     def measure(self):
         return super().measure() if self.layout.distributed else None
@@ -681,13 +678,9 @@ class TorchDistributedStep(StateRecording):
         return self.inner(x, y, sample_weight)
 
     def record_collectives(self, ran):
-        """Records the collectives of one step (`profiled_collectives`'s {operation: count}) by kind, those that
-        reached the process group (c10d's operations): `collectives_per_step`."""
-        kinds = collections.Counter()
-        for op, count in ran.items():
-            if op.startswith("c10d::"):
-                kinds[collective_kind(op)] += count
-        self.record["collectives_per_step"] = dict(sorted(kinds.items()))
+        """Records the collectives of one step (`profiled_collectives`'s {operation: count}) by kind:
+        `collectives_per_step` (`dispatched_counts`)."""
+        self.record["collectives_per_step"] = dispatched_counts(ran)
 
     def distributed_like_inner(self, step):
         """`step`, the compiled step `torch-compile` makes from the model when it is given after this extra,

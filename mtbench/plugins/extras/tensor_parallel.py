@@ -42,7 +42,7 @@ from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reas
 from mtbench.plugins.backends.keras_optimizer import moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
-from mtbench.plugins.extras.dispatched_collectives import collective_kind
+from mtbench.plugins.extras.dispatched_collectives import dispatched_counts
 from mtbench.plugins.extras.gradient_buckets import GradientBuckets
 from mtbench.plugins.extras.fsdp import (
     SIMULATE_HINT,
@@ -479,10 +479,7 @@ def torch_collectives_record(ran, replayed=False):
     """What a split step records of the collectives one step ran (`profiled_collectives`'s counts). `replayed`: the
     step replayed CUDA graphs, whose captured collectives the host dispatches no more: a count without the blocks'
     all-reduces is then not the step's, and the record says so rather than write it."""
-    kinds = collections.Counter()
-    for op, count in ran.items():
-        if op.startswith("c10d::"):
-            kinds[collective_kind(op)] += count
+    kinds = collections.Counter(dispatched_counts(ran))
     # DTensor's all-reduces (functional collectives) are the blocks' activations and their gradients
     # (`all_reduce_` in place in a compiled graph).
     activations = sum(count for op, count in ran.items() if op.startswith("_c10d_functional::all_reduce"))

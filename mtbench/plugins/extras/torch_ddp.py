@@ -4,6 +4,7 @@ trains on its shard of every global batch; DDP averages the gradients during the
 weighs each process's loss by its share of the global batch's target tokens (`EagerTorchTrainStep`)."""
 
 from mtbench import Extra, MtbenchError, WrappingStep, hookimpl
+from mtbench.plugins.extras.dispatched_collectives import dispatched_counts, profiled_call_number, profiled_collectives
 from mtbench.plugins.extras.fsdp import processes_reason, torch_step_state
 
 
@@ -31,7 +32,7 @@ class DistributedDataParallel(Extra):
         run.extras_state[self.name] = {"devices": run.processes.world_size, "collectives": run.processes.collectives,
                                        "per_process_batch": run.config.batch_size // run.processes.world_size,
                                        "step": step, "ddp": distributed}
-        return DistributedStep(step, distributed, run.processes.world_size)
+        return DistributedStep(step, distributed, run.processes.world_size, run.extras_state[self.name])
 
     def record(self, run):
         record = dict(run.extras_state[self.name])
@@ -47,11 +48,23 @@ class DistributedDataParallel(Extra):
 
 class DistributedStep(WrappingStep):
     """mtbench's torch step under DDP, which says so in the step's description, as fsdp's and JAX's data-parallel
-    steps do; everything else is the wrapped step's."""
+    steps do, and records the collectives one step dispatched (`collectives_per_step`: DDP's bucket all-reduces and
+    the step's own, the global batch's token count) in `record`; everything else is the wrapped step's."""
 
-    def __init__(self, inner, distributed, processes):
+    def __init__(self, inner, distributed, processes, record):
         super().__init__(inner)
-        self.distributed, self.processes_count = distributed, processes
+        self.distributed, self.processes_count, self.record = distributed, processes, record
+        # At least the second call: DDP lays its buckets out again in the second step's forward, and all-reduces
+        # them so from then on. The bucket order it broadcasts there is no step's.
+        self.calls, self.profiled_call = 0, max(profiled_call_number(inner), 2)
+
+    def __call__(self, x, y, sample_weight):
+        self.calls += 1
+        if self.calls != self.profiled_call:
+            return self.inner(x, y, sample_weight)
+        logs, ran = profiled_collectives(lambda: self.inner(x, y, sample_weight), once=("_rebuild_buckets",))
+        self.record["collectives_per_step"] = dispatched_counts(ran)
+        return logs
 
     def __getattr__(self, name):  # what a later extra reads of mtbench's torch step (its processes, optimizer)
         if name == "inner":
@@ -62,7 +75,7 @@ class DistributedStep(WrappingStep):
         """`step`, the compiled step `torch-compile` makes when given after this extra, over the same DDP wrapper
         (a second would reduce every gradient twice)."""
         step.share_distribution(self.inner)
-        return DistributedStep(step, self.distributed, self.processes_count)
+        return DistributedStep(step, self.distributed, self.processes_count, self.record)
 
     def description(self):
         return ", ".join(part for part in (self.inner.description(),

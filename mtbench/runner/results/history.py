@@ -98,13 +98,17 @@ class History:
                  f"{points} point{'s' if points != 1 else ''}",
                  stats.noise_floor_line(self.noise_floor)]
         where = lambda point: "the last point" if point is self.points[-1] else "one point before it"
-        lines += [f"{'step' if point.mark == 'step' else f'unconfirmed step ({where(point)})'}: {point.change.text}"
-                  for point in self.steps()] or ["no step beyond the noise"]
         undetermined = [point for point in self.points if point.change and point.change.undetermined]
+        changes = sum(1 for point in self.points if point.change)
+        none = ("one point: no change to hold" if len(self.points) == 1 else
+                "no step can be told: every change undetermined" if undetermined and len(undetermined) == changes
+                else "no step beyond the noise")
+        lines += [f"{'step' if point.mark == 'step' else f'unconfirmed step ({where(point)})'}: {point.change.text}"
+                  for point in self.steps()] or [none]
         if undetermined:
-            lines.append(f"{len(undetermined)} of {len(self.points) - 1} changes undetermined: "
+            lines.append(f"{len(undetermined)} of {changes} changes undetermined: "
                          f"{undetermined[0].change.undetermined}; consecutive results of one commit are repeats of "
-                         f"its point: train each commit {stats.MIN_T_REPEATS} times")
+                         f"its point: train each commit {stats.MIN_REPEATS} times")
         warnings = dict.fromkeys(w for point in self.points if point.change for w in point.change.warnings)
         lines += [f"interval warning: {text}" for text in warnings]
         lines += [f"left out: {path}: {why}" for path, why in self.left_out]

@@ -92,9 +92,8 @@ class Regression:
         lines += [f"warning: {text}" for text in self.warnings]
         lines += [f"warning: {run}: {text}" for run, texts in (self.run_warnings or {}).items() for text in texts]
         lines.append(stats.noise_floor_line(self.noise_floor))
-        changed = self.beyond_noise()
-        lines += [f"changed beyond the noise: {change.verdict.text}" for change in changed] or \
-            ["no figure changed beyond the noise"]
+        lines += [f"changed beyond the noise: {change.verdict.text}" for change in self.beyond_noise()] or \
+            [self.unchanged_line()]
         warnings = dict.fromkeys(w for change in self.changes if change.verdict for w in change.verdict.warnings)
         lines += [f"interval warning: {text}" for text in warnings]
         lines += [f"only in {', '.join(self.new)}: {label}" for label in self.only_new]
@@ -103,11 +102,20 @@ class Regression:
             slower, unjudged = self.slower_beyond_threshold(), self.unjudged()
             lines.append(f"--fail-if-slower {self.threshold * 100:g}%: " + (
                 "; ".join(change.verdict.text for change in slower) if slower else
-                f"cannot judge: {'; '.join(unjudged)}" if unjudged else "no run is slower beyond it"))
+                f"cannot judge: {'; '.join(unjudged)}" if unjudged else "no run shown slower beyond it"))
             if not (slower or unjudged):  # a gate that fails does not pass anything
                 lines += [f"--fail-if-slower {self.threshold * 100:g}% passes, but cannot rule out a slowdown past "
                           f"it: {text}" for text in self.not_ruled_out()]
         return lines
+
+    def unchanged_line(self):
+        """What a regression that found no change says: that no figure changed, or that none of them, or some, could
+        be judged (of one repeat each: `Verdict.undetermined`)."""
+        held = [change.verdict for change in self.changes if change.verdict]
+        undetermined = [verdict for verdict in held if verdict.undetermined]
+        if undetermined and len(undetermined) == len(held):
+            return f"no figure could be judged: {len(undetermined)} undetermined ({undetermined[0].undetermined})"
+        return "no figure changed beyond the noise" + (f"; {len(undetermined)} undetermined" if undetermined else "")
 
     def not_ruled_out(self):
         """[why] where a run passes the gate with a tokens/s interval that reaches past the threshold: it is not shown
@@ -296,6 +304,7 @@ def to_json_dict(regression):
             "ran_on": regression.ran_on, "warnings": list(regression.warnings),
             "run_warnings": regression.run_warnings or {},
             "slower_beyond_threshold": [change.label for change in regression.slower_beyond_threshold()],
+            "cannot_judge": regression.unjudged(),
             "not_ruled_out": regression.not_ruled_out() if regression.threshold is not None else []}
 
 
@@ -336,5 +345,4 @@ def require_not_slower(regression):
     unjudged = regression.unjudged()
     if unjudged:
         raise MtbenchError(f"--fail-if-slower {regression.threshold * 100:g}% cannot judge every run of the "
-                           f"baseline: {'; '.join(unjudged)} (more --steps or --repeats, or a baseline of these "
-                           f"runs)", SLOWER_EXIT_CODE)
+                           f"baseline: {'; '.join(unjudged)}", SLOWER_EXIT_CODE)

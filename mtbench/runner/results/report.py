@@ -617,7 +617,7 @@ class Comparison:
             ahead = f"{even.faster_compiling} compiles faster, " if not even.names_a_point else ""
             # Repeats that scatter apart may rank by their geometric mean unlike their medians of the mean step.
             why = "no tokens/s interval to rank them by" if held is None else {
-                "no difference": "tokens/s within the noise", stats.UNDETERMINED: f"tokens/s from {held.undetermined}"
+                "no difference": "tokens/s within the noise", stats.UNDETERMINED: "tokens/s undetermined"
             }.get(held.call, f"tokens/s favour {stepping}, the median repeat's mean {unit}s the other")
             interval = "" if held is None else f" ({stats.range_text(held.low, held.high)})"
             even = stats.BreakEven(group.label, self.baseline.label, f"undetermined: {ahead}{why}{interval}",

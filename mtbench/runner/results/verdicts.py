@@ -425,6 +425,8 @@ class Verdict:
             text = f"undetermined ({range_text(self.low, self.high)}), 1 repeat each"  # the line below says why
         else:
             text = f"no difference ({range_text(self.low, self.high)})"  # the figure's own ratio, as in `verdict`
+            if too_wide(self, self.noise_floor):
+                text += ", too wide to tell"
         return text + (", loaded machine: not reliable" if self.loaded else "")
 
 
@@ -436,7 +438,10 @@ FIGURE_WORDS = {"tokens_per_s": "tokens/s", "step_s_median": "steady step time",
 
 UNDETERMINED = "undetermined"
 ONE_REPEAT_EACH = (f"one repeat each, whose interval holds the noise within each run, not between runs (--repeats "
-                   f"{MIN_T_REPEATS} or more)")
+                   f"{MIN_REPEATS} or more)")
+# An interval that reaches past this on both sides (or past the noise floor, where that is wider) cannot tell no
+# difference from a slowdown or a speed-up of that size: its 'no difference' says so.
+TOO_WIDE = 0.10
 
 
 def undetermined_reason(interval):
@@ -445,6 +450,14 @@ def undetermined_reason(interval):
     them and 0.5 % within, such an interval excluded 1 for 93 % of 300 pairs, and lay beyond a floor of that 2 % for
     42 % (a floor is the typical stray, not a bound), by this module's own intervals (2026-12-06)."""
     return ONE_REPEAT_EACH if max(interval.repeats) == 1 else None
+
+
+def too_wide(interval, noise_floor=None):
+    """Whether an interval that holds 1 also reaches past ±`TOO_WIDE` (or the noise floor, where wider) on both
+    sides: its 'no difference' rules out neither a slowdown nor a speed-up of that size (0.01–3.79)."""
+    margin = 1 + max(TOO_WIDE, noise_floor or 0.0)
+    _, low, high = interval.speed()
+    return low < 1 / margin and high > margin
 
 
 def call_of(interval, noise_floor=None):
@@ -470,6 +483,7 @@ def repeat_warnings(interval):
     fewest = min(interval.repeats)
     if fewest < MIN_REPEATS:
         what = ("the intervals count only the noise within each run, not between runs" if max(interval.repeats) == 1
+                else "the other run's spread between its repeats stands for this one's" if fewest == 1
                 else "the interval rests on the spread of a few runs, taken to scatter normally")
         # --repeats auto ends this short only when its budget ran out
         warnings.append(f"{fewest} repeat{'s' if fewest > 1 else ''}: {what} (--repeats {MIN_REPEATS} or more, or "
@@ -503,8 +517,8 @@ def verdict(run, against, interval, noise_floor=None, loaded=()):
         factor, interval_text = called_figures(*speeds_of_call(call, speed, low, high))
         text = f"{run} is {factor}x {call} than {against} in {what} ({interval_text})"
     elif undetermined:
-        # The figure's own ratio, as under 'no difference': neither word says which way it reads.
-        text = (f"{run} against {against} in {what}: {factor_text(interval.ratio)}x "
+        # The figure's own ratio, as under 'no difference': "0.53x jax's tokens/s", "1.21x jax's steady step time".
+        text = (f"{run}: {factor_text(interval.ratio)}x {against}'s {what} "
                 f"({range_text(interval.low, interval.high)}), undetermined: {undetermined}")
     else:
         excluded = low > 1 or high < 1  # a difference, but not beyond the noise floor
@@ -513,6 +527,10 @@ def verdict(run, against, interval, noise_floor=None, loaded=()):
         # `low` and `high` are (a time's, not its inverse).
         text = (f"{run}: no difference from {against} in {what} beyond the noise "
                 f"({range_text(interval.low, interval.high)}{inside})")
+        if too_wide(interval, noise_floor):
+            margin = max(TOO_WIDE, noise_floor or 0.0)
+            text += (f", an interval too wide to tell it from a ±{margin:.0%} difference (more repeats, on a quieter "
+                     f"machine)")
     text += loaded_text(loaded)
     return Verdict(run, against, interval.figure, interval.ratio, interval.low, interval.high, call, text,
                    noise_floor, interval.repeats, interval.paired, tuple(repeat_warnings(interval)), tuple(loaded),

@@ -75,6 +75,13 @@ def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(bac
     np.testing.assert_allclose([h["loss"] for h in accumulated["history"]],
                                [h["loss"] for h in one_device_batches_of_eight[backend]["history"]], rtol=1e-5)
     assert "gradients of 2 micro-batches summed" in accumulated["train_step_detail"]
+    if extra in ("data-parallel", "ddp"):  # counted in the compiled program, or as torch's profiler saw it dispatched
+        # The gradients all-reduced once a step on both, not once a micro-batch (DDP's no_sync: its one bucket;
+        # JAX's devices each summing their own first: one flat buffer), beside the step's scalars: one all-reduce
+        # on JAX, two on torch (the token count before the micro-batches, their loss and accuracy after them).
+        record = accumulated["extras_record"][extra]
+        expected = record["gradient_buckets"] + 2 if extra == "ddp" else 1 + 1
+        assert record["collectives_per_step"] == {"all-reduce": expected}
     if extra == "tensor-parallel":  # counted in the compiled program (its loop's body twice), or over gloo
         blocks, all_reduces_a_block = 2, 4
         assert accumulated["extras_record"][extra]["activation_all_reduces_per_step"] == 2 * blocks * all_reduces_a_block

@@ -117,6 +117,9 @@ def test_a_killed_process_stops_the_run_which_resumes_to_the_losses_of_one_proce
             parameters * 4
         # The tiny model's 0.6 MB of gradients fit DDP's first bucket (1 MB): one all-reduced bucket a step.
         assert record["gradient_buckets"] == 1
+        # What a step dispatched, as torch's profiler saw it: each bucket's all-reduce, and one of the global batch's
+        # token count; not the bucket order DDP broadcasts once, as it lays them out again in the second step.
+        assert record["collectives_per_step"] == {"all-reduce": record["gradient_buckets"] + 1}
         assert record["state_bytes"] == sum(record[key] for key in ("parameter_bytes", "gradient_bytes",
                                                                      "optimizer_state_bytes"))
     assert sorted(os.listdir(tmp_path / f"{backend}-2.run")) == ["checkpoint-000015", "checkpoint-000030", "model",

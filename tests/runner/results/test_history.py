@@ -126,9 +126,14 @@ def test_a_history_of_one_run_a_point_calls_no_change_from_the_noise_within_runs
     history = build_history(write_history(tmp_path, real, [1, 1, 1, 0.7, 0.7, 0.7], shares=(1.0,)))
     assert marks(history) == [] and {p.change.call for p in history.points[1:]} == {"undetermined"}
     assert history.points[3].change.ratio == pytest.approx(0.7)
+    lines = history.lines()
+    assert "no step can be told: every change undetermined" in lines and "no step beyond the noise" not in lines
     assert "5 of 5 changes undetermined: one repeat each, whose interval holds the noise within each run, not " \
-           "between runs (--repeats 3 or more); consecutive results of one commit are repeats of its point: train " \
-           "each commit 3 times" in history.lines()
+           "between runs (--repeats 5 or more); consecutive results of one commit are repeats of its point: train " \
+           "each commit 5 times" in lines
+    # One point: nothing to hold a change against.
+    alone = build_history(write_history(tmp_path / "alone", real, [1]))
+    assert "one point: no change to hold" in alone.lines()
 
 
 def test_a_flat_history_and_an_outlier_have_no_step(real, tmp_path):

@@ -311,6 +311,9 @@ def test_one_repeat_and_few_windows_are_warned_of():
     # figures of whole runs rest on the spread between repeats alone: none with one repeat each
     assert stats.ratio_interval("compile_s", [result()], [result()]) is None
     assert stats.ratio_interval("compile_s", repeats(2), repeats(2)).method == "Welch's t over the repeats' logs"
+    # One repeat of one run beside repeats of the other: the other's spread stands for its own.
+    assert stats.repeat_warnings(stats.ratio_interval("tokens_per_s", [result()], repeats(3, seed=3)))[0].startswith(
+        "1 repeat: the other run's spread between its repeats stands for this one's")
 
 
 def test_one_repeat_each_is_shown_but_not_called_since_the_noise_between_runs_is_unmeasured():
@@ -328,9 +331,9 @@ def test_one_repeat_each_is_shown_but_not_called_since_the_noise_between_runs_is
         assert {verdict.call for verdict in verdicts} == {"undetermined"}
     verdict = verdicts[0]
     assert verdict.undetermined == stats.ONE_REPEAT_EACH and not verdict.called
-    assert verdict.text == (f"jax:twin against jax in tokens/s: {verdict.ratio:.2f}x ({verdict.low:.2f}–"
+    assert verdict.text == (f"jax:twin: {verdict.ratio:.2f}x jax's tokens/s ({verdict.low:.2f}–"
                             f"{verdict.high:.2f}), undetermined: one repeat each, whose interval holds the noise "
-                            f"within each run, not between runs (--repeats 3 or more)")
+                            f"within each run, not between runs (--repeats 5 or more)")
     assert verdict.cell() == f"undetermined ({verdict.low:.2f}–{verdict.high:.2f}), 1 repeat each"
     assert verdict.to_dict()["undetermined"] == stats.ONE_REPEAT_EACH
     # A run 30 % slower is not called from one repeat each either; beside 3 repeats of the other run, whose spread
@@ -340,6 +343,22 @@ def test_one_repeat_each_is_shown_but_not_called_since_the_noise_between_runs_is
         "undetermined"
     assert stats.verdict("slow", "jax", stats.ratio_interval("tokens_per_s", slow, repeats(3, seed=8))).call == \
         "slower"
+
+
+@pytest.mark.parametrize("low, high, floor, wide", [
+    (0.01, 3.79, None, True),    # 3 repeats on a loaded machine: neither a 10x slowdown nor a 3.8x speed-up ruled out
+    (0.94, 2.39, None, False),   # a slowdown of 6 % at most: not as wide as ±10 % on the slow side
+    (0.85, 1.20, 0.25, False),   # within a noise floor of ±25 %
+    (0.70, 1.45, 0.25, True),
+])
+def test_a_no_difference_too_wide_to_rule_out_a_ten_percent_one_says_so(low, high, floor, wide):
+    """'no difference (0.01–3.79)' read as parity; where its interval reaches past ±10 % (or the noise floor, where
+    wider) on both sides it says it is too wide to tell."""
+    interval = stats.Interval("tokens_per_s", math.sqrt(low * high), low, high, (3, 3), True, None, "t")
+    held = stats.verdict("torch", "jax", interval, floor)
+    assert held.call == "no difference"
+    assert ("an interval too wide to tell it from a ±" in held.text) == wide
+    assert held.cell().endswith(", too wide to tell") == wide
 
 
 def test_one_window_against_one_window_gets_no_verdict_rather_than_an_interval_of_zero_width():
@@ -465,8 +484,7 @@ def test_the_gate_fails_where_it_cannot_judge_a_run_of_the_baseline():
         regression.require_not_slower(held)
     assert failed.value.exit_code == 1 and str(failed.value) == (
         "--fail-if-slower 5% cannot judge every run of the baseline: run 'pmap' of old.json is not in new.json; "
-        "run 'torch' has no tokens/s verdict (one repeat of one timing window on each side: nothing to resample) "
-        "(more --steps or --repeats, or a baseline of these runs)")
+        "run 'torch' has no tokens/s verdict (one repeat of one timing window on each side: nothing to resample)")
     assert held.lines()[-1].startswith("--fail-if-slower 5%: cannot judge: run 'pmap' of old.json is not in")
     regression.require_not_slower(regression.Regression(["new.json"], "old.json", changes[:1], [], [], None, 0.05))
     regression.require_not_slower(regression.Regression(["new.json"], "old.json", changes, [], ["pmap"], None))
@@ -477,6 +495,10 @@ def test_the_gate_fails_where_it_cannot_judge_a_run_of_the_baseline():
                                  [], [], None, threshold=0.05)
     assert held.beyond_noise() == [] and held.slower_beyond_threshold() == [] and held.not_ruled_out() == []
     assert held.unjudged() == [f"run 'jax' has no tokens/s verdict ({stats.ONE_REPEAT_EACH})"]
+    # Its lines say no figure could be judged (not that none changed), its JSON what it could not judge.
+    assert f"no figure could be judged: 1 undetermined ({stats.ONE_REPEAT_EACH})" in held.lines()
+    assert "no figure changed beyond the noise" not in held.lines()
+    assert regression.to_json_dict(held)["cannot_judge"] == held.unjudged()
     with pytest.raises(MtbenchError, match="cannot judge every run of the baseline: run 'jax' has no tokens/s"):
         regression.require_not_slower(held)
 
@@ -839,7 +861,7 @@ def test_runs_whose_steps_differ_in_work_break_even_in_tokens_not_steps():
     held = compared.verdicts["jax:batch-size=64"]["tokens_per_s"]
     assert held.call == "undetermined" and held.ratio == pytest.approx(1.5)
     assert compared.break_even(compared.groups[1]).text == \
-        f"undetermined: tokens/s from {stats.ONE_REPEAT_EACH} ({stats.range_text(held.low, held.high)})"
+        f"undetermined: tokens/s undetermined ({stats.range_text(held.low, held.high)})"
 
 
 def loaded_thrice(run, name):
