@@ -6,6 +6,7 @@ import collections
 
 from mtbench.plugins.backends.torch_profiler import kineto_lines_left_out
 
+
 def profiled_collectives(call, once=()):
     """(what `call()` returns, {operation: how often it ran}) of the collectives `call` ran, read from torch's
     profiler: c10d's operations (every collective over a process group, called directly or under a functional
@@ -26,7 +27,7 @@ def profiled_collectives(call, once=()):
             yield parent
             parent = parent.cpu_parent
 
-    def within_itself(event):
+    def left_out(event):
         return any(parent.name == event.name or any(word in parent.name for word in once)
                    for parent in parents(event))
 
@@ -38,7 +39,7 @@ def profiled_collectives(call, once=()):
     return result, collections.Counter(
         event.name for event in profiled.events()
         if (event.name.startswith("c10d::") or event.name.startswith("_c10d_functional::") and communicates(event))
-        and not within_itself(event))
+        and not left_out(event))
 
 
 def collective_kind(op):
@@ -60,9 +61,20 @@ def dispatched_counts(ran):
     return dict(sorted(kinds.items()))
 
 
-def profiled_call_number(step):
-    """Which call of mtbench's torch `step` a distributed extra profiles for its collectives: the eager step's first
-    (a warm-up call, timed as compilation), the compiled step's first after its warm-up (while it compiles, the
-    traced collectives would count too), so that one of its steady steps carries the profiler."""
-    from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
-    return step.warmup_calls + 1 if isinstance(step, CompiledTorchTrainStep) else 1
+class ProfiledCall:
+    """Runs the calls of mtbench's torch `step` it is given, one of them under `profiled_collectives`, for a
+    distributed extra to record what one step dispatched: the eager step's first (a warm-up call, timed as
+    compilation), the compiled step's first after its warm-up (while it compiles, the traced collectives would count
+    too), or the `at_least`th where that is later; `once` as `profiled_collectives` takes it."""
+
+    def __init__(self, step, at_least=1, once=()):
+        from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
+        first = step.warmup_calls + 1 if isinstance(step, CompiledTorchTrainStep) else 1
+        self.calls, self.due, self.once = 0, max(first, at_least), once
+
+    def __call__(self, call):
+        """(what `call()` returns, {operation: how often it ran} where this is the profiled call, else None)."""
+        self.calls += 1
+        if self.calls != self.due:
+            return call(), None
+        return profiled_collectives(call, self.once)

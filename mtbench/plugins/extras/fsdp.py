@@ -39,8 +39,7 @@ from mtbench import (
 from mtbench.plugins.backends.keras_optimizer import all_moments, moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
 from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
-from mtbench.plugins.extras.dispatched_collectives import (dispatched_counts, profiled_call_number,
-                                                            profiled_collectives)
+from mtbench.plugins.extras.dispatched_collectives import ProfiledCall, dispatched_counts
 
 DATA_AXIS = "data"
 # JAX_PLATFORMS: on a machine with one GPU, JAX would take the GPU and leave the flag unused.
@@ -650,13 +649,12 @@ class TorchDistributedStep(StateRecording):
     (`layout.hold_distributed()`), from `finalize` until the next step the whole weights (`layout.hold_full()`),
     for evaluation and checkpoints. `layout.distributed` says which.
 
-    One call is profiled for the collectives it runs (`profiled_call_number`, `record_collectives`)."""
+    One call is profiled for the collectives it runs (`ProfiledCall`, `record_collectives`)."""
 
     def __init__(self, inner, layout, record):
         super().__init__(inner, record, torch_step_state)
         self.layout = layout
-        self.calls = 0
-        self.profiled_call = profiled_call_number(inner)
+        self.profiled = ProfiledCall(inner)
 
     def measure(self):
         return super().measure() if self.layout.distributed else None
@@ -667,11 +665,9 @@ class TorchDistributedStep(StateRecording):
 
     def __call__(self, x, y, sample_weight):
         self.hold_distributed()
-        self.calls += 1
-        if self.calls != self.profiled_call:
-            return self.step(x, y, sample_weight)
-        logs, ran = profiled_collectives(lambda: self.step(x, y, sample_weight))
-        self.record_collectives(ran)
+        logs, ran = self.profiled(lambda: self.step(x, y, sample_weight))
+        if ran is not None:
+            self.record_collectives(ran)
         return logs
 
     def step(self, x, y, sample_weight):

@@ -4,7 +4,7 @@ trains on its shard of every global batch; DDP averages the gradients during the
 weighs each process's loss by its share of the global batch's target tokens (`EagerTorchTrainStep`)."""
 
 from mtbench import Extra, MtbenchError, WrappingStep, hookimpl
-from mtbench.plugins.extras.dispatched_collectives import dispatched_counts, profiled_call_number, profiled_collectives
+from mtbench.plugins.extras.dispatched_collectives import ProfiledCall, dispatched_counts
 from mtbench.plugins.extras.fsdp import processes_reason, torch_step_state
 
 
@@ -56,14 +56,12 @@ class DistributedStep(WrappingStep):
         self.distributed, self.processes_count, self.record = distributed, processes, record
         # At least the second call: DDP lays its buckets out again in the second step's forward, and all-reduces
         # them so from then on. The bucket order it broadcasts there is no step's.
-        self.calls, self.profiled_call = 0, max(profiled_call_number(inner), 2)
+        self.profiled = ProfiledCall(inner, at_least=2, once=("_rebuild_buckets",))
 
     def __call__(self, x, y, sample_weight):
-        self.calls += 1
-        if self.calls != self.profiled_call:
-            return self.inner(x, y, sample_weight)
-        logs, ran = profiled_collectives(lambda: self.inner(x, y, sample_weight), once=("_rebuild_buckets",))
-        self.record["collectives_per_step"] = dispatched_counts(ran)
+        logs, ran = self.profiled(lambda: self.inner(x, y, sample_weight))
+        if ran is not None:
+            self.record["collectives_per_step"] = dispatched_counts(ran)
         return logs
 
     def __getattr__(self, name):  # what a later extra reads of mtbench's torch step (its processes, optimizer)

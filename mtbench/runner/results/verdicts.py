@@ -418,7 +418,7 @@ class Verdict:
     def cell(self):
         """'1.23x faster (1.19–1.27)' (as speed), 'no difference (0.98–1.04)' (the figure's ratio): a table's cell."""
         speed, low, high = self.speed()
-        if self.call in ("faster", "slower"):
+        if self.called:
             factor, interval = called_figures(*speeds_of_call(self.call, speed, low, high))
             text = f"{factor}x {self.call} ({interval})"
         elif self.call == UNDETERMINED:
