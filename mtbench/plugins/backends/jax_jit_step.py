@@ -321,6 +321,25 @@ def laid_out_rows(distribution, arrays):
     return distribute_data_input(arrays, layout, distribution.batch_dim_name)
 
 
+def made_whole_across_processes(variables):
+    """Remakes each of `variables` whose value `jax.device_put` laid over several processes' devices from an array
+    of one device: Keras places a SeedGenerator's state (made with jax.numpy) so under a distribution spanning
+    processes, and jax gives such an array itself as its one shard on each process, which `addressable_shards`
+    refuses (a multi-process run with dropout stopped at its first timing window). Its value is the same on every
+    process (drawn from the run's seed), as `device_put` took it to be: made again from this process's copy."""
+    import jax
+    import numpy as np
+    for variable in variables:
+        value = variable.value
+        if value.is_fully_addressable:
+            continue
+        try:
+            value.addressable_shards
+        except ValueError:
+            host = np.asarray(value)
+            variable._value = jax.make_array_from_callback(host.shape, value.sharding, lambda index: host[index])
+
+
 class JitTrainStep(TrainStep):
     """Under a `keras.distribution` (data-parallel over a mesh of one process's devices or of several
     processes', the TPU strategy) the same step runs as one program over the mesh: the state is what the
@@ -346,6 +365,8 @@ class JitTrainStep(TrainStep):
         optimizer = model.optimizer
         if not optimizer.built:  # a restored checkpoint built it: building again would reset a loss scale
             optimizer.build(model.trainable_variables)
+        if distribution is not None and jax.process_count() > 1:
+            made_whole_across_processes([*model.variables, *optimizer.variables])
         loss_object = model.loss
         native_loss = is_token_mean_cross_entropy(loss_object)
         refuse_accumulating_other_losses(self.micro_batches, native_loss, loss_object)

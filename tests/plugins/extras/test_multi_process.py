@@ -3,6 +3,7 @@ torchrun as users launch them: 2 CPU processes, joined through gloo, must train 
 same global batches, stop together, and resume together."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -173,6 +174,22 @@ def test_ddp_in_one_process_says_how_to_launch_several(cache_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_jax_replicas_over_two_processes_train_with_dropout(cache_dir, tmp_path):
+    """Keras lays each dropout seed over every process's devices from an array of one device, which JAX gave each
+    process as its one shard and then refused to list at the first timing window: every multi-process JAX run with
+    dropout (data-parallel, fsdp, tensor-parallel) stopped there, until the step made such values whole."""
+    out = tmp_path / "dropout.json"
+    proc = torchrun("train", "--backend", "jax", "--extra", "data-parallel", "--model", "gpt", "--preset", "tiny",
+                    "--block-size", "16", "--batch-size", "8", "--steps", "4", "--dropout", "0.1", "--measure-only",
+                    "--cache-dir", cache_dir, "--out", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    arithmetic = result["model"]["attention"]["arithmetic"]
+    assert result["processes"]["processes"] == 2 and arithmetic["probability_dropout"] == 0.1
+    assert len(result["history"]) == 4 and all(math.isfinite(h["loss"]) for h in result["history"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, extra", [("torch", "ddp"), ("jax", "data-parallel")])
 def test_every_process_reads_its_own_trace_and_process_0s_result_holds_each_ones_busy_time(backend, extra, cache_dir,
                                                                                            tmp_path):
@@ -267,10 +284,12 @@ def test_a_resumed_ddp_run_with_dropout_draws_each_replicas_masks_on_from_the_ch
     resumed run trains steps 4 and 5 again with the masks they had (a fresh generator's would differ)."""
     import numpy as np
     out = tmp_path / "r.json"
+    # --measure-only (which the resumed run keeps): the checks read the losses and checkpoints, not the evaluation.
     proc = torchrun("train", "--backend", "torch", "--extra", "ddp", "--model", "gpt", "--preset", "tiny",
                     "--block-size", "32", "--batch-size", "8", "--valid-size", "10", "--test-size", "10",
                     "--dtype", "float32", "--steps", "8", "--dropout", "0.1", "--checkpoint-every", "3",
-                    "--cache-dir", cache_dir, "--out", str(out), env={"MTBENCH_TEST_NAN_AT_STEP": "6"})
+                    "--measure-only", "--cache-dir", cache_dir, "--out", str(out),
+                    env={"MTBENCH_TEST_NAN_AT_STEP": "6"})
     assert proc.returncode != 0 and "the loss is nan at step 6" in proc.stderr, proc.stderr[-3000:]
     stopped = json.loads(out.read_text())
     with np.load(tmp_path / "r.run" / "checkpoint-000003" / "generator_state.npz") as saved:
