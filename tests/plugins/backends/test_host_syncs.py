@@ -4,6 +4,7 @@ mtbench trains with wait for nothing, on both backends, eager and compiled, floa
 float16 with its loss scaling (tests/host_syncs_probe.py, a process per backend). On a GPU the torch steps run under
 `torch.cuda.set_sync_debug_mode('error')` too, where any synchronising call is an error."""
 
+import json
 import os
 import subprocess
 import sys
@@ -50,19 +51,42 @@ def test_torch_compiled_step_waits_for_nothing():
     assert report["syncs_per_step"] == 0
 
 
+# The JAX step's two probes in one process (each spends seconds importing JAX, Keras and mtbench): mtbench's
+# schedule in mixed bfloat16, then Keras's branching CosineDecay in float32, a new model and step each.
+JAX_RUNS = {"mixed_bfloat16": ("mixed_bfloat16", "mtbench"), "keras-schedule": ("float32", "keras-schedule")}
+JAX_PROBE = """
+import json, os, sys
+os.environ["KERAS_BACKEND"] = "jax"
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # the probe, and mtbench beside it
+from host_syncs_probe import count
+runs = json.loads(sys.argv[2])
+print(json.dumps({name: count("jax", "default", dtype, schedule) for name, (dtype, schedule) in runs.items()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def jax_reports():
+    """The probe's report of the JAX step for each of JAX_RUNS, {name: report}, all in one process."""
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env.update(MTBENCH_LOAD_PLUGINS="")
+    proc = subprocess.run([sys.executable, "-c", JAX_PROBE, TESTS_DIR, json.dumps(JAX_RUNS)], capture_output=True,
+                          text=True, env=env, timeout=900)
+    return json_answer(proc)
+
+
 @pytest.mark.slow
-def test_jax_step_waits_for_nothing():
-    report = probe("jax", dtype="mixed_bfloat16")["mixed_bfloat16"]
+def test_jax_step_waits_for_nothing(jax_reports):
+    report = jax_reports["mixed_bfloat16"]
     assert report["events"] == {}
     assert report["syncs_per_step"] == 0
 
 
 @pytest.mark.slow
-def test_jax_counter_sees_the_conditionals_of_kerass_branching_schedule():
+def test_jax_counter_sees_the_conditionals_of_kerass_branching_schedule(jax_reports):
     """Keras's CosineDecay branches with `ops.cond`, and its AdamW reads the schedule once per decayed variable:
     XLA conditionals, each a host wait on a GPU (counted there; named on the CPU, where it is none). mtbench's
     schedule has none (the test above)."""
-    report = probe("jax", "default", "float32", "keras-schedule")["float32"]
+    report = jax_reports["keras-schedule"]
     conditionals = report["events"].get("conditional in the compiled step (a host wait on a GPU)", 0)
     # One for each variable weight decay reads the rate for, one for the update's rate, in every counted step.
     assert conditionals == report["counted_steps"] * (report["variables"] + 1)

@@ -80,98 +80,30 @@ def test_a_batch_already_a_tensor_is_copied_without_waiting(device):
     assert source is host and result is tensor and tensor.device.type == device and non_blocking
 
 
-PROBE = textwrap.dedent("""
-    import json, os, sys
-    os.environ["KERAS_BACKEND"] = "torch"
-    import keras, numpy as np, torch
-    from mtbench.keras_models.presets import PRESETS
-    from mtbench.keras_models.transformer import build_transformer
-    from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
-    from mtbench.runner.config import TrainConfig
-    from mtbench.runner.setup import compile_model
-    model = build_transformer(PRESETS["tiny"])
-    compile_model(keras, model, TrainConfig(preset="tiny"), 10, {})
-    step = CompiledTorchTrainStep(model, mode="reduce-overhead")
-    limit_after_init = torch._dynamo.config.recompile_limit
-    torch._dynamo.config.recompile_limit = 1  # as torch's default of 8 would be for a model of 9 buckets
-    for length in (16, 32):
-        ids = np.ones((4, length), np.int32)
-        step((ids, ids), ids, np.ones((4, length), np.float32))
-    print(json.dumps({"limit_after_init": limit_after_init, "eager": step.shapes_run_eagerly(),
-                      "cuda_graphs": step.cuda_graphs(), "description": step.description()}))
-""")
-
-
-@pytest.mark.slow
-def test_a_shape_past_dynamos_limit_is_named_not_hidden():
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}
-    env.pop("KERAS_BACKEND", None)
-    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=600)
-    report = json_answer(proc)
-    assert report["limit_after_init"] >= 64  # raised by the step: every bucket of any preset compiles
-    assert report["eager"] == 1
-    # reduce-overhead asked for CUDA graphs; on this CPU none ran, and the label says so.
-    assert report["cuda_graphs"] == "not used: no CUDA device (CUDA graphs need one)"
-    assert report["description"] == ("mode reduce-overhead, CUDA graphs: not used: no CUDA device (CUDA graphs "
-                                     "need one), 1 of 2 shapes ran eagerly")
-
-
-FLASH_PROBE = textwrap.dedent("""
-    import collections, json, os
+# One process for every probed step (each process spends about 10 s importing torch, Keras and mtbench): the tiny
+# GPT's update runs first, eager before compiled (an mtbench process builds one train step, and a compiled step's
+# settings, inductor's precision casts and dynamo's marks on Keras's helpers, stay in the process after it); then the
+# tiny Transformer held to the fused attention (a process-wide setting, hence after the GPT's runs), whose compiled
+# program the dynamo-limit step compiles again, loading inductor's kernels compiled for the flash step. Dynamo's
+# graphs and counters are reset before each of those two: both count on the step's compiled code, which every step
+# shares.
+STEPS_PROBE = textwrap.dedent("""
+    import collections, json, os, sys
     os.environ["KERAS_BACKEND"] = "torch"
     import keras, numpy as np, torch
     from torch._dynamo.utils import counters
     from torch.profiler import profile
-    from mtbench.keras_models.presets import PRESETS
-    from mtbench.keras_models.transformer import build_transformer
     from benchmarks.inductor_cost import fused_attention_here
-    from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
-    from mtbench.runner.config import TrainConfig
-    from mtbench.runner.setup import compile_model
-    fused_attention_here()  # as under --extra flash-attention: fused kernels only, Keras's CUDA-only check answered
-    # As --extra flash-attention builds it on torch: flash for the causal attention, the masked ones left to the
-    # fused kernels the backend holds the process to.
-    model = build_transformer(PRESETS["tiny"], flash_attention=True, flash_attention_masked=None)
-    compile_model(keras, model, TrainConfig(preset="tiny"), 10, {})
-    step = CompiledTorchTrainStep(model)
-    ids = np.ones((4, 16), np.int32)
-    step((ids, ids), ids, np.ones((4, 16), np.float32))
-    with profile() as trace:
-        step((ids, ids), ids, np.ones((4, 16), np.float32))
-    ran = collections.Counter(event.name for event in trace.events() if "attention" in event.name)
-    print(json.dumps({"ran": ran, "graph_breaks": sum(counters["graph_break"].values()),
-                      "attentions": len(model.encoder_blocks) + 2 * len(model.decoder_blocks)}))
-""")
-
-
-@pytest.mark.slow
-def test_the_compiled_step_runs_the_fused_attention_in_one_graph():
-    """torch-compile with flash-attention: the compiled program runs the flash kernel (its CPU form here) for every
-    attention, forward and backward, and Keras's flash check no longer breaks the graph at each attention."""
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}  # the CPU's flash kernel
-    env.pop("KERAS_BACKEND", None)
-    proc = subprocess.run([sys.executable, "-c", FLASH_PROBE], capture_output=True, text=True, env=env, timeout=600)
-    report = json_answer(proc)
-    attentions = report["attentions"]
-    assert report["ran"] == {"aten::_scaled_dot_product_flash_attention_for_cpu": attentions,
-                             "aten::_scaled_dot_product_flash_attention_for_cpu_backward": attentions}
-    assert report["graph_breaks"] == 0
-
-
-UPDATE_PROBE = textwrap.dedent("""
-    import json, os, sys
-    os.environ["KERAS_BACKEND"] = "torch"
-    import keras, numpy as np
-    from torch.profiler import profile
     from mtbench.keras_models.gpt import build_gpt
-    from mtbench.keras_models.presets import GPT_PRESETS
+    from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
+    from mtbench.keras_models.transformer import build_transformer
     from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
     from mtbench.plugins.backends.torch_eager_step import EagerTorchTrainStep
     from mtbench.runner.config import TrainConfig
     from mtbench.runner.setup import compile_model
-    reports = {}
-    for run in sys.argv[1:]:
-        dtype, kind = run.split("-")  # bfloat16: 16-bit weights; the compiled or the eager step
+    torch_default_limit = torch._dynamo.config.recompile_limit
+
+    def update(dtype, kind):  # bfloat16: 16-bit weights; the compiled or the eager step
         keras.config.set_dtype_policy(dtype)
         model = build_gpt(GPT_PRESETS["tiny"])
         compile_model(keras, model, TrainConfig(model_name="gpt", preset="tiny", dtype=dtype), 10, {})
@@ -182,27 +114,96 @@ UPDATE_PROBE = textwrap.dedent("""
             step((ids,), ids, np.ones((2, 16), np.float32))
         names = [event.name for event in trace.events()]
         fused = [name for name in names if "fused_adam" in name]
-        reports[run] = {"compiled": getattr(step, "compiled_part", None), "numerics": step.numerics(),
-                        "fused_kernels": {name: fused.count(name) for name in fused},
-                        "layer_norms": names.count("aten::native_layer_norm")}
+        return {"compiled": getattr(step, "compiled_part", None), "numerics": step.numerics(),
+                "fused_kernels": {name: fused.count(name) for name in fused},
+                "layer_norms": names.count("aten::native_layer_norm")}
+
+    def flash(model):
+        step = CompiledTorchTrainStep(model)
+        ids = np.ones((4, 16), np.int32)
+        step((ids, ids), ids, np.ones((4, 16), np.float32))
+        with profile() as trace:
+            step((ids, ids), ids, np.ones((4, 16), np.float32))
+        ran = collections.Counter(event.name for event in trace.events() if "attention" in event.name)
+        return {"ran": ran, "graph_breaks": sum(counters["graph_break"].values()),
+                "attentions": len(model.encoder_blocks) + 2 * len(model.decoder_blocks)}
+
+    def limit(model):
+        torch._dynamo.config.recompile_limit = torch_default_limit  # what the step raises, not an earlier step
+        step = CompiledTorchTrainStep(model, mode="reduce-overhead")
+        limit_after_init = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = 1  # as torch's default of 8 would be for a model of 9 buckets
+        try:
+            for length in (16, 32):
+                ids = np.ones((4, length), np.int32)
+                step((ids, ids), ids, np.ones((4, length), np.float32))
+        finally:
+            torch._dynamo.config.recompile_limit = limit_after_init
+        return {"limit_after_init": limit_after_init, "eager": step.shapes_run_eagerly(),
+                "cuda_graphs": step.cuda_graphs(), "description": step.description()}
+
+    reports = {}
+    for run in sys.argv[1:]:
+        if run in ("flash", "limit"):
+            if "model" not in globals():
+                keras.config.set_dtype_policy("float32")
+                fused_attention_here()  # as under --extra flash-attention: fused kernels only, Keras's CUDA-only
+                # check answered. As the extra builds it on torch: flash for the causal attention, the masked ones
+                # left to the fused kernels the backend holds the process to.
+                model = build_transformer(PRESETS["tiny"], flash_attention=True, flash_attention_masked=None)
+                compile_model(keras, model, TrainConfig(preset="tiny"), 10, {})
+            torch._dynamo.reset()
+            reports[run] = (flash if run == "flash" else limit)(model)
+        else:
+            reports[run] = update(*run.split("-"))
     print(json.dumps(reports))
 """)
 
-# The eager steps first: an mtbench process builds one train step, and a compiled step's settings (inductor's
-# precision casts, dynamo's marks on Keras's helpers) stay in the process after it.
+# The eager steps first (see STEPS_PROBE); the fused-attention steps after the GPT's.
 UPDATE_RUNS = ("float32-eager", "bfloat16-eager", "bfloat16-compiled", "float32-compiled")
+STEP_RUNS = (*UPDATE_RUNS, "flash", "limit")
 
 
 @pytest.fixture(scope="module")
-def updates():
-    """What the update probe reports of one profiled step of the tiny GPT for each of UPDATE_RUNS ("dtype-kind":
-    the eager or the compiled torch step in that dtype), a new model and step each, all in one process (each
-    process spends about 10 s importing torch, Keras and mtbench)."""
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}
+def steps_probed():
+    """What the steps probe reports of each of STEP_RUNS, all in one process: for "dtype-kind", one profiled step
+    of the tiny GPT (the eager or the compiled torch step in that dtype, a new model and step each); for "flash",
+    one profiled compiled step of the tiny Transformer held to the fused attention; for "limit", the same model's
+    compiled step (mode reduce-overhead) trained on two shapes with dynamo's recompile limit at 1."""
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}  # CPU_ONLY: the CPU's flash kernel
     env.pop("KERAS_BACKEND", None)
-    proc = subprocess.run([sys.executable, "-c", UPDATE_PROBE, *UPDATE_RUNS], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", STEPS_PROBE, *STEP_RUNS], capture_output=True, text=True,
                           env=env, timeout=600)
     return json_answer(proc)
+
+
+@pytest.fixture(scope="module")
+def updates(steps_probed):
+    """The update runs of the steps probe (UPDATE_RUNS): "dtype-kind", the tiny GPT's eager or compiled torch step
+    in that dtype."""
+    return {run: steps_probed[run] for run in UPDATE_RUNS}
+
+
+@pytest.mark.slow
+def test_a_shape_past_dynamos_limit_is_named_not_hidden(steps_probed):
+    report = steps_probed["limit"]
+    assert report["limit_after_init"] >= 64  # raised by the step: every bucket of any preset compiles
+    assert report["eager"] == 1
+    # reduce-overhead asked for CUDA graphs; on this CPU none ran, and the label says so.
+    assert report["cuda_graphs"] == "not used: no CUDA device (CUDA graphs need one)"
+    assert report["description"] == ("mode reduce-overhead, CUDA graphs: not used: no CUDA device (CUDA graphs "
+                                     "need one), 1 of 2 shapes ran eagerly")
+
+
+@pytest.mark.slow
+def test_the_compiled_step_runs_the_fused_attention_in_one_graph(steps_probed):
+    """torch-compile with flash-attention: the compiled program runs the flash kernel (its CPU form here) for every
+    attention, forward and backward, and Keras's flash check no longer breaks the graph at each attention."""
+    report = steps_probed["flash"]
+    attentions = report["attentions"]
+    assert report["ran"] == {"aten::_scaled_dot_product_flash_attention_for_cpu": attentions,
+                             "aten::_scaled_dot_product_flash_attention_for_cpu_backward": attentions}
+    assert report["graph_breaks"] == 0
 
 
 @pytest.mark.slow
