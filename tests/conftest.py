@@ -121,11 +121,19 @@ def pytest_collection(session):
         sys.dont_write_bytecode = told
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker for each core and one more. A tenth of the workers' time went in waiting (for a run
+    another worker makes, for the simulated devices of a JAX process to meet, for a signal), with its core idle;
+    the extra worker's tests take it."""
+    return len(MACHINE_CPUS) + 1 if MACHINE_CPUS else None
+
+
 def pytest_configure(config):
     """Each pytest-xdist worker, and every process its tests start, runs on its own share of the cores, as each of
-    mtbench's local processes does (`share_cores`). Unpinned, two workers' runs on two cores each start threads
-    for both cores, and torch's OpenMP threads spin while they wait for a busy core: two tiny torch runs side by
-    side took 28 s unpinned against 12 s pinned on this project's 2-core machine."""
+    mtbench's local processes does (`share_cores`), or with more workers than cores on one core, the workers taking
+    the cores in turn, one thread each. Unpinned, two workers' runs on two cores each start threads for both cores,
+    and torch's OpenMP threads spin while they wait for a busy core: two tiny torch runs side by side took 28 s
+    unpinned against 12 s pinned on this project's 2-core machine."""
     from mtbench.plugins.api import Launch
     from mtbench.runner.launch import share_cores
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
@@ -133,8 +141,12 @@ def pytest_configure(config):
         inductor_vec_isa_settled()
         bytecode_written()
     if worker and MACHINE_CPUS:
-        share_cores(Launch(local_rank=int(worker.removeprefix("gw")),
-                           local_processes=int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+        rank, workers = int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+        if workers <= len(MACHINE_CPUS):
+            share_cores(Launch(local_rank=rank, local_processes=workers))
+        else:
+            os.sched_setaffinity(0, [MACHINE_CPUS[rank % len(MACHINE_CPUS)]])
+            os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_unconfigure(config):

@@ -174,33 +174,22 @@ def test_ddp_in_one_process_says_how_to_launch_several(cache_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_jax_replicas_over_two_processes_train_with_dropout(cache_dir, tmp_path):
-    """Keras lays each dropout seed over every process's devices from an array of one device, which JAX gave each
-    process as its one shard and then refused to list at the first timing window: every multi-process JAX run with
-    dropout (data-parallel, fsdp, tensor-parallel) stopped there, until the step made such values whole."""
-    out = tmp_path / "dropout.json"
-    proc = torchrun("train", "--backend", "jax", "--extra", "data-parallel", "--model", "gpt", "--preset", "tiny",
-                    "--block-size", "16", "--batch-size", "8", "--steps", "4", "--dropout", "0.1", "--measure-only",
-                    "--cache-dir", cache_dir, "--out", str(out), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    arithmetic = result["model"]["attention"]["arithmetic"]
-    assert result["processes"]["processes"] == 2 and arithmetic["probability_dropout"] == 0.1
-    assert len(result["history"]) == 4 and all(math.isfinite(h["loss"]) for h in result["history"])
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("backend, extra", [("torch", "ddp"), ("jax", "data-parallel")])
 def test_every_process_reads_its_own_trace_and_process_0s_result_holds_each_ones_busy_time(backend, extra, cache_dir,
                                                                                            tmp_path):
+    """Each process profiles its own steps, with dropout: Keras lays each dropout seed over every process's devices
+    from an array of one device, which JAX gave each process as its one shard and then refused to list at the first
+    timing window (every multi-process JAX run with dropout stopped there until the step made such values whole)."""
     from mtbench.plugins.backends.jax_profiler import JaxStepProfiler
     from mtbench.plugins.backends.torch_profiler import TorchStepProfiler
     out = tmp_path / f"{backend}-profiled.json"
     proc = torchrun("train", "--backend", backend, "--extra", extra, "--model", "gpt", "--preset", "tiny",
-                    "--block-size", "16", "--batch-size", "8", "--steps", "8", "--profile", "2", "--measure-only",
-                    "--cache-dir", cache_dir, "--out", str(out), timeout=300)
+                    "--block-size", "16", "--batch-size", "8", "--steps", "8", "--dropout", "0.1", "--profile", "2",
+                    "--measure-only", "--cache-dir", cache_dir, "--out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
+    assert result["model"]["attention"]["arithmetic"]["probability_dropout"] == 0.1
+    assert len(result["history"]) == 8 and all(math.isfinite(h["loss"]) for h in result["history"])
     # The machine's load tells the run's two processes' CPU time from other processes' (machine_load_probe.py).
     load = result["machine_load"]
     assert load["run_processes_cpu_s"] > 0 and 0 <= load["other_processes_percent"] <= 100, load
