@@ -121,6 +121,7 @@ def pytest_collection(session):
         sys.dont_write_bytecode = told
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a run without xdist (-p no:xdist) knows none
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: a worker for each core and one more. A tenth of the workers' time went in waiting (for a run
     another worker makes, for the simulated devices of a JAX process to meet, for a signal), with its core idle;
