@@ -4,7 +4,6 @@ mtbench trains with wait for nothing, on both backends, eager and compiled, floa
 float16 with its loss scaling (tests/host_syncs_probe.py, a process per backend). On a GPU the torch steps run under
 `torch.cuda.set_sync_debug_mode('error')` too, where any synchronising call is an error."""
 
-import json
 import os
 import subprocess
 import sys
@@ -51,27 +50,11 @@ def test_torch_compiled_step_waits_for_nothing():
     assert report["syncs_per_step"] == 0
 
 
-# The JAX step's two probes in one process (each spends seconds importing JAX, Keras and mtbench): mtbench's
-# schedule in mixed bfloat16, then Keras's branching CosineDecay in float32, a new model and step each.
-JAX_RUNS = {"mixed_bfloat16": ("mixed_bfloat16", "mtbench"), "keras-schedule": ("float32", "keras-schedule")}
-JAX_PROBE = """
-import json, os, sys
-os.environ["KERAS_BACKEND"] = "jax"
-sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # the probe, and mtbench beside it
-from host_syncs_probe import count
-runs = json.loads(sys.argv[2])
-print(json.dumps({name: count("jax", "default", dtype, schedule) for name, (dtype, schedule) in runs.items()}))
-"""
-
-
 @pytest.fixture(scope="module")
 def jax_reports():
-    """The probe's report of the JAX step for each of JAX_RUNS, {name: report}, all in one process."""
-    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    env.update(MTBENCH_LOAD_PLUGINS="")
-    proc = subprocess.run([sys.executable, "-c", JAX_PROBE, TESTS_DIR, json.dumps(JAX_RUNS)], capture_output=True,
-                          text=True, env=env, timeout=900)
-    return json_answer(proc)
+    """The JAX step's report in mixed bfloat16 with mtbench's schedule, and in float32 with Keras's branching
+    CosineDecay, a new model and step each, in one process."""
+    return probe("jax", "default", "mixed_bfloat16,float32:keras-schedule")
 
 
 @pytest.mark.slow
@@ -86,7 +69,7 @@ def test_jax_counter_sees_the_conditionals_of_kerass_branching_schedule(jax_repo
     """Keras's CosineDecay branches with `ops.cond`, and its AdamW reads the schedule once per decayed variable:
     XLA conditionals, each a host wait on a GPU (counted there; named on the CPU, where it is none). mtbench's
     schedule has none (the test above)."""
-    report = jax_reports["keras-schedule"]
+    report = jax_reports["float32:keras-schedule"]
     conditionals = report["events"].get("conditional in the compiled step (a host wait on a GPU)", 0)
     # One for each variable weight decay reads the rate for, one for the update's rate, in every counted step.
     assert conditionals == report["counted_steps"] * (report["variables"] + 1)
