@@ -5,11 +5,11 @@ backend's counter. On torch with CUDA the counted steps run under
 `torch.cuda.set_sync_debug_mode('error')`. Prints one JSON line, {dtype: {'syncs_per_step', 'events',
 'cuda_sync_debug', 'counted_steps', 'variables', 'losses'}}.
 
-    python tests/host_syncs_probe.py BACKEND STEP DTYPE[:keras-schedule][,DTYPE...] [keras-schedule]
+    python tests/host_syncs_probe.py BACKEND STEP DTYPE[:keras-schedule][,DTYPE...]
         (STEP: default | compiled; DTYPE: a Keras policy, each a new model and step in this one process, which
         spares each the seconds of importing the framework, Keras and mtbench; keras-schedule: Keras's own
-        CosineDecay, which branches, in place of mtbench's, for that dtype or for every one; each report is keyed
-        by its DTYPE as given)
+        CosineDecay, which branches, in place of mtbench's, for that dtype; each report is keyed by its DTYPE as
+        given)
 """
 
 import contextlib
@@ -30,10 +30,10 @@ def batch(seed, rows=4, length=16):
     return (source, target), target, weight
 
 
-def main(backend, step_kind, dtypes, schedule="mtbench"):
+def main(backend, step_kind, dtypes):
     os.environ["KERAS_BACKEND"] = backend
     runs = {given: given.partition(":") for given in dtypes.split(",")}
-    print(json.dumps({given: count(backend, step_kind, dtype, its_own or schedule)
+    print(json.dumps({given: count(backend, step_kind, dtype, its_own or "mtbench")
                       for given, (dtype, _, its_own) in runs.items()}))
 
 

@@ -16,11 +16,11 @@ from conftest import TESTS_DIR, device_kind, json_answer
 PROBE = os.path.join(TESTS_DIR, "host_syncs_probe.py")
 
 
-def probe(backend, step="default", dtype="float32", *more):
+def probe(backend, step="default", dtype="float32"):
     """The probe's report of each of the comma-separated `dtype`s, {dtype: report}, all run in one process."""
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env.update(MTBENCH_LOAD_PLUGINS="", TORCHINDUCTOR_COMPILE_THREADS="1")
-    proc = subprocess.run([sys.executable, PROBE, backend, step, dtype, *more], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, PROBE, backend, step, dtype], capture_output=True, text=True,
                           env=env, timeout=900)
     return json_answer(proc)
 
