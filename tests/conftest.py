@@ -243,13 +243,18 @@ def cli_environment(env=None):
     return {k: v for k, v in full_env.items() if v is not None}  # None in `env` unsets a variable
 
 
+def free_coordinator():
+    """host:port of a port of this machine that no program listens on now, for processes to meet at."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{free.getsockname()[1]}"
+
+
 def run_joined_probes(probe, processes=2, timeout=120):
     """Runs tests/PROBE as `processes` processes that meet at a free port of this machine (`PROBE RANK
     COORDINATOR`, COORDINATOR host:port of process 0), on the CPU (they join over gloo, also on a GPU machine);
     asserts that each exits with 0 and returns each one's last line of output, read as JSON, in process order."""
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        coordinator = f"127.0.0.1:{free.getsockname()[1]}"
+    coordinator = free_coordinator()
     started = [subprocess.Popen([sys.executable, os.path.join(TESTS_DIR, probe), str(rank), coordinator],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=cli_environment(CPU_ONLY))

@@ -12,8 +12,8 @@ import tempfile
 
 import pytest
 
-from tests.conftest import (CPU_ONLY, MACHINE_CPUS, TINY_COMPARE, cli_environment, install_plugin_distribution,
-                            json_answer, on_every_core, python_path, run_cli)
+from tests.conftest import (CPU_ONLY, MACHINE_CPUS, TINY_COMPARE, cli_environment, free_coordinator,
+                            install_plugin_distribution, json_answer, on_every_core, python_path, run_cli)
 
 RELATIVE_TOLERANCE = 1e-5  # float32 gradients summed in another order by the collectives
 
@@ -29,6 +29,22 @@ def torchrun(*args, env=None, timeout=600, processes=2):
         command, env = on_every_core([*launcher_command(processes, launcher_dir=launcher_dir), "-m", "mtbench", *args],
                                      {**CPU_ONLY, LAUNCH_DIR_VARIABLE: launcher_dir, **(env or {})})
         return subprocess.run(command, capture_output=True, text=True, env=cli_environment(env), timeout=timeout)
+
+
+def launched_by_flags(*args, timeout=300):
+    """Runs `python -m mtbench ARGS` as 2 processes on the machine's cores, launched by --coordinator (a free port),
+    --num-processes and --process-id alone, without torchrun (nor its agent, a third process importing torch);
+    asserts that both exit with 0."""
+    coordinator = free_coordinator()
+    started = []
+    for rank in (1, 0):
+        command, env = on_every_core([sys.executable, "-m", "mtbench", *args, "--coordinator", coordinator,
+                                      "--num-processes", "2", "--process-id", str(rank)],
+                                     {**CPU_ONLY, "LOCAL_RANK": None, "LOCAL_WORLD_SIZE": None})
+        started.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env=cli_environment(env)))
+    outputs = [process.communicate(timeout=timeout) for process in started]
+    assert [process.returncode for process in started] == [0, 0], "".join(err[-2000:] for _, err in outputs)
 
 
 CPUS = MACHINE_CPUS
@@ -329,22 +345,10 @@ def test_processes_started_by_the_coordinator_flags_on_one_machine_share_it_and_
                                                                                                       cache_dir):
     """Two processes given --coordinator, --num-processes and --process-id alone (no LOCAL_RANK): one machine, its
     cores shared out, MFU over one machine's peak; and DDP's step says what it all-reduced, as fsdp's does."""
-    import socket
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        coordinator = f"127.0.0.1:{free.getsockname()[1]}"
     out = tmp_path / "ddp.json"
-    args = ["train", "--backend", "torch", "--extra", "ddp", "--model", "gpt", "--preset", "tiny", "--block-size",
-            "32", "--batch-size", "16", "--steps", "4", "--measure-only", "--cache-dir", cache_dir,
-            "--coordinator", coordinator, "--num-processes", "2", "--out", str(out)]
-    environ = {**CPU_ONLY, "LOCAL_RANK": None, "LOCAL_WORLD_SIZE": None}
-    started = []
-    for rank in (1, 0):
-        command, env = on_every_core([sys.executable, "-m", "mtbench", *args, "--process-id", str(rank)], environ)
-        started.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env=cli_environment(env)))
-    outputs = [process.communicate(timeout=300) for process in started]
-    assert [process.returncode for process in started] == [0, 0], "".join(err[-2000:] for _, err in outputs)
+    launched_by_flags("train", "--backend", "torch", "--extra", "ddp", "--model", "gpt", "--preset", "tiny",
+                      "--block-size", "32", "--batch-size", "16", "--steps", "4", "--measure-only",
+                      "--cache-dir", cache_dir, "--out", str(out))
     result = json.loads(out.read_text())
     assert result["processes"]["machines"] == 1 and result["processes"]["cpu_share"] == FIRST_HALF
     assert result["utilization"]["peak_devices"] == 1

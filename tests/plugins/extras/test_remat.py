@@ -15,8 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import (CPU_ONLY, assert_refused_in_one_line, cli_environment, json_answer, keras_on_jax, on_every_core,
-                      run_cli, simulated_devices)
+from conftest import CPU_ONLY, assert_refused_in_one_line, json_answer, keras_on_jax, run_cli, simulated_devices
 from mtbench.plugins.api import RunContext
 from mtbench.plugins.extras.remat import Remat
 from mtbench.runner.config import TrainConfig
@@ -306,26 +305,6 @@ def test_jax_on_a_cpu_stops_before_training_saying_what_xla_holds(tmp_path, cach
     assert not (tmp_path / "r.json").exists()
 
 
-def two_processes(*args, timeout):
-    """Runs `python -m mtbench ARGS` as 2 processes on the CPU that meet at a free port of this machine (--coordinator,
-    --num-processes, --process-id, as test_multi_process.py's launch by those flags), spread over the machine's
-    cores; asserts that both exit with 0. What the recomputation does over processes, not how they were launched,
-    is checked here: torchrun's agent, a third process importing torch, would add its start to every run."""
-    import socket
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        coordinator = f"127.0.0.1:{free.getsockname()[1]}"
-    started = []
-    for rank in (1, 0):
-        command, env = on_every_core([sys.executable, "-m", "mtbench", *args, "--coordinator", coordinator,
-                                      "--num-processes", "2", "--process-id", str(rank)],
-                                     {**CPU_ONLY, "LOCAL_RANK": None, "LOCAL_WORLD_SIZE": None})
-        started.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env=cli_environment(env)))
-    outputs = [process.communicate(timeout=timeout) for process in started]
-    assert [process.returncode for process in started] == [0, 0], "".join(err[-2000:] for _, err in outputs)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", ["fsdp", "ddp", "tensor-parallel"])
 def test_over_two_processes_the_blocks_recompute_with_what_each_process_holds(tmp_path, cache_dir, extra):
@@ -333,7 +312,9 @@ def test_over_two_processes_the_blocks_recompute_with_what_each_process_holds(tm
     around the unit's call); ddp with --grad-accum 2: every micro-batch's blocks; tensor-parallel: each block's
     split layers, all-reducing their activations again as Megatron's full recomputation does (2 all-reduces more
     a GPT block: after its attention and after its MLP), and none again recomputing all but the products (their
-    all-reduced outputs kept). The losses, with dropout, are those of the run without remat."""
+    all-reduced outputs kept). The losses, with dropout, are those of the run without remat. What the recomputation
+    does over processes is checked here, not how they were launched: without torchrun's agent."""
+    from tests.plugins.extras.test_multi_process import launched_by_flags
     accumulate = ["--grad-accum", "2"] * (extra == "ddp")
     results = {}
     runs = [("keeping", []), ("recomputing", ["--extra", "remat"])]
@@ -342,8 +323,8 @@ def test_over_two_processes_the_blocks_recompute_with_what_each_process_holds(tm
     for name, more in runs:
         out = tmp_path / f"{name}.json"
         # --measure-only: the checks read the losses and the extras' records, not the evaluation after training.
-        two_processes("train", "--backend", "torch", "--extra", extra, *TINY_GPT, "--dropout", "0.1", *accumulate,
-                      *more, "--measure-only", "--cache-dir", cache_dir, "--out", str(out), timeout=300)
+        launched_by_flags("train", "--backend", "torch", "--extra", extra, *TINY_GPT, "--dropout", "0.1",
+                          *accumulate, *more, "--measure-only", "--cache-dir", cache_dir, "--out", str(out))
         results[name] = json.loads(out.read_text())
     assert [h["loss"] for h in results["recomputing"]["history"]] == [h["loss"] for h in results["keeping"]["history"]]
     assert results["recomputing"]["extras_record"]["remat"]["recomputed_in_backward"] == 2
