@@ -142,10 +142,10 @@ STEPS_PROBE = textwrap.dedent("""
         return {"limit_after_init": limit_after_init, "eager": step.shapes_run_eagerly(),
                 "cuda_graphs": step.cuda_graphs(), "description": step.description()}
 
-    reports = {}
+    reports, model = {}, None  # the fused-attention Transformer, built for the first of "flash" and "limit"
     for run in sys.argv[1:]:
         if run in ("flash", "limit"):
-            if "model" not in globals():
+            if model is None:
                 keras.config.set_dtype_policy("float32")
                 fused_attention_here()  # as under --extra flash-attention: fused kernels only, Keras's CUDA-only
                 # check answered. As the extra builds it on torch: flash for the causal attention, the masked ones
