@@ -202,10 +202,14 @@ class CompiledCollectivesRecording(StateRecording):
     def finalize(self):
         if self.first_batch is not None and self.inner.state is not None:
             program = self.inner.lowered_program(*self.first_batch, optimised=True)
-            self.record["collectives_per_step"] = collective_counts(
-                hlo_collectives(program, trip_count=self.inner.micro_batches))
+            self.record_compiled_collectives(hlo_collectives(program, trip_count=self.inner.micro_batches),
+                                             self.first_batch)
             self.first_batch = None
         super().finalize()
+
+    def record_compiled_collectives(self, by_kind, batch):
+        """Records the collectives ({kind: arrays moved}) of the step's program compiled for `batch`."""
+        self.record["collectives_per_step"] = collective_counts(by_kind)
 
 
 def jax_step_state(step):

@@ -41,7 +41,7 @@ import re
 from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
 from mtbench.plugins.backends.keras_optimizer import moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
-from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
+from mtbench.plugins.extras.compiled_collectives import collective_counts
 from mtbench.plugins.extras.dispatched_collectives import dispatched_counts
 from mtbench.plugins.extras.gradient_buckets import GradientBuckets
 from mtbench.plugins.extras.fsdp import (
@@ -209,38 +209,22 @@ def whole_batch_step(model, distribution, micro_batches=1):
 
 class JaxSplitStep(JaxShardedStep):
     """The jit step over the `model` mesh (`whole_batch_step`), recording the state per device and the
-    collectives of its compiled program for the first batch's shapes (counted at the first `finalize`, outside
-    the timed steps). Over several processes the state is replicated for evaluation and checkpoints as fsdp's is
-    (`JaxShardedStep`)."""
+    collectives of its compiled program for the first batch's shapes (`CompiledCollectivesRecording`), the blocks'
+    all-reduces of activations told from the rest. Over several processes the state is replicated for evaluation
+    and checkpoints as fsdp's is (`JaxShardedStep`)."""
 
     def __init__(self, inner, record, d_model):
         super().__init__(inner, record)
         self.d_model = d_model
-        self.first_batch, self.counted = None, False
 
-    def __call__(self, x, y, sample_weight):
-        if not self.counted and self.first_batch is None:
-            self.first_batch = (x, y, sample_weight)
-        return super().__call__(x, y, sample_weight)
-
-    def finalize(self):
-        if not self.counted and self.first_batch is not None and self.inner.state is not None:
-            self.counted = True
-            micro_batches = self.inner.micro_batches
-            collectives = hlo_collectives(self.compiled_text(*self.first_batch), trip_count=micro_batches)
-            # The rows each model axis computes at once: the global batch over the data axis, a micro-batch of it.
-            rows = (self.first_batch[1].shape[0] * self.record["processes"] // self.record["mesh_shape"][0]
-                    // micro_batches)
-            # (A micro-batch summed per data shard computes its rows under a leading shard axis: [1, rows, ...].)
-            self.record.update(collectives_record(collectives, rf"[a-z0-9]+\[(?:1,)?{rows},\d+,{self.d_model}\]"),
-                               # the split layers gather nothing: every all-gather is of the batch's rows
-                               batch_all_gathers_per_step=len(collectives.get("all-gather", [])))
-            self.first_batch = None
-        super().finalize()
-
-    def compiled_text(self, x, y, sample_weight):
-        """The step's program for these arrays as XLA compiled it (partitioned: its collectives in it)."""
-        return self.inner.lowered_program(x, y, sample_weight, optimised=True)
+    def record_compiled_collectives(self, by_kind, batch):
+        micro_batches = self.inner.micro_batches
+        # The rows each model axis computes at once: the global batch over the data axis, a micro-batch of it.
+        rows = batch[1].shape[0] * self.record["processes"] // self.record["mesh_shape"][0] // micro_batches
+        # (A micro-batch summed per data shard computes its rows under a leading shard axis: [1, rows, ...].)
+        self.record.update(collectives_record(by_kind, rf"[a-z0-9]+\[(?:1,)?{rows},\d+,{self.d_model}\]"),
+                           # the split layers gather nothing: every all-gather is of the batch's rows
+                           batch_all_gathers_per_step=len(by_kind.get("all-gather", [])))
 
     def description(self):
         return f"{self.inner.description()}, {EMBEDDINGS}, {QUERY_KEY_VALUE}"
