@@ -97,6 +97,7 @@ def test_the_saved_buffers_written_over_are_the_inputs_the_backward_reuses():
                                       .replace("del mm", "del buf0")) == 0
 
 
+@pytest.mark.slow  # a benchmark's tool: torch and inductor imported and two kernels compiled, 9 s of one core
 def test_inductor_counts_the_bytes_of_each_kernel_it_compiles(monkeypatch):
     import torch
     import torch._functorch.config

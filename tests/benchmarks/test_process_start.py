@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.process_start import package_seconds
 from conftest import REPOSITORY, json_answer
 
@@ -22,6 +24,7 @@ def test_each_modules_own_time_is_summed_by_its_top_level_package():
     assert package_seconds(lines) == {"ml_dtypes": 0.80025, "keras": 0.0015}
 
 
+@pytest.mark.slow  # a benchmark's run: two processes each import a framework and keras, 5 s of one core
 def test_a_run_names_the_largest_packages_of_each_backends_start():
     proc = subprocess.run([sys.executable, SCRIPT, "--backends", "jax,torch", "--repeats", "1", "--top", "3"],
                           capture_output=True, text=True, timeout=300)

@@ -18,7 +18,15 @@ def needs(*libraries):
                               reason=f"needs {', '.join(missing)} (pip install -e '.[test]')")
 
 
-needs_every_tracker = needs("tensorboard", "mlflow", "wandb")  # the shared run follows all three
+needs_every_tracker = needs("tensorboard", "mlflow", "wandb")
+
+
+def reads_the_tracked_run(test):
+    """A test of the shared run (`tracked`), which follows all three trackers: it needs their libraries, and is
+    slow, their imports taking 11 s of one core, past what the day-to-day tier's 5 minutes hold."""
+    return pytest.mark.slow(needs_every_tracker(test))
+
+
 STEPS = 12
 TRACKED = [*TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS), "--eval-every", "6"]
 
@@ -40,7 +48,7 @@ def history_losses(result):
     return [h["loss"] for h in result["history"]]
 
 
-@needs_every_tracker
+@reads_the_tracked_run
 def test_tensorboard_events_hold_the_streamed_figures(tracked):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     result = tracked["result"]
@@ -69,6 +77,7 @@ def test_tensorboard_events_hold_the_streamed_figures(tracked):
     assert config["tags"]["backend"] == "jax" and config["config"]["steps"] == STEPS
 
 
+@reads_the_tracked_run
 def test_the_plugin_guides_csv_tracker_as_written_holds_the_streamed_losses(tracked):
     """docs/plugins.md's tracker, copied as a reader copies it: a plugin that loads and follows the run."""
     rows = [line.split(",") for line in (tracked["folder"] / "run.run" / "figures.csv").read_text().splitlines()]
@@ -76,7 +85,7 @@ def test_the_plugin_guides_csv_tracker_as_written_holds_the_streamed_losses(trac
     np.testing.assert_allclose(losses, history_losses(tracked["result"]), rtol=1e-6)
 
 
-@needs_every_tracker
+@reads_the_tracked_run
 def test_mlflow_run_holds_params_tags_metrics_and_artifacts(tracked):
     from mlflow import MlflowClient
     result = tracked["result"]
@@ -93,7 +102,7 @@ def test_mlflow_run_holds_params_tags_metrics_and_artifacts(tracked):
     assert {"run.json", "run.hyp.txt", "run.ref.txt", "loss.png"} <= artifacts
 
 
-@needs_every_tracker
+@reads_the_tracked_run
 def test_wandb_offline_run_holds_the_streamed_figures(tracked):
     from wandb_reader import offline_history
     result = tracked["result"]
@@ -105,7 +114,7 @@ def test_wandb_offline_run_holds_the_streamed_figures(tracked):
     assert config["backend"] == "jax"
 
 
-@needs_every_tracker
+@reads_the_tracked_run
 def test_the_result_records_energy_and_cost(tracked):
     result = tracked["result"]
     assert result["cost"]["price_per_hour"] == 3.6 and result["cost"]["currency"] == "USD"
