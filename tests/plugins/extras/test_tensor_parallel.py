@@ -485,8 +485,8 @@ def test_split_runs_drop_what_one_device_drops(tmp_path, cache_dir, backend, mod
     # The translation model 5 steps (its one-process step is slow here, 32 rows): a step's masks of its feed-forward
     # already move its loss by 0.2 % or more from the step's without dropout.
     steps = 10 if model == "gpt" else 5
-    args = [*TINY_GPT, "--steps", str(steps)] if model == "gpt" else [*TINY_COMPARE, "--steps", str(steps)]
-    args = [*args, "--backend", backend, "--dropout", "0.1"]
+    args = [*(TINY_GPT if model == "gpt" else TINY_COMPARE), "--steps", str(steps), "--backend", backend,
+            "--dropout", "0.1"]
     one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)
     split = train_on_two_processes(tmp_path, "split", cache_dir, *args)
     arithmetic = split["model"]["attention"]["arithmetic"]

@@ -18,13 +18,10 @@ def needs(*libraries):
                               reason=f"needs {', '.join(missing)} (pip install -e '.[test]')")
 
 
-needs_every_tracker = needs("tensorboard", "mlflow", "wandb")
-
-
 def reads_the_tracked_run(test):
     """A test of the shared run (`tracked`), which follows all three trackers: it needs their libraries, and is
     slow, their imports taking 11 s of one core, past what the day-to-day tier's 5 minutes hold."""
-    return pytest.mark.slow(needs_every_tracker(test))
+    return pytest.mark.slow(needs("tensorboard", "mlflow", "wandb")(test))
 
 
 STEPS = 12
