@@ -93,10 +93,11 @@ class Stopped(BaseException):
 RESEND_DELAY_S = 0.001  # before a signal taken where Python swallows what it raises is sent again
 
 
-def _inside_a_swallower(frame):
-    """Whether the frame runs inside a garbage collector's callback (JAX frees device buffers in one) or a
-    `__del__`: Python prints an exception raised there and drops it, and the callback's own work is cut short."""
-    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+def _inside_a_swallower(frame, hooks=()):
+    """Whether the frame runs inside a garbage collector's callback (JAX frees device buffers in one), a `__del__`
+    or one of `hooks` (code objects of functions Python calls where it drops what they raise, as the unraisable
+    hook): Python prints an exception raised there and drops it, and the callback's own work is cut short."""
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks} | set(hooks)
     while frame is not None:
         if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
             return True
@@ -128,7 +129,8 @@ def stop_at_once():
         received.append(signum)
         if ending:  # sent again as the block ended: the end raises it
             return
-        if _inside_a_swallower(frame):
+        # The hook below starts a thread that sends the signal again, which on a busy machine comes before it returns.
+        if _inside_a_swallower(frame, hooks=(unraisable.__code__,)):
             threading.Thread(target=send_again, args=(signum,), daemon=True).start()
             return
         raise Stopped(signum)

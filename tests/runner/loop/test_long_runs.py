@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 
@@ -222,6 +223,35 @@ def test_a_stop_python_swallows_where_it_cannot_be_told_is_sent_again_and_stops_
             signal.raise_signal(signal.SIGTERM)
             went_on.append("after")
     assert went_on == ["block"] and not at_once.value.deferred
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_a_stop_sent_again_before_the_unraisable_hook_returns_is_sent_once_more(capfd, monkeypatch):
+    """The thread that sends a swallowed stop again may send it before the hook that started it returns (a busy
+    machine, 1 ms later): Python drops what its unraisable hook raises, so the stop is sent again from there too,
+    not lost while the work it should stop runs on."""
+    class SendsAtOnceTheFirstTime(threading.Thread):
+        sent = []
+
+        def start(self):
+            if self.sent:
+                return super().start()
+            self.sent.append(True)
+            self.run()  # still inside the hook
+
+    monkeypatch.setattr("mtbench.runner.loop.signals.threading.Thread", SendsAtOnceTheFirstTime)
+
+    class Referent:
+        pass
+
+    went_on, referent = [], Referent()
+    reference = weakref.ref(referent, lambda reference: signal.raise_signal(signal.SIGTERM))
+    with pytest.raises(Stopped) as stopped:
+        with stop_at_once():
+            del referent
+            work_until_stopped(went_on)
+    assert SendsAtOnceTheFirstTime.sent and reference() is None
+    assert not stopped.value.deferred and "Exception ignored" not in capfd.readouterr().err
 
 
 @pytest.mark.slow
