@@ -93,11 +93,12 @@ class Stopped(BaseException):
 RESEND_DELAY_S = 0.001  # before a signal taken where Python swallows what it raises is sent again
 
 
-def _inside_a_swallower(frame, hooks=()):
+def _inside_a_swallower(frame):
     """Whether the frame runs inside a garbage collector's callback (JAX frees device buffers in one), a `__del__`
-    or one of `hooks` (code objects of functions Python calls where it drops what they raise, as the unraisable
-    hook): Python prints an exception raised there and drops it, and the callback's own work is cut short."""
-    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks} | set(hooks)
+    or the unraisable hook (which may itself start the thread that sends a swallowed signal again, and on a busy
+    machine take it before returning): Python prints an exception raised there and drops it, and the callback's
+    own work is cut short."""
+    callbacks = {getattr(callback, "__code__", None) for callback in [*gc.callbacks, sys.unraisablehook]}
     while frame is not None:
         if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
             return True
@@ -129,8 +130,7 @@ def stop_at_once():
         received.append(signum)
         if ending:  # sent again as the block ended: the end raises it
             return
-        # The hook below starts a thread that sends the signal again, which on a busy machine comes before it returns.
-        if _inside_a_swallower(frame, hooks=(unraisable.__code__,)):
+        if _inside_a_swallower(frame):
             threading.Thread(target=send_again, args=(signum,), daemon=True).start()
             return
         raise Stopped(signum)
