@@ -38,6 +38,14 @@ class EncodedSplit:
     def __len__(self):
         return len(self.sources)
 
+    def head(self, count):
+        """Its first `count` pairs (of those kept), as a split of their own that dropped none."""
+        kept = self.pair_index[:count]
+        lengths = None if self.token_lengths is None else self.token_lengths[kept]
+        return EncodedSplit(sources=self.sources[:count], targets=self.targets[:count],
+                            pair_index=list(range(len(kept))), dropped_too_long=0, special=self.special,
+                            token_lengths=lengths)
+
 
 def encode_split(pairs, tokenizer, max_len):
     """Encodes pairs; drops those whose source (+EOS) or target (+start or +EOS) exceeds max_len."""

@@ -182,6 +182,17 @@ def test_a_called_difference_is_written_in_the_decimals_that_tell_it_from_none(f
     assert verdict.cell() == cell and verdict.text == f"torch is {factor} {words} {interval}"
 
 
+@pytest.mark.parametrize("low, high, shown", [
+    (0.32, 1.005, "0.320–1.005"),  # two decimals read '0.32–1.00': an interval that seemed to end below 1
+    (0.9962, 1.21, "0.996–1.210"),
+    (0.981, 1.04, "0.98–1.04"),
+])
+def test_an_interval_that_holds_1_is_written_in_the_decimals_that_show_it(low, high, shown):
+    verdict = stats.verdict("torch", "jax", stats.Interval("step_s_median", 0.57, low, high, (2, 2), True, (9, 9), "t"))
+    assert verdict.call == "no difference"
+    assert verdict.cell().startswith(f"no difference ({shown})") and f"beyond the noise ({shown})" in verdict.text
+
+
 def test_student_t_quantiles_are_a_tables():
     # Two-sided 95 % (and one 99 %) critical values as printed in statistics tables; 1e6 degrees: the normal's.
     table = {(0.975, 1): 12.706, (0.975, 2): 4.303, (0.975, 4): 2.776, (0.975, 9): 2.262, (0.975, 30): 2.042,
@@ -331,10 +342,12 @@ def test_one_repeat_each_is_shown_but_not_called_since_the_noise_between_runs_is
         assert {verdict.call for verdict in verdicts} == {"undetermined"}
     verdict = verdicts[0]
     assert verdict.undetermined == stats.ONE_REPEAT_EACH and not verdict.called
-    assert verdict.text == (f"jax:twin: {verdict.ratio:.2f}x jax's tokens/s ({verdict.low:.2f}–"
-                            f"{verdict.high:.2f}), undetermined: one repeat each, whose interval holds the noise "
+    # Its bounds in three decimals: in two its low bound (1.005) would read 1.00, as if the interval held 1.
+    assert f"{verdict.low:.2f}" == "1.00" != f"{verdict.low:.3f}"
+    assert verdict.text == (f"jax:twin: {verdict.ratio:.2f}x jax's tokens/s ({verdict.low:.3f}–"
+                            f"{verdict.high:.3f}), undetermined: one repeat each, whose interval holds the noise "
                             f"within each run, not between runs (--repeats 5 or more)")
-    assert verdict.cell() == f"undetermined ({verdict.low:.2f}–{verdict.high:.2f}), 1 repeat each"
+    assert verdict.cell() == f"undetermined ({verdict.low:.3f}–{verdict.high:.3f}), 1 repeat each"
     assert verdict.to_dict()["undetermined"] == stats.ONE_REPEAT_EACH
     # A run 30 % slower is not called from one repeat each either; beside 3 repeats of the other run, whose spread
     # stands for both, it is.

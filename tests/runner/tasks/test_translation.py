@@ -42,3 +42,21 @@ def test_too_few_pairs_for_a_batch_names_only_the_options_that_set_its_rows(flag
     with pytest.raises(MtbenchError) as refused:
         next(TranslationTask().batches(data, config))
     assert str(refused.value) == f"no length bucket holds a full batch ({rows}; 10 training pairs); {named}"
+
+
+def test_the_train_loss_scores_the_first_pairs_that_training_takes(tmp_path):
+    """The train loss is scored on the first 500 training pairs within --max-len, as validation and test are
+    within it: it took the corpus's first 500 and then dropped the long ones (82 were left on `tiny`)."""
+    from mtbench.runner.data.corpus import Corpus
+    long_pairs = [(f"{i} " + "the house of the many long words " * 4, f"{i} " + "la maison des nombreux mots " * 4)
+                  for i in range(400)]
+    short = [(f"house {i}", f"maison {i}") for i in range(700)]
+    none = {"train": 0, "valid": 0, "test": 0}
+    corpus = Corpus(name="made", origin="this test", train=long_pairs + short, valid=short[:5], test=short[5:10],
+                    dropped={"empty_side": none, "duplicate": none})
+    config = TrainConfig(max_len=16, vocab_size=100, cache_dir=str(tmp_path), out=str(tmp_path / "r.json"))
+    data = TranslationTask().prepare(config, corpus, None)
+    scored = data.splits["train_eval"]
+    assert len(scored) == 500 and scored.dropped_too_long == 0
+    assert data.tokenizer.decode(scored.targets) == [target for _, target in short[:500]]
+    assert data.splits["train"].dropped_too_long == 400  # the long pairs are too long to train on at all
