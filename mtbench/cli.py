@@ -53,7 +53,7 @@ def handle_errors(command):
                 traceback.print_exc()
             _fail(_naming_the_config_file(str(error)), error.exit_code)
         except KeyboardInterrupt as stop:  # a child's run stopped by a SIGTERM passed on to it says 143
-            _fail("interrupted", getattr(stop, "exit_code", 130))
+            _fail(str(stop) or "interrupted", getattr(stop, "exit_code", 130))
         except Exception as error:  # an mtbench bug or a framework failure: still one line unless --debug
             if debug:
                 traceback.print_exc()

@@ -173,6 +173,10 @@ def cases(tmp_path, plugin_path):
         "no checkpoints kept": (["--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1", None),
         "target without evaluations": (["--target-bleu", "20"], "--target-bleu needs --eval-every", None),
         "unknown reporter": (["--report", "fax"], "unknown reporter 'fax'", None),
+        # it reported its table beside --report none
+        "a reporter of results as a tracker": (["--report-to", "table", "--report", "none"], "--report-to table: "
+                                               "reporter 'table' reports a result and follows no training (give it "
+                                               "to --report); the trackers: mlflow, tensorboard, wandb", None),
         "reporter of a broken plugin": (["--report", "twoline"], "unknown reporter 'twoline'; available: calls-file, "
                                         "explode, mlflow, oneline, summary, table, tensorboard, wandb; it may come from a "
                                         "plugin that failed: plugin 'broken' failed to load", plugins),
@@ -318,7 +322,7 @@ CASE_NAMES = [
     "sample length without a prompt", "trackers' folder without trackers",
     "beam search's option for a language model", "a column for a language model", "an extra twice",
     "beam search in a run that decodes nothing", "length penalty of greedy decoding", "no checkpoints kept", "target without evaluations",
-    "unknown reporter",
+    "unknown reporter", "a reporter of results as a tracker",
     "reporter of a broken plugin", "languages of a dataset's pairs", "a column of a dataset's pairs",
     "existing result", "overwrite of a file mtbench did not write", "output is a directory", "output is the corpus",
     "output is the validation file",

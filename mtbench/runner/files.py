@@ -52,14 +52,12 @@ def write_bytes_atomic(path, data, replace=True):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        written = _put_in_place(tmp, path, replace)
-        if os.path.exists(tmp):  # linked, or not placed
-            os.unlink(tmp)
-        return written
+        return _put_in_place(tmp, path, replace)
     except OSError as error:
+        raise RunFailure(f"{path}: cannot write: {error.strerror}") from None
+    finally:  # linked, not placed, failed, or a second Ctrl-C: no temporary file stays
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise RunFailure(f"{path}: cannot write: {error.strerror}") from None
 
 
 def _put_in_place(tmp, path, replace):

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.plugins.api import (Backend, Extra, KerasTrainStep, RunContext, TrainStep, WrappingStep,
+from mtbench.plugins.api import (Backend, Extra, KerasTrainStep, Reporter, RunContext, TrainStep, WrappingStep,
                                  uneven_split_reason)
 from mtbench.runner.choices import (choose_compiled_step, choose_dtype, choose_fused_attention, dtype_refusal,
                                     step_compiling_extra)
@@ -124,7 +124,23 @@ def check_extra_options(config):
             raise MtbenchError(f"--{key.replace('_', '-')} is an option of --extra {extra}; give the extra too")
 
 
+def check_trackers(names, registry):
+    """--report-to names trackers: reporters that follow the training (`Reporter.start` or `log` of their own). A
+    reporter of results alone is refused in words that name the trackers (given there, it reported its table
+    beside --report none); an unknown name as `lookup` refuses it."""
+    for name in names:
+        if not follows_training(registry.lookup("reporters", name)):
+            trackers = sorted(other for other, reporter in registry.reporters.items() if follows_training(reporter))
+            raise MtbenchError(f"--report-to {name}: reporter '{name}' reports a result and follows no training (give "
+                               f"it to --report); the trackers: {', '.join(trackers) or 'none installed'}")
+
+
+def follows_training(reporter):
+    return type(reporter).start is not Reporter.start or type(reporter).log is not Reporter.log
+
+
 def choose_plugins(config, registry, reporter_names=()):
+    check_trackers(config.report_to, registry)
     backend = resolve_backend(config.backend, registry)
     family, path = resolve_model(config, registry)
     return RunPlugins(backend, resolve_extras(config.extras, backend, registry),

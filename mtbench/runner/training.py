@@ -27,7 +27,7 @@ from mtbench.runner.loop.checkpoints import (
 )
 from mtbench.runner.loop.loop import Checkpointing, Observers, save_checkpoint, train_loop
 from mtbench.runner.loop.progress import announced_phases, corpus_progress
-from mtbench.runner.loop.signals import Stopped, stop_at_once, stop_requests
+from mtbench.runner.loop.signals import Stopped, StoppedAtOnce, stop_at_once, stop_requests
 from mtbench.runner.loop.target import QualityTarget
 from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.measurement.device_memory import host_peaks, largest_peak, training_memory
@@ -35,6 +35,7 @@ from mtbench.runner.measurement.energy import EnergyMeter, open_counter
 from mtbench.runner.measurement.environment import machine_identity
 from mtbench.runner.measurement.load import machine_load_of_run, sample_load_together
 from mtbench.runner.results.output import check_result_path, holding_result_path
+from mtbench.runner.results.schema import PARTIAL_STATUSES, read_status
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.run_result import (add_evaluation, record_failures, run_peak, stop_error,
                                                training_result, write_result)
@@ -61,7 +62,10 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
         console = Console(quiet=True)
     check_result_path(config.out, config.overwrite, resuming=resume is not None, reads=config.input_files())
     with holding_result_path(config.out) if launch.is_first else contextlib.nullcontext():  # the process that writes
-        return train_and_report(config, registry, console, resume, launch, plugins, stopwatch)
+        try:
+            return train_and_report(config, registry, console, resume, launch, plugins, stopwatch)
+        except StoppedAtOnce as stop:
+            raise stopped_at_once(stop, config.out) from None
 
 
 def train_and_report(config, registry, console, resume, launch, plugins, stopwatch):
@@ -229,6 +233,17 @@ def checkpoint_after_training(run, plugins, built, run_dir, outcome, checkpointi
         kept = save_checkpoint(checkpointing, plugins.backend, built.model, built.train_step, outcome.state,
                                outcome.clock, outcome.target, run.processes)
     return kept
+
+
+def stopped_at_once(stop, out):
+    """`stop` (a second Ctrl-C, which cut short whatever ran: a step, a checkpoint, the partial result) saying what
+    the run's files keep: a partial result, the last complete checkpoint and how to continue from it."""
+    kept = [f"partial result in {out}"] if read_status(out) in PARTIAL_STATUSES else []
+    run_dir = RunDirectory(run_dir_for(out), fresh=False)
+    latest = run_dir.latest()
+    if latest:
+        kept.append(f"checkpoint {latest[1]}; continue with: mtbench train --resume {run_dir.path}")
+    return StoppedAtOnce(f"{stop}; {'; '.join(kept) or 'no checkpoint or partial result was written'}")
 
 
 def stopped_after_training(result, stopped):

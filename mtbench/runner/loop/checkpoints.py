@@ -147,12 +147,13 @@ class RunDirectory:
             os.replace(tmp, final)
             _fsync_directory(self.path)
         except OSError as error:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
             # h5py's messages run over several lines (its file, time and errno): the first says what failed.
             reason = error.strerror or (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise RunFailure(f"{self.path}: cannot write the checkpoint of step {state.step}: "
                              f"{reason}; earlier checkpoints are intact") from None
+        finally:  # a failure, or a second Ctrl-C, leaves no half-written folder (once in place, `tmp` is gone)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
         for _, old in self.checkpoints()[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
@@ -169,13 +170,15 @@ class RunDirectory:
         os.makedirs(self.path, exist_ok=True)
         tmp = make_temporary_folder(".tmp-checkpoint-tokenizer-", self.path)
         try:
-            tokenizer.save(tmp)
-        except NotImplementedError:
+            try:
+                tokenizer.save(tmp)
+            except NotImplementedError:
+                return None
+            if os.path.exists(folder):
+                shutil.rmtree(folder)
+            os.replace(tmp, folder)
+        finally:  # as the checkpoint's: nothing half-written stays
             shutil.rmtree(tmp, ignore_errors=True)
-            return None
-        if os.path.exists(folder):
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
         return description
 
     def begin(self, result_path=None):

@@ -292,6 +292,10 @@ class TrainingLoop:
                 with contextlib.suppress(Exception):  # the validation's failure is the one the run ends with
                     self.save_checkpoint()
             raise
+        if self.signals.requested:
+            again = " (Ctrl-C again stops at once, without them)" if self.signals.name == "SIGINT" else ""
+            self.progress.note(f"{self.signals.name} received: stopping after step {step}, writing a checkpoint and "
+                               f"the partial result{again}")
         if self.signals.requested or self.checkpoint_due(step):
             self.save_checkpoint()
         if self.signals.requested:

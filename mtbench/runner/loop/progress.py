@@ -42,12 +42,18 @@ class _TrainingBar:
     def validation(self, step, scores):
         self.bar.console.print(validation_line(step, scores), highlight=False, soft_wrap=True)
 
+    def note(self, text):
+        self.bar.console.print(text, highlight=False, soft_wrap=True)
+
 
 class _Silent:
     def advance(self, loss, tokens_per_s, step=None, step_s=None):
         pass
 
     def validation(self, step, scores):
+        pass
+
+    def note(self, text):
         pass
 
 
@@ -67,7 +73,11 @@ class _LogLines:
         self.console.file.flush()
 
     def validation(self, step, scores):
-        self.console.print(validation_line(step, scores), highlight=False, soft_wrap=True)
+        self.note(validation_line(step, scores))
+
+    def note(self, text):
+        """A line of its own among the step lines (what a signal does to the run)."""
+        self.console.print(text, highlight=False, soft_wrap=True)
         self.console.file.flush()
 
 

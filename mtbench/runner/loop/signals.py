@@ -39,7 +39,7 @@ class StopRequests:
 
     def _handle(self, signum, frame):
         if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            raise StoppedAtOnce(f"{self.name} received, then SIGINT: stopped at once")
         if self.received is None:
             self.received = signum
 
@@ -77,6 +77,13 @@ def _handlers(handler):
                     raised = raised or error
         if raised is not None:
             raise raised
+
+
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second Ctrl-C while training stops: the run ends where it is (`training.stopped_at_once` says what its
+    files keep)."""
+
+    exit_code = EXIT_CODES[signal.SIGINT]
 
 
 class Stopped(BaseException):

@@ -49,9 +49,11 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), 
         if not resuming and not overwrite and run_dir.checkpoints():
             raise MtbenchError(f"{run_dir.path}: holds checkpoints of an earlier run writing {path}; continue "
                                f"it with --resume {run_dir.path}, or pass --overwrite to start afresh")
-        if not resuming and not overwrite and os.path.isdir(run_dir.path) and os.listdir(run_dir.path):
-            raise MtbenchError(f"{run_dir.path}: holds an earlier run's files (a saved model, logs), though {path} "
-                               f"does not exist; pass --overwrite to write over them, or give another --out")
+        held = sorted(os.listdir(run_dir.path)) if os.path.isdir(run_dir.path) else []
+        if not resuming and not overwrite and held:
+            named = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+            raise MtbenchError(f"{run_dir.path}: holds an earlier run's files ({named}), though {path} does not "
+                               f"exist; pass --overwrite to write over them, or give another --out")
     check_directory_writable(path)
 
 

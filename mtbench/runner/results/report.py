@@ -44,10 +44,10 @@ SWEEP_KEYS = ("batch_size", "max_len", "max_tokens", "block_size", "dtype", "gra
 COMPARED_KEYS = tuple(dict.fromkeys(("backend", "extras", "dtype", *SIZE_KEYS, *SWEEP_KEYS)))
 # Derived from the keys above and the rest of the configuration, so never a difference of their own.
 DERIVED_KEYS = ("model", "parameters")
-# Where a run's files went, how often it printed, and how its start was written down (the weights' hash is
-# compared instead).
+# Where a run's files went, how often it printed, how many checkpoints it kept on disk (pruned in the checkpoint's
+# time, set apart), and how its start was written down (the weights' hash is compared instead).
 BOOKKEEPING_KEYS = ("out", "overwrite", "cache_dir", "initial_weights", "log_every", "report_to", "logging_dir",
-                    "run_group", "price_per_hour", "save_model", "sample_prompt", "sample_tokens")
+                    "run_group", "price_per_hour", "save_model", "sample_prompt", "sample_tokens", "keep_checkpoints")
 # What a run asked for where its `extras` (compared) say what ran: --step (torch-compile joined or not) and
 # --attention (flash-attention joined or not); where `vocab_size` says it: whether --vocab-size was given.
 ASKED_KEYS = ("step", "attention", "vocab_size_given")

@@ -178,6 +178,43 @@ def test_an_earlier_mtbenchs_training_state_without_the_later_fields_is_resumed(
     assert (state.step, state.history, state.resumed_at_steps) == (1, [{"step": 1, "loss": 5.0}], [])
 
 
+def test_a_second_ctrl_c_inside_a_checkpoint_leaves_no_half_written_folder(tmp_path, monkeypatch):
+    """The first Ctrl-C's checkpoint cut short by a second: the run's folder held a .tmp-checkpoint-* folder with a
+    half-written weights file, beside the checkpoints written before, which stay."""
+    import signal
+    from mtbench.runner.loop.signals import StoppedAtOnce, stop_requests
+    from mtbench.runner.training import stopped_at_once
+    model = small_model(seed=1)
+    train(model, 1)
+    run_dir = RunDirectory(str(tmp_path / "r.run"), fresh=True)
+    save(run_dir, model, 1)
+    before = sorted(os.listdir(run_dir.path))
+
+    def second_ctrl_c(path):
+        with open(path, "wb") as f:
+            f.write(b"half a file")
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(model, "save_weights", second_ctrl_c)
+    with pytest.raises(StoppedAtOnce) as stopped, stop_requests():
+        signal.raise_signal(signal.SIGINT)  # the first: recorded, the run goes on to its checkpoint
+        save(run_dir, model, 2)
+    assert sorted(os.listdir(run_dir.path)) == before
+    assert restore(run_dir.latest()[1], small_model(seed=1)).step == 1
+    assert str(stopped.value) == "SIGINT received, then SIGINT: stopped at once"
+    # What the run says as it ends: what its files keep, and how to go on from them.
+    out = str(tmp_path / "r.json")
+    assert str(stopped_at_once(stopped.value, out)) == (
+        f"SIGINT received, then SIGINT: stopped at once; checkpoint {run_dir.path}/checkpoint-000001; continue with: "
+        f"mtbench train --resume {run_dir.path}")
+    with open(out, "w") as f:
+        json.dump({"status": "interrupted"}, f)
+    assert str(stopped_at_once(stopped.value, out)).startswith(
+        f"SIGINT received, then SIGINT: stopped at once; partial result in {out}; checkpoint ")
+    assert str(stopped_at_once(stopped.value, str(tmp_path / "other.json"))) == (
+        "SIGINT received, then SIGINT: stopped at once; no checkpoint or partial result was written")
+
+
 def test_full_disk_during_a_checkpoint_leaves_the_earlier_ones_intact(tmp_path, monkeypatch):
     model = small_model(seed=1)
     train(model, 1)

@@ -74,10 +74,13 @@ def test_killed_run_resumes_to_the_losses_of_an_uninterrupted_run(tmp_path, cach
     assert result["metrics"]["val_loss"] == pytest.approx(uninterrupted["metrics"]["val_loss"], abs=1e-4)
 
 
-def assert_interrupted(proc, stderr, out, run_dir, signal_name, exit_code):
+def assert_interrupted(proc, stdout, stderr, out, run_dir, signal_name, exit_code):
     assert proc.returncode == exit_code, stderr[-3000:]
     result = read(out)
     step = result["timing"]["steps"]
+    again = " (Ctrl-C again stops at once, without them)" if signal_name == "SIGINT" else ""
+    assert (f"{signal_name} received: stopping after step {step}, writing a checkpoint and the partial "
+            f"result{again}") in stdout.splitlines()
     assert stderr.strip() == (f"Error: interrupted: {signal_name} received; stopped after step {step}; partial "
                               f"result in {out}, checkpoint {run_dir}/checkpoint-{step:06d}; continue with: "
                               f"mtbench train --resume {run_dir}")
@@ -94,8 +97,8 @@ def assert_interrupted(proc, stderr, out, run_dir, signal_name, exit_code):
 def test_ctrl_c_finishes_the_step_and_keeps_a_checkpoint_and_partial_result(tmp_path, cache_dir):
     out, run_dir = str(tmp_path / "sigint.json"), str(tmp_path / "sigint.run")
     proc = start("--backend", "jax", *CHECKPOINTED, *ONE_BUCKET, "--cache-dir", cache_dir, "--out", out)
-    _, stderr = signal_after_first_checkpoint(proc, run_dir, signal.SIGINT)
-    assert_interrupted(proc, stderr, out, run_dir, "SIGINT", 130)
+    stdout, stderr = signal_after_first_checkpoint(proc, run_dir, signal.SIGINT)
+    assert_interrupted(proc, stdout, stderr, out, run_dir, "SIGINT", 130)
 
 
 def test_signals_are_recorded_once_and_a_second_ctrl_c_stops_at_once():
@@ -103,8 +106,10 @@ def test_signals_are_recorded_once_and_a_second_ctrl_c_stops_at_once():
     with stop_requests() as requests:
         signal.raise_signal(signal.SIGTERM)
         assert requests.requested and requests.name == "SIGTERM" and requests.exit_code == 143
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as stopped:
             signal.raise_signal(signal.SIGINT)
+        assert str(stopped.value) == "SIGTERM received, then SIGINT: stopped at once"
+        assert stopped.value.exit_code == 130
     assert signal.getsignal(signal.SIGINT) is previous
 
 
@@ -260,8 +265,8 @@ def test_sigterm_then_resume_replaces_the_partial_result_with_the_uninterrupted_
     out, run_dir = str(tmp_path / "sigterm.json"), str(tmp_path / "sigterm.run")
     # eager, as the tiny run it is held to (on a GPU `--step auto` would compile)
     proc = start("--backend", "torch", "--step", "eager", *CHECKPOINTED, "--cache-dir", cache_dir, "--out", out)
-    _, stderr = signal_after_first_checkpoint(proc, run_dir, signal.SIGTERM)
-    partial = assert_interrupted(proc, stderr, out, run_dir, "SIGTERM", 143)
+    stdout, stderr = signal_after_first_checkpoint(proc, run_dir, signal.SIGTERM)
+    partial = assert_interrupted(proc, stdout, stderr, out, run_dir, "SIGTERM", 143)
 
     resumed = run_cli("train", "--resume", run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -279,13 +279,14 @@ def test_a_deliberately_changed_configuration_is_refused_unless_forced(results, 
     changed["config"]["seed"] = 7
     changed["config"]["dtype"] = "mixed_bfloat16"  # may differ: not named
     changed["config"]["batch_size"] = 16  # may differ too: a batch sweep
+    changed["config"]["keep_checkpoints"] = 1  # how many checkpoints stayed on disk: no difference in the figures
     path = tmp_path / "changed.json"
     path.write_text(json.dumps(changed))
     proc = run_cli("report", results["jax"][0], str(path))
     assert proc.returncode == 2
     message = proc.stderr.strip()
     assert "not comparable" in message and "learning_rate (0.002 vs 0.001)" in message and "seed (7 vs 0)" in message
-    assert "dtype (" not in message and "batch_size" not in message
+    assert "dtype (" not in message and "batch_size" not in message and "keep_checkpoints" not in message
     assert message.endswith("only backend, extras, the model size flags and batch-size, max-len, max-tokens, "
                             "block-size, dtype, grad-accum, tensor-parallel-size, init, remat-policy, "
                             "pipeline-parallel-size, pipeline-micro-batches, pipeline-schedule may differ (--force "
