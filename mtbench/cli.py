@@ -594,7 +594,9 @@ def _train(reporters, resume_dir, run_file, save_model, launch, options):
         # Whether to replace an existing result is this command's to say: a run file records the command that wrote it.
         config.overwrite = options["overwrite"]
     else:
+        from mtbench.runner.setup import check_trackers
         config = _train_config(warn=launch.is_first, save_model=save_model, **options)
+        check_trackers(config.report_to, registry)
     _check_not_read_here(config.out, run_file)
     from mtbench.runner.results.run_result import eager_torch_note
     console = output_console()

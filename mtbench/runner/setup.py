@@ -127,7 +127,8 @@ def check_extra_options(config):
 def check_trackers(names, registry):
     """--report-to names trackers: reporters that follow the training (`Reporter.start` or `log` of their own). A
     reporter of results alone is refused in words that name the trackers (given there, it reported its table
-    beside --report none); an unknown name as `lookup` refuses it."""
+    beside --report none); an unknown name as `lookup` refuses it. Asked of a command line, not of a configuration
+    a run recorded before this check (a resume has no --report-to to change it by)."""
     for name in names:
         if not follows_training(registry.lookup("reporters", name)):
             trackers = sorted(other for other, reporter in registry.reporters.items() if follows_training(reporter))
@@ -140,7 +141,6 @@ def follows_training(reporter):
 
 
 def choose_plugins(config, registry, reporter_names=()):
-    check_trackers(config.report_to, registry)
     backend = resolve_backend(config.backend, registry)
     family, path = resolve_model(config, registry)
     return RunPlugins(backend, resolve_extras(config.extras, backend, registry),

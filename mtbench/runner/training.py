@@ -64,8 +64,8 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     with holding_result_path(config.out) if launch.is_first else contextlib.nullcontext():  # the process that writes
         try:
             return train_and_report(config, registry, console, resume, launch, plugins, stopwatch)
-        except StoppedAtOnce as stop:
-            raise stopped_at_once(stop, config.out) from None
+        except KeyboardInterrupt as stop:  # a second Ctrl-C, or one before or after training's handlers
+            raise stopped_at_once(stop, config.out, launch.num_processes) from None
 
 
 def train_and_report(config, registry, console, resume, launch, plugins, stopwatch):
@@ -235,15 +235,21 @@ def checkpoint_after_training(run, plugins, built, run_dir, outcome, checkpointi
     return kept
 
 
-def stopped_at_once(stop, out):
-    """`stop` (a second Ctrl-C, which cut short whatever ran: a step, a checkpoint, the partial result) saying what
-    the run's files keep: a partial result, the last complete checkpoint and how to continue from it."""
-    kept = [f"partial result in {out}"] if read_status(out) in PARTIAL_STATUSES else []
+def stopped_at_once(stop, out, processes=1):
+    """A KeyboardInterrupt that ended the run where it was (a second Ctrl-C: `StoppedAtOnce`; or one before
+    training's handlers were in place, or after, as the result was reported) saying what the run's files keep now:
+    the result (partial or not, this run's or the one a resume continues), the last complete checkpoint and how
+    to continue from it (a run of several processes: with its launcher)."""
+    status = read_status(out)
+    kept = [f"{'partial ' if status in PARTIAL_STATUSES else ''}result in {out}"] if status else []
     run_dir = RunDirectory(run_dir_for(out), fresh=False)
     latest = run_dir.latest()
-    if latest:
-        kept.append(f"checkpoint {latest[1]}; continue with: mtbench train --resume {run_dir.path}")
-    return StoppedAtOnce(f"{stop}; {'; '.join(kept) or 'no checkpoint or partial result was written'}")
+    if latest and status not in (None, *PARTIAL_STATUSES):
+        kept.append(f"checkpoint {latest[1]}")
+    elif latest:
+        relaunch = "" if processes == 1 else f"the launcher of its {processes} processes, "
+        kept.append(f"checkpoint {latest[1]}; continue with: {relaunch}mtbench train --resume {run_dir.path}")
+    return StoppedAtOnce(f"{str(stop) or 'interrupted'}; {'; '.join(kept) or 'no checkpoint or result was written'}")
 
 
 def stopped_after_training(result, stopped):

@@ -292,18 +292,25 @@ class TrainingLoop:
                 with contextlib.suppress(Exception):  # the validation's failure is the one the run ends with
                     self.save_checkpoint()
             raise
-        if self.signals.requested:
-            again = " (Ctrl-C again stops at once, without them)" if self.signals.name == "SIGINT" else ""
-            self.progress.note(f"{self.signals.name} received: stopping after step {step}, writing a checkpoint and "
-                               f"the partial result{again}")
+        noted = self.signals.requested
+        if noted:
+            self.note_stopping(step)
         if self.signals.requested or self.checkpoint_due(step):
             self.save_checkpoint()
         if self.signals.requested:
+            if not noted:  # the signal came as the checkpoint due here was written
+                self.note_stopping(step)
             self.stop = ("interrupted", f"{self.signals.name} received; stopped after step {step}")
         elif reached:
             value = f"BLEU {reached:.2f}" if self.target.metric == "bleu" else f"{self.target.metric} {reached:.4g}"
             self.stop = ("completed", f"validation {value} reached the target {self.target.target} at step {step}")
         return self.stop is not None
+
+    def note_stopping(self, step):
+        """Says, as it begins, what a signal's stop writes, and what a second Ctrl-C would do."""
+        again = " (Ctrl-C again stops at once, without them)" if self.signals.name == "SIGINT" else ""
+        self.progress.note(f"{self.signals.name} received: stopping after step {step}, writing a checkpoint and the "
+                           f"partial result{again}")
 
     def save_checkpoint(self):
         self.checkpointing.latest = save_checkpoint(self.checkpointing, self.backend, self.model, self.train_step,

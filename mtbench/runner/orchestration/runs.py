@@ -16,8 +16,8 @@ from mtbench.runner.config import FUSED_ATTENTION_EXTRA, INIT_SCHEMES, TrainConf
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
                                                        probe_devices, runs_to_preflight)
 from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names, sweep_settings, swept_keys
-from mtbench.runner.setup import (check_extra_options, check_launch, check_options_against_extras, choose_plugins,
-                                  drawn_init, resolve_model, resolve_reporters, resolve_task)
+from mtbench.runner.setup import (check_extra_options, check_launch, check_options_against_extras, check_trackers,
+                                  choose_plugins, drawn_init, resolve_model, resolve_reporters, resolve_task)
 
 # The flags a --matrix entry may set, and how their values are read (as the configuration types them): the
 # model's size, and what a sweep varies beside it (batch size, max length, max tokens).
@@ -310,7 +310,8 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
     interpreters = check_interpreters(specs)  # other environments' (python=PATH): checked before any run
     check_runs(specs, registry, interpreters)
     shared = TrainConfig.from_options(**{**options, "backend": specs[0].backend})
-    resolve_reporters(shared.report_to, registry)  # trackers follow each run in its process: checked here first
+    check_trackers(shared.report_to, registry)  # trackers follow each run in its process: checked here first
+    resolve_reporters(shared.report_to, registry)
     resolve_task(resolve_model(shared, registry)[0], shared, registry)  # the options every run shares, named so
     configs = []
     for spec in specs:  # bad options and impossible sizes fail here, before any process starts

@@ -49,8 +49,8 @@ def check_output_path(path, overwrite, resuming=False, kind=".json", beside=(), 
         if not resuming and not overwrite and run_dir.checkpoints():
             raise MtbenchError(f"{run_dir.path}: holds checkpoints of an earlier run writing {path}; continue "
                                f"it with --resume {run_dir.path}, or pass --overwrite to start afresh")
-        held = sorted(os.listdir(run_dir.path)) if os.path.isdir(run_dir.path) else []
-        if not resuming and not overwrite and held:
+        held = sorted(os.listdir(run_dir.path)) if not (resuming or overwrite) and os.path.isdir(run_dir.path) else []
+        if held:
             named = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
             raise MtbenchError(f"{run_dir.path}: holds an earlier run's files ({named}), though {path} does not "
                                f"exist; pass --overwrite to write over them, or give another --out")

@@ -367,11 +367,11 @@ def factor_text(value, decimals=2):
 
 
 def range_text(low, high, decimals=None):
-    """'0.98–1.04': a ratio's interval in `decimals`, by default in the fewest of 2 to 4 at which no bound but 1
+    """'0.98–1.04': a ratio's interval in `decimals`, by default in the fewest of 2 to 6 at which no bound but 1
     itself reads 1.00: an interval that holds 1 (0.32 to 1.005) must not read as ending below it ('0.32–1.00')."""
     if decimals is None:
-        decimals = next((d for d in (2, 3) if all(bound == 1 or factor_text(bound, d) != factor_text(1, d)
-                                                  for bound in (low, high))), 4)
+        decimals = next((d for d in (2, 3, 4, 5) if all(bound == 1 or factor_text(bound, d) != factor_text(1, d)
+                                                        for bound in (low, high))), 6)
     return f"{factor_text(low, decimals)}–{factor_text(high, decimals)}"
 
 

@@ -209,10 +209,15 @@ def test_a_second_ctrl_c_inside_a_checkpoint_leaves_no_half_written_folder(tmp_p
         f"mtbench train --resume {run_dir.path}")
     with open(out, "w") as f:
         json.dump({"status": "interrupted"}, f)
-    assert str(stopped_at_once(stopped.value, out)).startswith(
-        f"SIGINT received, then SIGINT: stopped at once; partial result in {out}; checkpoint ")
-    assert str(stopped_at_once(stopped.value, str(tmp_path / "other.json"))) == (
-        "SIGINT received, then SIGINT: stopped at once; no checkpoint or partial result was written")
+    assert str(stopped_at_once(stopped.value, out, processes=2)) == (
+        f"SIGINT received, then SIGINT: stopped at once; partial result in {out}; checkpoint {run_dir.path}/"
+        f"checkpoint-000001; continue with: the launcher of its 2 processes, mtbench train --resume {run_dir.path}")
+    with open(out, "w") as f:  # a Ctrl-C as the reporters of a finished run ran: nothing to continue
+        json.dump({"status": "completed"}, f)
+    assert str(stopped_at_once(KeyboardInterrupt(), out)) == (
+        f"interrupted; result in {out}; checkpoint {run_dir.path}/checkpoint-000001")
+    assert str(stopped_at_once(KeyboardInterrupt(), str(tmp_path / "other.json"))) == (
+        "interrupted; no checkpoint or result was written")
 
 
 def test_full_disk_during_a_checkpoint_leaves_the_earlier_ones_intact(tmp_path, monkeypatch):

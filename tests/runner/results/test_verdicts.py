@@ -186,6 +186,7 @@ def test_a_called_difference_is_written_in_the_decimals_that_tell_it_from_none(f
     (0.32, 1.005, "0.320–1.005"),  # two decimals read '0.32–1.00': an interval that seemed to end below 1
     (0.9962, 1.21, "0.996–1.210"),
     (0.981, 1.04, "0.98–1.04"),
+    (0.99999, 1.2, "0.99999–1.20000"),
 ])
 def test_an_interval_that_holds_1_is_written_in_the_decimals_that_show_it(low, high, shown):
     verdict = stats.verdict("torch", "jax", stats.Interval("step_s_median", 0.57, low, high, (2, 2), True, (9, 9), "t"))
@@ -343,7 +344,7 @@ def test_one_repeat_each_is_shown_but_not_called_since_the_noise_between_runs_is
     verdict = verdicts[0]
     assert verdict.undetermined == stats.ONE_REPEAT_EACH and not verdict.called
     # Its bounds in three decimals: in two its low bound (1.005) would read 1.00, as if the interval held 1.
-    assert f"{verdict.low:.2f}" == "1.00" != f"{verdict.low:.3f}"
+    assert f"{verdict.low:.2f}" == "1.00" and f"{verdict.low:.3f}" != "1.000"
     assert verdict.text == (f"jax:twin: {verdict.ratio:.2f}x jax's tokens/s ({verdict.low:.3f}–"
                             f"{verdict.high:.3f}), undetermined: one repeat each, whose interval holds the noise "
                             f"within each run, not between runs (--repeats 5 or more)")
