@@ -21,7 +21,9 @@ from mtbench.runner.orchestration.environments import check_runs, probe_devices,
 from mtbench.runner.orchestration.runs import RunSpec
 from mtbench.runner.results.compare_json import combined_json
 from mtbench.runner.results.output import check_not_read, check_output_path, check_result_path
-from mtbench.runner.results.report import LoadedRun, build_comparison, comparison_labels, load_runs
+from mtbench.runner.results.parity import PARITY_STEPS, require_parity
+from mtbench.runner.results.report import (LoadedRun, build_comparison, comparison_labels, load_runs,
+                                           recorded_baseline, recorded_parity)
 from mtbench.runner.results.schema import result_stem
 from mtbench.runner.results.side_by_side import side_by_side, side_by_side_table
 from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
@@ -204,7 +206,7 @@ def rerun_results(path, out, overwrite, console):
             raise RunInterrupted(f"{why}; {kept}", getattr(stopped, "exit_code", 130)) from None
         raise RunFailure(f"{stopped}; {kept}") from None
     if not single:
-        write_rerun_compare(path, out, entries)
+        require_parity(write_rerun_compare(path, out, entries), out)  # as its compare ended: status 1 on a failure
     return out
 
 
@@ -219,12 +221,20 @@ def keep_finished(path, out, entries, status, reason):
 
 def write_rerun_compare(path, out, entries, status=None):
     """The reruns of a compare JSON as a compare JSON of their own (`mtbench report` reads it), with each run's
-    differences from its original; `status`: {'status', 'status_reason'} of one that stopped early."""
+    differences from its original; `status`: {'status', 'status_reason'} of one that stopped early. Returns the
+    comparison."""
     runs = [LoadedRun(result, rerun.out) for rerun, result, _ in entries]
+    # Held as the compare held its runs: to its baseline (where that one was rerun) and its parity gate.
+    baseline = recorded_baseline([path])
+    parity = recorded_parity([path])
+    comparison = build_comparison(runs, baseline=baseline if baseline in {rerun.label for rerun, _, _ in entries}
+                                  else None, force=True, parity_steps=parity.get("steps", PARITY_STEPS),
+                                  parity_tolerance=parity.get("tolerance"), baseline_named_by=f"{path}: its baseline")
     write_json_atomic(out, combined_json(
-        build_comparison(runs, force=True),
+        comparison,
         [{"label": rerun.label, "repeat": rerun.repeat, "result_file": os.path.abspath(rerun.out),
           "log_file": os.path.abspath(rerun.log_file), "original": rerun.original.source,
           "weights_note": rerun.weights_note, "differences": differences, "result": result}
          for rerun, result, differences in entries],
         status or {"status": "completed"}, {"rerun_of": os.path.abspath(path)}))
+    return comparison

@@ -829,6 +829,17 @@ def recorded_baseline(paths):
     return data.get("baseline") if isinstance(data, dict) and data.get("kind") == COMPARE_KIND else None
 
 
+def recorded_parity(paths):
+    """{'steps', 'tolerance'} of the parity check a compare JSON among `paths` ran, where they are one compare's JSON
+    and nothing else (as `recorded_baseline`): its report holds the runs to the gate their compare held them to,
+    a tolerance the compare was given among it. {} otherwise, or where it recorded none."""
+    if len(paths) != 1:
+        return {}
+    data = read_json(paths[0], RESULT_FILES)
+    parity = data.get("parity") if isinstance(data, dict) and data.get("kind") == COMPARE_KIND else None
+    return {key: parity[key] for key in ("steps", "tolerance") if isinstance(parity, dict) and key in parity}
+
+
 def recorded_noise_floor(paths):
     """The noise floor recorded in the compare JSONs among `paths` (`noise_floor`, where `compare --aa` measured
     one): where several did, each figure's widest (one A/A may scatter more in tokens/s, another in step time),

@@ -106,19 +106,35 @@ def test_a_run_starts_from_the_numbers_of_its_weights_file(compared, tmp_path):
     assert first_losses["torch"] == pytest.approx(first_losses["jax"], rel=1e-4)
 
 
-@pytest.mark.slow  # a compare of two runs of six steps: 30 s
+@pytest.mark.slow  # a compare of two runs of six steps, and its rerun: 45 s
 def test_a_compare_whose_runs_part_beyond_the_tolerance_fails_and_keeps_its_results(cache_dir, tmp_path):
     """The parity check on a real compare: float32 runs of jax and torch part by float rounding, more than a
-    tolerance of 1e-9 over the --parity-steps compared; the compare says so, exits 1, and keeps what it wrote."""
+    tolerance of 1e-9 over the --parity-steps compared; the compare says so, exits 1, and keeps what it wrote.
+    Its report and its rerun hold the runs to that gate and that baseline, as the compare did: they had held them
+    to the default tolerance (passed) and to the first run."""
     out = tmp_path / "parted.json"
     proc = run_cli("compare", "--matrix", "jax;torch", *TINY_COMPARE, "--steps", "6", "--measure-only",
-                   "--parity-steps", "5", "--parity-tolerance", "1e-9", "--cache-dir", cache_dir, "--out", str(out))
+                   "--parity-steps", "5", "--parity-tolerance", "1e-9", "--baseline", "torch", "--cache-dir",
+                   cache_dir, "--out", str(out))
     combined = json.loads(out.read_text())
     jax_losses, torch_losses = ([h["loss"] for h in run["result"]["history"][:5]] for run in combined["runs"])
     assert max(abs(a - b) / abs(a) for a, b in zip(jax_losses, torch_losses)) > 1e-9  # what the check must find
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith("Error: parity check failed: torch differs from jax by ")
+    assert proc.stderr.strip().splitlines()[-1].startswith("Error: parity check failed: jax differs from torch by ")
     assert combined["parity"]["passed"] is False and [p["steps"] for p in combined["parity"]["pairs"]] == [5]
+
+    reported = json.loads(run_cli("report", str(out), "--format", "json").stdout)
+    assert (reported["baseline"], reported["parity"]["passed"], reported["parity"]["tolerance"]) == \
+        ("torch", False, 1e-9)
+    widened = json.loads(run_cli("report", str(out), "--parity-tolerance", "0.01", "--format", "json").stdout)
+    assert widened["parity"]["passed"] is True  # the command line's tolerance wins
+
+    again = tmp_path / "again.json"
+    proc = run_cli("rerun", str(out), "--out", str(again))
+    assert proc.returncode == 1 and "Error: parity check failed: jax differs from torch by " in proc.stderr
+    rerun = json.loads(again.read_text())
+    assert (rerun["baseline"], rerun["parity"]["passed"], rerun["parity"]["tolerance"]) == ("torch", False, 1e-9)
+    assert [p["steps"] for p in rerun["parity"]["pairs"]] == [5]
 
 
 def test_each_child_trains_the_run_file_of_its_run(compared):
