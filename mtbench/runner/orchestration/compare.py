@@ -8,6 +8,7 @@ framework and spawns `python -m mtbench` once for the weights file and once for 
 import dataclasses
 import itertools
 import os
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -192,6 +193,27 @@ def only_weights_left(plan):
                for name in os.listdir(plan.runs_dir))
 
 
+# What a comparison writes in its runs folder besides (the runs' results, hypotheses and references, their folders).
+RUN_OUTPUTS = (*BEFORE_ANY_RESULT, ".json", ".hyp.txt", ".ref.txt")
+
+
+def clear_earlier_comparison(plan):
+    """With --overwrite, once every check has passed: the comparison written to the same --out before, and what it
+    left in the runs folder, go (as `train --overwrite` empties its run's folder), so that no result of its other
+    runs (another sweep) lies beside this comparison's for `report NAME.runs/*.json` or a history to read. Only what
+    a comparison writes: anything else a user put there stays."""
+    if os.path.isfile(plan.out):
+        os.remove(plan.out)
+    if not os.path.isdir(plan.runs_dir):
+        return
+    for name in os.listdir(plan.runs_dir):
+        path = os.path.join(plan.runs_dir, name)
+        if os.path.isdir(path) and name.endswith(".run"):
+            shutil.rmtree(path)
+        elif os.path.isfile(path) and name.endswith(RUN_OUTPUTS):
+            os.remove(path)
+
+
 def _require_success(failure):
     if failure:
         raise RunFailure(failure)
@@ -234,6 +256,8 @@ def run_compare(plan, registry, console):
     reporters' failures). A Ctrl-C stops the run under way (it writes its partial result), writes the combined
     JSON of what finished, marked interrupted, and ends with RunInterrupted naming those files."""
     validate_plan(plan, registry)
+    if plan.overwrite:
+        clear_earlier_comparison(plan)
     twin = f" (and {plan.baseline_spec.label} again in each, A/A)" if plan.aa else ""
     console.print(f"compare: {', '.join(spec.label for spec in plan.specs)}; {plan.repeats_text}{twin}, each run in "
                   f"its own process")

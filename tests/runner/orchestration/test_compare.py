@@ -137,6 +137,24 @@ def test_a_compare_whose_runs_part_beyond_the_tolerance_fails_and_keeps_its_resu
     assert [p["steps"] for p in rerun["parity"]["pairs"]] == [5]
 
 
+@pytest.mark.slow  # three tiny JAX runs of three steps: 25 s
+def test_overwrite_replaces_the_earlier_comparisons_runs_and_keeps_what_a_user_put_there(cache_dir, tmp_path):
+    """A comparison written with --overwrite over another (a batch sweep) left that one's results, logs and run
+    files in NAME.runs/ beside its own, for `report NAME.runs/*.json` or a history to pick up."""
+    out = tmp_path / "cmp.json"
+    common = [*TINY_COMPARE, "--steps", "3", "--measure-only", "--cache-dir", cache_dir, "--out", str(out)]
+    first = run_cli("compare", "--matrix", "jax:batch-size=16;jax:batch-size=32", *common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    runs = tmp_path / "cmp.runs"
+    assert any(name.startswith("jax_batch-size=16-1") for name in os.listdir(runs))
+    (runs / "notes.txt").write_text("mine")
+    second = run_cli("compare", "--matrix", "jax", *common, "--overwrite")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert sorted(os.listdir(runs)) == ["initial-weights.log", "initial-weights.npz", "jax-1.json", "jax-1.log",
+                                        "jax-1.train.json", "notes.txt"]
+    assert [run["label"] for run in json.loads(out.read_text())["runs"]] == ["jax"]
+
+
 def test_each_child_trains_the_run_file_of_its_run(compared):
     """compare hands each child its configuration as a run file (`train --run-file`), not as flags: the file
     holds the run's configuration, and the result the child wrote records the same."""
