@@ -368,18 +368,18 @@ def environment_names(paths):
 
 
 def baseline_label(given, labels, named_by="--baseline"):
-    """The run --baseline names among `labels`: exactly, or without the `model=NAME` a model family's runs carry
-    (`jax` for `jax:model=gpt`), where that names one run; else a one-line error, saying where the name came from
-    (`named_by`)."""
+    """The run --baseline names among `labels`: exactly, or by part of its settings where that names one run of
+    its backend and extras: without the `model=NAME` a model family's runs carry (`jax` for `jax:model=gpt`), or
+    as --matrix set it where the label names a swept key it left at the shared value (`torch:batch-size=64` for
+    `torch:batch-size=64,grad-accum=1`); else a one-line error, saying where the name came from (`named_by`)."""
     if given in labels:
         return given
-    without_model = {}
-    for label in labels:
-        run, _, keys = label.partition(":")
-        kept = ",".join(key for key in keys.split(",") if key and not key.startswith("model="))
-        without_model.setdefault(run + (f":{kept}" if kept else ""), []).append(label)
-    if len(without_model.get(given, ())) == 1:
-        return without_model[given][0]
+    run, _, keys = given.partition(":")
+    settings = set(filter(None, keys.split(",")))
+    named = [label for label in labels if label.partition(":")[0] == run
+             and settings <= set(filter(None, label.partition(":")[2].split(",")))]
+    if len(named) == 1:
+        return named[0]
     # A directory is no label and no OLD.json: say which --baseline takes, rather than list the labels alone.
     folder = "; it is a directory, and a baseline file is a result or compare JSON" if os.path.isdir(given) else ""
     raise MtbenchError(f"{named_by} '{given}' is none of the runs: {', '.join(labels)}{folder}")

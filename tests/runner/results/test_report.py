@@ -771,10 +771,18 @@ def test_baseline_is_named_as_the_table_names_it_or_without_the_model_family():
     assert baseline_label("torch+torch-compile:model=gpt", labels) == "torch+torch-compile:model=gpt"
     assert baseline_label("torch", labels) == "torch:model=gpt"
     assert baseline_label("jax:batch-size=8", labels) == "jax:model=gpt,batch-size=8"
-    with pytest.raises(MtbenchError, match="^--baseline 'jax' is none of the runs: torch:model=gpt, "):
-        baseline_label("jax", labels)
+    assert baseline_label("jax", labels) == "jax:model=gpt,batch-size=8"  # the one run of jax
+    with pytest.raises(MtbenchError, match="^--baseline 'jax:batch-size=16' is none of the runs: torch:model=gpt, "):
+        baseline_label("jax:batch-size=16", labels)
     with pytest.raises(MtbenchError, match="is none of the runs"):  # two families' runs: the name must say which
         baseline_label("jax", ["jax:model=gpt", "jax:model=marian"])
+    # A sweep names a run by the keys another run sets (grad-accum=1 here): the entry as --matrix gave it names it.
+    swept = ["torch:batch-size=64,grad-accum=1", "torch:batch-size=32,grad-accum=2", "jax:batch-size=32,grad-accum=2"]
+    assert baseline_label("torch:batch-size=64", swept) == "torch:batch-size=64,grad-accum=1"
+    assert baseline_label("jax", swept) == "jax:batch-size=32,grad-accum=2"
+    for ambiguous in ("torch", "torch:grad-accum=1,batch-size=32", "torch+ddp:batch-size=64"):
+        with pytest.raises(MtbenchError, match="is none of the runs"):
+            baseline_label(ambiguous, swept)
 
 
 @pytest.mark.slow  # the session's float16 GPT run, 10 s where no other test made it
