@@ -764,11 +764,13 @@ def report(results, history, output_format, baseline, fail_if_slower, plot, forc
         chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
     runs = reporting.load_runs(results)
     recorded = None if baseline else reporting.recorded_baseline(results)
-    parity = {**reporting.recorded_parity(results), **{key: value for key, value in (
-        ("steps", parity_steps), ("tolerance", parity_tolerance)) if f"--parity-{key}" in parity_options}}
+    parity = reporting.recorded_parity(results)  # the compare's gate, where the command line gives none
+    if "--parity-steps" not in parity_options:
+        parity_steps = parity.get("steps", parity_steps)
+    if "--parity-tolerance" not in parity_options:
+        parity_tolerance = parity.get("tolerance")
     comparison = reporting.build_comparison(runs, baseline=baseline or recorded, force=force,
-                                            parity_steps=parity.get("steps", parity_steps),
-                                            parity_tolerance=parity.get("tolerance"),
+                                            parity_steps=parity_steps, parity_tolerance=parity_tolerance,
                                             noise_floor=reporting.recorded_noise_floor(results),
                                             baseline_named_by=f"{results[0]}: its baseline" if recorded else
                                             "--baseline")

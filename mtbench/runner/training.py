@@ -37,8 +37,8 @@ from mtbench.runner.measurement.load import machine_load_of_run, sample_load_tog
 from mtbench.runner.results.output import check_result_path, holding_result_path
 from mtbench.runner.results.schema import PARTIAL_STATUSES, read_status
 from mtbench.runner.results.reporting import run_reporters
-from mtbench.runner.results.run_result import (add_evaluation, record_failures, run_peak, stop_error,
-                                               training_result, write_result)
+from mtbench.runner.results.run_result import (add_evaluation, continue_with, record_failures, run_peak,
+                                               stop_error, training_result, write_result)
 from mtbench.runner.results.tracking import Trackers, tracked_run
 from mtbench.runner.saved_model import best_model_keeper, save_trained_model
 from mtbench.runner.setup import (build_model, check_compile_options_apply, check_launch, check_options_against_extras,
@@ -247,8 +247,7 @@ def stopped_at_once(stop, out, processes=1):
     if latest and status not in (None, *PARTIAL_STATUSES):
         kept.append(f"checkpoint {latest[1]}")
     elif latest:
-        relaunch = "" if processes == 1 else f"the launcher of its {processes} processes, "
-        kept.append(f"checkpoint {latest[1]}; continue with: {relaunch}mtbench train --resume {run_dir.path}")
+        kept.append(f"checkpoint {latest[1]}; {continue_with(run_dir.path, processes)}")
     return StoppedAtOnce(f"{str(stop) or 'interrupted'}; {'; '.join(kept) or 'no checkpoint or result was written'}")
 
 

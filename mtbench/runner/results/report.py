@@ -820,23 +820,24 @@ def named_group(groups, given, named_by):
     return groups[labels.index(baseline_label(given, labels, named_by))]
 
 
+def _one_compare_json(paths):
+    """The compare JSON `paths` name, where they are one compare's JSON and nothing else (its record then says how
+    its runs were held: the baseline, the parity gate); {} otherwise."""
+    data = read_json(paths[0], RESULT_FILES) if len(paths) == 1 else None
+    return data if isinstance(data, dict) and data.get("kind") == COMPARE_KIND else {}
+
+
 def recorded_baseline(paths):
     """The baseline a compare JSON among `paths` recorded (its label), where they are one compare's JSON and nothing
     else: `mtbench report C.json` then holds its runs to the baseline the compare did. None otherwise."""
-    if len(paths) != 1:
-        return None
-    data = read_json(paths[0], RESULT_FILES)
-    return data.get("baseline") if isinstance(data, dict) and data.get("kind") == COMPARE_KIND else None
+    return _one_compare_json(paths).get("baseline")
 
 
 def recorded_parity(paths):
     """{'steps', 'tolerance'} of the parity check a compare JSON among `paths` ran, where they are one compare's JSON
     and nothing else (as `recorded_baseline`): its report holds the runs to the gate their compare held them to,
     a tolerance the compare was given among it. {} otherwise, or where it recorded none."""
-    if len(paths) != 1:
-        return {}
-    data = read_json(paths[0], RESULT_FILES)
-    parity = data.get("parity") if isinstance(data, dict) and data.get("kind") == COMPARE_KIND else None
+    parity = _one_compare_json(paths).get("parity")
     return {key: parity[key] for key in ("steps", "tolerance") if isinstance(parity, dict) and key in parity}
 
 

@@ -368,13 +368,19 @@ def cost(price_per_hour, total_s, target, machines=1):
             "usd_to_target": None if reached is None else price_per_hour * machines * reached / 3600}
 
 
+def continue_with(run_dir, processes=1):
+    """'continue with: mtbench train --resume DIR': how a stopped run goes on (a run of several processes: with the
+    launcher that started them)."""
+    relaunch = "" if processes == 1 else f"the launcher of its {processes} processes, "
+    return f"continue with: {relaunch}mtbench train --resume {run_dir}"
+
+
 def stop_error(outcome, out, run_dir, processes=1, failures=()):
     """The error a run that stopped early ends with, naming its partial result, how to continue it (a run of
     several processes: with the launcher that started them) and the reporters that failed on the partial result."""
     saved = f"partial result in {out}"
     if outcome.checkpoint:
-        relaunch = "" if processes == 1 else f"the launcher of its {processes} processes, "
-        saved += f", checkpoint {outcome.checkpoint}; continue with: {relaunch}mtbench train --resume {run_dir.path}"
+        saved += f", checkpoint {outcome.checkpoint}; {continue_with(run_dir.path, processes)}"
     if failures:
         saved += "; and " + "; ".join(failures)
     if outcome.status == "diverged":
