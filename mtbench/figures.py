@@ -461,7 +461,8 @@ def run_warnings(result):
     timed in too few windows, programs compiled after the warm-up steps, a machine loaded while the run trained
     (other processes used more than OTHERS_BOUND of its CPUs; where the OS does not tell, a load average above the
     cores as training began) or whose hypervisor took its CPUs, other processes holding a context on the run's GPUs
-    (nvidia-smi's, as training began or ended), the task's quality warning, a sentencepiece vocabulary smaller than
+    (nvidia-smi's, as training began or ended), the task's quality warning, an extra's own (`extras_record[NAME]`'s
+    `warning`), a sentencepiece vocabulary smaller than
     --vocab-size asked, a test set that overlaps the training data beyond TEST_OVERLAP_BOUND, an MFU above 100 % (its
     peak named) and an MFU peak measured while the load average was above the cores. Results written before the
     machine's load was recorded get no load warning."""
@@ -528,6 +529,9 @@ def run_warnings(result):
                         f"and the steps timed with {them} are slower")
     if (result.get("metrics") or {}).get("quality_warning"):  # the task's own (empty translations)
         warnings.append(result["metrics"]["quality_warning"])
+    for name, record in (result.get("extras_record") or {}).items():  # an extra's own (fsdp sharding little)
+        if isinstance(record, dict) and isinstance(record.get("warning"), str):
+            warnings.append(f"extra '{name}': {record['warning']}")
     vocabulary = short_vocabulary_warning(result.get("data") or {})
     if vocabulary:
         warnings.append(vocabulary)

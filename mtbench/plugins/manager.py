@@ -79,6 +79,11 @@ def singular(kind):
     return kind[:-1]
 
 
+# What registered items' methods answer, as `PluginRegistry.answer` checks it: (the types, in words).
+A_REASON = ((str, type(None)), "a str or None")
+A_DICT = (dict, "a dict")
+
+
 def package_key(name):
     """A distribution name as pip compares them (PEP 503)."""
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -170,8 +175,32 @@ class Registry:
                 raise
             raise _naming(MtbenchError(f"{singular(kind)} '{name}': {error}", error.exit_code)) from error
         except Exception as error:
-            raise _naming(RunFailure(f"{self.item_label(kind, name)} failed: {type(error).__name__}: {error}")) \
-                from error
+            raise self.failure(kind, name, error) from error
+
+    @contextmanager
+    def plugin_failures(self, kind, name):
+        """Runs a registered item's own code whose refusals (MtbenchError) are phrased for the user as they are (a
+        backend's `--grad-accum 2: ...`): any other exception is a failure of the plugin, named with it."""
+        try:
+            yield
+        except MtbenchError:
+            raise
+        except Exception as error:
+            raise self.failure(kind, name, error) from error
+
+    def answer(self, kind, item, method, *args, expect=None):
+        """`item.method(*args)` (as `call` calls it) as the item's own code (`plugin_failures`), its answer checked
+        to be of `expect`, (types, what they are in words): a crash or an answer of another kind names the item and
+        its plugin, where it would have surfaced later as an AttributeError naming nothing."""
+        with self.plugin_failures(kind, item.name):
+            answer = self.call(kind, item, method, *args)
+            if expect is not None and not isinstance(answer, expect[0]):
+                raise TypeError(f"{method} returned a {type(answer).__name__}, not {expect[1]}")
+        return answer
+
+    def failure(self, kind, name, error):
+        """The RunFailure naming a registered item and its plugin for an exception of its code."""
+        return _naming(RunFailure(f"{self.item_label(kind, name)} failed: {type(error).__name__}: {error}"))
 
     def item_label(self, kind, name):
         """A registered item with its plugin, as a failure of its code names it: "extra 'NAME' of plugin 'P'"."""

@@ -7,6 +7,7 @@ recorded with its reason where mtbench chose the plainer way; an extra that join
 import dataclasses
 
 from mtbench.errors import MtbenchError
+from mtbench.plugins.manager import A_REASON
 from mtbench.runner.config import AUTO_16_BIT, COMPILED_STEP_EXTRA, FUSED_ATTENTION_EXTRA
 
 
@@ -19,23 +20,27 @@ def choose_dtype(run, plugins):
     if asked != "auto":
         run.dtype_choice = {"asked": asked, "dtype": asked}
         return
-    dtype, reason = auto_dtype(run.backend, run.device)
+    dtype, reason = auto_dtype(run.backend, run.device, plugins.registry)
     run.config = dataclasses.replace(run.config, dtype=dtype)
     run.dtype_choice = {"asked": asked, "dtype": dtype, **({"why_float32": reason} if reason else {})}
 
 
-def auto_dtype(backend, device):
-    """(the dtype `--dtype auto` trains in with `backend` on `device` (`device_info()`), why float32 or None)."""
+def auto_dtype(backend, device, registry=None):
+    """(the dtype `--dtype auto` trains in with `backend` on `device` (`device_info()`), why float32 or None);
+    `registry`: the plugins', which names the backend's plugin where its code fails."""
     if not device.get("bfloat16"):
         return "float32", (f"this {device.get('kind', 'unknown')} does not compute bfloat16 natively, as the "
                            f"{backend.name} backend reports it; --dtype {AUTO_16_BIT} trains in it anyway")
-    refused = dtype_refusal(backend, AUTO_16_BIT, device)
+    refused = dtype_refusal(backend, AUTO_16_BIT, device, registry)
     return ("float32", refused) if refused else (AUTO_16_BIT, None)
 
 
-def dtype_refusal(backend, dtype, device):
-    """Why `backend` cannot train in `dtype` on `device` (`device_info()`), in one line, or None."""
-    reason = backend.unsupported_dtype_reason(dtype, device)
+def dtype_refusal(backend, dtype, device, registry=None):
+    """Why `backend` cannot train in `dtype` on `device` (`device_info()`), in one line, or None; `registry`: the
+    plugins', which names the backend's plugin where its code fails or answers other than a reason or None."""
+    reason = (backend.unsupported_dtype_reason(dtype, device) if registry is None else
+              registry.answer("backends", backend, "unsupported_dtype_reason", dtype, device,
+                              expect=A_REASON))
     return f"--dtype {dtype}: {reason}" if reason else None
 
 

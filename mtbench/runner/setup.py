@@ -4,6 +4,7 @@ backend, the device, the extras that can run there), and the model with its opti
 import contextlib
 import copy
 import dataclasses
+import numbers
 import os
 import sys
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from mtbench.errors import MtbenchError, RunFailure
 from mtbench.plugins.api import (Backend, Extra, KerasTrainStep, Reporter, RunContext, TrainStep, WrappingStep,
                                  uneven_split_reason)
+from mtbench.plugins.manager import A_DICT, A_REASON
 from mtbench.runner.choices import (choose_compiled_step, choose_dtype, choose_fused_attention, dtype_refusal,
                                     step_compiling_extra)
 from mtbench.runner.config import EXTRA_OPTIONS
@@ -55,7 +57,8 @@ class RunPlugins:
 
 def resolve_backend(name, registry):
     backend = registry.lookup("backends", name)
-    reason = backend.missing_framework() or registry.unimplemented_refusal("backends", backend)
+    reason = (registry.answer("backends", backend, "missing_framework", expect=A_REASON)
+              or registry.unimplemented_refusal("backends", backend))
     if reason:
         raise MtbenchError(reason)
     return backend
@@ -182,7 +185,8 @@ def import_keras(config, backend, extras_environment=None, registry=None):
     """Sets the environment keras and the framework read at import (the backend's, then the extras'), then
     imports keras, without what it would import of the other backends' frameworks (`registry`'s)."""
     env = {"KERAS_BACKEND": backend.keras_backend, "KERAS_HOME": os.path.join(config.cache_dir, "keras")}
-    env.update(backend.prepare_process(config))
+    env.update(backend.prepare_process(config) if registry is None
+               else registry.answer("backends", backend, "prepare_process", config, expect=A_DICT))
     env.update(extras_environment or {})
     os.environ.update(env)
     with modules_hidden(KERAS_OPTIONAL_IMPORTS + other_frameworks(backend, registry)):
@@ -213,6 +217,9 @@ def require_extra_spanning_processes(processes, backend, extras, registry):
 # step of its own.
 ACCUMULATING_EXTRAS = ("torch-compile", "flash-attention", "ddp", "data-parallel", "fsdp", "tensor-parallel",
                        "remat")
+# Why the others do not, where it is not that their collectives would run at every micro-batch (pmap's).
+NOT_ACCUMULATING_BECAUSE = {"pipeline-parallel": "the pipeline's micro-batches are its gradient accumulation: give "
+                                                 "--pipeline-micro-batches in its place"}
 
 
 def check_options_against_extras(config, plugins):
@@ -238,8 +245,9 @@ def check_gradient_accumulation(config, plugins):
         return
     others = [extra.name for extra in plugins.extras if extra.name not in ACCUMULATING_EXTRAS]
     if others:
+        because = NOT_ACCUMULATING_BECAUSE.get(others[0], "its collectives would run at every micro-batch")
         raise MtbenchError(f"--grad-accum {config.grad_accum} runs with {', '.join(ACCUMULATING_EXTRAS)} only, not "
-                           f"with --extra {others[0]} (its collectives would run at every micro-batch)")
+                           f"with --extra {others[0]} ({because})")
     if plugins.backend.name not in ("jax", "torch"):
         raise MtbenchError(f"--grad-accum {config.grad_accum}: backend '{plugins.backend.name}' has no step that "
                            f"accumulates gradients")
@@ -273,7 +281,10 @@ def start_backend(config, plugins, launch):
     processes = plugins.backend.start_processes(launch)  # before the framework computes anything
     with plugins.model_code():
         model_shape = plugins.model.shape(plugins.model_path, config)
-    run = RunContext(config=config, backend=plugins.backend, device=plugins.backend.device_info(),
+    device = plugins.registry.answer("backends", plugins.backend, "device_info", expect=A_DICT)
+    # Asked here first, though the result's environment asks again: a mistake names the backend's plugin.
+    plugins.registry.answer("backends", plugins.backend, "framework_versions", expect=A_DICT)
+    run = RunContext(config=config, backend=plugins.backend, device=device,
                      model_shape=model_shape, processes=processes, cpu_share=cpu_share,
                      task=plugins.task)
     read_model_family(run, plugins.model)
@@ -282,7 +293,7 @@ def start_backend(config, plugins, launch):
     run.compile_cache = plugins.backend.open_compile_cache(run.config)  # before anything compiles
     run.matmul_precision = set_matmul_precision(plugins.backend, config.matmul_precision)
     choose_fused_attention(run, plugins)
-    reason = device_refusal(run, plugins.extras, plugins.extra_code)
+    reason = device_refusal(run, plugins.extras, plugins.extra_code, plugins.registry)
     if reason:
         raise MtbenchError(reason)
     run.config, changed_by = configuration_changes(run, plugins)
@@ -368,7 +379,7 @@ def check_configuration_changes(run, plugins, changed_by):
     trained, not what `--dtype` chose before."""
     if not changed_by:
         return
-    reason = device_refusal(run, plugins.extras, plugins.extra_code)
+    reason = device_refusal(run, plugins.extras, plugins.extra_code, plugins.registry)
     if reason:
         changes = "; ".join(f"extra '{name}' set " + ", ".join(f"{key}={getattr(run.config, key)!r}"
                                                                for key in sorted(changed_by) if changed_by[key] == name)
@@ -390,10 +401,11 @@ def read_model_family(run, family):
     run.model_recomputes_blocks = bool(family.recomputes_blocks)
 
 
-def device_refusal(run, extras, extra_code=None):
+def device_refusal(run, extras, extra_code=None, registry=None):
     """Why the run's dtype or one of `extras` cannot run on its device (`run`: the RunContext), in one line, or
-    None. `extra_code(extra)`: the block an extra's own code runs in (`RunPlugins.extra_code`)."""
-    reason = dtype_refusal(run.backend, run.config.dtype, run.device)
+    None. `extra_code(extra)`: the block an extra's own code runs in (`RunPlugins.extra_code`); `registry`: the
+    plugins', which names the backend's plugin where its code fails."""
+    reason = dtype_refusal(run.backend, run.config.dtype, run.device, registry)
     if reason:
         return reason
     for extra in extras:
@@ -455,7 +467,10 @@ def step_flops(plugins, model_shape, data):
     special = getattr(data.tokenizer, "special", None)
     def count(rows, source_length, target_length):
         with plugins.model_code():
-            return plugins.model.training_flops(model_shape, rows, source_length, target_length)
+            flops = plugins.model.training_flops(model_shape, rows, source_length, target_length)
+            if flops is not None and (isinstance(flops, bool) or not isinstance(flops, numbers.Real)):
+                raise TypeError(f"training_flops returned a {type(flops).__name__}, not a number or None")
+        return flops
     return StepFlops(count, special and special.pad)
 
 
@@ -549,7 +564,9 @@ def extras_compile_options(run, plugins):
 
 def choose_train_step(run, model, plugins):
     """The backend's fast step (or Keras's own), then each extra's wrapper or replacement, in the order given."""
-    step = plugins.backend.make_train_step(run, model) or KerasTrainStep(model)
+    made = plugins.registry.answer("backends", plugins.backend, "make_train_step", run, model,
+                                   expect=((TrainStep, type(None)), "a mtbench.TrainStep or None"))
+    step = made or KerasTrainStep(model)
     step.made_by = f"backend '{plugins.backend.name}'"
     for extra in plugins.extras:
         with plugins.extra_code(extra):

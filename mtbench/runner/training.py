@@ -8,6 +8,7 @@ holds the result's path, `train_and_report` is the rest of the run on one screen
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -385,8 +386,8 @@ def build_for_training(keras, config, run, plugins, data, weights_file, total_st
             # dtype): nothing has trained, and the user's way out is to run without the extra.
             raise MtbenchError(f"extra '{extra.name}' did not take effect: {reason}")
     with plugins.task_code():
-        evaluator = plugins.task.evaluator(model, data, config,
-                                           lambda fn: plugins.backend.compile_inference(fn, model))
+        evaluator = plugins.task.evaluator(model, data, config, lambda fn: plugins.registry.answer(
+            "backends", plugins.backend, "compile_inference", fn, model, expect=(Callable, "a callable")))
     if resume:
         not_restored = restore_generator_state(resume.checkpoint, plugins.backend, run.processes)
         if not_restored:

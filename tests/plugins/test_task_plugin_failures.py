@@ -111,6 +111,8 @@ SORT_TASK = textwrap.dedent('''
                 raise ValueError("scoring broke")
             if "evaluate_dict" in BAD:
                 return {"test_loss": self.loss("test")}
+            if "evaluate_nokey" in BAD:
+                return {"test_los": self.loss("test")}, {}
             return {"test_loss": self.loss("test")}, {}
 
 
@@ -143,6 +145,9 @@ SORT_TASK = textwrap.dedent('''
             model = Model()
             model(ops.ones((1, 2 * N + 2), dtype="int32"))
             return model, ModelShape(16, 2, 0, 1, 32, tokenizer.vocab_size, 2 * N + 2)
+
+        def training_flops(self, model_shape, rows, source_length, target_length):
+            return "lots" if "flops_text" in BAD else None
 
         def load_saved(self, directory, description):
             return None, Digits()
@@ -218,6 +223,7 @@ def failed_result(out):
     ("evaluate_raise", "ValueError: scoring broke"),
     ("evaluate_dict", "TypeError: Evaluator.evaluate returned a dict of ['test_loss'], not (metrics, sidecar), two "
                       "dicts"),
+    ("evaluate_nokey", "ValueError: Evaluator.evaluate's metrics leave out test_loss, a key of the task's metrics"),
 ])
 def test_an_evaluation_that_fails_after_training_names_the_task_and_keeps_the_result(sort_plugin, cache_dir,
                                                                                        tmp_path, bad, said):
@@ -306,6 +312,15 @@ def test_a_plugins_mistake_before_training_names_the_plugin_and_writes_no_result
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert last_line(proc).startswith(f"Error: {said}"), proc.stderr[-3000:]
     assert not out.exists()
+
+
+def test_a_familys_flops_that_are_not_a_number_name_the_family(sort_plugin, cache_dir, tmp_path):
+    """Counted as the steps are timed: it read `TypeError: unsupported operand type(s) for +: 'int' and 'str'`."""
+    out = tmp_path / "r.json"
+    proc = train(sort_plugin, cache_dir, out, "flops_text")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "model 'sort-model' of plugin 'sorttask' failed: TypeError: training_flops returned a str, not a number " \
+           "or None" in last_line(proc), proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("bad, said", [("step_none", "returned NoneType at step 1"),

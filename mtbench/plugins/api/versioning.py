@@ -63,9 +63,10 @@ peak was measured.
 `figures.split_scored_text` and `share_text`.
 1.32: `Extra.parallelism`, how an extra lays one model's training over devices ('data', 'sharded data', 'tensor',
 'pipeline'): runs of two backends laid out alike are held against each other.
+1.33: `Extra.record`'s `warning`, a sentence that joins the run's warnings (`figures.run_warnings`).
 """
 
-PLUGIN_API_VERSION = "1.32"
+PLUGIN_API_VERSION = "1.33"
 
 
 def next_major(version=PLUGIN_API_VERSION):

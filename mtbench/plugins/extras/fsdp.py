@@ -809,11 +809,14 @@ class FullySharded(Extra):
         run.extras_state[self.name].update(units=[unit.name for unit in fsdp_units(model)],
                                            gather_dtype=model.dtype_policy.compute_dtype, **whole_weights(model))
         record = run.extras_state[self.name]
-        if record["whole_weight_bytes"] * 2 > record["weight_bytes"] and run.processes.rank == 0:
-            # torch's FSDP2 pads such a weight and shards it: the two backends would hold different shares unsaid.
-            print(f"warning: fsdp holds {whole_weights_text(record)}, on every device: most of the weights are "
-                  f"not sharded (give sizes that {step.distribution.device_mesh.shape[0]} divides)",
-                  file=sys.stderr)
+        if record["whole_weight_bytes"] * 2 > record["weight_bytes"]:
+            # torch's FSDP2 pads such a weight and shards it: the two backends would hold different shares unsaid,
+            # so the result's warnings say it (and every table and verdict beside the run's figures).
+            record["warning"] = (f"holds {whole_weights_text(record)} on every device: most of the weights are not "
+                                 f"sharded, their gradients all-reduced as in data parallelism (give sizes that "
+                                 f"{step.distribution.device_mesh.shape[0]} divides)")
+            if run.processes.rank == 0:
+                print(f"warning: fsdp {record['warning']}", file=sys.stderr)
         return JaxShardedStep(sharded, record)
 
     def _torch_step(self, run, model, step):

@@ -53,10 +53,13 @@ def optimizer_recipe(config, total_steps, family=None):
 
 
 def family_recipe(config, family=None):
+    from mtbench.plugins import manager
     if family is None:
-        from mtbench.plugins import manager
         family = manager.registry().models.get(config.model_family[0])
-    recipe = family.optimizer_recipe(config) if family is not None else {}
+    if family is None:
+        return {}
+    with manager.registry().plugin_failures("models", family.name):  # a crash names the family's plugin
+        recipe = family.optimizer_recipe(config)
     if not isinstance(recipe, dict):
         raise MtbenchError(f"model family '{family.name}' gives an optimizer recipe of {type(recipe).__name__}, "
                            f"not a dict")

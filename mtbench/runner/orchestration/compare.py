@@ -340,6 +340,20 @@ def _run_name(plan, spec, repeat):
     return name + (f" (repeat {repeat} of {plan.repeats})" if plan.repeats > 1 else "")
 
 
+def run_configuration(plan, spec, weights, result_file, registry):
+    """What the run file of `spec` gives its process: the shared options and the run's own, its starting weights
+    (`weights`: the file and its scheme) and outputs, as its model family completes them (`ModelFamily.check`: the
+    `char` preset reads a text by its characters), so that the file says what the run trains."""
+    config = TrainConfig.from_options(**{
+        **plan.options, **dict(spec.sizes), "backend": spec.backend, "extras": spec.extras,
+        "initial_weights": weights["file"], "init": drawn_scheme(weights["init"]), "out": result_file,
+        "run_group": plan.group, "overwrite": plan.overwrite})
+    name, path = config.model_family
+    with registry.plugin_code("models", name):
+        registry.lookup("models", name).check(path, config)
+    return config
+
+
 def train_one(plan, registry, console, progress, number, spec, repeat):
     """Trains one run of the schedule in its own process and adds its result to `progress`; returns the
     reporters' failures."""
@@ -354,10 +368,7 @@ def train_one(plan, registry, console, progress, number, spec, repeat):
     report_failures = []
     if reads_run_files(plan, spec):
         train_file = plan.run_file(spec, repeat, RUN_FILE_SUFFIX)
-        write_run_file(train_file, TrainConfig.from_options(**{
-            **plan.options, **dict(spec.sizes), "backend": spec.backend, "extras": spec.extras,
-            "initial_weights": weights["file"], "init": drawn_scheme(weights["init"]), "out": result_file,
-            "run_group": plan.group, "overwrite": plan.overwrite}))
+        write_run_file(train_file, run_configuration(plan, spec, weights, result_file, registry))
         arguments = run_file_arguments(train_file, plan.overwrite)
     else:  # another environment's mtbench from before run files
         arguments = ["train", "--backend", spec.backend, *extras, *plan.configuration, *spec.size_arguments(),

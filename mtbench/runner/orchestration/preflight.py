@@ -54,7 +54,7 @@ def device_refusals(runs, registry, devices, changes=None):
         except Exception:  # noqa: BLE001 (the run's own process reports it, in full)
             continue
         try:
-            reasons = [device_refusal(run, plugins.extras, plugins.extra_code) for run in runs_seen]
+            reasons = [device_refusal(run, plugins.extras, plugins.extra_code, plugins.registry) for run in runs_seen]
             if changes is not None and processes == 1 and not reasons[0]:
                 changed, changed_by = configuration_changes(runs_seen[0], plugins)
                 check_configuration_changes(dataclasses.replace(runs_seen[0], config=changed), plugins, changed_by)

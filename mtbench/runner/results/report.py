@@ -728,13 +728,21 @@ def same_way_of_training(result, other):
     """Whether two results trained the same way on different backends: the same `way_of_training` (how their
     extras lay the training over devices, and the extras both backends serve), on as many devices of one model (in
     one process or several: JAX's users drive a machine's devices from one, torch's from one each), in one dtype,
-    size and sweep. Results from before `way_of_training` was recorded have no counterpart."""
+    size and sweep, on the schedules their extras recorded (a pipeline's GPipe or 1F1B, each backend's default
+    where --pipeline-schedule is not given). Results from before `way_of_training` was recorded have no
+    counterpart."""
     def way(run):
         return (run.get("way_of_training"), run.get("devices_used") or 1, run_dtype(run), device_model(run),
-                _settings(run)[0])
+                _settings(run)[0], recorded_schedules(run))
     return (result["backend"] != other["backend"] and None not in (result.get("way_of_training"),
                                                                   other.get("way_of_training"))
             and way(result) == way(other))
+
+
+def recorded_schedules(result):
+    """[(extra, the schedule it recorded)] of a run's extras that record one (`extras_record[NAME].schedule`)."""
+    return sorted((name, record["schedule"]) for name, record in (result.get("extras_record") or {}).items()
+                  if isinstance(record, dict) and record.get("schedule"))
 
 
 def device_model(result):

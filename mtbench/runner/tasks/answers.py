@@ -6,13 +6,18 @@ from mtbench.plugins.api import Batch, TaskData
 
 
 def task_evaluation(plugins, evaluator, phase):
-    """`Evaluator.evaluate(phase)`, run as the task's code and checked to be (metrics, sidecar), two dicts: a
-    mistake names the task and its plugin."""
+    """`Evaluator.evaluate(phase)`, run as the task's code and checked to be (metrics, sidecar), two dicts, the
+    metrics holding every key of `Task.metrics` (one left out would read as a partial result's null in a completed
+    run): a mistake names the task and its plugin."""
     with plugins.task_code():
         evaluation = evaluator.evaluate(phase)
         if not (isinstance(evaluation, (tuple, list)) and len(evaluation) == 2
                 and all(isinstance(part, dict) for part in evaluation)):
             raise TypeError(f"Evaluator.evaluate returned {kind_of(evaluation)}, not (metrics, sidecar), two dicts")
+        missing = [key for key in plugins.task.metrics if key not in evaluation[0]]
+        if missing:
+            raise ValueError(f"Evaluator.evaluate's metrics leave out {', '.join(missing)}, "
+                             f"{'keys' if len(missing) > 1 else 'a key'} of the task's metrics")
     return evaluation
 
 

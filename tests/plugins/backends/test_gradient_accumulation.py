@@ -106,7 +106,11 @@ def test_on_jax_the_micro_batches_are_a_loop_in_the_compiled_step():
     (["--grad-accum", "0"], "--grad-accum must be at least 1"),
     (["--grad-accum", "2", "--backend", "jax", "--extra", "pmap"],
      "runs with torch-compile, flash-attention, ddp, data-parallel, fsdp, tensor-parallel, remat only, not "
-     "with --extra pmap"),
+     "with --extra pmap (its collectives would run at every micro-batch)"),
+    # The pipeline's reason is its own: it gave pmap's.
+    (["--grad-accum", "2", "--backend", "jax", "--extra", "pipeline-parallel"],
+     "not with --extra pipeline-parallel (the pipeline's micro-batches are its gradient accumulation: give "
+     "--pipeline-micro-batches in its place)"),
 ])
 def test_what_cannot_accumulate_is_refused_in_one_line(arguments, expected, tmp_path, cache_dir):
     proc = run_cli("train", *RUN, *arguments, "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"))

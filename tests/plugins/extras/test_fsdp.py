@@ -76,8 +76,8 @@ def test_the_sharded_jax_steps_description_names_the_weights_it_holds_whole():
 @pytest.mark.slow
 def test_jax_fsdp_says_it_holds_whole_the_weights_the_devices_divide_no_axis_of(tmp_path, cache_dir):
     """--d-model 63: most weights have no even axis, and stay whole on each of 2 devices (torch's FSDP2 pads and
-    shards them): the step's description and the record say how many and how many bytes, and a warning says that
-    most are not sharded."""
+    shards them): the step's description and the record say how many and how many bytes, and a warning, printed and
+    among the result's, says that most are not sharded."""
     out = tmp_path / "odd.json"
     proc = run_cli("train", "--backend", "jax", "--extra", "fsdp", "--model", "gpt", "--preset", "tiny",
                    "--block-size", "32", "--batch-size", "16", "--steps", "3", "--measure-only", "--d-model", "63",
@@ -95,6 +95,12 @@ def test_jax_fsdp_says_it_holds_whole_the_weights_the_devices_divide_no_axis_of(
         f"; {record['whole_weights']} of {record['weights']} weights whole ({share} % of the weight bytes) on every "
         f"device, their gradients all-reduced")
     assert "warning: fsdp holds" in proc.stderr and "most of the weights are not sharded" in proc.stderr
+    # In the result too, so that a comparison's tables and verdicts beside torch's FSDP2 carry it.
+    from mtbench.figures import run_warnings
+    assert [text for text in run_warnings(result) if text.startswith("extra 'fsdp': ")] == [
+        f"extra 'fsdp': holds {record['whole_weights']} of {record['weights']} weights whole ({share} % of the weight "
+        f"bytes) on every device: most of the weights are not sharded, their gradients all-reduced as in data "
+        f"parallelism (give sizes that 2 divides)"]
 
 
 def test_the_state_per_device_figure_reads_the_extras_record():

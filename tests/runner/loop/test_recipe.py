@@ -34,6 +34,18 @@ def test_a_familys_refused_recipe_names_the_family(recipe, expected):
     assert str(refused.value).startswith(expected)
 
 
+def test_a_familys_recipe_that_raises_is_named_as_the_familys_failure():
+    """Not the bare `RuntimeError: ...` a user would take for mtbench's."""
+    class Broken(ModelFamily):
+        name = "careless-lm"
+
+        def optimizer_recipe(self, config):
+            raise RuntimeError("no recipe today")
+    with pytest.raises(MtbenchError) as failed:
+        optimizer_recipe(TrainConfig(), 10, Broken())
+    assert str(failed.value) == "model 'careless-lm' of plugin '?' failed: RuntimeError: no recipe today"
+
+
 @pytest.mark.parametrize("option, value, expected", [
     ("weight_decay", -0.1, "--weight-decay must be a finite number, not negative, got -0.1"),
     ("weight_decay", float("nan"), "--weight-decay must be a finite number, not negative, got nan"),

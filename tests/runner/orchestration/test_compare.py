@@ -1163,3 +1163,24 @@ def test_runs_that_trained_with_different_mtbench_code_are_warned_of(compared, t
         progress.add(spec, 1, run["result"], run["result_file"], run["log_file"])
     _, combined = write_combined(plan, progress)
     assert not any("mtbench code" in warning for entry in combined["summary"] for warning in entry["warnings"])
+
+
+def test_a_run_file_records_what_the_model_family_completes_of_its_configuration(tmp_path):
+    """`--model gpt --preset char` on a text reads it by its characters (`GPTFamily.check` sets the tokenizer): the
+    run file recorded none, which a configuration of before that change reads as bytes, so every run built a
+    256-row model that refused the 65-row weights drawn for the comparison."""
+    from types import SimpleNamespace
+
+    from mtbench.plugins.manager import registry
+    from mtbench.runner.orchestration.compare import run_configuration
+    from mtbench.runner.orchestration.runs import parse_run_spec
+    from mtbench.runner.run_file import read_run_file, write_run_file
+    text = tmp_path / "book.txt"
+    text.write_text("It was the best of times, it was the worst of times.\n" * 40)
+    plan = SimpleNamespace(options={"model_name": "gpt", "preset": "char", "data_file": str(text)}, group="g",
+                           overwrite=False)
+    for spec in map(parse_run_spec, ("jax", "torch:batch-size=4")):
+        path = tmp_path / f"{spec.backend}.run.json"
+        write_run_file(path, run_configuration(plan, spec, {"file": str(tmp_path / "w.npz"), "init": "gpt2"},
+                                               str(tmp_path / "r.json"), registry()))
+        assert read_run_file(path).tokenizer == "char"

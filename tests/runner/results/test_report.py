@@ -1274,3 +1274,20 @@ def test_runs_that_train_the_same_way_on_each_backend_are_held_against_each_othe
         del run["way_of_training"]
     earlier = build_comparison([LoadedRun(run, f"{index}.json") for index, run in enumerate(runs)])
     assert earlier.counterpart_verdicts == [] and "the same way on each backend" not in to_markdown(earlier)
+
+
+@pytest.mark.parametrize("torch_schedule, paired", [("1F1B", False), ("GPipe", True)])
+def test_pipelines_are_held_against_each_other_only_on_the_same_schedule(torch_schedule, paired):
+    """Without --pipeline-schedule each backend pipelines on its own default (JAX GPipe, torch 1F1B): a JAX pipeline
+    was held against a torch one as "the same way on each backend", though their schedules differ."""
+    from mtbench.runner.results.report import LoadedRun, build_comparison
+    baseline = hand_made("torch", seconds=0.015)
+    baseline["way_of_training"] = {"parallelism": [], "extras": []}
+    jax = laid_out(hand_made("jax", seconds=0.020), ["pipeline-parallel"], ["pipeline"])
+    torch = laid_out(hand_made("torch", seconds=0.010), ["pipeline-parallel"], ["pipeline"], processes=2)
+    jax["extras_record"] = {"pipeline-parallel": {"schedule": "GPipe", "stages": 2}}
+    torch["extras_record"] = {"pipeline-parallel": {"schedule": torch_schedule, "stages": 2}}
+    runs = [baseline, *(copy.deepcopy(run) for run in (jax, torch) for _ in range(3))]
+    comparison = build_comparison([LoadedRun(run, f"{index}.json") for index, run in enumerate(runs)])
+    assert [(verdict.run, verdict.against) for verdict in comparison.counterpart_verdicts] == (
+        [("jax+pipeline-parallel:model=gpt", "torch+pipeline-parallel@2:model=gpt")] if paired else [])
