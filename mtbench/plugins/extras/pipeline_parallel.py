@@ -683,22 +683,26 @@ class StagedModel:
             count, length, width = rows.shape
             # Micro-batch m is rows m, m + M, ...
             parts = rows.reshape(count // micro_batches, micro_batches, length, width).swapaxes(0, 1)
-            # Micro-batches whole on every stage: else GSPMD may split their positions over the stages and exchange
-            # them (all-to-alls) at every tick.
-            entering = constrain(jnp.concatenate([parts, jnp.zeros((stages - 1, *parts.shape[1:]), parts.dtype)]),
-                                 laid())
+            # Each tick's micro-batch in the first stage's slot alone, the stages' slots on their devices: taken
+            # whole by the first stage, it sends the others nothing, and its gradient is summed over no stage.
+            ticks = micro_batches + stages - 1
+            entering = jnp.zeros((ticks, stages, *parts.shape[1:]), parts.dtype).at[:micro_batches, 0].set(parts)
+            entering = constrain(entering, laid(None, STAGE_AXIS))
             first = (jnp.arange(stages) == 0).reshape(stages, 1, 1, 1)
 
             def tick(carry, entering):
                 h, states = carry
                 # Each stage's output moves on to the next (a collective permute); the first takes a micro-batch.
-                h = constrain(jnp.where(first, entering[None], jnp.roll(h, 1, axis=0)), laid(STAGE_AXIS))
+                h = constrain(jnp.where(first, entering, jnp.roll(h, 1, axis=0)), laid(STAGE_AXIS))
                 h, states = jax.vmap(run_stage)(weights, states, h)
-                return (h, states), constrain(h[-1], laid())
+                return (h, states), h
 
             start = constrain(jnp.zeros((stages, *parts.shape[1:]), parts.dtype), laid(STAGE_AXIS))
             (_, states), leaving = jax.lax.scan(tick, (start, states), entering)
-            return leaving[stages - 1:].swapaxes(0, 1).reshape(count, length, width), states
+            # Each stage's outputs stay on its device through the ticks; the last stage's leave once, after them
+            # (gathered at every tick, they cost an all-gather a tick forward and an all-reduce back).
+            leaving = constrain(leaving, laid(None, STAGE_AXIS))[stages - 1:, stages - 1]
+            return leaving.swapaxes(0, 1).reshape(count, length, width), states
 
         # Every data replica its own copy of the stages' weights (sharded over the data axis too): each sums its
         # gradients over the ticks where it is, and the copies' gradients are summed once, after the loop. On
