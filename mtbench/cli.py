@@ -257,7 +257,7 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--max-len", type=int, help="Tokens per side, counting its end token; longer pairs are dropped (default: the preset's). For a language model (--model gpt) it is the --block-size: give one of them, not both."),
     click.option("--block-size", type=int, metavar="N", help="A language model's block: tokens per row, its positions (default: the preset's; a pretrained checkpoint's own, gpt2:DIR's n_positions)."),
     click.option("--tokenizer", type=click.Choice(["byte", "char", "sentencepiece"]), help="A language model's tokens: byte (vocabulary 256, default), char (the training split's characters; --preset char's default) or sentencepiece (--vocab-size)."),
-    click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the block: consecutive blocks, as nanoGPT's estimate_loss)."),
+    click.option("--eval-stride", type=int, metavar="N", help=EVAL_STRIDE_HELP + " (default: the block: consecutive blocks from the split's start, each token scored once; nanoGPT's estimate_loss draws random windows)."),
     click.option("--layers", type=int, metavar="N", help="Encoder and decoder layers each; a language model's blocks (default: the preset's)."),
     click.option("--encoder-layers", type=int, metavar="N", help="Encoder layers (default: the preset's)."),
     click.option("--decoder-layers", type=int, metavar="N", help="Decoder layers (default: the preset's)."),

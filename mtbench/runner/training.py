@@ -123,6 +123,7 @@ def train_and_report(config, registry, console, resume, launch, plugins, stopwat
     result["machine_load"] = load_during
     # Which extra set each key its configuration differs by from the one given: what a comparison names.
     result["config_changed_by"] = changed_by
+    result["keras_callbacks"] = callbacks.record()
 
     stopped = outcome.status == "completed" and evaluate_and_save(result, config, run, plugins, data, built, run_dir,
                                                                     stopwatch, console, outcome, checkpointing)

@@ -135,6 +135,7 @@ def test_the_callback_saw_every_step(jax_run):
     assert callback == {"kind": "callback", "backend": "jax", "out": jax_run["out"], "train_begin_calls": 1,
                         "batches": STEPS, "steps": list(range(1, STEPS + 1)),
                         "losses": [h["loss"] for h in history]}
+    assert jax_run["result"]["keras_callbacks"] == [{"plugin": "example", "callback": "BatchCounter"}]
 
 
 def test_the_reporter_writes_the_result_it_was_given(jax_run):

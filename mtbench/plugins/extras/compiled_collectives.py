@@ -36,13 +36,23 @@ def hlo_runs(computations, trip_count=1):
     return runs
 
 
+class MovedByKind(dict):
+    """{kind: [the shape of each array moved]}, with `instructions`: {kind: the collective instructions that moved
+    them, each as often as it runs} (XLA combines independent collectives into one instruction of a tuple: the count
+    comparable with the collectives a torch step dispatches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.instructions = collections.Counter()
+
+
 def hlo_collectives(hlo, trip_count=1):
     """{kind: [the shape of each array it moves, once per time it runs in a run of the program]} of a compiled
     program's text: the arrays of a tuple collective (XLA combines independent ones) counted one by one, a
     collective in a loop's body (the micro-batches of --grad-accum) as often as the loop runs it. An asynchronous
     collective (XLA:GPU's `all-gather-start` and `-done`) is read from its `-done`, whose result is what it moved:
-    the `-start`'s tuple also holds its operands (and a permute's context scalars)."""
-    found = collections.defaultdict(list)
+    the `-start`'s tuple also holds its operands (and a permute's context scalars). A `MovedByKind`."""
+    found = MovedByKind()
     computations = hlo_computations(hlo)
     runs = hlo_runs(computations, trip_count)
     for name, _, lines in computations:
@@ -51,10 +61,23 @@ def hlo_collectives(hlo, trip_count=1):
                                    r"collective-permute)(?:-done)?\(", line)
             if collective:
                 shapes = re.findall(r"[a-z0-9]+\[[0-9,]*\]", re.sub(r"\{[0-9,]*\}", "", collective.group(1)))
-                found[collective.group(2)] += shapes * runs[name]
+                found.setdefault(collective.group(2), []).extend(shapes * runs[name])
+                found.instructions[collective.group(2)] += runs[name]
     return found
 
 
 def collective_counts(by_kind):
     """{kind: arrays moved} of `hlo_collectives`'s {kind: [shapes]}, the kinds in order."""
     return {kind: len(shapes) for kind, shapes in sorted(by_kind.items())}
+
+
+def instruction_counts(by_kind):
+    """{kind: collective instructions run} of `hlo_collectives`'s answer, the kinds in order."""
+    return {kind: by_kind.instructions[kind] for kind in sorted(by_kind)}
+
+
+def collectives_counted(by_kind):
+    """The record of a step's collectives (`hlo_collectives`'s answer): `collectives_per_step` ({kind: arrays
+    moved}) and `collective_instructions_per_step` ({kind: the instructions that moved them})."""
+    return {"collectives_per_step": collective_counts(by_kind),
+            "collective_instructions_per_step": instruction_counts(by_kind)}

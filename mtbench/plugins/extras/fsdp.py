@@ -38,7 +38,7 @@ from mtbench import (
 )
 from mtbench.plugins.backends.keras_optimizer import all_moments, moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
-from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
+from mtbench.plugins.extras.compiled_collectives import collectives_counted, hlo_collectives
 from mtbench.plugins.extras.dispatched_collectives import ProfiledCall, dispatched_counts
 
 DATA_AXIS = "data"
@@ -209,7 +209,7 @@ class CompiledCollectivesRecording(StateRecording):
 
     def record_compiled_collectives(self, by_kind, batch):
         """Records the collectives ({kind: arrays moved}) of the step's program compiled for `batch`."""
-        self.record["collectives_per_step"] = collective_counts(by_kind)
+        self.record.update(collectives_counted(by_kind))
 
 
 def jax_step_state(step):

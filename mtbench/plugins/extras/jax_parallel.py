@@ -12,7 +12,7 @@ from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy
 from mtbench.plugins.backends.jax_jit_step import SEED_STATE, correct_tokens, jax_step_numerics, token_cross_entropy
 from mtbench.plugins.backends.jax_layer_norm import TracedForms, one_pass_layer_norms
 from mtbench.plugins.backends.layer_norm_rows import layer_norms
-from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
+from mtbench.plugins.extras.compiled_collectives import collectives_counted, hlo_collectives
 from mtbench.plugins.extras.fsdp import CompiledCollectivesRecording, devices_reason, use_distribution
 
 
@@ -118,7 +118,7 @@ class PmapTrainStep(TrainStep):
         if self.first_batch is not None:
             # What the step ran: the psums of the gradients, the loss and the token count, as XLA combined them.
             program = self._step.lower(*self.state, *self.first_batch).compile().as_text()
-            self.record["collectives_per_step"] = collective_counts(hlo_collectives(program))
+            self.record.update(collectives_counted(hlo_collectives(program)))
             self.first_batch = None
         for group, values in zip(self._keras_state(), self.state):
             for variable, value in zip(group, values):

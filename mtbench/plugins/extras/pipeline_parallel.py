@@ -37,7 +37,7 @@ import functools
 from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
 from mtbench.plugins.backends.keras_optimizer import all_moments, inner_optimizer, moments_of, scales_losses
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
-from mtbench.plugins.extras.compiled_collectives import collective_counts, hlo_collectives
+from mtbench.plugins.extras.compiled_collectives import collectives_counted, hlo_collectives
 from mtbench.plugins.extras.dispatched_collectives import collective_kind, profiled_collectives
 from mtbench.plugins.extras.fsdp import (
     SIMULATE_HINT,
@@ -749,7 +749,7 @@ class JaxPipelineStep(StateRecording):
         if self.first_batch is not None and self.inner.state is not None:
             program = self.inner.lowered_program(*self.first_batch, optimised=True)
             collectives = hlo_collectives(program)
-            self.record["collectives_per_step"] = collective_counts(collectives)
+            self.record.update(collectives_counted(collectives))
             # Where remat recomputes the stages' blocks, their forward products appear again in the backward.
             self.record["matrix_products_compiled"] = compiled_products(program)
             # {kind: {shape: times a step}}: the activations' shapes, moved at every tick, are told by their width.

@@ -41,7 +41,7 @@ import re
 from mtbench import Extra, MtbenchError, RunFailure, hookimpl, uneven_split_reason
 from mtbench.plugins.backends.keras_optimizer import moments_of
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW
-from mtbench.plugins.extras.compiled_collectives import collective_counts
+from mtbench.plugins.extras.compiled_collectives import collectives_counted
 from mtbench.plugins.extras.dispatched_collectives import dispatched_counts
 from mtbench.plugins.extras.gradient_buckets import GradientBuckets
 from mtbench.plugins.extras.fsdp import (
@@ -138,9 +138,9 @@ def require_plan(model):
 # ----- JAX -----
 
 def collectives_record(by_kind, activation_pattern):
-    """The record of a step's collectives: {kind: arrays moved} and how many were all-reduces of block
+    """The record of a step's collectives (`collectives_counted`) and how many were all-reduces of block
     activations (`activation_pattern` matches their shapes)."""
-    return {"collectives_per_step": collective_counts(by_kind),
+    return {**collectives_counted(by_kind),
             "activation_all_reduces_per_step": sum(bool(re.fullmatch(activation_pattern, shape))
                                                    for shape in by_kind.get("all-reduce", []))}
 

@@ -11,6 +11,10 @@ class PluginCallbacks:
         for plugin, callback in self.named_callbacks:
             self._call(plugin, callback, "set_model", model)
 
+    def record(self):
+        """[{plugin, callback}] of the callbacks that joined the run (the result's `keras_callbacks`)."""
+        return [{"plugin": plugin, "callback": type(callback).__name__} for plugin, callback in self.named_callbacks]
+
     def on_train_begin(self):
         self._each("on_train_begin")
 

@@ -925,14 +925,16 @@ COLLECTIVES_TITLE = "collectives a step"
 
 
 # Where each backend's extras count a step's collectives, which the counts are not comparable without: JAX's in the
-# compiled program (each array of a combined collective, a loop's body as often as it runs), torch's as its profiler
-# saw them dispatched in one step (a pipeline's of process 0).
+# compiled program (its collective instructions, with the arrays they move where XLA combined several into one; a
+# loop's body as often as it runs), torch's as its profiler saw them dispatched in one step (a pipeline's of
+# process 0).
 COUNTED_WHERE = {"jax": "in the compiled step", "torch": "dispatched, torch's profiler"}
 
 
 def counted_collectives(result):
     """{extra: text} of the collectives a step that a run's extras counted (`extras_record`): each kind's count and
-    where it was counted ('all-reduce 28 (in the compiled step)', 'all-gather 1, all-reduce 9 (dispatched over gloo,
+    where it was counted ('all-reduce 3 (28 arrays) (in the compiled step)': a JAX step's instructions and the arrays
+    they move, where they differ, of results that record both; 'all-gather 1, all-reduce 9 (dispatched over gloo,
     torch's profiler)', `COUNTED_WHERE`), a torch pipeline's messages with them, DDP's bucket all-reduces as its
     reducer logged them, or 'not counted' and why where a count was withheld (a step replayed from CUDA graphs), or
     'not counted by extra X' where an extra that spans the processes or devices (`processes.spanned_by`) counts
@@ -951,7 +953,10 @@ def counted_collectives(result):
             said = where and where.replace("dispatched", f"dispatched {over}".strip())
             if key == "messages_per_step" and said:
                 said = f"process 0's, {said}"
-            counted[extra] = (", ".join(f"{kind} {count}" for kind, count in sorted(record[key].items())) or "none") \
+            instructions = record.get("collective_instructions_per_step") or {} if key == "collectives_per_step" \
+                else {}
+            counted[extra] = (", ".join(collective_count_text(kind, count, instructions.get(kind))
+                                        for kind, count in sorted(record[key].items())) or "none") \
                 + (f" ({said})" if said else "")
         elif record.get("gradient_buckets") is not None:
             counted[extra] = f"all-reduce {record['gradient_buckets']} (DDP's gradient buckets)"
@@ -959,6 +964,14 @@ def counted_collectives(result):
         spanning = (result.get("processes") or {}).get("spanned_by") or ()
         counted = {extra: f"not counted by extra '{extra}'" for extra in spanning}
     return counted
+
+
+def collective_count_text(kind, arrays, instructions=None):
+    """'all-reduce 3 (28 arrays)': the collectives of a kind a step ran, with the arrays they moved where XLA combined
+    several into one instruction; 'all-reduce 28' where only the arrays were counted (results before 2026-12-07)."""
+    if instructions is None:
+        return f"{kind} {arrays}"
+    return f"{kind} {instructions}" + (f" ({arrays} arrays)" if arrays != instructions else "")
 
 
 def collectives_text(result):

@@ -140,6 +140,17 @@ def test_a_collective_in_a_loops_body_counts_as_often_as_the_loop_runs(trips, tr
     assert sorted(found["all-reduce"]) == ["f32[4]"] * runs + ["f32[]"]
 
 
+def test_a_combined_collective_is_one_instruction_moving_each_of_its_arrays():
+    """XLA combines independent all-reduces (a step's gradients, its loss and token count) into one of a tuple: the
+    arrays it moves each count, and so does the one instruction, as torch's profiler counts a dispatched call."""
+    from mtbench.plugins.extras.compiled_collectives import collectives_counted, hlo_collectives
+    program = LOOPED_PROGRAM.replace("{TRIPS}", '{"known_trip_count":{"n":"3"}}').replace(
+        "%all-reduce.2 = f32[] all-reduce(f32[] %s)",
+        "%all-reduce.2 = (f32[], f32[8]{0}, f32[2,4]{1,0}) all-reduce(f32[] %s, f32[8]{0} %u, f32[2,4]{1,0} %v)")
+    assert collectives_counted(hlo_collectives(program)) == {
+        "collectives_per_step": {"all-reduce": 3 + 3}, "collective_instructions_per_step": {"all-reduce": 3 + 1}}
+
+
 def test_an_asynchronous_collective_counts_once_with_what_it_moved():
     """XLA:GPU runs collectives asynchronously, as a `-start` whose tuple holds the operands beside the result (a
     permute's two context scalars too) and a `-done` whose result is what moved: each counts once, as XLA:CPU's

@@ -75,6 +75,16 @@ def test_a_quiet_run_carries_no_warning(tiny_runs):
     assert rows(quiet(tiny_runs["jax"]["result"]))["warnings"] == "none"
 
 
+def test_an_extras_own_warning_joins_the_runs_and_its_table(tiny_runs):
+    """An extra's record may say that what it did misleads a reader of the figures (fsdp holding most weights whole):
+    its `warning` is the run's, named with the extra; a record without one, or not a dict, adds none."""
+    result = quiet(tiny_runs["jax"]["result"])
+    result["extras_record"] = {"fsdp": {"warning": "holds 34 of 36 weights whole"}, "loss-log": {"steps": 3},
+                               "broken": "record failed"}
+    assert run_warnings(result) == ["extra 'fsdp': holds 34 of 36 weights whole"]
+    assert rows(result)["warnings"] == "extra 'fsdp': holds 34 of 36 weights whole"
+
+
 def test_a_run_that_stopped_early_says_where_in_every_report(tiny_runs, tmp_path):
     """A partial result (Ctrl-C, a diverged loss) is reported beside complete ones: its warning says so, and the
     comparison's ranking does not rest on it unflagged."""
