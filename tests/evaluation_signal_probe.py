@@ -37,7 +37,7 @@ def main(rank, coordinator):
     result = {"metrics": {}, "model": {}}
     stopped = evaluate_and_save(
         result, SimpleNamespace(measure_only=False, save_model=False), SimpleNamespace(processes=processes),
-        SimpleNamespace(task_code=contextlib.nullcontext), None, SimpleNamespace(evaluator=SimpleNamespace(evaluate=evaluate)), SimpleNamespace(writes=rank == 0),
+        SimpleNamespace(task_code=contextlib.nullcontext, task=SimpleNamespace(metrics=("test_loss",))), None, SimpleNamespace(evaluator=SimpleNamespace(evaluate=evaluate)), SimpleNamespace(writes=rank == 0),
         Stopwatch(), Console(file=io.StringIO()), None, None)  # (no outcome or checkpoints: several finish first)
     print(json.dumps({"stopped": stopped and stopped.name, "exit_code": stopped and stopped.exit_code,
                       "said": stopped and stopped_after_training(result, stopped), "halves": halves,
