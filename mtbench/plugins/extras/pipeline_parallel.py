@@ -551,6 +551,28 @@ def _unstacking_program(shardings):
     return jax.jit(list, out_shardings=list(shardings))
 
 
+@functools.lru_cache(maxsize=1)
+def _next_stage():
+    """h -> h moved one stage on along its first axis (the last stage's to the first), differentiated as the move
+    back: JAX's own transpose of `jnp.roll` (a split, then pads) costs two collective permutes over a sharded axis,
+    where one moves it."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def next_stage(h):
+        return jnp.roll(h, 1, axis=0)
+
+    def forward(h):
+        return next_stage(h), None
+
+    def backward(_, gradient):
+        return (jnp.roll(gradient, -1, axis=0),)
+
+    next_stage.defvjp(forward, backward)
+    return next_stage
+
+
 class StagedModel:
     """What mtbench's jit step trains in place of a GPT, as MaxText pipelines: the j-th block of every stage held
     as one stacked variable a weight, sharded over the mesh's `stage` axis, so that each device holds its stage's
@@ -693,7 +715,7 @@ class StagedModel:
             def tick(carry, entering):
                 h, states = carry
                 # Each stage's output moves on to the next (a collective permute); the first takes a micro-batch.
-                h = constrain(jnp.where(first, entering, jnp.roll(h, 1, axis=0)), laid(STAGE_AXIS))
+                h = constrain(jnp.where(first, entering, _next_stage()(h)), laid(STAGE_AXIS))
                 h, states = jax.vmap(run_stage)(weights, states, h)
                 return (h, states), h
 
