@@ -114,7 +114,7 @@ def pipeline_reason(config, shape, processes, units="processes", backend="torch"
         return f"splits the blocks of mtbench's language models ({' and '.join(PIPELINED_FAMILIES)}), not '{family}'"
     blocks = getattr(shape, "decoder_layers", None)
     if blocks is not None and blocks < stages:
-        return (f"the model's {blocks} blocks (--layers) cannot fill {stages} stages, one a "
+        return (f"the model's {blocks} block{'s' * (blocks != 1)} (--layers) cannot fill {stages} stages, one a "
                 f"{'device' if units.startswith('device') else 'process'}")
     if backend == "jax":
         if blocks is not None and blocks % stages:

@@ -223,7 +223,7 @@ JAX_GPT = ["--backend", "jax", *TINY_GPT[2:], "--steps", "20"]
 @pytest.mark.parametrize("changes, devices, reason", [
     ({}, 1, "needs at least 2 devices; this run has 1 (simulate N devices on the CPU with "
             "XLA_FLAGS=--xla_force_host_platform_device_count=N JAX_PLATFORMS=cpu)"),
-    ({"decoder_layers": 1}, 2, "the model's 1 blocks (--layers) cannot fill 2 stages, one a device"),
+    ({"decoder_layers": 1}, 2, "the model's 1 block (--layers) cannot fill 2 stages, one a device"),
     ({"decoder_layers": 3}, 2, "JAX stacks the stages' blocks into one array a weight, sharded over the stage "
                                "axis: the model's 3 blocks (--layers) must divide evenly into its 2 stages"),
     ({"pipeline_schedule": "1f1b"}, 2, "JAX differentiates its pipeline as one program, every forward then every "
