@@ -15,7 +15,7 @@ from mtbench.plugins.api import ModelFamily, RunContext
 from mtbench.runner.choices import dtype_refusal
 from mtbench.runner.config import TrainConfig, decoding_name
 from mtbench.runner.evaluation.sampling import (continuation, continued_text, drawable_ids, numpy_logits,
-                                                 unknown_prompt_tokens)
+                                                 unknown_id, unknown_prompt_tokens)
 from mtbench.runner.saved_model import ModelSource, find_model, load_weights, model_files
 from mtbench.runner.setup import (import_keras, resolve_backend, resolve_model, RunPlugins, set_matmul_precision,
                                   starting_weights)
@@ -262,7 +262,7 @@ def generate_text(path, registry, prompt, backend_name=None, max_new_tokens=200,
     forward = numpy_logits(model, lambda fn: loaded.plugins.backend.compile_inference(fn, model))
     started = time.perf_counter()
     generated = continuation(forward, ids, block, max_new_tokens, temperature, top_k, np.random.default_rng(seed),
-                             drawable_ids(loaded.tokenizer))
+                             drawable_ids(loaded.tokenizer), unknown_id(loaded.tokenizer))
     seconds = time.perf_counter() - started
     return continued_text(loaded.tokenizer, ids, generated), {
         "model": loaded.source.label, "backend": loaded.plugins.backend.name,

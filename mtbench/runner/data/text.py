@@ -165,6 +165,7 @@ class CharTokenizer(ByteTokenizer):
     """The distinct characters of the training split, and id 0 for any other (<unk>), as nanoGPT's
     Shakespeare-character model."""
     kind = "char"
+    unknown_id = 0
 
     def __init__(self, characters):
         self.characters = "".join(sorted(set(characters)))

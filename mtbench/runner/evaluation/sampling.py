@@ -16,12 +16,13 @@ def numpy_logits(model, compile_inference):
     return lambda x: ops.convert_to_numpy(compiled(x))
 
 
-def continuation(forward, ids, block, new_tokens, temperature, top_k, rng, text_ids=None):
+def continuation(forward, ids, block, new_tokens, temperature, top_k, rng, text_ids=None, unknown=None):
     """The `new_tokens` token ids after `ids`: each from the logits `forward` (a compiled call on one row of
     `block` token ids, returning numpy logits: `numpy_logits`) gives at the last position of the last `block` tokens,
     greedily (`temperature` 0) or drawn by `rng` from the softmax of logits / `temperature`, restricted to the
     `top_k` most likely tokens; `text_ids`: how many ids, from 0, stand for text (`drawable_ids`), the rows past
-    them (a padded vocabulary's) never taken."""
+    them (a padded vocabulary's) never taken; `unknown`: the id unknown text is read as (`unknown_id`), never taken
+    either."""
     generated = []
     for _ in range(new_tokens):
         window = (list(ids) + generated)[-block:]
@@ -30,6 +31,8 @@ def continuation(forward, ids, block, new_tokens, temperature, top_k, rng, text_
         logits = np.asarray(forward(x))[0, len(window) - 1].astype(np.float64)
         if text_ids is not None:
             logits = logits[:text_ids]
+        if unknown is not None:
+            logits[unknown] = -np.inf
         generated.append(next_token(logits, temperature, top_k, rng))
     return generated
 
@@ -39,6 +42,12 @@ def drawable_ids(tokenizer):
     50,304 rows has 256), or None: every id."""
     text_ids = getattr(tokenizer, "text_ids", None)
     return text_ids() if callable(text_ids) else None
+
+
+def unknown_id(tokenizer):
+    """The id `tokenizer` reads text it does not know as (a character tokenizer's <unk>, which nanoGPT's vocabulary
+    has not), or None: no training text is it and it decodes to a replacement character, so no sample draws it."""
+    return getattr(tokenizer, "unknown_id", None)
 
 
 def continued_text(tokenizer, ids, generated):

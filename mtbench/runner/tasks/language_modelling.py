@@ -270,14 +270,14 @@ class LanguageModelEvaluator(Evaluator):
         """The prompt and its continuation drawn as nanoGPT's sample.py draws (the same draws every validation)."""
         import numpy as np
         from mtbench.runner.evaluation.sampling import (SAMPLE_TEMPERATURE, SAMPLE_TOP_K, continuation,
-                                                        continued_text, drawable_ids)
+                                                        continued_text, drawable_ids, unknown_id)
         tokenizer = self.data.tokenizer
         ids = tokenizer.encode_text(prompt)
         if not len(ids):
             raise MtbenchError(f"--sample-prompt {prompt!r} has no token of this tokenizer")
         tokens = continuation(self.logits, ids, self.config.max_len, self.config.sample_tokens,
                               SAMPLE_TEMPERATURE, SAMPLE_TOP_K, np.random.default_rng(self.config.seed),
-                              drawable_ids(tokenizer))
+                              drawable_ids(tokenizer), unknown_id(tokenizer))
         return prompt + continued_text(tokenizer, ids, tokens)
 
     def before_training(self):

@@ -64,3 +64,17 @@ def test_a_padded_vocabulary_draws_only_the_ids_that_stand_for_text():
     assert drawable_ids(ByteTokenizer(rows)) == 256 and drawable_ids(CharTokenizer("ab")) == 3
     assert drawable_ids(TokenIds(128, list("abc"))) == 3 and drawable_ids(TokenIds(128)) is None
     assert max(continuation(favours_padding, [1], 8, 5, 0, None, np.random.default_rng(0))) >= 256  # unmasked
+
+
+def test_a_character_vocabulary_never_draws_its_unknown_character():
+    """A model of a few steps drew the char tokenizer's <unk> (id 0, which no training text is), printed as U+FFFD
+    in its sample: nanoGPT's vocabulary has no such id to draw."""
+    from mtbench.runner.evaluation.sampling import continuation, drawable_ids, unknown_id
+    tokenizer = CharTokenizer("ab")
+    favours_unknown = lambda x: np.array([10.0, 0.0, 1.0])[None, None, :].repeat(x.shape[1], 1)
+    for temperature, top_k in ((0, None), (1.0, None), (1.0, 2)):
+        drawn = continuation(favours_unknown, [1], 8, 20, temperature, top_k, np.random.default_rng(0),
+                             drawable_ids(tokenizer), unknown_id(tokenizer))
+        assert len(drawn) == 20 and 0 not in drawn
+    assert continuation(favours_unknown, [1], 8, 3, 0, None, np.random.default_rng(0)) == [0, 0, 0]  # unmasked
+    assert unknown_id(ByteTokenizer()) is None
