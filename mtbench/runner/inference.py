@@ -12,6 +12,7 @@ import numpy as np
 
 from mtbench.errors import MtbenchError
 from mtbench.plugins.api import ModelFamily, RunContext
+from mtbench.plugins.manager import A_DICT
 from mtbench.runner.choices import dtype_refusal
 from mtbench.runner.config import TrainConfig, decoding_name
 from mtbench.runner.evaluation.sampling import (continuation, continued_text, drawable_ids, numpy_logits,
@@ -174,14 +175,15 @@ def rebuilt_model(located, registry):
     keras = import_keras(config, backend, registry=registry)
     # The run's persistent compilation cache: decoding and scoring the model again compile nothing already kept.
     backend.open_compile_cache(config)
-    refused = dtype_refusal(backend, config.dtype, backend.device_info()) if located.dtype_given else None
+    device = registry.answer("backends", backend, "device_info", expect=A_DICT)
+    refused = dtype_refusal(backend, config.dtype, device, registry) if located.dtype_given else None
     if refused:
         raise MtbenchError(refused)
     # The float32 matmuls as the run trained them: a GPU's JAX default (TF32) would decode differently.
     set_matmul_precision(backend, config.matmul_precision)
     keras.config.set_dtype_policy(config.dtype)
     plugins.model_path, tokenizer = model_files(source, plugins)
-    run = RunContext(config=config, backend=backend, device=backend.device_info())
+    run = RunContext(config=config, backend=backend, device=device)
     with plugins.model_code():
         model, _ = family.build(run, plugins.model_path, tokenizer, config.max_len)
     if source.weights is None:

@@ -283,7 +283,7 @@ def check_dtype(specs, dtype, devices, registry):
         backend = registry.backends.get(spec.backend)
         if spec.foreign or backend is None:
             continue
-        reason = dtype_refusal(backend, dtype, (devices or {}).get(spec.backend) or {})
+        reason = dtype_refusal(backend, dtype, (devices or {}).get(spec.backend) or {}, registry)
         if reason:
             raise MtbenchError(f"run '{spec.label}': {reason}")
 
