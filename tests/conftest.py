@@ -303,6 +303,13 @@ def install_plugin_distribution(site, package, entry_point, module, version="1.0
     (info / "entry_points.txt").write_text(f"[mtbench]\n{entry_point} = {module}\n")
 
 
+def install_plugin_module(site, module, entry_point, source, version="1.0"):
+    """A plugin of one module, `module`.py of `source` in directory `site`, installed as the distribution `module`
+    with the `mtbench` entry point `entry_point` (`install_plugin_distribution`)."""
+    (site / f"{module}.py").write_text(source)
+    install_plugin_distribution(site, module, entry_point, module, version)
+
+
 def first_position_kept_or_dropped(attended, values):
     """Asserts of a causal attention's output at its first position (one key, probability 1) through dropout at
     0.5: each head's is that value doubled or zero (the probability kept or dropped whole), about half of each.
@@ -830,8 +837,7 @@ def plugin_path(tmp_path_factory):
     name."""
     site = tmp_path_factory.mktemp("site")
     for package, (version, entry_point, source) in THIRD_PARTY_PACKAGES.items():
-        (site / f"{package}.py").write_text(source)
-        install_plugin_distribution(site, package, entry_point, package, version)
+        install_plugin_module(site, package, entry_point, source, version)
     return str(site)
 
 

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import ONE_BUCKET, TINY_TRAIN, env_with, install_plugin_distribution, run_cli
+from conftest import ONE_BUCKET, TINY_TRAIN, env_with, install_plugin_module, run_cli
 
 # mtbench's JAX backend under another name, BACKEND_BAD choosing the method that fails and how.
 FAULTY_BACKEND = textwrap.dedent('''
@@ -71,8 +71,7 @@ NAMED = "backend 'faulty-jax' of plugin 'faultyjax' failed: "
 @pytest.fixture(scope="module")
 def faulty_plugin(tmp_path_factory):
     site = tmp_path_factory.mktemp("faulty-site")
-    (site / "mtbench_faultyjax.py").write_text(FAULTY_BACKEND)
-    install_plugin_distribution(site, "mtbench_faultyjax", "faultyjax", "mtbench_faultyjax", "1.0")
+    install_plugin_module(site, "mtbench_faultyjax", "faultyjax", FAULTY_BACKEND)
     return str(site)
 
 

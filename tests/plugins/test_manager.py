@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import ONE_BUCKET, TINY_TRAIN, env_with, install_plugin_distribution, python_path, run_cli
+from conftest import ONE_BUCKET, TINY_TRAIN, env_with, install_plugin_module, python_path, run_cli
 
 LOADED = "mtbench-thirdparty,mtbench_broken,MTBENCH.FLAKY"  # package names, spelt as pip compares them
 
@@ -365,8 +365,7 @@ def hook_mistakes_path(tmp_path_factory):
     site = tmp_path_factory.mktemp("hook-mistakes-site")
     for package, entry_point, source in (("mtbench_unmarked", "unmarked", UNMARKED),
                                          ("mtbench_other_arguments", "otherargs", OTHER_ARGUMENTS)):
-        (site / f"{package}.py").write_text(source)
-        install_plugin_distribution(site, package, entry_point, package)
+        install_plugin_module(site, package, entry_point, source)
     return str(site)
 
 

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import assert_refused_in_one_line, env_with, install_plugin_distribution, run_cli
+from conftest import assert_refused_in_one_line, env_with, install_plugin_module, run_cli
 
 # A task as docs/plugins.md describes one: a decoder-only model reads 4 digits and writes them sorted. TASK_BAD
 # (comma-separated) chooses its mistakes.
@@ -194,8 +194,7 @@ SORT_TASK = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def sort_plugin(tmp_path_factory):
     site = tmp_path_factory.mktemp("sort-site")
-    (site / "mtbench_sorttask.py").write_text(SORT_TASK)
-    install_plugin_distribution(site, "mtbench_sorttask", "sorttask", "mtbench_sorttask", "1.0")
+    install_plugin_module(site, "mtbench_sorttask", "sorttask", SORT_TASK)
     return str(site)
 
 

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from conftest import (COMPARE_STEPS, CPU_ONLY, ONE_BUCKET, REPOSITORY, TINY_COMPARE, assert_refused_in_one_line,
-                      device_kind, env_with, install_plugin_distribution, run_cli, simulated_devices)
+                      device_kind, env_with, install_plugin_module, run_cli, simulated_devices)
 from optimizer_exercise import float32_matmul_arithmetic, matmul_tolerance
 from mtbench.figures import FIGURES_BY_KEY, run_dtype, shown_figures
 from mtbench.runner.results.parity import check_parity
@@ -325,8 +325,7 @@ def test_an_extra_whose_config_changes_part_the_runs_is_named_before_any_run_tra
     is named before the weights are drawn."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "mtbench_half_lr.py").write_text(HALF_LR)
-    install_plugin_distribution(site, "mtbench_half_lr", "half-lr", "mtbench_half_lr")
+    install_plugin_module(site, "mtbench_half_lr", "half-lr", HALF_LR)
     out = tmp_path / "out" / "c.json"
     proc = run_cli("compare", "--matrix", "jax;torch+half-lr", *GPT_TINY, "--out", str(out),
                    env={**CPU_ONLY, **env_with(site), "MTBENCH_LOAD_PLUGINS": "mtbench-half-lr"})
@@ -371,10 +370,9 @@ def test_an_extras_change_found_only_once_the_runs_trained_is_named_with_the_ref
     those the preflight sees): the runs train, and the refusal names what the run changed as it trained."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "mtbench_half_lr.py").write_text(HALF_LR.replace(
+    install_plugin_module(site, "mtbench_half_lr", "half-lr", HALF_LR.replace(
         "    def config_changes", "    def environment(self, config):\n        return {'MTBENCH_HALF_LR': '1'}\n\n"
         "    def config_changes"))
-    install_plugin_distribution(site, "mtbench_half_lr", "half-lr", "mtbench_half_lr")
     proc = run_cli("compare", "--matrix", "jax;jax+half-lr", *GPT_TINY, "--out", str(tmp_path / "c.json"),
                    env={**CPU_ONLY, **env_with(site), "MTBENCH_LOAD_PLUGINS": "mtbench-half-lr"})
     assert proc.returncode == 2, proc.stderr[-3000:]
