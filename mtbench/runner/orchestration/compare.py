@@ -28,6 +28,7 @@ from mtbench.runner.results.report import (LoadedRun, baseline_label, build_comp
 from mtbench.runner.results.reporting import run_reporters
 from mtbench.runner.results.schema import result_stem
 from mtbench.runner.run_file import RUN_FILE_FORMAT, write_run_file
+from mtbench.runner.setup import resolve_model
 
 # Beside each run's result: the run file its process trained from (`mtbench train --run-file`).
 RUN_FILE_SUFFIX = ".train.json"
@@ -348,9 +349,7 @@ def run_configuration(plan, spec, weights, result_file, registry):
         **plan.options, **dict(spec.sizes), "backend": spec.backend, "extras": spec.extras,
         "initial_weights": weights["file"], "init": drawn_scheme(weights["init"]), "out": result_file,
         "run_group": plan.group, "overwrite": plan.overwrite})
-    name, path = config.model_family
-    with registry.plugin_code("models", name):
-        registry.lookup("models", name).check(path, config)
+    resolve_model(config, registry)  # the family's check, as `train` runs it
     return config
 
 
