@@ -40,7 +40,7 @@ class _TrainingBar:
         self.bar.update(self.task, advance=1, loss=loss, tokens_per_s=tokens_per_s)
 
     def validation(self, step, scores):
-        self.bar.console.print(validation_line(step, scores), highlight=False, soft_wrap=True)
+        self.note(validation_line(step, scores))
 
     def note(self, text):
         self.bar.console.print(text, highlight=False, soft_wrap=True)
