@@ -3,6 +3,7 @@ extras, the flags it sets over the shared ones, its processes and interpreter), 
 and, on a CUDA GPU, torch's compiled twin beside its eager run."""
 
 import dataclasses
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -259,6 +260,26 @@ def refuse_the_same_run_twice(specs):
         raise MtbenchError(f"run '{twice}' is listed twice; use --repeats to run it again")
 
 
+def refuse_the_same_configuration_twice(specs, configs):
+    """Two entries whose flags differ but train the same model the same way (`jax;jax:d-model=64` where the
+    preset is 64 wide) would train one run twice under two names, each held against the other. `configs`: each
+    run's TrainConfig, its model's shape resolved from the preset under the flags."""
+    seen = {}
+    for spec, config in zip(specs, configs):
+        options = {key: value for key, value in config.to_dict().items() if key not in SIZE_KEYS}
+        key = (json.dumps(options, sort_keys=True, default=str), repr(config.model), spec.processes,
+               spec.interpreter)
+        if key in seen:
+            first = seen[key]
+            settings = ", ".join(f"{name.replace('_', '-')}={value:g}" if isinstance(value, float)
+                                 else f"{name.replace('_', '-')}={value}"
+                                 for name, value in sorted(set(first.sizes) ^ set(spec.sizes)))
+            raise MtbenchError(f"runs '{first.label}' and '{spec.label}' train the same configuration"
+                               f"{f' ({settings} is what both train)' if settings else ''}; list it once, or use "
+                               f"--repeats to run it again")
+        seen[key] = spec
+
+
 def named_as_results(specs, configs):
     """`specs`, each named by the sweep settings whose value differs between the runs' `configs` (each run's
     configuration as a dict: the shared options, the defaults and what the run sets), as `comparison_labels`
@@ -331,8 +352,9 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
             check_options_against_extras(configs[-1], chosen)
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}") from None
+    specs = named_as_results(specs, [config.to_dict() for config in configs])
+    refuse_the_same_configuration_twice(specs, configs)
     configs = [config.to_dict() for config in configs]
-    specs = named_as_results(specs, configs)
     devices = probe(runs_to_preflight(specs, configs))
     twins = matrix is None and step == "auto" and TORCH_COMPILED not in extras
     if twins:

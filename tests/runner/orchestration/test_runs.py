@@ -184,10 +184,12 @@ def test_beside_a_run_naming_fused_attention_the_others_attend_unfused_as_their_
     assert configuration_differences({"attention": "unfused", "extras": ["flash-attention"], "seed": 0},
                                      {"attention": "auto", "extras": [], "seed": 0}) == []
     # Without a run that names the extra, auto stays each run's to choose; what the user asked is every run's.
-    for matrix, attention in (("jax;torch", "auto"), ("jax;jax+flash-attention", "fused")):
-        planned = plan_comparison(None, (), matrix, options(attention=attention), plugins, probe=on_gpu)
-        assert all("attention" not in dict(spec.sizes) for spec in planned.specs), (matrix, attention)
+    planned = plan_comparison(None, (), "jax;torch", options(attention="auto"), plugins, probe=on_gpu)
+    assert all("attention" not in dict(spec.sizes) for spec in planned.specs)
     from mtbench import MtbenchError
+    # --attention fused gives every run the extra: 'jax' is then the run 'jax+flash-attention' is
+    with pytest.raises(MtbenchError, match="^runs 'jax' and 'jax\\+flash-attention' train the same configuration"):
+        plan_comparison(None, (), "jax;jax+flash-attention", options(attention="fused"), plugins, probe=on_gpu)
     with pytest.raises(MtbenchError, match="--attention unfused contradicts --extra flash-attention"):
         plan_comparison(None, (), "jax;jax+flash-attention", options(attention="unfused"), plugins, probe=on_gpu)
 
@@ -211,6 +213,24 @@ def test_runs_are_named_by_the_settings_they_differ_in_as_the_table_names_their_
         ["jax:model=gpt,block-size=32", "jax:model=gpt,block-size=64"]
     with pytest.raises(MtbenchError, match="^run 'jax' is listed twice"):
         labels("jax:batch-size=48;jax", batch_size=48)
+
+
+def test_two_entries_that_train_the_same_configuration_are_refused_by_the_flags_that_made_them_look_different():
+    """`tiny` is 64 wide: `jax:d-model=64` is the run `jax` is, under another name, and each would be held against
+    the other. Entries whose flags make a difference are planned."""
+    from mtbench import MtbenchError
+    from mtbench.runner.orchestration.runs import plan_comparison
+    plan = lambda matrix, **given: plan_comparison(None, (), matrix, options(**given), registry(),
+                                                  probe=lambda runs: {"jax": CPU, "torch": CPU})
+    with pytest.raises(MtbenchError) as refused:
+        plan("jax;torch;jax:d-model=64")
+    assert str(refused.value) == ("runs 'jax' and 'jax:d-model=64' train the same configuration (d-model=64 is what "
+                                  "both train); list it once, or use --repeats to run it again")
+    with pytest.raises(MtbenchError, match="^runs 'jax:heads=4' and 'jax:heads=4,ff-dim=128' train the same"):
+        plan("jax:heads=4;jax:heads=4,ff-dim=128")
+    assert [spec.label for spec in plan("jax;jax:d-model=32").specs] == ["jax", "jax:d-model=32"]
+    # the same configuration on the other backend is another run
+    assert [spec.label for spec in plan("jax:d-model=64;torch").specs] == ["jax:d-model=64", "torch"]
 
 
 def test_each_block_size_of_a_sweep_starts_from_a_weights_file_of_its_own():
