@@ -243,6 +243,7 @@ RUN_CONFIGURATION_OPTIONS = (
     click.option("--learning-rate", type=float, default=1e-3, show_default=True),
     click.option("--warmup-steps", type=int, default=100, show_default=True),
     click.option("--min-learning-rate", type=float, metavar="LR", help="The cosine schedule's floor (default: a tenth of --learning-rate)."),
+    click.option("--lr-decay-steps", type=int, metavar="N", help="The step at which the cosine decay reaches its floor, counted from the first step as nanoGPT's lr_decay_iters; later steps train at the floor (default: the run's last step)."),
     click.option("--weight-decay", type=float, help="AdamW's decoupled weight decay (default: the model family's: transformer 0.01, gpt 0.1)."),
     click.option("--weight-decay-on", type=click.Choice(DECAY_CHOICES), help="Which variables decay: all, or matrices (2-D and larger: biases and norms left out, as nanoGPT) (default: transformer all, gpt matrices)."),
     click.option("--adam-beta1", type=float, help="Adam's beta1 (default 0.9)."),

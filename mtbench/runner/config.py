@@ -136,6 +136,7 @@ class TrainConfig:
     adam_beta2: float = None
     adam_epsilon: float = None
     min_learning_rate: float = None  # the cosine schedule's floor (default: the family's share of the peak)
+    lr_decay_steps: int = None     # the step the decay reaches the floor at (nanoGPT's lr_decay_iters; default: the last)
     clip: str = None               # per-variable | global | none
     clip_norm: float = None
     max_pairs: int = None          # keep only the first N pairs of the corpus (before the split)

@@ -29,6 +29,9 @@ def check_recipe_options(config):
     if config.clip == "none" and config.clip_norm is not None:  # it would clip nothing, and say nothing
         raise MtbenchError(f"--clip-norm {config.clip_norm:g} is the norm gradients are clipped to; --clip none "
                            f"clips none: give one of them")
+    if config.lr_decay_steps is not None and config.lr_decay_steps <= config.warmup_steps:
+        raise MtbenchError(f"--lr-decay-steps must exceed --warmup-steps {config.warmup_steps}: the decay begins "
+                           f"where the warm-up ends, got {config.lr_decay_steps}")
     if config.min_learning_rate is not None and not 0 <= config.min_learning_rate <= config.learning_rate:
         raise MtbenchError(f"--min-learning-rate must lie between 0 and --learning-rate {config.learning_rate:g}, "
                            f"got {config.min_learning_rate}")
@@ -36,7 +39,8 @@ def check_recipe_options(config):
 
 def optimizer_recipe(config, total_steps, family=None):
     """AdamW's settings for `config` over `total_steps`: linear warm-up from 0 to the learning rate, cosine decay
-    to `min_lr_ratio` of it (`alpha`), decoupled weight decay on the variables `decay` names, clipping by `clip`.
+    to `min_lr_ratio` of it (`alpha`) by the last step or by --lr-decay-steps, the floor after it, decoupled
+    weight decay on the variables `decay` names, clipping by `clip`.
     `family`: the run's ModelFamily (default: the registry's for `config`)."""
     recipe = dict(BASE_RECIPE)
     recipe.update(family_recipe(config, family))
@@ -48,8 +52,9 @@ def optimizer_recipe(config, total_steps, family=None):
         recipe["clip_norm"] = None
     check_betas_in_weights_dtype(recipe, config.dtype)
     warmup = min(config.warmup_steps, max(total_steps - 1, 0))
+    decay_end = total_steps if config.lr_decay_steps is None else config.lr_decay_steps
     return {**recipe, "learning_rate": config.learning_rate, "warmup_steps": warmup,
-            "decay_steps": max(total_steps - warmup, 1), "alpha": recipe["min_lr_ratio"]}
+            "decay_steps": max(decay_end - warmup, 1), "alpha": recipe["min_lr_ratio"]}
 
 
 def family_recipe(config, family=None):

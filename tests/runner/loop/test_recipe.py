@@ -1,6 +1,9 @@
 """A model family's optimizer recipe (`ModelFamily.optimizer_recipe`) is checked as the family's: a value mtbench
 refuses names the family, not the user's options."""
 
+import math
+
+import numpy as np
 import pytest
 
 from mtbench.errors import MtbenchError
@@ -57,6 +60,8 @@ def test_a_familys_recipe_that_raises_is_named_as_the_familys_failure():
     ("weight_decay_on", "biases", "--weight-decay-on 'biases' is not one of all, matrices"),
     ("min_learning_rate", 0.01, "--min-learning-rate must lie between 0 and --learning-rate 0.001, got 0.01"),
     ("min_learning_rate", float("nan"), "--min-learning-rate must lie between 0 and --learning-rate 0.001, got nan"),
+    ("lr_decay_steps", 100, "--lr-decay-steps must exceed --warmup-steps 100: the decay begins where the warm-up "
+                            "ends, got 100"),
 ])
 def test_an_optimizer_option_adamw_cannot_train_with_is_refused_by_name_when_the_run_is_configured(
         option, value, expected):
@@ -103,3 +108,33 @@ def test_clip_none_records_no_clip_norm_and_builds_an_optimizer_that_clips_nothi
     assert model.optimizer.clipnorm is None and model.optimizer.global_clipnorm is None
     clipped = optimizer_recipe(TrainConfig(clip="global"), 10)  # a clipping run still records its norm
     assert (clipped["clip"], clipped["clip_norm"]) == ("global", 1.0)
+
+
+def nanogpt_learning_rate(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
+    """nanoGPT's `get_lr` (train.py), restated."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+@pytest.mark.parametrize("lr_decay_steps", [None, 30, 59])
+def test_the_decay_reaches_the_floor_at_lr_decay_steps_as_nanogpts_lr_decay_iters_and_stays_there(lr_decay_steps):
+    """The rate Keras's AdamW reads at each update (its schedule run by keras.ops, here on JAX) is nanoGPT's from
+    the end of the warm-up on (the warm-up itself is Keras's, one step later: docs/commands.md), whether the
+    decay ends at the last step (the default) or before it, where the floor holds."""
+    import keras
+
+    from mtbench.keras_models.schedules import schedule_of_recipe
+    steps, warmup = 60, 10
+    config = TrainConfig(steps=steps, warmup_steps=warmup, learning_rate=6e-4, min_learning_rate=6e-5,
+                         lr_decay_steps=lr_decay_steps)
+    schedule = schedule_of_recipe(optimizer_recipe(config, steps))
+    applied = [float(keras.ops.convert_to_numpy(schedule(it))) for it in range(steps)]
+    decay_iters = steps if lr_decay_steps is None else lr_decay_steps
+    expected = [nanogpt_learning_rate(it, 6e-4, 6e-5, warmup, decay_iters) for it in range(steps)]
+    np.testing.assert_allclose(applied[warmup:], expected[warmup:], rtol=2e-6)
+    at_floor = [it for it in range(warmup, steps) if applied[it] == pytest.approx(6e-5, rel=1e-6)]
+    assert at_floor == list(range(decay_iters, steps))
