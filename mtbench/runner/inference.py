@@ -238,12 +238,13 @@ def evaluate_translator(translator, pairs, batch_size, progress=None, target_lan
     started = time.perf_counter()
     hypotheses = translator.translate([source for source, _ in pairs], batch_size, progress)
     translate_s = time.perf_counter() - started
-    bleu, chrf, bleu_signature, chrf_signature = score(hypotheses, [target for _, target in pairs], target_lang)
+    references = [target for _, target in pairs]
+    bleu, chrf, bleu_signature, chrf_signature = score(hypotheses, references, target_lang)
     return {
         "model": translator.source_label, "backend": translator.backend, "dtype": translator.config.dtype,
         "decoding": translator.decoding, "sentences": len(pairs), "sources_truncated": translator.truncated, "max_len": translator.config.max_len,
         "bleu": bleu, "chrf": chrf, "bleu_signature": bleu_signature, "chrf_signature": chrf_signature,
-        "bleu_note": bleu_tokenizer_note(target_lang), "translate_s": translate_s,
+        "bleu_note": bleu_tokenizer_note(target_lang, references), "translate_s": translate_s,
     }, hypotheses
 
 

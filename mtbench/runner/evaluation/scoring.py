@@ -1,6 +1,7 @@
 """Scoring: token-level loss and accuracy on a split, and BLEU/chrF of the test translations (greedy or beam
 search) with sacrebleu."""
 
+import re
 from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
@@ -64,9 +65,22 @@ def bleu_metric(target_lang=None):
     return BLEU() if bleu is None else bleu
 
 
-def bleu_tokenizer_note(target_lang=None):
-    """Where sacrebleu's tokenizer for the targets' language is not installed (Japanese's, Korean's), what BLEU
-    took instead, in words; else None."""
+# Han characters and Japanese kana: scripts written without spaces between words, which 13a reads as one word a
+# sentence (Korean separates its words with spaces).
+UNSPACED_SCRIPTS = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def bleu_tokenizer_note(target_lang=None, references=()):
+    """What BLEU's tokenizer made of targets it cannot split into words, in words, else None: where sacrebleu's
+    tokenizer for the targets' language is not installed (Japanese's, Korean's), or where the language is not
+    known and most of the `references`' characters are Chinese or Japanese (BLEU near 0 whatever the model)."""
+    if target_lang is None:
+        characters = "".join(references).replace(" ", "")
+        if characters and len(UNSPACED_SCRIPTS.findall(characters)) > len(characters) / 2:
+            return ("BLEU tokenized the targets with 13a, which takes a sentence written without spaces for one "
+                    "word, and most of their characters are Chinese or Japanese: give the target language "
+                    "(--tgt-lang zh or ja) for sacrebleu's tokenizer of it, or read chrF")
+        return None
     if _language_bleu(target_lang) is not None:
         return None
     return (f"BLEU tokenized the {target_lang} targets with 13a, which takes a sentence written without spaces "

@@ -1273,11 +1273,10 @@ def tokens_text(comparison):
 
 def context_lines(comparison):
     ranking = comparison.ranking()
-    scored = scored_sentences_text(comparison.baseline.first)
     # One run's repeats are held to each other's losses; one run alone has nothing to be held to.
     parity = comparison.parity.lines() if comparison.parity.pairs or not comparison.single else []
     return [f"configuration: {describe_configuration(comparison)}, {training_text(comparison)}",
-            *([f"test sentences scored: {scored}"] if scored else []), *split_scored_lines(comparison),
+            *scored_sentences_lines(comparison), *split_scored_lines(comparison),
             *signature_lines(comparison),
             *([f"ranking not reliable: {ranking['reason']}"] if ranking["reason"] else []),
             *parity, *energy_and_cost_lines(comparison),
@@ -1285,14 +1284,30 @@ def context_lines(comparison):
             *profile_lines(comparison)]
 
 
+def said_once_or_each(comparison, text):
+    """[(run label, what `text` says of its results)], or [(None, it)] where every run's is the same."""
+    said = {group.label: group.choice_text(text) for group in comparison.groups}
+    said = {label: said_of_run for label, said_of_run in said.items() if said_of_run}
+    return [(None, next(iter(said.values())))] if len(set(said.values())) == 1 else list(said.items())
+
+
+def scored_sentences_lines(comparison):
+    """'test sentences scored: 370 of 500 (130 longer than --max-len 48)' (`scored_sentences_text`), once where
+    every run's is the same, else once a run and why their quality figures are not held to each other's (runs of
+    other lengths translate other sentences)."""
+    said = said_once_or_each(comparison, scored_sentences_text)
+    lines = [f"test sentences scored{f' of {label}' if label else ''}: {text}" for label, text in said]
+    if len(said) > 1:
+        lines.append("the runs scored different test sentences: their test figures (BLEU, chrF, loss) are not of "
+                     "the same text")
+    return lines
+
+
 def split_scored_lines(comparison):
     """'test bytes scored: 512 of 201,451 (0.25 %); ...' (`split_scored_text`), once where every run's is the same,
     else once a run, as `signature_lines` says the signatures."""
-    said = {group.label: group.choice_text(split_scored_text) for group in comparison.groups}
-    said = {label: text for label, text in said.items() if text}
-    if len(set(said.values())) == 1:
-        return [f"test {next(iter(said.values()))}"]
-    return [f"test {text.replace(' scored: ', f' scored of {label}: ', 1)}" for label, text in said.items()]
+    return [f"test {text.replace(' scored: ', f' scored of {label}: ', 1) if label else text}"
+            for label, text in said_once_or_each(comparison, split_scored_text)]
 
 
 def interval_lines(comparison):

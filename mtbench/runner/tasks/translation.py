@@ -161,7 +161,7 @@ class TranslationEvaluator(Evaluator):
         metrics.update({"bleu": scores.bleu, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature,
                         "chrf_signature": scores.chrf_signature, "test_sentences_scored": len(scores.hypotheses),
                         "decoding": decoding_name(self.config.beam, self.config.length_penalty)})
-        warnings = [bleu_tokenizer_note(splits["corpus"].target_lang)]
+        warnings = [bleu_tokenizer_note(splits["corpus"].target_lang, scores.references)]
         if scores.hypotheses and not any(h.strip() for h in scores.hypotheses):
             warnings.insert(0, "the model produced no words for any test sentence: BLEU and chrF score empty output")
         if any(warnings):

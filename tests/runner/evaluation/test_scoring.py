@@ -41,6 +41,34 @@ def test_japanese_or_korean_targets_without_sacrebleus_tokenizer_say_what_bleu_t
     assert bleu_tokenizer_note("zh") is bleu_tokenizer_note("fr") is bleu_tokenizer_note(None) is None
 
 
+def test_chinese_or_japanese_targets_of_no_known_language_say_that_bleu_read_each_sentence_as_one_word():
+    """A --data file of Chinese targets, its languages not given, was scored with 13a: BLEU 0.00 beside sacrebleu's
+    24.2 with its Chinese tokenizer, and no warning. The words that would say so are the evaluation's own."""
+    from types import SimpleNamespace
+
+    from mtbench.runner.evaluation.scoring import bleu_tokenizer_note
+    from mtbench.runner.inference import evaluate_translator
+    chinese = [(english, "".join(WORDS[word] for word in english.split()))
+               for english in ("I love big fish", "you see he eat fish", "she love water cat")]
+    hypotheses = [target[:-1] + "水" for _, target in chinese]  # one character of each wrong
+    translator = SimpleNamespace(translate=lambda sources, batch_size, progress: hypotheses, source_label="run.json",
+                                 backend="jax", config=SimpleNamespace(dtype="float32", max_len=32),
+                                 decoding="greedy", truncated=0)
+    scores, _ = evaluate_translator(translator, chinese, 8)
+    # each sentence one word to 13a, and none right; Chinese's tokenizer sees each character
+    assert "tok:13a" in scores["bleu_signature"] and scores["bleu"] == 0
+    assert evaluate_translator(translator, chinese, 8, target_lang="zh")[0]["bleu"] > 0
+    assert scores["bleu_note"] == (
+        "BLEU tokenized the targets with 13a, which takes a sentence written without spaces for one word, and most "
+        "of their characters are Chinese or Japanese: give the target language (--tgt-lang zh or ja) for "
+        "sacrebleu's tokenizer of it, or read chrF")
+    assert evaluate_translator(translator, chinese, 8, target_lang="zh")[0]["bleu_note"] is None
+    assert bleu_tokenizer_note(None, ["こんにちは 世界"]) == scores["bleu_note"]
+    # French, Korean (written with spaces) and a few Chinese words in French sentences are scored as they are
+    assert bleu_tokenizer_note(None, ["nous sommes là", "le 中文 mot"]) is None
+    assert bleu_tokenizer_note(None, ["안녕하세요 세계"]) is bleu_tokenizer_note(None, []) is None
+
+
 @pytest.mark.slow  # a training run and an evaluation: 20 s
 def test_a_run_and_evaluate_score_an_english_to_chinese_corpus_by_its_characters(tmp_path, cache_dir):
     rng = np.random.default_rng(0)

@@ -405,6 +405,26 @@ def test_the_scored_sentences_of_a_whole_test_set_and_of_a_partial_result(tiny_r
     assert scored_sentences_text(whole) is None
 
 
+def test_runs_of_other_lengths_say_each_how_many_test_sentences_it_scored(tiny_runs):
+    """A --max-len sweep translates other sentences at each length: the first run's count stood for all of them,
+    beside BLEU figures of different sentences."""
+    long, short = copy(tiny_runs["jax"]["result"]), copy(tiny_runs["jax"]["result"])
+    short["config"]["max_len"] = 32
+    short["metrics"]["test_sentences_scored"] -= 20
+    short["data"]["dropped"]["too_long"]["test"] += 20
+    lines = context_lines(build_comparison([LoadedRun(long, "long.json"), LoadedRun(short, "short.json")]))
+    said = [line for line in lines if "test sentences" in line]
+    assert said == [f"test sentences scored of jax:max-len=48: {scored_sentences_text(long)}",
+                    f"test sentences scored of jax:max-len=32: {scored_sentences_text(short)}",
+                    "the runs scored different test sentences: their test figures (BLEU, chrF, loss) are not of the "
+                    "same text"]
+    assert scored_sentences_text(short).endswith("longer than --max-len 32)")
+    again = copy(long)
+    lines = context_lines(build_comparison([LoadedRun(long, "a.json"), LoadedRun(again, "b.json")], force=True))
+    assert [line for line in lines if "test sentences" in line] == [
+        f"test sentences scored: {scored_sentences_text(long)}"]
+
+
 def test_an_80_column_table_folds_the_bleu_signature_instead_of_cutting_it(tiny_runs):
     result = tiny_runs["jax"]["result"]
     console = Console(file=io.StringIO(), width=80, record=True)
