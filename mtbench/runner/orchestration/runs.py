@@ -274,9 +274,11 @@ def refuse_the_same_configuration_twice(specs, configs):
             settings = ", ".join(f"{name.replace('_', '-')}={value:g}" if isinstance(value, float)
                                  else f"{name.replace('_', '-')}={value}"
                                  for name, value in sorted(set(first.sizes) ^ set(spec.sizes)))
-            raise MtbenchError(f"runs '{first.label}' and '{spec.label}' train the same configuration"
-                               f"{f' ({settings} is what both train)' if settings else ''}; list it once, or use "
-                               f"--repeats to run it again")
+            extras = ", ".join(f"'{extra}'" for extra in sorted(set(first.extras) ^ set(spec.extras)))
+            why = (f" ({settings} is what both train)" if settings
+                   else f" (the options they share give both {extras})" if extras else "")
+            raise MtbenchError(f"runs '{first.label}' and '{spec.label}' train the same configuration{why}; list it "
+                               f"once, or use --repeats to run it again")
         seen[key] = spec
 
 
