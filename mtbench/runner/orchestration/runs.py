@@ -260,15 +260,14 @@ def refuse_the_same_run_twice(specs):
         raise MtbenchError(f"run '{twice}' is listed twice; use --repeats to run it again")
 
 
-def refuse_the_same_configuration_twice(specs, configs):
+def refuse_the_same_configuration_twice(specs, configs, shapes):
     """Two entries whose flags differ but train the same model the same way (`jax;jax:d-model=64` where the
     preset is 64 wide) would train one run twice under two names, each held against the other. `configs`: each
-    run's TrainConfig, its model's shape resolved from the preset under the flags."""
+    run's configuration as a dict; `shapes`: its model (`TrainConfig.model`, the preset under the size flags)."""
     seen = {}
-    for spec, config in zip(specs, configs):
-        options = {key: value for key, value in config.to_dict().items() if key not in SIZE_KEYS}
-        key = (json.dumps(options, sort_keys=True, default=str), repr(config.model), spec.processes,
-               spec.interpreter)
+    for spec, config, shape in zip(specs, configs, shapes):
+        options = {key: value for key, value in config.items() if key not in SIZE_KEYS}
+        key = (json.dumps(options, sort_keys=True, default=str), repr(shape), spec.processes, spec.interpreter)
         if key in seen:
             first = seen[key]
             settings = ", ".join(f"{name.replace('_', '-')}={value:g}" if isinstance(value, float)
@@ -354,9 +353,10 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
             check_options_against_extras(configs[-1], chosen)
         except MtbenchError as error:
             raise MtbenchError(f"run '{spec.label}': {error}") from None
-    specs = named_as_results(specs, [config.to_dict() for config in configs])
-    refuse_the_same_configuration_twice(specs, configs)
+    shapes = [config.model for config in configs]
     configs = [config.to_dict() for config in configs]
+    specs = named_as_results(specs, configs)
+    refuse_the_same_configuration_twice(specs, configs, shapes)
     devices = probe(runs_to_preflight(specs, configs))
     twins = matrix is None and step == "auto" and TORCH_COMPILED not in extras
     if twins:
