@@ -828,13 +828,14 @@ def _report_against_file(results, baseline, output_format, fail_if_slower, plot,
 @click.argument("result", type=click.Path())
 @click.option("--out", type=click.Path(dir_okay=False), help="The new result JSON (default mtbench-results/<time>-rerun-<backend>.json); for a compare JSON, its combined JSON, the runs' files in a folder beside it.")
 @click.option("--overwrite", is_flag=True, help="Replace existing result files.")
+@click.option("--parity-steps", type=click.IntRange(min=1), metavar="N", help="Steps of the two loss curves held to each other (default: a compare JSON's own, else 50; past the run's last step: the whole curve).")
 @handle_errors
-def rerun(result, out, overwrite):
+def rerun(result, out, overwrite, parity_steps):
     """Train the run of RESULT (a result JSON, or every run of a compare JSON) again: the same configuration, from
     the same weights file where it is still there unchanged; then show both side by side, naming every
     difference in versions, hardware, configuration and figures."""
     from mtbench.runner.orchestration.rerun import rerun_results
-    written = rerun_results(result, out, overwrite, output_console())
+    written = rerun_results(result, out, overwrite, output_console(), parity_steps)
     click.echo(f"result: {written}")
 
 
@@ -957,10 +958,10 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
     from mtbench.runner.data.formats import ReadOptions, read_pairs
     from mtbench.runner.files import write_json_atomic, write_text_atomic
     from mtbench.runner.inference import evaluate_translator, model_task, open_translator, with_trained_languages
-    from mtbench.runner.results.output import check_not_read, check_output_path
+    from mtbench.runner.results.output import SCORES_KIND, check_not_read, check_output_path
     from mtbench.runner.results.schema import sidecar_paths
     if out is not None:  # --out '' too: refused, where it wrote nothing and ended 0
-        check_output_path(out, overwrite, kind="scores .json", reads=(model, test_file))
+        check_output_path(out, overwrite, kind=SCORES_KIND, reads=(model, test_file))
     registry = plugins.registry()
     try:
         read_options = ReadOptions(src_col, tgt_col, src_lang, tgt_lang)  # refused before a model is looked for
@@ -999,6 +1000,7 @@ def evaluate(model, test_file, src_col, tgt_col, src_lang, tgt_lang, backend, dt
                   scores["decoding"], scores["backend"], scores["dtype"])
     console = output_console()
     console.print(table)
+    console.print(f"model: {scores['model']}", highlight=False, soft_wrap=True)
     console.print(f"BLEU signature: {scores['bleu_signature']}\nchrF signature: {scores['chrf_signature']}",
                   highlight=False, soft_wrap=True)
     if scores["bleu_note"]:
@@ -1042,6 +1044,7 @@ def _evaluate_language_model(model, text_file, backend, batch_size, stride, bloc
                   scores["dtype"])
     console = output_console()
     console.print(table)
+    console.print(f"model: {scores['model']}", highlight=False, soft_wrap=True)
     if scores["unknown_characters"]:
         unknown = scores["unknown_characters"]
         console.print(f"{unknown:,} <unk> token{'s' * (unknown != 1)} in the text (characters not in the model's "

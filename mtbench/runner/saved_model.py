@@ -10,6 +10,7 @@
 Written into a temporary directory and renamed, so a half-written model is never found.
 """
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -18,9 +19,9 @@ from mtbench.errors import MtbenchError
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file, write_weights_file
 from mtbench.runner.files import make_temporary_folder, read_json, write_json_atomic
-from mtbench.runner.loop.checkpoints import (CHECKPOINT_NAME, RUN_FILE, TOKENIZER_DIR, RunDirectory, open_run,
+from mtbench.runner.loop.checkpoints import (CHECKPOINT_NAME, RUN_FILE, TOKENIZER_DIR, open_run,
                                              run_dir_for)
-from mtbench.runner.results.report import COMPARE_KIND, check_result
+from mtbench.runner.results.report import BOOKKEEPING_KEYS, COMPARE_KIND, DERIVED_KEYS, check_result
 
 SAVED_DIR = "model"
 BEST_DIR = "best"  # the model of the best validation (--eval-every), in the same format
@@ -106,31 +107,77 @@ def find_model(path):
 
 
 def _from_result(path):
+    """The model of the run a result describes: its saved model, or where it kept none, the checkpoint it names
+    (a partial result's state when it stopped, which a resumed run's later checkpoints are not), each looked for
+    beside the result first (a result moved or copied with its RESULT.run folder), then where the run wrote it. A
+    model found there of another configuration, or a checkpoint of another step than the run's last, is not the
+    run's (a run written to the same --out since): refused, not loaded in its place."""
     result = read_json(path, "a result JSON")
     if isinstance(result, dict) and result.get("kind") == COMPARE_KIND:
         runs = ", ".join(entry.get("result_file", "?") for entry in result.get("runs") or [])
         raise MtbenchError(f"{path}: a compare JSON of several runs; give one run's result: {runs or 'none'}")
     check_result(result, path)  # a layout of its own (model: "x") ended in AttributeError
     saved = result["model"].get("saved")
-    for key, value in (("model.saved", saved), ("run_dir", result.get("run_dir"))):
+    checkpoint = result.get("checkpoint") or (result.get("metrics") or {}).get("unevaluated_checkpoint")
+    for key, value in (("model.saved", saved), ("run_dir", result.get("run_dir")), ("checkpoint", checkpoint)):
         if value is not None and not isinstance(value, str):
             raise MtbenchError(f"{path}: {key}: {value!r} is not a path")
     beside = run_dir_for(path)  # where the run wrote its folder, had the result not moved with it since
-    for directory in (saved, saved and os.path.join(beside, os.path.basename(saved))):
-        if directory and os.path.isfile(os.path.join(directory, DESCRIPTION_FILE)):
-            return _from_saved(directory)
-    for run_dir in (result.get("run_dir"), beside):
-        if run_dir and RunDirectory(run_dir, fresh=False).latest():
-            return _from_run(run_dir)
-    raise MtbenchError(f"{path}: {no_model_reason(result, saved, beside)}, and it has no checkpoint; no model to load")
+    recorded, found = (saved, _from_saved_if_there) if saved else (checkpoint, _from_checkpoint_if_there)
+    others = []  # (what was found, why it is another run's)
+    for place in dict.fromkeys((recorded and os.path.join(beside, os.path.basename(recorded)), recorded)):
+        source = place and found(place)
+        if source:
+            why = _another_runs(result, source)
+            if not why:
+                return source
+            others.append((source.label, why))
+    if others:
+        label, why = others[0]
+        raise MtbenchError(f"{path}: the {label} found for it is another run's ({why}): a run written to the same "
+                           f"place since; give that model's folder to use it")
+    raise MtbenchError(f"{path}: {no_model_reason(result, saved, checkpoint, beside)}; no model to load")
 
 
-def no_model_reason(result, saved, beside):
+def _from_saved_if_there(directory):
+    return _from_saved(directory) if os.path.isfile(os.path.join(directory, DESCRIPTION_FILE)) else None
+
+
+def _from_checkpoint_if_there(directory):
+    run_dir = os.path.dirname(os.path.normpath(directory))
+    if not (os.path.isdir(directory) and os.path.isfile(os.path.join(run_dir, RUN_FILE))):
+        return None
+    return ModelSource(open_run(run_dir).config, os.path.abspath(directory), label=f"checkpoint {directory}")
+
+
+def _another_runs(result, source):
+    """Why the model `source` found for `result` is another run's: the configuration keys that differ (where files
+    went and what a run derives aside), or a checkpoint's step that is not the last the result trained; None
+    where it is the run's."""
+    if not isinstance(result.get("config"), dict):
+        return None
+    ignored = {*DERIVED_KEYS, *BOOKKEEPING_KEYS}
+    own = json.loads(json.dumps(source.config.to_dict()))
+    differences = [f"{key} {value!r} where the result has {result['config'][key]!r}" for key, value in own.items()
+                   if key in result["config"] and key not in ignored and result["config"][key] != value]
+    if differences:
+        return ", ".join(differences[:3])
+    trained = (result.get("history") or [{}])[-1].get("step")
+    step = CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(source.weights)))
+    if source.is_checkpoint and step and trained is not None and int(step.group(1)) != trained:
+        return f"it holds step {int(step.group(1))}, the result's run trained {trained}"
+    return None
+
+
+def no_model_reason(result, saved, checkpoint, beside):
     """Why a result leads to no model, by what its run was told (its configuration) and how it ended."""
     config = result.get("config") if isinstance(result.get("config"), dict) else {}
     status = result.get("status", "completed")
     if saved:
         return f"its saved model is gone (not in {saved}, nor in {beside})"
+    if checkpoint:
+        return (f"its checkpoint is gone (not {checkpoint}, nor in {beside}; a run resumed since keeps only its "
+                f"last --keep-checkpoints)")
     if config.get("measure_only"):
         return "the run kept no model (--measure-only: it trained and timed only)"
     if config.get("save_model") is False:

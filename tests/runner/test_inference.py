@@ -75,6 +75,38 @@ def test_a_result_moved_with_its_run_folder_finds_its_model_beside_it(trained, t
                                f"its saved model is gone (not in {result['model']['saved']}, nor in {moved / 'r.run'})")
 
 
+def test_a_result_gives_the_model_of_its_own_run_not_one_written_to_the_same_place_since(trained, tmp_path):
+    """A result copied with its run folder loaded the model its run had written (where a later run had replaced
+    it); a partial result loaded its run's newest checkpoint (a resumed run's), not the one it names."""
+    from mtbench import MtbenchError
+    from mtbench.runner.saved_model import find_model
+    result, saved = trained["result"], trained["result"]["model"]["saved"]
+    with open(os.path.join(result["run_dir"], "run.json")) as f:  # what a resume holds the data to, named alike
+        assert result["data"]["training_fingerprint"] == json.load(f)["data_fingerprint"]
+    archived = tmp_path / "archive"
+    shutil.copytree(saved, archived / "r.run" / "model")
+    (archived / "r.json").write_text(json.dumps(result))
+    assert find_model(str(archived / "r.json")).label == f"model {archived / 'r.run' / 'model'}"
+    # The same result alone, the run at its recorded place since trained again with other options.
+    (tmp_path / "alone.json").write_text(json.dumps(dict(result, config={**result["config"], "steps": 20})))
+    with pytest.raises(MtbenchError, match=f"the model {saved} found for it is another run's \\(steps 150 where "
+                                           f"the result has 20\\)"):
+        find_model(str(tmp_path / "alone.json"))
+    halfway = os.path.join(result["run_dir"], "checkpoint-000075")
+    partial = dict(result, status="interrupted", checkpoint=halfway, model={**result["model"], "saved": None},
+                   history=result["history"][:75])
+    (tmp_path / "partial.json").write_text(json.dumps(partial))
+    assert find_model(str(tmp_path / "partial.json")).weights == halfway
+    gone = dict(partial, checkpoint=os.path.join(result["run_dir"], "checkpoint-000010"))
+    (tmp_path / "gone.json").write_text(json.dumps(gone))
+    with pytest.raises(MtbenchError, match="its checkpoint is gone"):
+        find_model(str(tmp_path / "gone.json"))
+    # A run that kept no model, its result naming a checkpoint before its last step: not the model it trained.
+    (tmp_path / "unsaved.json").write_text(json.dumps(dict(partial, status="completed", history=result["history"])))
+    with pytest.raises(MtbenchError, match="it holds step 75, the result's run trained 150"):
+        find_model(str(tmp_path / "unsaved.json"))
+
+
 @pytest.mark.slow  # two translations beyond the trained model, 10 s
 def test_translating_again_compiles_nothing_the_first_translation_kept(trained, tmp_path):
     """translate opens the run's persistent compilation cache, as training does: its programs are written once and
@@ -196,7 +228,7 @@ def test_decoding_a_model_cannot_take_is_refused_before_the_model_is_built(train
 
 
 def test_a_result_without_a_model_or_a_path_that_is_none_are_clear_errors(trained, tmp_path):
-    result = dict(trained["result"], model={**trained["result"]["model"], "saved": None}, run_dir=None)
+    result = dict(trained["result"], model={**trained["result"]["model"], "saved": None}, run_dir=None, checkpoint=None)
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps(result))
     for args, message in [((str(bare),), "kept no model"), ((str(tmp_path / "missing.json"),), "no such file"),
@@ -273,6 +305,24 @@ def test_evaluate_keeps_a_hypotheses_file_its_out_would_write_over(trained, tmp_
                                f"{hypotheses}: already exists (--out {out} writes its hypotheses there); pass "
                                f"--overwrite to replace it")
     assert open(hypotheses).read() == "an earlier run's translations\n" and not out.exists()
+
+
+def test_evaluate_overwrites_only_scores_not_a_models_description_nor_a_runs_result(trained, tmp_path):
+    """`--overwrite` replaced any JSON object: the scores over the model's own model.json (which then loaded no
+    more), or over a training run's result."""
+    test_file = tmp_path / "test.tsv"
+    test_file.write_text("a b\tc d\n")
+    model = tmp_path / "model"
+    shutil.copytree(trained["result"]["model"]["saved"], model)
+    result = tmp_path / "result.json"
+    shutil.copy(trained["path"], result)
+    before = {path: path.read_bytes() for path in (model / "model.json", result)}
+    for out in before:
+        assert_refused_in_one_line(run_cli("evaluate", str(model), "--test", str(test_file), "--out", str(out),
+                                           "--overwrite"),
+                                   f"{out}: is no scores .json file, as mtbench writes; --overwrite replaces only "
+                                   f"those")
+    assert {path: path.read_bytes() for path in before} == before
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError, ReportingFailed, RunFailure, RunInterrupted
 from mtbench.figures import run_processes
-from mtbench.runner.config import TrainConfig
+from mtbench.runner.config import INPUT_FILE_KEYS, TrainConfig
+from mtbench.runner.data.formats import SACREBLEU_PREFIX
 from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.orchestration.children import run_child
 from mtbench.runner.orchestration.compare import RUN_FILE_SUFFIX, run_file_arguments, run_file_name, runs_dir
@@ -34,6 +35,9 @@ RECORDED_KEYS = ("initial_weights_sha256", "parameters", "log_every", "task")
 # Where the original's files went and how it was followed: the rerun sets its own (its file, its log, no
 # trackers). Backend, extras and weights are given on their own; the cache directory where it exists here.
 NOT_REPEATED = ("out", "overwrite", "report_to", "logging_dir", "run_group", "backend", "extras", "initial_weights")
+
+# The files the run read its data from (its weights file is `starting_weights`'s).
+DATA_FILE_KEYS = tuple(key for key in INPUT_FILE_KEYS if key != "initial_weights")
 
 
 @dataclass
@@ -76,6 +80,16 @@ def starting_weights(config, near=()):
     if recorded and found != recorded:
         return None, f"the weights file {path} has changed (sha256 {found[:16]}…, the run loaded {recorded[:16]}…): {seed}"
     return path, None
+
+
+def check_data_files(source, config):
+    """Refuses a rerun whose corpus, validation or test file is gone from where the original read it: found missing
+    before anything starts, where the run's own process would have failed after its framework's start."""
+    for key in DATA_FILE_KEYS:
+        path = getattr(config, key)
+        if path and not path.startswith(SACREBLEU_PREFIX) and not os.path.exists(path):
+            raise MtbenchError(f"{source}: its {key.replace('_', ' ')} {path} is gone (no such file or folder); put "
+                               f"it back there to train the run again")
 
 
 def repeated_options(result):
@@ -122,6 +136,7 @@ def plan_reruns(path, out, overwrite):
                                                     initial_weights=rerun.weights, out=rerun.out, overwrite=overwrite)
         except MtbenchError as error:
             raise MtbenchError(f"{rerun.original.source}: {error}") from None
+        check_data_files(rerun.original.source, rerun.config)
     # A backend or extra (a plugin's) missing here fails now, not in a child after other runs have trained.
     specs = [RunSpec(rerun.config.backend, rerun.config.extras, processes=run_processes(rerun.original.result),
                      python=rerun.python) for rerun in reruns]
@@ -180,15 +195,17 @@ def run_again(rerun, console):
     return loaded.result
 
 
-def rerun_results(path, out, overwrite, console):
-    """Trains every run of `path` again and shows each beside its original; returns the file(s) written."""
+def rerun_results(path, out, overwrite, console, parity_steps=None):
+    """Trains every run of `path` again and shows each beside its original, their loss curves held to each other
+    over `parity_steps` (None: the compare JSON's own, else PARITY_STEPS); returns the file(s) written."""
     reruns, out, single = plan_reruns(path, out, overwrite)
+    parity_steps = parity_steps or recorded_parity([path]).get("steps", PARITY_STEPS)
     console.print(f"rerun of {path}: {len(reruns)} run(s), each in its own process", highlight=False)
     entries = []
     try:
         for rerun in reruns:
             result = run_again(rerun, console)
-            differences = side_by_side(rerun.original.result, result)
+            differences = side_by_side(rerun.original.result, result, parity_steps)
             console.print(side_by_side_table(differences, f"mtbench rerun: {rerun.label}"))
             for line in differences["parity_lines"]:
                 console.print(line.replace("parity rerun vs original", "losses of the rerun against the original"),
@@ -201,25 +218,26 @@ def rerun_results(path, out, overwrite, console):
         doing = reruns[len(entries)].label
         why = f"{'interrupted during' if interrupted else 'failed in'} the rerun of '{doing}'"
         kept = keep_finished(path, out, entries, "interrupted" if interrupted else "failed",
-                             f"{why} ({len(entries)} of {len(reruns)} runs finished)")
+                             f"{why} ({len(entries)} of {len(reruns)} runs finished)", parity_steps)
         if interrupted:  # a child's Interrupted carries its signal's exit code, a Ctrl-C here 130
             raise RunInterrupted(f"{why}; {kept}", getattr(stopped, "exit_code", 130)) from None
         raise RunFailure(f"{stopped}; {kept}") from None
     if not single:
-        require_parity(write_rerun_compare(path, out, entries), out)  # as its compare ended: status 1 on a failure
+        # as its compare ended: status 1 on a failure
+        require_parity(write_rerun_compare(path, out, entries, parity_steps=parity_steps), out)
     return out
 
 
-def keep_finished(path, out, entries, status, reason):
+def keep_finished(path, out, entries, status, reason, parity_steps):
     """Where a rerun of a compare JSON stopped early: the reruns that finished, combined in `out` with `status`
     and `reason`, as `compare` keeps what it ran; what was kept, in words."""
     if not entries:
         return "no rerun finished: nothing combined"
-    write_rerun_compare(path, out, entries, {"status": status, "status_reason": reason})
+    write_rerun_compare(path, out, entries, {"status": status, "status_reason": reason}, parity_steps)
     return f"the {len(entries)} finished rerun(s) combined in {out} (status {status})"
 
 
-def write_rerun_compare(path, out, entries, status=None):
+def write_rerun_compare(path, out, entries, status=None, parity_steps=None):
     """The reruns of a compare JSON as a compare JSON of their own (`mtbench report` reads it), with each run's
     differences from its original; `status`: {'status', 'status_reason'} of one that stopped early. Returns the
     comparison."""
@@ -228,7 +246,7 @@ def write_rerun_compare(path, out, entries, status=None):
     baseline = recorded_baseline([path])
     parity = recorded_parity([path])
     comparison = build_comparison(runs, baseline=baseline if baseline in {rerun.label for rerun, _, _ in entries}
-                                  else None, force=True, parity_steps=parity.get("steps", PARITY_STEPS),
+                                  else None, force=True, parity_steps=parity_steps or parity.get("steps", PARITY_STEPS),
                                   parity_tolerance=parity.get("tolerance"), baseline_named_by=f"{path}: its baseline")
     write_json_atomic(out, combined_json(
         comparison,

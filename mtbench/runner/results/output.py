@@ -11,6 +11,8 @@ from mtbench.errors import MtbenchError
 from mtbench.runner.loop.checkpoints import RunDirectory, run_dir_for
 from mtbench.runner.results.schema import read_status, resumable, sidecar_paths
 
+SCORES_KIND = "scores .json"  # what `mtbench evaluate --out` writes
+
 
 def check_result_path(path, overwrite, resuming=False, beside=(), reads=()):
     """`check_output_path` of a run's result, with the hypotheses and references a translation writes beside it."""
@@ -94,17 +96,21 @@ def holding_result_path(path):
 
 
 def _written_as(path, kind):
-    """Whether the file at `path` could be one an mtbench command wrote as `kind` (a JSON object, an .npz), or
-    is empty: --overwrite replaces an earlier result, not a corpus, a script or weights a result was aimed at."""
+    """Whether the file at `path` could be one an mtbench command wrote as `kind` (a JSON object, `evaluate`'s
+    scores, an .npz), or is empty: --overwrite replaces an earlier result, not a corpus, a script or weights a
+    result was aimed at, nor with scores a training result or a saved model's description."""
     if os.path.getsize(path) == 0:
         return True
     if kind == ".npz":
         return zipfile.is_zipfile(path)
     try:
         with open(path, encoding="utf-8") as f:
-            return isinstance(json.load(f), dict)
+            written = json.load(f)
     except (OSError, ValueError):
         return False
+    if kind == SCORES_KIND:  # `evaluate`'s: named by the model it scored, where a result's model is an object
+        return isinstance(written, dict) and isinstance(written.get("model"), str) and "backend" in written
+    return isinstance(written, dict)
 
 
 def check_directory_writable(path, label=None):

@@ -5,7 +5,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mtbench.figures import RUN_CHOICES, hardware, run_dtype, run_processes, shown_figures
-from mtbench.runner.results.parity import check_parity
+from mtbench.runner.results.parity import PARITY_STEPS, check_parity
 from mtbench.runner.results.report import ASKED_KEYS, BOOKKEEPING_KEYS, KEY_DEFAULTS, differing
 
 
@@ -35,7 +35,20 @@ def run_differences(original, rerun):
     ran = [("backend", lambda r: r["backend"]), ("extras", lambda r: list(r["extras"])),
            ("processes", run_processes), ("dtype", run_dtype), *((title, text) for _, title, text in RUN_CHOICES)]
     rows += [(title, read(original), read(rerun)) for title, read in ran if read(original) != read(rerun)]
+    data = [(result.get("data") or {}).get("training_fingerprint") for result in (original, rerun)]
+    if None not in data and data[0] != data[1]:  # the same options, other files at their paths
+        rows.append(("training data (fingerprint)", *data))
+    if _status(original) != _status(rerun):  # an interrupted or diverged original: its figures stop early
+        rows.insert(0, ("status", _status(original), _status(rerun)))
     return rows
+
+
+def _status(result):
+    """'completed', or 'interrupted after step 70' of a run that stopped early."""
+    status = result.get("status", "completed")
+    if status == "completed":
+        return status
+    return f"{status} after step {(result.get('history') or [{}])[-1].get('step', 0):,}"
 
 
 def figure_rows(original, rerun):
@@ -55,10 +68,10 @@ def figure_rows(original, rerun):
     return rows
 
 
-def side_by_side(original, rerun):
+def side_by_side(original, rerun, parity_steps=PARITY_STEPS):
     """Everything that differs between a result and its rerun: {'environment', 'configuration', 'figures',
-    'parity'} (the JSON form; `side_by_side_table` shows it)."""
-    parity = check_parity([("original", original), ("rerun", rerun)], run_dtype)
+    'parity'} (the JSON form; `side_by_side_table` shows it), the loss curves held over `parity_steps`."""
+    parity = check_parity([("original", original), ("rerun", rerun)], run_dtype, steps=parity_steps)
     return {
         "environment": [list(row) for row in environment_differences(original, rerun)],
         "configuration": [list(row) for row in run_differences(original, rerun)],

@@ -1026,6 +1026,9 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
     refused_run["extras"] = refused_run["config"]["extras"] = [*refused_run["extras"], "flash-attention"]
     (tmp_path / "refused.json").write_text(json.dumps(refused))
     (tmp_path / "logged.log").write_text("an earlier run's log\n")  # a rerun writes its log there, unasked
+    moved = json.loads(json.dumps(compared["combined"]["runs"][0]["result"]))
+    moved["config"]["data_file"] = str(tmp_path / "moved-away.tsv")  # its process failed with exit 1, not 2
+    (tmp_path / "moved.json").write_text(json.dumps(moved))
     for args, expected in (([str(tmp_path / "absent.json")], "absent.json: no such file"),
                            ([source, "--out", str(tmp_path / "logged.json")],
                             "logged.log: already exists beside"),
@@ -1044,6 +1047,9 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
                            ([str(tmp_path / "plugged.json"), "--out", str(tmp_path / "again.json")],
                             f"plugged.json: run '{plugged['backend']}+warp-drive': unknown extra 'warp-drive'; "
                             f"available: "),
+                           ([str(tmp_path / "moved.json"), "--out", str(tmp_path / "again.json")],
+                            f"moved.json: its data file {tmp_path / 'moved-away.tsv'} is gone (no such file or "
+                            f"folder)"),
                            ([str(tmp_path / "refused.json"), "--out", str(tmp_path / "again.json")],
                             f"refused.json: run '{refused_run['backend']}+flash-attention': extra 'flash-attention' "
                             f"cannot run here: needs a GPU (or TPU) and float16/bfloat16")):
@@ -1051,12 +1057,11 @@ def test_bad_rerun_inputs_fail_with_one_line(compared, tmp_path):
         assert_refused_in_one_line(proc, expected)
     assert existing.read_text() == '{"keep": "me"}\n'
     assert (tmp_path / "logged.log").read_text() == "an earlier run's log\n"
-    assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json", "logged.log", "plugged.json",
-                                            "plugged.train.json", "refused.json"]
+    assert sorted(os.listdir(tmp_path)) == ["changed.json", "existing.json", "logged.log", "moved.json",
+                                            "plugged.json", "plugged.train.json", "refused.json"]
     assert json.loads((tmp_path / "plugged.train.json").read_text()) == plugged
 
 
-@pytest.mark.slow
 @pytest.mark.slow  # two processes, 15 s
 def test_a_result_names_its_files_wherever_it_is_read_from_and_reruns_from_another_folder(tmp_path, cache_dir):
     """A run given its corpus by a relative path records the file itself (as its checkpoint's path): the result
