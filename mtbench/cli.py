@@ -720,7 +720,7 @@ def _compare_repeats(repeats, width, budget):
 @click.option("--history", metavar="DIR", help="Instead of RESULTS: the train results of one configuration in DIR over time (versions, commits, dates), tokens/s with its interval, the change from the point before, and the steps beyond the noise (--plot draws them).")
 @click.option("--format", "output_format", type=click.Choice(["table", "markdown", "csv", "json"]), default="table", show_default=True)
 @click.option("--baseline", help="The run speed-ups are measured against (default: the first); or OLD.json, a result or compare JSON: each run of RESULTS against the same run there, tokens/s, step, compile, train and total times each with its interval.")
-@click.option("--fail-if-slower", metavar="PERCENT", help="With --baseline OLD.json: exit with code 1 when a run's tokens/s is slower than OLD's by more than PERCENT (5%), its whole interval past it, or a run cannot be judged.")
+@click.option("--fail-if-slower", metavar="PERCENT", help="With --baseline OLD.json: exit with code 1 when a run's tokens/s is more than PERCENT (5%) below OLD's, its whole interval past it (a step 1.20x slower is 16.7% fewer tokens/s), or a run cannot be judged (a side of 2 repeats cannot).")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also draw loss curves and tokens/s into this PNG.")
 @click.option("--force", is_flag=True, help="Report runs whose configurations differ beyond backend, extras, dtype, the size flags and the sweep keys.")
 @click.option("--parity-steps", type=int, default=PARITY_STEPS, show_default=True)

@@ -78,8 +78,9 @@ class Regression:
         if self.threshold is None:
             return []
         judged = {change.label for change in self.changes if change.figure == stats.SPEED_FIGURE and change.verdict
-                  and not change.verdict.undetermined}
-        why = {change.label: change.reason or (change.verdict and change.verdict.undetermined)
+                  and not change.verdict.undetermined and not _too_few_repeats(change.verdict)}
+        why = {change.label: change.reason or (change.verdict and (change.verdict.undetermined
+                                                                   or _too_few_repeats(change.verdict)))
                for change in self.changes if change.figure == stats.SPEED_FIGURE}
         shared = dict.fromkeys(change.label for change in self.changes)
         return ([f"run '{label}' of {self.baseline} is not in {', '.join(self.new)}" for label in self.only_baseline]
@@ -102,7 +103,9 @@ class Regression:
             slower, unjudged = self.slower_beyond_threshold(), self.unjudged()
             lines.append(f"--fail-if-slower {self.threshold * 100:g}%: " + (
                 "; ".join(change.verdict.text for change in slower) if slower else
-                f"cannot judge: {'; '.join(unjudged)}" if unjudged else "no run shown slower beyond it"))
+                f"cannot judge: {'; '.join(unjudged)}" if unjudged else
+                f"no run's tokens/s shown more than {self.threshold * 100:g} % below the baseline's "
+                f"({'; '.join(self.speed_changes())})"))
             if not (slower or unjudged):  # a gate that fails does not pass anything
                 lines += [f"--fail-if-slower {self.threshold * 100:g}% passes, but cannot rule out a slowdown past "
                           f"it: {text}" for text in self.not_ruled_out()]
@@ -116,6 +119,20 @@ class Regression:
         if undetermined and len(undetermined) == len(held):
             return f"no figure could be judged: {len(undetermined)} undetermined ({undetermined[0].undetermined})"
         return "no figure changed beyond the noise" + (f"; {len(undetermined)} undetermined" if undetermined else "")
+
+    def speed_changes(self):
+        """['jax: tokens/s 16.7 % below the baseline's (15.9–17.6 %)'] of each run the gate held: the measure its
+        threshold is of, beside the verdict's 'Nx slower' (a step 1.20x slower is 16.7 % fewer tokens/s)."""
+        texts = []
+        for change in self.changes:
+            if change.figure == stats.SPEED_FIGURE and change.verdict and not change.verdict.undetermined:
+                speed, low, high = change.verdict.speed()
+                way = "below" if speed <= 1 else "above"
+                bounds = sorted(abs(1 - bound) * 100 for bound in (low, high))
+                across = f"{(1 - high) * 100:.1f} % below to {(low - 1) * 100:.1f} % above" if low < 1 < high else \
+                    f"{bounds[0]:.1f}–{bounds[1]:.1f} %"
+                texts.append(f"{change.label}: tokens/s {abs(1 - speed) * 100:.1f} % {way} ({across})")
+        return texts
 
     def not_ruled_out(self):
         """[why] where a run passes the gate with a tokens/s interval that reaches past the threshold: it is not shown
@@ -329,6 +346,18 @@ def to_csv(regression):
                          "verdict": verdict.call if verdict else "",
                          "verdict_loaded": "; ".join(verdict.loaded) if verdict else "", "reason": change.reason or ""})
     return buffer.getvalue()
+
+
+def _too_few_repeats(verdict):
+    """Why a gate cannot hold a tokens/s verdict, where a side has 2 repeats: Student's t of 1 degree of freedom
+    (12.71 standard errors each side), whose interval a single run's figure is not stated from either
+    (`verdicts.MIN_T_REPEATS`) and which reaches past any threshold (0.32–2.11 of a real 20 % slowdown): a gate
+    that passed it could never fail. None otherwise (1 repeat a side is judged by its windows' spread)."""
+    few = [count for count in verdict.repeats if 1 < count < stats.MIN_T_REPEATS]
+    if not few:
+        return None
+    return (f"{verdict.repeats[0]} and {verdict.repeats[1]} repeats: a side of 2 gives an interval too wide to gate "
+            f"on; give each side {stats.MIN_T_REPEATS} repeats or more")
 
 
 def require_not_slower(regression):
