@@ -746,23 +746,21 @@ def report(results, history, output_format, baseline, fail_if_slower, plot, forc
         return _report_history(history, output_format, plot)
     if not results:
         raise MtbenchError("give RESULTS (result or compare JSON files) or --history DIR")
+    if baseline == "":  # taken for no baseline, it held the runs against the first
+        raise MtbenchError("--baseline '': give a run's label, or OLD.json to hold the runs against")
+    chosen_reporters, registry = _chosen_reporters(reporters)
     if baseline and (baseline.endswith(".json") or os.path.isfile(baseline)):
         if parity_options:
             raise MtbenchError(f"{', '.join(parity_options)}: --baseline OLD.json holds each run against OLD's "
                                f"figures, with no parity check")
-        return _report_against_file(results, baseline, output_format, fail_if_slower, plot, force)
+        return _report_against_file(results, baseline, output_format, fail_if_slower, plot, force,
+                                    chosen_reporters, registry)
     if fail_if_slower is not None:
-        raise MtbenchError("--fail-if-slower needs --baseline OLD.json, the results to hold the runs against")
+        raise MtbenchError("--fail-if-slower needs --baseline OLD.json, the results to hold the runs against" +
+                           (f" ({baseline} is a label, or a folder: no result file)" if baseline else ""))
     from mtbench.runner.results.parity import check_parity_options
     check_parity_options(parity_steps, parity_tolerance)
     from mtbench.runner.results import report as reporting
-    from mtbench.runner.results.reporting import run_reporters
-    from mtbench.runner.setup import resolve_reporters
-    registry = plugins.registry() if reporters else None
-    chosen_reporters = []
-    if reporters:
-        _warn_broken_plugins(registry)
-        chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
     runs = reporting.load_runs(results)
     recorded = None if baseline else reporting.recorded_baseline(results)
     parity = reporting.recorded_parity(results)  # the compare's gate, where the command line gives none
@@ -781,12 +779,28 @@ def report(results, history, output_format, baseline, fail_if_slower, plot, forc
     _print_report(output_format, reporting, comparison, reporting.context_lines(comparison))
     if plot:
         click.echo(f"plot: {plot}", err=True)
+    _require_reporting_succeeded(_hand_to_reporters(runs, chosen_reporters, registry, output_format))
+
+
+def _chosen_reporters(reporters):
+    """(the --report reporters, the registry that runs them), checked before any work; ([], None) without any."""
+    if not reporters:
+        return [], None
+    from mtbench.runner.setup import resolve_reporters
+    registry = plugins.registry()
+    _warn_broken_plugins(registry)
+    return resolve_reporters(_reporter_names(reporters), registry), registry
+
+
+def _hand_to_reporters(runs, reporters, registry, output_format):
+    """Each run to each reporter, its trackers' files beside the run's own result file; the reporters' failures."""
+    from mtbench.runner.results.reporting import run_reporters
     failures = []
-    for run in runs if chosen_reporters else ():
+    for run in runs if reporters else ():
         # Beside machine-readable output, reporters write to stderr so that stdout stays parseable.
-        failures += run_reporters(chosen_reporters, registry, run.result,
-                                  output_console(stderr=output_format != "table"), run.source)
-    _require_reporting_succeeded(failures)
+        failures += run_reporters(reporters, registry, run.result, output_console(stderr=output_format != "table"),
+                                  run.path)
+    return failures
 
 
 def _print_report(output_format, rendering, value, lines):
@@ -813,15 +827,19 @@ def _report_history(directory, output_format, plot):
         click.echo(f"plot: {plot}", err=True)
 
 
-def _report_against_file(results, baseline, output_format, fail_if_slower, plot, force):
+def _report_against_file(results, baseline, output_format, fail_if_slower, plot, force, reporters, registry):
     from mtbench.runner.results import regression
+    from mtbench.runner.results.report import load_runs
     from mtbench.runner.results.verdicts import parse_percent
     if plot:
         raise MtbenchError("--plot draws a comparison, not a report against --baseline OLD.json")
     threshold = None if fail_if_slower is None else parse_percent(fail_if_slower, "--fail-if-slower")
     held = regression.build_regression(results, baseline, force, threshold)
     _print_report(output_format, regression, held, held.lines())
+    # The new runs go to --report's reporters, as without a baseline (they were dropped without a word).
+    failures = _hand_to_reporters(load_runs(results), reporters, registry, output_format)
     regression.require_not_slower(held)
+    _require_reporting_succeeded(failures)
 
 
 @main.command()

@@ -130,6 +130,13 @@ class LoadedRun:
     source: str  # the file, and which of its runs for a compare JSON
     warnings: tuple = ()  # what its file says of it beyond its result: a comparison that stopped early
     asked_as: str = None  # the label its compare JSON gives it, the run as --matrix asked it (`dtype=auto`)
+    result_file: str = None  # its own result file: the path given, or where its compare wrote it (as recorded)
+
+    @property
+    def path(self):
+        """The file that holds this run's result alone (where trackers replaying it keep their files beside it),
+        or, of a compare JSON that recorded none, its source."""
+        return self.result_file or self.source
 
 
 def stopped_comparison_warning(status, status_reason):
@@ -173,9 +180,9 @@ def check_result(result, source):
         raise MtbenchError(f"{source}: not an mtbench result ({errors[0]}{more})")
 
 
-def _checked(result, source, warnings=(), asked_as=None):
+def _checked(result, source, warnings=(), asked_as=None, result_file=None):
     check_result(result, source)
-    return LoadedRun(result, source, warnings, asked_as)
+    return LoadedRun(result, source, warnings, asked_as, result_file if isinstance(result_file, str) else None)
 
 
 def load_runs(paths):
@@ -192,7 +199,8 @@ def load_runs(paths):
                 raise MtbenchError(f"{path}: not an mtbench compare JSON (runs: not a list of objects)")
             check_compare_record(data, path)
             loaded = [_checked(entry.get("result"), f"{path} ({entry.get('label')}, repeat {entry.get('repeat')})",
-                               asked_as=entry.get("label")) for entry in entries]
+                               asked_as=entry.get("label"), result_file=entry.get("result_file"))
+                      for entry in entries]
             # The A/A twins count as compare counted them: a twin of other code is as much a difference.
             twins = [entry for entry in data.get("aa_runs") or () if isinstance(entry, dict)
                      and isinstance(entry.get("result"), dict)]
@@ -210,7 +218,7 @@ def load_runs(paths):
             raise MtbenchError(f"{path}: a run file (what `mtbench train --run-file` and `rerun` read) holds a "
                                f"run's configuration, not its figures; give its result, the JSON beside it")
         else:
-            runs.append(_checked(data, path))
+            runs.append(_checked(data, path, result_file=path))
     if not runs:
         raise MtbenchError("no runs in the given files")
     refuse_the_same_run_twice(runs)

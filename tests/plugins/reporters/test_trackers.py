@@ -201,3 +201,29 @@ def test_tensorboard_logs_each_validation_once_and_the_learning_rate_of_every_st
         steps = [e.step for e in events.Scalars(tag)]
         assert len(steps) == len(set(steps)), (tag, steps)
     assert [e.step for e in events.Scalars("val_accuracy")] == [last]
+
+
+def test_a_replayed_compare_run_is_tracked_beside_its_own_result_also_under_a_regression_gate(tiny_runs, tmp_path,
+                                                                                                 plugin_path):
+    """`report C.json --report TRACKER` kept each run's tracker files in a folder named 'C.json (jax, repeat 1).run'
+    beside C.json, another than the run's own result file gives; with --baseline OLD.json it handed nothing to the
+    trackers, without a word."""
+    from mtbench.runner.results.report import COMPARE_KIND
+    old = tiny_runs["jax"]
+    result = {**old["result"], "created": "2026-12-07T09:00:00+00:00", "run_dir": None}  # another run than OLD
+    own = tmp_path / "c.runs" / "jax-1.json"
+    own.parent.mkdir()
+    own.write_text(json.dumps(result))
+    compared = tmp_path / "c.json"
+    compared.write_text(json.dumps({"kind": COMPARE_KIND, "runs": [
+        {"label": "jax", "repeat": 1, "result_file": str(own), "result": result}]}))
+    env = {**env_with(plugin_path), "MTBENCH_LOAD_PLUGINS": "mtbench-csvtracker"}
+    for args in ([], ["--baseline", old["path"]]):
+        proc = run_cli("report", str(compared), *args, "--report", "csv-tracker", env=env)
+        assert proc.returncode == 0, proc.stderr
+        figures = tmp_path / "c.runs" / "jax-1.run" / "figures.csv"
+        losses = [float(value) for step, name, value in (line.split(",") for line in figures.read_text().splitlines())
+                  if name == "train_loss"]
+        np.testing.assert_allclose(losses, history_losses(result), rtol=1e-6)
+        figures.unlink()
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["c.json", "c.runs"], args

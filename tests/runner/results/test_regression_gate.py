@@ -369,3 +369,14 @@ def test_the_gate_says_its_threshold_is_of_tokens_per_second_beside_the_verdicts
            "below (" in passed.stdout and "1.20x slower" in passed.stdout
     failed = run_cli("report", slower, "--baseline", old["path"], "--fail-if-slower", "15%")
     assert failed.returncode == 1 and "slower than the baseline by more than 15%" in failed.stderr
+
+
+def test_an_empty_baseline_or_a_folder_for_the_gate_is_refused_saying_what_it_was_taken_for(tiny_runs, tmp_path):
+    """`--baseline ''` was taken for no baseline (the runs held against the first); a folder given with
+    --fail-if-slower was told the gate needs --baseline, which it had been given."""
+    new = tiny_runs["jax"]["path"]
+    assert_refused_in_one_line(run_cli("report", new, "--baseline", ""),
+                               "--baseline '': give a run's label, or OLD.json to hold the runs against")
+    assert_refused_in_one_line(run_cli("report", new, "--baseline", str(tmp_path), "--fail-if-slower", "5%"),
+                               f"--fail-if-slower needs --baseline OLD.json, the results to hold the runs against "
+                               f"({tmp_path} is a label, or a folder: no result file)")
