@@ -533,6 +533,7 @@ class Comparison:
     parity: object  # parity.ParityReport
     swept: tuple = ()  # the SWEEP_KEYS whose value differs between the runs
     noise_floor: dict = None  # the A/A measure a compare recorded (`noise_floor_record`), None where none was
+    held_anyway: tuple = ()  # with --force, the configuration differences a comparison would have refused
 
     @property
     def single(self):
@@ -811,6 +812,7 @@ def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS
     recorded (`compare.noise_floor_record`)."""
     if not force:
         check_comparable(runs)
+    held_anyway = tuple(configuration_mismatches(runs)) if force else ()
     groups = group_runs(runs)
     if baseline is None:
         chosen = groups[0]
@@ -822,7 +824,7 @@ def build_comparison(runs, baseline=None, force=False, parity_steps=PARITY_STEPS
     swept = swept_keys([run.result for run in runs])
     parity = check_parity(_parity_names(ordered), lambda result: parity_class(result, swept), steps=parity_steps,
                           tolerance=parity_tolerance)
-    return Comparison(groups, chosen, parity, swept, noise_floor)
+    return Comparison(groups, chosen, parity, swept, noise_floor, held_anyway)
 
 
 def named_group(groups, given, named_by):
@@ -1284,6 +1286,7 @@ def context_lines(comparison):
     # One run's repeats are held to each other's losses; one run alone has nothing to be held to.
     parity = comparison.parity.lines() if comparison.parity.pairs or not comparison.single else []
     return [f"configuration: {describe_configuration(comparison)}, {training_text(comparison)}",
+            *(f"held anyway (--force): {why}" for why in comparison.held_anyway),
             *scored_sentences_lines(comparison), *split_scored_lines(comparison),
             *signature_lines(comparison),
             *([f"ranking not reliable: {ranking['reason']}"] if ranking["reason"] else []),
@@ -1511,7 +1514,7 @@ def _target_dict(times, reached):
 # What holds runs against each other: a single run's JSON (`Comparison.single`) leaves these out, as its table does,
 # its summary entry the per-run ones; the parity stays where its repeats were held to each other's losses, an A/A
 # noise floor where one was measured.
-COMPARING_KEYS = ("baseline", "speedups", "scaling", "parity", "ranking", "noise_floor", "verdicts",
+COMPARING_KEYS = ("baseline", "speedups", "scaling", "parity", "ranking", "noise_floor", "held_anyway", "verdicts",
                   "counterpart_verdicts", "break_even")
 COMPARING_SUMMARY_KEYS = ("speedup", "scaling", "verdicts", "break_even")
 
@@ -1530,13 +1533,14 @@ def to_json_dict(comparison, whole=False):
         "parity": comparison.parity.to_dict(),
         "ranking": comparison.ranking(),
         "noise_floor": comparison.noise_floor,
+        "held_anyway": list(comparison.held_anyway),
         "verdicts": [verdict.to_dict() for by_figure in comparison.verdicts.values() for verdict in by_figure.values()],
         "counterpart_verdicts": [verdict.to_dict() for verdict in comparison.counterpart_verdicts],
         "break_even": [even.to_dict() for even in map(comparison.break_even, comparison.groups) if even],
     }
     if comparison.single and not whole:
-        kept = {key for key, held in (("parity", comparison.parity.pairs), ("noise_floor", comparison.noise_floor))
-                if held}
+        kept = {key for key, held in (("parity", comparison.parity.pairs), ("noise_floor", comparison.noise_floor),
+                                      ("held_anyway", comparison.held_anyway)) if held}
         found = {key: value for key, value in found.items() if key not in COMPARING_KEYS or key in kept}
         for entry in found["summary"]:
             for key in COMPARING_SUMMARY_KEYS:

@@ -380,3 +380,17 @@ def test_an_empty_baseline_or_a_folder_for_the_gate_is_refused_saying_what_it_wa
     assert_refused_in_one_line(run_cli("report", new, "--baseline", str(tmp_path), "--fail-if-slower", "5%"),
                                f"--fail-if-slower needs --baseline OLD.json, the results to hold the runs against "
                                f"({tmp_path} is a label, or a folder: no result file)")
+
+
+def test_a_report_held_together_with_force_says_what_it_would_have_refused(tiny_runs, tmp_path):
+    """`report A B --force` pooled a run of another timing window as a repeat, said nowhere; the gate said it."""
+    old = tiny_runs["jax"]
+    other = edited(old["result"], tmp_path / "window.json", config={"timing_window": 3},
+                   created="2026-12-07T09:00:00+00:00")
+    assert_refused_in_one_line(run_cli("report", old["path"], other), "not comparable: ")
+    held = f"{other} differs from {old['path']} in timing_window (3 vs 10)"
+    forced = run_cli("report", old["path"], other, "--force", "--format", "json")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["held_anyway"] == [held]
+    table = run_cli("report", old["path"], other, "--force")
+    assert f"held anyway (--force): {held}" in table.stdout
