@@ -136,7 +136,8 @@ def _from_result(path):
         label, why = others[0]
         raise MtbenchError(f"{path}: the {label} found for it is another run's ({why}): a run written to the same "
                            f"place since; give that model's folder to use it")
-    raise MtbenchError(f"{path}: {no_model_reason(result, saved, checkpoint, beside)}; no model to load")
+    kept = "" if saved or checkpoint else ", and it has no checkpoint"
+    raise MtbenchError(f"{path}: {no_model_reason(result, saved, checkpoint, beside)}{kept}; no model to load")
 
 
 def _from_saved_if_there(directory):

@@ -82,7 +82,7 @@ def test_a_result_gives_the_model_of_its_own_run_not_one_written_to_the_same_pla
     from mtbench.runner.saved_model import find_model
     result, saved = trained["result"], trained["result"]["model"]["saved"]
     with open(os.path.join(result["run_dir"], "run.json")) as f:  # what a resume holds the data to, named alike
-        assert result["data"]["training_fingerprint"] == json.load(f)["data_fingerprint"]
+        assert result["data_fingerprint"] == json.load(f)["data_fingerprint"]
     archived = tmp_path / "archive"
     shutil.copytree(saved, archived / "r.run" / "model")
     (archived / "r.json").write_text(json.dumps(result))

@@ -130,8 +130,10 @@ def training_result(config, run, plugins, registry, data, built, outcome, weight
         "profile": outcome.profile,
         "env": {**run_environment(plugins.backend), "matmul_precision": run.matmul_precision,
                 "plugins": plugin_packages(config, plugins, registry)},
-        # The data's fingerprint as its checkpoints keep it: `--resume` refuses other data by it, `rerun` names it.
-        "data": {**data.record, "training_fingerprint": data.fingerprint},
+        "data": data.record,
+        # The data's fingerprint as its checkpoints keep it (the task's record beside it is the task's own): `--resume`
+        # refuses other data by it, `rerun` names it.
+        "data_fingerprint": data.fingerprint,
         "model": {"family": plugins.model.name,
                   "path": plugins.model_path and os.path.abspath(plugins.model_path),
                   "parameters": int(built.model.count_params()), **built.model_shape.to_dict(),

@@ -35,7 +35,7 @@ def run_differences(original, rerun):
     ran = [("backend", lambda r: r["backend"]), ("extras", lambda r: list(r["extras"])),
            ("processes", run_processes), ("dtype", run_dtype), *((title, text) for _, title, text in RUN_CHOICES)]
     rows += [(title, read(original), read(rerun)) for title, read in ran if read(original) != read(rerun)]
-    data = [(result.get("data") or {}).get("training_fingerprint") for result in (original, rerun)]
+    data = [result.get("data_fingerprint") for result in (original, rerun)]
     if None not in data and data[0] != data[1]:  # the same options, other files at their paths
         rows.append(("training data (fingerprint)", *data))
     if _status(original) != _status(rerun):  # an interrupted or diverged original: its figures stop early

@@ -28,7 +28,7 @@ def test_an_original_that_stopped_early_or_read_other_data_and_a_late_parting_ar
     original = json.loads(json.dumps(tiny_runs["jax"]["result"]))
     rerun = json.loads(json.dumps(original))
     assert side_by_side(original, rerun)["configuration"] == []
-    original["data"]["training_fingerprint"], rerun["data"]["training_fingerprint"] = "spm-1000-aaaa", "spm-1000-bbbb"
+    original["data_fingerprint"], rerun["data_fingerprint"] = "spm-1000-aaaa", "spm-1000-bbbb"
     partial = dict(original, status="interrupted", history=original["history"][:30])
     assert side_by_side(partial, rerun)["configuration"] == [
         ["status", "interrupted after step 30", "completed"],
