@@ -829,7 +829,6 @@ def _report_history(directory, output_format, plot):
 
 def _report_against_file(results, baseline, output_format, fail_if_slower, plot, force, reporters, registry):
     from mtbench.runner.results import regression
-    from mtbench.runner.results.report import load_runs
     from mtbench.runner.results.verdicts import parse_percent
     if plot:
         raise MtbenchError("--plot draws a comparison, not a report against --baseline OLD.json")
@@ -837,7 +836,7 @@ def _report_against_file(results, baseline, output_format, fail_if_slower, plot,
     held = regression.build_regression(results, baseline, force, threshold)
     _print_report(output_format, regression, held, held.lines())
     # The new runs go to --report's reporters, as without a baseline (they were dropped without a word).
-    failures = _hand_to_reporters(load_runs(results), reporters, registry, output_format)
+    failures = _hand_to_reporters(held.new_runs, reporters, registry, output_format)
     regression.require_not_slower(held)
     _require_reporting_succeeded(failures)
 

@@ -104,6 +104,12 @@ FIGURES = (
 FIGURES_BY_KEY = {figure.key: figure for figure in FIGURES}
 
 
+def last_step(result):
+    """The last step a result's run trained (of a partial result, where it stopped), or None for one that trained
+    none."""
+    return (result.get("history") or [{}])[-1].get("step")
+
+
 def shown_figures(results):
     """The FIGURES that `results` have: every figure but those of a task no result trained (a language model's
     run has no BLEU and no test translation, a translation's no perplexity), which would only show 'n/a'."""
@@ -468,7 +474,7 @@ def run_warnings(result):
     machine's load was recorded get no load warning."""
     warnings = []
     if result.get("status", "completed") != "completed":  # a partial result: its figures stop where it stopped
-        done = (result.get("history") or [{}])[-1].get("step", 0)
+        done = last_step(result) or 0
         steps = (result.get("config") or {}).get("steps")
         warnings.append(f"{result['status']} after {done:,} of {f'{steps:,}' if steps else '?'} steps "
                         f"({result.get('status_reason') or 'no reason recorded'}): figures of a partial run")

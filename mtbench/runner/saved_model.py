@@ -16,6 +16,7 @@ import shutil
 from dataclasses import dataclass
 
 from mtbench.errors import MtbenchError
+from mtbench.figures import last_step
 from mtbench.runner.config import TrainConfig
 from mtbench.runner.data.weights_file import read_weights_file, write_weights_file
 from mtbench.runner.files import make_temporary_folder, read_json, write_json_atomic
@@ -163,7 +164,7 @@ def _another_runs(result, source):
                    if key in result["config"] and key not in ignored and result["config"][key] != value]
     if differences:
         return ", ".join(differences[:3])
-    trained = (result.get("history") or [{}])[-1].get("step")
+    trained = last_step(result)
     step = CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(source.weights)))
     if source.is_checkpoint and step and trained is not None and int(step.group(1)) != trained:
         return f"it holds step {int(step.group(1))}, the result's run trained {trained}"

@@ -224,7 +224,7 @@ def rerun_results(path, out, overwrite, console, parity_steps=None):
         raise RunFailure(f"{stopped}; {kept}") from None
     if not single:
         # as its compare ended: status 1 on a failure
-        require_parity(write_rerun_compare(path, out, entries, parity_steps=parity_steps), out)
+        require_parity(write_rerun_compare(path, out, entries, parity_steps), out)
     return out
 
 
@@ -233,20 +233,20 @@ def keep_finished(path, out, entries, status, reason, parity_steps):
     and `reason`, as `compare` keeps what it ran; what was kept, in words."""
     if not entries:
         return "no rerun finished: nothing combined"
-    write_rerun_compare(path, out, entries, {"status": status, "status_reason": reason}, parity_steps)
+    write_rerun_compare(path, out, entries, parity_steps, {"status": status, "status_reason": reason})
     return f"the {len(entries)} finished rerun(s) combined in {out} (status {status})"
 
 
-def write_rerun_compare(path, out, entries, status=None, parity_steps=None):
+def write_rerun_compare(path, out, entries, parity_steps, status=None):
     """The reruns of a compare JSON as a compare JSON of their own (`mtbench report` reads it), with each run's
-    differences from its original; `status`: {'status', 'status_reason'} of one that stopped early. Returns the
-    comparison."""
+    differences from its original, their losses held over `parity_steps` (`rerun_results`'); `status`: {'status',
+    'status_reason'} of one that stopped early. Returns the comparison."""
     runs = [LoadedRun(result, rerun.out) for rerun, result, _ in entries]
     # Held as the compare held its runs: to its baseline (where that one was rerun) and its parity gate.
     baseline = recorded_baseline([path])
     parity = recorded_parity([path])
     comparison = build_comparison(runs, baseline=baseline if baseline in {rerun.label for rerun, _, _ in entries}
-                                  else None, force=True, parity_steps=parity_steps or parity.get("steps", PARITY_STEPS),
+                                  else None, force=True, parity_steps=parity_steps,
                                   parity_tolerance=parity.get("tolerance"), baseline_named_by=f"{path}: its baseline")
     write_json_atomic(out, combined_json(
         comparison,

@@ -59,6 +59,7 @@ class Regression:
     ran_on: dict = None      # {"baseline", "new": the software and hardware of the side's runs, each once}
     warnings: list = ()      # what the files say of their runs (a comparison that stopped early)
     run_warnings: dict = None  # {'LABEL (side)': [why]}: what the held runs' results say of their timings
+    new_runs: list = ()        # NEW's runs as loaded (`LoadedRun`), which --report's reporters are handed
 
     def beyond_noise(self):
         return [change for change in self.changes if change.verdict and change.verdict.called]
@@ -217,7 +218,7 @@ def build_regression(new_paths, baseline_path, force=False, threshold=None):
                       [label for label in old_groups if label not in both], floor, threshold, held_anyway,
                       {"baseline": ran_on(old_runs), "new": ran_on(new_runs)},
                       list(dict.fromkeys(warning for run in old_runs + new_runs for warning in run.warnings)),
-                      held_runs_warnings(both, new_groups, old_groups))
+                      held_runs_warnings(both, new_groups, old_groups), new_runs)
 
 
 def held_runs_warnings(labels, new_groups, old_groups):

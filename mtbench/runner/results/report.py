@@ -22,7 +22,7 @@ from mtbench.errors import MtbenchError
 from mtbench.runner.config import COMPILED_STEP_EXTRA, EXTRA_OPTIONS, TrainConfig, decoding_name
 from mtbench.runner.files import read_json
 from mtbench.figures import (DEFAULT_MODEL, FIGURES, FIGURES_BY_KEY, RUN_CHOICES, SIZE_KEYS, batch_text,
-                             energy_counter_text, hardware, is_number, kinds_against_text, machine_device,
+                             energy_counter_text, hardware, is_number, kinds_against_text, last_step, machine_device,
                              mtbench_text, profile_operations_text, run_dtype, run_name, run_processes, run_warnings,
                              scored_sentences_text, shown_figures, size_label, split_scored_text, versions_text)
 from mtbench.runner.results.parity import PARITY_STEPS, check_parity
@@ -1206,7 +1206,7 @@ def training_settings(result):
     else:
         decay_steps, warmup_steps = recipe["decay_steps"], recipe["warmup_steps"]
         clip = CLIP_TEXTS.get(recipe["clip"], recipe["clip"] + " {:g}")
-        steps = (result.get("history") or [{}])[-1].get("step")
+        steps = last_step(result)
         # A schedule longer than the run (a warm-up cut to its steps leaves the decay after the last update) is
         # said as far as it ran: the share of the peak the last update applied.
         last = last_rate_share(result, recipe)

@@ -4,7 +4,7 @@ ran, every figure with its ratio, and whether the two loss curves agree."""
 from rich.table import Table
 from rich.text import Text
 
-from mtbench.figures import RUN_CHOICES, hardware, run_dtype, run_processes, shown_figures
+from mtbench.figures import RUN_CHOICES, hardware, last_step, run_dtype, run_processes, shown_figures
 from mtbench.runner.results.parity import PARITY_STEPS, check_parity
 from mtbench.runner.results.report import ASKED_KEYS, BOOKKEEPING_KEYS, KEY_DEFAULTS, differing
 
@@ -48,7 +48,7 @@ def _status(result):
     status = result.get("status", "completed")
     if status == "completed":
         return status
-    return f"{status} after step {(result.get('history') or [{}])[-1].get('step', 0):,}"
+    return f"{status} after step {last_step(result) or 0:,}"
 
 
 def figure_rows(original, rerun):
