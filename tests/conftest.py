@@ -399,6 +399,18 @@ class SharedRuns:
             return json.load(f)
 
 
+def cache_of_its_own(session_cache, path, shared):
+    """A --cache-dir at `path` whose folders named in `shared` are the session cache's (linked, made there first):
+    a test that needs a cache without some of what a run keeps (tokens, compiled programs, the CPU's peak) does not
+    make the rest again."""
+    os.makedirs(path)
+    for name in shared:
+        if not os.path.exists(os.path.join(session_cache, name)):
+            os.makedirs(os.path.join(session_cache, name))
+        os.symlink(os.path.join(session_cache, name), os.path.join(path, name))
+    return str(path)
+
+
 def shared_directory(tmp_path_factory):
     """A directory that every xdist worker of this test session sees: the parent of the workers' own."""
     base = tmp_path_factory.getbasetemp()

@@ -263,7 +263,7 @@ def test_the_symbolic_check_finds_a_keras_tensor_wherever_keras_would():
 
 
 @pytest.mark.slow
-def test_the_compiled_step_rounds_16_bit_values_where_the_eager_step_does(tmp_path):
+def test_the_compiled_step_rounds_16_bit_values_where_the_eager_step_does(tmp_path, cache_dir):
     """In mixed_bfloat16 the compiled step's losses are the eager step's, step for step from the same weights: the
     arithmetic is Keras's, not inductor's float32 between fused operations (which left the eager losses by 8e-4 at
     the third step of this run with three products for the query, key and value, and a GPT-2 small's by 0.5 % on
@@ -273,7 +273,7 @@ def test_the_compiled_step_rounds_16_bit_values_where_the_eager_step_does(tmp_pa
         out = tmp_path / f"{way}.json"
         proc = run_cli("train", "--backend", "torch", *(["--extra", "torch-compile"] if way == "compiled" else []),
                        "--model", "gpt", "--preset", "tiny", "--steps", "4", "--batch-size", "8", "--dtype",
-                       "mixed_bfloat16", "--measure-only", "--out", str(out), env=CPU_ONLY)
+                       "mixed_bfloat16", "--measure-only", "--cache-dir", cache_dir, "--out", str(out), env=CPU_ONLY)
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(out.read_text())
         losses[way] = [h["loss"] for h in result["history"]]

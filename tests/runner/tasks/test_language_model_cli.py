@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import CPU_ONLY, assert_refused_in_one_line, env_with, run_cli
+from conftest import CPU_ONLY, assert_refused_in_one_line, cache_of_its_own, env_with, run_cli
 from result_keys import undocumented_keys
 from mtbench.runner.results.schema import schema_errors
 
@@ -73,8 +73,10 @@ def test_a_byte_level_model_reports_perplexity_and_bits_per_byte_and_no_bleu(tex
 
 
 @pytest.mark.slow  # two training processes
-def test_a_sentencepiece_model_tokenizes_its_text_once_and_later_runs_read_the_tokens(text_folder, tmp_path):
-    cache_dir = str(tmp_path / "cache")  # its own: the first run must find no tokens kept
+def test_a_sentencepiece_model_tokenizes_its_text_once_and_later_runs_read_the_tokens(text_folder, tmp_path,
+                                                                                       cache_dir):
+    # Its own: the first run must find no tokens kept (the CPU's peak and the compiled programs are the session's).
+    cache_dir = cache_of_its_own(cache_dir, tmp_path / "cache", ("calibration", "compile"))
     runs, outputs = [], []
     for n in range(2):
         proc = run_cli("train", "--backend", "jax", *TINY_GPT, "--data", text_folder, "--tokenizer", "sentencepiece",
