@@ -137,8 +137,9 @@ def test_a_checkpoint_fine_tunes_recomputing_its_layers_to_the_same_losses(check
     for name, extra in (("keeping", []), ("recomputing", ["--extra", "remat"])):
         out = tmp_path / f"{name}.json"
         # eager on a GPU too (`--step auto` compiles there): the two runs' masks and sums are then the same kernels'
+        # --measure-only: the losses and the record are written before the scoring, which nothing here reads
         proc = run_cli("train", "--backend", "torch", *fine_tune_args(checkpoint), "--dropout", "0.1", *extra,
-                       "--step", "eager", "--cache-dir", cache_dir, "--out", str(out))
+                       "--step", "eager", "--measure-only", "--cache-dir", cache_dir, "--out", str(out))
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[name] = json.loads(out.read_text())
     layers = results["recomputing"]["extras_record"]["remat"]
