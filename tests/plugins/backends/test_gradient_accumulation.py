@@ -82,6 +82,15 @@ def test_over_several_devices_and_processes_micro_batches_train_as_one_batch(bac
         record = accumulated["extras_record"][extra]
         expected = record["gradient_buckets"] + 2 if extra == "ddp" else 1 + 1
         assert record["collectives_per_step"] == {"all-reduce": expected}
+    if (backend, extra) == ("jax", "fsdp"):
+        # XLA hoists each unit's gathering out of the micro-batch loop (the weights do not change inside it) and
+        # reduce-scatters each micro-batch's gradients, as torch's fsdp does (test_torch_accumulation.py): counted in
+        # the compiled program, a loop's body as often as it runs (without micro-batches 3 and 3, test_fsdp.py).
+        record = accumulated["extras_record"][extra]
+        units = len(record["units"])
+        assert units == 3 and record["collectives_per_step"]["all-gather"] == units
+        assert record["collectives_per_step"]["reduce-scatter"] == 2 * units
+        assert "3 units gathered once a step" in accumulated["train_step_detail"]
     if extra == "tensor-parallel":  # counted in the compiled program (its loop's body twice), or over gloo
         blocks, all_reduces_a_block = 2, 4
         assert accumulated["extras_record"][extra]["activation_all_reduces_per_step"] == 2 * blocks * all_reduces_a_block

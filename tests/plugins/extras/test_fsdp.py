@@ -286,20 +286,3 @@ def test_the_fused_kernel_skips_fsdps_shards_on_an_overflow():
     assert updated < 12.0 and updated_steps == 1.0
 
 
-@pytest.mark.slow
-def test_jax_fsdp_under_grad_accum_gathers_once_a_step_and_reduce_scatters_each_micro_batch(tmp_path, cache_dir):
-    """XLA hoists each unit's gathering out of the micro-batch loop (the weights do not change inside it), and
-    reduce-scatters each micro-batch's gradients: what torch's fsdp runs (tests/plugins/extras/
-    test_torch_accumulation.py), counted in the compiled program, a loop's body as often as it runs. The losses are
-    one micro-batch's."""
-    # --measure-only: the checks read the compiled step and the losses, not the evaluation after training.
-    gpt = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--valid-size", "10", "--test-size", "10",
-           "--steps", "4", "--extra", "fsdp", "--measure-only"]
-    one = train(tmp_path, "one", cache_dir, *gpt, "--batch-size", "16", env=TWO_DEVICES, flags=[])
-    two = train(tmp_path, "two", cache_dir, *gpt, "--batch-size", "8", "--grad-accum", "2", env=TWO_DEVICES, flags=[])
-    units = len(one["extras_record"]["fsdp"]["units"])
-    counted = [run["extras_record"]["fsdp"]["collectives_per_step"] for run in (one, two)]
-    assert units == 3 and [count["all-gather"] for count in counted] == [units, units]
-    assert [count["reduce-scatter"] for count in counted] == [units, 2 * units]
-    assert "3 units gathered once a step" in two["train_step_detail"]
-    np.testing.assert_allclose(losses(two), losses(one), rtol=1e-5)
