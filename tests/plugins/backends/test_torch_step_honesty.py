@@ -83,10 +83,9 @@ def test_a_batch_already_a_tensor_is_copied_without_waiting(device):
 # One process for every probed step (each process spends about 10 s importing torch, Keras and mtbench): the tiny
 # GPT's update runs first, eager before compiled (an mtbench process builds one train step, and a compiled step's
 # settings, inductor's precision casts and dynamo's marks on Keras's helpers, stay in the process after it); then the
-# tiny Transformer held to the fused attention (a process-wide setting, hence after the GPT's runs), whose compiled
-# program the dynamo-limit step compiles again, loading inductor's kernels compiled for the flash step. Dynamo's
-# graphs and counters are reset before each of those two: both count on the step's compiled code, which every step
-# shares.
+# tiny Transformer held to the fused attention (a process-wide setting, hence after the GPT's runs), one compiled
+# step for the flash kernels and then dynamo's recompile limit. Dynamo's graphs and counters are reset before it:
+# they count on the step's compiled code, which every step shares.
 STEPS_PROBE = textwrap.dedent("""
     import collections, json, os, sys
     os.environ["KERAS_BACKEND"] = "torch"
@@ -118,42 +117,40 @@ STEPS_PROBE = textwrap.dedent("""
                 "fused_kernels": {name: fused.count(name) for name in fused},
                 "layer_norms": names.count("aten::native_layer_norm")}
 
-    def flash(model):
-        step = CompiledTorchTrainStep(model)
-        ids = np.ones((4, 16), np.int32)
-        step((ids, ids), ids, np.ones((4, 16), np.float32))
-        with profile() as trace:
-            step((ids, ids), ids, np.ones((4, 16), np.float32))
-        ran = collections.Counter(event.name for event in trace.events() if "attention" in event.name)
-        return {"ran": ran, "graph_breaks": sum(counters["graph_break"].values()),
-                "attentions": len(model.encoder_blocks) + 2 * len(model.decoder_blocks)}
-
-    def limit(model):
+    def flash_and_limit(model):
+        # One compiled step for both reports: the fused attention's program, profiled at its second step, then a
+        # second shape past a recompile limit of 1 (mode reduce-overhead, whose CUDA graphs a CPU cannot run: the
+        # same program as the default mode's here).
         torch._dynamo.config.recompile_limit = torch_default_limit  # what the step raises, not an earlier step
         step = CompiledTorchTrainStep(model, mode="reduce-overhead")
         limit_after_init = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = 1  # as torch's default of 8 would be for a model of 9 buckets
         try:
-            for length in (16, 32):
-                ids = np.ones((4, length), np.int32)
-                step((ids, ids), ids, np.ones((4, length), np.float32))
+            ids = np.ones((4, 16), np.int32)
+            step((ids, ids), ids, np.ones((4, 16), np.float32))
+            with profile() as trace:
+                step((ids, ids), ids, np.ones((4, 16), np.float32))
+            ran = collections.Counter(event.name for event in trace.events() if "attention" in event.name)
+            flash = {"ran": ran, "graph_breaks": sum(counters["graph_break"].values()),
+                     "attentions": len(model.encoder_blocks) + 2 * len(model.decoder_blocks)}
+            ids = np.ones((4, 32), np.int32)
+            step((ids, ids), ids, np.ones((4, 32), np.float32))
         finally:
             torch._dynamo.config.recompile_limit = limit_after_init
-        return {"limit_after_init": limit_after_init, "eager": step.shapes_run_eagerly(),
-                "cuda_graphs": step.cuda_graphs(), "description": step.description()}
+        return flash, {"limit_after_init": limit_after_init, "eager": step.shapes_run_eagerly(),
+                       "cuda_graphs": step.cuda_graphs(), "description": step.description()}
 
-    reports, model = {}, None  # the fused-attention Transformer, built for the first of "flash" and "limit"
+    reports = {}
     for run in sys.argv[1:]:
-        if run in ("flash", "limit"):
-            if model is None:
-                keras.config.set_dtype_policy("float32")
-                fused_attention_here()  # as under --extra flash-attention: fused kernels only, Keras's CUDA-only
-                # check answered. As the extra builds it on torch: flash for the causal attention, the masked ones
-                # left to the fused kernels the backend holds the process to.
-                model = build_transformer(PRESETS["tiny"], flash_attention=True, flash_attention_masked=None)
-                compile_model(keras, model, TrainConfig(preset="tiny"), 10, {})
-            torch._dynamo.reset()
-            reports[run] = (flash if run == "flash" else limit)(model)
+        if run == "flash-and-limit":  # the fused-attention Transformer
+            keras.config.set_dtype_policy("float32")
+            fused_attention_here()  # as under --extra flash-attention: fused kernels only, Keras's CUDA-only
+            # check answered. As the extra builds it on torch: flash for the causal attention, the masked ones
+            # left to the fused kernels the backend holds the process to.
+            model = build_transformer(PRESETS["tiny"], flash_attention=True, flash_attention_masked=None)
+            compile_model(keras, model, TrainConfig(preset="tiny"), 10, {})
+            torch._dynamo.reset()  # dynamo's graphs and counters: the GPT's compiled steps' before
+            reports["flash"], reports["limit"] = flash_and_limit(model)
         else:
             reports[run] = update(*run.split("-"))
     print(json.dumps(reports))
@@ -161,15 +158,15 @@ STEPS_PROBE = textwrap.dedent("""
 
 # The eager steps first (see STEPS_PROBE); the fused-attention steps after the GPT's.
 UPDATE_RUNS = ("float32-eager", "bfloat16-eager", "bfloat16-compiled", "float32-compiled")
-STEP_RUNS = (*UPDATE_RUNS, "flash", "limit")
+STEP_RUNS = (*UPDATE_RUNS, "flash-and-limit")
 
 
 @pytest.fixture(scope="module")
 def steps_probed():
     """What the steps probe reports of each of STEP_RUNS, all in one process: for "dtype-kind", one profiled step
-    of the tiny GPT (the eager or the compiled torch step in that dtype, a new model and step each); for "flash",
-    one profiled compiled step of the tiny Transformer held to the fused attention; for "limit", the same model's
-    compiled step (mode reduce-overhead) trained on two shapes with dynamo's recompile limit at 1."""
+    of the tiny GPT (the eager or the compiled torch step in that dtype, a new model and step each); then the tiny
+    Transformer held to the fused attention, its compiled step (mode reduce-overhead) with dynamo's recompile limit
+    at 1: "flash", its second step profiled; "limit", a second shape trained after."""
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", **CPU_ONLY}  # CPU_ONLY: the CPU's flash kernel
     env.pop("KERAS_BACKEND", None)
     proc = subprocess.run([sys.executable, "-c", STEPS_PROBE, *STEP_RUNS], capture_output=True, text=True,

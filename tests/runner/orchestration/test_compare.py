@@ -106,8 +106,8 @@ def test_a_run_starts_from_the_numbers_of_its_weights_file(compared, tmp_path):
     assert first_losses["torch"] == pytest.approx(first_losses["jax"], rel=1e-4)
 
 
-@pytest.mark.slow  # a compare of two runs of six steps, and its rerun: 45 s
-def test_a_compare_whose_runs_part_beyond_the_tolerance_fails_and_keeps_its_results(cache_dir, tmp_path):
+@pytest.mark.slow  # a compare of two runs of six steps: 30 s
+def test_a_compare_whose_runs_part_beyond_the_tolerance_fails_and_keeps_its_results(cache_dir, tmp_path, monkeypatch):
     """The parity check on a real compare: float32 runs of jax and torch part by float rounding, more than a
     tolerance of 1e-9 over the --parity-steps compared; the compare says so, exits 1, and keeps what it wrote.
     Its report and its rerun hold the runs to that gate and that baseline, as the compare did: they had held them
@@ -129,9 +129,15 @@ def test_a_compare_whose_runs_part_beyond_the_tolerance_fails_and_keeps_its_resu
     widened = json.loads(run_cli("report", str(out), "--parity-tolerance", "0.01", "--format", "json").stdout)
     assert widened["parity"]["passed"] is True  # the command line's tolerance wins
 
+    # The rerun's gate, on reruns that trained what the originals did (that a rerun trains again is
+    # test_rerun_trains_a_result_again_and_names_every_difference's).
+    from mtbench.errors import RunFailure
+    from mtbench.runner.orchestration import rerun as rerun_module
+    originals = {run["label"]: run["result"] for run in combined["runs"]}
+    monkeypatch.setattr(rerun_module, "run_again", lambda rerun, console: originals[rerun.label])
     again = tmp_path / "again.json"
-    proc = run_cli("rerun", str(out), "--out", str(again))
-    assert proc.returncode == 1 and "Error: parity check failed: jax differs from torch by " in proc.stderr
+    with pytest.raises(RunFailure, match="^parity check failed: jax differs from torch by "):
+        rerun_module.rerun_results(str(out), str(again), False, Console(file=io.StringIO()))
     rerun = json.loads(again.read_text())
     assert (rerun["baseline"], rerun["parity"]["passed"], rerun["parity"]["tolerance"]) == ("torch", False, 1e-9)
     assert [p["steps"] for p in rerun["parity"]["pairs"]] == [5]
