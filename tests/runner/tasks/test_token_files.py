@@ -291,7 +291,7 @@ def split_alike(lines, held_out_lines):
     return train_text + "\n" * (18 * twentieth - len(train_text.encode("utf-8"))), held_out
 
 
-@pytest.mark.slow  # two training processes, 10-15 s each
+@pytest.mark.slow  # two training processes, 15-35 s each
 def test_shakespeare_char_files_with_their_meta_train_as_the_character_model_of_that_text(tmp_path, cache_dir):
     """French verses (é, à: two bytes each) as nanoGPT's prepare.py for shakespeare_char leaves them: the same
     run, loss for loss and in bits per byte, as `--tokenizer char` on the text, and it samples text."""
@@ -301,11 +301,8 @@ def test_shakespeare_char_files_with_their_meta_train_as_the_character_model_of_
     twentieth = len(held_out.encode("utf-8"))
     text = train_text + held_out + held_out
     (tmp_path / "verses.txt").write_text(text, encoding="utf-8")
-    # torch's eager step (JAX would compile its programs for this vocabulary, and again for the evaluation's);
-    # the model then continues a prompt on JAX.
-    common = [*TINY_GPT, "--backend", "torch", "--step", "eager", "--steps", "12", "--eval-every", "6", "--cache-dir",
-              cache_dir]
-    proc = run_cli("train", *common, "--data", str(tmp_path / "verses.txt"), "--tokenizer",
+    common = [*TINY_GPT, "--steps", "12", "--eval-every", "6", "--cache-dir", cache_dir]
+    proc = run_cli("train", "--backend", "jax", *common, "--data", str(tmp_path / "verses.txt"), "--tokenizer",
                    "char", "--out", str(tmp_path / "chars.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     by_text = json.loads((tmp_path / "chars.json").read_text())
@@ -315,7 +312,7 @@ def test_shakespeare_char_files_with_their_meta_train_as_the_character_model_of_
     folder, characters = shakespeare_char_prepare(text, tmp_path / "shakespeare_char")
     stoi = {c: i for i, c in enumerate(characters)}
     token_folder(folder, [stoi[c] for c in train_text], [stoi[c] for c in held_out + held_out])
-    proc = run_cli("train", *common, "--data", str(folder), "--sample-prompt", "Et Dieu",
+    proc = run_cli("train", "--backend", "jax", *common, "--data", str(folder), "--sample-prompt", "Et Dieu",
                    "--out", str(tmp_path / "ids.json"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     by_ids = json.loads((tmp_path / "ids.json").read_text())
@@ -334,7 +331,7 @@ def test_shakespeare_char_files_with_their_meta_train_as_the_character_model_of_
                                      for sample in samples)
     # The saved model keeps the characters: it continues a prompt on the other backend.
     proc = run_cli("generate", str(tmp_path / "ids.json"), "--prompt", "Et Dieu", "--max-new-tokens", "20",
-                   "--backend", "jax")
+                   "--backend", "torch")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("Et Dieu") and len(proc.stdout.rstrip("\n")) > len("Et Dieu")
     # ... and scores the folder's val.bin (the held-out passage twice) by its characters' bytes; a text it cannot.
