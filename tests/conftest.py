@@ -405,9 +405,10 @@ def cache_of_its_own(session_cache, path, shared):
     make the rest again."""
     os.makedirs(path)
     for name in shared:
-        if not os.path.exists(os.path.join(session_cache, name)):
-            os.makedirs(os.path.join(session_cache, name))
-        os.symlink(os.path.join(session_cache, name), os.path.join(path, name))
+        folder = os.path.join(session_cache, name)
+        if not os.path.exists(folder):  # (a file of the session's is linked as it is)
+            os.makedirs(folder, exist_ok=True)  # another worker's run may make it meanwhile
+        os.symlink(folder, os.path.join(path, name))
     return str(path)
 
 
