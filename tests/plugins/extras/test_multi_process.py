@@ -31,20 +31,22 @@ def torchrun(*args, env=None, timeout=600, processes=2):
         return subprocess.run(command, capture_output=True, text=True, env=cli_environment(env), timeout=timeout)
 
 
-def launched_by_flags(*args, timeout=300):
+def launched_by_flags(*args, env=None, timeout=300):
     """Runs `python -m mtbench ARGS` as 2 processes on the machine's cores, launched by --coordinator (a free port),
-    --num-processes and --process-id alone, without torchrun (nor its agent, a third process importing torch);
-    asserts that both exit with 0."""
+    --num-processes and --process-id alone, without torchrun (nor its agent, a third process importing torch),
+    `env` over their environment; asserts that both exit with 0 and returns process 0's output (process 1 prints
+    nothing)."""
     coordinator = free_coordinator()
     started = []
     for rank in (1, 0):
-        command, env = on_every_core([sys.executable, "-m", "mtbench", *args, "--coordinator", coordinator,
-                                      "--num-processes", "2", "--process-id", str(rank)],
-                                     {**CPU_ONLY, "LOCAL_RANK": None, "LOCAL_WORLD_SIZE": None})
+        command, full_env = on_every_core([sys.executable, "-m", "mtbench", *args, "--coordinator", coordinator,
+                                           "--num-processes", "2", "--process-id", str(rank)],
+                                          {**CPU_ONLY, "LOCAL_RANK": None, "LOCAL_WORLD_SIZE": None, **(env or {})})
         started.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env=cli_environment(env)))
+                                        env=cli_environment(full_env)))
     outputs = [process.communicate(timeout=timeout) for process in started]
     assert [process.returncode for process in started] == [0, 0], "".join(err[-2000:] for _, err in outputs)
+    return outputs[1][0]
 
 
 CPUS = MACHINE_CPUS
@@ -189,21 +191,44 @@ def test_ddp_in_one_process_says_how_to_launch_several(cache_dir, tmp_path):
         "torchrun --nproc-per-node N -m mtbench train ...)")
 
 
+# 2 processes profiling their steps, with dropout (`profiled_run`).
+PROFILED = ["--model", "gpt", "--preset", "tiny", "--block-size", "16", "--batch-size", "8", "--steps", "8",
+            "--dropout", "0.1", "--profile", "2", "--measure-only"]
+
+
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory, cache_dir):
+    """(result, process 0's output) of PROFILED's run of a backend and its extra over 2 processes, made when a test
+    first asks for that backend's. torch's is launched by the coordinator flags alone (no torchrun agent): the
+    test of that launch reads the same run, whose profile is no matter to it; JAX's by torchrun."""
+    made = {}
+
+    def run(backend, extra):
+        if backend not in made:
+            out = tmp_path_factory.mktemp(f"{backend}-profiled") / "profiled.json"
+            arguments = ["train", "--backend", backend, "--extra", extra, *PROFILED, "--cache-dir", cache_dir,
+                         "--out", str(out)]
+            if backend == "torch":
+                stdout = launched_by_flags(*arguments)
+            else:
+                proc = torchrun(*arguments, timeout=300)
+                assert proc.returncode == 0, proc.stderr[-3000:]
+                stdout = proc.stdout
+            made[backend] = (json.loads(out.read_text()), stdout)
+        return made[backend]
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, extra", [("torch", "ddp"), ("jax", "data-parallel")])
-def test_every_process_reads_its_own_trace_and_process_0s_result_holds_each_ones_busy_time(backend, extra, cache_dir,
-                                                                                           tmp_path):
+def test_every_process_reads_its_own_trace_and_process_0s_result_holds_each_ones_busy_time(backend, extra,
+                                                                                           profiled_run):
     """Each process profiles its own steps, with dropout: Keras lays each dropout seed over every process's devices
     from an array of one device, which JAX gave each process as its one shard and then refused to list at the first
     timing window (every multi-process JAX run with dropout stopped there until the step made such values whole)."""
     from mtbench.plugins.backends.jax_profiler import JaxStepProfiler
     from mtbench.plugins.backends.torch_profiler import TorchStepProfiler
-    out = tmp_path / f"{backend}-profiled.json"
-    proc = torchrun("train", "--backend", backend, "--extra", extra, "--model", "gpt", "--preset", "tiny",
-                    "--block-size", "16", "--batch-size", "8", "--steps", "8", "--dropout", "0.1", "--profile", "2",
-                    "--measure-only", "--cache-dir", cache_dir, "--out", str(out), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, stdout = profiled_run(backend, extra)
     assert result["model"]["attention"]["arithmetic"]["probability_dropout"] == 0.1
     assert len(result["history"]) == 8 and all(math.isfinite(h["loss"]) for h in result["history"])
     # The machine's load tells the run's two processes' CPU time from other processes' (machine_load_probe.py).
@@ -221,7 +246,7 @@ def test_every_process_reads_its_own_trace_and_process_0s_result_holds_each_ones
     assert busy[1] == pytest.approx(reader.operations()["busy_s"], rel=1e-6) and busy[1] != busy[0]
     per_step = [seconds / len(profile["steps"]) * 1e3 for seconds in busy]
     assert f"the 2 processes' {min(per_step):.1f} (process {per_step.index(min(per_step))}) to {max(per_step):.1f} ms" \
-        in proc.stdout
+        in stdout
 
 
 DROPOUT_PROBE = '''
@@ -251,60 +276,93 @@ def mtbench_register_extras(register):
 '''
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("extra, alike", [("ddp", False), ("tensor-parallel", True)])
-def test_torch_replicas_drop_their_rows_with_masks_of_their_own_and_a_model_axis_alike(tmp_path, cache_dir, extra,
-                                                                                       alike):
-    """Keras's dropout on torch draws from torch's generator, which every process seeds alike. Each data replica
-    (ddp's processes) moves it on by its index, as each shard of JAX's data-parallel step draws its own masks;
-    the processes of a model axis (tensor-parallel's) keep one stream, as they must drop the activations each holds
-    whole alike. What a dropout layer draws next in each process, once the step is made: two masks of 512. The
-    result's host memory is each process's, process 1's 512 MiB larger."""
-    site, streams = tmp_path / "site", tmp_path / "streams"
+def dropout_streams_probe(directory):
+    """The environment of a run that loads DROPOUT_PROBE (installed under `directory`), and the folder it writes
+    each process's mask to."""
+    site, streams = directory / "site", directory / "streams"
     install_plugin_distribution(site, "mtbench_dropout_streams", "dropout_streams", "mtbench_dropout_streams")
     streams.mkdir()
     (site / "mtbench_dropout_streams.py").write_text(DROPOUT_PROBE)
-    proc = torchrun("train", "--backend", "torch", "--extra", extra, "--extra", "dropout-streams", "--model", "gpt",
-                    "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
-                    "--test-size", "10", "--steps", "2", "--dropout", "0.1", "--cache-dir", cache_dir,
-                    "--out", str(tmp_path / "r.json"),
-                    env={"PYTHONPATH": python_path(site), "MTBENCH_LOAD_PLUGINS": "mtbench_dropout_streams",
-                         "DROPOUT_STREAMS": str(streams)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    first, second = (json.loads((streams / f"{rank}.json").read_text()) for rank in (0, 1))
-    assert 150 < sum(first) < 350 and 150 < sum(second) < 350  # a mask at 0.5 each
-    assert (first == second) is alike
-    # The run's host memory is both processes': process 1's peak holds the 512 MiB it touched.
-    memory = json.loads((tmp_path / "r.json").read_text())["memory"]
+    return {"PYTHONPATH": python_path(site), "MTBENCH_LOAD_PLUGINS": "mtbench_dropout_streams",
+            "DROPOUT_STREAMS": str(streams)}, streams
+
+
+# The tiny GPT with dropout, for the dropout probe's runs.
+DROPPING_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
+                "--test-size", "10", "--dtype", "float32", "--dropout", "0.1", "--measure-only"]
+
+
+@pytest.fixture(scope="module")
+def resumed_ddp_dropout_run(tmp_path_factory, cache_dir):
+    """DDP over 2 processes (torchrun) with dropout and the dropout probe, stopped by a NaN at step 6 with steps 1
+    to 5 trained and a checkpoint after step 3, then resumed: the stopped run (its process, result and masks, and
+    the generator states of its checkpoint, read before the resumed run writes) and the resumed one (its process
+    and result). --measure-only (which the resumed run keeps): the checks read the losses, checkpoints, masks and
+    host memory, not the evaluation."""
+    import numpy as np
+    directory = tmp_path_factory.mktemp("ddp-dropout")
+    env, streams = dropout_streams_probe(directory)
+    out = directory / "r.json"
+    stopping = torchrun("train", "--backend", "torch", "--extra", "ddp", "--extra", "dropout-streams", *DROPPING_GPT,
+                        "--steps", "8", "--checkpoint-every", "3", "--cache-dir", cache_dir, "--out", str(out),
+                        env={**env, "MTBENCH_TEST_NAN_AT_STEP": "6"})
+    assert stopping.returncode != 0 and "the loss is nan at step 6" in stopping.stderr, stopping.stderr[-3000:]
+    masks = [json.loads((streams / f"{rank}.json").read_text()) for rank in (0, 1)]
+    with np.load(directory / "r.run" / "checkpoint-000003" / "generator_state.npz") as saved:
+        generators = {name: saved[name] for name in saved.files}
+    stopped = json.loads(out.read_text())
+    resuming = torchrun("train", "--resume", str(directory / "r.run"), env=env)
+    assert resuming.returncode == 0, resuming.stderr[-3000:]
+    return {"stopped": stopped, "masks": masks, "generators": generators, "resuming": resuming,
+            "resumed": json.loads(out.read_text())}
+
+
+def assert_process_1_held_512_mib_more(memory):
+    """The run's host memory is both processes': process 1's peak holds the 512 MiB the dropout probe touched."""
     process_0, process_1 = memory["peak_host_bytes_per_process"]
-    # (process 1 touched them early, at about 400 MB; process 0 grows later, evaluating and writing)
+    # (process 1 touched them early, at about 400 MB; process 0 may grow later, as it trains and writes)
     assert process_1 > (512 + 200) << 20 and process_1 - process_0 > 200 << 20 and process_0 > 100 << 20
     assert memory["peak_host_bytes"] == process_0 + process_1
 
 
 @pytest.mark.slow
-def test_a_resumed_ddp_run_with_dropout_draws_each_replicas_masks_on_from_the_checkpoint(tmp_path, cache_dir):
+@pytest.mark.parametrize("extra, alike", [("ddp", False), ("tensor-parallel", True)])
+def test_torch_replicas_drop_their_rows_with_masks_of_their_own_and_a_model_axis_alike(tmp_path, cache_dir, extra,
+                                                                                       alike, request):
+    """Keras's dropout on torch draws from torch's generator, which every process seeds alike. Each data replica
+    (ddp's processes) moves it on by its index, as each shard of JAX's data-parallel step draws its own masks;
+    the processes of a model axis (tensor-parallel's) keep one stream, as they must drop the activations each holds
+    whole alike. What a dropout layer draws next in each process, once the step is made: two masks of 512. The
+    result's host memory is each process's, process 1's 512 MiB larger. ddp's are the first run of
+    `resumed_ddp_dropout_run` (the probe draws before the resumed run puts the checkpoint's generators back);
+    tensor-parallel's is a run of its own, launched by the coordinator flags (no torchrun agent)."""
+    if extra == "ddp":
+        run = request.getfixturevalue("resumed_ddp_dropout_run")
+        (first, second), memory = run["masks"], run["stopped"]["memory"]
+    else:
+        env, streams = dropout_streams_probe(tmp_path)
+        launched_by_flags("train", "--backend", "torch", "--extra", extra, "--extra", "dropout-streams",
+                          *DROPPING_GPT, "--steps", "2", "--cache-dir", cache_dir, "--out", str(tmp_path / "r.json"),
+                          env=env)
+        first, second = (json.loads((streams / f"{rank}.json").read_text()) for rank in (0, 1))
+        memory = json.loads((tmp_path / "r.json").read_text())["memory"]
+    assert 150 < sum(first) < 350 and 150 < sum(second) < 350  # a mask at 0.5 each
+    assert (first == second) is alike
+    assert_process_1_held_512_mib_more(memory)
+
+
+@pytest.mark.slow
+def test_a_resumed_ddp_run_with_dropout_draws_each_replicas_masks_on_from_the_checkpoint(resumed_ddp_dropout_run):
     """Each replica's generator differs, so the checkpoint keeps both, and each process of the resumed run draws
     on from its own. A NaN at step 6 stops the run with steps 1 to 5 trained and a checkpoint after step 3: the
     resumed run trains steps 4 and 5 again with the masks they had (a fresh generator's would differ)."""
     import numpy as np
-    out = tmp_path / "r.json"
-    # --measure-only (which the resumed run keeps): the checks read the losses and checkpoints, not the evaluation.
-    proc = torchrun("train", "--backend", "torch", "--extra", "ddp", "--model", "gpt", "--preset", "tiny",
-                    "--block-size", "32", "--batch-size", "8", "--valid-size", "10", "--test-size", "10",
-                    "--dtype", "float32", "--steps", "8", "--dropout", "0.1", "--checkpoint-every", "3",
-                    "--measure-only", "--cache-dir", cache_dir, "--out", str(out),
-                    env={"MTBENCH_TEST_NAN_AT_STEP": "6"})
-    assert proc.returncode != 0 and "the loss is nan at step 6" in proc.stderr, proc.stderr[-3000:]
-    stopped = json.loads(out.read_text())
-    with np.load(tmp_path / "r.run" / "checkpoint-000003" / "generator_state.npz") as saved:
-        assert sorted(saved.files) == ["process_0", "process_1"]
-        assert not np.array_equal(saved["process_0"], saved["process_1"])
-
-    proc = torchrun("train", "--resume", str(tmp_path / "r.run"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    generators = resumed_ddp_dropout_run["generators"]
+    assert sorted(generators) == ["process_0", "process_1"]
+    assert not np.array_equal(generators["process_0"], generators["process_1"])
+    proc = resumed_ddp_dropout_run["resuming"]
     assert "the random generators start afresh" not in proc.stdout + proc.stderr
-    result = json.loads(out.read_text())
+    result, stopped = resumed_ddp_dropout_run["resumed"], resumed_ddp_dropout_run["stopped"]
     assert result["timing"]["resumed_at_steps"] == [4]
     for got, want in zip(result["history"][3:5], stopped["history"][3:5]):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), got["step"]
@@ -341,18 +399,15 @@ def test_ddps_gradient_buckets_are_counted_as_its_reducer_allocated_them(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.skipif(not FIRST_HALF, reason="needs at least 2 CPUs to share")
-def test_processes_started_by_the_coordinator_flags_on_one_machine_share_it_and_ddp_says_how_it_reduced(tmp_path,
-                                                                                                      cache_dir):
+def test_processes_started_by_the_coordinator_flags_on_one_machine_share_it_and_ddp_says_how_it_reduced(profiled_run):
     """Two processes given --coordinator, --num-processes and --process-id alone (no LOCAL_RANK): one machine, its
-    cores shared out, MFU over one machine's peak; and DDP's step says what it all-reduced, as fsdp's does."""
-    out = tmp_path / "ddp.json"
-    launched_by_flags("train", "--backend", "torch", "--extra", "ddp", "--model", "gpt", "--preset", "tiny",
-                      "--block-size", "32", "--batch-size", "16", "--steps", "4", "--measure-only",
-                      "--cache-dir", cache_dir, "--out", str(out))
-    result = json.loads(out.read_text())
+    cores shared out, MFU over one machine's peak; and DDP's step says what it all-reduced, as fsdp's does. (The
+    profiled torch run, launched so: its dropout and profile change none of this.)"""
+    result, _ = profiled_run("torch", "ddp")
+    assert result["processes"]["launcher"] == "flags"
     assert result["processes"]["machines"] == 1 and result["processes"]["cpu_share"] == FIRST_HALF
     assert result["utilization"]["peak_devices"] == 1
-    # The tiny GPT's 463 KiB of float32 gradients fit DDP's first bucket (1 MiB).
+    # The tiny GPT's 459 KiB of float32 gradients (a block of 16) fit DDP's first bucket (1 MiB).
     assert result["train_step"] == "torch-eager"
     assert result["train_step_detail"].startswith("DDP over 2 processes, float32 gradients all-reduced in 1 bucket "
                                                   f"({result['model']['parameters'] * 4 / 1024:.3g} KiB")
