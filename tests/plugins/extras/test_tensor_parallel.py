@@ -14,6 +14,7 @@ query, key, value and first feed-forward kernels with their biases, the output p
 the embeddings, layer norms and the row-split layers' biases whole."""
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -34,6 +35,8 @@ FOUR_DEVICES = simulated_devices(4)
 TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "8", "--valid-size", "10",
             "--test-size", "10", "--steps", str(GPT_STEPS)]
 GPT_BLOCKS, D_MODEL, FF_UNITS = 2, 64, 256
+# Dropout on the split runs that are held to one device's draws (`test_split_runs_drop_what_one_device_drops`).
+DROPOUT = ["--dropout", "0.1"]
 # The tiny translation preset (TINY_COMPARE's): one encoder and one decoder block, d_model 64, 128 feed-forward units.
 TRANSLATION_FF_UNITS = 128
 
@@ -261,17 +264,28 @@ def test_a_model_axis_size_without_the_extra_is_refused(tmp_path, cache_dir):
 
 @pytest.fixture(scope="module")
 def gpt_runs(tmp_path_factory, cache_dir):
-    """The tiny GPT on one JAX device and split over two, and on one torch process and split over two; the split
-    runs across a checkpoint at step 5 (the weights made whole for it, then split again)."""
+    """The tiny GPT on one JAX device and split over two devices of one process and over two processes, and on one
+    torch process and split over two; the 1 x 2 split runs across a checkpoint at step 5 (the weights made whole for
+    it, then split again). The runs over two processes drop with DROPOUT, held to one-device runs that drop alike:
+    one run of each backend checks both the split over processes and its masks, which
+    `test_split_runs_drop_what_one_device_drops` reads. The 2 data x 2 model runs drop nothing: their data replicas
+    draw masks of their own."""
     tmp_path = tmp_path_factory.mktemp("tensor-parallel")
     return {
         # The references on the CPU, as the split runs (simulated devices, gloo processes).
         "jax": train(tmp_path, "jax", cache_dir, "--backend", "jax", *TINY_GPT, env=CPU_ONLY),
+        "jax-dropout": train(tmp_path, "jax-dropout", cache_dir, "--backend", "jax", *TINY_GPT, *DROPOUT,
+                             env=CPU_ONLY),
         "jax-split": train(tmp_path, "jax-split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
                            *TINY_GPT, "--checkpoint-every", CHECKPOINT_EVERY, env=TWO_DEVICES),
+        "jax-over-2-processes": train_on_two_processes(tmp_path, "jax-over-2-processes", cache_dir, "--backend",
+                                                       "jax", *TINY_GPT, *DROPOUT, "--checkpoint-every",
+                                                       CHECKPOINT_EVERY),
         "torch": train(tmp_path, "torch", cache_dir, "--backend", "torch", *TINY_GPT, env=CPU_ONLY),
+        "torch-dropout": train(tmp_path, "torch-dropout", cache_dir, "--backend", "torch", *TINY_GPT, *DROPOUT,
+                               env=CPU_ONLY),
         "torch-split": train_on_two_processes(tmp_path, "torch-split", cache_dir, "--backend", "torch", *TINY_GPT,
-                                              "--checkpoint-every", CHECKPOINT_EVERY),
+                                              *DROPOUT, "--checkpoint-every", CHECKPOINT_EVERY),
         # 2 data x 2 model: four simulated devices, four gloo processes.
         "jax-2d": train(tmp_path, "jax-2d", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
                         "--tensor-parallel-size", "2", *TINY_GPT, env=FOUR_DEVICES),
@@ -312,7 +326,7 @@ def test_jax_tensor_parallel_gpt_trains_like_one_device_with_megatrons_all_reduc
 
 @pytest.mark.slow
 def test_torch_tensor_parallel_gpt_trains_like_one_process_with_megatrons_all_reduces(gpt_runs):
-    record = split_gpt_record(gpt_runs["torch-split"], gpt_runs["torch"], "torch-eager",
+    record = split_gpt_record(gpt_runs["torch-split"], gpt_runs["torch-dropout"], "torch-eager",
                               "tensor-parallel over 2 processes, embeddings, layer norms and the tied output layer "
                               "replicated, query, key and value as one product")
     assert record["collectives"] == "gloo" and record["mesh_axes"] == ["model"] and record["mesh_shape"] == [2]
@@ -360,12 +374,11 @@ def test_torch_tensor_parallel_compiles_and_runs_the_eager_steps_collectives(gpt
 
 
 @pytest.mark.slow
-def test_jax_tensor_parallel_over_two_processes_gathers_the_batch_and_trains_like_one_device(gpt_runs, cache_dir,
-                                                                                          tmp_path):
-    # Across a checkpoint at step 5 (the state replicated for process 0 to write, then split again).
-    split = train_on_two_processes(tmp_path, "jax-2", cache_dir, "--backend", "jax", *TINY_GPT,
-                                   "--checkpoint-every", CHECKPOINT_EVERY)
-    assert_trains_like_one_device(split, gpt_runs["jax"], GPT_STEPS)
+def test_jax_tensor_parallel_over_two_processes_gathers_the_batch_and_trains_like_one_device(gpt_runs):
+    # Across a checkpoint at step 5 (the state replicated for process 0 to write, then split again, the dropout
+    # seeds' too): one device's losses, its dropout masks drawn alike.
+    split = gpt_runs["jax-over-2-processes"]
+    assert_trains_like_one_device(split, gpt_runs["jax-dropout"], GPT_STEPS)
     # The program that splits the state again was compiled at the checkpoint, not in the timing window after it.
     assert {h["step"]: h["compilations"] for h in split["history"] if h["compilations"]} == {1: 1}
     record = split["extras_record"]["tensor-parallel"]
@@ -376,7 +389,7 @@ def test_jax_tensor_parallel_over_two_processes_gathers_the_batch_and_trains_lik
     assert record["collectives_per_step"] == {
         "all-gather": 3, "all-reduce": GPT_BLOCKS * BLOCK_ALL_REDUCES + GPT_BLOCKS * SPLIT_VARIABLES_PER_BLOCK}
     assert record["batch_all_gathers_per_step"] == 3
-    assert sorted(p.name for p in (tmp_path / "jax-2.run").iterdir()) == [
+    assert sorted(p.name for p in pathlib.Path(split["run_dir"]).iterdir()) == [
         "checkpoint-000005", "checkpoint-000010", "model", "run.json", "tokenizer"]
 
 
@@ -412,16 +425,18 @@ def test_jax_on_a_data_by_model_mesh_trains_like_one_device(gpt_runs):
 def test_jax_on_a_data_by_model_mesh_sums_each_shards_micro_batches_and_all_reduces_the_gradients_once(
         gpt_runs, tmp_path, cache_dir):
     """--grad-accum 2 on 2 data x 2 model: each data shard sums its micro-batches' gradients, the split ones in
-    their halves, and the data axis sums them after the step's loop, as torch's buckets do: one device's losses over
-    the same micro-batches, each block's all-reduces once a micro-batch, and the gradients all-reduced once a step.
-    Left to GSPMD, the loop's sum was replicated over the data axis: every gradient all-reduced at each micro-batch
-    (28 arrays more), or, summed per shard in the data axis's layout alone, the split weights gathered whole."""
-    # --measure-only: the training losses and the compiled step are compared here, no test loss.
-    args = [*TINY_GPT, "--steps", "10", "--grad-accum", "2", "--measure-only"]
-    one = train(tmp_path, "one", cache_dir, "--backend", "jax", *args, env=CPU_ONLY)
+    their halves, and the data axis sums them after the step's loop, as torch's buckets do: the losses of one device
+    trained on the same rows in one batch, each block's all-reduces once a micro-batch, and the gradients
+    all-reduced once a step. Left to GSPMD, the loop's sum was replicated over the data axis: every gradient
+    all-reduced at each micro-batch (28 arrays more), or, summed per shard in the data axis's layout alone, the split
+    weights gathered whole."""
+    # Two micro-batches of 4 rows a step: the rows of the module's batches of 8, so that the module's one-device run
+    # is the reference (micro-batches train as one batch: test_gradient_accumulation.py). --measure-only: the
+    # training losses and the compiled step are compared here, no test loss.
     split = train(tmp_path, "split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel",
-                  "--tensor-parallel-size", "2", *args, env=FOUR_DEVICES)
-    np.testing.assert_allclose(losses(split), losses(one), rtol=1e-5)
+                  "--tensor-parallel-size", "2", *TINY_GPT, "--batch-size", "4", "--grad-accum", "2",
+                  "--measure-only", env=FOUR_DEVICES)
+    np.testing.assert_allclose(losses(split), losses(gpt_runs["jax"]), rtol=1e-5)
     assert "gradients of 2 micro-batches summed on each device in the step, then over the data axis" in \
         split["train_step_detail"]
     record = split["extras_record"]["tensor-parallel"]
@@ -466,18 +481,10 @@ def test_both_backends_split_the_same_weights_and_run_the_same_block_all_reduces
         assert jax_record[key] == torch_record[key], key
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_tensor_parallel_translation_trains_like_one_device(backend, tmp_path, cache_dir, cpu_compared_runs):
-    one = cpu_compared_runs[backend]["result"]  # the session's run of TINY_COMPARE in one process on the CPU
-    if backend == "jax":
-        split = train(tmp_path, "split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel", *TINY_COMPARE,
-                      env=TWO_DEVICES)
-    else:
-        split = train_on_two_processes(tmp_path, "split", cache_dir, "--backend", "torch", *TINY_COMPARE)
-    assert_trains_like_one_device(split, one, COMPARE_STEPS)
+def assert_translation_split(split):
+    """The translation model's blocks split as the GPT's: one encoder block, one decoder block (three attentions in
+    all)."""
     record = split["extras_record"]["tensor-parallel"]
-    # One encoder block, one decoder block (three attentions in all).
     assert record["activation_all_reduces_per_step"] == 2 * BLOCK_ALL_REDUCES + CROSS_ATTENTION_ALL_REDUCES
     assert_split_state(record, split["model"]["parameters"],
                        split_parameters(64, TRANSLATION_FF_UNITS, attentions=1)
@@ -485,21 +492,37 @@ def test_tensor_parallel_translation_trains_like_one_device(backend, tmp_path, c
 
 
 @pytest.mark.slow
+def test_tensor_parallel_translation_trains_like_one_device(tmp_path, cache_dir, cpu_compared_runs):
+    """On two devices of one JAX process. Torch's two processes split the translation model in
+    `test_split_runs_drop_what_one_device_drops[torch-translation]`, held there to one process's losses with
+    dropout, which drops the split feed-forward units besides."""
+    one = cpu_compared_runs["jax"]["result"]  # the session's run of TINY_COMPARE in one process on the CPU
+    split = train(tmp_path, "split", cache_dir, "--backend", "jax", "--extra", "tensor-parallel", *TINY_COMPARE,
+                  env=TWO_DEVICES)
+    assert_trains_like_one_device(split, one, COMPARE_STEPS)
+    assert_translation_split(split)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, model", [("jax", "gpt"), ("torch", "gpt"), ("torch", "translation")])
-def test_split_runs_drop_what_one_device_drops(tmp_path, cache_dir, backend, model):
+def test_split_runs_drop_what_one_device_drops(request, tmp_path, cache_dir, backend, model):
     """With dropout, a split run trains one device's losses: each device drops its heads' attention probabilities
     (the GPT's) and its feed-forward units (the translation model's) by its part of the mask one device draws for
     them all, and every device drops the activations it holds whole alike. JAX's partitioned draw gives each
     device its part; on torch, where each device drew a mask of its own part's shape, the losses parted by up to
     0.09 % in 10 steps (the GPT). Split over two processes on both: JAX's seeds laid over the processes' devices
     from one device's array were refused at the first timing window (`made_whole_across_processes`)."""
-    # The translation model 5 steps (its one-process step is slow here, 32 rows): a step's masks of its feed-forward
-    # already move its loss by 0.2 % or more from the step's without dropout.
-    steps = 10 if model == "gpt" else 5
-    args = [*(TINY_GPT if model == "gpt" else TINY_COMPARE), "--steps", str(steps), "--backend", backend,
-            "--dropout", "0.1"]
-    one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)
-    split = train_on_two_processes(tmp_path, "split", cache_dir, *args)
+    if model == "gpt":  # the module's runs over two processes drop, across their checkpoint (`gpt_runs`)
+        runs = request.getfixturevalue("gpt_runs")
+        steps, one = GPT_STEPS, runs[f"{backend}-dropout"]
+        split = runs["jax-over-2-processes" if backend == "jax" else "torch-split"]
+    else:
+        # The translation model 5 steps (its one-process step is slow here, 32 rows): a step's masks of its
+        # feed-forward already move its loss by 0.2 % or more from the step's without dropout.
+        steps = 5
+        args = [*TINY_COMPARE, "--steps", str(steps), "--backend", backend, *DROPOUT]
+        one = train(tmp_path, "one", cache_dir, *args, env=CPU_ONLY)
+        split = train_on_two_processes(tmp_path, "split", cache_dir, *args)
     arithmetic = split["model"]["attention"]["arithmetic"]
     assert arithmetic["probability_dropout"] == (0.1 if model == "gpt" else 0.0)
     assert_trains_like_one_device(split, one, steps)
@@ -510,6 +533,7 @@ def test_split_runs_drop_what_one_device_drops(tmp_path, cache_dir, backend, mod
     if model == "translation":  # its attention drops nothing: its feed-forward's masks were drawn, or this shows
         kept = train(tmp_path, "kept", cache_dir, *args, "--dropout", "0", "--measure-only", env=CPU_ONLY)
         assert max(abs(np.array(losses(kept)) / np.array(losses(one)) - 1)) > 1e-3
+        assert_translation_split(split)
 
 
 @pytest.mark.slow
@@ -518,7 +542,6 @@ def test_torch_split_lets_the_whole_weights_and_moments_go(tmp_path):
     Keras's layers keep their variables' tensors too (`_torch_params`), which must go with them. The tiny GPT of 4
     blocks; a few bytes of the mesh's own are allowed for."""
     import os
-    import pathlib
     import subprocess
 
     from mtbench.runner.orchestration.children import launcher_command
