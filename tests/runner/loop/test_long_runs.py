@@ -295,43 +295,54 @@ def test_nan_loss_stops_the_run_as_diverged_and_keeps_the_partial_result(tmp_pat
     assert checkpoint_steps(run_dir) == [3]
 
 
-@pytest.mark.slow
-def test_a_moved_run_resumes_into_the_result_beside_it_not_over_the_run_now_at_its_old_path(tmp_path, cache_dir):
-    """Run A stops (a NaN at step 5) and is moved, its result and RESULT.run together; run B stops at A's old path.
-    Resuming A completes the result beside it: the run file's path, which it wrote to before, held B's."""
-    (tmp_path / "moved").mkdir()
-    old, moved = tmp_path / "p.json", tmp_path / "moved" / "p.json"
+@pytest.fixture(scope="module")
+def moved_run(tmp_path_factory, cache_dir):
+    """Run A stops (a NaN at step 5) and is moved, its result and RESULT.run together; run B stops (a NaN at step 4)
+    at A's old path. A is resumed, then B, whose saved model's place a file has taken (the test of that stopped a
+    run of its own: 8 CPU s more)."""
+    folder = tmp_path_factory.mktemp("moved")
+    (folder / "moved").mkdir()
+    old, moved = folder / "p.json", folder / "moved" / "p.json"
     flags = [*TINY_TRAIN, *ONE_BUCKET, "--steps", "8", "--checkpoint-every", "3", "--cache-dir", cache_dir]
     first = run_cli("train", "--backend", "jax", *flags, "--out", str(old), env={"MTBENCH_TEST_NAN_AT_STEP": "5"})
     assert first.returncode == 1, first.stderr[-3000:]
     old.rename(moved)
-    (tmp_path / "p.run").rename(tmp_path / "moved" / "p.run")
+    (folder / "p.run").rename(folder / "moved" / "p.run")
     second = run_cli("train", "--backend", "jax", *flags, "--seed", "7", "--out", str(old),
                      env={"MTBENCH_TEST_NAN_AT_STEP": "4"})
     assert second.returncode == 1, second.stderr[-3000:]
-    resumed = run_cli("train", "--resume", str(tmp_path / "moved" / "p.run"))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert read(moved)["status"] == "completed" and read(moved)["timing"]["steps"] == 8
-    assert (read(old)["status"], read(old)["config"]["seed"], read(old)["timing"]["steps"]) == ("diverged", 7, 4)
-    assert checkpoint_steps(str(tmp_path / "p.run")) == [3]  # B's checkpoint, still there to resume from
+    seen = {"old": old, "moved": moved, "resumed": run_cli("train", "--resume", str(folder / "moved" / "p.run"))}
+    seen.update(result=read(moved), at_old_path=read(old), checkpoints_at_old_path=checkpoint_steps(folder / "p.run"))
+    (folder / "p.run" / "model").write_text("not a saved model")
+    seen["unsaved"] = {"run_dir": folder / "p.run", "resumed": run_cli("train", "--resume", str(folder / "p.run")),
+                       "result": read(old)}
+    return seen
 
 
 @pytest.mark.slow
-def test_a_trained_model_that_cannot_be_saved_loses_none_of_the_runs_figures(tmp_path, cache_dir):
+def test_a_moved_run_resumes_into_the_result_beside_it_not_over_the_run_now_at_its_old_path(moved_run):
+    """Run A stops (a NaN at step 5) and is moved, its result and RESULT.run together; run B stops at A's old path.
+    Resuming A completes the result beside it: the run file's path, which it wrote to before, held B's."""
+    resumed = moved_run["resumed"]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert moved_run["result"]["status"] == "completed" and moved_run["result"]["timing"]["steps"] == 8
+    at_old_path = moved_run["at_old_path"]
+    assert (at_old_path["status"], at_old_path["config"]["seed"], at_old_path["timing"]["steps"]) == ("diverged", 7, 4)
+    assert moved_run["checkpoints_at_old_path"] == [3]  # B's checkpoint, still there to resume from
+
+
+@pytest.mark.slow
+def test_a_trained_model_that_cannot_be_saved_loses_none_of_the_runs_figures(moved_run):
     """The saved model's place is taken (here a file where its folder goes; on a full disk, the write fails): the
-    run ends with the error, and its result is written, evaluation included, saying the model was not saved."""
-    out, run_dir = tmp_path / "s.json", tmp_path / "s.run"
-    flags = [*TINY_TRAIN, *ONE_BUCKET, "--steps", "6", "--checkpoint-every", "3", "--cache-dir", cache_dir]
-    stopped = run_cli("train", "--backend", "jax", *flags, "--out", str(out), env={"MTBENCH_TEST_NAN_AT_STEP": "5"})
-    assert stopped.returncode == 1, stopped.stderr[-3000:]
-    (run_dir / "model").write_text("not a saved model")
-    resumed = run_cli("train", "--resume", str(run_dir))
+    run ends with the error, and its result is written, evaluation included, saying the model was not saved. The
+    run is moved_run's B, resumed from its checkpoint after step 3."""
+    out, run_dir = moved_run["old"], moved_run["unsaved"]["run_dir"]
+    resumed, result = moved_run["unsaved"]["resumed"], moved_run["unsaved"]["result"]
     assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
     last = resumed.stderr.strip().splitlines()[-1]
     assert last.startswith(f"Error: {run_dir / 'model'}: cannot save the trained model: ") and \
         last.endswith(f"; the run's figures are in {out}")
-    result = read(out)
-    assert schema_errors(result) == [] and result["status"] == "completed" and result["timing"]["steps"] == 6
+    assert schema_errors(result) == [] and result["status"] == "completed" and result["timing"]["steps"] == 8
     assert result["metrics"]["test_loss"] is not None and result["model"]["saved"] is None
     assert result["model"]["save_failed"] == last[len("Error: "):last.index("; the run's figures")]
 
@@ -363,19 +374,62 @@ def test_a_plugin_that_fails_while_training_ends_the_run_as_failed_with_its_part
     assert lines[0] == "start" and lines[-1] == "report complete=False status=failed"
 
 
+@pytest.fixture(scope="module")
+def stopped_torch_run(tmp_path_factory, cache_dir):
+    """A torch run on a pairs file of its own, stopped by a NaN at step 6 with steps 1-5 trained and a checkpoint
+    after step 3 ('fresh', its partial result), then resumed three times: with its run file saying it trained on
+    another device and torch version ('devices': refused), with a line added to its data since ('data': refused),
+    and as it was ('resumed', 'result'). The three tests that read it stopped a run each (20 CPU s more); between
+    the resumes the run file and the data get their very bytes back."""
+    from mtbench.plugins.datasets.bible_dataset import BibleDataset
+    from mtbench.runner.data.corpus import load_dataset_pairs
+    folder = tmp_path_factory.mktemp("stopped-torch")
+    pairs = load_dataset_pairs(BibleDataset("en", "fr"), cache_dir, progress=lambda done, total: None)[:2000]
+    data = folder / "pairs.tsv"
+    data.write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    out, run_dir = str(folder / "stopped.json"), str(folder / "stopped.run")
+    stopped = run_cli("train", "--backend", "torch", "--step", "eager", "--data", str(data), "--preset", "tiny",
+                      "--steps", "8", "--batch-size", "32", *ONE_BUCKET, "--valid-size", "100", "--test-size", "100",
+                      "--dtype", "float32", "--checkpoint-every", "3", "--cache-dir", cache_dir, "--out", out,
+                      env={"MTBENCH_TEST_NAN_AT_STEP": "6"})
+    assert stopped.returncode == 1 and checkpoint_steps(run_dir) == [3], stopped.stderr[-3000:]
+    seen = {"out": out, "run_dir": run_dir, "fresh": read(out)}
+
+    run_file = os.path.join(run_dir, "run.json")
+    with open(run_file, "rb") as f:
+        as_written = f.read()
+    recorded, env = json.loads(as_written), seen["fresh"]["env"]
+    moved = json.loads(as_written)
+    other_device = f"{env['device']['name']}, another one"  # not this machine's, an H100 machine's included
+    moved["ran_on"]["device"]["name"] = other_device
+    moved["ran_on"]["versions"]["torch"] = "2.5.1"
+    # another version may tokenize the same data otherwise: the versions are named, not the data
+    moved["data_fingerprint"] = "spm-500-another-version"
+    with open(run_file, "w") as f:
+        json.dump(moved, f)
+    seen["devices"] = {"recorded": recorded, "moved": moved, "other_device": other_device,
+                       "proc": run_cli("train", "--resume", run_dir), "result": read(out),
+                       "checkpoints": checkpoint_steps(run_dir), "run_file": read(run_file)}
+    with open(run_file, "wb") as f:
+        f.write(as_written)
+
+    text = data.read_bytes()
+    with open(data, "a") as f:
+        f.write("A sentence added later.\tUne phrase ajoutée plus tard.\n")
+    seen["data"] = {"proc": run_cli("train", "--resume", run_dir), "status": read(out)["status"]}
+    data.write_bytes(text)
+
+    seen["resumed"] = run_cli("train", "--resume", run_dir)
+    seen["result"] = read(out)
+    return seen
+
+
 @pytest.mark.slow
-def test_a_resumed_torch_run_updates_with_the_fused_adamw_of_a_fresh_one(tmp_path, cache_dir):
+def test_a_resumed_torch_run_updates_with_the_fused_adamw_of_a_fresh_one(stopped_torch_run):
     """The NaN at step 6 stops the run with steps 1-5 trained and a checkpoint after step 3; the resumed run's
     steps 4 and 5 are then those updates again, from the restored optimizer."""
-    out, run_dir = str(tmp_path / "resumed.json"), str(tmp_path / "resumed.run")
-    stopped = run_cli("train", "--backend", "torch", "--step", "eager", *TINY_TRAIN, *ONE_BUCKET, "--steps", "8",
-                      "--checkpoint-every", "3", "--cache-dir", cache_dir, "--out", out,
-                      env={"MTBENCH_TEST_NAN_AT_STEP": "6"})
-    assert stopped.returncode == 1, stopped.stderr[-3000:]
-    fresh = read(out)
-    resumed = run_cli("train", "--resume", run_dir)
+    resumed, fresh, result = (stopped_torch_run[key] for key in ("resumed", "fresh", "result"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    result = read(out)
     assert result["timing"]["resumed_at_steps"] == [4]
     # Keras's `optimizer.apply` made 289 tensors from host data a step on the tiny preset; the fused AdamW none.
     assert fresh["host_syncs_per_step"] == result["host_syncs_per_step"] == 0
@@ -422,56 +476,31 @@ def test_a_target_not_reached_is_a_result_too(tmp_path, cache_dir):
 
 
 @pytest.mark.slow
-def test_resume_refuses_training_data_that_changed_since(tmp_path, cache_dir):
-    from mtbench.plugins.datasets.bible_dataset import BibleDataset
-    from mtbench.runner.data.corpus import load_dataset_pairs
-    pairs = load_dataset_pairs(BibleDataset("en", "fr"), cache_dir, progress=lambda done, total: None)[:2000]
-    data = tmp_path / "pairs.tsv"
-    data.write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
-    out, run_dir = str(tmp_path / "changed.json"), str(tmp_path / "changed.run")
-    first = run_cli("train", "--data", str(data), "--preset", "tiny", "--steps", "20", "--batch-size", "32",
-                    *ONE_BUCKET, "--valid-size", "100", "--test-size", "100", "--checkpoint-every", "3",
-                    "--cache-dir", cache_dir, "--out", out, env={"MTBENCH_TEST_NAN_AT_STEP": "4"})
-    assert first.returncode == 1 and checkpoint_steps(run_dir) == [3], first.stderr[-2000:]
-    with open(data, "a") as f:
-        f.write("A sentence added later.\tUne phrase ajoutée plus tard.\n")
-    resumed = run_cli("train", "--resume", run_dir)
+def test_resume_refuses_training_data_that_changed_since(stopped_torch_run):
+    resumed, run_dir = stopped_torch_run["data"]["proc"], stopped_torch_run["run_dir"]
     assert resumed.returncode == 2
     assert f"Error: {run_dir}: the training data, or the tokens made of it, differ from the run's" in resumed.stderr
-    assert read(out)["status"] == "diverged"
+    assert stopped_torch_run["data"]["status"] == "diverged"
 
 
 @pytest.mark.slow
-def test_resume_refuses_other_devices_or_versions_and_keeps_the_run(tmp_path, cache_dir):
+def test_resume_refuses_other_devices_or_versions_and_keeps_the_run(stopped_torch_run):
     """The run file records the devices and versions the result names; a resume where either differs is refused
     in one line (its earlier steps' times would count beside these in one result), the run left as it was."""
-    out, run_dir = str(tmp_path / "moved.json"), str(tmp_path / "moved.run")
-    first = run_cli("train", "--backend", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "20", "--checkpoint-every",
-                    "3", "--cache-dir", cache_dir, "--out", out, env={"MTBENCH_TEST_NAN_AT_STEP": "4"})
-    assert first.returncode == 1 and checkpoint_steps(run_dir) == [3], first.stderr[-2000:]
-    run_file = os.path.join(run_dir, "run.json")
-    recorded, env = read(run_file), read(out)["env"]
+    seen, run_dir = stopped_torch_run["devices"], stopped_torch_run["run_dir"]
+    recorded, env = seen["recorded"], stopped_torch_run["fresh"]["env"]
     assert recorded["ran_on"]["device"] == {key: env["device"][key] for key in ("kind", "name", "count")}
     assert recorded["ran_on"]["versions"] == {**env["backend_versions"], "keras": env["keras"],
                                               "mtbench": env["mtbench"]}
-
-    moved = json.loads(json.dumps(recorded))
-    other_device = f"{env['device']['name']}, another one"  # not this machine's, an H100 machine's included
-    moved["ran_on"]["device"]["name"] = other_device
-    moved["ran_on"]["versions"]["torch"] = "2.5.1"
-    # another version may tokenize the same data otherwise: the versions are named, not the data
-    moved["data_fingerprint"] = "spm-500-another-version"
-    with open(run_file, "w") as f:
-        json.dump(moved, f)
-    partial = read(out)
-    resumed = run_cli("train", "--resume", run_dir)
+    resumed = seen["proc"]
     assert resumed.returncode == 2
     lines = resumed.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {run_dir}: the run trained on other devices or versions ("), \
         resumed.stderr
-    assert f"device name: {other_device} before, {env['device']['name']} now" in lines[0]
+    assert f"device name: {seen['other_device']} before, {env['device']['name']} now" in lines[0]
     assert f"torch: 2.5.1 before, {env['backend_versions']['torch']} now" in lines[0]
-    assert read(out) == partial and checkpoint_steps(run_dir) == [3] and read(run_file) == moved
+    assert seen["result"] == stopped_torch_run["fresh"] and seen["checkpoints"] == [3] and \
+        seen["run_file"] == seen["moved"]
 
 
 @pytest.mark.slow

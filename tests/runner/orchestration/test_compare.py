@@ -106,61 +106,6 @@ def test_a_run_starts_from_the_numbers_of_its_weights_file(compared, tmp_path):
     assert first_losses["torch"] == pytest.approx(first_losses["jax"], rel=1e-4)
 
 
-@pytest.mark.slow  # a compare of two runs of six steps: 30 s
-def test_a_compare_whose_runs_part_beyond_the_tolerance_fails_and_keeps_its_results(cache_dir, tmp_path, monkeypatch):
-    """The parity check on a real compare: float32 runs of jax and torch part by float rounding, more than a
-    tolerance of 1e-9 over the --parity-steps compared; the compare says so, exits 1, and keeps what it wrote.
-    Its report and its rerun hold the runs to that gate and that baseline, as the compare did: they had held them
-    to the default tolerance (passed) and to the first run."""
-    out = tmp_path / "parted.json"
-    proc = run_cli("compare", "--matrix", "jax;torch", *TINY_COMPARE, "--steps", "6", "--measure-only",
-                   "--parity-steps", "5", "--parity-tolerance", "1e-9", "--baseline", "torch", "--cache-dir",
-                   cache_dir, "--out", str(out))
-    combined = json.loads(out.read_text())
-    jax_losses, torch_losses = ([h["loss"] for h in run["result"]["history"][:5]] for run in combined["runs"])
-    assert max(abs(a - b) / abs(a) for a, b in zip(jax_losses, torch_losses)) > 1e-9  # what the check must find
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith("Error: parity check failed: jax differs from torch by ")
-    assert combined["parity"]["passed"] is False and [p["steps"] for p in combined["parity"]["pairs"]] == [5]
-
-    reported = json.loads(run_cli("report", str(out), "--format", "json").stdout)
-    assert (reported["baseline"], reported["parity"]["passed"], reported["parity"]["tolerance"]) == \
-        ("torch", False, 1e-9)
-    widened = json.loads(run_cli("report", str(out), "--parity-tolerance", "0.01", "--format", "json").stdout)
-    assert widened["parity"]["passed"] is True  # the command line's tolerance wins
-
-    # The rerun's gate, on reruns that trained what the originals did (that a rerun trains again is
-    # test_rerun_trains_a_result_again_and_names_every_difference's).
-    from mtbench.errors import RunFailure
-    from mtbench.runner.orchestration import rerun as rerun_module
-    originals = {run["label"]: run["result"] for run in combined["runs"]}
-    monkeypatch.setattr(rerun_module, "run_again", lambda rerun, console: originals[rerun.label])
-    again = tmp_path / "again.json"
-    with pytest.raises(RunFailure, match="^parity check failed: jax differs from torch by "):
-        rerun_module.rerun_results(str(out), str(again), False, Console(file=io.StringIO()))
-    rerun = json.loads(again.read_text())
-    assert (rerun["baseline"], rerun["parity"]["passed"], rerun["parity"]["tolerance"]) == ("torch", False, 1e-9)
-    assert [p["steps"] for p in rerun["parity"]["pairs"]] == [5]
-
-
-@pytest.mark.slow  # three tiny JAX runs of three steps: 25 s
-def test_overwrite_replaces_the_earlier_comparisons_runs_and_keeps_what_a_user_put_there(cache_dir, tmp_path):
-    """A comparison written with --overwrite over another (a batch sweep) left that one's results, logs and run
-    files in NAME.runs/ beside its own, for `report NAME.runs/*.json` or a history to pick up."""
-    out = tmp_path / "cmp.json"
-    common = [*TINY_COMPARE, "--steps", "3", "--measure-only", "--cache-dir", cache_dir, "--out", str(out)]
-    first = run_cli("compare", "--matrix", "jax:batch-size=16;jax:batch-size=32", *common)
-    assert first.returncode == 0, first.stderr[-3000:]
-    runs = tmp_path / "cmp.runs"
-    assert any(name.startswith("jax_batch-size=16-1") for name in os.listdir(runs))
-    (runs / "notes.txt").write_text("mine")
-    second = run_cli("compare", "--matrix", "jax", *common, "--overwrite")
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert sorted(os.listdir(runs)) == ["initial-weights.log", "initial-weights.npz", "jax-1.json", "jax-1.log",
-                                        "jax-1.train.json", "notes.txt"]
-    assert [run["label"] for run in json.loads(out.read_text())["runs"]] == ["jax"]
-
-
 def test_each_child_trains_the_run_file_of_its_run(compared):
     """compare hands each child its configuration as a run file (`train --run-file`), not as flags: the file
     holds the run's configuration, and the result the child wrote records the same."""
@@ -678,19 +623,37 @@ def test_a_comparison_that_fails_parity_ends_with_status_1():
         require_parity(Comparison(groups=[], baseline=None, parity=early), "c.json")
 
 
-@pytest.mark.slow  # two language models validated along the way: about 20 s
-def test_compare_validates_every_run_along_the_way_and_stops_each_at_the_target(tmp_path, cache_dir):
+# One compare of the tiny GPT on both backends for three tests (each had a compare of its own, about 100 CPU s
+# together): it validates along the way and stops at a target (--eval-every, --target-loss, --sample-prompt), trains
+# without the compile cache, and holds its runs to a parity gate that float rounding alone fails (1e-9 over the
+# first 3 steps, which the runs train before the target stops them at step 4) against the second run, torch.
+GATED_GPT = ["--matrix", "jax;torch", "--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "4",
+             "--steps", "12", "--valid-size", "20", "--eval-every", "4", "--target-loss", "100", "--sample-prompt",
+             "In the", "--sample-tokens", "8", "--dtype", "float32",  # float32 on a GPU too: the same sample on both
+             "--no-compile-cache", "--parity-steps", "3", "--parity-tolerance", "1e-9", "--baseline", "torch"]
+
+
+@pytest.fixture(scope="module")
+def gated_gpt_compare(tmp_path_factory, cache_dir):
+    """GATED_GPT's compare, which trains and validates both runs, writes its results and then fails the parity
+    check, as it must (status 1), and nothing else."""
+    out = tmp_path_factory.mktemp("gated") / "c.json"
+    proc = run_cli("compare", *GATED_GPT, "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 1 and out.exists(), proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("Error: parity check failed: "), proc.stderr[-3000:]
+    combined = json.loads(out.read_text())
+    return {"path": out, "proc": proc, "combined": combined,
+            "labels": {run["result"]["backend"]: run["label"] for run in combined["runs"]}}
+
+
+@pytest.mark.slow
+def test_compare_validates_every_run_along_the_way_and_stops_each_at_the_target(gated_gpt_compare):
     """--eval-every, --target-loss and --sample-prompt reach every run: each validates on the same steps, samples
     the same continuation from the same weights, and stops at the first validation at the target; the comparison
     sets their times to the target side by side."""
-    out = tmp_path / "c.json"
-    proc = run_cli("compare", "--matrix", "jax;torch", "--model", "gpt", "--preset", "tiny", "--block-size", "32",
-                   "--batch-size", "4", "--steps", "12", "--valid-size", "20", "--eval-every", "4",
-                   "--target-loss", "100", "--sample-prompt", "In the", "--sample-tokens", "8", "--dtype", "float32",
-                   "--cache-dir", cache_dir, "--out", str(out))  # float32 on a GPU too: the same sample on both
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    combined = json.loads(out.read_text())
-    runs = [json.loads(open(path).read()) for path in sorted((tmp_path / "c.runs").glob("*-1.json"))]
+    combined = gated_gpt_compare["combined"]
+    runs = [json.loads(open(path).read()) for path in sorted((gated_gpt_compare["path"].parent / "c.runs").glob(
+        "*-1.json"))]
     assert len(runs) == 2
     for run in runs:
         (evaluation,) = run["target"]["evaluations"]  # the target (loss 100) is met at the first validation
@@ -699,11 +662,64 @@ def test_compare_validates_every_run_along_the_way_and_stops_each_at_the_target(
     assert runs[0]["target"]["evaluations"][0]["sample"] == runs[1]["target"]["evaluations"][0]["sample"]
     # Side by side, each run's own times: to the target as it measured it, and without the compilation its timing
     # counted (the loop's own `compile_s`; every step it trained was before the target).
-    for entry, run in zip(combined["summary"], runs):
-        assert entry["label"].startswith(run["backend"])
+    for run in runs:
+        (entry,) = [entry for entry in combined["summary"] if entry["label"].startswith(run["backend"])]
         times, reached = entry["time_to_target"], run["target"]["time_to_target_s"]
         assert times["with_compilation_s"] == pytest.approx(reached) and reached > run["timing"]["compile_s"] >= 0
         assert times["without_compilation_s"] == pytest.approx(reached - run["timing"]["compile_s"])
+
+
+@pytest.mark.slow
+def test_a_compare_whose_runs_part_beyond_the_tolerance_fails_and_keeps_its_results(gated_gpt_compare, tmp_path,
+                                                                                   monkeypatch):
+    """The parity check on a real compare: float32 runs of jax and torch part by float rounding, more than a
+    tolerance of 1e-9 over the --parity-steps compared; the compare says so, exits 1, and keeps what it wrote.
+    Its report and its rerun hold the runs to that gate and that baseline, as the compare did: they had held them
+    to the default tolerance (passed) and to the first run."""
+    out, proc, combined = gated_gpt_compare["path"], gated_gpt_compare["proc"], gated_gpt_compare["combined"]
+    jax, torch = gated_gpt_compare["labels"]["jax"], gated_gpt_compare["labels"]["torch"]
+    jax_losses, torch_losses = ([h["loss"] for h in run["result"]["history"][:3]] for run in combined["runs"])
+    assert max(abs(a - b) / abs(a) for a, b in zip(jax_losses, torch_losses)) > 1e-9  # what the check must find
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"Error: parity check failed: {jax} differs from {torch} "
+                                                           f"by ")
+    assert combined["parity"]["passed"] is False and [p["steps"] for p in combined["parity"]["pairs"]] == [3]
+
+    reported = json.loads(run_cli("report", str(out), "--format", "json").stdout)
+    assert (reported["baseline"], reported["parity"]["passed"], reported["parity"]["tolerance"]) == \
+        (torch, False, 1e-9)
+    widened = json.loads(run_cli("report", str(out), "--parity-tolerance", "0.01", "--format", "json").stdout)
+    assert widened["parity"]["passed"] is True  # the command line's tolerance wins
+
+    # The rerun's gate, on reruns that trained what the originals did (that a rerun trains again is
+    # test_rerun_trains_a_result_again_and_names_every_difference's).
+    from mtbench.errors import RunFailure
+    from mtbench.runner.orchestration import rerun as rerun_module
+    originals = {run["result"]["backend"]: run["result"] for run in combined["runs"]}
+    monkeypatch.setattr(rerun_module, "run_again", lambda rerun, console: originals[rerun.config.backend])
+    again = tmp_path / "again.json"
+    with pytest.raises(RunFailure, match=f"^parity check failed: {re.escape(jax)} differs from {re.escape(torch)} by "):
+        rerun_module.rerun_results(str(out), str(again), False, Console(file=io.StringIO()))
+    rerun = json.loads(again.read_text())
+    assert (rerun["baseline"], rerun["parity"]["passed"], rerun["parity"]["tolerance"]) == (torch, False, 1e-9)
+    assert [p["steps"] for p in rerun["parity"]["pairs"]] == [3]
+
+
+@pytest.mark.slow
+def test_no_compile_cache_reaches_every_run_of_a_compare(gated_gpt_compare, tmp_path):
+    """`compare --no-compile-cache`: every run compiles from scratch and keeps nothing, so neither side's compile
+    time is a warm cache's beside the other's cold one (compare refused the option: only `train` had it). A
+    --config file's `no-compile-cache` key says the same."""
+    for run in gated_gpt_compare["combined"]["runs"]:
+        assert run["result"]["config"]["compile_cache"] is False
+        cache = run["result"]["timing"]["compile_cache"]
+        assert (cache["state"], cache["dir"], cache["reason"], cache["entries_after"]) == \
+            ("off", None, "--no-compile-cache", None), run["label"]
+    config = tmp_path / "cold.toml"
+    config.write_text('no-compile-cache = true\nmatrix = "jax;jax"\n')
+    # the key is read (an unknown key would be refused first); the plan's own refusal follows
+    assert_refused_in_one_line(run_cli("compare", "--config", str(config), "--out", str(tmp_path / "d.json")),
+                               "run 'jax' is listed twice")
 
 
 @pytest.mark.slow
@@ -717,17 +733,44 @@ def test_a_runs_files_are_named_without_what_windows_and_artifact_uploads_refuse
         "jax_d-model=32,heads=4-2.log", "torch+ddp@2_batch-size=8-2.log"]
 
 
-@pytest.mark.slow  # 22 s: three runs of two sizes
-def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_path, cache_dir):
-    """Two model sizes, each on both backends: one weights file per size, parity within a size, labels that
-    name the size, the energy and cost lines, and every run's TensorBoard events under the comparison's group."""
-    out, logs = tmp_path / "sweep.json", tmp_path / "tb"
+# Two sweeps written to one sweep.json, the second with --overwrite: a size sweep, then a batch sweep from a --config
+# file over it. Three tests read them: each sweep's, and the overwrite's, whose earlier comparison is the size sweep
+# (it had two compares of its own, 37 CPU s).
+BATCH_SWEEP = ('preset = "tiny"\nmax-pairs = 4000\nvalid-size = 100\ntest-size = 100\nmax-len = 32\nsteps = 6\n'
+               'measure-only = true\ndtype = "float32"\n')  # float32 on a GPU too
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory, cache_dir):
+    """{'size': the size sweep's combined JSON and TensorBoard folder, 'batch': the batch sweep's combined JSON,
+    output, path and other environment's interpreter, 'before' and 'after': the names in the runs folder before the
+    batch sweep (a user's notes.txt is put there then) and after it}."""
+    folder = tmp_path_factory.mktemp("sweeps")
+    out, logs, runs = folder / "sweep.json", folder / "tb", folder / "sweep.runs"
     # --measure-only: nothing here reads the evaluation, which would evaluate and translate with each of the runs.
-    proc = run_cli("compare", "--matrix", "jax:d-model=32,heads=4;torch:d-model=32,heads=4;jax", *TINY_COMPARE,
+    size = run_cli("compare", "--matrix", "jax:d-model=32,heads=4;torch:d-model=32,heads=4;jax", *TINY_COMPARE,
                    *ONE_BUCKET, "--steps", "6", "--measure-only", "--cache-dir", cache_dir, "--out", str(out),
                    "--report-to", "tensorboard", "--logging-dir", str(logs), "--price-per-hour", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    combined = json.loads(out.read_text())
+    assert size.returncode == 0, size.stderr[-3000:]
+    swept = {"size": {"combined": json.loads(out.read_text()), "logs": logs}, "before": sorted(os.listdir(runs))}
+    (runs / "notes.txt").write_text("mine")
+    python = other_environment(folder / "venv-b")
+    config = folder / "sweep.toml"
+    config.write_text(f'matrix = ["jax:batch-size=16", "torch:batch-size=16,python={python}", "jax:batch-size=32"]\n'
+                      + BATCH_SWEEP)
+    batch = run_cli("compare", "--config", str(config), "--steps", "8", "--cache-dir", cache_dir, "--out", str(out),
+                    "--overwrite")
+    assert batch.returncode == 0, batch.stderr[-3000:]
+    swept["batch"] = {"combined": json.loads(out.read_text()), "stdout": batch.stdout, "out": out, "python": python}
+    swept["after"] = sorted(os.listdir(runs))
+    return swept
+
+
+@pytest.mark.slow  # 22 s: three runs of two sizes
+def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(sweeps):
+    """Two model sizes, each on both backends: one weights file per size, parity within a size, labels that
+    name the size, the energy and cost lines, and every run's TensorBoard events under the comparison's group."""
+    combined, logs = sweeps["size"]["combined"], sweeps["size"]["logs"]
     assert [run["label"] for run in combined["runs"]] == ["jax:d-model=32,heads=4", "torch:d-model=32,heads=4", "jax"]
     assert [os.path.basename(run["result_file"]) for run in combined["runs"]] == [
         "jax_d-model=32,heads=4-1.json", "torch_d-model=32,heads=4-1.json", "jax-1.json"]
@@ -747,6 +790,20 @@ def test_a_size_sweep_is_one_command_with_its_runs_grouped_in_the_trackers(tmp_p
         assert run["result"]["config"]["run_group"] == "sweep"
         stem = os.path.basename(run["result_file"])[:-5]
         assert (logs / "sweep" / stem / "config.json").is_file(), os.listdir(logs / "sweep")
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_the_earlier_comparisons_runs_and_keeps_what_a_user_put_there(sweeps):
+    """A comparison written with --overwrite over another (here the size sweep) left that one's results, logs and
+    run files in NAME.runs/ beside its own, for `report NAME.runs/*.json` or a history to pick up."""
+    assert any(name.startswith("jax_d-model=32,heads=4-1") for name in sweeps["before"])
+    assert "notes.txt" in sweeps["after"]
+    stems = [os.path.basename(run["result_file"])[:-len(".json")] for run in sweeps["batch"]["combined"]["runs"]]
+    assert {"initial-weights.npz", *(f"{stem}.json" for stem in stems)} <= set(sweeps["after"])
+    # Nothing else: none of the size sweep's runs' files, nor its second size's weights file.
+    assert [name for name in sweeps["after"] if name != "notes.txt" and not name.startswith("initial-weights.")
+            and not any(name.startswith(f"{stem}.") for stem in stems)] == []
+    assert all("batch-size=" in run["label"] for run in sweeps["batch"]["combined"]["runs"])  # the JSON replaced
 
 
 def test_the_device_probe_asks_a_child_process():
@@ -842,7 +899,7 @@ def test_an_interpreter_that_cannot_run_mtbench_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_batch_sweep_from_a_config_file_with_a_run_in_another_environment(tmp_path, cache_dir):
+def test_a_batch_sweep_from_a_config_file_with_a_run_in_another_environment(sweeps):
     """Three runs from a --config file (flags on the command line win): batch 16 on both backends, torch's under
     another environment's interpreter, and batch 32. One weights file serves them all (same shape); parity
     compares only the runs that train the same batches; the run under the other interpreter records it; the plot
@@ -850,15 +907,7 @@ def test_a_batch_sweep_from_a_config_file_with_a_run_in_another_environment(tmp_
     import sys as system
     from mtbench.runner.results.plots import comparison_figure
     from mtbench.runner.results.report import build_comparison, load_runs
-    python = other_environment(tmp_path / "venv-b")
-    config = tmp_path / "sweep.toml"
-    config.write_text(f'matrix = ["jax:batch-size=16", "torch:batch-size=16,python={python}", "jax:batch-size=32"]\n'
-                      'preset = "tiny"\nmax-pairs = 4000\nvalid-size = 100\ntest-size = 100\nmax-len = 32\n'
-                      'steps = 6\nmeasure-only = true\ndtype = "float32"\n')  # float32 on a GPU too
-    out = tmp_path / "sweep.json"
-    proc = run_cli("compare", "--config", str(config), "--steps", "8", "--cache-dir", cache_dir, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    combined = json.loads(out.read_text())
+    combined, python, out = sweeps["batch"]["combined"], sweeps["batch"]["python"], sweeps["batch"]["out"]
     this = environment_name(system.executable)
     labels = [f"jax:batch-size=16,python={this}", "torch:batch-size=16,python=venv-b",
               f"jax:batch-size=32,python={this}"]
@@ -876,7 +925,7 @@ def test_a_batch_sweep_from_a_config_file_with_a_run_in_another_environment(tmp_
         [(labels[0], labels[1], "float32, batch-size=16")]
     assert combined["parity"]["pairs"][0]["within_tolerance"]
     assert [labels[2], "no other float32, batch-size=32 run to compare with"] in combined["parity"]["unchecked"]
-    assert "batch per run" in proc.stdout
+    assert "batch per run" in sweeps["batch"]["stdout"]
 
     comparison = build_comparison(load_runs([str(out)]))
     sweep_axes = comparison_figure(comparison).axes[2]
@@ -981,13 +1030,28 @@ def test_a_rerun_of_a_compare_json_stopped_early_combines_the_reruns_that_finish
 
 
 @pytest.mark.slow
-def test_rerun_of_an_upgrade_comparison_runs_each_run_under_its_interpreter(compared, tmp_path):
+def test_rerun_of_an_upgrade_comparison_runs_each_run_under_its_interpreter(compared, tmp_path, monkeypatch):
     """A comparison of environments (python=PATH) is trained again under each run's own interpreter: here a
     wrapper that answers `mtbench env --json` with a run file format, records any other arguments and stops. One
     whose mtbench reads no run files is refused in one line before anything trains."""
+    import sys as system
+
     from mtbench.errors import MtbenchError, RunFailure
+    from mtbench.runner.orchestration import rerun as rerun_module
     from mtbench.runner.orchestration.rerun import plan_reruns, run_again
     from mtbench.runner.run_file import RUN_FILE_FORMAT
+    # The first run's interpreter, this one, answers each of the three plans alike: its `mtbench env --json` (a
+    # process that imports the frameworks, 3 CPU s) is asked once; the wrapper's, which changes, every time.
+    probe, answers = rerun_module.probe_environment, {}
+
+    def asked_once_of_this_interpreter(python, context):
+        if python != system.executable:
+            return probe(python, context)
+        if python not in answers:
+            answers[python] = probe(python, context)
+        return answers[python]
+
+    monkeypatch.setattr(rerun_module, "probe_environment", asked_once_of_this_interpreter)
     record = tmp_path / "ran.txt"
     wrapper = tmp_path / "venv-old" / "bin" / "python"
     wrapper.parent.mkdir(parents=True)
@@ -1115,28 +1179,6 @@ def test_rerun_trains_a_result_again_and_names_every_difference(compared, tmp_pa
     # the original and its rerun report together: the same run twice
     both = json.loads(run_cli("report", original["result_file"], str(out), "--format", "json").stdout)
     assert [(entry["label"], entry["repeats"]) for entry in both["summary"]] == [("jax", 2)]
-
-
-@pytest.mark.slow  # the weights' process and two runs: about 45 s on 2 cores
-def test_no_compile_cache_reaches_every_run_of_a_compare(tmp_path, cache_dir):
-    """`compare --no-compile-cache`: every run compiles from scratch and keeps nothing, so neither side's compile
-    time is a warm cache's beside the other's cold one (compare refused the option: only `train` had it). A
-    --config file's `no-compile-cache` key says the same."""
-    out = tmp_path / "c.json"
-    proc = run_cli("compare", "--matrix", "jax;torch", *GPT_TINY, "--dtype", "float32", "--no-compile-cache",
-                   "--cache-dir", cache_dir, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    combined = json.loads(out.read_text())
-    for run in combined["runs"]:
-        assert run["result"]["config"]["compile_cache"] is False
-        cache = run["result"]["timing"]["compile_cache"]
-        assert (cache["state"], cache["dir"], cache["reason"], cache["entries_after"]) == \
-            ("off", None, "--no-compile-cache", None), run["label"]
-    config = tmp_path / "cold.toml"
-    config.write_text('no-compile-cache = true\nmatrix = "jax;jax"\n')
-    # the key is read (an unknown key would be refused first); the plan's own refusal follows
-    assert_refused_in_one_line(run_cli("compare", "--config", str(config), "--out", str(tmp_path / "d.json")),
-                               "run 'jax' is listed twice")
 
 
 def test_runs_that_trained_with_different_mtbench_code_are_warned_of(compared, tmp_path):

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import assert_refused_in_one_line, device_kind, keras_on_jax, python_path, run_cli
+from conftest import assert_refused_in_one_line, cli_environment, device_kind, keras_on_jax, python_path, run_cli
 from mtbench.figures import FIGURES, shown_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -643,10 +643,22 @@ def test_plot_without_matplotlib_says_how_to_install_it(results, tmp_path):
                                   "(pip install 'mtbench[plot]')"
 
 
-def test_env_describes_versions_devices_and_plugins_without_keras():
-    proc = run_cli("env", "--json")
+@pytest.fixture(scope="module")
+def env_json():
+    """`mtbench env --json` run as `main()` in a process of its own, as the command runs: {'data': its JSON,
+    'imported': whether keras, jax and torch were imported once it had answered}. (Each of its two tests started
+    one: 4 CPU s.)"""
+    probe = ("import sys; from mtbench.cli import main; sys.argv = ['mtbench', 'env', '--json']\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "print('keras' in sys.modules, 'jax' in sys.modules, 'torch' in sys.modules, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          env=cli_environment({"MTBENCH_LOAD_PLUGINS": ""}))
     assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
+    return {"data": json.loads(proc.stdout), "imported": proc.stderr.strip().splitlines()[-1]}
+
+
+def test_env_describes_versions_devices_and_plugins_without_keras(env_json):
+    data = env_json["data"]
     assert data["host"]["python"] == ".".join(map(str, sys.version_info[:3]))
     for backend in ("jax", "torch"):
         assert data["backends"][backend]["available"] is True
@@ -659,14 +671,8 @@ def test_env_describes_versions_devices_and_plugins_without_keras():
     assert table.returncode == 0 and "mtbench env" in table.stdout and "backend" in table.stdout
 
 
-def test_env_imports_the_frameworks_but_never_keras():
-    probe = ("import sys; from mtbench.cli import main; sys.argv = ['mtbench', 'env', '--json']\n"
-             "try:\n    main()\nexcept SystemExit:\n    pass\n"
-             "print('keras' in sys.modules, 'jax' in sys.modules, 'torch' in sys.modules, file=sys.stderr)")
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "MTBENCH_LOAD_PLUGINS": ""})
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == "False True True"
+def test_env_imports_the_frameworks_but_never_keras(env_json):
+    assert env_json["imported"] == "False True True"
 
 
 def variant(result, path, config=None, env=None, tokens_per_s=None):

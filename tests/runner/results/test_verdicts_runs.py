@@ -1,13 +1,11 @@
-"""Verdicts on real runs: a compare of the same computation under two names says "no difference", one against a
-run slowed by a fixed sleep per step (the `mtbench-pace` test plugin, pace_plugin.py) says "slower" with 1 outside
-its interval; the A/A noise floor is recorded; the break-even matches a hand count from the runs' own figures;
-`report --baseline OLD.json --fail-if-slower` exits 0 on the A/A pair and 1 on the slowed one; `--repeats auto`
-says what ended it."""
+"""Verdicts on real runs: a compare against a run slowed by a fixed sleep per step (the `mtbench-pace` test plugin,
+pace_plugin.py) says "slower" with 1 outside its interval; the A/A noise floor is recorded; the break-even matches a
+hand count from the runs' own figures; `report --baseline OLD.json --fail-if-slower` says "no difference" of the same
+computation (the A/A pair) and exits 0, and 1 on the slowed one; `--repeats auto` says what ended it."""
 
 import json
 import math
 import os
-import re
 import shutil
 import statistics
 
@@ -33,12 +31,13 @@ def pace_env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory, cache_dir, pace_env):
-    """jax, jax+same-step (the same computation) and jax+slow-step, three repeats, with the A/A twin of jax. Two
-    repeats give the paired interval one degree of freedom (Student's t of 12.7): under a loaded machine (jax at 30k
-    and 41k tokens/s in its two repeats, the test suite's other worker beside it) even the 7x slower run read "no
-    difference"; at three, t is 4.3."""
+    """jax and jax+slow-step, three repeats, with the A/A twin of jax (the same computation under another name: a
+    third run, jax+same-step, made three more runs, 26 CPU s, for the "no difference" that the twins get in
+    test_the_regression_gate_passes_the_aa_pair_and_fails_the_slowed_one). Two repeats give the paired interval one
+    degree of freedom (Student's t of 12.7): under a loaded machine (jax at 30k and 41k tokens/s in its two repeats,
+    the test suite's other worker beside it) even the 7x slower run read "no difference"; at three, t is 4.3."""
     out = tmp_path_factory.mktemp("paced") / "paced.json"
-    proc = run_cli("compare", "--matrix", "jax;jax+same-step;jax+slow-step", "--repeats", "3", "--aa", *RUNS,
+    proc = run_cli("compare", "--matrix", "jax;jax+slow-step", "--repeats", "3", "--aa", *RUNS,
                    "--cache-dir", cache_dir, "--out", str(out), env={**pace_env, "COLUMNS": "250"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"path": str(out), "combined": json.loads(out.read_text()), "stdout": proc.stdout}
@@ -56,25 +55,15 @@ def verdicts_of(combined):
 
 
 @pytest.mark.slow
-def test_the_same_computation_is_no_difference_and_the_slowed_one_is_slower(paced):
+def test_the_slowed_computation_is_slower_beyond_the_noise_floor_of_the_aa_twins(paced):
     combined, stdout = paced["combined"], paced["stdout"]
     found = verdicts_of(combined)
-    same = found[("jax+same-step", "tokens_per_s")]
-    if same["call"] == "no difference":
-        assert same["text"].startswith("jax+same-step: no difference from jax in tokens/s beyond the noise (")
-    else:
-        # The same work can part only by the machine's noise (a busy machine: the test suite's other worker
-        # compiling): mtbench must then have warned that the machine misled its runs (no timing is asserted).
-        machine = ("steady steps scatter", "machine loaded", "the hypervisor took", "GPU shared")  # not few steps
-        flagged = [warning for entry in combined["summary"] if entry["label"] in ("jax", "jax+same-step")
-                   for warning in entry["warnings"] if re.sub(r"^#\d+: ", "", warning).startswith(machine)]
-        assert flagged, f"{same['text']}, and no run warned of a loaded machine or scattered steps"
     slow = found[("jax+slow-step", "tokens_per_s")]
     assert slow["call"] == "slower" and slow["high"] < 1, slow  # the interval excludes 1
     assert slow["paired"] and slow["repeats"] == [3, 3]
     assert found[("jax+slow-step", "step_s_median")]["call"] == "slower"
     # A loaded machine (another process beside the suite's) is said on each line, or once where every run was.
-    assert shown(slow, stdout) and shown(same, stdout)
+    assert shown(slow, stdout)
     assert "interval warning: 3 repeats: the interval rests on the spread of a few runs" in stdout
     # the A/A twin: recorded, shown, and no run of the comparison
     floor = combined["noise_floor"]
@@ -85,7 +74,7 @@ def test_the_same_computation_is_no_difference_and_the_slowed_one_is_slower(pace
     assert floor["twin_losses"]["max_relative_difference"] <= 1e-6 and floor["twin_losses"]["steps"] == 30
     assert "from the baseline's at most, first 30 steps)" in stdout
     assert [(run["label"], run["repeat"]) for run in combined["aa_runs"]] == [("jax (A/A twin)", k) for k in (1, 2, 3)]
-    assert [entry["label"] for entry in combined["summary"]] == ["jax", "jax+same-step", "jax+slow-step"]
+    assert [entry["label"] for entry in combined["summary"]] == ["jax", "jax+slow-step"]
 
 
 @pytest.mark.slow

@@ -116,7 +116,7 @@ def test_both_backends_follow_one_loss_curve_from_the_same_weights(char_runs):
 
 
 @pytest.mark.slow
-def test_the_gpt_recipe_trains_alike_on_both_backends_and_is_recorded(char_runs, text_folder, cache_dir, tmp_path):
+def test_the_gpt_recipe_trains_alike_on_both_backends_and_is_recorded(char_runs, logged_run):
     """GPT's recipe (betas 0.9/0.95, decay 0.1 on the matrices alone, clipping by the global norm) is what both
     backends train with, torch's fused AdamW and Keras's on JAX step for step; the user's options win over it."""
     for result in char_runs.values():
@@ -126,17 +126,15 @@ def test_the_gpt_recipe_trains_alike_on_both_backends_and_is_recorded(char_runs,
     jax_losses = np.array([h["loss"] for h in char_runs["jax"]["history"]])
     torch_losses = np.array([h["loss"] for h in char_runs["torch"]["history"]])
     np.testing.assert_allclose(torch_losses, jax_losses, rtol=1e-4)
-    given = train("jax", tmp_path / "given.json", "--data", text_folder, "--tokenizer", "char", "--steps", "3",
-                  "--clip", "per-variable", "--weight-decay-on", "all", "--adam-beta2", "0.99",
-                  "--min-learning-rate", "1e-4", cache_dir=cache_dir)
-    recipe = given["compile_options"]["optimizer_recipe"]
+    recipe = logged_run["result"]["compile_options"]["optimizer_recipe"]  # trained with USERS_RECIPE
     assert (recipe["clip"], recipe["decay"], recipe["beta_2"], recipe["weight_decay"]) == (
         "per-variable", "all", 0.99, 0.1)
     assert recipe["alpha"] == pytest.approx(0.1)  # 1e-4 of the 1e-3 peak
 
 
-@pytest.mark.slow
-def test_generate_continues_a_prompt_alike_on_the_other_backend(char_runs):
+@pytest.fixture(scope="module")
+def greedy_continuations(char_runs):
+    """{backend: what `generate` continues a prompt with, greedily, from the torch run's saved model on it}."""
     texts = {}
     for backend in ("jax", "torch"):
         proc = run_cli("generate", char_runs["torch"]["config"]["out"], "--prompt", "And God said", "--backend",
@@ -144,6 +142,12 @@ def test_generate_continues_a_prompt_alike_on_the_other_backend(char_runs):
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith("And God said") and "24 tokens" in proc.stderr
         texts[backend] = proc.stdout
+    return texts
+
+
+@pytest.mark.slow
+def test_generate_continues_a_prompt_alike_on_the_other_backend(char_runs, greedy_continuations):
+    texts = greedy_continuations
     assert texts["jax"] == texts["torch"]  # greedy, from the same weights
     sampled = run_cli("generate", char_runs["jax"]["config"]["out"], "--prompt", "And", "--max-new-tokens", "40",
                       "--top-k", "5", "--seed", "1")
@@ -155,17 +159,14 @@ def test_generate_continues_a_prompt_alike_on_the_other_backend(char_runs):
 
 
 @pytest.mark.slow
-def test_a_checkpoint_generates_as_the_saved_model_does(char_runs):
+def test_a_checkpoint_generates_as_the_saved_model_does(char_runs, greedy_continuations):
     """An interrupted run keeps no saved model, only checkpoints: its character tokenizer, made from its text, is
-    kept beside them, and its last checkpoint (here the final step's) generates what the saved model does."""
-    result = char_runs["torch"]
-    checkpoint = os.path.join(result["run_dir"], "checkpoint-000050")
-    texts = []
-    for model in (result["config"]["out"], checkpoint):
-        proc = run_cli("generate", model, "--prompt", "And God", "--max-new-tokens", "16", "--temperature", "0")
-        assert proc.returncode == 0, proc.stderr
-        texts.append(proc.stdout)
-    assert texts[0] == texts[1] and texts[0].startswith("And God")
+    kept beside them, and its last checkpoint (here the final step's) generates what the saved model does (on
+    torch, the backend that trained it: `greedy_continuations`)."""
+    checkpoint = os.path.join(char_runs["torch"]["run_dir"], "checkpoint-000050")
+    proc = run_cli("generate", checkpoint, "--prompt", "And God said", "--max-new-tokens", "24", "--temperature", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == greedy_continuations["torch"] and proc.stdout.startswith("And God")
 
 
 def run_text(text_folder):
@@ -174,28 +175,38 @@ def run_text(text_folder):
     return b"".join(open(os.path.join(text_folder, name), "rb").read() for name in names)
 
 
-@pytest.mark.slow
-def test_evaluate_scores_a_text_as_the_run_scored_its_test_split(char_runs, text_folder, tmp_path):
-    """The bytes the run scored its test figures on, in a file of their own, get the test loss and bits per byte its
-    result records: from its saved model, on the backend that trained it and on the other."""
+@pytest.fixture(scope="module")
+def scored_test_split(char_runs, text_folder, tmp_path_factory):
+    """The bytes the jax run scored its test figures on, in a file of their own ('text'), and what `evaluate` of its
+    saved model scores them at on each backend ({'jax': {'scores', 'stdout'}, 'torch': ...})."""
     result = char_runs["jax"]
     start, _ = result["data"]["byte_ranges"]["test"]
-    scored = run_text(text_folder)[start:start + result["metrics"]["test_bytes_evaluated"] + 1]
-    text = tmp_path / "test-split.txt"
-    text.write_bytes(scored)
+    folder = tmp_path_factory.mktemp("test-split")
+    text = folder / "test-split.txt"
+    text.write_bytes(run_text(text_folder)[start:start + result["metrics"]["test_bytes_evaluated"] + 1])
+    evaluated = {"text": text}
     for backend in ("jax", "torch"):
-        out = tmp_path / f"{backend}.json"
+        out = folder / f"{backend}.json"
         proc = run_cli("evaluate", result["config"]["out"], "--test", str(text), "--backend", backend,
                        "--batch-size", str(result["config"]["batch_size"]), "--out", str(out))
         assert proc.returncode == 0, proc.stderr
-        with open(out) as f:
-            scores = json.load(f)
+        evaluated[backend] = {"scores": json.loads(out.read_text()), "stdout": proc.stdout}
+    return evaluated
+
+
+@pytest.mark.slow
+def test_evaluate_scores_a_text_as_the_run_scored_its_test_split(char_runs, scored_test_split, tmp_path):
+    """The bytes the run scored its test figures on, in a file of their own, get the test loss and bits per byte its
+    result records: from its saved model, on the backend that trained it and on the other."""
+    result, text = char_runs["jax"], scored_test_split["text"]
+    for backend in ("jax", "torch"):
+        scores, stdout = scored_test_split[backend]["scores"], scored_test_split[backend]["stdout"]
         assert scores["backend"] == backend and scores["block_size"] == 32 and undocumented_keys(scores) == []
         assert (scores["tokens_evaluated"], scores["bytes_evaluated"]) == (
             result["metrics"]["test_tokens_evaluated"], result["metrics"]["test_bytes_evaluated"])
         assert scores["loss"] == pytest.approx(result["metrics"]["test_loss"], rel=1e-5)
         assert scores["bits_per_byte"] == pytest.approx(result["metrics"]["test_bits_per_byte"], rel=1e-5)
-        assert f"{scores['perplexity']:.2f}" in proc.stdout
+        assert f"{scores['perplexity']:.2f}" in stdout
     strided = run_cli("evaluate", result["config"]["out"], "--test", str(text), "--eval-stride", "8", "--out",
                       str(tmp_path / "strided.json"))
     assert strided.returncode == 0, strided.stderr
@@ -222,31 +233,28 @@ def test_evaluate_scores_a_text_as_the_run_scored_its_test_split(char_runs, text
 
 
 @pytest.mark.slow
-def test_evaluate_and_generate_run_the_model_in_the_dtype_asked(char_runs, text_folder, tmp_path):
+def test_evaluate_and_generate_run_the_model_in_the_dtype_asked(char_runs, scored_test_split, tmp_path):
     """--dtype runs a trained model in another policy: mixed bfloat16 scores the run's test bytes near its float32
     figures (bfloat16 matmuls keep 3 significant digits) and says so; a dtype the backend refuses here is refused
-    in one line."""
-    result = char_runs["torch"]
-    start, _ = result["data"]["byte_ranges"]["test"]
-    text = tmp_path / "test-split.txt"
-    text.write_bytes(run_text(text_folder)[start:start + result["metrics"]["test_bytes_evaluated"] + 1])
-    scores = {}
-    for dtype in (None, "mixed_bfloat16"):
-        out = tmp_path / f"{dtype}.json"
-        proc = run_cli("evaluate", result["config"]["out"], "--test", str(text), "--out", str(out),
-                       *(["--dtype", dtype] if dtype else []))
-        assert proc.returncode == 0, proc.stderr
-        scores[dtype] = json.loads(out.read_text())
+    in one line. The jax run's saved model on torch, whose float32 scores are `scored_test_split`'."""
+    float32 = scored_test_split["torch"]["scores"]
+    out = tmp_path / "mixed_bfloat16.json"
+    proc = run_cli("evaluate", char_runs["jax"]["config"]["out"], "--test", str(scored_test_split["text"]),
+                   "--backend", "torch", "--batch-size", str(char_runs["jax"]["config"]["batch_size"]), "--out",
+                   str(out), "--dtype", "mixed_bfloat16")
+    assert proc.returncode == 0, proc.stderr
+    scores = {None: float32, "mixed_bfloat16": json.loads(out.read_text())}
     assert scores[None]["dtype"] == "float32" and scores[None]["loss"] == pytest.approx(
-        result["metrics"]["test_loss"], rel=1e-5)
+        char_runs["jax"]["metrics"]["test_loss"], rel=1e-5)
     assert scores["mixed_bfloat16"]["dtype"] == "mixed_bfloat16"
     assert scores["mixed_bfloat16"]["loss"] != scores[None]["loss"]
     assert scores["mixed_bfloat16"]["loss"] == pytest.approx(scores[None]["loss"], rel=2e-2)
+    result = char_runs["torch"]
     generated = run_cli("generate", result["config"]["out"], "--prompt", "And God", "--max-new-tokens", "4",
                         "--dtype", "mixed_bfloat16")
     assert generated.returncode == 0 and " on torch in mixed_bfloat16 (" in generated.stderr, generated.stderr
-    refused = run_cli("evaluate", char_runs["jax"]["config"]["out"], "--test", str(text), "--dtype", "float16",
-                      env=CPU_ONLY)
+    refused = run_cli("evaluate", char_runs["jax"]["config"]["out"], "--test", str(scored_test_split["text"]),
+                      "--dtype", "float16", env=CPU_ONLY)
     assert_refused_in_one_line(refused, "--dtype float16: XLA on the CPU has no float16 matmul")
 
 
@@ -329,17 +337,32 @@ def test_the_guides_decoder_only_family_trains_compares_and_is_scored_by_perplex
     assert combined["parity"]["passed"] and combined["parity"]["pairs"], combined["parity"]
 
 
+# A user's choices in GPT's recipe, which win over the family's (test_the_gpt_recipe_trains_alike_on_both_backends_
+# and_is_recorded): the learning rate of a step in the warm-up is the same whatever the schedule's floor.
+USERS_RECIPE = ["--clip", "per-variable", "--weight-decay-on", "all", "--adam-beta2", "0.99", "--min-learning-rate",
+                "1e-4"]
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory, cache_dir):
+    """A jax run read from a pipe ('stdout'; its result, 'result') that logs every 4 steps and validates every 6, with
+    USERS_RECIPE (a run of its own for the recipe: 9 CPU s)."""
+    folder = tmp_path_factory.mktemp("logged")
+    proc = run_cli("train", "--backend", "jax", *TINY_GPT, "--steps", "12", "--log-every", "4", "--eval-every", "6",
+                   *USERS_RECIPE, "--data", text_file(folder), "--cache-dir", cache_dir, "--out",
+                   str(folder / "run.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"stdout": proc.stdout, "result": json.loads((folder / "run.json").read_text())}
+
+
 @pytest.mark.slow
-def test_off_a_terminal_training_logs_a_line_every_n_steps_and_each_validation(tmp_path, cache_dir):
+def test_off_a_terminal_training_logs_a_line_every_n_steps_and_each_validation(logged_run):
     """Read from a pipe, as a log file under nohup or SLURM gets them: the step, loss, learning rate (here in
     warm-up, which min(100, 12 - 1) = 11 steps make: 1e-3 x 3 / 11 at step 4), step time and tokens/s."""
-    proc = run_cli("train", "--backend", "jax", *TINY_GPT, "--steps", "12", "--log-every", "4", "--eval-every", "6",
-                   "--data", text_file(tmp_path), "--cache-dir", cache_dir, "--out", str(tmp_path / "run.json"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
+    lines = logged_run["stdout"].splitlines()
     steps = [line for line in lines if line.startswith("step ")]
     assert [line.split()[1] for line in steps] == ["4/12", "8/12", "12/12"]
-    history = {entry["step"]: entry for entry in json.loads((tmp_path / "run.json").read_text())["history"]}
+    history = {entry["step"]: entry for entry in logged_run["result"]["history"]}
     fields = steps[0].split()
     assert fields[2:4] == ["loss", f"{history[4]['loss']:.4f}"] and fields[4] == "lr"
     assert float(fields[5]) == pytest.approx(1e-3 * 3 / 11, rel=1e-3)
