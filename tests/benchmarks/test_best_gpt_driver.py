@@ -26,7 +26,10 @@ RUN = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size
 
 
 @pytest.fixture(scope="module")
-def weights_and_mtbench_losses(tmp_path_factory, cache_dir):
+def weights_and_mtbench_run(tmp_path_factory, cache_dir):
+    """The weights file `mtbench init-weights` writes and `mtbench train`'s result from it on JAX: the losses every
+    reference is held to, and the run `--step mtbench` repeats in the reference's loop (its timing window changes
+    when losses are read, not what they are)."""
     folder = tmp_path_factory.mktemp("best-gpt")
     weights = str(folder / "weights.npz")
     made = run_cli("init-weights", "--backend", "jax", *RUN, "--cache-dir", cache_dir, "--out", weights)
@@ -35,13 +38,14 @@ def weights_and_mtbench_losses(tmp_path_factory, cache_dir):
     trained = run_cli("train", "--backend", "jax", *RUN, "--initial-weights", weights, "--measure-only",
                       "--timing-window", "5", "--cache-dir", cache_dir, "--out", str(out))
     assert trained.returncode == 0, trained.stderr[-3000:]
-    return weights, np.array([entry["loss"] for entry in json.loads(out.read_text())["history"]])
+    return weights, json.loads(out.read_text())
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_figures(
-        backend, weights_and_mtbench_losses, tmp_path, cache_dir):
-    weights, mtbench_losses = weights_and_mtbench_losses
+        backend, weights_and_mtbench_run, tmp_path, cache_dir):
+    weights, train = weights_and_mtbench_run
+    mtbench_losses = np.array([entry["loss"] for entry in train["history"]])
     out = tmp_path / "reference.json"
     proc = subprocess.run([sys.executable, SCRIPT, "--backend", backend, *RUN, "--profile", str(PROFILED),
                            "--initial-weights", weights, "--cache-dir", cache_dir, "--out", str(out)],
@@ -85,21 +89,16 @@ def test_the_reference_trains_mtbenchs_run_loss_for_loss_and_reports_the_matrix_
 
 
 def test_mtbenchs_own_step_in_the_references_loop_trains_mtbench_trains_losses(
-        weights_and_mtbench_losses, tmp_path, cache_dir):
+        weights_and_mtbench_run, tmp_path, cache_dir):
     """`--step mtbench` (the matrix's row 14, JAX's) times mtbench's step, not the reference: its losses are `mtbench
     train`'s to rounding, where the reference's are only within the matmul tolerance."""
-    backend = "jax"
-    weights, _ = weights_and_mtbench_losses
+    weights, train = weights_and_mtbench_run  # `mtbench train --backend jax` from these weights
     out = tmp_path / "mtbench-step.json"
-    trained = run_cli("train", "--backend", backend, *RUN, "--initial-weights", weights, "--measure-only",
-                      "--cache-dir", cache_dir, "--out", str(tmp_path / "train.json"))
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    proc = subprocess.run([sys.executable, SCRIPT, "--backend", backend, *RUN, "--step", "mtbench",
+    proc = subprocess.run([sys.executable, SCRIPT, "--backend", "jax", *RUN, "--step", "mtbench",
                            "--initial-weights", weights, "--cache-dir", cache_dir, "--out", str(out)],
                           capture_output=True, text=True, env=cli_environment(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    train = json.loads((tmp_path / "train.json").read_text())
     np.testing.assert_allclose([entry["loss"] for entry in result["history"]],
                                [entry["loss"] for entry in train["history"]], rtol=1e-6)
     assert result["train_step"] == f"mtbench's {train['train_step']} step in best_gpt.py's loop"
