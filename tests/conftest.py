@@ -450,7 +450,8 @@ def shared_runs(tmp_path_factory, cache_dir):
                        "torch-cpu": train_tiny("torch", CPU_ONLY, TINY_COMPARE),
                        "jax-data-parallel": train_tiny("jax", simulated_devices(2),
                                                        [*TINY_COMPARE, "--extra", "data-parallel"]),
-                       "torch-float16-gpt": train_tiny("torch", CPU_ONLY, FLOAT16_GPT)})
+                       "torch-float16-gpt": train_tiny("torch", CPU_ONLY, FLOAT16_GPT),
+                       "jax-translation": train_tiny("jax", flags=TRANSLATION_TRAINED)})
 
 
 @pytest.fixture(scope="session")
@@ -494,6 +495,21 @@ def torch_float16_gpt_run(shared_runs):
     """FLOAT16_GPT's torch run in one process on the CPU (gloo's processes train there too, on a GPU machine as
     well)."""
     return shared_runs.get("torch-float16-gpt")["torch-float16-gpt"]["result"]
+
+
+# Long enough for the tiny model to translate into varied sentences (so equal translations say something) and to emit
+# EOS, with a checkpoint halfway: the model test_inference.py opens again and test_beam_search.py decodes in-process.
+TRANSLATION_TRAINED = ["--preset", "tiny", "--max-pairs", "4000", "--valid-size", "100", "--test-size", "100",
+                       "--max-len", "32", "--steps", "150", "--batch-size", "32", "--learning-rate", "3e-3",
+                       "--warmup-steps", "20", "--checkpoint-every", "75", "--report", "none",
+                       "--dtype", "float32"]  # float32 on a GPU too
+
+
+@pytest.fixture(scope="session")
+def translation_run(shared_runs):
+    """TRANSLATION_TRAINED's JAX run, which kept its model and its checkpoints: {'result', 'stdout', 'stderr',
+    'path'}."""
+    return shared_runs.get("jax-translation")["jax-translation"]
 
 
 @pytest.fixture(scope="session")

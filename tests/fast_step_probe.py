@@ -1,8 +1,9 @@
-"""Run by tests/plugins/backends/test_fast_train_steps.py in a fresh process per backend (keras fixes its backend
-at import): trains two copies of the tiny model on the same real batches, one with Keras's `train_on_batch`, one
-with the step the backend plugin makes, and prints one JSON line of what the test compares, with the device it ran
-on and the arithmetic of its float32 matmuls there (the test's tolerances depend on it). Tensors are made on the
-device of the variables they meet, and read back through the host, so the probe runs on a GPU as on a CPU.
+"""Run by tests/plugins/backends/test_fast_train_steps.py in a fresh process for torch (keras fixes its backend at
+import; for JAX the test calls `probe_report` in its own process, keras on JAX): trains two copies of the tiny model
+on the same real batches, one with Keras's `train_on_batch`, one with the step the backend plugin makes, and prints
+one JSON line of what the test compares, with the device it ran on and the arithmetic of its float32 matmuls there
+(the test's tolerances depend on it). Tensors are made on the device of the variables they meet, and read back
+through the host, so the probe runs on a GPU as on a CPU.
 
     python tests/fast_step_probe.py BACKEND CACHE_DIR
 """
@@ -15,6 +16,12 @@ STEPS = 5
 
 
 def main(backend_name, cache_dir):
+    print(json.dumps(probe_report(backend_name, cache_dir)))
+
+
+def probe_report(backend_name, cache_dir):
+    """What the test compares (`main` prints it), from this process: keras is imported on `backend_name` here,
+    or must be on it already."""
     from mtbench.plugins import manager as plugins
     from mtbench import KerasTrainStep, RunContext
     from mtbench.runner.config import TrainConfig
@@ -39,12 +46,14 @@ def main(backend_name, cache_dir):
         """How many times torch's fused AdamW kernel ran in a profiler trace (None without one)."""
         return None if trace is None else sum(event.name == "aten::_fused_adamw_" for event in trace.events())
 
-    def train(make_step, on=workload):
+    def train(make_step, on=workload, count_fused_adamw=False):
+        """`count_fused_adamw`: count the calls of torch's fused AdamW kernel under the profiler, whose recording
+        and reading back of every event the other runs are spared."""
         model = build_keras_model(keras, on, total_steps=STEPS)
         initial = values(model.weights)
         step = make_step(model)
         trace = None
-        if backend_name == "torch":
+        if count_fused_adamw:
             from torch.profiler import ProfilerActivity, profile
             with profile(activities=[ProfilerActivity.CPU]) as trace:
                 losses = [float(step((b.source, b.target_input), b.target_output, b.weight)["loss"])
@@ -61,7 +70,7 @@ def main(backend_name, cache_dir):
                 "initial": initial, "weights": values(model.weights), "optimizer": values(model.optimizer.variables)}
 
     keras_run = train(KerasTrainStep)
-    fast_run = train(lambda model: backend.make_train_step(run, model))
+    fast_run = train(lambda model: backend.make_train_step(run, model), count_fused_adamw=backend_name == "torch")
 
     def relative_distance(a, b):
         """|a - b| / |b| over all arrays together."""
@@ -83,7 +92,8 @@ def main(backend_name, cache_dir):
         # Weights in bfloat16: the step's update is Keras's AdamW in their dtype, as JAX's step computes it.
         import dataclasses
         in_bfloat16 = dataclasses.replace(workload, config=dataclasses.replace(config, dtype="bfloat16"))
-        bfloat16_run = train(lambda model: backend.make_train_step(run, model), on=in_bfloat16)
+        bfloat16_run = train(lambda model: backend.make_train_step(run, model), on=in_bfloat16,
+                             count_fused_adamw=True)
         report["bfloat16_update"] = bfloat16_run["description"]
         # What ran: the fused kernel each float32 step, never a bfloat16 one.
         report["fused_adamw_calls"] = {"float32": fast_run["fused_adamw_calls"],
@@ -91,7 +101,7 @@ def main(backend_name, cache_dir):
         keras.config.set_dtype_policy("float32")
         report["fused_adamw"] = fused_adamw_exercise()
         report["loss_scaled_fused_adamw"] = loss_scaled_fused_adamw_exercise()
-    print(json.dumps(report))
+    return report
 
 
 def fused_adamw_exercise():

@@ -1,15 +1,15 @@
-"""Run by tests/plugins/backends/test_host_syncs.py in a fresh process per backend (keras fixes its backend at
-import): for each dtype named, builds the tiny Transformer as mtbench compiles it, runs the backend's train step (or
-torch's compiled step) until its shape is steady, then counts the host waits of a few steady steps with the
-backend's counter. On torch with CUDA the counted steps run under
-`torch.cuda.set_sync_debug_mode('error')`. Prints one JSON line, {dtype: {'syncs_per_step', 'events',
-'cuda_sync_debug', 'counted_steps', 'variables', 'losses'}}.
+"""Run by tests/plugins/backends/test_host_syncs.py in a fresh process for torch (keras fixes its backend at
+import; its JAX runs are `reports` called in the test's own process, keras on JAX): for each dtype named, builds the
+tiny Transformer as mtbench compiles it, runs the backend's train step (or torch's compiled step) until its shape is
+steady, then counts the host waits of a few steady steps with the backend's counter. On torch with CUDA the counted
+steps run under `torch.cuda.set_sync_debug_mode('error')`. Prints one JSON line, {dtype: {'syncs_per_step',
+'events', 'cuda_sync_debug', 'counted_steps', 'variables', 'losses'}}.
 
-    python tests/host_syncs_probe.py BACKEND STEP DTYPE[:keras-schedule][,DTYPE...]
-        (STEP: default | compiled; DTYPE: a Keras policy, each a new model and step in this one process, which
-        spares each the seconds of importing the framework, Keras and mtbench; keras-schedule: Keras's own
-        CosineDecay, which branches, in place of mtbench's, for that dtype; each report is keyed by its DTYPE as
-        given)
+    python tests/host_syncs_probe.py BACKEND DTYPE[:keras-schedule|:compiled][,DTYPE...]
+        (DTYPE: a Keras policy, each a new model and step in this one process, which spares each the seconds of
+        importing the framework, Keras and mtbench; keras-schedule: Keras's own CosineDecay, which branches, in
+        place of mtbench's, for that dtype; compiled: torch's compiled step in place of the backend's default one;
+        each report is keyed by its DTYPE as given)
 """
 
 import contextlib
@@ -30,11 +30,22 @@ def batch(seed, rows=4, length=16):
     return (source, target), target, weight
 
 
-def main(backend, step_kind, dtypes):
+def main(backend, dtypes):
     os.environ["KERAS_BACKEND"] = backend
+    print(json.dumps(reports(backend, dtypes)))
+
+
+# A dtype's option: (the step, the schedule) it runs with.
+OPTIONS = {"": ("default", "mtbench"), "keras-schedule": ("default", "keras-schedule"),
+           "compiled": ("compiled", "mtbench")}
+
+
+def reports(backend, dtypes):
+    """{DTYPE as given: its report} of the comma-separated `dtypes`, in this process, whose keras is on `backend`
+    (or is imported here, on the backend KERAS_BACKEND names)."""
     runs = {given: given.partition(":") for given in dtypes.split(",")}
-    print(json.dumps({given: count(backend, step_kind, dtype, its_own or "mtbench")
-                      for given, (dtype, _, its_own) in runs.items()}))
+    return {given: count(backend, OPTIONS[option][0], dtype, OPTIONS[option][1])
+            for given, (dtype, _, option) in runs.items()}
 
 
 def count(backend, step_kind, dtype, schedule):

@@ -18,23 +18,17 @@ from mtbench.runner.data.tokenizer import JointTokenizer
 from conftest import CPU_ONLY, assert_refused_in_one_line, cli_environment, json_answer, run_cli
 from result_keys import undocumented_keys
 
-# Long enough for the tiny model to produce varied sentences, so equal translations say something.
-TRAINED = ["--preset", "tiny", "--max-pairs", "4000", "--valid-size", "100", "--test-size", "100", "--max-len", "32",
-           "--steps", "150", "--batch-size", "32", "--learning-rate", "3e-3", "--warmup-steps", "20",
-           "--checkpoint-every", "75", "--report", "none", "--dtype", "float32"]  # float32 on a GPU too
-
 
 @pytest.fixture(scope="module")
-def trained(cache_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("inference") / "jax.json"
-    proc = run_cli("train", "--backend", "jax", *TRAINED, "--cache-dir", cache_dir, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+def trained(translation_run):
+    """The session's JAX run of conftest's TRANSLATION_TRAINED (150 steps, a checkpoint at 75), which
+    test_beam_search.py decodes too: its result, hypotheses, references and the sources they translate."""
+    result = translation_run["result"]
     with open(result["hypotheses_file"], encoding="utf-8") as f:
         hypotheses = f.read().splitlines()
     with open(result["references_file"], encoding="utf-8") as f:
         references = f.read().splitlines()
-    return {"path": str(out), "result": result, "hypotheses": hypotheses, "references": references,
+    return {"path": translation_run["path"], "result": result, "hypotheses": hypotheses, "references": references,
             "sources": scored_test_sources(result)}
 
 
@@ -144,13 +138,14 @@ def test_a_model_trained_on_jax_translates_identically_on_torch(trained, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def translated_with_carriage_returns(tiny_runs, tmp_path_factory):
-    """The session's tiny jax run translating a file of three lines: one holding a lone carriage return, one ending in
-    CRLF, and one too long for the model's --max-len 48 (one translate for the tests that read it)."""
+def translated_with_carriage_returns(trained, tmp_path_factory):
+    """The trained model translating a file of three lines: one holding a lone carriage return, one ending in CRLF,
+    and one too long for the model's --max-len 32 (one translate for the tests that read it; batches of three rows,
+    as in the moved result's translation of the same model, whose programs the session's cache may hold)."""
     source = tmp_path_factory.mktemp("translate") / "cr.txt"
     source.write_bytes(b"In the beginning\rGod created.\nAnd God said\r\n" + b"And God said, let there be light. " * 20
                        + b"\n")
-    proc = run_cli("translate", tiny_runs["jax"]["path"], str(source))
+    proc = run_cli("translate", trained["path"], str(source))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -164,7 +159,7 @@ def test_translate_ends_a_line_at_a_newline_only(translated_with_carriage_return
 
 def test_translate_counts_one_cut_sentence_in_the_singular(translated_with_carriage_returns):
     assert translated_with_carriage_returns.stderr.splitlines()[-1] == (
-        "Warning: 1 sentence was longer than the model's 48 tokens and was cut")
+        "Warning: 1 sentence was longer than the model's 32 tokens and was cut")
 
 
 @pytest.mark.slow
@@ -394,30 +389,29 @@ TINY_CHAR_GPT = ["--backend", "jax", "--model", "gpt", "--preset", "tiny", "--bl
 
 @pytest.fixture(scope="module")
 def char_language_models(cache_dir, tmp_path_factory):
-    """A tiny character-level GPT that kept its model, and one trained --measure-only, on the built-in corpus's
-    English verses as a text file."""
+    """A tiny character-level GPT that kept its model, on the built-in corpus's English verses as a text file."""
     from mtbench.plugins.datasets.bible_dataset import BibleDataset
     folder = tmp_path_factory.mktemp("char-gpt")
     pairs = BibleDataset("en", "fr").read_pairs(lambda *_: None)
     text = folder / "verses.txt"
     text.write_text("".join(source + "\n" for _, (source, _) in zip(range(600), pairs)), encoding="utf-8")
-    runs = {}
-    for name, extra in (("saved", []), ("measured", ["--measure-only"])):
-        out = folder / f"{name}.json"
-        proc = run_cli("train", *TINY_CHAR_GPT, *extra, "--data", str(text), "--cache-dir", cache_dir, "--out",
-                       str(out))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[name] = str(out)
-    return {"text": str(text), **runs}
+    out = folder / "saved.json"
+    proc = run_cli("train", *TINY_CHAR_GPT, "--data", str(text), "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"text": str(text), "saved": str(out)}
 
 
-@pytest.mark.slow  # two training processes and five more
-def test_a_measure_only_run_and_an_evaluate_scores_file_are_named_for_what_they_are(char_language_models, tmp_path):
+@pytest.mark.slow  # a training process and five more
+def test_a_measure_only_run_and_an_evaluate_scores_file_are_named_for_what_they_are(char_language_models, shared_runs,
+                                                                                   tmp_path):
     """A --measure-only result was said to have kept no model because of '--no-save-model, or it did not complete',
     and `report` called evaluate's scores file 'not an mtbench result (schema_version: missing and 22 more
     problems)'."""
-    for command in (["generate", char_language_models["measured"], "--prompt", "And"],
-                    ["evaluate", char_language_models["measured"], "--test", char_language_models["text"]]):
+    # A language model's --measure-only result: the session's float16 GPT run (conftest's FLOAT16_GPT), which the
+    # slow tests of the parallel extras and the report train anyway; what is refused is read from the result alone.
+    measured = shared_runs.get("torch-float16-gpt")["torch-float16-gpt"]["path"]
+    for command in (["generate", measured, "--prompt", "And"],
+                    ["evaluate", measured, "--test", char_language_models["text"]]):
         assert_refused_in_one_line(run_cli(*command), "the run kept no model (--measure-only: it trained and timed "
                                                       "only), and it has no checkpoint")
     scores = tmp_path / "eval.json"

@@ -1,7 +1,10 @@
 """The train step each backend plugin makes (mtbench's default) is Keras's `train_on_batch` without its
 overhead: the same losses step for step, and after `finalize` the same weights and optimizer state, so
-evaluation sees what Keras's step would have left. One process per backend (tests/fast_step_probe.py)."""
+evaluation sees what Keras's step would have left (tests/fast_step_probe.py: torch's in a process of its own, JAX's
+in this one, keras on JAX)."""
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import TESTS_DIR, json_answer
+from conftest import TESTS_DIR, json_answer, keras_on_jax
 from optimizer_exercise import FLOAT32, TF32, float32_matmul_arithmetic, matmul_tolerance
 
 PROBE = os.path.join(TESTS_DIR, "fast_step_probe.py")
@@ -21,9 +24,32 @@ DEFAULT_STEPS = {"jax": "jax-jit-stateless", "torch": "torch-eager"}
 WEIGHTS_DISTANCE_FRACTION = {FLOAT32: 0.01, TF32: 0.03}
 
 
-# JAX's probe compiles Keras's train and test functions and mtbench's step: 35 s on one core of the 2-GHz Xeon.
+@contextlib.contextmanager
+def environment_kept():
+    """os.environ as it was before the block, whatever the block set (the probe's `import_keras` sets KERAS_HOME, as a
+    run's process does)."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        os.environ.update(before)
+
+
+# JAX's probe compiles Keras's train and test functions and mtbench's step: 35 s on one core of the 2-GHz Xeon, in
+# this process (keras on JAX), where a process of its own would first import JAX, keras and mtbench.
 @pytest.fixture(scope="module", params=[pytest.param("jax", marks=pytest.mark.slow), "torch"])
 def probe(request, cache_dir):
+    if request.param == "jax":
+        from fast_step_probe import probe_report
+        keras = keras_on_jax()
+        policy = keras.config.dtype_policy().name
+        try:
+            with environment_kept():
+                return "jax", json.loads(json.dumps(probe_report("jax", cache_dir)))  # as the process would print it
+        finally:
+            keras.config.set_dtype_policy(policy)
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env["MTBENCH_LOAD_PLUGINS"] = ""
     proc = subprocess.run([sys.executable, PROBE, request.param, cache_dir], capture_output=True, text=True,

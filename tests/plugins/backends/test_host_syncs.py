@@ -1,8 +1,9 @@
 """No host waits inside a steady step (issue 29): the counters of tensors made from host data and of device values
 read on the host (`torch_host_syncs`, `jax_host_syncs`) see what they should and nothing else, and the steps
 mtbench trains with wait for nothing, on both backends, eager and compiled, float32 and mixed bfloat16, and torch's
-float16 with its loss scaling (tests/host_syncs_probe.py, a process per backend). On a GPU the torch steps run under
-`torch.cuda.set_sync_debug_mode('error')` too, where any synchronising call is an error."""
+float16 with its loss scaling (tests/host_syncs_probe.py: torch's in a process of its own, JAX's in this one, keras
+on JAX). On a GPU the torch steps run under `torch.cuda.set_sync_debug_mode('error')` too, where any synchronising
+call is an error."""
 
 import os
 import subprocess
@@ -11,41 +12,47 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import TESTS_DIR, device_kind, json_answer
+from conftest import TESTS_DIR, device_kind, json_answer, keras_on_jax
 
 PROBE = os.path.join(TESTS_DIR, "host_syncs_probe.py")
 
 
-def probe(backend, step="default", dtype="float32"):
-    """The probe's report of each of the comma-separated `dtype`s, {dtype: report}, all run in one process."""
+def torch_probe(dtypes):
+    """The probe's report of each of the comma-separated `dtypes` (DTYPE[:OPTION], as the probe takes them) on
+    torch, {dtype: report}, all run in one process."""
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env.update(MTBENCH_LOAD_PLUGINS="", TORCHINDUCTOR_COMPILE_THREADS="1")
-    proc = subprocess.run([sys.executable, PROBE, backend, step, dtype], capture_output=True, text=True,
-                          env=env, timeout=900)
+    proc = subprocess.run([sys.executable, PROBE, "torch", dtypes], capture_output=True, text=True, env=env,
+                          timeout=900)
     return json_answer(proc)
 
 
 TORCH_EAGER_DTYPES = ("float32", "mixed_float16", "mixed_bfloat16")
+TORCH_COMPILED = "mixed_bfloat16:compiled"
 
 
 @pytest.fixture(scope="module")
-def torch_eager_reports():
-    """The torch eager step's report in each of TORCH_EAGER_DTYPES, a new model and step each, in one process."""
-    return probe("torch", "default", ",".join(TORCH_EAGER_DTYPES))
+def torch_reports(request):
+    """The torch eager step's report in each of TORCH_EAGER_DTYPES, and the compiled step's in mixed bfloat16
+    (TORCH_COMPILED) where the session runs its test, a new model and step each, in one process: the compiled step
+    spares a process of its own, and a session without its test (the quick tier) compiles nothing."""
+    compiled = any(getattr(item, "function", None) is test_torch_compiled_step_waits_for_nothing
+                   for item in request.session.items)
+    return torch_probe(",".join([*TORCH_EAGER_DTYPES, *([TORCH_COMPILED] if compiled else [])]))
 
 
 # mixed_float16: loss scaling, which Keras's own apply decides with a read of the device (116 waits a step here).
 @pytest.mark.parametrize("dtype", ["float32", "mixed_float16", pytest.param("mixed_bfloat16", marks=pytest.mark.slow)])
-def test_torch_eager_step_waits_for_nothing(torch_eager_reports, dtype):
-    report = torch_eager_reports[dtype]
+def test_torch_eager_step_waits_for_nothing(torch_reports, dtype):
+    report = torch_reports[dtype]
     assert report["events"] == {}
     assert report["syncs_per_step"] == 0
     assert report["cuda_sync_debug"] in ("error", "no CUDA device")
 
 
 @pytest.mark.slow
-def test_torch_compiled_step_waits_for_nothing():
-    report = probe("torch", "compiled", "mixed_bfloat16")["mixed_bfloat16"]
+def test_torch_compiled_step_waits_for_nothing(torch_reports):
+    report = torch_reports[TORCH_COMPILED]
     assert report["events"] == {}
     assert report["syncs_per_step"] == 0
 
@@ -53,8 +60,15 @@ def test_torch_compiled_step_waits_for_nothing():
 @pytest.fixture(scope="module")
 def jax_reports():
     """The JAX step's report in mixed bfloat16 with mtbench's schedule, and in float32 with Keras's branching
-    CosineDecay, a new model and step each, in one process."""
-    return probe("jax", "default", "mixed_bfloat16,float32:keras-schedule")
+    CosineDecay, a new model and step each, counted in this process (keras on JAX): a process of their own would
+    import JAX, keras and mtbench first. Keras's dtype policy is put back afterwards."""
+    from host_syncs_probe import reports
+    keras = keras_on_jax()
+    policy = keras.config.dtype_policy().name
+    try:
+        return reports("jax", "mixed_bfloat16,float32:keras-schedule")
+    finally:
+        keras.config.set_dtype_policy(policy)
 
 
 @pytest.mark.slow

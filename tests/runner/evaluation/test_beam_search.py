@@ -1,7 +1,6 @@
 """Beam search on a tiny model trained briefly on the real corpus (so it emits EOS and varied tokens): the
 compiled, cached loop against a plain Python beam search over full forward passes."""
 
-import itertools
 import math
 
 import keras
@@ -11,35 +10,49 @@ from rich.console import Console
 
 from mtbench.plugins.manager import registry
 from mtbench.plugins.backends.jax_backend import JaxBackend
-from mtbench.runner.config import TrainConfig
-from mtbench.runner.data.batches import bucket_for, bucket_lengths, training_batches
-from mtbench.runner.evaluation.decoding import beam_decoder, greedy_decoder, make_decoder, output_length, translate
+from mtbench.runner.data.batches import bucket_for, bucket_lengths
+from mtbench.runner.evaluation.decoding import beam_decoder, make_decoder, output_length, translate
 from mtbench.runner.loop.timing import Stopwatch
 from mtbench.runner.data.tokenizer import BOS_ID, EOS_ID, JOINT_SPECIAL, PAD_ID
 from mtbench.plugins.api import RunContext
-from mtbench.runner.setup import build_model, choose_plugins, compile_model, starting_weights
+from mtbench.runner.saved_model import find_model, load_weights
+from mtbench.runner.setup import build_model, choose_plugins
 from mtbench.runner.training import prepare_data, read_data
 
 STEPS = 150
 MAX_LEN = 32
+SOURCES = 12
 
 
 @pytest.fixture(scope="module")
-def trained(cache_dir, tmp_path_factory):
-    config = TrainConfig(backend="jax", preset="tiny", max_pairs=4000, valid_size=100, test_size=100,
-                         max_len=MAX_LEN, steps=STEPS, batch_size=32, learning_rate=3e-3, warmup_steps=20,
-                         cache_dir=cache_dir, out=str(tmp_path_factory.mktemp("beam") / "unused.json"))
+def trained(translation_run):
+    """The model of the session's 150-step JAX run (conftest's TRANSLATION_TRAINED, which test_inference.py opens
+    too), built in this process from its saved weights, and the first sources of its test set."""
+    source = find_model(translation_run["path"])
+    config = source.config
+    assert (config.steps, config.max_len) == (STEPS, MAX_LEN)
     stopwatch = Stopwatch()
     plugins = choose_plugins(config, registry())
     data = prepare_data(config, plugins, read_data(config, plugins, Console(quiet=True), stopwatch), stopwatch)
-    keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy("float32")  # whatever an earlier test left: both searches compare exact floats
     model, _ = build_model(RunContext(config=config, backend=plugins.backend), plugins, data.tokenizer)
-    starting_weights(config, plugins, model, None)
-    compile_model(keras, model, config, STEPS, {})
-    for _, batch in itertools.islice(training_batches(data.splits['train'], 32, MAX_LEN, seed=0), STEPS):
-        model.train_on_batch((batch.source, batch.target_input), batch.target_output, sample_weight=batch.weight)
-    return model, data.splits['test'].sources[:12]
+    load_weights(source, keras, model, config)
+    return model, data.splits['test'].sources[:SOURCES]
+
+
+def compiled_translations(model, sources, beam):
+    """The sources translated by the compiled decoder a run decodes with (`make_decoder`: greedy for beam 1), all
+    in one batch per length bucket."""
+    decode = JaxBackend().compile_inference(make_decoder(model, JOINT_SPECIAL, beam=beam), model)
+    return translate(decode, sources, len(sources), MAX_LEN, JOINT_SPECIAL)
+
+
+@pytest.fixture(scope="module")
+def greedy(trained):
+    """The compiled greedy translations, once for the tests that read them: the sanity test's, beam 1's compiled
+    search, and the greedy decoding beam 3 must part from."""
+    model, sources = trained
+    return compiled_translations(model, sources, beam=1)
 
 
 @pytest.fixture(scope="module")
@@ -78,22 +91,20 @@ def python_beam_search(forward, source, length, beam, alpha):
     return tokens[:tokens.index(EOS_ID)] if EOS_ID in tokens else [t for t in tokens if t != PAD_ID]
 
 
-@pytest.mark.slow  # its model trains for the slow tests beside it: 12 s for the quick tier alone
-def test_trained_model_translates_into_varied_sentences(trained):
-    model, sources = trained
-    greedy = translate(JaxBackend().compile_inference(greedy_decoder(model, JOINT_SPECIAL), model), sources, 4, MAX_LEN, JOINT_SPECIAL)
+@pytest.mark.slow  # it compiles the greedy decoder for the slow tests beside it
+def test_trained_model_translates_into_varied_sentences(greedy):
     assert len({tuple(t) for t in greedy}) > 1 and any(len(t) < MAX_LEN - 2 for t in greedy)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("beam", [1, 3])
-def test_compiled_beam_search_matches_python_beam_search(trained, forward, beam):
+def test_compiled_beam_search_matches_python_beam_search(trained, forward, greedy, beam):
     model, sources = trained
-    compiled = translate(JaxBackend().compile_inference(make_decoder(model, JOINT_SPECIAL, beam=beam), model), sources, 12, MAX_LEN, JOINT_SPECIAL)
-    assert compiled == translate(beam_decoder(model, JOINT_SPECIAL, beam, use_cache=False), sources, 12, MAX_LEN, JOINT_SPECIAL)
+    compiled = greedy if beam == 1 else compiled_translations(model, sources, beam)
+    assert compiled == translate(beam_decoder(model, JOINT_SPECIAL, beam, use_cache=False), sources, SOURCES, MAX_LEN,
+                                 JOINT_SPECIAL)
     # The buffer length `translate` gives the one batch these sources make.
     length = output_length(bucket_for(max(map(len, sources)), bucket_lengths(MAX_LEN)), MAX_LEN)
     assert compiled == [python_beam_search(forward, s, length, beam, 0.6) for s in sources]
     if beam > 1:
-        greedy = translate(greedy_decoder(model, JOINT_SPECIAL), sources, 12, MAX_LEN, JOINT_SPECIAL)
         assert compiled != greedy, "beam search should change at least one of these translations"
