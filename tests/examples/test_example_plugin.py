@@ -173,24 +173,6 @@ def test_a_partial_result_reaches_the_reporter_as_incomplete(cache_dir, corpus_t
     assert line["figures"]["bleu"] is None
 
 
-@pytest.mark.slow
-def test_on_torch_without_a_log_the_reporter_prints_and_no_callback_runs(cache_dir, tmp_path):
-    out = str(tmp_path / "r.json")
-    proc = run_cli("train", "--backend", "torch", "--step", "eager", *TINY_TRAIN, *ONE_BUCKET, "--steps", str(STEPS),
-                   "--cache-dir", cache_dir, "--out", out, "--extra", "loss-log", "--report", "example-jsonl",
-                   env={**LOADED, LOG_ENV: None})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = read_json(out)
-    assert result["train_step"] == "torch-eager+loss-log"
-    record = result["extras_record"]["loss-log"]
-    assert (record["wrapped_step"], record["steps"]) == ("torch-eager", STEPS)
-    assert record["losses"] == [h["loss"] for h in result["history"]]
-    printed = [json.loads(text) for text in proc.stdout.splitlines() if text.startswith('{"kind": "result"')]
-    assert len(printed) == 1 and "result" not in printed[0]  # the console gets the summary only
-    assert (printed[0]["complete"], printed[0]["run"]) == (True, run_label(result))
-    assert printed[0]["figures"] == {figure.key: figure.value(result) for figure in FIGURES}
-
-
 def test_the_datasets_user_errors_are_one_line_with_exit_code_2(cache_dir, tmp_path):
     missing = run_cli("train", "--dataset", "example-tsv", "--cache-dir", cache_dir, "--out", str(tmp_path / "a.json"),
                       env={**LOADED, TSV_ENV: None})
@@ -209,13 +191,16 @@ def test_the_datasets_user_errors_are_one_line_with_exit_code_2(cache_dir, tmp_p
 def test_a_compiled_step_that_mtbench_adds_goes_inside_the_wrapper_of_an_extra_that_wraps_any_step(cache_dir, tmp_path):
     """loss-log declares that it wraps whatever step it is given (`Extra.wraps_step`): torch-compile, added by
     --step compiled (as --step auto adds it on a CUDA GPU), is placed before it, and loss-log wraps the compiled
-    step and sees every step's loss."""
+    step and sees every step's loss. Without a log file the reporter prints the result's summary on the console,
+    and the callback, which writes to that file, joins no run. (The losses loss-log keeps of torch's eager step:
+    this run's of its compiled one, and `test_a_step_that_reads_its_loss_on_the_host_is_counted_a_host_wait_a_step`
+    [torch], whose extra wraps the eager step.)"""
     out = str(tmp_path / "r.json")
     # TINY_TRAIN's model and buckets, as test_extras compiles them into the session's cache: its compiled programs
     # are this run's too (loss-log wraps the step outside them); nothing here reads the evaluation.
     proc = run_cli("train", "--backend", "torch", *TINY_TRAIN, "--steps", str(STEPS), "--measure-only",
                    "--cache-dir", cache_dir, "--out", out, "--extra", "loss-log", "--step", "compiled",
-                   env={**LOADED, LOG_ENV: None})
+                   "--report", "example-jsonl", env={**LOADED, LOG_ENV: None})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = read_json(out)
     assert result["extras"] == result["config"]["extras"] == ["torch-compile", "loss-log"]
@@ -224,6 +209,11 @@ def test_a_compiled_step_that_mtbench_adds_goes_inside_the_wrapper_of_an_extra_t
     assert (record["wrapped_step"], record["steps"]) == ("torch-compiled", STEPS)
     assert record["losses"] == [h["loss"] for h in result["history"]]
     assert result["extras_record"]["torch-compile"]["graphs_compiled"] >= 1
+    printed = [json.loads(text) for text in proc.stdout.splitlines() if text.startswith('{"kind": "result"')]
+    assert len(printed) == 1 and "result" not in printed[0]  # the console gets the summary only
+    assert (printed[0]["complete"], printed[0]["run"]) == (True, run_label(result))
+    assert printed[0]["figures"] == {figure.key: figure.value(result) for figure in FIGURES}
+    assert result["keras_callbacks"] == []
 
 
 def test_torch_compile_given_after_a_wrapping_extra_is_refused_rather_than_dropping_its_wrapper(cache_dir, tmp_path):

@@ -76,7 +76,9 @@ def faulty_plugin(tmp_path_factory):
 
 
 def train(plugin, cache_dir, out, bad, *arguments):
-    return run_cli("train", "--backend", "faulty-jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "2", "--cache-dir",
+    # 6 steps, as test_plugin_failures.py's and test_manager.py's jax runs: the control's train step, JAX's under
+    # another name, is a program the session compiles once.
+    return run_cli("train", "--backend", "faulty-jax", *TINY_TRAIN, *ONE_BUCKET, "--steps", "6", "--cache-dir",
                    cache_dir, "--out", str(out), *arguments,
                    env={**env_with(plugin), "MTBENCH_LOAD_PLUGINS": "mtbench_faultyjax", "BACKEND_BAD": bad})
 

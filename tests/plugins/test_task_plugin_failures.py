@@ -218,8 +218,9 @@ def failed_result(out):
     return result
 
 
+# An evaluator that raises: `test_a_failed_evaluation_after_training_keeps_the_trained_state_which_resume_evaluates`,
+# whose run is that one.
 @pytest.mark.parametrize("bad, said", [
-    ("evaluate_raise", "ValueError: scoring broke"),
     ("evaluate_dict", "TypeError: Evaluator.evaluate returned a dict of ['test_loss'], not (metrics, sidecar), two "
                       "dicts"),
     ("evaluate_nokey", "ValueError: Evaluator.evaluate's metrics leave out test_loss, a key of the task's metrics"),
@@ -228,12 +229,17 @@ def test_an_evaluation_that_fails_after_training_names_the_task_and_keeps_the_re
                                                                                        tmp_path, bad, said):
     out = tmp_path / "r.json"
     proc = train(sort_plugin, cache_dir, out, bad)
+    assert_evaluation_failed_naming_the_task(proc, out, said)
+
+
+def assert_evaluation_failed_naming_the_task(proc, out, said):
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = last_line(proc)
     assert line.startswith("Error: training failed after step 4, in the evaluation: task 'sort-digits' of plugin "
                            "'sorttask' failed: ") and said in line and f"partial result in {out}" in line, line
     result = failed_result(out)
     assert result["metrics"]["test_loss"] is None and said in result["status_reason"]
+    return line, result
 
 
 def test_a_failed_evaluation_after_training_keeps_the_trained_state_which_resume_evaluates(sort_plugin, cache_dir,
@@ -242,11 +248,11 @@ def test_a_failed_evaluation_after_training_keeps_the_trained_state_which_resume
     `--resume` to continue ("wrote no checkpoint; there is nothing to resume")."""
     out = tmp_path / "r.json"
     proc = train(sort_plugin, cache_dir, out, "evaluate_raise")
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    line, failed = assert_evaluation_failed_naming_the_task(proc, out, "ValueError: scoring broke")
     run_dir = tmp_path / "r.run"
-    kept = failed_result(out)["metrics"]["unevaluated_checkpoint"]
+    kept = failed["metrics"]["unevaluated_checkpoint"]
     assert kept == str(run_dir / "checkpoint-000004")
-    assert f"the trained weights are in {kept} (mtbench train --resume {run_dir} evaluates them)" in last_line(proc)
+    assert f"the trained weights are in {kept} (mtbench train --resume {run_dir} evaluates them)" in line
     resumed = run_cli("train", "--resume", str(run_dir),
                       env={**env_with(sort_plugin), "MTBENCH_LOAD_PLUGINS": "mtbench_sorttask"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -260,7 +266,7 @@ def test_a_failed_validation_still_writes_the_checkpoint_due_at_its_step(sort_pl
     ended the run without it."""
     out = tmp_path / "r.json"
     proc = train(sort_plugin, cache_dir, out, "validate_raise", "--eval-every", "2", "--checkpoint-every", "2")
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert_validation_failed_naming_the_task(proc, out, "ValueError: validation broke")
     assert failed_result(out)["timing"]["steps"] == 2
     assert sorted(path.name for path in (tmp_path / "r.run").glob("checkpoint-*")) == ["checkpoint-000002"]
 
@@ -278,8 +284,9 @@ def test_a_family_presets_vocabulary_under_16_is_refused_naming_the_preset(sort_
     assert_refused_in_one_line(given, "--vocab-size must be at least 16, got 8")
 
 
+# A validation that raises: `test_a_failed_validation_still_writes_the_checkpoint_due_at_its_step`, whose run is that
+# one with a checkpoint due at the step.
 @pytest.mark.parametrize("bad, said", [
-    ("validate_raise", "ValueError: validation broke"),
     ("validate_nokey", "Evaluator.validate returned a dict of ['val_acc'], not a dict holding the task's "
                        "validation_metric 'val_loss'"),
 ])
@@ -287,6 +294,10 @@ def test_a_validation_that_fails_names_the_task_and_keeps_the_partial_result(sor
                                                                              bad, said):
     out = tmp_path / "r.json"
     proc = train(sort_plugin, cache_dir, out, bad, "--eval-every", "2")
+    assert_validation_failed_naming_the_task(proc, out, said)
+
+
+def assert_validation_failed_naming_the_task(proc, out, said):
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = last_line(proc)
     assert line.startswith("Error: training failed after step 2, task 'sort-digits' of plugin 'sorttask' failed: ")

@@ -15,23 +15,32 @@ TINY_GPT = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch
             "--measure-only"]
 
 
+@pytest.fixture(scope="module")
+def scheme_matrix(tmp_path_factory, cache_dir):
+    """A compare of the tiny GPT on jax and torch from torch's draw, and on jax from its family's (GPT-2's): a
+    weights file a scheme."""
+    out = tmp_path_factory.mktemp("schemes") / "c.json"
+    proc = run_cli("compare", *TINY_GPT, "--matrix", "jax:init=torch;torch:init=torch;jax", "--steps", "20",
+                   "--cache-dir", cache_dir, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @pytest.mark.slow
-def test_a_weights_file_names_its_scheme_and_a_run_from_it_records_it(tmp_path, cache_dir):
-    weights = tmp_path / "torch-init.npz"
-    proc = run_cli("init-weights", *TINY_GPT, "--init", "torch", "--cache-dir", cache_dir, "--out", str(weights))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    drawn, _ = read_weights_file(str(weights))
+def test_a_weights_file_names_its_scheme_and_a_run_from_it_records_it(scheme_matrix, tmp_path, cache_dir):
+    weights = scheme_matrix["initial_weights_by_size"]["init=torch"]["file"]  # `init-weights --init torch`'s
+    drawn, _ = read_weights_file(weights)
     # torch.nn.Embedding's normal(0, 1), where GPT-2's draw would be normal(0, 0.02).
     assert drawn.init == "torch" and drawn["gpt/token_embedding/embeddings"].std() == pytest.approx(1.0, rel=0.05)
 
     out = tmp_path / "flax.json"
-    refused = run_cli("train", *TINY_GPT, "--initial-weights", str(weights), "--init", "flax", "--steps", "2",
+    refused = run_cli("train", *TINY_GPT, "--initial-weights", weights, "--init", "flax", "--steps", "2",
                       "--cache-dir", cache_dir, "--out", str(out))
     assert_refused_in_one_line(refused, f"--init flax: the weights of {weights} were drawn with torch")
     assert not out.exists()
 
     out = tmp_path / "torch.json"
-    proc = run_cli("train", "--backend", "torch", *TINY_GPT, "--initial-weights", str(weights), "--steps", "2",
+    proc = run_cli("train", "--backend", "torch", *TINY_GPT, "--initial-weights", weights, "--steps", "2",
                    "--cache-dir", cache_dir, "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -61,16 +70,13 @@ def test_a_matrix_init_outside_the_schemes_is_refused_before_anything_runs(tmp_p
     assert not out.exists()
 
 
-@pytest.mark.slow  # about 30 s: two weights files and four training processes
-def test_a_matrix_of_schemes_draws_a_file_each_and_holds_each_to_its_own_curve(tmp_path, cache_dir):
+@pytest.mark.slow  # about 25 s: two weights files and three training processes
+def test_a_matrix_of_schemes_draws_a_file_each_and_holds_each_to_its_own_curve(scheme_matrix):
     """REFERENCE's enwik9 report found torch's default initialisation trained faster than JAX's: here both
-    backends start from torch's draw and from GPT-2's, so the curves differ by the draw and never by the
-    framework."""
-    out = tmp_path / "c.json"
-    proc = run_cli("compare", *TINY_GPT, "--matrix", "jax:init=torch;torch:init=torch;jax;torch", "--steps", "20",
-                   "--cache-dir", cache_dir, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    combined = json.loads(out.read_text())
+    backends start from torch's draw, and JAX from GPT-2's too, so the curves differ by the draw and never by the
+    framework. (Both backends from GPT-2's draw, one curve: `test_the_gpt_recipe_trains_alike_on_both_backends_and_
+    is_recorded`.)"""
+    combined = scheme_matrix
     files = combined["initial_weights_by_size"]
     assert sorted(files) == ["", "init=torch"] and files[""]["sha256"] != files["init=torch"]["sha256"]
     assert read_weights_file(files["init=torch"]["file"])[0].init == "torch"
@@ -78,16 +84,16 @@ def test_a_matrix_of_schemes_draws_a_file_each_and_holds_each_to_its_own_curve(t
     runs = {run["label"]: run["result"] for run in combined["runs"]}
     # The run without init=... is named by the scheme it drew, its family's (the result's config says it too).
     drawn = {"jax:model=gpt,init=torch": "torch", "torch:model=gpt,init=torch": "torch",
-             "jax:model=gpt,init=gpt2": "gpt2", "torch:model=gpt,init=gpt2": "gpt2"}
+             "jax:model=gpt,init=gpt2": "gpt2"}
     assert {label: (result["model"]["init"], result["config"]["init"]) for label, result in runs.items()} == {
         label: (scheme, scheme) for label, scheme in drawn.items()}
     curve = {label: np.array([h["loss"] for h in result["history"]]) for label, result in runs.items()}
     np.testing.assert_allclose(curve["torch:model=gpt,init=torch"], curve["jax:model=gpt,init=torch"], rtol=1e-4)
-    np.testing.assert_allclose(curve["torch:model=gpt,init=gpt2"], curve["jax:model=gpt,init=gpt2"], rtol=1e-4)
     assert curve["jax:model=gpt,init=torch"][0] > curve["jax:model=gpt,init=gpt2"][0] + 5
+    # GPT-2's draw is held to no curve of torch's: its run is the first and only one of its own.
     pairs = [(pair["reference"], pair["run"]) for pair in combined["parity"]["pairs"]]
-    assert pairs == [("jax:model=gpt,init=torch", "torch:model=gpt,init=torch"),
-                     ("jax:model=gpt,init=gpt2", "torch:model=gpt,init=gpt2")]
+    assert pairs == [("jax:model=gpt,init=torch", "torch:model=gpt,init=torch")]
+    assert [name for name, _ in combined["parity"]["unchecked"]] == ["jax:model=gpt,init=gpt2"]
     assert combined["parity"]["passed"] is True
 
 

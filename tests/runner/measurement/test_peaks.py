@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import MACHINE_CPUS, cpu_machine_only
+from conftest import MACHINE_CPUS, cache_of_its_own, cpu_machine_only
 from mtbench import Backend
 from mtbench.runner.measurement.peaks import (calibrate, calibration_path, datasheet_peak, device_peak,
                                               device_peak_record, one_measurement_at_a_time)
@@ -87,6 +87,13 @@ def test_an_amd_gpu_gives_no_peak_for_float32_at_high_precision_which_may_run_as
 def test_a_tpu_has_no_tf32_peak():
     assert datasheet_peak("TPU v5 lite", "float32", matmul_precision="high") == \
         (197e12, "Google Cloud TPU v5e documentation, BF16 MXU dense")
+
+
+def cache_without_peaks(session_cache, path):
+    """A --cache-dir without the CPU's peaks, whose other folders (the corpus, its tokens, compiled programs) are the
+    session cache's: a run made there measures the peaks and nothing else again."""
+    shared = {*os.listdir(session_cache), "compile", "datasets", "tokens"} - {"calibration"}
+    return cache_of_its_own(session_cache, path, sorted(shared))
 
 
 # How many CPUs this test's process may run on: what its in-process measurements are keyed by.
@@ -313,11 +320,12 @@ def test_a_measurement_on_given_cpus_runs_in_a_process_that_holds_them(tmp_path,
 
 @pytest.mark.slow  # two torch processes and the measuring processes of torch's and JAX's peaks: about 25 s
 @pytest.mark.skipif(not MACHINE_CPUS or len(MACHINE_CPUS) < 2, reason="needs a machine with 2 CPUs or more")
-def test_processes_sharing_the_cpus_measure_the_peak_on_all_of_them(tmp_path):
+def test_processes_sharing_the_cpus_measure_the_peak_on_all_of_them(tmp_path, cache_dir):
     """Each of 2 processes holds half of the CPUs: the peak they divide by was measured on all of them, not on
     the half a process holds (which cached half the machine's peak for every later run of this CPU)."""
     from tests.plugins.extras.test_multi_process import torchrun
     out, cache = tmp_path / "ddp.json", tmp_path / "cache"
+    cache_without_peaks(cache_dir, cache)
     proc = torchrun("train", "--backend", "torch", "--extra", "ddp", "--model", "gpt", "--preset", "tiny",
                     "--block-size", "32", "--batch-size", "8", "--steps", "4", "--dtype", "float32", "--measure-only",
                     "--cache-dir", str(cache), "--out", str(out))
@@ -363,7 +371,7 @@ def test_a_measuring_process_that_fails_is_reported_in_the_record_measured_here(
 
 @pytest.mark.slow
 @cpu_machine_only
-def test_a_first_run_measures_each_backends_peak_in_a_process_of_its_own_before_training(tmp_path):
+def test_a_first_run_measures_each_backends_peak_in_a_process_of_its_own_before_training(tmp_path, cache_dir):
     """On a cache without peaks a jax run measures jax's and torch's matmul peaks (MFU divides by the faster one),
     each in a process of its own: torch is never imported into the run's process, whose host memory (and on a
     machine with RAPL, energy) would count it. The measuring is a phase of its own, before training, left out of
@@ -373,10 +381,13 @@ def test_a_first_run_measures_each_backends_peak_in_a_process_of_its_own_before_
 
     from conftest import REPOSITORY, cli_environment
     out, cache = tmp_path / "run.json", tmp_path / "cache"
+    cache_without_peaks(cache_dir, cache)
+    # The tiny GPT's step as test_init_schemes.py's torch draw compiles it (the same shapes and schedule, on bytes
+    # of another text): the session compiles it once.
     program = ("import runpy, sys\n"
                f"sys.argv = ['mtbench', 'train', '--backend', 'jax', '--model', 'gpt', '--preset', 'tiny', "
                f"'--data', {os.path.join(REPOSITORY, 'README.md')!r}, '--block-size', '32', '--batch-size', '8', "
-               f"'--steps', '6', '--measure-only', '--dtype', 'float32', '--cache-dir', {str(cache)!r}, "
+               f"'--steps', '2', '--measure-only', '--dtype', 'float32', '--cache-dir', {str(cache)!r}, "
                f"'--out', {str(out)!r}]\n"
                "try:\n    runpy.run_module('mtbench', run_name='__main__')\nexcept SystemExit as exit:\n"
                "    assert not exit.code, exit.code\n"

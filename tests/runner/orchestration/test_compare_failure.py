@@ -13,18 +13,42 @@ from mtbench.runner.orchestration.runs import plan_runs
 from mtbench.runner.results.schema import schema_errors
 
 
-@pytest.mark.slow
-def test_a_diverged_run_ends_the_comparison_with_its_partial_result_combined(tmp_path, cache_dir):
-    out = tmp_path / "c.json"
+GPT_TINY = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "16", "--steps", "3",
+            "--measure-only"]
+
+
+@pytest.fixture(scope="module")
+def comparisons_into_one_out(tmp_path_factory, cache_dir):
+    """Three comparisons into one --out, in turn: one whose run is killed before it has a result, leaving the
+    comparison's weights file and no combined JSON; one whose run diverges, which replaces those files without
+    --overwrite and leaves the run's partial result; and, that combined JSON removed, one that the partial result
+    keeps from replacing the weights file."""
+    folder = tmp_path_factory.mktemp("compare-failure")
+    out, runs = folder / "c.json", folder / "c.runs"
+    killed = run_cli("compare", "--matrix", "jax", *GPT_TINY, "--cache-dir", cache_dir, "--out", str(out),
+                     env={**CPU_ONLY, "MTBENCH_TEST_KILL_AT": "0:1"})
+    weights_left = (runs / "initial-weights.npz").exists() and not out.exists()
     # --matrix: this one run (--backends adds torch compiled beside it where torch sees a GPU)
-    proc = run_cli("compare", "--matrix", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "8", "--cache-dir",
-                   cache_dir, "--out", str(out), env={"MTBENCH_TEST_NAN_AT_STEP": "5"})
+    diverged = run_cli("compare", "--matrix", "torch", *TINY_TRAIN, *ONE_BUCKET, "--steps", "8", "--cache-dir",
+                       cache_dir, "--out", str(out), env={"MTBENCH_TEST_NAN_AT_STEP": "5"})
+    combined = json.loads(out.read_text()) if out.exists() else None
+    out.unlink(missing_ok=True)  # a run's result is left in the folder: its weights file is no leftover
+    again = run_cli("compare", "--matrix", "jax:batch-size=8", *GPT_TINY, "--cache-dir", cache_dir, "--out", str(out),
+                    env=CPU_ONLY)
+    return {"out": out, "runs": runs, "killed": killed, "weights_left": weights_left, "diverged": diverged,
+            "combined": combined, "again": again}
+
+
+@pytest.mark.slow
+def test_a_diverged_run_ends_the_comparison_with_its_partial_result_combined(comparisons_into_one_out):
+    out, proc = comparisons_into_one_out["out"], comparisons_into_one_out["diverged"]
     assert proc.returncode == 1, proc.stderr[-3000:]
-    result_file, log_file = tmp_path / "c.runs" / "torch-1.json", tmp_path / "c.runs" / "torch-1.log"
+    runs = comparisons_into_one_out["runs"]
+    result_file, log_file = runs / "torch-1.json", runs / "torch-1.log"
     assert proc.stderr.strip().splitlines() == [
         f"Error: run 'torch' failed: training diverged: the loss is nan at step 5; partial result in {result_file} "
         f"(log: {log_file}); the 1 result(s) combined in {out} (status failed)"]
-    combined = json.loads(out.read_text())
+    combined = comparisons_into_one_out["combined"]
     assert combined["status"] == "failed"
     assert combined["status_reason"].startswith("run 'torch' failed: training diverged: the loss is nan at step 5")
     assert combined["status_reason"].endswith("(0 of 1 runs finished)")
@@ -79,24 +103,17 @@ def test_a_failure_before_any_run_finished_says_the_comparison_before_is_left(tm
     assert (tmp_path / "c.json").read_text() == '{"kind": "mtbench-compare", "runs": []}\n'
 
 
-GPT_TINY = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "16", "--steps", "3",
-            "--measure-only"]
-
-
 @pytest.mark.slow
-def test_a_comparison_that_failed_before_any_result_leaves_nothing_the_next_one_refuses(tmp_path, cache_dir):
+def test_a_comparison_that_failed_before_any_result_leaves_nothing_the_next_one_refuses(comparisons_into_one_out):
     """Its weights file (and logs, run files) are the comparison's own, never asked for: the next comparison into
-    the same --out replaces them without --overwrite; once a run has a result, they stay protected."""
-    out, runs = tmp_path / "c.json", tmp_path / "c.runs"
-    killed = run_cli("compare", "--matrix", "jax", *GPT_TINY, "--cache-dir", cache_dir, "--out", str(out),
-                     env={**CPU_ONLY, "MTBENCH_TEST_KILL_AT": "0:1"})
+    the same --out replaces them without --overwrite; once a run has a result, even a partial one, they stay
+    protected."""
+    killed, runs = comparisons_into_one_out["killed"], comparisons_into_one_out["runs"]
     assert killed.returncode == 1 and "no run finished: no combined JSON" in killed.stderr, killed.stderr[-3000:]
-    assert (runs / "initial-weights.npz").exists() and not out.exists()
-    proc = run_cli("compare", "--matrix", "jax", *GPT_TINY, "--cache-dir", cache_dir, "--out", str(out),
-                   env=CPU_ONLY)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(out.read_text())["status"] == "completed"
-    out.unlink()  # a run's result is left in the folder: its weights file is no leftover
-    again = run_cli("compare", "--matrix", "jax:batch-size=8", *GPT_TINY, "--cache-dir", cache_dir, "--out", str(out),
-                    env=CPU_ONLY)
-    assert_refused_in_one_line(again, f"{runs / 'initial-weights.npz'}: already exists; pass --overwrite")
+    assert comparisons_into_one_out["weights_left"]
+    # The next one trained (and failed in its run, `test_a_diverged_run_...`) where it would have been refused.
+    diverged = comparisons_into_one_out["diverged"]
+    assert diverged.returncode == 1 and "training diverged" in diverged.stderr, diverged.stderr[-3000:]
+    assert comparisons_into_one_out["combined"]["runs"][0]["status"] == "diverged"
+    assert_refused_in_one_line(comparisons_into_one_out["again"],
+                               f"{runs / 'initial-weights.npz'}: already exists; pass --overwrite")
