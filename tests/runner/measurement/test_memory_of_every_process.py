@@ -1,6 +1,10 @@
 """A run of several processes writes the device memory of every process's devices: each process reads only its
 own (torch one GPU a process), and process 0 writes the result."""
 
+import json
+import subprocess
+import sys
+
 from conftest import run_joined_probes
 from mtbench.plugins.api import Launch, ProcessGroup
 from mtbench.runner.measurement.device_memory import largest_peak, training_memory
@@ -50,8 +54,6 @@ def test_one_process_writes_its_devices_as_the_backend_reports_them():
 def test_the_host_peak_counts_the_memory_of_the_child_processes_still_running():
     """A compile worker holds memory of its own (inductor's warm pool, about 300 MiB): a child that holds 200 MiB
     is in the run's host peak, apart, and out of it once it has ended."""
-    import subprocess
-    import sys
 
     from mtbench.plugins.api import peak_host_bytes
     from mtbench.runner.measurement.device_memory import children_held_bytes, host_peaks
@@ -73,3 +75,18 @@ def test_the_host_peak_counts_the_memory_of_the_child_processes_still_running():
         child.kill()
         child.wait()
     assert child.pid not in children_held_bytes()
+
+
+def test_a_process_started_by_a_large_one_reports_its_own_peak_not_its_parents():
+    """Linux keeps, across the exec of a process's program, the peak resident memory of the process that started
+    it: getrusage's ru_maxrss of a small program started here reads at least what this process holds. A run's host
+    peak must be its own (mtbench started from a notebook or a test worker holding a GB)."""
+    parent_holds = bytearray(400 * MIB)
+    parent_holds[::4096] = b"\1" * len(parent_holds[::4096])  # resident, not only reserved
+    child = ("import json, resource; from mtbench.plugins.api import peak_host_bytes; "
+             "print(json.dumps([peak_host_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]))")
+    own, ru_maxrss = json.loads(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                                               check=True).stdout)
+    assert ru_maxrss >= 400 * MIB  # the parent's, on the kernels this runs on
+    assert own < 200 * MIB  # the child's Python, numpy and mtbench's API: about 60 MiB
+    del parent_holds
