@@ -1,8 +1,8 @@
 """What tests that hold a step or an optimizer to mtbench's Keras arithmetic share: an exercise for optimizers that
 claim to update as mtbench's Keras AdamW does (a few steps of gradients chosen so that clipping and epsilon's
 placement both decide the outcome), and the tolerance that the device's matmul arithmetic leaves for comparing
-figures computed through matmuls. Shared by the baseline tests (in-process) and tests/fast_step_probe.py (one
-process per backend)."""
+figures computed through matmuls. Shared by the baseline tests (in-process) and tests/fast_step_probe.py (torch's in
+a process of its own, JAX's in the test worker)."""
 
 import numpy as np
 
