@@ -1,6 +1,7 @@
 """Shared fixtures. In-process tests run keras on JAX; anything that needs another backend runs the CLI in a
 subprocess, as real users do (keras fixes its backend at import)."""
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -166,17 +167,28 @@ def jax_precision():
     jax.config.update("jax_default_matmul_precision", saved)
 
 
-@pytest.fixture(autouse=True)
-def keras_dtype_policy_kept():
-    """Each test leaves keras's global dtype policy as it found it: a test that trains in-process in 16-bit (as
-    `build_for_training` sets the policy for its process) would otherwise build the next tests' models in 16-bit
-    on the same worker; a float32 beam search then met near-tied tokens and failed, depending on the order."""
+@contextlib.contextmanager
+def keras_dtype_policy_restored():
+    """keras's global dtype policy as it was before the block, whatever the block trained in-process (as
+    `build_for_training` sets the policy for its process)."""
     keras = sys.modules.get("keras")
     before = keras.config.dtype_policy().name if keras else "float32"  # keras's default, before it is imported
-    yield
-    keras = sys.modules.get("keras")
-    if keras and keras.config.dtype_policy().name != before:
-        keras.config.set_dtype_policy(before)
+    try:
+        yield
+    finally:
+        keras = sys.modules.get("keras")
+        if keras and keras.config.dtype_policy().name != before:
+            keras.config.set_dtype_policy(before)
+
+
+@pytest.fixture(autouse=True)
+def keras_dtype_policy_kept():
+    """Each test leaves keras's global dtype policy as it found it: a test that trains in-process in 16-bit would
+    otherwise build the next tests' models in 16-bit on the same worker; a float32 beam search then met near-tied
+    tokens and failed, depending on the order. (A module fixture that trains in-process keeps it itself, with
+    `keras_dtype_policy_restored`: it runs before the first test's own fixtures.)"""
+    with keras_dtype_policy_restored():
+        yield
 
 
 # Becomes the command ARGV[3:] (exec) once its CPUs are set (ARGV[1], comma-separated; none: as inherited) and, with

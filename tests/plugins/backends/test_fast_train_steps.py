@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import TESTS_DIR, json_answer, keras_on_jax
+from conftest import TESTS_DIR, json_answer, keras_dtype_policy_restored, keras_on_jax
 from optimizer_exercise import FLOAT32, TF32, float32_matmul_arithmetic, matmul_tolerance
 
 PROBE = os.path.join(TESTS_DIR, "fast_step_probe.py")
@@ -43,13 +43,9 @@ def environment_kept():
 def probe(request, cache_dir):
     if request.param == "jax":
         from fast_step_probe import probe_report
-        keras = keras_on_jax()
-        policy = keras.config.dtype_policy().name
-        try:
-            with environment_kept():
-                return "jax", json.loads(json.dumps(probe_report("jax", cache_dir)))  # as the process would print it
-        finally:
-            keras.config.set_dtype_policy(policy)
+        keras_on_jax()
+        with keras_dtype_policy_restored(), environment_kept():
+            return "jax", json.loads(json.dumps(probe_report("jax", cache_dir)))  # as the process would print it
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env["MTBENCH_LOAD_PLUGINS"] = ""
     proc = subprocess.run([sys.executable, PROBE, request.param, cache_dir], capture_output=True, text=True,

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import TESTS_DIR, device_kind, json_answer, keras_on_jax
+from conftest import TESTS_DIR, device_kind, json_answer, keras_dtype_policy_restored, keras_on_jax
 
 PROBE = os.path.join(TESTS_DIR, "host_syncs_probe.py")
 
@@ -63,12 +63,9 @@ def jax_reports():
     CosineDecay, a new model and step each, counted in this process (keras on JAX): a process of their own would
     import JAX, keras and mtbench first. Keras's dtype policy is put back afterwards."""
     from host_syncs_probe import reports
-    keras = keras_on_jax()
-    policy = keras.config.dtype_policy().name
-    try:
+    keras_on_jax()
+    with keras_dtype_policy_restored():
         return reports("jax", "mixed_bfloat16,float32:keras-schedule")
-    finally:
-        keras.config.set_dtype_policy(policy)
 
 
 @pytest.mark.slow
