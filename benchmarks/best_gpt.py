@@ -45,7 +45,8 @@ def parse_args(argv):
     parser.add_argument("--timing-window", type=int, default=10)
     parser.add_argument("--initial-weights", default=None, help="mtbench's .npz weights file (default: the draw)")
     parser.add_argument("--data", default=None, help="the text (default: the built-in corpus's source side)")
-    parser.add_argument("--tokenizer", default="byte", choices=["byte", "char"], help="as mtbench train's option")
+    parser.add_argument("--tokenizer", default=None, choices=["byte", "char"],
+                        help="as mtbench train's option (default: the preset's, as there: characters for `char`)")
     # The model's size and the recipe's rate, over the preset's, as mtbench train's options of the same names.
     for flag in ("--layers", "--heads", "--d-model", "--ff-dim", "--warmup-steps", "--valid-size"):
         parser.add_argument(flag, type=int, default=None)
@@ -91,11 +92,17 @@ def train_config(args):
     fields = {name: getattr(args, name) for name in ("batch_size", "block_size", "layers", "heads", "d_model", "ff_dim",
                                                      "dropout", "learning_rate", "warmup_steps", "valid_size")
               if getattr(args, name) is not None}
-    return TrainConfig(backend=args.backend, model_name="gpt", preset=args.preset, dtype=args.dtype,
-                       initial_weights=args.initial_weights, extras=tuple(args.extra),
-                       data_file=args.data, tokenizer=args.tokenizer, steps=args.steps,
-                       matmul_precision=args.matmul_precision, cache_dir=args.cache_dir or default_cache_dir(),
-                       compile_mode=args.compile_mode, **fields)
+    config = TrainConfig(backend=args.backend, model_name="gpt", preset=args.preset, dtype=args.dtype,
+                         initial_weights=args.initial_weights, extras=tuple(args.extra),
+                         data_file=args.data, tokenizer=args.tokenizer, steps=args.steps,
+                         matmul_precision=args.matmul_precision, cache_dir=args.cache_dir or default_cache_dir(),
+                         compile_mode=args.compile_mode, **fields)
+    # The model family's defaults, as `mtbench train` sets them (the `char` preset reads characters): a GPU
+    # matrix's reference rows, which name no tokenizer, then train on the tokens its mtbench rows train on.
+    from mtbench.plugins import manager
+    from mtbench.runner.setup import resolve_model
+    resolve_model(config, manager.registry())
+    return config
 
 
 def starting_weights(args, config, shape):

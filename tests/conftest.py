@@ -18,6 +18,7 @@ import textwrap
 import pytest
 
 from cpu_costs import pytest_addoption, pytest_runtest_protocol  # noqa: F401 (the session's hooks: --cpu-costs)
+from forked_mtbench import shared_forking_mtbench
 from mtbench.runner.config import default_cache_dir
 from mtbench.runner.measurement.environment import nvidia_gpu
 
@@ -361,8 +362,16 @@ def assert_the_check_fails_on_an_edit_by_hand(generator, old, new, tmp_path, mon
     assert generator.main([]) == 0 and edited.read_text(encoding="utf-8") == text
 
 
+def forking_mtbench():
+    """This process's ForkingMtbench (`forked_mtbench`), its outputs in the session's directory."""
+    return shared_forking_mtbench(os.path.join(_SESSION_DIR, f"forked-{os.getpid()}"), cli_environment())
+
+
 def run_cli(*args, env=None, cwd=None, timeout=600):
-    """Runs `python -m mtbench ARGS` in a fresh process; returns the CompletedProcess."""
+    """Runs `python -m mtbench ARGS` in a process of its own; returns the CompletedProcess. `report`, which never
+    imports keras, runs forked from a Python that has imported mtbench (`forked_mtbench`), the rest afresh."""
+    if args[:1] == ("report",):
+        return forking_mtbench().run(*args, env=cli_environment(env), cwd=cwd, timeout=timeout)
     return subprocess.run([sys.executable, "-m", "mtbench", *args], capture_output=True, text=True,
                           env=cli_environment(env), cwd=cwd, timeout=timeout)
 

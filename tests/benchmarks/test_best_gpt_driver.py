@@ -157,3 +157,19 @@ def test_an_option_the_reference_cannot_apply_is_refused_rather_than_dropped(opt
         best_gpt.parse_args(["--backend", "torch", *options])
     assert exit.value.code == 2
     assert f"error: {' '.join(options)}: not an option of the reference" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset, tokenizer", [("char", "char"), ("gpt2-small", None)])
+def test_the_reference_reads_the_tokens_mtbench_train_reads_for_the_preset(preset, tokenizer):
+    """A GPU matrix names no tokenizer: `gpt-char`'s reference rows read bytes (the script's default) where its
+    mtbench rows read characters (the `char` preset's), other tokens than the batches they were held to."""
+    from benchmarks import best_gpt
+    from mtbench.plugins import manager
+    from mtbench.runner.config import TrainConfig
+    from mtbench.runner.setup import resolve_model
+    config = best_gpt.train_config(best_gpt.parse_args(["--backend", "torch", "--preset", preset]))
+    trained = TrainConfig(backend="torch", model_name="gpt", preset=preset)  # `mtbench train`'s, resolved as it is
+    resolve_model(trained, manager.registry())
+    assert config.tokenizer == trained.tokenizer == tokenizer
+    assert best_gpt.train_config(best_gpt.parse_args(["--backend", "torch", "--preset", "char", "--tokenizer",
+                                                      "byte"])).tokenizer == "byte"

@@ -33,11 +33,14 @@ from mtbench.plugins.backends.keras_optimizer import inner_optimizer, moments_of
 def fused_adamw_unsupported(optimizer, variables=()):
     """Why `optimizer` cannot be carried out by `FusedAdamW` over `variables` (None when it can). 16-bit weights
     (`--dtype bfloat16` or `float16`) are left to Keras: its AdamW updates them in their own dtype, as JAX's step
-    does (Keras's optimizer there), where torch's fused kernel would compute in float32, other arithmetic."""
+    does (Keras's optimizer there), where torch's fused kernel would compute in float32, other arithmetic. Keras's
+    torch form of the update (`torch_adam`'s foreach operations) orders the moments' arithmetic otherwise than
+    its form on JAX, which in 16 bits rounds otherwise: the reason says so."""
     import keras
     sixteen_bit = sorted({str(variable.dtype) for variable in variables} & {"bfloat16", "float16"})
     if sixteen_bit:
-        return f"{sixteen_bit[0]} weights, which Keras's AdamW updates in {sixteen_bit[0]} as JAX's step does"
+        return (f"{sixteen_bit[0]} weights, which Keras's AdamW updates in {sixteen_bit[0]} as on JAX, in its torch "
+                f"form: m*beta_1 + g*(1-beta_1) where JAX's is m + (g-m)*(1-beta_1), rounded otherwise")
     optimizer = inner_optimizer(optimizer)
     if not isinstance(optimizer, keras.optimizers.AdamW):
         return f"{type(optimizer).__name__} is not AdamW"

@@ -48,11 +48,18 @@ class TranslationScores:
     references: list
 
 
+def primary_language(target_lang):
+    """The language of a code as sacrebleu names it: `zh` of `zh_CN`, `zh-Hans` or `ZH`, as OPUS corpora and
+    Moses file suffixes tag their sides (sacrebleu picks a language's tokenizer on `zh`, `ja` or `ko` alone, and
+    gave the others 13a); None for None."""
+    return target_lang and re.split("[-_]", target_lang)[0].lower()
+
+
 def _language_bleu(target_lang):
     """sacrebleu's BLEU tokenizing as sacrebleu does for the targets' language, or None where its tokenizer for
     the language is not installed (ja-mecab or ko-mecab without sacrebleu[ja] or [ko])."""
     try:
-        return BLEU(trg_lang=target_lang or "")
+        return BLEU(trg_lang=primary_language(target_lang) or "")
     except RuntimeError:
         return None
 
@@ -84,7 +91,8 @@ def bleu_tokenizer_note(target_lang=None, references=()):
     if _language_bleu(target_lang) is not None:
         return None
     return (f"BLEU tokenized the {target_lang} targets with 13a, which takes a sentence written without spaces "
-            f"for one word: sacrebleu's own tokenizer for {target_lang} needs pip install 'sacrebleu[{target_lang}]'")
+            f"for one word: sacrebleu's own tokenizer for {target_lang} needs pip install "
+            f"'sacrebleu[{primary_language(target_lang)}]'")
 
 
 def score(hypotheses, references, target_lang=None):

@@ -120,6 +120,7 @@ class TrainingLoop:
                 recorded = self.state.history[-1]["step"] if self.state.history else self.state.step
                 self.stop = ("failed", f"after step {recorded}, {failure_text(error)}")
         ended = self.end_training()
+        self.clock.stop()
         status, reason = self.stop or ("completed", None)
         reason = "; ".join([reason, *ended]) if ended else reason
         return TrainingOutcome(status, reason, self.state, self.timer, self.clock, self.target,

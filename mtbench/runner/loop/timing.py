@@ -177,7 +177,7 @@ class TrainingClock:
     time set aside inside the loop (validation, checkpoints) taken out and kept apart by name."""
 
     def __init__(self, earlier_s=0.0, earlier_aside=None):
-        self._start = time.perf_counter()
+        self._start, self._end = time.perf_counter(), None
         self._earlier_s = earlier_s
         self._earlier_aside = dict(earlier_aside or {})
         self._aside = Stopwatch()
@@ -190,5 +190,11 @@ class TrainingClock:
         names = set(self._earlier_aside) | set(self._aside.phases)
         return {name: self._earlier_aside.get(name, 0.0) + self._aside.phases.get(name, 0.0) for name in names}
 
+    def stop(self):
+        """Ends the training time where the loop ends: what the run does after it (reading the machine's load and
+        the environment for its result, evaluating, writing) is no training."""
+        self._end = time.perf_counter()
+
     def training_s(self):
-        return self._earlier_s + time.perf_counter() - self._start - sum(self._aside.phases.values())
+        end = time.perf_counter() if self._end is None else self._end
+        return self._earlier_s + end - self._start - sum(self._aside.phases.values())

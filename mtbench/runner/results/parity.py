@@ -262,12 +262,11 @@ def check_parity(named_runs, dtype_of, steps=PARITY_STEPS, tolerance=None):
         window = parity_window(policy)
         worst, at_step = compare_curves(reference_curve, curve, window)
         diverged_at, diverged_run = first_lone_null(reference_curve, curve, reference_name, name)
-        if diverged_at is None:  # both diverged at one step, or neither: the steps before it are compared
-            common = finite_steps(reference_curve, curve)
-            if common == 0:
-                report.unchecked.append([name, f"no finite loss to compare: it and {reference_name} both diverged "
-                                               f"at step 1"])
-                continue
+        common = finite_steps(reference_curve, curve)  # the steps compared: those before either loss is null
+        if diverged_at is None and common == 0:  # both diverged at step 1
+            report.unchecked.append([name, f"no finite loss to compare: it and {reference_name} both diverged "
+                                           f"at step 1"])
+            continue
         pair = ParityPair(reference_name, name, dtype, common, worst, at_step, within_tolerance=False,
                           diverged_at=diverged_at, diverged_run=diverged_run, window=window,
                           tolerance=default_tolerance(policy) if tolerance is None else tolerance)

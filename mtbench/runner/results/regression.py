@@ -130,7 +130,7 @@ class Regression:
                 speed, low, high = change.verdict.speed()
                 way = "below" if speed <= 1 else "above"
                 bounds = sorted(abs(1 - bound) * 100 for bound in (low, high))
-                across = f"{(1 - high) * 100:.1f} % below to {(low - 1) * 100:.1f} % above" if low < 1 < high else \
+                across = f"{(1 - low) * 100:.1f} % below to {(high - 1) * 100:.1f} % above" if low < 1 < high else \
                     f"{bounds[0]:.1f}–{bounds[1]:.1f} %"
                 texts.append(f"{change.label}: tokens/s {abs(1 - speed) * 100:.1f} % {way} ({across})")
         return texts

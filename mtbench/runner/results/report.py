@@ -388,9 +388,15 @@ def baseline_label(given, labels, named_by="--baseline"):
              and settings <= set(filter(None, label.partition(":")[2].split(",")))]
     if len(named) == 1:
         return named[0]
-    # A directory is no label and no OLD.json: say which --baseline takes, rather than list the labels alone.
-    folder = "; it is a directory, and a baseline file is a result or compare JSON" if os.path.isdir(given) else ""
-    raise MtbenchError(f"{named_by} '{given}' is none of the runs: {', '.join(labels)}{folder}")
+    # A directory, or a path that names nothing, is no label and no OLD.json: say which --baseline takes, or that
+    # the file is missing, rather than list the labels alone.
+    if os.path.isdir(given):
+        why = "; it is a directory, and a baseline file is a result or compare JSON"
+    elif os.sep in given or (os.altsep and os.altsep in given):
+        why = "; nor is it a file: no such file or directory"
+    else:
+        why = ""
+    raise MtbenchError(f"{named_by} '{given}' is none of the runs: {', '.join(labels)}{why}")
 
 
 def comparison_labels(results, swept=None):

@@ -109,7 +109,7 @@ def figure_point(key, results):
     one measured 0 (a ratio to it has no bound)."""
     if key in WINDOW_FIGURES:
         side = _window_sides(results)
-        logs = np.log([window_figure(key, w) for w in side]) if side else None
+        logs = _log_values([window_figure(key, w) for w in side]) if side else None
     else:
         logs = _log_values([FIGURES_BY_KEY[key].value(result) for result in results])
     return float(math.exp(logs.mean())) if logs is not None and len(logs) else None
@@ -120,11 +120,11 @@ def figure_interval(key, results, resamples=RESAMPLES, seed=SEED, confidence=CON
     the repeats of each one's figure (of one repeat, its figure: `timing.step_s_median` or `tokens_per_s`), with
     its 95 % interval as `ratio_interval` draws one (Student's t over the repeats; one repeat: a bootstrap of its
     windows); low and high None where `figure_interval_gap` says why none is stated; None where no repeat has a
-    steady window."""
+    steady window, or where one repeat's figure is 0."""
     side = _window_sides(results)
-    if not side:
+    points = _log_values([window_figure(key, w) for w in side]) if side else None
+    if points is None:  # no steady window, or a repeat's figure 0 (no tokens recorded): no ratio to it
         return None
-    points = np.log([window_figure(key, w) for w in side])
     point = points.mean()
     if _interval_gap(side) is not None:
         return float(math.exp(point)), None, None

@@ -77,7 +77,8 @@ def test_torch_leaves_bfloat16_weights_to_keras_adamw_as_jax_does(probe):
     the fused kernel ran at every float32 step of the probe and at no bfloat16 one."""
     _, report = probe
     assert report["bfloat16_update"] == ("update by Keras's optimizer.apply (bfloat16 weights, which Keras's AdamW "
-                                         "updates in bfloat16 as JAX's step does)")
+                                         "updates in bfloat16 as on JAX, in its torch form: m*beta_1 + g*(1-beta_1) "
+                                         "where JAX's is m + (g-m)*(1-beta_1), rounded otherwise)")
     assert report["fused_adamw_calls"] == {"float32": 5, "bfloat16": 0}
 
 

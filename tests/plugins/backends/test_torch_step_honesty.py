@@ -206,7 +206,8 @@ def test_the_compiled_step_runs_the_fused_attention_in_one_graph(steps_probed):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, fused_kernels, compiled", [
     ("bfloat16", {}, "mtbench torch step: forward + loss (backward via AOTAutograd); update eager by Keras's "
-                     "optimizer.apply (bfloat16 weights, which Keras's AdamW updates in bfloat16 as JAX's step does)"),
+                     "optimizer.apply (bfloat16 weights, which Keras's AdamW updates in bfloat16 as on JAX, in its torch "
+                     "form: m*beta_1 + g*(1-beta_1) where JAX's is m + (g-m)*(1-beta_1), rounded otherwise)"),
     ("float32", {"aten::_fused_adamw_": 2}, None),  # a call a group: weights that decay, biases and norms that do not
 ])
 def test_the_compiled_steps_record_names_the_update_that_ran(updates, dtype, fused_kernels, compiled):
@@ -237,8 +238,8 @@ def test_the_eager_steps_numerics_name_the_kernels_its_step_ran(updates):
         "Keras's AdamW by torch's fused AdamW kernel, 2 calls a step (one a parameter group)"
     assert report["bfloat16"]["fused_kernels"] == {}
     assert report["bfloat16"]["numerics"]["optimizer_update"] == (
-        "Keras's AdamW (`optimizer.apply`), eager: bfloat16 weights, which Keras's AdamW updates in bfloat16 as "
-        "JAX's step does")
+        "Keras's AdamW (`optimizer.apply`), eager: bfloat16 weights, which Keras's AdamW updates in bfloat16 as on "
+        "JAX, in its torch form: m*beta_1 + g*(1-beta_1) where JAX's is m + (g-m)*(1-beta_1), rounded otherwise")
 
 
 def test_the_symbolic_check_finds_a_keras_tensor_wherever_keras_would():

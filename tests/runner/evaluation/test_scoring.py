@@ -21,6 +21,10 @@ def test_chinese_targets_are_tokenized_as_sacrebleu_tokenizes_chinese():
     as_words = BLEU(tokenize="13a").corpus_score(hypotheses, [references]).score  # each sentence one "word"
     assert score(hypotheses, references)[0] == as_words != bleu
     assert "tok:13a" in score(hypotheses, references, "fr")[2]
+    # A side tagged with its region or script, as OPUS corpora and Moses file names tag it, is still Chinese.
+    for tagged in ("zh_CN", "zh-Hans", "ZH"):
+        tagged_bleu, _, tagged_signature, _ = score(hypotheses, references, tagged)
+        assert (tagged_bleu, tagged_signature) == (bleu, signature), tagged
 
 
 @pytest.mark.parametrize("language", ["ja", "ko"])

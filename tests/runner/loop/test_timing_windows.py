@@ -93,6 +93,17 @@ def test_steady_steps_share_a_synchronisation_per_window_and_first_steps_are_alo
     assert len(set(seconds)) == 1, "the steps of one window share its mean time"
 
 
+def test_the_training_time_ends_with_the_loop(monkeypatch):
+    """`train_s` was read as the result was put together, after the machine's load (nvidia-smi on a GPU), the
+    environment (git, NVML) and the evaluation: each counted as training."""
+    import time
+    outcome, _ = run([(8, 16)] * 4, window=2)
+    ended = outcome.clock.training_s()
+    now = time.perf_counter()
+    monkeypatch.setattr(time, "perf_counter", lambda: now + 3600.0)  # an hour of the run's work after training
+    assert outcome.clock.training_s() == ended
+
+
 def test_a_window_of_one_synchronises_around_every_step():
     outcome, backend = run([(8, 16)] * 6, window=1)
     assert backend.synchronisations == 12

@@ -4,6 +4,7 @@ run), never passes a run that stopped early, and says what each side ran on; a h
 point and says why; tables off a terminal keep their cells whole."""
 
 import json
+import re
 
 import pytest
 
@@ -328,6 +329,12 @@ def test_a_gate_that_passes_an_interval_reaching_past_its_threshold_says_it_cann
     assert line.startswith("run 'jax' tokens/s ") and low < 0.95 and line.endswith("(3 and 1 repeats)")
     text = run_cli("report", *news, "--baseline", old["path"], "--fail-if-slower", "5%")
     assert f"--fail-if-slower 5% passes, but cannot rule out a slowdown past it: {line}" in text.stdout
+    # The pass line gives the same interval from its low end below the baseline to its high end above (it gave
+    # each end's distance from the other side, negative: '-3.0 % below to -5.0 % above' for 0.95–1.03).
+    high = float(line.split("–")[1].split(" ")[0])
+    below, above = map(float, re.search(r"\((\d+\.\d) % below to (\d+\.\d) % above\)", text.stdout).groups())
+    # (the line above gives its bounds to 2 decimals)
+    assert below == pytest.approx((1 - low) * 100, abs=0.6) and above == pytest.approx((high - 1) * 100, abs=0.6)
     # A gate that fails (a run of the baseline that NEW lacks) passes nothing: no 'passes, but' beside its failure.
     both = compare_json(tmp_path / "both.json", [(name, tiny_runs[name]["result"]) for name in ("jax", "torch")])
     lines = build_regression(news, both, threshold=0.05).lines()

@@ -782,6 +782,10 @@ def test_baseline_is_named_as_the_table_names_it_or_without_the_model_family():
         baseline_label("jax:batch-size=16", labels)
     with pytest.raises(MtbenchError, match="is none of the runs"):  # two families' runs: the name must say which
         baseline_label("jax", ["jax:model=gpt", "jax:model=marian"])
+    # A mistyped path (no .json, which reads as a file) is said to be no file either, not only no label.
+    with pytest.raises(MtbenchError, match="^--baseline 'old/r' is none of the runs: torch:model=gpt, .*; nor is it "
+                                           "a file: no such file or directory$"):
+        baseline_label("old/r", labels)
     # A sweep names a run by the keys another run sets (grad-accum=1 here): the entry as --matrix gave it names it.
     swept = ["torch:batch-size=64,grad-accum=1", "torch:batch-size=32,grad-accum=2", "jax:batch-size=32,grad-accum=2"]
     assert baseline_label("torch:batch-size=64", swept) == "torch:batch-size=64,grad-accum=1"

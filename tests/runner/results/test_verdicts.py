@@ -146,6 +146,11 @@ def test_one_runs_interval_spans_its_repeats_and_their_windows():
     single = result(windows=1, noise=0.05)
     value, low, high = stats.figure_interval("tokens_per_s", [single])
     assert value == pytest.approx(single["timing"]["tokens_per_s"]) and (low, high) == (None, None)
+    # A repeat that recorded no tokens (a result's history may leave them out) gives no figure: it gave 0 tokens/s
+    # with NaN bounds, which the JSON then wrote as `NaN`, no JSON number.
+    untokened = {**slow, "history": [{**entry, "tokens": 0} for entry in slow["history"]]}
+    assert stats.figure_interval("tokens_per_s", [middle, untokened, fast]) is None
+    assert stats.figure_point("tokens_per_s", [middle, untokened, fast]) is None
 
 
 def test_a_slowed_run_is_slower_with_an_interval_that_excludes_1():
