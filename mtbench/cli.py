@@ -158,6 +158,16 @@ def main():
     figures."""
 
 
+class _GivenPath(click.Path):
+    """click.Path that refuses an empty string, which the run read as the option not given: `--data ''` trained
+    the built-in corpus, `--resume ''` a new run, `--cache-dir ''` wrote into the working directory."""
+
+    def convert(self, value, param, ctx):
+        if value == "":
+            self.fail("'' names no file or folder: give one, or leave the option out", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class _FloatNamingItsVariable(click.ParamType):
     """A float that, read from the option's environment variable, names the variable where it is no number: the
     user gave no flag."""
@@ -203,9 +213,9 @@ def output_console(**options):
 
 
 CORPUS_OPTIONS = (
-    click.option("--valid", "valid_file", metavar="CORPUS",
+    click.option("--valid", "valid_file", type=_GivenPath(), metavar="CORPUS",
                  help="Validation pairs in any --data format, instead of a split of the training data."),
-    click.option("--test", "test_file", metavar="CORPUS",
+    click.option("--test", "test_file", type=_GivenPath(), metavar="CORPUS",
                  help="Test pairs in any --data format, or sacrebleu:NAME for a sacrebleu test set already in its "
                       "local cache (e.g. sacrebleu:wmt14)."),
     click.option("--src-col", type=int, metavar="N", default=1, show_default=True,
@@ -226,7 +236,7 @@ RUN_CONFIGURATION_OPTIONS = (
                       "directory as transformers saves it, fine-tuned) or gpt2:DIR (a GPT-2 checkpoint directory, "
                       "fine-tuned as a language model with its own tokenizer; sized by it, --preset sets the rest)."),
     click.option("--dataset", default="bible-en-fr", show_default=True, help="Registered dataset (see `mtbench plugins`)."),
-    click.option("--data", "data_file", type=click.Path(dir_okay=True), metavar="CORPUS",
+    click.option("--data", "data_file", type=_GivenPath(dir_okay=True), metavar="CORPUS",
                  help="Your corpus instead of --dataset: FILE.tsv, FILE.jsonl (each may be .gz) or a Moses PREFIX "
                       "(PREFIX.SRC and PREFIX.TGT, with --src-lang/--tgt-lang); for a language model a text FILE, a "
                       "folder of .txt files, or a folder of nanoGPT's token files (train.bin, val.bin)."),
@@ -320,13 +330,13 @@ RUN_CONFIGURATION_OPTIONS = (
                  help="Translate the validation and test sets with beam search over N hypotheses (1: greedy)."),
     click.option("--length-penalty", type=float, default=0.6, show_default=True, metavar="ALPHA",
                  help="Beam search's length normalisation ((5 + length) / 6) ** ALPHA."),
-    click.option("--cache-dir", type=click.Path(file_okay=False), help="Prepared corpora, tokenizers and tokenized text (default ~/.cache/mtbench)."),
+    click.option("--cache-dir", type=_GivenPath(file_okay=False), help="Prepared corpora, tokenizers and tokenized text (default ~/.cache/mtbench)."),
     # A run's option, so that compare gives it to every run (and to the process drawing their weights): a cold
     # compile on one side only is no comparison.
     click.option("--no-compile-cache", "compile_cache", is_flag=True, flag_value=False, default=True,
                  help="Compile from scratch and keep nothing: no persistent compilation cache (CACHE_DIR/compile)."),
     click.option("--report-to", metavar="NAMES", help="Experiment trackers that follow the run as it trains, comma-separated: tensorboard, mlflow, wandb or a plugin's (default: none)."),
-    click.option("--logging-dir", type=click.Path(file_okay=False),
+    click.option("--logging-dir", type=_GivenPath(file_okay=False),
                  help="The trackers' local files (default: in the run directory, RESULT.run; MLflow's store in the "
                       "result's folder)."),
     click.option("--price-per-hour", type=_FloatNamingItsVariable(), metavar="USD", envvar="MTBENCH_PRICE_PER_HOUR", help="What the machine costs per hour, for the result's cost section (also MTBENCH_PRICE_PER_HOUR)."),
@@ -406,7 +416,7 @@ long_run_options = _stack([
                  help="Write a checkpoint every N steps (always on Ctrl-C/SIGTERM)."),
     click.option("--keep-checkpoints", type=int, metavar="K", default=3, show_default=True,
                  help="Checkpoints kept (the last)."),
-    click.option("--resume", "resume_dir", type=click.Path(), metavar="RUN_DIR",
+    click.option("--resume", "resume_dir", type=_GivenPath(), metavar="RUN_DIR",
                  help="Continue the run in RUN_DIR (RESULT.run) from its last checkpoint, with its configuration."),
     *VALIDATION_OPTIONS,
 ])
@@ -517,7 +527,7 @@ def _apply_config_file(ctx, param, path):
 
 
 config_option = click.option(
-    "--config", "config_file", type=click.Path(dir_okay=False), metavar="FILE.toml", is_eager=True,
+    "--config", "config_file", type=_GivenPath(dir_okay=False), metavar="FILE.toml", is_eager=True,
     expose_value=False, callback=_apply_config_file,
     help="Options from a TOML file whose keys are the flags' own names (batch-size = 64, extra = [\"torch-compile\"], "
          "measure-only = true); flags given on the command line win over it (a repeatable flag such as --extra "
@@ -534,7 +544,7 @@ report_option = click.option(
 @click.option("--backend", default="jax", show_default=True, help="Backend plugin: jax, torch, or a third-party one.")
 @click.option("--extra", "extras", multiple=True, help="Backend extra (repeatable)." + _extras_help())
 @run_configuration_options
-@click.option("--initial-weights", type=click.Path(dir_okay=False), help="Start from this weights file (.npz by variable path, see `mtbench init-weights`) instead of the draw from --seed.")
+@click.option("--initial-weights", type=_GivenPath(dir_okay=False), help="Start from this weights file (.npz by variable path, see `mtbench init-weights`) instead of the draw from --seed.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Result JSON (default mtbench-results/<time>-<backend>.json).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing result file and its RESULT.run/ folder "
               "(emptied as training starts).")
@@ -545,7 +555,7 @@ report_option = click.option(
 @click.option("--no-save-model", "save_model", is_flag=True, flag_value=False, default=True,
               help="Do not keep the final weights in the run directory (RESULT.run/model).")
 @long_run_options
-@click.option("--run-file", type=click.Path(dir_okay=False), metavar="RUN.json",
+@click.option("--run-file", type=_GivenPath(dir_okay=False), metavar="RUN.json",
               help="Train the configuration in this file (as compare and rerun write one for each run) instead of "
                    "the options'.")
 @process_options
@@ -671,7 +681,8 @@ def compare(backends, extras, matrix, repeats, repeats_width, repeats_budget, aa
     registry = plugins.registry()
     _warn_broken_plugins(registry)
     chosen_reporters = resolve_reporters(_reporter_names(reporters), registry)
-    out = out or os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
+    if out is None:  # --out '' is refused below, as train's is, not taken for the default
+        out = os.path.join("mtbench-results", time.strftime("%Y%m%d-%H%M%S") + "-compare.json")
     # before the devices are asked (a child that imports the frameworks: seconds)
     _check_not_read_here(out)
     check_output_path(out, overwrite, reads=[configuration.get(key) for key in INPUT_FILE_KEYS])
@@ -955,7 +966,7 @@ def translate(model, file, backend, dtype, beam, length_penalty, batch_size):
 
 @main.command()
 @MODEL_ARGUMENT
-@click.option("--test", "test_file", required=True, metavar="CORPUS",
+@click.option("--test", "test_file", required=True, type=_GivenPath(), metavar="CORPUS",
               help="Test pairs in any --data format of `train`, or sacrebleu:NAME; for a language model, a text file, "
                    "a folder of .txt files, or a folder of nanoGPT's token files (its val.bin scored; or that val.bin).")
 @_stack(CORPUS_OPTIONS[2:])
@@ -1074,7 +1085,7 @@ def _evaluate_language_model(model, text_file, backend, batch_size, stride, bloc
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--calibrate", is_flag=True, help="Measure each backend's matmul peak (the MFU denominator on CPUs) and cache it.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Where the measured peaks are cached (default ~/.cache/mtbench).")
+@click.option("--cache-dir", type=_GivenPath(file_okay=False), help="Where the measured peaks are cached (default ~/.cache/mtbench).")
 @handle_errors
 def env(as_json, calibrate, cache_dir):
     """Versions, devices and the plugins that would load (imports each framework, never keras)."""

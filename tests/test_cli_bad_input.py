@@ -131,6 +131,17 @@ def cases(tmp_path, plugin_path):
         "no beam": (["--beam", "0"], "--beam must be at least 1", None),
         # one bound, 16, where 0 was told 'at least 1' and 1 then 'at least 16'
         "no vocabulary": (["--vocab-size", "0"], "--vocab-size must be at least 16, got 0", None),
+        # sentencepiece failed on it once the corpus was read: exit 1, 'cannot parse ... as int'
+        "vocabulary past 32-bit ids": (["--vocab-size", str(2 ** 64)], "--vocab-size must be at most 2,147,483,647 "
+                                       "(a 32-bit token id), got 18,446,744,073,709,551,616", None),
+        # each was read as the option not given: the built-in corpus trained, a new run instead of the resumed one,
+        # the caches written into the working directory
+        "empty corpus path": (["--data", ""], "Invalid value for '--data': '' names no file or folder", None),
+        "empty validation path": (["--valid", ""], "Invalid value for '--valid': '' names no file or folder", None),
+        "empty resume path": (["--resume", ""], "Invalid value for '--resume': '' names no file or folder", None),
+        "empty cache path": (["--cache-dir", ""], "Invalid value for '--cache-dir': '' names no file or folder", None),
+        "empty tracker name": (["--report-to", "tensorboard,,"], "--report-to 'tensorboard,,': an empty name (two "
+                               "commas in a row, or one at an end)", None),
         # named by the variable the user set, not by a flag never given
         "a price in the environment that is no number": (["--data", good], "MTBENCH_PRICE_PER_HOUR='abc' is not a "
                                                          "number", {"MTBENCH_PRICE_PER_HOUR": "abc"}),
@@ -313,7 +324,9 @@ CASE_NAMES = [
     "sacrebleu xml set not cached",
     "unknown sacrebleu set", "sacrebleu pair missing", "corpus too small to split", "unknown dataset",
     "a file as the dataset", "a file as a language model's dataset",
-    "unknown extra", "extra unavailable here", "conflicting extras", "eager jax step",
+    "vocabulary past 32-bit ids", "empty corpus path", "empty validation path", "empty resume path",
+    "empty cache path", "empty tracker name", "unknown extra", "extra unavailable here", "conflicting extras",
+    "eager jax step",
     "eager step beside the compile extra", "batch size zero", "negative steps",
     "no beam", "no vocabulary", "no time to wait for the other processes",
     "a price in the environment that is no number",

@@ -21,6 +21,7 @@ DEFAULT_STEPS = {"tiny": 40, "small": 450, "base": 2000}
 DEFAULT_STEPS_BY_FAMILY = {"gpt": {"tiny": 40, "small": 300, "char": 5000, "gpt2-small": 2000}}
 DEFAULT_STEPS_BY_FAMILY["gpt2"] = DEFAULT_STEPS_BY_FAMILY["gpt"]
 LANGUAGE_MODELLING = "language-modelling"
+MAX_VOCABULARY = 2 ** 31 - 1  # token ids are 32-bit integers (sentencepiece's, the batches')
 # A plugin family's preset that says no steps (`ModelFamily.default_steps`) trains as long as its task's "small".
 FALLBACK_PRESET = "small"
 
@@ -209,7 +210,11 @@ class TrainConfig:
             raise MtbenchError(f"extra '{twice[0]}' is given twice; give each extra once")
         self.report_to = self.report_to or ()
         if isinstance(self.report_to, str):
-            self.report_to = [name.strip() for name in self.report_to.split(",")]
+            names = [name.strip() for name in self.report_to.split(",")]
+            if self.report_to.strip() and not all(names):  # a tracker left out by a slip of the keyboard
+                raise MtbenchError(f"--report-to {self.report_to!r}: an empty name (two commas in a row, or one at "
+                                   f"an end); give a tracker between each two")
+            self.report_to = names
         self.report_to = tuple(name for name in dict.fromkeys(self.report_to) if name and name != "none")
         if self.model_name.endswith(":"):  # 'gpt:' trained the family's fresh model, as if no path were meant
             raise MtbenchError(f"--model {self.model_name}: give the checkpoint's directory after the colon, or "
@@ -286,6 +291,9 @@ class TrainConfig:
             raise MtbenchError(f"--warmup-steps must not be negative, got {self.warmup_steps}")
         if self.vocab_size < 16:
             raise MtbenchError(self._small_vocabulary_refusal())
+        if self.vocab_size > MAX_VOCABULARY:  # sentencepiece failed on it only once the corpus was read
+            raise MtbenchError(f"--vocab-size must be at most {MAX_VOCABULARY:,} (a 32-bit token id), got "
+                               f"{self.vocab_size:,}")
         if self.max_len < 8:
             raise MtbenchError(f"{self.length_option} must be at least 8, got {self.max_len}")
         if self.eval_stride is not None and self.eval_stride > self.max_len:

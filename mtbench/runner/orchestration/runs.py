@@ -86,10 +86,10 @@ def shape_label(shape):
 def parse_run_spec(text):
     """'backend+extra+extra', 'backend+extra@2' (2 processes) or 'backend+extra:d-model=128,batch-size=16' (flags
     of this run), with 'python=PATH' among the flags for another environment's interpreter -> RunSpec."""
-    run, _, size_text = text.strip().partition(":")
+    run, colon, size_text = text.strip().partition(":")
     run, at, count = run.partition("@")
     parts = [part.strip() for part in run.split("+")]
-    if not all(parts):
+    if not all(parts) or (colon and not size_text.strip()):
         raise MtbenchError(f"--matrix: '{text.strip()}' is not of the form backend+extra+extra[@N][:flag=value,...]")
     if at and not (count.strip().isdigit() and int(count) >= 1):
         raise MtbenchError(f"--matrix: '@{count.strip()}' in '{text.strip()}' is not a number of processes")
@@ -243,8 +243,12 @@ def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transf
             raise MtbenchError("give --matrix, or --backends with --extra, not both")
         specs = name_interpreters([parse_run_spec(item) for item in _matrix_entries(matrix)])
     else:
-        names = [name.strip() for name in (backends if backends is not None else "jax,torch").split(",")
-                 if name.strip()]
+        given = backends if backends is not None else "jax,torch"
+        names = [name.strip() for name in given.split(",")]
+        if given.strip() and not all(names):  # as --matrix's: a run left out by a slip of the keyboard
+            raise MtbenchError(f"--backends {given!r}: an empty entry (two commas in a row, or one at an end); "
+                               f"give a backend between each two")
+        names = [name for name in names if name]
         specs = with_compiled_twins([RunSpec(name, tuple(extras)) for name in names], devices, registry)
     if not specs:
         raise MtbenchError("no runs to compare")

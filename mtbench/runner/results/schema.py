@@ -124,6 +124,12 @@ def result_task(result):
 LIST_ITEMS = {"history": dict, "extras": str}
 # What a report reads of every step of `history`.
 HISTORY_ITEM = {"step": int, "loss": MAYBE_NUMBER}
+# Values a report and a rerun read as counts or paths, which a result of an earlier version may lack: where present,
+# of their kind (a result edited to 'two' processes ended in a TypeError deep inside `report`). The paths are
+# `config.INPUT_FILE_KEYS`.
+OPTIONAL_COUNTS = ("processes.world_size", "processes.processes", "processes.devices_per_process",
+                   "processes.machines")
+OPTIONAL_PATHS = ("config.data_file", "config.valid_file", "config.test_file", "config.initial_weights")
 # Sections a result of an earlier version may lack, or hold null: where present, objects.
 OPTIONAL_OBJECTS = ("machine_load", "processes", "cost", "energy", "host_syncs", "target", "loss_scaling",
                     "model.attention", "memory.training", "train_step_chosen")
@@ -177,6 +183,14 @@ def schema_errors(result):
         value = _value_at(result, path)
         if value is not None and not isinstance(value, dict):
             errors.append(f"{path}: {type(value).__name__} is not an object")
+    for path in OPTIONAL_COUNTS:
+        value = _value_at(result, path)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            errors.append(f"{path}: {value!r} is not a count (at least 1)")
+    for path in OPTIONAL_PATHS:
+        value = _value_at(result, path)
+        if value is not None and not isinstance(value, str):
+            errors.append(f"{path}: {type(value).__name__} is not a path")
     version = result.get("schema_version")
     if isinstance(version, int) and version not in READABLE_VERSIONS:
         who = "a newer mtbench wrote it" if version > max(READABLE_VERSIONS) else "no mtbench writes it"

@@ -191,11 +191,14 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     # the empty entry was skipped: the comparison ran without the run meant there
     (["--matrix", "jax;;torch"], "--matrix 'jax;;torch': an empty entry (two separators in a row, or one at an end)"),
     (["--matrix", "jax,torch;"], "an empty entry"),
+    (["--backends", "jax,,torch"], "--backends 'jax,,torch': an empty entry (two commas in a row, or one at an end)"),
+    (["--matrix", "jax:;torch"], "--matrix: 'jax:' is not of the form backend+extra+extra[@N][:flag=value,...]"),
     (["--matrix", "jax", "--backends", "torch"], "not both"),
     (["--baseline", "tensorflow"], "--baseline 'tensorflow' is none of the runs: jax, torch"),
     # Options that need no run are checked before the devices are asked (a child that would refuse pmap here).
     (["--matrix", "jax;jax+pmap", "--repeats", "0"], "--repeats must be at least 1"),
-    (["--matrix", "jax;jax+pmap", "--parity-tolerance", "0"], "--parity-tolerance must be positive, got 0"),
+    (["--matrix", "jax;jax+pmap", "--parity-tolerance", "0"],
+     "--parity-tolerance must be a positive finite number, got 0"),
     (["--matrix", "jax;jax+pmap", "--repeats", "auto", "--repeats-budget", "-1"],
      "--repeats-budget must be positive, got -1"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
@@ -224,6 +227,14 @@ def test_bad_compare_plans_fail_before_any_run(tmp_path, args, expected):
     assert_refused_in_one_line(proc, expected)
     assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == [], "a refused plan must not start anything"
+
+
+def test_an_empty_out_is_refused_not_taken_for_the_default(tmp_path):
+    """`compare --out ''` wrote its comparison to mtbench-results/TIME-compare.json, where `train --out ''` is
+    refused."""
+    proc = run_cli("compare", "--out", "", env=CPU_ONLY, cwd=tmp_path)
+    assert_refused_in_one_line(proc, "'': names a directory, not a file")
+    assert list(tmp_path.iterdir()) == []
 
 
 GPT_TINY = ["--model", "gpt", "--preset", "tiny", "--block-size", "32", "--batch-size", "16", "--steps", "3",

@@ -381,6 +381,7 @@ def test_unreadable_inputs_fail_with_one_line(tmp_path, content, expected):
      "config.dtype: int is not a string"),
     ({"machine_load": "busy"}, "machine_load: str is not an object"),
     ({"processes": "two"}, "processes: str is not an object"),
+    ({"processes": {"world_size": "two"}}, "processes.world_size: 'two' is not a count (at least 1)"),
     ({"cost": "cheap"}, "cost: str is not an object"),
     ({"host_syncs": "few"}, "host_syncs: str is not an object"),
 ])
@@ -401,6 +402,19 @@ def test_a_result_of_the_wrong_shape_is_named_in_one_line(results, tmp_path, cha
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_what_a_rerun_reads_as_counts_and_paths_is_held_to_its_kind_where_a_result_has_it():
+    """A result edited by hand to `initial_weights: 5` or `world_size: 'two'` ended `report` and `rerun` in a
+    TypeError; results written before these keys were recorded have none of them, and conform."""
+    from mtbench.runner.results.schema import schema_errors
+    errors = schema_errors({"config": {"initial_weights": 5, "data_file": ["a"]},
+                            "processes": {"machines": 0, "world_size": True, "processes": 2}})
+    assert {"config.initial_weights: int is not a path", "config.data_file: list is not a path",
+            "processes.machines: 0 is not a count (at least 1)",
+            "processes.world_size: True is not a count (at least 1)"} <= set(errors)
+    assert not any(error.startswith(("processes.", "config.initial_weights", "config.data_file"))
+                   for error in schema_errors({"config": {"data_file": "c.tsv"}, "processes": {"processes": 2}}))
 
 
 def test_a_result_whose_timing_is_not_a_number_is_named_in_one_line(results, tmp_path):
@@ -448,8 +462,9 @@ def test_a_compares_recorded_baseline_and_noise_floor_of_the_wrong_shape_are_nam
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--parity-tolerance", "-1"], "--parity-tolerance must be positive, got -1.0"),
-    (["--parity-tolerance", "nan"], "--parity-tolerance must be positive, got nan"),
+    (["--parity-tolerance", "-1"], "--parity-tolerance must be a positive finite number, got -1.0"),
+    (["--parity-tolerance", "nan"], "--parity-tolerance must be a positive finite number, got nan"),
+    (["--parity-tolerance", "inf"], "--parity-tolerance must be a positive finite number, got inf"),
     (["--parity-steps", "0"], "--parity-steps must be at least 1, got 0"),
 ])
 def test_report_refuses_parity_settings_that_compare_refuses(results, args, expected):
