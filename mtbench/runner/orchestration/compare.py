@@ -73,8 +73,12 @@ class ComparePlan:
         return os.path.join(self.runs_dir, f"initial-weights{'-' + shape if shape else ''}.npz")
 
     def sizes(self):
-        """One spec of each model shape, in the order they first appear."""
-        return list({spec.shape: spec for spec in self.specs}.values())
+        """The first spec of each model shape, in the order they first appear (the last one's own flags, a
+        compiled torch run's --compile-mode, went to the weights file's `init-weights`)."""
+        first = {}
+        for spec in self.specs:
+            first.setdefault(spec.shape, spec)
+        return list(first.values())
 
     def run_file(self, spec, repeat, suffix=".json"):
         return os.path.join(self.runs_dir, run_file_name(f"{spec.label}{'-aa' if spec.twin else ''}", repeat, suffix))
@@ -149,6 +153,11 @@ def runs_dir(out):
 UNSAFE_IN_FILE_NAMES = str.maketrans({character: "_" for character in '\\/:*?"<>|'})
 
 
+# --repeats N's bound: each repeat of each run has its files planned (and checked) before the first run starts, and
+# 10^20 repeats planned for ever, silently.
+MAX_REPEATS = 1000
+
+
 def run_file_name(label, repeat, suffix=".json"):
     """The name of the file of repeat `repeat` of the run labelled `label` in a runs folder."""
     return f"{label.translate(UNSAFE_IN_FILE_NAMES)}-{repeat}{suffix}"
@@ -158,6 +167,8 @@ def check_repeats_and_parity(repeats, auto, parity_steps, parity_tolerance):
     """The options that need no run planned, checked before the devices are asked (a child process: seconds)."""
     if auto is None and repeats < 1:
         raise MtbenchError(f"--repeats must be at least 1, got {repeats}")
+    if auto is None and repeats > MAX_REPEATS:  # every repeat's files are planned and checked before a run starts
+        raise MtbenchError(f"--repeats must be at most {MAX_REPEATS:,}, got {repeats:,}")
     if auto is not None and not auto.budget_s > 0:
         raise MtbenchError(f"--repeats-budget must be positive, got {auto.budget_s:g}")
     check_parity_options(parity_steps, parity_tolerance)

@@ -197,6 +197,7 @@ def test_train_refuses_a_weights_file_that_does_not_fit(tmp_path, cache_dir):
     (["--baseline", "tensorflow"], "--baseline 'tensorflow' is none of the runs: jax, torch"),
     # Options that need no run are checked before the devices are asked (a child that would refuse pmap here).
     (["--matrix", "jax;jax+pmap", "--repeats", "0"], "--repeats must be at least 1"),
+    (["--repeats", str(10 ** 20)], "--repeats must be at most 1,000, got 100,000,000,000,000,000,000"),
     (["--matrix", "jax;jax+pmap", "--parity-tolerance", "0"],
      "--parity-tolerance must be a positive finite number, got 0"),
     (["--matrix", "jax;jax+pmap", "--repeats", "auto", "--repeats-budget", "-1"],
@@ -869,6 +870,7 @@ def test_matrix_entries_sweep_batch_size_and_length_and_name_other_environments(
     # the weights follow the model's shape: the max length sizes the position embeddings, the batch does not
     assert [os.path.basename(plan.weights_file(spec)) for spec in plan.sizes()] == \
         ["initial-weights.npz", "initial-weights-max-len=64.npz"]
+    assert plan.sizes()[0] is specs[0]  # a shape's first run draws its weights, with its own flags (not torch's)
 
     old = str(tmp_path / "venv-old" / "bin" / "python")
     runs = plan_runs(matrix=f"torch;torch:python={old}")
