@@ -728,7 +728,7 @@ def _compare_repeats(repeats, width, budget):
 
 @main.command()
 @click.argument("results", nargs=-1, type=click.Path())
-@click.option("--history", metavar="DIR", help="Instead of RESULTS: the train results of one configuration in DIR over time (versions, commits, dates), tokens/s with its interval, the change from the point before, and the steps beyond the noise (--plot draws them).")
+@click.option("--history", type=_GivenPath(), metavar="DIR", help="Instead of RESULTS: the train results of one configuration in DIR over time (versions, commits, dates), tokens/s with its interval, the change from the point before, and the steps beyond the noise (--plot draws them).")
 @click.option("--format", "output_format", type=click.Choice(["table", "markdown", "csv", "json"]), default="table", show_default=True)
 @click.option("--baseline", help="The run speed-ups are measured against (default: the first); or OLD.json, a result or compare JSON: each run of RESULTS against the same run there, tokens/s, step, compile, train and total times each with its interval.")
 @click.option("--fail-if-slower", metavar="PERCENT", help="With --baseline OLD.json: exit with code 1 when a run's tokens/s is more than PERCENT (5%) below OLD's, its whole interval past it (a step 1.20x slower is 16.7% fewer tokens/s), or a run cannot be judged (a side of 2 repeats cannot).")

@@ -244,6 +244,8 @@ def test_a_file_or_folder_in_the_wrong_place_is_named_for_what_it_is(tiny_runs, 
     path = tiny_runs["jax"]["path"]
     assert_refused_in_one_line(run_cli("report", "--history", path),
                                f"--history {path}: not a directory (give the directory of the results)")
+    assert_refused_in_one_line(run_cli("report", "--history", ""),  # said '--history : no such directory'
+                               "Invalid value for '--history': '' names no file or folder")
     assert_refused_in_one_line(run_cli("report", path, "--baseline", str(tmp_path)),
                                f"--baseline '{tmp_path}' is none of the runs: jax; it is a directory, and a "
                                f"baseline file is a result or compare JSON")
