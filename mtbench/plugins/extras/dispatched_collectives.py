@@ -65,7 +65,9 @@ class ProfiledCall:
     """Runs the calls of mtbench's torch `step` it is given, one of them under `profiled_collectives`, for a
     distributed extra to record what one step dispatched: the eager step's first (a warm-up call, timed as
     compilation), the compiled step's first after its warm-up (while it compiles, the traced collectives would count
-    too), or the `at_least`th where that is later; `once` as `profiled_collectives` takes it."""
+    too), or the `at_least`th where that is later; `once` as `profiled_collectives` takes it. That call is a warm-up
+    step, or the first steady one, which the loop counts host waits in (torch always has the counter) and sets
+    aside: the profiler's cost is in neither the compile time nor the steady figures."""
 
     def __init__(self, step, at_least=1, once=()):
         from mtbench.plugins.backends.torch_compiled_step import CompiledTorchTrainStep
