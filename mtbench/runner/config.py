@@ -106,6 +106,17 @@ REMAT_POLICIES = ("full", "matmuls")
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")
 
 
+def comma_separated(text, option, item, kind):
+    """The names of a comma-separated option (`option`'s `text`), each stripped; an empty entry between or after
+    the commas refused, naming it `item` and what goes there `kind` (a run or a tracker left out by a slip of the
+    keyboard would go unnoticed); no names for a text of blanks."""
+    names = [name.strip() for name in text.split(",")]
+    if text.strip() and not all(names):
+        raise MtbenchError(f"{option} {text!r}: an empty {item} (two commas in a row, or one at an end); give a "
+                           f"{kind} between each two")
+    return [name for name in names if name]
+
+
 def default_cache_dir():
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "mtbench")
@@ -210,11 +221,7 @@ class TrainConfig:
             raise MtbenchError(f"extra '{twice[0]}' is given twice; give each extra once")
         self.report_to = self.report_to or ()
         if isinstance(self.report_to, str):
-            names = [name.strip() for name in self.report_to.split(",")]
-            if self.report_to.strip() and not all(names):  # a tracker left out by a slip of the keyboard
-                raise MtbenchError(f"--report-to {self.report_to!r}: an empty name (two commas in a row, or one at "
-                                   f"an end); give a tracker between each two")
-            self.report_to = names
+            self.report_to = comma_separated(self.report_to, "--report-to", "name", "tracker")
         self.report_to = tuple(name for name in dict.fromkeys(self.report_to) if name and name != "none")
         if self.model_name.endswith(":"):  # 'gpt:' trained the family's fresh model, as if no path were meant
             raise MtbenchError(f"--model {self.model_name}: give the checkpoint's directory after the colon, or "

@@ -13,7 +13,7 @@ from mtbench.figures import SIZE_KEYS, run_name, size_label
 from mtbench.plugins import manager as plugins
 from mtbench.plugins.api import Launch
 from mtbench.runner.choices import conflicting_extras, dtype_refusal, joined
-from mtbench.runner.config import FUSED_ATTENTION_EXTRA, INIT_SCHEMES, TrainConfig
+from mtbench.runner.config import FUSED_ATTENTION_EXTRA, INIT_SCHEMES, TrainConfig, comma_separated
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
                                                        probe_devices, runs_to_preflight)
 from mtbench.runner.results.report import SWEEP_KEYS, TORCH_COMPILED, environment_names, sweep_settings, swept_keys
@@ -243,12 +243,7 @@ def plan_runs(backends=None, extras=(), matrix=None, devices=None, model="transf
             raise MtbenchError("give --matrix, or --backends with --extra, not both")
         specs = name_interpreters([parse_run_spec(item) for item in _matrix_entries(matrix)])
     else:
-        given = backends if backends is not None else "jax,torch"
-        names = [name.strip() for name in given.split(",")]
-        if given.strip() and not all(names):  # as --matrix's: a run left out by a slip of the keyboard
-            raise MtbenchError(f"--backends {given!r}: an empty entry (two commas in a row, or one at an end); "
-                               f"give a backend between each two")
-        names = [name for name in names if name]
+        names = comma_separated(backends if backends is not None else "jax,torch", "--backends", "entry", "backend")
         specs = with_compiled_twins([RunSpec(name, tuple(extras)) for name in names], devices, registry)
     if not specs:
         raise MtbenchError("no runs to compare")

@@ -5,6 +5,7 @@ import math
 import sys
 
 from mtbench.figures import is_number
+from mtbench.runner.config import INPUT_FILE_KEYS
 
 # 1: the first schema. 2: `compile_options` says which extras asked for each option and what they applied to
 # (`requested_by_extras`, `applies_to`); `env.mtbench_git_commit` is null unless mtbench runs from its own checkout.
@@ -124,12 +125,12 @@ def result_task(result):
 LIST_ITEMS = {"history": dict, "extras": str}
 # What a report reads of every step of `history`.
 HISTORY_ITEM = {"step": int, "loss": MAYBE_NUMBER}
-# Values a report and a rerun read as counts or paths, which a result of an earlier version may lack: where present,
-# of their kind (a result edited to 'two' processes ended in a TypeError deep inside `report`). The paths are
-# `config.INPUT_FILE_KEYS`.
+# Values a report and a rerun read as counts or paths (the files a run reads), which a result of an earlier version
+# may lack: where present, of their kind (a result edited to 'two' processes ended in a TypeError deep inside
+# `report`).
 OPTIONAL_COUNTS = ("processes.world_size", "processes.processes", "processes.devices_per_process",
                    "processes.machines")
-OPTIONAL_PATHS = ("config.data_file", "config.valid_file", "config.test_file", "config.initial_weights")
+OPTIONAL_PATHS = tuple(f"config.{key}" for key in INPUT_FILE_KEYS)
 # Sections a result of an earlier version may lack, or hold null: where present, objects.
 OPTIONAL_OBJECTS = ("machine_load", "processes", "cost", "energy", "host_syncs", "target", "loss_scaling",
                     "model.attention", "memory.training", "train_step_chosen")
