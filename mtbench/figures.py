@@ -62,8 +62,9 @@ def _metric(key):
 
 FIGURES = (
     Figure("compile_s", "compile (s)", "timing", _timing("compile_s"), decimals=2, is_timing=True),
-    Figure("step_s_median", "steady step, median (ms)", "timing", _timing("step_s_median"), 1000, 1, True),
-    Figure("step_s_p90", "steady step, p90 (ms)", "timing", _timing("step_s_p90"), 1000, 1, True),
+    Figure("step_s_median", "steady step, median of window means (ms)", "timing", _timing("step_s_median"), 1000, 1,
+           True),
+    Figure("step_s_p90", "steady step, p90 of window means (ms)", "timing", _timing("step_s_p90"), 1000, 1, True),
     Figure("tokens_per_s", "tokens/s (target, steady)", "timing", _timing("tokens_per_s"), decimals=0,
            is_timing=True),
     Figure("train_s", "train time (s)", "timing", _timing("train_s"), decimals=1, is_timing=True),

@@ -60,7 +60,21 @@ def _compile(result):
     count = timing["shapes_compiled"]
     seconds = (f"{figure_text(result, 'compile_s')} s" if timing["compile_s"] is not None else
                f"n/a (no steady step to take from the first {timing['first_steps_s']:.2f} s)")
-    return f"{seconds} over {count} shape{'' if count == 1 else 's'}, compile cache {compile_cache_text(result)}"
+    estimated = timing.get("compile_estimated_shapes")  # absent from earlier results
+    estimate = (f" ({estimated} with no steady step of {'its' if estimated == 1 else 'their'} own, whose step time "
+                f"is scaled from the others' time per padded token)" if estimated else "")
+    return (f"{seconds} over {count} shape{'' if count == 1 else 's'}{estimate}, compile cache "
+            f"{compile_cache_text(result)}")
+
+
+def _steady_step(result):
+    """'23.2 ms / 25.1 ms (windows of up to 10 steps)': each steady step counts its timing window's mean, so the
+    median and p90 are of those means, not of single steps (`timing_window` is absent from earlier results)."""
+    window = result["timing"].get("timing_window")
+    text = _joined(result, "step_s_median", "step_s_p90", unit=" ms")
+    if window == 1:
+        return f"{text} (each step timed alone)"
+    return f"{text} (windows of up to {window} steps)" if window else text
 
 
 def _host_and_device_peaks(result):
@@ -114,7 +128,7 @@ def result_rows(result):
         ("run", "machine load (training start -> end)", _machine_load(result)),
         ("run", "warnings", "\n".join(run_warnings(result)) or "none"),
         ("timing", "compile (first step of each shape)", _compile(result)),
-        ("timing", "steady step median / p90", _joined(result, "step_s_median", "step_s_p90", unit=" ms")),
+        ("timing", "steady step median / p90 (window means)", _steady_step(result)),
         ("timing", "tokens/s (target, steady)", figure_text(result, "tokens_per_s")),
         *_real_token_mfu_rows(result),
         ("timing", "MFU (padded): model FLOP/s / peak", _mfu(result)),
@@ -307,7 +321,8 @@ def summary_lines(result):
     config, timing = result["config"], result["timing"]
     status = result["status"] + (f" ({result['status_reason']})" if result.get("status_reason") else "")
     device = result["env"]["device"]
-    speed = (f"{_joined(result, 'step_s_median', unit=' ms')} median (p90 {_joined(result, 'step_s_p90', unit=' ms')}), "
+    speed = (f"{_joined(result, 'step_s_median', unit=' ms')} a step, median of window means (p90 "
+             f"{_joined(result, 'step_s_p90', unit=' ms')}), "
              f"{figure_text(result, 'tokens_per_s')} tokens/s, MFU {_mfu_short(result)}")
     real = _real_token_mfu(result)
     if real is not None:

@@ -4,15 +4,19 @@ The first step of each batch shape pays for tracing and compilation (XLA on JAX,
 and for allocator warm-up; it is timed alone, between two device synchronisations, and not mixed into the steady
 figures. A step may warm a shape up over more calls (`TrainStep.warmup_calls`: torch.compile's reduce-overhead
 records its CUDA graph on a shape's second call): each of them is such a warm-up step. The compile time of a shape
-is its warm-up steps minus that shape's steady median each, so it is not inflated by the step's own work.
+is its warm-up steps minus that shape's steady median each, so it is not inflated by the step's own work; a shape
+with no steady step of its own has no measured median, and takes one estimated from the other shapes'
+(`compile_excess`).
 
 Steady steps are timed in windows: the device is synchronised (and the losses read) only at a window's edges, so
 the host queues the next steps while the device works, as in a real training loop. Each step of a window is
-recorded with the window's mean time; the median and p90 are over those means.
+recorded with the window's mean time; the median and p90 are over those means (a step-weighted median of the
+windows' means), not over single steps: timing each step alone would synchronise the device after each.
 """
 
 import collections
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -89,15 +93,11 @@ class StepTimer:
         first = [r for r in self.records if r.first_of_shape and not r.aside]
         steady_times = np.array([r.seconds for r in steady]) if steady else None
         # Without a steady step there is no step time to take from the first ones: their compilation is unknown.
-        compile_s = None
-        if steady:
-            compile_s = 0.0
-            for r in first:
-                same_shape = [s.seconds for s in steady if s.shape == r.shape]
-                baseline = float(np.median(same_shape)) if same_shape else float(np.median(steady_times))
-                compile_s += max(r.seconds - baseline, 0.0)
+        compile_s, estimated_shapes = compile_excess([(r.shape, r.seconds) for r in first],
+                                                     [(r.shape, r.seconds) for r in steady])
         return {
             "compile_s": compile_s,
+            "compile_estimated_shapes": estimated_shapes,
             "first_steps_s": float(sum(r.seconds for r in first)),
             "shapes_compiled": self._warmups(),
             "steady_steps": len(steady),
@@ -108,11 +108,36 @@ class StepTimer:
             "steady_s": float(steady_times.sum()) if steady else 0.0,
             "flops_per_s": _per_second([r.flops for r in steady], steady_times),
             "real_token_flops_per_s": _per_second([r.real_token_flops for r in steady], steady_times),
-            # Time spent producing batches, against the steady step time it must hide behind.
-            "input_s_median": float(np.median([r.input_seconds for r in self.records])) if self.records else None,
+            # Time spent producing batches, against the steady step time it must hide behind: the same steps'.
+            "input_s_median": float(np.median([r.input_seconds for r in steady])) if steady else None,
             "input_fraction": (float(np.median([r.input_seconds for r in steady])) / float(np.median(steady_times)))
             if steady else None,
         }
+
+
+def compile_excess(warm_ups, steady):
+    """(compile seconds, shapes estimated) of warm-up steps against steady ones, each a (shape, seconds) pair: each
+    warm-up step's seconds less the median steady step of its shape, at least 0, summed; (None, 0) without a steady
+    step. A shape with no steady step of its own (a length bucket met once) has no measured step time: it is
+    estimated as the steady steps' median seconds per padded token (the shape's product, rows x length) times its
+    own tokens, where the other shapes' median step would count the shapes' difference in work as compilation;
+    `shapes estimated` counts those shapes, so that the figure can say how much of it rests on the estimate."""
+    if not steady:
+        return None, 0
+    by_shape = collections.defaultdict(list)
+    for shape, seconds in steady:
+        by_shape[tuple(shape)].append(seconds)
+    per_token = float(np.median([seconds / math.prod(shape) for shape, seconds in steady]))
+    total, estimated = 0.0, set()
+    for shape, seconds in warm_ups:
+        shape = tuple(shape)
+        if shape in by_shape:
+            baseline = float(np.median(by_shape[shape]))
+        else:
+            baseline = per_token * math.prod(shape)
+            estimated.add(shape)
+        total += max(seconds - baseline, 0.0)
+    return total, len(estimated)
 
 
 def _per_second(amounts, seconds):

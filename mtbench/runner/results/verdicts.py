@@ -26,6 +26,7 @@ from datetime import datetime
 import numpy as np
 
 from mtbench.figures import FIGURES_BY_KEY, is_steady, run_warnings, set_aside, steady_window_rows
+from mtbench.runner.loop.timing import compile_excess as timing_compile_excess
 from mtbench.runner.results.parity import PARITY_STEPS, check_parity, percent
 
 CONFIDENCE = 0.95
@@ -677,18 +678,14 @@ def mean_step_s(result):
 
 
 def compile_excess(history, up_to_step=None):
-    """The compilation of a run's first-of-shape steps up to `up_to_step` (all without it): each one's time less
-    the median steady step of its shape (of all steady steps where its shape has none), at least 0, summed (as
-    `timing.compile_s` counts it)."""
-    steady = [h for h in history if is_steady(h)]
-    everything = float(np.median([h["seconds"] for h in steady])) if steady else 0.0
-    total = 0.0
-    for entry in history:
-        if not entry.get("first_of_shape") or set_aside(entry) or (up_to_step is not None and entry["step"] > up_to_step):
-            continue
-        same = [h["seconds"] for h in steady if h.get("shape") == entry.get("shape")]
-        total += max(entry["seconds"] - (float(np.median(same)) if same else everything), 0.0)
-    return total
+    """The compilation of a run's first-of-shape steps up to `up_to_step` (all without it), as `timing.compile_s`
+    counts it (`timing.compile_excess`: each one's time less its shape's median steady step, estimated for a shape
+    with none); without a steady step, their whole time."""
+    warm_ups = [(entry["shape"], entry["seconds"]) for entry in history
+                if entry.get("first_of_shape") and not set_aside(entry)
+                and (up_to_step is None or entry["step"] <= up_to_step)]
+    compile_s, _ = timing_compile_excess(warm_ups, [(h["shape"], h["seconds"]) for h in history if is_steady(h)])
+    return sum(seconds for _, seconds in warm_ups) if compile_s is None else compile_s
 
 
 def target_times(result):

@@ -7,11 +7,13 @@ from types import SimpleNamespace
 import pytest
 
 from mtbench.errors import MtbenchError, RunFailure
-from mtbench.figures import compile_cache_text
+from mtbench.figures import FIGURES_BY_KEY, compile_cache_text
 from mtbench.plugins.api import Launch, ProcessGroup
+from mtbench.plugins.reporters import table_reporter
 from mtbench.runner.files import read_json, write_json_atomic
 from mtbench.runner.results.schema import schema_errors, sidecar_paths
 from mtbench.runner.loop.timing import StepTimer, TrainingClock
+from mtbench.runner.results.verdicts import compile_excess
 from mtbench.runner.results.run_result import compile_cache_section, cost, machines_of
 
 
@@ -52,6 +54,54 @@ def test_compile_time_is_first_step_minus_the_steady_step_of_its_shape():
     assert summary["compile_s"] == pytest.approx((5.0 - 1.0) + (9.0 - 2.0))
     assert summary["step_s_median"] == pytest.approx(1.1)
     assert summary["tokens_per_s"] == pytest.approx(400 / 5.0)
+
+
+def test_a_shape_met_once_is_measured_against_its_own_tokens_not_another_shapes_step():
+    """A length bucket met once (8x48: three times 8x16's tokens) has no steady step: its step time is estimated
+    from 8x16's 1 s at its own tokens, 3 s, so its 10 s first step compiled 7 s; the other shape's median step would
+    have counted its 2 s of extra work as compilation (13 s in all). The result says that one shape was estimated."""
+    timer = StepTimer()
+    for step, (shape, seconds) in enumerate([((8, 16), 5.0), ((8, 16), 1.0), ((8, 16), 1.0), ((8, 48), 10.0),
+                                             ((8, 16), 1.0)], start=1):
+        timer.add(step, shape, seconds, target_tokens=100)
+    summary = timer.summary()
+    assert summary["compile_s"] == pytest.approx((5.0 - 1.0) + (10.0 - 3.0))
+    assert summary["compile_estimated_shapes"] == 1
+    # the verdicts' time to target without compilation takes the compilation out as the timing counts it
+    history = [{"step": r.step, "shape": list(r.shape), "seconds": r.seconds, "first_of_shape": r.first_of_shape}
+               for r in timer.records]
+    assert compile_excess(history) == pytest.approx(11.0) and compile_excess(history, up_to_step=3) == 4.0
+    measured = StepTimer()
+    for step, shape in enumerate([(8, 16), (8, 16), (8, 48), (8, 48)], start=1):
+        measured.add(step, shape, 1.0, target_tokens=100)
+    assert measured.summary()["compile_estimated_shapes"] == 0
+
+
+def test_the_input_wait_is_the_steady_steps_as_the_step_time_it_sits_beside():
+    """Three warm-up steps waited 0.5 s for their batches (the first batch built, a bucket's first), the two
+    steady steps 1 ms: the median wait a steady step has is 1 ms, not the warm-ups' 0.5 s."""
+    timer = StepTimer()
+    for step, (shape, wait) in enumerate([((8, 16), 0.5), ((8, 32), 0.5), ((8, 16), 0.001), ((8, 48), 0.5),
+                                          ((8, 32), 0.001)], start=1):
+        timer.add(step, shape, 0.1, target_tokens=100, input_seconds=wait)
+    summary = timer.summary()
+    assert summary["steady_steps"] == 2 and summary["input_s_median"] == pytest.approx(0.001)
+    assert summary["input_fraction"] == pytest.approx(summary["input_s_median"] / summary["step_s_median"])
+
+
+def test_the_tables_say_the_step_times_are_of_window_means_and_which_compile_times_are_estimated():
+    timing = {"step_s_median": 0.0232, "step_s_p90": 0.0251, "timing_window": 10, "compile_s": 3.2,
+              "shapes_compiled": 3, "compile_estimated_shapes": 1, "first_steps_s": 4.0, "compile_cache": None}
+    result = {"timing": timing}
+    assert table_reporter._steady_step(result) == "23.2 ms / 25.1 ms (windows of up to 10 steps)"
+    assert table_reporter._steady_step({"timing": {**timing, "timing_window": 1}}) == \
+        "23.2 ms / 25.1 ms (each step timed alone)"
+    assert FIGURES_BY_KEY["step_s_median"].title == "steady step, median of window means (ms)"
+    assert table_reporter._compile(result) == (
+        "3.20 s over 3 shapes (1 with no steady step of its own, whose step time is scaled from the others' time "
+        "per padded token), compile cache none (nothing compiled ahead)")
+    measured = {"timing": {**timing, "compile_estimated_shapes": 0}}
+    assert table_reporter._compile(measured) == "3.20 s over 3 shapes, compile cache none (nothing compiled ahead)"
 
 
 def test_a_resumed_timer_counts_the_first_step_of_each_shape_again():
