@@ -681,10 +681,12 @@ def compile_excess(history, up_to_step=None):
     """The compilation of a run's first-of-shape steps up to `up_to_step` (all without it), as `timing.compile_s`
     counts it (`timing.compile_excess`: each one's time less its shape's median steady step, estimated for a shape
     with none); without a steady step, their whole time."""
-    warm_ups = [(entry["shape"], entry["seconds"]) for entry in history
+    # A history written before its entries held their shape counts every step as of one shape, as it was counted.
+    warm_ups = [(entry.get("shape") or (), entry["seconds"]) for entry in history
                 if entry.get("first_of_shape") and not set_aside(entry)
                 and (up_to_step is None or entry["step"] <= up_to_step)]
-    compile_s, _ = timing_compile_excess(warm_ups, [(h["shape"], h["seconds"]) for h in history if is_steady(h)])
+    compile_s, _ = timing_compile_excess(warm_ups, [(h.get("shape") or (), h["seconds"]) for h in history
+                                                         if is_steady(h)])
     return sum(seconds for _, seconds in warm_ups) if compile_s is None else compile_s
 
 
