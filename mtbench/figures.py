@@ -194,14 +194,25 @@ def layer_norm_text(result):
     """How the train step computed each layer norm's mean and variance (`train_step_numerics`): in one pass as the
     mean of squares (mtbench's JAX steps) or by Welford's (torch's kernel); 'not recorded' for a step that does not
     say, and in earlier results."""
-    return (result.get("train_step_numerics") or {}).get("layer_norm") or "not recorded"
+    return _numerics_text(result, "layer_norm")
 
 
 def optimizer_update_text(result):
     """What carried out the optimizer's update (`train_step_numerics`): Keras's optimizer compiled into JAX's step,
     torch's fused AdamW kernel, or Keras's `apply`; 'not recorded' for a step that does not say, and in earlier
     results."""
-    return (result.get("train_step_numerics") or {}).get("optimizer_update") or "not recorded"
+    return _numerics_text(result, "optimizer_update")
+
+
+def rounding_16_bit_text(result):
+    """Where the train step rounded its 16-bit intermediates (`train_step_numerics`): where the program rounds them
+    (torch's steps; XLA told so), or, XLA's default, kept in float32 between some fused operations; 'not recorded'
+    for a step that does not say, and in earlier results."""
+    return _numerics_text(result, "rounding_16_bit")
+
+
+def _numerics_text(result, key):
+    return (result.get("train_step_numerics") or {}).get(key) or "not recorded"
 
 
 MATMUL_PRECISION_NAMES = {"highest": "highest (IEEE float32)", "high": "high (TF32 where the device has it)"}
@@ -371,6 +382,7 @@ RUN_CHOICES = (
     ("attention", "attention", attention_text),
     ("layer_norm", "layer norm statistics", layer_norm_text),
     ("optimizer_update", "optimizer update", optimizer_update_text),
+    ("rounding_16_bit", "16-bit rounding", rounding_16_bit_text),
     ("matmul_precision", "float32 matmuls", matmul_precision_text),
     ("inference", "inference (decoding, samples)", inference_text),
     ("compile_cache", "compile cache", compile_cache_text),

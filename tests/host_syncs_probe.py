@@ -3,7 +3,8 @@ import; its JAX runs are `reports` called in the test's own process, keras on JA
 tiny Transformer as mtbench compiles it, runs the backend's train step (or torch's compiled step) until its shape is
 steady, then counts the host waits of a few steady steps with the backend's counter. On torch with CUDA the counted
 steps run under `torch.cuda.set_sync_debug_mode('error')`. Prints one JSON line, {dtype: {'syncs_per_step',
-'events', 'cuda_sync_debug', 'counted_steps', 'variables', 'losses'}}.
+'events', 'cuda_sync_debug', 'counted_steps', 'variables', 'losses', 'description', 'optimizer_update'}} (the last two
+the step's own words: its `description()` and the update row of its `numerics()`).
 
     python tests/host_syncs_probe.py BACKEND DTYPE[:keras-schedule|:compiled][,DTYPE...]
         (DTYPE: a Keras policy, each a new model and step in this one process, which spares each the seconds of
@@ -80,7 +81,8 @@ def count(backend, step_kind, dtype, schedule):
         logs += [counter.count_step(step, *batch(WARM_STEPS + i)) for i in range(COUNTED_STEPS)]
     return {"syncs_per_step": counter.per_step(), "events": dict(counter.events), "cuda_sync_debug": sync_debug,
             "counted_steps": COUNTED_STEPS, "variables": len(model.trainable_variables),
-            "losses": [float(entry["loss"]) for entry in logs]}
+            "losses": [float(entry["loss"]) for entry in logs], "description": step.description(),
+            "optimizer_update": step.numerics()["optimizer_update"]}
 
 
 @contextlib.contextmanager

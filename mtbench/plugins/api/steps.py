@@ -95,7 +95,8 @@ class TrainStep:
     def numerics(self):
         """How the step computes what the two backends' steps may compute differently, each in a few words and shown
         beside the figures of every table: {'layer_norm': each layer norm's statistics, 'optimizer_update': what
-        carries out the update}. A key left out is shown 'not recorded'. Called after training."""
+        carries out the update, 'rounding_16_bit': where its 16-bit intermediates are rounded}. A key left out is
+        shown 'not recorded'. Called after training."""
         return {}
 
     def finalize(self):

@@ -64,9 +64,11 @@ peak was measured.
 1.32: `Extra.parallelism`, how an extra lays one model's training over devices ('data', 'sharded data', 'tensor',
 'pipeline'): runs of two backends laid out alike are held against each other.
 1.33: `Extra.record`'s `warning`, a sentence that joins the run's warnings (`figures.run_warnings`).
+1.34: `TrainStep.numerics()`'s `rounding_16_bit`, where the step rounds its 16-bit intermediates;
+`rounding_16_bit_text` among `RUN_CHOICES`.
 """
 
-PLUGIN_API_VERSION = "1.33"
+PLUGIN_API_VERSION = "1.34"
 
 
 def next_major(version=PLUGIN_API_VERSION):

@@ -20,6 +20,7 @@ from mtbench.plugins.backends.jax_layer_norm import TracedForms, one_pass_layer_
 from mtbench.plugins.backends.jax_loss_scaling import apply_if_finite
 from mtbench.plugins.backends.keras_optimizer import inner_optimizer, scales_losses
 from mtbench.plugins.backends.layer_norm_rows import layer_norms
+from mtbench.plugins.backends.rounding_16_bit import xla_rounding_text
 
 
 def token_cross_entropy(labels, logits):
@@ -278,13 +279,14 @@ def accumulated_over_shards(micro_batches, shards, distribution, flat=True, layo
 SCHEDULE_NUMBERS = ("initial_learning_rate", "decay_steps", "alpha", "warmup_target", "warmup_steps")
 
 
-def jax_step_numerics(traced_norms, optimizer):
-    """`TrainStep.numerics` of a step that traces the model's layer norms in one pass (`traced_norms`) and
-    applies the Keras `optimizer` statelessly inside its compiled program."""
+def jax_step_numerics(traced_norms, model):
+    """`TrainStep.numerics` of a step that traces `model`'s layer norms in one pass (`traced_norms`) and applies its
+    Keras optimizer statelessly inside its compiled program, which XLA compiles as XLA_FLAGS set it."""
+    optimizer = model.optimizer
     update = f"Keras's {type(inner_optimizer(optimizer)).__name__} (`stateless_apply`), compiled into the step"
     if scales_losses(optimizer):
         update += ", the loss scale updated on the device"
-    return {"layer_norm": traced_norms.text(), "optimizer_update": update}
+    return {"layer_norm": traced_norms.text(), "optimizer_update": update, "rounding_16_bit": xla_rounding_text(model)}
 
 
 def schedule_numbers(optimizer):
@@ -460,17 +462,18 @@ class JitTrainStep(TrainStep):
             self._schedule_arguments = {name: place(np.float32(value)) for name, value in self.schedule_numbers.items()}
         return self._schedule_arguments
 
-    def lowered_program(self, x, y, sample_weight, platform=None, optimised=False):
+    def lowered_program(self, x, y, sample_weight, platform=None, optimised=False, compiler_options=None):
         """The step's program as StableHLO text, for the arrays it would train on (traced again, not run): for
         `platform` ('cuda', 'tpu') where given, on a machine without one too, else for the arrays' devices; with
-        `optimised`, the HLO XLA compiles it to for those devices."""
+        `optimised`, the HLO XLA compiles it to for those devices, with XLA's options `compiler_options` ({name:
+        value}) over those XLA_FLAGS set where given."""
         state = self.state or tuple([v.value for v in variables] for variables in self._keras_state())
         if self.distribution is not None:
             x, y, sample_weight = self._distribute(x), self._distribute(y), self._distribute(sample_weight)
         arguments = (state, x, y, sample_weight, self.schedule_arguments())
         lowered = (self._step.trace(*arguments).lower(lowering_platforms=(platform,)) if platform
                    else self._step.lower(*arguments))
-        return lowered.compile().as_text() if optimised else lowered.as_text()
+        return lowered.compile(compiler_options).as_text() if optimised else lowered.as_text()
 
     def _distribute(self, arrays):
         return laid_out_rows(self.distribution, arrays)
@@ -500,7 +503,7 @@ class JitTrainStep(TrainStep):
                                            accumulating) if part)
 
     def numerics(self):
-        return jax_step_numerics(self.traced_norms, self.model.optimizer)
+        return jax_step_numerics(self.traced_norms, self.model)
 
     def block(self):
         # The Keras variables are stale until `finalize`, so the backend's synchronize cannot see this step's

@@ -36,13 +36,15 @@ but with it the losses leave the eager step's from the third step on (1e-5 relat
 without it they agree to 1e-7 over every length bucket; it is not used.
 
 Inductor keeps the 16-bit intermediates of a fused kernel in float32 unless told to round them where the program
-rounds (`emulate_precision_casts`). That is other arithmetic than the eager step's, and than XLA's: on an H100
-(2026-11-27) the compiled mixed_bfloat16 GPT-2 small's loss left JAX's by 0.47 % at its third step, where
-nanoGPT's recipe and plain JAX stayed within 0.04 %; on this CPU the tiny GPT's compiled step left the eager one
-by 8e-4 at its third step, and by 2e-5 with the casts emulated. The step emulates them (`PRECISION_CASTS`);
-inductor's C++ kernels round so from torch 2.13 on, and a run on an older torch's CPU says they do not.
+rounds (`emulate_precision_casts`). That is other arithmetic than the eager step's, and not XLA's either (whose
+default skips roundings of its own, `rounding_16_bit`): on an H100 (2026-11-27) the compiled mixed_bfloat16 GPT-2
+small's loss left JAX's by 0.47 % at its third step, where nanoGPT's recipe and plain JAX stayed within 0.04 %; on
+this CPU the tiny GPT's compiled step left the eager one by 8e-4 at its third step, and by 2e-5 with the casts
+emulated. The step emulates them (`PRECISION_CASTS`); inductor's C++ kernels round so from torch 2.13 on, and a run
+on an older torch's CPU says they do not.
 """
 
+from mtbench.plugins.backends.rounding_16_bit import NO_16_BIT, computes_in_16_bits
 from mtbench.plugins.backends.torch_eager_step import WELFORD, EagerTorchTrainStep, layer_norm_text
 from mtbench.plugins.backends.torch_plain_calls import any_keras_tensor, plain_calls_unsupported
 
@@ -194,9 +196,17 @@ class CompiledTorchTrainStep(EagerTorchTrainStep):
 
     def numerics(self):
         # inductor generates the norms' code: its `var_mean`, not torch's layer_norm kernel.
-        device_type = self.model.weights[0].value.device.type if self.model.weights else "cpu"
+        device_type = self.device_type()
         form_of = lambda norm: inductor_norm_form(norm_width(norm), device_type)  # noqa: E731
         return {**super().numerics(), "layer_norm": layer_norm_text(self.model, form_of, "inductor's var_mean")}
+
+    def rounding_16_bit(self):
+        # inductor's kernels round as it is configured (the step asks it to round as the eager step does).
+        return precision_casts(self.device_type()) if computes_in_16_bits(self.model) else NO_16_BIT
+
+    def device_type(self):
+        """The type of the device the model's weights are on ('cpu', 'cuda'), which inductor generates code for."""
+        return self.model.weights[0].value.device.type if self.model.weights else "cpu"
 
     def compile_in_place(self, function, part):
         """`function` compiled as this step compiles its forward (its mode, static shapes), for a step that runs

@@ -18,8 +18,9 @@ import contextlib
 
 from mtbench import TrainStep
 from mtbench.plugins.backends.compiled_loss import is_token_mean_cross_entropy, refuse_accumulating_other_losses
-from mtbench.plugins.backends.keras_optimizer import inner_optimizer
+from mtbench.plugins.backends.keras_optimizer import inner_optimizer, scales_losses
 from mtbench.plugins.backends.layer_norm_rows import forms_text, layer_norms
+from mtbench.plugins.backends.rounding_16_bit import EAGER_ROUNDING, NO_16_BIT, computes_in_16_bits
 from mtbench.plugins.backends.torch_fused_adamw import FusedAdamW, fused_adamw_unsupported
 from mtbench.plugins.backends.torch_host_syncs import keras_constants_on_device
 from mtbench.plugins.backends.torch_plain_calls import plain_calls_unsupported, plain_layer_calls
@@ -59,6 +60,10 @@ def correct_tokens(labels, logits, weight):
 
 
 WELFORD = "Welford's one pass, in float32"
+# Keras's `LossScaleOptimizer.apply` on torch branches in Python (`ops.cond`) on whether the gradients are finite and
+# then on whether the scale grows: each a read of the device, where torch's fused AdamW (float32 weights) reads none.
+LOSS_SCALE_WAITS = ("the loss scale kept by Keras's `cond`, which waits on the host each step to read whether the "
+                    "gradients are finite (and whether the scale grows)")
 
 
 def layer_norm_text(model, form_of=None, kernel="torch's layer_norm"):
@@ -148,10 +153,13 @@ class EagerTorchTrainStep(TrainStep):
         self.micro_batch_context = step.micro_batch_context
 
     def description(self):
-        """What differs from the default step: the update, when Keras's `optimizer.apply` carries it out."""
+        """What differs from the default step: the update, when Keras's `optimizer.apply` carries it out, and the host
+        waits its loss scaling adds."""
         parts = [f"gradients of {self.micro_batches} micro-batches summed"] if self.micro_batches > 1 else []
         if self.fused_optimizer_refused is not None:
             parts.append(f"update by Keras's optimizer.apply ({self.fused_optimizer_refused})")
+            if scales_losses(self.model.optimizer):
+                parts.append(LOSS_SCALE_WAITS)
         return "; ".join(parts)
 
     def numerics(self):
@@ -160,7 +168,14 @@ class EagerTorchTrainStep(TrainStep):
         else:
             name = type(inner_optimizer(self.model.optimizer)).__name__
             update = f"Keras's {name} (`optimizer.apply`), eager: {self.fused_optimizer_refused}"
-        return {"layer_norm": layer_norm_text(self.model), "optimizer_update": update}
+            if scales_losses(self.model.optimizer):
+                update += f"; {LOSS_SCALE_WAITS}"
+        return {"layer_norm": layer_norm_text(self.model), "optimizer_update": update,
+                "rounding_16_bit": self.rounding_16_bit()}
+
+    def rounding_16_bit(self):
+        """Where the step rounds its 16-bit intermediates (`TrainStep.numerics`): eagerly, each operation's result."""
+        return EAGER_ROUNDING if computes_in_16_bits(self.model) else NO_16_BIT
 
     def _loss(self, y, logits, sample_weight):
         import torch.nn.functional as F

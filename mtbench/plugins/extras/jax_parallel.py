@@ -105,7 +105,7 @@ class PmapTrainStep(TrainStep):
         return {name: value[0] for name, value in logs.items()}  # read by the loop at its window's edge
 
     def numerics(self):
-        return jax_step_numerics(self.traced_norms, self.model.optimizer)
+        return jax_step_numerics(self.traced_norms, self.model)
 
     def block(self):
         import jax

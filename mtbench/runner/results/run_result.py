@@ -197,7 +197,7 @@ def step_description(step):
                       lambda text: None if isinstance(text, str) else f"it returned {type(text).__name__}, not a str")
 
 
-NUMERICS_KEYS = ("layer_norm", "optimizer_update")
+NUMERICS_KEYS = ("layer_norm", "optimizer_update", "rounding_16_bit")
 
 
 def step_numerics(step):

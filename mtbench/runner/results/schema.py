@@ -26,7 +26,8 @@ from mtbench.runner.config import INPUT_FILE_KEYS
 # `memory.host_child_processes` and `memory.host_bytes_children` (what the child processes hold as the run ends,
 # part of the host peak);
 # `utilization.peak_other_processes_percent` (the CPUs' time other processes used while a peak was measured);
-# `way_of_training` (how the extras lay the training over devices, and the extras several backends serve).
+# `way_of_training` (how the extras lay the training over devices, and the extras several backends serve);
+# `train_step_numerics.rounding_16_bit` (where the step rounds its 16-bit intermediates), absent before.
 # A result of an earlier version still reads; docs/results.md describes every field.
 SCHEMA_VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)

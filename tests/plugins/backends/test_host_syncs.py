@@ -29,25 +29,51 @@ def torch_probe(dtypes):
 
 TORCH_EAGER_DTYPES = ("float32", "mixed_float16", "mixed_bfloat16")
 TORCH_COMPILED = "mixed_bfloat16:compiled"
+# float16 weights: Keras's own update, slow on a CPU (10 s of the process's), run only for the test that reads it.
+TORCH_KERAS_UPDATE = "float16"
 
 
 @pytest.fixture(scope="module")
 def torch_reports(request):
     """The torch eager step's report in each of TORCH_EAGER_DTYPES, and the compiled step's in mixed bfloat16
-    (TORCH_COMPILED) where the session runs its test, a new model and step each, in one process: the compiled step
-    spares a process of its own, and a session without its test (the quick tier) compiles nothing."""
-    compiled = any(getattr(item, "function", None) is test_torch_compiled_step_waits_for_nothing
-                   for item in request.session.items)
-    return torch_probe(",".join([*TORCH_EAGER_DTYPES, *([TORCH_COMPILED] if compiled else [])]))
+    (TORCH_COMPILED) and the eager step's in TORCH_KERAS_UPDATE where the session runs their tests, a new model and
+    step each, in one process: each spares a process of its own, and a session without their tests (the quick
+    tier) compiles and waits for nothing."""
+    tested = {getattr(item, "function", None) for item in request.session.items}
+    wanted = {TORCH_COMPILED: test_torch_compiled_step_waits_for_nothing,
+              TORCH_KERAS_UPDATE: test_a_torch_step_that_waits_for_its_loss_scale_says_so}
+    return torch_probe(",".join([*TORCH_EAGER_DTYPES, *(dtype for dtype, test in wanted.items() if test in tested)]))
 
 
-# mixed_float16: loss scaling, which Keras's own apply decides with a read of the device (116 waits a step here).
+# mixed_float16: loss scaling, kept on the device by the fused update (Keras's own apply reads the device each
+# step: test_a_torch_step_that_waits_for_its_loss_scale_says_so).
 @pytest.mark.parametrize("dtype", ["float32", "mixed_float16", pytest.param("mixed_bfloat16", marks=pytest.mark.slow)])
 def test_torch_eager_step_waits_for_nothing(torch_reports, dtype):
     report = torch_reports[dtype]
     assert report["events"] == {}
     assert report["syncs_per_step"] == 0
     assert report["cuda_sync_debug"] in ("error", "no CUDA device")
+
+
+@pytest.mark.slow
+def test_a_torch_step_that_waits_for_its_loss_scale_says_so(torch_reports):
+    """float16 weights leave the update to Keras's `optimizer.apply` (torch's fused AdamW would compute in float32),
+    whose loss scaling branches in Python on whether the gradients are finite: a read of the device each step,
+    counted at the update's call, which the step's description and update row name. In mixed float16 the fused
+    update keeps the loss scale on the device: no wait, and neither says one."""
+    import inspect
+
+    from mtbench.plugins.backends.torch_eager_step import LOSS_SCALE_WAITS, EagerTorchTrainStep
+    lines, first = inspect.getsourcelines(EagerTorchTrainStep.__call__)
+    update_line = first + next(index for index, line in enumerate(lines) if "optimizer.apply(" in line)
+    waiting, fused = torch_reports[TORCH_KERAS_UPDATE], torch_reports["mixed_float16"]
+    assert waiting["syncs_per_step"] >= 1
+    assert {what for what in waiting["events"] if what.startswith("read ")} == \
+        {f"read aten._local_scalar_dense.default at torch_eager_step.py:{update_line} (__call__)"}
+    assert waiting["description"].endswith(f"; {LOSS_SCALE_WAITS}")
+    assert waiting["optimizer_update"].endswith(f"; {LOSS_SCALE_WAITS}")
+    assert fused["syncs_per_step"] == 0
+    assert LOSS_SCALE_WAITS not in fused["description"] + fused["optimizer_update"]
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from conftest import CPU_ONLY, json_answer, run_cli
 
 import torch
 
+from mtbench.plugins.backends.rounding_16_bit import EAGER_ROUNDING, NO_16_BIT  # noqa: E402
 from mtbench.plugins.backends.torch_compiled_step import (PRECISION_CASTS, PRECISION_CASTS_NOT_IN_CPP,  # noqa: E402
                                                           cpp_kernels_round)
 from mtbench.plugins.backends.torch_eager_step import to_device  # noqa: E402
@@ -236,6 +237,8 @@ def test_the_eager_steps_numerics_name_the_kernels_its_step_ran(updates):
     assert report["float32"]["fused_kernels"] == {"aten::_fused_adamw_": 2}
     assert report["float32"]["numerics"]["optimizer_update"] == \
         "Keras's AdamW by torch's fused AdamW kernel, 2 calls a step (one a parameter group)"
+    assert report["float32"]["numerics"]["rounding_16_bit"] == NO_16_BIT
+    assert report["bfloat16"]["numerics"]["rounding_16_bit"] == EAGER_ROUNDING
     assert report["bfloat16"]["fused_kernels"] == {}
     assert report["bfloat16"]["numerics"]["optimizer_update"] == (
         "Keras's AdamW (`optimizer.apply`), eager: bfloat16 weights, which Keras's AdamW updates in bfloat16 as on "
@@ -266,7 +269,7 @@ def test_the_compiled_step_rounds_16_bit_values_where_the_eager_step_does(tmp_pa
     arithmetic is Keras's, not inductor's float32 between fused operations (which left the eager losses by 8e-4 at
     the third step of this run with three products for the query, key and value, and a GPT-2 small's by 0.5 % on
     an H100)."""
-    losses = {}
+    losses, rows = {}, {}
     for way in ("eager", "compiled"):
         out = tmp_path / f"{way}.json"
         proc = run_cli("train", "--backend", "torch", *(["--extra", "torch-compile"] if way == "compiled" else []),
@@ -275,8 +278,11 @@ def test_the_compiled_step_rounds_16_bit_values_where_the_eager_step_does(tmp_pa
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(out.read_text())
         losses[way] = [h["loss"] for h in result["history"]]
+        rows[way] = result["train_step_numerics"]["rounding_16_bit"]
     casts = result["extras_record"]["torch-compile"]["precision_casts"]
     assert casts.startswith("16-bit intermediates rounded")
+    # The row beside the figures says what the record says, and the eager step's that it rounds every result.
+    assert rows == {"eager": EAGER_ROUNDING, "compiled": casts}
     assert len(losses["compiled"]) == 4
     if cpp_kernels_round():
         assert casts == PRECISION_CASTS

@@ -243,11 +243,11 @@ def test_a_steps_numerics_that_fail_say_which_code_failed_under_each_key():
     assert step_numerics(Said()) == {"layer_norm": "two passes"}
     assert step_numerics(TrainStep()) == {} and step_numerics(object()) == {}
     failed = step_numerics(Careless())
-    assert set(failed) == {"layer_norm", "optimizer_update"} and len(set(failed.values())) == 1
+    assert set(failed) == {"layer_norm", "optimizer_update", "rounding_16_bit"} and len(set(failed.values())) == 1
     assert failed["layer_norm"].endswith("Careless.numerics() failed: RuntimeError: numerics boom")
     assert step_numerics(Misnamed())["optimizer_update"].endswith(
         "Misnamed.numerics() failed: TypeError: it returned the key 'layernorm', not one of layer_norm, "
-        "optimizer_update")
+        "optimizer_update, rounding_16_bit")
 
 
 class SecondProcessLookups(ProcessGroup):
