@@ -1,6 +1,7 @@
-"""`--extra pipeline-parallel`: a language model's blocks in stages, one a process (two gloo processes under
-torchrun), each batch through them in micro-batches on torch's 1F1B schedule. It must train what one process
-trains, step for step, with the messages the schedule implies and each process holding its stage's weights only.
+"""`--extra pipeline-parallel`: a language model's blocks in stages, one a process (two gloo processes, launched
+by the coordinator flags, or four under torchrun), each batch through them in micro-batches on torch's 1F1B
+schedule. It must train what one process trains, step for step, with the messages the schedule implies and each
+process holding its stage's weights only.
 
 The analysis, written down here and not read from the code under test. With S stages and M micro-batches, stage 0
 sends each micro-batch's activations to stage 1 and receives their gradients back: M sends and M receives a step.

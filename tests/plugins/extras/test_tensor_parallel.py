@@ -1,6 +1,6 @@
 """`--extra tensor-parallel`: Megatron's split of each block over a `model` axis (JAX: two simulated devices in one
-process; torch: two gloo processes under torchrun). Each must train what one device trains, step for step, with
-the collectives Megatron's analysis gives and each device holding its share of the split layers.
+process; torch: two gloo processes, launched by the coordinator flags). Each must train what one device trains,
+step for step, with the collectives Megatron's analysis gives and each device holding its share of the split layers.
 
 The analysis, written down here and not read from the code under test. A block splits its attention's query, key
 and value projections by columns and its output projection by rows, its feed-forward's first Dense by columns and
@@ -23,7 +23,7 @@ from mtbench.figures import run_dtype
 from mtbench.runner.results.parity import check_parity
 from tests.conftest import COMPARE_STEPS, CPU_ONLY, FLOAT16_GPT, TINY_COMPARE, run_cli, simulated_devices
 from tests.plugins.extras.test_fsdp import TWO_DEVICES, losses
-from tests.plugins.extras.test_multi_process import torchrun
+from tests.plugins.extras.test_multi_process import launched_by_flags, torchrun
 
 FLOAT32 = 4
 # Enough steps for the losses to part if a split run trained otherwise, and a checkpoint to cross halfway: the runs'
@@ -73,10 +73,17 @@ def train(tmp_path, name, cache_dir, *args, env=None):
 
 
 def train_on_two_processes(tmp_path, name, cache_dir, *args, processes=2, extra="tensor-parallel"):
+    """The result of a run of `processes` processes. Two of torch's are launched by the coordinator flags (how they
+    started is not checked here; torchrun's agent, one more process importing torch, cost 3 to 4 CPU s a launch).
+    torchrun launches the rest: JAX's took no less CPU by the flags, and more processes than cores need torchrun's
+    one thread each (by the flags they spun threads on every core: 2.4 times the CPU)."""
     out = tmp_path / f"{name}.json"
-    proc = torchrun("train", "--extra", extra, *args, "--cache-dir", cache_dir, "--out", str(out),
-                    processes=processes)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    arguments = ["train", "--extra", extra, *args, "--cache-dir", cache_dir, "--out", str(out)]
+    if args[args.index("--backend") + 1] == "torch" and processes == 2:
+        launched_by_flags(*arguments, timeout=600)
+    else:
+        proc = torchrun(*arguments, processes=processes)
+        assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 

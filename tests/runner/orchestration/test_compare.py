@@ -1155,10 +1155,12 @@ def test_a_result_names_its_files_wherever_it_is_read_from_and_reruns_from_anoth
     pairs = BibleDataset("en", "fr").read_pairs(lambda *_: None)
     (tmp_path / "book.txt").write_text("\n".join(source for _, (source, _) in zip(range(1500), pairs)) + "\n",
                                        encoding="utf-8")
+    # --measure-only (the rerun keeps it): the paths are checked, not the evaluation, which would compile its own
+    # programs in both runs.
     proc = run_cli("train", "--backend", "jax", "--model", "gpt", "--preset", "tiny", "--block-size", "32",
                    "--batch-size", "8", "--steps", "4", "--checkpoint-every", "2", "--valid-size", "10",
-                   "--test-size", "10", "--data", "book.txt", "--cache-dir", cache_dir, "--out", "r/x.json",
-                   cwd=tmp_path)
+                   "--test-size", "10", "--measure-only", "--data", "book.txt", "--cache-dir", cache_dir,
+                   "--out", "r/x.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "r" / "x.json").read_text())
     assert result["config"]["data_file"] == str(tmp_path / "book.txt")
