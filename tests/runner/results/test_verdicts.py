@@ -427,14 +427,32 @@ def test_time_to_target_with_and_without_compilation():
 def test_auto_repeats_ends_on_width_budget_or_count():
     from mtbench.runner.orchestration.compare import AutoRepeats, auto_repeats_end
     auto = AutoRepeats(width=0.03, budget_s=100)
-    assert auto_repeats_end(auto, 5, 0.02, 50, 10) ["ended_by"] == "width"
+    assert auto_repeats_end(auto, 6, 0.02, 50, 10) ["ended_by"] == "width"
     assert auto_repeats_end(auto, 3, 0.02, 50, 10) is None  # narrow, but too few repeats to trust it
     budget = auto_repeats_end(auto, 2, 0.08, 95, 10)
     assert budget["ended_by"] == "budget" and budget["text"] == (
-        "--repeats auto ended by budget after 2 repeat(s): the time budget: 95 s of 100 s used, and another repeat "
-        "would take about 10 s; the widest tokens/s interval is ±8.0% (goal ±3.0%); only 2 repeat(s), fewer than "
-        "the 5 the interval needs")
+        "--repeats auto ended by budget after 2 repeat(s): the time budget: 95 s of 100 s used, and two more "
+        "repeats would take about 20 s; the widest tokens/s interval is ±8.0% (goal ±3.0%); only 2 repeat(s), fewer "
+        "than the 5 the interval needs")
     assert auto_repeats_end(AutoRepeats(most=4), 4, 0.2, 1, 1)["ended_by"] == "most"
+
+
+def test_auto_repeats_ends_on_an_even_count_so_the_run_order_is_balanced():
+    """The rounds run forwards and backwards in turn: an odd count ran one order once more, and the drift it
+    shared was read as a difference. Narrow at 5 repeats, it runs a 6th; with time for one repeat and not two it
+    stops at an even count; at an odd one it stops only where even the balancing repeat would pass the budget,
+    and says so."""
+    from mtbench.runner.orchestration.compare import AutoRepeats, auto_repeats_end
+    auto = AutoRepeats(width=0.03, budget_s=100)
+    assert stats.MIN_REPEATS % 2 == 1 and auto_repeats_end(auto, stats.MIN_REPEATS, 0.02, 50, 5) is None
+    assert auto_repeats_end(auto, stats.MIN_REPEATS + 1, 0.02, 55, 5)["ended_by"] == "width"
+    assert auto_repeats_end(auto, 4, 0.2, 85, 10)["ended_by"] == "budget"  # one more fits, two do not
+    assert auto_repeats_end(auto, 3, 0.2, 85, 10) is None  # the one that balances them fits
+    odd = auto_repeats_end(auto, 3, 0.2, 95, 10)
+    assert odd["ended_by"] == "budget" and odd["text"].endswith(
+        "; an odd count: the runs ran in their given order in one repeat more than in reverse, so a drift of the "
+        "machine falls unevenly on them")
+    assert auto_repeats_end(AutoRepeats(most=5), 5, 0.2, 1, 1) is None
 
 
 @pytest.mark.parametrize("text, expected", [("5%", 0.05), ("5 %", 0.05), ("2.5", 0.025), (".5%", 0.005)])
@@ -723,13 +741,17 @@ def test_repeats_auto_stops_once_every_interval_is_narrow(monkeypatch, tmp_path)
                        0.01, aa=True, auto=AutoRepeats(width=0.03, budget_s=600))
     combined, trained = fake_compare(monkeypatch, tmp_path, plan)
     auto = combined["repeats_auto"]
-    assert auto["ended_by"] == "width" and auto["repeats"] == stats.MIN_REPEATS and auto["widest"] <= 0.03
-    assert auto["text"].startswith(f"--repeats auto ended by width after {stats.MIN_REPEATS} repeat(s): every "
+    # narrow from the 5th repeat on (MIN_REPEATS), which is odd: a 6th sets every run first as often as last
+    assert auto["ended_by"] == "width" and auto["repeats"] == stats.MIN_REPEATS + 1 and auto["widest"] <= 0.03
+    assert auto["text"].startswith(f"--repeats auto ended by width after {stats.MIN_REPEATS + 1} repeat(s): every "
                                    f"tokens/s interval is within ±")
+    first = [label for (label, repeat), before in zip(trained, [(None, 0)] + trained) if repeat != before[1]]
+    assert first.count("jax") == first.count("jax+slow-step") == auto["repeats"] / 2
     # Even repeats in reverse order; the A/A twin beside the baseline, after it in odd repeats and before it in even
     assert trained[:6] == [("jax", 1), ("jax~aa", 1), ("jax+slow-step", 1), ("jax+slow-step", 2), ("jax~aa", 2),
                            ("jax", 2)]
-    assert len(combined["aa_runs"]) == stats.MIN_REPEATS and combined["noise_floor"]["figures"]["tokens_per_s"]["floor"] > 0
+    assert len(combined["aa_runs"]) == auto["repeats"]
+    assert combined["noise_floor"]["figures"]["tokens_per_s"]["floor"] > 0
     assert [entry["label"] for entry in combined["summary"]] == ["jax", "jax+slow-step"]  # the twin is no run of its own
     assert combined["verdicts"][0]["call"] == "slower"
 
