@@ -2,6 +2,7 @@
 held to the noise floor, break-even with compilation, time to target without it, --repeats auto's stopping rule,
 and how compare and report render them."""
 
+import collections
 import copy
 import csv
 import io
@@ -364,6 +365,24 @@ def test_one_repeat_each_is_shown_but_not_called_since_the_noise_between_runs_is
         "slower"
 
 
+@pytest.mark.parametrize("paired", [True, False])
+def test_repeats_that_measured_a_figure_alike_are_not_called_apart_from_an_interval_of_zero_width(paired):
+    """Three repeats of one result each side (a figure to the last digit alike, as a coarse clock or a hand-made
+    result gives): their spread is 0, and Student's t made an interval of zero width, a 1.0001x compile time
+    called 'faster' as certain. Equal figures on both sides are no difference."""
+    alike = lambda run, count: [copy.deepcopy(run) for _ in range(count)]
+    one, other = result(seed=1), result(seed=2, step_s=0.0151)
+    for key in ("tokens_per_s", "step_s_median", "compile_s"):
+        interval = stats.ratio_interval(key, alike(other, 3), alike(one, 3 if paired else 4), paired)
+        assert interval.ratio != 1 and interval.half_width < 1e-12
+        held = stats.verdict("other", "one", interval)
+        assert held.call == stats.UNDETERMINED and held.undetermined == stats.NO_SPREAD and not held.called
+        assert held.text.endswith(f"undetermined: {stats.NO_SPREAD}")
+        assert held.cell().endswith(", repeats alike")
+        same = stats.verdict("one", "one", stats.ratio_interval(key, alike(one, 3), alike(one, 3), paired))
+        assert same.call == "no difference" and same.ratio == 1
+
+
 @pytest.mark.parametrize("low, high, floor, wide", [
     (0.01, 3.79, None, True),    # 3 repeats on a loaded machine: neither a 10x slowdown nor a 3.8x speed-up ruled out
     (0.94, 2.39, None, False),   # a slowdown of 6 % at most: not as wide as ±10 % on the slow side
@@ -550,10 +569,11 @@ def comparison(slow_factor=1.3, count=2, noise=0.03):
 
 
 def test_the_comparisons_break_even_against_a_hand_count():
-    """Without noise each run's figures are its history's: jax compiles 3.0 s and steps 15 ms, jax+slow-step
-    compiles 1.5 s and steps 19.5 ms; jax makes up its 1.5 s at 4.5 ms a step after 1.5 / 0.0045 = 333.3 steps
-    (334 whole ones), where both have run 3.0 + 333.3 x 0.015 = 1.5 + 333.3 x 0.0195 = 8.0 s."""
-    compared = comparison(noise=0.0)
+    """With next to no noise (none at all leaves the verdict undetermined) each run's figures are its history's:
+    jax compiles 3.0 s and steps 15 ms, jax+slow-step compiles 1.5 s and steps 19.5 ms; jax makes up its 1.5 s at
+    4.5 ms a step after 1.5 / 0.0045 = 333.3 steps (334 whole ones), where both have run 3.0 + 333.3 x 0.015 =
+    1.5 + 333.3 x 0.0195 = 8.0 s."""
+    compared = comparison(noise=1e-7)
     even = compared.break_even(compared.groups[1])
     assert (even.steps, even.seconds) == (334, pytest.approx(8.0))
     assert even.text == "jax overtakes jax+slow-step after 334 steps (8.0 s)"
@@ -863,7 +883,7 @@ def test_a_break_even_counts_the_mean_step_that_the_total_time_grows_by():
     skewed["timing"].update(step_s_median=float(np.median(seconds)), steady_s=float(sum(seconds)),
                             steady_steps=len(seconds))
     assert (skewed["timing"]["step_s_median"], mean_step_s(skewed)) == (0.010, pytest.approx(0.020))
-    compared = build_comparison(loaded_thrice(steady, "a") + loaded_thrice(skewed, "b"))
+    compared = build_comparison(loaded_thrice(steady, "a") + loaded_thrice(skewed, "b", turn=1))
     even = compared.break_even(compared.groups[1])
     assert (even.steps, even.seconds) == (400, pytest.approx(9.0))
     assert even.text == "jax overtakes jax+skewed after 400 steps (9.0 s)"
@@ -877,7 +897,7 @@ def test_runs_whose_steps_differ_in_work_break_even_in_tokens_not_steps():
     small = result(noise=0.0)
     large = result(step_s=0.020, tokens=1600, compile_s=3.0, noise=0.0)
     large["config"]["batch_size"] = 64
-    compared = build_comparison(loaded_thrice(small, "small") + loaded_thrice(large, "large"))
+    compared = build_comparison(loaded_thrice(small, "small") + loaded_thrice(large, "large", turn=1))
     assert compared.speedup(compared.groups[1]) == pytest.approx(1.5)
     even = compared.break_even(compared.groups[1])
     assert (even.tokens, even.steps, even.seconds, even.unit) == (240_000, None, pytest.approx(6.0), "token")
@@ -905,9 +925,18 @@ def test_runs_whose_steps_differ_in_work_break_even_in_tokens_not_steps():
         f"undetermined: tokens/s undetermined ({stats.range_text(held.low, held.high)})"
 
 
-def loaded_thrice(run, name):
-    """Three repeats of `run` as a report loads them (a noiseless run's repeats are its copies)."""
-    return [LoadedRun(copy.deepcopy(run), f"{name}-{k}.json") for k in range(3)]
+def loaded_thrice(run, name, turn=0):
+    """Three repeats of `run` as a report loads them: its copies, of which two step 1e-7 apart from it either way
+    (repeats alike to the last digit leave a verdict undetermined, `verdicts.NO_SPREAD`), which moves neither their
+    median nor, but by 1e-14, their geometric mean. `turn`: which copy is which; another run's of another turn,
+    paired with these, differs from them by more than a spread of 0."""
+    scales = collections.deque((1 + 1e-7, 1.0, 1 - 1e-7))
+    scales.rotate(turn)
+    copies = [copy.deepcopy(run) for _ in range(3)]
+    for scale, repeat in zip(scales, copies):
+        for entry in repeat["history"]:
+            entry["seconds"] *= 1.0 if entry["first_of_shape"] else scale
+    return [LoadedRun(repeat, f"{name}-{k}.json") for k, repeat in enumerate(copies)]
 
 
 def loaded(run, others=60.0, steal=0.0):
