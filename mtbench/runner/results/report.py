@@ -25,7 +25,8 @@ from mtbench.figures import (DEFAULT_MODEL, FIGURES, FIGURES_BY_KEY, RUN_CHOICES
                              energy_counter_text, hardware, is_number, kinds_against_text, last_step, machine_device,
                              mtbench_text, profile_operations_text, run_dtype, run_name, run_processes, run_warnings,
                              scored_sentences_text, shown_figures, size_label, split_scored_text, versions_text)
-from mtbench.runner.results.parity import PARITY_STEPS, check_parity
+from mtbench.runner.results.parity import (PARITY_STEPS, check_parity, parity_steps_problem,
+                                           parity_tolerance_problem)
 from mtbench.runner.results.schema import (COMPARE_SCHEMA_VERSION, HISTORY_KIND, REGRESSION_KIND,
                                            is_evaluation_scores, result_task, schema_errors)
 from mtbench.runner.run_file import is_run_file
@@ -234,9 +235,17 @@ def check_compare_record(data, path):
 
 
 def compare_record_problem(data):
-    baseline, floor = data.get("baseline"), data.get("noise_floor")
+    baseline, floor, parity = data.get("baseline"), data.get("noise_floor"), data.get("parity")
     if baseline is not None and not isinstance(baseline, str):
         return f"baseline: {type(baseline).__name__}, not a run's label"
+    if parity is not None and not isinstance(parity, dict):
+        return f"parity: {type(parity).__name__}, not the parity check's record"
+    # The check `report` and `rerun` hold the runs to again, as the options that set it are held (an edit to
+    # steps 2.5 or tolerance 'abc' ended in a TypeError, one of 0 or -1 checked nothing)
+    for key, problem in (("steps", "steps" in (parity or {}) and parity_steps_problem(parity["steps"])),
+                         ("tolerance", parity_tolerance_problem((parity or {}).get("tolerance")))):
+        if problem:
+            return f"parity.{key} {problem}"
     if floor is None:
         return None
     if not (isinstance(floor, dict) and isinstance(floor.get("measured_by"), str)

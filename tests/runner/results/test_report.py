@@ -5,6 +5,7 @@ import copy
 import csv
 import io
 import json
+import math
 import os
 import re
 import struct
@@ -459,6 +460,27 @@ def test_a_compares_recorded_baseline_and_noise_floor_of_the_wrong_shape_are_nam
     else:
         assert f"left out: {history / 'compare.json'}: not an mtbench compare JSON (" in proc.stdout + proc.stderr, \
             proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("parity, expected", [
+    ({"steps": 0, "tolerance": None}, "parity.steps must be at least 1, got 0"),
+    ({"steps": 2.5}, "parity.steps must be a whole number of steps, got 2.5"),
+    ({"steps": "50"}, "parity.steps must be a whole number of steps, got '50'"),
+    ({"steps": 50, "tolerance": -1}, "parity.tolerance must be a positive finite number, got -1"),
+    ({"steps": 50, "tolerance": "abc"}, "parity.tolerance must be a positive finite number, got 'abc'"),
+    ({"steps": 50, "tolerance": math.inf}, "parity.tolerance must be a positive finite number, got inf"),
+    ([50], "parity: list, not the parity check's record"),
+])
+def test_a_compares_recorded_parity_check_is_held_to_what_its_options_are(tmp_path, parity, expected):
+    """`report` and `rerun` of a compare JSON hold its runs to the parity check it recorded: steps of 2.5 or a
+    tolerance of 'abc', edited in, ended in a TypeError, and steps of 0 or a tolerance of -1 or inf checked
+    nothing, where the options that set them are refused. The record is read before the runs: none are needed."""
+    compare = tmp_path / "compare.json"
+    compare.write_text(json.dumps({"kind": "mtbench-compare", "runs": [], "parity": parity}))
+    assert_refused_in_one_line(run_cli("report", str(compare)),
+                               f"compare.json: not an mtbench compare JSON ({expected})")
+    if parity == {"steps": 2.5}:
+        assert_refused_in_one_line(run_cli("rerun", str(compare), "--out", str(tmp_path / "again.json")), expected)
 
 
 @pytest.mark.parametrize("args, expected", [
