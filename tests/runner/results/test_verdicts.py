@@ -1075,6 +1075,58 @@ def test_a_break_even_is_held_to_the_tokens_per_s_verdict_not_the_median_step():
     assert even.text == f"undetermined: tokens/s within the noise ({stats.range_text(speed.low, speed.high)})"
 
 
+def attending(run, **chosen):
+    """`run` with what `--attention` asked and chose recorded (`model.attention.chosen`), the extra it joined
+    named among its extras."""
+    run["model"]["attention"]["chosen"] = chosen
+    if chosen.get("fused"):
+        run["extras"] = ["flash-attention"]
+    return run
+
+
+def test_runs_asked_alike_that_computed_otherwise_carry_a_warning_that_names_what_differs():
+    """`--attention auto` fuses the attention where a backend's kernels run: JAX's may and torch's not, and the
+    verdict between them then holds a fused kernel against an unfused one, labelled by the extra alone. Each
+    difference that nobody asked for (the attention fused by auto, its dtypes, one --dtype trained in two) is a
+    warning of the run held to the other; one asked for (the extra named) is what the comparison compares."""
+    why = "needs a GPU (or TPU) and float16/bfloat16; this run has cpu/float32"
+    jax = [attending(run, asked="auto", fused=True, by_extra="flash-attention") for run in repeats(3)]
+    torch = [attending(run, asked="auto", fused=False, why_unfused=why)
+             for run in repeats(3, seed=10, backend="torch", step_s=0.02)]
+    compared = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(jax + torch)])
+    expected = (f"computes otherwise than jax+flash-attention, though both were asked alike: --attention auto fused "
+                f"the attention of jax+flash-attention (flash-attention), not of torch ({why}); its verdict against it "
+                f"measures that too, not the backends alone")
+    assert [compared.warnings(group) for group in compared.groups] == [[], [expected]]
+    assert expected in to_json_dict(compared)["summary"][1]["warnings"]
+    assert "torch carries warnings" in compared.ranking()["reason"]
+    # The extra given to one run: asked otherwise, no warning.
+    for run in jax:
+        run["model"]["attention"]["chosen"] = {"asked": "auto", "fused": True}
+    asked = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(jax + torch)])
+    assert [asked.warnings(group) for group in asked.groups] == [[], []]
+    # Both unfused, scores in other dtypes; one --dtype auto trained in two dtypes.
+    plain = repeats(3)
+    other = repeats(3, seed=10, backend="torch", step_s=0.02)
+    for run, scores in [(run, "float32") for run in plain] + [(run, "bfloat16") for run in other]:
+        run["model"]["attention"]["arithmetic"] = {"matmul_inputs": "bfloat16", "accumulation": "float32",
+                                                   "scores": scores, "softmax": "float32", "projections": "fused"}
+        run["dtype_chosen"] = {"asked": "auto", "dtype": run["config"]["dtype"]}
+    for run in other:
+        run["config"]["dtype"] = run["model"]["dtype_policy"] = run["dtype_chosen"]["dtype"] = "mixed_bfloat16"
+    apart = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(plain + other)])
+    assert apart.warnings(apart.groups[1]) == [
+        "computes otherwise than jax:dtype=float32, though both were asked alike: the attention's scores bfloat16 "
+        "in torch:dtype=mixed_bfloat16, float32 in jax:dtype=float32; --dtype auto trained "
+        "torch:dtype=mixed_bfloat16 in mixed_bfloat16, jax:dtype=float32 in float32; its verdict against it measures "
+        "that too, not the backends alone"]
+    # asked apart: a dtype sweep is what it compares
+    for run in other:
+        run["dtype_chosen"]["asked"] = "mixed_bfloat16"
+    swept = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(plain + other)])
+    assert not any("--dtype" in warning for warning in swept.warnings(swept.groups[1]))
+
+
 def test_a_load_on_every_run_is_said_once_not_on_every_verdict():
     """Each of 10-16 verdict lines ended `measured on a loaded machine (A and B): not reliable`. Where every run
     was loaded it is one line before the verdicts; the JSON's `loaded` stays each verdict's."""
