@@ -112,35 +112,46 @@ class ComparePlan:
 @dataclass(frozen=True)
 class AutoRepeats:
     """--repeats auto: repeat every run until every tokens/s interval lies within ±`width` of its ratio (after at
-    least `verdicts.MIN_REPEATS` repeats), or until another repeat would end past `budget_s` seconds, or at
-    `most` repeats."""
+    least `verdicts.MIN_REPEATS` repeats), or until the repeats that would follow would end past `budget_s` seconds,
+    or at `most` repeats; each on an even count of repeats (`auto_repeats_end`)."""
     width: float = stats.DEFAULT_WIDTH
     budget_s: float = 1800.0
-    most: int = 50
+    most: int = 50  # even: see `auto_repeats_end`
 
 
 def auto_repeats_end(auto, repeats, widest, elapsed_s, round_s):
     """What ends --repeats auto after `repeats` repeats (None: another repeat): {'ended_by': 'width', 'budget' or
     'most', ...} with the sentence that says so. `widest`: the widest tokens/s interval's half width so far (None
-    where there is none yet); `round_s`: the last repeat's time, which the next is expected to take."""
-    if widest is not None and widest <= auto.width and repeats >= stats.MIN_REPEATS:
+    where there is none yet); `round_s`: the last repeat's time, which each next one is expected to take.
+
+    It ends on an even count: the rounds run forwards and backwards in turn (`ComparePlan.round`), and only as many
+    of each cancel a drift of the machine between the runs (an odd count left the last run of the first round the
+    later one in one round more, a drift's share of which the paired interval took for a difference). So at an
+    even count it goes on only where two more repeats fit the budget, and at an odd one it ends only where the one
+    repeat that balances them would end past it, which it then says."""
+    balanced = repeats % 2 == 0
+    if balanced and widest is not None and widest <= auto.width and repeats >= stats.MIN_REPEATS:
         ended_by = "width"
         text = f"every tokens/s interval is within ±{widest:.1%} (goal ±{auto.width:.1%})"
-    elif repeats >= auto.most:
-        ended_by, text = "most", f"{auto.most} repeats, the most it runs"
-    elif elapsed_s + round_s > auto.budget_s:
+    elif balanced and repeats >= auto.most:
+        ended_by, text = "most", f"{repeats} repeats, the most it runs"
+    elif elapsed_s + (2 if balanced else 1) * round_s > auto.budget_s:
         ended_by = "budget"
-        text = (f"the time budget: {elapsed_s:,.0f} s of {auto.budget_s:g} s used, and another repeat would take "
-                f"about {round_s:,.0f} s")
+        text = (f"the time budget: {elapsed_s:,.0f} s of {auto.budget_s:g} s used, and "
+                f"{'two more repeats' if balanced else 'another repeat'} would take about "
+                f"{(2 if balanced else 1) * round_s:,.0f} s")
     else:
         return None
     widest_text = "" if ended_by == "width" or widest is None else \
         f"; the widest tokens/s interval is ±{widest:.1%} (goal ±{auto.width:.1%})"
     few = f"; only {repeats} repeat(s), fewer than the {stats.MIN_REPEATS} the interval needs" \
         if repeats < stats.MIN_REPEATS else ""
+    unbalanced = "" if balanced else ("; an odd count: the runs ran in their given order in one repeat more than "
+                                      "in reverse, so a drift of the machine falls unevenly on them")
     return {"ended_by": ended_by, "repeats": repeats, "width": auto.width, "widest": widest, "budget_s": auto.budget_s,
             "elapsed_s": elapsed_s,
-            "text": f"--repeats auto ended by {ended_by} after {repeats} repeat(s): {text}{widest_text}{few}"}
+            "text": f"--repeats auto ended by {ended_by} after {repeats} repeat(s): {text}{widest_text}{few}"
+                    f"{unbalanced}"}
 
 
 def runs_dir(out):

@@ -12,7 +12,7 @@ from mtbench.errors import MtbenchError
 from mtbench.figures import SIZE_KEYS, run_name, size_label
 from mtbench.plugins import manager as plugins
 from mtbench.plugins.api import Launch
-from mtbench.runner.choices import conflicting_extras, dtype_refusal, joined
+from mtbench.runner.choices import auto_dtype, conflicting_extras, dtype_refusal, joined
 from mtbench.runner.config import FUSED_ATTENTION_EXTRA, INIT_SCHEMES, TrainConfig, comma_separated
 from mtbench.runner.orchestration.environments import (check_interpreters, check_runs, check_same_hardware,
                                                        probe_devices, runs_to_preflight)
@@ -259,11 +259,13 @@ def refuse_the_same_run_twice(specs):
         raise MtbenchError(f"run '{twice}' is listed twice; use --repeats to run it again")
 
 
-def refuse_the_same_configuration_twice(specs, configs, shapes):
+def refuse_the_same_configuration_twice(specs, configs, shapes, resolved=None):
     """Two entries whose flags differ but train the same model the same way (`jax;jax:d-model=64` where the
     preset is 64 wide) would train one run twice under two names, each held against the other. `configs`: each
-    run's configuration as a dict; `shapes`: its model (`TrainConfig.model`, the preset under the size flags)."""
-    seen = {}
+    run's configuration as a dict; `shapes`: its model (`TrainConfig.model`, the preset under the size flags);
+    `resolved`: {run label: what its `auto` trains here, in words}, where `configs` hold what it resolved to
+    (`dtypes_trained`)."""
+    seen, resolved = {}, resolved or {}
     for spec, config, shape in zip(specs, configs, shapes):
         options = {key: value for key, value in config.items() if key not in SIZE_KEYS}
         key = (json.dumps(options, sort_keys=True, default=str), repr(shape), spec.processes, spec.interpreter)
@@ -273,7 +275,8 @@ def refuse_the_same_configuration_twice(specs, configs, shapes):
                                  else f"{name.replace('_', '-')}={value}"
                                  for name, value in sorted(set(first.sizes) ^ set(spec.sizes)))
             extras = ", ".join(f"'{extra}'" for extra in sorted(set(first.extras) ^ set(spec.extras)))
-            why = (f" ({settings} is what both train)" if settings
+            said = [resolved[label] for label in (first.label, spec.label) if label in resolved]
+            why = (f" ({said[0]})" if said else f" ({settings} is what both train)" if settings
                    else f" (the options they share give both {extras})" if extras else "")
             raise MtbenchError(f"runs '{first.label}' and '{spec.label}' train the same configuration{why}; list it "
                                f"once, or use --repeats to run it again")
@@ -291,6 +294,25 @@ def named_as_results(specs, configs):
              for spec, result in zip(specs, results)]
     refuse_the_same_run_twice(specs)
     return specs
+
+
+def dtypes_trained(specs, configs, devices, registry):
+    """(each run's configuration with the dtype it trains in where it asks `auto`, {run label: that in words}):
+    `auto` is each run's to choose on its device (`choices.auto_dtype`), so `jax:dtype=auto;jax:dtype=float32`
+    on a CPU trains float32 twice, whose results, alike, were grouped as repeats of one run under one name. A run
+    under another interpreter, or of a backend not found here, keeps `auto` (`check_runs` names the latter)."""
+    trained, said = [], {}
+    for spec, config in zip(specs, configs):
+        backend = registry.backends.get(spec.backend)
+        if config.get("dtype") != "auto" or spec.foreign or backend is None:
+            trained.append(config)
+            continue
+        device = (devices or {}).get(spec.backend) or {}
+        dtype, why = auto_dtype(backend, device, registry)
+        said[spec.label] = f"dtype=auto trains {dtype} on this {device.get('kind', 'device')}" + (
+            f": {why}" if why else "")
+        trained.append({**config, "dtype": dtype})
+    return trained, said
 
 
 def check_dtype(specs, dtype, devices, registry):
@@ -357,6 +379,8 @@ def plan_comparison(backends, extras, matrix, options, registry, probe=probe_dev
     specs = named_as_results(specs, configs)
     refuse_the_same_configuration_twice(specs, configs, shapes)
     devices = probe(runs_to_preflight(specs, configs))
+    trained, said = dtypes_trained(specs, configs, devices, registry)  # (before the compiled twins join them)
+    refuse_the_same_configuration_twice(specs, trained, shapes, said)
     twins = matrix is None and step == "auto" and TORCH_COMPILED not in extras
     if twins:
         specs = with_compiled_twins(specs, devices, registry)

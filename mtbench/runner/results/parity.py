@@ -33,10 +33,28 @@ FLOAT32_PARITY_TOLERANCE = 0.001
 def check_parity_options(steps, tolerance):
     """Refuses --parity-steps and --parity-tolerance that no check could use (`compare` and `report` take both);
     a tolerance of None is each dtype's default (`default_tolerance`)."""
-    if steps < 1:
-        raise MtbenchError(f"--parity-steps must be at least 1, got {steps}")
-    if tolerance is not None and not 0 < tolerance < math.inf:  # inf held every run within it: no check at all
-        raise MtbenchError(f"--parity-tolerance must be a positive finite number, got {tolerance}")
+    for option, problem in (("--parity-steps", parity_steps_problem(steps)),
+                            ("--parity-tolerance", parity_tolerance_problem(tolerance))):
+        if problem:
+            raise MtbenchError(f"{option} {problem}")
+
+
+def parity_steps_problem(steps):
+    """Why `steps` is no number of steps a parity check could compare ('must be at least 1, got 0'), or None: the
+    options' and a compare JSON's record's alike (`report.compare_record_problem`)."""
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        return f"must be a whole number of steps, got {steps!r}"
+    return f"must be at least 1, got {steps}" if steps < 1 else None
+
+
+def parity_tolerance_problem(tolerance):
+    """Why `tolerance` is no gate a parity check could hold runs to, or None (None: each dtype's default)."""
+    if tolerance is None:
+        return None
+    # inf held every run within it: no check at all
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < math.inf:
+        return f"must be a positive finite number, got {tolerance!r}"
+    return None
 # On an H100 (2026-11-27, GPT-2 small, mixed bfloat16, 50 steps) two runs of one JAX step parted by 0.66 % at step
 # 30, and hand-written JAX from it by 1.4 % at step 35; their 10-step means by 0.11 % and 0.30 %, where torch.compile
 # keeping float32 between fused operations (other arithmetic) parted by 0.68 %.

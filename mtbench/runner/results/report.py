@@ -25,7 +25,8 @@ from mtbench.figures import (DEFAULT_MODEL, FIGURES, FIGURES_BY_KEY, RUN_CHOICES
                              energy_counter_text, hardware, is_number, kinds_against_text, last_step, machine_device,
                              mtbench_text, profile_operations_text, run_dtype, run_name, run_processes, run_warnings,
                              scored_sentences_text, shown_figures, size_label, split_scored_text, versions_text)
-from mtbench.runner.results.parity import PARITY_STEPS, check_parity
+from mtbench.runner.results.parity import (PARITY_STEPS, check_parity, parity_steps_problem,
+                                           parity_tolerance_problem)
 from mtbench.runner.results.schema import (COMPARE_SCHEMA_VERSION, HISTORY_KIND, REGRESSION_KIND,
                                            is_evaluation_scores, result_task, schema_errors)
 from mtbench.runner.run_file import is_run_file
@@ -234,9 +235,17 @@ def check_compare_record(data, path):
 
 
 def compare_record_problem(data):
-    baseline, floor = data.get("baseline"), data.get("noise_floor")
+    baseline, floor, parity = data.get("baseline"), data.get("noise_floor"), data.get("parity")
     if baseline is not None and not isinstance(baseline, str):
         return f"baseline: {type(baseline).__name__}, not a run's label"
+    if parity is not None and not isinstance(parity, dict):
+        return f"parity: {type(parity).__name__}, not the parity check's record"
+    # The check `report` and `rerun` hold the runs to again, as the options that set it are held (an edit to
+    # steps 2.5 or tolerance 'abc' ended in a TypeError, one of 0 or -1 checked nothing)
+    for key, problem in (("steps", "steps" in (parity or {}) and parity_steps_problem(parity["steps"])),
+                         ("tolerance", parity_tolerance_problem((parity or {}).get("tolerance")))):
+        if problem:
+            return f"parity.{key} {problem}"
     if floor is None:
         return None
     if not (isinstance(floor, dict) and isinstance(floor.get("measured_by"), str)
@@ -707,6 +716,14 @@ class Comparison:
         if scaling and scaling["above_ideal"]:
             found.append(f"scaling efficiency above 100 % ({scaling_text(scaling)}): the one-process run was likely "
                          f"slowed (its threads contending for the cores, a loaded machine); distrust the efficiency")
+        # Against each run a verdict holds it to: the baseline, and its counterpart on the other backend.
+        held_to = ([] if group is self.baseline else [self.baseline]) + [
+            against for run, against in self.counterparts() if run is group]
+        for against in held_to:
+            apart = computed_apart({group.label: group.first, against.label: against.first})
+            if apart:
+                found.append(f"computes otherwise than {against.label}, though both were asked alike: "
+                             f"{'; '.join(apart)}; its verdict against it measures that too, not the backends alone")
         return found
 
     def ranking(self):
@@ -737,6 +754,38 @@ class Comparison:
     def shared_hardware(self):
         machines = {group.hardware for group in self.groups}
         return machines.pop() if len(machines) == 1 else None
+
+
+def computed_apart(runs):
+    """What two runs ({label: result}) were asked alike and computed otherwise, each in words ([] where nothing):
+    `--attention auto` fusing one's attention (the extra it joined) and not the other's, the attention's dtypes
+    where both fused or neither did (`model.attention.arithmetic`), and one `--dtype` trained in two dtypes (auto's
+    choice on each device, or an extra's). What the runs were asked to do otherwise (an extra named, a dtype swept)
+    is what the comparison holds them to; `--matmul-precision`, a configuration key, differs in no comparison
+    without --force, which says so."""
+    (name, result), (other_name, other) = runs.items()
+    found = []
+    attention, theirs = (run["model"].get("attention") or {} for run in (result, other))
+    chosen, their_choice = attention.get("chosen") or {}, theirs.get("chosen") or {}
+    if (chosen and their_choice and chosen.get("asked") == their_choice.get("asked")
+            and bool(chosen.get("fused")) != bool(their_choice.get("fused"))):
+        (fused, by), (unfused, why) = sorted(
+            [(name, chosen), (other_name, their_choice)], key=lambda side: not side[1].get("fused"))
+        if by.get("by_extra"):  # auto's choice; a run given the extra was asked otherwise
+            found.append(f"--attention {by['asked']} fused the attention of {fused} ({by['by_extra']}), not of "
+                         f"{unfused}" + (f" ({why['why_unfused']})" if why.get("why_unfused") else ""))
+    elif attention.get("arithmetic") and theirs.get("arithmetic"):
+        mine, its = attention["arithmetic"], theirs["arithmetic"]
+        found += [f"the attention's {key.replace('_', ' ')} {mine[key]} in {name}, {its.get(key)} in {other_name}"
+                  for key in ATTENTION_ARITHMETIC if mine.get(key) != its.get(key)]
+    asked = [(run.get("dtype_chosen") or {}).get("asked", run["config"].get("dtype")) for run in (result, other)]
+    if asked[0] == asked[1] and run_dtype(result) != run_dtype(other):
+        found.append(f"--dtype {asked[0]} trained {name} in {run_dtype(result)}, {other_name} in {run_dtype(other)}")
+    return found
+
+
+# How the training attention computes (`model.attention.arithmetic`): its dtypes, and one product or three.
+ATTENTION_ARITHMETIC = ("matmul_inputs", "accumulation", "scores", "softmax", "projections")
 
 
 def same_way_of_training(result, other):

@@ -428,7 +428,8 @@ class Verdict:
             factor, interval = called_figures(*speeds_of_call(self.call, speed, low, high))
             text = f"{factor}x {self.call} ({interval})"
         elif self.call == UNDETERMINED:
-            text = f"undetermined ({range_text(self.low, self.high)}), 1 repeat each"  # the line below says why
+            # the line below says why
+            text = f"undetermined ({range_text(self.low, self.high)}), {UNDETERMINED_CELLS[self.undetermined]}"
         else:
             text = f"no difference ({range_text(self.low, self.high)})"  # the figure's own ratio, as in `verdict`
             if too_wide(self, self.noise_floor):
@@ -450,12 +451,27 @@ ONE_REPEAT_EACH = (f"one repeat each, whose interval holds the noise within each
 TOO_WIDE = 0.10
 
 
+NO_SPREAD = ("each run's repeats measured it alike, so their spread, which the interval is drawn from, shows none "
+             "of the noise between runs")
+# Below this relative half width an interval holds no spread: Student's t of a spread of 0 (repeats of one figure
+# each, equal to the last digit) is an interval of zero width, which called 1.0001x 'faster' as certain.
+NO_WIDTH = 1e-12
+# An undetermined verdict's reason, as its table cell says it.
+UNDETERMINED_CELLS = {ONE_REPEAT_EACH: "1 repeat each", NO_SPREAD: "repeats alike"}
+
+
 def undetermined_reason(interval):
     """Why no difference can be called from `interval` though it has one, or None: each run is one repeat, whose
     bootstrap holds the noise within each run alone. Of identical configurations whose runs scatter 2 % between
     them and 0.5 % within, such an interval excluded 1 for 93 % of 300 pairs, and lay beyond a floor of that 2 % for
-    42 % (a floor is the typical stray, not a bound), by this module's own intervals (2026-12-06)."""
-    return ONE_REPEAT_EACH if max(interval.repeats) == 1 else None
+    42 % (a floor is the typical stray, not a bound), by this module's own intervals (2026-12-06). Or an interval
+    of zero width about a ratio other than 1 (`NO_SPREAD`): the repeats' spread measured no noise, which the
+    machine has; equal figures (a ratio of 1) are no difference, as said."""
+    if max(interval.repeats) == 1:
+        return ONE_REPEAT_EACH
+    if half_width(interval.low, interval.high) < NO_WIDTH and abs(math.log(interval.ratio)) >= NO_WIDTH:
+        return NO_SPREAD
+    return None
 
 
 def too_wide(interval, noise_floor=None):

@@ -236,6 +236,28 @@ def test_two_entries_that_train_the_same_configuration_are_refused_by_the_flags_
     assert [spec.label for spec in plan("jax:d-model=64;torch").specs] == ["jax:d-model=64", "torch"]
 
 
+def test_two_entries_whose_auto_dtype_resolves_to_the_others_on_the_device_are_refused():
+    """`auto` is each run's dtype to choose on its device: on a CPU `jax:dtype=auto;jax:dtype=float32` trained
+    float32 twice, two results alike that the report grouped as repeats of one run under one name. Where auto
+    chooses another dtype (a GPU's mixed bfloat16), they are two runs."""
+    from mtbench import MtbenchError
+    from mtbench.runner.orchestration.runs import plan_comparison
+    plan = lambda matrix, device: plan_comparison(None, (), matrix, options(), registry(),
+                                                  probe=lambda runs: {"jax": device, "torch": device})
+    for matrix in ("jax:dtype=auto;jax:dtype=float32", "jax;torch;jax:dtype=float32"):
+        with pytest.raises(MtbenchError) as refused:
+            plan(matrix, CPU)
+        assert str(refused.value) == (
+            "runs 'jax:dtype=auto' and 'jax:dtype=float32' train the same configuration (dtype=auto trains float32 on "
+            "this cpu: this cpu does not compute bfloat16 natively, as the jax backend reports it; --dtype "
+            "mixed_bfloat16 trains in it anyway); list it once, or use --repeats to run it again")
+    on_gpu = plan("jax:dtype=auto;jax:dtype=float32", {**H100, "bfloat16": True})
+    assert [spec.label for spec in on_gpu.specs] == ["jax:dtype=auto", "jax:dtype=float32"]
+    # the same dtype on the other backend is another run
+    assert [spec.label for spec in plan("jax;torch:dtype=float32", CPU).specs] == ["jax:dtype=auto",
+                                                                                 "torch:dtype=float32"]
+
+
 def test_each_block_size_of_a_sweep_starts_from_a_weights_file_of_its_own():
     """A block sizes the position embeddings: each block size is a shape, with a file of its own."""
     from mtbench.runner.orchestration.compare import ComparePlan

@@ -160,7 +160,8 @@ def test_the_return_from_an_outlier_at_the_first_point_is_no_step(real, tmp_path
 
 def test_results_of_one_commit_in_a_row_are_repeats_of_one_point(real, tmp_path):
     commits = ["a" * 40, "a" * 40, "b" * 40, "b" * 40, "a" * 40]
-    history = build_history(write_history(tmp_path, real, [1, 1, 0.5, 0.5, 1], commits, shares=(1.0,)))
+    # (each commit's two results 0.4 % apart: alike to the last digit, their spread 0, no change could be called)
+    history = build_history(write_history(tmp_path, real, [1, 1.004, 0.5, 0.502, 1], commits, shares=(1.0,)))
     assert [(p.commit[0], len(p.results)) for p in history.points] == [("a", 2), ("b", 2), ("a", 1)]
     assert history.points[1].change.call == "slower" and history.points[1].change.repeats == (2, 2)
 

@@ -5,6 +5,7 @@ import copy
 import csv
 import io
 import json
+import math
 import os
 import re
 import struct
@@ -459,6 +460,27 @@ def test_a_compares_recorded_baseline_and_noise_floor_of_the_wrong_shape_are_nam
     else:
         assert f"left out: {history / 'compare.json'}: not an mtbench compare JSON (" in proc.stdout + proc.stderr, \
             proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("parity, expected", [
+    ({"steps": 0, "tolerance": None}, "parity.steps must be at least 1, got 0"),
+    ({"steps": 2.5}, "parity.steps must be a whole number of steps, got 2.5"),
+    ({"steps": "50"}, "parity.steps must be a whole number of steps, got '50'"),
+    ({"steps": 50, "tolerance": -1}, "parity.tolerance must be a positive finite number, got -1"),
+    ({"steps": 50, "tolerance": "abc"}, "parity.tolerance must be a positive finite number, got 'abc'"),
+    ({"steps": 50, "tolerance": math.inf}, "parity.tolerance must be a positive finite number, got inf"),
+    ([50], "parity: list, not the parity check's record"),
+])
+def test_a_compares_recorded_parity_check_is_held_to_what_its_options_are(tmp_path, parity, expected):
+    """`report` and `rerun` of a compare JSON hold its runs to the parity check it recorded: steps of 2.5 or a
+    tolerance of 'abc', edited in, ended in a TypeError, and steps of 0 or a tolerance of -1 or inf checked
+    nothing, where the options that set them are refused. The record is read before the runs: none are needed."""
+    compare = tmp_path / "compare.json"
+    compare.write_text(json.dumps({"kind": "mtbench-compare", "runs": [], "parity": parity}))
+    assert_refused_in_one_line(run_cli("report", str(compare)),
+                               f"compare.json: not an mtbench compare JSON ({expected})")
+    if parity == {"steps": 2.5}:
+        assert_refused_in_one_line(run_cli("rerun", str(compare), "--out", str(tmp_path / "again.json")), expected)
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -1071,6 +1093,14 @@ def test_the_table_shows_each_runs_collectives_a_step(results):
 
 # ---- on hand-made results, no training ----------------------------------------------------------------------------
 
+def stepping_slower(result, factor):
+    """A copy of `result` whose steady steps each took `factor` times as long."""
+    made = copy.deepcopy(result)
+    for entry in made["history"]:
+        entry["seconds"] *= 1.0 if entry["first_of_shape"] else factor
+    return made
+
+
 def hand_made(backend="jax", commit="2f34ac26cf19" + "0" * 28, seconds=0.015, load=None, **config):
     """A language model's result as a report reads it, its steps and figures made up: windows of 4 steps whose times
     scatter a little, a recipe whose warm-up takes all but its last step, and the model it built."""
@@ -1271,9 +1301,10 @@ def test_runs_that_train_the_same_way_on_each_backend_are_held_against_each_othe
     runs = [jax, torch, laid_out(hand_made("jax", seconds=0.020), ["data-parallel"], ["data"]),
             laid_out(hand_made("torch", seconds=0.010), ["ddp"], ["data"], processes=2),
             laid_out(hand_made("torch", seconds=0.010), ["fsdp"], ["sharded data"], processes=2)]
-    # Three repeats of each counterpart: of one repeat each a verdict is undetermined.
-    repeated = [LoadedRun(copy.deepcopy(run), f"{index}-{k}.json") for index, run in enumerate(runs[2:4])
-                for k in range(1, 3)]
+    # Three repeats of each counterpart: of one repeat each a verdict is undetermined, and so of repeats alike to
+    # the last digit (their spread 0): the copies step 0.01 % slower and faster, their geometric mean the run's.
+    repeated = [LoadedRun(stepping_slower(run, factor), f"{index}-{k}.json") for index, run in enumerate(runs[2:4])
+                for k, factor in enumerate((1 + 1e-4, 1 - 1e-4), start=1)]
     comparison = build_comparison([LoadedRun(run, f"{index}.json") for index, run in enumerate(runs)] + repeated)
     assert [(verdict.run, verdict.against, verdict.call) for verdict in comparison.counterpart_verdicts] == [
         ("torch+ddp@2:model=gpt", "jax+data-parallel:model=gpt", "faster")]

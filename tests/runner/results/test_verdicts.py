@@ -2,6 +2,7 @@
 held to the noise floor, break-even with compilation, time to target without it, --repeats auto's stopping rule,
 and how compare and report render them."""
 
+import collections
 import copy
 import csv
 import io
@@ -364,6 +365,24 @@ def test_one_repeat_each_is_shown_but_not_called_since_the_noise_between_runs_is
         "slower"
 
 
+@pytest.mark.parametrize("paired", [True, False])
+def test_repeats_that_measured_a_figure_alike_are_not_called_apart_from_an_interval_of_zero_width(paired):
+    """Three repeats of one result each side (a figure to the last digit alike, as a coarse clock or a hand-made
+    result gives): their spread is 0, and Student's t made an interval of zero width, a 1.0001x compile time
+    called 'faster' as certain. Equal figures on both sides are no difference."""
+    alike = lambda run, count: [copy.deepcopy(run) for _ in range(count)]
+    one, other = result(seed=1), result(seed=2, step_s=0.0151)
+    for key in ("tokens_per_s", "step_s_median", "compile_s"):
+        interval = stats.ratio_interval(key, alike(other, 3), alike(one, 3 if paired else 4), paired)
+        assert interval.ratio != 1 and interval.half_width < 1e-12
+        held = stats.verdict("other", "one", interval)
+        assert held.call == stats.UNDETERMINED and held.undetermined == stats.NO_SPREAD and not held.called
+        assert held.text.endswith(f"undetermined: {stats.NO_SPREAD}")
+        assert held.cell().endswith(", repeats alike")
+        same = stats.verdict("one", "one", stats.ratio_interval(key, alike(one, 3), alike(one, 3), paired))
+        assert same.call == "no difference" and same.ratio == 1
+
+
 @pytest.mark.parametrize("low, high, floor, wide", [
     (0.01, 3.79, None, True),    # 3 repeats on a loaded machine: neither a 10x slowdown nor a 3.8x speed-up ruled out
     (0.94, 2.39, None, False),   # a slowdown of 6 % at most: not as wide as ±10 % on the slow side
@@ -427,14 +446,32 @@ def test_time_to_target_with_and_without_compilation():
 def test_auto_repeats_ends_on_width_budget_or_count():
     from mtbench.runner.orchestration.compare import AutoRepeats, auto_repeats_end
     auto = AutoRepeats(width=0.03, budget_s=100)
-    assert auto_repeats_end(auto, 5, 0.02, 50, 10) ["ended_by"] == "width"
+    assert auto_repeats_end(auto, 6, 0.02, 50, 10) ["ended_by"] == "width"
     assert auto_repeats_end(auto, 3, 0.02, 50, 10) is None  # narrow, but too few repeats to trust it
     budget = auto_repeats_end(auto, 2, 0.08, 95, 10)
     assert budget["ended_by"] == "budget" and budget["text"] == (
-        "--repeats auto ended by budget after 2 repeat(s): the time budget: 95 s of 100 s used, and another repeat "
-        "would take about 10 s; the widest tokens/s interval is ±8.0% (goal ±3.0%); only 2 repeat(s), fewer than "
-        "the 5 the interval needs")
+        "--repeats auto ended by budget after 2 repeat(s): the time budget: 95 s of 100 s used, and two more "
+        "repeats would take about 20 s; the widest tokens/s interval is ±8.0% (goal ±3.0%); only 2 repeat(s), fewer "
+        "than the 5 the interval needs")
     assert auto_repeats_end(AutoRepeats(most=4), 4, 0.2, 1, 1)["ended_by"] == "most"
+
+
+def test_auto_repeats_ends_on_an_even_count_so_the_run_order_is_balanced():
+    """The rounds run forwards and backwards in turn: an odd count ran one order once more, and the drift it
+    shared was read as a difference. Narrow at 5 repeats, it runs a 6th; with time for one repeat and not two it
+    stops at an even count; at an odd one it stops only where even the balancing repeat would pass the budget,
+    and says so."""
+    from mtbench.runner.orchestration.compare import AutoRepeats, auto_repeats_end
+    auto = AutoRepeats(width=0.03, budget_s=100)
+    assert stats.MIN_REPEATS % 2 == 1 and auto_repeats_end(auto, stats.MIN_REPEATS, 0.02, 50, 5) is None
+    assert auto_repeats_end(auto, stats.MIN_REPEATS + 1, 0.02, 55, 5)["ended_by"] == "width"
+    assert auto_repeats_end(auto, 4, 0.2, 85, 10)["ended_by"] == "budget"  # one more fits, two do not
+    assert auto_repeats_end(auto, 3, 0.2, 85, 10) is None  # the one that balances them fits
+    odd = auto_repeats_end(auto, 3, 0.2, 95, 10)
+    assert odd["ended_by"] == "budget" and odd["text"].endswith(
+        "; an odd count: the runs ran in their given order in one repeat more than in reverse, so a drift of the "
+        "machine falls unevenly on them")
+    assert auto_repeats_end(AutoRepeats(most=5), 5, 0.2, 1, 1) is None
 
 
 @pytest.mark.parametrize("text, expected", [("5%", 0.05), ("5 %", 0.05), ("2.5", 0.025), (".5%", 0.005)])
@@ -532,10 +569,11 @@ def comparison(slow_factor=1.3, count=2, noise=0.03):
 
 
 def test_the_comparisons_break_even_against_a_hand_count():
-    """Without noise each run's figures are its history's: jax compiles 3.0 s and steps 15 ms, jax+slow-step
-    compiles 1.5 s and steps 19.5 ms; jax makes up its 1.5 s at 4.5 ms a step after 1.5 / 0.0045 = 333.3 steps
-    (334 whole ones), where both have run 3.0 + 333.3 x 0.015 = 1.5 + 333.3 x 0.0195 = 8.0 s."""
-    compared = comparison(noise=0.0)
+    """With next to no noise (none at all leaves the verdict undetermined) each run's figures are its history's:
+    jax compiles 3.0 s and steps 15 ms, jax+slow-step compiles 1.5 s and steps 19.5 ms; jax makes up its 1.5 s at
+    4.5 ms a step after 1.5 / 0.0045 = 333.3 steps (334 whole ones), where both have run 3.0 + 333.3 x 0.015 =
+    1.5 + 333.3 x 0.0195 = 8.0 s."""
+    compared = comparison(noise=1e-7)
     even = compared.break_even(compared.groups[1])
     assert (even.steps, even.seconds) == (334, pytest.approx(8.0))
     assert even.text == "jax overtakes jax+slow-step after 334 steps (8.0 s)"
@@ -723,13 +761,17 @@ def test_repeats_auto_stops_once_every_interval_is_narrow(monkeypatch, tmp_path)
                        0.01, aa=True, auto=AutoRepeats(width=0.03, budget_s=600))
     combined, trained = fake_compare(monkeypatch, tmp_path, plan)
     auto = combined["repeats_auto"]
-    assert auto["ended_by"] == "width" and auto["repeats"] == stats.MIN_REPEATS and auto["widest"] <= 0.03
-    assert auto["text"].startswith(f"--repeats auto ended by width after {stats.MIN_REPEATS} repeat(s): every "
+    # narrow from the 5th repeat on (MIN_REPEATS), which is odd: a 6th sets every run first as often as last
+    assert auto["ended_by"] == "width" and auto["repeats"] == stats.MIN_REPEATS + 1 and auto["widest"] <= 0.03
+    assert auto["text"].startswith(f"--repeats auto ended by width after {stats.MIN_REPEATS + 1} repeat(s): every "
                                    f"tokens/s interval is within ±")
+    first = [label for (label, repeat), before in zip(trained, [(None, 0)] + trained) if repeat != before[1]]
+    assert first.count("jax") == first.count("jax+slow-step") == auto["repeats"] / 2
     # Even repeats in reverse order; the A/A twin beside the baseline, after it in odd repeats and before it in even
     assert trained[:6] == [("jax", 1), ("jax~aa", 1), ("jax+slow-step", 1), ("jax+slow-step", 2), ("jax~aa", 2),
                            ("jax", 2)]
-    assert len(combined["aa_runs"]) == stats.MIN_REPEATS and combined["noise_floor"]["figures"]["tokens_per_s"]["floor"] > 0
+    assert len(combined["aa_runs"]) == auto["repeats"]
+    assert combined["noise_floor"]["figures"]["tokens_per_s"]["floor"] > 0
     assert [entry["label"] for entry in combined["summary"]] == ["jax", "jax+slow-step"]  # the twin is no run of its own
     assert combined["verdicts"][0]["call"] == "slower"
 
@@ -841,7 +883,7 @@ def test_a_break_even_counts_the_mean_step_that_the_total_time_grows_by():
     skewed["timing"].update(step_s_median=float(np.median(seconds)), steady_s=float(sum(seconds)),
                             steady_steps=len(seconds))
     assert (skewed["timing"]["step_s_median"], mean_step_s(skewed)) == (0.010, pytest.approx(0.020))
-    compared = build_comparison(loaded_thrice(steady, "a") + loaded_thrice(skewed, "b"))
+    compared = build_comparison(loaded_thrice(steady, "a") + loaded_thrice(skewed, "b", turn=1))
     even = compared.break_even(compared.groups[1])
     assert (even.steps, even.seconds) == (400, pytest.approx(9.0))
     assert even.text == "jax overtakes jax+skewed after 400 steps (9.0 s)"
@@ -855,7 +897,7 @@ def test_runs_whose_steps_differ_in_work_break_even_in_tokens_not_steps():
     small = result(noise=0.0)
     large = result(step_s=0.020, tokens=1600, compile_s=3.0, noise=0.0)
     large["config"]["batch_size"] = 64
-    compared = build_comparison(loaded_thrice(small, "small") + loaded_thrice(large, "large"))
+    compared = build_comparison(loaded_thrice(small, "small") + loaded_thrice(large, "large", turn=1))
     assert compared.speedup(compared.groups[1]) == pytest.approx(1.5)
     even = compared.break_even(compared.groups[1])
     assert (even.tokens, even.steps, even.seconds, even.unit) == (240_000, None, pytest.approx(6.0), "token")
@@ -883,9 +925,18 @@ def test_runs_whose_steps_differ_in_work_break_even_in_tokens_not_steps():
         f"undetermined: tokens/s undetermined ({stats.range_text(held.low, held.high)})"
 
 
-def loaded_thrice(run, name):
-    """Three repeats of `run` as a report loads them (a noiseless run's repeats are its copies)."""
-    return [LoadedRun(copy.deepcopy(run), f"{name}-{k}.json") for k in range(3)]
+def loaded_thrice(run, name, turn=0):
+    """Three repeats of `run` as a report loads them: its copies, of which two step 1e-7 apart from it either way
+    (repeats alike to the last digit leave a verdict undetermined, `verdicts.NO_SPREAD`), which moves neither their
+    median nor, but by 1e-14, their geometric mean. `turn`: which copy is which; another run's of another turn,
+    paired with these, differs from them by more than a spread of 0."""
+    scales = collections.deque((1 + 1e-7, 1.0, 1 - 1e-7))
+    scales.rotate(turn)
+    copies = [copy.deepcopy(run) for _ in range(3)]
+    for scale, repeat in zip(scales, copies):
+        for entry in repeat["history"]:
+            entry["seconds"] *= 1.0 if entry["first_of_shape"] else scale
+    return [LoadedRun(repeat, f"{name}-{k}.json") for k, repeat in enumerate(copies)]
 
 
 def loaded(run, others=60.0, steal=0.0):
@@ -1022,6 +1073,58 @@ def test_a_break_even_is_held_to_the_tokens_per_s_verdict_not_the_median_step():
     even = compared.break_even(compared.groups[1])
     speed = by_figure["tokens_per_s"]
     assert even.text == f"undetermined: tokens/s within the noise ({stats.range_text(speed.low, speed.high)})"
+
+
+def attending(run, **chosen):
+    """`run` with what `--attention` asked and chose recorded (`model.attention.chosen`), the extra it joined
+    named among its extras."""
+    run["model"]["attention"]["chosen"] = chosen
+    if chosen.get("fused"):
+        run["extras"] = ["flash-attention"]
+    return run
+
+
+def test_runs_asked_alike_that_computed_otherwise_carry_a_warning_that_names_what_differs():
+    """`--attention auto` fuses the attention where a backend's kernels run: JAX's may and torch's not, and the
+    verdict between them then holds a fused kernel against an unfused one, labelled by the extra alone. Each
+    difference that nobody asked for (the attention fused by auto, its dtypes, one --dtype trained in two) is a
+    warning of the run held to the other; one asked for (the extra named) is what the comparison compares."""
+    why = "needs a GPU (or TPU) and float16/bfloat16; this run has cpu/float32"
+    jax = [attending(run, asked="auto", fused=True, by_extra="flash-attention") for run in repeats(3)]
+    torch = [attending(run, asked="auto", fused=False, why_unfused=why)
+             for run in repeats(3, seed=10, backend="torch", step_s=0.02)]
+    compared = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(jax + torch)])
+    expected = (f"computes otherwise than jax+flash-attention, though both were asked alike: --attention auto fused "
+                f"the attention of jax+flash-attention (flash-attention), not of torch ({why}); its verdict against it "
+                f"measures that too, not the backends alone")
+    assert [compared.warnings(group) for group in compared.groups] == [[], [expected]]
+    assert expected in to_json_dict(compared)["summary"][1]["warnings"]
+    assert "torch carries warnings" in compared.ranking()["reason"]
+    # The extra given to one run: asked otherwise, no warning.
+    for run in jax:
+        run["model"]["attention"]["chosen"] = {"asked": "auto", "fused": True}
+    asked = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(jax + torch)])
+    assert [asked.warnings(group) for group in asked.groups] == [[], []]
+    # Both unfused, scores in other dtypes; one --dtype auto trained in two dtypes.
+    plain = repeats(3)
+    other = repeats(3, seed=10, backend="torch", step_s=0.02)
+    for run, scores in [(run, "float32") for run in plain] + [(run, "bfloat16") for run in other]:
+        run["model"]["attention"]["arithmetic"] = {"matmul_inputs": "bfloat16", "accumulation": "float32",
+                                                   "scores": scores, "softmax": "float32", "projections": "fused"}
+        run["dtype_chosen"] = {"asked": "auto", "dtype": run["config"]["dtype"]}
+    for run in other:
+        run["config"]["dtype"] = run["model"]["dtype_policy"] = run["dtype_chosen"]["dtype"] = "mixed_bfloat16"
+    apart = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(plain + other)])
+    assert apart.warnings(apart.groups[1]) == [
+        "computes otherwise than jax:dtype=float32, though both were asked alike: the attention's scores bfloat16 "
+        "in torch:dtype=mixed_bfloat16, float32 in jax:dtype=float32; --dtype auto trained "
+        "torch:dtype=mixed_bfloat16 in mixed_bfloat16, jax:dtype=float32 in float32; its verdict against it measures "
+        "that too, not the backends alone"]
+    # asked apart: a dtype sweep is what it compares
+    for run in other:
+        run["dtype_chosen"]["asked"] = "mixed_bfloat16"
+    swept = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(plain + other)])
+    assert not any("--dtype" in warning for warning in swept.warnings(swept.groups[1]))
 
 
 def test_a_load_on_every_run_is_said_once_not_on_every_verdict():
