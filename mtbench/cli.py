@@ -25,7 +25,7 @@ from mtbench.keras_models.presets import GPT_PRESETS, PRESETS
 from mtbench.runner.loop.recipe import CLIP_CHOICES, DECAY_CHOICES
 from mtbench.runner.config import (ATTENTION_CHOICES, COMPILE_MODES, DEFAULT_LOG_EVERY, DEFAULT_TIMING_WINDOW,
                                    DTYPE_CHOICES, DTYPES, INIT_SCHEMES, INPUT_FILE_KEYS, MATMUL_PRECISIONS,
-                                   PIPELINE_SCHEDULES, REMAT_POLICIES, STEP_CHOICES, TrainConfig)
+                                   MAX_NEW_TOKENS, PIPELINE_SCHEDULES, REMAT_POLICIES, STEP_CHOICES, TrainConfig)
 from mtbench.runner.results.parity import FLOAT32_PARITY_TOLERANCE, PARITY_STEPS, PARITY_TOLERANCE
 from mtbench.runner.results.report import SWEEP_KEYS
 
@@ -406,7 +406,8 @@ VALIDATION_OPTIONS = (
                  help="At each validation, print a language model's continuation of TEXT (needs --eval-every; "
                       "nanoGPT's sampling: temperature 0.8, top-k 200, seeded by --seed)."),
     click.option("--sample-tokens", type=int, metavar="N", default=100, show_default=True,
-                 help="Tokens of each --sample-prompt continuation."),
+                 help=f"Tokens of each --sample-prompt continuation, at most {MAX_NEW_TOKENS:,} (as generate's "
+                      f"--max-new-tokens)."),
 )
 VALIDATION_KEYS = _parameter_names(VALIDATION_OPTIONS)
 validation_options = _stack(VALIDATION_OPTIONS)
@@ -901,7 +902,9 @@ def _translation_progress(total):
 @MODEL_ARGUMENT
 @click.option("--prompt", required=True, help="The text to continue.")
 @click.option("--backend", help="Generate on this backend (default: the one that trained the model).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(1, MAX_NEW_TOKENS), default=200, show_default=True, metavar="N",
+              help=f"Tokens to continue the prompt by, at most {MAX_NEW_TOKENS:,}: each is a forward pass of the "
+                   f"model over its block, and the text prints once whole.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True, callback=_finite,
               help="Divides the logits before sampling; 0 takes the most likely token (greedy).")
 @click.option("--top-k", type=click.IntRange(min=1), help="Sample from the K most likely tokens only.")
@@ -1091,6 +1094,8 @@ def env(as_json, calibrate, cache_dir):
     """Versions, devices and the plugins that would load (imports each framework, never keras)."""
     from mtbench.runner.config import default_cache_dir
     from mtbench.runner.measurement.environment import calibrate_peaks, describe_environment, environment_rows
+    if cache_dir is not None and not calibrate:  # without it, nothing reads or writes the cache: dropped unsaid
+        raise MtbenchError("--cache-dir is where --calibrate caches the peaks it measures; give --calibrate")
     registry = plugins.registry()
     description = describe_environment(registry)
     if calibrate:

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from conftest import cli_environment, env_with, run_cli
+from conftest import assert_refused_in_one_line, cli_environment, env_with, run_cli
 from forked_mtbench import ForkingMtbench
 from mtbench.errors import MtbenchError, RunFailure
 
@@ -176,6 +176,16 @@ def cases(tmp_path, plugin_path):
                                           "--src-col is an option of translation", None),
         "an extra twice": (["--extra", "remat", "--extra", "remat"], "extra 'remat' is given twice; give each extra "
                                                                      "once", None),
+        # each trained the whole run, then ran out of memory in its beam search (5,000 of 1,000 tokens: 20 GB)
+        "beam past the preset's vocabulary": (["--beam", "1001"], "--beam 1,001 is more hypotheses than the "
+                                              "vocabulary's 1,000 tokens (the preset tiny's); give at most 1,000",
+                                              None),
+        "beam past the vocabulary size": (["--vocab-size", "100", "--beam", "101"], "--beam 101 is more hypotheses "
+                                          "than the vocabulary's 100 tokens (--vocab-size); give at most 100", None),
+        # sampled at every validation, a token a forward pass, without end
+        "endless samples": (["--model", "gpt", "--eval-every", "2", "--sample-prompt", "And", "--sample-tokens",
+                             str(10 ** 20)], "--sample-tokens must be at most 100,000 (a forward pass of the model a "
+                            "token, at every validation), got 100,000,000,000,000,000,000", None),
         "beam search in a run that decodes nothing": (["--measure-only", "--beam", "4"],
                                                       "--beam 4 decodes the test set, which --measure-only skips",
                                                       None),
@@ -335,6 +345,7 @@ CASE_NAMES = [
     "validation past the last step", "validation past the last step of the epochs",
     "sample length without a prompt", "trackers' folder without trackers",
     "beam search's option for a language model", "a column for a language model", "an extra twice",
+    "beam past the preset's vocabulary", "beam past the vocabulary size", "endless samples",
     "beam search in a run that decodes nothing", "length penalty of greedy decoding", "no checkpoints kept", "target without evaluations",
     "unknown reporter", "a reporter of results as a tracker",
     "reporter of a broken plugin", "languages of a dataset's pairs", "a column of a dataset's pairs",
@@ -405,6 +416,43 @@ def test_bad_input_fails_with_one_clear_line(tmp_path, cache_dir, plugin_path, f
 
 def test_the_table_covers_every_case(tmp_path, plugin_path):
     assert sorted(cases(tmp_path, plugin_path)) == sorted(CASE_NAMES)
+
+
+def other_commands_cases(t):
+    """name -> (a command line of a command other than train, the error line must contain)."""
+    out = ["--preset", "tiny", "--out", str(t / "c.json")]
+    return {
+        # it ran on without a word, and would print nothing until its last token
+        "endless continuation": (["generate", str(t / "no-model.json"), "--prompt", "And", "--max-new-tokens",
+                                  str(10 ** 20)], "Invalid value for '--max-new-tokens': 100000000000000000000 is not "
+                                                  "in the range 1<=x<=100000"),
+        # nothing read or wrote the folder: dropped without a word
+        "a cache folder without calibration": (["env", "--cache-dir", str(t / "cache")], "--cache-dir is where "
+                                               "--calibrate caches the peaks it measures; give --calibrate"),
+        # read as the text '5', a run: "unknown backend '5'"
+        "a config file's matrix of a number": (["compare", "--config", write(t / "number.toml", "matrix = 5\n"), *out],
+                                               "number.toml: matrix must be a string or a list of strings, got an "
+                                               "integer 5"),
+        "a config file's backends of true": (["compare", "--config", write(t / "true.toml", "backends = true\n"),
+                                              *out], "true.toml: backends must be a string or a list of strings, "
+                                                     "got true/false True"),
+    }
+
+
+OTHER_CASE_NAMES = ["endless continuation", "a cache folder without calibration", "a config file's matrix of a number",
+                    "a config file's backends of true"]
+
+
+@pytest.mark.parametrize("case", OTHER_CASE_NAMES)
+def test_bad_input_of_the_other_commands_fails_with_one_clear_line(tmp_path, forked_cli, case):
+    args, expected = other_commands_cases(tmp_path)[case]
+    before = snapshot(tmp_path)
+    assert_refused_in_one_line(forked_cli(*args), expected)
+    assert snapshot(tmp_path) == before
+
+
+def test_the_other_commands_table_covers_every_case(tmp_path):
+    assert sorted(other_commands_cases(tmp_path)) == sorted(OTHER_CASE_NAMES)
 
 
 def test_compare_and_init_weights_refuse_to_write_over_what_they_read(tmp_path, cache_dir, forked_cli):

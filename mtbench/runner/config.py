@@ -22,6 +22,9 @@ DEFAULT_STEPS_BY_FAMILY = {"gpt": {"tiny": 40, "small": 300, "char": 5000, "gpt2
 DEFAULT_STEPS_BY_FAMILY["gpt2"] = DEFAULT_STEPS_BY_FAMILY["gpt"]
 LANGUAGE_MODELLING = "language-modelling"
 MAX_VOCABULARY = 2 ** 31 - 1  # token ids are 32-bit integers (sentencepiece's, the batches')
+# The longest continuation of a prompt (generate's, --sample-prompt's): each token is a forward pass of the model, and
+# the text prints once whole (10**20 tokens ran on without a word).
+MAX_NEW_TOKENS = 100_000
 # A plugin family's preset that says no steps (`ModelFamily.default_steps`) trains as long as its task's "small".
 FALLBACK_PRESET = "small"
 
@@ -357,6 +360,9 @@ class TrainConfig:
                                f"while training")
         if self.sample_tokens != 100 and self.sample_prompt is None:
             raise MtbenchError("--sample-tokens is the length of --sample-prompt's continuation; give --sample-prompt")
+        if self.sample_tokens > MAX_NEW_TOKENS:
+            raise MtbenchError(f"--sample-tokens must be at most {MAX_NEW_TOKENS:,} (a forward pass of the model a "
+                               f"token, at every validation), got {self.sample_tokens:,}")
         if self.logging_dir is not None and not self.report_to:
             raise MtbenchError("--logging-dir is where --report-to's trackers write; give --report-to")
 

@@ -85,10 +85,12 @@ def read_config_file(path, options):
             raise MtbenchError(f"--config {path}: unknown key '{key}'{hint}")
         if isinstance(value, list) and option.multiple:
             defaults[option.name] = tuple(_one_value(path, key, option, item) for item in value)
-        elif isinstance(value, list) and option.joined_by:
-            if not all(isinstance(item, str) for item in value):
-                raise MtbenchError(f"--config {path}: {key} must be a string or a list of strings, got {value!r}")
-            defaults[option.name] = _one_value(path, key, option, option.joined_by.join(value))
+        elif option.joined_by:  # names, never a number (`matrix = 5` was read as a run of backend '5')
+            items = value if isinstance(value, list) else [value]
+            if not all(isinstance(item, str) for item in items):
+                raise MtbenchError(f"--config {path}: {key} must be a string or a list of strings, got "
+                                   f"{_kind_of(value)} {value!r}")
+            defaults[option.name] = _one_value(path, key, option, option.joined_by.join(items))
         elif option.multiple:
             defaults[option.name] = (_one_value(path, key, option, value),)
         else:

@@ -298,6 +298,8 @@ def score_text(path, registry, text_path, backend_name=None, rows=64, stride=Non
     stride = stride if stride is not None else config.eval_stride or config.max_len
     if not 1 <= stride <= config.max_len:
         raise MtbenchError(f"--eval-stride must be from 1 to the model's --block-size {config.max_len}, got {stride}")
+    # No more rows than the text has windows (--batch-size 100000000000000000000 failed in numpy's allocation).
+    rows = min(rows, len(stream) // stride + 1)
     compile_model(loaded.keras, loaded.model, config, 1, {}, loaded.plugins.model)
     started = time.perf_counter()
     # A budget of every byte the text has (of every token, where its bytes are not known): all of it is scored.

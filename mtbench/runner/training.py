@@ -7,6 +7,7 @@ Each stage is a function with explicit inputs and outputs; `run_training` checks
 holds the result's path, `train_and_report` is the rest of the run on one screen."""
 
 import contextlib
+import signal
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,8 +65,11 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     check_result_path(config.out, config.overwrite, resuming=resume is not None, reads=config.input_files())
     with holding_result_path(config.out) if launch.is_first else contextlib.nullcontext():  # the process that writes
         try:
-            return train_and_report(config, registry, console, resume, launch, plugins, stopwatch)
-        except KeyboardInterrupt as stop:  # a second Ctrl-C, or one before or after training's handlers
+            # A SIGTERM outside training's own handlers stops as a Ctrl-C there does: it ended the process at once,
+            # its result path's lock left behind and nothing said.
+            with stop_at_once([signal.SIGTERM]) if launch.is_first else contextlib.nullcontext():
+                return train_and_report(config, registry, console, resume, launch, plugins, stopwatch)
+        except (KeyboardInterrupt, Stopped) as stop:  # a second Ctrl-C, or a signal outside training's handlers
             raise stopped_at_once(stop, config.out, launch.num_processes) from None
 
 
@@ -239,7 +243,8 @@ def checkpoint_after_training(run, plugins, built, run_dir, outcome, checkpointi
 
 def stopped_at_once(stop, out, processes=1):
     """A KeyboardInterrupt that ended the run where it was (a second Ctrl-C: `StoppedAtOnce`; or one before
-    training's handlers were in place, or after, as the result was reported) saying what the run's files keep now:
+    training's handlers were in place, or after, as the result was reported; or a SIGTERM there, a `Stopped` whose
+    exit code it keeps) saying what the run's files keep now:
     the result (partial or not, this run's or the one a resume continues), the last complete checkpoint and how
     to continue from it (a run of several processes: with its launcher)."""
     status = read_status(out)
@@ -250,7 +255,10 @@ def stopped_at_once(stop, out, processes=1):
         kept.append(f"checkpoint {latest[1]}")
     elif latest:
         kept.append(f"checkpoint {latest[1]}; {continue_with(run_dir.path, processes)}")
-    return StoppedAtOnce(f"{str(stop) or 'interrupted'}; {'; '.join(kept) or 'no checkpoint or result was written'}")
+    said = f"{stop.name} received" if isinstance(stop, Stopped) else str(stop) or "interrupted"
+    stopped = StoppedAtOnce(f"{said}; {'; '.join(kept) or 'no checkpoint or result was written'}")
+    stopped.exit_code = getattr(stop, "exit_code", StoppedAtOnce.exit_code)  # a SIGTERM's 143
+    return stopped
 
 
 def stopped_after_training(result, stopped):

@@ -34,7 +34,7 @@ def test_a_number_for_an_option_that_reads_text_is_read_as_the_command_line_give
     given = compare.make_context("compare", ["--config", str(path)]).params
     assert (given["repeats"], given["repeats_width"]) == ("2", "5")
     path.write_text("matrix = [1, 2]\n")
-    with pytest.raises(click.UsageError, match=r"matrix must be a string or a list of strings, got \[1, 2\]$"):
+    with pytest.raises(click.UsageError, match=r"matrix must be a string or a list of strings, got a list \[1, 2\]$"):
         compare.make_context("compare", ["--config", str(path)])
 
 

@@ -437,3 +437,18 @@ def test_generate_prints_control_characters_escaped_and_warns_of_those_the_token
     assert ("Warning: 2 of the prompt's 8 tokens are unknown to the model's tokenizer (read as <unk>)"
             in proc.stderr), proc.stderr
     assert "6 tokens by" in proc.stderr
+
+
+@pytest.mark.slow  # two evaluate processes, 20-40 s
+def test_evaluate_takes_a_batch_of_more_rows_than_the_text_has_windows(char_language_models, tmp_path):
+    """--batch-size 10**20 ended in numpy's 'ValueError: Maximum allowed dimension exceeded' (exit 1): the batch
+    was padded to its rows. It holds the text's windows, and scores them as a batch of the default's 64 does."""
+    scores = {}
+    for rows in ("64", str(10 ** 20)):
+        out = tmp_path / f"{len(rows)}.json"
+        proc = run_cli("evaluate", char_language_models["saved"], "--test", char_language_models["text"],
+                       "--batch-size", rows, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        scores[rows] = json.loads(out.read_text())
+    assert scores["64"]["tokens_evaluated"] == scores[str(10 ** 20)]["tokens_evaluated"]
+    assert scores[str(10 ** 20)]["loss"] == pytest.approx(scores["64"]["loss"], rel=1e-5)

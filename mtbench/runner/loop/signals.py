@@ -57,13 +57,13 @@ def stop_requests():
 
 
 @contextlib.contextmanager
-def _handlers(handler):
-    """`handler` for SIGINT and SIGTERM in the block, the previous ones back afterwards, each of them whatever a
-    signal raises meanwhile: `signal.signal` runs the handlers of signals already come before it changes one, so
-    a Ctrl-C may raise out of installing or putting back the other's."""
+def _handlers(handler, signums=tuple(EXIT_CODES)):
+    """`handler` for `signums` (SIGINT and SIGTERM) in the block, the previous ones back afterwards, each of them
+    whatever a signal raises meanwhile: `signal.signal` runs the handlers of signals already come before it changes
+    one, so a Ctrl-C may raise out of installing or putting back the other's."""
     previous = {}
     try:
-        for signum in EXIT_CODES:
+        for signum in signums:
             previous[signum] = signal.signal(signum, handler)
         yield
     finally:
@@ -114,14 +114,14 @@ def _inside_a_swallower(frame):
 
 
 @contextlib.contextmanager
-def stop_at_once():
-    """In the block, SIGINT and SIGTERM raise Stopped (SIGTERM would end the process with nothing written, Ctrl-C
-    anywhere with a KeyboardInterrupt); the previous handlers come back afterwards. Outside the main thread nothing
-    is installed. A signal taken inside a garbage collector's callback or a `__del__` is sent again from a thread
-    until it comes outside them (as Python's flag, not the system's signal: a wait in the main thread is not cut
-    short, and ends before the stop). A Stopped Python swallows all the same (a weak reference's callback, where
-    nothing on the stack says so; JAX frees arrays in them) is not printed and is sent again likewise, the work it
-    cut short lost; where the block ends first, its end stops: `deferred`."""
+def stop_at_once(signums=tuple(EXIT_CODES)):
+    """In the block, SIGINT and SIGTERM (those of `signums`) raise Stopped (SIGTERM would end the process with
+    nothing written, Ctrl-C anywhere with a KeyboardInterrupt); the previous handlers come back afterwards. Outside
+    the main thread nothing is installed. A signal taken inside a garbage collector's callback or a `__del__` is
+    sent again from a thread until it comes outside them (as Python's flag, not the system's signal: a wait in the
+    main thread is not cut short, and ends before the stop). A Stopped Python swallows all the same (a weak
+    reference's callback, where nothing on the stack says so; JAX frees arrays in them) is not printed and is sent
+    again likewise, the work it cut short lost; where the block ends first, its end stops: `deferred`."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -152,7 +152,7 @@ def stop_at_once():
             previous_hook(hook_args)
     sys.unraisablehook = unraisable
     try:
-        with _handlers(stop):
+        with _handlers(stop, signums):
             try:
                 yield
             finally:

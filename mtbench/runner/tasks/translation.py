@@ -5,7 +5,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from mtbench import Evaluator, MtbenchError, Task, TaskData, hookimpl
+from mtbench import Evaluator, ModelFamily, MtbenchError, Task, TaskData, hookimpl
 from mtbench.runner.config import TrainConfig, decoding_name
 from mtbench.runner.data.batches import batches_per_epoch, encode_split, training_batches, untrained_examples
 from mtbench.runner.data.corpus import load_corpus
@@ -54,6 +54,10 @@ class TranslationTask(Task):
         if config.beam == 1 and config.length_penalty != 0.6:
             raise MtbenchError(f"--length-penalty {config.length_penalty:g} weighs beam search's hypotheses by length; "
                                f"greedy decoding (--beam 1) has none to weigh: give --beam N")
+        if trains_own_tokenizer(config):  # its vocabulary is known now: at most --vocab-size pieces
+            given = "--vocab-size" if config.vocab_size_given else f"the preset {config.preset}'s"
+            refuse_beam_past(config.beam, config.vocab_size, f"the vocabulary's {config.vocab_size:,} tokens "
+                                                            f"({given})")
 
     def read(self, config, registry, progress):
         return load_corpus(config, registry, progress)
@@ -64,6 +68,10 @@ class TranslationTask(Task):
         from mtbench.runner.data.tokenizer import load_or_train_tokenizer
         own = tokenizer is None
         tokenizer = tokenizer or load_or_train_tokenizer(corpus.train, config.vocab_size, config.cache_dir)
+        short = own and tokenizer.vocab_size < config.vocab_size  # sentencepiece takes what the corpus supports
+        refuse_beam_past(config.beam, tokenizer.vocab_size, f"the {tokenizer.vocab_size:,} tokens of the run's "
+                         f"tokenizer" + (f" (the training pairs support no more of --vocab-size "
+                                         f"{config.vocab_size:,})" if short else ""))
         train, valid, test = [encode_split(pairs, tokenizer, config.max_len)
                               for pairs in (corpus.train, corpus.valid, corpus.test)]
         # The first pairs that training takes: the first of the corpus would lose those over --max-len (418 of 500
@@ -80,7 +88,7 @@ class TranslationTask(Task):
         if own:  # what a small corpus may have left it short of (`short_vocabulary_warning`)
             record["vocab_size_asked"] = config.vocab_size
         lines = report_lines(corpus.name, report)
-        if own and tokenizer.vocab_size < config.vocab_size:  # sentencepiece takes what the corpus supports
+        if short:
             lines.append(f"  vocabulary {tokenizer.vocab_size:,} pieces: the training pairs support no more of "
                          f"--vocab-size {config.vocab_size:,}")
         return TaskData(tokenizer, {**splits, "train_eval": train_eval, "corpus": corpus},
@@ -103,6 +111,21 @@ class TranslationTask(Task):
     def load_tokenizer(self, directory, description):
         from mtbench.runner.data.tokenizer import SAVED_NAME, JointTokenizer
         return JointTokenizer.from_file(os.path.join(directory, SAVED_NAME))
+
+
+def trains_own_tokenizer(config):
+    """Whether the run's model family trains mtbench's sentencepiece model (of at most --vocab-size pieces) rather
+    than bringing a tokenizer of its own (a pretrained checkpoint's)."""
+    from mtbench.plugins.manager import registry
+    family = registry().models.get(config.model_family[0])
+    return family is not None and type(family).tokenizer is ModelFamily.tokenizer
+
+
+def refuse_beam_past(beam, vocabulary, tokens):
+    """--beam over the `vocabulary` (`tokens`, in words) refused before training: beam search keeps more hypotheses
+    than there are tokens to extend them by, and its decoding ran out of memory once the whole run had trained."""
+    if beam > vocabulary:
+        raise MtbenchError(f"--beam {beam:,} is more hypotheses than {tokens}; give at most {vocabulary:,}")
 
 
 def rows_options(config):

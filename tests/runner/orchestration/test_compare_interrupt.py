@@ -158,3 +158,40 @@ def test_a_run_that_completed_as_the_ctrl_c_came_is_not_called_partial(tiny_runs
     progress.run = (specs[0], 1, result_file, None)
     assert str(interrupted(plan, progress)).startswith(
         f"interrupted during run 'torch' (0 of 1 runs finished); its result (it had completed) {result_file}; ")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the training process through /proc")
+def test_a_sigterm_before_the_rerun_trains_releases_its_result_path(compared, tmp_path):
+    """A SIGTERM passed on to the rerun's training process as it prepared (the backend, the data, the model) ended
+    that process at once, outside training's own handlers: its result path's lock (PATH.lock) stayed behind, and
+    the process said nothing. Now it stops as a Ctrl-C there does, saying so, and takes its lock with it."""
+    original = compared["combined"]["runs"][0]["result_file"]
+    with open(original, "rb") as f:
+        original_bytes = f.read()
+    out, lock = tmp_path / "again.json", tmp_path / "again.json.lock"
+    proc = subprocess.Popen([sys.executable, "-m", "mtbench", "rerun", original, "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_environment())
+    try:
+        deadline = time.monotonic() + 300
+        # The lock holds the trainer's id once taken; importing the backend alone takes longer than the wait after.
+        while not (lock.exists() and lock.read_text().strip()):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the rerun's training process took no lock"
+            time.sleep(0.05)
+        trainer = int(lock.read_text())
+        time.sleep(0.5)
+        assert child_of(proc.pid, "train") == trainer and not out.exists(), "the rerun ended before it was stopped"
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert sorted(os.listdir(tmp_path)) == ["again.log", "again.train.json"]  # no lock, no result
+    log = (tmp_path / "again.log").read_text()
+    assert "Error: SIGTERM received; no checkpoint or result was written\n# exit code 143 (interrupted)" in log
+    from mtbench.runner.run_file import read_run_file
+    assert read_run_file(str(tmp_path / "again.train.json")).out == str(out)  # what was written is whole
+    with open(original, "rb") as f:
+        assert f.read() == original_bytes

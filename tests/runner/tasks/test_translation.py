@@ -60,3 +60,32 @@ def test_the_train_loss_scores_the_first_pairs_that_training_takes(tmp_path):
     assert len(scored) == 500 and scored.dropped_too_long == 0
     assert data.tokenizer.decode(scored.targets) == [target for _, target in short[:500]]
     assert data.splits["train"].dropped_too_long == 400  # the long pairs are too long to train on at all
+
+
+def test_a_beam_past_the_vocabulary_sentencepiece_learned_is_refused_before_the_pairs_are_encoded(tmp_path):
+    """--beam within --vocab-size, past the pieces a small corpus supports: the run trained to its end, then its
+    beam search asked for more hypotheses than there are tokens. Refused once the tokenizer exists (the refusal of
+    a beam past --vocab-size itself, before anything is imported, is in tests/test_cli_bad_input.py)."""
+    from mtbench.runner.data.corpus import Corpus
+    pairs = [(f"house {i}", f"maison {i}") for i in range(60)]
+    none = {"train": 0, "valid": 0, "test": 0}
+    corpus = Corpus(name="made", origin="this test", train=pairs, valid=pairs[:5], test=pairs[5:10],
+                    dropped={"empty_side": none, "duplicate": none})
+    config = TrainConfig(max_len=16, vocab_size=1000, beam=900, cache_dir=str(tmp_path), out=str(tmp_path / "r.json"))
+    TranslationTask().check(config)  # within --vocab-size
+    with pytest.raises(MtbenchError) as refused:
+        TranslationTask().prepare(config, corpus, None)
+    pieces = TranslationTask().prepare(TrainConfig(**{**vars(config), "beam": 1}), corpus, None).tokenizer.vocab_size
+    assert pieces < 900
+    assert str(refused.value) == (f"--beam 900 is more hypotheses than the {pieces:,} tokens of the run's tokenizer "
+                                  f"(the training pairs support no more of --vocab-size 1,000); give at most {pieces}")
+
+
+def test_a_family_with_a_tokenizer_of_its_own_is_not_held_to_the_presets_vocabulary(tmp_path):
+    """A pretrained checkpoint's vocabulary is its own (MarianMT's 58,101 tokens), not the preset's 1,000 that
+    --vocab-size would have set: its beam is held to its tokenizer once that is read."""
+    out = str(tmp_path / "r.json")
+    TranslationTask().check(TrainConfig(preset="tiny", model_name="marian:DIR", beam=2000, out=out))
+    with pytest.raises(MtbenchError, match=r"--beam 2,000 is more hypotheses than the vocabulary's 1,000 tokens "
+                                           r"\(the preset tiny's\); give at most 1,000"):
+        TranslationTask().check(TrainConfig(preset="tiny", beam=2000, out=out))
