@@ -7,8 +7,8 @@ Each stage is a function with explicit inputs and outputs; `run_training` checks
 holds the result's path, `train_and_report` is the rest of the run on one screen."""
 
 import contextlib
-import signal
 import math
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,14 +63,15 @@ def run_training(config, registry, console, resume=None, reporter_names=(), laun
     if not launch.is_first:
         console = Console(quiet=True)
     check_result_path(config.out, config.overwrite, resuming=resume is not None, reads=config.input_files())
-    with holding_result_path(config.out) if launch.is_first else contextlib.nullcontext():  # the process that writes
-        try:
-            # A SIGTERM outside training's own handlers stops as a Ctrl-C there does: it ended the process at once,
-            # its result path's lock left behind and nothing said.
-            with stop_at_once([signal.SIGTERM]) if launch.is_first else contextlib.nullcontext():
-                return train_and_report(config, registry, console, resume, launch, plugins, stopwatch)
-        except (KeyboardInterrupt, Stopped) as stop:  # a second Ctrl-C, or a signal outside training's handlers
-            raise stopped_at_once(stop, config.out, launch.num_processes) from None
+    try:
+        # The process that writes holds the result's path; a SIGTERM outside training's own handlers stops it as a
+        # Ctrl-C there does, so that the path's lock is released and the message says what the run's files keep.
+        # The handler is in place before the lock is taken and until it is released.
+        with (stop_at_once([signal.SIGTERM]) if launch.is_first else contextlib.nullcontext(),
+              holding_result_path(config.out) if launch.is_first else contextlib.nullcontext()):
+            return train_and_report(config, registry, console, resume, launch, plugins, stopwatch)
+    except (KeyboardInterrupt, Stopped) as stop:  # a second Ctrl-C, or a signal outside training's handlers
+        raise stopped_at_once(stop, config.out, launch.num_processes) from None
 
 
 def train_and_report(config, registry, console, resume, launch, plugins, stopwatch):

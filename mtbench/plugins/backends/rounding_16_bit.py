@@ -12,6 +12,8 @@ JAX's users leave it (false would be a GPU program nobody has timed, and not the
 one ran: a run with `XLA_FLAGS=--xla_allow_excess_precision=false` rounds where torch's steps round, and says so.
 """
 
+import os
+
 ROUNDED_AS_WRITTEN = "16-bit intermediates rounded where the program rounds them"
 NO_16_BIT = "none: the step computes in float32"
 EAGER_ROUNDING = f"{ROUNDED_AS_WRITTEN} (eager torch: every operation's result)"
@@ -41,7 +43,6 @@ def excess_precision_allowed(xla_flags):
 def xla_rounding_text(model):
     """The `rounding_16_bit` words of a JAX step training `model`, as this process's XLA_FLAGS set XLA (which reads
     them once, when JAX starts its backends)."""
-    import os
     if not computes_in_16_bits(model):
         return NO_16_BIT
     return XLA_EXCESS_PRECISION if excess_precision_allowed(os.environ.get("XLA_FLAGS")) else XLA_ROUNDED

@@ -591,6 +591,7 @@ class StagedModel:
         per_stage = len(blocks) // stages
         self.model, self.stages, self.per_stage, self.micro_batches = model, stages, per_stage, micro_batches
         self.distribution, self.mesh = distribution, distribution.device_mesh.backend_mesh
+        self.dtype_policy = model.dtype_policy  # what the stages compute in, for the step's `numerics`
         in_blocks = {id(variable) for block in blocks for variable in block.variables}
 
         def groups(variables_of):  # [position in a stage][weight] -> that weight of every stage's block there

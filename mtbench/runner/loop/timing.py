@@ -6,7 +6,7 @@ figures. A step may warm a shape up over more calls (`TrainStep.warmup_calls`: t
 records its CUDA graph on a shape's second call): each of them is such a warm-up step. The compile time of a shape
 is its warm-up steps minus that shape's steady median each, so it is not inflated by the step's own work; a shape
 with no steady step of its own has no measured median, and takes one estimated from the other shapes'
-(`compile_excess`).
+(`compile_seconds`).
 
 Steady steps are timed in windows: the device is synchronised (and the losses read) only at a window's edges, so
 the host queues the next steps while the device works, as in a real training loop. Each step of a window is
@@ -93,7 +93,7 @@ class StepTimer:
         first = [r for r in self.records if r.first_of_shape and not r.aside]
         steady_times = np.array([r.seconds for r in steady]) if steady else None
         # Without a steady step there is no step time to take from the first ones: their compilation is unknown.
-        compile_s, estimated_shapes = compile_excess([(r.shape, r.seconds) for r in first],
+        compile_s, estimated_shapes = compile_seconds([(r.shape, r.seconds) for r in first],
                                                      [(r.shape, r.seconds) for r in steady])
         return {
             "compile_s": compile_s,
@@ -115,7 +115,7 @@ class StepTimer:
         }
 
 
-def compile_excess(warm_ups, steady):
+def compile_seconds(warm_ups, steady):
     """(compile seconds, shapes estimated) of warm-up steps against steady ones, each a (shape, seconds) pair: each
     warm-up step's seconds less the median steady step of its shape, at least 0, summed; (None, 0) without a steady
     step. A shape with no steady step of its own (a length bucket met once) has no measured step time: it is

@@ -106,9 +106,10 @@ class History:
         lines += [f"{'step' if point.mark == 'step' else f'unconfirmed step ({where(point)})'}: {point.change.text}"
                   for point in self.steps()] or [none]
         if undetermined:
-            lines.append(f"{len(undetermined)} of {changes} changes undetermined: "
-                         f"{undetermined[0].change.undetermined}; consecutive results of one commit are repeats of "
-                         f"its point: train each commit {stats.MIN_REPEATS} times")
+            reason = undetermined[0].change.undetermined
+            advice = (f"; consecutive results of one commit are repeats of its point: train each commit "
+                      f"{stats.MIN_REPEATS} times" if reason == stats.ONE_REPEAT_EACH else "")
+            lines.append(f"{len(undetermined)} of {changes} changes undetermined: {reason}{advice}")
         warnings = dict.fromkeys(w for point in self.points if point.change for w in point.change.warnings)
         lines += [f"interval warning: {text}" for text in warnings]
         lines += [f"left out: {path}: {why}" for path, why in self.left_out]

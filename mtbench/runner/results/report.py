@@ -767,6 +767,11 @@ def computed_apart(runs):
     found = []
     attention, theirs = (run["model"].get("attention") or {} for run in (result, other))
     chosen, their_choice = attention.get("chosen") or {}, theirs.get("chosen") or {}
+    asked = [(run.get("dtype_chosen") or {}).get("asked", run["config"].get("dtype")) for run in (result, other)]
+    # The attention's arithmetic follows the dtype and the extras (tensor-parallel fuses the projections): runs
+    # asked otherwise there compute otherwise by what they were asked.
+    asked_alike = (asked[0] == asked[1] and chosen.get("asked") == their_choice.get("asked")
+                   and sorted(result["config"].get("extras") or []) == sorted(other["config"].get("extras") or []))
     if (chosen and their_choice and chosen.get("asked") == their_choice.get("asked")
             and bool(chosen.get("fused")) != bool(their_choice.get("fused"))):
         (fused, by), (unfused, why) = sorted(
@@ -774,11 +779,10 @@ def computed_apart(runs):
         if by.get("by_extra"):  # auto's choice; a run given the extra was asked otherwise
             found.append(f"--attention {by['asked']} fused the attention of {fused} ({by['by_extra']}), not of "
                          f"{unfused}" + (f" ({why['why_unfused']})" if why.get("why_unfused") else ""))
-    elif attention.get("arithmetic") and theirs.get("arithmetic"):
-        mine, its = attention["arithmetic"], theirs["arithmetic"]
-        found += [f"the attention's {key.replace('_', ' ')} {mine[key]} in {name}, {its.get(key)} in {other_name}"
+    elif asked_alike and attention.get("arithmetic") and theirs.get("arithmetic"):
+        mine, its = ({**ARITHMETIC_OF_EARLIER_RESULTS, **side["arithmetic"]} for side in (attention, theirs))
+        found += [f"the attention's {key.replace('_', ' ')} {mine.get(key)} in {name}, {its.get(key)} in {other_name}"
                   for key in ATTENTION_ARITHMETIC if mine.get(key) != its.get(key)]
-    asked = [(run.get("dtype_chosen") or {}).get("asked", run["config"].get("dtype")) for run in (result, other)]
     if asked[0] == asked[1] and run_dtype(result) != run_dtype(other):
         found.append(f"--dtype {asked[0]} trained {name} in {run_dtype(result)}, {other_name} in {run_dtype(other)}")
     return found
@@ -786,6 +790,8 @@ def computed_apart(runs):
 
 # How the training attention computes (`model.attention.arithmetic`): its dtypes, and one product or three.
 ATTENTION_ARITHMETIC = ("matmul_inputs", "accumulation", "scores", "softmax", "projections")
+# What a result written before a key of `model.attention.arithmetic` was recorded ran (docs/results.md).
+ARITHMETIC_OF_EARLIER_RESULTS = {"projections": "separate"}
 
 
 def same_way_of_training(result, other):

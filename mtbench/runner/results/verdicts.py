@@ -26,7 +26,7 @@ from datetime import datetime
 import numpy as np
 
 from mtbench.figures import FIGURES_BY_KEY, is_steady, run_warnings, set_aside, steady_window_rows
-from mtbench.runner.loop.timing import compile_excess as timing_compile_excess
+from mtbench.runner.loop.timing import compile_seconds
 from mtbench.runner.results.parity import PARITY_STEPS, check_parity, percent
 
 CONFIDENCE = 0.95
@@ -451,8 +451,8 @@ ONE_REPEAT_EACH = (f"one repeat each, whose interval holds the noise within each
 TOO_WIDE = 0.10
 
 
-NO_SPREAD = ("each run's repeats measured it alike, so their spread, which the interval is drawn from, shows none "
-             "of the noise between runs")
+NO_SPREAD = ("the repeats (or their pairs' ratios) measured it alike, so their spread, which the interval is drawn "
+             "from, shows none of the noise between runs")
 # Below this relative half width an interval holds no spread: Student's t of a spread of 0 (repeats of one figure
 # each, equal to the last digit) is an interval of zero width, which called 1.0001x 'faster' as certain.
 NO_WIDTH = 1e-12
@@ -695,14 +695,14 @@ def mean_step_s(result):
 
 def compile_excess(history, up_to_step=None):
     """The compilation of a run's first-of-shape steps up to `up_to_step` (all without it), as `timing.compile_s`
-    counts it (`timing.compile_excess`: each one's time less its shape's median steady step, estimated for a shape
+    counts it (`timing.compile_seconds`: each one's time less its shape's median steady step, estimated for a shape
     with none); without a steady step, their whole time."""
     # A history written before its entries held their shape counts every step as of one shape, as it was counted.
     warm_ups = [(entry.get("shape") or (), entry["seconds"]) for entry in history
                 if entry.get("first_of_shape") and not set_aside(entry)
                 and (up_to_step is None or entry["step"] <= up_to_step)]
-    compile_s, _ = timing_compile_excess(warm_ups, [(h.get("shape") or (), h["seconds"]) for h in history
-                                                         if is_steady(h)])
+    steady = [(entry.get("shape") or (), entry["seconds"]) for entry in history if is_steady(entry)]
+    compile_s, _ = compile_seconds(warm_ups, steady)
     return sum(seconds for _, seconds in warm_ups) if compile_s is None else compile_s
 
 

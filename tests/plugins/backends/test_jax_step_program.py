@@ -115,7 +115,6 @@ def test_every_matrix_product_of_the_mixed_bfloat16_step_multiplies_bfloat16(low
     assert set(products) == {("bf16", "bf16")}
 
 
-
 def test_the_rounding_row_says_where_xla_rounded_bfloat16_values():
     """XLA's default (`--xla_allow_excess_precision` true) skips a rounding to bfloat16 that the program asks for and
     torch's steps do, and the JAX step's row says so; XLA held to round (or run with the flag false: the row then

@@ -18,8 +18,8 @@ from result_keys import undocumented_keys
 
 from mtbench.errors import MtbenchError
 from mtbench.figures import is_steady
-from mtbench.runner.results.verdicts import steady_windows
 from mtbench.runner.results.history import build_history, to_csv, to_markdown
+from mtbench.runner.results.verdicts import NO_SPREAD, steady_windows
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 NOISE_BOUND = 1.1  # each steady step's tokens/s within a factor of this of the run's median step's
@@ -160,10 +160,21 @@ def test_the_return_from_an_outlier_at_the_first_point_is_no_step(real, tmp_path
 
 def test_results_of_one_commit_in_a_row_are_repeats_of_one_point(real, tmp_path):
     commits = ["a" * 40, "a" * 40, "b" * 40, "b" * 40, "a" * 40]
-    # (each commit's two results 0.4 % apart: alike to the last digit, their spread 0, no change could be called)
+    # (each commit's two results 0.4 % apart, since of results alike to the last digit, a spread of 0, no change
+    # could be called: the next test)
     history = build_history(write_history(tmp_path, real, [1, 1.004, 0.5, 0.502, 1], commits, shares=(1.0,)))
     assert [(p.commit[0], len(p.results)) for p in history.points] == [("a", 2), ("b", 2), ("a", 1)]
     assert history.points[1].change.call == "slower" and history.points[1].change.repeats == (2, 2)
+
+
+def test_repeats_of_a_commit_alike_to_the_last_digit_leave_its_change_undetermined_without_asking_for_repeats(
+        real, tmp_path):
+    history = build_history(write_history(tmp_path, real, [1, 1, 0.5, 0.5], ["a" * 40] * 2 + ["b" * 40] * 2,
+                                          shares=(1.0,)))
+    change = history.points[1].change
+    assert change.undetermined == NO_SPREAD and change.repeats == (2, 2)
+    undetermined = [line for line in history.lines() if "undetermined:" in line]
+    assert undetermined == [f"1 of 1 changes undetermined: {NO_SPREAD}"]  # two repeats each were given
 
 
 def test_a_recorded_noise_floor_holds_the_changes(real, tmp_path):

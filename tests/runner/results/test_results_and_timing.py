@@ -11,10 +11,10 @@ from mtbench.figures import FIGURES_BY_KEY, compile_cache_text
 from mtbench.plugins.api import Launch, ProcessGroup
 from mtbench.plugins.reporters import table_reporter
 from mtbench.runner.files import read_json, write_json_atomic
-from mtbench.runner.results.schema import schema_errors, sidecar_paths
 from mtbench.runner.loop.timing import StepTimer, TrainingClock
-from mtbench.runner.results.verdicts import compile_excess
 from mtbench.runner.results.run_result import compile_cache_section, cost, machines_of
+from mtbench.runner.results.schema import schema_errors, sidecar_paths
+from mtbench.runner.results.verdicts import compile_excess
 
 
 def test_schema_errors_name_missing_and_mistyped_fields(tiny_runs):

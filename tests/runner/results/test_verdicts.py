@@ -1124,7 +1124,24 @@ def test_runs_asked_alike_that_computed_otherwise_carry_a_warning_that_names_wha
     for run in other:
         run["dtype_chosen"]["asked"] = "mixed_bfloat16"
     swept = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(plain + other)])
-    assert not any("--dtype" in warning for warning in swept.warnings(swept.groups[1]))
+    assert swept.warnings(swept.groups[1]) == []  # neither the dtypes trained nor the attention's that follow them
+    # An extra asked of one run alone (tensor-parallel fuses the projections): asked apart, no warning.
+    older, split = repeats(3), repeats(3, seed=10, backend="torch", step_s=0.02)
+    for run in older + split:
+        run["model"]["attention"]["arithmetic"] = {"matmul_inputs": "float32", "accumulation": "float32",
+                                                   "scores": "float32", "softmax": "float32", "projections": "fused"}
+    for run in split:
+        run["config"]["extras"] = ["tensor-parallel"]
+    extra = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(older + split)])
+    assert extra.warnings(extra.groups[1]) == []
+    # A result written before `projections` was recorded ran three products: against a new one that ran three, none.
+    for run in older:
+        del run["model"]["attention"]["arithmetic"]["projections"]
+    for run in split:
+        run["config"]["extras"] = []
+        run["model"]["attention"]["arithmetic"]["projections"] = "separate"
+    earlier = build_comparison([LoadedRun(run, f"{k}.json") for k, run in enumerate(older + split)])
+    assert earlier.warnings(earlier.groups[1]) == []
 
 
 def test_a_load_on_every_run_is_said_once_not_on_every_verdict():
