@@ -302,12 +302,10 @@ def dtypes_trained(specs, configs, devices, registry):
     on a CPU trains float32 twice, whose results, alike, were grouped as repeats of one run under one name. A run
     under another interpreter, or of a backend not found here, keeps `auto` (`check_runs` names the latter)."""
     trained, said = [], {}
-    for spec, config in zip(specs, configs):
-        backend = registry.backends.get(spec.backend)
-        if config.get("dtype") != "auto" or spec.foreign or backend is None:
+    for (spec, backend, device), config in zip(backends_here(specs, devices, registry), configs):
+        if config.get("dtype") != "auto" or backend is None:
             trained.append(config)
             continue
-        device = (devices or {}).get(spec.backend) or {}
         dtype, why = auto_dtype(backend, device, registry)
         said[spec.label] = f"dtype=auto trains {dtype} on this {device.get('kind', 'device')}" + (
             f": {why}" if why else "")
@@ -322,13 +320,18 @@ def check_dtype(specs, dtype, devices, registry):
     (`choices.auto_dtype`)."""
     if dtype == "auto":
         return
-    for spec in specs:
-        backend = registry.backends.get(spec.backend)
-        if spec.foreign or backend is None:
-            continue
-        reason = dtype_refusal(backend, dtype, (devices or {}).get(spec.backend) or {}, registry)
+    for spec, backend, device in backends_here(specs, devices, registry):
+        reason = backend and dtype_refusal(backend, dtype, device, registry)
         if reason:
             raise MtbenchError(f"run '{spec.label}': {reason}")
+
+
+def backends_here(specs, devices, registry):
+    """(spec, its backend plugin, the device the probe found for it) of each run, the backend None for a run under
+    another interpreter or of a backend not found here (`check_runs` names the latter)."""
+    for spec in specs:
+        backend = None if spec.foreign else registry.backends.get(spec.backend)
+        yield spec, backend, (devices or {}).get(spec.backend) or {}
 
 
 @dataclass
